@@ -1,0 +1,49 @@
+"""The `irrev` command: one argparse tree; each package registers its own subcommands.
+
+Subcommand modules expose `register(subparsers)` and set `func` on their parsers; a
+`func` returns the process exit code. Errors a user can fix are raised as `CliError`
+and printed as one line on stderr with exit code 2 (1 is kept for "checked and found
+wrong", as in `irrev ledger audit` and `irrev policy validate`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+COMMAND_MODULES = ("ledger.cli", "gateway.policy_cli", "sim.cli")
+
+
+class CliError(Exception):
+    """A mistake in how a command was called or configured; the message says what to do."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="irrev", description="Fleet-wide irreversibility budget admission controller."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(name)
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except CliError as exc:
+        print(f"irrev: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

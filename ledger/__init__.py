@@ -1,0 +1,1 @@
+"""irrev ledger: accounts, holds and the journal, kept atomically in Redis by Lua scripts."""
