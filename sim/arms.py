@@ -1,0 +1,167 @@
+"""The published gates and the naive shared-balance gates, as `Arm`s.
+
+Money here is float USD, as in the published model. Each spec is a frozen value
+object; `build(workload)` makes a fresh stateful arm for one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from sim.params import residual_quantile
+from sim.runner import I64, B, Lagged, row_searchsorted
+from sim.workload import Workload
+
+F64 = npt.NDArray[np.float64]
+
+
+def quantile_charge(wl: Workload, gamma: float, eps: float = 1.0, trust_agent: bool = True) -> F64:
+    """The published charge c = eps * v * q_gamma(1 - r), per event, (S, K).
+
+    Fragments carry the agent's declared residual factor when the gate trusts it.
+    """
+    lines = wl.model.lines
+    q = np.array([residual_quantile(gamma, ln.recovery_a, ln.recovery_b) for ln in lines])
+    factor = q[np.where(wl.frag, 0, wl.agent % len(lines))]
+    declared = wl.attack.declared_factor if wl.attack is not None else None
+    if trust_agent and declared is not None:
+        factor = np.where(wl.frag, declared, factor)
+    return np.asarray(eps * wl.value * factor)
+
+
+class _Admit:
+    def decide(self, k: int, live: B) -> tuple[B, B]:
+        return np.ones_like(live), np.zeros_like(live)
+
+    def commit(self, k: int, executed: B) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Local:
+    """Per-call gates only (value cap and rate limit, applied by the runner)."""
+
+    def build(self, wl: Workload) -> _Admit:
+        return _Admit()
+
+
+class _Breaker:
+    def __init__(self, wl: Workload, lag: int) -> None:
+        self.wl, self.lag = wl, lag
+        # visible: events of ticks < t - lag, i.e. realised exposure observed `lag` late
+        self.seen = Lagged(row_searchsorted(wl.tick, wl.tick - lag, "left"))
+
+    def decide(self, k: int, live: B) -> tuple[B, B]:
+        watching = self.wl.tick[:, k] - self.lag > 0
+        halted = watching & (self.seen.seen(k) >= self.wl.model.tolerance)
+        return ~halted, np.zeros_like(live)
+
+    def commit(self, k: int, executed: B) -> None:
+        self.seen.add(k, np.where(executed, self.wl.residual[:, k], 0.0))
+
+
+@dataclass(frozen=True)
+class Breaker:
+    """Halt the fleet once realised exposure, observed `lag` ticks late, reaches R."""
+
+    lag: int = 0
+
+    def build(self, wl: Workload) -> _Breaker:
+        return _Breaker(wl, self.lag)
+
+
+class _Ledger:
+    """Reserve `charge` against `limit` on one account per event; never refunded."""
+
+    def __init__(self, charge: F64, account: I64, limit: float, n_accounts: int) -> None:
+        self.charge, self.account, self.limit = charge, account, limit
+        self.reserved = np.zeros((charge.shape[0], n_accounts))
+        self.rows = np.arange(charge.shape[0])
+
+    def decide(self, k: int, live: B) -> tuple[B, B]:
+        used = self.reserved[self.rows, self.account[:, k]]
+        return used + self.charge[:, k] <= self.limit, np.zeros_like(live)
+
+    def commit(self, k: int, executed: B) -> None:
+        self.reserved[self.rows, self.account[:, k]] += np.where(executed, self.charge[:, k], 0.0)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The published ledger: quantile charge against B = budget_frac * R, never refunded."""
+
+    gamma: float = 0.95
+    budget_frac: float = 1.0
+    eps: float = 1.0
+
+    def build(self, wl: Workload) -> _Ledger:
+        charge = quantile_charge(wl, self.gamma, self.eps)
+        limit = self.budget_frac * wl.model.tolerance
+        return _Ledger(charge, np.zeros_like(wl.agent), limit, 1)
+
+
+@dataclass(frozen=True)
+class Cap:
+    """Untyped aggregate spend cap: face value against R."""
+
+    def build(self, wl: Workload) -> _Ledger:
+        return _Ledger(wl.value.copy(), np.zeros_like(wl.agent), wl.model.tolerance, 1)
+
+
+@dataclass(frozen=True)
+class Static:
+    """Per-agent partitions of the budget: each agent may reserve mult * R / N."""
+
+    mult: float = 1.0
+    gamma: float = 0.95
+
+    def build(self, wl: Workload) -> _Ledger:
+        m = wl.model
+        charge = quantile_charge(wl, self.gamma)
+        return _Ledger(charge, wl.agent, self.mult * m.tolerance / m.n_agents, m.n_agents)
+
+
+class _Stale:
+    """Check a balance as seen at an earlier event, then add to it (check-then-debit)."""
+
+    def __init__(self, wl: Workload, obs: I64, charge: F64, strict: bool) -> None:
+        self.wl, self.charge, self.strict = wl, charge, strict
+        self.balance = Lagged(np.minimum(obs, np.arange(wl.shape[1])))
+        self.limit = wl.model.tolerance
+
+    def decide(self, k: int, live: B) -> tuple[B, B]:
+        seen = self.balance.seen(k)
+        ok = seen + self.charge[:, k] <= self.limit if self.strict else seen < self.limit
+        return ok, np.zeros_like(live)
+
+    def commit(self, k: int, executed: B) -> None:
+        self.balance.add(k, np.where(executed, self.charge[:, k], 0.0))
+
+
+@dataclass(frozen=True)
+class Toctou:
+    """Check-then-debit of the published charge against a shared balance read at the
+    start of the current `staleness`-tick window: concurrent checks race."""
+
+    staleness: int = 10
+    gamma: float = 0.95
+
+    def build(self, wl: Workload) -> _Stale:
+        start = wl.tick // self.staleness * self.staleness
+        obs = row_searchsorted(wl.tick, start, "left")
+        return _Stale(wl, obs, quantile_charge(wl, self.gamma), strict=True)
+
+
+@dataclass(frozen=True)
+class Posthoc:
+    """Spend tracking: admit while recorded spend < R; an effect's realised residual is
+    recorded `delay` ticks after it executes (debit after the effect)."""
+
+    delay: int = 0
+
+    def build(self, wl: Workload) -> _Stale:
+        obs = row_searchsorted(wl.tick, wl.tick - self.delay, "right")
+        return _Stale(wl, obs, wl.residual, strict=False)

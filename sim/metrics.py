@@ -1,0 +1,117 @@
+"""Per-seed outcomes and their summaries over seeds (Wilson and normal 95% intervals)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from sim.runner import Outcome
+from sim.workload import BURST, POST, PRE, Workload
+
+F64 = npt.NDArray[np.float64]
+Z95 = 1.959963984540054
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion; sane at 0 and n successes."""
+    if n <= 0:
+        raise ValueError("n must be positive")
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_ci(x: F64, z: float = Z95) -> tuple[float, float]:
+    """Mean and the half-width of its normal 95% interval (0 for one sample)."""
+    n = x.size
+    half = z * float(x.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
+    return float(x.mean()), half
+
+
+def _ratio(num: F64, den: F64) -> F64:
+    # the published convention: nothing proposed counts as everything served
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+
+
+def per_seed(wl: Workload, out: Outcome) -> dict[str, F64]:
+    """Per-seed metrics, each (S,). Exposure and shortfall are in units of R."""
+    m = wl.model
+    r = m.tolerance
+    window = (wl.tick // m.ticks).clip(max=m.windows - 1)
+    realised = np.where(out.executed, wl.residual, 0.0)
+    by_window = np.stack([(realised * (window == w)).sum(axis=1) for w in range(m.windows)], 1)
+    honest = ~wl.frag
+    proposed = np.where(out.gated & honest, wl.value, 0.0)
+    served = np.where(out.executed & honest, wl.value, 0.0)
+    res: dict[str, F64] = {
+        "overdraw": (by_window.max(axis=1) > r).astype(float),
+        "exposure": by_window.sum(axis=1) / r,
+        "shortfall": np.clip(by_window - r, 0.0, None).sum(axis=1) / r,
+        "utility": _ratio(served.sum(1), proposed.sum(1)),
+        "denied": (out.gated & ~out.executed).sum(axis=1).astype(float),
+        "escalated": out.escalated.sum(axis=1).astype(float),
+        "moved": np.where(out.executed & wl.frag, wl.value, 0.0).sum(axis=1),
+        "overruns": out.overruns.astype(float),
+    }
+    for name, ph in (("pre", PRE), ("burst", BURST), ("post", POST)):
+        mask = wl.phase == ph
+        res[f"util_{name}"] = _ratio((served * mask).sum(1), (proposed * mask).sum(1))
+    return res
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Over-seed summary of one arm in one experiment."""
+
+    seeds: int
+    p_overdraw: float
+    p_overdraw_lo: float
+    p_overdraw_hi: float
+    exposure: float
+    exposure_ci: float
+    exposure_p95: float
+    shortfall: float
+    utility: float
+    utility_ci: float
+    util_pre: float
+    util_burst: float
+    util_post: float
+    denied: float
+    escalated: float
+    moved: float
+    overruns: float
+
+
+def summarize(seed_metrics: dict[str, F64]) -> Summary:
+    od = seed_metrics["overdraw"]
+    lo, hi = wilson(int(od.sum()), od.size)
+    exp_mean, exp_ci = mean_ci(seed_metrics["exposure"])
+    util_mean, util_ci = mean_ci(seed_metrics["utility"])
+
+    def avg(key: str) -> float:
+        return float(seed_metrics[key].mean())
+
+    return Summary(
+        seeds=od.size,
+        p_overdraw=float(od.mean()),
+        p_overdraw_lo=lo,
+        p_overdraw_hi=hi,
+        exposure=exp_mean,
+        exposure_ci=exp_ci,
+        exposure_p95=float(np.quantile(seed_metrics["exposure"], 0.95)),
+        shortfall=avg("shortfall"),
+        utility=util_mean,
+        utility_ci=util_ci,
+        util_pre=avg("util_pre"),
+        util_burst=avg("util_burst"),
+        util_post=avg("util_post"),
+        denied=avg("denied"),
+        escalated=avg("escalated"),
+        moved=avg("moved"),
+        overruns=avg("overruns"),
+    )
