@@ -1,1 +1,99 @@
-"""placeholder"""
+"""irrev pricing: pure functions from a tenant policy and a request to an integer price.
+
+No I/O: no redis, fastapi, httpx, os, time or random. Every input is a parameter.
+"""
+
+from __future__ import annotations
+
+from pricing.accounts import (
+    MAX_HOLD_ACCOUNTS,
+    AccountSpec,
+    check_per_effect_cap,
+    factor_account,
+    hold_accounts,
+    policy_accounts,
+)
+from pricing.catalog import Catalog, CompiledRoute, PricedEffect, price_request
+from pricing.credentials import (
+    AuthenticatedAgent,
+    agent_for_token,
+    agent_for_token_hash,
+    format_token,
+    hash_token,
+)
+from pricing.errors import (
+    AmountError,
+    BadAmount,
+    BadRiskFactor,
+    PerEffectCapExceeded,
+    PolicyError,
+    Problem,
+    RequestError,
+    UnknownRoute,
+)
+from pricing.learning import FailurePosterior, RecoveryPosterior
+from pricing.loader import load_policy_data, load_policy_text, parse_yaml
+from pricing.models import (
+    BetaShape,
+    ExpectedPricing,
+    FacePricing,
+    FailureBound,
+    PricingSpec,
+    QuantilePricing,
+    StressedPricing,
+    expected_lgd,
+    quantile_lgd,
+    stressed_lgd,
+    vasicek_pd,
+)
+from pricing.money import MAX_MICROS, major_to_minor, minor_to_major_text, round_up
+from pricing.policy import EffectClass, TenantPolicy, UnknownRouteAction
+
+__all__ = [
+    "MAX_HOLD_ACCOUNTS",
+    "MAX_MICROS",
+    "AccountSpec",
+    "AmountError",
+    "AuthenticatedAgent",
+    "BadAmount",
+    "BadRiskFactor",
+    "BetaShape",
+    "Catalog",
+    "CompiledRoute",
+    "EffectClass",
+    "ExpectedPricing",
+    "FacePricing",
+    "FailureBound",
+    "FailurePosterior",
+    "PerEffectCapExceeded",
+    "PolicyError",
+    "PricedEffect",
+    "PricingSpec",
+    "Problem",
+    "QuantilePricing",
+    "RecoveryPosterior",
+    "RequestError",
+    "StressedPricing",
+    "TenantPolicy",
+    "UnknownRoute",
+    "UnknownRouteAction",
+    "agent_for_token",
+    "agent_for_token_hash",
+    "check_per_effect_cap",
+    "expected_lgd",
+    "factor_account",
+    "format_token",
+    "hash_token",
+    "hold_accounts",
+    "load_policy_data",
+    "load_policy_text",
+    "major_to_minor",
+    "minor_to_major_text",
+    "parse_yaml",
+    "policy_accounts",
+    "price_request",
+    "quantile_lgd",
+    "round_up",
+    "stressed_lgd",
+    "vasicek_pd",
+]

@@ -1,0 +1,172 @@
+"""Reading tenant policies from disk: one YAML file per tenant in a directory.
+
+pricing/ parses and checks policy text without I/O; this module is the file edge.
+Files whose top-level `kind` is `demo-tokens` hold plaintext demo credentials (see
+examples/procurement.tokens.yaml) and are never loaded as policies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pricing import (
+    AuthenticatedAgent,
+    PolicyError,
+    Problem,
+    TenantPolicy,
+    agent_for_token_hash,
+    hash_token,
+    load_policy_data,
+    parse_yaml,
+)
+
+DEMO_TOKENS_KIND = "demo-tokens"
+POLICY_SUFFIXES = (".yaml", ".yml")
+
+
+class PolicyLoadError(Exception):
+    """One or more policy files are wrong; `errors` holds each file's PolicyError."""
+
+    def __init__(self, errors: list[PolicyError]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
+
+
+@dataclass(frozen=True, slots=True)
+class DemoTokens:
+    """Plaintext tokens of a demo policy's agents. Demo only: never for real tenants."""
+
+    tenant: str
+    policy: Path
+    tokens: dict[str, str]
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(str(path), [Problem("", f"cannot read file: {exc}")]) from exc
+
+
+def is_demo_tokens(data: object) -> bool:
+    return isinstance(data, dict) and data.get("kind") == DEMO_TOKENS_KIND
+
+
+def read_policy_file(path: Path) -> TenantPolicy:
+    source = str(path)
+    data = parse_yaml(read_text(path), source)
+    if is_demo_tokens(data):
+        raise PolicyError(source, [Problem("kind", "this is a demo token file, not a policy")])
+    return load_policy_data(data, source)
+
+
+def check_policy_set(policies: Iterable[tuple[str, TenantPolicy]]) -> list[PolicyError]:
+    """Faults across files: a tenant defined twice, or one token valid for two agents."""
+    errors: list[PolicyError] = []
+    tenants: dict[str, str] = {}
+    owners: dict[str, str] = {}
+    for source, policy in policies:
+        problems: list[Problem] = []
+        if policy.tenant in tenants:
+            problems.append(
+                Problem(
+                    "tenant",
+                    f"tenant {policy.tenant!r} is also defined in {tenants[policy.tenant]}",
+                )
+            )
+        tenants.setdefault(policy.tenant, source)
+        for agent_id, agent in policy.agents.items():
+            if agent.token_sha256 in owners:
+                problems.append(
+                    Problem(
+                        f"agents.{agent_id}.token_sha256",
+                        f"the same token is already used in {owners[agent.token_sha256]}; a "
+                        "token must identify one tenant's agent",
+                    )
+                )
+            owners.setdefault(agent.token_sha256, source)
+        if problems:
+            errors.append(PolicyError(source, problems))
+    return errors
+
+
+def policy_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.suffix in POLICY_SUFFIXES and p.is_file())
+
+
+def load_policy_dir(directory: Path) -> dict[str, TenantPolicy]:
+    """Every tenant policy in `directory` by tenant id; PolicyLoadError lists all faults."""
+    if not directory.is_dir():
+        raise PolicyLoadError(
+            [PolicyError(str(directory), [Problem("", "not a directory of policy files")])]
+        )
+    loaded: list[tuple[str, TenantPolicy]] = []
+    errors: list[PolicyError] = []
+    for path in policy_files(directory):
+        try:
+            data = parse_yaml(read_text(path), str(path))
+            if not is_demo_tokens(data):
+                loaded.append((str(path), load_policy_data(data, str(path))))
+        except PolicyError as exc:
+            errors.append(exc)
+    errors += check_policy_set(loaded)
+    if errors:
+        raise PolicyLoadError(errors)
+    return {policy.tenant: policy for _, policy in loaded}
+
+
+def authenticate(
+    policies: dict[str, TenantPolicy], token: str
+) -> tuple[TenantPolicy, AuthenticatedAgent] | None:
+    """The tenant policy and agent a bearer token belongs to, or None."""
+    token_hash = hash_token(token)
+    for policy in policies.values():
+        agent = agent_for_token_hash(policy, token_hash)
+        if agent is not None:
+            return policy, agent
+    return None
+
+
+def load_demo_tokens(path: Path) -> DemoTokens:
+    source = str(path)
+    data = parse_yaml(read_text(path), source)
+    if not is_demo_tokens(data):
+        raise PolicyError(source, [Problem("kind", f"must be {DEMO_TOKENS_KIND!r}")])
+    assert isinstance(data, dict)
+    tenant, policy, tokens = data.get("tenant"), data.get("policy"), data.get("tokens")
+    problems = []
+    if not isinstance(tenant, str):
+        problems.append(Problem("tenant", "must be the tenant id"))
+    if not isinstance(policy, str):
+        problems.append(Problem("policy", "must be the policy file's path, relative to this file"))
+    if not isinstance(tokens, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tokens.items()
+    ):
+        problems.append(Problem("tokens", "must map agent ids to token strings"))
+    if problems:
+        raise PolicyError(source, problems)
+    assert isinstance(tenant, str) and isinstance(policy, str) and isinstance(tokens, dict)
+    return DemoTokens(tenant, path.parent / policy, dict(tokens))
+
+
+def check_demo_tokens(path: Path) -> DemoTokens:
+    """A demo token file whose every token authenticates its agent in its policy."""
+    demo = load_demo_tokens(path)
+    policy = read_policy_file(demo.policy)
+    problems: list[Problem] = []
+    if policy.tenant != demo.tenant:
+        problems.append(Problem("tenant", f"{demo.policy} is tenant {policy.tenant!r}"))
+    for agent_id, token in demo.tokens.items():
+        agent = agent_for_token_hash(policy, hash_token(token))
+        if agent is None or agent.agent_id != agent_id:
+            problems.append(
+                Problem(
+                    f"tokens.{agent_id}",
+                    f"does not match the agent's token_sha256 in {demo.policy}",
+                )
+            )
+    if problems:
+        raise PolicyError(str(path), problems)
+    return demo

@@ -1,0 +1,123 @@
+"""Ledger accounts a policy defines, and the accounts one hold debits.
+
+Account ids are `kind:id`: `tenant:<tenant>`, `principal:<id>`, `agent:<id>` and
+`factor:<expanded factor>` (e.g. `factor:supplier:acme-steel`). Factor accounts are
+created per concrete factor on first use, from the most specific matching pattern.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pricing.catalog import FACTOR_PREFIX, PricedEffect
+from pricing.credentials import AuthenticatedAgent
+from pricing.errors import PerEffectCapExceeded
+from pricing.policy import AccountLimits, EffectClass, TenantPolicy
+
+MAX_HOLD_ACCOUNTS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class AccountSpec:
+    """One ledger account's parameters: all amounts in minor units."""
+
+    account_id: str
+    limit_micros: int
+    window_ms: int
+    soft_band: float
+    approval_threshold_micros: int | None
+
+    @property
+    def soft_limit_micros(self) -> int:
+        """Balance above which a hold escalates; rounded down, so it escalates early."""
+        num, den = self.soft_band.as_integer_ratio()
+        return (self.limit_micros * num) // den
+
+
+def _spec(policy: TenantPolicy, account_id: str, limits: AccountLimits) -> AccountSpec:
+    return AccountSpec(
+        account_id=account_id,
+        limit_micros=limits.limit,
+        window_ms=policy.window_ms,
+        soft_band=limits.soft_band if limits.soft_band is not None else policy.soft_band,
+        approval_threshold_micros=limits.approval_threshold,
+    )
+
+
+def factor_pattern_for(policy: TenantPolicy, factor: str) -> str | None:
+    """The pattern that governs `factor`: an exact entry, else the longest `prefix*`."""
+    patterns = policy.accounts.risk_factors
+    if factor in patterns:
+        return factor
+    best: str | None = None
+    for pattern in patterns:
+        wildcard_matches = pattern.endswith("*") and factor.startswith(pattern[:-1])
+        if wildcard_matches and (best is None or len(pattern) > len(best)):
+            best = pattern
+    return best
+
+
+def factor_account(policy: TenantPolicy, factor: str) -> AccountSpec | None:
+    """Parameters of the account `factor:<factor>`, or None if no pattern caps it."""
+    pattern = factor_pattern_for(policy, factor)
+    if pattern is None:
+        return None
+    return _spec(policy, FACTOR_PREFIX + factor, policy.accounts.risk_factors[pattern])
+
+
+def policy_accounts(policy: TenantPolicy) -> list[AccountSpec]:
+    """Every account the policy names (factor wildcards excluded: see `factor_account`)."""
+    out = [_spec(policy, f"tenant:{policy.tenant}", policy.accounts.tenant)]
+    out += [_spec(policy, f"principal:{p}", lim) for p, lim in policy.accounts.principals.items()]
+    for agent_id, agent in policy.agents.items():
+        out.append(
+            AccountSpec(
+                account_id=f"agent:{agent_id}",
+                limit_micros=agent.window_cap,
+                window_ms=policy.window_ms,
+                soft_band=agent.soft_band if agent.soft_band is not None else policy.soft_band,
+                approval_threshold_micros=agent.approval_threshold,
+            )
+        )
+    for pattern in policy.accounts.risk_factors:
+        if not pattern.endswith("*"):
+            out.append(
+                _spec(policy, FACTOR_PREFIX + pattern, policy.accounts.risk_factors[pattern])
+            )
+    return out
+
+
+def check_per_effect_cap(agent: AuthenticatedAgent, effect: PricedEffect) -> None:
+    """The agent's local per-effect cap applies to the face value (exposure), not the price."""
+    if effect.effect_class is EffectClass.READ:
+        return
+    if effect.face_value_micros > agent.per_effect_cap_micros:
+        raise PerEffectCapExceeded(
+            agent.agent_id, effect.face_value_micros, agent.per_effect_cap_micros
+        )
+
+
+def hold_accounts(
+    policy: TenantPolicy, agent: AuthenticatedAgent, effect: PricedEffect
+) -> dict[str, int]:
+    """{account_id: amount} a hold debits: tenant, principal, agent, then each capped factor.
+
+    Every account is debited the full price: each one caps the same exposure from
+    its own angle. At most 8 accounts (validation keeps routes to 5 factors).
+    """
+    if agent.tenant_id != policy.tenant:
+        raise ValueError(f"agent of tenant {agent.tenant_id!r} used with policy {policy.tenant!r}")
+    price = effect.price_micros
+    accounts = {
+        f"tenant:{policy.tenant}": price,
+        f"principal:{agent.principal_id}": price,
+        f"agent:{agent.agent_id}": price,
+    }
+    for factor in effect.risk_factors:
+        if factor_pattern_for(policy, factor) is not None:
+            accounts[FACTOR_PREFIX + factor] = price
+    if len(accounts) > MAX_HOLD_ACCOUNTS:
+        raise ValueError(
+            f"a hold touches at most {MAX_HOLD_ACCOUNTS} accounts, not {len(accounts)}"
+        )
+    return accounts

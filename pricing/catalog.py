@@ -1,0 +1,347 @@
+"""The compiled route catalog and `price_request`: request -> priced effect, in microseconds.
+
+Everything that can be decided from the policy alone (templates, loss factors, which
+factor account caps which factor) is decided once in `compile_catalog`; a request
+then costs a dict lookup, a few segment comparisons and one exact integer rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from pricing.errors import AmountError, BadAmount, BadRiskFactor, RequestError, UnknownRoute
+from pricing.models import FacePricing
+from pricing.money import product_to_minor, round_up, to_decimal
+from pricing.policy import EffectClass, Route, TenantPolicy, UnknownRouteAction
+from pricing.templates import (
+    ID_RE,
+    FactorTemplate,
+    Lookup,
+    PathTemplate,
+    parse_factor,
+    parse_lookup,
+    parse_product,
+    parse_route,
+    split_path,
+)
+
+Query = Mapping[str, str | Sequence[str]]
+FACTOR_PREFIX = "factor:"
+# Segments an upstream may normalise into another route than the one that was priced.
+_UNSAFE_SEGMENTS = frozenset({"", ".", ".."})
+_UNSAFE_ESCAPES = ("%2f", "%5c", "%2e", "\\")
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRoute:
+    index: int
+    tool: str
+    method: str
+    template: PathTemplate
+    effect_class: EffectClass
+    body_fields: frozenset[str]
+    query_fields: frozenset[str]
+    face_fields: tuple[str, ...]
+    face_fixed_micros: int | None
+    factors: tuple[FactorTemplate, ...]
+    model: str
+    loss_factor: float
+    approval_threshold_micros: int | None
+    lookup: Lookup | None
+    in_process: bool
+    upstream: str | None
+
+    @property
+    def route_id(self) -> str:
+        return f"{self.tool} {self.method} {self.template.text}"
+
+
+@dataclass(frozen=True, slots=True)
+class PricedEffect:
+    """What the gateway reserves: the route's class, the face value and its price.
+
+    `route` is `None` for an unknown route priced as irreversible at face value.
+    """
+
+    tool: str
+    method: str
+    path: str
+    route: CompiledRoute | None
+    effect_class: EffectClass
+    face_value_micros: int
+    risk_factors: tuple[str, ...]
+    price_micros: int
+    model: str
+    approval_threshold_micros: int | None
+    path_params: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def route_id(self) -> str:
+        return self.route.route_id if self.route else f"{self.tool} {self.method} <unknown>"
+
+    @property
+    def needs_approval(self) -> bool:
+        """A single price above the route's approval threshold escalates."""
+        t = self.approval_threshold_micros
+        return t is not None and self.price_micros > t
+
+    @property
+    def in_process(self) -> bool:
+        return self.route.in_process if self.route else False
+
+    @property
+    def upstream(self) -> str | None:
+        return self.route.upstream if self.route else None
+
+    def lookup_request(self, idempotency_key: str) -> tuple[str, str] | None:
+        """(method, path?query) asking the upstream about this effect, if the route says how."""
+        if self.route is None or self.route.lookup is None:
+            return None
+        return self.route.lookup.render(idempotency_key, self.path_params)
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    scale: int
+    routes: dict[tuple[str, str], tuple[CompiledRoute, ...]]
+    tool_upstreams: dict[str, str | None]
+    unknown_action: UnknownRouteAction
+    unknown_face_fields: tuple[str, ...]
+    unknown_approval_threshold_micros: int | None
+
+    def match(
+        self, tool: str, method: str, path: str
+    ) -> tuple[CompiledRoute, dict[str, str]] | None:
+        candidates = self.routes.get((tool, method))
+        if not candidates:
+            return None
+        parts = split_path(path)
+        for route in candidates:
+            params = route.template.match(parts)
+            if params is not None:
+                return route, params
+        return None
+
+
+def loss_factor_of(route: Route) -> tuple[str, float]:
+    if route.effect_class is EffectClass.READ:
+        return "free", 0.0
+    spec = route.pricing or FacePricing()
+    return spec.model, spec.loss_factor()
+
+
+def compile_route(index: int, route: Route, upstream: str | None) -> CompiledRoute:
+    method, template = parse_route(route.route)
+    model, factor = loss_factor_of(route)
+    return CompiledRoute(
+        index=index,
+        tool=route.tool,
+        method=method,
+        template=template,
+        effect_class=route.effect_class,
+        body_fields=frozenset(route.body),
+        query_fields=frozenset(route.query),
+        face_fields=parse_product(route.face_value) if route.face_value else (),
+        face_fixed_micros=route.face_value_fixed,
+        factors=tuple(parse_factor(f) for f in route.risk_factors),
+        model=model,
+        loss_factor=factor,
+        approval_threshold_micros=route.approval_threshold,
+        lookup=parse_lookup(route.lookup) if route.lookup else None,
+        in_process=route.in_process,
+        upstream=upstream,
+    )
+
+
+def compile_catalog(policy: TenantPolicy) -> Catalog:
+    """Compile a validated policy's routes; most specific template first per tool+method."""
+    grouped: dict[tuple[str, str], list[CompiledRoute]] = {}
+    for i, route in enumerate(policy.routes):
+        tool = policy.tools.get(route.tool)
+        compiled = compile_route(i, route, tool.upstream if tool else None)
+        grouped.setdefault((compiled.tool, compiled.method), []).append(compiled)
+    unknown = policy.unknown_routes
+    return Catalog(
+        scale=policy.scale,
+        routes={
+            k: tuple(sorted(v, key=lambda r: r.template.specificity)) for k, v in grouped.items()
+        },
+        tool_upstreams={name: t.upstream for name, t in policy.tools.items()},
+        unknown_action=unknown.action,
+        unknown_face_fields=parse_product(unknown.face_value) if unknown.face_value else (),
+        unknown_approval_threshold_micros=unknown.approval_threshold,
+    )
+
+
+def check_request_path(path: str) -> None:
+    """Refuse paths an upstream could normalise into a route other than the one priced."""
+    parts = split_path(path)
+    lowered = path.lower()
+    if any(p in _UNSAFE_SEGMENTS for p in parts) or any(e in lowered for e in _UNSAFE_ESCAPES):
+        raise RequestError(
+            f"path {path!r} has empty, '.' or '..' segments or an encoded '/', '\\' or '.'; "
+            "send the canonical path"
+        )
+
+
+class _Fields:
+    """Reads named fields from a request's body, query and path parameters."""
+
+    def __init__(
+        self,
+        body: object,
+        query: Query,
+        path_params: Mapping[str, str],
+        query_fields: frozenset[str],
+    ) -> None:
+        self.body = body
+        self.query = query
+        self.path_params = path_params
+        self.query_fields = query_fields
+
+    def get(self, name: str) -> object:
+        """The field's raw value; KeyError if absent; ValueError if ambiguous."""
+        if name in self.path_params:
+            return self.path_params[name]
+        if name in self.query_fields:
+            return _single_query_value(self.query, name)
+        node = self.body
+        for part in name.split("."):
+            if not isinstance(node, Mapping):
+                raise KeyError(name)
+            node = node[part]
+        return node
+
+
+def _single_query_value(query: Query, name: str) -> str:
+    value = query[name]
+    if isinstance(value, str):
+        return value
+    values = list(value)
+    if len(values) != 1:
+        # The upstream may read another copy than the one priced: refuse, do not guess.
+        raise ValueError(f"appears {len(values)} times in the query; send it once")
+    return values[0]
+
+
+def read_face_value(fields: _Fields, names: tuple[str, ...], scale: int) -> int:
+    factors: list[Decimal] = []
+    for name in names:
+        try:
+            raw = fields.get(name)
+        except KeyError:
+            raise BadAmount(name, "is missing; the face value needs it") from None
+        except ValueError as exc:
+            raise BadAmount(name, str(exc)) from None
+        try:
+            factors.append(to_decimal(raw))
+        except AmountError as exc:
+            raise BadAmount(name, str(exc)) from None
+    try:
+        return product_to_minor(factors, scale)
+    except AmountError as exc:
+        raise BadAmount(" * ".join(names), f"face value {exc}") from None
+
+
+def read_factors(fields: _Fields, templates: tuple[FactorTemplate, ...]) -> tuple[str, ...]:
+    out: list[str] = []
+    for template in templates:
+        values = [_factor_value(fields, name) for name in template.fields]
+        factor = template.expand(values)
+        if not ID_RE.fullmatch(FACTOR_PREFIX + factor):
+            raise BadRiskFactor(
+                ",".join(template.fields), f"risk factor {factor!r} is longer than 121 characters"
+            )
+        if factor not in out:
+            out.append(factor)
+    return tuple(out)
+
+
+def _factor_value(fields: _Fields, name: str) -> str:
+    try:
+        raw = fields.get(name)
+    except KeyError:
+        raise BadRiskFactor(name, "is missing; the route's risk factor needs it") from None
+    except ValueError as exc:
+        raise BadRiskFactor(name, str(exc)) from None
+    if isinstance(raw, bool) or not isinstance(raw, str | int):
+        raise BadRiskFactor(name, f"must be a string or an integer, not {type(raw).__name__}")
+    # Case-folded so that 'Acme-Steel' and 'acme-steel' share one factor account: an
+    # agent must not dodge a concentration cap by spelling; merging only tightens.
+    value = str(raw).strip().lower()
+    if not ID_RE.fullmatch(value):
+        raise BadRiskFactor(name, f"{raw!r} may use only letters, digits and . _ : @ / -")
+    return value
+
+
+def price_request(
+    policy: TenantPolicy,
+    tool: str,
+    method: str,
+    path: str,
+    query: Query,
+    body: object,
+) -> PricedEffect:
+    """Price one request exactly as it will be forwarded.
+
+    `path` is the part after `/tools/{tool}` (e.g. `/orders`), `query` the parsed query
+    string, `body` the parsed JSON body (numbers as int or Decimal) or None. Raises a
+    `RequestError` subclass (each has a `reason` code) when the request cannot be priced.
+    """
+    method = method.upper()
+    check_request_path(path)
+    catalog = policy.catalog
+    found = catalog.match(tool, method, path)
+    if found is None:
+        return _price_unknown(catalog, tool, method, path, query, body)
+    route, params = found
+    if route.effect_class is EffectClass.READ:
+        return PricedEffect(
+            tool, method, path, route, route.effect_class, 0, (), 0, route.model, None, params
+        )
+    fields = _Fields(body, query, params, route.query_fields)
+    if route.face_fixed_micros is not None:
+        face = route.face_fixed_micros
+    else:
+        face = read_face_value(fields, route.face_fields, catalog.scale)
+    return PricedEffect(
+        tool=tool,
+        method=method,
+        path=path,
+        route=route,
+        effect_class=route.effect_class,
+        face_value_micros=face,
+        risk_factors=read_factors(fields, route.factors),
+        price_micros=round_up(face, route.loss_factor),
+        model=route.model,
+        approval_threshold_micros=route.approval_threshold_micros,
+        path_params=params,
+    )
+
+
+def _price_unknown(
+    catalog: Catalog, tool: str, method: str, path: str, query: Query, body: object
+) -> PricedEffect:
+    if tool not in catalog.tool_upstreams:
+        raise UnknownRoute(f"tool {tool!r} is not in the tenant's catalog")
+    if catalog.unknown_action is UnknownRouteAction.DENY:
+        raise UnknownRoute(
+            f"{method} {path} of tool {tool!r} is not in the tenant's route catalog "
+            "(unknown routes are denied; add the route to the policy)"
+        )
+    fields = _Fields(body, query, {}, frozenset())
+    face = read_face_value(fields, catalog.unknown_face_fields, catalog.scale)
+    return PricedEffect(
+        tool=tool,
+        method=method,
+        path=path,
+        route=None,
+        effect_class=EffectClass.IRREVERSIBLE,
+        face_value_micros=face,
+        risk_factors=(),
+        price_micros=face,
+        model="face",
+        approval_threshold_micros=catalog.unknown_approval_threshold_micros,
+    )

@@ -1,0 +1,61 @@
+"""Agent credentials: tokens are stored only as `sha256:<hex>` and looked up by hash.
+
+A token is "irrev_" + urlsafe base64 of 32 random bytes; with 256 bits of entropy a
+plain SHA-256 is enough (no salt or slow hash: nothing to brute-force), and the
+lookup is by the hash, so a timing side channel reveals nothing about a token.
+The random bytes are the caller's (gateway/policy_cli.py uses `secrets`).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass
+
+from pricing.policy import TenantPolicy
+
+TOKEN_PREFIX = "irrev_"
+TOKEN_BYTES = 32
+
+
+@dataclass(frozen=True, slots=True)
+class AuthenticatedAgent:
+    """Who is acting: the tenant, the agent and the principal it acts for, and its caps."""
+
+    tenant_id: str
+    agent_id: str
+    principal_id: str
+    per_effect_cap_micros: int
+    window_cap_micros: int
+
+
+def format_token(random_bytes: bytes) -> str:
+    if len(random_bytes) < TOKEN_BYTES:
+        raise ValueError(f"a token needs at least {TOKEN_BYTES} random bytes")
+    return TOKEN_PREFIX + base64.urlsafe_b64encode(random_bytes).decode("ascii").rstrip("=")
+
+
+def hash_token(token: str) -> str:
+    """`sha256:<hex>` of a bearer token, the only form a policy stores."""
+    return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def index_agents(policy: TenantPolicy) -> dict[str, AuthenticatedAgent]:
+    return {
+        agent.token_sha256: AuthenticatedAgent(
+            tenant_id=policy.tenant,
+            agent_id=agent_id,
+            principal_id=agent.principal,
+            per_effect_cap_micros=agent.per_effect_cap,
+            window_cap_micros=agent.window_cap,
+        )
+        for agent_id, agent in policy.agents.items()
+    }
+
+
+def agent_for_token_hash(policy: TenantPolicy, token_hash: str) -> AuthenticatedAgent | None:
+    return policy.agents_by_hash.get(token_hash)
+
+
+def agent_for_token(policy: TenantPolicy, token: str) -> AuthenticatedAgent | None:
+    return agent_for_token_hash(policy, hash_token(token))

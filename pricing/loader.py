@@ -1,0 +1,109 @@
+"""From YAML text or a parsed mapping to a checked, compiled `TenantPolicy`.
+
+The caller reads files (pricing/ does no I/O); `source` only labels messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from pricing.errors import PolicyError, Problem
+from pricing.policy import SCALE_CONTEXT, UNKNOWN_SCALE, VALID_SCALES, TenantPolicy
+from pricing.validation import check_policy
+
+_UNION_TAGS = frozenset({"face", "expected", "quantile", "stressed", "float", "FailureBound"})
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys: YAML would silently keep the last one,
+    and a second `buyer-07:` entry must not quietly replace the first."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Hashable, Any]:
+    seen: set[Hashable] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_mapping,
+)
+
+
+def parse_yaml(text: str, source: str) -> object:
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        raise PolicyError(source, [Problem("", f"not valid YAML: {exc}")]) from None
+
+
+def load_policy_text(text: str, source: str) -> TenantPolicy:
+    """Parse and check one tenant policy written in YAML; PolicyError lists every problem."""
+    return load_policy_data(parse_yaml(text, source), source)
+
+
+def load_policy_data(data: object, source: str) -> TenantPolicy:
+    if not isinstance(data, Mapping):
+        raise PolicyError(source, [Problem("", "a policy must be a YAML mapping (key: value)")])
+    try:
+        policy = TenantPolicy.model_validate(data, context={SCALE_CONTEXT: _scale_of(data)})
+    except ValidationError as exc:
+        raise PolicyError(source, _problems_from(exc)) from None
+    problems = check_policy(policy)
+    if problems:
+        raise PolicyError(source, problems)
+    policy.catalog  # noqa: B018 - compile now, so a request never pays for it
+    policy.agents_by_hash  # noqa: B018
+    return policy
+
+
+def _scale_of(data: Mapping[str, Any]) -> int:
+    unit = data.get("risk_unit")
+    scale = unit.get("scale") if isinstance(unit, Mapping) else None
+    if isinstance(scale, int) and not isinstance(scale, bool) and scale in VALID_SCALES:
+        return scale
+    return UNKNOWN_SCALE
+
+
+def format_loc(loc: tuple[int | str, ...]) -> str:
+    """('routes', 2, 'face_value') -> 'routes[2].face_value'."""
+    out = ""
+    prev: int | str | None = None
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in _UNION_TAGS and prev in {"pricing", "p_fail"}:
+            pass
+        elif part == "[key]":
+            out += " (key)"
+        else:
+            out += f".{part}" if out else str(part)
+        prev = part
+    return out
+
+
+def _problems_from(exc: ValidationError) -> list[Problem]:
+    problems: list[Problem] = []
+    for err in exc.errors(include_url=False):
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field; check its spelling against the policy reference"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        elif err["type"] == "string_pattern_mismatch":
+            msg = f"{err['input']!r} has the wrong form ({msg.lower()})"
+        problem = Problem(format_loc(tuple(err["loc"])), msg)
+        if problem not in problems:
+            problems.append(problem)
+    return problems

@@ -1,0 +1,122 @@
+"""Integer money: conversions from decimal major units and the one rounding rule.
+
+Amounts are `int` minor units (e.g. micro-USD) everywhere outside pricing math. The
+only float-to-int step is `round_up`: a price is rounded towards the budget's
+safety, never towards the agent.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal, InvalidOperation, localcontext
+from fractions import Fraction
+
+from pricing.errors import AmountError
+
+MAX_MICROS = 2**53 - 1
+"""Largest amount the ledger accepts: exact in a Lua double and in JSON numbers."""
+
+_PLAIN_DECIMAL = re.compile(r"\d+(\.\d+)?")
+# Enough digits that a product of a few request fields is exact before scaling.
+_PRECISION = 120
+
+
+def to_decimal(value: object) -> Decimal:
+    """An exact Decimal from an int, Decimal, finite float or plain decimal string.
+
+    Floats are read through their shortest repr, which is what a person wrote in YAML
+    (`14.80` -> `14.8`). Exponent forms, signs and whitespace in strings are refused
+    so that the gateway prices exactly the digits the upstream will read.
+    """
+    if isinstance(value, bool):
+        raise AmountError("is a boolean, not a number")
+    if isinstance(value, int):
+        result = Decimal(value)
+    elif isinstance(value, Decimal):
+        result = value
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise AmountError(f"is {value!r}; amounts must be finite")
+        result = Decimal(repr(value))
+    elif isinstance(value, str):
+        if not _PLAIN_DECIMAL.fullmatch(value):
+            raise AmountError(
+                f"{value!r} is not a plain non-negative decimal number (digits and one '.')"
+            )
+        try:
+            result = Decimal(value)
+        except InvalidOperation as exc:  # pragma: no cover - the regex already guards
+            raise AmountError(f"{value!r} is not a number") from exc
+    else:
+        raise AmountError(f"is a {type(value).__name__}, not a number")
+    if not result.is_finite():
+        raise AmountError(f"is {result}; amounts must be finite")
+    if result < 0:
+        raise AmountError(f"is negative ({result}); amounts are never negative")
+    return result
+
+
+def major_to_minor(value: object, scale: int) -> int:
+    """Exact conversion of a major-unit amount (`"250000"`, `14.80`) to minor units.
+
+    Used for operator-written limits: an amount with more decimals than the unit has
+    is an error rather than silently rounded, because a limit must mean what it says.
+    """
+    amount = to_decimal(value)
+    with localcontext() as ctx:
+        ctx.prec = _PRECISION
+        minor = amount * scale
+    if minor != minor.to_integral_value():
+        digits = len(str(scale)) - 1
+        raise AmountError(
+            f"{amount} is not exact in minor units (scale {scale}); "
+            f"use at most {digits} decimal places"
+        )
+    result = int(minor)
+    check_minor(result)
+    return result
+
+
+def product_to_minor(factors: list[Decimal], scale: int) -> int:
+    """Minor units of a product of major-unit factors, rounded up (a face value)."""
+    with localcontext() as ctx:
+        ctx.prec = _PRECISION
+        total = Decimal(scale)
+        for factor in factors:
+            total *= factor
+    result = int(total.to_integral_value(rounding="ROUND_CEILING"))
+    check_minor(result)
+    return result
+
+
+def check_minor(amount: int) -> int:
+    """`amount` if it is an int the ledger can hold, else AmountError."""
+    if isinstance(amount, bool) or not isinstance(amount, int):
+        raise AmountError(f"{amount!r} is not an integer amount")
+    if amount < 0:
+        raise AmountError(f"{amount} is negative")
+    if amount > MAX_MICROS:
+        raise AmountError(f"{amount} is above the ledger's maximum {MAX_MICROS} (2**53 - 1)")
+    return amount
+
+
+def round_up(face_value_micros: int, factor: float) -> int:
+    """The one rounding rule: ceil(face value x factor), computed exactly.
+
+    The float factor is taken as the exact binary fraction it is, so the product is
+    exact and only the final ceiling rounds. This is what makes prices subadditive:
+    ceil(a f) + ceil(b f) >= ceil((a + b) f), so splitting an effect never costs less.
+    """
+    if not math.isfinite(factor) or factor < 0:
+        raise AmountError(f"pricing factor {factor!r} must be finite and non-negative")
+    ratio = Fraction(factor)
+    return -((-face_value_micros * ratio.numerator) // ratio.denominator)
+
+
+def minor_to_major_text(amount: int, scale: int) -> str:
+    """`12500000`, scale 10**6 -> `12.5`: a display form for people, never parsed back."""
+    text = format(Decimal(amount) / Decimal(scale), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text

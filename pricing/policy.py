@@ -1,0 +1,224 @@
+"""A tenant's policy: accounts, agents, tools and the trusted route catalog (pydantic v2).
+
+Amounts are written by operators in major units (`"250000"`, `14.80`) and held as
+`int` minor units: they are converted exactly with the document's own
+`risk_unit.scale`, which reaches the field validators as validation context. Build
+policies with `pricing.load_policy_text` / `load_policy_data`, which also run the
+cross-field checks and compile the catalog.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StringConstraints,
+    ValidationInfo,
+)
+
+from pricing.errors import AmountError
+from pricing.models import PricingSpec
+from pricing.money import major_to_minor, to_decimal
+
+if TYPE_CHECKING:
+    from pricing.catalog import Catalog
+    from pricing.credentials import AuthenticatedAgent
+
+SCALE_CONTEXT = "risk_unit_scale"
+UNKNOWN_SCALE = -1
+
+TenantId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
+# No ':' so that `principal:<id>` and `agent:<id>` parse back unambiguously.
+MemberId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._@/-]{1,100}$")]
+ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+FieldName = Annotated[
+    str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+]
+FactorPattern = Annotated[
+    str, StringConstraints(pattern=r"^[A-Za-z0-9._@/-]+:([A-Za-z0-9._:@/-]*\*|[A-Za-z0-9._:@/-]+)$")
+]
+TokenHash = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+SoftBand = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False, strict=True)]
+
+
+def _to_micros(value: object, info: ValidationInfo) -> int:
+    scale = (info.context or {}).get(SCALE_CONTEXT)
+    if scale is None:
+        raise ValueError(
+            "amounts need the risk unit's scale; build policies with load_policy_text/data"
+        )
+    try:
+        if scale == UNKNOWN_SCALE:
+            # risk_unit itself is reported; still catch amounts that are wrong at any scale.
+            to_decimal(value)
+            return 0
+        return major_to_minor(value, scale)
+    except AmountError as exc:
+        raise ValueError(f"amount {exc}") from None
+
+
+Micros = Annotated[int, BeforeValidator(_to_micros)]
+"""An operator-written major-unit amount, held as exact minor units."""
+
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _to_ms(value: object) -> int:
+    if not isinstance(value, str) or not (m := _DURATION.match(value.strip())):
+        raise ValueError(
+            f"duration {value!r} must be a whole number with a unit: ms, s, m, h or d "
+            "(e.g. '24h', '15m')"
+        )
+    ms = int(m.group(1)) * _UNIT_MS[m.group(2)]
+    if not 0 < ms <= 366 * 86_400_000:
+        raise ValueError(f"duration {value!r} must be above 0 and at most 366d")
+    return ms
+
+
+DurationMs = Annotated[int, BeforeValidator(_to_ms)]
+
+
+def _upstream_url(value: str) -> str:
+    if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", value):
+        raise ValueError(
+            f"upstream {value!r} must be an http(s) base URL such as 'http://127.0.0.1:8900'"
+        )
+    return value.rstrip("/")
+
+
+class EffectClass(StrEnum):
+    """What compensation can do about an effect; taken from the catalog, never the agent."""
+
+    READ = "read"
+    REVERSIBLE = "reversible"
+    COMPENSABLE = "compensable"
+    IRREVERSIBLE = "irreversible"
+
+
+class UnknownRouteAction(StrEnum):
+    DENY = "deny"
+    PRICE_AS_IRREVERSIBLE = "price_as_irreversible"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+VALID_SCALES = frozenset(10**k for k in range(10))
+
+
+def _power_of_ten(value: int) -> int:
+    if value not in VALID_SCALES:
+        raise ValueError(f"scale {value} must be a power of ten from 1 to 10**9, e.g. 1000000")
+    return value
+
+
+class RiskUnit(_Model):
+    currency: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,16}$")]
+    scale: Annotated[int, Field(strict=True), AfterValidator(_power_of_ten)] = Field(
+        description="minor units per major unit, a power of ten (10**6: micro-USD)"
+    )
+
+
+class AccountLimits(_Model):
+    limit: Micros
+    soft_band: SoftBand | None = None
+    approval_threshold: Micros | None = None
+
+
+class Accounts(_Model):
+    tenant: AccountLimits
+    principals: Annotated[dict[MemberId, AccountLimits], Field(min_length=1)]
+    risk_factors: dict[FactorPattern, AccountLimits] = Field(default_factory=dict)
+
+
+class Agent(_Model):
+    """A credential acting for exactly one principal, with its local caps."""
+
+    principal: MemberId
+    token_sha256: TokenHash
+    per_effect_cap: Micros = Field(description="largest face value of one effect")
+    window_cap: Micros = Field(description="the agent account's limit per window")
+    soft_band: SoftBand | None = None
+    approval_threshold: Micros | None = None
+
+
+class Tool(_Model):
+    upstream: Annotated[str, AfterValidator(_upstream_url)] | None = None
+
+
+class Route(_Model):
+    tool: ToolName
+    route: str = Field(description="'METHOD /path/{param}' under the tool's proxy prefix")
+    effect_class: EffectClass = Field(alias="class")
+    body: list[FieldName] = Field(default_factory=list)
+    query: list[FieldName] = Field(default_factory=list)
+    face_value: str | None = None
+    face_value_fixed: Micros | None = None
+    risk_factors: list[str] = Field(default_factory=list)
+    pricing: PricingSpec | None = None
+    approval_threshold: Micros | None = None
+    lookup: str | None = None
+    in_process: Annotated[bool, Field(strict=True)] = False
+
+
+class UnknownRoutes(_Model):
+    action: UnknownRouteAction = UnknownRouteAction.DENY
+    face_value: str | None = Field(
+        default=None, description="body fields whose product is the face value"
+    )
+    approval_threshold: Micros | None = None
+
+
+def _unknown_routes(value: object) -> object:
+    return {"action": value} if isinstance(value, str) else value
+
+
+class TenantPolicy(_Model):
+    tenant: TenantId
+    risk_unit: RiskUnit
+    window_ms: DurationMs = Field(alias="window")
+    soft_band: SoftBand = 0.8
+    escalation_ttl_ms: DurationMs = Field(alias="escalation_ttl")
+    hold_ttl_ms: DurationMs = Field(alias="hold_ttl")
+    unknown_routes: Annotated[UnknownRoutes, BeforeValidator(_unknown_routes)] = Field(
+        default_factory=UnknownRoutes
+    )
+    accounts: Accounts
+    agents: dict[MemberId, Agent] = Field(default_factory=dict)
+    tools: dict[ToolName, Tool] = Field(default_factory=dict)
+    routes: list[Route] = Field(default_factory=list)
+    kind: Literal["policy"] = "policy"
+
+    _catalog: Catalog | None = PrivateAttr(default=None)
+    _agents_by_hash: dict[str, AuthenticatedAgent] | None = PrivateAttr(default=None)
+
+    @property
+    def scale(self) -> int:
+        return self.risk_unit.scale
+
+    @property
+    def catalog(self) -> Catalog:
+        """The compiled route catalog, built once per policy object."""
+        if self._catalog is None:
+            from pricing.catalog import compile_catalog
+
+            self._catalog = compile_catalog(self)
+        return self._catalog
+
+    @property
+    def agents_by_hash(self) -> dict[str, AuthenticatedAgent]:
+        if self._agents_by_hash is None:
+            from pricing.credentials import index_agents
+
+            self._agents_by_hash = index_agents(self)
+        return self._agents_by_hash

@@ -1,0 +1,240 @@
+"""Cross-field checks of a parsed policy; each problem names its field path.
+
+Pydantic checks each field on its own; what needs two fields at once (an agent's
+principal exists, a face-value field is declared, no two routes collide) is here.
+"""
+
+from __future__ import annotations
+
+from pricing.errors import Problem
+from pricing.models import FacePricing
+from pricing.policy import EffectClass, Route, TenantPolicy, UnknownRouteAction
+from pricing.templates import (
+    TemplateError,
+    parse_factor,
+    parse_lookup,
+    parse_product,
+    parse_route,
+)
+
+MAX_ROUTE_FACTORS = 5  # 8 hold accounts - tenant, principal, agent
+
+
+def check_policy(policy: TenantPolicy) -> list[Problem]:
+    problems = _check_agents(policy)
+    seen: dict[tuple[str, str, str], int] = {}
+    for i, route in enumerate(policy.routes):
+        problems += _check_route(policy, i, route, seen)
+    problems += _check_unknown_routes(policy)
+    return problems
+
+
+def _check_agents(policy: TenantPolicy) -> list[Problem]:
+    problems: list[Problem] = []
+    owners: dict[str, str] = {}
+    for agent_id, agent in policy.agents.items():
+        where = f"agents.{agent_id}"
+        if agent.principal not in policy.accounts.principals:
+            problems.append(
+                Problem(
+                    f"{where}.principal",
+                    f"principal {agent.principal!r} is not defined; add it under "
+                    "accounts.principals or fix the name",
+                )
+            )
+        if agent.token_sha256 in owners:
+            problems.append(
+                Problem(
+                    f"{where}.token_sha256",
+                    f"same token hash as agent {owners[agent.token_sha256]!r}; issue each agent "
+                    "its own token with 'irrev policy token'",
+                )
+            )
+        owners.setdefault(agent.token_sha256, agent_id)
+        if agent.per_effect_cap > agent.window_cap:
+            problems.append(
+                Problem(
+                    f"{where}.per_effect_cap",
+                    "is above the agent's window_cap, so it could never be reached; lower it",
+                )
+            )
+    return problems
+
+
+def _check_route(
+    policy: TenantPolicy, i: int, route: Route, seen: dict[tuple[str, str, str], int]
+) -> list[Problem]:
+    where = f"routes[{i}]"
+    problems: list[Problem] = []
+    tool = policy.tools.get(route.tool)
+    if tool is None:
+        problems.append(Problem(f"{where}.tool", f"tool {route.tool!r} is not defined under tools"))
+    elif tool.upstream is None and not route.in_process:
+        problems.append(
+            Problem(
+                f"{where}.tool",
+                f"tool {route.tool!r} has no upstream; set tools.{route.tool}.upstream or mark "
+                "the route in_process: true",
+            )
+        )
+    try:
+        method, template = parse_route(route.route)
+    except TemplateError as exc:
+        return [*problems, Problem(f"{where}.route", str(exc))]
+    key = (route.tool, method, template.shape)
+    if key in seen:
+        problems.append(
+            Problem(
+                f"{where}.route",
+                f"duplicate route: {route.tool} {route.route} matches the same requests as "
+                f"routes[{seen[key]}]; remove or merge one",
+            )
+        )
+    seen.setdefault(key, i)
+    declared = _check_declared_fields(where, route, set(template.params), problems)
+    if route.effect_class is EffectClass.READ:
+        return problems + _check_read(where, route)
+    problems += _check_face_value(where, route, declared)
+    problems += _check_factors(policy, where, route, declared)
+    if route.effect_class is EffectClass.IRREVERSIBLE and not isinstance(
+        route.pricing or FacePricing(), FacePricing
+    ):
+        problems.append(
+            Problem(
+                f"{where}.pricing.model",
+                "irreversible effects cannot be compensated, so they price at face value; "
+                "use model 'face' or class 'compensable' to model recovery",
+            )
+        )
+    if route.lookup is not None:
+        problems += _check_lookup(where, route, set(template.params))
+    return problems
+
+
+def _check_declared_fields(
+    where: str, route: Route, path_params: set[str], problems: list[Problem]
+) -> set[str]:
+    for name in set(route.body) & set(route.query):
+        problems.append(Problem(f"{where}.query", f"field {name!r} is declared in body and query"))
+    for name in (set(route.body) | set(route.query)) & path_params:
+        problems.append(
+            Problem(f"{where}.body", f"field {name!r} is also a path parameter; rename one")
+        )
+    return set(route.body) | set(route.query) | path_params
+
+
+def _check_read(where: str, route: Route) -> list[Problem]:
+    extra = [
+        name
+        for name in ("face_value", "face_value_fixed", "pricing", "approval_threshold", "lookup")
+        if getattr(route, name) is not None
+    ] + (["risk_factors"] if route.risk_factors else [])
+    return [
+        Problem(f"{where}.{name}", "read routes are free; remove this field or change the class")
+        for name in extra
+    ]
+
+
+def _check_face_value(where: str, route: Route, declared: set[str]) -> list[Problem]:
+    if (route.face_value is None) == (route.face_value_fixed is None):
+        return [
+            Problem(
+                f"{where}.face_value",
+                f"a {route.effect_class.value} route needs exactly one of face_value "
+                "(e.g. 'quantity * unit_price') or face_value_fixed",
+            )
+        ]
+    if route.face_value is None:
+        return []
+    try:
+        names = parse_product(route.face_value)
+    except TemplateError as exc:
+        return [Problem(f"{where}.face_value", str(exc))]
+    return [
+        Problem(
+            f"{where}.face_value",
+            f"field {name!r} is not declared in the route's body, query or path; "
+            "list it under body: or query:",
+        )
+        for name in names
+        if name not in declared
+    ]
+
+
+def _check_factors(
+    policy: TenantPolicy, where: str, route: Route, declared: set[str]
+) -> list[Problem]:
+    problems: list[Problem] = []
+    if len(route.risk_factors) > MAX_ROUTE_FACTORS:
+        problems.append(
+            Problem(
+                f"{where}.risk_factors",
+                f"at most {MAX_ROUTE_FACTORS} risk factors per route (a hold touches at most 8 "
+                "accounts)",
+            )
+        )
+    wildcards = [p[:-1] for p in policy.accounts.risk_factors if p.endswith("*")]
+    for j, text in enumerate(route.risk_factors):
+        here = f"{where}.risk_factors[{j}]"
+        try:
+            template = parse_factor(text)
+        except TemplateError as exc:
+            problems.append(Problem(here, str(exc)))
+            continue
+        for name in template.fields:
+            if name not in declared:
+                problems.append(
+                    Problem(
+                        here,
+                        f"field {name!r} is not declared in the route's body, query or path; "
+                        "list it under body: or query:",
+                    )
+                )
+        covered = template.text if not template.fields else template.prefix
+        if not any(covered.startswith(w) for w in wildcards) and (
+            template.fields or text not in policy.accounts.risk_factors
+        ):
+            problems.append(
+                Problem(
+                    here,
+                    f"no accounts.risk_factors pattern caps {text!r}; add one such as "
+                    f"'{template.prefix or text}*' so concentration on it is limited",
+                )
+            )
+    return problems
+
+
+def _check_lookup(where: str, route: Route, path_params: set[str]) -> list[Problem]:
+    assert route.lookup is not None
+    if route.in_process:
+        return [Problem(f"{where}.lookup", "in-process routes have no upstream to look up")]
+    try:
+        lookup = parse_lookup(route.lookup)
+    except TemplateError as exc:
+        return [Problem(f"{where}.lookup", str(exc))]
+    return [
+        Problem(
+            f"{where}.lookup", f"placeholder {{{name}}} is neither {{key}} nor a path parameter"
+        )
+        for name in lookup.placeholders
+        if name != "key" and name not in path_params
+    ]
+
+
+def _check_unknown_routes(policy: TenantPolicy) -> list[Problem]:
+    unknown = policy.unknown_routes
+    if unknown.action is not UnknownRouteAction.PRICE_AS_IRREVERSIBLE:
+        return []
+    if unknown.face_value is None:
+        return [
+            Problem(
+                "unknown_routes.face_value",
+                "price_as_irreversible needs the body field(s) holding the face value, "
+                "e.g. face_value: amount",
+            )
+        ]
+    try:
+        parse_product(unknown.face_value)
+    except TemplateError as exc:
+        return [Problem("unknown_routes.face_value", str(exc))]
+    return []
