@@ -1,0 +1,304 @@
+"""The ledger's async Python API: one Redis round trip per operation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+
+from . import validate
+from .errors import LedgerUnavailable, raise_for_reply
+from .keys import TENANTS_KEY, account_key, ambiguous_key, deadlines_key, escalated_key, hold_key
+from .keys import tenant_prefix as prefix
+from .records import (
+    AccountCheck,
+    AccountSpec,
+    Balance,
+    Decision,
+    Hold,
+    HoldState,
+    Reason,
+    ReserveResult,
+    SweepResult,
+    TransitionResult,
+)
+from .scripts import register_scripts
+
+DAY_MS = 24 * 3600 * 1000
+_BALANCE_FIELDS = ("limit", "soft", "pend", "post", "win", "ws", "appr", "over")
+
+
+class Ledger:
+    """Accounts, holds and the journal of every tenant, kept in one Redis.
+
+    `retention_ms` is how long a settled hold (and with it its idempotency key) is
+    kept; a replay after that is a new request.
+    """
+
+    def __init__(self, redis: Redis, *, retention_ms: int = 7 * DAY_MS) -> None:
+        self.redis = redis
+        self.retention_ms = validate.ttl("retention_ms", retention_ms)
+        self._scripts = register_scripts(redis)
+
+    @classmethod
+    def from_url(cls, url: str, *, retention_ms: int = 7 * DAY_MS, **options: Any) -> Ledger:
+        redis = Redis.from_url(url, decode_responses=True, **options)
+        return cls(redis, retention_ms=retention_ms)
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+    async def _run(self, operation: str, tenant: str, args: list[str]) -> list[Any]:
+        try:
+            reply: list[Any] = await self._scripts[operation](
+                keys=[prefix(validate.tenant_id(tenant))], args=args
+            )
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+            raise LedgerUnavailable(f"Redis unreachable during {operation}: {exc}") from exc
+        except redis_errors.RedisError as exc:
+            raise LedgerUnavailable(f"Redis refused {operation}: {exc}") from exc
+        return reply
+
+    async def ping(self) -> None:
+        try:
+            await self.redis.ping()
+        except redis_errors.RedisError as exc:
+            raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
+
+    async def load_scripts(self) -> None:
+        """Load every script now, so the first admission does not pay for it."""
+        try:
+            for script in self._scripts.values():
+                script.sha = await self.redis.script_load(script.script)
+        except redis_errors.RedisError as exc:
+            raise LedgerUnavailable(f"could not load the ledger scripts: {exc}") from exc
+
+    # Accounts
+
+    async def upsert_account(self, tenant: str, spec: AccountSpec) -> str:
+        """Create the account or change its policy; returns 'created' or 'updated'."""
+        args = [
+            validate.account_id(spec.account),
+            str(validate.amount("limit", spec.limit)),
+            str(validate.amount("soft_limit", spec.soft_limit, spec.limit)),
+            str(validate.ttl("window_ms", spec.window_ms)),
+            str(validate.amount("approval_threshold", spec.approval_threshold)),
+        ]
+        reply = await self._run("account", tenant, args)
+        raise_for_reply(tenant, "", "upsert", reply)
+        try:
+            await self.redis.sadd(TENANTS_KEY, tenant)
+        except redis_errors.RedisError as exc:
+            raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
+        return str(reply[1])
+
+    async def balance(self, tenant: str, account: str) -> Balance | None:
+        key = account_key(validate.tenant_id(tenant), validate.account_id(account))
+        values = await self._read(self.redis.hmget(key, _BALANCE_FIELDS))
+        if values[0] is None:
+            return None
+        return _balance(account, values)
+
+    async def balances(self, tenant: str) -> list[Balance]:
+        """Every account of the tenant, sorted by id (a SCAN: for operators, not the
+        admission path)."""
+        start = account_key(validate.tenant_id(tenant), "")
+        keys = [key async for key in self.redis.scan_iter(match=f"{_glob(start)}*", count=500)]
+        result = []
+        for key in sorted(keys):
+            values = await self._read(self.redis.hmget(key, _BALANCE_FIELDS))
+            if values[0] is not None:
+                result.append(_balance(key[len(start) :], values))
+        return result
+
+    async def tenants(self) -> list[str]:
+        return sorted(await self._read(self.redis.smembers(TENANTS_KEY)))
+
+    # Holds
+
+    async def reserve(
+        self,
+        tenant: str,
+        idempotency_key: str,
+        fingerprint: str,
+        amounts: Mapping[str, int],
+        *,
+        ttl_ms: int,
+        escalation_ttl_ms: int = DAY_MS,
+        armed: bool = True,
+        escalate_above: int = 0,
+    ) -> ReserveResult:
+        """Admit, deny or escalate one effect; hold its price on every account or none.
+
+        The idempotency key is the hold's id. `armed` says the caller fires the
+        effect as soon as it is admitted, so a pending hold that outlives its
+        deadline may have fired and turns ambiguous rather than expiring.
+        """
+        args = [
+            validate.identifier("idempotency_key", idempotency_key),
+            validate.identifier("fingerprint", fingerprint),
+            str(validate.ttl("ttl_ms", ttl_ms)),
+            str(validate.ttl("escalation_ttl_ms", escalation_ttl_ms)),
+            "1" if armed else "0",
+            str(self.retention_ms),
+            str(validate.amount("escalate_above", escalate_above)),
+            *validate.account_amounts(amounts),
+        ]
+        reply = await self._run("reserve", tenant, args)
+        status = raise_for_reply(tenant, idempotency_key, "reserve", reply)
+        count = int(reply[6])
+        checks = tuple(
+            AccountCheck(str(reply[7 + 4 * i]), *(int(x) for x in reply[8 + 4 * i : 11 + 4 * i]))
+            for i in range(count)
+        )
+        return ReserveResult(
+            status=status,
+            hold_id=idempotency_key,
+            decision=Decision(reply[1]),
+            reason=Reason(reply[2]),
+            state=HoldState(reply[3]),
+            deadline_ms=int(reply[4]),
+            created_ms=int(reply[5]),
+            accounts=checks,
+        )
+
+    async def post(
+        self, tenant: str, hold_id: str, amount: int | Mapping[str, int]
+    ) -> TransitionResult:
+        """The effect happened at `amount` (its realised residual): for every account,
+        or per account. Above the hold it is an overrun: posted and flagged."""
+        args = [*self._hold_args(hold_id), *validate.per_account(amount)]
+        return await self._transition("post", tenant, hold_id, args)
+
+    async def void(self, tenant: str, hold_id: str) -> TransitionResult:
+        return await self._transition("void", tenant, hold_id, self._hold_args(hold_id))
+
+    async def mark_ambiguous(self, tenant: str, hold_id: str, reason: str) -> TransitionResult:
+        args = [validate.identifier("hold_id", hold_id), validate.identifier("reason", reason)]
+        return await self._transition("ambiguous", tenant, hold_id, args)
+
+    async def compensate(
+        self, tenant: str, hold_id: str, recovered: int | Mapping[str, int]
+    ) -> TransitionResult:
+        args = [*self._hold_args(hold_id), *validate.per_account(recovered)]
+        return await self._transition("compensate", tenant, hold_id, args)
+
+    async def approve(
+        self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int
+    ) -> TransitionResult:
+        """Consume-once: raises HoldStateConflict naming the outcome for every loser."""
+        args = [
+            *self._hold_args(hold_id),
+            str(validate.ttl("ttl_ms", ttl_ms)),
+            validate.identifier("approver", approver),
+        ]
+        return await self._transition("approve", tenant, hold_id, args)
+
+    async def reject(self, tenant: str, hold_id: str, approver: str) -> TransitionResult:
+        args = [*self._hold_args(hold_id), validate.identifier("approver", approver)]
+        return await self._transition("reject", tenant, hold_id, args)
+
+    async def expire(self, tenant: str, hold_id: str) -> TransitionResult:
+        return await self._transition("expire", tenant, hold_id, self._hold_args(hold_id))
+
+    async def sweep(self, tenant: str, batch: int = 100) -> SweepResult:
+        reply = await self._run("sweep", tenant, [str(batch), str(self.retention_ms)])
+        raise_for_reply(tenant, "", "sweep", reply)
+        return SweepResult(visited=int(reply[1]), remaining_due=int(reply[2]))
+
+    async def hold(self, tenant: str, hold_id: str) -> Hold | None:
+        key = hold_key(validate.tenant_id(tenant), validate.identifier("hold_id", hold_id))
+        fields: dict[str, str] = await self._read(self.redis.hgetall(key))
+        return _hold(hold_id, fields) if fields else None
+
+    async def hold_ids(self, tenant: str, state: HoldState) -> list[str]:
+        """Ids of the tenant's holds in `state`: indexed for the live states the
+        reconciler and the approval queue need, a SCAN for settled ones."""
+        tenant = validate.tenant_id(tenant)
+        if state is HoldState.AMBIGUOUS:
+            return sorted(await self._read(self.redis.smembers(ambiguous_key(tenant))))
+        if state is HoldState.ESCALATED:
+            return sorted(await self._read(self.redis.smembers(escalated_key(tenant))))
+        if state is HoldState.PENDING:
+            candidates = await self._read(self.redis.zrange(deadlines_key(tenant), 0, -1))
+        else:
+            start = hold_key(tenant, "")
+            pattern = f"{_glob(start)}*"
+            candidates = [k[len(start) :] async for k in self.redis.scan_iter(pattern, count=500)]
+        result = []
+        for hold_id in candidates:
+            found = await self._read(self.redis.hget(hold_key(tenant, hold_id), "st"))
+            if found == state.value:
+                result.append(hold_id)
+        return sorted(result)
+
+    def _hold_args(self, hold_id: str) -> list[str]:
+        return [validate.identifier("hold_id", hold_id), str(self.retention_ms)]
+
+    async def _transition(
+        self, operation: str, tenant: str, hold_id: str, args: list[str]
+    ) -> TransitionResult:
+        reply = await self._run(operation, tenant, args)
+        status = raise_for_reply(tenant, hold_id, operation, reply)
+        flags = str(reply[2])
+        return TransitionResult(
+            status=status,
+            hold_id=hold_id,
+            state=HoldState(reply[1]),
+            flags=frozenset(flags.split(",")) - {""},
+            by=flags if operation in ("approve", "reject") else "",
+        )
+
+    async def _read(self, pending: Any) -> Any:
+        try:
+            return await pending
+        except redis_errors.RedisError as exc:
+            raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
+
+
+def _glob(text: str) -> str:
+    """Escape glob metacharacters (the hash tag's braces are literal in a pattern)."""
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
+
+
+def _balance(account: str, values: list[str]) -> Balance:
+    limit, soft, pend, post, win, ws, appr, over = (int(v or 0) for v in values)
+    return Balance(
+        account=account,
+        limit=limit,
+        soft_limit=soft,
+        pending=pend,
+        posted=post,
+        window_ms=win,
+        window_start_ms=ws,
+        approval_threshold=appr,
+        overruns=over,
+    )
+
+
+def _numbers(accounts: list[str], text: str | None) -> dict[str, int]:
+    if not text:
+        return {}
+    return dict(zip(accounts, (int(x) for x in text.split(",")), strict=True))
+
+
+def _hold(hold_id: str, f: dict[str, str]) -> Hold:
+    accounts = f["acc"].split(",") if f.get("acc") else []
+    return Hold(
+        hold_id=hold_id,
+        state=HoldState(f["st"]),
+        decision=Decision(f["dec"]),
+        reason=Reason(f["why"]),
+        fingerprint=f["fp"],
+        armed=f.get("arm") == "1",
+        created_ms=int(f["t0"]),
+        deadline_ms=int(f["dl"]),
+        amounts=_numbers(accounts, f.get("amt")),
+        posted=_numbers(accounts, f.get("pst")),
+        compensated=_numbers(accounts, f.get("cmp")),
+        flags=frozenset(f.get("flag", "").split(",")) - {""},
+        ambiguity=f.get("amb", ""),
+        by=f.get("by", ""),
+    )

@@ -1,0 +1,307 @@
+-- Shared helpers, prepended to every ledger script when it is loaded
+-- (ledger/scripts.py), so each operation stays one atomic script. Not a script on
+-- its own.
+--
+-- Key layout: KEYS[1] is the tenant's key prefix `irrev:{<tenant>}:`. Every key a
+-- script touches is that prefix plus a suffix (acct:<id>, hold:<id>, journal,
+-- deadlines, ambiguous, escalated), so all of a tenant's keys share one hash slot
+-- and the scripts run unchanged on Redis Cluster. The prefix is passed rather than
+-- each key because lazy expiry and settlement reach holds and accounts that only
+-- the stored hold names.
+--
+-- Numbers: amounts are integers in [0, 2^53 - 1], exact in a Lua double. Lua's
+-- tostring() and `..` print 14 significant digits, so numbers that go into strings
+-- pass through fmt(); numbers passed to redis.call are printed by Redis with 17.
+
+redis.replicate_commands() -- Redis 6 needs it to write after TIME; a no-op on 7
+
+local P = KEYS[1]
+local JOURNAL = P .. 'journal'
+local DEADLINES = P .. 'deadlines'
+local AMBIGUOUS = P .. 'ambiguous'
+local ESCALATED = P .. 'escalated'
+local MAX_AMOUNT = 9007199254740991
+local MAX_ACCOUNTS = 8
+local LAZY_EXPIRY_BATCH = 8
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A decimal string of digits only, at most `max`; nil for anything else.
+local function uint(s, max)
+  if type(s) ~= 'string' or #s == 0 or #s > 16 or not string.match(s, '^%d+$') then
+    return nil
+  end
+  local n = tonumber(s)
+  if n > max then
+    return nil
+  end
+  return n
+end
+
+local function valid_id(s)
+  return type(s) == 'string' and #s >= 1 and #s <= 128
+    and string.match(s, '^[%w%._:@/%-]+$') ~= nil
+end
+
+local function split(s)
+  local out = {}
+  if s then
+    for part in string.gmatch(s, '[^,]+') do
+      out[#out + 1] = part
+    end
+  end
+  return out
+end
+
+local function split_numbers(s)
+  local out = split(s)
+  for i = 1, #out do
+    out[i] = tonumber(out[i])
+  end
+  return out
+end
+
+local function join_numbers(t)
+  local out = {}
+  for i = 1, #t do
+    out[i] = fmt(t[i])
+  end
+  return table.concat(out, ',')
+end
+
+local function akey(id)
+  return P .. 'acct:' .. id
+end
+
+local function hkey(id)
+  return P .. 'hold:' .. id
+end
+
+local function load_account(id)
+  local v = redis.call('HMGET', akey(id), 'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws')
+  if not v[1] then
+    return nil
+  end
+  return {
+    id = id, limit = tonumber(v[1]), soft = tonumber(v[2]), win = tonumber(v[3]),
+    appr = tonumber(v[4]), pend = tonumber(v[5]), post = tonumber(v[6]), ws = tonumber(v[7]),
+  }
+end
+
+-- "acct|dpending|dposted;..." : the balance change of one journal entry.
+local function deltas(accounts, dpend, dpost)
+  local out = {}
+  for i = 1, #accounts do
+    out[i] = accounts[i] .. '|' .. fmt(dpend[i]) .. '|' .. fmt(dpost[i])
+  end
+  return table.concat(out, ';')
+end
+
+local function journal(fields)
+  redis.call('XADD', JOURNAL, '*', unpack(fields))
+end
+
+-- Renew the account's window once `now` has crossed into a new one: posted amounts
+-- of the past window roll off, pending ones carry over. Journaled, so that replay
+-- reproduces the balance.
+local function roll(a, now)
+  if a.win <= 0 then
+    return
+  end
+  local ws = now - (now % a.win)
+  if ws <= a.ws then
+    return
+  end
+  redis.call('HSET', akey(a.id), 'post', 0, 'ws', ws)
+  journal({'op', 'roll', 'd', deltas({a.id}, {0}, {-a.post}), 'ws', fmt(ws)})
+  a.post = 0
+  a.ws = ws
+end
+
+local function add_balances(accounts, dpend, dpost)
+  for i = 1, #accounts do
+    if dpend[i] ~= 0 then
+      redis.call('HINCRBY', akey(accounts[i]), 'pend', dpend[i])
+    end
+    if dpost[i] ~= 0 then
+      redis.call('HINCRBY', akey(accounts[i]), 'post', dpost[i])
+    end
+  end
+end
+
+local function negate(t)
+  local out = {}
+  for i = 1, #t do
+    out[i] = -t[i]
+  end
+  return out
+end
+
+local function zeros(n)
+  local out = {}
+  for i = 1, n do
+    out[i] = 0
+  end
+  return out
+end
+
+local TERMINAL = {posted = true, voided = true, rejected = true, expired = true, denied = true}
+
+-- Move a hold between states and keep the indexes in step: pending and escalated
+-- holds are indexed by deadline; ambiguous and escalated ones have their own sets
+-- for the reconciler and the approval queue; settled records get the retention TTL
+-- (a TTL never touches a live hold, so it can never release budget).
+local function set_state(id, from, to, retention_ms, extra)
+  local key = hkey(id)
+  if extra and #extra > 0 then
+    redis.call('HSET', key, 'st', to, unpack(extra))
+  else
+    redis.call('HSET', key, 'st', to)
+  end
+  if (from == 'pending' or from == 'escalated') and to ~= 'pending' then
+    redis.call('ZREM', DEADLINES, id)
+  end
+  if from == 'escalated' then
+    redis.call('SREM', ESCALATED, id)
+  end
+  if from == 'ambiguous' then
+    redis.call('SREM', AMBIGUOUS, id)
+  end
+  if to == 'ambiguous' then
+    redis.call('SADD', AMBIGUOUS, id)
+  end
+  if TERMINAL[to] and retention_ms > 0 then
+    redis.call('PEXPIRE', key, retention_ms)
+  end
+end
+
+-- A due hold: an escalation nobody approved, or a pending hold that was never
+-- armed, provably never fired and is released (`expired`). An armed pending hold
+-- may have fired, so it becomes `ambiguous` and stays charged until reconciled.
+local function expire_one(id, retention_ms)
+  local h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt')
+  local st = h[1]
+  if st == 'escalated' or (st == 'pending' and h[2] == '0') then
+    local accounts = split(h[3])
+    local release = negate(split_numbers(h[4]))
+    add_balances(accounts, release, zeros(#accounts))
+    set_state(id, st, 'expired', retention_ms, nil)
+    journal({'op', 'expire', 'hold', id, 'st', 'expired',
+             'd', deltas(accounts, release, zeros(#accounts))})
+  elseif st == 'pending' then
+    set_state(id, st, 'ambiguous', retention_ms, {'amb', 'deadline'})
+    journal({'op', 'ambiguous', 'hold', id, 'st', 'ambiguous', 'why', 'deadline'})
+  else
+    redis.call('ZREM', DEADLINES, id)
+  end
+end
+
+local function expire_due(now, limit, retention_ms)
+  local ids = redis.call('ZRANGEBYSCORE', DEADLINES, '-inf', now, 'LIMIT', 0, limit)
+  for _, id in ipairs(ids) do
+    expire_one(id, retention_ms)
+  end
+  return #ids
+end
+
+local function load_hold(id)
+  local h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt', 'pst', 'pws', 'cmp', 'dl', 'by')
+  if not h[1] then
+    return nil
+  end
+  return {
+    id = id, st = h[1], arm = h[2], accounts = split(h[3]), amounts = split_numbers(h[4]),
+    posted = h[5] and split_numbers(h[5]), post_ws = h[6] and split_numbers(h[6]),
+    compensated = h[7] and split_numbers(h[7]), deadline = tonumber(h[8]), by = h[9],
+  }
+end
+
+-- Per-account amounts for an operation on a settled hold, aligned with the hold's
+-- accounts. ARGV[first] is '*' with one amount for every account, or n followed by
+-- n pairs (account, amount) naming exactly the hold's accounts. Returns the list,
+-- or nil and a bad_input reply.
+local function amounts_for(hold, first)
+  local out = {}
+  if ARGV[first] == '*' then
+    local amount = uint(ARGV[first + 1], MAX_AMOUNT)
+    if not amount or #ARGV ~= first + 1 then
+      return nil, {'bad_input', 'amount', 'must be an integer in [0, 2^53-1]'}
+    end
+    for i = 1, #hold.accounts do
+      out[i] = amount
+    end
+    return out
+  end
+  local n = uint(ARGV[first], MAX_ACCOUNTS)
+  if not n or n ~= #hold.accounts or #ARGV ~= first + 2 * n then
+    return nil, {'bad_input', 'amounts', 'must give one amount for each of the hold\'s accounts'}
+  end
+  local index = {}
+  for i = 1, n do
+    index[hold.accounts[i]] = i
+  end
+  for i = 1, n do
+    local at, amount = index[ARGV[first - 1 + 2 * i]], uint(ARGV[first + 2 * i], MAX_AMOUNT)
+    if not at or out[at] then
+      return nil, {'bad_input', 'amounts', 'must name each of the hold\'s accounts once'}
+    end
+    if not amount then
+      return nil, {'bad_input', 'amount', 'must be an integer in [0, 2^53-1]'}
+    end
+    out[at] = amount
+  end
+  return out
+end
+
+local function same_numbers(a, b)
+  if not a or not b or #a ~= #b then
+    return false
+  end
+  for i = 1, #a do
+    if a[i] ~= b[i] then
+      return false
+    end
+  end
+  return true
+end
+
+local function roll_all(accounts, now)
+  for i = 1, #accounts do
+    local a = load_account(accounts[i])
+    if a then
+      roll(a, now)
+    end
+  end
+end
+
+-- Releases what a live hold still charges as pending (escalated, pending and
+-- ambiguous holds charge their full amounts; expired ones charge nothing).
+local function pending_release(hold)
+  if hold.st == 'pending' or hold.st == 'escalated' or hold.st == 'ambiguous' then
+    return negate(hold.amounts)
+  end
+  return zeros(#hold.accounts)
+end
+
+local function hold_id_arg()
+  local id = ARGV[1]
+  if not valid_id(id) then
+    return nil, {'bad_input', 'hold_id', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
+  end
+  return id
+end
+
+local function retention_arg()
+  local retention_ms = uint(ARGV[2], MAX_AMOUNT)
+  if not retention_ms then
+    return nil, {'bad_input', 'retention_ms', 'must be an integer >= 0'}
+  end
+  return retention_ms
+end

@@ -1,0 +1,52 @@
+-- account: create an account, or change its limit, soft band, window or approval
+-- threshold. Balances are kept: changing a policy never forgives spending.
+--
+-- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- ARGV[1]  account id (kind:name)
+-- ARGV[2]  limit, in the tenant's minor unit
+-- ARGV[3]  soft limit: pending + posted above it escalates (= limit: no band)
+-- ARGV[4]  window_ms: budgets renew every window, aligned to the epoch (0: never)
+-- ARGV[5]  approval threshold: a single hold above it escalates (0: none)
+--
+-- Returns {status, state, flags}
+--   'ok'         'created' or 'updated'
+--   'bad_input'  (state = field, flags = message)
+--
+-- Invariant: soft limit <= limit; a new account starts with zero balances in the
+-- current window; every change is journaled so replay knows the limits.
+
+local account = ARGV[1]
+if not valid_id(account) or not string.match(account, '^%a+:.') then
+  return {'bad_input', 'account', 'must be kind:name of [A-Za-z0-9._:@/-], at most 128'}
+end
+local limit, soft = uint(ARGV[2], MAX_AMOUNT), uint(ARGV[3], MAX_AMOUNT)
+local win, appr = uint(ARGV[4], MAX_AMOUNT), uint(ARGV[5], MAX_AMOUNT)
+if not limit then return {'bad_input', 'limit', 'must be an integer in [0, 2^53-1]'} end
+if not soft or soft > limit then return {'bad_input', 'soft_limit', 'must be between 0 and the limit'} end
+if not win then return {'bad_input', 'window_ms', 'must be an integer >= 0'} end
+if not appr then return {'bad_input', 'approval_threshold', 'must be an integer in [0, 2^53-1]'} end
+if #ARGV ~= 5 then return {'bad_input', 'arguments', 'account takes five arguments'} end
+
+local now = now_ms()
+local ws = 0
+if win > 0 then
+  ws = now - (now % win)
+end
+local key = akey(account)
+local outcome = 'updated'
+local a = load_account(account)
+if a then
+  roll(a, now)
+  if win ~= a.win then
+    redis.call('HSET', key, 'ws', ws)
+  else
+    ws = a.ws
+  end
+else
+  outcome = 'created'
+  redis.call('HSET', key, 'pend', 0, 'post', 0, 'over', 0, 'ws', ws)
+end
+redis.call('HSET', key, 'limit', limit, 'soft', soft, 'win', win, 'appr', appr)
+journal({'op', 'account', 'acct', account, 'limit', fmt(limit), 'soft', fmt(soft),
+         'win', fmt(win), 'appr', fmt(appr), 'ws', fmt(ws)})
+return {'ok', outcome, ''}

@@ -1,0 +1,45 @@
+-- approve: a human lets an escalated effect go ahead. Consume-once: of any number
+-- of concurrent approvals and rejections exactly one finds the hold escalated.
+--
+-- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- ARGV[1]  hold id
+-- ARGV[2]  retention_ms for the record should the escalation turn out expired
+-- ARGV[3]  ttl_ms of the now pending hold (the approver forwards the effect)
+-- ARGV[4]  approver id
+--
+-- Returns {status, state, flags}
+--   'ok'         approved: pending, armed, with a new deadline
+--   'conflict'   someone resolved it first or it expired: state is the outcome
+--                (pending/posted/voided/ambiguous after an approval, rejected,
+--                expired), flags is who resolved it
+--   'not_found', 'bad_input' (state = field, flags = message)
+--
+-- Invariant: the budget was held at escalation, so approval changes no balance and
+-- can never overdraw.
+
+local id, err = hold_id_arg()
+if not id then return err end
+local retention_ms
+retention_ms, err = retention_arg()
+if not retention_ms then return err end
+local ttl_ms = uint(ARGV[3], MAX_AMOUNT)
+if not ttl_ms then return {'bad_input', 'ttl_ms', 'must be an integer >= 0'} end
+local by = ARGV[4]
+if not valid_id(by) or #ARGV ~= 4 then
+  return {'bad_input', 'approver', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
+end
+local hold = load_hold(id)
+if not hold then return {'not_found', '', ''} end
+if hold.st ~= 'escalated' then return {'conflict', hold.st, hold.by or ''} end
+
+local now = now_ms()
+if hold.deadline <= now then
+  expire_due(now, LAZY_EXPIRY_BATCH, retention_ms)
+  hold = load_hold(id)
+  if hold.st ~= 'escalated' then return {'conflict', hold.st, ''} end
+end
+local deadline = now + ttl_ms
+set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', deadline, 'by', by})
+redis.call('ZADD', DEADLINES, deadline, id)
+journal({'op', 'approve', 'hold', id, 'st', 'pending', 'by', by})
+return {'ok', 'pending', by}

@@ -1,0 +1,67 @@
+-- post: record that a held effect happened and what it really cost.
+--
+-- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- ARGV[1]  hold id
+-- ARGV[2]  retention_ms for the settled record (0 keeps it)
+-- ARGV[3]  '*' then ARGV[4] the posted amount for every account, or
+--          n then n pairs (account id, posted amount) naming the hold's accounts
+--
+-- Returns {status, state, flags}
+--   'ok'                              posted now; flags lists `overrun` (an amount
+--                                      above the hold: the world did it, so it is
+--                                      posted, never refused) and `late` (the hold
+--                                      had expired and was released)
+--   'exists'                          already posted with these amounts
+--   'exists_with_different_amount'    already posted with other amounts
+--   'conflict'                        the hold is escalated, voided, rejected or denied
+--   'not_found', 'bad_input' (state = field, flags = message)
+--
+-- Invariant: pending falls by exactly what the hold still charged, posted rises by
+-- exactly the posted amounts, and the journal entry carries both.
+
+local id, err = hold_id_arg()
+if not id then return err end
+local retention_ms
+retention_ms, err = retention_arg()
+if not retention_ms then return err end
+local hold = load_hold(id)
+if not hold then return {'not_found', '', ''} end
+local amounts
+amounts, err = amounts_for(hold, 3)
+if not amounts then return err end
+
+if hold.st == 'posted' then
+  if same_numbers(hold.posted, amounts) then
+    return {'exists', 'posted', ''}
+  end
+  return {'exists_with_different_amount', 'posted', ''}
+end
+if hold.st ~= 'pending' and hold.st ~= 'ambiguous' and hold.st ~= 'expired' then
+  return {'conflict', hold.st, ''}
+end
+
+local now = now_ms()
+roll_all(hold.accounts, now)
+local flags = {}
+if hold.st == 'expired' then
+  flags[#flags + 1] = 'late'
+end
+local post_ws = {}
+for i = 1, #hold.accounts do
+  if amounts[i] > hold.amounts[i] then
+    if flags[#flags] ~= 'overrun' then
+      flags[#flags + 1] = 'overrun'
+    end
+    redis.call('HINCRBY', akey(hold.accounts[i]), 'over', 1)
+  end
+  post_ws[i] = tonumber(redis.call('HGET', akey(hold.accounts[i]), 'ws'))
+end
+local dpend = pending_release(hold)
+add_balances(hold.accounts, dpend, amounts)
+local flag_text = table.concat(flags, ',')
+set_state(id, hold.st, 'posted', retention_ms,
+  {'pst', join_numbers(amounts), 'pws', join_numbers(post_ws), 'cmp',
+   join_numbers(zeros(#amounts)), 'flag', flag_text, 'tp', now})
+journal({'op', 'post', 'hold', id, 'st', 'posted', 'flag', flag_text,
+         'd', deltas(hold.accounts, dpend, amounts)})
+return {'ok', 'posted', flag_text}

@@ -1,0 +1,164 @@
+-- reserve: decide one effect and, unless denied, hold its price on every account
+-- it touches.
+--
+-- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- ARGV[1]  hold id (the caller's idempotency key)
+-- ARGV[2]  fingerprint of the request (a replay must carry the same one)
+-- ARGV[3]  ttl_ms: a pending hold's life
+-- ARGV[4]  escalation_ttl_ms: an escalated hold's life while it waits for a human
+-- ARGV[5]  armed: 1 if the caller fires the effect as soon as it is admitted
+-- ARGV[6]  retention_ms for the settled record (0 keeps it)
+-- ARGV[7]  escalate_above: a price above this escalates (0: no route threshold)
+-- ARGV[8]  n, the number of accounts (1..8), then n pairs: account id, amount
+--
+-- Returns
+--   {'ok' | 'exists', decision, reason, state, deadline_ms, created_ms, n,
+--    account_1, limit_1, used_1, amount_1, ...}
+--       decision admit | deny | escalate; reason within_budget | budget_exceeded |
+--       over_limit | soft_band | approval_threshold; used_i is pending + posted
+--       before this hold. 'exists' is a replay: the original decision and numbers,
+--       the hold's current state, and nothing written.
+--   {'exists_with_different_fingerprint', state}   nothing written
+--   {'unknown_account', account_id}                 nothing written
+--   {'bad_input', field, message}                   nothing written
+--
+-- Invariant: an admission or escalation never takes any account's pending + posted
+-- above its limit, and it debits all of the accounts or none. Inputs are checked
+-- before the first write (Redis does not roll back a script that fails half way).
+
+local id, fp = ARGV[1], ARGV[2]
+if not valid_id(id) then
+  return {'bad_input', 'idempotency_key', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
+end
+if not valid_id(fp) then
+  return {'bad_input', 'fingerprint', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
+end
+local ttl_ms = uint(ARGV[3], MAX_AMOUNT)
+local esc_ttl_ms = uint(ARGV[4], MAX_AMOUNT)
+local armed = ARGV[5]
+local retention_ms = uint(ARGV[6], MAX_AMOUNT)
+local escalate_above = uint(ARGV[7], MAX_AMOUNT)
+local n = uint(ARGV[8], MAX_ACCOUNTS)
+if not ttl_ms then return {'bad_input', 'ttl_ms', 'must be an integer >= 0'} end
+if not esc_ttl_ms then return {'bad_input', 'escalation_ttl_ms', 'must be an integer >= 0'} end
+if armed ~= '0' and armed ~= '1' then return {'bad_input', 'armed', 'must be 0 or 1'} end
+if not retention_ms then return {'bad_input', 'retention_ms', 'must be an integer >= 0'} end
+if not escalate_above then
+  return {'bad_input', 'escalate_above', 'must be an integer in [0, 2^53-1]'}
+end
+if not n or n < 1 or #ARGV ~= 8 + 2 * n then
+  return {'bad_input', 'accounts', 'must name 1 to 8 accounts, each with an amount'}
+end
+local accounts, amounts, seen = {}, {}, {}
+for i = 1, n do
+  local account, amount = ARGV[7 + 2 * i], uint(ARGV[8 + 2 * i], MAX_AMOUNT)
+  if not valid_id(account) or seen[account] then
+    return {'bad_input', 'accounts', 'account ids must be distinct and well formed'}
+  end
+  if not amount then
+    return {'bad_input', 'amount', 'must be an integer in [0, 2^53-1]'}
+  end
+  seen[account] = true
+  accounts[i], amounts[i] = account, amount
+end
+
+local key = hkey(id)
+local held = redis.call('HMGET', key, 'fp', 'dec', 'why', 'st', 'dl', 't0', 'acc', 'lim', 'used', 'amt')
+if held[1] then
+  if held[1] ~= fp then
+    return {'exists_with_different_fingerprint', held[4]}
+  end
+  local reply = {'exists', held[2], held[3], held[4], tonumber(held[5]), tonumber(held[6])}
+  local acc, lim, used, amt = split(held[7]), split_numbers(held[8]), split_numbers(held[9]),
+    split_numbers(held[10])
+  reply[7] = #acc
+  for i = 1, #acc do
+    reply[#reply + 1] = acc[i]
+    reply[#reply + 1] = lim[i]
+    reply[#reply + 1] = used[i]
+    reply[#reply + 1] = amt[i]
+  end
+  return reply
+end
+
+local loaded = {}
+for i = 1, n do
+  loaded[i] = load_account(accounts[i])
+  if not loaded[i] then
+    return {'unknown_account', accounts[i]}
+  end
+end
+
+-- Inputs are good: from here on the script writes.
+local now = now_ms()
+if expire_due(now, LAZY_EXPIRY_BATCH, retention_ms) > 0 then
+  for i = 1, n do
+    loaded[i] = load_account(accounts[i])
+  end
+end
+
+local decision, reason = 'admit', 'within_budget'
+local limits, used = {}, {}
+for i = 1, n do
+  local a = loaded[i]
+  roll(a, now)
+  limits[i], used[i] = a.limit, a.pend + a.post
+end
+for i = 1, n do
+  if used[i] > limits[i] then
+    decision, reason = 'deny', 'over_limit'
+    break
+  elseif used[i] + amounts[i] > limits[i] then
+    decision, reason = 'deny', 'budget_exceeded'
+    break
+  end
+end
+if decision == 'admit' then
+  for i = 1, n do
+    if used[i] + amounts[i] > loaded[i].soft then
+      decision, reason = 'escalate', 'soft_band'
+      break
+    end
+    local appr = loaded[i].appr
+    if (appr > 0 and amounts[i] > appr) or (escalate_above > 0 and amounts[i] > escalate_above) then
+      decision, reason = 'escalate', 'approval_threshold'
+      break
+    end
+  end
+end
+
+local state, deadline = 'denied', 0
+if decision == 'admit' then
+  state, deadline = 'pending', now + ttl_ms
+elseif decision == 'escalate' then
+  state, deadline = 'escalated', now + esc_ttl_ms
+end
+
+redis.call('HSET', key, 'st', state, 'fp', fp, 'dec', decision, 'why', reason,
+  'arm', (decision == 'escalate') and '0' or armed, 't0', now, 'dl', deadline,
+  'acc', table.concat(accounts, ','), 'amt', join_numbers(amounts),
+  'lim', join_numbers(limits), 'used', join_numbers(used))
+local dpend = zeros(n)
+if state == 'denied' then
+  if retention_ms > 0 then
+    redis.call('PEXPIRE', key, retention_ms)
+  end
+else
+  dpend = amounts
+  add_balances(accounts, amounts, zeros(n))
+  redis.call('ZADD', DEADLINES, deadline, id)
+  if state == 'escalated' then
+    redis.call('SADD', ESCALATED, id)
+  end
+end
+journal({'op', 'reserve', 'hold', id, 'st', state, 'why', reason,
+         'd', deltas(accounts, dpend, zeros(n))})
+
+local reply = {'ok', decision, reason, state, deadline, now, n}
+for i = 1, n do
+  reply[#reply + 1] = accounts[i]
+  reply[#reply + 1] = limits[i]
+  reply[#reply + 1] = used[i]
+  reply[#reply + 1] = amounts[i]
+end
+return reply

@@ -1,0 +1,178 @@
+"""The ledger's vocabulary: statuses mirroring the scripts' return codes, decisions,
+hold states, and the typed results of each operation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    """First element of every script reply (TigerBeetle-style named results)."""
+
+    OK = "ok"
+    EXISTS = "exists"
+    EXISTS_WITH_DIFFERENT_FINGERPRINT = "exists_with_different_fingerprint"
+    EXISTS_WITH_DIFFERENT_AMOUNT = "exists_with_different_amount"
+    CONFLICT = "conflict"
+    NOT_FOUND = "not_found"
+    NOT_DUE = "not_due"
+    UNKNOWN_ACCOUNT = "unknown_account"
+    BAD_INPUT = "bad_input"
+
+
+class Decision(StrEnum):
+    ADMIT = "admit"
+    DENY = "deny"
+    ESCALATE = "escalate"
+
+
+class Reason(StrEnum):
+    WITHIN_BUDGET = "within_budget"
+    BUDGET_EXCEEDED = "budget_exceeded"
+    OVER_LIMIT = "over_limit"
+    SOFT_BAND = "soft_band"
+    APPROVAL_THRESHOLD = "approval_threshold"
+
+
+class HoldState(StrEnum):
+    PENDING = "pending"
+    ESCALATED = "escalated"
+    AMBIGUOUS = "ambiguous"
+    POSTED = "posted"
+    VOIDED = "voided"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    DENIED = "denied"
+
+    @property
+    def charges_pending(self) -> bool:
+        """Whether a hold in this state still holds its amounts as pending."""
+        return self in (HoldState.PENDING, HoldState.ESCALATED, HoldState.AMBIGUOUS)
+
+
+class AccountKind(StrEnum):
+    TENANT = "tenant"
+    PRINCIPAL = "principal"
+    AGENT = "agent"
+    FACTOR = "factor"
+
+
+@dataclass(frozen=True, slots=True)
+class AccountSpec:
+    """An account's policy. Amounts in the tenant's minor unit; `soft_limit` is the
+    pending + posted above which a hold escalates (equal to `limit`: no band)."""
+
+    account: str
+    limit: int
+    soft_limit: int
+    window_ms: int = 0
+    approval_threshold: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Balance:
+    account: str
+    limit: int
+    soft_limit: int
+    pending: int
+    posted: int
+    window_ms: int
+    window_start_ms: int
+    approval_threshold: int
+    overruns: int
+
+    @property
+    def used(self) -> int:
+        return self.pending + self.posted
+
+    @property
+    def available(self) -> int:
+        """Negative after a realised overrun: admissions stay blocked until it is >= 0."""
+        return self.limit - self.used
+
+
+@dataclass(frozen=True, slots=True)
+class AccountCheck:
+    """One account as the reserve saw it: `used` is pending + posted before the hold."""
+
+    account: str
+    limit: int
+    used: int
+    amount: int
+
+    @property
+    def available(self) -> int:
+        return self.limit - self.used
+
+    @property
+    def fits(self) -> bool:
+        return self.used + self.amount <= self.limit
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveResult:
+    status: Status  # OK for a new decision, EXISTS for a replay
+    hold_id: str
+    decision: Decision
+    reason: Reason
+    state: HoldState  # the hold's state now (a replay may find it settled)
+    deadline_ms: int
+    created_ms: int
+    accounts: tuple[AccountCheck, ...]
+
+    @property
+    def replayed(self) -> bool:
+        return self.status is Status.EXISTS
+
+    @property
+    def price(self) -> int:
+        return max(check.amount for check in self.accounts)
+
+    @property
+    def binding(self) -> AccountCheck:
+        """The account that decided: the first one that did not fit for a denial,
+        else the one with the least room left after the hold."""
+        for check in self.accounts:
+            if not check.fits:
+                return check
+        return min(self.accounts, key=lambda c: c.available - c.amount)
+
+    @property
+    def remaining(self) -> int:
+        """Least room left on any account once this hold is counted (if it holds)."""
+        held = self.decision is not Decision.DENY
+        return min(c.available - (c.amount if held else 0) for c in self.accounts)
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionResult:
+    status: Status  # OK, or EXISTS when the same transition was already made
+    hold_id: str
+    state: HoldState
+    flags: frozenset[str]
+    by: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    visited: int
+    remaining_due: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    hold_id: str
+    state: HoldState
+    decision: Decision
+    reason: Reason
+    fingerprint: str
+    armed: bool
+    created_ms: int
+    deadline_ms: int
+    amounts: dict[str, int]
+    posted: dict[str, int]
+    compensated: dict[str, int]
+    flags: frozenset[str]
+    ambiguity: str  # why it became ambiguous (e.g. upstream_timeout, deadline)
+    by: str  # who approved or rejected it

@@ -1,0 +1,67 @@
+"""Checks on what callers pass to the ledger, so a mistake is named before it reaches
+Redis. The scripts check the same things again (they must not trust their callers)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from .errors import BadInput
+from .records import AccountKind
+
+MAX_AMOUNT = 2**53 - 1
+MAX_ACCOUNTS = 8
+MAX_TTL_MS = 366 * 24 * 3600 * 1000
+_ID = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
+_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_KINDS = tuple(kind.value for kind in AccountKind)
+
+
+def tenant_id(value: object) -> str:
+    if not isinstance(value, str) or not _TENANT.fullmatch(value):
+        raise BadInput("tenant", "must be 1-64 characters of [A-Za-z0-9._-]")
+    return value
+
+
+def identifier(field: str, value: object) -> str:
+    if not isinstance(value, str) or not _ID.fullmatch(value):
+        raise BadInput(field, "must be 1-128 characters of [A-Za-z0-9._:@/-]")
+    return value
+
+
+def account_id(value: object) -> str:
+    account = identifier("account", value)
+    kind, _, name = account.partition(":")
+    if kind not in _KINDS or not name:
+        raise BadInput("account", f"must be kind:name with kind one of {', '.join(_KINDS)}")
+    return account
+
+
+def amount(field: str, value: object, maximum: int = MAX_AMOUNT) -> int:
+    # bool is an int subclass; True is no amount of money.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadInput(field, f"must be an integer, not {type(value).__name__}")
+    if not 0 <= value <= maximum:
+        raise BadInput(field, f"must be between 0 and {maximum}, got {value}")
+    return value
+
+
+def ttl(field: str, value: object) -> int:
+    return amount(field, value, MAX_TTL_MS)
+
+
+def account_amounts(amounts: Mapping[str, int]) -> list[str]:
+    """Flatten {account: amount} into the scripts' `n, account, amount, ...` form."""
+    if not isinstance(amounts, Mapping) or not 1 <= len(amounts) <= MAX_ACCOUNTS:
+        raise BadInput("accounts", f"must name 1 to {MAX_ACCOUNTS} accounts")
+    args = [str(len(amounts))]
+    for account, value in amounts.items():
+        args += [account_id(account), str(amount("amount", value))]
+    return args
+
+
+def per_account(value: int | Mapping[str, int]) -> list[str]:
+    """An amount for every account of a hold (`*`), or one per named account."""
+    if isinstance(value, Mapping):
+        return account_amounts(value)
+    return ["*", str(amount("amount", value))]

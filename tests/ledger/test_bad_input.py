@@ -1,0 +1,167 @@
+"""Bad input raises a typed error and writes nothing, whether it is caught by the
+Python API or, sent raw past it, by the script itself (contract 8)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ledger.client import Ledger
+from ledger.errors import BadInput, UnknownAccount
+from ledger.keys import tenant_prefix
+
+from .conftest import open_accounts
+from .helpers import tenant_snapshot
+
+HOUR_MS = 3_600_000
+TOO_BIG = 2**53
+
+
+@pytest.fixture
+async def seeded(ledger: Ledger, tenant: str) -> Ledger:
+    await open_accounts(ledger, tenant, tenant_acme=1000, agent_a=500)
+    await ledger.reserve(tenant, "held", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+    await ledger.reserve(tenant, "posted", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+    await ledger.post(tenant, "posted", 100)
+    return ledger
+
+
+BAD_RESERVES: list[tuple[str, dict[str, Any], str]] = [
+    ("negative", {"amounts": {"tenant:acme": -1}}, "amount"),
+    ("float", {"amounts": {"tenant:acme": 1.5}}, "amount"),
+    ("bool", {"amounts": {"tenant:acme": True}}, "amount"),
+    ("string-amount", {"amounts": {"tenant:acme": "10"}}, "amount"),
+    ("above-2^53", {"amounts": {"tenant:acme": TOO_BIG}}, "amount"),
+    ("empty-accounts", {"amounts": {}}, "accounts"),
+    ("nine-accounts", {"amounts": {f"agent:a{i}": 1 for i in range(9)}}, "accounts"),
+    ("bad-kind", {"amounts": {"wallet:a": 1}}, "account"),
+    ("no-kind", {"amounts": {"acme": 1}}, "account"),
+    ("space-in-account", {"amounts": {"agent:a b": 1}}, "account"),
+    ("long-account", {"amounts": {"agent:" + "a" * 128: 1}}, "account"),
+    ("bad-key", {"key": "a key"}, "idempotency_key"),
+    ("empty-key", {"key": ""}, "idempotency_key"),
+    ("long-key", {"key": "k" * 129}, "idempotency_key"),
+    ("unicode-key", {"key": "k\u00e9y"}, "idempotency_key"),
+    ("newline-fingerprint", {"fingerprint": "fp\n"}, "fingerprint"),
+    ("negative-ttl", {"ttl_ms": -1}, "ttl_ms"),
+    ("float-ttl", {"ttl_ms": 1.0}, "ttl_ms"),
+    ("huge-ttl", {"ttl_ms": TOO_BIG}, "ttl_ms"),
+    ("negative-threshold", {"escalate_above": -5}, "escalate_above"),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"), [c[1:] for c in BAD_RESERVES], ids=[c[0] for c in BAD_RESERVES]
+)
+async def test_api_rejects_bad_reserve(
+    seeded: Ledger, tenant: str, change: dict[str, Any], field: str
+) -> None:
+    call: dict[str, Any] = {
+        "key": "new",
+        "fingerprint": "fp",
+        "amounts": {"tenant:acme": 10},
+        "ttl_ms": HOUR_MS,
+    }
+    call.update(change)
+    before = await tenant_snapshot(seeded, tenant)
+    with pytest.raises(BadInput) as caught:
+        await seeded.reserve(
+            tenant, call.pop("key"), call.pop("fingerprint"), call.pop("amounts"), **call
+        )
+    assert caught.value.field == field
+    assert await tenant_snapshot(seeded, tenant) == before
+
+
+@pytest.mark.parametrize("tenant_id", ["", "a{b}", "a:b", "t" * 65, "\u00e9"])
+async def test_api_rejects_bad_tenant(seeded: Ledger, tenant_id: str) -> None:
+    with pytest.raises(BadInput) as caught:
+        await seeded.reserve(tenant_id, "k", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
+    assert caught.value.field == "tenant"
+
+
+async def test_unknown_account_writes_nothing(seeded: Ledger, tenant: str) -> None:
+    before = await tenant_snapshot(seeded, tenant)
+    with pytest.raises(UnknownAccount) as caught:
+        await seeded.reserve(
+            tenant, "new", "fp", {"tenant:acme": 1, "agent:ghost": 1}, ttl_ms=HOUR_MS
+        )
+    assert caught.value.account == "agent:ghost"
+    assert await tenant_snapshot(seeded, tenant) == before
+
+
+@pytest.mark.parametrize(
+    ("operation", "call"),
+    [
+        ("post-negative", lambda lg, t: lg.post(t, "held", -1)),
+        ("post-float", lambda lg, t: lg.post(t, "held", 0.5)),
+        ("post-huge", lambda lg, t: lg.post(t, "held", TOO_BIG)),
+        ("post-wrong-accounts", lambda lg, t: lg.post(t, "held", {"agent:a": 1})),
+        ("compensate-too-much", lambda lg, t: lg.compensate(t, "posted", 101)),
+        ("compensate-bad-id", lambda lg, t: lg.compensate(t, "po sted", 1)),
+        ("ambiguous-bad-reason", lambda lg, t: lg.mark_ambiguous(t, "held", "no reason")),
+        ("approve-bad-approver", lambda lg, t: lg.approve(t, "held", "", ttl_ms=1)),
+        ("approve-negative-ttl", lambda lg, t: lg.approve(t, "held", "alice", ttl_ms=-1)),
+        ("account-soft-above-limit", lambda lg, t: lg.upsert_account(t, _spec(10, 11))),
+        ("account-negative-limit", lambda lg, t: lg.upsert_account(t, _spec(-1, 0))),
+    ],
+)
+async def test_api_rejects_bad_transitions(
+    seeded: Ledger, tenant: str, operation: str, call: Any
+) -> None:
+    before = await tenant_snapshot(seeded, tenant)
+    with pytest.raises(BadInput):
+        await call(seeded, tenant)
+    assert await tenant_snapshot(seeded, tenant) == before
+
+
+def _spec(limit: int, soft: int) -> Any:
+    from ledger.records import AccountSpec
+
+    return AccountSpec("agent:z", limit, soft)
+
+
+RAW: list[tuple[str, str, list[str]]] = [
+    ("reserve-1e3", "reserve", ["k", "fp", "1e3", "0", "1", "0", "0", "1", "tenant:acme", "5"]),
+    ("reserve-hex", "reserve", ["k", "fp", "100", "0", "1", "0", "0", "1", "tenant:acme", "0x10"]),
+    ("reserve-neg", "reserve", ["k", "fp", "100", "0", "1", "0", "0", "1", "tenant:acme", "-5"]),
+    (
+        "reserve-2^53",
+        "reserve",
+        ["k", "fp", "100", "0", "1", "0", "0", "1", "tenant:acme", str(TOO_BIG)],
+    ),
+    ("reserve-nan", "reserve", ["k", "fp", "100", "0", "1", "0", "0", "1", "tenant:acme", "nan"]),
+    (
+        "reserve-dup",
+        "reserve",
+        ["k", "fp", "100", "0", "1", "0", "0", "2", "tenant:acme", "1", "tenant:acme", "1"],
+    ),
+    ("reserve-short", "reserve", ["k", "fp", "100", "0", "1", "0", "0", "2", "tenant:acme", "1"]),
+    ("reserve-armed", "reserve", ["k", "fp", "100", "0", "yes", "0", "0", "1", "tenant:acme", "1"]),
+    ("reserve-0-accts", "reserve", ["k", "fp", "100", "0", "1", "0", "0", "0"]),
+    (
+        "reserve-9-accts",
+        "reserve",
+        ["k", "fp", "100", "0", "1", "0", "0", "9", *["tenant:acme", "1"] * 9],
+    ),
+    ("post-float", "post", ["held", "0", "*", "1.5"]),
+    ("post-extra", "post", ["held", "0", "*", "1", "2"]),
+    ("post-stranger", "post", ["held", "0", "1", "agent:a", "1"]),
+    ("void-extra", "void", ["held", "0", "x"]),
+    ("compensate-neg", "compensate", ["posted", "0", "*", "-1"]),
+    ("approve-ttl", "approve", ["held", "0", "-1", "alice"]),
+    ("sweep-zero", "sweep", ["0", "0"]),
+    ("account-soft", "account", ["agent:z", "10", "11", "0", "0"]),
+    ("account-kind", "account", ["nokind", "10", "10", "0", "0"]),
+]
+
+
+@pytest.mark.parametrize(("operation", "args"), [r[1:] for r in RAW], ids=[r[0] for r in RAW])
+async def test_script_validates_before_writing(
+    seeded: Ledger, tenant: str, operation: str, args: list[str]
+) -> None:
+    """Past the Python API, straight to the script: refused, and nothing written."""
+    before = await tenant_snapshot(seeded, tenant)
+    reply = await seeded._scripts[operation](keys=[tenant_prefix(tenant)], args=args)
+    assert reply[0] == "bad_input"
+    assert await tenant_snapshot(seeded, tenant) == before

@@ -1,0 +1,249 @@
+"""Reserve and the hold lifecycle against a real Redis: decisions, all-or-nothing,
+idempotency, settlement, escalation and expiry."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.client import Ledger
+from ledger.errors import HoldNotDue, HoldNotFound, HoldStateConflict, IdempotencyConflict
+from ledger.records import AccountSpec, Decision, HoldState, Reason, Status
+
+from .conftest import open_accounts
+from .helpers import server_ms
+
+HOUR_MS = 3_600_000
+
+
+async def reserve(ledger: Ledger, tenant: str, key: str, price: int, *accounts: str, **kw):  # type: ignore[no-untyped-def]
+    return await ledger.reserve(
+        tenant,
+        key,
+        kw.pop("fingerprint", "fp"),
+        {a: price for a in accounts},
+        ttl_ms=kw.pop("ttl_ms", HOUR_MS),
+        **kw,
+    )
+
+
+async def used(ledger: Ledger, tenant: str, account: str) -> tuple[int, int]:
+    balance = await ledger.balance(tenant, account)
+    assert balance is not None
+    return balance.pending, balance.posted
+
+
+async def test_admit_holds_price_on_every_account(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000, agent_a=500)
+    result = await reserve(ledger, tenant, "k1", 300, "tenant:acme", "agent:a")
+    assert (result.decision, result.reason, result.state) == (
+        Decision.ADMIT,
+        Reason.WITHIN_BUDGET,
+        HoldState.PENDING,
+    )
+    assert [(c.account, c.limit, c.used, c.amount) for c in result.accounts] == [
+        ("tenant:acme", 1000, 0, 300),
+        ("agent:a", 500, 0, 300),
+    ]
+    assert result.remaining == 200
+    assert await used(ledger, tenant, "tenant:acme") == (300, 0)
+    assert await used(ledger, tenant, "agent:a") == (300, 0)
+
+
+async def test_all_or_nothing_when_tenant_account_does_not_fit(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=250, agent_a=1000, agent_b=1000)
+    assert (await reserve(ledger, tenant, "k1", 200, "tenant:acme", "agent:a")).decision == "admit"
+    result = await reserve(ledger, tenant, "k2", 100, "agent:b", "tenant:acme")
+    assert (result.decision, result.reason) == (Decision.DENY, Reason.BUDGET_EXCEEDED)
+    assert result.binding.account == "tenant:acme"
+    assert result.binding.available == 50
+    assert await used(ledger, tenant, "agent:b") == (0, 0)
+    assert await used(ledger, tenant, "tenant:acme") == (200, 0)
+    hold = await ledger.hold(tenant, "k2")
+    assert hold is not None and hold.state is HoldState.DENIED
+
+
+async def test_replay_returns_original_and_changes_nothing(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    first = await reserve(ledger, tenant, "k1", 600, "tenant:acme")
+    again = await reserve(ledger, tenant, "k1", 600, "tenant:acme")
+    assert again.status is Status.EXISTS and again.replayed
+    assert (again.decision, again.accounts, again.deadline_ms) == (
+        first.decision,
+        first.accounts,
+        first.deadline_ms,
+    )
+    assert await used(ledger, tenant, "tenant:acme") == (600, 0)
+    # A denial replays as the same denial even once budget is free again.
+    denied = await reserve(ledger, tenant, "k2", 600, "tenant:acme")
+    await ledger.void(tenant, "k1")
+    replay = await reserve(ledger, tenant, "k2", 600, "tenant:acme")
+    assert denied.decision is replay.decision is Decision.DENY
+    assert await used(ledger, tenant, "tenant:acme") == (0, 0)
+
+
+async def test_same_key_different_request_is_a_conflict(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    await reserve(ledger, tenant, "k1", 100, "tenant:acme", fingerprint="a")
+    with pytest.raises(IdempotencyConflict) as caught:
+        await reserve(ledger, tenant, "k1", 900, "tenant:acme", fingerprint="b")
+    assert caught.value.state is HoldState.PENDING
+    assert await used(ledger, tenant, "tenant:acme") == (100, 0)
+
+
+async def test_soft_band_and_approval_threshold_escalate(ledger: Ledger, tenant: str) -> None:
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 800))
+    await ledger.upsert_account(tenant, AccountSpec("agent:a", 1000, 1000, approval_threshold=300))
+    assert (await reserve(ledger, tenant, "k1", 700, "tenant:acme")).decision == "admit"
+    band = await reserve(ledger, tenant, "k2", 200, "tenant:acme")
+    assert (band.decision, band.reason, band.state) == (
+        Decision.ESCALATE,
+        Reason.SOFT_BAND,
+        HoldState.ESCALATED,
+    )
+    big = await reserve(ledger, tenant, "k3", 301, "agent:a")
+    assert big.reason is Reason.APPROVAL_THRESHOLD
+    route = await reserve(ledger, tenant, "k4", 51, "agent:a", escalate_above=50)
+    assert route.reason is Reason.APPROVAL_THRESHOLD
+    # Escalations hold their budget, so approving them can never overdraw.
+    assert await used(ledger, tenant, "tenant:acme") == (900, 0)
+    assert await ledger.hold_ids(tenant, HoldState.ESCALATED) == ["k2", "k3", "k4"]
+
+
+async def test_post_releases_the_rest_and_flags_overruns(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    await reserve(ledger, tenant, "k1", 400, "tenant:acme")
+    await reserve(ledger, tenant, "k2", 400, "tenant:acme")
+    under = await ledger.post(tenant, "k1", 150)
+    assert (under.state, under.flags) == (HoldState.POSTED, frozenset())
+    over = await ledger.post(tenant, "k2", 900)
+    assert over.flags == {"overrun"}
+    assert await used(ledger, tenant, "tenant:acme") == (0, 1050)
+    # Over the limit now: every admission is blocked, even a free one.
+    blocked = await reserve(ledger, tenant, "k3", 0, "tenant:acme")
+    assert (blocked.decision, blocked.reason) == (Decision.DENY, Reason.OVER_LIMIT)
+    # Recovery brings it back under the limit and admissions resume.
+    await ledger.compensate(tenant, "k2", 500)
+    assert await used(ledger, tenant, "tenant:acme") == (0, 550)
+    assert (await reserve(ledger, tenant, "k4", 450, "tenant:acme")).decision == "admit"
+
+
+async def test_post_is_idempotent_and_amount_conflicts(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    await reserve(ledger, tenant, "k1", 400, "tenant:acme")
+    await ledger.post(tenant, "k1", 300)
+    assert (await ledger.post(tenant, "k1", 300)).status is Status.EXISTS
+    with pytest.raises(IdempotencyConflict):
+        await ledger.post(tenant, "k1", 301)
+    with pytest.raises(HoldStateConflict) as caught:
+        await ledger.void(tenant, "k1")
+    assert caught.value.state is HoldState.POSTED
+    assert await used(ledger, tenant, "tenant:acme") == (0, 300)
+
+
+async def test_post_per_account_amounts(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000, factor_s=1000)
+    await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 400, "factor:s": 200}, ttl_ms=HOUR_MS)
+    await ledger.post(tenant, "k1", {"factor:s": 250, "tenant:acme": 100})
+    assert await used(ledger, tenant, "tenant:acme") == (0, 100)
+    assert await used(ledger, tenant, "factor:s") == (0, 250)
+    hold = await ledger.hold(tenant, "k1")
+    assert hold is not None and hold.posted == {"tenant:acme": 100, "factor:s": 250}
+    assert hold.flags == {"overrun"}
+
+
+async def test_ambiguous_stays_charged_until_reconciled(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    await reserve(ledger, tenant, "k1", 400, "tenant:acme")
+    await reserve(ledger, tenant, "k2", 400, "tenant:acme")
+    await ledger.mark_ambiguous(tenant, "k1", "upstream_timeout")
+    await ledger.mark_ambiguous(tenant, "k2", "upstream_5xx")
+    assert await ledger.hold_ids(tenant, HoldState.AMBIGUOUS) == ["k1", "k2"]
+    assert await used(ledger, tenant, "tenant:acme") == (800, 0)
+    with pytest.raises(HoldStateConflict):
+        await ledger.expire(tenant, "k1")
+    await ledger.post(tenant, "k1", 400)
+    await ledger.void(tenant, "k2")
+    assert await used(ledger, tenant, "tenant:acme") == (0, 400)
+    assert await ledger.hold_ids(tenant, HoldState.AMBIGUOUS) == []
+
+
+async def test_approve_is_consume_once_and_names_the_outcome(ledger: Ledger, tenant: str) -> None:
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100))
+    await reserve(ledger, tenant, "k1", 500, "tenant:acme")
+    await reserve(ledger, tenant, "k2", 200, "tenant:acme")
+    won = await ledger.approve(tenant, "k1", "alice", ttl_ms=HOUR_MS)
+    assert (won.state, won.by) == (HoldState.PENDING, "alice")
+    with pytest.raises(HoldStateConflict) as lost:
+        await ledger.approve(tenant, "k1", "bob", ttl_ms=HOUR_MS)
+    assert (lost.value.state, lost.value.by) == (HoldState.PENDING, "alice")
+    await ledger.reject(tenant, "k2", "bob")
+    with pytest.raises(HoldStateConflict) as late:
+        await ledger.approve(tenant, "k2", "alice", ttl_ms=HOUR_MS)
+    assert (late.value.state, late.value.by) == (HoldState.REJECTED, "bob")
+    assert await used(ledger, tenant, "tenant:acme") == (500, 0)
+
+
+async def test_expiry_releases_only_what_provably_never_fired(ledger: Ledger, tenant: str) -> None:
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 400))
+    await reserve(ledger, tenant, "later", 100, "tenant:acme")
+    await reserve(ledger, tenant, "armed", 100, "tenant:acme", ttl_ms=0)
+    await reserve(ledger, tenant, "unarmed", 100, "tenant:acme", ttl_ms=0, armed=False)
+    await reserve(ledger, tenant, "escalated", 300, "tenant:acme", escalation_ttl_ms=0)
+    with pytest.raises(HoldNotDue):
+        await ledger.expire(tenant, "later")
+    # Each reserve expired the due holds before it; the sweeper finds the last one.
+    result = await ledger.sweep(tenant)
+    assert (result.visited, result.remaining_due) == (1, 0)
+    states = {k: (await ledger.hold(tenant, k)).state for k in ("armed", "unarmed", "escalated")}  # type: ignore[union-attr]
+    assert states == {
+        "armed": HoldState.AMBIGUOUS,
+        "unarmed": HoldState.EXPIRED,
+        "escalated": HoldState.EXPIRED,
+    }
+    assert await used(ledger, tenant, "tenant:acme") == (200, 0)
+    late = await ledger.post(tenant, "unarmed", 100)
+    assert late.flags == {"late"}
+    assert await used(ledger, tenant, "tenant:acme") == (200, 100)
+
+
+async def test_reserve_expires_due_holds_before_deciding(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    await reserve(ledger, tenant, "old", 900, "tenant:acme", ttl_ms=0, armed=False)
+    fresh = await reserve(ledger, tenant, "new", 900, "tenant:acme")
+    assert fresh.decision is Decision.ADMIT
+    assert fresh.accounts[0].used == 0
+
+
+async def test_expired_escalation_cannot_be_approved(ledger: Ledger, tenant: str) -> None:
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 0))
+    await reserve(ledger, tenant, "k1", 100, "tenant:acme", escalation_ttl_ms=0)
+    with pytest.raises(HoldStateConflict) as caught:
+        await ledger.approve(tenant, "k1", "alice", ttl_ms=HOUR_MS)
+    assert caught.value.state is HoldState.EXPIRED
+    assert await used(ledger, tenant, "tenant:acme") == (0, 0)
+
+
+async def test_unknown_hold(ledger: Ledger, tenant: str) -> None:
+    with pytest.raises(HoldNotFound):
+        await ledger.post(tenant, "nope", 1)
+    assert await ledger.hold(tenant, "nope") is None
+
+
+async def test_windows_roll_posted_off_and_carry_pending(ledger: Ledger, tenant: str) -> None:
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 1000, window_ms=1))
+    await reserve(ledger, tenant, "posted", 600, "tenant:acme")
+    await reserve(ledger, tenant, "open", 300, "tenant:acme")
+    await ledger.post(tenant, "posted", 600)
+    posted_at = (await ledger.balance(tenant, "tenant:acme")).window_start_ms  # type: ignore[union-attr]
+    # One-millisecond windows: wait until the server's clock has moved on.
+    while await server_ms(ledger) <= posted_at:
+        pass
+    fresh = await reserve(ledger, tenant, "next", 700, "tenant:acme")
+    assert fresh.decision is Decision.ADMIT
+    assert fresh.accounts[0].used == 300
+    balance = await ledger.balance(tenant, "tenant:acme")
+    assert balance is not None and balance.window_start_ms > posted_at
+    # The compensation of a post from a past window returns nothing: it rolled off.
+    result = await ledger.compensate(tenant, "posted", 100)
+    assert result.flags == {"rolled_off"}
+    assert balance.posted == 0
