@@ -73,7 +73,7 @@ def check_policy_set(policies: Iterable[tuple[str, TenantPolicy]]) -> list[Polic
             problems.append(
                 Problem(
                     "tenant",
-                    f"tenant {policy.tenant!r} is also defined in {tenants[policy.tenant]}",
+                    f"{policy.tenant!r} is also defined in {tenants[policy.tenant]}",
                 )
             )
         tenants.setdefault(policy.tenant, source)

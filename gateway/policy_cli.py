@@ -66,7 +66,9 @@ def _existing(path: Path) -> Path:
 def cmd_validate(args: argparse.Namespace) -> int:
     errors: list[PolicyError] = []
     loaded: list[tuple[str, TenantPolicy]] = []
-    for path in [_existing(p) for p in args.files]:
+    # The same file named twice (e.g. by overlapping globs) is one file, not two tenants.
+    paths = {_existing(p).resolve(): p for p in args.files}
+    for path in paths.values():
         try:
             data = parse_yaml(read_text(path), str(path))
             if is_demo_tokens(data):

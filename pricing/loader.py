@@ -45,7 +45,14 @@ def parse_yaml(text: str, source: str) -> object:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
-        raise PolicyError(source, [Problem("", f"not valid YAML: {exc}")]) from None
+        raise PolicyError(source, [Problem("", _yaml_message(exc))]) from None
+
+
+def _yaml_message(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"not valid YAML{where}: {problem}"
 
 
 def load_policy_text(text: str, source: str) -> TenantPolicy:
@@ -103,6 +110,8 @@ def _problems_from(exc: ValidationError) -> list[Problem]:
             msg = "required field is missing"
         elif err["type"] == "string_pattern_mismatch":
             msg = f"{err['input']!r} has the wrong form ({msg.lower()})"
+        elif err["type"] in {"enum", "literal_error", "float_type", "int_type", "bool_type"}:
+            msg = f"{msg} (got {err['input']!r})"
         problem = Problem(format_loc(tuple(err["loc"])), msg)
         if problem not in problems:
             problems.append(problem)

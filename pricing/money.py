@@ -11,6 +11,7 @@ import math
 import re
 from decimal import Decimal, InvalidOperation, localcontext
 from fractions import Fraction
+from functools import lru_cache
 
 from pricing.errors import AmountError
 
@@ -70,7 +71,7 @@ def major_to_minor(value: object, scale: int) -> int:
     if minor != minor.to_integral_value():
         digits = len(str(scale)) - 1
         raise AmountError(
-            f"{amount} is not exact in minor units (scale {scale}); "
+            f"{amount:f} is not exact in minor units (scale {scale}); "
             f"use at most {digits} decimal places"
         )
     result = int(minor)
@@ -104,14 +105,21 @@ def check_minor(amount: int) -> int:
 def round_up(face_value_micros: int, factor: float) -> int:
     """The one rounding rule: ceil(face value x factor), computed exactly.
 
-    The float factor is taken as the exact binary fraction it is, so the product is
-    exact and only the final ceiling rounds. This is what makes prices subadditive:
+    The factor is read as the shortest decimal that its float prints as (0.1 is 1/10,
+    not the binary fraction just above it), the product is exact, and only the final
+    ceiling rounds. Exactness is what makes prices subadditive:
     ceil(a f) + ceil(b f) >= ceil((a + b) f), so splitting an effect never costs less.
     """
+    numerator, denominator = _exact_ratio(factor)
+    return -((-face_value_micros * numerator) // denominator)
+
+
+@lru_cache(maxsize=4096)
+def _exact_ratio(factor: float) -> tuple[int, int]:
     if not math.isfinite(factor) or factor < 0:
         raise AmountError(f"pricing factor {factor!r} must be finite and non-negative")
-    ratio = Fraction(factor)
-    return -((-face_value_micros * ratio.numerator) // ratio.denominator)
+    ratio = Fraction(repr(factor))
+    return ratio.numerator, ratio.denominator
 
 
 def minor_to_major_text(amount: int, scale: int) -> str:

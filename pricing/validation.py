@@ -140,7 +140,7 @@ def _check_face_value(where: str, route: Route, declared: set[str]) -> list[Prob
         return [
             Problem(
                 f"{where}.face_value",
-                f"a {route.effect_class.value} route needs exactly one of face_value "
+                f"an effect route ({route.effect_class.value}) needs exactly one of face_value "
                 "(e.g. 'quantity * unit_price') or face_value_fixed",
             )
         ]
