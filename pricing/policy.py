@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
+from functools import cached_property
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import (
@@ -19,7 +20,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
     StringConstraints,
     ValidationInfo,
 )
@@ -199,26 +199,22 @@ class TenantPolicy(_Model):
     routes: list[Route] = Field(default_factory=list)
     kind: Literal["policy"] = "policy"
 
-    _catalog: Catalog | None = PrivateAttr(default=None)
-    _agents_by_hash: dict[str, AuthenticatedAgent] | None = PrivateAttr(default=None)
-
     @property
     def scale(self) -> int:
         return self.risk_unit.scale
 
-    @property
+    # Compiled once per policy object; a plain attribute read afterwards, which matters
+    # on the admission hot path. Imported lazily: those modules import this one.
+    @cached_property
     def catalog(self) -> Catalog:
-        """The compiled route catalog, built once per policy object."""
-        if self._catalog is None:
-            from pricing.catalog import compile_catalog
+        """The compiled route catalog."""
+        from pricing.catalog import compile_catalog
 
-            self._catalog = compile_catalog(self)
-        return self._catalog
+        return compile_catalog(self)
 
-    @property
+    @cached_property
     def agents_by_hash(self) -> dict[str, AuthenticatedAgent]:
-        if self._agents_by_hash is None:
-            from pricing.credentials import index_agents
+        """Agents by `sha256:<hex>` of their token."""
+        from pricing.credentials import index_agents
 
-            self._agents_by_hash = index_agents(self)
-        return self._agents_by_hash
+        return index_agents(self)
