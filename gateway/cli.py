@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 COMMAND_MODULES = ("ledger.cli", "gateway.policy_cli", "sim.cli")
+BENCH_MODULES = ("ledger.bench",)
 
 
 class CliError(Exception):
@@ -27,8 +28,11 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     for name in COMMAND_MODULES:
-        module = importlib.import_module(name)
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
+    bench = subparsers.add_parser("bench", help="measure throughput and latency")
+    benches = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
+    for name in BENCH_MODULES:
+        importlib.import_module(name).register_bench(benches)
     return parser
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Awaitable, Callable
 
 from rich.console import Console
@@ -68,7 +69,10 @@ async def _balance(ledger: Ledger, args: argparse.Namespace) -> int:
         balances = [b for b in balances if b.account in set(args.accounts)]
         missing = set(args.accounts) - {b.account for b in balances}
         if missing:
-            print(f"irrev: no such account of {args.tenant}: {', '.join(sorted(missing))}")
+            print(
+                f"irrev: no such account of {args.tenant}: {', '.join(sorted(missing))}",
+                file=sys.stderr,
+            )
             return 1
     table = Table(title=f"balances of {args.tenant}")
     for column in ("account", "limit", "pending", "posted", "available", "window start"):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from . import validate
-from .errors import LedgerUnavailable, raise_for_reply
+from .errors import LedgerError, LedgerUnavailable, raise_for_reply
 from .keys import TENANTS_KEY, account_key, ambiguous_key, deadlines_key, escalated_key, hold_key
 from .keys import tenant_prefix as prefix
 from .records import (
@@ -20,6 +20,7 @@ from .records import (
     Hold,
     HoldState,
     Reason,
+    ReserveRequest,
     ReserveResult,
     SweepResult,
     TransitionResult,
@@ -27,6 +28,7 @@ from .records import (
 from .scripts import register_scripts
 
 DAY_MS = 24 * 3600 * 1000
+T = TypeVar("T")
 _BALANCE_FIELDS = ("limit", "soft", "pend", "post", "win", "ws", "appr", "over")
 
 
@@ -129,51 +131,98 @@ class Ledger:
         escalation_ttl_ms: int = DAY_MS,
         armed: bool = True,
         escalate_above: int = 0,
+        request: str = "",
     ) -> ReserveResult:
         """Admit, deny or escalate one effect; hold its price on every account or none.
 
         The idempotency key is the hold's id. `armed` says the caller fires the
         effect as soon as it is admitted, so a pending hold that outlives its
         deadline may have fired and turns ambiguous rather than expiring.
+        `request` is kept with the hold until it settles (for an approver who
+        forwards it later, or a reconciler who looks it up).
         """
-        args = [
-            validate.identifier("idempotency_key", idempotency_key),
-            validate.identifier("fingerprint", fingerprint),
-            str(validate.ttl("ttl_ms", ttl_ms)),
-            str(validate.ttl("escalation_ttl_ms", escalation_ttl_ms)),
-            "1" if armed else "0",
-            str(self.retention_ms),
-            str(validate.amount("escalate_above", escalate_above)),
-            *validate.account_amounts(amounts),
+        reserve = ReserveRequest(
+            idempotency_key,
+            fingerprint,
+            amounts,
+            ttl_ms,
+            escalation_ttl_ms,
+            armed,
+            escalate_above,
+            request,
+        )
+        reply = await self._run("reserve", tenant, self._reserve_args(reserve))
+        return _reserve_result(tenant, idempotency_key, reply)
+
+    async def reserve_many(
+        self, tenant: str, requests: Sequence[ReserveRequest]
+    ) -> list[ReserveResult | LedgerError]:
+        """Several reserves in one pipelined round trip, for batch callers such as the
+        simulator. Each is still its own atomic script, run in order; an item that
+        fails gets its error in its place, and the others are applied."""
+        args = [self._reserve_args(request) for request in requests]
+        replies = await self._run_many("reserve", tenant, args)
+        return [
+            _or_error(_reserve_result, tenant, request.idempotency_key, reply)
+            for request, reply in zip(requests, replies, strict=True)
         ]
-        reply = await self._run("reserve", tenant, args)
-        status = raise_for_reply(tenant, idempotency_key, "reserve", reply)
-        count = int(reply[6])
-        checks = tuple(
-            AccountCheck(str(reply[7 + 4 * i]), *(int(x) for x in reply[8 + 4 * i : 11 + 4 * i]))
-            for i in range(count)
-        )
-        return ReserveResult(
-            status=status,
-            hold_id=idempotency_key,
-            decision=Decision(reply[1]),
-            reason=Reason(reply[2]),
-            state=HoldState(reply[3]),
-            deadline_ms=int(reply[4]),
-            created_ms=int(reply[5]),
-            accounts=checks,
-        )
+
+    async def post_many(
+        self, tenant: str, posts: Sequence[tuple[str, int | Mapping[str, int]]]
+    ) -> list[TransitionResult | LedgerError]:
+        """Several posts of (hold id, amount) in one pipelined round trip, with errors
+        in place as in `reserve_many`."""
+        args = [[*self._hold_args(h), "", *validate.per_account(amount)] for h, amount in posts]
+        replies = await self._run_many("post", tenant, args)
+        return [
+            _or_error(_transition_result, tenant, hold_id, "post", reply)
+            for (hold_id, _), reply in zip(posts, replies, strict=True)
+        ]
+
+    def _reserve_args(self, r: ReserveRequest) -> list[str]:
+        return [
+            validate.identifier("idempotency_key", r.idempotency_key),
+            validate.identifier("fingerprint", r.fingerprint),
+            str(validate.ttl("ttl_ms", r.ttl_ms)),
+            str(validate.ttl("escalation_ttl_ms", r.escalation_ttl_ms)),
+            "1" if r.armed else "0",
+            str(self.retention_ms),
+            str(validate.amount("escalate_above", r.escalate_above)),
+            validate.blob("request", r.request),
+            *validate.account_amounts(r.amounts),
+        ]
+
+    async def _run_many(
+        self, operation: str, tenant: str, batch: list[list[str]]
+    ) -> list[list[Any]]:
+        keys = [prefix(validate.tenant_id(tenant))]
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for args in batch:
+                    await self._scripts[operation](keys=keys, args=args, client=pipe)
+                replies: list[list[Any]] = await pipe.execute()
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+            raise LedgerUnavailable(f"Redis unreachable during {operation}: {exc}") from exc
+        except redis_errors.RedisError as exc:
+            raise LedgerUnavailable(f"Redis refused {operation}: {exc}") from exc
+        return replies
 
     async def post(
-        self, tenant: str, hold_id: str, amount: int | Mapping[str, int]
+        self, tenant: str, hold_id: str, amount: int | Mapping[str, int], *, outcome: str = ""
     ) -> TransitionResult:
         """The effect happened at `amount` (its realised residual): for every account,
-        or per account. Above the hold it is an overrun: posted and flagged."""
-        args = [*self._hold_args(hold_id), *validate.per_account(amount)]
+        or per account. Above the hold it is an overrun: posted and flagged.
+        `outcome` (the upstream's answer) is kept for repeats of the request."""
+        args = [
+            *self._hold_args(hold_id),
+            validate.blob("outcome", outcome),
+            *validate.per_account(amount),
+        ]
         return await self._transition("post", tenant, hold_id, args)
 
-    async def void(self, tenant: str, hold_id: str) -> TransitionResult:
-        return await self._transition("void", tenant, hold_id, self._hold_args(hold_id))
+    async def void(self, tenant: str, hold_id: str, *, outcome: str = "") -> TransitionResult:
+        args = [*self._hold_args(hold_id), validate.blob("outcome", outcome)]
+        return await self._transition("void", tenant, hold_id, args)
 
     async def mark_ambiguous(self, tenant: str, hold_id: str, reason: str) -> TransitionResult:
         args = [validate.identifier("hold_id", hold_id), validate.identifier("reason", reason)]
@@ -241,21 +290,52 @@ class Ledger:
         self, operation: str, tenant: str, hold_id: str, args: list[str]
     ) -> TransitionResult:
         reply = await self._run(operation, tenant, args)
-        status = raise_for_reply(tenant, hold_id, operation, reply)
-        flags = str(reply[2])
-        return TransitionResult(
-            status=status,
-            hold_id=hold_id,
-            state=HoldState(reply[1]),
-            flags=frozenset(flags.split(",")) - {""},
-            by=flags if operation in ("approve", "reject") else "",
-        )
+        return _transition_result(tenant, hold_id, operation, reply)
 
     async def _read(self, pending: Any) -> Any:
         try:
             return await pending
         except redis_errors.RedisError as exc:
             raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
+
+
+def _or_error(parse: Callable[..., T], *args: Any) -> T | LedgerError:
+    try:
+        return parse(*args)
+    except LedgerError as exc:
+        return exc
+
+
+def _reserve_result(tenant: str, hold_id: str, reply: list[Any]) -> ReserveResult:
+    status = raise_for_reply(tenant, hold_id, "reserve", reply)
+    checks = tuple(
+        AccountCheck(str(reply[7 + 4 * i]), *(int(x) for x in reply[8 + 4 * i : 11 + 4 * i]))
+        for i in range(int(reply[6]))
+    )
+    return ReserveResult(
+        status=status,
+        hold_id=hold_id,
+        decision=Decision(reply[1]),
+        reason=Reason(reply[2]),
+        state=HoldState(reply[3]),
+        deadline_ms=int(reply[4]),
+        created_ms=int(reply[5]),
+        accounts=checks,
+    )
+
+
+def _transition_result(
+    tenant: str, hold_id: str, operation: str, reply: list[Any]
+) -> TransitionResult:
+    status = raise_for_reply(tenant, hold_id, operation, reply)
+    flags = str(reply[2])
+    return TransitionResult(
+        status=status,
+        hold_id=hold_id,
+        state=HoldState(reply[1]),
+        flags=frozenset(flags.split(",")) - {""},
+        by=flags if operation in ("approve", "reject") else "",
+    )
 
 
 def _glob(text: str) -> str:
@@ -300,5 +380,7 @@ def _hold(hold_id: str, f: dict[str, str]) -> Hold:
         compensated=_numbers(accounts, f.get("cmp")),
         flags=frozenset(f.get("flag", "").split(",")) - {""},
         ambiguity=f.get("amb", ""),
+        request=f.get("req", ""),
+        outcome=f.get("out", ""),
         by=f.get("by", ""),
     )

@@ -3,6 +3,7 @@ hold states, and the typed results of each operation."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -111,6 +112,20 @@ class AccountCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class ReserveRequest:
+    """The arguments of one reserve, for batches (see `Ledger.reserve`)."""
+
+    idempotency_key: str
+    fingerprint: str
+    amounts: Mapping[str, int]
+    ttl_ms: int
+    escalation_ttl_ms: int = 24 * 3600 * 1000
+    armed: bool = True
+    escalate_above: int = 0
+    request: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ReserveResult:
     status: Status  # OK for a new decision, EXISTS for a replay
     hold_id: str
@@ -176,3 +191,5 @@ class Hold:
     flags: frozenset[str]
     ambiguity: str  # why it became ambiguous (e.g. upstream_timeout, deadline)
     by: str  # who approved or rejected it
+    request: str  # kept while the hold is live (see Ledger.reserve)
+    outcome: str  # the upstream's answer, kept once settled

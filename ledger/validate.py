@@ -12,6 +12,7 @@ from .records import AccountKind
 MAX_AMOUNT = 2**53 - 1
 MAX_ACCOUNTS = 8
 MAX_TTL_MS = 366 * 24 * 3600 * 1000
+MAX_BLOB_BYTES = 1 << 20
 _ID = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
 _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _KINDS = tuple(kind.value for kind in AccountKind)
@@ -48,6 +49,12 @@ def amount(field: str, value: object, maximum: int = MAX_AMOUNT) -> int:
 
 def ttl(field: str, value: object) -> int:
     return amount(field, value, MAX_TTL_MS)
+
+
+def blob(field: str, value: object) -> str:
+    if not isinstance(value, str) or len(value.encode()) > MAX_BLOB_BYTES:
+        raise BadInput(field, f"must be text of at most {MAX_BLOB_BYTES} bytes")
+    return value
 
 
 def account_amounts(amounts: Mapping[str, int]) -> list[str]:

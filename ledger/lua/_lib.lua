@@ -22,6 +22,7 @@ local AMBIGUOUS = P .. 'ambiguous'
 local ESCALATED = P .. 'escalated'
 local MAX_AMOUNT = 9007199254740991
 local MAX_ACCOUNTS = 8
+local MAX_BLOB = 1048576
 local LAZY_EXPIRY_BATCH = 8
 
 local function fmt(n)
@@ -296,6 +297,25 @@ local function hold_id_arg()
     return nil, {'bad_input', 'hold_id', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
   end
   return id
+end
+
+-- The upstream's answer, kept with a settled hold so that a repeat of the request
+-- gets the same answer without a second effect; the request itself is dropped.
+local function outcome_arg()
+  local outcome = ARGV[3]
+  if type(outcome) ~= 'string' or #outcome > MAX_BLOB then
+    return nil, {'bad_input', 'outcome', 'must be at most 1 MiB'}
+  end
+  return outcome
+end
+
+local function settle_fields(outcome, fields)
+  redis.call('HDEL', hkey(ARGV[1]), 'req')
+  if #outcome > 0 then
+    fields[#fields + 1] = 'out'
+    fields[#fields + 1] = outcome
+  end
+  return fields
 end
 
 local function retention_arg()

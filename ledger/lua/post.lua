@@ -3,7 +3,8 @@
 -- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the settled record (0 keeps it)
--- ARGV[3]  '*' then ARGV[4] the posted amount for every account, or
+-- ARGV[3]  outcome: the upstream's answer to keep for repeats ('' for none)
+-- ARGV[4]  '*' then ARGV[5] the posted amount for every account, or
 --          n then n pairs (account id, posted amount) naming the hold's accounts
 --
 -- Returns {status, state, flags}
@@ -24,10 +25,13 @@ if not id then return err end
 local retention_ms
 retention_ms, err = retention_arg()
 if not retention_ms then return err end
+local outcome
+outcome, err = outcome_arg()
+if not outcome then return err end
 local hold = load_hold(id)
 if not hold then return {'not_found', '', ''} end
 local amounts
-amounts, err = amounts_for(hold, 3)
+amounts, err = amounts_for(hold, 4)
 if not amounts then return err end
 
 if hold.st == 'posted' then
@@ -41,27 +45,31 @@ if hold.st ~= 'pending' and hold.st ~= 'ambiguous' and hold.st ~= 'expired' then
 end
 
 local now = now_ms()
-roll_all(hold.accounts, now)
 local flags = {}
 if hold.st == 'expired' then
   flags[#flags + 1] = 'late'
 end
+-- Balances are written whole (HSET of the values read here) rather than by
+-- HINCRBY: one write per account, and the script is atomic anyway.
+local dpend = pending_release(hold)
 local post_ws = {}
 for i = 1, #hold.accounts do
+  local a = load_account(hold.accounts[i])
+  roll(a, now)
+  local fields = {'pend', a.pend + dpend[i], 'post', a.post + amounts[i]}
   if amounts[i] > hold.amounts[i] then
     if flags[#flags] ~= 'overrun' then
       flags[#flags + 1] = 'overrun'
     end
-    redis.call('HINCRBY', akey(hold.accounts[i]), 'over', 1)
+    fields[5], fields[6] = 'over', redis.call('HGET', akey(a.id), 'over') + 1
   end
-  post_ws[i] = tonumber(redis.call('HGET', akey(hold.accounts[i]), 'ws'))
+  redis.call('HSET', akey(a.id), unpack(fields))
+  post_ws[i] = a.ws
 end
-local dpend = pending_release(hold)
-add_balances(hold.accounts, dpend, amounts)
 local flag_text = table.concat(flags, ',')
-set_state(id, hold.st, 'posted', retention_ms,
+set_state(id, hold.st, 'posted', retention_ms, settle_fields(outcome,
   {'pst', join_numbers(amounts), 'pws', join_numbers(post_ws), 'cmp',
-   join_numbers(zeros(#amounts)), 'flag', flag_text, 'tp', now})
+   join_numbers(zeros(#amounts)), 'flag', flag_text, 'tp', now}))
 journal({'op', 'post', 'hold', id, 'st', 'posted', 'flag', flag_text,
          'd', deltas(hold.accounts, dpend, amounts)})
 return {'ok', 'posted', flag_text}

@@ -9,7 +9,9 @@
 -- ARGV[5]  armed: 1 if the caller fires the effect as soon as it is admitted
 -- ARGV[6]  retention_ms for the settled record (0 keeps it)
 -- ARGV[7]  escalate_above: a price above this escalates (0: no route threshold)
--- ARGV[8]  n, the number of accounts (1..8), then n pairs: account id, amount
+-- ARGV[8]  request: opaque bytes kept with a held effect until it settles, so
+--          that an approver or the reconciler can act on it ('' for none)
+-- ARGV[9]  n, the number of accounts (1..8), then n pairs: account id, amount
 --
 -- Returns
 --   {'ok' | 'exists', decision, reason, state, deadline_ms, created_ms, n,
@@ -38,7 +40,8 @@ local esc_ttl_ms = uint(ARGV[4], MAX_AMOUNT)
 local armed = ARGV[5]
 local retention_ms = uint(ARGV[6], MAX_AMOUNT)
 local escalate_above = uint(ARGV[7], MAX_AMOUNT)
-local n = uint(ARGV[8], MAX_ACCOUNTS)
+local request = ARGV[8]
+local n = uint(ARGV[9], MAX_ACCOUNTS)
 if not ttl_ms then return {'bad_input', 'ttl_ms', 'must be an integer >= 0'} end
 if not esc_ttl_ms then return {'bad_input', 'escalation_ttl_ms', 'must be an integer >= 0'} end
 if armed ~= '0' and armed ~= '1' then return {'bad_input', 'armed', 'must be 0 or 1'} end
@@ -46,12 +49,15 @@ if not retention_ms then return {'bad_input', 'retention_ms', 'must be an intege
 if not escalate_above then
   return {'bad_input', 'escalate_above', 'must be an integer in [0, 2^53-1]'}
 end
-if not n or n < 1 or #ARGV ~= 8 + 2 * n then
+if #request > MAX_BLOB then
+  return {'bad_input', 'request', 'must be at most 1 MiB'}
+end
+if not n or n < 1 or #ARGV ~= 9 + 2 * n then
   return {'bad_input', 'accounts', 'must name 1 to 8 accounts, each with an amount'}
 end
 local accounts, amounts, seen = {}, {}, {}
 for i = 1, n do
-  local account, amount = ARGV[7 + 2 * i], uint(ARGV[8 + 2 * i], MAX_AMOUNT)
+  local account, amount = ARGV[8 + 2 * i], uint(ARGV[9 + 2 * i], MAX_AMOUNT)
   if not valid_id(account) or seen[account] then
     return {'bad_input', 'accounts', 'account ids must be distinct and well formed'}
   end
@@ -146,6 +152,9 @@ if state == 'denied' then
 else
   dpend = amounts
   add_balances(accounts, amounts, zeros(n))
+  if #request > 0 then
+    redis.call('HSET', key, 'req', request)
+  end
   redis.call('ZADD', DEADLINES, deadline, id)
   if state == 'escalated' then
     redis.call('SADD', ESCALATED, id)

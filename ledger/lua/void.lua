@@ -4,6 +4,7 @@
 -- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the settled record (0 keeps it)
+-- ARGV[3]  outcome: the upstream's answer to keep for repeats ('' for none)
 --
 -- Returns {status, state, flags}
 --   'ok'         voided now (from pending, ambiguous or escalated)
@@ -18,7 +19,10 @@ if not id then return err end
 local retention_ms
 retention_ms, err = retention_arg()
 if not retention_ms then return err end
-if #ARGV ~= 2 then return {'bad_input', 'arguments', 'void takes a hold id and a retention'} end
+local outcome
+outcome, err = outcome_arg()
+if not outcome then return err end
+if #ARGV ~= 3 then return {'bad_input', 'arguments', 'void takes a hold id, retention, outcome'} end
 local hold = load_hold(id)
 if not hold then return {'not_found', '', ''} end
 if hold.st == 'voided' then return {'exists', 'voided', ''} end
@@ -28,7 +32,7 @@ end
 
 local release = pending_release(hold)
 add_balances(hold.accounts, release, zeros(#hold.accounts))
-set_state(id, hold.st, 'voided', retention_ms, nil)
+set_state(id, hold.st, 'voided', retention_ms, settle_fields(outcome, {}))
 journal({'op', 'void', 'hold', id, 'st', 'voided',
          'd', deltas(hold.accounts, release, zeros(#hold.accounts))})
 return {'ok', 'voided', ''}

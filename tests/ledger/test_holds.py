@@ -247,3 +247,30 @@ async def test_windows_roll_posted_off_and_carry_pending(ledger: Ledger, tenant:
     result = await ledger.compensate(tenant, "posted", 100)
     assert result.flags == {"rolled_off"}
     assert balance.posted == 0
+
+
+async def test_batches_decide_in_order_like_single_calls(ledger: Ledger, tenant: str) -> None:
+    from ledger.records import ReserveRequest
+
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    requests = [ReserveRequest(f"b{i}", "fp", {"tenant:acme": 300}, HOUR_MS) for i in range(5)]
+    results = await ledger.reserve_many(tenant, requests)
+    assert [getattr(r, "decision", r) for r in results] == ["admit"] * 3 + ["deny"] * 2
+    posts = await ledger.post_many(tenant, [("b0", 100), ("b1", 400), ("b3", 1)])
+    assert [getattr(p, "flags", p) for p in posts[:2]] == [frozenset(), {"overrun"}]
+    assert isinstance(posts[2], HoldStateConflict) and posts[2].state is HoldState.DENIED
+    assert await used(ledger, tenant, "tenant:acme") == (300, 500)
+
+
+async def test_request_kept_while_live_and_outcome_once_settled(ledger: Ledger, tenant: str) -> None:
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 500))
+    await ledger.reserve(tenant, "small", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS, request="R1")
+    await ledger.reserve(tenant, "big", "fp", {"tenant:acme": 600}, ttl_ms=HOUR_MS, request="R2")
+    small, big = await ledger.hold(tenant, "small"), await ledger.hold(tenant, "big")
+    assert small is not None and big is not None and big.state is HoldState.ESCALATED
+    assert (small.request, big.request) == ("R1", "R2")
+    await ledger.post(tenant, "small", 100, outcome='{"s": 201}')
+    await ledger.void(tenant, "big", outcome='{"s": 409}')
+    small, big = await ledger.hold(tenant, "small"), await ledger.hold(tenant, "big")
+    assert small is not None and (small.request, small.outcome) == ("", '{"s": 201}')
+    assert big is not None and (big.request, big.outcome) == ("", '{"s": 409}')

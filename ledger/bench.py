@@ -1,0 +1,178 @@
+"""`irrev bench ledger`: reserve + post throughput through the Python API, beside the
+same server's rate for a trivial EVALSHA measured in the same run, and Redis memory
+per settled hold.
+
+The baseline script does one HINCRBY: a write, so that with `appendfsync always` it
+pays the same fsync per call as the ledger's scripts and the ratio measures the
+ledger's own cost. One reserve + post is two scripts, so a ratio of 0.5 means each
+ledger script costs what a trivial write does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from rich.console import Console
+from rich.table import Table
+
+from .client import Ledger
+from .embedded import EmbeddedRedis
+from .records import AccountSpec, ReserveRequest
+from .settings import AppendFsync
+
+TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
+HOUR_MS = 3_600_000
+PRICE = 1_000
+ACCOUNTS = ("tenant:bench", "principal:ops", "agent:a1")
+
+
+@dataclass(frozen=True)
+class Rate:
+    label: str
+    per_s: float
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+
+
+def register_bench(benches: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = benches.add_parser("ledger", help="reserve+post per second vs a trivial EVALSHA")
+    parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent clients")
+    parser.add_argument("--batch", type=int, default=64, help="pipelined batch size")
+    parser.add_argument("--holds", type=int, default=100_000, help="for bytes per hold")
+    parser.add_argument("--appendfsync", choices=[m.value for m in AppendFsync], default="always")
+    parser.add_argument("--url", help="benchmark this Redis instead of a fresh embedded one")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.url:
+        return asyncio.run(bench(args.url, args))
+    with (
+        tempfile.TemporaryDirectory(prefix="irrev-bench-") as data_dir,
+        EmbeddedRedis(data_dir, appendfsync=AppendFsync(args.appendfsync)) as server,
+    ):
+        return asyncio.run(bench(server.url, args))
+
+
+async def bench(url: str, args: argparse.Namespace) -> int:
+    ledger = Ledger.from_url(url, max_connections=args.clients + 4)
+    tenant = f"bench-{uuid.uuid4().hex[:8]}"
+    try:
+        for account in ACCOUNTS:
+            await ledger.upsert_account(tenant, AccountSpec(account, 2**52, 2**52))
+        await ledger.load_scripts()
+        rows = await measure(ledger, tenant, args)
+        per_hold = await bytes_per_hold(ledger, tenant, args.holds, args.batch)
+    finally:
+        await ledger.aclose()
+    report(rows, per_hold, args)
+    return 0
+
+
+async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list[tuple[Rate, Rate]]:
+    trivial = ledger.redis.register_script(TRIVIAL)
+    counter = f"irrev:{{{tenant}}}:bench"
+    keys = iter(range(10**12))
+
+    async def pair() -> None:
+        key = f"h{next(keys)}"
+        await ledger.reserve(tenant, key, "fp", dict.fromkeys(ACCOUNTS, PRICE), ttl_ms=HOUR_MS)
+        await ledger.post(tenant, key, PRICE // 2)
+
+    async def baseline() -> None:
+        await trivial(keys=[counter])
+
+    async def pair_batch() -> None:
+        ids = [f"h{next(keys)}" for _ in range(args.batch)]
+        requests = [ReserveRequest(k, "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS) for k in ids]
+        await ledger.reserve_many(tenant, requests)
+        await ledger.post_many(tenant, [(k, PRICE // 2) for k in ids])
+
+    async def baseline_batch() -> None:
+        async with ledger.redis.pipeline(transaction=False) as pipe:
+            for _ in range(args.batch):
+                await trivial(keys=[counter], client=pipe)
+            await pipe.execute()
+
+    seconds, clients = args.seconds, args.clients
+    return [
+        (
+            await rate("1 client: reserve+post", pair, seconds, 1),
+            await rate("1 client: trivial EVALSHA", baseline, seconds, 1),
+        ),
+        (
+            await rate(f"{clients} clients: reserve+post", pair, seconds, clients),
+            await rate(f"{clients} clients: trivial EVALSHA", baseline, seconds, clients),
+        ),
+        (
+            await rate(f"pipelined x{args.batch}", pair_batch, seconds, 4, args.batch),
+            await rate(f"pipelined x{args.batch}: trivial", baseline_batch, seconds, 4, args.batch),
+        ),
+    ]
+
+
+async def rate(
+    label: str, op: Callable[[], Awaitable[None]], seconds: float, clients: int, per_call: int = 1
+) -> Rate:
+    latencies: list[float] = []
+    stop = time.perf_counter() + seconds
+
+    async def client() -> None:
+        while time.perf_counter() < stop:
+            started = time.perf_counter()
+            await op()
+            latencies.append(time.perf_counter() - started)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    elapsed = time.perf_counter() - began
+    latencies.sort()
+    return Rate(
+        label,
+        len(latencies) * per_call / elapsed,
+        latencies[len(latencies) // 2] * 1000,
+        latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+    )
+
+
+async def bytes_per_hold(ledger: Ledger, tenant: str, holds: int, batch: int) -> float:
+    """Redis memory per settled hold (hold record, idempotency and journal entries
+    included), from INFO memory before and after `holds` reserve+post pairs."""
+    redis: Redis = ledger.redis
+    before = int((await redis.info("memory"))["used_memory"])
+    for start in range(0, holds, batch):
+        ids = [f"m{i}" for i in range(start, min(start + batch, holds))]
+        requests = [ReserveRequest(k, "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS) for k in ids]
+        await ledger.reserve_many(tenant, requests)
+        await ledger.post_many(tenant, [(k, PRICE // 2) for k in ids])
+    after = int((await redis.info("memory"))["used_memory"])
+    return (after - before) / holds
+
+
+def report(rows: list[tuple[Rate, Rate]], per_hold: float, args: argparse.Namespace) -> None:
+    table = Table(title=f"irrev bench ledger (appendfsync {args.appendfsync})")
+    for column in ("mode", "reserve+post /s", "p50 ms", "p99 ms", "trivial EVALSHA /s", "ratio"):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for ours, base in rows:
+        table.add_row(
+            ours.label,
+            f"{ours.per_s:,.0f}",
+            f"{ours.p50_ms:.2f}" if ours.p50_ms is not None else "",
+            f"{ours.p99_ms:.2f}" if ours.p99_ms is not None else "",
+            f"{base.per_s:,.0f}",
+            f"{ours.per_s / base.per_s:.2f}",
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"Redis memory per settled hold (3 accounts, journal included), over "
+        f"{args.holds:,} holds: {per_hold:,.0f} bytes (budget 1,024)"
+    )

@@ -1,0 +1,220 @@
+"""A small pure-Python model of the ledger's semantics: the oracle the stateful
+property test compares the Redis scripts with. Never a substitute for Redis.
+
+Time is abstract: a hold is either `due` (its deadline has passed: created with a
+zero TTL) or not, which is all the scripts' decisions depend on when at most
+LAZY_EXPIRY_BATCH holds are due at once (the property test keeps it so)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LIVE = ("pending", "escalated", "ambiguous")
+
+
+@dataclass
+class RefAccount:
+    limit: int
+    soft: int
+    approval: int = 0
+    pending: int = 0
+    posted: int = 0
+
+
+@dataclass
+class RefHold:
+    fingerprint: str
+    state: str
+    decision: str
+    reason: str
+    amounts: dict[str, int]
+    checks: tuple[tuple[str, int, int, int], ...]
+    armed: bool
+    due: bool
+    posted: dict[str, int] = field(default_factory=dict)
+    compensated: dict[str, int] = field(default_factory=dict)
+
+
+class RefError(Exception):
+    """The model's stand-in for a ledger exception: `kind` names which, `state` the
+    hold's state where the ledger reports one."""
+
+    def __init__(self, kind: str, state: str = "") -> None:
+        super().__init__(kind, state)
+        self.kind = kind
+        self.state = state
+
+
+@dataclass
+class RefLedger:
+    accounts: dict[str, RefAccount] = field(default_factory=dict)
+    holds: dict[str, RefHold] = field(default_factory=dict)
+
+    def open(self, account: str, limit: int, soft: int, approval: int = 0) -> None:
+        self.accounts[account] = RefAccount(limit, soft, approval)
+
+    def _add(self, amounts: dict[str, int], pending: int, posted: dict[str, int] | None) -> None:
+        for account, amount in amounts.items():
+            self.accounts[account].pending += pending * amount
+            if posted is not None:
+                self.accounts[account].posted += posted[account]
+
+    def _expire_one(self, hold: RefHold) -> None:
+        if hold.state == "escalated" or (hold.state == "pending" and not hold.armed):
+            self._add(hold.amounts, -1, None)
+            hold.state = "expired"
+        elif hold.state == "pending":
+            hold.state = "ambiguous"
+
+    def _expire_due(self) -> None:
+        for hold in self.holds.values():
+            if hold.due and hold.state in ("pending", "escalated"):
+                self._expire_one(hold)
+
+    def due_count(self) -> int:
+        return sum(h.due and h.state in ("pending", "escalated") for h in self.holds.values())
+
+    def reserve(
+        self,
+        key: str,
+        fingerprint: str,
+        amounts: dict[str, int],
+        *,
+        zero_ttl: bool,
+        armed: bool,
+        escalate_above: int,
+    ) -> tuple[str, str, str, str, tuple[tuple[str, int, int, int], ...]]:
+        held = self.holds.get(key)
+        if held is not None:
+            if held.fingerprint != fingerprint:
+                raise RefError("idempotency_conflict", held.state)
+            return "exists", held.decision, held.reason, held.state, held.checks
+        for account in amounts:
+            if account not in self.accounts:
+                raise RefError("unknown_account")
+        self._expire_due()
+        checks = tuple(
+            (a, self.accounts[a].limit, self.accounts[a].pending + self.accounts[a].posted, v)
+            for a, v in amounts.items()
+        )
+        decision, reason = self._decide(checks, escalate_above)
+        state = {"admit": "pending", "escalate": "escalated", "deny": "denied"}[decision]
+        self.holds[key] = RefHold(
+            fingerprint,
+            state,
+            decision,
+            reason,
+            dict(amounts),
+            checks,
+            armed=armed and decision == "admit",
+            due=zero_ttl and state != "denied",
+        )
+        if state != "denied":
+            self._add(amounts, 1, None)
+        return "ok", decision, reason, state, checks
+
+    def _decide(
+        self, checks: tuple[tuple[str, int, int, int], ...], escalate_above: int
+    ) -> tuple[str, str]:
+        for _, limit, used, amount in checks:
+            if used > limit:
+                return "deny", "over_limit"
+            if used + amount > limit:
+                return "deny", "budget_exceeded"
+        for account, _, used, amount in checks:
+            acct = self.accounts[account]
+            if used + amount > acct.soft:
+                return "escalate", "soft_band"
+            if (acct.approval and amount > acct.approval) or (
+                escalate_above and amount > escalate_above
+            ):
+                return "escalate", "approval_threshold"
+        return "admit", "within_budget"
+
+    def _hold(self, key: str) -> RefHold:
+        if key not in self.holds:
+            raise RefError("not_found")
+        return self.holds[key]
+
+    def post(self, key: str, amount: int) -> tuple[str, str, frozenset[str]]:
+        hold = self._hold(key)
+        posted = {a: amount for a in hold.amounts}
+        if hold.state == "posted":
+            if hold.posted == posted:
+                return "exists", "posted", frozenset()
+            raise RefError("idempotency_conflict", "posted")
+        if hold.state not in ("pending", "ambiguous", "expired"):
+            raise RefError("state_conflict", hold.state)
+        flags = {"late"} if hold.state == "expired" else set()
+        if any(amount > v for v in hold.amounts.values()):
+            flags.add("overrun")
+        self._add(hold.amounts, -1 if hold.state != "expired" else 0, posted)
+        hold.state, hold.posted = "posted", posted
+        hold.compensated = {a: 0 for a in hold.amounts}
+        return "ok", "posted", frozenset(flags)
+
+    def void(self, key: str) -> tuple[str, str, frozenset[str]]:
+        hold = self._hold(key)
+        if hold.state == "voided":
+            return "exists", "voided", frozenset()
+        if hold.state not in LIVE:
+            raise RefError("state_conflict", hold.state)
+        self._add(hold.amounts, -1, None)
+        hold.state = "voided"
+        return "ok", "voided", frozenset()
+
+    def mark_ambiguous(self, key: str) -> tuple[str, str, frozenset[str]]:
+        hold = self._hold(key)
+        if hold.state == "ambiguous":
+            return "exists", "ambiguous", frozenset()
+        if hold.state not in ("pending", "expired"):
+            raise RefError("state_conflict", hold.state)
+        flags = frozenset()
+        if hold.state == "expired":
+            self._add(hold.amounts, 1, None)
+            flags = frozenset({"late"})
+        hold.state = "ambiguous"
+        return "ok", "ambiguous", flags
+
+    def compensate(self, key: str, recovered: int) -> tuple[str, str, frozenset[str]]:
+        hold = self._hold(key)
+        if hold.state != "posted":
+            raise RefError("state_conflict", hold.state)
+        if any(recovered > hold.posted[a] - hold.compensated[a] for a in hold.amounts):
+            raise RefError("bad_input")
+        for account in hold.amounts:
+            hold.compensated[account] += recovered
+            self.accounts[account].posted -= recovered
+        return "ok", "posted", frozenset()
+
+    def approve(self, key: str, *, zero_ttl: bool) -> tuple[str, str, frozenset[str]]:
+        hold = self._hold(key)
+        if hold.state != "escalated":
+            raise RefError("state_conflict", hold.state)
+        if hold.due:
+            self._expire_due()
+            raise RefError("state_conflict", hold.state)
+        hold.state, hold.armed, hold.due = "pending", True, zero_ttl
+        return "ok", "pending", frozenset()
+
+    def reject(self, key: str) -> tuple[str, str, frozenset[str]]:
+        hold = self._hold(key)
+        if hold.state != "escalated":
+            raise RefError("state_conflict", hold.state)
+        self._add(hold.amounts, -1, None)
+        hold.state = "rejected"
+        return "ok", "rejected", frozenset()
+
+    def expire(self, key: str) -> tuple[str, str, frozenset[str]]:
+        hold = self._hold(key)
+        if hold.state not in ("pending", "escalated"):
+            raise RefError("state_conflict", hold.state)
+        if not hold.due:
+            raise RefError("not_due")
+        self._expire_one(hold)
+        return "ok", hold.state, frozenset()
+
+    def sweep(self) -> int:
+        due = self.due_count()
+        self._expire_due()
+        return due

@@ -1,0 +1,245 @@
+"""Stateful property test: random operation sequences run against the Redis scripts
+and against the pure reference model must agree on every result and balance."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from ledger.client import Ledger
+from ledger.errors import (
+    BadInput,
+    HoldNotDue,
+    HoldNotFound,
+    HoldStateConflict,
+    IdempotencyConflict,
+    UnknownAccount,
+)
+from ledger.records import AccountSpec
+
+from .reference import RefError, RefLedger
+
+ACCOUNTS = ["tenant:acme", "principal:ops", "agent:a1", "agent:a2", "factor:supplier:s1"]
+KEYS = [f"k{i}" for i in range(10)]
+HOUR_MS = 3_600_000
+# Round numbers make balances land exactly on limits and soft bands, where the
+# comparisons are easiest to get wrong; a few odd ones keep the rest honest.
+LIMITS = [0, 100, 200, 250, 500, 1000, 777]
+AMOUNTS = st.one_of(st.sampled_from([0, 50, 100, 150, 200, 250]), st.integers(0, 400))
+MAX_DUE = 8  # the scripts' lazy-expiry batch: the model is exact while no more are due
+
+ERRORS: dict[type[Exception], str] = {
+    IdempotencyConflict: "idempotency_conflict",
+    HoldStateConflict: "state_conflict",
+    HoldNotFound: "not_found",
+    HoldNotDue: "not_due",
+    UnknownAccount: "unknown_account",
+    BadInput: "bad_input",
+}
+
+
+def outcome(run: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return "ok", run()
+    except RefError as exc:
+        return exc.kind, exc.state
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.ledger = Ledger.from_url(url)
+        self.tenant = f"t-{uuid.uuid4().hex}"
+        self.model = RefLedger()
+
+    def run(self, pending: Awaitable[Any]) -> Any:
+        return self.loop.run_until_complete(pending)
+
+    def real(
+        self, call: Callable[[], Awaitable[Any]], shape: Callable[[Any], Any]
+    ) -> tuple[str, Any]:
+        try:
+            return "ok", shape(self.run(call()))
+        except (
+            IdempotencyConflict,
+            HoldStateConflict,
+            HoldNotFound,
+            HoldNotDue,
+            UnknownAccount,
+            BadInput,
+        ) as exc:
+            state = getattr(exc, "state", "")
+            return ERRORS[type(exc)], state.value if state else ""
+
+    def teardown(self) -> None:
+        self.run(self.ledger.aclose())
+        self.loop.close()
+
+    @initialize(
+        limits=st.lists(st.sampled_from(LIMITS), min_size=5, max_size=5),
+        bands=st.lists(st.sampled_from([1.0, 0.8, 0.5]), min_size=5, max_size=5),
+        approvals=st.lists(st.sampled_from([0, 0, 100]), min_size=5, max_size=5),
+    )
+    def open_accounts(self, limits: list[int], bands: list[float], approvals: list[int]) -> None:
+        for account, limit, band, approval in zip(ACCOUNTS, limits, bands, approvals, strict=True):
+            soft = int(limit * band)
+            self.run(
+                self.ledger.upsert_account(
+                    self.tenant, AccountSpec(account, limit, soft, approval_threshold=approval)
+                )
+            )
+            self.model.open(account, limit, soft, approval)
+
+    @rule(
+        key=st.sampled_from(KEYS),
+        fingerprint=st.sampled_from(["f1", "f2"]),
+        accounts=st.lists(
+            st.sampled_from([*ACCOUNTS, "agent:ghost"]), min_size=1, max_size=4, unique=True
+        ),
+        amounts=st.lists(AMOUNTS, min_size=4, max_size=4),
+        zero_ttl=st.booleans(),
+        armed=st.booleans(),
+        escalate_above=st.sampled_from([0, 0, 150]),
+    )
+    def reserve(
+        self,
+        key: str,
+        fingerprint: str,
+        accounts: list[str],
+        amounts: list[int],
+        zero_ttl: bool,
+        armed: bool,
+        escalate_above: int,
+    ) -> None:
+        zero_ttl = zero_ttl and self.model.due_count() < MAX_DUE
+        ttl = 0 if zero_ttl else HOUR_MS
+        wanted = dict(zip(accounts, amounts, strict=False))
+        expected = outcome(
+            lambda: self.model.reserve(
+                key,
+                fingerprint,
+                wanted,
+                zero_ttl=zero_ttl,
+                armed=armed,
+                escalate_above=escalate_above,
+            )
+        )
+        got = self.real(
+            lambda: self.ledger.reserve(
+                self.tenant,
+                key,
+                fingerprint,
+                wanted,
+                ttl_ms=ttl,
+                escalation_ttl_ms=ttl,
+                armed=armed,
+                escalate_above=escalate_above,
+            ),
+            lambda r: (
+                r.status.value,
+                r.decision.value,
+                r.reason.value,
+                r.state.value,
+                tuple((c.account, c.limit, c.used, c.amount) for c in r.accounts),
+            ),
+        )
+        assert got == expected
+
+    def _transition(self, expected: tuple[str, Any], call: Callable[[], Awaitable[Any]]) -> None:
+        got = self.real(call, lambda r: (r.status.value, r.state.value, r.flags))
+        assert got == expected
+
+    @rule(key=st.sampled_from(KEYS), amount=AMOUNTS)
+    def post(self, key: str, amount: int) -> None:
+        self._transition(
+            outcome(lambda: self.model.post(key, amount)),
+            lambda: self.ledger.post(self.tenant, key, amount),
+        )
+
+    @rule(key=st.sampled_from(KEYS))
+    def void(self, key: str) -> None:
+        self._transition(
+            outcome(lambda: self.model.void(key)), lambda: self.ledger.void(self.tenant, key)
+        )
+
+    @rule(key=st.sampled_from(KEYS))
+    def mark_ambiguous(self, key: str) -> None:
+        self._transition(
+            outcome(lambda: self.model.mark_ambiguous(key)),
+            lambda: self.ledger.mark_ambiguous(self.tenant, key, "timeout"),
+        )
+
+    @rule(key=st.sampled_from(KEYS), amount=AMOUNTS)
+    def compensate(self, key: str, amount: int) -> None:
+        self._transition(
+            outcome(lambda: self.model.compensate(key, amount)),
+            lambda: self.ledger.compensate(self.tenant, key, amount),
+        )
+
+    @rule(key=st.sampled_from(KEYS), zero_ttl=st.booleans())
+    def approve(self, key: str, zero_ttl: bool) -> None:
+        zero_ttl = zero_ttl and self.model.due_count() < MAX_DUE
+        ttl = 0 if zero_ttl else HOUR_MS
+        expected = outcome(lambda: self.model.approve(key, zero_ttl=zero_ttl))
+        got = self.real(
+            lambda: self.ledger.approve(self.tenant, key, "alice", ttl_ms=ttl),
+            lambda r: (r.status.value, r.state.value, frozenset()),
+        )
+        assert got == expected
+
+    @rule(key=st.sampled_from(KEYS))
+    def reject(self, key: str) -> None:
+        expected = outcome(lambda: self.model.reject(key))
+        got = self.real(
+            lambda: self.ledger.reject(self.tenant, key, "bob"),
+            lambda r: (r.status.value, r.state.value, frozenset()),
+        )
+        assert got == expected
+
+    @rule(key=st.sampled_from(KEYS))
+    def expire(self, key: str) -> None:
+        self._transition(
+            outcome(lambda: self.model.expire(key)), lambda: self.ledger.expire(self.tenant, key)
+        )
+
+    @rule()
+    def sweep(self) -> None:
+        expected = self.model.sweep()
+        assert self.run(self.ledger.sweep(self.tenant)).visited == expected
+
+    @invariant()
+    def balances_and_states_agree(self) -> None:
+        if not self.model.accounts:
+            return
+        for account, ref in self.model.accounts.items():
+            balance = self.run(self.ledger.balance(self.tenant, account))
+            assert balance is not None
+            assert (balance.pending, balance.posted) == (ref.pending, ref.posted), account
+        for key, ref_hold in self.model.holds.items():
+            hold = self.run(self.ledger.hold(self.tenant, key))
+            assert hold is not None and hold.state.value == ref_hold.state, key
+
+
+def test_scripts_agree_with_reference_model(redis_url: str) -> None:
+    run_state_machine_as_test(
+        lambda: LedgerMachine(redis_url),
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
