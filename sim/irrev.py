@@ -5,6 +5,10 @@ agents, then one per supplier risk factor. Every purchase touches the tenant, it
 and its supplier. Holds are priced at a high residual quantile (pricing/), settle
 `settle_delay` ticks later to the realised residual, and posted amounts of a past
 window roll off while pending holds carry over.
+
+Decisions come from `ledger_model`, not Redis; `build(wl, tape)` records the ledger
+operations of chosen seeds (`ledger_ops.Tape`), which tests/sim replays through the
+Redis ledger to show both decide alike.
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from sim import ledger_model as lm
+from sim.ledger_ops import ArmArrays, Tape
 from sim.params import usd_to_micros
 from sim.prices import hold_prices, stress_signal
 from sim.runner import I64, B
@@ -40,8 +46,9 @@ class Irrev:
     signal_mult: float = 4.0
     stress_hold: int = 50
 
-    def build(self, wl: Workload) -> _IrrevArm:
-        return _IrrevArm(self, wl)
+    def build(self, wl: Workload, tape: Tape | None = None) -> _IrrevArm:
+        """A fresh arm; with a `tape`, it also records its ledger operations."""
+        return _IrrevArm(self, wl, tape)
 
 
 def _limits(cfg: Irrev, wl: Workload, n_suppliers: int) -> I64:
@@ -55,7 +62,7 @@ def _limits(cfg: Irrev, wl: Workload, n_suppliers: int) -> I64:
 
 
 class _IrrevArm:
-    def __init__(self, cfg: Irrev, wl: Workload) -> None:
+    def __init__(self, cfg: Irrev, wl: Workload, tape: Tape | None = None) -> None:
         self.cfg, self.wl = cfg, wl
         n_seeds, _ = wl.shape
         n_sup = int(wl.supplier.max()) + 1
@@ -71,12 +78,17 @@ class _IrrevArm:
         self.balance = np.zeros(self.limit.shape, np.int64)  # pending + posted
         self.posted = np.zeros(self.limit.shape, np.int64)
         self.held = np.zeros(wl.shape, np.int64)
+        # admitted (or approved) holds: each one is posted, whatever its price
+        self.admitted = np.zeros(wl.shape, bool)
         self.rows = np.arange(n_seeds)
         self.settled = np.zeros(n_seeds, np.int64)  # events [0, settled) are settled
         self.window = np.zeros(n_seeds, np.int64)
         self.tokens = np.zeros(n_seeds)
         self.last_tick = np.zeros(n_seeds, np.int64)
         self.overruns = np.zeros(n_seeds, np.int64)
+        self.tape = tape
+        self._state = ArmArrays(self.balance, self.posted, self.accounts, self.price)
+        self._decided: tuple[B, npt.NDArray[np.int8], B, B] | None = None
 
     def decide(self, k: int, live: B) -> tuple[B, B]:
         t = self.wl.tick[:, k]
@@ -89,12 +101,25 @@ class _IrrevArm:
         escalated = live & (code == lm.ESCALATE)
         approved = escalated & (self.tokens >= 1.0)
         self.tokens -= approved
+        if self.tape is not None:
+            self._decided = (live, code, escalated, approved)
         return (code == lm.ADMIT) | approved, escalated
 
     def commit(self, k: int, executed: B) -> None:
         hold = np.where(executed, self.price[:, k], 0)
         self.held[:, k] = hold
-        lm.apply(self.balance, self.accounts[:, k], hold)
+        self.admitted[:, k] = executed
+        if self.tape is None or self._decided is None:
+            lm.apply(self.balance, self.accounts[:, k], hold)
+            return
+        # as the ledger sees it: the reserve admits (or escalates), then the approval
+        # or rejection of an escalation follows; the model applies only approved ones
+        live, code, escalated, approved = self._decided
+        admit_hold = np.where(code == lm.ADMIT, hold, 0)
+        lm.apply(self.balance, self.accounts[:, k], admit_hold)
+        self.tape.reserve(k, live, code, self._state)
+        lm.apply(self.balance, self.accounts[:, k], hold - admit_hold)
+        self.tape.resolve(k, escalated, approved, self._state)
 
     def _settle(self, k: int, upto: I64) -> None:
         """Settle, in admission order, every hold whose residual is known by tick `upto`."""
@@ -105,12 +130,17 @@ class _IrrevArm:
             if not due.any():
                 return
             hold = np.where(due, self.held[self.rows, i], 0)
-            real = np.where(hold > 0, self.residual[self.rows, i], 0)
+            # every admitted hold posts its residual, as the ledger's post does; keying
+            # this on hold > 0 would drop the residual of a hold priced at zero
+            posts = due & self.admitted[self.rows, i]
+            real = np.where(posts, self.residual[self.rows, i], 0)
             acc = self.accounts[self.rows, i]
             lm.apply(self.balance, acc, real - hold)
             lm.apply(self.posted, acc, real)
             self.overruns += real > hold
             self.settled += due
+            if self.tape is not None:
+                self.tape.post(i, posts, real, self._state)
 
     def _roll(self, window: I64) -> None:
         rolled = window > self.window
@@ -118,6 +148,8 @@ class _IrrevArm:
             self.balance[rolled] -= self.posted[rolled]
             self.posted[rolled] = 0
             self.window = np.maximum(window, self.window)
+            if self.tape is not None:
+                self.tape.roll(self.window, rolled, self._state)
 
     def _accrue(self, t: I64) -> None:
         h = self.cfg.approvals
