@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-COMMAND_MODULES = ("ledger.cli", "gateway.policy_cli", "sim.cli")
+COMMAND_MODULES = ("gateway.serve", "ledger.cli", "gateway.policy_cli", "sim.cli")
 BENCH_MODULES = ("ledger.bench",)
 
 

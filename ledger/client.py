@@ -77,6 +77,15 @@ class Ledger:
         except redis_errors.RedisError as exc:
             raise LedgerUnavailable(f"could not load the ledger scripts: {exc}") from exc
 
+    async def scripts_loaded(self) -> bool:
+        """Whether Redis still has every script cached (it forgets them on restart;
+        EVALSHA then falls back to loading them again)."""
+        shas = [script.sha for script in self._scripts.values()]
+        try:
+            return all(await self.redis.script_exists(*shas))
+        except redis_errors.RedisError as exc:
+            raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
+
     # Accounts
 
     async def upsert_account(self, tenant: str, spec: AccountSpec) -> str:
@@ -282,6 +291,16 @@ class Ledger:
             if found == state.value:
                 result.append(hold_id)
         return sorted(result)
+
+    async def live_counts(self, tenant: str) -> dict[str, int]:
+        """How many holds of the tenant are pending, escalated and ambiguous."""
+        tenant = validate.tenant_id(tenant)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(deadlines_key(tenant))
+            pipe.scard(escalated_key(tenant))
+            pipe.scard(ambiguous_key(tenant))
+            live, escalated, ambiguous = await self._read(pipe.execute())
+        return {"pending": live - escalated, "escalated": escalated, "ambiguous": ambiguous}
 
     def _hold_args(self, hold_id: str) -> list[str]:
         return [validate.identifier("hold_id", hold_id), str(self.retention_ms)]

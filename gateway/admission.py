@@ -1,0 +1,171 @@
+"""The admission path shared by the proxy, approvals and the decision API: price ->
+one reserve -> forward the very request -> settle the hold by what the upstream said.
+Arithmetic lives in pricing/, state changes in ledger/; this module only orders them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from ledger.client import Ledger
+from ledger.errors import UnknownAccount
+from ledger.records import HoldState, ReserveResult
+from pricing import PricedEffect, TenantPolicy, hold_accounts
+from pricing.credentials import AuthenticatedAgent
+
+from . import metrics
+from .problems import Problem
+from .settings import GatewaySettings
+from .tenants import TenantStore
+from .upstream import Answer, Fate, forward
+from .wire import StoredAnswer, StoredRequest
+
+log = logging.getLogger("irrev.gateway")
+
+
+@dataclass
+class Gate:
+    """What every request handler needs; one per worker process."""
+
+    settings: GatewaySettings
+    ledger: Ledger
+    tenants: TenantStore
+    http: httpx.AsyncClient
+
+
+async def reserve(
+    gate: Gate,
+    policy: TenantPolicy,
+    agent: AuthenticatedAgent,
+    effect: PricedEffect,
+    hold_id: str,
+    fingerprint: str,
+    request: StoredRequest,
+) -> ReserveResult:
+    """One round trip; a risk-factor account seen for the first time is created and
+    the reserve repeated (the only path with a second trip)."""
+    amounts = hold_accounts(policy, agent, effect)
+    for attempt in range(2):
+        started = time.perf_counter()
+        try:
+            result = await gate.ledger.reserve(
+                policy.tenant,
+                hold_id,
+                fingerprint,
+                amounts,
+                ttl_ms=policy.hold_ttl_ms,
+                escalation_ttl_ms=policy.escalation_ttl_ms,
+                escalate_above=effect.approval_threshold_micros or 0,
+                request=request.dumps(),
+            )
+        except UnknownAccount as exc:
+            opened = exc.account.startswith("factor:") and await gate.tenants.open_factor_account(
+                gate.ledger, policy, exc.account
+            )
+            if attempt or not opened:
+                await gate.tenants.load(gate.ledger)
+                if attempt:
+                    raise
+            continue
+        finally:
+            metrics.LEDGER_SECONDS.labels("reserve").observe(time.perf_counter() - started)
+        if not result.replayed:
+            metrics.DECISIONS.labels(policy.tenant, result.decision, result.reason).inc()
+            metrics.PRICES.labels(policy.tenant).observe(effect.price_micros)
+        return result
+    raise AssertionError("unreachable")
+
+
+async def fire(
+    gate: Gate,
+    policy: TenantPolicy,
+    hold_id: str,
+    request: StoredRequest,
+    deadline_ms: int | None,
+) -> Answer:
+    """Forward an admitted effect once and settle its hold by the answer.
+    `deadline_ms` is None for the retry of an ambiguous hold, which never expires."""
+    base = upstream_of(policy, request.tool)
+    budget_s = (deadline_ms or 0) / 1000 - time.time() - gate.settings.forward_margin_s
+    if deadline_ms is not None and budget_s < gate.settings.upstream_timeout_s:
+        # Too close to the deadline: the answer could come after the hold turned
+        # ambiguous. Not sent, so provably not fired: release it.
+        await gate.ledger.void(policy.tenant, hold_id)
+        raise Problem(503, "hold_deadline", "the hold is too close to its deadline to forward")
+    answer = await forward(gate.http, base, request, hold_id)
+    metrics.UPSTREAM_SECONDS.labels(request.tool).observe(answer.elapsed_s)
+    metrics.UPSTREAM_OUTCOMES.labels(request.tool, answer.fate).inc()
+    await settle(gate, policy.tenant, hold_id, request, answer)
+    return answer
+
+
+def upstream_of(policy: TenantPolicy, tool_name: str) -> str:
+    tool = policy.tools.get(tool_name)
+    if tool is None or tool.upstream is None:
+        raise Problem(403, "no_upstream", f"tool {tool_name!r} has no upstream to forward to")
+    return tool.upstream
+
+
+async def settle(
+    gate: Gate, tenant: str, hold_id: str, request: StoredRequest, answer: Answer
+) -> None:
+    """2xx: post at the held price (compensation returns what is recovered later);
+    4xx or never sent: void; anything else: ambiguous, still charged."""
+    started = time.perf_counter()
+    operation = {Fate.DELIVERED: "post", Fate.UNKNOWN: "ambiguous"}.get(answer.fate, "void")
+    try:
+        if answer.fate is Fate.UNKNOWN:
+            await gate.ledger.mark_ambiguous(tenant, hold_id, answer.why)
+            return
+        outcome = StoredAnswer.of(request.agent, *_recordable(answer)).dumps()
+        if answer.fate is Fate.DELIVERED:
+            await gate.ledger.post(tenant, hold_id, request.price, outcome=outcome)
+        else:
+            await gate.ledger.void(tenant, hold_id, outcome=outcome)
+    except Exception:
+        # The effect's fate is known but not recorded: the hold stays pending, turns
+        # ambiguous at its deadline and the reconciler settles it. Never released.
+        log.exception("could not settle hold", extra={"hold_id": hold_id, "fate": answer.fate})
+    finally:
+        metrics.LEDGER_SECONDS.labels(operation).observe(time.perf_counter() - started)
+    log.info("settled", extra={"hold_id": hold_id, "fate": answer.fate, "status": answer.status})
+
+
+def _recordable(answer: Answer) -> tuple[int, list[tuple[str, str]], bytes]:
+    if answer.fate is Fate.NOT_SENT:
+        body = b'{"reason":"upstream_unreachable","detail":"the effect was never sent"}'
+        return 502, [("content-type", "application/problem+json")], body
+    return answer.status, list(answer.headers), answer.body
+
+
+def refusal(result: ReserveResult, hold_id: str) -> Problem:
+    """The 403 of a denied reserve, with the numbers that decided it."""
+    binding = result.binding
+    return Problem(
+        403,
+        "budget_exceeded",
+        f"{binding.account} has {max(binding.available, 0)} of {binding.limit} left; "
+        f"this effect is priced {binding.amount}",
+        ledger_reason=result.reason.value,
+        hold=hold_id,
+        price=result.price,
+        account=binding.account,
+        limit=binding.limit,
+        available=binding.available,
+    )
+
+
+def settled_problem(state: HoldState, hold_id: str) -> Problem:
+    reasons = {
+        HoldState.REJECTED: (403, "escalation_rejected", "a human rejected this effect"),
+        HoldState.EXPIRED: (403, "hold_expired", "the hold expired before the effect was made"),
+        HoldState.PENDING: (409, "in_flight", "this effect is being forwarded right now"),
+    }
+    status, reason, detail = reasons.get(
+        state, (409, "state_conflict", f"the hold is {state.value}")
+    )
+    headers = {"Retry-After": "1"} if state is HoldState.PENDING else None
+    return Problem(status, reason, detail, headers=headers, hold=hold_id, state=state.value)

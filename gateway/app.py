@@ -1,0 +1,128 @@
+"""The gateway application: `create_app(settings, redis_url)`; `app_from_env` is the
+factory uvicorn workers call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from ledger.client import Ledger
+
+from . import admin, escalations, holds_api, logs, metrics, problems, proxy
+from .admission import Gate
+from .auth import gate_of
+from .problems import Problem
+from .settings import GatewaySettings
+from .tenants import TenantStore
+from .upstream import make_client
+
+log = logging.getLogger("irrev.gateway")
+
+
+async def _every(interval_s: float, work: Any, what: str) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await work()
+        except Exception:
+            log.exception(f"{what} failed; retrying in {interval_s} s")
+
+
+def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        ledger = Ledger.from_url(redis_url, retention_ms=settings.retention_s * 1000)
+        http = make_client(
+            settings.upstream_connect_timeout_s,
+            settings.upstream_timeout_s,
+            settings.upstream_max_connections,
+        )
+        tenants = TenantStore(settings.policy_dir)
+        await ledger.load_scripts()
+        await tenants.load(ledger)
+        gate = Gate(settings, ledger, tenants, http)
+        app.state.gate = gate
+
+        async def sweep() -> None:
+            for tenant in tenants.policies:
+                await ledger.sweep(tenant, batch=200)
+
+        background = [
+            asyncio.create_task(_every(settings.sweep_interval_s, sweep, "sweep")),
+            asyncio.create_task(
+                _every(
+                    settings.policy_check_interval_s,
+                    lambda: tenants.refresh(ledger),
+                    "policy reload",
+                )
+            ),
+        ]
+        log.info("gateway ready", extra={"tenants": sorted(tenants.policies), "pid": os.getpid()})
+        try:
+            yield
+        finally:
+            for task in background:
+                task.cancel()
+            for task in background:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await http.aclose()
+            await ledger.aclose()
+
+    app = FastAPI(
+        title="irrev gateway",
+        description="Fleet-wide irreversibility budget admission controller.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    problems.install(app)
+    app.add_middleware(logs.RequestIdMiddleware)
+    for router in (proxy.router, holds_api.router, escalations.router, admin.router):
+        app.include_router(router)
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz(request: Request) -> dict[str, Any]:
+        gate = gate_of(request)
+        try:
+            await gate.ledger.ping()
+            if not await gate.ledger.scripts_loaded():
+                await gate.ledger.load_scripts()
+        except Exception as exc:
+            raise Problem(
+                503, "ledger_unavailable", f"not ready: {exc}", headers={"Retry-After": "1"}
+            ) from exc
+        return {"status": "ready", "tenants": sorted(gate.tenants.policies)}
+
+    @app.get("/metrics", tags=["health"])
+    async def metrics_endpoint(request: Request) -> Response:
+        gate = gate_of(request)
+        counts: dict[tuple[str, str], int] = {}
+        with contextlib.suppress(Exception):
+            for tenant in gate.tenants.policies:
+                for state, count in (await gate.ledger.live_counts(tenant)).items():
+                    counts[(tenant, state)] = count
+        return Response(metrics.exposition(counts), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """For uvicorn workers: settings and the Redis URL from the environment."""
+    settings = GatewaySettings()
+    url = os.environ.get("IRREV_REDIS_URL")
+    if not url:
+        raise RuntimeError("IRREV_REDIS_URL must be set for gateway workers (irrev serve sets it)")
+    logs.configure(settings.log_level)
+    return create_app(settings, url)

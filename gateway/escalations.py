@@ -1,0 +1,106 @@
+"""Escalations: the agent polls, a human approves or rejects. Approval is a
+consume-once claim in the ledger, and only its winner forwards the effect."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from ledger.errors import HoldStateConflict
+from ledger.records import HoldState
+
+from .admission import fire
+from .auth import Caller, admin_auth, caller_auth, gate_of
+from .problems import Problem
+from .responses import answer_response, parse_escalation_id, stored_response
+from .wire import StoredAnswer, StoredRequest, owner_of
+
+router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
+
+
+@router.get("/{escalation}")
+async def poll(
+    request: Request, escalation: str, caller: Annotated[Caller, Depends(caller_auth)]
+) -> Response:
+    """202 while a human decides or the effect is being forwarded; then the upstream's
+    answer, as the agent would have had it without the escalation."""
+    tenant, hold_id = parse_escalation_id(escalation)
+    hold = await gate_of(request).ledger.hold(tenant, hold_id)
+    if hold is None or not caller.may_see(tenant, owner_of(hold.request, hold.outcome)):
+        raise Problem(404, "not_found", "no such escalation")
+    extra = {"X-Irrev-Hold": hold_id, "X-Irrev-Escalation": hold.state.value}
+    if hold.outcome:
+        return stored_response(StoredAnswer.loads(hold.outcome), extra)
+    if hold.state in (HoldState.ESCALATED, HoldState.PENDING):
+        status = "escalated" if hold.state is HoldState.ESCALATED else "approved"
+        body = {"status": status, "escalation": escalation, "by": hold.by or None}
+        return JSONResponse(body, 202, headers={**extra, "Retry-After": "2"})
+    if hold.state is HoldState.AMBIGUOUS:
+        raise Problem(
+            502,
+            "upstream_ambiguous",
+            "approved, but the effect's outcome is unknown; it stays charged until reconciled",
+            hold=hold_id,
+        )
+    if hold.state is HoldState.REJECTED:
+        raise Problem(403, "escalation_rejected", "a human rejected this effect", by=hold.by)
+    raise Problem(
+        403, "escalation_expired", "nobody approved this effect in time", state=hold.state.value
+    )
+
+
+@router.post("/{escalation}/approve")
+async def approve(
+    request: Request, escalation: str, admin: Annotated[str, Depends(admin_auth)]
+) -> Response:
+    """Exactly one of any number of concurrent approvals wins and forwards the effect;
+    the others get 409 naming the outcome and who decided it."""
+    gate = gate_of(request)
+    tenant, hold_id = parse_escalation_id(escalation)
+    policy = gate.tenants.policies.get(tenant)
+    if policy is None:
+        raise Problem(404, "not_found", "no such escalation")
+    try:
+        await gate.ledger.approve(tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms)
+    except HoldStateConflict as exc:
+        raise Problem(
+            409,
+            "escalation_resolved",
+            f"already {exc.state.value}",
+            state=exc.state.value,
+            by=exc.by,
+        ) from exc
+    deadline_ms = int(time.time() * 1000) + policy.hold_ttl_ms - 1000
+    hold = await gate.ledger.hold(tenant, hold_id)
+    assert hold is not None
+    stored = StoredRequest.loads(hold.request)
+    found = policy.catalog.match(stored.tool, stored.method, stored.path)
+    if found is not None and found[0].in_process:
+        # Decision-only: the in-process tool sees the hold pending and acts itself.
+        return JSONResponse({"status": "approved", "escalation": escalation, "by": admin})
+    answer = await fire(gate, policy, hold_id, stored, deadline_ms)
+    return answer_response(answer, {"X-Irrev-Hold": hold_id, "X-Irrev-Escalation": "approved"})
+
+
+@router.post("/{escalation}/reject")
+async def reject(
+    request: Request, escalation: str, admin: Annotated[str, Depends(admin_auth)]
+) -> dict[str, Any]:
+    gate = gate_of(request)
+    tenant, hold_id = parse_escalation_id(escalation)
+    if tenant not in gate.tenants.policies:
+        raise Problem(404, "not_found", "no such escalation")
+    try:
+        await gate.ledger.reject(tenant, hold_id, admin)
+    except HoldStateConflict as exc:
+        raise Problem(
+            409,
+            "escalation_resolved",
+            f"already {exc.state.value}",
+            state=exc.state.value,
+            by=exc.by,
+        ) from exc
+    return {"status": "rejected", "escalation": escalation, "by": admin}

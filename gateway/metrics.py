@@ -1,0 +1,56 @@
+"""Prometheus metrics. With several uvicorn workers, `irrev serve` sets
+PROMETHEUS_MULTIPROC_DIR so that any worker's /metrics reports all of them; hold
+counts come from Redis at scrape time, so they are the fleet's, not a worker's."""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client.core import GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+PRICE_BUCKETS = tuple(float(10**k) for k in range(0, 13))
+
+DECISIONS = Counter(
+    "irrev_decisions_total", "Admission decisions", ["tenant", "decision", "reason"]
+)
+PRICES = Histogram(
+    "irrev_price_micros", "Prices of effects put to the ledger", ["tenant"], buckets=PRICE_BUCKETS
+)
+LEDGER_SECONDS = Histogram(
+    "irrev_ledger_seconds", "Ledger round trips", ["operation"], buckets=LATENCY_BUCKETS
+)
+UPSTREAM_SECONDS = Histogram(
+    "irrev_upstream_seconds", "Upstream requests", ["tool"], buckets=LATENCY_BUCKETS
+)
+UPSTREAM_OUTCOMES = Counter(
+    "irrev_upstream_outcomes_total", "What forwarded effects came to", ["tool", "fate"]
+)
+
+
+class _HoldCounts:
+    def __init__(self, counts: dict[tuple[str, str], int]) -> None:
+        self.counts = counts
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "irrev_live_holds", "Live holds by state (from the ledger)", labels=["tenant", "state"]
+        )
+        for (tenant, state), count in sorted(self.counts.items()):
+            family.add_metric([tenant, state], count)
+        return [family]
+
+
+def exposition(hold_counts: dict[tuple[str, str], int]) -> bytes:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        own = generate_latest(registry)
+    else:
+        from prometheus_client import REGISTRY
+
+        own = generate_latest(REGISTRY)
+    holds = CollectorRegistry()
+    holds.register(_HoldCounts(hold_counts))
+    return own + generate_latest(holds)

@@ -1,0 +1,109 @@
+"""Every refusal as `application/problem+json` (RFC 9457) with a `reason` code and,
+where a budget decided, the numbers that led to it. One module maps errors to
+responses, so no route builds an error body by hand and bad input never gets a 500."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ledger.errors import (
+    BadInput,
+    HoldNotFound,
+    HoldStateConflict,
+    IdempotencyConflict,
+    LedgerUnavailable,
+    UnknownAccount,
+)
+from pricing.errors import RequestError
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class Problem(Exception):
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        detail: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.reason = reason
+        self.detail = detail
+        self.headers = headers or {}
+        self.extra = extra
+
+    def response(self) -> JSONResponse:
+        body = {
+            "type": f"https://irrev.dev/problems/{self.reason}",
+            "title": self.reason.replace("_", " "),
+            "status": self.status,
+            "reason": self.reason,
+            "detail": self.detail,
+            **self.extra,
+        }
+        return JSONResponse(body, self.status, headers=self.headers, media_type=PROBLEM_JSON)
+
+
+def problem_for(exc: Exception) -> Problem:
+    """The problem a known error becomes; anything else is a bug, reported as such."""
+    if isinstance(exc, Problem):
+        return exc
+    if isinstance(exc, RequestError):
+        extra = {"field": exc.field} if hasattr(exc, "field") else {}
+        status = 403 if exc.reason in ("unknown_route", "per_effect_cap") else 422
+        return Problem(status, exc.reason, str(exc), **extra)
+    if isinstance(exc, LedgerUnavailable):
+        return Problem(
+            503, "ledger_unavailable", f"{exc}; nothing was admitted", headers={"Retry-After": "1"}
+        )
+    if isinstance(exc, IdempotencyConflict):
+        return Problem(409, "idempotency_conflict", str(exc), state=exc.state.value)
+    if isinstance(exc, HoldStateConflict):
+        return Problem(409, "state_conflict", str(exc), state=exc.state.value, by=exc.by)
+    if isinstance(exc, HoldNotFound):
+        return Problem(404, "not_found", "no such hold for this tenant")
+    if isinstance(exc, UnknownAccount):
+        return Problem(422, "unknown_account", str(exc))
+    if isinstance(exc, BadInput):
+        return Problem(422, "bad_input", str(exc), field=exc.field)
+    return Problem(500, "internal_error", "an internal error; the request was not admitted")
+
+
+def install(app: FastAPI) -> None:
+    async def on_error(request: Request, exc: Exception) -> JSONResponse:
+        return problem_for(exc).response()
+
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()
+        ]
+        return Problem(
+            422, "bad_request", "the request does not match the schema", errors=errors
+        ).response()
+
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
+        return Problem(exc.status_code, reason, str(exc.detail)).response()
+
+    for error in (
+        Problem,
+        RequestError,
+        LedgerUnavailable,
+        IdempotencyConflict,
+        HoldStateConflict,
+        HoldNotFound,
+        UnknownAccount,
+        BadInput,
+    ):
+        app.add_exception_handler(error, on_error)
+    app.add_exception_handler(RequestValidationError, on_validation)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, on_http)  # type: ignore[arg-type]

@@ -1,0 +1,125 @@
+"""`/tools/{tool}/{path}`: the trusted proxy in front of the tenant's tool APIs."""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Annotated
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from ledger.records import Decision, HoldState, ReserveResult
+from pricing import EffectClass, PricedEffect, TenantPolicy, check_per_effect_cap, price_request
+from pricing.credentials import AuthenticatedAgent
+
+from .admission import Gate, fire, refusal, reserve, settled_problem, upstream_of
+from .auth import agent_auth, gate_of
+from .problems import Problem
+from .responses import answer_response, budget_headers, escalated_response, stored_response
+from .upstream import forward
+from .wire import StoredAnswer, StoredRequest, fingerprint, hold_id_for, parse_json_body
+
+router = APIRouter()
+_AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        raise Problem(413, "body_too_large", f"request bodies are limited to {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Problem(413, "body_too_large", f"request bodies are limited to {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def agent_key_of(request: Request) -> str:
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        raise Problem(
+            400,
+            "idempotency_key_required",
+            "effects need an 'Idempotency-Key' header: the same key for every retry of one "
+            "effect, a new key for a new effect",
+        )
+    if not _AGENT_KEY.fullmatch(key):
+        raise Problem(400, "bad_idempotency_key", "Idempotency-Key must be 1-255 printable ASCII")
+    return key
+
+
+def price(
+    policy: TenantPolicy, tool: str, method: str, path: str, query: str, body: bytes, ctype: str
+) -> PricedEffect:
+    parsed = parse_json_body(body, ctype)
+    return price_request(
+        policy, tool, method, path, parse_qs(query, keep_blank_values=True), parsed
+    )
+
+
+@router.api_route("/tools/{tool}/{path:path}", methods=METHODS, include_in_schema=False)
+async def proxy(
+    tool: str,
+    path: str,
+    request: Request,
+    who: Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)],
+) -> Response:
+    gate = gate_of(request)
+    policy, agent = who
+    body = await read_body(request, gate.settings.max_body_bytes)
+    query, ctype, method = (
+        request.url.query,
+        request.headers.get("content-type", ""),
+        request.method,
+    )
+    effect = price(policy, tool, method, f"/{path}", query, body, ctype)
+    if effect.in_process:
+        raise Problem(403, "in_process_route", "this route is decision-only: use /v1/holds")
+    check_per_effect_cap(agent, effect)
+    route_id = effect.route.route_id if effect.route else f"{tool} {method} /{path}"
+    stored = StoredRequest(
+        agent.agent_id,
+        tool,
+        method,
+        f"/{path}",
+        query,
+        ctype,
+        base64.b64encode(body).decode(),
+        route_id,
+        effect.price_micros,
+    )
+    if effect.effect_class is EffectClass.READ:
+        answer = await forward(gate.http, upstream_of(policy, tool), stored, "")
+        return answer_response(answer, {"X-Irrev-Decision": "admit", "X-Irrev-Price": "0"})
+    hold_id = hold_id_for(policy.tenant, agent.agent_id, route_id, agent_key_of(request))
+    result = await reserve(
+        gate, policy, agent, effect, hold_id, fingerprint(method, f"/{path}", query, body), stored
+    )
+    return await respond(gate, policy, result, hold_id, stored)
+
+
+async def respond(
+    gate: Gate, policy: TenantPolicy, result: ReserveResult, hold_id: str, stored: StoredRequest
+) -> Response:
+    if result.decision is Decision.DENY:
+        raise refusal(result, hold_id)
+    if result.state is HoldState.ESCALATED:
+        return escalated_response(policy.tenant, hold_id, result)
+    if not result.replayed:
+        answer = await fire(gate, policy, hold_id, stored, result.deadline_ms)
+        return answer_response(answer, budget_headers(result, hold_id))
+    hold = await gate.ledger.hold(policy.tenant, hold_id)
+    if hold is not None and hold.outcome:
+        headers = budget_headers(result, hold_id, replayed=True)
+        return stored_response(StoredAnswer.loads(hold.outcome), headers)
+    if hold is not None and hold.state is HoldState.AMBIGUOUS:
+        # The first outcome is unknown: retry, with the same Idempotency-Key, so the
+        # tool API can deduplicate it (contract 4).
+        answer = await fire(gate, policy, hold_id, StoredRequest.loads(hold.request), None)
+        return answer_response(answer, budget_headers(result, hold_id, replayed=True))
+    raise settled_problem(hold.state if hold else result.state, hold_id)

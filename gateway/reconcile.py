@@ -1,0 +1,79 @@
+"""Resolving ambiguous holds: ask the upstream by idempotency key where the route
+says how; otherwise leave the hold charged and list it for an operator. A "not
+found" only voids a hold past its deadline, when no forward can still be in flight."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs
+
+import httpx
+
+from ledger.records import HoldState
+from pricing import TenantPolicy, price_request
+
+from .admission import Gate, upstream_of
+from .wire import StoredAnswer, StoredRequest, parse_json_body, upstream_key
+
+
+@dataclass
+class Reconciliation:
+    posted: list[str] = field(default_factory=list)
+    voided: list[str] = field(default_factory=list)
+    unresolved: dict[str, str] = field(default_factory=dict)
+
+
+async def reconcile(gate: Gate, policy: TenantPolicy) -> Reconciliation:
+    tenant = policy.tenant
+    report = Reconciliation()
+    await gate.ledger.sweep(tenant, batch=1000)
+    for hold_id in await gate.ledger.hold_ids(tenant, HoldState.AMBIGUOUS):
+        hold = await gate.ledger.hold(tenant, hold_id)
+        if hold is None or hold.state is not HoldState.AMBIGUOUS:
+            continue
+        if not hold.request:
+            report.unresolved[hold_id] = "no request recorded: resolve by hand"
+            continue
+        verdict = await _ask_upstream(gate, policy, hold_id, StoredRequest.loads(hold.request))
+        if verdict is None:
+            report.unresolved[hold_id] = "the route has no lookup, or the upstream did not answer"
+        elif verdict.status // 100 == 2:
+            await gate.ledger.post(
+                tenant, hold_id, StoredRequest.loads(hold.request).price, outcome=verdict.dumps()
+            )
+            report.posted.append(hold_id)
+        elif verdict.status == 404 and hold.deadline_ms < time.time() * 1000:
+            await gate.ledger.void(tenant, hold_id, outcome=verdict.dumps())
+            report.voided.append(hold_id)
+        else:
+            report.unresolved[hold_id] = f"upstream answered {verdict.status}; try again later"
+    return report
+
+
+async def _ask_upstream(
+    gate: Gate, policy: TenantPolicy, hold_id: str, request: StoredRequest
+) -> StoredAnswer | None:
+    effect = price_request(
+        policy,
+        request.tool,
+        request.method,
+        request.path,
+        parse_qs(request.query, keep_blank_values=True),
+        parse_json_body(request.body, request.content_type or "application/json"),
+    )
+    lookup = effect.lookup_request(upstream_key(hold_id))
+    if lookup is None:
+        return None
+    method, target = lookup
+    try:
+        response = await gate.http.request(
+            method, upstream_of(policy, request.tool).rstrip("/") + target
+        )
+    except httpx.HTTPError:
+        return None
+    if response.status_code // 100 != 2 and response.status_code != 404:
+        return None
+    return StoredAnswer.of(
+        request.agent, response.status_code, list(response.headers.multi_items()), response.content
+    )

@@ -1,0 +1,56 @@
+"""Gateway settings from `IRREV_*` environment variables (one prefix for all of irrev)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ledger.settings import LedgerSettings
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="IRREV_", extra="ignore")
+
+    policy_dir: Path = Field(default=Path("examples"), description="tenant policy YAML files")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    workers: int = Field(default=1, ge=1, le=64)
+    admin_tokens: str = Field(
+        default="",
+        description="comma-separated name=token pairs; the name is recorded as approver",
+    )
+    upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    upstream_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    upstream_max_connections: int = Field(default=200, ge=1, le=10_000)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=16 << 20)
+    forward_margin_s: float = Field(
+        default=5.0, ge=0, description="never forward a hold this close to its deadline"
+    )
+    sweep_interval_s: float = Field(default=1.0, gt=0, le=3600)
+    policy_check_interval_s: float = Field(
+        default=2.0, gt=0, description="how often a worker looks for changed policy files"
+    )
+    retention_s: int = Field(default=7 * 24 * 3600, ge=60)
+    log_level: str = "info"
+
+    @field_validator("admin_tokens")
+    @classmethod
+    def _admin_tokens(cls, value: str) -> str:
+        for entry in filter(None, (e.strip() for e in value.split(","))):
+            name, sep, token = entry.partition("=")
+            if not sep or not name or len(token) < 16:
+                raise ValueError(
+                    "each entry must be name=token with a token of at least 16 characters"
+                )
+        return value
+
+    def admins(self) -> dict[str, str]:
+        """token -> admin name."""
+        pairs = (e.strip().partition("=") for e in self.admin_tokens.split(",") if e.strip())
+        return {token: name for name, _, token in pairs}
+
+    @property
+    def ledger(self) -> LedgerSettings:
+        return LedgerSettings()

@@ -1,0 +1,95 @@
+"""The tenants a gateway serves: their policies, loaded from a directory, reloaded
+when a file changes (every worker checks, so a change reaches all of them without a
+restart), and the ledger accounts each policy names."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ledger.client import Ledger
+from ledger.records import AccountSpec as LedgerAccount
+from pricing import AccountSpec, TenantPolicy, factor_account, load_policy_text, policy_accounts
+from pricing.credentials import AuthenticatedAgent, hash_token
+
+from .policies import load_policy_dir, policy_files
+
+
+def ledger_account(spec: AccountSpec) -> LedgerAccount:
+    return LedgerAccount(
+        account=spec.account_id,
+        limit=spec.limit_micros,
+        soft_limit=spec.soft_limit_micros,
+        window_ms=spec.window_ms,
+        approval_threshold=spec.approval_threshold_micros or 0,
+    )
+
+
+class TenantStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.policies: dict[str, TenantPolicy] = {}
+        self._agents: dict[str, tuple[TenantPolicy, AuthenticatedAgent]] = {}
+        self._signature: tuple[tuple[str, int, int], ...] = ()
+
+    def authenticate(self, token: str) -> tuple[TenantPolicy, AuthenticatedAgent] | None:
+        return self._agents.get(hash_token(token))
+
+    def _files_signature(self) -> tuple[tuple[str, int, int], ...]:
+        stats = ((p.name, p.stat()) for p in policy_files(self.directory))
+        return tuple((name, st.st_mtime_ns, st.st_size) for name, st in stats)
+
+    async def load(self, ledger: Ledger) -> list[str]:
+        """(Re)load every policy and create or update the accounts each names. On a
+        faulty directory the previous policies stay in force (PolicyLoadError)."""
+        signature = self._files_signature()
+        policies = load_policy_dir(self.directory)
+        for policy in policies.values():
+            for spec in policy_accounts(policy):
+                await ledger.upsert_account(policy.tenant, ledger_account(spec))
+        self.policies = policies
+        self._agents = {
+            agent_hash: (policy, agent)
+            for policy in policies.values()
+            for agent_hash, agent in policy.agents_by_hash.items()
+        }
+        self._signature = signature
+        return sorted(policies)
+
+    async def refresh(self, ledger: Ledger) -> bool:
+        """Reload if any policy file changed since the last load."""
+        if self._files_signature() == self._signature:
+            return False
+        await self.load(ledger)
+        return True
+
+    async def upload(self, ledger: Ledger, tenant: str, text: str) -> TenantPolicy:
+        """Validate a policy, then write it atomically as `<tenant>.yaml` and load."""
+        policy = load_policy_text(text, f"uploaded policy of {tenant}")
+        if policy.tenant != tenant:
+            raise ValueError(f"the policy is for tenant {policy.tenant!r}, not {tenant!r}")
+        target = self._file_of(tenant)
+        handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temporary, target)
+        await self.load(ledger)
+        return self.policies[tenant]
+
+    def _file_of(self, tenant: str) -> Path:
+        for path in policy_files(self.directory):
+            try:
+                if load_policy_text(path.read_text(encoding="utf-8"), str(path)).tenant == tenant:
+                    return path
+            except ValueError:
+                continue
+        return self.directory / f"{tenant}.yaml"
+
+    async def open_factor_account(self, ledger: Ledger, policy: TenantPolicy, account: str) -> bool:
+        """Create a risk-factor account on its first use; False if no pattern caps it."""
+        spec = factor_account(policy, account.removeprefix("factor:"))
+        if spec is None:
+            return False
+        await ledger.upsert_account(policy.tenant, ledger_account(spec))
+        return True

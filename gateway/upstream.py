@@ -1,0 +1,93 @@
+"""Forwarding an admitted effect to its tool API, and what the answer means for the
+hold: delivered (2xx: post), refused (4xx, or never sent: void), or unknown
+(timeout, 5xx, a connection lost after sending: ambiguous, stays charged)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+
+import httpx
+
+from .wire import StoredRequest, upstream_key
+
+
+class Fate(StrEnum):
+    DELIVERED = "delivered"
+    REFUSED = "refused"
+    NOT_SENT = "not_sent"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Answer:
+    fate: Fate
+    status: int = 0
+    headers: tuple[tuple[str, str], ...] = ()
+    body: bytes = b""
+    why: str = ""
+    elapsed_s: float = 0.0
+
+
+def fate_of_status(status: int) -> Fate:
+    if 200 <= status < 300:
+        return Fate.DELIVERED
+    if 400 <= status < 500:
+        return Fate.REFUSED
+    # 5xx, and anything a tool API should not answer to an effect (1xx, 3xx): the
+    # effect may or may not have happened.
+    return Fate.UNKNOWN
+
+
+def make_client(
+    connect_timeout_s: float, timeout_s: float, max_connections: int
+) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s, pool=connect_timeout_s),
+        limits=httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        ),
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
+async def forward(
+    client: httpx.AsyncClient, base_url: str, request: StoredRequest, hold_id: str
+) -> Answer:
+    """Send the very request that was priced, with the derived Idempotency-Key (reads,
+    which hold nothing, go without one)."""
+    url = base_url.rstrip("/") + request.path + (f"?{request.query}" if request.query else "")
+    headers = {"Idempotency-Key": upstream_key(hold_id), "X-Irrev-Hold": hold_id} if hold_id else {}
+    if request.content_type:
+        headers["Content-Type"] = request.content_type
+    started = time.perf_counter()
+    try:
+        response = await client.request(request.method, url, content=request.body, headers=headers)
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        return Answer(Fate.NOT_SENT, why=_why(exc), elapsed_s=time.perf_counter() - started)
+    except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+        return Answer(Fate.UNKNOWN, why=_why(exc), elapsed_s=time.perf_counter() - started)
+    return Answer(
+        fate_of_status(response.status_code),
+        response.status_code,
+        tuple(response.headers.multi_items()),
+        response.content,
+        why=f"upstream_{response.status_code}",
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _why(exc: Exception) -> str:
+    names: dict[type[Exception], str] = {
+        httpx.ConnectError: "upstream_refused",
+        httpx.ConnectTimeout: "upstream_connect_timeout",
+        httpx.PoolTimeout: "upstream_pool_timeout",
+        httpx.ReadTimeout: "upstream_timeout",
+        httpx.WriteTimeout: "upstream_timeout",
+        httpx.RemoteProtocolError: "upstream_reset",
+        httpx.ReadError: "upstream_reset",
+        httpx.WriteError: "upstream_reset",
+    }
+    return names.get(type(exc), "upstream_error")

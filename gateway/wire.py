@@ -1,0 +1,159 @@
+"""What the gateway derives from a request and keeps with a hold: the strict JSON
+body, the derived keys, and the stored request and upstream answer (as JSON text,
+bodies base64, so any bytes survive)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from decimal import Decimal
+from typing import Any
+
+from .problems import Problem
+
+MAX_JSON_DEPTH = 32
+# Answers are replayed to the agent: only headers that describe the body travel.
+KEPT_RESPONSE_HEADERS = ("content-type", "location", "etag", "retry-after", "content-language")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # An upstream may read the first of two duplicate keys where Python reads the last:
+    # then what was priced would not be what is executed.
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _depth(text: bytes) -> int:
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def parse_json_body(body: bytes, content_type: str) -> object:
+    """The body as priced: numbers exact (Decimal), no NaN/Infinity, no duplicate keys,
+    bounded nesting. An empty body is None."""
+    if not body:
+        return None
+    if "json" not in content_type.lower():
+        raise Problem(415, "unsupported_media_type", "effect bodies must be application/json")
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise Problem(400, "bad_json", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(
+            body.decode("utf-8"),
+            parse_float=Decimal,
+            parse_constant=_reject_constant,
+            object_pairs_hook=_unique_keys,
+        )
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise Problem(400, "bad_json", f"the body is not valid JSON: {exc}") from exc
+
+
+def hold_id_for(tenant: str, agent: str, route_id: str, agent_key: str) -> str:
+    """The hold's id (and, prefixed, the upstream's Idempotency-Key): the same agent
+    sending the same key on the same route is the same effect; anything else is not."""
+    material = "\x00".join((tenant, agent, route_id, agent_key)).encode()
+    return hashlib.sha256(material).hexdigest()[:40]
+
+
+def upstream_key(hold_id: str) -> str:
+    return f"irrev-{hold_id}"
+
+
+def fingerprint(method: str, path: str, query: str, body: bytes) -> str:
+    digest = hashlib.sha256()
+    for part in (method.encode(), path.encode(), query.encode(), body):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()[:40]
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    """The effect as admitted, kept with its hold while it is live."""
+
+    agent: str
+    tool: str
+    method: str
+    path: str
+    query: str
+    content_type: str
+    body_b64: str
+    route_id: str
+    price: int
+
+    @property
+    def body(self) -> bytes:
+        return base64.b64decode(self.body_b64)
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, text: str) -> StoredRequest:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class StoredAnswer:
+    """The upstream's answer to an effect (or the gateway's, for in-process holds),
+    kept with the settled hold so that a repeat gets it back without a second effect."""
+
+    agent: str
+    status: int
+    headers: list[tuple[str, str]]
+    body_b64: str
+
+    @property
+    def body(self) -> bytes:
+        return base64.b64decode(self.body_b64)
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, text: str) -> StoredAnswer:
+        data = json.loads(text)
+        data["headers"] = [tuple(h) for h in data["headers"]]
+        return cls(**data)
+
+    @classmethod
+    def of(
+        cls, agent: str, status: int, headers: list[tuple[str, str]], body: bytes
+    ) -> StoredAnswer:
+        kept = [(k.lower(), v) for k, v in headers if k.lower() in KEPT_RESPONSE_HEADERS]
+        return cls(agent, status, kept, base64.b64encode(body).decode())
+
+
+def owner_of(request: str, outcome: str) -> str:
+    """The agent a hold belongs to, from whichever record it still has."""
+    if request:
+        return StoredRequest.loads(request).agent
+    if outcome:
+        return StoredAnswer.loads(outcome).agent
+    return ""
