@@ -13,8 +13,15 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-COMMAND_MODULES = ("gateway.serve", "ledger.cli", "gateway.policy_cli", "sim.cli")
-BENCH_MODULES = ("ledger.bench",)
+COMMAND_MODULES = (
+    "gateway.serve",
+    "gateway.demo",
+    "gateway.load",
+    "ledger.cli",
+    "gateway.policy_cli",
+    "sim.cli",
+)
+BENCH_MODULES = ("ledger.bench", "gateway.bench")
 
 
 class CliError(Exception):

@@ -1,0 +1,125 @@
+"""`irrev load`: the locust procurement profile (sim/locustfile.py), headless, for a
+bounded time and user count, against a local gateway with two workers; then requests
+per second and p50/p95/p99 by decision, worker memory before and after, and the
+checks that no account is over its limit and the ledger audit passes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+from ledger.audit import audit_tenant
+from ledger.client import Ledger
+from ledger.embedded import EmbeddedRedis
+
+from .stack import gateway, render_policies, supplier
+
+LOCUSTFILE = Path(__file__).resolve().parent.parent / "sim" / "locustfile.py"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("load", help="locust procurement load against a local gateway")
+    parser.add_argument("--users", type=int, default=50)
+    parser.add_argument("--spawn-rate", type=float, default=25)
+    parser.add_argument("--seconds", type=int, default=30, help="bounded run time")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.set_defaults(func=run)
+
+
+def worker_rss_mib(gateway_pid: int) -> list[float]:
+    """Resident memory of each uvicorn worker (the children of `irrev serve`)."""
+    children = psutil.Process(gateway_pid).children()
+    return [round(c.memory_info().rss / 2**20, 1) for c in children if "python" in c.name()]
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="irrev-load-") as scratch:
+        root = Path(scratch)
+        with EmbeddedRedis(root / "redis") as redis, supplier() as upstream:
+            policies = render_policies(root / "policies", upstream)
+            with gateway(redis.url, policies, workers=args.workers) as server:
+                before = worker_rss_mib(server.pid)
+                locust(server.url, policies, root / "stats", args)
+                after = worker_rss_mib(server.pid)
+            ok = asyncio.run(check(console, redis.url, "acme"))
+        show(console, root / "stats_stats.csv", before, after, args)
+    return 0 if ok else 1
+
+
+def locust(url: str, policies: Path, prefix: Path, args: argparse.Namespace) -> None:
+    env = {**os.environ, "IRREV_LOAD_TOKENS": str(policies / "procurement.tokens.yaml")}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(LOCUSTFILE),
+            "--headless",
+            "-u",
+            str(args.users),
+            "-r",
+            str(args.spawn_rate),
+            "-t",
+            f"{args.seconds}s",
+            "--host",
+            url,
+            "--csv",
+            str(prefix),
+            "--only-summary",
+            "--stop-timeout",
+            "5",
+        ],
+        env=env,
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=args.seconds + 120,
+    )
+
+
+def show(
+    console: Console, stats: Path, before: list[float], after: list[float], args: argparse.Namespace
+) -> None:
+    table = Table(title=f"irrev load: {args.users} users, {args.seconds} s, {args.workers} workers")
+    for column in ("type", "name", "requests", "failures", "req/s", "p50 ms", "p95 ms", "p99 ms"):
+        table.add_column(column, justify="left" if column in ("type", "name") else "right")
+    with open(stats, newline="") as handle:
+        for row in csv.DictReader(handle):
+            table.add_row(
+                row["Type"],
+                row["Name"],
+                row["Request Count"],
+                row["Failure Count"],
+                f"{float(row['Requests/s']):.1f}",
+                row["50%"],
+                row["95%"],
+                row["99%"],
+            )
+    console.print(table)
+    console.print(f"gateway worker RSS MiB before {before}, after {after}")
+
+
+async def check(console: Console, redis_url: str, tenant: str) -> bool:
+    ledger = Ledger.from_url(redis_url)
+    try:
+        over = [b.account for b in await ledger.balances(tenant) if b.used > b.limit]
+        report = await audit_tenant(ledger, tenant)
+    finally:
+        await ledger.aclose()
+    console.print(
+        f"accounts over their limit: {', '.join(over) or 'none'}; "
+        f"ledger audit: {'ok' if report.ok else report.mismatches}"
+    )
+    return not over and report.ok

@@ -1,0 +1,152 @@
+"""A whole irrev stack on this machine, in real processes: a supplier API, gateway
+workers and (from the caller) a Redis. Used by `irrev demo`, `irrev bench gateway`
+and `irrev load`; everything listens on 127.0.0.1 only and is stopped on exit."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple
+
+import httpx
+
+EXAMPLES = Path("examples")
+DEMO_ADMIN_TOKEN = "demo-admin-token-not-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def render_policies(directory: Path, supplier_url: str, examples: Path = EXAMPLES) -> Path:
+    """Copy the example policies (and demo tokens) into `directory`, pointing the
+    supplier tool at `supplier_url`."""
+    if not (examples / "procurement.yaml").is_file():
+        raise FileNotFoundError(
+            f"no {examples / 'procurement.yaml'}: run from the irrev repository, "
+            "or set --policy-dir"
+        )
+    directory.mkdir(parents=True, exist_ok=True)
+    for source in examples.glob("*.yaml"):
+        text = source.read_text(encoding="utf-8")
+        text = re.sub(r'(supplier:\s*\{upstream:\s*)"[^"]*"', rf'\1"{supplier_url}"', text)
+        (directory / source.name).write_text(text, encoding="utf-8")
+    return directory
+
+
+def wait_ready(
+    url: str, process: subprocess.Popen[bytes], what: str, timeout_s: float = 60
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode} while starting")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} was not ready at {url} within {timeout_s:g} s")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+@contextmanager
+def supplier(port: int | None = None) -> Iterator[str]:
+    """The demo supplier API in its own process; yields its base URL."""
+    port = port or free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "sim.supplier:create_supplier",
+            "--factory",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(f"{url}/catalog", process, "the supplier API")
+        yield url
+    finally:
+        _stop(process)
+
+
+class Server(NamedTuple):
+    url: str
+    pid: int
+
+
+@contextmanager
+def gateway(
+    redis_url: str,
+    policy_dir: Path,
+    *,
+    workers: int = 2,
+    port: int | None = None,
+    log_path: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[Server]:
+    """`irrev serve` in its own process; yields its base URL and pid."""
+    port = port or free_port()
+    environment = {
+        **os.environ,
+        "IRREV_REDIS_URL": redis_url,
+        "IRREV_POLICY_DIR": str(policy_dir),
+        "IRREV_ADMIN_TOKENS": f"operator={DEMO_ADMIN_TOKEN}",
+        "IRREV_LOG_LEVEL": "warning",
+        **(env or {}),
+    }
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
+        env=environment,
+        stdout=log,
+        stderr=log,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(f"{url}/readyz", process, "the gateway")
+        yield Server(url, process.pid)
+    finally:
+        _stop(process)
+        if log_path:
+            log.close()  # type: ignore[union-attr]
