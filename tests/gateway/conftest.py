@@ -1,0 +1,145 @@
+"""Gateway fixtures: one supplier server for the session, and per Redis server one
+`irrev serve --workers 2` with a policy directory of fresh tenants.
+
+Policies fix tenant ids, so every test gets its own copy of an example policy under
+a fresh id (`gateway.tenant("name")`), declared in TENANTS below and written before
+the gateway starts: its balances, holds and supplier counts are its own.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from .servers import BIN, Server, Tenant, base_env, start_suppliers, write_policy
+
+WORKERS = 2
+UPSTREAM_TIMEOUT_S = 1.0
+MAX_BODY_BYTES = 64 * 1024
+
+# name -> (example policy, top-level overrides)
+TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "basics": ("procurement", {}),
+    "bad-input": ("procurement", {}),
+    "decision": ("procurement", {}),
+    "overdraw": ("procurement", {}),
+    "idempotency": ("procurement", {}),
+    "approvals": ("procurement", {}),
+    "outcomes": ("procurement", {}),
+    # A short hold TTL, so that a hold's deadline passes within a test.
+    "short-ttl": ("procurement", {"hold_ttl": "4s", "escalation_ttl": "2s"}),
+    "iso-acme": ("procurement", {}),
+    "iso-globex": ("globex", {}),
+    "fuzz": ("procurement", {}),
+    "fuzz-globex": ("globex", {}),
+}
+
+
+@dataclass
+class Gateway:
+    server: Server
+    redis_url: str
+    admin_token: str
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_token}"}
+
+    def tenant(self, name: str) -> Tenant:
+        return self.tenants[name]
+
+    def worker_pids(self) -> set[int]:
+        """Workers that logged "gateway ready" (JSON lines from every worker)."""
+        return {int(e["pid"]) for e in self.log_entries() if e.get("msg") == "gateway ready"}
+
+    def log_entries(self) -> list[dict[str, Any]]:
+        """The workers' JSON log lines so far."""
+        entries = []
+        for line in self.server.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                entries.append(json.loads(line))
+        return entries
+
+
+@pytest.fixture(scope="session")
+def suppliers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_suppliers(tmp_path_factory.mktemp("suppliers"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway(
+    redis_url: str, suppliers: Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    root = tmp_path_factory.mktemp("gateway")
+    policy_dir = root / "policies"
+    policy_dir.mkdir()
+    run = uuid.uuid4().hex[:10]
+    tenants = {}
+    for name, (example, overrides) in TENANTS.items():
+        tenant_id = f"{name}-{run}"
+        supplier_url = f"{suppliers.url}/{tenant_id}"
+        tenants[name] = write_policy(policy_dir, example, tenant_id, supplier_url, **overrides)
+    admin_token = secrets.token_urlsafe(24)
+    env = base_env(
+        IRREV_REDIS_URL=redis_url,
+        IRREV_POLICY_DIR=str(policy_dir),
+        IRREV_ADMIN_TOKENS=f"ops={admin_token},oncall={secrets.token_urlsafe(24)}",
+        IRREV_UPSTREAM_TIMEOUT_S=str(UPSTREAM_TIMEOUT_S),
+        IRREV_UPSTREAM_CONNECT_TIMEOUT_S="1",
+        IRREV_FORWARD_MARGIN_S="0.5",
+        IRREV_MAX_BODY_BYTES=str(MAX_BODY_BYTES),
+        IRREV_SWEEP_INTERVAL_S="0.5",
+    )
+    server = Server("gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")
+    server.argv += ["--port", str(server.port), "--workers", str(WORKERS)]
+    server.start("/readyz")
+    gateway = Gateway(server, redis_url, admin_token, tenants)
+    wait_for_workers(gateway)
+    yield gateway
+    server.stop()
+
+
+def wait_for_workers(gateway: Gateway, deadline_s: float = 30.0) -> None:
+    """Every worker has finished its startup (and so accepts connections)."""
+    deadline = time.monotonic() + deadline_s
+    while len(gateway.worker_pids()) < WORKERS:
+        if time.monotonic() > deadline:
+            gateway.server.stop()
+            raise RuntimeError(f"not all workers started:\n{gateway.server.log()}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    async with httpx.AsyncClient(
+        base_url=gateway.url, timeout=30.0, limits=limits, trust_env=False
+    ) as client:
+        yield client
+
+
+@pytest.fixture
+async def upstream(suppliers: Server) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the supplier server (stats, faults), by tenant path."""
+    async with httpx.AsyncClient(base_url=suppliers.url, timeout=10.0, trust_env=False) as client:
+        yield client
+
+
+def policy_dir_of(gateway: Gateway) -> Path:
+    return Path(gateway.server.env["IRREV_POLICY_DIR"])

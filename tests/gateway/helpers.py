@@ -1,0 +1,88 @@
+"""Small helpers of the gateway tests: orders, problems, balances, supplier counts."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import httpx
+
+from .servers import BIN, Tenant, base_env
+
+PROBLEM_JSON = "application/problem+json"
+
+
+def order(
+    quantity: int = 10, unit_price: str = "100", supplier_id: str = "s1", sku: str = "bolts"
+) -> dict[str, Any]:
+    """A supplier order; its face value is quantity * unit_price USD."""
+    return {"supplier_id": supplier_id, "sku": sku, "quantity": quantity, "unit_price": unit_price}
+
+
+def effect_headers(tenant: Tenant, agent: str, key: str) -> dict[str, str]:
+    return {**tenant.auth(agent), "Idempotency-Key": key}
+
+
+def assert_problem(response: httpx.Response, status: int, reason: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM_JSON
+    body: dict[str, Any] = response.json()
+    assert body["reason"] == reason, body
+    assert body["status"] == status
+    return body
+
+
+async def balances(
+    http: httpx.AsyncClient, admin: dict[str, str], tenant: Tenant
+) -> dict[str, Any]:
+    response = await http.get(f"/v1/admin/tenants/{tenant.id}/balances", headers=admin)
+    assert response.status_code == 200, response.text
+    return {row["account"]: row for row in response.json()}
+
+
+def used(rows: dict[str, Any]) -> dict[str, int]:
+    """pending + posted of every account that has any (an account opened on first use
+    with nothing on it compares equal to no account)."""
+    totals = {account: row["pending"] + row["posted"] for account, row in rows.items()}
+    return {account: total for account, total in totals.items() if total}
+
+
+def assert_no_overdraw(rows: dict[str, Any]) -> None:
+    over = {a: r for a, r in rows.items() if r["pending"] + r["posted"] > r["limit"]}
+    assert not over, over
+
+
+async def holds_in(
+    http: httpx.AsyncClient, admin: dict[str, str], tenant: Tenant, state: str
+) -> dict[str, Any]:
+    response = await http.get(
+        f"/v1/admin/tenants/{tenant.id}/holds", params={"state": state}, headers=admin
+    )
+    assert response.status_code == 200, response.text
+    return {hold["hold"]: hold for hold in response.json()}
+
+
+async def supplier_stats(upstream: httpx.AsyncClient, tenant: Tenant) -> dict[str, Any]:
+    response = await upstream.get(f"/{tenant.id}/_stats")
+    assert response.status_code == 200
+    stats: dict[str, Any] = response.json()
+    return stats
+
+
+async def set_faults(upstream: httpx.AsyncClient, tenant: Tenant, **faults: Any) -> None:
+    response = await upstream.post(f"/{tenant.id}/_faults", json=faults)
+    assert response.status_code == 200, response.text
+
+
+def ledger_audit(redis_url: str, *tenants: Tenant) -> subprocess.CompletedProcess[str]:
+    argv = [str(BIN / "irrev"), "ledger", "audit"]
+    for tenant in tenants:
+        argv += ["--tenant", tenant.id]
+    return subprocess.run(
+        argv,
+        env=base_env(IRREV_REDIS_URL=redis_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

@@ -1,0 +1,310 @@
+"""The proxy's everyday behaviour: health, budget headers, read routes, and bad input,
+which never gets a 500, always `application/problem+json` with a reason, and never
+debits anything or reaches the upstream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from .conftest import MAX_BODY_BYTES, Gateway
+from .helpers import (
+    assert_problem,
+    balances,
+    effect_headers,
+    holds_in,
+    order,
+    supplier_stats,
+    used,
+)
+
+
+async def test_health_ready_and_metrics(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    assert (await http.get("/healthz")).json() == {"status": "ok"}
+    ready = await http.get("/readyz")
+    assert ready.status_code == 200
+    assert gateway.tenant("basics").id in ready.json()["tenants"]
+    tenant = gateway.tenant("basics")
+    await http.post(
+        "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, "buyer-01", "m1")
+    )
+    metrics = await http.get("/metrics")
+    assert metrics.status_code == 200
+    text = metrics.text
+    assert (
+        f'irrev_decisions_total{{decision="admit",reason="within_budget",tenant="{tenant.id}"}}'
+        in text
+    )
+    assert 'irrev_upstream_outcomes_total{fate="delivered",tool="supplier"}' in text
+    assert f'irrev_live_holds{{state="pending",tenant="{tenant.id}"}}' in text
+
+
+async def test_admitted_effect_is_forwarded_with_budget_headers(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    tenant = gateway.tenant("basics")
+    before = used(await balances(http, gateway.admin, tenant))
+    response = await http.post(
+        "/tools/supplier/orders",
+        json=order(quantity=10),
+        headers=effect_headers(tenant, "buyer-02", "h1"),
+    )
+    assert response.status_code == 201, response.text
+    assert response.json()["quantity"] == 10
+    price = int(response.headers["x-irrev-price"])
+    hold = response.headers["x-irrev-hold"]
+    assert response.headers["x-irrev-decision"] == "admit"
+    assert 0 < price <= 1000 * 10**6  # at most the face value, 1000 USD in micros
+    after = used(await balances(http, gateway.admin, tenant))
+    for account in (
+        "tenant:" + tenant.id,
+        "principal:procurement",
+        "agent:buyer-02",
+        "factor:supplier:s1",
+    ):
+        assert after[account] - before.get(account, 0) == price, account
+    assert int(response.headers["x-irrev-remaining"]) >= 0
+    assert hold in await holds_in(http, gateway.admin, tenant, "posted")
+    stats = await supplier_stats(upstream, tenant)
+    assert f"irrev-{hold}" in stats["keys"]
+
+
+async def test_read_route_is_forwarded_without_a_hold(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    tenant = gateway.tenant("basics")
+    before = await balances(http, gateway.admin, tenant)
+    requests_before = (await supplier_stats(upstream, tenant))["requests"]
+    response = await http.get("/tools/supplier/catalog", headers=tenant.auth("buyer-03"))
+    assert response.status_code == 200
+    assert response.json() == {"skus": ["steel-coil", "bolts", "paint"]}
+    assert response.headers["x-irrev-price"] == "0"
+    assert "x-irrev-hold" not in response.headers
+    assert await balances(http, gateway.admin, tenant) == before
+    # A read needs no Idempotency-Key and creates no order.
+    assert (await supplier_stats(upstream, tenant))["requests"] == requests_before
+
+
+def deep(levels: int) -> bytes:
+    return b'{"a":' * levels + b"1" + b"}" * levels
+
+
+ORDER = json.dumps(order()).encode()
+BAD_INPUT = [
+    # (id, method, path, headers, body, status, reason)
+    ("unknown-route", "POST", "/tools/supplier/invoices", {}, ORDER, 403, "unknown_route"),
+    ("unknown-tool", "POST", "/tools/nothing/orders", {}, ORDER, 403, "unknown_route"),
+    (
+        "no-idempotency-key",
+        "POST",
+        "/tools/supplier/orders",
+        {"Idempotency-Key": None},
+        ORDER,
+        400,
+        "idempotency_key_required",
+    ),
+    (
+        "bad-idempotency-key",
+        "POST",
+        "/tools/supplier/orders",
+        {"Idempotency-Key": "a b"},
+        ORDER,
+        400,
+        "bad_idempotency_key",
+    ),
+    ("bad-json", "POST", "/tools/supplier/orders", {}, b'{"quantity": 1,', 400, "bad_json"),
+    ("nan", "POST", "/tools/supplier/orders", {}, ORDER.replace(b'"100"', b"NaN"), 400, "bad_json"),
+    (
+        "infinity",
+        "POST",
+        "/tools/supplier/orders",
+        {},
+        ORDER.replace(b"10", b"Infinity", 1),
+        400,
+        "bad_json",
+    ),
+    (
+        "duplicate-keys",
+        "POST",
+        "/tools/supplier/orders",
+        {},
+        ORDER[:-1] + b', "quantity": 1}',
+        400,
+        "bad_json",
+    ),
+    ("too-deep", "POST", "/tools/supplier/orders", {}, deep(40), 400, "bad_json"),
+    ("not-utf8", "POST", "/tools/supplier/orders", {}, b'{"sku": "\xff"}', 400, "bad_json"),
+    (
+        "not-json",
+        "POST",
+        "/tools/supplier/orders",
+        {"Content-Type": "text/plain"},
+        ORDER,
+        415,
+        "unsupported_media_type",
+    ),
+    (
+        "too-large",
+        "POST",
+        "/tools/supplier/orders",
+        {},
+        b" " * (MAX_BODY_BYTES + 1),
+        413,
+        "body_too_large",
+    ),
+    (
+        "per-effect-cap",
+        "POST",
+        "/tools/supplier/orders",
+        {},
+        json.dumps(order(quantity=501)).encode(),
+        403,
+        "per_effect_cap",
+    ),
+    ("in-process-route", "POST", "/tools/deploy/deploys", {}, b"{}", 403, "in_process_route"),
+    (
+        "no-token",
+        "POST",
+        "/tools/supplier/orders",
+        {"Authorization": None},
+        ORDER,
+        401,
+        "unauthenticated",
+    ),
+    (
+        "wrong-token",
+        "POST",
+        "/tools/supplier/orders",
+        {"Authorization": "Bearer irrev_nope"},
+        ORDER,
+        401,
+        "unauthenticated",
+    ),
+    (
+        "not-bearer",
+        "POST",
+        "/tools/supplier/orders",
+        {"Authorization": "Basic Zm9vOmJhcg=="},
+        ORDER,
+        401,
+        "unauthenticated",
+    ),
+    ("unknown-api-route", "GET", "/v2/anything", {}, b"", 404, "not_found"),
+    ("wrong-method", "DELETE", "/v1/holds", {}, b"", 405, "method_not_allowed"),
+    ("holds-bad-json", "POST", "/v1/holds", {}, b"{", 422, "bad_request"),
+    (
+        "holds-extra-field",
+        "POST",
+        "/v1/holds",
+        {},
+        b'{"tool":"deploy","method":"POST","path":"/deploys","price":0}',
+        422,
+        "bad_request",
+    ),
+    (
+        "holds-string-amount",
+        "POST",
+        "/v1/holds/abc/post",
+        {},
+        b'{"amount_micros":"5"}',
+        422,
+        "bad_request",
+    ),
+    (
+        "holds-negative",
+        "POST",
+        "/v1/holds/abc/compensate",
+        {},
+        b'{"recovered_micros":-1}',
+        422,
+        "bad_request",
+    ),
+    (
+        "holds-huge",
+        "POST",
+        "/v1/holds/abc/compensate",
+        {},
+        b'{"recovered_micros":1e400}',
+        422,
+        "bad_request",
+    ),
+    ("hold-unknown", "GET", "/v1/holds/abc", {}, b"", 404, "not_found"),
+    ("hold-bad-id", "GET", "/v1/holds/" + "x" * 300, {}, b"", 422, "bad_input"),
+    ("escalation-bad-id", "GET", "/v1/escalations/nodot", {}, b"", 404, "not_found"),
+    ("escalation-unknown-tenant", "GET", "/v1/escalations/nobody.abc", {}, b"", 404, "not_found"),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "body", "status", "reason"),
+    [case[1:] for case in BAD_INPUT],
+    ids=[case[0] for case in BAD_INPUT],
+)
+async def test_bad_input_is_a_problem_and_debits_nothing(
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
+    method: str,
+    path: str,
+    headers: dict[str, str | None],
+    body: bytes,
+    status: int,
+    reason: str,
+) -> None:
+    tenant = gateway.tenant("bad-input")
+    before = await balances(http, gateway.admin, tenant)
+    sent = {
+        **effect_headers(tenant, "buyer-01", f"bad-{reason}"),
+        "Content-Type": "application/json",
+    }
+    sent.update(headers)  # type: ignore[arg-type]
+    response = await http.request(
+        method, path, content=body, headers={k: v for k, v in sent.items() if v is not None}
+    )
+    assert_problem(response, status, reason)
+    assert await balances(http, gateway.admin, tenant) == before
+    assert (await supplier_stats(upstream, tenant))["requests"] == 0
+
+
+async def test_chunked_oversized_body_is_refused(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    tenant = gateway.tenant("bad-input")
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(MAX_BODY_BYTES // 4096 + 2):
+            yield b" " * 4096
+
+    response = await http.post(
+        "/tools/supplier/orders",
+        content=chunks(),
+        headers={
+            **effect_headers(tenant, "buyer-01", "chunked"),
+            "Content-Type": "application/json",
+        },
+    )
+    assert_problem(response, 413, "body_too_large")
+
+
+async def test_budget_denial_names_the_numbers(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    """buyer-41 acts for facilities (limit 60000 USD): 20000 USD orders soon hit it."""
+    tenant = gateway.tenant("basics")
+    for attempt in range(6):
+        response = await http.post(
+            "/tools/supplier/orders",
+            json=order(quantity=200, unit_price="100", supplier_id="s-deny"),
+            headers=effect_headers(tenant, "buyer-41", f"deny-{attempt}"),
+        )
+        if response.status_code == 403:
+            break
+        assert response.status_code in (201, 202), response.text
+    body = assert_problem(response, 403, "budget_exceeded")
+    assert body["account"] == "principal:facilities"
+    assert body["limit"] == 60_000 * 10**6
+    assert 0 <= body["available"] < body["price"]
+    rows = await balances(http, gateway.admin, tenant)
+    assert (
+        rows["principal:facilities"]["pending"] + rows["principal:facilities"]["posted"]
+        <= body["limit"]
+    )
