@@ -16,7 +16,7 @@ from fastapi.responses import Response
 
 from ledger.client import Ledger
 
-from . import admin, escalations, holds_api, logs, metrics, problems, proxy
+from . import admin, console, escalations, holds_api, logs, metrics, problems, proxy
 from .admission import Gate
 from .auth import gate_of
 from .problems import Problem
@@ -85,7 +85,8 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     )
     problems.install(app)
     app.add_middleware(logs.RequestIdMiddleware)
-    for router in (proxy.router, holds_api.router, escalations.router, admin.router):
+    routers = (proxy.router, holds_api.router, escalations.router, admin.router, console.router)
+    for router in routers:
         app.include_router(router)
 
     @app.get("/healthz", tags=["health"])
