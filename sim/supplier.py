@@ -4,18 +4,41 @@ creates nothing), answers lookups by key, and can be told to misbehave.
 
 Misbehaviour is set per request by the `quantity`/`sku` of the order itself or,
 for tests, by `POST /_faults` (status to answer, delay before answering, whether to
-apply the order before failing): the server stays a plain, honest upstream
-otherwise."""
+apply the order before failing, a body trickled out slowly): the server stays a
+plain, honest upstream otherwise.
+
+A connection reset cannot be made from inside an ASGI app, so `serve()` can also
+listen on a second, raw-socket port (`--reset-port`) that shares the orders: there
+`POST /orders` is read whole, handled like on the main port (recorded, faults
+consumed) and answered with a TCP RST instead of a response, i.e. the connection is
+reset after the request was sent; `GET /orders?idempotency_key=` is answered
+normally, so a reconciler can still look the order up.
+
+Run: `python -m sim.supplier --port 8900 [--reset-port 8901]`, or
+`uvicorn sim.supplier:create_supplier --factory` for the main port only.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
+import json
+import socket
+import struct
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
+import uvicorn
 from fastapi import FastAPI, Header, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
+
+SLOW_BODY_CHUNKS = 4
+MAX_RAW_REQUEST_BYTES = 1 << 20
 
 
 class Faults(BaseModel):
@@ -23,41 +46,87 @@ class Faults(BaseModel):
     delay_s: float = 0.0  # wait this long before answering
     apply: bool = True  # record the order even when answering with a failure
     times: int = 1_000_000  # how many orders the faults apply to
+    slow_body_s: float = 0.0  # send the headers at once, then the body over this long
 
 
-def create_supplier() -> FastAPI:
-    app = FastAPI(title="demo supplier")
-    orders: dict[str, dict[str, Any]] = {}
-    counter = itertools.count(1)
-    state: dict[str, Any] = {"faults": Faults(times=0), "requests": 0}
+@dataclass
+class Answer:
+    status: int
+    payload: dict[str, Any]
+    delay_s: float = 0.0
+    slow_body_s: float = 0.0
 
-    @app.post("/orders")
-    async def create_order(
-        request: Request, idempotency_key: str | None = Header(default=None)
-    ) -> JSONResponse:
-        state["requests"] += 1
-        body = await request.json()
+
+@dataclass
+class Supplier:
+    """The orders and the fault state, shared by the HTTP app and the reset port."""
+
+    orders: dict[str, dict[str, Any]] = field(default_factory=dict)
+    faults: Faults = field(default_factory=lambda: Faults(times=0))
+    requests: int = 0
+    requests_by_key: Counter[str] = field(default_factory=Counter)
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def order(self, idempotency_key: str | None, body: Any) -> Answer:
+        self.requests += 1
         if not idempotency_key:
-            return JSONResponse({"error": "Idempotency-Key required"}, 400)
-        if idempotency_key in orders:
-            return JSONResponse(orders[idempotency_key], 201)
-        if int(body.get("quantity", 0)) <= 0:
-            return JSONResponse({"error": "quantity must be positive"}, 422)
-        faults: Faults = state["faults"]
+            return Answer(400, {"error": "Idempotency-Key required"})
+        self.requests_by_key[idempotency_key] += 1
+        if idempotency_key in self.orders:
+            return Answer(201, self.orders[idempotency_key])
+        if not isinstance(body, dict) or int(body.get("quantity", 0)) <= 0:
+            return Answer(422, {"error": "quantity must be positive"})
+        faults = self.faults
         faulty = faults.times > 0
         if faulty:
             faults.times -= 1
         if not faulty or faults.apply:
-            orders[idempotency_key] = {"order_id": f"o-{next(counter)}", **body}
-        if faulty and faults.delay_s:
-            await asyncio.sleep(faults.delay_s)
-        if faulty and faults.status:
-            return JSONResponse({"error": "injected"}, faults.status)
-        return JSONResponse(orders[idempotency_key], 201)
+            self.orders[idempotency_key] = {"order_id": f"o-{next(self._ids)}", **body}
+        delay = faults.delay_s if faulty else 0.0
+        slow = faults.slow_body_s if faulty else 0.0
+        if faulty and (faults.status or idempotency_key not in self.orders):
+            return Answer(faults.status or 503, {"error": "injected"}, delay, slow)
+        return Answer(201, self.orders[idempotency_key], delay, slow)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "orders": len(self.orders),
+            "requests": self.requests,
+            "keys": sorted(self.orders),
+            "requests_by_key": dict(self.requests_by_key),
+        }
+
+
+async def _trickle(body: bytes, over_s: float) -> AsyncIterator[bytes]:
+    size = -(-len(body) // SLOW_BODY_CHUNKS)
+    for start in range(0, len(body), size):
+        await asyncio.sleep(over_s / SLOW_BODY_CHUNKS)
+        yield body[start : start + size]
+
+
+def create_supplier(supplier: Supplier | None = None) -> FastAPI:
+    app = FastAPI(title="demo supplier")
+    state = supplier or Supplier()
+
+    @app.post("/orders")
+    async def create_order(
+        request: Request, idempotency_key: str | None = Header(default=None)
+    ) -> Response:
+        answer = state.order(idempotency_key, await request.json())
+        if answer.delay_s:
+            await asyncio.sleep(answer.delay_s)
+        if answer.slow_body_s:
+            body = json.dumps(answer.payload).encode()
+            return StreamingResponse(
+                _trickle(body, answer.slow_body_s),
+                answer.status,
+                media_type="application/json",
+            )
+        return JSONResponse(answer.payload, answer.status)
 
     @app.get("/orders")
     async def find_order(idempotency_key: str) -> JSONResponse:
-        order = orders.get(idempotency_key)
+        order = state.orders.get(idempotency_key)
         return JSONResponse(order, 200) if order else JSONResponse({"error": "no such order"}, 404)
 
     @app.get("/catalog")
@@ -66,11 +135,109 @@ def create_supplier() -> FastAPI:
 
     @app.get("/_stats")
     async def stats() -> dict[str, Any]:
-        return {"orders": len(orders), "requests": state["requests"], "keys": sorted(orders)}
+        return state.stats()
 
     @app.post("/_faults")
     async def set_faults(faults: Faults) -> dict[str, Any]:
-        state["faults"] = faults
+        state.faults = faults
         return faults.model_dump()
 
     return app
+
+
+# -- the reset port ------------------------------------------------------------------
+
+
+async def _read_request(
+    reader: asyncio.StreamReader,
+) -> tuple[str, str, dict[str, str], bytes] | None:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3:
+        return None
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    length = headers.get("content-length", "0")
+    if not length.isdigit() or int(length) > MAX_RAW_REQUEST_BYTES:
+        return None
+    body = await reader.readexactly(int(length)) if int(length) else b""
+    return parts[0], parts[1], headers, body
+
+
+def _reply(status: int, payload: Any) -> bytes:
+    body = json.dumps(payload).encode()
+    head = (
+        f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with RST, not FIN: SO_LINGER on with a zero timeout."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
+
+
+async def _handle_reset_port(
+    state: Supplier, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    request = await _read_request(reader)
+    if request is None:
+        _reset(writer)
+        return
+    method, target, headers, body = request
+    url = urlsplit(target)
+    if method == "POST" and url.path == "/orders":
+        try:
+            payload = json.loads(body or b"null")
+        except ValueError:
+            payload = None
+        state.order(headers.get("idempotency-key"), payload)
+        _reset(writer)
+        return
+    if method == "GET" and url.path == "/orders":
+        key = parse_qs(url.query).get("idempotency_key", [""])[0]
+        order = state.orders.get(key)
+        writer.write(_reply(200, order) if order else _reply(404, {"error": "no such order"}))
+    else:
+        writer.write(_reply(404, {"error": "not found"}))
+    await writer.drain()
+    writer.close()
+
+
+async def serve(host: str, port: int, reset_port: int | None = None) -> None:
+    """The app on `port` and, if given, the reset port, sharing one Supplier."""
+    state = Supplier()
+    config = uvicorn.Config(
+        create_supplier(state), host=host, port=port, log_level="warning", access_log=False
+    )
+    server = uvicorn.Server(config)
+    if reset_port is None:
+        await server.serve()
+        return
+    raw = await asyncio.start_server(lambda r, w: _handle_reset_port(state, r, w), host, reset_port)
+    async with raw:
+        await server.serve()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the demo supplier's order API")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8900)
+    parser.add_argument("--reset-port", type=int, help="also listen here, resetting orders")
+    args = parser.parse_args()
+    asyncio.run(serve(args.host, args.port, args.reset_port))
+
+
+if __name__ == "__main__":
+    main()
