@@ -17,6 +17,7 @@ from pricing import PricedEffect, TenantPolicy, hold_accounts
 from pricing.credentials import AuthenticatedAgent
 
 from . import metrics
+from .crashpoints import crash_point
 from .problems import Problem
 from .settings import GatewaySettings
 from .tenants import TenantStore
@@ -75,6 +76,8 @@ async def reserve(
         if not result.replayed:
             metrics.DECISIONS.labels(policy.tenant, result.decision, result.reason).inc()
             metrics.PRICES.labels(policy.tenant).observe(effect.price_micros)
+            if result.state is HoldState.PENDING:
+                crash_point("after_reserve")
         return result
     raise AssertionError("unreachable")
 
@@ -96,6 +99,8 @@ async def fire(
         await gate.ledger.void(policy.tenant, hold_id)
         raise Problem(503, "hold_deadline", "the hold is too close to its deadline to forward")
     answer = await forward(gate.http, base, request, hold_id)
+    if answer.fate is Fate.DELIVERED:
+        crash_point("after_upstream_2xx")
     metrics.UPSTREAM_SECONDS.labels(request.tool).observe(answer.elapsed_s)
     metrics.UPSTREAM_OUTCOMES.labels(request.tool, answer.fate).inc()
     await settle(gate, policy.tenant, hold_id, request, answer)

@@ -14,6 +14,7 @@ from ledger.records import HoldState
 
 from .admission import fire
 from .auth import Caller, admin_auth, caller_auth, gate_of
+from .crashpoints import crash_point
 from .problems import Problem
 from .responses import answer_response, parse_escalation_id, stored_response
 from .wire import StoredAnswer, StoredRequest, owner_of
@@ -73,6 +74,7 @@ async def approve(
             state=exc.state.value,
             by=exc.by,
         ) from exc
+    crash_point("after_claim")
     deadline_ms = int(time.time() * 1000) + policy.hold_ttl_ms - 1000
     hold = await gate.ledger.hold(tenant, hold_id)
     assert hold is not None
