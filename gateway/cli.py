@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "gateway.serve",
     "gateway.demo",
     "gateway.load",
+    "gateway.faults.cli",
     "ledger.cli",
     "gateway.policy_cli",
     "sim.cli",

@@ -1,0 +1,357 @@
+"""A bench: the processes one group of cells shares (a redis-server, the supplier,
+gateway workers), and a run: one fresh tenant on that bench, with its own policy
+file, agents and tokens, so that runs never see each other's holds, keys or
+budgets.
+
+A bench is built per `BenchSpec`; cells that need the same processes share it and
+run one after the other, each run on its own tenant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from redis.asyncio import Redis
+
+from ledger.client import Ledger
+from ledger.embedded import EmbeddedRedis
+from ledger.keys import hold_key, tenant_prefix
+from ledger.settings import AppendFsync
+from pricing.credentials import hash_token
+
+from ..wire import hold_id_for, upstream_key
+from .procs import GatewayProc, SupplierProc, free_port, start_supplier
+
+ADMIN_NAME = "faults"
+AGENTS = ("buyer-01", "buyer-02", "buyer-03", "buyer-04")
+HOLD_TTL_S = 3
+ORDER_ROUTE = "POST /orders"
+
+# Limits in USD (major units); a plain order is 2 x 5 = 10, an escalated one 400.
+POLICY = """\
+tenant: {tenant}
+risk_unit: {{currency: USD, scale: 1000000}}
+window: 24h
+soft_band: 0.8
+escalation_ttl: 10m
+hold_ttl: {hold_ttl}
+unknown_routes: deny
+accounts:
+  tenant: {{limit: "1000"}}
+  principals:
+    procurement: {{limit: "900"}}
+  risk_factors:
+    "supplier:*": {{limit: "800"}}
+tools:
+  supplier: {{upstream: "{supplier}"}}
+  flaky: {{upstream: "{flaky}"}}
+  closed: {{upstream: "{closed}"}}
+routes:
+{routes}
+agents:
+{agents}
+"""
+ROUTE = """\
+  - tool: {tool}
+    route: POST /orders
+    class: irreversible
+    body: [supplier_id, sku, quantity, unit_price]
+    face_value: quantity * unit_price
+    risk_factors: ["supplier:{{supplier_id}}"]
+    approval_threshold: "300"
+    lookup: GET /orders?idempotency_key={{key}}
+  - tool: {tool}
+    route: GET /orders/{{order_id}}
+    class: read
+"""
+AGENT = """\
+  {name}:
+    principal: procurement
+    token_sha256: "{hash}"
+    per_effect_cap: "500"
+    window_cap: "5000"
+"""
+TOOLS = ("supplier", "flaky", "closed")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    """What processes a cell needs. Cells with equal specs share one bench."""
+
+    gateways: int = 1
+    appendfsync: str = "always"
+    upstream_timeout_s: float = 1.0
+    max_body_bytes: int = 65536
+
+
+@dataclass
+class Bench:
+    spec: BenchSpec
+    workdir: Path
+    redis_server: EmbeddedRedis
+    supplier: SupplierProc
+    gateways: list[GatewayProc]
+    admin_token: str
+    closed_port: int
+    redis: Redis
+    ledger: Ledger
+    http: httpx.AsyncClient
+
+    @property
+    def policy_dir(self) -> Path:
+        return self.workdir / "policies"
+
+    def gateway_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("IRREV_")}
+        env.update(
+            {
+                "IRREV_REDIS_URL": self.redis_server.url,
+                "IRREV_POLICY_DIR": str(self.policy_dir),
+                "IRREV_ADMIN_TOKENS": f"{ADMIN_NAME}={self.admin_token}",
+                "IRREV_UPSTREAM_TIMEOUT_S": str(self.spec.upstream_timeout_s),
+                "IRREV_UPSTREAM_CONNECT_TIMEOUT_S": "1.0",
+                "IRREV_FORWARD_MARGIN_S": "0.5",
+                "IRREV_SWEEP_INTERVAL_S": "0.5",
+                "IRREV_MAX_BODY_BYTES": str(self.spec.max_body_bytes),
+                "IRREV_LOG_LEVEL": "warning",
+            }
+        )
+        return env
+
+    async def start_gateway(self, index: int, crash_at: str = "") -> None:
+        await asyncio.to_thread(self.gateways[index].start, crash_at)
+
+    async def restart_redis(self) -> None:
+        await asyncio.to_thread(self.redis_server.ensure_running)
+
+    async def kill_redis(self) -> None:
+        await asyncio.to_thread(self.redis_server.kill)
+
+    @contextlib.asynccontextmanager
+    async def run(self, label: str) -> AsyncIterator[Run]:
+        await self.restart_redis()  # a no-op unless a failed run left it down
+        for gateway in self.gateways:
+            if not gateway.alive:
+                await self.start_gateway(gateway.index, gateway.crash_at)
+        run = Run(self, f"f-{label[:24]}-{uuid.uuid4().hex[:10]}".replace("_", "-"))
+        await run.add_tenant(run.tenant)
+        try:
+            yield run
+        finally:
+            with contextlib.suppress(httpx.HTTPError):
+                await run.behave()
+            for tenant in run.tenants:
+                (self.policy_dir / f"{tenant}.yaml").unlink(missing_ok=True)
+
+
+@contextlib.asynccontextmanager
+async def open_bench(spec: BenchSpec) -> AsyncIterator[Bench]:
+    """Start every process of the bench; stop all of them however the block ends."""
+    workdir = Path(tempfile.mkdtemp(prefix="irrev-faults-"))
+    (workdir / "policies").mkdir()
+    redis_server = EmbeddedRedis(
+        workdir / "redis", appendfsync=AppendFsync(spec.appendfsync), tcp=True
+    )
+    supplier: SupplierProc | None = None
+    gateways: list[GatewayProc] = []
+    http = httpx.AsyncClient(timeout=30.0, trust_env=False, limits=httpx.Limits(max_connections=64))
+    try:
+        await asyncio.to_thread(redis_server.acquire)
+        supplier = await asyncio.to_thread(start_supplier, workdir)
+        redis = Redis.from_url(redis_server.url, decode_responses=False)
+        bench = Bench(
+            spec,
+            workdir,
+            redis_server,
+            supplier,
+            gateways,
+            secrets.token_urlsafe(24),
+            free_port(),
+            redis,
+            Ledger.from_url(redis_server.url),
+            http,
+        )
+        env = bench.gateway_env()
+        gateways.extend(GatewayProc(i, free_port(), env, workdir) for i in range(spec.gateways))
+        await asyncio.gather(*(bench.start_gateway(i) for i in range(spec.gateways)))
+        try:
+            yield bench
+        finally:
+            await redis.aclose()
+            await bench.ledger.aclose()
+    finally:
+        await http.aclose()
+        for gateway in gateways:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(gateway.stop)
+        if supplier is not None:
+            await asyncio.to_thread(supplier.proc.stop)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(redis_server.ensure_running)
+        await asyncio.to_thread(redis_server.release)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@dataclass
+class Run:
+    """One run: a fresh tenant (and more on demand) on a bench."""
+
+    bench: Bench
+    tenant: str
+    tenants: list[str] = field(default_factory=list)
+    tokens: dict[str, dict[str, str]] = field(default_factory=dict)
+    notes: dict[str, float] = field(default_factory=dict)
+
+    # -- set-up ----------------------------------------------------------------
+
+    async def add_tenant(self, tenant: str, hold_ttl_s: int = HOLD_TTL_S) -> None:
+        """Write the tenant's policy and make every live gateway load it."""
+        tokens = {name: f"irrev_{secrets.token_urlsafe(24)}" for name in AGENTS}
+        upstreams = {
+            "supplier": self.bench.supplier.url,
+            "flaky": self.bench.supplier.reset_url,
+            "closed": f"http://127.0.0.1:{self.bench.closed_port}",
+        }
+        text = POLICY.format(
+            tenant=tenant,
+            hold_ttl=f"{hold_ttl_s}s",
+            routes="".join(ROUTE.format(tool=t) for t in TOOLS),
+            agents="".join(AGENT.format(name=n, hash=hash_token(t)) for n, t in tokens.items()),
+            **upstreams,
+        )
+        path = self.bench.policy_dir / f"{tenant}.yaml"
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(text)
+        temporary.replace(path)
+        self.tenants.append(tenant)
+        self.tokens[tenant] = tokens
+        await self.reload()
+
+    async def reload(self) -> None:
+        for gateway in self.bench.gateways:
+            if gateway.alive:
+                response = await self.admin("POST", "/v1/admin/policies/reload", gateway.index)
+                if response.status_code != 200:
+                    raise RuntimeError(f"policy reload failed: {response.text}")
+
+    # -- requests --------------------------------------------------------------
+
+    def url(self, gateway: int = 0) -> str:
+        return self.bench.gateways[gateway].url
+
+    def agent_headers(self, agent: str = "buyer-01", tenant: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[tenant or self.tenant][agent]}"}
+
+    def admin_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.bench.admin_token}"}
+
+    async def admin(
+        self, method: str, path: str, gateway: int = 0, **kwargs: Any
+    ) -> httpx.Response:
+        return await self.bench.http.request(
+            method, self.url(gateway) + path, headers=self.admin_headers(), **kwargs
+        )
+
+    async def order(
+        self,
+        key: str,
+        *,
+        gateway: int = 0,
+        tool: str = "supplier",
+        quantity: int = 2,
+        unit_price: int = 5,
+        agent: str = "buyer-01",
+        tenant: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> httpx.Response:
+        body = {"supplier_id": "s1", "sku": "bolts", "quantity": quantity, "unit_price": unit_price}
+        headers = {**self.agent_headers(agent, tenant), "Idempotency-Key": key}
+        return await self.bench.http.post(
+            f"{self.url(gateway)}/tools/{tool}/orders",
+            json=body,
+            headers=headers,
+            timeout=timeout_s,
+        )
+
+    def hold_id(
+        self, key: str, *, tool: str = "supplier", agent: str = "buyer-01", tenant: str = ""
+    ) -> str:
+        return hold_id_for(tenant or self.tenant, agent, f"{tool} {ORDER_ROUTE}", key)
+
+    async def faults(self, **faults: Any) -> None:
+        response = await self.bench.http.post(f"{self.bench.supplier.url}/_faults", json=faults)
+        response.raise_for_status()
+
+    async def behave(self) -> None:
+        await self.faults(times=0)
+
+    async def supplier_stats(self) -> dict[str, Any]:
+        response = await self.bench.http.get(f"{self.bench.supplier.url}/_stats")
+        response.raise_for_status()
+        stats: dict[str, Any] = response.json()
+        return stats
+
+    async def forwards(self, hold_id: str) -> int:
+        """How many times the upstream was asked to make this hold's effect."""
+        by_key: dict[str, int] = (await self.supplier_stats())["requests_by_key"]
+        return by_key.get(upstream_key(hold_id), 0)
+
+    async def wait_forwarded(self, hold_id: str, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while await self.forwards(hold_id) == 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the upstream never saw hold {hold_id}")
+            await asyncio.sleep(0.01)
+
+    async def reconcile(self, gateway: int = 0) -> dict[str, Any]:
+        response = await self.admin("POST", f"/v1/admin/tenants/{self.tenant}/reconcile", gateway)
+        if response.status_code != 200:
+            raise RuntimeError(f"reconcile answered {response.status_code}: {response.text}")
+        report: dict[str, Any] = response.json()
+        return report
+
+    # -- the store ----------------------------------------------------------------
+
+    async def redis_now_ms(self) -> int:
+        seconds, micros = await self.bench.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def wait_past_deadlines(self, tenant: str = "") -> None:
+        """Until every live hold of the tenant is past its deadline, by Redis's clock."""
+        tenant = tenant or self.tenant
+        deadlines = [
+            int(dl)
+            for key in await self.hold_keys(tenant)
+            if (dl := await self.bench.redis.hget(key, "dl")) is not None
+        ]
+        latest = max(deadlines, default=0)
+        while await self.redis_now_ms() <= latest:
+            await asyncio.sleep(0.05)
+
+    async def hold_keys(self, tenant: str = "") -> list[bytes]:
+        pattern = _glob(hold_key(tenant or self.tenant, "")) + "*"
+        return sorted([k async for k in self.bench.redis.scan_iter(match=pattern, count=500)])
+
+    async def hold_state(self, hold_id: str, tenant: str = "") -> str:
+        state = await self.bench.redis.hget(hold_key(tenant or self.tenant, hold_id), "st")
+        return state.decode() if isinstance(state, bytes) else (state or "")
+
+    async def tenant_keys(self, tenant: str = "") -> list[bytes]:
+        pattern = _glob(tenant_prefix(tenant or self.tenant)) + "*"
+        return sorted([k async for k in self.bench.redis.scan_iter(match=pattern, count=500)])
+
+
+def _glob(text: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)

@@ -1,0 +1,190 @@
+"""Upstream faults -> the states DESIGN.md prescribes: 2xx post; 4xx or refused
+before sending void; timeout, 5xx, a reset after sending or a body that never
+finishes ambiguous, still charged. Nothing is released on a guess: an ambiguous
+hold is settled only by what the upstream says when asked by idempotency key."""
+
+from __future__ import annotations
+
+import uuid
+
+from ..bench import Run
+from ..checks import check_ledger, check_recovery_determinism
+from ..matrix import Cell
+
+PRICE = 10_000_000  # 2 x 5 USD in micros
+
+
+async def _charged(run: Run) -> int:
+    balance = await run.bench.ledger.balance(run.tenant, f"tenant:{run.tenant}")
+    return balance.pending if balance else -1
+
+
+def _expect(what: str, got: object, want: object) -> list[str]:
+    return [] if got == want else [f"{what}: got {got!r}, want {want!r}"]
+
+
+async def _ambiguous_then(run: Run, hold_id: str, final: str, response_status: int) -> list[str]:
+    """The agent got `response_status`; the hold must be ambiguous and charged until
+    reconciled, and reconciliation (twice, from the same store) must reach `final`."""
+    found = _expect("answer to the agent", response_status in (502, 504), True)
+    found += _expect("state before reconciling", await run.hold_state(hold_id), "ambiguous")
+    found += _expect("charged before reconciling", await _charged(run), PRICE)
+    if final == "voided":
+        await run.wait_past_deadlines()
+    found += await check_recovery_determinism(run)
+    report = await run.reconcile()
+    found += _expect("state after reconciling", await run.hold_state(hold_id), final)
+    found += await check_ledger(run, [hold_id], unresolved=report["unresolved"])
+    return found
+
+
+async def ok_posts(run: Run) -> list[str]:
+    key = uuid.uuid4().hex
+    response = await run.order(key)
+    hold_id = run.hold_id(key)
+    found = _expect("status", response.status_code, 201)
+    found += _expect("state", await run.hold_state(hold_id), "posted")
+    replay = await run.order(key)
+    found += _expect("replay status", replay.status_code, 201)
+    found += _expect("replay body", replay.content, response.content)
+    found += _expect("replay header", replay.headers.get("x-irrev-replayed"), "true")
+    return found + await check_ledger(run, [hold_id])
+
+
+async def refused_4xx_voids(run: Run) -> list[str]:
+    await run.faults(status=409, apply=False, times=1)
+    key = uuid.uuid4().hex
+    response = await run.order(key)
+    hold_id = run.hold_id(key)
+    found = _expect("status", response.status_code, 409)
+    found += _expect("state", await run.hold_state(hold_id), "voided")
+    found += _expect("charged", await _charged(run), 0)
+    return found + await check_ledger(run, [hold_id])
+
+
+async def connection_refused_voids(run: Run) -> list[str]:
+    key = uuid.uuid4().hex
+    response = await run.order(key, tool="closed")
+    hold_id = run.hold_id(key, tool="closed")
+    found = _expect("status", response.status_code, 502)
+    found += _expect("reason", response.json().get("reason"), "upstream_unreachable")
+    found += _expect("state", await run.hold_state(hold_id), "voided")
+    found += _expect("charged", await _charged(run), 0)
+    return found + await check_ledger(run, [hold_id])
+
+
+async def timeout_ambiguous(run: Run) -> list[str]:
+    await run.faults(delay_s=1.6, apply=True, times=1)
+    key = uuid.uuid4().hex
+    response = await run.order(key)
+    found = _expect("reason", response.json().get("reason"), "upstream_ambiguous")
+    return found + await _ambiguous_then(run, run.hold_id(key), "posted", response.status_code)
+
+
+async def server_error_applied(run: Run) -> list[str]:
+    await run.faults(status=503, apply=True, times=1)
+    key = uuid.uuid4().hex
+    response = await run.order(key)
+    return await _ambiguous_then(run, run.hold_id(key), "posted", response.status_code)
+
+
+async def server_error_not_applied(run: Run) -> list[str]:
+    await run.faults(status=500, apply=False, times=1)
+    key = uuid.uuid4().hex
+    response = await run.order(key)
+    hold_id = run.hold_id(key)
+    # Before the deadline "not found" proves nothing (a forward may be in flight).
+    report = await run.reconcile()
+    found = _expect("listed before the deadline", hold_id in report["unresolved"], True)
+    return found + await _ambiguous_then(run, hold_id, "voided", response.status_code)
+
+
+async def reset_after_send(run: Run) -> list[str]:
+    key = uuid.uuid4().hex
+    response = await run.order(key, tool="flaky")
+    hold_id = run.hold_id(key, tool="flaky")
+    found = _expect("forwards", await run.forwards(hold_id), 1)
+    return found + await _ambiguous_then(run, hold_id, "posted", response.status_code)
+
+
+async def slow_body_past_timeout(run: Run) -> list[str]:
+    # Four chunks 1.5 s apart: each wait is longer than the 1 s read timeout.
+    await run.faults(slow_body_s=6.0, times=1)
+    key = uuid.uuid4().hex
+    response = await run.order(key)
+    return await _ambiguous_then(run, run.hold_id(key), "posted", response.status_code)
+
+
+async def slow_body_within_timeout(run: Run) -> list[str]:
+    await run.faults(slow_body_s=0.4, times=1)
+    key = uuid.uuid4().hex
+    response = await run.order(key)
+    hold_id = run.hold_id(key)
+    found = _expect("status", response.status_code, 201)
+    found += _expect("body", response.json().get("quantity"), 2)
+    found += _expect("state", await run.hold_state(hold_id), "posted")
+    return found + await check_ledger(run, [hold_id])
+
+
+async def trickle_past_deadline(run: Run) -> list[str]:
+    # Each chunk comes within the read timeout, the last one after the hold's
+    # deadline: the sweeper makes the hold ambiguous, and the late 2xx is still posted.
+    await run.faults(slow_body_s=3.6, times=1)
+    key = uuid.uuid4().hex
+    response = await run.order(key)
+    hold_id = run.hold_id(key)
+    found = _expect("status", response.status_code, 201)
+    found += _expect("state", await run.hold_state(hold_id), "posted")
+    return found + await check_ledger(run, [hold_id])
+
+
+async def agent_retry_after_ambiguous(run: Run) -> list[str]:
+    await run.faults(status=502, apply=True, times=1)
+    key = uuid.uuid4().hex
+    first = await run.order(key)
+    hold_id = run.hold_id(key)
+    found = _expect("first status", first.status_code, 502)
+    retry = await run.order(key)
+    found += _expect("retry status", retry.status_code, 201)
+    found += _expect("state", await run.hold_state(hold_id), "posted")
+    orders = [k for k in (await run.supplier_stats())["keys"] if hold_id in k]
+    found += _expect("orders at the upstream", len(orders), 1)
+    return found + await check_ledger(run, [hold_id], max_forwards=2)
+
+
+CHECK_AMBIGUOUS = "502/504 ambiguous, still charged; reconcile x2 from one store equal"
+CELLS = [
+    Cell("upstream.2xx_posts", "201; posted; replay -> same body, no 2nd forward", ok_posts),
+    Cell("upstream.4xx_voids", "upstream 409 -> voided, released; audit", refused_4xx_voids),
+    Cell(
+        "upstream.refused_voids",
+        "connection refused -> 502 unreachable; voided, released",
+        connection_refused_voids,
+    ),
+    Cell("upstream.timeout_ambiguous", CHECK_AMBIGUOUS + "; -> posted", timeout_ambiguous),
+    Cell("upstream.5xx_applied", CHECK_AMBIGUOUS + "; -> posted", server_error_applied),
+    Cell(
+        "upstream.5xx_not_applied",
+        CHECK_AMBIGUOUS + "; unresolved before the deadline; -> voided after",
+        server_error_not_applied,
+    ),
+    Cell("upstream.reset_after_send", CHECK_AMBIGUOUS + "; TCP RST -> posted", reset_after_send),
+    Cell(
+        "upstream.slow_body_timeout",
+        CHECK_AMBIGUOUS + "; 2xx headers -> posted",
+        slow_body_past_timeout,
+    ),
+    Cell(
+        "upstream.slow_body_ok", "slow body within timeout -> 201, posted", slow_body_within_timeout
+    ),
+    Cell(
+        "upstream.trickle_past_deadline",
+        "2xx body ends after the hold's deadline -> late outcome still posted",
+        trickle_past_deadline,
+    ),
+    Cell(
+        "upstream.retry_ambiguous",
+        "ambiguous, agent retries the key -> same Idempotency-Key, 1 order, posted",
+        agent_retry_after_ambiguous,
+    ),
+]
