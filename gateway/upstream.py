@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from enum import StrEnum
+from urllib.parse import quote
 
 import httpx
 
@@ -58,7 +59,8 @@ async def forward(
 ) -> Answer:
     """Send the very request that was priced, with the derived Idempotency-Key (reads,
     which hold nothing, go without one)."""
-    url = base_url.rstrip("/") + request.path + (f"?{request.query}" if request.query else "")
+    url = base_url.rstrip("/") + upstream_path(request.path)
+    url += f"?{request.query}" if request.query else ""
     headers = {"Idempotency-Key": upstream_key(hold_id), "X-Irrev-Hold": hold_id} if hold_id else {}
     if request.content_type:
         headers["Content-Type"] = request.content_type
@@ -77,6 +79,17 @@ async def forward(
         why=f"upstream_{response.status_code}",
         elapsed_s=time.perf_counter() - started,
     )
+
+
+# RFC 3986 pchar minus '%', plus the separator: a decoded path (what was priced) goes
+# out with every other character percent-encoded, so '?', '#' or '%' in a path
+# parameter stay part of that parameter and cannot turn into a query, a fragment or
+# another escape, i.e. into a request other than the one priced.
+_PATH_SAFE = "/!$&'()*+,;=:@-._~"
+
+
+def upstream_path(path: str) -> str:
+    return quote(path, safe=_PATH_SAFE)
 
 
 def _why(exc: Exception) -> str:

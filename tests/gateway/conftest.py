@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .servers import BIN, Server, Tenant, base_env, start_suppliers, write_policy
+from .servers import BIN, Server, Tenant, base_env, free_port, start_suppliers, write_policy
 
 WORKERS = 2
 UPSTREAM_TIMEOUT_S = 1.0
@@ -30,6 +30,7 @@ MAX_BODY_BYTES = 64 * 1024
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "basics": ("procurement", {}),
     "bad-input": ("procurement", {}),
+    "paths": ("procurement", {}),
     "decision": ("procurement", {}),
     "overdraw": ("procurement", {}),
     "idempotency": ("procurement", {}),
@@ -37,6 +38,17 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "outcomes": ("procurement", {}),
     # A short hold TTL, so that a hold's deadline passes within a test.
     "short-ttl": ("procurement", {"hold_ttl": "4s", "escalation_ttl": "2s"}),
+    # Its supplier tool points at a port nobody listens on.
+    "unreachable": (
+        "procurement",
+        {
+            "tools": {
+                "supplier": {"upstream": f"http://127.0.0.1:{free_port()}"},
+                "payments": {"upstream": f"http://127.0.0.1:{free_port()}"},
+                "deploy": {},
+            }
+        },
+    ),
     "iso-acme": ("procurement", {}),
     "iso-globex": ("globex", {}),
     "fuzz": ("procurement", {}),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from typing import Any
 
@@ -86,3 +87,26 @@ def ledger_audit(redis_url: str, *tenants: Tenant) -> subprocess.CompletedProces
         timeout=60,
         check=False,
     )
+
+
+async def raw_request(
+    base_url: str, method: str, target: str, headers: dict[str, str], body: bytes
+) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 request with `target` sent byte for byte (an HTTP client would
+    normalise dot segments away): status, headers (lower-case names) and body."""
+    url = httpx.URL(base_url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    try:
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {url.host}:{url.port}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+        writer.write("\r\n".join(lines).encode("latin-1") + body)
+        await writer.drain()
+        response = await asyncio.wait_for(reader.read(), timeout=30)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, rest = response.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    parsed = dict(line.split(": ", 1) for line in header_lines)
+    return int(status_line.split()[1]), {k.lower(): v for k, v in parsed.items()}, rest

@@ -3,10 +3,14 @@ API of supplier `name` (sim/supplier.py's `create_supplier()`, made on first use
 
 Each test's tenant points its `supplier` tool at its own name, so its effect counts
 (`GET /{name}/_stats`) and injected faults (`POST /{name}/_faults`) are its own.
+`GET /_seen/{name}` lists the requests supplier `name` received, as
+`[method, raw path with query]`, so a test can check what was forwarded byte for byte.
 Run with `uvicorn tests.gateway.suppliers:app`.
 """
 
 from __future__ import annotations
+
+import json
 
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
@@ -17,6 +21,7 @@ from sim.supplier import create_supplier
 class Suppliers:
     def __init__(self) -> None:
         self.apps: dict[str, FastAPI] = {}
+        self.seen: dict[str, list[tuple[str, str]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -27,14 +32,26 @@ class Suppliers:
                 else:
                     await send({"type": "lifespan.shutdown.complete"})
                     return
-        name = scope["path"].lstrip("/").partition("/")[0]
+        name, _, rest = scope["path"].lstrip("/").partition("/")
         if scope["type"] != "http" or not name:
-            await send({"type": "http.response.start", "status": 404, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
+            await self.reply(send, 404, None)
             return
+        if name == "_seen":
+            await self.reply(send, 200, self.seen.get(rest, []))
+            return
+        raw = scope.get("raw_path", scope["path"].encode()).decode("latin-1")
+        query = scope.get("query_string", b"").decode("latin-1")
+        seen = self.seen.setdefault(name, [])
+        seen.append((scope["method"], raw + (f"?{query}" if query else "")))
         app = self.apps.setdefault(name, create_supplier())
         # Starlette routes on the path below root_path.
         await app({**scope, "root_path": scope.get("root_path", "") + f"/{name}"}, receive, send)
+
+    @staticmethod
+    async def reply(send: Send, status: int, payload: object) -> None:
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": json.dumps(payload).encode()})
 
 
 app = Suppliers()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ from .helpers import (
     effect_headers,
     holds_in,
     order,
+    raw_request,
     supplier_stats,
     used,
 )
@@ -308,3 +310,51 @@ async def test_budget_denial_names_the_numbers(gateway: Gateway, http: httpx.Asy
         rows["principal:facilities"]["pending"] + rows["principal:facilities"]["posted"]
         <= body["limit"]
     )
+
+
+# A path parameter that is a dot segment, or that decodes to '?', '#' or '%', must not
+# turn the priced route into another request upstream: a cancellation priced at its
+# small fee must never reach the supplier as `POST /orders/` (a new order).
+TRICKY_ORDER_IDS = [
+    ("dot-dot", "..", ".."),
+    ("encoded-dot-dot", "%2e%2e", ".."),
+    ("dot", ".", "."),
+    ("question-mark", "%3F", "?"),
+    ("hash", "%23", "#"),
+    ("percent", "%25", "%"),
+    ("space", "a%20b", "a b"),
+]
+
+
+@pytest.mark.parametrize(
+    ("sent", "decoded"),
+    [case[1:] for case in TRICKY_ORDER_IDS],
+    ids=[case[0] for case in TRICKY_ORDER_IDS],
+)
+async def test_what_is_priced_is_what_is_forwarded(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient, sent: str, decoded: str
+) -> None:
+    tenant = gateway.tenant("paths")
+    body = json.dumps({"supplier_id": "s1", "cancellation_fee": "5"}).encode()
+    seen_before = (await upstream.get(f"/_seen/{tenant.id}")).json()
+    status, headers, content = await raw_request(
+        gateway.url,
+        "POST",
+        f"/tools/supplier/orders/{sent}/cancel",
+        {
+            **effect_headers(tenant, "buyer-01", f"cancel-{sent}"),
+            "Content-Type": "application/json",
+        },
+        body,
+    )
+    assert status < 500 or status == 502, content
+    forwarded = (await upstream.get(f"/_seen/{tenant.id}")).json()[len(seen_before) :]
+    if decoded in (".", ".."):
+        # Refused: a client or server would resolve it to another path.
+        assert (status, json.loads(content)["reason"]) == (422, "bad_request")
+        assert headers["content-type"] == "application/problem+json"
+        assert forwarded == []
+        assert used(await balances(http, gateway.admin, tenant)) == {}
+        return
+    # Forwarded to exactly the priced path, the parameter percent-encoded.
+    assert forwarded == [["POST", f"/{tenant.id}/orders/{quote(decoded, safe='')}/cancel"]]

@@ -1,0 +1,178 @@
+"""What the upstream's answer does to a hold: 2xx posts, 4xx or never sent voids and
+restores the budget, a timeout or 5xx leaves it ambiguous and charged until a retry
+(same Idempotency-Key) or the reconciler resolves it by looking the order up."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from .conftest import Gateway
+from .helpers import (
+    assert_problem,
+    balances,
+    effect_headers,
+    order,
+    set_faults,
+    supplier_stats,
+    used,
+)
+from .servers import Tenant
+
+
+async def hold_state(http: httpx.AsyncClient, tenant: Tenant, agent: str, hold: str) -> str:
+    response = await http.get(f"/v1/holds/{hold}", headers=tenant.auth(agent))
+    assert response.status_code == 200, response.text
+    state: str = response.json()["state"]
+    return state
+
+
+async def reconcile(http: httpx.AsyncClient, gateway: Gateway, tenant: Tenant) -> dict[str, Any]:
+    response = await http.post(f"/v1/admin/tenants/{tenant.id}/reconcile", headers=gateway.admin)
+    assert response.status_code == 200, response.text
+    report: dict[str, Any] = response.json()
+    return report
+
+
+async def test_upstream_4xx_voids_and_restores_the_budget(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    tenant = gateway.tenant("outcomes")
+    before = used(await balances(http, gateway.admin, tenant))
+    await set_faults(upstream, tenant, status=409, apply=False, times=1)
+    headers = effect_headers(tenant, "buyer-01", "refused")
+    response = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+    assert response.status_code == 409  # the supplier's own answer, passed through
+    assert response.json() == {"error": "injected"}
+    hold = response.headers["x-irrev-hold"]
+    assert await hold_state(http, tenant, "buyer-01", hold) == "voided"
+    assert used(await balances(http, gateway.admin, tenant)) == before
+    # A repeat gets the recorded refusal; the supplier is not asked again.
+    requests = (await supplier_stats(upstream, tenant))["requests"]
+    again = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+    assert (again.status_code, again.json()) == (409, {"error": "injected"})
+    assert again.headers["x-irrev-replayed"] == "true"
+    assert (await supplier_stats(upstream, tenant))["requests"] == requests
+
+
+async def test_unreachable_upstream_voids(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    tenant = gateway.tenant("unreachable")
+    before = used(await balances(http, gateway.admin, tenant))
+    response = await http.post(
+        "/tools/supplier/orders",
+        json=order(),
+        headers=effect_headers(tenant, "buyer-01", "nobody-home"),
+    )
+    assert_problem(response, 502, "upstream_unreachable")
+    hold = response.headers["x-irrev-hold"]
+    assert await hold_state(http, tenant, "buyer-01", hold) == "voided"
+    assert used(await balances(http, gateway.admin, tenant)) == before
+
+
+async def test_timeout_is_ambiguous_and_reconcile_posts_what_the_supplier_recorded(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    tenant = gateway.tenant("outcomes")
+    before = used(await balances(http, gateway.admin, tenant))
+    # The supplier records the order, then answers after the gateway stopped waiting.
+    await set_faults(upstream, tenant, delay_s=2.5, apply=True, times=1)
+    response = await http.post(
+        "/tools/supplier/orders",
+        json=order(quantity=30),
+        headers=effect_headers(tenant, "buyer-02", "slow"),
+    )
+    body = assert_problem(response, 504, "upstream_ambiguous")
+    assert body["why"] == "upstream_timeout"
+    hold, price = response.headers["x-irrev-hold"], int(response.headers["x-irrev-price"])
+    assert await hold_state(http, tenant, "buyer-02", hold) == "ambiguous"
+    charged = used(await balances(http, gateway.admin, tenant))
+    assert charged[f"tenant:{tenant.id}"] - before.get(f"tenant:{tenant.id}", 0) == price
+
+    report = await reconcile(http, gateway, tenant)
+    assert hold in report["posted"]
+    assert await hold_state(http, tenant, "buyer-02", hold) == "posted"
+    assert used(await balances(http, gateway.admin, tenant)) == charged
+    assert f"irrev-{hold}" in (await supplier_stats(upstream, tenant))["keys"]
+    # Settled: reconciling again changes nothing.
+    assert hold not in str(await reconcile(http, gateway, tenant))
+
+
+async def test_5xx_is_ambiguous_and_a_retry_with_the_same_key_settles_it_once(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    tenant = gateway.tenant("outcomes")
+    await set_faults(upstream, tenant, status=503, apply=True, times=1)
+    headers = effect_headers(tenant, "buyer-03", "flaky")
+    first = await http.post("/tools/supplier/orders", json=order(quantity=7), headers=headers)
+    body = assert_problem(first, 502, "upstream_ambiguous")
+    assert body["upstream_status"] == 503
+    hold = first.headers["x-irrev-hold"]
+    assert await hold_state(http, tenant, "buyer-03", hold) == "ambiguous"
+    orders = (await supplier_stats(upstream, tenant))["orders"]
+
+    retry = await http.post("/tools/supplier/orders", json=order(quantity=7), headers=headers)
+    assert retry.status_code == 201, retry.text
+    assert retry.headers["x-irrev-hold"] == hold
+    assert await hold_state(http, tenant, "buyer-03", hold) == "posted"
+    # The supplier deduplicated the retry by the derived Idempotency-Key.
+    assert (await supplier_stats(upstream, tenant))["orders"] == orders
+
+
+async def test_reconcile_voids_a_not_found_order_only_after_the_hold_deadline(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    tenant = gateway.tenant("short-ttl")  # hold_ttl 4s
+    before = used(await balances(http, gateway.admin, tenant))
+    # The supplier neither records the order nor answers in time.
+    await set_faults(upstream, tenant, delay_s=1.5, apply=False, times=1)
+    response = await http.post(
+        "/tools/supplier/orders",
+        json=order(),
+        headers=effect_headers(tenant, "buyer-04", "lost"),
+    )
+    assert_problem(response, 504, "upstream_ambiguous")
+    hold = response.headers["x-irrev-hold"]
+
+    # Before the deadline a forward could still land: not found is no proof.
+    early = await reconcile(http, gateway, tenant)
+    assert hold in early["unresolved"]
+    assert await hold_state(http, tenant, "buyer-04", hold) == "ambiguous"
+    assert used(await balances(http, gateway.admin, tenant)) != before
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while hold not in (report := await reconcile(http, gateway, tenant))["voided"]:
+        assert hold in report["unresolved"]
+        assert loop.time() < deadline, "the hold was never voided"
+        await asyncio.sleep(0.25)
+    assert await hold_state(http, tenant, "buyer-04", hold) == "voided"
+    assert used(await balances(http, gateway.admin, tenant)) == before
+    assert f"irrev-{hold}" not in (await supplier_stats(upstream, tenant))["keys"]
+
+
+async def test_reconcile_lists_what_it_cannot_look_up(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """An in-process deploy has no lookup: an ambiguous one stays charged and listed."""
+    tenant = gateway.tenant("outcomes")
+    created = await http.post(
+        "/v1/holds",
+        json={"tool": "deploy", "method": "POST", "path": "/deploys"},
+        headers=effect_headers(tenant, "deployer-01", "unsure-deploy"),
+    )
+    assert created.status_code == 201, created.text
+    hold = created.json()["hold"]
+    marked = await http.post(
+        f"/v1/holds/{hold}/ambiguous",
+        json={"reason": "deploy_timed_out"},
+        headers=tenant.auth("deployer-01"),
+    )
+    assert marked.json()["state"] == "ambiguous"
+    charged = used(await balances(http, gateway.admin, tenant))
+    report = await reconcile(http, gateway, tenant)
+    assert hold in report["unresolved"]
+    assert hold not in report["posted"] + report["voided"]
+    assert await hold_state(http, tenant, "deployer-01", hold) == "ambiguous"
+    assert used(await balances(http, gateway.admin, tenant)) == charged
