@@ -26,6 +26,9 @@ local MAX_BLOB = 1048576
 local LAZY_EXPIRY_BATCH = 8
 
 local function fmt(n)
+  if n == 0 then
+    return '0'
+  end
   return string.format('%d', n)
 end
 
@@ -86,13 +89,14 @@ local function hkey(id)
 end
 
 local function load_account(id)
-  local v = redis.call('HMGET', akey(id), 'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws')
+  local v = redis.call('HMGET', akey(id), 'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'over')
   if not v[1] then
     return nil
   end
   return {
     id = id, limit = tonumber(v[1]), soft = tonumber(v[2]), win = tonumber(v[3]),
     appr = tonumber(v[4]), pend = tonumber(v[5]), post = tonumber(v[6]), ws = tonumber(v[7]),
+    over = tonumber(v[8]),
   }
 end
 

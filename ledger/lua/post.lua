@@ -61,7 +61,7 @@ for i = 1, #hold.accounts do
     if flags[#flags] ~= 'overrun' then
       flags[#flags + 1] = 'overrun'
     end
-    fields[5], fields[6] = 'over', redis.call('HGET', akey(a.id), 'over') + 1
+    fields[5], fields[6] = 'over', a.over + 1
   end
   redis.call('HSET', akey(a.id), unpack(fields))
   post_ws[i] = a.ws

@@ -140,10 +140,14 @@ elseif decision == 'escalate' then
   state, deadline = 'escalated', now + esc_ttl_ms
 end
 
-redis.call('HSET', key, 'st', state, 'fp', fp, 'dec', decision, 'why', reason,
+local fields = {'st', state, 'fp', fp, 'dec', decision, 'why', reason,
   'arm', (decision == 'escalate') and '0' or armed, 't0', now, 'dl', deadline,
   'acc', table.concat(accounts, ','), 'amt', join_numbers(amounts),
-  'lim', join_numbers(limits), 'used', join_numbers(used))
+  'lim', join_numbers(limits), 'used', join_numbers(used)}
+if state ~= 'denied' and #request > 0 then
+  fields[#fields + 1], fields[#fields + 2] = 'req', request
+end
+redis.call('HSET', key, unpack(fields))
 local dpend = zeros(n)
 if state == 'denied' then
   if retention_ms > 0 then
@@ -152,9 +156,6 @@ if state == 'denied' then
 else
   dpend = amounts
   add_balances(accounts, amounts, zeros(n))
-  if #request > 0 then
-    redis.call('HSET', key, 'req', request)
-  end
   redis.call('ZADD', DEADLINES, deadline, id)
   if state == 'escalated' then
     redis.call('SADD', ESCALATED, id)
