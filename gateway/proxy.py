@@ -40,7 +40,11 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 def agent_key_of(request: Request) -> str:
-    key = request.headers.get("idempotency-key")
+    keys = request.headers.getlist("idempotency-key")
+    if len(keys) > 1:
+        # Which one names the effect? Intermediaries disagree (first, last, joined).
+        raise Problem(400, "bad_idempotency_key", "send exactly one Idempotency-Key header")
+    key = keys[0] if keys else None
     if key is None:
         raise Problem(
             400,
