@@ -7,12 +7,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from .checkpoint import replay_from_checkpoint
 from .client import Ledger
-from .journal import Replay, iter_journal
+from .journal import LIVE_STATES, Replay
 from .keys import ambiguous_key, deadlines_key, escalated_key
 from .records import HoldState
-
-LIVE = {HoldState.PENDING.value, HoldState.ESCALATED.value, HoldState.AMBIGUOUS.value}
 
 
 @dataclass
@@ -29,9 +28,7 @@ class AuditReport:
 
 
 async def audit_tenant(ledger: Ledger, tenant: str) -> AuditReport:
-    replayed = Replay()
-    async for entry in iter_journal(ledger.redis, tenant):
-        replayed.apply(entry)
+    replayed = await replay_from_checkpoint(ledger.redis, tenant)
     report = AuditReport(tenant, entries=replayed.entries)
     report.mismatches.extend(replayed.violations)
     await _check_balances(ledger, tenant, replayed, report)
@@ -59,7 +56,7 @@ async def _check_balances(
 
 
 async def _check_holds(ledger: Ledger, tenant: str, replayed: Replay, report: AuditReport) -> None:
-    live = sorted(h for h, state in replayed.hold_states.items() if state in LIVE)
+    live = sorted(h for h, state in replayed.hold_states.items() if state in LIVE_STATES)
     report.live_holds = len(live)
     pending_by_account: dict[str, int] = defaultdict(int)
     redis = ledger.redis

@@ -8,11 +8,13 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from .audit import audit
+from .checkpoint import trim
 from .client import Ledger
 from .connect import open_ledger
 from .journal import read_journal
@@ -46,6 +48,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sweep = commands.add_parser("sweep", help="expire a tenant's due holds now")
     sweep.add_argument("--tenant", required=True)
     _bind(sweep, _sweep)
+
+    trim = commands.add_parser(
+        "trim", help="archive old journal entries to JSON lines, then trim them from Redis"
+    )
+    trim.add_argument("--tenant", required=True)
+    trim.add_argument("--archive", required=True, type=Path, help="directory for the archive")
+    trim.add_argument("--older-than-s", type=int, default=7 * 24 * 3600)
+    _bind(trim, _trim)
 
     reconcile = commands.add_parser("reconcile", help="list a tenant's ambiguous holds")
     reconcile.add_argument("--tenant", required=True)
@@ -125,6 +135,14 @@ async def _sweep(ledger: Ledger, args: argparse.Namespace) -> int:
         if result.remaining_due == 0 or result.visited == 0:
             break
     print(f"{args.tenant}: settled {total} due holds")
+    return 0
+
+
+async def _trim(ledger: Ledger, args: argparse.Namespace) -> int:
+    seconds, micros = await ledger.redis.time()
+    before_ms = int(seconds) * 1000 + int(micros) // 1000 - args.older_than_s * 1000
+    count = await trim(ledger.redis, args.tenant, args.archive, before_ms)
+    print(f"{args.tenant}: archived and trimmed {count} journal entries")
     return 0
 
 

@@ -4,7 +4,8 @@ as entries of one Redis Stream. Reading it, and replaying it into balances."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
@@ -13,6 +14,7 @@ from .errors import LedgerUnavailable
 from .keys import journal_key
 
 PAGE = 2000
+LIVE_STATES = ("pending", "escalated", "ambiguous")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +63,24 @@ async def read_journal(
     return [JournalEntry(entry_id, fields["op"], fields) for entry_id, fields in rows]
 
 
-async def iter_journal(redis: Redis, tenant: str) -> AsyncIterator[JournalEntry]:
-    after = "-"
+async def iter_journal(
+    redis: Redis, tenant: str, *, after: str = "-", upto: str = "+"
+) -> AsyncIterator[JournalEntry]:
+    """Every entry after `after`, up to and including `upto`."""
     while True:
         page = await read_journal(redis, tenant, after=after)
         for entry in page:
+            if upto != "+" and _entry_key(entry.entry_id) > _entry_key(upto):
+                return
             yield entry
         if len(page) < PAGE:
             return
         after = page[-1].entry_id
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 @dataclass
@@ -89,6 +100,24 @@ class Replay:
     hold_states: dict[str, str] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     entries: int = 0
+
+    def state(self) -> dict[str, object]:
+        """What a checkpoint keeps: balances, and the holds still live (a settled
+        hold's later transitions are journaled with their new state anyway)."""
+        live = {h: s for h, s in self.hold_states.items() if s in LIVE_STATES}
+        return {
+            "entries": self.entries,
+            "accounts": {a: asdict(b) for a, b in self.accounts.items()},
+            "hold_states": live,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Replay:
+        return cls(
+            accounts={a: ReplayedAccount(**b) for a, b in state["accounts"].items()},
+            hold_states=dict(state["hold_states"]),
+            entries=int(state["entries"]),
+        )
 
     def apply(self, entry: JournalEntry) -> None:
         self.entries += 1

@@ -23,6 +23,10 @@ def journal_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}journal"
 
 
+def checkpoint_key(tenant: str) -> str:
+    return f"{tenant_prefix(tenant)}checkpoint"
+
+
 def deadlines_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}deadlines"
 

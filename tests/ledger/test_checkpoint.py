@@ -1,0 +1,69 @@
+"""Trimming the journal keeps the whole history (archive + stream) and the audit
+still checks every balance from the checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ledger.audit import audit_tenant
+from ledger.checkpoint import CheckpointMoved, _swap, load_checkpoint, trim
+from ledger.client import Ledger
+from ledger.journal import read_journal
+from ledger.keys import account_key
+
+from .conftest import open_accounts
+from .test_audit import busy_tenant
+
+FAR_FUTURE_MS = 2**52
+
+
+async def test_trim_archives_then_audit_still_checks(
+    ledger: Ledger, tenant: str, tmp_path: Path
+) -> None:
+    await busy_tenant(ledger, tenant)
+    before = await read_journal(ledger.redis, tenant, count=10_000)
+    trimmed = await trim(ledger.redis, tenant, tmp_path, FAR_FUTURE_MS)
+    assert trimmed == len(before) == 27
+    lines = (tmp_path / f"{tenant}.journal.jsonl").read_text().splitlines()
+    archived = [json.loads(line) for line in lines]
+    assert [a["id"] for a in archived] == [e.entry_id for e in before]
+    assert await read_journal(ledger.redis, tenant) == []
+
+    # Life goes on after the trim, and the audit sees checkpoint + new entries.
+    await ledger.post(tenant, "k4", 104)
+    await ledger.void(tenant, "k5")
+    report = await audit_tenant(ledger, tenant)
+    assert report.ok, report.mismatches
+    assert (report.entries, report.live_holds) == (29, 15)
+
+    # And it still catches a balance that does not add up.
+    await ledger.redis.hincrby(account_key(tenant, "agent:a"), "pend", 1)
+    mismatches = (await audit_tenant(ledger, tenant)).mismatches
+    assert len(mismatches) == 1 and "agent:a" in mismatches[0]
+
+
+async def test_trim_keeps_recent_entries(ledger: Ledger, tenant: str, tmp_path: Path) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    entries = []
+    for i in range(4):
+        await ledger.reserve(tenant, f"k{i}", "fp", {"tenant:acme": 10}, ttl_ms=60_000)
+        entries = await read_journal(ledger.redis, tenant)
+    cut_ms = int(entries[2].entry_id.split("-")[0]) - 1
+    kept_before = [e for e in entries if int(e.entry_id.split("-")[0]) > cut_ms]
+    await trim(ledger.redis, tenant, tmp_path, cut_ms)
+    assert await read_journal(ledger.redis, tenant) == kept_before
+    assert (await load_checkpoint(ledger.redis, tenant)).upto == entries[
+        -len(kept_before) - 1
+    ].entry_id
+    assert (await audit_tenant(ledger, tenant)).ok
+
+
+async def test_concurrent_trim_loses_nothing(ledger: Ledger, tenant: str, tmp_path: Path) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    await trim(ledger.redis, tenant, tmp_path, FAR_FUTURE_MS)
+    with pytest.raises(CheckpointMoved):
+        await _swap(ledger.redis, tenant, "-", "1-0", "{}")
+    assert (await audit_tenant(ledger, tenant)).ok
