@@ -93,6 +93,19 @@ async def balances(request: Request, tenant: str) -> list[dict[str, Any]]:
     return [{**asdict(b), "available": b.available} for b in rows]
 
 
+MAX_STREAM_PART = 2**64 - 1
+
+
+def _stream_position(entry_id: str) -> tuple[int, int]:
+    """(ms, seq) of a journal entry id; the query pattern bounds its digits, this
+    its value, so that Redis never refuses a cursor (a 503 for bad input)."""
+    ms, _, seq = entry_id.partition("-")
+    position = int(ms), int(seq)
+    if max(position) > MAX_STREAM_PART:
+        raise Problem(422, "bad_request", f"'after' must be a journal entry id, not {entry_id!r}")
+    return position
+
+
 @router.get("/tenants/{tenant}/journal")
 async def journal(
     request: Request,
@@ -101,6 +114,8 @@ async def journal(
     count: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     policy_of(request, tenant)
+    if after != "-" and _stream_position(after) == (MAX_STREAM_PART, MAX_STREAM_PART):
+        return {"entries": [], "next": None}  # nothing can follow the last possible id
     entries = await read_journal(gate_of(request).ledger.redis, tenant, after=after, count=count)
     return {
         "entries": [e.as_dict() for e in entries],

@@ -10,10 +10,25 @@ from pathlib import Path
 
 from ledger.client import Ledger
 from ledger.records import AccountSpec as LedgerAccount
-from pricing import AccountSpec, TenantPolicy, factor_account, load_policy_text, policy_accounts
+from pricing import (
+    AccountSpec,
+    TenantPolicy,
+    factor_account,
+    load_policy_data,
+    load_policy_text,
+    parse_yaml,
+    policy_accounts,
+)
 from pricing.credentials import AuthenticatedAgent, hash_token
 
-from .policies import load_policy_dir, policy_files
+from .policies import (
+    PolicyLoadError,
+    check_policy_set,
+    is_demo_tokens,
+    load_policy_dir,
+    policy_files,
+    read_text,
+)
 
 
 def ledger_account(spec: AccountSpec) -> LedgerAccount:
@@ -70,12 +85,26 @@ class TenantStore:
         if policy.tenant != tenant:
             raise ValueError(f"the policy is for tenant {policy.tenant!r}, not {tenant!r}")
         target = self._file_of(tenant)
+        # Valid alone is not enough: the directory must stay loadable as a whole (no
+        # token shared with another tenant's agent), or the file would break every
+        # reload and the next start while the upload was reported refused.
+        errors = check_policy_set([*self._other_policies(target), (str(target), policy)])
+        if errors:
+            raise PolicyLoadError(errors)
         handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
         os.replace(temporary, target)
         await self.load(ledger)
         return self.policies[tenant]
+
+    def _other_policies(self, skip: Path) -> list[tuple[str, TenantPolicy]]:
+        loaded = []
+        for path in policy_files(self.directory):
+            data = parse_yaml(read_text(path), str(path))
+            if path != skip and not is_demo_tokens(data):
+                loaded.append((str(path), load_policy_data(data, str(path))))
+        return loaded
 
     def _file_of(self, tenant: str) -> Path:
         for path in policy_files(self.directory):

@@ -32,6 +32,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "bad-input": ("procurement", {}),
     "paths": ("procurement", {}),
     "decision": ("procurement", {}),
+    "decision-budget": ("procurement", {}),
     "overdraw": ("procurement", {}),
     "idempotency": ("procurement", {}),
     "approvals": ("procurement", {}),
@@ -51,6 +52,8 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "iso-acme": ("procurement", {}),
     "iso-globex": ("globex", {}),
+    "admin-a": ("procurement", {}),
+    "admin-b": ("procurement", {}),
     "fuzz": ("procurement", {}),
     "fuzz-globex": ("globex", {}),
 }

@@ -1,0 +1,112 @@
+"""The admin API: policies (show, upload, reload), the journal, the escalation queue."""
+
+from __future__ import annotations
+
+import httpx
+import yaml
+
+from .conftest import Gateway, policy_dir_of
+from .helpers import assert_problem, balances, effect_headers, order
+
+
+def policy_file(gateway: Gateway, name: str) -> str:
+    return (policy_dir_of(gateway) / f"{gateway.tenant(name).id}.yaml").read_text()
+
+
+async def test_upload_applies_a_valid_policy(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    tenant = gateway.tenant("admin-a")
+    shown = await http.get(f"/v1/admin/tenants/{tenant.id}/policy", headers=gateway.admin)
+    assert shown.status_code == 200 and shown.json()["tenant"] == tenant.id
+    data = yaml.safe_load(policy_file(gateway, "admin-a"))
+    data["accounts"]["principals"]["platform"]["limit"] = "12000"
+    text = yaml.safe_dump(data, sort_keys=False)
+    response = await http.put(
+        f"/v1/admin/tenants/{tenant.id}/policy", content=text, headers=gateway.admin
+    )
+    assert response.json() == {"tenant": tenant.id, "status": "applied"}, response.text
+    rows = await balances(http, gateway.admin, tenant)
+    assert rows["principal:platform"]["limit"] == 12_000 * 10**6
+    assert policy_file(gateway, "admin-a") == text
+
+
+async def test_upload_that_would_break_the_policy_set_changes_nothing(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """Valid on its own, but reusing another tenant's agent token: refused, and the
+    directory stays loadable (by a reload now, and by the next `irrev serve`)."""
+    a, b = gateway.tenant("admin-a"), gateway.tenant("admin-b")
+    before = policy_file(gateway, "admin-b")
+    data = yaml.safe_load(before)
+    stolen = yaml.safe_load(policy_file(gateway, "admin-a"))["agents"]["buyer-01"]["token_sha256"]
+    data["agents"]["buyer-02"]["token_sha256"] = stolen
+    response = await http.put(
+        f"/v1/admin/tenants/{b.id}/policy",
+        content=yaml.safe_dump(data, sort_keys=False),
+        headers=gateway.admin,
+    )
+    assert_problem(response, 422, "invalid_policy")
+    assert policy_file(gateway, "admin-b") == before
+    reload = await http.post("/v1/admin/policies/reload", headers=gateway.admin)
+    assert reload.status_code == 200, reload.text
+    assert {a.id, b.id} <= set(reload.json()["tenants"])
+    # Both agents still authenticate as themselves.
+    for tenant, agent in ((a, "buyer-01"), (b, "buyer-02")):
+        read = await http.get("/tools/supplier/catalog", headers=tenant.auth(agent))
+        assert read.status_code == 200, read.text
+
+
+async def test_upload_refuses_invalid_or_foreign_policies(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    a, b = gateway.tenant("admin-a"), gateway.tenant("admin-b")
+    url = f"/v1/admin/tenants/{a.id}/policy"
+    for text in ("", "tenant: [", "kind: demo-tokens", policy_file(gateway, "admin-b")):
+        before = policy_file(gateway, "admin-a")
+        response = await http.put(url, content=text.encode(), headers=gateway.admin)
+        assert_problem(response, 422, "invalid_policy")
+        assert policy_file(gateway, "admin-a") == before
+    assert b.id != a.id
+
+
+async def test_journal_pages_and_escalation_queue(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    tenant = gateway.tenant("admin-b")
+    admitted = await http.post(
+        "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, "buyer-03", "j1")
+    )
+    assert admitted.status_code == 201, admitted.text
+    escalated = await http.post(
+        "/tools/supplier/orders",
+        json=order(quantity=450),
+        headers=effect_headers(tenant, "buyer-04", "j2"),
+    )
+    assert escalated.status_code == 202, escalated.text
+
+    url = f"/v1/admin/tenants/{tenant.id}/journal"
+    first = (await http.get(url, params={"count": 1}, headers=gateway.admin)).json()
+    assert len(first["entries"]) == 1 and first["next"]
+    rest = (
+        await http.get(url, params={"after": first["next"], "count": 1000}, headers=gateway.admin)
+    ).json()
+    assert rest["next"] is None
+    assert first["entries"][0] not in rest["entries"]
+    assert len(first["entries"] + rest["entries"]) >= 3  # reserve, post, reserve
+    # A cursor past the end, or past any possible id, is an empty page, not an error.
+    for after in ("99999999999999-0", "18446744073709551615-18446744073709551615"):
+        page = await http.get(url, params={"after": after}, headers=gateway.admin)
+        assert page.status_code == 200, page.text
+        assert page.json() == {"entries": [], "next": None}
+    bad = await http.get(url, params={"after": "99999999999999999999-0"}, headers=gateway.admin)
+    assert_problem(bad, 422, "bad_request")
+
+    queue = (
+        await http.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin)
+    ).json()
+    [item] = queue
+    assert item["agent"] == "buyer-04"
+    assert item["price"] == int(escalated.headers["x-irrev-price"])
+    assert f"/v1/escalations/{item['escalation']}" == escalated.headers["location"]
+    tenants = (await http.get("/v1/admin/tenants", headers=gateway.admin)).json()
+    [row] = [t for t in tenants if t["tenant"] == tenant.id]
+    assert row["live_holds"]["escalated"] == 1
