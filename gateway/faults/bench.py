@@ -134,7 +134,13 @@ class Bench:
         await asyncio.to_thread(self.gateways[index].start, crash_at)
 
     async def restart_redis(self) -> None:
-        await asyncio.to_thread(self.redis_server.ensure_running)
+        """Start redis-server again if it is down; the harness's own connections to
+        the dead server are dropped (the gateways must recover by themselves)."""
+        url = self.redis_server.url
+        if await asyncio.to_thread(self.redis_server.ensure_running) != url:
+            raise RuntimeError("redis-server came back on another port")
+        await self.redis.connection_pool.disconnect()
+        await self.ledger.redis.connection_pool.disconnect()
 
     async def kill_redis(self) -> None:
         await asyncio.to_thread(self.redis_server.kill)

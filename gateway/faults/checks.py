@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from redis.asyncio import Redis
+
 from ledger.audit import audit_tenant
 from ledger.keys import hold_key, journal_key
 
@@ -35,30 +37,51 @@ CLOCK_FIELDS = {"tp"}
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Every key of a tenant: name -> (DUMP payload, PTTL)."""
+    """Every key of a tenant: its content (compared) and its DUMP (restored).
 
-    keys: dict[bytes, tuple[bytes, int]]
+    DUMP bytes are not compared: a hash in the hashtable encoding dumps in the dict's
+    iteration order, which an incremental rehash during a mere read can change.
+    """
+
+    content: dict[bytes, tuple[object, bool]]
+    dumps: dict[bytes, bytes]
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Snapshot) and self.keys == other.keys
+        return isinstance(other, Snapshot) and self.content == other.content
 
     def __hash__(self) -> int:
-        return hash(tuple(sorted(self.keys)))
+        return hash(tuple(sorted(self.content)))
 
     def diff(self, other: Snapshot) -> list[str]:
-        names = sorted(set(self.keys) | set(other.keys))
-        return [n.decode() for n in names if self.keys.get(n) != other.keys.get(n)]
+        names = sorted(set(self.content) | set(other.content))
+        return [n.decode() for n in names if self.content.get(n) != other.content.get(n)]
+
+
+async def _content(redis: Redis, key: bytes) -> object:
+    kind = await redis.type(key)
+    if kind == b"hash":
+        return sorted((await redis.hgetall(key)).items())
+    if kind == b"stream":
+        return await redis.xrange(key)
+    if kind == b"zset":
+        return await redis.zrange(key, 0, -1, withscores=True)
+    if kind == b"set":
+        return sorted(await redis.smembers(key))
+    if kind == b"string":
+        return await redis.get(key)
+    return await redis.dump(key)
 
 
 async def snapshot(run: Run, tenant: str = "") -> Snapshot:
     redis = run.bench.redis
-    out = {}
+    content, dumps = {}, {}
     for key in await run.tenant_keys(tenant):
         dumped = await redis.dump(key)
         if dumped is not None:
             # The TTL is kept only as "has one or not": it counts down between snapshots.
-            out[key] = (dumped, 1 if await redis.pttl(key) > 0 else -1)
-    return Snapshot(out)
+            content[key] = (await _content(redis, key), await redis.pttl(key) > 0)
+            dumps[key] = dumped
+    return Snapshot(content, dumps)
 
 
 async def restore(run: Run, saved: Snapshot, tenant: str = "") -> None:
@@ -67,9 +90,9 @@ async def restore(run: Run, saved: Snapshot, tenant: str = "") -> None:
     current = await run.tenant_keys(tenant)
     if current:
         await redis.delete(*current)
-    for key, (dumped, ttl) in saved.keys.items():
+    for key, dumped in saved.dumps.items():
         await redis.restore(key, 0, dumped, replace=True)
-        if ttl > 0:
+        if saved.content[key][1]:
             await redis.pexpire(key, run.bench.ledger.retention_ms)
 
 
@@ -124,7 +147,7 @@ async def check_ledger(
         made = upstream_key(hold_id) in orders
         if state == "ambiguous" and listed is not None and hold_id not in listed:
             violations.append(f"hold {hold_id} ambiguous but not listed for an operator")
-        if state not in SETTLED and state != "ambiguous":
+        if state not in SETTLED and state not in ("ambiguous", "escalated"):
             violations.append(f"hold {hold_id} left {state}")
         if made and state in RELEASED:
             violations.append(f"hold {hold_id} {state} although the upstream made the effect")

@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from ..matrix import Cell
-from . import crash, upstream
+from . import concurrency, crash, hostile, redis, upstream
 
-CELLS: list[Cell] = [*crash.CELLS, *upstream.CELLS]
+CELLS: list[Cell] = [
+    *crash.CELLS,
+    *concurrency.CELLS,
+    *redis.CELLS,
+    *upstream.CELLS,
+    *hostile.CELLS,
+]
 
 __all__ = ["CELLS"]

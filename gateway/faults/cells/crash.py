@@ -111,7 +111,7 @@ async def after_claim(run: Run) -> list[str]:
 
 
 def _cell(point: str, body: Callable[[Run], Awaitable[list[str]]], final: str) -> Cell:
-    return Cell(f"crash.{point}", f"{CHECKED}; -> {final}", body, TWO)
+    return Cell(f"crash.{point}", f"{CHECKED}; -> {final}", body, TWO, slow=True)
 
 
 CELLS = [

@@ -167,6 +167,7 @@ CELLS = [
         "upstream.5xx_not_applied",
         CHECK_AMBIGUOUS + "; unresolved before the deadline; -> voided after",
         server_error_not_applied,
+        slow=True,
     ),
     Cell("upstream.reset_after_send", CHECK_AMBIGUOUS + "; TCP RST -> posted", reset_after_send),
     Cell(
@@ -181,6 +182,7 @@ CELLS = [
         "upstream.trickle_past_deadline",
         "2xx body ends after the hold's deadline -> late outcome still posted",
         trickle_past_deadline,
+        slow=True,
     ),
     Cell(
         "upstream.retry_ambiguous",
