@@ -28,7 +28,7 @@ if not retention_ms then return err end
 local outcome
 outcome, err = outcome_arg()
 if not outcome then return err end
-local hold = load_hold(id)
+local hold = load_hold_for_post(id)
 if not hold then return {'not_found', '', ''} end
 local amounts
 amounts, err = amounts_for(hold, 4)
