@@ -38,7 +38,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "approvals": ("procurement", {}),
     "outcomes": ("procurement", {}),
     # A short hold TTL, so that a hold's deadline passes within a test.
-    "short-ttl": ("procurement", {"hold_ttl": "4s", "escalation_ttl": "2s"}),
+    "short-ttl": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
     # Its supplier tool points at a port nobody listens on.
     "unreachable": (
         "procurement",

@@ -123,7 +123,7 @@ async def test_5xx_is_ambiguous_and_a_retry_with_the_same_key_settles_it_once(
 async def test_reconcile_voids_a_not_found_order_only_after_the_hold_deadline(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("short-ttl")  # hold_ttl 4s
+    tenant = gateway.tenant("short-ttl")  # hold_ttl 3s
     before = used(await balances(http, gateway.admin, tenant))
     # The supplier neither records the order nor answers in time.
     await set_faults(upstream, tenant, delay_s=1.5, apply=False, times=1)

@@ -1,0 +1,133 @@
+"""The decision-only API for in-process tools (the `deploy` route): create a hold, then
+post, compensate, void or mark it ambiguous, with the ledger's semantics."""
+
+from __future__ import annotations
+
+import httpx
+
+from .conftest import Gateway
+from .helpers import assert_problem, balances, effect_headers, order, used
+from .servers import Tenant
+
+DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
+PRICE = 1000 * 10**6  # irreversible at its fixed face value, 1000 USD
+
+
+async def create(http: httpx.AsyncClient, tenant: Tenant, key: str) -> httpx.Response:
+    return await http.post(
+        "/v1/holds", json=DEPLOY, headers=effect_headers(tenant, "deployer-01", key)
+    )
+
+
+def platform_used(rows: dict[str, int]) -> int:
+    return rows.get("principal:platform", 0)
+
+
+async def test_create_post_compensate_round_trip(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    tenant = gateway.tenant("decision")
+    me = tenant.auth("deployer-01")
+    before = platform_used(used(await balances(http, gateway.admin, tenant)))
+
+    created = await create(http, tenant, "deploy-1")
+    assert created.status_code == 201, created.text
+    view = created.json()
+    hold = view["hold"]
+    assert (view["state"], view["decision"], view["price"]) == ("pending", "admit", PRICE)
+    assert created.headers["x-irrev-hold"] == hold
+    assert created.headers["x-irrev-decision"] == "admit"
+    assert set(view["amounts"]) == {
+        f"tenant:{tenant.id}",
+        "principal:platform",
+        "agent:deployer-01",
+    }
+    rows = used(await balances(http, gateway.admin, tenant))
+    assert platform_used(rows) == before + PRICE
+
+    again = await create(http, tenant, "deploy-1")
+    assert again.status_code == 200
+    assert again.json()["hold"] == hold
+    assert again.headers["x-irrev-replayed"] == "true"
+    assert used(await balances(http, gateway.admin, tenant)) == rows
+
+    posted = await http.post(f"/v1/holds/{hold}/post", json={}, headers=me)
+    assert posted.status_code == 200, posted.text
+    assert posted.json()["state"] == "posted"
+    assert (await http.get(f"/v1/holds/{hold}", headers=me)).json()["posted"] == view["amounts"]
+    assert platform_used(used(await balances(http, gateway.admin, tenant))) == before + PRICE
+
+    recovered = 600 * 10**6
+    compensated = await http.post(
+        f"/v1/holds/{hold}/compensate", json={"recovered_micros": recovered}, headers=me
+    )
+    assert compensated.status_code == 200, compensated.text
+    assert compensated.json()["state"] == "posted"
+    view = (await http.get(f"/v1/holds/{hold}", headers=me)).json()
+    assert view["compensated"] == dict.fromkeys(view["amounts"], recovered)
+    assert platform_used(used(await balances(http, gateway.admin, tenant))) == (
+        before + PRICE - recovered
+    )
+    # Settled holds stay settled.
+    assert_problem(await http.post(f"/v1/holds/{hold}/void", headers=me), 409, "state_conflict")
+
+
+async def test_void_and_ambiguous(gateway: Gateway, http: httpx.AsyncClient) -> None:
+    tenant = gateway.tenant("decision")
+    me = tenant.auth("deployer-01")
+    before = used(await balances(http, gateway.admin, tenant))
+
+    voided = (await create(http, tenant, "deploy-void")).json()["hold"]
+    response = await http.post(f"/v1/holds/{voided}/void", headers=me)
+    assert response.json() == {"hold": voided, "state": "voided"}
+    assert used(await balances(http, gateway.admin, tenant)) == before
+    # A repeat of the key replays the (voided) hold: it never debits again.
+    replay = await create(http, tenant, "deploy-void")
+    assert (replay.status_code, replay.json()["state"]) == (200, "voided")
+    assert used(await balances(http, gateway.admin, tenant)) == before
+
+    unsure = (await create(http, tenant, "deploy-unsure")).json()["hold"]
+    response = await http.post(f"/v1/holds/{unsure}/ambiguous", json={}, headers=me)
+    assert response.json()["state"] == "ambiguous"
+    assert platform_used(used(await balances(http, gateway.admin, tenant))) == (
+        platform_used(before) + PRICE
+    )
+    # The caller learns the deploy did happen: the ambiguous hold posts.
+    response = await http.post(f"/v1/holds/{unsure}/post", json={}, headers=me)
+    assert response.json()["state"] == "posted"
+
+
+async def test_decision_api_refuses_proxied_routes_and_vice_versa(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    tenant = gateway.tenant("decision")
+    proxied = await http.post(
+        "/v1/holds",
+        json={"tool": "supplier", "method": "POST", "path": "/orders", "body": order()},
+        headers=effect_headers(tenant, "buyer-01", "proxied"),
+    )
+    assert_problem(proxied, 403, "route_is_proxied")
+    missing_key = await http.post("/v1/holds", json=DEPLOY, headers=tenant.auth("deployer-01"))
+    assert_problem(missing_key, 400, "idempotency_key_required")
+    unknown = await http.post(
+        "/v1/holds",
+        json={**DEPLOY, "path": "/rollbacks"},
+        headers=effect_headers(tenant, "deployer-01", "unknown"),
+    )
+    assert_problem(unknown, 403, "unknown_route")
+    # A buyer's per-effect cap is 50000 USD, a deployer's 1000 USD: the deploy fits
+    # the deployer's; anything another agent does not own is not found.
+    hold = (await create(http, tenant, "deploy-owned")).json()["hold"]
+    other = await http.post(f"/v1/holds/{hold}/post", json={}, headers=tenant.auth("buyer-01"))
+    assert_problem(other, 404, "not_found")
+
+
+async def test_budget_runs_out_into_escalation_then_denial(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """platform's limit is 10000 USD with a soft band at 80%: 1000 USD deploys are
+    admitted up to 8000, escalated to 10000, then denied; never above the limit."""
+    tenant = gateway.tenant("decision-budget")
+    statuses = [(await create(http, tenant, f"budget-{i}")).status_code for i in range(12)]
+    assert statuses == [201] * 8 + [202] * 2 + [403] * 2
+    rows = await balances(http, gateway.admin, tenant)
+    platform = rows["principal:platform"]
+    assert platform["pending"] + platform["posted"] == platform["limit"] == 10_000 * 10**6
