@@ -46,13 +46,15 @@ async def reserve(
     fingerprint: str,
     request: StoredRequest,
 ) -> ReserveResult:
-    """One round trip; a risk-factor account seen for the first time is created and
-    the reserve repeated (the only path with a second trip)."""
+    """One round trip. A risk-factor account is created on its first use, and an
+    account the policy names but Redis lacks (a policy changed elsewhere) by a reload;
+    then the reserve is repeated once: the only path with a second trip."""
     amounts = hold_accounts(policy, agent, effect)
-    for attempt in range(2):
+
+    async def attempt() -> ReserveResult:
         started = time.perf_counter()
         try:
-            result = await gate.ledger.reserve(
+            return await gate.ledger.reserve(
                 policy.tenant,
                 hold_id,
                 fingerprint,
@@ -62,24 +64,19 @@ async def reserve(
                 escalate_above=effect.approval_threshold_micros or 0,
                 request=request.dumps(),
             )
-        except UnknownAccount as exc:
-            opened = exc.account.startswith("factor:") and await gate.tenants.open_factor_account(
-                gate.ledger, policy, exc.account
-            )
-            if attempt or not opened:
-                await gate.tenants.load(gate.ledger)
-                if attempt:
-                    raise
-            continue
         finally:
             metrics.LEDGER_SECONDS.labels("reserve").observe(time.perf_counter() - started)
-        if not result.replayed:
-            metrics.DECISIONS.labels(policy.tenant, result.decision, result.reason).inc()
-            metrics.PRICES.labels(policy.tenant).observe(effect.price_micros)
-            if result.state is HoldState.PENDING:
-                crash_point("after_reserve")
-        return result
-    raise AssertionError("unreachable")
+
+    try:
+        result = await attempt()
+    except UnknownAccount as exc:
+        if not await gate.tenants.open_factor_account(gate.ledger, policy, exc.account):
+            await gate.tenants.load(gate.ledger)
+        result = await attempt()
+    if not result.replayed:
+        metrics.DECISIONS.labels(policy.tenant, result.decision, result.reason).inc()
+        metrics.PRICES.labels(policy.tenant).observe(effect.price_micros)
+    return result
 
 
 async def fire(

@@ -116,7 +116,10 @@ class TenantStore:
         return self.directory / f"{tenant}.yaml"
 
     async def open_factor_account(self, ledger: Ledger, policy: TenantPolicy, account: str) -> bool:
-        """Create a risk-factor account on its first use; False if no pattern caps it."""
+        """Create a risk-factor account on its first use; False if it is not one, or no
+        pattern caps it."""
+        if not account.startswith("factor:"):
+            return False
         spec = factor_account(policy, account.removeprefix("factor:"))
         if spec is None:
             return False

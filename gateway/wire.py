@@ -14,6 +14,7 @@ from typing import Any
 from .problems import Problem
 
 MAX_JSON_DEPTH = 32
+MAX_RECORDED_BODY = 256 * 1024
 # Answers are replayed to the agent: only headers that describe the body travel.
 KEPT_RESPONSE_HEADERS = ("content-type", "location", "etag", "retry-after", "content-language")
 
@@ -147,6 +148,11 @@ class StoredAnswer:
         cls, agent: str, status: int, headers: list[tuple[str, str]], body: bytes
     ) -> StoredAnswer:
         kept = [(k.lower(), v) for k, v in headers if k.lower() in KEPT_RESPONSE_HEADERS]
+        if len(body) > MAX_RECORDED_BODY:
+            # Kept with the hold in Redis: a huge body would not fit the record, and a
+            # delivered effect must still be posted. A repeat gets the status without it.
+            kept.append(("x-irrev-body-omitted", str(len(body))))
+            body = b""
         return cls(agent, status, kept, base64.b64encode(body).decode())
 
 
