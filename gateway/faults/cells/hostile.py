@@ -6,6 +6,7 @@ keys must be byte-identical and the upstream must have seen no new request."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import Awaitable, Callable
@@ -68,6 +69,8 @@ async def raw_http(run: Run, request: bytes) -> int:
         line = await asyncio.wait_for(reader.readline(), 10)
     finally:
         writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
     parts = line.split()
     return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
 

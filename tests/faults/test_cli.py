@@ -1,0 +1,54 @@
+"""`irrev faults` selection and output, without running cells."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.cli import main
+from gateway.faults.cells import CELLS
+from gateway.faults.cli import format_matrix
+from gateway.faults.matrix import CellResult, select
+
+
+def test_at_least_39_cells_with_unique_names() -> None:
+    names = [cell.name for cell in CELLS]
+    assert len(names) >= 39
+    assert len(set(names)) == len(names)
+
+
+def test_every_group_is_covered() -> None:
+    assert {cell.group for cell in CELLS} == {
+        "crash",
+        "concurrency",
+        "redis",
+        "upstream",
+        "hostile",
+    }
+
+
+@pytest.mark.parametrize(
+    ("pattern", "fast", "expected"),
+    [
+        ("crash.*", False, 4),
+        ("crash.*", True, 0),
+        ("approve_k", False, 4),
+        ("concurrency.retry_k16,hostile.nan_infinity", False, 2),
+    ],
+    ids=["glob", "glob-fast", "substring", "list"],
+)
+def test_select(pattern: str, fast: bool, expected: int) -> None:
+    assert len(select(CELLS, pattern, fast)) == expected
+
+
+def test_list_and_unknown_pattern(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["faults", "--list", "--cells", "hostile.*"]) == 0
+    assert capsys.readouterr().out.count("hostile.") == len(select(CELLS, "hostile.*", False))
+    assert main(["faults", "--cells", "no-such-cell"]) == 2
+
+
+def test_format_matrix_counts_violations() -> None:
+    ok, bad = CellResult(CELLS[0], runs=20), CellResult(CELLS[1], runs=5, violations=2)
+    text = format_matrix([ok, bad])
+    assert f"| {CELLS[0].name} | 20 | 0 |" in text
+    assert f"| {CELLS[1].name} | 5 | 2 |" in text
+    assert text.endswith("2 cells, 25 runs, 2 violations")

@@ -1,0 +1,43 @@
+"""The fault matrix under pytest: every fast cell, a few runs each, on real
+processes (`irrev faults` runs 20 per cell). The cells are run once per session,
+grouped by the processes they need, and each cell is then its own test, so a
+failure names the cell and the broken promise."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gateway.faults.cells import CELLS
+from gateway.faults.matrix import CellResult, run_cells
+
+FAST = [cell for cell in CELLS if not cell.slow]
+SLOW = [cell for cell in CELLS if cell.slow]
+RUNS = int(os.environ.get("IRREV_FAULT_RUNS", "2"))
+
+
+@pytest.fixture(scope="module")
+async def fast_results() -> dict[str, CellResult]:
+    return {r.cell.name: r for r in await run_cells(FAST, RUNS)}
+
+
+@pytest.fixture(scope="module")
+async def slow_results() -> dict[str, CellResult]:
+    return {r.cell.name: r for r in await run_cells(SLOW, 1)}
+
+
+def _verdict(result: CellResult) -> None:
+    assert result.runs > 0
+    assert result.violations == 0, f"{result.cell.name}: " + "; ".join(result.examples)
+
+
+@pytest.mark.parametrize("name", [cell.name for cell in FAST])
+def test_fast_cell(fast_results: dict[str, CellResult], name: str) -> None:
+    _verdict(fast_results[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [cell.name for cell in SLOW])
+def test_slow_cell(slow_results: dict[str, CellResult], name: str) -> None:
+    _verdict(slow_results[name])
