@@ -76,6 +76,8 @@ async def reserve(
     if not result.replayed:
         metrics.DECISIONS.labels(policy.tenant, result.decision, result.reason).inc()
         metrics.PRICES.labels(policy.tenant).observe(effect.price_micros)
+        if result.state is HoldState.PENDING:
+            crash_point("after_reserve")
     return result
 
 
