@@ -52,3 +52,15 @@ def test_format_matrix_counts_violations() -> None:
     assert f"| {CELLS[0].name} | 20 | 0 |" in text
     assert f"| {CELLS[1].name} | 5 | 2 |" in text
     assert text.endswith("2 cells, 25 runs, 2 violations")
+
+
+def test_every_crash_point_is_wired() -> None:
+    """A refactor of the admission path must not drop a crash point silently."""
+    from pathlib import Path
+
+    import gateway
+    from gateway.crashpoints import POINTS
+
+    source = "".join(p.read_text() for p in Path(gateway.__file__).parent.glob("*.py"))
+    for point in POINTS:
+        assert f'crash_point("{point}")' in source, point
