@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -29,7 +27,7 @@ from rich.table import Table
 from ledger.embedded import EmbeddedRedis
 from pricing import format_token, hash_token
 
-from .stack import free_port, gateway, supplier, wait_ready
+from .stack import free_port, gateway, service, supplier, uvicorn_command
 
 AGENTS = 16
 BODY = b'{"supplier_id":"acme-steel","sku":"bolts","quantity":1,"unit_price":0.05}'
@@ -96,33 +94,11 @@ def bench_policy(directory: Path, upstream: str) -> list[str]:
 def baseline(redis_url: str, upstream: str, workers: int) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "IRREV_REDIS_URL": redis_url, "IRREV_BENCH_UPSTREAM": upstream}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "gateway.bench_baseline:create_baseline",
-            "--factory",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
+    command = uvicorn_command(
+        "gateway.bench_baseline:create_baseline", port, "--workers", str(workers)
     )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(f"{url}/readyz", process, "the baseline server")
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with service(command, port, "/readyz", "the baseline server", env) as server:
+        yield server.url
 
 
 def run(args: argparse.Namespace) -> int:

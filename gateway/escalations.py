@@ -22,6 +22,12 @@ from .wire import StoredAnswer, StoredRequest, owner_of
 router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
 
 
+def resolved_already(conflict: HoldStateConflict) -> Problem:
+    """The loser of a consume-once race learns the outcome and who decided it."""
+    state = conflict.state.value
+    return Problem(409, "escalation_resolved", f"already {state}", state=state, by=conflict.by)
+
+
 @router.get("/{escalation}")
 async def poll(
     request: Request, escalation: str, caller: Annotated[Caller, Depends(caller_auth)]
@@ -67,13 +73,7 @@ async def approve(
     try:
         await gate.ledger.approve(tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms)
     except HoldStateConflict as exc:
-        raise Problem(
-            409,
-            "escalation_resolved",
-            f"already {exc.state.value}",
-            state=exc.state.value,
-            by=exc.by,
-        ) from exc
+        raise resolved_already(exc) from exc
     crash_point("after_claim")
     deadline_ms = int(time.time() * 1000) + policy.hold_ttl_ms - 1000
     hold = await gate.ledger.hold(tenant, hold_id)
@@ -98,11 +98,5 @@ async def reject(
     try:
         await gate.ledger.reject(tenant, hold_id, admin)
     except HoldStateConflict as exc:
-        raise Problem(
-            409,
-            "escalation_resolved",
-            f"already {exc.state.value}",
-            state=exc.state.value,
-            by=exc.by,
-        ) from exc
+        raise resolved_already(exc) from exc
     return {"status": "rejected", "escalation": escalation, "by": admin}

@@ -70,38 +70,57 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
 
 
+class Server(NamedTuple):
+    url: str
+    pid: int
+
+
+def uvicorn_command(app: str, port: int, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        app,
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+        *extra,
+    ]
+
+
+@contextmanager
+def service(
+    command: list[str],
+    port: int,
+    ready_path: str,
+    what: str,
+    env: dict[str, str] | None = None,
+    log_path: Path | None = None,
+) -> Iterator[Server]:
+    """Run `command` (a server on 127.0.0.1:`port`) until the block ends; yields once
+    `ready_path` answers 200."""
+    with open(log_path or os.devnull, "wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=log if log_path else None)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_ready(url + ready_path, process, what)
+            yield Server(url, process.pid)
+        finally:
+            _stop(process)
+
+
 @contextmanager
 def supplier(port: int | None = None) -> Iterator[str]:
     """The demo supplier API in its own process; yields its base URL."""
     port = port or free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "sim.supplier:create_supplier",
-            "--factory",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(f"{url}/catalog", process, "the supplier API")
-        yield url
-    finally:
-        _stop(process)
-
-
-class Server(NamedTuple):
-    url: str
-    pid: int
+    command = uvicorn_command("sim.supplier:create_supplier", port)
+    with service(command, port, "/catalog", "the supplier API") as server:
+        yield server.url
 
 
 @contextmanager
@@ -124,29 +143,17 @@ def gateway(
         "IRREV_LOG_LEVEL": "warning",
         **(env or {}),
     }
-    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-        ],
-        env=environment,
-        stdout=log,
-        stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(f"{url}/readyz", process, "the gateway")
-        yield Server(url, process.pid)
-    finally:
-        _stop(process)
-        if log_path:
-            log.close()  # type: ignore[union-attr]
+    command = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
+    with service(command, port, "/readyz", "the gateway", environment, log_path) as server:
+        yield server

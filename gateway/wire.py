@@ -94,8 +94,21 @@ def fingerprint(method: str, path: str, query: str, body: bytes) -> str:
     return digest.hexdigest()[:40]
 
 
+class _Record:
+    """A record kept with a hold as compact JSON, with its body in base64."""
+
+    body_b64: str
+
+    @property
+    def body(self) -> bytes:
+        return base64.b64decode(self.body_b64)
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True)
-class StoredRequest:
+class StoredRequest(_Record):
     """The effect as admitted, kept with its hold while it is live."""
 
     agent: str
@@ -108,20 +121,13 @@ class StoredRequest:
     route_id: str
     price: int
 
-    @property
-    def body(self) -> bytes:
-        return base64.b64decode(self.body_b64)
-
-    def dumps(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
     @classmethod
     def loads(cls, text: str) -> StoredRequest:
         return cls(**json.loads(text))
 
 
 @dataclass(frozen=True)
-class StoredAnswer:
+class StoredAnswer(_Record):
     """The upstream's answer to an effect (or the gateway's, for in-process holds),
     kept with the settled hold so that a repeat gets it back without a second effect."""
 
@@ -129,13 +135,6 @@ class StoredAnswer:
     status: int
     headers: list[tuple[str, str]]
     body_b64: str
-
-    @property
-    def body(self) -> bytes:
-        return base64.b64decode(self.body_b64)
-
-    def dumps(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
     def loads(cls, text: str) -> StoredAnswer:
