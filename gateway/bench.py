@@ -2,25 +2,27 @@
 local upstream, beside a bare FastAPI endpoint that does one Redis call and the same
 forward (gateway/bench_baseline.py), under the same uvicorn settings, in one run.
 
-Two measurements for each: a closed loop (C clients sending as fast as answers come:
-throughput) and an open loop at a fixed rate (latency at that load; the added p99 is
-irrev's minus the baseline's). Every request is a new order with its own key, priced
-and admitted against a budget large enough never to refuse one.
+Two measurements for each, by locust (sim/benchfile.py, geventhttpclient: a Python
+load generator that costs the servers less of the machine's two cores than httpx):
+a closed loop (C users sending as fast as answers come: throughput) and a fixed
+offered rate (latency at that load; the added p99 is irrev's minus the baseline's).
+Every request is a new order with its own key, priced and admitted against a budget
+large enough never to refuse one.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import csv
 import os
+import subprocess
+import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -69,10 +71,13 @@ class Run:
     errors: int
 
 
+BENCHFILE = Path(__file__).resolve().parent.parent / "sim" / "benchfile.py"
+
+
 def register_bench(benches: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = benches.add_parser("gateway", help="proxy admissions/s and latency vs a bare endpoint")
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
-    parser.add_argument("--clients", type=int, default=32, help="closed-loop concurrency")
+    parser.add_argument("--clients", type=int, default=32, help="closed-loop users")
     parser.add_argument("--rate", type=float, default=500.0, help="open-loop requests/s")
     parser.add_argument("--workers", type=int, default=2, help="uvicorn workers (both servers)")
     parser.set_defaults(func=run)
@@ -110,98 +115,94 @@ def run(args: argparse.Namespace) -> int:
                 gateway(redis.url, root / "policies", workers=args.workers) as irrev,
                 baseline(redis.url, upstream, args.workers) as base_url,
             ):
-                results = asyncio.run(measure(irrev.url, base_url, tokens, args))
+                results = measure(irrev.url, base_url, tokens, args, root)
     report(results, args)
     return 0
 
 
-async def measure(
-    irrev_url: str, base_url: str, tokens: list[str], args: argparse.Namespace
+def measure(
+    irrev_url: str, base_url: str, tokens: list[str], args: argparse.Namespace, scratch: Path
 ) -> list[tuple[Run, Run]]:
-    closed_irrev = await closed_loop("irrev", irrev_url, tokens, args, warmup=True)
-    closed_base = await closed_loop("baseline", base_url, tokens, args, warmup=True)
-    open_irrev = await open_loop("irrev", irrev_url, tokens, args)
-    open_base = await open_loop("baseline", base_url, tokens, args)
-    return [(closed_irrev, closed_base), (open_irrev, open_base)]
-
-
-class Sender:
-    def __init__(self, url: str, tokens: list[str], label: str) -> None:
-        self.http = httpx.AsyncClient(
-            base_url=url, timeout=30, limits=httpx.Limits(max_connections=256)
+    """Baseline and irrev alternate, so a drift of the machine hits both."""
+    users = max(1, int(args.rate // 25))
+    closed = [
+        locust_run(
+            f"{label}: {args.clients} users, no wait",
+            url,
+            tokens,
+            args.clients,
+            0.0,
+            args.seconds,
+            scratch / f"closed-{label}",
         )
-        self.tokens, self.label, self.sent = tokens, label, 0
-        self.latencies: list[float] = []
-        self.errors = 0
-
-    async def send(self) -> None:
-        self.sent += 1
-        token = self.tokens[self.sent % len(self.tokens)]
-        headers = {
-            "Authorization": f"Bearer {token}",
-            "Content-Type": "application/json",
-            "Idempotency-Key": f"{self.label}-{time.monotonic_ns()}-{self.sent}",
-        }
-        started = time.perf_counter()
-        try:
-            response = await self.http.post("/tools/supplier/orders", content=BODY, headers=headers)
-            ok = response.status_code == 201
-        except httpx.HTTPError:
-            ok = False
-        self.latencies.append(time.perf_counter() - started)
-        self.errors += not ok
-
-    def result(self, label: str, elapsed_s: float) -> Run:
-        latencies = sorted(self.latencies)
-        return Run(
-            label,
-            len(latencies) / elapsed_s,
-            latencies[len(latencies) // 2] * 1000,
-            latencies[int(len(latencies) * 0.99)] * 1000,
-            self.errors,
+        for label, url in (("baseline", base_url), ("irrev", irrev_url))
+    ]
+    opened = [
+        locust_run(
+            f"{label}: {args.rate:g}/s offered",
+            url,
+            tokens,
+            users,
+            args.rate / users,
+            args.seconds,
+            scratch / f"open-{label}",
         )
+        for label, url in (("baseline", base_url), ("irrev", irrev_url))
+    ]
+    return [(closed[1], closed[0]), (opened[1], opened[0])]
 
 
-async def closed_loop(
-    label: str, url: str, tokens: list[str], args: argparse.Namespace, warmup: bool
+def locust_run(
+    label: str,
+    url: str,
+    tokens: list[str],
+    users: int,
+    rate_per_user: float,
+    seconds: float,
+    prefix: Path,
 ) -> Run:
-    sender = Sender(url, tokens, label)
-    try:
-        if warmup:
-            await asyncio.gather(*(sender.send() for _ in range(args.clients * 4)))
-            sender.latencies.clear()
-        stop = time.perf_counter() + args.seconds
-
-        async def client() -> None:
-            while time.perf_counter() < stop:
-                await sender.send()
-
-        started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(args.clients)))
-        return sender.result(
-            f"{label}: {args.clients} clients, max rate", time.perf_counter() - started
-        )
-    finally:
-        await sender.http.aclose()
-
-
-async def open_loop(label: str, url: str, tokens: list[str], args: argparse.Namespace) -> Run:
-    sender = Sender(url, tokens, label)
-    try:
-        interval, count = 1 / args.rate, int(args.rate * args.seconds)
-        started = time.perf_counter()
-        pending = []
-        for i in range(count):
-            delay = started + i * interval - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            pending.append(asyncio.create_task(sender.send()))
-        await asyncio.gather(*pending)
-        return sender.result(
-            f"{label}: open loop at {args.rate:g}/s", time.perf_counter() - started
-        )
-    finally:
-        await sender.http.aclose()
+    env = {
+        **os.environ,
+        "IRREV_BENCH_TOKENS": ",".join(tokens),
+        "IRREV_BENCH_RATE": str(rate_per_user),
+    }
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(BENCHFILE),
+            "--headless",
+            "-u",
+            str(users),
+            "-r",
+            str(users),
+            "-t",
+            f"{max(1, int(seconds))}s",
+            "--host",
+            url,
+            "--csv",
+            str(prefix),
+            "--only-summary",
+            "--stop-timeout",
+            "5",
+        ],
+        env=env,
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=seconds + 120,
+    )
+    with open(f"{prefix}_stats.csv", newline="") as handle:
+        row = next(r for r in csv.DictReader(handle) if r["Name"] == "Aggregated")
+    return Run(
+        label,
+        float(row["Requests/s"]),
+        float(row["50%"]),
+        float(row["99%"]),
+        int(row["Failure Count"]),
+    )
 
 
 def report(results: list[tuple[Run, Run]], args: argparse.Namespace) -> None:
