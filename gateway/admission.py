@@ -97,7 +97,7 @@ async def fire(
         # ambiguous. Not sent, so provably not fired: release it.
         await gate.ledger.void(policy.tenant, hold_id)
         raise Problem(503, "hold_deadline", "the hold is too close to its deadline to forward")
-    answer = await forward(gate.http, base, request, hold_id)
+    answer = await forward(gate.http, base, request, hold_id, gate.settings.upstream_timeout_s)
     if answer.fate is Fate.DELIVERED:
         crash_point("after_upstream_2xx")
     metrics.UPSTREAM_SECONDS.labels(request.tool).observe(answer.elapsed_s)

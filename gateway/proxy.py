@@ -98,7 +98,8 @@ async def proxy(
         effect.price_micros,
     )
     if effect.effect_class is EffectClass.READ:
-        answer = await forward(gate.http, upstream_of(policy, tool), stored, "")
+        base = upstream_of(policy, tool)
+        answer = await forward(gate.http, base, stored, "", gate.settings.upstream_timeout_s)
         return answer_response(answer, {"X-Irrev-Decision": "admit", "X-Irrev-Price": "0"})
     hold_id = hold_id_for(policy.tenant, agent.agent_id, route_id, agent_key_of(request))
     result = await reserve(

@@ -41,6 +41,19 @@ def ledger_account(spec: AccountSpec) -> LedgerAccount:
     )
 
 
+async def _open_account(ledger: Ledger, tenant: str, spec: LedgerAccount) -> None:
+    """Create or change an account only where Redis differs from the policy: every
+    worker loads every policy, and an unchanged account needs no journal entry."""
+    current = await ledger.balance(tenant, spec.account)
+    if current is None or (
+        current.limit,
+        current.soft_limit,
+        current.window_ms,
+        current.approval_threshold,
+    ) != (spec.limit, spec.soft_limit, spec.window_ms, spec.approval_threshold):
+        await ledger.upsert_account(tenant, spec)
+
+
 class TenantStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -62,7 +75,7 @@ class TenantStore:
         policies = load_policy_dir(self.directory)
         for policy in policies.values():
             for spec in policy_accounts(policy):
-                await ledger.upsert_account(policy.tenant, ledger_account(spec))
+                await _open_account(ledger, policy.tenant, ledger_account(spec))
         self.policies = policies
         self._agents = {
             agent_hash: (policy, agent)
@@ -123,5 +136,5 @@ class TenantStore:
         spec = factor_account(policy, account.removeprefix("factor:"))
         if spec is None:
             return False
-        await ledger.upsert_account(policy.tenant, ledger_account(spec))
+        await _open_account(ledger, policy.tenant, ledger_account(spec))
         return True

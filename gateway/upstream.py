@@ -4,6 +4,7 @@ hold: delivered (2xx: post), refused (4xx, or never sent: void), or unknown
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from enum import StrEnum
@@ -55,10 +56,16 @@ def make_client(
 
 
 async def forward(
-    client: httpx.AsyncClient, base_url: str, request: StoredRequest, hold_id: str
+    client: httpx.AsyncClient,
+    base_url: str,
+    request: StoredRequest,
+    hold_id: str,
+    total_s: float,
 ) -> Answer:
     """Send the very request that was priced, with the derived Idempotency-Key (reads,
-    which hold nothing, go without one)."""
+    which hold nothing, go without one). httpx's timeouts bound each read; `total_s`
+    bounds the whole exchange, so an upstream that trickles its answer cannot keep a
+    forward open past the hold's deadline."""
     url = base_url.rstrip("/") + upstream_path(request.path)
     url += f"?{request.query}" if request.query else ""
     headers = {"Idempotency-Key": upstream_key(hold_id), "X-Irrev-Hold": hold_id} if hold_id else {}
@@ -66,7 +73,12 @@ async def forward(
         headers["Content-Type"] = request.content_type
     started = time.perf_counter()
     try:
-        response = await client.request(request.method, url, content=request.body, headers=headers)
+        async with asyncio.timeout(total_s):
+            response = await client.request(
+                request.method, url, content=request.body, headers=headers
+            )
+    except TimeoutError:
+        return Answer(Fate.UNKNOWN, why="upstream_timeout", elapsed_s=time.perf_counter() - started)
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
         return Answer(Fate.NOT_SENT, why=_why(exc), elapsed_s=time.perf_counter() - started)
     except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
