@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from hiredis import pack_command as _hiredis_pack
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio import connection as redis_connection
 
 from . import validate
@@ -47,8 +47,26 @@ class Ledger:
         self._scripts = register_scripts(redis)
 
     @classmethod
-    def from_url(cls, url: str, *, retention_ms: int = 7 * DAY_MS, **options: Any) -> Ledger:
-        redis = Redis.from_url(url, decode_responses=True, **options)
+    def from_url(
+        cls,
+        url: str,
+        *,
+        retention_ms: int = 7 * DAY_MS,
+        max_connections: int = 128,
+        pool_timeout_s: float = 5.0,
+        **options: Any,
+    ) -> Ledger:
+        """A client whose connections are bounded: past `max_connections` a call waits
+        up to `pool_timeout_s` for one to come free (redis-py's default pool refuses
+        at once, which under a burst turned admissions into 503s)."""
+        pool = BlockingConnectionPool.from_url(
+            url,
+            decode_responses=True,
+            max_connections=max_connections,
+            timeout=pool_timeout_s,
+            **options,
+        )
+        redis = Redis.from_pool(pool)
         _pack_with_hiredis(redis)
         return cls(redis, retention_ms=retention_ms)
 

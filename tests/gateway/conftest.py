@@ -130,10 +130,27 @@ def gateway(
     server.stop()
 
 
-def wait_for_workers(gateway: Gateway, deadline_s: float = 30.0) -> None:
+@pytest.fixture(scope="session")
+def peer_gateway(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A second, independent `irrev serve` on the same Redis and policies: which worker
+    of one server accepts a connection is the kernel's choice, so a test that needs
+    effects admitted by several processes for certain sends to both servers."""
+    root = tmp_path_factory.mktemp("peer-gateway")
+    server = Server(
+        "peer gateway", [str(BIN / "irrev"), "serve"], gateway.server.env, root / "gateway.log"
+    )
+    server.argv += ["--port", str(server.port), "--workers", "1"]
+    server.start("/readyz")
+    peer = Gateway(server, gateway.redis_url, gateway.admin, gateway.tenants)
+    wait_for_workers(peer, workers=1)
+    yield peer
+    server.stop()
+
+
+def wait_for_workers(gateway: Gateway, deadline_s: float = 30.0, workers: int = WORKERS) -> None:
     """Every worker has finished its startup (and so accepts connections)."""
     deadline = time.monotonic() + deadline_s
-    while len(gateway.worker_pids()) < WORKERS:
+    while len(gateway.worker_pids()) < workers:
         if time.monotonic() > deadline:
             gateway.server.stop()
             raise RuntimeError(f"not all workers started:\n{gateway.server.log()}")
