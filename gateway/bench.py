@@ -13,10 +13,7 @@ large enough never to refuse one.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +26,7 @@ from rich.table import Table
 from ledger.embedded import EmbeddedRedis
 from pricing import format_token, hash_token
 
-from .stack import free_port, gateway, service, supplier, uvicorn_command
+from .stack import free_port, gateway, run_locust, service, supplier, uvicorn_command
 
 AGENTS = 16
 BODY = b'{"supplier_id":"acme-steel","sku":"bolts","quantity":1,"unit_price":0.05}'
@@ -161,41 +158,9 @@ def locust_run(
     seconds: float,
     prefix: Path,
 ) -> Run:
-    env = {
-        **os.environ,
-        "IRREV_BENCH_TOKENS": ",".join(tokens),
-        "IRREV_BENCH_RATE": str(rate_per_user),
-    }
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "locust",
-            "-f",
-            str(BENCHFILE),
-            "--headless",
-            "-u",
-            str(users),
-            "-r",
-            str(users),
-            "-t",
-            f"{max(1, int(seconds))}s",
-            "--host",
-            url,
-            "--csv",
-            str(prefix),
-            "--only-summary",
-            "--stop-timeout",
-            "5",
-        ],
-        env=env,
-        check=False,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        timeout=seconds + 120,
-    )
-    with open(f"{prefix}_stats.csv", newline="") as handle:
-        row = next(r for r in csv.DictReader(handle) if r["Name"] == "Aggregated")
+    env = {"IRREV_BENCH_TOKENS": ",".join(tokens), "IRREV_BENCH_RATE": str(rate_per_user)}
+    rows = run_locust(BENCHFILE, url, users, users, int(seconds), prefix, env)
+    row = next(r for r in rows if r["Name"] == "Aggregated")
     return Run(
         label,
         float(row["Requests/s"]),

@@ -4,6 +4,7 @@ and `irrev load`; everything listens on 127.0.0.1 only and is stopped on exit.""
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import socket
@@ -157,3 +158,46 @@ def gateway(
     ]
     with service(command, port, "/readyz", "the gateway", environment, log_path) as server:
         yield server
+
+
+def run_locust(
+    locustfile: Path,
+    url: str,
+    users: int,
+    spawn_rate: float,
+    seconds: int,
+    csv_prefix: Path,
+    env: dict[str, str],
+) -> list[dict[str, str]]:
+    """Run a locust profile headless against `url` for a bounded time; returns the
+    rows of its stats CSV (one per request name, and 'Aggregated')."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(locustfile),
+            "--headless",
+            "-u",
+            str(users),
+            "-r",
+            str(spawn_rate),
+            "-t",
+            f"{max(1, seconds)}s",
+            "--host",
+            url,
+            "--csv",
+            str(csv_prefix),
+            "--only-summary",
+            "--stop-timeout",
+            "5",
+        ],
+        env={**os.environ, **env},
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=seconds + 120,
+    )
+    with open(f"{csv_prefix}_stats.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
