@@ -9,6 +9,8 @@ from hiredis import pack_command as _hiredis_pack
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio import connection as redis_connection
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 
 from . import validate
 from .errors import LedgerError, LedgerUnavailable, raise_for_reply
@@ -58,7 +60,13 @@ class Ledger:
     ) -> Ledger:
         """A client whose connections are bounded: past `max_connections` a call waits
         up to `pool_timeout_s` for one to come free (redis-py's default pool refuses
-        at once, which under a burst turned admissions into 503s)."""
+        at once, which under a burst turned admissions into 503s).
+
+        A call that fails on a broken connection (Redis restarted under a pooled
+        socket) is sent again on a new one, twice at most. That is safe because every
+        script is idempotent by hold id: if the first attempt did run, the second
+        finds its result ('exists', or a conflict naming the state it left)."""
+        options.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2))
         pool = BlockingConnectionPool.from_url(
             url,
             decode_responses=True,
