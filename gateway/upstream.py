@@ -42,13 +42,21 @@ def fate_of_status(status: int) -> Fate:
     return Fate.UNKNOWN
 
 
+UPSTREAM_KEEPALIVE_S = 2.0
+
+
 def make_client(
     connect_timeout_s: float, timeout_s: float, max_connections: int
 ) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s, pool=connect_timeout_s),
+        # An idle connection is dropped before common servers close theirs (uvicorn and
+        # node after 5 s): a forward sent on a socket the server is closing would come
+        # back as a reset, i.e. an ambiguous effect that was never made.
         limits=httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=UPSTREAM_KEEPALIVE_S,
         ),
         follow_redirects=False,
         trust_env=False,

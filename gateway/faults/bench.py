@@ -132,6 +132,18 @@ class Bench:
 
     async def start_gateway(self, index: int, crash_at: str = "") -> None:
         await asyncio.to_thread(self.gateways[index].start, crash_at)
+        # A restarted gateway listens on its old port: a kept-alive connection to the
+        # killed one would be reused and fail ("server disconnected"), so start afresh.
+        stale, self.http = self.http, harness_client()
+        await stale.aclose()
+
+    async def disarm(self) -> None:
+        """Restart, without a crash point, every gateway that has one armed."""
+        for gateway in self.gateways:
+            if gateway.crash_at:
+                if gateway.alive:
+                    await asyncio.to_thread(gateway.stop)
+                await self.start_gateway(gateway.index)
 
     async def restart_redis(self) -> None:
         """Start redis-server again if it is down; the harness's own connections to
@@ -162,6 +174,13 @@ class Bench:
                 (self.policy_dir / f"{tenant}.yaml").unlink(missing_ok=True)
 
 
+def harness_client() -> httpx.AsyncClient:
+    # Idle connections are dropped well before uvicorn's 5 s keep-alive closes them,
+    # or a request can leave on a socket the server is closing at that moment.
+    limits = httpx.Limits(max_connections=64, keepalive_expiry=1.0)
+    return httpx.AsyncClient(timeout=30.0, trust_env=False, limits=limits)
+
+
 @contextlib.asynccontextmanager
 async def open_bench(spec: BenchSpec) -> AsyncIterator[Bench]:
     """Start every process of the bench; stop all of them however the block ends."""
@@ -172,7 +191,7 @@ async def open_bench(spec: BenchSpec) -> AsyncIterator[Bench]:
     )
     supplier: SupplierProc | None = None
     gateways: list[GatewayProc] = []
-    http = httpx.AsyncClient(timeout=30.0, trust_env=False, limits=httpx.Limits(max_connections=64))
+    bench: Bench | None = None
     try:
         await asyncio.to_thread(redis_server.acquire)
         supplier = await asyncio.to_thread(start_supplier, workdir)
@@ -187,7 +206,7 @@ async def open_bench(spec: BenchSpec) -> AsyncIterator[Bench]:
             free_port(),
             redis,
             Ledger.from_url(redis_server.url),
-            http,
+            harness_client(),
         )
         env = bench.gateway_env()
         gateways.extend(GatewayProc(i, free_port(), env, workdir) for i in range(spec.gateways))
@@ -198,7 +217,8 @@ async def open_bench(spec: BenchSpec) -> AsyncIterator[Bench]:
             await redis.aclose()
             await bench.ledger.aclose()
     finally:
-        await http.aclose()
+        if bench is not None:
+            await bench.http.aclose()
         for gateway in gateways:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(gateway.stop)

@@ -92,6 +92,9 @@ async def run_cells(
                     for name, value in run.notes.items():
                         result.notes.setdefault(name, []).append(value)
                 result.seconds = time.monotonic() - started
+                # A crash cell leaves its worker armed (re-arming per run is slow); the
+                # next cell on this bench must not inherit the crash point.
+                await bench.disarm()
                 if progress is not None:
                     progress(result)
     return [results[c.name] for c in cells]
