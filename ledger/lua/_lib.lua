@@ -342,3 +342,16 @@ local function retention_arg()
   end
   return retention_ms
 end
+
+-- ARGV[1..3] of the settling scripts (post, void): hold id, retention, outcome.
+local function settle_args()
+  local id, err = hold_id_arg()
+  if not id then return nil, err end
+  local retention_ms
+  retention_ms, err = retention_arg()
+  if not retention_ms then return nil, err end
+  local outcome
+  outcome, err = outcome_arg()
+  if not outcome then return nil, err end
+  return id, retention_ms, outcome
+end

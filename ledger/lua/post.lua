@@ -20,18 +20,11 @@
 -- Invariant: pending falls by exactly what the hold still charged, posted rises by
 -- exactly the posted amounts, and the journal entry carries both.
 
-local id, err = hold_id_arg()
-if not id then return err end
-local retention_ms
-retention_ms, err = retention_arg()
-if not retention_ms then return err end
-local outcome
-outcome, err = outcome_arg()
-if not outcome then return err end
+local id, retention_ms, outcome = settle_args()
+if not id then return retention_ms end
 local hold = load_hold_for_post(id)
 if not hold then return {'not_found', '', ''} end
-local amounts
-amounts, err = amounts_for(hold, 4)
+local amounts, err = amounts_for(hold, 4)
 if not amounts then return err end
 
 if hold.st == 'posted' then

@@ -14,14 +14,8 @@
 --
 -- Invariant: pending falls by exactly the hold's amounts; posted is untouched.
 
-local id, err = hold_id_arg()
-if not id then return err end
-local retention_ms
-retention_ms, err = retention_arg()
-if not retention_ms then return err end
-local outcome
-outcome, err = outcome_arg()
-if not outcome then return err end
+local id, retention_ms, outcome = settle_args()
+if not id then return retention_ms end
 if #ARGV ~= 3 then return {'bad_input', 'arguments', 'void takes a hold id, retention, outcome'} end
 local hold = load_hold(id)
 if not hold then return {'not_found', '', ''} end
