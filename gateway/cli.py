@@ -3,7 +3,8 @@
 Subcommand modules expose `register(subparsers)` and set `func` on their parsers; a
 `func` returns the process exit code. Errors a user can fix are raised as `CliError`
 and printed as one line on stderr with exit code 2 (1 is kept for "checked and found
-wrong", as in `irrev ledger audit` and `irrev policy validate`).
+wrong", as in `irrev ledger audit` and `irrev policy validate`); so are the ledger's
+typed errors (a malformed tenant name, say) and a Redis that cannot be reached.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+
+from redis.exceptions import RedisError
+
+from ledger.errors import LedgerError
 
 COMMAND_MODULES = (
     "gateway.serve",
@@ -50,8 +55,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except CliError as exc:
+    except (CliError, LedgerError) as exc:
         print(f"irrev: {exc}", file=sys.stderr)
+        return 2
+    except RedisError as exc:
+        print(
+            f"irrev: Redis: {exc} (IRREV_REDIS_URL names the server; unset, irrev starts "
+            "an embedded one)",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

@@ -10,10 +10,12 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
+from . import validate
 from .errors import LedgerUnavailable
 from .keys import journal_key
 
 PAGE = 2000
+LAST_ENTRY_ID = f"{validate.MAX_STREAM_PART}-{validate.MAX_STREAM_PART}"
 LIVE_STATES = ("pending", "escalated", "ambiguous")
 
 
@@ -53,10 +55,13 @@ async def read_journal(
     redis: Redis, tenant: str, *, after: str = "-", count: int = PAGE
 ) -> list[JournalEntry]:
     """One page of entries strictly after `after` ('-' from the start)."""
+    key = journal_key(validate.tenant_id(tenant))
+    if validate.journal_cursor(after) == LAST_ENTRY_ID:
+        return []  # nothing can follow it, and Redis refuses it as an exclusive start
     start = "-" if after == "-" else f"({after}"
     try:
         rows: list[tuple[str, dict[str, str]]] = await redis.xrange(  # type: ignore[assignment]
-            journal_key(tenant), min=start, max="+", count=count
+            key, min=start, max="+", count=count
         )
     except redis_errors.RedisError as exc:
         raise LedgerUnavailable(f"could not read the journal: {exc}") from exc
@@ -70,7 +75,7 @@ async def iter_journal(
     while True:
         page = await read_journal(redis, tenant, after=after)
         for entry in page:
-            if upto != "+" and _entry_key(entry.entry_id) > _entry_key(upto):
+            if upto != "+" and entry_order(entry.entry_id) > entry_order(upto):
                 return
             yield entry
         if len(page) < PAGE:
@@ -78,7 +83,8 @@ async def iter_journal(
         after = page[-1].entry_id
 
 
-def _entry_key(entry_id: str) -> tuple[int, int]:
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a sortable pair (ms, seq)."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
 

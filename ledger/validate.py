@@ -15,6 +15,8 @@ MAX_TTL_MS = 366 * 24 * 3600 * 1000
 MAX_BLOB_BYTES = 1 << 20
 _ID = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
 _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_ENTRY_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
+MAX_STREAM_PART = 2**64 - 1
 _KINDS = tuple(kind.value for kind in AccountKind)
 
 
@@ -22,6 +24,16 @@ def tenant_id(value: object) -> str:
     if not isinstance(value, str) or not _TENANT.fullmatch(value):
         raise BadInput("tenant", "must be 1-64 characters of [A-Za-z0-9._-]")
     return value
+
+
+def journal_cursor(value: object) -> str:
+    """'-' (from the start) or a journal entry id `ms-seq` Redis would accept."""
+    match = _ENTRY_ID.fullmatch(value) if isinstance(value, str) else None
+    if value != "-" and (match is None or max(map(int, match.groups())) > MAX_STREAM_PART):
+        raise BadInput(
+            "after", f"must be '-' or a journal entry id such as 1700000000000-0 (got {value!r})"
+        )
+    return str(value)
 
 
 def identifier(field: str, value: object) -> str:
