@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from ledger.checkpoint import cutoff_ms, trim_locked
 from ledger.client import Ledger
 
 from . import admin, console, escalations, holds_api, logs, metrics, problems, proxy
@@ -55,6 +56,15 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             for tenant in tenants.policies:
                 await ledger.sweep(tenant, batch=200)
 
+        async def trim_journals() -> None:
+            before_ms = await cutoff_ms(ledger.redis, settings.journal_keep_s)
+            for tenant in tenants.policies:
+                trimmed = await trim_locked(ledger.redis, tenant, archive_dir, before_ms)
+                if trimmed:
+                    metrics.JOURNAL_TRIMMED.labels(tenant).inc(trimmed)
+                    log.info("journal trimmed", extra={"tenant": tenant, "entries": trimmed})
+
+        archive_dir = settings.archive_dir()
         background = [
             asyncio.create_task(_every(settings.sweep_interval_s, sweep, "sweep")),
             asyncio.create_task(
@@ -65,6 +75,9 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
                 )
             ),
         ]
+        if settings.journal_keep_s > 0:
+            trimmer = _every(settings.journal_trim_interval_s, trim_journals, "journal trim")
+            background.append(asyncio.create_task(trimmer))
         log.info("gateway ready", extra={"tenants": sorted(tenants.policies), "pid": os.getpid()})
         try:
             yield

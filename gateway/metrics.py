@@ -24,6 +24,9 @@ LEDGER_SECONDS = Histogram(
 UPSTREAM_SECONDS = Histogram(
     "irrev_upstream_seconds", "Upstream requests", ["tool"], buckets=LATENCY_BUCKETS
 )
+JOURNAL_TRIMMED = Counter(
+    "irrev_journal_trimmed_total", "Journal entries archived and trimmed from Redis", ["tenant"]
+)
 UPSTREAM_OUTCOMES = Counter(
     "irrev_upstream_outcomes_total", "What forwarded effects came to", ["tool", "fate"]
 )

@@ -33,6 +33,16 @@ class GatewaySettings(BaseSettings):
         default=2.0, gt=0, description="how often a worker looks for changed policy files"
     )
     retention_s: int = Field(default=7 * 24 * 3600, ge=60)
+    journal_keep_s: int = Field(
+        default=7 * 24 * 3600,
+        ge=0,
+        description="journal entries older than this are archived to JSON lines and trimmed "
+        "from Redis behind a checkpoint; 0 keeps every entry in Redis",
+    )
+    journal_archive_dir: Path | None = Field(
+        default=None, description="where trimmed journal entries go; unset: <data dir>/journal"
+    )
+    journal_trim_interval_s: float = Field(default=300.0, gt=0, le=86_400)
     log_level: str = "info"
 
     @field_validator("admin_tokens")
@@ -54,3 +64,6 @@ class GatewaySettings(BaseSettings):
     @property
     def ledger(self) -> LedgerSettings:
         return LedgerSettings()
+
+    def archive_dir(self) -> Path:
+        return self.journal_archive_dir or self.ledger.data_dir / "journal"

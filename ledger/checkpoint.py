@@ -2,22 +2,36 @@
 appended to an archive file (JSON lines, fsynced) first, then a checkpoint of the
 balances they add up to replaces them in Redis, in one optimistic transaction with
 the trim. Audit replays checkpoint + remaining entries, so it still checks every
-balance; the archive plus the stream is the whole history."""
+balance; the archive plus the stream is the whole history.
+
+A trimmer can die between the archive and the transaction; the next trim reads the
+same entries again, so the archive appends only entries past the last one it holds
+(under a file lock, so that processes sharing a directory write each entry once).
+Gateways trim on a timer through `trim_locked`: one trimmer per tenant at a time."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
+from . import validate
 from .errors import LedgerError, LedgerUnavailable
-from .journal import JournalEntry, Replay, iter_journal
-from .keys import checkpoint_key, journal_key
+from .journal import JournalEntry, Replay, entry_order, iter_journal
+from .keys import checkpoint_key, journal_key, trim_lock_key
+
+# Entries per archive-and-trim pass: bounds the memory of one pass, and how long the
+# checkpoint document takes to build, however far behind the trimming is.
+TRIM_BATCH = 10_000
+TRIM_LOCK_S = 300
 
 
 class CheckpointMoved(LedgerError):
@@ -54,26 +68,104 @@ async def replay_from_checkpoint(redis: Redis, tenant: str) -> Replay:
     raise CheckpointMoved(f"the journal of {tenant} kept being trimmed during the replay")
 
 
-def _archive(path: Path, entries: list[JournalEntry]) -> None:
-    with open(path, "a", encoding="utf-8") as out:
-        for entry in entries:
-            out.write(json.dumps(entry.as_dict(), separators=(",", ":")) + "\n")
+async def cutoff_ms(redis: Redis, older_than_s: int) -> int:
+    """Redis's clock minus `older_than_s`: journal entry ids carry Redis time."""
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000 - older_than_s * 1000
+
+
+def archive_path(archive_dir: Path, tenant: str) -> Path:
+    return archive_dir / f"{tenant}.journal.jsonl"
+
+
+def _last_archived(out: IO[bytes]) -> tuple[int, int] | None:
+    """The order of the file's last complete entry. A torn last line (a writer killed
+    mid-line, before its trim could commit, so Redis still has the entry) is cut off."""
+    end = out.seek(0, os.SEEK_END)
+    position, tail = end, b""
+    while position > 0 and tail.count(b"\n") < 2:
+        step = min(4096, position)
+        position -= step
+        out.seek(position)
+        tail = out.read(step) + tail
+    complete = tail.rfind(b"\n") + 1
+    if position + complete < end:
+        out.truncate(position + complete)
+    lines = tail[:complete].splitlines()
+    return entry_order(json.loads(lines[-1])["id"]) if lines else None
+
+
+def _archive(path: Path, entries: list[JournalEntry]) -> int:
+    """Append the entries the archive does not hold yet; returns how many."""
+    created = not path.exists()
+    with open(path, "a+b") as out:
+        fcntl.flock(out, fcntl.LOCK_EX)
+        last = _last_archived(out)
+        fresh = [e for e in entries if last is None or entry_order(e.entry_id) > last]
+        out.seek(0, os.SEEK_END)
+        out.write(
+            b"".join(json.dumps(e.as_dict(), separators=(",", ":")).encode() + b"\n" for e in fresh)
+        )
         out.flush()
         os.fsync(out.fileno())
+    if created:
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    return len(fresh)
 
 
-async def trim(redis: Redis, tenant: str, archive_dir: Path, before_ms: int) -> int:
+async def trim(
+    redis: Redis, tenant: str, archive_dir: Path, before_ms: int, *, batch: int = TRIM_BATCH
+) -> int:
     """Archive and trim the entries of `tenant` older than `before_ms` (server time
-    of the entry ids); returns how many were trimmed."""
+    of the entry ids), `batch` at a time; returns how many were trimmed."""
+    validate.tenant_id(tenant)
+    total = 0
+    while True:
+        count = await _trim_batch(redis, tenant, archive_dir, before_ms, batch)
+        total += count
+        if count < batch:
+            return total
+
+
+async def trim_locked(redis: Redis, tenant: str, archive_dir: Path, before_ms: int) -> int | None:
+    """`trim`, unless another process is trimming this tenant or moved its checkpoint
+    first (then None). The lock only saves work: correctness rests on the archive's
+    dedup and the checkpoint's optimistic transaction, so a lock that expires mid-trim
+    loses nothing."""
+    lock = redis.lock(trim_lock_key(tenant), timeout=TRIM_LOCK_S, blocking=False)
+    try:
+        if not await lock.acquire():
+            return None
+    except redis_errors.RedisError as exc:
+        raise LedgerUnavailable(f"could not take the trim lock: {exc}") from exc
+    try:
+        return await trim(redis, tenant, archive_dir, before_ms)
+    except CheckpointMoved:
+        return None
+    finally:
+        # A lock that expired (and perhaps went to another trimmer) is safe to lose.
+        with contextlib.suppress(redis_errors.LockError):
+            await lock.release()
+
+
+async def _trim_batch(
+    redis: Redis, tenant: str, archive_dir: Path, before_ms: int, batch: int
+) -> int:
     checkpoint = await load_checkpoint(redis, tenant)
-    entries = [
-        entry
-        async for entry in iter_journal(redis, tenant, after=checkpoint.upto, upto=f"{before_ms}-0")
-    ]
+    entries: list[JournalEntry] = []
+    async for entry in iter_journal(redis, tenant, after=checkpoint.upto, upto=f"{before_ms}-0"):
+        entries.append(entry)
+        if len(entries) == batch:
+            break
     if not entries:
         return 0
     archive_dir.mkdir(parents=True, exist_ok=True)
-    _archive(archive_dir / f"{tenant}.journal.jsonl", entries)
+    # fsync off the event loop: a gateway trims while it serves admissions.
+    await asyncio.to_thread(_archive, archive_path(archive_dir, tenant), entries)
     replayed = checkpoint.replay
     for entry in entries:
         replayed.apply(entry)

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .audit import audit
-from .checkpoint import trim
+from .checkpoint import cutoff_ms, trim_locked
 from .client import Ledger
 from .connect import open_ledger
 from .journal import read_journal
@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     trim.add_argument("--tenant", required=True)
     trim.add_argument("--archive", required=True, type=Path, help="directory for the archive")
-    trim.add_argument("--older-than-s", type=int, default=7 * 24 * 3600)
+    trim.add_argument("--older-than-s", type=_seconds, default=7 * 24 * 3600)
     _bind(trim, _trim)
 
     reconcile = commands.add_parser("reconcile", help="list a tenant's ambiguous holds")
@@ -138,10 +138,25 @@ async def _sweep(ledger: Ledger, args: argparse.Namespace) -> int:
     return 0
 
 
+def _seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number of seconds >= 0 (got {text!r})")
+    return value
+
+
 async def _trim(ledger: Ledger, args: argparse.Namespace) -> int:
-    seconds, micros = await ledger.redis.time()
-    before_ms = int(seconds) * 1000 + int(micros) // 1000 - args.older_than_s * 1000
-    count = await trim(ledger.redis, args.tenant, args.archive, before_ms)
+    before_ms = await cutoff_ms(ledger.redis, args.older_than_s)
+    count = await trim_locked(ledger.redis, args.tenant, args.archive, before_ms)
+    if count is None:
+        print(
+            f"irrev: another process is trimming {args.tenant}'s journal; try again later",
+            file=sys.stderr,
+        )
+        return 2
     print(f"{args.tenant}: archived and trimmed {count} journal entries")
     return 0
 

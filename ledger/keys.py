@@ -27,6 +27,10 @@ def checkpoint_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}checkpoint"
 
 
+def trim_lock_key(tenant: str) -> str:
+    return f"{tenant_prefix(tenant)}trim-lock"
+
+
 def deadlines_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}deadlines"
 

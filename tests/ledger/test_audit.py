@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
 from ledger.keys import account_key, hold_key
@@ -91,3 +93,24 @@ async def test_cli_balance_and_journal(ledger: Ledger, tenant: str, redis_url: s
         timeout=60,
     )
     assert missing.returncode == 1 and "agent:nobody" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "url", "says"),
+    [
+        (["balance", "--tenant", "a b"], None, "tenant: must be 1-64 characters"),
+        (["journal", "--tenant", "x/../y"], None, "tenant: must be 1-64 characters"),
+        (["trim", "--tenant", "ok", "--archive", "a", "--older-than-s", "-5"], None, ">= 0"),
+        (["audit"], "unix:///nonexistent/redis.sock", "Redis"),
+        (["balance", "--tenant", "ok"], "unix:///nonexistent/redis.sock", "IRREV_REDIS_URL"),
+    ],
+)
+def test_cli_bad_input_is_one_line(
+    redis_url: str, argv: list[str], url: str | None, says: str
+) -> None:
+    env = {**os.environ, "IRREV_REDIS_URL": url or redis_url}
+    command = [sys.executable, "-m", "gateway.cli", "ledger", *argv]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert says in result.stderr.strip().splitlines()[-1]

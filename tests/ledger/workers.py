@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 
+from ledger.checkpoint import CheckpointMoved, trim
 from ledger.client import Ledger
 from ledger.errors import HoldStateConflict
 
@@ -78,7 +80,23 @@ async def churn(ledger: Ledger, tenant: str, barrier_name: str, agent: str, ops:
         print(i, flush=True)
 
 
-COMMANDS = {"storm": storm, "approve": approve, "churn": churn}
+async def trim_all(
+    ledger: Ledger, tenant: str, barrier_name: str, archive_dir: str, batch: str
+) -> None:
+    """Trim the whole journal, `batch` entries a pass, starting over whenever another
+    trimmer moved the checkpoint first (no lock: the test races the trimmers)."""
+    await barrier(ledger, barrier_name)
+    moved = 0
+    while True:
+        try:
+            if await trim(ledger.redis, tenant, Path(archive_dir), 2**52, batch=int(batch)) == 0:
+                break
+        except CheckpointMoved:
+            moved += 1
+    print(json.dumps({"moved": moved}))
+
+
+COMMANDS = {"storm": storm, "approve": approve, "churn": churn, "trim": trim_all}
 
 
 async def main(argv: list[str]) -> None:
