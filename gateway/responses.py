@@ -8,26 +8,7 @@ from ledger.records import ReserveResult
 
 from .problems import Problem
 from .upstream import Answer, Fate
-from .wire import StoredAnswer
-
-# Connection-level headers describe the upstream hop, not the answer; httpx has
-# already decoded any content-encoding, and the length is recomputed.
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "content-encoding",
-        "date",
-        "server",
-    }
-)
+from .wire import KEPT_RESPONSE_HEADERS, StoredAnswer
 
 
 def escalation_id(tenant: str, hold_id: str) -> str:
@@ -63,7 +44,7 @@ def upstream_response(
 ) -> Response:
     response = Response(content=body, status_code=status)
     for name, value in headers:
-        if name.lower() not in _HOP_BY_HOP:
+        if name.lower() in KEPT_RESPONSE_HEADERS:
             response.headers.append(name, value)
     for name, value in extra.items():
         response.headers[name] = value

@@ -8,6 +8,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from enum import StrEnum
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from urllib.parse import quote
 
 import httpx
@@ -60,6 +61,9 @@ def make_client(
         ),
         follow_redirects=False,
         trust_env=False,
+        # One client serves every tenant and agent: a cookie an answer sets must never
+        # ride along on anyone's next request (nor change what was priced).
+        cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),
     )
 
 

@@ -15,8 +15,12 @@ from .problems import Problem
 
 MAX_JSON_DEPTH = 32
 MAX_RECORDED_BODY = 256 * 1024
-# Answers are replayed to the agent: only headers that describe the body travel.
-KEPT_RESPONSE_HEADERS = ("content-type", "location", "etag", "retry-after", "content-language")
+# Only headers that describe the answer's body reach the agent, live or replayed (so a
+# repeat gets what the first call got): no upstream cookies, connection or server
+# details; httpx has decoded any content-encoding, and the length is recomputed.
+KEPT_RESPONSE_HEADERS = frozenset(
+    {"content-type", "location", "etag", "retry-after", "content-language"}
+)
 
 
 def _reject_constant(name: str) -> Any:

@@ -29,6 +29,7 @@ MAX_BODY_BYTES = 64 * 1024
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "basics": ("procurement", {}),
+    "cookies": ("procurement", {}),
     "bad-input": ("procurement", {}),
     "paths": ("procurement", {}),
     "decision": ("procurement", {}),

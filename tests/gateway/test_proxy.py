@@ -74,6 +74,24 @@ async def test_admitted_effect_is_forwarded_with_budget_headers(
     assert f"irrev-{hold}" in stats["keys"]
 
 
+async def test_upstream_cookies_are_never_carried_to_other_requests(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """The gateway's upstream client is shared by every tenant and agent: a cookie one
+    answer sets must not ride along on anyone's next request (and what is forwarded
+    must stay exactly what was priced)."""
+    tenant = gateway.tenant("cookies")
+    name = tenant.supplier.rsplit("/", 1)[1]
+    for i, agent in enumerate(("buyer-01", "buyer-02", "buyer-01")):
+        response = await http.post(
+            "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, agent, f"c{i}")
+        )
+        assert response.status_code == 201, response.text
+        assert "set-cookie" not in response.headers, response.headers.raw
+    assert (await supplier_stats(upstream, tenant))["orders"] == 3
+    assert (await upstream.get(f"/_cookies/{name}")).json() == []
+
+
 async def test_read_route_is_forwarded_without_a_hold(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
