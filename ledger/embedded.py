@@ -16,7 +16,8 @@ Durability, i.e. what an acknowledged ledger write survives:
   is an overdraw, so choose it only where that window is acceptable.
 
 Neither mode covers a lost disk; for that, point `IRREV_REDIS_URL` at a replicated
-Redis and use WAIT/WAITAOF (see DESIGN.md, Storage).
+Redis and set `IRREV_WAIT_REPLICAS` (the gateway then WAITs for replicas before it
+forwards an admitted effect).
 
 Files in the data directory (created 0700):
 
@@ -65,6 +66,8 @@ from types import TracebackType
 from typing import IO, Self
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ledger.settings import AppendFsync, LedgerSettings
 
@@ -464,13 +467,22 @@ class EmbeddedRedis:
                 f"a redis-server holds {self.data_dir} but {self._state_path} is missing; "
                 f"stop it by hand (pid in {self._pid_path})"
             )
-        with (
-            _client(state.url, self.timeout_s) as client,
-            contextlib.suppress(redis.ConnectionError, redis.TimeoutError),
-        ):
-            # SHUTDOWN flushes and fsyncs the AOF before the process exits; the server
-            # closes the connection instead of replying. Exit is awaited below.
-            client.shutdown()
+        deadline = time.monotonic() + self.timeout_s
+        with _client(state.url, self.timeout_s) as client:
+            while True:
+                try:
+                    # SHUTDOWN flushes and fsyncs the AOF before the process exits; the
+                    # server hangs up instead of replying (redis-py returns then).
+                    client.shutdown()
+                    break
+                except (redis.ConnectionError, redis.TimeoutError):
+                    break
+                except redis.ResponseError:
+                    # Refused while the server writes its first AOF (a replica just
+                    # after its initial sync, say): it finishes by itself.
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
         self._wait_for(lambda: not self._server_alive(), f"redis-server pid {state.pid} to exit")
 
     def _refuse_incompatible_aof(self) -> None:
@@ -550,7 +562,14 @@ def _try_flock(handle: IO[bytes]) -> bool:
 
 @contextlib.contextmanager
 def _client(url: str, timeout_s: float) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    # No redis-py retries: every caller here has its own loop and deadline, and a
+    # SHUTDOWN that succeeded (the server hangs up) must not be sent again.
+    client = redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
     try:
         yield client
     finally:
