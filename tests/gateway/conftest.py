@@ -13,6 +13,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,34 @@ def peer_gateway(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> 
     wait_for_workers(peer, workers=1)
     yield peer
     server.stop()
+
+
+@contextmanager
+def own_gateway(
+    redis_url: str, suppliers: Server, root: Path, workers: int, **settings: str
+) -> Iterator[Gateway]:
+    """A gateway of its own, with extra IRREV_* settings, serving one fresh tenant
+    (`.tenant("own")`), for tests whose settings would disturb the shared gateway."""
+    policies = root / "policies"
+    policies.mkdir()
+    tenant_id = f"own-{secrets.token_hex(5)}"
+    tenant = write_policy(policies, "procurement", tenant_id, f"{suppliers.url}/{tenant_id}")
+    admin_token = secrets.token_urlsafe(24)
+    env = base_env(
+        IRREV_REDIS_URL=redis_url,
+        IRREV_POLICY_DIR=str(policies),
+        IRREV_ADMIN_TOKENS=f"ops={admin_token}",
+        **settings,
+    )
+    server = Server("own gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")
+    server.argv += ["--port", str(server.port), "--workers", str(workers)]
+    server.start("/readyz")
+    try:
+        gateway = Gateway(server, redis_url, admin_token, {"own": tenant})
+        wait_for_workers(gateway, workers=workers)
+        yield gateway
+    finally:
+        server.stop()
 
 
 def wait_for_workers(gateway: Gateway, deadline_s: float = 30.0, workers: int = WORKERS) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,41 +17,31 @@ from redis.asyncio import Redis
 from ledger.checkpoint import archive_path, load_checkpoint
 from ledger.keys import journal_key
 
-from .conftest import Gateway, wait_for_workers
+from .conftest import Gateway, own_gateway
 from .helpers import ledger_audit
-from .servers import BIN, Server, Tenant, base_env, write_policy
+from .servers import Server, Tenant
 
 KEEP_S = 1
 
 
 @pytest.fixture
 def trimming_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> Iterator[Gateway]:
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    tenant_id = f"trim-{secrets.token_hex(5)}"
-    tenant = write_policy(policies, "procurement", tenant_id, f"{suppliers.url}/{tenant_id}")
-    admin_token = secrets.token_urlsafe(24)
-    env = base_env(
-        IRREV_REDIS_URL=redis_url,
-        IRREV_POLICY_DIR=str(policies),
-        IRREV_ADMIN_TOKENS=f"ops={admin_token}",
+    with own_gateway(
+        redis_url,
+        suppliers,
+        tmp_path,
+        workers=2,
         IRREV_JOURNAL_KEEP_S=str(KEEP_S),
         IRREV_JOURNAL_TRIM_INTERVAL_S="0.2",
         IRREV_JOURNAL_ARCHIVE_DIR=str(tmp_path / "archive"),
-    )
-    server = Server("trimming gateway", [str(BIN / "irrev"), "serve"], env, tmp_path / "gw.log")
-    server.argv += ["--port", str(server.port), "--workers", "2"]
-    server.start("/readyz")
-    gateway = Gateway(server, redis_url, admin_token, {"trim": tenant})
-    wait_for_workers(gateway, workers=2)
-    yield gateway
-    server.stop()
+    ) as gateway:
+        yield gateway
 
 
 async def test_gateway_archives_and_trims_old_journal_entries(
     trimming_gateway: Gateway, redis_url: str, tmp_path: Path
 ) -> None:
-    tenant: Tenant = trimming_gateway.tenant("trim")
+    tenant: Tenant = trimming_gateway.tenant("own")
     deploy = {"tool": "deploy", "method": "POST", "path": "/deploys"}
     async with httpx.AsyncClient(base_url=trimming_gateway.url, trust_env=False) as http:
         for i in range(40):
