@@ -77,8 +77,36 @@ async def reserve(
         metrics.DECISIONS.labels(policy.tenant, result.decision, result.reason).inc()
         metrics.PRICES.labels(policy.tenant).observe(effect.price_micros)
         if result.state is HoldState.PENDING:
+            await require_replicas(gate, policy.tenant, hold_id, result.replicas, agent.agent_id)
             crash_point("after_reserve")
     return result
+
+
+async def require_replicas(
+    gate: Gate, tenant: str, hold_id: str, acknowledged: int | None, agent_id: str
+) -> None:
+    """Fail closed when fewer replicas than IRREV_WAIT_REPLICAS acknowledged an
+    admission: a failover could lose it while its effect happened. Nothing has been
+    sent, so the hold is released, with this answer kept for a repeat of the key."""
+    wanted = gate.settings.wait_replicas
+    if acknowledged is None or acknowledged >= wanted:
+        return
+    problem = Problem(
+        503,
+        "not_replicated",
+        f"the admission reached {acknowledged} of {wanted} Redis replicas within "
+        f"{gate.settings.wait_timeout_ms} ms, so a failover could lose it; it was released "
+        "and nothing was sent. Retry with a new Idempotency-Key.",
+        headers={"Retry-After": "1"},
+        hold=hold_id,
+        replicas=acknowledged,
+        wanted=wanted,
+    )
+    body = bytes(problem.response().body)
+    answer = StoredAnswer.of(agent_id, 503, [("content-type", "application/problem+json")], body)
+    await gate.ledger.void(tenant, hold_id, outcome=answer.dumps())
+    metrics.DECISIONS.labels(tenant, "released", "not_replicated").inc()
+    raise problem
 
 
 async def fire(

@@ -40,7 +40,12 @@ async def _every(interval_s: float, work: Any, what: str) -> None:
 def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        ledger = Ledger.from_url(redis_url, retention_ms=settings.retention_s * 1000)
+        ledger = Ledger.from_url(
+            redis_url,
+            retention_ms=settings.retention_s * 1000,
+            replicas=settings.wait_replicas,
+            replica_timeout_ms=settings.wait_timeout_ms,
+        )
         http = make_client(
             settings.upstream_connect_timeout_s,
             settings.upstream_timeout_s,

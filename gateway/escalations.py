@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from ledger.errors import HoldStateConflict
 from ledger.records import HoldState
 
-from .admission import fire
+from .admission import fire, require_replicas
 from .auth import Caller, admin_auth, caller_auth, gate_of
 from .crashpoints import crash_point
 from .problems import Problem
@@ -71,7 +71,7 @@ async def approve(
     if policy is None:
         raise Problem(404, "not_found", "no such escalation")
     try:
-        await gate.ledger.approve(tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms)
+        claim = await gate.ledger.approve(tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms)
     except HoldStateConflict as exc:
         raise resolved_already(exc) from exc
     crash_point("after_claim")
@@ -79,6 +79,7 @@ async def approve(
     hold = await gate.ledger.hold(tenant, hold_id)
     assert hold is not None
     stored = StoredRequest.loads(hold.request)
+    await require_replicas(gate, tenant, hold_id, claim.replicas, stored.agent)
     found = policy.catalog.match(stored.tool, stored.method, stored.path)
     if found is not None and found[0].in_process:
         # Decision-only: the in-process tool sees the hold pending and acts itself.

@@ -33,6 +33,14 @@ class GatewaySettings(BaseSettings):
         default=2.0, gt=0, description="how often a worker looks for changed policy files"
     )
     retention_s: int = Field(default=7 * 24 * 3600, ge=60)
+    wait_replicas: int = Field(
+        default=0,
+        ge=0,
+        le=64,
+        description="Redis replicas that must acknowledge an admission (WAIT) before its "
+        "effect is forwarded; fewer within wait_timeout_ms: released, 503 not_replicated",
+    )
+    wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
     journal_keep_s: int = Field(
         default=7 * 24 * 3600,
         ge=0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from hiredis import pack_command as _hiredis_pack
@@ -13,7 +14,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from . import validate
-from .errors import LedgerError, LedgerUnavailable, raise_for_reply
+from .errors import BadInput, LedgerError, LedgerUnavailable, raise_for_reply
 from .keys import TENANTS_KEY, account_key, ambiguous_key, deadlines_key, escalated_key, hold_key
 from .keys import tenant_prefix as prefix
 from .records import (
@@ -32,6 +33,8 @@ from .records import (
 from .scripts import register_scripts
 
 DAY_MS = 24 * 3600 * 1000
+MAX_REPLICAS = 64
+MAX_REPLICA_TIMEOUT_MS = 60_000
 T = TypeVar("T")
 _BALANCE_FIELDS = ("limit", "soft", "pend", "post", "win", "ws", "appr", "over")
 
@@ -41,11 +44,30 @@ class Ledger:
 
     `retention_ms` is how long a settled hold (and with it its idempotency key) is
     kept; a replay after that is a new request.
+
+    `replicas` > 0: a reserve or an approval is followed, on the same connection and
+    in the same round trip, by WAIT for that many replicas (at most
+    `replica_timeout_ms`), and its result says how many acknowledged. Redis fails
+    over to a replica without the writes it had not received, so an admission that
+    no replica holds can vanish with the primary: its caller should not act on it.
     """
 
-    def __init__(self, redis: Redis, *, retention_ms: int = 7 * DAY_MS) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        retention_ms: int = 7 * DAY_MS,
+        replicas: int = 0,
+        replica_timeout_ms: int = 100,
+    ) -> None:
         self.redis = redis
         self.retention_ms = validate.ttl("retention_ms", retention_ms)
+        if not 0 <= replicas <= MAX_REPLICAS:
+            raise BadInput("replicas", f"must be 0 to {MAX_REPLICAS}")
+        if not 0 < replica_timeout_ms <= MAX_REPLICA_TIMEOUT_MS:
+            raise BadInput("replica_timeout_ms", f"must be 1 to {MAX_REPLICA_TIMEOUT_MS}")
+        self.replicas = replicas
+        self.replica_timeout_ms = replica_timeout_ms
         self._scripts = register_scripts(redis)
 
     @classmethod
@@ -54,6 +76,8 @@ class Ledger:
         url: str,
         *,
         retention_ms: int = 7 * DAY_MS,
+        replicas: int = 0,
+        replica_timeout_ms: int = 100,
         max_connections: int = 128,
         pool_timeout_s: float = 5.0,
         **options: Any,
@@ -76,7 +100,12 @@ class Ledger:
         )
         redis = Redis.from_pool(pool)
         _pack_with_hiredis(redis)
-        return cls(redis, retention_ms=retention_ms)
+        return cls(
+            redis,
+            retention_ms=retention_ms,
+            replicas=replicas,
+            replica_timeout_ms=replica_timeout_ms,
+        )
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -91,6 +120,35 @@ class Ledger:
         except redis_errors.RedisError as exc:
             raise LedgerUnavailable(f"Redis refused {operation}: {exc}") from exc
         return reply
+
+    async def _run_replicated(
+        self, operation: str, tenant: str, args: list[str]
+    ) -> tuple[list[Any], int | None]:
+        """`_run`, then WAIT on the same connection when replicas are asked for: the
+        script and the WAIT go out in one pipeline. Returns the reply and how many
+        replicas acknowledged (None when none are asked for)."""
+        if not self.replicas:
+            return await self._run(operation, tenant, args), None
+        script = self._scripts[operation]
+        keys = [prefix(validate.tenant_id(tenant))]
+        try:
+            for attempt in range(2):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
+                    reply, acked = await pipe.execute(raise_on_error=False)
+                if isinstance(reply, redis_errors.NoScriptError) and attempt == 0:
+                    await self.load_scripts()  # Redis restarted and forgot it
+                    continue
+                for result in (reply, acked):
+                    if isinstance(result, Exception):
+                        raise result
+                return reply, int(acked)
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+            raise LedgerUnavailable(f"Redis unreachable during {operation}: {exc}") from exc
+        except redis_errors.RedisError as exc:
+            raise LedgerUnavailable(f"Redis refused {operation}: {exc}") from exc
+        raise LedgerUnavailable(f"Redis kept forgetting the {operation} script")
 
     async def ping(self) -> None:
         try:
@@ -189,8 +247,8 @@ class Ledger:
             escalate_above,
             request,
         )
-        reply = await self._run("reserve", tenant, self._reserve_args(reserve))
-        return _reserve_result(tenant, idempotency_key, reply)
+        reply, replicas = await self._run_replicated("reserve", tenant, self._reserve_args(reserve))
+        return replace(_reserve_result(tenant, idempotency_key, reply), replicas=replicas)
 
     async def reserve_many(
         self, tenant: str, requests: Sequence[ReserveRequest]
@@ -281,7 +339,8 @@ class Ledger:
             str(validate.ttl("ttl_ms", ttl_ms)),
             validate.identifier("approver", approver),
         ]
-        return await self._transition("approve", tenant, hold_id, args)
+        reply, replicas = await self._run_replicated("approve", tenant, args)
+        return replace(_transition_result(tenant, hold_id, "approve", reply), replicas=replicas)
 
     async def reject(self, tenant: str, hold_id: str, approver: str) -> TransitionResult:
         args = [*self._hold_args(hold_id), validate.identifier("approver", approver)]

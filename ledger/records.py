@@ -135,6 +135,8 @@ class ReserveResult:
     deadline_ms: int
     created_ms: int
     accounts: tuple[AccountCheck, ...]
+    # Replicas that acknowledged the write before the reply (WAIT); None if not asked.
+    replicas: int | None = None
 
     @property
     def replayed(self) -> bool:
@@ -167,6 +169,7 @@ class TransitionResult:
     state: HoldState
     flags: frozenset[str]
     by: str = ""
+    replicas: int | None = None  # as in ReserveResult
 
 
 @dataclass(frozen=True, slots=True)

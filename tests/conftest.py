@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
+import redis
 
 from ledger.embedded import EmbeddedRedis, bundled_redis_server, redis_server_version
 
@@ -79,3 +83,43 @@ def redis_server(redis_session_server: EmbeddedRedis) -> Iterator[EmbeddedRedis]
 def tenant() -> str:
     """A tenant id no other test uses, so tests share servers without flushing."""
     return f"t-{uuid.uuid4().hex}"
+
+
+@dataclass
+class ReplicatedRedis:
+    """A primary and one replica, separate redis-server processes on loopback ports."""
+
+    primary: EmbeddedRedis
+    replica: EmbeddedRedis
+
+    def attach(self, deadline_s: float = 30.0) -> None:
+        """(Re)start the replica, point it at the primary, wait until it is in sync."""
+        self.replica.ensure_running()
+        port = urlsplit(self.primary.url).port
+        primary, replica = (
+            redis.Redis.from_url(server.url, decode_responses=True)
+            for server in (self.primary, self.replica)
+        )
+        try:
+            replica.execute_command("REPLICAOF", "127.0.0.1", str(port))
+            deadline = time.monotonic() + deadline_s
+            while not (
+                replica.info("replication").get("master_link_status") == "up"
+                and primary.info("replication").get("connected_slaves", 0) >= 1
+            ):
+                assert time.monotonic() < deadline, "the replica never caught up"
+                time.sleep(0.05)
+        finally:
+            primary.close()
+            replica.close()
+
+
+@pytest.fixture
+def replicated_redis(redis_binary: Path, tmp_path: Path) -> Iterator[ReplicatedRedis]:
+    with (
+        EmbeddedRedis(tmp_path / "primary", binary=redis_binary, tcp=True) as primary,
+        EmbeddedRedis(tmp_path / "replica", binary=redis_binary, tcp=True) as replica,
+    ):
+        pair = ReplicatedRedis(primary, replica)
+        pair.attach()
+        yield pair

@@ -1,0 +1,87 @@
+"""IRREV_WAIT_REPLICAS: an admission no replica acknowledged is released before
+anything is sent, and the agent gets 503 not_replicated. A real primary and replica
+(redis-server processes); the replica is SIGKILLed mid-test and brought back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..conftest import ReplicatedRedis
+from .conftest import Gateway, own_gateway
+from .helpers import assert_problem, balances, effect_headers, ledger_audit, order, used
+from .servers import Server
+
+
+@pytest.fixture
+def replicated_gateway(
+    replicated_redis: ReplicatedRedis, suppliers: Server, tmp_path: Path
+) -> Iterator[Gateway]:
+    with own_gateway(
+        replicated_redis.primary.url,
+        suppliers,
+        tmp_path,
+        workers=1,
+        IRREV_WAIT_REPLICAS="1",
+        IRREV_WAIT_TIMEOUT_MS="300",
+    ) as gateway:
+        yield gateway
+
+
+async def test_unreplicated_admission_is_released_and_never_sent(
+    replicated_gateway: Gateway, replicated_redis: ReplicatedRedis, upstream: httpx.AsyncClient
+) -> None:
+    gateway = replicated_gateway
+    tenant = gateway.tenant("own")
+    async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
+
+        async def send(key: str, quantity: int = 10) -> httpx.Response:
+            return await http.post(
+                "/tools/supplier/orders",
+                json=order(quantity=quantity),
+                headers=effect_headers(tenant, "buyer-01", key),
+            )
+
+        async def orders() -> int:
+            stats = (await upstream.get(f"/{tenant.id}/_stats")).json()
+            return int(stats["orders"])
+
+        assert (await send("o1")).status_code == 201
+        assert await orders() == 1
+        escalated = await send("big", quantity=450)  # above the approval threshold
+        assert escalated.status_code == 202, escalated.text
+        location = escalated.headers["location"]
+        before = used(await balances(http, gateway.admin, tenant))
+
+        replicated_redis.replica.kill()
+        refused = assert_problem(await send("o2"), 503, "not_replicated")
+        assert (refused["replicas"], refused["wanted"]) == (0, 1)
+        assert await orders() == 1  # nothing was sent
+        assert used(await balances(http, gateway.admin, tenant)) == before  # released
+        again = await send("o2")  # a repeat of the key gets the same answer
+        assert_problem(again, 503, "not_replicated")
+        assert again.headers["x-irrev-replayed"] == "true"
+        decision = await http.post(
+            "/v1/holds",
+            json={"tool": "deploy", "method": "POST", "path": "/deploys"},
+            headers=effect_headers(tenant, "deployer-01", "d1"),
+        )
+        assert_problem(decision, 503, "not_replicated")
+        approved = await http.post(f"{location}/approve", headers=gateway.admin)
+        assert_problem(approved, 503, "not_replicated")
+        assert await orders() == 1
+        poll = await http.get(location, headers=tenant.auth("buyer-01"))
+        assert_problem(poll, 503, "not_replicated")
+        escalation_price = int(escalated.headers["x-irrev-price"])
+        after = used(await balances(http, gateway.admin, tenant))
+        assert after[f"tenant:{tenant.id}"] == before[f"tenant:{tenant.id}"] - escalation_price
+
+        replicated_redis.attach()
+        assert (await send("o3")).status_code == 201
+        assert await orders() == 2
+
+    audit = ledger_audit(replicated_redis.primary.url, tenant)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
