@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -12,10 +13,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.records import Decision, Hold, HoldState
+from ledger.records import Decision, Hold, HoldState, Status
 from pricing import TenantPolicy, check_per_effect_cap, price_request
 from pricing.credentials import AuthenticatedAgent
 
+from . import metrics
 from .admission import refusal, reserve
 from .auth import agent_auth, gate_of
 from .problems import Problem
@@ -30,6 +32,7 @@ from .wire import (
     parse_json_body,
 )
 
+log = logging.getLogger("irrev.gateway")
 router = APIRouter(prefix="/v1/holds", tags=["decision API"])
 Agent = Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)]
 MAX_MICROS = 2**53 - 1
@@ -164,6 +167,12 @@ async def post_hold(
         )
     ledger = gate_of(request).ledger
     result = await ledger.post(tenant, hold_id, amount, outcome=_receipt(who[1].agent_id))
+    if result.status is Status.OK:
+        for flag in sorted(result.flags):
+            metrics.FLAGGED_OUTCOMES.labels(tenant, flag).inc()
+            log.warning(
+                "outcome flagged", extra={"tenant": tenant, "hold_id": hold_id, "flag": flag}
+            )
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}
 
 

@@ -24,6 +24,13 @@ LEDGER_SECONDS = Histogram(
 UPSTREAM_SECONDS = Histogram(
     "irrev_upstream_seconds", "Upstream requests", ["tool"], buckets=LATENCY_BUCKETS
 )
+FLAGGED_OUTCOMES = Counter(
+    "irrev_flagged_outcomes_total",
+    "Effects posted above their hold (overrun) or after it expired (late): the world "
+    "exceeded what was reserved; an overrun account refuses admissions until it is "
+    "back under its limit",
+    ["tenant", "flag"],
+)
 JOURNAL_TRIMMED = Counter(
     "irrev_journal_trimmed_total", "Journal entries archived and trimmed from Redis", ["tenant"]
 )

@@ -34,6 +34,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "bad-input": ("procurement", {}),
     "paths": ("procurement", {}),
     "decision": ("procurement", {}),
+    "overrun": ("procurement", {}),
     "decision-budget": ("procurement", {}),
     "overdraw": ("procurement", {}),
     "idempotency": ("procurement", {}),

@@ -70,6 +70,35 @@ async def test_create_post_compensate_round_trip(gateway: Gateway, http: httpx.A
     assert_problem(await http.post(f"/v1/holds/{hold}/void", headers=me), 409, "state_conflict")
 
 
+async def test_overrun_is_posted_flagged_counted_and_blocks_the_account(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """Contract 1's one exception: the world cost more than the hold. It is posted
+    (never refused), flagged and counted, and the account admits nothing more until
+    compensation brings it back under its limit."""
+    tenant = gateway.tenant("overrun")
+    me = tenant.auth("deployer-01")
+    hold = (await create(http, tenant, "d1")).json()["hold"]
+    realised = 12_000 * 10**6  # above the deployer's 10000 USD window cap
+    posted = await http.post(f"/v1/holds/{hold}/post", json={"amount_micros": realised}, headers=me)
+    assert posted.status_code == 200, posted.text
+    assert posted.json() == {"hold": hold, "state": "posted", "flags": ["overrun"]}
+    agent = (await balances(http, gateway.admin, tenant))["agent:deployer-01"]
+    assert agent["posted"] == realised > agent["limit"]
+
+    blocked = assert_problem(await create(http, tenant, "d2"), 403, "budget_exceeded")
+    assert blocked["ledger_reason"] == "over_limit"
+    metrics = (await http.get("/metrics")).text
+    assert f'irrev_flagged_outcomes_total{{flag="overrun",tenant="{tenant.id}"}} 1.0' in metrics
+
+    recovered = 3_000 * 10**6
+    back = await http.post(
+        f"/v1/holds/{hold}/compensate", json={"recovered_micros": recovered}, headers=me
+    )
+    assert back.status_code == 200, back.text
+    assert (await create(http, tenant, "d3")).status_code in (201, 202)
+
+
 async def test_void_and_ambiguous(gateway: Gateway, http: httpx.AsyncClient) -> None:
     tenant = gateway.tenant("decision")
     me = tenant.auth("deployer-01")
