@@ -43,6 +43,9 @@ async def test_reserve_and_approve_report_acknowledging_replicas(
         replicated_redis.attach()
         back = await ledger.reserve(tenant, "k5", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert back.replicas == 1
+        await ledger.redis.script_flush()  # what a restarted Redis has forgotten
+        again = await ledger.reserve(tenant, "k6", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+        assert (again.state, again.replicas) == (HoldState.PENDING, 1)
     finally:
         await ledger.aclose()
         await plain.aclose()
