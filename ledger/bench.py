@@ -17,11 +17,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from redis.asyncio import Redis
 from rich.console import Console
 from rich.table import Table
 
+from .checkpoint import cutoff_ms, trim
 from .client import Ledger
 from .embedded import EmbeddedRedis
 from .records import AccountSpec, ReserveRequest
@@ -64,16 +66,20 @@ def run(args: argparse.Namespace) -> int:
 
 async def bench(url: str, args: argparse.Namespace) -> int:
     ledger = Ledger.from_url(url, max_connections=args.clients + 4)
-    tenant = f"bench-{uuid.uuid4().hex[:8]}"
+    run = uuid.uuid4().hex[:8]
+    # The memory figures get a tenant of their own, so the trim they end with
+    # removes exactly the journal of the holds they count.
+    tenant, memory_tenant = f"bench-{run}", f"bench-{run}-memory"
     try:
         for account in ACCOUNTS:
-            await ledger.upsert_account(tenant, AccountSpec(account, 2**52, 2**52))
+            for owner in (tenant, memory_tenant):
+                await ledger.upsert_account(owner, AccountSpec(account, 2**52, 2**52))
         await ledger.load_scripts()
         rows = await measure(ledger, tenant, args)
-        per_hold = await bytes_per_hold(ledger, tenant, args.holds, args.batch)
+        memory = await memory_per_hold(ledger, memory_tenant, args.holds, args.batch)
     finally:
         await ledger.aclose()
-    report(rows, per_hold, args)
+    report(rows, memory, args)
     return 0
 
 
@@ -143,9 +149,19 @@ async def rate(
     )
 
 
-async def bytes_per_hold(ledger: Ledger, tenant: str, holds: int, batch: int) -> float:
+@dataclass(frozen=True)
+class Memory:
+    per_hold: float  # bytes of Redis memory per settled hold, journal included
+    per_hold_trimmed: float  # the same once the journal is archived and trimmed
+    trimmed: int  # journal entries archived and trimmed
+    trim_per_s: float
+
+
+async def memory_per_hold(ledger: Ledger, tenant: str, holds: int, batch: int) -> Memory:
     """Redis memory per settled hold (hold record, idempotency and journal entries
-    included), from INFO memory before and after `holds` reserve+post pairs."""
+    included), from INFO memory before and after `holds` reserve+post pairs; then
+    the journal is archived (to a temporary directory) and trimmed, as a gateway
+    does to entries older than IRREV_JOURNAL_KEEP_S, and measured again."""
     redis: Redis = ledger.redis
     before = int((await redis.info("memory"))["used_memory"])
     for start in range(0, holds, batch):
@@ -154,10 +170,17 @@ async def bytes_per_hold(ledger: Ledger, tenant: str, holds: int, batch: int) ->
         await ledger.reserve_many(tenant, requests)
         await ledger.post_many(tenant, [(k, PRICE // 2) for k in ids])
     after = int((await redis.info("memory"))["used_memory"])
-    return (after - before) / holds
+    with tempfile.TemporaryDirectory(prefix="irrev-bench-archive-") as archive:
+        started = time.perf_counter()
+        trimmed = await trim(redis, tenant, Path(archive), await cutoff_ms(redis, 0))
+        elapsed = time.perf_counter() - started
+    after_trim = int((await redis.info("memory"))["used_memory"])
+    return Memory(
+        (after - before) / holds, (after_trim - before) / holds, trimmed, trimmed / elapsed
+    )
 
 
-def report(rows: list[tuple[Rate, Rate]], per_hold: float, args: argparse.Namespace) -> None:
+def report(rows: list[tuple[Rate, Rate]], memory: Memory, args: argparse.Namespace) -> None:
     table = Table(title=f"irrev bench ledger (appendfsync {args.appendfsync})")
     for column in ("mode", "reserve+post /s", "p50 ms", "p99 ms", "trivial EVALSHA /s", "ratio"):
         table.add_column(column, justify="left" if column == "mode" else "right")
@@ -174,5 +197,7 @@ def report(rows: list[tuple[Rate, Rate]], per_hold: float, args: argparse.Namesp
     console.print(table)
     console.print(
         f"Redis memory per settled hold (3 accounts, journal included), over "
-        f"{args.holds:,} holds: {per_hold:,.0f} bytes (budget 1,024)"
+        f"{args.holds:,} holds: {memory.per_hold:,.0f} bytes (budget 1,024); "
+        f"{memory.per_hold_trimmed:,.0f} bytes once its journal is archived and trimmed "
+        f"({memory.trimmed:,} entries at {memory.trim_per_s:,.0f}/s)"
     )
