@@ -12,7 +12,9 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from redis.exceptions import RedisError
 
+from ledger.keys import observed_key
 from ledger.records import Decision, Hold, HoldState, Status
 from pricing import TenantPolicy, check_per_effect_cap, price_request
 from pricing.credentials import AuthenticatedAgent
@@ -150,8 +152,16 @@ async def get_hold(request: Request, hold_id: str, who: Agent) -> dict[str, Any]
     return hold_view(tenant, hold)
 
 
-def _receipt(agent: str) -> str:
-    return StoredAnswer.of(agent, 200, [], b"").dumps()
+def _receipt(agent: str, hold: Hold) -> str:
+    route_id = StoredRequest.loads(hold.request).route_id if hold.request else ""
+    return StoredAnswer.of(agent, 200, [], b"", route_id=route_id).dumps()
+
+
+def route_of(hold: Hold) -> str:
+    """The route a hold's effect went through, from whichever record it still has."""
+    if hold.request:
+        return StoredRequest.loads(hold.request).route_id
+    return StoredAnswer.loads(hold.outcome).route_id if hold.outcome else ""
 
 
 @router.post("/{hold_id}/post")
@@ -166,7 +176,7 @@ async def post_hold(
             StoredRequest.loads(hold.request).price if hold.request else max(hold.amounts.values())
         )
     ledger = gate_of(request).ledger
-    result = await ledger.post(tenant, hold_id, amount, outcome=_receipt(who[1].agent_id))
+    result = await ledger.post(tenant, hold_id, amount, outcome=_receipt(who[1].agent_id, hold))
     if result.status is Status.OK:
         for flag in sorted(result.flags):
             metrics.FLAGGED_OUTCOMES.labels(tenant, flag).inc()
@@ -178,8 +188,9 @@ async def post_hold(
 
 @router.post("/{hold_id}/void")
 async def void_hold(request: Request, hold_id: str, who: Agent) -> dict[str, Any]:
-    tenant, _ = await owned_hold(request, who, hold_id)
-    result = await gate_of(request).ledger.void(tenant, hold_id, outcome=_receipt(who[1].agent_id))
+    tenant, hold = await owned_hold(request, who, hold_id)
+    ledger = gate_of(request).ledger
+    result = await ledger.void(tenant, hold_id, outcome=_receipt(who[1].agent_id, hold))
     return {"hold": hold_id, "state": result.state.value}
 
 
@@ -196,6 +207,16 @@ async def ambiguous_hold(
 async def compensate_hold(
     request: Request, hold_id: str, spec: CompensateRequest, who: Agent
 ) -> dict[str, Any]:
-    tenant, _ = await owned_hold(request, who, hold_id)
-    result = await gate_of(request).ledger.compensate(tenant, hold_id, spec.recovered_micros)
+    tenant, hold = await owned_hold(request, who, hold_id)
+    ledger = gate_of(request).ledger
+    result = await ledger.compensate(tenant, hold_id, spec.recovered_micros)
+    route_id = route_of(hold)
+    if result.status is Status.OK and route_id:
+        # Counted after the ledger's change, outside its script: a crash in between
+        # loses one observation (prices learn a little less), never money.
+        outcome = "failures" if spec.recovered_micros == 0 else "successes"
+        try:
+            await ledger.redis.hincrby(observed_key(tenant, outcome), route_id, 1)
+        except RedisError:
+            log.warning("compensation outcome not counted", extra={"hold_id": hold_id})
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}

@@ -9,15 +9,18 @@ import tempfile
 from pathlib import Path
 
 from ledger.client import Ledger
+from ledger.keys import observed_key
 from ledger.records import AccountSpec as LedgerAccount
 from pricing import (
     AccountSpec,
+    Outcomes,
     TenantPolicy,
     factor_account,
     load_policy_data,
     load_policy_text,
     parse_yaml,
     policy_accounts,
+    with_observed,
 )
 from pricing.credentials import AuthenticatedAgent, hash_token
 
@@ -55,9 +58,14 @@ async def _open_account(ledger: Ledger, tenant: str, spec: LedgerAccount) -> Non
 
 
 class TenantStore:
+    """`policies` are what prices are computed with: each policy as written, with the
+    compensation outcomes counted so far applied (pricing.with_observed)."""
+
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.policies: dict[str, TenantPolicy] = {}
+        self._written: dict[str, TenantPolicy] = {}
+        self._observed: dict[str, dict[str, Outcomes]] = {}
         self._agents: dict[str, tuple[TenantPolicy, AuthenticatedAgent]] = {}
         self._signature: tuple[tuple[str, int, int], ...] = ()
 
@@ -76,21 +84,46 @@ class TenantStore:
         for policy in policies.values():
             for spec in policy_accounts(policy):
                 await _open_account(ledger, policy.tenant, ledger_account(spec))
-        self.policies = policies
-        self._agents = {
-            agent_hash: (policy, agent)
-            for policy in policies.values()
-            for agent_hash, agent in policy.agents_by_hash.items()
-        }
+        self._written = policies
         self._signature = signature
+        self._install(await self._read_observed(ledger))
         return sorted(policies)
 
     async def refresh(self, ledger: Ledger) -> bool:
-        """Reload if any policy file changed since the last load."""
-        if self._files_signature() == self._signature:
-            return False
-        await self.load(ledger)
-        return True
+        """Reload if any policy file changed since the last load; apply compensation
+        outcomes counted since the last look."""
+        if self._files_signature() != self._signature:
+            await self.load(ledger)
+            return True
+        observed = await self._read_observed(ledger)
+        if observed != self._observed:
+            self._install(observed)
+        return False
+
+    async def _read_observed(self, ledger: Ledger) -> dict[str, dict[str, Outcomes]]:
+        observed = {}
+        for tenant in self._written:
+            async with ledger.redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(observed_key(tenant, "failures"))
+                pipe.hgetall(observed_key(tenant, "successes"))
+                failures, successes = await pipe.execute()
+            observed[tenant] = {
+                route: Outcomes(int(failures.get(route, 0)), int(successes.get(route, 0)))
+                for route in failures.keys() | successes.keys()
+            }
+        return observed
+
+    def _install(self, observed: dict[str, dict[str, Outcomes]]) -> None:
+        self.policies = {
+            tenant: with_observed(policy, observed[tenant]) if observed.get(tenant) else policy
+            for tenant, policy in self._written.items()
+        }
+        self._agents = {
+            agent_hash: (policy, agent)
+            for policy in self.policies.values()
+            for agent_hash, agent in policy.agents_by_hash.items()
+        }
+        self._observed = observed
 
     async def upload(self, ledger: Ledger, tenant: str, text: str) -> TenantPolicy:
         """Validate a policy, then write it atomically as `<tenant>.yaml` and load."""

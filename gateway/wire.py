@@ -139,6 +139,9 @@ class StoredAnswer(_Record):
     status: int
     headers: list[tuple[str, str]]
     body_b64: str
+    # The route of the effect, so that a compensation after the request record is
+    # gone still knows which route's prices it teaches ('' in records from before).
+    route_id: str = ""
 
     @classmethod
     def loads(cls, text: str) -> StoredAnswer:
@@ -148,7 +151,12 @@ class StoredAnswer(_Record):
 
     @classmethod
     def of(
-        cls, agent: str, status: int, headers: list[tuple[str, str]], body: bytes
+        cls,
+        agent: str,
+        status: int,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        route_id: str = "",
     ) -> StoredAnswer:
         kept = [(k.lower(), v) for k, v in headers if k.lower() in KEPT_RESPONSE_HEADERS]
         if len(body) > MAX_RECORDED_BODY:
@@ -156,7 +164,7 @@ class StoredAnswer(_Record):
             # delivered effect must still be posted. A repeat gets the status without it.
             kept.append(("x-irrev-body-omitted", str(len(body))))
             body = b""
-        return cls(agent, status, kept, base64.b64encode(body).decode())
+        return cls(agent, status, kept, base64.b64encode(body).decode(), route_id)
 
 
 def owner_of(request: str, outcome: str) -> str:

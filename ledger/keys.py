@@ -27,6 +27,11 @@ def checkpoint_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}checkpoint"
 
 
+def observed_key(tenant: str, outcome: str) -> str:
+    """Compensation outcomes ('failures' or 'successes') counted per route id."""
+    return f"{tenant_prefix(tenant)}observed:{outcome}"
+
+
 def trim_lock_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}trim-lock"
 

@@ -48,6 +48,7 @@ from pricing.models import (
     vasicek_pd,
 )
 from pricing.money import MAX_MICROS, major_to_minor, minor_to_major_text, round_up
+from pricing.observed import Outcomes, with_observed
 from pricing.policy import EffectClass, TenantPolicy, UnknownRouteAction
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "FacePricing",
     "FailureBound",
     "FailurePosterior",
+    "Outcomes",
     "PerEffectCapExceeded",
     "PolicyError",
     "PricedEffect",
@@ -98,4 +100,5 @@ __all__ = [
     "round_up",
     "stressed_lgd",
     "vasicek_pd",
+    "with_observed",
 ]

@@ -212,6 +212,13 @@ class TenantPolicy(_Model):
 
         return compile_catalog(self)
 
+    def with_routes(self, routes: list[Route]) -> TenantPolicy:
+        """A copy with other routes (already validated), compiled afresh: a plain
+        model_copy would carry this policy's cached catalog along."""
+        copy = self.model_copy(update={"routes": routes})
+        copy.__dict__.pop("catalog", None)
+        return copy
+
     @cached_property
     def agents_by_hash(self) -> dict[str, AuthenticatedAgent]:
         """Agents by `sha256:<hex>` of their token."""

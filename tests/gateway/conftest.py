@@ -152,14 +152,21 @@ def peer_gateway(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @contextmanager
 def own_gateway(
-    redis_url: str, suppliers: Server, root: Path, workers: int, **settings: str
+    redis_url: str,
+    suppliers: Server,
+    root: Path,
+    workers: int,
+    policy: dict[str, Any] | None = None,
+    **settings: str,
 ) -> Iterator[Gateway]:
     """A gateway of its own, with extra IRREV_* settings, serving one fresh tenant
-    (`.tenant("own")`), for tests whose settings would disturb the shared gateway."""
+    (`.tenant("own")`, the procurement example with `policy`'s top-level keys
+    replaced), for tests whose settings would disturb the shared gateway."""
     policies = root / "policies"
     policies.mkdir()
     tenant_id = f"own-{secrets.token_hex(5)}"
-    tenant = write_policy(policies, "procurement", tenant_id, f"{suppliers.url}/{tenant_id}")
+    supplier = f"{suppliers.url}/{tenant_id}"
+    tenant = write_policy(policies, "procurement", tenant_id, supplier, **(policy or {}))
     admin_token = secrets.token_urlsafe(24)
     env = base_env(
         IRREV_REDIS_URL=redis_url,

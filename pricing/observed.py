@@ -1,0 +1,53 @@
+"""Prices that learn from compensation outcomes (pure).
+
+A route whose `p_fail` is a posterior (`{alpha, beta, level}` in the policy) is priced
+with its upper credible bound; every compensation the gateway sees on that route is
+one more observation: a failure (nothing recovered) adds to alpha, a success to beta.
+`with_observed` turns the policy as written plus the outcomes counted so far into the
+policy to price with. A fixed `p_fail` (a plain number) is the operator's word and
+is left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pricing.models import ExpectedPricing, FailureBound, QuantilePricing, StressedPricing
+from pricing.policy import TenantPolicy
+
+Learnable = ExpectedPricing | QuantilePricing | StressedPricing
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    """Compensations observed on one route: how many recovered nothing, how many some."""
+
+    failures: int = 0
+    successes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.failures < 0 or self.successes < 0:
+            raise ValueError("outcome counts are never negative")
+
+
+def with_observed(policy: TenantPolicy, observed: Mapping[str, Outcomes]) -> TenantPolicy:
+    """`policy` with each learnable route's posterior moved by its observed outcomes
+    (keyed by route id, as `CompiledRoute.route_id`). `policy` itself is unchanged."""
+    ids = {r.index: r.route_id for group in policy.catalog.routes.values() for r in group}
+    routes = list(policy.routes)
+    for index, route in enumerate(routes):
+        seen = observed.get(ids.get(index, ""))
+        spec = route.pricing
+        if seen is None or not isinstance(spec, Learnable):
+            continue
+        if not isinstance(spec.p_fail, FailureBound):
+            continue
+        prior = spec.p_fail
+        posterior = FailureBound(
+            alpha=prior.alpha + seen.failures, beta=prior.beta + seen.successes, level=prior.level
+        )
+        routes[index] = route.model_copy(
+            update={"pricing": spec.model_copy(update={"p_fail": posterior})}
+        )
+    return policy.with_routes(routes)

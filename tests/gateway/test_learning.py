@@ -1,0 +1,104 @@
+"""Prices learn from compensation outcomes, end to end: compensations that recover
+nothing on a route whose p_fail is a posterior raise that route's next price in
+every worker, without a restart; recoveries bring it down again."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import Gateway, own_gateway
+from .helpers import effect_headers
+from .servers import Server
+
+# The in-process deploy route, priced like a reversible effect whose compensation
+# (a rollback) fails with p_fail learned from what rollbacks actually did.
+DEPLOY_ROUTE = {
+    "tool": "deploy",
+    "route": "POST /deploys",
+    "class": "compensable",
+    "face_value_fixed": "1000",
+    "in_process": True,
+    "pricing": {
+        "model": "expected",
+        "recovery": {"alpha": 19, "beta": 1},
+        "p_fail": {"alpha": 1, "beta": 99, "level": 0.95},
+    },
+}
+DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
+
+
+@pytest.fixture
+def learning_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> Iterator[Gateway]:
+    with own_gateway(
+        redis_url,
+        suppliers,
+        tmp_path,
+        workers=2,
+        policy={"routes": [DEPLOY_ROUTE]},
+        IRREV_POLICY_CHECK_INTERVAL_S="0.2",
+    ) as gateway:
+        yield gateway
+
+
+async def test_rollbacks_that_fail_raise_the_price_and_successes_lower_it(
+    learning_gateway: Gateway,
+) -> None:
+    tenant = learning_gateway.tenant("own")
+    me = tenant.auth("deployer-01")
+    keys = iter(range(10_000))
+
+    async with httpx.AsyncClient(base_url=learning_gateway.url, trust_env=False) as http:
+
+        async def deploy() -> tuple[str, int]:
+            headers = effect_headers(tenant, "deployer-01", f"d{next(keys)}")
+            created = await http.post("/v1/holds", json=DEPLOY, headers=headers)
+            assert created.status_code == 201, created.text
+            return created.json()["hold"], int(created.headers["x-irrev-price"])
+
+        async def rolled_back(recovered: int) -> None:
+            hold, price = await deploy()
+            assert (
+                await http.post(f"/v1/holds/{hold}/post", json={}, headers=me)
+            ).status_code == 200
+            back = await http.post(
+                f"/v1/holds/{hold}/compensate",
+                json={"recovered_micros": min(recovered, price)},
+                headers=me,
+            )
+            assert back.status_code == 200, back.text
+
+        async def price_settles(below: int | None = None, above: int | None = None) -> int:
+            """Both workers have relearned: 6 fresh prices in a row agree."""
+            deadline = time.monotonic() + 20
+            while True:
+                prices = []
+                for _ in range(6):
+                    hold, price = await deploy()
+                    prices.append(price)
+                    await http.post(f"/v1/holds/{hold}/void", headers=me)
+                steady = len(set(prices)) == 1
+                if (
+                    steady
+                    and (above is None or prices[0] > above)
+                    and (below is None or prices[0] < below)
+                ):
+                    return prices[0]
+                assert time.monotonic() < deadline, prices
+                await asyncio.sleep(0.2)
+
+        written = await price_settles()
+        # E[r] = 0.95, p_fail = q_0.95 of Beta(1, 99) = 0.0295: 1000 USD * 0.078
+        assert written == pytest.approx(78.3e6, rel=0.01)
+        for _ in range(5):
+            await rolled_back(recovered=0)  # the rollback recovered nothing
+        worse = await price_settles(above=written)
+        assert worse == pytest.approx(143.5e6, rel=0.01)  # Beta(6, 99): p_fail 0.0984
+        for _ in range(60):
+            await rolled_back(recovered=10**9)
+        assert await price_settles(below=worse) < worse
