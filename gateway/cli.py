@@ -70,4 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module, not this `__main__` copy of it: subcommands
+    # raise gateway.cli.CliError, which a second copy of the class would not catch.
+    from gateway.cli import main as run_main
+
+    sys.exit(run_main())

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import httpx
 
+from .cli import CliError
+
 EXAMPLES = Path("examples")
 DEMO_ADMIN_TOKEN = "demo-admin-token-not-secret"
 
@@ -33,9 +35,9 @@ def render_policies(directory: Path, supplier_url: str, examples: Path = EXAMPLE
     """Copy the example policies (and demo tokens) into `directory`, pointing the
     supplier tool at `supplier_url`."""
     if not (examples / "procurement.yaml").is_file():
-        raise FileNotFoundError(
-            f"no {examples / 'procurement.yaml'}: run from the irrev repository, "
-            "or set --policy-dir"
+        raise CliError(
+            f"no {examples / 'procurement.yaml'} in {Path.cwd()}: run this from the root of "
+            "the irrev repository, where the example policies are"
         )
     directory.mkdir(parents=True, exist_ok=True)
     for source in examples.glob("*.yaml"):
