@@ -23,6 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from ledger.cli import bounded
 from ledger.embedded import EmbeddedRedis
 from pricing import format_token, hash_token
 
@@ -73,10 +74,18 @@ BENCHFILE = Path(__file__).resolve().parent.parent / "sim" / "benchfile.py"
 
 def register_bench(benches: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = benches.add_parser("gateway", help="proxy admissions/s and latency vs a bare endpoint")
-    parser.add_argument("--seconds", type=float, default=5.0, help="per measurement")
-    parser.add_argument("--clients", type=int, default=32, help="closed-loop users")
-    parser.add_argument("--rate", type=float, default=500.0, help="open-loop requests/s")
-    parser.add_argument("--workers", type=int, default=2, help="uvicorn workers (both servers)")
+    parser.add_argument(
+        "--seconds", type=bounded(float, 1.0, 3600.0), default=5.0, help="per measurement"
+    )
+    parser.add_argument(
+        "--clients", type=bounded(int, 1, 1000), default=32, help="closed-loop users"
+    )
+    parser.add_argument(
+        "--rate", type=bounded(float, 1.0, 100_000.0), default=500.0, help="open-loop requests/s"
+    )
+    parser.add_argument(
+        "--workers", type=bounded(int, 1, 64), default=2, help="uvicorn workers (both servers)"
+    )
     parser.set_defaults(func=run)
 
 

@@ -14,6 +14,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from ledger.errors import LedgerError
@@ -49,6 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def settings_problem(exc: ValidationError) -> str:
+    """A settings model's validation errors as one line naming the IRREV_* variables
+    (flags such as `serve --port` land in the same fields)."""
+    problems = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"])
+        name = f"IRREV_{field.upper()}" if exc.title.endswith("Settings") else field
+        problems.append(f"{name}: {error['msg']} (got {error.get('input')!r})")
+    return "; ".join(problems)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -57,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return func(args)
     except (CliError, LedgerError) as exc:
         print(f"irrev: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        print(f"irrev: {settings_problem(exc)}", file=sys.stderr)
         return 2
     except RedisError as exc:
         print(

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ledger.audit import audit_tenant
+from ledger.cli import bounded
 from ledger.client import Ledger
 from ledger.embedded import EmbeddedRedis
 from ledger.records import HoldState
@@ -48,9 +49,14 @@ class Tally:
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("demo", help="a correlated fleet through a price spike")
     parser.add_argument("--agents", type=int, default=50, choices=range(1, 51), metavar="1-50")
-    parser.add_argument("--ticks", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--approve", type=int, default=3, help="escalations the operator approves")
+    parser.add_argument("--ticks", type=bounded(int, 1, 10_000), default=40)
+    parser.add_argument("--seed", type=bounded(int, 0), default=7)
+    parser.add_argument(
+        "--approve",
+        type=bounded(int, 0),
+        default=3,
+        help="escalations the operator approves",
+    )
     parser.set_defaults(func=run)
 
 

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ledger.audit import audit_tenant
+from ledger.cli import bounded
 from ledger.client import Ledger
 from ledger.embedded import EmbeddedRedis
 
@@ -25,10 +26,12 @@ LOCUSTFILE = Path(__file__).resolve().parent.parent / "sim" / "locustfile.py"
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("load", help="locust procurement load against a local gateway")
-    parser.add_argument("--users", type=int, default=50)
-    parser.add_argument("--spawn-rate", type=float, default=25)
-    parser.add_argument("--seconds", type=int, default=30, help="bounded run time")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--users", type=bounded(int, 1, 1000), default=50)
+    parser.add_argument("--spawn-rate", type=bounded(float, 0.1, 1000.0), default=25)
+    parser.add_argument(
+        "--seconds", type=bounded(int, 1, 3600), default=30, help="bounded run time"
+    )
+    parser.add_argument("--workers", type=bounded(int, 1, 64), default=2)
     parser.set_defaults(func=run)
 
 

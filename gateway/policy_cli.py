@@ -7,6 +7,8 @@ import secrets
 import sys
 from pathlib import Path
 
+from pydantic import TypeAdapter, ValidationError
+
 from gateway.cli import CliError
 from gateway.policies import (
     check_demo_tokens,
@@ -29,7 +31,7 @@ from pricing import (
 from pricing.accounts import AccountSpec
 from pricing.catalog import CompiledRoute
 from pricing.credentials import TOKEN_BYTES
-from pricing.policy import EffectClass
+from pricing.policy import EffectClass, MemberId, TenantId
 
 EXAMPLE_FACE_MAJOR = 10_000
 
@@ -171,6 +173,13 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
+    # The policy's own field types: a name it would refuse gets no token.
+    names = (("--tenant", TenantId, args.tenant), ("--agent", MemberId, args.agent))
+    for field, kind, value in names:
+        try:
+            TypeAdapter(kind).validate_python(value)
+        except ValidationError:
+            raise CliError(f"{field} {value!r} is not a name a policy accepts") from None
     token = format_token(secrets.token_bytes(TOKEN_BYTES))
     print(f"token for agent {args.agent} of tenant {args.tenant} (shown once; store it now):")
     print(f"  {token}")

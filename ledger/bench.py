@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .checkpoint import cutoff_ms, trim
+from .cli import bounded
 from .client import Ledger
 from .embedded import EmbeddedRedis
 from .records import AccountSpec, ReserveRequest
@@ -45,10 +46,18 @@ class Rate:
 
 def register_bench(benches: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = benches.add_parser("ledger", help="reserve+post per second vs a trivial EVALSHA")
-    parser.add_argument("--seconds", type=float, default=3.0, help="per measurement")
-    parser.add_argument("--clients", type=int, default=16, help="concurrent clients")
-    parser.add_argument("--batch", type=int, default=64, help="pipelined batch size")
-    parser.add_argument("--holds", type=int, default=100_000, help="for bytes per hold")
+    parser.add_argument(
+        "--seconds", type=bounded(float, 0.1, 3600.0), default=3.0, help="per measurement"
+    )
+    parser.add_argument(
+        "--clients", type=bounded(int, 1, 1000), default=16, help="concurrent clients"
+    )
+    parser.add_argument(
+        "--batch", type=bounded(int, 1, 10_000), default=64, help="pipelined batch size"
+    )
+    parser.add_argument(
+        "--holds", type=bounded(int, 1, 10_000_000), default=100_000, help="for bytes per hold"
+    )
     parser.add_argument("--appendfsync", choices=[m.value for m in AppendFsync], default="always")
     parser.add_argument("--url", help="benchmark this Redis instead of a fresh embedded one")
     parser.set_defaults(func=run)

@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from rich.console import Console
 from rich.table import Table
@@ -21,6 +22,25 @@ from .journal import read_journal
 from .records import HoldState
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
+Number = TypeVar("Number", int, float)
+
+
+def bounded(kind: type[Number], low: Number, high: Number | None = None) -> Callable[[str], Number]:
+    """An argparse type: a number of `kind` within [low, high]; anything else is a
+    one-line usage error (exit 2) naming the range."""
+    span = f">= {low}" if high is None else f"between {low} and {high}"
+    noun = "a whole number" if kind is int else "a number"
+
+    def parse(text: str) -> Number:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {noun} {span} (got {text!r})") from None
+        if value != value or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {noun} {span} (got {text!r})")
+        return value
+
+    return parse
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     journal = commands.add_parser("journal", help="print a tenant's journal")
     journal.add_argument("--tenant", required=True)
     journal.add_argument("--after", default="-", help="entry id to start after")
-    journal.add_argument("--count", type=int, default=100)
+    journal.add_argument("--count", type=bounded(int, 1, 10_000), default=100)
     journal.add_argument("--json", action="store_true", help="JSON lines")
     _bind(journal, _journal)
 
@@ -54,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     trim.add_argument("--tenant", required=True)
     trim.add_argument("--archive", required=True, type=Path, help="directory for the archive")
-    trim.add_argument("--older-than-s", type=_seconds, default=7 * 24 * 3600)
+    trim.add_argument("--older-than-s", type=bounded(int, 0), default=7 * 24 * 3600)
     _bind(trim, _trim)
 
     reconcile = commands.add_parser("reconcile", help="list a tenant's ambiguous holds")
@@ -136,16 +156,6 @@ async def _sweep(ledger: Ledger, args: argparse.Namespace) -> int:
             break
     print(f"{args.tenant}: settled {total} due holds")
     return 0
-
-
-def _seconds(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number of seconds >= 0 (got {text!r})")
-    return value
 
 
 async def _trim(ledger: Ledger, args: argparse.Namespace) -> int:

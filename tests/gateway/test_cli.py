@@ -25,3 +25,34 @@ def test_outside_the_repository_is_one_line(command: list[str], tmp_path: Path) 
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "run this from the root of the irrev repository" in result.stderr.strip()
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "says"),
+    [
+        (["bench", "ledger", "--seconds", "-1"], {}, "--seconds: must be a number between"),
+        (["bench", "ledger", "--holds", "0"], {}, "--holds: must be a whole number between"),
+        (["bench", "gateway", "--seconds", "0"], {}, "--seconds: must be a number between"),
+        (["demo", "--seed", "-1"], {}, "--seed: must be a whole number >= 0"),
+        (["load", "--users", "0"], {}, "--users: must be a whole number between 1 and"),
+        (["ledger", "journal", "--tenant", "t", "--count", "0"], {}, "--count: must be"),
+        (["serve", "--port", "99999"], {}, "IRREV_PORT: Input should be less than or equal"),
+        (["serve"], {"IRREV_WORKERS": "many"}, "IRREV_WORKERS: Input should be a valid integer"),
+        (["serve"], {"IRREV_APPENDFSYNC": "sometimes"}, "IRREV_APPENDFSYNC: Input should be"),
+        (["policy", "token", "--tenant", "a b", "--agent", "x"], {}, "not a name a policy"),
+    ],
+)
+def test_bad_arguments_and_settings_are_one_line(
+    command: list[str], env: dict[str, str], says: str, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *command],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert says in result.stderr.strip().splitlines()[-1]
