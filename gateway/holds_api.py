@@ -152,16 +152,15 @@ async def get_hold(request: Request, hold_id: str, who: Agent) -> dict[str, Any]
     return hold_view(tenant, hold)
 
 
-def _receipt(agent: str, hold: Hold) -> str:
-    route_id = StoredRequest.loads(hold.request).route_id if hold.request else ""
-    return StoredAnswer.of(agent, 200, [], b"", route_id=route_id).dumps()
-
-
 def route_of(hold: Hold) -> str:
     """The route a hold's effect went through, from whichever record it still has."""
     if hold.request:
         return StoredRequest.loads(hold.request).route_id
     return StoredAnswer.loads(hold.outcome).route_id if hold.outcome else ""
+
+
+def _receipt(agent: str, hold: Hold) -> str:
+    return StoredAnswer.of(agent, 200, [], b"", route_id=route_of(hold)).dumps()
 
 
 @router.post("/{hold_id}/post")
