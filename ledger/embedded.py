@@ -447,8 +447,12 @@ class EmbeddedRedis:
                 )
             time.sleep(_POLL_INTERVAL_S)
         # Our server writes its pidfile after it binds. Another server that owned a
-        # recycled port answers with another pid: then ours failed to bind.
+        # recycled port answers with another pid: then ours failed to bind and is on
+        # its way out, still holding the server lock; the next port's start needs it.
         if pid != self._pidfile_pid():
+            self._wait_for(
+                lambda: not self._server_alive(), f"the redis-server that could not bind {url}"
+            )
             raise EmbeddedRedisError(f"another redis-server (pid {pid}) answers at {url}")
         return pid
 
