@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from hiredis import pack_command as _hiredis_pack
@@ -248,7 +247,7 @@ class Ledger:
             request,
         )
         reply, replicas = await self._run_replicated("reserve", tenant, self._reserve_args(reserve))
-        return replace(_reserve_result(tenant, idempotency_key, reply), replicas=replicas)
+        return _reserve_result(tenant, idempotency_key, reply, replicas)
 
     async def reserve_many(
         self, tenant: str, requests: Sequence[ReserveRequest]
@@ -340,7 +339,7 @@ class Ledger:
             validate.identifier("approver", approver),
         ]
         reply, replicas = await self._run_replicated("approve", tenant, args)
-        return replace(_transition_result(tenant, hold_id, "approve", reply), replicas=replicas)
+        return _transition_result(tenant, hold_id, "approve", reply, replicas)
 
     async def reject(self, tenant: str, hold_id: str, approver: str) -> TransitionResult:
         args = [*self._hold_args(hold_id), validate.identifier("approver", approver)]
@@ -455,7 +454,9 @@ def _or_error(parse: Callable[..., T], *args: Any) -> T | LedgerError:
         return exc
 
 
-def _reserve_result(tenant: str, hold_id: str, reply: list[Any]) -> ReserveResult:
+def _reserve_result(
+    tenant: str, hold_id: str, reply: list[Any], replicas: int | None = None
+) -> ReserveResult:
     status = raise_for_reply(tenant, hold_id, "reserve", reply)
     checks = tuple(
         AccountCheck(str(reply[7 + 4 * i]), *(int(x) for x in reply[8 + 4 * i : 11 + 4 * i]))
@@ -470,11 +471,12 @@ def _reserve_result(tenant: str, hold_id: str, reply: list[Any]) -> ReserveResul
         deadline_ms=int(reply[4]),
         created_ms=int(reply[5]),
         accounts=checks,
+        replicas=replicas,
     )
 
 
 def _transition_result(
-    tenant: str, hold_id: str, operation: str, reply: list[Any]
+    tenant: str, hold_id: str, operation: str, reply: list[Any], replicas: int | None = None
 ) -> TransitionResult:
     status = raise_for_reply(tenant, hold_id, operation, reply)
     flags = str(reply[2])
@@ -484,6 +486,7 @@ def _transition_result(
         state=HoldState(reply[1]),
         flags=frozenset(flags.split(",")) - {""},
         by=flags if operation in ("approve", "reject") else "",
+        replicas=replicas,
     )
 
 
