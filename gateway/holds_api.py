@@ -30,8 +30,8 @@ from .wire import (
     StoredRequest,
     fingerprint,
     hold_id_for,
-    owner_of,
     parse_json_body,
+    record_of,
 )
 
 log = logging.getLogger("irrev.gateway")
@@ -138,29 +138,24 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
 
 async def owned_hold(
     request: Request, who: tuple[TenantPolicy, AuthenticatedAgent], hold_id: str
-) -> tuple[str, Hold]:
+) -> tuple[str, Hold, StoredRequest | StoredAnswer]:
+    """The caller's hold, with its record (request or answer) read once."""
     policy, agent = who
     hold = await gate_of(request).ledger.hold(policy.tenant, hold_id)
-    if hold is None or owner_of(hold.request, hold.outcome) != agent.agent_id:
+    record = record_of(hold.request, hold.outcome) if hold else None
+    if hold is None or record is None or record.agent != agent.agent_id:
         raise Problem(404, "not_found", "no such hold for this agent")
-    return policy.tenant, hold
+    return policy.tenant, hold, record
 
 
 @router.get("/{hold_id}")
 async def get_hold(request: Request, hold_id: str, who: Agent) -> dict[str, Any]:
-    tenant, hold = await owned_hold(request, who, hold_id)
+    tenant, hold, _ = await owned_hold(request, who, hold_id)
     return hold_view(tenant, hold)
 
 
-def route_of(hold: Hold) -> str:
-    """The route a hold's effect went through, from whichever record it still has."""
-    if hold.request:
-        return StoredRequest.loads(hold.request).route_id
-    return StoredAnswer.loads(hold.outcome).route_id if hold.outcome else ""
-
-
-def _receipt(agent: str, hold: Hold) -> str:
-    return StoredAnswer.of(agent, 200, [], b"", route_id=route_of(hold)).dumps()
+def _receipt(agent: str, record: StoredRequest | StoredAnswer) -> str:
+    return StoredAnswer.of(agent, 200, [], b"", route_id=record.route_id).dumps()
 
 
 @router.post("/{hold_id}/post")
@@ -168,14 +163,13 @@ async def post_hold(
     request: Request, hold_id: str, spec: PostRequest, who: Agent
 ) -> dict[str, Any]:
     """The effect happened; `amount_micros` is its realised residual (default: the price)."""
-    tenant, hold = await owned_hold(request, who, hold_id)
+    tenant, hold, record = await owned_hold(request, who, hold_id)
     amount = spec.amount_micros
     if amount is None:
-        amount = (
-            StoredRequest.loads(hold.request).price if hold.request else max(hold.amounts.values())
-        )
+        held = max(hold.amounts.values())
+        amount = record.price if isinstance(record, StoredRequest) else held
     ledger = gate_of(request).ledger
-    result = await ledger.post(tenant, hold_id, amount, outcome=_receipt(who[1].agent_id, hold))
+    result = await ledger.post(tenant, hold_id, amount, outcome=_receipt(who[1].agent_id, record))
     if result.status is Status.OK:
         for flag in sorted(result.flags):
             metrics.FLAGGED_OUTCOMES.labels(tenant, flag).inc()
@@ -187,9 +181,9 @@ async def post_hold(
 
 @router.post("/{hold_id}/void")
 async def void_hold(request: Request, hold_id: str, who: Agent) -> dict[str, Any]:
-    tenant, hold = await owned_hold(request, who, hold_id)
+    tenant, _, record = await owned_hold(request, who, hold_id)
     ledger = gate_of(request).ledger
-    result = await ledger.void(tenant, hold_id, outcome=_receipt(who[1].agent_id, hold))
+    result = await ledger.void(tenant, hold_id, outcome=_receipt(who[1].agent_id, record))
     return {"hold": hold_id, "state": result.state.value}
 
 
@@ -197,7 +191,7 @@ async def void_hold(request: Request, hold_id: str, who: Agent) -> dict[str, Any
 async def ambiguous_hold(
     request: Request, hold_id: str, spec: AmbiguousRequest, who: Agent
 ) -> dict[str, Any]:
-    tenant, _ = await owned_hold(request, who, hold_id)
+    tenant, _, _ = await owned_hold(request, who, hold_id)
     result = await gate_of(request).ledger.mark_ambiguous(tenant, hold_id, spec.reason)
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}
 
@@ -206,10 +200,10 @@ async def ambiguous_hold(
 async def compensate_hold(
     request: Request, hold_id: str, spec: CompensateRequest, who: Agent
 ) -> dict[str, Any]:
-    tenant, hold = await owned_hold(request, who, hold_id)
+    tenant, _, record = await owned_hold(request, who, hold_id)
     ledger = gate_of(request).ledger
     result = await ledger.compensate(tenant, hold_id, spec.recovered_micros)
-    route_id = route_of(hold)
+    route_id = record.route_id
     if result.status is Status.OK and route_id:
         # Counted after the ledger's change, outside its script: a crash in between
         # loses one observation (prices learn a little less), never money.

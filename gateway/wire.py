@@ -167,10 +167,17 @@ class StoredAnswer(_Record):
         return cls(agent, status, kept, base64.b64encode(body).decode(), route_id)
 
 
-def owner_of(request: str, outcome: str) -> str:
-    """The agent a hold belongs to, from whichever record it still has."""
+def record_of(request: str, outcome: str) -> StoredRequest | StoredAnswer | None:
+    """Whichever record a hold still has: its request while it is live, the answer once
+    it is settled (the request is dropped then). Both name the agent and the route."""
     if request:
-        return StoredRequest.loads(request).agent
+        return StoredRequest.loads(request)
     if outcome:
-        return StoredAnswer.loads(outcome).agent
-    return ""
+        return StoredAnswer.loads(outcome)
+    return None
+
+
+def owner_of(request: str, outcome: str) -> str:
+    """The agent a hold belongs to."""
+    record = record_of(request, outcome)
+    return record.agent if record else ""
