@@ -101,12 +101,15 @@ class TenantStore:
         return False
 
     async def _read_observed(self, ledger: Ledger) -> dict[str, dict[str, Outcomes]]:
-        observed = {}
-        for tenant in self._written:
-            async with ledger.redis.pipeline(transaction=False) as pipe:
+        """Every tenant's counted outcomes, in one round trip."""
+        tenants = list(self._written)
+        async with ledger.redis.pipeline(transaction=False) as pipe:
+            for tenant in tenants:
                 pipe.hgetall(observed_key(tenant, "failures"))
                 pipe.hgetall(observed_key(tenant, "successes"))
-                failures, successes = await pipe.execute()
+            replies = await pipe.execute()
+        observed = {}
+        for tenant, failures, successes in zip(tenants, replies[::2], replies[1::2], strict=True):
             observed[tenant] = {
                 route: Outcomes(int(failures.get(route, 0)), int(successes.get(route, 0)))
                 for route in failures.keys() | successes.keys()
