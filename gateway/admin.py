@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from ledger import validate
 from ledger.errors import BadInput
 from ledger.journal import read_journal
 from ledger.records import HoldState
@@ -104,10 +103,11 @@ async def journal(
 ) -> dict[str, Any]:
     policy_of(request, tenant)
     try:
-        validate.journal_cursor(after)
+        entries = await read_journal(
+            gate_of(request).ledger.redis, tenant, after=after, count=count
+        )
     except BadInput as exc:
-        raise Problem(422, "bad_request", f"'after' {exc.message}") from exc
-    entries = await read_journal(gate_of(request).ledger.redis, tenant, after=after, count=count)
+        raise Problem(422, "bad_request", f"'{exc.field}' {exc.message}") from exc
     return {
         "entries": [e.as_dict() for e in entries],
         "next": entries[-1].entry_id if len(entries) == count else None,

@@ -61,6 +61,8 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             for tenant in tenants.policies:
                 await ledger.sweep(tenant, batch=200)
 
+        archive_dir = settings.archive_dir()
+
         async def trim_journals() -> None:
             before_ms = await cutoff_ms(ledger.redis, settings.journal_keep_s)
             for tenant in tenants.policies:
@@ -69,7 +71,6 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
                     metrics.JOURNAL_TRIMMED.labels(tenant).inc(trimmed)
                     log.info("journal trimmed", extra={"tenant": tenant, "entries": trimmed})
 
-        archive_dir = settings.archive_dir()
         background = [
             asyncio.create_task(_every(settings.sweep_interval_s, sweep, "sweep")),
             asyncio.create_task(

@@ -30,7 +30,6 @@ from pricing import format_token, hash_token
 from .stack import free_port, gateway, run_locust, service, supplier, uvicorn_command
 
 AGENTS = 16
-BODY = b'{"supplier_id":"acme-steel","sku":"bolts","quantity":1,"unit_price":0.05}'
 
 POLICY = """\
 tenant: bench
