@@ -1,6 +1,6 @@
 """The fault matrix: cells of crashes, concurrent delivery, Redis restarts, upstream
 faults and hostile input, each run on real processes, each checking the contract
-of DESIGN.md against the store and the upstream. `irrev faults` runs it."""
+of docs/design.md against the store and the upstream. `irrev faults` runs it."""
 
 from __future__ import annotations
 

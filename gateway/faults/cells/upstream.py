@@ -1,4 +1,4 @@
-"""Upstream faults -> the states DESIGN.md prescribes: 2xx post; 4xx or refused
+"""Upstream faults -> the states docs/design.md prescribes: 2xx post; 4xx or refused
 before sending void; timeout, 5xx, a reset after sending or a body that never
 finishes ambiguous, still charged. Nothing is released on a guess: an ambiguous
 hold is settled only by what the upstream says when asked by idempotency key."""
