@@ -47,6 +47,9 @@ class Faults(BaseModel):
     apply: bool = True  # record the order even when answering with a failure
     times: int = 1_000_000  # how many orders the faults apply to
     slow_body_s: float = 0.0  # send the headers at once, then the body over this long
+    # Commit the order only once the (delayed) answer is sent, and answer a repeat of
+    # the key meanwhile 409 "request in progress" (the IETF Idempotency-Key draft, Stripe).
+    in_progress: bool = False
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Answer:
     payload: dict[str, Any]
     delay_s: float = 0.0
     slow_body_s: float = 0.0
+    commit_key: str = ""  # the order is recorded under this key when the answer is sent
 
 
 @dataclass
@@ -65,6 +69,7 @@ class Supplier:
     faults: Faults = field(default_factory=lambda: Faults(times=0))
     requests: int = 0
     requests_by_key: Counter[str] = field(default_factory=Counter)
+    in_flight: set[str] = field(default_factory=set)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def order(self, idempotency_key: str | None, body: Any) -> Answer:
@@ -72,6 +77,8 @@ class Supplier:
         if not idempotency_key:
             return Answer(400, {"error": "Idempotency-Key required"})
         self.requests_by_key[idempotency_key] += 1
+        if idempotency_key in self.in_flight:
+            return Answer(409, {"error": "request in progress"})
         if idempotency_key in self.orders:
             return Answer(201, self.orders[idempotency_key])
         if not isinstance(body, dict) or int(body.get("quantity", 0)) <= 0:
@@ -80,6 +87,10 @@ class Supplier:
         faulty = faults.times > 0
         if faulty:
             faults.times -= 1
+        if faulty and faults.in_progress:
+            self.in_flight.add(idempotency_key)
+            order = {"order_id": f"o-{next(self._ids)}", **body}
+            return Answer(201, order, faults.delay_s, faults.slow_body_s, idempotency_key)
         if not faulty or faults.apply:
             self.orders[idempotency_key] = {"order_id": f"o-{next(self._ids)}", **body}
         delay = faults.delay_s if faulty else 0.0
@@ -87,6 +98,12 @@ class Supplier:
         if faulty and (faults.status or idempotency_key not in self.orders):
             return Answer(faults.status or 503, {"error": "injected"}, delay, slow)
         return Answer(201, self.orders[idempotency_key], delay, slow)
+
+    def answered(self, answer: Answer) -> None:
+        """The answer is being sent: an in-progress order is made now."""
+        if answer.commit_key:
+            self.orders[answer.commit_key] = answer.payload
+            self.in_flight.discard(answer.commit_key)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -115,6 +132,7 @@ def create_supplier(supplier: Supplier | None = None) -> FastAPI:
         answer = state.order(idempotency_key, await request.json())
         if answer.delay_s:
             await asyncio.sleep(answer.delay_s)
+        state.answered(answer)
         if answer.slow_body_s:
             body = json.dumps(answer.payload).encode()
             return StreamingResponse(
@@ -202,7 +220,7 @@ async def _handle_reset_port(
             payload = json.loads(body or b"null")
         except ValueError:
             payload = None
-        state.order(headers.get("idempotency-key"), payload)
+        state.answered(state.order(headers.get("idempotency-key"), payload))
         _reset(writer)
         return
     if method == "GET" and url.path == "/orders":
