@@ -7,6 +7,10 @@ for tests, by `POST /_faults` (status to answer, delay before answering, whether
 apply the order before failing, a body trickled out slowly): the server stays a
 plain, honest upstream otherwise.
 
+Under `/secure/...` (`serve()` only) the same API requires `Authorization: Bearer
+<token>`, the token set by `POST /_secure {"token": ...}`: 401 without it, as an
+authenticated API does (for a gateway that injects the tool's credentials).
+
 A connection reset cannot be made from inside an ASGI app, so `serve()` can also
 listen on a second, raw-socket port (`--reset-port`) that shares the orders: there
 `POST /orders` is read whole, handled like on the main port (recorded, faults
@@ -36,6 +40,7 @@ import uvicorn
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
+from starlette.types import Receive, Scope, Send
 
 SLOW_BODY_CHUNKS = 4
 MAX_RAW_REQUEST_BYTES = 1 << 20
@@ -70,6 +75,7 @@ class Supplier:
     requests: int = 0
     requests_by_key: Counter[str] = field(default_factory=Counter)
     in_flight: set[str] = field(default_factory=set)
+    secure_token: str = ""
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def order(self, idempotency_key: str | None, body: Any) -> Answer:
@@ -155,12 +161,39 @@ def create_supplier(supplier: Supplier | None = None) -> FastAPI:
     async def stats() -> dict[str, Any]:
         return state.stats()
 
+    @app.post("/_secure")
+    async def set_secure_token(request: Request) -> dict[str, Any]:
+        state.secure_token = str((await request.json())["token"])
+        return {"secure": True}
+
     @app.post("/_faults")
     async def set_faults(faults: Faults) -> dict[str, Any]:
         state.faults = faults
         return faults.model_dump()
 
     return app
+
+
+class Secured:
+    """`/secure/<path>` is `<path>` behind the bearer token `state.secure_token`."""
+
+    PREFIX = "/secure"
+
+    def __init__(self, app: FastAPI, state: Supplier) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path.startswith(self.PREFIX + "/"):
+            wanted = f"Bearer {self.state.secure_token}".encode()
+            given = [v for k, v in scope["headers"] if k == b"authorization"]
+            if not self.state.secure_token or given != [wanted]:
+                await JSONResponse({"error": "unauthorized"}, 401)(scope, receive, send)
+                return
+            inner = path[len(self.PREFIX) :]
+            scope = {**scope, "path": inner, "raw_path": inner.encode()}
+        await self.app(scope, receive, send)
 
 
 # -- the reset port ------------------------------------------------------------------
@@ -237,7 +270,11 @@ async def serve(host: str, port: int, reset_port: int | None = None) -> None:
     """The app on `port` and, if given, the reset port, sharing one Supplier."""
     state = Supplier()
     config = uvicorn.Config(
-        create_supplier(state), host=host, port=port, log_level="warning", access_log=False
+        Secured(create_supplier(state), state),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
     )
     server = uvicorn.Server(config)
     if reset_port is None:
