@@ -30,6 +30,7 @@ from .wire import (
 )
 
 router = APIRouter()
+TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
@@ -121,7 +122,9 @@ async def proxy(
         answer = await forward(gate.http, target, stored, "", gate.settings.upstream_timeout_s)
         return answer_response(answer, {"X-Irrev-Decision": "admit", "X-Irrev-Price": "0"})
     hold_id = hold_id_for(policy.tenant, agent.agent_id, route_id, agent_key_of(request))
-    digest = fingerprint(method, f"/{path}", query, body, stored.headers)
+    # A trace context is new on every attempt by design; it does not change the effect.
+    effect_headers = tuple(h for h in stored.headers if h[0] not in TRACE_HEADERS)
+    digest = fingerprint(method, f"/{path}", query, body, effect_headers)
     result = await reserve(gate, policy, agent, effect, hold_id, digest, stored)
     return await respond(gate, policy, result, hold_id, stored)
 

@@ -30,6 +30,8 @@ from .servers import BIN, Server, Tenant, base_env, write_policy
 
 TOKEN_ENV = "SUPPLIER_API_TOKEN"
 ROLES = ("viewer", "approver", "policy_admin")
+TRACE_1 = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TRACE_2 = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"
 
 
 @dataclass
@@ -182,7 +184,11 @@ async def test_a_retry_sends_the_same_passed_headers_and_other_ones_are_another_
 ) -> None:
     tenant = trusted.paying
     await faults(upstream, trusted, status=503, apply=True, times=1)
-    headers = {**effect_headers(tenant, "buyer-01", "creds-retry"), "Stripe-Version": "v1"}
+    headers = {
+        **effect_headers(tenant, "buyer-01", "creds-retry"),
+        "Stripe-Version": "v1",
+        "traceparent": TRACE_1,
+    }
     first = await client.post("/tools/supplier/orders", json=order(), headers=headers)
     assert_problem(first, 502, "upstream_ambiguous")
     # A different API version is a different request: not a retry of this key.
@@ -190,12 +196,16 @@ async def test_a_retry_sends_the_same_passed_headers_and_other_ones_are_another_
         "/tools/supplier/orders", json=order(), headers={**headers, "Stripe-Version": "v2"}
     )
     assert_problem(other, 409, "idempotency_conflict")
-    retry = await client.post("/tools/supplier/orders", json=order(), headers=headers)
+    # A new trace context on the retry is the same effect; the first one is resent.
+    retry = await client.post(
+        "/tools/supplier/orders", json=order(), headers={**headers, "traceparent": TRACE_2}
+    )
     assert retry.status_code == 201, retry.text
     sent = [h for h in await received(upstream, trusted.supplier) if h.get("x-irrev-hold")]
     hold = first.headers["x-irrev-hold"]
-    versions = [h["stripe-version"] for h in sent if h["x-irrev-hold"] == hold]
-    assert versions == ["v1", "v1"]
+    forwarded = [h for h in sent if h["x-irrev-hold"] == hold]
+    assert [h["stripe-version"] for h in forwarded] == ["v1", "v1"]
+    assert [h["traceparent"] for h in forwarded] == [TRACE_1, TRACE_1]
 
 
 async def test_reconcile_looks_up_with_the_credentials(
