@@ -74,6 +74,7 @@ class TenantStore:
         self._signature: tuple[tuple[str, int, int], ...] = ()
         self._credentials: dict[str, dict[str, Injected]] = {}
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
+        self._secret_files: tuple[tuple[str, int, int], ...] = ()
 
     def authenticate(self, token: str) -> tuple[TenantPolicy, AuthenticatedAgent] | None:
         return self._agents.get(hash_token(token))
@@ -98,6 +99,7 @@ class TenantStore:
         self._written = policies
         self._signature = signature
         self._credentials = credentials
+        self._secret_files = _secret_files_signature(policies.values())
         self._install(await self._read_observed(ledger))
         return sorted(policies)
 
@@ -106,9 +108,11 @@ class TenantStore:
         return self._credentials.get(tenant, {}).get(tool, ())
 
     async def refresh(self, ledger: Ledger) -> bool:
-        """Reload if any policy file changed since the last load; apply compensation
-        outcomes counted since the last look."""
-        if self._files_signature() != self._signature:
+        """Reload if any policy file or credential file changed since the last load
+        (a rotated secret reaches every worker); apply compensation outcomes counted
+        since the last look."""
+        rotated = _secret_files_signature(self._written.values()) != self._secret_files
+        if rotated or self._files_signature() != self._signature:
             await self.load(ledger)
             return True
         observed = await self._read_observed(ledger)
@@ -210,3 +214,22 @@ def _credentials_of(policies: Iterable[TenantPolicy]) -> dict[str, dict[str, Inj
     if errors:
         raise PolicyLoadError(errors)
     return resolved
+
+
+def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str, int, int], ...]:
+    paths = {
+        secret.file
+        for policy in policies
+        for tool in policy.tools.values()
+        for secret in tool.credentials.values()
+        if secret.file
+    }
+    signature = []
+    for path in sorted(paths):
+        try:
+            stat = os.stat(path)
+        except OSError:
+            signature.append((path, 0, -1))
+        else:
+            signature.append((path, stat.st_mtime_ns, stat.st_size))
+    return tuple(signature)

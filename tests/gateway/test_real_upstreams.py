@@ -10,6 +10,7 @@ requires a bearer token) and `other`.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ class Trusted:
     supplier: str  # the paying tenant's supplier name on the suppliers server
     bearer: str  # the secret in the environment variable
     api_key: str  # the secret in the file
+    secret_file: Path
     admins: dict[str, str]  # role -> token of a `paying` admin with that role
     other_admin: str  # a policy_admin of `other`
     policy_dir: Path
@@ -118,7 +120,18 @@ def trusted(
     try:
         gateway = Gateway(server, redis_url, admin_token, {"paying": paying, "other": other})
         wait_for_workers(gateway)
-        yield Trusted(gateway, paying, other, name, bearer, api_key, admins, other_admin, policies)
+        yield Trusted(
+            gateway,
+            paying,
+            other,
+            supplier=name,
+            bearer=bearer,
+            api_key=api_key,
+            secret_file=secret_file,
+            admins=admins,
+            other_admin=other_admin,
+            policy_dir=policies,
+        )
     finally:
         server.stop()
 
@@ -271,6 +284,27 @@ async def test_unsafe_or_missing_credentials_and_headers_are_refused(
     assert named in response.text, body
     assert trusted.bearer not in response.text and trusted.api_key not in response.text
     assert (trusted.policy_dir / f"{trusted.paying.id}.yaml").read_text() == before
+
+
+async def test_a_rotated_secret_file_reaches_every_worker(
+    trusted: Trusted, upstream: httpx.AsyncClient
+) -> None:
+    rotated = f"key_{secrets.token_hex(16)}"
+    trusted.secret_file.write_text(rotated + "\n")
+    loop = asyncio.get_running_loop()
+    deadline, in_a_row = loop.time() + 30, 0
+    # A fresh connection per read, so that the kernel spreads them over the workers.
+    while in_a_row < 8:
+        assert loop.time() < deadline, "the rotated secret never reached every worker"
+        async with httpx.AsyncClient(base_url=trusted.gateway.url, trust_env=False) as fresh:
+            read = await fresh.get(
+                "/tools/supplier/catalog", headers=trusted.paying.auth("buyer-01")
+            )
+        assert read.status_code == 200, read.text
+        sent = (await received(upstream, trusted.supplier))[-1]["x-api-key"]
+        in_a_row = in_a_row + 1 if sent == rotated else 0
+        await asyncio.sleep(0.05)
+    trusted.api_key = rotated
 
 
 # -- scoping ---------------------------------------------------------------------
