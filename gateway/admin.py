@@ -1,5 +1,7 @@
 """The admin API: tenants and their policies, balances, the journal, holds by state,
-the escalation queue and reconciliation. Every route needs an admin token."""
+the escalation queue and reconciliation. Every route needs an admin token: an
+operator's (every tenant) or a tenant admin's (its tenant; viewer reads, approver
+also reconciles, policy_admin also uploads and reloads policies)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ from fastapi import APIRouter, Depends, Query, Request
 from ledger.errors import BadInput
 from ledger.journal import read_journal
 from ledger.records import HoldState
-from pricing import PolicyError, TenantPolicy
+from pricing import PolicyError, TenantPolicy, load_policy_text
+from pricing.policy import AdminRole
 
-from .auth import admin_auth, gate_of
+from .auth import AdminIdentity, gate_of, tenant_admin_auth
 from .holds_api import hold_view
 from .policies import PolicyLoadError
 from .problems import Problem
@@ -21,21 +24,27 @@ from .reconcile import reconcile
 from .responses import escalation_id
 from .wire import StoredRequest
 
-router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(admin_auth)])
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+Admin = Annotated[AdminIdentity, Depends(tenant_admin_auth)]
 
 
-def policy_of(request: Request, tenant: str) -> TenantPolicy:
+def policy_of(
+    request: Request, tenant: str, admin: AdminIdentity, role: AdminRole = AdminRole.VIEWER
+) -> TenantPolicy:
+    unknown = Problem(404, "unknown_tenant", f"no policy for tenant {tenant!r}")
+    admin.require(tenant, role, unknown)
     policy = gate_of(request).tenants.policies.get(tenant)
     if policy is None:
-        raise Problem(404, "unknown_tenant", f"no policy for tenant {tenant!r}")
+        raise unknown
     return policy
 
 
 @router.get("/tenants")
-async def tenants(request: Request) -> list[dict[str, Any]]:
+async def tenants(request: Request, admin: Admin) -> list[dict[str, Any]]:
     gate = gate_of(request)
     out = []
-    for tenant, policy in sorted(gate.tenants.policies.items()):
+    visible = (item for item in gate.tenants.policies.items() if admin.sees(item[0]))
+    for tenant, policy in sorted(visible):
         counts = await gate.ledger.live_counts(tenant)
         out.append(
             {
@@ -49,31 +58,60 @@ async def tenants(request: Request) -> list[dict[str, Any]]:
 
 
 @router.get("/tenants/{tenant}/policy")
-async def show_policy(request: Request, tenant: str) -> dict[str, Any]:
-    return policy_of(request, tenant).model_dump(mode="json", by_alias=True)
+async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
+    return policy_of(request, tenant, admin).model_dump(mode="json", by_alias=True)
+
+
+def _upstreams(policy: TenantPolicy) -> dict[str, Any]:
+    return {
+        name: (tool.upstream, tool.model_dump(include={"credentials"}))
+        for name, tool in policy.tools.items()
+    }
 
 
 @router.put("/tenants/{tenant}/policy")
-async def upload_policy(request: Request, tenant: str) -> dict[str, Any]:
-    """Replace a tenant's policy with a YAML document; refused whole if invalid."""
+async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
+    """Replace a tenant's policy with a YAML document; refused whole if invalid.
+    Where a tool's requests go and which secrets they carry are the operator's: a
+    tenant admin could otherwise point the tenant's credentials (or any variable or
+    file the gateway can read) at a host of its own."""
     text = (await request.body()).decode("utf-8", errors="replace")
     gate = gate_of(request)
+    if not admin.operator:
+        current = policy_of(request, tenant, admin, AdminRole.POLICY_ADMIN)
+        try:
+            proposed = load_policy_text(text, f"uploaded policy of {tenant}")
+        except PolicyError as exc:
+            raise _not_applied(exc) from exc
+        if _upstreams(proposed) != _upstreams(current):
+            raise Problem(
+                403,
+                "operator_only",
+                "only an operator may change a tool's upstream or credentials",
+            )
     try:
         policy = await gate.tenants.upload(gate.ledger, tenant, text)
     except PolicyError as exc:
-        raise Problem(
-            422,
-            "invalid_policy",
-            "the policy was not applied",
-            problems=[str(p) for p in exc.problems],
-        ) from exc
+        raise _not_applied(exc) from exc
     except (PolicyLoadError, ValueError) as exc:
         raise Problem(422, "invalid_policy", str(exc)) from exc
     return {"tenant": policy.tenant, "status": "applied"}
 
 
+def _not_applied(exc: PolicyError) -> Problem:
+    return Problem(
+        422,
+        "invalid_policy",
+        "the policy was not applied",
+        problems=[str(p) for p in exc.problems],
+    )
+
+
 @router.post("/policies/reload")
-async def reload_policies(request: Request) -> dict[str, Any]:
+async def reload_policies(request: Request, admin: Admin) -> dict[str, Any]:
+    """Reload every policy file; a tenant admin learns only about its own tenant."""
+    if not admin.operator:
+        policy_of(request, admin.tenant, admin, AdminRole.POLICY_ADMIN)
     gate = gate_of(request)
     try:
         loaded = await gate.tenants.load(gate.ledger)
@@ -84,12 +122,12 @@ async def reload_policies(request: Request) -> dict[str, Any]:
             "the policies on disk were not applied; the previous ones stay in force",
             problems=str(exc).splitlines(),
         ) from exc
-    return {"tenants": loaded}
+    return {"tenants": [tenant for tenant in loaded if admin.sees(tenant)]}
 
 
 @router.get("/tenants/{tenant}/balances")
-async def balances(request: Request, tenant: str) -> list[dict[str, Any]]:
-    policy_of(request, tenant)
+async def balances(request: Request, tenant: str, admin: Admin) -> list[dict[str, Any]]:
+    policy_of(request, tenant, admin)
     rows = await gate_of(request).ledger.balances(tenant)
     return [{**asdict(b), "available": b.available} for b in rows]
 
@@ -98,10 +136,11 @@ async def balances(request: Request, tenant: str) -> list[dict[str, Any]]:
 async def journal(
     request: Request,
     tenant: str,
+    admin: Admin,
     after: Annotated[str, Query(pattern=r"^(-|\d{1,20}-\d{1,20})$")] = "-",
     count: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    policy_of(request, tenant)
+    policy_of(request, tenant, admin)
     try:
         entries = await read_journal(
             gate_of(request).ledger.redis, tenant, after=after, count=count
@@ -115,8 +154,10 @@ async def journal(
 
 
 @router.get("/tenants/{tenant}/holds")
-async def holds(request: Request, tenant: str, state: HoldState) -> list[dict[str, Any]]:
-    policy_of(request, tenant)
+async def holds(
+    request: Request, tenant: str, state: HoldState, admin: Admin
+) -> list[dict[str, Any]]:
+    policy_of(request, tenant, admin)
     ledger = gate_of(request).ledger
     out = []
     for hold_id in await ledger.hold_ids(tenant, state):
@@ -127,9 +168,9 @@ async def holds(request: Request, tenant: str, state: HoldState) -> list[dict[st
 
 
 @router.get("/tenants/{tenant}/escalations")
-async def escalations(request: Request, tenant: str) -> list[dict[str, Any]]:
+async def escalations(request: Request, tenant: str, admin: Admin) -> list[dict[str, Any]]:
     """The approval queue, with what each effect would do."""
-    policy_of(request, tenant)
+    policy_of(request, tenant, admin)
     ledger = gate_of(request).ledger
     out = []
     for hold_id in await ledger.hold_ids(tenant, HoldState.ESCALATED):
@@ -152,6 +193,7 @@ async def escalations(request: Request, tenant: str) -> list[dict[str, Any]]:
 
 
 @router.post("/tenants/{tenant}/reconcile")
-async def reconcile_tenant(request: Request, tenant: str) -> dict[str, Any]:
-    report = await reconcile(gate_of(request), policy_of(request, tenant))
+async def reconcile_tenant(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
+    policy = policy_of(request, tenant, admin, AdminRole.APPROVER)
+    report = await reconcile(gate_of(request), policy)
     return asdict(report)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -21,8 +21,8 @@ from .crashpoints import crash_point
 from .problems import Problem
 from .settings import GatewaySettings
 from .tenants import TenantStore
-from .upstream import Answer, Fate, forward
-from .wire import StoredAnswer, StoredRequest
+from .upstream import Answer, Fate, Upstream, forward
+from .wire import KEPT_RESPONSE_HEADERS, StoredAnswer, StoredRequest
 
 log = logging.getLogger("irrev.gateway")
 
@@ -118,19 +118,23 @@ async def fire(
 ) -> Answer:
     """Forward an admitted effect once and settle its hold by the answer.
     `deadline_ms` is None for the retry of an ambiguous hold, which never expires."""
-    base = upstream_of(policy, request.tool)
+    target = target_of(gate, policy, request.tool)
     budget_s = (deadline_ms or 0) / 1000 - time.time() - gate.settings.forward_margin_s
     if deadline_ms is not None and budget_s < gate.settings.upstream_timeout_s:
         # Too close to the deadline: the answer could come after the hold turned
         # ambiguous. Not sent, so provably not fired: release it.
         await gate.ledger.void(policy.tenant, hold_id)
         raise Problem(503, "hold_deadline", "the hold is too close to its deadline to forward")
-    answer = await forward(gate.http, base, request, hold_id, gate.settings.upstream_timeout_s)
+    answer = await forward(gate.http, target, request, hold_id, gate.settings.upstream_timeout_s)
+    if deadline_ms is None and answer.status in target.in_progress:
+        # The retry reached the upstream while it still makes the first request under
+        # this key (the IETF Idempotency-Key draft's 409): not a refusal of the effect.
+        answer = replace(answer, fate=Fate.IN_PROGRESS)
     if answer.fate is Fate.DELIVERED:
         crash_point("after_upstream_2xx")
     metrics.UPSTREAM_SECONDS.labels(request.tool).observe(answer.elapsed_s)
     metrics.UPSTREAM_OUTCOMES.labels(request.tool, answer.fate).inc()
-    await settle(gate, policy.tenant, hold_id, request, answer)
+    await settle(gate, policy.tenant, hold_id, request, answer, target.kept_headers)
     return answer
 
 
@@ -141,11 +145,31 @@ def upstream_of(policy: TenantPolicy, tool_name: str) -> str:
     return tool.upstream
 
 
+def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> Upstream:
+    base = upstream_of(policy, tool_name)
+    tool = policy.tools[tool_name]
+    return Upstream(
+        base,
+        gate.tenants.credentials(policy.tenant, tool_name),
+        KEPT_RESPONSE_HEADERS | {name.lower() for name in tool.response_headers},
+        frozenset(tool.in_progress_statuses),
+    )
+
+
 async def settle(
-    gate: Gate, tenant: str, hold_id: str, request: StoredRequest, answer: Answer
+    gate: Gate,
+    tenant: str,
+    hold_id: str,
+    request: StoredRequest,
+    answer: Answer,
+    keep: frozenset[str] = KEPT_RESPONSE_HEADERS,
 ) -> None:
     """2xx: post at the held price (compensation returns what is recovered later);
-    4xx or never sent: void; anything else: ambiguous, still charged."""
+    4xx or never sent: void; in progress: nothing (the hold stays ambiguous and a
+    later retry learns the result); anything else: ambiguous, still charged."""
+    if answer.fate is Fate.IN_PROGRESS:
+        log.info("still in progress upstream", extra={"hold_id": hold_id, "status": answer.status})
+        return
     started = time.perf_counter()
     operation = {Fate.DELIVERED: "post", Fate.UNKNOWN: "ambiguous"}.get(answer.fate, "void")
     try:
@@ -153,7 +177,7 @@ async def settle(
             await gate.ledger.mark_ambiguous(tenant, hold_id, answer.why)
             return
         outcome = StoredAnswer.of(
-            request.agent, *_recordable(answer), route_id=request.route_id
+            request.agent, *_recordable(answer), route_id=request.route_id, keep=keep
         ).dumps()
         if answer.fate is Fate.DELIVERED:
             await gate.ledger.post(tenant, hold_id, request.price, outcome=outcome)

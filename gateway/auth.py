@@ -1,6 +1,8 @@
-"""Who is calling: an agent (Bearer token -> tenant, principal, agent) or an admin
-(Bearer token from IRREV_ADMIN_TOKENS). Tokens are compared by hash or in constant
-time; a wrong or missing one is a 401 that says which kind of token is expected."""
+"""Who is calling: an agent (Bearer token -> tenant, principal, agent), an operator
+(Bearer token from IRREV_ADMIN_TOKENS: every tenant, every right) or a tenant's own
+admin (`admins:` in its policy, by hash: its tenant only, within its role). Tokens
+are compared by hash or in constant time; a wrong or missing one is a 401 that says
+which kind of token is expected."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from fastapi import Request
 
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
+from pricing.policy import AdminRole
 
 from .admission import Gate
 from .problems import Problem
@@ -56,6 +59,53 @@ async def admin_auth(request: Request) -> str:
     if name is None:
         raise _unauthenticated("admin")
     return name
+
+
+@dataclass(frozen=True)
+class AdminIdentity:
+    """An admin: an operator (`tenant` empty) or one tenant's admin with a role."""
+
+    name: str
+    tenant: str = ""
+    role: AdminRole = AdminRole.POLICY_ADMIN
+
+    @property
+    def operator(self) -> bool:
+        return not self.tenant
+
+    def sees(self, tenant: str) -> bool:
+        return self.operator or self.tenant == tenant
+
+    def require(self, tenant: str, role: AdminRole, missing: Problem) -> None:
+        """`missing` (the answer for a tenant that does not exist) for another
+        tenant's admin, so it learns nothing about other tenants; 403 for a role
+        that is too small."""
+        if not self.sees(tenant):
+            raise missing
+        if not self.role.includes(role):
+            raise Problem(
+                403,
+                "insufficient_role",
+                f"this needs the {role.value} role; {self.name!r} is {self.role.value}",
+                role=self.role.value,
+                needed=role.value,
+            )
+
+
+async def tenant_admin_auth(request: Request) -> AdminIdentity:
+    """An operator or a tenant admin; each endpoint then checks tenant and role."""
+    token = _bearer(request)
+    if token is None:
+        raise _unauthenticated("admin")
+    gate = gate_of(request)
+    name = _admin_name(gate, token)
+    if name is not None:
+        return AdminIdentity(name)
+    found = gate.tenants.tenant_admin(token)
+    if found is None:
+        raise _unauthenticated("admin")
+    tenant, admin_id, role = found
+    return AdminIdentity(admin_id, tenant, role)
 
 
 @dataclass(frozen=True)

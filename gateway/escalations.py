@@ -11,15 +11,20 @@ from fastapi.responses import JSONResponse, Response
 
 from ledger.errors import HoldStateConflict
 from ledger.records import HoldState
+from pricing.policy import AdminRole
 
 from .admission import fire, require_replicas
-from .auth import Caller, admin_auth, caller_auth, gate_of
+from .auth import AdminIdentity, Caller, caller_auth, gate_of, tenant_admin_auth
 from .crashpoints import crash_point
 from .problems import Problem
 from .responses import answer_response, parse_escalation_id, stored_response
 from .wire import StoredAnswer, StoredRequest, owner_of
 
 router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
+
+
+def no_such_escalation() -> Problem:
+    return Problem(404, "not_found", "no such escalation")
 
 
 def resolved_already(conflict: HoldStateConflict) -> Problem:
@@ -61,15 +66,17 @@ async def poll(
 
 @router.post("/{escalation}/approve")
 async def approve(
-    request: Request, escalation: str, admin: Annotated[str, Depends(admin_auth)]
+    request: Request, escalation: str, who: Annotated[AdminIdentity, Depends(tenant_admin_auth)]
 ) -> Response:
     """Exactly one of any number of concurrent approvals wins and forwards the effect;
     the others get 409 naming the outcome and who decided it."""
     gate = gate_of(request)
     tenant, hold_id = parse_escalation_id(escalation)
+    who.require(tenant, AdminRole.APPROVER, no_such_escalation())
+    admin = who.name
     policy = gate.tenants.policies.get(tenant)
     if policy is None:
-        raise Problem(404, "not_found", "no such escalation")
+        raise no_such_escalation()
     try:
         claim = await gate.ledger.approve(tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms)
     except HoldStateConflict as exc:
@@ -90,12 +97,14 @@ async def approve(
 
 @router.post("/{escalation}/reject")
 async def reject(
-    request: Request, escalation: str, admin: Annotated[str, Depends(admin_auth)]
+    request: Request, escalation: str, who: Annotated[AdminIdentity, Depends(tenant_admin_auth)]
 ) -> dict[str, Any]:
     gate = gate_of(request)
     tenant, hold_id = parse_escalation_id(escalation)
+    who.require(tenant, AdminRole.APPROVER, no_such_escalation())
+    admin = who.name
     if tenant not in gate.tenants.policies:
-        raise Problem(404, "not_found", "no such escalation")
+        raise no_such_escalation()
     try:
         await gate.ledger.reject(tenant, hold_id, admin)
     except HoldStateConflict as exc:

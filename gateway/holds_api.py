@@ -18,6 +18,7 @@ from ledger.keys import observed_key
 from ledger.records import Decision, Hold, HoldState, Status
 from pricing import TenantPolicy, check_per_effect_cap, price_request
 from pricing.credentials import AuthenticatedAgent
+from pricing.scopes import check_route_scope
 
 from . import metrics
 from .admission import refusal, reserve
@@ -95,6 +96,7 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
         {k: [v] for k, v in spec.query.items()},
         parse_json_body(raw, "application/json"),
     )
+    check_route_scope(policy, agent, effect)
     if not effect.in_process:
         raise Problem(403, "route_is_proxied", "this route's effects go through /tools/...")
     check_per_effect_cap(agent, effect)

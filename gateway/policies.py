@@ -63,7 +63,8 @@ def read_policy_file(path: Path) -> TenantPolicy:
 
 
 def check_policy_set(policies: Iterable[tuple[str, TenantPolicy]]) -> list[PolicyError]:
-    """Faults across files: a tenant defined twice, or one token valid for two agents."""
+    """Faults across files: a tenant defined twice, or one token valid for two agents
+    or admins."""
     errors: list[PolicyError] = []
     tenants: dict[str, str] = {}
     owners: dict[str, str] = {}
@@ -77,16 +78,18 @@ def check_policy_set(policies: Iterable[tuple[str, TenantPolicy]]) -> list[Polic
                 )
             )
         tenants.setdefault(policy.tenant, source)
-        for agent_id, agent in policy.agents.items():
-            if agent.token_sha256 in owners:
+        members = [(f"agents.{a}", spec.token_sha256) for a, spec in policy.agents.items()]
+        members += [(f"admins.{a}", spec.token_sha256) for a, spec in policy.admins.items()]
+        for where, token_hash in members:
+            if token_hash in owners:
                 problems.append(
                     Problem(
-                        f"agents.{agent_id}.token_sha256",
-                        f"the same token is already used in {owners[agent.token_sha256]}; a "
-                        "token must identify one tenant's agent",
+                        f"{where}.token_sha256",
+                        f"the same token is already used in {owners[token_hash]}; a "
+                        "token must identify one tenant's agent or admin",
                     )
                 )
-            owners.setdefault(agent.token_sha256, source)
+            owners.setdefault(token_hash, source)
         if problems:
             errors.append(PolicyError(source, problems))
     return errors

@@ -59,7 +59,8 @@ def problem_for(exc: Exception) -> Problem:
         return exc
     if isinstance(exc, RequestError):
         extra = {"field": exc.field} if hasattr(exc, "field") else {}
-        status = 403 if exc.reason in ("unknown_route", "per_effect_cap") else 422
+        refused = ("unknown_route", "per_effect_cap", "route_not_allowed")
+        status = 403 if exc.reason in refused else 422
         return Problem(status, exc.reason, str(exc), **extra)
     if isinstance(exc, LedgerUnavailable):
         return Problem(

@@ -13,15 +13,24 @@ from fastapi.responses import Response
 from ledger.records import Decision, HoldState, ReserveResult
 from pricing import EffectClass, PricedEffect, TenantPolicy, check_per_effect_cap, price_request
 from pricing.credentials import AuthenticatedAgent
+from pricing.scopes import check_route_scope
 
-from .admission import Gate, fire, refusal, reserve, settled_problem, upstream_of
+from .admission import Gate, fire, refusal, reserve, settled_problem, target_of
 from .auth import agent_auth, gate_of
 from .problems import Problem
 from .responses import answer_response, budget_headers, escalated_response, stored_response
 from .upstream import forward
-from .wire import StoredAnswer, StoredRequest, fingerprint, hold_id_for, parse_json_body
+from .wire import (
+    Headers,
+    StoredAnswer,
+    StoredRequest,
+    fingerprint,
+    hold_id_for,
+    parse_json_body,
+)
 
 router = APIRouter()
+TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
@@ -57,6 +66,15 @@ def agent_key_of(request: Request) -> str:
     return key
 
 
+def passed_headers(policy: TenantPolicy, tool: str, request: Request) -> Headers:
+    """The agent's headers the tool lets through (names lower-case, sorted by name, in
+    their order within a name); everything else it sent stays at the gateway."""
+    known = policy.tools.get(tool)
+    allowed = known.forwarded if known else frozenset()
+    kept = [(name, value) for name, value in request.headers.items() if name in allowed]
+    return tuple(sorted(kept, key=lambda header: header[0]))
+
+
 def price(
     policy: TenantPolicy, tool: str, method: str, path: str, query: str, body: bytes, ctype: str
 ) -> PricedEffect:
@@ -82,6 +100,7 @@ async def proxy(
         request.method,
     )
     effect = price(policy, tool, method, f"/{path}", query, body, ctype)
+    check_route_scope(policy, agent, effect)
     if effect.in_process:
         raise Problem(403, "in_process_route", "this route is decision-only: use /v1/holds")
     check_per_effect_cap(agent, effect)
@@ -96,15 +115,17 @@ async def proxy(
         base64.b64encode(body).decode(),
         route_id,
         effect.price_micros,
+        passed_headers(policy, tool, request),
     )
     if effect.effect_class is EffectClass.READ:
-        base = upstream_of(policy, tool)
-        answer = await forward(gate.http, base, stored, "", gate.settings.upstream_timeout_s)
+        target = target_of(gate, policy, tool)
+        answer = await forward(gate.http, target, stored, "", gate.settings.upstream_timeout_s)
         return answer_response(answer, {"X-Irrev-Decision": "admit", "X-Irrev-Price": "0"})
     hold_id = hold_id_for(policy.tenant, agent.agent_id, route_id, agent_key_of(request))
-    result = await reserve(
-        gate, policy, agent, effect, hold_id, fingerprint(method, f"/{path}", query, body), stored
-    )
+    # A trace context is new on every attempt by design; it does not change the effect.
+    effect_headers = tuple(h for h in stored.headers if h[0] not in TRACE_HEADERS)
+    digest = fingerprint(method, f"/{path}", query, body, effect_headers)
+    result = await reserve(gate, policy, agent, effect, hold_id, digest, stored)
     return await respond(gate, policy, result, hold_id, stored)
 
 

@@ -13,7 +13,7 @@ import httpx
 from ledger.records import HoldState
 from pricing import TenantPolicy, price_request
 
-from .admission import Gate, upstream_of
+from .admission import Gate, target_of
 from .wire import StoredAnswer, StoredRequest, parse_json_body, upstream_key
 
 
@@ -66,9 +66,10 @@ async def _ask_upstream(
     if lookup is None:
         return None
     method, target = lookup
+    upstream = target_of(gate, policy, request.tool)
     try:
         response = await gate.http.request(
-            method, upstream_of(policy, request.tool).rstrip("/") + target
+            method, upstream.base_url.rstrip("/") + target, headers=dict(upstream.credentials)
         )
     except httpx.HTTPError:
         return None
@@ -80,4 +81,5 @@ async def _ask_upstream(
         list(response.headers.multi_items()),
         response.content,
         route_id=request.route_id,
+        keep=upstream.kept_headers,
     )

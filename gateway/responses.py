@@ -5,10 +5,11 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse, Response
 
 from ledger.records import ReserveResult
+from pricing.policy import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
 
 from .problems import Problem
 from .upstream import Answer, Fate
-from .wire import KEPT_RESPONSE_HEADERS, StoredAnswer
+from .wire import StoredAnswer
 
 
 def escalation_id(tenant: str, hold_id: str) -> str:
@@ -43,8 +44,10 @@ def upstream_response(
     extra: dict[str, str],
 ) -> Response:
     response = Response(content=body, status_code=status)
+    # What may pass was chosen (per tool) when the answer came; this is the backstop.
     for name, value in headers:
-        if name.lower() in KEPT_RESPONSE_HEADERS:
+        lower = name.lower()
+        if lower not in NEVER_RETURNED and not lower.startswith(GATEWAY_HEADER_PREFIXES):
             response.headers.append(name, value)
     for name, value in extra.items():
         response.headers[name] = value
@@ -61,6 +64,16 @@ def answer_response(answer: Answer, extra: dict[str, str]) -> Response:
             headers=extra,
             why=answer.why,
         )
+    if answer.fate is Fate.IN_PROGRESS:
+        raise Problem(
+            409,
+            "in_flight",
+            "the tool API is still making this effect (it answered 'in progress' to the "
+            "retry); it stays charged. Retry later with the same Idempotency-Key.",
+            headers={**extra, "Retry-After": _retry_after(answer)},
+            hold=extra.get("X-Irrev-Hold"),
+            upstream_status=answer.status,
+        )
     if answer.fate is Fate.UNKNOWN:
         raise Problem(
             504 if "timeout" in answer.why else 502,
@@ -72,6 +85,12 @@ def answer_response(answer: Answer, extra: dict[str, str]) -> Response:
             upstream_status=answer.status or None,
         )
     return upstream_response(answer.status, answer.headers, answer.body, extra)
+
+
+def _retry_after(answer: Answer) -> str:
+    """The upstream's own delay if it gave a sensible one (in seconds), else 1."""
+    given = dict((k.lower(), v) for k, v in answer.headers).get("retry-after", "")
+    return given if given.isdigit() and 1 <= int(given) <= 60 else "1"
 
 
 def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:

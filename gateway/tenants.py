@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from ledger.client import Ledger
@@ -14,6 +15,7 @@ from ledger.records import AccountSpec as LedgerAccount
 from pricing import (
     AccountSpec,
     Outcomes,
+    PolicyError,
     TenantPolicy,
     factor_account,
     load_policy_data,
@@ -23,7 +25,9 @@ from pricing import (
     with_observed,
 )
 from pricing.credentials import AuthenticatedAgent, hash_token
+from pricing.policy import AdminRole
 
+from .credentials import Injected, resolve_credentials
 from .policies import (
     PolicyLoadError,
     check_policy_set,
@@ -68,9 +72,16 @@ class TenantStore:
         self._observed: dict[str, dict[str, Outcomes]] = {}
         self._agents: dict[str, tuple[TenantPolicy, AuthenticatedAgent]] = {}
         self._signature: tuple[tuple[str, int, int], ...] = ()
+        self._credentials: dict[str, dict[str, Injected]] = {}
+        self._admins: dict[str, tuple[str, str, AdminRole]] = {}
+        self._secret_files: tuple[tuple[str, int, int], ...] = ()
 
     def authenticate(self, token: str) -> tuple[TenantPolicy, AuthenticatedAgent] | None:
         return self._agents.get(hash_token(token))
+
+    def tenant_admin(self, token: str) -> tuple[str, str, AdminRole] | None:
+        """(tenant, admin id, role) of a tenant admin's token."""
+        return self._admins.get(hash_token(token))
 
     def _files_signature(self) -> tuple[tuple[str, int, int], ...]:
         stats = ((p.name, p.stat()) for p in policy_files(self.directory))
@@ -81,18 +92,27 @@ class TenantStore:
         faulty directory the previous policies stay in force (PolicyLoadError)."""
         signature = self._files_signature()
         policies = load_policy_dir(self.directory)
+        credentials = _credentials_of(policies.values())
         for policy in policies.values():
             for spec in policy_accounts(policy):
                 await _open_account(ledger, policy.tenant, ledger_account(spec))
         self._written = policies
         self._signature = signature
+        self._credentials = credentials
+        self._secret_files = _secret_files_signature(policies.values())
         self._install(await self._read_observed(ledger))
         return sorted(policies)
 
+    def credentials(self, tenant: str, tool: str) -> Injected:
+        """The headers the gateway adds to requests to `tool` of `tenant`."""
+        return self._credentials.get(tenant, {}).get(tool, ())
+
     async def refresh(self, ledger: Ledger) -> bool:
-        """Reload if any policy file changed since the last load; apply compensation
-        outcomes counted since the last look."""
-        if self._files_signature() != self._signature:
+        """Reload if any policy file or credential file changed since the last load
+        (a rotated secret reaches every worker); apply compensation outcomes counted
+        since the last look."""
+        rotated = _secret_files_signature(self._written.values()) != self._secret_files
+        if rotated or self._files_signature() != self._signature:
             await self.load(ledger)
             return True
         observed = await self._read_observed(ledger)
@@ -126,6 +146,11 @@ class TenantStore:
             for policy in self.policies.values()
             for agent_hash, agent in policy.agents_by_hash.items()
         }
+        self._admins = {
+            admin.token_sha256: (tenant, admin_id, admin.role)
+            for tenant, policy in self.policies.items()
+            for admin_id, admin in policy.admins.items()
+        }
         self._observed = observed
 
     async def upload(self, ledger: Ledger, tenant: str, text: str) -> TenantPolicy:
@@ -134,6 +159,7 @@ class TenantStore:
         if policy.tenant != tenant:
             raise ValueError(f"the policy is for tenant {policy.tenant!r}, not {tenant!r}")
         target = self._file_of(tenant)
+        _credentials_of([policy])  # a missing secret refuses the upload, not the next load
         # Valid alone is not enough: the directory must stay loadable as a whole (no
         # token shared with another tenant's agent), or the file would break every
         # reload and the next start while the upload was reported refused.
@@ -174,3 +200,36 @@ class TenantStore:
             return False
         await _open_account(ledger, policy.tenant, ledger_account(spec))
         return True
+
+
+def _credentials_of(policies: Iterable[TenantPolicy]) -> dict[str, dict[str, Injected]]:
+    """Every tenant's resolved tool credentials; a missing one refuses the whole load,
+    like any other fault of a policy, so the previous policies stay in force."""
+    resolved, errors = {}, []
+    for policy in policies:
+        try:
+            resolved[policy.tenant] = resolve_credentials(policy)
+        except PolicyError as exc:
+            errors.append(exc)
+    if errors:
+        raise PolicyLoadError(errors)
+    return resolved
+
+
+def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str, int, int], ...]:
+    paths = {
+        secret.file
+        for policy in policies
+        for tool in policy.tools.values()
+        for secret in tool.credentials.values()
+        if secret.file
+    }
+    signature = []
+    for path in sorted(paths):
+        try:
+            stat = os.stat(path)
+        except OSError:
+            signature.append((path, 0, -1))
+        else:
+            signature.append((path, stat.st_mtime_ns, stat.st_size))
+    return tuple(signature)

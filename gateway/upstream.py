@@ -1,19 +1,21 @@
 """Forwarding an admitted effect to its tool API, and what the answer means for the
-hold: delivered (2xx: post), refused (4xx, or never sent: void), or unknown
-(timeout, 5xx, a connection lost after sending: ambiguous, stays charged)."""
+hold: delivered (2xx: post), refused (4xx, or never sent: void), unknown (timeout,
+5xx, a connection lost after sending: ambiguous, stays charged), or, on the retry
+of an ambiguous hold, in progress (the upstream is still making the first request:
+stays ambiguous)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from urllib.parse import quote
 
 import httpx
 
-from .wire import StoredRequest, upstream_key
+from .wire import KEPT_RESPONSE_HEADERS, Headers, StoredRequest, upstream_key
 
 
 class Fate(StrEnum):
@@ -21,6 +23,19 @@ class Fate(StrEnum):
     REFUSED = "refused"
     NOT_SENT = "not_sent"
     UNKNOWN = "unknown"
+    IN_PROGRESS = "in_progress"
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A tool's API as the gateway calls it: where, with which credentials (added to
+    every request, kept out of reprs so no log line or traceback shows them), and
+    which of its answer headers reach the agent."""
+
+    base_url: str
+    credentials: Headers = field(default=(), repr=False)
+    kept_headers: frozenset[str] = KEPT_RESPONSE_HEADERS
+    in_progress: frozenset[int] = frozenset({409})
 
 
 @dataclass(frozen=True)
@@ -69,20 +84,26 @@ def make_client(
 
 async def forward(
     client: httpx.AsyncClient,
-    base_url: str,
+    upstream: Upstream,
     request: StoredRequest,
     hold_id: str,
     total_s: float,
 ) -> Answer:
-    """Send the very request that was priced, with the derived Idempotency-Key (reads,
-    which hold nothing, go without one). httpx's timeouts bound each read; `total_s`
-    bounds the whole exchange, so an upstream that trickles its answer cannot keep a
-    forward open past the hold's deadline."""
-    url = base_url.rstrip("/") + upstream_path(request.path)
+    """Send the very request that was priced, with the headers the agent may pass, the
+    derived Idempotency-Key (reads, which hold nothing, go without one) and the tool's
+    credentials. httpx's timeouts bound each read; `total_s` bounds the whole
+    exchange, so an upstream that trickles its answer cannot keep a forward open past
+    the hold's deadline."""
+    url = upstream.base_url.rstrip("/") + upstream_path(request.path)
     url += f"?{request.query}" if request.query else ""
-    headers = {"Idempotency-Key": upstream_key(hold_id), "X-Irrev-Hold": hold_id} if hold_id else {}
+    headers = httpx.Headers(list(request.headers))
+    if hold_id:
+        headers["Idempotency-Key"] = upstream_key(hold_id)
+        headers["X-Irrev-Hold"] = hold_id
     if request.content_type:
         headers["Content-Type"] = request.content_type
+    for name, value in upstream.credentials:
+        headers[name] = value
     started = time.perf_counter()
     try:
         async with asyncio.timeout(total_s):
@@ -95,10 +116,11 @@ async def forward(
         return Answer(Fate.NOT_SENT, why=_why(exc), elapsed_s=time.perf_counter() - started)
     except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
         return Answer(Fate.UNKNOWN, why=_why(exc), elapsed_s=time.perf_counter() - started)
+    kept = upstream.kept_headers
     return Answer(
         fate_of_status(response.status_code),
         response.status_code,
-        tuple(response.headers.multi_items()),
+        tuple((k, v) for k, v in response.headers.multi_items() if k.lower() in kept),
         response.content,
         why=f"upstream_{response.status_code}",
         elapsed_s=time.perf_counter() - started,

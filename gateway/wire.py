@@ -13,6 +13,7 @@ from typing import Any
 
 from .problems import Problem
 
+Headers = tuple[tuple[str, str], ...]
 MAX_JSON_DEPTH = 32
 MAX_RECORDED_BODY = 256 * 1024
 # Only headers that describe the answer's body reach the agent, live or replayed (so a
@@ -90,9 +91,14 @@ def upstream_key(hold_id: str) -> str:
     return f"irrev-{hold_id}"
 
 
-def fingerprint(method: str, path: str, query: str, body: bytes) -> str:
+def fingerprint(method: str, path: str, query: str, body: bytes, headers: Headers = ()) -> str:
+    """What makes a repeat of a key the same effect. Passed-through headers (an API
+    version changes what the upstream does) count; without any, the digest is the one
+    of records written before headers were passed."""
     digest = hashlib.sha256()
-    for part in (method.encode(), path.encode(), query.encode(), body):
+    parts = [method.encode(), path.encode(), query.encode(), body]
+    parts += [f"{name}: {value}".encode() for name, value in headers]
+    for part in parts:
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
     return digest.hexdigest()[:40]
@@ -124,10 +130,16 @@ class StoredRequest(_Record):
     body_b64: str
     route_id: str
     price: int
+    # The agent's request headers the tool lets through (lower-case names, sorted), so
+    # that a retry or an approval sends the same ones. Never a credential: those are
+    # added at each forward and are not the agent's.
+    headers: Headers = ()
 
     @classmethod
     def loads(cls, text: str) -> StoredRequest:
-        return cls(**json.loads(text))
+        data = json.loads(text)
+        data["headers"] = tuple(tuple(h) for h in data.get("headers", ()))
+        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -157,8 +169,9 @@ class StoredAnswer(_Record):
         headers: list[tuple[str, str]],
         body: bytes,
         route_id: str = "",
+        keep: frozenset[str] = KEPT_RESPONSE_HEADERS,
     ) -> StoredAnswer:
-        kept = [(k.lower(), v) for k, v in headers if k.lower() in KEPT_RESPONSE_HEADERS]
+        kept = [(k.lower(), v) for k, v in headers if k.lower() in keep]
         if len(body) > MAX_RECORDED_BODY:
             # Kept with the hold in Redis: a huge body would not fit the record, and a
             # delivered effect must still be posted. A repeat gets the status without it.

@@ -31,6 +31,7 @@ from pricing.money import major_to_minor, to_decimal
 if TYPE_CHECKING:
     from pricing.catalog import Catalog
     from pricing.credentials import AuthenticatedAgent
+    from pricing.scopes import Scopes
 
 SCALE_CONTEXT = "risk_unit_scale"
 UNKNOWN_SCALE = -1
@@ -135,9 +136,23 @@ class AccountLimits(_Model):
     approval_threshold: Micros | None = None
 
 
+RouteScope = Annotated[str, StringConstraints(min_length=3, max_length=2100)]
+ScopeList = Annotated[list[RouteScope], Field(max_length=1000)]
+SCOPE_DESCRIPTION = (
+    "the only routes allowed, as '<tool> <METHOD> <path template>' or '<tool> *' "
+    "(unset: every route; an empty list: none)"
+)
+
+
+class PrincipalLimits(AccountLimits):
+    """A principal's account, and the routes its agents may use (with the agents' own)."""
+
+    routes: ScopeList | None = Field(default=None, description=SCOPE_DESCRIPTION)
+
+
 class Accounts(_Model):
     tenant: AccountLimits
-    principals: Annotated[dict[MemberId, AccountLimits], Field(min_length=1)]
+    principals: Annotated[dict[MemberId, PrincipalLimits], Field(min_length=1)]
     risk_factors: dict[FactorPattern, AccountLimits] = Field(default_factory=dict)
 
 
@@ -150,10 +165,116 @@ class Agent(_Model):
     window_cap: Micros = Field(description="the agent account's limit per window")
     soft_band: SoftBand | None = None
     approval_threshold: Micros | None = None
+    routes: ScopeList | None = Field(default=None, description=SCOPE_DESCRIPTION)
+
+
+class AdminRole(StrEnum):
+    """What a tenant's admin may do, each role including the ones before it."""
+
+    VIEWER = "viewer"  # read the tenant's admin endpoints
+    APPROVER = "approver"  # + approve or reject escalations, reconcile
+    POLICY_ADMIN = "policy_admin"  # + upload the tenant's policy, reload policies
+
+    def includes(self, other: AdminRole) -> bool:
+        order = list(AdminRole)
+        return order.index(self) >= order.index(other)
+
+
+class TenantAdmin(_Model):
+    """A person or tool administering this tenant only (operators use IRREV_ADMIN_TOKENS)."""
+
+    token_sha256: TokenHash
+    role: AdminRole
+
+
+# RFC 9110 token: what a header field name may be.
+HeaderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+InProgressStatus = Annotated[int, Field(strict=True, ge=400, le=499)]
+
+# Agents' request headers that reach the upstream on every tool; a tool adds its own
+# (API-version headers such as Stripe-Version) with `forward_headers`.
+DEFAULT_FORWARD_HEADERS = frozenset({"traceparent", "tracestate", "accept"})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Never taken from an agent: its own credentials, what frames or routes the request,
+# what the gateway itself sets, and the headers that make a framework read another
+# method than the one priced.
+NEVER_FORWARDED = HOP_BY_HOP | {
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "host",
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "expect",
+    "idempotency-key",
+    "forwarded",
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+}
+# Never passed back to an agent: cookies and credentials of the upstream, framing the
+# gateway recomputes (httpx has decoded any content-encoding), and the gateway's own.
+NEVER_RETURNED = HOP_BY_HOP | {
+    "set-cookie",
+    "set-cookie2",
+    "authorization",
+    "proxy-authorization",
+    "www-authenticate",
+    "proxy-authenticate",
+    "content-length",
+    "content-encoding",
+}
+GATEWAY_HEADER_PREFIXES = ("x-irrev-", "x-forwarded-")
+
+
+class HeaderSecret(_Model):
+    """Where the value of a header the gateway adds to a tool's requests comes from: an
+    environment variable or a file, read by the gateway at load; never in the policy."""
+
+    env: EnvName | None = None
+    file: Annotated[str, StringConstraints(pattern=r"^/[^\x00]{0,1023}$")] | None = None
+    prefix: Annotated[str, StringConstraints(pattern=r"^[\x20-\x7e]{0,64}$")] = Field(
+        default="", description="put before the value, e.g. 'Bearer '"
+    )
+
+    @property
+    def source(self) -> str:
+        return f"environment variable {self.env!r}" if self.env else f"file {self.file!r}"
 
 
 class Tool(_Model):
     upstream: Annotated[str, AfterValidator(_upstream_url)] | None = None
+    credentials: dict[HeaderName, HeaderSecret] = Field(
+        default_factory=dict, description="headers the gateway adds to every upstream request"
+    )
+    forward_headers: list[HeaderName] = Field(
+        default_factory=list, description="agents' request headers passed on, beyond the defaults"
+    )
+    response_headers: list[HeaderName] = Field(
+        default_factory=list, description="upstream answer headers passed back, beyond the defaults"
+    )
+    in_progress_statuses: list[InProgressStatus] = Field(
+        default_factory=lambda: [409],
+        description="answers that mean 'this Idempotency-Key is still being processed'",
+    )
+
+    @cached_property
+    def forwarded(self) -> frozenset[str]:
+        """Lower-case names of the agent's request headers passed upstream."""
+        return DEFAULT_FORWARD_HEADERS | {name.lower() for name in self.forward_headers}
 
 
 class Route(_Model):
@@ -195,6 +316,7 @@ class TenantPolicy(_Model):
     )
     accounts: Accounts
     agents: dict[MemberId, Agent] = Field(default_factory=dict)
+    admins: dict[MemberId, TenantAdmin] = Field(default_factory=dict)
     tools: dict[ToolName, Tool] = Field(default_factory=dict)
     routes: list[Route] = Field(default_factory=list)
     kind: Literal["policy"] = "policy"
@@ -218,6 +340,13 @@ class TenantPolicy(_Model):
         copy = self.model_copy(update={"routes": routes})
         copy.__dict__.pop("catalog", None)
         return copy
+
+    @cached_property
+    def scopes(self) -> Scopes:
+        """The route allow-lists of agents and principals, compiled."""
+        from pricing.scopes import compile_scopes
+
+        return compile_scopes(self)
 
     @cached_property
     def agents_by_hash(self) -> dict[str, AuthenticatedAgent]:

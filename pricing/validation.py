@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from pricing.errors import Problem
 from pricing.models import FacePricing
-from pricing.policy import EffectClass, Route, TenantPolicy, UnknownRouteAction
+from pricing.policy import (
+    GATEWAY_HEADER_PREFIXES,
+    HOP_BY_HOP,
+    NEVER_FORWARDED,
+    NEVER_RETURNED,
+    EffectClass,
+    Route,
+    TenantPolicy,
+    Tool,
+    UnknownRouteAction,
+)
+from pricing.scopes import ANY, parse_scope
 from pricing.templates import (
     TemplateError,
     parse_factor,
@@ -18,10 +29,23 @@ from pricing.templates import (
 )
 
 MAX_ROUTE_FACTORS = 5  # 8 hold accounts - tenant, principal, agent
+# A credential may be any header but these: they frame the request or are the gateway's.
+NEVER_INJECTED = HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "content-type",
+    "content-encoding",
+    "expect",
+    "idempotency-key",
+}
 
 
 def check_policy(policy: TenantPolicy) -> list[Problem]:
     problems = _check_agents(policy)
+    problems += _check_admins(policy)
+    problems += _check_scopes(policy)
+    for name, tool in policy.tools.items():
+        problems += _check_tool_headers(f"tools.{name}", tool)
     seen: dict[tuple[str, str, str], int] = {}
     for i, route in enumerate(policy.routes):
         problems += _check_route(policy, i, route, seen)
@@ -59,6 +83,98 @@ def _check_agents(policy: TenantPolicy) -> list[Problem]:
                 )
             )
     return problems
+
+
+def _check_admins(policy: TenantPolicy) -> list[Problem]:
+    problems = []
+    owners = {
+        agent.token_sha256: f"agent {agent_id!r}" for agent_id, agent in policy.agents.items()
+    }
+    for admin_id, admin in policy.admins.items():
+        if admin.token_sha256 in owners:
+            problems.append(
+                Problem(
+                    f"admins.{admin_id}.token_sha256",
+                    f"same token hash as {owners[admin.token_sha256]}; issue each admin its "
+                    "own token with 'irrev policy token'",
+                )
+            )
+        owners.setdefault(admin.token_sha256, f"admin {admin_id!r}")
+    return problems
+
+
+def _check_scopes(policy: TenantPolicy) -> list[Problem]:
+    routes = set()
+    for route in policy.routes:
+        try:
+            method, template = parse_route(route.route)
+        except TemplateError:
+            continue  # reported with the route
+        routes.add((route.tool, method, template.shape))
+    lists = [(f"agents.{a}.routes", spec.routes) for a, spec in policy.agents.items()]
+    lists += [
+        (f"accounts.principals.{p}.routes", spec.routes)
+        for p, spec in policy.accounts.principals.items()
+    ]
+    problems = []
+    for where, texts in lists:
+        for i, text in enumerate(texts or []):
+            try:
+                tool, method, shape = parse_scope(text)
+            except TemplateError as exc:
+                problems.append(Problem(f"{where}[{i}]", str(exc)))
+                continue
+            if tool not in policy.tools:
+                problems.append(
+                    Problem(f"{where}[{i}]", f"tool {tool!r} is not defined under tools")
+                )
+            elif method != ANY and (tool, method, shape) not in routes:
+                problems.append(
+                    Problem(
+                        f"{where}[{i}]",
+                        f"{text!r} is not a route of the catalog; name a listed route or "
+                        f"'{tool} *'",
+                    )
+                )
+    return problems
+
+
+def _check_tool_headers(where: str, tool: Tool) -> list[Problem]:
+    problems = []
+    injected: set[str] = set()
+    for name, secret in tool.credentials.items():
+        here = f"{where}.credentials.{name}"
+        if (secret.env is None) == (secret.file is None):
+            problems.append(Problem(here, "give exactly one of env (a variable) or file (a path)"))
+        elif secret.env is not None and secret.env.upper().startswith("IRREV_"):
+            problems.append(
+                Problem(
+                    here, "IRREV_* variables are the gateway's own settings, never a credential"
+                )
+            )
+        problems += _refused_name(here, name, NEVER_INJECTED, "the gateway sets it itself")
+        if name.lower() in injected:
+            problems.append(Problem(here, "named twice (header names ignore case)"))
+        injected.add(name.lower())
+    for kind, names, never in (
+        ("forward_headers", tool.forward_headers, NEVER_FORWARDED),
+        ("response_headers", tool.response_headers, NEVER_RETURNED),
+    ):
+        for i, name in enumerate(names):
+            here = f"{where}.{kind}[{i}]"
+            problems += _refused_name(here, name, never, "it can never be passed through")
+            if name.lower() in injected:
+                problems.append(
+                    Problem(here, f"{name!r} is a credential of this tool; it is never passed")
+                )
+    return problems
+
+
+def _refused_name(where: str, name: str, never: frozenset[str], why: str) -> list[Problem]:
+    lower = name.lower()
+    if lower in never or lower.startswith(GATEWAY_HEADER_PREFIXES):
+        return [Problem(where, f"header {name!r} is not allowed here: {why}")]
+    return []
 
 
 def _check_route(

@@ -7,6 +7,10 @@ for tests, by `POST /_faults` (status to answer, delay before answering, whether
 apply the order before failing, a body trickled out slowly): the server stays a
 plain, honest upstream otherwise.
 
+Under `/secure/...` (`serve()` only) the same API requires `Authorization: Bearer
+<token>`, the token set by `POST /_secure {"token": ...}`: 401 without it, as an
+authenticated API does (for a gateway that injects the tool's credentials).
+
 A connection reset cannot be made from inside an ASGI app, so `serve()` can also
 listen on a second, raw-socket port (`--reset-port`) that shares the orders: there
 `POST /orders` is read whole, handled like on the main port (recorded, faults
@@ -36,6 +40,7 @@ import uvicorn
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
+from starlette.types import Receive, Scope, Send
 
 SLOW_BODY_CHUNKS = 4
 MAX_RAW_REQUEST_BYTES = 1 << 20
@@ -47,6 +52,9 @@ class Faults(BaseModel):
     apply: bool = True  # record the order even when answering with a failure
     times: int = 1_000_000  # how many orders the faults apply to
     slow_body_s: float = 0.0  # send the headers at once, then the body over this long
+    # Commit the order only once the (delayed) answer is sent, and answer a repeat of
+    # the key meanwhile 409 "request in progress" (the IETF Idempotency-Key draft, Stripe).
+    in_progress: bool = False
 
 
 @dataclass
@@ -55,6 +63,7 @@ class Answer:
     payload: dict[str, Any]
     delay_s: float = 0.0
     slow_body_s: float = 0.0
+    commit_key: str = ""  # the order is recorded under this key when the answer is sent
 
 
 @dataclass
@@ -65,6 +74,8 @@ class Supplier:
     faults: Faults = field(default_factory=lambda: Faults(times=0))
     requests: int = 0
     requests_by_key: Counter[str] = field(default_factory=Counter)
+    in_flight: set[str] = field(default_factory=set)
+    secure_token: str = ""
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def order(self, idempotency_key: str | None, body: Any) -> Answer:
@@ -72,6 +83,8 @@ class Supplier:
         if not idempotency_key:
             return Answer(400, {"error": "Idempotency-Key required"})
         self.requests_by_key[idempotency_key] += 1
+        if idempotency_key in self.in_flight:
+            return Answer(409, {"error": "request in progress"})
         if idempotency_key in self.orders:
             return Answer(201, self.orders[idempotency_key])
         if not isinstance(body, dict) or int(body.get("quantity", 0)) <= 0:
@@ -80,6 +93,10 @@ class Supplier:
         faulty = faults.times > 0
         if faulty:
             faults.times -= 1
+        if faulty and faults.in_progress:
+            self.in_flight.add(idempotency_key)
+            order = {"order_id": f"o-{next(self._ids)}", **body}
+            return Answer(201, order, faults.delay_s, faults.slow_body_s, idempotency_key)
         if not faulty or faults.apply:
             self.orders[idempotency_key] = {"order_id": f"o-{next(self._ids)}", **body}
         delay = faults.delay_s if faulty else 0.0
@@ -87,6 +104,12 @@ class Supplier:
         if faulty and (faults.status or idempotency_key not in self.orders):
             return Answer(faults.status or 503, {"error": "injected"}, delay, slow)
         return Answer(201, self.orders[idempotency_key], delay, slow)
+
+    def answered(self, answer: Answer) -> None:
+        """The answer is being sent: an in-progress order is made now."""
+        if answer.commit_key:
+            self.orders[answer.commit_key] = answer.payload
+            self.in_flight.discard(answer.commit_key)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -115,6 +138,7 @@ def create_supplier(supplier: Supplier | None = None) -> FastAPI:
         answer = state.order(idempotency_key, await request.json())
         if answer.delay_s:
             await asyncio.sleep(answer.delay_s)
+        state.answered(answer)
         if answer.slow_body_s:
             body = json.dumps(answer.payload).encode()
             return StreamingResponse(
@@ -137,12 +161,39 @@ def create_supplier(supplier: Supplier | None = None) -> FastAPI:
     async def stats() -> dict[str, Any]:
         return state.stats()
 
+    @app.post("/_secure")
+    async def set_secure_token(request: Request) -> dict[str, Any]:
+        state.secure_token = str((await request.json())["token"])
+        return {"secure": True}
+
     @app.post("/_faults")
     async def set_faults(faults: Faults) -> dict[str, Any]:
         state.faults = faults
         return faults.model_dump()
 
     return app
+
+
+class Secured:
+    """`/secure/<path>` is `<path>` behind the bearer token `state.secure_token`."""
+
+    PREFIX = "/secure"
+
+    def __init__(self, app: FastAPI, state: Supplier) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path.startswith(self.PREFIX + "/"):
+            wanted = f"Bearer {self.state.secure_token}".encode()
+            given = [v for k, v in scope["headers"] if k == b"authorization"]
+            if not self.state.secure_token or given != [wanted]:
+                await JSONResponse({"error": "unauthorized"}, 401)(scope, receive, send)
+                return
+            inner = path[len(self.PREFIX) :]
+            scope = {**scope, "path": inner, "raw_path": inner.encode()}
+        await self.app(scope, receive, send)
 
 
 # -- the reset port ------------------------------------------------------------------
@@ -202,7 +253,7 @@ async def _handle_reset_port(
             payload = json.loads(body or b"null")
         except ValueError:
             payload = None
-        state.order(headers.get("idempotency-key"), payload)
+        state.answered(state.order(headers.get("idempotency-key"), payload))
         _reset(writer)
         return
     if method == "GET" and url.path == "/orders":
@@ -219,7 +270,11 @@ async def serve(host: str, port: int, reset_port: int | None = None) -> None:
     """The app on `port` and, if given, the reset port, sharing one Supplier."""
     state = Supplier()
     config = uvicorn.Config(
-        create_supplier(state), host=host, port=port, log_level="warning", access_log=False
+        Secured(create_supplier(state), state),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
     )
     server = uvicorn.Server(config)
     if reset_port is None:

@@ -176,3 +176,39 @@ async def test_reconcile_lists_what_it_cannot_look_up(
     assert hold not in report["posted"] + report["voided"]
     assert await hold_state(http, tenant, "deployer-01", hold) == "ambiguous"
     assert used(await balances(http, gateway.admin, tenant)) == charged
+
+
+async def test_an_in_progress_409_on_a_retry_keeps_the_hold_ambiguous(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """Observation 4: after a timeout the agent retries while the first request is still
+    being processed; the supplier answers 409 "request in progress" (IETF
+    Idempotency-Key draft). That is no refusal: the hold stays ambiguous and charged,
+    nothing is recorded, and a later retry gets (and posts) the real result."""
+    tenant = gateway.tenant("outcomes")
+    await set_faults(upstream, tenant, delay_s=2.5, in_progress=True, times=1)
+    headers = effect_headers(tenant, "buyer-04", "in-progress")
+    first = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
+    assert_problem(first, 504, "upstream_ambiguous")
+    hold = first.headers["x-irrev-hold"]
+    charged = used(await balances(http, gateway.admin, tenant))
+
+    retry = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
+    body = assert_problem(retry, 409, "in_flight")
+    assert int(retry.headers["retry-after"]) >= 1
+    assert body["hold"] == hold
+    assert await hold_state(http, tenant, "buyer-04", hold) == "ambiguous"
+    assert used(await balances(http, gateway.admin, tenant)) == charged
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while f"irrev-{hold}" not in (await supplier_stats(upstream, tenant))["keys"]:
+        assert loop.time() < deadline, "the first request never completed"
+        await asyncio.sleep(0.05)
+    final = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
+    assert final.status_code == 201, final.text
+    assert await hold_state(http, tenant, "buyer-04", hold) == "posted"
+    assert used(await balances(http, gateway.admin, tenant)) == charged
+    again = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
+    assert (again.status_code, again.headers["x-irrev-replayed"]) == (201, "true")
+    assert again.json() == final.json()

@@ -5,8 +5,11 @@ hold is settled only by what the upstream says when asked by idempotency key."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 
+from ...wire import upstream_key
 from ..bench import Run
 from ..checks import check_ledger, check_recovery_determinism
 from ..matrix import Cell
@@ -149,6 +152,45 @@ async def agent_retry_after_ambiguous(run: Run) -> list[str]:
     return found + await check_ledger(run, [hold_id], max_forwards=2)
 
 
+async def _wait_made(run: Run, hold_id: str, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while upstream_key(hold_id) not in (await run.supplier_stats())["keys"]:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def in_progress_409(run: Run) -> list[str]:
+    """The first request times out at the gateway but the upstream is still making it;
+    the agent's retry gets 409 "request in progress" from the upstream. That must
+    leave the hold ambiguous and charged (never void: the effect is being made), and
+    the retry after it, or the reconciler, must post it, with one effect made."""
+    await run.faults(delay_s=2.5, in_progress=True, times=1)
+    key = uuid.uuid4().hex
+    hold_id = run.hold_id(key)
+    first = await run.order(key)
+    found = _expect("first status", first.status_code, 504)
+    retry = await run.order(key)
+    found += _expect("retry status", retry.status_code, 409)
+    found += _expect("retry reason", retry.json().get("reason"), "in_flight")
+    found += _expect("retry has Retry-After", "retry-after" in retry.headers, True)
+    found += _expect("state after the 409", await run.hold_state(hold_id), "ambiguous")
+    found += _expect("charged after the 409", await _charged(run), PRICE)
+    found += _expect("first request completed", await _wait_made(run, hold_id), True)
+    if int(key[0], 16) % 2:  # half the runs settle by the agent's retry, half by reconciling
+        final = await run.order(key)
+        found += _expect("final retry status", final.status_code, 201)
+    else:
+        report = await run.reconcile()
+        found += _expect("reconciled", hold_id in report["posted"], True)
+    found += _expect("final state", await run.hold_state(hold_id), "posted")
+    found += _expect("charged at the end", await _charged(run), 0)
+    orders = [k for k in (await run.supplier_stats())["keys"] if hold_id in k]
+    found += _expect("orders at the upstream", len(orders), 1)
+    return found + await check_ledger(run, [hold_id], max_forwards=3)
+
+
 CHECK_AMBIGUOUS = "502/504 ambiguous, still charged; reconcile x2 from one store equal"
 CELLS = [
     Cell("upstream.2xx_posts", "201; posted; replay -> same body, no 2nd forward", ok_posts),
@@ -185,5 +227,11 @@ CELLS = [
         "upstream.retry_ambiguous",
         "ambiguous, agent retries the key -> same Idempotency-Key, 1 order, posted",
         agent_retry_after_ambiguous,
+    ),
+    Cell(
+        "upstream.in_progress_409",
+        "timeout, retry answered 409 in progress -> 409 in_flight, still ambiguous and "
+        "charged, never voided; then posted by retry or reconcile, 1 order",
+        in_progress_409,
     ),
 ]

@@ -1,0 +1,55 @@
+"""The values of the headers a tool's upstream requires (`tools.<name>.credentials`),
+read from environment variables or secret files when policies are loaded.
+
+They exist only here and in the headers of outgoing requests: never in a policy, a
+hold's stored request, the journal, a log line, a metric or an answer to an agent.
+An error names the variable or file, never what it holds.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pricing import PolicyError, Problem, TenantPolicy
+from pricing.policy import HeaderSecret
+
+Injected = tuple[tuple[str, str], ...]
+
+
+def resolve_credentials(policy: TenantPolicy) -> dict[str, Injected]:
+    """tool name -> the headers to add to its requests; PolicyError names every
+    variable or file that is missing, unreadable or not a valid header value."""
+    resolved: dict[str, Injected] = {}
+    problems: list[Problem] = []
+    for tool_name, tool in policy.tools.items():
+        headers = []
+        for header, secret in tool.credentials.items():
+            value, problem = _read(secret)
+            if problem:
+                problems.append(Problem(f"tools.{tool_name}.credentials.{header}", problem))
+            else:
+                headers.append((header, secret.prefix + value))
+        if headers:
+            resolved[tool_name] = tuple(headers)
+    if problems:
+        raise PolicyError(f"credentials of tenant {policy.tenant}", problems)
+    return resolved
+
+
+def _read(secret: HeaderSecret) -> tuple[str, str]:
+    """(value, "") or ("", what is wrong), without the value."""
+    if secret.env is not None:
+        value = os.environ.get(secret.env)
+        if value is None:
+            return "", f"environment variable {secret.env!r} is not set"
+    else:
+        assert secret.file is not None
+        try:
+            # A trailing newline is how editors and `echo` end files, not part of a token.
+            value = Path(secret.file).read_text(encoding="utf-8").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            return "", f"cannot read file {secret.file!r}: {type(exc).__name__}"
+    if not value or not all(" " <= c <= "~" or c == "\t" for c in value):
+        return "", f"{secret.source} is empty or holds characters a header value cannot"
+    return value, ""

@@ -1,0 +1,162 @@
+"""The policy fields of the trust boundary: tool credentials and header allow-lists,
+in-progress statuses, route scopes and tenant admins are checked when a policy is
+loaded, each problem naming its field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pricing import PolicyError, load_policy_data
+from pricing.catalog import price_request
+from pricing.credentials import agent_for_token_hash
+from pricing.scopes import RouteNotAllowed, check_route_scope
+from tests.policy.base import HASH_A, HASH_B, base
+from tests.policy.test_malformed import Mutation, set_path
+
+SHOP = ("tools", "shop")
+CASES: list[Any] = [
+    pytest.param(
+        set_path(*SHOP, "credentials", value={"Authorization": {}}),
+        "tools.shop.credentials.Authorization",
+        "exactly one of env",
+        id="credential-without-source",
+    ),
+    pytest.param(
+        set_path(*SHOP, "credentials", value={"X-Key": {"env": "A", "file": "/run/x"}}),
+        "tools.shop.credentials.X-Key",
+        "exactly one of env",
+        id="credential-with-two-sources",
+    ),
+    pytest.param(
+        set_path(*SHOP, "credentials", value={"X-Key": {"env": "IRREV_ADMIN_TOKENS"}}),
+        "tools.shop.credentials.X-Key",
+        "IRREV_",
+        id="credential-from-gateway-settings",
+    ),
+    pytest.param(
+        set_path(*SHOP, "credentials", value={"X-Key": {"file": "relative/path"}}),
+        "tools.shop.credentials.X-Key.file",
+        "wrong form",
+        id="credential-file-not-absolute",
+    ),
+    pytest.param(
+        set_path(*SHOP, "credentials", value={"Content-Length": {"env": "A"}}),
+        "tools.shop.credentials.Content-Length",
+        "not allowed",
+        id="credential-framing-header",
+    ),
+    pytest.param(
+        set_path(*SHOP, "credentials", value={"A": {"env": "X"}, "a": {"env": "Y"}}),
+        "tools.shop.credentials.a",
+        "named twice",
+        id="credential-twice",
+    ),
+    pytest.param(
+        set_path(*SHOP, "forward_headers", value=["Stripe-Version", "X-HTTP-Method-Override"]),
+        "tools.shop.forward_headers[1]",
+        "not allowed",
+        id="forward-method-override",
+    ),
+    pytest.param(
+        set_path(*SHOP, "forward_headers", value=["connection"]),
+        "tools.shop.forward_headers[0]",
+        "not allowed",
+        id="forward-hop-by-hop",
+    ),
+    pytest.param(
+        set_path(*SHOP, "forward_headers", value=["X-Irrev-Hold"]),
+        "tools.shop.forward_headers[0]",
+        "not allowed",
+        id="forward-gateway-header",
+    ),
+    pytest.param(
+        set_path(*SHOP, "response_headers", value=["set-cookie"]),
+        "tools.shop.response_headers[0]",
+        "not allowed",
+        id="return-set-cookie",
+    ),
+    pytest.param(
+        set_path(*SHOP, "forward_headers", value=["bad header"]),
+        "tools.shop.forward_headers[0]",
+        "wrong form",
+        id="header-not-a-token",
+    ),
+    pytest.param(
+        set_path(*SHOP, "in_progress_statuses", value=[409, 503]),
+        "tools.shop.in_progress_statuses[1]",
+        "less than or equal to 499",
+        id="in-progress-not-4xx",
+    ),
+    pytest.param(
+        set_path("agents", "a1", "routes", value=["shop POST /nowhere"]),
+        "agents.a1.routes[0]",
+        "not a route of the catalog",
+        id="scope-unknown-route",
+    ),
+    pytest.param(
+        set_path("accounts", "principals", "ops", "routes", value=["other *"]),
+        "accounts.principals.ops.routes[0]",
+        "is not defined",
+        id="scope-unknown-tool",
+    ),
+    pytest.param(
+        set_path("agents", "a1", "routes", value=["shop"]),
+        "agents.a1.routes[0]",
+        "must be '<tool> <METHOD> <path>'",
+        id="scope-malformed",
+    ),
+    pytest.param(
+        set_path("admins", value={"boss": {"token_sha256": HASH_A, "role": "viewer"}}),
+        "admins.boss.token_sha256",
+        "same token hash as agent 'a1'",
+        id="admin-shares-agent-token",
+    ),
+    pytest.param(
+        set_path("admins", value={"boss": {"token_sha256": "sha256:" + "c" * 64, "role": "root"}}),
+        "admins.boss.role",
+        "viewer",
+        id="admin-unknown-role",
+    ),
+]
+
+
+@pytest.mark.parametrize(("mutate", "path", "message"), CASES)
+def test_trust_fields_are_checked(mutate: Mutation, path: str, message: str) -> None:
+    doc = base()
+    mutate(doc)
+    with pytest.raises(PolicyError) as caught:
+        load_policy_data(doc, "p.yaml")
+    assert any(p.path == path and message in p.message for p in caught.value.problems), [
+        str(p) for p in caught.value.problems
+    ]
+
+
+def test_route_scopes_need_both_agent_and_principal() -> None:
+    doc = base()
+    doc["agents"]["a1"]["routes"] = ["shop POST /orders", "shop GET /orders/{order}"]
+    doc["accounts"]["principals"]["ops"]["routes"] = ["shop *"]
+    doc["agents"]["a2"]["routes"] = []
+    policy = load_policy_data(doc, "p.yaml")
+    body = {"supplier_id": "s1", "quantity": 1, "unit_price": "1"}
+    order = price_request(policy, "shop", "POST", "/orders", {}, body)
+    refund = price_request(policy, "shop", "POST", "/orders/7/refund", {}, {"amount": "1"})
+    a1 = agent_for_token_hash(policy, HASH_A)
+    a2 = agent_for_token_hash(policy, HASH_B)
+    assert a1 is not None and a2 is not None
+    check_route_scope(policy, a1, order)
+    with pytest.raises(RouteNotAllowed):
+        check_route_scope(policy, a1, refund)
+    with pytest.raises(RouteNotAllowed):
+        check_route_scope(policy, a2, order)
+    doc["accounts"]["principals"]["ops"]["routes"] = ["shop POST /orders/{id}/refund"]
+    narrowed = load_policy_data(doc, "p.yaml")
+    with pytest.raises(RouteNotAllowed):
+        check_route_scope(narrowed, a1, order)
+
+
+def test_defaults_pass_trace_context_and_accept_and_treat_409_as_in_progress() -> None:
+    tool = load_policy_data(base(), "p.yaml").tools["shop"]
+    assert tool.forwarded == {"traceparent", "tracestate", "accept"}
+    assert tool.in_progress_statuses == [409]
