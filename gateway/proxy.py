@@ -96,6 +96,8 @@ async def proxy(
         base64.b64encode(body).decode(),
         route_id,
         effect.price_micros,
+        face_value=effect.face_value_micros,
+        effect_class=effect.effect_class.value,
     )
     if effect.effect_class is EffectClass.READ:
         base = upstream_of(policy, tool)

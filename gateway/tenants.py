@@ -4,6 +4,7 @@ restart), and the ledger accounts each policy names."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -33,6 +34,8 @@ from .policies import (
     read_text,
 )
 
+log = logging.getLogger("irrev.gateway")
+
 
 def ledger_account(spec: AccountSpec) -> LedgerAccount:
     return LedgerAccount(
@@ -57,6 +60,18 @@ async def _open_account(ledger: Ledger, tenant: str, spec: LedgerAccount) -> Non
         await ledger.upsert_account(tenant, spec)
 
 
+def _learned(policy: TenantPolicy, observed: dict[str, Outcomes] | None) -> TenantPolicy:
+    """The policy priced with what was learned; as written if that cannot be applied:
+    learned counts must never stop a tenant's policy (and its revocations) loading."""
+    if not observed:
+        return policy
+    try:
+        return with_observed(policy, observed)
+    except ValueError:
+        log.exception("learned outcomes not applied", extra={"tenant": policy.tenant})
+        return policy
+
+
 class TenantStore:
     """`policies` are what prices are computed with: each policy as written, with the
     compensation outcomes counted so far applied (pricing.with_observed)."""
@@ -67,10 +82,15 @@ class TenantStore:
         self._written: dict[str, TenantPolicy] = {}
         self._observed: dict[str, dict[str, Outcomes]] = {}
         self._agents: dict[str, tuple[TenantPolicy, AuthenticatedAgent]] = {}
+        self._settlers: dict[str, tuple[TenantPolicy, str]] = {}
         self._signature: tuple[tuple[str, int, int], ...] = ()
 
     def authenticate(self, token: str) -> tuple[TenantPolicy, AuthenticatedAgent] | None:
         return self._agents.get(hash_token(token))
+
+    def settler(self, token: str) -> tuple[TenantPolicy, str] | None:
+        """The tenant and tool whose settler credential `token` is."""
+        return self._settlers.get(hash_token(token))
 
     def _files_signature(self) -> tuple[tuple[str, int, int], ...]:
         stats = ((p.name, p.stat()) for p in policy_files(self.directory))
@@ -81,12 +101,13 @@ class TenantStore:
         faulty directory the previous policies stay in force (PolicyLoadError)."""
         signature = self._files_signature()
         policies = load_policy_dir(self.directory)
+        observed = await self._read_observed(ledger, list(policies))
         for policy in policies.values():
             for spec in policy_accounts(policy):
                 await _open_account(ledger, policy.tenant, ledger_account(spec))
         self._written = policies
         self._signature = signature
-        self._install(await self._read_observed(ledger))
+        self._install(observed)
         return sorted(policies)
 
     async def refresh(self, ledger: Ledger) -> bool:
@@ -95,14 +116,14 @@ class TenantStore:
         if self._files_signature() != self._signature:
             await self.load(ledger)
             return True
-        observed = await self._read_observed(ledger)
+        observed = await self._read_observed(ledger, list(self._written))
         if observed != self._observed:
             self._install(observed)
         return False
 
-    async def _read_observed(self, ledger: Ledger) -> dict[str, dict[str, Outcomes]]:
+    @staticmethod
+    async def _read_observed(ledger: Ledger, tenants: list[str]) -> dict[str, dict[str, Outcomes]]:
         """Every tenant's counted outcomes, in one round trip."""
-        tenants = list(self._written)
         async with ledger.redis.pipeline(transaction=False) as pipe:
             for tenant in tenants:
                 pipe.hgetall(observed_key(tenant, "failures"))
@@ -118,13 +139,19 @@ class TenantStore:
 
     def _install(self, observed: dict[str, dict[str, Outcomes]]) -> None:
         self.policies = {
-            tenant: with_observed(policy, observed[tenant]) if observed.get(tenant) else policy
+            tenant: _learned(policy, observed.get(tenant))
             for tenant, policy in self._written.items()
         }
         self._agents = {
             agent_hash: (policy, agent)
             for policy in self.policies.values()
             for agent_hash, agent in policy.agents_by_hash.items()
+        }
+        self._settlers = {
+            tool.settler_token_sha256: (policy, name)
+            for policy in self.policies.values()
+            for name, tool in policy.tools.items()
+            if tool.settler_token_sha256 is not None
         }
         self._observed = observed
 
@@ -140,12 +167,25 @@ class TenantStore:
         errors = check_policy_set([*self._other_policies(target), (str(target), policy)])
         if errors:
             raise PolicyLoadError(errors)
+        previous = target.read_text(encoding="utf-8") if target.exists() else None
+        self._write(target, text)
+        try:
+            await self.load(ledger)
+        except BaseException:
+            # Refused is refused: the file goes back as it was, so the next reload (or
+            # restart) does not apply what this answer said was not applied.
+            if previous is None:
+                target.unlink(missing_ok=True)
+            else:
+                self._write(target, previous)
+            raise
+        return self.policies[tenant]
+
+    def _write(self, target: Path, text: str) -> None:
         handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
         os.replace(temporary, target)
-        await self.load(ledger)
-        return self.policies[tenant]
 
     def _other_policies(self, skip: Path) -> list[tuple[str, TenantPolicy]]:
         loaded = []
