@@ -101,13 +101,12 @@ class TenantStore:
         faulty directory the previous policies stay in force (PolicyLoadError)."""
         signature = self._files_signature()
         policies = load_policy_dir(self.directory)
-        observed = await self._read_observed(ledger, list(policies))
         for policy in policies.values():
             for spec in policy_accounts(policy):
                 await _open_account(ledger, policy.tenant, ledger_account(spec))
         self._written = policies
         self._signature = signature
-        self._install(observed)
+        self._install(await self._read_observed(ledger))
         return sorted(policies)
 
     async def refresh(self, ledger: Ledger) -> bool:
@@ -116,14 +115,14 @@ class TenantStore:
         if self._files_signature() != self._signature:
             await self.load(ledger)
             return True
-        observed = await self._read_observed(ledger, list(self._written))
+        observed = await self._read_observed(ledger)
         if observed != self._observed:
             self._install(observed)
         return False
 
-    @staticmethod
-    async def _read_observed(ledger: Ledger, tenants: list[str]) -> dict[str, dict[str, Outcomes]]:
+    async def _read_observed(self, ledger: Ledger) -> dict[str, dict[str, Outcomes]]:
         """Every tenant's counted outcomes, in one round trip."""
+        tenants = list(self._written)
         async with ledger.redis.pipeline(transaction=False) as pipe:
             for tenant in tenants:
                 pipe.hgetall(observed_key(tenant, "failures"))
