@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,7 +17,10 @@ import pytest
 import yaml
 from redis.asyncio import Redis
 
-from ledger.keys import observed_key
+from gateway.tenants import TenantStore
+from ledger.client import Ledger
+from ledger.errors import LedgerUnavailable
+from ledger.keys import account_key, observed_key
 from pricing.credentials import format_token, hash_token
 
 from .conftest import Gateway, policy_dir_of
@@ -28,7 +33,7 @@ from .helpers import (
     set_faults,
     supplier_stats,
 )
-from .servers import Tenant
+from .servers import Tenant, write_policy
 
 DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
 DEPLOY_ROUTE = "deploy POST /deploys"
@@ -296,3 +301,30 @@ async def test_learned_counts_past_their_bound_never_stop_an_upload(
     rows = await balances(http, gateway.admin, tenant)
     assert rows["principal:facilities"]["limit"] == limit
     assert rows[f"tenant:{tenant.id}"]["limit"] == 250_000 * USD
+
+
+async def test_an_upload_that_fails_to_load_leaves_the_file_as_it_was(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Refused is refused: an upload whose load fails after its file was written
+    (here Redis refuses one of its accounts) puts the file back, so no later reload
+    or restart applies what the answer said was not applied."""
+    tenant = write_policy(tmp_path, "procurement", f"t-{uuid.uuid4().hex[:10]}", "http://x")
+    path = tmp_path / f"{tenant.id}.yaml"
+    written = path.read_text()
+    ledger = Ledger.from_url(redis_url)
+    try:
+        store = TenantStore(tmp_path)
+        await store.load(ledger)
+        data = yaml.safe_load(written)
+        data["accounts"]["principals"]["ops"] = {"limit": "5"}
+        data["agents"]["buyer-02"]["token_sha256"] = hash_token(format_token(bytes(32)))
+        await ledger.redis.set(account_key(tenant.id, "principal:ops"), "not an account")
+        with pytest.raises(LedgerUnavailable):
+            await store.upload(ledger, tenant.id, yaml.safe_dump(data))
+        assert path.read_text() == written
+        await store.refresh(ledger)  # what a worker does next: the file on disk is in force
+        assert store.authenticate(tenant.tokens["buyer-02"]) is not None
+        assert "ops" not in store.policies[tenant.id].accounts.principals
+    finally:
+        await ledger.aclose()
