@@ -176,9 +176,7 @@ async def settle(
         if answer.fate is Fate.UNKNOWN:
             await gate.ledger.mark_ambiguous(tenant, hold_id, answer.why)
             return
-        outcome = StoredAnswer.of(
-            request.agent, *_recordable(answer), route_id=request.route_id, keep=keep
-        ).dumps()
+        outcome = request.answer(*_recordable(answer), keep=keep).dumps()
         if answer.fate is Fate.DELIVERED:
             await gate.ledger.post(tenant, hold_id, request.price, outcome=outcome)
         else:

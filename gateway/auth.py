@@ -134,3 +134,39 @@ async def caller_auth(request: Request) -> Caller:
     if found is None:
         raise _unauthenticated("agent or admin")
     return Caller(policy=found[0], agent=found[1])
+
+
+@dataclass(frozen=True)
+class Settling:
+    """Who settles a hold of `policy`'s tenant: an agent (only its own holds of
+    in-process routes), a tool's settler credential (`tool`: that tool's holds) or an
+    admin (any hold; the tenant is named by the `tenant` query parameter)."""
+
+    policy: TenantPolicy
+    agent: AuthenticatedAgent | None = None
+    tool: str = ""
+    admin: str = ""
+
+    @property
+    def trusted(self) -> bool:
+        return self.agent is None
+
+
+async def settling_auth(request: Request, tenant: str | None = None) -> Settling:
+    token = _bearer(request)
+    if token is None:
+        raise _unauthenticated("agent, settler or admin")
+    gate = gate_of(request)
+    name = _admin_name(gate, token)
+    if name is not None:
+        policy = gate.tenants.policies.get(tenant or "")
+        if policy is None:
+            raise Problem(404, "unknown_tenant", "an admin names the hold's tenant: ?tenant=<id>")
+        return Settling(policy, admin=name)
+    settler = gate.tenants.settler(token)
+    if settler is not None:
+        return Settling(settler[0], tool=settler[1])
+    found = gate.tenants.authenticate(token)
+    if found is None:
+        raise _unauthenticated("agent, settler or admin")
+    return Settling(found[0], agent=found[1])

@@ -12,17 +12,17 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from redis.exceptions import RedisError
 
-from ledger.keys import observed_key
+from ledger.client import Ledger
+from ledger.errors import LedgerError
 from ledger.records import Decision, Hold, HoldState, Status
-from pricing import TenantPolicy, check_per_effect_cap, price_request
+from pricing import EffectClass, TenantPolicy, check_per_effect_cap, price_request
 from pricing.credentials import AuthenticatedAgent
 from pricing.scopes import check_route_scope
 
 from . import metrics
 from .admission import refusal, reserve
-from .auth import agent_auth, gate_of
+from .auth import Settling, agent_auth, gate_of, settling_auth
 from .problems import Problem
 from .proxy import agent_key_of
 from .responses import budget_headers, escalation_id
@@ -38,7 +38,9 @@ from .wire import (
 log = logging.getLogger("irrev.gateway")
 router = APIRouter(prefix="/v1/holds", tags=["decision API"])
 Agent = Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)]
+Settler = Annotated[Settling, Depends(settling_auth)]
 MAX_MICROS = 2**53 - 1
+COMPENSABLE = frozenset({EffectClass.REVERSIBLE.value, EffectClass.COMPENSABLE.value})
 
 
 class Strict(BaseModel):
@@ -63,6 +65,10 @@ class AmbiguousRequest(Strict):
 
 class CompensateRequest(Strict):
     recovered_micros: int = Field(ge=0, le=MAX_MICROS)
+
+
+class TrueUpRequest(Strict):
+    realised_micros: int = Field(ge=0, le=MAX_MICROS)
 
 
 def hold_view(tenant: str, hold: Hold) -> dict[str, Any]:
@@ -113,6 +119,9 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
         base64.b64encode(raw).decode(),
         route_id,
         effect.price_micros,
+        face_value=effect.face_value_micros,
+        effect_class=effect.effect_class.value,
+        in_process=True,
     )
     result = await reserve(
         gate,
@@ -138,80 +147,190 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
     )
 
 
-async def owned_hold(
-    request: Request, who: tuple[TenantPolicy, AuthenticatedAgent], hold_id: str
-) -> tuple[str, Hold, StoredRequest | StoredAnswer]:
-    """The caller's hold, with its record (request or answer) read once."""
-    policy, agent = who
-    hold = await gate_of(request).ledger.hold(policy.tenant, hold_id)
+def _tool_of(route_id: str) -> str:
+    return route_id.partition(" ")[0]
+
+
+async def settled_by(
+    request: Request, who: Settling, hold_id: str, *, reading: bool = False
+) -> tuple[Hold, StoredRequest | StoredAnswer]:
+    """The hold `who` may settle (or, `reading`, see), with its record read once.
+
+    Only the trusted side settles a proxied hold: the gateway itself (its forward,
+    its reconciler), an admin, or the settler credential of the hold's own tool.
+    An agent sees its own holds and settles only those of in-process routes."""
+    hold = await gate_of(request).ledger.hold(who.policy.tenant, hold_id)
     record = record_of(hold.request, hold.outcome) if hold else None
-    if hold is None or record is None or record.agent != agent.agent_id:
-        raise Problem(404, "not_found", "no such hold for this agent")
-    return policy.tenant, hold, record
+    if hold is None or record is None or (who.agent and record.agent != who.agent.agent_id):
+        raise Problem(404, "not_found", "no such hold for this caller")
+    if who.tool and _tool_of(record.route_id) != who.tool:
+        raise Problem(
+            403, "settlement_forbidden", f"this settler settles only holds of tool {who.tool!r}"
+        )
+    if who.agent is not None and not record.in_process and not reading:
+        raise Problem(
+            403,
+            "settlement_forbidden",
+            "a proxied effect is settled by the gateway, its tool's settler or an admin; "
+            "never by the agent",
+            hold=hold_id,
+        )
+    return hold, record
+
+
+def _price(hold: Hold) -> int:
+    return max(hold.amounts.values(), default=0)
+
+
+def _overrun_reports(policy: TenantPolicy, route_id: str) -> bool:
+    for group in policy.catalog.routes.values():
+        for route in group:
+            if route.route_id == route_id:
+                return policy.routes[route.index].overrun_report
+    return False
+
+
+def check_amount(
+    who: Settling, hold: Hold, record: StoredRequest | StoredAnswer, amount: int
+) -> None:
+    """A reported residual may exceed the hold's price only when the reporter is
+    trusted (settler, admin) or the route takes an agent's overrun report, and never
+    the effect's face value: a realised loss cannot exceed the exposure. (Records
+    from before face values were kept are bounded by the price.)"""
+    price = _price(hold)
+    if amount <= price:
+        return
+    if who.agent is not None and not _overrun_reports(who.policy, record.route_id):
+        raise Problem(
+            422,
+            "amount_above_price",
+            f"{amount} is above the hold's price {price}, and this route takes no overrun "
+            "report from agents (route field overrun_report)",
+            price=price,
+        )
+    ceiling = max(price, record.face_value)
+    if amount > ceiling:
+        raise Problem(
+            422,
+            "amount_above_face_value",
+            f"{amount} is above the effect's face value {ceiling}: a realised loss cannot "
+            "exceed the exposure",
+            price=price,
+            face_value=ceiling,
+        )
 
 
 @router.get("/{hold_id}")
-async def get_hold(request: Request, hold_id: str, who: Agent) -> dict[str, Any]:
-    tenant, hold, _ = await owned_hold(request, who, hold_id)
-    return hold_view(tenant, hold)
+async def get_hold(request: Request, hold_id: str, who: Settler) -> dict[str, Any]:
+    hold, _ = await settled_by(request, who, hold_id, reading=True)
+    return hold_view(who.policy.tenant, hold)
 
 
-def _receipt(agent: str, record: StoredRequest | StoredAnswer) -> str:
-    return StoredAnswer.of(agent, 200, [], b"", route_id=record.route_id).dumps()
+def _receipt(record: StoredRequest | StoredAnswer) -> str:
+    answer = record.answer(200, [], b"") if isinstance(record, StoredRequest) else record
+    return answer.dumps()
+
+
+def _log_flags(tenant: str, hold_id: str, flags: frozenset[str]) -> None:
+    for flag in sorted(flags):
+        metrics.FLAGGED_OUTCOMES.labels(tenant, flag).inc()
+        log.warning("outcome flagged", extra={"tenant": tenant, "hold_id": hold_id, "flag": flag})
+
+
+async def _learn(ledger: Ledger, who: Settling, hold_id: str, route_id: str, failed: bool) -> None:
+    """One learning outcome per hold, and only from the trusted side: an agent's
+    say-so about its own effect never moves the tenant's prices."""
+    if not who.trusted or not route_id:
+        return
+    # Counted after the ledger's change, outside its script: a crash in between loses
+    # one observation (prices learn a little less), never money.
+    try:
+        await ledger.learn(who.policy.tenant, hold_id, route_id, failed)
+    except LedgerError:
+        log.warning("compensation outcome not counted", extra={"hold_id": hold_id})
 
 
 @router.post("/{hold_id}/post")
 async def post_hold(
-    request: Request, hold_id: str, spec: PostRequest, who: Agent
+    request: Request, hold_id: str, spec: PostRequest, who: Settler
 ) -> dict[str, Any]:
-    """The effect happened; `amount_micros` is its realised residual (default: the price)."""
-    tenant, hold, record = await owned_hold(request, who, hold_id)
+    """The effect happened; `amount_micros` is its realised residual (default: the
+    price), bounded as `check_amount` says."""
+    hold, record = await settled_by(request, who, hold_id)
     amount = spec.amount_micros
     if amount is None:
-        held = max(hold.amounts.values())
-        amount = record.price if isinstance(record, StoredRequest) else held
-    ledger = gate_of(request).ledger
-    result = await ledger.post(tenant, hold_id, amount, outcome=_receipt(who[1].agent_id, record))
+        amount = record.price if isinstance(record, StoredRequest) else _price(hold)
+    check_amount(who, hold, record, amount)
+    tenant = who.policy.tenant
+    result = await gate_of(request).ledger.post(tenant, hold_id, amount, outcome=_receipt(record))
     if result.status is Status.OK:
-        for flag in sorted(result.flags):
-            metrics.FLAGGED_OUTCOMES.labels(tenant, flag).inc()
-            log.warning(
-                "outcome flagged", extra={"tenant": tenant, "hold_id": hold_id, "flag": flag}
-            )
+        _log_flags(tenant, hold_id, result.flags)
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}
 
 
 @router.post("/{hold_id}/void")
-async def void_hold(request: Request, hold_id: str, who: Agent) -> dict[str, Any]:
-    tenant, _, record = await owned_hold(request, who, hold_id)
+async def void_hold(request: Request, hold_id: str, who: Settler) -> dict[str, Any]:
+    _, record = await settled_by(request, who, hold_id)
     ledger = gate_of(request).ledger
-    result = await ledger.void(tenant, hold_id, outcome=_receipt(who[1].agent_id, record))
+    result = await ledger.void(who.policy.tenant, hold_id, outcome=_receipt(record))
     return {"hold": hold_id, "state": result.state.value}
 
 
 @router.post("/{hold_id}/ambiguous")
 async def ambiguous_hold(
-    request: Request, hold_id: str, spec: AmbiguousRequest, who: Agent
+    request: Request, hold_id: str, spec: AmbiguousRequest, who: Settler
 ) -> dict[str, Any]:
-    tenant, _, _ = await owned_hold(request, who, hold_id)
-    result = await gate_of(request).ledger.mark_ambiguous(tenant, hold_id, spec.reason)
+    await settled_by(request, who, hold_id)
+    result = await gate_of(request).ledger.mark_ambiguous(who.policy.tenant, hold_id, spec.reason)
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}
 
 
 @router.post("/{hold_id}/compensate")
 async def compensate_hold(
-    request: Request, hold_id: str, spec: CompensateRequest, who: Agent
+    request: Request, hold_id: str, spec: CompensateRequest, who: Settler
 ) -> dict[str, Any]:
-    tenant, _, record = await owned_hold(request, who, hold_id)
+    """Part of a posted effect was recovered: it returns to the budget. An agent may
+    not compensate an irreversible effect (nor one whose class was not recorded)."""
+    _, record = await settled_by(request, who, hold_id)
+    if who.agent is not None and record.effect_class not in COMPENSABLE:
+        raise Problem(
+            403,
+            "not_compensable",
+            f"an effect of class {record.effect_class or 'unknown'!r} is not compensated "
+            "by its agent",
+            hold=hold_id,
+        )
     ledger = gate_of(request).ledger
-    result = await ledger.compensate(tenant, hold_id, spec.recovered_micros)
-    route_id = record.route_id
-    if result.status is Status.OK and route_id:
-        # Counted after the ledger's change, outside its script: a crash in between
-        # loses one observation (prices learn a little less), never money.
-        outcome = "failures" if spec.recovered_micros == 0 else "successes"
-        try:
-            await ledger.redis.hincrby(observed_key(tenant, outcome), route_id, 1)
-        except RedisError:
-            log.warning("compensation outcome not counted", extra={"hold_id": hold_id})
+    result = await ledger.compensate(who.policy.tenant, hold_id, spec.recovered_micros)
+    if result.status is Status.OK:
+        await _learn(ledger, who, hold_id, record.route_id, spec.recovered_micros == 0)
+    return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}
+
+
+@router.post("/{hold_id}/settle")
+async def settle_hold(
+    request: Request, hold_id: str, spec: TrueUpRequest, who: Settler
+) -> dict[str, Any]:
+    """True-up, the settlement of DESIGN.md's "Holds settle": a settler (or admin)
+    reports an effect's realised residual loss once it is known (compensation done,
+    return window closed). A pending or ambiguous hold is posted at it; a posted
+    hold's net charge (posted minus compensated) becomes it: the part above returns
+    to the budget, a residual above is posted on top and, above the hold's price,
+    flagged as an overrun. Never above the face value. Repeating the same report
+    changes nothing; the first report of a hold teaches its route's prices (nothing
+    recovered of the price: a failure)."""
+    if who.agent is not None:
+        raise Problem(
+            403, "settlement_forbidden", "realised losses are reported by a settler or an admin"
+        )
+    hold, record = await settled_by(request, who, hold_id)
+    check_amount(who, hold, record, spec.realised_micros)
+    tenant, ledger = who.policy.tenant, gate_of(request).ledger
+    if hold.state in (HoldState.PENDING, HoldState.AMBIGUOUS):
+        result = await ledger.post(tenant, hold_id, spec.realised_micros, outcome=_receipt(record))
+    else:
+        result = await ledger.true_up(tenant, hold_id, spec.realised_micros)
+    if result.status is Status.OK:
+        _log_flags(tenant, hold_id, result.flags - {"rolled_off"})
+    await _learn(ledger, who, hold_id, record.route_id, spec.realised_micros >= _price(hold))
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}

@@ -90,6 +90,18 @@ def check_policy_set(policies: Iterable[tuple[str, TenantPolicy]]) -> list[Polic
                     )
                 )
             owners.setdefault(token_hash, source)
+        for name, tool in policy.tools.items():
+            if tool.settler_token_sha256 is None:
+                continue
+            if tool.settler_token_sha256 in owners:
+                problems.append(
+                    Problem(
+                        f"tools.{name}.settler_token_sha256",
+                        f"the same token is already used in {owners[tool.settler_token_sha256]}"
+                        "; a token must identify one tenant's agent or tool",
+                    )
+                )
+            owners.setdefault(tool.settler_token_sha256, source)
         if problems:
             errors.append(PolicyError(source, problems))
     return errors

@@ -31,7 +31,7 @@ from pricing import (
 from pricing.accounts import AccountSpec
 from pricing.catalog import CompiledRoute
 from pricing.credentials import TOKEN_BYTES
-from pricing.policy import EffectClass, MemberId, TenantId
+from pricing.policy import EffectClass, MemberId, TenantId, ToolName
 
 EXAMPLE_FACE_MAJOR = 10_000
 
@@ -52,10 +52,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.set_defaults(func=cmd_show)
 
     token = commands.add_parser(
-        "token", help="issue a new agent token; prints it once with the line for the policy"
+        "token",
+        help="issue a new agent token (or a tool's settler token); prints it once with the "
+        "line for the policy",
     )
     token.add_argument("--tenant", required=True)
-    token.add_argument("--agent", required=True)
+    holder = token.add_mutually_exclusive_group(required=True)
+    holder.add_argument("--agent")
+    holder.add_argument("--tool", help="the tool API whose settler credential this is")
     token.set_defaults(func=cmd_token)
 
 
@@ -174,15 +178,21 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_token(args: argparse.Namespace) -> int:
     # The policy's own field types: a name it would refuse gets no token.
-    names = (("--tenant", TenantId, args.tenant), ("--agent", MemberId, args.agent))
-    for field, kind, value in names:
+    holder = ("--agent", MemberId, args.agent) if args.agent else ("--tool", ToolName, args.tool)
+    for field, kind, value in (("--tenant", TenantId, args.tenant), holder):
         try:
             TypeAdapter(kind).validate_python(value)
         except ValidationError:
             raise CliError(f"{field} {value!r} is not a name a policy accepts") from None
     token = format_token(secrets.token_bytes(TOKEN_BYTES))
-    print(f"token for agent {args.agent} of tenant {args.tenant} (shown once; store it now):")
+    if args.agent:
+        who, where, field = f"agent {args.agent}", f"agents.{args.agent}", "token_sha256"
+    else:
+        # Held by the tool API, never by an agent: it settles the tool's holds.
+        who, where = f"the settler of tool {args.tool}", f"tools.{args.tool}"
+        field = "settler_token_sha256"
+    print(f"token for {who} of tenant {args.tenant} (shown once; store it now):")
     print(f"  {token}")
-    print(f"paste under agents.{args.agent} in the tenant's policy:")
-    print(f'  token_sha256: "{hash_token(token)}"')
+    print(f"paste under {where} in the tenant's policy:")
+    print(f'  {field}: "{hash_token(token)}"')
     return 0

@@ -116,6 +116,8 @@ async def proxy(
         route_id,
         effect.price_micros,
         passed_headers(policy, tool, request),
+        face_value=effect.face_value_micros,
+        effect_class=effect.effect_class.value,
     )
     if effect.effect_class is EffectClass.READ:
         target = target_of(gate, policy, tool)

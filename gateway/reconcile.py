@@ -75,11 +75,9 @@ async def _ask_upstream(
         return None
     if response.status_code // 100 != 2 and response.status_code != 404:
         return None
-    return StoredAnswer.of(
-        request.agent,
+    return request.answer(
         response.status_code,
         list(response.headers.multi_items()),
         response.content,
-        route_id=request.route_id,
         keep=upstream.kept_headers,
     )

@@ -4,6 +4,7 @@ restart), and the ledger accounts each policy names."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from collections.abc import Iterable
@@ -37,6 +38,8 @@ from .policies import (
     read_text,
 )
 
+log = logging.getLogger("irrev.gateway")
+
 
 def ledger_account(spec: AccountSpec) -> LedgerAccount:
     return LedgerAccount(
@@ -61,6 +64,18 @@ async def _open_account(ledger: Ledger, tenant: str, spec: LedgerAccount) -> Non
         await ledger.upsert_account(tenant, spec)
 
 
+def _learned(policy: TenantPolicy, observed: dict[str, Outcomes] | None) -> TenantPolicy:
+    """The policy priced with what was learned; as written if that cannot be applied:
+    learned counts must never stop a tenant's policy (and its revocations) loading."""
+    if not observed:
+        return policy
+    try:
+        return with_observed(policy, observed)
+    except ValueError:
+        log.exception("learned outcomes not applied", extra={"tenant": policy.tenant})
+        return policy
+
+
 class TenantStore:
     """`policies` are what prices are computed with: each policy as written, with the
     compensation outcomes counted so far applied (pricing.with_observed)."""
@@ -71,6 +86,7 @@ class TenantStore:
         self._written: dict[str, TenantPolicy] = {}
         self._observed: dict[str, dict[str, Outcomes]] = {}
         self._agents: dict[str, tuple[TenantPolicy, AuthenticatedAgent]] = {}
+        self._settlers: dict[str, tuple[TenantPolicy, str]] = {}
         self._signature: tuple[tuple[str, int, int], ...] = ()
         self._credentials: dict[str, dict[str, Injected]] = {}
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
@@ -82,6 +98,10 @@ class TenantStore:
     def tenant_admin(self, token: str) -> tuple[str, str, AdminRole] | None:
         """(tenant, admin id, role) of a tenant admin's token."""
         return self._admins.get(hash_token(token))
+
+    def settler(self, token: str) -> tuple[TenantPolicy, str] | None:
+        """The tenant and tool whose settler credential `token` is."""
+        return self._settlers.get(hash_token(token))
 
     def _files_signature(self) -> tuple[tuple[str, int, int], ...]:
         stats = ((p.name, p.stat()) for p in policy_files(self.directory))
@@ -138,7 +158,7 @@ class TenantStore:
 
     def _install(self, observed: dict[str, dict[str, Outcomes]]) -> None:
         self.policies = {
-            tenant: with_observed(policy, observed[tenant]) if observed.get(tenant) else policy
+            tenant: _learned(policy, observed.get(tenant))
             for tenant, policy in self._written.items()
         }
         self._agents = {
@@ -150,6 +170,12 @@ class TenantStore:
             admin.token_sha256: (tenant, admin_id, admin.role)
             for tenant, policy in self.policies.items()
             for admin_id, admin in policy.admins.items()
+        }
+        self._settlers = {
+            tool.settler_token_sha256: (policy, name)
+            for policy in self.policies.values()
+            for name, tool in policy.tools.items()
+            if tool.settler_token_sha256 is not None
         }
         self._observed = observed
 
@@ -166,12 +192,25 @@ class TenantStore:
         errors = check_policy_set([*self._other_policies(target), (str(target), policy)])
         if errors:
             raise PolicyLoadError(errors)
+        previous = target.read_text(encoding="utf-8") if target.exists() else None
+        self._write(target, text)
+        try:
+            await self.load(ledger)
+        except BaseException:
+            # Refused is refused: the file goes back as it was, so the next reload (or
+            # restart) does not apply what this answer said was not applied.
+            if previous is None:
+                target.unlink(missing_ok=True)
+            else:
+                self._write(target, previous)
+            raise
+        return self.policies[tenant]
+
+    def _write(self, target: Path, text: str) -> None:
         handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
         os.replace(temporary, target)
-        await self.load(ledger)
-        return self.policies[tenant]
 
     def _other_policies(self, skip: Path) -> list[tuple[str, TenantPolicy]]:
         loaded = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -134,12 +134,35 @@ class StoredRequest(_Record):
     # that a retry or an approval sends the same ones. Never a credential: those are
     # added at each forward and are not the agent's.
     headers: Headers = ()
+    # The settlement terms, kept through to the answer (defaults: records from before
+    # they were kept, read as strictly as possible: proxied, class unknown).
+    face_value: int = 0
+    effect_class: str = ""
+    in_process: bool = False
 
     @classmethod
     def loads(cls, text: str) -> StoredRequest:
         data = json.loads(text)
         data["headers"] = tuple(tuple(h) for h in data.get("headers", ()))
         return cls(**data)
+
+    def answer(
+        self,
+        status: int,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        keep: frozenset[str] = KEPT_RESPONSE_HEADERS,
+    ) -> StoredAnswer:
+        """The answer to keep for this effect, with its route and settlement terms."""
+        answer = StoredAnswer.of(
+            self.agent, status, headers, body, route_id=self.route_id, keep=keep
+        )
+        return replace(
+            answer,
+            face_value=self.face_value,
+            effect_class=self.effect_class,
+            in_process=self.in_process,
+        )
 
 
 @dataclass(frozen=True)
@@ -154,6 +177,9 @@ class StoredAnswer(_Record):
     # The route of the effect, so that a compensation after the request record is
     # gone still knows which route's prices it teaches ('' in records from before).
     route_id: str = ""
+    face_value: int = 0
+    effect_class: str = ""
+    in_process: bool = False
 
     @classmethod
     def loads(cls, text: str) -> StoredAnswer:

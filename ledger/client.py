@@ -26,6 +26,7 @@ from .records import (
     Reason,
     ReserveRequest,
     ReserveResult,
+    Status,
     SweepResult,
     TransitionResult,
 )
@@ -328,6 +329,21 @@ class Ledger:
     ) -> TransitionResult:
         args = [*self._hold_args(hold_id), *validate.per_account(recovered)]
         return await self._transition("compensate", tenant, hold_id, args)
+
+    async def true_up(self, tenant: str, hold_id: str, realised: int) -> TransitionResult:
+        """A posted effect's realised residual: the hold's net charge (posted minus
+        compensated) becomes `realised` on every account; above what the hold held
+        it is an overrun, posted and flagged. 'exists' if it already was."""
+        args = [*self._hold_args(hold_id), str(validate.amount("realised", realised))]
+        return await self._transition("trueup", tenant, hold_id, args)
+
+    async def learn(self, tenant: str, hold_id: str, route_id: str, failed: bool) -> bool:
+        """Count a posted hold's compensation outcome for its route's learned prices,
+        once per hold: False if this hold's outcome was counted already."""
+        outcome = "failures" if failed else "successes"
+        args = [validate.identifier("hold_id", hold_id), route_id, outcome]
+        reply = await self._run("learn", tenant, args)
+        return raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
 
     async def approve(
         self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int

@@ -25,6 +25,8 @@ OPERATIONS = (
     "void",
     "ambiguous",
     "compensate",
+    "trueup",
+    "learn",
     "approve",
     "reject",
     "expire",

@@ -17,6 +17,9 @@ from pricing.models import ExpectedPricing, FailureBound, QuantilePricing, Stres
 from pricing.policy import TenantPolicy
 
 Learnable = ExpectedPricing | QuantilePricing | StressedPricing
+# The policy's own bound on a Beta parameter (pricing.models.Positive).
+MAX_SHAPE = 1e6
+MIN_SHAPE = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +32,17 @@ class Outcomes:
     def __post_init__(self) -> None:
         if self.failures < 0 or self.successes < 0:
             raise ValueError("outcome counts are never negative")
+
+
+def saturated(alpha: float, beta: float) -> tuple[float, float]:
+    """(alpha, beta) scaled down together until both are within MAX_SHAPE: the same
+    failure rate, the evidence of a million outcomes. Counts that grew past what a
+    policy may state must never make the learned policy invalid."""
+    if max(alpha, beta) <= MAX_SHAPE:
+        return alpha, beta
+    if alpha >= beta:
+        return MAX_SHAPE, max(beta * (MAX_SHAPE / alpha), MIN_SHAPE)
+    return max(alpha * (MAX_SHAPE / beta), MIN_SHAPE), MAX_SHAPE
 
 
 def with_observed(policy: TenantPolicy, observed: Mapping[str, Outcomes]) -> TenantPolicy:
@@ -44,9 +58,8 @@ def with_observed(policy: TenantPolicy, observed: Mapping[str, Outcomes]) -> Ten
         if not isinstance(spec.p_fail, FailureBound):
             continue
         prior = spec.p_fail
-        posterior = FailureBound(
-            alpha=prior.alpha + seen.failures, beta=prior.beta + seen.successes, level=prior.level
-        )
+        alpha, beta = saturated(prior.alpha + seen.failures, prior.beta + seen.successes)
+        posterior = FailureBound(alpha=alpha, beta=beta, level=prior.level)
         routes[index] = route.model_copy(
             update={"pricing": spec.model_copy(update={"p_fail": posterior})}
         )

@@ -270,6 +270,11 @@ class Tool(_Model):
         default_factory=lambda: [409],
         description="answers that mean 'this Idempotency-Key is still being processed'",
     )
+    settler_token_sha256: TokenHash | None = Field(
+        default=None,
+        description="hash of the tool API's own settler credential: it may settle (post, "
+        "void, compensate, true up) the holds of this tool's routes; agents never hold it",
+    )
 
     @cached_property
     def forwarded(self) -> frozenset[str]:
@@ -290,6 +295,11 @@ class Route(_Model):
     approval_threshold: Micros | None = None
     lookup: str | None = None
     in_process: Annotated[bool, Field(strict=True)] = False
+    overrun_report: Annotated[bool, Field(strict=True)] = Field(
+        default=False,
+        description="an agent may post one of its in-process holds above its price "
+        "(never above the face value)",
+    )
 
 
 class UnknownRoutes(_Model):

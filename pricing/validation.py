@@ -41,7 +41,7 @@ NEVER_INJECTED = HOP_BY_HOP | {
 
 
 def check_policy(policy: TenantPolicy) -> list[Problem]:
-    problems = _check_agents(policy)
+    problems = _check_agents(policy) + _check_settlers(policy)
     problems += _check_admins(policy)
     problems += _check_scopes(policy)
     for name, tool in policy.tools.items():
@@ -177,6 +177,29 @@ def _refused_name(where: str, name: str, never: frozenset[str], why: str) -> lis
     return []
 
 
+def _check_settlers(policy: TenantPolicy) -> list[Problem]:
+    """A settler token is a credential of its own: one that also opened an agent (or
+    another tool) would let that caller settle as someone it is not."""
+    problems: list[Problem] = []
+    owners = {
+        agent.token_sha256: f"agent {agent_id!r}" for agent_id, agent in policy.agents.items()
+    }
+    for name, tool in policy.tools.items():
+        token = tool.settler_token_sha256
+        if token is None:
+            continue
+        if token in owners:
+            problems.append(
+                Problem(
+                    f"tools.{name}.settler_token_sha256",
+                    f"same token hash as {owners[token]}; issue the tool its own settler token "
+                    "with 'irrev policy token --tool'",
+                )
+            )
+        owners.setdefault(token, f"tool {name!r}")
+    return problems
+
+
 def _check_route(
     policy: TenantPolicy, i: int, route: Route, seen: dict[tuple[str, str, str], int]
 ) -> list[Problem]:
@@ -207,6 +230,14 @@ def _check_route(
             )
         )
     seen.setdefault(key, i)
+    if route.overrun_report and not route.in_process:
+        problems.append(
+            Problem(
+                f"{where}.overrun_report",
+                "only agents of in-process routes report what an effect cost; a proxied "
+                "route's holds are settled by the gateway and the tool's settler",
+            )
+        )
     declared = _check_declared_fields(where, route, set(template.params), problems)
     if route.effect_class is EffectClass.READ:
         return problems + _check_read(where, route)

@@ -58,8 +58,14 @@ tools:
   supplier: {{upstream: "{supplier}"}}
   flaky: {{upstream: "{flaky}"}}
   closed: {{upstream: "{closed}"}}
+  deploy: {{}}
 routes:
 {routes}
+  - tool: deploy
+    route: POST /deploys
+    class: irreversible
+    face_value_fixed: "5"
+    in_process: true
 agents:
 {agents}
 """

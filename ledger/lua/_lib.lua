@@ -130,6 +130,15 @@ local function roll(a, now)
   a.ws = ws
 end
 
+-- The account's posted balance once `now`'s window is rolled in, without writing:
+-- for the checks a script makes before its first write.
+local function posted_after_roll(a, now)
+  if a.win > 0 and now - (now % a.win) > a.ws then
+    return 0
+  end
+  return a.post
+end
+
 local function add_balances(accounts, dpend, dpost)
   for i = 1, #accounts do
     if dpend[i] ~= 0 then

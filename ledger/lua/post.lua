@@ -15,7 +15,9 @@
 --   'exists'                          already posted with these amounts
 --   'exists_with_different_amount'    already posted with other amounts
 --   'conflict'                        the hold is escalated, voided, rejected or denied
---   'not_found', 'bad_input' (state = field, flags = message)
+--   'not_found', 'bad_input' (state = field, flags = message; also an amount
+--                                      that would take an account's pending +
+--                                      posted past 2^53-1, checked before any write)
 --
 -- Invariant: pending falls by exactly what the hold still charged, posted rises by
 -- exactly the posted amounts, and the journal entry carries both.
@@ -38,16 +40,24 @@ if hold.st ~= 'pending' and hold.st ~= 'ambiguous' and hold.st ~= 'expired' then
 end
 
 local now = now_ms()
+local dpend = pending_release(hold)
+local accounts = {}
+for i = 1, #hold.accounts do
+  local a = load_account(hold.accounts[i])
+  if a.pend + dpend[i] + posted_after_roll(a, now) + amounts[i] > MAX_AMOUNT then
+    return {'bad_input', 'amount', 'would take ' .. a.id .. ' past 2^53-1'}
+  end
+  accounts[i] = a
+end
 local flags = {}
 if hold.st == 'expired' then
   flags[#flags + 1] = 'late'
 end
 -- Balances are written whole (HSET of the values read here) rather than by
 -- HINCRBY: one write per account, and the script is atomic anyway.
-local dpend = pending_release(hold)
 local post_ws = {}
 for i = 1, #hold.accounts do
-  local a = load_account(hold.accounts[i])
+  local a = accounts[i]
   roll(a, now)
   local fields = {'pend', a.pend + dpend[i], 'post', a.post + amounts[i]}
   if amounts[i] > hold.amounts[i] then

@@ -20,12 +20,47 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
-from .servers import BIN, Server, Tenant, base_env, free_port, start_suppliers, write_policy
+from .servers import (
+    BIN,
+    EXAMPLES,
+    Server,
+    Tenant,
+    base_env,
+    free_port,
+    start_suppliers,
+    write_policy,
+)
 
 WORKERS = 2
 UPSTREAM_TIMEOUT_S = 1.0
 MAX_BODY_BYTES = 64 * 1024
+
+# The example's routes with the in-process deploy route compensable (a rollback
+# recovers most of it), its p_fail learned from rollbacks, and agents' overrun
+# reports allowed.
+LEARNED_DEPLOY = {
+    "tool": "deploy",
+    "route": "POST /deploys",
+    "class": "compensable",
+    "face_value_fixed": "1000",
+    "in_process": True,
+    "overrun_report": True,
+    "pricing": {
+        "model": "expected",
+        "recovery": {"alpha": 19, "beta": 1},
+        "p_fail": {"alpha": 1, "beta": 99, "level": 0.95},
+    },
+}
+_PROCUREMENT = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+LEARNING_ROUTES = [
+    LEARNED_DEPLOY if route["tool"] == "deploy" else route for route in _PROCUREMENT["routes"]
+]
+SMALL_PLATFORM = {
+    **_PROCUREMENT["accounts"],
+    "principals": {**_PROCUREMENT["accounts"]["principals"], "platform": {"limit": "500"}},
+}
 
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -34,7 +69,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "bad-input": ("procurement", {}),
     "paths": ("procurement", {}),
     "decision": ("procurement", {}),
-    "overrun": ("procurement", {}),
+    "overrun": ("procurement", {"routes": LEARNING_ROUTES, "accounts": SMALL_PLATFORM}),
     "decision-budget": ("procurement", {}),
     "overdraw": ("procurement", {}),
     "idempotency": ("procurement", {}),
@@ -59,6 +94,11 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "admin-b": ("procurement", {}),
     "fuzz": ("procurement", {}),
     "fuzz-globex": ("globex", {}),
+    "settle-abuse": ("procurement", {}),
+    "settle-roles": ("procurement", {}),
+    "settle-bounds": ("procurement", {}),
+    "settle-learn": ("procurement", {"routes": LEARNING_ROUTES}),
+    "settle-upload": ("procurement", {"routes": LEARNING_ROUTES}),
 }
 
 

@@ -124,9 +124,14 @@ class Tenant:
     id: str
     tokens: Mapping[str, str]
     supplier: str
+    settlers: Mapping[str, str] = field(default_factory=dict)
 
     def auth(self, agent: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[agent]}"}
+
+    def settler(self, tool: str) -> dict[str, str]:
+        """The credential of the tool API itself, which settles its holds."""
+        return {"Authorization": f"Bearer {self.settlers[tool]}"}
 
 
 def write_policy(
@@ -144,9 +149,12 @@ def write_policy(
     for agent_id, agent in data["agents"].items():
         tokens[agent_id] = format_token(secrets.token_bytes(32))
         agent["token_sha256"] = hash_token(tokens[agent_id])
-    for tool in data["tools"].values():
+    settlers = {}
+    for name, tool in data["tools"].items():
         if "upstream" in tool:
             tool["upstream"] = supplier_url
+        settlers[name] = format_token(secrets.token_bytes(32))
+        tool["settler_token_sha256"] = hash_token(settlers[name])
     data.update(overrides)
     (directory / f"{tenant}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    return Tenant(tenant, tokens, supplier_url)
+    return Tenant(tenant, tokens, supplier_url, settlers)

@@ -55,9 +55,13 @@ async def test_create_post_compensate_round_trip(gateway: Gateway, http: httpx.A
     assert (await http.get(f"/v1/holds/{hold}", headers=me)).json()["posted"] == view["amounts"]
     assert platform_used(used(await balances(http, gateway.admin, tenant))) == before + PRICE
 
+    # An irreversible deploy is not its agent's to compensate; the tool's settler
+    # credential reports what was recovered.
     recovered = 600 * 10**6
     compensated = await http.post(
-        f"/v1/holds/{hold}/compensate", json={"recovered_micros": recovered}, headers=me
+        f"/v1/holds/{hold}/compensate",
+        json={"recovered_micros": recovered},
+        headers=tenant.settler("deploy"),
     )
     assert compensated.status_code == 200, compensated.text
     assert compensated.json()["state"] == "posted"
@@ -75,23 +79,27 @@ async def test_overrun_is_posted_flagged_counted_and_blocks_the_account(
 ) -> None:
     """Contract 1's one exception: the world cost more than the hold. It is posted
     (never refused), flagged and counted, and the account admits nothing more until
-    compensation brings it back under its limit."""
+    compensation brings it back under its limit. Here the agent reports it: its
+    route is compensable and takes overrun reports (up to the face value, 1000 USD),
+    and its principal's limit is 500 USD."""
     tenant = gateway.tenant("overrun")
     me = tenant.auth("deployer-01")
-    hold = (await create(http, tenant, "d1")).json()["hold"]
-    realised = 12_000 * 10**6  # above the deployer's 10000 USD window cap
+    created = await create(http, tenant, "d1")
+    hold, price = created.json()["hold"], int(created.headers["x-irrev-price"])
+    realised = 1000 * 10**6
+    assert price < realised
     posted = await http.post(f"/v1/holds/{hold}/post", json={"amount_micros": realised}, headers=me)
     assert posted.status_code == 200, posted.text
     assert posted.json() == {"hold": hold, "state": "posted", "flags": ["overrun"]}
-    agent = (await balances(http, gateway.admin, tenant))["agent:deployer-01"]
-    assert agent["posted"] == realised > agent["limit"]
+    platform = (await balances(http, gateway.admin, tenant))["principal:platform"]
+    assert platform["posted"] == realised > platform["limit"]
 
     blocked = assert_problem(await create(http, tenant, "d2"), 403, "budget_exceeded")
     assert blocked["ledger_reason"] == "over_limit"
     metrics = (await http.get("/metrics")).text
     assert f'irrev_flagged_outcomes_total{{flag="overrun",tenant="{tenant.id}"}} 1.0' in metrics
 
-    recovered = 3_000 * 10**6
+    recovered = 600 * 10**6
     back = await http.post(
         f"/v1/holds/{hold}/compensate", json={"recovered_micros": recovered}, headers=me
     )

@@ -262,7 +262,9 @@ async def test_batches_decide_in_order_like_single_calls(ledger: Ledger, tenant:
     assert await used(ledger, tenant, "tenant:acme") == (300, 500)
 
 
-async def test_request_kept_while_live_and_outcome_once_settled(ledger: Ledger, tenant: str) -> None:
+async def test_request_kept_while_live_and_outcome_once_settled(
+    ledger: Ledger, tenant: str
+) -> None:
     await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 500))
     await ledger.reserve(tenant, "small", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS, request="R1")
     await ledger.reserve(tenant, "big", "fp", {"tenant:acme": 600}, ttl_ms=HOUR_MS, request="R2")

@@ -122,3 +122,14 @@ def test_token_prints_a_fresh_token_and_its_hash_line() -> None:
     assert line.group(1) == hash_token(token.group(1))
     assert "agents.buyer-51" in first.stdout
     assert token.group(1) not in second.stdout
+
+
+def test_token_for_a_tools_settler() -> None:
+    issued = irrev("policy", "token", "--tenant", "acme", "--tool", "supplier")
+    assert issued.returncode == 0, issued.stderr
+    token = re.search(r"^\s+(irrev_[A-Za-z0-9_-]{43})$", issued.stdout, re.M)
+    line = re.search(r'settler_token_sha256: "(sha256:[0-9a-f]{64})"', issued.stdout)
+    assert token and line and line.group(1) == hash_token(token.group(1))
+    assert "tools.supplier" in issued.stdout
+    both = irrev("policy", "token", "--tenant", "acme", "--tool", "x", "--agent", "y")
+    assert both.returncode != 0

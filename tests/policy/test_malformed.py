@@ -39,6 +39,24 @@ def add_route(**route: Any) -> Mutation:
 
 CASES: list[Any] = [
     pytest.param(
+        set_path("tools", "shop", "settler_token_sha256", value=HASH_A),
+        "tools.shop.settler_token_sha256",
+        "same token hash as agent 'a1'",
+        id="settler-token-of-an-agent",
+    ),
+    pytest.param(
+        set_path("tools", "shop", "settler_token_sha256", value="sha256:short"),
+        "tools.shop.settler_token_sha256",
+        "should match pattern",
+        id="settler-token-not-a-hash",
+    ),
+    pytest.param(
+        set_path("routes", 1, "overrun_report", value=True),
+        "routes[1].overrun_report",
+        "only agents of in-process routes",
+        id="overrun-report-on-a-proxied-route",
+    ),
+    pytest.param(
         set_path("accounts", "tenant", "limit", value="lots"),
         "accounts.tenant.limit",
         "not a plain non-negative decimal",

@@ -70,3 +70,17 @@ def test_dir_with_a_bad_policy_and_a_duplicate_tenant_lists_both(tmp_path: Path)
 def test_missing_dir_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(PolicyLoadError, match="not a directory"):
         load_policy_dir(tmp_path / "absent")
+
+
+def test_a_settler_token_names_one_tenants_tool(tmp_path: Path) -> None:
+    """A tool's settler token that is also an agent's (or another tool's) token in
+    another tenant would settle as whichever the gateway looked up first."""
+    globex = (EXAMPLES / "globex.yaml").read_text()
+    agent_hash = globex.split('token_sha256: "', 1)[1].split('"', 1)[0]
+    (tmp_path / "globex.yaml").write_text(globex)
+    acme = (EXAMPLES / "procurement.yaml").read_text()
+    settled = acme.replace("deploy: {}", f'deploy: {{settler_token_sha256: "{agent_hash}"}}')
+    assert settled != acme
+    (tmp_path / "acme.yaml").write_text(settled)
+    with pytest.raises(PolicyLoadError, match="token_sha256: the same token is already used"):
+        load_policy_dir(tmp_path)

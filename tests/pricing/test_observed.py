@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pricing import Outcomes, TenantPolicy, load_policy_text, with_observed
+from pricing.observed import saturated
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "procurement.yaml"
 POLICY = load_policy_text(EXAMPLE.read_text(encoding="utf-8"), str(EXAMPLE))
@@ -49,3 +50,19 @@ def test_more_failures_never_price_lower(failures: int, successes: int, more: in
 def test_counts_are_never_negative() -> None:
     with pytest.raises(ValueError, match="never negative"):
         Outcomes(failures=-1)
+
+
+@given(st.integers(0, 10**18), st.integers(0, 10**18))
+def test_counts_past_the_policy_bound_saturate_at_the_same_rate(
+    failures: int, successes: int
+) -> None:
+    """However many outcomes were counted, the learned policy stays valid: a reload
+    that applies them never fails."""
+    learned = with_observed(POLICY, {CANCEL: Outcomes(failures, successes)})
+    assert 0 < factor(learned, CANCEL) <= 1
+
+
+def test_saturation_keeps_the_failure_rate() -> None:
+    alpha, beta = saturated(3_000_000.0, 1_000_000.0)
+    assert (alpha, beta) == (1e6, pytest.approx(1e6 / 3))
+    assert saturated(5.0, 7.0) == (5.0, 7.0)
