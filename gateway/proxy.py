@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import re
 from typing import Annotated
-from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -16,10 +15,11 @@ from pricing.credentials import AuthenticatedAgent
 
 from .admission import Gate, fire, refusal, reserve, settled_problem, upstream_of
 from .auth import agent_auth, gate_of
+from .canonical import Canonical, check_raw_path, read_request
 from .problems import Problem
 from .responses import answer_response, budget_headers, escalated_response, stored_response
 from .upstream import forward
-from .wire import StoredAnswer, StoredRequest, fingerprint, hold_id_for, parse_json_body
+from .wire import StoredAnswer, StoredRequest, fingerprint, hold_id_for
 
 router = APIRouter()
 _AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
@@ -58,11 +58,10 @@ def agent_key_of(request: Request) -> str:
 
 
 def price(
-    policy: TenantPolicy, tool: str, method: str, path: str, query: str, body: bytes, ctype: str
+    policy: TenantPolicy, tool: str, method: str, path: str, canonical: Canonical
 ) -> PricedEffect:
-    parsed = parse_json_body(body, ctype)
     return price_request(
-        policy, tool, method, path, parse_qs(query, keep_blank_values=True), parsed
+        policy, tool, method, path, canonical.query_map, canonical.document, canonical.body_format
     )
 
 
@@ -76,24 +75,24 @@ async def proxy(
     gate = gate_of(request)
     policy, agent = who
     body = await read_body(request, gate.settings.max_body_bytes)
-    query, ctype, method = (
-        request.url.query,
-        request.headers.get("content-type", ""),
-        request.method,
-    )
-    effect = price(policy, tool, method, f"/{path}", query, body, ctype)
+    method = request.method
+    check_raw_path(request.scope.get("raw_path") or b"")
+    canonical = read_request(request.url.query, request.headers.getlist("content-type"), body)
+    effect = price(policy, tool, method, f"/{path}", canonical)
     if effect.in_process:
         raise Problem(403, "in_process_route", "this route is decision-only: use /v1/holds")
     check_per_effect_cap(agent, effect)
     route_id = effect.route.route_id if effect.route else f"{tool} {method} /{path}"
+    # What goes upstream is re-encoded from what was priced, never the agent's bytes.
+    query, forwarded = canonical.query_text, canonical.body
     stored = StoredRequest(
         agent.agent_id,
         tool,
         method,
         f"/{path}",
         query,
-        ctype,
-        base64.b64encode(body).decode(),
+        canonical.content_type,
+        base64.b64encode(forwarded).decode(),
         route_id,
         effect.price_micros,
     )
@@ -102,9 +101,8 @@ async def proxy(
         answer = await forward(gate.http, base, stored, "", gate.settings.upstream_timeout_s)
         return answer_response(answer, {"X-Irrev-Decision": "admit", "X-Irrev-Price": "0"})
     hold_id = hold_id_for(policy.tenant, agent.agent_id, route_id, agent_key_of(request))
-    result = await reserve(
-        gate, policy, agent, effect, hold_id, fingerprint(method, f"/{path}", query, body), stored
-    )
+    key = fingerprint(method, f"/{path}", query, forwarded)
+    result = await reserve(gate, policy, agent, effect, hold_id, key, stored)
     return await respond(gate, policy, result, hold_id, stored)
 
 

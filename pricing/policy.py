@@ -104,6 +104,13 @@ class EffectClass(StrEnum):
     IRREVERSIBLE = "irreversible"
 
 
+class BodyFormat(StrEnum):
+    """How a route's request body is encoded; the other format is refused."""
+
+    JSON = "json"
+    FORM = "form"
+
+
 class UnknownRouteAction(StrEnum):
     DENY = "deny"
     PRICE_AS_IRREVERSIBLE = "price_as_irreversible"
@@ -169,6 +176,15 @@ class Route(_Model):
     approval_threshold: Micros | None = None
     lookup: str | None = None
     in_process: Annotated[bool, Field(strict=True)] = False
+    body_format: BodyFormat = BodyFormat.JSON
+    amount_scale: Annotated[int, Field(strict=True), AfterValidator(_power_of_ten)] | None = Field(
+        default=None,
+        description="face-value fields hold 1/amount_scale major units (100: cents); "
+        "integers required",
+    )
+    currency_field: FieldName | None = Field(
+        default=None, description="a field that must name the tenant's risk-unit currency"
+    )
 
 
 class UnknownRoutes(_Model):

@@ -7,6 +7,8 @@ Each test's tenant points its `supplier` tool at its own name, so its effect cou
 `[method, raw path with query]`, so a test can check what was forwarded byte for byte.
 A supplier whose name starts with `cookies-` sets a session cookie on every answer,
 as many web APIs do; `GET /_cookies/{name}` lists the Cookie headers it was sent.
+A supplier whose name starts with `readers-` executes nothing and records how several
+parsers read each request (sim/readers.py), listed at `GET /_readings/{name}`.
 Run with `uvicorn tests.gateway.suppliers:app`.
 """
 
@@ -17,6 +19,7 @@ import json
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
+from sim.readers import Readers
 from sim.supplier import create_supplier
 
 
@@ -25,6 +28,7 @@ class Suppliers:
         self.apps: dict[str, FastAPI] = {}
         self.seen: dict[str, list[tuple[str, str]]] = {}
         self.cookies: dict[str, list[str]] = {}
+        self.readers = Readers()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -38,6 +42,9 @@ class Suppliers:
         name, _, rest = scope["path"].lstrip("/").partition("/")
         if scope["type"] != "http" or not name:
             await self.reply(send, 404, None)
+            return
+        if name == "_readings" or name.startswith("readers-"):
+            await self.readers(scope, receive, send)
             return
         if name == "_seen":
             await self.reply(send, 200, self.seen.get(rest, []))
