@@ -23,6 +23,7 @@ def test_every_group_is_covered() -> None:
         "redis",
         "upstream",
         "hostile",
+        "differential",
     }
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..matrix import Cell
-from . import concurrency, crash, hostile, redis, upstream
+from . import concurrency, crash, differential, hostile, redis, upstream
 
 CELLS: list[Cell] = [
     *crash.CELLS,
@@ -11,6 +11,7 @@ CELLS: list[Cell] = [
     *redis.CELLS,
     *upstream.CELLS,
     *hostile.CELLS,
+    *differential.CELLS,
 ]
 
 __all__ = ["CELLS"]
