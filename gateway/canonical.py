@@ -35,8 +35,9 @@ METHOD_OVERRIDES = frozenset(
 )
 _FORMATS = {media: fmt for fmt, media in MEDIA_TYPES.items()}
 _CHARSET = re.compile(r'charset=("utf-8"|utf-8)', re.IGNORECASE)
-# RFC 3986 unreserved and sub-delims but ';', '%' escapes, '+' and the separators.
-_FORM_TEXT = re.compile(rb"[A-Za-z0-9._~!$'()*,:@/?+=&%-]*")
+# RFC 3986 unreserved and sub-delims but ';', '%' escapes, '+', the separators, and
+# the brackets of nested names (`metadata[k]`, as Rails, PHP and Stripe send them).
+_FORM_TEXT = re.compile(rb"[A-Za-z0-9._~!$'()*,:@/?+=&%\[\]-]*")
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _UNRESERVED = "-._~"
 _ENCODED_SEPARATOR = re.compile(rb"%(2f|5c)", re.IGNORECASE)
