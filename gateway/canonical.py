@@ -11,9 +11,9 @@ is refused first (issue 10's parser differentials).
   reader would merge; re-encoded sorted, every byte outside `A-Za-z0-9-._~` escaped.
 - The query: no `;`, escapes decoded once, re-encoded the same way. Which parameters
   an effect may carry is the route's business (pricing.catalog).
-- Method overrides (`_method`, `X-HTTP-Method-Override` as a parameter name) in the
-  query or at the top of a body are refused on every route, reads included: a server
-  that honours them would run another method than the one priced.
+- Method overrides (`_method`, `X-HTTP-Method-Override` and the like) as a header,
+  a query parameter or a top-level body field are refused on every route, reads
+  included: a server that honours them would run another method than the one priced.
 """
 
 from __future__ import annotations
@@ -78,6 +78,12 @@ def _check_override(name: str, where: str) -> None:
             f"{name!r} in the {where} would make some servers run another method than the "
             "one priced; send the method itself",
         )
+
+
+def check_headers(names: Iterable[str]) -> None:
+    """Refuse method-override headers, whether or not they would be passed on."""
+    for name in names:
+        _check_override(name, "headers")
 
 
 def parse_query(query: str) -> list[Pair]:

@@ -15,7 +15,7 @@ from pricing.credentials import AuthenticatedAgent
 
 from .admission import Gate, fire, refusal, reserve, settled_problem, upstream_of
 from .auth import agent_auth, gate_of
-from .canonical import Canonical, check_raw_path, read_request
+from .canonical import Canonical, check_headers, check_raw_path, read_request
 from .problems import Problem
 from .responses import answer_response, budget_headers, escalated_response, stored_response
 from .upstream import forward
@@ -77,6 +77,7 @@ async def proxy(
     body = await read_body(request, gate.settings.max_body_bytes)
     method = request.method
     check_raw_path(request.scope.get("raw_path") or b"")
+    check_headers(request.headers.keys())
     canonical = read_request(request.url.query, request.headers.getlist("content-type"), body)
     effect = price(policy, tool, method, f"/{path}", canonical)
     if effect.in_process:

@@ -304,3 +304,40 @@ async def test_form_body_in_minor_units(gateway: Gateway, upstream: httpx.AsyncC
     assert price == 10_500_000  # 1050 cents
     assert record["content_type"] == FORM
     assert record["body"] == "amount=1050&currency=USD&customer_id=c1"
+
+
+@pytest.mark.parametrize("header", ["X-HTTP-Method-Override", "X-Method-Override"])
+async def test_a_method_override_header_is_refused(
+    gateway: Gateway, upstream: httpx.AsyncClient, header: str
+) -> None:
+    tenant = gateway.tenant("readers-canon")
+    seen = len(await readings(upstream, tenant.id))
+    for method, target, body in (("POST", "/refunds", REFUND), ("GET", "/refunds/r1", b"")):
+        headers = {**tenant.auth("buyer-01"), "Idempotency-Key": uuid.uuid4().hex, header: "PUT"}
+        if body:
+            headers["Content-Type"] = "application/json"
+        status, _, content = await raw_request(
+            gateway.url, method, f"/tools/payments{target}", headers, body
+        )
+        assert (status, json.loads(content)["reason"]) == (400, "method_override"), content
+    assert len(await readings(upstream, tenant.id)) == seen
+
+
+async def test_decision_api_reads_its_body_strictly(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """The decision API prices a JSON body too: keys that differ only in case are
+    refused there as on the proxy (observation 5)."""
+    tenant = gateway.tenant("decision")
+    body = b'{"tool":"deploy","method":"POST","path":"/deploys","body":{"env":"a","ENV":"b"}}'
+    response = await http.post(
+        "/v1/holds",
+        content=body,
+        headers={
+            **tenant.auth("deployer-01"),
+            "Idempotency-Key": uuid.uuid4().hex,
+            "Content-Type": "application/json",
+        },
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["reason"] == "bad_json"
