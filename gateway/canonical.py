@@ -5,7 +5,8 @@ is refused first (issue 10's parser differentials).
 - The Content-Type is an exact allow-list parsed as a media type: `application/json`
   or `application/x-www-form-urlencoded`, with at most `charset=utf-8`; forwarded bare.
 - JSON bodies: strict (wire.parse_json_body), re-serialised with sorted keys, no
-  whitespace and every number's digits as sent.
+  whitespace, every number's digits as sent, and `&`, `=`, `;` in strings escaped,
+  so a server that sniffs a form in any body finds no pair in it.
 - Form bodies: percent-encoded ASCII only, no `;`, every pair `name=value`, escapes
   decoded once into valid UTF-8, no two names that PHP, Rails or a case-insensitive
   reader would merge; re-encoded sorted, every byte outside `A-Za-z0-9-._~` escaped.
@@ -41,6 +42,7 @@ _FORM_TEXT = re.compile(rb"[A-Za-z0-9._~!$'()*,:@/?+=&%\[\]-]*")
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _UNRESERVED = "-._~"
 _ENCODED_SEPARATOR = re.compile(rb"%(2f|5c)", re.IGNORECASE)
+_FORM_SEPARATORS = str.maketrans({"&": "\\u0026", "=": "\\u003d", ";": "\\u003b"})
 Pair = tuple[str, str | None]
 
 
@@ -154,13 +156,19 @@ def encode_pairs(pairs: Iterable[Pair]) -> str:
 def dump_json(value: object) -> str:
     """Compact JSON, keys sorted, numbers with their digits as parsed."""
     if isinstance(value, dict):
-        items = (f"{json.dumps(k)}:{dump_json(v)}" for k, v in sorted(value.items()))
+        items = (f"{_string(k)}:{dump_json(v)}" for k, v in sorted(value.items()))
         return "{" + ",".join(items) + "}"
     if isinstance(value, list):
         return "[" + ",".join(dump_json(v) for v in value) + "]"
     if isinstance(value, JsonNumber):
         return value.text
+    if isinstance(value, str):
+        return _string(value)
     return json.dumps(value)
+
+
+def _string(text: str) -> str:
+    return json.dumps(text).translate(_FORM_SEPARATORS)
 
 
 def check_raw_path(raw_path: bytes) -> None:

@@ -292,6 +292,17 @@ async def test_json_is_forwarded_as_parsed(gateway: Gateway, upstream: httpx.Asy
     assert record["body"] == '{"amount":1.50,"customer_id":"c1"}'
 
 
+async def test_json_strings_hide_no_form_pairs(
+    gateway: Gateway, upstream: httpx.AsyncClient
+) -> None:
+    """A server that sniffs a form in any body (observation 7's other half) must not
+    find `amount=7000` inside a JSON string: '&', '=' and ';' go out escaped."""
+    body = b'{"customer_id":"c1","amount":1,"note":"&amount=7000&x=;amount=7000"}'
+    price, record = await forwarded(gateway, upstream, "/refunds", body, "application/json")
+    assert price == 1_000_000
+    assert "&" not in record["body"] and "=" not in record["body"]
+
+
 async def test_declared_query_is_reencoded(gateway: Gateway, upstream: httpx.AsyncClient) -> None:
     price, record = await forwarded(gateway, upstream, "/transfers?amount=%32.5", b"", "")
     assert price == 2_500_000

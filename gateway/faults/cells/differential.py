@@ -154,6 +154,12 @@ PROBES = [
         _json('{"payee":"p1","amount":1,"x":"&amount=7000&y="}'),
         f"{FORM}; profile=json",
     ),
+    Probe(
+        "form pairs in a JSON string",
+        "POST",
+        "/payments",
+        _json('{"payee":"p1","amount":1,"x":"&amount=7000&y=;amount=7000"}'),
+    ),
     Probe("text/json", "POST", "/payments", _json('{"payee":"p1","amount":1}'), "text/json"),
     Probe("json; x=1", "POST", "/payments", _json('{"payee":"p1","amount":1}'), f"{JSON}; x=1"),
     Probe("form to a json route", "POST", "/payments", b"payee=p1&amount=1", FORM),
