@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import base64
-import json
 import logging
 from typing import Annotated, Any
-from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -18,11 +16,13 @@ from ledger.errors import LedgerError
 from ledger.records import Decision, Hold, HoldState, Status
 from pricing import EffectClass, TenantPolicy, check_per_effect_cap, price_request
 from pricing.credentials import AuthenticatedAgent
+from pricing.policy import BodyFormat
 from pricing.scopes import check_route_scope
 
 from . import metrics
 from .admission import refusal, reserve
 from .auth import Settling, agent_auth, gate_of, settling_auth
+from .canonical import Canonical
 from .problems import Problem
 from .proxy import agent_key_of
 from .responses import budget_headers, escalation_id
@@ -93,14 +93,21 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
     """Price an in-process effect and hold its budget: 201 admitted, 202 escalated,
     403 denied; a repeat of the Idempotency-Key returns the hold as it is now."""
     gate, (policy, agent) = gate_of(request), who
-    raw = json.dumps(spec.body, sort_keys=True, separators=(",", ":")).encode()
+    # Read again strictly (exact numbers, no keys differing only in case), not from the
+    # schema's lenient parse: the body is priced like a proxied one.
+    document = parse_json_body(await request.body())
+    body = document.get("body") if isinstance(document, dict) else None
+    canonical = Canonical(
+        tuple(spec.query.items()), None if body is None else BodyFormat.JSON, body
+    )
     effect = price_request(
         policy,
         spec.tool,
         spec.method,
         spec.path,
-        {k: [v] for k, v in spec.query.items()},
-        parse_json_body(raw, "application/json"),
+        canonical.query_map,
+        canonical.document,
+        canonical.body_format,
     )
     check_route_scope(policy, agent, effect)
     if not effect.in_process:
@@ -108,14 +115,14 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
     check_per_effect_cap(agent, effect)
     route_id = effect.route.route_id if effect.route else f"{spec.tool} {spec.method} {spec.path}"
     hold_id = hold_id_for(policy.tenant, agent.agent_id, route_id, agent_key_of(request))
-    query = urlencode(sorted(spec.query.items()))
+    query, raw = canonical.query_text, canonical.body
     stored = StoredRequest(
         agent.agent_id,
         spec.tool,
         spec.method,
         spec.path,
         query,
-        "application/json",
+        canonical.content_type,
         base64.b64encode(raw).decode(),
         route_id,
         effect.price_micros,

@@ -59,9 +59,7 @@ def problem_for(exc: Exception) -> Problem:
         return exc
     if isinstance(exc, RequestError):
         extra = {"field": exc.field} if hasattr(exc, "field") else {}
-        refused = ("unknown_route", "per_effect_cap", "route_not_allowed")
-        status = 403 if exc.reason in refused else 422
-        return Problem(status, exc.reason, str(exc), **extra)
+        return Problem(exc.status, exc.reason, str(exc), **extra)
     if isinstance(exc, LedgerUnavailable):
         return Problem(
             503, "ledger_unavailable", f"{exc}; nothing was admitted", headers={"Retry-After": "1"}

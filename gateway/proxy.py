@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import re
 from typing import Annotated
-from urllib.parse import parse_qs
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -17,17 +16,11 @@ from pricing.scopes import check_route_scope
 
 from .admission import Gate, fire, refusal, reserve, settled_problem, target_of
 from .auth import agent_auth, gate_of
+from .canonical import Canonical, check_headers, check_raw_path, read_request
 from .problems import Problem
 from .responses import answer_response, budget_headers, escalated_response, stored_response
 from .upstream import forward
-from .wire import (
-    Headers,
-    StoredAnswer,
-    StoredRequest,
-    fingerprint,
-    hold_id_for,
-    parse_json_body,
-)
+from .wire import Headers, StoredAnswer, StoredRequest, fingerprint, hold_id_for
 
 router = APIRouter()
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
@@ -76,11 +69,10 @@ def passed_headers(policy: TenantPolicy, tool: str, request: Request) -> Headers
 
 
 def price(
-    policy: TenantPolicy, tool: str, method: str, path: str, query: str, body: bytes, ctype: str
+    policy: TenantPolicy, tool: str, method: str, path: str, canonical: Canonical
 ) -> PricedEffect:
-    parsed = parse_json_body(body, ctype)
     return price_request(
-        policy, tool, method, path, parse_qs(query, keep_blank_values=True), parsed
+        policy, tool, method, path, canonical.query_map, canonical.document, canonical.body_format
     )
 
 
@@ -94,25 +86,26 @@ async def proxy(
     gate = gate_of(request)
     policy, agent = who
     body = await read_body(request, gate.settings.max_body_bytes)
-    query, ctype, method = (
-        request.url.query,
-        request.headers.get("content-type", ""),
-        request.method,
-    )
-    effect = price(policy, tool, method, f"/{path}", query, body, ctype)
+    method = request.method
+    check_raw_path(request.scope.get("raw_path") or b"")
+    check_headers(request.headers.keys())
+    canonical = read_request(request.url.query, request.headers.getlist("content-type"), body)
+    effect = price(policy, tool, method, f"/{path}", canonical)
     check_route_scope(policy, agent, effect)
     if effect.in_process:
         raise Problem(403, "in_process_route", "this route is decision-only: use /v1/holds")
     check_per_effect_cap(agent, effect)
     route_id = effect.route.route_id if effect.route else f"{tool} {method} /{path}"
+    # What goes upstream is re-encoded from what was priced, never the agent's bytes.
+    query, forwarded = canonical.query_text, canonical.body
     stored = StoredRequest(
         agent.agent_id,
         tool,
         method,
         f"/{path}",
         query,
-        ctype,
-        base64.b64encode(body).decode(),
+        canonical.content_type,
+        base64.b64encode(forwarded).decode(),
         route_id,
         effect.price_micros,
         passed_headers(policy, tool, request),
@@ -126,7 +119,7 @@ async def proxy(
     hold_id = hold_id_for(policy.tenant, agent.agent_id, route_id, agent_key_of(request))
     # A trace context is new on every attempt by design; it does not change the effect.
     effect_headers = tuple(h for h in stored.headers if h[0] not in TRACE_HEADERS)
-    digest = fingerprint(method, f"/{path}", query, body, effect_headers)
+    digest = fingerprint(method, f"/{path}", query, forwarded, effect_headers)
     result = await reserve(gate, policy, agent, effect, hold_id, digest, stored)
     return await respond(gate, policy, result, hold_id, stored)
 

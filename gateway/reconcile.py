@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from urllib.parse import parse_qs
 
 import httpx
 
@@ -14,7 +13,8 @@ from ledger.records import HoldState
 from pricing import TenantPolicy, price_request
 
 from .admission import Gate, target_of
-from .wire import StoredAnswer, StoredRequest, parse_json_body, upstream_key
+from .canonical import read_request
+from .wire import StoredAnswer, StoredRequest, upstream_key
 
 
 @dataclass
@@ -54,13 +54,16 @@ async def reconcile(gate: Gate, policy: TenantPolicy) -> Reconciliation:
 async def _ask_upstream(
     gate: Gate, policy: TenantPolicy, hold_id: str, request: StoredRequest
 ) -> StoredAnswer | None:
+    types = [request.content_type] if request.content_type else []
+    canonical = read_request(request.query, types, request.body)
     effect = price_request(
         policy,
         request.tool,
         request.method,
         request.path,
-        parse_qs(request.query, keep_blank_values=True),
-        parse_json_body(request.body, request.content_type or "application/json"),
+        canonical.query_map,
+        canonical.document,
+        canonical.body_format,
     )
     lookup = effect.lookup_request(upstream_key(hold_id))
     if lookup is None:

@@ -127,11 +127,12 @@ async def forward(
     )
 
 
-# RFC 3986 pchar minus '%', plus the separator: a decoded path (what was priced) goes
-# out with every other character percent-encoded, so '?', '#' or '%' in a path
-# parameter stay part of that parameter and cannot turn into a query, a fragment or
-# another escape, i.e. into a request other than the one priced.
-_PATH_SAFE = "/!$&'()*+,;=:@-._~"
+# RFC 3986 pchar minus '%' and ';', plus the separator: a decoded path (what was
+# priced) goes out with every other character percent-encoded, so '?', '#', '%' or ';'
+# in a path parameter stay part of that parameter and cannot turn into a query, a
+# fragment, another escape or matrix parameters (which Tomcat strips), i.e. into a
+# request other than the one priced.
+_PATH_SAFE = "/!$&'()*+,=:@-._~"
 
 
 def upstream_path(path: str) -> str:

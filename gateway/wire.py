@@ -29,14 +29,32 @@ def _reject_constant(name: str) -> Any:
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # An upstream may read the first of two duplicate keys where Python reads the last:
-    # then what was priced would not be what is executed.
+    # An upstream may read the first of two duplicate keys where Python reads the last,
+    # or match keys case-insensitively (Go's encoding/json takes the last of `amount`
+    # and `Amount`, and folds U+017F, the long s, to `s`): then what was priced would not be what is
+    # executed.
     result: dict[str, Any] = {}
+    folded: dict[str, str] = {}
     for key, value in pairs:
         if key in result:
             raise ValueError(f"duplicate key {key!r}")
+        other = folded.setdefault(key.casefold(), key)
+        if other != key:
+            raise ValueError(f"keys {other!r} and {key!r} differ only in case")
         result[key] = value
     return result
+
+
+class JsonNumber(Decimal):
+    """A JSON number with a fraction or exponent: exact, and re-serialised with the very
+    digits it was sent with (`1.50` stays `1.50`, not `1.5` or a float's rounding)."""
+
+    text: str
+
+    def __new__(cls, text: str) -> JsonNumber:
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
 
 
 def _depth(text: bytes) -> int:
@@ -60,19 +78,17 @@ def _depth(text: bytes) -> int:
     return deepest
 
 
-def parse_json_body(body: bytes, content_type: str) -> object:
-    """The body as priced: numbers exact (Decimal), no NaN/Infinity, no duplicate keys,
-    bounded nesting. An empty body is None."""
+def parse_json_body(body: bytes) -> object:
+    """The body as priced: numbers exact (JsonNumber), no NaN/Infinity, no keys that are
+    equal or differ only in case, bounded nesting. An empty body is None."""
     if not body:
         return None
-    if "json" not in content_type.lower():
-        raise Problem(415, "unsupported_media_type", "effect bodies must be application/json")
     if _depth(body) > MAX_JSON_DEPTH:
         raise Problem(400, "bad_json", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         return json.loads(
             body.decode("utf-8"),
-            parse_float=Decimal,
+            parse_float=JsonNumber,
             parse_constant=_reject_constant,
             object_pairs_hook=_unique_keys,
         )

@@ -11,15 +11,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from pricing.errors import AmountError, BadAmount, BadRiskFactor, RequestError, UnknownRoute
+from pricing.errors import (
+    AmbiguousField,
+    AmountError,
+    BadAmount,
+    BadQuery,
+    BadRiskFactor,
+    CurrencyMismatch,
+    RequestError,
+    RouteAlias,
+    UndeclaredQueryParameter,
+    UnknownRoute,
+    UnsupportedBodyFormat,
+)
 from pricing.models import FacePricing
 from pricing.money import product_to_minor, round_up, to_decimal
-from pricing.policy import EffectClass, Route, TenantPolicy, UnknownRouteAction
+from pricing.policy import BodyFormat, EffectClass, Route, TenantPolicy, UnknownRouteAction
 from pricing.templates import (
     ID_RE,
     FactorTemplate,
     Lookup,
     PathTemplate,
+    loose_parts,
     parse_factor,
     parse_lookup,
     parse_product,
@@ -32,6 +45,10 @@ FACTOR_PREFIX = "factor:"
 # Segments an upstream may normalise into another route than the one that was priced.
 _UNSAFE_SEGMENTS = frozenset({"", ".", ".."})
 _UNSAFE_ESCAPES = ("%2f", "%5c", "%2e", "\\")
+MEDIA_TYPES = {
+    BodyFormat.JSON: "application/json",
+    BodyFormat.FORM: "application/x-www-form-urlencoded",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +69,9 @@ class CompiledRoute:
     lookup: Lookup | None
     in_process: bool
     upstream: str | None
+    body_format: BodyFormat = BodyFormat.JSON
+    amount_scale: int = 1
+    currency_field: str | None = None
 
     @property
     def route_id(self) -> str:
@@ -106,6 +126,7 @@ class PricedEffect:
 class Catalog:
     scale: int
     routes: dict[tuple[str, str], tuple[CompiledRoute, ...]]
+    by_tool: dict[str, tuple[CompiledRoute, ...]]
     tool_upstreams: dict[str, str | None]
     unknown_action: UnknownRouteAction
     unknown_face_fields: tuple[str, ...]
@@ -123,6 +144,15 @@ class Catalog:
             if params is not None:
                 return route, params
         return None
+
+    def alias_of(self, tool: str, path: str) -> CompiledRoute | None:
+        """A listed route of `tool` that `path` (listed under no method) reads as to a
+        lenient router: another case, a format extension, matrix parameters."""
+        routes = self.by_tool.get(tool, ())
+        if any(route.template.match(split_path(path)) is not None for route in routes):
+            return None
+        loose = loose_parts(path)
+        return next((route for route in routes if route.template.match_loose(loose)), None)
 
 
 def loss_factor_of(route: Route) -> tuple[str, float]:
@@ -152,6 +182,9 @@ def compile_route(index: int, route: Route, upstream: str | None) -> CompiledRou
         lookup=parse_lookup(route.lookup) if route.lookup else None,
         in_process=route.in_process,
         upstream=upstream,
+        body_format=route.body_format,
+        amount_scale=route.amount_scale or 1,
+        currency_field=route.currency_field,
     )
 
 
@@ -163,11 +196,15 @@ def compile_catalog(policy: TenantPolicy) -> Catalog:
         compiled = compile_route(i, route, tool.upstream if tool else None)
         grouped.setdefault((compiled.tool, compiled.method), []).append(compiled)
     unknown = policy.unknown_routes
+    by_tool: dict[str, list[CompiledRoute]] = {}
+    for (tool_name, _), compiled_routes in grouped.items():
+        by_tool.setdefault(tool_name, []).extend(compiled_routes)
     return Catalog(
         scale=policy.scale,
         routes={
             k: tuple(sorted(v, key=lambda r: r.template.specificity)) for k, v in grouped.items()
         },
+        by_tool={k: tuple(v) for k, v in by_tool.items()},
         tool_upstreams={name: t.upstream for name, t in policy.tools.items()},
         unknown_action=unknown.action,
         unknown_face_fields=parse_product(unknown.face_value) if unknown.face_value else (),
@@ -177,13 +214,39 @@ def compile_catalog(policy: TenantPolicy) -> Catalog:
 
 def check_request_path(path: str) -> None:
     """Refuse paths an upstream could normalise into a route other than the one priced."""
-    parts = split_path(path)
+    # Tomcat and Spring drop ';params' from a segment before resolving it: '..;' is '..'.
+    parts = [p.partition(";")[0] for p in split_path(path)]
     lowered = path.lower()
     if any(p in _UNSAFE_SEGMENTS for p in parts) or any(e in lowered for e in _UNSAFE_ESCAPES):
         raise RequestError(
             f"path {path!r} has empty, '.' or '..' segments or an encoded '/', '\\' or '.'; "
             "send the canonical path"
         )
+
+
+def check_effect_path(path: str) -> None:
+    """Effects also refuse ';': matrix parameters that some upstreams strip or route by."""
+    if ";" in path:
+        raise RequestError(f"path {path!r} contains ';'; effect paths take no matrix parameters")
+
+
+def check_body_format(expected: BodyFormat, got: BodyFormat | None) -> None:
+    if got is not None and got is not expected:
+        raise UnsupportedBodyFormat(
+            f"this route takes {MEDIA_TYPES[expected]} bodies, not {MEDIA_TYPES[got]}"
+        )
+
+
+def check_effect_query(query: Query, declared: frozenset[str]) -> None:
+    """An effect forwards only the query parameters its route declares, each once."""
+    for name, values in query.items():
+        if name not in declared:
+            listed = ", ".join(sorted(declared)) or "none"
+            raise UndeclaredQueryParameter(
+                name, f"is not a query parameter of this route (it declares: {listed})"
+            )
+        if not isinstance(values, str) and len(values) != 1:
+            raise BadQuery(name, f"appears {len(values)} times in the query; send it once")
 
 
 class _Fields:
@@ -200,9 +263,22 @@ class _Fields:
         self.query = query
         self.path_params = path_params
         self.query_fields = query_fields
+        self.body_keys = (
+            {str(k).casefold() for k in body} if isinstance(body, Mapping) else set[str]()
+        )
 
     def get(self, name: str) -> object:
         """The field's raw value; KeyError if absent; ValueError if ambiguous."""
+        folded = name.casefold()
+        places = [
+            any(p.casefold() == folded for p in self.path_params),
+            any(q.casefold() == folded for q in self.query),
+            folded.partition(".")[0] in self.body_keys,
+        ]
+        if sum(places) > 1:
+            # An upstream may read the copy that was not priced (Rails merges path,
+            # query and body; servlets prefer the query): send each field once.
+            raise AmbiguousField(name, "is in more than one of the path, query and body")
         if name in self.path_params:
             return self.path_params[name]
         if name in self.query_fields:
@@ -226,23 +302,47 @@ def _single_query_value(query: Query, name: str) -> str:
     return values[0]
 
 
-def read_face_value(fields: _Fields, names: tuple[str, ...], scale: int) -> int:
+def read_face_value(
+    fields: _Fields, names: tuple[str, ...], scale: int, amount_scale: int = 1
+) -> int:
     factors: list[Decimal] = []
     for name in names:
         try:
             raw = fields.get(name)
         except KeyError:
             raise BadAmount(name, "is missing; the face value needs it") from None
+        except RequestError:
+            raise
         except ValueError as exc:
             raise BadAmount(name, str(exc)) from None
         try:
-            factors.append(to_decimal(raw))
+            factor = to_decimal(raw)
         except AmountError as exc:
             raise BadAmount(name, str(exc)) from None
+        if amount_scale != 1 and factor != factor.to_integral_value():
+            raise BadAmount(
+                name, f"{raw} must be a whole number of 1/{amount_scale} units (minor units)"
+            )
+        factors.append(factor)
     try:
-        return product_to_minor(factors, scale)
+        return product_to_minor(factors, scale, amount_scale)
     except AmountError as exc:
         raise BadAmount(" * ".join(names), f"face value {exc}") from None
+
+
+def check_currency(fields: _Fields, name: str, currency: str) -> None:
+    try:
+        raw = fields.get(name)
+    except KeyError:
+        raise CurrencyMismatch(
+            name, f"is missing; this route's amounts need it ({currency})"
+        ) from None
+    except RequestError:
+        raise
+    except ValueError as exc:
+        raise CurrencyMismatch(name, str(exc)) from None
+    if not isinstance(raw, str) or raw.casefold() != currency.casefold():
+        raise CurrencyMismatch(name, f"{raw!r} is not the tenant's risk-unit currency {currency!r}")
 
 
 def read_factors(fields: _Fields, templates: tuple[FactorTemplate, ...]) -> tuple[str, ...]:
@@ -264,6 +364,8 @@ def _factor_value(fields: _Fields, name: str) -> str:
         raw = fields.get(name)
     except KeyError:
         raise BadRiskFactor(name, "is missing; the route's risk factor needs it") from None
+    except RequestError:
+        raise
     except ValueError as exc:
         raise BadRiskFactor(name, str(exc)) from None
     if isinstance(raw, bool) or not isinstance(raw, str | int):
@@ -283,11 +385,13 @@ def price_request(
     path: str,
     query: Query,
     body: object,
+    body_format: BodyFormat | None = None,
 ) -> PricedEffect:
     """Price one request exactly as it will be forwarded.
 
     `path` is the part after `/tools/{tool}` (e.g. `/orders`), `query` the parsed query
-    string, `body` the parsed JSON body (numbers as int or Decimal) or None. Raises a
+    string, `body` the parsed body (JSON: numbers as int or Decimal; a form: a dict of
+    strings) or None, `body_format` how it was encoded (None: no body). Raises a
     `RequestError` subclass (each has a `reason` code) when the request cannot be priced.
     """
     method = method.upper()
@@ -295,17 +399,22 @@ def price_request(
     catalog = policy.catalog
     found = catalog.match(tool, method, path)
     if found is None:
-        return _price_unknown(catalog, tool, method, path, query, body)
+        return _price_unknown(catalog, tool, method, path, query, body, body_format)
     route, params = found
+    check_body_format(route.body_format, body_format)
     if route.effect_class is EffectClass.READ:
         return PricedEffect(
             tool, method, path, route, route.effect_class, 0, (), 0, route.model, None, params
         )
+    check_effect_path(path)
+    check_effect_query(query, route.query_fields)
     fields = _Fields(body, query, params, route.query_fields)
+    if route.currency_field is not None:
+        check_currency(fields, route.currency_field, policy.risk_unit.currency)
     if route.face_fixed_micros is not None:
         face = route.face_fixed_micros
     else:
-        face = read_face_value(fields, route.face_fields, catalog.scale)
+        face = read_face_value(fields, route.face_fields, catalog.scale, route.amount_scale)
     return PricedEffect(
         tool=tool,
         method=method,
@@ -322,7 +431,13 @@ def price_request(
 
 
 def _price_unknown(
-    catalog: Catalog, tool: str, method: str, path: str, query: Query, body: object
+    catalog: Catalog,
+    tool: str,
+    method: str,
+    path: str,
+    query: Query,
+    body: object,
+    body_format: BodyFormat | None,
 ) -> PricedEffect:
     if tool not in catalog.tool_upstreams:
         raise UnknownRoute(f"tool {tool!r} is not in the tenant's catalog")
@@ -331,6 +446,15 @@ def _price_unknown(
             f"{method} {path} of tool {tool!r} is not in the tenant's route catalog "
             "(unknown routes are denied; add the route to the policy)"
         )
+    alias = catalog.alias_of(tool, path)
+    if alias is not None:
+        raise RouteAlias(
+            f"{method} {path} is not listed, but lenient routers read it as the listed "
+            f"{alias.method} {alias.template.text}; send the listed path"
+        )
+    check_effect_path(path)
+    check_body_format(BodyFormat.JSON, body_format)
+    check_effect_query(query, frozenset())
     fields = _Fields(body, query, {}, frozenset())
     face = read_face_value(fields, catalog.unknown_face_fields, catalog.scale)
     return PricedEffect(

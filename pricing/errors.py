@@ -32,10 +32,11 @@ class AmountError(ValueError):
 class RequestError(ValueError):
     """A request the catalog cannot price; the gateway answers 4xx, never 5xx.
 
-    `reason` is the problem+json reason code the gateway reports.
+    `reason` is the problem+json reason code the gateway reports, `status` its HTTP status.
     """
 
     reason = "bad_request"
+    status = 422
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -45,32 +46,77 @@ class UnknownRoute(RequestError):
     """No route of the tenant's catalog matches and the policy says to fail closed."""
 
     reason = "unknown_route"
+    status = 403
 
 
-class BadAmount(RequestError):
+class RouteAlias(RequestError):
+    """An unknown path that an upstream could route to a listed route (another case, a
+    format extension, matrix parameters): priced from the agent's own field it would
+    bypass that route's price."""
+
+    reason = "route_alias"
+    status = 403
+
+
+class _FieldError(RequestError):
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"field {field!r}: {problem}")
+
+
+class UndeclaredQueryParameter(_FieldError):
+    """A query parameter an effect route does not declare: forwarded, an upstream could
+    read it as part of the effect (`_method`, an `amount` beside the body's)."""
+
+    reason = "undeclared_query_parameter"
+    status = 400
+
+
+class BadQuery(_FieldError):
+    """A query parameter of an effect given twice: parsers disagree on which counts."""
+
+    reason = "bad_query"
+    status = 400
+
+
+class AmbiguousField(_FieldError):
+    """A priced field present in two places (query and body, path and body): the
+    upstream may read the copy that was not priced."""
+
+    reason = "ambiguous_field"
+    status = 400
+
+
+class UnsupportedBodyFormat(RequestError):
+    """A body in another format than the route's `body_format`."""
+
+    reason = "unsupported_media_type"
+    status = 415
+
+
+class CurrencyMismatch(_FieldError):
+    """The route's currency field names another currency than the tenant's risk unit."""
+
+    reason = "currency_mismatch"
+
+
+class BadAmount(_FieldError):
     """A face-value field is missing, not a number, negative, or too large."""
 
     reason = "bad_amount"
 
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        super().__init__(f"field {field!r}: {problem}")
 
-
-class BadRiskFactor(RequestError):
+class BadRiskFactor(_FieldError):
     """A field that names a risk factor is missing or not a valid identifier."""
 
     reason = "bad_risk_factor"
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        super().__init__(f"field {field!r}: {problem}")
 
 
 class PerEffectCapExceeded(RequestError):
     """The effect's face value is above the agent's per-effect cap."""
 
     reason = "per_effect_cap"
+    status = 403
 
     def __init__(self, agent_id: str, face_value_micros: int, cap_micros: int) -> None:
         self.agent_id = agent_id

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal, InvalidOperation, localcontext
+from decimal import ROUND_CEILING, Decimal, DecimalException, Inexact, localcontext
 from fractions import Fraction
 from functools import lru_cache
 
@@ -21,6 +21,10 @@ MAX_MICROS = 2**53 - 1
 _PLAIN_DECIMAL = re.compile(r"\d+(\.\d+)?")
 # Enough digits that a product of a few request fields is exact before scaling.
 _PRECISION = 120
+# Amounts are read only within 10**+-40 (far beyond 2**53 minor units either way), so
+# no product of request fields can leave a Decimal context's exponent range: 1e999999
+# is refused as an amount, never an overflow (a 500).
+MAX_EXPONENT = 40
 
 
 def to_decimal(value: object) -> Decimal:
@@ -45,16 +49,18 @@ def to_decimal(value: object) -> Decimal:
             raise AmountError(
                 f"{value!r} is not a plain non-negative decimal number (digits and one '.')"
             )
-        try:
-            result = Decimal(value)
-        except InvalidOperation as exc:  # pragma: no cover - the regex already guards
-            raise AmountError(f"{value!r} is not a number") from exc
+        result = Decimal(value)
     else:
         raise AmountError(f"is a {type(value).__name__}, not a number")
     if not result.is_finite():
         raise AmountError(f"is {result}; amounts must be finite")
     if result < 0:
         raise AmountError(f"is negative ({result}); amounts are never negative")
+    if result and not -MAX_EXPONENT <= result.adjusted() <= MAX_EXPONENT:
+        raise AmountError(
+            f"is out of range (10**{result.adjusted()}); amounts are read between "
+            f"10**-{MAX_EXPONENT} and 10**{MAX_EXPONENT}"
+        )
     return result
 
 
@@ -65,9 +71,13 @@ def major_to_minor(value: object, scale: int) -> int:
     is an error rather than silently rounded, because a limit must mean what it says.
     """
     amount = to_decimal(value)
-    with localcontext() as ctx:
-        ctx.prec = _PRECISION
-        minor = amount * scale
+    try:
+        with localcontext() as ctx:
+            ctx.prec = _PRECISION
+            ctx.traps[Inexact] = True
+            minor = amount * scale
+    except DecimalException as exc:
+        raise AmountError(f"{amount:f} has more than {_PRECISION} digits") from exc
     if minor != minor.to_integral_value():
         digits = len(str(scale)) - 1
         raise AmountError(
@@ -79,14 +89,22 @@ def major_to_minor(value: object, scale: int) -> int:
     return result
 
 
-def product_to_minor(factors: list[Decimal], scale: int) -> int:
-    """Minor units of a product of major-unit factors, rounded up (a face value)."""
-    with localcontext() as ctx:
-        ctx.prec = _PRECISION
-        total = Decimal(scale)
-        for factor in factors:
-            total *= factor
-    result = int(total.to_integral_value(rounding="ROUND_CEILING"))
+def product_to_minor(factors: list[Decimal], scale: int, per_unit: int = 1) -> int:
+    """Minor units of a product of factors, rounded up (a face value): `scale` minor
+    units per major unit, the factors' product counted in 1/`per_unit` major units
+    (1: major units; 100: cents, as a route's `amount_scale` says)."""
+    try:
+        with localcontext() as ctx:
+            # Every factor is non-negative: rounding each step up keeps the result an
+            # upper bound of the exact product, so a price never rounds towards the agent.
+            ctx.prec, ctx.rounding = _PRECISION, ROUND_CEILING
+            total = Decimal(scale)
+            for factor in factors:
+                total *= factor
+            total /= per_unit
+            result = int(total.to_integral_value())
+    except DecimalException as exc:
+        raise AmountError(f"cannot be computed ({type(exc).__name__})") from exc
     check_minor(result)
     return result
 

@@ -105,6 +105,13 @@ class EffectClass(StrEnum):
     IRREVERSIBLE = "irreversible"
 
 
+class BodyFormat(StrEnum):
+    """How a route's request body is encoded; the other format is refused."""
+
+    JSON = "json"
+    FORM = "form"
+
+
 class UnknownRouteAction(StrEnum):
     DENY = "deny"
     PRICE_AS_IRREVERSIBLE = "price_as_irreversible"
@@ -299,6 +306,15 @@ class Route(_Model):
         default=False,
         description="an agent may post one of its in-process holds above its price "
         "(never above the face value)",
+    )
+    body_format: BodyFormat = BodyFormat.JSON
+    amount_scale: Annotated[int, Field(strict=True), AfterValidator(_power_of_ten)] | None = Field(
+        default=None,
+        description="face-value fields hold 1/amount_scale major units (100: cents); "
+        "integers required",
+    )
+    currency_field: FieldName | None = Field(
+        default=None, description="a field that must name the tenant's risk-unit currency"
     )
 
 

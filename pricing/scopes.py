@@ -26,6 +26,7 @@ class RouteNotAllowed(RequestError):
     """The route is outside the agent's or its principal's allow-list."""
 
     reason = "route_not_allowed"
+    status = 403
 
 
 def parse_scope(text: str) -> ScopeKey:

@@ -15,6 +15,7 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _SEGMENT_LITERAL = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@%-]+")
 _FACTOR_LITERAL = re.compile(rf"[{ID_CHARS}]*")
+_FORMAT_EXTENSION = re.compile(r"\.[a-z0-9]{1,8}$")
 
 
 class TemplateError(ValueError):
@@ -51,11 +52,31 @@ class PathTemplate:
                 return None
         return values
 
+    def match_loose(self, parts: list[str]) -> bool:
+        """Whether `loose_parts` of a path match, literal segments compared case-folded."""
+        if len(parts) != len(self.segments):
+            return False
+        return all(
+            bool(part) if seg is None else seg.casefold() == part
+            for part, seg in zip(parts, self.segments, strict=True)
+        )
+
 
 def split_path(path: str) -> list[str]:
     """Segments of a request path; an empty list for `/`. Trailing slashes are not ignored."""
     stripped = path[1:] if path.startswith("/") else path
     return stripped.split("/") if stripped else []
+
+
+def loose_parts(path: str) -> list[str]:
+    """The segments a lenient router sees: case-folded, without ';params', a trailing
+    slash or a format extension (Rails' `/orders.json`)."""
+    parts = [p.partition(";")[0].casefold() for p in split_path(path)]
+    if parts and not parts[-1]:
+        parts.pop()
+    if parts:
+        parts[-1] = _FORMAT_EXTENSION.sub("", parts[-1])
+    return parts
 
 
 def parse_path_template(text: str) -> PathTemplate:

@@ -267,13 +267,30 @@ def _check_declared_fields(
         problems.append(
             Problem(f"{where}.body", f"field {name!r} is also a path parameter; rename one")
         )
-    return set(route.body) | set(route.query) | path_params
+    declared = set(route.body) | set(route.query) | path_params
+    folded: dict[str, str] = {}
+    for name in sorted(declared):
+        # Many parsers match names case-insensitively: two such fields are one to them.
+        other = folded.setdefault(name.casefold(), name)
+        if other != name:
+            problems.append(
+                Problem(f"{where}.body", f"fields {other!r} and {name!r} differ only in case")
+            )
+    return declared
 
 
 def _check_read(where: str, route: Route) -> list[Problem]:
     extra = [
         name
-        for name in ("face_value", "face_value_fixed", "pricing", "approval_threshold", "lookup")
+        for name in (
+            "face_value",
+            "face_value_fixed",
+            "pricing",
+            "approval_threshold",
+            "lookup",
+            "amount_scale",
+            "currency_field",
+        )
         if getattr(route, name) is not None
     ] + (["risk_factors"] if route.risk_factors else [])
     return [
@@ -291,13 +308,30 @@ def _check_face_value(where: str, route: Route, declared: set[str]) -> list[Prob
                 "(e.g. 'quantity * unit_price') or face_value_fixed",
             )
         ]
+    problems = []
+    if route.currency_field is not None and route.currency_field not in declared:
+        problems.append(
+            Problem(
+                f"{where}.currency_field",
+                f"field {route.currency_field!r} is not declared in the route's body, query "
+                "or path; list it under body: or query:",
+            )
+        )
     if route.face_value is None:
-        return []
+        if route.amount_scale is not None:
+            problems.append(
+                Problem(
+                    f"{where}.amount_scale",
+                    "scales the face_value fields; a face_value_fixed is already in the "
+                    "risk unit, remove amount_scale",
+                )
+            )
+        return problems
     try:
         names = parse_product(route.face_value)
     except TemplateError as exc:
-        return [Problem(f"{where}.face_value", str(exc))]
-    return [
+        return [*problems, Problem(f"{where}.face_value", str(exc))]
+    return problems + [
         Problem(
             f"{where}.face_value",
             f"field {name!r} is not declared in the route's body, query or path; "

@@ -18,6 +18,9 @@ consumed) and answered with a TCP RST instead of a response, i.e. the connection
 reset after the request was sent; `GET /orders?idempotency_key=` is answered
 normally, so a reconciler can still look the order up.
 
+`serve()` also answers below `/_readers/{book}/` with sim/readers.py's parser readings
+(effects recorded, nothing executed), listed at `GET /_readers/_readings/{book}`.
+
 Run: `python -m sim.supplier --port 8900 [--reset-port 8901]`, or
 `uvicorn sim.supplier:create_supplier --factory` for the main port only.
 """
@@ -40,7 +43,9 @@ import uvicorn
 from fastapi import FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sim.readers import Readers
 
 SLOW_BODY_CHUNKS = 4
 MAX_RAW_REQUEST_BYTES = 1 << 20
@@ -266,11 +271,24 @@ async def _handle_reset_port(
     writer.close()
 
 
+def with_readers(app: ASGIApp, prefix: str = "/_readers") -> ASGIApp:
+    """`app`, with the parser readings (sim/readers.py) below `prefix`."""
+    readers = Readers(prefix)
+
+    async def route(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(prefix + "/"):
+            await readers(scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
+    return route
+
+
 async def serve(host: str, port: int, reset_port: int | None = None) -> None:
     """The app on `port` and, if given, the reset port, sharing one Supplier."""
     state = Supplier()
     config = uvicorn.Config(
-        Secured(create_supplier(state), state),
+        with_readers(Secured(create_supplier(state), state)),
         host=host,
         port=port,
         log_level="warning",

@@ -24,6 +24,8 @@ def test_every_group_is_covered() -> None:
         "upstream",
         "hostile",
         "credentials",
+        "differential",
+        "settlement",
     }
 
 

@@ -62,6 +62,42 @@ SMALL_PLATFORM = {
     "principals": {**_PROCUREMENT["accounts"]["principals"], "platform": {"limit": "500"}},
 }
 
+# Routes of the `readers-` tenants, whose upstream reports how several parsers read
+# each request (sim/readers.py): amounts at face value, so a price is an amount.
+READER_ROUTES: list[dict[str, Any]] = [
+    {
+        "tool": "payments",
+        "route": "POST /refunds",
+        "class": "irreversible",
+        "body": ["customer_id", "amount"],
+        "face_value": "amount",
+        "risk_factors": ["customer:{customer_id}"],
+    },
+    {
+        "tool": "payments",
+        "route": "POST /transfers",
+        "class": "irreversible",
+        "query": ["amount"],
+        "face_value": "amount",
+    },
+    {
+        "tool": "payments",
+        "route": "POST /charges",
+        "class": "irreversible",
+        "body_format": "form",
+        "body": ["customer_id", "amount", "currency"],
+        "face_value": "amount",
+        "amount_scale": 100,
+        "currency_field": "currency",
+        "risk_factors": ["customer:{customer_id}"],
+    },
+    {"tool": "payments", "route": "GET /refunds/{refund_id}", "class": "read"},
+]
+READERS = {
+    "routes": READER_ROUTES,
+    "unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"},
+}
+
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "basics": ("procurement", {}),
@@ -99,6 +135,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "settle-bounds": ("procurement", {}),
     "settle-learn": ("procurement", {"routes": LEARNING_ROUTES}),
     "settle-upload": ("procurement", {"routes": LEARNING_ROUTES}),
+    "readers-canon": ("procurement", READERS),
 }
 
 

@@ -13,6 +13,8 @@ as many web APIs do; `GET /_cookies/{name}` lists the Cookie headers it was sent
 request without that exact header (but its `_stats` and `_faults`), as an
 authenticated API does. Every answer
 carries `X-Supplier-Trace` (a header the gateway drops unless a tool allows it).
+A supplier whose name starts with `readers-` executes nothing and records how several
+parsers read each request (sim/readers.py), listed at `GET /_readings/{name}`.
 Run with `uvicorn tests.gateway.suppliers:app`.
 """
 
@@ -23,6 +25,7 @@ import json
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
+from sim.readers import Readers
 from sim.supplier import create_supplier
 
 
@@ -33,6 +36,7 @@ class Suppliers:
         self.cookies: dict[str, list[str]] = {}
         self.headers: dict[str, list[list[tuple[str, str]]]] = {}
         self.required: dict[str, tuple[str, str]] = {}
+        self.readers = Readers()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -46,6 +50,9 @@ class Suppliers:
         name, _, rest = scope["path"].lstrip("/").partition("/")
         if scope["type"] != "http" or not name:
             await self.reply(send, 404, None)
+            return
+        if name == "_readings" or name.startswith("readers-"):
+            await self.readers(scope, receive, send)
             return
         if name == "_seen":
             await self.reply(send, 200, self.seen.get(rest, []))

@@ -155,6 +155,15 @@ BAD_INPUT = [
         400,
         "bad_json",
     ),
+    (
+        "huge-exponent",
+        "POST",
+        "/tools/supplier/orders",
+        {},
+        ORDER.replace(b"10", b"1e999999", 1),
+        422,
+        "bad_amount",
+    ),
     ("too-deep", "POST", "/tools/supplier/orders", {}, deep(40), 400, "bad_json"),
     ("not-utf8", "POST", "/tools/supplier/orders", {}, b'{"sku": "\xff"}', 400, "bad_json"),
     (

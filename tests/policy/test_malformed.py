@@ -227,6 +227,48 @@ CASES: list[Any] = [
         "above the agent's window_cap",
         id="per-effect-cap-above-window-cap",
     ),
+    pytest.param(
+        set_path("routes", 2, "amount_scale", value=3),
+        "routes[2].amount_scale",
+        "power of ten",
+        id="amount-scale-not-a-power-of-ten",
+    ),
+    pytest.param(
+        add_route(
+            tool="shop",
+            route="POST /fees",
+            **{"class": "irreversible"},
+            face_value_fixed="5",
+            amount_scale=100,
+        ),
+        "routes[3].amount_scale",
+        "face_value_fixed is already in the risk unit",
+        id="amount-scale-with-fixed-face-value",
+    ),
+    pytest.param(
+        set_path("routes", 2, "currency_field", value="currency"),
+        "routes[2].currency_field",
+        "'currency' is not declared",
+        id="currency-field-undeclared",
+    ),
+    pytest.param(
+        set_path("routes", 0, "currency_field", value="id"),
+        "routes[0].currency_field",
+        "read routes are free",
+        id="currency-field-on-a-read",
+    ),
+    pytest.param(
+        set_path("routes", 2, "body", value=["amount", "Amount"]),
+        "routes[2].body",
+        "differ only in case",
+        id="fields-differing-in-case",
+    ),
+    pytest.param(
+        set_path("routes", 2, "body_format", value="xml"),
+        "routes[2].body_format",
+        "'json' or 'form'",
+        id="unknown-body-format",
+    ),
 ]
 
 

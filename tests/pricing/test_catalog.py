@@ -28,6 +28,7 @@ from pricing import (
     quantile_lgd,
     round_up,
 )
+from pricing.errors import BadQuery
 from pricing.policy import UnknownRouteAction
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -147,7 +148,7 @@ def test_query_fields_and_duplicates() -> None:
     effect = price_request(GLOBEX, "inventory", "POST", "/transfers", {"sku": "A-1"}, body)
     assert effect.face_value_micros == 1000  # euro cents
     assert effect.risk_factors == ("sku:a-1",)
-    with pytest.raises(BadRiskFactor, match="2 times"):
+    with pytest.raises(BadQuery, match="2 times"):
         price_request(GLOBEX, "inventory", "POST", "/transfers", {"sku": ["a", "b"]}, body)
     effect = price_request(GLOBEX, "inventory", "POST", "/transfers", {"sku": ["a"]}, body)
     assert effect.risk_factors == ("sku:a",)

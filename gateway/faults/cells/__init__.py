@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..matrix import Cell
-from . import concurrency, crash, credentials, hostile, redis, settlement, upstream
+from . import concurrency, crash, credentials, differential, hostile, redis, settlement, upstream
 
 CELLS: list[Cell] = [
     *crash.CELLS,
@@ -12,6 +12,7 @@ CELLS: list[Cell] = [
     *upstream.CELLS,
     *hostile.CELLS,
     *credentials.CELLS,
+    *differential.CELLS,
     *settlement.CELLS,
 ]
 

@@ -1,0 +1,285 @@
+"""Parser differentials: the gateway prices a request with one reading, the tool API
+behind it may use another. Each run adds a tenant whose tool's upstream executes
+nothing and reports how nine real-world parsers read every request it receives
+(sim/readers.py: case-insensitive JSON, first-key JSON, `;`-splitting queries,
+servlet-style query-over-body, method overrides, Tomcat path normalisation, lenient
+routing, form sniffing). A battery of honest requests and differential attacks goes
+through the gateway; for each one:
+
+- a 2xx was forwarded once, and every reader reads the method, path and amount that
+  were priced (the amount as X-Irrev-Price, at face value);
+- a 4xx is the gateway's problem+json and the upstream received nothing;
+- honest requests are admitted (a gateway that refused everything would pass);
+- the tenant's journal replays to its balances, and it was charged exactly the sum
+  of the admitted prices.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+from urllib.parse import unquote
+
+import httpx
+
+from ledger.audit import audit_tenant
+from pricing.credentials import hash_token
+from sim.readers import number
+
+from ..bench import Run
+from ..matrix import Cell
+
+AGENT = "buyer-01"
+FORM = "application/x-www-form-urlencoded"
+JSON = "application/json"
+POLICY = """\
+tenant: {tenant}
+risk_unit: {{currency: USD, scale: 1000000}}
+window: 24h
+soft_band: 0.99
+escalation_ttl: 10m
+hold_ttl: 3s
+unknown_routes: {{action: price_as_irreversible, face_value: amount}}
+accounts:
+  tenant: {{limit: "1000000"}}
+  principals:
+    procurement: {{limit: "1000000"}}
+tools:
+  pay: {{upstream: "{upstream}"}}
+routes:
+  - {{tool: pay, route: POST /payments, class: irreversible, body: [payee, amount],
+      face_value: amount}}
+  - {{tool: pay, route: POST /transfers, class: irreversible, query: [amount],
+      face_value: amount}}
+  - {{tool: pay, route: POST /charges, class: irreversible, body_format: form,
+      body: [amount, currency], face_value: amount, amount_scale: 100,
+      currency_field: currency}}
+  - {{tool: pay, route: "GET /payments/{{payment_id}}", class: read}}
+agents:
+  {agent}:
+    principal: procurement
+    token_sha256: "{hash}"
+    per_effect_cap: "100000"
+    window_cap: "1000000"
+"""
+# Amount scale (1/n major units) of each route's amount field; others: major units.
+SCALES = {"/charges": Decimal(100)}
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    method: str
+    target: str  # below /tools/pay, sent byte for byte
+    body: bytes = b""
+    content_type: str = JSON
+    headers: dict[str, str] = field(default_factory=dict)
+    honest: bool = False
+
+
+def _json(text: str) -> bytes:
+    return text.encode()
+
+
+PROBES = [
+    # Honest requests: each must be admitted and read alike by every parser.
+    Probe("json", "POST", "/payments", _json('{"payee":"p1","amount":3}'), honest=True),
+    Probe(
+        "json spaced, charset",
+        "POST",
+        "/payments",
+        _json('{ "payee" : "p1",\n "amount" : 2.50 }'),
+        f"{JSON}; charset=utf-8",
+        honest=True,
+    ),
+    Probe("declared query", "POST", "/transfers?amount=4", b"", "", honest=True),
+    Probe("form, cents", "POST", "/charges", b"amount=250&currency=usd", FORM, honest=True),
+    Probe("read", "GET", "/payments/p1?expand=payee", b"", "", honest=True),
+    Probe("unknown route", "POST", "/payouts", _json('{"amount":2}'), honest=True),
+    # Case-insensitive, first-wins and escaped JSON keys.
+    Probe(
+        "Amount beside amount",
+        "POST",
+        "/payments",
+        _json('{"payee":"p1","amount":1,"Amount":7000}'),
+    ),
+    Probe(
+        "escaped Amount",
+        "POST",
+        "/payments",
+        _json('{"payee":"p1","amount":1,"\\u0041mount":7000}'),
+    ),
+    Probe(
+        "nested case keys",
+        "POST",
+        "/payments",
+        _json('{"payee":"p1","amount":1,"m":{"a":1,"A":2}}'),
+    ),
+    Probe(
+        "duplicate amount", "POST", "/payments", _json('{"payee":"p1","amount":7000,"amount":1}')
+    ),
+    # Method overrides.
+    Probe(
+        "_method in query", "POST", "/payments?_method=DELETE", _json('{"payee":"p1","amount":1}')
+    ),
+    Probe(
+        "_method in body",
+        "POST",
+        "/payments",
+        _json('{"payee":"p1","amount":1,"_method":"DELETE"}'),
+    ),
+    Probe(
+        "override header",
+        "POST",
+        "/payments",
+        _json('{"payee":"p1","amount":1}'),
+        headers={"X-HTTP-Method-Override": "DELETE"},
+    ),
+    Probe("_method on a read", "GET", "/payments/p1?_method=DELETE", b"", ""),
+    Probe("_method in a form", "POST", "/charges", b"amount=100&currency=usd&_method=DELETE", FORM),
+    # Query beside body, ';' and case in queries.
+    Probe("amount in query", "POST", "/payments?amount=7000", _json('{"payee":"p1","amount":1}')),
+    Probe("semicolon query", "POST", "/transfers?amount=1&x=1;amount=7000", b"", ""),
+    Probe("semicolon read", "GET", "/payments/p1?a=1;_method=DELETE", b"", ""),
+    Probe("Amount in query", "POST", "/transfers?amount=1&Amount=7000", b"", ""),
+    Probe("query and body", "POST", "/transfers?amount=1", _json('{"amount":7000}')),
+    # Content types.
+    Probe(
+        "form profile=json",
+        "POST",
+        "/payments",
+        _json('{"payee":"p1","amount":1,"x":"&amount=7000&y="}'),
+        f"{FORM}; profile=json",
+    ),
+    Probe(
+        "form pairs in a JSON string",
+        "POST",
+        "/payments",
+        _json('{"payee":"p1","amount":1,"x":"&amount=7000&y=;amount=7000"}'),
+    ),
+    Probe("text/json", "POST", "/payments", _json('{"payee":"p1","amount":1}'), "text/json"),
+    Probe("json; x=1", "POST", "/payments", _json('{"payee":"p1","amount":1}'), f"{JSON}; x=1"),
+    Probe("form to a json route", "POST", "/payments", b"payee=p1&amount=1", FORM),
+    Probe("json to a form route", "POST", "/charges", _json('{"amount":100,"currency":"usd"}')),
+    Probe("form semicolon", "POST", "/charges", b"amount=100;amount=700000&currency=usd", FORM),
+    Probe("form case", "POST", "/charges", b"amount=100&Amount=700000&currency=usd", FORM),
+    Probe("form brackets", "POST", "/charges", b"amount=100&amount[]=700000&currency=usd", FORM),
+    Probe("form currency", "POST", "/charges", b"amount=100&currency=eur", FORM),
+    # Paths an upstream normalises into another route.
+    Probe("..; segment", "POST", "/x/..;/payments", _json('{"payee":"p1","amount":1}')),
+    Probe("..; on a read", "GET", "/payments/..;/transfers", b"", ""),
+    Probe("matrix parameter", "POST", "/payments;v=2", _json('{"payee":"p1","amount":1}')),
+    Probe("case alias", "POST", "/Payments", _json('{"payee":"p1","amount":1}')),
+    Probe("extension alias", "POST", "/payments.json", _json('{"payee":"p1","amount":1}')),
+    Probe("encoded slash", "POST", "/x%2F..%2Fpayments", _json('{"payee":"p1","amount":1}')),
+    # Amounts no Decimal context holds.
+    Probe("1e999999", "POST", "/payments", _json('{"payee":"p1","amount":1e999999}')),
+    Probe("1e-999999", "POST", "/payments", _json('{"payee":"p1","amount":1e-999999}')),
+]
+
+
+async def add_reader_tenant(run: Run) -> str:
+    """A tenant whose one tool's upstream is the supplier's parser readings."""
+    tenant = f"{run.tenant[:40]}-d"
+    token = f"irrev_{secrets.token_urlsafe(24)}"
+    upstream = f"{run.bench.supplier.url}/_readers/{tenant}"
+    text = POLICY.format(tenant=tenant, upstream=upstream, agent=AGENT, hash=hash_token(token))
+    path = run.bench.policy_dir / f"{tenant}.yaml"
+    path.with_suffix(".tmp").write_text(text)
+    path.with_suffix(".tmp").replace(path)
+    run.tenants.append(tenant)
+    run.tokens[tenant] = {AGENT: token}
+    await run.reload()
+    return tenant
+
+
+async def readings(run: Run, tenant: str) -> list[dict[str, Any]]:
+    response = await run.bench.http.get(f"{run.bench.supplier.url}/_readers/_readings/{tenant}")
+    response.raise_for_status()
+    found: list[dict[str, Any]] = response.json()
+    return found
+
+
+def misread(probe: Probe, price: int, record: dict[str, Any]) -> list[str]:
+    """How the readers' view of one forwarded request differs from what was priced."""
+    path = unquote(probe.target.partition("?")[0])
+    scale = SCALES.get(path, Decimal(1))
+    found = []
+    for name, reading in record["readings"].items():
+        if (reading["method"], reading["path"]) != (probe.method, path):
+            found.append(f"{name} reads {reading['method']} {reading['path']}")
+        if probe.method == "GET":
+            continue
+        amount = number(reading["fields"].get("amount"))
+        if amount is None and name == "strict":
+            found.append(f"{name} reads no amount")
+        elif amount is not None and amount / scale * 10**6 != price:
+            found.append(f"{name} reads amount {amount}, priced {price} micros")
+    return [f"{probe.name}: {f}" for f in found]
+
+
+async def send(run: Run, tenant: str, probe: Probe) -> httpx.Response:
+    headers = {**run.agent_headers(AGENT, tenant), **probe.headers}
+    if probe.method != "GET":
+        headers["Idempotency-Key"] = uuid.uuid4().hex
+    if probe.content_type:
+        headers["Content-Type"] = probe.content_type
+    url = httpx.URL(f"{run.url()}/tools/pay").copy_with(
+        raw_path=f"/tools/pay{probe.target}".encode()
+    )
+    return await run.bench.http.request(probe.method, url, content=probe.body, headers=headers)
+
+
+async def check_probe(run: Run, tenant: str, probe: Probe) -> tuple[list[str], int]:
+    """The violations of one probe, and the price it was charged."""
+    seen = len(await readings(run, tenant))
+    try:
+        response = await send(run, tenant, probe)
+    except httpx.HTTPError as exc:
+        return [f"{probe.name}: no answer ({type(exc).__name__})"], 0
+    records = (await readings(run, tenant))[seen:]
+    status = response.status_code
+    if 200 <= status < 300:
+        if len(records) != 1:
+            return [f"{probe.name}: admitted, forwarded {len(records)} times"], 0
+        price = int(response.headers.get("x-irrev-price", "0"))
+        return misread(probe, price, records[0]), price
+    found = (
+        [f"{probe.name}: honest request got {status} {response.text[:120]}"] if probe.honest else []
+    )
+    if not 400 <= status < 500:
+        found.append(f"{probe.name}: got {status}, want 2xx or a 4xx refusal")
+    elif not response.headers.get("content-type", "").startswith("application/problem+json"):
+        found.append(f"{probe.name}: {status} is not problem+json")
+    if records:
+        found.append(f"{probe.name}: refused ({status}) but the upstream received it")
+    return found, 0
+
+
+async def differential(run: Run) -> list[str]:
+    tenant = await add_reader_tenant(run)
+    found: list[str] = []
+    charged = 0
+    for probe in PROBES:
+        violations, price = await check_probe(run, tenant, probe)
+        found += violations
+        charged += price
+    report = await audit_tenant(run.bench.ledger, tenant)
+    found += [f"audit: {m}" for m in report.mismatches]
+    for balance in await run.bench.ledger.balances(tenant):
+        if balance.account == f"tenant:{tenant}" and balance.used != charged:
+            found.append(f"charged {balance.used} micros, admitted prices sum to {charged}")
+    return found
+
+
+CELLS = [
+    Cell(
+        "differential.parsers",
+        "every forward reads as the priced method, route and amount to 9 parsers, or 4xx "
+        "and nothing sent",
+        differential,
+    ),
+]
