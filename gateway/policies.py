@@ -8,7 +8,7 @@ examples/procurement.tokens.yaml) and are never loaded as policies.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pricing import (
@@ -41,6 +41,8 @@ class DemoTokens:
     tenant: str
     policy: Path
     tokens: dict[str, str]
+    settlers: dict[str, str] = field(default_factory=dict)  # tool -> its settler's token
+    admins: dict[str, str] = field(default_factory=dict)  # tenant admin id -> token
 
 
 def read_text(path: Path) -> str:
@@ -150,24 +152,36 @@ def load_demo_tokens(path: Path) -> DemoTokens:
     if not is_demo_tokens(data):
         raise PolicyError(source, [Problem("kind", f"must be {DEMO_TOKENS_KIND!r}")])
     assert isinstance(data, dict)
-    tenant, policy, tokens = data.get("tenant"), data.get("policy"), data.get("tokens")
+    tenant, policy = data.get("tenant"), data.get("policy")
     problems = []
     if not isinstance(tenant, str):
         problems.append(Problem("tenant", "must be the tenant id"))
     if not isinstance(policy, str):
         problems.append(Problem("policy", "must be the policy file's path, relative to this file"))
-    if not isinstance(tokens, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in tokens.items()
-    ):
-        problems.append(Problem("tokens", "must map agent ids to token strings"))
+    tokens = _token_map(data, "tokens", "agent ids", problems)
+    settlers = _token_map(data, "settlers", "tool names", problems, required=False)
+    admins = _token_map(data, "admins", "tenant admin ids", problems, required=False)
     if problems:
         raise PolicyError(source, problems)
-    assert isinstance(tenant, str) and isinstance(policy, str) and isinstance(tokens, dict)
-    return DemoTokens(tenant, path.parent / policy, dict(tokens))
+    assert isinstance(tenant, str) and isinstance(policy, str)
+    return DemoTokens(tenant, path.parent / policy, tokens, settlers, admins)
+
+
+def _token_map(
+    data: dict[str, object], key: str, what: str, problems: list[Problem], required: bool = True
+) -> dict[str, str]:
+    value = data.get(key, None if required else {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        problems.append(Problem(key, f"must map {what} to token strings"))
+        return {}
+    return dict(value)
 
 
 def check_demo_tokens(path: Path) -> DemoTokens:
-    """A demo token file whose every token authenticates its agent in its policy."""
+    """A demo token file whose every token is the one its policy names for that agent,
+    tool settler or tenant admin."""
     demo = load_demo_tokens(path)
     policy = read_policy_file(demo.policy)
     problems: list[Problem] = []
@@ -182,6 +196,13 @@ def check_demo_tokens(path: Path) -> DemoTokens:
                     f"does not match the agent's token_sha256 in {demo.policy}",
                 )
             )
+    hashes = {f"settlers.{name}": tool.settler_token_sha256 for name, tool in policy.tools.items()}
+    hashes |= {f"admins.{name}": admin.token_sha256 for name, admin in policy.admins.items()}
+    given = {f"settlers.{name}": token for name, token in demo.settlers.items()}
+    given |= {f"admins.{name}": token for name, token in demo.admins.items()}
+    for where, token in given.items():
+        if hashes.get(where) != hash_token(token):
+            problems.append(Problem(where, f"does not match its token hash in {demo.policy}"))
     if problems:
         raise PolicyError(str(path), problems)
     return demo

@@ -19,9 +19,9 @@ from pricing import PolicyError, hold_accounts, price_request
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_examples_dir_loads_both_tenants_and_skips_token_files() -> None:
+def test_examples_dir_loads_every_tenant_and_skips_token_files() -> None:
     policies = load_policy_dir(EXAMPLES)
-    assert sorted(policies) == ["acme", "globex"]
+    assert sorted(policies) == ["acme", "globex", "payco"]
 
 
 def test_demo_tokens_authenticate_their_own_tenant_only() -> None:
@@ -84,3 +84,22 @@ def test_a_settler_token_names_one_tenants_tool(tmp_path: Path) -> None:
     (tmp_path / "acme.yaml").write_text(settled)
     with pytest.raises(PolicyLoadError, match="token_sha256: the same token is already used"):
         load_policy_dir(tmp_path)
+
+
+def test_demo_tokens_of_settlers_and_admins_are_checked(tmp_path: Path) -> None:
+    """The payments example's token file also holds its settler's and admin's tokens
+    (the README walk-through settles with one): each must be the one its policy names."""
+    demo = check_demo_tokens(EXAMPLES / "payments-api.tokens.yaml")
+    assert set(demo.settlers) == {"payments"} and set(demo.admins) == {"ops-lead"}
+    shutil.copy(EXAMPLES / "payments-api.yaml", tmp_path / "payments-api.yaml")
+    text = (EXAMPLES / "payments-api.tokens.yaml").read_text()
+    for wrong, where in (
+        (demo.settlers["payments"], r"settlers\.payments"),
+        (demo.admins["ops-lead"], r"admins\.ops-lead"),
+    ):
+        (tmp_path / "demo.tokens.yaml").write_text(text.replace(wrong, demo.tokens["support-01"]))
+        with pytest.raises(PolicyError, match=rf"{where}: does not match"):
+            check_demo_tokens(tmp_path / "demo.tokens.yaml")
+    (tmp_path / "demo.tokens.yaml").write_text(text.replace("payments:", "nope:"))
+    with pytest.raises(PolicyError, match=r"settlers\.nope: does not match"):
+        check_demo_tokens(tmp_path / "demo.tokens.yaml")
