@@ -31,8 +31,14 @@ def free_port() -> int:
         return port
 
 
+# What the demo and load runs serve: the procurement tenant and its demo tokens. Only
+# these: another example may need a secret (payments-api.yaml reads its API key from
+# the environment), and one tenant that cannot load refuses the whole directory.
+STACK_POLICIES = ("procurement.yaml", "procurement.tokens.yaml")
+
+
 def render_policies(directory: Path, supplier_url: str, examples: Path = EXAMPLES) -> Path:
-    """Copy the example policies (and demo tokens) into `directory`, pointing the
+    """Copy the procurement example and its demo tokens into `directory`, pointing the
     supplier tool at `supplier_url`."""
     if not (examples / "procurement.yaml").is_file():
         raise CliError(
@@ -40,7 +46,7 @@ def render_policies(directory: Path, supplier_url: str, examples: Path = EXAMPLE
             "the irrev repository, where the example policies are"
         )
     directory.mkdir(parents=True, exist_ok=True)
-    for source in examples.glob("*.yaml"):
+    for source in (examples / name for name in STACK_POLICIES):
         text = source.read_text(encoding="utf-8")
         text = re.sub(r'(supplier:\s*\{upstream:\s*)"[^"]*"', rf'\1"{supplier_url}"', text)
         (directory / source.name).write_text(text, encoding="utf-8")
