@@ -10,8 +10,10 @@ import tempfile
 import uvicorn
 
 from ledger.embedded import redis_url
+from pricing import PolicyError
 
 from .cli import CliError
+from .credentials import resolve_credentials
 from .policies import PolicyLoadError, load_policy_dir
 from .settings import GatewaySettings
 
@@ -33,11 +35,15 @@ def run(args: argparse.Namespace) -> int:
         "policy_dir": args.policy_dir,
     }
     settings = GatewaySettings(**{k: v for k, v in overrides.items() if v is not None})
+    ledger = settings.ledger  # a bad IRREV_* setting is named before any policy is read
     try:
-        load_policy_dir(settings.policy_dir)
-    except PolicyLoadError as exc:
+        # Every worker resolves the tools' credentials when it loads the policies: a
+        # missing one is said here, in one line, not as each worker's failed startup.
+        for policy in load_policy_dir(settings.policy_dir).values():
+            resolve_credentials(policy)
+    except (PolicyLoadError, PolicyError) as exc:
         raise CliError(f"the policies in {settings.policy_dir} cannot be used:\n{exc}") from exc
-    with redis_url(settings.ledger) as url, tempfile.TemporaryDirectory() as metrics_dir:
+    with redis_url(ledger) as url, tempfile.TemporaryDirectory() as metrics_dir:
         os.environ.update(
             {
                 "IRREV_REDIS_URL": url,

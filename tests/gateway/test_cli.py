@@ -39,6 +39,12 @@ def test_outside_the_repository_is_one_line(command: list[str], tmp_path: Path) 
         (["serve", "--port", "99999"], {}, "IRREV_PORT: Input should be less than or equal"),
         (["serve"], {"IRREV_WORKERS": "many"}, "IRREV_WORKERS: Input should be a valid integer"),
         (["serve"], {"IRREV_APPENDFSYNC": "sometimes"}, "IRREV_APPENDFSYNC: Input should be"),
+        # The payments example's API key is read from the environment when it loads.
+        (
+            ["serve", "--policy-dir", "examples"],
+            {},
+            "credentials.Authorization: environment variable 'PAYMENTS_API_KEY' is not set",
+        ),
         (["policy", "token", "--tenant", "a b", "--agent", "x"], {}, "not a name a policy"),
     ],
 )
