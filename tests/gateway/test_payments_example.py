@@ -18,13 +18,13 @@ import pytest
 from scipy.stats import beta
 
 from gateway.credentials import resolve_credentials
-from gateway.policies import load_policy_dir
+from gateway.policies import load_demo_tokens, load_policy_dir
 from gateway.stack import render_policies
 from pricing.money import round_up
 
 from .conftest import Gateway, wait_for_workers
 from .helpers import assert_problem, balances
-from .servers import BIN, Server, Tenant, base_env, write_policy
+from .servers import BIN, EXAMPLES, Server, Tenant, base_env, write_policy
 
 KEY_ENV = "PAYMENTS_API_KEY"
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -232,6 +232,29 @@ async def test_the_settler_trues_up_a_charge(payco: Payco, http: httpx.AsyncClie
     assert settled.status_code == 200, settled.text
     assert settled.json()["state"] == "posted"
     assert await posted() == before - price + fee
+
+
+async def test_a_large_refund_waits_for_the_tenants_approver(
+    payco: Payco, http: httpx.AsyncClient
+) -> None:
+    """Refunds above 500 USD escalate; the example's `ops-lead` (role approver, its
+    token from the demo token file) approves, and only then is the refund made."""
+    ops_lead = load_demo_tokens(EXAMPLES / "payments-api.tokens.yaml").admins["ops-lead"]
+    before = len(payco.received())
+    refund = await http.post(
+        "/tools/payments/v1/refunds",
+        content="amount=60000&charge=ch_1",
+        headers=agent(payco, "support-01", "refund-600"),
+    )
+    assert refund.status_code == 202, refund.text
+    assert len(payco.received()) == before
+    approved = await http.post(
+        f"{refund.headers['location']}/approve", headers={"Authorization": f"Bearer {ops_lead}"}
+    )
+    assert approved.status_code == 200, approved.text
+    assert approved.json()["object"] == "refund"
+    sent = payco.received()[before:]
+    assert [(r["path"], r["body"]) for r in sent] == [("/v1/refunds", "amount=60000&charge=ch_1")]
 
 
 async def test_the_secret_is_in_no_answer(payco: Payco, http: httpx.AsyncClient) -> None:
