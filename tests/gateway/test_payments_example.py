@@ -126,7 +126,7 @@ def test_the_stack_commands_serve_without_the_payments_key(
     """`irrev demo` and `irrev load` serve what render_policies writes: a tenant whose
     credential is missing would refuse the whole directory."""
     monkeypatch.delenv(KEY_ENV, raising=False)
-    rendered = render_policies(tmp_path / "policies", "http://127.0.0.1:9")
+    rendered = render_policies(tmp_path / "policies", "http://127.0.0.1:9", EXAMPLES)
     policies = load_policy_dir(rendered)
     assert "acme" in policies
     for policy in policies.values():
