@@ -20,12 +20,41 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
-from .servers import BIN, Server, Tenant, base_env, free_port, start_suppliers, write_policy
+from .servers import (
+    BIN,
+    EXAMPLES,
+    Server,
+    Tenant,
+    base_env,
+    free_port,
+    start_suppliers,
+    write_policy,
+)
 
 WORKERS = 2
 UPSTREAM_TIMEOUT_S = 1.0
 MAX_BODY_BYTES = 64 * 1024
+
+
+def _example_accounts(**replaced: Any) -> dict[str, Any]:
+    accounts: dict[str, Any] = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())[
+        "accounts"
+    ]
+    return {**accounts, **replaced}
+
+
+def _two_factor_orders() -> dict[str, Any]:
+    """procurement, with orders capped per supplier and per SKU: two factor accounts
+    that a first order to a new supplier of a new SKU meets together."""
+    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+    for route in data["routes"]:
+        if route["route"] == "POST /orders":
+            route["risk_factors"].append("sku:{sku}")
+    data["accounts"]["risk_factors"]["sku:*"] = {"limit": "100000"}
+    return {"routes": data["routes"], "accounts": data["accounts"]}
+
 
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -59,6 +88,10 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "admin-b": ("procurement", {}),
     "fuzz": ("procurement", {}),
     "fuzz-globex": ("globex", {}),
+    "two-factors": ("procurement", _two_factor_orders()),
+    # A tenant budget of 1 USD: every order but a free one is refused.
+    "tight": ("procurement", {"accounts": _example_accounts(tenant={"limit": "1"})}),
+    "hygiene": ("procurement", {}),
 }
 
 
