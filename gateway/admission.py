@@ -20,7 +20,7 @@ from . import metrics
 from .crashpoints import crash_point
 from .problems import Problem
 from .settings import GatewaySettings
-from .tenants import TenantStore
+from .tenants import TenantStore, factor_accounts
 from .upstream import Answer, Fate, Upstream, forward
 from .wire import KEPT_RESPONSE_HEADERS, StoredAnswer, StoredRequest
 
@@ -46,10 +46,12 @@ async def reserve(
     fingerprint: str,
     request: StoredRequest,
 ) -> ReserveResult:
-    """One round trip. A risk-factor account is created on its first use, and an
-    account the policy names but Redis lacks (a policy changed elsewhere) by a reload;
-    then the reserve is repeated once: the only path with a second trip."""
+    """One round trip. A risk-factor account met for the first time is opened by the
+    reserve itself, only if it keeps the hold; an account the policy names but Redis
+    lacks (a policy changed elsewhere) by a reload, then the reserve is repeated once:
+    the only path with a second trip."""
     amounts = hold_accounts(policy, agent, effect)
+    opens = factor_accounts(policy, amounts)
 
     async def attempt() -> ReserveResult:
         started = time.perf_counter()
@@ -63,15 +65,15 @@ async def reserve(
                 escalation_ttl_ms=policy.escalation_ttl_ms,
                 escalate_above=effect.approval_threshold_micros or 0,
                 request=request.dumps(),
+                open_missing=opens,
             )
         finally:
             metrics.LEDGER_SECONDS.labels("reserve").observe(time.perf_counter() - started)
 
     try:
         result = await attempt()
-    except UnknownAccount as exc:
-        if not await gate.tenants.open_factor_account(gate.ledger, policy, exc.account):
-            await gate.tenants.load(gate.ledger)
+    except UnknownAccount:
+        await gate.tenants.load(gate.ledger)
         result = await attempt()
     if not result.replayed:
         metrics.DECISIONS.labels(policy.tenant, result.decision, result.reason).inc()

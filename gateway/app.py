@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,16 +17,18 @@ from fastapi.responses import Response
 
 from ledger.checkpoint import cutoff_ms, trim_locked
 from ledger.client import Ledger
+from ledger.errors import LedgerUnavailable
 
 from . import admin, console, escalations, holds_api, logs, metrics, problems, proxy
 from .admission import Gate
-from .auth import gate_of
+from .auth import admin_auth, gate_of
 from .problems import Problem
 from .settings import GatewaySettings
 from .tenants import TenantStore
 from .upstream import make_client
 
 log = logging.getLogger("irrev.gateway")
+LEDGER_START_WAIT_S = 5.0
 
 
 async def _every(interval_s: float, work: Any, what: str) -> None:
@@ -37,12 +40,28 @@ async def _every(interval_s: float, work: Any, what: str) -> None:
             log.exception(f"{what} failed; retrying in {interval_s} s")
 
 
+async def _load_scripts(ledger: Ledger) -> None:
+    """A worker replaced while `irrev serve` restarts its embedded Redis waits for it
+    (a worker that cannot start stops the whole gateway); a Redis still unreachable
+    after LEDGER_START_WAIT_S fails the start."""
+    deadline = time.monotonic() + LEDGER_START_WAIT_S
+    while True:
+        try:
+            await ledger.load_scripts()
+            return
+        except LedgerUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
 def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         ledger = Ledger.from_url(
             redis_url,
             retention_ms=settings.retention_s * 1000,
+            denied_retention_ms=settings.denied_retention_s * 1000,
             replicas=settings.wait_replicas,
             replica_timeout_ms=settings.wait_timeout_ms,
         )
@@ -51,8 +70,8 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             settings.upstream_timeout_s,
             settings.upstream_max_connections,
         )
-        tenants = TenantStore(settings.policy_dir)
-        await ledger.load_scripts()
+        tenants = TenantStore(settings.policy_dir, settings.forward_budget())
+        await _load_scripts(ledger)
         await tenants.load(ledger)
         gate = Gate(settings, ledger, tenants, http)
         app.state.gate = gate
@@ -123,19 +142,32 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             raise Problem(
                 503, "ledger_unavailable", f"not ready: {exc}", headers={"Retry-After": "1"}
             ) from exc
-        return {"status": "ready", "tenants": sorted(gate.tenants.policies)}
+        # Unauthenticated: which tenants this gateway serves is theirs to tell.
+        return {"status": "ready"}
 
     @app.get("/metrics", tags=["health"])
     async def metrics_endpoint(request: Request) -> Response:
+        """Tenant labels for an admin token or with IRREV_METRICS_TENANT_LABELS; anyone
+        else gets the same series summed over tenants."""
         gate = gate_of(request)
+        tenant_labels = settings.metrics_tenant_labels or await _is_admin(request)
         counts: dict[tuple[str, str], int] = {}
         with contextlib.suppress(Exception):
             for tenant in gate.tenants.policies:
                 for state, count in (await gate.ledger.live_counts(tenant)).items():
                     counts[(tenant, state)] = count
-        return Response(metrics.exposition(counts), media_type="text/plain; version=0.0.4")
+        exposition = metrics.exposition(counts, tenant_labels=tenant_labels)
+        return Response(exposition, media_type="text/plain; version=0.0.4")
 
     return app
+
+
+async def _is_admin(request: Request) -> bool:
+    try:
+        await admin_auth(request)
+    except Problem:
+        return False
+    return True
 
 
 def app_from_env() -> FastAPI:

@@ -25,7 +25,11 @@ def gate_of(request: Request) -> Gate:
 
 
 def _bearer(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    values = request.headers.getlist("authorization")
+    if len(values) > 1:
+        # Which one is the caller? Proxies and frameworks disagree (first, last, joined).
+        raise Problem(400, "bad_authorization", "send exactly one Authorization header")
+    scheme, _, token = (values[0] if values else "").partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 

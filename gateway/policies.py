@@ -7,6 +7,7 @@ examples/procurement.tokens.yaml) and are never loaded as policies.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,14 +65,47 @@ def read_policy_file(path: Path) -> TenantPolicy:
     return load_policy_data(data, source)
 
 
-def check_policy_set(policies: Iterable[tuple[str, TenantPolicy]]) -> list[PolicyError]:
-    """Faults across files: a tenant defined twice, or one token valid for two agents
-    or admins."""
+@dataclass(frozen=True, slots=True)
+class ForwardBudget:
+    """What a hold must outlive to be forwarded (settings, not policy): fire() refuses
+    to send once fewer than `upstream_timeout_s` are left before the hold's deadline
+    minus `forward_margin_s`, and an approval forwards with a deadline 1 s short of
+    its TTL (escalations.py). A hold_ttl below their sum refuses every effect."""
+
+    upstream_timeout_s: float = 0.0
+    forward_margin_s: float = 0.0
+
+    @property
+    def min_hold_ttl_ms(self) -> int:
+        return math.ceil((self.upstream_timeout_s + self.forward_margin_s + 1) * 1000)
+
+    def problems(self, policy: TenantPolicy) -> list[Problem]:
+        if policy.hold_ttl_ms >= self.min_hold_ttl_ms:
+            return []
+        detail = (
+            f"{policy.hold_ttl_ms / 1000:g} s leaves no room to forward an effect: it must be "
+            f"at least {self.min_hold_ttl_ms / 1000:g} s (IRREV_UPSTREAM_TIMEOUT_S "
+            f"{self.upstream_timeout_s:g} s + IRREV_FORWARD_MARGIN_S "
+            f"{self.forward_margin_s:g} s + 1 s), or every effect is refused 503 hold_deadline"
+        )
+        return [Problem("hold_ttl", detail)]
+
+
+# For callers without settings (pure policy checks): no hold TTL is too short.
+NO_BUDGET = ForwardBudget()
+
+
+def check_policy_set(
+    policies: Iterable[tuple[str, TenantPolicy]], budget: ForwardBudget = NO_BUDGET
+) -> list[PolicyError]:
+    """Faults across files (a tenant defined twice, or one token valid for two agents,
+    admins or tools)
+    and against the settings in force (a hold TTL shorter than `budget`)."""
     errors: list[PolicyError] = []
     tenants: dict[str, str] = {}
     owners: dict[str, str] = {}
     for source, policy in policies:
-        problems: list[Problem] = []
+        problems: list[Problem] = budget.problems(policy)
         if policy.tenant in tenants:
             problems.append(
                 Problem(
@@ -113,7 +147,7 @@ def policy_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.suffix in POLICY_SUFFIXES and p.is_file())
 
 
-def load_policy_dir(directory: Path) -> dict[str, TenantPolicy]:
+def load_policy_dir(directory: Path, budget: ForwardBudget = NO_BUDGET) -> dict[str, TenantPolicy]:
     """Every tenant policy in `directory` by tenant id; PolicyLoadError lists all faults."""
     if not directory.is_dir():
         raise PolicyLoadError(
@@ -128,7 +162,7 @@ def load_policy_dir(directory: Path) -> dict[str, TenantPolicy]:
                 loaded.append((str(path), load_policy_data(data, str(path))))
         except PolicyError as exc:
             errors.append(exc)
-    errors += check_policy_set(loaded)
+    errors += check_policy_set(loaded, budget)
     if errors:
         raise PolicyLoadError(errors)
     return {policy.tenant: policy for _, policy in loaded}

@@ -16,6 +16,7 @@ from gateway.policies import (
     is_demo_tokens,
     read_text,
 )
+from gateway.settings import GatewaySettings
 from pricing import (
     PolicyError,
     TenantPolicy,
@@ -90,10 +91,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
             f"{path}: ok (tenant {policy.tenant}: {len(policy.accounts.principals)} principals, "
             f"{len(policy.agents)} agents, {len(policy.routes)} routes)"
         )
-    errors += check_policy_set(loaded)
+    # Checked against the settings in force (IRREV_* or defaults), as the gateway will.
+    errors += check_policy_set(loaded, _settings().forward_budget())
     for error in errors:
         print(error, file=sys.stderr)
     return 1 if errors else 0
+
+
+def _settings() -> GatewaySettings:
+    try:
+        return GatewaySettings()
+    except ValidationError as exc:
+        raise CliError(f"the IRREV_* settings are not valid:\n{exc}") from exc
 
 
 def _duration(ms: int) -> str:

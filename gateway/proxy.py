@@ -136,8 +136,20 @@ async def respond(
         return answer_response(answer, budget_headers(result, hold_id))
     hold = await gate.ledger.hold(policy.tenant, hold_id)
     if hold is not None and hold.outcome:
+        recorded = StoredAnswer.loads(hold.outcome)
+        if hold.state is HoldState.VOIDED and recorded.status // 100 == 2:
+            # An upstream 2xx never voids: this is the receipt of a void through the
+            # holds API, not an answer to give back as the effect's.
+            raise Problem(
+                409,
+                "hold_voided",
+                "this effect's hold was voided, so it was not made; use a new "
+                "Idempotency-Key to make it",
+                hold=hold_id,
+                state=hold.state.value,
+            )
         headers = budget_headers(result, hold_id, replayed=True)
-        return stored_response(StoredAnswer.loads(hold.outcome), headers)
+        return stored_response(recorded, headers)
     if hold is not None and hold.state is HoldState.AMBIGUOUS:
         # The first outcome is unknown: retry, with the same Idempotency-Key, so the
         # tool API can deduplicate it (contract 4).

@@ -11,9 +11,11 @@ import httpx
 
 from ledger.records import HoldState
 from pricing import TenantPolicy, price_request
+from pricing.errors import RequestError
 
 from .admission import Gate, target_of
 from .canonical import read_request
+from .problems import Problem
 from .wire import StoredAnswer, StoredRequest, upstream_key
 
 
@@ -35,7 +37,13 @@ async def reconcile(gate: Gate, policy: TenantPolicy) -> Reconciliation:
         if not hold.request:
             report.unresolved[hold_id] = "no request recorded: resolve by hand"
             continue
-        verdict = await _ask_upstream(gate, policy, hold_id, StoredRequest.loads(hold.request))
+        try:
+            verdict = await _ask_upstream(gate, policy, hold_id, StoredRequest.loads(hold.request))
+        except (RequestError, Problem) as exc:
+            # The policy changed since (its route or tool removed): this hold stays
+            # charged for an operator, and the tenant's other holds are still resolved.
+            report.unresolved[hold_id] = f"not priceable under the current policy ({exc})"
+            continue
         if verdict is None:
             report.unresolved[hold_id] = "the route has no lookup, or the upstream did not answer"
         elif verdict.status // 100 == 2:

@@ -9,6 +9,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ledger.settings import LedgerSettings
 
+from .policies import ForwardBudget
+
 
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IRREV_", extra="ignore")
@@ -33,6 +35,17 @@ class GatewaySettings(BaseSettings):
         default=2.0, gt=0, description="how often a worker looks for changed policy files"
     )
     retention_s: int = Field(default=7 * 24 * 3600, ge=60)
+    denied_retention_s: int = Field(
+        default=600,
+        ge=1,
+        description="how long a denied request's record is kept, to answer a retry of its "
+        "key with the same refusal (at most retention_s); later the request is decided again",
+    )
+    metrics_tenant_labels: bool = Field(
+        default=False,
+        description="show tenant labels on /metrics to any caller; otherwise only to an "
+        "admin token, and others get every series summed over tenants",
+    )
     wait_replicas: int = Field(
         default=0,
         ge=0,
@@ -68,6 +81,9 @@ class GatewaySettings(BaseSettings):
         """token -> admin name."""
         pairs = (e.strip().partition("=") for e in self.admin_tokens.split(",") if e.strip())
         return {token: name for name, _, token in pairs}
+
+    def forward_budget(self) -> ForwardBudget:
+        return ForwardBudget(self.upstream_timeout_s, self.forward_margin_s)
 
     @property
     def ledger(self) -> LedgerSettings:

@@ -25,11 +25,14 @@ from pricing import (
     policy_accounts,
     with_observed,
 )
+from pricing.catalog import FACTOR_PREFIX
 from pricing.credentials import AuthenticatedAgent, hash_token
 from pricing.policy import AdminRole
 
 from .credentials import Injected, resolve_credentials
 from .policies import (
+    NO_BUDGET,
+    ForwardBudget,
     PolicyLoadError,
     check_policy_set,
     is_demo_tokens,
@@ -80,8 +83,9 @@ class TenantStore:
     """`policies` are what prices are computed with: each policy as written, with the
     compensation outcomes counted so far applied (pricing.with_observed)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, budget: ForwardBudget = NO_BUDGET) -> None:
         self.directory = directory
+        self.budget = budget
         self.policies: dict[str, TenantPolicy] = {}
         self._written: dict[str, TenantPolicy] = {}
         self._observed: dict[str, dict[str, Outcomes]] = {}
@@ -111,7 +115,7 @@ class TenantStore:
         """(Re)load every policy and create or update the accounts each names. On a
         faulty directory the previous policies stay in force (PolicyLoadError)."""
         signature = self._files_signature()
-        policies = load_policy_dir(self.directory)
+        policies = load_policy_dir(self.directory, self.budget)
         credentials = _credentials_of(policies.values())
         for policy in policies.values():
             for spec in policy_accounts(policy):
@@ -189,7 +193,9 @@ class TenantStore:
         # Valid alone is not enough: the directory must stay loadable as a whole (no
         # token shared with another tenant's agent), or the file would break every
         # reload and the next start while the upload was reported refused.
-        errors = check_policy_set([*self._other_policies(target), (str(target), policy)])
+        errors = check_policy_set(
+            [*self._other_policies(target), (str(target), policy)], self.budget
+        )
         if errors:
             raise PolicyLoadError(errors)
         previous = target.read_text(encoding="utf-8") if target.exists() else None
@@ -229,17 +235,6 @@ class TenantStore:
                 continue
         return self.directory / f"{tenant}.yaml"
 
-    async def open_factor_account(self, ledger: Ledger, policy: TenantPolicy, account: str) -> bool:
-        """Create a risk-factor account on its first use; False if it is not one, or no
-        pattern caps it."""
-        if not account.startswith("factor:"):
-            return False
-        spec = factor_account(policy, account.removeprefix("factor:"))
-        if spec is None:
-            return False
-        await _open_account(ledger, policy.tenant, ledger_account(spec))
-        return True
-
 
 def _credentials_of(policies: Iterable[TenantPolicy]) -> dict[str, dict[str, Injected]]:
     """Every tenant's resolved tool credentials; a missing one refuses the whole load,
@@ -272,3 +267,11 @@ def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str
         else:
             signature.append((path, stat.st_mtime_ns, stat.st_size))
     return tuple(signature)
+
+
+def factor_accounts(policy: TenantPolicy, accounts: Iterable[str]) -> list[LedgerAccount]:
+    """The risk-factor accounts among a hold's `accounts`, as their pattern caps them:
+    the reserve opens those Redis lacks, only for a hold it keeps."""
+    factors = (a.removeprefix(FACTOR_PREFIX) for a in accounts if a.startswith(FACTOR_PREFIX))
+    specs = (factor_account(policy, factor) for factor in factors)
+    return [ledger_account(spec) for spec in specs if spec is not None]

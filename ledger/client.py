@@ -33,6 +33,7 @@ from .records import (
 from .scripts import register_scripts
 
 DAY_MS = 24 * 3600 * 1000
+DENIED_RETENTION_MS = 10 * 60 * 1000
 MAX_REPLICAS = 64
 MAX_REPLICA_TIMEOUT_MS = 60_000
 T = TypeVar("T")
@@ -43,7 +44,10 @@ class Ledger:
     """Accounts, holds and the journal of every tenant, kept in one Redis.
 
     `retention_ms` is how long a settled hold (and with it its idempotency key) is
-    kept; a replay after that is a new request.
+    kept; a replay after that is a new request. A denied one is kept for
+    `denied_retention_ms` (at most `retention_ms`): it only serves replays of the
+    refusal, and a refused request made again after that is decided again, which
+    is harmless since nothing was held or sent.
 
     `replicas` > 0: a reserve or an approval is followed, on the same connection and
     in the same round trip, by WAIT for that many replicas (at most
@@ -57,11 +61,14 @@ class Ledger:
         redis: Redis,
         *,
         retention_ms: int = 7 * DAY_MS,
+        denied_retention_ms: int = DENIED_RETENTION_MS,
         replicas: int = 0,
         replica_timeout_ms: int = 100,
     ) -> None:
         self.redis = redis
         self.retention_ms = validate.ttl("retention_ms", retention_ms)
+        denied = validate.ttl("denied_retention_ms", denied_retention_ms)
+        self.denied_retention_ms = min(denied, retention_ms) if retention_ms else denied
         if not 0 <= replicas <= MAX_REPLICAS:
             raise BadInput("replicas", f"must be 0 to {MAX_REPLICAS}")
         if not 0 < replica_timeout_ms <= MAX_REPLICA_TIMEOUT_MS:
@@ -76,6 +83,7 @@ class Ledger:
         url: str,
         *,
         retention_ms: int = 7 * DAY_MS,
+        denied_retention_ms: int = DENIED_RETENTION_MS,
         replicas: int = 0,
         replica_timeout_ms: int = 100,
         max_connections: int = 128,
@@ -103,6 +111,7 @@ class Ledger:
         return cls(
             redis,
             retention_ms=retention_ms,
+            denied_retention_ms=denied_retention_ms,
             replicas=replicas,
             replica_timeout_ms=replica_timeout_ms,
         )
@@ -177,14 +186,7 @@ class Ledger:
 
     async def upsert_account(self, tenant: str, spec: AccountSpec) -> str:
         """Create the account or change its policy; returns 'created' or 'updated'."""
-        args = [
-            validate.account_id(spec.account),
-            str(validate.amount("limit", spec.limit)),
-            str(validate.amount("soft_limit", spec.soft_limit, spec.limit)),
-            str(validate.ttl("window_ms", spec.window_ms)),
-            str(validate.amount("approval_threshold", spec.approval_threshold)),
-        ]
-        reply = await self._run("account", tenant, args)
+        reply = await self._run("account", tenant, _account_args(spec))
         raise_for_reply(tenant, "", "upsert", reply)
         try:
             await self.redis.sadd(TENANTS_KEY, tenant)
@@ -228,6 +230,7 @@ class Ledger:
         armed: bool = True,
         escalate_above: int = 0,
         request: str = "",
+        open_missing: Sequence[AccountSpec] = (),
     ) -> ReserveResult:
         """Admit, deny or escalate one effect; hold its price on every account or none.
 
@@ -235,7 +238,9 @@ class Ledger:
         effect as soon as it is admitted, so a pending hold that outlives its
         deadline may have fired and turns ambiguous rather than expiring.
         `request` is kept with the hold until it settles (for an approver who
-        forwards it later, or a reconciler who looks it up).
+        forwards it later, or a reconciler who looks it up). `open_missing` names
+        accounts of `amounts` to create in the same script if Redis lacks them, only
+        when the hold is kept and holds something on them (see reserve.lua).
         """
         reserve = ReserveRequest(
             idempotency_key,
@@ -246,6 +251,7 @@ class Ledger:
             armed,
             escalate_above,
             request,
+            open_missing,
         )
         reply, replicas = await self._run_replicated("reserve", tenant, self._reserve_args(reserve))
         return _reserve_result(tenant, idempotency_key, reply, replicas)
@@ -286,6 +292,8 @@ class Ledger:
             str(validate.amount("escalate_above", r.escalate_above)),
             validate.blob("request", r.request),
             *validate.account_amounts(r.amounts),
+            str(self.denied_retention_ms),
+            *_open_args(r.amounts, r.open_missing),
         ]
 
     async def _run_many(
@@ -504,6 +512,25 @@ def _transition_result(
         by=flags if operation in ("approve", "reject") else "",
         replicas=replicas,
     )
+
+
+def _open_args(amounts: Mapping[str, int], specs: Sequence[AccountSpec]) -> list[str]:
+    """The reserve's `m, (account, limit, soft, window_ms, approval) * m` tail."""
+    named = [spec.account for spec in specs]
+    if len(set(named)) != len(named) or not set(named) <= set(amounts):
+        raise BadInput("open_missing", "must name accounts of the hold, each once")
+    return [str(len(specs)), *(arg for spec in specs for arg in _account_args(spec))]
+
+
+def _account_args(spec: AccountSpec) -> list[str]:
+    """account id, limit, soft limit, window_ms, approval threshold (account.lua)."""
+    return [
+        validate.account_id(spec.account),
+        str(validate.amount("limit", spec.limit)),
+        str(validate.amount("soft_limit", spec.soft_limit, spec.limit)),
+        str(validate.ttl("window_ms", spec.window_ms)),
+        str(validate.amount("approval_threshold", spec.approval_threshold)),
+    ]
 
 
 def _glob(text: str) -> str:

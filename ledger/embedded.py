@@ -51,12 +51,14 @@ import dataclasses
 import fcntl
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -79,6 +81,7 @@ __all__ = [
     "find_redis_server",
     "redis_server_version",
     "redis_url",
+    "supervised_redis_url",
 ]
 
 # sun_path is 108 bytes on Linux and 104 on macOS, including the trailing NUL.
@@ -87,6 +90,7 @@ _POLL_INTERVAL_S = 0.01
 # A live server answers PING at once, even while loading (LOADING); a stopped one never.
 _PROBE_TIMEOUT_S = 1.0
 _LOG_TAIL_BYTES = 2048
+_log = logging.getLogger("irrev.embedded")
 
 
 class EmbeddedRedisError(RuntimeError):
@@ -243,6 +247,10 @@ class EmbeddedRedis:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         self._wait_for(lambda: not self._server_alive(), f"redis-server pid {pid} to die")
+
+    def running(self) -> bool:
+        """Whether a redis-server holds this data directory (a lock test: no I/O to it)."""
+        return self._server_alive()
 
     def ensure_running(self) -> str:
         """Start the server again if it died (e.g. after `kill()`); return its URL.
@@ -551,6 +559,39 @@ def redis_url(settings: LedgerSettings) -> Iterator[str]:
         return
     with EmbeddedRedis.from_settings(settings) as server:
         yield server.url
+
+
+@contextlib.contextmanager
+def supervised_redis_url(settings: LedgerSettings, interval_s: float = 0.2) -> Iterator[str]:
+    """`redis_url`, and while the block runs an embedded server is kept running: a
+    thread checks it every `interval_s` and starts it again on the same data
+    directory and AOF when it died (kill -9, OOM killer). Its URL stays the same (the
+    same socket, or the same port when free). An external Redis is not ours to restart."""
+    if settings.redis_url:
+        yield settings.redis_url
+        return
+    with EmbeddedRedis.from_settings(settings) as server:
+        stop = threading.Event()
+        watcher = threading.Thread(
+            target=_keep_running, args=(server, stop, interval_s), name="redis-supervisor"
+        )
+        watcher.start()
+        try:
+            yield server.url
+        finally:
+            stop.set()
+            watcher.join()
+
+
+def _keep_running(server: EmbeddedRedis, stop: threading.Event, interval_s: float) -> None:
+    while not stop.wait(interval_s):
+        if server.running():
+            continue
+        try:
+            server.ensure_running()
+            _log.warning("the embedded redis-server died; started again at %s", server.url)
+        except EmbeddedRedisError as exc:
+            _log.error("the embedded redis-server died and could not be started: %s", exc)
 
 
 # -- helpers ----------------------------------------------------------------------

@@ -3,7 +3,7 @@ hold states, and the typed results of each operation."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -123,6 +123,9 @@ class ReserveRequest:
     armed: bool = True
     escalate_above: int = 0
     request: str = ""
+    # Accounts of `amounts` to open if Redis lacks them, only if the hold is kept
+    # (admitted or escalated) and holds something on them.
+    open_missing: Sequence[AccountSpec] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,14 @@
 -- ARGV[8]  request: opaque bytes kept with a held effect until it settles, so
 --          that an approver or the reconciler can act on it ('' for none)
 -- ARGV[9]  n, the number of accounts (1..8), then n pairs: account id, amount
+-- ARGV[10+2n]  denied_retention_ms: a denied record's life (0 keeps it); it only
+--          serves a replay of the refusal, so it is kept short
+-- ARGV[11+2n]  m, accounts to open if missing (0..n), then m groups of five: account
+--          id (one of the hold's), limit, soft limit, window_ms, approval threshold
+--          (as in account.lua). A missing account is opened only when the hold is
+--          admitted or escalated and its amount is > 0; one whose amount is 0 is left
+--          out of the hold (a fresh account with nothing on it cannot change the
+--          decision), so neither a refusal nor a free effect creates an account.
 --
 -- Returns
 --   {'ok' | 'exists', decision, reason, state, deadline_ms, created_ms, n,
@@ -52,7 +60,7 @@ end
 if #request > MAX_BLOB then
   return {'bad_input', 'request', 'must be at most 1 MiB'}
 end
-if not n or n < 1 or #ARGV ~= 9 + 2 * n then
+if not n or n < 1 or #ARGV < 11 + 2 * n then
   return {'bad_input', 'accounts', 'must name 1 to 8 accounts, each with an amount'}
 end
 local accounts, amounts, seen = {}, {}, {}
@@ -64,8 +72,30 @@ for i = 1, n do
   if not amount then
     return {'bad_input', 'amount', 'must be an integer in [0, 2^53-1]'}
   end
-  seen[account] = true
+  seen[account] = i
   accounts[i], amounts[i] = account, amount
+end
+local denied_retention_ms = uint(ARGV[10 + 2 * n], MAX_AMOUNT)
+if not denied_retention_ms then
+  return {'bad_input', 'denied_retention_ms', 'must be an integer >= 0'}
+end
+local m = uint(ARGV[11 + 2 * n], MAX_ACCOUNTS)
+if not m or m > n or #ARGV ~= 11 + 2 * n + 5 * m then
+  return {'bad_input', 'open', 'must give 0 to n accounts to open, five fields each'}
+end
+local specs = {}
+for j = 1, m do
+  local at = 11 + 2 * n + 5 * (j - 1)
+  local i = seen[ARGV[at + 1]]
+  local limit, soft = uint(ARGV[at + 2], MAX_AMOUNT), uint(ARGV[at + 3], MAX_AMOUNT)
+  local win, appr = uint(ARGV[at + 4], MAX_AMOUNT), uint(ARGV[at + 5], MAX_AMOUNT)
+  if not i or specs[i] or not string.match(ARGV[at + 1], '^%a+:.') then
+    return {'bad_input', 'open', 'must name distinct kind:name accounts of the hold'}
+  end
+  if not limit or not soft or soft > limit or not win or not appr then
+    return {'bad_input', 'open', 'limit, soft limit <= limit, window and threshold: integers'}
+  end
+  specs[i] = {limit = limit, soft = soft, win = win, appr = appr}
 end
 
 local key = hkey(id)
@@ -92,7 +122,7 @@ end
 local loaded = {}
 for i = 1, n do
   loaded[i] = load_account(accounts[i])
-  if not loaded[i] then
+  if not loaded[i] and not specs[i] then
     return {'unknown_account', accounts[i]}
   end
 end
@@ -104,6 +134,27 @@ if expire_due(now, LAZY_EXPIRY_BATCH, retention_ms) > 0 then
     loaded[i] = load_account(accounts[i])
   end
 end
+-- A missing account to open stands in as a fresh one (zero balances, this window),
+-- written only if the hold is kept; one with nothing to hold is left out.
+local opening, kept = {}, 0
+for i = 1, n do
+  local a = loaded[i]
+  if not a and amounts[i] > 0 then
+    local spec = specs[i]
+    a = {id = accounts[i], limit = spec.limit, soft = spec.soft, win = spec.win,
+         appr = spec.appr, pend = 0, post = 0, over = 0,
+         ws = spec.win > 0 and now - (now % spec.win) or 0}
+    opening[a.id] = a
+  end
+  if a then
+    kept = kept + 1
+    loaded[kept], accounts[kept], amounts[kept] = a, accounts[i], amounts[i]
+  end
+end
+for i = n, kept + 1, -1 do
+  loaded[i], accounts[i], amounts[i] = nil, nil, nil
+end
+n = kept
 
 local decision, reason = 'admit', 'within_budget'
 local limits, used = {}, {}
@@ -142,6 +193,18 @@ elseif decision == 'escalate' then
   state, deadline = 'escalated', now + esc_ttl_ms
 end
 
+if state ~= 'denied' then
+  for i = 1, n do
+    local a = opening[accounts[i]]
+    if a then
+      redis.call('HSET', akey(a.id), 'pend', 0, 'post', 0, 'over', 0, 'ws', a.ws,
+        'limit', a.limit, 'soft', a.soft, 'win', a.win, 'appr', a.appr)
+      journal({'op', 'account', 'acct', a.id, 'limit', fmt(a.limit), 'soft', fmt(a.soft),
+               'win', fmt(a.win), 'appr', fmt(a.appr), 'ws', fmt(a.ws)})
+    end
+  end
+end
+
 local fields = {'st', state, 'fp', fp, 'dec', decision, 'why', reason,
   'arm', (decision == 'escalate') and '0' or armed, 't0', now, 'dl', deadline,
   'acc', table.concat(accounts, ','), 'amt', join_numbers(amounts),
@@ -150,21 +213,22 @@ if state ~= 'denied' and #request > 0 then
   fields[#fields + 1], fields[#fields + 2] = 'req', request
 end
 redis.call('HSET', key, unpack(fields))
-local dpend = zeros(n)
+-- A refusal changes no balance, so its journal entry names none (not even the
+-- accounts it would have opened).
+local changed = ''
 if state == 'denied' then
-  if retention_ms > 0 then
-    redis.call('PEXPIRE', key, retention_ms)
+  if denied_retention_ms > 0 then
+    redis.call('PEXPIRE', key, denied_retention_ms)
   end
 else
-  dpend = amounts
+  changed = deltas(accounts, amounts, zeros(n))
   add_balances(accounts, amounts, zeros(n))
   redis.call('ZADD', DEADLINES, deadline, id)
   if state == 'escalated' then
     redis.call('SADD', ESCALATED, id)
   end
 end
-journal({'op', 'reserve', 'hold', id, 'st', state, 'why', reason,
-         'd', deltas(accounts, dpend, zeros(n))})
+journal({'op', 'reserve', 'hold', id, 'st', state, 'why', reason, 'd', changed})
 
 local reply = {'ok', decision, reason, state, deadline, now, n}
 for i = 1, n do

@@ -98,6 +98,24 @@ READERS = {
     "unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"},
 }
 
+def _example_accounts(**replaced: Any) -> dict[str, Any]:
+    accounts: dict[str, Any] = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())[
+        "accounts"
+    ]
+    return {**accounts, **replaced}
+
+
+def _two_factor_orders() -> dict[str, Any]:
+    """procurement, with orders capped per supplier and per SKU: two factor accounts
+    that a first order to a new supplier of a new SKU meets together."""
+    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+    for route in data["routes"]:
+        if route["route"] == "POST /orders":
+            route["risk_factors"].append("sku:{sku}")
+    data["accounts"]["risk_factors"]["sku:*"] = {"limit": "100000"}
+    return {"routes": data["routes"], "accounts": data["accounts"]}
+
+
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "basics": ("procurement", {}),
@@ -136,6 +154,10 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "settle-learn": ("procurement", {"routes": LEARNING_ROUTES}),
     "settle-upload": ("procurement", {"routes": LEARNING_ROUTES}),
     "readers-canon": ("procurement", READERS),
+    "two-factors": ("procurement", _two_factor_orders()),
+    # A tenant budget of 1 USD: every order but a free one is refused.
+    "tight": ("procurement", {"accounts": _example_accounts(tenant={"limit": "1"})}),
+    "hygiene": ("procurement", {}),
 }
 
 

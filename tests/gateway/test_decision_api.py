@@ -96,7 +96,7 @@ async def test_overrun_is_posted_flagged_counted_and_blocks_the_account(
 
     blocked = assert_problem(await create(http, tenant, "d2"), 403, "budget_exceeded")
     assert blocked["ledger_reason"] == "over_limit"
-    metrics = (await http.get("/metrics")).text
+    metrics = (await http.get("/metrics", headers=gateway.admin)).text
     assert f'irrev_flagged_outcomes_total{{flag="overrun",tenant="{tenant.id}"}} 1.0' in metrics
 
     recovered = 600 * 10**6

@@ -62,7 +62,7 @@ async def test_gateway_archives_and_trims_old_journal_entries(
             checkpoint = await load_checkpoint(redis, tenant.id)
         finally:
             await redis.aclose()
-        metrics = (await http.get("/metrics")).text
+        metrics = (await http.get("/metrics", headers=trimming_gateway.admin)).text
 
     lines = archive_path(tmp_path / "archive", tenant.id).read_text().splitlines()
     archived = [json.loads(line) for line in lines]

@@ -83,38 +83,50 @@ class RefLedger:
         zero_ttl: bool,
         armed: bool,
         escalate_above: int,
+        open_missing: dict[str, tuple[int, int, int]] | None = None,
     ) -> tuple[str, str, str, str, tuple[tuple[str, int, int, int], ...]]:
+        """`open_missing`: {account: (limit, soft, approval)} opened if missing, only
+        when the hold is kept and its amount there is > 0; otherwise left out."""
         held = self.holds.get(key)
         if held is not None:
             if held.fingerprint != fingerprint:
                 raise RefError("idempotency_conflict", held.state)
             return "exists", held.decision, held.reason, held.state, held.checks
+        specs = open_missing or {}
         for account in amounts:
-            if account not in self.accounts:
+            if account not in self.accounts and account not in specs:
                 raise RefError("unknown_account")
         self._expire_due()
+        fresh = {
+            a: RefAccount(*specs[a]) for a, v in amounts.items() if a not in self.accounts and v
+        }
+        known = {**self.accounts, **fresh}
+        kept = {a: v for a, v in amounts.items() if a in known}
         checks = tuple(
-            (a, self.accounts[a].limit, self.accounts[a].pending + self.accounts[a].posted, v)
-            for a, v in amounts.items()
+            (a, known[a].limit, known[a].pending + known[a].posted, v) for a, v in kept.items()
         )
-        decision, reason = self._decide(checks, escalate_above)
+        decision, reason = self._decide(known, checks, escalate_above)
         state = {"admit": "pending", "escalate": "escalated", "deny": "denied"}[decision]
         self.holds[key] = RefHold(
             fingerprint,
             state,
             decision,
             reason,
-            dict(amounts),
+            kept,
             checks,
             armed=armed and decision == "admit",
             due=zero_ttl and state != "denied",
         )
         if state != "denied":
-            self._add(amounts, 1, None)
+            self.accounts.update(fresh)
+            self._add(kept, 1, None)
         return "ok", decision, reason, state, checks
 
+    @staticmethod
     def _decide(
-        self, checks: tuple[tuple[str, int, int, int], ...], escalate_above: int
+        known: dict[str, RefAccount],
+        checks: tuple[tuple[str, int, int, int], ...],
+        escalate_above: int,
     ) -> tuple[str, str]:
         for _, limit, used, amount in checks:
             if used > limit:
@@ -122,7 +134,7 @@ class RefLedger:
             if used + amount > limit:
                 return "deny", "budget_exceeded"
         for account, _, used, amount in checks:
-            acct = self.accounts[account]
+            acct = known[account]
             if used + amount > acct.soft:
                 return "escalate", "soft_band"
             if (acct.approval and amount > acct.approval) or (

@@ -121,6 +121,8 @@ def _spec(limit: int, soft: int) -> Any:
     return AccountSpec("agent:z", limit, soft)
 
 
+# A reserve of 1 on factor:x that opens one account, whose spec follows.
+OPEN_ONE = ["k", "fp", "100", "0", "1", "0", "0", "", "1", "factor:x", "1", "0", "1"]
 RAW: list[tuple[str, str, list[str]]] = [
     ("reserve-1e3", "reserve", ["k", "fp", "1e3", "0", "1", "0", "0", "", "1", "tenant:acme", "5"]),
     (
@@ -163,6 +165,21 @@ RAW: list[tuple[str, str, list[str]]] = [
         "reserve-9-accts",
         "reserve",
         ["k", "fp", "100", "0", "1", "0", "0", "", "9", *["tenant:acme", "1"] * 9],
+    ),
+    (
+        "reserve-open-stranger",
+        "reserve",
+        [*OPEN_ONE, "factor:y", "10", "10", "0", "0"],
+    ),
+    (
+        "reserve-open-soft",
+        "reserve",
+        [*OPEN_ONE, "factor:x", "10", "11", "0", "0"],
+    ),
+    (
+        "reserve-no-denied-retention",
+        "reserve",
+        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "1", "", "0"],
     ),
     ("post-float", "post", ["held", "0", "", "*", "1.5"]),
     ("post-extra", "post", ["held", "0", "", "*", "1", "2"]),

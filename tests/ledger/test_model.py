@@ -32,6 +32,8 @@ from ledger.records import AccountSpec
 from .reference import RefError, RefLedger
 
 ACCOUNTS = ["tenant:acme", "principal:ops", "agent:a1", "agent:a2", "factor:supplier:s1"]
+# Accounts a reserve may open: (limit, soft, approval) as a policy's pattern gives them.
+OPENABLE = {"factor:supplier:new1": (250, 200, 0), "factor:currency:new2": (100, 100, 50)}
 KEYS = [f"k{i}" for i in range(10)]
 HOUR_MS = 3_600_000
 # Round numbers make balances land exactly on limits and soft bands, where the
@@ -107,12 +109,16 @@ class LedgerMachine(RuleBasedStateMachine):
         key=st.sampled_from(KEYS),
         fingerprint=st.sampled_from(["f1", "f2"]),
         accounts=st.lists(
-            st.sampled_from([*ACCOUNTS, "agent:ghost"]), min_size=1, max_size=4, unique=True
+            st.sampled_from([*ACCOUNTS, "agent:ghost", *OPENABLE]),
+            min_size=1,
+            max_size=4,
+            unique=True,
         ),
         amounts=st.lists(AMOUNTS, min_size=4, max_size=4),
         zero_ttl=st.booleans(),
         armed=st.booleans(),
         escalate_above=st.sampled_from([0, 0, 150]),
+        opens=st.booleans(),
     )
     def reserve(
         self,
@@ -123,10 +129,12 @@ class LedgerMachine(RuleBasedStateMachine):
         zero_ttl: bool,
         armed: bool,
         escalate_above: int,
+        opens: bool,
     ) -> None:
         zero_ttl = zero_ttl and self.model.due_count() < MAX_DUE
         ttl = 0 if zero_ttl else HOUR_MS
         wanted = dict(zip(accounts, amounts, strict=False))
+        specs = {a: OPENABLE[a] for a in wanted if a in OPENABLE} if opens else {}
         expected = outcome(
             lambda: self.model.reserve(
                 key,
@@ -135,6 +143,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 zero_ttl=zero_ttl,
                 armed=armed,
                 escalate_above=escalate_above,
+                open_missing=specs,
             )
         )
         got = self.real(
@@ -147,6 +156,10 @@ class LedgerMachine(RuleBasedStateMachine):
                 escalation_ttl_ms=ttl,
                 armed=armed,
                 escalate_above=escalate_above,
+                open_missing=[
+                    AccountSpec(a, limit, soft, approval_threshold=approval)
+                    for a, (limit, soft, approval) in specs.items()
+                ],
             ),
             lambda r: (
                 r.status.value,
@@ -228,6 +241,8 @@ class LedgerMachine(RuleBasedStateMachine):
             balance = self.run(self.ledger.balance(self.tenant, account))
             assert balance is not None
             assert (balance.pending, balance.posted) == (ref.pending, ref.posted), account
+        for account in OPENABLE.keys() - self.model.accounts.keys():
+            assert self.run(self.ledger.balance(self.tenant, account)) is None, account
         for key, ref_hold in self.model.holds.items():
             hold = self.run(self.ledger.hold(self.tenant, key))
             assert hold is not None and hold.state.value == ref_hold.state, key

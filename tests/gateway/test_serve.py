@@ -1,0 +1,194 @@
+"""`irrev serve` as an operator meets it: real processes and real signals. It keeps
+the embedded redis-server it started running (kill -9 -> started again on the same
+AOF), releases it on SIGTERM, exits non-zero when its workers cannot start, refuses
+a policy that could never forward, and reconcile survives a removed route."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.ledger.test_embedded import process_gone, wait_until
+
+from .conftest import Gateway, own_gateway
+from .helpers import assert_problem, effect_headers, order
+from .servers import BIN, Server, Tenant, base_env, free_port, write_policy
+
+STOP_DEADLINE_S = 30.0
+
+
+def redis_pid(data_dir: Path) -> int:
+    return int(json.loads((data_dir / "embedded.json").read_text())["pid"])
+
+
+def admitted(url: str, tenant: Tenant, key: str) -> bool:
+    try:
+        response = httpx.post(
+            f"{url}/tools/supplier/orders",
+            json=order(),
+            headers=effect_headers(tenant, "buyer-01", key),
+            timeout=10,
+            trust_env=False,
+        )
+    except httpx.TransportError:
+        return False
+    return response.status_code == 201
+
+
+def test_serve_supervises_its_embedded_redis(
+    redis_binary: Path, suppliers: Server, tmp_path: Path
+) -> None:
+    """Observation 13: after kill -9 of the redis-server it started, `irrev serve`
+    starts it again and serves; SIGTERM stops the workers and the redis-server."""
+    data_dir, policies = tmp_path / "data", tmp_path / "policies"
+    policies.mkdir()
+    tenant = write_policy(
+        policies, "procurement", "served", f"{suppliers.url}/served-{os.getpid()}"
+    )
+    env = base_env(
+        IRREV_DATA_DIR=str(data_dir),
+        IRREV_REDIS_SERVER=str(redis_binary),
+        IRREV_POLICY_DIR=str(policies),
+        # Bounds the workers' shutdown: the upstream timeout plus a 5 s margin.
+        IRREV_UPSTREAM_TIMEOUT_S="1",
+        IRREV_FORWARD_MARGIN_S="0.5",
+    )
+    server = Server("irrev serve", [str(BIN / "irrev"), "serve"], env, tmp_path / "serve.log")
+    server.argv += ["--port", str(server.port), "--workers", "2"]
+    server.start("/readyz")
+    wait_until(lambda: len(worker_pids(server)) == 2, "both workers to start")
+    first = redis_pid(data_dir)
+    try:
+        assert admitted(server.url, tenant, "before")
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: process_gone(first), "the killed redis-server to be gone")
+        wait_until(lambda: admitted(server.url, tenant, "after"), "the gateway to serve again")
+        second = redis_pid(data_dir)
+        assert second != first and not process_gone(second)
+
+        assert server.process is not None
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(timeout=STOP_DEADLINE_S) == 0, server.log()
+        wait_until(lambda: process_gone(second), "the embedded redis-server to stop")
+        workers = worker_pids(server)
+        assert len(workers) >= 2 and all(process_gone(pid) for pid in workers)
+    finally:
+        server.stop()
+        if (data_dir / "embedded.json").exists() and not process_gone(redis_pid(data_dir)):
+            os.kill(redis_pid(data_dir), signal.SIGKILL)  # ours: a failed test leaves none
+
+
+def worker_pids(server: Server) -> set[int]:
+    lines = server.log_path.read_text().splitlines()
+    entries = [json.loads(line) for line in lines if line.startswith("{")]
+    return {int(e["pid"]) for e in entries if e.get("msg") == "gateway ready"}
+
+
+def run_irrev(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "irrev"), *argv],
+        env=base_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_serve_exits_non_zero_when_its_workers_cannot_start(tmp_path: Path) -> None:
+    """Observation 2 (last clause): workers that fail at start-up are a failed serve."""
+    write_policy(tmp_path, "procurement", "unstartable", "http://127.0.0.1:9")
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    result = run_irrev(
+        "serve",
+        "--port",
+        str(free_port()),
+        "--workers",
+        "2",
+        IRREV_POLICY_DIR=str(tmp_path),
+        IRREV_REDIS_URL=nobody,
+    )
+    assert result.returncode != 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        "irrev: the gateway workers could not start; their errors are above"
+    )
+
+
+def test_a_hold_ttl_shorter_than_a_forward_is_refused_by_serve_and_validate(
+    tmp_path: Path,
+) -> None:
+    """Observation 12: checked against the settings in force (here a 30 s upstream
+    timeout, the default 5 s margin), before any effect gets 503 hold_deadline."""
+    write_policy(tmp_path, "procurement", "short", "http://127.0.0.1:9", hold_ttl="20s")
+    settings = {"IRREV_UPSTREAM_TIMEOUT_S": "30", "IRREV_POLICY_DIR": str(tmp_path)}
+    validate = run_irrev("policy", "validate", str(tmp_path / "short.yaml"), **settings)
+    assert validate.returncode == 1
+    assert "hold_ttl: 20 s leaves no room to forward an effect: it must be at least 36 s" in (
+        validate.stderr
+    )
+    assert run_irrev("policy", "validate", str(tmp_path / "short.yaml")).returncode == 0
+    serve = run_irrev("serve", "--port", str(free_port()), **settings)
+    assert serve.returncode == 2
+    assert "hold_ttl" in serve.stderr and "36 s" in serve.stderr
+
+
+def test_reconcile_survives_a_removed_route(
+    redis_url: str, suppliers: Server, tmp_path: Path
+) -> None:
+    """Observation 12: a hold whose route left the policy stays ambiguous and is listed
+    unresolved with a reason; the tenant's other holds are reconciled."""
+    with own_gateway(redis_url, suppliers, tmp_path, workers=1) as gateway:
+        tenant = gateway.tenant("own")
+        written = (tmp_path / "policies" / f"{tenant.id}.yaml").read_text()
+        with httpx.Client(base_url=gateway.url, timeout=30, trust_env=False) as http:
+            upload(http, gateway, tenant, with_backup_tool(written, tenant))
+            holds = {}
+            for tool in ("backup", "supplier"):
+                with httpx.Client(base_url=suppliers.url, trust_env=False) as upstream:
+                    set_faults_sync(upstream, tenant, status=503, apply=True, times=1)
+                response = http.post(
+                    f"/tools/{tool}/orders",
+                    json=order(),
+                    headers=effect_headers(tenant, "buyer-01", tool),
+                )
+                assert_problem(response, 502, "upstream_ambiguous")
+                holds[tool] = response.headers["x-irrev-hold"]
+            upload(http, gateway, tenant, written)
+            response = http.post(f"/v1/admin/tenants/{tenant.id}/reconcile", headers=gateway.admin)
+            assert response.status_code == 200, response.text
+            report = response.json()
+            assert report["posted"] == [holds["supplier"]]
+            assert "current policy" in report["unresolved"][holds["backup"]]
+            ambiguous = http.get(
+                f"/v1/admin/tenants/{tenant.id}/holds",
+                params={"state": "ambiguous"},
+                headers=gateway.admin,
+            ).json()
+            assert [h["hold"] for h in ambiguous] == [holds["backup"]]
+
+
+def with_backup_tool(text: str, tenant: Tenant) -> str:
+    """The policy with a second tool whose orders route reaches the same supplier."""
+    data = yaml.safe_load(text)
+    data["tools"]["backup"] = {"upstream": tenant.supplier}
+    orders = next(r for r in data["routes"] if r["route"] == "POST /orders")
+    data["routes"].append({**orders, "tool": "backup"})
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def upload(http: httpx.Client, gateway: Gateway, tenant: Tenant, text: str) -> None:
+    response = http.put(
+        f"/v1/admin/tenants/{tenant.id}/policy", content=text, headers=gateway.admin
+    )
+    assert response.status_code == 200, response.text
+
+
+def set_faults_sync(upstream: httpx.Client, tenant: Tenant, **faults: object) -> None:
+    response = upstream.post(f"/{tenant.id}/_faults", json=faults)
+    assert response.status_code == 200, response.text
