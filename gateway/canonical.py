@@ -89,9 +89,10 @@ def _check_override(name: str, where: str) -> None:
 
 
 def check_headers(names: Iterable[str]) -> None:
-    """Refuse method-override headers, whether or not they would be passed on."""
+    """Refuse method-override headers, whether or not they would be passed on; CGI-style
+    servers read `X_HTTP_Method_Override` as `X-HTTP-Method-Override`."""
     for name in names:
-        _check_override(name, "headers")
+        _check_override(name.replace("_", "-"), "headers")
 
 
 def parse_query(query: str) -> list[Pair]:

@@ -355,7 +355,9 @@ async def test_form_body_in_minor_units(gateway: Gateway, upstream: httpx.AsyncC
     assert record["body"] == "amount=1050&currency=USD&customer_id=c1"
 
 
-@pytest.mark.parametrize("header", ["X-HTTP-Method-Override", "X-Method-Override"])
+@pytest.mark.parametrize(
+    "header", ["X-HTTP-Method-Override", "X-Method-Override", "X_HTTP_Method_Override"]
+)
 async def test_a_method_override_header_is_refused(
     gateway: Gateway, upstream: httpx.AsyncClient, header: str
 ) -> None:
