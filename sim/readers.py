@@ -17,8 +17,9 @@ another. Each reader here is one way real servers differ:
   (Rack, Laravel/Symfony, Express's method-override) replaces the method.
 - `tomcat_path`: `;params` stripped from every segment, then dot segments resolved
   (`..;` is `..`), percent-escapes (an encoded `/` too) decoded first.
-- `lenient_routing`: case-insensitive routes, a trailing format extension (`.json`)
-  and a trailing slash ignored (Rails formats, IIS).
+- `lenient_routing`: case-insensitive routes, a format extension (everything from
+  the last segment's first '.': Rails' formats, Spring's suffix patterns) and a
+  trailing slash ignored (IIS, Rails, Spring).
 - `sniff_form`: the body read as a form whatever the declared type (its pairs over
   the declared reading).
 - `php`: form and query names as PHP registers them: leading spaces dropped, a name
@@ -46,7 +47,7 @@ from starlette.types import Receive, Scope, Send
 FORM = "application/x-www-form-urlencoded"
 OVERRIDE_HEADER = "x-http-method-override"
 _NUMBER_PREFIX = re.compile(r"\s*\+?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-_FORMAT_SUFFIX = re.compile(r"\.[a-z0-9]{1,8}$")
+_FORMAT_SUFFIX = re.compile(r"\..*$")
 _RACK2_NAME = re.compile(r"[\[\]]*([^\[\]]+)\]*")
 Fields = dict[str, Any]
 

@@ -178,6 +178,8 @@ PROBES = [
     Probe("matrix parameter", "POST", "/payments;v=2", _json('{"payee":"p1","amount":1}')),
     Probe("case alias", "POST", "/Payments", _json('{"payee":"p1","amount":1}')),
     Probe("extension alias", "POST", "/payments.json", _json('{"payee":"p1","amount":1}')),
+    Probe("format alias", "POST", "/payments.x-y", _json('{"payee":"p1","amount":1}')),
+    Probe("suffix alias", "POST", "/payments.json.x", _json('{"payee":"p1","amount":1}')),
     Probe("encoded slash", "POST", "/x%2F..%2Fpayments", _json('{"payee":"p1","amount":1}')),
     # Amounts no Decimal context holds.
     Probe("1e999999", "POST", "/payments", _json('{"payee":"p1","amount":1e999999}')),
