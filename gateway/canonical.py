@@ -8,8 +8,9 @@ is refused first (issue 10's parser differentials).
   whitespace, every number's digits as sent, and `&`, `=`, `;` in strings escaped,
   so a server that sniffs a form in any body finds no pair in it.
 - Form bodies: percent-encoded ASCII only, no `;`, every pair `name=value`, escapes
-  decoded once into valid UTF-8, no two names that PHP, Rails or a case-insensitive
-  reader would merge; re-encoded sorted, every byte outside `A-Za-z0-9-._~` escaped.
+  decoded once into valid UTF-8, every name a plain name with closed `[index]` groups,
+  no two names that PHP, Rails or a case-insensitive reader would merge; re-encoded
+  sorted, every byte outside `A-Za-z0-9-._~` escaped.
 - The query: no `;`, escapes decoded once, re-encoded the same way. Which parameters
   an effect may carry is the route's business (pricing.catalog).
 - Method overrides (`_method`, `X-HTTP-Method-Override` and the like) as a header,
@@ -42,6 +43,11 @@ _FORM_TEXT = re.compile(rb"[A-Za-z0-9._~!$'()*,:@/?+=&%\[\]-]*")
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _UNRESERVED = "-._~"
 _ENCODED_SEPARATOR = re.compile(rb"%(2f|5c)", re.IGNORECASE)
+# A form field's name: a base, then closed `[index]` groups (Stripe's `metadata[k]`).
+# Other names are read as another field by some server: PHP drops leading spaces, cuts
+# a name at a NUL and reads an unclosed '[' as '_' (`customer[id` is `customer_id`);
+# Rack 2 drops the brackets around a name (`[amount]` is `amount`).
+_FORM_NAME = re.compile(r"[^\[\]\x00-\x20\x7f][^\[\]\x00-\x1f\x7f]*(\[[^\[\]\x00-\x1f\x7f]*\])*")
 _FORM_SEPARATORS = str.maketrans({"&": "\\u0026", "=": "\\u003d", ";": "\\u003b"})
 Pair = tuple[str, str | None]
 
@@ -83,9 +89,10 @@ def _check_override(name: str, where: str) -> None:
 
 
 def check_headers(names: Iterable[str]) -> None:
-    """Refuse method-override headers, whether or not they would be passed on."""
+    """Refuse method-override headers, whether or not they would be passed on; CGI-style
+    servers read `X_HTTP_Method_Override` as `X-HTTP-Method-Override`."""
     for name in names:
-        _check_override(name, "headers")
+        _check_override(name.replace("_", "-"), "headers")
 
 
 def parse_query(query: str) -> list[Pair]:
@@ -128,6 +135,13 @@ def parse_form(body: bytes) -> dict[str, str]:
         if not sep or not name:
             raise Problem(400, "bad_form", f"{pair[:40]!r} is not a 'name=value' pair")
         decoded = _decode(name, "bad_form")
+        if not _FORM_NAME.fullmatch(decoded):
+            raise Problem(
+                400,
+                "bad_form",
+                f"field name {decoded[:40]!r}: send a plain name, optionally with closed "
+                "'[index]' groups, without control characters or a leading space",
+            )
         _check_override(decoded, "body")
         key = _form_key(decoded)
         if key in keys:

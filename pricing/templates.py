@@ -15,7 +15,9 @@ METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _SEGMENT_LITERAL = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@%-]+")
 _FACTOR_LITERAL = re.compile(rf"[{ID_CHARS}]*")
-_FORMAT_EXTENSION = re.compile(r"\.[a-z0-9]{1,8}$")
+# Everything from a segment's first '.': Rails' `.:format` takes any characters but
+# '/' and '.', Spring's suffix pattern match anything (`/orders.x-y`, `/orders.json.x`).
+_FORMAT_EXTENSION = re.compile(r"\..*$")
 
 
 class TemplateError(ValueError):
@@ -70,7 +72,7 @@ def split_path(path: str) -> list[str]:
 
 def loose_parts(path: str) -> list[str]:
     """The segments a lenient router sees: case-folded, without ';params', a trailing
-    slash or a format extension (Rails' `/orders.json`)."""
+    slash or a format extension (Rails' `/orders.json`, Spring's `/orders.any.thing`)."""
     parts = [p.partition(";")[0].casefold() for p in split_path(path)]
     if parts and not parts[-1]:
         parts.pop()

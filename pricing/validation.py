@@ -153,9 +153,9 @@ def _check_tool_headers(where: str, tool: Tool) -> list[Problem]:
                 )
             )
         problems += _refused_name(here, name, NEVER_INJECTED, "the gateway sets it itself")
-        if name.lower() in injected:
-            problems.append(Problem(here, "named twice (header names ignore case)"))
-        injected.add(name.lower())
+        if _header_key(name) in injected:
+            problems.append(Problem(here, "named twice (header names ignore case, '_' is '-')"))
+        injected.add(_header_key(name))
     for kind, names, never in (
         ("forward_headers", tool.forward_headers, NEVER_FORWARDED),
         ("response_headers", tool.response_headers, NEVER_RETURNED),
@@ -163,16 +163,22 @@ def _check_tool_headers(where: str, tool: Tool) -> list[Problem]:
         for i, name in enumerate(names):
             here = f"{where}.{kind}[{i}]"
             problems += _refused_name(here, name, never, "it can never be passed through")
-            if name.lower() in injected:
+            if _header_key(name) in injected:
                 problems.append(
                     Problem(here, f"{name!r} is a credential of this tool; it is never passed")
                 )
     return problems
 
 
+def _header_key(name: str) -> str:
+    """A header name as CGI-style servers (Rack, PHP-FPM, WSGI) read it: case and '_'
+    against '-' do not matter, so `X_HTTP_Method_Override` is the method override."""
+    return name.lower().replace("_", "-")
+
+
 def _refused_name(where: str, name: str, never: frozenset[str], why: str) -> list[Problem]:
-    lower = name.lower()
-    if lower in never or lower.startswith(GATEWAY_HEADER_PREFIXES):
+    key = _header_key(name)
+    if key in never or key.startswith(GATEWAY_HEADER_PREFIXES):
         return [Problem(where, f"header {name!r} is not allowed here: {why}")]
     return []
 

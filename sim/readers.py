@@ -17,10 +17,16 @@ another. Each reader here is one way real servers differ:
   (Rack, Laravel/Symfony, Express's method-override) replaces the method.
 - `tomcat_path`: `;params` stripped from every segment, then dot segments resolved
   (`..;` is `..`), percent-escapes (an encoded `/` too) decoded first.
-- `lenient_routing`: case-insensitive routes, a trailing format extension (`.json`)
-  and a trailing slash ignored (Rails formats, IIS).
+- `lenient_routing`: case-insensitive routes, a format extension (everything from
+  the last segment's first '.': Rails' formats, Spring's suffix patterns) and a
+  trailing slash ignored (IIS, Rails, Spring).
 - `sniff_form`: the body read as a form whatever the declared type (its pairs over
   the declared reading).
+- `php`: form and query names as PHP registers them: leading spaces dropped, a name
+  cut at a NUL, ' ' and '.' read as '_', an unclosed '[' as '_' (`customer[id` is
+  `customer_id`), `name[index]` an array under `name`; body over query.
+- `rack2`: form names as Rack 2 nests them: brackets around a name dropped
+  (`[amount]` and `amount]` are `amount`); body over query.
 
 `Readers` is an ASGI app that records per book (a tenant's upstream prefix) and
 lists the records at `GET {prefix}/_readings/{book}`; effects answer 201, reads 200.
@@ -41,7 +47,8 @@ from starlette.types import Receive, Scope, Send
 FORM = "application/x-www-form-urlencoded"
 OVERRIDE_HEADER = "x-http-method-override"
 _NUMBER_PREFIX = re.compile(r"\s*\+?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-_FORMAT_SUFFIX = re.compile(r"\.[a-z0-9]{1,8}$")
+_FORMAT_SUFFIX = re.compile(r"\..*$")
+_RACK2_NAME = re.compile(r"[\[\]]*([^\[\]]+)\]*")
 Fields = dict[str, Any]
 
 
@@ -144,6 +151,45 @@ def _lenient(path: str) -> str:
     return "/".join(segments) or "/"
 
 
+def _php_name(name: str) -> tuple[str, str | None]:
+    """(name, index of `name[index]` or None) as PHP registers a field."""
+    name = name.lstrip(" ").partition("\x00")[0]
+    base, bracket, rest = name.partition("[")
+    base = base.replace(" ", "_").replace(".", "_")
+    if not bracket:
+        return base, None
+    index, closed, _ = rest.partition("]")
+    if not closed:
+        return f"{base}_{rest}", None
+    return base, index
+
+
+def _rack2_name(name: str) -> tuple[str, str | None]:
+    match = _RACK2_NAME.match(name)
+    if match is None:
+        return "", None
+    return match.group(1), name[match.end() :] or None
+
+
+def _nested(text: str, naming: Callable[[str], tuple[str, str | None]]) -> Fields:
+    """Form pairs named as a framework names them; `name[index]` nests under `name`."""
+    out: Fields = {}
+    for name, value in pairs(text):
+        key, index = naming(name)
+        if index is None:
+            out[key] = value
+        else:
+            nested = out.get(key)
+            out[key] = {**(nested if isinstance(nested, dict) else {}), index: value}
+    return out
+
+
+def _framework(r: Received, naming: Callable[[str], tuple[str, str | None]]) -> Fields:
+    media = r.content_type.split(";")[0].strip().lower()
+    body = _nested(r.body.decode("utf-8", "replace"), naming) if media == FORM else _body(r)
+    return {**_nested(r.query, naming), **body}
+
+
 def _override(r: Received) -> str:
     if r.override:
         return r.override.upper()
@@ -172,6 +218,8 @@ READERS: dict[str, Callable[[Received], Reading]] = {
         _decoded(r.path),
         {**_query(r), **_body(r), **dict(pairs(r.body.decode("utf-8", "replace")))},
     ),
+    "php": lambda r: Reading(r.method, _decoded(r.path), _framework(r, _php_name)),
+    "rack2": lambda r: Reading(r.method, _decoded(r.path), _framework(r, _rack2_name)),
 }
 
 

@@ -155,6 +155,11 @@ REFUSED = [
     ("encoded-semicolon", "POST", "/refunds%3Bv=2", REFUND, "application/json", 403, "route_alias"),
     ("case-alias", "POST", "/Refunds", REFUND, "application/json", 403, "route_alias"),
     ("extension-alias", "POST", "/refunds.json", REFUND, "application/json", 403, "route_alias"),
+    # Rails' `.:format` takes any characters but '/' and '.', Spring's suffix pattern
+    # anything after the first '.': both route these to /refunds, past its customer cap.
+    ("format-alias-dash", "POST", "/refunds.x-y", REFUND, "application/json", 403, "route_alias"),
+    ("format-alias-long", "POST", "/refunds.formatted", REFUND, "application/json", 403, "route_alias"),
+    ("suffix-alias-dots", "POST", "/refunds.json.x", REFUND, "application/json", 403, "route_alias"),
     ("encoded-slash", "POST", "/x%2F..%2Frefunds", REFUND, "application/json", 422, "bad_request"),
     # 11: amounts no Decimal context holds
     (
@@ -204,6 +209,44 @@ REFUSED = [
         "bad_form",
     ),
     ("form-bad-escape", "POST", "/charges", b"customer_id=c%zz&amount=1", FORM, 400, "bad_form"),
+    # PHP drops a name's leading spaces, cuts it at a NUL and reads an unclosed '[' as
+    # '_'; Rack 2 drops brackets around a name: each reads another field than priced.
+    (
+        "form-php-leading-space",
+        "POST",
+        "/charges",
+        b"customer_id=c1&currency=usd&amount=100&+amount=700000",
+        FORM,
+        400,
+        "bad_form",
+    ),
+    (
+        "form-php-nul",
+        "POST",
+        "/charges",
+        b"customer_id=c1&currency=usd&amount=100&amount%00x=700000",
+        FORM,
+        400,
+        "bad_form",
+    ),
+    (
+        "form-php-unclosed-bracket",
+        "POST",
+        "/charges",
+        b"customer_id=c1&customer[id=c2&currency=usd&amount=100",
+        FORM,
+        400,
+        "bad_form",
+    ),
+    (
+        "form-rack-bracketed-name",
+        "POST",
+        "/charges",
+        b"customer_id=c1&currency=usd&amount=100&[amount]=700000",
+        FORM,
+        400,
+        "bad_form",
+    ),
     (
         "form-method-override",
         "POST",
@@ -317,7 +360,9 @@ async def test_form_body_in_minor_units(gateway: Gateway, upstream: httpx.AsyncC
     assert record["body"] == "amount=1050&currency=USD&customer_id=c1"
 
 
-@pytest.mark.parametrize("header", ["X-HTTP-Method-Override", "X-Method-Override"])
+@pytest.mark.parametrize(
+    "header", ["X-HTTP-Method-Override", "X-Method-Override", "X_HTTP_Method_Override"]
+)
 async def test_a_method_override_header_is_refused(
     gateway: Gateway, upstream: httpx.AsyncClient, header: str
 ) -> None:

@@ -259,6 +259,10 @@ def _upload_text(trusted: Trusted, change: Any) -> str:
         ("forward_headers", ["X-HTTP-Method-Override"], "X-HTTP-Method-Override"),
         ("forward_headers", ["Transfer-Encoding"], "Transfer-Encoding"),
         ("forward_headers", ["X-Api-Key"], "credential"),
+        # CGI-style servers (Rack, PHP-FPM, WSGI) read '_' in a header name as '-'.
+        ("forward_headers", ["X_HTTP_Method_Override"], "X_HTTP_Method_Override"),
+        ("forward_headers", ["Idempotency_Key"], "Idempotency_Key"),
+        ("forward_headers", ["X_Api_Key"], "credential"),
         ("response_headers", ["Set-Cookie"], "Set-Cookie"),
         ("response_headers", ["Authorization"], "Authorization"),
         ("response_headers", ["X-Api-Key"], "credential"),

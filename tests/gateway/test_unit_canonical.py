@@ -139,13 +139,19 @@ def test_json_keeps_every_digit() -> None:
 
 names = st.text(st.characters(codec="utf-8", exclude_characters="[]"), min_size=1, max_size=8)
 values = st.text(st.characters(codec="utf-8"), max_size=12)
+# Form names without what PHP strips or cuts at (a leading space, control characters).
+form_names = st.text(
+    st.characters(codec="utf-8", exclude_characters="[]", exclude_categories=("Cc",)),
+    min_size=1,
+    max_size=8,
+).filter(lambda name: not name.startswith(" "))
 
 
 def _form_key(name: str) -> str:
     return name.casefold().replace(" ", "_").replace(".", "_")
 
 
-@given(st.dictionaries(names, values, max_size=6))
+@given(st.dictionaries(form_names, values, max_size=6))
 def test_form_fixed_point(fields: dict[str, str]) -> None:
     keys = [_form_key(n) for n in fields]
     if len(set(keys)) != len(keys) or any(n.casefold() == "_method" for n in fields):

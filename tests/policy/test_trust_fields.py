@@ -60,6 +60,12 @@ CASES: list[Any] = [
         id="forward-method-override",
     ),
     pytest.param(
+        set_path(*SHOP, "forward_headers", value=["X_HTTP_Method_Override"]),
+        "tools.shop.forward_headers[0]",
+        "not allowed",
+        id="forward-method-override-underscores",
+    ),
+    pytest.param(
         set_path(*SHOP, "forward_headers", value=["connection"]),
         "tools.shop.forward_headers[0]",
         "not allowed",

@@ -152,6 +152,8 @@ def test_semicolons_and_dot_segments_in_effect_paths(path: str) -> None:
     [
         ("POST", "/Transfers"),
         ("POST", "/transfers.json"),
+        ("POST", "/transfers.x-y"),
+        ("POST", "/transfers.json.x"),
         ("POST", "/transfers;v=2"),
         ("POST", "/ORDERS/o1/Fee"),
         ("DELETE", "/Orders/o1"),

@@ -1,10 +1,10 @@
 """Parser differentials: the gateway prices a request with one reading, the tool API
 behind it may use another. Each run adds a tenant whose tool's upstream executes
-nothing and reports how nine real-world parsers read every request it receives
+nothing and reports how eleven real-world parsers read every request it receives
 (sim/readers.py: case-insensitive JSON, first-key JSON, `;`-splitting queries,
 servlet-style query-over-body, method overrides, Tomcat path normalisation, lenient
-routing, form sniffing). A battery of honest requests and differential attacks goes
-through the gateway; for each one:
+routing, form sniffing, PHP's and Rack 2's form names). A battery of honest requests
+and differential attacks goes through the gateway; for each one:
 
 - a 2xx was forwarded once, and every reader reads the method, path and amount that
   were priced (the amount as X-Irrev-Price, at face value);
@@ -168,12 +168,18 @@ PROBES = [
     Probe("form case", "POST", "/charges", b"amount=100&Amount=700000&currency=usd", FORM),
     Probe("form brackets", "POST", "/charges", b"amount=100&amount[]=700000&currency=usd", FORM),
     Probe("form currency", "POST", "/charges", b"amount=100&currency=eur", FORM),
+    # Form names PHP or Rack 2 read as `amount`.
+    Probe("form space", "POST", "/charges", b"amount=100&+amount=700000&currency=usd", FORM),
+    Probe("form NUL", "POST", "/charges", b"amount=100&amount%00x=700000&currency=usd", FORM),
+    Probe("form bracketed", "POST", "/charges", b"amount=100&[amount]=700000&currency=usd", FORM),
     # Paths an upstream normalises into another route.
     Probe("..; segment", "POST", "/x/..;/payments", _json('{"payee":"p1","amount":1}')),
     Probe("..; on a read", "GET", "/payments/..;/transfers", b"", ""),
     Probe("matrix parameter", "POST", "/payments;v=2", _json('{"payee":"p1","amount":1}')),
     Probe("case alias", "POST", "/Payments", _json('{"payee":"p1","amount":1}')),
     Probe("extension alias", "POST", "/payments.json", _json('{"payee":"p1","amount":1}')),
+    Probe("format alias", "POST", "/payments.x-y", _json('{"payee":"p1","amount":1}')),
+    Probe("suffix alias", "POST", "/payments.json.x", _json('{"payee":"p1","amount":1}')),
     Probe("encoded slash", "POST", "/x%2F..%2Fpayments", _json('{"payee":"p1","amount":1}')),
     # Amounts no Decimal context holds.
     Probe("1e999999", "POST", "/payments", _json('{"payee":"p1","amount":1e999999}')),
@@ -278,7 +284,7 @@ async def differential(run: Run) -> list[str]:
 CELLS = [
     Cell(
         "differential.parsers",
-        "every forward reads as the priced method, route and amount to 9 parsers, or 4xx "
+        "every forward reads as the priced method, route and amount to 11 parsers, or 4xx "
         "and nothing sent",
         differential,
     ),
