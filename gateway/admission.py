@@ -5,6 +5,7 @@ Arithmetic lives in pricing/, state changes in ledger/; this module only orders 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -127,6 +128,11 @@ async def fire(
         # ambiguous. Not sent, so provably not fired: release it.
         await gate.ledger.void(policy.tenant, hold_id)
         raise Problem(503, "hold_deadline", "the hold is too close to its deadline to forward")
+    if deadline_ms is None:
+        # Sent again: the hold's deadline first moves past this request's life, so a
+        # reconciler told "not found" while it is on its way cannot void it (contract 6).
+        window_s = gate.settings.upstream_timeout_s + gate.settings.forward_margin_s
+        await gate.ledger.retry(policy.tenant, hold_id, math.ceil(window_s * 1000))
     answer = await forward(gate.http, target, request, hold_id, gate.settings.upstream_timeout_s)
     if deadline_ms is None and answer.status in target.in_progress:
         # The retry reached the upstream while it still makes the first request under

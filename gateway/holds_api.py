@@ -318,8 +318,8 @@ async def compensate_hold(
 async def settle_hold(
     request: Request, hold_id: str, spec: TrueUpRequest, who: Settler
 ) -> dict[str, Any]:
-    """True-up, the settlement of DESIGN.md's "Holds settle": a settler (or admin)
-    reports an effect's realised residual loss once it is known (compensation done,
+    """True-up (docs/design.md, "Windows, settlement, reconciliation"): a settler (or
+    an admin) reports an effect's realised residual loss once it is known (compensation done,
     return window closed). A pending or ambiguous hold is posted at it; a posted
     hold's net charge (posted minus compensated) becomes it: the part above returns
     to the budget, a residual above is posted on top and, above the hold's price,

@@ -4,11 +4,11 @@ found" only voids a hold past its deadline, when no forward can still be in flig
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import httpx
 
+from ledger.errors import HoldNotDue, HoldStateConflict
 from ledger.records import HoldState
 from pricing import TenantPolicy, price_request
 from pricing.errors import RequestError
@@ -51,12 +51,27 @@ async def reconcile(gate: Gate, policy: TenantPolicy) -> Reconciliation:
                 tenant, hold_id, StoredRequest.loads(hold.request).price, outcome=verdict.dumps()
             )
             report.posted.append(hold_id)
-        elif verdict.status == 404 and hold.deadline_ms < time.time() * 1000:
-            await gate.ledger.void(tenant, hold_id, outcome=verdict.dumps())
-            report.voided.append(hold_id)
+        elif verdict.status == 404:
+            await _void_if_due(gate, tenant, hold_id, verdict, report)
         else:
             report.unresolved[hold_id] = f"upstream answered {verdict.status}; try again later"
     return report
+
+
+async def _void_if_due(
+    gate: Gate, tenant: str, hold_id: str, verdict: StoredAnswer, report: Reconciliation
+) -> None:
+    """A "not found" proves the effect never fired only once no forward or retry of it
+    can still arrive: the ledger voids only past the hold's deadline (Redis time),
+    which a retry moves past its own request (contract 6)."""
+    try:
+        await gate.ledger.void(tenant, hold_id, outcome=verdict.dumps(), due_only=True)
+    except HoldNotDue:
+        report.unresolved[hold_id] = "not found yet, but a forward may still be on its way"
+    except HoldStateConflict as exc:
+        report.unresolved[hold_id] = f"settled meanwhile: {exc.state.value}"
+    else:
+        report.voided.append(hold_id)
 
 
 async def _ask_upstream(

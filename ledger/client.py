@@ -324,9 +324,20 @@ class Ledger:
         ]
         return await self._transition("post", tenant, hold_id, args)
 
-    async def void(self, tenant: str, hold_id: str, *, outcome: str = "") -> TransitionResult:
+    async def void(
+        self, tenant: str, hold_id: str, *, outcome: str = "", due_only: bool = False
+    ) -> TransitionResult:
+        """Release the hold. `due_only`: only once its deadline has passed (Redis
+        time), else HoldNotDue: what a reconciler's "not found" may void."""
         args = [*self._hold_args(hold_id), validate.blob("outcome", outcome)]
-        return await self._transition("void", tenant, hold_id, args)
+        return await self._transition("void", tenant, hold_id, [*args, "1"] if due_only else args)
+
+    async def retry(self, tenant: str, hold_id: str, window_ms: int) -> TransitionResult:
+        """An ambiguous effect is about to be sent again: its deadline moves to at
+        least now + `window_ms`, so no `void(due_only=True)` overtakes that request.
+        HoldStateConflict if it is no longer ambiguous (then it must not be sent)."""
+        args = [validate.identifier("hold_id", hold_id), str(validate.amount("window", window_ms))]
+        return await self._transition("retry", tenant, hold_id, args)
 
     async def mark_ambiguous(self, tenant: str, hold_id: str, reason: str) -> TransitionResult:
         args = [validate.identifier("hold_id", hold_id), validate.identifier("reason", reason)]

@@ -24,6 +24,7 @@ OPERATIONS = (
     "post",
     "void",
     "ambiguous",
+    "retry",
     "compensate",
     "trueup",
     "learn",

@@ -5,24 +5,32 @@
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the settled record (0 keeps it)
 -- ARGV[3]  outcome: the upstream's answer to keep for repeats ('' for none)
+-- ARGV[4]  optional '1': void only if the hold's deadline has passed (a
+--          reconciler's "not found" proves nothing while a forward or a retry of
+--          the effect may still be on its way; retry.lua moves the deadline)
 --
 -- Returns {status, state, flags}
 --   'ok'         voided now (from pending, ambiguous or escalated)
 --   'exists'     already voided
 --   'conflict'   the hold is posted, rejected, expired or denied (state names it)
+--   'not_due'    due_only, and the deadline has not passed; nothing written
 --   'not_found', 'bad_input' (state = field, flags = message)
 --
 -- Invariant: pending falls by exactly the hold's amounts; posted is untouched.
 
 local id, retention_ms, outcome = settle_args()
 if not id then return retention_ms end
-if #ARGV ~= 3 then return {'bad_input', 'arguments', 'void takes a hold id, retention, outcome'} end
+local due_only = ARGV[4] == '1'
+if #ARGV ~= 3 and not (#ARGV == 4 and due_only) then
+  return {'bad_input', 'arguments', 'void takes a hold id, retention, outcome, [due_only 1]'}
+end
 local hold = load_hold(id)
 if not hold then return {'not_found', '', ''} end
 if hold.st == 'voided' then return {'exists', 'voided', ''} end
 if hold.st ~= 'pending' and hold.st ~= 'ambiguous' and hold.st ~= 'escalated' then
   return {'conflict', hold.st, ''}
 end
+if due_only and hold.deadline > now_ms() then return {'not_due', hold.st, ''} end
 
 local release = pending_release(hold)
 add_balances(hold.accounts, release, zeros(#hold.accounts))

@@ -131,6 +131,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "outcomes": ("procurement", {}),
     # A short hold TTL, so that a hold's deadline passes within a test.
     "short-ttl": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
+    "retry-race": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
     # Its supplier tool points at a port nobody listens on.
     "unreachable": (
         "procurement",

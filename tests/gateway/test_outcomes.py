@@ -5,6 +5,7 @@ restores the budget, a timeout or 5xx leaves it ambiguous and charged until a re
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -150,6 +151,50 @@ async def test_reconcile_voids_a_not_found_order_only_after_the_hold_deadline(
     assert await hold_state(http, tenant, "buyer-04", hold) == "voided"
     assert used(await balances(http, gateway.admin, tenant)) == before
     assert f"irrev-{hold}" not in (await supplier_stats(upstream, tenant))["keys"]
+
+
+async def test_reconcile_never_voids_a_retry_on_its_way(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """Contract 6: an ambiguous hold past its deadline is sent again by the agent's
+    retry; while that request is on its way the supplier has no order yet, so the
+    reconciler's lookup says "not found". Voiding then let the order be made
+    uncharged; the retry now moves the deadline first and the hold is posted."""
+    tenant = gateway.tenant("retry-race")
+    headers = effect_headers(tenant, "buyer-01", "retried")
+    await set_faults(upstream, tenant, status=503, apply=False, times=1)
+    first = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+    assert_problem(first, 502, "upstream_ambiguous")
+    hold = first.headers["x-irrev-hold"]
+    shown = await http.get(f"/v1/holds/{hold}", headers=tenant.auth("buyer-01"))
+    while time.time() * 1000 <= shown.json()["deadline_ms"] + 50:
+        await asyncio.sleep(0.05)
+
+    # The retry's order is made only when its delayed answer is sent.
+    await set_faults(upstream, tenant, in_progress=True, delay_s=1.0, times=1)
+    retry = asyncio.create_task(http.post("/tools/supplier/orders", json=order(), headers=headers))
+    key = f"irrev-{hold}"
+    while (await supplier_stats(upstream, tenant))["requests_by_key"].get(key, 0) < 2:
+        assert not retry.done(), (await retry).text
+        await asyncio.sleep(0.02)
+    report = await reconcile(http, gateway, tenant)
+    assert hold not in report["voided"], report
+    assert hold in report["unresolved"], report
+
+    # The supplier took longer than the gateway waits: the retry may end ambiguous
+    # again, but the order was made, and the next reconcile finds and posts it.
+    answer = await retry
+    assert answer.status_code in (201, 504), answer.text
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 15
+    while await hold_state(http, tenant, "buyer-01", hold) != "posted":
+        report = await reconcile(http, gateway, tenant)
+        assert hold not in report["voided"], report
+        assert loop.time() < deadline, report
+        await asyncio.sleep(0.1)
+    assert key in (await supplier_stats(upstream, tenant))["keys"]
+    rows = await balances(http, gateway.admin, tenant)
+    assert used(rows)[f"tenant:{tenant.id}"] > 0
 
 
 async def test_reconcile_lists_what_it_cannot_look_up(

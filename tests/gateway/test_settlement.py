@@ -135,7 +135,7 @@ async def test_an_agent_cannot_release_a_hold_while_it_is_forwarded(
 async def test_a_settler_trues_up_its_tools_holds(
     gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    """DESIGN.md's "Holds settle": the tool API reports the realised residual; the
+    """docs/design.md's settlement: the tool API reports the realised residual; the
     rest returns to the budget, more is posted as a flagged overrun, never above
     the face value."""
     tenant = gateway.tenant("settle-roles")

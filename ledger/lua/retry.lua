@@ -1,0 +1,31 @@
+-- retry: the gateway is about to send an ambiguous effect again (same
+-- Idempotency-Key). Its deadline moves to now + window, so that a reconciler told
+-- "not found" by the upstream while this request may still be on its way cannot
+-- void it (void with due_only refuses a hold whose deadline has not passed).
+--
+-- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- ARGV[1]  hold id
+-- ARGV[2]  window_ms: how long the request may be in flight (1..2^53-1)
+--
+-- Returns {status, state, flags}
+--   'ok'         still ambiguous, its deadline at least now + window_ms
+--   'conflict'   the hold is no longer ambiguous (state names it): do not send
+--   'not_found', 'bad_input' (state = field, flags = message)
+--
+-- Invariant: no balance changes and no state changes; an ambiguous hold's deadline
+-- only ever moves later, so a void that waits for it never overtakes a forward.
+
+local id, err = hold_id_arg()
+if not id then return err end
+local window_ms = uint(ARGV[2], MAX_AMOUNT)
+if not window_ms or window_ms < 1 or #ARGV ~= 2 then
+  return {'bad_input', 'window_ms', 'must be an integer in [1, 2^53-1]'}
+end
+local hold = load_hold(id)
+if not hold then return {'not_found', '', ''} end
+if hold.st ~= 'ambiguous' then return {'conflict', hold.st, ''} end
+local until_ms = now_ms() + window_ms
+if until_ms > hold.deadline then
+  redis.call('HSET', hkey(id), 'dl', until_ms)
+end
+return {'ok', 'ambiguous', ''}
