@@ -93,7 +93,9 @@ async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str
         policy = await gate.tenants.upload(gate.ledger, tenant, text)
     except PolicyError as exc:
         raise _not_applied(exc) from exc
-    except (PolicyLoadError, ValueError) as exc:
+    except PolicyLoadError as exc:
+        raise _load_problem(request, exc, admin, "the policy was not applied") from exc
+    except ValueError as exc:
         raise Problem(422, "invalid_policy", str(exc)) from exc
     return {"tenant": policy.tenant, "status": "applied"}
 
@@ -107,6 +109,26 @@ def _not_applied(exc: PolicyError) -> Problem:
     )
 
 
+def _load_problem(
+    request: Request, exc: PolicyLoadError, admin: AdminIdentity, detail: str
+) -> Problem:
+    """An operator sees every file's faults; a tenant's admin only its own tenant's,
+    and how many others there are: another tenant's file names, faults and secret
+    names are that tenant's (contract 10)."""
+    own = {
+        str(gate_of(request).tenants.file_of(admin.tenant)),
+        f"credentials of tenant {admin.tenant}",
+        f"uploaded policy of {admin.tenant}",
+    }
+    shown = [e for e in exc.errors if admin.operator or e.source in own]
+    problems = [line for error in shown for line in str(error).splitlines()]
+    if hidden := len(exc.errors) - len(shown):
+        problems.append(
+            f"{hidden} other tenants' policy files do not load; an operator must fix them"
+        )
+    return Problem(422, "invalid_policy", detail, problems=problems)
+
+
 @router.post("/policies/reload")
 async def reload_policies(request: Request, admin: Admin) -> dict[str, Any]:
     """Reload every policy file; a tenant admin learns only about its own tenant."""
@@ -116,12 +138,8 @@ async def reload_policies(request: Request, admin: Admin) -> dict[str, Any]:
     try:
         loaded = await gate.tenants.load(gate.ledger)
     except PolicyLoadError as exc:
-        raise Problem(
-            422,
-            "invalid_policy",
-            "the policies on disk were not applied; the previous ones stay in force",
-            problems=str(exc).splitlines(),
-        ) from exc
+        detail = "the policies on disk were not applied; the previous ones stay in force"
+        raise _load_problem(request, exc, admin, detail) from exc
     return {"tenants": [tenant for tenant in loaded if admin.sees(tenant)]}
 
 

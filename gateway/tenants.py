@@ -188,7 +188,7 @@ class TenantStore:
         policy = load_policy_text(text, f"uploaded policy of {tenant}")
         if policy.tenant != tenant:
             raise ValueError(f"the policy is for tenant {policy.tenant!r}, not {tenant!r}")
-        target = self._file_of(tenant)
+        target = self.file_of(tenant)
         _credentials_of([policy])  # a missing secret refuses the upload, not the next load
         # Valid alone is not enough: the directory must stay loadable as a whole (no
         # token shared with another tenant's agent), or the file would break every
@@ -226,7 +226,8 @@ class TenantStore:
                 loaded.append((str(path), load_policy_data(data, str(path))))
         return loaded
 
-    def _file_of(self, tenant: str) -> Path:
+    def file_of(self, tenant: str) -> Path:
+        """The file that holds (or would hold) `tenant`'s policy."""
         for path in policy_files(self.directory):
             try:
                 if load_policy_text(path.read_text(encoding="utf-8"), str(path)).tenant == tenant:

@@ -465,6 +465,39 @@ async def test_a_policy_admin_changes_its_policy_but_not_where_secrets_go(
     assert {paying, trusted.other.id} <= set(operator.json()["tenants"])
 
 
+async def test_a_tenant_admin_learns_nothing_of_another_tenants_broken_policy(
+    trusted: Trusted, client: httpx.AsyncClient
+) -> None:
+    """Contract 10: another tenant's file names, faults and secret names are its own;
+    a tenant's policy admin hears only that some other policy does not load."""
+    other_file = trusted.policy_dir / f"{trusted.other.id}.yaml"
+    before = other_file.read_text()
+    variable = f"OTHER_LIVE_KEY_{secrets.token_hex(4).upper()}"
+
+    def missing_secret(data: dict[str, Any]) -> None:
+        data["tools"]["supplier"]["credentials"] = {"X-Key": {"env": variable}}
+
+    _edit(other_file, missing_secret)
+    try:
+        for request in (
+            client.post("/v1/admin/policies/reload", headers=trusted.admin("policy_admin")),
+            client.put(
+                f"/v1/admin/tenants/{trusted.paying.id}/policy",
+                content=(trusted.policy_dir / f"{trusted.paying.id}.yaml").read_text(),
+                headers=trusted.admin("policy_admin"),
+            ),
+        ):
+            response = await request
+            body = assert_problem(response, 422, "invalid_policy")
+            assert variable not in response.text and trusted.other.id not in response.text, body
+            assert any("other tenants" in p for p in body["problems"]), body
+        operator = await client.post("/v1/admin/policies/reload", headers=trusted.gateway.admin)
+        assert_problem(operator, 422, "invalid_policy")
+        assert variable in operator.text
+    finally:
+        other_file.write_text(before)
+
+
 # -- no secret anywhere ------------------------------------------------------------
 
 
