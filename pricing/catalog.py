@@ -128,6 +128,7 @@ class Catalog:
     routes: dict[tuple[str, str], tuple[CompiledRoute, ...]]
     by_tool: dict[str, tuple[CompiledRoute, ...]]
     tool_upstreams: dict[str, str | None]
+    credentialed_tools: frozenset[str]
     unknown_action: UnknownRouteAction
     unknown_face_fields: tuple[str, ...]
     unknown_approval_threshold_micros: int | None
@@ -206,6 +207,7 @@ def compile_catalog(policy: TenantPolicy) -> Catalog:
         },
         by_tool={k: tuple(v) for k, v in by_tool.items()},
         tool_upstreams={name: t.upstream for name, t in policy.tools.items()},
+        credentialed_tools=frozenset(name for name, t in policy.tools.items() if t.credentials),
         unknown_action=unknown.action,
         unknown_face_fields=parse_product(unknown.face_value) if unknown.face_value else (),
         unknown_approval_threshold_micros=unknown.approval_threshold,
@@ -445,6 +447,13 @@ def _price_unknown(
         raise UnknownRoute(
             f"{method} {path} of tool {tool!r} is not in the tenant's route catalog "
             "(unknown routes are denied; add the route to the policy)"
+        )
+    if tool in catalog.credentialed_tools:
+        # An unknown route is priced by the agent's own number: with the gateway's
+        # credentials added it would open the whole API (DELETE, exports) at price 0.
+        raise UnknownRoute(
+            f"{method} {path} is not in the catalog, and tool {tool!r} carries the "
+            "gateway's credentials: only its listed routes are forwarded"
         )
     alias = catalog.alias_of(tool, path)
     if alias is not None:

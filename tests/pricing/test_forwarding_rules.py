@@ -20,56 +20,55 @@ from pricing.errors import (
     CurrencyMismatch,
     RouteAlias,
     UndeclaredQueryParameter,
+    UnknownRoute,
     UnsupportedBodyFormat,
 )
 from pricing.money import major_to_minor, product_to_minor, to_decimal
 from pricing.policy import BodyFormat
 
-POLICY = load_policy_data(
-    {
-        "tenant": "t1",
-        "risk_unit": {"currency": "USD", "scale": 1_000_000},
-        "window": "24h",
-        "escalation_ttl": "15m",
-        "hold_ttl": "5m",
-        "unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"},
-        "accounts": {
-            "tenant": {"limit": "1000"},
-            "principals": {"ops": {"limit": "500"}},
-            "risk_factors": {"order:*": {"limit": "300"}},
-        },
-        "tools": {"pay": {"upstream": "http://127.0.0.1:9000"}},
-        "routes": [
-            {
-                "tool": "pay",
-                "route": "POST /charges",
-                "class": "irreversible",
-                "body_format": "form",
-                "body": ["amount", "currency"],
-                "face_value": "amount",
-                "amount_scale": 100,
-                "currency_field": "currency",
-            },
-            {
-                "tool": "pay",
-                "route": "POST /transfers",
-                "class": "irreversible",
-                "query": ["amount"],
-                "face_value": "amount",
-            },
-            {
-                "tool": "pay",
-                "route": "POST /orders/{order_id}/fee",
-                "class": "irreversible",
-                "body": ["fee"],
-                "face_value": "fee",
-                "risk_factors": ["order:{order_id}"],
-            },
-            {"tool": "pay", "route": "GET /orders/{order_id}", "class": "read"},
-        ],
+DOCUMENT: dict[str, Any] = {
+    "tenant": "t1",
+    "risk_unit": {"currency": "USD", "scale": 1_000_000},
+    "window": "24h",
+    "escalation_ttl": "15m",
+    "hold_ttl": "5m",
+    "unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"},
+    "accounts": {
+        "tenant": {"limit": "1000"},
+        "principals": {"ops": {"limit": "500"}},
+        "risk_factors": {"order:*": {"limit": "300"}},
     },
-    "t1.yaml",
-)
+    "tools": {"pay": {"upstream": "http://127.0.0.1:9000"}},
+    "routes": [
+        {
+            "tool": "pay",
+            "route": "POST /charges",
+            "class": "irreversible",
+            "body_format": "form",
+            "body": ["amount", "currency"],
+            "face_value": "amount",
+            "amount_scale": 100,
+            "currency_field": "currency",
+        },
+        {
+            "tool": "pay",
+            "route": "POST /transfers",
+            "class": "irreversible",
+            "query": ["amount"],
+            "face_value": "amount",
+        },
+        {
+            "tool": "pay",
+            "route": "POST /orders/{order_id}/fee",
+            "class": "irreversible",
+            "body": ["fee"],
+            "face_value": "fee",
+            "risk_factors": ["order:{order_id}"],
+        },
+        {"tool": "pay", "route": "GET /orders/{order_id}", "class": "read"},
+    ],
+}
+POLICY = load_policy_data(DOCUMENT, "t1.yaml")
 
 
 def charge(amount: str, currency: str = "usd", fmt: BodyFormat = BodyFormat.FORM) -> int:
@@ -169,6 +168,18 @@ def test_unknown_routes_that_are_no_alias_are_priced_from_the_body() -> None:
     for method, path in (("POST", "/payouts"), ("DELETE", "/orders/o1")):
         effect = price_request(POLICY, "pay", method, path, {}, {"amount": 2})
         assert (effect.route, effect.price_micros) == (None, 2_000_000)
+
+
+def test_a_tool_with_credentials_forwards_only_its_listed_routes() -> None:
+    """Unknown routes are priced by the agent's own field: with the gateway's
+    credentials added, `{"amount": 0}` would open DELETEs and exports for free."""
+    tools = {"pay": {**DOCUMENT["tools"]["pay"], "credentials": {"Authorization": {"env": "K"}}}}
+    policy = load_policy_data({**DOCUMENT, "tools": tools}, "t1.yaml")
+    for method, path in (("DELETE", "/refunds/r1"), ("GET", "/admin/export")):
+        with pytest.raises(UnknownRoute, match="credentials"):
+            price_request(policy, "pay", method, path, {}, {"amount": 0})
+    listed = price_request(policy, "pay", "POST", "/transfers", {"amount": ["2"]}, None)
+    assert listed.price_micros == 2_000_000
 
 
 @pytest.mark.parametrize(
