@@ -7,6 +7,8 @@ then costs a dict lookup, a few segment comparisons and one exact integer roundi
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -43,6 +45,7 @@ from pricing.templates import (
 Query = Mapping[str, str | Sequence[str]]
 FACTOR_PREFIX = "factor:"
 # Segments an upstream may normalise into another route than the one that was priced.
+_DIGITS = re.compile(r"[0-9]+")
 _UNSAFE_SEGMENTS = frozenset({"", ".", ".."})
 _UNSAFE_ESCAPES = ("%2f", "%5c", "%2e", "\\")
 MEDIA_TYPES = {
@@ -372,9 +375,13 @@ def _factor_value(fields: _Fields, name: str) -> str:
         raise BadRiskFactor(name, str(exc)) from None
     if isinstance(raw, bool) or not isinstance(raw, str | int):
         raise BadRiskFactor(name, f"must be a string or an integer, not {type(raw).__name__}")
-    # Case-folded so that 'Acme-Steel' and 'acme-steel' share one factor account: an
-    # agent must not dodge a concentration cap by spelling; merging only tightens.
+    # Case-folded so that 'Acme-Steel' and 'acme-steel' share one factor account, and
+    # leading zeros dropped so that '042' and '42' do (an API that parses ids as
+    # integers reads one customer): an agent must not dodge a concentration cap by
+    # spelling; merging only tightens.
     value = str(raw).strip().lower()
+    if _DIGITS.fullmatch(value):
+        value = value.lstrip("0") or "0"
     if not ID_RE.fullmatch(value):
         raise BadRiskFactor(name, f"{raw!r} may use only letters, digits and . _ : @ / -")
     return value

@@ -120,6 +120,10 @@ def test_missing_face_field_and_non_object_body() -> None:
     [
         pytest.param("Acme-Steel", "supplier:acme-steel", id="case-folded"),
         pytest.param(42, "supplier:42", id="integer-id"),
+        # An API that parses ids as integers reads '042' as customer 42: one account.
+        pytest.param("042", "supplier:42", id="leading-zeros"),
+        pytest.param("000", "supplier:0", id="zeros"),
+        pytest.param("0x2a", "supplier:0x2a", id="not-all-digits"),
     ],
 )
 def test_risk_factor_expansion(supplier: object, factor: str) -> None:
