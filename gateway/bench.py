@@ -71,8 +71,7 @@ class Run:
 BENCHFILE = Path(__file__).resolve().parent.parent / "sim" / "benchfile.py"
 
 
-def register_bench(benches: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = benches.add_parser("gateway", help="proxy admissions/s and latency vs a bare endpoint")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seconds", type=bounded(float, 1.0, 3600.0), default=5.0, help="per measurement"
     )

@@ -1,53 +1,109 @@
-"""The `irrev` command: one argparse tree; each package registers its own subcommands.
+"""The `irrev` command: one argparse tree; each package configures its own subcommands.
 
-Subcommand modules expose `register(subparsers)` and set `func` on their parsers; a
-`func` returns the process exit code. Errors a user can fix are raised as `CliError`
-and printed as one line on stderr with exit code 2 (1 is kept for "checked and found
-wrong", as in `irrev ledger audit` and `irrev policy validate`); so are the ledger's
-typed errors (a malformed tenant name, say) and a Redis that cannot be reached.
+Only the command being run is imported: `irrev --help` lists the commands from the
+table below without importing any of them, so it stays fast however heavy a command's
+own imports (uvicorn, the fault matrix, numpy and matplotlib for `sim`). A subcommand
+module exposes `configure(parser)`, which adds its arguments and sets `func` on the
+parser; a `func` returns the process exit code. Errors a user can fix are raised as
+`CliError` and printed as one line on stderr with exit code 2 (1 is kept for "checked
+and found wrong", as in `irrev ledger audit` and `irrev policy validate`); so are the
+ledger's typed errors (a malformed tenant name, say), a Redis that cannot be reached and
+a command whose optional dependencies (an extra such as `irrev[sim]`) are not installed.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from ledger.errors import LedgerError
 
-COMMAND_MODULES = (
-    "gateway.serve",
-    "gateway.demo",
-    "gateway.load",
-    "gateway.faults.cli",
-    "ledger.cli",
-    "gateway.policy_cli",
-    "sim.cli",
+# The modules each extra of pyproject.toml installs, by the names they are imported as.
+EXTRAS = {"sim": ("numpy", "scipy", "matplotlib"), "load": ("locust", "psutil")}
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    module: str
+    help: str
+    extra: str | None = None
+
+
+COMMANDS = (
+    Command("serve", "gateway.serve", "run the gateway (settings: IRREV_* variables)"),
+    Command("demo", "gateway.demo", "a correlated fleet through a price spike"),
+    Command("load", "gateway.load", "locust procurement load against a local gateway", "load"),
+    Command(
+        "faults",
+        "gateway.faults.cli",
+        "run the fault matrix (crashes, concurrency, Redis, upstream, hostile input)",
+    ),
+    Command("ledger", "ledger.cli", "inspect and check the budget ledger"),
+    Command("policy", "gateway.policy_cli", "validate, show and issue tokens for policies"),
+    Command("sim", "sim.cli", "run a fleet simulation experiment", "sim"),
 )
-BENCH_MODULES = ("ledger.bench", "gateway.bench")
+BENCHES = (
+    Command("ledger", "ledger.bench", "reserve+post per second vs a trivial EVALSHA"),
+    Command(
+        "gateway", "gateway.bench", "proxy admissions/s and latency vs a bare endpoint", "load"
+    ),
+    Command("cli", "gateway.cli_bench", "start-up time of `irrev --help` and `policy validate`"),
+)
 
 
 class CliError(Exception):
     """A mistake in how a command was called or configured; the message says what to do."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The whole tree, with only the command that `argv` names configured (imported)."""
     parser = argparse.ArgumentParser(
         prog="irrev", description="Fleet-wide irreversibility budget admission controller."
     )
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    subparsers.required = True
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_commands(subparsers, COMMANDS, argv)
     bench = subparsers.add_parser("bench", help="measure throughput and latency")
     benches = bench.add_subparsers(dest="bench", metavar="BENCHMARK", required=True)
-    for name in BENCH_MODULES:
-        importlib.import_module(name).register_bench(benches)
+    words = list(argv)
+    after_bench = words[words.index("bench") + 1 :] if chosen(words) == "bench" else []
+    add_commands(benches, BENCHES, after_bench)
     return parser
+
+
+def add_commands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+    commands: Sequence[Command],
+    argv: Sequence[str],
+) -> None:
+    name = chosen(argv)
+    for command in commands:
+        parser = subparsers.add_parser(command.name, help=command.help)
+        if command.name == name:
+            configure(command, parser)
+
+
+def chosen(argv: Sequence[str]) -> str | None:
+    """The command `argv` names: its first word that is not an option."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
+def configure(command: Command, parser: argparse.ArgumentParser) -> None:
+    if command.extra is not None:
+        missing = [m for m in EXTRAS[command.extra] if importlib.util.find_spec(m) is None]
+        if missing:
+            raise CliError(
+                f"`{parser.prog}` needs {', '.join(missing)}, which the gateway installs "
+                f"without: pip install 'irrev[{command.extra}]'"
+            )
+    importlib.import_module(command.module).configure(parser)
 
 
 def settings_problem(exc: ValidationError) -> str:
@@ -62,10 +118,10 @@ def settings_problem(exc: ValidationError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    func: Callable[[argparse.Namespace], int] = args.func
+    arguments = sys.argv[1:] if argv is None else list(argv)
     try:
+        args = build_parser(arguments).parse_args(arguments)
+        func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
     except (CliError, LedgerError) as exc:
         print(f"irrev: {exc}", file=sys.stderr)

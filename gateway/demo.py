@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -46,8 +46,7 @@ class Tally:
     rejected: int = 0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("demo", help="a correlated fleet through a price spike")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agents", type=int, default=50, choices=range(1, 51), metavar="1-50")
     parser.add_argument("--ticks", type=bounded(int, 1, 10_000), default=40)
     parser.add_argument("--seed", type=bounded(int, 0), default=7)
@@ -77,7 +76,7 @@ async def fleet(url: str, policies: Path, args: argparse.Namespace) -> Tally:
     tokens = load_demo_tokens(policies / "procurement.tokens.yaml").tokens
     policy = read_policy_file(policies / "procurement.yaml")
     buyers = sorted(a for a in tokens if a.startswith("buyer-"))[: args.agents]
-    rng = np.random.default_rng(args.seed)
+    rng = random.Random(args.seed)
     spike = range(args.ticks // 2, args.ticks // 2 + max(1, args.ticks // 5))
     tally = Tally()
     spent_local: Counter[str] = Counter()
@@ -89,11 +88,11 @@ async def fleet(url: str, policies: Path, args: argparse.Namespace) -> Tally:
             for agent in buyers:
                 if rng.random() >= rate:
                     continue
-                quantity = int(rng.integers(1, 8))
-                unit_price = round(float(rng.lognormal(8.0, 0.4)) * price_gain, 2)
+                quantity = rng.randint(1, 7)
+                unit_price = round(rng.lognormvariate(8.0, 0.4) * price_gain, 2)
                 body = {
-                    "supplier_id": SUPPLIERS[int(rng.integers(0, 3))],
-                    "sku": SKUS[int(rng.integers(0, 3))],
+                    "supplier_id": rng.choice(SUPPLIERS),
+                    "sku": rng.choice(SKUS),
                     "quantity": quantity,
                     "unit_price": unit_price,
                 }

@@ -24,8 +24,7 @@ from .stack import gateway, render_policies, run_locust, supplier
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "sim" / "locustfile.py"
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("load", help="locust procurement load against a local gateway")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--users", type=bounded(int, 1, 1000), default=50)
     parser.add_argument("--spawn-rate", type=bounded(float, 0.1, 1000.0), default=25)
     parser.add_argument(

@@ -37,8 +37,7 @@ from pricing.policy import EffectClass, MemberId, TenantId, ToolName
 EXAMPLE_FACE_MAJOR = 10_000
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    policy = subparsers.add_parser("policy", help="validate, show and issue tokens for policies")
+def configure(policy: argparse.ArgumentParser) -> None:
     commands = policy.add_subparsers(dest="policy_command", metavar="SUBCOMMAND")
     commands.required = True
 

@@ -26,8 +26,7 @@ STARTUP_FAILURE = 3  # a uvicorn worker's exit code when its app did not start
 SHUTDOWN_MARGIN_S = 5.0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("serve", help="run the gateway (settings: IRREV_* variables)")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="bind address (IRREV_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (IRREV_PORT, default 8080)")
     parser.add_argument("--workers", type=int, help="worker processes (IRREV_WORKERS)")

@@ -44,8 +44,7 @@ class Rate:
     p99_ms: float | None = None
 
 
-def register_bench(benches: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = benches.add_parser("ledger", help="reserve+post per second vs a trivial EVALSHA")
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seconds", type=bounded(float, 0.1, 3600.0), default=3.0, help="per measurement"
     )

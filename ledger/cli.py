@@ -43,8 +43,7 @@ def bounded(kind: type[Number], low: Number, high: Number | None = None) -> Call
     return parse
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    ledger = subparsers.add_parser("ledger", help="inspect and check the budget ledger")
+def configure(ledger: argparse.ArgumentParser) -> None:
     commands = ledger.add_subparsers(dest="ledger_command", metavar="COMMAND", required=True)
 
     balance = commands.add_parser("balance", help="limits and balances of a tenant's accounts")

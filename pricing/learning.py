@@ -14,13 +14,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from scipy.stats import beta as beta_dist
+from pricing.distributions import beta_ppf
 
 
 @lru_cache(maxsize=4096)
 def beta_quantile(level: float, alpha: float, beta: float) -> float:
-    """The `level` quantile of Beta(alpha, beta), cached: prices are hot, scipy is not."""
-    return float(beta_dist.ppf(level, alpha, beta))
+    """The `level` quantile of Beta(alpha, beta), cached: prices are hot, the inverse
+    takes a few continued fractions."""
+    return beta_ppf(level, alpha, beta)
 
 
 def _check_level(level: float) -> None:

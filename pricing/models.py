@@ -33,8 +33,8 @@ from functools import lru_cache
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
-from scipy.stats import norm
 
+from pricing.distributions import normal_cdf, normal_ppf
 from pricing.learning import FailurePosterior, RecoveryPosterior, beta_quantile
 
 # Strict: YAML `true` or `"0.5"` where a number belongs is a mistake, not a 1.0 or 0.5.
@@ -165,15 +165,15 @@ def vasicek_pd(p: float, rho: float, q: float) -> float:
         return 0.0
     if p >= 1.0:
         return 1.0
-    z = (float(norm.ppf(p)) + math.sqrt(rho) * float(norm.ppf(q))) / math.sqrt(1.0 - rho)
-    return float(norm.cdf(z))
+    z = (normal_ppf(p) + math.sqrt(rho) * normal_ppf(q)) / math.sqrt(1.0 - rho)
+    return normal_cdf(z)
 
 
 @lru_cache(maxsize=4096)
 def stressed_recovery(alpha: float, beta: float, rho: float, q: float, level: float) -> float:
     """(1 - level) quantile of r given the shared factor at its q stress quantile."""
-    x = math.sqrt(1.0 - rho) * float(norm.ppf(1.0 - level)) - math.sqrt(rho) * float(norm.ppf(q))
-    return beta_quantile(float(norm.cdf(x)), alpha, beta)
+    x = math.sqrt(1.0 - rho) * normal_ppf(1.0 - level) - math.sqrt(rho) * normal_ppf(q)
+    return beta_quantile(normal_cdf(x), alpha, beta)
 
 
 @lru_cache(maxsize=4096)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
@@ -13,8 +12,7 @@ from rich.progress import Progress
 from sim import experiments, report
 
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("sim", help="run a fleet simulation experiment")
+def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiment", choices=sorted(experiments.EXPERIMENTS))
     p.add_argument("--seeds", type=int, default=300, help="seeds per case (default 300)")
     p.add_argument("--out", type=Path, default=Path("sim-results"), help="output directory")

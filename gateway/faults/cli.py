@@ -15,11 +15,7 @@ from .cells import CELLS
 from .matrix import CellResult, run_cells, select
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "faults",
-        help="run the fault matrix (crashes, concurrency, Redis, upstream, hostile input)",
-    )
+def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cells", help="comma-separated globs of cell names (default: all)")
     parser.add_argument("--runs", type=int, help="runs per cell (default 20, slow cells 5)")
     parser.add_argument("--fast", action="store_true", help="skip the cells marked slow")

@@ -62,3 +62,71 @@ def test_bad_arguments_and_settings_are_one_line(
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     assert says in result.stderr.strip().splitlines()[-1]
+
+
+HEAVY = ("scipy", "numpy", "matplotlib", "locust", "uvicorn", "fastapi", "sim", "rich")
+# Prints the heavy top-level modules the snippet before it imported.
+LIST_HEAVY = f"""
+import sys
+print(" ".join(sorted(m for m in {HEAVY!r} if m in sys.modules)))
+"""
+
+
+def imported_after(snippet: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", snippet + LIST_HEAVY],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split())
+
+
+def test_help_imports_no_command() -> None:
+    snippet = (
+        "import contextlib, io\nfrom gateway.cli import main\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--help'])\n"
+    )
+    assert imported_after(snippet) == set()
+
+
+def test_gateway_app_imports_no_simulator_stack() -> None:
+    # The app needs fastapi and uvicorn's friends; never scipy, numpy or matplotlib.
+    heavy = imported_after("import gateway.app\n")
+    assert heavy & {"scipy", "numpy", "matplotlib", "locust", "sim"} == set()
+
+
+@pytest.mark.parametrize(
+    ("command", "name", "missing", "extra"),
+    [
+        (["sim", "e1"], "irrev sim", "numpy", "sim"),
+        (["load"], "irrev load", "locust", "load"),
+        (["bench", "gateway"], "irrev bench gateway", "locust", "load"),
+    ],
+)
+def test_a_missing_extra_is_one_line(
+    command: list[str], name: str, missing: str, extra: str
+) -> None:
+    # The extra's module is made unfindable, as on a gateway-only install.
+    snippet = (
+        "import importlib.util, sys\nfind = importlib.util.find_spec\n"
+        f"importlib.util.find_spec = lambda name, *a: None if name == {missing!r} else find(name, *a)\n"
+        f"from gateway.cli import main\nsys.exit(main({command!r}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", snippet],
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"irrev: `{name}` needs {missing}, which the gateway installs "
+        f"without: pip install 'irrev[{extra}]'"
+    )
