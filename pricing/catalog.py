@@ -8,7 +8,6 @@ then costs a dict lookup, a few segment comparisons and one exact integer roundi
 from __future__ import annotations
 
 import re
-
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
