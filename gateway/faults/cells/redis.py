@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -38,37 +39,52 @@ async def _client(
             await asyncio.sleep(0.02)
 
 
-async def kill_under_load(run: Run) -> list[str]:
-    """kill -9 redis-server while 4 agents order; every acknowledged hold must be
-    there after the restart. Notes how many were acknowledged in the last second
-    before the kill: what `everysec` could lose to a power cut (kill -9 cannot)."""
-    stop = asyncio.Event()
-    acked: list[tuple[str, float]] = []
-    sent: list[str] = []
-    clients = [asyncio.ensure_future(_client(run, stop, acked, sent)) for _ in range(CLIENTS)]
-    try:
-        await asyncio.sleep(TRAFFIC_S)
-        killed_at = time.monotonic()
-        await run.bench.kill_redis()
-        await asyncio.sleep(0.3)
-    finally:
-        stop.set()
-        await asyncio.gather(*clients)
-    await run.bench.restart_redis()
-    # A 201 means the reserve was acknowledged (nothing is forwarded before it is) and
-    # the effect made; the post may have died with Redis, leaving the hold pending.
-    found = []
-    lost = [h for h, _ in acked if await run.hold_state(h) not in KEPT]
-    found += [f"acknowledged hold {h} lost (now {await run.hold_state(h)!r})" for h in lost]
-    run.notes["acked"] = len(acked)
-    run.notes["lost_acked"] = len(lost)
-    run.notes["acked_last_1s"] = sum(1 for _, t in acked if t >= killed_at - 1.0)
-    await run.wait_past_deadlines()
-    found += await check_recovery_determinism(run)
-    report = await run.reconcile()
-    unposted = [h for h, _ in acked if await run.hold_state(h) != "posted"]
-    found += [f"acknowledged effect {h} not posted after reconciling" for h in unposted]
-    return found + await check_ledger(run, [h for h, _ in acked], unresolved=report["unresolved"])
+# appendfsync everysec writes the AOF once per loop, and while a background fsync is
+# slow Redis postpones that write for up to 2 s while it keeps answering: an
+# acknowledged write of that window is only in Redis's memory, and a kill -9 loses it.
+EVERYSEC_WINDOW_S = 2.0
+
+
+def kill_under_load(loss_window_s: float) -> Callable[[Run], Awaitable[list[str]]]:
+    """kill -9 redis-server while 4 agents order; every hold acknowledged before the
+    mode's loss window (none for `always`) must be there after the restart, and the
+    ledger must be whole. Notes how many were acknowledged in the last second and how
+    many the kill lost: what the mode's window costs."""
+
+    async def body(run: Run) -> list[str]:
+        stop = asyncio.Event()
+        acked: list[tuple[str, float]] = []
+        sent: list[str] = []
+        clients = [asyncio.ensure_future(_client(run, stop, acked, sent)) for _ in range(CLIENTS)]
+        try:
+            await asyncio.sleep(TRAFFIC_S)
+            killed_at = time.monotonic()
+            await run.bench.kill_redis()
+            await asyncio.sleep(0.3)
+        finally:
+            stop.set()
+            await asyncio.gather(*clients)
+        await run.bench.restart_redis()
+        # A 201 means the reserve was acknowledged (nothing is forwarded before it is)
+        # and the effect made; the post may have died with Redis, leaving it pending.
+        lost = {h for h, _ in acked if await run.hold_state(h) not in KEPT}
+        allowed = {h for h, t in acked if h in lost and t >= killed_at - loss_window_s}
+        found = [
+            f"acknowledged hold {h} lost (now {await run.hold_state(h)!r})"
+            for h in sorted(lost - allowed)
+        ]
+        run.notes["acked"] = len(acked)
+        run.notes["lost_acked"] = len(lost)
+        run.notes["acked_last_1s"] = sum(1 for _, t in acked if t >= killed_at - 1.0)
+        kept = [h for h, _ in acked if h not in allowed]
+        await run.wait_past_deadlines()
+        found += await check_recovery_determinism(run)
+        report = await run.reconcile()
+        unposted = [h for h in kept if await run.hold_state(h) != "posted"]
+        found += [f"acknowledged effect {h} not posted after reconciling" for h in unposted]
+        return found + await check_ledger(run, kept, unresolved=report["unresolved"])
+
+    return body
 
 
 async def _ready(run: Run) -> bool:
@@ -145,13 +161,19 @@ async def script_flush(run: Run) -> list[str]:
     return found + await check_ledger(run, [run.hold_id(key)])
 
 
-LOAD = "kill -9 under 4 agents' load, restart on the AOF: 0 acked holds lost; reconcile x2 equal"
+LOAD = "kill -9 under 4 agents' load, restart on the AOF"
 CELLS = [
-    Cell("redis.kill9_always", f"appendfsync always: {LOAD}", kill_under_load, slow=True),
+    Cell(
+        "redis.kill9_always",
+        f"appendfsync always: {LOAD}: 0 acked holds lost; reconcile x2 equal",
+        kill_under_load(0.0),
+        slow=True,
+    ),
     Cell(
         "redis.kill9_everysec",
-        f"appendfsync everysec: {LOAD}",
-        kill_under_load,
+        f"appendfsync everysec: {LOAD}: no acked hold lost but in the last "
+        f"{EVERYSEC_WINDOW_S:g} s (the mode's window; counted); reconcile x2 equal",
+        kill_under_load(EVERYSEC_WINDOW_S),
         EVERYSEC,
         slow=True,
     ),
