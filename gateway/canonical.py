@@ -27,14 +27,13 @@ from dataclasses import dataclass
 from urllib.parse import quote, unquote_to_bytes
 
 from pricing.catalog import MEDIA_TYPES
-from pricing.policy import BodyFormat
+from pricing.policy import METHOD_OVERRIDE_HEADERS, BodyFormat
 
 from .problems import Problem
 from .wire import JsonNumber, parse_json_body
 
-METHOD_OVERRIDES = frozenset(
-    {"_method", "x-http-method-override", "x-http-method", "x-method-override"}
-)
+# As a query parameter or body field too; `_method` is Laravel's, Symfony's and Rails'.
+METHOD_OVERRIDES = METHOD_OVERRIDE_HEADERS | {"_method"}
 _FORMATS = {media: fmt for fmt, media in MEDIA_TYPES.items()}
 _CHARSET = re.compile(r'charset=("utf-8"|utf-8)', re.IGNORECASE)
 # RFC 3986 unreserved and sub-delims but ';', '%' escapes, '+', the separators, and

@@ -214,24 +214,23 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+# What the gateway sets itself on every request it sends: never a credential, never
+# the agent's.
+FRAMING = frozenset(
+    {"host", "content-length", "content-type", "content-encoding", "expect", "idempotency-key"}
+)
+# Headers that make a framework read another method than the one priced.
+METHOD_OVERRIDE_HEADERS = frozenset(
+    {"x-http-method-override", "x-http-method", "x-method-override"}
+)
 # Never taken from an agent: its own credentials, what frames or routes the request,
-# what the gateway itself sets, and the headers that make a framework read another
-# method than the one priced.
-NEVER_FORWARDED = HOP_BY_HOP | {
-    "authorization",
-    "proxy-authorization",
-    "cookie",
-    "host",
-    "content-length",
-    "content-type",
-    "content-encoding",
-    "expect",
-    "idempotency-key",
-    "forwarded",
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
-}
+# and method overrides.
+NEVER_FORWARDED = (
+    HOP_BY_HOP
+    | FRAMING
+    | METHOD_OVERRIDE_HEADERS
+    | {"authorization", "proxy-authorization", "cookie", "forwarded"}
+)
 # Never passed back to an agent: cookies and credentials of the upstream, framing the
 # gateway recomputes (httpx has decoded any content-encoding), and the gateway's own.
 NEVER_RETURNED = HOP_BY_HOP | {

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pricing.errors import Problem
 from pricing.models import FacePricing
 from pricing.policy import (
+    FRAMING,
     GATEWAY_HEADER_PREFIXES,
     HOP_BY_HOP,
     NEVER_FORWARDED,
@@ -30,14 +31,7 @@ from pricing.templates import (
 
 MAX_ROUTE_FACTORS = 5  # 8 hold accounts - tenant, principal, agent
 # A credential may be any header but these: they frame the request or are the gateway's.
-NEVER_INJECTED = HOP_BY_HOP | {
-    "host",
-    "content-length",
-    "content-type",
-    "content-encoding",
-    "expect",
-    "idempotency-key",
-}
+NEVER_INJECTED = HOP_BY_HOP | FRAMING
 
 
 def check_policy(policy: TenantPolicy) -> list[Problem]:
