@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -31,8 +31,8 @@ def _reject_constant(name: str) -> Any:
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     # An upstream may read the first of two duplicate keys where Python reads the last,
     # or match keys case-insensitively (Go's encoding/json takes the last of `amount`
-    # and `Amount`, and folds U+017F, the long s, to `s`): then what was priced would not be what is
-    # executed.
+    # and `Amount`, and folds U+017F, the long s, to `s`): then what was priced would
+    # not be what is executed.
     result: dict[str, Any] = {}
     folded: dict[str, str] = {}
     for key, value in pairs:
@@ -170,14 +170,14 @@ class StoredRequest(_Record):
         keep: frozenset[str] = KEPT_RESPONSE_HEADERS,
     ) -> StoredAnswer:
         """The answer to keep for this effect, with its route and settlement terms."""
-        answer = StoredAnswer.of(
-            self.agent, status, headers, body, route_id=self.route_id, keep=keep
-        )
-        return replace(
-            answer,
-            face_value=self.face_value,
-            effect_class=self.effect_class,
-            in_process=self.in_process,
+        return StoredAnswer.of(
+            self.agent,
+            status,
+            headers,
+            body,
+            route_id=self.route_id,
+            keep=keep,
+            terms=(self.face_value, self.effect_class, self.in_process),
         )
 
 
@@ -212,14 +212,16 @@ class StoredAnswer(_Record):
         body: bytes,
         route_id: str = "",
         keep: frozenset[str] = KEPT_RESPONSE_HEADERS,
+        terms: tuple[int, str, bool] = (0, "", False),
     ) -> StoredAnswer:
+        """`terms`: the effect's face value, class and whether it runs in-process."""
         kept = [(k.lower(), v) for k, v in headers if k.lower() in keep]
         if len(body) > MAX_RECORDED_BODY:
             # Kept with the hold in Redis: a huge body would not fit the record, and a
             # delivered effect must still be posted. A repeat gets the status without it.
             kept.append(("x-irrev-body-omitted", str(len(body))))
             body = b""
-        return cls(agent, status, kept, base64.b64encode(body).decode(), route_id)
+        return cls(agent, status, kept, base64.b64encode(body).decode(), route_id, *terms)
 
 
 def record_of(request: str, outcome: str) -> StoredRequest | StoredAnswer | None:
