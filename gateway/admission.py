@@ -146,22 +146,11 @@ async def fire(
     return answer
 
 
-def upstream_of(policy: TenantPolicy, tool_name: str) -> str:
-    tool = policy.tools.get(tool_name)
-    if tool is None or tool.upstream is None:
-        raise Problem(403, "no_upstream", f"tool {tool_name!r} has no upstream to forward to")
-    return tool.upstream
-
-
 def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> Upstream:
-    base = upstream_of(policy, tool_name)
-    tool = policy.tools[tool_name]
-    return Upstream(
-        base,
-        gate.tenants.credentials(policy.tenant, tool_name),
-        KEPT_RESPONSE_HEADERS | {name.lower() for name in tool.response_headers},
-        frozenset(tool.in_progress_statuses),
-    )
+    target = gate.tenants.target(policy.tenant, tool_name)
+    if target is None:
+        raise Problem(403, "no_upstream", f"tool {tool_name!r} has no upstream to forward to")
+    return target
 
 
 async def settle(

@@ -40,6 +40,8 @@ from .policies import (
     policy_files,
     read_text,
 )
+from .upstream import Upstream
+from .wire import KEPT_RESPONSE_HEADERS
 
 log = logging.getLogger("irrev.gateway")
 
@@ -92,7 +94,7 @@ class TenantStore:
         self._agents: dict[str, tuple[TenantPolicy, AuthenticatedAgent]] = {}
         self._settlers: dict[str, tuple[TenantPolicy, str]] = {}
         self._signature: tuple[tuple[str, int, int], ...] = ()
-        self._credentials: dict[str, dict[str, Injected]] = {}
+        self._targets: dict[tuple[str, str], Upstream] = {}
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
         self._secret_files: tuple[tuple[str, int, int], ...] = ()
 
@@ -122,14 +124,14 @@ class TenantStore:
                 await _open_account(ledger, policy.tenant, ledger_account(spec))
         self._written = policies
         self._signature = signature
-        self._credentials = credentials
+        self._targets = _targets(policies.values(), credentials)
         self._secret_files = _secret_files_signature(policies.values())
         self._install(await self._read_observed(ledger))
         return sorted(policies)
 
-    def credentials(self, tenant: str, tool: str) -> Injected:
-        """The headers the gateway adds to requests to `tool` of `tenant`."""
-        return self._credentials.get(tenant, {}).get(tool, ())
+    def target(self, tenant: str, tool: str) -> Upstream | None:
+        """Where and how requests to `tool` of `tenant` go; None without an upstream."""
+        return self._targets.get((tenant, tool))
 
     async def refresh(self, ledger: Ledger) -> bool:
         """Reload if any policy file or credential file changed since the last load
@@ -249,6 +251,25 @@ def _credentials_of(policies: Iterable[TenantPolicy]) -> dict[str, dict[str, Inj
     if errors:
         raise PolicyLoadError(errors)
     return resolved
+
+
+def _targets(
+    policies: Iterable[TenantPolicy], credentials: dict[str, dict[str, Injected]]
+) -> dict[tuple[str, str], Upstream]:
+    """Each tool's upstream as the gateway calls it, built once per load, not per
+    forward: its URL, its credentials, the answer headers kept, what means "still in
+    progress"."""
+    return {
+        (policy.tenant, name): Upstream(
+            tool.upstream,
+            credentials.get(policy.tenant, {}).get(name, ()),
+            KEPT_RESPONSE_HEADERS | {header.lower() for header in tool.response_headers},
+            frozenset(tool.in_progress_statuses),
+        )
+        for policy in policies
+        for name, tool in policy.tools.items()
+        if tool.upstream is not None
+    }
 
 
 def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str, int, int], ...]:
