@@ -29,7 +29,8 @@ another. Each reader here is one way real servers differ:
   (`[amount]` and `amount]` are `amount`); body over query.
 
 `Readers` is an ASGI app that records per book (a tenant's upstream prefix) and
-lists the records at `GET {prefix}/_readings/{book}`; effects answer 201, reads 200.
+lists the records at `GET {prefix}/_readings/{book}`, each reading with the `amount`
+a lenient number parser makes of its `amount` field; effects answer 201, reads 200.
 """
 
 from __future__ import annotations
@@ -265,12 +266,21 @@ class Readers:
                 "body": body.decode("latin-1"),
                 "key": headers.get("idempotency-key", ""),
                 "readings": {
-                    name: {"method": r.method, "path": r.path, "fields": r.fields}
+                    name: {
+                        "method": r.method,
+                        "path": r.path,
+                        "fields": r.fields,
+                        "amount": _text(number(r.fields.get("amount"))),
+                    }
                     for name, r in read_all(received).items()
                 },
             }
         )
         await _reply(send, 200 if scope["method"] == "GET" else 201, {"received": True})
+
+
+def _text(amount: Decimal | None) -> str | None:
+    return None if amount is None else str(amount)
 
 
 async def _reply(send: Send, status: int, payload: object) -> None:

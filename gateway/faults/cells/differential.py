@@ -27,7 +27,6 @@ import httpx
 
 from ledger.audit import audit_tenant
 from pricing.credentials import hash_token
-from sim.readers import number
 
 from ..bench import Run
 from ..matrix import Cell
@@ -219,7 +218,8 @@ def misread(probe: Probe, price: int, record: dict[str, Any]) -> list[str]:
             found.append(f"{name} reads {reading['method']} {reading['path']}")
         if probe.method == "GET":
             continue
-        amount = number(reading["fields"].get("amount"))
+        # The amount as a lenient number parser reads it (the readers say so).
+        amount = None if reading["amount"] is None else Decimal(reading["amount"])
         if amount is None and name == "strict":
             found.append(f"{name} reads no amount")
         elif amount is not None and amount / scale * 10**6 != price:
