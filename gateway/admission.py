@@ -17,7 +17,7 @@ from ledger.records import HoldState, ReserveResult
 from pricing import PricedEffect, TenantPolicy, hold_accounts
 from pricing.credentials import AuthenticatedAgent
 
-from . import metrics
+from . import metrics, tracing
 from .crashpoints import crash_point
 from .problems import Problem
 from .settings import GatewaySettings
@@ -71,14 +71,38 @@ async def reserve(
         finally:
             metrics.LEDGER_SECONDS.labels("reserve").observe(time.perf_counter() - started)
 
-    try:
-        result = await attempt()
-    except UnknownAccount:
-        await gate.tenants.load(gate.ledger)
-        result = await attempt()
+    with tracing.span(
+        "reserve",
+        tenant=policy.tenant,
+        agent=agent.agent_id,
+        route=request.route_id,
+        hold_id=hold_id,
+        price=effect.price_micros,
+    ) as span:
+        try:
+            result = await attempt()
+        except UnknownAccount:
+            await gate.tenants.apply(gate.ledger)
+            result = await attempt()
+        tracing.annotate(
+            span, decision=result.decision, reason=result.reason, replayed=result.replayed
+        )
     if not result.replayed:
         metrics.DECISIONS.labels(policy.tenant, result.decision, result.reason).inc()
         metrics.PRICES.labels(policy.tenant).observe(effect.price_micros)
+        log.info(
+            "decision",
+            extra={
+                "tenant": policy.tenant,
+                "agent": agent.agent_id,
+                "route": request.route_id,
+                "decision": result.decision.value,
+                "reason": result.reason.value,
+                "price": effect.price_micros,
+                "hold_id": hold_id,
+                "state": result.state.value,
+            },
+        )
         if result.state is HoldState.PENDING:
             await require_replicas(gate, policy.tenant, hold_id, result.replicas, agent.agent_id)
             crash_point("after_reserve")
@@ -133,7 +157,11 @@ async def fire(
         # reconciler told "not found" while it is on its way cannot void it (contract 6).
         window_s = gate.settings.upstream_timeout_s + gate.settings.forward_margin_s
         await gate.ledger.retry(policy.tenant, hold_id, math.ceil(window_s * 1000))
-    answer = await forward(gate.http, target, request, hold_id, gate.settings.upstream_timeout_s)
+    retry = deadline_ms is None
+    with tracing.span("forward", tool=request.tool, hold_id=hold_id, retry=retry) as span:
+        timeout_s = gate.settings.upstream_timeout_s
+        answer = await forward(gate.http, target, request, hold_id, timeout_s)
+        tracing.annotate(span, fate=answer.fate.value, status=answer.status or None)
     if deadline_ms is None and answer.status in target.in_progress:
         # The retry reached the upstream while it still makes the first request under
         # this key (the IETF Idempotency-Key draft's 409): not a refusal of the effect.
@@ -169,22 +197,26 @@ async def settle(
         return
     started = time.perf_counter()
     operation = {Fate.DELIVERED: "post", Fate.UNKNOWN: "ambiguous"}.get(answer.fate, "void")
-    try:
-        if answer.fate is Fate.UNKNOWN:
-            await gate.ledger.mark_ambiguous(tenant, hold_id, answer.why)
-            return
-        outcome = request.answer(*_recordable(answer), keep=keep).dumps()
-        if answer.fate is Fate.DELIVERED:
-            await gate.ledger.post(tenant, hold_id, request.price, outcome=outcome)
-        else:
-            await gate.ledger.void(tenant, hold_id, outcome=outcome)
-    except Exception:
-        # The effect's fate is known but not recorded: the hold stays pending, turns
-        # ambiguous at its deadline and the reconciler settles it. Never released.
-        log.exception("could not settle hold", extra={"hold_id": hold_id, "fate": answer.fate})
-    finally:
-        metrics.LEDGER_SECONDS.labels(operation).observe(time.perf_counter() - started)
-    log.info("settled", extra={"hold_id": hold_id, "fate": answer.fate, "status": answer.status})
+    with tracing.span("settle", tenant=tenant, hold_id=hold_id, operation=operation):
+        try:
+            if answer.fate is Fate.UNKNOWN:
+                await gate.ledger.mark_ambiguous(tenant, hold_id, answer.why)
+                return
+            outcome = request.answer(*_recordable(answer), keep=keep).dumps()
+            if answer.fate is Fate.DELIVERED:
+                await gate.ledger.post(tenant, hold_id, request.price, outcome=outcome)
+            else:
+                await gate.ledger.void(tenant, hold_id, outcome=outcome)
+        except Exception:
+            # The effect's fate is known but not recorded: the hold stays pending, turns
+            # ambiguous at its deadline and the reconciler settles it. Never released.
+            log.exception("could not settle hold", extra={"hold_id": hold_id, "fate": answer.fate})
+        finally:
+            metrics.LEDGER_SECONDS.labels(operation).observe(time.perf_counter() - started)
+    log.info(
+        "settled",
+        extra={"tenant": tenant, "hold_id": hold_id, "fate": answer.fate, "status": answer.status},
+    )
 
 
 def _recordable(answer: Answer) -> tuple[int, list[tuple[str, str]], bytes]:

@@ -18,10 +18,22 @@ from fastapi.responses import Response
 from ledger.checkpoint import cutoff_ms, trim_locked
 from ledger.client import Ledger
 from ledger.errors import LedgerUnavailable
+from pricing import TenantPolicy, policy_accounts
 
-from . import admin, console, escalations, holds_api, logs, metrics, problems, proxy
+from . import (
+    admin,
+    console,
+    escalations,
+    holds_api,
+    logs,
+    metrics,
+    openapi,
+    problems,
+    proxy,
+    tracing,
+)
 from .admission import Gate
-from .auth import admin_auth, gate_of
+from .auth import AdminIdentity, gate_of, tenant_admin_auth
 from .problems import Problem
 from .settings import GatewaySettings
 from .tenants import TenantStore
@@ -55,6 +67,18 @@ async def _load_scripts(ledger: Ledger) -> None:
             await asyncio.sleep(0.1)
 
 
+def metered_accounts(policy: TenantPolicy, agents: bool) -> list[str]:
+    """The accounts /metrics reports budgets of: the tenant's, its principals' and its
+    named risk factors' (as many as the policy names), and its agents' only with
+    IRREV_METRICS_AGENT_ACCOUNTS (a series per agent). Accounts a factor pattern
+    opens (`customer:*`: one per customer) never: the admin API lists them."""
+    return [
+        spec.account_id
+        for spec in policy_accounts(policy)
+        if agents or not spec.account_id.startswith("agent:")
+    ]
+
+
 def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,9 +94,12 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             settings.upstream_timeout_s,
             settings.upstream_max_connections,
         )
+        traced.client(http)
         tenants = TenantStore(settings.policy_dir, settings.forward_budget())
         await _load_scripts(ledger)
-        await tenants.load(ledger)
+        # A file that does not load is reported (log, /metrics, /readyz) and leaves the
+        # other tenants served: `irrev serve` refused it at start, so it broke since.
+        await tenants.apply(ledger)
         gate = Gate(settings, ledger, tenants, http)
         app.state.gate = gate
 
@@ -114,13 +141,18 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
                     await task
             await http.aclose()
             await ledger.aclose()
+            traced.shutdown()
 
     app = FastAPI(
         title="irrev gateway",
         description="Fleet-wide irreversibility budget admission controller.",
-        version="0.1.0",
+        version=metrics.build_version(),
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
+    traced = tracing.setup(app)
+    openapi.install(app)
     problems.install(app)
     app.add_middleware(logs.RequestIdMiddleware)
     routers = (proxy.router, holds_api.router, escalations.router, admin.router, console.router)
@@ -133,6 +165,9 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
 
     @app.get("/readyz", tags=["health"])
     async def readyz(request: Request) -> dict[str, Any]:
+        """503 without the ledger. "degraded" (still 200: every tenant is served, a
+        failing one by the policy it had) while policy files do not load; only an
+        admin learns which tenants (its own, or all for an operator)."""
         gate = gate_of(request)
         try:
             await gate.ledger.ping()
@@ -142,32 +177,50 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             raise Problem(
                 503, "ledger_unavailable", f"not ready: {exc}", headers={"Retry-After": "1"}
             ) from exc
-        # Unauthenticated: which tenants this gateway serves is theirs to tell.
-        return {"status": "ready"}
+        faults = gate.tenants.faults
+        if not faults:
+            # Unauthenticated: which tenants this gateway serves is theirs to tell.
+            return {"status": "ready"}
+        answer: dict[str, Any] = {"status": "degraded", "policy_files_failing": len(faults)}
+        admin = await _admin(request)
+        if admin is not None:
+            shown = [f for f in faults if admin.sees(f.tenant) and (admin.operator or f.tenant)]
+            answer["tenants_degraded"] = sorted({f.tenant for f in shown if f.tenant})
+            if admin.operator:
+                answer["files_failing"] = sorted(str(f.path) for f in faults)
+        return answer
 
     @app.get("/metrics", tags=["health"])
     async def metrics_endpoint(request: Request) -> Response:
-        """Tenant labels for an admin token or with IRREV_METRICS_TENANT_LABELS; anyone
-        else gets the same series summed over tenants."""
+        """Tenant labels (and the gauges that name accounts or differ per tenant) for
+        an operator's token or with IRREV_METRICS_TENANT_LABELS; anyone else gets the
+        same series summed over tenants. Fleet gauges are read from Redis now, by this
+        worker alone (Ledger.snapshot: two round trips for every tenant)."""
         gate = gate_of(request)
-        tenant_labels = settings.metrics_tenant_labels or await _is_admin(request)
-        counts: dict[tuple[str, str], int] = {}
+        admin = await _admin(request)
+        tenant_labels = settings.metrics_tenant_labels or (admin is not None and admin.operator)
+        policies = gate.tenants.policies
+        accounts = {
+            tenant: metered_accounts(policy, settings.metrics_agent_accounts)
+            for tenant, policy in policies.items()
+        }
+        snapshots = []
         with contextlib.suppress(Exception):
-            for tenant in gate.tenants.policies:
-                for state, count in (await gate.ledger.live_counts(tenant)).items():
-                    counts[(tenant, state)] = count
-        exposition = metrics.exposition(counts, tenant_labels=tenant_labels)
+            snapshots = await gate.ledger.snapshot(accounts)
+        state = metrics.PolicyState(gate.tenants.versions())
+        for fault in gate.tenants.faults:
+            state.failing[fault.tenant] = state.failing.get(fault.tenant, 0) + 1
+        exposition = metrics.exposition(snapshots, state, tenant_labels=tenant_labels)
         return Response(exposition, media_type="text/plain; version=0.0.4")
 
     return app
 
 
-async def _is_admin(request: Request) -> bool:
+async def _admin(request: Request) -> AdminIdentity | None:
     try:
-        await admin_auth(request)
+        return await tenant_admin_auth(request)
     except Problem:
-        return False
-    return True
+        return None
 
 
 def app_from_env() -> FastAPI:

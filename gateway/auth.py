@@ -42,6 +42,12 @@ def _unauthenticated(expected: str) -> Problem:
     )
 
 
+def _named(request: Request, tenant: str, who: str) -> None:
+    """Who the credential named, for the refusal counter and log lines of this request."""
+    request.state.tenant = tenant
+    request.state.agent = who
+
+
 def _admin_name(gate: Gate, token: str) -> str | None:
     for known, name in gate.settings.admins().items():
         if hmac.compare_digest(known.encode(), token.encode()):
@@ -54,6 +60,7 @@ async def agent_auth(request: Request) -> tuple[TenantPolicy, AuthenticatedAgent
     found = gate_of(request).tenants.authenticate(token) if token else None
     if found is None:
         raise _unauthenticated("agent")
+    _named(request, found[0].tenant, found[1].agent_id)
     return found
 
 
@@ -109,6 +116,7 @@ async def tenant_admin_auth(request: Request) -> AdminIdentity:
     if found is None:
         raise _unauthenticated("admin")
     tenant, admin_id, role = found
+    _named(request, tenant, "")
     return AdminIdentity(admin_id, tenant, role)
 
 
@@ -137,6 +145,7 @@ async def caller_auth(request: Request) -> Caller:
     found = gate.tenants.authenticate(token)
     if found is None:
         raise _unauthenticated("agent or admin")
+    _named(request, found[0].tenant, found[1].agent_id)
     return Caller(policy=found[0], agent=found[1])
 
 
@@ -169,8 +178,10 @@ async def settling_auth(request: Request, tenant: str | None = None) -> Settling
         return Settling(policy, admin=name)
     settler = gate.tenants.settler(token)
     if settler is not None:
+        _named(request, settler[0].tenant, "")
         return Settling(settler[0], tool=settler[1])
     found = gate.tenants.authenticate(token)
     if found is None:
         raise _unauthenticated("agent, settler or admin")
+    _named(request, found[0].tenant, found[1].agent_id)
     return Settling(found[0], agent=found[1])

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ledger.client import Ledger
 from ledger.errors import LedgerError
 from ledger.records import Decision, Hold, HoldState, Status
-from pricing import EffectClass, TenantPolicy, check_per_effect_cap, price_request
+from pricing import EffectClass, TenantPolicy, check_per_effect_cap
 from pricing.credentials import AuthenticatedAgent
 from pricing.policy import BodyFormat
 from pricing.scopes import check_route_scope
@@ -24,7 +24,7 @@ from .admission import refusal, reserve
 from .auth import Settling, agent_auth, gate_of, settling_auth
 from .canonical import Canonical
 from .problems import Problem
-from .proxy import agent_key_of
+from .proxy import agent_key_of, price
 from .responses import budget_headers, escalation_id
 from .wire import (
     StoredAnswer,
@@ -100,15 +100,7 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
     canonical = Canonical(
         tuple(spec.query.items()), None if body is None else BodyFormat.JSON, body
     )
-    effect = price_request(
-        policy,
-        spec.tool,
-        spec.method,
-        spec.path,
-        canonical.query_map,
-        canonical.document,
-        canonical.body_format,
-    )
+    effect = price(policy, spec.tool, spec.method, spec.path, canonical)
     check_route_scope(policy, agent, effect)
     if not effect.in_process:
         raise Problem(403, "route_is_proxied", "this route's effects go through /tools/...")

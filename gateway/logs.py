@@ -11,7 +11,11 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from . import metrics
+
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+# Any other method is one label value: a client cannot add series by inventing methods.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _STANDARD = set(vars(logging.makeLogRecord({})))
 
 
@@ -41,7 +45,9 @@ def configure(level: str) -> None:
 
 
 class RequestIdMiddleware:
-    """Takes the caller's X-Request-Id (or makes one), logs the request and echoes it."""
+    """Takes the caller's X-Request-Id (or makes one), logs the request and echoes it;
+    counts and times it by route template (the route the router matched, so a path
+    parameter adds no series; "unmatched" for none)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -69,13 +75,19 @@ class RequestIdMiddleware:
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            elapsed = time.perf_counter() - started
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            metrics.HTTP_REQUESTS.labels(method, route, str(status or 500)).inc()
+            metrics.HTTP_SECONDS.labels(method, route).observe(elapsed)
             self.log.info(
                 "request",
                 extra={
                     "method": scope["method"],
                     "path": scope["path"],
+                    "route": route,
                     "status": status,
-                    "ms": round((time.perf_counter() - started) * 1000, 2),
+                    "ms": round(elapsed * 1000, 2),
                 },
             )
             REQUEST_ID.reset(token)

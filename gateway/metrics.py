@@ -1,16 +1,26 @@
 """Prometheus metrics. With several uvicorn workers, `irrev serve` sets
-PROMETHEUS_MULTIPROC_DIR so that any worker's /metrics reports all of them; hold
-counts come from Redis at scrape time, so they are the fleet's, not a worker's."""
+PROMETHEUS_MULTIPROC_DIR so that any worker's /metrics reports all of them.
+
+Two kinds of series: counters and histograms each worker keeps (summed over the
+workers), and gauges computed when /metrics is scraped: the fleet's state read from
+Redis by the one worker that answers the scrape (hold counts, budgets, the
+escalation and ambiguous queues: `Ledger.snapshot`, two round trips), and that
+worker's view of the policies in force (every worker reloads the same files)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import platform
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+
+from ledger.records import TenantSnapshot
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 PRICE_BUCKETS = tuple(float(10**k) for k in range(0, 13))
@@ -42,17 +52,156 @@ UPSTREAM_OUTCOMES = Counter(
 )
 
 
-class _HoldCounts:
-    def __init__(self, counts: dict[tuple[str, str], int]) -> None:
-        self.counts = counts
+REFUSALS = Counter(
+    "irrev_refusals_total",
+    "Requests answered with application/problem+json, by reason, wherever refused: "
+    "authentication, validation, pricing, per-effect caps and scopes, the ledger",
+    ["tenant", "reason", "status"],
+)
+ADMIN_DECISIONS = Counter(
+    "irrev_admin_decisions_total",
+    "Escalations approved or rejected",
+    ["tenant", "admin", "decision"],
+)
+POLICY_RELOADS = Counter(
+    "irrev_policy_reloads_total",
+    "Policy files a worker loaded: applied, or failed (its tenant keeps the policy it had)",
+    ["tenant", "result"],
+)
+RECONCILED = Counter(
+    "irrev_reconciled_total",
+    "Ambiguous holds the reconciler looked at, by result",
+    ["tenant", "result"],
+)
+HTTP_REQUESTS = Counter(
+    "irrev_http_requests_total", "HTTP requests by route template", ["method", "route", "status"]
+)
+HTTP_SECONDS = Histogram(
+    "irrev_http_request_seconds",
+    "HTTP request durations by route template",
+    ["method", "route"],
+    buckets=LATENCY_BUCKETS,
+)
 
-    def collect(self) -> list[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
-            "irrev_live_holds", "Live holds by state (from the ledger)", labels=["tenant", "state"]
+
+def build_version() -> str:
+    try:
+        return version("irrev")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@dataclass
+class PolicyState:
+    """One worker's policies: tenant -> (version in force, applied at), and how many
+    policy files of each tenant are on disk but not in force ("" for a file that
+    names no tenant)."""
+
+    versions: dict[str, tuple[str, float]] = field(default_factory=dict)
+    failing: dict[str, int] = field(default_factory=dict)
+
+
+def _gauge(
+    name: str, doc: str, labels: list[str], rows: Iterable[tuple[list[str], float]]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for values, value in rows:
+        family.add_metric(values, value)
+    return family
+
+
+class _Fleet:
+    """The scrape-time gauges. `detailed`: also those whose labels name accounts or
+    whose values are per tenant and do not add up (ages): only for callers who may
+    see tenants."""
+
+    def __init__(self, snapshots: list[TenantSnapshot], policies: PolicyState, detailed: bool):
+        self.snapshots = snapshots
+        self.policies = policies
+        self.detailed = detailed
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snaps = self.snapshots
+        yield _gauge(
+            "irrev_live_holds",
+            "Live holds by state (from the ledger)",
+            ["tenant", "state"],
+            (([s.tenant, state], n) for s in snaps for state, n in sorted(s.counts.items())),
         )
-        for (tenant, state), count in sorted(self.counts.items()):
-            family.add_metric([tenant, state], count)
-        return [family]
+        yield _gauge(
+            "irrev_build_info",
+            "The gateway's version",
+            ["version", "python"],
+            [([build_version(), platform.python_version()], 1)],
+        )
+        failing = dict.fromkeys(self.policies.versions, 0) | self.policies.failing
+        yield _gauge(
+            "irrev_policy_failing",
+            "Policy files on disk that are not in force (their tenant keeps the policy it had)",
+            ["tenant"],
+            (([tenant], n) for tenant, n in sorted(failing.items())),
+        )
+        if not self.detailed:
+            return
+        yield from self._budgets()
+        versions = sorted(self.policies.versions.items())
+        yield _gauge(
+            "irrev_policy_info",
+            "The policy in force: its version is a digest of its file",
+            ["tenant", "version"],
+            (([tenant, v], 1) for tenant, (v, _) in versions),
+        )
+        yield _gauge(
+            "irrev_policy_applied_timestamp_seconds",
+            "When the policy in force was applied (Unix time)",
+            ["tenant"],
+            (([tenant], at) for tenant, (_, at) in versions),
+        )
+        yield from self._queues()
+
+    def _budgets(self) -> Iterator[GaugeMetricFamily]:
+        rows = [(s.tenant, b) for s in self.snapshots for b in s.balances]
+        for part, doc in (
+            ("limit", "Account limits"),
+            ("pending", "Held on accounts by live holds"),
+            ("posted", "Posted to accounts in their window"),
+            ("available", "Left on accounts: limit - pending - posted (negative after an overrun)"),
+        ):
+            yield _gauge(
+                f"irrev_budget_{part}_micros",
+                f"{doc}, in the tenant's minor unit",
+                ["tenant", "account"],
+                (([tenant, b.account], getattr(b, part)) for tenant, b in rows),
+            )
+
+    def _queues(self) -> Iterator[GaugeMetricFamily]:
+        snaps = self.snapshots
+        yield _gauge(
+            "irrev_escalation_oldest_age_seconds",
+            "Age of the oldest escalation waiting for a human (0: none)",
+            ["tenant"],
+            (([s.tenant], _oldest(s.now_ms, [t0 for t0, _ in s.escalated])) for s in snaps),
+        )
+        yield _gauge(
+            "irrev_escalation_next_expiry_seconds",
+            "Time left before the first waiting escalation expires (absent: none waits)",
+            ["tenant"],
+            (
+                ([s.tenant], (min(dl for _, dl in s.escalated) - s.now_ms) / 1000)
+                for s in snaps
+                if s.escalated
+            ),
+        )
+        yield _gauge(
+            "irrev_ambiguous_oldest_age_seconds",
+            "Age of the oldest ambiguous hold, charged until reconciled (0: none)",
+            ["tenant"],
+            (([s.tenant], _oldest(s.now_ms, s.ambiguous)) for s in snaps),
+        )
+
+
+def _oldest(now_ms: int, created: list[int]) -> float:
+    return max(0, now_ms - min(created)) / 1000 if created else 0.0
 
 
 class _WithoutTenants:
@@ -78,7 +227,9 @@ class _WithoutTenants:
             yield merged
 
 
-def exposition(hold_counts: dict[tuple[str, str], int], *, tenant_labels: bool) -> bytes:
+def exposition(
+    snapshots: list[TenantSnapshot], policies: PolicyState, *, tenant_labels: bool
+) -> bytes:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         own: Collector = CollectorRegistry()
         multiprocess.MultiProcessCollector(own)
@@ -86,8 +237,8 @@ def exposition(hold_counts: dict[tuple[str, str], int], *, tenant_labels: bool) 
         from prometheus_client import REGISTRY
 
         own = REGISTRY
-    holds = CollectorRegistry()
-    holds.register(_HoldCounts(hold_counts))
+    fleet = CollectorRegistry()
+    fleet.register(_Fleet(snapshots, policies, detailed=tenant_labels))
     if tenant_labels:
-        return generate_latest(own) + generate_latest(holds)
-    return generate_latest(_WithoutTenants(own)) + generate_latest(_WithoutTenants(holds))
+        return generate_latest(own) + generate_latest(fleet)
+    return generate_latest(_WithoutTenants(own)) + generate_latest(_WithoutTenants(fleet))

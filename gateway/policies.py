@@ -7,6 +7,7 @@ examples/procurement.tokens.yaml) and are never loaded as policies.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -147,25 +148,56 @@ def policy_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.suffix in POLICY_SUFFIXES and p.is_file())
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyFile:
+    """One file's policy as written, and its version: a digest of the file's bytes,
+    which names the policy in force on /metrics and in log lines."""
+
+    path: Path
+    policy: TenantPolicy
+    version: str
+
+
+@dataclass(slots=True)
+class FileFault:
+    """A file that did not load, and the tenant it names where that can be told (the
+    document's `tenant`, even if the rest is wrong), so its tenant can be reported."""
+
+    path: Path
+    error: PolicyError
+    tenant: str = ""
+
+
+def read_policy_files(directory: Path) -> tuple[list[PolicyFile], list[FileFault]]:
+    """Each policy file of `directory` on its own: one file's fault never stops the
+    others (demo token files are skipped)."""
+    if not directory.is_dir():
+        error = PolicyError(str(directory), [Problem("", "not a directory of policy files")])
+        return [], [FileFault(directory, error)]
+    loaded: list[PolicyFile] = []
+    faults: list[FileFault] = []
+    for path in policy_files(directory):
+        data: object = None
+        try:
+            text = read_text(path)
+            data = parse_yaml(text, str(path))
+            if not is_demo_tokens(data):
+                version = hashlib.sha256(text.encode()).hexdigest()[:12]
+                loaded.append(PolicyFile(path, load_policy_data(data, str(path)), version))
+        except PolicyError as exc:
+            named = data.get("tenant") if isinstance(data, dict) else None
+            faults.append(FileFault(path, exc, named if isinstance(named, str) else ""))
+    return loaded, faults
+
+
 def load_policy_dir(directory: Path, budget: ForwardBudget = NO_BUDGET) -> dict[str, TenantPolicy]:
     """Every tenant policy in `directory` by tenant id; PolicyLoadError lists all faults."""
-    if not directory.is_dir():
-        raise PolicyLoadError(
-            [PolicyError(str(directory), [Problem("", "not a directory of policy files")])]
-        )
-    loaded: list[tuple[str, TenantPolicy]] = []
-    errors: list[PolicyError] = []
-    for path in policy_files(directory):
-        try:
-            data = parse_yaml(read_text(path), str(path))
-            if not is_demo_tokens(data):
-                loaded.append((str(path), load_policy_data(data, str(path))))
-        except PolicyError as exc:
-            errors.append(exc)
-    errors += check_policy_set(loaded, budget)
+    loaded, faults = read_policy_files(directory)
+    errors = [fault.error for fault in faults]
+    errors += check_policy_set(((str(f.path), f.policy) for f in loaded), budget)
     if errors:
         raise PolicyLoadError(errors)
-    return {policy.tenant: policy for _, policy in loaded}
+    return {f.policy.tenant: f.policy for f in loaded}
 
 
 def authenticate(

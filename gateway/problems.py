@@ -4,6 +4,7 @@ responses, so no route builds an error body by hand and bad input never gets a 5
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,7 +22,10 @@ from ledger.errors import (
 )
 from pricing.errors import RequestError
 
+from . import metrics
+
 PROBLEM_JSON = "application/problem+json"
+log = logging.getLogger("irrev.gateway")
 
 
 class Problem(Exception):
@@ -77,21 +81,46 @@ def problem_for(exc: Exception) -> Problem:
     return Problem(500, "internal_error", "an internal error; the request was not admitted")
 
 
+def refused(request: Request, problem: Problem) -> JSONResponse:
+    """Every refusal becomes its answer here, so each is counted by reason and logged
+    once, wherever it was raised (before the ledger or by it). The tenant and agent
+    are those the credential named, if it got that far."""
+    tenant = getattr(request.state, "tenant", "")
+    route = request.scope.get("route")
+    metrics.REFUSALS.labels(tenant, problem.reason, str(problem.status)).inc()
+    level = logging.ERROR if problem.status >= 500 else logging.INFO
+    log.log(
+        level,
+        "refused",
+        extra={
+            "tenant": tenant or None,
+            "agent": getattr(request.state, "agent", None),
+            "route": getattr(route, "path", None),
+            "path": request.url.path,
+            "status": problem.status,
+            "reason": problem.reason,
+            "price": problem.extra.get("price"),
+            "hold_id": problem.extra.get("hold"),
+        },
+    )
+    return problem.response()
+
+
 def install(app: FastAPI) -> None:
     async def on_error(request: Request, exc: Exception) -> JSONResponse:
-        return problem_for(exc).response()
+        return refused(request, problem_for(exc))
 
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
             {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()
         ]
-        return Problem(
-            422, "bad_request", "the request does not match the schema", errors=errors
-        ).response()
+        detail = "the request does not match the schema"
+        problem = Problem(422, "bad_request", detail, errors=errors)
+        return refused(request, problem)
 
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
-        return Problem(exc.status_code, reason, str(exc.detail)).response()
+        return refused(request, Problem(exc.status_code, reason, str(exc.detail)))
 
     for error in (
         Problem,
@@ -104,5 +133,8 @@ def install(app: FastAPI) -> None:
         BadInput,
     ):
         app.add_exception_handler(error, on_error)
+    # Anything else is a bug: still a problem+json answer, counted and logged (the
+    # traceback too, by the server that re-raises it).
+    app.add_exception_handler(Exception, on_error)
     app.add_exception_handler(RequestValidationError, on_validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, on_http)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ from pricing import EffectClass, PricedEffect, TenantPolicy, check_per_effect_ca
 from pricing.credentials import AuthenticatedAgent
 from pricing.scopes import check_route_scope
 
+from . import tracing
 from .admission import Gate, fire, refusal, reserve, settled_problem, target_of
 from .auth import agent_auth, gate_of
 from .canonical import Canonical, check_headers, check_raw_path, read_request
@@ -71,9 +72,19 @@ def passed_headers(policy: TenantPolicy, tool: str, request: Request) -> Headers
 def price(
     policy: TenantPolicy, tool: str, method: str, path: str, canonical: Canonical
 ) -> PricedEffect:
-    return price_request(
-        policy, tool, method, path, canonical.query_map, canonical.document, canonical.body_format
-    )
+    with tracing.span("price", tenant=policy.tenant, tool=tool, method=method) as span:
+        effect = price_request(
+            policy,
+            tool,
+            method,
+            path,
+            canonical.query_map,
+            canonical.document,
+            canonical.body_format,
+        )
+        route = effect.route.route_id if effect.route else None
+        tracing.annotate(span, route=route, price=effect.price_micros, effect=effect.effect_class)
+    return effect
 
 
 @router.api_route("/tools/{tool}/{path:path}", methods=METHODS, include_in_schema=False)

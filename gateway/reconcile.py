@@ -4,6 +4,7 @@ found" only voids a hold past its deadline, when no forward can still be in flig
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import httpx
@@ -13,10 +14,13 @@ from ledger.records import HoldState
 from pricing import TenantPolicy, price_request
 from pricing.errors import RequestError
 
+from . import metrics
 from .admission import Gate, target_of
 from .canonical import read_request
 from .problems import Problem
 from .wire import StoredAnswer, StoredRequest, upstream_key
+
+log = logging.getLogger("irrev.gateway")
 
 
 @dataclass
@@ -27,6 +31,23 @@ class Reconciliation:
 
 
 async def reconcile(gate: Gate, policy: TenantPolicy) -> Reconciliation:
+    """Resolve what can be; a log line per hold and the counts by result."""
+    report = await _reconcile(gate, policy)
+    tenant = policy.tenant
+    for result, holds in (("posted", report.posted), ("voided", report.voided)):
+        metrics.RECONCILED.labels(tenant, result).inc(len(holds))
+        for hold_id in holds:
+            log.info("reconciled", extra={"tenant": tenant, "hold_id": hold_id, "result": result})
+    metrics.RECONCILED.labels(tenant, "unresolved").inc(len(report.unresolved))
+    for hold_id, why in report.unresolved.items():
+        log.warning(
+            "reconciled",
+            extra={"tenant": tenant, "hold_id": hold_id, "result": "unresolved", "reason": why},
+        )
+    return report
+
+
+async def _reconcile(gate: Gate, policy: TenantPolicy) -> Reconciliation:
     tenant = policy.tenant
     report = Reconciliation()
     await gate.ledger.sweep(tenant, batch=1000)

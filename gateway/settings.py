@@ -46,6 +46,11 @@ class GatewaySettings(BaseSettings):
         description="show tenant labels on /metrics to any caller; otherwise only to an "
         "admin token, and others get every series summed over tenants",
     )
+    metrics_agent_accounts: bool = Field(
+        default=False,
+        description="report the budget gauges of every agent's account too (one series per "
+        "agent); otherwise the tenant's, its principals' and its named risk factors'",
+    )
     wait_replicas: int = Field(
         default=0,
         ge=0,

@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ledger.client import Ledger
@@ -19,9 +21,7 @@ from pricing import (
     PolicyError,
     TenantPolicy,
     factor_account,
-    load_policy_data,
     load_policy_text,
-    parse_yaml,
     policy_accounts,
     with_observed,
 )
@@ -29,16 +29,17 @@ from pricing.catalog import FACTOR_PREFIX
 from pricing.credentials import AuthenticatedAgent, hash_token
 from pricing.policy import AdminRole
 
+from . import metrics
 from .credentials import Injected, resolve_credentials
 from .policies import (
     NO_BUDGET,
+    FileFault,
     ForwardBudget,
+    PolicyFile,
     PolicyLoadError,
     check_policy_set,
-    is_demo_tokens,
-    load_policy_dir,
     policy_files,
-    read_text,
+    read_policy_files,
 )
 from .upstream import Upstream
 from .wire import KEPT_RESPONSE_HEADERS
@@ -81,6 +82,29 @@ def _learned(policy: TenantPolicy, observed: dict[str, Outcomes] | None) -> Tena
         return policy
 
 
+@dataclass
+class LoadReport:
+    """What a load put in force (`tenants`) and which files it could not use: each
+    such file's tenant keeps the policy it had (a tenant whose file never loaded has
+    none), and every other tenant's file is applied regardless."""
+
+    tenants: list[str] = field(default_factory=list)
+    faults: list[FileFault] = field(default_factory=list)
+
+    def errors_of(self, path: Path) -> list[PolicyError]:
+        return [fault.error for fault in self.faults if fault.path == path]
+
+
+@dataclass(frozen=True, slots=True)
+class InForce:
+    """A tenant's policy file in force: the policy as written, its version, when it
+    was applied (Unix time), and its tools' credentials as resolved then."""
+
+    file: PolicyFile
+    credentials: dict[str, Injected]
+    applied_at: float
+
+
 class TenantStore:
     """`policies` are what prices are computed with: each policy as written, with the
     compensation outcomes counted so far applied (pricing.with_observed)."""
@@ -89,6 +113,7 @@ class TenantStore:
         self.directory = directory
         self.budget = budget
         self.policies: dict[str, TenantPolicy] = {}
+        self._in_force: dict[Path, InForce] = {}
         self._written: dict[str, TenantPolicy] = {}
         self._observed: dict[str, dict[str, Outcomes]] = {}
         self._agents: dict[str, tuple[TenantPolicy, AuthenticatedAgent]] = {}
@@ -97,6 +122,9 @@ class TenantStore:
         self._targets: dict[tuple[str, str], Upstream] = {}
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
         self._secret_files: tuple[tuple[str, int, int], ...] = ()
+        # The policy files on disk that are not in force, each with its tenant where
+        # that can be told.
+        self.faults: list[FileFault] = []
 
     def authenticate(self, token: str) -> tuple[TenantPolicy, AuthenticatedAgent] | None:
         return self._agents.get(hash_token(token))
@@ -109,25 +137,123 @@ class TenantStore:
         """The tenant and tool whose settler credential `token` is."""
         return self._settlers.get(hash_token(token))
 
+    def versions(self) -> dict[str, tuple[str, float]]:
+        """tenant -> (version of its policy in force, when it was applied)."""
+        entries = self._in_force.values()
+        return {e.file.policy.tenant: (e.file.version, e.applied_at) for e in entries}
+
     def _files_signature(self) -> tuple[tuple[str, int, int], ...]:
         stats = ((p.name, p.stat()) for p in policy_files(self.directory))
         return tuple((name, st.st_mtime_ns, st.st_size) for name, st in stats)
 
     async def load(self, ledger: Ledger) -> list[str]:
-        """(Re)load every policy and create or update the accounts each names. On a
-        faulty directory the previous policies stay in force (PolicyLoadError)."""
+        """`apply`, then PolicyLoadError if any file was not applied (its tenant keeps
+        its previous policy; the other files were applied)."""
+        report = await self.apply(ledger)
+        if report.faults:
+            raise PolicyLoadError([fault.error for fault in report.faults])
+        return report.tenants
+
+    async def apply(self, ledger: Ledger) -> LoadReport:
+        """(Re)load every policy file on its own and create or update the accounts of
+        each policy in force. A file that does not load, resolve its credentials or
+        agree with the other policies in force (a shared token, a tenant defined
+        twice) leaves its tenant on the policy it had: one tenant's broken file never
+        holds back another's change. Redis errors raise, and then nothing changes."""
         signature = self._files_signature()
-        policies = load_policy_dir(self.directory, self.budget)
-        credentials = _credentials_of(policies.values())
-        for policy in policies.values():
-            for spec in policy_accounts(policy):
-                await _open_account(ledger, policy.tenant, ledger_account(spec))
-        self._written = policies
+        files, faults = read_policy_files(self.directory)
+        chosen, faults = self._choose(files, faults)
+        for entry in chosen.values():
+            for spec in policy_accounts(entry.file.policy):
+                await _open_account(ledger, entry.file.policy.tenant, ledger_account(spec))
+        self._report(chosen, faults)
+        self._in_force = chosen
+        self._written = {e.file.policy.tenant: e.file.policy for e in chosen.values()}
+        self.faults = faults
         self._signature = signature
-        self._targets = _targets(policies.values(), credentials)
-        self._secret_files = _secret_files_signature(policies.values())
+        self._targets = _targets(
+            self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
+        )
+        self._secret_files = _secret_files_signature(self._written.values())
         self._install(await self._read_observed(ledger))
-        return sorted(policies)
+        return LoadReport(sorted(self._written), faults)
+
+    def _by_tenant(self) -> dict[str, InForce]:
+        return {entry.file.policy.tenant: entry for entry in self._in_force.values()}
+
+    def _choose(
+        self, files: list[PolicyFile], faults: list[FileFault]
+    ) -> tuple[dict[Path, InForce], list[FileFault]]:
+        """Which policy each file puts in force: the file as it is now if it loads and
+        agrees with everything already chosen, else the policy it had before."""
+        now = time.time()
+        previous = self._in_force
+        chosen: dict[Path, InForce] = {}
+
+        def admit(entry: InForce) -> list[PolicyError]:
+            source = str(entry.file.path)
+            others = [(str(p), e.file.policy) for p, e in chosen.items()]
+            errors = check_policy_set([*others, (source, entry.file.policy)], self.budget)
+            mine = [error for error in errors if error.source == source]
+            if not mine:
+                chosen[entry.file.path] = entry
+            return mine
+
+        # Files that keep their previous policy go first: a changed file must agree
+        # with them, not the other way round.
+        for fault in faults:
+            if fault.path in previous:
+                fault.tenant = previous[fault.path].file.policy.tenant
+                admit(previous[fault.path])
+        for file in files:
+            old = previous.get(file.path)
+            same = old is not None and old.file.version == file.version
+            applied_at = old.applied_at if old is not None and same else now
+            try:
+                credentials = resolve_credentials(file.policy)
+            except PolicyError as exc:
+                errors = [exc]
+            else:
+                errors = admit(InForce(file, credentials, applied_at))
+            if not errors:
+                continue
+            faults += [FileFault(file.path, error, file.policy.tenant) for error in errors]
+            if old is not None:
+                admit(old)
+        return chosen, faults
+
+    def _report(self, chosen: dict[Path, InForce], faults: list[FileFault]) -> None:
+        """A log line per change of what is in force and per new fault (not one per
+        look at the directory), and the reload counters."""
+        before = {(f.path, str(f.error)) for f in self.faults}
+        for fault in faults:
+            metrics.POLICY_RELOADS.labels(fault.tenant, "failed").inc()
+            if (fault.path, str(fault.error)) not in before:
+                log.warning(
+                    "policy not applied",
+                    extra={
+                        "tenant": fault.tenant or None,
+                        "file": str(fault.path),
+                        "problems": str(fault.error).splitlines(),
+                        "in_force": self._version_of(chosen, fault.tenant),
+                    },
+                )
+        old = {e.file.policy.tenant: e.file.version for e in self._in_force.values()}
+        new = {e.file.policy.tenant: e.file.version for e in chosen.values()}
+        for tenant, version in sorted(new.items()):
+            metrics.POLICY_RELOADS.labels(tenant, "applied").inc()
+            if old.get(tenant) != version:
+                log.info(
+                    "policy applied",
+                    extra={"tenant": tenant, "version": version, "previous": old.get(tenant)},
+                )
+        for tenant in sorted(old.keys() - new.keys()):
+            log.info("policy removed", extra={"tenant": tenant, "version": old[tenant]})
+
+    @staticmethod
+    def _version_of(chosen: dict[Path, InForce], tenant: str) -> str | None:
+        found = [e.file.version for e in chosen.values() if e.file.policy.tenant == tenant]
+        return found[0] if found else None
 
     def target(self, tenant: str, tool: str) -> Upstream | None:
         """Where and how requests to `tool` of `tenant` go; None without an upstream."""
@@ -139,7 +265,7 @@ class TenantStore:
         since the last look."""
         rotated = _secret_files_signature(self._written.values()) != self._secret_files
         if rotated or self._files_signature() != self._signature:
-            await self.load(ledger)
+            await self.apply(ledger)
             return True
         observed = await self._read_observed(ledger)
         if observed != self._observed:
@@ -191,19 +317,20 @@ class TenantStore:
         if policy.tenant != tenant:
             raise ValueError(f"the policy is for tenant {policy.tenant!r}, not {tenant!r}")
         target = self.file_of(tenant)
-        _credentials_of([policy])  # a missing secret refuses the upload, not the next load
-        # Valid alone is not enough: the directory must stay loadable as a whole (no
-        # token shared with another tenant's agent), or the file would break every
-        # reload and the next start while the upload was reported refused.
-        errors = check_policy_set(
-            [*self._other_policies(target), (str(target), policy)], self.budget
-        )
+        resolve_credentials(policy)  # a missing secret refuses the upload, not the next load
+        # Valid alone is not enough: it must agree with the other policies in force (no
+        # token shared with another tenant's agent), or the file would never be applied
+        # while the upload was reported refused.
+        others = [(str(p), e.file.policy) for p, e in self._in_force.items() if p != target]
+        errors = check_policy_set([*others, (str(target), policy)], self.budget)
         if errors:
             raise PolicyLoadError(errors)
         previous = target.read_text(encoding="utf-8") if target.exists() else None
         self._write(target, text)
         try:
-            await self.load(ledger)
+            report = await self.apply(ledger)
+            if own := report.errors_of(target):
+                raise PolicyLoadError(own)
         except BaseException:
             # Refused is refused: the file goes back as it was, so the next reload (or
             # restart) does not apply what this answer said was not applied.
@@ -220,14 +347,6 @@ class TenantStore:
             out.write(text)
         os.replace(temporary, target)
 
-    def _other_policies(self, skip: Path) -> list[tuple[str, TenantPolicy]]:
-        loaded = []
-        for path in policy_files(self.directory):
-            data = parse_yaml(read_text(path), str(path))
-            if path != skip and not is_demo_tokens(data):
-                loaded.append((str(path), load_policy_data(data, str(path))))
-        return loaded
-
     def file_of(self, tenant: str) -> Path:
         """The file that holds (or would hold) `tenant`'s policy."""
         for path in policy_files(self.directory):
@@ -237,20 +356,6 @@ class TenantStore:
             except ValueError:
                 continue
         return self.directory / f"{tenant}.yaml"
-
-
-def _credentials_of(policies: Iterable[TenantPolicy]) -> dict[str, dict[str, Injected]]:
-    """Every tenant's resolved tool credentials; a missing one refuses the whole load,
-    like any other fault of a policy, so the previous policies stay in force."""
-    resolved, errors = {}, []
-    for policy in policies:
-        try:
-            resolved[policy.tenant] = resolve_credentials(policy)
-        except PolicyError as exc:
-            errors.append(exc)
-    if errors:
-        raise PolicyLoadError(errors)
-    return resolved
 
 
 def _targets(

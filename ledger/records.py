@@ -94,6 +94,21 @@ class Balance:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantSnapshot:
+    """A tenant's live state as an operator watches it, at Redis time `now_ms`: live
+    hold counts by state, the balances of the accounts asked for, and the creation
+    and deadline times of its escalated holds and the creation times of its ambiguous
+    ones (the queues a human works through)."""
+
+    tenant: str
+    now_ms: int
+    counts: dict[str, int]
+    balances: list[Balance]
+    escalated: list[tuple[int, int]]
+    ambiguous: list[int]
+
+
+@dataclass(frozen=True, slots=True)
 class AccountCheck:
     """One account as the reserve saw it: `used` is pending + posted before the hold."""
 
