@@ -159,6 +159,8 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # A tenant budget of 1 USD: every order but a free one is refused.
     "tight": ("procurement", {"accounts": _example_accounts(tenant={"limit": "1"})}),
     "hygiene": ("procurement", {}),
+    "ops": ("procurement", {}),
+    "dashboards": ("procurement", {}),
 }
 
 
