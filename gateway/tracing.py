@@ -9,8 +9,11 @@ decision, price and hold id as attributes. The exporter, sampler, batching and
 resource are the SDK's, read from the standard variables; OTLP goes over HTTP
 (http/protobuf), or `console` prints spans.
 
-Off, opentelemetry is never imported (the `otel` extra need not be installed) and a
-span is one shared no-op object: nothing is allocated per request.
+Off, this module imports neither the SDK nor an instrumentation (the `otel` extra
+need not be installed), no tracer provider is set (so FastAPI's own tracing, which
+recent versions have, stays off too) and a span is one shared no-op object:
+nothing is allocated per request. On, FastAPI leaves server spans to the
+instrumentation.
 """
 
 from __future__ import annotations

@@ -1,0 +1,229 @@
+"""Tracing (issue 14): an agent's `traceparent` is the parent of the gateway's spans,
+the upstream receives a `traceparent` of the same trace, and the admission path's
+spans (price, reserve, forward, settle, approval) carry decision, price and hold id.
+Spans go by OTLP/HTTP, configured by the standard OTEL_* variables, from a real
+`irrev serve` to a real HTTP receiver that decodes them; off, no SDK is loaded."""
+
+from __future__ import annotations
+
+import gzip
+import secrets
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from .conftest import own_gateway
+from .helpers import effect_headers, order
+from .servers import BIN, ROOT, Server, base_env, free_port
+
+SPAN_DEADLINE_S = 20.0
+
+
+class Collector:
+    """An OTLP/HTTP trace receiver on loopback: every span it was sent, decoded."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = ExportTraceServiceRequest.FromString(body)
+                with collector.lock:
+                    for resource in request.resource_spans:
+                        for scope in resource.scope_spans:
+                            collector.spans += [_decoded(span) for span in scope.spans]
+                reply = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def of_trace(self, trace_id: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [span for span in self.spans if span["trace_id"] == trace_id]
+
+    def wait_for(self, trace_id: str, names: set[str]) -> dict[str, dict[str, Any]]:
+        """The spans of `trace_id` by name, once every one of `names` has arrived."""
+        deadline = time.monotonic() + SPAN_DEADLINE_S
+        while True:
+            spans = {span["name"]: span for span in self.of_trace(trace_id)}
+            if names <= spans.keys():
+                return spans
+            assert time.monotonic() < deadline, f"missing spans {names - spans.keys()}: {spans}"
+            time.sleep(0.1)
+
+
+def _decoded(span: Any) -> dict[str, Any]:
+    attributes = {}
+    for kv in span.attributes:
+        kind = kv.value.WhichOneof("value")
+        attributes[kv.key] = getattr(kv.value, kind) if kind else None
+    return {
+        "name": span.name,
+        "trace_id": span.trace_id.hex(),
+        "span_id": span.span_id.hex(),
+        "parent": span.parent_span_id.hex(),
+        "attributes": attributes,
+    }
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    receiver = Collector()
+    receiver.thread.start()
+    yield receiver
+    receiver.server.shutdown()
+    receiver.server.server_close()
+
+
+def traceparent() -> tuple[str, str, str]:
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return f"00-{trace_id}-{span_id}-01", trace_id, span_id
+
+
+async def test_an_agents_trace_runs_through_the_gateway_to_the_upstream(
+    redis_url: str, suppliers: Server, tmp_path: Path, collector: Collector
+) -> None:
+    otel = {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_SERVICE_NAME": "irrev-under-test",
+    }
+    with own_gateway(redis_url, suppliers, tmp_path, workers=1, **otel) as gateway:
+        tenant = gateway.tenant("own")
+        header, trace_id, agent_span = traceparent()
+        async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
+            admitted = await http.post(
+                "/tools/supplier/orders",
+                json=order(),
+                headers={**effect_headers(tenant, "buyer-01", "t1"), "traceparent": header},
+            )
+            assert admitted.status_code == 201, admitted.text
+            seen = (await http.get(f"{suppliers.url}/_headers/{tenant.id}")).json()
+            sent = dict(seen[-1])
+            names = {"irrev.price", "irrev.reserve", "irrev.forward", "irrev.settle"}
+            spans = collector.wait_for(trace_id, names)
+
+            escalation_header, escalated_trace, _ = traceparent()
+            escalated = await http.post(
+                "/tools/supplier/orders",
+                json=order(quantity=450),
+                headers={
+                    **effect_headers(tenant, "buyer-02", "t2"),
+                    "traceparent": escalation_header,
+                },
+            )
+            assert escalated.status_code == 202, escalated.text
+            approval_header, approval_trace, _ = traceparent()
+            approved = await http.post(
+                f"{escalated.headers['location']}/approve",
+                headers={**gateway.admin, "traceparent": approval_header},
+            )
+            assert approved.status_code == 201, approved.text
+            approval = collector.wait_for(approval_trace, {"irrev.approval", "irrev.forward"})
+            reserved = collector.wait_for(escalated_trace, {"irrev.reserve"})
+
+    # The upstream's parent is a span of the gateway, in the agent's trace.
+    version, upstream_trace, upstream_parent, _ = sent["traceparent"].split("-")
+    assert (version, upstream_trace) == ("00", trace_id)
+    assert upstream_parent != agent_span
+    assert upstream_parent in {span["span_id"] for span in collector.of_trace(trace_id)}
+    # The gateway's server span is the agent's span's child.
+    assert agent_span in {span["parent"] for span in collector.of_trace(trace_id)}
+    hold = admitted.headers["x-irrev-hold"]
+    price = int(admitted.headers["x-irrev-price"])
+    reserve = spans["irrev.reserve"]["attributes"]
+    assert reserve["irrev.decision"] == "admit" and reserve["irrev.reason"] == "within_budget"
+    assert reserve["irrev.hold_id"] == hold and reserve["irrev.price"] == price
+    assert (
+        reserve["irrev.agent"] == "buyer-01" and reserve["irrev.route"] == "supplier POST /orders"
+    )
+    assert spans["irrev.price"]["attributes"]["irrev.price"] == price
+    assert spans["irrev.forward"]["attributes"]["irrev.fate"] == "delivered"
+    assert spans["irrev.forward"]["attributes"]["irrev.hold_id"] == hold
+    assert spans["irrev.settle"]["attributes"]["irrev.operation"] == "post"
+    # Escalated, then approved by a human in another trace.
+    assert reserved["irrev.reserve"]["attributes"]["irrev.decision"] == "escalate"
+    decided = approval["irrev.approval"]["attributes"]
+    assert decided["irrev.decision"] == "approved" and decided["irrev.admin"] == "ops"
+    assert decided["irrev.hold_id"] == escalated.headers["x-irrev-hold"]
+    assert decided["irrev.price"] == int(escalated.headers["x-irrev-price"])
+
+
+def test_tracing_off_loads_no_sdk_and_sets_no_provider() -> None:
+    """Off by default: a worker's app is built without the SDK's tracing, the
+    instrumentations or an exporter, and with no tracer provider (FastAPI itself
+    imports the OpenTelemetry API and traces natively only once a provider is set;
+    redis-py imports the SDK's metrics where installed, and uses them only if told)."""
+    probe = (
+        "import sys\n"
+        "from opentelemetry import trace\n"
+        "from gateway.app import create_app\n"
+        "from gateway.settings import GatewaySettings\n"
+        "create_app(GatewaySettings(), 'redis://127.0.0.1:1/0')\n"
+        "heavy = ('opentelemetry.sdk.trace', 'opentelemetry.instrumentation', 'opentelemetry.exporter')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+        "print(type(trace.get_tracer_provider()).__name__)\n"
+    )
+    result = subprocess.run(
+        [str(BIN / "python"), "-c", probe],
+        env=base_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]", "ProxyTracerProvider"]
+
+
+def test_a_tracing_request_it_cannot_honour_stops_the_start(tmp_path: Path) -> None:
+    """OTEL_* asking for gRPC (not installed) is said at start, not ignored."""
+    probe = (
+        "from gateway.app import create_app\n"
+        "from gateway.settings import GatewaySettings\n"
+        "create_app(GatewaySettings(), 'redis://127.0.0.1:1/0')\n"
+    )
+    result = subprocess.run(
+        [str(BIN / "python"), "-c", probe],
+        env=base_env(
+            OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_EXPORTER_OTLP_PROTOCOL="grpc"
+        ),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf" in result.stderr
