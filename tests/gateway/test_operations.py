@@ -239,7 +239,7 @@ async def test_strangers_see_no_tenant_account_or_version(
     assert not {
         n for n in names if n.startswith(("irrev_budget", "irrev_escalation", "irrev_policy_info"))
     }
-    # A tenant's own admin is no operator: no other tenant's labels either.
+    # Nothing fails to load on the shared gateway: ready, and no count of failing files.
     readyz = await http.get("/readyz")
     assert readyz.json() == {"status": "ready"}
 
