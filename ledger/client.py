@@ -365,9 +365,7 @@ class Ledger:
         reply = await self._run("learn", tenant, args)
         return raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
 
-    async def approve(
-        self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int
-    ) -> Approval:
+    async def approve(self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int) -> Approval:
         """Consume-once: raises HoldStateConflict naming the outcome for every loser.
         The winner gets the hold's new deadline and its kept request."""
         args = [
