@@ -22,7 +22,7 @@ from .admission import Intent, prepare, reserve
 from .auth import Settling, agent_auth, gate_of, settling_auth
 from .canonical import Canonical
 from .problems import Problem
-from .responses import budget_headers, escalation_id
+from .responses import budget_headers, escalation_id, hold_view
 from .wire import StoredAnswer, StoredRequest, parse_json_body, record_of
 
 log = logging.getLogger("irrev.gateway")
@@ -59,23 +59,6 @@ class CompensateRequest(Strict):
 
 class TrueUpRequest(Strict):
     realised_micros: int = Field(ge=0, le=MAX_MICROS)
-
-
-def hold_view(tenant: str, hold: Hold) -> dict[str, Any]:
-    view: dict[str, Any] = {
-        "hold": hold.hold_id,
-        "state": hold.state.value,
-        "decision": hold.decision.value,
-        "reason": hold.reason.value,
-        "amounts": hold.amounts,
-        "posted": hold.posted,
-        "compensated": hold.compensated,
-        "flags": sorted(hold.flags),
-        "deadline_ms": hold.deadline_ms,
-    }
-    if hold.state is HoldState.ESCALATED:
-        view["escalation"] = escalation_id(tenant, hold.hold_id)
-    return view
 
 
 def _canonical(spec: HoldRequest, raw: bytes) -> Canonical:
