@@ -13,7 +13,6 @@ from ledger.records import HoldState
 from pricing.policy import AdminRole
 
 from . import admission
-from .admission import resolved_already
 from .auth import AdminIdentity, Caller, caller_auth, gate_of, tenant_admin_auth
 from .problems import Problem
 from .responses import answer_response, parse_escalation_id, stored_response
@@ -89,5 +88,5 @@ async def reject(
     try:
         await gate.ledger.reject(tenant, hold_id, admin)
     except HoldStateConflict as exc:
-        raise resolved_already(exc) from exc
+        raise admission.resolved_already(exc) from exc
     return {"status": "rejected", "escalation": escalation, "by": admin}
