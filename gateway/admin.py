@@ -17,11 +17,10 @@ from pricing import PolicyError, TenantPolicy, load_policy_text
 from pricing.policy import AdminRole
 
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
-from .holds_api import hold_view
 from .policies import PolicyLoadError
 from .problems import Problem
 from .reconcile import reconcile
-from .responses import escalation_id
+from .responses import escalation_id, hold_view
 from .wire import StoredRequest
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])

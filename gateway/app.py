@@ -34,10 +34,10 @@ from . import (
 )
 from .admission import Gate
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
+from .http_upstream import make_client
 from .problems import Problem
 from .settings import GatewaySettings
 from .tenants import TenantStore
-from .upstream import make_client
 
 log = logging.getLogger("irrev.gateway")
 LEDGER_START_WAIT_S = 5.0

@@ -70,8 +70,9 @@ def read_policy_file(path: Path) -> TenantPolicy:
 class ForwardBudget:
     """What a hold must outlive to be forwarded (settings, not policy): fire() refuses
     to send once fewer than `upstream_timeout_s` are left before the hold's deadline
-    minus `forward_margin_s`, and an approval forwards with a deadline 1 s short of
-    its TTL (escalations.py). A hold_ttl below their sum refuses every effect."""
+    minus `forward_margin_s`; 1 s more covers the time from the reserve or approval
+    that set the deadline (Redis's clock) to the forward. A hold_ttl below their sum
+    refuses every effect."""
 
     upstream_timeout_s: float = 0.0
     forward_margin_s: float = 0.0

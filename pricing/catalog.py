@@ -101,7 +101,10 @@ class PricedEffect:
 
     @property
     def route_id(self) -> str:
-        return self.route.route_id if self.route else f"{self.tool} {self.method} <unknown>"
+        """The one route id (holds, prices learned, settlers' tools derive from it): a
+        listed route's template, or, for an unknown route, its very path, so that one
+        Idempotency-Key sent to two unknown paths names two effects, not one."""
+        return self.route.route_id if self.route else f"{self.tool} {self.method} {self.path}"
 
     @property
     def needs_approval(self) -> bool:

@@ -384,3 +384,47 @@ async def test_what_is_priced_is_what_is_forwarded(
         return
     # Forwarded to exactly the priced path, the parameter percent-encoded.
     assert forwarded == [["POST", f"/{tenant.id}/orders/{quote(decoded, safe='')}/cancel"]]
+
+
+async def test_one_key_on_two_unknown_routes_is_two_effects(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """The route id, which names a hold with the agent's key, is derived in one place:
+    a listed route's template or, for an unknown route, its very path. So one key sent
+    to two unknown paths holds two effects, and a repeat on one path is that one."""
+    tenant = gateway.tenant("unknown-routes")
+    headers = effect_headers(tenant, "picker-1", "one-key")
+    holds = []
+    for path in ("/adjustments", "/recounts", "/adjustments"):
+        # Above globex's 500 EUR approval threshold: held, escalated, never forwarded.
+        response = await http.post(
+            f"/tools/inventory{path}", json={"amount": "600"}, headers=headers
+        )
+        assert response.status_code == 202, response.text
+        holds.append(response.headers["x-irrev-hold"])
+    assert holds[0] != holds[1] and holds[2] == holds[0]
+    queue = await http.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin)
+    assert queue.status_code == 200, queue.text
+    assert sorted(e["route"] for e in queue.json()) == [
+        "inventory POST /adjustments",
+        "inventory POST /recounts",
+    ]
+
+
+async def test_an_effect_with_no_upstream_is_refused_before_anything_is_held(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """An unknown route of a tool without an upstream (an in-process tool) was held,
+    then refused `no_upstream`, leaving a hold that turned ambiguous and stayed
+    charged for an effect that was never sent. It is refused before the reserve."""
+    tenant = gateway.tenant("unknown-no-upstream")
+    before = used(await balances(http, gateway.admin, tenant))
+    response = await http.post(
+        "/tools/deploy/rollbacks",
+        json={"amount": "5"},
+        headers=effect_headers(tenant, "deployer-01", "no-upstream"),
+    )
+    assert_problem(response, 403, "no_upstream")
+    assert used(await balances(http, gateway.admin, tenant)) == before
+    for state in ("pending", "ambiguous"):
+        assert await holds_in(http, gateway.admin, tenant, state) == {}

@@ -217,6 +217,20 @@ def test_unknown_routes_fail_closed_or_price_at_face() -> None:
         price_request(GLOBEX, "inventory", "POST", "/adjust", {}, {})
 
 
+def test_route_id_is_the_template_or_an_unknown_routes_own_path() -> None:
+    """The one route id the gateway keys holds, learned prices and settlers by."""
+    listed = price_request(
+        GLOBEX, "inventory", "POST", "/stock/bolts/writeoff", {}, {"units": 1, "unit_cost": "2"}
+    )
+    assert listed.route_id == "inventory POST /stock/{sku}/writeoff"
+    adjust = price_request(GLOBEX, "inventory", "POST", "/adjust", {}, {"amount": "1"})
+    recount = price_request(GLOBEX, "inventory", "POST", "/recount/7", {}, {"amount": "1"})
+    assert (adjust.route_id, recount.route_id) == (
+        "inventory POST /adjust",
+        "inventory POST /recount/7",
+    )
+
+
 def test_approval_threshold_compares_the_price() -> None:
     # 40,000 USD face prices at ~30,500 USD: above the route's 30,000 USD threshold.
     assert price_request(
