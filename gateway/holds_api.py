@@ -14,10 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from ledger.client import Ledger
 from ledger.errors import LedgerError
 from ledger.records import Decision, Hold, HoldState, Status
-from pricing import EffectClass, TenantPolicy, check_per_effect_cap, price_request
+from pricing import (
+    EffectClass,
+    TenantPolicy,
+    check_per_effect_cap,
+    check_route_scope,
+    price_request,
+)
 from pricing.credentials import AuthenticatedAgent
 from pricing.policy import BodyFormat
-from pricing.scopes import check_route_scope
 
 from . import metrics
 from .admission import refusal, reserve
@@ -193,7 +198,7 @@ def _overrun_reports(policy: TenantPolicy, route_id: str) -> bool:
     for group in policy.catalog.routes.values():
         for route in group:
             if route.route_id == route_id:
-                return policy.routes[route.index].overrun_report
+                return policy.document.routes[route.index].overrun_report
     return False
 
 

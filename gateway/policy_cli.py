@@ -86,9 +86,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             errors.append(exc)
             continue
         loaded.append((str(path), policy))
+        doc = policy.document
         print(
-            f"{path}: ok (tenant {policy.tenant}: {len(policy.accounts.principals)} principals, "
-            f"{len(policy.agents)} agents, {len(policy.routes)} routes)"
+            f"{path}: ok (tenant {policy.tenant}: {len(doc.accounts.principals)} principals, "
+            f"{len(doc.agents)} agents, {len(doc.routes)} routes)"
         )
     # Checked against the settings in force (IRREV_* or defaults), as the gateway will.
     errors += check_policy_set(loaded, _settings().forward_budget())
@@ -115,7 +116,7 @@ def _money(policy: TenantPolicy, micros: int | None) -> str:
     if micros is None:
         return "-"
     whole, dot, fraction = minor_to_major_text(micros, policy.scale).partition(".")
-    return f"{int(whole):,}{dot}{fraction} {policy.risk_unit.currency}"
+    return f"{int(whole):,}{dot}{fraction} {policy.document.risk_unit.currency}"
 
 
 def _account_line(policy: TenantPolicy, spec: AccountSpec, label: str | None = None) -> str:
@@ -155,29 +156,29 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 1
     print(
-        f"tenant {policy.tenant}: risk unit {policy.risk_unit.currency} "
-        f"(1 = {policy.scale} minor units); window {_duration(policy.window_ms)}; "
+        f"tenant {policy.tenant}: risk unit {policy.document.risk_unit.currency} "
+        f"(1 = {policy.scale} minor units); window {_duration(policy.document.window_ms)}; "
         f"hold ttl {_duration(policy.hold_ttl_ms)}; "
         f"escalation ttl {_duration(policy.escalation_ttl_ms)}; "
-        f"unknown routes: {policy.unknown_routes.action.value}"
+        f"unknown routes: {policy.document.unknown_routes.action.value}"
     )
     print("accounts:")
     for spec in policy_accounts(policy):
         if not spec.account_id.startswith("agent:"):
             print(_account_line(policy, spec))
-    for pattern in policy.accounts.risk_factors:
+    for pattern in policy.document.accounts.risk_factors:
         if pattern.endswith("*"):
             example = factor_account(policy, pattern[:-1] + "x")
             if example is not None:
                 print(_account_line(policy, example, f"factor:{pattern} (each)"))
-    print(f"agents ({len(policy.agents)}):")
-    for agent_id, agent in policy.agents.items():
+    print(f"agents ({len(policy.document.agents)}):")
+    for agent_id, agent in policy.document.agents.items():
         print(
             f"  {agent_id:<20} for {agent.principal:<16} per effect "
             f"{_money(policy, agent.per_effect_cap):>16}  per window "
             f"{_money(policy, agent.window_cap):>16}"
         )
-    print(f"routes ({len(policy.routes)}):")
+    print(f"routes ({len(policy.document.routes)}):")
     for routes in policy.catalog.routes.values():
         for route in routes:
             print(_route_line(policy, route))

@@ -10,9 +10,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from ledger.records import Decision, HoldState, ReserveResult
-from pricing import EffectClass, PricedEffect, TenantPolicy, check_per_effect_cap, price_request
+from pricing import (
+    EffectClass,
+    PricedEffect,
+    TenantPolicy,
+    check_per_effect_cap,
+    check_route_scope,
+    price_request,
+)
 from pricing.credentials import AuthenticatedAgent
-from pricing.scopes import check_route_scope
 
 from .admission import Gate, fire, refusal, reserve, settled_problem, target_of
 from .auth import agent_auth, gate_of
@@ -62,7 +68,7 @@ def agent_key_of(request: Request) -> str:
 def passed_headers(policy: TenantPolicy, tool: str, request: Request) -> Headers:
     """The agent's headers the tool lets through (names lower-case, sorted by name, in
     their order within a name); everything else it sent stays at the gateway."""
-    known = policy.tools.get(tool)
+    known = policy.document.tools.get(tool)
     allowed = known.forwarded if known else frozenset()
     kept = [(name, value) for name, value in request.headers.items() if name in allowed]
     return tuple(sorted(kept, key=lambda header: header[0]))

@@ -1,10 +1,12 @@
-"""A tenant's policy: accounts, agents, tools and the trusted route catalog (pydantic v2).
+"""A tenant's policy document: what the YAML says (pydantic v2), and nothing compiled.
 
-Amounts are written by operators in major units (`"250000"`, `14.80`) and held as
-`int` minor units: they are converted exactly with the document's own
-`risk_unit.scale`, which reaches the field validators as validation context. Build
-policies with `pricing.load_policy_text` / `load_policy_data`, which also run the
-cross-field checks and compile the catalog.
+Accounts, agents, tools and the trusted route catalog as the operator wrote them.
+Amounts are written in major units (`"250000"`, `14.80`) and held as `int` minor
+units: they are converted exactly with the document's own `risk_unit.scale`, which
+reaches the field validators as validation context. Build policies with
+`pricing.load_policy_text` / `load_policy_data`, which also run the cross-field checks
+and compile the document into the serving view the gateway prices with
+(`pricing.serving.TenantPolicy`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import re
 from enum import StrEnum
 from functools import cached_property
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
@@ -27,11 +29,6 @@ from pydantic import (
 from pricing.errors import AmountError
 from pricing.models import PricingSpec
 from pricing.money import major_to_minor, to_decimal
-
-if TYPE_CHECKING:
-    from pricing.catalog import Catalog
-    from pricing.credentials import AuthenticatedAgent
-    from pricing.scopes import Scopes
 
 SCALE_CONTEXT = "risk_unit_scale"
 UNKNOWN_SCALE = -1
@@ -329,7 +326,10 @@ def _unknown_routes(value: object) -> object:
     return {"action": value} if isinstance(value, str) else value
 
 
-class TenantPolicy(_Model):
+class PolicyDocument(_Model):
+    """One tenant's policy file as written; `pricing.serving.compile_policy` turns it
+    into what requests are priced with."""
+
     tenant: TenantId
     risk_unit: RiskUnit
     window_ms: DurationMs = Field(alias="window")
@@ -349,33 +349,3 @@ class TenantPolicy(_Model):
     @property
     def scale(self) -> int:
         return self.risk_unit.scale
-
-    # Compiled once per policy object; a plain attribute read afterwards, which matters
-    # on the admission hot path. Imported lazily: those modules import this one.
-    @cached_property
-    def catalog(self) -> Catalog:
-        """The compiled route catalog."""
-        from pricing.catalog import compile_catalog
-
-        return compile_catalog(self)
-
-    def with_routes(self, routes: list[Route]) -> TenantPolicy:
-        """A copy with other routes (already validated), compiled afresh: a plain
-        model_copy would carry this policy's cached catalog along."""
-        copy = self.model_copy(update={"routes": routes})
-        copy.__dict__.pop("catalog", None)
-        return copy
-
-    @cached_property
-    def scopes(self) -> Scopes:
-        """The route allow-lists of agents and principals, compiled."""
-        from pricing.scopes import compile_scopes
-
-        return compile_scopes(self)
-
-    @cached_property
-    def agents_by_hash(self) -> dict[str, AuthenticatedAgent]:
-        """Agents by `sha256:<hex>` of their token."""
-        from pricing.credentials import index_agents
-
-        return index_agents(self)

@@ -15,8 +15,8 @@ from pricing.policy import (
     NEVER_FORWARDED,
     NEVER_RETURNED,
     EffectClass,
+    PolicyDocument,
     Route,
-    TenantPolicy,
     Tool,
     UnknownRouteAction,
 )
@@ -34,7 +34,7 @@ MAX_ROUTE_FACTORS = 5  # 8 hold accounts - tenant, principal, agent
 NEVER_INJECTED = HOP_BY_HOP | FRAMING
 
 
-def check_policy(policy: TenantPolicy) -> list[Problem]:
+def check_policy(policy: PolicyDocument) -> list[Problem]:
     problems = _check_agents(policy) + _check_settlers(policy)
     problems += _check_admins(policy)
     problems += _check_scopes(policy)
@@ -47,7 +47,7 @@ def check_policy(policy: TenantPolicy) -> list[Problem]:
     return problems
 
 
-def _check_agents(policy: TenantPolicy) -> list[Problem]:
+def _check_agents(policy: PolicyDocument) -> list[Problem]:
     problems: list[Problem] = []
     owners: dict[str, str] = {}
     for agent_id, agent in policy.agents.items():
@@ -79,7 +79,7 @@ def _check_agents(policy: TenantPolicy) -> list[Problem]:
     return problems
 
 
-def _check_admins(policy: TenantPolicy) -> list[Problem]:
+def _check_admins(policy: PolicyDocument) -> list[Problem]:
     problems = []
     owners = {
         agent.token_sha256: f"agent {agent_id!r}" for agent_id, agent in policy.agents.items()
@@ -97,7 +97,7 @@ def _check_admins(policy: TenantPolicy) -> list[Problem]:
     return problems
 
 
-def _check_scopes(policy: TenantPolicy) -> list[Problem]:
+def _check_scopes(policy: PolicyDocument) -> list[Problem]:
     routes = set()
     for route in policy.routes:
         try:
@@ -177,7 +177,7 @@ def _refused_name(where: str, name: str, never: frozenset[str], why: str) -> lis
     return []
 
 
-def _check_settlers(policy: TenantPolicy) -> list[Problem]:
+def _check_settlers(policy: PolicyDocument) -> list[Problem]:
     """A settler token is a credential of its own: one that also opened an agent (or
     another tool) would let that caller settle as someone it is not."""
     problems: list[Problem] = []
@@ -201,7 +201,7 @@ def _check_settlers(policy: TenantPolicy) -> list[Problem]:
 
 
 def _check_route(
-    policy: TenantPolicy, i: int, route: Route, seen: dict[tuple[str, str, str], int]
+    policy: PolicyDocument, i: int, route: Route, seen: dict[tuple[str, str, str], int]
 ) -> list[Problem]:
     where = f"routes[{i}]"
     problems: list[Problem] = []
@@ -343,7 +343,7 @@ def _check_face_value(where: str, route: Route, declared: set[str]) -> list[Prob
 
 
 def _check_factors(
-    policy: TenantPolicy, where: str, route: Route, declared: set[str]
+    policy: PolicyDocument, where: str, route: Route, declared: set[str]
 ) -> list[Problem]:
     problems: list[Problem] = []
     if len(route.risk_factors) > MAX_ROUTE_FACTORS:
@@ -402,7 +402,7 @@ def _check_lookup(where: str, route: Route, path_params: set[str]) -> list[Probl
     ]
 
 
-def _check_unknown_routes(policy: TenantPolicy) -> list[Problem]:
+def _check_unknown_routes(policy: PolicyDocument) -> list[Problem]:
     unknown = policy.unknown_routes
     if unknown.action is not UnknownRouteAction.PRICE_AS_IRREVERSIBLE:
         return []

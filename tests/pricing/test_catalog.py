@@ -202,7 +202,7 @@ def test_non_canonical_paths_are_refused(path: str) -> None:
 
 
 def test_unknown_routes_fail_closed_or_price_at_face() -> None:
-    assert ACME.unknown_routes.action is UnknownRouteAction.DENY
+    assert ACME.document.unknown_routes.action is UnknownRouteAction.DENY
     with pytest.raises(UnknownRoute, match="not in the tenant's route catalog"):
         price_request(ACME, "supplier", "DELETE", "/orders/1", {}, None)
     with pytest.raises(UnknownRoute, match="tool 'inventory'"):
@@ -272,7 +272,7 @@ def test_policy_accounts_list_every_defined_account() -> None:
     assert specs["agent:buyer-07"].limit_micros == 100_000 * USD
     assert "factor:supplier:acme-steel" in specs
     assert not any("*" in a for a in specs)
-    assert len([a for a in specs if a.startswith("agent:")]) == len(ACME.agents)
+    assert len([a for a in specs if a.startswith("agent:")]) == len(ACME.document.agents)
 
 
 def test_tokens_authenticate_by_hash_only() -> None:
