@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.client import Ledger
 from ledger.errors import LedgerError
+from ledger.limits import MAX_AMOUNT
 from ledger.records import Decision, Hold, HoldState, Status
 from pricing import (
     EffectClass,
@@ -44,7 +45,6 @@ log = logging.getLogger("irrev.gateway")
 router = APIRouter(prefix="/v1/holds", tags=["decision API"])
 Agent = Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)]
 Settler = Annotated[Settling, Depends(settling_auth)]
-MAX_MICROS = 2**53 - 1
 COMPENSABLE = frozenset({EffectClass.REVERSIBLE.value, EffectClass.COMPENSABLE.value})
 
 
@@ -61,7 +61,7 @@ class HoldRequest(Strict):
 
 
 class PostRequest(Strict):
-    amount_micros: int | None = Field(default=None, ge=0, le=MAX_MICROS)
+    amount_micros: int | None = Field(default=None, ge=0, le=MAX_AMOUNT)
 
 
 class AmbiguousRequest(Strict):
@@ -69,11 +69,11 @@ class AmbiguousRequest(Strict):
 
 
 class CompensateRequest(Strict):
-    recovered_micros: int = Field(ge=0, le=MAX_MICROS)
+    recovered_micros: int = Field(ge=0, le=MAX_AMOUNT)
 
 
 class TrueUpRequest(Strict):
-    realised_micros: int = Field(ge=0, le=MAX_MICROS)
+    realised_micros: int = Field(ge=0, le=MAX_AMOUNT)
 
 
 def hold_view(tenant: str, hold: Hold) -> dict[str, Any]:

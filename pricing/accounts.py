@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ledger.limits import MAX_ACCOUNTS
 from pricing.catalog import FACTOR_PREFIX, PricedEffect
 from pricing.credentials import AuthenticatedAgent
 from pricing.errors import PerEffectCapExceeded
 from pricing.policy import AccountLimits, EffectClass, PolicyDocument
 from pricing.serving import TenantPolicy
 
-MAX_HOLD_ACCOUNTS = 8
+MAX_HOLD_ACCOUNTS = MAX_ACCOUNTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,8 @@ def hold_accounts(
     """{account_id: amount} a hold debits: tenant, principal, agent, then each capped factor.
 
     Every account is debited the full price: each one caps the same exposure from
-    its own angle. At most 8 accounts (validation keeps routes to 5 factors).
+    its own angle. At most MAX_HOLD_ACCOUNTS accounts (validation keeps a route's
+    factors to the rest).
     """
     if agent.tenant_id != policy.tenant:
         raise ValueError(f"agent of tenant {agent.tenant_id!r} used with policy {policy.tenant!r}")

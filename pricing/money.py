@@ -13,9 +13,10 @@ from decimal import ROUND_CEILING, Decimal, DecimalException, Inexact, localcont
 from fractions import Fraction
 from functools import lru_cache
 
+from ledger.limits import MAX_AMOUNT
 from pricing.errors import AmountError
 
-MAX_MICROS = 2**53 - 1
+MAX_MICROS = MAX_AMOUNT
 """Largest amount the ledger accepts: exact in a Lua double and in JSON numbers."""
 
 _PLAIN_DECIMAL = re.compile(r"\d+(\.\d+)?")

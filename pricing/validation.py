@@ -6,6 +6,7 @@ principal exists, a face-value field is declared, no two routes collide) is here
 
 from __future__ import annotations
 
+from ledger.limits import MAX_ACCOUNTS
 from pricing.errors import Problem
 from pricing.models import FacePricing
 from pricing.policy import (
@@ -29,7 +30,8 @@ from pricing.templates import (
     parse_route,
 )
 
-MAX_ROUTE_FACTORS = 5  # 8 hold accounts - tenant, principal, agent
+# Every hold debits the tenant, the principal and the agent; factors take the rest.
+MAX_ROUTE_FACTORS = MAX_ACCOUNTS - 3
 # A credential may be any header but these: they frame the request or are the gateway's.
 NEVER_INJECTED = HOP_BY_HOP | FRAMING
 
@@ -350,8 +352,8 @@ def _check_factors(
         problems.append(
             Problem(
                 f"{where}.risk_factors",
-                f"at most {MAX_ROUTE_FACTORS} risk factors per route (a hold touches at most 8 "
-                "accounts)",
+                f"at most {MAX_ROUTE_FACTORS} risk factors per route (a hold touches at most "
+                f"{MAX_ACCOUNTS} accounts)",
             )
         )
     wildcards = [p[:-1] for p in policy.accounts.risk_factors if p.endswith("*")]
