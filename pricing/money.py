@@ -147,3 +147,9 @@ def minor_to_major_text(amount: int, scale: int) -> str:
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return text
+
+
+def money_text(amount: int, scale: int, currency: str) -> str:
+    """`1234500000`, scale 10**6, USD -> `1,234.5 USD`: for people, never parsed back."""
+    whole, dot, fraction = minor_to_major_text(amount, scale).partition(".")
+    return f"{int(whole):,}{dot}{fraction} {currency}"

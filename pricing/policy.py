@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationInfo,
+    WithJsonSchema,
 )
 
 from pricing.errors import AmountError
@@ -63,7 +64,15 @@ def _to_micros(value: object, info: ValidationInfo) -> int:
         raise ValueError(f"amount {exc}") from None
 
 
-Micros = Annotated[int, BeforeValidator(_to_micros)]
+# What an editor sees (`irrev policy schema`): the written form, not the int it becomes.
+_AMOUNT_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "pattern": r"^\d+(\.\d+)?$"},
+        {"type": "number", "minimum": 0},
+    ],
+    "description": "an amount in major units of the risk unit, e.g. '250000' or 14.80",
+}
+Micros = Annotated[int, BeforeValidator(_to_micros), WithJsonSchema(_AMOUNT_SCHEMA)]
 """An operator-written major-unit amount, held as exact minor units."""
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
@@ -82,7 +91,17 @@ def _to_ms(value: object) -> int:
     return ms
 
 
-DurationMs = Annotated[int, BeforeValidator(_to_ms)]
+DurationMs = Annotated[
+    int,
+    BeforeValidator(_to_ms),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^\d+(ms|s|m|h|d)$",
+            "description": "a whole number with a unit: ms, s, m, h or d (e.g. '24h')",
+        }
+    ),
+]
 
 
 def _upstream_url(value: str) -> str:
@@ -288,16 +307,40 @@ class Tool(_Model):
 class Route(_Model):
     tool: ToolName
     route: str = Field(description="'METHOD /path/{param}' under the tool's proxy prefix")
-    effect_class: EffectClass = Field(alias="class")
-    body: list[FieldName] = Field(default_factory=list)
-    query: list[FieldName] = Field(default_factory=list)
-    face_value: str | None = None
-    face_value_fixed: Micros | None = None
-    risk_factors: list[str] = Field(default_factory=list)
-    pricing: PricingSpec | None = None
-    approval_threshold: Micros | None = None
-    lookup: str | None = None
-    in_process: Annotated[bool, Field(strict=True)] = False
+    effect_class: EffectClass = Field(
+        alias="class", description="what compensation can do about the route's effects"
+    )
+    body: list[FieldName] = Field(
+        default_factory=list, description="body fields the route's pricing reads"
+    )
+    query: list[FieldName] = Field(
+        default_factory=list, description="query parameters the route takes (others are refused)"
+    )
+    face_value: str | None = Field(
+        default=None, description="request fields whose product is the face value, e.g. 'a * b'"
+    )
+    face_value_fixed: Micros | None = Field(
+        default=None, description="a face value that does not depend on the request"
+    )
+    risk_factors: list[str] = Field(
+        default_factory=list,
+        description="factor templates such as 'supplier:{supplier_id}', each capped by an "
+        "accounts.risk_factors entry",
+    )
+    pricing: PricingSpec | None = Field(
+        default=None, description="the pricing model (default: face, the whole face value)"
+    )
+    approval_threshold: Micros | None = Field(
+        default=None, description="a single price above it escalates to a human"
+    )
+    lookup: str | None = Field(
+        default=None,
+        description="'GET /path?key={key}': how the gateway asks the tool about an effect "
+        "whose answer it did not see",
+    )
+    in_process: Annotated[bool, Field(strict=True)] = Field(
+        default=False, description="decision-only: agents ask /v1/holds and call the tool"
+    )
     overrun_report: Annotated[bool, Field(strict=True)] = Field(
         default=False,
         description="an agent may post one of its in-process holds above its price "
@@ -330,20 +373,39 @@ class PolicyDocument(_Model):
     """One tenant's policy file as written; `pricing.serving.compile_policy` turns it
     into what requests are priced with."""
 
-    tenant: TenantId
-    risk_unit: RiskUnit
-    window_ms: DurationMs = Field(alias="window")
-    soft_band: SoftBand = 0.8
-    escalation_ttl_ms: DurationMs = Field(alias="escalation_ttl")
-    hold_ttl_ms: DurationMs = Field(alias="hold_ttl")
-    unknown_routes: Annotated[UnknownRoutes, BeforeValidator(_unknown_routes)] = Field(
-        default_factory=UnknownRoutes
+    tenant: TenantId = Field(description="the tenant id; its ledger keys carry it")
+    risk_unit: RiskUnit = Field(description="the currency and minor units every amount is in")
+    window_ms: DurationMs = Field(alias="window", description="budget window, aligned to UTC")
+    soft_band: SoftBand = Field(
+        default=0.8, description="fraction of a limit above which holds escalate to a human"
     )
-    accounts: Accounts
-    agents: dict[MemberId, Agent] = Field(default_factory=dict)
-    admins: dict[MemberId, TenantAdmin] = Field(default_factory=dict)
-    tools: dict[ToolName, Tool] = Field(default_factory=dict)
-    routes: list[Route] = Field(default_factory=list)
+    escalation_ttl_ms: DurationMs = Field(
+        alias="escalation_ttl",
+        description="how long an escalated hold waits for a human before it expires",
+    )
+    hold_ttl_ms: DurationMs = Field(
+        alias="hold_ttl", description="how long an admitted hold may stay pending"
+    )
+    unknown_routes: Annotated[
+        UnknownRoutes,
+        BeforeValidator(_unknown_routes, json_schema_input_type=UnknownRouteAction | UnknownRoutes),
+    ] = Field(
+        default_factory=UnknownRoutes,
+        description="'deny' (the default), or how to price a route the catalog does not list",
+    )
+    accounts: Accounts = Field(description="the tenant's, principals' and risk factors' limits")
+    agents: dict[MemberId, Agent] = Field(
+        default_factory=dict, description="agent credentials, each acting for one principal"
+    )
+    admins: dict[MemberId, TenantAdmin] = Field(
+        default_factory=dict, description="the tenant's own admins and their roles"
+    )
+    tools: dict[ToolName, Tool] = Field(
+        default_factory=dict, description="the tool APIs the gateway forwards to"
+    )
+    routes: list[Route] = Field(
+        default_factory=list, description="the trusted route catalog: class and price per route"
+    )
     kind: Literal["policy"] = "policy"
 
     @property
