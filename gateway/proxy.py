@@ -68,8 +68,7 @@ def agent_key_of(request: Request) -> str:
 def passed_headers(policy: TenantPolicy, tool: str, request: Request) -> Headers:
     """The agent's headers the tool lets through (names lower-case, sorted by name, in
     their order within a name); everything else it sent stays at the gateway."""
-    known = policy.document.tools.get(tool)
-    allowed = known.forwarded if known else frozenset()
+    allowed = policy.catalog.forwarded_headers.get(tool, frozenset())
     kept = [(name, value) for name, value in request.headers.items() if name in allowed]
     return tuple(sorted(kept, key=lambda header: header[0]))
 

@@ -28,7 +28,14 @@ from pricing.errors import (
 )
 from pricing.models import FACE_MODEL, FREE_MODEL, FacePricing
 from pricing.money import product_to_minor, round_up, to_decimal
-from pricing.policy import BodyFormat, EffectClass, PolicyDocument, Route, UnknownRouteAction
+from pricing.policy import (
+    DEFAULT_FORWARD_HEADERS,
+    BodyFormat,
+    EffectClass,
+    PolicyDocument,
+    Route,
+    UnknownRouteAction,
+)
 from pricing.templates import (
     ID_RE,
     FactorTemplate,
@@ -133,6 +140,8 @@ class Catalog:
     by_tool: dict[str, tuple[CompiledRoute, ...]]
     tool_upstreams: dict[str, str | None]
     credentialed_tools: frozenset[str]
+    # Lower-case names of the agent's request headers each tool lets upstream.
+    forwarded_headers: dict[str, frozenset[str]]
     unknown_action: UnknownRouteAction
     unknown_face_fields: tuple[str, ...]
     unknown_approval_threshold_micros: int | None
@@ -213,6 +222,10 @@ def compile_catalog(policy: PolicyDocument) -> Catalog:
         by_tool={k: tuple(v) for k, v in by_tool.items()},
         tool_upstreams={name: t.upstream for name, t in policy.tools.items()},
         credentialed_tools=frozenset(name for name, t in policy.tools.items() if t.credentials),
+        forwarded_headers={
+            name: DEFAULT_FORWARD_HEADERS | {h.lower() for h in t.forward_headers}
+            for name, t in policy.tools.items()
+        },
         unknown_action=unknown.action,
         unknown_face_fields=parse_product(unknown.face_value) if unknown.face_value else (),
         unknown_approval_threshold_micros=unknown.approval_threshold,

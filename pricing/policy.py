@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from functools import cached_property
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -297,11 +296,6 @@ class Tool(_Model):
         description="hash of the tool API's own settler credential: it may settle (post, "
         "void, compensate, true up) the holds of this tool's routes; agents never hold it",
     )
-
-    @cached_property
-    def forwarded(self) -> frozenset[str]:
-        """Lower-case names of the agent's request headers passed upstream."""
-        return DEFAULT_FORWARD_HEADERS | {name.lower() for name in self.forward_headers}
 
 
 class Route(_Model):

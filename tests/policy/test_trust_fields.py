@@ -167,6 +167,7 @@ def test_route_scopes_need_both_agent_and_principal() -> None:
 
 
 def test_defaults_pass_trace_context_and_accept_and_treat_409_as_in_progress() -> None:
-    tool = load_policy_data(base(), "p.yaml").document.tools["shop"]
-    assert tool.forwarded == {"traceparent", "tracestate", "accept"}
+    policy = load_policy_data(base(), "p.yaml")
+    tool = policy.document.tools["shop"]
+    assert policy.catalog.forwarded_headers["shop"] == {"traceparent", "tracestate", "accept"}
     assert tool.in_progress_statuses == [409]
