@@ -326,6 +326,6 @@ async def test_an_upload_that_fails_to_load_leaves_the_file_as_it_was(
         assert path.read_text() == written
         await store.refresh(ledger)  # what a worker does next: the file on disk is in force
         assert store.authenticate(tenant.tokens["buyer-02"]) is not None
-        assert "ops" not in store.policies[tenant.id].accounts.principals
+        assert "ops" not in store.policies[tenant.id].document.accounts.principals
     finally:
         await ledger.aclose()
