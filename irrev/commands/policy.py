@@ -12,7 +12,6 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.canonical import read_request
-from gateway.cli import CliError
 from gateway.policies import (
     check_demo_tokens,
     check_policy_set,
@@ -21,6 +20,7 @@ from gateway.policies import (
 )
 from gateway.problems import Problem
 from gateway.settings import GatewaySettings
+from irrev.cli import CliError
 from pricing import (
     PolicyError,
     TenantPolicy,
