@@ -9,8 +9,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 FLOORS = {"pricing": 0, "ledger": 0, "gateway": 1, "sim": 1, "irrev": 2}
 LIBRARIES = ("ledger", "pricing", "gateway", "sim")
