@@ -25,11 +25,11 @@ from pricing import (
     PricedEffect,
     TenantPolicy,
     check_per_effect_cap,
+    check_route_scope,
     hold_accounts,
     price_request,
 )
 from pricing.credentials import AuthenticatedAgent
-from pricing.scopes import check_route_scope
 
 from . import metrics, tracing
 from .canonical import Canonical

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.client import Ledger
 from ledger.errors import LedgerError
+from ledger.limits import MAX_AMOUNT
 from ledger.records import Hold, HoldState, Status
 from pricing import EffectClass, TenantPolicy
 from pricing.credentials import AuthenticatedAgent
@@ -29,7 +30,6 @@ log = logging.getLogger("irrev.gateway")
 router = APIRouter(prefix="/v1/holds", tags=["decision API"])
 Agent = Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)]
 Settler = Annotated[Settling, Depends(settling_auth)]
-MAX_MICROS = 2**53 - 1
 COMPENSABLE = frozenset({EffectClass.REVERSIBLE.value, EffectClass.COMPENSABLE.value})
 
 
@@ -46,7 +46,7 @@ class HoldRequest(Strict):
 
 
 class PostRequest(Strict):
-    amount_micros: int | None = Field(default=None, ge=0, le=MAX_MICROS)
+    amount_micros: int | None = Field(default=None, ge=0, le=MAX_AMOUNT)
 
 
 class AmbiguousRequest(Strict):
@@ -54,11 +54,11 @@ class AmbiguousRequest(Strict):
 
 
 class CompensateRequest(Strict):
-    recovered_micros: int = Field(ge=0, le=MAX_MICROS)
+    recovered_micros: int = Field(ge=0, le=MAX_AMOUNT)
 
 
 class TrueUpRequest(Strict):
-    realised_micros: int = Field(ge=0, le=MAX_MICROS)
+    realised_micros: int = Field(ge=0, le=MAX_AMOUNT)
 
 
 def _canonical(spec: HoldRequest, raw: bytes) -> Canonical:
@@ -131,7 +131,7 @@ def _overrun_reports(policy: TenantPolicy, route_id: str) -> bool:
     for group in policy.catalog.routes.values():
         for route in group:
             if route.route_id == route_id:
-                return policy.routes[route.index].overrun_report
+                return policy.document.routes[route.index].overrun_report
     return False
 
 

@@ -116,8 +116,9 @@ def check_policy_set(
                 )
             )
         tenants.setdefault(policy.tenant, source)
-        members = [(f"agents.{a}", spec.token_sha256) for a, spec in policy.agents.items()]
-        members += [(f"admins.{a}", spec.token_sha256) for a, spec in policy.admins.items()]
+        doc = policy.document
+        members = [(f"agents.{a}", spec.token_sha256) for a, spec in doc.agents.items()]
+        members += [(f"admins.{a}", spec.token_sha256) for a, spec in doc.admins.items()]
         for where, token_hash in members:
             if token_hash in owners:
                 problems.append(
@@ -128,7 +129,7 @@ def check_policy_set(
                     )
                 )
             owners.setdefault(token_hash, source)
-        for name, tool in policy.tools.items():
+        for name, tool in policy.document.tools.items():
             if tool.settler_token_sha256 is None:
                 continue
             if tool.settler_token_sha256 in owners:
@@ -263,8 +264,9 @@ def check_demo_tokens(path: Path) -> DemoTokens:
                     f"does not match the agent's token_sha256 in {demo.policy}",
                 )
             )
-    hashes = {f"settlers.{name}": tool.settler_token_sha256 for name, tool in policy.tools.items()}
-    hashes |= {f"admins.{name}": admin.token_sha256 for name, admin in policy.admins.items()}
+    doc = policy.document
+    hashes = {f"settlers.{name}": tool.settler_token_sha256 for name, tool in doc.tools.items()}
+    hashes |= {f"admins.{name}": admin.token_sha256 for name, admin in doc.admins.items()}
     given = {f"settlers.{name}": token for name, token in demo.settlers.items()}
     given |= {f"admins.{name}": token for name, token in demo.admins.items()}
     for where, token in given.items():

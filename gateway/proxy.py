@@ -42,8 +42,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 def passed_headers(policy: TenantPolicy, tool: str, headers: Iterable[tuple[str, str]]) -> Headers:
     """The agent's headers the tool lets through (names lower-case, sorted by name, in
     their order within a name); everything else it sent stays at the gateway."""
-    known = policy.tools.get(tool)
-    allowed = known.forwarded if known else frozenset()
+    allowed = policy.catalog.forwarded_headers.get(tool, frozenset())
     kept = [(name, value) for name, value in headers if name in allowed]
     return tuple(sorted(kept, key=lambda header: header[0]))
 

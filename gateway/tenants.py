@@ -320,12 +320,12 @@ class TenantStore:
         self._admins = {
             admin.token_sha256: (tenant, admin_id, admin.role)
             for tenant, policy in self.policies.items()
-            for admin_id, admin in policy.admins.items()
+            for admin_id, admin in policy.document.admins.items()
         }
         self._settlers = {
             tool.settler_token_sha256: (policy, name)
             for policy in self.policies.values()
-            for name, tool in policy.tools.items()
+            for name, tool in policy.document.tools.items()
             if tool.settler_token_sha256 is not None
         }
         self._observed = observed
@@ -391,7 +391,7 @@ def _targets(
             frozenset(tool.in_progress_statuses),
         )
         for policy in policies
-        for name, tool in policy.tools.items()
+        for name, tool in policy.document.tools.items()
         if tool.upstream is not None
     }
 
@@ -400,7 +400,7 @@ def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str
     paths = {
         secret.file
         for policy in policies
-        for tool in policy.tools.values()
+        for tool in policy.document.tools.values()
         for secret in tool.credentials.values()
         if secret.file
     }

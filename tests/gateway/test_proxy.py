@@ -11,6 +11,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from ledger.limits import MAX_AMOUNT
+from pricing import minor_to_major_text
+
 from .conftest import MAX_BODY_BYTES, Gateway
 from .helpers import (
     assert_problem,
@@ -112,6 +115,15 @@ def deep(levels: int) -> bytes:
 
 
 ORDER = json.dumps(order()).encode()
+USD = 10**6
+
+
+def order_of(face_value_micros: int) -> bytes:
+    """An order of one unit whose face value is `face_value_micros` micro-USD."""
+    unit_price = minor_to_major_text(face_value_micros, USD)
+    return json.dumps(order(quantity=1, unit_price=unit_price)).encode()
+
+
 BAD_INPUT = [
     # (id, method, path, headers, body, status, reason)
     ("unknown-route", "POST", "/tools/supplier/invoices", {}, ORDER, 403, "unknown_route"),
@@ -160,6 +172,25 @@ BAD_INPUT = [
         "/tools/supplier/orders",
         {},
         ORDER.replace(b"10", b"1e999999", 1),
+        422,
+        "bad_amount",
+    ),
+    # ledger/limits.py's amount bound: priced (then capped), one more is refused.
+    (
+        "face-at-ledger-bound",
+        "POST",
+        "/tools/supplier/orders",
+        {},
+        order_of(MAX_AMOUNT),
+        403,
+        "per_effect_cap",
+    ),
+    (
+        "face-above-ledger-bound",
+        "POST",
+        "/tools/supplier/orders",
+        {},
+        order_of(MAX_AMOUNT + 1),
         422,
         "bad_amount",
     ),
@@ -247,6 +278,24 @@ BAD_INPUT = [
         "/v1/holds/abc/compensate",
         {},
         b'{"recovered_micros":-1}',
+        422,
+        "bad_request",
+    ),
+    (
+        "holds-at-ledger-bound",
+        "POST",
+        "/v1/holds/abc/post",
+        {},
+        json.dumps({"amount_micros": MAX_AMOUNT}).encode(),
+        404,
+        "not_found",
+    ),
+    (
+        "holds-above-ledger-bound",
+        "POST",
+        "/v1/holds/abc/post",
+        {},
+        json.dumps({"amount_micros": MAX_AMOUNT + 1}).encode(),
         422,
         "bad_request",
     ),
