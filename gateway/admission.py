@@ -11,9 +11,7 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from ledger.client import Ledger
-from ledger.errors import UnknownAccount
-from ledger.records import HoldState, ReserveResult
+from ledger import HoldState, Ledger, ReserveResult, UnknownAccount
 from pricing import PricedEffect, TenantPolicy, hold_accounts
 from pricing.credentials import AuthenticatedAgent
 

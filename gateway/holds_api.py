@@ -11,9 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.client import Ledger
-from ledger.errors import LedgerError
-from ledger.records import Decision, Hold, HoldState, Status
+from ledger import Decision, Hold, HoldState, Ledger, LedgerError, Status
 from pricing import EffectClass, TenantPolicy, check_per_effect_cap, price_request
 from pricing.credentials import AuthenticatedAgent
 from pricing.policy import BodyFormat

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from ledger.records import Decision, HoldState, ReserveResult
+from ledger import Decision, HoldState, ReserveResult
 from pricing import EffectClass, PricedEffect, TenantPolicy, check_per_effect_cap, price_request
 from pricing.credentials import AuthenticatedAgent
 from pricing.scopes import check_route_scope

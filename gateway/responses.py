@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse, Response
 
-from ledger.records import ReserveResult
+from ledger import ReserveResult
 from pricing.policy import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
 
 from .problems import Problem

@@ -180,7 +180,7 @@ async def memory_per_hold(ledger: Ledger, tenant: str, holds: int, batch: int) -
     after = int((await redis.info("memory"))["used_memory"])
     with tempfile.TemporaryDirectory(prefix="irrev-bench-archive-") as archive:
         started = time.perf_counter()
-        trimmed = await trim(redis, tenant, Path(archive), await cutoff_ms(redis, 0))
+        trimmed = await trim(ledger, tenant, Path(archive), await cutoff_ms(ledger, 0))
         elapsed = time.perf_counter() - started
     after_trim = int((await redis.info("memory"))["used_memory"])
     return Memory(

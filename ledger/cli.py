@@ -16,8 +16,7 @@ from rich.table import Table
 
 from .audit import audit
 from .checkpoint import cutoff_ms, trim_locked
-from .client import Ledger
-from .connect import open_ledger
+from .client import Ledger, open_ledger
 from .journal import read_journal
 from .records import HoldState
 
@@ -120,7 +119,7 @@ async def _balance(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 async def _journal(ledger: Ledger, args: argparse.Namespace) -> int:
-    for entry in await read_journal(ledger.redis, args.tenant, after=args.after, count=args.count):
+    for entry in await read_journal(ledger, args.tenant, after=args.after, count=args.count):
         if args.json:
             print(json.dumps(entry.as_dict()))
         else:
@@ -158,8 +157,8 @@ async def _sweep(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 async def _trim(ledger: Ledger, args: argparse.Namespace) -> int:
-    before_ms = await cutoff_ms(ledger.redis, args.older_than_s)
-    count = await trim_locked(ledger.redis, args.tenant, args.archive, before_ms)
+    before_ms = await cutoff_ms(ledger, args.older_than_s)
+    count = await trim_locked(ledger, args.tenant, args.archive, before_ms)
     if count is None:
         print(
             f"irrev: another process is trimming {args.tenant}'s journal; try again later",
