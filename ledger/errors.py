@@ -217,7 +217,7 @@ _CODES = {
     "TRYAGAIN": RedisFailure.CLUSTER_DOWN,
     "LOADING": RedisFailure.LOADING,
 }
-_CODE = re.compile(rf"(?:^|: )({'|'.join(_CODES)})\b")
+_CODE = re.compile(rf"(?:^|: -?)({'|'.join(_CODES)})\b")
 # A BlockingConnectionPool that waited its timeout for a free connection says so
 # with a plain ConnectionError.
 _POOL_WAIT = "No connection available"

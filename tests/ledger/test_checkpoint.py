@@ -55,9 +55,7 @@ async def test_trim_keeps_recent_entries(ledger: Ledger, tenant: str, tmp_path: 
     kept_before = [e for e in entries if int(e.entry_id.split("-")[0]) > cut_ms]
     await trim(ledger, tenant, tmp_path, cut_ms)
     assert await read_journal(ledger, tenant) == kept_before
-    assert (await load_checkpoint(ledger, tenant)).upto == entries[
-        -len(kept_before) - 1
-    ].entry_id
+    assert (await load_checkpoint(ledger, tenant)).upto == entries[-len(kept_before) - 1].entry_id
     assert (await audit_tenant(ledger, tenant)).ok
 
 
