@@ -200,9 +200,9 @@ _BY_CLASS: tuple[tuple[type[Exception], RedisFailure], ...] = (
     (redis_errors.RedisClusterException, RedisFailure.CLUSTER_DOWN),
 )
 
-# A script's error carries the code of the command that failed inside it, after the
-# script's location (Redis 6: "ERR Error running script ...: @user_script:9: WRONGTYPE
-# ..."), or first (Redis 7); redis-py maps only some codes to classes.
+# The codes redis-py maps to no class, or cannot see: a script's error carries the
+# code of the command that failed inside it first (Redis 7), or after the script's
+# location (Redis 6.2: "Error running script ...: @user_script: 143: -READONLY ...").
 _CODES = {
     "WRONGTYPE": RedisFailure.WRONG_TYPE,
     "BUSY": RedisFailure.BUSY,
