@@ -25,7 +25,7 @@ from rich.table import Table
 
 from irrev.cli import bounded
 from irrev.stack import free_port, gateway, run_locust, service, supplier, uvicorn_command
-from ledger.embedded import EmbeddedRedis
+from ledger import EmbeddedRedis
 from pricing import format_token, hash_token
 
 AGENTS = 16

@@ -24,11 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from irrev.cli import bounded
-from ledger.checkpoint import cutoff_ms, trim
-from ledger.client import Ledger
-from ledger.embedded import EmbeddedRedis
-from ledger.records import AccountSpec, ReserveRequest
-from ledger.settings import AppendFsync
+from ledger import AccountSpec, AppendFsync, EmbeddedRedis, Ledger, ReserveRequest, cutoff_ms, trim
 
 TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
 HOUR_MS = 3_600_000

@@ -25,7 +25,7 @@ from urllib.parse import unquote
 
 import httpx
 
-from ledger.audit import audit_tenant
+from ledger import audit_tenant
 from pricing.credentials import hash_token
 
 from ..bench import Run
