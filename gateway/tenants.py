@@ -13,9 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.client import Ledger
-from ledger.keys import observed_key
-from ledger.records import AccountSpec as LedgerAccount
+from ledger import AccountSpec as LedgerAccount
+from ledger import Ledger
 from pricing import (
     AccountSpec,
     Outcomes,
@@ -185,16 +184,20 @@ class TenantStore:
                 for spec in policy_accounts(entry.file.policy)
             ],
         )
+        written = {e.file.policy.tenant: e.file.policy for e in chosen.values()}
+        # Read before anything changes: Redis failing here leaves the store as it was,
+        # not with new policies that were never priced with what was learned.
+        observed = await self._read_observed(ledger, list(written))
         self._report(chosen, faults)
         self._in_force = chosen
-        self._written = {e.file.policy.tenant: e.file.policy for e in chosen.values()}
+        self._written = written
         self.faults = faults
         self._signature = signature
         self._targets = _targets(
             self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
         )
         self._secret_files = _secret_files_signature(self._written.values())
-        self._install(await self._read_observed(ledger))
+        self._install(observed)
         return LoadReport(sorted(self._written), faults)
 
     def _by_tenant(self) -> dict[str, InForce]:
@@ -286,26 +289,19 @@ class TenantStore:
         if rotated or self._files_signature() != self._signature:
             await self.apply(ledger)
             return True
-        observed = await self._read_observed(ledger)
+        observed = await self._read_observed(ledger, list(self._written))
         if observed != self._observed:
             self._install(observed)
         return False
 
-    async def _read_observed(self, ledger: Ledger) -> dict[str, dict[str, Outcomes]]:
-        """Every tenant's counted outcomes, in one round trip."""
-        tenants = list(self._written)
-        async with ledger.redis.pipeline(transaction=False) as pipe:
-            for tenant in tenants:
-                pipe.hgetall(observed_key(tenant, "failures"))
-                pipe.hgetall(observed_key(tenant, "successes"))
-            replies = await pipe.execute()
-        observed = {}
-        for tenant, failures, successes in zip(tenants, replies[::2], replies[1::2], strict=True):
-            observed[tenant] = {
-                route: Outcomes(int(failures.get(route, 0)), int(successes.get(route, 0)))
-                for route in failures.keys() | successes.keys()
-            }
-        return observed
+    @staticmethod
+    async def _read_observed(ledger: Ledger, tenants: list[str]) -> dict[str, dict[str, Outcomes]]:
+        """The `tenants`' counted outcomes, in one round trip."""
+        counted = await ledger.outcomes(tenants)
+        return {
+            tenant: {route: Outcomes(c.failures, c.successes) for route, c in routes.items()}
+            for tenant, routes in counted.items()
+        }
 
     def _install(self, observed: dict[str, dict[str, Outcomes]]) -> None:
         self.policies = {

@@ -26,7 +26,7 @@ from rich.table import Table
 from irrev.cli import bounded
 from irrev.harness import TenantPolicy, free_port, uvicorn_command
 from irrev.stack import gateway, run_locust, service, supplier
-from ledger.embedded import EmbeddedRedis
+from ledger import EmbeddedRedis
 
 AGENTS = 16
 

@@ -28,10 +28,8 @@ from redis.asyncio import Redis
 
 from gateway.wire import hold_id_for, upstream_key
 from irrev.harness import TenantPolicy, free_port
-from ledger.client import Ledger
-from ledger.embedded import EmbeddedRedis
+from ledger import AppendFsync, EmbeddedRedis, Ledger
 from ledger.keys import hold_key, tenant_prefix
-from ledger.settings import AppendFsync
 
 from .procs import GatewayProc, SupplierProc, start_supplier
 

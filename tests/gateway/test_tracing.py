@@ -23,9 +23,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from irrev.harness import free_port
+
 from .conftest import own_gateway
 from .helpers import effect_headers, order
-from .servers import BIN, ROOT, Server, base_env, free_port
+from .servers import BIN, ROOT, Server, base_env
 
 SPAN_DEADLINE_S = 20.0
 

@@ -25,7 +25,7 @@ from urllib.parse import unquote
 import httpx
 
 from irrev.harness import TenantPolicy
-from ledger.audit import audit_tenant
+from ledger import audit_tenant
 
 from ..bench import Run
 from ..matrix import Cell
