@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sim.params import residual_quantile
-from sim.runner import I64, B, Lagged, row_searchsorted
+from sim.runner import I64, B, Lagged, row_searchsorted, window_first
 from sim.workload import Workload
 
 F64 = npt.NDArray[np.float64]
@@ -51,11 +51,13 @@ class Local:
 class _Breaker:
     def __init__(self, wl: Workload, lag: int) -> None:
         self.wl, self.lag = wl, lag
-        # visible: events of ticks < t - lag, i.e. realised exposure observed `lag` late
-        self.seen = Lagged(row_searchsorted(wl.tick, wl.tick - lag, "left"))
+        # visible: events of this window at ticks < t - lag, i.e. the window's realised
+        # exposure observed `lag` late; a new window starts unhalted, as published
+        obs = row_searchsorted(wl.tick, wl.tick - lag, "left")
+        self.seen = Lagged(obs, window_first(wl))
 
     def decide(self, k: int, live: B) -> tuple[B, B]:
-        watching = self.wl.tick[:, k] - self.lag > 0
+        watching = self.wl.tick[:, k] % self.wl.model.ticks - self.lag > 0
         halted = watching & (self.seen.seen(k) >= self.wl.model.tolerance)
         return ~halted, np.zeros_like(live)
 
@@ -74,14 +76,22 @@ class Breaker:
 
 
 class _Ledger:
-    """Reserve `charge` against `limit` on one account per event; never refunded."""
+    """Reserve `charge` against `limit` on one account per event; never refunded within
+    a window, and every account starts empty in each new window (the published reset)."""
 
-    def __init__(self, charge: F64, account: I64, limit: float, n_accounts: int) -> None:
+    def __init__(self, wl: Workload, charge: F64, account: I64, limit: float, n: int) -> None:
         self.charge, self.account, self.limit = charge, account, limit
-        self.reserved = np.zeros((charge.shape[0], n_accounts))
+        self.reserved = np.zeros((charge.shape[0], n))
         self.rows = np.arange(charge.shape[0])
+        self.window_of = wl.tick // wl.model.ticks
+        self.window = np.zeros(charge.shape[0], np.int64)
 
     def decide(self, k: int, live: B) -> tuple[B, B]:
+        window = self.window_of[:, k]
+        renewed = window > self.window
+        if renewed.any():
+            self.reserved[renewed] = 0.0
+            self.window = np.maximum(window, self.window)
         used = self.reserved[self.rows, self.account[:, k]]
         return used + self.charge[:, k] <= self.limit, np.zeros_like(live)
 
@@ -100,7 +110,7 @@ class Budget:
     def build(self, wl: Workload) -> _Ledger:
         charge = quantile_charge(wl, self.gamma, self.eps)
         limit = self.budget_frac * wl.model.tolerance
-        return _Ledger(charge, np.zeros_like(wl.agent), limit, 1)
+        return _Ledger(wl, charge, np.zeros_like(wl.agent), limit, 1)
 
 
 @dataclass(frozen=True)
@@ -108,7 +118,7 @@ class Cap:
     """Untyped aggregate spend cap: face value against R."""
 
     def build(self, wl: Workload) -> _Ledger:
-        return _Ledger(wl.value.copy(), np.zeros_like(wl.agent), wl.model.tolerance, 1)
+        return _Ledger(wl, wl.value.copy(), np.zeros_like(wl.agent), wl.model.tolerance, 1)
 
 
 @dataclass(frozen=True)
@@ -121,15 +131,17 @@ class Static:
     def build(self, wl: Workload) -> _Ledger:
         m = wl.model
         charge = quantile_charge(wl, self.gamma)
-        return _Ledger(charge, wl.agent, self.mult * m.tolerance / m.n_agents, m.n_agents)
+        return _Ledger(wl, charge, wl.agent, self.mult * m.tolerance / m.n_agents, m.n_agents)
 
 
 class _Stale:
-    """Check a balance as seen at an earlier event, then add to it (check-then-debit)."""
+    """Check a balance as seen at an earlier event, then add to it (check-then-debit).
+
+    The balance counts only the current window's events: it renews at each boundary."""
 
     def __init__(self, wl: Workload, obs: I64, charge: F64, strict: bool) -> None:
         self.wl, self.charge, self.strict = wl, charge, strict
-        self.balance = Lagged(np.minimum(obs, np.arange(wl.shape[1])))
+        self.balance = Lagged(np.minimum(obs, np.arange(wl.shape[1])), window_first(wl))
         self.limit = wl.model.tolerance
 
     def decide(self, k: int, live: B) -> tuple[B, B]:

@@ -77,6 +77,14 @@ def fleet(agents: tuple[int, ...]) -> Experiment:
     return Experiment("fleet", "E11: fleet size", cases, "agents", pub)
 
 
+def windows(agents: tuple[int, ...]) -> Experiment:
+    """The published E5 `no_attack` row: three windows, the burst in the first."""
+    sc = Scenario(Model(n_agents=agents[0], windows=3))
+    pub = {("windows=3", "budget"): 315_809.38 / 250_000.0}
+    cases = (Case("windows=3", sc, E1_ARMS, 5000, 3),)
+    return Experiment("windows", "E5: three windows, every ledger renewing", cases, "", pub)
+
+
 def attack(agents: tuple[int, ...]) -> Experiment:
     n = agents[0]
     honest = Scenario(Model(n_agents=n), Attack())
@@ -151,6 +159,7 @@ def spike(agents: tuple[int, ...]) -> Experiment:
 EXPERIMENTS: dict[str, Callable[[tuple[int, ...]], Experiment]] = {
     "e1": e1,
     "fleet": fleet,
+    "windows": windows,
     "attack": attack,
     "budget": budget_sweep,
     "misprice": misprice,

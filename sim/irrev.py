@@ -148,6 +148,9 @@ class _IrrevArm:
             self.balance[rolled] -= self.posted[rolled]
             self.posted[rolled] = 0
             self.window = np.maximum(window, self.window)
+            # a human's approvals are a per-window capacity, as the published re-auth is
+            self.tokens[rolled] = 0.0
+            self.last_tick[rolled] = self.window[rolled] * self.wl.model.ticks
             if self.tape is not None:
                 self.tape.roll(self.window, rolled, self._state)
 
@@ -155,4 +158,4 @@ class _IrrevArm:
         h = self.cfg.approvals
         rate = h / self.wl.model.ticks
         self.tokens = np.minimum(self.tokens + rate * (t - self.last_tick), max(1.0, h / 10))
-        self.last_tick = t
+        self.last_tick = t.copy()  # t is a view of the workload, which _roll must not write

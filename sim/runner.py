@@ -49,20 +49,29 @@ def row_searchsorted(rows: I64, queries: I64, side: Side = "left") -> I64:
     )
 
 
+def window_first(wl: Workload) -> I64:
+    """(S, K): index of the first event of the budget window that event k falls in."""
+    start = wl.tick // wl.model.ticks * wl.model.ticks
+    return row_searchsorted(wl.tick, start, "left")
+
+
 class Lagged:
     """A running per-seed sum over executed events, read as of an earlier event index.
 
     `obs[s, k]` is how many of seed s's first events are visible when event k is
-    decided; it must be <= k, so every visible value is already known.
+    decided; it must be <= k, so every visible value is already known. With `since`,
+    the sum starts at event `since[s, k]` (the first event of k's budget window), so
+    a balance renews at each window boundary as the published ledger's does.
     """
 
-    def __init__(self, obs: I64) -> None:
-        self.obs = obs
+    def __init__(self, obs: I64, since: I64 | None = None) -> None:
+        self.since = np.zeros_like(obs) if since is None else since
+        self.obs = np.maximum(obs, self.since)
         self.cum = np.zeros((obs.shape[0], obs.shape[1] + 1))
         self.rows = np.arange(obs.shape[0])
 
     def seen(self, k: int) -> npt.NDArray[np.float64]:
-        return self.cum[self.rows, self.obs[:, k]]
+        return self.cum[self.rows, self.obs[:, k]] - self.cum[self.rows, self.since[:, k]]
 
     def add(self, k: int, amount: npt.NDArray[np.float64]) -> None:
         self.cum[:, k + 1] = self.cum[:, k] + amount
