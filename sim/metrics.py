@@ -42,7 +42,7 @@ def per_seed(wl: Workload, out: Outcome) -> dict[str, F64]:
     """Per-seed metrics, each (S,). Exposure and shortfall are in units of R."""
     m = wl.model
     r = m.tolerance
-    window = (wl.tick // m.ticks).clip(max=m.windows - 1)
+    window = (out.exec_tick // m.ticks).clip(max=m.windows - 1)
     realised = np.where(out.executed, wl.residual, 0.0)
     by_window = np.stack([(realised * (window == w)).sum(axis=1) for w in range(m.windows)], 1)
     honest = ~wl.frag

@@ -33,9 +33,10 @@ class Outcome:
     """What happened to every event, all (S, K) bool, plus per-seed `overruns` (S,)."""
 
     gated: B  # passed the per-call gate (value cap, rate limit): a real proposal
-    executed: B
+    executed: B  # at once or, approved by a human, later
     escalated: B
     overruns: I64
+    exec_tick: I64  # when each executed event ran: its tick, or its approval's
 
 
 def row_searchsorted(rows: I64, queries: I64, side: Side = "left") -> I64:
@@ -101,4 +102,7 @@ def run(arm: Arm, wl: Workload) -> Outcome:
         arm.commit(k, ex)
         gated[:, k], executed[:, k], escalated[:, k] = passes, ex, esc & passes
     overruns = getattr(arm, "overruns", np.zeros(n_seeds, np.int64))
-    return Outcome(gated, executed, escalated, overruns)
+    # escalations a human approved after a latency ran late (arms with a review queue)
+    executed |= getattr(arm, "late", False)
+    exec_tick = getattr(arm, "exec_tick", wl.tick)
+    return Outcome(gated, executed, escalated, overruns, exec_tick)
