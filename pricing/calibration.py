@@ -20,7 +20,9 @@ hold still unsettled is priced at a factor f of its face value, built from three
    its expected settlement delay), the sum exceeds m f with probability about alpha
    for f = mean + (tail - mean) / sqrt(m): exact for m = 1, the central limit
    theorem's 1/sqrt(m) for many. A route that settles fast (m <= 1) is priced at its
-   tail quantile; one that settles slowly, nearer its mean.
+   tail quantile; one that settles slowly, nearer its mean - but only as far as its
+   own settlements outweigh the prior (m <= n / weight): pooling averages out each
+   hold's luck, not a wrong mean, and a mispriced catalog is a wrong mean.
 
 Pure arithmetic and one cached binomial table: the simulator calls it per seed, the
 gateway can call it per route from its settlement counters (pricing/learning.py keeps
@@ -128,4 +130,12 @@ def hold_factor(
     mean = mean_bound(prior, ev, confidence)
     scaled = prior.tail * max(mean, prior.mean) / prior.mean
     tail = min(1.0, max(scaled, proven_tail(ev, alpha, confidence), mean))
-    return mean + (tail - mean) / math.sqrt(max(1.0, pending))
+    return mean + (tail - mean) / math.sqrt(pooled(pending, prior, ev))
+
+
+def pooled(pending: float, prior: Prior, ev: Evidence) -> float:
+    """How many pending holds a price may count on to average out: at most the route's
+    expected number, and no more than its settlements outweigh the prior. Pooling
+    diversifies each hold's own luck, never an error in the mean; until the route's
+    own settlements have tested the catalog's mean, a hold stands alone."""
+    return max(1.0, min(pending, ev.n / prior.weight))

@@ -60,12 +60,20 @@ def test_failed_compensations_prove_a_tail_at_face_value() -> None:
     assert hold_factor(CATALOG, ev, pending=1, alpha=ALPHA) == 1.0
 
 
-def test_a_slow_route_is_priced_nearer_its_mean() -> None:
-    prices = [hold_factor(CATALOG, Evidence(), pending=m, alpha=ALPHA) for m in (1, 4, 25, 1e6)]
+def test_a_slow_route_is_priced_nearer_its_mean_once_its_settlements_say_so() -> None:
+    rng = np.random.default_rng(11)
+    ev = _evidence(1.0 - rng.beta(6.0, 2.0, 2000))  # 100 times the prior's weight
+    prices = [hold_factor(CATALOG, ev, pending=m, alpha=ALPHA) for m in (1, 4, 25, 1e6)]
     assert prices == sorted(prices, reverse=True)
-    mean = mean_bound(CATALOG, Evidence(), 0.95)
+    mean = mean_bound(CATALOG, ev, 0.95)
     assert prices[1] - mean == pytest.approx((prices[0] - mean) / 2)
-    assert prices[-1] == pytest.approx(mean, abs=1e-3)
+    assert prices[-1] - mean == pytest.approx((prices[0] - mean) / 10)  # 2000 / 20 pooled
+
+
+def test_without_settlements_a_hold_stands_alone_however_slow_its_route() -> None:
+    """Pooling averages out luck, not a wrong catalog: no evidence, no discount."""
+    alone = hold_factor(CATALOG, Evidence(), pending=1, alpha=ALPHA)
+    assert hold_factor(CATALOG, Evidence(), pending=50, alpha=ALPHA) == alone
 
 
 @pytest.mark.parametrize("n", [1, 10, 150, 3000])
