@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
+from irrev.cli import CliError
 from sim import experiments, report
 
 
@@ -74,8 +75,6 @@ def _commit() -> str | None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from gateway.cli import CliError
-
     if args.seeds < 1:
         raise CliError("--seeds must be at least 1")
     if args.agents is not None and min(args.agents) < 1:
@@ -91,8 +90,6 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.cli import CliError
-
     _check(args)
     default = experiments.DEFAULT_AGENTS.get(args.experiment, (50,))
     agents = tuple(args.agents) if args.agents else default
