@@ -195,7 +195,9 @@ def pareto(
     return Experiment("pareto", "Pareto: settlement delay x mispricing x approval latency", cases)
 
 
-def calibration(agents: tuple[int, ...]) -> Experiment:
+def calibration(
+    agents: tuple[int, ...], misprices: tuple[float, ...] = PARETO_MISPRICES
+) -> Experiment:
     """A mispriced world over two windows: what settled evidence teaches by window 2."""
     cases = tuple(
         Case(
@@ -205,7 +207,7 @@ def calibration(agents: tuple[int, ...]) -> Experiment:
             PARETO_SEED0,
             k,
         )
-        for k in PARETO_MISPRICES
+        for k in misprices
     )
     return Experiment("calibration", "Self-calibration: two windows of a k x world", cases, "k")
 

@@ -35,7 +35,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     arms.add_argument("--escalation-ttl", type=int, help="ticks an escalation waits (= latency)")
     arms.add_argument("--approvals", type=int, help="human approvals per window")
     arms.add_argument("--calibrate", action="store_true", help="irrev: self-calibrating prices")
-    grid = p.add_argument_group("the pareto grid's axes")
+    grid = p.add_argument_group("the pareto grid's axes (--misprices: calibration's too)")
     grid.add_argument("--delays", type=int, nargs="+", default=experiments.PARETO_DELAYS)
     grid.add_argument("--misprices", type=float, nargs="+", default=experiments.PARETO_MISPRICES)
     grid.add_argument("--latencies", type=int, nargs="+", default=experiments.PARETO_LATENCIES)
@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         exp = experiments.pareto(
             agents, tuple(args.delays), tuple(args.misprices), tuple(args.latencies)
         )
+    elif args.experiment == "calibration":
+        exp = experiments.calibration(agents, tuple(args.misprices))
     else:
         exp = experiments.EXPERIMENTS[args.experiment](agents)
     try:
