@@ -85,6 +85,31 @@ def windows(agents: tuple[int, ...]) -> Experiment:
     return Experiment("windows", "E5: three windows, every ledger renewing", cases, "", pub)
 
 
+def reauth(agents: tuple[int, ...]) -> Experiment:
+    """The published E6: humans approve denied effects, H per window (seeds 6000-)."""
+    sc = Scenario(Model(n_agents=agents[0]))
+    arms: Arms = (
+        *((f"budget-h{h}", Budget(approvals=h)) for h in (0, 10, 50)),
+        ("irrev", Irrev()),
+        ("irrev-h0", Irrev(approvals=0)),
+    )
+    return Experiment("reauth", "E6: re-authorisation by humans", (Case("E6", sc, arms, 6000),))
+
+
+def fairshare(agents: tuple[int, ...]) -> Experiment:
+    """The published E9: a per-agent share against 10 colluders (seeds 9000-)."""
+    sc = Scenario(Model(n_agents=agents[0]), Attack())
+    arms: Arms = (
+        ("budget", Budget()),
+        ("budget-fair", Budget(fair_share=0.05)),
+        ("irrev", Irrev()),
+        ("irrev-fair", Irrev(agent_limit_frac=0.05)),
+    )
+    return Experiment(
+        "fairshare", "E9: fair share against colluders", (Case("E9", sc, arms, 9000),)
+    )
+
+
 def attack(agents: tuple[int, ...]) -> Experiment:
     n = agents[0]
     honest = Scenario(Model(n_agents=n), Attack())
@@ -260,6 +285,8 @@ EXPERIMENTS: dict[str, Callable[[tuple[int, ...]], Experiment]] = {
     "e1": e1,
     "fleet": fleet,
     "windows": windows,
+    "reauth": reauth,
+    "fairshare": fairshare,
     "attack": attack,
     "budget": budget_sweep,
     "misprice": misprice,
