@@ -8,9 +8,10 @@ hold still unsettled is priced at a factor f of its face value, built from three
 1. **Mean.** The mean of x pooled with `weight` prior pseudo-observations at the
    catalog's mean and variance, plus z standard errors: an upper credible bound
    (the normal approximation to the posterior of a mean).
-2. **Tail.** The catalog's tail quantile q_(1 - alpha) scaled by how far the mean moved
-   (a world whose losses are k times the catalog's has its tail k times as far out,
-   up to face value), and never below what the settlements prove: the e-th largest
+2. **Tail.** The catalog's tail quantile q_(1 - alpha) scaled by how far the mean's
+   upper bound lies above the catalog's mean (a world whose losses are k times the catalog's has
+   its tail k times as far out, up to face value), and never below what the
+   settlements prove: the e-th largest
    factor seen, where e is the fewest exceedances that a true (1 - alpha) quantile
    would produce with probability below 1 - confidence (a one-sided binomial test).
    A route whose compensation fails now and then shows factors of 1 and is priced
@@ -92,10 +93,14 @@ class Evidence:
         )
 
 
+def posterior_mean(prior: Prior, ev: Evidence) -> float:
+    return (prior.weight * prior.mean + ev.total) / (prior.weight + ev.n)
+
+
 def mean_bound(prior: Prior, ev: Evidence, confidence: float) -> float:
     """Upper credible bound on the route's mean factor, in [prior-or-data mean, 1]."""
     w = prior.weight + ev.n
-    mean = (prior.weight * prior.mean + ev.total) / w
+    mean = posterior_mean(prior, ev)
     second = (prior.weight * (prior.variance + prior.mean**2) + ev.total_sq) / w
     sd = math.sqrt(max(second - mean * mean, 0.0))
     return min(1.0, mean + normal_ppf(confidence) * sd / math.sqrt(w))
@@ -128,6 +133,9 @@ def hold_factor(
     if pending <= 0 or not math.isfinite(pending):
         raise ValueError(f"expected pending holds {pending!r} must be positive")
     mean = mean_bound(prior, ev, confidence)
+    # the tail moves with the mean's upper bound, not its point estimate: scaling by
+    # the posterior mean instead kept 0.02 more utility at k = 1 but overdrew 1-2% of
+    # seeds at k = 2-3 where this overdraws none (300 seeds per point, d = 0-50)
     scaled = prior.tail * max(mean, prior.mean) / prior.mean
     tail = min(1.0, max(scaled, proven_tail(ev, alpha, confidence), mean))
     return mean + (tail - mean) / math.sqrt(pooled(pending, prior, ev))
