@@ -179,28 +179,14 @@ def _plot(exp: Experiment, rows: list[Row], stem: Path) -> list[Path]:
         for arm in arms:
             mine = [r for r in rows if r["arm"] == arm]
             xs = [_f(r, "x") for r in mine]
-            ax_p.errorbar(
-                xs,
-                [_f(r, "p_overdraw") for r in mine],
-                yerr=wilson_err(mine),
-                marker="o",
-                label=arm,
+            panels = (
+                (ax_p, "p_overdraw", wilson_err(mine)),
+                (ax_e, "exposure", [_f(r, "exposure_ci") for r in mine]),
+                (ax_u, "utility", [_f(r, "utility_ci") for r in mine]),
             )
-            ax_e.errorbar(
-                xs,
-                [_f(r, "exposure") for r in mine],
-                yerr=[_f(r, "exposure_ci") for r in mine],
-                marker="o",
-                label=arm,
-            )
+            for ax, key, err in panels:
+                ax.errorbar(xs, [_f(r, key) for r in mine], yerr=err, marker="o", label=arm)
             ax_e.plot(xs, [_f(r, "exposure_max") for r in mine], linestyle=":", color="grey")
-            ax_u.errorbar(
-                xs,
-                [_f(r, "utility") for r in mine],
-                yerr=[_f(r, "utility_ci") for r in mine],
-                marker="o",
-                label=arm,
-            )
         for ax in (ax_p, ax_e, ax_u):
             ax.set_xlabel(exp.x_label)
             if exp.x_label == "agents":
