@@ -59,10 +59,10 @@ def _world(args: argparse.Namespace) -> experiments.World:
     )
 
 
-def _commit() -> str | None:
+def _git(*argv: str) -> str | None:
     try:
         done = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
+            ["git", *argv],
             cwd=Path(__file__).parent,
             capture_output=True,
             text=True,
@@ -71,7 +71,15 @@ def _commit() -> str | None:
         )
     except OSError:
         return None
-    return done.stdout.strip() or None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _commit() -> str | None:
+    """The commit the code ran from, '-dirty' when the tree had changes; None outside git."""
+    head = _git("rev-parse", "HEAD")
+    if not head:
+        return None
+    return f"{head}-dirty" if _git("status", "--porcelain", "--untracked-files=no") else head
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -110,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:  # pipes and logs get the whole table, not an 80-column crush
         console = Console(width=260)
+    commit = _commit()  # before the run: the tree may move while it runs
     rows, started, cpu = [], time.perf_counter(), time.process_time()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(exp.title, total=sum(len(c.arms) for c in exp.cases))
@@ -123,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     meta = {
         "experiment": exp.name,
         "version": metadata.version("irrev"),
-        "commit": _commit(),
+        "commit": commit,
         "seeds": args.seeds,
         "seed_blocks": sorted({c.seed0 for c in exp.cases}),
         "agents": agents,
