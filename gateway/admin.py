@@ -10,18 +10,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from ledger.errors import BadInput
-from ledger.journal import read_journal
-from ledger.records import HoldState
+from ledger import BadInput, HoldState, read_journal
 from pricing import PolicyError, TenantPolicy, load_policy_text
 from pricing.policy import AdminRole
 
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
-from .holds_api import hold_view
 from .policies import PolicyLoadError
 from .problems import Problem
 from .reconcile import reconcile
-from .responses import escalation_id
+from .responses import escalation_id, hold_view
 from .wire import StoredRequest
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -49,8 +46,8 @@ async def tenants(request: Request, admin: Admin) -> list[dict[str, Any]]:
         out.append(
             {
                 "tenant": tenant,
-                "agents": len(policy.agents),
-                "routes": len(policy.routes),
+                "agents": len(policy.document.agents),
+                "routes": len(policy.document.routes),
                 "live_holds": counts,
             }
         )
@@ -59,13 +56,13 @@ async def tenants(request: Request, admin: Admin) -> list[dict[str, Any]]:
 
 @router.get("/tenants/{tenant}/policy")
 async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
-    return policy_of(request, tenant, admin).model_dump(mode="json", by_alias=True)
+    return policy_of(request, tenant, admin).document.model_dump(mode="json", by_alias=True)
 
 
 def _upstreams(policy: TenantPolicy) -> dict[str, Any]:
     return {
         name: (tool.upstream, tool.model_dump(include={"credentials"}))
-        for name, tool in policy.tools.items()
+        for name, tool in policy.document.tools.items()
     }
 
 
@@ -160,9 +157,7 @@ async def journal(
 ) -> dict[str, Any]:
     policy_of(request, tenant, admin)
     try:
-        entries = await read_journal(
-            gate_of(request).ledger.redis, tenant, after=after, count=count
-        )
+        entries = await read_journal(gate_of(request).ledger, tenant, after=after, count=count)
     except BadInput as exc:
         raise Problem(422, "bad_request", f"'{exc.field}' {exc.message}") from exc
     return {

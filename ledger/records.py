@@ -72,6 +72,15 @@ class AccountSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteOutcomes:
+    """Compensation outcomes counted for one route (learn.lua), at most one per posted
+    hold: how many recovered nothing (failures) and how many recovered some."""
+
+    failures: int
+    successes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Balance:
     account: str
     limit: int
@@ -172,6 +181,21 @@ class TransitionResult:
     state: HoldState
     flags: frozenset[str]
     by: str = ""
+    replicas: int | None = None  # as in ReserveResult
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """A won approval: the hold is pending again, armed, until `deadline_ms` (Redis's
+    clock), and `request` is what was kept with it at reserve, so the approver
+    forwards the effect without a second read or its own clock."""
+
+    status: Status
+    hold_id: str
+    state: HoldState
+    by: str
+    deadline_ms: int
+    request: str
     replicas: int | None = None  # as in ReserveResult
 
 

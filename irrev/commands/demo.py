@@ -25,10 +25,7 @@ from rich.table import Table
 from gateway.policies import load_demo_tokens, read_policy_file
 from irrev.cli import bounded
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
-from ledger.audit import audit_tenant
-from ledger.client import Ledger
-from ledger.embedded import EmbeddedRedis
-from ledger.records import HoldState
+from ledger import EmbeddedRedis, HoldState, Ledger, audit_tenant
 
 SUPPLIERS = ("acme-steel", "globex-metals", "initech-parts")
 SKUS = ("steel-coil", "bolts", "paint")
@@ -97,7 +94,7 @@ async def fleet(url: str, policies: Path, args: argparse.Namespace) -> Tally:
                 }
                 face = round(quantity * unit_price * MICROS)
                 tally.face_requested += face
-                cap = policy.agents[agent]
+                cap = policy.document.agents[agent]
                 if face <= cap.per_effect_cap and spent_local[agent] + face <= cap.window_cap:
                     spent_local[agent] += face
                     tally.face_local_caps += face

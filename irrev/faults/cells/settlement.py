@@ -13,21 +13,19 @@ import uuid
 from typing import Any
 
 from gateway.wire import upstream_key
-from ledger.audit import audit_tenant
-from ledger.keys import observed_key
+from ledger import MAX_AMOUNT, audit_tenant
 
 from ..bench import Run
 from ..checks import check_ledger
 from ..matrix import Cell
 from .hostile import expect_4xx
 
-MAX = 2**53 - 1
 PRICE = 10_000_000  # an order of 2 x 5 USD, irreversible: charged at its face value
 ATTEMPTS: tuple[tuple[str, dict[str, Any] | None], ...] = (
     ("compensate", {"recovered_micros": PRICE}),
     ("compensate", {"recovered_micros": 1}),
     ("post", {"amount_micros": 0}),
-    ("post", {"amount_micros": MAX}),
+    ("post", {"amount_micros": MAX_AMOUNT}),
     ("void", None),
     ("ambiguous", {}),
     ("settle", {"realised_micros": 0}),
@@ -46,11 +44,8 @@ async def _attack(run: Run, hold_id: str, when: str, rounds: int = 1) -> list[st
 
 
 async def _learned(run: Run) -> int:
-    total = 0
-    for outcome in ("failures", "successes"):
-        counts = await run.bench.redis.hgetall(observed_key(run.tenant, outcome))
-        total += sum(int(count) for count in counts.values())
-    return total
+    counted = (await run.bench.ledger.outcomes([run.tenant]))[run.tenant]
+    return sum(route.failures + route.successes for route in counted.values())
 
 
 async def _charged_as_made(run: Run, made: int) -> list[str]:
@@ -104,7 +99,7 @@ async def in_process(run: Run) -> list[str]:
     agent = run.agent_headers()
     found = expect_4xx(
         "post 2^53-1",
-        await http.post(f"{hold}/post", json={"amount_micros": MAX}, headers=agent),
+        await http.post(f"{hold}/post", json={"amount_micros": MAX_AMOUNT}, headers=agent),
         (422,),
     )
     found += expect_4xx(
