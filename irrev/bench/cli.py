@@ -11,6 +11,7 @@ interleaved with this one's, so both see the same machine, and the ratio is prin
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -46,13 +47,16 @@ def run(args: argparse.Namespace) -> int:
     }
     this = [sys.executable, "-m", "irrev.cli"]
     baseline = [str(checked(args.baseline))] if args.baseline else None
+    # The baseline brings its own packages: a PYTHONPATH pointing at this tree would
+    # make it import this code instead.
+    alone = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
     print(f"{'command':<40} {'median s':>9} {'fastest s':>10}   ({args.runs} runs each)")
     for label, arguments in commands.items():
         times, before = [], []
         for _ in range(args.runs):
-            times.append(timed(this, arguments))
+            times.append(timed(this, arguments, dict(os.environ)))
             if baseline:
-                before.append(timed(baseline, arguments))
+                before.append(timed(baseline, arguments, alone))
         print(f"{label:<40} {statistics.median(times):>9.3f} {min(times):>10.3f}")
         if baseline:
             ratio = statistics.median(before) / statistics.median(times)
@@ -69,10 +73,10 @@ def checked(script: Path) -> Path:
     return script
 
 
-def timed(command: list[str], arguments: list[str]) -> float:
+def timed(command: list[str], arguments: list[str], env: dict[str, str]) -> float:
     """Wall seconds of one `irrev` process; a command that fails is an error, not a time."""
     started = time.perf_counter()
-    result = subprocess.run([*command, *arguments], capture_output=True, text=True)
+    result = subprocess.run([*command, *arguments], capture_output=True, text=True, env=env)
     elapsed = time.perf_counter() - started
     if result.returncode != 0:
         raise CliError(f"irrev {' '.join(arguments)} exited {result.returncode}: {result.stderr}")
