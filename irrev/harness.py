@@ -13,7 +13,6 @@ import copy
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,18 @@ from typing import Any
 import httpx
 import yaml
 
+from ledger import free_port
 from pricing.credentials import format_token, hash_token
+
+__all__ = [
+    "ProcessError",
+    "Server",
+    "TenantPolicy",
+    "free_port",
+    "new_token",
+    "running",
+    "uvicorn_command",
+]
 
 START_TIMEOUT_S = 60.0
 # `irrev serve` gives in-flight forwards the upstream timeout plus a margin before it
@@ -36,13 +46,6 @@ STOP_TIMEOUT_S = 15.0
 
 class ProcessError(RuntimeError):
     """A server did not start or answer in time; the message ends with its log."""
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on now (the kernel's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def uvicorn_command(app: str, port: int, *extra: str) -> list[str]:

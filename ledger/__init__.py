@@ -8,7 +8,7 @@ from .audit import AuditReport, audit, audit_tenant
 from .checkpoint import cutoff_ms, trim, trim_locked
 from .client import Ledger, open_ledger
 from .connect import connect
-from .embedded import EmbeddedRedis, EmbeddedRedisError, supervised_redis_url
+from .embedded import EmbeddedRedis, EmbeddedRedisError, free_port, supervised_redis_url
 from .errors import (
     BadInput,
     CheckpointMoved,
@@ -79,6 +79,7 @@ __all__ = [
     "audit_tenant",
     "connect",
     "cutoff_ms",
+    "free_port",
     "iter_journal",
     "open_ledger",
     "read_journal",

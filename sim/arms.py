@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from sim.humans import Humans
 from sim.params import residual_quantile
-from sim.runner import I64, B, Lagged, row_searchsorted
+from sim.runner import I64, B, Lagged, row_searchsorted, window_first
 from sim.workload import Workload
 
 F64 = npt.NDArray[np.float64]
@@ -51,11 +52,13 @@ class Local:
 class _Breaker:
     def __init__(self, wl: Workload, lag: int) -> None:
         self.wl, self.lag = wl, lag
-        # visible: events of ticks < t - lag, i.e. realised exposure observed `lag` late
-        self.seen = Lagged(row_searchsorted(wl.tick, wl.tick - lag, "left"))
+        # visible: events of this window at ticks < t - lag, i.e. the window's realised
+        # exposure observed `lag` late; a new window starts unhalted, as published
+        obs = row_searchsorted(wl.tick, wl.tick - lag, "left")
+        self.seen = Lagged(obs, window_first(wl))
 
     def decide(self, k: int, live: B) -> tuple[B, B]:
-        watching = self.wl.tick[:, k] - self.lag > 0
+        watching = self.wl.tick[:, k] % self.wl.model.ticks - self.lag > 0
         halted = watching & (self.seen.seen(k) >= self.wl.model.tolerance)
         return ~halted, np.zeros_like(live)
 
@@ -74,19 +77,64 @@ class Breaker:
 
 
 class _Ledger:
-    """Reserve `charge` against `limit` on one account per event; never refunded."""
+    """Reserve `charge` against `limit` on one account per event; never refunded within
+    a window, and every account starts empty in each new window (the published reset)."""
 
-    def __init__(self, charge: F64, account: I64, limit: float, n_accounts: int) -> None:
-        self.charge, self.account, self.limit = charge, account, limit
-        self.reserved = np.zeros((charge.shape[0], n_accounts))
+    def __init__(
+        self,
+        wl: Workload,
+        charge: F64,
+        account: I64,
+        limit: float,
+        n: int,
+        humans: Humans | None = None,
+    ) -> None:
+        self.wl, self.charge, self.account, self.limit = wl, charge, account, limit
+        self.reserved = np.zeros((charge.shape[0], n))
         self.rows = np.arange(charge.shape[0])
+        self.window_of = wl.tick // wl.model.ticks
+        self.window = np.zeros(charge.shape[0], np.int64)
+        # published re-authorisation: a human approves a denied effect, whose charge is
+        # then tracked apart from the ledger (never reserved)
+        self.humans = humans
+        self.late = np.zeros(wl.shape, bool)
+        self.exec_tick = wl.tick.copy()
+        self._approved = np.zeros(charge.shape[0], bool)
 
     def decide(self, k: int, live: B) -> tuple[B, B]:
+        t = self.wl.tick[:, k]
+        window = self.window_of[:, k]
+        renewed = window > self.window
+        if self.humans is not None:
+            self._hear(np.minimum(t, window * self.wl.model.ticks - 1))
+        if renewed.any():
+            self.reserved[renewed] = 0.0
+            self.window = np.maximum(window, self.window)
+            if self.humans is not None:
+                self.humans.renew(renewed, self.window * self.wl.model.ticks)
         used = self.reserved[self.rows, self.account[:, k]]
-        return used + self.charge[:, k] <= self.limit, np.zeros_like(live)
+        fits = used + self.charge[:, k] <= self.limit
+        self._approved = np.zeros_like(live)
+        if self.humans is None:
+            return fits, np.zeros_like(live)
+        self._hear(t)
+        denied = live & ~fits
+        if self.humans.instant:
+            self.humans.accrue(t)
+            self._approved = self.humans.take(denied)
+        else:
+            self.humans.push(k, denied, t)
+        return fits | self._approved, denied
 
     def commit(self, k: int, executed: B) -> None:
-        self.reserved[self.rows, self.account[:, k]] += np.where(executed, self.charge[:, k], 0.0)
+        reserve = executed & ~self._approved
+        self.reserved[self.rows, self.account[:, k]] += np.where(reserve, self.charge[:, k], 0.0)
+
+    def _hear(self, upto: I64) -> None:
+        assert self.humans is not None
+        for r in self.humans.resolve(upto):
+            self.late[self.rows[r.approved], r.event[r.approved]] = True
+            self.exec_tick[self.rows[r.approved], r.event[r.approved]] = r.when[r.approved]
 
 
 @dataclass(frozen=True)
@@ -96,11 +144,49 @@ class Budget:
     gamma: float = 0.95
     budget_frac: float = 1.0
     eps: float = 1.0
+    approvals: int = 0  # published E6 re-authorisations per window; 0: none
+    approval_latency: int = 0
+    escalation_ttl: int | None = None  # None: = approval_latency (see sim/humans.py)
+    fair_share: float | None = None  # published E9: an agent reserves at most this x B
 
     def build(self, wl: Workload) -> _Ledger:
         charge = quantile_charge(wl, self.gamma, self.eps)
         limit = self.budget_frac * wl.model.tolerance
-        return _Ledger(charge, np.zeros_like(wl.agent), limit, 1)
+        humans = None
+        if self.approvals > 0:
+            ttl = self.approval_latency if self.escalation_ttl is None else self.escalation_ttl
+            n_seeds, n_events = wl.shape
+            humans = Humans(
+                n_seeds, n_events, self.approvals, wl.model.ticks, self.approval_latency, ttl
+            )
+        if self.fair_share is None:
+            return _Ledger(wl, charge, np.zeros_like(wl.agent), limit, 1, humans)
+        return _FairShare(wl, charge, limit, self.fair_share * limit, humans)
+
+
+class _FairShare(_Ledger):
+    """The tenant ledger plus a per-agent cap on reserved charge (published E9)."""
+
+    def __init__(
+        self, wl: Workload, charge: F64, limit: float, share: float, humans: Humans | None
+    ) -> None:
+        super().__init__(wl, charge, np.zeros_like(wl.agent), limit, 1, humans)
+        self.share = share
+        self.agent_reserved = np.zeros((charge.shape[0], wl.model.n_agents))
+
+    def decide(self, k: int, live: B) -> tuple[B, B]:
+        if (self.window_of[:, k] > self.window).any():
+            self.agent_reserved[self.window_of[:, k] > self.window] = 0.0
+        mine = self.agent_reserved[self.rows, self.wl.agent[:, k]]
+        within = mine + self.charge[:, k] <= self.share
+        admit, escalated = super().decide(k, live & within)
+        return admit & within, escalated
+
+    def commit(self, k: int, executed: B) -> None:
+        reserve = executed & ~self._approved
+        charge = np.where(reserve, self.charge[:, k], 0.0)
+        self.agent_reserved[self.rows, self.wl.agent[:, k]] += charge
+        super().commit(k, executed)
 
 
 @dataclass(frozen=True)
@@ -108,7 +194,7 @@ class Cap:
     """Untyped aggregate spend cap: face value against R."""
 
     def build(self, wl: Workload) -> _Ledger:
-        return _Ledger(wl.value.copy(), np.zeros_like(wl.agent), wl.model.tolerance, 1)
+        return _Ledger(wl, wl.value.copy(), np.zeros_like(wl.agent), wl.model.tolerance, 1)
 
 
 @dataclass(frozen=True)
@@ -121,15 +207,17 @@ class Static:
     def build(self, wl: Workload) -> _Ledger:
         m = wl.model
         charge = quantile_charge(wl, self.gamma)
-        return _Ledger(charge, wl.agent, self.mult * m.tolerance / m.n_agents, m.n_agents)
+        return _Ledger(wl, charge, wl.agent, self.mult * m.tolerance / m.n_agents, m.n_agents)
 
 
 class _Stale:
-    """Check a balance as seen at an earlier event, then add to it (check-then-debit)."""
+    """Check a balance as seen at an earlier event, then add to it (check-then-debit).
+
+    The balance counts only the current window's events: it renews at each boundary."""
 
     def __init__(self, wl: Workload, obs: I64, charge: F64, strict: bool) -> None:
         self.wl, self.charge, self.strict = wl, charge, strict
-        self.balance = Lagged(np.minimum(obs, np.arange(wl.shape[1])))
+        self.balance = Lagged(np.minimum(obs, np.arange(wl.shape[1])), window_first(wl))
         self.limit = wl.model.tolerance
 
     def decide(self, k: int, live: B) -> tuple[B, B]:

@@ -7,8 +7,8 @@ Seed blocks follow the published artifact (E1 from seed 1000, E11 from 11000, ..
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from typing import Protocol, cast
 
 from sim import metrics, runner, workload
 from sim.arms import Breaker, Budget, Cap, Local, Posthoc, Static, Toctou
@@ -75,6 +75,39 @@ def fleet(agents: tuple[int, ...]) -> Experiment:
         (f"N={n}", "budget"): e for n, e in zip(FLEET_SIZES, (0.44, 0.48, 0.48, 0.49), strict=True)
     }
     return Experiment("fleet", "E11: fleet size", cases, "agents", pub)
+
+
+def windows(agents: tuple[int, ...]) -> Experiment:
+    """The published E5 `no_attack` row: three windows, the burst in the first."""
+    sc = Scenario(Model(n_agents=agents[0], windows=3))
+    pub = {("windows=3", "budget"): 315_809.38 / 250_000.0}
+    cases = (Case("windows=3", sc, E1_ARMS, 5000, 3),)
+    return Experiment("windows", "E5: three windows, every ledger renewing", cases, "", pub)
+
+
+def reauth(agents: tuple[int, ...]) -> Experiment:
+    """The published E6: humans approve denied effects, H per window (seeds 6000-)."""
+    sc = Scenario(Model(n_agents=agents[0]))
+    arms: Arms = (
+        *((f"budget-h{h}", Budget(approvals=h)) for h in (0, 10, 50)),
+        ("irrev", Irrev()),
+        ("irrev-h0", Irrev(approvals=0)),
+    )
+    return Experiment("reauth", "E6: re-authorisation by humans", (Case("E6", sc, arms, 6000),))
+
+
+def fairshare(agents: tuple[int, ...]) -> Experiment:
+    """The published E9: a per-agent share against 10 colluders (seeds 9000-)."""
+    sc = Scenario(Model(n_agents=agents[0]), Attack())
+    arms: Arms = (
+        ("budget", Budget()),
+        ("budget-fair", Budget(fair_share=0.05)),
+        ("irrev", Irrev()),
+        ("irrev-fair", Irrev(agent_limit_frac=0.05)),
+    )
+    return Experiment(
+        "fairshare", "E9: fair share against colluders", (Case("E9", sc, arms, 9000),)
+    )
 
 
 def attack(agents: tuple[int, ...]) -> Experiment:
@@ -148,9 +181,112 @@ def spike(agents: tuple[int, ...]) -> Experiment:
     )
 
 
+PARETO_DELAYS = (0, 5, 20, 50, 200, 1000)
+PARETO_MISPRICES = (1.0, 1.5, 2.0, 3.0)
+PARETO_LATENCIES = (0, 50)
+PARETO_SEED0 = 200_000  # fresh: no arm was tuned on this block
+
+
+def pareto_arms(delay: int, latency: int) -> Arms:
+    """The published ledger, alone and with its E6 humans, against irrev and irrev with
+    self-calibrating prices, all with the same humans (50 approvals per window)."""
+    return (
+        ("budget", Budget()),
+        ("budget-h50", Budget(approvals=50, approval_latency=latency)),
+        ("irrev", Irrev(settle_delay=delay, approval_latency=latency)),
+        ("irrev-cal", Irrev(settle_delay=delay, approval_latency=latency, calibrate=True)),
+    )
+
+
+def pareto(
+    agents: tuple[int, ...],
+    delays: tuple[int, ...] = PARETO_DELAYS,
+    misprices: tuple[float, ...] = PARETO_MISPRICES,
+    latencies: tuple[int, ...] = PARETO_LATENCIES,
+) -> Experiment:
+    """Issue 15's grid: settlement delay d x mispricing k x approval latency."""
+    cases = tuple(
+        Case(
+            f"d={d} k={k:g} L={lat}",
+            Scenario(Model(n_agents=agents[0], misprice=k)),
+            pareto_arms(d, lat),
+            PARETO_SEED0,
+            d,
+        )
+        for lat in latencies
+        for k in misprices
+        for d in delays
+    )
+    return Experiment("pareto", "Pareto: settlement delay x mispricing x approval latency", cases)
+
+
+def calibration(
+    agents: tuple[int, ...], misprices: tuple[float, ...] = PARETO_MISPRICES
+) -> Experiment:
+    """A mispriced world over two windows: what settled evidence teaches by window 2."""
+    cases = tuple(
+        Case(
+            f"k={k:g}",
+            Scenario(Model(n_agents=agents[0], misprice=k, windows=2)),
+            (("budget", Budget()), ("irrev", Irrev()), ("irrev-cal", Irrev(calibrate=True))),
+            PARETO_SEED0,
+            k,
+        )
+        for k in misprices
+    )
+    return Experiment("calibration", "Self-calibration: two windows of a k x world", cases, "k")
+
+
+@dataclass(frozen=True, kw_only=True)
+class World:
+    """Overrides of the world and of the arms' knobs for every case of an experiment;
+    None keeps what the experiment says. An arm knob reaches every arm that has it."""
+
+    misprice: float | None = None
+    misprice_shape: str | None = None
+    windows: int | None = None
+    p_burst: float | None = None
+    burst_len: int | None = None
+    correlated: bool | None = None
+    settle_delay: int | None = None
+    approval_latency: int | None = None
+    escalation_ttl: int | None = None
+    approvals: int | None = None
+    calibrate: bool | None = None
+
+    MODEL_KNOBS = ("misprice", "misprice_shape", "windows", "p_burst", "burst_len", "correlated")
+
+    def changes(self, names: tuple[str, ...]) -> dict[str, object]:
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    def apply(self, exp: Experiment) -> Experiment:
+        model_changes = self.changes(self.MODEL_KNOBS)
+        arm_knobs = tuple(f.name for f in fields(self) if f.name not in self.MODEL_KNOBS)
+
+        def arm(spec: Spec) -> Spec:
+            if not is_dataclass(spec) or isinstance(spec, type):
+                return spec
+            have = {f.name for f in fields(spec)}
+            mine = {k: v for k, v in self.changes(arm_knobs).items() if k in have}
+            return cast(Spec, replace(spec, **mine))
+
+        cases = tuple(
+            replace(
+                c,
+                scenario=replace(c.scenario, model=c.scenario.model.with_(**model_changes)),
+                arms=tuple((label, arm(spec)) for label, spec in c.arms),
+            )
+            for c in exp.cases
+        )
+        return replace(exp, cases=cases)
+
+
 EXPERIMENTS: dict[str, Callable[[tuple[int, ...]], Experiment]] = {
     "e1": e1,
     "fleet": fleet,
+    "windows": windows,
+    "reauth": reauth,
+    "fairshare": fairshare,
     "attack": attack,
     "budget": budget_sweep,
     "misprice": misprice,
@@ -159,8 +295,16 @@ EXPERIMENTS: dict[str, Callable[[tuple[int, ...]], Experiment]] = {
     "toctou": toctou,
     "settle": settle,
     "spike": spike,
+    "pareto": pareto,
+    "calibration": calibration,
 }
 DEFAULT_AGENTS: dict[str, tuple[int, ...]] = {"fleet": FLEET_SIZES}
+
+
+def _latency(spec: Spec) -> int | None:
+    if getattr(spec, "approvals", 0) == 0:
+        return None
+    return int(getattr(spec, "approval_latency", 0))
 
 
 def run_case(
@@ -170,6 +314,18 @@ def run_case(
     rows: list[dict[str, object]] = []
     for label, spec in case.arms:
         summary = metrics.summarize(metrics.per_seed(wl, runner.run(spec.build(wl), wl)))
-        rows.append({"case": case.label, "x": case.x, "arm": label, **asdict(summary)})
+        rows.append(
+            {
+                "case": case.label,
+                "x": case.x,
+                "arm": label,
+                "seed0": case.seed0,
+                # None where the arm has no such thing (nothing settles, no human asked)
+                "settle_delay": getattr(spec, "settle_delay", None),
+                "approval_latency": _latency(spec),
+                "misprice": case.scenario.model.misprice,
+                **asdict(summary),
+            }
+        )
         on_arm()
     return rows

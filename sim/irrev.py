@@ -19,6 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 from sim import ledger_model as lm
+from sim.calibrated import Calibrated
+from sim.humans import Humans
 from sim.ledger_ops import ArmArrays, Tape
 from sim.params import usd_to_micros
 from sim.prices import hold_prices, stress_signal
@@ -34,6 +36,18 @@ class Irrev:
     settle_delay: int = 20
     soft_frac: float = 0.9
     approvals: int = 50  # escalations a human approves per window, at an even pace
+    # ticks before a human looks at an escalation, whose hold keeps its budget while it
+    # waits; it expires unapproved `escalation_ttl` ticks after it was raised (None:
+    # = approval_latency, looked at once). 0 and None: approved or refused at once.
+    approval_latency: int = 0
+    escalation_ttl: int | None = None
+    # self-calibrating prices (pricing/calibration.py): holds priced from the settled
+    # evidence of their route; `pending` holds on a route at once (None: its calm rate
+    # times settle_delay); `prior_weight` pseudo-observations of the catalog's prior
+    calibrate: bool = False
+    prior_weight: float = 20.0
+    pending: float | None = None
+    recalibrate_every: int = 10
     agent_limit_frac: float | None = 0.2
     supplier_limit_frac: float | None = None
     stressed: bool = False
@@ -74,6 +88,18 @@ class _IrrevArm:
         self.accounts = np.stack([np.zeros_like(wl.agent), 1 + wl.agent, 1 + n + wl.supplier], 2)
         stressed = stress_signal(wl, cfg) if cfg.stressed else np.zeros(wl.shape, bool)
         self.price = hold_prices(wl, cfg, stressed)
+        self.cal: Calibrated | None = None
+        if cfg.calibrate:
+            self.cal = Calibrated(
+                wl,
+                cfg.hold_quantile,
+                cfg.settle_delay,
+                cfg.prior_weight,
+                cfg.pending,
+                cfg.recalibrate_every,
+            )
+            self.stressed = stressed
+            self.hot = hold_prices(wl, cfg, np.ones(wl.shape, bool))
         self.residual = np.ceil(wl.residual * 1e6).astype(np.int64)
         self.balance = np.zeros(self.limit.shape, np.int64)  # pending + posted
         self.posted = np.zeros(self.limit.shape, np.int64)
@@ -83,8 +109,20 @@ class _IrrevArm:
         self.rows = np.arange(n_seeds)
         self.settled = np.zeros(n_seeds, np.int64)  # events [0, settled) are settled
         self.window = np.zeros(n_seeds, np.int64)
-        self.tokens = np.zeros(n_seeds)
-        self.last_tick = np.zeros(n_seeds, np.int64)
+        ttl = cfg.approval_latency if cfg.escalation_ttl is None else cfg.escalation_ttl
+        self.humans = Humans(
+            n_seeds, wl.shape[1], cfg.approvals, wl.model.ticks, cfg.approval_latency, ttl
+        )
+        if tape is not None and not self.humans.instant:
+            raise ValueError("a tape records instant approvals only: set approval_latency=0")
+        # escalations waiting for a human: their hold, and where the approved ones stand
+        self.waiting = np.zeros(wl.shape, np.int64)
+        self.late = np.zeros(wl.shape, bool)  # executed when a human approved, later
+        self.exec_tick = wl.tick.copy()
+        self.approved_seq = np.zeros(wl.shape, np.int64)  # approved events, in order
+        self.n_approved = np.zeros(n_seeds, np.int64)
+        self.late_settled = np.zeros(n_seeds, np.int64)
+        self._queued = np.zeros(n_seeds, bool)
         self.overruns = np.zeros(n_seeds, np.int64)
         self.tape = tape
         self._state = ArmArrays(self.balance, self.posted, self.accounts, self.price)
@@ -93,19 +131,30 @@ class _IrrevArm:
     def decide(self, k: int, live: B) -> tuple[B, B]:
         t = self.wl.tick[:, k]
         window_start = t // self.wl.model.ticks * self.wl.model.ticks
-        self._settle(k, np.minimum(t, window_start - 1))
+        self._advance(k, np.minimum(t, window_start - 1))
         self._roll(t // self.wl.model.ticks)
-        self._settle(k, t)
-        self._accrue(t)
+        self._advance(k, t)
+        if self.cal is not None:
+            learnt = self.cal.price(k, t)
+            stressed = self.stressed[:, k]
+            self.price[:, k] = np.where(stressed, np.maximum(self.hot[:, k], learnt), learnt)
         code = lm.decide(self.balance, self.limit, self.soft, self.accounts[:, k], self.price[:, k])
         escalated = live & (code == lm.ESCALATE)
-        approved = escalated & (self.tokens >= 1.0)
-        self.tokens -= approved
+        if self.humans.instant:
+            self.humans.accrue(t)
+            approved = self.humans.take(escalated)
+        else:
+            approved = np.zeros_like(escalated)
+            self.humans.push(k, escalated, t)
+        self._queued = escalated if not self.humans.instant else np.zeros_like(escalated)
         if self.tape is not None:
             self._decided = (live, code, escalated, approved)
         return (code == lm.ADMIT) | approved, escalated
 
     def commit(self, k: int, executed: B) -> None:
+        # a queued escalation's hold keeps its budget while the human has not decided
+        self.waiting[:, k] = np.where(self._queued, self.price[:, k], 0)
+        lm.apply(self.balance, self.accounts[:, k], self.waiting[:, k])
         hold = np.where(executed, self.price[:, k], 0)
         self.held[:, k] = hold
         self.admitted[:, k] = executed
@@ -120,6 +169,40 @@ class _IrrevArm:
         self.tape.reserve(k, live, code, self._state)
         lm.apply(self.balance, self.accounts[:, k], hold - admit_hold)
         self.tape.resolve(k, escalated, approved, self._state)
+
+    def _advance(self, k: int, upto: I64) -> None:
+        """Everything that happens by tick `upto`: human decisions, then settlements."""
+        for r in self.humans.resolve(upto):
+            ev = np.where(r.rows, r.event, 0)
+            acc = self.accounts[self.rows, ev]
+            hold = self.waiting[self.rows, ev]
+            expired = r.rows & ~r.approved
+            lm.apply(self.balance, acc, np.where(expired, -hold, 0))
+            self.late[self.rows[r.approved], ev[r.approved]] = True
+            self.exec_tick[self.rows[r.approved], ev[r.approved]] = r.when[r.approved]
+            self.approved_seq[self.rows[r.approved], self.n_approved[r.approved]] = ev[r.approved]
+            self.n_approved += r.approved
+        self._settle(k, upto)
+        self._settle_late(upto)
+
+    def _settle_late(self, upto: I64) -> None:
+        """Settle approved escalations, in approval order, `settle_delay` after approval."""
+        while True:
+            j = np.minimum(self.late_settled, self.approved_seq.shape[1] - 1)
+            ev = self.approved_seq[self.rows, j]
+            ready = self.exec_tick[self.rows, ev] + self.cfg.settle_delay <= upto
+            due = (self.late_settled < self.n_approved) & ready
+            if not due.any():
+                return
+            hold = np.where(due, self.waiting[self.rows, ev], 0)
+            real = np.where(due, self.residual[self.rows, ev], 0)
+            acc = self.accounts[self.rows, ev]
+            lm.apply(self.balance, acc, real - hold)
+            lm.apply(self.posted, acc, real)
+            self.overruns += due & (real > hold)
+            self.late_settled += due
+            if self.cal is not None:
+                self.cal.observe(ev, due)
 
     def _settle(self, k: int, upto: I64) -> None:
         """Settle, in admission order, every hold whose residual is known by tick `upto`."""
@@ -139,6 +222,8 @@ class _IrrevArm:
             lm.apply(self.posted, acc, real)
             self.overruns += real > hold
             self.settled += due
+            if self.cal is not None:
+                self.cal.observe(i, posts)
             if self.tape is not None:
                 self.tape.post(i, posts, real, self._state)
 
@@ -148,11 +233,7 @@ class _IrrevArm:
             self.balance[rolled] -= self.posted[rolled]
             self.posted[rolled] = 0
             self.window = np.maximum(window, self.window)
+            # a human's approvals are a per-window capacity, as the published re-auth is
+            self.humans.renew(rolled, self.window * self.wl.model.ticks)
             if self.tape is not None:
                 self.tape.roll(self.window, rolled, self._state)
-
-    def _accrue(self, t: I64) -> None:
-        h = self.cfg.approvals
-        rate = h / self.wl.model.ticks
-        self.tokens = np.minimum(self.tokens + rate * (t - self.last_tick), max(1.0, h / 10))
-        self.last_tick = t

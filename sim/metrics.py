@@ -42,14 +42,19 @@ def per_seed(wl: Workload, out: Outcome) -> dict[str, F64]:
     """Per-seed metrics, each (S,). Exposure and shortfall are in units of R."""
     m = wl.model
     r = m.tolerance
-    window = (wl.tick // m.ticks).clip(max=m.windows - 1)
+    window = (out.exec_tick // m.ticks).clip(max=m.windows - 1)
     realised = np.where(out.executed, wl.residual, 0.0)
     by_window = np.stack([(realised * (window == w)).sum(axis=1) for w in range(m.windows)], 1)
     honest = ~wl.frag
     proposed = np.where(out.gated & honest, wl.value, 0.0)
     served = np.where(out.executed & honest, wl.value, 0.0)
+    last = window == m.windows - 1
     res: dict[str, F64] = {
         "overdraw": (by_window.max(axis=1) > r).astype(float),
+        "overdraw_last": (by_window[:, -1] > r).astype(float),
+        "exposure_last": by_window[:, -1] / r,
+        "worst_window": by_window.max(axis=1) / r,
+        "util_last": _ratio((served * last).sum(1), (proposed * last).sum(1)),
         "exposure": by_window.sum(axis=1) / r,
         "shortfall": np.clip(by_window - r, 0.0, None).sum(axis=1) / r,
         "utility": _ratio(served.sum(1), proposed.sum(1)),
@@ -75,9 +80,17 @@ class Summary:
     exposure: float
     exposure_ci: float
     exposure_p95: float
-    shortfall: float
+    exposure_max: float  # the worst window of any seed, the figure R bounds
+    shortfall: float  # E[(S - R)+] / R, S a window's realised exposure, summed over windows
     utility: float
     utility_ci: float
+    # the last window alone: with several windows, what a steady state looks like
+    p_overdraw_last: float
+    p_overdraw_last_lo: float
+    p_overdraw_last_hi: float
+    exposure_last_max: float
+    util_last: float
+    util_last_ci: float
     util_pre: float
     util_burst: float
     util_post: float
@@ -92,6 +105,9 @@ def summarize(seed_metrics: dict[str, F64]) -> Summary:
     lo, hi = wilson(int(od.sum()), od.size)
     exp_mean, exp_ci = mean_ci(seed_metrics["exposure"])
     util_mean, util_ci = mean_ci(seed_metrics["utility"])
+    od_last = seed_metrics["overdraw_last"]
+    last_lo, last_hi = wilson(int(od_last.sum()), od_last.size)
+    last_mean, last_ci = mean_ci(seed_metrics["util_last"])
 
     def avg(key: str) -> float:
         return float(seed_metrics[key].mean())
@@ -104,9 +120,16 @@ def summarize(seed_metrics: dict[str, F64]) -> Summary:
         exposure=exp_mean,
         exposure_ci=exp_ci,
         exposure_p95=float(np.quantile(seed_metrics["exposure"], 0.95)),
+        exposure_max=float(seed_metrics["worst_window"].max()),
         shortfall=avg("shortfall"),
         utility=util_mean,
         utility_ci=util_ci,
+        p_overdraw_last=float(od_last.mean()),
+        p_overdraw_last_lo=last_lo,
+        p_overdraw_last_hi=last_hi,
+        exposure_last_max=float(seed_metrics["exposure_last"].max()),
+        util_last=last_mean,
+        util_last_ci=last_ci,
         util_pre=avg("util_pre"),
         util_burst=avg("util_burst"),
         util_post=avg("util_post"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +64,29 @@ class Model:
     spike: Spike | None = None
     # probability that compensation fails and the whole value is lost (DESIGN p_fail)
     p_comp_fail: float = 0.0
+    # mispricing: the world's residual loss is `misprice` times what the catalog prices.
+    # "scale": each residual factor 1 - r is multiplied by k (capped at the face value);
+    # "shape": recovery is drawn from another Beta, of the same concentration a + b and
+    # mean residual k times the catalog's (k = 3 on Beta(6, 2) is Beta(2, 6))
+    misprice: float = 1.0
+    misprice_shape: Literal["scale", "shape"] = "scale"
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.misprice) and self.misprice > 0):
+            raise ValueError(f"misprice {self.misprice!r} must be a positive factor")
+        if self.misprice_shape == "shape":
+            for ln in self.lines:
+                if self.misprice * ln.recovery_b >= ln.recovery_a + ln.recovery_b:
+                    raise ValueError(
+                        f"misprice {self.misprice} with shape: Beta({ln.recovery_a}, "
+                        f"{ln.recovery_b}) has no Beta of mean residual {self.misprice} x "
+                        "its own; use a smaller factor or --misprice-shape scale"
+                    )
+        if not 0 < self.burst_len < self.ticks - 200:
+            raise ValueError(
+                f"burst length {self.burst_len} must be positive and leave 200 ticks of "
+                f"the {self.ticks}-tick window (the burst starts in [100, T - len - 100))"
+            )
 
     @property
     def horizon(self) -> int:

@@ -33,9 +33,10 @@ class Outcome:
     """What happened to every event, all (S, K) bool, plus per-seed `overruns` (S,)."""
 
     gated: B  # passed the per-call gate (value cap, rate limit): a real proposal
-    executed: B
+    executed: B  # at once or, approved by a human, later
     escalated: B
     overruns: I64
+    exec_tick: I64  # when each executed event ran: its tick, or its approval's
 
 
 def row_searchsorted(rows: I64, queries: I64, side: Side = "left") -> I64:
@@ -49,20 +50,29 @@ def row_searchsorted(rows: I64, queries: I64, side: Side = "left") -> I64:
     )
 
 
+def window_first(wl: Workload) -> I64:
+    """(S, K): index of the first event of the budget window that event k falls in."""
+    start = wl.tick // wl.model.ticks * wl.model.ticks
+    return row_searchsorted(wl.tick, start, "left")
+
+
 class Lagged:
     """A running per-seed sum over executed events, read as of an earlier event index.
 
     `obs[s, k]` is how many of seed s's first events are visible when event k is
-    decided; it must be <= k, so every visible value is already known.
+    decided; it must be <= k, so every visible value is already known. With `since`,
+    the sum starts at event `since[s, k]` (the first event of k's budget window), so
+    a balance renews at each window boundary as the published ledger's does.
     """
 
-    def __init__(self, obs: I64) -> None:
-        self.obs = obs
+    def __init__(self, obs: I64, since: I64 | None = None) -> None:
+        self.since = np.zeros_like(obs) if since is None else since
+        self.obs = np.maximum(obs, self.since)
         self.cum = np.zeros((obs.shape[0], obs.shape[1] + 1))
         self.rows = np.arange(obs.shape[0])
 
     def seen(self, k: int) -> npt.NDArray[np.float64]:
-        return self.cum[self.rows, self.obs[:, k]]
+        return self.cum[self.rows, self.obs[:, k]] - self.cum[self.rows, self.since[:, k]]
 
     def add(self, k: int, amount: npt.NDArray[np.float64]) -> None:
         self.cum[:, k + 1] = self.cum[:, k] + amount
@@ -92,4 +102,7 @@ def run(arm: Arm, wl: Workload) -> Outcome:
         arm.commit(k, ex)
         gated[:, k], executed[:, k], escalated[:, k] = passes, ex, esc & passes
     overruns = getattr(arm, "overruns", np.zeros(n_seeds, np.int64))
-    return Outcome(gated, executed, escalated, overruns)
+    # escalations a human approved after a latency ran late (arms with a review queue)
+    executed |= getattr(arm, "late", False)
+    exec_tick = getattr(arm, "exec_tick", wl.tick)
+    return Outcome(gated, executed, escalated, overruns, exec_tick)

@@ -68,9 +68,12 @@ def _burst_probability(model: Model, burst_start: int) -> F64:
 
 
 def _recovery(model: Model, line_idx: I64, u: F64, in_burst: B) -> F64:
-    """Recovery by inverse CDF of one uniform, so calm and correlated draws are comonotone."""
+    """Recovery by inverse CDF of one uniform, so calm and correlated draws are comonotone
+    (and so are a mispriced world's draws with the catalog's)."""
     a = np.array([ln.recovery_a for ln in model.lines])[line_idx]
     b = np.array([ln.recovery_b for ln in model.lines])[line_idx]
+    if model.misprice_shape == "shape" and model.misprice != 1.0:
+        a, b = a + b - model.misprice * b, model.misprice * b
     if model.correlated:
         a = np.where(in_burst, model.corr_a, a)
         b = np.where(in_burst, model.corr_b, b)
@@ -91,7 +94,15 @@ def honest_events(model: Model, rng: np.random.Generator, burst_start: int) -> E
         value, recovery = _apply_spike(model, rng, line_idx, in_burst, value, recovery)
     if model.p_comp_fail > 0:
         recovery = np.where(rng.random(tick.size) < model.p_comp_fail, 0.0, recovery)
-    return Events(tick, agent, value, value * (1.0 - recovery), np.zeros(tick.size, bool))
+    residual = value * _loss_factor(model, recovery)
+    return Events(tick, agent, value, residual, np.zeros(tick.size, bool))
+
+
+def _loss_factor(model: Model, recovery: F64) -> F64:
+    """The realised residual factor 1 - r, scaled by a "scale" mispricing, at most 1."""
+    if model.misprice_shape == "scale" and model.misprice != 1.0:
+        return np.minimum(1.0, model.misprice * (1.0 - recovery))
+    return 1.0 - recovery
 
 
 def _apply_spike(
@@ -114,7 +125,9 @@ def fragment_events(model: Model, attack: Attack, rng: np.random.Generator, bs: 
     recovery = _recovery(model, np.zeros_like(tick), rng.random(tick.size), in_burst)
     value = np.full(tick.size, attack.piece)
     agent = tick % attack.colluders
-    return Events(tick, agent, value, value * (1.0 - recovery), np.ones(tick.size, bool))
+    return Events(
+        tick, agent, value, value * _loss_factor(model, recovery), np.ones(tick.size, bool)
+    )
 
 
 def seed_events(scenario: Scenario, seed: int) -> tuple[int, Events]:

@@ -1,9 +1,12 @@
-"""`irrev sim EXPERIMENT`: run a named experiment, print its table, write JSON/CSV/PNG."""
+"""`irrev sim EXPERIMENT`: run a named experiment, print its table, write JSON/CSV/PNG/SVG."""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import time
+from dataclasses import replace
+from importlib import metadata
 from pathlib import Path
 
 from rich.console import Console
@@ -16,31 +19,127 @@ from sim import experiments, report
 def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiment", choices=sorted(experiments.EXPERIMENTS))
     p.add_argument("--seeds", type=int, default=300, help="seeds per case (default 300)")
+    p.add_argument("--seed0", type=int, help="first seed of every case (default: the case's)")
     p.add_argument("--out", type=Path, default=Path("sim-results"), help="output directory")
     p.add_argument("--agents", type=int, nargs="+", help="fleet size(s); default 50")
+    world = p.add_argument_group("the world, for every case (default: the experiment's)")
+    world.add_argument("--misprice", type=float, help="realised loss = k x priced")
+    world.add_argument("--misprice-shape", choices=("scale", "shape"))
+    world.add_argument("--windows", type=int, help="consecutive budget windows")
+    world.add_argument("--burst-mult", type=float, help="burst proposal rate x (0.05 published)")
+    world.add_argument("--burst-len", type=int, help="burst length in ticks (50 published)")
+    world.add_argument("--correlated", action="store_true", help="burst-time recovery Beta(2, 6)")
+    arms = p.add_argument_group("the arms' knobs, for every arm that has them")
+    arms.add_argument("--settle-delay", type=int, help="ticks to settle a hold (irrev: 20)")
+    arms.add_argument("--approval-latency", type=int, help="ticks before a human looks (0)")
+    arms.add_argument("--escalation-ttl", type=int, help="ticks an escalation waits (= latency)")
+    arms.add_argument("--approvals", type=int, help="human approvals per window")
+    arms.add_argument("--calibrate", action="store_true", help="irrev: self-calibrating prices")
+    grid = p.add_argument_group("the pareto grid's axes (--misprices: calibration's too)")
+    grid.add_argument("--delays", type=int, nargs="+", default=experiments.PARETO_DELAYS)
+    grid.add_argument("--misprices", type=float, nargs="+", default=experiments.PARETO_MISPRICES)
+    grid.add_argument("--latencies", type=int, nargs="+", default=experiments.PARETO_LATENCIES)
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def _world(args: argparse.Namespace) -> experiments.World:
+    p_burst = None if args.burst_mult is None else 0.05 * args.burst_mult
+    return experiments.World(
+        misprice=args.misprice,
+        misprice_shape=args.misprice_shape,
+        windows=args.windows,
+        p_burst=p_burst,
+        burst_len=args.burst_len,
+        correlated=True if args.correlated else None,
+        settle_delay=args.settle_delay,
+        approval_latency=args.approval_latency,
+        escalation_ttl=args.escalation_ttl,
+        approvals=args.approvals,
+        calibrate=True if args.calibrate else None,
+    )
+
+
+def _git(*argv: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *argv],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except OSError:
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _commit() -> str | None:
+    """The commit the code ran from, '-dirty' when the tree had changes; None outside git."""
+    head = _git("rev-parse", "HEAD")
+    if not head:
+        return None
+    return f"{head}-dirty" if _git("status", "--porcelain", "--untracked-files=no") else head
+
+
+def _check(args: argparse.Namespace) -> None:
     if args.seeds < 1:
         raise CliError("--seeds must be at least 1")
     if args.agents is not None and min(args.agents) < 1:
         raise CliError("--agents must be positive")
+    for flag in ("settle_delay", "approval_latency", "escalation_ttl", "approvals", "burst_len"):
+        value = getattr(args, flag)
+        if value is not None and value < 0:
+            raise CliError(f"--{flag.replace('_', '-')} must be >= 0 ticks, not {value}")
+    if args.windows is not None and args.windows < 1:
+        raise CliError("--windows must be at least 1")
+    if min(args.delays) < 0 or min(args.latencies) < 0 or min(args.misprices) <= 0:
+        raise CliError("--delays and --latencies must be >= 0 and --misprices > 0")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
     default = experiments.DEFAULT_AGENTS.get(args.experiment, (50,))
     agents = tuple(args.agents) if args.agents else default
-    exp = experiments.EXPERIMENTS[args.experiment](agents)
+    if args.experiment == "pareto":
+        exp = experiments.pareto(
+            agents, tuple(args.delays), tuple(args.misprices), tuple(args.latencies)
+        )
+    elif args.experiment == "calibration":
+        exp = experiments.calibration(agents, tuple(args.misprices))
+    else:
+        exp = experiments.EXPERIMENTS[args.experiment](agents)
+    try:
+        exp = _world(args).apply(exp)
+    except ValueError as e:  # a world the model cannot have, e.g. a burst longer than T
+        raise CliError(str(e)) from e
+    if args.seed0 is not None:
+        exp = replace(exp, cases=tuple(replace(c, seed0=args.seed0) for c in exp.cases))
     console = Console()
     if not console.is_terminal:  # pipes and logs get the whole table, not an 80-column crush
-        console = Console(width=200)
-    rows, started = [], time.perf_counter()
+        console = Console(width=260)
+    commit = _commit()  # before the run: the tree may move while it runs
+    rows, started, cpu = [], time.perf_counter(), time.process_time()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(exp.title, total=sum(len(c.arms) for c in exp.cases))
         for case in exp.cases:
             rows += experiments.run_case(case, args.seeds, lambda: progress.advance(task))
-    elapsed = time.perf_counter() - started
+    elapsed, cpu_s = time.perf_counter() - started, time.process_time() - cpu
     console.print(report.table(exp, rows))
-    meta = {"experiment": exp.name, "seeds": args.seeds, "agents": agents, "seconds": elapsed}
+    verdicts = report.pareto_verdicts(rows)
+    if verdicts:
+        console.print(report.verdict_table(verdicts))
+    meta = {
+        "experiment": exp.name,
+        "version": metadata.version("irrev"),
+        "commit": commit,
+        "seeds": args.seeds,
+        "seed_blocks": sorted({c.seed0 for c in exp.cases}),
+        "agents": agents,
+        "seconds": elapsed,
+        "cpu_seconds": cpu_s,
+    }
     for path in report.write(exp, rows, args.out, meta):
         console.print(f"wrote {path}")
-    console.print(f"{elapsed:.1f} s")
+    console.print(f"{elapsed:.1f} s wall, {cpu_s:.1f} s CPU")
     return 0

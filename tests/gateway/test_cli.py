@@ -33,6 +33,7 @@ def test_outside_the_repository_is_one_line(command: list[str], tmp_path: Path) 
         (["bench", "ledger", "--seconds", "-1"], {}, "--seconds: must be a number between"),
         (["bench", "ledger", "--holds", "0"], {}, "--holds: must be a whole number between"),
         (["bench", "gateway", "--seconds", "0"], {}, "--seconds: must be a number between"),
+        (["bench", "cli", "--baseline", "no/irrev"], {}, "--baseline no/irrev: no such file"),
         (["demo", "--seed", "-1"], {}, "--seed: must be a whole number >= 0"),
         (["load", "--users", "0"], {}, "--users: must be a whole number between 1 and"),
         (["ledger", "journal", "--tenant", "t", "--count", "0"], {}, "--count: must be"),

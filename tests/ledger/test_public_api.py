@@ -26,6 +26,7 @@ PUBLIC_API = {
     "EmbeddedRedis",
     "EmbeddedRedisError",
     "supervised_redis_url",
+    "free_port",
     # records
     "AccountCheck",
     "AccountSpec",

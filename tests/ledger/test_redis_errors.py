@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -21,7 +20,7 @@ from redis import exceptions as redis_errors
 from ledger.audit import audit_tenant
 from ledger.checkpoint import trim
 from ledger.client import Ledger
-from ledger.embedded import EmbeddedRedis
+from ledger.embedded import EmbeddedRedis, free_port
 from ledger.errors import (
     HoldNotFound,
     LedgerUnavailable,
@@ -40,14 +39,6 @@ HOUR_MS = 3_600_000
 CLUSTER_START_S = 30.0
 
 
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 async def own_ledger(redis_binary: Path, tmp_path: Path) -> AsyncIterator[Ledger]:
     """A ledger on a server of its own, for tests that change the server's config."""
@@ -60,7 +51,7 @@ async def own_ledger(redis_binary: Path, tmp_path: Path) -> AsyncIterator[Ledger
 
 
 async def test_a_server_that_never_ran_is_unreachable_and_says_where_to_look() -> None:
-    port = closed_port()
+    port = free_port()
     ledger = Ledger.from_url(f"redis://127.0.0.1:{port}/0")
     try:
         with pytest.raises(LedgerUnavailable) as raised:
@@ -250,7 +241,7 @@ def cluster_pair(tmp_path: Path) -> Iterator[tuple[str, str]]:
     nodes: list[tuple[int, int, subprocess.Popen[bytes]]] = []
     try:
         for index in range(2):
-            port, bus = closed_port(), closed_port()
+            port, bus = free_port(), free_port()
             directory = tmp_path / f"node{index}"
             directory.mkdir()
             argv = [str(binary), "--port", str(port), "--cluster-enabled", "yes"]

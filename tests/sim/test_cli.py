@@ -15,7 +15,36 @@ def test_sim_writes_table_json_csv_png(tmp_path: Path, capsys: pytest.CaptureFix
     assert {r["arm"] for r in data["rows"]} >= {"local", "budget", "breaker-10", "irrev"}
     assert (tmp_path / "e1.csv").read_text().startswith("case,")
     assert (tmp_path / "e1.png").stat().st_size > 0
+    assert (tmp_path / "e1.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_json_carries_version_commit_parameters_and_seed_block(tmp_path: Path) -> None:
+    argv = ["sim", "e1", "--seeds", "3", "--seed0", "777", "--out", str(tmp_path)]
+    assert main([*argv, "--misprice", "1.5", "--settle-delay", "7"]) == 0
+    data = json.loads((tmp_path / "e1.json").read_text())
+    assert data["version"] and data["seed_blocks"] == [777] and data["seeds"] == 3
+    assert data["commit"] is None or len(data["commit"].removesuffix("-dirty")) == 40
+    (case,) = data["parameters"]
+    assert case["seed0"] == 777 and case["scenario"]["model"]["misprice"] == 1.5
+    assert case["arms"]["irrev"]["settle_delay"] == 7
+    irrev = next(r for r in data["rows"] if r["arm"] == "irrev")
+    assert irrev["settle_delay"] == 7 and irrev["approval_latency"] == 0
+    budget = next(r for r in data["rows"] if r["arm"] == "budget")
+    assert budget["settle_delay"] is None and budget["approval_latency"] is None
+    assert {"p_overdraw_lo", "p_overdraw_hi", "exposure_max", "shortfall"} <= set(irrev)
 
 
 def test_sim_rejects_zero_seeds(tmp_path: Path) -> None:
     assert main(["sim", "e1", "--seeds", "0", "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--settle-delay", "-1"], ["--burst-len", "990"], ["--misprice", "0"]],
+    ids=["negative-delay", "burst-longer-than-window", "zero-misprice"],
+)
+def test_sim_refuses_a_world_it_cannot_have(
+    tmp_path: Path, flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sim", "e1", "--seeds", "2", "--out", str(tmp_path), *flags]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1

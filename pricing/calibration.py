@@ -1,0 +1,149 @@
+"""Self-calibrating hold prices: a route's residual-loss factor learned from settled holds.
+
+An effect of face value v leaves a residual loss x v, x in [0, 1]. The catalog states a
+prior for x (its Beta recovery and p_fail); every settled hold reveals a realised x. A
+hold still unsettled is priced at a factor f of its face value, built from three bounds
+(bounds, not point estimates: a price that is optimistic by luck overdraws):
+
+1. **Mean.** The mean of x pooled with `weight` prior pseudo-observations at the
+   catalog's mean and variance, plus z standard errors: an upper credible bound
+   (the normal approximation to the posterior of a mean).
+2. **Tail.** The catalog's tail quantile q_(1 - alpha) scaled by how far the mean's
+   upper bound lies above the catalog's mean (a world whose losses are k times the catalog's has
+   its tail k times as far out, up to face value), and never below what the
+   settlements prove: the e-th largest
+   factor seen, where e is the fewest exceedances that a true (1 - alpha) quantile
+   would produce with probability below 1 - confidence (a one-sided binomial test).
+   A route whose compensation fails now and then shows factors of 1 and is priced
+   at face value, whatever its catalog says.
+3. **Pooling over the pending.** The overdraw a hold can cause is the pending holds'
+   summed overrun. With m holds pending on the route at once (its arrival rate times
+   its expected settlement delay), the sum exceeds m f with probability about alpha
+   for f = mean + (tail - mean) / sqrt(m): exact for m = 1, the central limit
+   theorem's 1/sqrt(m) for many. A route that settles fast (m <= 1) is priced at its
+   tail quantile; one that settles slowly, nearer its mean - but only as far as its
+   own settlements outweigh the prior (m <= n / weight): pooling averages out each
+   hold's luck, not a wrong mean, and a mispriced catalog is a wrong mean.
+
+Pure arithmetic and one cached binomial table: the simulator calls it per seed, the
+gateway can call it per route from its settlement counters (pricing/learning.py keeps
+the route's outcome counts; the sums and the top factors here extend them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from pricing.distributions import beta_cdf, normal_ppf
+from pricing.models import quantile_lgd
+
+TOP_KEPT = 16  # largest factors a route keeps: enough for the tail test to n ~ 8,000 at 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class Prior:
+    """What the catalog says of a route's residual factor x, and how much it weighs."""
+
+    mean: float
+    variance: float
+    tail: float  # q_(1 - alpha)(x)
+    weight: float  # prior pseudo-observations
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.mean <= self.tail <= 1.0:
+            raise ValueError(
+                f"prior mean {self.mean} and tail {self.tail} need 0 < mean <= tail <= 1"
+            )
+        if self.variance < 0 or self.weight <= 0:
+            raise ValueError("prior variance must be >= 0 and its weight > 0")
+
+    @classmethod
+    def from_catalog(
+        cls, alpha: float, beta: float, p_fail: float, level: float, weight: float
+    ) -> Prior:
+        """x = (1 - r) + r p_fail with r ~ Beta(alpha, beta) (pricing.models.lgd)."""
+        s = alpha + beta
+        mean_r, var_r = alpha / s, alpha * beta / (s * s * (s + 1))
+        mean = 1.0 - mean_r * (1.0 - p_fail)
+        variance = var_r * (1.0 - p_fail) ** 2
+        return cls(mean, variance, quantile_lgd(alpha, beta, p_fail, level), weight)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """Sufficient statistics of a route's settled factors: count, sums, largest few."""
+
+    n: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+    top: tuple[float, ...] = ()  # descending, at most TOP_KEPT
+
+    def observe(self, factor: float) -> Evidence:
+        if not (math.isfinite(factor) and 0.0 <= factor <= 1.0):
+            raise ValueError(f"a realised residual factor {factor!r} must be within [0, 1]")
+        top = tuple(sorted((*self.top, factor), reverse=True)[:TOP_KEPT])
+        return replace(
+            self,
+            n=self.n + 1,
+            total=self.total + factor,
+            total_sq=self.total_sq + factor * factor,
+            top=top,
+        )
+
+
+def posterior_mean(prior: Prior, ev: Evidence) -> float:
+    return (prior.weight * prior.mean + ev.total) / (prior.weight + ev.n)
+
+
+def mean_bound(prior: Prior, ev: Evidence, confidence: float) -> float:
+    """Upper credible bound on the route's mean factor, in [prior-or-data mean, 1]."""
+    w = prior.weight + ev.n
+    mean = posterior_mean(prior, ev)
+    second = (prior.weight * (prior.variance + prior.mean**2) + ev.total_sq) / w
+    sd = math.sqrt(max(second - mean * mean, 0.0))
+    return min(1.0, mean + normal_ppf(confidence) * sd / math.sqrt(w))
+
+
+@lru_cache(maxsize=65536)
+def exceedances_needed(n: int, alpha: float, confidence: float) -> int:
+    """Fewest of n factors at or above a value that prove it below the (1 - alpha)
+    quantile: P(Binomial(n, alpha) >= e) < 1 - confidence. n + 1 if none can."""
+    for e in range(1, n + 1):
+        # P(Binomial(n, p) >= e) = I_p(e, n - e + 1)
+        if beta_cdf(alpha, e, n - e + 1) < 1.0 - confidence:
+            return e
+    return n + 1
+
+
+def proven_tail(ev: Evidence, alpha: float, confidence: float) -> float:
+    """A lower confidence bound on the (1 - alpha) quantile from the settled factors
+    alone (0 when they cannot bound it)."""
+    e = exceedances_needed(ev.n, alpha, confidence)
+    if e > len(ev.top):
+        return 0.0
+    return ev.top[e - 1]
+
+
+def hold_factor(
+    prior: Prior, ev: Evidence, *, pending: float, alpha: float, confidence: float = 0.95
+) -> float:
+    """The factor of face value to hold an unsettled effect at (see the module doc)."""
+    if pending <= 0 or not math.isfinite(pending):
+        raise ValueError(f"expected pending holds {pending!r} must be positive")
+    mean = mean_bound(prior, ev, confidence)
+    # the tail moves with the mean's upper bound, not its point estimate: scaling by
+    # the posterior mean instead kept 0.02 more utility at k = 1 but overdrew 1-2% of
+    # seeds at k = 2-3 where this overdraws none (300 seeds per point, d = 0-50)
+    scaled = prior.tail * max(mean, prior.mean) / prior.mean
+    tail = min(1.0, max(scaled, proven_tail(ev, alpha, confidence), mean))
+    return mean + (tail - mean) / math.sqrt(pooled(pending, prior, ev))
+
+
+def pooled(pending: float, prior: Prior, ev: Evidence) -> float:
+    """How many pending holds a price may count on to average out: at most the route's
+    expected number, and no more than its settlements outweigh the prior. Pooling
+    diversifies each hold's own luck, never an error in the mean; until the route's
+    own settlements have tested the catalog's mean, a hold stands alone."""
+    return max(1.0, min(pending, ev.n / prior.weight))

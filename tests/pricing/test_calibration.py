@@ -1,0 +1,108 @@
+"""Self-calibrating hold prices (pricing/calibration.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import binom
+
+from pricing.calibration import (
+    Evidence,
+    Prior,
+    exceedances_needed,
+    hold_factor,
+    mean_bound,
+    proven_tail,
+)
+from pricing.models import quantile_lgd
+
+ALPHA = 0.001
+CATALOG = Prior.from_catalog(6.0, 2.0, 0.0, 1 - ALPHA, 20.0)
+
+
+def _evidence(factors: np.ndarray) -> Evidence:
+    ev = Evidence()
+    for f in factors:
+        ev = ev.observe(float(f))
+    return ev
+
+
+def test_prior_has_the_catalog_moments_and_quantile() -> None:
+    assert CATALOG.mean == pytest.approx(0.25)
+    assert CATALOG.variance == pytest.approx(6 * 2 / (8 * 8 * 9))
+    assert CATALOG.tail == quantile_lgd(6.0, 2.0, 0.0, 1 - ALPHA)
+
+
+def test_without_evidence_a_fast_route_holds_at_least_the_catalog_tail() -> None:
+    f = hold_factor(CATALOG, Evidence(), pending=0.5, alpha=ALPHA)
+    assert CATALOG.tail <= f <= 1.0
+
+
+def test_a_world_as_priced_keeps_the_catalog_price() -> None:
+    rng = np.random.default_rng(7)
+    ev = _evidence(1.0 - rng.beta(6.0, 2.0, 2000))
+    assert hold_factor(CATALOG, ev, pending=1, alpha=ALPHA) == pytest.approx(CATALOG.tail, rel=0.05)
+    assert mean_bound(CATALOG, ev, 0.95) == pytest.approx(0.25, abs=0.02)
+
+
+def test_a_world_twice_as_lossy_is_held_at_face_value_within_a_hundred_settlements() -> None:
+    rng = np.random.default_rng(8)
+    ev = _evidence(np.minimum(1.0, 2.0 * (1.0 - rng.beta(6.0, 2.0, 100))))
+    assert hold_factor(CATALOG, ev, pending=1, alpha=ALPHA) == 1.0
+
+
+def test_failed_compensations_prove_a_tail_at_face_value() -> None:
+    rng = np.random.default_rng(9)
+    factors = 1.0 - rng.beta(6.0, 2.0, 200)
+    factors[:3] = 1.0  # three failures in 200: far above a 0.001 tail
+    ev = _evidence(factors)
+    assert proven_tail(ev, ALPHA, 0.95) == 1.0
+    assert hold_factor(CATALOG, ev, pending=1, alpha=ALPHA) == 1.0
+
+
+def test_a_slow_route_is_priced_nearer_its_mean_once_its_settlements_say_so() -> None:
+    rng = np.random.default_rng(11)
+    ev = _evidence(1.0 - rng.beta(6.0, 2.0, 2000))  # 100 times the prior's weight
+    prices = [hold_factor(CATALOG, ev, pending=m, alpha=ALPHA) for m in (1, 4, 25, 1e6)]
+    assert prices == sorted(prices, reverse=True)
+    mean = mean_bound(CATALOG, ev, 0.95)
+    assert prices[1] - mean == pytest.approx((prices[0] - mean) / 2)
+    assert prices[-1] - mean == pytest.approx((prices[0] - mean) / 10)  # 2000 / 20 pooled
+
+
+def test_without_settlements_a_hold_stands_alone_however_slow_its_route() -> None:
+    """Pooling averages out luck, not a wrong catalog: no evidence, no discount."""
+    alone = hold_factor(CATALOG, Evidence(), pending=1, alpha=ALPHA)
+    assert hold_factor(CATALOG, Evidence(), pending=50, alpha=ALPHA) == alone
+
+
+@pytest.mark.parametrize("n", [1, 10, 150, 3000])
+def test_exceedances_needed_is_the_binomial_threshold(n: int) -> None:
+    e = exceedances_needed(n, ALPHA, 0.95)
+    if e <= n:
+        assert binom.sf(e - 1, n, ALPHA) < 0.05
+    assert e == 1 or binom.sf(e - 2, n, ALPHA) >= 0.05
+
+
+def test_no_settlement_proves_nothing_and_one_total_loss_proves_a_lot() -> None:
+    assert proven_tail(Evidence(), ALPHA, 0.95) == 0.0
+    # a total loss in one draw has probability <= 0.001 if the 0.999 quantile is below 1
+    assert proven_tail(_evidence(np.array([1.0])), ALPHA, 0.95) == 1.0
+
+
+def test_what_settlements_prove_of_a_world_as_priced_stays_below_its_tail() -> None:
+    rng = np.random.default_rng(10)
+    proven = [proven_tail(_evidence(1.0 - rng.beta(6.0, 2.0, 500)), ALPHA, 0.95) for _ in range(40)]
+    # a 95% lower bound: at most a few of 40 samples may overshoot the true quantile
+    assert sum(p > CATALOG.tail for p in proven) <= 6
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan")])
+def test_a_factor_outside_the_unit_interval_is_refused(bad: float) -> None:
+    with pytest.raises(ValueError, match="within"):
+        Evidence().observe(bad)
+
+
+def test_pending_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="pending"):
+        hold_factor(CATALOG, Evidence(), pending=0, alpha=ALPHA)
