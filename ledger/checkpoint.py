@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
 
 from . import validate
+from .cluster import RedisClient
 from .errors import LedgerError, LedgerUnavailable
 from .journal import JournalEntry, Replay, entry_order, iter_journal
 from .keys import checkpoint_key, journal_key, trim_lock_key
@@ -44,7 +44,7 @@ class Checkpoint:
     replay: Replay
 
 
-async def load_checkpoint(redis: Redis, tenant: str) -> Checkpoint:
+async def load_checkpoint(redis: RedisClient, tenant: str) -> Checkpoint:
     try:
         raw = await redis.get(checkpoint_key(tenant))
     except redis_errors.RedisError as exc:
@@ -55,7 +55,7 @@ async def load_checkpoint(redis: Redis, tenant: str) -> Checkpoint:
     return Checkpoint(data["upto"], Replay.from_state(data["state"]))
 
 
-async def replay_from_checkpoint(redis: Redis, tenant: str) -> Replay:
+async def replay_from_checkpoint(redis: RedisClient, tenant: str) -> Replay:
     """The checkpoint plus every entry after it. A trim between reading the one and
     the other would skip entries, so a moved checkpoint means reading again."""
     for _ in range(5):
@@ -68,7 +68,7 @@ async def replay_from_checkpoint(redis: Redis, tenant: str) -> Replay:
     raise CheckpointMoved(f"the journal of {tenant} kept being trimmed during the replay")
 
 
-async def cutoff_ms(redis: Redis, older_than_s: int) -> int:
+async def cutoff_ms(redis: RedisClient, older_than_s: int) -> int:
     """Redis's clock minus `older_than_s`: journal entry ids carry Redis time."""
     seconds, micros = await redis.time()
     return int(seconds) * 1000 + int(micros) // 1000 - older_than_s * 1000
@@ -118,7 +118,7 @@ def _archive(path: Path, entries: list[JournalEntry]) -> int:
 
 
 async def trim(
-    redis: Redis, tenant: str, archive_dir: Path, before_ms: int, *, batch: int = TRIM_BATCH
+    redis: RedisClient, tenant: str, archive_dir: Path, before_ms: int, *, batch: int = TRIM_BATCH
 ) -> int:
     """Archive and trim the entries of `tenant` older than `before_ms` (server time
     of the entry ids), `batch` at a time; returns how many were trimmed."""
@@ -131,7 +131,9 @@ async def trim(
             return total
 
 
-async def trim_locked(redis: Redis, tenant: str, archive_dir: Path, before_ms: int) -> int | None:
+async def trim_locked(
+    redis: RedisClient, tenant: str, archive_dir: Path, before_ms: int
+) -> int | None:
     """`trim`, unless another process is trimming this tenant or moved its checkpoint
     first (then None). The lock only saves work: correctness rests on the archive's
     dedup and the checkpoint's optimistic transaction, so a lock that expires mid-trim
@@ -153,7 +155,7 @@ async def trim_locked(redis: Redis, tenant: str, archive_dir: Path, before_ms: i
 
 
 async def _trim_batch(
-    redis: Redis, tenant: str, archive_dir: Path, before_ms: int, batch: int
+    redis: RedisClient, tenant: str, archive_dir: Path, before_ms: int, batch: int
 ) -> int:
     checkpoint = await load_checkpoint(redis, tenant)
     entries: list[JournalEntry] = []
@@ -175,7 +177,7 @@ async def _trim_batch(
     return len(entries)
 
 
-async def _swap(redis: Redis, tenant: str, expected: str, upto: str, document: str) -> None:
+async def _swap(redis: RedisClient, tenant: str, expected: str, upto: str, document: str) -> None:
     """Replace the checkpoint and trim the stream together, unless another trim moved
     the checkpoint meanwhile. An entry whose replay is not yet in the checkpoint is
     never trimmed: the archive is written first, then this transaction."""

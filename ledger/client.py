@@ -9,13 +9,31 @@ from hiredis import pack_command as _hiredis_pack
 from redis import exceptions as redis_errors
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio import connection as redis_connection
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
 from . import validate
+from .cluster import (
+    RedisClient,
+    cluster_client,
+    cluster_enabled,
+    redirect_cause,
+    script_then_wait,
+    wait_out_migration,
+)
 from .errors import BadInput, LedgerError, LedgerUnavailable, raise_for_reply
-from .keys import TENANTS_KEY, account_key, ambiguous_key, deadlines_key, escalated_key, hold_key
-from .keys import tenant_prefix as prefix
+from .keys import (
+    TENANTS_KEY,
+    accounts_key,
+    ambiguous_key,
+    deadlines_key,
+    escalated_key,
+    hold_key,
+    hold_script_keys,
+    observed_key,
+    tenant_keys,
+)
 from .records import (
     AccountCheck,
     AccountSpec,
@@ -37,7 +55,11 @@ DENIED_RETENTION_MS = 10 * 60 * 1000
 MAX_REPLICAS = 64
 MAX_REPLICA_TIMEOUT_MS = 60_000
 T = TypeVar("T")
-_BALANCE_FIELDS = ("limit", "soft", "pend", "post", "win", "ws", "appr", "over")
+# reserve.lua's answer while holds are due, and the flag that makes it decide anyway.
+EXPIRE_FIRST = "expire_first"
+DECIDE_ANYWAY = "1"
+SWEEP_BATCH = 100
+MAX_SWEEPS_BEFORE_RESERVE = 10
 
 
 class Ledger:
@@ -58,7 +80,7 @@ class Ledger:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         *,
         retention_ms: int = 7 * DAY_MS,
         denied_retention_ms: int = DENIED_RETENTION_MS,
@@ -94,20 +116,27 @@ class Ledger:
         up to `pool_timeout_s` for one to come free (redis-py's default pool refuses
         at once, which under a burst turned admissions into 503s).
 
+        A URL of any node of a Redis Cluster (INFO cluster says so) gets redis-py's
+        cluster client instead, with `max_connections` per node.
+
         A call that fails on a broken connection (Redis restarted under a pooled
         socket) is sent again on a new one, twice at most. That is safe because every
         script is idempotent by hold id: if the first attempt did run, the second
         finds its result ('exists', or a conflict naming the state it left)."""
-        options.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2))
-        pool = BlockingConnectionPool.from_url(
-            url,
-            decode_responses=True,
-            max_connections=max_connections,
-            timeout=pool_timeout_s,
-            **options,
-        )
-        redis = Redis.from_pool(pool)
-        _pack_with_hiredis(redis)
+        redis: RedisClient
+        if cluster_enabled(url, **options):
+            redis = cluster_client(url, max_connections=max_connections, **options)
+        else:
+            options.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2))
+            pool = BlockingConnectionPool.from_url(
+                url,
+                decode_responses=True,
+                max_connections=max_connections,
+                timeout=pool_timeout_s,
+                **options,
+            )
+            redis = Redis.from_pool(pool)
+            _pack_with_hiredis(redis)
         return cls(
             redis,
             retention_ms=retention_ms,
@@ -119,33 +148,38 @@ class Ledger:
     async def aclose(self) -> None:
         await self.redis.aclose()
 
-    async def _run(self, operation: str, tenant: str, args: list[str]) -> list[Any]:
+    async def _run(self, operation: str, keys: list[str], args: list[str]) -> list[Any]:
+        script = self._scripts[operation]
         try:
-            reply: list[Any] = await self._scripts[operation](
-                keys=[prefix(validate.tenant_id(tenant))], args=args
-            )
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-            raise LedgerUnavailable(f"Redis unreachable during {operation}: {exc}") from exc
+            if isinstance(self.redis, RedisCluster):
+                reply: list[Any] = await wait_out_migration(lambda: script(keys=keys, args=args))
+            else:
+                reply = await script(keys=keys, args=args)
         except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis refused {operation}: {exc}") from exc
+            raise _unavailable(operation, exc) from exc
         return reply
 
     async def _run_replicated(
-        self, operation: str, tenant: str, args: list[str]
+        self, operation: str, keys: list[str], args: list[str]
     ) -> tuple[list[Any], int | None]:
         """`_run`, then WAIT on the same connection when replicas are asked for: the
-        script and the WAIT go out in one pipeline. Returns the reply and how many
-        replicas acknowledged (None when none are asked for)."""
+        script and the WAIT go out in one pipeline (on a cluster, to the primary of
+        the keys' slot). Returns the reply and how many replicas acknowledged (None
+        when none are asked for)."""
         if not self.replicas:
-            return await self._run(operation, tenant, args), None
+            return await self._run(operation, keys, args), None
         script = self._scripts[operation]
-        keys = [prefix(validate.tenant_id(tenant))]
         try:
             for attempt in range(2):
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                    pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
-                    reply, acked = await pipe.execute(raise_on_error=False)
+                if isinstance(self.redis, RedisCluster):
+                    reply, acked = await script_then_wait(
+                        self.redis, script.sha, keys, args, self.replicas, self.replica_timeout_ms
+                    )
+                else:
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        pipe.evalsha(script.sha, len(keys), *keys, *args)
+                        pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
+                        reply, acked = await pipe.execute(raise_on_error=False)
                 if isinstance(reply, redis_errors.NoScriptError) and attempt == 0:
                     await self.load_scripts()  # Redis restarted and forgot it
                     continue
@@ -153,17 +187,26 @@ class Ledger:
                     if isinstance(result, Exception):
                         raise result
                 return reply, int(acked)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-            raise LedgerUnavailable(f"Redis unreachable during {operation}: {exc}") from exc
         except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis refused {operation}: {exc}") from exc
+            raise _unavailable(operation, exc) from exc
         raise LedgerUnavailable(f"Redis kept forgetting the {operation} script")
 
     async def ping(self) -> None:
+        """Raises LedgerUnavailable unless Redis answers, and answers as what this
+        client takes it for: a standalone client on a cluster node would be sent
+        elsewhere by most of its calls."""
         try:
             await self.redis.ping()
+            if not isinstance(self.redis, RedisCluster):
+                info = await self.redis.info("cluster")
+                if info.get("cluster_enabled"):
+                    raise LedgerUnavailable(
+                        "the Redis is a node of a Redis Cluster but this ledger has a "
+                        "standalone client; open it with Ledger.from_url, which detects "
+                        "a cluster and uses a cluster client"
+                    )
         except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
+            raise _unavailable("ping", exc) from exc
 
     async def load_scripts(self) -> None:
         """Load every script now, so the first admission does not pay for it."""
@@ -186,32 +229,23 @@ class Ledger:
 
     async def upsert_account(self, tenant: str, spec: AccountSpec) -> str:
         """Create the account or change its policy; returns 'created' or 'updated'."""
-        reply = await self._run("account", tenant, _account_args(spec))
+        keys = tenant_keys(validate.tenant_id(tenant))[:2]
+        reply = await self._run("account", keys, _account_args(spec))
         raise_for_reply(tenant, "", "upsert", reply)
-        try:
-            await self.redis.sadd(TENANTS_KEY, tenant)
-        except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
+        # The list of tenants is a key of its own slot, kept for operators (audit);
+        # nothing on the admission path reads it.
+        await self._read(self.redis.sadd(TENANTS_KEY, tenant))
         return str(reply[1])
 
     async def balance(self, tenant: str, account: str) -> Balance | None:
-        key = account_key(validate.tenant_id(tenant), validate.account_id(account))
-        values = await self._read(self.redis.hmget(key, _BALANCE_FIELDS))
-        if values[0] is None:
-            return None
-        return _balance(account, values)
+        key = accounts_key(validate.tenant_id(tenant))
+        packed = await self._read(self.redis.hget(key, validate.account_id(account)))
+        return None if packed is None else _balance(account, packed)
 
     async def balances(self, tenant: str) -> list[Balance]:
-        """Every account of the tenant, sorted by id (a SCAN: for operators, not the
-        admission path)."""
-        start = account_key(validate.tenant_id(tenant), "")
-        keys = [key async for key in self.redis.scan_iter(match=f"{_glob(start)}*", count=500)]
-        result = []
-        for key in sorted(keys):
-            values = await self._read(self.redis.hmget(key, _BALANCE_FIELDS))
-            if values[0] is not None:
-                result.append(_balance(key[len(start) :], values))
-        return result
+        """Every account of the tenant, sorted by id."""
+        packed = await self._read(self.redis.hgetall(accounts_key(validate.tenant_id(tenant))))
+        return [_balance(account, packed[account]) for account in sorted(packed)]
 
     async def tenants(self) -> list[str]:
         return sorted(await self._read(self.redis.smembers(TENANTS_KEY)))
@@ -253,7 +287,12 @@ class Ledger:
             request,
             open_missing,
         )
-        reply, replicas = await self._run_replicated("reserve", tenant, self._reserve_args(reserve))
+        keys = hold_script_keys(validate.tenant_id(tenant), reserve.idempotency_key)
+        args = self._reserve_args(reserve)
+        reply, replicas = await self._run_replicated("reserve", keys, args)
+        if reply[0] == EXPIRE_FIRST:
+            await self._expire_due(tenant)
+            reply, replicas = await self._run_replicated("reserve", keys, [*args, DECIDE_ANYWAY])
         return _reserve_result(tenant, idempotency_key, reply, replicas)
 
     async def reserve_many(
@@ -262,8 +301,16 @@ class Ledger:
         """Several reserves in one pipelined round trip, for batch callers such as the
         simulator. Each is still its own atomic script, run in order; an item that
         fails gets its error in its place, and the others are applied."""
-        args = [self._reserve_args(request) for request in requests]
-        replies = await self._run_many("reserve", tenant, args)
+        batch = [(request.idempotency_key, self._reserve_args(request)) for request in requests]
+        replies = await self._run_many("reserve", tenant, batch)
+        again = [i for i, reply in enumerate(replies) if _is_reply(reply, EXPIRE_FIRST)]
+        if again:
+            await self._expire_due(tenant)
+            retried = [(batch[i][0], [*batch[i][1], DECIDE_ANYWAY]) for i in again]
+            for i, reply in zip(
+                again, await self._run_many("reserve", tenant, retried), strict=True
+            ):
+                replies[i] = reply
         return [
             _or_error(_reserve_result, tenant, request.idempotency_key, reply)
             for request, reply in zip(requests, replies, strict=True)
@@ -274,8 +321,8 @@ class Ledger:
     ) -> list[TransitionResult | LedgerError]:
         """Several posts of (hold id, amount) in one pipelined round trip, with errors
         in place as in `reserve_many`."""
-        args = [[*self._hold_args(h), "", *validate.per_account(amount)] for h, amount in posts]
-        replies = await self._run_many("post", tenant, args)
+        batch = [(h, [*self._hold_args(h), "", *validate.per_account(a)]) for h, a in posts]
+        replies = await self._run_many("post", tenant, batch)
         return [
             _or_error(_transition_result, tenant, hold_id, "post", reply)
             for (hold_id, _), reply in zip(posts, replies, strict=True)
@@ -297,19 +344,36 @@ class Ledger:
         ]
 
     async def _run_many(
-        self, operation: str, tenant: str, batch: list[list[str]]
-    ) -> list[list[Any]]:
-        keys = [prefix(validate.tenant_id(tenant))]
+        self, operation: str, tenant: str, batch: list[tuple[str, list[str]]]
+    ) -> list[list[Any] | LedgerError]:
+        """One pipeline of EVALSHAs, each item (hold id, args) in order. A cluster
+        pipeline sends each node its items (one tenant: one slot, one node) and
+        sends again, one by one, those redirected or refused during a migration.
+        Items Redis answered with an error get a LedgerUnavailable in place."""
+        tenant = validate.tenant_id(tenant)
+        script = self._scripts[operation]
+        todo = list(range(len(batch)))
+        replies: list[Any] = [None] * len(batch)
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for args in batch:
-                    await self._scripts[operation](keys=keys, args=args, client=pipe)
-                replies: list[list[Any]] = await pipe.execute()
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-            raise LedgerUnavailable(f"Redis unreachable during {operation}: {exc}") from exc
+            for attempt in range(2):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for i in todo:
+                        hold_id, args = batch[i]
+                        keys = hold_script_keys(tenant, hold_id)
+                        pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    results = await pipe.execute(raise_on_error=False)
+                for i, result in zip(todo, results, strict=True):
+                    replies[i] = result
+                todo = [i for i in todo if isinstance(replies[i], redis_errors.NoScriptError)]
+                if not todo or attempt == 1:
+                    break
+                await self.load_scripts()  # Redis restarted and forgot it
         except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis refused {operation}: {exc}") from exc
-        return replies
+            raise _unavailable(operation, exc) from exc
+        return [
+            _unavailable(operation, reply) if isinstance(reply, redis_errors.RedisError) else reply
+            for reply in replies
+        ]
 
     async def post(
         self, tenant: str, hold_id: str, amount: int | Mapping[str, int], *, outcome: str = ""
@@ -360,8 +424,10 @@ class Ledger:
         """Count a posted hold's compensation outcome for its route's learned prices,
         once per hold: False if this hold's outcome was counted already."""
         outcome = "failures" if failed else "successes"
+        tenant = validate.tenant_id(tenant)
         args = [validate.identifier("hold_id", hold_id), route_id, outcome]
-        reply = await self._run("learn", tenant, args)
+        keys = [*hold_script_keys(tenant, hold_id), observed_key(tenant, outcome)]
+        reply = await self._run("learn", keys, args)
         return raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
 
     async def approve(
@@ -373,7 +439,8 @@ class Ledger:
             str(validate.ttl("ttl_ms", ttl_ms)),
             validate.identifier("approver", approver),
         ]
-        reply, replicas = await self._run_replicated("approve", tenant, args)
+        keys = hold_script_keys(validate.tenant_id(tenant), hold_id)
+        reply, replicas = await self._run_replicated("approve", keys, args)
         return _transition_result(tenant, hold_id, "approve", reply, replicas)
 
     async def reject(self, tenant: str, hold_id: str, approver: str) -> TransitionResult:
@@ -383,8 +450,23 @@ class Ledger:
     async def expire(self, tenant: str, hold_id: str) -> TransitionResult:
         return await self._transition("expire", tenant, hold_id, self._hold_args(hold_id))
 
+    async def _expire_due(self, tenant: str) -> None:
+        """What a reserve does before deciding while holds of the tenant are due (it
+        cannot expire them itself: their keys are not declared in it)."""
+        for _ in range(MAX_SWEEPS_BEFORE_RESERVE):
+            swept = await self.sweep(tenant, SWEEP_BATCH)
+            if not swept.remaining_due or not swept.visited:
+                return
+
     async def sweep(self, tenant: str, batch: int = 100) -> SweepResult:
-        reply = await self._run("sweep", tenant, [str(batch), str(self.retention_ms)])
+        """Expire the due ones among the `batch` holds with the earliest deadlines:
+        read from the deadline index first, so that the script declares their keys."""
+        tenant = validate.tenant_id(tenant)
+        if not 1 <= batch <= 1000:
+            raise BadInput("batch", "must be an integer in [1, 1000]")
+        ids: list[str] = await self._read(self.redis.zrange(deadlines_key(tenant), 0, batch - 1))
+        keys = [*tenant_keys(tenant), *(hold_key(tenant, hold_id) for hold_id in ids)]
+        reply = await self._run("sweep", keys, [str(self.retention_ms), str(len(ids)), *ids])
         raise_for_reply(tenant, "", "sweep", reply)
         return SweepResult(visited=int(reply[1]), remaining_due=int(reply[2]))
 
@@ -430,14 +512,29 @@ class Ledger:
     async def _transition(
         self, operation: str, tenant: str, hold_id: str, args: list[str]
     ) -> TransitionResult:
-        reply = await self._run(operation, tenant, args)
+        keys = hold_script_keys(validate.tenant_id(tenant), validate.identifier("hold_id", hold_id))
+        reply = await self._run(operation, keys, args)
         return _transition_result(tenant, hold_id, operation, reply)
 
     async def _read(self, pending: Any) -> Any:
         try:
             return await pending
         except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
+            raise _unavailable("read", exc) from exc
+
+
+def _unavailable(operation: str, exc: redis_errors.RedisError) -> LedgerUnavailable:
+    """The ledger's error for a Redis error: unreachable only when it was."""
+    if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
+        return LedgerUnavailable(f"Redis unreachable during {operation}: {exc}")
+    cause = redirect_cause(exc)
+    if cause is not None:
+        return LedgerUnavailable(f"Redis refused {operation}: {cause}")
+    return LedgerUnavailable(f"Redis refused {operation}: {exc}")
+
+
+def _is_reply(reply: Any, status: str) -> bool:
+    return isinstance(reply, list) and bool(reply) and reply[0] == status
 
 
 _PLAIN_CONNECTIONS = (
@@ -483,6 +580,10 @@ def _pack_with_hiredis(redis: Redis) -> None:
 
 
 def _or_error(parse: Callable[..., T], *args: Any) -> T | LedgerError:
+    """`parse(*args)`, whose last argument is a reply; an error in its place (or one
+    the reply stands for) is returned, not raised."""
+    if isinstance(args[-1], LedgerError):
+        return args[-1]
     try:
         return parse(*args)
     except LedgerError as exc:
@@ -549,8 +650,9 @@ def _glob(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
-def _balance(account: str, values: list[str]) -> Balance:
-    limit, soft, pend, post, win, ws, appr, over = (int(v or 0) for v in values)
+def _balance(account: str, packed: str) -> Balance:
+    """An account's field of the accounts hash (the order of _lib.lua's packed_account)."""
+    limit, soft, win, appr, pend, post, ws, over = (int(v) for v in packed.split(","))
     return Balance(
         account=account,
         limit=limit,

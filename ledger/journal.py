@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
 
 from . import validate
+from .cluster import RedisClient
 from .errors import LedgerUnavailable
 from .keys import journal_key
 
@@ -52,7 +52,7 @@ class JournalEntry:
 
 
 async def read_journal(
-    redis: Redis, tenant: str, *, after: str = "-", count: int = PAGE
+    redis: RedisClient, tenant: str, *, after: str = "-", count: int = PAGE
 ) -> list[JournalEntry]:
     """One page of entries strictly after `after` ('-' from the start)."""
     key = journal_key(validate.tenant_id(tenant))
@@ -69,7 +69,7 @@ async def read_journal(
 
 
 async def iter_journal(
-    redis: Redis, tenant: str, *, after: str = "-", upto: str = "+"
+    redis: RedisClient, tenant: str, *, after: str = "-", upto: str = "+"
 ) -> AsyncIterator[JournalEntry]:
     """Every entry after `after`, up to and including `upto`."""
     while True:

@@ -2,12 +2,17 @@
 -- (ledger/scripts.py), so each operation stays one atomic script. Not a script on
 -- its own.
 --
--- Key layout: KEYS[1] is the tenant's key prefix `irrev:{<tenant>}:`. Every key a
--- script touches is that prefix plus a suffix (acct:<id>, hold:<id>, journal,
--- deadlines, ambiguous, escalated), so all of a tenant's keys share one hash slot
--- and the scripts run unchanged on Redis Cluster. The prefix is passed rather than
--- each key because lazy expiry and settlement reach holds and accounts that only
--- the stored hold names.
+-- Key layout: every key a script reads or writes is declared in KEYS, so that
+-- during a slot migration Redis runs a script only where all of them are (else it
+-- answers TRYAGAIN, and the client tries again) and never on a node that holds half
+-- of a tenant. All of a tenant's keys carry the `{<tenant>}` hash tag: one slot.
+--   KEYS[1]  `irrev:{<tenant>}:accounts`, one hash of every account of the tenant
+--            (field: account id, value: packed_account's numbers)
+--   KEYS[2]  `...:journal`, KEYS[3] `...:deadlines`, KEYS[4] `...:ambiguous`,
+--            KEYS[5] `...:escalated` (the scripts of one hold declare all five)
+--   KEYS[6]  `...:hold:<id>`, the hold the script is about (ARGV[1] is its id)
+-- A script builds no key of its own but checks that a hold key it was given is
+-- the one its id names (hold_id_arg), so a caller cannot point it elsewhere.
 --
 -- Numbers: amounts are integers in [0, 2^53 - 1], exact in a Lua double. Lua's
 -- tostring() and `..` print 14 significant digits, so numbers that go into strings
@@ -15,15 +20,15 @@
 
 redis.replicate_commands() -- Redis 6 needs it to write after TIME; a no-op on 7
 
-local P = KEYS[1]
-local JOURNAL = P .. 'journal'
-local DEADLINES = P .. 'deadlines'
-local AMBIGUOUS = P .. 'ambiguous'
-local ESCALATED = P .. 'escalated'
+local ACCOUNTS = KEYS[1]
+local P = string.sub(ACCOUNTS, 1, -9) -- the tenant's prefix `irrev:{<tenant>}:`
+local JOURNAL = KEYS[2]
+local DEADLINES = KEYS[3]
+local AMBIGUOUS = KEYS[4]
+local ESCALATED = KEYS[5]
 local MAX_AMOUNT = 9007199254740991
 local MAX_ACCOUNTS = 8
 local MAX_BLOB = 1048576
-local LAZY_EXPIRY_BATCH = 8
 
 local function fmt(n)
   if n == 0 then
@@ -80,24 +85,55 @@ local function join_numbers(t)
   return table.concat(out, ',')
 end
 
-local function akey(id)
-  return P .. 'acct:' .. id
-end
-
 local function hkey(id)
   return P .. 'hold:' .. id
 end
 
-local function load_account(id)
-  local v = redis.call('HMGET', akey(id), 'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'over')
-  if not v[1] then
+-- An account is one field of ACCOUNTS: "limit,soft,win,appr,pend,post,ws,over".
+local function parse_account(id, packed)
+  if not packed then
     return nil
   end
+  local v = split_numbers(packed)
   return {
-    id = id, limit = tonumber(v[1]), soft = tonumber(v[2]), win = tonumber(v[3]),
-    appr = tonumber(v[4]), pend = tonumber(v[5]), post = tonumber(v[6]), ws = tonumber(v[7]),
-    over = tonumber(v[8]),
+    id = id, limit = v[1], soft = v[2], win = v[3], appr = v[4], pend = v[5], post = v[6],
+    ws = v[7], over = v[8],
   }
+end
+
+local function packed_account(a)
+  return fmt(a.limit) .. ',' .. fmt(a.soft) .. ',' .. fmt(a.win) .. ',' .. fmt(a.appr) .. ','
+    .. fmt(a.pend) .. ',' .. fmt(a.post) .. ',' .. fmt(a.ws) .. ',' .. fmt(a.over)
+end
+
+-- The accounts named by `ids`, in their order, in one HMGET (nil where missing).
+local function load_accounts(ids)
+  local values = redis.call('HMGET', ACCOUNTS, unpack(ids))
+  local out = {}
+  for i = 1, #ids do
+    out[i] = parse_account(ids[i], values[i])
+  end
+  return out
+end
+
+local function load_account(id)
+  return load_accounts({id})[1]
+end
+
+-- Write back every account of the list that changed, in one HSET.
+local function save_accounts(list)
+  local fields = {}
+  for i = 1, #list do
+    local a = list[i]
+    if a and a.dirty then
+      fields[#fields + 1] = a.id
+      fields[#fields + 1] = packed_account(a)
+      a.dirty = nil
+    end
+  end
+  if #fields > 0 then
+    redis.call('HSET', ACCOUNTS, unpack(fields))
+  end
 end
 
 -- "acct|dpending|dposted;..." : the balance change of one journal entry.
@@ -115,7 +151,7 @@ end
 
 -- Renew the account's window once `now` has crossed into a new one: posted amounts
 -- of the past window roll off, pending ones carry over. Journaled, so that replay
--- reproduces the balance.
+-- reproduces the balance; the caller saves the account (save_accounts).
 local function roll(a, now)
   if a.win <= 0 then
     return
@@ -124,10 +160,10 @@ local function roll(a, now)
   if ws <= a.ws then
     return
   end
-  redis.call('HSET', akey(a.id), 'post', 0, 'ws', ws)
   journal({'op', 'roll', 'd', deltas({a.id}, {0}, {-a.post}), 'ws', fmt(ws)})
   a.post = 0
   a.ws = ws
+  a.dirty = true
 end
 
 -- The account's posted balance once `now`'s window is rolled in, without writing:
@@ -139,15 +175,16 @@ local function posted_after_roll(a, now)
   return a.post
 end
 
+-- Add to the pending and posted balances of accounts named by id (no window roll).
 local function add_balances(accounts, dpend, dpost)
+  local loaded = load_accounts(accounts)
   for i = 1, #accounts do
-    if dpend[i] ~= 0 then
-      redis.call('HINCRBY', akey(accounts[i]), 'pend', dpend[i])
-    end
-    if dpost[i] ~= 0 then
-      redis.call('HINCRBY', akey(accounts[i]), 'post', dpost[i])
+    local a = loaded[i]
+    if dpend[i] ~= 0 or dpost[i] ~= 0 then
+      a.pend, a.post, a.dirty = a.pend + dpend[i], a.post + dpost[i], true
     end
   end
+  save_accounts(loaded)
 end
 
 local function negate(t)
@@ -215,14 +252,6 @@ local function expire_one(id, retention_ms)
   else
     redis.call('ZREM', DEADLINES, id)
   end
-end
-
-local function expire_due(now, limit, retention_ms)
-  local ids = redis.call('ZRANGEBYSCORE', DEADLINES, '-inf', now, 'LIMIT', 0, limit)
-  for _, id in ipairs(ids) do
-    expire_one(id, retention_ms)
-  end
-  return #ids
 end
 
 local function load_hold(id)
@@ -299,15 +328,6 @@ local function same_numbers(a, b)
   return true
 end
 
-local function roll_all(accounts, now)
-  for i = 1, #accounts do
-    local a = load_account(accounts[i])
-    if a then
-      roll(a, now)
-    end
-  end
-end
-
 -- Releases what a live hold still charges as pending (escalated, pending and
 -- ambiguous holds charge their full amounts; expired ones charge nothing).
 local function pending_release(hold)
@@ -317,10 +337,14 @@ local function pending_release(hold)
   return zeros(#hold.accounts)
 end
 
+-- ARGV[1], the hold id, and KEYS[6] the key it names.
 local function hold_id_arg()
   local id = ARGV[1]
   if not valid_id(id) then
     return nil, {'bad_input', 'hold_id', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
+  end
+  if KEYS[6] ~= hkey(id) then
+    return nil, {'bad_input', 'keys', 'KEYS[6] must be the key of hold ' .. id}
   end
   return id
 end

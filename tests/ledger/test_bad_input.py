@@ -9,7 +9,7 @@ import pytest
 
 from ledger.client import Ledger
 from ledger.errors import BadInput, UnknownAccount
-from ledger.keys import tenant_prefix
+from ledger.keys import hold_script_keys, tenant_keys
 
 from .conftest import open_accounts
 from .helpers import tenant_snapshot
@@ -188,7 +188,8 @@ RAW: list[tuple[str, str, list[str]]] = [
     ("void-extra", "void", ["held", "0", "", "x"]),
     ("compensate-neg", "compensate", ["posted", "0", "*", "-1"]),
     ("approve-ttl", "approve", ["held", "0", "-1", "alice"]),
-    ("sweep-zero", "sweep", ["0", "0"]),
+    ("sweep-short", "sweep", ["0", "1"]),
+    ("sweep-count", "sweep", ["0", "x"]),
     ("account-soft", "account", ["agent:z", "10", "11", "0", "0"]),
     ("account-kind", "account", ["nokind", "10", "10", "0", "0"]),
 ]
@@ -200,6 +201,33 @@ async def test_script_validates_before_writing(
 ) -> None:
     """Past the Python API, straight to the script: refused, and nothing written."""
     before = await tenant_snapshot(seeded, tenant)
-    reply = await seeded._scripts[operation](keys=[tenant_prefix(tenant)], args=args)
+    if operation == "account":
+        keys = tenant_keys(tenant)[:2]
+    elif operation == "sweep":
+        keys = tenant_keys(tenant)
+    else:
+        keys = hold_script_keys(tenant, args[0])
+    reply = await seeded._scripts[operation](keys=keys, args=args)
     assert reply[0] == "bad_input"
+    assert await tenant_snapshot(seeded, tenant) == before
+
+
+@pytest.mark.parametrize(
+    ("operation", "args"),
+    [
+        ("reserve", ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "1", "0", "0"]),
+        ("void", ["held", "0", ""]),
+        ("post", ["held", "0", "", "*", "100"]),
+    ],
+)
+async def test_script_touches_only_the_hold_key_it_was_given(
+    seeded: Ledger, tenant: str, operation: str, args: list[str]
+) -> None:
+    """A script never builds a key it was not given: one given the key of another
+    hold than its id names is refused (during a slot migration, an undeclared key
+    may be on the other node)."""
+    before = await tenant_snapshot(seeded, tenant)
+    keys = hold_script_keys(tenant, "posted")
+    reply = await seeded._scripts[operation](keys=keys, args=args)
+    assert reply[:2] == ["bad_input", "keys"]
     assert await tenant_snapshot(seeded, tenant) == before
