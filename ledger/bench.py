@@ -113,7 +113,7 @@ async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list
     async def baseline_batch() -> None:
         async with ledger.redis.pipeline(transaction=False) as pipe:
             for _ in range(args.batch):
-                pipe.evalsha(trivial.sha, 1, counter)
+                pipe.execute_command("EVALSHA", trivial.sha, 1, counter)
             await pipe.execute()
 
     seconds, clients = args.seconds, args.clients

@@ -360,7 +360,9 @@ class Ledger:
                     for i in todo:
                         hold_id, args = batch[i]
                         keys = hold_script_keys(tenant, hold_id)
-                        pipe.evalsha(script.sha, len(keys), *keys, *args)
+                        # (redis-py's cluster pipeline blocks its evalsha method, not
+                        # the command, which it routes by the first key like any other)
+                        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
                     results = await pipe.execute(raise_on_error=False)
                 for i, result in zip(todo, results, strict=True):
                     replies[i] = result
