@@ -66,9 +66,11 @@ def cluster_client(url: str, *, max_connections: int, **options: Any) -> RedisCl
 def redirect_cause(exc: redis_errors.RedisError) -> str | None:
     """What to tell an operator when a standalone client met a cluster node."""
     text = str(exc)
-    if isinstance(exc, (redis_errors.MovedError, redis_errors.AskError)) or text.startswith(
-        ("MOVED ", "ASK ")
-    ):
+    if isinstance(exc, redis_errors.MovedError):
+        text = f"MOVED {text}"  # redis-py keeps only the slot and the address
+    elif isinstance(exc, redis_errors.AskError):
+        text = f"ASK {text}"
+    if text.startswith(("MOVED ", "ASK ")):
         return (
             f"the Redis is a node of a Redis Cluster and sent this client elsewhere ({text}); "
             "open the ledger with Ledger.from_url, which detects a cluster and uses a "

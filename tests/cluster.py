@@ -26,10 +26,16 @@ NODE_TIMEOUT_MS = 2000
 _PR_SET_PDEATHSIG = 1
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports free now (all probes stay bound until every
+    port is picked, so none is handed out twice)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            probe = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            probe.bind(("127.0.0.1", 0))
+            ports.append(int(probe.getsockname()[1]))
+        return ports
 
 
 def _die_with_parent() -> None:
@@ -117,12 +123,20 @@ class LocalCluster:
         return self.nodes[0].url
 
     def start(self) -> None:
+        ports = free_ports(4 * PRIMARIES)
         self.nodes = [
-            ClusterNode(free_port(), free_port(), self.root / f"node{i}", self.binary)
+            ClusterNode(ports[2 * i], ports[2 * i + 1], self.root / f"node{i}", self.binary)
             for i in range(2 * PRIMARIES)
         ]
         for node in self.nodes:
-            node.start()
+            for attempt in range(3):  # another process may take a free port first
+                try:
+                    node.start()
+                    break
+                except RuntimeError:
+                    if attempt == 2:
+                        raise
+                    node.port, node.bus_port = free_ports(2)
         subprocess.run(
             [
                 str(self.binary.with_name("redis-cli")),
