@@ -205,6 +205,34 @@ class LocalCluster:
         ]
         return [self._node(port) for port in ports]
 
+    def migrate_slot(
+        self, key: str, target: ClusterNode, *, per_batch: int = 1, pause_s: float = 0.0
+    ) -> int:
+        """Move the slot of `key` to `target` the way `redis-cli --cluster reshard`
+        does (SETSLOT IMPORTING/MIGRATING, MIGRATE of its keys, SETSLOT NODE on every
+        primary), `per_batch` keys at a time with `pause_s` between batches so that
+        clients meet the slot mid-migration. Returns how many keys moved."""
+        source = self.primary_for(key)
+        if source is target:
+            raise ValueError(f"{target.address} serves the slot of {key} already")
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        moved = 0
+        with source.client() as src, target.client() as dst:
+            slot = int(src.execute_command("CLUSTER", "KEYSLOT", key))
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, per_batch):
+                src.execute_command(
+                    "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys
+                )
+                moved += len(keys)
+                time.sleep(pause_s)
+            for node in (target, source, *self.nodes):
+                with node.client() as client:
+                    if client.info("replication")["role"] == "master":
+                        client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        return moved
+
     def node_id(self, node: ClusterNode) -> str:
         with node.client() as client:
             return str(client.execute_command("CLUSTER", "MYID"))

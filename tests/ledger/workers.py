@@ -80,6 +80,22 @@ async def churn(ledger: Ledger, tenant: str, barrier_name: str, agent: str, ops:
         print(i, flush=True)
 
 
+async def replay(
+    ledger: Ledger, tenant: str, barrier_name: str, prefix: str, count: str, rounds: str
+) -> None:
+    """Send the reserves of holds `<prefix>-0..count-1` (admitted before) again,
+    `rounds` times: each must come back as a replay, never as a new admission."""
+    await barrier(ledger, barrier_name)
+    fresh = 0
+    for _ in range(int(rounds)):
+        for i in range(int(count)):
+            amounts = {"tenant:acme": 5, f"agent:{prefix}": 5}
+            result = await ledger.reserve(tenant, f"{prefix}-{i}", "fp", amounts, ttl_ms=HOUR_MS)
+            fresh += not result.replayed
+        print(fresh, flush=True)
+    print(json.dumps({"fresh": fresh}))
+
+
 async def trim_all(
     ledger: Ledger, tenant: str, barrier_name: str, archive_dir: str, batch: str
 ) -> None:
@@ -96,7 +112,13 @@ async def trim_all(
     print(json.dumps({"moved": moved}))
 
 
-COMMANDS = {"storm": storm, "approve": approve, "churn": churn, "trim": trim_all}
+COMMANDS = {
+    "storm": storm,
+    "approve": approve,
+    "churn": churn,
+    "replay": replay,
+    "trim": trim_all,
+}
 
 
 async def main(argv: list[str]) -> None:
