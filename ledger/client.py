@@ -461,15 +461,19 @@ class Ledger:
                 return
 
     async def sweep(self, tenant: str, batch: int = 100) -> SweepResult:
-        """Expire the due ones among the `batch` holds with the earliest deadlines:
-        read from the deadline index first, so that the script declares their keys."""
+        """Expire up to `batch` due holds. One call when none is due; else a second,
+        which declares the keys of the due holds the first one named."""
         tenant = validate.tenant_id(tenant)
         if not 1 <= batch <= 1000:
             raise BadInput("batch", "must be an integer in [1, 1000]")
-        ids: list[str] = await self._read(self.redis.zrange(deadlines_key(tenant), 0, batch - 1))
-        keys = [*tenant_keys(tenant), *(hold_key(tenant, hold_id) for hold_id in ids)]
-        reply = await self._run("sweep", keys, [str(self.retention_ms), str(len(ids)), *ids])
+        retention = str(self.retention_ms)
+        reply = await self._run("sweep", tenant_keys(tenant), [retention, str(batch), "0"])
         raise_for_reply(tenant, "", "sweep", reply)
+        due = [str(hold_id) for hold_id in reply[3:]]
+        if due:
+            keys = [*tenant_keys(tenant), *(hold_key(tenant, hold_id) for hold_id in due)]
+            reply = await self._run("sweep", keys, [retention, str(batch), str(len(due)), *due])
+            raise_for_reply(tenant, "", "sweep", reply)
         return SweepResult(visited=int(reply[1]), remaining_due=int(reply[2]))
 
     async def hold(self, tenant: str, hold_id: str) -> Hold | None:

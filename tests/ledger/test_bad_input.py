@@ -188,8 +188,9 @@ RAW: list[tuple[str, str, list[str]]] = [
     ("void-extra", "void", ["held", "0", "", "x"]),
     ("compensate-neg", "compensate", ["posted", "0", "*", "-1"]),
     ("approve-ttl", "approve", ["held", "0", "-1", "alice"]),
-    ("sweep-short", "sweep", ["0", "1"]),
-    ("sweep-count", "sweep", ["0", "x"]),
+    ("sweep-zero", "sweep", ["0", "0", "0"]),
+    ("sweep-short", "sweep", ["0", "10", "1"]),
+    ("sweep-count", "sweep", ["0", "10", "x"]),
     ("account-soft", "account", ["agent:z", "10", "11", "0", "0"]),
     ("account-kind", "account", ["nokind", "10", "10", "0", "0"]),
 ]
