@@ -658,7 +658,13 @@ def _glob(text: str) -> str:
 
 def _balance(account: str, packed: str) -> Balance:
     """An account's field of the accounts hash (the order of _lib.lua's packed_account)."""
-    limit, soft, win, appr, pend, post, ws, over = (int(v) for v in packed.split(","))
+    try:
+        limit, soft, win, appr, pend, post, ws, over = (int(v) for v in packed.split(","))
+    except ValueError as exc:
+        raise LedgerUnavailable(
+            f"Redis holds a malformed record of account {account}: {packed[:80]!r}; "
+            "run `irrev ledger audit` and restore the account from the journal"
+        ) from exc
     return Balance(
         account=account,
         limit=limit,

@@ -63,6 +63,14 @@ def cluster_client(url: str, *, max_connections: int, **options: Any) -> RedisCl
     )
 
 
+def redis_client(url: str, **options: Any) -> RedisClient:
+    """An asyncio client for `url`: redis-py's cluster client when it names a node of
+    a cluster, else a plain one (for tools and tests that read Redis directly)."""
+    if cluster_enabled(url, **options):
+        return RedisCluster.from_url(url, **options)
+    return Redis.from_url(url, **options)
+
+
 def redirect_cause(exc: redis_errors.RedisError) -> str | None:
     """What to tell an operator when a standalone client met a cluster node."""
     text = str(exc)

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from redis.asyncio import Redis
 
+from ledger.cluster import redis_client
 from ledger.keys import tenant_prefix
 from pricing.credentials import format_token, hash_token
 
@@ -503,7 +503,7 @@ async def test_a_tenant_admin_learns_nothing_of_another_tenants_broken_policy(
 
 async def tenant_store_text(redis_url: str, tenant: str) -> str:
     """Everything Redis holds for a tenant (holds, journal, accounts), as text."""
-    redis = Redis.from_url(redis_url)
+    redis = redis_client(redis_url)
     parts = []
     try:
         async for key in redis.scan_iter(match=tenant_prefix(tenant) + "*", count=500):
