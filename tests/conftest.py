@@ -30,6 +30,12 @@ from .cluster import LocalCluster
 
 STANDALONE = ["embedded", "redis7"]
 SERVERS = [*STANDALONE, "cluster"]
+# The servers of `redis_url` outside the ledger suite (which always runs on all of
+# SERVERS): the standalone ones unless IRREV_TEST_SERVERS names others, as .ci/run
+# does to run the gateway suite on the cluster too.
+SUITE_SERVERS = os.environ.get("IRREV_TEST_SERVERS", ",".join(STANDALONE)).split(",")
+if not set(SUITE_SERVERS) <= set(SERVERS):
+    raise pytest.UsageError(f"IRREV_TEST_SERVERS must name some of {', '.join(SERVERS)}")
 
 
 def server_binary(name: str) -> Path:
@@ -105,11 +111,11 @@ def redis_session_server(redis_binary: Path, session_servers: SessionServers) ->
     return session_servers.server(redis_binary)
 
 
-@pytest.fixture(scope="session")
-def redis_url(redis_session_server: EmbeddedRedis) -> str:
-    """`redis://127.0.0.1:PORT/0` of the current standalone param (the ledger suite
-    overrides it with every param of SERVERS, the cluster included)."""
-    return redis_session_server.url
+@pytest.fixture(scope="session", params=SUITE_SERVERS)
+def redis_url(request: pytest.FixtureRequest, session_servers: SessionServers) -> str:
+    """`redis://127.0.0.1:PORT/0` of each server of SUITE_SERVERS (for the cluster:
+    of one of its nodes). The ledger suite overrides it with all of SERVERS."""
+    return session_servers.url(request.param)
 
 
 @pytest.fixture(scope="session")
