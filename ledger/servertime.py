@@ -93,14 +93,20 @@ async def script_times(
     return [await node.evalsha_time(name, op) for name, op in measured]
 
 
+def tenant_node(ledger: Ledger, tenant: str) -> dict[str, Any]:
+    """The keyword arguments that send a command to the node of the tenant's slot
+    (none on a standalone Redis)."""
+    if isinstance(ledger.redis, RedisCluster):
+        return {"target_nodes": ledger.redis.get_node_from_key(accounts_key(tenant))}
+    return {}
+
+
 class _Node:
     """CONFIG RESETSTAT and INFO commandstats on the node of the tenant's slot."""
 
     def __init__(self, ledger: Ledger, tenant: str) -> None:
         self.redis = ledger.redis
-        self.target: dict[str, Any] = {}
-        if isinstance(self.redis, RedisCluster):
-            self.target = {"target_nodes": self.redis.get_node_from_key(accounts_key(tenant))}
+        self.target = tenant_node(ledger, tenant)
 
     async def evalsha_time(self, name: str, operation: Callable[[], Awaitable[None]]) -> ScriptTime:
         await self.redis.execute_command("CONFIG", "RESETSTAT", **self.target)
