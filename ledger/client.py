@@ -372,6 +372,13 @@ class Ledger:
                 await self.load_scripts()  # Redis restarted and forgot it
         except redis_errors.RedisError as exc:
             raise _unavailable(operation, exc) from exc
+        for i, reply in enumerate(replies):
+            if isinstance(reply, _MIGRATING):  # the pipeline's own retries ran out
+                hold_id, args = batch[i]
+                try:
+                    replies[i] = await self._run(operation, hold_script_keys(tenant, hold_id), args)
+                except LedgerUnavailable as exc:
+                    replies[i] = exc
         return [
             _unavailable(operation, reply) if isinstance(reply, redis_errors.RedisError) else reply
             for reply in replies
@@ -537,6 +544,15 @@ def _unavailable(operation: str, exc: redis_errors.RedisError) -> LedgerUnavaila
     if cause is not None:
         return LedgerUnavailable(f"Redis refused {operation}: {cause}")
     return LedgerUnavailable(f"Redis refused {operation}: {exc}")
+
+
+# Answers that mean a script did not run because its slot was moving.
+_MIGRATING = (
+    redis_errors.TryAgainError,
+    redis_errors.ClusterError,
+    redis_errors.MovedError,
+    redis_errors.AskError,
+)
 
 
 def _is_reply(reply: Any, status: str) -> bool:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ledger.checkpoint import CheckpointMoved, trim
 from ledger.client import Ledger
-from ledger.errors import HoldStateConflict
+from ledger.errors import HoldStateConflict, LedgerError
+from ledger.records import ReserveRequest
 
 HOUR_MS = 3_600_000
 
@@ -96,6 +97,24 @@ async def replay(
     print(json.dumps({"fresh": fresh}))
 
 
+async def batches(ledger: Ledger, tenant: str, barrier_name: str, agent: str, ops: str) -> None:
+    """Reserve and post `ops` holds 20 at a time through the pipelined batch calls,
+    reporting each batch on stdout and the items that came back as errors at the end."""
+    await barrier(ledger, barrier_name)
+    failed = 0
+    for start in range(0, int(ops), 20):
+        keys = [f"{agent}-{i}" for i in range(start, min(start + 20, int(ops)))]
+        amounts = {"tenant:acme": 3, f"agent:{agent}": 3}
+        requests = [ReserveRequest(k, "fp", amounts, HOUR_MS) for k in keys]
+        failed += sum(
+            isinstance(r, LedgerError) for r in await ledger.reserve_many(tenant, requests)
+        )
+        posts = await ledger.post_many(tenant, [(k, 2) for k in keys])
+        failed += sum(isinstance(r, LedgerError) for r in posts)
+        print(start, flush=True)
+    print(json.dumps({"failed": failed}))
+
+
 async def trim_all(
     ledger: Ledger, tenant: str, barrier_name: str, archive_dir: str, batch: str
 ) -> None:
@@ -117,6 +136,7 @@ COMMANDS = {
     "approve": approve,
     "churn": churn,
     "replay": replay,
+    "batches": batches,
     "trim": trim_all,
 }
 
