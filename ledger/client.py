@@ -192,11 +192,16 @@ class Ledger:
         raise LedgerUnavailable(f"Redis kept forgetting the {operation} script")
 
     async def ping(self) -> None:
-        """Raises LedgerUnavailable unless Redis answers, and answers as what this
-        client takes it for: a standalone client on a cluster node would be sent
-        elsewhere by most of its calls."""
         try:
             await self.redis.ping()
+        except redis_errors.RedisError as exc:
+            raise _unavailable("ping", exc) from exc
+
+    async def load_scripts(self) -> None:
+        """Load every script now, so the first admission does not pay for it (what a
+        gateway does at start). Refused on a node of a Redis Cluster with a standalone
+        client, which most calls would find sent elsewhere."""
+        try:
             if not isinstance(self.redis, RedisCluster):
                 info = await self.redis.info("cluster")
                 if info.get("cluster_enabled"):
@@ -205,12 +210,6 @@ class Ledger:
                         "standalone client; open it with Ledger.from_url, which detects "
                         "a cluster and uses a cluster client"
                     )
-        except redis_errors.RedisError as exc:
-            raise _unavailable("ping", exc) from exc
-
-    async def load_scripts(self) -> None:
-        """Load every script now, so the first admission does not pay for it."""
-        try:
             for script in self._scripts.values():
                 script.sha = await self.redis.script_load(script.script)
         except redis_errors.RedisError as exc:
