@@ -1,7 +1,7 @@
 """Redis Cluster as the ledger's store, against the session's local 3-primary +
 3-replica cluster (tests/cluster.py): any node's URL is recognised, a standalone
-client is refused with the cause, and WAIT counts the replicas of the primary that
-ran the script, on its connection, so a stopped replica is never acknowledged."""
+client is refused with the cause, and a busy tenant's slot can move to another node.
+(WAIT on a cluster: test_replicas.py.)"""
 
 from __future__ import annotations
 
@@ -60,43 +60,6 @@ async def test_a_standalone_client_on_a_cluster_is_refused_with_the_cause(
             await standalone.balances(tenant)
     finally:
         await standalone.aclose()
-
-
-async def test_wait_counts_the_replica_of_the_primary_that_ran_the_script(
-    redis_cluster: LocalCluster, tenant: str
-) -> None:
-    ledger = Ledger.from_url(redis_cluster.url, replicas=1, replica_timeout_ms=500)
-    primary = redis_cluster.primary_for(accounts_key(tenant))
-    (replica,) = redis_cluster.replicas_of(primary)
-    try:
-        await ledger.upsert_account(
-            tenant, AccountSpec("tenant:acme", 10_000, 10_000, approval_threshold=400)
-        )
-        admitted = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
-        assert (admitted.state, admitted.replicas) == (HoldState.PENDING, 1)
-        escalated = await ledger.reserve(tenant, "k2", "fp", {"tenant:acme": 450}, ttl_ms=HOUR_MS)
-        assert escalated.state is HoldState.ESCALATED
-
-        await asyncio.to_thread(replica.stop)
-        # Other primaries' replicas are all up: a WAIT anywhere but on the
-        # script's own connection would find one of them.
-        lonely = await ledger.reserve(tenant, "k3", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
-        assert (lonely.state, lonely.replicas) == (HoldState.PENDING, 0)
-        approved = await ledger.approve(tenant, "k2", "ops", ttl_ms=HOUR_MS)
-        assert (approved.state, approved.replicas) == (HoldState.PENDING, 0)
-        replay = await ledger.reserve(tenant, "k3", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
-        assert replay.replayed and replay.replicas == 0
-    finally:
-        await asyncio.to_thread(replica.start)
-        await asyncio.to_thread(redis_cluster.wait_healthy)
-    try:
-        back = await ledger.reserve(tenant, "k4", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
-        assert back.replicas == 1
-        await ledger.redis.script_flush()  # what a restarted or failed-over Redis forgot
-        again = await ledger.reserve(tenant, "k5", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
-        assert (again.state, again.replicas) == (HoldState.PENDING, 1)
-    finally:
-        await ledger.aclose()
 
 
 async def test_resharding_a_busy_tenant_keeps_the_ledger_whole(
