@@ -79,8 +79,12 @@ async def test_resharding_a_busy_tenant_keeps_the_ledger_whole(
             amounts = {"tenant:acme": 5, "agent:old": 5}
             await ledger.reserve(tenant, f"old-{i}", "fp", amounts, ttl_ms=HOUR_MS)
         name = f"{tenant}:barrier"
+        # One churner waits for a replica after each reserve: its script and WAIT
+        # follow the slot to the new primary together.
+        waits = [[], [], ["--replicas", "1"]]
         churners = [
-            spawn("churn", redis_cluster.url, tenant, name, f"c{p}", "400") for p in range(3)
+            spawn(*waits[p], "churn", redis_cluster.url, tenant, name, f"c{p}", "400")
+            for p in range(3)
         ]
         batcher = spawn("batches", redis_cluster.url, tenant, name, "b0", "1000")
         replayer = spawn("replay", redis_cluster.url, tenant, name, "old", "100", "20")
@@ -108,7 +112,7 @@ async def test_resharding_a_busy_tenant_keeps_the_ledger_whole(
             out, err = worker.communicate(timeout=300)
             assert worker.returncode == 0, err
             outs.append(json.loads(out.splitlines()[-1]))
-        assert outs[-2:] == [{"failed": 0}, {"fresh": 0}]
+        assert outs == [*[{"unreplicated": 0}] * 3, {"failed": 0}, {"fresh": 0}]
     finally:
         await ledger.aclose()
 

@@ -1,7 +1,7 @@
 """Worker processes for the ledger's concurrency and crash tests.
 
-Run as `python -m tests.ledger.workers COMMAND URL TENANT ...` from the repository
-root. Every worker announces itself on `<barrier>:ready` and waits for a token on
+Run as `python -m tests.ledger.workers [--replicas N] COMMAND URL TENANT ...` from
+the repository root. Every worker announces itself on `<barrier>:ready` and waits for a token on
 `<barrier>:go`, so the test releases all of them at once without sleeping.
 """
 
@@ -64,12 +64,15 @@ async def approve(ledger: Ledger, tenant: str, barrier_name: str, hold_id: str, 
 
 async def churn(ledger: Ledger, tenant: str, barrier_name: str, agent: str, ops: str) -> None:
     """Reserve and settle in every way, reporting each finished operation on stdout
-    so the test can SIGKILL this process mid-storm."""
+    so the test can SIGKILL this process mid-storm, and at the end how many reserves
+    fewer replicas than asked for acknowledged."""
     await barrier(ledger, barrier_name)
+    unreplicated = 0
     for i in range(int(ops)):
         key = f"{agent}-{i}"
         amounts = {"tenant:acme": 7 + i % 5, f"agent:{agent}": 7 + i % 5}
         result = await ledger.reserve(tenant, key, "fp", amounts, ttl_ms=HOUR_MS)
+        unreplicated += (result.replicas or 0) < ledger.replicas
         if result.decision == "admit":
             step = i % 4
             if step == 0:
@@ -79,6 +82,7 @@ async def churn(ledger: Ledger, tenant: str, barrier_name: str, agent: str, ops:
             elif step == 2:
                 await ledger.mark_ambiguous(tenant, key, "test")
         print(i, flush=True)
+    print(json.dumps({"unreplicated": unreplicated}))
 
 
 async def replay(
@@ -142,8 +146,11 @@ COMMANDS = {
 
 
 async def main(argv: list[str]) -> None:
+    replicas = 0
+    if argv[0] == "--replicas":  # WAIT for that many replicas after each reserve
+        replicas, argv = int(argv[1]), argv[2:]
     command, url, tenant, *rest = argv
-    ledger = Ledger.from_url(url)
+    ledger = Ledger.from_url(url, replicas=replicas, replica_timeout_ms=5000)
     try:
         await COMMANDS[command](ledger, tenant, *rest)  # type: ignore[operator]
     finally:
