@@ -25,6 +25,7 @@ from .cluster import (
 from .errors import BadInput, LedgerError, LedgerUnavailable, raise_for_reply
 from .keys import (
     TENANTS_KEY,
+    account_fields,
     accounts_key,
     ambiguous_key,
     deadlines_key,
@@ -238,13 +239,18 @@ class Ledger:
 
     async def balance(self, tenant: str, account: str) -> Balance | None:
         key = accounts_key(validate.tenant_id(tenant))
-        packed = await self._read(self.redis.hget(key, validate.account_id(account)))
-        return None if packed is None else _balance(account, packed)
+        fields = account_fields(validate.account_id(account))
+        values = await self._read(self.redis.hmget(key, fields))
+        return None if values[0] is None else _balance(account, values)
 
     async def balances(self, tenant: str) -> list[Balance]:
         """Every account of the tenant, sorted by id."""
-        packed = await self._read(self.redis.hgetall(accounts_key(validate.tenant_id(tenant))))
-        return [_balance(account, packed[account]) for account in sorted(packed)]
+        stored = await self._read(self.redis.hgetall(accounts_key(validate.tenant_id(tenant))))
+        accounts = {field.rpartition("|")[0] for field in stored}
+        return [
+            _balance(account, [stored.get(field) for field in account_fields(account)])
+            for account in sorted(accounts)
+        ]
 
     async def tenants(self) -> list[str]:
         return sorted(await self._read(self.redis.smembers(TENANTS_KEY)))
@@ -671,13 +677,13 @@ def _glob(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
-def _balance(account: str, packed: str) -> Balance:
-    """An account's field of the accounts hash (the order of _lib.lua's packed_account)."""
+def _balance(account: str, values: list[str | None]) -> Balance:
+    """An account from its ACCOUNT_FIELDS, in that order."""
     try:
-        limit, soft, win, appr, pend, post, ws, over = (int(v) for v in packed.split(","))
+        limit, soft, win, appr, pend, post, ws, over = (int(v or "") for v in values)
     except ValueError as exc:
         raise LedgerUnavailable(
-            f"Redis holds a malformed record of account {account}: {packed[:80]!r}; "
+            f"Redis holds a malformed record of account {account}: {values!r}; "
             "run `irrev ledger audit` and restore the account from the journal"
         ) from exc
     return Balance(

@@ -13,8 +13,17 @@ def tenant_prefix(tenant: str) -> str:
 
 
 def accounts_key(tenant: str) -> str:
-    """One hash of every account of the tenant: account id -> packed numbers."""
+    """One hash of every account of the tenant, ACCOUNT_FIELDS of each."""
     return f"{tenant_prefix(tenant)}accounts"
+
+
+# The numbers of an account, each the field `<account id>|<name>` of accounts_key
+# (an account id never holds a '|'); the order of lua/_lib.lua's ACCOUNT_FIELDS.
+ACCOUNT_FIELDS = ("limit", "soft", "win", "appr", "pend", "post", "ws", "over")
+
+
+def account_fields(account: str) -> list[str]:
+    return [f"{account}|{name}" for name in ACCOUNT_FIELDS]
 
 
 def hold_key(tenant: str, hold_id: str) -> str:

@@ -43,7 +43,8 @@ else
   outcome = 'created'
   a = {id = account, pend = 0, post = 0, over = 0}
 end
-a.limit, a.soft, a.win, a.appr, a.ws, a.dirty = limit, soft, win, appr, ws, true
+a.limit, a.soft, a.win, a.appr, a.ws = limit, soft, win, appr, ws
+a.policy = true
 save_accounts({a})
 journal({'op', 'account', 'acct', account, 'limit', fmt(limit), 'soft', fmt(soft),
          'win', fmt(win), 'appr', fmt(appr), 'ws', fmt(ws)})

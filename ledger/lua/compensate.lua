@@ -44,7 +44,7 @@ for i = 1, n do
   roll(a, now)
   if a.ws == hold.post_ws[i] then
     dpost[i] = -recovered[i]
-    a.post, a.dirty = a.post + dpost[i], true
+    a.post = a.post + dpost[i]
   else
     flag = 'rolled_off'
   end

@@ -56,7 +56,7 @@ local post_ws = {}
 for i = 1, #hold.accounts do
   local a = accounts[i]
   roll(a, now)
-  a.pend, a.post, a.dirty = a.pend + dpend[i], a.post + amounts[i], true
+  a.pend, a.post = a.pend + dpend[i], a.post + amounts[i]
   if amounts[i] > hold.amounts[i] then
     if flags[#flags] ~= 'overrun' then
       flags[#flags + 1] = 'overrun'

@@ -150,7 +150,7 @@ for i = 1, n do
     local spec = specs[i]
     a = {id = accounts[i], limit = spec.limit, soft = spec.soft, win = spec.win,
          appr = spec.appr, pend = 0, post = 0, over = 0,
-         ws = spec.win > 0 and now - (now % spec.win) or 0}
+         ws = spec.win > 0 and now - (now % spec.win) or 0, policy = true}
     opening[a.id] = a
   end
   if a then
@@ -225,18 +225,26 @@ if state == 'denied' then
   if denied_retention_ms > 0 then
     redis.call('PEXPIRE', key, denied_retention_ms)
   end
+  -- Only the windows it rolled are saved: the accounts it would open are not.
+  local rolled = {}
+  for i = 1, n do
+    if not opening[accounts[i]] then
+      rolled[#rolled + 1] = loaded[i]
+    end
+  end
+  save_accounts(rolled)
 else
   changed = deltas(accounts, amounts, zeros(n))
   for i = 1, n do
     local a = loaded[i]
-    a.pend, a.dirty = a.pend + amounts[i], a.dirty or amounts[i] ~= 0 or opening[a.id] ~= nil
+    a.pend = a.pend + amounts[i]
   end
+  save_accounts(loaded)
   redis.call('ZADD', DEADLINES, deadline, id)
   if state == 'escalated' then
     redis.call('SADD', ESCALATED, id)
   end
 end
-save_accounts(loaded)
 journal({'op', 'reserve', 'hold', id, 'st', state, 'why', reason, 'd', changed})
 
 local reply = {'ok', decision, reason, state, deadline, now, n}

@@ -64,7 +64,7 @@ for i = 1, n do
   elseif rise < 0 then
     flags.rolled_off = true
   end
-  a.post, a.dirty = a.post + dpost[i], true
+  a.post = a.post + dpost[i]
   if rise > 0 and realised > hold.amounts[i] then
     flags.overrun = true
     a.over = a.over + 1

@@ -40,7 +40,8 @@ async def redis_client(gateway: Gateway) -> AsyncIterator[RedisClient]:
 
 
 async def accounts_named(client: RedisClient, tenant: Tenant, start: str) -> list[str]:
-    return [a for a in await client.hkeys(accounts_key(tenant.id)) if a.startswith(start)]
+    fields = await client.hkeys(accounts_key(tenant.id))
+    return sorted({f.rpartition("|")[0] for f in fields if f.startswith(start)})
 
 
 async def test_an_order_meeting_two_new_risk_factors_is_admitted(

@@ -319,7 +319,7 @@ async def test_an_upload_that_fails_to_load_leaves_the_file_as_it_was(
         data = yaml.safe_load(written)
         data["accounts"]["principals"]["ops"] = {"limit": "5"}
         data["agents"]["buyer-02"]["token_sha256"] = hash_token(format_token(bytes(32)))
-        await ledger.redis.hset(accounts_key(tenant.id), "principal:ops", "not an account")
+        await ledger.redis.hset(accounts_key(tenant.id), "principal:ops|limit", "not a number")
         with pytest.raises(LedgerUnavailable):
             await store.upload(ledger, tenant.id, yaml.safe_dump(data))
         assert path.read_text() == written
