@@ -22,10 +22,10 @@ from ledger.errors import LedgerUnavailable
 from . import admin, console, escalations, holds_api, logs, metrics, problems, proxy
 from .admission import Gate
 from .auth import admin_auth, gate_of
+from .http_upstream import make_client
 from .problems import Problem
 from .settings import GatewaySettings
 from .tenants import TenantStore
-from .upstream import make_client
 
 log = logging.getLogger("irrev.gateway")
 LEDGER_START_WAIT_S = 5.0

@@ -38,6 +38,7 @@ from .keys import (
 from .records import (
     AccountCheck,
     AccountSpec,
+    Approval,
     Balance,
     Decision,
     Hold,
@@ -444,10 +445,9 @@ class Ledger:
         reply = await self._run("learn", keys, args)
         return raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
 
-    async def approve(
-        self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int
-    ) -> TransitionResult:
-        """Consume-once: raises HoldStateConflict naming the outcome for every loser."""
+    async def approve(self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int) -> Approval:
+        """Consume-once: raises HoldStateConflict naming the outcome for every loser.
+        The winner gets the hold's new deadline and its kept request."""
         args = [
             *self._hold_args(hold_id),
             str(validate.ttl("ttl_ms", ttl_ms)),
@@ -455,7 +455,11 @@ class Ledger:
         ]
         keys = hold_script_keys(validate.tenant_id(tenant), hold_id)
         reply, replicas = await self._run_replicated("approve", keys, args)
-        return _transition_result(tenant, hold_id, "approve", reply, replicas)
+        status = raise_for_reply(tenant, hold_id, "approve", reply)
+        state, by, deadline_ms, request = reply[1:5]
+        return Approval(
+            status, hold_id, HoldState(state), str(by), int(deadline_ms), str(request), replicas
+        )
 
     async def reject(self, tenant: str, hold_id: str, approver: str) -> TransitionResult:
         args = [*self._hold_args(hold_id), validate.identifier("approver", approver)]
@@ -648,7 +652,7 @@ def _transition_result(
         hold_id=hold_id,
         state=HoldState(reply[1]),
         flags=frozenset(flags.split(",")) - {""},
-        by=flags if operation in ("approve", "reject") else "",
+        by=flags if operation == "reject" else "",
         replicas=replicas,
     )
 
