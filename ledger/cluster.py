@@ -113,7 +113,13 @@ async def script_then_wait(
             PipelineCommand(len(commands), "EVALSHA", sha, len(keys), *keys, *args),
             PipelineCommand(len(commands) + 1, "WAIT", replicas, timeout_ms),
         ]
-        await node.execute_pipeline(commands)
+        try:
+            await node.execute_pipeline(commands)
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError):
+            # A primary gone (failover?): the next call reads the topology again,
+            # as the cluster client's own calls do.
+            cluster._initialize = True
+            raise
         reply, acked = commands[-2].result, commands[-1].result
         asking_at = None
         if isinstance(reply, redis_errors.MovedError):
