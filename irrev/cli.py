@@ -24,10 +24,9 @@ from typing import TypeVar
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from ledger.errors import LedgerError, LedgerUnavailable
+from ledger import LedgerError
 
 # The modules each extra of pyproject.toml installs, by the names they are imported as.
-REDIS_URL_HINT = "IRREV_REDIS_URL names the server; unset, irrev starts an embedded one"
 EXTRAS = {"sim": ("numpy", "scipy", "matplotlib"), "load": ("locust", "psutil")}
 
 
@@ -151,9 +150,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser(arguments).parse_args(arguments)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
-    except LedgerUnavailable as exc:
-        print(f"irrev: {exc} ({REDIS_URL_HINT})", file=sys.stderr)
-        return 2
     except (CliError, LedgerError) as exc:
         print(f"irrev: {exc}", file=sys.stderr)
         return 2
@@ -161,7 +157,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"irrev: {settings_problem(exc)}", file=sys.stderr)
         return 2
     except RedisError as exc:
-        print(f"irrev: Redis: {exc} ({REDIS_URL_HINT})", file=sys.stderr)
+        print(
+            f"irrev: Redis: {exc} (IRREV_REDIS_URL names the server; unset, irrev starts "
+            "an embedded one)",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

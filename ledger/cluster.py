@@ -31,10 +31,6 @@ MIGRATION_WAIT_S = 30.0
 _MIGRATION_PAUSE_S = 0.02
 
 
-class ClusterRedirect(redis_errors.RedisError):
-    """A standalone client was sent elsewhere by a Redis Cluster node (MOVED/ASK)."""
-
-
 def cluster_enabled(url: str, **options: Any) -> bool:
     """Whether the Redis at `url` is a node of a Redis Cluster (INFO cluster). An
     unreachable server counts as standalone: the ledger's first call will say why
@@ -69,22 +65,6 @@ def redis_client(url: str, **options: Any) -> RedisClient:
     if cluster_enabled(url, **options):
         return RedisCluster.from_url(url, **options)
     return Redis.from_url(url, **options)
-
-
-def redirect_cause(exc: redis_errors.RedisError) -> str | None:
-    """What to tell an operator when a standalone client met a cluster node."""
-    text = str(exc)
-    if isinstance(exc, redis_errors.MovedError):
-        text = f"MOVED {text}"  # redis-py keeps only the slot and the address
-    elif isinstance(exc, redis_errors.AskError):
-        text = f"ASK {text}"
-    if text.startswith(("MOVED ", "ASK ")):
-        return (
-            f"the Redis is a node of a Redis Cluster and sent this client elsewhere ({text}); "
-            "open the ledger with Ledger.from_url, which detects a cluster and uses a "
-            "cluster client"
-        )
-    return None
 
 
 async def script_then_wait(

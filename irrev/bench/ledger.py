@@ -23,13 +23,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from irrev.bench.servertime import HOUR_MS, PRICE, TRIVIAL, ScriptTime, script_times, tenant_node
 from irrev.cli import bounded
-from ledger.checkpoint import cutoff_ms, trim
-from ledger.client import Ledger
-from ledger.embedded import EmbeddedRedis
-from ledger.records import AccountSpec, ReserveRequest
-from ledger.servertime import HOUR_MS, PRICE, TRIVIAL, ScriptTime, script_times, tenant_node
-from ledger.settings import AppendFsync
+from ledger import AccountSpec, AppendFsync, EmbeddedRedis, Ledger, ReserveRequest, cutoff_ms, trim
 
 ACCOUNTS = ("tenant:bench", "principal:ops", "agent:a1")
 
@@ -187,7 +183,7 @@ async def memory_per_hold(ledger: Ledger, tenant: str, holds: int, batch: int) -
     after = int((await redis.info("memory", **node))["used_memory"])
     with tempfile.TemporaryDirectory(prefix="irrev-bench-archive-") as archive:
         started = time.perf_counter()
-        trimmed = await trim(redis, tenant, Path(archive), await cutoff_ms(redis, 0))
+        trimmed = await trim(ledger, tenant, Path(archive), await cutoff_ms(ledger, 0))
         elapsed = time.perf_counter() - started
     after_trim = int((await redis.info("memory", **node))["used_memory"])
     return Memory(

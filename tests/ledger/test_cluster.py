@@ -127,7 +127,7 @@ async def test_resharding_a_busy_tenant_keeps_the_ledger_whole(
         assert report.entries > 5 + 100 + 3 * 400 + 2 * 1000
         for balance in await ledger.balances(tenant):
             assert balance.used <= balance.limit
-        entries = [entry async for entry in iter_journal(ledger.redis, tenant)]
+        entries = [entry async for entry in iter_journal(ledger, tenant)]
         admissions = Counter(
             e.hold_id for e in entries if e.op == "reserve" and e.fields["st"] != "denied"
         )

@@ -17,9 +17,8 @@ from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
-from .client import Ledger
-from .keys import accounts_key
-from .records import ReserveRequest
+from ledger import Ledger, ReserveRequest
+from ledger.keys import accounts_key
 
 TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
 HOUR_MS = 3_600_000
