@@ -32,9 +32,10 @@ _MIGRATION_PAUSE_S = 0.02
 
 
 def cluster_enabled(url: str, **options: Any) -> bool:
-    """Whether the Redis at `url` is a node of a Redis Cluster (INFO cluster). An
-    unreachable server counts as standalone: the ledger's first call will say why
-    it cannot reach it."""
+    """Whether the Redis at `url` is a node of a Redis Cluster (INFO cluster). A
+    server that cannot be asked (unreachable, wrong credentials, a user without
+    INFO) counts as standalone: the ledger's first call says what is wrong, and on
+    a cluster node that it was sent elsewhere (MOVED)."""
     if url.startswith("unix:"):
         return False
     kept = {k: v for k, v in options.items() if k in ("username", "password", "ssl")}
@@ -46,7 +47,7 @@ def cluster_enabled(url: str, **options: Any) -> bool:
             **kept,
         ) as probe:
             return bool(probe.info("cluster").get("cluster_enabled"))
-    except (redis_errors.ConnectionError, redis_errors.TimeoutError):
+    except redis_errors.RedisError:
         return False
 
 
