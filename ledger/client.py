@@ -7,9 +7,10 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from . import validate
+from .cluster import RedisClient, script_then_wait, wait_out_migration
 from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
 from .embedded import redis_url
 from .errors import (
@@ -22,14 +23,16 @@ from .errors import (
 )
 from .keys import (
     TENANTS_KEY,
-    account_key,
+    account_fields,
+    accounts_key,
     ambiguous_key,
     deadlines_key,
     escalated_key,
     hold_key,
+    hold_script_keys,
     observed_key,
+    tenant_keys,
 )
-from .keys import tenant_prefix as prefix
 from .records import (
     AccountCheck,
     AccountSpec,
@@ -55,7 +58,11 @@ DENIED_RETENTION_MS = 10 * 60 * 1000
 MAX_REPLICAS = 64
 MAX_REPLICA_TIMEOUT_MS = 60_000
 T = TypeVar("T")
-_BALANCE_FIELDS = ("limit", "soft", "pend", "post", "win", "ws", "appr", "over")
+# reserve.lua's answer while holds are due, and the flag that makes it decide anyway.
+EXPIRE_FIRST = "expire_first"
+DECIDE_ANYWAY = "1"
+SWEEP_BATCH = 100
+MAX_SWEEPS_BEFORE_RESERVE = 10
 
 
 class Ledger:
@@ -76,7 +83,7 @@ class Ledger:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         *,
         retention_ms: int = 7 * DAY_MS,
         denied_retention_ms: int = DENIED_RETENTION_MS,
@@ -121,28 +128,38 @@ class Ledger:
     async def aclose(self) -> None:
         await self.redis.aclose()
 
-    async def _run(self, operation: str, tenant: str, args: list[str]) -> list[Any]:
-        keys = [prefix(validate.tenant_id(tenant))]
+    async def _run(self, operation: str, keys: list[str], args: list[str]) -> list[Any]:
+        """One script on its declared `keys`; on a cluster, sent again while its slot
+        is moving (TRYAGAIN: it did not run)."""
+        script = self._scripts[operation]
         with translate_redis_errors(operation):
-            reply: list[Any] = await self._scripts[operation](keys=keys, args=args)
+            if isinstance(self.redis, RedisCluster):
+                reply: list[Any] = await wait_out_migration(lambda: script(keys=keys, args=args))
+            else:
+                reply = await script(keys=keys, args=args)
         return reply
 
     async def _run_replicated(
-        self, operation: str, tenant: str, args: list[str]
+        self, operation: str, keys: list[str], args: list[str]
     ) -> tuple[list[Any], int | None]:
         """`_run`, then WAIT on the same connection when replicas are asked for: the
-        script and the WAIT go out in one pipeline. Returns the reply and how many
-        replicas acknowledged (None when none are asked for)."""
+        script and the WAIT go out in one pipeline (on a cluster, to the primary of
+        the keys' slot). Returns the reply and how many replicas acknowledged (None
+        when none are asked for)."""
         if not self.replicas:
-            return await self._run(operation, tenant, args), None
+            return await self._run(operation, keys, args), None
         script = self._scripts[operation]
-        keys = [prefix(validate.tenant_id(tenant))]
         with translate_redis_errors(operation):
             for attempt in range(2):
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.evalsha(script.sha, len(keys), *keys, *args)
-                    pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
-                    reply, acked = await pipe.execute(raise_on_error=False)
+                if isinstance(self.redis, RedisCluster):
+                    reply, acked = await script_then_wait(
+                        self.redis, script.sha, keys, args, self.replicas, self.replica_timeout_ms
+                    )
+                else:
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        pipe.evalsha(script.sha, len(keys), *keys, *args)
+                        pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
+                        reply, acked = await pipe.execute(raise_on_error=False)
                 if isinstance(reply, redis_errors.NoScriptError) and attempt == 0:
                     await self.load_scripts()  # Redis restarted and forgot it
                     continue
@@ -157,8 +174,19 @@ class Ledger:
             await self.redis.ping()
 
     async def load_scripts(self) -> None:
-        """Load every script now, so the first admission does not pay for it."""
+        """Load every script now, so the first admission does not pay for it (what a
+        gateway does at start). Refused on a node of a Redis Cluster with a standalone
+        client, which most calls would find sent elsewhere."""
         with translate_redis_errors("loading the ledger scripts"):
+            if not isinstance(self.redis, RedisCluster):
+                info = await self.redis.info("cluster")
+                if info.get("cluster_enabled"):
+                    raise LedgerUnavailable(
+                        "loading the ledger scripts",
+                        RedisFailure.CLUSTER_REDIRECT,
+                        "the server is a node of a Redis Cluster and this ledger's client a "
+                        "standalone one; Ledger.from_url detects a cluster",
+                    )
             for script in self._scripts.values():
                 script.sha = await self.redis.script_load(script.script)
 
@@ -173,32 +201,31 @@ class Ledger:
 
     async def upsert_account(self, tenant: str, spec: AccountSpec) -> str:
         """Create the account or change its policy; returns 'created' or 'updated'."""
-        reply = await self._run("account", tenant, _account_args(spec))
+        keys = tenant_keys(validate.tenant_id(tenant))[:2]
+        reply = await self._run("account", keys, _account_args(spec))
         raise_for_reply(tenant, "", "upsert", reply)
+        # The list of tenants is a key of its own slot, kept for operators (audit);
+        # nothing on the admission path reads it.
         with translate_redis_errors("upsert"):
             await self.redis.sadd(TENANTS_KEY, tenant)
         return str(reply[1])
 
     async def balance(self, tenant: str, account: str) -> Balance | None:
-        key = account_key(validate.tenant_id(tenant), validate.account_id(account))
+        key = accounts_key(validate.tenant_id(tenant))
+        fields = account_fields(validate.account_id(account))
         with translate_redis_errors("balance"):
-            values = await _decoded(self.redis.hmget(key, _BALANCE_FIELDS))
-        if values[0] is None:
-            return None
-        return _balance(account, values)
+            values = await _decoded(self.redis.hmget(key, fields))
+        return None if values[0] is None else _balance(account, values)
 
     async def balances(self, tenant: str) -> list[Balance]:
-        """Every account of the tenant, sorted by id (a SCAN: for operators, not the
-        admission path)."""
-        start = account_key(validate.tenant_id(tenant), "")
-        result = []
+        """Every account of the tenant, sorted by id."""
         with translate_redis_errors("balances"):
-            keys = [k async for k in self.redis.scan_iter(match=f"{_glob(start)}*", count=500)]
-            for key in sorted(keys):
-                values = await _decoded(self.redis.hmget(key, _BALANCE_FIELDS))
-                if values[0] is not None:
-                    result.append(_balance(key[len(start) :], values))
-        return result
+            stored = await _decoded(self.redis.hgetall(accounts_key(validate.tenant_id(tenant))))
+        accounts = {field.rpartition("|")[0] for field in stored}
+        return [
+            _balance(account, [stored.get(field) for field in account_fields(account)])
+            for account in sorted(accounts)
+        ]
 
     async def tenants(self) -> list[str]:
         with translate_redis_errors("tenants"):
@@ -265,7 +292,12 @@ class Ledger:
             request,
             open_missing,
         )
-        reply, replicas = await self._run_replicated("reserve", tenant, self._reserve_args(reserve))
+        keys = hold_script_keys(validate.tenant_id(tenant), reserve.idempotency_key)
+        args = self._reserve_args(reserve)
+        reply, replicas = await self._run_replicated("reserve", keys, args)
+        if reply[0] == EXPIRE_FIRST:
+            await self._expire_due(tenant)
+            reply, replicas = await self._run_replicated("reserve", keys, [*args, DECIDE_ANYWAY])
         return _reserve_result(tenant, idempotency_key, reply, replicas)
 
     async def reserve_many(
@@ -274,8 +306,16 @@ class Ledger:
         """Several reserves in one pipelined round trip, for batch callers such as the
         simulator. Each is still its own atomic script, run in order; an item that
         fails gets its error in its place, and the others are applied."""
-        args = [self._reserve_args(request) for request in requests]
-        replies = await self._run_many("reserve", tenant, args)
+        batch = [(request.idempotency_key, self._reserve_args(request)) for request in requests]
+        replies = await self._run_many("reserve", tenant, batch)
+        again = [i for i, reply in enumerate(replies) if _is_reply(reply, EXPIRE_FIRST)]
+        if again:
+            await self._expire_due(tenant)
+            retried = [(batch[i][0], [*batch[i][1], DECIDE_ANYWAY]) for i in again]
+            for i, reply in zip(
+                again, await self._run_many("reserve", tenant, retried), strict=True
+            ):
+                replies[i] = reply
         return [
             _or_error(_reserve_result, tenant, request.idempotency_key, reply)
             for request, reply in zip(requests, replies, strict=True)
@@ -286,8 +326,8 @@ class Ledger:
     ) -> list[TransitionResult | LedgerError]:
         """Several posts of (hold id, amount) in one pipelined round trip, with errors
         in place as in `reserve_many`."""
-        args = [[*self._hold_args(h), "", *validate.per_account(amount)] for h, amount in posts]
-        replies = await self._run_many("post", tenant, args)
+        batch = [(h, [*self._hold_args(h), "", *validate.per_account(a)]) for h, a in posts]
+        replies = await self._run_many("post", tenant, batch)
         return [
             _or_error(_transition_result, tenant, hold_id, "post", reply)
             for (hold_id, _), reply in zip(posts, replies, strict=True)
@@ -309,15 +349,40 @@ class Ledger:
         ]
 
     async def _run_many(
-        self, operation: str, tenant: str, batch: list[list[str]]
-    ) -> list[list[Any]]:
-        keys = [prefix(validate.tenant_id(tenant))]
+        self, operation: str, tenant: str, batch: list[tuple[str, list[str]]]
+    ) -> list[list[Any] | LedgerError]:
+        """One pipeline of EVALSHAs, each item (hold id, args) in order. A cluster
+        pipeline sends each node its items (one tenant: one slot, one node) and
+        sends again, one by one, those redirected or refused during a migration.
+        Items Redis answered with an error get a LedgerUnavailable in place."""
+        tenant = validate.tenant_id(tenant)
+        script = self._scripts[operation]
+        todo = list(range(len(batch)))
+        replies: list[Any] = [None] * len(batch)
         with translate_redis_errors(operation):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for args in batch:
-                    await self._scripts[operation](keys=keys, args=args, client=pipe)
-                replies: list[list[Any]] = await pipe.execute()
-        return replies
+            for attempt in range(2):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for i in todo:
+                        hold_id, args = batch[i]
+                        keys = hold_script_keys(tenant, hold_id)
+                        # (redis-py's cluster pipeline blocks its evalsha method, not
+                        # the command, which it routes by the first key like any other)
+                        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                    results = await pipe.execute(raise_on_error=False)
+                for i, result in zip(todo, results, strict=True):
+                    replies[i] = result
+                todo = [i for i in todo if isinstance(replies[i], redis_errors.NoScriptError)]
+                if not todo or attempt == 1:
+                    break
+                await self.load_scripts()  # Redis restarted and forgot it
+        for i, reply in enumerate(replies):
+            if isinstance(reply, _MIGRATING):  # the pipeline's own retries ran out
+                hold_id, args = batch[i]
+                try:
+                    replies[i] = await self._run(operation, hold_script_keys(tenant, hold_id), args)
+                except LedgerUnavailable as exc:
+                    replies[i] = exc
+        return [_in_place(operation, reply) for reply in replies]
 
     async def post(
         self, tenant: str, hold_id: str, amount: int | Mapping[str, int], *, outcome: str = ""
@@ -368,8 +433,10 @@ class Ledger:
         """Count a posted hold's compensation outcome for its route's learned prices,
         once per hold: False if this hold's outcome was counted already."""
         outcome = "failures" if failed else "successes"
+        tenant = validate.tenant_id(tenant)
         args = [validate.identifier("hold_id", hold_id), route_id, outcome]
-        reply = await self._run("learn", tenant, args)
+        keys = [*hold_script_keys(tenant, hold_id), observed_key(tenant, outcome)]
+        reply = await self._run("learn", keys, args)
         return raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
 
     async def approve(self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int) -> Approval:
@@ -380,7 +447,8 @@ class Ledger:
             str(validate.ttl("ttl_ms", ttl_ms)),
             validate.identifier("approver", approver),
         ]
-        reply, replicas = await self._run_replicated("approve", tenant, args)
+        keys = hold_script_keys(validate.tenant_id(tenant), hold_id)
+        reply, replicas = await self._run_replicated("approve", keys, args)
         status = raise_for_reply(tenant, hold_id, "approve", reply)
         state, by, deadline_ms, request = reply[1:5]
         return Approval(
@@ -394,9 +462,28 @@ class Ledger:
     async def expire(self, tenant: str, hold_id: str) -> TransitionResult:
         return await self._transition("expire", tenant, hold_id, self._hold_args(hold_id))
 
+    async def _expire_due(self, tenant: str) -> None:
+        """What a reserve does before deciding while holds of the tenant are due (it
+        cannot expire them itself: their keys are not declared in it)."""
+        for _ in range(MAX_SWEEPS_BEFORE_RESERVE):
+            swept = await self.sweep(tenant, SWEEP_BATCH)
+            if not swept.remaining_due or not swept.visited:
+                return
+
     async def sweep(self, tenant: str, batch: int = 100) -> SweepResult:
-        reply = await self._run("sweep", tenant, [str(batch), str(self.retention_ms)])
+        """Expire up to `batch` due holds. One call when none is due; else a second,
+        which declares the keys of the due holds the first one named."""
+        tenant = validate.tenant_id(tenant)
+        if not 1 <= batch <= 1000:
+            raise BadInput("batch", "must be an integer in [1, 1000]")
+        retention = str(self.retention_ms)
+        reply = await self._run("sweep", tenant_keys(tenant), [retention, str(batch), "0"])
         raise_for_reply(tenant, "", "sweep", reply)
+        due = [str(hold_id) for hold_id in reply[3:]]
+        if due:
+            keys = [*tenant_keys(tenant), *(hold_key(tenant, hold_id) for hold_id in due)]
+            reply = await self._run("sweep", keys, [retention, str(batch), str(len(due)), *due])
+            raise_for_reply(tenant, "", "sweep", reply)
         return SweepResult(visited=int(reply[1]), remaining_due=int(reply[2]))
 
     async def hold(self, tenant: str, hold_id: str) -> Hold | None:
@@ -498,7 +585,8 @@ class Ledger:
     async def _transition(
         self, operation: str, tenant: str, hold_id: str, args: list[str]
     ) -> TransitionResult:
-        reply = await self._run(operation, tenant, args)
+        keys = hold_script_keys(validate.tenant_id(tenant), validate.identifier("hold_id", hold_id))
+        reply = await self._run(operation, keys, args)
         return _transition_result(tenant, hold_id, operation, reply)
 
 
@@ -520,7 +608,35 @@ async def _decoded(reply: Awaitable[Any]) -> Any:
     return await reply
 
 
+# Answers that mean a script did not run because its slot was moving.
+_MIGRATING = (
+    redis_errors.TryAgainError,
+    redis_errors.ClusterError,
+    redis_errors.MovedError,
+    redis_errors.AskError,
+)
+
+
+def _in_place(operation: str, reply: Any) -> Any:
+    """A batch item's reply, or the LedgerUnavailable its Redis error stands for."""
+    if not isinstance(reply, redis_errors.RedisError):
+        return reply
+    try:
+        with translate_redis_errors(operation):
+            raise reply
+    except LedgerUnavailable as exc:
+        return exc
+
+
+def _is_reply(reply: Any, status: str) -> bool:
+    return isinstance(reply, list) and bool(reply) and reply[0] == status
+
+
 def _or_error(parse: Callable[..., T], *args: Any) -> T | LedgerError:
+    """`parse(*args)`, whose last argument is a reply; an error in its place (or one
+    the reply stands for) is returned, not raised."""
+    if isinstance(args[-1], LedgerError):
+        return args[-1]
     try:
         return parse(*args)
     except LedgerError as exc:
@@ -587,8 +703,16 @@ def _glob(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
-def _balance(account: str, values: list[str]) -> Balance:
-    limit, soft, pend, post, win, ws, appr, over = (int(v or 0) for v in values)
+def _balance(account: str, values: list[str | None]) -> Balance:
+    """An account from its ACCOUNT_FIELDS, in that order."""
+    try:
+        limit, soft, win, appr, pend, post, ws, over = (int(v or "") for v in values)
+    except ValueError as exc:
+        raise LedgerUnavailable(
+            "reading an account",
+            RedisFailure.WRONG_TYPE,
+            f"account {account} holds {values!r}, not eight integers",
+        ) from exc
     return Balance(
         account=account,
         limit=limit,

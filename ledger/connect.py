@@ -1,6 +1,7 @@
 """Redis clients for the ledger, built from a URL. The one place that decides which
-client a URL gets and how its connections behave: a Redis Cluster client plugs in
-here, and everything above it (Ledger, journal, trim, audit) stays as it is."""
+client a URL gets and how its connections behave: a node of a Redis Cluster gets
+redis-py's cluster client (ledger/cluster.py), and everything above it (Ledger,
+journal, trim, audit) stays as it is."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from redis.asyncio import connection as redis_connection
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
+from .cluster import RedisClient, cluster_client, cluster_enabled
+
 MAX_CONNECTIONS = 128
 POOL_TIMEOUT_S = 5.0
 
@@ -23,17 +26,23 @@ def connect(
     max_connections: int = MAX_CONNECTIONS,
     pool_timeout_s: float = POOL_TIMEOUT_S,
     **options: Any,
-) -> Redis:
+) -> RedisClient:
     """A client of the server at `url` (redis://, rediss:// or unix://) whose
     connections are bounded: past `max_connections` a call waits up to
     `pool_timeout_s` for one to come free (redis-py's default pool refuses at once,
     which under a burst turned admissions into 503s).
+
+    A URL of any node of a Redis Cluster (INFO cluster says so) gets redis-py's
+    cluster client instead, with `max_connections` per node; it follows MOVED and
+    ASK, and retries by the cluster's topology rather than per connection.
 
     A call that fails on a broken connection (Redis restarted under a pooled socket)
     is sent again on a new one, twice at most. That is safe because every ledger
     script is idempotent by hold id: if the first attempt did run, the second finds
     its result ('exists', or a conflict naming the state it left). `options` go to
     redis-py's connection pool (a `retry` of your own replaces that one)."""
+    if cluster_enabled(url, **options):
+        return cluster_client(url, max_connections=max_connections, **options)
     options.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2))
     pool = BlockingConnectionPool.from_url(
         url,

@@ -1,5 +1,6 @@
 """Redis key names: pure functions. Every key of a tenant carries the `{tenant}` hash
-tag, so one script touches one slot and the same code runs on Redis Cluster."""
+tag, so one script touches one slot and the same code runs on Redis Cluster; every
+key a script touches is declared in its KEYS (the layout is in lua/_lib.lua)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,22 @@ TENANTS_KEY = "irrev:tenants"
 
 
 def tenant_prefix(tenant: str) -> str:
-    """The prefix every ledger script gets as KEYS[1]; scripts append suffixes to it."""
+    """What every key of the tenant starts with."""
     return f"irrev:{{{tenant}}}:"
 
 
-def account_key(tenant: str, account: str) -> str:
-    return f"{tenant_prefix(tenant)}acct:{account}"
+def accounts_key(tenant: str) -> str:
+    """One hash of every account of the tenant, ACCOUNT_FIELDS of each."""
+    return f"{tenant_prefix(tenant)}accounts"
+
+
+# The numbers of an account, each the field `<account id>|<name>` of accounts_key
+# (an account id never holds a '|'); the order of lua/_lib.lua's ACCOUNT_FIELDS.
+ACCOUNT_FIELDS = ("limit", "soft", "win", "appr", "pend", "post", "ws", "over")
+
+
+def account_fields(account: str) -> list[str]:
+    return [f"{account}|{name}" for name in ACCOUNT_FIELDS]
 
 
 def hold_key(tenant: str, hold_id: str) -> str:
@@ -46,3 +57,20 @@ def ambiguous_key(tenant: str) -> str:
 
 def escalated_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}escalated"
+
+
+def tenant_keys(tenant: str) -> list[str]:
+    """KEYS[1..5] of every hold script: accounts, journal, deadlines, ambiguous,
+    escalated (account.lua takes the first two)."""
+    return [
+        accounts_key(tenant),
+        journal_key(tenant),
+        deadlines_key(tenant),
+        ambiguous_key(tenant),
+        escalated_key(tenant),
+    ]
+
+
+def hold_script_keys(tenant: str, hold_id: str) -> list[str]:
+    """KEYS of a script about one hold: the tenant's five, then the hold's."""
+    return [*tenant_keys(tenant), hold_key(tenant, hold_id)]

@@ -16,8 +16,9 @@ import re
 from functools import cache
 from importlib.resources import files
 
-from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+
+from .cluster import RedisClient
 
 OPERATIONS = (
     "reserve",
@@ -86,5 +87,5 @@ def script_source(operation: str) -> str:
     return library + "\n" + body
 
 
-def register_scripts(redis: Redis) -> dict[str, AsyncScript]:
+def register_scripts(redis: RedisClient) -> dict[str, AsyncScript]:
     return {name: redis.register_script(script_source(name)) for name in OPERATIONS}

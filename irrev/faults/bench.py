@@ -155,7 +155,9 @@ class Bench:
         if await asyncio.to_thread(self.redis_server.ensure_running) != url:
             raise RuntimeError("redis-server came back on another port")
         await self.redis.connection_pool.disconnect()
-        await self.ledger.redis.connection_pool.disconnect()
+        ledger_redis = self.ledger.redis
+        assert isinstance(ledger_redis, Redis), "the fault bench runs on a standalone Redis"
+        await ledger_redis.connection_pool.disconnect()
 
     async def kill_redis(self) -> None:
         await asyncio.to_thread(self.redis_server.kill)

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 
 from gateway.wire import upstream_key
 from ledger import audit_tenant
-from ledger.keys import hold_key, journal_key
+from ledger.keys import accounts_key, hold_key, journal_key
 
 from .bench import Run
 
@@ -103,7 +103,7 @@ async def ledger_state(run: Run, tenant: str = "") -> dict[str, Any]:
     holds = {}
     for key in await run.tenant_keys(tenant):
         name = key.decode()
-        if name.startswith(hold_key(tenant, "")) or ":acct:" in name:
+        if name.startswith(hold_key(tenant, "")) or name == accounts_key(tenant):
             fields = await redis.hgetall(name)
             holds[name] = {k: v for k, v in fields.items() if k not in CLOCK_FIELDS}
     entries: list[tuple[str, dict[str, str]]] = await redis.xrange(journal_key(tenant))  # type: ignore[assignment]

@@ -2,12 +2,17 @@
 -- (ledger/scripts.py), so each operation stays one atomic script. Not a script on
 -- its own.
 --
--- Key layout: KEYS[1] is the tenant's key prefix `irrev:{<tenant>}:`. Every key a
--- script touches is that prefix plus a suffix (acct:<id>, hold:<id>, journal,
--- deadlines, ambiguous, escalated), so all of a tenant's keys share one hash slot
--- and the scripts run unchanged on Redis Cluster. The prefix is passed rather than
--- each key because lazy expiry and settlement reach holds and accounts that only
--- the stored hold names.
+-- Key layout: every key a script reads or writes is declared in KEYS, so that
+-- during a slot migration Redis runs a script only where all of them are (else it
+-- answers TRYAGAIN, and the client tries again) and never on a node that holds half
+-- of a tenant. All of a tenant's keys carry the `{<tenant>}` hash tag: one slot.
+--   KEYS[1]  `irrev:{<tenant>}:accounts`, one hash of every account of the tenant
+--            (fields `<account id>|<limit, soft, win, appr, pend, post, ws, over>`)
+--   KEYS[2]  `...:journal`, KEYS[3] `...:deadlines`, KEYS[4] `...:ambiguous`,
+--            KEYS[5] `...:escalated` (the scripts of one hold declare all five)
+--   KEYS[6]  `...:hold:<id>`, the hold the script is about (ARGV[1] is its id)
+-- A script builds no key of its own but checks that a hold key it was given is
+-- the one its id names (hold_id_arg), so a caller cannot point it elsewhere.
 --
 -- Numbers: amounts are integers in [0, 2^53 - 1], exact in a Lua double. Lua's
 -- tostring() and `..` print 14 significant digits, so numbers that go into strings
@@ -15,15 +20,15 @@
 
 redis.replicate_commands() -- Redis 6 needs it to write after TIME; a no-op on 7
 
-local P = KEYS[1]
-local JOURNAL = P .. 'journal'
-local DEADLINES = P .. 'deadlines'
-local AMBIGUOUS = P .. 'ambiguous'
-local ESCALATED = P .. 'escalated'
+local ACCOUNTS = KEYS[1]
+local P = string.sub(ACCOUNTS, 1, -9) -- the tenant's prefix `irrev:{<tenant>}:`
+local JOURNAL = KEYS[2]
+local DEADLINES = KEYS[3]
+local AMBIGUOUS = KEYS[4]
+local ESCALATED = KEYS[5]
 local MAX_AMOUNT = 9007199254740991
 local MAX_ACCOUNTS = 8
 local MAX_BLOB = 1048576
-local LAZY_EXPIRY_BATCH = 8
 
 local function fmt(n)
   if n == 0 then
@@ -80,24 +85,66 @@ local function join_numbers(t)
   return table.concat(out, ',')
 end
 
-local function akey(id)
-  return P .. 'acct:' .. id
-end
-
 local function hkey(id)
   return P .. 'hold:' .. id
 end
 
-local function load_account(id)
-  local v = redis.call('HMGET', akey(id), 'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'over')
-  if not v[1] then
-    return nil
+-- An account is eight fields of ACCOUNTS, `<account id>|<name>` (no id has a '|'),
+-- each a decimal integer: read as numbers, written as numbers (no string packing,
+-- which cost a Lua script ~10 us per account).
+local ACCOUNT_FIELDS = {'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'over'}
+-- What a balance change writes; a new account or a policy change writes all eight.
+local BALANCE_FIELDS = {'pend', 'post', 'ws', 'over'}
+
+-- The accounts named by `ids`, in their order, in one HMGET (nil where missing).
+local function load_accounts(ids)
+  local names = {}
+  for i = 1, #ids do
+    for j = 1, 8 do
+      names[#names + 1] = ids[i] .. '|' .. ACCOUNT_FIELDS[j]
+    end
   end
-  return {
-    id = id, limit = tonumber(v[1]), soft = tonumber(v[2]), win = tonumber(v[3]),
-    appr = tonumber(v[4]), pend = tonumber(v[5]), post = tonumber(v[6]), ws = tonumber(v[7]),
-    over = tonumber(v[8]),
-  }
+  local v = redis.call('HMGET', ACCOUNTS, unpack(names))
+  local out = {}
+  for i = 1, #ids do
+    local at = 8 * (i - 1)
+    if v[at + 1] then
+      local a = {
+        id = ids[i], limit = tonumber(v[at + 1]), soft = tonumber(v[at + 2]),
+        win = tonumber(v[at + 3]), appr = tonumber(v[at + 4]), pend = tonumber(v[at + 5]),
+        post = tonumber(v[at + 6]), ws = tonumber(v[at + 7]), over = tonumber(v[at + 8]),
+      }
+      a.was = {pend = a.pend, post = a.post, ws = a.ws, over = a.over}
+      out[i] = a
+    end
+  end
+  return out
+end
+
+local function load_account(id)
+  return load_accounts({id})[1]
+end
+
+-- Write back, in one HSET, the balance fields that changed since load_accounts, and
+-- all fields of an account marked `policy` (new, or its limits changed).
+local function save_accounts(list)
+  local fields = {}
+  for i = 1, #list do
+    local a = list[i]
+    if a then
+      for _, name in ipairs(a.policy and ACCOUNT_FIELDS or BALANCE_FIELDS) do
+        if a.policy or a[name] ~= a.was[name] then
+          fields[#fields + 1] = a.id .. '|' .. name
+          fields[#fields + 1] = a[name]
+        end
+      end
+      a.policy = nil
+      a.was = {pend = a.pend, post = a.post, ws = a.ws, over = a.over}
+    end
+  end
+  if #fields > 0 then
+    redis.call('HSET', ACCOUNTS, unpack(fields))
+  end
 end
 
 -- "acct|dpending|dposted;..." : the balance change of one journal entry.
@@ -115,7 +162,7 @@ end
 
 -- Renew the account's window once `now` has crossed into a new one: posted amounts
 -- of the past window roll off, pending ones carry over. Journaled, so that replay
--- reproduces the balance.
+-- reproduces the balance; the caller saves the account (save_accounts).
 local function roll(a, now)
   if a.win <= 0 then
     return
@@ -124,7 +171,6 @@ local function roll(a, now)
   if ws <= a.ws then
     return
   end
-  redis.call('HSET', akey(a.id), 'post', 0, 'ws', ws)
   journal({'op', 'roll', 'd', deltas({a.id}, {0}, {-a.post}), 'ws', fmt(ws)})
   a.post = 0
   a.ws = ws
@@ -139,13 +185,15 @@ local function posted_after_roll(a, now)
   return a.post
 end
 
+-- Add to the pending and posted balances of accounts named by id (no window roll):
+-- HINCRBY, which reads nothing into Lua.
 local function add_balances(accounts, dpend, dpost)
   for i = 1, #accounts do
     if dpend[i] ~= 0 then
-      redis.call('HINCRBY', akey(accounts[i]), 'pend', dpend[i])
+      redis.call('HINCRBY', ACCOUNTS, accounts[i] .. '|pend', dpend[i])
     end
     if dpost[i] ~= 0 then
-      redis.call('HINCRBY', akey(accounts[i]), 'post', dpost[i])
+      redis.call('HINCRBY', ACCOUNTS, accounts[i] .. '|post', dpost[i])
     end
   end
 end
@@ -215,14 +263,6 @@ local function expire_one(id, retention_ms)
   else
     redis.call('ZREM', DEADLINES, id)
   end
-end
-
-local function expire_due(now, limit, retention_ms)
-  local ids = redis.call('ZRANGEBYSCORE', DEADLINES, '-inf', now, 'LIMIT', 0, limit)
-  for _, id in ipairs(ids) do
-    expire_one(id, retention_ms)
-  end
-  return #ids
 end
 
 local function load_hold(id)
@@ -299,15 +339,6 @@ local function same_numbers(a, b)
   return true
 end
 
-local function roll_all(accounts, now)
-  for i = 1, #accounts do
-    local a = load_account(accounts[i])
-    if a then
-      roll(a, now)
-    end
-  end
-end
-
 -- Releases what a live hold still charges as pending (escalated, pending and
 -- ambiguous holds charge their full amounts; expired ones charge nothing).
 local function pending_release(hold)
@@ -317,10 +348,14 @@ local function pending_release(hold)
   return zeros(#hold.accounts)
 end
 
+-- ARGV[1], the hold id, and KEYS[6] the key it names.
 local function hold_id_arg()
   local id = ARGV[1]
   if not valid_id(id) then
     return nil, {'bad_input', 'hold_id', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
+  end
+  if KEYS[6] ~= hkey(id) then
+    return nil, {'bad_input', 'keys', 'KEYS[6] must be the key of hold ' .. id}
   end
   return id
 end

@@ -1,7 +1,7 @@
 -- account: create an account, or change its limit, soft band, window or approval
 -- threshold. Balances are kept: changing a policy never forgives spending.
 --
--- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- KEYS     accounts, journal (_lib.lua)
 -- ARGV[1]  account id (kind:name)
 -- ARGV[2]  limit, in the tenant's minor unit
 -- ARGV[3]  soft limit: pending + posted above it escalates (= limit: no band)
@@ -32,21 +32,20 @@ local ws = 0
 if win > 0 then
   ws = now - (now % win)
 end
-local key = akey(account)
 local outcome = 'updated'
 local a = load_account(account)
 if a then
   roll(a, now)
-  if win ~= a.win then
-    redis.call('HSET', key, 'ws', ws)
-  else
+  if win == a.win then
     ws = a.ws
   end
 else
   outcome = 'created'
-  redis.call('HSET', key, 'pend', 0, 'post', 0, 'over', 0, 'ws', ws)
+  a = {id = account, pend = 0, post = 0, over = 0}
 end
-redis.call('HSET', key, 'limit', limit, 'soft', soft, 'win', win, 'appr', appr)
+a.limit, a.soft, a.win, a.appr, a.ws = limit, soft, win, appr, ws
+a.policy = true
+save_accounts({a})
 journal({'op', 'account', 'acct', account, 'limit', fmt(limit), 'soft', fmt(soft),
          'win', fmt(win), 'appr', fmt(appr), 'ws', fmt(ws)})
 return {'ok', outcome, ''}

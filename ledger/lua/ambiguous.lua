@@ -1,7 +1,7 @@
 -- ambiguous: the effect may have happened (timeout, 5xx, reset after sending, a
 -- crash): keep it charged until a reconciler learns the outcome.
 --
--- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  reason (a short code such as upstream_timeout)
 --

@@ -1,9 +1,10 @@
 -- approve: a human lets an escalated effect go ahead. Consume-once: of any number
 -- of concurrent approvals and rejections exactly one finds the hold escalated.
 --
--- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the record should the escalation turn out expired
+--          (it is expired then and there, as the sweeper would)
 -- ARGV[3]  ttl_ms of the now pending hold (the approver forwards the effect)
 -- ARGV[4]  approver id
 --
@@ -37,9 +38,8 @@ if hold.st ~= 'escalated' then return {'conflict', hold.st, hold.by or ''} end
 
 local now = now_ms()
 if hold.deadline <= now then
-  expire_due(now, LAZY_EXPIRY_BATCH, retention_ms)
-  hold = load_hold(id)
-  if hold.st ~= 'escalated' then return {'conflict', hold.st, ''} end
+  expire_one(id, retention_ms)
+  return {'conflict', 'expired', ''}
 end
 local deadline = now + ttl_ms
 set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', deadline, 'by', by})

@@ -1,7 +1,7 @@
 -- compensate: part of a posted effect was recovered (refund, cancellation); give
 -- the recovered part back to the budget and record the realised loss.
 --
--- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the record (0 keeps it; the clock restarts)
 -- ARGV[3]  '*' then ARGV[4] the recovered amount for every account, or
@@ -38,17 +38,19 @@ end
 local now = now_ms()
 local n = #hold.accounts
 local dpost, total, flag = zeros(n), {}, ''
+local accounts = load_accounts(hold.accounts)
 for i = 1, n do
-  local a = load_account(hold.accounts[i])
+  local a = accounts[i]
   roll(a, now)
   if a.ws == hold.post_ws[i] then
     dpost[i] = -recovered[i]
+    a.post = a.post + dpost[i]
   else
     flag = 'rolled_off'
   end
   total[i] = hold.compensated[i] + recovered[i]
 end
-add_balances(hold.accounts, zeros(n), dpost)
+save_accounts(accounts)
 redis.call('HSET', hkey(id), 'cmp', join_numbers(total))
 if retention_ms > 0 then
   redis.call('PEXPIRE', hkey(id), retention_ms)

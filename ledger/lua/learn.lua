@@ -3,7 +3,8 @@
 -- its route's prices move by one observation. The mark is kept on the hold, in the
 -- same script as the count, so no crash or repeat can count it twice.
 --
--- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua),
+--          then KEYS[7] `...:observed:<outcome>` (the outcome of ARGV[3])
 -- ARGV[1]  hold id
 -- ARGV[2]  route id (the field of the outcome counts)
 -- ARGV[3]  outcome: 'failures' (nothing recovered) or 'successes'
@@ -25,10 +26,14 @@ end
 if outcome ~= 'failures' and outcome ~= 'successes' then
   return {'bad_input', 'outcome', "must be 'failures' or 'successes'"}
 end
+local observed = P .. 'observed:' .. outcome
+if KEYS[7] ~= observed then
+  return {'bad_input', 'keys', 'KEYS[7] must be ' .. observed}
+end
 local held = redis.call('HMGET', hkey(id), 'st', 'lrn')
 if not held[1] then return {'not_found', '', ''} end
 if held[1] ~= 'posted' then return {'conflict', held[1], ''} end
 if held[2] then return {'exists', 'posted', held[2]} end
 redis.call('HSET', hkey(id), 'lrn', outcome)
-redis.call('HINCRBY', P .. 'observed:' .. outcome, route, 1)
+redis.call('HINCRBY', observed, route, 1)
 return {'ok', 'posted', outcome}

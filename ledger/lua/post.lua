@@ -1,6 +1,6 @@
 -- post: record that a held effect happened and what it really cost.
 --
--- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the settled record (0 keeps it)
 -- ARGV[3]  outcome: the upstream's answer to keep for repeats ('' for none)
@@ -41,34 +41,31 @@ end
 
 local now = now_ms()
 local dpend = pending_release(hold)
-local accounts = {}
+local accounts = load_accounts(hold.accounts)
 for i = 1, #hold.accounts do
-  local a = load_account(hold.accounts[i])
+  local a = accounts[i]
   if a.pend + dpend[i] + posted_after_roll(a, now) + amounts[i] > MAX_AMOUNT then
     return {'bad_input', 'amount', 'would take ' .. a.id .. ' past 2^53-1'}
   end
-  accounts[i] = a
 end
 local flags = {}
 if hold.st == 'expired' then
   flags[#flags + 1] = 'late'
 end
--- Balances are written whole (HSET of the values read here) rather than by
--- HINCRBY: one write per account, and the script is atomic anyway.
 local post_ws = {}
 for i = 1, #hold.accounts do
   local a = accounts[i]
   roll(a, now)
-  local fields = {'pend', a.pend + dpend[i], 'post', a.post + amounts[i]}
+  a.pend, a.post = a.pend + dpend[i], a.post + amounts[i]
   if amounts[i] > hold.amounts[i] then
     if flags[#flags] ~= 'overrun' then
       flags[#flags + 1] = 'overrun'
     end
-    fields[5], fields[6] = 'over', a.over + 1
+    a.over = a.over + 1
   end
-  redis.call('HSET', akey(a.id), unpack(fields))
   post_ws[i] = a.ws
 end
+save_accounts(accounts)
 local flag_text = table.concat(flags, ',')
 set_state(id, hold.st, 'posted', retention_ms, settle_fields(outcome,
   {'pst', join_numbers(amounts), 'pws', join_numbers(post_ws), 'cmp',

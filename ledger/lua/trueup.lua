@@ -4,7 +4,7 @@
 -- realised residual above it is posted on top and, above what the hold held,
 -- flagged as an overrun (contract 1's exception: the world did it).
 --
--- KEYS[1]  tenant key prefix `irrev:{<tenant>}:`
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the record (0 keeps it; the clock restarts)
 -- ARGV[3]  the realised residual, the same for every account of the hold
@@ -37,15 +37,14 @@ if hold.st ~= 'posted' then return {'conflict', hold.st, ''} end
 
 local now = now_ms()
 local n = #hold.accounts
-local accounts, changed = {}, false
+local accounts, changed = load_accounts(hold.accounts), false
 for i = 1, n do
-  local a = load_account(hold.accounts[i])
+  local a = accounts[i]
   local rise = realised - (hold.posted[i] - hold.compensated[i])
   if rise > 0 and a.pend + posted_after_roll(a, now) + rise > MAX_AMOUNT then
     return {'bad_input', 'amount', 'would take ' .. a.id .. ' past 2^53-1'}
   end
   changed = changed or rise ~= 0
-  accounts[i] = a
 end
 if not changed then return {'exists', 'posted', ''} end
 
@@ -65,13 +64,13 @@ for i = 1, n do
   elseif rise < 0 then
     flags.rolled_off = true
   end
-  local fields = {'post', a.post + dpost[i]}
+  a.post = a.post + dpost[i]
   if rise > 0 and realised > hold.amounts[i] then
     flags.overrun = true
-    fields[3], fields[4] = 'over', a.over + 1
+    a.over = a.over + 1
   end
-  redis.call('HSET', akey(a.id), unpack(fields))
 end
+save_accounts(accounts)
 local reported = {}
 if flags.overrun then reported[#reported + 1] = 'overrun' end
 if flags.rolled_off then reported[#reported + 1] = 'rolled_off' end

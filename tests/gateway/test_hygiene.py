@@ -9,10 +9,11 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
 import yaml
 
-from ledger.keys import account_key, hold_key
+from ledger.cluster import RedisClient
+from ledger.cluster import redis_client as open_redis
+from ledger.keys import accounts_key, hold_key
 
 from .conftest import Gateway, policy_dir_of
 from .helpers import (
@@ -32,15 +33,15 @@ DENIED_RETENTION_MS = 600_000
 
 
 @pytest.fixture
-async def redis_client(gateway: Gateway) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(gateway.redis_url, decode_responses=True)
+async def redis_client(gateway: Gateway) -> AsyncIterator[RedisClient]:
+    client = open_redis(gateway.redis_url, decode_responses=True)
     yield client
     await client.aclose()
 
 
-async def accounts_named(client: aioredis.Redis, tenant: Tenant, start: str) -> list[str]:
-    prefix = account_key(tenant.id, start)
-    return [key async for key in client.scan_iter(match=prefix.replace("{", "\\{") + "*")]
+async def accounts_named(client: RedisClient, tenant: Tenant, start: str) -> list[str]:
+    fields = await client.hkeys(accounts_key(tenant.id))
+    return sorted({f.rpartition("|")[0] for f in fields if f.startswith(start)})
 
 
 async def test_an_order_meeting_two_new_risk_factors_is_admitted(
@@ -62,7 +63,7 @@ async def test_an_order_meeting_two_new_risk_factors_is_admitted(
 
 
 async def test_free_and_refused_requests_open_no_accounts(
-    gateway: Gateway, http: httpx.AsyncClient, redis_client: aioredis.Redis
+    gateway: Gateway, http: httpx.AsyncClient, redis_client: RedisClient
 ) -> None:
     """Observation 10: neither a zero-priced nor a denied request creates an account;
     a denied one keeps no request and lives minutes, not days."""

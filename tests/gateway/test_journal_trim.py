@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from redis.asyncio import Redis
 
 from ledger.checkpoint import archive_path, load_checkpoint
 from ledger.client import Ledger
+from ledger.cluster import redis_client
 from ledger.keys import journal_key
 
 from .conftest import Gateway, own_gateway
@@ -54,7 +54,7 @@ async def test_gateway_archives_and_trims_old_journal_entries(
                 posted = await http.post(f"/v1/holds/{hold}/post", json={}, headers=headers)
                 assert posted.status_code == 200, posted.text
 
-        redis = Redis.from_url(redis_url, decode_responses=True)
+        redis = redis_client(redis_url, decode_responses=True)
         try:
             deadline = time.monotonic() + 30
             while await redis.xlen(journal_key(tenant.id)) > 0:

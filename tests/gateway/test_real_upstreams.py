@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from redis.asyncio import Redis
 
 from irrev.harness import new_token
+from ledger.cluster import redis_client
 from ledger.keys import tenant_prefix
 from pricing.credentials import hash_token
 
@@ -501,7 +501,7 @@ async def test_a_tenant_admin_learns_nothing_of_another_tenants_broken_policy(
 
 async def tenant_store_text(redis_url: str, tenant: str) -> str:
     """Everything Redis holds for a tenant (holds, journal, accounts), as text."""
-    redis = Redis.from_url(redis_url)
+    redis = redis_client(redis_url)
     parts = []
     try:
         async for key in redis.scan_iter(match=tenant_prefix(tenant) + "*", count=500):

@@ -1,15 +1,21 @@
 """IRREV_WAIT_REPLICAS: an admission no replica acknowledged is released before
 anything is sent, and the agent gets 503 not_replicated. A real primary and replica
-(redis-server processes); the replica is SIGKILLed mid-test and brought back."""
+(redis-server processes), and the session's local Redis Cluster (3 primaries, 3
+replicas); the replica is SIGKILLed mid-test and brought back."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
 
 import httpx
 import pytest
 
+from ledger.keys import accounts_key
+
+from ..cluster import LocalCluster
 from ..conftest import ReplicatedRedis
 from .conftest import Gateway, own_gateway
 from .helpers import assert_problem, balances, effect_headers, ledger_audit, order, used
@@ -20,21 +26,61 @@ from .servers import Server
 def replicated_gateway(
     replicated_redis: ReplicatedRedis, suppliers: Server, tmp_path: Path
 ) -> Iterator[Gateway]:
-    with own_gateway(
-        replicated_redis.primary.url,
-        suppliers,
-        tmp_path,
-        workers=1,
-        IRREV_WAIT_REPLICAS="1",
-        IRREV_WAIT_TIMEOUT_MS="300",
-    ) as gateway:
+    with waiting_gateway(replicated_redis.primary.url, suppliers, tmp_path) as gateway:
         yield gateway
+
+
+@pytest.fixture
+def cluster_gateway(
+    redis_cluster: LocalCluster, suppliers: Server, tmp_path: Path
+) -> Iterator[Gateway]:
+    with waiting_gateway(redis_cluster.url, suppliers, tmp_path) as gateway:
+        yield gateway
+
+
+def waiting_gateway(url: str, suppliers: Server, tmp_path: Path) -> ContextManager[Gateway]:
+    return own_gateway(
+        url, suppliers, tmp_path, workers=1, IRREV_WAIT_REPLICAS="1", IRREV_WAIT_TIMEOUT_MS="300"
+    )
 
 
 async def test_unreplicated_admission_is_released_and_never_sent(
     replicated_gateway: Gateway, replicated_redis: ReplicatedRedis, upstream: httpx.AsyncClient
 ) -> None:
-    gateway = replicated_gateway
+    await unreplicated_admissions(
+        replicated_gateway, upstream, replicated_redis.replica.kill, replicated_redis.attach
+    )
+    audit = ledger_audit(replicated_redis.primary.url, replicated_gateway.tenant("own"))
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+async def test_on_a_cluster_the_replica_of_the_tenants_primary_is_the_one_waited_for(
+    cluster_gateway: Gateway, redis_cluster: LocalCluster, upstream: httpx.AsyncClient
+) -> None:
+    """The tenant's primary's replica stopped, every other primary's replica up: a
+    WAIT anywhere but on the connection that ran the script would be acknowledged."""
+    tenant = cluster_gateway.tenant("own")
+    (replica,) = redis_cluster.replicas_of(redis_cluster.primary_for(accounts_key(tenant.id)))
+
+    def restore() -> None:
+        replica.start()
+        redis_cluster.wait_healthy()
+
+    try:
+        await unreplicated_admissions(cluster_gateway, upstream, replica.stop, restore)
+    finally:
+        if not replica.answers():
+            await asyncio.to_thread(restore)
+    audit = ledger_audit(redis_cluster.url, tenant)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+async def unreplicated_admissions(
+    gateway: Gateway,
+    upstream: httpx.AsyncClient,
+    stop_replica: Callable[[], None],
+    restore_replica: Callable[[], None],
+) -> None:
     tenant = gateway.tenant("own")
     async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
 
@@ -56,7 +102,7 @@ async def test_unreplicated_admission_is_released_and_never_sent(
         location = escalated.headers["location"]
         before = used(await balances(http, gateway.admin, tenant))
 
-        replicated_redis.replica.kill()
+        await asyncio.to_thread(stop_replica)
         refused = assert_problem(await send("o2"), 503, "not_replicated")
         assert (refused["replicas"], refused["wanted"]) == (0, 1)
         assert await orders() == 1  # nothing was sent
@@ -79,9 +125,6 @@ async def test_unreplicated_admission_is_released_and_never_sent(
         after = used(await balances(http, gateway.admin, tenant))
         assert after[f"tenant:{tenant.id}"] == before[f"tenant:{tenant.id}"] - escalation_price
 
-        replicated_redis.attach()
+        await asyncio.to_thread(restore_replica)
         assert (await send("o3")).status_code == 201
         assert await orders() == 2
-
-    audit = ledger_audit(replicated_redis.primary.url, tenant)
-    assert audit.returncode == 0, audit.stdout + audit.stderr

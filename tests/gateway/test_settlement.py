@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from redis.asyncio import Redis
 
 from gateway.tenants import TenantStore
 from ledger.client import Ledger
+from ledger.cluster import RedisClient, redis_client
 from ledger.errors import LedgerUnavailable
-from ledger.keys import account_key, observed_key
+from ledger.keys import accounts_key, observed_key
 from ledger.limits import MAX_AMOUNT
 from pricing.credentials import format_token, hash_token
 
@@ -43,8 +43,8 @@ USD = 10**6
 
 
 @pytest.fixture
-async def redis(gateway: Gateway) -> AsyncIterator[Redis]:
-    client = Redis.from_url(gateway.redis_url, decode_responses=True)
+async def redis(gateway: Gateway) -> AsyncIterator[RedisClient]:
+    client = redis_client(gateway.redis_url, decode_responses=True)
     yield client
     await client.aclose()
 
@@ -212,7 +212,7 @@ async def test_an_agent_reports_no_more_than_it_was_priced_at(
 
 
 async def test_a_hold_teaches_its_route_once_and_never_on_an_agents_word(
-    gateway: Gateway, http: httpx.AsyncClient, redis: Redis
+    gateway: Gateway, http: httpx.AsyncClient, redis: RedisClient
 ) -> None:
     """Observation 2: every compensation counted one outcome, so one agent's reports
     repriced a route for the whole tenant."""
@@ -257,7 +257,7 @@ async def test_a_hold_teaches_its_route_once_and_never_on_an_agents_word(
 
 
 async def test_learned_counts_past_their_bound_never_stop_an_upload(
-    gateway: Gateway, http: httpx.AsyncClient, redis: Redis
+    gateway: Gateway, http: httpx.AsyncClient, redis: RedisClient
 ) -> None:
     """Observation 2's cascade: past 1e6 learned outcomes every reload failed, and an
     upload answered 422 "not applied" while its file and limits were applied, and a
@@ -320,7 +320,7 @@ async def test_an_upload_that_fails_to_load_leaves_the_file_as_it_was(
         data = yaml.safe_load(written)
         data["accounts"]["principals"]["ops"] = {"limit": "5"}
         data["agents"]["buyer-02"]["token_sha256"] = hash_token(format_token(bytes(32)))
-        await ledger.redis.set(account_key(tenant.id, "principal:ops"), "not an account")
+        await ledger.redis.hset(accounts_key(tenant.id), "principal:ops|limit", "not a number")
         with pytest.raises(LedgerUnavailable):
             await store.upload(ledger, tenant.id, yaml.safe_dump(data))
         assert path.read_text() == written

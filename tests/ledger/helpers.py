@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ledger.client import Ledger
-from ledger.keys import tenant_prefix
+from ledger.keys import accounts_key, tenant_prefix
 
 
 async def tenant_snapshot(ledger: Ledger, tenant: str) -> dict[str, object]:
@@ -29,3 +29,9 @@ async def tenant_snapshot(ledger: Ledger, tenant: str) -> dict[str, object]:
 async def server_ms(ledger: Ledger) -> int:
     seconds, micros = await ledger.redis.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def tamper_account(ledger: Ledger, tenant: str, account: str, field: str, by: int) -> None:
+    """Change one stored number of an account behind the scripts' back (what a bug or
+    an operator's hand edit would do): the audit must notice."""
+    await ledger.redis.hincrby(accounts_key(tenant), f"{account}|{field}", by)

@@ -11,9 +11,10 @@ import pytest
 
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
-from ledger.keys import account_key, hold_key
+from ledger.keys import hold_key
 
 from .conftest import open_accounts
+from .helpers import tamper_account
 
 HOUR_MS = 3_600_000
 
@@ -40,7 +41,7 @@ async def test_clean_ledger_passes(ledger: Ledger, tenant: str) -> None:
 
 async def test_tampered_balance_is_reported(ledger: Ledger, tenant: str) -> None:
     await busy_tenant(ledger, tenant)
-    await ledger.redis.hincrby(account_key(tenant, "agent:a"), "post", -7)
+    await tamper_account(ledger, tenant, "agent:a", "post", -7)
     report = await audit_tenant(ledger, tenant)
     assert len(report.mismatches) == 1
     assert "agent:a" in report.mismatches[0] and "posted" in report.mismatches[0]
@@ -61,7 +62,7 @@ async def test_cli_audit_exit_codes(ledger: Ledger, tenant: str, redis_url: str)
     clean = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert f"{tenant}: 27 journal entries, 2 accounts, 17 live holds: ok" in clean.stdout
-    await ledger.redis.hincrby(account_key(tenant, "tenant:acme"), "pend", 1)
+    await tamper_account(ledger, tenant, "tenant:acme", "pend", 1)
     broken = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert broken.returncode == 1
     assert "1 MISMATCHES" in broken.stdout and "tenant:acme" in broken.stdout

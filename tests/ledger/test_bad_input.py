@@ -11,7 +11,7 @@ import pytest
 
 from ledger.client import Ledger
 from ledger.errors import BadInput, UnknownAccount
-from ledger.keys import tenant_prefix
+from ledger.keys import hold_script_keys, tenant_keys
 from ledger.limits import MAX_ACCOUNTS, MAX_AMOUNT
 from ledger.records import Decision
 
@@ -200,7 +200,9 @@ RAW: list[tuple[str, str, list[str]]] = [
     ("void-extra", "void", ["held", "0", "", "x"]),
     ("compensate-neg", "compensate", ["posted", "0", "*", "-1"]),
     ("approve-ttl", "approve", ["held", "0", "-1", "alice"]),
-    ("sweep-zero", "sweep", ["0", "0"]),
+    ("sweep-zero", "sweep", ["0", "0", "0"]),
+    ("sweep-short", "sweep", ["0", "10", "1"]),
+    ("sweep-count", "sweep", ["0", "10", "x"]),
     ("account-soft", "account", ["agent:z", "10", "11", "0", "0"]),
     ("account-kind", "account", ["nokind", "10", "10", "0", "0"]),
 ]
@@ -212,8 +214,35 @@ async def test_script_validates_before_writing(
 ) -> None:
     """Past the Python API, straight to the script: refused, and nothing written."""
     before = await tenant_snapshot(seeded, tenant)
-    reply = await seeded._scripts[operation](keys=[tenant_prefix(tenant)], args=args)
+    if operation == "account":
+        keys = tenant_keys(tenant)[:2]
+    elif operation == "sweep":
+        keys = tenant_keys(tenant)
+    else:
+        keys = hold_script_keys(tenant, args[0])
+    reply = await seeded._scripts[operation](keys=keys, args=args)
     assert reply[0] == "bad_input"
+    assert await tenant_snapshot(seeded, tenant) == before
+
+
+@pytest.mark.parametrize(
+    ("operation", "args"),
+    [
+        ("reserve", ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "1", "0", "0"]),
+        ("void", ["held", "0", ""]),
+        ("post", ["held", "0", "", "*", "100"]),
+    ],
+)
+async def test_script_touches_only_the_hold_key_it_was_given(
+    seeded: Ledger, tenant: str, operation: str, args: list[str]
+) -> None:
+    """A script never builds a key it was not given: one given the key of another
+    hold than its id names is refused (during a slot migration, an undeclared key
+    may be on the other node)."""
+    before = await tenant_snapshot(seeded, tenant)
+    keys = hold_script_keys(tenant, "posted")
+    reply = await seeded._scripts[operation](keys=keys, args=args)
+    assert reply[:2] == ["bad_input", "keys"]
     assert await tenant_snapshot(seeded, tenant) == before
 
 
@@ -249,7 +278,7 @@ async def test_the_script_takes_the_largest_amount_and_refuses_one_more(
     seeded: Ledger, tenant: str
 ) -> None:
     reserve = seeded._scripts["reserve"]
-    prefix = [tenant_prefix(tenant)]
+    prefix = hold_script_keys(tenant, "k")
     over = await reserve(keys=prefix, args=_raw_reserve({"tenant:acme": MAX_AMOUNT + 1}))
     assert over[0] == "bad_input"
     at = await reserve(keys=prefix, args=_raw_reserve({"tenant:acme": MAX_AMOUNT}))
@@ -262,7 +291,7 @@ async def test_the_script_takes_the_most_accounts_and_refuses_one_more(
     seeded: Ledger, tenant: str
 ) -> None:
     reserve = seeded._scripts["reserve"]
-    prefix = [tenant_prefix(tenant)]
+    prefix = hold_script_keys(tenant, "k")
     accounts = {f"agent:a{i}": 1 for i in range(MAX_ACCOUNTS + 1)}
     over = await reserve(keys=prefix, args=_raw_reserve(accounts))
     assert over[:2] == ["bad_input", "accounts"]

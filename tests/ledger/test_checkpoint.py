@@ -12,9 +12,9 @@ from ledger.audit import audit_tenant
 from ledger.checkpoint import CheckpointMoved, _swap, load_checkpoint, trim
 from ledger.client import Ledger
 from ledger.journal import read_journal
-from ledger.keys import account_key
 
 from .conftest import open_accounts
+from .helpers import tamper_account
 from .test_audit import busy_tenant
 
 FAR_FUTURE_MS = 2**52
@@ -40,7 +40,7 @@ async def test_trim_archives_then_audit_still_checks(
     assert (report.entries, report.live_holds) == (29, 15)
 
     # And it still catches a balance that does not add up.
-    await ledger.redis.hincrby(account_key(tenant, "agent:a"), "pend", 1)
+    await tamper_account(ledger, tenant, "agent:a", "pend", 1)
     mismatches = (await audit_tenant(ledger, tenant)).mismatches
     assert len(mismatches) == 1 and "agent:a" in mismatches[0]
 

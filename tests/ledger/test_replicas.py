@@ -1,15 +1,21 @@
 """WAIT on the reserve's own connection: a reserve or an approval says how many
 replicas acknowledged it, against a real primary and replica (redis-server
-processes), before and after the replica is SIGKILLed."""
+processes) and against the session's local Redis Cluster, before and after the
+replica is SIGKILLed."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from ledger.client import Ledger
 from ledger.errors import BadInput
+from ledger.keys import accounts_key
 from ledger.records import AccountSpec, HoldState
 
+from ..cluster import LocalCluster
 from ..conftest import ReplicatedRedis
 
 HOUR_MS = 3_600_000
@@ -18,29 +24,60 @@ HOUR_MS = 3_600_000
 async def test_reserve_and_approve_report_acknowledging_replicas(
     replicated_redis: ReplicatedRedis, tenant: str
 ) -> None:
-    ledger = Ledger.from_url(replicated_redis.primary.url, replicas=1, replica_timeout_ms=2000)
-    plain = Ledger.from_url(replicated_redis.primary.url)
+    await acknowledging_replicas(
+        replicated_redis.primary.url, tenant, replicated_redis.replica.kill, replicated_redis.attach
+    )
+
+
+async def test_on_a_cluster_the_replica_of_the_primary_that_ran_the_script_is_counted(
+    redis_cluster: LocalCluster, tenant: str
+) -> None:
+    """The tenant's primary's replica stopped, every other primary's replica up: a
+    WAIT anywhere but on the connection that ran the script would be acknowledged."""
+    (replica,) = redis_cluster.replicas_of(redis_cluster.primary_for(accounts_key(tenant)))
+
+    def restore() -> None:
+        replica.start()
+        redis_cluster.wait_healthy()
+
+    try:
+        await acknowledging_replicas(redis_cluster.url, tenant, replica.stop, restore)
+    finally:
+        if not replica.answers():
+            await asyncio.to_thread(restore)
+
+
+async def acknowledging_replicas(
+    url: str, tenant: str, stop_replica: Callable[[], None], restore_replica: Callable[[], None]
+) -> None:
+    ledger = Ledger.from_url(url, replicas=1, replica_timeout_ms=2000)
+    plain = Ledger.from_url(url)
     try:
         await ledger.upsert_account(
             tenant, AccountSpec("tenant:acme", 10_000, 10_000, approval_threshold=400)
         )
         admitted = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert (admitted.state, admitted.replicas) == (HoldState.PENDING, 1)
-        escalated = await ledger.reserve(tenant, "k2", "fp", {"tenant:acme": 450}, ttl_ms=HOUR_MS)
-        assert escalated.state is HoldState.ESCALATED
+        for key in ("k2", "k2-later"):
+            escalated = await ledger.reserve(
+                tenant, key, "fp", {"tenant:acme": 450}, ttl_ms=HOUR_MS
+            )
+            assert escalated.state is HoldState.ESCALATED
         assert (await ledger.approve(tenant, "k2", "ops", ttl_ms=HOUR_MS)).replicas == 1
         assert (
             await plain.reserve(tenant, "k3", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
         ).replicas is None
 
-        replicated_redis.replica.kill()
+        await asyncio.to_thread(stop_replica)
         lonely = await ledger.reserve(tenant, "k4", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         # The primary still decides and writes; only the caller can refuse to act on it.
         assert (lonely.state, lonely.replicas) == (HoldState.PENDING, 0)
         replay = await ledger.reserve(tenant, "k4", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert replay.replayed and replay.replicas == 0
+        approved = await ledger.approve(tenant, "k2-later", "ops", ttl_ms=HOUR_MS)
+        assert (approved.state, approved.replicas) == (HoldState.PENDING, 0)
 
-        replicated_redis.attach()
+        await asyncio.to_thread(restore_replica)
         back = await ledger.reserve(tenant, "k5", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert back.replicas == 1
         await ledger.redis.script_flush()  # what a restarted Redis has forgotten

@@ -1,7 +1,7 @@
 """Worker processes for the ledger's concurrency and crash tests.
 
-Run as `python -m tests.ledger.workers COMMAND URL TENANT ...` from the repository
-root. Every worker announces itself on `<barrier>:ready` and waits for a token on
+Run as `python -m tests.ledger.workers [--replicas N] COMMAND URL TENANT ...` from
+the repository root. Every worker announces itself on `<barrier>:ready` and waits for a token on
 `<barrier>:go`, so the test releases all of them at once without sleeping.
 """
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 from ledger.checkpoint import CheckpointMoved, trim
 from ledger.client import Ledger
-from ledger.errors import HoldStateConflict
+from ledger.errors import HoldStateConflict, LedgerError
+from ledger.records import ReserveRequest
 
 HOUR_MS = 3_600_000
 
@@ -63,12 +64,15 @@ async def approve(ledger: Ledger, tenant: str, barrier_name: str, hold_id: str, 
 
 async def churn(ledger: Ledger, tenant: str, barrier_name: str, agent: str, ops: str) -> None:
     """Reserve and settle in every way, reporting each finished operation on stdout
-    so the test can SIGKILL this process mid-storm."""
+    so the test can SIGKILL this process mid-storm, and at the end how many reserves
+    fewer replicas than asked for acknowledged."""
     await barrier(ledger, barrier_name)
+    unreplicated = 0
     for i in range(int(ops)):
         key = f"{agent}-{i}"
         amounts = {"tenant:acme": 7 + i % 5, f"agent:{agent}": 7 + i % 5}
         result = await ledger.reserve(tenant, key, "fp", amounts, ttl_ms=HOUR_MS)
+        unreplicated += (result.replicas or 0) < ledger.replicas
         if result.decision == "admit":
             step = i % 4
             if step == 0:
@@ -78,6 +82,41 @@ async def churn(ledger: Ledger, tenant: str, barrier_name: str, agent: str, ops:
             elif step == 2:
                 await ledger.mark_ambiguous(tenant, key, "test")
         print(i, flush=True)
+    print(json.dumps({"unreplicated": unreplicated}))
+
+
+async def replay(
+    ledger: Ledger, tenant: str, barrier_name: str, prefix: str, count: str, rounds: str
+) -> None:
+    """Send the reserves of holds `<prefix>-0..count-1` (admitted before) again,
+    `rounds` times: each must come back as a replay, never as a new admission."""
+    await barrier(ledger, barrier_name)
+    fresh = 0
+    for _ in range(int(rounds)):
+        for i in range(int(count)):
+            amounts = {"tenant:acme": 5, f"agent:{prefix}": 5}
+            result = await ledger.reserve(tenant, f"{prefix}-{i}", "fp", amounts, ttl_ms=HOUR_MS)
+            fresh += not result.replayed
+        print(fresh, flush=True)
+    print(json.dumps({"fresh": fresh}))
+
+
+async def batches(ledger: Ledger, tenant: str, barrier_name: str, agent: str, ops: str) -> None:
+    """Reserve and post `ops` holds 20 at a time through the pipelined batch calls,
+    reporting each batch on stdout and the items that came back as errors at the end."""
+    await barrier(ledger, barrier_name)
+    failed = 0
+    for start in range(0, int(ops), 20):
+        keys = [f"{agent}-{i}" for i in range(start, min(start + 20, int(ops)))]
+        amounts = {"tenant:acme": 3, f"agent:{agent}": 3}
+        requests = [ReserveRequest(k, "fp", amounts, HOUR_MS) for k in keys]
+        failed += sum(
+            isinstance(r, LedgerError) for r in await ledger.reserve_many(tenant, requests)
+        )
+        posts = await ledger.post_many(tenant, [(k, 2) for k in keys])
+        failed += sum(isinstance(r, LedgerError) for r in posts)
+        print(start, flush=True)
+    print(json.dumps({"failed": failed}))
 
 
 async def trim_all(
@@ -96,12 +135,22 @@ async def trim_all(
     print(json.dumps({"moved": moved}))
 
 
-COMMANDS = {"storm": storm, "approve": approve, "churn": churn, "trim": trim_all}
+COMMANDS = {
+    "storm": storm,
+    "approve": approve,
+    "churn": churn,
+    "replay": replay,
+    "batches": batches,
+    "trim": trim_all,
+}
 
 
 async def main(argv: list[str]) -> None:
+    replicas = 0
+    if argv[0] == "--replicas":  # WAIT for that many replicas after each reserve
+        replicas, argv = int(argv[1]), argv[2:]
     command, url, tenant, *rest = argv
-    ledger = Ledger.from_url(url)
+    ledger = Ledger.from_url(url, replicas=replicas, replica_timeout_ms=5000)
     try:
         await COMMANDS[command](ledger, tenant, *rest)  # type: ignore[operator]
     finally:

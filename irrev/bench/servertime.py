@@ -1,0 +1,116 @@
+"""Redis server time per ledger script, from INFO commandstats: what each operation
+costs the Redis process itself (the scarce resource: one core per primary), beside
+a trivial one-write script measured the same way.
+
+Each operation runs alone on the node that serves the tenant's slot, between a
+CONFIG RESETSTAT and an INFO commandstats of that node, so EVALSHA's `usec/calls`
+is that script's execution time (the commands it calls included), whatever the
+client and the network add.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+
+from ledger import Ledger, ReserveRequest
+from ledger.keys import accounts_key
+
+TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
+HOUR_MS = 3_600_000
+PRICE = 1_000
+CONCURRENCY = 16
+
+
+@dataclass(frozen=True)
+class ScriptTime:
+    operation: str
+    calls: int
+    usec_per_call: float
+
+
+async def script_times(
+    ledger: Ledger, tenant: str, accounts: tuple[str, ...], calls: int, batch: int
+) -> list[ScriptTime]:
+    """Server time of the trivial script, reserve, post, void and approve, `calls`
+    of each (the accounts must exist with room for 2 * calls * PRICE)."""
+    node = _Node(ledger, tenant)
+    counter = f"irrev:{{{tenant}}}:bench"
+    sha = await ledger.redis.script_load(TRIVIAL)
+    amounts = dict.fromkeys(accounts, PRICE)
+    run = f"st{id(node):x}"
+
+    def ids(kind: str) -> list[str]:
+        return [f"{run}-{kind}-{i}" for i in range(calls)]
+
+    async def trivial() -> None:
+        for start in range(0, calls, batch):
+            async with ledger.redis.pipeline(transaction=False) as pipe:
+                for _ in range(min(batch, calls - start)):
+                    pipe.execute_command("EVALSHA", sha, 1, counter)
+                await pipe.execute()
+
+    async def reserve(kind: str, escalate_above: int = 0) -> None:
+        keys = ids(kind)
+        for start in range(0, calls, batch):
+            requests = [
+                ReserveRequest(k, "fp", amounts, HOUR_MS, escalate_above=escalate_above)
+                for k in keys[start : start + batch]
+            ]
+            await ledger.reserve_many(tenant, requests)
+
+    async def post() -> None:
+        keys = ids("post")
+        for start in range(0, calls, batch):
+            await ledger.post_many(tenant, [(k, PRICE // 2) for k in keys[start : start + batch]])
+
+    async def each(call: Callable[[str], Awaitable[Any]], kind: str) -> None:
+        queue = ids(kind)
+
+        async def worker() -> None:
+            while queue:
+                await call(queue.pop())
+
+        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+
+    await reserve("void")
+    await reserve("approve", escalate_above=1)
+    measured = [
+        ("trivial", trivial),
+        ("reserve", lambda: reserve("post")),
+        ("post", post),
+        ("void", lambda: each(lambda k: ledger.void(tenant, k), "void")),
+        (
+            "approve",
+            lambda: each(lambda k: ledger.approve(tenant, k, "bench", ttl_ms=HOUR_MS), "approve"),
+        ),
+    ]
+    return [await node.evalsha_time(name, op) for name, op in measured]
+
+
+def tenant_node(ledger: Ledger, tenant: str) -> dict[str, Any]:
+    """The keyword arguments that send a command to the node of the tenant's slot
+    (none on a standalone Redis)."""
+    if isinstance(ledger.redis, RedisCluster):
+        return {"target_nodes": ledger.redis.get_node_from_key(accounts_key(tenant))}
+    return {}
+
+
+class _Node:
+    """CONFIG RESETSTAT and INFO commandstats on the node of the tenant's slot."""
+
+    def __init__(self, ledger: Ledger, tenant: str) -> None:
+        self.redis = ledger.redis
+        self.target = tenant_node(ledger, tenant)
+
+    async def evalsha_time(self, name: str, operation: Callable[[], Awaitable[None]]) -> ScriptTime:
+        await self.redis.execute_command("CONFIG", "RESETSTAT", **self.target)
+        await operation()
+        stats = await self.redis.info("commandstats", **self.target)
+        evalsha = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
+        calls = int(evalsha["calls"])
+        return ScriptTime(name, calls, int(evalsha["usec"]) / calls if calls else 0.0)

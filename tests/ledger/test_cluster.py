@@ -1,0 +1,198 @@
+"""Redis Cluster as the ledger's store, against the session's local 3-primary +
+3-replica cluster (tests/cluster.py): any node's URL is recognised, a standalone
+client is refused with the cause, and a busy tenant's slot can move to another node.
+(WAIT on a cluster: test_replicas.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+
+from ledger.audit import audit_tenant
+from ledger.client import Ledger
+from ledger.errors import LedgerUnavailable
+from ledger.journal import iter_journal
+from ledger.keys import accounts_key
+from ledger.records import AccountSpec, HoldState
+
+from ..cluster import ClusterNode, LocalCluster
+from .conftest import open_accounts
+from .test_concurrency import release, spawn
+
+HOUR_MS = 3_600_000
+
+
+async def test_any_node_url_opens_a_cluster_ledger(
+    redis_cluster: LocalCluster, tenant: str
+) -> None:
+    for node in redis_cluster.nodes:  # primaries and replicas alike
+        ledger = Ledger.from_url(node.url)
+        try:
+            assert isinstance(ledger.redis, RedisCluster)
+            await ledger.load_scripts()
+            await open_accounts(ledger, tenant, tenant_acme=1000)
+            result = await ledger.reserve(tenant, "k", "fp", {"tenant:acme": 10}, ttl_ms=HOUR_MS)
+            assert result.state is HoldState.PENDING
+        finally:
+            await ledger.aclose()
+
+
+async def test_a_standalone_client_on_a_cluster_is_refused_with_the_cause(
+    redis_cluster: LocalCluster, tenant: str
+) -> None:
+    # A node that does not serve the tenant's slot: every call there is MOVED.
+    serving = redis_cluster.primary_for(accounts_key(tenant))
+    elsewhere = next(n for n in redis_cluster.nodes[:3] if n is not serving)
+    standalone = Ledger(Redis.from_url(elsewhere.url, decode_responses=True))
+    try:
+        with pytest.raises(LedgerUnavailable, match="node of a Redis Cluster") as refused:
+            await standalone.load_scripts()  # what a gateway does first
+        assert "unreachable" not in str(refused.value)
+        with pytest.raises(LedgerUnavailable, match="Redis Cluster") as moved:
+            await standalone.upsert_account(tenant, AccountSpec("tenant:acme", 10, 10))
+        assert "unreachable" not in str(moved.value) and "MOVED" in str(moved.value)
+        with pytest.raises(LedgerUnavailable, match="Redis Cluster"):
+            await standalone.balances(tenant)
+    finally:
+        await standalone.aclose()
+
+
+async def test_resharding_a_busy_tenant_keeps_the_ledger_whole(
+    redis_cluster: LocalCluster, tenant: str
+) -> None:
+    """Contract 1, 3 and 7 across a slot migration: the tenant's slot moves to another
+    primary, key by key, while separate processes reserve, settle and replay holds
+    admitted before. Scripts whose keys are split between the nodes are answered
+    TRYAGAIN and sent again, so none runs on half a tenant: no replay is admitted
+    afresh, no account is opened again, and the journal still adds up."""
+    ledger = Ledger.from_url(redis_cluster.url)
+    try:
+        await open_accounts(ledger, tenant, tenant_acme=10**9)
+        for agent in ("c0", "c1", "c2", "old", "b0"):
+            await open_accounts(ledger, tenant, **{f"agent_{agent}": 10**8})
+        for i in range(100):
+            amounts = {"tenant:acme": 5, "agent:old": 5}
+            await ledger.reserve(tenant, f"old-{i}", "fp", amounts, ttl_ms=HOUR_MS)
+        name = f"{tenant}:barrier"
+        # One churner waits for a replica after each reserve: its script and WAIT
+        # follow the slot to the new primary together.
+        waits = [[], [], ["--replicas", "1"]]
+        churners = [
+            spawn(*waits[p], "churn", redis_cluster.url, tenant, name, f"c{p}", "400")
+            for p in range(3)
+        ]
+        batcher = spawn("batches", redis_cluster.url, tenant, name, "b0", "1000")
+        replayer = spawn("replay", redis_cluster.url, tenant, name, "old", "100", "20")
+        workers = [*churners, batcher, replayer]
+        await release(ledger, name, len(workers))
+        for churner in churners:  # under way: 50 operations each before the move
+            assert churner.stdout is not None
+            for _ in range(50):
+                assert churner.stdout.readline()
+
+        key = accounts_key(tenant)
+        source = redis_cluster.primary_for(key)
+        target = next(
+            n
+            for n in redis_cluster.nodes
+            if n is not source and n.port in _primaries(redis_cluster)
+        )
+        before = _redirections(source, target)
+        moved = await asyncio.to_thread(
+            redis_cluster.migrate_slot, key, target, per_batch=5, pause_s=0.01
+        )
+        met = _redirections(source, target) - before
+        outs = []
+        for worker in workers:
+            out, err = worker.communicate(timeout=300)
+            assert worker.returncode == 0, err
+            outs.append(json.loads(out.splitlines()[-1]))
+        assert outs == [*[{"unreplicated": 0}] * 3, {"failed": 0}, {"fresh": 0}]
+    finally:
+        await ledger.aclose()
+
+    assert moved > 100 and redis_cluster.primary_for(key) is target
+    assert met["TRYAGAIN"] > 0, f"no script met the slot mid-migration: {met}"
+    print(f"\nslot migration: {moved} keys moved; answers met meanwhile: {dict(met)}")
+    ledger = Ledger.from_url(redis_cluster.url)
+    try:
+        report = await audit_tenant(ledger, tenant)
+        assert report.mismatches == []
+        assert report.entries > 5 + 100 + 3 * 400 + 2 * 1000
+        for balance in await ledger.balances(tenant):
+            assert balance.used <= balance.limit
+        entries = [entry async for entry in iter_journal(ledger, tenant)]
+        admissions = Counter(
+            e.hold_id for e in entries if e.op == "reserve" and e.fields["st"] != "denied"
+        )
+        assert admissions.most_common(1)[0][1] == 1
+        opened = Counter(e.fields["acct"] for e in entries if e.op == "account")
+        assert set(opened.values()) == {1}
+    finally:
+        await ledger.aclose()
+
+
+def _primaries(cluster: LocalCluster) -> set[int]:
+    ports = set()
+    for node in cluster.nodes:
+        with node.client() as client:
+            if client.info("replication")["role"] == "master":
+                ports.add(node.port)
+    return ports
+
+
+def _redirections(*nodes: ClusterNode) -> Counter[str]:
+    """TRYAGAIN, ASK and MOVED answers the nodes gave so far (INFO errorstats)."""
+    seen: Counter[str] = Counter()
+    for node in nodes:
+        with node.client() as client:
+            for name, stats in client.info("errorstats").items():
+                seen[name.removeprefix("errorstat_")] += int(stats["count"])
+    return seen
+
+
+async def test_a_primary_killed_mid_stream_loses_no_acknowledged_reserve(
+    redis_cluster: LocalCluster, tenant: str
+) -> None:
+    """With WAIT for one replica, a reserve its replica acknowledged survives the
+    SIGKILL of its primary: the replica is promoted with it. The time until the
+    first reserve succeeds again is measured and printed (not asserted)."""
+    ledger = Ledger.from_url(redis_cluster.url, replicas=1, replica_timeout_ms=300)
+    primary = redis_cluster.primary_for(accounts_key(tenant))
+    acknowledged: list[str] = []
+    try:
+        await open_accounts(ledger, tenant, tenant_acme=10**12)
+        killed_at = back_at = 0.0
+        for i in range(100_000):
+            if i == 200:
+                await asyncio.to_thread(primary.stop)
+                killed_at = time.monotonic()
+            try:
+                result = await ledger.reserve(
+                    tenant, f"k{i}", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS
+                )
+            except LedgerUnavailable:
+                await asyncio.sleep(0.05)
+                continue
+            if (result.replicas or 0) >= 1:
+                acknowledged.append(f"k{i}")
+            if killed_at and not back_at:
+                back_at = time.monotonic()
+            if back_at:  # (the new primary has no replica yet: each WAIT times out)
+                break
+        assert killed_at and back_at, "the reserves never came back after the failover"
+        print(f"\nfailover: reserves failed for {back_at - killed_at:.2f} s after SIGKILL")
+        assert len(acknowledged) >= 200
+        for hold_id in acknowledged:
+            assert await ledger.hold(tenant, hold_id) is not None, hold_id
+        assert (await audit_tenant(ledger, tenant)).mismatches == []
+    finally:
+        await ledger.aclose()
+        await asyncio.to_thread(primary.start)  # it comes back as the new primary's replica
+        await asyncio.to_thread(redis_cluster.wait_healthy)
