@@ -539,7 +539,7 @@ class Ledger:
                     pipe.smembers(escalated_key(tenant))
                     pipe.smembers(ambiguous_key(tenant))
                     for account in accounts[tenant]:
-                        pipe.hmget(account_key(tenant, account), _BALANCE_FIELDS)
+                        pipe.hmget(accounts_key(tenant), account_fields(account))
                 replies = iter(await pipe.execute())
         seconds, micros = next(replies)
         now_ms = int(seconds) * 1000 + int(micros) // 1000
