@@ -121,7 +121,8 @@ async def fire(
 ) -> Answer:
     """Forward an admitted effect once and settle its hold by the answer.
     `deadline_ms` is None for the retry of an ambiguous hold, which never expires."""
-    target = target_of(gate, policy, request.tool)
+    mcp = gate.tenants.mcp_upstream(policy.tenant, request.tool)
+    target = target_of(gate, policy, request.tool) if mcp is None else Upstream("")
     budget_s = (deadline_ms or 0) / 1000 - time.time() - gate.settings.forward_margin_s
     if deadline_ms is not None and budget_s < gate.settings.upstream_timeout_s:
         # Too close to the deadline: the answer could come after the hold turned
@@ -133,7 +134,12 @@ async def fire(
         # reconciler told "not found" while it is on its way cannot void it (contract 6).
         window_s = gate.settings.upstream_timeout_s + gate.settings.forward_margin_s
         await gate.ledger.retry(policy.tenant, hold_id, math.ceil(window_s * 1000))
-    answer = await forward(gate.http, target, request, hold_id, gate.settings.upstream_timeout_s)
+    if mcp is not None:
+        answer_by = time.monotonic() + gate.settings.upstream_timeout_s
+        answer = await mcp.deliver(request, hold_id, answer_by, retry=deadline_ms is None)
+    else:
+        timeout_s = gate.settings.upstream_timeout_s
+        answer = await forward(gate.http, target, request, hold_id, timeout_s)
     if deadline_ms is None and answer.status in target.in_progress:
         # The retry reached the upstream while it still makes the first request under
         # this key (the IETF Idempotency-Key draft's 409): not a refusal of the effect.

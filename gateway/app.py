@@ -14,12 +14,23 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.routing import Route
 
 from ledger.checkpoint import cutoff_ms, trim_locked
 from ledger.client import Ledger
 from ledger.errors import LedgerUnavailable
 
-from . import admin, console, escalations, holds_api, logs, metrics, problems, proxy
+from . import (
+    admin,
+    console,
+    escalations,
+    holds_api,
+    logs,
+    mcp_server,
+    metrics,
+    problems,
+    proxy,
+)
 from .admission import Gate
 from .auth import admin_auth, gate_of
 from .problems import Problem
@@ -105,7 +116,8 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             background.append(asyncio.create_task(trimmer))
         log.info("gateway ready", extra={"tenants": sorted(tenants.policies), "pid": os.getpid()})
         try:
-            yield
+            async with mcp_manager.run():
+                yield
         finally:
             for task in background:
                 task.cancel()
@@ -123,6 +135,10 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     )
     problems.install(app)
     app.add_middleware(logs.RequestIdMiddleware)
+    _, mcp_manager = mcp_server.build()
+    app.router.routes.append(
+        Route("/mcp", mcp_server.McpEndpoint(mcp_manager), methods=["GET", "POST", "DELETE"])
+    )
     routers = (proxy.router, holds_api.router, escalations.router, admin.router, console.router)
     for router in routers:
         app.include_router(router)

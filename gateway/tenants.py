@@ -27,9 +27,10 @@ from pricing import (
 )
 from pricing.catalog import FACTOR_PREFIX
 from pricing.credentials import AuthenticatedAgent, hash_token
-from pricing.policy import AdminRole
+from pricing.policy import AdminRole, McpErrorMeaning
 
 from .credentials import Injected, resolve_credentials
+from .mcp_upstream import McpUpstream
 from .policies import (
     NO_BUDGET,
     ForwardBudget,
@@ -95,6 +96,7 @@ class TenantStore:
         self._settlers: dict[str, tuple[TenantPolicy, str]] = {}
         self._signature: tuple[tuple[str, int, int], ...] = ()
         self._targets: dict[tuple[str, str], Upstream] = {}
+        self._mcp: dict[tuple[str, str], McpUpstream] = {}
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
         self._secret_files: tuple[tuple[str, int, int], ...] = ()
 
@@ -125,6 +127,7 @@ class TenantStore:
         self._written = policies
         self._signature = signature
         self._targets = _targets(policies.values(), credentials)
+        self._mcp = _mcp_upstreams(policies.values(), credentials)
         self._secret_files = _secret_files_signature(policies.values())
         self._install(await self._read_observed(ledger))
         return sorted(policies)
@@ -132,6 +135,10 @@ class TenantStore:
     def target(self, tenant: str, tool: str) -> Upstream | None:
         """Where and how requests to `tool` of `tenant` go; None without an upstream."""
         return self._targets.get((tenant, tool))
+
+    def mcp_upstream(self, tenant: str, tool: str) -> McpUpstream | None:
+        """The tenant's MCP server `tool`; None if it has no such server."""
+        return self._mcp.get((tenant, tool))
 
     async def refresh(self, ledger: Ledger) -> bool:
         """Reload if any policy file or credential file changed since the last load
@@ -270,6 +277,26 @@ def _targets(
         for name, tool in policy.tools.items()
         if tool.upstream is not None
     }
+
+
+def _mcp_upstreams(
+    policies: Iterable[TenantPolicy], credentials: dict[str, dict[str, Injected]]
+) -> dict[tuple[str, str], McpUpstream]:
+    """Each MCP server of each tenant, with its credentials and the tools whose
+    `isError` means "not executed" (route field `is_error`)."""
+    upstreams = {}
+    for policy in policies:
+        for name, tool in policy.tools.items():
+            if tool.mcp is None:
+                continue
+            not_executed = frozenset(
+                route.template.text.removeprefix("/")
+                for route in policy.catalog.by_tool.get(name, ())
+                if policy.routes[route.index].is_error is McpErrorMeaning.NOT_EXECUTED
+            )
+            creds = credentials.get(policy.tenant, {}).get(name, ())
+            upstreams[(policy.tenant, name)] = McpUpstream(tool.mcp, creds, not_executed)
+    return upstreams
 
 
 def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str, int, int], ...]:
