@@ -43,7 +43,17 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
         if answer.status // 100 == 2 or answer.status == 422:
             fate = Fate.DELIVERED if answer.status // 100 == 2 else Fate.REFUSED
             return Outcome(hold_id, price, fate=fate, body=answer.body)
-        return Outcome(hold_id, price, problem=_unreachable(hold_id))
+        if answer.status == 502:
+            return Outcome(hold_id, price, problem=_unreachable(hold_id))
+        # Voided by the reconciler (the server says it never happened) or an admin.
+        voided = Problem(
+            409,
+            "hold_voided",
+            "this call's hold was voided, so it was not made; use a new idempotency key "
+            "to make it",
+            hold=hold_id,
+        )
+        return Outcome(hold_id, price, problem=voided)
     if answer.fate is Fate.NOT_SENT:
         return Outcome(hold_id, price, problem=_unreachable(hold_id))
     if answer.body and answer.status != 400 and answer.status != 502:

@@ -131,15 +131,17 @@ def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def serve(root: Path, redis_url: str, policy_dir: Path, **settings: str) -> Gateway:
     admin_token = secrets.token_urlsafe(24)
+    defaults = {
+        "IRREV_UPSTREAM_TIMEOUT_S": str(UPSTREAM_TIMEOUT_S),
+        "IRREV_UPSTREAM_CONNECT_TIMEOUT_S": "1",
+        "IRREV_FORWARD_MARGIN_S": "0.5",
+        "IRREV_SWEEP_INTERVAL_S": "0.5",
+    }
     env = base_env(
         IRREV_REDIS_URL=redis_url,
         IRREV_POLICY_DIR=str(policy_dir),
         IRREV_ADMIN_TOKENS=f"ops={admin_token}",
-        IRREV_UPSTREAM_TIMEOUT_S=str(UPSTREAM_TIMEOUT_S),
-        IRREV_UPSTREAM_CONNECT_TIMEOUT_S="1",
-        IRREV_FORWARD_MARGIN_S="0.5",
-        IRREV_SWEEP_INTERVAL_S="0.5",
-        **settings,
+        **{**defaults, **settings},
     )
     server = Server("gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")
     server.argv += ["--port", str(server.port), "--workers", str(WORKERS)]

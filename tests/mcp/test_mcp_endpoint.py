@@ -78,7 +78,7 @@ async def test_over_budget_is_a_result_the_model_can_act_on_and_debits_nothing(
 ) -> None:
     tenant = mcp_gateway.tenant("deny")
     admin = mcp_gateway.gateway.admin
-    before = used(await balances(http, admin, tenant))  # type: ignore[arg-type]
+    before = used(await balances(http, admin, tenant))
     async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
         # 300 x 100 USD = 30000 face value, at the per-effect cap; above the supplier's...
         result = await client.call_tool(
@@ -90,7 +90,7 @@ async def test_over_budget_is_a_result_the_model_can_act_on_and_debits_nothing(
     async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
         scoped = await client.call_tool("procure__place_order", order(), meta=key())
     assert scoped.structured_content["reason"] == "route_not_allowed"
-    assert used(await balances(http, admin, tenant)) == before  # type: ignore[arg-type]
+    assert used(await balances(http, admin, tenant)) == before
     assert (await tool_stats(tools_http, tenant))["calls"] == 0
 
 
