@@ -136,7 +136,16 @@ class McpUpstream:
             async with Client(transport, mode=self._version, cache=None) as session:
                 if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
                     self._version = session.protocol_version
-                return await session.session.call_tool(name, dict(arguments), meta=meta)
+                # Sent as a bare request: ClientSession.call_tool would list the tools
+                # after a result to check it against the output schema, a second
+                # request that could fail after the effect was made. irrev passes the
+                # result on; the agent's own client checks it.
+                request = types.CallToolRequest(
+                    params=types.CallToolRequestParams(
+                        name=name, arguments=dict(arguments), _meta=meta
+                    )
+                )
+                return await session.session.send_request(request, types.CallToolResult)
 
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False

@@ -81,9 +81,9 @@ def write_mcp_policy(
         agent["token_sha256"] = hash_token(tokens[agent_id])
     admin = format_token(secrets.token_bytes(32))
     data["admins"]["alice"]["token_sha256"] = hash_token(admin)
+    data.update(overrides)
     for tool in data["tools"].values():
         tool["mcp"] = f"{tool_server}/{tenant}/mcp"
-    data.update(overrides)
     (directory / f"{tenant}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return McpTenant(tenant, tokens, admin, tenant, tool_server)
 
@@ -95,7 +95,8 @@ TENANTS: dict[str, dict[str, Any]] = {
     "fleet": {"fleet": FLEET},
     "one-key": {},
     "hostile": {},
-    "hostile-other": {},
+    # Its MCP server is called "vault": a name the "hostile" tenant does not have.
+    "hostile-other": {"rename": "vault"},
     "client": {},
     "bench": {
         "accounts": {
@@ -105,6 +106,19 @@ TENANTS: dict[str, dict[str, Any]] = {
         }
     },
 }
+
+
+def _renamed(server: str) -> dict[str, Any]:
+    """The example's procure server and its routes under another name."""
+    data = yaml.safe_load((EXAMPLES / "mcp-fleet.yaml").read_text())
+    data["tools"][server] = data["tools"].pop("procure")
+    for route in data["routes"]:
+        if route["tool"] == "procure":
+            route["tool"] = server
+            route["route"] = route["route"].replace("procure/", f"{server}/")
+            if "lookup" in route:
+                route["lookup"] = route["lookup"].replace("procure/", f"{server}/")
+    return {"tools": data["tools"], "routes": data["routes"]}
 
 
 @dataclass
@@ -163,6 +177,8 @@ def mcp_gateway(
     for name, options in TENANTS.items():
         options = dict(options)
         fleet = options.pop("fleet", 0)
+        if "rename" in options:
+            options = _renamed(options.pop("rename"))
         tenants[name] = write_mcp_policy(
             policy_dir, f"mcp-{name}-{run}", tool_server.url, fleet, **options
         )
