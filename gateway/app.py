@@ -26,13 +26,13 @@ from . import (
     escalations,
     holds_api,
     logs,
-    mcp_server,
     metrics,
     problems,
     proxy,
 )
 from .admission import Gate
 from .auth import admin_auth, gate_of
+from .mcp_mount import LazyMcp
 from .problems import Problem
 from .settings import GatewaySettings
 from .tenants import TenantStore
@@ -116,9 +116,9 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             background.append(asyncio.create_task(trimmer))
         log.info("gateway ready", extra={"tenants": sorted(tenants.policies), "pid": os.getpid()})
         try:
-            async with mcp_manager.run():
-                yield
+            yield
         finally:
+            await mcp_endpoint.aclose()
             for task in background:
                 task.cancel()
             for task in background:
@@ -135,10 +135,8 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     )
     problems.install(app)
     app.add_middleware(logs.RequestIdMiddleware)
-    _, mcp_manager = mcp_server.build()
-    app.router.routes.append(
-        Route("/mcp", mcp_server.McpEndpoint(mcp_manager), methods=["GET", "POST", "DELETE"])
-    )
+    mcp_endpoint = LazyMcp()
+    app.router.routes.append(Route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"]))
     routers = (proxy.router, holds_api.router, escalations.router, admin.router, console.router)
     for router in routers:
         app.include_router(router)

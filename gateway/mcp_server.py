@@ -312,11 +312,10 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-def build() -> tuple[Server[Any], StreamableHTTPSessionManager]:
+def build() -> StreamableHTTPSessionManager:
     server: Server[Any] = Server(
         "irrev", version="0.1.0", on_list_tools=list_tools, on_call_tool=call_tool
     )
     # No DNS-rebinding checks: every request carries an agent's Bearer token, which a
     # page in a browser cannot send for it.
-    manager = StreamableHTTPSessionManager(app=server, json_response=True, stateless=True)
-    return server, manager
+    return StreamableHTTPSessionManager(app=server, json_response=True, stateless=True)

@@ -28,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .upstream import Answer, Fate
-from .wire import Headers, StoredRequest, upstream_key
+from .wire import Headers, StoredAnswer, StoredRequest, upstream_key
 
 # Where an agent puts its idempotency key, and where irrev puts the hold's key for the
 # MCP server: a `_meta` key under irrev's own prefix, as the MCP specification asks
@@ -181,3 +181,24 @@ class McpUpstream:
             return None
         value = found.get("found")
         return value if isinstance(value, bool) else None
+
+    async def reconciled(
+        self, tool: str, hold_id: str, request: StoredRequest, deadline: float
+    ) -> StoredAnswer | None:
+        """The lookup contract's answer (docs/policy.md) from the route's lookup tool:
+        found is its 2xx, not found its 404, as a tool result so that an agent
+        repeating the key gets one; None (the hold stays charged) if it cannot tell."""
+        found = await self.lookup(tool, upstream_key(hold_id), deadline)
+        if found is None:
+            return None
+        said = "took effect" if found else "never took effect"
+        text = (
+            f"irrev reconciled this call: the MCP server's {tool} says it {said} "
+            "(its own result was not recorded)."
+        )
+        result = types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)],
+            structured_content={"found": found, "lookup": tool},
+        )
+        body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
+        return request.answer(200 if found else 404, list(JSON), body)

@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 
 import httpx
-import mcp_types as types
 
 from ledger.errors import HoldNotDue, HoldStateConflict
 from ledger.records import HoldState
@@ -17,7 +16,6 @@ from pricing.errors import RequestError
 
 from .admission import Gate, target_of
 from .canonical import read_request
-from .mcp_upstream import McpUpstream
 from .problems import Problem
 from .wire import StoredAnswer, StoredRequest, upstream_key
 
@@ -97,7 +95,8 @@ async def _ask_upstream(
     method, target = lookup
     mcp = gate.tenants.mcp_upstream(policy.tenant, request.tool)
     if mcp is not None:
-        return await _ask_mcp(gate, mcp, target.removeprefix("/"), hold_id, request)
+        deadline = time.monotonic() + gate.settings.upstream_timeout_s
+        return await mcp.reconciled(target.removeprefix("/"), hold_id, request, deadline)
     upstream = target_of(gate, policy, request.tool)
     try:
         response = await gate.http.request(
@@ -114,26 +113,3 @@ async def _ask_upstream(
         keep=upstream.kept_headers,
     )
 
-
-async def _ask_mcp(
-    gate: Gate, mcp: McpUpstream, tool: str, hold_id: str, request: StoredRequest
-) -> StoredAnswer | None:
-    """An MCP route's lookup tool: found is the 2xx of the lookup contract, not found
-    its 404; anything else, None (the hold stays charged)."""
-    deadline = time.monotonic() + gate.settings.upstream_timeout_s
-    found = await mcp.lookup(tool, upstream_key(hold_id), deadline)
-    if found is None:
-        return None
-    said = "took effect" if found else "never took effect"
-    result = types.CallToolResult(
-        content=[
-            types.TextContent(
-                type="text",
-                text=f"irrev reconciled this call: the MCP server's {tool} says it {said} "
-                "(its own result was not recorded).",
-            )
-        ],
-        structured_content={"found": found, "lookup": tool},
-    )
-    body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
-    return request.answer(200 if found else 404, [("content-type", "application/json")], body)

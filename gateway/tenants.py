@@ -9,6 +9,7 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ledger.client import Ledger
 from ledger.keys import observed_key
@@ -30,7 +31,6 @@ from pricing.credentials import AuthenticatedAgent, hash_token
 from pricing.policy import AdminRole, McpErrorMeaning
 
 from .credentials import Injected, resolve_credentials
-from .mcp_upstream import McpUpstream
 from .policies import (
     NO_BUDGET,
     ForwardBudget,
@@ -43,6 +43,9 @@ from .policies import (
 )
 from .upstream import Upstream
 from .wire import KEPT_RESPONSE_HEADERS
+
+if TYPE_CHECKING:
+    from .mcp_upstream import McpUpstream
 
 log = logging.getLogger("irrev.gateway")
 
@@ -283,7 +286,13 @@ def _mcp_upstreams(
     policies: Iterable[TenantPolicy], credentials: dict[str, dict[str, Injected]]
 ) -> dict[tuple[str, str], McpUpstream]:
     """Each MCP server of each tenant, with its credentials and the tools whose
-    `isError` means "not executed" (route field `is_error`)."""
+    `isError` means "not executed" (route field `is_error`). The MCP SDK is imported
+    only where a tenant has an MCP server (it is most of a worker's import time)."""
+    policies = list(policies)
+    if not any(tool.mcp for policy in policies for tool in policy.tools.values()):
+        return {}
+    from .mcp_upstream import McpUpstream
+
     upstreams = {}
     for policy in policies:
         for name, tool in policy.tools.items():

@@ -159,6 +159,9 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # A tenant budget of 1 USD: every order but a free one is refused.
     "tight": ("procurement", {"accounts": _example_accounts(tenant={"limit": "1"})}),
     "hygiene": ("procurement", {}),
+    # irrev/client.py and its LangChain adapter, as an agent uses them.
+    "client": ("procurement", {}),
+    "client-tight": ("procurement", {"accounts": _example_accounts(tenant={"limit": "1"})}),
 }
 
 
