@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
+import re
 import secrets
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import mcp_types as types
@@ -40,13 +43,14 @@ from .mcp_upstream import HOLD_META, KEY_META
 from .problems import Problem, problem_for
 from .responses import escalation_id
 from .upstream import Fate
-from .wire import parse_json_body
+from .wire import JsonNumber, parse_json_body
 
 log = logging.getLogger("irrev.gateway")
 SEPARATOR = "__"  # `<server>__<tool>`: names OpenAI's and Anthropic's tool APIs accept
 CALLER = "irrev.mcp"
 TOOLS_TTL_S = 10.0
 PRICE_META = "dev.irrev/price"
+AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 @dataclass
@@ -159,8 +163,10 @@ def agent_key(caller: Caller, params: types.CallToolRequestParams, request_id: o
     meta = dict(params.meta or {})
     if KEY_META in meta:
         key = meta[KEY_META]
-        if not isinstance(key, str):
-            raise Problem(400, "bad_idempotency_key", f"_meta {KEY_META!r} must be a string")
+        if not isinstance(key, str) or not AGENT_KEY.fullmatch(key):
+            raise Problem(
+                400, "bad_idempotency_key", f"_meta {KEY_META!r} must be 1-255 printable ASCII"
+            )
         return key
     if caller.session:
         material = f"{caller.session}\x00{request_id}".encode()
@@ -268,6 +274,7 @@ class McpEndpoint:
                 )
             body = await _read_body(receive, gate.settings.max_body_bytes)
             message = parse_json_body(body) if scope["method"] == "POST" else None
+            check_numbers(message)
         except Problem as problem:
             await problem.response()(scope, receive, send)
             return
@@ -275,6 +282,27 @@ class McpEndpoint:
         session = headers.get(b"mcp-session-id", b"").decode("latin-1")
         scope[CALLER] = Caller(gate, found[0], found[1], message, session)
         await self.manager.handle_request(scope, _replay(body, receive), send)
+
+
+def check_numbers(value: object) -> None:
+    """Arguments reach the MCP server as the SDK serialises them: a number with a
+    fraction as a double. One a double cannot hold exactly would be read there as
+    another number than the one priced, so it is refused."""
+    if isinstance(value, dict):
+        for item in value.values():
+            check_numbers(item)
+    elif isinstance(value, list):
+        for item in value:
+            check_numbers(item)
+    elif isinstance(value, JsonNumber):
+        as_double = float(value)
+        if not math.isfinite(as_double) or Decimal(repr(as_double)) != value:
+            raise Problem(
+                400,
+                "bad_json",
+                f"the number {value.text} has more digits than a double holds: the MCP "
+                "server would read another number than the one priced; send it as a string",
+            )
 
 
 def _bearer(scope: Scope) -> str:

@@ -84,8 +84,10 @@ def call_message(arguments_json: str) -> bytes:
         '{"supplier_id":"s1","sku":"b","quantity":1,"quantity":100000,"unit_price":"1"}',
         '{"supplier_id":"s1","sku":"b","quantity":1,"Quantity":100000,"unit_price":"1"}',
         json.dumps({**order(), "note": deep(40)}),
+        '{"supplier_id":"s1","sku":"b","quantity":1,"unit_price":0.99999999999999999999}',
+        '{"supplier_id":"s1","sku":"b","quantity":1,"unit_price":1e400}',
     ],
-    ids=["nan", "duplicate-key", "keys-differing-in-case", "deep"],
+    ids=["nan", "duplicate-key", "keys-differing-in-case", "deep", "beyond-double", "inf"],
 )
 async def test_malformed_json_is_refused_before_the_sdk_reads_it(
     arguments_json: str,
@@ -121,3 +123,15 @@ async def test_no_token_no_tools(mcp_gateway: McpGateway, http: httpx.AsyncClien
     async with agent(mcp_gateway.url, other.auth("buyer-01")) as client:
         names = {tool.name.partition("__")[0] for tool in (await client.list_tools()).tools}
     assert names == {"vault", "github"}
+
+
+@pytest.mark.parametrize("bad_key", ["", "a b", "ключ", "k" * 256, 42])
+async def test_a_bad_idempotency_key_is_refused(
+    bad_key: object, mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
+) -> None:
+    tenant = mcp_gateway.tenant("hostile")
+    async with agent(mcp_gateway.url, tenant.auth("buyer-02")) as client:
+        result = await client.call_tool("procure__place_order", order(), meta={KEY_META: bad_key})
+    assert result.is_error
+    assert result.structured_content["reason"] == "bad_idempotency_key"
+    assert (await tool_stats(tools_http, tenant))["calls"] == 0
