@@ -161,7 +161,6 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "hygiene": ("procurement", {}),
     # irrev/client.py and its LangChain adapter, as an agent uses them.
     "client": ("procurement", {}),
-    "client-tight": ("procurement", {"accounts": _example_accounts(tenant={"limit": "1"})}),
 }
 
 
