@@ -1,1 +1,1 @@
-"""irrev gateway: the trusted proxy, decision API and admin API (and the `irrev` CLI root)."""
+"""irrev gateway: the trusted proxy, decision API and admin API."""

@@ -1,12 +1,11 @@
-"""`irrev serve`: the gateway's worker processes under uvicorn's supervisor, sharing
-one Redis (the configured one, or an embedded one this process starts and keeps
-running). This process stays their parent: SIGTERM or SIGINT stops the workers and
-then releases the embedded redis-server; a worker that dies is replaced, one that
-cannot start stops them all and `irrev serve` exits non-zero."""
+"""The gateway's worker processes under uvicorn's supervisor, sharing one Redis (the
+configured one, or an embedded one this process starts and keeps running). This process
+stays their parent: SIGTERM or SIGINT stops the workers and then releases the embedded
+redis-server; a worker that dies is replaced, one that cannot start stops them all and
+`run` says so (`irrev serve`, irrev/commands/serve.py, exits non-zero)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -15,41 +14,27 @@ from uvicorn import Config
 from uvicorn.supervisors import Multiprocess
 
 from ledger.embedded import supervised_redis_url
-from pricing import PolicyError
+from ledger.settings import LedgerSettings
 
-from .cli import CliError
 from .credentials import resolve_credentials
-from .policies import PolicyLoadError, load_policy_dir
+from .policies import load_policy_dir
 from .settings import GatewaySettings
 
 STARTUP_FAILURE = 3  # a uvicorn worker's exit code when its app did not start
 SHUTDOWN_MARGIN_S = 5.0
 
 
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", help="bind address (IRREV_HOST, default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (IRREV_PORT, default 8080)")
-    parser.add_argument("--workers", type=int, help="worker processes (IRREV_WORKERS)")
-    parser.add_argument("--policy-dir", help="tenant policies (IRREV_POLICY_DIR)")
-    parser.set_defaults(func=run)
+def check_policies(settings: GatewaySettings) -> None:
+    """Load the policies and resolve their tools' credentials once, as every worker will:
+    a missing one is then said once, not as each worker's failed startup. Raises
+    PolicyLoadError or PolicyError."""
+    for policy in load_policy_dir(settings.policy_dir, settings.forward_budget()).values():
+        resolve_credentials(policy)
 
 
-def run(args: argparse.Namespace) -> int:
-    overrides = {
-        "host": args.host,
-        "port": args.port,
-        "workers": args.workers,
-        "policy_dir": args.policy_dir,
-    }
-    settings = GatewaySettings(**{k: v for k, v in overrides.items() if v is not None})
-    ledger = settings.ledger  # a bad IRREV_* setting is named before any policy is read
-    try:
-        # Every worker resolves the tools' credentials when it loads the policies: a
-        # missing one is said here, in one line, not as each worker's failed startup.
-        for policy in load_policy_dir(settings.policy_dir, settings.forward_budget()).values():
-            resolve_credentials(policy)
-    except (PolicyLoadError, PolicyError) as exc:
-        raise CliError(f"the policies in {settings.policy_dir} cannot be used:\n{exc}") from exc
+def run(settings: GatewaySettings, ledger: LedgerSettings) -> bool:
+    """Serve until a signal stops the workers; False if one failed at start-up. `ledger`
+    is `settings.ledger`, built by the caller before it reads any policy."""
     with supervised_redis_url(ledger) as url, tempfile.TemporaryDirectory() as metrics:
         os.environ.update(
             {
@@ -59,10 +44,7 @@ def run(args: argparse.Namespace) -> int:
         )
         if settings.workers > 1:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
-        started = serve_workers(settings)
-    if not started:
-        raise CliError("the gateway workers could not start; their errors are above")
-    return 0
+        return serve_workers(settings)
 
 
 def serve_workers(settings: GatewaySettings) -> bool:

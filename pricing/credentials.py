@@ -3,7 +3,7 @@
 A token is "irrev_" + urlsafe base64 of 32 random bytes; with 256 bits of entropy a
 plain SHA-256 is enough (no salt or slow hash: nothing to brute-force), and the
 lookup is by the hash, so a timing side channel reveals nothing about a token.
-The random bytes are the caller's (gateway/policy_cli.py uses `secrets`).
+The random bytes are the caller's (irrev/commands/policy.py uses `secrets`).
 """
 
 from __future__ import annotations

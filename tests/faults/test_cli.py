@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.cli import main
-from gateway.faults.cells import CELLS
-from gateway.faults.cli import format_matrix
-from gateway.faults.matrix import CellResult, select
+from irrev.cli import main
+from irrev.commands.faults import format_matrix
+from irrev.faults.cells import CELLS
+from irrev.faults.matrix import CellResult, select
 
 
 def test_at_least_39_cells_with_unique_names() -> None:

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from gateway.faults.cells import CELLS
-from gateway.faults.matrix import CellResult, run_cells
+from irrev.faults.cells import CELLS
+from irrev.faults.matrix import CellResult, run_cells
 
 FAST = [cell for cell in CELLS if not cell.slow]
 SLOW = [cell for cell in CELLS if cell.slow]

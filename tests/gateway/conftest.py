@@ -63,7 +63,7 @@ SMALL_PLATFORM = {
 }
 
 # Routes of the `readers-` tenants, whose upstream reports how several parsers read
-# each request (sim/readers.py): amounts at face value, so a price is an amount.
+# each request (irrev/upstreams/readers.py): amounts at face value, so a price is an amount.
 READER_ROUTES: list[dict[str, Any]] = [
     {
         "tool": "payments",

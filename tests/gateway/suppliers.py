@@ -1,5 +1,5 @@
 """Many independent suppliers behind one loopback port: `/{name}/orders` is the order
-API of supplier `name` (sim/supplier.py's `create_supplier()`, made on first use).
+API of supplier `name` (irrev/upstreams/supplier.py's `create_supplier()`, made on first use).
 
 Each test's tenant points its `supplier` tool at its own name, so its effect counts
 (`GET /{name}/_stats`) and injected faults (`POST /{name}/_faults`) are its own.
@@ -14,7 +14,7 @@ request without that exact header (but its `_stats` and `_faults`), as an
 authenticated API does. Every answer
 carries `X-Supplier-Trace` (a header the gateway drops unless a tool allows it).
 A supplier whose name starts with `readers-` executes nothing and records how several
-parsers read each request (sim/readers.py), listed at `GET /_readings/{name}`.
+parsers read each request (irrev/upstreams/readers.py), listed at `GET /_readings/{name}`.
 Run with `uvicorn tests.gateway.suppliers:app`.
 """
 
@@ -25,8 +25,8 @@ import json
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
-from sim.readers import Readers
-from sim.supplier import create_supplier
+from irrev.upstreams.readers import Readers
+from irrev.upstreams.supplier import create_supplier
 
 
 class Suppliers:

@@ -3,7 +3,7 @@ another parser could read as a different method, route or amount is refused befo
 anything is held or sent; what is forwarded is re-encoded from what was priced.
 
 The `readers-canon` tenant's upstream executes nothing and reports how several
-real-world parsers read each request it got (sim/readers.py)."""
+real-world parsers read each request it got (irrev/upstreams/readers.py)."""
 
 from __future__ import annotations
 

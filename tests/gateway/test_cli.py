@@ -15,7 +15,7 @@ from .servers import ROOT
 @pytest.mark.parametrize("command", [["demo"], ["load", "--seconds", "1"]])
 def test_outside_the_repository_is_one_line(command: list[str], tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *command],
+        [sys.executable, "-m", "irrev.cli", *command],
         cwd=tmp_path,
         env={"PYTHONPATH": str(ROOT), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
         capture_output=True,
@@ -52,7 +52,7 @@ def test_bad_arguments_and_settings_are_one_line(
     command: list[str], env: dict[str, str], says: str, tmp_path: Path
 ) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *command],
+        [sys.executable, "-m", "irrev.cli", *command],
         cwd=ROOT,
         env={"PYTHONPATH": str(ROOT), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin", **env},
         capture_output=True,
@@ -87,7 +87,7 @@ def imported_after(snippet: str) -> set[str]:
 
 def test_help_imports_no_command() -> None:
     snippet = (
-        "import contextlib, io\nfrom gateway.cli import main\n"
+        "import contextlib, io\nfrom irrev.cli import main\n"
         "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
         "    main(['--help'])\n"
     )
@@ -115,7 +115,7 @@ def test_a_missing_extra_is_one_line(
     snippet = (
         "import importlib.util, sys\nfind = importlib.util.find_spec\n"
         f"importlib.util.find_spec = lambda name, *a: None if name == {missing!r} else find(name, *a)\n"
-        f"from gateway.cli import main\nsys.exit(main({command!r}))\n"
+        f"from irrev.cli import main\nsys.exit(main({command!r}))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", snippet],

@@ -1,5 +1,5 @@
 """examples/payments-api.yaml, end to end: a real `irrev serve` serving the example
-(fresh tokens, its upstream pointed here) in front of sim/payments.py, a Stripe-like
+(fresh tokens, its upstream pointed here) in front of irrev/upstreams/payments.py, a Stripe-like
 API that requires the gateway's bearer key, takes form bodies only and reads
 `amount` in cents. Issue 10's acceptance line "an example policy ... in front of an
 authenticated API".
@@ -19,7 +19,7 @@ from scipy.stats import beta
 
 from gateway.credentials import resolve_credentials
 from gateway.policies import load_demo_tokens, load_policy_dir
-from gateway.stack import render_policies
+from irrev.stack import render_policies
 from pricing.money import round_up
 
 from .conftest import Gateway, wait_for_workers
@@ -35,7 +35,7 @@ CHARGES = "/tools/payments/v1/charges"
 class Payco:
     gateway: Gateway
     tenant: Tenant
-    api: Server  # sim/payments.py
+    api: Server  # irrev/upstreams/payments.py
     secret: str  # the API key, in the gateway's environment only
     answers: list[httpx.Response] = field(default_factory=list)  # every gateway answer
 
@@ -56,7 +56,7 @@ def payco(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     secret = f"sk_test_{secrets.token_hex(16)}"
     api = Server(
         "payments API",
-        [str(BIN / "python"), "-m", "uvicorn", "sim.payments:create_payments", "--factory"],
+        [str(BIN / "python"), "-m", "uvicorn", "irrev.upstreams.payments:create_payments", "--factory"],
         base_env(**{KEY_ENV: secret}),
         root / "payments.log",
     )

@@ -57,7 +57,7 @@ async def test_hold_lost_behind_the_journal_is_reported(ledger: Ledger, tenant: 
 async def test_cli_audit_exit_codes(ledger: Ledger, tenant: str, redis_url: str) -> None:
     await busy_tenant(ledger, tenant)
     env = {**os.environ, "IRREV_REDIS_URL": redis_url}
-    command = [sys.executable, "-m", "gateway.cli", "ledger", "audit", "--tenant", tenant]
+    command = [sys.executable, "-m", "irrev.cli", "ledger", "audit", "--tenant", tenant]
     clean = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert f"{tenant}: 27 journal entries, 2 accounts, 17 live holds: ok" in clean.stdout
@@ -70,7 +70,7 @@ async def test_cli_audit_exit_codes(ledger: Ledger, tenant: str, redis_url: str)
 async def test_cli_balance_and_journal(ledger: Ledger, tenant: str, redis_url: str) -> None:
     await busy_tenant(ledger, tenant)
     env = {**os.environ, "IRREV_REDIS_URL": redis_url, "COLUMNS": "200"}
-    base = [sys.executable, "-m", "gateway.cli", "ledger"]
+    base = [sys.executable, "-m", "irrev.cli", "ledger"]
     balance = subprocess.run(
         [*base, "balance", "--tenant", tenant], env=env, capture_output=True, text=True, timeout=60
     )
@@ -109,7 +109,7 @@ def test_cli_bad_input_is_one_line(
     redis_url: str, argv: list[str], url: str | None, says: str
 ) -> None:
     env = {**os.environ, "IRREV_REDIS_URL": url or redis_url}
-    command = [sys.executable, "-m", "gateway.cli", "ledger", *argv]
+    command = [sys.executable, "-m", "irrev.cli", "ledger", *argv]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr

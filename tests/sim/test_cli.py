@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from irrev.cli import main
 
 
 def test_sim_writes_table_json_csv_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,14 +22,13 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from gateway.policies import load_demo_tokens, read_policy_file
+from irrev.cli import bounded
+from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
 from ledger.audit import audit_tenant
-from ledger.cli import bounded
 from ledger.client import Ledger
 from ledger.embedded import EmbeddedRedis
 from ledger.records import HoldState
-
-from .policies import load_demo_tokens, read_policy_file
-from .stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
 
 SUPPLIERS = ("acme-steel", "globex-metals", "initech-parts")
 SKUS = ("steel-coil", "bolts", "paint")

@@ -19,6 +19,7 @@ import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pydantic import ValidationError
 from redis.exceptions import RedisError
@@ -38,29 +39,55 @@ class Command:
 
 
 COMMANDS = (
-    Command("serve", "gateway.serve", "run the gateway (settings: IRREV_* variables)"),
-    Command("demo", "gateway.demo", "a correlated fleet through a price spike"),
-    Command("load", "gateway.load", "locust procurement load against a local gateway", "load"),
+    Command("serve", "irrev.commands.serve", "run the gateway (settings: IRREV_* variables)"),
+    Command("demo", "irrev.commands.demo", "a correlated fleet through a price spike"),
+    Command(
+        "load", "irrev.commands.load", "locust procurement load against a local gateway", "load"
+    ),
     Command(
         "faults",
-        "gateway.faults.cli",
+        "irrev.commands.faults",
         "run the fault matrix (crashes, concurrency, Redis, upstream, hostile input)",
     ),
-    Command("ledger", "ledger.cli", "inspect and check the budget ledger"),
-    Command("policy", "gateway.policy_cli", "validate, show and issue tokens for policies"),
-    Command("sim", "sim.cli", "run a fleet simulation experiment", "sim"),
+    Command("ledger", "irrev.commands.ledger", "inspect and check the budget ledger"),
+    Command("policy", "irrev.commands.policy", "validate, show and issue tokens for policies"),
+    Command("sim", "irrev.commands.sim", "run a fleet simulation experiment", "sim"),
 )
 BENCHES = (
-    Command("ledger", "ledger.bench", "reserve+post per second vs a trivial EVALSHA"),
+    Command("ledger", "irrev.bench.ledger", "reserve+post per second vs a trivial EVALSHA"),
     Command(
-        "gateway", "gateway.bench", "proxy admissions/s and latency vs a bare endpoint", "load"
+        "gateway",
+        "irrev.bench.gateway",
+        "proxy admissions/s and latency vs a bare endpoint",
+        "load",
     ),
-    Command("cli", "gateway.cli_bench", "start-up time of `irrev --help` and `policy validate`"),
+    Command("cli", "irrev.bench.cli", "start-up time of `irrev --help` and `policy validate`"),
 )
 
 
 class CliError(Exception):
     """A mistake in how a command was called or configured; the message says what to do."""
+
+
+Number = TypeVar("Number", int, float)
+
+
+def bounded(kind: type[Number], low: Number, high: Number | None = None) -> Callable[[str], Number]:
+    """An argparse type: a number of `kind` within [low, high]; anything else is a
+    one-line usage error (exit 2) naming the range."""
+    span = f">= {low}" if high is None else f"between {low} and {high}"
+    noun = "a whole number" if kind is int else "a number"
+
+    def parse(text: str) -> Number:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {noun} {span} (got {text!r})") from None
+        if value != value or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {noun} {span} (got {text!r})")
+        return value
+
+    return parse
 
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -142,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Run through the imported module, not this `__main__` copy of it: subcommands
-    # raise gateway.cli.CliError, which a second copy of the class would not catch.
-    from gateway.cli import main as run_main
+    # raise irrev.cli.CliError, which a second copy of the class would not catch.
+    from irrev.cli import main as run_main
 
     sys.exit(run_main())

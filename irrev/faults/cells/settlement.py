@@ -12,10 +12,10 @@ import asyncio
 import uuid
 from typing import Any
 
+from gateway.wire import upstream_key
 from ledger.audit import audit_tenant
 from ledger.keys import observed_key
 
-from ...wire import upstream_key
 from ..bench import Run
 from ..checks import check_ledger
 from ..matrix import Cell

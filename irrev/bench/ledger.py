@@ -23,12 +23,12 @@ from redis.asyncio import Redis
 from rich.console import Console
 from rich.table import Table
 
-from .checkpoint import cutoff_ms, trim
-from .cli import bounded
-from .client import Ledger
-from .embedded import EmbeddedRedis
-from .records import AccountSpec, ReserveRequest
-from .settings import AppendFsync
+from irrev.cli import bounded
+from ledger.checkpoint import cutoff_ms, trim
+from ledger.client import Ledger
+from ledger.embedded import EmbeddedRedis
+from ledger.records import AccountSpec, ReserveRequest
+from ledger.settings import AppendFsync
 
 TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
 HOUR_MS = 3_600_000

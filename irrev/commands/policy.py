@@ -9,7 +9,6 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.cli import CliError
 from gateway.policies import (
     check_demo_tokens,
     check_policy_set,
@@ -17,6 +16,7 @@ from gateway.policies import (
     read_text,
 )
 from gateway.settings import GatewaySettings
+from irrev.cli import CliError
 from pricing import (
     PolicyError,
     TenantPolicy,

@@ -18,11 +18,11 @@ consumed) and answered with a TCP RST instead of a response, i.e. the connection
 reset after the request was sent; `GET /orders?idempotency_key=` is answered
 normally, so a reconciler can still look the order up.
 
-`serve()` also answers below `/_readers/{book}/` with sim/readers.py's parser readings
+`serve()` also answers below `/_readers/{book}/` with irrev/upstreams/readers.py's parser readings
 (effects recorded, nothing executed), listed at `GET /_readers/_readings/{book}`.
 
-Run: `python -m sim.supplier --port 8900 [--reset-port 8901]`, or
-`uvicorn sim.supplier:create_supplier --factory` for the main port only.
+Run: `python -m irrev.upstreams.supplier --port 8900 [--reset-port 8901]`, or
+`uvicorn irrev.upstreams.supplier:create_supplier --factory` for the main port only.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sim.readers import Readers
+from irrev.upstreams.readers import Readers
 
 SLOW_BODY_CHUNKS = 4
 MAX_RAW_REQUEST_BYTES = 1 << 20
@@ -272,7 +272,7 @@ async def _handle_reset_port(
 
 
 def with_readers(app: ASGIApp, prefix: str = "/_readers") -> ASGIApp:
-    """`app`, with the parser readings (sim/readers.py) below `prefix`."""
+    """`app`, with the parser readings (irrev/upstreams/readers.py) below `prefix`."""
     readers = Readers(prefix)
 
     async def route(scope: Scope, receive: Receive, send: Send) -> None:

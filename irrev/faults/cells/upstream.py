@@ -9,7 +9,8 @@ import asyncio
 import time
 import uuid
 
-from ...wire import upstream_key
+from gateway.wire import upstream_key
+
 from ..bench import Run
 from ..checks import check_ledger, check_recovery_determinism
 from ..matrix import Cell

@@ -25,13 +25,13 @@ from typing import Any
 import httpx
 from redis.asyncio import Redis
 
+from gateway.wire import hold_id_for, upstream_key
 from ledger.client import Ledger
 from ledger.embedded import EmbeddedRedis
 from ledger.keys import hold_key, tenant_prefix
 from ledger.settings import AppendFsync
 from pricing.credentials import hash_token
 
-from ..wire import hold_id_for, upstream_key
 from .procs import GatewayProc, SupplierProc, free_port, start_supplier
 
 ADMIN_NAME = "faults"

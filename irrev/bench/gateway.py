@@ -1,8 +1,8 @@
 """`irrev bench gateway`: admissions per second and latency through the proxy to a
 local upstream, beside a bare FastAPI endpoint that does one Redis call and the same
-forward (gateway/bench_baseline.py), under the same uvicorn settings, in one run.
+forward (irrev/bench/baseline.py), under the same uvicorn settings, in one run.
 
-Two measurements for each, by locust (sim/benchfile.py, geventhttpclient: a Python
+Two measurements for each, by locust (irrev/bench/benchfile.py, geventhttpclient: a Python
 load generator that costs the servers less of the machine's two cores than httpx):
 a closed loop (C users sending as fast as answers come: throughput) and a fixed
 offered rate (latency at that load; the added p99 is irrev's minus the baseline's).
@@ -23,11 +23,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ledger.cli import bounded
+from irrev.cli import bounded
+from irrev.stack import free_port, gateway, run_locust, service, supplier, uvicorn_command
 from ledger.embedded import EmbeddedRedis
 from pricing import format_token, hash_token
-
-from .stack import free_port, gateway, run_locust, service, supplier, uvicorn_command
 
 AGENTS = 16
 
@@ -68,7 +67,7 @@ class Run:
     errors: int
 
 
-BENCHFILE = Path(__file__).resolve().parent.parent / "sim" / "benchfile.py"
+BENCHFILE = Path(__file__).resolve().parent / "benchfile.py"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -104,7 +103,7 @@ def baseline(redis_url: str, upstream: str, workers: int) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "IRREV_REDIS_URL": redis_url, "IRREV_BENCH_UPSTREAM": upstream}
     command = uvicorn_command(
-        "gateway.bench_baseline:create_baseline", port, "--workers", str(workers)
+        "irrev.bench.baseline:create_baseline", port, "--workers", str(workers)
     )
     with service(command, port, "/readyz", "the baseline server", env) as server:
         yield server.url

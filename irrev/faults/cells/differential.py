@@ -1,7 +1,7 @@
 """Parser differentials: the gateway prices a request with one reading, the tool API
 behind it may use another. Each run adds a tenant whose tool's upstream executes
 nothing and reports how eleven real-world parsers read every request it receives
-(sim/readers.py: case-insensitive JSON, first-key JSON, `;`-splitting queries,
+(irrev/upstreams/readers.py: case-insensitive JSON, first-key JSON, `;`-splitting queries,
 servlet-style query-over-body, method overrides, Tomcat path normalisation, lenient
 routing, form sniffing, PHP's and Rack 2's form names). A battery of honest requests
 and differential attacks goes through the gateway; for each one:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..cli import CliError
-from .cells import CELLS
-from .matrix import CellResult, run_cells, select
+from irrev.cli import CliError
+from irrev.faults.cells import CELLS
+from irrev.faults.matrix import CellResult, run_cells, select
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -9,38 +9,19 @@ import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
-from .audit import audit
-from .checkpoint import cutoff_ms, trim_locked
-from .client import Ledger
-from .connect import open_ledger
-from .journal import read_journal
-from .records import HoldState
+from irrev.cli import bounded
+from ledger.audit import audit
+from ledger.checkpoint import cutoff_ms, trim_locked
+from ledger.client import Ledger
+from ledger.connect import open_ledger
+from ledger.journal import read_journal
+from ledger.records import HoldState
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
-Number = TypeVar("Number", int, float)
-
-
-def bounded(kind: type[Number], low: Number, high: Number | None = None) -> Callable[[str], Number]:
-    """An argparse type: a number of `kind` within [low, high]; anything else is a
-    one-line usage error (exit 2) naming the range."""
-    span = f">= {low}" if high is None else f"between {low} and {high}"
-    noun = "a whole number" if kind is int else "a number"
-
-    def parse(text: str) -> Number:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {noun} {span} (got {text!r})") from None
-        if value != value or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be {noun} {span} (got {text!r})")
-        return value
-
-    return parse
 
 
 def configure(ledger: argparse.ArgumentParser) -> None:

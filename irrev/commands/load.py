@@ -1,4 +1,4 @@
-"""`irrev load`: the locust procurement profile (sim/locustfile.py), headless, for a
+"""`irrev load`: the locust procurement profile (irrev/locustfile.py), headless, for a
 bounded time and user count, against a local gateway with two workers; then requests
 per second and p50/p95/p99 by decision, worker memory before and after, and the
 checks that no account is over its limit and the ledger audit passes."""
@@ -14,14 +14,13 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from irrev.cli import bounded
+from irrev.stack import gateway, render_policies, run_locust, supplier
 from ledger.audit import audit_tenant
-from ledger.cli import bounded
 from ledger.client import Ledger
 from ledger.embedded import EmbeddedRedis
 
-from .stack import gateway, render_policies, run_locust, supplier
-
-LOCUSTFILE = Path(__file__).resolve().parent.parent / "sim" / "locustfile.py"
+LOCUSTFILE = Path(__file__).resolve().parent.parent / "locustfile.py"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

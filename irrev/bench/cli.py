@@ -1,6 +1,6 @@
 """`irrev bench cli`: how long the CLI takes to start, as a user meets it.
 
-Each command runs as a fresh process (`python -m gateway.cli ...`, what the `irrev`
+Each command runs as a fresh process (`python -m irrev.cli ...`, what the `irrev`
 script runs) `--runs` times; the median and the fastest wall time are printed. `irrev
 --help` imports no command; `irrev policy validate examples/*.yaml` imports pricing
 and validates the example policies (files only, no Redis).
@@ -15,9 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ledger.cli import bounded
-
-from .cli import CliError
+from irrev.cli import CliError, bounded
 
 EXAMPLES = Path("examples")
 
@@ -49,7 +47,7 @@ def timed(arguments: list[str]) -> float:
     """Wall seconds of one `irrev` process; a command that fails is an error, not a time."""
     started = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", *arguments], capture_output=True, text=True
+        [sys.executable, "-m", "irrev.cli", *arguments], capture_output=True, text=True
     )
     elapsed = time.perf_counter() - started
     if result.returncode != 0:

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
+from irrev.cli import CliError
 from sim import experiments, report
 
 
@@ -21,8 +22,6 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.cli import CliError
-
     if args.seeds < 1:
         raise CliError("--seeds must be at least 1")
     if args.agents is not None and min(args.agents) < 1:

@@ -14,7 +14,8 @@ the example fronts, and records what it received.
   headers, body.
 - Every answer carries a `Request-Id`.
 
-Run: `PAYMENTS_API_KEY=sk_test_... uvicorn sim.payments:create_payments --factory --port 8902`
+Run: `PAYMENTS_API_KEY=sk_test_... uvicorn irrev.upstreams.payments:create_payments
+--factory --port 8902`
 """
 
 from __future__ import annotations

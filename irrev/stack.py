@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import httpx
 
-from .cli import CliError
+from irrev.cli import CliError
 
 EXAMPLES = Path("examples")
 DEMO_ADMIN_TOKEN = "demo-admin-token-not-secret"
@@ -127,7 +127,7 @@ def service(
 def supplier(port: int | None = None) -> Iterator[str]:
     """The demo supplier API in its own process; yields its base URL."""
     port = port or free_port()
-    command = uvicorn_command("sim.supplier:create_supplier", port)
+    command = uvicorn_command("irrev.upstreams.supplier:create_supplier", port)
     with service(command, port, "/catalog", "the supplier API") as server:
         yield server.url
 
@@ -155,7 +155,7 @@ def gateway(
     command = [
         sys.executable,
         "-m",
-        "gateway.cli",
+        "irrev.cli",
         "serve",
         "--host",
         "127.0.0.1",

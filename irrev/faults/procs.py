@@ -116,7 +116,7 @@ class SupplierProc:
 
 def start_supplier(workdir: Path) -> SupplierProc:
     port, reset_port = free_port(), free_port()
-    args = [sys.executable, "-m", "sim.supplier", "--port", str(port)]
+    args = [sys.executable, "-m", "irrev.upstreams.supplier", "--port", str(port)]
     args += ["--reset-port", str(reset_port)]
     proc = spawn("supplier", args, workdir / "supplier.log", dict(os.environ))
     supplier = SupplierProc(proc, port, reset_port)

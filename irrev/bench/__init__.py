@@ -1,0 +1,1 @@
+"""`irrev bench ledger|gateway|cli`: throughput, latency and start-up measurements."""

@@ -1,0 +1,40 @@
+"""`irrev serve`: the gateway's workers (gateway/serve.py) with settings from IRREV_*
+variables and these flags; exits non-zero when the policies cannot be used or a worker
+cannot start."""
+
+from __future__ import annotations
+
+import argparse
+
+from gateway.policies import PolicyLoadError
+from gateway.serve import check_policies
+from gateway.serve import run as serve
+from gateway.settings import GatewaySettings
+from irrev.cli import CliError
+from pricing import PolicyError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="bind address (IRREV_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (IRREV_PORT, default 8080)")
+    parser.add_argument("--workers", type=int, help="worker processes (IRREV_WORKERS)")
+    parser.add_argument("--policy-dir", help="tenant policies (IRREV_POLICY_DIR)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "workers": args.workers,
+        "policy_dir": args.policy_dir,
+    }
+    settings = GatewaySettings(**{k: v for k, v in overrides.items() if v is not None})
+    ledger = settings.ledger  # a bad IRREV_* setting is named before any policy is read
+    try:
+        check_policies(settings)
+    except (PolicyLoadError, PolicyError) as exc:
+        raise CliError(f"the policies in {settings.policy_dir} cannot be used:\n{exc}") from exc
+    if not serve(settings, ledger):
+        raise CliError("the gateway workers could not start; their errors are above")
+    return 0
