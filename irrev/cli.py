@@ -62,6 +62,7 @@ BENCHES = (
         "load",
     ),
     Command("cli", "irrev.bench.cli", "start-up time of `irrev --help` and `policy validate`"),
+    Command("mcp", "irrev.bench.mcp", "MCP tools/call through irrev vs direct (calls/s, latency)"),
 )
 
 

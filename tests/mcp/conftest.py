@@ -1,4 +1,4 @@
-"""MCP fixtures: the SDK-built tool server (tests/mcp/tool_server.py) as a real process,
+"""MCP fixtures: the SDK-built tool server (irrev/upstreams/mcp_tools.py) as a real process,
 and per Redis server one `irrev serve --workers 2` whose tenants are copies of
 examples/mcp-fleet.yaml pointing at it, each at its own namespace of the tool server
 (so each test's counts are its own). Agents are real MCP client sessions
@@ -35,7 +35,7 @@ KEY_META = "dev.irrev/idempotency_key"
 def start_tool_server(state_dir: Path, log_dir: Path, port: int | None = None) -> Server:
     server = Server(
         "mcp tools",
-        [str(BIN / "python"), "-m", "uvicorn", "tests.mcp.tool_server:app"],
+        [str(BIN / "python"), "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"],
         base_env(MCP_TOOL_STATE=str(state_dir)),
         log_dir / "mcp-tools.log",
     )

@@ -1,6 +1,8 @@
-"""A real MCP server for the tests, built with the SDK's low-level `Server` and served
-over Streamable HTTP by uvicorn in its own process: a procurement and code-hosting
-API whose effects are counted by the idempotency key irrev sends in `_meta`.
+"""A real MCP server to put the gateway in front of (tests, `irrev bench mcp`), built
+with the SDK's low-level `Server` and served over Streamable HTTP by uvicorn in its
+own process (`uvicorn irrev.upstreams.mcp_tools:app`): a procurement and
+code-hosting API whose effects are counted by the idempotency key irrev sends in
+`_meta`, and made once per key.
 
 One process serves many tenants, each at `/<ns>/mcp` with state of its own (so tests
 share it without seeing each other's counts). The effects a namespace made are
