@@ -14,7 +14,6 @@ call with the same idempotency key turns into the real result once approved."""
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import re
 import secrets
@@ -29,6 +28,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Message, Receive, Scope, Send
 
+from ledger.errors import LedgerError
 from pricing import EffectClass, PricedEffect, TenantPolicy
 from pricing.catalog import CompiledRoute
 from pricing.credentials import AuthenticatedAgent
@@ -45,7 +45,6 @@ from .responses import escalation_id
 from .upstream import Fate
 from .wire import JsonNumber, parse_json_body
 
-log = logging.getLogger("irrev.gateway")
 SEPARATOR = "__"  # `<server>__<tool>`: names OpenAI's and Anthropic's tool APIs accept
 CALLER = "irrev.mcp"
 TOOLS_TTL_S = 10.0
@@ -189,7 +188,8 @@ async def call_tool(
         outcome = await call_effect(
             caller.gate, caller.policy, caller.agent, server, tool, canonical, key
         )
-    except (Problem, RequestError) as exc:
+    except (Problem, RequestError, LedgerError) as exc:
+        # As the HTTP routes answer them (gateway/problems.py), as a tool result.
         return refused(problem_for(exc), caller.policy, key)
     return answered(outcome, caller.policy, key)
 

@@ -163,3 +163,19 @@ async def test_is_error_voids_only_where_the_route_says_not_executed(
         states[name] = response.json()["state"]
     assert states == {"rejected": "voided", "flaky": "ambiguous"}
     assert "stays charged until reconciled" in flaky.content[-1].text
+
+
+async def test_one_key_with_other_arguments_is_a_conflict_and_changes_nothing(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
+) -> None:
+    tenant = mcp_gateway.tenant("basics")
+    meta = key()
+    async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
+        first = await client.call_tool("procure__place_order", order(quantity=3), meta=meta)
+        other = await client.call_tool("procure__place_order", order(quantity=300), meta=meta)
+    assert not first.is_error
+    assert other.is_error
+    assert other.structured_content["reason"] == "idempotency_conflict"
+    assert first.meta is not None
+    calls = (await tool_stats(tools_http, tenant))["calls_by_key"]
+    assert calls[f"irrev-{first.meta['dev.irrev/hold']}"] == 1
