@@ -26,6 +26,7 @@ def test_every_group_is_covered() -> None:
         "credentials",
         "differential",
         "settlement",
+        "mcp",
     }
 
 
@@ -34,6 +35,7 @@ def test_every_group_is_covered() -> None:
     [
         ("crash.*", False, 4),
         ("crash.*", True, 0),
+        ("mcp.*", False, 4),
         ("approve_k", False, 4),
         ("concurrency.retry_k16,hostile.nan_infinity", False, 2),
     ],
