@@ -39,7 +39,7 @@ def test_every_group_is_covered() -> None:
         ("approve_k", False, 4),
         ("concurrency.retry_k16,hostile.nan_infinity", False, 2),
     ],
-    ids=["glob", "glob-fast", "substring", "list"],
+    ids=["glob", "glob-fast", "mcp", "substring", "list"],
 )
 def test_select(pattern: str, fast: bool, expected: int) -> None:
     assert len(select(CELLS, pattern, fast)) == expected
