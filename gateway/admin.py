@@ -17,11 +17,10 @@ from pricing import PolicyError, TenantPolicy, load_policy_text
 from pricing.policy import AdminRole
 
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
-from .holds_api import hold_view
 from .policies import PolicyLoadError
 from .problems import Problem
 from .reconcile import reconcile
-from .responses import escalation_id
+from .responses import escalation_id, hold_view
 from .wire import StoredRequest
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -49,8 +48,8 @@ async def tenants(request: Request, admin: Admin) -> list[dict[str, Any]]:
         out.append(
             {
                 "tenant": tenant,
-                "agents": len(policy.agents),
-                "routes": len(policy.routes),
+                "agents": len(policy.document.agents),
+                "routes": len(policy.document.routes),
                 "live_holds": counts,
             }
         )
@@ -59,13 +58,13 @@ async def tenants(request: Request, admin: Admin) -> list[dict[str, Any]]:
 
 @router.get("/tenants/{tenant}/policy")
 async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
-    return policy_of(request, tenant, admin).model_dump(mode="json", by_alias=True)
+    return policy_of(request, tenant, admin).document.model_dump(mode="json", by_alias=True)
 
 
 def _upstreams(policy: TenantPolicy) -> dict[str, Any]:
     return {
         name: (tool.upstream, tool.mcp, tool.model_dump(include={"credentials"}))
-        for name, tool in policy.tools.items()
+        for name, tool in policy.document.tools.items()
     }
 
 

@@ -1,31 +1,50 @@
-"""The admission path shared by the proxy, approvals and the decision API: price ->
-one reserve -> forward the very request -> settle the hold by what the upstream said.
-Arithmetic lives in pricing/, state changes in ledger/; this module only orders them."""
+"""The one admission pipeline, for the proxy, approvals and the decision API:
+prepare (price, check, derive the hold) -> reserve (one ledger round trip) -> fire
+(deliver through an `Upstream`) -> settle (the hold by what the upstream said).
+Arithmetic lives in pricing/, state changes in ledger/, delivery behind `Upstream`;
+this module only orders them. Routers parse requests into an `Intent` and shape
+what comes back; nothing here sees an HTTP request."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
+import re
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import httpx
 
 from ledger.client import Ledger
-from ledger.errors import UnknownAccount
-from ledger.records import HoldState, ReserveResult
-from pricing import PricedEffect, TenantPolicy, hold_accounts
+from ledger.errors import HoldStateConflict, UnknownAccount
+from ledger.records import Decision, HoldState, ReserveResult
+from pricing import (
+    EffectClass,
+    PricedEffect,
+    TenantPolicy,
+    check_per_effect_cap,
+    check_route_scope,
+    hold_accounts,
+    price_request,
+)
 from pricing.credentials import AuthenticatedAgent
 
 from . import metrics
+from .canonical import Canonical
 from .crashpoints import crash_point
+from .http_upstream import HttpTarget, HttpUpstream
 from .problems import Problem
 from .settings import GatewaySettings
 from .tenants import TenantStore, factor_accounts
-from .upstream import Answer, Fate, Upstream, forward
-from .wire import KEPT_RESPONSE_HEADERS, StoredAnswer, StoredRequest
+from .upstream import Answer, Fate, Upstream
+from .wire import Headers, StoredAnswer, StoredRequest, fingerprint, hold_id_for
 
 log = logging.getLogger("irrev.gateway")
+# A trace context is new on every attempt by design; it does not change the effect.
+TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
+_AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 @dataclass
@@ -38,19 +57,182 @@ class Gate:
     http: httpx.AsyncClient
 
 
-async def reserve(
+@dataclass(frozen=True)
+class Intent:
+    """An effect as an agent asked for it, parsed by its router: `path` starts with
+    '/'; `canonical` is the query and body as they are priced and forwarded;
+    `headers` are the agent's headers its tool lets through (lower-case names,
+    sorted); `keys` are the idempotency keys the agent sent (anything held needs
+    exactly one)."""
+
+    tool: str
+    method: str
+    path: str
+    canonical: Canonical
+    keys: Sequence[str] = ()
+    headers: Headers = ()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A priced, checked effect and what its hold keeps. `hold_id` and `fingerprint`
+    are '' for a proxied read, which holds nothing."""
+
+    effect: PricedEffect
+    request: StoredRequest
+    hold_id: str
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What became of a held effect: `answer` is None while a human decides
+    (escalated), a StoredAnswer when a repeat of the key gets the recorded answer
+    back, else what the upstream answered now."""
+
+    result: ReserveResult
+    hold_id: str
+    answer: Answer | StoredAnswer | None
+
+
+def agent_key_of(keys: Sequence[str]) -> str:
+    """The agent's one idempotency key for an effect."""
+    if len(keys) > 1:
+        # Which one names the effect? Intermediaries disagree (first, last, joined).
+        raise Problem(400, "bad_idempotency_key", "send exactly one Idempotency-Key header")
+    if not keys:
+        raise Problem(
+            400,
+            "idempotency_key_required",
+            "effects need an 'Idempotency-Key' header: the same key for every retry of one "
+            "effect, a new key for a new effect",
+        )
+    if not _AGENT_KEY.fullmatch(keys[0]):
+        raise Problem(400, "bad_idempotency_key", "Idempotency-Key must be 1-255 printable ASCII")
+    return keys[0]
+
+
+def prepare(
+    policy: TenantPolicy, agent: AuthenticatedAgent, intent: Intent, *, in_process: bool
+) -> Prepared:
+    """Price the effect, check the agent may make it here (`in_process`: through the
+    decision API, else the proxy) and at this price, and derive the request its hold
+    keeps, the hold's id and the fingerprint that tells a repeat from a new effect."""
+    canonical = intent.canonical
+    effect = price_request(
+        policy,
+        intent.tool,
+        intent.method,
+        intent.path,
+        canonical.query_map,
+        canonical.document,
+        canonical.body_format,
+    )
+    check_route_scope(policy, agent, effect)
+    if effect.in_process and not in_process:
+        raise Problem(403, "in_process_route", "this route is decision-only: use /v1/holds")
+    if in_process and not effect.in_process:
+        raise Problem(403, "route_is_proxied", "this route's effects go through /tools/...")
+    check_per_effect_cap(agent, effect)
+    # What goes upstream is re-encoded from what was priced, never the agent's bytes.
+    body = canonical.body
+    request = StoredRequest(
+        agent.agent_id,
+        intent.tool,
+        intent.method,
+        intent.path,
+        canonical.query_text,
+        canonical.content_type,
+        base64.b64encode(body).decode(),
+        effect.route_id,
+        effect.price_micros,
+        intent.headers,
+        face_value=effect.face_value_micros,
+        effect_class=effect.effect_class.value,
+        in_process=effect.in_process,
+    )
+    if effect.effect_class is EffectClass.READ and not in_process:
+        return Prepared(effect, request, "", "")
+    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key_of(intent.keys))
+    effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
+    digest = fingerprint(intent.method, intent.path, request.query, body, effect_headers)
+    return Prepared(effect, request, hold_id, digest)
+
+
+def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> HttpTarget:
+    target = gate.tenants.target(policy.tenant, tool_name)
+    if target is None:
+        raise Problem(403, "no_upstream", f"tool {tool_name!r} has no upstream to forward to")
+    return target
+
+
+def upstream_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> Upstream:
+    """The tool's upstream: its MCP server (gateway/mcp_upstream.py) or its HTTP API;
+    403 if it has neither."""
+    mcp = gate.tenants.mcp_upstream(policy.tenant, tool_name)
+    if mcp is not None:
+        return mcp
+    return HttpUpstream(gate.http, target_of(gate, policy, tool_name))
+
+
+async def admit(
     gate: Gate,
     policy: TenantPolicy,
     agent: AuthenticatedAgent,
-    effect: PricedEffect,
-    hold_id: str,
-    fingerprint: str,
-    request: StoredRequest,
+    prepared: Prepared,
+    upstream: Upstream,
+) -> Admitted | Answer:
+    """The proxy's path: a read goes straight through (its bare Answer); an effect is
+    reserved, then fired and settled, or escalated to a human; a repeat of its key
+    gets the recorded answer or, for an ambiguous hold, the same effect again under
+    the same key."""
+    hold_id = prepared.hold_id
+    if not hold_id:
+        return await upstream.deliver(prepared.request, "", _answer_by(gate))
+    result = await reserve(gate, policy, agent, prepared)
+    if result.state is HoldState.ESCALATED:
+        return Admitted(result, hold_id, None)
+    if not result.replayed:
+        answer = await fire(gate, policy, hold_id, prepared.request, result.deadline_ms, upstream)
+        return Admitted(result, hold_id, answer)
+    return Admitted(result, hold_id, await _replay(gate, policy, result, hold_id, upstream))
+
+
+async def _replay(
+    gate: Gate, policy: TenantPolicy, result: ReserveResult, hold_id: str, upstream: Upstream
+) -> Answer | StoredAnswer:
+    hold = await gate.ledger.hold(policy.tenant, hold_id)
+    if hold is not None and hold.outcome:
+        recorded = StoredAnswer.loads(hold.outcome)
+        if hold.state is HoldState.VOIDED and recorded.status // 100 == 2:
+            # An upstream 2xx never voids: this is the receipt of a void through the
+            # holds API, not an answer to give back as the effect's.
+            raise Problem(
+                409,
+                "hold_voided",
+                "this effect's hold was voided, so it was not made; use a new "
+                "Idempotency-Key to make it",
+                hold=hold_id,
+                state=hold.state.value,
+            )
+        return recorded
+    if hold is not None and hold.state is HoldState.AMBIGUOUS:
+        # The first outcome is unknown: retry, with the same Idempotency-Key, so the
+        # tool API can deduplicate it (contract 4).
+        request = StoredRequest.loads(hold.request)
+        return await fire(gate, policy, hold_id, request, None, upstream)
+    raise settled_problem(hold.state if hold else result.state, hold_id)
+
+
+async def reserve(
+    gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, prepared: Prepared
 ) -> ReserveResult:
-    """One round trip. A risk-factor account met for the first time is opened by the
-    reserve itself, only if it keeps the hold; an account the policy names but Redis
-    lacks (a policy changed elsewhere) by a reload, then the reserve is repeated once:
-    the only path with a second trip."""
+    """One round trip; a denial is raised (403 with the numbers that decided it). A
+    risk-factor account met for the first time is opened by the reserve itself, only
+    if it keeps the hold; an account the policy names but Redis lacks (a policy
+    changed elsewhere) by a reload, then the reserve is repeated once: the only path
+    with a second trip."""
+    effect, hold_id = prepared.effect, prepared.hold_id
     amounts = hold_accounts(policy, agent, effect)
     opens = factor_accounts(policy, amounts)
 
@@ -60,12 +242,12 @@ async def reserve(
             return await gate.ledger.reserve(
                 policy.tenant,
                 hold_id,
-                fingerprint,
+                prepared.fingerprint,
                 amounts,
                 ttl_ms=policy.hold_ttl_ms,
                 escalation_ttl_ms=policy.escalation_ttl_ms,
                 escalate_above=effect.approval_threshold_micros or 0,
-                request=request.dumps(),
+                request=prepared.request.dumps(),
                 open_missing=opens,
             )
         finally:
@@ -82,7 +264,28 @@ async def reserve(
         if result.state is HoldState.PENDING:
             await require_replicas(gate, policy.tenant, hold_id, result.replicas, agent.agent_id)
             crash_point("after_reserve")
+    if result.decision is Decision.DENY:
+        raise refusal(result, hold_id)
     return result
+
+
+async def approve(gate: Gate, policy: TenantPolicy, hold_id: str, admin: str) -> Answer | None:
+    """Consume-once: of any number of concurrent approvals exactly one claims the
+    hold and forwards its effect, by the deadline and request the claim returns;
+    every other gets 409 naming the outcome and who decided it. None: the route is
+    decision-only, and its in-process tool sees the hold pending and acts itself."""
+    try:
+        claim = await gate.ledger.approve(policy.tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms)
+    except HoldStateConflict as exc:
+        raise resolved_already(exc) from exc
+    crash_point("after_claim")
+    request = StoredRequest.loads(claim.request)
+    await require_replicas(gate, policy.tenant, hold_id, claim.replicas, request.agent)
+    found = policy.catalog.match(request.tool, request.method, request.path)
+    if found is not None and found[0].in_process:
+        return None
+    upstream = upstream_of(gate, policy, request.tool)
+    return await fire(gate, policy, hold_id, request, claim.deadline_ms, upstream)
 
 
 async def require_replicas(
@@ -112,17 +315,22 @@ async def require_replicas(
     raise problem
 
 
+def _answer_by(gate: Gate) -> float:
+    """The monotonic instant an upstream must have answered by (`Upstream.deliver`)."""
+    return time.monotonic() + gate.settings.upstream_timeout_s
+
+
 async def fire(
     gate: Gate,
     policy: TenantPolicy,
     hold_id: str,
     request: StoredRequest,
     deadline_ms: int | None,
+    upstream: Upstream,
 ) -> Answer:
-    """Forward an admitted effect once and settle its hold by the answer.
-    `deadline_ms` is None for the retry of an ambiguous hold, which never expires."""
-    mcp = gate.tenants.mcp_upstream(policy.tenant, request.tool)
-    target = target_of(gate, policy, request.tool) if mcp is None else Upstream("")
+    """Deliver an admitted effect once and settle its hold by the answer.
+    `deadline_ms` is the hold's (Redis's clock), None for the retry of an ambiguous
+    hold, which never expires."""
     budget_s = (deadline_ms or 0) / 1000 - time.time() - gate.settings.forward_margin_s
     if deadline_ms is not None and budget_s < gate.settings.upstream_timeout_s:
         # Too close to the deadline: the answer could come after the hold turned
@@ -134,38 +342,19 @@ async def fire(
         # reconciler told "not found" while it is on its way cannot void it (contract 6).
         window_s = gate.settings.upstream_timeout_s + gate.settings.forward_margin_s
         await gate.ledger.retry(policy.tenant, hold_id, math.ceil(window_s * 1000))
-    if mcp is not None:
-        answer_by = time.monotonic() + gate.settings.upstream_timeout_s
-        answer = await mcp.deliver(request, hold_id, answer_by, retry=deadline_ms is None)
-    else:
-        timeout_s = gate.settings.upstream_timeout_s
-        answer = await forward(gate.http, target, request, hold_id, timeout_s)
-    if deadline_ms is None and answer.status in target.in_progress:
-        # The retry reached the upstream while it still makes the first request under
-        # this key (the IETF Idempotency-Key draft's 409): not a refusal of the effect.
-        answer = replace(answer, fate=Fate.IN_PROGRESS)
+    started = time.perf_counter()
+    answer = await upstream.deliver(request, hold_id, _answer_by(gate), retry=deadline_ms is None)
+    elapsed_s = time.perf_counter() - started
     if answer.fate is Fate.DELIVERED:
         crash_point("after_upstream_2xx")
-    metrics.UPSTREAM_SECONDS.labels(request.tool).observe(answer.elapsed_s)
+    metrics.UPSTREAM_SECONDS.labels(request.tool).observe(elapsed_s)
     metrics.UPSTREAM_OUTCOMES.labels(request.tool, answer.fate).inc()
-    await settle(gate, policy.tenant, hold_id, request, answer, target.kept_headers)
+    await settle(gate, policy.tenant, hold_id, request, answer)
     return answer
 
 
-def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> Upstream:
-    target = gate.tenants.target(policy.tenant, tool_name)
-    if target is None:
-        raise Problem(403, "no_upstream", f"tool {tool_name!r} has no upstream to forward to")
-    return target
-
-
 async def settle(
-    gate: Gate,
-    tenant: str,
-    hold_id: str,
-    request: StoredRequest,
-    answer: Answer,
-    keep: frozenset[str] = KEPT_RESPONSE_HEADERS,
+    gate: Gate, tenant: str, hold_id: str, request: StoredRequest, answer: Answer
 ) -> None:
     """2xx: post at the held price (compensation returns what is recovered later);
     4xx or never sent: void; in progress: nothing (the hold stays ambiguous and a
@@ -179,7 +368,10 @@ async def settle(
         if answer.fate is Fate.UNKNOWN:
             await gate.ledger.mark_ambiguous(tenant, hold_id, answer.why)
             return
-        outcome = request.answer(*_recordable(answer), keep=keep).dumps()
+        status, headers, body = _recordable(answer)
+        # The upstream kept only the headers that may reach the agent: all are recorded.
+        kept = frozenset(name.lower() for name, _ in headers)
+        outcome = request.answer(status, headers, body, keep=kept).dumps()
         if answer.fate is Fate.DELIVERED:
             await gate.ledger.post(tenant, hold_id, request.price, outcome=outcome)
         else:
@@ -198,6 +390,12 @@ def _recordable(answer: Answer) -> tuple[int, list[tuple[str, str]], bytes]:
         body = b'{"reason":"upstream_unreachable","detail":"the effect was never sent"}'
         return 502, [("content-type", "application/problem+json")], body
     return answer.status, list(answer.headers), answer.body
+
+
+def resolved_already(conflict: HoldStateConflict) -> Problem:
+    """The loser of a consume-once race learns the outcome and who decided it."""
+    state = conflict.state.value
+    return Problem(409, "escalation_resolved", f"already {state}", state=state, by=conflict.by)
 
 
 def refusal(result: ReserveResult, hold_id: str) -> Problem:

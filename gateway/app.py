@@ -32,11 +32,11 @@ from . import (
 )
 from .admission import Gate
 from .auth import admin_auth, gate_of
+from .http_upstream import make_client
 from .mcp_mount import LazyMcp
 from .problems import Problem
 from .settings import GatewaySettings
 from .tenants import TenantStore
-from .upstream import make_client
 
 log = logging.getLogger("irrev.gateway")
 LEDGER_START_WAIT_S = 5.0

@@ -22,7 +22,7 @@ def resolve_credentials(policy: TenantPolicy) -> dict[str, Injected]:
     variable or file that is missing, unreadable or not a valid header value."""
     resolved: dict[str, Injected] = {}
     problems: list[Problem] = []
-    for tool_name, tool in policy.tools.items():
+    for tool_name, tool in policy.document.tools.items():
         headers = []
         for header, secret in tool.credentials.items():
             value, problem = _read(secret)

@@ -3,7 +3,6 @@ consume-once claim in the ledger, and only its winner forwards the effect."""
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -13,24 +12,17 @@ from ledger.errors import HoldStateConflict
 from ledger.records import HoldState
 from pricing.policy import AdminRole
 
-from .admission import fire, require_replicas
+from . import admission
 from .auth import AdminIdentity, Caller, caller_auth, gate_of, tenant_admin_auth
-from .crashpoints import crash_point
 from .problems import Problem
 from .responses import answer_response, parse_escalation_id, stored_response
-from .wire import StoredAnswer, StoredRequest, owner_of
+from .wire import StoredAnswer, owner_of
 
 router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
 
 
 def no_such_escalation() -> Problem:
     return Problem(404, "not_found", "no such escalation")
-
-
-def resolved_already(conflict: HoldStateConflict) -> Problem:
-    """The loser of a consume-once race learns the outcome and who decided it."""
-    state = conflict.state.value
-    return Problem(409, "escalation_resolved", f"already {state}", state=state, by=conflict.by)
 
 
 @router.get("/{escalation}")
@@ -73,25 +65,13 @@ async def approve(
     gate = gate_of(request)
     tenant, hold_id = parse_escalation_id(escalation)
     who.require(tenant, AdminRole.APPROVER, no_such_escalation())
-    admin = who.name
     policy = gate.tenants.policies.get(tenant)
     if policy is None:
         raise no_such_escalation()
-    try:
-        claim = await gate.ledger.approve(tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms)
-    except HoldStateConflict as exc:
-        raise resolved_already(exc) from exc
-    crash_point("after_claim")
-    deadline_ms = int(time.time() * 1000) + policy.hold_ttl_ms - 1000
-    hold = await gate.ledger.hold(tenant, hold_id)
-    assert hold is not None
-    stored = StoredRequest.loads(hold.request)
-    await require_replicas(gate, tenant, hold_id, claim.replicas, stored.agent)
-    found = policy.catalog.match(stored.tool, stored.method, stored.path)
-    if found is not None and found[0].in_process:
+    answer = await admission.approve(gate, policy, hold_id, who.name)
+    if answer is None:
         # Decision-only: the in-process tool sees the hold pending and acts itself.
-        return JSONResponse({"status": "approved", "escalation": escalation, "by": admin})
-    answer = await fire(gate, policy, hold_id, stored, deadline_ms)
+        return JSONResponse({"status": "approved", "escalation": escalation, "by": who.name})
     return answer_response(answer, {"X-Irrev-Hold": hold_id, "X-Irrev-Escalation": "approved"})
 
 
@@ -108,5 +88,5 @@ async def reject(
     try:
         await gate.ledger.reject(tenant, hold_id, admin)
     except HoldStateConflict as exc:
-        raise resolved_already(exc) from exc
+        raise admission.resolved_already(exc) from exc
     return {"status": "rejected", "escalation": escalation, "by": admin}

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import base64
 import logging
 from typing import Annotated, Any
 
@@ -13,33 +12,24 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ledger.client import Ledger
 from ledger.errors import LedgerError
-from ledger.records import Decision, Hold, HoldState, Status
-from pricing import EffectClass, TenantPolicy, check_per_effect_cap, price_request
+from ledger.limits import MAX_AMOUNT
+from ledger.records import Hold, HoldState, Status
+from pricing import EffectClass, TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 from pricing.policy import BodyFormat
-from pricing.scopes import check_route_scope
 
 from . import metrics
-from .admission import refusal, reserve
+from .admission import Intent, prepare, reserve
 from .auth import Settling, agent_auth, gate_of, settling_auth
 from .canonical import Canonical
 from .problems import Problem
-from .proxy import agent_key_of
-from .responses import budget_headers, escalation_id
-from .wire import (
-    StoredAnswer,
-    StoredRequest,
-    fingerprint,
-    hold_id_for,
-    parse_json_body,
-    record_of,
-)
+from .responses import budget_headers, escalation_id, hold_view
+from .wire import StoredAnswer, StoredRequest, parse_json_body, record_of
 
 log = logging.getLogger("irrev.gateway")
 router = APIRouter(prefix="/v1/holds", tags=["decision API"])
 Agent = Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)]
 Settler = Annotated[Settling, Depends(settling_auth)]
-MAX_MICROS = 2**53 - 1
 COMPENSABLE = frozenset({EffectClass.REVERSIBLE.value, EffectClass.COMPENSABLE.value})
 
 
@@ -56,7 +46,7 @@ class HoldRequest(Strict):
 
 
 class PostRequest(Strict):
-    amount_micros: int | None = Field(default=None, ge=0, le=MAX_MICROS)
+    amount_micros: int | None = Field(default=None, ge=0, le=MAX_AMOUNT)
 
 
 class AmbiguousRequest(Strict):
@@ -64,28 +54,20 @@ class AmbiguousRequest(Strict):
 
 
 class CompensateRequest(Strict):
-    recovered_micros: int = Field(ge=0, le=MAX_MICROS)
+    recovered_micros: int = Field(ge=0, le=MAX_AMOUNT)
 
 
 class TrueUpRequest(Strict):
-    realised_micros: int = Field(ge=0, le=MAX_MICROS)
+    realised_micros: int = Field(ge=0, le=MAX_AMOUNT)
 
 
-def hold_view(tenant: str, hold: Hold) -> dict[str, Any]:
-    view: dict[str, Any] = {
-        "hold": hold.hold_id,
-        "state": hold.state.value,
-        "decision": hold.decision.value,
-        "reason": hold.reason.value,
-        "amounts": hold.amounts,
-        "posted": hold.posted,
-        "compensated": hold.compensated,
-        "flags": sorted(hold.flags),
-        "deadline_ms": hold.deadline_ms,
-    }
-    if hold.state is HoldState.ESCALATED:
-        view["escalation"] = escalation_id(tenant, hold.hold_id)
-    return view
+def _canonical(spec: HoldRequest, raw: bytes) -> Canonical:
+    """The effect as priced. The body is read again strictly (exact numbers, no keys
+    differing only in case), not from the schema's lenient parse: it is priced like
+    a proxied one."""
+    document = parse_json_body(raw)
+    body = document.get("body") if isinstance(document, dict) else None
+    return Canonical(tuple(spec.query.items()), None if body is None else BodyFormat.JSON, body)
 
 
 @router.post("", status_code=201)
@@ -93,65 +75,21 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
     """Price an in-process effect and hold its budget: 201 admitted, 202 escalated,
     403 denied; a repeat of the Idempotency-Key returns the hold as it is now."""
     gate, (policy, agent) = gate_of(request), who
-    # Read again strictly (exact numbers, no keys differing only in case), not from the
-    # schema's lenient parse: the body is priced like a proxied one.
-    document = parse_json_body(await request.body())
-    body = document.get("body") if isinstance(document, dict) else None
-    canonical = Canonical(
-        tuple(spec.query.items()), None if body is None else BodyFormat.JSON, body
-    )
-    effect = price_request(
-        policy,
-        spec.tool,
-        spec.method,
-        spec.path,
-        canonical.query_map,
-        canonical.document,
-        canonical.body_format,
-    )
-    check_route_scope(policy, agent, effect)
-    if not effect.in_process:
-        raise Problem(403, "route_is_proxied", "this route's effects go through /tools/...")
-    check_per_effect_cap(agent, effect)
-    route_id = effect.route.route_id if effect.route else f"{spec.tool} {spec.method} {spec.path}"
-    hold_id = hold_id_for(policy.tenant, agent.agent_id, route_id, agent_key_of(request))
-    query, raw = canonical.query_text, canonical.body
-    stored = StoredRequest(
-        agent.agent_id,
-        spec.tool,
-        spec.method,
-        spec.path,
-        query,
-        canonical.content_type,
-        base64.b64encode(raw).decode(),
-        route_id,
-        effect.price_micros,
-        face_value=effect.face_value_micros,
-        effect_class=effect.effect_class.value,
-        in_process=True,
-    )
-    result = await reserve(
-        gate,
-        policy,
-        agent,
-        effect,
-        hold_id,
-        fingerprint(spec.method, spec.path, query, raw),
-        stored,
-    )
-    if result.decision is Decision.DENY:
-        raise refusal(result, hold_id)
-    headers = budget_headers(result, hold_id, replayed=result.replayed)
+    canonical = _canonical(spec, await request.body())
+    keys = request.headers.getlist("idempotency-key")
+    intent = Intent(spec.tool, spec.method, spec.path, canonical, keys=keys)
+    prepared = prepare(policy, agent, intent, in_process=True)
+    result = await reserve(gate, policy, agent, prepared)
+    hold_id = prepared.hold_id
     hold = await gate.ledger.hold(policy.tenant, hold_id)
     assert hold is not None
+    headers = budget_headers(result, hold_id, replayed=result.replayed)
     status = 200 if result.replayed else 202 if result.state is HoldState.ESCALATED else 201
     if hold.state is HoldState.ESCALATED:
         headers["Location"] = f"/v1/escalations/{escalation_id(policy.tenant, hold_id)}"
-    return JSONResponse(
-        {**hold_view(policy.tenant, hold), "price": result.price, "remaining": result.remaining},
-        status,
-        headers=headers,
-    )
+    view = hold_view(policy.tenant, hold)
+    body = {**view, "price": result.price, "remaining": result.remaining}
+    return JSONResponse(body, status, headers=headers)
 
 
 def _tool_of(route_id: str) -> str:
@@ -193,7 +131,7 @@ def _overrun_reports(policy: TenantPolicy, route_id: str) -> bool:
     for group in policy.catalog.routes.values():
         for route in group:
             if route.route_id == route_id:
-                return policy.routes[route.index].overrun_report
+                return policy.document.routes[route.index].overrun_report
     return False
 
 

@@ -1,25 +1,19 @@
-"""An MCP tool call through the admission pipeline: price -> reserve -> deliver once
-through the tenant's MCP server -> settle, and what came of it for the endpoint to
-shape into a tool result."""
+"""An MCP tool call through the admission pipeline (gateway/admission.py: prepare ->
+reserve -> deliver once through the tenant's MCP server -> settle), and what came of
+it, for the endpoint to shape into a tool result."""
 
 from __future__ import annotations
 
-import base64
-import time
 from dataclasses import dataclass
 
-from ledger.records import Decision, HoldState
-from pricing import EffectClass, TenantPolicy, check_per_effect_cap, price_request
+from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
-from pricing.policy import BodyFormat
-from pricing.scopes import check_route_scope
 
-from .admission import Gate, fire, refusal, reserve, settled_problem
+from .admission import Gate, Intent, admit, prepare, upstream_of
 from .canonical import Canonical
-from .mcp_upstream import McpUpstream
 from .problems import Problem
 from .upstream import Answer, Fate
-from .wire import StoredAnswer, StoredRequest, fingerprint, hold_id_for
+from .wire import StoredAnswer
 
 CALL = "CALL"
 
@@ -102,47 +96,14 @@ async def call_effect(
     canonical: Canonical,
     key: str,
 ) -> Outcome:
-    path = f"/{tool}"
-    effect = price_request(policy, server, CALL, path, {}, canonical.document, BodyFormat.JSON)
-    check_route_scope(policy, agent, effect)
-    check_per_effect_cap(agent, effect)
-    upstream = gate.tenants.mcp_upstream(policy.tenant, server)
-    if upstream is None:
-        raise Problem(403, "no_upstream", f"tool {server!r} is not an MCP server")
-    body = canonical.body
-    request = StoredRequest(
-        agent.agent_id,
-        server,
-        CALL,
-        path,
-        "",
-        canonical.content_type,
-        base64.b64encode(body).decode(),
-        effect.route_id,
-        effect.price_micros,
-        face_value=effect.face_value_micros,
-        effect_class=effect.effect_class.value,
-    )
-    if effect.effect_class is EffectClass.READ:
-        return outcome_of(await _read(gate, upstream, request), "", 0)
-    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, key)
-    digest = fingerprint(CALL, path, "", body)
-    result = await reserve(gate, policy, agent, effect, hold_id, digest, request)
-    if result.decision is Decision.DENY:
-        raise refusal(result, hold_id)
-    if result.state is HoldState.ESCALATED:
-        return Outcome(hold_id, result.price, escalated=True)
-    if not result.replayed:
-        answer = await fire(gate, policy, hold_id, request, result.deadline_ms)
-        return outcome_of(answer, hold_id, result.price)
-    hold = await gate.ledger.hold(policy.tenant, hold_id)
-    if hold is not None and hold.outcome:
-        return outcome_of(StoredAnswer.loads(hold.outcome), hold_id, result.price)
-    if hold is not None and hold.state is HoldState.AMBIGUOUS:
-        answer = await fire(gate, policy, hold_id, StoredRequest.loads(hold.request), None)
-        return outcome_of(answer, hold_id, result.price)
-    raise settled_problem(hold.state if hold else result.state, hold_id)
-
-
-async def _read(gate: Gate, upstream: McpUpstream, request: StoredRequest) -> Answer:
-    return await upstream.deliver(request, "", time.monotonic() + gate.settings.upstream_timeout_s)
+    """One `tools/call` through the admission pipeline, with the tenant's MCP server
+    `server` as its Upstream; refusals are raised (Problem, RequestError)."""
+    intent = Intent(server, CALL, f"/{tool}", canonical, keys=(key,))
+    prepared = prepare(policy, agent, intent, in_process=False)
+    admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))
+    if isinstance(admitted, Answer):
+        return outcome_of(admitted, "", 0)  # a read: free, nothing held
+    price = admitted.result.price
+    if admitted.answer is None:
+        return Outcome(admitted.hold_id, price, escalated=True)
+    return outcome_of(admitted.answer, admitted.hold_id, price)

@@ -80,7 +80,7 @@ def split_name(name: str) -> tuple[str, str]:
 
 
 def servers_of(policy: TenantPolicy) -> list[str]:
-    return sorted(name for name, tool in policy.tools.items() if tool.mcp)
+    return sorted(name for name, tool in policy.document.tools.items() if tool.mcp)
 
 
 def route_effect(server: str, tool: str, route: CompiledRoute) -> PricedEffect:
@@ -92,7 +92,7 @@ def route_effect(server: str, tool: str, route: CompiledRoute) -> PricedEffect:
 
 def pricing_note(policy: TenantPolicy, route: CompiledRoute) -> str:
     """How irrev prices the tool, for the model reading `tools/list`."""
-    unit = policy.risk_unit.currency
+    unit = policy.document.risk_unit.currency
     if route.effect_class is EffectClass.READ:
         return "[irrev] effect class: read; free."
     if route.face_fixed_micros is not None:
@@ -197,7 +197,7 @@ async def call_tool(
 def refused(problem: Problem, policy: TenantPolicy, key: str) -> types.CallToolResult:
     """A refusal the model can act on: one sentence (reason, price, what is left) and
     the problem's fields as structured content."""
-    unit = policy.risk_unit.currency
+    unit = policy.document.risk_unit.currency
     extra = problem.extra
     sentence = f"irrev refused this call ({problem.reason}): {problem.detail}."
     if isinstance(extra.get("price"), int):
@@ -223,10 +223,11 @@ def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallTool
     if outcome.escalated:
         escalation = escalation_id(policy.tenant, outcome.hold_id)
         price = minor_to_major_text(outcome.price, policy.scale)
+        unit = policy.document.risk_unit.currency
         text = (
             f"This call waits for a human's approval (escalation {escalation}, price {price} "
-            f"{policy.risk_unit.currency}): nothing was done yet. Make the same call again "
-            f"with _meta {{{KEY_META!r}: {key!r}}} to get its result once it is approved."
+            f"{unit}): nothing was done yet. Make the same call again with _meta "
+            f"{{{KEY_META!r}: {key!r}}} to get its result once it is approved."
         )
         structured = {
             "status": "escalated",

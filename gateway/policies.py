@@ -69,8 +69,9 @@ def read_policy_file(path: Path) -> TenantPolicy:
 class ForwardBudget:
     """What a hold must outlive to be forwarded (settings, not policy): fire() refuses
     to send once fewer than `upstream_timeout_s` are left before the hold's deadline
-    minus `forward_margin_s`, and an approval forwards with a deadline 1 s short of
-    its TTL (escalations.py). A hold_ttl below their sum refuses every effect."""
+    minus `forward_margin_s`; 1 s more covers the time from the reserve or approval
+    that set the deadline (Redis's clock) to the forward. A hold_ttl below their sum
+    refuses every effect."""
 
     upstream_timeout_s: float = 0.0
     forward_margin_s: float = 0.0
@@ -114,8 +115,9 @@ def check_policy_set(
                 )
             )
         tenants.setdefault(policy.tenant, source)
-        members = [(f"agents.{a}", spec.token_sha256) for a, spec in policy.agents.items()]
-        members += [(f"admins.{a}", spec.token_sha256) for a, spec in policy.admins.items()]
+        doc = policy.document
+        members = [(f"agents.{a}", spec.token_sha256) for a, spec in doc.agents.items()]
+        members += [(f"admins.{a}", spec.token_sha256) for a, spec in doc.admins.items()]
         for where, token_hash in members:
             if token_hash in owners:
                 problems.append(
@@ -126,7 +128,7 @@ def check_policy_set(
                     )
                 )
             owners.setdefault(token_hash, source)
-        for name, tool in policy.tools.items():
+        for name, tool in policy.document.tools.items():
             if tool.settler_token_sha256 is None:
                 continue
             if tool.settler_token_sha256 in owners:
@@ -230,8 +232,9 @@ def check_demo_tokens(path: Path) -> DemoTokens:
                     f"does not match the agent's token_sha256 in {demo.policy}",
                 )
             )
-    hashes = {f"settlers.{name}": tool.settler_token_sha256 for name, tool in policy.tools.items()}
-    hashes |= {f"admins.{name}": admin.token_sha256 for name, admin in policy.admins.items()}
+    doc = policy.document
+    hashes = {f"settlers.{name}": tool.settler_token_sha256 for name, tool in doc.tools.items()}
+    hashes |= {f"admins.{name}": admin.token_sha256 for name, admin in doc.admins.items()}
     given = {f"settlers.{name}": token for name, token in demo.settlers.items()}
     given |= {f"admins.{name}": token for name, token in demo.admins.items()}
     for where, token in given.items():

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi.responses import JSONResponse, Response
 
-from ledger.records import ReserveResult
+from ledger.records import Hold, HoldState, ReserveResult
 from pricing.policy import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
 
 from .problems import Problem
@@ -21,6 +23,23 @@ def parse_escalation_id(escalation: str) -> tuple[str, str]:
     if not sep or not tenant or not hold_id:
         raise Problem(404, "not_found", "no such escalation")
     return tenant, hold_id
+
+
+def hold_view(tenant: str, hold: Hold) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "hold": hold.hold_id,
+        "state": hold.state.value,
+        "decision": hold.decision.value,
+        "reason": hold.reason.value,
+        "amounts": hold.amounts,
+        "posted": hold.posted,
+        "compensated": hold.compensated,
+        "flags": sorted(hold.flags),
+        "deadline_ms": hold.deadline_ms,
+    }
+    if hold.state is HoldState.ESCALATED:
+        view["escalation"] = escalation_id(tenant, hold.hold_id)
+    return view
 
 
 def budget_headers(

@@ -31,6 +31,7 @@ from pricing.credentials import AuthenticatedAgent, hash_token
 from pricing.policy import AdminRole, McpErrorMeaning
 
 from .credentials import Injected, resolve_credentials
+from .http_upstream import HttpTarget
 from .policies import (
     NO_BUDGET,
     ForwardBudget,
@@ -41,7 +42,6 @@ from .policies import (
     policy_files,
     read_text,
 )
-from .upstream import Upstream
 from .wire import KEPT_RESPONSE_HEADERS
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class TenantStore:
         self._agents: dict[str, tuple[TenantPolicy, AuthenticatedAgent]] = {}
         self._settlers: dict[str, tuple[TenantPolicy, str]] = {}
         self._signature: tuple[tuple[str, int, int], ...] = ()
-        self._targets: dict[tuple[str, str], Upstream] = {}
+        self._targets: dict[tuple[str, str], HttpTarget] = {}
         self._mcp: dict[tuple[str, str], McpUpstream] = {}
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
         self._secret_files: tuple[tuple[str, int, int], ...] = ()
@@ -135,7 +135,7 @@ class TenantStore:
         self._install(await self._read_observed(ledger))
         return sorted(policies)
 
-    def target(self, tenant: str, tool: str) -> Upstream | None:
+    def target(self, tenant: str, tool: str) -> HttpTarget | None:
         """Where and how requests to `tool` of `tenant` go; None without an upstream."""
         return self._targets.get((tenant, tool))
 
@@ -185,12 +185,12 @@ class TenantStore:
         self._admins = {
             admin.token_sha256: (tenant, admin_id, admin.role)
             for tenant, policy in self.policies.items()
-            for admin_id, admin in policy.admins.items()
+            for admin_id, admin in policy.document.admins.items()
         }
         self._settlers = {
             tool.settler_token_sha256: (policy, name)
             for policy in self.policies.values()
-            for name, tool in policy.tools.items()
+            for name, tool in policy.document.tools.items()
             if tool.settler_token_sha256 is not None
         }
         self._observed = observed
@@ -265,19 +265,19 @@ def _credentials_of(policies: Iterable[TenantPolicy]) -> dict[str, dict[str, Inj
 
 def _targets(
     policies: Iterable[TenantPolicy], credentials: dict[str, dict[str, Injected]]
-) -> dict[tuple[str, str], Upstream]:
+) -> dict[tuple[str, str], HttpTarget]:
     """Each tool's upstream as the gateway calls it, built once per load, not per
     forward: its URL, its credentials, the answer headers kept, what means "still in
     progress"."""
     return {
-        (policy.tenant, name): Upstream(
+        (policy.tenant, name): HttpTarget(
             tool.upstream,
             credentials.get(policy.tenant, {}).get(name, ()),
             KEPT_RESPONSE_HEADERS | {header.lower() for header in tool.response_headers},
             frozenset(tool.in_progress_statuses),
         )
         for policy in policies
-        for name, tool in policy.tools.items()
+        for name, tool in policy.document.tools.items()
         if tool.upstream is not None
     }
 
@@ -289,19 +289,19 @@ def _mcp_upstreams(
     `isError` means "not executed" (route field `is_error`). The MCP SDK is imported
     only where a tenant has an MCP server (it is most of a worker's import time)."""
     policies = list(policies)
-    if not any(tool.mcp for policy in policies for tool in policy.tools.values()):
+    if not any(tool.mcp for policy in policies for tool in policy.document.tools.values()):
         return {}
     from .mcp_upstream import McpUpstream
 
     upstreams = {}
     for policy in policies:
-        for name, tool in policy.tools.items():
+        for name, tool in policy.document.tools.items():
             if tool.mcp is None:
                 continue
             not_executed = frozenset(
                 route.template.text.removeprefix("/")
                 for route in policy.catalog.by_tool.get(name, ())
-                if policy.routes[route.index].is_error is McpErrorMeaning.NOT_EXECUTED
+                if policy.document.routes[route.index].is_error is McpErrorMeaning.NOT_EXECUTED
             )
             creds = credentials.get(policy.tenant, {}).get(name, ())
             upstreams[(policy.tenant, name)] = McpUpstream(tool.mcp, creds, not_executed)
@@ -312,7 +312,7 @@ def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str
     paths = {
         secret.file
         for policy in policies
-        for tool in policy.tools.values()
+        for tool in policy.document.tools.values()
         for secret in tool.credentials.values()
         if secret.file
     }

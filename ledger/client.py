@@ -19,6 +19,7 @@ from .keys import tenant_prefix as prefix
 from .records import (
     AccountCheck,
     AccountSpec,
+    Approval,
     Balance,
     Decision,
     Hold,
@@ -364,17 +365,20 @@ class Ledger:
         reply = await self._run("learn", tenant, args)
         return raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
 
-    async def approve(
-        self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int
-    ) -> TransitionResult:
-        """Consume-once: raises HoldStateConflict naming the outcome for every loser."""
+    async def approve(self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int) -> Approval:
+        """Consume-once: raises HoldStateConflict naming the outcome for every loser.
+        The winner gets the hold's new deadline and its kept request."""
         args = [
             *self._hold_args(hold_id),
             str(validate.ttl("ttl_ms", ttl_ms)),
             validate.identifier("approver", approver),
         ]
         reply, replicas = await self._run_replicated("approve", tenant, args)
-        return _transition_result(tenant, hold_id, "approve", reply, replicas)
+        status = raise_for_reply(tenant, hold_id, "approve", reply)
+        state, by, deadline_ms, request = reply[1:5]
+        return Approval(
+            status, hold_id, HoldState(state), str(by), int(deadline_ms), str(request), replicas
+        )
 
     async def reject(self, tenant: str, hold_id: str, approver: str) -> TransitionResult:
         args = [*self._hold_args(hold_id), validate.identifier("approver", approver)]
@@ -520,7 +524,7 @@ def _transition_result(
         hold_id=hold_id,
         state=HoldState(reply[1]),
         flags=frozenset(flags.split(",")) - {""},
-        by=flags if operation in ("approve", "reject") else "",
+        by=flags if operation == "reject" else "",
         replicas=replicas,
     )
 

@@ -176,6 +176,21 @@ class TransitionResult:
 
 
 @dataclass(frozen=True, slots=True)
+class Approval:
+    """A won approval: the hold is pending again, armed, until `deadline_ms` (Redis's
+    clock), and `request` is what was kept with it at reserve, so the approver
+    forwards the effect without a second read or its own clock."""
+
+    status: Status
+    hold_id: str
+    state: HoldState
+    by: str
+    deadline_ms: int
+    request: str
+    replicas: int | None = None  # as in ReserveResult
+
+
+@dataclass(frozen=True, slots=True)
 class SweepResult:
     visited: int
     remaining_due: int

@@ -7,10 +7,9 @@ import re
 from collections.abc import Mapping
 
 from .errors import BadInput
+from .limits import MAX_ACCOUNTS, MAX_AMOUNT
 from .records import AccountKind
 
-MAX_AMOUNT = 2**53 - 1
-MAX_ACCOUNTS = 8
 MAX_TTL_MS = 366 * 24 * 3600 * 1000
 MAX_BLOB_BYTES = 1 << 20
 _ID = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")

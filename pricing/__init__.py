@@ -13,14 +13,8 @@ from pricing.accounts import (
     hold_accounts,
     policy_accounts,
 )
-from pricing.catalog import Catalog, CompiledRoute, PricedEffect, price_request
-from pricing.credentials import (
-    AuthenticatedAgent,
-    agent_for_token,
-    agent_for_token_hash,
-    format_token,
-    hash_token,
-)
+from pricing.catalog import Catalog, CompiledRoute, PricedEffect
+from pricing.credentials import AuthenticatedAgent, format_token, hash_token
 from pricing.errors import (
     AmountError,
     BadAmount,
@@ -32,8 +26,9 @@ from pricing.errors import (
     UnknownRoute,
 )
 from pricing.learning import FailurePosterior, RecoveryPosterior
-from pricing.loader import load_policy_data, load_policy_text, parse_yaml
+from pricing.loader import load_document, load_policy_data, load_policy_text, parse_yaml
 from pricing.models import (
+    MODEL_TAGS,
     BetaShape,
     ExpectedPricing,
     FacePricing,
@@ -49,11 +44,21 @@ from pricing.models import (
 )
 from pricing.money import MAX_MICROS, major_to_minor, minor_to_major_text, round_up
 from pricing.observed import Outcomes, with_observed
-from pricing.policy import EffectClass, TenantPolicy, UnknownRouteAction
+from pricing.policy import EffectClass, PolicyDocument, UnknownRouteAction
+from pricing.scopes import RouteNotAllowed
+from pricing.serving import (
+    TenantPolicy,
+    agent_for_token,
+    agent_for_token_hash,
+    check_route_scope,
+    compile_policy,
+    price_request,
+)
 
 __all__ = [
     "MAX_HOLD_ACCOUNTS",
     "MAX_MICROS",
+    "MODEL_TAGS",
     "AccountSpec",
     "AmountError",
     "AuthenticatedAgent",
@@ -69,6 +74,7 @@ __all__ = [
     "FailurePosterior",
     "Outcomes",
     "PerEffectCapExceeded",
+    "PolicyDocument",
     "PolicyError",
     "PricedEffect",
     "PricingSpec",
@@ -76,6 +82,7 @@ __all__ = [
     "QuantilePricing",
     "RecoveryPosterior",
     "RequestError",
+    "RouteNotAllowed",
     "StressedPricing",
     "TenantPolicy",
     "UnknownRoute",
@@ -84,11 +91,14 @@ __all__ = [
     "agent_for_token_hash",
     "apply_learning",
     "check_per_effect_cap",
+    "check_route_scope",
+    "compile_policy",
     "expected_lgd",
     "factor_account",
     "format_token",
     "hash_token",
     "hold_accounts",
+    "load_document",
     "load_policy_data",
     "load_policy_text",
     "major_to_minor",

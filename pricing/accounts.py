@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ledger.limits import MAX_ACCOUNTS
 from pricing.catalog import FACTOR_PREFIX, PricedEffect
 from pricing.credentials import AuthenticatedAgent
 from pricing.errors import PerEffectCapExceeded
-from pricing.policy import AccountLimits, EffectClass, TenantPolicy
+from pricing.policy import AccountLimits, EffectClass, PolicyDocument
+from pricing.serving import TenantPolicy
 
-MAX_HOLD_ACCOUNTS = 8
+MAX_HOLD_ACCOUNTS = MAX_ACCOUNTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +36,7 @@ class AccountSpec:
         return (self.limit_micros * num) // den
 
 
-def _spec(policy: TenantPolicy, account_id: str, limits: AccountLimits) -> AccountSpec:
+def _spec(policy: PolicyDocument, account_id: str, limits: AccountLimits) -> AccountSpec:
     return AccountSpec(
         account_id=account_id,
         limit_micros=limits.limit,
@@ -46,7 +48,7 @@ def _spec(policy: TenantPolicy, account_id: str, limits: AccountLimits) -> Accou
 
 def factor_pattern_for(policy: TenantPolicy, factor: str) -> str | None:
     """The pattern that governs `factor`: an exact entry, else the longest `prefix*`."""
-    patterns = policy.accounts.risk_factors
+    patterns = policy.document.accounts.risk_factors
     if factor in patterns:
         return factor
     best: str | None = None
@@ -62,28 +64,28 @@ def factor_account(policy: TenantPolicy, factor: str) -> AccountSpec | None:
     pattern = factor_pattern_for(policy, factor)
     if pattern is None:
         return None
-    return _spec(policy, FACTOR_PREFIX + factor, policy.accounts.risk_factors[pattern])
+    document = policy.document
+    return _spec(document, FACTOR_PREFIX + factor, document.accounts.risk_factors[pattern])
 
 
 def policy_accounts(policy: TenantPolicy) -> list[AccountSpec]:
     """Every account the policy names (factor wildcards excluded: see `factor_account`)."""
-    out = [_spec(policy, f"tenant:{policy.tenant}", policy.accounts.tenant)]
-    out += [_spec(policy, f"principal:{p}", lim) for p, lim in policy.accounts.principals.items()]
-    for agent_id, agent in policy.agents.items():
+    doc = policy.document
+    out = [_spec(doc, f"tenant:{doc.tenant}", doc.accounts.tenant)]
+    out += [_spec(doc, f"principal:{p}", lim) for p, lim in doc.accounts.principals.items()]
+    for agent_id, agent in doc.agents.items():
         out.append(
             AccountSpec(
                 account_id=f"agent:{agent_id}",
                 limit_micros=agent.window_cap,
-                window_ms=policy.window_ms,
-                soft_band=agent.soft_band if agent.soft_band is not None else policy.soft_band,
+                window_ms=doc.window_ms,
+                soft_band=agent.soft_band if agent.soft_band is not None else doc.soft_band,
                 approval_threshold_micros=agent.approval_threshold,
             )
         )
-    for pattern in policy.accounts.risk_factors:
+    for pattern in doc.accounts.risk_factors:
         if not pattern.endswith("*"):
-            out.append(
-                _spec(policy, FACTOR_PREFIX + pattern, policy.accounts.risk_factors[pattern])
-            )
+            out.append(_spec(doc, FACTOR_PREFIX + pattern, doc.accounts.risk_factors[pattern]))
     return out
 
 
@@ -103,7 +105,8 @@ def hold_accounts(
     """{account_id: amount} a hold debits: tenant, principal, agent, then each capped factor.
 
     Every account is debited the full price: each one caps the same exposure from
-    its own angle. At most 8 accounts (validation keeps routes to 5 factors).
+    its own angle. At most MAX_HOLD_ACCOUNTS accounts (validation keeps a route's
+    factors to the rest).
     """
     if agent.tenant_id != policy.tenant:
         raise ValueError(f"agent of tenant {agent.tenant_id!r} used with policy {policy.tenant!r}")

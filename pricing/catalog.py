@@ -1,8 +1,9 @@
-"""The compiled route catalog and `price_request`: request -> priced effect, in microseconds.
+"""The compiled route catalog and `price_in_catalog`: request -> priced effect, in minor units.
 
-Everything that can be decided from the policy alone (templates, loss factors, which
-factor account caps which factor) is decided once in `compile_catalog`; a request
-then costs a dict lookup, a few segment comparisons and one exact integer rounding.
+Everything that can be decided from the policy document alone (templates, loss
+factors, which factor account caps which factor) is decided once in `compile_catalog`;
+a request then costs a dict lookup, a few segment comparisons and one exact integer
+rounding.
 """
 
 from __future__ import annotations
@@ -25,9 +26,16 @@ from pricing.errors import (
     UnknownRoute,
     UnsupportedBodyFormat,
 )
-from pricing.models import FacePricing
+from pricing.models import FACE_MODEL, FREE_MODEL, FacePricing
 from pricing.money import product_to_minor, round_up, to_decimal
-from pricing.policy import BodyFormat, EffectClass, Route, TenantPolicy, UnknownRouteAction
+from pricing.policy import (
+    DEFAULT_FORWARD_HEADERS,
+    BodyFormat,
+    EffectClass,
+    PolicyDocument,
+    Route,
+    UnknownRouteAction,
+)
 from pricing.templates import (
     ID_RE,
     FactorTemplate,
@@ -101,7 +109,10 @@ class PricedEffect:
 
     @property
     def route_id(self) -> str:
-        return self.route.route_id if self.route else f"{self.tool} {self.method} <unknown>"
+        """The one route id (holds, prices learned, settlers' tools derive from it): a
+        listed route's template, or, for an unknown route, its very path, so that one
+        Idempotency-Key sent to two unknown paths names two effects, not one."""
+        return self.route.route_id if self.route else f"{self.tool} {self.method} {self.path}"
 
     @property
     def needs_approval(self) -> bool:
@@ -127,10 +138,13 @@ class PricedEffect:
 @dataclass(frozen=True, slots=True)
 class Catalog:
     scale: int
+    currency: str
     routes: dict[tuple[str, str], tuple[CompiledRoute, ...]]
     by_tool: dict[str, tuple[CompiledRoute, ...]]
     tool_upstreams: dict[str, str | None]
     credentialed_tools: frozenset[str]
+    # Lower-case names of the agent's request headers each tool lets upstream.
+    forwarded_headers: dict[str, frozenset[str]]
     unknown_action: UnknownRouteAction
     unknown_face_fields: tuple[str, ...]
     unknown_approval_threshold_micros: int | None
@@ -161,7 +175,7 @@ class Catalog:
 
 def loss_factor_of(route: Route) -> tuple[str, float]:
     if route.effect_class is EffectClass.READ:
-        return "free", 0.0
+        return FREE_MODEL, 0.0
     spec = route.pricing or FacePricing()
     return spec.model, spec.loss_factor()
 
@@ -192,7 +206,7 @@ def compile_route(index: int, route: Route, upstream: str | None) -> CompiledRou
     )
 
 
-def compile_catalog(policy: TenantPolicy) -> Catalog:
+def compile_catalog(policy: PolicyDocument) -> Catalog:
     """Compile a validated policy's routes; most specific template first per tool+method."""
     grouped: dict[tuple[str, str], list[CompiledRoute]] = {}
     for i, route in enumerate(policy.routes):
@@ -205,12 +219,17 @@ def compile_catalog(policy: TenantPolicy) -> Catalog:
         by_tool.setdefault(tool_name, []).extend(compiled_routes)
     return Catalog(
         scale=policy.scale,
+        currency=policy.risk_unit.currency,
         routes={
             k: tuple(sorted(v, key=lambda r: r.template.specificity)) for k, v in grouped.items()
         },
         by_tool={k: tuple(v) for k, v in by_tool.items()},
         tool_upstreams={name: t.upstream for name, t in policy.tools.items()},
         credentialed_tools=frozenset(name for name, t in policy.tools.items() if t.credentials),
+        forwarded_headers={
+            name: DEFAULT_FORWARD_HEADERS | {h.lower() for h in t.forward_headers}
+            for name, t in policy.tools.items()
+        },
         unknown_action=unknown.action,
         unknown_face_fields=parse_product(unknown.face_value) if unknown.face_value else (),
         unknown_approval_threshold_micros=unknown.approval_threshold,
@@ -388,8 +407,8 @@ def _factor_value(fields: _Fields, name: str) -> str:
     return value
 
 
-def price_request(
-    policy: TenantPolicy,
+def price_in_catalog(
+    catalog: Catalog,
     tool: str,
     method: str,
     path: str,
@@ -406,7 +425,6 @@ def price_request(
     """
     method = method.upper()
     check_request_path(path)
-    catalog = policy.catalog
     found = catalog.match(tool, method, path)
     if found is None:
         return _price_unknown(catalog, tool, method, path, query, body, body_format)
@@ -420,7 +438,7 @@ def price_request(
     check_effect_query(query, route.query_fields)
     fields = _Fields(body, query, params, route.query_fields)
     if route.currency_field is not None:
-        check_currency(fields, route.currency_field, policy.risk_unit.currency)
+        check_currency(fields, route.currency_field, catalog.currency)
     if route.face_fixed_micros is not None:
         face = route.face_fixed_micros
     else:
@@ -490,6 +508,6 @@ def _price_unknown(
         face_value_micros=face,
         risk_factors=(),
         price_micros=face,
-        model="face",
+        model=FACE_MODEL,
         approval_threshold_micros=catalog.unknown_approval_threshold_micros,
     )

@@ -12,7 +12,7 @@ import base64
 import hashlib
 from dataclasses import dataclass
 
-from pricing.policy import TenantPolicy
+from pricing.policy import PolicyDocument
 
 TOKEN_PREFIX = "irrev_"
 TOKEN_BYTES = 32
@@ -40,7 +40,8 @@ def hash_token(token: str) -> str:
     return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def index_agents(policy: TenantPolicy) -> dict[str, AuthenticatedAgent]:
+def index_agents(policy: PolicyDocument) -> dict[str, AuthenticatedAgent]:
+    """Agents by `sha256:<hex>` of their token: how a request finds who it acts for."""
     return {
         agent.token_sha256: AuthenticatedAgent(
             tenant_id=policy.tenant,
@@ -51,11 +52,3 @@ def index_agents(policy: TenantPolicy) -> dict[str, AuthenticatedAgent]:
         )
         for agent_id, agent in policy.agents.items()
     }
-
-
-def agent_for_token_hash(policy: TenantPolicy, token_hash: str) -> AuthenticatedAgent | None:
-    return policy.agents_by_hash.get(token_hash)
-
-
-def agent_for_token(policy: TenantPolicy, token: str) -> AuthenticatedAgent | None:
-    return agent_for_token_hash(policy, hash_token(token))

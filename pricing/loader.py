@@ -1,4 +1,4 @@
-"""From YAML text or a parsed mapping to a checked, compiled `TenantPolicy`.
+"""From YAML text or a parsed mapping to a checked document and its compiled `TenantPolicy`.
 
 The caller reads files (pricing/ does no I/O); `source` only labels messages.
 """
@@ -12,10 +12,14 @@ import yaml
 from pydantic import ValidationError
 
 from pricing.errors import PolicyError, Problem
-from pricing.policy import SCALE_CONTEXT, UNKNOWN_SCALE, VALID_SCALES, TenantPolicy
+from pricing.models import MODEL_TAGS, P_FAIL_TAGS
+from pricing.policy import SCALE_CONTEXT, UNKNOWN_SCALE, VALID_SCALES, PolicyDocument
+from pricing.serving import TenantPolicy, compile_policy
 from pricing.validation import check_policy
 
-_UNION_TAGS = frozenset({"face", "expected", "quantile", "stressed", "float", "FailureBound"})
+# Where a field is a union, pydantic names the member it tried in the error's location
+# (`pricing.quantile.level`); operators wrote `pricing.level`.
+_UNION_TAGS = frozenset(MODEL_TAGS + P_FAIL_TAGS)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -61,18 +65,22 @@ def load_policy_text(text: str, source: str) -> TenantPolicy:
 
 
 def load_policy_data(data: object, source: str) -> TenantPolicy:
+    """Check a parsed policy and compile it, so a request never pays for compiling."""
+    return compile_policy(load_document(data, source))
+
+
+def load_document(data: object, source: str) -> PolicyDocument:
+    """The checked document of a parsed policy; PolicyError lists every problem."""
     if not isinstance(data, Mapping):
         raise PolicyError(source, [Problem("", "a policy must be a YAML mapping (key: value)")])
     try:
-        policy = TenantPolicy.model_validate(data, context={SCALE_CONTEXT: _scale_of(data)})
+        document = PolicyDocument.model_validate(data, context={SCALE_CONTEXT: _scale_of(data)})
     except ValidationError as exc:
         raise PolicyError(source, _problems_from(exc)) from None
-    problems = check_policy(policy)
+    problems = check_policy(document)
     if problems:
         raise PolicyError(source, problems)
-    policy.catalog  # noqa: B018 - compile now, so a request never pays for it
-    policy.agents_by_hash  # noqa: B018
-    return policy
+    return document
 
 
 def _scale_of(data: Mapping[str, Any]) -> int:

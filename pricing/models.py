@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
@@ -70,6 +70,15 @@ class FailureBound(_Spec):
 
 
 PFail = Probability | FailureBound
+
+
+def _member_name(member: object) -> str:
+    """How pydantic names a union member in an error's location: its type's name."""
+    base = get_args(member)[0] if get_origin(member) is Annotated else member
+    return str(getattr(base, "__name__", base))
+
+
+P_FAIL_TAGS: tuple[str, ...] = tuple(_member_name(m) for m in get_args(PFail))
 
 
 def p_fail_value(p_fail: PFail) -> float:
@@ -130,10 +139,21 @@ class StressedPricing(_Spec):
         return f * (1.0 + self.surcharge)
 
 
-PricingSpec = Annotated[
-    FacePricing | ExpectedPricing | QuantilePricing | StressedPricing,
-    Field(discriminator="model"),
-]
+PricingModel = FacePricing | ExpectedPricing | QuantilePricing | StressedPricing
+PricingSpec = Annotated[PricingModel, Field(discriminator="model")]
+
+
+def _model_tag(spec: type[_Spec]) -> str:
+    tag: str = get_args(spec.model_fields["model"].annotation)[0]
+    return tag
+
+
+# The one list of pricing-model tags, read off the union so a new model cannot be
+# missed: a policy's `pricing.model` takes one of these.
+MODEL_TAGS: tuple[str, ...] = tuple(_model_tag(spec) for spec in get_args(PricingModel))
+FACE_MODEL = _model_tag(FacePricing)
+# What a read route is priced with: nothing. Not a policy's choice, so not a tag above.
+FREE_MODEL = "free"
 
 
 def lgd(recovery: float, p_fail: float) -> float:

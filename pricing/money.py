@@ -13,9 +13,10 @@ from decimal import ROUND_CEILING, Decimal, DecimalException, Inexact, localcont
 from fractions import Fraction
 from functools import lru_cache
 
+from ledger.limits import MAX_AMOUNT
 from pricing.errors import AmountError
 
-MAX_MICROS = 2**53 - 1
+MAX_MICROS = MAX_AMOUNT
 """Largest amount the ledger accepts: exact in a Lua double and in JSON numbers."""
 
 _PLAIN_DECIMAL = re.compile(r"\d+(\.\d+)?")
@@ -146,3 +147,9 @@ def minor_to_major_text(amount: int, scale: int) -> str:
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return text
+
+
+def money_text(amount: int, scale: int, currency: str) -> str:
+    """`1234500000`, scale 10**6, USD -> `1,234.5 USD`: for people, never parsed back."""
+    whole, dot, fraction = minor_to_major_text(amount, scale).partition(".")
+    return f"{int(whole):,}{dot}{fraction} {currency}"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pricing.models import ExpectedPricing, FailureBound, QuantilePricing, StressedPricing
-from pricing.policy import TenantPolicy
+from pricing.serving import TenantPolicy, compile_policy
 
 Learnable = ExpectedPricing | QuantilePricing | StressedPricing
 # The policy's own bound on a Beta parameter (pricing.models.Positive).
@@ -47,9 +47,10 @@ def saturated(alpha: float, beta: float) -> tuple[float, float]:
 
 def with_observed(policy: TenantPolicy, observed: Mapping[str, Outcomes]) -> TenantPolicy:
     """`policy` with each learnable route's posterior moved by its observed outcomes
-    (keyed by route id, as `CompiledRoute.route_id`). `policy` itself is unchanged."""
+    (keyed by route id, as `CompiledRoute.route_id`): its document with the learned
+    posteriors, compiled afresh. `policy` itself is unchanged."""
     ids = {r.index: r.route_id for group in policy.catalog.routes.values() for r in group}
-    routes = list(policy.routes)
+    routes = list(policy.document.routes)
     for index, route in enumerate(routes):
         seen = observed.get(ids.get(index, ""))
         spec = route.pricing
@@ -63,4 +64,4 @@ def with_observed(policy: TenantPolicy, observed: Mapping[str, Outcomes]) -> Ten
         routes[index] = route.model_copy(
             update={"pricing": spec.model_copy(update={"p_fail": posterior})}
         )
-    return policy.with_routes(routes)
+    return compile_policy(policy.document.model_copy(update={"routes": routes}))

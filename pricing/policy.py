@@ -1,18 +1,19 @@
-"""A tenant's policy: accounts, agents, tools and the trusted route catalog (pydantic v2).
+"""A tenant's policy document: what the YAML says (pydantic v2), and nothing compiled.
 
-Amounts are written by operators in major units (`"250000"`, `14.80`) and held as
-`int` minor units: they are converted exactly with the document's own
-`risk_unit.scale`, which reaches the field validators as validation context. Build
-policies with `pricing.load_policy_text` / `load_policy_data`, which also run the
-cross-field checks and compile the catalog.
+Accounts, agents, tools and the trusted route catalog as the operator wrote them.
+Amounts are written in major units (`"250000"`, `14.80`) and held as `int` minor
+units: they are converted exactly with the document's own `risk_unit.scale`, which
+reaches the field validators as validation context. Build policies with
+`pricing.load_policy_text` / `load_policy_data`, which also run the cross-field checks
+and compile the document into the serving view the gateway prices with
+(`pricing.serving.TenantPolicy`).
 """
 
 from __future__ import annotations
 
 import re
 from enum import StrEnum
-from functools import cached_property
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
@@ -22,16 +23,12 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationInfo,
+    WithJsonSchema,
 )
 
 from pricing.errors import AmountError
 from pricing.models import PricingSpec
 from pricing.money import major_to_minor, to_decimal
-
-if TYPE_CHECKING:
-    from pricing.catalog import Catalog
-    from pricing.credentials import AuthenticatedAgent
-    from pricing.scopes import Scopes
 
 SCALE_CONTEXT = "risk_unit_scale"
 UNKNOWN_SCALE = -1
@@ -66,7 +63,15 @@ def _to_micros(value: object, info: ValidationInfo) -> int:
         raise ValueError(f"amount {exc}") from None
 
 
-Micros = Annotated[int, BeforeValidator(_to_micros)]
+# What an editor sees (`irrev policy schema`): the written form, not the int it becomes.
+_AMOUNT_SCHEMA = {
+    "anyOf": [
+        {"type": "string", "pattern": r"^\d+(\.\d+)?$"},
+        {"type": "number", "minimum": 0},
+    ],
+    "description": "an amount in major units of the risk unit, e.g. '250000' or 14.80",
+}
+Micros = Annotated[int, BeforeValidator(_to_micros), WithJsonSchema(_AMOUNT_SCHEMA)]
 """An operator-written major-unit amount, held as exact minor units."""
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
@@ -85,7 +90,17 @@ def _to_ms(value: object) -> int:
     return ms
 
 
-DurationMs = Annotated[int, BeforeValidator(_to_ms)]
+DurationMs = Annotated[
+    int,
+    BeforeValidator(_to_ms),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^\d+(ms|s|m|h|d)$",
+            "description": "a whole number with a unit: ms, s, m, h or d (e.g. '24h')",
+        }
+    ),
+]
 
 
 def _upstream_url(value: str) -> str:
@@ -294,25 +309,44 @@ class Tool(_Model):
         "void, compensate, true up) the holds of this tool's routes; agents never hold it",
     )
 
-    @cached_property
-    def forwarded(self) -> frozenset[str]:
-        """Lower-case names of the agent's request headers passed upstream."""
-        return DEFAULT_FORWARD_HEADERS | {name.lower() for name in self.forward_headers}
-
 
 class Route(_Model):
     tool: ToolName
     route: str = Field(description="'METHOD /path/{param}' under the tool's proxy prefix")
-    effect_class: EffectClass = Field(alias="class")
-    body: list[FieldName] = Field(default_factory=list)
-    query: list[FieldName] = Field(default_factory=list)
-    face_value: str | None = None
-    face_value_fixed: Micros | None = None
-    risk_factors: list[str] = Field(default_factory=list)
-    pricing: PricingSpec | None = None
-    approval_threshold: Micros | None = None
-    lookup: str | None = None
-    in_process: Annotated[bool, Field(strict=True)] = False
+    effect_class: EffectClass = Field(
+        alias="class", description="what compensation can do about the route's effects"
+    )
+    body: list[FieldName] = Field(
+        default_factory=list, description="body fields the route's pricing reads"
+    )
+    query: list[FieldName] = Field(
+        default_factory=list, description="query parameters the route takes (others are refused)"
+    )
+    face_value: str | None = Field(
+        default=None, description="request fields whose product is the face value, e.g. 'a * b'"
+    )
+    face_value_fixed: Micros | None = Field(
+        default=None, description="a face value that does not depend on the request"
+    )
+    risk_factors: list[str] = Field(
+        default_factory=list,
+        description="factor templates such as 'supplier:{supplier_id}', each capped by an "
+        "accounts.risk_factors entry",
+    )
+    pricing: PricingSpec | None = Field(
+        default=None, description="the pricing model (default: face, the whole face value)"
+    )
+    approval_threshold: Micros | None = Field(
+        default=None, description="a single price above it escalates to a human"
+    )
+    lookup: str | None = Field(
+        default=None,
+        description="'GET /path?key={key}': how the gateway asks the tool about an effect "
+        "whose answer it did not see",
+    )
+    in_process: Annotated[bool, Field(strict=True)] = Field(
+        default=False, description="decision-only: agents ask /v1/holds and call the tool"
+    )
     overrun_report: Annotated[bool, Field(strict=True)] = Field(
         default=False,
         description="an agent may post one of its in-process holds above its price "
@@ -346,53 +380,45 @@ def _unknown_routes(value: object) -> object:
     return {"action": value} if isinstance(value, str) else value
 
 
-class TenantPolicy(_Model):
-    tenant: TenantId
-    risk_unit: RiskUnit
-    window_ms: DurationMs = Field(alias="window")
-    soft_band: SoftBand = 0.8
-    escalation_ttl_ms: DurationMs = Field(alias="escalation_ttl")
-    hold_ttl_ms: DurationMs = Field(alias="hold_ttl")
-    unknown_routes: Annotated[UnknownRoutes, BeforeValidator(_unknown_routes)] = Field(
-        default_factory=UnknownRoutes
+class PolicyDocument(_Model):
+    """One tenant's policy file as written; `pricing.serving.compile_policy` turns it
+    into what requests are priced with."""
+
+    tenant: TenantId = Field(description="the tenant id; its ledger keys carry it")
+    risk_unit: RiskUnit = Field(description="the currency and minor units every amount is in")
+    window_ms: DurationMs = Field(alias="window", description="budget window, aligned to UTC")
+    soft_band: SoftBand = Field(
+        default=0.8, description="fraction of a limit above which holds escalate to a human"
     )
-    accounts: Accounts
-    agents: dict[MemberId, Agent] = Field(default_factory=dict)
-    admins: dict[MemberId, TenantAdmin] = Field(default_factory=dict)
-    tools: dict[ToolName, Tool] = Field(default_factory=dict)
-    routes: list[Route] = Field(default_factory=list)
+    escalation_ttl_ms: DurationMs = Field(
+        alias="escalation_ttl",
+        description="how long an escalated hold waits for a human before it expires",
+    )
+    hold_ttl_ms: DurationMs = Field(
+        alias="hold_ttl", description="how long an admitted hold may stay pending"
+    )
+    unknown_routes: Annotated[
+        UnknownRoutes,
+        BeforeValidator(_unknown_routes, json_schema_input_type=UnknownRouteAction | UnknownRoutes),
+    ] = Field(
+        default_factory=UnknownRoutes,
+        description="'deny' (the default), or how to price a route the catalog does not list",
+    )
+    accounts: Accounts = Field(description="the tenant's, principals' and risk factors' limits")
+    agents: dict[MemberId, Agent] = Field(
+        default_factory=dict, description="agent credentials, each acting for one principal"
+    )
+    admins: dict[MemberId, TenantAdmin] = Field(
+        default_factory=dict, description="the tenant's own admins and their roles"
+    )
+    tools: dict[ToolName, Tool] = Field(
+        default_factory=dict, description="the tool APIs the gateway forwards to"
+    )
+    routes: list[Route] = Field(
+        default_factory=list, description="the trusted route catalog: class and price per route"
+    )
     kind: Literal["policy"] = "policy"
 
     @property
     def scale(self) -> int:
         return self.risk_unit.scale
-
-    # Compiled once per policy object; a plain attribute read afterwards, which matters
-    # on the admission hot path. Imported lazily: those modules import this one.
-    @cached_property
-    def catalog(self) -> Catalog:
-        """The compiled route catalog."""
-        from pricing.catalog import compile_catalog
-
-        return compile_catalog(self)
-
-    def with_routes(self, routes: list[Route]) -> TenantPolicy:
-        """A copy with other routes (already validated), compiled afresh: a plain
-        model_copy would carry this policy's cached catalog along."""
-        copy = self.model_copy(update={"routes": routes})
-        copy.__dict__.pop("catalog", None)
-        return copy
-
-    @cached_property
-    def scopes(self) -> Scopes:
-        """The route allow-lists of agents and principals, compiled."""
-        from pricing.scopes import compile_scopes
-
-        return compile_scopes(self)
-
-    @cached_property
-    def agents_by_hash(self) -> dict[str, AuthenticatedAgent]:
-        """Agents by `sha256:<hex>` of their token."""
-        from pricing.credentials import index_agents
-
-        return index_agents(self)

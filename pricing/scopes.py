@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pricing.catalog import PricedEffect
 from pricing.credentials import AuthenticatedAgent
 from pricing.errors import RequestError
-from pricing.policy import TenantPolicy
+from pricing.policy import PolicyDocument
 from pricing.templates import TemplateError, parse_route
 
 ANY = "*"
@@ -48,6 +48,15 @@ class Scopes:
 
     allowed: dict[str, frozenset[ScopeKey]]
 
+    def check(self, agent: AuthenticatedAgent, effect: PricedEffect) -> None:
+        """Raise RouteNotAllowed unless both the agent and its principal may use the route."""
+        for member in (f"agent:{agent.agent_id}", f"principal:{agent.principal_id}"):
+            if not self.allows(member, effect):
+                raise RouteNotAllowed(
+                    f"{member} may not use {effect.tool} {effect.method} {effect.path}: the "
+                    "route is not in its routes allow-list"
+                )
+
     def allows(self, member: str, effect: PricedEffect) -> bool:
         keys = self.allowed.get(member)
         if keys is None:
@@ -58,7 +67,7 @@ class Scopes:
         return route is not None and (route.tool, route.method, route.template.shape) in keys
 
 
-def compile_scopes(policy: TenantPolicy) -> Scopes:
+def compile_scopes(policy: PolicyDocument) -> Scopes:
     """Policies are validated first (pricing.validation), so every entry parses."""
     lists = {f"agent:{a}": spec.routes for a, spec in policy.agents.items()}
     lists |= {f"principal:{p}": spec.routes for p, spec in policy.accounts.principals.items()}
@@ -69,15 +78,3 @@ def compile_scopes(policy: TenantPolicy) -> Scopes:
             if texts is not None
         }
     )
-
-
-def check_route_scope(
-    policy: TenantPolicy, agent: AuthenticatedAgent, effect: PricedEffect
-) -> None:
-    """Raise RouteNotAllowed unless both the agent and its principal may use the route."""
-    for member in (f"agent:{agent.agent_id}", f"principal:{agent.principal_id}"):
-        if not policy.scopes.allows(member, effect):
-            raise RouteNotAllowed(
-                f"{member} may not use {effect.tool} {effect.method} {effect.path}: the "
-                "route is not in its routes allow-list"
-            )

@@ -6,6 +6,7 @@ principal exists, a face-value field is declared, no two routes collide) is here
 
 from __future__ import annotations
 
+from ledger.limits import MAX_ACCOUNTS
 from pricing.errors import Problem
 from pricing.models import FacePricing
 from pricing.policy import (
@@ -16,8 +17,8 @@ from pricing.policy import (
     NEVER_RETURNED,
     BodyFormat,
     EffectClass,
+    PolicyDocument,
     Route,
-    TenantPolicy,
     Tool,
     UnknownRouteAction,
 )
@@ -32,12 +33,13 @@ from pricing.templates import (
     parse_route,
 )
 
-MAX_ROUTE_FACTORS = 5  # 8 hold accounts - tenant, principal, agent
+# Every hold debits the tenant, the principal and the agent; factors take the rest.
+MAX_ROUTE_FACTORS = MAX_ACCOUNTS - 3
 # A credential may be any header but these: they frame the request or are the gateway's.
 NEVER_INJECTED = HOP_BY_HOP | FRAMING
 
 
-def check_policy(policy: TenantPolicy) -> list[Problem]:
+def check_policy(policy: PolicyDocument) -> list[Problem]:
     problems = _check_agents(policy) + _check_settlers(policy)
     problems += _check_admins(policy)
     problems += _check_scopes(policy)
@@ -53,7 +55,7 @@ def check_policy(policy: TenantPolicy) -> list[Problem]:
     return problems
 
 
-def _check_agents(policy: TenantPolicy) -> list[Problem]:
+def _check_agents(policy: PolicyDocument) -> list[Problem]:
     problems: list[Problem] = []
     owners: dict[str, str] = {}
     for agent_id, agent in policy.agents.items():
@@ -85,7 +87,7 @@ def _check_agents(policy: TenantPolicy) -> list[Problem]:
     return problems
 
 
-def _check_admins(policy: TenantPolicy) -> list[Problem]:
+def _check_admins(policy: PolicyDocument) -> list[Problem]:
     problems = []
     owners = {
         agent.token_sha256: f"agent {agent_id!r}" for agent_id, agent in policy.agents.items()
@@ -103,7 +105,7 @@ def _check_admins(policy: TenantPolicy) -> list[Problem]:
     return problems
 
 
-def _check_scopes(policy: TenantPolicy) -> list[Problem]:
+def _check_scopes(policy: PolicyDocument) -> list[Problem]:
     routes = set()
     for route in policy.routes:
         try:
@@ -187,7 +189,7 @@ def _refused_name(where: str, name: str, never: frozenset[str], why: str) -> lis
     return []
 
 
-def _check_settlers(policy: TenantPolicy) -> list[Problem]:
+def _check_settlers(policy: PolicyDocument) -> list[Problem]:
     """A settler token is a credential of its own: one that also opened an agent (or
     another tool) would let that caller settle as someone it is not."""
     problems: list[Problem] = []
@@ -211,7 +213,7 @@ def _check_settlers(policy: TenantPolicy) -> list[Problem]:
 
 
 def _check_route(
-    policy: TenantPolicy, i: int, route: Route, seen: dict[tuple[str, str, str], int]
+    policy: PolicyDocument, i: int, route: Route, seen: dict[tuple[str, str, str], int]
 ) -> list[Problem]:
     where = f"routes[{i}]"
     problems: list[Problem] = []
@@ -405,15 +407,15 @@ def _check_face_value(where: str, route: Route, declared: set[str]) -> list[Prob
 
 
 def _check_factors(
-    policy: TenantPolicy, where: str, route: Route, declared: set[str]
+    policy: PolicyDocument, where: str, route: Route, declared: set[str]
 ) -> list[Problem]:
     problems: list[Problem] = []
     if len(route.risk_factors) > MAX_ROUTE_FACTORS:
         problems.append(
             Problem(
                 f"{where}.risk_factors",
-                f"at most {MAX_ROUTE_FACTORS} risk factors per route (a hold touches at most 8 "
-                "accounts)",
+                f"at most {MAX_ROUTE_FACTORS} risk factors per route (a hold touches at most "
+                f"{MAX_ACCOUNTS} accounts)",
             )
         )
     wildcards = [p[:-1] for p in policy.accounts.risk_factors if p.endswith("*")]
@@ -464,7 +466,7 @@ def _check_lookup(where: str, route: Route, path_params: set[str]) -> list[Probl
     ]
 
 
-def _check_unknown_routes(policy: TenantPolicy) -> list[Problem]:
+def _check_unknown_routes(policy: PolicyDocument) -> list[Problem]:
     unknown = policy.unknown_routes
     if unknown.action is not UnknownRouteAction.PRICE_AS_IRREVERSIBLE:
         return []

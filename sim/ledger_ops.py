@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from ledger.limits import MAX_AMOUNT as LEDGER_MAX_AMOUNT
 from sim import ledger_model as lm
 
 I64 = npt.NDArray[np.int64]
 B = npt.NDArray[np.bool_]
-
-LEDGER_MAX_AMOUNT = 2**53 - 1  # ledger/validate.py MAX_AMOUNT
 
 
 @dataclass(frozen=True, slots=True)

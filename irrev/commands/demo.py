@@ -97,7 +97,7 @@ async def fleet(url: str, policies: Path, args: argparse.Namespace) -> Tally:
                 }
                 face = round(quantity * unit_price * MICROS)
                 tally.face_requested += face
-                cap = policy.agents[agent]
+                cap = policy.document.agents[agent]
                 if face <= cap.per_effect_cap and spent_local[agent] + face <= cap.window_cap:
                     spent_local[agent] += face
                     tally.face_local_caps += face

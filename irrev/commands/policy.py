@@ -1,20 +1,24 @@
-"""`irrev policy validate|show|token`: check policy files, summarise one, issue a token."""
+"""`irrev policy validate|show|token|schema|price`: check policy files, summarise one,
+issue a token, print the policy file's JSON Schema, price one request."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import secrets
 import sys
 from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
+from gateway.canonical import read_request
 from gateway.policies import (
     check_demo_tokens,
     check_policy_set,
     is_demo_tokens,
     read_text,
 )
+from gateway.problems import Problem
 from gateway.settings import GatewaySettings
 from irrev.cli import CliError
 from pricing import (
@@ -24,15 +28,17 @@ from pricing import (
     format_token,
     hash_token,
     load_policy_data,
-    minor_to_major_text,
     parse_yaml,
     policy_accounts,
     round_up,
 )
 from pricing.accounts import AccountSpec
 from pricing.catalog import CompiledRoute
-from pricing.credentials import TOKEN_BYTES
+from pricing.credentials import TOKEN_BYTES, AuthenticatedAgent
+from pricing.money import money_text
 from pricing.policy import EffectClass, MemberId, TenantId, ToolName
+from pricing.quote import Quote, Refusal, agent_by_id, quote_json, quote_lines, quote_request
+from pricing.schema import policy_schema
 
 EXAMPLE_FACE_MAJOR = 10_000
 
@@ -62,6 +68,34 @@ def configure(policy: argparse.ArgumentParser) -> None:
     holder.add_argument("--tool", help="the tool API whose settler credential this is")
     token.set_defaults(func=cmd_token)
 
+    schema = commands.add_parser(
+        "schema", help="print the JSON Schema of a tenant policy file (for editors)"
+    )
+    schema.set_defaults(func=cmd_schema)
+
+    price = commands.add_parser(
+        "price",
+        help="what one request would cost, and why: route, face value, accounts, price, or "
+        "the reason code it would be refused with",
+    )
+    price.add_argument("file", type=Path, metavar="FILE")
+    target = price.add_mutually_exclusive_group(required=True)
+    target.add_argument(
+        "--route", metavar="'TOOL METHOD PATH'", help="e.g. 'supplier POST /orders'"
+    )
+    target.add_argument("--tool", help="the tool; with --method and --path")
+    price.add_argument("--method", help="with --tool, e.g. POST")
+    price.add_argument("--path", help="with --tool: the path under the tool, with any ?query")
+    price.add_argument(
+        "--body", metavar="JSON|@FILE", help="the JSON request body, or @file to read it"
+    )
+    price.add_argument(
+        "--form", action="store_true", help="the body is a form (name=value&...), not JSON"
+    )
+    price.add_argument("--agent", help="the agent id: adds its allow-list, cap and accounts")
+    price.add_argument("--json", action="store_true", help="print the quote as JSON")
+    price.set_defaults(func=cmd_price)
+
 
 def _existing(path: Path) -> Path:
     if not path.is_file():
@@ -86,9 +120,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             errors.append(exc)
             continue
         loaded.append((str(path), policy))
+        doc = policy.document
         print(
-            f"{path}: ok (tenant {policy.tenant}: {len(policy.accounts.principals)} principals, "
-            f"{len(policy.agents)} agents, {len(policy.routes)} routes)"
+            f"{path}: ok (tenant {policy.tenant}: {len(doc.accounts.principals)} principals, "
+            f"{len(doc.agents)} agents, {len(doc.routes)} routes)"
         )
     # Checked against the settings in force (IRREV_* or defaults), as the gateway will.
     errors += check_policy_set(loaded, _settings().forward_budget())
@@ -114,8 +149,7 @@ def _duration(ms: int) -> str:
 def _money(policy: TenantPolicy, micros: int | None) -> str:
     if micros is None:
         return "-"
-    whole, dot, fraction = minor_to_major_text(micros, policy.scale).partition(".")
-    return f"{int(whole):,}{dot}{fraction} {policy.risk_unit.currency}"
+    return money_text(micros, policy.scale, policy.catalog.currency)
 
 
 def _account_line(policy: TenantPolicy, spec: AccountSpec, label: str | None = None) -> str:
@@ -155,29 +189,29 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 1
     print(
-        f"tenant {policy.tenant}: risk unit {policy.risk_unit.currency} "
-        f"(1 = {policy.scale} minor units); window {_duration(policy.window_ms)}; "
+        f"tenant {policy.tenant}: risk unit {policy.document.risk_unit.currency} "
+        f"(1 = {policy.scale} minor units); window {_duration(policy.document.window_ms)}; "
         f"hold ttl {_duration(policy.hold_ttl_ms)}; "
         f"escalation ttl {_duration(policy.escalation_ttl_ms)}; "
-        f"unknown routes: {policy.unknown_routes.action.value}"
+        f"unknown routes: {policy.document.unknown_routes.action.value}"
     )
     print("accounts:")
     for spec in policy_accounts(policy):
         if not spec.account_id.startswith("agent:"):
             print(_account_line(policy, spec))
-    for pattern in policy.accounts.risk_factors:
+    for pattern in policy.document.accounts.risk_factors:
         if pattern.endswith("*"):
             example = factor_account(policy, pattern[:-1] + "x")
             if example is not None:
                 print(_account_line(policy, example, f"factor:{pattern} (each)"))
-    print(f"agents ({len(policy.agents)}):")
-    for agent_id, agent in policy.agents.items():
+    print(f"agents ({len(policy.document.agents)}):")
+    for agent_id, agent in policy.document.agents.items():
         print(
             f"  {agent_id:<20} for {agent.principal:<16} per effect "
             f"{_money(policy, agent.per_effect_cap):>16}  per window "
             f"{_money(policy, agent.window_cap):>16}"
         )
-    print(f"routes ({len(policy.routes)}):")
+    print(f"routes ({len(policy.document.routes)}):")
     for routes in policy.catalog.routes.values():
         for route in routes:
             print(_route_line(policy, route))
@@ -204,3 +238,76 @@ def cmd_token(args: argparse.Namespace) -> int:
     print(f"paste under {where} in the tenant's policy:")
     print(f'  {field}: "{hash_token(token)}"')
     return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(policy_schema(), indent=2))
+    return 0
+
+
+def _request_of(args: argparse.Namespace) -> tuple[str, str, str]:
+    if args.route is not None:
+        if args.method or args.path:
+            raise CliError("--route names the method and path; drop --method and --path")
+        parts = args.route.split()
+        if len(parts) != 3:
+            raise CliError(f"--route {args.route!r} must be 'TOOL METHOD PATH'")
+        return parts[0], parts[1], parts[2]
+    if not args.method or not args.path:
+        raise CliError("--tool needs --method and --path, e.g. --method POST --path /orders")
+    return args.tool, args.method, args.path
+
+
+def _body_of(text: str | None) -> bytes:
+    if text is None:
+        return b""
+    if text.startswith("@"):
+        text = read_text(_existing(Path(text[1:])))
+    return text.encode()
+
+
+def _quote(
+    args: argparse.Namespace, policy: TenantPolicy, agent: AuthenticatedAgent | None
+) -> Quote:
+    tool, method, target = _request_of(args)
+    path, _, query = target.partition("?")
+    body = _body_of(args.body)
+    content_type = "application/x-www-form-urlencoded" if args.form else "application/json"
+    try:
+        # Read exactly as the proxy reads a request: what it would refuse is refused here.
+        canonical = read_request(query, [content_type] if body else [], body)
+    except Problem as problem:
+        refusal = Refusal(problem.status, problem.reason, problem.detail)
+        return Quote(tool, method.upper(), path, None, agent_id=args.agent, refusal=refusal)
+    return quote_request(
+        policy,
+        tool,
+        method,
+        path,
+        canonical.query_map,
+        canonical.document,
+        canonical.body_format,
+        agent,
+    )
+
+
+def cmd_price(args: argparse.Namespace) -> int:
+    """Exit 0 when the request is priced, 1 when the gateway would refuse it."""
+    _request_of(args)  # a usage error before the policy is read
+    path = _existing(args.file)
+    try:
+        policy = load_policy_data(parse_yaml(read_text(path), str(path)), str(path))
+    except PolicyError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    agent = None
+    if args.agent is not None:
+        agent = agent_by_id(policy, args.agent)
+        if agent is None:
+            raise CliError(f"--agent {args.agent!r} is not an agent of {path}")
+    quote = _quote(args, policy, agent)
+    if args.json:
+        print(json.dumps(quote_json(policy, quote), indent=2))
+    else:
+        print("\n".join(quote_lines(policy, quote)))
+    return 1 if quote.refusal else 0

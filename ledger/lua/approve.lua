@@ -7,8 +7,11 @@
 -- ARGV[3]  ttl_ms of the now pending hold (the approver forwards the effect)
 -- ARGV[4]  approver id
 --
--- Returns {status, state, flags}
---   'ok'         approved: pending, armed, with a new deadline
+-- Returns {status, state, flags} and, when 'ok', {..., deadline_ms, request}
+--   'ok'         approved: pending, armed, with a new deadline: flags is the
+--                approver, deadline_ms the new deadline (Redis's clock, ms) and
+--                request the bytes kept with the hold at reserve ('' if none), so
+--                the approver forwards the effect without another read or clock
 --   'conflict'   someone resolved it first or it expired: state is the outcome
 --                (pending/posted/voided/ambiguous after an approval, rejected,
 --                expired), flags is who resolved it
@@ -42,4 +45,4 @@ local deadline = now + ttl_ms
 set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', deadline, 'by', by})
 redis.call('ZADD', DEADLINES, deadline, id)
 journal({'op', 'approve', 'hold', id, 'st', 'pending', 'by', by})
-return {'ok', 'pending', by}
+return {'ok', 'pending', by, deadline, redis.call('HGET', hkey(id), 'req') or ''}

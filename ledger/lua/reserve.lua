@@ -61,7 +61,7 @@ if #request > MAX_BLOB then
   return {'bad_input', 'request', 'must be at most 1 MiB'}
 end
 if not n or n < 1 or #ARGV < 11 + 2 * n then
-  return {'bad_input', 'accounts', 'must name 1 to 8 accounts, each with an amount'}
+  return {'bad_input', 'accounts', 'must name 1 to ' .. MAX_ACCOUNTS .. ' accounts, each with an amount'}
 end
 local accounts, amounts, seen = {}, {}, {}
 for i = 1, n do

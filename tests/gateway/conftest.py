@@ -98,6 +98,7 @@ READERS = {
     "unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"},
 }
 
+
 def _example_accounts(**replaced: Any) -> dict[str, Any]:
     accounts: dict[str, Any] = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())[
         "accounts"
@@ -159,6 +160,12 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # A tenant budget of 1 USD: every order but a free one is refused.
     "tight": ("procurement", {"accounts": _example_accounts(tenant={"limit": "1"})}),
     "hygiene": ("procurement", {}),
+    "unknown-routes": ("globex", {}),
+    # Unknown routes priced, deploy among the tools: it has no upstream to forward to.
+    "unknown-no-upstream": (
+        "procurement",
+        {"unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"}},
+    ),
     # irrev/client.py and its LangChain adapter, as an agent uses them.
     "client": ("procurement", {}),
 }

@@ -11,6 +11,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from ledger.limits import MAX_AMOUNT
+from pricing import minor_to_major_text
+
 from .conftest import MAX_BODY_BYTES, Gateway
 from .helpers import (
     assert_problem,
@@ -112,6 +115,15 @@ def deep(levels: int) -> bytes:
 
 
 ORDER = json.dumps(order()).encode()
+USD = 10**6
+
+
+def order_of(face_value_micros: int) -> bytes:
+    """An order of one unit whose face value is `face_value_micros` micro-USD."""
+    unit_price = minor_to_major_text(face_value_micros, USD)
+    return json.dumps(order(quantity=1, unit_price=unit_price)).encode()
+
+
 BAD_INPUT = [
     # (id, method, path, headers, body, status, reason)
     ("unknown-route", "POST", "/tools/supplier/invoices", {}, ORDER, 403, "unknown_route"),
@@ -160,6 +172,25 @@ BAD_INPUT = [
         "/tools/supplier/orders",
         {},
         ORDER.replace(b"10", b"1e999999", 1),
+        422,
+        "bad_amount",
+    ),
+    # ledger/limits.py's amount bound: priced (then capped), one more is refused.
+    (
+        "face-at-ledger-bound",
+        "POST",
+        "/tools/supplier/orders",
+        {},
+        order_of(MAX_AMOUNT),
+        403,
+        "per_effect_cap",
+    ),
+    (
+        "face-above-ledger-bound",
+        "POST",
+        "/tools/supplier/orders",
+        {},
+        order_of(MAX_AMOUNT + 1),
         422,
         "bad_amount",
     ),
@@ -247,6 +278,24 @@ BAD_INPUT = [
         "/v1/holds/abc/compensate",
         {},
         b'{"recovered_micros":-1}',
+        422,
+        "bad_request",
+    ),
+    (
+        "holds-at-ledger-bound",
+        "POST",
+        "/v1/holds/abc/post",
+        {},
+        json.dumps({"amount_micros": MAX_AMOUNT}).encode(),
+        404,
+        "not_found",
+    ),
+    (
+        "holds-above-ledger-bound",
+        "POST",
+        "/v1/holds/abc/post",
+        {},
+        json.dumps({"amount_micros": MAX_AMOUNT + 1}).encode(),
         422,
         "bad_request",
     ),
@@ -384,3 +433,47 @@ async def test_what_is_priced_is_what_is_forwarded(
         return
     # Forwarded to exactly the priced path, the parameter percent-encoded.
     assert forwarded == [["POST", f"/{tenant.id}/orders/{quote(decoded, safe='')}/cancel"]]
+
+
+async def test_one_key_on_two_unknown_routes_is_two_effects(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """The route id, which names a hold with the agent's key, is derived in one place:
+    a listed route's template or, for an unknown route, its very path. So one key sent
+    to two unknown paths holds two effects, and a repeat on one path is that one."""
+    tenant = gateway.tenant("unknown-routes")
+    headers = effect_headers(tenant, "picker-1", "one-key")
+    holds = []
+    for path in ("/adjustments", "/recounts", "/adjustments"):
+        # Above globex's 500 EUR approval threshold: held, escalated, never forwarded.
+        response = await http.post(
+            f"/tools/inventory{path}", json={"amount": "600"}, headers=headers
+        )
+        assert response.status_code == 202, response.text
+        holds.append(response.headers["x-irrev-hold"])
+    assert holds[0] != holds[1] and holds[2] == holds[0]
+    queue = await http.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin)
+    assert queue.status_code == 200, queue.text
+    assert sorted(e["route"] for e in queue.json()) == [
+        "inventory POST /adjustments",
+        "inventory POST /recounts",
+    ]
+
+
+async def test_an_effect_with_no_upstream_is_refused_before_anything_is_held(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """An unknown route of a tool without an upstream (an in-process tool) was held,
+    then refused `no_upstream`, leaving a hold that turned ambiguous and stayed
+    charged for an effect that was never sent. It is refused before the reserve."""
+    tenant = gateway.tenant("unknown-no-upstream")
+    before = used(await balances(http, gateway.admin, tenant))
+    response = await http.post(
+        "/tools/deploy/rollbacks",
+        json={"amount": "5"},
+        headers=effect_headers(tenant, "deployer-01", "no-upstream"),
+    )
+    assert_problem(response, 403, "no_upstream")
+    assert used(await balances(http, gateway.admin, tenant)) == before
+    for state in ("pending", "ambiguous"):
+        assert await holds_in(http, gateway.admin, tenant, state) == {}

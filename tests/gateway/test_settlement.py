@@ -21,6 +21,7 @@ from gateway.tenants import TenantStore
 from ledger.client import Ledger
 from ledger.errors import LedgerUnavailable
 from ledger.keys import account_key, observed_key
+from ledger.limits import MAX_AMOUNT
 from pricing.credentials import format_token, hash_token
 
 from .conftest import Gateway, policy_dir_of
@@ -37,7 +38,7 @@ from .servers import Tenant, write_policy
 
 DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
 DEPLOY_ROUTE = "deploy POST /deploys"
-MAX = 2**53 - 1
+MAX = MAX_AMOUNT
 USD = 10**6
 
 
@@ -325,6 +326,6 @@ async def test_an_upload_that_fails_to_load_leaves_the_file_as_it_was(
         assert path.read_text() == written
         await store.refresh(ledger)  # what a worker does next: the file on disk is in force
         assert store.authenticate(tenant.tokens["buyer-02"]) is not None
-        assert "ops" not in store.policies[tenant.id].accounts.principals
+        assert "ops" not in store.policies[tenant.id].document.accounts.principals
     finally:
         await ledger.aclose()

@@ -33,6 +33,7 @@ class RefHold:
     due: bool
     posted: dict[str, int] = field(default_factory=dict)
     compensated: dict[str, int] = field(default_factory=dict)
+    request: str = ""
 
 
 class RefError(Exception):
@@ -84,9 +85,11 @@ class RefLedger:
         armed: bool,
         escalate_above: int,
         open_missing: dict[str, tuple[int, int, int]] | None = None,
+        request: str = "",
     ) -> tuple[str, str, str, str, tuple[tuple[str, int, int, int], ...]]:
         """`open_missing`: {account: (limit, soft, approval)} opened if missing, only
-        when the hold is kept and its amount there is > 0; otherwise left out."""
+        when the hold is kept and its amount there is > 0; otherwise left out.
+        `request` is kept with a hold that is not denied; a replay keeps the first."""
         held = self.holds.get(key)
         if held is not None:
             if held.fingerprint != fingerprint:
@@ -116,6 +119,7 @@ class RefLedger:
             checks,
             armed=armed and decision == "admit",
             due=zero_ttl and state != "denied",
+            request=request if state != "denied" else "",
         )
         if state != "denied":
             self.accounts.update(fresh)
@@ -199,7 +203,9 @@ class RefLedger:
             self.accounts[account].posted -= recovered
         return "ok", "posted", frozenset()
 
-    def approve(self, key: str, *, zero_ttl: bool) -> tuple[str, str, frozenset[str]]:
+    def approve(self, key: str, *, zero_ttl: bool) -> tuple[str, str, str]:
+        """The winner gets the request kept at reserve back (and a new deadline,
+        which abstract time does not model)."""
         hold = self._hold(key)
         if hold.state != "escalated":
             raise RefError("state_conflict", hold.state)
@@ -207,7 +213,7 @@ class RefLedger:
             self._expire_due()
             raise RefError("state_conflict", hold.state)
         hold.state, hold.armed, hold.due = "pending", True, zero_ttl
-        return "ok", "pending", frozenset()
+        return "ok", "pending", hold.request
 
     def reject(self, key: str) -> tuple[str, str, frozenset[str]]:
         hold = self._hold(key)

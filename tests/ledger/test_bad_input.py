@@ -3,6 +3,8 @@ Python API or, sent raw past it, by the script itself (contract 8)."""
 
 from __future__ import annotations
 
+import re
+from importlib.resources import files
 from typing import Any
 
 import pytest
@@ -10,12 +12,14 @@ import pytest
 from ledger.client import Ledger
 from ledger.errors import BadInput, UnknownAccount
 from ledger.keys import tenant_prefix
+from ledger.limits import MAX_ACCOUNTS, MAX_AMOUNT
+from ledger.records import Decision
 
 from .conftest import open_accounts
 from .helpers import tenant_snapshot
 
 HOUR_MS = 3_600_000
-TOO_BIG = 2**53
+TOO_BIG = MAX_AMOUNT + 1
 
 
 @pytest.fixture
@@ -34,7 +38,11 @@ BAD_RESERVES: list[tuple[str, dict[str, Any], str]] = [
     ("string-amount", {"amounts": {"tenant:acme": "10"}}, "amount"),
     ("above-2^53", {"amounts": {"tenant:acme": TOO_BIG}}, "amount"),
     ("empty-accounts", {"amounts": {}}, "accounts"),
-    ("nine-accounts", {"amounts": {f"agent:a{i}": 1 for i in range(9)}}, "accounts"),
+    (
+        "too-many-accounts",
+        {"amounts": {f"agent:a{i}": 1 for i in range(MAX_ACCOUNTS + 1)}},
+        "accounts",
+    ),
     ("bad-kind", {"amounts": {"wallet:a": 1}}, "account"),
     ("no-kind", {"amounts": {"acme": 1}}, "account"),
     ("space-in-account", {"amounts": {"agent:a b": 1}}, "account"),
@@ -162,9 +170,13 @@ RAW: list[tuple[str, str, list[str]]] = [
     ),
     ("reserve-0-accts", "reserve", ["k", "fp", "100", "0", "1", "0", "0", "", "0"]),
     (
-        "reserve-9-accts",
+        "reserve-too-many-accts",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "9", *["tenant:acme", "1"] * 9],
+        [
+            *["k", "fp", "100", "0", "1", "0", "0", "", str(MAX_ACCOUNTS + 1)],
+            *[arg for i in range(MAX_ACCOUNTS + 1) for arg in (f"agent:a{i}", "1")],
+            *["0", "0"],
+        ],
     ),
     (
         "reserve-open-stranger",
@@ -203,3 +215,65 @@ async def test_script_validates_before_writing(
     reply = await seeded._scripts[operation](keys=[tenant_prefix(tenant)], args=args)
     assert reply[0] == "bad_input"
     assert await tenant_snapshot(seeded, tenant) == before
+
+
+# The bounds of ledger/limits.py, at every layer of the ledger: the scripts state them
+# in _lib.lua, the Python API and the scripts accept each bound and refuse one more.
+# (pricing: tests/pricing/test_money.py; gateway: tests/gateway/test_proxy.py.)
+
+
+def _lua_constant(name: str) -> int:
+    library = files("ledger.lua").joinpath("_lib.lua").read_text(encoding="utf-8")
+    found = re.findall(rf"^local {name} = (\d+)$", library, re.MULTILINE)
+    assert len(found) == 1, f"_lib.lua defines {name} {len(found)} times"
+    return int(found[0])
+
+
+def test_the_scripts_state_the_ledgers_bounds() -> None:
+    assert _lua_constant("MAX_AMOUNT") == MAX_AMOUNT
+    assert _lua_constant("MAX_ACCOUNTS") == MAX_ACCOUNTS
+    for script in files("ledger.lua").iterdir():
+        if script.name.endswith(".lua") and script.name != "_lib.lua":
+            text = script.read_text(encoding="utf-8")
+            # Only _lib.lua writes the numbers; scripts use its names.
+            assert str(MAX_AMOUNT) not in text, script.name
+            assert not re.search(r"local MAX_(AMOUNT|ACCOUNTS)\b", text), script.name
+
+
+def _raw_reserve(amounts: dict[str, int]) -> list[str]:
+    pairs = [arg for account, amount in amounts.items() for arg in (account, str(amount))]
+    return ["k", "fp", "100", "0", "1", "0", "0", "", str(len(amounts)), *pairs, "0", "0"]
+
+
+async def test_the_script_takes_the_largest_amount_and_refuses_one_more(
+    seeded: Ledger, tenant: str
+) -> None:
+    reserve = seeded._scripts["reserve"]
+    prefix = [tenant_prefix(tenant)]
+    over = await reserve(keys=prefix, args=_raw_reserve({"tenant:acme": MAX_AMOUNT + 1}))
+    assert over[0] == "bad_input"
+    at = await reserve(keys=prefix, args=_raw_reserve({"tenant:acme": MAX_AMOUNT}))
+    # Read and checked against the limit: a valid amount, denied by the budget.
+    assert at[:3] == ["ok", "deny", "budget_exceeded"]
+    assert at[-1] == MAX_AMOUNT
+
+
+async def test_the_script_takes_the_most_accounts_and_refuses_one_more(
+    seeded: Ledger, tenant: str
+) -> None:
+    reserve = seeded._scripts["reserve"]
+    prefix = [tenant_prefix(tenant)]
+    accounts = {f"agent:a{i}": 1 for i in range(MAX_ACCOUNTS + 1)}
+    over = await reserve(keys=prefix, args=_raw_reserve(accounts))
+    assert over[:2] == ["bad_input", "accounts"]
+    del accounts["agent:a0"]
+    at = await reserve(keys=prefix, args=_raw_reserve(accounts))
+    assert at[0] == "unknown_account"  # past the count check, to the accounts themselves
+
+
+async def test_the_api_takes_each_bound(seeded: Ledger, tenant: str) -> None:
+    result = await seeded.reserve(tenant, "at-max", "fp", {"tenant:acme": MAX_AMOUNT}, ttl_ms=1)
+    assert result.decision is Decision.DENY
+    accounts = {f"agent:a{i}": 1 for i in range(MAX_ACCOUNTS)}
+    with pytest.raises(UnknownAccount):
+        await seeded.reserve(tenant, "at-max-accounts", "fp", accounts, ttl_ms=HOUR_MS)

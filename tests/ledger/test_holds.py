@@ -183,6 +183,25 @@ async def test_approve_is_consume_once_and_names_the_outcome(ledger: Ledger, ten
     assert await used(ledger, tenant, "tenant:acme") == (500, 0)
 
 
+async def test_approval_returns_the_new_deadline_and_the_kept_request(
+    ledger: Ledger, tenant: str
+) -> None:
+    """The approver forwards what was held, by Redis's deadline: no second read, no
+    clock of its own."""
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100))
+    await reserve(ledger, tenant, "k1", 500, "tenant:acme", request='{"effect":1}')
+    before = await server_ms(ledger)
+    won = await ledger.approve(tenant, "k1", "alice", ttl_ms=HOUR_MS)
+    hold = await ledger.hold(tenant, "k1")
+    assert hold is not None
+    assert (won.status, won.request, won.deadline_ms) == (
+        Status.OK,
+        '{"effect":1}',
+        hold.deadline_ms,
+    )
+    assert before + HOUR_MS <= won.deadline_ms <= await server_ms(ledger) + HOUR_MS
+
+
 async def test_expiry_releases_only_what_provably_never_fired(ledger: Ledger, tenant: str) -> None:
     await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 400))
     await reserve(ledger, tenant, "later", 100, "tenant:acme")

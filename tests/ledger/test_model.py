@@ -134,6 +134,8 @@ class LedgerMachine(RuleBasedStateMachine):
         zero_ttl = zero_ttl and self.model.due_count() < MAX_DUE
         ttl = 0 if zero_ttl else HOUR_MS
         wanted = dict(zip(accounts, amounts, strict=False))
+        # Unique per attempt: a replay must keep the first attempt's request.
+        request = f"{key}:{fingerprint}:{uuid.uuid4().hex}"
         specs = {a: OPENABLE[a] for a in wanted if a in OPENABLE} if opens else {}
         expected = outcome(
             lambda: self.model.reserve(
@@ -144,6 +146,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 armed=armed,
                 escalate_above=escalate_above,
                 open_missing=specs,
+                request=request,
             )
         )
         got = self.real(
@@ -156,6 +159,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 escalation_ttl_ms=ttl,
                 armed=armed,
                 escalate_above=escalate_above,
+                request=request,
                 open_missing=[
                     AccountSpec(a, limit, soft, approval_threshold=approval)
                     for a, (limit, soft, approval) in specs.items()
@@ -209,8 +213,13 @@ class LedgerMachine(RuleBasedStateMachine):
         expected = outcome(lambda: self.model.approve(key, zero_ttl=zero_ttl))
         got = self.real(
             lambda: self.ledger.approve(self.tenant, key, "alice", ttl_ms=ttl),
-            lambda r: (r.status.value, r.state.value, frozenset()),
+            lambda r: (r.status.value, r.state.value, r.request, r.deadline_ms),
         )
+        if got[0] == "ok":
+            # The deadline returned is the one the hold now has.
+            hold = self.run(self.ledger.hold(self.tenant, key))
+            assert hold is not None and got[1][3] == hold.deadline_ms
+            got = ("ok", got[1][:3])
         assert got == expected
 
     @rule(key=st.sampled_from(KEYS))

@@ -10,13 +10,14 @@ from ledger.audit import audit_tenant
 from ledger.client import Ledger
 from ledger.errors import BadInput, HoldNotFound, HoldStateConflict
 from ledger.keys import hold_key, observed_key
+from ledger.limits import MAX_AMOUNT
 from ledger.records import HoldState, Status
 
 from .conftest import open_accounts
 from .helpers import tenant_snapshot
 from .test_holds import reserve, used
 
-MAX = 2**53 - 1
+MAX = MAX_AMOUNT
 ROUTE = "deploy POST /deploys"
 
 

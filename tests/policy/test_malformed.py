@@ -291,7 +291,7 @@ def test_at_least_ten_kinds_of_malformed_policy() -> None:
 def test_base_policy_is_valid() -> None:
     policy = load_policy_text(base_yaml(), "t1.yaml")
     assert policy.tenant == "t1"
-    assert policy.agents["a2"].per_effect_cap == 50_500_000
+    assert policy.document.agents["a2"].per_effect_cap == 50_500_000
 
 
 def test_every_problem_is_reported_at_once() -> None:

@@ -8,10 +8,14 @@ from typing import Any
 
 import pytest
 
-from pricing import PolicyError, load_policy_data
-from pricing.catalog import price_request
-from pricing.credentials import agent_for_token_hash
-from pricing.scopes import RouteNotAllowed, check_route_scope
+from pricing import (
+    PolicyError,
+    RouteNotAllowed,
+    agent_for_token_hash,
+    check_route_scope,
+    load_policy_data,
+    price_request,
+)
 from tests.policy.base import HASH_A, HASH_B, base
 from tests.policy.test_malformed import Mutation, set_path
 
@@ -163,6 +167,7 @@ def test_route_scopes_need_both_agent_and_principal() -> None:
 
 
 def test_defaults_pass_trace_context_and_accept_and_treat_409_as_in_progress() -> None:
-    tool = load_policy_data(base(), "p.yaml").tools["shop"]
-    assert tool.forwarded == {"traceparent", "tracestate", "accept"}
+    policy = load_policy_data(base(), "p.yaml")
+    tool = policy.document.tools["shop"]
+    assert policy.catalog.forwarded_headers["shop"] == {"traceparent", "tracestate", "accept"}
     assert tool.in_progress_statuses == [409]

@@ -6,8 +6,12 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import yaml
 
+from ledger.limits import MAX_ACCOUNTS, MAX_AMOUNT
 from pricing import (
+    MAX_HOLD_ACCOUNTS,
+    MAX_MICROS,
     BadAmount,
     BadRiskFactor,
     EffectClass,
@@ -22,13 +26,15 @@ from pricing import (
     format_token,
     hash_token,
     hold_accounts,
+    load_policy_data,
     load_policy_text,
+    minor_to_major_text,
     policy_accounts,
     price_request,
     quantile_lgd,
     round_up,
 )
-from pricing.errors import BadQuery
+from pricing.errors import BadQuery, PolicyError
 from pricing.policy import UnknownRouteAction
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -104,6 +110,25 @@ def test_bad_face_values_name_the_field(
         price_order(order(**overrides))
     assert info.value.field == field
     assert info.value.reason == "bad_amount"
+
+
+def test_pricing_holds_the_ledgers_bounds() -> None:
+    """ledger/limits.py's bounds, in pricing: a face value or a policy amount of
+    MAX_AMOUNT minor units is priced or loaded; one more is refused."""
+    assert (MAX_MICROS, MAX_HOLD_ACCOUNTS) == (MAX_AMOUNT, MAX_ACCOUNTS)
+    at, over = (minor_to_major_text(n, USD) for n in (MAX_AMOUNT, MAX_AMOUNT + 1))
+    effect = price_request(
+        ACME, "supplier", "POST", "/orders", {}, order(quantity=1, unit_price=at)
+    )
+    assert effect.face_value_micros == MAX_AMOUNT
+    with pytest.raises(BadAmount, match="maximum"):
+        price_order(order(quantity=1, unit_price=over))
+    document = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+    document["accounts"]["tenant"]["limit"] = at
+    assert policy_accounts(load_policy_data(document, "at.yaml"))[0].limit_micros == MAX_AMOUNT
+    document["accounts"]["tenant"]["limit"] = over
+    with pytest.raises(PolicyError, match=r"accounts\.tenant\.limit: .*maximum"):
+        load_policy_data(document, "over.yaml")
 
 
 def test_missing_face_field_and_non_object_body() -> None:
@@ -202,7 +227,7 @@ def test_non_canonical_paths_are_refused(path: str) -> None:
 
 
 def test_unknown_routes_fail_closed_or_price_at_face() -> None:
-    assert ACME.unknown_routes.action is UnknownRouteAction.DENY
+    assert ACME.document.unknown_routes.action is UnknownRouteAction.DENY
     with pytest.raises(UnknownRoute, match="not in the tenant's route catalog"):
         price_request(ACME, "supplier", "DELETE", "/orders/1", {}, None)
     with pytest.raises(UnknownRoute, match="tool 'inventory'"):
@@ -215,6 +240,20 @@ def test_unknown_routes_fail_closed_or_price_at_face() -> None:
     assert big.needs_approval
     with pytest.raises(BadAmount, match="'amount'"):
         price_request(GLOBEX, "inventory", "POST", "/adjust", {}, {})
+
+
+def test_route_id_is_the_template_or_an_unknown_routes_own_path() -> None:
+    """The one route id the gateway keys holds, learned prices and settlers by."""
+    listed = price_request(
+        GLOBEX, "inventory", "POST", "/stock/bolts/writeoff", {}, {"units": 1, "unit_cost": "2"}
+    )
+    assert listed.route_id == "inventory POST /stock/{sku}/writeoff"
+    adjust = price_request(GLOBEX, "inventory", "POST", "/adjust", {}, {"amount": "1"})
+    recount = price_request(GLOBEX, "inventory", "POST", "/recount/7", {}, {"amount": "1"})
+    assert (adjust.route_id, recount.route_id) == (
+        "inventory POST /adjust",
+        "inventory POST /recount/7",
+    )
 
 
 def test_approval_threshold_compares_the_price() -> None:
@@ -272,7 +311,7 @@ def test_policy_accounts_list_every_defined_account() -> None:
     assert specs["agent:buyer-07"].limit_micros == 100_000 * USD
     assert "factor:supplier:acme-steel" in specs
     assert not any("*" in a for a in specs)
-    assert len([a for a in specs if a.startswith("agent:")]) == len(ACME.agents)
+    assert len([a for a in specs if a.startswith("agent:")]) == len(ACME.document.agents)
 
 
 def test_tokens_authenticate_by_hash_only() -> None:

@@ -75,7 +75,7 @@ def test_unknown_mcp_tools_fail_closed_even_where_unknown_routes_are_priced() ->
 
 def test_is_error_meaning_is_per_route() -> None:
     policy = load_policy_data(fleet(), "fleet")
-    meanings = {route.route: route.is_error for route in policy.routes}
+    meanings = {route.route: route.is_error for route in policy.document.routes}
     assert meanings["CALL procure/reject_order"] is McpErrorMeaning.NOT_EXECUTED
     assert meanings["CALL procure/flaky_order"] is None  # ambiguous
 

@@ -15,19 +15,19 @@ from typing import Any
 from gateway.wire import upstream_key
 from ledger.audit import audit_tenant
 from ledger.keys import observed_key
+from ledger.limits import MAX_AMOUNT
 
 from ..bench import Run
 from ..checks import check_ledger
 from ..matrix import Cell
 from .hostile import expect_4xx
 
-MAX = 2**53 - 1
 PRICE = 10_000_000  # an order of 2 x 5 USD, irreversible: charged at its face value
 ATTEMPTS: tuple[tuple[str, dict[str, Any] | None], ...] = (
     ("compensate", {"recovered_micros": PRICE}),
     ("compensate", {"recovered_micros": 1}),
     ("post", {"amount_micros": 0}),
-    ("post", {"amount_micros": MAX}),
+    ("post", {"amount_micros": MAX_AMOUNT}),
     ("void", None),
     ("ambiguous", {}),
     ("settle", {"realised_micros": 0}),
@@ -104,7 +104,7 @@ async def in_process(run: Run) -> list[str]:
     agent = run.agent_headers()
     found = expect_4xx(
         "post 2^53-1",
-        await http.post(f"{hold}/post", json={"amount_micros": MAX}, headers=agent),
+        await http.post(f"{hold}/post", json={"amount_micros": MAX_AMOUNT}, headers=agent),
         (422,),
     )
     found += expect_4xx(

@@ -1,0 +1,144 @@
+"""The HTTP implementation of `Upstream` (gateway/upstream.py): an admitted effect
+forwarded to its tool API, and what the answer means for the hold: 2xx delivered,
+4xx refused, never sent (connection refused, pool or connect timeout) not sent;
+timeout, 5xx, a connection lost after sending unknown; on the retry of an ambiguous
+hold, the tool's "in progress" statuses (409 by default) in progress."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+from urllib.parse import quote
+
+import httpx
+
+from .upstream import Answer, Fate
+from .wire import KEPT_RESPONSE_HEADERS, Headers, StoredRequest, upstream_key
+
+
+@dataclass(frozen=True)
+class HttpTarget:
+    """A tool's API as the gateway calls it: where, with which credentials (added to
+    every request, kept out of reprs so no log line or traceback shows them), which
+    of its answer headers reach the agent, and which statuses mean "a request under
+    this Idempotency-Key is still being made" (the IETF Idempotency-Key draft's 409)."""
+
+    base_url: str
+    credentials: Headers = field(default=(), repr=False)
+    kept_headers: frozenset[str] = KEPT_RESPONSE_HEADERS
+    in_progress: frozenset[int] = frozenset({409})
+
+
+def fate_of_status(status: int) -> Fate:
+    if 200 <= status < 300:
+        return Fate.DELIVERED
+    if 400 <= status < 500:
+        return Fate.REFUSED
+    # 5xx, and anything a tool API should not answer to an effect (1xx, 3xx): the
+    # effect may or may not have happened.
+    return Fate.UNKNOWN
+
+
+UPSTREAM_KEEPALIVE_S = 2.0
+
+
+def make_client(
+    connect_timeout_s: float, timeout_s: float, max_connections: int
+) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s, pool=connect_timeout_s),
+        # An idle connection is dropped before common servers close theirs (uvicorn and
+        # node after 5 s): a forward sent on a socket the server is closing would come
+        # back as a reset, i.e. an ambiguous effect that was never made.
+        limits=httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=UPSTREAM_KEEPALIVE_S,
+        ),
+        follow_redirects=False,
+        trust_env=False,
+        # One client serves every tenant and agent: a cookie an answer sets must never
+        # ride along on anyone's next request (nor change what was priced).
+        cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),
+    )
+
+
+@dataclass(frozen=True)
+class HttpUpstream:
+    """`Upstream` over HTTP: one shared client (make_client), one tool's target."""
+
+    client: httpx.AsyncClient
+    target: HttpTarget
+
+    async def deliver(
+        self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False
+    ) -> Answer:
+        """Send the very request that was priced, with the headers the agent may pass,
+        the derived Idempotency-Key (reads, which hold nothing, go without one) and the
+        tool's credentials. httpx's timeouts bound each read; `deadline` bounds the
+        whole exchange, so an upstream that trickles its answer cannot keep a forward
+        open past the hold's deadline."""
+        url = self.target.base_url.rstrip("/") + upstream_path(effect.path)
+        url += f"?{effect.query}" if effect.query else ""
+        headers = httpx.Headers(list(effect.headers))
+        if hold_id:
+            headers["Idempotency-Key"] = upstream_key(hold_id)
+            headers["X-Irrev-Hold"] = hold_id
+        if effect.content_type:
+            headers["Content-Type"] = effect.content_type
+        for name, value in self.target.credentials:
+            headers[name] = value
+        try:
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                response = await self.client.request(
+                    effect.method, url, content=effect.body, headers=headers
+                )
+        except TimeoutError:
+            return Answer(Fate.UNKNOWN, why="upstream_timeout")
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            return Answer(Fate.NOT_SENT, why=_why(exc))
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            return Answer(Fate.UNKNOWN, why=_why(exc))
+        status = response.status_code
+        # On a retry, the upstream may still be making the first request under this
+        # key: that answer is not a refusal of the effect.
+        in_progress = retry and status in self.target.in_progress
+        return Answer(
+            Fate.IN_PROGRESS if in_progress else fate_of_status(status),
+            status,
+            tuple(
+                (k, v)
+                for k, v in response.headers.multi_items()
+                if k.lower() in self.target.kept_headers
+            ),
+            response.content,
+            why=f"upstream_{status}",
+        )
+
+
+# RFC 3986 pchar minus '%' and ';', plus the separator: a decoded path (what was
+# priced) goes out with every other character percent-encoded, so '?', '#', '%' or ';'
+# in a path parameter stay part of that parameter and cannot turn into a query, a
+# fragment, another escape or matrix parameters (which Tomcat strips), i.e. into a
+# request other than the one priced.
+_PATH_SAFE = "/!$&'()*+,=:@-._~"
+
+
+def upstream_path(path: str) -> str:
+    return quote(path, safe=_PATH_SAFE)
+
+
+def _why(exc: Exception) -> str:
+    names: dict[type[Exception], str] = {
+        httpx.ConnectError: "upstream_refused",
+        httpx.ConnectTimeout: "upstream_connect_timeout",
+        httpx.PoolTimeout: "upstream_pool_timeout",
+        httpx.ReadTimeout: "upstream_timeout",
+        httpx.WriteTimeout: "upstream_timeout",
+        httpx.RemoteProtocolError: "upstream_reset",
+        httpx.ReadError: "upstream_reset",
+        httpx.WriteError: "upstream_reset",
+    }
+    return names.get(type(exc), "upstream_error")

@@ -1,0 +1,193 @@
+"""The admission pipeline with a second, test-only `Upstream` that is not HTTP (as an
+MCP tools/call upstream will not be): the same prepare -> reserve -> fire -> settle
+holds, settles, replays and retries its effects, on a real Redis ledger, with no
+HTTP request anywhere. The seam is the three-argument `deliver`, nothing more."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.admission import Admitted, Gate, Intent, admit, prepare
+from gateway.canonical import read_request
+from gateway.settings import GatewaySettings
+from gateway.tenants import TenantStore
+from gateway.upstream import Answer, Fate, Upstream
+from gateway.wire import StoredAnswer, StoredRequest, upstream_key
+from ledger.client import Ledger
+from ledger.records import HoldState
+from pricing.policy import EffectClass
+
+from .helpers import order
+from .servers import Tenant, write_policy
+
+STATUS = {
+    Fate.DELIVERED: 201,
+    Fate.REFUSED: 422,
+    Fate.NOT_SENT: 0,
+    Fate.UNKNOWN: 0,
+    Fate.IN_PROGRESS: 409,
+}
+
+
+@dataclass(frozen=True)
+class Delivery:
+    effect: StoredRequest
+    hold_id: str
+    deadline: float
+    retry: bool
+
+
+@dataclass
+class ToolInMemory:
+    """An upstream that keeps the effects it made by idempotency key and answers with
+    the fates it is given, in order (then: delivered)."""
+
+    fates: list[Fate] = field(default_factory=list)
+    deliveries: list[Delivery] = field(default_factory=list)
+    made: dict[str, bytes] = field(default_factory=dict)
+
+    async def deliver(
+        self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False
+    ) -> Answer:
+        self.deliveries.append(Delivery(effect, hold_id, deadline, retry))
+        fate = self.fates.pop(0) if self.fates else Fate.DELIVERED
+        if fate is Fate.DELIVERED and hold_id:
+            self.made.setdefault(upstream_key(hold_id), effect.body)
+        body = json.dumps({"tool": effect.tool, "fate": fate.value}).encode()
+        headers = (("content-type", "application/json"),)
+        return Answer(fate, STATUS[fate], headers, body, why=f"toy_{fate.value}")
+
+
+@dataclass
+class Pipeline:
+    gate: Gate
+    tenant: Tenant
+
+    def intent(
+        self, key: str, method: str = "POST", path: str = "/orders", body: bytes = b""
+    ) -> Intent:
+        """An order (by default) as a router would parse it; no HTTP request."""
+        raw = body or (json.dumps(order()).encode() if method == "POST" else b"")
+        canonical = read_request("", ["application/json"], raw)
+        return Intent("supplier", method, path, canonical, [key])
+
+    async def admit(self, upstream: Upstream, intent: Intent) -> Admitted | Answer:
+        found = self.gate.tenants.authenticate(self.tenant.tokens["buyer-01"])
+        assert found is not None
+        policy, agent = found
+        prepared = prepare(policy, agent, intent, in_process=False)
+        return await admit(self.gate, policy, agent, prepared, upstream)
+
+    async def state(self, hold_id: str) -> HoldState:
+        hold = await self.gate.ledger.hold(self.tenant.id, hold_id)
+        assert hold is not None
+        return hold.state
+
+
+@pytest.fixture
+async def pipeline(redis_url: str, tmp_path: Path, tenant: str) -> AsyncIterator[Pipeline]:
+    # Nothing listens at the policy's upstream URL: only the test's upstream delivers.
+    written = write_policy(tmp_path, "procurement", tenant, "http://127.0.0.1:9")
+    settings = GatewaySettings(policy_dir=tmp_path)
+    ledger = Ledger.from_url(redis_url)
+    tenants = TenantStore(tmp_path, settings.forward_budget())
+    await tenants.load(ledger)
+    async with httpx.AsyncClient() as http:
+        yield Pipeline(Gate(settings, ledger, tenants, http), written)
+    await ledger.aclose()
+
+
+def _admitted(outcome: Admitted | Answer) -> Admitted:
+    assert isinstance(outcome, Admitted), outcome
+    return outcome
+
+
+async def test_a_second_upstream_is_held_delivered_posted_and_replayed(
+    pipeline: Pipeline,
+) -> None:
+    tool = ToolInMemory()
+    first = _admitted(await pipeline.admit(tool, pipeline.intent("k1")))
+    assert isinstance(first.answer, Answer) and first.answer.fate is Fate.DELIVERED
+    assert [(d.hold_id, d.retry) for d in tool.deliveries] == [(first.hold_id, False)]
+    delivery = tool.deliveries[0]
+    assert delivery.effect.route_id == "supplier POST /orders"
+    assert delivery.effect.price == first.result.price > 0
+    assert delivery.deadline <= time.monotonic() + pipeline.gate.settings.upstream_timeout_s
+    assert await pipeline.state(first.hold_id) is HoldState.POSTED
+    hold = await pipeline.gate.ledger.hold(pipeline.tenant.id, first.hold_id)
+    assert hold is not None and hold.posted == hold.amounts
+
+    again = _admitted(await pipeline.admit(tool, pipeline.intent("k1")))
+    assert again.hold_id == first.hold_id and again.result.replayed
+    assert isinstance(again.answer, StoredAnswer)
+    assert (again.answer.status, again.answer.body) == (201, first.answer.body)
+    assert again.answer.headers == [("content-type", "application/json")]
+    assert len(tool.deliveries) == 1 and len(tool.made) == 1
+
+
+async def test_an_unknown_fate_is_retried_under_the_same_key_until_known(
+    pipeline: Pipeline,
+) -> None:
+    tool = ToolInMemory([Fate.UNKNOWN, Fate.IN_PROGRESS, Fate.DELIVERED])
+    first = _admitted(await pipeline.admit(tool, pipeline.intent("k2")))
+    assert isinstance(first.answer, Answer) and first.answer.fate is Fate.UNKNOWN
+    hold = await pipeline.gate.ledger.hold(pipeline.tenant.id, first.hold_id)
+    assert hold is not None and (hold.state, hold.ambiguity) == (
+        HoldState.AMBIGUOUS,
+        "toy_unknown",
+    )
+
+    still = _admitted(await pipeline.admit(tool, pipeline.intent("k2")))
+    assert isinstance(still.answer, Answer) and still.answer.fate is Fate.IN_PROGRESS
+    assert await pipeline.state(first.hold_id) is HoldState.AMBIGUOUS
+
+    done = _admitted(await pipeline.admit(tool, pipeline.intent("k2")))
+    assert isinstance(done.answer, Answer) and done.answer.fate is Fate.DELIVERED
+    assert await pipeline.state(first.hold_id) is HoldState.POSTED
+    assert [(d.hold_id, d.retry) for d in tool.deliveries] == [
+        (first.hold_id, False),
+        (first.hold_id, True),
+        (first.hold_id, True),
+    ]
+    assert len({d.effect for d in tool.deliveries}) == 1
+
+
+@pytest.mark.parametrize(("fate", "status"), [(Fate.REFUSED, 422), (Fate.NOT_SENT, 502)])
+async def test_a_refused_or_unsent_effect_is_voided_with_its_answer_kept(
+    pipeline: Pipeline, fate: Fate, status: int
+) -> None:
+    tool = ToolInMemory([fate])
+    first = _admitted(await pipeline.admit(tool, pipeline.intent(f"k-{fate.value}")))
+    assert await pipeline.state(first.hold_id) is HoldState.VOIDED
+    again = _admitted(await pipeline.admit(tool, pipeline.intent(f"k-{fate.value}")))
+    assert isinstance(again.answer, StoredAnswer) and again.answer.status == status
+    assert len(tool.deliveries) == 1 and not tool.made
+
+
+async def test_a_read_is_delivered_without_a_key_or_a_hold(pipeline: Pipeline) -> None:
+    tool = ToolInMemory()
+    read = await pipeline.admit(tool, pipeline.intent("unused", "GET", "/orders/o-1"))
+    assert isinstance(read, Answer) and read.fate is Fate.DELIVERED
+    [delivery] = tool.deliveries
+    assert delivery.hold_id == "" and not delivery.retry
+    assert delivery.effect.effect_class == EffectClass.READ.value
+    assert not tool.made
+
+
+async def test_an_escalated_effect_waits_for_a_human_before_any_delivery(
+    pipeline: Pipeline,
+) -> None:
+    tool = ToolInMemory()
+    # 40,000 USD face prices above the route's 30,000 USD approval threshold.
+    big = json.dumps(order(quantity=1, unit_price="40000")).encode()
+    escalated = _admitted(await pipeline.admit(tool, pipeline.intent("k-big", body=big)))
+    assert escalated.answer is None and escalated.result.state is HoldState.ESCALATED
+    assert await pipeline.state(escalated.hold_id) is HoldState.ESCALATED
+    assert tool.deliveries == []
