@@ -11,6 +11,7 @@ from pricing.credentials import AuthenticatedAgent
 
 from .admission import Gate, Intent, admit, prepare, upstream_of
 from .canonical import Canonical
+from .mcp_upstream import CALL_REFUSED, NOT_EXECUTED, RESULT
 from .problems import Problem
 from .upstream import Answer, Fate
 from .wire import StoredAnswer
@@ -33,24 +34,19 @@ class Outcome:
 
 
 def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outcome:
+    """A tool result (live, or recorded with the settled hold) is passed on; anything
+    else becomes the problem it means for the agent."""
     if isinstance(answer, StoredAnswer):
-        if answer.status // 100 == 2 or answer.status == 422:
-            fate = Fate.DELIVERED if answer.status // 100 == 2 else Fate.REFUSED
+        if answer.status in (RESULT, NOT_EXECUTED):
+            fate = Fate.DELIVERED if answer.status == RESULT else Fate.REFUSED
             return Outcome(hold_id, price, fate=fate, body=answer.body)
-        if answer.status == 502:
-            return Outcome(hold_id, price, problem=_unreachable(hold_id))
-        # Voided by the reconciler (the server says it never happened) or an admin.
-        voided = Problem(
-            409,
-            "hold_voided",
-            "this call's hold was voided, so it was not made; use a new idempotency key "
-            "to make it",
-            hold=hold_id,
-        )
-        return Outcome(hold_id, price, problem=voided)
+        if answer.status == 404 or answer.status == CALL_REFUSED:
+            # Voided: the reconciler learnt it never happened, or the server refused it.
+            return Outcome(hold_id, price, problem=_voided(hold_id))
+        return Outcome(hold_id, price, problem=_unreachable(hold_id))
     if answer.fate is Fate.NOT_SENT:
         return Outcome(hold_id, price, problem=_unreachable(hold_id))
-    if answer.body and answer.status != 400 and answer.status != 502:
+    if answer.status in (RESULT, NOT_EXECUTED):
         return Outcome(hold_id, price, fate=answer.fate, body=answer.body)
     if answer.fate is Fate.REFUSED:
         return Outcome(
@@ -75,6 +71,15 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
             why=answer.why,
             hold=hold_id or None,
         ),
+    )
+
+
+def _voided(hold_id: str) -> Problem:
+    return Problem(
+        409,
+        "hold_voided",
+        "this call's hold was voided, so it was not made; use a new idempotency key to make it",
+        hold=hold_id,
     )
 
 

@@ -39,13 +39,17 @@ JSON = (("content-type", "application/json"),)
 # JSON-RPC errors by which a server refuses a call before running it.
 NOT_ACCEPTED = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS, types.INVALID_REQUEST})
 CONNECT_TIMEOUT_S = 1.0
+# An MCP answer in the pipeline's HTTP terms (the status is what a repeat of the key
+# reads back from the settled hold): a tool result, one whose isError means "not
+# executed", a JSON-RPC error refusing the call, any other JSON-RPC error.
+RESULT, NOT_EXECUTED, CALL_REFUSED, CALL_FAILED = 200, 422, 400, 502
 MAX_PAGES = 100
 log = logging.getLogger("irrev.gateway")
 
 
 def result_answer(result: types.CallToolResult, fate: Fate, why: str = "") -> Answer:
     body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
-    status = 200 if fate is not Fate.REFUSED else 422
+    status = NOT_EXECUTED if fate is Fate.REFUSED else RESULT
     return Answer(fate, status, JSON, body, why=why)
 
 
@@ -66,8 +70,8 @@ def failure_answer(exc: BaseException) -> Answer:
             error = {"code": cause.code, "message": cause.error.message}
             body = json.dumps({"error": error}).encode()
             if cause.code in NOT_ACCEPTED:
-                return Answer(Fate.REFUSED, 400, JSON, body, why=f"mcp_error_{cause.code}")
-            return Answer(Fate.UNKNOWN, 502, JSON, body, why=f"mcp_error_{cause.code}")
+                return Answer(Fate.REFUSED, CALL_REFUSED, JSON, body, why=f"mcp_{cause.code}")
+            return Answer(Fate.UNKNOWN, CALL_FAILED, JSON, body, why=f"mcp_{cause.code}")
         if isinstance(cause, TimeoutError | httpx2.TimeoutException):
             return Answer(Fate.UNKNOWN, why="upstream_timeout")
     return Answer(Fate.UNKNOWN, why="upstream_reset")
@@ -201,4 +205,5 @@ class McpUpstream:
             structured_content={"found": found, "lookup": tool},
         )
         body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
-        return request.answer(200 if found else 404, list(JSON), body)
+        # The lookup contract's 2xx and 404 (docs/policy.md), as the reconciler reads them.
+        return request.answer(RESULT if found else 404, list(JSON), body)
