@@ -66,7 +66,12 @@ class McpTenant:
 
 
 def write_mcp_policy(
-    directory: Path, tenant: str, tool_server: str, fleet: int = 0, **overrides: Any
+    directory: Path,
+    tenant: str,
+    tool_server: str,
+    fleet: int = 0,
+    admin_role: str = "approver",
+    **overrides: Any,
 ) -> McpTenant:
     """examples/mcp-fleet.yaml as `tenant`, with fresh tokens, its MCP servers at the
     tool server's namespace `tenant`, `fleet` extra buyers (fleet-00...) and top-level
@@ -80,7 +85,7 @@ def write_mcp_policy(
         tokens[agent_id] = format_token(secrets.token_bytes(32))
         agent["token_sha256"] = hash_token(tokens[agent_id])
     admin = format_token(secrets.token_bytes(32))
-    data["admins"]["alice"]["token_sha256"] = hash_token(admin)
+    data["admins"]["alice"] = {"token_sha256": hash_token(admin), "role": admin_role}
     data.update(overrides)
     for tool in data["tools"].values():
         tool["mcp"] = f"{tool_server}/{tenant}/mcp"
@@ -98,6 +103,8 @@ TENANTS: dict[str, dict[str, Any]] = {
     # Its MCP server is called "vault": a name the "hostile" tenant does not have.
     "hostile-other": {"rename": "vault"},
     "client": {},
+    # Its admin alice is a policy_admin: may change its policy, not where calls go.
+    "upload": {"admin_role": "policy_admin"},
     "bench": {
         "accounts": {
             "tenant": {"limit": "9000000"},
@@ -177,10 +184,11 @@ def mcp_gateway(
     for name, options in TENANTS.items():
         options = dict(options)
         fleet = options.pop("fleet", 0)
+        role = options.pop("admin_role", "approver")
         if "rename" in options:
             options = _renamed(options.pop("rename"))
         tenants[name] = write_mcp_policy(
-            policy_dir, f"mcp-{name}-{run}", tool_server.url, fleet, **options
+            policy_dir, f"mcp-{name}-{run}", tool_server.url, fleet, role, **options
         )
     gateway = serve(root, redis_url, policy_dir)
     yield McpGateway(gateway, tool_server, tenants)

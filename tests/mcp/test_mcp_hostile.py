@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.gateway.helpers import balances, used
 
@@ -135,3 +137,22 @@ async def test_a_bad_idempotency_key_is_refused(
     assert result.is_error
     assert result.structured_content["reason"] == "bad_idempotency_key"
     assert (await tool_stats(tools_http, tenant))["calls"] == 0
+
+
+async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
+    mcp_gateway: McpGateway, http: httpx.AsyncClient
+) -> None:
+    """Where calls go (with the gateway's credentials for the server) is the
+    operator's: a tenant's policy_admin changing `mcp` is refused, as `upstream` is."""
+    tenant = mcp_gateway.tenant("upload")
+    policy_dir = Path(mcp_gateway.gateway.server.env["IRREV_POLICY_DIR"])
+    before = (policy_dir / f"{tenant.id}.yaml").read_text()
+    url = f"/v1/admin/tenants/{tenant.id}/policy"
+    same = await http.put(url, content=before.encode(), headers=tenant.admin_auth)
+    assert same.status_code == 200, same.text  # the role may upload its policy
+    data = yaml.safe_load(before)
+    data["tools"]["procure"]["mcp"] = "http://127.0.0.1:9/elsewhere/mcp"
+    moved = await http.put(url, content=yaml.safe_dump(data).encode(), headers=tenant.admin_auth)
+    assert moved.status_code == 403, moved.text
+    assert moved.json()["reason"] == "operator_only"
+    assert (policy_dir / f"{tenant.id}.yaml").read_text() == before
