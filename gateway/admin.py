@@ -10,9 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 
-from ledger.errors import BadInput
-from ledger.journal import read_journal
-from ledger.records import HoldState
+from ledger import BadInput, HoldState, read_journal
 from pricing import PolicyError, TenantPolicy, load_policy_text
 from pricing.policy import AdminRole
 
@@ -159,9 +157,7 @@ async def journal(
 ) -> dict[str, Any]:
     policy_of(request, tenant, admin)
     try:
-        entries = await read_journal(
-            gate_of(request).ledger.redis, tenant, after=after, count=count
-        )
+        entries = await read_journal(gate_of(request).ledger, tenant, after=after, count=count)
     except BadInput as exc:
         raise Problem(422, "bad_request", f"'{exc.field}' {exc.message}") from exc
     return {

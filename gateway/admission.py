@@ -17,9 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from ledger.client import Ledger
-from ledger.errors import HoldStateConflict, UnknownAccount
-from ledger.records import Decision, HoldState, ReserveResult
+from ledger import Decision, HoldState, HoldStateConflict, Ledger, ReserveResult, UnknownAccount
 from pricing import (
     EffectClass,
     PricedEffect,

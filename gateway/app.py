@@ -16,9 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.routing import Route
 
-from ledger.checkpoint import cutoff_ms, trim_locked
-from ledger.client import Ledger
-from ledger.errors import LedgerUnavailable
+from ledger import Ledger, LedgerUnavailable, cutoff_ms, trim_locked
 
 from . import (
     admin,
@@ -94,9 +92,9 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         archive_dir = settings.archive_dir()
 
         async def trim_journals() -> None:
-            before_ms = await cutoff_ms(ledger.redis, settings.journal_keep_s)
+            before_ms = await cutoff_ms(ledger, settings.journal_keep_s)
             for tenant in tenants.policies:
-                trimmed = await trim_locked(ledger.redis, tenant, archive_dir, before_ms)
+                trimmed = await trim_locked(ledger, tenant, archive_dir, before_ms)
                 if trimmed:
                     metrics.JOURNAL_TRIMMED.labels(tenant).inc(trimmed)
                     log.info("journal trimmed", extra={"tenant": tenant, "entries": trimmed})

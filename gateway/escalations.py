@@ -8,8 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from ledger.errors import HoldStateConflict
-from ledger.records import HoldState
+from ledger import HoldState, HoldStateConflict
 from pricing.policy import AdminRole
 
 from . import admission

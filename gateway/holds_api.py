@@ -10,10 +10,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger.client import Ledger
-from ledger.errors import LedgerError
-from ledger.limits import MAX_AMOUNT
-from ledger.records import Hold, HoldState, Status
+from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status
 from pricing import EffectClass, TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 from pricing.policy import BodyFormat

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ledger.errors import (
+from ledger import (
     BadInput,
     HoldNotFound,
     HoldStateConflict,

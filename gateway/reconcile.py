@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from ledger.errors import HoldNotDue, HoldStateConflict
-from ledger.records import HoldState
+from ledger import HoldNotDue, HoldState, HoldStateConflict
 from pricing import TenantPolicy, price_request
 from pricing.errors import RequestError
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, Response
 
-from ledger.records import Hold, HoldState, ReserveResult
+from ledger import Hold, HoldState, ReserveResult
 from pricing.policy import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
 
 from .problems import Problem

@@ -13,8 +13,7 @@ import time
 from uvicorn import Config
 from uvicorn.supervisors import Multiprocess
 
-from ledger.embedded import supervised_redis_url
-from ledger.settings import LedgerSettings
+from ledger import LedgerSettings, supervised_redis_url
 
 from .credentials import resolve_credentials
 from .policies import load_policy_dir

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from ledger.settings import LedgerSettings
+from ledger import LedgerSettings
 
 from .policies import ForwardBudget
 

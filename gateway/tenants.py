@@ -11,9 +11,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ledger.client import Ledger
-from ledger.keys import observed_key
-from ledger.records import AccountSpec as LedgerAccount
+from ledger import AccountSpec as LedgerAccount
+from ledger import Ledger
 from pricing import (
     AccountSpec,
     Outcomes,
@@ -158,19 +157,11 @@ class TenantStore:
 
     async def _read_observed(self, ledger: Ledger) -> dict[str, dict[str, Outcomes]]:
         """Every tenant's counted outcomes, in one round trip."""
-        tenants = list(self._written)
-        async with ledger.redis.pipeline(transaction=False) as pipe:
-            for tenant in tenants:
-                pipe.hgetall(observed_key(tenant, "failures"))
-                pipe.hgetall(observed_key(tenant, "successes"))
-            replies = await pipe.execute()
-        observed = {}
-        for tenant, failures, successes in zip(tenants, replies[::2], replies[1::2], strict=True):
-            observed[tenant] = {
-                route: Outcomes(int(failures.get(route, 0)), int(successes.get(route, 0)))
-                for route in failures.keys() | successes.keys()
-            }
-        return observed
+        counted = await ledger.outcomes(list(self._written))
+        return {
+            tenant: {route: Outcomes(c.failures, c.successes) for route, c in routes.items()}
+            for tenant, routes in counted.items()
+        }
 
     def _install(self, observed: dict[str, dict[str, Outcomes]]) -> None:
         self.policies = {

@@ -24,7 +24,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from ledger.errors import LedgerError
+from ledger import LedgerError
 
 # The modules each extra of pyproject.toml installs, by the names they are imported as.
 EXTRAS = {"sim": ("numpy", "scipy", "matplotlib"), "load": ("locust", "psutil")}

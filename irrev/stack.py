@@ -6,100 +6,37 @@ from __future__ import annotations
 
 import csv
 import os
-import re
-import socket
+import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
-
-import httpx
 
 from irrev.cli import CliError
+from irrev.harness import Server, TenantPolicy, free_port, running, uvicorn_command
 
 EXAMPLES = Path("examples")
 DEMO_ADMIN_TOKEN = "demo-admin-token-not-secret"
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 # What the demo and load runs serve: the procurement tenant and its demo tokens. Only
 # these: another example may need a secret (payments-api.yaml reads its API key from
 # the environment), and one tenant that cannot load refuses the whole directory.
-STACK_POLICIES = ("procurement.yaml", "procurement.tokens.yaml")
+POLICY, DEMO_TOKENS = "procurement.yaml", "procurement.tokens.yaml"
 
 
 def render_policies(directory: Path, supplier_url: str, examples: Path = EXAMPLES) -> Path:
     """Copy the procurement example and its demo tokens into `directory`, pointing the
     supplier tool at `supplier_url`."""
-    if not (examples / "procurement.yaml").is_file():
+    if not (examples / POLICY).is_file():
         raise CliError(
-            f"no {examples / 'procurement.yaml'} in {Path.cwd()}: run this from the root of "
+            f"no {examples / POLICY} in {Path.cwd()}: run this from the root of "
             "the irrev repository, where the example policies are"
         )
-    directory.mkdir(parents=True, exist_ok=True)
-    for source in (examples / name for name in STACK_POLICIES):
-        text = source.read_text(encoding="utf-8")
-        text = re.sub(r'(supplier:\s*\{upstream:\s*)"[^"]*"', rf'\1"{supplier_url}"', text)
-        (directory / source.name).write_text(text, encoding="utf-8")
+    policy = TenantPolicy.read(examples / POLICY).point(supplier_url, tools=("supplier",))
+    policy.write(directory, POLICY)
+    shutil.copyfile(examples / DEMO_TOKENS, directory / DEMO_TOKENS)
     return directory
-
-
-def wait_ready(
-    url: str, process: subprocess.Popen[bytes], what: str, timeout_s: float = 60
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited with code {process.returncode} while starting")
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} was not ready at {url} within {timeout_s:g} s")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
-class Server(NamedTuple):
-    url: str
-    pid: int
-
-
-def uvicorn_command(app: str, port: int, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        app,
-        "--factory",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-        *extra,
-    ]
 
 
 @contextmanager
@@ -113,14 +50,8 @@ def service(
 ) -> Iterator[Server]:
     """Run `command` (a server on 127.0.0.1:`port`) until the block ends; yields once
     `ready_path` answers 200."""
-    with open(log_path or os.devnull, "wb") as log:
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=log if log_path else None)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(url + ready_path, process, what)
-            yield Server(url, process.pid)
-        finally:
-            _stop(process)
+    with running(Server(what, command, env, log_path, port), ready_path) as server:
+        yield server
 
 
 @contextmanager

@@ -1,1 +1,87 @@
-"""irrev ledger: accounts, holds and the journal, kept atomically in Redis by Lua scripts."""
+"""irrev ledger: accounts, holds and the journal, kept atomically in Redis by Lua scripts.
+
+This is the ledger's face: what the gateway, the shell and the simulator use. The
+submodules behind it (key layout, scripts, validation) are the ledger's own business.
+"""
+
+from .audit import AuditReport, audit, audit_tenant
+from .checkpoint import cutoff_ms, trim, trim_locked
+from .client import Ledger, open_ledger
+from .connect import connect
+from .embedded import EmbeddedRedis, EmbeddedRedisError, free_port, supervised_redis_url
+from .errors import (
+    BadInput,
+    CheckpointMoved,
+    HoldNotDue,
+    HoldNotFound,
+    HoldStateConflict,
+    IdempotencyConflict,
+    LedgerError,
+    LedgerUnavailable,
+    RedisFailure,
+    UnknownAccount,
+)
+from .journal import JournalEntry, iter_journal, read_journal
+from .limits import MAX_ACCOUNTS, MAX_AMOUNT
+from .records import (
+    AccountCheck,
+    AccountSpec,
+    Balance,
+    Decision,
+    Hold,
+    HoldState,
+    Reason,
+    ReserveRequest,
+    ReserveResult,
+    RouteOutcomes,
+    Status,
+    SweepResult,
+    TransitionResult,
+)
+from .settings import AppendFsync, LedgerSettings
+
+__all__ = [
+    "MAX_ACCOUNTS",
+    "MAX_AMOUNT",
+    "AccountCheck",
+    "AccountSpec",
+    "AppendFsync",
+    "AuditReport",
+    "BadInput",
+    "Balance",
+    "CheckpointMoved",
+    "Decision",
+    "EmbeddedRedis",
+    "EmbeddedRedisError",
+    "Hold",
+    "HoldNotDue",
+    "HoldNotFound",
+    "HoldState",
+    "HoldStateConflict",
+    "IdempotencyConflict",
+    "JournalEntry",
+    "Ledger",
+    "LedgerError",
+    "LedgerSettings",
+    "LedgerUnavailable",
+    "Reason",
+    "RedisFailure",
+    "ReserveRequest",
+    "ReserveResult",
+    "RouteOutcomes",
+    "Status",
+    "SweepResult",
+    "TransitionResult",
+    "UnknownAccount",
+    "audit",
+    "audit_tenant",
+    "connect",
+    "cutoff_ms",
+    "free_port",
+    "iter_journal",
+    "open_ledger",
+    "read_journal",
+    "supervised_redis_url",
+    "trim",
+    "trim_locked",
+]

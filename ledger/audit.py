@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from .checkpoint import replay_from_checkpoint
 from .client import Ledger
+from .errors import translate_redis_errors
 from .journal import LIVE_STATES, Replay
 from .keys import ambiguous_key, deadlines_key, escalated_key
 from .records import HoldState
@@ -28,7 +29,7 @@ class AuditReport:
 
 
 async def audit_tenant(ledger: Ledger, tenant: str) -> AuditReport:
-    replayed = await replay_from_checkpoint(ledger.redis, tenant)
+    replayed = await replay_from_checkpoint(ledger, tenant)
     report = AuditReport(tenant, entries=replayed.entries)
     report.mismatches.extend(replayed.violations)
     await _check_balances(ledger, tenant, replayed, report)
@@ -60,11 +61,12 @@ async def _check_holds(ledger: Ledger, tenant: str, replayed: Replay, report: Au
     report.live_holds = len(live)
     pending_by_account: dict[str, int] = defaultdict(int)
     redis = ledger.redis
-    deadlines = set(await redis.zrange(deadlines_key(tenant), 0, -1))
-    indexed = {
-        HoldState.AMBIGUOUS.value: set(await redis.smembers(ambiguous_key(tenant))),
-        HoldState.ESCALATED.value: set(await redis.smembers(escalated_key(tenant))),
-    }
+    with translate_redis_errors("audit"):
+        deadlines = set(await redis.zrange(deadlines_key(tenant), 0, -1))
+        indexed = {
+            HoldState.AMBIGUOUS.value: set(await redis.smembers(ambiguous_key(tenant))),
+            HoldState.ESCALATED.value: set(await redis.smembers(escalated_key(tenant))),
+        }
     for hold_id in live:
         hold = await ledger.hold(tenant, hold_id)
         want = replayed.hold_states[hold_id]

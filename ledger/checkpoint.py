@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
 
 from . import validate
-from .errors import LedgerError, LedgerUnavailable
+from .client import Ledger
+from .errors import CheckpointMoved, translate_redis_errors
 from .journal import JournalEntry, Replay, entry_order, iter_journal
 from .keys import checkpoint_key, journal_key, trim_lock_key
 
@@ -34,44 +34,37 @@ TRIM_BATCH = 10_000
 TRIM_LOCK_S = 300
 
 
-class CheckpointMoved(LedgerError):
-    """Another trim of the same tenant ran at the same time; nothing was trimmed."""
-
-
 @dataclass(frozen=True)
 class Checkpoint:
     upto: str  # the last entry the checkpoint includes ('-' for none)
     replay: Replay
 
 
-async def load_checkpoint(redis: Redis, tenant: str) -> Checkpoint:
-    try:
-        raw = await redis.get(checkpoint_key(tenant))
-    except redis_errors.RedisError as exc:
-        raise LedgerUnavailable(f"could not read the checkpoint: {exc}") from exc
+async def load_checkpoint(ledger: Ledger, tenant: str) -> Checkpoint:
+    with translate_redis_errors("reading the checkpoint"):
+        raw = await ledger.redis.get(checkpoint_key(tenant))
     if raw is None:
         return Checkpoint("-", Replay())
     data = json.loads(raw)
     return Checkpoint(data["upto"], Replay.from_state(data["state"]))
 
 
-async def replay_from_checkpoint(redis: Redis, tenant: str) -> Replay:
+async def replay_from_checkpoint(ledger: Ledger, tenant: str) -> Replay:
     """The checkpoint plus every entry after it. A trim between reading the one and
     the other would skip entries, so a moved checkpoint means reading again."""
     for _ in range(5):
-        checkpoint = await load_checkpoint(redis, tenant)
+        checkpoint = await load_checkpoint(ledger, tenant)
         replayed = checkpoint.replay
-        async for entry in iter_journal(redis, tenant, after=checkpoint.upto):
+        async for entry in iter_journal(ledger, tenant, after=checkpoint.upto):
             replayed.apply(entry)
-        if (await load_checkpoint(redis, tenant)).upto == checkpoint.upto:
+        if (await load_checkpoint(ledger, tenant)).upto == checkpoint.upto:
             return replayed
     raise CheckpointMoved(f"the journal of {tenant} kept being trimmed during the replay")
 
 
-async def cutoff_ms(redis: Redis, older_than_s: int) -> int:
+async def cutoff_ms(ledger: Ledger, older_than_s: int) -> int:
     """Redis's clock minus `older_than_s`: journal entry ids carry Redis time."""
-    seconds, micros = await redis.time()
-    return int(seconds) * 1000 + int(micros) // 1000 - older_than_s * 1000
+    return await ledger.now_ms() - older_than_s * 1000
 
 
 def archive_path(archive_dir: Path, tenant: str) -> Path:
@@ -118,46 +111,47 @@ def _archive(path: Path, entries: list[JournalEntry]) -> int:
 
 
 async def trim(
-    redis: Redis, tenant: str, archive_dir: Path, before_ms: int, *, batch: int = TRIM_BATCH
+    ledger: Ledger, tenant: str, archive_dir: Path, before_ms: int, *, batch: int = TRIM_BATCH
 ) -> int:
     """Archive and trim the entries of `tenant` older than `before_ms` (server time
     of the entry ids), `batch` at a time; returns how many were trimmed."""
     validate.tenant_id(tenant)
     total = 0
     while True:
-        count = await _trim_batch(redis, tenant, archive_dir, before_ms, batch)
+        count = await _trim_batch(ledger, tenant, archive_dir, before_ms, batch)
         total += count
         if count < batch:
             return total
 
 
-async def trim_locked(redis: Redis, tenant: str, archive_dir: Path, before_ms: int) -> int | None:
+async def trim_locked(ledger: Ledger, tenant: str, archive_dir: Path, before_ms: int) -> int | None:
     """`trim`, unless another process is trimming this tenant or moved its checkpoint
     first (then None). The lock only saves work: correctness rests on the archive's
     dedup and the checkpoint's optimistic transaction, so a lock that expires mid-trim
     loses nothing."""
-    lock = redis.lock(trim_lock_key(tenant), timeout=TRIM_LOCK_S, blocking=False)
-    try:
+    lock = ledger.redis.lock(trim_lock_key(tenant), timeout=TRIM_LOCK_S, blocking=False)
+    with translate_redis_errors("taking the trim lock"):
         if not await lock.acquire():
             return None
-    except redis_errors.RedisError as exc:
-        raise LedgerUnavailable(f"could not take the trim lock: {exc}") from exc
     try:
-        return await trim(redis, tenant, archive_dir, before_ms)
+        return await trim(ledger, tenant, archive_dir, before_ms)
     except CheckpointMoved:
         return None
     finally:
         # A lock that expired (and perhaps went to another trimmer) is safe to lose.
-        with contextlib.suppress(redis_errors.LockError):
+        with (
+            translate_redis_errors("releasing the trim lock"),
+            contextlib.suppress(redis_errors.LockError),
+        ):
             await lock.release()
 
 
 async def _trim_batch(
-    redis: Redis, tenant: str, archive_dir: Path, before_ms: int, batch: int
+    ledger: Ledger, tenant: str, archive_dir: Path, before_ms: int, batch: int
 ) -> int:
-    checkpoint = await load_checkpoint(redis, tenant)
+    checkpoint = await load_checkpoint(ledger, tenant)
     entries: list[JournalEntry] = []
-    async for entry in iter_journal(redis, tenant, after=checkpoint.upto, upto=f"{before_ms}-0"):
+    async for entry in iter_journal(ledger, tenant, after=checkpoint.upto, upto=f"{before_ms}-0"):
         entries.append(entry)
         if len(entries) == batch:
             break
@@ -171,27 +165,26 @@ async def _trim_batch(
         replayed.apply(entry)
     upto = entries[-1].entry_id
     document: dict[str, Any] = {"upto": upto, "state": replayed.state()}
-    await _swap(redis, tenant, checkpoint.upto, upto, json.dumps(document))
+    await _swap(ledger, tenant, checkpoint.upto, upto, json.dumps(document))
     return len(entries)
 
 
-async def _swap(redis: Redis, tenant: str, expected: str, upto: str, document: str) -> None:
+async def _swap(ledger: Ledger, tenant: str, expected: str, upto: str, document: str) -> None:
     """Replace the checkpoint and trim the stream together, unless another trim moved
     the checkpoint meanwhile. An entry whose replay is not yet in the checkpoint is
     never trimmed: the archive is written first, then this transaction."""
     key = checkpoint_key(tenant)
-    try:
-        async with redis.pipeline(transaction=True) as pipe:
-            await pipe.watch(key)
-            current = await pipe.get(key)
-            if (json.loads(current)["upto"] if current else "-") != expected:
-                raise CheckpointMoved(f"another trim of {tenant} ran first; try again")
-            pipe.multi()
-            pipe.set(key, document)
-            ms, _, seq = upto.partition("-")
-            pipe.xtrim(journal_key(tenant), minid=f"{ms}-{int(seq) + 1}", approximate=False)
-            await pipe.execute()
-    except redis_errors.WatchError as exc:
-        raise CheckpointMoved(f"another trim of {tenant} ran first; try again") from exc
-    except redis_errors.RedisError as exc:
-        raise LedgerUnavailable(f"could not write the checkpoint: {exc}") from exc
+    with translate_redis_errors("writing the checkpoint"):
+        try:
+            async with ledger.redis.pipeline(transaction=True) as pipe:
+                await pipe.watch(key)
+                current = await pipe.get(key)
+                if (json.loads(current)["upto"] if current else "-") != expected:
+                    raise CheckpointMoved(f"another trim of {tenant} ran first; try again")
+                pipe.multi()
+                pipe.set(key, document)
+                ms, _, seq = upto.partition("-")
+                pipe.xtrim(journal_key(tenant), minid=f"{ms}-{int(seq) + 1}", approximate=False)
+                await pipe.execute()
+        except redis_errors.WatchError as exc:
+            raise CheckpointMoved(f"another trim of {tenant} ran first; try again") from exc

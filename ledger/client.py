@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from hiredis import pack_command as _hiredis_pack
 from redis import exceptions as redis_errors
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio import connection as redis_connection
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.asyncio import Redis
 
 from . import validate
-from .errors import BadInput, LedgerError, LedgerUnavailable, raise_for_reply
-from .keys import TENANTS_KEY, account_key, ambiguous_key, deadlines_key, escalated_key, hold_key
+from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
+from .embedded import redis_url
+from .errors import (
+    BadInput,
+    LedgerError,
+    LedgerUnavailable,
+    RedisFailure,
+    raise_for_reply,
+    translate_redis_errors,
+)
+from .keys import (
+    TENANTS_KEY,
+    account_key,
+    ambiguous_key,
+    deadlines_key,
+    escalated_key,
+    hold_key,
+    observed_key,
+)
 from .keys import tenant_prefix as prefix
 from .records import (
     AccountCheck,
@@ -27,11 +41,13 @@ from .records import (
     Reason,
     ReserveRequest,
     ReserveResult,
+    RouteOutcomes,
     Status,
     SweepResult,
     TransitionResult,
 )
 from .scripts import register_scripts
+from .settings import LedgerSettings
 
 DAY_MS = 24 * 3600 * 1000
 DENIED_RETENTION_MS = 10 * 60 * 1000
@@ -87,30 +103,14 @@ class Ledger:
         denied_retention_ms: int = DENIED_RETENTION_MS,
         replicas: int = 0,
         replica_timeout_ms: int = 100,
-        max_connections: int = 128,
-        pool_timeout_s: float = 5.0,
+        max_connections: int = MAX_CONNECTIONS,
+        pool_timeout_s: float = POOL_TIMEOUT_S,
         **options: Any,
     ) -> Ledger:
-        """A client whose connections are bounded: past `max_connections` a call waits
-        up to `pool_timeout_s` for one to come free (redis-py's default pool refuses
-        at once, which under a burst turned admissions into 503s).
-
-        A call that fails on a broken connection (Redis restarted under a pooled
-        socket) is sent again on a new one, twice at most. That is safe because every
-        script is idempotent by hold id: if the first attempt did run, the second
-        finds its result ('exists', or a conflict naming the state it left)."""
-        options.setdefault("retry", Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 2))
-        pool = BlockingConnectionPool.from_url(
-            url,
-            decode_responses=True,
-            max_connections=max_connections,
-            timeout=pool_timeout_s,
-            **options,
-        )
-        redis = Redis.from_pool(pool)
-        _pack_with_hiredis(redis)
+        """A Ledger on the server at `url`, through `connect` (which see for the
+        connection options)."""
         return cls(
-            redis,
+            connect(url, max_connections=max_connections, pool_timeout_s=pool_timeout_s, **options),
             retention_ms=retention_ms,
             denied_retention_ms=denied_retention_ms,
             replicas=replicas,
@@ -121,14 +121,9 @@ class Ledger:
         await self.redis.aclose()
 
     async def _run(self, operation: str, tenant: str, args: list[str]) -> list[Any]:
-        try:
-            reply: list[Any] = await self._scripts[operation](
-                keys=[prefix(validate.tenant_id(tenant))], args=args
-            )
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-            raise LedgerUnavailable(f"Redis unreachable during {operation}: {exc}") from exc
-        except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis refused {operation}: {exc}") from exc
+        keys = [prefix(validate.tenant_id(tenant))]
+        with translate_redis_errors(operation):
+            reply: list[Any] = await self._scripts[operation](keys=keys, args=args)
         return reply
 
     async def _run_replicated(
@@ -141,7 +136,7 @@ class Ledger:
             return await self._run(operation, tenant, args), None
         script = self._scripts[operation]
         keys = [prefix(validate.tenant_id(tenant))]
-        try:
+        with translate_redis_errors(operation):
             for attempt in range(2):
                 async with self.redis.pipeline(transaction=False) as pipe:
                     pipe.evalsha(script.sha, len(keys), *keys, *args)
@@ -154,34 +149,24 @@ class Ledger:
                     if isinstance(result, Exception):
                         raise result
                 return reply, int(acked)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-            raise LedgerUnavailable(f"Redis unreachable during {operation}: {exc}") from exc
-        except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis refused {operation}: {exc}") from exc
-        raise LedgerUnavailable(f"Redis kept forgetting the {operation} script")
+        raise LedgerUnavailable(operation, RedisFailure.NO_SCRIPT, "still missing after a reload")
 
     async def ping(self) -> None:
-        try:
+        with translate_redis_errors("ping"):
             await self.redis.ping()
-        except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
 
     async def load_scripts(self) -> None:
         """Load every script now, so the first admission does not pay for it."""
-        try:
+        with translate_redis_errors("loading the ledger scripts"):
             for script in self._scripts.values():
                 script.sha = await self.redis.script_load(script.script)
-        except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"could not load the ledger scripts: {exc}") from exc
 
     async def scripts_loaded(self) -> bool:
         """Whether Redis still has every script cached (it forgets them on restart;
         EVALSHA then falls back to loading them again)."""
         shas = [script.sha for script in self._scripts.values()]
-        try:
+        with translate_redis_errors("checking the ledger scripts"):
             return all(await self.redis.script_exists(*shas))
-        except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
 
     # Accounts
 
@@ -189,15 +174,14 @@ class Ledger:
         """Create the account or change its policy; returns 'created' or 'updated'."""
         reply = await self._run("account", tenant, _account_args(spec))
         raise_for_reply(tenant, "", "upsert", reply)
-        try:
+        with translate_redis_errors("upsert"):
             await self.redis.sadd(TENANTS_KEY, tenant)
-        except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
         return str(reply[1])
 
     async def balance(self, tenant: str, account: str) -> Balance | None:
         key = account_key(validate.tenant_id(tenant), validate.account_id(account))
-        values = await self._read(self.redis.hmget(key, _BALANCE_FIELDS))
+        with translate_redis_errors("balance"):
+            values = await _decoded(self.redis.hmget(key, _BALANCE_FIELDS))
         if values[0] is None:
             return None
         return _balance(account, values)
@@ -206,16 +190,42 @@ class Ledger:
         """Every account of the tenant, sorted by id (a SCAN: for operators, not the
         admission path)."""
         start = account_key(validate.tenant_id(tenant), "")
-        keys = [key async for key in self.redis.scan_iter(match=f"{_glob(start)}*", count=500)]
         result = []
-        for key in sorted(keys):
-            values = await self._read(self.redis.hmget(key, _BALANCE_FIELDS))
-            if values[0] is not None:
-                result.append(_balance(key[len(start) :], values))
+        with translate_redis_errors("balances"):
+            keys = [k async for k in self.redis.scan_iter(match=f"{_glob(start)}*", count=500)]
+            for key in sorted(keys):
+                values = await _decoded(self.redis.hmget(key, _BALANCE_FIELDS))
+                if values[0] is not None:
+                    result.append(_balance(key[len(start) :], values))
         return result
 
     async def tenants(self) -> list[str]:
-        return sorted(await self._read(self.redis.smembers(TENANTS_KEY)))
+        with translate_redis_errors("tenants"):
+            return sorted(await _decoded(self.redis.smembers(TENANTS_KEY)))
+
+    async def outcomes(self, tenants: Sequence[str]) -> dict[str, dict[str, RouteOutcomes]]:
+        """The compensation outcomes counted so far (by `learn`) for each tenant, by
+        route id, in one round trip."""
+        tenants = [validate.tenant_id(tenant) for tenant in tenants]
+        with translate_redis_errors("reading compensation outcomes"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for tenant in tenants:
+                    pipe.hgetall(observed_key(tenant, "failures"))
+                    pipe.hgetall(observed_key(tenant, "successes"))
+                replies = await pipe.execute()
+        counted = {}
+        for tenant, failures, successes in zip(tenants, replies[::2], replies[1::2], strict=True):
+            counted[tenant] = {
+                route: RouteOutcomes(int(failures.get(route, 0)), int(successes.get(route, 0)))
+                for route in failures.keys() | successes.keys()
+            }
+        return counted
+
+    async def now_ms(self) -> int:
+        """Redis's clock, in ms: the clock of hold deadlines and journal entry ids."""
+        with translate_redis_errors("reading the clock"):
+            seconds, micros = await self.redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
 
     # Holds
 
@@ -301,15 +311,11 @@ class Ledger:
         self, operation: str, tenant: str, batch: list[list[str]]
     ) -> list[list[Any]]:
         keys = [prefix(validate.tenant_id(tenant))]
-        try:
+        with translate_redis_errors(operation):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for args in batch:
                     await self._scripts[operation](keys=keys, args=args, client=pipe)
                 replies: list[list[Any]] = await pipe.execute()
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-            raise LedgerUnavailable(f"Redis unreachable during {operation}: {exc}") from exc
-        except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis refused {operation}: {exc}") from exc
         return replies
 
     async def post(
@@ -394,38 +400,41 @@ class Ledger:
 
     async def hold(self, tenant: str, hold_id: str) -> Hold | None:
         key = hold_key(validate.tenant_id(tenant), validate.identifier("hold_id", hold_id))
-        fields: dict[str, str] = await self._read(self.redis.hgetall(key))
+        with translate_redis_errors("hold"):
+            fields: dict[str, str] = await _decoded(self.redis.hgetall(key))
         return _hold(hold_id, fields) if fields else None
 
     async def hold_ids(self, tenant: str, state: HoldState) -> list[str]:
         """Ids of the tenant's holds in `state`: indexed for the live states the
         reconciler and the approval queue need, a SCAN for settled ones."""
         tenant = validate.tenant_id(tenant)
-        if state is HoldState.AMBIGUOUS:
-            return sorted(await self._read(self.redis.smembers(ambiguous_key(tenant))))
-        if state is HoldState.ESCALATED:
-            return sorted(await self._read(self.redis.smembers(escalated_key(tenant))))
-        if state is HoldState.PENDING:
-            candidates = await self._read(self.redis.zrange(deadlines_key(tenant), 0, -1))
-        else:
-            start = hold_key(tenant, "")
-            pattern = f"{_glob(start)}*"
-            candidates = [k[len(start) :] async for k in self.redis.scan_iter(pattern, count=500)]
-        result = []
-        for hold_id in candidates:
-            found = await self._read(self.redis.hget(hold_key(tenant, hold_id), "st"))
-            if found == state.value:
-                result.append(hold_id)
+        with translate_redis_errors("hold_ids"):
+            if state is HoldState.AMBIGUOUS:
+                return sorted(await _decoded(self.redis.smembers(ambiguous_key(tenant))))
+            if state is HoldState.ESCALATED:
+                return sorted(await _decoded(self.redis.smembers(escalated_key(tenant))))
+            if state is HoldState.PENDING:
+                candidates = await _decoded(self.redis.zrange(deadlines_key(tenant), 0, -1))
+            else:
+                start = hold_key(tenant, "")
+                scan = self.redis.scan_iter(f"{_glob(start)}*", count=500)
+                candidates = [str(k)[len(start) :] async for k in scan]
+            result = []
+            for hold_id in candidates:
+                found = await self.redis.hget(hold_key(tenant, hold_id), "st")
+                if found == state.value:
+                    result.append(hold_id)
         return sorted(result)
 
     async def live_counts(self, tenant: str) -> dict[str, int]:
         """How many holds of the tenant are pending, escalated and ambiguous."""
         tenant = validate.tenant_id(tenant)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zcard(deadlines_key(tenant))
-            pipe.scard(escalated_key(tenant))
-            pipe.scard(ambiguous_key(tenant))
-            live, escalated, ambiguous = await self._read(pipe.execute())
+        with translate_redis_errors("live_counts"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zcard(deadlines_key(tenant))
+                pipe.scard(escalated_key(tenant))
+                pipe.scard(ambiguous_key(tenant))
+                live, escalated, ambiguous = await pipe.execute()
         return {"pending": live - escalated, "escalated": escalated, "ambiguous": ambiguous}
 
     def _hold_args(self, hold_id: str) -> list[str]:
@@ -437,53 +446,23 @@ class Ledger:
         reply = await self._run(operation, tenant, args)
         return _transition_result(tenant, hold_id, operation, reply)
 
-    async def _read(self, pending: Any) -> Any:
+
+@asynccontextmanager
+async def open_ledger(settings: LedgerSettings | None = None) -> AsyncIterator[Ledger]:
+    """A Ledger on the configured Redis (`IRREV_REDIS_URL`), or on the embedded one
+    started (or joined) for as long as the block runs."""
+    with redis_url(settings or LedgerSettings()) as url:
+        ledger = Ledger.from_url(url)
         try:
-            return await pending
-        except redis_errors.RedisError as exc:
-            raise LedgerUnavailable(f"Redis unreachable: {exc}") from exc
+            yield ledger
+        finally:
+            await ledger.aclose()
 
 
-_PLAIN_CONNECTIONS = (
-    redis_connection.Connection,
-    redis_connection.UnixDomainSocketConnection,
-    redis_connection.SSLConnection,
-)
-_FAST_CONNECTIONS: dict[type[Any], type[Any]] = {}
-
-
-def _hiredis_pack_command(self: Any, *args: Any) -> list[bytes]:
-    """redis-py's asyncio connection packs commands in pure Python (~20 us for an
-    EVALSHA of a reserve); hiredis packs the same bytes in C, as redis-py's sync
-    connection already does when hiredis is installed."""
-    first = args[0]
-    if isinstance(first, str):
-        args = (*first.encode().split(), *args[1:])
-    elif b" " in first:
-        args = (*first.split(), *args[1:])
-    if any(isinstance(arg, (bytearray, memoryview)) for arg in args):
-        args = tuple(bytes(a) if isinstance(a, (bytearray, memoryview)) else a for a in args)
-    try:
-        return [_hiredis_pack(args)]
-    except TypeError as exc:
-        raise redis_errors.DataError(str(exc)) from exc
-
-
-def _pack_with_hiredis(redis: Redis) -> None:
-    """Give the client's new connections hiredis packing, when that packs exactly what
-    redis-py would: a plain connection class and UTF-8 strings."""
-    pool = redis.connection_pool
-    base = pool.connection_class
-    encoder = redis.get_encoder()
-    if base not in _PLAIN_CONNECTIONS:
-        return
-    if encoder.encoding.lower().replace("-", "") != "utf8" or encoder.encoding_errors != "strict":
-        return
-    fast = _FAST_CONNECTIONS.get(base)
-    if fast is None:
-        fast = type(f"Hiredis{base.__name__}", (base,), {"pack_command": _hiredis_pack_command})
-        _FAST_CONNECTIONS[base] = fast
-    pool.connection_class = fast
+async def _decoded(reply: Awaitable[Any]) -> Any:
+    """A reply of the ledger's client, whose strings arrive decoded (decode_responses):
+    redis-py types them as bytes | str."""
+    return await reply
 
 
 def _or_error(parse: Callable[..., T], *args: Any) -> T | LedgerError:

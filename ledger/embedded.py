@@ -387,7 +387,7 @@ class EmbeddedRedis:
             return self._spawn(port=None)
         # A free port can be taken by someone else before redis binds it: retry.
         ports = [previous_port] if previous_port else []
-        ports += [_free_loopback_port() for _ in range(3)]
+        ports += [free_port() for _ in range(3)]
         error: EmbeddedRedisError | None = None
         for port in ports:
             try:
@@ -636,7 +636,7 @@ def _answers(state: _ServerState, timeout_s: float) -> bool:
     return _server_pid(state.url, timeout_s) == state.pid
 
 
-def _free_loopback_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])

@@ -3,6 +3,13 @@ errors; these are for calls that cannot be carried out, and for the transport.""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+
+from redis import exceptions as redis_errors
+
 from .records import HoldState, Status
 
 
@@ -64,8 +71,177 @@ class HoldNotDue(LedgerError):
         self.hold_id = hold_id
 
 
+class CheckpointMoved(LedgerError):
+    """Another trim of the same tenant ran at the same time; nothing was trimmed."""
+
+
+class RedisFailure(StrEnum):
+    """Why Redis did not carry out a call. Each cause needs a different remedy, so the
+    message keeps it: a stopped server, a replica, a cluster node and a damaged key
+    are not all "unreachable"."""
+
+    UNREACHABLE = "unreachable"
+    TIMEOUT = "timeout"
+    POOL_EXHAUSTED = "pool_exhausted"
+    AUTHENTICATION = "authentication"
+    NO_PERMISSION = "no_permission"
+    LOADING = "loading"
+    READ_ONLY = "read_only"
+    CLUSTER_REDIRECT = "cluster_redirect"
+    CLUSTER_DOWN = "cluster_down"
+    CROSS_SLOT = "cross_slot"
+    NO_SCRIPT = "no_script"
+    WRONG_TYPE = "wrong_type"
+    OUT_OF_MEMORY = "out_of_memory"
+    BUSY = "busy"
+    ENCODING = "encoding"
+    REFUSED = "refused"
+
+
+# What happened, and what to do about it.
+_EXPLAINED: dict[RedisFailure, tuple[str, str]] = {
+    RedisFailure.UNREACHABLE: (
+        "cannot reach Redis",
+        "check that redis-server is running at the ledger's URL (IRREV_REDIS_URL)",
+    ),
+    RedisFailure.TIMEOUT: (
+        "Redis did not answer in time",
+        "check that redis-server is running and not overloaded, and the network to it",
+    ),
+    RedisFailure.POOL_EXHAUSTED: (
+        "every connection to Redis stayed busy",
+        "raise max_connections, or send fewer concurrent requests",
+    ),
+    RedisFailure.AUTHENTICATION: (
+        "Redis refused the credentials",
+        "check the user and password in the ledger's URL (IRREV_REDIS_URL)",
+    ),
+    RedisFailure.NO_PERMISSION: (
+        "the Redis user may not run a command the ledger needs",
+        "grant it the commands and irrev:* keys in the server's ACL",
+    ),
+    RedisFailure.LOADING: (
+        "Redis is still loading its data set",
+        "retry once it has loaded",
+    ),
+    RedisFailure.READ_ONLY: (
+        "Redis refused a write: the server is a read-only replica",
+        "point the ledger's URL (IRREV_REDIS_URL) at the primary",
+    ),
+    RedisFailure.CLUSTER_REDIRECT: (
+        "Redis redirected the call to another cluster node (MOVED/ASK)",
+        "the URL names a Redis Cluster node, which a single-server client cannot follow: "
+        "connect with a cluster client, or to a standalone Redis",
+    ),
+    RedisFailure.CLUSTER_DOWN: (
+        "the Redis Cluster cannot serve the call (down, or a slot without a primary)",
+        "retry once the cluster has recovered",
+    ),
+    RedisFailure.CROSS_SLOT: (
+        "Redis refused a call whose keys live in different cluster slots",
+        "this is a ledger bug (every key of a call carries one tenant's hash tag): report it",
+    ),
+    RedisFailure.NO_SCRIPT: (
+        "Redis no longer has a ledger script (restarted, or SCRIPT FLUSH)",
+        "retry: the ledger loads its scripts again when it finds them missing",
+    ),
+    RedisFailure.WRONG_TYPE: (
+        "a ledger key holds the wrong kind of value",
+        "something other than irrev wrote to the irrev:* keys: find it, and check the "
+        "ledger with `irrev ledger audit`",
+    ),
+    RedisFailure.OUT_OF_MEMORY: (
+        "Redis is out of memory (maxmemory)",
+        "raise maxmemory, or archive old journal entries with `irrev ledger trim`",
+    ),
+    RedisFailure.BUSY: (
+        "Redis is busy running a long script",
+        "retry in a moment",
+    ),
+    RedisFailure.ENCODING: (
+        "the client could not encode the call for Redis",
+        "this is a ledger bug (arguments are validated before they are sent): report it",
+    ),
+    RedisFailure.REFUSED: (
+        "Redis refused the call",
+        "see Redis's message for why",
+    ),
+}
+
+
 class LedgerUnavailable(LedgerError):
-    """Redis could not be reached or answered with an error: fail closed."""
+    """Redis did not carry out a call: fail closed. `cause` names why."""
+
+    def __init__(self, operation: str, cause: RedisFailure, detail: str = "") -> None:
+        what, advice = _EXPLAINED[cause]
+        said = f" ({detail})" if detail else ""
+        super().__init__(f"{what} during {operation}{said}: {advice}")
+        self.operation = operation
+        self.cause = cause
+
+
+# Checked in order, so a subclass comes before its base.
+_BY_CLASS: tuple[tuple[type[Exception], RedisFailure], ...] = (
+    (redis_errors.AuthenticationError, RedisFailure.AUTHENTICATION),
+    (redis_errors.AuthenticationWrongNumberOfArgsError, RedisFailure.AUTHENTICATION),
+    (redis_errors.BusyLoadingError, RedisFailure.LOADING),
+    (redis_errors.MaxConnectionsError, RedisFailure.POOL_EXHAUSTED),
+    (redis_errors.TimeoutError, RedisFailure.TIMEOUT),
+    (redis_errors.NoPermissionError, RedisFailure.NO_PERMISSION),
+    (redis_errors.ReadOnlyError, RedisFailure.READ_ONLY),
+    (redis_errors.ClusterDownError, RedisFailure.CLUSTER_DOWN),
+    (redis_errors.TryAgainError, RedisFailure.CLUSTER_DOWN),
+    (redis_errors.AskError, RedisFailure.CLUSTER_REDIRECT),
+    (redis_errors.ClusterCrossSlotError, RedisFailure.CROSS_SLOT),
+    (redis_errors.NoScriptError, RedisFailure.NO_SCRIPT),
+    (redis_errors.OutOfMemoryError, RedisFailure.OUT_OF_MEMORY),
+    (redis_errors.DataError, RedisFailure.ENCODING),
+    (redis_errors.CrossSlotTransactionError, RedisFailure.CROSS_SLOT),
+    (redis_errors.RedisClusterException, RedisFailure.CLUSTER_DOWN),
+)
+
+# The codes redis-py maps to no class, or cannot see: a script's error carries the
+# code of the command that failed inside it first (Redis 7), or after the script's
+# location (Redis 6.2: "Error running script ...: @user_script: 143: -READONLY ...").
+_CODES = {
+    "WRONGTYPE": RedisFailure.WRONG_TYPE,
+    "BUSY": RedisFailure.BUSY,
+    "OOM": RedisFailure.OUT_OF_MEMORY,
+    "READONLY": RedisFailure.READ_ONLY,
+    "NOSCRIPT": RedisFailure.NO_SCRIPT,
+    "NOPERM": RedisFailure.NO_PERMISSION,
+    "MOVED": RedisFailure.CLUSTER_REDIRECT,
+    "ASK": RedisFailure.CLUSTER_REDIRECT,
+    "CROSSSLOT": RedisFailure.CROSS_SLOT,
+    "CLUSTERDOWN": RedisFailure.CLUSTER_DOWN,
+    "TRYAGAIN": RedisFailure.CLUSTER_DOWN,
+    "LOADING": RedisFailure.LOADING,
+}
+_CODE = re.compile(rf"(?:^|: -?)({'|'.join(_CODES)})\b")
+# A BlockingConnectionPool that waited its timeout for a free connection says so
+# with a plain ConnectionError.
+_POOL_WAIT = "No connection available"
+
+
+def redis_failure(exc: Exception) -> RedisFailure:
+    """The cause of a redis-py exception."""
+    for kind, cause in _BY_CLASS:
+        if isinstance(exc, kind):
+            return cause
+    if isinstance(exc, redis_errors.ConnectionError):
+        return RedisFailure.POOL_EXHAUSTED if _POOL_WAIT in str(exc) else RedisFailure.UNREACHABLE
+    code = _CODE.search(str(exc))
+    return _CODES[code.group(1)] if code else RedisFailure.REFUSED
+
+
+@contextmanager
+def translate_redis_errors(operation: str) -> Iterator[None]:
+    """Raise any Redis error in the block as LedgerUnavailable naming `operation` and
+    the cause; the ledger's own errors pass through."""
+    try:
+        yield
+    except (redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
+        raise LedgerUnavailable(operation, redis_failure(exc), str(exc)) from exc
 
 
 def raise_for_reply(tenant: str, hold_id: str, operation: str, reply: list[object]) -> Status:

@@ -7,11 +7,9 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from redis import exceptions as redis_errors
-from redis.asyncio import Redis
-
 from . import validate
-from .errors import LedgerUnavailable
+from .client import Ledger
+from .errors import translate_redis_errors
 from .keys import journal_key
 
 PAGE = 2000
@@ -52,28 +50,26 @@ class JournalEntry:
 
 
 async def read_journal(
-    redis: Redis, tenant: str, *, after: str = "-", count: int = PAGE
+    ledger: Ledger, tenant: str, *, after: str = "-", count: int = PAGE
 ) -> list[JournalEntry]:
     """One page of entries strictly after `after` ('-' from the start)."""
     key = journal_key(validate.tenant_id(tenant))
     if validate.journal_cursor(after) == LAST_ENTRY_ID:
         return []  # nothing can follow it, and Redis refuses it as an exclusive start
     start = "-" if after == "-" else f"({after}"
-    try:
-        rows: list[tuple[str, dict[str, str]]] = await redis.xrange(  # type: ignore[assignment]
+    with translate_redis_errors("reading the journal"):
+        rows: list[tuple[str, dict[str, str]]] = await ledger.redis.xrange(  # type: ignore[assignment]
             key, min=start, max="+", count=count
         )
-    except redis_errors.RedisError as exc:
-        raise LedgerUnavailable(f"could not read the journal: {exc}") from exc
     return [JournalEntry(entry_id, fields["op"], fields) for entry_id, fields in rows]
 
 
 async def iter_journal(
-    redis: Redis, tenant: str, *, after: str = "-", upto: str = "+"
+    ledger: Ledger, tenant: str, *, after: str = "-", upto: str = "+"
 ) -> AsyncIterator[JournalEntry]:
     """Every entry after `after`, up to and including `upto`."""
     while True:
-        page = await read_journal(redis, tenant, after=after)
+        page = await read_journal(ledger, tenant, after=after)
         for entry in page:
             if upto != "+" and entry_order(entry.entry_id) > entry_order(upto):
                 return

@@ -72,6 +72,15 @@ class AccountSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteOutcomes:
+    """Compensation outcomes counted for one route (learn.lua), at most one per posted
+    hold: how many recovered nothing (failures) and how many recovered some."""
+
+    failures: int
+    successes: int
+
+
+@dataclass(frozen=True, slots=True)
 class Balance:
     account: str
     limit: int

@@ -57,7 +57,9 @@ def _constant(node: ast.AST) -> str | None:
 
 
 def _is_status(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and isinstance(node.value, int) and 400 <= node.value < 600
+    return (
+        isinstance(node, ast.Constant) and isinstance(node.value, int) and 400 <= node.value < 600
+    )
 
 
 def gateway_reasons() -> tuple[set[str], list[str]]:
@@ -75,7 +77,9 @@ def gateway_reasons() -> tuple[set[str], list[str]]:
                 code = _constant(node.args[1]) if len(node.args) > 1 else None
                 if code is not None:
                     reasons.add(code)
-                elif not (len(node.args) > 1 and isinstance(node.args[1], ast.Name | ast.Attribute)):
+                elif not (
+                    len(node.args) > 1 and isinstance(node.args[1], ast.Name | ast.Attribute)
+                ):
                     unreadable.append(f"{path.relative_to(ROOT)}:{node.lineno}")
             elif isinstance(node, ast.Call) and _name(node) in takes_reason:
                 position = takes_reason[_name(node)]
@@ -84,8 +88,10 @@ def gateway_reasons() -> tuple[set[str], list[str]]:
             elif isinstance(node, ast.Tuple) and len(node.elts) > 1 and _is_status(node.elts[0]):
                 if code := _constant(node.elts[1]):
                     reasons.add(code)
-            elif isinstance(node, ast.Dict) and node.keys and all(
-                k is not None and _is_status(k) for k in node.keys
+            elif (
+                isinstance(node, ast.Dict)
+                and node.keys
+                and all(k is not None and _is_status(k) for k in node.keys)
             ):
                 reasons.update(c for v in node.values if (c := _constant(v)))
             elif isinstance(node, ast.ClassDef):

@@ -24,38 +24,37 @@ from rich.console import Console
 from rich.table import Table
 
 from irrev.cli import bounded
-from irrev.stack import free_port, gateway, run_locust, service, supplier, uvicorn_command
-from ledger.embedded import EmbeddedRedis
-from pricing import format_token, hash_token
+from irrev.harness import TenantPolicy, free_port, uvicorn_command
+from irrev.stack import gateway, run_locust, service, supplier
+from ledger import EmbeddedRedis
 
 AGENTS = 16
 
-POLICY = """\
+POLICY = TenantPolicy.parse("""\
 tenant: bench
-risk_unit: {{currency: USD, scale: 1000000}}
+risk_unit: {currency: USD, scale: 1000000}
 window: 24h
 soft_band: 1.0
 escalation_ttl: 30m
 hold_ttl: 10m
 accounts:
-  tenant: {{limit: "1000000000"}}
+  tenant: {limit: "1000000000"}
   principals:
-    load: {{limit: "1000000000"}}
+    load: {limit: "1000000000"}
   risk_factors:
-    "supplier:*": {{limit: "1000000000"}}
+    "supplier:*": {limit: "1000000000"}
 tools:
-  supplier: {{upstream: "{upstream}"}}
+  supplier: {upstream: set-per-run}
 routes:
   - tool: supplier
     route: POST /orders
     class: compensable
     body: [supplier_id, sku, quantity, unit_price]
     face_value: quantity * unit_price
-    risk_factors: ["supplier:{{supplier_id}}"]
-    pricing: {{model: quantile, recovery: {{alpha: 6, beta: 2}}, level: 0.999}}
-agents:
-{agents}
-"""
+    risk_factors: ["supplier:{supplier_id}"]
+    pricing: {model: quantile, recovery: {alpha: 6, beta: 2}, level: 0.999}
+agents: {}
+""")
 
 
 @dataclass(frozen=True)
@@ -87,14 +86,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def bench_policy(directory: Path, upstream: str) -> list[str]:
-    tokens = [format_token(os.urandom(32)) for _ in range(AGENTS)]
-    agents = "".join(
-        f'  bench-{i:02d}:\n    principal: load\n    token_sha256: "{hash_token(t)}"\n'
-        f'    per_effect_cap: "1000000"\n    window_cap: "1000000000"\n'
-        for i, t in enumerate(tokens)
-    )
-    directory.mkdir()
-    (directory / "bench.yaml").write_text(POLICY.format(upstream=upstream, agents=agents))
+    policy = POLICY.copy().point(upstream)
+    agent = {"principal": "load", "per_effect_cap": "1000000", "window_cap": "1000000000"}
+    tokens = [policy.add_agent(f"bench-{i:02d}", **agent) for i in range(AGENTS)]
+    policy.write(directory)
     return tokens
 
 

@@ -24,11 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from irrev.cli import bounded
-from ledger.checkpoint import cutoff_ms, trim
-from ledger.client import Ledger
-from ledger.embedded import EmbeddedRedis
-from ledger.records import AccountSpec, ReserveRequest
-from ledger.settings import AppendFsync
+from ledger import AccountSpec, AppendFsync, EmbeddedRedis, Ledger, ReserveRequest, cutoff_ms, trim
 
 TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
 HOUR_MS = 3_600_000
@@ -180,7 +176,7 @@ async def memory_per_hold(ledger: Ledger, tenant: str, holds: int, batch: int) -
     after = int((await redis.info("memory"))["used_memory"])
     with tempfile.TemporaryDirectory(prefix="irrev-bench-archive-") as archive:
         started = time.perf_counter()
-        trimmed = await trim(redis, tenant, Path(archive), await cutoff_ms(redis, 0))
+        trimmed = await trim(ledger, tenant, Path(archive), await cutoff_ms(ledger, 0))
         elapsed = time.perf_counter() - started
     after_trim = int((await redis.info("memory"))["used_memory"])
     return Memory(

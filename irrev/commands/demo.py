@@ -25,10 +25,7 @@ from rich.table import Table
 from gateway.policies import load_demo_tokens, read_policy_file
 from irrev.cli import bounded
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
-from ledger.audit import audit_tenant
-from ledger.client import Ledger
-from ledger.embedded import EmbeddedRedis
-from ledger.records import HoldState
+from ledger import EmbeddedRedis, HoldState, Ledger, audit_tenant
 
 SUPPLIERS = ("acme-steel", "globex-metals", "initech-parts")
 SKUS = ("steel-coil", "bolts", "paint")

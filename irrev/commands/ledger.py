@@ -14,12 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from irrev.cli import bounded
-from ledger.audit import audit
-from ledger.checkpoint import cutoff_ms, trim_locked
-from ledger.client import Ledger
-from ledger.connect import open_ledger
-from ledger.journal import read_journal
-from ledger.records import HoldState
+from ledger import HoldState, Ledger, audit, cutoff_ms, open_ledger, read_journal, trim_locked
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
 
@@ -101,7 +96,7 @@ async def _balance(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 async def _journal(ledger: Ledger, args: argparse.Namespace) -> int:
-    for entry in await read_journal(ledger.redis, args.tenant, after=args.after, count=args.count):
+    for entry in await read_journal(ledger, args.tenant, after=args.after, count=args.count):
         if args.json:
             print(json.dumps(entry.as_dict()))
         else:
@@ -139,8 +134,8 @@ async def _sweep(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 async def _trim(ledger: Ledger, args: argparse.Namespace) -> int:
-    before_ms = await cutoff_ms(ledger.redis, args.older_than_s)
-    count = await trim_locked(ledger.redis, args.tenant, args.archive, before_ms)
+    before_ms = await cutoff_ms(ledger, args.older_than_s)
+    count = await trim_locked(ledger, args.tenant, args.archive, before_ms)
     if count is None:
         print(
             f"irrev: another process is trimming {args.tenant}'s journal; try again later",

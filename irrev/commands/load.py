@@ -16,9 +16,7 @@ from rich.table import Table
 
 from irrev.cli import bounded
 from irrev.stack import gateway, render_policies, run_locust, supplier
-from ledger.audit import audit_tenant
-from ledger.client import Ledger
-from ledger.embedded import EmbeddedRedis
+from ledger import EmbeddedRedis, Ledger, audit_tenant
 
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "locustfile.py"
 

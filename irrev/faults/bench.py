@@ -23,73 +23,70 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from redis.asyncio import Redis
 
 from gateway.wire import hold_id_for, upstream_key
-from ledger.client import Ledger
-from ledger.embedded import EmbeddedRedis
+from irrev.harness import TenantPolicy, free_port
+from ledger import AppendFsync, EmbeddedRedis, Ledger
 from ledger.keys import hold_key, tenant_prefix
-from ledger.settings import AppendFsync
-from pricing.credentials import hash_token
 
-from .procs import GatewayProc, SupplierProc, free_port, start_supplier
+from .procs import GatewayProc, SupplierProc, start_supplier
 
 ADMIN_NAME = "faults"
 AGENTS = ("buyer-01", "buyer-02", "buyer-03", "buyer-04")
 HOLD_TTL_S = 3
 ORDER_ROUTE = "POST /orders"
 
-# Limits in USD (major units); a plain order is 2 x 5 = 10, an escalated one 400.
-POLICY = """\
-tenant: {tenant}
-risk_unit: {{currency: USD, scale: 1000000}}
+# Limits in USD (major units); a plain order is 2 x 5 = 10, an escalated one 400. The
+# order routes (ORDER_ROUTES, one pair per tool of TOOLS) come before the deploy route.
+POLICY = TenantPolicy.parse("""\
+tenant: set-per-run
+risk_unit: {currency: USD, scale: 1000000}
 window: 24h
 soft_band: 0.8
 escalation_ttl: 10m
-hold_ttl: {hold_ttl}
+hold_ttl: set-per-run
 unknown_routes: deny
 accounts:
-  tenant: {{limit: "1000"}}
+  tenant: {limit: "1000"}
   principals:
-    procurement: {{limit: "900"}}
+    procurement: {limit: "900"}
   risk_factors:
-    "supplier:*": {{limit: "800"}}
+    "supplier:*": {limit: "800"}
 tools:
-  supplier: {{upstream: "{supplier}"}}
-  flaky: {{upstream: "{flaky}"}}
-  closed: {{upstream: "{closed}"}}
-  deploy: {{}}
+  supplier: {upstream: set-per-bench}
+  flaky: {upstream: set-per-bench}
+  closed: {upstream: set-per-bench}
+  deploy: {}
 routes:
-{routes}
   - tool: deploy
     route: POST /deploys
     class: irreversible
     face_value_fixed: "5"
     in_process: true
-agents:
-{agents}
-"""
-ROUTE = """\
-  - tool: {tool}
-    route: POST /orders
-    class: irreversible
-    body: [supplier_id, sku, quantity, unit_price]
-    face_value: quantity * unit_price
-    risk_factors: ["supplier:{{supplier_id}}"]
-    approval_threshold: "300"
-    lookup: GET /orders?idempotency_key={{key}}
-  - tool: {tool}
-    route: GET /orders/{{order_id}}
-    class: read
-"""
-AGENT = """\
-  {name}:
-    principal: procurement
-    token_sha256: "{hash}"
-    per_effect_cap: "500"
-    window_cap: "5000"
-"""
+agents: {}
+""")
+ORDER_ROUTES = yaml.safe_load("""\
+- tool: set-per-tool
+  route: POST /orders
+  class: irreversible
+  body: [supplier_id, sku, quantity, unit_price]
+  face_value: quantity * unit_price
+  risk_factors: ["supplier:{supplier_id}"]
+  approval_threshold: "300"
+  lookup: GET /orders?idempotency_key={key}
+- tool: set-per-tool
+  route: GET /orders/{order_id}
+  class: read
+""")
+AGENT = {"principal": "procurement", "per_effect_cap": "500", "window_cap": "5000"}
 TOOLS = ("supplier", "flaky", "closed")
+
+
+def order_routes(tool: str) -> list[dict[str, Any]]:
+    """The order and lookup routes of the supplier API, as `tool`'s."""
+    return [{**route, "tool": tool} for route in ORDER_ROUTES]
 
 
 @dataclass(frozen=True)
@@ -229,7 +226,7 @@ async def open_bench(spec: BenchSpec) -> AsyncIterator[Bench]:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(gateway.stop)
         if supplier is not None:
-            await asyncio.to_thread(supplier.proc.stop)
+            await asyncio.to_thread(supplier.server.stop)
         with contextlib.suppress(Exception):
             await asyncio.to_thread(redis_server.ensure_running)
         await asyncio.to_thread(redis_server.release)
@@ -250,25 +247,17 @@ class Run:
 
     async def add_tenant(self, tenant: str, hold_ttl_s: int = HOLD_TTL_S) -> None:
         """Write the tenant's policy and make every live gateway load it."""
-        tokens = {name: f"irrev_{secrets.token_urlsafe(24)}" for name in AGENTS}
-        upstreams = {
-            "supplier": self.bench.supplier.url,
-            "flaky": self.bench.supplier.reset_url,
-            "closed": f"http://127.0.0.1:{self.bench.closed_port}",
-        }
-        text = POLICY.format(
-            tenant=tenant,
-            hold_ttl=f"{hold_ttl_s}s",
-            routes="".join(ROUTE.format(tool=t) for t in TOOLS),
-            agents="".join(AGENT.format(name=n, hash=hash_token(t)) for n, t in tokens.items()),
-            **upstreams,
-        )
-        path = self.bench.policy_dir / f"{tenant}.yaml"
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(text)
-        temporary.replace(path)
+        policy = POLICY.copy().named(tenant)
+        policy.document["hold_ttl"] = f"{hold_ttl_s}s"
+        policy.point(self.bench.supplier.url, ("supplier",))
+        policy.point(self.bench.supplier.reset_url, ("flaky",))
+        policy.point(f"http://127.0.0.1:{self.bench.closed_port}", ("closed",))
+        policy.document["routes"][:0] = [r for tool in TOOLS for r in order_routes(tool)]
+        for name in AGENTS:
+            policy.add_agent(name, **AGENT)
+        policy.write(self.bench.policy_dir)
         self.tenants.append(tenant)
-        self.tokens[tenant] = tokens
+        self.tokens[tenant] = policy.tokens
         await self.reload()
 
     async def reload(self) -> None:

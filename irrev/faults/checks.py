@@ -23,7 +23,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from gateway.wire import upstream_key
-from ledger.audit import audit_tenant
+from ledger import audit_tenant
 from ledger.keys import hold_key, journal_key
 
 from .bench import Run

@@ -22,13 +22,14 @@ import httpx
 import pytest
 import yaml
 
+from irrev.harness import free_port
+
 from .servers import (
     BIN,
     EXAMPLES,
     Server,
     Tenant,
     base_env,
-    free_port,
     start_suppliers,
     write_policy,
 )

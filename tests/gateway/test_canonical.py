@@ -158,8 +158,24 @@ REFUSED = [
     # Rails' `.:format` takes any characters but '/' and '.', Spring's suffix pattern
     # anything after the first '.': both route these to /refunds, past its customer cap.
     ("format-alias-dash", "POST", "/refunds.x-y", REFUND, "application/json", 403, "route_alias"),
-    ("format-alias-long", "POST", "/refunds.formatted", REFUND, "application/json", 403, "route_alias"),
-    ("suffix-alias-dots", "POST", "/refunds.json.x", REFUND, "application/json", 403, "route_alias"),
+    (
+        "format-alias-long",
+        "POST",
+        "/refunds.formatted",
+        REFUND,
+        "application/json",
+        403,
+        "route_alias",
+    ),
+    (
+        "suffix-alias-dots",
+        "POST",
+        "/refunds.json.x",
+        REFUND,
+        "application/json",
+        403,
+        "route_alias",
+    ),
     ("encoded-slash", "POST", "/x%2F..%2Frefunds", REFUND, "application/json", 422, "bad_request"),
     # 11: amounts no Decimal context holds
     (

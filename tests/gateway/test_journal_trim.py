@@ -15,6 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from ledger.checkpoint import archive_path, load_checkpoint
+from ledger.client import Ledger
 from ledger.keys import journal_key
 
 from .conftest import Gateway, own_gateway
@@ -59,7 +60,7 @@ async def test_gateway_archives_and_trims_old_journal_entries(
             while await redis.xlen(journal_key(tenant.id)) > 0:
                 assert time.monotonic() < deadline, "the journal was never trimmed"
                 await asyncio.sleep(0.1)
-            checkpoint = await load_checkpoint(redis, tenant.id)
+            checkpoint = await load_checkpoint(Ledger(redis), tenant.id)
         finally:
             await redis.aclose()
         metrics = (await http.get("/metrics", headers=trimming_gateway.admin)).text

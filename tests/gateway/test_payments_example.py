@@ -56,7 +56,13 @@ def payco(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     secret = f"sk_test_{secrets.token_hex(16)}"
     api = Server(
         "payments API",
-        [str(BIN / "python"), "-m", "uvicorn", "irrev.upstreams.payments:create_payments", "--factory"],
+        [
+            str(BIN / "python"),
+            "-m",
+            "uvicorn",
+            "irrev.upstreams.payments:create_payments",
+            "--factory",
+        ],
         base_env(**{KEY_ENV: secret}),
         root / "payments.log",
     )

@@ -22,8 +22,9 @@ import pytest
 import yaml
 from redis.asyncio import Redis
 
+from irrev.harness import new_token
 from ledger.keys import tenant_prefix
-from pricing.credentials import format_token, hash_token
+from pricing.credentials import hash_token
 
 from .conftest import Gateway, wait_for_workers
 from .helpers import assert_problem, balances, effect_headers, order, used
@@ -58,10 +59,6 @@ def _edit(path: Path, change: Any) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-def _new_token() -> str:
-    return format_token(secrets.token_bytes(32))
-
-
 @pytest.fixture(scope="module")
 def trusted(
     redis_url: str, suppliers: Server, tmp_path_factory: pytest.TempPathFactory
@@ -76,8 +73,8 @@ def trusted(
     name = f"bearer-{run}"
     paying = write_policy(policies, "procurement", f"paying-{run}", f"{suppliers.url}/{name}")
     other = write_policy(policies, "procurement", f"other-{run}", f"{suppliers.url}/other-{run}")
-    admins = {role: _new_token() for role in ROLES}
-    other_admin = _new_token()
+    admins = {role: new_token() for role in ROLES}
+    other_admin = new_token()
 
     def paying_policy(data: dict[str, Any]) -> None:
         data["tools"]["supplier"].update(

@@ -14,11 +14,12 @@ from pathlib import Path
 import httpx
 import yaml
 
+from irrev.harness import free_port
 from tests.ledger.test_embedded import process_gone, wait_until
 
 from .conftest import Gateway, own_gateway
 from .helpers import assert_problem, effect_headers, order
-from .servers import BIN, Server, Tenant, base_env, free_port, write_policy
+from .servers import BIN, Server, Tenant, base_env, write_policy
 
 STOP_DEADLINE_S = 30.0
 

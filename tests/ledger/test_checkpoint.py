@@ -24,13 +24,13 @@ async def test_trim_archives_then_audit_still_checks(
     ledger: Ledger, tenant: str, tmp_path: Path
 ) -> None:
     await busy_tenant(ledger, tenant)
-    before = await read_journal(ledger.redis, tenant, count=10_000)
-    trimmed = await trim(ledger.redis, tenant, tmp_path, FAR_FUTURE_MS)
+    before = await read_journal(ledger, tenant, count=10_000)
+    trimmed = await trim(ledger, tenant, tmp_path, FAR_FUTURE_MS)
     assert trimmed == len(before) == 27
     lines = (tmp_path / f"{tenant}.journal.jsonl").read_text().splitlines()
     archived = [json.loads(line) for line in lines]
     assert [a["id"] for a in archived] == [e.entry_id for e in before]
-    assert await read_journal(ledger.redis, tenant) == []
+    assert await read_journal(ledger, tenant) == []
 
     # Life goes on after the trim, and the audit sees checkpoint + new entries.
     await ledger.post(tenant, "k4", 104)
@@ -50,20 +50,18 @@ async def test_trim_keeps_recent_entries(ledger: Ledger, tenant: str, tmp_path: 
     entries = []
     for i in range(4):
         await ledger.reserve(tenant, f"k{i}", "fp", {"tenant:acme": 10}, ttl_ms=60_000)
-        entries = await read_journal(ledger.redis, tenant)
+        entries = await read_journal(ledger, tenant)
     cut_ms = int(entries[2].entry_id.split("-")[0]) - 1
     kept_before = [e for e in entries if int(e.entry_id.split("-")[0]) > cut_ms]
-    await trim(ledger.redis, tenant, tmp_path, cut_ms)
-    assert await read_journal(ledger.redis, tenant) == kept_before
-    assert (await load_checkpoint(ledger.redis, tenant)).upto == entries[
-        -len(kept_before) - 1
-    ].entry_id
+    await trim(ledger, tenant, tmp_path, cut_ms)
+    assert await read_journal(ledger, tenant) == kept_before
+    assert (await load_checkpoint(ledger, tenant)).upto == entries[-len(kept_before) - 1].entry_id
     assert (await audit_tenant(ledger, tenant)).ok
 
 
 async def test_concurrent_trim_loses_nothing(ledger: Ledger, tenant: str, tmp_path: Path) -> None:
     await open_accounts(ledger, tenant, tenant_acme=1000)
-    await trim(ledger.redis, tenant, tmp_path, FAR_FUTURE_MS)
+    await trim(ledger, tenant, tmp_path, FAR_FUTURE_MS)
     with pytest.raises(CheckpointMoved):
-        await _swap(ledger.redis, tenant, "-", "1-0", "{}")
+        await _swap(ledger, tenant, "-", "1-0", "{}")
     assert (await audit_tenant(ledger, tenant)).ok

@@ -33,7 +33,7 @@ async def busy_journal(ledger: Ledger, tenant: str, holds: int) -> list[JournalE
         amounts = {"tenant:acme": 10, "agent:a": 10}
         await ledger.reserve_many(tenant, [ReserveRequest(k, "fp", amounts, HOUR_MS) for k in ids])
         await ledger.post_many(tenant, [(k, 4) for k in ids])
-    return [entry async for entry in iter_journal(ledger.redis, tenant)]
+    return [entry async for entry in iter_journal(ledger, tenant)]
 
 
 def archived_ids(archive_dir: Path, tenant: str) -> list[str]:
@@ -51,8 +51,8 @@ async def test_racing_trimmers_archive_each_entry_once(
     results = finish(workers)
 
     assert archived_ids(tmp_path, tenant) == [e.entry_id for e in history]
-    assert [e async for e in iter_journal(ledger.redis, tenant)] == []
-    assert (await load_checkpoint(ledger.redis, tenant)).upto == history[-1].entry_id
+    assert [e async for e in iter_journal(ledger, tenant)] == []
+    assert (await load_checkpoint(ledger, tenant)).upto == history[-1].entry_id
     assert sum(int(r["moved"]) for r in results) > 0  # they did race
     report = await audit_tenant(ledger, tenant)
     assert report.ok, report.mismatches
@@ -74,10 +74,10 @@ async def test_trimmer_killed_between_archive_and_checkpoint(
     worker.communicate(timeout=30)
     assert worker.returncode == -signal.SIGKILL
     # Killed after its archive, before the checkpoint replaced those entries in Redis.
-    assert (await load_checkpoint(ledger.redis, tenant)).upto == "-"
-    assert len([e async for e in iter_journal(ledger.redis, tenant)]) == len(history)
+    assert (await load_checkpoint(ledger, tenant)).upto == "-"
+    assert len([e async for e in iter_journal(ledger, tenant)]) == len(history)
 
-    assert await trim(ledger.redis, tenant, tmp_path, FAR_FUTURE_MS) == len(history)
+    assert await trim(ledger, tenant, tmp_path, FAR_FUTURE_MS) == len(history)
     assert archived_ids(tmp_path, tenant) == [e.entry_id for e in history]
     assert (await audit_tenant(ledger, tenant)).ok
 
@@ -91,7 +91,7 @@ async def test_torn_last_archive_line_is_replaced(
     # What a writer killed mid-line leaves behind: five whole lines, half of the sixth.
     archive.write_text("\n".join(whole) + "\n" + json.dumps(history[5].as_dict())[:17])
 
-    assert await trim(ledger.redis, tenant, tmp_path, FAR_FUTURE_MS) == len(history)
+    assert await trim(ledger, tenant, tmp_path, FAR_FUTURE_MS) == len(history)
     assert archived_ids(tmp_path, tenant) == [e.entry_id for e in history]
     assert archive.read_bytes().endswith(b"\n")
 
@@ -101,9 +101,9 @@ async def test_trim_locked_leaves_a_held_tenant_alone(
 ) -> None:
     history = await busy_journal(ledger, tenant, 10)
     await ledger.redis.set(trim_lock_key(tenant), "someone-else", px=60_000)
-    assert await trim_locked(ledger.redis, tenant, tmp_path, FAR_FUTURE_MS) is None
+    assert await trim_locked(ledger, tenant, tmp_path, FAR_FUTURE_MS) is None
     assert not archive_path(tmp_path, tenant).exists()
 
     await ledger.redis.delete(trim_lock_key(tenant))
-    assert await trim_locked(ledger.redis, tenant, tmp_path, FAR_FUTURE_MS) == len(history)
+    assert await trim_locked(ledger, tenant, tmp_path, FAR_FUTURE_MS) == len(history)
     assert await ledger.redis.exists(trim_lock_key(tenant)) == 0

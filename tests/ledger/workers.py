@@ -89,7 +89,7 @@ async def trim_all(
     moved = 0
     while True:
         try:
-            if await trim(ledger.redis, tenant, Path(archive_dir), 2**52, batch=int(batch)) == 0:
+            if await trim(ledger, tenant, Path(archive_dir), 2**52, batch=int(batch)) == 0:
                 break
         except CheckpointMoved:
             moved += 1

@@ -14,9 +14,10 @@ import uuid
 from typing import Any
 
 import httpx
-import yaml
 
-from ..bench import ROUTE, Run
+from irrev.harness import TenantPolicy
+
+from ..bench import Run, order_routes
 from ..checks import check_ledger, snapshot
 from ..matrix import Cell
 
@@ -33,16 +34,13 @@ async def _secure_tool(run: Run) -> str:
         f"{run.bench.supplier.url}/_secure", json={"token": secret}
     )
     response.raise_for_status()
-    policy_path = run.bench.policy_dir / f"{run.tenant}.yaml"
-    policy = yaml.safe_load(policy_path.read_text())
-    policy["tools"][TOOL] = {
+    policy = TenantPolicy.read(run.bench.policy_dir / f"{run.tenant}.yaml")
+    policy.document["tools"][TOOL] = {
         "upstream": f"{run.bench.supplier.url}/secure",
         "credentials": {"Authorization": {"file": str(path), "prefix": "Bearer "}},
     }
-    policy["routes"] += yaml.safe_load(ROUTE.format(tool=TOOL))
-    temporary = policy_path.with_suffix(".tmp")
-    temporary.write_text(yaml.safe_dump(policy, sort_keys=False))
-    temporary.replace(policy_path)
+    policy.document["routes"] += order_routes(TOOL)
+    policy.write(run.bench.policy_dir)
     await run.reload()
     return secret
 

@@ -16,7 +16,6 @@ and differential attacks goes through the gateway; for each one:
 
 from __future__ import annotations
 
-import secrets
 import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -25,8 +24,8 @@ from urllib.parse import unquote
 
 import httpx
 
-from ledger.audit import audit_tenant
-from pricing.credentials import hash_token
+from irrev.harness import TenantPolicy
+from ledger import audit_tenant
 
 from ..bench import Run
 from ..matrix import Cell
@@ -34,36 +33,31 @@ from ..matrix import Cell
 AGENT = "buyer-01"
 FORM = "application/x-www-form-urlencoded"
 JSON = "application/json"
-POLICY = """\
-tenant: {tenant}
-risk_unit: {{currency: USD, scale: 1000000}}
+POLICY = TenantPolicy.parse("""\
+tenant: set-per-run
+risk_unit: {currency: USD, scale: 1000000}
 window: 24h
 soft_band: 0.99
 escalation_ttl: 10m
 hold_ttl: 3s
-unknown_routes: {{action: price_as_irreversible, face_value: amount}}
+unknown_routes: {action: price_as_irreversible, face_value: amount}
 accounts:
-  tenant: {{limit: "1000000"}}
+  tenant: {limit: "1000000"}
   principals:
-    procurement: {{limit: "1000000"}}
+    procurement: {limit: "1000000"}
 tools:
-  pay: {{upstream: "{upstream}"}}
+  pay: {upstream: set-per-run}
 routes:
-  - {{tool: pay, route: POST /payments, class: irreversible, body: [payee, amount],
-      face_value: amount}}
-  - {{tool: pay, route: POST /transfers, class: irreversible, query: [amount],
-      face_value: amount}}
-  - {{tool: pay, route: POST /charges, class: irreversible, body_format: form,
+  - {tool: pay, route: POST /payments, class: irreversible, body: [payee, amount],
+      face_value: amount}
+  - {tool: pay, route: POST /transfers, class: irreversible, query: [amount],
+      face_value: amount}
+  - {tool: pay, route: POST /charges, class: irreversible, body_format: form,
       body: [amount, currency], face_value: amount, amount_scale: 100,
-      currency_field: currency}}
-  - {{tool: pay, route: "GET /payments/{{payment_id}}", class: read}}
-agents:
-  {agent}:
-    principal: procurement
-    token_sha256: "{hash}"
-    per_effect_cap: "100000"
-    window_cap: "1000000"
-"""
+      currency_field: currency}
+  - {tool: pay, route: "GET /payments/{payment_id}", class: read}
+agents: {}
+""")
 # Amount scale (1/n major units) of each route's amount field; others: major units.
 SCALES = {"/charges": Decimal(100)}
 
@@ -189,14 +183,12 @@ PROBES = [
 async def add_reader_tenant(run: Run) -> str:
     """A tenant whose one tool's upstream is the supplier's parser readings."""
     tenant = f"{run.tenant[:40]}-d"
-    token = f"irrev_{secrets.token_urlsafe(24)}"
-    upstream = f"{run.bench.supplier.url}/_readers/{tenant}"
-    text = POLICY.format(tenant=tenant, upstream=upstream, agent=AGENT, hash=hash_token(token))
-    path = run.bench.policy_dir / f"{tenant}.yaml"
-    path.with_suffix(".tmp").write_text(text)
-    path.with_suffix(".tmp").replace(path)
+    policy = POLICY.copy().named(tenant)
+    policy.point(f"{run.bench.supplier.url}/_readers/{tenant}")
+    policy.add_agent(AGENT, principal="procurement", per_effect_cap="100000", window_cap="1000000")
+    policy.write(run.bench.policy_dir)
     run.tenants.append(tenant)
-    run.tokens[tenant] = {AGENT: token}
+    run.tokens[tenant] = policy.tokens
     await run.reload()
     return tenant
 

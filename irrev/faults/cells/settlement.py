@@ -13,9 +13,7 @@ import uuid
 from typing import Any
 
 from gateway.wire import upstream_key
-from ledger.audit import audit_tenant
-from ledger.keys import observed_key
-from ledger.limits import MAX_AMOUNT
+from ledger import MAX_AMOUNT, audit_tenant
 
 from ..bench import Run
 from ..checks import check_ledger
@@ -46,11 +44,8 @@ async def _attack(run: Run, hold_id: str, when: str, rounds: int = 1) -> list[st
 
 
 async def _learned(run: Run) -> int:
-    total = 0
-    for outcome in ("failures", "successes"):
-        counts = await run.bench.redis.hgetall(observed_key(run.tenant, outcome))
-        total += sum(int(count) for count in counts.values())
-    return total
+    counted = (await run.bench.ledger.outcomes([run.tenant]))[run.tenant]
+    return sum(route.failures + route.successes for route in counted.values())
 
 
 async def _charged_as_made(run: Run, made: int) -> list[str]:

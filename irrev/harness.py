@@ -1,0 +1,261 @@
+"""The one process harness: a loopback port, a server process (start, wait until it
+answers, its log, stop), and generated tenant policies. `irrev demo`, `irrev bench`,
+`irrev load`, the fault matrix and the tests all start their processes and write their
+policies through it.
+
+Every server binds 127.0.0.1 and starts in its own session, so a signal meant for one
+(a fault's SIGKILL) never reaches another or this process; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from ledger import free_port
+from pricing.credentials import format_token, hash_token
+
+__all__ = [
+    "ProcessError",
+    "Server",
+    "TenantPolicy",
+    "free_port",
+    "new_token",
+    "running",
+    "uvicorn_command",
+]
+
+START_TIMEOUT_S = 60.0
+# `irrev serve` gives in-flight forwards the upstream timeout plus a margin before it
+# kills a stuck worker (gateway/serve.py); a server still alive after this is killed.
+STOP_TIMEOUT_S = 15.0
+
+
+class ProcessError(RuntimeError):
+    """A server did not start or answer in time; the message ends with its log."""
+
+
+def uvicorn_command(app: str, port: int, *extra: str) -> list[str]:
+    """uvicorn serving the factory `app` (module:function) on 127.0.0.1:`port`."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        app,
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+        *extra,
+    ]
+
+
+@dataclass
+class Server:
+    """A server process on a loopback port, its output appended to `log_path` (None:
+    stdout is dropped and stderr is this process's, for a command a person watches)."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] | None
+    log_path: Path | None
+    port: int = field(default_factory=free_port)
+    cwd: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise ProcessError(f"{self.name} was never started")
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, ready_path: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Start it and wait until GET `ready_path` answers 200; a server that exits or
+        does not answer in time is stopped and a ProcessError raised."""
+        if self.alive:
+            raise ProcessError(f"{self.name} is already running")
+        with open(self.log_path or os.devnull, "ab") as log:
+            self.process = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT if self.log_path else None,
+                start_new_session=True,
+            )
+        try:
+            self.wait_ready(ready_path, timeout_s)
+        except BaseException:
+            self.kill()
+            raise
+
+    def wait_ready(self, path: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(base_url=self.url, timeout=2.0, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                if not self.alive:
+                    code = self.process.returncode if self.process else None
+                    raise ProcessError(f"{self.name} exited ({code}) at start-up{self._tail()}")
+                try:
+                    if client.get(path).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
+        raise ProcessError(f"{self.name} did not answer {path} in {timeout_s:g} s{self._tail()}")
+
+    def log(self, size: int = 4000) -> str:
+        """The end of its log ("" without one)."""
+        if self.log_path is None:
+            return ""
+        try:
+            return self.log_path.read_bytes()[-size:].decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _tail(self) -> str:
+        log = self.log()
+        return f":\n{log}" if log else ""
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash; waits until the process is gone."""
+        if self.process is None:
+            return
+        if self.alive:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=STOP_TIMEOUT_S)
+
+    def wait_dead(self, timeout_s: float) -> bool:
+        """Whether the process exited (a crash point, say) within `timeout_s`."""
+        if self.process is None:
+            return True
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """SIGTERM (uvicorn's supervisor then stops its workers); SIGKILL to its whole
+        process group if it has not exited in time."""
+        if self.process is None:
+            return
+        if self.alive:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=STOP_TIMEOUT_S)
+
+
+@dataclass
+class TenantPolicy:
+    """A generated tenant policy: the document, and the plaintext secrets whose hashes
+    it holds (agents' bearer tokens, tool APIs' settler tokens). Built as data and
+    written with yaml.safe_dump, never by editing YAML text."""
+
+    document: dict[str, Any]
+    tokens: dict[str, str] = field(default_factory=dict)
+    settlers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, path: Path) -> TenantPolicy:
+        """A policy file (an example, say) as the start of a new one."""
+        return cls(yaml.safe_load(path.read_text(encoding="utf-8")))
+
+    @classmethod
+    def parse(cls, text: str) -> TenantPolicy:
+        return cls(yaml.safe_load(text))
+
+    def copy(self) -> TenantPolicy:
+        return copy.deepcopy(self)
+
+    @property
+    def tenant(self) -> str:
+        return str(self.document["tenant"])
+
+    def named(self, tenant: str) -> TenantPolicy:
+        self.document["tenant"] = tenant
+        return self
+
+    def point(self, upstream: str, tools: tuple[str, ...] | None = None) -> TenantPolicy:
+        """Send these tools (all that have an upstream if None) to `upstream`."""
+        for name, tool in self.document["tools"].items():
+            if (name in tools) if tools is not None else "upstream" in tool:
+                tool["upstream"] = upstream
+        return self
+
+    def fresh_tokens(self) -> TenantPolicy:
+        """A new bearer token for every agent (their hashes in the document)."""
+        for name, agent in self.document["agents"].items():
+            self.tokens[name] = new_token()
+            agent["token_sha256"] = hash_token(self.tokens[name])
+        return self
+
+    def add_agent(self, name: str, **fields: Any) -> str:
+        """An agent with a new token; returns the token."""
+        self.tokens[name] = new_token()
+        agents = self.document.setdefault("agents", {})
+        agents[name] = {**fields, "token_sha256": hash_token(self.tokens[name])}
+        return self.tokens[name]
+
+    def fresh_settlers(self) -> TenantPolicy:
+        """A new settler token for every tool (the tool API's own credential)."""
+        for name, tool in self.document["tools"].items():
+            self.settlers[name] = new_token()
+            tool["settler_token_sha256"] = hash_token(self.settlers[name])
+        return self
+
+    def text(self) -> str:
+        return yaml.safe_dump(self.document, sort_keys=False)
+
+    def write(self, directory: Path, name: str | None = None) -> Path:
+        """`directory`/<tenant>.yaml (or `name`), replaced atomically: a gateway that
+        reloads meanwhile reads the old file or the new one, never half of one."""
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / (name or f"{self.tenant}.yaml")
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_text(self.text(), encoding="utf-8")
+        temporary.replace(path)
+        return path
+
+
+def new_token() -> str:
+    return format_token(secrets.token_bytes(32))
+
+
+@contextmanager
+def running(server: Server, ready_path: str) -> Iterator[Server]:
+    """`server`, started and answering `ready_path`, until the block ends."""
+    try:
+        server.start(ready_path)
+        yield server
+    finally:
+        server.stop()

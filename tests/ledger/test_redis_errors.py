@@ -1,0 +1,328 @@
+"""Every Redis error reaches callers as LedgerUnavailable naming its cause and what
+to do, against real servers: a stopped one, a replica, a wrong-type key, a flushed
+script cache, a user without permissions, a full memory, a busy pool, a cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis import exceptions as redis_errors
+
+from ledger.audit import audit_tenant
+from ledger.checkpoint import trim
+from ledger.client import Ledger
+from ledger.embedded import EmbeddedRedis, free_port
+from ledger.errors import (
+    HoldNotFound,
+    LedgerUnavailable,
+    RedisFailure,
+    redis_failure,
+    translate_redis_errors,
+)
+from ledger.journal import read_journal
+from ledger.keys import account_key, deadlines_key, journal_key
+from ledger.records import AccountSpec, HoldState
+
+from ..conftest import ReplicatedRedis, server_binary
+from .conftest import open_accounts
+
+HOUR_MS = 3_600_000
+CLUSTER_START_S = 30.0
+
+
+@pytest.fixture
+async def own_ledger(redis_binary: Path, tmp_path: Path) -> AsyncIterator[Ledger]:
+    """A ledger on a server of its own, for tests that change the server's config."""
+    with EmbeddedRedis(tmp_path / "own", binary=redis_binary, tcp=True) as server:
+        ledger = Ledger.from_url(server.url)
+        try:
+            yield ledger
+        finally:
+            await ledger.aclose()
+
+
+async def test_a_server_that_never_ran_is_unreachable_and_says_where_to_look() -> None:
+    port = free_port()
+    ledger = Ledger.from_url(f"redis://127.0.0.1:{port}/0")
+    try:
+        with pytest.raises(LedgerUnavailable) as raised:
+            await ledger.reserve("t", "k1", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
+    finally:
+        await ledger.aclose()
+    assert raised.value.cause is RedisFailure.UNREACHABLE
+    assert raised.value.operation == "reserve"
+    assert isinstance(raised.value.__cause__, redis_errors.ConnectionError)
+    message = str(raised.value)
+    assert message.startswith("cannot reach Redis during reserve (")
+    # redis-py's own words keep the cause: errno 111 is ECONNREFUSED.
+    assert f"Error 111 connecting to 127.0.0.1:{port}" in message
+    assert "IRREV_REDIS_URL" in message
+
+
+async def test_a_server_stopped_under_a_pooled_connection_is_unreachable(
+    redis_server: EmbeddedRedis, tenant: str
+) -> None:
+    ledger = Ledger.from_url(redis_server.url)
+    try:
+        await open_accounts(ledger, tenant, tenant_acme=100)
+        await asyncio.to_thread(redis_server.kill)
+        for call in (
+            ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS),
+            ledger.balance(tenant, "tenant:acme"),
+            ledger.hold_ids(tenant, HoldState.POSTED),
+            audit_tenant(ledger, tenant),
+            read_journal(ledger, tenant),
+        ):
+            with pytest.raises(LedgerUnavailable) as raised:
+                await call
+            assert raised.value.cause is RedisFailure.UNREACHABLE, raised.value
+    finally:
+        await ledger.aclose()
+
+
+async def test_a_wrong_type_key_is_named_as_such_in_scripts_and_reads(
+    ledger: Ledger, tenant: str
+) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=100)
+    await ledger.redis.set(account_key(tenant, "tenant:acme"), "not an account")
+    # Inside a script Redis 6 wraps the code ("ERR Error running script ...:
+    # WRONGTYPE ..."), Redis 7 puts it first; a plain read gets it bare.
+    for call in (
+        ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS),
+        ledger.balance(tenant, "tenant:acme"),
+    ):
+        with pytest.raises(LedgerUnavailable) as raised:
+            await call
+        assert raised.value.cause is RedisFailure.WRONG_TYPE, raised.value
+        assert "WRONGTYPE" in str(raised.value) and "irrev ledger audit" in str(raised.value)
+
+
+async def test_journal_trim_and_audit_translate_too(
+    ledger: Ledger, tenant: str, tmp_path: Path
+) -> None:
+    """The journal, the trimmer and the audit's own index reads (the audit had no
+    translation before) raise the typed error, not redis-py's."""
+    await ledger.redis.set(journal_key(tenant), "not a stream")
+    with pytest.raises(LedgerUnavailable) as raised:
+        await read_journal(ledger, tenant)
+    assert raised.value.cause is RedisFailure.WRONG_TYPE
+    with pytest.raises(LedgerUnavailable) as raised:
+        await trim(ledger, tenant, tmp_path, 2**52)
+    assert raised.value.cause is RedisFailure.WRONG_TYPE
+
+    other = f"{tenant}-b"
+    await ledger.redis.set(deadlines_key(other), "not a sorted set")
+    with pytest.raises(LedgerUnavailable) as raised:
+        await audit_tenant(ledger, other)
+    assert (raised.value.operation, raised.value.cause) == ("audit", RedisFailure.WRONG_TYPE)
+
+
+async def test_a_flushed_script_cache_is_no_script(ledger: Ledger) -> None:
+    """The ledger reloads a forgotten script by itself (test_replicas); a bare
+    EVALSHA after SCRIPT FLUSH shows what the translator makes of NOSCRIPT."""
+    sha = await ledger.redis.script_load("return 1")
+    await ledger.redis.script_flush()
+    with pytest.raises(LedgerUnavailable) as raised, translate_redis_errors("evalsha"):
+        await ledger.redis.evalsha(sha, 0)
+    assert raised.value.cause is RedisFailure.NO_SCRIPT
+    assert "SCRIPT FLUSH" in str(raised.value)
+
+
+async def test_a_replica_refuses_writes_and_says_to_use_the_primary(
+    replicated_redis: ReplicatedRedis, tenant: str
+) -> None:
+    ledger = Ledger.from_url(replicated_redis.replica.url)
+    try:
+        with pytest.raises(LedgerUnavailable) as raised:
+            await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 100, 100))
+    finally:
+        await ledger.aclose()
+    assert raised.value.cause is RedisFailure.READ_ONLY
+    assert "read-only replica" in str(raised.value) and "primary" in str(raised.value)
+
+
+@pytest.fixture
+def acl_user(redis_url: str) -> Iterator[tuple[str, str]]:
+    """A Redis user that may only read, and its password; removed afterwards."""
+    name, password = f"irrev-test-{uuid.uuid4().hex}", uuid.uuid4().hex
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.acl_setuser(
+            name, enabled=True, passwords=[f"+{password}"], commands=["+@read"], keys=["*"]
+        )
+        try:
+            yield name, password
+        finally:
+            admin.acl_deluser(name)
+
+
+async def test_wrong_credentials_and_missing_permissions_are_told_apart(
+    redis_url: str, acl_user: tuple[str, str], tenant: str
+) -> None:
+    name, password = acl_user
+    wrong = Ledger.from_url(redis_url, username=name, password="wrong")
+    reader = Ledger.from_url(redis_url, username=name, password=password)
+    try:
+        with pytest.raises(LedgerUnavailable) as raised:
+            await wrong.ping()
+        assert raised.value.cause is RedisFailure.AUTHENTICATION
+        assert "password" in str(raised.value)
+        assert await reader.balance(tenant, "tenant:acme") is None
+        with pytest.raises(LedgerUnavailable) as raised:
+            await reader.upsert_account(tenant, AccountSpec("tenant:acme", 100, 100))
+        assert raised.value.cause is RedisFailure.NO_PERMISSION
+        assert "ACL" in str(raised.value)
+    finally:
+        await wrong.aclose()
+        await reader.aclose()
+
+
+async def test_a_full_memory_is_out_of_memory(own_ledger: Ledger, tenant: str) -> None:
+    await own_ledger.redis.config_set("maxmemory", "1")
+    with pytest.raises(LedgerUnavailable) as raised:
+        await own_ledger.upsert_account(tenant, AccountSpec("tenant:acme", 100, 100))
+    assert raised.value.cause is RedisFailure.OUT_OF_MEMORY
+    assert "maxmemory" in str(raised.value)
+
+
+async def test_a_pool_with_every_connection_busy_is_not_called_unreachable(
+    redis_url: str, tenant: str
+) -> None:
+    ledger = Ledger.from_url(redis_url, max_connections=1, pool_timeout_s=0.05)
+    try:
+        blocked = asyncio.create_task(ledger.redis.blpop([f"{tenant}:never"], timeout=1))
+        await asyncio.sleep(0.2)  # let the BLPOP take the only connection
+        with pytest.raises(LedgerUnavailable) as raised:
+            await ledger.ping()
+        assert raised.value.cause is RedisFailure.POOL_EXHAUSTED
+        assert "max_connections" in str(raised.value)
+        assert await blocked is None
+    finally:
+        await ledger.aclose()
+
+
+async def test_the_ledgers_own_errors_pass_through(ledger: Ledger, tenant: str) -> None:
+    with pytest.raises(HoldNotFound), translate_redis_errors("void"):
+        await ledger.void(tenant, "nope")
+
+
+def _no_orphan() -> None:
+    """Run in the child: SIGKILL it when the test process dies, however it dies."""
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _wait(client: redis.Redis, state: str) -> None:
+    """Until the node answers with `cluster_state` `state` ('' for any)."""
+    deadline = time.monotonic() + CLUSTER_START_S
+    while True:
+        try:
+            info = client.cluster("INFO")
+            if state in ("", info["cluster_state"]):
+                return
+        except redis_errors.ConnectionError:
+            pass
+        assert time.monotonic() < deadline, f"the cluster node never reached {state!r}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def cluster_pair(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """Two Redis Cluster nodes (Redis 7) splitting the slots between them, up and
+    agreeing; yields their URLs."""
+    binary = server_binary("redis7")
+    nodes: list[tuple[int, int, subprocess.Popen[bytes]]] = []
+    try:
+        for index in range(2):
+            port, bus = free_port(), free_port()
+            directory = tmp_path / f"node{index}"
+            directory.mkdir()
+            argv = [str(binary), "--port", str(port), "--cluster-enabled", "yes"]
+            argv += ["--cluster-port", str(bus), "--dir", str(directory), "--save", ""]
+            argv += ["--appendonly", "no", "--bind", "127.0.0.1"]
+            process = subprocess.Popen(
+                argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_no_orphan
+            )
+            nodes.append((port, bus, process))
+        clients = [redis.Redis(port=port, decode_responses=True) for port, _, _ in nodes]
+        for client in clients:
+            _wait(client, "")
+        clients[0].execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 8191)
+        clients[1].execute_command("CLUSTER", "ADDSLOTSRANGE", 8192, 16383)
+        clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", nodes[1][0], nodes[1][1])
+        for client in clients:
+            _wait(client, "ok")
+            client.close()
+        yield f"redis://127.0.0.1:{nodes[0][0]}/0", f"redis://127.0.0.1:{nodes[1][0]}/0"
+    finally:
+        for _, _, process in nodes:
+            process.terminate()
+        for _, _, process in nodes:
+            process.wait(timeout=30)
+
+
+async def test_a_cluster_node_redirects_and_the_message_keeps_moved(
+    cluster_pair: tuple[str, str],
+) -> None:
+    first, _ = cluster_pair
+    ledger = Ledger.from_url(first)
+    try:
+        with redis.Redis.from_url(first) as client:
+            elsewhere = next(
+                t for t in (f"t{i}" for i in range(1000)) if client.cluster("KEYSLOT", t) >= 8192
+            )
+        with pytest.raises(LedgerUnavailable) as raised:
+            await ledger.balance(elsewhere, "tenant:acme")
+        assert raised.value.cause is RedisFailure.CLUSTER_REDIRECT
+        assert "MOVED" in str(raised.value) and "cluster client" in str(raised.value)
+        with pytest.raises(LedgerUnavailable) as raised:
+            await ledger.outcomes([elsewhere])
+        assert raised.value.cause is RedisFailure.CLUSTER_REDIRECT
+    finally:
+        await ledger.aclose()
+
+
+@pytest.mark.parametrize(
+    ("error", "cause"),
+    [
+        (redis_errors.ResponseError("WRONGTYPE Operation against a key"), RedisFailure.WRONG_TYPE),
+        (
+            redis_errors.ResponseError(
+                "Error running script (call to f_0): @user_script:9: WRONGTYPE Operation"
+            ),
+            RedisFailure.WRONG_TYPE,
+        ),
+        (redis_errors.ResponseError("BUSY Redis is busy running a script"), RedisFailure.BUSY),
+        (redis_errors.ResponseError("CROSSSLOT Keys don't hash"), RedisFailure.CROSS_SLOT),
+        (redis_errors.MovedError("3999 127.0.0.1:6381"), RedisFailure.CLUSTER_REDIRECT),
+        (redis_errors.AskError("3999 127.0.0.1:6381"), RedisFailure.CLUSTER_REDIRECT),
+        (redis_errors.ClusterDownError("Hash slot not served"), RedisFailure.CLUSTER_DOWN),
+        (redis_errors.TryAgainError("Multiple keys request"), RedisFailure.CLUSTER_DOWN),
+        (redis_errors.BusyLoadingError("Redis is loading"), RedisFailure.LOADING),
+        (redis_errors.TimeoutError("Timeout reading from socket"), RedisFailure.TIMEOUT),
+        (redis_errors.DataError("Invalid input of type: 'dict'"), RedisFailure.ENCODING),
+        (redis_errors.ResponseError("ERR unknown command 'FOO'"), RedisFailure.REFUSED),
+        (redis_errors.ResponseError("ERR this mentions BUSY mid-sentence"), RedisFailure.REFUSED),
+    ],
+)
+def test_causes_of_errors_no_local_server_produces(
+    error: redis_errors.RedisError, cause: RedisFailure
+) -> None:
+    assert redis_failure(error) is cause
+
+
+def test_every_cause_has_a_message_with_advice() -> None:
+    for cause in RedisFailure:
+        message = str(LedgerUnavailable("reserve", cause, "detail"))
+        what, _, advice = message.partition(" during reserve (detail): ")
+        assert what and advice, cause
+    assert str(LedgerUnavailable("ping", RedisFailure.BUSY)) == (
+        "Redis is busy running a long script during ping: retry in a moment"
+    )
