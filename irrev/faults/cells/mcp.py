@@ -27,11 +27,11 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway.mcp_upstream import KEY_META
 from gateway.wire import hold_id_for, upstream_key
+from irrev.harness import Server
 from ledger.audit import audit_tenant
 
 from ..bench import BenchSpec, Run
 from ..matrix import Cell
-from ..procs import Proc, free_port, spawn, wait_http
 from .crash import _armed
 
 TWO = BenchSpec(gateways=2)
@@ -53,31 +53,23 @@ ROUTE = {
 
 @dataclass
 class Tools:
-    """The run's MCP server process, its port and its state (kept across a restart)."""
+    """The run's MCP server process and its state (kept across a restart)."""
 
-    proc: Proc
-    port: int
+    server: Server
     state: Path
-    log: Path
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.server.url
 
 
 def start_tools(state: Path, log: Path, port: int = 0) -> Tools:
-    port = port or free_port()
-    args = ["-m", "uvicorn", "irrev.upstreams.mcp_tools:app", "--host", "127.0.0.1"]
-    args += ["--port", str(port), "--log-level", "warning"]
-    env = {**os.environ, "MCP_TOOL_STATE": str(state)}
-    proc = spawn("mcp tools", [sys.executable, *args], log, env)
-    tools = Tools(proc, port, state, log)
-    try:
-        wait_http(proc, f"{tools.url}/ready")
-    except BaseException:
-        proc.kill()
-        raise
-    return tools
+    server = Server("mcp tools", [], {**os.environ, "MCP_TOOL_STATE": str(state)}, log)
+    server.port = port or server.port
+    server.argv = [sys.executable, "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"]
+    server.argv += ["--host", "127.0.0.1", "--port", str(server.port), "--log-level", "warning"]
+    server.start("/ready")
+    return Tools(server, state)
 
 
 @contextlib.asynccontextmanager
@@ -97,7 +89,7 @@ async def mcp_tenant(run: Run) -> AsyncIterator[Tools]:
         await run.reload()
         yield tools
     finally:
-        await asyncio.to_thread(tools.proc.stop)
+        await asyncio.to_thread(tools.server.stop)
 
 
 async def call(run: Run, key: str, *, gateway: int = 0, quantity: int = 2) -> types.CallToolResult:
@@ -229,7 +221,7 @@ async def upstream_kill(run: Run) -> list[str]:
         request = asyncio.ensure_future(call(run, key))
         while not (await stats(run, tools))["effects"]:
             await asyncio.sleep(0.02)
-        await asyncio.to_thread(tools.proc.kill)
+        await asyncio.to_thread(tools.server.kill)
         result = await request
         found = []
         reason = (result.structured_content or {}).get("reason")
@@ -238,10 +230,9 @@ async def upstream_kill(run: Run) -> list[str]:
         report = await run.reconcile()
         if hold_id not in report["unresolved"]:
             found.append(f"with the server down the hold was settled: {report}")
-        restarted = await asyncio.to_thread(
-            start_tools, tools.state, tools.log.with_suffix(".2.log"), tools.port
-        )
-        tools.proc = restarted.proc
+        log = tools.server.log_path or tools.state.with_suffix(".log")
+        restarted = await asyncio.to_thread(start_tools, tools.state, log, tools.server.port)
+        tools.server = restarted.server
         await run.wait_past_deadlines()
         await run.reconcile()
         state = await run.hold_state(hold_id)
