@@ -28,7 +28,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Message, Receive, Scope, Send
 
-from ledger.errors import LedgerError
+from ledger import LedgerError
 from pricing import EffectClass, PricedEffect, TenantPolicy
 from pricing.catalog import CompiledRoute
 from pricing.credentials import AuthenticatedAgent

@@ -30,7 +30,7 @@ from rich.table import Table
 
 from irrev.cli import bounded
 from irrev.stack import free_port, gateway, service
-from ledger.embedded import EmbeddedRedis
+from ledger import EmbeddedRedis
 from pricing import format_token, hash_token
 
 KEY_META = "dev.irrev/idempotency_key"

@@ -32,10 +32,7 @@ from rich.table import Table
 
 from irrev.cli import CliError, bounded
 from irrev.stack import DEMO_ADMIN_TOKEN, free_port, gateway, service
-from ledger.audit import audit_tenant
-from ledger.client import Ledger
-from ledger.embedded import EmbeddedRedis
-from ledger.records import HoldState
+from ledger import EmbeddedRedis, HoldState, Ledger, audit_tenant
 from pricing import format_token, hash_token
 
 EXAMPLE = Path("examples") / "mcp-fleet.yaml"

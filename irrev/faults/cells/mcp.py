@@ -28,7 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from gateway.mcp_upstream import KEY_META
 from gateway.wire import hold_id_for, upstream_key
 from irrev.harness import Server
-from ledger.audit import audit_tenant
+from ledger import audit_tenant
 
 from ..bench import BenchSpec, Run
 from ..matrix import Cell
