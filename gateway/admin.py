@@ -61,7 +61,7 @@ async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, 
 
 def _upstreams(policy: TenantPolicy) -> dict[str, Any]:
     return {
-        name: (tool.upstream, tool.model_dump(include={"credentials"}))
+        name: (tool.upstream, tool.mcp, tool.model_dump(include={"credentials"}))
         for name, tool in policy.document.tools.items()
     }
 

@@ -171,7 +171,11 @@ def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> HttpTarget:
 
 
 def upstream_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> Upstream:
-    """The tool's upstream (every tool with one speaks HTTP today), or 403."""
+    """The tool's upstream: its MCP server (gateway/mcp_upstream.py) or its HTTP API;
+    403 if it has neither."""
+    mcp = gate.tenants.mcp_upstream(policy.tenant, tool_name)
+    if mcp is not None:
+        return mcp
     return HttpUpstream(gate.http, target_of(gate, policy, tool_name))
 
 

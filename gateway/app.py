@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from starlette.routing import Route
 
 from ledger import Ledger, LedgerUnavailable, cutoff_ms, trim_locked
 from pricing import TenantPolicy, policy_accounts
@@ -33,6 +34,7 @@ from . import (
 from .admission import Gate
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
 from .http_upstream import make_client
+from .mcp_mount import LazyMcp
 from .problems import Problem
 from .settings import GatewaySettings
 from .tenants import TenantStore
@@ -132,6 +134,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         try:
             yield
         finally:
+            await mcp_endpoint.aclose()
             for task in background:
                 task.cancel()
             for task in background:
@@ -153,6 +156,8 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     openapi.install(app)
     problems.install(app)
     app.add_middleware(logs.RequestIdMiddleware)
+    mcp_endpoint = LazyMcp()
+    app.router.routes.append(Route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"]))
     routers = (proxy.router, holds_api.router, escalations.router, admin.router, console.router)
     for router in routers:
         app.include_router(router)

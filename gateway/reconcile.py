@@ -5,6 +5,7 @@ found" only voids a hold past its deadline, when no forward can still be in flig
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -112,6 +113,10 @@ async def _ask_upstream(
     if lookup is None:
         return None
     method, target = lookup
+    mcp = gate.tenants.mcp_upstream(policy.tenant, request.tool)
+    if mcp is not None:
+        deadline = time.monotonic() + gate.settings.upstream_timeout_s
+        return await mcp.reconciled(target.removeprefix("/"), hold_id, request, deadline)
     upstream = target_of(gate, policy, request.tool)
     try:
         response = await gate.http.request(
@@ -127,3 +132,4 @@ async def _ask_upstream(
         response.content,
         keep=upstream.kept_headers,
     )
+

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ledger import AccountSpec as LedgerAccount
 from ledger import Ledger
@@ -27,7 +28,7 @@ from pricing import (
 )
 from pricing.catalog import FACTOR_PREFIX
 from pricing.credentials import AuthenticatedAgent, hash_token
-from pricing.policy import AdminRole
+from pricing.policy import AdminRole, McpErrorMeaning
 
 from . import metrics
 from .credentials import Injected, resolve_credentials
@@ -43,6 +44,9 @@ from .policies import (
     read_policy_files,
 )
 from .wire import KEPT_RESPONSE_HEADERS
+
+if TYPE_CHECKING:
+    from .mcp_upstream import McpUpstream
 
 log = logging.getLogger("irrev.gateway")
 
@@ -149,6 +153,7 @@ class TenantStore:
         self._settlers: dict[str, tuple[TenantPolicy, str]] = {}
         self._signature: tuple[tuple[str, int, int], ...] = ()
         self._targets: dict[tuple[str, str], HttpTarget] = {}
+        self._mcp: dict[tuple[str, str], McpUpstream] = {}
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
         self._secret_files: tuple[tuple[str, int, int], ...] = ()
         # The policy files on disk that are not in force, each with its tenant where
@@ -210,6 +215,9 @@ class TenantStore:
         self.faults = faults
         self._signature = signature
         self._targets = _targets(
+            self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
+        )
+        self._mcp = _mcp_upstreams(
             self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
         )
         self._secret_files = _secret_files_signature(self._written.values())
@@ -296,6 +304,10 @@ class TenantStore:
     def target(self, tenant: str, tool: str) -> HttpTarget | None:
         """Where and how requests to `tool` of `tenant` go; None without an upstream."""
         return self._targets.get((tenant, tool))
+
+    def mcp_upstream(self, tenant: str, tool: str) -> McpUpstream | None:
+        """The tenant's MCP server `tool`; None if it has no such server."""
+        return self._mcp.get((tenant, tool))
 
     async def refresh(self, ledger: Ledger) -> bool:
         """Reload if any policy file or credential file changed since the last load
@@ -406,6 +418,32 @@ def _targets(
         for name, tool in policy.document.tools.items()
         if tool.upstream is not None
     }
+
+
+def _mcp_upstreams(
+    policies: Iterable[TenantPolicy], credentials: dict[str, dict[str, Injected]]
+) -> dict[tuple[str, str], McpUpstream]:
+    """Each MCP server of each tenant, with its credentials and the tools whose
+    `isError` means "not executed" (route field `is_error`). The MCP SDK is imported
+    only where a tenant has an MCP server (it is most of a worker's import time)."""
+    policies = list(policies)
+    if not any(tool.mcp for policy in policies for tool in policy.document.tools.values()):
+        return {}
+    from .mcp_upstream import McpUpstream
+
+    upstreams = {}
+    for policy in policies:
+        for name, tool in policy.document.tools.items():
+            if tool.mcp is None:
+                continue
+            not_executed = frozenset(
+                route.template.text.removeprefix("/")
+                for route in policy.catalog.by_tool.get(name, ())
+                if policy.document.routes[route.index].is_error is McpErrorMeaning.NOT_EXECUTED
+            )
+            creds = credentials.get(policy.tenant, {}).get(name, ())
+            upstreams[(policy.tenant, name)] = McpUpstream(tool.mcp, creds, not_executed)
+    return upstreams
 
 
 def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str, int, int], ...]:

@@ -41,6 +41,7 @@ class Command:
 COMMANDS = (
     Command("serve", "irrev.commands.serve", "run the gateway (settings: IRREV_* variables)"),
     Command("demo", "irrev.commands.demo", "a correlated fleet through a price spike"),
+    Command("demo-mcp", "irrev.commands.demo_mcp", "MCP agents' tool calls against one budget"),
     Command(
         "load", "irrev.commands.load", "locust procurement load against a local gateway", "load"
     ),
@@ -62,6 +63,7 @@ BENCHES = (
         "load",
     ),
     Command("cli", "irrev.bench.cli", "start-up time of `irrev --help` and `policy validate`"),
+    Command("mcp", "irrev.bench.mcp", "MCP tools/call through irrev vs direct (calls/s, latency)"),
 )
 
 

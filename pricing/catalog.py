@@ -148,6 +148,7 @@ class Catalog:
     unknown_action: UnknownRouteAction
     unknown_face_fields: tuple[str, ...]
     unknown_approval_threshold_micros: int | None
+    mcp_tools: frozenset[str] = frozenset()
 
     def match(
         self, tool: str, method: str, path: str
@@ -232,6 +233,7 @@ def compile_catalog(policy: PolicyDocument) -> Catalog:
         unknown_action=unknown.action,
         unknown_face_fields=parse_product(unknown.face_value) if unknown.face_value else (),
         unknown_approval_threshold_micros=unknown.approval_threshold,
+        mcp_tools=frozenset(name for name, t in policy.tools.items() if t.mcp),
     )
 
 
@@ -467,6 +469,13 @@ def _price_unknown(
 ) -> PricedEffect:
     if tool not in catalog.tool_upstreams:
         raise UnknownRoute(f"tool {tool!r} is not in the tenant's catalog")
+    if tool in catalog.mcp_tools:
+        # An MCP server's tools are the ones its routes list: a tool the catalog does
+        # not price is never called, whatever the tenant does with unknown HTTP routes.
+        raise UnknownRoute(
+            f"{path.lstrip('/')!r} is not a tool of MCP server {tool!r} in the tenant's "
+            "catalog (unknown MCP tools are refused; add a 'CALL' route to the policy)"
+        )
     if catalog.unknown_action is UnknownRouteAction.DENY:
         raise UnknownRoute(
             f"{method} {path} of tool {tool!r} is not in the tenant's route catalog "

@@ -127,6 +127,13 @@ class BodyFormat(StrEnum):
     FORM = "form"
 
 
+class McpErrorMeaning(StrEnum):
+    """What an MCP tool result with `isError: true` says about the effect."""
+
+    AMBIGUOUS = "ambiguous"  # it may have happened: the hold stays charged
+    NOT_EXECUTED = "not_executed"  # the tool refused before acting: the hold is voided
+
+
 class UnknownRouteAction(StrEnum):
     DENY = "deny"
     PRICE_AS_IRREVERSIBLE = "price_as_irreversible"
@@ -278,6 +285,11 @@ class HeaderSecret(_Model):
 
 class Tool(_Model):
     upstream: Annotated[str, AfterValidator(_upstream_url)] | None = None
+    mcp: Annotated[str, AfterValidator(_upstream_url)] | None = Field(
+        default=None,
+        description="the Streamable HTTP endpoint of an MCP server (e.g. "
+        "'http://127.0.0.1:8900/mcp'); its routes are 'CALL <tool>/<mcp tool>'",
+    )
     credentials: dict[HeaderName, HeaderSecret] = Field(
         default_factory=dict, description="headers the gateway adds to every upstream request"
     )
@@ -348,6 +360,11 @@ class Route(_Model):
     )
     currency_field: FieldName | None = Field(
         default=None, description="a field that must name the tenant's risk-unit currency"
+    )
+    is_error: McpErrorMeaning | None = Field(
+        default=None,
+        description="CALL routes only: what an MCP result with isError means; default "
+        "'ambiguous' (still charged), 'not_executed' voids the hold",
     )
 
 

@@ -104,9 +104,30 @@ def parse_path_template(text: str) -> PathTemplate:
     return PathTemplate(text, tuple(segments), tuple(params))
 
 
+CALL = "CALL"
+# The MCP specification's tool names (SEP-986): at most 128 of these characters.
+MCP_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+def parse_call(text: str) -> tuple[str, str]:
+    """`github/delete_repository` -> ("github", "delete_repository"): an MCP server of
+    the tenant's tools and one of its tools."""
+    server, sep, tool = text.strip().partition("/")
+    if not sep or not server or not MCP_TOOL_NAME.fullmatch(tool) or tool.strip(".") == "":
+        raise TemplateError(
+            f"MCP route {text!r} must be 'CALL <server>/<tool>', e.g. "
+            "'CALL github/delete_repository' (tool names: letters, digits, _ . -)"
+        )
+    return server, tool
+
+
 def parse_route(text: str) -> tuple[str, PathTemplate]:
-    """`POST /orders/{order_id}` -> ("POST", template)."""
+    """`POST /orders/{order_id}` -> ("POST", template); `CALL github/delete_repository`
+    (an MCP tool) -> ("CALL", the one-segment template `/delete_repository`)."""
     method, sep, path = text.strip().partition(" ")
+    if method == CALL and sep:
+        _, tool = parse_call(path)
+        return CALL, PathTemplate(f"/{tool}", (tool,), ())
     if not sep:
         raise TemplateError(f"route {text!r} must be 'METHOD /path', e.g. 'POST /orders'")
     if method not in METHODS:
@@ -191,7 +212,12 @@ class Lookup:
 
 
 def parse_lookup(text: str) -> Lookup:
+    """`GET /orders?idempotency_key={key}`, or for an MCP route `CALL <server>/<tool>`: a
+    tool called with `{"idempotency_key": <key>}` that answers `{"found": true|false}`."""
     method, sep, target = text.strip().partition(" ")
+    if method == CALL and sep:
+        _, tool = parse_call(target)
+        return Lookup(CALL, f"/{tool}", ())
     if not sep or method not in {"GET", "HEAD", "POST"}:
         raise TemplateError(
             f"lookup {text!r} must be 'GET /path?query', e.g. 'GET /orders?idempotency_key={{key}}'"

@@ -15,6 +15,7 @@ from pricing.policy import (
     HOP_BY_HOP,
     NEVER_FORWARDED,
     NEVER_RETURNED,
+    BodyFormat,
     EffectClass,
     PolicyDocument,
     Route,
@@ -23,7 +24,9 @@ from pricing.policy import (
 )
 from pricing.scopes import ANY, parse_scope
 from pricing.templates import (
+    CALL,
     TemplateError,
+    parse_call,
     parse_factor,
     parse_lookup,
     parse_product,
@@ -42,6 +45,9 @@ def check_policy(policy: PolicyDocument) -> list[Problem]:
     problems += _check_scopes(policy)
     for name, tool in policy.tools.items():
         problems += _check_tool_headers(f"tools.{name}", tool)
+        if tool.mcp is not None and "__" in name:
+            # Agents see `<server>__<tool>`: the first '__' must end the server's name.
+            problems.append(Problem(f"tools.{name}", "an MCP server's name must not contain '__'"))
     seen: dict[tuple[str, str, str], int] = {}
     for i, route in enumerate(policy.routes):
         problems += _check_route(policy, i, route, seen)
@@ -137,6 +143,10 @@ def _check_scopes(policy: PolicyDocument) -> list[Problem]:
 
 def _check_tool_headers(where: str, tool: Tool) -> list[Problem]:
     problems = []
+    if tool.upstream is not None and tool.mcp is not None:
+        problems.append(
+            Problem(where, "give one of upstream (an HTTP API) or mcp (an MCP server), not both")
+        )
     injected: set[str] = set()
     for name, secret in tool.credentials.items():
         here = f"{where}.credentials.{name}"
@@ -210,7 +220,7 @@ def _check_route(
     tool = policy.tools.get(route.tool)
     if tool is None:
         problems.append(Problem(f"{where}.tool", f"tool {route.tool!r} is not defined under tools"))
-    elif tool.upstream is None and not route.in_process:
+    elif tool.upstream is None and tool.mcp is None and not route.in_process:
         problems.append(
             Problem(
                 f"{where}.tool",
@@ -222,6 +232,8 @@ def _check_route(
         method, template = parse_route(route.route)
     except TemplateError as exc:
         return [*problems, Problem(f"{where}.route", str(exc))]
+    if tool is not None:
+        problems += _check_mcp_route(where, route, tool, method == CALL)
     key = (route.tool, method, template.shape)
     if key in seen:
         problems.append(
@@ -257,6 +269,56 @@ def _check_route(
         )
     if route.lookup is not None:
         problems += _check_lookup(where, route, set(template.params))
+    return problems
+
+
+def _check_mcp_route(where: str, route: Route, tool: Tool, is_call: bool) -> list[Problem]:
+    """An MCP server's routes are `CALL <server>/<tool>` and price from `arguments`
+    (listed under `body:`); nothing else reaches an MCP server, and CALL nothing else."""
+    if not is_call:
+        if tool.mcp is not None:
+            return [
+                Problem(
+                    f"{where}.route",
+                    f"tool {route.tool!r} is an MCP server: its routes are "
+                    f"'CALL {route.tool}/<tool name>'",
+                )
+            ]
+        if route.is_error is not None:
+            return [Problem(f"{where}.is_error", "only CALL routes (MCP tools) take is_error")]
+        return []
+    server, _ = parse_call(route.route.strip().partition(" ")[2])
+    problems = []
+    if tool.mcp is None:
+        problems.append(
+            Problem(
+                f"{where}.route",
+                f"CALL routes name an MCP server; set tools.{route.tool}.mcp to its URL",
+            )
+        )
+    if server != route.tool:
+        problems.append(
+            Problem(
+                f"{where}.route", f"names server {server!r}, but the route's tool is {route.tool!r}"
+            )
+        )
+    refused = {
+        "query": route.query,
+        "in_process": route.in_process,
+        "body_format": route.body_format is not BodyFormat.JSON,
+    }
+    problems += [
+        Problem(f"{where}.{name}", "MCP tools take JSON arguments only: list them under body:")
+        for name, present in refused.items()
+        if present
+    ]
+    if route.lookup is not None and not route.lookup.strip().startswith(f"{CALL} {server}/"):
+        problems.append(
+            Problem(
+                f"{where}.lookup",
+                f"an MCP route's lookup is a tool of the same server: 'CALL {server}/<tool>'",
+            )
+        )
     return problems
 
 

@@ -26,6 +26,7 @@ def test_every_group_is_covered() -> None:
         "credentials",
         "differential",
         "settlement",
+        "mcp",
     }
 
 
@@ -34,10 +35,11 @@ def test_every_group_is_covered() -> None:
     [
         ("crash.*", False, 4),
         ("crash.*", True, 0),
+        ("mcp.*", False, 4),
         ("approve_k", False, 4),
         ("concurrency.retry_k16,hostile.nan_infinity", False, 2),
     ],
-    ids=["glob", "glob-fast", "substring", "list"],
+    ids=["glob", "glob-fast", "mcp", "substring", "list"],
 )
 def test_select(pattern: str, fast: bool, expected: int) -> None:
     assert len(select(CELLS, pattern, fast)) == expected

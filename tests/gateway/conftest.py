@@ -169,6 +169,8 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "ops": ("procurement", {}),
     "dashboards": ("procurement", {}),
+    # irrev/client.py and its LangChain adapter, as an agent uses them.
+    "client": ("procurement", {}),
 }
 
 

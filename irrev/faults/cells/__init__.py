@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 from ..matrix import Cell
-from . import concurrency, crash, credentials, differential, hostile, redis, settlement, upstream
+from . import (
+    concurrency,
+    crash,
+    credentials,
+    differential,
+    hostile,
+    mcp,
+    redis,
+    settlement,
+    upstream,
+)
 
 CELLS: list[Cell] = [
     *crash.CELLS,
@@ -14,6 +24,7 @@ CELLS: list[Cell] = [
     *credentials.CELLS,
     *differential.CELLS,
     *settlement.CELLS,
+    *mcp.CELLS,
 ]
 
 __all__ = ["CELLS"]

@@ -1,0 +1,114 @@
+"""An MCP tool call through the admission pipeline (gateway/admission.py: prepare ->
+reserve -> deliver once through the tenant's MCP server -> settle), and what came of
+it, for the endpoint to shape into a tool result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pricing import TenantPolicy
+from pricing.credentials import AuthenticatedAgent
+
+from .admission import Gate, Intent, admit, prepare, upstream_of
+from .canonical import Canonical
+from .mcp_upstream import CALL_REFUSED, NOT_EXECUTED, RESULT
+from .problems import Problem
+from .upstream import Answer, Fate
+from .wire import StoredAnswer
+
+CALL = "CALL"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of a call: escalated (a human decides), an answer (fate and body:
+    the CallToolResult as JSON), or a problem (the effect was not made, or its
+    outcome is unknown and no result came)."""
+
+    hold_id: str = ""
+    price: int = 0
+    escalated: bool = False
+    fate: Fate = Fate.DELIVERED
+    body: bytes = b""
+    problem: Problem | None = None
+
+
+def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outcome:
+    """A tool result (live, or recorded with the settled hold) is passed on; anything
+    else becomes the problem it means for the agent."""
+    if isinstance(answer, StoredAnswer):
+        if answer.status in (RESULT, NOT_EXECUTED):
+            fate = Fate.DELIVERED if answer.status == RESULT else Fate.REFUSED
+            return Outcome(hold_id, price, fate=fate, body=answer.body)
+        if answer.status == 404 or answer.status == CALL_REFUSED:
+            # Voided: the reconciler learnt it never happened, or the server refused it.
+            return Outcome(hold_id, price, problem=_voided(hold_id))
+        return Outcome(hold_id, price, problem=_unreachable(hold_id))
+    if answer.fate is Fate.NOT_SENT:
+        return Outcome(hold_id, price, problem=_unreachable(hold_id))
+    if answer.status in (RESULT, NOT_EXECUTED):
+        return Outcome(hold_id, price, fate=answer.fate, body=answer.body)
+    if answer.fate is Fate.REFUSED:
+        return Outcome(
+            hold_id,
+            price,
+            problem=Problem(
+                422,
+                "bad_request",
+                f"the MCP server refused the call before running it ({answer.why}); "
+                "nothing was done and the hold was released",
+                hold=hold_id or None,
+            ),
+        )
+    return Outcome(
+        hold_id,
+        price,
+        problem=Problem(
+            502,
+            "upstream_ambiguous",
+            "the call may or may not have taken effect; it stays charged until reconciled. "
+            "Repeat it with the same idempotency key: the server can deduplicate it",
+            why=answer.why,
+            hold=hold_id or None,
+        ),
+    )
+
+
+def _voided(hold_id: str) -> Problem:
+    return Problem(
+        409,
+        "hold_voided",
+        "this call's hold was voided, so it was not made; use a new idempotency key to make it",
+        hold=hold_id,
+    )
+
+
+def _unreachable(hold_id: str) -> Problem:
+    return Problem(
+        502,
+        "upstream_unreachable",
+        "the MCP server could not be reached; nothing was sent and the hold was released",
+        hold=hold_id or None,
+    )
+
+
+async def call_effect(
+    gate: Gate,
+    policy: TenantPolicy,
+    agent: AuthenticatedAgent,
+    server: str,
+    tool: str,
+    canonical: Canonical,
+    key: str,
+) -> Outcome:
+    """One `tools/call` through the admission pipeline, with the tenant's MCP server
+    `server` as its Upstream; refusals are raised (Problem, RequestError)."""
+    intent = Intent(server, CALL, f"/{tool}", canonical, keys=(key,))
+    prepared = prepare(policy, agent, intent, in_process=False)
+    admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))
+    if isinstance(admitted, Answer):
+        return outcome_of(admitted, "", 0)  # a read: free, nothing held
+    price = admitted.result.price
+    if admitted.answer is None:
+        return Outcome(admitted.hold_id, price, escalated=True)
+    return outcome_of(admitted.answer, admitted.hold_id, price)

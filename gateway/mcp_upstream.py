@@ -1,0 +1,209 @@
+"""`Upstream` over MCP: an admitted effect is one `tools/call` to the tenant's MCP server
+(Streamable HTTP, the official SDK's client), with the hold's idempotency key in the
+request's `_meta` so that a deduplicating server can recognise a repeat.
+
+What a result means for the hold (docs/policy.md, "MCP servers"): a result posts; a
+result with `isError` voids only where the route says such errors mean "not
+executed", and is otherwise ambiguous (still charged); a JSON-RPC error that says
+the call was not accepted (no such tool, invalid params) voids; a connection that
+never opened voids (nothing was sent); a timeout, a reset or any other error is
+ambiguous. The answer the agent gets is the `CallToolResult` as JSON, so a repeat of
+the key gets the very result back from the settled hold."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from .upstream import Answer, Fate
+from .wire import Headers, StoredAnswer, StoredRequest, upstream_key
+
+# Where an agent puts its idempotency key, and where irrev puts the hold's key for the
+# MCP server: a `_meta` key under irrev's own prefix, as the MCP specification asks
+# of extensions (`io.modelcontextprotocol/` is reserved).
+KEY_META = "dev.irrev/idempotency_key"
+HOLD_META = "dev.irrev/hold"
+JSON = (("content-type", "application/json"),)
+# JSON-RPC errors by which a server refuses a call before running it.
+NOT_ACCEPTED = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS, types.INVALID_REQUEST})
+CONNECT_TIMEOUT_S = 1.0
+# An MCP answer in the pipeline's HTTP terms (the status is what a repeat of the key
+# reads back from the settled hold): a tool result, one whose isError means "not
+# executed", a JSON-RPC error refusing the call, any other JSON-RPC error.
+RESULT, NOT_EXECUTED, CALL_REFUSED, CALL_FAILED = 200, 422, 400, 502
+MAX_PAGES = 100
+log = logging.getLogger("irrev.gateway")
+
+
+def result_answer(result: types.CallToolResult, fate: Fate, why: str = "") -> Answer:
+    body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
+    status = NOT_EXECUTED if fate is Fate.REFUSED else RESULT
+    return Answer(fate, status, JSON, body, why=why)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The leaf exceptions of an ExceptionGroup (the SDK's task groups raise them)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _causes(inner)]
+    return [exc]
+
+
+def failure_answer(exc: BaseException) -> Answer:
+    """What an exception of the SDK's client says about the effect."""
+    causes = _causes(exc)
+    if causes and all(isinstance(c, httpx2.ConnectError | httpx2.ConnectTimeout) for c in causes):
+        return Answer(Fate.NOT_SENT, why="upstream_refused")
+    for cause in causes:
+        if isinstance(cause, MCPError):
+            error = {"code": cause.code, "message": cause.error.message}
+            body = json.dumps({"error": error}).encode()
+            if cause.code in NOT_ACCEPTED:
+                return Answer(Fate.REFUSED, CALL_REFUSED, JSON, body, why=f"mcp_{cause.code}")
+            return Answer(Fate.UNKNOWN, CALL_FAILED, JSON, body, why=f"mcp_{cause.code}")
+        if isinstance(cause, TimeoutError | httpx2.TimeoutException):
+            return Answer(Fate.UNKNOWN, why="upstream_timeout")
+    return Answer(Fate.UNKNOWN, why="upstream_reset")
+
+
+@dataclass
+class McpUpstream:
+    """One MCP server of one tenant, as the admission pipeline calls it. Its HTTP client
+    (with the tool's credentials as headers) is made on first use, in the worker's
+    event loop, and kept; `not_executed` are the MCP tools whose `isError` voids."""
+
+    url: str
+    credentials: Headers = field(default=(), repr=False)
+    not_executed: frozenset[str] = frozenset()
+    _client: httpx2.AsyncClient | None = field(default=None, repr=False)
+    _version: str = "auto"
+    _tools: list[types.Tool] = field(default_factory=list)
+    _tools_until: float = 0.0
+
+    def client(self) -> httpx2.AsyncClient:
+        if self._client is None:
+            self._client = httpx2.AsyncClient(
+                headers=dict(self.credentials),
+                timeout=httpx2.Timeout(30.0, connect=CONNECT_TIMEOUT_S),
+                follow_redirects=False,
+                trust_env=False,
+            )
+        return self._client
+
+    async def list_tools(self, deadline: float, ttl_s: float) -> list[types.Tool]:
+        """The server's tools, every page, kept for `ttl_s` (a fleet lists often); an
+        empty list while the server cannot be reached (its tools cannot be called
+        either)."""
+        if time.monotonic() < self._tools_until:
+            return self._tools
+        tools: list[types.Tool] = []
+        transport = streamable_http_client(self.url, http_client=self.client())
+        try:
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                async with Client(transport, mode=self._version, cache=None) as session:
+                    cursor: str | None = None
+                    for _ in range(MAX_PAGES):
+                        page = await session.list_tools(cursor=cursor)
+                        tools += page.tools
+                        cursor = page.next_cursor
+                        if not cursor:
+                            break
+        except Exception:
+            log.warning("MCP server did not list its tools", extra={"url": self.url})
+            return []
+        self._tools, self._tools_until = tools, time.monotonic() + ttl_s
+        return tools
+
+    async def call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        meta: types.RequestParamsMeta,
+        deadline: float,
+    ) -> types.CallToolResult:
+        """One `tools/call`; raises what the SDK raises (see failure_answer). The
+        protocol version the server speaks is learnt on the first call (`auto`: one
+        `server/discover` probe) and then pinned, so later calls are one POST."""
+        transport = streamable_http_client(self.url, http_client=self.client())
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+            async with Client(transport, mode=self._version, cache=None) as session:
+                if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                    self._version = session.protocol_version
+                # Sent as a bare request: ClientSession.call_tool would list the tools
+                # after a result to check it against the output schema, a second
+                # request that could fail after the effect was made. irrev passes the
+                # result on; the agent's own client checks it.
+                request = types.CallToolRequest(
+                    params=types.CallToolRequestParams(
+                        name=name, arguments=dict(arguments), _meta=meta
+                    )
+                )
+                return await session.session.send_request(request, types.CallToolResult)
+
+    async def deliver(
+        self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False
+    ) -> Answer:
+        """The `Upstream` protocol (gateway/upstream.py): the effect's arguments (as
+        priced) to its tool, under the hold's key; never raises for what the server
+        does. MCP has no "still in progress" answer, so `retry` changes nothing."""
+        tool = effect.path.removeprefix("/")
+        arguments = json.loads(effect.body) if effect.body else {}
+        meta: types.RequestParamsMeta = {}
+        if hold_id:
+            meta = {KEY_META: upstream_key(hold_id), HOLD_META: hold_id}  # type: ignore[misc]
+        try:
+            result = await self.call(tool, arguments, meta, deadline)
+        except Exception as exc:  # every failure is a fate; ExceptionGroup is one too
+            return failure_answer(exc)
+        if not result.is_error:
+            return result_answer(result, Fate.DELIVERED)
+        if tool in self.not_executed:
+            return result_answer(result, Fate.REFUSED, "mcp_not_executed")
+        return result_answer(result, Fate.UNKNOWN, "mcp_is_error")
+
+    async def lookup(self, tool: str, key: str, deadline: float) -> bool | None:
+        """The reconciler's question (a route's `lookup: CALL <server>/<tool>`): was an
+        effect made under `key`? True or False only from a result whose structured
+        content says `{"found": true|false}`; None when the server cannot tell."""
+        try:
+            result = await self.call(tool, {"idempotency_key": key}, {}, deadline)
+        except Exception:  # cannot tell
+            return None
+        found = result.structured_content
+        if result.is_error or not isinstance(found, dict):
+            return None
+        value = found.get("found")
+        return value if isinstance(value, bool) else None
+
+    async def reconciled(
+        self, tool: str, hold_id: str, request: StoredRequest, deadline: float
+    ) -> StoredAnswer | None:
+        """The lookup contract's answer (docs/policy.md) from the route's lookup tool:
+        found is its 2xx, not found its 404, as a tool result so that an agent
+        repeating the key gets one; None (the hold stays charged) if it cannot tell."""
+        found = await self.lookup(tool, upstream_key(hold_id), deadline)
+        if found is None:
+            return None
+        said = "took effect" if found else "never took effect"
+        text = (
+            f"irrev reconciled this call: the MCP server's {tool} says it {said} "
+            "(its own result was not recorded)."
+        )
+        result = types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)],
+            structured_content={"found": found, "lookup": tool},
+        )
+        body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
+        # The lookup contract's 2xx and 404 (docs/policy.md), as the reconciler reads them.
+        return request.answer(RESULT if found else 404, list(JSON), body)

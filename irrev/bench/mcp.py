@@ -1,0 +1,194 @@
+"""`irrev bench mcp`: MCP `tools/call` through irrev against the same call made directly
+to the same MCP server, in one run: calls per second with C concurrent sessions (a
+closed loop), and the latency of one session calling back to back, whose p50 and p99
+irrev adds. The server is irrev/upstreams/mcp_tools.py (SDK-built, Streamable HTTP,
+deduplicating by key); every call is a new order with its own idempotency key,
+admitted against a budget large enough never to refuse one. Agents are the SDK's
+`mcp.Client`; what it costs is in both columns."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2
+import yaml
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import RequestParamsMeta
+from rich.console import Console
+from rich.table import Table
+
+from irrev.cli import bounded
+from irrev.stack import free_port, gateway, service
+from ledger import EmbeddedRedis
+from pricing import format_token, hash_token
+
+KEY_META = "dev.irrev/idempotency_key"
+UNLIMITED = {"limit": "1000000000"}
+AGENT = {"principal": "load", "per_effect_cap": "1000000", "window_cap": "1000000000"}
+
+
+def bench_policy(directory: Path, mcp_url: str, sessions: int) -> list[str]:
+    """One tenant whose budget never refuses, `sessions` agents; returns their tokens."""
+    tokens = [format_token(os.urandom(32)) for _ in range(sessions)]
+    policy = {
+        "tenant": "bench-mcp",
+        "risk_unit": {"currency": "USD", "scale": 1000000},
+        "window": "24h",
+        "soft_band": 1.0,
+        "escalation_ttl": "30m",
+        "hold_ttl": "10m",
+        "accounts": {
+            "tenant": UNLIMITED,
+            "principals": {"load": UNLIMITED},
+            "risk_factors": {"supplier:*": UNLIMITED},
+        },
+        "tools": {"procure": {"mcp": mcp_url}},
+        "routes": [
+            {
+                "tool": "procure",
+                "route": "CALL procure/place_order",
+                "class": "compensable",
+                "body": ["supplier_id", "sku", "quantity", "unit_price"],
+                "face_value": "quantity * unit_price",
+                "risk_factors": ["supplier:{supplier_id}"],
+                "pricing": {"model": "quantile", "recovery": {"alpha": 6, "beta": 2}},
+            }
+        ],
+        "agents": {
+            f"bench-{i:02d}": {**AGENT, "token_sha256": hash_token(token)}
+            for i, token in enumerate(tokens)
+        },
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "bench-mcp.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
+    return tokens
+
+
+ORDER = {"supplier_id": "s1", "sku": "bolts", "quantity": 2, "unit_price": "10"}
+
+
+@dataclass(frozen=True)
+class Measured:
+    calls: int
+    errors: int
+    seconds: float
+    latencies_ms: list[float]
+
+    @property
+    def per_s(self) -> float:
+        return self.calls / self.seconds
+
+    def quantile(self, q: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--seconds", type=bounded(float, 1.0, 600.0), default=5.0, help="per measurement"
+    )
+    parser.add_argument(
+        "--sessions", type=bounded(int, 1, 200), default=16, help="concurrent MCP sessions"
+    )
+    parser.add_argument("--workers", type=bounded(int, 1, 64), default=2, help="irrev workers")
+    parser.set_defaults(func=run)
+
+
+@asynccontextmanager
+async def session(url: str, token: str = "") -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30.0, trust_env=False) as http,
+        Client(streamable_http_client(url, http_client=http), cache=None) as client,
+    ):
+        yield client
+
+
+async def closed_loop(url: str, tool: str, tokens: list[str], seconds: float) -> Measured:
+    """Each session calls back to back until `seconds` have passed."""
+    latencies: list[float] = []
+    errors = 0
+
+    async def one(token: str) -> None:
+        nonlocal errors
+        async with session(url, token) as client:
+            await client.list_tools()  # what an agent does first; not measured
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                started = time.perf_counter()
+                meta: RequestParamsMeta = {KEY_META: uuid.uuid4().hex}  # type: ignore[misc]
+                result = await client.session.call_tool(tool, ORDER, meta=meta)
+                latencies.append((time.perf_counter() - started) * 1000)
+                errors += int(result.is_error)
+
+    started = time.monotonic()
+    await asyncio.gather(*(one(token) for token in tokens))
+    return Measured(len(latencies), errors, time.monotonic() - started, latencies)
+
+
+async def measure(
+    irrev: str, direct: str, tokens: list[str], args: argparse.Namespace
+) -> dict[str, Measured]:
+    """Direct and through irrev alternate, so a drift of the machine hits both."""
+    many = args.sessions
+    plan = (
+        ("direct, 1 session", direct, "place_order", [""]),
+        ("irrev, 1 session", irrev, "procure__place_order", tokens[:1]),
+        (f"direct, {many} sessions", direct, "place_order", [""] * many),
+        (f"irrev, {many} sessions", irrev, "procure__place_order", tokens),
+    )
+    return {
+        label: await closed_loop(url, tool, some, args.seconds) for label, url, tool, some in plan
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="irrev-bench-mcp-") as scratch:
+        root = Path(scratch)
+        port = free_port()
+        env = {**os.environ, "MCP_TOOL_STATE": str(root / "tool-state")}
+        command = [
+            *(sys.executable, "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"),
+            *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
+        ]
+        with (
+            EmbeddedRedis(root / "redis") as redis,
+            service(command, port, "/ready", "the MCP tool server", env) as tools,
+        ):
+            direct = f"{tools.url}/bench/mcp"
+            tokens = bench_policy(root / "policies", direct, args.sessions)
+            with gateway(redis.url, root / "policies", workers=args.workers) as irrev:
+                results = asyncio.run(measure(f"{irrev.url}/mcp", direct, tokens, args))
+    report(results, args)
+    return 0
+
+
+def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
+    title = f"MCP tools/call, {args.seconds:g} s each, irrev with {args.workers} workers"
+    table = Table(title=title)
+    for column in ("run", "calls/s", "p50 ms", "p99 ms", "errors"):
+        table.add_column(column, justify="right")
+    for label, m in results.items():
+        p50, p99 = m.quantile(0.5), m.quantile(0.99)
+        table.add_row(label, f"{m.per_s:.1f}", f"{p50:.1f}", f"{p99:.1f}", str(m.errors))
+    console = Console()
+    console.print(table)
+    one_direct, one_irrev, many_direct, many_irrev = results.values()
+    added_p50 = one_irrev.quantile(0.5) - one_direct.quantile(0.5)
+    added_p99 = one_irrev.quantile(0.99) - one_direct.quantile(0.99)
+    console.print(
+        f"calls/s through irrev / direct at {args.sessions} sessions: "
+        f"{many_irrev.per_s / many_direct.per_s:.2f}; added latency of one session: "
+        f"p50 +{added_p50:.1f} ms, p99 +{added_p99:.1f} ms"
+    )

@@ -1,0 +1,172 @@
+"""`irrev demo-mcp`: a fleet of MCP agents through irrev, for real.
+
+It starts an embedded Redis, an MCP server (irrev/upstreams/mcp_tools.py: orders and
+repository deletions, made once per idempotency key) and the gateway with
+examples/mcp-fleet.yaml. The agents are ordinary MCP clients (the SDK's, over
+Streamable HTTP) with their Bearer tokens: they list their tools, then place orders
+until the fleet's budget says no; a developer agent asks to delete a repository,
+which waits for a human, who approves it. The table shows what irrev decided and
+checks that the MCP server made exactly the calls the ledger posted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import yaml
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult, RequestParamsMeta
+from rich.console import Console
+from rich.table import Table
+
+from irrev.cli import CliError, bounded
+from irrev.stack import DEMO_ADMIN_TOKEN, free_port, gateway, service
+from ledger import EmbeddedRedis, HoldState, Ledger, audit_tenant
+from pricing import format_token, hash_token
+
+EXAMPLE = Path("examples") / "mcp-fleet.yaml"
+KEY_META = "dev.irrev/idempotency_key"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--agents", type=bounded(int, 1, 50), default=20, help="buying agents")
+    parser.add_argument("--orders", type=bounded(int, 1, 100), default=6, help="per agent")
+    parser.set_defaults(func=run)
+
+
+def fleet_policy(directory: Path, mcp_base: str, agents: int) -> dict[str, str]:
+    """The example as written, its servers at `mcp_base`, `agents` buyers and one
+    developer with fresh tokens; returns the tokens by agent."""
+    if not EXAMPLE.is_file():
+        raise CliError(f"no {EXAMPLE} in {Path.cwd()}: run this from the irrev repository")
+    policy: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    for tool in policy["tools"].values():
+        tool["mcp"] = f"{mcp_base}/{policy['tenant']}/mcp"
+    buyer, developer = policy["agents"]["buyer-01"], policy["agents"]["dev-01"]
+    policy["agents"] = {f"buyer-{i:02d}": dict(buyer) for i in range(1, agents + 1)}
+    policy["agents"]["dev-01"] = developer
+    tokens = {}
+    for name, agent in policy["agents"].items():
+        tokens[name] = format_token(os.urandom(32))
+        agent["token_sha256"] = hash_token(tokens[name])
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "mcp-fleet.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
+    return tokens
+
+
+async def call(
+    url: str, token: str, tool: str, arguments: dict[str, Any], key: str
+) -> CallToolResult:
+    meta: RequestParamsMeta = {KEY_META: key}  # type: ignore[misc]
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30.0, trust_env=False) as http,
+        Client(streamable_http_client(url, http_client=http), cache=None) as client,
+    ):
+        return await client.session.call_tool(tool, arguments, meta=meta)
+
+
+def outcome(result: CallToolResult) -> str:
+    content = result.structured_content if isinstance(result.structured_content, dict) else {}
+    if not result.is_error:
+        return "admitted"
+    return str(content.get("status") or content.get("reason") or "error")
+
+
+async def buy(url: str, token: str, index: int, orders: int, tally: Counter[str]) -> None:
+    for n in range(orders):
+        arguments = {
+            "supplier_id": ("acme-steel", "globex-metals")[(index + n) % 2],
+            "sku": "bolts",
+            "quantity": 10 + 10 * ((index + n) % 4),
+            "unit_price": "95.50",
+        }
+        result = await call(url, token, "procure__place_order", arguments, uuid.uuid4().hex)
+        tally[outcome(result)] += 1
+
+
+async def demo(irrev: str, tools: str, tokens: dict[str, str], args: argparse.Namespace) -> None:
+    console = Console()
+    url = f"{irrev}/mcp"
+    headers = {"Authorization": f"Bearer {tokens['dev-01']}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30.0, trust_env=False) as http,
+        Client(streamable_http_client(url, http_client=http), cache=None) as client,
+    ):
+        listed = [tool.name for tool in (await client.list_tools()).tools]
+    console.print(f"dev-01 sees {listed}; the buyers see the procure tools too.")
+    tally: Counter[str] = Counter()
+    buyers = [name for name in tokens if name.startswith("buyer-")]
+    await asyncio.gather(
+        *(buy(url, tokens[name], i, args.orders, tally) for i, name in enumerate(buyers))
+    )
+    key, deletion = uuid.uuid4().hex, {"owner": "acme", "repo": "legacy-billing"}
+    pending = await call(url, tokens["dev-01"], "github__delete_repository", deletion, key)
+    escalation = (pending.structured_content or {}).get("escalation")
+    console.print(f"dev-01's deletion: {outcome(pending)} ({escalation}); an operator approves.")
+    async with httpx.AsyncClient(trust_env=False) as admin:
+        response = await admin.post(
+            f"{irrev}/v1/escalations/{escalation}/approve",
+            headers={"Authorization": f"Bearer {DEMO_ADMIN_TOKEN}"},
+        )
+        console.print(f"approve -> {response.status_code}")
+        stats = (await admin.get(f"{tools}/mcp-fleet/_stats")).json()
+    done = await call(url, tokens["dev-01"], "github__delete_repository", deletion, key)
+    console.print(f"dev-01 repeats the call with its key: {outcome(done)}")
+    table = Table(title=f"{len(buyers)} MCP agents x {args.orders} orders, one fleet budget")
+    table.add_column("outcome")
+    table.add_column("calls", justify="right")
+    for name, count in sorted(tally.items()):
+        table.add_row(name, str(count))
+    console.print(table)
+    console.print(f"the MCP server made {stats['effects']} effects in {stats['calls']} calls")
+
+
+def run(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="irrev-demo-mcp-") as scratch:
+        root = Path(scratch)
+        port = free_port()
+        env = {**os.environ, "MCP_TOOL_STATE": str(root / "tool-state")}
+        command = [
+            *(sys.executable, "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"),
+            *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
+        ]
+        with (
+            EmbeddedRedis(root / "redis") as redis,
+            service(command, port, "/ready", "the MCP server", env) as tools,
+        ):
+            tokens = fleet_policy(root / "policies", tools.url, args.agents)
+            with gateway(redis.url, root / "policies", workers=2) as irrev:
+                asyncio.run(demo(irrev.url, tools.url, tokens, args))
+                return asyncio.run(check(redis.url, tools.url))
+
+
+async def check(redis_url: str, tools: str) -> int:
+    """The MCP server's effects are exactly the posted holds, and the journal audits."""
+    ledger = Ledger.from_url(redis_url)
+    try:
+        posted = await ledger.hold_ids("mcp-fleet", HoldState.POSTED)
+        report = await audit_tenant(ledger, "mcp-fleet")
+    finally:
+        await ledger.aclose()
+    async with httpx.AsyncClient(trust_env=False) as http:
+        stats = (await http.get(f"{tools}/mcp-fleet/_stats")).json()
+    same = stats["effects"] == len(posted)
+    console = Console()
+    console.print(
+        f"posted holds {len(posted)}, server effects {stats['effects']}: "
+        f"{'equal' if same else 'DIFFERENT'}; audit: "
+        f"{'ok' if not report.mismatches else report.mismatches}"
+    )
+    return 0 if same and not report.mismatches else 1

@@ -1,0 +1,256 @@
+"""MCP tools under faults: the run's tenant gets an MCP server (irrev/upstreams/
+mcp_tools.py, in a process of its own per run, deduplicating and counting by the key
+irrev sends in `_meta`) and a `CALL procure/place_order` route; agents are the SDK's
+MCP client. SIGKILL of a gateway worker after the reserve and after the server
+answered, k concurrent approvals of one escalated call, and the MCP server itself
+SIGKILLed mid-call. Each run checks the ledger (audit, no account over its limit)
+and every hold against what the server made: posted iff made, at most one call per
+key, ambiguous never released on a guess."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import yaml
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from gateway.mcp_upstream import KEY_META
+from gateway.wire import hold_id_for, upstream_key
+from irrev.harness import Server
+from ledger import audit_tenant
+
+from ..bench import BenchSpec, Run
+from ..matrix import Cell
+from .crash import _armed
+
+TWO = BenchSpec(gateways=2)
+ROUTE_ID = "procure CALL /place_order"
+TOOL = "procure__place_order"
+APPROVALS = 8
+DIE_TIMEOUT_S = 10.0
+ROUTE = {
+    "tool": "procure",
+    "route": "CALL procure/place_order",
+    "class": "irreversible",
+    "body": ["supplier_id", "sku", "quantity", "unit_price"],
+    "face_value": "quantity * unit_price",
+    "risk_factors": ["supplier:{supplier_id}"],
+    "approval_threshold": "300",
+    "lookup": "CALL procure/find_effect",
+}
+
+
+@dataclass
+class Tools:
+    """The run's MCP server process and its state (kept across a restart)."""
+
+    server: Server
+    state: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+def start_tools(state: Path, log: Path, port: int = 0) -> Tools:
+    server = Server("mcp tools", [], {**os.environ, "MCP_TOOL_STATE": str(state)}, log)
+    server.port = port or server.port
+    server.argv = [sys.executable, "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"]
+    server.argv += ["--host", "127.0.0.1", "--port", str(server.port), "--log-level", "warning"]
+    server.start("/ready")
+    return Tools(server, state)
+
+
+@contextlib.asynccontextmanager
+async def mcp_tenant(run: Run) -> AsyncIterator[Tools]:
+    """The run's tenant with an MCP server; the server stops when the block ends."""
+    where = run.bench.workdir / "mcp" / run.tenant
+    where.mkdir(parents=True)
+    tools = await asyncio.to_thread(start_tools, where / "state", where / "tools.log")
+    try:
+        path = run.bench.policy_dir / f"{run.tenant}.yaml"
+        policy = yaml.safe_load(path.read_text())
+        policy["tools"]["procure"] = {"mcp": f"{tools.url}/{run.tenant}/mcp"}
+        policy["routes"].append(ROUTE)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(yaml.safe_dump(policy, sort_keys=False))
+        temporary.replace(path)
+        await run.reload()
+        yield tools
+    finally:
+        await asyncio.to_thread(tools.server.stop)
+
+
+async def call(run: Run, key: str, *, gateway: int = 0, quantity: int = 2) -> types.CallToolResult:
+    """One agent's tools/call through a gateway (raises if no answer comes)."""
+    arguments = {"supplier_id": "s1", "sku": "bolts", "quantity": quantity, "unit_price": 5}
+    headers = run.agent_headers()
+    meta: types.RequestParamsMeta = {KEY_META: key}  # type: ignore[misc]
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30.0, trust_env=False) as http,
+        Client(
+            streamable_http_client(f"{run.url(gateway)}/mcp", http_client=http), cache=None
+        ) as client,
+    ):
+        return await client.session.call_tool(TOOL, arguments, meta=meta)
+
+
+def hold_of(run: Run, key: str) -> str:
+    return hold_id_for(run.tenant, "buyer-01", ROUTE_ID, key)
+
+
+async def stats(run: Run, tools: Tools) -> dict[str, Any]:
+    response = await run.bench.http.get(f"{tools.url}/{run.tenant}/_stats")
+    response.raise_for_status()
+    found: dict[str, Any] = response.json()
+    return found
+
+
+async def check(run: Run, tools: Tools, made: dict[str, bool]) -> list[str]:
+    """The ledger audits and no account is over its limit; each hold is posted iff the
+    server made its effect (`made`: what the server's stats said), never released if
+    it was made, asked at most once per key."""
+    ledger = run.bench.ledger
+    found = [f"audit: {m}" for m in (await audit_tenant(ledger, run.tenant)).mismatches]
+    for balance in await ledger.balances(run.tenant):
+        if balance.used > balance.limit:
+            found.append(f"{balance.account} over its limit: {balance.used} > {balance.limit}")
+    seen = await stats(run, tools)
+    for hold_id, was_made in made.items():
+        hold = await ledger.hold(run.tenant, hold_id)
+        state = hold.state.value if hold else "lost"
+        calls = seen["calls_by_key"].get(upstream_key(hold_id), 0)
+        if calls > 1:
+            found.append(f"hold {hold_id} called {calls} times")
+        if was_made and state in ("voided", "expired", "rejected"):
+            found.append(f"hold {hold_id} {state} although the server made the effect")
+        if not was_made and state == "posted":
+            found.append(f"hold {hold_id} posted although the server never made it")
+    return found
+
+
+async def _died(run: Run, request: asyncio.Future[types.CallToolResult]) -> list[str]:
+    try:
+        result = await request
+    except Exception:
+        pass
+    else:
+        return [f"the crashing worker answered: {result.model_dump_json()[:200]}"]
+    dead = await asyncio.to_thread(run.bench.gateways[1].wait_dead, DIE_TIMEOUT_S)
+    return [] if dead else ["the worker did not die at its crash point"]
+
+
+async def _crash(run: Run, point: str, final: str) -> list[str]:
+    await _armed(run, point)
+    async with mcp_tenant(run) as tools:
+        key = uuid.uuid4().hex
+        hold_id = hold_of(run, key)
+        found = await _died(run, asyncio.ensure_future(call(run, key, gateway=1)))
+        await run.bench.start_gateway(1, run.bench.gateways[1].crash_at)
+        await run.wait_past_deadlines()
+        await run.reconcile(gateway=1)
+        state = await run.hold_state(hold_id)
+        if state != final:
+            found.append(f"after reconciling the hold is {state!r}, want {final!r}")
+        before = (await stats(run, tools))["calls"]
+        retry = await call(run, key, gateway=0)
+        if (await stats(run, tools))["calls"] != before:
+            found.append("the agent's retry called the server again for a settled hold")
+        if final == "posted" and retry.is_error:
+            found.append(f"the retry of a posted call got an error: {retry.structured_content}")
+        made = upstream_key(hold_id) in (await stats(run, tools))["calls_by_key"]
+        # place_order makes its effect when it is called: called is made.
+        return found + await check(run, tools, {hold_id: made})
+
+
+async def after_reserve(run: Run) -> list[str]:
+    return await _crash(run, "after_reserve", "voided")
+
+
+async def after_upstream_answer(run: Run) -> list[str]:
+    return await _crash(run, "after_upstream_2xx", "posted")
+
+
+async def approvals(run: Run) -> list[str]:
+    """k approvals of one escalated call, split over both gateways: one wins, and the
+    server is called once; the agent's repeat gets the real result."""
+    await run.bench.disarm()
+    async with mcp_tenant(run) as tools:
+        key = uuid.uuid4().hex
+        pending = await call(run, key, quantity=80)  # 400 USD: above the threshold
+        content = pending.structured_content or {}
+        if content.get("status") != "escalated":
+            return [f"the call was not escalated: {content}"]
+        path = f"/v1/escalations/{content['escalation']}/approve"
+        answers = await asyncio.gather(
+            *(run.admin("POST", path, gateway=i % 2) for i in range(APPROVALS))
+        )
+        codes = sorted(a.status_code for a in answers)
+        found = [] if codes == [200] + [409] * (APPROVALS - 1) else [f"approvals: {codes}"]
+        result = await call(run, key, quantity=80)
+        if result.is_error:
+            found.append(f"the repeat after approval got {result.structured_content}")
+        seen = await stats(run, tools)
+        if seen["calls"] != 1:
+            found.append(f"the server was called {seen['calls']} times")
+        return found + await check(run, tools, {hold_of(run, key): True})
+
+
+async def upstream_kill(run: Run) -> list[str]:
+    """The server makes the effect and is SIGKILLed before it answers: ambiguous,
+    unresolved while it is down (never released on a guess), posted once it is back
+    and its lookup tool says the key took effect."""
+    await run.bench.disarm()
+    async with mcp_tenant(run) as tools:
+        await run.bench.http.post(
+            f"{tools.url}/{run.tenant}/_faults", json={"hang_after_effect": True}
+        )
+        key = uuid.uuid4().hex
+        hold_id = hold_of(run, key)
+        request = asyncio.ensure_future(call(run, key))
+        while not (await stats(run, tools))["effects"]:
+            await asyncio.sleep(0.02)
+        await asyncio.to_thread(tools.server.kill)
+        result = await request
+        found = []
+        reason = (result.structured_content or {}).get("reason")
+        if reason != "upstream_ambiguous":
+            found.append(f"the agent was told {reason!r}, want upstream_ambiguous")
+        report = await run.reconcile()
+        if hold_id not in report["unresolved"]:
+            found.append(f"with the server down the hold was settled: {report}")
+        log = tools.server.log_path or tools.state.with_suffix(".log")
+        restarted = await asyncio.to_thread(start_tools, tools.state, log, tools.server.port)
+        tools.server = restarted.server
+        await run.wait_past_deadlines()
+        await run.reconcile()
+        state = await run.hold_state(hold_id)
+        if state != "posted":
+            found.append(f"after the server came back the hold is {state!r}, want 'posted'")
+        return found + await check(run, tools, {hold_id: True})
+
+
+CHECKED = "audit, limits, posted iff the MCP server made it, one call per key"
+CELLS = [
+    Cell("mcp.crash_after_reserve", f"{CHECKED}; -> voided", after_reserve, TWO, slow=True),
+    Cell(
+        "mcp.crash_after_upstream_answer",
+        f"{CHECKED}; -> posted",
+        after_upstream_answer,
+        TWO,
+        slow=True,
+    ),
+    Cell("mcp.approvals", f"{CHECKED}; one of {APPROVALS} wins", approvals, TWO, slow=True),
+    Cell("mcp.upstream_kill", f"{CHECKED}; ambiguous -> posted", upstream_kill, TWO, slow=True),
+]

@@ -1,0 +1,233 @@
+"""MCP fixtures: the SDK-built tool server (irrev/upstreams/mcp_tools.py) as a real process,
+and per Redis server one `irrev serve --workers 2` whose tenants are copies of
+examples/mcp-fleet.yaml pointing at it, each at its own namespace of the tool server
+(so each test's counts are its own). Agents are real MCP client sessions
+(`mcp.Client` over Streamable HTTP) with their Bearer tokens."""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+import yaml
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from pricing.credentials import format_token, hash_token
+from tests.gateway.conftest import Gateway, wait_for_workers
+from tests.gateway.servers import BIN, EXAMPLES, Server, base_env
+
+WORKERS = 2
+UPSTREAM_TIMEOUT_S = 2.0
+FLEET = 50
+KEY_META = "dev.irrev/idempotency_key"
+
+
+def start_tool_server(state_dir: Path, log_dir: Path, port: int | None = None) -> Server:
+    server = Server(
+        "mcp tools",
+        [str(BIN / "python"), "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"],
+        base_env(MCP_TOOL_STATE=str(state_dir)),
+        log_dir / "mcp-tools.log",
+    )
+    if port is not None:
+        server.port = port
+    server.argv += ["--host", "127.0.0.1", "--port", str(server.port), "--log-level", "warning"]
+    server.start("/ready")
+    return server
+
+
+@dataclass(frozen=True)
+class McpTenant:
+    """A tenant served by the gateway: its id, agents' and admin's tokens, and the
+    tool-server namespace its MCP servers live at."""
+
+    id: str
+    tokens: dict[str, str]
+    admin: str
+    namespace: str
+    tool_server: str
+
+    def auth(self, agent: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[agent]}"}
+
+    @property
+    def admin_auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin}"}
+
+
+def write_mcp_policy(
+    directory: Path,
+    tenant: str,
+    tool_server: str,
+    fleet: int = 0,
+    admin_role: str = "approver",
+    **overrides: Any,
+) -> McpTenant:
+    """examples/mcp-fleet.yaml as `tenant`, with fresh tokens, its MCP servers at the
+    tool server's namespace `tenant`, `fleet` extra buyers (fleet-00...) and top-level
+    keys replaced by `overrides`."""
+    data = copy.deepcopy(yaml.safe_load((EXAMPLES / "mcp-fleet.yaml").read_text()))
+    data["tenant"] = tenant
+    for i in range(fleet):
+        data["agents"][f"fleet-{i:02d}"] = {**data["agents"]["buyer-01"]}
+    tokens = {}
+    for agent_id, agent in data["agents"].items():
+        tokens[agent_id] = format_token(secrets.token_bytes(32))
+        agent["token_sha256"] = hash_token(tokens[agent_id])
+    admin = format_token(secrets.token_bytes(32))
+    data["admins"]["alice"] = {"token_sha256": hash_token(admin), "role": admin_role}
+    data.update(overrides)
+    for tool in data["tools"].values():
+        tool["mcp"] = f"{tool_server}/{tenant}/mcp"
+    (directory / f"{tenant}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return McpTenant(tenant, tokens, admin, tenant, tool_server)
+
+
+TENANTS: dict[str, dict[str, Any]] = {
+    "basics": {},
+    "deny": {},
+    "escalate": {},
+    "fleet": {"fleet": FLEET},
+    "one-key": {},
+    "hostile": {},
+    # Its MCP server is called "vault": a name the "hostile" tenant does not have.
+    "hostile-other": {"rename": "vault"},
+    "client": {},
+    # Its admin alice is a policy_admin: may change its policy, not where calls go.
+    "upload": {"admin_role": "policy_admin"},
+    "bench": {
+        "accounts": {
+            "tenant": {"limit": "9000000"},
+            "principals": {"procurement": {"limit": "9000000"}, "platform": {"limit": "20000"}},
+            "risk_factors": {"supplier:*": {"limit": "9000000"}, "repo:*": {"limit": "10000"}},
+        }
+    },
+}
+
+
+def _renamed(server: str) -> dict[str, Any]:
+    """The example's procure server and its routes under another name."""
+    data = yaml.safe_load((EXAMPLES / "mcp-fleet.yaml").read_text())
+    data["tools"][server] = data["tools"].pop("procure")
+    for route in data["routes"]:
+        if route["tool"] == "procure":
+            route["tool"] = server
+            route["route"] = route["route"].replace("procure/", f"{server}/")
+            if "lookup" in route:
+                route["lookup"] = route["lookup"].replace("procure/", f"{server}/")
+    return {"tools": data["tools"], "routes": data["routes"]}
+
+
+@dataclass
+class McpGateway:
+    gateway: Gateway
+    tool_server: Server
+    tenants: dict[str, McpTenant] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
+    def tenant(self, name: str) -> McpTenant:
+        return self.tenants[name]
+
+
+@pytest.fixture(scope="session")
+def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    root = tmp_path_factory.mktemp("mcp-tools")
+    server = start_tool_server(root / "state", root)
+    yield server
+    server.stop()
+
+
+def serve(root: Path, redis_url: str, policy_dir: Path, **settings: str) -> Gateway:
+    admin_token = secrets.token_urlsafe(24)
+    defaults = {
+        "IRREV_UPSTREAM_TIMEOUT_S": str(UPSTREAM_TIMEOUT_S),
+        "IRREV_UPSTREAM_CONNECT_TIMEOUT_S": "1",
+        "IRREV_FORWARD_MARGIN_S": "0.5",
+        "IRREV_SWEEP_INTERVAL_S": "0.5",
+    }
+    env = base_env(
+        IRREV_REDIS_URL=redis_url,
+        IRREV_POLICY_DIR=str(policy_dir),
+        IRREV_ADMIN_TOKENS=f"ops={admin_token}",
+        **{**defaults, **settings},
+    )
+    server = Server("gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")
+    server.argv += ["--port", str(server.port), "--workers", str(WORKERS)]
+    server.start("/readyz")
+    gateway = Gateway(server, redis_url, admin_token)
+    wait_for_workers(gateway, workers=WORKERS)
+    return gateway
+
+
+@pytest.fixture(scope="session")
+def mcp_gateway(
+    redis_url: str, tool_server: Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[McpGateway]:
+    root = tmp_path_factory.mktemp("mcp-gateway")
+    policy_dir = root / "policies"
+    policy_dir.mkdir()
+    run = uuid.uuid4().hex[:8]
+    tenants = {}
+    for name, options in TENANTS.items():
+        options = dict(options)
+        fleet = options.pop("fleet", 0)
+        role = options.pop("admin_role", "approver")
+        if "rename" in options:
+            options = _renamed(options.pop("rename"))
+        tenants[name] = write_mcp_policy(
+            policy_dir, f"mcp-{name}-{run}", tool_server.url, fleet, role, **options
+        )
+    gateway = serve(root, redis_url, policy_dir)
+    yield McpGateway(gateway, tool_server, tenants)
+    gateway.server.stop()
+
+
+@asynccontextmanager
+async def agent(url: str, headers: dict[str, str]) -> AsyncIterator[Client]:
+    """A real MCP client session of an agent (Streamable HTTP, its Bearer token)."""
+    async with httpx2.AsyncClient(headers=headers, timeout=30.0, trust_env=False) as http:
+        transport = streamable_http_client(f"{url}/mcp", http_client=http)
+        async with Client(transport, cache=None) as client:
+            yield client
+
+
+@pytest.fixture
+async def tools_http(tool_server: Server) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=tool_server.url, timeout=10.0, trust_env=False) as c:
+        yield c
+
+
+@pytest.fixture
+async def http(mcp_gateway: McpGateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=mcp_gateway.url, timeout=30.0, trust_env=False) as c:
+        yield c
+
+
+async def tool_stats(tools_http: httpx.AsyncClient, tenant: McpTenant) -> dict[str, Any]:
+    response = await tools_http.get(f"/{tenant.namespace}/_stats")
+    assert response.status_code == 200
+    stats: dict[str, Any] = response.json()
+    return stats
+
+
+def order(quantity: int = 10, unit_price: str = "100", supplier_id: str = "s1") -> dict[str, Any]:
+    """An order's arguments; its face value is quantity * unit_price USD."""
+    return {
+        "supplier_id": supplier_id,
+        "sku": "bolts",
+        "quantity": quantity,
+        "unit_price": unit_price,
+    }

@@ -1,0 +1,158 @@
+"""Hostile `arguments` and names: wrong types, NaN, huge numbers, deep nesting,
+duplicate keys, unknown tools, another tenant's server, no token. Each gets a clear
+error (a refusal result with its reason, or HTTP 400/401 problem+json before the SDK
+reads the message) and nothing is debited or called."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.gateway.helpers import balances, used
+
+from .conftest import KEY_META, McpGateway, agent, order, tool_stats
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+MODERN = "2026-07-28"
+
+
+def deep(levels: int) -> dict[str, Any]:
+    node: dict[str, Any] = {"x": 1}
+    for _ in range(levels):
+        node = {"x": node}
+    return node
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "reason"),
+    [
+        ("procure__place_order", {**order(), "quantity": "ten"}, "bad_amount"),
+        ("procure__place_order", {**order(), "quantity": True}, "bad_amount"),
+        ("procure__place_order", {**order(), "unit_price": 10**400}, "bad_amount"),
+        ("procure__place_order", {**order(), "unit_price": "1e9"}, "bad_amount"),
+        ("procure__place_order", {**order(), "quantity": -5}, "bad_amount"),
+        ("procure__place_order", {**order(), "quantity": 2**60}, "bad_amount"),
+        ("procure__place_order", {**order(), "quantity": 10**6}, "per_effect_cap"),
+        ("procure__place_order", {**order(), "supplier_id": {"$ne": 1}}, "bad_risk_factor"),
+        ("procure__place_order", {"sku": "bolts"}, "bad_amount"),
+        ("procure__find_effect", {"idempotency_key": "x"}, "unknown_route"),
+        ("procure__drop_tables", {}, "unknown_route"),
+        ("vault__place_order", order(), "unknown_route"),
+        ("place_order", order(), "unknown_route"),
+        ("procure__", order(), "unknown_route"),
+    ],
+)
+async def test_hostile_calls_are_refused_with_a_reason_and_debit_nothing(
+    name: str,
+    arguments: dict[str, Any],
+    reason: str,
+    mcp_gateway: McpGateway,
+    tools_http: httpx.AsyncClient,
+    http: httpx.AsyncClient,
+) -> None:
+    tenant = mcp_gateway.tenant("hostile")
+    admin = mcp_gateway.gateway.admin
+    before = used(await balances(http, admin, tenant))
+    async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
+        result = await client.call_tool(name, arguments, meta={KEY_META: uuid.uuid4().hex})
+    assert result.is_error
+    assert result.structured_content["reason"] == reason, result
+    assert f"({reason})" in result.content[0].text
+    assert used(await balances(http, admin, tenant)) == before
+    assert (await tool_stats(tools_http, tenant))["calls"] == 0
+    other = mcp_gateway.tenant("hostile-other")
+    assert (await tool_stats(tools_http, other))["calls"] == 0
+
+
+def call_message(arguments_json: str) -> bytes:
+    return (
+        '{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"procure__place_order",'
+        f'"arguments":{arguments_json},"_meta":{{"io.modelcontextprotocol/protocolVersion":'
+        f'"{MODERN}","io.modelcontextprotocol/clientInfo":{{"name":"raw","version":"1"}},'
+        '"io.modelcontextprotocol/clientCapabilities":{}}}}'
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    "arguments_json",
+    [
+        '{"supplier_id":"s1","sku":"b","quantity":NaN,"unit_price":"1"}',
+        '{"supplier_id":"s1","sku":"b","quantity":1,"quantity":100000,"unit_price":"1"}',
+        '{"supplier_id":"s1","sku":"b","quantity":1,"Quantity":100000,"unit_price":"1"}',
+        json.dumps({**order(), "note": deep(40)}),
+        '{"supplier_id":"s1","sku":"b","quantity":1,"unit_price":0.99999999999999999999}',
+        '{"supplier_id":"s1","sku":"b","quantity":1,"unit_price":1e400}',
+    ],
+    ids=["nan", "duplicate-key", "keys-differing-in-case", "deep", "beyond-double", "inf"],
+)
+async def test_malformed_json_is_refused_before_the_sdk_reads_it(
+    arguments_json: str,
+    mcp_gateway: McpGateway,
+    tools_http: httpx.AsyncClient,
+    http: httpx.AsyncClient,
+) -> None:
+    tenant = mcp_gateway.tenant("hostile")
+    before = used(await balances(http, mcp_gateway.gateway.admin, tenant))
+    response = await http.post(
+        "/mcp",
+        content=call_message(arguments_json),
+        headers={
+            **tenant.auth("buyer-01"),
+            "Content-Type": "application/json",
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": MODERN,
+        },
+    )
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["reason"] == "bad_json"
+    assert used(await balances(http, mcp_gateway.gateway.admin, tenant)) == before
+    assert (await tool_stats(tools_http, tenant))["calls"] == 0
+
+
+async def test_no_token_no_tools(mcp_gateway: McpGateway, http: httpx.AsyncClient) -> None:
+    response = await http.post("/mcp", content=call_message(json.dumps(order())))
+    assert response.status_code == 401
+    assert response.json()["reason"] == "unauthenticated"
+    other = mcp_gateway.tenant("hostile-other")
+    # Another tenant's agent sees its own servers only.
+    async with agent(mcp_gateway.url, other.auth("buyer-01")) as client:
+        names = {tool.name.partition("__")[0] for tool in (await client.list_tools()).tools}
+    assert names == {"vault", "github"}
+
+
+@pytest.mark.parametrize("bad_key", ["", "a b", "ключ", "k" * 256, 42])
+async def test_a_bad_idempotency_key_is_refused(
+    bad_key: object, mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
+) -> None:
+    tenant = mcp_gateway.tenant("hostile")
+    async with agent(mcp_gateway.url, tenant.auth("buyer-02")) as client:
+        result = await client.call_tool("procure__place_order", order(), meta={KEY_META: bad_key})
+    assert result.is_error
+    assert result.structured_content["reason"] == "bad_idempotency_key"
+    assert (await tool_stats(tools_http, tenant))["calls"] == 0
+
+
+async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
+    mcp_gateway: McpGateway, http: httpx.AsyncClient
+) -> None:
+    """Where calls go (with the gateway's credentials for the server) is the
+    operator's: a tenant's policy_admin changing `mcp` is refused, as `upstream` is."""
+    tenant = mcp_gateway.tenant("upload")
+    policy_dir = Path(mcp_gateway.gateway.server.env["IRREV_POLICY_DIR"])
+    before = (policy_dir / f"{tenant.id}.yaml").read_text()
+    url = f"/v1/admin/tenants/{tenant.id}/policy"
+    same = await http.put(url, content=before.encode(), headers=tenant.admin_auth)
+    assert same.status_code == 200, same.text  # the role may upload its policy
+    data = yaml.safe_load(before)
+    data["tools"]["procure"]["mcp"] = "http://127.0.0.1:9/elsewhere/mcp"
+    moved = await http.put(url, content=yaml.safe_dump(data).encode(), headers=tenant.admin_auth)
+    assert moved.status_code == 403, moved.text
+    assert moved.json()["reason"] == "operator_only"
+    assert (policy_dir / f"{tenant.id}.yaml").read_text() == before
