@@ -6,7 +6,6 @@ examples/mcp-fleet.yaml pointing at it, each at its own namespace of the tool se
 
 from __future__ import annotations
 
-import copy
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -22,7 +21,8 @@ import yaml
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from pricing.credentials import format_token, hash_token
+from irrev.harness import TenantPolicy, new_token
+from pricing.credentials import hash_token
 from tests.gateway.conftest import Gateway, wait_for_workers
 from tests.gateway.servers import BIN, EXAMPLES, Server, base_env
 
@@ -76,20 +76,17 @@ def write_mcp_policy(
     """examples/mcp-fleet.yaml as `tenant`, with fresh tokens, its MCP servers at the
     tool server's namespace `tenant`, `fleet` extra buyers (fleet-00...) and top-level
     keys replaced by `overrides`."""
-    data = copy.deepcopy(yaml.safe_load((EXAMPLES / "mcp-fleet.yaml").read_text()))
-    data["tenant"] = tenant
+    policy = TenantPolicy.read(EXAMPLES / "mcp-fleet.yaml").named(tenant)
+    data = policy.document
     for i in range(fleet):
         data["agents"][f"fleet-{i:02d}"] = {**data["agents"]["buyer-01"]}
-    tokens = {}
-    for agent_id, agent in data["agents"].items():
-        tokens[agent_id] = format_token(secrets.token_bytes(32))
-        agent["token_sha256"] = hash_token(tokens[agent_id])
-    admin = format_token(secrets.token_bytes(32))
+    tokens = policy.fresh_tokens().tokens
+    admin = new_token()
     data["admins"]["alice"] = {"token_sha256": hash_token(admin), "role": admin_role}
     data.update(overrides)
     for tool in data["tools"].values():
         tool["mcp"] = f"{tool_server}/{tenant}/mcp"
-    (directory / f"{tenant}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    policy.write(directory)
     return McpTenant(tenant, tokens, admin, tenant, tool_server)
 
 

@@ -21,13 +21,12 @@ from typing import Any
 
 import httpx2
 import mcp_types as types
-import yaml
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from gateway.mcp_upstream import KEY_META
 from gateway.wire import hold_id_for, upstream_key
-from irrev.harness import Server
+from irrev.harness import Server, TenantPolicy
 from ledger import audit_tenant
 
 from ..bench import BenchSpec, Run
@@ -79,13 +78,10 @@ async def mcp_tenant(run: Run) -> AsyncIterator[Tools]:
     where.mkdir(parents=True)
     tools = await asyncio.to_thread(start_tools, where / "state", where / "tools.log")
     try:
-        path = run.bench.policy_dir / f"{run.tenant}.yaml"
-        policy = yaml.safe_load(path.read_text())
-        policy["tools"]["procure"] = {"mcp": f"{tools.url}/{run.tenant}/mcp"}
-        policy["routes"].append(ROUTE)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(yaml.safe_dump(policy, sort_keys=False))
-        temporary.replace(path)
+        policy = TenantPolicy.read(run.bench.policy_dir / f"{run.tenant}.yaml")
+        policy.document["tools"]["procure"] = {"mcp": f"{tools.url}/{run.tenant}/mcp"}
+        policy.document["routes"].append(ROUTE)
+        policy.write(run.bench.policy_dir)
         await run.reload()
         yield tools
     finally:
