@@ -132,4 +132,3 @@ async def _ask_upstream(
         response.content,
         keep=upstream.kept_headers,
     )
-

@@ -166,7 +166,6 @@ def _exporters(env: Mapping[str, str]) -> list[Any]:
             exporters.append(ConsoleSpanExporter())
         elif name != "none":
             raise TracingError(
-                f"OTEL_TRACES_EXPORTER {name!r} is not one this gateway has: otlp, console "
-                "or none"
+                f"OTEL_TRACES_EXPORTER {name!r} is not one this gateway has: otlp, console or none"
             )
     return exporters

@@ -33,9 +33,7 @@ def problems_of(data: dict[str, Any]) -> str:
 
 def test_a_call_is_priced_from_its_arguments() -> None:
     policy = load_policy_data(fleet(), "fleet")
-    effect = price_request(
-        policy, "procure", "CALL", "/place_order", {}, ORDER, BodyFormat.JSON
-    )
+    effect = price_request(policy, "procure", "CALL", "/place_order", {}, ORDER, BodyFormat.JSON)
     assert effect.effect_class is EffectClass.COMPENSABLE
     assert effect.face_value_micros == 1000 * 10**6
     assert 0 < effect.price_micros < effect.face_value_micros  # quantile of the residual
@@ -52,9 +50,7 @@ def test_bad_arguments_name_the_field() -> None:
     policy = load_policy_data(fleet(), "fleet")
     for bad in ("NaN", "1e999", -1, True, [1], {"a": 1}):
         with pytest.raises(BadAmount):
-            price_request(
-                policy, "procure", "CALL", "/place_order", {}, {**ORDER, "quantity": bad}
-            )
+            price_request(policy, "procure", "CALL", "/place_order", {}, {**ORDER, "quantity": bad})
 
 
 def test_unknown_mcp_tools_fail_closed_even_where_unknown_routes_are_priced() -> None:
