@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from irrev.cli import bounded
+from irrev.cli import CliError, bounded
 from irrev.harness import TenantPolicy, free_port, uvicorn_command
 from irrev.stack import gateway, run_locust, service, supplier
 from ledger import EmbeddedRedis
@@ -162,6 +162,11 @@ def locust_run(
     env = {"IRREV_BENCH_TOKENS": ",".join(tokens), "IRREV_BENCH_RATE": str(rate_per_user)}
     rows = run_locust(BENCHFILE, url, users, users, int(seconds), prefix, env)
     row = next(r for r in rows if r["Name"] == "Aggregated")
+    if row["50%"] == "N/A":
+        # Locust writes N/A for the percentiles of a run that completed no request.
+        raise CliError(
+            f"{label}: no request completed in {seconds:g} s; give the run more --seconds"
+        )
     return Run(
         label,
         float(row["Requests/s"]),
