@@ -27,7 +27,7 @@ from pricing.errors import (
     UnsupportedBodyFormat,
 )
 from pricing.models import FACE_MODEL, FREE_MODEL, FacePricing
-from pricing.money import product_to_minor, round_up, to_decimal
+from pricing.money import MAX_MICROS, product_to_minor, round_up, to_decimal
 from pricing.policy import (
     DEFAULT_FORWARD_HEADERS,
     BodyFormat,
@@ -395,6 +395,11 @@ def _factor_value(fields: _Fields, name: str) -> str:
         raise BadRiskFactor(name, str(exc)) from None
     if isinstance(raw, bool) or not isinstance(raw, str | int):
         raise BadRiskFactor(name, f"must be a string or an integer, not {type(raw).__name__}")
+    if isinstance(raw, int) and abs(raw) > MAX_MICROS:
+        # A JSON integer past 2^53 reads as another number in a parser that uses doubles
+        # (JavaScript's): 2^60 and 2^60 + 1 would be one supplier upstream and two
+        # factor accounts here.
+        raise BadRiskFactor(name, f"{raw} is past 2^53 - 1; send an id that long as a string")
     # Case-folded so that 'Acme-Steel' and 'acme-steel' share one factor account, and
     # leading zeros dropped so that '042' and '42' do (an API that parses ids as
     # integers reads one customer): an agent must not dodge a concentration cap by

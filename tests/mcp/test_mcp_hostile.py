@@ -40,6 +40,8 @@ def deep(levels: int) -> dict[str, Any]:
         ("procure__place_order", {**order(), "quantity": 2**60}, "bad_amount"),
         ("procure__place_order", {**order(), "quantity": 10**6}, "per_effect_cap"),
         ("procure__place_order", {**order(), "supplier_id": {"$ne": 1}}, "bad_risk_factor"),
+        # One supplier to a parser that reads numbers as doubles; two accounts here.
+        ("procure__place_order", {**order(), "supplier_id": 2**60 + 1}, "bad_risk_factor"),
         ("procure__place_order", {"sku": "bolts"}, "bad_amount"),
         ("procure__find_effect", {"idempotency_key": "x"}, "unknown_route"),
         ("procure__drop_tables", {}, "unknown_route"),

@@ -145,6 +145,7 @@ def test_missing_face_field_and_non_object_body() -> None:
     [
         pytest.param("Acme-Steel", "supplier:acme-steel", id="case-folded"),
         pytest.param(42, "supplier:42", id="integer-id"),
+        pytest.param(2**53 - 1, f"supplier:{2**53 - 1}", id="largest-exact-integer"),
         # An API that parses ids as integers reads '042' as customer 42: one account.
         pytest.param("042", "supplier:42", id="leading-zeros"),
         pytest.param("000", "supplier:0", id="zeros"),
@@ -164,6 +165,9 @@ def test_risk_factor_expansion(supplier: object, factor: str) -> None:
         pytest.param(True, id="bool"),
         pytest.param({"id": 1}, id="object"),
         pytest.param("x" * 200, id="too-long"),
+        # A parser reading numbers as doubles sees 2^60 here: one supplier, two accounts.
+        pytest.param(2**60 + 1, id="integer-past-2^53"),
+        pytest.param(-(2**60), id="negative-past-2^53"),
     ],
 )
 def test_bad_risk_factor_values(supplier: object) -> None:
