@@ -157,7 +157,9 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     problems.install(app)
     app.add_middleware(logs.RequestIdMiddleware)
     mcp_endpoint = LazyMcp()
-    app.router.routes.append(Route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"]))
+    # No GET: a stateless endpoint never pushes anything, and a GET event stream would
+    # stay open for ever, one file descriptor each, from any agent's token.
+    app.router.routes.append(Route("/mcp", mcp_endpoint, methods=["POST", "DELETE"]))
     routers = (proxy.router, holds_api.router, escalations.router, admin.router, console.router)
     for router in routers:
         app.include_router(router)

@@ -129,6 +129,22 @@ async def test_no_token_no_tools(mcp_gateway: McpGateway, http: httpx.AsyncClien
     assert names == {"vault", "github"}
 
 
+async def test_no_event_stream_is_held_open(
+    mcp_gateway: McpGateway, http: httpx.AsyncClient
+) -> None:
+    """A GET stream would carry nothing (the endpoint is stateless) and never end: each
+    would hold a worker's file descriptor for as long as the agent liked."""
+    tenant = mcp_gateway.tenant("hostile")
+    response = await http.get(
+        "/mcp",
+        headers={**tenant.auth("buyer-01"), "Accept": "text/event-stream"},
+        timeout=10.0,
+    )
+    assert response.status_code == 405
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["reason"] == "method_not_allowed"
+
+
 @pytest.mark.parametrize("bad_key", ["", "a b", "ключ", "k" * 256, 42])
 async def test_a_bad_idempotency_key_is_refused(
     bad_key: object, mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
