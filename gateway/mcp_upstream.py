@@ -37,7 +37,9 @@ KEY_META = "dev.irrev/idempotency_key"
 HOLD_META = "dev.irrev/hold"
 JSON = (("content-type", "application/json"),)
 # JSON-RPC errors by which a server refuses a call before running it.
-NOT_ACCEPTED = frozenset({types.METHOD_NOT_FOUND, types.INVALID_PARAMS, types.INVALID_REQUEST})
+# Only "no such method" proves the tool did not run: SDK servers (TypeScript's McpServer)
+# answer -32602 / -32600 also *after* the tool ran, when its output fails its schema.
+NOT_ACCEPTED = frozenset({types.METHOD_NOT_FOUND})
 CONNECT_TIMEOUT_S = 1.0
 # An MCP answer in the pipeline's HTTP terms (the status is what a repeat of the key
 # reads back from the settled hold): a tool result, one whose isError means "not

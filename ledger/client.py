@@ -527,9 +527,9 @@ class Ledger:
 
     async def snapshot(self, accounts: Mapping[str, Sequence[str]]) -> list[TenantSnapshot]:
         """Each tenant's TenantSnapshot, for the `accounts` named per tenant, in three
-        round trips for all of them (the clock, then two pipelines): the cost grows with the accounts named
-        and the escalated and ambiguous holds, never with settled holds (for /metrics,
-        read at scrape time)."""
+        round trips for all of them (the clock, then two pipelines): the cost grows
+        with the accounts named and the escalated and ambiguous holds, never with
+        settled holds (for /metrics, read at scrape time)."""
         tenants = [validate.tenant_id(tenant) for tenant in accounts]
         # Not in the pipeline: a cluster pipeline refuses keyless commands such as TIME.
         now_ms = await self.now_ms()
