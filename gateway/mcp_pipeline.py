@@ -103,6 +103,10 @@ async def call_effect(
 ) -> Outcome:
     """One `tools/call` through the admission pipeline, with the tenant's MCP server
     `server` as its Upstream; refusals are raised (Problem, RequestError)."""
+    if server not in policy.catalog.mcp_tools:
+        # An HTTP tool of the tenant would be sent method CALL with the agent's name
+        # as its path, and charged: /mcp reaches MCP servers only.
+        raise Problem(403, "unknown_route", f"{server!r} is not an MCP server of this tenant")
     intent = Intent(server, CALL, f"/{tool}", canonical, keys=(key,))
     prepared = prepare(policy, agent, intent, in_process=False)
     admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))

@@ -85,7 +85,8 @@ def write_mcp_policy(
     data["admins"]["alice"] = {"token_sha256": hash_token(admin), "role": admin_role}
     data.update(overrides)
     for tool in data["tools"].values():
-        tool["mcp"] = f"{tool_server}/{tenant}/mcp"
+        if "mcp" in tool:
+            tool["mcp"] = f"{tool_server}/{tenant}/mcp"
     policy.write(directory)
     return McpTenant(tenant, tokens, admin, tenant, tool_server)
 
@@ -100,6 +101,15 @@ TENANTS: dict[str, dict[str, Any]] = {
     # Its MCP server is called "vault": a name the "hostile" tenant does not have.
     "hostile-other": {"rename": "vault"},
     "client": {},
+    # An HTTP tool beside its MCP servers, unknown routes priced: /mcp must not reach it.
+    "mixed": {
+        "tools": {
+            "procure": {"mcp": ""},
+            "github": {"mcp": ""},
+            "web": {"upstream": "http://127.0.0.1:9"},
+        },
+        "unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"},
+    },
     # Its admin alice is a policy_admin: may change its policy, not where calls go.
     "upload": {"admin_role": "policy_admin"},
     "bench": {

@@ -129,6 +129,23 @@ async def test_no_token_no_tools(mcp_gateway: McpGateway, http: httpx.AsyncClien
     assert names == {"vault", "github"}
 
 
+async def test_an_http_tool_is_not_reached_through_mcp(
+    mcp_gateway: McpGateway, http: httpx.AsyncClient
+) -> None:
+    """`web__anything` would go to the tenant's HTTP tool as method CALL, path
+    /anything, priced as an unknown route and charged."""
+    tenant = mcp_gateway.tenant("mixed")
+    admin = mcp_gateway.gateway.admin
+    before = used(await balances(http, admin, tenant))
+    async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
+        result = await client.call_tool(
+            "web__anything", {"amount": 1}, meta={KEY_META: uuid.uuid4().hex}
+        )
+    assert result.is_error
+    assert result.structured_content["reason"] == "unknown_route", result
+    assert used(await balances(http, admin, tenant)) == before
+
+
 async def test_no_event_stream_is_held_open(
     mcp_gateway: McpGateway, http: httpx.AsyncClient
 ) -> None:
