@@ -64,6 +64,18 @@ def supplier(port: int | None = None) -> Iterator[str]:
 
 
 @contextmanager
+def mcp_tools(state_dir: Path, port: int | None = None) -> Iterator[Server]:
+    """The test MCP tool server (irrev/upstreams/mcp_tools.py) in its own process, its
+    effects kept under `state_dir`; yields the server (its URL, and kill for faults)."""
+    port = port or free_port()
+    command = [sys.executable, "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    env = {**os.environ, "MCP_TOOL_STATE": str(state_dir)}
+    with service(command, port, "/ready", "the MCP tool server", env) as server:
+        yield server
+
+
+@contextmanager
 def gateway(
     redis_url: str,
     policy_dir: Path,

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import sys
 import tempfile
 import time
 import uuid
@@ -21,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
-import yaml
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import RequestParamsMeta
@@ -29,9 +26,9 @@ from rich.console import Console
 from rich.table import Table
 
 from irrev.cli import bounded
-from irrev.stack import free_port, gateway, service
+from irrev.harness import TenantPolicy
+from irrev.stack import gateway, mcp_tools
 from ledger import EmbeddedRedis
-from pricing import format_token, hash_token
 
 KEY_META = "dev.irrev/idempotency_key"
 UNLIMITED = {"limit": "1000000000"}
@@ -40,38 +37,35 @@ AGENT = {"principal": "load", "per_effect_cap": "1000000", "window_cap": "100000
 
 def bench_policy(directory: Path, mcp_url: str, sessions: int) -> list[str]:
     """One tenant whose budget never refuses, `sessions` agents; returns their tokens."""
-    tokens = [format_token(os.urandom(32)) for _ in range(sessions)]
-    policy = {
-        "tenant": "bench-mcp",
-        "risk_unit": {"currency": "USD", "scale": 1000000},
-        "window": "24h",
-        "soft_band": 1.0,
-        "escalation_ttl": "30m",
-        "hold_ttl": "10m",
-        "accounts": {
-            "tenant": UNLIMITED,
-            "principals": {"load": UNLIMITED},
-            "risk_factors": {"supplier:*": UNLIMITED},
-        },
-        "tools": {"procure": {"mcp": mcp_url}},
-        "routes": [
-            {
-                "tool": "procure",
-                "route": "CALL procure/place_order",
-                "class": "compensable",
-                "body": ["supplier_id", "sku", "quantity", "unit_price"],
-                "face_value": "quantity * unit_price",
-                "risk_factors": ["supplier:{supplier_id}"],
-                "pricing": {"model": "quantile", "recovery": {"alpha": 6, "beta": 2}},
-            }
-        ],
-        "agents": {
-            f"bench-{i:02d}": {**AGENT, "token_sha256": hash_token(token)}
-            for i, token in enumerate(tokens)
-        },
-    }
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "bench-mcp.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
+    policy = TenantPolicy(
+        {
+            "tenant": "bench-mcp",
+            "risk_unit": {"currency": "USD", "scale": 1000000},
+            "window": "24h",
+            "soft_band": 1.0,
+            "escalation_ttl": "30m",
+            "hold_ttl": "10m",
+            "accounts": {
+                "tenant": UNLIMITED,
+                "principals": {"load": UNLIMITED},
+                "risk_factors": {"supplier:*": UNLIMITED},
+            },
+            "tools": {"procure": {"mcp": mcp_url}},
+            "routes": [
+                {
+                    "tool": "procure",
+                    "route": "CALL procure/place_order",
+                    "class": "compensable",
+                    "body": ["supplier_id", "sku", "quantity", "unit_price"],
+                    "face_value": "quantity * unit_price",
+                    "risk_factors": ["supplier:{supplier_id}"],
+                    "pricing": {"model": "quantile", "recovery": {"alpha": 6, "beta": 2}},
+                }
+            ],
+        }
+    )
+    tokens = [policy.add_agent(f"bench-{i:02d}", **AGENT) for i in range(sessions)]
+    policy.write(directory)
     return tokens
 
 
@@ -156,15 +150,9 @@ async def measure(
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="irrev-bench-mcp-") as scratch:
         root = Path(scratch)
-        port = free_port()
-        env = {**os.environ, "MCP_TOOL_STATE": str(root / "tool-state")}
-        command = [
-            *(sys.executable, "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"),
-            *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
-        ]
         with (
             EmbeddedRedis(root / "redis") as redis,
-            service(command, port, "/ready", "the MCP tool server", env) as tools,
+            mcp_tools(root / "tool-state") as tools,
         ):
             direct = f"{tools.url}/bench/mcp"
             tokens = bench_policy(root / "policies", direct, args.sessions)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import sys
 import tempfile
 import uuid
 from collections import Counter
@@ -23,7 +21,6 @@ from typing import Any
 
 import httpx
 import httpx2
-import yaml
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, RequestParamsMeta
@@ -31,9 +28,9 @@ from rich.console import Console
 from rich.table import Table
 
 from irrev.cli import CliError, bounded
-from irrev.stack import DEMO_ADMIN_TOKEN, free_port, gateway, service
+from irrev.harness import TenantPolicy
+from irrev.stack import DEMO_ADMIN_TOKEN, gateway, mcp_tools
 from ledger import EmbeddedRedis, HoldState, Ledger, audit_tenant
-from pricing import format_token, hash_token
 
 EXAMPLE = Path("examples") / "mcp-fleet.yaml"
 KEY_META = "dev.irrev/idempotency_key"
@@ -50,18 +47,15 @@ def fleet_policy(directory: Path, mcp_base: str, agents: int) -> dict[str, str]:
     developer with fresh tokens; returns the tokens by agent."""
     if not EXAMPLE.is_file():
         raise CliError(f"no {EXAMPLE} in {Path.cwd()}: run this from the irrev repository")
-    policy: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    for tool in policy["tools"].values():
-        tool["mcp"] = f"{mcp_base}/{policy['tenant']}/mcp"
-    buyer, developer = policy["agents"]["buyer-01"], policy["agents"]["dev-01"]
-    policy["agents"] = {f"buyer-{i:02d}": dict(buyer) for i in range(1, agents + 1)}
-    policy["agents"]["dev-01"] = developer
-    tokens = {}
-    for name, agent in policy["agents"].items():
-        tokens[name] = format_token(os.urandom(32))
-        agent["token_sha256"] = hash_token(tokens[name])
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "mcp-fleet.yaml").write_text(yaml.safe_dump(policy, sort_keys=False))
+    policy = TenantPolicy.read(EXAMPLE)
+    document = policy.document
+    for tool in document["tools"].values():
+        tool["mcp"] = f"{mcp_base}/{policy.tenant}/mcp"
+    buyer, developer = document["agents"]["buyer-01"], document["agents"]["dev-01"]
+    document["agents"] = {f"buyer-{i:02d}": dict(buyer) for i in range(1, agents + 1)}
+    document["agents"]["dev-01"] = developer
+    tokens = policy.fresh_tokens().tokens
+    policy.write(directory, "mcp-fleet.yaml")
     return tokens
 
 
@@ -136,15 +130,9 @@ async def demo(irrev: str, tools: str, tokens: dict[str, str], args: argparse.Na
 def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="irrev-demo-mcp-") as scratch:
         root = Path(scratch)
-        port = free_port()
-        env = {**os.environ, "MCP_TOOL_STATE": str(root / "tool-state")}
-        command = [
-            *(sys.executable, "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"),
-            *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
-        ]
         with (
             EmbeddedRedis(root / "redis") as redis,
-            service(command, port, "/ready", "the MCP server", env) as tools,
+            mcp_tools(root / "tool-state") as tools,
         ):
             tokens = fleet_policy(root / "policies", tools.url, args.agents)
             with gateway(redis.url, root / "policies", workers=2) as irrev:
