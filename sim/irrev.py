@@ -50,6 +50,12 @@ class Irrev:
     recalibrate_every: int = 10
     agent_limit_frac: float | None = 0.2
     supplier_limit_frac: float | None = None
+    # the top account's limit as a fraction of R: below 1 where a policy's principal
+    # caps the fleet under the tenant's tolerance
+    top_limit_frac: float = 1.0
+    # a route's calm loss factor as the gateway prices it (pricing's loss_factor of
+    # the policy's route); None: the quantile of the product line at hold_quantile
+    price_factor: float | None = None
     stressed: bool = False
     rho: float = 0.3
     stress_quantile: float = 0.999
@@ -72,7 +78,8 @@ def _limits(cfg: Irrev, wl: Workload, n_suppliers: int) -> I64:
         return lm.UNLIMITED if frac is None else usd_to_micros(frac * r)
 
     agents = [lim(cfg.agent_limit_frac)] * wl.model.n_agents
-    return np.array([usd_to_micros(r), *agents, *[lim(cfg.supplier_limit_frac)] * n_suppliers])
+    top = usd_to_micros(cfg.top_limit_frac * r)
+    return np.array([top, *agents, *[lim(cfg.supplier_limit_frac)] * n_suppliers])
 
 
 class _IrrevArm:

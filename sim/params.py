@@ -26,6 +26,16 @@ class ProductLine:
     recovery_a: float = 6.0
     recovery_b: float = 2.0
     supplier: int = 0
+    # the world's recovery Beta, where it is not what the catalog prices (a user's
+    # workload that says its own recovery); None: the world is as priced
+    world_a: float | None = None
+    world_b: float | None = None
+
+    @property
+    def world_shape(self) -> tuple[float, float]:
+        if self.world_a is None or self.world_b is None:
+            return self.recovery_a, self.recovery_b
+        return self.world_a, self.world_b
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,10 +86,11 @@ class Model:
             raise ValueError(f"misprice {self.misprice!r} must be a positive factor")
         if self.misprice_shape == "shape":
             for ln in self.lines:
-                if self.misprice * ln.recovery_b >= ln.recovery_a + ln.recovery_b:
+                a, b = ln.world_shape
+                if self.misprice * b >= a + b:
                     raise ValueError(
-                        f"misprice {self.misprice} with shape: Beta({ln.recovery_a}, "
-                        f"{ln.recovery_b}) has no Beta of mean residual {self.misprice} x "
+                        f"misprice {self.misprice} with shape: Beta({a}, "
+                        f"{b}) has no Beta of mean residual {self.misprice} x "
                         "its own; use a smaller factor or --misprice-shape scale"
                     )
         if not 0 < self.burst_len < self.ticks - 200:

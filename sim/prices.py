@@ -24,7 +24,9 @@ def _line_factors(wl: Workload, cfg: Irrev, stressed: bool) -> npt.NDArray[np.fl
     out = []
     for ln in wl.model.lines:
         a, b = ln.recovery_a, ln.recovery_b
-        if stressed:
+        if cfg.price_factor is not None and not stressed:
+            out.append(cfg.price_factor)
+        elif stressed:
             out.append(stressed_lgd(a, b, p_fail, cfg.rho, cfg.stress_quantile, cfg.hold_quantile))
         else:
             out.append(quantile_lgd(a, b, p_fail, cfg.hold_quantile))

@@ -70,8 +70,8 @@ def _burst_probability(model: Model, burst_start: int) -> F64:
 def _recovery(model: Model, line_idx: I64, u: F64, in_burst: B) -> F64:
     """Recovery by inverse CDF of one uniform, so calm and correlated draws are comonotone
     (and so are a mispriced world's draws with the catalog's)."""
-    a = np.array([ln.recovery_a for ln in model.lines])[line_idx]
-    b = np.array([ln.recovery_b for ln in model.lines])[line_idx]
+    a = np.array([ln.world_shape[0] for ln in model.lines])[line_idx]
+    b = np.array([ln.world_shape[1] for ln in model.lines])[line_idx]
     if model.misprice_shape == "shape" and model.misprice != 1.0:
         a, b = a + b - model.misprice * b, model.misprice * b
     if model.correlated:

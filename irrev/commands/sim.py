@@ -12,13 +12,19 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
+import pricing
 from irrev.cli import CliError
-from sim import experiments, report
+from sim import experiments, report, world
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("experiment", choices=sorted(experiments.EXPERIMENTS))
-    p.add_argument("--seeds", type=int, default=300, help="seeds per case (default 300)")
+    p.add_argument("experiment", choices=sorted([*experiments.EXPERIMENTS, "run"]))
+    p.add_argument("--seeds", type=int, help="seeds per case (default 300, run: the workload's)")
+    own = p.add_argument_group("run: your own fleet")
+    own.add_argument("--policy", type=Path, help="a tenant policy YAML, as the gateway serves")
+    own.add_argument(
+        "--workload", type=Path, help="a workload YAML/JSON (examples/*.workload.yaml)"
+    )
     p.add_argument("--seed0", type=int, help="first seed of every case (default: the case's)")
     p.add_argument("--out", type=Path, default=Path("sim-results"), help="output directory")
     p.add_argument("--agents", type=int, nargs="+", help="fleet size(s); default 50")
@@ -97,11 +103,48 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError("--delays and --latencies must be >= 0 and --misprices > 0")
 
 
+def _read(path: Path, what: str) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"cannot read the {what} {path}: {e}") from e
+
+
+def _own_world(args: argparse.Namespace) -> experiments.Experiment:
+    """`irrev sim run`: the experiment a policy file and a workload file describe."""
+    if args.policy is None or args.workload is None:
+        raise CliError("irrev sim run needs --policy FILE and --workload FILE")
+    try:
+        policy = pricing.load_policy_text(_read(args.policy, "policy"), str(args.policy))
+    except pricing.PolicyError as e:
+        raise CliError(str(e).replace("\n", "; ")) from e
+    try:  # the policy's YAML reader: JSON is YAML, and a duplicate key is refused
+        data = pricing.parse_yaml(_read(args.workload, "workload"), str(args.workload))
+    except pricing.PolicyError as e:
+        raise CliError(str(e).replace("\n", "; ")) from e
+    try:
+        spec = world.parse_workload(data, str(args.workload))
+        if args.seeds is None:
+            args.seeds = spec.seeds
+        return world.world(policy, spec, str(args.workload))
+    except world.WorkloadError as e:
+        raise CliError(str(e)) from e
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.experiment == "run":
+        exp = _own_world(args)
+    elif args.policy is not None or args.workload is not None:
+        raise CliError("--policy and --workload belong to irrev sim run")
+    if args.seeds is None:
+        args.seeds = 300
     _check(args)
     default = experiments.DEFAULT_AGENTS.get(args.experiment, (50,))
     agents = tuple(args.agents) if args.agents else default
-    if args.experiment == "pareto":
+    if args.experiment == "run":
+        if args.agents:
+            raise CliError("irrev sim run takes its fleet size from the workload, not --agents")
+    elif args.experiment == "pareto":
         exp = experiments.pareto(
             agents, tuple(args.delays), tuple(args.misprices), tuple(args.latencies)
         )
@@ -139,6 +182,12 @@ def run(args: argparse.Namespace) -> int:
         "seconds": elapsed,
         "cpu_seconds": cpu_s,
     }
+    if args.experiment == "run":
+        meta |= {
+            "policy": str(args.policy),
+            "workload": str(args.workload),
+            "not_simulated": world.NOT_SIMULATED,
+        }
     for path in report.write(exp, rows, args.out, meta):
         console.print(f"wrote {path}")
     console.print(f"{elapsed:.1f} s wall, {cpu_s:.1f} s CPU")
