@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status
 from pricing import EffectClass, TenantPolicy
+from pricing.calibration import TOP_KEPT, factor_ppm
 from pricing.credentials import AuthenticatedAgent
 from pricing.policy import BodyFormat
 
@@ -179,15 +180,26 @@ def _log_flags(tenant: str, hold_id: str, flags: frozenset[str]) -> None:
         log.warning("outcome flagged", extra={"tenant": tenant, "hold_id": hold_id, "flag": flag})
 
 
-async def _learn(ledger: Ledger, who: Settling, hold_id: str, route_id: str, failed: bool) -> None:
+async def _learn(
+    ledger: Ledger,
+    who: Settling,
+    hold_id: str,
+    route_id: str,
+    failed: bool,
+    realised: tuple[int, int] | None = None,
+) -> None:
     """One learning outcome per hold, and only from the trusted side: an agent's
-    say-so about its own effect never moves the tenant's prices."""
+    say-so about its own effect never moves the tenant's prices. With `realised`
+    (residual, face value) the route's calibrating price learns its factor too."""
     if not who.trusted or not route_id:
         return
     # Counted after the ledger's change, outside its script: a crash in between loses
     # one observation (prices learn a little less), never money.
     try:
         await ledger.learn(who.policy.tenant, hold_id, route_id, failed)
+        if realised is not None and realised[1] > 0:
+            ppm = factor_ppm(*realised)
+            await ledger.calibrate(who.policy.tenant, hold_id, route_id, ppm, TOP_KEPT)
     except LedgerError:
         log.warning("compensation outcome not counted", extra={"hold_id": hold_id})
 
@@ -274,5 +286,7 @@ async def settle_hold(
         result = await ledger.true_up(tenant, hold_id, spec.realised_micros)
     if result.status is Status.OK:
         _log_flags(tenant, hold_id, result.flags - {"rolled_off"})
-    await _learn(ledger, who, hold_id, record.route_id, spec.realised_micros >= _price(hold))
+    failed = spec.realised_micros >= _price(hold)
+    realised = (spec.realised_micros, record.face_value)
+    await _learn(ledger, who, hold_id, record.route_id, failed, realised)
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}

@@ -26,8 +26,10 @@ from pricing import (
     policy_accounts,
     with_observed,
 )
+from pricing.calibration import Evidence
 from pricing.catalog import FACTOR_PREFIX
 from pricing.credentials import AuthenticatedAgent, hash_token
+from pricing.observed import with_settled
 from pricing.policy import AdminRole, McpErrorMeaning
 
 from . import metrics
@@ -103,13 +105,23 @@ async def _open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount
             raise result
 
 
-def _learned(policy: TenantPolicy, observed: dict[str, Outcomes] | None) -> TenantPolicy:
+# What settlements taught: compensation outcomes and settled residual factors, each
+# by tenant and route id.
+Observed = dict[str, dict[str, Outcomes]]
+Settled = dict[str, dict[str, Evidence]]
+
+
+def _learned(
+    policy: TenantPolicy, observed: dict[str, Outcomes] | None, settled: dict[str, Evidence] | None
+) -> TenantPolicy:
     """The policy priced with what was learned; as written if that cannot be applied:
     learned counts must never stop a tenant's policy (and its revocations) loading."""
-    if not observed:
+    if not observed and not settled:
         return policy
     try:
-        return with_observed(policy, observed)
+        if settled:
+            policy = with_settled(policy, settled)
+        return with_observed(policy, observed) if observed else policy
     except ValueError:
         log.exception("learned outcomes not applied", extra={"tenant": policy.tenant})
         return policy
@@ -148,7 +160,8 @@ class TenantStore:
         self.policies: dict[str, TenantPolicy] = {}
         self._in_force: dict[Path, InForce] = {}
         self._written: dict[str, TenantPolicy] = {}
-        self._observed: dict[str, dict[str, Outcomes]] = {}
+        self._observed: Observed = {}
+        self._settled: Settled = {}
         self._agents: dict[str, tuple[TenantPolicy, AuthenticatedAgent]] = {}
         self._settlers: dict[str, tuple[TenantPolicy, str]] = {}
         self._signature: tuple[tuple[str, int, int], ...] = ()
@@ -208,7 +221,7 @@ class TenantStore:
         written = {e.file.policy.tenant: e.file.policy for e in chosen.values()}
         # Read before anything changes: Redis failing here leaves the store as it was,
         # not with new policies that were never priced with what was learned.
-        observed = await self._read_observed(ledger, list(written))
+        observed, settled = await self._read_observed(ledger, list(written))
         self._report(chosen, faults)
         self._in_force = chosen
         self._written = written
@@ -221,7 +234,7 @@ class TenantStore:
             self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
         )
         self._secret_files = _secret_files_signature(self._written.values())
-        self._install(observed)
+        self._install(observed, settled)
         return LoadReport(sorted(self._written), faults)
 
     def _by_tenant(self) -> dict[str, InForce]:
@@ -317,23 +330,35 @@ class TenantStore:
         if rotated or self._files_signature() != self._signature:
             await self.apply(ledger)
             return True
-        observed = await self._read_observed(ledger, list(self._written))
-        if observed != self._observed:
-            self._install(observed)
+        observed, settled = await self._read_observed(ledger, list(self._written))
+        if observed != self._observed or settled != self._settled:
+            self._install(observed, settled)
         return False
 
     @staticmethod
-    async def _read_observed(ledger: Ledger, tenants: list[str]) -> dict[str, dict[str, Outcomes]]:
-        """The `tenants`' counted outcomes, in one round trip."""
+    async def _read_observed(ledger: Ledger, tenants: list[str]) -> tuple[Observed, Settled]:
+        """The `tenants`' counted outcomes and settled residual factors."""
         counted = await ledger.outcomes(tenants)
-        return {
+        factors = await ledger.settled_factors(tenants)
+        observed = {
             tenant: {route: Outcomes(c.failures, c.successes) for route, c in routes.items()}
             for tenant, routes in counted.items()
         }
+        settled: Settled = {}
+        for tenant, routes in factors.items():
+            settled[tenant] = {}
+            for route, f in routes.items():
+                try:
+                    ev = Evidence.from_ppm(f.n, f.total_ppm, f.total_sq_ppm, f.top_ppm)
+                except ValueError:  # never stop a policy loading; price from the prior
+                    log.exception("settled factors not applied", extra={"tenant": tenant})
+                    continue
+                settled[tenant][route] = ev
+        return observed, settled
 
-    def _install(self, observed: dict[str, dict[str, Outcomes]]) -> None:
+    def _install(self, observed: Observed, settled: Settled) -> None:
         self.policies = {
-            tenant: _learned(policy, observed.get(tenant))
+            tenant: _learned(policy, observed.get(tenant), settled.get(tenant))
             for tenant, policy in self._written.items()
         }
         self._agents = {
@@ -353,6 +378,7 @@ class TenantStore:
             if tool.settler_token_sha256 is not None
         }
         self._observed = observed
+        self._settled = settled
 
     async def upload(self, ledger: Ledger, tenant: str, text: str) -> TenantPolicy:
         """Validate a policy, then write it atomically as `<tenant>.yaml` and load."""

@@ -28,6 +28,7 @@ from .keys import (
     ambiguous_key,
     deadlines_key,
     escalated_key,
+    factors_key,
     hold_key,
     hold_script_keys,
     observed_key,
@@ -44,6 +45,7 @@ from .records import (
     Reason,
     ReserveRequest,
     ReserveResult,
+    RouteFactors,
     RouteOutcomes,
     Status,
     SweepResult,
@@ -249,6 +251,30 @@ class Ledger:
             }
         return counted
 
+    async def settled_factors(self, tenants: Sequence[str]) -> dict[str, dict[str, RouteFactors]]:
+        """The realised residual factors recorded so far (by `calibrate`) for each
+        tenant, by route id, in one round trip."""
+        tenants = [validate.tenant_id(tenant) for tenant in tenants]
+        with translate_redis_errors("reading settled factors"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for tenant in tenants:
+                    pipe.hgetall(factors_key(tenant))
+                replies = await pipe.execute()
+        found: dict[str, dict[str, RouteFactors]] = {}
+        for tenant, stored in zip(tenants, replies, strict=True):
+            fields: dict[str, str] = stored
+            routes = {key[2:] for key in fields if key.startswith("n|")}
+            found[tenant] = {
+                route: RouteFactors(
+                    int(fields[f"n|{route}"]),
+                    int(fields.get(f"s|{route}", 0)),
+                    int(fields.get(f"q|{route}", 0)),
+                    tuple(int(x) for x in fields.get(f"t|{route}", "").split(",") if x),
+                )
+                for route in routes
+            }
+        return found
+
     async def now_ms(self) -> int:
         """Redis's clock, in ms: the clock of hold deadlines and journal entry ids."""
         with translate_redis_errors("reading the clock"):
@@ -438,6 +464,17 @@ class Ledger:
         keys = [*hold_script_keys(tenant, hold_id), observed_key(tenant, outcome)]
         reply = await self._run("learn", keys, args)
         return raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
+
+    async def calibrate(
+        self, tenant: str, hold_id: str, route_id: str, factor_ppm: int, keep: int
+    ) -> bool:
+        """Record a posted hold's realised residual factor (ppm) for its route's
+        self-calibrating price, once per hold: False if it was recorded already."""
+        tenant = validate.tenant_id(tenant)
+        args = [validate.identifier("hold_id", hold_id), route_id, str(factor_ppm), str(keep)]
+        keys = [*hold_script_keys(tenant, hold_id), factors_key(tenant)]
+        reply = await self._run("calibrate", keys, args)
+        return raise_for_reply(tenant, hold_id, "calibrate", reply) is Status.OK
 
     async def approve(self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int) -> Approval:
         """Consume-once: raises HoldStateConflict naming the outcome for every loser.

@@ -43,6 +43,11 @@ def observed_key(tenant: str, outcome: str) -> str:
     return f"{tenant_prefix(tenant)}observed:{outcome}"
 
 
+def factors_key(tenant: str) -> str:
+    """Settled residual factors per route id (calibrate.lua)."""
+    return f"{tenant_prefix(tenant)}observed:factors"
+
+
 def trim_lock_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}trim-lock"
 

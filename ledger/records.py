@@ -81,6 +81,17 @@ class RouteOutcomes:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteFactors:
+    """Realised residual factors recorded for one route (calibrate.lua), at most one per
+    posted hold, in parts per million: count, sum, sum of squares, largest (descending)."""
+
+    n: int
+    total_ppm: int
+    total_sq_ppm: int
+    top_ppm: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Balance:
     account: str
     limit: int

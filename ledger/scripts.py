@@ -29,6 +29,7 @@ OPERATIONS = (
     "compensate",
     "trueup",
     "learn",
+    "calibrate",
     "approve",
     "reject",
     "expire",

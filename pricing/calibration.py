@@ -25,9 +25,10 @@ hold still unsettled is priced at a factor f of its face value, built from three
    own settlements outweigh the prior (m <= n / weight): pooling averages out each
    hold's luck, not a wrong mean, and a mispriced catalog is a wrong mean.
 
-Pure arithmetic and one cached binomial table: the simulator calls it per seed, the
-gateway can call it per route from its settlement counters (pricing/learning.py keeps
-the route's outcome counts; the sums and the top factors here extend them).
+Pure arithmetic and one cached binomial table: the simulator calls `hold_factor` per
+seed; the gateway calls it through `route_factor` for every route whose policy says
+`calibrate`, from the factors its settlements recorded (`Evidence.from_ppm`), so a
+route's price is the number the simulator measures.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from pricing.distributions import beta_cdf, normal_ppf
-from pricing.models import quantile_lgd
+from pricing.models import QuantilePricing, p_fail_value, quantile_lgd
 
 TOP_KEPT = 16  # largest factors a route keeps: enough for the tail test to n ~ 8,000 at 0.001
+PPM = 1_000_000  # the gateway records factors in integer parts per million: sums stay exact
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,16 @@ class Evidence:
     total: float = 0.0
     total_sq: float = 0.0
     top: tuple[float, ...] = ()  # descending, at most TOP_KEPT
+
+    @classmethod
+    def from_ppm(cls, n: int, total: int, total_sq: int, top: tuple[int, ...]) -> Evidence:
+        """Evidence from integer sums of factors in parts per million (the gateway's)."""
+        if n < 0 or not 0 <= total <= n * PPM or not 0 <= total_sq <= n * PPM * PPM:
+            raise ValueError(f"settled factor sums n={n}, {total}, {total_sq} are not consistent")
+        if any(not 0 <= t <= PPM for t in top):
+            raise ValueError(f"settled factors {top} must be within 0..{PPM} ppm")
+        ranked = tuple(t / PPM for t in sorted(top, reverse=True)[:TOP_KEPT])
+        return cls(n, total / PPM, total_sq / (PPM * PPM), ranked)
 
     def observe(self, factor: float) -> Evidence:
         if not (math.isfinite(factor) and 0.0 <= factor <= 1.0):
@@ -147,3 +159,27 @@ def pooled(pending: float, prior: Prior, ev: Evidence) -> float:
     diversifies each hold's own luck, never an error in the mean; until the route's
     own settlements have tested the catalog's mean, a hold stands alone."""
     return max(1.0, min(pending, ev.n / prior.weight))
+
+
+def factor_ppm(realised: int, face_value: int) -> int:
+    """A settled effect's residual factor in ppm, rounded up (a loss is never
+    understated); at most PPM."""
+    if face_value <= 0 or realised < 0:
+        raise ValueError(f"realised {realised} of face value {face_value} has no factor")
+    return min(PPM, -(-realised * PPM // face_value))
+
+
+def route_factor(spec: QuantilePricing, ev: Evidence) -> float:
+    """A calibrating quantile route's loss factor given its settled evidence: the
+    policy's recovery and p_fail as the prior, its `level` as the tail quantile."""
+    cal = spec.calibrate
+    if cal is None:
+        raise ValueError("the route's pricing has no `calibrate`")
+    p_fail = p_fail_value(spec.p_fail)
+    prior = Prior.from_catalog(
+        spec.recovery.alpha, spec.recovery.beta, p_fail, spec.level, cal.weight
+    )
+    factor = hold_factor(
+        prior, ev, pending=cal.pending, alpha=1.0 - spec.level, confidence=cal.confidence
+    )
+    return factor * (1.0 + spec.surcharge)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from pricing.calibration import Evidence, route_factor
 from pricing.errors import (
     AmbiguousField,
     AmountError,
@@ -26,7 +27,7 @@ from pricing.errors import (
     UnknownRoute,
     UnsupportedBodyFormat,
 )
-from pricing.models import FACE_MODEL, FREE_MODEL, FacePricing
+from pricing.models import FACE_MODEL, FREE_MODEL, FacePricing, QuantilePricing
 from pricing.money import MAX_MICROS, product_to_minor, round_up, to_decimal
 from pricing.policy import (
     DEFAULT_FORWARD_HEADERS,
@@ -173,16 +174,22 @@ class Catalog:
         return next((route for route in routes if route.template.match_loose(loose)), None)
 
 
-def loss_factor_of(route: Route) -> tuple[str, float]:
+def loss_factor_of(route: Route, evidence: Evidence | None = None) -> tuple[str, float]:
+    """The route's model and loss factor; a calibrating route's follows the residual
+    factors its settled holds revealed (`evidence`; none yet: the prior's bound)."""
     if route.effect_class is EffectClass.READ:
         return FREE_MODEL, 0.0
     spec = route.pricing or FacePricing()
+    if isinstance(spec, QuantilePricing) and spec.calibrate is not None:
+        return spec.model, route_factor(spec, evidence or Evidence())
     return spec.model, spec.loss_factor()
 
 
-def compile_route(index: int, route: Route, upstream: str | None) -> CompiledRoute:
+def compile_route(
+    index: int, route: Route, upstream: str | None, evidence: Evidence | None = None
+) -> CompiledRoute:
     method, template = parse_route(route.route)
-    model, factor = loss_factor_of(route)
+    model, factor = loss_factor_of(route, evidence)
     return CompiledRoute(
         index=index,
         tool=route.tool,
@@ -206,12 +213,18 @@ def compile_route(index: int, route: Route, upstream: str | None) -> CompiledRou
     )
 
 
-def compile_catalog(policy: PolicyDocument) -> Catalog:
-    """Compile a validated policy's routes; most specific template first per tool+method."""
+def compile_catalog(
+    policy: PolicyDocument, evidence: Mapping[str, Evidence] | None = None
+) -> Catalog:
+    """Compile a validated policy's routes; most specific template first per tool+method.
+    `evidence`: settled residual factors by route id, for calibrating routes."""
     grouped: dict[tuple[str, str], list[CompiledRoute]] = {}
     for i, route in enumerate(policy.routes):
         tool = policy.tools.get(route.tool)
-        compiled = compile_route(i, route, tool.upstream if tool else None)
+        upstream = tool.upstream if tool else None
+        compiled = compile_route(i, route, upstream)
+        if evidence and compiled.route_id in evidence:
+            compiled = compile_route(i, route, upstream, evidence[compiled.route_id])
         grouped.setdefault((compiled.tool, compiled.method), []).append(compiled)
     unknown = policy.unknown_routes
     by_tool: dict[str, list[CompiledRoute]] = {}

@@ -104,12 +104,24 @@ class ExpectedPricing(_Spec):
         return f * (1.0 + self.surcharge)
 
 
+class Calibration(_Spec):
+    """Price the route's unsettled holds from its settled ones (pricing/calibration.py):
+    the catalog's recovery is a prior worth `weight` settlements; `pending` is how many
+    of the route's holds are unsettled at once (its call rate times its settlement
+    delay), which lets the price pool their luck once the evidence allows."""
+
+    weight: Positive = 20.0
+    pending: Annotated[float, Strict(), Field(ge=1.0, le=1e6, allow_inf_nan=False)] = 1.0
+    confidence: OpenUnit = 0.95
+
+
 class QuantilePricing(_Spec):
     model: Literal["quantile"]
     recovery: BetaShape
     p_fail: PFail = 0.0
     level: OpenUnit = 0.999
     surcharge: Surcharge = 0.0
+    calibrate: Calibration | None = None
 
     def loss_factor(self) -> float:
         f = quantile_lgd(

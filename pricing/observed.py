@@ -4,8 +4,9 @@ A route whose `p_fail` is a posterior (`{alpha, beta, level}` in the policy) is 
 with its upper credible bound; every compensation the gateway sees on that route is
 one more observation: a failure (nothing recovered) adds to alpha, a success to beta.
 `with_observed` turns the policy as written plus the outcomes counted so far into the
-policy to price with. A fixed `p_fail` (a plain number) is the operator's word and
-is left alone.
+policy to price with; `with_settled` does the same for calibrating routes
+(pricing/calibration.py) from the residual factors settled holds revealed. A fixed
+`p_fail` (a plain number) is the operator's word and is left alone.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pricing.calibration import Evidence
 from pricing.models import ExpectedPricing, FailureBound, QuantilePricing, StressedPricing
 from pricing.serving import TenantPolicy, compile_policy
 
@@ -64,4 +66,11 @@ def with_observed(policy: TenantPolicy, observed: Mapping[str, Outcomes]) -> Ten
         routes[index] = route.model_copy(
             update={"pricing": spec.model_copy(update={"p_fail": posterior})}
         )
-    return compile_policy(policy.document.model_copy(update={"routes": routes}))
+    return compile_policy(policy.document.model_copy(update={"routes": routes}), policy.evidence)
+
+
+def with_settled(policy: TenantPolicy, evidence: Mapping[str, Evidence]) -> TenantPolicy:
+    """`policy` with each calibrating route (`pricing.calibrate`) priced from the
+    residual factors its settled holds revealed (keyed by route id), compiled afresh
+    from the same document; `policy` itself is unchanged."""
+    return compile_policy(policy.document, evidence)

@@ -10,8 +10,9 @@ so nothing compiled can outlive the document it was compiled from.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from pricing.calibration import Evidence
 from pricing.catalog import Catalog, PricedEffect, Query, compile_catalog, price_in_catalog
 from pricing.credentials import AuthenticatedAgent, hash_token, index_agents
 from pricing.policy import BodyFormat, PolicyDocument
@@ -31,22 +32,28 @@ class TenantPolicy:
     catalog: Catalog
     scopes: Scopes
     agents_by_hash: Mapping[str, AuthenticatedAgent]
+    # settled residual factors by route id that calibrating routes are priced from
+    evidence: Mapping[str, Evidence] = field(default_factory=dict)
 
     @property
     def scale(self) -> int:
         return self.catalog.scale
 
 
-def compile_policy(document: PolicyDocument) -> TenantPolicy:
-    """The serving view of a validated document (pricing.validation has checked it)."""
+def compile_policy(
+    document: PolicyDocument, evidence: Mapping[str, Evidence] | None = None
+) -> TenantPolicy:
+    """The serving view of a validated document (pricing.validation has checked it);
+    calibrating routes priced from `evidence` (settled factors by route id)."""
     return TenantPolicy(
         document=document,
         tenant=document.tenant,
         hold_ttl_ms=document.hold_ttl_ms,
         escalation_ttl_ms=document.escalation_ttl_ms,
-        catalog=compile_catalog(document),
+        catalog=compile_catalog(document, evidence),
         scopes=compile_scopes(document),
         agents_by_hash=index_agents(document),
+        evidence=dict(evidence or {}),
     )
 
 

@@ -22,9 +22,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=int, help="seeds per case (default 300, run: the workload's)")
     own = p.add_argument_group("run: your own fleet")
     own.add_argument("--policy", type=Path, help="a tenant policy YAML, as the gateway serves")
-    own.add_argument(
-        "--workload", type=Path, help="a workload YAML/JSON (examples/*.workload.yaml)"
-    )
+    own.add_argument("--workload", type=Path, help="a workload YAML/JSON (examples/workloads/)")
     p.add_argument("--seed0", type=int, help="first seed of every case (default: the case's)")
     p.add_argument("--out", type=Path, default=Path("sim-results"), help="output directory")
     p.add_argument("--agents", type=int, nargs="+", help="fleet size(s); default 50")

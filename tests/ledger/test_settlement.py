@@ -83,3 +83,26 @@ async def test_a_hold_teaches_its_route_once(ledger: Ledger, tenant: str) -> Non
     with pytest.raises(HoldNotFound):
         await ledger.learn(tenant, "nope", ROUTE, failed=True)
     assert not await ledger.redis.exists(hold_key(tenant, "nope"))
+
+
+async def test_a_hold_records_its_factor_once_and_the_route_keeps_the_largest(
+    ledger: Ledger, tenant: str
+) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=10**6)
+    await reserve(ledger, tenant, "k0", 400, "tenant:acme")
+    with pytest.raises(HoldStateConflict):
+        await ledger.calibrate(tenant, "k0", ROUTE, 500_000, keep=3)
+    factors = [500_000, 1_000_000, 0, 250_000, 750_000]
+    for i, ppm in enumerate(factors):
+        hold = f"k{i}"
+        if i:
+            await reserve(ledger, tenant, hold, 400, "tenant:acme")
+        await ledger.post(tenant, hold, 400)
+        assert await ledger.calibrate(tenant, hold, ROUTE, ppm, keep=3)
+        assert not await ledger.calibrate(tenant, hold, ROUTE, 999_999, keep=3)
+    seen = (await ledger.settled_factors([tenant]))[tenant][ROUTE]
+    assert (seen.n, seen.total_ppm) == (5, sum(factors))
+    assert seen.total_sq_ppm == sum(f * f for f in factors)
+    assert seen.top_ppm == (1_000_000, 750_000, 500_000)
+    with pytest.raises(BadInput):
+        await ledger.calibrate(tenant, "k1", ROUTE, 1_000_001, keep=3)

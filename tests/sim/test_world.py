@@ -15,7 +15,7 @@ from sim.irrev import Irrev
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 POLICY = EXAMPLES / "procurement.yaml"
-WORKLOAD = EXAMPLES / "procurement.workload.yaml"
+WORKLOAD = EXAMPLES / "workloads" / "procurement.yaml"
 
 
 def _spec(**changes: object) -> world.WorkloadSpec:

@@ -1,0 +1,126 @@
+"""Self-calibrating prices, end to end: a route whose policy says `calibrate` is
+priced from the residual factors its settled holds revealed. Settled at twice what
+it was priced at, its next price rises to exactly what pricing.calibration computes
+for the same evidence (the function the simulator's `irrev-cal` arm calls), in every
+worker, without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from pricing.calibration import TOP_KEPT, Evidence, Prior, factor_ppm, hold_factor, route_factor
+from pricing.models import QuantilePricing
+from pricing.money import round_up
+
+from .conftest import Gateway, own_gateway
+from .helpers import effect_headers
+from .servers import Server
+
+PRICING = {
+    "model": "quantile",
+    "recovery": {"alpha": 6, "beta": 2},
+    "level": 0.8,
+    "calibrate": {"weight": 20, "pending": 1.0},
+}
+FACE = 100 * 10**6  # small: the settled losses stay within the agent's 10,000 window cap
+DEPLOY_ROUTE = {
+    "tool": "deploy",
+    "route": "POST /deploys",
+    "class": "compensable",
+    "face_value_fixed": "100",
+    "in_process": True,
+    "pricing": PRICING,
+}
+DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
+SPEC = QuantilePricing.model_validate(PRICING)
+
+
+def expected_price(evidence: Evidence) -> int:
+    return round_up(FACE, route_factor(SPEC, evidence))
+
+
+@pytest.fixture
+def calibrating_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> Iterator[Gateway]:
+    with own_gateway(
+        redis_url,
+        suppliers,
+        tmp_path,
+        workers=2,
+        policy={"routes": [DEPLOY_ROUTE]},
+        IRREV_POLICY_CHECK_INTERVAL_S="0.2",
+    ) as gateway:
+        yield gateway
+
+
+async def test_settled_at_twice_the_price_the_route_prices_as_calibration_says(
+    calibrating_gateway: Gateway,
+) -> None:
+    tenant = calibrating_gateway.tenant("own")
+    keys = iter(range(10_000))
+
+    async with httpx.AsyncClient(base_url=calibrating_gateway.url, trust_env=False) as http:
+
+        async def deploy() -> tuple[str, int]:
+            headers = effect_headers(tenant, "deployer-01", f"d{next(keys)}")
+            created = await http.post("/v1/holds", json=DEPLOY, headers=headers)
+            assert created.status_code == 201, created.text
+            return created.json()["hold"], int(created.headers["x-irrev-price"])
+
+        async def prices_reach(wanted: Callable[[int], bool]) -> int:
+            """Six fresh prices in a row, from whichever workers answer, all as wanted."""
+            deadline = time.monotonic() + 20
+            me = tenant.auth("deployer-01")
+            while True:
+                prices = []
+                for _ in range(6):
+                    hold, price = await deploy()
+                    prices.append(price)
+                    await http.post(f"/v1/holds/{hold}/void", headers=me)
+                if all(wanted(price) for price in prices):
+                    return prices[-1]
+                assert time.monotonic() < deadline, prices
+                await asyncio.sleep(0.2)
+
+        # no settlement yet: the catalog's prior, bounded (above the plain 0.8 quantile)
+        first = expected_price(Evidence())
+        assert first > round_up(FACE, SPEC.model_copy(update={"calibrate": None}).loss_factor())
+        assert await prices_reach(lambda p: p == first) == first
+        realised = 2 * first
+        settled = 12
+        for _ in range(settled):
+            hold, _ = await deploy()
+            reported = await http.post(
+                f"/v1/holds/{hold}/settle",
+                json={"realised_micros": realised},
+                headers=tenant.settler("deploy"),
+            )
+            assert reported.status_code == 200, reported.text
+            # a repeated report teaches nothing more
+            again = await http.post(
+                f"/v1/holds/{hold}/settle",
+                json={"realised_micros": realised},
+                headers=tenant.settler("deploy"),
+            )
+            assert again.status_code == 200, again.text
+        ppm = factor_ppm(realised, FACE)
+        top = (ppm,) * min(settled, TOP_KEPT)
+        evidence = Evidence.from_ppm(settled, settled * ppm, settled * ppm * ppm, top)
+        learnt = expected_price(evidence)
+        assert learnt > first
+        assert await prices_reach(lambda p: p == learnt) == learnt
+
+    # the simulator's path to the same number: its prior and its evidence, factor by
+    # factor (float sums, so equal to rounding)
+    prior = Prior.from_catalog(6, 2, 0.0, 0.8, 20)
+    sim = Evidence()
+    for _ in range(settled):
+        sim = sim.observe(ppm / 1e6)
+    sim_factor = hold_factor(prior, sim, pending=1.0, alpha=1 - 0.8)
+    assert math.isclose(sim_factor, route_factor(SPEC, evidence), rel_tol=1e-12)
