@@ -171,6 +171,8 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dashboards": ("procurement", {}),
     # irrev/client.py and its LangChain adapter, as an agent uses them.
     "client": ("procurement", {}),
+    # The operator console in a browser (test_console.py).
+    "console": ("procurement", {}),
 }
 
 
