@@ -8,6 +8,7 @@ what comes back; nothing here sees an HTTP request."""
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import math
 import re
@@ -17,7 +18,15 @@ from dataclasses import dataclass
 
 import httpx
 
-from ledger import Decision, HoldState, HoldStateConflict, Ledger, ReserveResult, UnknownAccount
+from ledger import (
+    Decision,
+    HoldState,
+    HoldStateConflict,
+    Ledger,
+    ReserveResult,
+    Rule,
+    UnknownAccount,
+)
 from pricing import (
     EffectClass,
     PricedEffect,
@@ -195,6 +204,18 @@ async def admit(
         return await upstream.deliver(prepared.request, "", _answer_by(gate))
     result = await reserve(gate, policy, agent, prepared)
     if result.state is HoldState.ESCALATED:
+        rule = await auto_approval(gate, policy, agent, result)
+        if rule is None:
+            return Admitted(result, hold_id, None)
+        note = f"approved automatically by rule {rule.rule_id}"
+        try:
+            answer = await approve(gate, policy, hold_id, f"rule:{rule.rule_id}", note)
+        except Problem as lost:
+            if lost.reason != "escalation_resolved":
+                raise
+            return Admitted(result, hold_id, None)  # a person (or the sweeper) was first
+        if answer is not None:
+            return Admitted(result, hold_id, answer)
         return Admitted(result, hold_id, None)
     if not result.replayed:
         answer = await fire(gate, policy, hold_id, prepared.request, result.deadline_ms, upstream)
@@ -297,7 +318,9 @@ async def reserve(
     return result
 
 
-async def approve(gate: Gate, policy: TenantPolicy, hold_id: str, admin: str) -> Answer | None:
+async def approve(
+    gate: Gate, policy: TenantPolicy, hold_id: str, admin: str, note: str = ""
+) -> Answer | None:
     """Consume-once: of any number of concurrent approvals exactly one claims the
     hold and forwards its effect, by the deadline and request the claim returns;
     every other gets 409 naming the outcome and who decided it. None: the route is
@@ -305,7 +328,9 @@ async def approve(gate: Gate, policy: TenantPolicy, hold_id: str, admin: str) ->
     tenant = policy.tenant
     with tracing.span("approval", tenant=tenant, hold_id=hold_id, admin=admin) as span:
         try:
-            claim = await gate.ledger.approve(tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms)
+            claim = await gate.ledger.approve(
+                tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms, note=note
+            )
         except HoldStateConflict as exc:
             tracing.annotate(span, decision="conflict", state=exc.state.value)
             raise resolved_already(exc) from exc
@@ -321,8 +346,29 @@ async def approve(gate: Gate, policy: TenantPolicy, hold_id: str, admin: str) ->
         return await fire(gate, policy, hold_id, request, claim.deadline_ms, upstream)
 
 
+async def auto_approval(
+    gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, result: ReserveResult
+) -> Rule | None:
+    """The live rule, if any, that approves this new escalation without a person: an
+    `auto_approve` rule for its agent or its agent's principal whose `max_price` the
+    price is within. Rules are read only for escalations, and against the reserve's
+    own clock (Redis's), so an expired rule never approves."""
+    if result.replayed:
+        return None
+    for rule in await gate.ledger.rules(policy.tenant, result.created_ms):
+        spec = json.loads(rule.spec)
+        mine = spec.get("agent") == agent.agent_id or spec.get("principal") == agent.principal_id
+        if spec.get("kind") == "auto_approve" and mine and result.price <= spec["max_price"]:
+            return rule
+    return None
+
+
 def resolved(
-    tenant: str, admin: str, decision: str, hold_id: str, request: StoredRequest | None
+    tenant: str,
+    admin: str,
+    decision: str,
+    hold_id: str,
+    request: StoredRequest | StoredAnswer | None,
 ) -> None:
     """The counter and the log line of an approval or a rejection."""
     metrics.ADMIN_DECISIONS.labels(tenant, admin, decision).inc()
@@ -334,7 +380,7 @@ def resolved(
             "hold_id": hold_id,
             "agent": request.agent if request else None,
             "route": request.route_id if request else None,
-            "price": request.price if request else None,
+            "price": request.price if isinstance(request, StoredRequest) else None,
         },
     )
 

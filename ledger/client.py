@@ -31,6 +31,7 @@ from .keys import (
     hold_key,
     hold_script_keys,
     observed_key,
+    rules_key,
     tenant_keys,
 )
 from .records import (
@@ -45,6 +46,7 @@ from .records import (
     ReserveRequest,
     ReserveResult,
     RouteOutcomes,
+    Rule,
     Status,
     SweepResult,
     TenantSnapshot,
@@ -439,13 +441,17 @@ class Ledger:
         reply = await self._run("learn", keys, args)
         return raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
 
-    async def approve(self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int) -> Approval:
+    async def approve(
+        self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int, note: str = ""
+    ) -> Approval:
         """Consume-once: raises HoldStateConflict naming the outcome for every loser.
-        The winner gets the hold's new deadline and its kept request."""
+        The winner gets the hold's new deadline and its kept request. `note` (the
+        approver's why) is kept with the hold and journaled."""
         args = [
             *self._hold_args(hold_id),
             str(validate.ttl("ttl_ms", ttl_ms)),
             validate.identifier("approver", approver),
+            validate.note(note),
         ]
         keys = hold_script_keys(validate.tenant_id(tenant), hold_id)
         reply, replicas = await self._run_replicated("approve", keys, args)
@@ -455,9 +461,68 @@ class Ledger:
             status, hold_id, HoldState(state), str(by), int(deadline_ms), str(request), replicas
         )
 
-    async def reject(self, tenant: str, hold_id: str, approver: str) -> TransitionResult:
-        args = [*self._hold_args(hold_id), validate.identifier("approver", approver)]
+    async def reject(
+        self, tenant: str, hold_id: str, approver: str, *, note: str = ""
+    ) -> TransitionResult:
+        args = [
+            *self._hold_args(hold_id),
+            validate.identifier("approver", approver),
+            validate.note(note),
+        ]
         return await self._transition("reject", tenant, hold_id, args)
+
+    async def note_resolution(
+        self, tenant: str, hold_id: str, state: HoldState, admin: str, note: str
+    ) -> TransitionResult:
+        """Journal who resolved an ambiguous hold by hand (after posting or voiding
+        it) and why, once per hold: 'exists' if it was journaled before."""
+        args = [
+            validate.identifier("hold_id", hold_id),
+            state.value,
+            validate.identifier("admin", admin),
+            validate.note(note),
+        ]
+        return await self._transition("note", tenant, hold_id, args)
+
+    # Rules
+
+    async def set_rule(self, tenant: str, rule_id: str, admin: str, spec: str, ttl_ms: int) -> int:
+        """Set a bounded-time rule, live for `ttl_ms` from now (Redis's clock); returns
+        its expiry. Journaled."""
+        tenant = validate.tenant_id(tenant)
+        keys = [*tenant_keys(tenant)[:2], rules_key(tenant)]
+        args = [
+            "set",
+            validate.identifier("rule", rule_id),
+            validate.identifier("admin", admin),
+            spec,
+            str(validate.ttl("ttl_ms", ttl_ms)),
+        ]
+        reply = await self._run("rule", keys, args)
+        raise_for_reply(tenant, "", "rule", reply)
+        return int(reply[1])
+
+    async def delete_rule(self, tenant: str, rule_id: str, admin: str) -> bool:
+        """Delete a live rule (journaled); False if there is none by that id."""
+        tenant = validate.tenant_id(tenant)
+        keys = [*tenant_keys(tenant)[:2], rules_key(tenant)]
+        args = ["delete", validate.identifier("rule", rule_id), validate.identifier("admin", admin)]
+        reply = await self._run("rule", keys, args)
+        if reply[0] == Status.NOT_FOUND:
+            return False
+        raise_for_reply(tenant, "", "rule", reply)
+        return True
+
+    async def rules(self, tenant: str, now_ms: int) -> list[Rule]:
+        """The tenant's rules live at `now_ms` (Redis's clock), by id."""
+        with translate_redis_errors("rules"):
+            stored = await _decoded(self.redis.hgetall(rules_key(validate.tenant_id(tenant))))
+        out = []
+        for name, spec in stored.items():
+            until = stored.get(f"{name}|until")
+            if "|" not in name and until is not None and int(until) > now_ms:
+                out.append(Rule(name, spec, int(until)))
+        return sorted(out, key=lambda rule: rule.rule_id)
 
     async def expire(self, tenant: str, hold_id: str) -> TransitionResult:
         return await self._transition("expire", tenant, hold_id, self._hold_args(hold_id))
@@ -750,4 +815,9 @@ def _hold(hold_id: str, f: dict[str, str]) -> Hold:
         request=f.get("req", ""),
         outcome=f.get("out", ""),
         by=f.get("by", ""),
+        limits=_numbers(accounts, f.get("lim")),
+        used=_numbers(accounts, f.get("used")),
+        note=f.get("note", ""),
+        resolved_by=f.get("rby", ""),
+        resolution_note=f.get("rnote", ""),
     )

@@ -4,7 +4,7 @@ hold states, and the typed results of each operation."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -238,3 +238,19 @@ class Hold:
     by: str  # who approved or rejected it
     request: str  # kept while the hold is live (see Ledger.reserve)
     outcome: str  # the upstream's answer, kept once settled
+    # What each account's limit and pending + posted were when it was reserved.
+    limits: dict[str, int] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+    note: str = ""  # the approver's or rejecter's note
+    resolved_by: str = ""  # who resolved it by hand after it was ambiguous
+    resolution_note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A tenant's bounded-time rule: `spec` as the admin set it (JSON), live until
+    `until_ms` (Redis's clock)."""
+
+    rule_id: str
+    spec: str
+    until_ms: int

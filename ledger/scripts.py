@@ -34,6 +34,8 @@ OPERATIONS = (
     "expire",
     "sweep",
     "account",
+    "note",
+    "rule",
 )
 
 _DEFINES = re.compile(r"local\s+(?:function\s+)?([A-Za-z_]\w*)")

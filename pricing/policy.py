@@ -90,6 +90,11 @@ def _to_ms(value: object) -> int:
     return ms
 
 
+def duration_ms(value: str) -> int:
+    """A duration as policies write it ('15m', '2h'), in ms; ValueError if it is not one."""
+    return _to_ms(value)
+
+
 DurationMs = Annotated[
     int,
     BeforeValidator(_to_ms),

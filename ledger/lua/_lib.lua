@@ -29,6 +29,7 @@ local ESCALATED = KEYS[5]
 local MAX_AMOUNT = 9007199254740991
 local MAX_ACCOUNTS = 8
 local MAX_BLOB = 1048576
+local MAX_NOTE = 2048 -- a person's note on a decision (approve, reject, resolve)
 
 local function fmt(n)
   if n == 0 then
