@@ -13,12 +13,15 @@ const state = {
   skewMs: 0, // the gateway's clock minus this browser's, from each answer's Date header
   timer: null,
   running: null,
-  feed: null, // "events" (the events feed) or "journal" (where the feed is missing)
+  feed: null, // false where the gateway has no events feed
   cursor: null,
   decisions: [],
   unresolved: {}, // hold -> why the last reconciliation left it
+  allAccounts: false,
 };
 const DECISIONS_KEPT = 60;
+// Accounts listed before "show all": the ones an operator must watch come first.
+const ACCOUNTS_SHOWN = 15;
 const FEED_LOOKBACK_MS = 60 * 60 * 1000;
 const FEED_PAGES_PER_REFRESH = 20;
 // A request the gateway has not answered by then is abandoned (and the refresh retried
@@ -216,7 +219,7 @@ async function load() {
     api(`/v1/admin/tenants/${t}/policy`),
     api(`/v1/admin/tenants/${t}/balances`),
     api(`/v1/admin/tenants/${t}/escalations`),
-    optional(api(`/v1/admin/tenants/${t}/holds?state=ambiguous`)),
+    optional(api(`/v1/admin/tenants/${t}/holds?state=ambiguous`)).then((list) => list && details(t, list)),
   ]);
   if (tenant !== state.tenant) return; // chosen away meanwhile: the next refresh draws it
   state.unit = policy.data.risk_unit || state.unit;
@@ -227,6 +230,14 @@ async function load() {
   renderEscalations(escalations.data);
   renderAmbiguous(ambiguous);
   renderDecisions();
+}
+
+// The list of ambiguous holds says little; each hold by id tells who, what and why.
+// Few are ever ambiguous at once, and past AMBIGUOUS_DETAILED only the list is shown.
+const AMBIGUOUS_DETAILED = 50;
+async function details(t, holds) {
+  return Promise.all(holds.map((h, i) => i >= AMBIGUOUS_DETAILED ? h
+    : api(`/v1/admin/tenants/${t}/holds/${encodeURIComponent(h.hold)}`).then((r) => r.data, () => h)));
 }
 
 // --- utilisation ------------------------------------------------------------------
@@ -253,8 +264,9 @@ function bar(b) {
 function renderBalances(rows) {
   // Agents' accounts that hold nothing are only counted: a fleet has hundreds.
   const idle = rows.filter((b) => b.account.startsWith("agent:") && !used(b));
-  const shown = rows.filter((b) => !idle.includes(b))
+  const busy = rows.filter((b) => !idle.includes(b))
     .sort((a, b) => utilisation(b) - utilisation(a) || a.account.localeCompare(b.account));
+  const shown = state.allAccounts ? busy : busy.slice(0, ACCOUNTS_SHOWN);
   $("balances").tBodies[0].replaceChildren(...shown.map((b) => {
     const [kind, ...name] = b.account.split(":");
     return el("tr", { data: { account: b.account } },
@@ -266,7 +278,11 @@ function renderBalances(rows) {
       el("td", { className: "num available" + (b.available < 0 ? " negative" : "") }, moneyOf(b, "available")),
       el("td", { className: "num limit" }, moneyOf(b, "limit")));
   }));
-  $("idle").textContent = idle.length ? `${idle.length} agent accounts hold nothing.` : "";
+  const hidden = busy.length - shown.length;
+  $("idle").textContent = [hidden ? `${hidden} accounts further from their limit are not shown.` : "",
+    idle.length ? `${idle.length} agent accounts hold nothing.` : ""].join(" ");
+  $("all-accounts").hidden = busy.length <= ACCOUNTS_SHOWN;
+  $("all-accounts").textContent = state.allAccounts ? "Show the closest only" : `Show all ${busy.length}`;
 }
 
 // --- summary tiles ----------------------------------------------------------------
@@ -289,26 +305,22 @@ function renderSummary(balances, escalations, ambiguous) {
 
 // --- escalations ------------------------------------------------------------------
 
-function timeLeft(e) {
-  if (e.time_left_s !== undefined) return 1000 * e.time_left_s;
-  const deadline = timeMs(e.deadline ?? e.expires_at ?? e.deadline_ms);
-  return deadline === null ? null : deadline - serverNow();
-}
+const timeLeft = (e) => timeMs(e.deadline_at) - serverNow();
+const age = (e) => serverNow() - timeMs(e.created_at);
 
-function age(e) {
-  if (e.age_s !== undefined) return 1000 * e.age_s;
-  const created = timeMs(e.created ?? e.created_at ?? e.escalated_at);
-  return created === null ? null : serverNow() - created;
-}
-
+// Which account's soft band or approval threshold sent it here, and how full that
+// account would be once approved; or the route's own threshold.
 function tripped(e) {
-  const t = e.tripped && typeof e.tripped === "object" ? e.tripped : e;
-  const account = t.account ?? t.tripped_account ?? (typeof e.tripped === "string" ? e.tripped : null);
-  if (!account) return el("span", { className: "muted" }, e.reason || "");
-  const ratio = t.utilisation ?? t.utilization;
-  return el("span", {}, el("span", { className: "mono" }, account),
-    ratio !== undefined && ratio !== null ? el("div", { className: "muted" }, `at ${percent(Number(ratio))}`) : null,
-    el("div", { className: "muted" }, e.reason || ""));
+  const t = e.tripped || {};
+  const cause = el("div", { className: "muted" }, (e.reason || "").replace(/_/g, " "));
+  if (!t.account) {
+    return el("span", {}, el("div", {}, "route threshold"),
+      el("div", { className: "muted" }, `above ${t.threshold_text || ""}`), cause);
+  }
+  const ratio = t.utilisation === null || t.utilisation === undefined ? null : Number(t.utilisation);
+  return el("span", {}, el("div", { className: "mono" }, t.account),
+    ratio === null ? null : el("div", { className: ratio >= 1 ? "urgent" : "" }, `${percent(ratio)} once approved`),
+    el("div", { className: "muted" }, `${t.used_text} of ${t.limit_text} used`), cause);
 }
 
 function requestCell(e) {
@@ -430,14 +442,15 @@ function renderAmbiguous(holds) {
   const rows = holds.map((h) => {
     let tr = existing.get(h.hold);
     if (!tr) tr = el("tr", { data: { hold: h.hold } }, el("td", { className: "decision" }, resolveCell(h)));
-    const since = timeMs(h.created ?? h.created_at ?? h.ambiguous_since);
-    const why = state.unresolved[h.hold] || h.why || h.reason || "";
+    const since = timeMs(h.created_at);
+    const left = state.unresolved[h.hold];
     redraw(tr, [
       el("td", { className: "mono" }, h.hold),
       el("td", {}, since === null ? "" : duration(serverNow() - since) + " ago"),
       el("td", {}, el("div", {}, h.agent || ""), el("div", { className: "muted mono" }, h.route || "")),
       el("td", { className: "num" }, charged(h)),
-      el("td", { className: "why" }, why, ...(h.flags || []).map((f) => el("span", { className: "flag" }, f))),
+      el("td", { className: "why" }, h.ambiguity || "", ...(h.flags || []).map((f) => el("span", { className: "flag" }, f)),
+        left ? el("div", { className: "muted" }, `reconcile: ${left}`) : null),
     ]);
     return tr;
   });
@@ -488,69 +501,32 @@ async function reconcileNow() {
 
 // --- recent decisions ---------------------------------------------------------------
 
-// The feed is read forward from a cursor; the first read starts an hour back (journal
-// ids are Redis stream ids, milliseconds first), then each refresh reads what is new.
-// Whatever was read for a tenant the operator has chosen away from meanwhile is dropped.
+// The events feed (escalated, approved, rejected, expired, ambiguous and resolved
+// holds, rules) is read forward from a cursor, a journal entry id: the first read
+// starts an hour back (entry ids are milliseconds first), each later one reads only
+// what is new. `next` moves past journal entries that are no events too.
 async function loadDecisions(tenant) {
   const t = encodeURIComponent(tenant);
-  if (state.feed === null) {
-    const cursor = `${Math.max(0, Math.floor(serverNow() - FEED_LOOKBACK_MS))}-0`;
-    const probe = await optional(api(`/v1/admin/tenants/${t}/events?after=${cursor}&limit=1`));
-    if (tenant !== state.tenant) return;
-    state.cursor = cursor;
-    state.feed = probe === null ? "journal" : "events";
-    $("feed-source").textContent = state.feed === "events" ? "from the events feed" : "from the journal";
-  }
+  if (state.cursor === null) state.cursor = `${Math.max(0, Math.floor(serverNow() - FEED_LOOKBACK_MS))}-0`;
   for (let page = 0; page < FEED_PAGES_PER_REFRESH; page++) {
-    const path = state.feed === "events"
-      ? `/v1/admin/tenants/${t}/events?after=${encodeURIComponent(state.cursor)}&limit=500`
-      : `/v1/admin/tenants/${t}/journal?after=${encodeURIComponent(state.cursor)}&count=1000`;
-    const { data } = await api(path);
+    const data = await optional(api(`/v1/admin/tenants/${t}/events?after=${encodeURIComponent(state.cursor)}&limit=500`));
     if (tenant !== state.tenant) return;
-    const entries = Array.isArray(data) ? data : (data.events || data.entries || []);
-    for (const entry of entries) {
-      const decision = state.feed === "events" ? fromEvent(entry) : fromJournal(entry);
-      if (decision) state.decisions.push(decision);
-    }
-    if (entries.length) state.cursor = entryCursor(entries[entries.length - 1]) ?? data.next ?? state.cursor;
-    const next = Array.isArray(data) ? null : data.next;
-    if (!entries.length || next === null || next === undefined) break;
+    state.feed = data !== null;
+    if (data === null) return;
+    state.decisions.push(...data.events.map(fromEvent));
+    if (data.next === state.cursor) break;
+    state.cursor = data.next;
   }
   state.decisions = state.decisions.slice(-DECISIONS_KEPT);
 }
 
-const entryCursor = (entry) => entry.cursor ?? entry.id ?? null;
-const journalTime = (id) => Number(String(id).split("-")[0]);
-const SHOWN_OPS = new Set(["reserve", "approve", "reject", "post", "void", "expire", "ambiguous",
-  "compensate", "trueup", "resolve"]);
-
-function fromJournal(entry) {
-  if (!SHOWN_OPS.has(entry.op)) return null;
-  // `d` is `account|pending|posted;...`: the tenant account's change is the amount.
-  let amount = null;
-  for (const part of (entry.d || "").split(";")) {
-    const [account, pending, posted] = part.split("|");
-    if (account && account.startsWith("tenant:")) {
-      amount = Number(pending) > 0 ? pending : (Number(posted) > 0 ? posted : pending.replace(/^-/, ""));
-    }
-  }
-  const what = entry.op === "reserve" ? `${entry.st}` : entry.op;
-  return {
-    time: journalTime(entry.id), what, hold: entry.hold || "", who: "", route: "",
-    amount: amount === null ? "" : money(amount), by: entry.by || "", reason: entry.reason || entry.why || "",
-  };
-}
-
 function fromEvent(event) {
+  const kind = event.type.replace(/^hold\./, "");
+  const detail = event.outcome ? `as ${event.outcome}` : event.cause ? `(${event.cause})` : "";
   return {
-    time: timeMs(event.time ?? event.at ?? event.ts) ?? journalTime(event.id ?? event.cursor ?? 0),
-    what: event.type ?? event.event ?? event.kind ?? event.op ?? "",
-    hold: event.hold ?? event.hold_id ?? "",
-    who: event.agent ?? "",
-    route: event.route ?? "",
-    amount: event.price_text ?? (event.price !== undefined ? money(event.price) : ""),
-    by: event.by ?? event.admin ?? "",
-    reason: event.reason ?? event.why ?? "",
+    time: timeMs(event.at), what: kind, detail, hold: event.hold ?? event.rule ?? "",
+    who: event.agent ?? "", route: event.route ?? "", amount: moneyOf(event, "price"),
+    by: event.automatic ? `rule ${event.rule}` : event.by ?? "", reason: event.reason ?? "",
   };
 }
 
@@ -558,12 +534,15 @@ function renderDecisions() {
   const shown = state.decisions.slice().reverse();
   $("decisions").tBodies[0].replaceChildren(...shown.map((d) => el("tr", {},
     el("td", { className: "mono" }, Number.isFinite(d.time) ? clock(d.time) : ""),
-    el("td", {}, el("span", { className: "event " + d.what }, d.what)),
+    el("td", {}, el("span", { className: "event " + d.what }, d.what), " ", el("span", { className: "muted" }, d.detail)),
     el("td", { className: "mono" }, d.hold),
     el("td", {}, el("div", {}, d.who), el("div", { className: "muted mono" }, d.route)),
     el("td", { className: "num" }, d.amount),
     el("td", {}, el("div", {}, d.by), el("div", { className: "muted" }, d.reason)))));
-  document.querySelector('.empty[data-for="decisions"]').hidden = shown.length > 0;
+  const empty = document.querySelector('.empty[data-for="decisions"]');
+  empty.textContent = state.feed === false ? "Not available: this gateway has no events feed."
+    : "No escalations or decisions in the last hour.";
+  empty.hidden = shown.length > 0;
 }
 
 // --- start ------------------------------------------------------------------------
@@ -575,6 +554,10 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("refresh").addEventListener("click", () => refresh());
   $("interval").addEventListener("change", schedule);
   $("reconcile").addEventListener("click", reconcileNow);
+  $("all-accounts").addEventListener("click", () => {
+    state.allAccounts = !state.allAccounts;
+    refresh(true);
+  });
   if (!state.token) return showApp(false);
   try {
     await loadTenants();

@@ -173,6 +173,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "client": ("procurement", {}),
     # The operator console in a browser (test_console.py).
     "console": ("procurement", {}),
+    "console-resolve": ("procurement", {}),
 }
 
 

@@ -3,8 +3,9 @@ driven by Selenium through Debian's chromedriver, against a real `irrev serve` w
 two workers on a real Redis and the real supplier upstream.
 
 An operator signs in with an admin token, an agent's order escalates and appears in
-the page by itself (auto-refresh), the operator approves it with a reason through the
-page, and the tenant's balance moves from pending to posted. Screenshots of each step
+the page by itself (auto-refresh) with its context, the operator approves it with a
+reason through the page, the tenant's balance moves from pending to posted, and the
+approval with its reason shows among the recent decisions (the events feed). Screenshots of each step
 are saved under $IRREV_ARTIFACTS (or the test's tmp dir) and their folder printed.
 
 Every wait is on a condition of the page, with a deadline generous enough for a
@@ -13,6 +14,7 @@ loaded 2-core machine; nothing waits a fixed time.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -26,6 +28,7 @@ from pricing.money import money_text
 
 from .conftest import Gateway
 from .helpers import effect_headers, order
+from .servers import Tenant
 
 webdriver = pytest.importorskip("selenium.webdriver")
 from selenium.common.exceptions import (  # noqa: E402
@@ -101,6 +104,35 @@ class Page:
         self.folder = folder
         self.shots = 0
 
+    def sign_in(self, gateway: Gateway, tenant: Tenant) -> str:
+        """Signs in with the operator's token and picks `tenant`, refreshed every 2 s;
+        returns the selector of the tenant account's row."""
+        self.driver.get(f"{gateway.url}/console")
+        # A sign-in of an earlier test (the tab keeps it) is undone: this one types its own.
+        self.driver.execute_script("sessionStorage.clear()")
+        self.driver.refresh()
+        self.find("#token").send_keys(gateway.admin_token)
+        self.find("#signin").click()
+        self.until(
+            ec.presence_of_element_located(
+                (By.CSS_SELECTOR, f'#tenant option[value="{tenant.id}"]')
+            ),
+            f"the tenant list has no {tenant.id}",
+        )
+        Select(self.find("#tenant")).select_by_value(tenant.id)
+        Select(self.find("#interval")).select_by_value("2")
+        return f'tr[data-account="tenant:{tenant.id}"]'
+
+    def decided(self, *words: str) -> None:
+        """Waits until one row of the recent decisions has every one of `words`."""
+        self.until(
+            lambda driver: any(
+                all(word in tr.text for word in words)
+                for tr in driver.find_elements(By.CSS_SELECTOR, "#decisions tbody tr")
+            ),
+            f"no recent decision with {words}",
+        )
+
     def until(self, condition: Callable[[WebDriver], Any], what: str | Callable[[], str]) -> Any:
         try:
             return WebDriverWait(self.driver, WAIT_S, poll_frequency=0.2).until(condition)
@@ -144,9 +176,10 @@ class Page:
         self.shots += 1
         path = self.folder / f"{self.shots:02d}-{name}.png"
         # The whole page, not just the window: the sections run below the fold.
-        height = self.driver.execute_script("return document.documentElement.scrollHeight")
-        self.driver.set_window_size(1440, max(1000, int(height) + 40))
-        assert self.driver.save_screenshot(str(path)), path
+        capture = self.driver.execute_cdp_cmd(
+            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}
+        )
+        path.write_bytes(base64.b64decode(capture["data"]))
         return path
 
 
@@ -165,17 +198,7 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
 ) -> None:
     tenant = gateway.tenant("console")
     page = Page(browser, artifacts)
-    account = f'tr[data-account="tenant:{tenant.id}"]'
-
-    browser.get(f"{gateway.url}/console")
-    page.find("#token").send_keys(gateway.admin_token)
-    page.find("#signin").click()
-    page.until(
-        ec.presence_of_element_located((By.CSS_SELECTOR, f'#tenant option[value="{tenant.id}"]')),
-        f"the tenant list has no {tenant.id}",
-    )
-    Select(page.find("#tenant")).select_by_value(tenant.id)
-    Select(page.find("#interval")).select_by_value("2")
+    account = page.sign_in(gateway, tenant)
     page.text_is(f"{account} td.pending", "0 USD")
     page.text_is(f"{account} td.posted", "0 USD")
     page.shot("signed-in")
@@ -195,7 +218,11 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
         row_css = f'tr[data-escalation="{escalation}"]'
         row = page.find(row_css)
         page.text_is(f"{row_css} td.price", price)
-        assert "buyer-03" in row.find_element(By.CSS_SELECTOR, "td.who").text
+        page.text_is(f"{row_css} td.face", "45,000 USD")  # 450 x 100 USD
+        assert row.find_element(By.CSS_SELECTOR, "td.who").text.split() == [
+            "buyer-03",
+            "procurement",
+        ]
         assert "POST /orders" in row.find_element(By.CSS_SELECTOR, "td.route").text
         page.text_is(f"{account} td.pending", price)  # reserved while it waits
         page.shot("escalation-waiting")
@@ -207,12 +234,75 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
         page.text_is(f"{account} td.pending", "0 USD")
         flash = page.find("#flash").text
         assert escalation in flash and "approved" in flash and REASON in flash, flash
+        page.decided("approved", REASON, "buyer-03")
         page.shot("approved")
 
         # The gateway agrees: the approval forwarded the order once and the agent's
         # poll gets the supplier's answer.
         polled = http.get(escalated.headers["location"], headers=tenant.auth("buyer-03"))
         assert polled.status_code == 201, polled.text
+        hold = escalated.headers["x-irrev-hold"]
+        held = http.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold}", headers=gateway.admin)
+        assert held.status_code == 200, held.text
+        assert (held.json()["state"], held.json()["note"]) == ("posted", REASON)
+
+    assert not csp_complaints(browser)
+
+
+def test_an_operator_reconciles_then_voids_an_ambiguous_hold_with_a_reason_in_the_console(
+    gateway: Gateway, browser: WebDriver, artifacts: Path
+) -> None:
+    tenant = gateway.tenant("console-resolve")
+    page = Page(browser, artifacts)
+    account = page.sign_in(gateway, tenant)
+    page.text_is(f"{account} td.pending", "0 USD")
+
+    with httpx.Client(base_url=gateway.url, timeout=30.0, trust_env=False) as http:
+        # The supplier fails the order without making it: 503, so the gateway cannot
+        # know, and the hold stays charged as ambiguous.
+        faults = {"status": 503, "apply": False, "times": 1}
+        assert http.post(f"{tenant.supplier}/_faults", json=faults).status_code == 200
+        failed = http.post(
+            "/tools/supplier/orders",
+            json=order(quantity=30),
+            headers=effect_headers(tenant, "buyer-05", "console-ambiguous-1"),
+        )
+        assert failed.status_code == 502, failed.text
+        assert failed.json()["reason"] == "upstream_ambiguous"
+        hold = failed.headers["x-irrev-hold"]
+        price = money_text(int(failed.headers["x-irrev-price"]), USD, "USD")
+
+        row_css = f'tr[data-hold="{hold}"]'
+        row = page.find(row_css)
+        assert "buyer-05" in row.text and price in row.text, row.text
+        page.text_is(f"{account} td.pending", price)
+
+        # Reconciling asks the supplier, which has no such order; before the hold's
+        # deadline that proves nothing, so it is left for a human, and says why.
+        page.find("#reconcile").click()
+        page.until(
+            lambda driver: (
+                "1 left for a human" in driver.find_element(By.ID, "reconcile-report").text
+            ),
+            "no reconciliation report",
+        )
+        page.shot("ambiguous-after-reconcile")
+
+        # Resolving by hand wants a reason first.
+        row.find_element(By.CSS_SELECTOR, "button.voided").click()
+        page.until(ec.visibility_of_element_located((By.ID, "error")), "no demand for a reason")
+        why = "supplier support confirmed no order was created"
+        row.find_element(By.CSS_SELECTOR, "input.reason").send_keys(why)
+        row.find_element(By.CSS_SELECTOR, "button.voided").click()
+        page.gone(row, f"{hold} is still listed as ambiguous")
+        page.text_is(f"{account} td.pending", "0 USD")
+        page.text_is(f"{account} td.posted", "0 USD")
+        page.decided("resolved", "voided", why, "buyer-05")
+        page.shot("resolved")
+
+        held = http.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold}", headers=gateway.admin)
+        assert held.status_code == 200, held.text
+        assert (held.json()["state"], held.json()["resolution_note"]) == ("voided", why)
 
     assert not csp_complaints(browser)
 
