@@ -13,11 +13,11 @@ const state = {
   skewMs: 0, // the gateway's clock minus this browser's, from each answer's Date header
   timer: null,
   running: null,
-  feed: null, // false where the gateway has no events feed
   cursor: null,
   decisions: [],
   unresolved: {}, // hold -> why the last reconciliation left it
   allAccounts: false,
+  updated: "", // the time of the last refresh that worked
 };
 const DECISIONS_KEPT = 60;
 // Accounts listed before "show all": the ones an operator must watch come first.
@@ -112,10 +112,20 @@ function el(tag, props = {}, ...children) {
   return node;
 }
 
+// What the operator's last action did: a success replaces an error and vice versa;
+// the auto-refresh never clears it (it would, before anyone could read it).
 function flash(message, isError = false) {
-  const target = isError ? $("error") : $("flash");
-  target.textContent = message;
-  target.hidden = !message;
+  $("flash").textContent = isError ? "" : message;
+  $("flash").hidden = isError || !message;
+  $("error").textContent = isError ? message : "";
+  $("error").hidden = !isError || !message;
+}
+
+// Whether the page is current: a failed refresh says so where the time of the last
+// good one is shown, and the page keeps what it last drew.
+function status(message, isError) {
+  $("updated").textContent = message;
+  $("updated").classList.toggle("stale", isError);
 }
 
 // --- sign in ----------------------------------------------------------------------
@@ -161,7 +171,6 @@ async function loadTenants() {
 function chooseTenant() {
   state.tenant = $("tenant").value;
   sessionStorage.setItem("irrev-tenant", state.tenant);
-  state.feed = null;
   state.cursor = null;
   state.decisions = [];
   state.unresolved = {};
@@ -188,28 +197,21 @@ async function refresh(again = false) {
   state.running = (async () => {
     try {
       await load();
-      flash("", true);
-      $("updated").textContent = "updated " + clock(Date.now());
+      state.updated = clock(Date.now());
+      status("updated " + state.updated, false);
     } catch (e) {
       if (e.status === 401) {
         signOut();
         $("login-error").textContent = "The gateway no longer accepts this token; sign in again.";
         return;
       }
-      flash(`Could not refresh: ${e.message}`, true);
+      status(`not updated since ${state.updated || "sign-in"}: ${e.message}`, true);
     } finally {
       state.running = null;
       schedule();
     }
   })();
   return state.running;
-}
-
-async function optional(promise) {
-  try { return (await promise).data; } catch (e) {
-    if (e.status === 404 || e.status === 405) return null;
-    throw e;
-  }
 }
 
 async function load() {
@@ -219,7 +221,7 @@ async function load() {
     api(`/v1/admin/tenants/${t}/policy`),
     api(`/v1/admin/tenants/${t}/balances`),
     api(`/v1/admin/tenants/${t}/escalations`),
-    optional(api(`/v1/admin/tenants/${t}/holds?state=ambiguous`)).then((list) => list && details(t, list)),
+    api(`/v1/admin/tenants/${t}/holds?state=ambiguous`).then((r) => details(t, r.data)),
   ]);
   if (tenant !== state.tenant) return; // chosen away meanwhile: the next refresh draws it
   state.unit = policy.data.risk_unit || state.unit;
@@ -289,14 +291,13 @@ function renderBalances(rows) {
 
 function renderSummary(balances, escalations, ambiguous) {
   const tenantRow = balances.find((b) => b.account.startsWith("tenant:"));
-  const lefts = escalations.map(timeLeft).filter((x) => x !== null);
+  const lefts = escalations.map(timeLeft);
   const tiles = [
     ["tenant budget", tenantRow ? percent(utilisation(tenantRow)) : "—",
       tenantRow ? `${money(used(tenantRow))} of ${money(tenantRow.limit)}` : ""],
     ["waiting for a human", String(escalations.length),
       lefts.length ? `next expires in ${duration(Math.min(...lefts))}` : "queue empty"],
-    ["ambiguous holds", ambiguous === null ? "not available" : String(ambiguous.length),
-      ambiguous && ambiguous.length ? "charged until resolved" : ""],
+    ["ambiguous holds", String(ambiguous.length), ambiguous.length ? "charged until resolved" : ""],
   ];
   $("summary").replaceChildren(...tiles.map(([label, value, note]) =>
     el("div", { className: "tile" }, el("div", { className: "label" }, label),
@@ -344,8 +345,8 @@ function escalationCells(e) {
   const left = timeLeft(e);
   return [
     el("td", { className: "when" }, el("div", {}, duration(age(e)) + " ago"),
-      el("div", { className: left !== null && left < 60000 ? "urgent" : "muted" },
-        left === null ? "" : left > 0 ? `${duration(left)} left` : "expiring")),
+      el("div", { className: left < 60000 ? "urgent" : "muted" },
+        left > 0 ? `${duration(left)} left` : "expiring")),
     el("td", { className: "who" }, el("div", {}, e.agent || ""),
       el("div", { className: "muted" }, e.principal || "")),
     el("td", { className: "route mono" }, e.route || ""),
@@ -432,12 +433,6 @@ function resolveCell(h) {
 function renderAmbiguous(holds) {
   const tbody = $("ambiguous").tBodies[0];
   const empty = document.querySelector('.empty[data-for="ambiguous"]');
-  if (holds === null) {
-    tbody.replaceChildren();
-    empty.textContent = "Not available: this gateway does not list holds by state.";
-    empty.hidden = false;
-    return;
-  }
   const existing = new Map([...tbody.rows].map((tr) => [tr.dataset.hold, tr]));
   const rows = holds.map((h) => {
     let tr = existing.get(h.hold);
@@ -456,7 +451,6 @@ function renderAmbiguous(holds) {
   });
   place(tbody, rows);
   $("ambiguous-count").textContent = holds.length ? String(holds.length) : "";
-  empty.textContent = "No ambiguous holds.";
   empty.hidden = holds.length > 0;
 }
 
@@ -475,9 +469,7 @@ async function resolve(hold, outcome, reasonInput, buttons) {
     });
     flash(`${hold}: resolved as ${outcome} — “${reason}”`);
   } catch (e) {
-    const message = e.status === 404 && !e.reason
-      ? "resolving by hand is not available on this gateway" : e.message;
-    flash(`resolve ${hold}: ${message}`, true);
+    flash(`resolve ${hold}: ${e.message}`, true);
     buttons.forEach((b) => { b.disabled = false; });
   }
   await refresh(true);
@@ -509,10 +501,8 @@ async function loadDecisions(tenant) {
   const t = encodeURIComponent(tenant);
   if (state.cursor === null) state.cursor = `${Math.max(0, Math.floor(serverNow() - FEED_LOOKBACK_MS))}-0`;
   for (let page = 0; page < FEED_PAGES_PER_REFRESH; page++) {
-    const data = await optional(api(`/v1/admin/tenants/${t}/events?after=${encodeURIComponent(state.cursor)}&limit=500`));
+    const { data } = await api(`/v1/admin/tenants/${t}/events?after=${encodeURIComponent(state.cursor)}&limit=500`);
     if (tenant !== state.tenant) return;
-    state.feed = data !== null;
-    if (data === null) return;
     state.decisions.push(...data.events.map(fromEvent));
     if (data.next === state.cursor) break;
     state.cursor = data.next;
@@ -540,8 +530,6 @@ function renderDecisions() {
     el("td", { className: "num" }, d.amount),
     el("td", {}, el("div", {}, d.by), el("div", { className: "muted" }, d.reason)))));
   const empty = document.querySelector('.empty[data-for="decisions"]');
-  empty.textContent = state.feed === false ? "Not available: this gateway has no events feed."
-    : "No escalations or decisions in the last hour.";
   empty.hidden = shown.length > 0;
 }
 
