@@ -75,10 +75,14 @@ async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, 
 
 
 def _upstreams(policy: TenantPolicy) -> dict[str, Any]:
-    return {
+    """Where the tenant's requests and events go, and the secrets they carry."""
+    out: dict[str, Any] = {
         name: (tool.upstream, tool.mcp, tool.model_dump(include={"credentials"}))
         for name, tool in policy.document.tools.items()
     }
+    webhook = policy.document.webhook
+    out[""] = webhook.model_dump() if webhook else None
+    return out
 
 
 @router.put("/tenants/{tenant}/policy")
@@ -99,7 +103,7 @@ async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str
             raise Problem(
                 403,
                 "operator_only",
-                "only an operator may change a tool's upstream or credentials",
+                "only an operator may change a tool's upstream or credentials, or the webhook",
             )
     try:
         policy = await gate.tenants.upload(gate.ledger, tenant, text)

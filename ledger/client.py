@@ -33,6 +33,8 @@ from .keys import (
     observed_key,
     rules_key,
     tenant_keys,
+    webhook_cursor_key,
+    webhook_lease_key,
 )
 from .records import (
     AccountCheck,
@@ -483,6 +485,28 @@ class Ledger:
             validate.note(note),
         ]
         return await self._transition("note", tenant, hold_id, args)
+
+    # Webhook delivery
+
+    async def webhook_lease(
+        self, tenant: str, owner: str, action: str, arg: str = ""
+    ) -> tuple[bool, str]:
+        """lease.lua: 'hold' (take or renew for `arg` ms; returns the cursor),
+        'advance' (move the cursor to entry `arg`) or 'release', each only by the
+        lease's holder. (False, holder) when the lease is someone else's."""
+        tenant = validate.tenant_id(tenant)
+        keys = [
+            *tenant_keys(tenant)[:2],
+            webhook_lease_key(tenant),
+            webhook_cursor_key(tenant),
+        ]
+        args = [action, validate.identifier("owner", owner)] + ([arg] if arg else [])
+        reply = await self._run("lease", keys, args)
+        if reply[0] == Status.CONFLICT:
+            return False, str(reply[1])
+        if reply[0] == Status.BAD_INPUT:
+            raise BadInput(str(reply[1]), str(reply[2]))
+        return True, str(reply[1])
 
     # Rules
 
