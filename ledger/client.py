@@ -510,9 +510,19 @@ class Ledger:
 
     # Rules
 
-    async def set_rule(self, tenant: str, rule_id: str, admin: str, spec: str, ttl_ms: int) -> int:
+    async def set_rule(
+        self,
+        tenant: str,
+        rule_id: str,
+        admin: str,
+        spec: str,
+        ttl_ms: int,
+        raise_limit: tuple[str, int] | None = None,
+    ) -> int:
         """Set a bounded-time rule, live for `ttl_ms` from now (Redis's clock); returns
-        its expiry. Journaled."""
+        its expiry. Journaled. `raise_limit` (account, amount): while the rule lives,
+        the account's limit and soft limit are that much higher in every reserve;
+        UnknownAccount if the account does not exist."""
         tenant = validate.tenant_id(tenant)
         keys = [*tenant_keys(tenant)[:2], rules_key(tenant)]
         args = [
@@ -522,6 +532,9 @@ class Ledger:
             spec,
             str(validate.ttl("ttl_ms", ttl_ms)),
         ]
+        if raise_limit is not None:
+            account, amount = raise_limit
+            args += [validate.account_id(account), str(validate.amount("amount", amount))]
         reply = await self._run("rule", keys, args)
         raise_for_reply(tenant, "", "rule", reply)
         return int(reply[1])
