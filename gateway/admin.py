@@ -14,7 +14,16 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger import BadInput, Balance, Hold, HoldState, Ledger, Rule, read_journal
+from ledger import (
+    BadInput,
+    Balance,
+    Hold,
+    HoldState,
+    Ledger,
+    Rule,
+    UnknownAccount,
+    read_journal,
+)
 from pricing import PolicyError, TenantPolicy, load_policy_text
 from pricing.errors import AmountError
 from pricing.money import major_to_minor, money_text
@@ -75,10 +84,14 @@ async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, 
 
 
 def _upstreams(policy: TenantPolicy) -> dict[str, Any]:
-    return {
+    """Where the tenant's requests and events go, and the secrets they carry."""
+    out: dict[str, Any] = {
         name: (tool.upstream, tool.mcp, tool.model_dump(include={"credentials"}))
         for name, tool in policy.document.tools.items()
     }
+    webhook = policy.document.webhook
+    out[""] = webhook.model_dump() if webhook else None
+    return out
 
 
 @router.put("/tenants/{tenant}/policy")
@@ -99,7 +112,7 @@ async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str
             raise Problem(
                 403,
                 "operator_only",
-                "only an operator may change a tool's upstream or credentials",
+                "only an operator may change a tool's upstream or credentials, or the webhook",
             )
     try:
         policy = await gate.tenants.upload(gate.ledger, tenant, text)
@@ -160,9 +173,28 @@ async def reload_policies(request: Request, admin: Admin) -> dict[str, Any]:
 
 @router.get("/tenants/{tenant}/balances")
 async def balances(request: Request, tenant: str, admin: Admin) -> list[dict[str, Any]]:
+    """Every account; `raised` is what live raise_limit rules add to its `limit` now
+    (`effective_limit`), `available` is what is left under the effective limit."""
     policy_of(request, tenant, admin)
-    rows = await gate_of(request).ledger.balances(tenant)
-    return [{**asdict(b), "available": b.available} for b in rows]
+    ledger = gate_of(request).ledger
+    rows = await ledger.balances(tenant)
+    raised: dict[str, int] = {}
+    for rule in await ledger.rules(tenant, await ledger.now_ms()):
+        spec = json.loads(rule.spec)
+        if spec.get("kind") == "raise_limit":
+            raised[spec["account"]] = raised.get(spec["account"], 0) + spec["amount"]
+    out = []
+    for b in rows:
+        extra = raised.get(b.account, 0)
+        out.append(
+            {
+                **asdict(b),
+                "available": b.available + extra,
+                "raised": extra,
+                "effective_limit": b.limit + extra,
+            }
+        )
+    return out
 
 
 @router.get("/tenants/{tenant}/journal")
@@ -368,13 +400,17 @@ async def events(
 
 class RuleRequest(BaseModel):
     """`auto_approve`: escalations of `agent` (or of any agent of `principal`) priced
-    at most `max_price` are approved without a person, for `duration`."""
+    at most `max_price` are approved without a person, for `duration`.
+    `raise_limit`: `account`'s limit (and soft limit) is `amount` higher, for
+    `duration`; it ends by itself. Amounts in major units of the risk unit."""
 
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["auto_approve"]
+    kind: Literal["auto_approve", "raise_limit"]
     agent: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@/-]{1,128}$")
     principal: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@/-]{1,128}$")
-    max_price: str | int = Field(description="major units of the tenant's risk unit")
+    max_price: str | int | None = None
+    account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@/-]{1,128}$")
+    amount: str | int | None = None
     duration: str = Field(description="how long it lives, e.g. '2h' (at most 366d)")
     reason: Note = Field(min_length=1)
 
@@ -382,9 +418,46 @@ class RuleRequest(BaseModel):
 def rule_view(policy: TenantPolicy, rule: Rule) -> dict[str, Any]:
     spec = json.loads(rule.spec)
     view = {"rule": rule.rule_id, **spec, "currency": currency(policy)}
-    view.update(money(policy, "max_price", spec["max_price"]))
+    for name in ("max_price", "amount"):
+        if spec.get(name) is not None:
+            view.update(money(policy, name, spec[name]))
     view["until"] = rfc3339(rule.until_ms)
     return view
+
+
+def _amount(value: str | int | None, name: str, scale: int) -> int:
+    if value is None:
+        raise Problem(422, "bad_rule", f"this kind of rule needs '{name}'")
+    try:
+        return major_to_minor(value, scale)
+    except AmountError as exc:
+        raise Problem(422, "bad_rule", f"'{name}' {exc}") from exc
+
+
+def _check_rule(policy: TenantPolicy, spec: RuleRequest) -> dict[str, Any]:
+    """The rule as stored (amounts in minor units); 422 bad_rule if it names what the
+    policy lacks or mixes the fields of the two kinds."""
+    document = policy.document
+    if spec.kind == "raise_limit":
+        if spec.agent or spec.principal or spec.max_price is not None or not spec.account:
+            raise Problem(422, "bad_rule", "a raise_limit rule names 'account' and 'amount' only")
+        amount = _amount(spec.amount, "amount", document.scale)
+        return {"kind": spec.kind, "account": spec.account, "amount": amount}
+    if spec.account or spec.amount is not None:
+        raise Problem(422, "bad_rule", "an auto_approve rule names no 'account' or 'amount'")
+    if (spec.agent is None) == (spec.principal is None):
+        raise Problem(422, "bad_rule", "name exactly one of 'agent' and 'principal'")
+    if spec.agent is not None and spec.agent not in document.agents:
+        raise Problem(422, "bad_rule", f"the policy has no agent {spec.agent!r}")
+    if spec.principal is not None and spec.principal not in document.accounts.principals:
+        raise Problem(422, "bad_rule", f"the policy has no principal {spec.principal!r}")
+    max_price = _amount(spec.max_price, "max_price", document.scale)
+    return {
+        "kind": spec.kind,
+        "agent": spec.agent,
+        "principal": spec.principal,
+        "max_price": max_price,
+    }
 
 
 @router.post("/tenants/{tenant}/rules", status_code=201)
@@ -392,33 +465,28 @@ async def create_rule(
     request: Request, tenant: str, spec: RuleRequest, admin: Admin
 ) -> dict[str, Any]:
     policy = policy_of(request, tenant, admin, AdminRole.APPROVER)
-    document = policy.document
-    if (spec.agent is None) == (spec.principal is None):
-        raise Problem(422, "bad_rule", "name exactly one of 'agent' and 'principal'")
-    if spec.agent is not None and spec.agent not in document.agents:
-        raise Problem(422, "bad_rule", f"the policy has no agent {spec.agent!r}")
-    if spec.principal is not None and spec.principal not in document.accounts.principals:
-        raise Problem(422, "bad_rule", f"the policy has no principal {spec.principal!r}")
+    stored = {**_check_rule(policy, spec), "by": admin.name, "reason": spec.reason}
     try:
-        max_price = major_to_minor(spec.max_price, document.scale)
         ttl_ms = duration_ms(spec.duration)
-    except (AmountError, ValueError) as exc:
+    except ValueError as exc:
         raise Problem(422, "bad_rule", str(exc)) from exc
-    stored = {
-        "kind": spec.kind,
-        "agent": spec.agent,
-        "principal": spec.principal,
-        "max_price": max_price,
-        "by": admin.name,
-        "reason": spec.reason,
-    }
     rule_id = f"r-{secrets.token_hex(6)}"
     ledger = gate_of(request).ledger
     text = json.dumps(stored, separators=(",", ":"))
-    until_ms = await ledger.set_rule(tenant, rule_id, admin.name, text, ttl_ms)
+    raised = (stored["account"], stored["amount"]) if spec.kind == "raise_limit" else None
+    try:
+        until_ms = await ledger.set_rule(tenant, rule_id, admin.name, text, ttl_ms, raised)
+    except (UnknownAccount, BadInput) as exc:
+        raise Problem(422, "bad_rule", str(exc)) from exc
     log.info(
         "rule set",
-        extra={"tenant": tenant, "admin": admin.name, "rule": rule_id, "until_ms": until_ms},
+        extra={
+            "tenant": tenant,
+            "admin": admin.name,
+            "rule": rule_id,
+            "kind": spec.kind,
+            "until_ms": until_ms,
+        },
     )
     return rule_view(policy, Rule(rule_id, text, until_ms))
 

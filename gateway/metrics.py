@@ -68,6 +68,11 @@ POLICY_RELOADS = Counter(
     "Policy files a worker loaded: applied, or failed (its tenant keeps the policy it had)",
     ["tenant", "result"],
 )
+WEBHOOK_DELIVERIES = Counter(
+    "irrev_webhook_deliveries_total",
+    "Webhook delivery attempts, by result (delivered, failed: retried with backoff)",
+    ["tenant", "result"],
+)
 RECONCILED = Counter(
     "irrev_reconciled_total",
     "Ambiguous holds the reconciler looked at, by result",

@@ -33,6 +33,8 @@ from .keys import (
     observed_key,
     rules_key,
     tenant_keys,
+    webhook_cursor_key,
+    webhook_lease_key,
 )
 from .records import (
     AccountCheck,
@@ -484,11 +486,43 @@ class Ledger:
         ]
         return await self._transition("note", tenant, hold_id, args)
 
+    # Webhook delivery
+
+    async def webhook_lease(
+        self, tenant: str, owner: str, action: str, arg: str = ""
+    ) -> tuple[bool, str]:
+        """lease.lua: 'hold' (take or renew for `arg` ms; returns the cursor),
+        'advance' (move the cursor to entry `arg`) or 'release', each only by the
+        lease's holder. (False, holder) when the lease is someone else's."""
+        tenant = validate.tenant_id(tenant)
+        keys = [
+            *tenant_keys(tenant)[:2],
+            webhook_lease_key(tenant),
+            webhook_cursor_key(tenant),
+        ]
+        args = [action, validate.identifier("owner", owner)] + ([arg] if arg else [])
+        reply = await self._run("lease", keys, args)
+        if reply[0] == Status.CONFLICT:
+            return False, str(reply[1])
+        if reply[0] == Status.BAD_INPUT:
+            raise BadInput(str(reply[1]), str(reply[2]))
+        return True, str(reply[1])
+
     # Rules
 
-    async def set_rule(self, tenant: str, rule_id: str, admin: str, spec: str, ttl_ms: int) -> int:
+    async def set_rule(
+        self,
+        tenant: str,
+        rule_id: str,
+        admin: str,
+        spec: str,
+        ttl_ms: int,
+        raise_limit: tuple[str, int] | None = None,
+    ) -> int:
         """Set a bounded-time rule, live for `ttl_ms` from now (Redis's clock); returns
-        its expiry. Journaled."""
+        its expiry. Journaled. `raise_limit` (account, amount): while the rule lives,
+        the account's limit and soft limit are that much higher in every reserve;
+        UnknownAccount if the account does not exist."""
         tenant = validate.tenant_id(tenant)
         keys = [*tenant_keys(tenant)[:2], rules_key(tenant)]
         args = [
@@ -498,6 +532,9 @@ class Ledger:
             spec,
             str(validate.ttl("ttl_ms", ttl_ms)),
         ]
+        if raise_limit is not None:
+            account, amount = raise_limit
+            args += [validate.account_id(account), str(validate.amount("amount", amount))]
         reply = await self._run("rule", keys, args)
         raise_for_reply(tenant, "", "rule", reply)
         return int(reply[1])

@@ -36,6 +36,7 @@ OPERATIONS = (
     "account",
     "note",
     "rule",
+    "lease",
 )
 
 _DEFINES = re.compile(r"local\s+(?:function\s+)?([A-Za-z_]\w*)")

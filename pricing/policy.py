@@ -273,19 +273,34 @@ NEVER_RETURNED = HOP_BY_HOP | {
 GATEWAY_HEADER_PREFIXES = ("x-irrev-", "x-forwarded-")
 
 
-class HeaderSecret(_Model):
-    """Where the value of a header the gateway adds to a tool's requests comes from: an
-    environment variable or a file, read by the gateway at load; never in the policy."""
+class SecretSource(_Model):
+    """Where a secret comes from: an environment variable or a file, read by the
+    gateway at load; never in the policy."""
 
     env: EnvName | None = None
     file: Annotated[str, StringConstraints(pattern=r"^/[^\x00]{0,1023}$")] | None = None
-    prefix: Annotated[str, StringConstraints(pattern=r"^[\x20-\x7e]{0,64}$")] = Field(
-        default="", description="put before the value, e.g. 'Bearer '"
-    )
 
     @property
     def source(self) -> str:
         return f"environment variable {self.env!r}" if self.env else f"file {self.file!r}"
+
+
+class HeaderSecret(SecretSource):
+    """The value of a header the gateway adds to a tool's requests."""
+
+    prefix: Annotated[str, StringConstraints(pattern=r"^[\x20-\x7e]{0,64}$")] = Field(
+        default="", description="put before the value, e.g. 'Bearer '"
+    )
+
+
+class Webhook(_Model):
+    """Where the approval loop's events go: each POSTed as JSON, signed with HMAC-SHA256
+    under `secret` (header Irrev-Signature), retried until it is taken."""
+
+    url: Annotated[str, AfterValidator(_upstream_url)] = Field(
+        description="the receiver's URL, e.g. 'https://hooks.example.com/irrev'"
+    )
+    secret: SecretSource = Field(description="the signing secret: {env: NAME} or {file: /path}")
 
 
 class Tool(_Model):
@@ -421,6 +436,11 @@ class PolicyDocument(_Model):
     )
     routes: list[Route] = Field(
         default_factory=list, description="the trusted route catalog: class and price per route"
+    )
+    webhook: Webhook | None = Field(
+        default=None,
+        description="where escalated, approved, rejected, expired, ambiguous and resolved "
+        "holds are announced (docs/policy.md, 'Webhooks')",
     )
     kind: Literal["policy"] = "policy"
 

@@ -122,6 +122,29 @@ local function load_accounts(ids)
   return out
 end
 
+-- `<account>|raise` of each of the first n accounts, for one HMGET.
+local function accounts_raise_fields(accounts, n)
+  local out = {}
+  for i = 1, n do
+    out[i] = accounts[i] .. '|raise'
+  end
+  return out
+end
+
+-- The sum of the raises in an account's `raise` field (lua/rule.lua) that are live at
+-- `now`: `<rule>|<amount>|<until>` each, comma-separated; 0 for none.
+local function live_raise(text, now)
+  local total = 0
+  if text then
+    for amount, expiry in string.gmatch(text, '[^,|]+|(%d+)|(%d+)') do
+      if tonumber(expiry) > now then
+        total = total + tonumber(amount)
+      end
+    end
+  end
+  return total
+end
+
 local function load_account(id)
   return load_accounts({id})[1]
 end

@@ -163,12 +163,16 @@ for i = n, kept + 1, -1 do
 end
 n = kept
 
+-- A temporary raise (lua/rule.lua) adds to an account's limit and soft limit while
+-- it lives, by Redis's clock: it ends by itself, with nothing to undo.
+local raised = n > 0 and redis.call('HMGET', ACCOUNTS, unpack(accounts_raise_fields(accounts, n))) or {}
 local decision, reason = 'admit', 'within_budget'
-local limits, used = {}, {}
+local limits, used, soft = {}, {}, {}
 for i = 1, n do
   local a = loaded[i]
   roll(a, now)
-  limits[i], used[i] = a.limit, a.pend + a.post
+  local extra = live_raise(raised[i], now)
+  limits[i], used[i], soft[i] = a.limit + extra, a.pend + a.post, a.soft + extra
 end
 for i = 1, n do
   if used[i] > limits[i] then
@@ -181,7 +185,7 @@ for i = 1, n do
 end
 if decision == 'admit' then
   for i = 1, n do
-    if used[i] + amounts[i] > loaded[i].soft then
+    if used[i] + amounts[i] > soft[i] then
       decision, reason = 'escalate', 'soft_band'
       break
     end

@@ -4,7 +4,9 @@ hold by hand, bounded-time auto-approval rules, and the events feed."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import httpx
 import pytest
 
 from .conftest import Gateway, own_gateway
-from .helpers import assert_problem, balances, effect_headers, order, set_faults
+from .helpers import assert_problem, balances, effect_headers, ledger_audit, order, set_faults
 from .servers import Server
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -186,6 +188,13 @@ async def test_an_ambiguous_hold_is_resolved_by_hand_once(
     ).json()
     assert view["state"] == "voided" and view["resolved_by"] == "ops"
     assert view["resolution_note"] == "supplier confirms no order"
+    feed = await client.get(
+        f"/v1/admin/tenants/{tenant.id}/events", params={"limit": 1000}, headers=gw.admin
+    )
+    mine = [e for e in feed.json()["events"] if e.get("hold") == hold_id]
+    assert [e["type"] for e in mine] == ["hold.ambiguous", "hold.resolved"]
+    assert mine[0]["cause"] == "upstream_503"
+    assert mine[1]["outcome"] == "voided" and mine[1]["reason"] == "supplier confirms no order"
 
 
 async def test_an_auto_approval_rule_approves_within_its_bounds_until_deleted(
@@ -261,3 +270,91 @@ async def test_the_events_feed_lists_the_loop_in_journal_order(
     assert escalated["id"] < rejected["id"] and RFC3339.match(rejected["at"])
     empty = (await client.get(url, params={"after": page["next"]}, headers=gw.admin)).json()
     assert empty["events"] == [] and empty["next"] == page["next"]
+
+
+async def test_a_temporary_raise_admits_more_and_ends_by_itself(
+    loop_gateway: Gateway, client: httpx.AsyncClient
+) -> None:
+    gw, tenant = loop_gateway, loop_gateway.tenant("own")
+
+    async def buy(key: str) -> httpx.Response:
+        return await client.post(
+            "/tools/supplier/orders",
+            json=order(quantity=280, supplier_id=key),
+            headers=effect_headers(tenant, "buyer-10", key),
+        )
+
+    for n in range(10):  # fill buyer-10's own account (100,000 USD) until it refuses
+        refused = await buy(f"raise-fill-{n}")
+        if refused.status_code == 403:
+            break
+    denied = assert_problem(refused, 403, "budget_exceeded")
+    assert denied["account"] == "agent:buyer-10" and denied["limit"] == 100_000 * 10**6
+    rules = f"/v1/admin/tenants/{tenant.id}/rules"
+    bad = await client.post(
+        rules,
+        json={
+            "kind": "raise_limit",
+            "account": "agent:nobody",
+            "amount": "1",
+            "duration": "1h",
+            "reason": "r",
+        },
+        headers=gw.admin,
+    )
+    assert_problem(bad, 422, "bad_rule")
+    raised = await client.post(
+        rules,
+        json={
+            "kind": "raise_limit",
+            "account": "agent:buyer-10",
+            "amount": "100000",
+            "duration": "3s",
+            "reason": "month-end",
+        },
+        headers=gw.admin,
+    )
+    assert raised.status_code == 201, raised.text
+    assert raised.json()["amount_text"] == "100,000 USD"
+    rows = await balances(client, gw.admin, tenant)
+    assert rows["agent:buyer-10"]["effective_limit"] == 200_000 * 10**6
+    admitted = await buy("raise-within")
+    assert admitted.status_code == 201, admitted.text
+
+    # Nothing removes it: Redis's clock passes its end, and the base limit is back.
+    deadline = time.monotonic() + 30
+    while (await client.get(rules, headers=gw.admin)).json()["rules"]:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    after = assert_problem(await buy("raise-after"), 403, "budget_exceeded")
+    assert after["limit"] == 100_000 * 10**6
+    # The journal says why each admission fitted: replay finds no overdraw.
+    audit = ledger_audit(gw.redis_url, tenant)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+async def test_an_escalation_nobody_decides_expires_and_says_so(
+    redis_url: str, suppliers: Server, tmp_path: Path
+) -> None:
+    short = {"accounts": ROOMY, "escalation_ttl": "1s", "hold_ttl": "3s"}
+    settings = {
+        "IRREV_UPSTREAM_TIMEOUT_S": "1",
+        "IRREV_FORWARD_MARGIN_S": "0.5",
+        "IRREV_SWEEP_INTERVAL_S": "0.2",
+    }
+    with own_gateway(redis_url, suppliers, tmp_path, 1, short, **settings) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30, trust_env=False) as http:
+            escalation = await escalate(gw, http, "buyer-11", "expire-1")
+            poll_url = f"/v1/escalations/{escalation}"
+            deadline = time.monotonic() + 30
+            while (
+                poll := await http.get(poll_url, headers=gw.tenant("own").auth("buyer-11"))
+            ).status_code == 202:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+            assert_problem(poll, 403, "escalation_expired")
+            feed = await http.get(
+                f"/v1/admin/tenants/{gw.tenant('own').id}/events", headers=gw.admin
+            )
+            kinds = [e["type"] for e in feed.json()["events"]]
+            assert kinds == ["hold.escalated", "hold.expired"]
