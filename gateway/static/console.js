@@ -245,8 +245,11 @@ async function details(t, holds) {
 // --- utilisation ------------------------------------------------------------------
 
 const used = (b) => (b.pending || 0) + (b.posted || 0);
-const utilisation = (b) => b.limit > 0 ? used(b) / b.limit : (used(b) > 0 ? Infinity : 0);
-const softRatio = (b) => b.limit > 0 && b.soft_limit ? b.soft_limit / b.limit : null;
+// A live raise_limit rule lifts an account's limit and soft limit by `raised` for a
+// while: utilisation is measured against the limit in force.
+const limitOf = (b) => b.effective_limit ?? b.limit;
+const utilisation = (b) => limitOf(b) > 0 ? used(b) / limitOf(b) : (used(b) > 0 ? Infinity : 0);
+const softRatio = (b) => limitOf(b) > 0 && b.soft_limit ? (b.soft_limit + (b.raised || 0)) / limitOf(b) : null;
 
 function bar(b) {
   const ratio = utilisation(b);
@@ -278,7 +281,8 @@ function renderBalances(rows) {
       el("td", { className: "num pending" }, moneyOf(b, "pending")),
       el("td", { className: "num posted" }, moneyOf(b, "posted")),
       el("td", { className: "num available" + (b.available < 0 ? " negative" : "") }, moneyOf(b, "available")),
-      el("td", { className: "num limit" }, moneyOf(b, "limit")));
+      el("td", { className: "num limit" }, money(limitOf(b)),
+        b.raised ? el("div", { className: "muted" }, `raised by ${money(b.raised)} for now`) : null));
   }));
   const hidden = busy.length - shown.length;
   $("idle").textContent = [hidden ? `${hidden} accounts further from their limit are not shown.` : "",
@@ -294,7 +298,7 @@ function renderSummary(balances, escalations, ambiguous) {
   const lefts = escalations.map(timeLeft);
   const tiles = [
     ["tenant budget", tenantRow ? percent(utilisation(tenantRow)) : "—",
-      tenantRow ? `${money(used(tenantRow))} of ${money(tenantRow.limit)}` : ""],
+      tenantRow ? `${money(used(tenantRow))} of ${money(limitOf(tenantRow))}` : ""],
     ["waiting for a human", String(escalations.length),
       lefts.length ? `next expires in ${duration(Math.min(...lefts))}` : "queue empty"],
     ["ambiguous holds", String(ambiguous.length), ambiguous.length ? "charged until resolved" : ""],
@@ -510,13 +514,23 @@ async function loadDecisions(tenant) {
   state.decisions = state.decisions.slice(-DECISIONS_KEPT);
 }
 
+// A rule's amount: a raise of a limit, or the most an auto-approval approves.
+function ruleAmount(spec) {
+  if (spec.amount !== undefined && spec.amount !== null) return "+" + money(spec.amount);
+  if (spec.max_price !== undefined && spec.max_price !== null) return "up to " + money(spec.max_price);
+  return "";
+}
+
 function fromEvent(event) {
   const kind = event.type.replace(/^hold\./, "");
-  const detail = event.outcome ? `as ${event.outcome}` : event.cause ? `(${event.cause})` : "";
+  const spec = event.spec || {};
+  const detail = event.outcome ? `as ${event.outcome}` : event.cause ? `(${event.cause})`
+    : spec.kind ? `${spec.kind}${event.until ? " until " + clock(timeMs(event.until)) : ""}` : "";
   return {
     time: timeMs(event.at), what: kind, detail, hold: event.hold ?? event.rule ?? "",
-    who: event.agent ?? "", route: event.route ?? "", amount: moneyOf(event, "price"),
-    by: event.automatic ? `rule ${event.rule}` : event.by ?? "", reason: event.reason ?? "",
+    who: event.agent ?? "", route: event.route ?? spec.account ?? spec.agent ?? spec.principal ?? "",
+    amount: event.type.startsWith("rule.") ? ruleAmount(spec) : moneyOf(event, "price"),
+    by: event.automatic ? `rule ${event.rule}` : event.by ?? "", reason: event.reason ?? spec.reason ?? "",
   };
 }
 
