@@ -382,7 +382,7 @@ function place(tbody, rows) {
 function renderEscalations(items) {
   const tbody = $("escalations").tBodies[0];
   const existing = new Map([...tbody.rows].map((tr) => [tr.dataset.escalation, tr]));
-  items.sort((a, b) => (timeLeft(a) ?? Infinity) - (timeLeft(b) ?? Infinity));
+  items.sort((a, b) => timeLeft(a) - timeLeft(b));
   const rows = items.map((e) => {
     let tr = existing.get(e.escalation);
     if (!tr) {
@@ -408,7 +408,11 @@ async function decide(escalation, verb, reasonInput, buttons) {
       : `approved; the tool API answered ${status}`;
     flash(`${escalation}: ${outcome}${reason ? ` — “${reason}”` : ""}`);
   } catch (e) {
-    flash(`${verb} ${escalation}: ${e.message}`, true);
+    // An answer without a reason code is the tool API's own: the approval went through
+    // and the tool refused or failed, which the agent is told too.
+    const message = verb === "approve" && e.status && !e.reason
+      ? `approved; the tool API answered ${e.status}` : e.message;
+    flash(`${verb} ${escalation}: ${message}`, true);
     buttons.forEach((b) => { b.disabled = false; });
   }
   await refresh(true);

@@ -5,8 +5,10 @@ two workers on a real Redis and the real supplier upstream.
 An operator signs in with an admin token, an agent's order escalates and appears in
 the page by itself (auto-refresh) with its context, the operator approves it with a
 reason through the page, the tenant's balance moves from pending to posted, and the
-approval with its reason shows among the recent decisions (the events feed). Screenshots of each step
-are saved under $IRREV_ARTIFACTS (or the test's tmp dir) and their folder printed.
+approval with its reason shows among the recent decisions (the events feed). An
+ambiguous hold is reconciled, then voided by hand with a reason, through the page.
+Screenshots of each step are saved under $IRREV_ARTIFACTS (or the test's tmp dir)
+and their folder printed.
 
 Every wait is on a condition of the page, with a deadline generous enough for a
 loaded 2-core machine; nothing waits a fixed time.
@@ -23,25 +25,24 @@ from typing import Any
 
 import httpx
 import pytest
+from selenium import webdriver
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from pricing.money import money_text
 
 from .conftest import Gateway
 from .helpers import effect_headers, order
 from .servers import Tenant
-
-webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import (  # noqa: E402
-    NoSuchElementException,
-    StaleElementReferenceException,
-    TimeoutException,
-)
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
-from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
