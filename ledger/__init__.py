@@ -12,6 +12,7 @@ from .embedded import EmbeddedRedis, EmbeddedRedisError, free_port, supervised_r
 from .errors import (
     BadInput,
     CheckpointMoved,
+    HoldInFlight,
     HoldNotDue,
     HoldNotFound,
     HoldStateConflict,
@@ -55,6 +56,7 @@ __all__ = [
     "EmbeddedRedis",
     "EmbeddedRedisError",
     "Hold",
+    "HoldInFlight",
     "HoldNotDue",
     "HoldNotFound",
     "HoldState",

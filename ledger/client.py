@@ -406,9 +406,12 @@ class Ledger:
         return await self._transition("void", tenant, hold_id, [*args, "1"] if due_only else args)
 
     async def retry(self, tenant: str, hold_id: str, window_ms: int) -> TransitionResult:
-        """An ambiguous effect is about to be sent again: its deadline moves to at
-        least now + `window_ms`, so no `void(due_only=True)` overtakes that request.
-        HoldStateConflict if it is no longer ambiguous (then it must not be sent)."""
+        """Claim an ambiguous effect for sending it again: the claim and the hold's
+        deadline last at least now + `window_ms` (Redis time), so no other retry sends
+        it meanwhile and no `void(due_only=True)` overtakes that request. HoldInFlight
+        while another retry's claim lives; HoldStateConflict if the hold is no longer
+        ambiguous. Either way it must not be sent. The claim ends when the hold is
+        posted or voided, or marked ambiguous again (`mark_ambiguous`)."""
         args = [validate.identifier("hold_id", hold_id), str(validate.amount("window", window_ms))]
         return await self._transition("retry", tenant, hold_id, args)
 

@@ -71,6 +71,20 @@ class HoldNotDue(LedgerError):
         self.hold_id = hold_id
 
 
+class HoldInFlight(LedgerError):
+    """Another retry of this ambiguous hold holds its claim (retry.lua) and may be
+    sending the effect right now: do not send it too. The claim lapses within
+    `retry_after_ms` unless its send settles the hold or ends ambiguous first."""
+
+    def __init__(self, hold_id: str, retry_after_ms: int) -> None:
+        super().__init__(
+            f"hold {hold_id!r} is being sent again by another retry; "
+            f"ask again in {retry_after_ms} ms with the same key"
+        )
+        self.hold_id = hold_id
+        self.retry_after_ms = retry_after_ms
+
+
 class CheckpointMoved(LedgerError):
     """Another trim of the same tenant ran at the same time; nothing was trimmed."""
 
@@ -277,6 +291,8 @@ def raise_for_reply(tenant: str, hold_id: str, operation: str, reply: list[objec
         raise HoldNotFound(tenant, hold_id)
     if status is Status.NOT_DUE:
         raise HoldNotDue(hold_id)
+    if status is Status.IN_FLIGHT:
+        raise HoldInFlight(hold_id, int(str(reply[2])))
     state = HoldState(str(reply[1]))
     if status is Status.EXISTS_WITH_DIFFERENT_FINGERPRINT:
         raise IdempotencyConflict(hold_id, state, "a different request")
