@@ -22,6 +22,7 @@ from .errors import (
     UnknownAccount,
 )
 from .journal import JournalEntry, iter_journal, read_journal
+from .lease import Lease
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT
 from .records import (
     AccountCheck,
@@ -61,6 +62,7 @@ __all__ = [
     "HoldStateConflict",
     "IdempotencyConflict",
     "JournalEntry",
+    "Lease",
     "Ledger",
     "LedgerError",
     "LedgerSettings",
