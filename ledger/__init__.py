@@ -23,6 +23,7 @@ from .errors import (
     UnknownAccount,
 )
 from .journal import JournalEntry, iter_journal, read_journal
+from .lease import Lease
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT
 from .records import (
     AccountCheck,
@@ -63,6 +64,7 @@ __all__ = [
     "HoldStateConflict",
     "IdempotencyConflict",
     "JournalEntry",
+    "Lease",
     "Ledger",
     "LedgerError",
     "LedgerSettings",

@@ -30,9 +30,11 @@ from .keys import (
     escalated_key,
     hold_key,
     hold_script_keys,
+    lease_key,
     observed_key,
     tenant_keys,
 )
+from .lease import Lease
 from .records import (
     AccountCheck,
     AccountSpec,
@@ -168,6 +170,11 @@ class Ledger:
                         raise result
                 return reply, int(acked)
         raise LedgerUnavailable(operation, RedisFailure.NO_SCRIPT, "still missing after a reload")
+
+    def lease(self, tenant: str, work: str, ttl_ms: int) -> Lease:
+        """The lease of one kind of background work (`sweep`, `events`) on `tenant`:
+        one holder at a time across every process on this Redis (ledger/lease.py)."""
+        return Lease(self.redis, lease_key(validate.tenant_id(tenant), work), ttl_ms)
 
     async def ping(self) -> None:
         with translate_redis_errors("ping"):

@@ -27,6 +27,8 @@ PUBLIC_API = {
     "EmbeddedRedisError",
     "supervised_redis_url",
     "free_port",
+    # one holder at a time of background work
+    "Lease",
     # records
     "AccountCheck",
     "AccountSpec",
