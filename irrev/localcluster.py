@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from ledger.embedded import free_ports
+from ledger import free_ports
 
 PRIMARIES = 3
 NODE_TIMEOUT_MS = 2000

@@ -8,7 +8,13 @@ from .audit import AuditReport, audit, audit_tenant
 from .checkpoint import cutoff_ms, trim, trim_locked
 from .client import Ledger, open_ledger
 from .connect import connect
-from .embedded import EmbeddedRedis, EmbeddedRedisError, free_port, supervised_redis_url
+from .embedded import (
+    EmbeddedRedis,
+    EmbeddedRedisError,
+    free_port,
+    free_ports,
+    supervised_redis_url,
+)
 from .errors import (
     BadInput,
     CheckpointMoved,
@@ -84,6 +90,7 @@ __all__ = [
     "connect",
     "cutoff_ms",
     "free_port",
+    "free_ports",
     "iter_journal",
     "open_ledger",
     "read_journal",
