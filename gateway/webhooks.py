@@ -4,7 +4,7 @@ exponential backoff until the receiver takes them (2xx).
 
 Delivery is driven by the journal, not by the request that made the event: a
 per-tenant cursor in Redis says which entry was delivered last, and a per-tenant
-lease (ledger lua/lease.lua) lets one dispatcher at a time deliver, whichever
+lease (ledger lua/webhook.lua) lets one dispatcher at a time deliver, whichever
 gateway process or worker holds it. So events survive restarts and crashes, and
 many gateways still make one stream. Delivery is at least once: a dispatcher that
 dies after the receiver took an event but before it moved the cursor sends it

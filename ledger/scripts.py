@@ -36,7 +36,7 @@ OPERATIONS = (
     "account",
     "note",
     "rule",
-    "lease",
+    "webhook",
 )
 
 _DEFINES = re.compile(r"local\s+(?:function\s+)?([A-Za-z_]\w*)")
