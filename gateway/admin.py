@@ -173,13 +173,13 @@ async def journal(
 async def holds(
     request: Request, tenant: str, state: HoldState, admin: Admin
 ) -> list[dict[str, Any]]:
-    policy_of(request, tenant, admin)
+    policy = policy_of(request, tenant, admin)
     ledger = gate_of(request).ledger
     out = []
     for hold_id in await ledger.hold_ids(tenant, state):
         hold = await ledger.hold(tenant, hold_id)
         if hold is not None:
-            out.append(hold_view(tenant, hold))
+            out.append(hold_view(policy, hold))
     return out
 
 
