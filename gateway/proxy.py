@@ -79,9 +79,14 @@ def admitted_response(policy: TenantPolicy, admitted: Admitted | Answer) -> Resp
     result, hold_id, answer = admitted.result, admitted.hold_id, admitted.answer
     if answer is None:
         return escalated_response(policy, hold_id, result)
-    shadow = admitted.shadowed.decision if admitted.shadowed else ""
+    would = admitted.shadowed
     headers = budget_headers(
-        policy, result, hold_id, replayed=result.replayed, shadow_decision=shadow
+        policy,
+        result,
+        hold_id,
+        replayed=result.replayed,
+        shadow_decision=would.decision if would else "",
+        shadow_reason=would.reason if would else "",
     )
     if isinstance(answer, StoredAnswer):
         return stored_response(answer, headers)

@@ -55,6 +55,7 @@ def budget_headers(
     *,
     replayed: bool = False,
     shadow_decision: str = "",
+    shadow_reason: str = "",
 ) -> dict[str, str]:
     """X-Irrev-Price and -Remaining in integer minor units for programs, the same
     with their currency (`-Text`) for people, and X-Irrev-Currency and -Scale (minor
@@ -76,6 +77,7 @@ def budget_headers(
         headers["X-Irrev-Decision"] = "admit"
         headers["X-Irrev-Mode"] = "shadow"
         headers["X-Irrev-Shadow-Decision"] = shadow_decision
+        headers["X-Irrev-Shadow-Reason"] = shadow_reason
     if replayed:
         headers["X-Irrev-Replayed"] = "true"
     return headers

@@ -32,6 +32,20 @@ SKUS = ("steel-coil", "bolts", "paint")
 MICROS = 1_000_000
 
 
+@dataclass(frozen=True)
+class Order:
+    """One order of the fleet's seeded plan."""
+
+    tick: int
+    agent: str
+    body: dict[str, object]
+    face: int  # micro-USD
+
+    @property
+    def key(self) -> str:
+        return f"demo-{self.tick}-{self.agent}"
+
+
 @dataclass
 class Tally:
     decisions: Counter[str] = field(default_factory=Counter)
@@ -52,10 +66,49 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=3,
         help="escalations the operator approves",
     )
+    parser.add_argument(
+        "--shadow",
+        action="store_true",
+        help="send the same seeded orders one by one, enforced and in shadow mode, and "
+        "compare the decisions",
+    )
+    parser.add_argument("--json", action="store_true", help="with --shadow: print JSON")
     parser.set_defaults(func=run)
 
 
+def plan(buyers: list[str], args: argparse.Namespace) -> list[Order]:
+    """The fleet's orders, from the seed alone: a few per tick, then a price spike
+    halfway through in which most agents buy at once."""
+    rng = random.Random(args.seed)
+    spike = range(args.ticks // 2, args.ticks // 2 + max(1, args.ticks // 5))
+    orders = []
+    for tick in range(args.ticks):
+        rate, price_gain = (0.6, 2.5) if tick in spike else (0.03, 1.0)
+        for agent in buyers:
+            if rng.random() >= rate:
+                continue
+            quantity = rng.randint(1, 7)
+            unit_price = round(rng.lognormvariate(8.0, 0.4) * price_gain, 2)
+            body = {
+                "supplier_id": rng.choice(SUPPLIERS),
+                "sku": rng.choice(SKUS),
+                "quantity": quantity,
+                "unit_price": unit_price,
+            }
+            face = round(quantity * unit_price * MICROS)
+            orders.append(Order(tick, agent, body, face))
+    return orders
+
+
+def buyers_of(tokens: dict[str, str], agents: int) -> list[str]:
+    return sorted(a for a in tokens if a.startswith("buyer-"))[:agents]
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.shadow:
+        from irrev.commands.demo_shadow import compare
+
+        return compare(args)
     console = Console()
     with tempfile.TemporaryDirectory(prefix="irrev-demo-") as scratch:
         root = Path(scratch)
@@ -71,35 +124,23 @@ def run(args: argparse.Namespace) -> int:
 async def fleet(url: str, policies: Path, args: argparse.Namespace) -> Tally:
     tokens = load_demo_tokens(policies / "procurement.tokens.yaml").tokens
     policy = read_policy_file(policies / "procurement.yaml")
-    buyers = sorted(a for a in tokens if a.startswith("buyer-"))[: args.agents]
-    rng = random.Random(args.seed)
-    spike = range(args.ticks // 2, args.ticks // 2 + max(1, args.ticks // 5))
     tally = Tally()
     spent_local: Counter[str] = Counter()
+    by_tick: dict[int, list[Order]] = {}
+    for planned in plan(buyers_of(tokens, args.agents), args):
+        by_tick.setdefault(planned.tick, []).append(planned)
     limits = httpx.Limits(max_connections=100)
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
-        for tick in range(args.ticks):
-            rate, price_gain = (0.6, 2.5) if tick in spike else (0.03, 1.0)
-            orders = []
-            for agent in buyers:
-                if rng.random() >= rate:
-                    continue
-                quantity = rng.randint(1, 7)
-                unit_price = round(rng.lognormvariate(8.0, 0.4) * price_gain, 2)
-                body = {
-                    "supplier_id": rng.choice(SUPPLIERS),
-                    "sku": rng.choice(SKUS),
-                    "quantity": quantity,
-                    "unit_price": unit_price,
-                }
-                face = round(quantity * unit_price * MICROS)
-                tally.face_requested += face
-                cap = policy.document.agents[agent]
-                if face <= cap.per_effect_cap and spent_local[agent] + face <= cap.window_cap:
-                    spent_local[agent] += face
-                    tally.face_local_caps += face
-                orders.append(order(http, tokens[agent], f"demo-{tick}-{agent}", body, tally))
-            await asyncio.gather(*orders)
+        for tick in sorted(by_tick):
+            sending = []
+            for o in by_tick[tick]:
+                tally.face_requested += o.face
+                cap = policy.document.agents[o.agent]
+                if o.face <= cap.per_effect_cap and spent_local[o.agent] + o.face <= cap.window_cap:
+                    spent_local[o.agent] += o.face
+                    tally.face_local_caps += o.face
+                sending.append(order(http, tokens[o.agent], o.key, o.body, tally))
+            await asyncio.gather(*sending)
         await operator(http, tally, args.approve)
     return tally
 
