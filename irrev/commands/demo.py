@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import tempfile
 from collections import Counter
@@ -25,7 +26,8 @@ from rich.table import Table
 from gateway.policies import load_demo_tokens, read_policy_file
 from irrev.cli import bounded
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
-from ledger import EmbeddedRedis, HoldState, Ledger, audit_tenant
+from ledger import Balance, EmbeddedRedis, HoldState, Ledger, audit_tenant
+from pricing.units import with_money_text
 
 SUPPLIERS = ("acme-steel", "globex-metals", "initech-parts")
 SKUS = ("steel-coil", "bolts", "paint")
@@ -72,7 +74,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="send the same seeded orders one by one, enforced and in shadow mode, and "
         "compare the decisions",
     )
-    parser.add_argument("--json", action="store_true", help="with --shadow: print JSON")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(func=run)
 
 
@@ -109,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         from irrev.commands.demo_shadow import compare
 
         return compare(args)
-    console = Console()
+    console = Console(stderr=args.json)
     with tempfile.TemporaryDirectory(prefix="irrev-demo-") as scratch:
         root = Path(scratch)
         console.print("[bold]irrev demo[/]: starting Redis, the supplier API and the gateway...")
@@ -192,6 +194,10 @@ async def report(
         supplier_orders = (await http.get(f"{supplier_url}/_stats")).json()["orders"]
     top = balances[f"tenant:{tenant}"]
     over = [b.account for b in balances.values() if b.used > b.limit]
+    ok = not over and supplier_orders == len(posted) and audit.ok
+    if args.json:
+        print(json.dumps(report_json(tally, top, over, supplier_orders, len(posted), ok), indent=2))
+        return 0 if ok else 1
 
     table = Table(title=f"irrev demo: {args.agents} agents, {args.ticks} ticks, a price spike")
     table.add_column("")
@@ -214,6 +220,29 @@ async def report(
     table.add_row("holds the ledger posted", str(len(posted)))
     table.add_row("ledger audit", "ok" if audit.ok else f"{len(audit.mismatches)} mismatches")
     console.print(table)
-    ok = not over and supplier_orders == len(posted) and audit.ok
     console.print("[green]all invariants hold[/]" if ok else "[red]an invariant failed[/]")
     return 0 if ok else 1
+
+
+def report_json(
+    tally: Tally, top: Balance, over: list[str], supplier_orders: int, posted: int, ok: bool
+) -> dict[str, object]:
+    return {
+        "decisions": dict(sorted(tally.decisions.items())),
+        "escalations_approved": tally.approved,
+        "escalations_rejected": tally.rejected,
+        **with_money_text(
+            {
+                "face_requested": tally.face_requested,
+                "face_local_caps": tally.face_local_caps,
+                "tenant_used": top.used,
+                "tenant_limit": top.limit,
+            },
+            MICROS,
+            "USD",
+        ),
+        "accounts_over_limit": over,
+        "supplier_orders": supplier_orders,
+        "posted_holds": posted,
+        "ok": ok,
+    }
