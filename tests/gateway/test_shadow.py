@@ -112,3 +112,26 @@ async def test_budget_headers_carry_the_unit(gateway: Gateway, http: httpx.Async
     assert held["currency"] == "USD"
     assert held["posted_text"][f"tenant:{tenant.id}"] == f"{major} USD"
     assert held["deadline_at"].endswith("Z")
+
+
+async def test_the_decision_api_holds_a_would_be_denial_in_shadow_mode(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """Three 1000 USD deploys on a 2000 USD tenant budget: whatever ran before, the
+    last is a would-be denial, held pending for the in-process tool to act on."""
+    tenant = gateway.tenant("shadow")
+    deploy = {"tool": "deploy", "method": "POST", "path": "/deploys"}
+    created = [
+        await http.post(
+            "/v1/holds", json=deploy, headers=effect_headers(tenant, "deployer-01", f"d{i}")
+        )
+        for i in range(3)
+    ]
+    assert [r.status_code for r in created] == [201, 201, 201], created[-1].text
+    last = created[-1]
+    assert last.headers["x-irrev-shadow-decision"] == "deny"
+    assert last.headers["x-irrev-shadow-reason"] in ("budget_exceeded", "over_limit")
+    view = last.json()
+    assert (view["state"], view["decision"]) == ("pending", "deny")
+    assert view["remaining"] < 0 and view["remaining_text"].startswith("-")
+    assert view["currency"] == "USD" and view["deadline_at"].endswith("Z")
