@@ -28,9 +28,16 @@ from rich.table import Table
 
 from gateway.policies import load_policy_dir
 from irrev.cli import CliError, bounded
-from ledger import HoldState, Ledger, audit, cutoff_ms, read_journal, trim_locked, validate
-from ledger.embedded import redis_url
-from ledger.settings import LedgerSettings
+from ledger import (
+    HoldState,
+    Ledger,
+    LedgerSettings,
+    audit,
+    cutoff_ms,
+    read_journal,
+    supervised_redis_url,
+    trim_locked,
+)
 from pricing.money import money_text
 from pricing.units import rfc3339, with_money_text
 
@@ -87,7 +94,7 @@ def _bind(parser: argparse.ArgumentParser, command: Command) -> None:
 
     def run(args: argparse.Namespace) -> int:
         settings = LedgerSettings()
-        with redis_url(settings) as url:
+        with supervised_redis_url(settings) as url:
             where = safe_url(url) if settings.redis_url else f"{safe_url(url)} (embedded, "
             if not settings.redis_url:
                 where += f"data dir {settings.data_dir})"
@@ -125,7 +132,8 @@ async def _check_tenants(ledger: Ledger, args: argparse.Namespace, where: str) -
     if not asked:
         return
     for tenant in asked:
-        validate.tenant_id(tenant)  # a malformed name says so (exit 2), before "unknown"
+        # The ledger checks the name first: a malformed one says so (exit 2), not "unknown".
+        await ledger.balances(tenant)
     known = set(await ledger.tenants())
     unknown = [t for t in asked if t not in known]
     if unknown:
