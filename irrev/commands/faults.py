@@ -27,11 +27,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="print the results as JSON instead of the matrix; with FILE, also write them there",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on a local 3-primary + 3-replica Redis Cluster (needs Redis 7's "
+        "redis-server and redis-cli); cells that kill the one redis-server are left out",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    cells = select(CELLS, args.cells, args.fast)
+    cells = select(CELLS, args.cells, args.fast, args.cluster)
     if not cells:
         raise CliError(f"no cell matches {args.cells!r}; see `irrev faults --list`")
     if args.runs is not None and not 1 <= args.runs <= 1000:
@@ -50,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         verdict = "ok" if result.ok else f"{result.violations} VIOLATIONS"
         console.print(f"{result.cell.name}: {result.runs} runs, {verdict} ({result.seconds:.0f} s)")
 
-    results = asyncio.run(run_cells(cells, args.runs, progress))
+    results = asyncio.run(run_cells(cells, args.runs, progress, args.cluster))
     shown = json.dumps([as_dict(r) for r in results], indent=2)
     if args.json == "-":
         print(shown)
