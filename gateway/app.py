@@ -38,6 +38,7 @@ from .mcp_mount import LazyMcp
 from .problems import Problem
 from .settings import GatewaySettings
 from .tenants import TenantStore
+from .webhooks import Dispatcher
 
 log = logging.getLogger("irrev.gateway")
 LEDGER_START_WAIT_S = 5.0
@@ -102,6 +103,12 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         await tenants.apply(ledger)
         gate = Gate(settings, ledger, tenants, http)
         app.state.gate = gate
+        dispatcher = Dispatcher(ledger, tenants, settings.webhook_pacing())
+        await dispatcher.start()
+
+        async def refresh_policies() -> None:
+            await tenants.refresh(ledger)
+            dispatcher.refresh()  # a reload may have given a tenant a webhook
 
         async def sweep() -> None:
             for tenant in tenants.policies:
@@ -120,11 +127,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         background = [
             asyncio.create_task(_every(settings.sweep_interval_s, sweep, "sweep")),
             asyncio.create_task(
-                _every(
-                    settings.policy_check_interval_s,
-                    lambda: tenants.refresh(ledger),
-                    "policy reload",
-                )
+                _every(settings.policy_check_interval_s, refresh_policies, "policy reload")
             ),
         ]
         if settings.journal_keep_s > 0:
@@ -135,6 +138,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             yield
         finally:
             await mcp_endpoint.aclose()
+            await dispatcher.aclose()
             for task in background:
                 task.cancel()
             for task in background:

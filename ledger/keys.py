@@ -52,6 +52,12 @@ def trim_lock_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}trim-lock"
 
 
+def lease_key(tenant: str, work: str) -> str:
+    """The lease of one kind of background work on the tenant (`sweep`, `events`):
+    a string holding its holder's token (ledger/lease.py)."""
+    return f"{tenant_prefix(tenant)}lease:{work}"
+
+
 def deadlines_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}deadlines"
 
@@ -62,6 +68,21 @@ def ambiguous_key(tenant: str) -> str:
 
 def escalated_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}escalated"
+
+
+def rules_key(tenant: str) -> str:
+    """The tenant's bounded-time rules (lua/rule.lua)."""
+    return f"{tenant_prefix(tenant)}rules"
+
+
+def webhook_cursor_key(tenant: str) -> str:
+    """The id of the last journal entry whose webhook event was delivered."""
+    return f"{tenant_prefix(tenant)}webhook:cursor"
+
+
+def webhook_lease_key(tenant: str) -> str:
+    """Who delivers the tenant's webhook events now (one dispatcher at a time)."""
+    return f"{tenant_prefix(tenant)}webhook:lease"
 
 
 def tenant_keys(tenant: str) -> list[str]:

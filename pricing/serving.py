@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pricing.calibration import Evidence
 from pricing.catalog import Catalog, PricedEffect, Query, compile_catalog, price_in_catalog
 from pricing.credentials import AuthenticatedAgent, hash_token, index_agents
-from pricing.policy import BodyFormat, PolicyDocument
+from pricing.policy import BodyFormat, Mode, PolicyDocument
 from pricing.scopes import Scopes, compile_scopes
 
 
@@ -34,6 +34,10 @@ class TenantPolicy:
     agents_by_hash: Mapping[str, AuthenticatedAgent]
     # settled residual factors by route id that calibrating routes are priced from
     evidence: Mapping[str, Evidence] = field(default_factory=dict)
+    # Shadow mode: the tenant's (which unknown routes follow) and the catalog routes'
+    # own, by index in the document's route list.
+    shadow: bool = False
+    shadow_routes: frozenset[int] = frozenset()
 
     @property
     def scale(self) -> int:
@@ -54,7 +58,18 @@ def compile_policy(
         scopes=compile_scopes(document),
         agents_by_hash=index_agents(document),
         evidence=dict(evidence or {}),
+        shadow=document.mode is Mode.SHADOW,
+        shadow_routes=frozenset(
+            i for i, r in enumerate(document.routes) if (r.mode or document.mode) is Mode.SHADOW
+        ),
     )
+
+
+def is_shadow(policy: TenantPolicy, effect: PricedEffect) -> bool:
+    """Whether the effect's route runs in shadow mode (its own `mode`, else the tenant's)."""
+    if effect.route is None:
+        return policy.shadow
+    return effect.route.index in policy.shadow_routes
 
 
 def price_request(
