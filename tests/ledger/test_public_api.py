@@ -41,6 +41,7 @@ PUBLIC_API = {
     "ReserveRequest",
     "ReserveResult",
     "RouteOutcomes",
+    "Rule",
     "Status",
     "SweepResult",
     "TenantSnapshot",
