@@ -220,13 +220,13 @@ async def journal(
 async def holds(
     request: Request, tenant: str, state: HoldState, admin: Admin
 ) -> list[dict[str, Any]]:
-    policy_of(request, tenant, admin)
+    policy = policy_of(request, tenant, admin)
     ledger = gate_of(request).ledger
     out = []
     for hold_id in await ledger.hold_ids(tenant, state):
         hold = await ledger.hold(tenant, hold_id)
         if hold is not None:
-            out.append(hold_view(tenant, hold))
+            out.append(hold_view(policy, hold))
     return out
 
 
@@ -295,7 +295,7 @@ async def hold_by_id(request: Request, tenant: str, hold_id: str, admin: Admin) 
     ledger = gate_of(request).ledger
     hold = await _hold_of(ledger, tenant, hold_id)
     now_ms = await ledger.now_ms()
-    view = hold_view(tenant, hold)
+    view = hold_view(policy, hold)
     view.update(effect_fields(policy, record_of(hold.request, hold.outcome)))
     unit = policy.document.risk_unit
     view["amounts_text"] = {

@@ -17,11 +17,11 @@ from pricing.credentials import AuthenticatedAgent
 from pricing.policy import BodyFormat
 
 from . import metrics
-from .admission import Intent, approve, auto_approval, prepare, reserve
+from .admission import Intent, approve, auto_approval, prepare, reserve, shadowed
 from .auth import Settling, agent_auth, gate_of, settling_auth
 from .canonical import Canonical
 from .problems import Problem
-from .responses import budget_headers, escalation_id, hold_view
+from .responses import budget_headers, escalation_id, hold_view, money
 from .wire import StoredAnswer, StoredRequest, parse_json_body, record_of
 
 log = logging.getLogger("irrev.gateway")
@@ -87,12 +87,20 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
                 await approve(gate, policy, hold_id, f"rule:{rule.rule_id}", note)
     hold = await gate.ledger.hold(policy.tenant, hold_id)
     assert hold is not None
-    headers = budget_headers(result, hold_id, replayed=result.replayed)
+    would = shadowed(prepared, result)
+    headers = budget_headers(
+        policy,
+        result,
+        hold_id,
+        replayed=result.replayed,
+        shadow_decision=would.decision if would else "",
+        shadow_reason=would.reason if would else "",
+    )
     status = 200 if result.replayed else 202 if result.state is HoldState.ESCALATED else 201
     if hold.state is HoldState.ESCALATED:
         headers["Location"] = f"/v1/escalations/{escalation_id(policy.tenant, hold_id)}"
-    view = hold_view(policy.tenant, hold)
-    body = {**view, "price": result.price, "remaining": result.remaining}
+    view = hold_view(policy, hold)
+    body = {**view, **money(policy, price=result.price, remaining=result.remaining)}
     return JSONResponse(body, status, headers=headers)
 
 
@@ -172,7 +180,7 @@ def check_amount(
 @router.get("/{hold_id}")
 async def get_hold(request: Request, hold_id: str, who: Settler) -> dict[str, Any]:
     hold, _ = await settled_by(request, who, hold_id, reading=True)
-    return hold_view(who.policy.tenant, hold)
+    return hold_view(who.policy, hold)
 
 
 def receipt(record: StoredRequest | StoredAnswer) -> str:

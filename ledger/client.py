@@ -281,6 +281,7 @@ class Ledger:
         escalate_above: int = 0,
         request: str = "",
         open_missing: Sequence[AccountSpec] = (),
+        shadow: bool = False,
     ) -> ReserveResult:
         """Admit, deny or escalate one effect; hold its price on every account or none.
 
@@ -291,6 +292,8 @@ class Ledger:
         forwards it later, or a reconciler who looks it up). `open_missing` names
         accounts of `amounts` to create in the same script if Redis lacks them, only
         when the hold is kept and holds something on them (see reserve.lua).
+        `shadow` holds the effect whatever the decision, which is only recorded (the
+        result's `shadowed`): shadow mode, where accounts may go above their limits.
         """
         reserve = ReserveRequest(
             idempotency_key,
@@ -302,6 +305,7 @@ class Ledger:
             escalate_above,
             request,
             open_missing,
+            shadow,
         )
         keys = hold_script_keys(validate.tenant_id(tenant), reserve.idempotency_key)
         args = self._reserve_args(reserve)
@@ -357,6 +361,7 @@ class Ledger:
             *validate.account_amounts(r.amounts),
             str(self.denied_retention_ms),
             *_open_args(r.amounts, r.open_missing),
+            "1" if r.shadow else "0",
         ]
 
     async def _run_many(

@@ -138,7 +138,9 @@ class Replay:
         if entry.op == "rule":
             self._apply_rule(f)
             return
-        if entry.op == "reserve" and f["st"] in ("pending", "escalated"):
+        # A shadow hold (marked 'shadow': what enforcement would have done) is held
+        # whatever the decision: contract 1 is what shadow mode relaxes.
+        if entry.op == "reserve" and f["st"] in ("pending", "escalated") and "shadow" not in f:
             self._check_admission(entry)
         for delta in entry.deltas:
             account = self.accounts.setdefault(delta.account, ReplayedAccount())

@@ -151,6 +151,8 @@ class ReserveRequest:
     # Accounts of `amounts` to open if Redis lacks them, only if the hold is kept
     # (admitted or escalated) and holds something on them.
     open_missing: Sequence[AccountSpec] = ()
+    # Shadow mode: a deny or escalate is recorded but the effect is held anyway.
+    shadow: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +177,17 @@ class ReserveResult:
         return max(check.amount for check in self.accounts)
 
     @property
+    def shadowed(self) -> bool:
+        """A new decision held in shadow mode although enforcement would have
+        denied or escalated it (`decision` says which). A replay cannot tell: an
+        approved escalation is pending too."""
+        return (
+            self.status is Status.OK
+            and self.decision is not Decision.ADMIT
+            and self.state is HoldState.PENDING
+        )
+
+    @property
     def binding(self) -> AccountCheck:
         """The account that decided: the first one that did not fit for a denial,
         else the one with the least room left after the hold."""
@@ -186,7 +199,7 @@ class ReserveResult:
     @property
     def remaining(self) -> int:
         """Least room left on any account once this hold is counted (if it holds)."""
-        held = self.decision is not Decision.DENY
+        held = self.state is not HoldState.DENIED  # a shadow hold holds a would-be deny
         return min(c.available - (c.amount if held else 0) for c in self.accounts)
 
 

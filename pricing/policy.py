@@ -139,6 +139,15 @@ class McpErrorMeaning(StrEnum):
     NOT_EXECUTED = "not_executed"  # the tool refused before acting: the hold is voided
 
 
+class Mode(StrEnum):
+    """Whether the gateway acts on its decisions."""
+
+    ENFORCE = "enforce"
+    # Priced, held and journaled as usual, never blocking: a deny or an escalation is
+    # recorded and the effect forwarded anyway (docs/policy.md, "Shadow mode").
+    SHADOW = "shadow"
+
+
 class UnknownRouteAction(StrEnum):
     DENY = "deny"
     PRICE_AS_IRREVERSIBLE = "price_as_irreversible"
@@ -381,6 +390,9 @@ class Route(_Model):
     currency_field: FieldName | None = Field(
         default=None, description="a field that must name the tenant's risk-unit currency"
     )
+    mode: Mode | None = Field(
+        default=None, description="'enforce' or 'shadow' for this route (default: the tenant's)"
+    )
     is_error: McpErrorMeaning | None = Field(
         default=None,
         description="CALL routes only: what an MCP result with isError means; default "
@@ -409,6 +421,10 @@ class PolicyDocument(_Model):
     window_ms: DurationMs = Field(alias="window", description="budget window, aligned to UTC")
     soft_band: SoftBand = Field(
         default=0.8, description="fraction of a limit above which holds escalate to a human"
+    )
+    mode: Mode = Field(
+        default=Mode.ENFORCE,
+        description="'enforce', or 'shadow': never block; record what enforcement would do",
     )
     escalation_ttl_ms: DurationMs = Field(
         alias="escalation_ttl",
