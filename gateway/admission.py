@@ -17,7 +17,16 @@ from dataclasses import dataclass
 
 import httpx
 
-from ledger import Decision, HoldState, HoldStateConflict, Ledger, ReserveResult, UnknownAccount
+from ledger import (
+    Decision,
+    Hold,
+    HoldInFlight,
+    HoldState,
+    HoldStateConflict,
+    Ledger,
+    ReserveResult,
+    UnknownAccount,
+)
 from pricing import (
     EffectClass,
     PricedEffect,
@@ -206,6 +215,25 @@ async def _replay(
     gate: Gate, policy: TenantPolicy, result: ReserveResult, hold_id: str, upstream: Upstream
 ) -> Answer | StoredAnswer:
     hold = await gate.ledger.hold(policy.tenant, hold_id)
+    if hold is not None and hold.state is HoldState.AMBIGUOUS and hold.request:
+        if not upstream.resends:
+            # Its server may not deduplicate: sent again, the effect could happen twice.
+            # The agent learns what the ledger knows; the reconciler resolves the rest.
+            raise still_ambiguous(hold_id)
+        # The first outcome is unknown: retry, with the same Idempotency-Key, so the
+        # tool API can deduplicate it (contract 4). One retry at a time (the claim).
+        request = StoredRequest.loads(hold.request)
+        try:
+            return await fire(gate, policy, hold_id, request, None, upstream)
+        except HoldStateConflict:
+            # Settled between the read and the claim (another retry, the reconciler).
+            hold = await gate.ledger.hold(policy.tenant, hold_id)
+    return _recorded(hold, result, hold_id)
+
+
+def _recorded(hold: Hold | None, result: ReserveResult, hold_id: str) -> StoredAnswer:
+    """The answer a settled hold keeps for repeats of its key; else the problem its
+    state is."""
     if hold is not None and hold.outcome:
         recorded = StoredAnswer.loads(hold.outcome)
         if hold.state is HoldState.VOIDED and recorded.status // 100 == 2:
@@ -221,11 +249,20 @@ async def _replay(
             )
         return recorded
     if hold is not None and hold.state is HoldState.AMBIGUOUS:
-        # The first outcome is unknown: retry, with the same Idempotency-Key, so the
-        # tool API can deduplicate it (contract 4).
-        request = StoredRequest.loads(hold.request)
-        return await fire(gate, policy, hold_id, request, None, upstream)
+        raise still_ambiguous(hold_id)
     raise settled_problem(hold.state if hold else result.state, hold_id)
+
+
+def still_ambiguous(hold_id: str) -> Problem:
+    return Problem(
+        502,
+        "upstream_ambiguous",
+        "whether this effect was made is still unknown; it was not sent again (its server "
+        "does not declare that it deduplicates) and stays charged until the reconciler "
+        "learns the outcome. Repeat it later with the same idempotency key for the result",
+        hold=hold_id,
+        state=HoldState.AMBIGUOUS.value,
+    )
 
 
 async def reserve(
@@ -389,10 +426,22 @@ async def fire(
         await gate.ledger.void(policy.tenant, hold_id)
         raise Problem(503, "hold_deadline", "the hold is too close to its deadline to forward")
     if deadline_ms is None:
-        # Sent again: the hold's deadline first moves past this request's life, so a
+        # Sent again: first claimed, so that of any number of repeats of the key one is
+        # sent at a time, and the hold's deadline moves past this request's life, so a
         # reconciler told "not found" while it is on its way cannot void it (contract 6).
         window_s = gate.settings.upstream_timeout_s + gate.settings.forward_margin_s
-        await gate.ledger.retry(policy.tenant, hold_id, math.ceil(window_s * 1000))
+        try:
+            await gate.ledger.retry(policy.tenant, hold_id, math.ceil(window_s * 1000))
+        except HoldInFlight as exc:
+            raise Problem(
+                409,
+                "in_flight",
+                "this effect is being sent again by another repeat of its key right now; "
+                "ask again in a moment with the same key",
+                headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_ms / 1000)))},
+                hold=hold_id,
+                state=HoldState.AMBIGUOUS.value,
+            ) from exc
     started = time.perf_counter()
     retry = deadline_ms is None
     with tracing.span("forward", tool=request.tool, hold_id=hold_id, retry=retry) as span:
@@ -415,6 +464,11 @@ async def settle(
     later retry learns the result); anything else: ambiguous, still charged."""
     if answer.fate is Fate.IN_PROGRESS:
         log.info("still in progress upstream", extra={"hold_id": hold_id, "status": answer.status})
+        try:
+            # Still ambiguous: this retry's claim ends, so the next repeat may ask again.
+            await gate.ledger.mark_ambiguous(tenant, hold_id, "upstream_in_progress")
+        except Exception:
+            log.exception("could not end a retry's claim; it lapses", extra={"hold_id": hold_id})
         return
     started = time.perf_counter()
     operation = {Fate.DELIVERED: "post", Fate.UNKNOWN: "ambiguous"}.get(answer.fate, "void")

@@ -67,7 +67,8 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
             502,
             "upstream_ambiguous",
             "the call may or may not have taken effect; it stays charged until reconciled. "
-            "Repeat it with the same idempotency key: the server can deduplicate it",
+            "Repeat it later with the same idempotency key to learn the outcome; never "
+            "with a new one",
             why=answer.why,
             hold=hold_id or None,
         ),

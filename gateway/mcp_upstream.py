@@ -83,15 +83,22 @@ def failure_answer(exc: BaseException) -> Answer:
 class McpUpstream:
     """One MCP server of one tenant, as the admission pipeline calls it. Its HTTP client
     (with the tool's credentials as headers) is made on first use, in the worker's
-    event loop, and kept; `not_executed` are the MCP tools whose `isError` voids."""
+    event loop, and kept; `not_executed` are the MCP tools whose `isError` voids;
+    `dedupes` says the server makes one effect per key (the tool's `dedupes`), so a
+    repeat of an ambiguous call may be sent again."""
 
     url: str
     credentials: Headers = field(default=(), repr=False)
     not_executed: frozenset[str] = frozenset()
+    dedupes: bool = False
     _client: httpx2.AsyncClient | None = field(default=None, repr=False)
     _version: str = "auto"
     _tools: list[types.Tool] = field(default_factory=list)
     _tools_until: float = 0.0
+
+    @property
+    def resends(self) -> bool:
+        return self.dedupes
 
     def client(self) -> httpx2.AsyncClient:
         if self._client is None:

@@ -442,7 +442,9 @@ def _mcp_upstreams(
                 if policy.document.routes[route.index].is_error is McpErrorMeaning.NOT_EXECUTED
             )
             creds = credentials.get(policy.tenant, {}).get(name, ())
-            upstreams[(policy.tenant, name)] = McpUpstream(tool.mcp, creds, not_executed)
+            upstreams[(policy.tenant, name)] = McpUpstream(
+                tool.mcp, creds, not_executed, tool.dedupes
+            )
     return upstreams
 
 

@@ -290,6 +290,12 @@ class Tool(_Model):
         description="the Streamable HTTP endpoint of an MCP server (e.g. "
         "'http://127.0.0.1:8900/mcp'); its routes are 'CALL <tool>/<mcp tool>'",
     )
+    dedupes: bool = Field(
+        default=False,
+        description="MCP servers only: the server makes at most one effect per "
+        "_meta['dev.irrev/idempotency_key'], so irrev may send a repeat of an ambiguous "
+        "call again; false (the default): a repeat answers from the ledger only",
+    )
     credentials: dict[HeaderName, HeaderSecret] = Field(
         default_factory=dict, description="headers the gateway adds to every upstream request"
     )

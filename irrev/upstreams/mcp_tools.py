@@ -11,7 +11,8 @@ SIGKILLed mid-call and started again still knows which keys took effect: what th
 reconciler's lookup tool (`find_effect`) answers from.
 
 Test-only HTTP routes: `GET /<ns>/_stats` (calls and effects per key), `POST
-/<ns>/_faults` (`delay_s` before or after the effect, `hang_after_effect`).
+/<ns>/_faults` (`delay_s` before the effect, `repeat_delay_s` before answering a
+key that already took effect, `hang_after_effect`).
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ async def call_tool(
     lock = ns.locks.setdefault(key, asyncio.Lock())
     async with lock:
         if key in ns.effects:
+            await asyncio.sleep(float(ns.faults.get("repeat_delay_s", 0)))
             return text_result(ns.effects[key], error=params.name == "flaky_order")
         await asyncio.sleep(float(ns.faults.get("delay_s", 0)))
         result = {"tool": params.name, "key": key, "effect": len(ns.effects) + 1, **arguments}

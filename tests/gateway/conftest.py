@@ -134,6 +134,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # A short hold TTL, so that a hold's deadline passes within a test.
     "short-ttl": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
     "retry-race": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
+    "retry-claim": ("procurement", {}),
     # Its supplier tool points at a port nobody listens on.
     "unreachable": (
         "procurement",
