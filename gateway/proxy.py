@@ -28,7 +28,9 @@ READ_HEADERS = {"X-Irrev-Decision": "admit", "X-Irrev-Price": "0"}
 
 async def read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+    if declared is not None and (
+        not (declared.isascii() and declared.isdigit()) or int(declared) > limit
+    ):
         raise Problem(413, "body_too_large", f"request bodies are limited to {limit} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
