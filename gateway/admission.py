@@ -52,6 +52,8 @@ log = logging.getLogger("irrev.gateway")
 # A trace context is new on every attempt by design; it does not change the effect.
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+# Where an agent's idempotency key travels, as the messages that ask for it say.
+HTTP_KEY = "Idempotency-Key"
 
 
 @dataclass
@@ -78,6 +80,7 @@ class Intent:
     canonical: Canonical
     keys: Sequence[str] = ()
     headers: Headers = ()
+    key_name: str = HTTP_KEY
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class Prepared:
     request: StoredRequest
     hold_id: str
     fingerprint: str
+    key_name: str = HTTP_KEY
 
 
 @dataclass(frozen=True)
@@ -102,20 +106,20 @@ class Admitted:
     answer: Answer | StoredAnswer | None
 
 
-def agent_key_of(keys: Sequence[str]) -> str:
-    """The agent's one idempotency key for an effect."""
+def agent_key_of(keys: Sequence[str], key_name: str = HTTP_KEY) -> str:
+    """The agent's one idempotency key for an effect; `key_name` says where it is sent."""
     if len(keys) > 1:
         # Which one names the effect? Intermediaries disagree (first, last, joined).
-        raise Problem(400, "bad_idempotency_key", "send exactly one Idempotency-Key header")
+        raise Problem(400, "bad_idempotency_key", f"send exactly one {key_name}")
     if not keys:
         raise Problem(
             400,
             "idempotency_key_required",
-            "effects need an 'Idempotency-Key' header: the same key for every retry of one "
-            "effect, a new key for a new effect",
+            f"effects need an idempotency key ({key_name}): the same key for every retry of "
+            "one effect, a new key for a new effect",
         )
     if not _AGENT_KEY.fullmatch(keys[0]):
-        raise Problem(400, "bad_idempotency_key", "Idempotency-Key must be 1-255 printable ASCII")
+        raise Problem(400, "bad_idempotency_key", f"{key_name} must be 1-255 printable ASCII")
     return keys[0]
 
 
@@ -165,11 +169,12 @@ def prepare(
         in_process=effect.in_process,
     )
     if effect.effect_class is EffectClass.READ and not in_process:
-        return Prepared(effect, request, "", "")
-    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key_of(intent.keys))
+        return Prepared(effect, request, "", "", intent.key_name)
+    key = agent_key_of(intent.keys, intent.key_name)
+    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, key)
     effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
     digest = fingerprint(intent.method, intent.path, request.query, body, effect_headers)
-    return Prepared(effect, request, hold_id, digest)
+    return Prepared(effect, request, hold_id, digest, intent.key_name)
 
 
 def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> HttpTarget:
@@ -208,30 +213,34 @@ async def admit(
     if not result.replayed:
         answer = await fire(gate, policy, hold_id, prepared.request, result.deadline_ms, upstream)
         return Admitted(result, hold_id, answer)
-    return Admitted(result, hold_id, await _replay(gate, policy, result, hold_id, upstream))
+    replayed = await _replay(gate, policy, result, prepared, upstream)
+    return Admitted(result, hold_id, replayed)
 
 
 async def _replay(
-    gate: Gate, policy: TenantPolicy, result: ReserveResult, hold_id: str, upstream: Upstream
+    gate: Gate, policy: TenantPolicy, result: ReserveResult, prepared: Prepared, upstream: Upstream
 ) -> Answer | StoredAnswer:
+    hold_id, key_name = prepared.hold_id, prepared.key_name
     hold = await gate.ledger.hold(policy.tenant, hold_id)
     if hold is not None and hold.state is HoldState.AMBIGUOUS and hold.request:
         if not upstream.resends:
             # Its server may not deduplicate: sent again, the effect could happen twice.
             # The agent learns what the ledger knows; the reconciler resolves the rest.
-            raise still_ambiguous(hold_id)
+            raise still_ambiguous(hold_id, key_name)
         # The first outcome is unknown: retry, with the same Idempotency-Key, so the
         # tool API can deduplicate it (contract 4). One retry at a time (the claim).
         request = StoredRequest.loads(hold.request)
         try:
-            return await fire(gate, policy, hold_id, request, None, upstream)
+            return await fire(gate, policy, hold_id, request, None, upstream, key_name)
         except HoldStateConflict:
             # Settled between the read and the claim (another retry, the reconciler).
             hold = await gate.ledger.hold(policy.tenant, hold_id)
-    return _recorded(hold, result, hold_id)
+    return _recorded(hold, result, hold_id, key_name)
 
 
-def _recorded(hold: Hold | None, result: ReserveResult, hold_id: str) -> StoredAnswer:
+def _recorded(
+    hold: Hold | None, result: ReserveResult, hold_id: str, key_name: str
+) -> StoredAnswer:
     """The answer a settled hold keeps for repeats of its key; else the problem its
     state is."""
     if hold is not None and hold.outcome:
@@ -242,24 +251,24 @@ def _recorded(hold: Hold | None, result: ReserveResult, hold_id: str) -> StoredA
             raise Problem(
                 409,
                 "hold_voided",
-                "this effect's hold was voided, so it was not made; use a new "
-                "Idempotency-Key to make it",
+                f"this effect's hold was voided, so it was not made; use a new {key_name} "
+                "to make it",
                 hold=hold_id,
                 state=hold.state.value,
             )
         return recorded
     if hold is not None and hold.state is HoldState.AMBIGUOUS:
-        raise still_ambiguous(hold_id)
+        raise still_ambiguous(hold_id, key_name)
     raise settled_problem(hold.state if hold else result.state, hold_id)
 
 
-def still_ambiguous(hold_id: str) -> Problem:
+def still_ambiguous(hold_id: str, key_name: str) -> Problem:
     return Problem(
         502,
         "upstream_ambiguous",
         "whether this effect was made is still unknown; it was not sent again (its server "
         "does not declare that it deduplicates) and stays charged until the reconciler "
-        "learns the outcome. Repeat it later with the same idempotency key for the result",
+        f"learns the outcome. Repeat it later with the same {key_name} for the result",
         hold=hold_id,
         state=HoldState.AMBIGUOUS.value,
     )
@@ -327,7 +336,9 @@ async def reserve(
             },
         )
         if result.state is HoldState.PENDING:
-            await require_replicas(gate, policy.tenant, hold_id, result.replicas, agent.agent_id)
+            await require_replicas(
+                gate, policy.tenant, hold_id, result.replicas, agent.agent_id, prepared.key_name
+            )
             crash_point("after_reserve")
     if result.decision is Decision.DENY:
         raise refusal(result, hold_id)
@@ -341,6 +352,10 @@ async def approve(gate: Gate, policy: TenantPolicy, hold_id: str, admin: str) ->
     decision-only, and its in-process tool sees the hold pending and acts itself."""
     tenant = policy.tenant
     with tracing.span("approval", tenant=tenant, hold_id=hold_id, admin=admin) as span:
+        # Where the effect goes is looked up before the claim: a policy that dropped
+        # the tool's upstream meanwhile is refused while the hold is still escalated,
+        # not after, when a claimed hold nobody can send would turn ambiguous.
+        upstream = await _approval_upstream(gate, policy, hold_id)
         try:
             claim = await gate.ledger.approve(tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms)
         except HoldStateConflict as exc:
@@ -351,11 +366,23 @@ async def approve(gate: Gate, policy: TenantPolicy, hold_id: str, admin: str) ->
         tracing.annotate(span, decision="approved", price=request.price, route=request.route_id)
         resolved(tenant, admin, "approved", hold_id, request)
         await require_replicas(gate, tenant, hold_id, claim.replicas, request.agent)
-        found = policy.catalog.match(request.tool, request.method, request.path)
-        if found is not None and found[0].in_process:
+        if upstream is None:
             return None
-        upstream = upstream_of(gate, policy, request.tool)
         return await fire(gate, policy, hold_id, request, claim.deadline_ms, upstream)
+
+
+async def _approval_upstream(gate: Gate, policy: TenantPolicy, hold_id: str) -> Upstream | None:
+    """The upstream an escalated hold's effect goes to once approved; None for a
+    decision-only route (its in-process tool acts itself) and for a hold that is not
+    escalated (the claim then says what became of it)."""
+    hold = await gate.ledger.hold(policy.tenant, hold_id)
+    if hold is None or hold.state is not HoldState.ESCALATED or not hold.request:
+        return None
+    request = StoredRequest.loads(hold.request)
+    found = policy.catalog.match(request.tool, request.method, request.path)
+    if found is not None and found[0].in_process:
+        return None
+    return upstream_of(gate, policy, request.tool)
 
 
 def resolved(
@@ -377,7 +404,12 @@ def resolved(
 
 
 async def require_replicas(
-    gate: Gate, tenant: str, hold_id: str, acknowledged: int | None, agent_id: str
+    gate: Gate,
+    tenant: str,
+    hold_id: str,
+    acknowledged: int | None,
+    agent_id: str,
+    key_name: str = HTTP_KEY,
 ) -> None:
     """Fail closed when fewer replicas than IRREV_WAIT_REPLICAS acknowledged an
     admission: a failover could lose it while its effect happened. Nothing has been
@@ -390,7 +422,7 @@ async def require_replicas(
         "not_replicated",
         f"the admission reached {acknowledged} of {wanted} Redis replicas within "
         f"{gate.settings.wait_timeout_ms} ms, so a failover could lose it; it was released "
-        "and nothing was sent. Retry with a new Idempotency-Key.",
+        f"and nothing was sent. Retry with a new {key_name}.",
         headers={"Retry-After": "1"},
         hold=hold_id,
         replicas=acknowledged,
@@ -415,6 +447,7 @@ async def fire(
     request: StoredRequest,
     deadline_ms: int | None,
     upstream: Upstream,
+    key_name: str = HTTP_KEY,
 ) -> Answer:
     """Deliver an admitted effect once and settle its hold by the answer.
     `deadline_ms` is the hold's (Redis's clock), None for the retry of an ambiguous
@@ -437,7 +470,7 @@ async def fire(
                 409,
                 "in_flight",
                 "this effect is being sent again by another repeat of its key right now; "
-                "ask again in a moment with the same key",
+                f"ask again in a moment with the same {key_name}",
                 headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_ms / 1000)))},
                 hold=hold_id,
                 state=HoldState.AMBIGUOUS.value,

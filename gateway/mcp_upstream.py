@@ -33,6 +33,7 @@ from .wire import Headers, StoredAnswer, StoredRequest, upstream_key
 # Where an agent puts its idempotency key, and where irrev puts the hold's key for the
 # MCP server: a `_meta` key under irrev's own prefix, as the MCP specification asks
 # of extensions (`io.modelcontextprotocol/` is reserved).
+IRREV_META_PREFIX = "dev.irrev/"
 KEY_META = "dev.irrev/idempotency_key"
 HOLD_META = "dev.irrev/hold"
 JSON = (("content-type", "application/json"),)
@@ -50,6 +51,12 @@ log = logging.getLogger("irrev.gateway")
 
 
 def result_answer(result: types.CallToolResult, fate: Fate, why: str = "") -> Answer:
+    """The result as the agent gets it (and a repeat of the key reads it back), without
+    `_meta` keys under irrev's prefix: only irrev speaks as irrev (holds, prices,
+    keys); the server's own keys pass."""
+    if result.meta:
+        own = {k: v for k, v in result.meta.items() if not k.startswith(IRREV_META_PREFIX)}
+        result = result.model_copy(update={"meta": own or None})
     body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
     status = NOT_EXECUTED if fate is Fate.REFUSED else RESULT
     return Answer(fate, status, JSON, body, why=why)

@@ -152,6 +152,7 @@ async def test_concurrent_retries_of_an_ambiguous_hold_send_it_once(
         if response.status_code != 201:
             body = assert_problem(response, 409, "in_flight")
             assert body["hold"] == hold and int(response.headers["retry-after"]) >= 1
+            assert "Idempotency-Key" in body["detail"]
     assert await hold_state(http, tenant, "buyer-01", hold) == "posted"
     assert used(await balances(http, gateway.admin, tenant)) == charged
 

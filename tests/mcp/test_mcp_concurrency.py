@@ -125,6 +125,9 @@ async def test_a_repeat_of_an_ambiguous_call_is_not_resent_to_a_server_that_may_
         assert result.structured_content["reason"] == "upstream_ambiguous"
         assert result.structured_content["hold"] == hold
         assert result.structured_content["state"] == "ambiguous"
+        # Worded for an MCP caller: its key travels in _meta, not in a header.
+        assert KEY_META in result.content[0].text
+        assert "Idempotency-Key" not in result.content[0].text
     base = f"/v1/admin/tenants/{tenant.id}"
     report = (await http.post(f"{base}/reconcile", headers=mcp_gateway.gateway.admin)).json()
     assert hold in report["posted"], report
@@ -162,6 +165,7 @@ async def test_sixteen_repeats_of_an_ambiguous_call_to_a_deduplicating_server_se
     busy = [r for r in repeats if r.is_error]
     assert all(r.structured_content["reason"] == "in_flight" for r in busy), busy
     assert all(r.structured_content["hold"] == hold for r in busy)
+    assert all(KEY_META in r.content[0].text for r in busy)
 
 
 @pytest.mark.parametrize("when", ["after_effect", "before_effect"])
