@@ -191,3 +191,41 @@ async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
     assert moved.status_code == 403, moved.text
     assert moved.json()["reason"] == "operator_only"
     assert (policy_dir / f"{tenant.id}.yaml").read_text() == before
+
+
+async def test_a_session_id_and_request_id_name_an_effect_of_one_agent_only(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """Without `_meta` key, the key is derived from the client-chosen Mcp-Session-Id and
+    the JSON-RPC id, and it names an effect of the authenticated agent only: another
+    agent sending the same pair makes its own effect and never gets the first one's
+    result; the same agent repeating the pair gets its own recorded result."""
+    tenant = mcp_gateway.tenant("hostile")
+    message = call_message(json.dumps(order(quantity=1)))
+
+    async def post(agent_name: str) -> dict[str, Any]:
+        response = await http.post(
+            "/mcp",
+            content=message,
+            headers={
+                **tenant.auth(agent_name),
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": MODERN,
+                "Mcp-Method": "tools/call",
+                "Mcp-Name": "procure__place_order",
+                "Mcp-Session-Id": "chosen-by-the-client",
+            },
+        )
+        assert response.status_code == 200, response.text
+        result: dict[str, Any] = response.json()["result"]
+        assert not result.get("isError"), result
+        return result
+
+    calls = (await tool_stats(tools_http, tenant))["calls"]
+    mine, theirs = await post("buyer-01"), await post("buyer-02")
+    assert mine["_meta"]["dev.irrev/hold"] != theirs["_meta"]["dev.irrev/hold"]
+    assert mine["structuredContent"]["effect"] != theirs["structuredContent"]["effect"]
+    again = await post("buyer-01")
+    assert again["structuredContent"] == mine["structuredContent"]
+    assert (await tool_stats(tools_http, tenant))["calls"] == calls + 2
