@@ -135,6 +135,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             yield
         finally:
             await mcp_endpoint.aclose()
+            await tenants.aclose()
             for task in background:
                 task.cancel()
             for task in background:

@@ -107,6 +107,21 @@ class McpUpstream:
     def resends(self) -> bool:
         return self.dedupes
 
+    def same_server(self, other: McpUpstream) -> bool:
+        """Whether `other` is configured as this one (a reload kept it unchanged)."""
+        return (self.url, self.credentials, self.not_executed, self.dedupes) == (
+            other.url,
+            other.credentials,
+            other.not_executed,
+            other.dedupes,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (its pooled connections); the next call opens another."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
     def client(self) -> httpx2.AsyncClient:
         if self._client is None:
             self._client = httpx2.AsyncClient(
