@@ -139,6 +139,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         finally:
             await mcp_endpoint.aclose()
             await dispatcher.aclose()
+            await tenants.aclose()
             for task in background:
                 task.cancel()
             for task in background:

@@ -28,6 +28,13 @@ class GatewaySettings(BaseSettings):
     upstream_timeout_s: float = Field(default=10.0, gt=0, le=300)
     upstream_max_connections: int = Field(default=200, ge=1, le=10_000)
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=16 << 20)
+    body_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="a request body (proxy, /mcp) must arrive whole within this long, else "
+        "408 body_timeout: a client trickling its body cannot hold a worker",
+    )
     forward_margin_s: float = Field(
         default=5.0, ge=0, description="never forward a hold this close to its deadline"
     )

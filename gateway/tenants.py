@@ -154,6 +154,7 @@ class TenantStore:
         self._signature: tuple[tuple[str, int, int], ...] = ()
         self._targets: dict[tuple[str, str], HttpTarget] = {}
         self._mcp: dict[tuple[str, str], McpUpstream] = {}
+        self._closing: set[asyncio.Task[None]] = set()
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
         self._secret_files: tuple[tuple[str, int, int], ...] = ()
         # The policy files on disk that are not in force, each with its tenant where
@@ -217,12 +218,41 @@ class TenantStore:
         self._targets = _targets(
             self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
         )
-        self._mcp = _mcp_upstreams(
-            self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
+        self._mcp = self._keep_unchanged(
+            _mcp_upstreams(
+                self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
+            )
         )
         self._secret_files = _secret_files_signature(self._written.values())
         self._install(observed)
         return LoadReport(sorted(self._written), faults)
+
+    def _keep_unchanged(
+        self, fresh: dict[tuple[str, str], McpUpstream]
+    ) -> dict[tuple[str, str], McpUpstream]:
+        """`fresh`, where a server is configured as before the one already in use (its
+        connections and learnt protocol version); the others' clients are closed once
+        a delivery begun through them has had its time (they leaked on every reload)."""
+        kept = {}
+        for key, upstream in fresh.items():
+            old = self._mcp.get(key)
+            kept[key] = old if old is not None and old.same_server(upstream) else upstream
+        in_use = {id(upstream) for upstream in kept.values()}
+        dropped = [upstream for upstream in self._mcp.values() if id(upstream) not in in_use]
+        if dropped:
+            grace_s = self.budget.min_hold_ttl_ms / 1000
+            task = asyncio.get_running_loop().create_task(_close_later(dropped, grace_s))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        return kept
+
+    async def aclose(self) -> None:
+        """Close every MCP server's client, the retired ones' at once (at shutdown)."""
+        for task in list(self._closing):
+            task.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        await asyncio.gather(*(upstream.aclose() for upstream in self._mcp.values()))
+        self._mcp = {}
 
     def _by_tenant(self) -> dict[str, InForce]:
         return {entry.file.policy.tenant: entry for entry in self._in_force.values()}
@@ -442,8 +472,19 @@ def _mcp_upstreams(
                 if policy.document.routes[route.index].is_error is McpErrorMeaning.NOT_EXECUTED
             )
             creds = credentials.get(policy.tenant, {}).get(name, ())
-            upstreams[(policy.tenant, name)] = McpUpstream(tool.mcp, creds, not_executed)
+            upstreams[(policy.tenant, name)] = McpUpstream(
+                tool.mcp, creds, not_executed, tool.dedupes
+            )
     return upstreams
+
+
+async def _close_later(upstreams: list[McpUpstream], delay_s: float) -> None:
+    """Close retired MCP clients after `delay_s`, by when any delivery through them
+    has ended (fire() gives one at most upstream_timeout_s); at once if cancelled."""
+    try:
+        await asyncio.sleep(delay_s)
+    finally:
+        await asyncio.gather(*(u.aclose() for u in upstreams), return_exceptions=True)
 
 
 def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str, int, int], ...]:

@@ -66,15 +66,24 @@ def supplier(port: int | None = None) -> Iterator[str]:
         yield server.url
 
 
-@contextmanager
-def mcp_tools(state_dir: Path, port: int | None = None) -> Iterator[Server]:
-    """The test MCP tool server (irrev/upstreams/mcp_tools.py) in its own process, its
-    effects kept under `state_dir`; yields the server (its URL, and kill for faults)."""
+def mcp_tools_server(state_dir: Path, port: int = 0, log_path: Path | None = None) -> Server:
+    """The test MCP tool server (irrev/upstreams/mcp_tools.py) as an unstarted process,
+    its effects kept under `state_dir`: start it, kill it (faults), start another on
+    the same port and state to restart it."""
     port = port or free_port()
     command = [sys.executable, "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     env = {**os.environ, "MCP_TOOL_STATE": str(state_dir)}
-    with service(command, port, "/ready", "the MCP tool server", env) as server:
+    return Server("the MCP tool server", command, env, log_path, port)
+
+
+@contextmanager
+def mcp_tools(
+    state_dir: Path, port: int | None = None, log_path: Path | None = None
+) -> Iterator[Server]:
+    """mcp_tools_server, running until the block ends; yields the server (its URL, and
+    kill for faults)."""
+    with running(mcp_tools_server(state_dir, port or 0, log_path), "/ready") as server:
         yield server
 
 
