@@ -37,6 +37,7 @@ from .http_upstream import make_client
 from .mcp_mount import LazyMcp
 from .problems import Problem
 from .settings import GatewaySettings
+from .sweeper import Sweeper
 from .tenants import TenantStore
 
 log = logging.getLogger("irrev.gateway")
@@ -103,15 +104,18 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         gate = Gate(settings, ledger, tenants, http)
         app.state.gate = gate
 
+        sweeper = Sweeper(ledger, settings.sweep_interval_s)
+        app.state.sweeper = sweeper
+
         async def sweep() -> None:
-            for tenant in tenants.policies:
-                await ledger.sweep(tenant, batch=200)
+            await sweeper.round(list(tenants.policies))
 
         archive_dir = settings.archive_dir()
 
         async def trim_journals() -> None:
             before_ms = await cutoff_ms(ledger, settings.journal_keep_s)
-            for tenant in tenants.policies:
+            # The tenant's sweeper trims its journal too: one process of the fleet.
+            for tenant in filter(sweeper.holds, list(tenants.policies)):
                 trimmed = await trim_locked(ledger, tenant, archive_dir, before_ms)
                 if trimmed:
                     metrics.JOURNAL_TRIMMED.labels(tenant).inc(trimmed)
@@ -140,6 +144,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             for task in background:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await sweeper.release()
             await http.aclose()
             await ledger.aclose()
             traced.shutdown()

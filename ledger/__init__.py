@@ -24,6 +24,7 @@ from .errors import (
 from .journal import JournalEntry, iter_journal, read_journal
 from .lease import Lease
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT
+from .policystore import PolicyRecord, PolicyStore, PutResult
 from .records import (
     AccountCheck,
     AccountSpec,
@@ -67,6 +68,9 @@ __all__ = [
     "LedgerError",
     "LedgerSettings",
     "LedgerUnavailable",
+    "PolicyRecord",
+    "PolicyStore",
+    "PutResult",
     "Reason",
     "RedisFailure",
     "ReserveRequest",

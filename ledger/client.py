@@ -35,6 +35,7 @@ from .keys import (
     tenant_keys,
 )
 from .lease import Lease
+from .policystore import PolicyStore
 from .records import (
     AccountCheck,
     AccountSpec,
@@ -103,6 +104,8 @@ class Ledger:
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
         self._scripts = register_scripts(redis)
+        # The fleet's policies, versioned (gateway hosts serve what it holds).
+        self.policies = PolicyStore(redis)
 
     @classmethod
     def from_url(

@@ -29,6 +29,10 @@ PUBLIC_API = {
     "free_port",
     # one holder at a time of background work
     "Lease",
+    # the fleet's versioned policies
+    "PolicyStore",
+    "PolicyRecord",
+    "PutResult",
     # records
     "AccountCheck",
     "AccountSpec",
