@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.routing import Route
 
-from ledger import Ledger, LedgerUnavailable, cutoff_ms, trim_locked
+from ledger import Ledger, LedgerUnavailable, RedisFailure, cutoff_ms, trim_locked
 from pricing import TenantPolicy, policy_accounts
 
 from . import (
@@ -68,6 +68,25 @@ async def _load_scripts(ledger: Ledger) -> None:
             await asyncio.sleep(0.1)
 
 
+async def _check_durability(ledger: Ledger, settings: GatewaySettings) -> None:
+    """Report the server's persistence; refuse to start on one that can lose an
+    acknowledged write if IRREV_DURABILITY=require."""
+    found = await ledger.durability()
+    shortfall = found.shortfall(settings.wait_replicas)
+    facts = {
+        "appendonly": found.appendonly,
+        "appendfsync": found.appendfsync,
+        "min_replicas_to_write": found.min_replicas_to_write,
+        "wait_replicas": settings.wait_replicas,
+    }
+    if not shortfall:
+        log.info("ledger durability", extra=facts)
+    elif settings.durability == "require":
+        raise LedgerUnavailable("start", RedisFailure.NOT_DURABLE, shortfall)
+    else:
+        log.warning("ledger durability", extra={**facts, "shortfall": shortfall})
+
+
 def metered_accounts(policy: TenantPolicy, agents: bool) -> list[str]:
     """The accounts /metrics reports budgets of: the tenant's, its principals' and its
     named risk factors' (as many as the policy names), and its agents' only with
@@ -98,6 +117,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         traced.client(http)
         tenants = TenantStore(settings.policy_dir, settings.forward_budget())
         await _load_scripts(ledger)
+        await _check_durability(ledger, settings)
         # A file that does not load is reported (log, /metrics, /readyz) and leaves the
         # other tenants served: `irrev serve` refused it at start, so it broke since.
         await tenants.apply(ledger)

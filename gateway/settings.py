@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -59,6 +60,12 @@ class GatewaySettings(BaseSettings):
         "effect is forwarded; fewer within wait_timeout_ms: released, 503 not_replicated",
     )
     wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
+    durability: Literal["warn", "require"] = Field(
+        default="warn",
+        description="at start, the Redis persistence settings are read and logged; one "
+        "that can lose an acknowledged write (AOF off, appendfsync no, unreadable) with "
+        "IRREV_WAIT_REPLICAS 0 is a warning, or with 'require' a refusal to start",
+    )
     journal_keep_s: int = Field(
         default=7 * 24 * 3600,
         ge=0,

@@ -8,6 +8,7 @@ from .audit import AuditReport, audit, audit_tenant
 from .checkpoint import cutoff_ms, trim, trim_locked
 from .client import Ledger, open_ledger
 from .connect import connect
+from .durability import Durability
 from .embedded import EmbeddedRedis, EmbeddedRedisError, free_port, supervised_redis_url
 from .errors import (
     BadInput,
@@ -54,6 +55,7 @@ __all__ = [
     "Balance",
     "CheckpointMoved",
     "Decision",
+    "Durability",
     "EmbeddedRedis",
     "EmbeddedRedisError",
     "Hold",

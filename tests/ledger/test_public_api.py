@@ -29,6 +29,8 @@ PUBLIC_API = {
     "free_port",
     # one holder at a time of background work
     "Lease",
+    # what the server does to keep writes
+    "Durability",
     # the fleet's versioned policies
     "PolicyStore",
     "PolicyRecord",
