@@ -124,8 +124,12 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         gate = Gate(settings, ledger, tenants, http)
         app.state.gate = gate
 
-        sweeper = Sweeper(ledger, settings.sweep_interval_s)
+        sweeper = Sweeper(ledger, settings.sweep_interval_s, settings.instance)
         app.state.sweeper = sweeper
+        # A first round now: the tenants' leases are taken before the first scrape,
+        # which reports fleet gauges only for the tenants this gateway sweeps.
+        with contextlib.suppress(Exception):
+            await sweeper.round(list(tenants.policies))
 
         async def sweep() -> None:
             await sweeper.round(list(tenants.policies))
@@ -225,17 +229,20 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         """Tenant labels (and the gauges that name accounts or differ per tenant) for
         an operator's token or with IRREV_METRICS_TENANT_LABELS; anyone else gets the
         same series summed over tenants. Fleet gauges are read from Redis now, by this
-        worker alone (Ledger.snapshot: two round trips for every tenant)."""
+        worker alone (Ledger.snapshot: two round trips for every tenant), and only for
+        the tenants this gateway sweeps: each tenant's come from one gateway of the
+        fleet, so summing a series over instances counts it once."""
         gate = gate_of(request)
         admin = await _admin(request)
         tenant_labels = settings.metrics_tenant_labels or (admin is not None and admin.operator)
         policies = gate.tenants.policies
-        accounts = {
-            tenant: metered_accounts(policy, settings.metrics_agent_accounts)
-            for tenant, policy in policies.items()
-        }
         snapshots = []
         with contextlib.suppress(Exception):
+            reported = await app.state.sweeper.reporting(list(policies))
+            accounts = {
+                tenant: metered_accounts(policies[tenant], settings.metrics_agent_accounts)
+                for tenant in reported
+            }
             snapshots = await gate.ledger.snapshot(accounts)
         state = metrics.PolicyState(gate.tenants.versions())
         for fault in gate.tenants.faults:

@@ -76,6 +76,12 @@ class GatewaySettings(BaseSettings):
         default=None, description="where trimmed journal entries go; unset: <data dir>/journal"
     )
     journal_trim_interval_s: float = Field(default=300.0, gt=0, le=86_400)
+    instance: str = Field(
+        default="",
+        description="this gateway's name in the fleet (irrev serve sets host name, address "
+        "and port): its workers' sweep leases carry it, and it alone reports the fleet "
+        "gauges of the tenants it sweeps",
+    )
     log_level: str = "info"
 
     @field_validator("admin_tokens")

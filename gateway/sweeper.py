@@ -13,7 +13,9 @@ time inside its script."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
 from collections.abc import Iterable
 
@@ -29,9 +31,14 @@ MIN_LEASE_S = 3.0
 
 
 class Sweeper:
-    def __init__(self, ledger: Ledger, interval_s: float) -> None:
+    """`instance` names this gateway (all the workers of one `irrev serve`): its
+    leases' tokens start with it, so any of its workers can tell which tenants its
+    gateway sweeps (and reports the fleet gauges of)."""
+
+    def __init__(self, ledger: Ledger, interval_s: float, instance: str = "") -> None:
         self.ledger = ledger
         self.ttl_s = max(LEASE_INTERVALS * interval_s, MIN_LEASE_S)
+        self.instance = instance
         self._leases: dict[str, Lease] = {}
         self._next_ask: dict[str, float] = {}
 
@@ -55,7 +62,9 @@ class Sweeper:
     async def _lease(self, tenant: str) -> bool:
         lease = self._leases.get(tenant)
         if lease is None:
-            lease = self._leases[tenant] = self.ledger.lease(tenant, "sweep", self._ttl_ms)
+            holder = f"{self.instance}/{os.getpid()}" if self.instance else ""
+            lease = self.ledger.lease(tenant, "sweep", self._ttl_ms, holder=holder)
+            self._leases[tenant] = lease
         now = time.monotonic()
         if not lease.held and now < self._next_ask.get(tenant, 0.0):
             return False
@@ -63,6 +72,20 @@ class Sweeper:
             return True
         self._next_ask[tenant] = now + self.ttl_s
         return False
+
+    async def reporting(self, tenants: Iterable[str]) -> list[str]:
+        """The `tenants` whose fleet gauges this gateway reports: those one of its
+        workers sweeps (one gateway of the fleet per tenant), or, for a gateway with
+        no instance name, those this process sweeps."""
+        names = list(tenants)
+        if not self.instance:
+            return [tenant for tenant in names if self.holds(tenant)]
+        leases = [self._leases.get(t) or self.ledger.lease(t, "sweep", 1) for t in names]
+        holders = await asyncio.gather(*(lease.holder() for lease in leases))
+        mine = f"{self.instance}/"
+        return [
+            t for t, holder in zip(names, holders, strict=True) if (holder or "").startswith(mine)
+        ]
 
     @property
     def _ttl_ms(self) -> int:

@@ -169,6 +169,7 @@ class TenantStore:
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
         self._secret_files: tuple[tuple[str, int, int], ...] = ()
         self._epoch = -1
+        self._outcomes_epoch = -1
         self._looks = 0
         # The policy files on disk that are not in force, each with its tenant where
         # that can be told.
@@ -433,24 +434,28 @@ class TenantStore:
 
     async def refresh(self, ledger: Ledger) -> bool:
         """Reload if any policy file or credential file changed since the last load
-        (a rotated secret reaches every worker); apply compensation outcomes counted
-        since the last look."""
+        (a rotated secret reaches every worker) or the fleet's policy store did;
+        apply compensation outcomes counted since the last look. One read of the
+        store's epochs per look: O(gateways), whatever the tenants; a full read now
+        and then catches a write whose epoch bump was lost."""
         rotated = _secret_files_signature(self._written.values()) != self._secret_files
         self._looks += 1
-        # One read of the store's epoch per look: O(hosts), whatever the tenants; a
-        # full read now and then catches a write whose epoch bump was lost.
         full = self._looks % FULL_READ_EVERY == 0
+        policies, outcomes = await ledger.policies.epochs()
         if (
             rotated
             or full
+            or policies != self._epoch
             or self._files_signature() != self._signature
-            or await ledger.policies.epoch() != self._epoch
         ):
             await self.apply(ledger)
+            self._outcomes_epoch = outcomes
             return True
-        observed = await self._read_observed(ledger, list(self._written))
-        if observed != self._observed:
-            self._install(observed)
+        if outcomes != self._outcomes_epoch:
+            observed = await self._read_observed(ledger, list(self._written))
+            self._outcomes_epoch = outcomes
+            if observed != self._observed:
+                self._install(observed)
         return False
 
     @staticmethod

@@ -23,6 +23,7 @@ from .errors import (
     translate_redis_errors,
 )
 from .keys import (
+    OUTCOMES_EPOCH_KEY,
     TENANTS_KEY,
     account_fields,
     accounts_key,
@@ -175,10 +176,12 @@ class Ledger:
                 return reply, int(acked)
         raise LedgerUnavailable(operation, RedisFailure.NO_SCRIPT, "still missing after a reload")
 
-    def lease(self, tenant: str, work: str, ttl_ms: int) -> Lease:
+    def lease(self, tenant: str, work: str, ttl_ms: int, *, holder: str = "") -> Lease:
         """The lease of one kind of background work (`sweep`, `events`) on `tenant`:
-        one holder at a time across every process on this Redis (ledger/lease.py)."""
-        return Lease(self.redis, lease_key(validate.tenant_id(tenant), work), ttl_ms)
+        one holder at a time across every process on this Redis (ledger/lease.py).
+        `holder` names the taker in the lease's token (default host:pid)."""
+        key = lease_key(validate.tenant_id(tenant), work)
+        return Lease(self.redis, key, ttl_ms, holder=holder)
 
     async def durability(self) -> Durability:
         """The server's appendonly, appendfsync and min-replicas-to-write ("unknown"
@@ -464,7 +467,12 @@ class Ledger:
         args = [validate.identifier("hold_id", hold_id), route_id, outcome]
         keys = [*hold_script_keys(tenant, hold_id), observed_key(tenant, outcome)]
         reply = await self._run("learn", keys, args)
-        return raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
+        counted = raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
+        if counted:
+            # Gateways re-read the counts when this moves (PolicyStore.epochs).
+            with translate_redis_errors("learn"):
+                await self.redis.incr(OUTCOMES_EPOCH_KEY)
+        return counted
 
     async def approve(self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int) -> Approval:
         """Consume-once: raises HoldStateConflict naming the outcome for every loser.

@@ -5,8 +5,10 @@ key a script touches is declared in its KEYS (the layout is in lua/_lib.lua)."""
 from __future__ import annotations
 
 TENANTS_KEY = "irrev:tenants"
-# Bumped on every write to the policy store (ledger/policystore.py): hosts poll it.
-POLICY_EPOCH_KEY = "irrev:policy-epoch"
+# Bumped on every write to the policy store (ledger/policystore.py), and on every
+# compensation outcome counted (learn): gateways poll both with one MGET (one slot).
+POLICY_EPOCH_KEY = "irrev:{fleet}:policy-epoch"
+OUTCOMES_EPOCH_KEY = "irrev:{fleet}:outcomes-epoch"
 
 
 def tenant_prefix(tenant: str) -> str:

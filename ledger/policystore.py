@@ -19,7 +19,7 @@ from redis.asyncio.cluster import RedisCluster
 from . import validate
 from .cluster import RedisClient, wait_out_migration
 from .errors import translate_redis_errors
-from .keys import POLICY_EPOCH_KEY, policy_key
+from .keys import OUTCOMES_EPOCH_KEY, POLICY_EPOCH_KEY, policy_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +54,14 @@ class PolicyStore:
 
     async def epoch(self) -> int:
         """How many writes the store has had (fleet-wide): unchanged, nothing changed."""
+        return (await self.epochs())[0]
+
+    async def epochs(self) -> tuple[int, int]:
+        """(policy writes, compensation outcomes counted) fleet-wide, in one read:
+        what a gateway polls to learn whether to read policies or counts again."""
         with translate_redis_errors("reading the policy epoch"):
-            return int(await self.redis.get(POLICY_EPOCH_KEY) or 0)
+            policy, outcomes = await self.redis.mget([POLICY_EPOCH_KEY, OUTCOMES_EPOCH_KEY])
+        return int(policy or 0), int(outcomes or 0)
 
     async def records(self, tenants: Sequence[str]) -> dict[str, PolicyRecord]:
         """The stored policies of `tenants` (those that have one), in one round trip."""

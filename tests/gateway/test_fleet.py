@@ -278,3 +278,22 @@ async def test_one_host_sweeps_the_tenant(
         assert time.monotonic() < deadline, f"no sweeps: {before} -> {after}"
         await asyncio.sleep(REFRESH_S)
     assert len(grown) == 1, f"several hosts swept the tenant: {before} -> {after}"
+
+
+async def test_fleet_gauges_come_from_one_host(
+    fleet: Fleet, clients: dict[str, httpx.AsyncClient]
+) -> None:
+    """A tenant's budgets and live holds are the fleet's (read from Redis): one host
+    reports them, so summing over instances counts them once; every host reports its
+    own counters and policy version."""
+    reporting, versions = set(), set()
+    for host, client in clients.items():
+        text = (await client.get("/metrics", headers=fleet.admin)).text
+        if f'irrev_budget_limit_micros{{account="tenant:{fleet.tenant.id}"' in text or re.search(
+            rf'irrev_budget_limit_micros\{{[^}}]*tenant="{fleet.tenant.id}"', text
+        ):
+            reporting.add(host)
+        if re.search(rf'irrev_policy_info\{{[^}}]*tenant="{fleet.tenant.id}"', text):
+            versions.add(host)
+    assert len(reporting) == 1, reporting
+    assert versions == set(HOSTS)
