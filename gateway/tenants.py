@@ -170,6 +170,7 @@ class TenantStore:
         self._secret_files: tuple[tuple[str, int, int], ...] = ()
         self._epoch = -1
         self._outcomes_epoch = -1
+        self._limits_owed: set[str] = set()
         self._looks = 0
         # The policy files on disk that are not in force, each with its tenant where
         # that can be told.
@@ -219,6 +220,10 @@ class TenantStore:
         records = await ledger.policies.records(sorted(self._tenants_of(local)))
         edited = self._edited(signature) | set(promote)
         won = await self._promote(ledger, local, records, edited)
+        # A version this host wrote whose limits did not all land (Redis failed, or
+        # too few replicas acknowledged) is still this host's to write.
+        won |= self._limits_owed
+        self._limits_owed = won
         chosen, stale = self._serve_store(local, records)
         faults += stale
         await _open_accounts(
@@ -230,6 +235,7 @@ class TenantStore:
             ],
             won,
         )
+        self._limits_owed = set()
         written = {e.file.policy.tenant: e.file.policy for e in chosen.values()}
         # Read before anything changes: Redis failing here leaves the store as it was,
         # not with new policies that were never priced with what was learned.
@@ -440,13 +446,13 @@ class TenantStore:
         and then catches a write whose epoch bump was lost."""
         rotated = _secret_files_signature(self._written.values()) != self._secret_files
         self._looks += 1
-        full = self._looks % FULL_READ_EVERY == 0
         policies, outcomes = await ledger.policies.epochs()
         if (
             rotated
-            or full
+            or self._limits_owed
             or policies != self._epoch
             or self._files_signature() != self._signature
+            or (self._looks % FULL_READ_EVERY == 0 and await self._store_moved(ledger))
         ):
             await self.apply(ledger)
             self._outcomes_epoch = outcomes
@@ -457,6 +463,13 @@ class TenantStore:
             if observed != self._observed:
                 self._install(observed)
         return False
+
+    async def _store_moved(self, ledger: Ledger) -> bool:
+        """Whether the store holds another version than the one in force of any
+        tenant served (one read of each tenant's record)."""
+        records = await ledger.policies.records(list(self._written))
+        in_force = {tenant: version for tenant, (version, _) in self.versions().items()}
+        return any(record.digest != in_force.get(t) for t, record in records.items())
 
     @staticmethod
     async def _read_observed(ledger: Ledger, tenants: list[str]) -> dict[str, dict[str, Outcomes]]:

@@ -28,10 +28,13 @@ async def test_a_released_lease_is_free_for_the_next(ledger: Ledger, tenant: str
 
 
 async def test_a_lapsed_lease_goes_to_whoever_asks(ledger: Ledger, tenant: str) -> None:
-    first, second = ledger.lease(tenant, "sweep", 50), ledger.lease(tenant, "sweep", 60_000)
+    # Long enough that the first call (a cluster client's first reads its node map)
+    # returns before the lease could have lapsed.
+    first = ledger.lease(tenant, "sweep", 2_000)
+    second = ledger.lease(tenant, "sweep", 60_000)
     assert await first.hold()
     while await second.holder() is not None:
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)
     assert await second.hold()
     assert not await first.hold()  # its former holder cannot renew what it lost
 
