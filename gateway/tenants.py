@@ -327,7 +327,10 @@ class TenantStore:
             if record is None or record.digest == entry.file.version:
                 chosen[path] = entry
                 continue
-            faults.append(FileFault(path, _stale(path, record), tenant))
+            if _changed_ms(path) < record.stamp_ms:
+                # Older than the store's: reported. Else the file changed since it was
+                # read here (the store has that change already): the next look reads it.
+                faults.append(FileFault(path, _stale(path, record), tenant))
             old = self._in_force.get(path)
             if old is not None and old.file.version == record.digest:
                 chosen[path] = old
