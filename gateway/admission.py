@@ -8,6 +8,7 @@ what comes back; nothing here sees an HTTP request."""
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import math
 import re
@@ -17,9 +18,17 @@ from dataclasses import dataclass
 
 import httpx
 
-from ledger import Decision, HoldState, HoldStateConflict, Ledger, ReserveResult, UnknownAccount
+from ledger import (
+    HoldState,
+    HoldStateConflict,
+    Ledger,
+    ReserveResult,
+    Rule,
+    UnknownAccount,
+)
 from pricing import (
     EffectClass,
+    PerEffectCapExceeded,
     PricedEffect,
     TenantPolicy,
     check_per_effect_cap,
@@ -28,12 +37,15 @@ from pricing import (
     price_request,
 )
 from pricing.credentials import AuthenticatedAgent
+from pricing.money import money_text
+from pricing.serving import is_shadow
 
 from . import metrics, tracing
 from .canonical import Canonical
 from .crashpoints import crash_point
 from .http_upstream import HttpTarget, HttpUpstream
 from .problems import Problem
+from .responses import money
 from .settings import GatewaySettings
 from .tenants import TenantStore, factor_accounts
 from .upstream import Answer, Fate, Upstream
@@ -80,17 +92,31 @@ class Prepared:
     request: StoredRequest
     hold_id: str
     fingerprint: str
+    # Shadow mode (the route's or the tenant's): never blocking. `cap_refusal` is the
+    # reason of a refusal made before the ledger (the per-effect cap) let through.
+    shadow: bool = False
+    cap_refusal: str = ""
+
+
+@dataclass(frozen=True)
+class Shadowed:
+    """What enforcement would have done with an effect that shadow mode let through."""
+
+    decision: str
+    reason: str
 
 
 @dataclass(frozen=True)
 class Admitted:
     """What became of a held effect: `answer` is None while a human decides
     (escalated), a StoredAnswer when a repeat of the key gets the recorded answer
-    back, else what the upstream answered now."""
+    back, else what the upstream answered now. `shadowed`: a would-be deny or
+    escalation that shadow mode forwarded anyway."""
 
     result: ReserveResult
     hold_id: str
     answer: Answer | StoredAnswer | None
+    shadowed: Shadowed | None = None
 
 
 def agent_key_of(keys: Sequence[str]) -> str:
@@ -137,7 +163,14 @@ def prepare(
         raise Problem(403, "in_process_route", "this route is decision-only: use /v1/holds")
     if in_process and not effect.in_process:
         raise Problem(403, "route_is_proxied", "this route's effects go through /tools/...")
-    check_per_effect_cap(agent, effect)
+    shadow = is_shadow(policy, effect)
+    cap_refusal = ""
+    try:
+        check_per_effect_cap(agent, effect)
+    except PerEffectCapExceeded as exc:
+        if not shadow:
+            raise
+        cap_refusal = exc.reason
     # What goes upstream is re-encoded from what was priced, never the agent's bytes.
     body = canonical.body
     request = StoredRequest(
@@ -160,7 +193,7 @@ def prepare(
     hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key_of(intent.keys))
     effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
     digest = fingerprint(intent.method, intent.path, request.query, body, effect_headers)
-    return Prepared(effect, request, hold_id, digest)
+    return Prepared(effect, request, hold_id, digest, shadow, cap_refusal)
 
 
 def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> HttpTarget:
@@ -196,6 +229,18 @@ async def admit(
     sent = time.monotonic()
     result = await reserve(gate, policy, agent, prepared)
     if result.state is HoldState.ESCALATED:
+        rule = await auto_approval(gate, policy, agent, result)
+        if rule is None:
+            return Admitted(result, hold_id, None)
+        note = f"approved automatically by rule {rule.rule_id}"
+        try:
+            answer = await approve(gate, policy, hold_id, f"rule:{rule.rule_id}", note)
+        except Problem as lost:
+            if lost.reason != "escalation_resolved":
+                raise
+            return Admitted(result, hold_id, None)  # a person (or the sweeper) was first
+        if answer is not None:
+            return Admitted(result, hold_id, answer)
         return Admitted(result, hold_id, None)
     if not result.replayed:
         # The hold's life as Redis counts it (deadline - its creation, both Redis
@@ -203,8 +248,21 @@ async def admit(
         # deadline, whatever this host's wall clock says.
         expires_at = sent + (result.deadline_ms - result.created_ms) / 1000
         answer = await fire(gate, policy, hold_id, prepared.request, expires_at, upstream)
-        return Admitted(result, hold_id, answer)
+        return Admitted(result, hold_id, answer, shadowed(prepared, result))
     return Admitted(result, hold_id, await _replay(gate, policy, result, hold_id, upstream))
+
+
+def shadowed(prepared: Prepared, result: ReserveResult) -> Shadowed | None:
+    """What enforcement would have done with a new decision that shadow mode held
+    anyway: the per-effect cap's refusal first (it is checked before the ledger),
+    else the ledger's deny or escalation; None when enforcement would have admitted."""
+    if result.replayed:
+        return None
+    if prepared.cap_refusal:
+        return Shadowed("deny", prepared.cap_refusal)
+    if result.shadowed:
+        return Shadowed(result.decision.value, result.reason.value)
+    return None
 
 
 async def _replay(
@@ -258,6 +316,7 @@ async def reserve(
                 escalate_above=effect.approval_threshold_micros or 0,
                 request=prepared.request.dumps(),
                 open_missing=opens,
+                shadow=prepared.shadow,
             )
         finally:
             metrics.LEDGER_SECONDS.labels("reserve").observe(time.perf_counter() - started)
@@ -279,16 +338,21 @@ async def reserve(
             span, decision=result.decision, reason=result.reason, replayed=result.replayed
         )
     if not result.replayed:
-        metrics.DECISIONS.labels(policy.tenant, result.decision, result.reason).inc()
+        would = shadowed(prepared, result)
+        decision = would.decision if would else result.decision.value
+        reason = would.reason if would else result.reason.value
+        mode = "shadow" if prepared.shadow else "enforce"
+        metrics.DECISIONS.labels(policy.tenant, decision, reason, mode).inc()
         metrics.PRICES.labels(policy.tenant).observe(effect.price_micros)
         log.info(
-            "decision",
+            "shadow decision" if would else "decision",
             extra={
                 "tenant": policy.tenant,
                 "agent": agent.agent_id,
                 "route": effect.route_id,
-                "decision": result.decision.value,
-                "reason": result.reason.value,
+                "decision": decision,
+                "reason": reason,
+                "mode": mode,
                 "price": effect.price_micros,
                 "hold_id": hold_id,
                 "state": result.state.value,
@@ -297,12 +361,14 @@ async def reserve(
         if result.state is HoldState.PENDING:
             await require_replicas(gate, policy.tenant, hold_id, result.replicas, agent.agent_id)
             crash_point("after_reserve")
-    if result.decision is Decision.DENY:
-        raise refusal(result, hold_id)
+    if result.state is HoldState.DENIED:
+        raise refusal(policy, result, hold_id)
     return result
 
 
-async def approve(gate: Gate, policy: TenantPolicy, hold_id: str, admin: str) -> Answer | None:
+async def approve(
+    gate: Gate, policy: TenantPolicy, hold_id: str, admin: str, note: str = ""
+) -> Answer | None:
     """Consume-once: of any number of concurrent approvals exactly one claims the
     hold and forwards its effect, by the deadline and request the claim returns;
     every other gets 409 naming the outcome and who decided it. None: the route is
@@ -311,7 +377,9 @@ async def approve(gate: Gate, policy: TenantPolicy, hold_id: str, admin: str) ->
     with tracing.span("approval", tenant=tenant, hold_id=hold_id, admin=admin) as span:
         sent = time.monotonic()
         try:
-            claim = await gate.ledger.approve(tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms)
+            claim = await gate.ledger.approve(
+                tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms, note=note
+            )
         except HoldStateConflict as exc:
             tracing.annotate(span, decision="conflict", state=exc.state.value)
             raise resolved_already(exc) from exc
@@ -329,8 +397,29 @@ async def approve(gate: Gate, policy: TenantPolicy, hold_id: str, admin: str) ->
         return await fire(gate, policy, hold_id, request, expires_at, upstream)
 
 
+async def auto_approval(
+    gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, result: ReserveResult
+) -> Rule | None:
+    """The live rule, if any, that approves this new escalation without a person: an
+    `auto_approve` rule for its agent or its agent's principal whose `max_price` the
+    price is within. Rules are read only for escalations, and against the reserve's
+    own clock (Redis's), so an expired rule never approves."""
+    if result.replayed:
+        return None
+    for rule in await gate.ledger.rules(policy.tenant, result.created_ms):
+        spec = json.loads(rule.spec)
+        mine = spec.get("agent") == agent.agent_id or spec.get("principal") == agent.principal_id
+        if spec.get("kind") == "auto_approve" and mine and result.price <= spec["max_price"]:
+            return rule
+    return None
+
+
 def resolved(
-    tenant: str, admin: str, decision: str, hold_id: str, request: StoredRequest | None
+    tenant: str,
+    admin: str,
+    decision: str,
+    hold_id: str,
+    request: StoredRequest | StoredAnswer | None,
 ) -> None:
     """The counter and the log line of an approval or a rejection."""
     metrics.ADMIN_DECISIONS.labels(tenant, admin, decision).inc()
@@ -342,7 +431,7 @@ def resolved(
             "hold_id": hold_id,
             "agent": request.agent if request else None,
             "route": request.route_id if request else None,
-            "price": request.price if request else None,
+            "price": request.price if isinstance(request, StoredRequest) else None,
         },
     )
 
@@ -370,7 +459,7 @@ async def require_replicas(
     body = bytes(problem.response().body)
     answer = StoredAnswer.of(agent_id, 503, [("content-type", "application/problem+json")], body)
     await gate.ledger.void(tenant, hold_id, outcome=answer.dumps())
-    metrics.DECISIONS.labels(tenant, "released", "not_replicated").inc()
+    metrics.DECISIONS.labels(tenant, "released", "not_replicated", "enforce").inc()
     raise problem
 
 
@@ -466,20 +555,20 @@ def resolved_already(conflict: HoldStateConflict) -> Problem:
     return Problem(409, "escalation_resolved", f"already {state}", state=state, by=conflict.by)
 
 
-def refusal(result: ReserveResult, hold_id: str) -> Problem:
+def refusal(policy: TenantPolicy, result: ReserveResult, hold_id: str) -> Problem:
     """The 403 of a denied reserve, with the numbers that decided it."""
     binding = result.binding
+    amounts = money(policy, price=result.price, limit=binding.limit, available=binding.available)
+    left = money_text(max(binding.available, 0), policy.scale, policy.catalog.currency)
     return Problem(
         403,
         "budget_exceeded",
-        f"{binding.account} has {max(binding.available, 0)} of {binding.limit} left; "
-        f"this effect is priced {binding.amount}",
+        f"{binding.account} has {left} of {amounts['limit_text']} left; "
+        f"this effect is priced {amounts['price_text']}",
         ledger_reason=result.reason.value,
         hold=hold_id,
-        price=result.price,
         account=binding.account,
-        limit=binding.limit,
-        available=binding.available,
+        **amounts,
     )
 
 

@@ -39,6 +39,7 @@ from .problems import Problem
 from .settings import GatewaySettings
 from .sweeper import Sweeper
 from .tenants import TenantStore
+from .webhooks import Dispatcher
 
 log = logging.getLogger("irrev.gateway")
 LEDGER_START_WAIT_S = 5.0
@@ -123,6 +124,12 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         await tenants.apply(ledger)
         gate = Gate(settings, ledger, tenants, http)
         app.state.gate = gate
+        dispatcher = Dispatcher(ledger, tenants, settings.webhook_pacing())
+        await dispatcher.start()
+
+        async def refresh_policies() -> None:
+            await tenants.refresh(ledger)
+            dispatcher.refresh()  # a reload may have given a tenant a webhook
 
         sweeper = Sweeper(ledger, settings.sweep_interval_s, settings.instance)
         app.state.sweeper = sweeper
@@ -148,11 +155,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         background = [
             asyncio.create_task(_every(settings.sweep_interval_s, sweep, "sweep")),
             asyncio.create_task(
-                _every(
-                    settings.policy_check_interval_s,
-                    lambda: tenants.refresh(ledger),
-                    "policy reload",
-                )
+                _every(settings.policy_check_interval_s, refresh_policies, "policy reload")
             ),
         ]
         if settings.journal_keep_s > 0:
@@ -163,6 +166,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             yield
         finally:
             await mcp_endpoint.aclose()
+            await dispatcher.aclose()
             for task in background:
                 task.cancel()
             for task in background:

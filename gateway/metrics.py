@@ -26,7 +26,10 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 PRICE_BUCKETS = tuple(float(10**k) for k in range(0, 13))
 
 DECISIONS = Counter(
-    "irrev_decisions_total", "Admission decisions", ["tenant", "decision", "reason"]
+    "irrev_decisions_total",
+    'Admission decisions; mode="shadow": what enforcement would have decided on a '
+    "shadow-mode route, whose effect was held and forwarded whatever the decision",
+    ["tenant", "decision", "reason", "mode"],
 )
 PRICES = Histogram(
     "irrev_price_micros", "Prices of effects put to the ledger", ["tenant"], buckets=PRICE_BUCKETS
@@ -66,6 +69,11 @@ ADMIN_DECISIONS = Counter(
 POLICY_RELOADS = Counter(
     "irrev_policy_reloads_total",
     "Policy files a worker loaded: applied, or failed (its tenant keeps the policy it had)",
+    ["tenant", "result"],
+)
+WEBHOOK_DELIVERIES = Counter(
+    "irrev_webhook_deliveries_total",
+    "Webhook delivery attempts, by result (delivered, failed: retried with backoff)",
     ["tenant", "result"],
 )
 RECONCILED = Counter(

@@ -69,16 +69,25 @@ async def proxy(
     )
     prepared = prepare(policy, agent, intent, in_process=False)
     admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, tool))
-    return admitted_response(policy.tenant, admitted)
+    return admitted_response(policy, admitted)
 
 
-def admitted_response(tenant: str, admitted: Admitted | Answer) -> Response:
+def admitted_response(policy: TenantPolicy, admitted: Admitted | Answer) -> Response:
     if isinstance(admitted, Answer):  # a read: nothing held, nothing charged
-        return answer_response(admitted, READ_HEADERS)
+        unit = {"X-Irrev-Currency": policy.catalog.currency, "X-Irrev-Scale": str(policy.scale)}
+        return answer_response(admitted, {**READ_HEADERS, **unit})
     result, hold_id, answer = admitted.result, admitted.hold_id, admitted.answer
     if answer is None:
-        return escalated_response(tenant, hold_id, result)
-    headers = budget_headers(result, hold_id, replayed=result.replayed)
+        return escalated_response(policy, hold_id, result)
+    would = admitted.shadowed
+    headers = budget_headers(
+        policy,
+        result,
+        hold_id,
+        replayed=result.replayed,
+        shadow_decision=would.decision if would else "",
+        shadow_reason=would.reason if would else "",
+    )
     if isinstance(answer, StoredAnswer):
         return stored_response(answer, headers)
     return answer_response(answer, headers)

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ledger import LedgerSettings
 
 from .policies import ForwardBudget
+from .webhooks import Pacing
 
 
 class GatewaySettings(BaseSettings):
@@ -82,6 +83,23 @@ class GatewaySettings(BaseSettings):
         "and port): its workers' sweep leases carry it, and it alone reports the fleet "
         "gauges of the tenants it sweeps",
     )
+    webhook_timeout_s: float = Field(
+        default=5.0, gt=0, le=60, description="how long a webhook receiver has to answer"
+    )
+    webhook_backoff_s: float = Field(
+        default=0.5, gt=0, le=60, description="the first retry's delay; each doubles it"
+    )
+    webhook_backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
+    webhook_lease_s: float = Field(
+        default=15.0,
+        gt=0,
+        le=600,
+        description="how long a dispatcher's claim on a tenant's webhook lasts unless renewed "
+        "(at least 3 x webhook_timeout_s)",
+    )
+    webhook_poll_s: float = Field(
+        default=0.5, gt=0, le=60, description="how often an idle tenant's journal is looked at"
+    )
     log_level: str = "info"
 
     @field_validator("admin_tokens")
@@ -106,6 +124,15 @@ class GatewaySettings(BaseSettings):
     @property
     def ledger(self) -> LedgerSettings:
         return LedgerSettings()
+
+    def webhook_pacing(self) -> Pacing:
+        return Pacing(
+            self.webhook_timeout_s,
+            self.webhook_backoff_s,
+            self.webhook_backoff_max_s,
+            self.webhook_lease_s,
+            self.webhook_poll_s,
+        )
 
     def archive_dir(self) -> Path:
         return self.journal_archive_dir or self.ledger.data_dir / "journal"

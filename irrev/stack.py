@@ -25,15 +25,18 @@ DEMO_ADMIN_TOKEN = "demo-admin-token-not-secret"
 POLICY, DEMO_TOKENS = "procurement.yaml", "procurement.tokens.yaml"
 
 
-def render_policies(directory: Path, supplier_url: str, examples: Path = EXAMPLES) -> Path:
+def render_policies(
+    directory: Path, supplier_url: str, examples: Path = EXAMPLES, *, mode: str = "enforce"
+) -> Path:
     """Copy the procurement example and its demo tokens into `directory`, pointing the
-    supplier tool at `supplier_url`."""
+    supplier tool at `supplier_url`; `mode` 'shadow' puts the tenant in shadow mode."""
     if not (examples / POLICY).is_file():
         raise CliError(
             f"no {examples / POLICY} in {Path.cwd()}: run this from the root of "
             "the irrev repository, where the example policies are"
         )
     policy = TenantPolicy.read(examples / POLICY).point(supplier_url, tools=("supplier",))
+    policy.document["mode"] = mode
     policy.write(directory, POLICY)
     shutil.copyfile(examples / DEMO_TOKENS, directory / DEMO_TOKENS)
     return directory

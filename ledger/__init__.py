@@ -9,10 +9,17 @@ from .checkpoint import cutoff_ms, trim, trim_locked
 from .client import Ledger, open_ledger
 from .connect import connect
 from .durability import Durability
-from .embedded import EmbeddedRedis, EmbeddedRedisError, free_port, supervised_redis_url
+from .embedded import (
+    EmbeddedRedis,
+    EmbeddedRedisError,
+    free_port,
+    free_ports,
+    supervised_redis_url,
+)
 from .errors import (
     BadInput,
     CheckpointMoved,
+    HoldInFlight,
     HoldNotDue,
     HoldNotFound,
     HoldStateConflict,
@@ -37,6 +44,7 @@ from .records import (
     ReserveRequest,
     ReserveResult,
     RouteOutcomes,
+    Rule,
     Status,
     SweepResult,
     TenantSnapshot,
@@ -59,6 +67,7 @@ __all__ = [
     "EmbeddedRedis",
     "EmbeddedRedisError",
     "Hold",
+    "HoldInFlight",
     "HoldNotDue",
     "HoldNotFound",
     "HoldState",
@@ -78,6 +87,7 @@ __all__ = [
     "ReserveRequest",
     "ReserveResult",
     "RouteOutcomes",
+    "Rule",
     "Status",
     "SweepResult",
     "TenantSnapshot",
@@ -88,6 +98,7 @@ __all__ = [
     "connect",
     "cutoff_ms",
     "free_port",
+    "free_ports",
     "iter_journal",
     "open_ledger",
     "read_journal",

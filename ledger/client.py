@@ -34,7 +34,10 @@ from .keys import (
     hold_script_keys,
     lease_key,
     observed_key,
+    rules_key,
     tenant_keys,
+    webhook_cursor_key,
+    webhook_lease_key,
 )
 from .lease import Lease
 from .policystore import PolicyStore
@@ -50,6 +53,7 @@ from .records import (
     ReserveRequest,
     ReserveResult,
     RouteOutcomes,
+    Rule,
     Status,
     SweepResult,
     TenantSnapshot,
@@ -300,6 +304,7 @@ class Ledger:
         escalate_above: int = 0,
         request: str = "",
         open_missing: Sequence[AccountSpec] = (),
+        shadow: bool = False,
     ) -> ReserveResult:
         """Admit, deny or escalate one effect; hold its price on every account or none.
 
@@ -310,6 +315,8 @@ class Ledger:
         forwards it later, or a reconciler who looks it up). `open_missing` names
         accounts of `amounts` to create in the same script if Redis lacks them, only
         when the hold is kept and holds something on them (see reserve.lua).
+        `shadow` holds the effect whatever the decision, which is only recorded (the
+        result's `shadowed`): shadow mode, where accounts may go above their limits.
         """
         reserve = ReserveRequest(
             idempotency_key,
@@ -321,6 +328,7 @@ class Ledger:
             escalate_above,
             request,
             open_missing,
+            shadow,
         )
         keys = hold_script_keys(validate.tenant_id(tenant), reserve.idempotency_key)
         args = self._reserve_args(reserve)
@@ -376,6 +384,7 @@ class Ledger:
             *validate.account_amounts(r.amounts),
             str(self.denied_retention_ms),
             *_open_args(r.amounts, r.open_missing),
+            "1" if r.shadow else "0",
         ]
 
     async def _run_many(
@@ -436,9 +445,12 @@ class Ledger:
         return await self._transition("void", tenant, hold_id, [*args, "1"] if due_only else args)
 
     async def retry(self, tenant: str, hold_id: str, window_ms: int) -> TransitionResult:
-        """An ambiguous effect is about to be sent again: its deadline moves to at
-        least now + `window_ms`, so no `void(due_only=True)` overtakes that request.
-        HoldStateConflict if it is no longer ambiguous (then it must not be sent)."""
+        """Claim an ambiguous effect for sending it again: the claim and the hold's
+        deadline last at least now + `window_ms` (Redis time), so no other retry sends
+        it meanwhile and no `void(due_only=True)` overtakes that request. HoldInFlight
+        while another retry's claim lives; HoldStateConflict if the hold is no longer
+        ambiguous. Either way it must not be sent. The claim ends when the hold is
+        posted or voided, or marked ambiguous again (`mark_ambiguous`)."""
         args = [validate.identifier("hold_id", hold_id), str(validate.amount("window", window_ms))]
         return await self._transition("retry", tenant, hold_id, args)
 
@@ -474,13 +486,17 @@ class Ledger:
                 await self.redis.incr(OUTCOMES_EPOCH_KEY)
         return counted
 
-    async def approve(self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int) -> Approval:
+    async def approve(
+        self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int, note: str = ""
+    ) -> Approval:
         """Consume-once: raises HoldStateConflict naming the outcome for every loser.
-        The winner gets the hold's new deadline and its kept request."""
+        The winner gets the hold's new deadline and its kept request. `note` (the
+        approver's why) is kept with the hold and journaled."""
         args = [
             *self._hold_args(hold_id),
             str(validate.ttl("ttl_ms", ttl_ms)),
             validate.identifier("approver", approver),
+            validate.note(note),
         ]
         keys = hold_script_keys(validate.tenant_id(tenant), hold_id)
         reply, replicas = await self._run_replicated("approve", keys, args)
@@ -490,9 +506,103 @@ class Ledger:
             status, hold_id, HoldState(state), str(by), int(deadline_ms), str(request), replicas
         )
 
-    async def reject(self, tenant: str, hold_id: str, approver: str) -> TransitionResult:
-        args = [*self._hold_args(hold_id), validate.identifier("approver", approver)]
+    async def reject(
+        self, tenant: str, hold_id: str, approver: str, *, note: str = ""
+    ) -> TransitionResult:
+        args = [
+            *self._hold_args(hold_id),
+            validate.identifier("approver", approver),
+            validate.note(note),
+        ]
         return await self._transition("reject", tenant, hold_id, args)
+
+    async def note_resolution(
+        self, tenant: str, hold_id: str, state: HoldState, admin: str, note: str
+    ) -> TransitionResult:
+        """Journal who resolved an ambiguous hold by hand (after posting or voiding
+        it) and why, once per hold: 'exists' if it was journaled before."""
+        args = [
+            validate.identifier("hold_id", hold_id),
+            state.value,
+            validate.identifier("admin", admin),
+            validate.note(note),
+        ]
+        return await self._transition("note", tenant, hold_id, args)
+
+    # Webhook delivery
+
+    async def webhook_lease(
+        self, tenant: str, owner: str, action: str, arg: str = ""
+    ) -> tuple[bool, str]:
+        """webhook.lua: 'hold' (take or renew for `arg` ms; returns the cursor),
+        'advance' (move the cursor to entry `arg`) or 'release', each only by the
+        lease's holder. (False, holder) when the lease is someone else's."""
+        tenant = validate.tenant_id(tenant)
+        keys = [
+            *tenant_keys(tenant)[:2],
+            webhook_lease_key(tenant),
+            webhook_cursor_key(tenant),
+        ]
+        args = [action, validate.identifier("owner", owner)] + ([arg] if arg else [])
+        reply = await self._run("webhook", keys, args)
+        if reply[0] == Status.CONFLICT:
+            return False, str(reply[1])
+        if reply[0] == Status.BAD_INPUT:
+            raise BadInput(str(reply[1]), str(reply[2]))
+        return True, str(reply[1])
+
+    # Rules
+
+    async def set_rule(
+        self,
+        tenant: str,
+        rule_id: str,
+        admin: str,
+        spec: str,
+        ttl_ms: int,
+        raise_limit: tuple[str, int] | None = None,
+    ) -> int:
+        """Set a bounded-time rule, live for `ttl_ms` from now (Redis's clock); returns
+        its expiry. Journaled. `raise_limit` (account, amount): while the rule lives,
+        the account's limit and soft limit are that much higher in every reserve;
+        UnknownAccount if the account does not exist."""
+        tenant = validate.tenant_id(tenant)
+        keys = [*tenant_keys(tenant)[:2], rules_key(tenant)]
+        args = [
+            "set",
+            validate.identifier("rule", rule_id),
+            validate.identifier("admin", admin),
+            spec,
+            str(validate.ttl("ttl_ms", ttl_ms)),
+        ]
+        if raise_limit is not None:
+            account, amount = raise_limit
+            args += [validate.account_id(account), str(validate.amount("amount", amount))]
+        reply = await self._run("rule", keys, args)
+        raise_for_reply(tenant, "", "rule", reply)
+        return int(reply[1])
+
+    async def delete_rule(self, tenant: str, rule_id: str, admin: str) -> bool:
+        """Delete a live rule (journaled); False if there is none by that id."""
+        tenant = validate.tenant_id(tenant)
+        keys = [*tenant_keys(tenant)[:2], rules_key(tenant)]
+        args = ["delete", validate.identifier("rule", rule_id), validate.identifier("admin", admin)]
+        reply = await self._run("rule", keys, args)
+        if reply[0] == Status.NOT_FOUND:
+            return False
+        raise_for_reply(tenant, "", "rule", reply)
+        return True
+
+    async def rules(self, tenant: str, now_ms: int) -> list[Rule]:
+        """The tenant's rules live at `now_ms` (Redis's clock), by id."""
+        with translate_redis_errors("rules"):
+            stored = await _decoded(self.redis.hgetall(rules_key(validate.tenant_id(tenant))))
+        out = []
+        for name, spec in stored.items():
+            until = stored.get(f"{name}|until")
+            if "|" not in name and until is not None and int(until) > now_ms:
+                out.append(Rule(name, spec, int(until)))
+        return sorted(out, key=lambda rule: rule.rule_id)
 
     async def expire(self, tenant: str, hold_id: str) -> TransitionResult:
         return await self._transition("expire", tenant, hold_id, self._hold_args(hold_id))
@@ -791,4 +901,9 @@ def _hold(hold_id: str, f: dict[str, str]) -> Hold:
         request=f.get("req", ""),
         outcome=f.get("out", ""),
         by=f.get("by", ""),
+        limits=_numbers(accounts, f.get("lim")),
+        used=_numbers(accounts, f.get("used")),
+        note=f.get("note", ""),
+        resolved_by=f.get("rby", ""),
+        resolution_note=f.get("rnote", ""),
     )

@@ -74,6 +74,21 @@ def escalated_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}escalated"
 
 
+def rules_key(tenant: str) -> str:
+    """The tenant's bounded-time rules (lua/rule.lua)."""
+    return f"{tenant_prefix(tenant)}rules"
+
+
+def webhook_cursor_key(tenant: str) -> str:
+    """The id of the last journal entry whose webhook event was delivered."""
+    return f"{tenant_prefix(tenant)}webhook:cursor"
+
+
+def webhook_lease_key(tenant: str) -> str:
+    """Who delivers the tenant's webhook events now (one dispatcher at a time)."""
+    return f"{tenant_prefix(tenant)}webhook:lease"
+
+
 def tenant_keys(tenant: str) -> list[str]:
     """KEYS[1..5] of every hold script: accounts, journal, deadlines, ambiguous,
     escalated (account.lua takes the first two)."""

@@ -34,6 +34,9 @@ OPERATIONS = (
     "expire",
     "sweep",
     "account",
+    "note",
+    "rule",
+    "webhook",
 )
 
 _DEFINES = re.compile(r"local\s+(?:function\s+)?([A-Za-z_]\w*)")

@@ -150,6 +150,8 @@ def minor_to_major_text(amount: int, scale: int) -> str:
 
 
 def money_text(amount: int, scale: int, currency: str) -> str:
-    """`1234500000`, scale 10**6, USD -> `1,234.5 USD`: for people, never parsed back."""
-    whole, dot, fraction = minor_to_major_text(amount, scale).partition(".")
-    return f"{int(whole):,}{dot}{fraction} {currency}"
+    """`1234500000`, scale 10**6, USD -> `1,234.5 USD`: for people, never parsed back.
+    A negative amount (a shadow-mode overdraft's room left) keeps its sign."""
+    sign = "-" if amount < 0 else ""
+    whole, dot, fraction = minor_to_major_text(abs(amount), scale).partition(".")
+    return f"{sign}{int(whole):,}{dot}{fraction} {currency}"

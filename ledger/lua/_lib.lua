@@ -29,6 +29,7 @@ local ESCALATED = KEYS[5]
 local MAX_AMOUNT = 9007199254740991
 local MAX_ACCOUNTS = 8
 local MAX_BLOB = 1048576
+local MAX_NOTE = 2048 -- a person's note on a decision (approve, reject, resolve)
 
 local function fmt(n)
   if n == 0 then
@@ -119,6 +120,29 @@ local function load_accounts(ids)
     end
   end
   return out
+end
+
+-- `<account>|raise` of each of the first n accounts, for one HMGET.
+local function accounts_raise_fields(accounts, n)
+  local out = {}
+  for i = 1, n do
+    out[i] = accounts[i] .. '|raise'
+  end
+  return out
+end
+
+-- The sum of the raises in an account's `raise` field (lua/rule.lua) that are live at
+-- `now`: `<rule>|<amount>|<until>` each, comma-separated; 0 for none.
+local function live_raise(text, now)
+  local total = 0
+  if text then
+    for amount, expiry in string.gmatch(text, '[^,|]+|(%d+)|(%d+)') do
+      if tonumber(expiry) > now then
+        total = total + tonumber(amount)
+      end
+    end
+  end
+  return total
 end
 
 local function load_account(id)
@@ -370,8 +394,9 @@ local function outcome_arg()
   return outcome
 end
 
+-- A settled hold keeps neither its request nor a retry's claim (retry.lua).
 local function settle_fields(outcome, fields)
-  redis.call('HDEL', hkey(ARGV[1]), 'req')
+  redis.call('HDEL', hkey(ARGV[1]), 'req', 'rc')
   if #outcome > 0 then
     fields[#fields + 1] = 'out'
     fields[#fields + 1] = outcome

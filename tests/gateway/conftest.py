@@ -118,6 +118,16 @@ def _two_factor_orders() -> dict[str, Any]:
     return {"routes": data["routes"], "accounts": data["accounts"]}
 
 
+def _shadow_orders() -> dict[str, Any]:
+    """procurement with a tenant budget of 1 USD, and supplier orders (only) in shadow
+    mode: every order is a would-be denial, forwarded anyway; refunds are enforced."""
+    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+    for route in data["routes"]:
+        if route["route"] == "POST /orders":
+            route["mode"] = "shadow"
+    return {"routes": data["routes"], "accounts": _example_accounts(tenant={"limit": "1"})}
+
+
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "basics": ("procurement", {}),
@@ -168,9 +178,18 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
         {"unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"}},
     ),
     "ops": ("procurement", {}),
+    # Shadow mode for the whole tenant, on a 2000 USD budget; and for one route.
+    "shadow": (
+        "procurement",
+        {"mode": "shadow", "accounts": _example_accounts(tenant={"limit": "2000"})},
+    ),
+    "shadow-route": ("procurement", _shadow_orders()),
     "dashboards": ("procurement", {}),
     # irrev/client.py and its LangChain adapter, as an agent uses them.
     "client": ("procurement", {}),
+    # The operator console in a browser (test_console.py).
+    "console": ("procurement", {}),
+    "console-resolve": ("procurement", {}),
 }
 
 

@@ -39,8 +39,8 @@ async def test_health_ready_and_metrics(gateway: Gateway, http: httpx.AsyncClien
     assert metrics.status_code == 200
     text = metrics.text
     assert (
-        f'irrev_decisions_total{{decision="admit",reason="within_budget",tenant="{tenant.id}"}}'
-        in text
+        'irrev_decisions_total{decision="admit",mode="enforce",reason="within_budget",'
+        f'tenant="{tenant.id}"}}' in text
     )
     assert 'irrev_upstream_outcomes_total{fate="delivered",tool="supplier"}' in text
     assert f'irrev_live_holds{{state="pending",tenant="{tenant.id}"}}' in text

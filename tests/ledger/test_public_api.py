@@ -27,6 +27,7 @@ PUBLIC_API = {
     "EmbeddedRedisError",
     "supervised_redis_url",
     "free_port",
+    "free_ports",
     # one holder at a time of background work
     "Lease",
     # what the server does to keep writes
@@ -46,6 +47,7 @@ PUBLIC_API = {
     "ReserveRequest",
     "ReserveResult",
     "RouteOutcomes",
+    "Rule",
     "Status",
     "SweepResult",
     "TenantSnapshot",
@@ -56,6 +58,7 @@ PUBLIC_API = {
     "CheckpointMoved",
     "HoldNotDue",
     "HoldNotFound",
+    "HoldInFlight",
     "HoldStateConflict",
     "IdempotencyConflict",
     "LedgerUnavailable",
