@@ -233,6 +233,7 @@ async def admit(
     hold_id = prepared.hold_id
     if not hold_id:
         return await upstream.deliver(prepared.request, "", _answer_by(gate))
+    sent = time.monotonic()
     result = await reserve(gate, policy, agent, prepared)
     if result.state is HoldState.ESCALATED:
         rule = await auto_approval(gate, policy, agent, result)
@@ -249,7 +250,11 @@ async def admit(
             return Admitted(result, hold_id, answer)
         return Admitted(result, hold_id, None)
     if not result.replayed:
-        answer = await fire(gate, policy, hold_id, prepared.request, result.deadline_ms, upstream)
+        # The hold's life as Redis counts it (deadline - its creation, both Redis
+        # time), measured from before the reserve was sent: never later than the
+        # deadline, whatever this host's wall clock says.
+        expires_at = sent + (result.deadline_ms - result.created_ms) / 1000
+        answer = await fire(gate, policy, hold_id, prepared.request, expires_at, upstream)
         return Admitted(result, hold_id, answer, shadowed(prepared, result))
     replayed = await _replay(gate, policy, result, prepared, upstream)
     return Admitted(result, hold_id, replayed)
@@ -415,6 +420,7 @@ async def approve(
         # the tool's upstream meanwhile is refused while the hold is still escalated,
         # not after, when a claimed hold nobody can send would turn ambiguous.
         upstream = await _approval_upstream(gate, policy, hold_id)
+        sent = time.monotonic()
         try:
             claim = await gate.ledger.approve(
                 tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms, note=note
@@ -429,7 +435,9 @@ async def approve(
         await require_replicas(gate, tenant, hold_id, claim.replicas, request.agent)
         if upstream is None:
             return None
-        return await fire(gate, policy, hold_id, request, claim.deadline_ms, upstream)
+        # The claim armed the hold for ttl_ms from its Redis time, after `sent`.
+        expires_at = sent + policy.hold_ttl_ms / 1000
+        return await fire(gate, policy, hold_id, request, expires_at, upstream)
 
 
 async def auto_approval(
@@ -527,20 +535,22 @@ async def fire(
     policy: TenantPolicy,
     hold_id: str,
     request: StoredRequest,
-    deadline_ms: int | None,
+    expires_at: float | None,
     upstream: Upstream,
     key_name: str = HTTP_KEY,
 ) -> Answer:
     """Deliver an admitted effect once and settle its hold by the answer.
-    `deadline_ms` is the hold's (Redis's clock), None for the retry of an ambiguous
-    hold, which never expires."""
-    budget_s = (deadline_ms or 0) / 1000 - time.time() - gate.settings.forward_margin_s
-    if deadline_ms is not None and budget_s < gate.settings.upstream_timeout_s:
+    `expires_at` is the monotonic instant by which the hold's deadline (Redis's
+    clock) may have passed, None for the retry of an ambiguous hold, which never
+    expires. No wall clock is read: a host whose clock is off by seconds must not
+    forward a hold whose deadline a reconciler elsewhere already sees passed."""
+    budget_s = (expires_at or 0.0) - time.monotonic() - gate.settings.forward_margin_s
+    if expires_at is not None and budget_s < gate.settings.upstream_timeout_s:
         # Too close to the deadline: the answer could come after the hold turned
         # ambiguous. Not sent, so provably not fired: release it.
         await gate.ledger.void(policy.tenant, hold_id)
         raise Problem(503, "hold_deadline", "the hold is too close to its deadline to forward")
-    if deadline_ms is None:
+    if expires_at is None:
         # Sent again: first claimed, so that of any number of repeats of the key one is
         # sent at a time, and the hold's deadline moves past this request's life, so a
         # reconciler told "not found" while it is on its way cannot void it (contract 6).
@@ -558,7 +568,7 @@ async def fire(
                 state=HoldState.AMBIGUOUS.value,
             ) from exc
     started = time.perf_counter()
-    retry = deadline_ms is None
+    retry = expires_at is None
     with tracing.span("forward", tool=request.tool, hold_id=hold_id, retry=retry) as span:
         answer = await upstream.deliver(request, hold_id, _answer_by(gate), retry=retry)
         tracing.annotate(span, fate=answer.fate.value, status=answer.status or None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -67,6 +68,12 @@ class GatewaySettings(BaseSettings):
         "effect is forwarded; fewer within wait_timeout_ms: released, 503 not_replicated",
     )
     wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
+    durability: Literal["warn", "require"] = Field(
+        default="warn",
+        description="at start, the Redis persistence settings are read and logged; one "
+        "that can lose an acknowledged write (AOF off, appendfsync no, unreadable) with "
+        "IRREV_WAIT_REPLICAS 0 is a warning, or with 'require' a refusal to start",
+    )
     journal_keep_s: int = Field(
         default=7 * 24 * 3600,
         ge=0,
@@ -77,6 +84,12 @@ class GatewaySettings(BaseSettings):
         default=None, description="where trimmed journal entries go; unset: <data dir>/journal"
     )
     journal_trim_interval_s: float = Field(default=300.0, gt=0, le=86_400)
+    instance: str = Field(
+        default="",
+        description="this gateway's name in the fleet (irrev serve sets host name, address "
+        "and port): its workers' sweep leases carry it, and it alone reports the fleet "
+        "gauges of the tenants it sweeps",
+    )
     webhook_timeout_s: float = Field(
         default=5.0, gt=0, le=60, description="how long a webhook receiver has to answer"
     )

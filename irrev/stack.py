@@ -50,10 +50,12 @@ def service(
     what: str,
     env: dict[str, str] | None = None,
     log_path: Path | None = None,
+    host: str = "127.0.0.1",
 ) -> Iterator[Server]:
-    """Run `command` (a server on 127.0.0.1:`port`) until the block ends; yields once
-    `ready_path` answers 200."""
-    with running(Server(what, command, env, log_path, port), ready_path) as server:
+    """Run `command` (a server on `host`:`port`, a loopback address) until the block
+    ends; yields once `ready_path` answers 200."""
+    server = Server(what, command, env, log_path, port, host=host)
+    with running(server, ready_path) as server:
         yield server
 
 
@@ -96,8 +98,11 @@ def gateway(
     port: int | None = None,
     log_path: Path | None = None,
     env: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+    prefix: list[str] | None = None,
 ) -> Iterator[Server]:
-    """`irrev serve` in its own process; yields its base URL and pid."""
+    """`irrev serve` in its own process on `host` (a loopback address); yields its
+    base URL and pid. `prefix`: a command that runs it (e.g. faketime)."""
     port = port or free_port()
     environment = {
         **os.environ,
@@ -108,18 +113,19 @@ def gateway(
         **(env or {}),
     }
     command = [
+        *(prefix or []),
         sys.executable,
         "-m",
         "irrev.cli",
         "serve",
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--workers",
         str(workers),
     ]
-    with service(command, port, "/readyz", "the gateway", environment, log_path) as server:
+    with service(command, port, "/readyz", "the gateway", environment, log_path, host) as server:
         yield server
 
 
