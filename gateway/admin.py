@@ -202,7 +202,7 @@ async def journal(
     request: Request,
     tenant: str,
     admin: Admin,
-    after: Annotated[str, Query(pattern=r"^(-|\d{1,20}-\d{1,20})$")] = "-",
+    after: Annotated[str, Query(pattern=r"^(-|[0-9]{1,20}-[0-9]{1,20})$")] = "-",
     count: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     policy_of(request, tenant, admin)

@@ -81,6 +81,12 @@ RECONCILED = Counter(
     "Ambiguous holds the reconciler looked at, by result",
     ["tenant", "result"],
 )
+SWEEPS = Counter(
+    "irrev_sweeps_total",
+    "Sweeps of a tenant's due holds by this process (one process of the fleet holds each "
+    "tenant's sweep lease at a time)",
+    ["tenant"],
+)
 HTTP_REQUESTS = Counter(
     "irrev_http_requests_total", "HTTP requests by route template", ["method", "route", "status"]
 )

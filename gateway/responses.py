@@ -136,7 +136,7 @@ def answer_response(answer: Answer, extra: dict[str, str]) -> Response:
 def _retry_after(answer: Answer) -> str:
     """The upstream's own delay if it gave a sensible one (in seconds), else 1."""
     given = dict((k.lower(), v) for k, v in answer.headers).get("retry-after", "")
-    return given if given.isdigit() and 1 <= int(given) <= 60 else "1"
+    return given if given.isascii() and given.isdigit() and 1 <= int(given) <= 60 else "1"
 
 
 def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -28,6 +29,13 @@ class GatewaySettings(BaseSettings):
     upstream_timeout_s: float = Field(default=10.0, gt=0, le=300)
     upstream_max_connections: int = Field(default=200, ge=1, le=10_000)
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=16 << 20)
+    body_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="a request body (proxy, /mcp) must arrive whole within this long, else "
+        "408 body_timeout: a client trickling its body cannot hold a worker",
+    )
     forward_margin_s: float = Field(
         default=5.0, ge=0, description="never forward a hold this close to its deadline"
     )
@@ -60,6 +68,12 @@ class GatewaySettings(BaseSettings):
         "effect is forwarded; fewer within wait_timeout_ms: released, 503 not_replicated",
     )
     wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
+    durability: Literal["warn", "require"] = Field(
+        default="warn",
+        description="at start, the Redis persistence settings are read and logged; one "
+        "that can lose an acknowledged write (AOF off, appendfsync no, unreadable) with "
+        "IRREV_WAIT_REPLICAS 0 is a warning, or with 'require' a refusal to start",
+    )
     journal_keep_s: int = Field(
         default=7 * 24 * 3600,
         ge=0,
@@ -70,6 +84,12 @@ class GatewaySettings(BaseSettings):
         default=None, description="where trimmed journal entries go; unset: <data dir>/journal"
     )
     journal_trim_interval_s: float = Field(default=300.0, gt=0, le=86_400)
+    instance: str = Field(
+        default="",
+        description="this gateway's name in the fleet (irrev serve sets host name, address "
+        "and port): its workers' sweep leases carry it, and it alone reports the fleet "
+        "gauges of the tenants it sweeps",
+    )
     webhook_timeout_s: float = Field(
         default=5.0, gt=0, le=60, description="how long a webhook receiver has to answer"
     )

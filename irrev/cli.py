@@ -64,6 +64,11 @@ BENCHES = (
     ),
     Command("cli", "irrev.bench.cli", "start-up time of `irrev --help` and `policy validate`"),
     Command("mcp", "irrev.bench.mcp", "MCP tools/call through irrev vs direct (calls/s, latency)"),
+    Command(
+        "background",
+        "irrev.bench.background",
+        "Redis commands/s of idle gateways at 1, 4, 16 processes",
+    ),
 )
 
 

@@ -12,6 +12,7 @@ from redis.asyncio.cluster import RedisCluster
 from . import validate
 from .cluster import RedisClient, script_then_wait, wait_out_migration
 from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
+from .durability import Durability, read_durability
 from .embedded import redis_url
 from .errors import (
     BadInput,
@@ -22,6 +23,7 @@ from .errors import (
     translate_redis_errors,
 )
 from .keys import (
+    OUTCOMES_EPOCH_KEY,
     TENANTS_KEY,
     account_fields,
     accounts_key,
@@ -39,6 +41,7 @@ from .keys import (
     webhook_lease_key,
 )
 from .lease import Lease
+from .policystore import PolicyStore
 from .records import (
     AccountCheck,
     AccountSpec,
@@ -109,6 +112,8 @@ class Ledger:
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
         self._scripts = register_scripts(redis)
+        # The fleet's policies, versioned (gateway hosts serve what it holds).
+        self.policies = PolicyStore(redis)
 
     @classmethod
     def from_url(
@@ -177,10 +182,18 @@ class Ledger:
                 return reply, int(acked)
         raise LedgerUnavailable(operation, RedisFailure.NO_SCRIPT, "still missing after a reload")
 
-    def lease(self, tenant: str, work: str, ttl_ms: int) -> Lease:
+    def lease(self, tenant: str, work: str, ttl_ms: int, *, holder: str = "") -> Lease:
         """The lease of one kind of background work (`sweep`, `events`) on `tenant`:
-        one holder at a time across every process on this Redis (ledger/lease.py)."""
-        return Lease(self.redis, lease_key(validate.tenant_id(tenant), work), ttl_ms)
+        one holder at a time across every process on this Redis (ledger/lease.py).
+        `holder` names the taker in the lease's token (default host:pid)."""
+        key = lease_key(validate.tenant_id(tenant), work)
+        return Lease(self.redis, key, ttl_ms, holder=holder)
+
+    async def durability(self) -> Durability:
+        """The server's appendonly, appendfsync and min-replicas-to-write ("unknown"
+        where CONFIG GET is refused)."""
+        with translate_redis_errors("reading the persistence settings"):
+            return await read_durability(self.redis)
 
     async def ping(self) -> None:
         with translate_redis_errors("ping"):
@@ -213,10 +226,20 @@ class Ledger:
     # Accounts
 
     async def upsert_account(self, tenant: str, spec: AccountSpec) -> str:
-        """Create the account or change its policy; returns 'created' or 'updated'."""
+        """Create the account or change its policy; returns 'created' or 'updated'.
+        With replicas asked for, followed by WAIT: a lowered limit lost in a failover
+        would admit up to the old one; LedgerUnavailable (not_replicated) if fewer
+        acknowledged, for the caller to write it again."""
         keys = tenant_keys(validate.tenant_id(tenant))[:2]
-        reply = await self._run("account", keys, _account_args(spec))
+        reply, acked = await self._run_replicated("account", keys, _account_args(spec))
         raise_for_reply(tenant, "", "upsert", reply)
+        if acked is not None and acked < self.replicas:
+            raise LedgerUnavailable(
+                "upsert",
+                RedisFailure.NOT_REPLICATED,
+                f"{acked} of {self.replicas} replicas acknowledged the account change in "
+                f"{self.replica_timeout_ms} ms; write it again once they are back",
+            )
         # The list of tenants is a key of its own slot, kept for operators (audit);
         # nothing on the admission path reads it.
         with translate_redis_errors("upsert"):
@@ -437,7 +460,7 @@ class Ledger:
             validate.blob("outcome", outcome),
             *validate.per_account(amount),
         ]
-        return await self._transition("post", tenant, hold_id, args)
+        return await self._transition("post", tenant, hold_id, args, replicated=True)
 
     async def void(
         self, tenant: str, hold_id: str, *, outcome: str = "", due_only: bool = False
@@ -472,7 +495,7 @@ class Ledger:
         compensated) becomes `realised` on every account; above what the hold held
         it is an overrun, posted and flagged. 'exists' if it already was."""
         args = [*self._hold_args(hold_id), str(validate.amount("realised", realised))]
-        return await self._transition("trueup", tenant, hold_id, args)
+        return await self._transition("trueup", tenant, hold_id, args, replicated=True)
 
     async def learn(self, tenant: str, hold_id: str, route_id: str, failed: bool) -> bool:
         """Count a posted hold's compensation outcome for its route's learned prices,
@@ -482,7 +505,12 @@ class Ledger:
         args = [validate.identifier("hold_id", hold_id), route_id, outcome]
         keys = [*hold_script_keys(tenant, hold_id), observed_key(tenant, outcome)]
         reply = await self._run("learn", keys, args)
-        return raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
+        counted = raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
+        if counted:
+            # Gateways re-read the counts when this moves (PolicyStore.epochs).
+            with translate_redis_errors("learn"):
+                await self.redis.incr(OUTCOMES_EPOCH_KEY)
+        return counted
 
     async def calibrate(
         self, tenant: str, hold_id: str, route_id: str, factor_ppm: int, keep: int
@@ -493,7 +521,13 @@ class Ledger:
         args = [validate.identifier("hold_id", hold_id), route_id, str(factor_ppm), str(keep)]
         keys = [*hold_script_keys(tenant, hold_id), factors_key(tenant)]
         reply = await self._run("calibrate", keys, args)
-        return raise_for_reply(tenant, hold_id, "calibrate", reply) is Status.OK
+        recorded = raise_for_reply(tenant, hold_id, "calibrate", reply) is Status.OK
+        if recorded:
+            # Gateways re-read settled factors with the counts when this moves: a look
+            # between `learn`'s bump and this write sees the next bump.
+            with translate_redis_errors("calibrate"):
+                await self.redis.incr(OUTCOMES_EPOCH_KEY)
+        return recorded
 
     async def approve(
         self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int, note: str = ""
@@ -736,9 +770,15 @@ class Ledger:
         return [validate.identifier("hold_id", hold_id), str(self.retention_ms)]
 
     async def _transition(
-        self, operation: str, tenant: str, hold_id: str, args: list[str]
+        self, operation: str, tenant: str, hold_id: str, args: list[str], replicated: bool = False
     ) -> TransitionResult:
+        """`replicated`: followed by WAIT (when replicas are asked for), as a post or a
+        true-up may be an overrun: a charge lost in a failover would let the account
+        be overdrawn again."""
         keys = hold_script_keys(validate.tenant_id(tenant), validate.identifier("hold_id", hold_id))
+        if replicated:
+            reply, acked = await self._run_replicated(operation, keys, args)
+            return _transition_result(tenant, hold_id, operation, reply, acked)
         reply = await self._run(operation, keys, args)
         return _transition_result(tenant, hold_id, operation, reply)
 

@@ -5,6 +5,10 @@ key a script touches is declared in its KEYS (the layout is in lua/_lib.lua)."""
 from __future__ import annotations
 
 TENANTS_KEY = "irrev:tenants"
+# Bumped on every write to the policy store (ledger/policystore.py), and on every
+# compensation outcome counted (learn): gateways poll both with one MGET (one slot).
+POLICY_EPOCH_KEY = "irrev:{fleet}:policy-epoch"
+OUTCOMES_EPOCH_KEY = "irrev:{fleet}:outcomes-epoch"
 
 
 def tenant_prefix(tenant: str) -> str:
@@ -50,6 +54,11 @@ def factors_key(tenant: str) -> str:
 
 def trim_lock_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}trim-lock"
+
+
+def policy_key(tenant: str) -> str:
+    """The tenant's policy in the fleet's store: a hash (lua/policy_put.lua)."""
+    return f"{tenant_prefix(tenant)}policy"
 
 
 def lease_key(tenant: str, work: str) -> str:

@@ -19,7 +19,7 @@ from pricing.errors import AmountError
 MAX_MICROS = MAX_AMOUNT
 """Largest amount the ledger accepts: exact in a Lua double and in JSON numbers."""
 
-_PLAIN_DECIMAL = re.compile(r"\d+(\.\d+)?")
+_PLAIN_DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")  # ASCII: \d takes any Unicode digit
 # Enough digits that a product of a few request fields is exact before scaling.
 _PRECISION = 120
 # Amounts are read only within 10**+-40 (far beyond 2**53 minor units either way), so

@@ -66,7 +66,7 @@ def _to_micros(value: object, info: ValidationInfo) -> int:
 # What an editor sees (`irrev policy schema`): the written form, not the int it becomes.
 _AMOUNT_SCHEMA = {
     "anyOf": [
-        {"type": "string", "pattern": r"^\d+(\.\d+)?$"},
+        {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
         {"type": "number", "minimum": 0},
     ],
     "description": "an amount in major units of the risk unit, e.g. '250000' or 14.80",
@@ -74,7 +74,7 @@ _AMOUNT_SCHEMA = {
 Micros = Annotated[int, BeforeValidator(_to_micros), WithJsonSchema(_AMOUNT_SCHEMA)]
 """An operator-written major-unit amount, held as exact minor units."""
 
-_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+_DURATION = re.compile(r"^([0-9]+)(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
@@ -101,7 +101,7 @@ DurationMs = Annotated[
     WithJsonSchema(
         {
             "type": "string",
-            "pattern": r"^\d+(ms|s|m|h|d)$",
+            "pattern": r"^[0-9]+(ms|s|m|h|d)$",
             "description": "a whole number with a unit: ms, s, m, h or d (e.g. '24h')",
         }
     ),
@@ -318,6 +318,12 @@ class Tool(_Model):
         default=None,
         description="the Streamable HTTP endpoint of an MCP server (e.g. "
         "'http://127.0.0.1:8900/mcp'); its routes are 'CALL <tool>/<mcp tool>'",
+    )
+    dedupes: bool = Field(
+        default=False,
+        description="MCP servers only: the server makes at most one effect per "
+        "_meta['dev.irrev/idempotency_key'], so irrev may send a repeat of an ambiguous "
+        "call again; false (the default): a repeat answers from the ledger only",
     )
     credentials: dict[HeaderName, HeaderSecret] = Field(
         default_factory=dict, description="headers the gateway adds to every upstream request"

@@ -158,6 +158,14 @@ def _check_tool_headers(where: str, tool: Tool) -> list[Problem]:
         problems.append(
             Problem(where, "give one of upstream (an HTTP API) or mcp (an MCP server), not both")
         )
+    if tool.dedupes and tool.mcp is None:
+        problems.append(
+            Problem(
+                f"{where}.dedupes",
+                "only an MCP server (mcp) declares dedupes; HTTP tool APIs always deduplicate "
+                "by Idempotency-Key",
+            )
+        )
     injected: set[str] = set()
     for name, secret in tool.credentials.items():
         here = f"{where}.credentials.{name}"
