@@ -26,7 +26,19 @@ class GatewaySettings(BaseSettings):
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     upstream_timeout_s: float = Field(default=10.0, gt=0, le=300)
     upstream_max_connections: int = Field(default=200, ge=1, le=10_000)
-    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=16 << 20)
+    max_body_bytes: int = Field(
+        default=1 << 20,
+        ge=1024,
+        le=16 << 20,
+        description="the largest request body on any route (413 body_too_large), checked "
+        "before authentication; policy uploads have max_policy_bytes",
+    )
+    max_policy_bytes: int = Field(
+        default=4 << 20,
+        ge=1024,
+        le=64 << 20,
+        description="the largest policy document PUT /v1/admin/tenants/{tenant}/policy takes",
+    )
     forward_margin_s: float = Field(
         default=5.0, ge=0, description="never forward a hold this close to its deadline"
     )

@@ -1,0 +1,91 @@
+"""Every request body is bounded before anything reads it, on every route: FastAPI
+reads a route's body parameters before its authentication runs, so an
+unauthenticated client could make a worker buffer a body of any size (the review's
+200 MB POST to /v1/holds took a worker from 218 to 619 MB)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from .conftest import MAX_BODY_BYTES, Gateway
+from .helpers import assert_problem
+
+MAX_POLICY_BYTES = 4 << 20  # the default IRREV_MAX_POLICY_BYTES
+
+
+async def declared_only(base_url: str, method: str, target: str, length: int) -> bytes:
+    """Headers declaring a `length`-byte body and none of it: the answer, or b'' if
+    the server waits for the body (10 s)."""
+    url = httpx.URL(base_url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    try:
+        head = (
+            f"{method} {target} HTTP/1.1\r\nHost: {url.host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        )
+        writer.write(head.encode())
+        await writer.drain()
+        try:
+            return await asyncio.wait_for(reader.read(65536), timeout=10)
+        except TimeoutError:
+            return b""
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "length"),
+    [
+        ("POST", "/v1/holds", 200 << 20),
+        ("POST", "/v1/holds/h-1/post", MAX_BODY_BYTES + 1),
+        ("PUT", "/v1/admin/tenants/anyone/policy", MAX_POLICY_BYTES + 1),
+    ],
+)
+async def test_a_declared_body_over_the_bound_is_refused_unread(
+    gateway: Gateway, method: str, target: str, length: int
+) -> None:
+    answer = await declared_only(gateway.url, method, target, length)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"body_too_large" in answer
+
+
+async def test_a_chunked_body_is_cut_at_the_bound(gateway: Gateway) -> None:
+    """No Content-Length: the body is counted as it arrives and refused once past the
+    bound, whoever sent it (the answer is read while sending: the server closes the
+    connection on a body it will not read)."""
+    url = httpx.URL(gateway.url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    answer = b""
+    try:
+        head = (
+            f"POST /v1/holds HTTP/1.1\r\nHost: {url.host}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        writer.write(head.encode())
+        chunk = b" " * (MAX_BODY_BYTES // 8)
+        for _ in range(64):
+            try:
+                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                await writer.drain()
+                answer = await asyncio.wait_for(reader.read(65536), timeout=0.2)
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                pass
+            break
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"body_too_large" in answer
+
+
+async def test_a_body_within_the_bound_still_reaches_the_route(
+    http: httpx.AsyncClient,
+) -> None:
+    response = await http.post(
+        "/v1/holds", content=b"{}", headers={"Content-Type": "application/json"}
+    )
+    assert_problem(response, 401, "unauthenticated")
