@@ -25,7 +25,17 @@ class GatewaySettings(BaseSettings):
     )
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     upstream_timeout_s: float = Field(default=10.0, gt=0, le=300)
-    upstream_max_connections: int = Field(default=200, ge=1, le=10_000)
+    upstream_max_connections: int = Field(
+        default=200, ge=1, le=10_000, description="upstream connections per worker, all tenants"
+    )
+    upstream_tenant_connections: int = Field(
+        default=50,
+        ge=1,
+        le=10_000,
+        description="requests one tenant may have in flight to its HTTP upstreams per worker "
+        "(at most upstream_max_connections): its stuck upstream cannot take every "
+        "connection; one that finds no slot within upstream_connect_timeout_s is not sent",
+    )
     max_body_bytes: int = Field(
         default=1 << 20,
         ge=1024,
