@@ -14,6 +14,7 @@ call with the same idempotency key turns into the real result once approved."""
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import secrets
@@ -168,7 +169,8 @@ def agent_key(caller: Caller, params: types.CallToolRequestParams, request_id: o
             )
         return key
     if caller.session:
-        material = f"{caller.session}\x00{request_id}".encode()
+        # The id's JSON text, not str(): ids 1 and "1" are two requests (JSON-RPC).
+        material = f"{caller.session}\x00{json.dumps(request_id)}".encode()
         return "mcp-session-" + hashlib.sha256(material).hexdigest()[:32]
     return "mcp-" + secrets.token_hex(16)
 
