@@ -159,7 +159,10 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     problems.install(app)
     # Inside the request-id middleware, so that a refused body is logged and counted.
     app.add_middleware(
-        BodyLimit, limit=settings.max_body_bytes, policy_limit=settings.max_policy_bytes
+        BodyLimit,
+        limit=settings.max_body_bytes,
+        policy_limit=settings.max_policy_bytes,
+        timeout_s=settings.body_timeout_s,
     )
     app.add_middleware(logs.RequestIdMiddleware)
     mcp_endpoint = LazyMcp()

@@ -4,6 +4,7 @@ parses the agent's request into an `Intent`, runs the admission pipeline
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Annotated
 
@@ -16,7 +17,7 @@ from pricing.credentials import AuthenticatedAgent
 from .admission import Admitted, Intent, admit, prepare, upstream_of
 from .auth import agent_auth, gate_of
 from .canonical import check_headers, check_raw_path, read_request
-from .problems import Problem
+from .problems import Problem, body_timeout
 from .responses import answer_response, budget_headers, escalated_response, stored_response
 from .upstream import Answer
 from .wire import Headers, StoredAnswer
@@ -26,7 +27,16 @@ METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 READ_HEADERS = {"X-Irrev-Decision": "admit", "X-Irrev-Price": "0"}
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, at most `limit` bytes, within `timeout_s` (problems otherwise)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(request, limit)
+    except TimeoutError:
+        raise body_timeout(timeout_s) from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and (
         not (declared.isascii() and declared.isdigit()) or int(declared) > limit
@@ -57,7 +67,8 @@ async def proxy(
     who: Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)],
 ) -> Response:
     gate, (policy, agent) = gate_of(request), who
-    body = await read_body(request, gate.settings.max_body_bytes)
+    settings = gate.settings
+    body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
     check_raw_path(request.scope.get("raw_path") or b"")
     check_headers(request.headers.keys())
     canonical = read_request(request.url.query, request.headers.getlist("content-type"), body)

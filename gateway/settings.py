@@ -49,6 +49,13 @@ class GatewaySettings(BaseSettings):
         le=64 << 20,
         description="the largest policy document PUT /v1/admin/tenants/{tenant}/policy takes",
     )
+    body_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="a request body (any route) must arrive whole within this long, else "
+        "408 body_timeout: a client trickling its body cannot hold a worker",
+    )
     forward_margin_s: float = Field(
         default=5.0, ge=0, description="never forward a hold this close to its deadline"
     )

@@ -36,6 +36,7 @@ from .servers import (
 
 WORKERS = 2
 UPSTREAM_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 1.0
 MAX_BODY_BYTES = 64 * 1024
 
 # The example's routes with the in-process deploy route compensable (a rollback
@@ -138,6 +139,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "short-ttl": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
     "retry-race": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
     "retry-claim": ("procurement", {}),
+    "retry-trace": ("procurement", {}),
     # Its supplier tool points at a port nobody listens on.
     "unreachable": (
         "procurement",
@@ -250,6 +252,7 @@ def gateway(
         IRREV_UPSTREAM_CONNECT_TIMEOUT_S="1",
         IRREV_FORWARD_MARGIN_S="0.5",
         IRREV_MAX_BODY_BYTES=str(MAX_BODY_BYTES),
+        IRREV_BODY_TIMEOUT_S=str(BODY_TIMEOUT_S),
         IRREV_SWEEP_INTERVAL_S="0.5",
     )
     server = Server("gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from .conftest import MAX_BODY_BYTES, Gateway
-from .helpers import assert_problem
+from .helpers import assert_problem, trickled_request
 
 MAX_POLICY_BYTES = 4 << 20  # the default IRREV_MAX_POLICY_BYTES
 
@@ -89,3 +89,15 @@ async def test_a_body_within_the_bound_still_reaches_the_route(
         "/v1/holds", content=b"{}", headers={"Content-Type": "application/json"}
     )
     assert_problem(response, 401, "unauthenticated")
+
+
+@pytest.mark.parametrize("target", ["/v1/holds", "/v1/holds/h-1/post"])
+async def test_a_trickled_body_is_cut_at_the_deadline_on_every_route(
+    gateway: Gateway, target: str
+) -> None:
+    """IRREV_BODY_TIMEOUT_S holds on the decision and admin APIs too, before
+    authentication: a slow client cannot hold a worker there either."""
+    body = b'{"note": "' + b"x" * 200 + b'"}'
+    headers = {"Content-Type": "application/json"}
+    status, problem = await trickled_request(gateway.url, target, headers, body)
+    assert (status, problem["reason"]) == (408, "body_timeout")

@@ -179,6 +179,7 @@ def serve(root: Path, redis_url: str, policy_dir: Path, **settings: str) -> Gate
         "IRREV_UPSTREAM_CONNECT_TIMEOUT_S": "1",
         "IRREV_FORWARD_MARGIN_S": "0.5",
         "IRREV_SWEEP_INTERVAL_S": "0.5",
+        "IRREV_BODY_TIMEOUT_S": "1",
     }
     env = base_env(
         IRREV_REDIS_URL=redis_url,
