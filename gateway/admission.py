@@ -72,9 +72,7 @@ class Gate:
 
     def tenant_slots(self, tenant: str) -> asyncio.Semaphore:
         if tenant not in self.slots:
-            settings = self.settings
-            bound = min(settings.upstream_tenant_connections, settings.upstream_max_connections)
-            self.slots[tenant] = asyncio.Semaphore(bound)
+            self.slots[tenant] = asyncio.Semaphore(self.settings.tenant_connections())
         return self.slots[tenant]
 
 

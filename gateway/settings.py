@@ -29,13 +29,20 @@ class GatewaySettings(BaseSettings):
         default=200, ge=1, le=10_000, description="upstream connections per worker, all tenants"
     )
     upstream_tenant_connections: int = Field(
-        default=50,
-        ge=1,
+        default=0,
+        ge=0,
         le=10_000,
         description="requests one tenant may have in flight to its HTTP upstreams per worker "
-        "(at most upstream_max_connections): its stuck upstream cannot take every "
-        "connection; one that finds no slot within upstream_connect_timeout_s is not sent",
+        "(0: a quarter of upstream_max_connections; set below it, or one tenant can take "
+        "every connection): its stuck upstream cannot starve the others; one that finds "
+        "no slot within upstream_connect_timeout_s is not sent",
     )
+
+    def tenant_connections(self) -> int:
+        """The per-tenant bound in force: never above the pool, never below 1."""
+        bound = self.upstream_tenant_connections or self.upstream_max_connections // 4
+        return max(1, min(bound, self.upstream_max_connections))
+
     max_body_bytes: int = Field(
         default=1 << 20,
         ge=1024,
