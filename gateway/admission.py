@@ -7,6 +7,7 @@ what comes back; nothing here sees an HTTP request."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -14,7 +15,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -45,7 +46,7 @@ from pricing.serving import is_shadow
 from . import metrics, tracing
 from .canonical import Canonical
 from .crashpoints import crash_point
-from .http_upstream import HttpTarget, HttpUpstream
+from .http_upstream import HttpTarget, HttpUpstream, UpstreamSlots
 from .problems import Problem
 from .responses import money
 from .settings import GatewaySettings
@@ -63,12 +64,21 @@ HTTP_KEY = "Idempotency-Key"
 
 @dataclass
 class Gate:
-    """What every request handler needs; one per worker process."""
+    """What every request handler needs; one per worker process. `slots`: per tenant,
+    its requests in flight to its HTTP upstreams (IRREV_UPSTREAM_TENANT_CONNECTIONS),
+    so that one tenant's stuck upstream cannot hold every connection of `http`, which
+    all tenants share."""
 
     settings: GatewaySettings
     ledger: Ledger
     tenants: TenantStore
     http: httpx.AsyncClient
+    slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+
+    def tenant_slots(self, tenant: str) -> asyncio.Semaphore:
+        if tenant not in self.slots:
+            self.slots[tenant] = asyncio.Semaphore(self.settings.tenant_connections())
+        return self.slots[tenant]
 
 
 @dataclass(frozen=True)
@@ -216,7 +226,10 @@ def upstream_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> Upstream:
     mcp = gate.tenants.mcp_upstream(policy.tenant, tool_name)
     if mcp is not None:
         return mcp
-    return HttpUpstream(gate.http, target_of(gate, policy, tool_name))
+    slots = UpstreamSlots(
+        gate.tenant_slots(policy.tenant), gate.settings.upstream_connect_timeout_s
+    )
+    return HttpUpstream(gate.http, target_of(gate, policy, tool_name), slots=slots)
 
 
 async def admit(
@@ -545,6 +558,7 @@ async def fire(
     expires. No wall clock is read: a host whose clock is off by seconds must not
     forward a hold whose deadline a reconciler elsewhere already sees passed."""
     budget_s = (expires_at or 0.0) - time.monotonic() - gate.settings.forward_margin_s
+    claim = ""
     if expires_at is not None and budget_s < gate.settings.upstream_timeout_s:
         # Too close to the deadline: the answer could come after the hold turned
         # ambiguous. Not sent, so provably not fired: release it.
@@ -556,7 +570,8 @@ async def fire(
         # reconciler told "not found" while it is on its way cannot void it (contract 6).
         window_s = gate.settings.upstream_timeout_s + gate.settings.forward_margin_s
         try:
-            await gate.ledger.retry(policy.tenant, hold_id, math.ceil(window_s * 1000))
+            claimed = await gate.ledger.retry(policy.tenant, hold_id, math.ceil(window_s * 1000))
+            claim = claimed.claim
         except HoldInFlight as exc:
             raise Problem(
                 409,
@@ -577,21 +592,33 @@ async def fire(
         crash_point("after_upstream_2xx")
     metrics.UPSTREAM_SECONDS.labels(request.tool).observe(elapsed_s)
     metrics.UPSTREAM_OUTCOMES.labels(request.tool, answer.fate).inc()
-    await settle(gate, policy.tenant, hold_id, request, answer)
+    if retry and answer.fate in (Fate.NOT_SENT, Fate.REFUSED):
+        answer = unproven_retry(answer)
+    await settle(gate, policy.tenant, hold_id, request, answer, claim)
     return answer
 
 
+def unproven_retry(answer: Answer) -> Answer:
+    """A retry that was never sent (connection refused, a full pool) or was refused
+    (a 429, a 4xx, an MCP 'method not found') says nothing about the first send, which
+    may have made the effect: the hold stays ambiguous and charged (its claim ends),
+    and the agent is told to repeat the same key later, never to use a new one."""
+    return Answer(Fate.UNKNOWN, answer.status, answer.headers, answer.body, f"retry_{answer.why}")
+
+
 async def settle(
-    gate: Gate, tenant: str, hold_id: str, request: StoredRequest, answer: Answer
+    gate: Gate, tenant: str, hold_id: str, request: StoredRequest, answer: Answer, claim: str = ""
 ) -> None:
     """2xx: post at the held price (compensation returns what is recovered later);
-    4xx or never sent: void; in progress: nothing (the hold stays ambiguous and a
-    later retry learns the result); anything else: ambiguous, still charged."""
+    4xx or never sent: void (a first send only: `fire` makes a retry's unknown, see
+    `unproven_retry`); in progress: nothing (the hold stays ambiguous and a later retry
+    learns the result); anything else: ambiguous, still charged. `claim`: a retry's
+    claim (Ledger.retry), which ends when its send ends ambiguous again."""
     if answer.fate is Fate.IN_PROGRESS:
         log.info("still in progress upstream", extra={"hold_id": hold_id, "status": answer.status})
         try:
             # Still ambiguous: this retry's claim ends, so the next repeat may ask again.
-            await gate.ledger.mark_ambiguous(tenant, hold_id, "upstream_in_progress")
+            await gate.ledger.mark_ambiguous(tenant, hold_id, "upstream_in_progress", claim)
         except Exception:
             log.exception("could not end a retry's claim; it lapses", extra={"hold_id": hold_id})
         return
@@ -600,7 +627,7 @@ async def settle(
     with tracing.span("settle", tenant=tenant, hold_id=hold_id, operation=operation):
         try:
             if answer.fate is Fate.UNKNOWN:
-                await gate.ledger.mark_ambiguous(tenant, hold_id, answer.why)
+                await gate.ledger.mark_ambiguous(tenant, hold_id, answer.why, claim)
                 return
             status, headers, body = _recordable(answer)
             # The upstream kept only the headers that may reach the agent: all are recorded.

@@ -33,6 +33,7 @@ from . import (
 )
 from .admission import Gate
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
+from .bodies import BodyLimit
 from .http_upstream import make_client
 from .mcp_mount import LazyMcp
 from .problems import Problem
@@ -189,6 +190,13 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     traced = tracing.setup(app)
     openapi.install(app)
     problems.install(app)
+    # Inside the request-id middleware, so that a refused body is logged and counted.
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.max_body_bytes,
+        policy_limit=settings.max_policy_bytes,
+        timeout_s=settings.body_timeout_s,
+    )
     app.add_middleware(logs.RequestIdMiddleware)
     mcp_endpoint = LazyMcp()
     # No GET: a stateless endpoint never pushes anything, and a GET event stream would

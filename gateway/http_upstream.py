@@ -66,12 +66,24 @@ def make_client(
 
 
 @dataclass(frozen=True)
+class UpstreamSlots:
+    """A tenant's share of the shared client's connections: at most the semaphore's
+    value of its requests in flight at once; one that finds no slot within `wait_s`
+    is not sent (Fate.NOT_SENT, why `upstream_tenant_busy`)."""
+
+    semaphore: asyncio.Semaphore
+    wait_s: float
+
+
+@dataclass(frozen=True)
 class HttpUpstream:
-    """`Upstream` over HTTP: one shared client (make_client), one tool's target."""
+    """`Upstream` over HTTP: one shared client (make_client), one tool's target, and
+    the tenant's slots of that client (None: unbounded)."""
 
     client: httpx.AsyncClient
     target: HttpTarget
     resends: bool = True  # contract 4: a tool API deduplicates by Idempotency-Key
+    slots: UpstreamSlots | None = None
 
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False
@@ -91,6 +103,27 @@ class HttpUpstream:
             headers["Content-Type"] = effect.content_type
         for name, value in self.target.credentials:
             headers[name] = value
+        if self.slots is None:
+            return await self._send(effect, url, headers, deadline, retry)
+        semaphore = self.slots.semaphore
+        try:
+            wait_s = min(self.slots.wait_s, max(deadline - time.monotonic(), 0.0))
+            await asyncio.wait_for(semaphore.acquire(), wait_s)
+        except TimeoutError:
+            return Answer(Fate.NOT_SENT, why="upstream_tenant_busy")
+        try:
+            return await self._send(effect, url, headers, deadline, retry)
+        finally:
+            semaphore.release()
+
+    async def _send(
+        self,
+        effect: StoredRequest,
+        url: str,
+        headers: httpx.Headers,
+        deadline: float,
+        retry: bool,
+    ) -> Answer:
         try:
             async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
                 response = await self.client.request(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import re
 import secrets
@@ -169,7 +170,8 @@ def agent_key(caller: Caller, params: types.CallToolRequestParams, request_id: o
             )
         return key
     if caller.session:
-        material = f"{caller.session}\x00{request_id}".encode()
+        # The id's JSON text, not str(): ids 1 and "1" are two requests (JSON-RPC).
+        material = f"{caller.session}\x00{json.dumps(request_id)}".encode()
         return "mcp-session-" + hashlib.sha256(material).hexdigest()[:32]
     return "mcp-" + secrets.token_hex(16)
 

@@ -27,13 +27,42 @@ class GatewaySettings(BaseSettings):
     )
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     upstream_timeout_s: float = Field(default=10.0, gt=0, le=300)
-    upstream_max_connections: int = Field(default=200, ge=1, le=10_000)
-    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=16 << 20)
+    upstream_max_connections: int = Field(
+        default=200, ge=1, le=10_000, description="upstream connections per worker, all tenants"
+    )
+    upstream_tenant_connections: int = Field(
+        default=0,
+        ge=0,
+        le=10_000,
+        description="requests one tenant may have in flight to its HTTP upstreams per worker "
+        "(0: a quarter of upstream_max_connections; set below it, or one tenant can take "
+        "every connection): its stuck upstream cannot starve the others; one that finds "
+        "no slot within upstream_connect_timeout_s is not sent",
+    )
+
+    def tenant_connections(self) -> int:
+        """The per-tenant bound in force: never above the pool, never below 1."""
+        bound = self.upstream_tenant_connections or self.upstream_max_connections // 4
+        return max(1, min(bound, self.upstream_max_connections))
+
+    max_body_bytes: int = Field(
+        default=1 << 20,
+        ge=1024,
+        le=16 << 20,
+        description="the largest request body on any route (413 body_too_large), checked "
+        "before authentication; policy uploads have max_policy_bytes",
+    )
+    max_policy_bytes: int = Field(
+        default=4 << 20,
+        ge=1024,
+        le=64 << 20,
+        description="the largest policy document PUT /v1/admin/tenants/{tenant}/policy takes",
+    )
     body_timeout_s: float = Field(
         default=5.0,
         gt=0,
         le=300,
-        description="a request body (proxy, /mcp) must arrive whole within this long, else "
+        description="a request body (any route) must arrive whole within this long, else "
         "408 body_timeout: a client trickling its body cannot hold a worker",
     )
     forward_margin_s: float = Field(

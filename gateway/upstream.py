@@ -5,7 +5,8 @@ delivers. HTTP tool APIs are one implementation (gateway/http_upstream.py); anot
 protocol (MCP tools/call) is another, behind the same three-argument call.
 
 What an answer's fate does to the hold: delivered (the effect happened: post),
-refused (it did not: void), not sent (provably never left the gateway: void),
+refused (it did not: void), not sent (provably never left the gateway: void; both
+only on a first send: a retry refused or not sent leaves an ambiguous hold so),
 unknown (it may have happened: ambiguous, stays charged), in progress (only on a
 retry of an ambiguous hold: the upstream is still making the first delivery; the
 hold stays ambiguous)."""

@@ -475,13 +475,21 @@ class Ledger:
         deadline last at least now + `window_ms` (Redis time), so no other retry sends
         it meanwhile and no `void(due_only=True)` overtakes that request. HoldInFlight
         while another retry's claim lives; HoldStateConflict if the hold is no longer
-        ambiguous. Either way it must not be sent. The claim ends when the hold is
-        posted or voided, or marked ambiguous again (`mark_ambiguous`)."""
+        ambiguous. Either way it must not be sent. The claim (the result's `claim`)
+        ends when the hold is posted or voided, or marked ambiguous again by its
+        claimer (`mark_ambiguous` with the claim), or lapses."""
         args = [validate.identifier("hold_id", hold_id), str(validate.amount("window", window_ms))]
         return await self._transition("retry", tenant, hold_id, args)
 
-    async def mark_ambiguous(self, tenant: str, hold_id: str, reason: str) -> TransitionResult:
+    async def mark_ambiguous(
+        self, tenant: str, hold_id: str, reason: str, claim: str = ""
+    ) -> TransitionResult:
+        """The effect may have happened: charged until post or void. `claim`: the
+        caller's retry claim (`retry`), which ends with this; a hold already ambiguous
+        keeps any other claim (only its claimer, or its lapse, ends it)."""
         args = [validate.identifier("hold_id", hold_id), validate.identifier("reason", reason)]
+        if claim:
+            args.append(validate.identifier("claim", claim))
         return await self._transition("ambiguous", tenant, hold_id, args)
 
     async def compensate(
@@ -862,6 +870,8 @@ def _transition_result(
 ) -> TransitionResult:
     status = raise_for_reply(tenant, hold_id, operation, reply)
     flags = str(reply[2])
+    if operation == "retry":  # its third field is the claim, not flags
+        return TransitionResult(status, hold_id, HoldState(reply[1]), frozenset(), claim=flags)
     return TransitionResult(
         status=status,
         hold_id=hold_id,

@@ -222,6 +222,7 @@ class TransitionResult:
     flags: frozenset[str]
     by: str = ""
     replicas: int | None = None  # as in ReserveResult
+    claim: str = ""  # a won retry claim (Ledger.retry), to pass to mark_ambiguous
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,6 +101,9 @@ READERS = {
 }
 
 
+RETRY_SUPPLIER_PORT = free_port()
+
+
 def _example_accounts(**replaced: Any) -> dict[str, Any]:
     accounts: dict[str, Any] = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())[
         "accounts"
@@ -154,6 +157,18 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
             "tools": {
                 "supplier": {"upstream": f"http://127.0.0.1:{free_port()}"},
                 "payments": {"upstream": f"http://127.0.0.1:{free_port()}"},
+                "deploy": {},
+            }
+        },
+    ),
+    # Its supplier tool points at RETRY_SUPPLIER_PORT, where a test runs a supplier of
+    # its own that it can kill between an ambiguous send and its retry.
+    "retry-unsent": (
+        "procurement",
+        {
+            "tools": {
+                "supplier": {"upstream": f"http://127.0.0.1:{RETRY_SUPPLIER_PORT}"},
+                "payments": {"upstream": f"http://127.0.0.1:{RETRY_SUPPLIER_PORT}"},
                 "deploy": {},
             }
         },

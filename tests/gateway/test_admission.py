@@ -52,7 +52,7 @@ class ToolInMemory:
     fates: list[Fate] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
     made: dict[str, bytes] = field(default_factory=dict)
-    resends: bool = True  # it deduplicates by the idempotency key, as `made` shows
+    resends: bool = True  # it deduplicates by key, as a tool API does (contract 4)
 
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False
@@ -158,6 +158,19 @@ async def test_an_unknown_fate_is_retried_under_the_same_key_until_known(
         (first.hold_id, True),
     ]
     assert len({d.effect for d in tool.deliveries}) == 1
+
+
+@pytest.mark.parametrize("fate", [Fate.REFUSED, Fate.NOT_SENT])
+async def test_a_retry_refused_or_unsent_leaves_the_hold_ambiguous(
+    pipeline: Pipeline, fate: Fate
+) -> None:
+    """The retry's fate says nothing about the first send's: still ambiguous, charged."""
+    tool = ToolInMemory([Fate.UNKNOWN, fate])
+    first = _admitted(await pipeline.admit(tool, pipeline.intent(f"k-retry-{fate.value}")))
+    again = _admitted(await pipeline.admit(tool, pipeline.intent(f"k-retry-{fate.value}")))
+    assert isinstance(again.answer, Answer) and again.answer.fate is Fate.UNKNOWN
+    assert again.answer.why == f"retry_toy_{fate.value}"
+    assert await pipeline.state(first.hold_id) is HoldState.AMBIGUOUS
 
 
 @pytest.mark.parametrize(("fate", "status"), [(Fate.REFUSED, 422), (Fate.NOT_SENT, 502)])

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from .conftest import Gateway
+from irrev.harness import uvicorn_command
+
+from .conftest import RETRY_SUPPLIER_PORT, Gateway
 from .helpers import (
     assert_problem,
     balances,
@@ -20,7 +23,7 @@ from .helpers import (
     supplier_stats,
     used,
 )
-from .servers import Tenant
+from .servers import Server, Tenant, base_env
 
 
 async def hold_state(http: httpx.AsyncClient, tenant: Tenant, agent: str, hold: str) -> str:
@@ -321,3 +324,69 @@ async def test_an_in_progress_409_on_a_retry_keeps_the_hold_ambiguous(
     again = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
     assert (again.status_code, again.headers["x-irrev-replayed"]) == (201, "true")
     assert again.json() == final.json()
+
+
+async def test_a_retry_that_cannot_reach_the_upstream_keeps_the_hold_ambiguous(
+    gateway: Gateway, http: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """The first send made the order but answered 503 (ambiguous); the supplier then
+    went down and a repeat of the key could not connect. That proves nothing about the
+    first send: the hold stays ambiguous and charged, and the agent is told to keep
+    the key. Before, the retry voided the hold: an order made, nothing charged."""
+    tenant = gateway.tenant("retry-unsent")
+    supplier = Server(
+        "own supplier",
+        uvicorn_command("irrev.upstreams.supplier:create_supplier", RETRY_SUPPLIER_PORT),
+        base_env(),
+        tmp_path / "supplier.log",
+        RETRY_SUPPLIER_PORT,
+    )
+    supplier.start("/catalog")
+    try:
+        async with httpx.AsyncClient(base_url=supplier.url, trust_env=False) as own:
+            faults = {"status": 503, "apply": True, "times": 1}
+            assert (await own.post("/_faults", json=faults)).status_code == 200
+            headers = effect_headers(tenant, "buyer-01", "made-then-down")
+            first = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+            assert_problem(first, 502, "upstream_ambiguous")
+            assert (await own.get("/_stats")).json()["orders"] == 1
+    finally:
+        supplier.kill()
+    hold = first.headers["x-irrev-hold"]
+    charged = used(await balances(http, gateway.admin, tenant))
+
+    for _ in range(2):  # the claim ended: a second repeat is tried (and fails) again
+        retry = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+        body = assert_problem(retry, 502, "upstream_ambiguous")
+        assert body["why"] == "retry_upstream_refused"
+        assert "same Idempotency-Key" in body["detail"]
+        assert retry.headers["x-irrev-hold"] == hold
+        assert await hold_state(http, tenant, "buyer-01", hold) == "ambiguous"
+        assert used(await balances(http, gateway.admin, tenant)) == charged
+
+
+async def test_a_retry_answered_4xx_keeps_the_hold_ambiguous(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """A 429 to the retry of an ambiguous hold refuses the retry, not the first send:
+    the hold stays ambiguous and charged, and a later repeat gets (and posts) the real
+    result. Before, the 429 voided the hold and was replayed to every repeat."""
+    tenant = gateway.tenant("outcomes")
+    await set_faults(upstream, tenant, status=503, apply=False, times=1)
+    headers = effect_headers(tenant, "buyer-05", "rate-limited-retry")
+    first = await http.post("/tools/supplier/orders", json=order(quantity=4), headers=headers)
+    assert_problem(first, 502, "upstream_ambiguous")
+    hold = first.headers["x-irrev-hold"]
+    charged = used(await balances(http, gateway.admin, tenant))
+
+    await set_faults(upstream, tenant, status=429, apply=False, times=1)
+    retry = await http.post("/tools/supplier/orders", json=order(quantity=4), headers=headers)
+    body = assert_problem(retry, 502, "upstream_ambiguous")
+    assert (body["why"], body["upstream_status"]) == ("retry_upstream_429", 429)
+    assert await hold_state(http, tenant, "buyer-05", hold) == "ambiguous"
+    assert used(await balances(http, gateway.admin, tenant)) == charged
+
+    final = await http.post("/tools/supplier/orders", json=order(quantity=4), headers=headers)
+    assert final.status_code == 201, final.text
+    assert await hold_state(http, tenant, "buyer-05", hold) == "posted"
+    assert used(await balances(http, gateway.admin, tenant)) == charged

@@ -34,9 +34,9 @@ class RefHold:
     posted: dict[str, int] = field(default_factory=dict)
     compensated: dict[str, int] = field(default_factory=dict)
     request: str = ""
-    # A retry's claim on an ambiguous hold (retry.lua); the property test's window is
-    # an hour, so a claim never lapses within a run.
-    claimed: bool = False
+    # A retry's claim on an ambiguous hold (retry.lua), numbered (0: none); the
+    # property test's window is an hour, so a claim never lapses within a run.
+    claim: int = 0
 
 
 class RefError(Exception):
@@ -53,6 +53,7 @@ class RefError(Exception):
 class RefLedger:
     accounts: dict[str, RefAccount] = field(default_factory=dict)
     holds: dict[str, RefHold] = field(default_factory=dict)
+    claims: int = 0  # retry claims made so far: the last one's number
 
     def open(self, account: str, limit: int, soft: int, approval: int = 0) -> None:
         self.accounts[account] = RefAccount(limit, soft, approval)
@@ -168,7 +169,7 @@ class RefLedger:
         if any(amount > v for v in hold.amounts.values()):
             flags.add("overrun")
         self._add(hold.amounts, -1 if hold.state != "expired" else 0, posted)
-        hold.state, hold.posted, hold.claimed = "posted", posted, False
+        hold.state, hold.posted, hold.claim = "posted", posted, 0
         hold.compensated = {a: 0 for a in hold.amounts}
         return "ok", "posted", frozenset(flags)
 
@@ -179,13 +180,15 @@ class RefLedger:
         if hold.state not in LIVE:
             raise RefError("state_conflict", hold.state)
         self._add(hold.amounts, -1, None)
-        hold.state, hold.claimed = "voided", False
+        hold.state, hold.claim = "voided", 0
         return "ok", "voided", frozenset()
 
-    def mark_ambiguous(self, key: str) -> tuple[str, str, frozenset[str]]:
+    def mark_ambiguous(self, key: str, claim: int = 0) -> tuple[str, str, frozenset[str]]:
+        """`claim`: the caller's retry claim; only the live one it names ends."""
         hold = self._hold(key)
         if hold.state == "ambiguous":
-            hold.claimed = False  # the claimed send ended ambiguous again
+            if claim and claim == hold.claim:
+                hold.claim = 0  # the claimed send ended ambiguous again
             return "exists", "ambiguous", frozenset()
         if hold.state not in ("pending", "expired"):
             raise RefError("state_conflict", hold.state)
@@ -201,9 +204,10 @@ class RefLedger:
         hold = self._hold(key)
         if hold.state != "ambiguous":
             raise RefError("state_conflict", hold.state)
-        if hold.claimed:
+        if hold.claim:
             raise RefError("in_flight", "ambiguous")
-        hold.claimed = True
+        self.claims += 1
+        hold.claim = self.claims
         return "ok", "ambiguous", frozenset()
 
     def compensate(self, key: str, recovered: int) -> tuple[str, str, frozenset[str]]:

@@ -68,6 +68,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger = Ledger.from_url(url)
         self.tenant = f"t-{uuid.uuid4().hex}"
         self.model = RefLedger()
+        # Per hold key, the retry claims won: (the model's number, the ledger's claim).
+        self.claims: dict[str, list[tuple[int, str]]] = {}
 
     def run(self, pending: Awaitable[Any]) -> Any:
         return self.loop.run_until_complete(pending)
@@ -197,19 +199,32 @@ class LedgerMachine(RuleBasedStateMachine):
             outcome(lambda: self.model.void(key)), lambda: self.ledger.void(self.tenant, key)
         )
 
-    @rule(key=st.sampled_from(KEYS))
-    def mark_ambiguous(self, key: str) -> None:
+    @rule(key=st.sampled_from(KEYS), which=st.sampled_from(["none", "latest", "earliest"]))
+    def mark_ambiguous(self, key: str, which: str) -> None:
+        """Without a claim, with the latest claim won on the key, or with its earliest
+        (stale once a later one was won): only the live claim named ends."""
+        claims = self.claims.get(key, [])
+        model_claim, ledger_claim = (0, "")
+        if claims and which != "none":
+            model_claim, ledger_claim = claims[-1] if which == "latest" else claims[0]
         self._transition(
-            outcome(lambda: self.model.mark_ambiguous(key)),
-            lambda: self.ledger.mark_ambiguous(self.tenant, key, "timeout"),
+            outcome(lambda: self.model.mark_ambiguous(key, model_claim)),
+            lambda: self.ledger.mark_ambiguous(self.tenant, key, "timeout", ledger_claim),
         )
 
     @rule(key=st.sampled_from(KEYS))
     def retry(self, key: str) -> None:
-        self._transition(
-            outcome(lambda: self.model.retry(key)),
+        expected = outcome(lambda: self.model.retry(key))
+        got = self.real(
             lambda: self.ledger.retry(self.tenant, key, window_ms=HOUR_MS),
+            lambda r: (r.status.value, r.state.value, r.flags, r.claim),
         )
+        assert got[0] == expected[0]
+        if got[0] != "ok":
+            assert got == expected
+            return
+        assert got[1][:3] == expected[1]
+        self.claims.setdefault(key, []).append((self.model.claims, got[1][3]))
 
     @rule(key=st.sampled_from(KEYS), amount=AMOUNTS)
     def compensate(self, key: str, amount: int) -> None:

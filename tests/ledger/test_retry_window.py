@@ -40,7 +40,7 @@ async def test_a_due_only_void_waits_for_the_deadline(ledger: Ledger, tenant: st
 
 async def test_a_retry_moves_the_deadline_past_its_request(ledger: Ledger, tenant: str) -> None:
     await ambiguous_past_its_deadline(ledger, tenant, "again")
-    await ledger.retry(tenant, "again", window_ms=60_000)
+    claimed = await ledger.retry(tenant, "again", window_ms=60_000)
     hold = await ledger.hold(tenant, "again")
     assert hold is not None and hold.deadline_ms > await server_ms(ledger) + 50_000
     with pytest.raises(HoldNotDue):
@@ -48,7 +48,7 @@ async def test_a_retry_moves_the_deadline_past_its_request(ledger: Ledger, tenan
     assert await used(ledger, tenant, "tenant:acme") == (100, 0)
     # The send ended ambiguous again, which frees the claim; a shorter retry never
     # pulls the deadline back.
-    await ledger.mark_ambiguous(tenant, "again", "upstream_timeout")
+    await ledger.mark_ambiguous(tenant, "again", "upstream_timeout", claimed.claim)
     await ledger.retry(tenant, "again", window_ms=1)
     again = await ledger.hold(tenant, "again")
     assert again is not None and again.deadline_ms == hold.deadline_ms
@@ -93,7 +93,7 @@ async def test_of_concurrent_retries_one_claims_the_send(ledger: Ledger, tenant:
     refused = [o for o in outcomes if isinstance(o, HoldInFlight)]
     assert len(claimed) == 1 and len(refused) == 15
     assert all(0 < o.retry_after_ms <= 60_000 for o in refused)
-    await ledger.mark_ambiguous(tenant, "racing", "upstream_timeout")
+    await ledger.mark_ambiguous(tenant, "racing", "upstream_timeout", claimed[0].claim)
     await ledger.retry(tenant, "racing", window_ms=30)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 10
@@ -109,4 +109,33 @@ async def test_of_concurrent_retries_one_claims_the_send(ledger: Ledger, tenant:
     assert hold is not None and hold.state is HoldState.POSTED
     with pytest.raises(HoldStateConflict):
         await ledger.retry(tenant, "racing", window_ms=1000)
+    assert (await audit_tenant(ledger, tenant)).ok
+
+
+async def test_only_its_claimer_ends_a_live_claim(ledger: Ledger, tenant: str) -> None:
+    """A retry that outlived its claim (the claim lapsed, another repeat claimed the
+    hold and is sending it now) ends ambiguous: that must not end the live claim, or
+    a third repeat would send the effect beside the second. Neither may a settle
+    without a claim (an admin, the tool's settler). Before, ambiguous.lua cleared
+    whichever claim was there."""
+    await ambiguous_past_its_deadline(ledger, tenant, "stale")
+    stale = await ledger.retry(tenant, "stale", window_ms=30)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:
+        try:
+            live = await ledger.retry(tenant, "stale", window_ms=60_000)
+            break
+        except HoldInFlight:
+            assert loop.time() < deadline, "the claim never lapsed"
+            await asyncio.sleep(0.01)
+    assert live.claim != stale.claim
+    await ledger.mark_ambiguous(tenant, "stale", "upstream_timeout")
+    with pytest.raises(HoldInFlight):
+        await ledger.retry(tenant, "stale", window_ms=60_000)
+    await ledger.mark_ambiguous(tenant, "stale", "upstream_timeout", stale.claim)
+    with pytest.raises(HoldInFlight):
+        await ledger.retry(tenant, "stale", window_ms=60_000)
+    await ledger.mark_ambiguous(tenant, "stale", "upstream_timeout", live.claim)
+    await ledger.retry(tenant, "stale", window_ms=60_000)
     assert (await audit_tenant(ledger, tenant)).ok

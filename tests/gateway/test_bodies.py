@@ -1,0 +1,113 @@
+"""Every request body is bounded before anything reads it, on every route: FastAPI
+reads a route's body parameters before its authentication runs, so an
+unauthenticated client could make a worker buffer a body of any size (the review's
+200 MB POST to /v1/holds took a worker from 218 to 619 MB)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+import pytest
+
+from .conftest import MAX_BODY_BYTES, Gateway
+from .helpers import assert_problem, trickled_request
+
+MAX_POLICY_BYTES = 4 << 20  # the default IRREV_MAX_POLICY_BYTES
+
+
+async def declared_only(base_url: str, method: str, target: str, length: int) -> bytes:
+    """Headers declaring a `length`-byte body and none of it: the answer, or b'' if
+    the server waits for the body (10 s)."""
+    url = httpx.URL(base_url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    try:
+        head = (
+            f"{method} {target} HTTP/1.1\r\nHost: {url.host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        )
+        writer.write(head.encode())
+        await writer.drain()
+        try:
+            return await asyncio.wait_for(reader.read(65536), timeout=10)
+        except TimeoutError:
+            return b""
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "length"),
+    [
+        ("POST", "/v1/holds", 200 << 20),
+        ("POST", "/v1/holds/h-1/post", MAX_BODY_BYTES + 1),
+        ("PUT", "/v1/admin/tenants/anyone/policy", MAX_POLICY_BYTES + 1),
+    ],
+)
+async def test_a_declared_body_over_the_bound_is_refused_unread(
+    gateway: Gateway, method: str, target: str, length: int
+) -> None:
+    answer = await declared_only(gateway.url, method, target, length)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"body_too_large" in answer
+
+
+async def test_a_chunked_body_is_cut_at_the_bound(gateway: Gateway) -> None:
+    """No Content-Length: the body is counted as it arrives and refused once past the
+    bound, whoever sent it (the answer is read while sending: the server closes the
+    connection on a body it will not read)."""
+    url = httpx.URL(gateway.url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+
+    async def answer_of() -> bytes:
+        """The server's answer, read as it comes (it may close on the unread rest)."""
+        data = b""
+        with contextlib.suppress(ConnectionError):
+            while not data.endswith(b"}"):
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                data += chunk
+        return data
+
+    answering = asyncio.create_task(answer_of())
+    try:
+        head = (
+            f"POST /v1/holds HTTP/1.1\r\nHost: {url.host}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        writer.write(head.encode())
+        chunk = b" " * (MAX_BODY_BYTES // 8)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(64):
+                if answering.done():
+                    break
+                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                await writer.drain()
+        answer = await asyncio.wait_for(answering, timeout=10)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"body_too_large" in answer
+
+
+async def test_a_body_within_the_bound_still_reaches_the_route(
+    http: httpx.AsyncClient,
+) -> None:
+    response = await http.post(
+        "/v1/holds", content=b"{}", headers={"Content-Type": "application/json"}
+    )
+    assert_problem(response, 401, "unauthenticated")
+
+
+@pytest.mark.parametrize("target", ["/v1/holds", "/v1/holds/h-1/post"])
+async def test_a_trickled_body_is_cut_at_the_deadline_on_every_route(
+    gateway: Gateway, target: str
+) -> None:
+    """IRREV_BODY_TIMEOUT_S holds on the decision and admin APIs too, before
+    authentication: a slow client cannot hold a worker there either."""
+    body = b'{"note": "' + b"x" * 200 + b'"}'
+    headers = {"Content-Type": "application/json"}
+    status, problem = await trickled_request(gateway.url, target, headers, body)
+    assert (status, problem["reason"]) == (408, "body_timeout")

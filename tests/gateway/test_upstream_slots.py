@@ -1,0 +1,101 @@
+"""One tenant cannot starve another of upstream connections: every worker sends
+upstream through one shared connection pool, and reads are free, so a tenant whose
+own upstream hangs could hold every connection of it with reads and another tenant's
+effects would wait in the pool until they failed. IRREV_UPSTREAM_TENANT_CONNECTIONS
+bounds what one tenant may have in flight upstream per worker."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+
+from .conftest import Gateway, wait_for_workers
+from .helpers import effect_headers, order
+from .servers import BIN, Server, base_env, write_policy
+
+POOL = 8  # IRREV_UPSTREAM_MAX_CONNECTIONS, per worker
+PER_TENANT = 4  # IRREV_UPSTREAM_TENANT_CONNECTIONS, per worker
+WORKERS = 2
+
+
+@asynccontextmanager
+async def hung_upstream() -> AsyncIterator[tuple[str, list[int]]]:
+    """An upstream that takes requests and never answers (a stuck API): its URL and
+    a one-element count of the connections it was sent."""
+    seen = [0]
+    held: list[asyncio.StreamWriter] = []
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen[0] += 1
+        held.append(writer)
+        await reader.read()  # until the gateway gives up and closes it
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", seen
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+async def test_a_tenants_hung_upstream_cannot_starve_another_tenants_effects(
+    redis_url: str, suppliers: Server, tmp_path: Path
+) -> None:
+    """Tenant "evil" floods free reads at its hung upstream; tenant "acme" orders
+    meanwhile. Before, evil's reads held every pooled connection and acme's order
+    waited in the pool and was refused (502 upstream_unreachable, PoolTimeout)."""
+    async with hung_upstream() as (hung_url, seen):
+        policies = tmp_path / "policies"
+        policies.mkdir()
+        run = secrets.token_hex(4)
+        acme_id, evil_id = f"slots-acme-{run}", f"slots-evil-{run}"
+        acme = write_policy(policies, "procurement", acme_id, f"{suppliers.url}/{acme_id}")
+        evil = write_policy(policies, "procurement", evil_id, hung_url)
+        admin = secrets.token_urlsafe(24)
+        env = base_env(
+            IRREV_REDIS_URL=redis_url,
+            IRREV_POLICY_DIR=str(policies),
+            IRREV_ADMIN_TOKENS=f"ops={admin}",
+            IRREV_UPSTREAM_TIMEOUT_S="6",
+            IRREV_UPSTREAM_CONNECT_TIMEOUT_S="1",
+            IRREV_FORWARD_MARGIN_S="0.5",
+            IRREV_UPSTREAM_MAX_CONNECTIONS=str(POOL),
+            IRREV_UPSTREAM_TENANT_CONNECTIONS=str(PER_TENANT),
+        )
+        server = Server("slots gateway", [str(BIN / "irrev"), "serve"], env, tmp_path / "gw.log")
+        server.argv += ["--port", str(server.port), "--workers", str(WORKERS)]
+        server.start("/readyz")
+        try:
+            wait_for_workers(Gateway(server, redis_url, admin), workers=WORKERS)
+            limits = httpx.Limits(max_connections=100)
+            async with httpx.AsyncClient(
+                base_url=server.url, timeout=30.0, limits=limits, trust_env=False
+            ) as http:
+                flood = [
+                    asyncio.create_task(
+                        http.get("/tools/supplier/catalog", headers=evil.auth("buyer-01"))
+                    )
+                    for _ in range(4 * POOL * WORKERS)
+                ]
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 5
+                while seen[0] < PER_TENANT * WORKERS and loop.time() < deadline:
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.5)  # the flood is in, waiting upstream
+                headers = effect_headers(acme, "buyer-01", "during-the-flood")
+                placed = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+                assert placed.status_code == 201, placed.text
+                answers = await asyncio.gather(*flood)
+        finally:
+            server.stop()
+    refused = [a for a in answers if a.status_code == 502]
+    assert refused, "the flood was never bounded"
+    assert {a.json()["reason"] for a in refused} <= {"upstream_unreachable", "upstream_ambiguous"}
+    assert any(a.json().get("why") == "upstream_tenant_busy" for a in refused)

@@ -1,0 +1,134 @@
+"""A repeat of an ambiguous call to a server that deduplicates (`dedupes: true`) is
+sent again; a repeat that cannot reach the server, or that it refuses, proves nothing
+about the first call, so the hold stays ambiguous and charged. Derived keys tell
+JSON-RPC ids 1 and "1" apart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.gateway.helpers import balances, used
+
+from .conftest import (
+    KEY_META,
+    McpGateway,
+    agent,
+    order,
+    serve,
+    start_tool_server,
+    tool_stats,
+    write_mcp_policy,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+MODERN = "2026-07-28"
+
+
+async def test_a_repeat_the_server_is_down_for_keeps_the_call_ambiguous(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The first call took effect but outlived the gateway's wait (ambiguous); the
+    server then went down and the repeat could not reach it. Before, the repeat voided
+    the hold ("nothing was sent and the hold was released"): an effect made, uncharged."""
+    tools = start_tool_server(tmp_path / "state", tmp_path)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    tenant = write_mcp_policy(
+        policies,
+        f"mcp-redo-{uuid.uuid4().hex[:8]}",
+        tools.url,
+        tools={"procure": {"mcp": "", "dedupes": True}, "github": {"mcp": ""}},
+    )
+    gateway = serve(tmp_path, redis_url, policies, IRREV_UPSTREAM_TIMEOUT_S="1")
+    try:
+        async with httpx.AsyncClient(base_url=tools.url, trust_env=False) as own:
+            await own.post(f"/{tenant.namespace}/_faults", json={"delay_s": 2})
+            meta = {KEY_META: uuid.uuid4().hex}
+            async with agent(gateway.url, tenant.auth("buyer-01")) as client:
+                first = await client.call_tool("procure__place_order", order(), meta=meta)
+            assert first.structured_content["reason"] == "upstream_ambiguous", first
+            hold = first.structured_content["hold"]
+            # The slow call makes its effect after the gateway stopped waiting.
+            deadline = time.monotonic() + 20
+            while (await tool_stats(own, tenant))["effects"] == 0:
+                assert time.monotonic() < deadline, "the first call never took effect"
+                await asyncio.sleep(0.05)
+            tools.kill()
+            admin = gateway.admin
+            async with httpx.AsyncClient(base_url=gateway.url, trust_env=False) as gw:
+                charged = used(await balances(gw, admin, tenant))
+                async with agent(gateway.url, tenant.auth("buyer-01")) as client:
+                    again = await client.call_tool("procure__place_order", order(), meta=meta)
+                assert again.is_error
+                assert again.structured_content["reason"] == "upstream_ambiguous", again
+                assert "never with a new one" in again.structured_content["detail"]
+                base = f"/v1/admin/tenants/{tenant.id}"
+                listed = await gw.get(f"{base}/holds?state=ambiguous", headers=admin)
+                assert [h["hold"] for h in listed.json()] == [hold]
+                assert used(await balances(gw, admin, tenant)) == charged
+    finally:
+        gateway.server.stop()
+        tools.kill()
+
+
+def call_message(request_id: object, arguments: dict[str, Any]) -> bytes:
+    return json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {
+                "name": "procure__place_order",
+                "arguments": arguments,
+                "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": MODERN,
+                    "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+                    "io.modelcontextprotocol/clientCapabilities": {},
+                },
+            },
+        }
+    ).encode()
+
+
+async def test_json_rpc_ids_1_and_text_1_are_two_calls(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """JSON-RPC ids 1 and "1" are different requests; a derived key (Mcp-Session-Id +
+    id) that read both as "1" made the second the first one's repeat, and its
+    result the first one's. Before: one effect, the second call answered from it."""
+    tenant = mcp_gateway.tenant("hostile")
+    session = f"ids-{uuid.uuid4().hex}"
+
+    async def post(request_id: object) -> dict[str, Any]:
+        response = await http.post(
+            "/mcp",
+            content=call_message(request_id, order(quantity=1)),
+            headers={
+                **tenant.auth("buyer-01"),
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": MODERN,
+                "Mcp-Method": "tools/call",
+                "Mcp-Name": "procure__place_order",
+                "Mcp-Session-Id": session,
+            },
+        )
+        assert response.status_code == 200, response.text
+        result: dict[str, Any] = response.json()["result"]
+        assert not result.get("isError"), result
+        return result
+
+    calls = (await tool_stats(tools_http, tenant))["calls"]
+    number, text = await post(1), await post("1")
+    assert number["_meta"][KEY_META] != text["_meta"][KEY_META]
+    assert number["structuredContent"]["effect"] != text["structuredContent"]["effect"]
+    assert (await post(1))["structuredContent"] == number["structuredContent"]
+    assert (await tool_stats(tools_http, tenant))["calls"] == calls + 2
