@@ -32,13 +32,12 @@ from pricing.policy import AdminRole, duration_ms
 from .admission import resolved
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
 from .events import currency, effect_fields, events_of, money, rfc3339, tripped, tripped_view
-from .holds_api import receipt as _receipt
 from .notes import Note
 from .policies import PolicyLoadError
 from .problems import Problem
 from .reconcile import reconcile
 from .responses import escalation_id, hold_view
-from .wire import StoredRequest, record_of
+from .wire import StoredRequest, receipt, record_of
 
 log = logging.getLogger("irrev.gateway")
 # The events feed reads at most FEED_PAGES journal pages of FEED_PAGE entries a call.
@@ -354,15 +353,15 @@ async def resolve_hold(
             by=hold.resolved_by or hold.by or None,
         )
     record = record_of(hold.request, hold.outcome)
-    receipt = _receipt(record) if record else ""
+    outcome = receipt(record) if record else ""
     if hold.state is HoldState.AMBIGUOUS:
         if wanted is HoldState.POSTED:
             price = (
                 record.price if isinstance(record, StoredRequest) else max(hold.amounts.values())
             )
-            await ledger.post(tenant, hold_id, price, outcome=receipt)
+            await ledger.post(tenant, hold_id, price, outcome=outcome)
         else:
-            await ledger.void(tenant, hold_id, outcome=receipt)
+            await ledger.void(tenant, hold_id, outcome=outcome)
     await ledger.note_resolution(tenant, hold_id, wanted, admin.name, spec.reason)
     resolved(tenant, admin.name, f"resolved_{wanted.value}", hold_id, record)
     return {"hold": hold_id, "state": wanted.value, "by": admin.name, "reason": spec.reason}

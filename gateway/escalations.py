@@ -13,7 +13,7 @@ from pricing.policy import AdminRole
 
 from . import admission, tracing
 from .auth import AdminIdentity, Caller, caller_auth, gate_of, tenant_admin_auth
-from .notes import Decision
+from .notes import decision_of
 from .problems import Problem
 from .responses import answer_response, parse_escalation_id, stored_response
 from .wire import StoredAnswer, StoredRequest, owner_of
@@ -72,7 +72,6 @@ async def approve(
     request: Request,
     escalation: str,
     who: Annotated[AdminIdentity, Depends(tenant_admin_auth)],
-    decision: Decision | None = None,
 ) -> Response:
     """Exactly one of any number of concurrent approvals wins and forwards the effect;
     the others get 409 naming the outcome and who decided it."""
@@ -82,7 +81,7 @@ async def approve(
     policy = gate.tenants.policies.get(tenant)
     if policy is None:
         raise no_such_escalation()
-    note = decision.reason if decision else ""
+    note = (await decision_of(request)).reason
     answer = await admission.approve(gate, policy, hold_id, who.name, note)
     if answer is None:
         # Decision-only: the in-process tool sees the hold pending and acts itself.
@@ -96,13 +95,12 @@ async def reject(
     request: Request,
     escalation: str,
     who: Annotated[AdminIdentity, Depends(tenant_admin_auth)],
-    decision: Decision | None = None,
 ) -> dict[str, Any]:
     gate = gate_of(request)
     tenant, hold_id = parse_escalation_id(escalation)
     who.require(tenant, AdminRole.APPROVER, no_such_escalation())
     admin = who.name
-    note = decision.reason if decision else ""
+    note = (await decision_of(request)).reason
     if tenant not in gate.tenants.policies:
         raise no_such_escalation()
     # Read first: a rejected hold keeps no request, and the log line names what it was.

@@ -23,7 +23,7 @@ from .auth import Settling, agent_auth, gate_of, settling_auth
 from .canonical import Canonical
 from .problems import Problem
 from .responses import budget_headers, escalation_id, hold_view, money
-from .wire import StoredAnswer, StoredRequest, parse_json_body, record_of
+from .wire import StoredAnswer, StoredRequest, parse_json_body, receipt, record_of
 
 log = logging.getLogger("irrev.gateway")
 router = APIRouter(prefix="/v1/holds", tags=["decision API"])
@@ -182,11 +182,6 @@ def check_amount(
 async def get_hold(request: Request, hold_id: str, who: Settler) -> dict[str, Any]:
     hold, _ = await settled_by(request, who, hold_id, reading=True)
     return hold_view(who.policy, hold)
-
-
-def receipt(record: StoredRequest | StoredAnswer) -> str:
-    answer = record.answer(200, [], b"") if isinstance(record, StoredRequest) else record
-    return answer.dumps()
 
 
 def _log_flags(tenant: str, hold_id: str, flags: frozenset[str]) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
 MAX_NOTE_CHARS = 500  # at most 2000 bytes of UTF-8: within the ledger's 2048
 
@@ -20,3 +22,17 @@ class Decision(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     reason: Note = ""
+
+
+async def decision_of(request: Request) -> Decision:
+    """The optional body of an approval or a rejection, read once the caller's role
+    has been checked: as a body parameter it was validated first, and a viewer sending
+    any body learnt 422 about its shape where it may not decide at all (403)."""
+    raw = await request.body()
+    if not raw.strip():
+        return Decision()
+    try:
+        return Decision.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
+        raise RequestValidationError(errors) from exc

@@ -234,6 +234,13 @@ def record_of(request: str, outcome: str) -> StoredRequest | StoredAnswer | None
     return None
 
 
+def receipt(record: StoredRequest | StoredAnswer) -> str:
+    """What a hold settled by hand keeps as its outcome: the upstream's answer where
+    there was one, else a 200 made from the stored request."""
+    answer = record.answer(200, [], b"") if isinstance(record, StoredRequest) else record
+    return answer.dumps()
+
+
 def owner_of(request: str, outcome: str) -> str:
     """The agent a hold belongs to."""
     record = record_of(request, outcome)

@@ -71,7 +71,8 @@ READER_ROUTES: list[dict[str, Any]] = [
         "tool": "payments",
         "route": "POST /refunds",
         "class": "irreversible",
-        "body": ["customer_id", "amount"],
+        # `note`: a free-text field, declared (undeclared ones are refused).
+        "body": ["customer_id", "amount", "note"],
         "face_value": "amount",
         "risk_factors": ["customer:{customer_id}"],
     },
