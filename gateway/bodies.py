@@ -1,9 +1,13 @@
 """One bound on every request body, before anything reads it: FastAPI reads a route's
 body parameters before its authentication dependency runs, so without this an
 unauthenticated client could make a worker buffer a body of any size, or hold it
-with a body trickled for ever. A declared Content-Length over the bound is refused at
-once (413, nothing read); a chunked body is cut when it passes the bound; a body not
-whole within the deadline is cut (408). Routes keep their own checks."""
+with a body trickled for ever. A declared Content-Length over the bound is refused
+(413) without being kept; a chunked body is cut when it passes the bound; a body not
+whole within the deadline is cut (408). Routes keep their own checks.
+
+A client still sending when the 413 goes out and the connection closes sees a reset,
+not the answer. So the rest of a body at most DRAIN_BYTES past the bound is read and
+dropped first (within the same deadline); only a larger one is cut at once."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .problems import Problem, body_timeout
 
+DRAIN_BYTES = 1 << 20
 # A tenant's policy document may be larger than any agent's request.
 POLICY_UPLOAD = re.compile(r"/v1/admin/tenants/[^/]+/policy")
 
@@ -49,12 +54,14 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.limit_of(scope)
+        deadline = time.monotonic() + self.timeout_s
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            if declared.isdigit() and int(declared) <= limit + DRAIN_BYTES:
+                await drain(receive, deadline)
             await too_large(limit).response()(scope, receive, send)
             return
         received, body_done, refused, started = 0, False, False, False
-        deadline = time.monotonic() + self.timeout_s
 
         async def refuse(problem: Problem) -> Message:
             # The app sees the client go away; the client gets the problem.
@@ -81,6 +88,8 @@ class BodyLimit:
             received += len(message.get("body", b""))
             body_done = not message.get("more_body", False)
             if received > limit:
+                if not body_done:
+                    await drain(receive, deadline, DRAIN_BYTES)
                 return await refuse(too_large(limit))
             return message
 
@@ -96,3 +105,20 @@ class BodyLimit:
         except Exception:
             if not refused:
                 raise
+
+
+async def drain(receive: Receive, deadline: float, at_most: int = DRAIN_BYTES) -> None:
+    """Read and drop the rest of a refused body, up to `at_most` bytes and until the
+    deadline, so that the client has finished sending when the refusal goes out."""
+    dropped = 0
+    try:
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+            while dropped <= at_most:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                dropped += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+    except TimeoutError:
+        return
