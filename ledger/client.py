@@ -10,7 +10,8 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from . import validate
-from .cluster import RedisClient, script_then_wait, wait_out_migration
+from .calls import Scripts
+from .cluster import RedisClient
 from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
 from .embedded import redis_url
 from .errors import (
@@ -19,6 +20,7 @@ from .errors import (
     LedgerUnavailable,
     RedisFailure,
     raise_for_reply,
+    redis_failure,
     translate_redis_errors,
 )
 from .keys import (
@@ -50,7 +52,6 @@ from .records import (
     TenantSnapshot,
     TransitionResult,
 )
-from .scripts import register_scripts
 from .settings import LedgerSettings
 
 DAY_MS = 24 * 3600 * 1000
@@ -100,7 +101,7 @@ class Ledger:
             raise BadInput("replica_timeout_ms", f"must be 1 to {MAX_REPLICA_TIMEOUT_MS}")
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
-        self._scripts = register_scripts(redis)
+        self._scripts = Scripts(redis)
 
     @classmethod
     def from_url(
@@ -128,55 +129,41 @@ class Ledger:
     async def aclose(self) -> None:
         await self.redis.aclose()
 
-    async def _run(self, operation: str, keys: list[str], args: list[str]) -> list[Any]:
-        """One script on its declared `keys`; on a cluster, sent again while its slot
-        is moving (TRYAGAIN: it did not run)."""
-        script = self._scripts[operation]
-        with translate_redis_errors(operation):
-            if isinstance(self.redis, RedisCluster):
-                reply: list[Any] = await wait_out_migration(lambda: script(keys=keys, args=args))
-            else:
-                reply = await script(keys=keys, args=args)
-        return reply
+    async def _run(self, operation: str, keys: list[str], args: list[str]) -> Any:
+        """One script on its declared `keys` (on a cluster, sent again while its slot
+        is moving: TRYAGAIN means it did not run)."""
+        try:
+            return await self._scripts.call(operation, keys, args)
+        except (redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
+            raise LedgerUnavailable(operation, redis_failure(exc), str(exc)) from exc
 
     async def _run_replicated(
         self, operation: str, keys: list[str], args: list[str]
-    ) -> tuple[list[Any], int | None]:
+    ) -> tuple[Any, int | None]:
         """`_run`, then WAIT on the same connection when replicas are asked for: the
         script and the WAIT go out in one pipeline (on a cluster, to the primary of
         the keys' slot). Returns the reply and how many replicas acknowledged (None
         when none are asked for)."""
         if not self.replicas:
             return await self._run(operation, keys, args), None
-        script = self._scripts[operation]
         with translate_redis_errors(operation):
-            for attempt in range(2):
-                if isinstance(self.redis, RedisCluster):
-                    reply, acked = await script_then_wait(
-                        self.redis, script.sha, keys, args, self.replicas, self.replica_timeout_ms
-                    )
-                else:
-                    async with self.redis.pipeline(transaction=False) as pipe:
-                        pipe.evalsha(script.sha, len(keys), *keys, *args)
-                        pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
-                        reply, acked = await pipe.execute(raise_on_error=False)
-                if isinstance(reply, redis_errors.NoScriptError) and attempt == 0:
-                    await self.load_scripts()  # Redis restarted and forgot it
-                    continue
-                for result in (reply, acked):
-                    if isinstance(result, Exception):
-                        raise result
-                return reply, int(acked)
-        raise LedgerUnavailable(operation, RedisFailure.NO_SCRIPT, "still missing after a reload")
+            reply, acked = await self._scripts.call_then_wait(
+                operation, keys, args, self.replicas, self.replica_timeout_ms
+            )
+            for result in (reply, acked):
+                if isinstance(result, Exception):
+                    raise result
+        return reply, int(acked)
 
     async def ping(self) -> None:
         with translate_redis_errors("ping"):
             await self.redis.ping()
 
     async def load_scripts(self) -> None:
-        """Load every script now, so the first admission does not pay for it (what a
-        gateway does at start). Refused on a node of a Redis Cluster with a standalone
-        client, which most calls would find sent elsewhere."""
+        """Load the ledger's Functions library (or its scripts, on Redis 6.2) now, so
+        the first admission does not pay for it (what a gateway does at start).
+        Refused on a node of a Redis Cluster with a standalone client, which most
+        calls would find sent elsewhere."""
         with translate_redis_errors("loading the ledger scripts"):
             if not isinstance(self.redis, RedisCluster):
                 info = await self.redis.info("cluster")
@@ -187,15 +174,20 @@ class Ledger:
                         "the server is a node of a Redis Cluster and this ledger's client a "
                         "standalone one; Ledger.from_url detects a cluster",
                     )
-            for script in self._scripts.values():
-                script.sha = await self.redis.script_load(script.script)
+            await self._scripts.load()
 
     async def scripts_loaded(self) -> bool:
-        """Whether Redis still has every script cached (it forgets them on restart;
-        EVALSHA then falls back to loading them again)."""
-        shas = [script.sha for script in self._scripts.values()]
+        """Whether Redis still has the library or every script (6.2 forgets scripts
+        on restart; a call that finds them missing loads them again)."""
         with translate_redis_errors("checking the ledger scripts"):
-            return all(await self.redis.script_exists(*shas))
+            return await self._scripts.loaded()
+
+    async def uses_functions(self) -> bool:
+        """Whether the ledger runs as a Redis Functions library (Redis 7+: FCALL)
+        rather than as scripts (6.2: EVALSHA); loads them if not yet loaded."""
+        if not self._scripts.heads:
+            await self.load_scripts()
+        return self._scripts.functions
 
     # Accounts
 
@@ -351,37 +343,14 @@ class Ledger:
     async def _run_many(
         self, operation: str, tenant: str, batch: list[tuple[str, list[str]]]
     ) -> list[list[Any] | LedgerError]:
-        """One pipeline of EVALSHAs, each item (hold id, args) in order. A cluster
-        pipeline sends each node its items (one tenant: one slot, one node) and
-        sends again, one by one, those redirected or refused during a migration.
-        Items Redis answered with an error get a LedgerUnavailable in place."""
+        """One pipeline of calls, each item (hold id, args) in order (on a cluster, to
+        the primary of the tenant's slot; items redirected by a slot migration are
+        sent again one by one). Items Redis answered with an error get a
+        LedgerUnavailable in place."""
         tenant = validate.tenant_id(tenant)
-        script = self._scripts[operation]
-        todo = list(range(len(batch)))
-        replies: list[Any] = [None] * len(batch)
+        calls = [(hold_script_keys(tenant, hold_id), args) for hold_id, args in batch]
         with translate_redis_errors(operation):
-            for attempt in range(2):
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for i in todo:
-                        hold_id, args = batch[i]
-                        keys = hold_script_keys(tenant, hold_id)
-                        # (redis-py's cluster pipeline blocks its evalsha method, not
-                        # the command, which it routes by the first key like any other)
-                        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                    results = await pipe.execute(raise_on_error=False)
-                for i, result in zip(todo, results, strict=True):
-                    replies[i] = result
-                todo = [i for i in todo if isinstance(replies[i], redis_errors.NoScriptError)]
-                if not todo or attempt == 1:
-                    break
-                await self.load_scripts()  # Redis restarted and forgot it
-        for i, reply in enumerate(replies):
-            if isinstance(reply, _MIGRATING):  # the pipeline's own retries ran out
-                hold_id, args = batch[i]
-                try:
-                    replies[i] = await self._run(operation, hold_script_keys(tenant, hold_id), args)
-                except LedgerUnavailable as exc:
-                    replies[i] = exc
+            replies = await self._scripts.call_many(operation, calls)
         return [_in_place(operation, reply) for reply in replies]
 
     async def post(
@@ -605,15 +574,6 @@ async def _decoded(reply: Awaitable[Any]) -> Any:
     """A reply of the ledger's client, whose strings arrive decoded (decode_responses):
     redis-py types them as bytes | str."""
     return await reply
-
-
-# Answers that mean a script did not run because its slot was moving.
-_MIGRATING = (
-    redis_errors.TryAgainError,
-    redis_errors.ClusterError,
-    redis_errors.MovedError,
-    redis_errors.AskError,
-)
 
 
 def _in_place(operation: str, reply: Any) -> Any:

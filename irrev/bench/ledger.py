@@ -215,7 +215,9 @@ def report(rows: list[tuple[Rate, Rate]], memory: Memory, args: argparse.Namespa
 
 
 def report_script_times(times: list[ScriptTime]) -> None:
-    table = Table(title="Redis server time per script (INFO commandstats, EVALSHA usec/calls)")
+    table = Table(
+        title="Redis server time per script (INFO commandstats, FCALL/EVALSHA usec/calls)"
+    )
     for column in ("script", "calls", "us per call", "x trivial"):
         table.add_column(column, justify="left" if column == "script" else "right")
     trivial = next(t for t in times if t.operation == "trivial").usec_per_call

@@ -1,6 +1,7 @@
--- Shared helpers, prepended to every ledger script when it is loaded
--- (ledger/scripts.py), so each operation stays one atomic script. Not a script on
--- its own.
+-- Shared helpers of every ledger operation. On Redis 7 they are the top of one
+-- Redis Functions library (ledger/scripts.py), loaded once, and each operation's
+-- file becomes the body of a function of it; on Redis 6.2 the helpers an operation
+-- uses are prepended to its file, which is run by EVALSHA. Not a script on its own.
 --
 -- Key layout: every key a script reads or writes is declared in KEYS, so that
 -- during a slot migration Redis runs a script only where all of them are (else it
@@ -18,14 +19,19 @@
 -- tostring() and `..` print 14 significant digits, so numbers that go into strings
 -- pass through fmt(); numbers passed to redis.call are printed by Redis with 17.
 
-redis.replicate_commands() -- Redis 6 needs it to write after TIME; a no-op on 7
+-- The call's KEYS and ARGV and the tenant's keys, set by `bind` at the start of
+-- every call (a function gets its keys and arguments as parameters, and a library
+-- has no globals of its own).
+local KEYS, ARGV, ACCOUNTS, P, JOURNAL, DEADLINES, AMBIGUOUS, ESCALATED
 
-local ACCOUNTS = KEYS[1]
-local P = string.sub(ACCOUNTS, 1, -9) -- the tenant's prefix `irrev:{<tenant>}:`
-local JOURNAL = KEYS[2]
-local DEADLINES = KEYS[3]
-local AMBIGUOUS = KEYS[4]
-local ESCALATED = KEYS[5]
+local function bind(keys, argv)
+  KEYS, ARGV = keys, argv
+  ACCOUNTS, JOURNAL, DEADLINES, AMBIGUOUS, ESCALATED = keys[1], keys[2], keys[3], keys[4], keys[5]
+  if ACCOUNTS then
+    P = string.sub(ACCOUNTS, 1, -9) -- the tenant's prefix `irrev:{<tenant>}:`
+  end
+end
+
 local MAX_AMOUNT = 9007199254740991
 local MAX_ACCOUNTS = 8
 local MAX_BLOB = 1048576

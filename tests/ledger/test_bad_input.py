@@ -220,7 +220,7 @@ async def test_script_validates_before_writing(
         keys = tenant_keys(tenant)
     else:
         keys = hold_script_keys(tenant, args[0])
-    reply = await seeded._scripts[operation](keys=keys, args=args)
+    reply = await seeded._run(operation, keys, args)
     assert reply[0] == "bad_input"
     assert await tenant_snapshot(seeded, tenant) == before
 
@@ -241,7 +241,7 @@ async def test_script_touches_only_the_hold_key_it_was_given(
     may be on the other node)."""
     before = await tenant_snapshot(seeded, tenant)
     keys = hold_script_keys(tenant, "posted")
-    reply = await seeded._scripts[operation](keys=keys, args=args)
+    reply = await seeded._run(operation, keys, args)
     assert reply[:2] == ["bad_input", "keys"]
     assert await tenant_snapshot(seeded, tenant) == before
 
@@ -277,11 +277,10 @@ def _raw_reserve(amounts: dict[str, int]) -> list[str]:
 async def test_the_script_takes_the_largest_amount_and_refuses_one_more(
     seeded: Ledger, tenant: str
 ) -> None:
-    reserve = seeded._scripts["reserve"]
     prefix = hold_script_keys(tenant, "k")
-    over = await reserve(keys=prefix, args=_raw_reserve({"tenant:acme": MAX_AMOUNT + 1}))
+    over = await seeded._run("reserve", prefix, _raw_reserve({"tenant:acme": MAX_AMOUNT + 1}))
     assert over[0] == "bad_input"
-    at = await reserve(keys=prefix, args=_raw_reserve({"tenant:acme": MAX_AMOUNT}))
+    at = await seeded._run("reserve", prefix, _raw_reserve({"tenant:acme": MAX_AMOUNT}))
     # Read and checked against the limit: a valid amount, denied by the budget.
     assert at[:3] == ["ok", "deny", "budget_exceeded"]
     assert at[-1] == MAX_AMOUNT
@@ -290,13 +289,12 @@ async def test_the_script_takes_the_largest_amount_and_refuses_one_more(
 async def test_the_script_takes_the_most_accounts_and_refuses_one_more(
     seeded: Ledger, tenant: str
 ) -> None:
-    reserve = seeded._scripts["reserve"]
     prefix = hold_script_keys(tenant, "k")
     accounts = {f"agent:a{i}": 1 for i in range(MAX_ACCOUNTS + 1)}
-    over = await reserve(keys=prefix, args=_raw_reserve(accounts))
+    over = await seeded._run("reserve", prefix, _raw_reserve(accounts))
     assert over[:2] == ["bad_input", "accounts"]
     del accounts["agent:a0"]
-    at = await reserve(keys=prefix, args=_raw_reserve(accounts))
+    at = await seeded._run("reserve", prefix, _raw_reserve(accounts))
     assert at[0] == "unknown_account"  # past the count check, to the accounts themselves
 
 
