@@ -66,8 +66,8 @@ class Scripts:
             return False
         if self.functions:
             found = await self.redis.function_list(library=self.library.name)
-            # A cluster client asks one node; each answers for itself.
-            return bool(found)
+            # A cluster client asks every primary: {node: its libraries}.
+            return all(found.values()) if isinstance(found, dict) else bool(found)
         return all(await self.redis.script_exists(*self.shas.values()))
 
     def _head(self, operation: str, keys: list[str], args: list[str]) -> tuple[Any, ...]:
