@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from redis import exceptions as redis_errors
@@ -36,6 +38,7 @@ from .keys import (
     tenant_keys,
 )
 from .records import (
+    DECIDED_BY,
     AccountCheck,
     AccountSpec,
     Approval,
@@ -43,6 +46,7 @@ from .records import (
     Decision,
     Hold,
     HoldState,
+    Provenance,
     Reason,
     ReserveRequest,
     ReserveResult,
@@ -63,6 +67,9 @@ T = TypeVar("T")
 EXPIRE_FIRST = "expire_first"
 DECIDE_ANYWAY = "1"
 SWEEP_BATCH = 100
+MAX_CACHED_TENANTS = 10_000
+# Each text field of a Provenance (reserve.lua takes up to 4 KiB for all of them).
+MAX_PROVENANCE_FIELD = 255
 MAX_SWEEPS_BEFORE_RESERVE = 10
 
 
@@ -102,6 +109,8 @@ class Ledger:
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
         self._scripts = Scripts(redis)
+        self._retention = str(self.retention_ms)
+        self._tenant_keys: dict[str, list[str]] = {}
 
     @classmethod
     def from_url(
@@ -262,6 +271,7 @@ class Ledger:
         escalate_above: int = 0,
         request: str = "",
         open_missing: Sequence[AccountSpec] = (),
+        provenance: Provenance | None = None,
     ) -> ReserveResult:
         """Admit, deny or escalate one effect; hold its price on every account or none.
 
@@ -272,6 +282,8 @@ class Ledger:
         forwards it later, or a reconciler who looks it up). `open_missing` names
         accounts of `amounts` to create in the same script if Redis lacks them, only
         when the hold is kept and holds something on them (see reserve.lua).
+        `provenance` goes into the journal's reserve entry, with the SHA-256 of
+        `request` (see Provenance).
         """
         reserve = ReserveRequest(
             idempotency_key,
@@ -283,9 +295,10 @@ class Ledger:
             escalate_above,
             request,
             open_missing,
+            provenance,
         )
-        keys = hold_script_keys(validate.tenant_id(tenant), reserve.idempotency_key)
-        args = self._reserve_args(reserve)
+        args = self._reserve_args(reserve)  # first: its errors name the idempotency key
+        keys = self._hold_keys(tenant, idempotency_key)
         reply, replicas = await self._run_replicated("reserve", keys, args)
         if reply[0] == EXPIRE_FIRST:
             await self._expire_due(tenant)
@@ -335,6 +348,7 @@ class Ledger:
             str(self.retention_ms),
             str(validate.amount("escalate_above", r.escalate_above)),
             validate.blob("request", r.request),
+            _provenance(r.provenance, r.request),
             *validate.account_amounts(r.amounts),
             str(self.denied_retention_ms),
             *_open_args(r.amounts, r.open_missing),
@@ -548,13 +562,21 @@ class Ledger:
         return snapshots
 
     def _hold_args(self, hold_id: str) -> list[str]:
-        return [validate.identifier("hold_id", hold_id), str(self.retention_ms)]
+        return [validate.identifier("hold_id", hold_id), self._retention]
+
+    def _hold_keys(self, tenant: str, hold_id: str) -> list[str]:
+        """hold_script_keys, with the tenant's five built (and checked) once."""
+        prefix = self._tenant_keys.get(tenant)
+        if prefix is None:
+            if len(self._tenant_keys) >= MAX_CACHED_TENANTS:
+                self._tenant_keys.clear()
+            prefix = self._tenant_keys[tenant] = tenant_keys(validate.tenant_id(tenant))
+        return [*prefix, hold_key(tenant, validate.identifier("hold_id", hold_id))]
 
     async def _transition(
         self, operation: str, tenant: str, hold_id: str, args: list[str]
     ) -> TransitionResult:
-        keys = hold_script_keys(validate.tenant_id(tenant), validate.identifier("hold_id", hold_id))
-        reply = await self._run(operation, keys, args)
+        reply = await self._run(operation, self._hold_keys(tenant, hold_id), args)
         return _transition_result(tenant, hold_id, operation, reply)
 
 
@@ -605,17 +627,17 @@ def _or_error(parse: Callable[..., T], *args: Any) -> T | LedgerError:
 def _reserve_result(
     tenant: str, hold_id: str, reply: list[Any], replicas: int | None = None
 ) -> ReserveResult:
-    status = raise_for_reply(tenant, hold_id, "reserve", reply)
+    status = _OK_STATUSES.get(reply[0]) or raise_for_reply(tenant, hold_id, "reserve", reply)
     checks = tuple(
-        AccountCheck(str(reply[7 + 4 * i]), *(int(x) for x in reply[8 + 4 * i : 11 + 4 * i]))
-        for i in range(int(reply[6]))
+        AccountCheck(reply[i], int(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]))
+        for i in range(7, 7 + 4 * int(reply[6]), 4)
     )
     return ReserveResult(
         status=status,
         hold_id=hold_id,
-        decision=Decision(reply[1]),
-        reason=Reason(reply[2]),
-        state=HoldState(reply[3]),
+        decision=_DECISIONS[reply[1]],
+        reason=_REASONS[reply[2]],
+        state=_STATES[reply[3]],
         deadline_ms=int(reply[4]),
         created_ms=int(reply[5]),
         accounts=checks,
@@ -626,16 +648,45 @@ def _reserve_result(
 def _transition_result(
     tenant: str, hold_id: str, operation: str, reply: list[Any], replicas: int | None = None
 ) -> TransitionResult:
-    status = raise_for_reply(tenant, hold_id, operation, reply)
+    status = _OK_STATUSES.get(reply[0]) or raise_for_reply(tenant, hold_id, operation, reply)
     flags = str(reply[2])
     return TransitionResult(
         status=status,
         hold_id=hold_id,
-        state=HoldState(reply[1]),
-        flags=frozenset(flags.split(",")) - {""},
+        state=_STATES[reply[1]],
+        flags=frozenset(flags.split(",")) - {""} if flags else _NO_FLAGS,
         by=flags if operation == "reject" else "",
         replicas=replicas,
     )
+
+
+# Replies parsed by lookup: an enum's constructor costs more than the script's
+# answer is worth on the hot path.
+_OK_STATUSES = {Status.OK.value: Status.OK, Status.EXISTS.value: Status.EXISTS}
+_DECISIONS = {d.value: d for d in Decision}
+_REASONS = {r.value: r for r in Reason}
+_STATES = {s.value: s for s in HoldState}
+_NO_FLAGS: frozenset[str] = frozenset()
+
+
+def _provenance(provenance: Provenance | None, request: str) -> str:
+    """The reserve's `prov` argument: Provenance.packed, with the request's digest."""
+    if provenance is None:
+        return ""
+    for field in ("route", "agent", "principal"):
+        value = getattr(provenance, field)
+        if not isinstance(value, str) or "|" in value or len(value) > MAX_PROVENANCE_FIELD:
+            raise BadInput(
+                f"provenance.{field}", f"must be at most {MAX_PROVENANCE_FIELD} characters, no '|'"
+            )
+    key = provenance.agent_key
+    if not isinstance(key, str) or len(key) > MAX_PROVENANCE_FIELD or not key.isprintable():
+        raise BadInput(
+            "provenance.agent_key", f"must be at most {MAX_PROVENANCE_FIELD} printable characters"
+        )
+    digest = hashlib.sha256(request.encode()).hexdigest() if request else ""
+    face = validate.amount("provenance.face_value", provenance.face_value)
+    return replace(provenance, face_value=face, request_sha256=digest).packed()
 
 
 def _open_args(amounts: Mapping[str, int], specs: Sequence[AccountSpec]) -> list[str]:
@@ -693,18 +744,22 @@ def _numbers(accounts: list[str], text: str | None) -> dict[str, int]:
 
 def _hold(hold_id: str, f: dict[str, str]) -> Hold:
     accounts = f["acc"].split(",") if f.get("acc") else []
+    reason = f["dec"].partition("|")[0]
+    posted = _numbers(accounts, f.get("pst"))
+    # A posted hold without `cmp` has recovered nothing yet.
+    compensated = _numbers(accounts, f.get("cmp")) or dict.fromkeys(posted, 0)
     return Hold(
         hold_id=hold_id,
         state=HoldState(f["st"]),
-        decision=Decision(f["dec"]),
-        reason=Reason(f["why"]),
+        decision=DECIDED_BY[Reason(reason)],
+        reason=Reason(reason),
         fingerprint=f["fp"],
         armed=f.get("arm") == "1",
         created_ms=int(f["t0"]),
         deadline_ms=int(f["dl"]),
         amounts=_numbers(accounts, f.get("amt")),
-        posted=_numbers(accounts, f.get("pst")),
-        compensated=_numbers(accounts, f.get("cmp")),
+        posted=posted,
+        compensated=compensated,
         flags=frozenset(f.get("flag", "").split(",")) - {""},
         ambiguity=f.get("amb", ""),
         request=f.get("req", ""),

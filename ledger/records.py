@@ -36,6 +36,17 @@ class Reason(StrEnum):
     APPROVAL_THRESHOLD = "approval_threshold"
 
 
+# The decision each reason stands for (a hold record and its journal entry keep only
+# the reason; reserve.lua's DECISION).
+DECIDED_BY = {
+    Reason.WITHIN_BUDGET: Decision.ADMIT,
+    Reason.BUDGET_EXCEEDED: Decision.DENY,
+    Reason.OVER_LIMIT: Decision.DENY,
+    Reason.SOFT_BAND: Decision.ESCALATE,
+    Reason.APPROVAL_THRESHOLD: Decision.ESCALATE,
+}
+
+
 class HoldState(StrEnum):
     PENDING = "pending"
     ESCALATED = "escalated"
@@ -136,6 +147,41 @@ class AccountCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class Provenance:
+    """Who asked for an effect and what it was, as the journal's reserve entry keeps
+    it (so that, once the hold is gone, one can still prove what was paid to whom):
+    the route that priced it, the agent and its principal, its face value (minor
+    units), the agent's own idempotency key, and the SHA-256 (hex) of the request
+    kept with the hold, which the ledger computes (`Ledger.reserve`)."""
+
+    route: str = ""
+    agent: str = ""
+    principal: str = ""
+    face_value: int = 0
+    agent_key: str = ""
+    request_sha256: str = ""
+
+    def packed(self) -> str:
+        """One journal field: `route|agent|principal|face|sha256|key` (the key, which
+        may hold a '|', last; the others are checked to hold none)."""
+        return "|".join(
+            (
+                self.route,
+                self.agent,
+                self.principal,
+                str(self.face_value),
+                self.request_sha256,
+                self.agent_key,
+            )
+        )
+
+    @classmethod
+    def unpacked(cls, text: str) -> Provenance:
+        route, agent, principal, face, digest, key = text.split("|", 5)
+        return cls(route, agent, principal, int(face or 0), key, digest)
+
+
+@dataclass(frozen=True, slots=True)
 class ReserveRequest:
     """The arguments of one reserve, for batches (see `Ledger.reserve`)."""
 
@@ -150,6 +196,8 @@ class ReserveRequest:
     # Accounts of `amounts` to open if Redis lacks them, only if the hold is kept
     # (admitted or escalated) and holds something on them.
     open_missing: Sequence[AccountSpec] = ()
+    # For the journal (its request_sha256 is the ledger's to fill in).
+    provenance: Provenance | None = None
 
 
 @dataclass(frozen=True, slots=True)

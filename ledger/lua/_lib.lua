@@ -35,6 +35,10 @@ end
 local MAX_AMOUNT = 9007199254740991
 local MAX_ACCOUNTS = 8
 local MAX_BLOB = 1048576
+local MAX_PROVENANCE = 4096
+-- A hold's decision follows from its reason (the record keeps only the reason).
+local DECISION = {within_budget = 'admit', budget_exceeded = 'deny', over_limit = 'deny',
+  soft_band = 'escalate', approval_threshold = 'escalate'}
 
 local function fmt(n)
   if n == 0 then
@@ -279,12 +283,15 @@ local function load_hold(id)
   return {
     id = id, st = h[1], arm = h[2], accounts = split(h[3]), amounts = split_numbers(h[4]),
     posted = h[5] and split_numbers(h[5]), post_ws = h[6] and split_numbers(h[6]),
-    compensated = h[7] and split_numbers(h[7]), deadline = tonumber(h[8]), by = h[9],
+    -- a posted hold without `cmp` has recovered nothing yet
+    compensated = h[7] and split_numbers(h[7]) or zeros(#split(h[3])), deadline = tonumber(h[8]),
+    by = h[9],
   }
 end
 
--- load_hold's state, accounts, amounts and posted amounts only (what post reads):
--- each field an HMGET asks for costs Redis time even when it is empty.
+-- load_hold's state, accounts, amounts and posted amounts only (what post reads),
+-- with the accounts and amounts as stored too (the post's journal entry repeats
+-- them): each field an HMGET asks for costs Redis time even when it is empty.
 local function load_hold_for_post(id)
   local h = redis.call('HMGET', hkey(id), 'st', 'acc', 'amt', 'pst')
   if not h[1] then
@@ -292,7 +299,7 @@ local function load_hold_for_post(id)
   end
   return {
     id = id, st = h[1], accounts = split(h[2]), amounts = split_numbers(h[3]),
-    posted = h[4] and split_numbers(h[4]),
+    posted = h[4] and split_numbers(h[4]), acc = h[2], amt = h[3],
   }
 end
 

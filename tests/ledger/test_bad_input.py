@@ -130,50 +130,54 @@ def _spec(limit: int, soft: int) -> Any:
 
 
 # A reserve of 1 on factor:x that opens one account, whose spec follows.
-OPEN_ONE = ["k", "fp", "100", "0", "1", "0", "0", "", "1", "factor:x", "1", "0", "1"]
+OPEN_ONE = ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "factor:x", "1", "0", "1"]
 RAW: list[tuple[str, str, list[str]]] = [
-    ("reserve-1e3", "reserve", ["k", "fp", "1e3", "0", "1", "0", "0", "", "1", "tenant:acme", "5"]),
+    (
+        "reserve-1e3",
+        "reserve",
+        ["k", "fp", "1e3", "0", "1", "0", "0", "", "", "1", "tenant:acme", "5"],
+    ),
     (
         "reserve-hex",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "0x10"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "0x10"],
     ),
     (
         "reserve-neg",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "-5"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "-5"],
     ),
     (
         "reserve-2^53",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", str(TOO_BIG)],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", str(TOO_BIG)],
     ),
     (
         "reserve-nan",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "nan"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "nan"],
     ),
     (
         "reserve-dup",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "2", "tenant:acme", "1", "tenant:acme", "1"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "2", "tenant:acme", "1", "tenant:acme", "1"],
     ),
     (
         "reserve-short",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "2", "tenant:acme", "1"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "2", "tenant:acme", "1"],
     ),
     (
         "reserve-armed",
         "reserve",
-        ["k", "fp", "100", "0", "yes", "0", "0", "", "1", "tenant:acme", "1"],
+        ["k", "fp", "100", "0", "yes", "0", "0", "", "", "1", "tenant:acme", "1"],
     ),
-    ("reserve-0-accts", "reserve", ["k", "fp", "100", "0", "1", "0", "0", "", "0"]),
+    ("reserve-0-accts", "reserve", ["k", "fp", "100", "0", "1", "0", "0", "", "", "0"]),
     (
         "reserve-too-many-accts",
         "reserve",
         [
-            *["k", "fp", "100", "0", "1", "0", "0", "", str(MAX_ACCOUNTS + 1)],
+            *["k", "fp", "100", "0", "1", "0", "0", "", "", str(MAX_ACCOUNTS + 1)],
             *[arg for i in range(MAX_ACCOUNTS + 1) for arg in (f"agent:a{i}", "1")],
             *["0", "0"],
         ],
@@ -191,7 +195,7 @@ RAW: list[tuple[str, str, list[str]]] = [
     (
         "reserve-no-denied-retention",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "1", "", "0"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "1", "", "0"],
     ),
     ("post-float", "post", ["held", "0", "", "*", "1.5"]),
     ("post-extra", "post", ["held", "0", "", "*", "1", "2"]),
@@ -228,7 +232,10 @@ async def test_script_validates_before_writing(
 @pytest.mark.parametrize(
     ("operation", "args"),
     [
-        ("reserve", ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "1", "0", "0"]),
+        (
+            "reserve",
+            ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "1", "0", "0"],
+        ),
         ("void", ["held", "0", ""]),
         ("post", ["held", "0", "", "*", "100"]),
     ],
@@ -271,7 +278,7 @@ def test_the_scripts_state_the_ledgers_bounds() -> None:
 
 def _raw_reserve(amounts: dict[str, int]) -> list[str]:
     pairs = [arg for account, amount in amounts.items() for arg in (account, str(amount))]
-    return ["k", "fp", "100", "0", "1", "0", "0", "", str(len(amounts)), *pairs, "0", "0"]
+    return ["k", "fp", "100", "0", "1", "0", "0", "", "", str(len(amounts)), *pairs, "0", "0"]
 
 
 async def test_the_script_takes_the_largest_amount_and_refuses_one_more(

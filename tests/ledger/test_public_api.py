@@ -35,6 +35,7 @@ PUBLIC_API = {
     "Hold",
     "HoldState",
     "Reason",
+    "Provenance",
     "ReserveRequest",
     "ReserveResult",
     "RouteOutcomes",
