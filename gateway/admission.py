@@ -17,7 +17,15 @@ from dataclasses import dataclass
 
 import httpx
 
-from ledger import Decision, HoldState, HoldStateConflict, Ledger, ReserveResult, UnknownAccount
+from ledger import (
+    Decision,
+    HoldState,
+    HoldStateConflict,
+    Ledger,
+    Provenance,
+    ReserveResult,
+    UnknownAccount,
+)
 from pricing import (
     EffectClass,
     PricedEffect,
@@ -73,13 +81,15 @@ class Intent:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A priced, checked effect and what its hold keeps. `hold_id` and `fingerprint`
-    are '' for a proxied read, which holds nothing."""
+    """A priced, checked effect and what its hold keeps. `hold_id`, `fingerprint` and
+    `agent_key` (the agent's Idempotency-Key) are '' for a proxied read, which holds
+    nothing."""
 
     effect: PricedEffect
     request: StoredRequest
     hold_id: str
     fingerprint: str
+    agent_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -157,10 +167,11 @@ def prepare(
     )
     if effect.effect_class is EffectClass.READ and not in_process:
         return Prepared(effect, request, "", "")
-    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key_of(intent.keys))
+    agent_key = agent_key_of(intent.keys)
+    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
     effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
     digest = fingerprint(intent.method, intent.path, request.query, body, effect_headers)
-    return Prepared(effect, request, hold_id, digest)
+    return Prepared(effect, request, hold_id, digest, agent_key)
 
 
 def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> HttpTarget:
@@ -253,6 +264,14 @@ async def reserve(
                 escalate_above=effect.approval_threshold_micros or 0,
                 request=prepared.request.dumps(),
                 open_missing=opens,
+                # What the journal keeps of who asked and what was sent (issue 14).
+                provenance=Provenance(
+                    effect.route_id,
+                    agent.agent_id,
+                    agent.principal_id,
+                    effect.face_value_micros,
+                    prepared.agent_key,
+                ),
             )
         finally:
             metrics.LEDGER_SECONDS.labels("reserve").observe(time.perf_counter() - started)

@@ -162,23 +162,31 @@ class Provenance:
     request_sha256: str = ""
 
     def packed(self) -> str:
-        """One journal field: `route|agent|principal|face|sha256|key` (the key, which
-        may hold a '|', last; the others are checked to hold none)."""
-        return "|".join(
-            (
-                self.route,
-                self.agent,
-                self.principal,
-                str(self.face_value),
-                self.request_sha256,
-                self.agent_key,
-            )
-        )
+        """One journal field: `route|agent|principal|face|sha256|key`, each text with
+        its '%' and '|' escaped (a route id of an unknown route is the agent's path)."""
+        texts = (self.route, self.agent, self.principal, self.agent_key)
+        route, agent, principal, key = (_escape(text) for text in texts)
+        return f"{route}|{agent}|{principal}|{self.face_value}|{self.request_sha256}|{key}"
 
     @classmethod
     def unpacked(cls, text: str) -> Provenance:
-        route, agent, principal, face, digest, key = text.split("|", 5)
-        return cls(route, agent, principal, int(face or 0), key, digest)
+        route, agent, principal, face, digest, key = text.split("|")
+        return cls(
+            _unescape(route),
+            _unescape(agent),
+            _unescape(principal),
+            int(face or 0),
+            _unescape(key),
+            digest,
+        )
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%25").replace("|", "%7C")
+
+
+def _unescape(text: str) -> str:
+    return text.replace("%7C", "|").replace("%25", "%")
 
 
 @dataclass(frozen=True, slots=True)

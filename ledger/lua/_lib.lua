@@ -35,7 +35,7 @@ end
 local MAX_AMOUNT = 9007199254740991
 local MAX_ACCOUNTS = 8
 local MAX_BLOB = 1048576
-local MAX_PROVENANCE = 4096
+local MAX_PROVENANCE = 16384
 -- A hold's decision follows from its reason (the record keeps only the reason).
 local DECISION = {within_budget = 'admit', budget_exceeded = 'deny', over_limit = 'deny',
   soft_band = 'escalate', approval_threshold = 'escalate'}
