@@ -8,10 +8,17 @@ from .audit import AuditReport, audit, audit_tenant
 from .checkpoint import cutoff_ms, trim, trim_locked
 from .client import Ledger, open_ledger
 from .connect import connect
-from .embedded import EmbeddedRedis, EmbeddedRedisError, free_port, supervised_redis_url
+from .embedded import (
+    EmbeddedRedis,
+    EmbeddedRedisError,
+    free_port,
+    free_ports,
+    supervised_redis_url,
+)
 from .errors import (
     BadInput,
     CheckpointMoved,
+    HoldInFlight,
     HoldNotDue,
     HoldNotFound,
     HoldStateConflict,
@@ -22,6 +29,7 @@ from .errors import (
     UnknownAccount,
 )
 from .journal import JournalEntry, iter_journal, read_journal
+from .lease import Lease
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT
 from .records import (
     AccountCheck,
@@ -56,12 +64,14 @@ __all__ = [
     "EmbeddedRedis",
     "EmbeddedRedisError",
     "Hold",
+    "HoldInFlight",
     "HoldNotDue",
     "HoldNotFound",
     "HoldState",
     "HoldStateConflict",
     "IdempotencyConflict",
     "JournalEntry",
+    "Lease",
     "Ledger",
     "LedgerError",
     "LedgerSettings",
@@ -82,6 +92,7 @@ __all__ = [
     "connect",
     "cutoff_ms",
     "free_port",
+    "free_ports",
     "iter_journal",
     "open_ledger",
     "read_journal",

@@ -34,9 +34,11 @@ from .keys import (
     escalated_key,
     hold_key,
     hold_script_keys,
+    lease_key,
     observed_key,
     tenant_keys,
 )
+from .lease import Lease
 from .records import (
     DECIDED_BY,
     AccountCheck,
@@ -164,6 +166,11 @@ class Ledger:
                 if isinstance(result, Exception):
                     raise result
         return reply, int(acked)
+
+    def lease(self, tenant: str, work: str, ttl_ms: int) -> Lease:
+        """The lease of one kind of background work (`sweep`, `events`) on `tenant`:
+        one holder at a time across every process on this Redis (ledger/lease.py)."""
+        return Lease(self.redis, lease_key(validate.tenant_id(tenant), work), ttl_ms)
 
     async def ping(self) -> None:
         with translate_redis_errors("ping"):
@@ -390,9 +397,12 @@ class Ledger:
         return await self._transition("void", tenant, hold_id, [*args, "1"] if due_only else args)
 
     async def retry(self, tenant: str, hold_id: str, window_ms: int) -> TransitionResult:
-        """An ambiguous effect is about to be sent again: its deadline moves to at
-        least now + `window_ms`, so no `void(due_only=True)` overtakes that request.
-        HoldStateConflict if it is no longer ambiguous (then it must not be sent)."""
+        """Claim an ambiguous effect for sending it again: the claim and the hold's
+        deadline last at least now + `window_ms` (Redis time), so no other retry sends
+        it meanwhile and no `void(due_only=True)` overtakes that request. HoldInFlight
+        while another retry's claim lives; HoldStateConflict if the hold is no longer
+        ambiguous. Either way it must not be sent. The claim ends when the hold is
+        posted or voided, or marked ambiguous again (`mark_ambiguous`)."""
         args = [validate.identifier("hold_id", hold_id), str(validate.amount("window", window_ms))]
         return await self._transition("retry", tenant, hold_id, args)
 

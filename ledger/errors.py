@@ -71,6 +71,20 @@ class HoldNotDue(LedgerError):
         self.hold_id = hold_id
 
 
+class HoldInFlight(LedgerError):
+    """Another retry of this ambiguous hold holds its claim (retry.lua) and may be
+    sending the effect right now: do not send it too. The claim lapses within
+    `retry_after_ms` unless its send settles the hold or ends ambiguous first."""
+
+    def __init__(self, hold_id: str, retry_after_ms: int) -> None:
+        super().__init__(
+            f"hold {hold_id!r} is being sent again by another retry; "
+            f"ask again in {retry_after_ms} ms with the same key"
+        )
+        self.hold_id = hold_id
+        self.retry_after_ms = retry_after_ms
+
+
 class CheckpointMoved(LedgerError):
     """Another trim of the same tenant ran at the same time; nothing was trimmed."""
 
@@ -89,6 +103,7 @@ class RedisFailure(StrEnum):
     READ_ONLY = "read_only"
     CLUSTER_REDIRECT = "cluster_redirect"
     CLUSTER_DOWN = "cluster_down"
+    CLUSTER_CLIENT = "cluster_client"
     CROSS_SLOT = "cross_slot"
     NO_SCRIPT = "no_script"
     WRONG_TYPE = "wrong_type"
@@ -136,6 +151,10 @@ _EXPLAINED: dict[RedisFailure, tuple[str, str]] = {
     RedisFailure.CLUSTER_DOWN: (
         "the Redis Cluster cannot serve the call (down, or a slot without a primary)",
         "retry once the cluster has recovered",
+    ),
+    RedisFailure.CLUSTER_CLIENT: (
+        "the Redis Cluster client refused the call before sending it",
+        "this is a ledger bug (a call the cluster client cannot route or pipeline): report it",
     ),
     RedisFailure.CROSS_SLOT: (
         "Redis refused a call whose keys live in different cluster slots",
@@ -197,7 +216,16 @@ _BY_CLASS: tuple[tuple[type[Exception], RedisFailure], ...] = (
     (redis_errors.OutOfMemoryError, RedisFailure.OUT_OF_MEMORY),
     (redis_errors.DataError, RedisFailure.ENCODING),
     (redis_errors.CrossSlotTransactionError, RedisFailure.CROSS_SLOT),
-    (redis_errors.RedisClusterException, RedisFailure.CLUSTER_DOWN),
+    (redis_errors.SlotNotCoveredError, RedisFailure.CLUSTER_DOWN),
+)
+
+# redis-py's cluster client raises its base RedisClusterException both for a cluster
+# it cannot reach or that leaves slots unserved, and for calls it refuses to send
+# (a pipelined TIME, a command without a key): only its message tells them apart.
+_CLUSTER_CLIENT_MESSAGES = (
+    ("cannot be connected", RedisFailure.UNREACHABLE),
+    ("not covered", RedisFailure.CLUSTER_DOWN),
+    ("could not agree on a valid slots cache", RedisFailure.CLUSTER_DOWN),
 )
 
 # The codes redis-py maps to no class, or cannot see: a script's error carries the
@@ -228,6 +256,12 @@ def redis_failure(exc: Exception) -> RedisFailure:
     for kind, cause in _BY_CLASS:
         if isinstance(exc, kind):
             return cause
+    if isinstance(exc, redis_errors.RedisClusterException):
+        said = str(exc)
+        for words, cause in _CLUSTER_CLIENT_MESSAGES:
+            if words in said:
+                return cause
+        return RedisFailure.CLUSTER_CLIENT
     if isinstance(exc, redis_errors.ConnectionError):
         return RedisFailure.POOL_EXHAUSTED if _POOL_WAIT in str(exc) else RedisFailure.UNREACHABLE
     code = _CODE.search(str(exc))
@@ -257,6 +291,8 @@ def raise_for_reply(tenant: str, hold_id: str, operation: str, reply: list[objec
         raise HoldNotFound(tenant, hold_id)
     if status is Status.NOT_DUE:
         raise HoldNotDue(hold_id)
+    if status is Status.IN_FLIGHT:
+        raise HoldInFlight(hold_id, int(str(reply[2])))
     state = HoldState(str(reply[1]))
     if status is Status.EXISTS_WITH_DIFFERENT_FINGERPRINT:
         raise IdempotencyConflict(hold_id, state, "a different request")

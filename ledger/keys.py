@@ -47,6 +47,12 @@ def trim_lock_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}trim-lock"
 
 
+def lease_key(tenant: str, work: str) -> str:
+    """The lease of one kind of background work on the tenant (`sweep`, `events`):
+    a string holding its holder's token (ledger/lease.py)."""
+    return f"{tenant_prefix(tenant)}lease:{work}"
+
+
 def deadlines_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}deadlines"
 

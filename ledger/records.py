@@ -18,6 +18,7 @@ class Status(StrEnum):
     CONFLICT = "conflict"
     NOT_FOUND = "not_found"
     NOT_DUE = "not_due"
+    IN_FLIGHT = "in_flight"
     UNKNOWN_ACCOUNT = "unknown_account"
     BAD_INPUT = "bad_input"
 

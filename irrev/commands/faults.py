@@ -21,11 +21,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fast", action="store_true", help="skip the cells marked slow")
     parser.add_argument("--list", action="store_true", help="list the cells and exit")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on a local 3-primary + 3-replica Redis Cluster (needs Redis 7's "
+        "redis-server and redis-cli); cells that kill the one redis-server are left out",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    cells = select(CELLS, args.cells, args.fast)
+    cells = select(CELLS, args.cells, args.fast, args.cluster)
     if not cells:
         raise CliError(f"no cell matches {args.cells!r}; see `irrev faults --list`")
     if args.runs is not None and not 1 <= args.runs <= 1000:
@@ -40,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         verdict = "ok" if result.ok else f"{result.violations} VIOLATIONS"
         console.print(f"{result.cell.name}: {result.runs} runs, {verdict} ({result.seconds:.0f} s)")
 
-    results = asyncio.run(run_cells(cells, args.runs, progress))
+    results = asyncio.run(run_cells(cells, args.runs, progress, args.cluster))
     print(format_matrix(results))
     if args.json:
         args.json.write_text(json.dumps([as_dict(r) for r in results], indent=2))

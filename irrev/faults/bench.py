@@ -4,7 +4,9 @@ file, agents and tokens, so that runs never see each other's holds, keys or
 budgets.
 
 A bench is built per `BenchSpec`; cells that need the same processes share it and
-run one after the other, each run on its own tenant.
+run one after the other, each run on its own tenant. Its Redis is an embedded
+redis-server, or with `cluster` a local 3-primary + 3-replica Redis Cluster, so the
+same promises are checked on the distributed engine.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from typing import Any
 
 import httpx
 import yaml
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from gateway.wire import hold_id_for, upstream_key
 from irrev.harness import TenantPolicy, free_port
+from irrev.localcluster import LocalCluster
 from ledger import AppendFsync, EmbeddedRedis, Ledger
 from ledger.keys import hold_key, tenant_prefix
 
@@ -103,12 +106,12 @@ class BenchSpec:
 class Bench:
     spec: BenchSpec
     workdir: Path
-    redis_server: EmbeddedRedis
+    redis_server: EmbeddedRedis | LocalCluster
     supplier: SupplierProc
     gateways: list[GatewayProc]
     admin_token: str
     closed_port: int
-    redis: Redis
+    redis: Redis | RedisCluster
     ledger: Ledger
     http: httpx.AsyncClient
 
@@ -148,19 +151,29 @@ class Bench:
                     await asyncio.to_thread(gateway.stop)
                 await self.start_gateway(gateway.index)
 
+    @property
+    def embedded(self) -> EmbeddedRedis:
+        """The bench's one redis-server, for cells that kill or restart it."""
+        if not isinstance(self.redis_server, EmbeddedRedis):
+            raise RuntimeError("this cell needs the one embedded redis-server, not a cluster")
+        return self.redis_server
+
     async def restart_redis(self) -> None:
         """Start redis-server again if it is down; the harness's own connections to
         the dead server are dropped (the gateways must recover by themselves)."""
+        if isinstance(self.redis_server, LocalCluster):
+            return
         url = self.redis_server.url
         if await asyncio.to_thread(self.redis_server.ensure_running) != url:
             raise RuntimeError("redis-server came back on another port")
+        assert isinstance(self.redis, Redis)
         await self.redis.connection_pool.disconnect()
         ledger_redis = self.ledger.redis
         assert isinstance(ledger_redis, Redis), "the fault bench runs on a standalone Redis"
         await ledger_redis.connection_pool.disconnect()
 
     async def kill_redis(self) -> None:
-        await asyncio.to_thread(self.redis_server.kill)
+        await asyncio.to_thread(self.embedded.kill)
 
     @contextlib.asynccontextmanager
     async def run(self, label: str) -> AsyncIterator[Run]:
@@ -187,20 +200,28 @@ def harness_client() -> httpx.AsyncClient:
 
 
 @contextlib.asynccontextmanager
-async def open_bench(spec: BenchSpec) -> AsyncIterator[Bench]:
+async def open_bench(spec: BenchSpec, cluster: bool = False) -> AsyncIterator[Bench]:
     """Start every process of the bench; stop all of them however the block ends."""
     workdir = Path(tempfile.mkdtemp(prefix="irrev-faults-"))
     (workdir / "policies").mkdir()
-    redis_server = EmbeddedRedis(
-        workdir / "redis", appendfsync=AppendFsync(spec.appendfsync), tcp=True
-    )
+    redis_server: EmbeddedRedis | LocalCluster
+    if cluster:
+        redis_server = LocalCluster(cluster_binary(), workdir / "cluster")
+    else:
+        redis_server = EmbeddedRedis(
+            workdir / "redis", appendfsync=AppendFsync(spec.appendfsync), tcp=True
+        )
     supplier: SupplierProc | None = None
     gateways: list[GatewayProc] = []
     bench: Bench | None = None
     try:
-        await asyncio.to_thread(redis_server.acquire)
+        await asyncio.to_thread(_start_redis, redis_server)
         supplier = await asyncio.to_thread(start_supplier, workdir)
-        redis = Redis.from_url(redis_server.url, decode_responses=False)
+        redis: Redis | RedisCluster
+        if cluster:
+            redis = RedisCluster.from_url(redis_server.url, decode_responses=False)
+        else:
+            redis = Redis.from_url(redis_server.url, decode_responses=False)
         bench = Bench(
             spec,
             workdir,
@@ -229,10 +250,35 @@ async def open_bench(spec: BenchSpec) -> AsyncIterator[Bench]:
                 await asyncio.to_thread(gateway.stop)
         if supplier is not None:
             await asyncio.to_thread(supplier.server.stop)
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(redis_server.ensure_running)
-        await asyncio.to_thread(redis_server.release)
+        await asyncio.to_thread(_stop_redis, redis_server)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def cluster_binary() -> Path:
+    """The system's redis-server: Redis 7 (the embedded 6.2 has no `cluster-port`)."""
+    found = shutil.which("redis-server")
+    if found is None:
+        raise RuntimeError(
+            "a cluster bench needs Redis 7's redis-server and redis-cli on PATH "
+            "(apt install redis-server)"
+        )
+    return Path(found)
+
+
+def _start_redis(server: EmbeddedRedis | LocalCluster) -> None:
+    if isinstance(server, LocalCluster):
+        server.start()
+    else:
+        server.acquire()
+
+
+def _stop_redis(server: EmbeddedRedis | LocalCluster) -> None:
+    if isinstance(server, LocalCluster):
+        server.stop()
+        return
+    with contextlib.suppress(Exception):
+        server.ensure_running()
+    server.release()
 
 
 @dataclass

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from gateway.wire import upstream_key
 from ledger import audit_tenant
@@ -57,7 +57,7 @@ class Snapshot:
         return [n.decode() for n in names if self.content.get(n) != other.content.get(n)]
 
 
-async def _content(redis: Redis, key: bytes) -> object:
+async def _content(redis: Redis | RedisCluster, key: bytes) -> object:
     kind = await redis.type(key)
     if kind == b"hash":
         return sorted((await redis.hgetall(key)).items())

@@ -27,6 +27,9 @@ class Cell:
     body: CellBody
     spec: BenchSpec = field(default_factory=BenchSpec)
     slow: bool = False
+    # Kills or stops the bench's one redis-server: a cluster's failures (a primary
+    # killed, a slot moved) are cells of their own in tests/ledger/test_cluster.py.
+    standalone_only: bool = False
 
     @property
     def group(self) -> str:
@@ -58,9 +61,12 @@ class CellResult:
         return "; ".join(parts)
 
 
-def select(cells: Iterable[Cell], patterns: str | None, fast: bool) -> list[Cell]:
-    """Cells whose name matches one of the comma-separated globs (or contains it)."""
-    chosen = [c for c in cells if not (fast and c.slow)]
+def select(
+    cells: Iterable[Cell], patterns: str | None, fast: bool, cluster: bool = False
+) -> list[Cell]:
+    """Cells whose name matches one of the comma-separated globs (or contains it),
+    without the slow ones if `fast` and those a cluster cannot run if `cluster`."""
+    chosen = [c for c in cells if not (fast and c.slow) and not (cluster and c.standalone_only)]
     if not patterns:
         return chosen
     wanted = [p.strip() for p in patterns.split(",") if p.strip()]
@@ -71,15 +77,17 @@ async def run_cells(
     cells: list[Cell],
     runs: int | None = None,
     progress: Callable[[CellResult], None] | None = None,
+    cluster: bool = False,
 ) -> list[CellResult]:
-    """Run every cell `runs` times (default: its own count), one bench per spec."""
+    """Run every cell `runs` times (default: its own count), one bench per spec, on
+    an embedded redis-server or (`cluster`) a local Redis Cluster."""
     results = {cell.name: CellResult(cell) for cell in cells}
     specs: list[BenchSpec] = []
     for cell in cells:
         if cell.spec not in specs:
             specs.append(cell.spec)
     for spec in specs:
-        async with open_bench(spec) as bench:
+        async with open_bench(spec, cluster) as bench:
             for cell in (c for c in cells if c.spec == spec):
                 result = results[cell.name]
                 started = time.monotonic()

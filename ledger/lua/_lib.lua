@@ -383,8 +383,9 @@ local function outcome_arg()
   return outcome
 end
 
+-- A settled hold keeps neither its request nor a retry's claim (retry.lua).
 local function settle_fields(outcome, fields)
-  redis.call('HDEL', hkey(ARGV[1]), 'req')
+  redis.call('HDEL', hkey(ARGV[1]), 'req', 'rc')
   if #outcome > 0 then
     fields[#fields + 1] = 'out'
     fields[#fields + 1] = outcome

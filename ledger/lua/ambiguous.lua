@@ -8,7 +8,8 @@
 -- Returns {status, state, flags}
 --   'ok'         ambiguous now; flags `late` when the hold had expired and is
 --                charged again (the world may have changed after the release)
---   'exists'     already ambiguous
+--   'exists'     already ambiguous (a retry's send ended ambiguous again: its claim,
+--                retry.lua's, is cleared so the next repeat may send)
 --   'conflict'   the hold is escalated, posted, voided, rejected or denied
 --   'not_found', 'bad_input' (state = field, flags = message)
 --
@@ -23,7 +24,10 @@ if not valid_id(why) or #ARGV ~= 2 then
 end
 local hold = load_hold(id)
 if not hold then return {'not_found', '', ''} end
-if hold.st == 'ambiguous' then return {'exists', 'ambiguous', ''} end
+if hold.st == 'ambiguous' then
+  redis.call('HDEL', hkey(id), 'rc')
+  return {'exists', 'ambiguous', ''}
+end
 if hold.st ~= 'pending' and hold.st ~= 'expired' then
   return {'conflict', hold.st, ''}
 end

@@ -1,7 +1,9 @@
 """The fault matrix under pytest: every fast cell, a few runs each, on real
 processes (`irrev faults` runs 20 per cell). The cells are run once per session,
 grouped by the processes they need, and each cell is then its own test, so a
-failure names the cell and the broken promise."""
+failure names the cell and the broken promise. With IRREV_TEST_SERVERS=cluster (as
+.ci/run's second pass sets) the benches run on a local Redis Cluster instead, without
+the cells that kill the one redis-server."""
 
 from __future__ import annotations
 
@@ -10,21 +12,24 @@ import os
 import pytest
 
 from irrev.faults.cells import CELLS
-from irrev.faults.matrix import CellResult, run_cells
+from irrev.faults.matrix import CellResult, run_cells, select
 
-FAST = [cell for cell in CELLS if not cell.slow]
-SLOW = [cell for cell in CELLS if cell.slow]
+from ..conftest import SUITE_SERVERS
+
+CLUSTER = SUITE_SERVERS == ["cluster"]
+FAST = select(CELLS, None, fast=True, cluster=CLUSTER)
+SLOW = [cell for cell in select(CELLS, None, fast=False, cluster=CLUSTER) if cell.slow]
 RUNS = int(os.environ.get("IRREV_FAULT_RUNS", "2"))
 
 
 @pytest.fixture(scope="module")
 async def fast_results() -> dict[str, CellResult]:
-    return {r.cell.name: r for r in await run_cells(FAST, RUNS)}
+    return {r.cell.name: r for r in await run_cells(FAST, RUNS, cluster=CLUSTER)}
 
 
 @pytest.fixture(scope="module")
 async def slow_results() -> dict[str, CellResult]:
-    return {r.cell.name: r for r in await run_cells(SLOW, 1)}
+    return {r.cell.name: r for r in await run_cells(SLOW, 1, cluster=CLUSTER)}
 
 
 def _verdict(result: CellResult) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from irrev.localcluster import LocalCluster
 from ledger.keys import accounts_key
 
-from ..cluster import LocalCluster
 from ..conftest import ReplicatedRedis
 from .conftest import Gateway, own_gateway
 from .helpers import assert_problem, balances, effect_headers, ledger_audit, order, used

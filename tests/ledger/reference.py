@@ -34,6 +34,9 @@ class RefHold:
     posted: dict[str, int] = field(default_factory=dict)
     compensated: dict[str, int] = field(default_factory=dict)
     request: str = ""
+    # A retry's claim on an ambiguous hold (retry.lua); the property test's window is
+    # an hour, so a claim never lapses within a run.
+    claimed: bool = False
 
 
 class RefError(Exception):
@@ -165,7 +168,7 @@ class RefLedger:
         if any(amount > v for v in hold.amounts.values()):
             flags.add("overrun")
         self._add(hold.amounts, -1 if hold.state != "expired" else 0, posted)
-        hold.state, hold.posted = "posted", posted
+        hold.state, hold.posted, hold.claimed = "posted", posted, False
         hold.compensated = {a: 0 for a in hold.amounts}
         return "ok", "posted", frozenset(flags)
 
@@ -176,12 +179,13 @@ class RefLedger:
         if hold.state not in LIVE:
             raise RefError("state_conflict", hold.state)
         self._add(hold.amounts, -1, None)
-        hold.state = "voided"
+        hold.state, hold.claimed = "voided", False
         return "ok", "voided", frozenset()
 
     def mark_ambiguous(self, key: str) -> tuple[str, str, frozenset[str]]:
         hold = self._hold(key)
         if hold.state == "ambiguous":
+            hold.claimed = False  # the claimed send ended ambiguous again
             return "exists", "ambiguous", frozenset()
         if hold.state not in ("pending", "expired"):
             raise RefError("state_conflict", hold.state)
@@ -191,6 +195,16 @@ class RefLedger:
             flags = frozenset({"late"})
         hold.state = "ambiguous"
         return "ok", "ambiguous", flags
+
+    def retry(self, key: str) -> tuple[str, str, frozenset[str]]:
+        """Claim an ambiguous hold for one send; a live claim refuses every other."""
+        hold = self._hold(key)
+        if hold.state != "ambiguous":
+            raise RefError("state_conflict", hold.state)
+        if hold.claimed:
+            raise RefError("in_flight", "ambiguous")
+        hold.claimed = True
+        return "ok", "ambiguous", frozenset()
 
     def compensate(self, key: str, recovered: int) -> tuple[str, str, frozenset[str]]:
         hold = self._hold(key)

@@ -1,5 +1,5 @@
 """Redis Cluster as the ledger's store, against the session's local 3-primary +
-3-replica cluster (tests/cluster.py): any node's URL is recognised, a standalone
+3-replica cluster (irrev/localcluster.py): any node's URL is recognised, a standalone
 client is refused with the cause, and a busy tenant's slot can move to another node.
 (WAIT on a cluster: test_replicas.py.)"""
 
@@ -14,6 +14,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from irrev.localcluster import ClusterNode, LocalCluster
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
 from ledger.errors import LedgerUnavailable
@@ -21,7 +22,6 @@ from ledger.journal import iter_journal
 from ledger.keys import accounts_key
 from ledger.records import AccountSpec, HoldState
 
-from ..cluster import ClusterNode, LocalCluster
 from .conftest import open_accounts
 from .test_concurrency import release, spawn
 

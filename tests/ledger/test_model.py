@@ -21,6 +21,7 @@ from hypothesis.stateful import (
 from ledger.client import Ledger
 from ledger.errors import (
     BadInput,
+    HoldInFlight,
     HoldNotDue,
     HoldNotFound,
     HoldStateConflict,
@@ -47,6 +48,7 @@ ERRORS: dict[type[Exception], str] = {
     HoldStateConflict: "state_conflict",
     HoldNotFound: "not_found",
     HoldNotDue: "not_due",
+    HoldInFlight: "in_flight",
     UnknownAccount: "unknown_account",
     BadInput: "bad_input",
 }
@@ -80,9 +82,12 @@ class LedgerMachine(RuleBasedStateMachine):
             HoldStateConflict,
             HoldNotFound,
             HoldNotDue,
+            HoldInFlight,
             UnknownAccount,
             BadInput,
         ) as exc:
+            if isinstance(exc, HoldInFlight):
+                return "in_flight", "ambiguous"
             state = getattr(exc, "state", "")
             return ERRORS[type(exc)], state.value if state else ""
 
@@ -197,6 +202,13 @@ class LedgerMachine(RuleBasedStateMachine):
         self._transition(
             outcome(lambda: self.model.mark_ambiguous(key)),
             lambda: self.ledger.mark_ambiguous(self.tenant, key, "timeout"),
+        )
+
+    @rule(key=st.sampled_from(KEYS))
+    def retry(self, key: str) -> None:
+        self._transition(
+            outcome(lambda: self.model.retry(key)),
+            lambda: self.ledger.retry(self.tenant, key, window_ms=HOUR_MS),
         )
 
     @rule(key=st.sampled_from(KEYS), amount=AMOUNTS)

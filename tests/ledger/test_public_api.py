@@ -27,6 +27,9 @@ PUBLIC_API = {
     "EmbeddedRedisError",
     "supervised_redis_url",
     "free_port",
+    "free_ports",
+    # one holder at a time of background work
+    "Lease",
     # records
     "AccountCheck",
     "AccountSpec",
@@ -49,6 +52,7 @@ PUBLIC_API = {
     "CheckpointMoved",
     "HoldNotDue",
     "HoldNotFound",
+    "HoldInFlight",
     "HoldStateConflict",
     "IdempotencyConflict",
     "LedgerUnavailable",

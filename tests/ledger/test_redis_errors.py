@@ -22,6 +22,7 @@ from ledger.audit import audit_tenant
 from ledger.checkpoint import trim
 from ledger.client import Ledger
 from ledger.cluster import cluster_enabled
+from ledger.connect import connect
 from ledger.embedded import EmbeddedRedis, free_port
 from ledger.errors import (
     HoldNotFound,
@@ -297,6 +298,23 @@ async def test_a_cluster_node_redirects_and_the_message_keeps_moved(
         await ledger.aclose()
 
 
+async def test_a_call_the_cluster_client_refuses_to_send_is_a_bug_not_a_cluster_down(
+    cluster_pair: tuple[str, str],
+) -> None:
+    # The cluster serves: a call redis-py's cluster client will not pipeline (TIME has
+    # no key) must not send an operator to look for a failed node.
+    client = connect(cluster_pair[0])
+    try:
+        with pytest.raises(LedgerUnavailable) as raised, translate_redis_errors("snapshot"):
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.time()
+                await pipe.execute()
+        assert raised.value.cause is RedisFailure.CLUSTER_CLIENT
+        assert "ledger bug" in str(raised.value)
+    finally:
+        await client.aclose()
+
+
 @pytest.mark.parametrize(
     ("error", "cause"),
     [
@@ -314,6 +332,17 @@ async def test_a_cluster_node_redirects_and_the_message_keeps_moved(
         (redis_errors.ClusterDownError("Hash slot not served"), RedisFailure.CLUSTER_DOWN),
         (redis_errors.TryAgainError("Multiple keys request"), RedisFailure.CLUSTER_DOWN),
         (redis_errors.BusyLoadingError("Redis is loading"), RedisFailure.LOADING),
+        (
+            redis_errors.RedisClusterException(
+                "Redis Cluster cannot be connected. Please provide at least one reachable node"
+            ),
+            RedisFailure.UNREACHABLE,
+        ),
+        (
+            redis_errors.RedisClusterException("All slots are not covered after query all"),
+            RedisFailure.CLUSTER_DOWN,
+        ),
+        (redis_errors.SlotNotCoveredError("Slot 7 is not covered"), RedisFailure.CLUSTER_DOWN),
         (redis_errors.TimeoutError("Timeout reading from socket"), RedisFailure.TIMEOUT),
         (redis_errors.DataError("Invalid input of type: 'dict'"), RedisFailure.ENCODING),
         (redis_errors.ResponseError("ERR unknown command 'FOO'"), RedisFailure.REFUSED),

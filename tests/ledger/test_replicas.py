@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 import pytest
 
+from irrev.localcluster import LocalCluster
 from ledger.client import Ledger
 from ledger.errors import BadInput
 from ledger.keys import accounts_key
 from ledger.records import AccountSpec, HoldState
 
-from ..cluster import LocalCluster
 from ..conftest import ReplicatedRedis
 
 HOUR_MS = 3_600_000

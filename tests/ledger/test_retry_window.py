@@ -10,7 +10,7 @@ import pytest
 
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
-from ledger.errors import BadInput, HoldNotDue, HoldStateConflict
+from ledger.errors import BadInput, HoldInFlight, HoldNotDue, HoldStateConflict
 from ledger.records import HoldState
 
 from .conftest import open_accounts
@@ -46,7 +46,9 @@ async def test_a_retry_moves_the_deadline_past_its_request(ledger: Ledger, tenan
     with pytest.raises(HoldNotDue):
         await ledger.void(tenant, "again", due_only=True)
     assert await used(ledger, tenant, "tenant:acme") == (100, 0)
-    # A shorter retry never pulls the deadline back.
+    # The send ended ambiguous again, which frees the claim; a shorter retry never
+    # pulls the deadline back.
+    await ledger.mark_ambiguous(tenant, "again", "upstream_timeout")
     await ledger.retry(tenant, "again", window_ms=1)
     again = await ledger.hold(tenant, "again")
     assert again is not None and again.deadline_ms == hold.deadline_ms
@@ -77,3 +79,34 @@ async def test_only_an_ambiguous_hold_is_sent_again(ledger: Ledger, tenant: str)
         await ledger.retry(tenant, "settled", window_ms=1000)
     with pytest.raises(BadInput):
         await ledger.retry(tenant, "settled", window_ms=0)
+
+
+async def test_of_concurrent_retries_one_claims_the_send(ledger: Ledger, tenant: str) -> None:
+    """16 repeats of one ambiguous key at once: exactly one may send the effect again;
+    the claim ends when that send ends ambiguous again, or lapses."""
+    await ambiguous_past_its_deadline(ledger, tenant, "racing")
+    outcomes = await asyncio.gather(
+        *(ledger.retry(tenant, "racing", window_ms=60_000) for _ in range(16)),
+        return_exceptions=True,
+    )
+    claimed = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, HoldInFlight)]
+    assert len(claimed) == 1 and len(refused) == 15
+    assert all(0 < o.retry_after_ms <= 60_000 for o in refused)
+    await ledger.mark_ambiguous(tenant, "racing", "upstream_timeout")
+    await ledger.retry(tenant, "racing", window_ms=30)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:  # a claimer that died: its claim lapses with its window
+        try:
+            await ledger.retry(tenant, "racing", window_ms=60_000)
+            break
+        except HoldInFlight:
+            assert loop.time() < deadline, "the claim never lapsed"
+            await asyncio.sleep(0.01)
+    await ledger.post(tenant, "racing", 100)
+    hold = await ledger.hold(tenant, "racing")
+    assert hold is not None and hold.state is HoldState.POSTED
+    with pytest.raises(HoldStateConflict):
+        await ledger.retry(tenant, "racing", window_ms=1000)
+    assert (await audit_tenant(ledger, tenant)).ok

@@ -168,6 +168,7 @@ CELLS = [
         f"appendfsync always: {LOAD}: 0 acked holds lost; reconcile x2 equal",
         kill_under_load(0.0),
         slow=True,
+        standalone_only=True,
     ),
     Cell(
         "redis.kill9_everysec",
@@ -176,18 +177,21 @@ CELLS = [
         kill_under_load(EVERYSEC_WINDOW_S),
         EVERYSEC,
         slow=True,
+        standalone_only=True,
     ),
     Cell(
         "redis.down_fails_closed",
         "Redis down: 503 ledger_unavailable + Retry-After, nothing forwarded, /readyz 503; "
         "back by itself, acked holds replayed",
         fails_closed,
+        standalone_only=True,
     ),
     Cell(
         "redis.down_during_settle",
         "Redis dies while the upstream works: agent 201, hold never released, -> posted",
         down_during_settle,
         slow=True,
+        standalone_only=True,
     ),
     Cell("redis.script_flush", "SCRIPT FLUSH: EVALSHA falls back, 201", script_flush),
 ]

@@ -1,5 +1,5 @@
-"""A local Redis Cluster for the tests: 3 primaries and 3 replicas, each a real
-redis-server on loopback, created by `redis-cli --cluster create`.
+"""A local Redis Cluster for the tests and the fault matrix: 3 primaries and 3
+replicas, each a real redis-server on loopback, created by `redis-cli --cluster create`.
 
 The servers run in the foreground as our children and are told by the kernel to
 die with us (PR_SET_PDEATHSIG), so a killed test run leaves no cluster behind.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import redis
 
-from ledger.embedded import free_ports
+from ledger import free_ports
 
 PRIMARIES = 3
 NODE_TIMEOUT_MS = 2000
