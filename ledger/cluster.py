@@ -111,3 +111,16 @@ async def on_primary(
                 cluster._initialize = True
         elif isinstance(redirect, redis_errors.TryAgainError):
             await asyncio.sleep(_MIGRATION_PAUSE_S)
+
+
+async def wait_out_migration(call: Any) -> Any:
+    """Run `await call()` until it is not refused for a slot in migration (TRYAGAIN,
+    or the cluster client's redirections running out meanwhile)."""
+    deadline = time.monotonic() + MIGRATION_WAIT_S
+    while True:
+        try:
+            return await call()
+        except (redis_errors.TryAgainError, redis_errors.ClusterError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(_MIGRATION_PAUSE_S)
