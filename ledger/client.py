@@ -750,7 +750,7 @@ def _numbers(accounts: list[str], text: str | None) -> dict[str, int]:
 
 def _hold(hold_id: str, f: dict[str, str]) -> Hold:
     accounts = f["acc"].split(",") if f.get("acc") else []
-    reason = f["dec"].partition("|")[0]
+    reason = f["why"]
     posted = _numbers(accounts, f.get("pst"))
     # A posted hold without `cmp` has recovered nothing yet.
     compensated = _numbers(accounts, f.get("cmp")) or dict.fromkeys(posted, 0)

@@ -38,9 +38,11 @@
 --       them (sweep.lua) and call again with ARGV[13+2n+5m] = '1'
 --   {'bad_input', field, message}                   nothing written
 --
--- The hold record: st, fp, arm, t0, dl, acc and amt (comma lists: the accounts
--- and what it holds on each), dec (`<reason>|<limits>|<used>`: what decided, for a
--- replay; the decision follows from the reason), req while it is live. Its journal
+-- The hold record: st, fp, arm, t0, dl, acc and amt (comma lists: the accounts and
+-- what it holds on each), why, lim and used (what decided, for a replay; the
+-- decision follows from the reason), req while it is live. Each value stays short
+-- (Redis keeps a hash whose values are all under 64 bytes packed, in a third of the
+-- memory), so the limits and used amounts are not joined into one. Its journal
 -- entry: op, hold, why, acc and amt for a hold kept (the pending it adds), prov.
 --
 -- Invariant: an admission or escalation never takes any account's pending + posted
@@ -122,14 +124,14 @@ local key = hkey(id)
 -- One field first: a new hold (the common case) pays for an HGET, not an HMGET of ten.
 local held = redis.call('HGET', key, 'fp')
 if held then
-  held = redis.call('HMGET', key, 'fp', 'dec', 'st', 'dl', 't0', 'acc', 'amt')
+  held = redis.call('HMGET', key, 'fp', 'why', 'st', 'dl', 't0', 'acc', 'lim', 'used', 'amt')
   if held[1] ~= fp then
     return {'exists_with_different_fingerprint', held[3]}
   end
-  local why, lim_text, used_text = string.match(held[2], '^([%w_]+)|([%d,]*)|([%d,]*)$')
-  local reply = {'exists', DECISION[why], why, held[3], tonumber(held[4]), tonumber(held[5])}
-  local acc, lim, used, amt = split(held[6]), split_numbers(lim_text), split_numbers(used_text),
-    split_numbers(held[7])
+  local reply = {'exists', DECISION[held[2]], held[2], held[3], tonumber(held[4]),
+    tonumber(held[5])}
+  local acc, lim, used, amt = split(held[6]), split_numbers(held[7]), split_numbers(held[8]),
+    split_numbers(held[9])
   reply[7] = #acc
   for i = 1, #acc do
     reply[#reply + 1] = acc[i]
@@ -228,8 +230,8 @@ end
 
 local acc, amt = table.concat(accounts, ','), join_numbers(amounts)
 local fields = {'st', state, 'fp', fp, 'arm', (decision == 'escalate') and '0' or armed,
-  't0', now, 'dl', deadline, 'acc', acc, 'amt', amt,
-  'dec', reason .. '|' .. join_numbers(limits) .. '|' .. join_numbers(used)}
+  't0', now, 'dl', deadline, 'acc', acc, 'amt', amt, 'why', reason,
+  'lim', join_numbers(limits), 'used', join_numbers(used)}
 if state ~= 'denied' and #request > 0 then
   fields[#fields + 1], fields[#fields + 2] = 'req', request
 end
