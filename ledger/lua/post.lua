@@ -46,7 +46,7 @@ end
 
 local now = now_ms()
 local dpend = pending_release(hold)
-local accounts = load_accounts(hold.accounts)
+local accounts = load_balances(hold.accounts)
 for i = 1, #hold.accounts do
   local a = accounts[i]
   if a.pend + dpend[i] + posted_after_roll(a, now) + amounts[i] > MAX_AMOUNT then
@@ -66,7 +66,7 @@ for i = 1, #hold.accounts do
     if flags[#flags] ~= 'overrun' then
       flags[#flags + 1] = 'overrun'
     end
-    a.over = a.over + 1
+    redis.call('HINCRBY', ACCOUNTS, a.id .. '|over', 1)
   end
   post_ws[i] = a.ws
 end
