@@ -142,7 +142,7 @@ if held then
   return reply
 end
 
-local loaded = load_accounts(accounts)
+local loaded = load_accounts(accounts, true)
 for i = 1, n do
   if not loaded[i] and not specs[i] then
     return {'unknown_account', accounts[i]}
