@@ -5,21 +5,45 @@ also reconciles, policy_admin also uploads and reloads policies)."""
 
 from __future__ import annotations
 
+import json
+import logging
+import secrets
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
 
-from ledger import BadInput, HoldState, read_journal
+from ledger import (
+    BadInput,
+    Balance,
+    Hold,
+    HoldState,
+    Ledger,
+    Rule,
+    UnknownAccount,
+    read_journal,
+)
 from pricing import PolicyError, TenantPolicy, load_policy_text
-from pricing.policy import AdminRole
+from pricing.errors import AmountError
+from pricing.money import major_to_minor, money_text
+from pricing.policy import AdminRole, duration_ms
 
+from .admission import resolved
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
+from .events import currency, effect_fields, events_of, money, rfc3339, tripped, tripped_view
+from .holds_api import receipt as _receipt
+from .notes import Note
 from .policies import PolicyLoadError
 from .problems import Problem
 from .reconcile import reconcile
 from .responses import escalation_id, hold_view
-from .wire import StoredRequest
+from .wire import StoredRequest, record_of
+
+log = logging.getLogger("irrev.gateway")
+# The events feed reads at most FEED_PAGES journal pages of FEED_PAGE entries a call.
+FEED_PAGE = 500
+FEED_PAGES = 20
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 Admin = Annotated[AdminIdentity, Depends(tenant_admin_auth)]
@@ -60,10 +84,14 @@ async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, 
 
 
 def _upstreams(policy: TenantPolicy) -> dict[str, Any]:
-    return {
+    """Where the tenant's requests and events go, and the secrets they carry."""
+    out: dict[str, Any] = {
         name: (tool.upstream, tool.mcp, tool.model_dump(include={"credentials"}))
         for name, tool in policy.document.tools.items()
     }
+    webhook = policy.document.webhook
+    out[""] = webhook.model_dump() if webhook else None
+    return out
 
 
 @router.put("/tenants/{tenant}/policy")
@@ -84,7 +112,7 @@ async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str
             raise Problem(
                 403,
                 "operator_only",
-                "only an operator may change a tool's upstream or credentials",
+                "only an operator may change a tool's upstream or credentials, or the webhook",
             )
     try:
         policy = await gate.tenants.upload(gate.ledger, tenant, text)
@@ -145,9 +173,28 @@ async def reload_policies(request: Request, admin: Admin) -> dict[str, Any]:
 
 @router.get("/tenants/{tenant}/balances")
 async def balances(request: Request, tenant: str, admin: Admin) -> list[dict[str, Any]]:
+    """Every account; `raised` is what live raise_limit rules add to its `limit` now
+    (`effective_limit`), `available` is what is left under the effective limit."""
     policy_of(request, tenant, admin)
-    rows = await gate_of(request).ledger.balances(tenant)
-    return [{**asdict(b), "available": b.available} for b in rows]
+    ledger = gate_of(request).ledger
+    rows = await ledger.balances(tenant)
+    raised: dict[str, int] = {}
+    for rule in await ledger.rules(tenant, await ledger.now_ms()):
+        spec = json.loads(rule.spec)
+        if spec.get("kind") == "raise_limit":
+            raised[spec["account"]] = raised.get(spec["account"], 0) + spec["amount"]
+    out = []
+    for b in rows:
+        extra = raised.get(b.account, 0)
+        out.append(
+            {
+                **asdict(b),
+                "available": b.available + extra,
+                "raised": extra,
+                "effective_limit": b.limit + extra,
+            }
+        )
+    return out
 
 
 @router.get("/tenants/{tenant}/journal")
@@ -155,7 +202,7 @@ async def journal(
     request: Request,
     tenant: str,
     admin: Admin,
-    after: Annotated[str, Query(pattern=r"^(-|\d{1,20}-\d{1,20})$")] = "-",
+    after: Annotated[str, Query(pattern=r"^(-|[0-9]{1,20}-[0-9]{1,20})$")] = "-",
     count: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     policy_of(request, tenant, admin)
@@ -173,39 +220,296 @@ async def journal(
 async def holds(
     request: Request, tenant: str, state: HoldState, admin: Admin
 ) -> list[dict[str, Any]]:
-    policy_of(request, tenant, admin)
+    policy = policy_of(request, tenant, admin)
     ledger = gate_of(request).ledger
     out = []
     for hold_id in await ledger.hold_ids(tenant, state):
         hold = await ledger.hold(tenant, hold_id)
         if hold is not None:
-            out.append(hold_view(tenant, hold))
+            out.append(hold_view(policy, hold))
     return out
+
+
+def _route_threshold(policy: TenantPolicy, route_id: str) -> int:
+    for group in policy.catalog.routes.values():
+        for route in group:
+            if route.route_id == route_id:
+                return route.approval_threshold_micros or 0
+    return policy.catalog.unknown_approval_threshold_micros or 0
+
+
+def _times(hold: Hold, now_ms: int) -> dict[str, Any]:
+    return {
+        "created_at": rfc3339(hold.created_ms),
+        "deadline_at": rfc3339(hold.deadline_ms),
+        "deadline_ms": hold.deadline_ms,
+        "age_s": max(0, now_ms - hold.created_ms) // 1000,
+        "expires_in_s": max(0, hold.deadline_ms - now_ms) // 1000,
+    }
+
+
+def queue_item(
+    policy: TenantPolicy, hold: Hold, balances: dict[str, Balance], now_ms: int
+) -> dict[str, Any]:
+    """An escalation as the person deciding it reads it: who, what, how much, which
+    account's soft band or threshold it tripped and how full that account is, how
+    old it is and how long is left."""
+    stored = StoredRequest.loads(hold.request)
+    item: dict[str, Any] = {
+        "escalation": escalation_id(policy.tenant, hold.hold_id),
+        "hold": hold.hold_id,
+        "tool": stored.tool,
+        "method": stored.method,
+        "path": stored.path,
+        **effect_fields(policy, stored),
+        "reason": hold.reason.value,
+        "tripped": tripped_view(
+            policy, tripped(hold, balances, _route_threshold(policy, stored.route_id))
+        ),
+        **_times(hold, now_ms),
+        "body": stored.body.decode("utf-8", errors="replace"),
+    }
+    return item
 
 
 @router.get("/tenants/{tenant}/escalations")
 async def escalations(request: Request, tenant: str, admin: Admin) -> list[dict[str, Any]]:
-    """The approval queue, with what each effect would do."""
-    policy_of(request, tenant, admin)
+    """The approval queue, oldest first, with what each effect would do."""
+    policy = policy_of(request, tenant, admin)
     ledger = gate_of(request).ledger
+    now_ms = await ledger.now_ms()
+    balances = {b.account: b for b in await ledger.balances(tenant)}
     out = []
     for hold_id in await ledger.hold_ids(tenant, HoldState.ESCALATED):
         hold = await ledger.hold(tenant, hold_id)
         if hold is None or not hold.request:
             continue
-        stored = StoredRequest.loads(hold.request)
-        out.append(
-            {
-                "escalation": escalation_id(tenant, hold_id),
-                "agent": stored.agent,
-                "route": stored.route_id,
-                "price": stored.price,
-                "reason": hold.reason.value,
-                "deadline_ms": hold.deadline_ms,
-                "body": stored.body.decode("utf-8", errors="replace"),
-            }
+        out.append((hold.created_ms, queue_item(policy, hold, balances, now_ms)))
+    return [item for _, item in sorted(out, key=lambda pair: pair[0])]
+
+
+@router.get("/tenants/{tenant}/holds/{hold_id}")
+async def hold_by_id(request: Request, tenant: str, hold_id: str, admin: Admin) -> dict[str, Any]:
+    """Any hold of the tenant, in any state, with its effect while its record is kept."""
+    policy = policy_of(request, tenant, admin)
+    ledger = gate_of(request).ledger
+    hold = await _hold_of(ledger, tenant, hold_id)
+    now_ms = await ledger.now_ms()
+    view = hold_view(policy, hold)
+    view.update(effect_fields(policy, record_of(hold.request, hold.outcome)))
+    unit = policy.document.risk_unit
+    view["amounts_text"] = {
+        account: money_text(amount, unit.scale, unit.currency)
+        for account, amount in hold.amounts.items()
+    }
+    view.update(_times(hold, now_ms))
+    view.update(
+        {
+            "ambiguity": hold.ambiguity or None,
+            "by": hold.by or None,
+            "note": hold.note or None,
+            "resolved_by": hold.resolved_by or None,
+            "resolution_note": hold.resolution_note or None,
+        }
+    )
+    return view
+
+
+async def _hold_of(ledger: Ledger, tenant: str, hold_id: str) -> Hold:
+    try:
+        hold = await ledger.hold(tenant, hold_id)
+    except BadInput:
+        hold = None
+    if hold is None:
+        raise Problem(404, "not_found", "no such hold for this tenant")
+    return hold
+
+
+class Resolution(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    outcome: Literal["posted", "voided"]
+    reason: Note = Field(min_length=1)
+
+
+@router.post("/tenants/{tenant}/holds/{hold_id}/resolve")
+async def resolve_hold(
+    request: Request, tenant: str, hold_id: str, spec: Resolution, admin: Admin
+) -> dict[str, Any]:
+    """An admin settles an ambiguous hold by what they found out: `posted` (it
+    happened: charged at its price) or `voided` (it did not: released). Journaled
+    with the admin and their reason; the webhook's hold.resolved event follows."""
+    policy_of(request, tenant, admin, AdminRole.APPROVER)
+    ledger = gate_of(request).ledger
+    hold = await _hold_of(ledger, tenant, hold_id)
+    wanted = HoldState(spec.outcome)
+    # Said again after a crash between settling and journaling: only the note is due.
+    if hold.state is not HoldState.AMBIGUOUS and not (
+        hold.state is wanted and not hold.resolved_by
+    ):
+        raise Problem(
+            409,
+            "state_conflict",
+            f"only an ambiguous hold is resolved by hand; this one is {hold.state.value}",
+            state=hold.state.value,
+            by=hold.resolved_by or hold.by or None,
         )
-    return out
+    record = record_of(hold.request, hold.outcome)
+    receipt = _receipt(record) if record else ""
+    if hold.state is HoldState.AMBIGUOUS:
+        if wanted is HoldState.POSTED:
+            price = (
+                record.price if isinstance(record, StoredRequest) else max(hold.amounts.values())
+            )
+            await ledger.post(tenant, hold_id, price, outcome=receipt)
+        else:
+            await ledger.void(tenant, hold_id, outcome=receipt)
+    await ledger.note_resolution(tenant, hold_id, wanted, admin.name, spec.reason)
+    resolved(tenant, admin.name, f"resolved_{wanted.value}", hold_id, record)
+    return {"hold": hold_id, "state": wanted.value, "by": admin.name, "reason": spec.reason}
+
+
+@router.get("/tenants/{tenant}/events")
+async def events(
+    request: Request,
+    tenant: str,
+    admin: Admin,
+    after: Annotated[str, Query(pattern=r"^(-|\d{1,20}-\d{1,20})$")] = "-",
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    """The approval loop's events after the cursor `after` (a journal entry id), in
+    journal order, the shapes the webhooks send. `next` is the cursor to ask with
+    next time (it moves past journal entries that are no events, too)."""
+    policy = policy_of(request, tenant, admin)
+    ledger = gate_of(request).ledger
+    found: list[dict[str, Any]] = []
+    cursor = after
+    for _ in range(FEED_PAGES):
+        try:
+            page = await read_journal(ledger, tenant, after=cursor, count=FEED_PAGE)
+        except BadInput as exc:
+            raise Problem(422, "bad_request", f"'{exc.field}' {exc.message}") from exc
+        for entry in page:
+            if len(found) == limit:
+                break
+            found += await events_of(ledger, policy, [entry])
+            cursor = entry.entry_id
+        if len(found) == limit or len(page) < FEED_PAGE:
+            break
+    return {"events": found, "next": cursor}
+
+
+class RuleRequest(BaseModel):
+    """`auto_approve`: escalations of `agent` (or of any agent of `principal`) priced
+    at most `max_price` are approved without a person, for `duration`.
+    `raise_limit`: `account`'s limit (and soft limit) is `amount` higher, for
+    `duration`; it ends by itself. Amounts in major units of the risk unit."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["auto_approve", "raise_limit"]
+    agent: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@/-]{1,128}$")
+    principal: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@/-]{1,128}$")
+    max_price: str | int | None = None
+    account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@/-]{1,128}$")
+    amount: str | int | None = None
+    duration: str = Field(description="how long it lives, e.g. '2h' (at most 366d)")
+    reason: Note = Field(min_length=1)
+
+
+def rule_view(policy: TenantPolicy, rule: Rule) -> dict[str, Any]:
+    spec = json.loads(rule.spec)
+    view = {"rule": rule.rule_id, **spec, "currency": currency(policy)}
+    for name in ("max_price", "amount"):
+        if spec.get(name) is not None:
+            view.update(money(policy, name, spec[name]))
+    view["until"] = rfc3339(rule.until_ms)
+    return view
+
+
+def _amount(value: str | int | None, name: str, scale: int) -> int:
+    if value is None:
+        raise Problem(422, "bad_rule", f"this kind of rule needs '{name}'")
+    try:
+        return major_to_minor(value, scale)
+    except AmountError as exc:
+        raise Problem(422, "bad_rule", f"'{name}' {exc}") from exc
+
+
+def _check_rule(policy: TenantPolicy, spec: RuleRequest) -> dict[str, Any]:
+    """The rule as stored (amounts in minor units); 422 bad_rule if it names what the
+    policy lacks or mixes the fields of the two kinds."""
+    document = policy.document
+    if spec.kind == "raise_limit":
+        if spec.agent or spec.principal or spec.max_price is not None or not spec.account:
+            raise Problem(422, "bad_rule", "a raise_limit rule names 'account' and 'amount' only")
+        amount = _amount(spec.amount, "amount", document.scale)
+        return {"kind": spec.kind, "account": spec.account, "amount": amount}
+    if spec.account or spec.amount is not None:
+        raise Problem(422, "bad_rule", "an auto_approve rule names no 'account' or 'amount'")
+    if (spec.agent is None) == (spec.principal is None):
+        raise Problem(422, "bad_rule", "name exactly one of 'agent' and 'principal'")
+    if spec.agent is not None and spec.agent not in document.agents:
+        raise Problem(422, "bad_rule", f"the policy has no agent {spec.agent!r}")
+    if spec.principal is not None and spec.principal not in document.accounts.principals:
+        raise Problem(422, "bad_rule", f"the policy has no principal {spec.principal!r}")
+    max_price = _amount(spec.max_price, "max_price", document.scale)
+    return {
+        "kind": spec.kind,
+        "agent": spec.agent,
+        "principal": spec.principal,
+        "max_price": max_price,
+    }
+
+
+@router.post("/tenants/{tenant}/rules", status_code=201)
+async def create_rule(
+    request: Request, tenant: str, spec: RuleRequest, admin: Admin
+) -> dict[str, Any]:
+    policy = policy_of(request, tenant, admin, AdminRole.APPROVER)
+    stored = {**_check_rule(policy, spec), "by": admin.name, "reason": spec.reason}
+    try:
+        ttl_ms = duration_ms(spec.duration)
+    except ValueError as exc:
+        raise Problem(422, "bad_rule", str(exc)) from exc
+    rule_id = f"r-{secrets.token_hex(6)}"
+    ledger = gate_of(request).ledger
+    text = json.dumps(stored, separators=(",", ":"))
+    raised = (stored["account"], stored["amount"]) if spec.kind == "raise_limit" else None
+    try:
+        until_ms = await ledger.set_rule(tenant, rule_id, admin.name, text, ttl_ms, raised)
+    except (UnknownAccount, BadInput) as exc:
+        raise Problem(422, "bad_rule", str(exc)) from exc
+    log.info(
+        "rule set",
+        extra={
+            "tenant": tenant,
+            "admin": admin.name,
+            "rule": rule_id,
+            "kind": spec.kind,
+            "until_ms": until_ms,
+        },
+    )
+    return rule_view(policy, Rule(rule_id, text, until_ms))
+
+
+@router.get("/tenants/{tenant}/rules")
+async def list_rules(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
+    policy = policy_of(request, tenant, admin)
+    ledger = gate_of(request).ledger
+    rules = await ledger.rules(tenant, await ledger.now_ms())
+    return {"rules": [rule_view(policy, rule) for rule in rules]}
+
+
+@router.delete("/tenants/{tenant}/rules/{rule_id}")
+async def delete_rule(request: Request, tenant: str, rule_id: str, admin: Admin) -> dict[str, Any]:
+    policy_of(request, tenant, admin, AdminRole.APPROVER)
+    try:
+        deleted = await gate_of(request).ledger.delete_rule(tenant, rule_id, admin.name)
+    except BadInput:
+        deleted = False
+    if not deleted:
+        raise Problem(404, "not_found", "no live rule by that id")
+    log.info("rule deleted", extra={"tenant": tenant, "admin": admin.name, "rule": rule_id})
+    return {"rule": rule_id, "status": "deleted"}
 
 
 @router.post("/tenants/{tenant}/reconcile")

@@ -8,6 +8,7 @@ what comes back; nothing here sees an HTTP request."""
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import math
 import re
@@ -18,16 +19,19 @@ from dataclasses import dataclass
 import httpx
 
 from ledger import (
-    Decision,
+    Hold,
+    HoldInFlight,
     HoldState,
     HoldStateConflict,
     Ledger,
     Provenance,
     ReserveResult,
+    Rule,
     UnknownAccount,
 )
 from pricing import (
     EffectClass,
+    PerEffectCapExceeded,
     PricedEffect,
     TenantPolicy,
     check_per_effect_cap,
@@ -36,12 +40,15 @@ from pricing import (
     price_request,
 )
 from pricing.credentials import AuthenticatedAgent
+from pricing.money import money_text
+from pricing.serving import is_shadow
 
 from . import metrics, tracing
 from .canonical import Canonical
 from .crashpoints import crash_point
 from .http_upstream import HttpTarget, HttpUpstream
 from .problems import Problem
+from .responses import money
 from .settings import GatewaySettings
 from .tenants import TenantStore, factor_accounts
 from .upstream import Answer, Fate, Upstream
@@ -51,6 +58,8 @@ log = logging.getLogger("irrev.gateway")
 # A trace context is new on every attempt by design; it does not change the effect.
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+# Where an agent's idempotency key travels, as the messages that ask for it say.
+HTTP_KEY = "Idempotency-Key"
 
 
 @dataclass
@@ -77,6 +86,7 @@ class Intent:
     canonical: Canonical
     keys: Sequence[str] = ()
     headers: Headers = ()
+    key_name: str = HTTP_KEY
 
 
 @dataclass(frozen=True)
@@ -89,34 +99,49 @@ class Prepared:
     request: StoredRequest
     hold_id: str
     fingerprint: str
-    agent_key: str = ""
+    # Shadow mode (the route's or the tenant's): never blocking. `cap_refusal` is the
+    # reason of a refusal made before the ledger (the per-effect cap) let through.
+    shadow: bool = False
+    cap_refusal: str = ""
+    key_name: str = HTTP_KEY
+    agent_key: str = ""  # the agent's own key (Idempotency-Key), for the journal
+
+
+@dataclass(frozen=True)
+class Shadowed:
+    """What enforcement would have done with an effect that shadow mode let through."""
+
+    decision: str
+    reason: str
 
 
 @dataclass(frozen=True)
 class Admitted:
     """What became of a held effect: `answer` is None while a human decides
     (escalated), a StoredAnswer when a repeat of the key gets the recorded answer
-    back, else what the upstream answered now."""
+    back, else what the upstream answered now. `shadowed`: a would-be deny or
+    escalation that shadow mode forwarded anyway."""
 
     result: ReserveResult
     hold_id: str
     answer: Answer | StoredAnswer | None
+    shadowed: Shadowed | None = None
 
 
-def agent_key_of(keys: Sequence[str]) -> str:
-    """The agent's one idempotency key for an effect."""
+def agent_key_of(keys: Sequence[str], key_name: str = HTTP_KEY) -> str:
+    """The agent's one idempotency key for an effect; `key_name` says where it is sent."""
     if len(keys) > 1:
         # Which one names the effect? Intermediaries disagree (first, last, joined).
-        raise Problem(400, "bad_idempotency_key", "send exactly one Idempotency-Key header")
+        raise Problem(400, "bad_idempotency_key", f"send exactly one {key_name}")
     if not keys:
         raise Problem(
             400,
             "idempotency_key_required",
-            "effects need an 'Idempotency-Key' header: the same key for every retry of one "
-            "effect, a new key for a new effect",
+            f"effects need an idempotency key ({key_name}): the same key for every retry of "
+            "one effect, a new key for a new effect",
         )
     if not _AGENT_KEY.fullmatch(keys[0]):
-        raise Problem(400, "bad_idempotency_key", "Idempotency-Key must be 1-255 printable ASCII")
+        raise Problem(400, "bad_idempotency_key", f"{key_name} must be 1-255 printable ASCII")
     return keys[0]
 
 
@@ -147,7 +172,14 @@ def prepare(
         raise Problem(403, "in_process_route", "this route is decision-only: use /v1/holds")
     if in_process and not effect.in_process:
         raise Problem(403, "route_is_proxied", "this route's effects go through /tools/...")
-    check_per_effect_cap(agent, effect)
+    shadow = is_shadow(policy, effect)
+    cap_refusal = ""
+    try:
+        check_per_effect_cap(agent, effect)
+    except PerEffectCapExceeded as exc:
+        if not shadow:
+            raise
+        cap_refusal = exc.reason
     # What goes upstream is re-encoded from what was priced, never the agent's bytes.
     body = canonical.body
     request = StoredRequest(
@@ -166,12 +198,14 @@ def prepare(
         in_process=effect.in_process,
     )
     if effect.effect_class is EffectClass.READ and not in_process:
-        return Prepared(effect, request, "", "")
-    agent_key = agent_key_of(intent.keys)
+        return Prepared(effect, request, "", "", key_name=intent.key_name)
+    agent_key = agent_key_of(intent.keys, intent.key_name)
     hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
     effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
     digest = fingerprint(intent.method, intent.path, request.query, body, effect_headers)
-    return Prepared(effect, request, hold_id, digest, agent_key)
+    return Prepared(
+        effect, request, hold_id, digest, shadow, cap_refusal, intent.key_name, agent_key
+    )
 
 
 def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> HttpTarget:
@@ -204,19 +238,72 @@ async def admit(
     hold_id = prepared.hold_id
     if not hold_id:
         return await upstream.deliver(prepared.request, "", _answer_by(gate))
+    sent = time.monotonic()
     result = await reserve(gate, policy, agent, prepared)
     if result.state is HoldState.ESCALATED:
+        rule = await auto_approval(gate, policy, agent, result)
+        if rule is None:
+            return Admitted(result, hold_id, None)
+        note = f"approved automatically by rule {rule.rule_id}"
+        try:
+            answer = await approve(gate, policy, hold_id, f"rule:{rule.rule_id}", note)
+        except Problem as lost:
+            if lost.reason != "escalation_resolved":
+                raise
+            return Admitted(result, hold_id, None)  # a person (or the sweeper) was first
+        if answer is not None:
+            return Admitted(result, hold_id, answer)
         return Admitted(result, hold_id, None)
     if not result.replayed:
-        answer = await fire(gate, policy, hold_id, prepared.request, result.deadline_ms, upstream)
-        return Admitted(result, hold_id, answer)
-    return Admitted(result, hold_id, await _replay(gate, policy, result, hold_id, upstream))
+        # The hold's life as Redis counts it (deadline - its creation, both Redis
+        # time), measured from before the reserve was sent: never later than the
+        # deadline, whatever this host's wall clock says.
+        expires_at = sent + (result.deadline_ms - result.created_ms) / 1000
+        answer = await fire(gate, policy, hold_id, prepared.request, expires_at, upstream)
+        return Admitted(result, hold_id, answer, shadowed(prepared, result))
+    replayed = await _replay(gate, policy, result, prepared, upstream)
+    return Admitted(result, hold_id, replayed)
+
+
+def shadowed(prepared: Prepared, result: ReserveResult) -> Shadowed | None:
+    """What enforcement would have done with a new decision that shadow mode held
+    anyway: the per-effect cap's refusal first (it is checked before the ledger),
+    else the ledger's deny or escalation; None when enforcement would have admitted."""
+    if result.replayed:
+        return None
+    if prepared.cap_refusal:
+        return Shadowed("deny", prepared.cap_refusal)
+    if result.shadowed:
+        return Shadowed(result.decision.value, result.reason.value)
+    return None
 
 
 async def _replay(
-    gate: Gate, policy: TenantPolicy, result: ReserveResult, hold_id: str, upstream: Upstream
+    gate: Gate, policy: TenantPolicy, result: ReserveResult, prepared: Prepared, upstream: Upstream
 ) -> Answer | StoredAnswer:
+    hold_id, key_name = prepared.hold_id, prepared.key_name
     hold = await gate.ledger.hold(policy.tenant, hold_id)
+    if hold is not None and hold.state is HoldState.AMBIGUOUS and hold.request:
+        if not upstream.resends:
+            # Its server may not deduplicate: sent again, the effect could happen twice.
+            # The agent learns what the ledger knows; the reconciler resolves the rest.
+            raise still_ambiguous(hold_id, key_name)
+        # The first outcome is unknown: retry, with the same Idempotency-Key, so the
+        # tool API can deduplicate it (contract 4). One retry at a time (the claim).
+        request = StoredRequest.loads(hold.request)
+        try:
+            return await fire(gate, policy, hold_id, request, None, upstream, key_name)
+        except HoldStateConflict:
+            # Settled between the read and the claim (another retry, the reconciler).
+            hold = await gate.ledger.hold(policy.tenant, hold_id)
+    return _recorded(hold, result, hold_id, key_name)
+
+
+def _recorded(
+    hold: Hold | None, result: ReserveResult, hold_id: str, key_name: str
+) -> StoredAnswer:
+    """The answer a settled hold keeps for repeats of its key; else the problem its
+    state is."""
     if hold is not None and hold.outcome:
         recorded = StoredAnswer.loads(hold.outcome)
         if hold.state is HoldState.VOIDED and recorded.status // 100 == 2:
@@ -225,18 +312,27 @@ async def _replay(
             raise Problem(
                 409,
                 "hold_voided",
-                "this effect's hold was voided, so it was not made; use a new "
-                "Idempotency-Key to make it",
+                f"this effect's hold was voided, so it was not made; use a new {key_name} "
+                "to make it",
                 hold=hold_id,
                 state=hold.state.value,
             )
         return recorded
     if hold is not None and hold.state is HoldState.AMBIGUOUS:
-        # The first outcome is unknown: retry, with the same Idempotency-Key, so the
-        # tool API can deduplicate it (contract 4).
-        request = StoredRequest.loads(hold.request)
-        return await fire(gate, policy, hold_id, request, None, upstream)
+        raise still_ambiguous(hold_id, key_name)
     raise settled_problem(hold.state if hold else result.state, hold_id)
+
+
+def still_ambiguous(hold_id: str, key_name: str) -> Problem:
+    return Problem(
+        502,
+        "upstream_ambiguous",
+        "whether this effect was made is still unknown; it was not sent again (its server "
+        "does not declare that it deduplicates) and stays charged until the reconciler "
+        f"learns the outcome. Repeat it later with the same {key_name} for the result",
+        hold=hold_id,
+        state=HoldState.AMBIGUOUS.value,
+    )
 
 
 async def reserve(
@@ -264,6 +360,7 @@ async def reserve(
                 escalate_above=effect.approval_threshold_micros or 0,
                 request=prepared.request.dumps(),
                 open_missing=opens,
+                shadow=prepared.shadow,
                 # What the journal keeps of who asked and what was sent (issue 14).
                 provenance=Provenance(
                     effect.route_id,
@@ -293,38 +390,54 @@ async def reserve(
             span, decision=result.decision, reason=result.reason, replayed=result.replayed
         )
     if not result.replayed:
-        metrics.DECISIONS.labels(policy.tenant, result.decision, result.reason).inc()
+        would = shadowed(prepared, result)
+        decision = would.decision if would else result.decision.value
+        reason = would.reason if would else result.reason.value
+        mode = "shadow" if prepared.shadow else "enforce"
+        metrics.DECISIONS.labels(policy.tenant, decision, reason, mode).inc()
         metrics.PRICES.labels(policy.tenant).observe(effect.price_micros)
         log.info(
-            "decision",
+            "shadow decision" if would else "decision",
             extra={
                 "tenant": policy.tenant,
                 "agent": agent.agent_id,
                 "route": effect.route_id,
-                "decision": result.decision.value,
-                "reason": result.reason.value,
+                "decision": decision,
+                "reason": reason,
+                "mode": mode,
                 "price": effect.price_micros,
                 "hold_id": hold_id,
                 "state": result.state.value,
             },
         )
         if result.state is HoldState.PENDING:
-            await require_replicas(gate, policy.tenant, hold_id, result.replicas, agent.agent_id)
+            await require_replicas(
+                gate, policy.tenant, hold_id, result.replicas, agent.agent_id, prepared.key_name
+            )
             crash_point("after_reserve")
-    if result.decision is Decision.DENY:
-        raise refusal(result, hold_id)
+    if result.state is HoldState.DENIED:
+        raise refusal(policy, result, hold_id)
     return result
 
 
-async def approve(gate: Gate, policy: TenantPolicy, hold_id: str, admin: str) -> Answer | None:
+async def approve(
+    gate: Gate, policy: TenantPolicy, hold_id: str, admin: str, note: str = ""
+) -> Answer | None:
     """Consume-once: of any number of concurrent approvals exactly one claims the
     hold and forwards its effect, by the deadline and request the claim returns;
     every other gets 409 naming the outcome and who decided it. None: the route is
     decision-only, and its in-process tool sees the hold pending and acts itself."""
     tenant = policy.tenant
     with tracing.span("approval", tenant=tenant, hold_id=hold_id, admin=admin) as span:
+        # Where the effect goes is looked up before the claim: a policy that dropped
+        # the tool's upstream meanwhile is refused while the hold is still escalated,
+        # not after, when a claimed hold nobody can send would turn ambiguous.
+        upstream = await _approval_upstream(gate, policy, hold_id)
+        sent = time.monotonic()
         try:
-            claim = await gate.ledger.approve(tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms)
+            claim = await gate.ledger.approve(
+                tenant, hold_id, admin, ttl_ms=policy.hold_ttl_ms, note=note
+            )
         except HoldStateConflict as exc:
             tracing.annotate(span, decision="conflict", state=exc.state.value)
             raise resolved_already(exc) from exc
@@ -333,15 +446,50 @@ async def approve(gate: Gate, policy: TenantPolicy, hold_id: str, admin: str) ->
         tracing.annotate(span, decision="approved", price=request.price, route=request.route_id)
         resolved(tenant, admin, "approved", hold_id, request)
         await require_replicas(gate, tenant, hold_id, claim.replicas, request.agent)
-        found = policy.catalog.match(request.tool, request.method, request.path)
-        if found is not None and found[0].in_process:
+        if upstream is None:
             return None
-        upstream = upstream_of(gate, policy, request.tool)
-        return await fire(gate, policy, hold_id, request, claim.deadline_ms, upstream)
+        # The claim armed the hold for ttl_ms from its Redis time, after `sent`.
+        expires_at = sent + policy.hold_ttl_ms / 1000
+        return await fire(gate, policy, hold_id, request, expires_at, upstream)
+
+
+async def auto_approval(
+    gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, result: ReserveResult
+) -> Rule | None:
+    """The live rule, if any, that approves this new escalation without a person: an
+    `auto_approve` rule for its agent or its agent's principal whose `max_price` the
+    price is within. Rules are read only for escalations, and against the reserve's
+    own clock (Redis's), so an expired rule never approves."""
+    if result.replayed:
+        return None
+    for rule in await gate.ledger.rules(policy.tenant, result.created_ms):
+        spec = json.loads(rule.spec)
+        mine = spec.get("agent") == agent.agent_id or spec.get("principal") == agent.principal_id
+        if spec.get("kind") == "auto_approve" and mine and result.price <= spec["max_price"]:
+            return rule
+    return None
+
+
+async def _approval_upstream(gate: Gate, policy: TenantPolicy, hold_id: str) -> Upstream | None:
+    """The upstream an escalated hold's effect goes to once approved; None for a
+    decision-only route (its in-process tool acts itself) and for a hold that is not
+    escalated (the claim then says what became of it)."""
+    hold = await gate.ledger.hold(policy.tenant, hold_id)
+    if hold is None or hold.state is not HoldState.ESCALATED or not hold.request:
+        return None
+    request = StoredRequest.loads(hold.request)
+    found = policy.catalog.match(request.tool, request.method, request.path)
+    if found is not None and found[0].in_process:
+        return None
+    return upstream_of(gate, policy, request.tool)
 
 
 def resolved(
-    tenant: str, admin: str, decision: str, hold_id: str, request: StoredRequest | None
+    tenant: str,
+    admin: str,
+    decision: str,
+    hold_id: str,
+    request: StoredRequest | StoredAnswer | None,
 ) -> None:
     """The counter and the log line of an approval or a rejection."""
     metrics.ADMIN_DECISIONS.labels(tenant, admin, decision).inc()
@@ -353,13 +501,18 @@ def resolved(
             "hold_id": hold_id,
             "agent": request.agent if request else None,
             "route": request.route_id if request else None,
-            "price": request.price if request else None,
+            "price": request.price if isinstance(request, StoredRequest) else None,
         },
     )
 
 
 async def require_replicas(
-    gate: Gate, tenant: str, hold_id: str, acknowledged: int | None, agent_id: str
+    gate: Gate,
+    tenant: str,
+    hold_id: str,
+    acknowledged: int | None,
+    agent_id: str,
+    key_name: str = HTTP_KEY,
 ) -> None:
     """Fail closed when fewer replicas than IRREV_WAIT_REPLICAS acknowledged an
     admission: a failover could lose it while its effect happened. Nothing has been
@@ -372,7 +525,7 @@ async def require_replicas(
         "not_replicated",
         f"the admission reached {acknowledged} of {wanted} Redis replicas within "
         f"{gate.settings.wait_timeout_ms} ms, so a failover could lose it; it was released "
-        "and nothing was sent. Retry with a new Idempotency-Key.",
+        f"and nothing was sent. Retry with a new {key_name}.",
         headers={"Retry-After": "1"},
         hold=hold_id,
         replicas=acknowledged,
@@ -381,7 +534,7 @@ async def require_replicas(
     body = bytes(problem.response().body)
     answer = StoredAnswer.of(agent_id, 503, [("content-type", "application/problem+json")], body)
     await gate.ledger.void(tenant, hold_id, outcome=answer.dumps())
-    metrics.DECISIONS.labels(tenant, "released", "not_replicated").inc()
+    metrics.DECISIONS.labels(tenant, "released", "not_replicated", "enforce").inc()
     raise problem
 
 
@@ -395,25 +548,40 @@ async def fire(
     policy: TenantPolicy,
     hold_id: str,
     request: StoredRequest,
-    deadline_ms: int | None,
+    expires_at: float | None,
     upstream: Upstream,
+    key_name: str = HTTP_KEY,
 ) -> Answer:
     """Deliver an admitted effect once and settle its hold by the answer.
-    `deadline_ms` is the hold's (Redis's clock), None for the retry of an ambiguous
-    hold, which never expires."""
-    budget_s = (deadline_ms or 0) / 1000 - time.time() - gate.settings.forward_margin_s
-    if deadline_ms is not None and budget_s < gate.settings.upstream_timeout_s:
+    `expires_at` is the monotonic instant by which the hold's deadline (Redis's
+    clock) may have passed, None for the retry of an ambiguous hold, which never
+    expires. No wall clock is read: a host whose clock is off by seconds must not
+    forward a hold whose deadline a reconciler elsewhere already sees passed."""
+    budget_s = (expires_at or 0.0) - time.monotonic() - gate.settings.forward_margin_s
+    if expires_at is not None and budget_s < gate.settings.upstream_timeout_s:
         # Too close to the deadline: the answer could come after the hold turned
         # ambiguous. Not sent, so provably not fired: release it.
         await gate.ledger.void(policy.tenant, hold_id)
         raise Problem(503, "hold_deadline", "the hold is too close to its deadline to forward")
-    if deadline_ms is None:
-        # Sent again: the hold's deadline first moves past this request's life, so a
+    if expires_at is None:
+        # Sent again: first claimed, so that of any number of repeats of the key one is
+        # sent at a time, and the hold's deadline moves past this request's life, so a
         # reconciler told "not found" while it is on its way cannot void it (contract 6).
         window_s = gate.settings.upstream_timeout_s + gate.settings.forward_margin_s
-        await gate.ledger.retry(policy.tenant, hold_id, math.ceil(window_s * 1000))
+        try:
+            await gate.ledger.retry(policy.tenant, hold_id, math.ceil(window_s * 1000))
+        except HoldInFlight as exc:
+            raise Problem(
+                409,
+                "in_flight",
+                "this effect is being sent again by another repeat of its key right now; "
+                f"ask again in a moment with the same {key_name}",
+                headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_ms / 1000)))},
+                hold=hold_id,
+                state=HoldState.AMBIGUOUS.value,
+            ) from exc
     started = time.perf_counter()
-    retry = deadline_ms is None
+    retry = expires_at is None
     with tracing.span("forward", tool=request.tool, hold_id=hold_id, retry=retry) as span:
         answer = await upstream.deliver(request, hold_id, _answer_by(gate), retry=retry)
         tracing.annotate(span, fate=answer.fate.value, status=answer.status or None)
@@ -434,6 +602,11 @@ async def settle(
     later retry learns the result); anything else: ambiguous, still charged."""
     if answer.fate is Fate.IN_PROGRESS:
         log.info("still in progress upstream", extra={"hold_id": hold_id, "status": answer.status})
+        try:
+            # Still ambiguous: this retry's claim ends, so the next repeat may ask again.
+            await gate.ledger.mark_ambiguous(tenant, hold_id, "upstream_in_progress")
+        except Exception:
+            log.exception("could not end a retry's claim; it lapses", extra={"hold_id": hold_id})
         return
     started = time.perf_counter()
     operation = {Fate.DELIVERED: "post", Fate.UNKNOWN: "ambiguous"}.get(answer.fate, "void")
@@ -475,20 +648,20 @@ def resolved_already(conflict: HoldStateConflict) -> Problem:
     return Problem(409, "escalation_resolved", f"already {state}", state=state, by=conflict.by)
 
 
-def refusal(result: ReserveResult, hold_id: str) -> Problem:
+def refusal(policy: TenantPolicy, result: ReserveResult, hold_id: str) -> Problem:
     """The 403 of a denied reserve, with the numbers that decided it."""
     binding = result.binding
+    amounts = money(policy, price=result.price, limit=binding.limit, available=binding.available)
+    left = money_text(max(binding.available, 0), policy.scale, policy.catalog.currency)
     return Problem(
         403,
         "budget_exceeded",
-        f"{binding.account} has {max(binding.available, 0)} of {binding.limit} left; "
-        f"this effect is priced {binding.amount}",
+        f"{binding.account} has {left} of {amounts['limit_text']} left; "
+        f"this effect is priced {amounts['price_text']}",
         ledger_reason=result.reason.value,
         hold=hold_id,
-        price=result.price,
         account=binding.account,
-        limit=binding.limit,
-        available=binding.available,
+        **amounts,
     )
 
 

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.routing import Route
 
-from ledger import Ledger, LedgerUnavailable, cutoff_ms, trim_locked
+from ledger import Ledger, LedgerUnavailable, RedisFailure, cutoff_ms, trim_locked
 from pricing import TenantPolicy, policy_accounts
 
 from . import (
@@ -37,7 +37,9 @@ from .http_upstream import make_client
 from .mcp_mount import LazyMcp
 from .problems import Problem
 from .settings import GatewaySettings
+from .sweeper import Sweeper
 from .tenants import TenantStore
+from .webhooks import Dispatcher
 
 log = logging.getLogger("irrev.gateway")
 LEDGER_START_WAIT_S = 5.0
@@ -65,6 +67,25 @@ async def _load_scripts(ledger: Ledger) -> None:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.1)
+
+
+async def _check_durability(ledger: Ledger, settings: GatewaySettings) -> None:
+    """Report the server's persistence; refuse to start on one that can lose an
+    acknowledged write if IRREV_DURABILITY=require."""
+    found = await ledger.durability()
+    shortfall = found.shortfall(settings.wait_replicas)
+    facts = {
+        "appendonly": found.appendonly,
+        "appendfsync": found.appendfsync,
+        "min_replicas_to_write": found.min_replicas_to_write,
+        "wait_replicas": settings.wait_replicas,
+    }
+    if not shortfall:
+        log.info("ledger durability", extra=facts)
+    elif settings.durability == "require":
+        raise LedgerUnavailable("start", RedisFailure.NOT_DURABLE, shortfall)
+    else:
+        log.warning("ledger durability", extra={**facts, "shortfall": shortfall})
 
 
 def metered_accounts(policy: TenantPolicy, agents: bool) -> list[str]:
@@ -97,21 +118,35 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         traced.client(http)
         tenants = TenantStore(settings.policy_dir, settings.forward_budget())
         await _load_scripts(ledger)
+        await _check_durability(ledger, settings)
         # A file that does not load is reported (log, /metrics, /readyz) and leaves the
         # other tenants served: `irrev serve` refused it at start, so it broke since.
         await tenants.apply(ledger)
         gate = Gate(settings, ledger, tenants, http)
         app.state.gate = gate
+        dispatcher = Dispatcher(ledger, tenants, settings.webhook_pacing())
+        await dispatcher.start()
+
+        async def refresh_policies() -> None:
+            await tenants.refresh(ledger)
+            dispatcher.refresh()  # a reload may have given a tenant a webhook
+
+        sweeper = Sweeper(ledger, settings.sweep_interval_s, settings.instance)
+        app.state.sweeper = sweeper
+        # A first round now: the tenants' leases are taken before the first scrape,
+        # which reports fleet gauges only for the tenants this gateway sweeps.
+        with contextlib.suppress(Exception):
+            await sweeper.round(list(tenants.policies))
 
         async def sweep() -> None:
-            for tenant in tenants.policies:
-                await ledger.sweep(tenant, batch=200)
+            await sweeper.round(list(tenants.policies))
 
         archive_dir = settings.archive_dir()
 
         async def trim_journals() -> None:
             before_ms = await cutoff_ms(ledger, settings.journal_keep_s)
-            for tenant in tenants.policies:
+            # The tenant's sweeper trims its journal too: one process of the fleet.
+            for tenant in filter(sweeper.holds, list(tenants.policies)):
                 trimmed = await trim_locked(ledger, tenant, archive_dir, before_ms)
                 if trimmed:
                     metrics.JOURNAL_TRIMMED.labels(tenant).inc(trimmed)
@@ -120,11 +155,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         background = [
             asyncio.create_task(_every(settings.sweep_interval_s, sweep, "sweep")),
             asyncio.create_task(
-                _every(
-                    settings.policy_check_interval_s,
-                    lambda: tenants.refresh(ledger),
-                    "policy reload",
-                )
+                _every(settings.policy_check_interval_s, refresh_policies, "policy reload")
             ),
         ]
         if settings.journal_keep_s > 0:
@@ -135,11 +166,14 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             yield
         finally:
             await mcp_endpoint.aclose()
+            await dispatcher.aclose()
+            await tenants.aclose()
             for task in background:
                 task.cancel()
             for task in background:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await sweeper.release()
             await http.aclose()
             await ledger.aclose()
             traced.shutdown()
@@ -200,17 +234,20 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         """Tenant labels (and the gauges that name accounts or differ per tenant) for
         an operator's token or with IRREV_METRICS_TENANT_LABELS; anyone else gets the
         same series summed over tenants. Fleet gauges are read from Redis now, by this
-        worker alone (Ledger.snapshot: two round trips for every tenant)."""
+        worker alone (Ledger.snapshot: two round trips for every tenant), and only for
+        the tenants this gateway sweeps: each tenant's come from one gateway of the
+        fleet, so summing a series over instances counts it once."""
         gate = gate_of(request)
         admin = await _admin(request)
         tenant_labels = settings.metrics_tenant_labels or (admin is not None and admin.operator)
         policies = gate.tenants.policies
-        accounts = {
-            tenant: metered_accounts(policy, settings.metrics_agent_accounts)
-            for tenant, policy in policies.items()
-        }
         snapshots = []
         with contextlib.suppress(Exception):
+            reported = await app.state.sweeper.reporting(list(policies))
+            accounts = {
+                tenant: metered_accounts(policies[tenant], settings.metrics_agent_accounts)
+                for tenant in reported
+            }
             snapshots = await gate.ledger.snapshot(accounts)
         state = metrics.PolicyState(gate.tenants.versions())
         for fault in gate.tenants.faults:

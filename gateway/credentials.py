@@ -1,5 +1,6 @@
-"""The values of the headers a tool's upstream requires (`tools.<name>.credentials`),
-read from environment variables or secret files when policies are loaded.
+"""The values of the headers a tool's upstream requires (`tools.<name>.credentials`)
+and the tenant's webhook signing secret (`webhook.secret`), read from environment
+variables or secret files when policies are loaded.
 
 They exist only here and in the headers of outgoing requests: never in a policy, a
 hold's stored request, the journal, a log line, a metric or an answer to an agent.
@@ -12,7 +13,7 @@ import os
 from pathlib import Path
 
 from pricing import PolicyError, Problem, TenantPolicy
-from pricing.policy import HeaderSecret
+from pricing.policy import SecretSource
 
 Injected = tuple[tuple[str, str], ...]
 
@@ -32,12 +33,30 @@ def resolve_credentials(policy: TenantPolicy) -> dict[str, Injected]:
                 headers.append((header, secret.prefix + value))
         if headers:
             resolved[tool_name] = tuple(headers)
+    if policy.document.webhook is not None:
+        _, problem = _read(policy.document.webhook.secret)
+        if problem:
+            problems.append(Problem("webhook.secret", problem))
     if problems:
         raise PolicyError(f"credentials of tenant {policy.tenant}", problems)
     return resolved
 
 
-def _read(secret: HeaderSecret) -> tuple[str, str]:
+def webhook_secret(policy: TenantPolicy) -> bytes | None:
+    """The tenant's webhook signing secret as it is now, None without a webhook;
+    PolicyError (naming the variable or file, never the value) if it cannot be read."""
+    webhook = policy.document.webhook
+    if webhook is None:
+        return None
+    value, problem = _read(webhook.secret)
+    if problem:
+        raise PolicyError(
+            f"credentials of tenant {policy.tenant}", [Problem("webhook.secret", problem)]
+        )
+    return value.encode()
+
+
+def _read(secret: SecretSource) -> tuple[str, str]:
     """(value, "") or ("", what is wrong), without the value."""
     if secret.env is not None:
         value = os.environ.get(secret.env)

@@ -13,6 +13,7 @@ from pricing.policy import AdminRole
 
 from . import admission, tracing
 from .auth import AdminIdentity, Caller, caller_auth, gate_of, tenant_admin_auth
+from .notes import Decision
 from .problems import Problem
 from .responses import answer_response, parse_escalation_id, stored_response
 from .wire import StoredAnswer, StoredRequest, owner_of
@@ -39,7 +40,12 @@ async def poll(
         return stored_response(StoredAnswer.loads(hold.outcome), extra)
     if hold.state in (HoldState.ESCALATED, HoldState.PENDING):
         status = "escalated" if hold.state is HoldState.ESCALATED else "approved"
-        body = {"status": status, "escalation": escalation, "by": hold.by or None}
+        body = {
+            "status": status,
+            "escalation": escalation,
+            "by": hold.by or None,
+            "note": hold.note or None,
+        }
         return JSONResponse(body, 202, headers={**extra, "Retry-After": "2"})
     if hold.state is HoldState.AMBIGUOUS:
         raise Problem(
@@ -49,15 +55,24 @@ async def poll(
             hold=hold_id,
         )
     if hold.state is HoldState.REJECTED:
-        raise Problem(403, "escalation_rejected", "a human rejected this effect", by=hold.by)
+        raise rejected_problem(hold.by, hold.note)
     raise Problem(
         403, "escalation_expired", "nobody approved this effect in time", state=hold.state.value
     )
 
 
+def rejected_problem(by: str, note: str) -> Problem:
+    """What the agent learns of a rejection: who, and why in their words."""
+    detail = f"a human rejected this effect: {note}" if note else "a human rejected this effect"
+    return Problem(403, "escalation_rejected", detail, by=by, note=note or None)
+
+
 @router.post("/{escalation}/approve")
 async def approve(
-    request: Request, escalation: str, who: Annotated[AdminIdentity, Depends(tenant_admin_auth)]
+    request: Request,
+    escalation: str,
+    who: Annotated[AdminIdentity, Depends(tenant_admin_auth)],
+    decision: Decision | None = None,
 ) -> Response:
     """Exactly one of any number of concurrent approvals wins and forwards the effect;
     the others get 409 naming the outcome and who decided it."""
@@ -67,21 +82,27 @@ async def approve(
     policy = gate.tenants.policies.get(tenant)
     if policy is None:
         raise no_such_escalation()
-    answer = await admission.approve(gate, policy, hold_id, who.name)
+    note = decision.reason if decision else ""
+    answer = await admission.approve(gate, policy, hold_id, who.name, note)
     if answer is None:
         # Decision-only: the in-process tool sees the hold pending and acts itself.
-        return JSONResponse({"status": "approved", "escalation": escalation, "by": who.name})
+        body = {"status": "approved", "escalation": escalation, "by": who.name, "note": note}
+        return JSONResponse(body)
     return answer_response(answer, {"X-Irrev-Hold": hold_id, "X-Irrev-Escalation": "approved"})
 
 
 @router.post("/{escalation}/reject")
 async def reject(
-    request: Request, escalation: str, who: Annotated[AdminIdentity, Depends(tenant_admin_auth)]
+    request: Request,
+    escalation: str,
+    who: Annotated[AdminIdentity, Depends(tenant_admin_auth)],
+    decision: Decision | None = None,
 ) -> dict[str, Any]:
     gate = gate_of(request)
     tenant, hold_id = parse_escalation_id(escalation)
     who.require(tenant, AdminRole.APPROVER, no_such_escalation())
     admin = who.name
+    note = decision.reason if decision else ""
     if tenant not in gate.tenants.policies:
         raise no_such_escalation()
     # Read first: a rejected hold keeps no request, and the log line names what it was.
@@ -89,10 +110,10 @@ async def reject(
     stored = StoredRequest.loads(hold.request) if hold and hold.request else None
     with tracing.span("approval", tenant=tenant, hold_id=hold_id, admin=admin) as span:
         try:
-            await gate.ledger.reject(tenant, hold_id, admin)
+            await gate.ledger.reject(tenant, hold_id, admin, note=note)
         except HoldStateConflict as exc:
             tracing.annotate(span, decision="conflict", state=exc.state.value)
             raise admission.resolved_already(exc) from exc
         tracing.annotate(span, decision="rejected")
     admission.resolved(tenant, admin, "rejected", hold_id, stored)
-    return {"status": "rejected", "escalation": escalation, "by": admin}
+    return {"status": "rejected", "escalation": escalation, "by": admin, "note": note}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Annotated, Any
 
@@ -16,11 +17,11 @@ from pricing.credentials import AuthenticatedAgent
 from pricing.policy import BodyFormat
 
 from . import metrics
-from .admission import Intent, prepare, reserve
+from .admission import Intent, approve, auto_approval, prepare, reserve, shadowed
 from .auth import Settling, agent_auth, gate_of, settling_auth
 from .canonical import Canonical
 from .problems import Problem
-from .responses import budget_headers, escalation_id, hold_view
+from .responses import budget_headers, escalation_id, hold_view, money
 from .wire import StoredAnswer, StoredRequest, parse_json_body, record_of
 
 log = logging.getLogger("irrev.gateway")
@@ -78,14 +79,28 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
     prepared = prepare(policy, agent, intent, in_process=True)
     result = await reserve(gate, policy, agent, prepared)
     hold_id = prepared.hold_id
+    if result.state is HoldState.ESCALATED:
+        rule = await auto_approval(gate, policy, agent, result)
+        if rule is not None:
+            note = f"approved automatically by rule {rule.rule_id}"
+            with contextlib.suppress(Problem):  # a person was first: the hold says how
+                await approve(gate, policy, hold_id, f"rule:{rule.rule_id}", note)
     hold = await gate.ledger.hold(policy.tenant, hold_id)
     assert hold is not None
-    headers = budget_headers(result, hold_id, replayed=result.replayed)
+    would = shadowed(prepared, result)
+    headers = budget_headers(
+        policy,
+        result,
+        hold_id,
+        replayed=result.replayed,
+        shadow_decision=would.decision if would else "",
+        shadow_reason=would.reason if would else "",
+    )
     status = 200 if result.replayed else 202 if result.state is HoldState.ESCALATED else 201
     if hold.state is HoldState.ESCALATED:
         headers["Location"] = f"/v1/escalations/{escalation_id(policy.tenant, hold_id)}"
-    view = hold_view(policy.tenant, hold)
-    body = {**view, "price": result.price, "remaining": result.remaining}
+    view = hold_view(policy, hold)
+    body = {**view, **money(policy, price=result.price, remaining=result.remaining)}
     return JSONResponse(body, status, headers=headers)
 
 
@@ -165,10 +180,10 @@ def check_amount(
 @router.get("/{hold_id}")
 async def get_hold(request: Request, hold_id: str, who: Settler) -> dict[str, Any]:
     hold, _ = await settled_by(request, who, hold_id, reading=True)
-    return hold_view(who.policy.tenant, hold)
+    return hold_view(who.policy, hold)
 
 
-def _receipt(record: StoredRequest | StoredAnswer) -> str:
+def receipt(record: StoredRequest | StoredAnswer) -> str:
     answer = record.answer(200, [], b"") if isinstance(record, StoredRequest) else record
     return answer.dumps()
 
@@ -204,7 +219,7 @@ async def post_hold(
         amount = record.price if isinstance(record, StoredRequest) else _price(hold)
     check_amount(who, hold, record, amount)
     tenant = who.policy.tenant
-    result = await gate_of(request).ledger.post(tenant, hold_id, amount, outcome=_receipt(record))
+    result = await gate_of(request).ledger.post(tenant, hold_id, amount, outcome=receipt(record))
     if result.status is Status.OK:
         _log_flags(tenant, hold_id, result.flags)
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}
@@ -214,7 +229,7 @@ async def post_hold(
 async def void_hold(request: Request, hold_id: str, who: Settler) -> dict[str, Any]:
     _, record = await settled_by(request, who, hold_id)
     ledger = gate_of(request).ledger
-    result = await ledger.void(who.policy.tenant, hold_id, outcome=_receipt(record))
+    result = await ledger.void(who.policy.tenant, hold_id, outcome=receipt(record))
     return {"hold": hold_id, "state": result.state.value}
 
 
@@ -269,7 +284,7 @@ async def settle_hold(
     check_amount(who, hold, record, spec.realised_micros)
     tenant, ledger = who.policy.tenant, gate_of(request).ledger
     if hold.state in (HoldState.PENDING, HoldState.AMBIGUOUS):
-        result = await ledger.post(tenant, hold_id, spec.realised_micros, outcome=_receipt(record))
+        result = await ledger.post(tenant, hold_id, spec.realised_micros, outcome=receipt(record))
     else:
         result = await ledger.true_up(tenant, hold_id, spec.realised_micros)
     if result.status is Status.OK:

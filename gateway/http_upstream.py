@@ -71,6 +71,7 @@ class HttpUpstream:
 
     client: httpx.AsyncClient
     target: HttpTarget
+    resends: bool = True  # contract 4: a tool API deduplicates by Idempotency-Key
 
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False

@@ -11,12 +11,13 @@ from pricing.credentials import AuthenticatedAgent
 
 from .admission import Gate, Intent, admit, prepare, upstream_of
 from .canonical import Canonical
-from .mcp_upstream import CALL_REFUSED, NOT_EXECUTED, RESULT
+from .mcp_upstream import CALL_REFUSED, KEY_META, NOT_EXECUTED, RESULT
 from .problems import Problem
 from .upstream import Answer, Fate
 from .wire import StoredAnswer
 
 CALL = "CALL"
+MCP_KEY = f"_meta {KEY_META!r}"
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
             502,
             "upstream_ambiguous",
             "the call may or may not have taken effect; it stays charged until reconciled. "
-            "Repeat it with the same idempotency key: the server can deduplicate it",
+            "Repeat it later with the same idempotency key to learn the outcome; never "
+            "with a new one",
             why=answer.why,
             hold=hold_id or None,
         ),
@@ -107,7 +109,7 @@ async def call_effect(
         # An HTTP tool of the tenant would be sent method CALL with the agent's name
         # as its path, and charged: /mcp reaches MCP servers only.
         raise Problem(403, "unknown_route", f"{server!r} is not an MCP server of this tenant")
-    intent = Intent(server, CALL, f"/{tool}", canonical, keys=(key,))
+    intent = Intent(server, CALL, f"/{tool}", canonical, keys=(key,), key_name=MCP_KEY)
     prepared = prepare(policy, agent, intent, in_process=False)
     admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))
     if isinstance(admitted, Answer):

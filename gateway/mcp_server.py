@@ -13,6 +13,7 @@ call with the same idempotency key turns into the real result once approved."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import re
@@ -40,7 +41,7 @@ from .admission import Gate
 from .canonical import Canonical
 from .mcp_pipeline import Outcome, call_effect
 from .mcp_upstream import HOLD_META, KEY_META
-from .problems import Problem, problem_for
+from .problems import Problem, body_timeout, problem_for
 from .responses import escalation_id
 from .upstream import Fate
 from .wire import JsonNumber, parse_json_body
@@ -273,7 +274,9 @@ class McpEndpoint:
                     "send 'Authorization: Bearer <agent token>'",
                     headers={"WWW-Authenticate": "Bearer"},
                 )
-            body = await _read_body(receive, gate.settings.max_body_bytes)
+            body = await _read_body(
+                receive, gate.settings.max_body_bytes, gate.settings.body_timeout_s
+            )
             message = parse_json_body(body) if scope["method"] == "POST" else None
             check_numbers(message)
         except Problem as problem:
@@ -314,7 +317,15 @@ def _bearer(scope: Scope) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
+async def _read_body(receive: Receive, limit: int, timeout_s: float) -> bytes:
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_chunks(receive, limit)
+    except TimeoutError:
+        raise body_timeout(timeout_s) from None
+
+
+async def _read_chunks(receive: Receive, limit: int) -> bytes:
     chunks, size = [], 0
     while True:
         message = await receive()

@@ -33,6 +33,7 @@ from .wire import Headers, StoredAnswer, StoredRequest, upstream_key
 # Where an agent puts its idempotency key, and where irrev puts the hold's key for the
 # MCP server: a `_meta` key under irrev's own prefix, as the MCP specification asks
 # of extensions (`io.modelcontextprotocol/` is reserved).
+IRREV_META_PREFIX = "dev.irrev/"
 KEY_META = "dev.irrev/idempotency_key"
 HOLD_META = "dev.irrev/hold"
 JSON = (("content-type", "application/json"),)
@@ -50,6 +51,12 @@ log = logging.getLogger("irrev.gateway")
 
 
 def result_answer(result: types.CallToolResult, fate: Fate, why: str = "") -> Answer:
+    """The result as the agent gets it (and a repeat of the key reads it back), without
+    `_meta` keys under irrev's prefix: only irrev speaks as irrev (holds, prices,
+    keys); the server's own keys pass."""
+    if result.meta:
+        own = {k: v for k, v in result.meta.items() if not k.startswith(IRREV_META_PREFIX)}
+        result = result.model_copy(update={"meta": own or None})
     body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
     status = NOT_EXECUTED if fate is Fate.REFUSED else RESULT
     return Answer(fate, status, JSON, body, why=why)
@@ -83,15 +90,37 @@ def failure_answer(exc: BaseException) -> Answer:
 class McpUpstream:
     """One MCP server of one tenant, as the admission pipeline calls it. Its HTTP client
     (with the tool's credentials as headers) is made on first use, in the worker's
-    event loop, and kept; `not_executed` are the MCP tools whose `isError` voids."""
+    event loop, and kept; `not_executed` are the MCP tools whose `isError` voids;
+    `dedupes` says the server makes one effect per key (the tool's `dedupes`), so a
+    repeat of an ambiguous call may be sent again."""
 
     url: str
     credentials: Headers = field(default=(), repr=False)
     not_executed: frozenset[str] = frozenset()
+    dedupes: bool = False
     _client: httpx2.AsyncClient | None = field(default=None, repr=False)
     _version: str = "auto"
     _tools: list[types.Tool] = field(default_factory=list)
     _tools_until: float = 0.0
+
+    @property
+    def resends(self) -> bool:
+        return self.dedupes
+
+    def same_server(self, other: McpUpstream) -> bool:
+        """Whether `other` is configured as this one (a reload kept it unchanged)."""
+        return (self.url, self.credentials, self.not_executed, self.dedupes) == (
+            other.url,
+            other.credentials,
+            other.not_executed,
+            other.dedupes,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (its pooled connections); the next call opens another."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
 
     def client(self) -> httpx2.AsyncClient:
         if self._client is None:

@@ -26,7 +26,10 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 PRICE_BUCKETS = tuple(float(10**k) for k in range(0, 13))
 
 DECISIONS = Counter(
-    "irrev_decisions_total", "Admission decisions", ["tenant", "decision", "reason"]
+    "irrev_decisions_total",
+    'Admission decisions; mode="shadow": what enforcement would have decided on a '
+    "shadow-mode route, whose effect was held and forwarded whatever the decision",
+    ["tenant", "decision", "reason", "mode"],
 )
 PRICES = Histogram(
     "irrev_price_micros", "Prices of effects put to the ledger", ["tenant"], buckets=PRICE_BUCKETS
@@ -68,10 +71,21 @@ POLICY_RELOADS = Counter(
     "Policy files a worker loaded: applied, or failed (its tenant keeps the policy it had)",
     ["tenant", "result"],
 )
+WEBHOOK_DELIVERIES = Counter(
+    "irrev_webhook_deliveries_total",
+    "Webhook delivery attempts, by result (delivered, failed: retried with backoff)",
+    ["tenant", "result"],
+)
 RECONCILED = Counter(
     "irrev_reconciled_total",
     "Ambiguous holds the reconciler looked at, by result",
     ["tenant", "result"],
+)
+SWEEPS = Counter(
+    "irrev_sweeps_total",
+    "Sweeps of a tenant's due holds by this process (one process of the fleet holds each "
+    "tenant's sweep lease at a time)",
+    ["tenant"],
 )
 HTTP_REQUESTS = Counter(
     "irrev_http_requests_total", "HTTP requests by route template", ["method", "route", "status"]

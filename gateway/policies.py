@@ -170,6 +170,11 @@ class FileFault:
     tenant: str = ""
 
 
+def policy_version(text: str) -> str:
+    """A policy's version: a digest of its text (the same on every host)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def read_policy_files(directory: Path) -> tuple[list[PolicyFile], list[FileFault]]:
     """Each policy file of `directory` on its own: one file's fault never stops the
     others (demo token files are skipped)."""
@@ -184,7 +189,7 @@ def read_policy_files(directory: Path) -> tuple[list[PolicyFile], list[FileFault
             text = read_text(path)
             data = parse_yaml(text, str(path))
             if not is_demo_tokens(data):
-                version = hashlib.sha256(text.encode()).hexdigest()[:12]
+                version = policy_version(text)
                 loaded.append(PolicyFile(path, load_policy_data(data, str(path)), version))
         except PolicyError as exc:
             named = data.get("tenant") if isinstance(data, dict) else None

@@ -57,6 +57,16 @@ class Problem(Exception):
         return JSONResponse(body, self.status, headers=self.headers, media_type=PROBLEM_JSON)
 
 
+def body_timeout(timeout_s: float) -> Problem:
+    """A body that did not arrive whole in time (IRREV_BODY_TIMEOUT_S)."""
+    return Problem(
+        408,
+        "body_timeout",
+        f"the request body did not arrive within {timeout_s:g} s; send it at once",
+        headers={"Connection": "close"},
+    )
+
+
 def problem_for(exc: Exception) -> Problem:
     """The problem a known error becomes; anything else is a bug, reported as such."""
     if isinstance(exc, Problem):

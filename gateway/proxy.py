@@ -4,6 +4,7 @@ parses the agent's request into an `Intent`, runs the admission pipeline
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Annotated
 
@@ -16,7 +17,7 @@ from pricing.credentials import AuthenticatedAgent
 from .admission import Admitted, Intent, admit, prepare, upstream_of
 from .auth import agent_auth, gate_of
 from .canonical import check_headers, check_raw_path, read_request
-from .problems import Problem
+from .problems import Problem, body_timeout
 from .responses import answer_response, budget_headers, escalated_response, stored_response
 from .upstream import Answer
 from .wire import Headers, StoredAnswer
@@ -26,9 +27,20 @@ METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 READ_HEADERS = {"X-Irrev-Decision": "admit", "X-Irrev-Price": "0"}
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body, at most `limit` bytes, within `timeout_s` (problems otherwise)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_body(request, limit)
+    except TimeoutError:
+        raise body_timeout(timeout_s) from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+    if declared is not None and (
+        not (declared.isascii() and declared.isdigit()) or int(declared) > limit
+    ):
         raise Problem(413, "body_too_large", f"request bodies are limited to {limit} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
@@ -55,7 +67,8 @@ async def proxy(
     who: Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)],
 ) -> Response:
     gate, (policy, agent) = gate_of(request), who
-    body = await read_body(request, gate.settings.max_body_bytes)
+    settings = gate.settings
+    body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
     check_raw_path(request.scope.get("raw_path") or b"")
     check_headers(request.headers.keys())
     canonical = read_request(request.url.query, request.headers.getlist("content-type"), body)
@@ -69,16 +82,25 @@ async def proxy(
     )
     prepared = prepare(policy, agent, intent, in_process=False)
     admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, tool))
-    return admitted_response(policy.tenant, admitted)
+    return admitted_response(policy, admitted)
 
 
-def admitted_response(tenant: str, admitted: Admitted | Answer) -> Response:
+def admitted_response(policy: TenantPolicy, admitted: Admitted | Answer) -> Response:
     if isinstance(admitted, Answer):  # a read: nothing held, nothing charged
-        return answer_response(admitted, READ_HEADERS)
+        unit = {"X-Irrev-Currency": policy.catalog.currency, "X-Irrev-Scale": str(policy.scale)}
+        return answer_response(admitted, {**READ_HEADERS, **unit})
     result, hold_id, answer = admitted.result, admitted.hold_id, admitted.answer
     if answer is None:
-        return escalated_response(tenant, hold_id, result)
-    headers = budget_headers(result, hold_id, replayed=result.replayed)
+        return escalated_response(policy, hold_id, result)
+    would = admitted.shadowed
+    headers = budget_headers(
+        policy,
+        result,
+        hold_id,
+        replayed=result.replayed,
+        shadow_decision=would.decision if would else "",
+        shadow_reason=would.reason if would else "",
+    )
     if isinstance(answer, StoredAnswer):
         return stored_response(answer, headers)
     return answer_response(answer, headers)

@@ -7,7 +7,9 @@ from typing import Any
 from fastapi.responses import JSONResponse, Response
 
 from ledger import Hold, HoldState, ReserveResult
+from pricing import TenantPolicy
 from pricing.policy import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
+from pricing.units import header_money, rfc3339, with_money_text
 
 from .problems import Problem
 from .upstream import Answer, Fate
@@ -25,32 +27,57 @@ def parse_escalation_id(escalation: str) -> tuple[str, str]:
     return tenant, hold_id
 
 
-def hold_view(tenant: str, hold: Hold) -> dict[str, Any]:
+def money(policy: TenantPolicy, **amounts: int | dict[str, int] | None) -> dict[str, Any]:
+    """Amounts in the tenant's minor units, each with its `_text`, and `currency`."""
+    return with_money_text(amounts, policy.scale, policy.catalog.currency)
+
+
+def hold_view(policy: TenantPolicy, hold: Hold) -> dict[str, Any]:
     view: dict[str, Any] = {
         "hold": hold.hold_id,
         "state": hold.state.value,
         "decision": hold.decision.value,
         "reason": hold.reason.value,
-        "amounts": hold.amounts,
-        "posted": hold.posted,
-        "compensated": hold.compensated,
+        **money(policy, amounts=hold.amounts, posted=hold.posted, compensated=hold.compensated),
         "flags": sorted(hold.flags),
         "deadline_ms": hold.deadline_ms,
+        "deadline_at": rfc3339(hold.deadline_ms),
     }
     if hold.state is HoldState.ESCALATED:
-        view["escalation"] = escalation_id(tenant, hold.hold_id)
+        view["escalation"] = escalation_id(policy.tenant, hold.hold_id)
     return view
 
 
 def budget_headers(
-    result: ReserveResult, hold_id: str, *, replayed: bool = False
+    policy: TenantPolicy,
+    result: ReserveResult,
+    hold_id: str,
+    *,
+    replayed: bool = False,
+    shadow_decision: str = "",
+    shadow_reason: str = "",
 ) -> dict[str, str]:
+    """X-Irrev-Price and -Remaining in integer minor units for programs, the same
+    with their currency (`-Text`) for people, and X-Irrev-Currency and -Scale (minor
+    units per major unit) that say what the integers count. `shadow_decision`: what
+    enforcement would have done with an effect shadow mode let through."""
+    scale, currency = policy.scale, policy.catalog.currency
     headers = {
         "X-Irrev-Decision": result.decision.value,
         "X-Irrev-Hold": hold_id,
         "X-Irrev-Price": str(result.price),
         "X-Irrev-Remaining": str(result.remaining),
+        "X-Irrev-Price-Text": header_money(result.price, scale, currency),
+        "X-Irrev-Remaining-Text": header_money(result.remaining, scale, currency),
+        "X-Irrev-Currency": currency,
+        "X-Irrev-Scale": str(scale),
     }
+    if shadow_decision:
+        # The effect was admitted: X-Irrev-Decision says what happened.
+        headers["X-Irrev-Decision"] = "admit"
+        headers["X-Irrev-Mode"] = "shadow"
+        headers["X-Irrev-Shadow-Decision"] = shadow_decision
+        headers["X-Irrev-Shadow-Reason"] = shadow_reason
     if replayed:
         headers["X-Irrev-Replayed"] = "true"
     return headers
@@ -109,23 +136,24 @@ def answer_response(answer: Answer, extra: dict[str, str]) -> Response:
 def _retry_after(answer: Answer) -> str:
     """The upstream's own delay if it gave a sensible one (in seconds), else 1."""
     given = dict((k.lower(), v) for k, v in answer.headers).get("retry-after", "")
-    return given if given.isdigit() and 1 <= int(given) <= 60 else "1"
+    return given if given.isascii() and given.isdigit() and 1 <= int(given) <= 60 else "1"
 
 
 def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:
     return upstream_response(stored.status, stored.headers, stored.body, extra)
 
 
-def escalated_response(tenant: str, hold_id: str, result: ReserveResult) -> JSONResponse:
-    escalation = escalation_id(tenant, hold_id)
+def escalated_response(policy: TenantPolicy, hold_id: str, result: ReserveResult) -> JSONResponse:
+    escalation = escalation_id(policy.tenant, hold_id)
     location = f"/v1/escalations/{escalation}"
     body = {
         "status": "escalated",
         "escalation": escalation,
         "reason": result.reason.value,
-        "price": result.price,
+        **money(policy, price=result.price),
         "poll": location,
         "deadline_ms": result.deadline_ms,
+        "deadline_at": rfc3339(result.deadline_ms),
     }
-    headers = {**budget_headers(result, hold_id), "Location": location, "Retry-After": "2"}
+    headers = {**budget_headers(policy, result, hold_id), "Location": location, "Retry-After": "2"}
     return JSONResponse(body, 202, headers=headers)

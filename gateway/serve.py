@@ -7,6 +7,7 @@ redis-server; a worker that dies is replaced, one that cannot start stops them a
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import time
 
@@ -41,6 +42,9 @@ def run(settings: GatewaySettings, ledger: LedgerSettings) -> bool:
                 "IRREV_POLICY_DIR": str(settings.policy_dir.absolute()),
             }
         )
+        if not settings.instance:
+            instance = f"{socket.gethostname()}:{settings.host}:{settings.port}"
+            os.environ["IRREV_INSTANCE"] = instance
         if settings.workers > 1:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
         return serve_workers(settings)

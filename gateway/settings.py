@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -10,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ledger import LedgerSettings
 
 from .policies import ForwardBudget
+from .webhooks import Pacing
 
 
 class GatewaySettings(BaseSettings):
@@ -27,6 +29,13 @@ class GatewaySettings(BaseSettings):
     upstream_timeout_s: float = Field(default=10.0, gt=0, le=300)
     upstream_max_connections: int = Field(default=200, ge=1, le=10_000)
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=16 << 20)
+    body_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        description="a request body (proxy, /mcp) must arrive whole within this long, else "
+        "408 body_timeout: a client trickling its body cannot hold a worker",
+    )
     forward_margin_s: float = Field(
         default=5.0, ge=0, description="never forward a hold this close to its deadline"
     )
@@ -59,6 +68,12 @@ class GatewaySettings(BaseSettings):
         "effect is forwarded; fewer within wait_timeout_ms: released, 503 not_replicated",
     )
     wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
+    durability: Literal["warn", "require"] = Field(
+        default="warn",
+        description="at start, the Redis persistence settings are read and logged; one "
+        "that can lose an acknowledged write (AOF off, appendfsync no, unreadable) with "
+        "IRREV_WAIT_REPLICAS 0 is a warning, or with 'require' a refusal to start",
+    )
     journal_keep_s: int = Field(
         default=7 * 24 * 3600,
         ge=0,
@@ -69,6 +84,29 @@ class GatewaySettings(BaseSettings):
         default=None, description="where trimmed journal entries go; unset: <data dir>/journal"
     )
     journal_trim_interval_s: float = Field(default=300.0, gt=0, le=86_400)
+    instance: str = Field(
+        default="",
+        description="this gateway's name in the fleet (irrev serve sets host name, address "
+        "and port): its workers' sweep leases carry it, and it alone reports the fleet "
+        "gauges of the tenants it sweeps",
+    )
+    webhook_timeout_s: float = Field(
+        default=5.0, gt=0, le=60, description="how long a webhook receiver has to answer"
+    )
+    webhook_backoff_s: float = Field(
+        default=0.5, gt=0, le=60, description="the first retry's delay; each doubles it"
+    )
+    webhook_backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
+    webhook_lease_s: float = Field(
+        default=15.0,
+        gt=0,
+        le=600,
+        description="how long a dispatcher's claim on a tenant's webhook lasts unless renewed "
+        "(at least 3 x webhook_timeout_s)",
+    )
+    webhook_poll_s: float = Field(
+        default=0.5, gt=0, le=60, description="how often an idle tenant's journal is looked at"
+    )
     log_level: str = "info"
 
     @field_validator("admin_tokens")
@@ -93,6 +131,15 @@ class GatewaySettings(BaseSettings):
     @property
     def ledger(self) -> LedgerSettings:
         return LedgerSettings()
+
+    def webhook_pacing(self) -> Pacing:
+        return Pacing(
+            self.webhook_timeout_s,
+            self.webhook_backoff_s,
+            self.webhook_backoff_max_s,
+            self.webhook_lease_s,
+            self.webhook_poll_s,
+        )
 
     def archive_dir(self) -> Path:
         return self.journal_archive_dir or self.ledger.data_dir / "journal"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Iterable
@@ -15,11 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ledger import AccountSpec as LedgerAccount
-from ledger import Ledger
+from ledger import Ledger, PolicyRecord
 from pricing import (
     AccountSpec,
     Outcomes,
     PolicyError,
+    Problem,
     TenantPolicy,
     factor_account,
     load_policy_text,
@@ -41,6 +43,7 @@ from .policies import (
     PolicyLoadError,
     check_policy_set,
     policy_files,
+    policy_version,
     read_policy_files,
 )
 from .wire import KEPT_RESPONSE_HEADERS
@@ -66,9 +69,14 @@ def ledger_account(spec: AccountSpec) -> LedgerAccount:
 OPENING_CONCURRENCY = 8
 
 
-async def _open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount]]) -> None:
-    """Create or change an account only where Redis differs from the policy: every
-    worker loads every policy, and an unchanged account needs no journal entry. What
+async def _open_accounts(
+    ledger: Ledger, accounts: list[tuple[str, LedgerAccount]], change: set[str]
+) -> None:
+    """Create an account Redis lacks; change one that differs from the policy only for
+    the tenants in `change`: those whose policy version this host wrote into the store
+    (its winner). Every other host serves the same version but never writes its
+    limits, so a host that read an older version cannot put an old limit back. An
+    unchanged account needs no journal entry. What
     Redis has is read in one pipelined snapshot (one round trip after the other, a
     gateway serving 30 tenants took 10-20 s to start on a loaded machine); the
     differing accounts are then written a few at a time. The first error is raised
@@ -83,11 +91,15 @@ async def _open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount
         for account, spec in wanted[snapshot.tenant].items():
             found = current.get(account)
             if found is None or (
-                found.limit,
-                found.soft_limit,
-                found.window_ms,
-                found.approval_threshold,
-            ) != (spec.limit, spec.soft_limit, spec.window_ms, spec.approval_threshold):
+                snapshot.tenant in change
+                and (
+                    found.limit,
+                    found.soft_limit,
+                    found.window_ms,
+                    found.approval_threshold,
+                )
+                != (spec.limit, spec.soft_limit, spec.window_ms, spec.approval_threshold)
+            ):
                 changes.append((snapshot.tenant, spec))
     gate = asyncio.Semaphore(OPENING_CONCURRENCY)
 
@@ -154,8 +166,13 @@ class TenantStore:
         self._signature: tuple[tuple[str, int, int], ...] = ()
         self._targets: dict[tuple[str, str], HttpTarget] = {}
         self._mcp: dict[tuple[str, str], McpUpstream] = {}
+        self._closing: set[asyncio.Task[None]] = set()
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
         self._secret_files: tuple[tuple[str, int, int], ...] = ()
+        self._epoch = -1
+        self._outcomes_epoch = -1
+        self._limits_owed: set[str] = set()
+        self._looks = 0
         # The policy files on disk that are not in force, each with its tenant where
         # that can be told.
         self.faults: list[FileFault] = []
@@ -188,15 +205,28 @@ class TenantStore:
             raise PolicyLoadError([fault.error for fault in report.faults])
         return report.tenants
 
-    async def apply(self, ledger: Ledger) -> LoadReport:
-        """(Re)load every policy file on its own and create or update the accounts of
+    async def apply(self, ledger: Ledger, promote: Iterable[str] = ()) -> LoadReport:
+        """(Re)load every policy file on its own, reconcile it with the fleet's policy
+        store (`_promote`, then `_serve_store`) and create or update the accounts of
         each policy in force. A file that does not load, resolve its credentials or
         agree with the other policies in force (a shared token, a tenant defined
         twice) leaves its tenant on the policy it had: one tenant's broken file never
-        holds back another's change. Redis errors raise, and then nothing changes."""
+        holds back another's change. Redis errors raise, and then nothing changes.
+        `promote`: tenants whose file is written into the store even if the store's
+        version is newer (an upload through this host)."""
         signature = self._files_signature()
         files, faults = read_policy_files(self.directory)
-        chosen, faults = self._choose(files, faults)
+        local, faults = self._choose(files, faults)
+        epoch = await ledger.policies.epoch()
+        records = await ledger.policies.records(sorted(self._tenants_of(local)))
+        edited = self._edited(signature) | set(promote)
+        won = await self._promote(ledger, local, records, edited)
+        # A version this host wrote whose limits did not all land (Redis failed, or
+        # too few replicas acknowledged) is still this host's to write.
+        won |= self._limits_owed
+        self._limits_owed = won
+        chosen, stale = self._serve_store(local, records)
+        faults += stale
         await _open_accounts(
             ledger,
             [
@@ -204,7 +234,9 @@ class TenantStore:
                 for entry in chosen.values()
                 for spec in policy_accounts(entry.file.policy)
             ],
+            won,
         )
+        self._limits_owed = set()
         written = {e.file.policy.tenant: e.file.policy for e in chosen.values()}
         # Read before anything changes: Redis failing here leaves the store as it was,
         # not with new policies that were never priced with what was learned.
@@ -214,15 +246,145 @@ class TenantStore:
         self._written = written
         self.faults = faults
         self._signature = signature
+        self._epoch = epoch
         self._targets = _targets(
             self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
         )
-        self._mcp = _mcp_upstreams(
-            self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
+        self._mcp = self._keep_unchanged(
+            _mcp_upstreams(
+                self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
+            )
         )
         self._secret_files = _secret_files_signature(self._written.values())
         self._install(observed)
         return LoadReport(sorted(self._written), faults)
+
+    def _keep_unchanged(
+        self, fresh: dict[tuple[str, str], McpUpstream]
+    ) -> dict[tuple[str, str], McpUpstream]:
+        """`fresh`, where a server is configured as before the one already in use (its
+        connections and learnt protocol version); the others' clients are closed once
+        a delivery begun through them has had its time (they leaked on every reload)."""
+        kept = {}
+        for key, upstream in fresh.items():
+            old = self._mcp.get(key)
+            kept[key] = old if old is not None and old.same_server(upstream) else upstream
+        in_use = {id(upstream) for upstream in kept.values()}
+        dropped = [upstream for upstream in self._mcp.values() if id(upstream) not in in_use]
+        if dropped:
+            grace_s = self.budget.min_hold_ttl_ms / 1000
+            task = asyncio.get_running_loop().create_task(_close_later(dropped, grace_s))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        return kept
+
+    async def aclose(self) -> None:
+        """Close every MCP server's client, the retired ones' at once (at shutdown)."""
+        for task in list(self._closing):
+            task.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        await asyncio.gather(*(upstream.aclose() for upstream in self._mcp.values()))
+        self._mcp = {}
+
+    @staticmethod
+    def _tenants_of(entries: dict[Path, InForce]) -> set[str]:
+        return {entry.file.policy.tenant for entry in entries.values()}
+
+    def _edited(self, signature: tuple[tuple[str, int, int], ...]) -> set[str]:
+        """Names of the files changed on disk while this process watched (none at the
+        first load): an edit made while the gateway runs is a promotion."""
+        if not self._signature:
+            return set()
+        return {entry[0] for entry in set(signature) - set(self._signature)}
+
+    async def _promote(
+        self,
+        ledger: Ledger,
+        local: dict[Path, InForce],
+        records: dict[str, PolicyRecord],
+        edited: set[str],
+    ) -> set[str]:
+        """Write into the store each local policy that differs from the store's and is
+        newer: edited while this process ran, named in `promote` (in `edited` too), or
+        changed on this host (its ctime) after the store's version was written; a
+        tenant the store lacks takes the file as it is. Compare-and-set on the version
+        read: a host that lost to another writer serves the winner's version. The
+        tenants whose version this host wrote: only they get their limits changed."""
+        won: set[str] = set()
+        for path, entry in local.items():
+            tenant = entry.file.policy.tenant
+            record = records.get(tenant)
+            if record is not None and record.digest == entry.file.version:
+                continue
+            changed_ms = _changed_ms(path)
+            newer = path.name in edited or tenant in edited
+            if record is not None and not newer and changed_ms <= record.stamp_ms:
+                continue
+            text = _read_if_version(path, entry.file.version)
+            if text is None:
+                continue  # changed again since it was read: the next look decides
+            result = await ledger.policies.put(
+                tenant,
+                expected=record.version if record is not None else 0,
+                digest=entry.file.version,
+                text=text,
+                stamp_ms=changed_ms,
+                origin=f"file {socket.gethostname()}:{path}",
+            )
+            if result.won:
+                won.add(tenant)
+                records[tenant] = PolicyRecord(
+                    tenant, result.version, entry.file.version, text, result.stamp_ms, "this host"
+                )
+            else:
+                records.update(await ledger.policies.records([tenant]))
+        return won
+
+    def _serve_store(
+        self, local: dict[Path, InForce], records: dict[str, PolicyRecord]
+    ) -> tuple[dict[Path, InForce], list[FileFault]]:
+        """What is served for each tenant this host has a file of: the store's version
+        where it has one. A file that differs from it is reported (it is not in force
+        here); a stored version this host cannot use (it does not load, its
+        credentials are missing here, or it disagrees with the others in force)
+        leaves the tenant on the policy it had."""
+        now = time.time()
+        chosen: dict[Path, InForce] = {}
+        faults: list[FileFault] = []
+        for path, entry in local.items():
+            tenant = entry.file.policy.tenant
+            record = records.get(tenant)
+            if record is None or record.digest == entry.file.version:
+                chosen[path] = entry
+                continue
+            if _changed_ms(path) < record.stamp_ms:
+                # Older than the store's: reported. Else the file changed since it was
+                # read here (the store has that change already): the next look reads it.
+                faults.append(FileFault(path, _stale(path, record), tenant))
+            old = self._in_force.get(path)
+            if old is not None and old.file.version == record.digest:
+                chosen[path] = old
+                continue
+            try:
+                policy = load_policy_text(record.text, _store_source(record))
+                if policy.tenant != tenant:
+                    raise PolicyError(_store_source(record), [Problem("tenant", "not " + tenant)])
+                candidate = InForce(
+                    PolicyFile(path, policy, record.digest), resolve_credentials(policy), now
+                )
+            except PolicyError as exc:
+                faults.append(FileFault(path, exc, tenant))
+                chosen[path] = old or entry
+                continue
+            chosen[path] = candidate
+        errors = check_policy_set([(str(p), e.file.policy) for p, e in chosen.items()], self.budget)
+        for error in errors:
+            path = Path(error.source)
+            kept = self._in_force.get(path) or local.get(path)
+            if kept is not None and chosen.get(path) is not kept:
+                chosen[path] = kept
+                faults.append(FileFault(path, error, kept.file.policy.tenant))
+        return chosen, faults
 
     def _by_tenant(self) -> dict[str, InForce]:
         return {entry.file.policy.tenant: entry for entry in self._in_force.values()}
@@ -311,16 +473,36 @@ class TenantStore:
 
     async def refresh(self, ledger: Ledger) -> bool:
         """Reload if any policy file or credential file changed since the last load
-        (a rotated secret reaches every worker); apply compensation outcomes counted
-        since the last look."""
+        (a rotated secret reaches every worker) or the fleet's policy store did;
+        apply compensation outcomes counted since the last look. One read of the
+        store's epochs per look: O(gateways), whatever the tenants; a full read now
+        and then catches a write whose epoch bump was lost."""
         rotated = _secret_files_signature(self._written.values()) != self._secret_files
-        if rotated or self._files_signature() != self._signature:
+        self._looks += 1
+        policies, outcomes = await ledger.policies.epochs()
+        if (
+            rotated
+            or self._limits_owed
+            or policies != self._epoch
+            or self._files_signature() != self._signature
+            or (self._looks % FULL_READ_EVERY == 0 and await self._store_moved(ledger))
+        ):
             await self.apply(ledger)
+            self._outcomes_epoch = outcomes
             return True
-        observed = await self._read_observed(ledger, list(self._written))
-        if observed != self._observed:
-            self._install(observed)
+        if outcomes != self._outcomes_epoch:
+            observed = await self._read_observed(ledger, list(self._written))
+            self._outcomes_epoch = outcomes
+            if observed != self._observed:
+                self._install(observed)
         return False
+
+    async def _store_moved(self, ledger: Ledger) -> bool:
+        """Whether the store holds another version than the one in force of any
+        tenant served (one read of each tenant's record)."""
+        records = await ledger.policies.records(list(self._written))
+        in_force = {tenant: version for tenant, (version, _) in self.versions().items()}
+        return any(record.digest != in_force.get(t) for t, record in records.items())
 
     @staticmethod
     async def _read_observed(ledger: Ledger, tenants: list[str]) -> dict[str, dict[str, Outcomes]]:
@@ -355,7 +537,8 @@ class TenantStore:
         self._observed = observed
 
     async def upload(self, ledger: Ledger, tenant: str, text: str) -> TenantPolicy:
-        """Validate a policy, then write it atomically as `<tenant>.yaml` and load."""
+        """Validate a policy, then write it atomically as `<tenant>.yaml` and load it,
+        promoted into the fleet's policy store over whatever version it holds."""
         policy = load_policy_text(text, f"uploaded policy of {tenant}")
         if policy.tenant != tenant:
             raise ValueError(f"the policy is for tenant {policy.tenant!r}, not {tenant!r}")
@@ -371,7 +554,7 @@ class TenantStore:
         previous = target.read_text(encoding="utf-8") if target.exists() else None
         self._write(target, text)
         try:
-            report = await self.apply(ledger)
+            report = await self.apply(ledger, promote=[tenant])
             if own := report.errors_of(target):
                 raise PolicyLoadError(own)
         except BaseException:
@@ -399,6 +582,43 @@ class TenantStore:
             except ValueError:
                 continue
         return self.directory / f"{tenant}.yaml"
+
+
+# Every this many looks for changes, the store's policies are read whatever its epoch.
+FULL_READ_EVERY = 15
+
+
+def _changed_ms(path: Path) -> int:
+    """When the file last changed on this host (its ctime: also set by a copy or a
+    restore that keeps the old mtime), in Unix ms."""
+    try:
+        return path.stat().st_ctime_ns // 1_000_000
+    except OSError:
+        return 0
+
+
+def _read_if_version(path: Path, version: str) -> str | None:
+    """The file's text if it is still the version that was loaded."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if policy_version(text) == version else None
+
+
+def _store_source(record: PolicyRecord) -> str:
+    return f"the policy store's version {record.version} of {record.tenant}"
+
+
+def _stale(path: Path, record: PolicyRecord) -> PolicyError:
+    written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.stamp_ms / 1000))
+    detail = (
+        f"not in force: the fleet's policy store holds version {record.version} "
+        f"({record.digest}, written {written} by {record.origin}), which every host "
+        "serves; this file is older. Edit it (or upload a policy) to make it the "
+        "fleet's, or copy the store's version here"
+    )
+    return PolicyError(str(path), [Problem("", detail)])
 
 
 def _targets(
@@ -442,8 +662,19 @@ def _mcp_upstreams(
                 if policy.document.routes[route.index].is_error is McpErrorMeaning.NOT_EXECUTED
             )
             creds = credentials.get(policy.tenant, {}).get(name, ())
-            upstreams[(policy.tenant, name)] = McpUpstream(tool.mcp, creds, not_executed)
+            upstreams[(policy.tenant, name)] = McpUpstream(
+                tool.mcp, creds, not_executed, tool.dedupes
+            )
     return upstreams
+
+
+async def _close_later(upstreams: list[McpUpstream], delay_s: float) -> None:
+    """Close retired MCP clients after `delay_s`, by when any delivery through them
+    has ended (fire() gives one at most upstream_timeout_s); at once if cancelled."""
+    try:
+        await asyncio.sleep(delay_s)
+    finally:
+        await asyncio.gather(*(u.aclose() for u in upstreams), return_exceptions=True)
 
 
 def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str, int, int], ...]:

@@ -46,7 +46,13 @@ class Answer:
 
 
 class Upstream(Protocol):
-    """A tool's API as the admission pipeline calls it."""
+    """A tool's API as the admission pipeline calls it. `resends`: a repeat of an
+    ambiguous effect's key may send it again, because the upstream deduplicates by
+    the key it is given (HTTP tool APIs by contract 4; an MCP server only where the
+    policy declares it); else a repeat answers from the ledger only."""
+
+    @property
+    def resends(self) -> bool: ...
 
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False

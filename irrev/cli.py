@@ -64,11 +64,19 @@ BENCHES = (
     ),
     Command("cli", "irrev.bench.cli", "start-up time of `irrev --help` and `policy validate`"),
     Command("mcp", "irrev.bench.mcp", "MCP tools/call through irrev vs direct (calls/s, latency)"),
+    Command(
+        "background",
+        "irrev.bench.background",
+        "Redis commands/s of idle gateways at 1, 4, 16 processes",
+    ),
 )
 
 
 class CliError(Exception):
-    """A mistake in how a command was called or configured; the message says what to do."""
+    """A mistake in how a command was called or configured; the message says what to do.
+    A subclass may set `exit_code` 1 for "checked and found wrong"."""
+
+    exit_code = 2
 
 
 Number = TypeVar("Number", int, float)
@@ -152,7 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser(arguments).parse_args(arguments)
         func: Callable[[argparse.Namespace], int] = args.func
         return func(args)
-    except (CliError, LedgerError) as exc:
+    except CliError as exc:
+        print(f"irrev: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except LedgerError as exc:
         print(f"irrev: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:

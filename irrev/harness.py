@@ -79,10 +79,13 @@ class Server:
     port: int = field(default_factory=free_port)
     cwd: Path | None = None
     process: subprocess.Popen[bytes] | None = None
+    # Any loopback address (Linux routes all of 127/8 to lo): several "hosts" on one
+    # machine.
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:

@@ -25,15 +25,18 @@ DEMO_ADMIN_TOKEN = "demo-admin-token-not-secret"
 POLICY, DEMO_TOKENS = "procurement.yaml", "procurement.tokens.yaml"
 
 
-def render_policies(directory: Path, supplier_url: str, examples: Path = EXAMPLES) -> Path:
+def render_policies(
+    directory: Path, supplier_url: str, examples: Path = EXAMPLES, *, mode: str = "enforce"
+) -> Path:
     """Copy the procurement example and its demo tokens into `directory`, pointing the
-    supplier tool at `supplier_url`."""
+    supplier tool at `supplier_url`; `mode` 'shadow' puts the tenant in shadow mode."""
     if not (examples / POLICY).is_file():
         raise CliError(
             f"no {examples / POLICY} in {Path.cwd()}: run this from the root of "
             "the irrev repository, where the example policies are"
         )
     policy = TenantPolicy.read(examples / POLICY).point(supplier_url, tools=("supplier",))
+    policy.document["mode"] = mode
     policy.write(directory, POLICY)
     shutil.copyfile(examples / DEMO_TOKENS, directory / DEMO_TOKENS)
     return directory
@@ -47,10 +50,12 @@ def service(
     what: str,
     env: dict[str, str] | None = None,
     log_path: Path | None = None,
+    host: str = "127.0.0.1",
 ) -> Iterator[Server]:
-    """Run `command` (a server on 127.0.0.1:`port`) until the block ends; yields once
-    `ready_path` answers 200."""
-    with running(Server(what, command, env, log_path, port), ready_path) as server:
+    """Run `command` (a server on `host`:`port`, a loopback address) until the block
+    ends; yields once `ready_path` answers 200."""
+    server = Server(what, command, env, log_path, port, host=host)
+    with running(server, ready_path) as server:
         yield server
 
 
@@ -63,15 +68,24 @@ def supplier(port: int | None = None) -> Iterator[str]:
         yield server.url
 
 
-@contextmanager
-def mcp_tools(state_dir: Path, port: int | None = None) -> Iterator[Server]:
-    """The test MCP tool server (irrev/upstreams/mcp_tools.py) in its own process, its
-    effects kept under `state_dir`; yields the server (its URL, and kill for faults)."""
+def mcp_tools_server(state_dir: Path, port: int = 0, log_path: Path | None = None) -> Server:
+    """The test MCP tool server (irrev/upstreams/mcp_tools.py) as an unstarted process,
+    its effects kept under `state_dir`: start it, kill it (faults), start another on
+    the same port and state to restart it."""
     port = port or free_port()
     command = [sys.executable, "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     env = {**os.environ, "MCP_TOOL_STATE": str(state_dir)}
-    with service(command, port, "/ready", "the MCP tool server", env) as server:
+    return Server("the MCP tool server", command, env, log_path, port)
+
+
+@contextmanager
+def mcp_tools(
+    state_dir: Path, port: int | None = None, log_path: Path | None = None
+) -> Iterator[Server]:
+    """mcp_tools_server, running until the block ends; yields the server (its URL, and
+    kill for faults)."""
+    with running(mcp_tools_server(state_dir, port or 0, log_path), "/ready") as server:
         yield server
 
 
@@ -84,8 +98,11 @@ def gateway(
     port: int | None = None,
     log_path: Path | None = None,
     env: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+    prefix: list[str] | None = None,
 ) -> Iterator[Server]:
-    """`irrev serve` in its own process; yields its base URL and pid."""
+    """`irrev serve` in its own process on `host` (a loopback address); yields its
+    base URL and pid. `prefix`: a command that runs it (e.g. faketime)."""
     port = port or free_port()
     environment = {
         **os.environ,
@@ -96,18 +113,19 @@ def gateway(
         **(env or {}),
     }
     command = [
+        *(prefix or []),
         sys.executable,
         "-m",
         "irrev.cli",
         "serve",
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--workers",
         str(workers),
     ]
-    with service(command, port, "/readyz", "the gateway", environment, log_path) as server:
+    with service(command, port, "/readyz", "the gateway", environment, log_path, host) as server:
         yield server
 
 

@@ -8,6 +8,7 @@ from .audit import AuditReport, audit, audit_tenant
 from .checkpoint import cutoff_ms, trim, trim_locked
 from .client import Ledger, open_ledger
 from .connect import connect
+from .durability import Durability
 from .embedded import (
     EmbeddedRedis,
     EmbeddedRedisError,
@@ -31,6 +32,7 @@ from .errors import (
 from .journal import JournalEntry, iter_journal, read_journal
 from .lease import Lease
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT
+from .policystore import PolicyRecord, PolicyStore, PutResult
 from .records import (
     AccountCheck,
     AccountSpec,
@@ -43,6 +45,7 @@ from .records import (
     ReserveRequest,
     ReserveResult,
     RouteOutcomes,
+    Rule,
     Status,
     SweepResult,
     TenantSnapshot,
@@ -61,6 +64,7 @@ __all__ = [
     "Balance",
     "CheckpointMoved",
     "Decision",
+    "Durability",
     "EmbeddedRedis",
     "EmbeddedRedisError",
     "Hold",
@@ -76,12 +80,16 @@ __all__ = [
     "LedgerError",
     "LedgerSettings",
     "LedgerUnavailable",
+    "PolicyRecord",
+    "PolicyStore",
     "Provenance",
+    "PutResult",
     "Reason",
     "RedisFailure",
     "ReserveRequest",
     "ReserveResult",
     "RouteOutcomes",
+    "Rule",
     "Status",
     "SweepResult",
     "TenantSnapshot",

@@ -15,6 +15,7 @@ from . import validate
 from .calls import Scripts
 from .cluster import RedisClient
 from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
+from .durability import Durability, read_durability
 from .embedded import redis_url
 from .errors import (
     BadInput,
@@ -26,6 +27,7 @@ from .errors import (
     translate_redis_errors,
 )
 from .keys import (
+    OUTCOMES_EPOCH_KEY,
     TENANTS_KEY,
     account_fields,
     accounts_key,
@@ -36,9 +38,13 @@ from .keys import (
     hold_script_keys,
     lease_key,
     observed_key,
+    rules_key,
     tenant_keys,
+    webhook_cursor_key,
+    webhook_lease_key,
 )
 from .lease import Lease
+from .policystore import PolicyStore
 from .records import (
     DECIDED_BY,
     AccountCheck,
@@ -53,6 +59,7 @@ from .records import (
     ReserveRequest,
     ReserveResult,
     RouteOutcomes,
+    Rule,
     Status,
     SweepResult,
     TenantSnapshot,
@@ -114,6 +121,8 @@ class Ledger:
         self._scripts = Scripts(redis)
         self._retention = str(self.retention_ms)
         self._tenant_keys: dict[str, list[str]] = {}
+        # The fleet's policies, versioned (gateway hosts serve what it holds).
+        self.policies = PolicyStore(redis)
 
     @classmethod
     def from_url(
@@ -167,10 +176,18 @@ class Ledger:
                     raise result
         return reply, int(acked)
 
-    def lease(self, tenant: str, work: str, ttl_ms: int) -> Lease:
+    def lease(self, tenant: str, work: str, ttl_ms: int, *, holder: str = "") -> Lease:
         """The lease of one kind of background work (`sweep`, `events`) on `tenant`:
-        one holder at a time across every process on this Redis (ledger/lease.py)."""
-        return Lease(self.redis, lease_key(validate.tenant_id(tenant), work), ttl_ms)
+        one holder at a time across every process on this Redis (ledger/lease.py).
+        `holder` names the taker in the lease's token (default host:pid)."""
+        key = lease_key(validate.tenant_id(tenant), work)
+        return Lease(self.redis, key, ttl_ms, holder=holder)
+
+    async def durability(self) -> Durability:
+        """The server's appendonly, appendfsync and min-replicas-to-write ("unknown"
+        where CONFIG GET is refused)."""
+        with translate_redis_errors("reading the persistence settings"):
+            return await read_durability(self.redis)
 
     async def ping(self) -> None:
         with translate_redis_errors("ping"):
@@ -209,10 +226,20 @@ class Ledger:
     # Accounts
 
     async def upsert_account(self, tenant: str, spec: AccountSpec) -> str:
-        """Create the account or change its policy; returns 'created' or 'updated'."""
+        """Create the account or change its policy; returns 'created' or 'updated'.
+        With replicas asked for, followed by WAIT: a lowered limit lost in a failover
+        would admit up to the old one; LedgerUnavailable (not_replicated) if fewer
+        acknowledged, for the caller to write it again."""
         keys = tenant_keys(validate.tenant_id(tenant))[:2]
-        reply = await self._run("account", keys, _account_args(spec))
+        reply, acked = await self._run_replicated("account", keys, _account_args(spec))
         raise_for_reply(tenant, "", "upsert", reply)
+        if acked is not None and acked < self.replicas:
+            raise LedgerUnavailable(
+                "upsert",
+                RedisFailure.NOT_REPLICATED,
+                f"{acked} of {self.replicas} replicas acknowledged the account change in "
+                f"{self.replica_timeout_ms} ms; write it again once they are back",
+            )
         # The list of tenants is a key of its own slot, kept for operators (audit);
         # nothing on the admission path reads it.
         with translate_redis_errors("upsert"):
@@ -280,6 +307,7 @@ class Ledger:
         request: str = "",
         open_missing: Sequence[AccountSpec] = (),
         provenance: Provenance | None = None,
+        shadow: bool = False,
     ) -> ReserveResult:
         """Admit, deny or escalate one effect; hold its price on every account or none.
 
@@ -291,7 +319,9 @@ class Ledger:
         accounts of `amounts` to create in the same script if Redis lacks them, only
         when the hold is kept and holds something on them (see reserve.lua).
         `provenance` goes into the journal's reserve entry, with the SHA-256 of
-        `request` (see Provenance).
+        `request` (see Provenance). `shadow` holds the effect whatever the decision,
+        which is only recorded (the result's `shadowed`): shadow mode, where accounts
+        may go above their limits.
         """
         reserve = ReserveRequest(
             idempotency_key,
@@ -304,6 +334,7 @@ class Ledger:
             request,
             open_missing,
             provenance,
+            shadow,
         )
         args = self._reserve_args(reserve)  # first: its errors name the idempotency key
         keys = self._hold_keys(tenant, idempotency_key)
@@ -360,6 +391,7 @@ class Ledger:
             *validate.account_amounts(r.amounts),
             str(self.denied_retention_ms),
             *_open_args(r.amounts, r.open_missing),
+            "1" if r.shadow else "0",
         ]
 
     async def _run_many(
@@ -386,7 +418,7 @@ class Ledger:
             validate.blob("outcome", outcome),
             *validate.per_account(amount),
         ]
-        return await self._transition("post", tenant, hold_id, args)
+        return await self._transition("post", tenant, hold_id, args, replicated=True)
 
     async def void(
         self, tenant: str, hold_id: str, *, outcome: str = "", due_only: bool = False
@@ -421,7 +453,7 @@ class Ledger:
         compensated) becomes `realised` on every account; above what the hold held
         it is an overrun, posted and flagged. 'exists' if it already was."""
         args = [*self._hold_args(hold_id), str(validate.amount("realised", realised))]
-        return await self._transition("trueup", tenant, hold_id, args)
+        return await self._transition("trueup", tenant, hold_id, args, replicated=True)
 
     async def learn(self, tenant: str, hold_id: str, route_id: str, failed: bool) -> bool:
         """Count a posted hold's compensation outcome for its route's learned prices,
@@ -431,15 +463,24 @@ class Ledger:
         args = [validate.identifier("hold_id", hold_id), route_id, outcome]
         keys = [*hold_script_keys(tenant, hold_id), observed_key(tenant, outcome)]
         reply = await self._run("learn", keys, args)
-        return raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
+        counted = raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
+        if counted:
+            # Gateways re-read the counts when this moves (PolicyStore.epochs).
+            with translate_redis_errors("learn"):
+                await self.redis.incr(OUTCOMES_EPOCH_KEY)
+        return counted
 
-    async def approve(self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int) -> Approval:
+    async def approve(
+        self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int, note: str = ""
+    ) -> Approval:
         """Consume-once: raises HoldStateConflict naming the outcome for every loser.
-        The winner gets the hold's new deadline and its kept request."""
+        The winner gets the hold's new deadline and its kept request. `note` (the
+        approver's why) is kept with the hold and journaled."""
         args = [
             *self._hold_args(hold_id),
             str(validate.ttl("ttl_ms", ttl_ms)),
             validate.identifier("approver", approver),
+            validate.note(note),
         ]
         keys = hold_script_keys(validate.tenant_id(tenant), hold_id)
         reply, replicas = await self._run_replicated("approve", keys, args)
@@ -449,9 +490,103 @@ class Ledger:
             status, hold_id, HoldState(state), str(by), int(deadline_ms), str(request), replicas
         )
 
-    async def reject(self, tenant: str, hold_id: str, approver: str) -> TransitionResult:
-        args = [*self._hold_args(hold_id), validate.identifier("approver", approver)]
+    async def reject(
+        self, tenant: str, hold_id: str, approver: str, *, note: str = ""
+    ) -> TransitionResult:
+        args = [
+            *self._hold_args(hold_id),
+            validate.identifier("approver", approver),
+            validate.note(note),
+        ]
         return await self._transition("reject", tenant, hold_id, args)
+
+    async def note_resolution(
+        self, tenant: str, hold_id: str, state: HoldState, admin: str, note: str
+    ) -> TransitionResult:
+        """Journal who resolved an ambiguous hold by hand (after posting or voiding
+        it) and why, once per hold: 'exists' if it was journaled before."""
+        args = [
+            validate.identifier("hold_id", hold_id),
+            state.value,
+            validate.identifier("admin", admin),
+            validate.note(note),
+        ]
+        return await self._transition("note", tenant, hold_id, args)
+
+    # Webhook delivery
+
+    async def webhook_lease(
+        self, tenant: str, owner: str, action: str, arg: str = ""
+    ) -> tuple[bool, str]:
+        """webhook.lua: 'hold' (take or renew for `arg` ms; returns the cursor),
+        'advance' (move the cursor to entry `arg`) or 'release', each only by the
+        lease's holder. (False, holder) when the lease is someone else's."""
+        tenant = validate.tenant_id(tenant)
+        keys = [
+            *tenant_keys(tenant)[:2],
+            webhook_lease_key(tenant),
+            webhook_cursor_key(tenant),
+        ]
+        args = [action, validate.identifier("owner", owner)] + ([arg] if arg else [])
+        reply = await self._run("webhook", keys, args)
+        if reply[0] == Status.CONFLICT:
+            return False, str(reply[1])
+        if reply[0] == Status.BAD_INPUT:
+            raise BadInput(str(reply[1]), str(reply[2]))
+        return True, str(reply[1])
+
+    # Rules
+
+    async def set_rule(
+        self,
+        tenant: str,
+        rule_id: str,
+        admin: str,
+        spec: str,
+        ttl_ms: int,
+        raise_limit: tuple[str, int] | None = None,
+    ) -> int:
+        """Set a bounded-time rule, live for `ttl_ms` from now (Redis's clock); returns
+        its expiry. Journaled. `raise_limit` (account, amount): while the rule lives,
+        the account's limit and soft limit are that much higher in every reserve;
+        UnknownAccount if the account does not exist."""
+        tenant = validate.tenant_id(tenant)
+        keys = [*tenant_keys(tenant)[:2], rules_key(tenant)]
+        args = [
+            "set",
+            validate.identifier("rule", rule_id),
+            validate.identifier("admin", admin),
+            spec,
+            str(validate.ttl("ttl_ms", ttl_ms)),
+        ]
+        if raise_limit is not None:
+            account, amount = raise_limit
+            args += [validate.account_id(account), str(validate.amount("amount", amount))]
+        reply = await self._run("rule", keys, args)
+        raise_for_reply(tenant, "", "rule", reply)
+        return int(reply[1])
+
+    async def delete_rule(self, tenant: str, rule_id: str, admin: str) -> bool:
+        """Delete a live rule (journaled); False if there is none by that id."""
+        tenant = validate.tenant_id(tenant)
+        keys = [*tenant_keys(tenant)[:2], rules_key(tenant)]
+        args = ["delete", validate.identifier("rule", rule_id), validate.identifier("admin", admin)]
+        reply = await self._run("rule", keys, args)
+        if reply[0] == Status.NOT_FOUND:
+            return False
+        raise_for_reply(tenant, "", "rule", reply)
+        return True
+
+    async def rules(self, tenant: str, now_ms: int) -> list[Rule]:
+        """The tenant's rules live at `now_ms` (Redis's clock), by id."""
+        with translate_redis_errors("rules"):
+            stored = await _decoded(self.redis.hgetall(rules_key(validate.tenant_id(tenant))))
+        out = []
+        for name, spec in stored.items():
+            until = stored.get(f"{name}|until")
+            if "|" not in name and until is not None and int(until) > now_ms:
+                out.append(Rule(name, spec, int(until)))
+        return sorted(out, key=lambda rule: rule.rule_id)
 
     async def expire(self, tenant: str, hold_id: str) -> TransitionResult:
         return await self._transition("expire", tenant, hold_id, self._hold_args(hold_id))
@@ -585,9 +720,16 @@ class Ledger:
         return [*prefix, hold_key(tenant, validate.identifier("hold_id", hold_id))]
 
     async def _transition(
-        self, operation: str, tenant: str, hold_id: str, args: list[str]
+        self, operation: str, tenant: str, hold_id: str, args: list[str], replicated: bool = False
     ) -> TransitionResult:
-        reply = await self._run(operation, self._hold_keys(tenant, hold_id), args)
+        """`replicated`: followed by WAIT (when replicas are asked for), as a post or a
+        true-up may be an overrun: a charge lost in a failover would let the account
+        be overdrawn again."""
+        keys = self._hold_keys(tenant, hold_id)
+        if replicated:
+            reply, acked = await self._run_replicated(operation, keys, args)
+            return _transition_result(tenant, hold_id, operation, reply, acked)
+        reply = await self._run(operation, keys, args)
         return _transition_result(tenant, hold_id, operation, reply)
 
 
@@ -771,4 +913,9 @@ def _hold(hold_id: str, f: dict[str, str]) -> Hold:
         request=f.get("req", ""),
         outcome=f.get("out", ""),
         by=f.get("by", ""),
+        limits=_numbers(accounts, f.get("lim")),
+        used=_numbers(accounts, f.get("used")),
+        note=f.get("note", ""),
+        resolved_by=f.get("rby", ""),
+        resolution_note=f.get("rnote", ""),
     )

@@ -111,6 +111,8 @@ class RedisFailure(StrEnum):
     BUSY = "busy"
     ENCODING = "encoding"
     REFUSED = "refused"
+    NOT_REPLICATED = "not_replicated"
+    NOT_DURABLE = "not_durable"
 
 
 # What happened, and what to do about it.
@@ -184,6 +186,15 @@ _EXPLAINED: dict[RedisFailure, tuple[str, str]] = {
     RedisFailure.REFUSED: (
         "Redis refused the call",
         "see Redis's message for why",
+    ),
+    RedisFailure.NOT_REPLICATED: (
+        "too few replicas acknowledged a write",
+        "bring the replicas back (IRREV_WAIT_REPLICAS says how many must acknowledge)",
+    ),
+    RedisFailure.NOT_DURABLE: (
+        "Redis does not keep writes as IRREV_DURABILITY=require asks",
+        "turn on appendonly with appendfsync always (or everysec), or set "
+        "IRREV_WAIT_REPLICAS, or IRREV_DURABILITY=warn to run anyway",
     ),
 }
 

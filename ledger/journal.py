@@ -59,6 +59,8 @@ class JournalEntry:
         if "st" in f:
             return f["st"]
         if self.op == "reserve":
+            if "shadow" in f:  # held in shadow mode whatever the reason
+                return "pending"
             return _RESERVED_STATE.get(f.get("why", ""), "denied")
         if self.op == "post":
             return "posted"
@@ -148,6 +150,12 @@ class ReplayedAccount:
     pending: int = 0
     posted: int = 0
     window_start_ms: int = 0
+    # Temporary raises of the limit (lua/rule.lua): rule id -> [amount, until_ms].
+    raises: dict[str, list[int]] = field(default_factory=dict)
+
+    def limit_at(self, ms: int) -> int:
+        """The limit reserve.lua applied at `ms`: the base plus the live raises."""
+        return self.limit + sum(amount for amount, until in self.raises.values() if until > ms)
 
 
 @dataclass
@@ -186,8 +194,13 @@ class Replay:
             account.limit = int(f["limit"])
             account.window_start_ms = int(f["ws"])
             return
+        if entry.op == "rule":
+            self._apply_rule(f)
+            return
         state = entry.state
-        if entry.op == "reserve" and state in ("pending", "escalated"):
+        # A shadow hold (marked 'shadow': what enforcement would have done) is held
+        # whatever the decision: contract 1 is what shadow mode relaxes.
+        if entry.op == "reserve" and state in ("pending", "escalated") and "shadow" not in f:
             self._check_admission(entry)
         for delta in entry.deltas:
             account = self.accounts.setdefault(delta.account, ReplayedAccount())
@@ -198,14 +211,26 @@ class Replay:
         if entry.hold_id:
             self.hold_states[entry.hold_id] = state
 
+    def _apply_rule(self, f: dict[str, str]) -> None:
+        """A raise's rule set (with its account) or deleted (from whichever account)."""
+        rule = f["rule"]
+        if f.get("act") == "delete":
+            for account in self.accounts.values():
+                account.raises.pop(rule, None)
+        elif "acct" in f:
+            account = self.accounts.setdefault(f["acct"], ReplayedAccount())
+            account.raises[rule] = [int(f["raise"]), int(f["until"])]
+
     def _check_admission(self, entry: JournalEntry) -> None:
+        at_ms = entry_order(entry.entry_id)[0]
         for delta in entry.deltas:
             account = self.accounts.get(delta.account, ReplayedAccount())
             used = account.pending + account.posted
-            if used + delta.pending > account.limit:
+            limit = account.limit_at(at_ms)
+            if used + delta.pending > limit:
                 self.violations.append(
                     f"entry {entry.entry_id}: hold {entry.hold_id} took {delta.account} to "
-                    f"{used + delta.pending} above its limit {account.limit}"
+                    f"{used + delta.pending} above its limit {limit}"
                 )
 
 

@@ -5,6 +5,10 @@ key a script touches is declared in its KEYS (the layout is in lua/_lib.lua)."""
 from __future__ import annotations
 
 TENANTS_KEY = "irrev:tenants"
+# Bumped on every write to the policy store (ledger/policystore.py), and on every
+# compensation outcome counted (learn): gateways poll both with one MGET (one slot).
+POLICY_EPOCH_KEY = "irrev:{fleet}:policy-epoch"
+OUTCOMES_EPOCH_KEY = "irrev:{fleet}:outcomes-epoch"
 
 
 def tenant_prefix(tenant: str) -> str:
@@ -47,6 +51,11 @@ def trim_lock_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}trim-lock"
 
 
+def policy_key(tenant: str) -> str:
+    """The tenant's policy in the fleet's store: a hash (lua/policy_put.lua)."""
+    return f"{tenant_prefix(tenant)}policy"
+
+
 def lease_key(tenant: str, work: str) -> str:
     """The lease of one kind of background work on the tenant (`sweep`, `events`):
     a string holding its holder's token (ledger/lease.py)."""
@@ -63,6 +72,21 @@ def ambiguous_key(tenant: str) -> str:
 
 def escalated_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}escalated"
+
+
+def rules_key(tenant: str) -> str:
+    """The tenant's bounded-time rules (lua/rule.lua)."""
+    return f"{tenant_prefix(tenant)}rules"
+
+
+def webhook_cursor_key(tenant: str) -> str:
+    """The id of the last journal entry whose webhook event was delivered."""
+    return f"{tenant_prefix(tenant)}webhook:cursor"
+
+
+def webhook_lease_key(tenant: str) -> str:
+    """Who delivers the tenant's webhook events now (one dispatcher at a time)."""
+    return f"{tenant_prefix(tenant)}webhook:lease"
 
 
 def tenant_keys(tenant: str) -> list[str]:

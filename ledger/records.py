@@ -4,7 +4,7 @@ hold states, and the typed results of each operation."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -207,6 +207,8 @@ class ReserveRequest:
     open_missing: Sequence[AccountSpec] = ()
     # For the journal (its request_sha256 is the ledger's to fill in).
     provenance: Provenance | None = None
+    # Shadow mode: a deny or escalate is recorded but the effect is held anyway.
+    shadow: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +233,17 @@ class ReserveResult:
         return max(check.amount for check in self.accounts)
 
     @property
+    def shadowed(self) -> bool:
+        """A new decision held in shadow mode although enforcement would have
+        denied or escalated it (`decision` says which). A replay cannot tell: an
+        approved escalation is pending too."""
+        return (
+            self.status is Status.OK
+            and self.decision is not Decision.ADMIT
+            and self.state is HoldState.PENDING
+        )
+
+    @property
     def binding(self) -> AccountCheck:
         """The account that decided: the first one that did not fit for a denial,
         else the one with the least room left after the hold."""
@@ -242,7 +255,7 @@ class ReserveResult:
     @property
     def remaining(self) -> int:
         """Least room left on any account once this hold is counted (if it holds)."""
-        held = self.decision is not Decision.DENY
+        held = self.state is not HoldState.DENIED  # a shadow hold holds a would-be deny
         return min(c.available - (c.amount if held else 0) for c in self.accounts)
 
 
@@ -295,3 +308,19 @@ class Hold:
     by: str  # who approved or rejected it
     request: str  # kept while the hold is live (see Ledger.reserve)
     outcome: str  # the upstream's answer, kept once settled
+    # What each account's limit and pending + posted were when it was reserved.
+    limits: dict[str, int] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+    note: str = ""  # the approver's or rejecter's note
+    resolved_by: str = ""  # who resolved it by hand after it was ambiguous
+    resolution_note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A tenant's bounded-time rule: `spec` as the admin set it (JSON), live until
+    `until_ms` (Redis's clock)."""
+
+    rule_id: str
+    spec: str
+    until_ms: int

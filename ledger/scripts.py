@@ -13,6 +13,16 @@ on every call, so each `local function` it carries is a closure built on every
 call: `script_source` keeps only the library's statements that the operation names,
 directly or through other kept statements (statements that define nothing are
 always kept), in the library's order.
+
+Every operation of a tenant's ledger (OPERATIONS, including the approval loop's
+note, rule and webhook) is in the library, so its digest versions all of them.
+lease.lua, lease_release.lua (ledger/lease.py) and policy_put.lua
+(ledger/policystore.py) stay plain EVALSHA scripts on purpose: they use nothing of
+`_lib.lua` and their keys are not a tenant's ledger keys (`bind` would name the
+lease or the policy record the accounts hash), they run once per lease period or
+policy write (FCALL's saved setup is worth nothing there), and a script's SHA is
+already the digest of its own code, so gateways of two versions never run each
+other's.
 """
 
 from __future__ import annotations
@@ -37,7 +47,13 @@ OPERATIONS = (
     "expire",
     "sweep",
     "account",
+    "note",
+    "rule",
+    "webhook",
 )
+
+# Scripts of ledger/lua run outside the library (see above), by their own modules.
+PLAIN_SCRIPTS = ("lease", "lease_release", "policy_put")
 
 _DEFINES = re.compile(r"local\s+(?:function\s+)?([A-Za-z_]\w*)")
 _NAME = re.compile(r"[A-Za-z_]\w*")

@@ -68,6 +68,19 @@ def blob(field: str, value: object) -> str:
     return value
 
 
+MAX_NOTE_BYTES = 2048
+
+
+def note(value: object) -> str:
+    """A person's note on a decision: printable text (no control characters, which
+    would forge lines in logs and terminals), at most MAX_NOTE_BYTES of UTF-8."""
+    if not isinstance(value, str) or len(value.encode()) > MAX_NOTE_BYTES:
+        raise BadInput("reason", f"must be text of at most {MAX_NOTE_BYTES} bytes")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in value):
+        raise BadInput("reason", "must not contain control characters")
+    return value
+
+
 def account_amounts(amounts: Mapping[str, int]) -> list[str]:
     """Flatten {account: amount} into the scripts' `n, account, amount, ...` form."""
     if not isinstance(amounts, Mapping) or not 1 <= len(amounts) <= MAX_ACCOUNTS:

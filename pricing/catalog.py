@@ -22,6 +22,7 @@ from pricing.errors import (
     CurrencyMismatch,
     RequestError,
     RouteAlias,
+    UndeclaredField,
     UndeclaredQueryParameter,
     UnknownRoute,
     UnsupportedBodyFormat,
@@ -274,6 +275,26 @@ def check_effect_query(query: Query, declared: frozenset[str]) -> None:
             raise BadQuery(name, f"appears {len(values)} times in the query; send it once")
 
 
+def check_effect_body(body: object, declared: frozenset[str]) -> None:
+    """A route that declares its body fields forwards those only: a field it does not
+    declare (at any depth: `a.b` declares `b` inside `a`, and all of `a.b`'s value) is
+    refused, not forwarded unpriced. A route that declares none is left as it is."""
+    if declared and isinstance(body, Mapping):
+        _check_fields(body, "", declared)
+
+
+def _check_fields(node: Mapping[object, object], prefix: str, declared: frozenset[str]) -> None:
+    for key, value in node.items():
+        path = f"{prefix}{key}"
+        if path in declared:
+            continue
+        if isinstance(value, Mapping) and any(d.startswith(path + ".") for d in declared):
+            _check_fields(value, path + ".", declared)
+            continue
+        listed = ", ".join(sorted(declared))
+        raise UndeclaredField(path, f"is not a field of this route (it declares: {listed})")
+
+
 class _Fields:
     """Reads named fields from a request's body, query and path parameters."""
 
@@ -448,6 +469,9 @@ def price_in_catalog(
         face = route.face_fixed_micros
     else:
         face = read_face_value(fields, route.face_fields, catalog.scale, route.amount_scale)
+    factors = read_factors(fields, route.factors)
+    # After the fields are read: a priced field sent twice is `ambiguous_field` first.
+    check_effect_body(body, route.body_fields)
     return PricedEffect(
         tool=tool,
         method=method,
@@ -455,7 +479,7 @@ def price_in_catalog(
         route=route,
         effect_class=route.effect_class,
         face_value_micros=face,
-        risk_factors=read_factors(fields, route.factors),
+        risk_factors=factors,
         price_micros=round_up(face, route.loss_factor),
         model=route.model,
         approval_threshold_micros=route.approval_threshold_micros,

@@ -72,6 +72,15 @@ class UndeclaredQueryParameter(_FieldError):
     status = 400
 
 
+class UndeclaredField(_FieldError):
+    """A body field (an MCP call's argument) that a route declaring its `body:` fields
+    does not list: forwarded unpriced, an upstream could read it as part of the effect
+    (a second amount, a `force: true`)."""
+
+    reason = "undeclared_field"
+    status = 422
+
+
 class BadQuery(_FieldError):
     """A query parameter of an effect given twice: parsers disagree on which counts."""
 

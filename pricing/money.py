@@ -19,7 +19,7 @@ from pricing.errors import AmountError
 MAX_MICROS = MAX_AMOUNT
 """Largest amount the ledger accepts: exact in a Lua double and in JSON numbers."""
 
-_PLAIN_DECIMAL = re.compile(r"\d+(\.\d+)?")
+_PLAIN_DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")  # ASCII: \d takes any Unicode digit
 # Enough digits that a product of a few request fields is exact before scaling.
 _PRECISION = 120
 # Amounts are read only within 10**+-40 (far beyond 2**53 minor units either way), so
@@ -150,6 +150,8 @@ def minor_to_major_text(amount: int, scale: int) -> str:
 
 
 def money_text(amount: int, scale: int, currency: str) -> str:
-    """`1234500000`, scale 10**6, USD -> `1,234.5 USD`: for people, never parsed back."""
-    whole, dot, fraction = minor_to_major_text(amount, scale).partition(".")
-    return f"{int(whole):,}{dot}{fraction} {currency}"
+    """`1234500000`, scale 10**6, USD -> `1,234.5 USD`: for people, never parsed back.
+    A negative amount (a shadow-mode overdraft's room left) keeps its sign."""
+    sign = "-" if amount < 0 else ""
+    whole, dot, fraction = minor_to_major_text(abs(amount), scale).partition(".")
+    return f"{sign}{int(whole):,}{dot}{fraction} {currency}"

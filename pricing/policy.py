@@ -66,7 +66,7 @@ def _to_micros(value: object, info: ValidationInfo) -> int:
 # What an editor sees (`irrev policy schema`): the written form, not the int it becomes.
 _AMOUNT_SCHEMA = {
     "anyOf": [
-        {"type": "string", "pattern": r"^\d+(\.\d+)?$"},
+        {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
         {"type": "number", "minimum": 0},
     ],
     "description": "an amount in major units of the risk unit, e.g. '250000' or 14.80",
@@ -74,7 +74,7 @@ _AMOUNT_SCHEMA = {
 Micros = Annotated[int, BeforeValidator(_to_micros), WithJsonSchema(_AMOUNT_SCHEMA)]
 """An operator-written major-unit amount, held as exact minor units."""
 
-_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+_DURATION = re.compile(r"^([0-9]+)(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
@@ -90,13 +90,18 @@ def _to_ms(value: object) -> int:
     return ms
 
 
+def duration_ms(value: str) -> int:
+    """A duration as policies write it ('15m', '2h'), in ms; ValueError if it is not one."""
+    return _to_ms(value)
+
+
 DurationMs = Annotated[
     int,
     BeforeValidator(_to_ms),
     WithJsonSchema(
         {
             "type": "string",
-            "pattern": r"^\d+(ms|s|m|h|d)$",
+            "pattern": r"^[0-9]+(ms|s|m|h|d)$",
             "description": "a whole number with a unit: ms, s, m, h or d (e.g. '24h')",
         }
     ),
@@ -132,6 +137,15 @@ class McpErrorMeaning(StrEnum):
 
     AMBIGUOUS = "ambiguous"  # it may have happened: the hold stays charged
     NOT_EXECUTED = "not_executed"  # the tool refused before acting: the hold is voided
+
+
+class Mode(StrEnum):
+    """Whether the gateway acts on its decisions."""
+
+    ENFORCE = "enforce"
+    # Priced, held and journaled as usual, never blocking: a deny or an escalation is
+    # recorded and the effect forwarded anyway (docs/policy.md, "Shadow mode").
+    SHADOW = "shadow"
 
 
 class UnknownRouteAction(StrEnum):
@@ -268,19 +282,34 @@ NEVER_RETURNED = HOP_BY_HOP | {
 GATEWAY_HEADER_PREFIXES = ("x-irrev-", "x-forwarded-")
 
 
-class HeaderSecret(_Model):
-    """Where the value of a header the gateway adds to a tool's requests comes from: an
-    environment variable or a file, read by the gateway at load; never in the policy."""
+class SecretSource(_Model):
+    """Where a secret comes from: an environment variable or a file, read by the
+    gateway at load; never in the policy."""
 
     env: EnvName | None = None
     file: Annotated[str, StringConstraints(pattern=r"^/[^\x00]{0,1023}$")] | None = None
-    prefix: Annotated[str, StringConstraints(pattern=r"^[\x20-\x7e]{0,64}$")] = Field(
-        default="", description="put before the value, e.g. 'Bearer '"
-    )
 
     @property
     def source(self) -> str:
         return f"environment variable {self.env!r}" if self.env else f"file {self.file!r}"
+
+
+class HeaderSecret(SecretSource):
+    """The value of a header the gateway adds to a tool's requests."""
+
+    prefix: Annotated[str, StringConstraints(pattern=r"^[\x20-\x7e]{0,64}$")] = Field(
+        default="", description="put before the value, e.g. 'Bearer '"
+    )
+
+
+class Webhook(_Model):
+    """Where the approval loop's events go: each POSTed as JSON, signed with HMAC-SHA256
+    under `secret` (header Irrev-Signature), retried until it is taken."""
+
+    url: Annotated[str, AfterValidator(_upstream_url)] = Field(
+        description="the receiver's URL, e.g. 'https://hooks.example.com/irrev'"
+    )
+    secret: SecretSource = Field(description="the signing secret: {env: NAME} or {file: /path}")
 
 
 class Tool(_Model):
@@ -289,6 +318,12 @@ class Tool(_Model):
         default=None,
         description="the Streamable HTTP endpoint of an MCP server (e.g. "
         "'http://127.0.0.1:8900/mcp'); its routes are 'CALL <tool>/<mcp tool>'",
+    )
+    dedupes: bool = Field(
+        default=False,
+        description="MCP servers only: the server makes at most one effect per "
+        "_meta['dev.irrev/idempotency_key'], so irrev may send a repeat of an ambiguous "
+        "call again; false (the default): a repeat answers from the ledger only",
     )
     credentials: dict[HeaderName, HeaderSecret] = Field(
         default_factory=dict, description="headers the gateway adds to every upstream request"
@@ -361,6 +396,9 @@ class Route(_Model):
     currency_field: FieldName | None = Field(
         default=None, description="a field that must name the tenant's risk-unit currency"
     )
+    mode: Mode | None = Field(
+        default=None, description="'enforce' or 'shadow' for this route (default: the tenant's)"
+    )
     is_error: McpErrorMeaning | None = Field(
         default=None,
         description="CALL routes only: what an MCP result with isError means; default "
@@ -390,6 +428,10 @@ class PolicyDocument(_Model):
     soft_band: SoftBand = Field(
         default=0.8, description="fraction of a limit above which holds escalate to a human"
     )
+    mode: Mode = Field(
+        default=Mode.ENFORCE,
+        description="'enforce', or 'shadow': never block; record what enforcement would do",
+    )
     escalation_ttl_ms: DurationMs = Field(
         alias="escalation_ttl",
         description="how long an escalated hold waits for a human before it expires",
@@ -416,6 +458,11 @@ class PolicyDocument(_Model):
     )
     routes: list[Route] = Field(
         default_factory=list, description="the trusted route catalog: class and price per route"
+    )
+    webhook: Webhook | None = Field(
+        default=None,
+        description="where escalated, approved, rejected, expired, ambiguous and resolved "
+        "holds are announced (docs/policy.md, 'Webhooks')",
     )
     kind: Literal["policy"] = "policy"
 

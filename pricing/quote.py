@@ -18,7 +18,7 @@ from pricing.credentials import AuthenticatedAgent
 from pricing.errors import RequestError
 from pricing.money import minor_to_major_text, money_text
 from pricing.policy import BodyFormat, EffectClass
-from pricing.serving import TenantPolicy, check_route_scope, price_request
+from pricing.serving import TenantPolicy, check_route_scope, is_shadow, price_request
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +120,9 @@ def quote_json(policy: TenantPolicy, quote: Quote) -> dict[str, Any]:
             "face_value": minor_to_major_text(effect.face_value_micros, scale),
             "price_micros": effect.price_micros,
             "price": minor_to_major_text(effect.price_micros, scale),
+            "face_value_text": money_text(effect.face_value_micros, scale, catalog.currency),
+            "price_text": money_text(effect.price_micros, scale, catalog.currency),
+            "mode": "shadow" if is_shadow(policy, effect) else "enforce",
             "risk_factors": list(effect.risk_factors),
             "approval_threshold_micros": effect.approval_threshold_micros,
             "needs_approval": effect.needs_approval,

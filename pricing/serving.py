@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pricing.catalog import Catalog, PricedEffect, Query, compile_catalog, price_in_catalog
 from pricing.credentials import AuthenticatedAgent, hash_token, index_agents
-from pricing.policy import BodyFormat, PolicyDocument
+from pricing.policy import BodyFormat, Mode, PolicyDocument
 from pricing.scopes import Scopes, compile_scopes
 
 
@@ -31,6 +31,10 @@ class TenantPolicy:
     catalog: Catalog
     scopes: Scopes
     agents_by_hash: Mapping[str, AuthenticatedAgent]
+    # Shadow mode: the tenant's (which unknown routes follow) and the catalog routes'
+    # own, by index in the document's route list.
+    shadow: bool = False
+    shadow_routes: frozenset[int] = frozenset()
 
     @property
     def scale(self) -> int:
@@ -47,7 +51,18 @@ def compile_policy(document: PolicyDocument) -> TenantPolicy:
         catalog=compile_catalog(document),
         scopes=compile_scopes(document),
         agents_by_hash=index_agents(document),
+        shadow=document.mode is Mode.SHADOW,
+        shadow_routes=frozenset(
+            i for i, r in enumerate(document.routes) if (r.mode or document.mode) is Mode.SHADOW
+        ),
     )
+
+
+def is_shadow(policy: TenantPolicy, effect: PricedEffect) -> bool:
+    """Whether the effect's route runs in shadow mode (its own `mode`, else the tenant's)."""
+    if effect.route is None:
+        return policy.shadow
+    return effect.route.index in policy.shadow_routes
 
 
 def price_request(

@@ -19,6 +19,7 @@ from pricing.policy import (
     EffectClass,
     PolicyDocument,
     Route,
+    SecretSource,
     Tool,
     UnknownRouteAction,
 )
@@ -52,6 +53,8 @@ def check_policy(policy: PolicyDocument) -> list[Problem]:
     for i, route in enumerate(policy.routes):
         problems += _check_route(policy, i, route, seen)
     problems += _check_unknown_routes(policy)
+    if policy.webhook is not None:
+        problems += _check_secret("webhook.secret", policy.webhook.secret)
     return problems
 
 
@@ -141,11 +144,27 @@ def _check_scopes(policy: PolicyDocument) -> list[Problem]:
     return problems
 
 
+def _check_secret(where: str, secret: SecretSource) -> list[Problem]:
+    if (secret.env is None) == (secret.file is None):
+        return [Problem(where, "give exactly one of env (a variable) or file (a path)")]
+    if secret.env is not None and secret.env.upper().startswith("IRREV_"):
+        return [Problem(where, "IRREV_* variables are the gateway's own settings, never a secret")]
+    return []
+
+
 def _check_tool_headers(where: str, tool: Tool) -> list[Problem]:
     problems = []
     if tool.upstream is not None and tool.mcp is not None:
         problems.append(
             Problem(where, "give one of upstream (an HTTP API) or mcp (an MCP server), not both")
+        )
+    if tool.dedupes and tool.mcp is None:
+        problems.append(
+            Problem(
+                f"{where}.dedupes",
+                "only an MCP server (mcp) declares dedupes; HTTP tool APIs always deduplicate "
+                "by Idempotency-Key",
+            )
         )
     injected: set[str] = set()
     for name, secret in tool.credentials.items():

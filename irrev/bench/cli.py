@@ -11,6 +11,7 @@ interleaved with this one's, so both see the same machine, and the ratio is prin
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -31,6 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="IRREV",
         help="another installation's irrev script to time in the same run (before/after)",
     )
+    parser.add_argument("--json", action="store_true", help="print the timings as JSON")
     parser.set_defaults(func=run)
 
 
@@ -50,13 +52,28 @@ def run(args: argparse.Namespace) -> int:
     # The baseline brings its own packages: a PYTHONPATH pointing at this tree would
     # make it import this code instead.
     alone = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
-    print(f"{'command':<40} {'median s':>9} {'fastest s':>10}   ({args.runs} runs each)")
+    if not args.json:
+        print(f"{'command':<40} {'median s':>9} {'fastest s':>10}   ({args.runs} runs each)")
+    timings: list[dict[str, object]] = []
     for label, arguments in commands.items():
         times, before = [], []
         for _ in range(args.runs):
             times.append(timed(this, arguments, dict(os.environ)))
             if baseline:
                 before.append(timed(baseline, arguments, alone))
+        timing: dict[str, object] = {
+            "command": label,
+            "runs": args.runs,
+            "median_s": statistics.median(times),
+            "fastest_s": min(times),
+        }
+        if baseline:
+            timing["baseline_median_s"] = statistics.median(before)
+            timing["baseline_fastest_s"] = min(before)
+            timing["ratio"] = statistics.median(before) / statistics.median(times)
+        timings.append(timing)
+        if args.json:
+            continue
         print(f"{label:<40} {statistics.median(times):>9.3f} {min(times):>10.3f}")
         if baseline:
             ratio = statistics.median(before) / statistics.median(times)
@@ -64,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{'  baseline':<40} {statistics.median(before):>9.3f} {min(before):>10.3f}"
                 f"   (this one {ratio:.1f}x faster by median)"
             )
+    if args.json:
+        print(json.dumps(timings, indent=2))
     return 0
 
 

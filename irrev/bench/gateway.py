@@ -13,11 +13,12 @@ large enough never to refuse one.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -82,6 +83,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=bounded(int, 1, 64), default=2, help="uvicorn workers (both servers)"
     )
+    parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.set_defaults(func=run)
 
 
@@ -177,6 +179,17 @@ def locust_run(
 
 
 def report(results: list[tuple[Run, Run]], args: argparse.Namespace) -> None:
+    (closed_irrev, closed_base), (open_irrev, open_base) = results
+    if args.json:
+        measured = {
+            "workers": args.workers,
+            "runs": [asdict(r) for pair in results for r in pair],
+            "throughput_ratio": closed_irrev.per_s / closed_base.per_s,
+            "rate": args.rate,
+            "added_p99_ms": open_irrev.p99_ms - open_base.p99_ms,
+        }
+        print(json.dumps(measured, indent=2))
+        return
     table = Table(title=f"irrev bench gateway ({args.workers} workers each, appendfsync always)")
     for column in ("measurement", "req/s", "p50 ms", "p99 ms", "errors"):
         table.add_column(column, justify="left" if column == "measurement" else "right")
@@ -187,7 +200,6 @@ def report(results: list[tuple[Run, Run]], args: argparse.Namespace) -> None:
             )
     console = Console()
     console.print(table)
-    (closed_irrev, closed_base), (open_irrev, open_base) = results
     console.print(
         f"throughput ratio irrev / baseline: {closed_irrev.per_s / closed_base.per_s:.2f} "
         f"(goal >= 0.6); added p99 at {args.rate:g}/s: "

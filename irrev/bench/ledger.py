@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -87,6 +88,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--appendfsync", choices=[m.value for m in AppendFsync], default="always")
     parser.add_argument("--url", help="benchmark this Redis instead of a fresh embedded one")
+    parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.set_defaults(func=run)
 
 
@@ -120,9 +122,30 @@ async def bench(url: str, args: argparse.Namespace) -> int:
         ]
     finally:
         await ledger.aclose()
+    if args.json:
+        print(json.dumps(measurements(rows, memory, times, args), indent=2))
+        return 0
     report(rows, memory, args)
     report_script_times(times)
     return 0
+
+
+def measurements(
+    rows: list[tuple[Rate, Rate]],
+    memory: list[Memory],
+    times: list[ScriptTime],
+    args: argparse.Namespace,
+) -> dict[str, object]:
+    """What the tables show, as data: each mode with its baseline and their ratio."""
+    return {
+        "appendfsync": args.appendfsync,
+        "modes": [
+            {"ours": asdict(ours), "baseline": asdict(base), "ratio": ours.per_s / base.per_s}
+            for ours, base in rows
+        ],
+        "memory": [{**asdict(run), "holds": args.holds} for run in memory],
+        "script_times": [asdict(t) for t in times],
+    }
 
 
 async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list[tuple[Rate, Rate]]:

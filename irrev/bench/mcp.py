@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import time
 import uuid
@@ -96,6 +97,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--sessions", type=bounded(int, 1, 200), default=16, help="concurrent MCP sessions"
     )
     parser.add_argument("--workers", type=bounded(int, 1, 64), default=2, help="irrev workers")
+    parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.set_defaults(func=run)
 
 
@@ -163,6 +165,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
+    one_direct, one_irrev, many_direct, many_irrev = results.values()
+    if args.json:
+        runs = [
+            {
+                "run": label,
+                "calls_per_s": m.per_s,
+                "p50_ms": m.quantile(0.5),
+                "p99_ms": m.quantile(0.99),
+                "errors": m.errors,
+            }
+            for label, m in results.items()
+        ]
+        measured = {
+            "workers": args.workers,
+            "sessions": args.sessions,
+            "runs": runs,
+            "throughput_ratio": many_irrev.per_s / many_direct.per_s,
+            "added_p50_ms": one_irrev.quantile(0.5) - one_direct.quantile(0.5),
+            "added_p99_ms": one_irrev.quantile(0.99) - one_direct.quantile(0.99),
+        }
+        print(json.dumps(measured, indent=2))
+        return
     title = f"MCP tools/call, {args.seconds:g} s each, irrev with {args.workers} workers"
     table = Table(title=title)
     for column in ("run", "calls/s", "p50 ms", "p99 ms", "errors"):
@@ -172,7 +196,6 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
         table.add_row(label, f"{m.per_s:.1f}", f"{p50:.1f}", f"{p99:.1f}", str(m.errors))
     console = Console()
     console.print(table)
-    one_direct, one_irrev, many_direct, many_irrev = results.values()
     added_p50 = one_irrev.quantile(0.5) - one_direct.quantile(0.5)
     added_p99 = one_irrev.quantile(0.99) - one_direct.quantile(0.99)
     console.print(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import tempfile
 from collections import Counter
@@ -25,11 +26,26 @@ from rich.table import Table
 from gateway.policies import load_demo_tokens, read_policy_file
 from irrev.cli import bounded
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
-from ledger import EmbeddedRedis, HoldState, Ledger, audit_tenant
+from ledger import Balance, EmbeddedRedis, HoldState, Ledger, audit_tenant
+from pricing.units import with_money_text
 
 SUPPLIERS = ("acme-steel", "globex-metals", "initech-parts")
 SKUS = ("steel-coil", "bolts", "paint")
 MICROS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Order:
+    """One order of the fleet's seeded plan."""
+
+    tick: int
+    agent: str
+    body: dict[str, object]
+    face: int  # micro-USD
+
+    @property
+    def key(self) -> str:
+        return f"demo-{self.tick}-{self.agent}"
 
 
 @dataclass
@@ -52,11 +68,50 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=3,
         help="escalations the operator approves",
     )
+    parser.add_argument(
+        "--shadow",
+        action="store_true",
+        help="send the same seeded orders one by one, enforced and in shadow mode, and "
+        "compare the decisions",
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(func=run)
 
 
+def plan(buyers: list[str], args: argparse.Namespace) -> list[Order]:
+    """The fleet's orders, from the seed alone: a few per tick, then a price spike
+    halfway through in which most agents buy at once."""
+    rng = random.Random(args.seed)
+    spike = range(args.ticks // 2, args.ticks // 2 + max(1, args.ticks // 5))
+    orders = []
+    for tick in range(args.ticks):
+        rate, price_gain = (0.6, 2.5) if tick in spike else (0.03, 1.0)
+        for agent in buyers:
+            if rng.random() >= rate:
+                continue
+            quantity = rng.randint(1, 7)
+            unit_price = round(rng.lognormvariate(8.0, 0.4) * price_gain, 2)
+            body = {
+                "supplier_id": rng.choice(SUPPLIERS),
+                "sku": rng.choice(SKUS),
+                "quantity": quantity,
+                "unit_price": unit_price,
+            }
+            face = round(quantity * unit_price * MICROS)
+            orders.append(Order(tick, agent, body, face))
+    return orders
+
+
+def buyers_of(tokens: dict[str, str], agents: int) -> list[str]:
+    return sorted(a for a in tokens if a.startswith("buyer-"))[:agents]
+
+
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    if args.shadow:
+        from irrev.commands.demo_shadow import compare
+
+        return compare(args)
+    console = Console(stderr=args.json)
     with tempfile.TemporaryDirectory(prefix="irrev-demo-") as scratch:
         root = Path(scratch)
         console.print("[bold]irrev demo[/]: starting Redis, the supplier API and the gateway...")
@@ -71,35 +126,23 @@ def run(args: argparse.Namespace) -> int:
 async def fleet(url: str, policies: Path, args: argparse.Namespace) -> Tally:
     tokens = load_demo_tokens(policies / "procurement.tokens.yaml").tokens
     policy = read_policy_file(policies / "procurement.yaml")
-    buyers = sorted(a for a in tokens if a.startswith("buyer-"))[: args.agents]
-    rng = random.Random(args.seed)
-    spike = range(args.ticks // 2, args.ticks // 2 + max(1, args.ticks // 5))
     tally = Tally()
     spent_local: Counter[str] = Counter()
+    by_tick: dict[int, list[Order]] = {}
+    for planned in plan(buyers_of(tokens, args.agents), args):
+        by_tick.setdefault(planned.tick, []).append(planned)
     limits = httpx.Limits(max_connections=100)
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
-        for tick in range(args.ticks):
-            rate, price_gain = (0.6, 2.5) if tick in spike else (0.03, 1.0)
-            orders = []
-            for agent in buyers:
-                if rng.random() >= rate:
-                    continue
-                quantity = rng.randint(1, 7)
-                unit_price = round(rng.lognormvariate(8.0, 0.4) * price_gain, 2)
-                body = {
-                    "supplier_id": rng.choice(SUPPLIERS),
-                    "sku": rng.choice(SKUS),
-                    "quantity": quantity,
-                    "unit_price": unit_price,
-                }
-                face = round(quantity * unit_price * MICROS)
-                tally.face_requested += face
-                cap = policy.document.agents[agent]
-                if face <= cap.per_effect_cap and spent_local[agent] + face <= cap.window_cap:
-                    spent_local[agent] += face
-                    tally.face_local_caps += face
-                orders.append(order(http, tokens[agent], f"demo-{tick}-{agent}", body, tally))
-            await asyncio.gather(*orders)
+        for tick in sorted(by_tick):
+            sending = []
+            for o in by_tick[tick]:
+                tally.face_requested += o.face
+                cap = policy.document.agents[o.agent]
+                if o.face <= cap.per_effect_cap and spent_local[o.agent] + o.face <= cap.window_cap:
+                    spent_local[o.agent] += o.face
+                    tally.face_local_caps += o.face
+                sending.append(order(http, tokens[o.agent], o.key, o.body, tally))
+            await asyncio.gather(*sending)
         await operator(http, tally, args.approve)
     return tally
 
@@ -151,6 +194,10 @@ async def report(
         supplier_orders = (await http.get(f"{supplier_url}/_stats")).json()["orders"]
     top = balances[f"tenant:{tenant}"]
     over = [b.account for b in balances.values() if b.used > b.limit]
+    ok = not over and supplier_orders == len(posted) and audit.ok
+    if args.json:
+        print(json.dumps(report_json(tally, top, over, supplier_orders, len(posted), ok), indent=2))
+        return 0 if ok else 1
 
     table = Table(title=f"irrev demo: {args.agents} agents, {args.ticks} ticks, a price spike")
     table.add_column("")
@@ -173,6 +220,29 @@ async def report(
     table.add_row("holds the ledger posted", str(len(posted)))
     table.add_row("ledger audit", "ok" if audit.ok else f"{len(audit.mismatches)} mismatches")
     console.print(table)
-    ok = not over and supplier_orders == len(posted) and audit.ok
     console.print("[green]all invariants hold[/]" if ok else "[red]an invariant failed[/]")
     return 0 if ok else 1
+
+
+def report_json(
+    tally: Tally, top: Balance, over: list[str], supplier_orders: int, posted: int, ok: bool
+) -> dict[str, object]:
+    return {
+        "decisions": dict(sorted(tally.decisions.items())),
+        "escalations_approved": tally.approved,
+        "escalations_rejected": tally.rejected,
+        **with_money_text(
+            {
+                "face_requested": tally.face_requested,
+                "face_local_caps": tally.face_local_caps,
+                "tenant_used": top.used,
+                "tenant_limit": top.limit,
+            },
+            MICROS,
+            "USD",
+        ),
+        "accounts_over_limit": over,
+        "supplier_orders": supplier_orders,
+        "posted_holds": posted,
+        "ok": ok,
+    }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import uuid
 from collections import Counter
@@ -39,6 +40,7 @@ KEY_META = "dev.irrev/idempotency_key"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agents", type=bounded(int, 1, 50), default=20, help="buying agents")
     parser.add_argument("--orders", type=bounded(int, 1, 100), default=6, help="per agent")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(func=run)
 
 
@@ -90,8 +92,10 @@ async def buy(url: str, token: str, index: int, orders: int, tally: Counter[str]
         tally[outcome(result)] += 1
 
 
-async def demo(irrev: str, tools: str, tokens: dict[str, str], args: argparse.Namespace) -> None:
-    console = Console()
+async def demo(
+    irrev: str, tools: str, tokens: dict[str, str], args: argparse.Namespace
+) -> Counter[str]:
+    console = Console(stderr=args.json)
     url = f"{irrev}/mcp"
     headers = {"Authorization": f"Bearer {tokens['dev-01']}"}
     async with (
@@ -125,6 +129,7 @@ async def demo(irrev: str, tools: str, tokens: dict[str, str], args: argparse.Na
         table.add_row(name, str(count))
     console.print(table)
     console.print(f"the MCP server made {stats['effects']} effects in {stats['calls']} calls")
+    return tally
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,11 +141,11 @@ def run(args: argparse.Namespace) -> int:
         ):
             tokens = fleet_policy(root / "policies", tools.url, args.agents)
             with gateway(redis.url, root / "policies", workers=2) as irrev:
-                asyncio.run(demo(irrev.url, tools.url, tokens, args))
-                return asyncio.run(check(redis.url, tools.url))
+                tally = asyncio.run(demo(irrev.url, tools.url, tokens, args))
+                return asyncio.run(check(redis.url, tools.url, tally, args.json))
 
 
-async def check(redis_url: str, tools: str) -> int:
+async def check(redis_url: str, tools: str, tally: Counter[str], as_json: bool) -> int:
     """The MCP server's effects are exactly the posted holds, and the journal audits."""
     ledger = Ledger.from_url(redis_url)
     try:
@@ -151,10 +156,22 @@ async def check(redis_url: str, tools: str) -> int:
     async with httpx.AsyncClient(trust_env=False) as http:
         stats = (await http.get(f"{tools}/mcp-fleet/_stats")).json()
     same = stats["effects"] == len(posted)
+    ok = same and not report.mismatches
+    if as_json:
+        result = {
+            "outcomes": dict(sorted(tally.items())),
+            "server_calls": stats["calls"],
+            "server_effects": stats["effects"],
+            "posted_holds": len(posted),
+            "audit_mismatches": [str(m) for m in report.mismatches],
+            "ok": ok,
+        }
+        print(json.dumps(result, indent=2))
+        return 0 if ok else 1
     console = Console()
     console.print(
         f"posted holds {len(posted)}, server effects {stats['effects']}: "
         f"{'equal' if same else 'DIFFERENT'}; audit: "
         f"{'ok' if not report.mismatches else report.mismatches}"
     )
-    return 0 if same and not report.mismatches else 1
+    return 0 if ok else 1

@@ -20,7 +20,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, help="runs per cell (default 20, slow cells 5)")
     parser.add_argument("--fast", action="store_true", help="skip the cells marked slow")
     parser.add_argument("--list", action="store_true", help="list the cells and exit")
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="print the results as JSON instead of the matrix; with FILE, also write them there",
+    )
     parser.add_argument(
         "--cluster",
         action="store_true",
@@ -38,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--runs must be between 1 and 1000")
     console = Console(stderr=True)
     if args.list:
+        if args.json == "-":
+            listed = [{"cell": c.name, "slow": c.slow, "checked": c.checked} for c in cells]
+            print(json.dumps(listed, indent=2))
+            return 0
         for cell in cells:
             print(f"{cell.name:<34} {'slow' if cell.slow else 'fast'}  {cell.checked}")
         return 0
@@ -47,9 +57,13 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"{result.cell.name}: {result.runs} runs, {verdict} ({result.seconds:.0f} s)")
 
     results = asyncio.run(run_cells(cells, args.runs, progress, args.cluster))
-    print(format_matrix(results))
-    if args.json:
-        args.json.write_text(json.dumps([as_dict(r) for r in results], indent=2))
+    shown = json.dumps([as_dict(r) for r in results], indent=2)
+    if args.json == "-":
+        print(shown)
+    else:
+        print(format_matrix(results))
+        if args.json:
+            Path(args.json).write_text(shown)
     failed = [r for r in results if not r.ok]
     for result in failed:
         print(f"{result.cell.name}:", file=sys.stderr)

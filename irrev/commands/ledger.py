@@ -1,20 +1,45 @@
-"""`irrev ledger balance|journal|audit|sweep|reconcile`: the operator's view of the
-ledger, on the configured Redis (IRREV_REDIS_URL) or the embedded one."""
+"""`irrev ledger balance|journal|audit|sweep|trim|reconcile`: the operator's view of
+the ledger, on the configured Redis (IRREV_REDIS_URL) or the embedded one (of
+IRREV_DATA_DIR), which every command names on stderr before it reads.
+
+Amounts are integer minor units in the ledger; with the tenant's policy (found in
+`--policy-dir`, default IRREV_POLICY_DIR) they are shown with its currency as well.
+Every command takes `--json` (one JSON document, or JSON lines for the journal) with
+the integers, `<field>_text` amounts and `<name>_at` RFC 3339 times. A tenant the
+ledger does not know is refused (exit 1): an empty table would look like an idle
+tenant.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.table import Table
 
-from irrev.cli import bounded
-from ledger import HoldState, Ledger, audit, cutoff_ms, open_ledger, read_journal, trim_locked
+from gateway.policies import load_policy_dir
+from irrev.cli import CliError, bounded
+from ledger import (
+    HoldState,
+    Ledger,
+    LedgerSettings,
+    audit,
+    cutoff_ms,
+    read_journal,
+    supervised_redis_url,
+    trim_locked,
+)
+from pricing.money import money_text
+from pricing.units import rfc3339, with_money_text
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
 
@@ -58,14 +83,101 @@ def configure(ledger: argparse.ArgumentParser) -> None:
 
 
 def _bind(parser: argparse.ArgumentParser, command: Command) -> None:
-    def run(args: argparse.Namespace) -> int:
-        async def with_ledger() -> int:
-            async with open_ledger() as ledger:
-                return await command(ledger, args)
+    if command is not _journal:
+        parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--policy-dir",
+        type=Path,
+        default=os.environ.get("IRREV_POLICY_DIR") or None,
+        help="tenant policies, for currencies (default IRREV_POLICY_DIR)",
+    )
 
-        return asyncio.run(with_ledger())
+    def run(args: argparse.Namespace) -> int:
+        settings = LedgerSettings()
+        with supervised_redis_url(settings) as url:
+            where = safe_url(url) if settings.redis_url else f"{safe_url(url)} (embedded, "
+            if not settings.redis_url:
+                where += f"data dir {settings.data_dir})"
+            print(f"irrev: ledger at {where}", file=sys.stderr)
+
+            async def with_ledger() -> int:
+                ledger = Ledger.from_url(url)
+                try:
+                    await _check_tenants(ledger, args, where)
+                    return await command(ledger, args)
+                finally:
+                    await ledger.aclose()
+
+            return asyncio.run(with_ledger())
 
     parser.set_defaults(func=run)
+
+
+def safe_url(url: str) -> str:
+    """`url` without its password (in the authority or a `password` query parameter)."""
+    parts = urlsplit(url)
+    shown = url
+    if parts.password is not None:
+        host = parts.netloc.rpartition("@")[2]
+        shown = shown.replace(parts.netloc, f"{parts.username or ''}:***@{host}", 1)
+    if parts.query:
+        pairs = parts.query.split("&")
+        hidden = ["password=***" if p.lower().startswith("password=") else p for p in pairs]
+        shown = shown.replace(f"?{parts.query}", "?" + "&".join(hidden), 1)
+    return shown
+
+
+async def _check_tenants(ledger: Ledger, args: argparse.Namespace, where: str) -> None:
+    asked = args.tenant if isinstance(args.tenant, list) else [args.tenant] if args.tenant else []
+    if not asked:
+        return
+    for tenant in asked:
+        # The ledger checks the name first: a malformed one says so (exit 2), not "unknown".
+        await ledger.balances(tenant)
+    known = set(await ledger.tenants())
+    unknown = [t for t in asked if t not in known]
+    if unknown:
+        raise UnknownTenant(
+            f"no tenant {', '.join(map(repr, unknown))} in the ledger at {where}; "
+            "check --tenant, IRREV_REDIS_URL and IRREV_DATA_DIR"
+        )
+
+
+class UnknownTenant(CliError):
+    """A tenant the ledger has never seen: exit 1, as a check that found something wrong."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Unit:
+    """How a tenant's amounts are shown: its currency and scale from its policy, or
+    bare minor units when no policy says."""
+
+    scale: int
+    currency: str
+
+    def text(self, amount: int) -> str:
+        return money_text(amount, self.scale, self.currency) if self.currency else f"{amount:,}"
+
+    def fields(self, **amounts: int | dict[str, int]) -> dict[str, Any]:
+        if not self.currency:
+            return dict(amounts)
+        return with_money_text(amounts, self.scale, self.currency)
+
+
+def unit_of(args: argparse.Namespace, tenant: str) -> Unit:
+    if args.policy_dir is None or not Path(args.policy_dir).is_dir():
+        return Unit(1, "")
+    policy = load_policy_dir(Path(args.policy_dir)).get(tenant)
+    if policy is None:
+        return Unit(1, "")
+    return Unit(policy.scale, policy.catalog.currency)
+
+
+def console() -> Console:
+    """Rich's console; piped, as wide as the table needs, so that no name is cut."""
+    return Console() if sys.stdout.isatty() else Console(width=10_000)
 
 
 async def _balance(ledger: Ledger, args: argparse.Namespace) -> int:
@@ -79,26 +191,41 @@ async def _balance(ledger: Ledger, args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-    table = Table(title=f"balances of {args.tenant}")
+    unit = unit_of(args, args.tenant)
+    if args.json:
+        rows = [
+            {
+                "account": b.account,
+                **unit.fields(
+                    limit=b.limit, pending=b.pending, posted=b.posted, available=b.available
+                ),
+                "window_start_ms": b.window_start_ms,
+                "window_start_at": rfc3339(b.window_start_ms),
+            }
+            for b in balances
+        ]
+        print(json.dumps({"tenant": args.tenant, "balances": rows}, indent=2))
+        return 0
+    shown = unit.currency or "minor units"
+    table = Table(title=f"balances of {args.tenant} ({shown})")
     for column in ("account", "limit", "pending", "posted", "available", "window start"):
         table.add_column(column, justify="left" if column == "account" else "right")
     for b in balances:
         table.add_row(
             b.account,
-            f"{b.limit:,}",
-            f"{b.pending:,}",
-            f"{b.posted:,}",
-            f"{b.available:,}",
-            str(b.window_start_ms),
+            *(unit.text(v) for v in (b.limit, b.pending, b.posted, b.available)),
+            rfc3339(b.window_start_ms),
         )
-    Console().print(table)
+    console().print(table)
     return 0
 
 
 async def _journal(ledger: Ledger, args: argparse.Namespace) -> int:
     for entry in await read_journal(ledger, args.tenant, after=args.after, count=args.count):
         if args.json:
-            print(json.dumps(entry.as_dict()))
+            # A stream id starts with the Redis time of the entry, in epoch ms.
+            at = rfc3339(int(entry.entry_id.partition("-")[0]))
+            print(json.dumps({**entry.as_dict(), "at": at}))
         else:
             shown = entry.as_dict().items()
             rest = " ".join(f"{k}={v}" for k, v in shown if k not in ("id", "op"))
@@ -108,7 +235,21 @@ async def _journal(ledger: Ledger, args: argparse.Namespace) -> int:
 
 async def _audit(ledger: Ledger, args: argparse.Namespace) -> int:
     reports = await audit(ledger, args.tenant)
-    failed = 0
+    failed = sum(not report.ok for report in reports)
+    if args.json:
+        shown = [
+            {
+                "tenant": r.tenant,
+                "entries": r.entries,
+                "accounts": r.accounts,
+                "live_holds": r.live_holds,
+                "ok": r.ok,
+                "mismatches": [str(m) for m in r.mismatches],
+            }
+            for r in reports
+        ]
+        print(json.dumps({"ok": not failed, "tenants": shown}, indent=2))
+        return 1 if failed else 0
     for report in reports:
         verdict = "ok" if report.ok else f"{len(report.mismatches)} MISMATCHES"
         print(
@@ -117,7 +258,6 @@ async def _audit(ledger: Ledger, args: argparse.Namespace) -> int:
         )
         for mismatch in report.mismatches:
             print(f"  {mismatch}")
-        failed += not report.ok
     if not reports:
         print("no tenants in the ledger")
     return 1 if failed else 0
@@ -130,7 +270,10 @@ async def _sweep(ledger: Ledger, args: argparse.Namespace) -> int:
         total += result.visited
         if result.remaining_due == 0 or result.visited == 0:
             break
-    print(f"{args.tenant}: settled {total} due holds")
+    if args.json:
+        print(json.dumps({"tenant": args.tenant, "settled": total}))
+    else:
+        print(f"{args.tenant}: settled {total} due holds")
     return 0
 
 
@@ -143,16 +286,37 @@ async def _trim(ledger: Ledger, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    print(f"{args.tenant}: archived and trimmed {count} journal entries")
+    if args.json:
+        print(json.dumps({"tenant": args.tenant, "trimmed": count, "archive": str(args.archive)}))
+    else:
+        print(f"{args.tenant}: archived and trimmed {count} journal entries")
     return 0
 
 
 async def _reconcile(ledger: Ledger, args: argparse.Namespace) -> int:
     held = await ledger.hold_ids(args.tenant, HoldState.AMBIGUOUS)
+    unit = unit_of(args, args.tenant)
+    rows = []
     for hold_id in held:
         hold = await ledger.hold(args.tenant, hold_id)
-        if hold is not None:
-            charged = ", ".join(f"{a}={v:,}" for a, v in hold.amounts.items())
+        if hold is None:
+            continue
+        if args.json:
+            rows.append(
+                {
+                    "hold": hold_id,
+                    "state": hold.state.value,
+                    "ambiguity": hold.ambiguity or "unknown",
+                    **unit.fields(amounts=hold.amounts),
+                    "created_ms": hold.created_ms,
+                    "created_at": rfc3339(hold.created_ms),
+                }
+            )
+        else:
+            charged = ", ".join(f"{a}={unit.text(v)}" for a, v in hold.amounts.items())
             print(f"{hold_id}  ambiguous ({hold.ambiguity or 'unknown'})  {charged}")
-    print(f"{args.tenant}: {len(held)} ambiguous holds stay charged until reconciled")
+    if args.json:
+        print(json.dumps({"tenant": args.tenant, "ambiguous": rows}, indent=2))
+    else:
+        print(f"{args.tenant}: {len(held)} ambiguous holds stay charged until reconciled")
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 from pathlib import Path
 
@@ -28,6 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--seconds", type=bounded(int, 1, 3600), default=30, help="bounded run time"
     )
     parser.add_argument("--workers", type=bounded(int, 1, 64), default=2)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(func=run)
 
 
@@ -38,7 +40,7 @@ def worker_rss_mib(gateway_pid: int) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = Console(stderr=args.json)
     with tempfile.TemporaryDirectory(prefix="irrev-load-") as scratch:
         root = Path(scratch)
         with EmbeddedRedis(root / "redis") as redis, supplier() as upstream:
@@ -57,7 +59,12 @@ def run(args: argparse.Namespace) -> int:
                 )
                 after = worker_rss_mib(server.pid)
             ok = asyncio.run(check(console, redis.url, "acme"))
-        show(console, rows, before, after, args)
+        if args.json:
+            named = [row for row in rows if row["Name"] != "Aggregated"]
+            result = {"rows": named, "rss_mib_before": before, "rss_mib_after": after, "ok": ok}
+            print(json.dumps(result, indent=2))
+        else:
+            show(console, rows, before, after, args)
     return 0 if ok else 1
 
 

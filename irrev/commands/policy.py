@@ -39,6 +39,7 @@ from pricing.money import money_text
 from pricing.policy import EffectClass, MemberId, TenantId, ToolName
 from pricing.quote import Quote, Refusal, agent_by_id, quote_json, quote_lines, quote_request
 from pricing.schema import policy_schema
+from pricing.units import with_money_text
 
 EXAMPLE_FACE_MAJOR = 10_000
 
@@ -51,10 +52,12 @@ def configure(policy: argparse.ArgumentParser) -> None:
         "validate", help="check policy files; exit 1 listing every problem by field path"
     )
     validate.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    validate.add_argument("--json", action="store_true", help="print the results as JSON")
     validate.set_defaults(func=cmd_validate)
 
     show = commands.add_parser("show", help="summarise a policy: accounts, agents, routes")
     show.add_argument("file", type=Path, metavar="FILE")
+    show.add_argument("--json", action="store_true", help="print the summary as JSON")
     show.set_defaults(func=cmd_show)
 
     token = commands.add_parser(
@@ -66,6 +69,7 @@ def configure(policy: argparse.ArgumentParser) -> None:
     holder = token.add_mutually_exclusive_group(required=True)
     holder.add_argument("--agent")
     holder.add_argument("--tool", help="the tool API whose settler credential this is")
+    token.add_argument("--json", action="store_true", help="print the token and its line as JSON")
     token.set_defaults(func=cmd_token)
 
     schema = commands.add_parser(
@@ -108,12 +112,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     loaded: list[tuple[str, TenantPolicy]] = []
     # The same file named twice (e.g. by overlapping globs) is one file, not two tenants.
     paths = {_existing(p).resolve(): p for p in args.files}
+    checked: list[dict[str, object]] = []
     for path in paths.values():
         try:
             data = parse_yaml(read_text(path), str(path))
             if is_demo_tokens(data):
                 demo = check_demo_tokens(path)
-                print(f"{path}: ok (demo tokens for {len(demo.tokens)} agents of {demo.tenant})")
+                demo_file = {"file": str(path), "kind": "demo_tokens", "tenant": demo.tenant}
+                checked.append({**demo_file, "agents": len(demo.tokens)})
+                if not args.json:
+                    print(
+                        f"{path}: ok (demo tokens for {len(demo.tokens)} agents of {demo.tenant})"
+                    )
                 continue
             policy = load_policy_data(data, str(path))
         except PolicyError as exc:
@@ -121,14 +131,29 @@ def cmd_validate(args: argparse.Namespace) -> int:
             continue
         loaded.append((str(path), policy))
         doc = policy.document
-        print(
-            f"{path}: ok (tenant {policy.tenant}: {len(doc.accounts.principals)} principals, "
-            f"{len(doc.agents)} agents, {len(doc.routes)} routes)"
-        )
+        counts = {
+            "principals": len(doc.accounts.principals),
+            "agents": len(doc.agents),
+            "routes": len(doc.routes),
+        }
+        checked.append({"file": str(path), "kind": "policy", "tenant": policy.tenant, **counts})
+        if not args.json:
+            print(
+                f"{path}: ok (tenant {policy.tenant}: {counts['principals']} principals, "
+                f"{counts['agents']} agents, {counts['routes']} routes)"
+            )
     # Checked against the settings in force (IRREV_* or defaults), as the gateway will.
     errors += check_policy_set(loaded, _settings().forward_budget())
-    for error in errors:
-        print(error, file=sys.stderr)
+    if args.json:
+        problems = [
+            {"file": e.source, "path": p.path, "message": p.message}
+            for e in errors
+            for p in e.problems
+        ]
+        print(json.dumps({"ok": not errors, "valid": checked, "problems": problems}, indent=2))
+    else:
+        for error in errors:
+            print(error, file=sys.stderr)
     return 1 if errors else 0
 
 
@@ -188,6 +213,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         print(exc, file=sys.stderr)
         return 1
+    if args.json:
+        print(json.dumps(_show_json(policy), indent=2))
+        return 0
     print(
         f"tenant {policy.tenant}: risk unit {policy.document.risk_unit.currency} "
         f"(1 = {policy.scale} minor units); window {_duration(policy.document.window_ms)}; "
@@ -218,6 +246,63 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _amounts(policy: TenantPolicy, **amounts: int | None) -> dict[str, object]:
+    return with_money_text(amounts, policy.scale, policy.catalog.currency)
+
+
+def _show_json(policy: TenantPolicy) -> dict[str, object]:
+    """What `policy show` prints, as data: integer minor units with `_text` amounts."""
+    doc = policy.document
+    accounts = [
+        {
+            "account": spec.account_id,
+            "soft_band": spec.soft_band,
+            **_amounts(
+                policy,
+                limit=spec.limit_micros,
+                approval_threshold=spec.approval_threshold_micros,
+            ),
+        }
+        for spec in policy_accounts(policy)
+        if not spec.account_id.startswith("agent:")
+    ]
+    agents = [
+        {
+            "agent": agent_id,
+            "principal": agent.principal,
+            **_amounts(policy, per_effect_cap=agent.per_effect_cap, window_cap=agent.window_cap),
+        }
+        for agent_id, agent in doc.agents.items()
+    ]
+    routes = [
+        {
+            "route": route.route_id,
+            "class": route.effect_class.value,
+            "model": route.model,
+            "loss_factor": route.loss_factor,
+            "factors": [f.text for f in route.factors],
+            "in_process": route.in_process,
+            "shadow": route.index in policy.shadow_routes,
+            **_amounts(policy, approval_threshold=route.approval_threshold_micros),
+        }
+        for routes in policy.catalog.routes.values()
+        for route in routes
+    ]
+    return {
+        "tenant": policy.tenant,
+        "currency": doc.risk_unit.currency,
+        "scale": policy.scale,
+        "mode": doc.mode.value,
+        "window_ms": doc.window_ms,
+        "hold_ttl_ms": policy.hold_ttl_ms,
+        "escalation_ttl_ms": policy.escalation_ttl_ms,
+        "unknown_routes": doc.unknown_routes.action.value,
+        "accounts": accounts,
+        "agents": agents,
+        "routes": routes,
+    }
+
+
 def cmd_token(args: argparse.Namespace) -> int:
     # The policy's own field types: a name it would refuse gets no token.
     holder = ("--agent", MemberId, args.agent) if args.agent else ("--tool", ToolName, args.tool)
@@ -233,6 +318,10 @@ def cmd_token(args: argparse.Namespace) -> int:
         # Held by the tool API, never by an agent: it settles the tool's holds.
         who, where = f"the settler of tool {args.tool}", f"tools.{args.tool}"
         field = "settler_token_sha256"
+    if args.json:
+        line = {"tenant": args.tenant, "holder": who, "under": where, "field": field}
+        print(json.dumps({**line, "token": token, "hash": hash_token(token)}, indent=2))
+        return 0
     print(f"token for {who} of tenant {args.tenant} (shown once; store it now):")
     print(f"  {token}")
     print(f"paste under {where} in the tenant's policy:")

@@ -39,6 +39,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     grid.add_argument("--delays", type=int, nargs="+", default=experiments.PARETO_DELAYS)
     grid.add_argument("--misprices", type=float, nargs="+", default=experiments.PARETO_MISPRICES)
     grid.add_argument("--latencies", type=int, nargs="+", default=experiments.PARETO_LATENCIES)
+    p.add_argument(
+        "--json", action="store_true", help="print the results' JSON (also written to --out)"
+    )
     p.set_defaults(func=run)
 
 
@@ -115,9 +118,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     if args.seed0 is not None:
         exp = replace(exp, cases=tuple(replace(c, seed0=args.seed0) for c in exp.cases))
-    console = Console()
+    console = Console(stderr=args.json)
     if not console.is_terminal:  # pipes and logs get the whole table, not an 80-column crush
-        console = Console(width=260)
+        console = Console(width=260, stderr=args.json)
     commit = _commit()  # before the run: the tree may move while it runs
     rows, started, cpu = [], time.perf_counter(), time.process_time()
     with Progress(console=console, transient=True) as progress:
@@ -139,7 +142,10 @@ def run(args: argparse.Namespace) -> int:
         "seconds": elapsed,
         "cpu_seconds": cpu_s,
     }
-    for path in report.write(exp, rows, args.out, meta):
+    written = report.write(exp, rows, args.out, meta)
+    for path in written:
         console.print(f"wrote {path}")
     console.print(f"{elapsed:.1f} s wall, {cpu_s:.1f} s CPU")
+    if args.json:
+        print(written[0].read_text())  # the JSON document, first of what was written
     return 0

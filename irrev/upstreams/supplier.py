@@ -60,6 +60,9 @@ class Faults(BaseModel):
     # Commit the order only once the (delayed) answer is sent, and answer a repeat of
     # the key meanwhile 409 "request in progress" (the IETF Idempotency-Key draft, Stripe).
     in_progress: bool = False
+    # Wait this long before answering a repeat of a key already ordered (whatever
+    # `times` says): a retry that stays in flight while more repeats arrive.
+    repeat_delay_s: float = 0.0
 
 
 @dataclass
@@ -91,7 +94,7 @@ class Supplier:
         if idempotency_key in self.in_flight:
             return Answer(409, {"error": "request in progress"})
         if idempotency_key in self.orders:
-            return Answer(201, self.orders[idempotency_key])
+            return Answer(201, self.orders[idempotency_key], self.faults.repeat_delay_s)
         if not isinstance(body, dict) or int(body.get("quantity", 0)) <= 0:
             return Answer(422, {"error": "quantity must be positive"})
         faults = self.faults

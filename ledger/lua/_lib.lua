@@ -36,6 +36,7 @@ local MAX_AMOUNT = 9007199254740991
 local MAX_ACCOUNTS = 8
 local MAX_BLOB = 1048576
 local MAX_PROVENANCE = 16384
+local MAX_NOTE = 2048 -- a person's note on a decision (approve, reject, resolve)
 -- A hold's decision follows from its reason (the record keeps only the reason).
 local DECISION = {within_budget = 'admit', budget_exceeded = 'deny', over_limit = 'deny',
   soft_band = 'escalate', approval_threshold = 'escalate'}
@@ -132,6 +133,29 @@ local function load_accounts(ids, without_overruns)
     end
   end
   return out
+end
+
+-- `<account>|raise` of each of the first n accounts, for one HMGET.
+local function accounts_raise_fields(accounts, n)
+  local out = {}
+  for i = 1, n do
+    out[i] = accounts[i] .. '|raise'
+  end
+  return out
+end
+
+-- The sum of the raises in an account's `raise` field (lua/rule.lua) that are live at
+-- `now`: `<rule>|<amount>|<until>` each, comma-separated; 0 for none.
+local function live_raise(text, now)
+  local total = 0
+  if text then
+    for amount, expiry in string.gmatch(text, '[^,|]+|(%d+)|(%d+)') do
+      if tonumber(expiry) > now then
+        total = total + tonumber(amount)
+      end
+    end
+  end
+  return total
 end
 
 local function load_account(id)

@@ -6,7 +6,9 @@
 -- ARGV[2]  retention_ms for the record should the escalation turn out expired
 --          (it is expired then and there, as the sweeper would)
 -- ARGV[3]  ttl_ms of the now pending hold (the approver forwards the effect)
--- ARGV[4]  approver id
+-- ARGV[4]  approver id (an admin's name, or `rule:<id>` for an automatic approval)
+-- ARGV[5]  optional note: why, in the approver's words (at most 2048 bytes), kept
+--          with the hold for the agent's poll and journaled as `note`
 --
 -- Returns {status, state, flags} and, when 'ok', {..., deadline_ms, request}
 --   'ok'         approved: pending, armed, with a new deadline: flags is the
@@ -29,9 +31,11 @@ if not retention_ms then return err end
 local ttl_ms = uint(ARGV[3], MAX_AMOUNT)
 if not ttl_ms then return {'bad_input', 'ttl_ms', 'must be an integer >= 0'} end
 local by = ARGV[4]
-if not valid_id(by) or #ARGV ~= 4 then
+if not valid_id(by) or #ARGV < 4 or #ARGV > 5 then
   return {'bad_input', 'approver', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
 end
+local note = ARGV[5] or ''
+if #note > MAX_NOTE then return {'bad_input', 'note', 'must be at most 2048 bytes'} end
 local hold = load_hold(id)
 if not hold then return {'not_found', '', ''} end
 if hold.st ~= 'escalated' then return {'conflict', hold.st, hold.by or ''} end
@@ -42,7 +46,7 @@ if hold.deadline <= now then
   return {'conflict', 'expired', ''}
 end
 local deadline = now + ttl_ms
-set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', deadline, 'by', by})
+set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', deadline, 'by', by, 'note', note})
 redis.call('ZADD', DEADLINES, deadline, id)
-journal({'op', 'approve', 'hold', id, 'st', 'pending', 'by', by})
+journal({'op', 'approve', 'hold', id, 'st', 'pending', 'by', by, 'note', note})
 return {'ok', 'pending', by, deadline, redis.call('HGET', hkey(id), 'req') or ''}

@@ -22,7 +22,11 @@
 --          admitted or escalated and its amount is > 0; one whose amount is 0 is left
 --          out of the hold (a fresh account with nothing on it cannot change the
 --          decision), so neither a refusal nor a free effect creates an account.
--- ARGV[13+2n+5m]  optional '1': decide even if holds of the tenant are due
+-- ARGV[13+2n+5m]  shadow: '1' holds the effect even when the decision is deny or
+--          escalate (shadow mode: never blocking; the would-be decision is kept in
+--          the hold's reason and the journal, and the hold may take accounts above
+--          their limits); '0' enforces
+-- ARGV[14+2n+5m]  optional '1': decide even if holds of the tenant are due
 --
 -- Returns
 --   {'ok' | 'exists', decision, reason, state, deadline_ms, created_ms, n,
@@ -33,9 +37,10 @@
 --       the hold's current state, and nothing written.
 --   {'exists_with_different_fingerprint', state}   nothing written
 --   {'unknown_account', account_id}                 nothing written
+--       In shadow mode a deny or escalate comes with state 'pending': held anyway.
 --   {'expire_first', ''}   holds of the tenant are due, whose release the decision
 --       should see, but their keys are not declared here: nothing written; expire
---       them (sweep.lua) and call again with ARGV[13+2n+5m] = '1'
+--       them (sweep.lua) and call again with ARGV[14+2n+5m] = '1'
 --   {'bad_input', field, message}                   nothing written
 --
 -- The hold record: st, fp, arm, t0, dl, acc and amt (comma lists: the accounts and
@@ -43,10 +48,13 @@
 -- decision follows from the reason), req while it is live. Each value stays short
 -- (Redis keeps a hash whose values are all under 64 bytes packed, in a third of the
 -- memory), so the limits and used amounts are not joined into one. Its journal
--- entry: op, hold, why, acc and amt for a hold kept (the pending it adds), prov.
+-- entry: op, hold, why, acc and amt for a hold kept (the pending it adds), shadow
+-- (the would-be decision of a hold kept in shadow mode: its state is pending whatever
+-- the reason), prov. A shadow hold's record is pending with the would-be reason.
 --
 -- Invariant: an admission or escalation never takes any account's pending + posted
--- above its limit, and it debits all of the accounts or none. Inputs are checked
+-- above its limit (a shadow hold may: it is what the fleet really did), and it
+-- debits all of the accounts or none. Inputs are checked
 -- before the first write (Redis does not roll back a script that fails half way).
 
 local id, fp = ARGV[1], ARGV[2]
@@ -100,10 +108,14 @@ if not denied_retention_ms then
   return {'bad_input', 'denied_retention_ms', 'must be an integer >= 0'}
 end
 local m = uint(ARGV[12 + 2 * n], MAX_ACCOUNTS)
-local decide_anyway = ARGV[13 + 2 * n + 5 * (m or 0)]
-if not m or m > n or #ARGV ~= 12 + 2 * n + 5 * m + (decide_anyway and 1 or 0)
+local shadow = ARGV[13 + 2 * n + 5 * (m or 0)]
+local decide_anyway = ARGV[14 + 2 * n + 5 * (m or 0)]
+if not m or m > n or #ARGV ~= 13 + 2 * n + 5 * m + (decide_anyway and 1 or 0)
     or (decide_anyway and decide_anyway ~= '1') then
   return {'bad_input', 'open', 'must give 0 to n accounts to open, five fields each'}
+end
+if shadow ~= '0' and shadow ~= '1' then
+  return {'bad_input', 'shadow', 'must be 0 or 1'}
 end
 local specs = {}
 for j = 1, m do
@@ -181,12 +193,16 @@ for i = n, kept + 1, -1 do
 end
 n = kept
 
+-- A temporary raise (lua/rule.lua) adds to an account's limit and soft limit while
+-- it lives, by Redis's clock: it ends by itself, with nothing to undo.
+local raised = n > 0 and redis.call('HMGET', ACCOUNTS, unpack(accounts_raise_fields(accounts, n))) or {}
 local decision, reason = 'admit', 'within_budget'
-local limits, used = {}, {}
+local limits, used, soft = {}, {}, {}
 for i = 1, n do
   local a = loaded[i]
   roll(a, now)
-  limits[i], used[i] = a.limit, a.pend + a.post
+  local extra = live_raise(raised[i], now)
+  limits[i], used[i], soft[i] = a.limit + extra, a.pend + a.post, a.soft + extra
 end
 for i = 1, n do
   if used[i] > limits[i] then
@@ -199,7 +215,7 @@ for i = 1, n do
 end
 if decision == 'admit' then
   for i = 1, n do
-    if used[i] + amounts[i] > loaded[i].soft then
+    if used[i] + amounts[i] > soft[i] then
       decision, reason = 'escalate', 'soft_band'
       break
     end
@@ -212,7 +228,7 @@ if decision == 'admit' then
 end
 
 local state, deadline = 'denied', 0
-if decision == 'admit' then
+if decision == 'admit' or shadow == '1' then
   state, deadline = 'pending', now + ttl_ms
 elseif decision == 'escalate' then
   state, deadline = 'escalated', now + esc_ttl_ms
@@ -229,7 +245,7 @@ if state ~= 'denied' then
 end
 
 local acc, amt = table.concat(accounts, ','), join_numbers(amounts)
-local fields = {'st', state, 'fp', fp, 'arm', (decision == 'escalate') and '0' or armed,
+local fields = {'st', state, 'fp', fp, 'arm', (state == 'escalated') and '0' or armed,
   't0', now, 'dl', deadline, 'acc', acc, 'amt', amt, 'why', reason,
   'lim', join_numbers(limits), 'used', join_numbers(used)}
 if state ~= 'denied' and #request > 0 then
@@ -262,6 +278,10 @@ else
   if state == 'escalated' then
     redis.call('SADD', ESCALATED, id)
   end
+end
+if state == 'pending' and decision ~= 'admit' then
+  -- Held in shadow mode: what enforcement would have done.
+  entry[#entry + 1], entry[#entry + 2] = 'shadow', decision
 end
 if #provenance > 0 then
   entry[#entry + 1], entry[#entry + 2] = 'prov', provenance

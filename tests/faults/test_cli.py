@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from irrev.cli import main
@@ -69,3 +71,10 @@ def test_every_crash_point_is_wired() -> None:
     source = "".join(p.read_text() for p in Path(gateway.__file__).parent.glob("*.py"))
     for point in POINTS:
         assert f'crash_point("{point}")' in source, point
+
+
+def test_list_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["faults", "--list", "--json", "--cells", "crash.*"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [c["cell"] for c in listed] == [c.name for c in select(CELLS, "crash.*", False)]
+    assert all(c["slow"] for c in listed)

@@ -36,6 +36,7 @@ from .servers import (
 
 WORKERS = 2
 UPSTREAM_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 1.0
 MAX_BODY_BYTES = 64 * 1024
 
 # The example's routes with the in-process deploy route compensable (a rollback
@@ -118,6 +119,16 @@ def _two_factor_orders() -> dict[str, Any]:
     return {"routes": data["routes"], "accounts": data["accounts"]}
 
 
+def _shadow_orders() -> dict[str, Any]:
+    """procurement with a tenant budget of 1 USD, and supplier orders (only) in shadow
+    mode: every order is a would-be denial, forwarded anyway; refunds are enforced."""
+    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+    for route in data["routes"]:
+        if route["route"] == "POST /orders":
+            route["mode"] = "shadow"
+    return {"routes": data["routes"], "accounts": _example_accounts(tenant={"limit": "1"})}
+
+
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "basics": ("procurement", {}),
@@ -134,6 +145,8 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # A short hold TTL, so that a hold's deadline passes within a test.
     "short-ttl": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
     "retry-race": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
+    "retry-claim": ("procurement", {}),
+    "retry-trace": ("procurement", {}),
     # Its supplier tool points at a port nobody listens on.
     "unreachable": (
         "procurement",
@@ -168,9 +181,18 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
         {"unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"}},
     ),
     "ops": ("procurement", {}),
+    # Shadow mode for the whole tenant, on a 2000 USD budget; and for one route.
+    "shadow": (
+        "procurement",
+        {"mode": "shadow", "accounts": _example_accounts(tenant={"limit": "2000"})},
+    ),
+    "shadow-route": ("procurement", _shadow_orders()),
     "dashboards": ("procurement", {}),
     # irrev/client.py and its LangChain adapter, as an agent uses them.
     "client": ("procurement", {}),
+    # The operator console in a browser (test_console.py).
+    "console": ("procurement", {}),
+    "console-resolve": ("procurement", {}),
 }
 
 
@@ -234,6 +256,7 @@ def gateway(
         IRREV_UPSTREAM_CONNECT_TIMEOUT_S="1",
         IRREV_FORWARD_MARGIN_S="0.5",
         IRREV_MAX_BODY_BYTES=str(MAX_BODY_BYTES),
+        IRREV_BODY_TIMEOUT_S=str(BODY_TIMEOUT_S),
         IRREV_SWEEP_INTERVAL_S="0.5",
     )
     server = Server("gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import subprocess
 from typing import Any
 
@@ -110,3 +112,37 @@ async def raw_request(
     status_line, *header_lines = head.decode("latin-1").split("\r\n")
     parsed = dict(line.split(": ", 1) for line in header_lines)
     return int(status_line.split()[1]), {k.lower(): v for k, v in parsed.items()}, rest
+
+
+async def trickled_request(
+    base_url: str, target: str, headers: dict[str, str], body: bytes, every_s: float = 0.2
+) -> tuple[int, dict[str, Any]]:
+    """A POST whose body a slow client sends one byte every `every_s` (a slow loris),
+    until the server answers: its status and JSON body."""
+    url = httpx.URL(base_url)
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+
+    async def trickle() -> None:
+        lines = [f"POST {target} HTTP/1.1", f"Host: {url.host}:{url.port}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        lines += [f"Content-Length: {len(body)}", "", ""]
+        with contextlib.suppress(ConnectionError):  # the server may answer and close
+            writer.write("\r\n".join(lines).encode("latin-1"))
+            for i in range(len(body)):
+                writer.write(body[i : i + 1])
+                await writer.drain()
+                await asyncio.sleep(every_s)
+
+    sending = asyncio.create_task(trickle())
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=30)
+        status_line, *header_lines = head.decode("latin-1").strip().split("\r\n")
+        parsed = {k.lower(): v for k, v in (line.split(": ", 1) for line in header_lines)}
+        content = await reader.readexactly(int(parsed["content-length"]))
+    finally:
+        sending.cancel()
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    payload: dict[str, Any] = json.loads(content)
+    return int(status_line.split()[1]), payload

@@ -54,6 +54,7 @@ class ToolInMemory:
     fates: list[Fate] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
     made: dict[str, bytes] = field(default_factory=dict)
+    resends: bool = True  # it deduplicates by the idempotency key, as `made` shows
 
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False

@@ -157,7 +157,9 @@ async def test_health_endpoints_name_no_tenant_to_strangers(
     assert ready.json() == {"status": "ready"}
     anonymous = (await http.get("/metrics")).text
     assert tenant.id not in anonymous and "tenant=" not in anonymous
-    assert 'irrev_decisions_total{decision="admit",reason="within_budget"}' in anonymous
+    assert (
+        'irrev_decisions_total{decision="admit",mode="enforce",reason="within_budget"}' in anonymous
+    )
     assert 'irrev_live_holds{state="pending"}' in anonymous
     as_admin = (await http.get("/metrics", headers=gateway.admin)).text
     assert f'tenant="{tenant.id}"' in as_admin

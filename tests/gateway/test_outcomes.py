@@ -121,6 +121,70 @@ async def test_5xx_is_ambiguous_and_a_retry_with_the_same_key_settles_it_once(
     assert (await supplier_stats(upstream, tenant))["orders"] == orders
 
 
+async def test_concurrent_retries_of_an_ambiguous_hold_send_it_once(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """16 repeats of an ambiguous key at once: one claims the retry and sends it; the
+    others are told it is in flight (or, once it settled, get its answer). Before the
+    claim each of them sent the effect again: 14 upstream calls for one hold."""
+    tenant = gateway.tenant("retry-claim")
+    await set_faults(upstream, tenant, status=503, apply=True, times=1)
+    headers = effect_headers(tenant, "buyer-01", "claimed")
+    first = await http.post("/tools/supplier/orders", json=order(quantity=5), headers=headers)
+    assert_problem(first, 502, "upstream_ambiguous")
+    hold = first.headers["x-irrev-hold"]
+    charged = used(await balances(http, gateway.admin, tenant))
+
+    # The supplier answers the retry slowly, so the other repeats arrive meanwhile.
+    await set_faults(upstream, tenant, repeat_delay_s=0.6, times=0)
+    repeats = await asyncio.gather(
+        *(
+            http.post("/tools/supplier/orders", json=order(quantity=5), headers=headers)
+            for _ in range(16)
+        )
+    )
+    stats = await supplier_stats(upstream, tenant)
+    assert stats["requests_by_key"][f"irrev-{hold}"] == 2  # the first send, one retry
+    assert stats["orders"] == 1
+    ok = [r for r in repeats if r.status_code == 201]
+    assert ok and len({r.json()["order_id"] for r in ok}) == 1
+    for response in repeats:
+        if response.status_code != 201:
+            body = assert_problem(response, 409, "in_flight")
+            assert body["hold"] == hold and int(response.headers["retry-after"]) >= 1
+            assert "Idempotency-Key" in body["detail"]
+    assert await hold_state(http, tenant, "buyer-01", hold) == "posted"
+    assert used(await balances(http, gateway.admin, tenant)) == charged
+
+
+async def test_a_retry_forwards_the_stored_request_whatever_trace_it_comes_in(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """Decided: what is sent again is the request as it was priced and stored, its
+    trace headers included; a retry's new `traceparent` neither conflicts with the key
+    (trace context is not part of the effect) nor replaces the stored one. (With
+    tracing on, the upstream's `traceparent` is the gateway's own span of the send.)"""
+    tenant = gateway.tenant("retry-trace")
+    await set_faults(upstream, tenant, status=503, apply=True, times=1)
+    headers = effect_headers(tenant, "buyer-01", "traced")
+    first_trace = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    retry_trace = "00-" + "c" * 32 + "-" + "d" * 16 + "-01"
+    first = await http.post(
+        "/tools/supplier/orders", json=order(), headers={**headers, "traceparent": first_trace}
+    )
+    assert_problem(first, 502, "upstream_ambiguous")
+    retry = await http.post(
+        "/tools/supplier/orders", json=order(), headers={**headers, "traceparent": retry_trace}
+    )
+    assert retry.status_code == 201, retry.text
+    seen = (await upstream.get(f"/_headers/{tenant.id}")).json()
+    received = [dict((k.lower(), v) for k, v in request) for request in seen]
+    sent = [r for r in received if "idempotency-key" in r]  # not the test's own _faults
+    assert len(sent) == 2
+    assert [s["traceparent"] for s in sent] == [first_trace, first_trace]
+    assert sent[0]["idempotency-key"] == sent[1]["idempotency-key"]
+
+
 async def test_reconcile_voids_a_not_found_order_only_after_the_hold_deadline(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:

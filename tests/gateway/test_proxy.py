@@ -23,6 +23,7 @@ from .helpers import (
     order,
     raw_request,
     supplier_stats,
+    trickled_request,
     used,
 )
 
@@ -39,8 +40,8 @@ async def test_health_ready_and_metrics(gateway: Gateway, http: httpx.AsyncClien
     assert metrics.status_code == 200
     text = metrics.text
     assert (
-        f'irrev_decisions_total{{decision="admit",reason="within_budget",tenant="{tenant.id}"}}'
-        in text
+        'irrev_decisions_total{decision="admit",mode="enforce",reason="within_budget",'
+        f'tenant="{tenant.id}"}}' in text
     )
     assert 'irrev_upstream_outcomes_total{fate="delivered",tool="supplier"}' in text
     assert f'irrev_live_holds{{state="pending",tenant="{tenant.id}"}}' in text
@@ -362,6 +363,38 @@ async def test_chunked_oversized_body_is_refused(gateway: Gateway, http: httpx.A
         },
     )
     assert_problem(response, 413, "body_too_large")
+
+
+async def test_a_body_field_the_route_does_not_list_is_refused(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """POST /orders lists its body fields: an unlisted one was forwarded unpriced."""
+    tenant = gateway.tenant("bad-input")
+    before = await balances(http, gateway.admin, tenant)
+    requests = (await supplier_stats(upstream, tenant))["requests"]
+    response = await http.post(
+        "/tools/supplier/orders",
+        json={**order(), "express": True},
+        headers=effect_headers(tenant, "buyer-01", "unlisted"),
+    )
+    body = assert_problem(response, 422, "undeclared_field")
+    assert body["field"] == "express"
+    assert await balances(http, gateway.admin, tenant) == before
+    assert (await supplier_stats(upstream, tenant))["requests"] == requests
+
+
+async def test_a_trickled_body_is_cut_off_and_debits_nothing(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """A slow loris: the body comes a byte at a time, far slower than
+    IRREV_BODY_TIMEOUT_S allows. Before, it held the worker for as long as it liked."""
+    tenant = gateway.tenant("bad-input")
+    before = await balances(http, gateway.admin, tenant)
+    headers = {**effect_headers(tenant, "buyer-01", "loris"), "Content-Type": "application/json"}
+    body = json.dumps(order()).encode()
+    status, problem = await trickled_request(gateway.url, "/tools/supplier/orders", headers, body)
+    assert (status, problem["reason"]) == (408, "body_timeout")
+    assert await balances(http, gateway.admin, tenant) == before
 
 
 async def test_budget_denial_names_the_numbers(gateway: Gateway, http: httpx.AsyncClient) -> None:

@@ -448,6 +448,10 @@ async def test_a_policy_admin_changes_its_policy_but_not_where_secrets_go(
     for change in (
         lambda data: data["tools"]["supplier"].update(upstream="http://127.0.0.1:9"),
         lambda data: data["tools"]["supplier"]["credentials"]["Authorization"].update(env="HOME"),
+        # Events, and a signature under any secret the gateway can read, would go there.
+        lambda data: data.update(
+            webhook={"url": "http://127.0.0.1:9/hooks", "secret": {"env": "HOME"}}
+        ),
     ):
         refused = await client.put(url, content=_upload_text(trusted, change), headers=policy_admin)
         assert_problem(refused, 403, "operator_only")

@@ -197,6 +197,11 @@ RAW: list[tuple[str, str, list[str]]] = [
         "reserve",
         ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "1", "", "0"],
     ),
+    (
+        "reserve-shadow",
+        "reserve",
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "1", "0", "0", "yes"],
+    ),
     ("post-float", "post", ["held", "0", "", "*", "1.5"]),
     ("post-extra", "post", ["held", "0", "", "*", "1", "2"]),
     ("post-stranger", "post", ["held", "0", "", "1", "agent:a", "1"]),
@@ -234,7 +239,7 @@ async def test_script_validates_before_writing(
     [
         (
             "reserve",
-            ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "1", "0", "0"],
+            ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "1", "0", "0", "0"],
         ),
         ("void", ["held", "0", ""]),
         ("post", ["held", "0", "", "*", "100"]),
@@ -278,7 +283,7 @@ def test_the_scripts_state_the_ledgers_bounds() -> None:
 
 def _raw_reserve(amounts: dict[str, int]) -> list[str]:
     pairs = [arg for account, amount in amounts.items() for arg in (account, str(amount))]
-    return ["k", "fp", "100", "0", "1", "0", "0", "", "", str(len(amounts)), *pairs, "0", "0"]
+    return ["k", "fp", "100", "0", "1", "0", "0", "", "", str(len(amounts)), *pairs, "0", "0", "0"]
 
 
 async def test_the_script_takes_the_largest_amount_and_refuses_one_more(

@@ -3,11 +3,13 @@ primary of a cluster), scripts on 6.2, loaded again wherever Redis lost them."""
 
 from __future__ import annotations
 
+from importlib.resources import files
+
 from redis.asyncio.cluster import RedisCluster
 
 from ledger.client import Ledger
 from ledger.records import HoldState, ReserveRequest
-from ledger.scripts import function_library, script_source
+from ledger.scripts import OPERATIONS, PLAIN_SCRIPTS, function_library, script_source
 
 from .conftest import open_accounts
 
@@ -58,3 +60,19 @@ def test_the_library_name_carries_its_version() -> None:
     # The 6.2 scripts carry only the helpers they name.
     assert "local function roll" not in script_source("retry")
     assert "local function roll" in script_source("post")
+
+
+def test_every_script_is_in_the_library_or_plain_on_purpose() -> None:
+    """A new .lua file must join the library (whose digest then versions it) or be
+    named a plain script: none is left out of both by accident."""
+    stems = {
+        entry.name.removesuffix(".lua")
+        for entry in files("ledger.lua").iterdir()
+        if entry.name.endswith(".lua") and entry.name != "_lib.lua"
+    }
+    assert stems == set(OPERATIONS) | set(PLAIN_SCRIPTS)
+    assert not set(OPERATIONS) & set(PLAIN_SCRIPTS)
+    library = function_library()
+    for operation in OPERATIONS:
+        body = files("ledger.lua").joinpath(f"{operation}.lua").read_text(encoding="utf-8")
+        assert body in library.code, operation  # so the library's version covers it

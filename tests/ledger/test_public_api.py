@@ -30,6 +30,12 @@ PUBLIC_API = {
     "free_ports",
     # one holder at a time of background work
     "Lease",
+    # what the server does to keep writes
+    "Durability",
+    # the fleet's versioned policies
+    "PolicyStore",
+    "PolicyRecord",
+    "PutResult",
     # records
     "AccountCheck",
     "AccountSpec",
@@ -42,6 +48,7 @@ PUBLIC_API = {
     "ReserveRequest",
     "ReserveResult",
     "RouteOutcomes",
+    "Rule",
     "Status",
     "SweepResult",
     "TenantSnapshot",

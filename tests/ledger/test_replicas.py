@@ -12,7 +12,7 @@ import pytest
 
 from irrev.localcluster import LocalCluster
 from ledger.client import Ledger
-from ledger.errors import BadInput
+from ledger.errors import BadInput, LedgerUnavailable, RedisFailure
 from ledger.keys import accounts_key
 from ledger.records import AccountSpec, HoldState
 
@@ -76,10 +76,18 @@ async def acknowledging_replicas(
         assert replay.replayed and replay.replicas == 0
         approved = await ledger.approve(tenant, "k2-later", "ops", ttl_ms=HOUR_MS)
         assert (approved.state, approved.replicas) == (HoldState.PENDING, 0)
+        # An overrun post and a limit decrease wait for the replicas too: lost in a
+        # failover, either would let the account be spent again.
+        overrun = await ledger.post(tenant, "k1", 300)
+        assert "overrun" in overrun.flags and overrun.replicas == 0
+        with pytest.raises(LedgerUnavailable) as refused:
+            await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 5_000, 5_000))
+        assert refused.value.cause is RedisFailure.NOT_REPLICATED
 
         await asyncio.to_thread(restore_replica)
         back = await ledger.reserve(tenant, "k5", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert back.replicas == 1
+        assert (await ledger.post(tenant, "k5", 100)).replicas == 1
         await ledger.redis.script_flush()  # what a restarted Redis has forgotten
         again = await ledger.reserve(tenant, "k6", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert (again.state, again.replicas) == (HoldState.PENDING, 1)

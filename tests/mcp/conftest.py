@@ -97,6 +97,10 @@ TENANTS: dict[str, dict[str, Any]] = {
     "escalate": {},
     "fleet": {"fleet": FLEET},
     "one-key": {},
+    # A repeat of an ambiguous call answers from the ledger: its server may not dedupe.
+    "retry-ledger": {"routes": "flaky-lookup"},
+    # Its procure server declares that it deduplicates: a repeat may be sent again.
+    "retry-dedupes": {"tools": {"procure": {"mcp": "", "dedupes": True}, "github": {"mcp": ""}}},
     "hostile": {},
     # Its MCP server is called "vault": a name the "hostile" tenant does not have.
     "hostile-other": {"rename": "vault"},
@@ -120,6 +124,17 @@ TENANTS: dict[str, dict[str, Any]] = {
         }
     },
 }
+
+
+def _flaky_with_lookup() -> list[dict[str, Any]]:
+    """The example's routes, flaky_order's with the reconciler's lookup tool."""
+    routes: list[dict[str, Any]] = yaml.safe_load((EXAMPLES / "mcp-fleet.yaml").read_text())[
+        "routes"
+    ]
+    for route in routes:
+        if route["route"] == "CALL procure/flaky_order":
+            route["lookup"] = "CALL procure/find_effect"
+    return routes
 
 
 def _renamed(server: str) -> dict[str, Any]:
@@ -164,6 +179,7 @@ def serve(root: Path, redis_url: str, policy_dir: Path, **settings: str) -> Gate
         "IRREV_UPSTREAM_CONNECT_TIMEOUT_S": "1",
         "IRREV_FORWARD_MARGIN_S": "0.5",
         "IRREV_SWEEP_INTERVAL_S": "0.5",
+        "IRREV_BODY_TIMEOUT_S": "1",
     }
     env = base_env(
         IRREV_REDIS_URL=redis_url,
@@ -194,6 +210,8 @@ def mcp_gateway(
         role = options.pop("admin_role", "approver")
         if "rename" in options:
             options = _renamed(options.pop("rename"))
+        if options.get("routes") == "flaky-lookup":
+            options["routes"] = _flaky_with_lookup()
         tenants[name] = write_mcp_policy(
             policy_dir, f"mcp-{name}-{run}", tool_server.url, fleet, role, **options
         )

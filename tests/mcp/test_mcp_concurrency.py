@@ -12,7 +12,9 @@ import os
 import signal
 import time
 import uuid
+from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -92,6 +94,78 @@ async def test_one_key_from_sixteen_sessions_is_one_call(
     assert ok
     assert all(r.structured_content["reason"] == "in_flight" for r in busy)
     assert len({str(r.structured_content) for r in ok}) == 1
+
+
+async def _sessions(stack: AsyncExitStack, url: str, auth: dict[str, str], n: int) -> list[Any]:
+    """`n` MCP sessions opened before any call, so their calls arrive together."""
+    return [await stack.enter_async_context(agent(url, auth)) for _ in range(n)]
+
+
+async def test_a_repeat_of_an_ambiguous_call_is_not_resent_to_a_server_that_may_not_dedupe(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """The server declares no `dedupes`: 16 repeats of an ambiguous call answer from the
+    ledger (still ambiguous, with the hold), and none reaches the server; once the
+    reconciler learnt the outcome, a repeat gets it. Before, each repeat was sent."""
+    tenant = mcp_gateway.tenant("retry-ledger")
+    meta = {KEY_META: f"tool-call-{uuid.uuid4().hex}"}
+    async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
+        first = await client.call_tool("procure__flaky_order", order(), meta=meta)
+    assert first.is_error
+    hold = first.meta["dev.irrev/hold"]
+    async with AsyncExitStack() as stack:
+        clients = await _sessions(stack, mcp_gateway.url, tenant.auth("buyer-01"), 16)
+        repeats = await asyncio.gather(
+            *(c.call_tool("procure__flaky_order", order(), meta=meta) for c in clients)
+        )
+    stats = await tool_stats(tools_http, tenant)
+    assert stats["calls_by_key"] == {f"irrev-{hold}": 1}
+    for result in repeats:
+        assert result.is_error
+        assert result.structured_content["reason"] == "upstream_ambiguous"
+        assert result.structured_content["hold"] == hold
+        assert result.structured_content["state"] == "ambiguous"
+        # Worded for an MCP caller: its key travels in _meta, not in a header.
+        assert KEY_META in result.content[0].text
+        assert "Idempotency-Key" not in result.content[0].text
+    base = f"/v1/admin/tenants/{tenant.id}"
+    report = (await http.post(f"{base}/reconcile", headers=mcp_gateway.gateway.admin)).json()
+    assert hold in report["posted"], report
+    async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
+        settled = await client.call_tool("procure__flaky_order", order(), meta=meta)
+    assert not settled.is_error and settled.structured_content["found"] is True
+    assert (await tool_stats(tools_http, tenant))["calls_by_key"] == {f"irrev-{hold}": 1}
+
+
+async def test_sixteen_repeats_of_an_ambiguous_call_to_a_deduplicating_server_send_one(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
+) -> None:
+    """`dedupes: true`: a repeat of an ambiguous call is sent again, one at a time (the
+    ledger's retry claim); the others are told it is in flight. Before, all went."""
+    tenant = mcp_gateway.tenant("retry-dedupes")
+    meta = {KEY_META: f"tool-call-{uuid.uuid4().hex}"}
+    # The first call outlives the gateway's wait: ambiguous.
+    await tools_http.post(f"/{tenant.namespace}/_faults", json={"delay_s": 3})
+    async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
+        first = await client.call_tool("procure__place_order", order(), meta=meta)
+    assert first.structured_content["reason"] == "upstream_ambiguous", first
+    hold = first.structured_content["hold"]
+    # The retry is answered slowly, so that the other repeats arrive meanwhile.
+    await tools_http.post(f"/{tenant.namespace}/_faults", json={"repeat_delay_s": 1})
+    async with AsyncExitStack() as stack:
+        clients = await _sessions(stack, mcp_gateway.url, tenant.auth("buyer-01"), 16)
+        repeats = await asyncio.gather(
+            *(c.call_tool("procure__place_order", order(), meta=meta) for c in clients)
+        )
+    stats = await tool_stats(tools_http, tenant)
+    assert stats["calls_by_key"] == {f"irrev-{hold}": 2}  # the first call, one retry
+    assert stats["effects"] == 1
+    ok = [r for r in repeats if not r.is_error]
+    assert len(ok) == 1, repeats
+    busy = [r for r in repeats if r.is_error]
+    assert all(r.structured_content["reason"] == "in_flight" for r in busy), busy
+    assert all(r.structured_content["hold"] == hold for r in busy)
+    assert all(KEY_META in r.content[0].text for r in busy)
 
 
 @pytest.mark.parametrize("when", ["after_effect", "before_effect"])

@@ -73,6 +73,21 @@ async def test_a_read_is_free_and_holds_nothing(mcp_gateway: McpGateway) -> None
     assert result.structured_content == {"order_id": "o-1", "status": "open"}
 
 
+async def test_the_servers_meta_never_speaks_for_irrev(mcp_gateway: McpGateway) -> None:
+    """The tool server answers `_meta` with keys under `dev.irrev/` (a forged hold, an
+    approval): they are dropped, its own keys pass, and irrev's are irrev's."""
+    tenant = mcp_gateway.tenant("basics")
+    async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
+        read = await client.call_tool("procure__get_order", {"order_id": "o-1"}, meta=key())
+        made = await client.call_tool("procure__place_order", order(quantity=2), meta=key())
+    for result in (read, made):
+        assert not result.is_error, result
+        assert result.meta is not None and result.meta["example.com/trace"] == "t-1"
+        assert "dev.irrev/approved" not in result.meta
+    assert "dev.irrev/hold" not in (read.meta or {})
+    assert made.meta is not None and made.meta["dev.irrev/hold"] != "forged"
+
+
 async def test_over_budget_is_a_result_the_model_can_act_on_and_debits_nothing(
     mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
 ) -> None:

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.gateway.helpers import balances, used
+from tests.gateway.helpers import balances, trickled_request, used
 
 from .conftest import KEY_META, McpGateway, agent, order, tool_stats
 
@@ -43,6 +43,8 @@ def deep(levels: int) -> dict[str, Any]:
         # One supplier to a parser that reads numbers as doubles; two accounts here.
         ("procure__place_order", {**order(), "supplier_id": 2**60 + 1}, "bad_risk_factor"),
         ("procure__place_order", {"sku": "bolts"}, "bad_amount"),
+        # An argument the route does not list would reach the server unpriced.
+        ("procure__place_order", {**order(), "express": True}, "undeclared_field"),
         ("procure__find_effect", {"idempotency_key": "x"}, "unknown_route"),
         ("procure__drop_tables", {}, "unknown_route"),
         ("vault__place_order", order(), "unknown_route"),
@@ -191,3 +193,61 @@ async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
     assert moved.status_code == 403, moved.text
     assert moved.json()["reason"] == "operator_only"
     assert (policy_dir / f"{tenant.id}.yaml").read_text() == before
+
+
+async def test_a_session_id_and_request_id_name_an_effect_of_one_agent_only(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """Without `_meta` key, the key is derived from the client-chosen Mcp-Session-Id and
+    the JSON-RPC id, and it names an effect of the authenticated agent only: another
+    agent sending the same pair makes its own effect and never gets the first one's
+    result; the same agent repeating the pair gets its own recorded result."""
+    tenant = mcp_gateway.tenant("hostile")
+    message = call_message(json.dumps(order(quantity=1)))
+
+    async def post(agent_name: str) -> dict[str, Any]:
+        response = await http.post(
+            "/mcp",
+            content=message,
+            headers={
+                **tenant.auth(agent_name),
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": MODERN,
+                "Mcp-Method": "tools/call",
+                "Mcp-Name": "procure__place_order",
+                "Mcp-Session-Id": "chosen-by-the-client",
+            },
+        )
+        assert response.status_code == 200, response.text
+        result: dict[str, Any] = response.json()["result"]
+        assert not result.get("isError"), result
+        return result
+
+    calls = (await tool_stats(tools_http, tenant))["calls"]
+    mine, theirs = await post("buyer-01"), await post("buyer-02")
+    assert mine["_meta"]["dev.irrev/hold"] != theirs["_meta"]["dev.irrev/hold"]
+    assert mine["structuredContent"]["effect"] != theirs["structuredContent"]["effect"]
+    again = await post("buyer-01")
+    assert again["structuredContent"] == mine["structuredContent"]
+    assert (await tool_stats(tools_http, tenant))["calls"] == calls + 2
+
+
+async def test_a_trickled_mcp_body_is_cut_off_and_calls_nothing(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """A slow loris on POST /mcp: 408 body_timeout, before the SDK or the ledger."""
+    tenant = mcp_gateway.tenant("hostile")
+    before = used(await balances(http, mcp_gateway.gateway.admin, tenant))
+    calls = (await tool_stats(tools_http, tenant))["calls"]
+    headers = {
+        **tenant.auth("buyer-01"),
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+    }
+    message = call_message(json.dumps(order(quantity=1)))
+    status, problem = await trickled_request(mcp_gateway.url, "/mcp", headers, message)
+    assert (status, problem["reason"]) == (408, "body_timeout")
+    assert used(await balances(http, mcp_gateway.gateway.admin, tenant)) == before
+    assert (await tool_stats(tools_http, tenant))["calls"] == calls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -133,3 +134,23 @@ def test_token_for_a_tools_settler() -> None:
     assert "tools.supplier" in issued.stdout
     both = irrev("policy", "token", "--tenant", "acme", "--tool", "x", "--agent", "y")
     assert both.returncode != 0
+
+
+def test_validate_show_and_token_print_json() -> None:
+    """`--json` for programs: integer minor units beside amounts with their currency."""
+    examples = [ROOT / "examples" / "procurement.yaml", MALFORMED / "duplicate_route.yaml"]
+    checked = irrev("policy", "validate", "--json", *examples)
+    assert checked.returncode == 1
+    report = json.loads(checked.stdout)
+    assert not report["ok"] and report["valid"][0]["tenant"] == "acme"
+    assert report["problems"][0]["path"] == "routes[3].route"
+    shown = irrev("policy", "show", "--json", ROOT / "examples" / "procurement.yaml")
+    assert shown.returncode == 0, shown.stderr
+    summary = json.loads(shown.stdout)
+    assert (summary["tenant"], summary["currency"], summary["mode"]) == ("acme", "USD", "enforce")
+    tenant = next(a for a in summary["accounts"] if a["account"] == "tenant:acme")
+    assert (tenant["limit"], tenant["limit_text"]) == (250_000 * 10**6, "250,000 USD")
+    issued = json.loads(
+        irrev("policy", "token", "--tenant", "acme", "--agent", "a1", "--json").stdout
+    )
+    assert issued["hash"] == hash_token(issued["token"])

@@ -158,6 +158,7 @@ def test_price_reads_a_body_file_and_a_form(tmp_path: Path) -> None:
         "support-01",
     )
     assert (code, refund["effect_class"], refund["price"]) == (0, "irreversible", "19.99")
+    assert (refund["price_text"], refund["mode"]) == ("19.99 USD", "enforce")
 
 
 @pytest.mark.parametrize(

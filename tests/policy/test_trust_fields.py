@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gateway.credentials import resolve_credentials, webhook_secret
 from pricing import (
     PolicyError,
     RouteNotAllowed,
@@ -44,6 +45,24 @@ CASES: list[Any] = [
         "tools.shop.credentials.X-Key.file",
         "wrong form",
         id="credential-file-not-absolute",
+    ),
+    pytest.param(
+        set_path("webhook", value={"url": "https://hooks.example.com/x", "secret": {}}),
+        "webhook.secret",
+        "exactly one of env",
+        id="webhook-secret-without-source",
+    ),
+    pytest.param(
+        set_path("webhook", value={"url": "https://h.example/x", "secret": {"env": "IRREV_X"}}),
+        "webhook.secret",
+        "IRREV_",
+        id="webhook-secret-from-gateway-settings",
+    ),
+    pytest.param(
+        set_path("webhook", value={"url": "ftp://h.example/x", "secret": {"env": "S"}}),
+        "webhook.url",
+        "",
+        id="webhook-url-not-http",
     ),
     pytest.param(
         set_path(*SHOP, "credentials", value={"Content-Length": {"env": "A"}}),
@@ -171,3 +190,19 @@ def test_defaults_pass_trace_context_and_accept_and_treat_409_as_in_progress() -
     tool = policy.document.tools["shop"]
     assert policy.catalog.forwarded_headers["shop"] == {"traceparent", "tracestate", "accept"}
     assert tool.in_progress_statuses == [409]
+
+
+def test_a_webhook_secret_is_read_at_load_and_never_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    doc = base()
+    doc["webhook"] = {"url": "https://hooks.example.com/irrev", "secret": {"env": "HOOK_SECRET"}}
+    policy = load_policy_data(doc, "p.yaml")
+    monkeypatch.delenv("HOOK_SECRET", raising=False)
+    with pytest.raises(PolicyError) as caught:
+        resolve_credentials(policy)
+    assert "'HOOK_SECRET' is not set" in str(caught.value)
+    monkeypatch.setenv("HOOK_SECRET", "whsec-very-secret-value")
+    resolve_credentials(policy)
+    assert webhook_secret(policy) == b"whsec-very-secret-value"
+    assert "whsec" not in policy.document.model_dump_json()

@@ -34,7 +34,8 @@ from pricing import (
     quantile_lgd,
     round_up,
 )
-from pricing.errors import BadQuery, PolicyError
+from pricing.catalog import check_effect_body
+from pricing.errors import BadQuery, PolicyError, UndeclaredField
 from pricing.policy import UnknownRouteAction
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -138,6 +139,19 @@ def test_missing_face_field_and_non_object_body() -> None:
         price_order(body)
     with pytest.raises(BadAmount, match="missing"):
         price_order([1, 2])
+
+
+def test_a_route_declaring_its_body_takes_no_other_field() -> None:
+    """Unpriced fields were forwarded: a second amount, an `express: true` surcharge."""
+    with pytest.raises(UndeclaredField, match="'express': is not a field of this route"):
+        price_order(order(express=True))
+    declared = frozenset({"item.sku", "item.qty", "note"})
+    check_effect_body({"item": {"sku": "a", "qty": 1}, "note": {"any": ["thing"]}}, declared)
+    with pytest.raises(UndeclaredField, match=r"'item\.price'"):
+        check_effect_body({"item": {"sku": "a", "price": 0}}, declared)
+    with pytest.raises(UndeclaredField, match="'item'"):
+        check_effect_body({"item": "not an object"}, declared)
+    check_effect_body({"anything": 1}, frozenset())  # declares none: not checked
 
 
 @pytest.mark.parametrize(

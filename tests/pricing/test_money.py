@@ -8,6 +8,7 @@ import pytest
 
 from pricing import MAX_MICROS, AmountError, major_to_minor, minor_to_major_text
 from pricing.money import product_to_minor, to_decimal
+from pricing.policy import _to_ms
 
 USD = 10**6
 
@@ -40,6 +41,10 @@ def test_major_to_minor(value: object, micros: int) -> None:
         pytest.param(" 5", "plain", id="whitespace"),
         pytest.param("-5", "plain", id="negative-string"),
         pytest.param(None, "NoneType", id="null"),
+        # Python's \d and Decimal() take any Unicode digit; an upstream reads ASCII.
+        pytest.param("\u0661\u0662", "plain", id="arabic-indic-digits"),
+        pytest.param("1.\u0665", "plain", id="arabic-indic-fraction"),
+        pytest.param("\uff11\uff10", "plain", id="fullwidth-digits"),
         pytest.param(9_007_199_255, "maximum", id="above-2-53"),
     ],
 )
@@ -65,3 +70,9 @@ def test_display_form() -> None:
     assert minor_to_major_text(12_500_000, USD) == "12.5"
     assert minor_to_major_text(250_000 * USD, USD) == "250000"
     assert minor_to_major_text(1, 100) == "0.01"
+
+
+@pytest.mark.parametrize("written", ["\u0662h", "1\u0660m", "\uff15s"])
+def test_a_policy_duration_takes_ascii_digits_only(written: str) -> None:
+    with pytest.raises(ValueError, match="whole number with a unit"):
+        _to_ms(written)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 from gateway.mcp_upstream import KEY_META
 from gateway.wire import hold_id_for, upstream_key
 from irrev.harness import Server, TenantPolicy
+from irrev.stack import mcp_tools_server
 from ledger import audit_tenant
 
 from ..bench import BenchSpec, Run
@@ -63,10 +62,9 @@ class Tools:
 
 
 def start_tools(state: Path, log: Path, port: int = 0) -> Tools:
-    server = Server("mcp tools", [], {**os.environ, "MCP_TOOL_STATE": str(state)}, log)
-    server.port = port or server.port
-    server.argv = [sys.executable, "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"]
-    server.argv += ["--host", "127.0.0.1", "--port", str(server.port), "--log-level", "warning"]
+    """The server `irrev.stack` runs for the bench and the demo, started here so that
+    the cell can SIGKILL it and start it again on its port and state."""
+    server = mcp_tools_server(state, port, log)
     server.start("/ready")
     return Tools(server, state)
 

@@ -1,0 +1,575 @@
+// The irrev operator console. Everything it shows comes from the gateway's admin API,
+// called with the token the operator signs in with (kept in this tab's
+// sessionStorage only); the page holds no authority of its own. It is served with a
+// Content-Security-Policy that allows only this script and its stylesheet, so it
+// builds every node with the DOM API, never from HTML strings.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  token: sessionStorage.getItem("irrev-admin") || "",
+  tenant: sessionStorage.getItem("irrev-tenant") || "",
+  unit: { currency: "", scale: 1 },
+  skewMs: 0, // the gateway's clock minus this browser's, from each answer's Date header
+  timer: null,
+  running: null,
+  cursor: null,
+  decisions: [],
+  unresolved: {}, // hold -> why the last reconciliation left it
+  allAccounts: false,
+  updated: "", // the time of the last refresh that worked
+};
+const DECISIONS_KEPT = 60;
+// Accounts listed before "show all": the ones an operator must watch come first.
+const ACCOUNTS_SHOWN = 15;
+const FEED_LOOKBACK_MS = 60 * 60 * 1000;
+const FEED_PAGES_PER_REFRESH = 20;
+// A request the gateway has not answered by then is abandoned (and the refresh retried
+// on schedule), so one lost answer never stalls the page.
+const REQUEST_TIMEOUT_MS = 20000;
+
+class ApiError extends Error {
+  constructor(status, body) {
+    super((body && (body.detail || body.title)) || `HTTP ${status}`);
+    this.status = status;
+    this.reason = body && body.reason;
+  }
+}
+
+async function api(path, { method = "GET", body } = {}) {
+  const headers = { Authorization: "Bearer " + state.token };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  let response;
+  try {
+    response = await fetch(path, {
+      method, headers, cache: "no-store", signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (e) {
+    throw new ApiError(0, { detail: e.name === "TimeoutError" ? "the gateway did not answer in time" : `the gateway is unreachable (${e.message})` });
+  }
+  const date = Date.parse(response.headers.get("Date") || "");
+  if (!Number.isNaN(date)) state.skewMs = date - Date.now();
+  const text = await response.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { data = { detail: text }; }
+  if (!response.ok) throw new ApiError(response.status, data);
+  return { status: response.status, data };
+}
+
+const serverNow = () => Date.now() + state.skewMs;
+
+// --- formatting -------------------------------------------------------------------
+
+// Minor units (integers, possibly past 2^53 in principle) to "1,234.5 USD", digit for
+// digit as the gateway's pricing.money.money_text writes them.
+function money(minor, unit = state.unit) {
+  if (minor === null || minor === undefined || minor === "") return "";
+  let n;
+  try { n = BigInt(minor); } catch { return String(minor); }
+  const scale = BigInt(unit.scale || 1);
+  const negative = n < 0n;
+  if (negative) n = -n;
+  const whole = (n / scale).toString().replace(/\B(?=(\d{3})+(?!\d))/g, ",");
+  let fraction = "";
+  if (n % scale) {
+    const digits = String(unit.scale || 1).length - 1;
+    fraction = "." + (n % scale).toString().padStart(digits, "0").replace(/0+$/, "");
+  }
+  return `${negative ? "-" : ""}${whole}${fraction}${unit.currency ? " " + unit.currency : ""}`;
+}
+
+// The gateway's own formatted text where it gives one (`price_text` beside `price`).
+const moneyOf = (item, field) => item[field + "_text"] ?? money(item[field]);
+
+function duration(ms) {
+  if (ms === null || Number.isNaN(ms)) return "—";
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 60) return `${s}s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+// A time from the API: an RFC 3339 string, or milliseconds since the epoch.
+function timeMs(value) {
+  if (value === null || value === undefined || value === "") return null;
+  if (typeof value === "number") return value;
+  const parsed = Date.parse(value);
+  return Number.isNaN(parsed) ? null : parsed;
+}
+
+const clock = (ms) => new Date(ms).toLocaleTimeString(undefined, { hour12: false });
+const percent = (ratio) => ratio === Infinity ? "over" : (100 * ratio).toFixed(1) + "%";
+
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (key === "data") Object.assign(node.dataset, value);
+    else node[key] = value;
+  }
+  node.append(...children.filter((c) => c !== null && c !== undefined));
+  return node;
+}
+
+// What the operator's last action did: a success replaces an error and vice versa;
+// the auto-refresh never clears it (it would, before anyone could read it).
+function flash(message, isError = false) {
+  $("flash").textContent = isError ? "" : message;
+  $("flash").hidden = isError || !message;
+  $("error").textContent = isError ? message : "";
+  $("error").hidden = !isError || !message;
+}
+
+// Whether the page is current: a failed refresh says so where the time of the last
+// good one is shown, and the page keeps what it last drew.
+function status(message, isError) {
+  $("updated").textContent = message;
+  $("updated").classList.toggle("stale", isError);
+}
+
+// --- sign in ----------------------------------------------------------------------
+
+async function signIn(event) {
+  event.preventDefault();
+  state.token = $("token").value.trim();
+  $("login-error").textContent = "";
+  try {
+    await loadTenants();
+  } catch (e) {
+    $("login-error").textContent = e.status === 401 || e.status === 403
+      ? "This token is not an admin token of this gateway." : `Sign-in failed: ${e.message}`;
+    return;
+  }
+  sessionStorage.setItem("irrev-admin", state.token);
+  $("token").value = "";
+  showApp(true);
+  refresh();
+}
+
+function signOut() {
+  sessionStorage.removeItem("irrev-admin");
+  state.token = "";
+  clearTimeout(state.timer);
+  showApp(false);
+}
+
+function showApp(on) {
+  $("login").hidden = on;
+  $("app").hidden = !on;
+  $("controls").hidden = !on;
+}
+
+async function loadTenants() {
+  const { data } = await api("/v1/admin/tenants");
+  const select = $("tenant");
+  select.replaceChildren(...data.map((t) => new Option(t.tenant, t.tenant)));
+  if (data.some((t) => t.tenant === state.tenant)) select.value = state.tenant;
+  state.tenant = select.value;
+}
+
+function chooseTenant() {
+  state.tenant = $("tenant").value;
+  sessionStorage.setItem("irrev-tenant", state.tenant);
+  state.cursor = null;
+  state.decisions = [];
+  state.unresolved = {};
+  flash("");
+  refresh(true);
+}
+
+// --- the refresh loop ---------------------------------------------------------------
+
+function schedule() {
+  clearTimeout(state.timer);
+  const seconds = Number($("interval").value);
+  if (seconds > 0 && state.token) state.timer = setTimeout(refresh, seconds * 1000);
+}
+
+// One refresh at a time. A refresh asked for while one runs waits for it; with
+// `again` (the tenant changed, or an action was taken) another follows it at once.
+async function refresh(again = false) {
+  if (state.running) {
+    if (!again) return state.running;
+    await state.running;
+    return refresh();
+  }
+  state.running = (async () => {
+    try {
+      await load();
+      state.updated = clock(Date.now());
+      status("updated " + state.updated, false);
+    } catch (e) {
+      if (e.status === 401) {
+        signOut();
+        $("login-error").textContent = "The gateway no longer accepts this token; sign in again.";
+        return;
+      }
+      status(`not updated since ${state.updated || "sign-in"}: ${e.message}`, true);
+    } finally {
+      state.running = null;
+      schedule();
+    }
+  })();
+  return state.running;
+}
+
+async function load() {
+  const tenant = state.tenant;
+  const t = encodeURIComponent(tenant);
+  const [policy, balances, escalations, ambiguous] = await Promise.all([
+    api(`/v1/admin/tenants/${t}/policy`),
+    api(`/v1/admin/tenants/${t}/balances`),
+    api(`/v1/admin/tenants/${t}/escalations`),
+    api(`/v1/admin/tenants/${t}/holds?state=ambiguous`).then((r) => details(t, r.data)),
+  ]);
+  if (tenant !== state.tenant) return; // chosen away meanwhile: the next refresh draws it
+  state.unit = policy.data.risk_unit || state.unit;
+  await loadDecisions(tenant);
+  if (tenant !== state.tenant) return;
+  renderSummary(balances.data, escalations.data, ambiguous);
+  renderBalances(balances.data);
+  renderEscalations(escalations.data);
+  renderAmbiguous(ambiguous);
+  renderDecisions();
+}
+
+// The list of ambiguous holds says little; each hold by id tells who, what and why.
+// Few are ever ambiguous at once, and past AMBIGUOUS_DETAILED only the list is shown.
+const AMBIGUOUS_DETAILED = 50;
+async function details(t, holds) {
+  return Promise.all(holds.map((h, i) => i >= AMBIGUOUS_DETAILED ? h
+    : api(`/v1/admin/tenants/${t}/holds/${encodeURIComponent(h.hold)}`).then((r) => r.data, () => h)));
+}
+
+// --- utilisation ------------------------------------------------------------------
+
+const used = (b) => (b.pending || 0) + (b.posted || 0);
+// A live raise_limit rule lifts an account's limit and soft limit by `raised` for a
+// while: utilisation is measured against the limit in force.
+const limitOf = (b) => b.effective_limit ?? b.limit;
+const utilisation = (b) => limitOf(b) > 0 ? used(b) / limitOf(b) : (used(b) > 0 ? Infinity : 0);
+const softRatio = (b) => limitOf(b) > 0 && b.soft_limit ? (b.soft_limit + (b.raised || 0)) / limitOf(b) : null;
+
+function bar(b) {
+  const ratio = utilisation(b);
+  const soft = softRatio(b);
+  const level = ratio >= 1 ? "over" : soft !== null && ratio >= soft ? "soft" : "ok";
+  const fill = el("div", { className: "fill " + level });
+  fill.style.width = Math.min(100, 100 * ratio) + "%";
+  const track = el("div", { className: "track", title: `${percent(ratio)} of the limit` }, fill);
+  if (soft !== null) {
+    const mark = el("div", { className: "soft-mark", title: `soft band from ${percent(soft)}` });
+    mark.style.left = 100 * soft + "%";
+    track.append(mark);
+  }
+  return el("div", { className: "bar" }, track, el("span", { className: "pct " + level }, percent(ratio)));
+}
+
+function renderBalances(rows) {
+  // Agents' accounts that hold nothing are only counted: a fleet has hundreds.
+  const idle = rows.filter((b) => b.account.startsWith("agent:") && !used(b));
+  const busy = rows.filter((b) => !idle.includes(b))
+    .sort((a, b) => utilisation(b) - utilisation(a) || a.account.localeCompare(b.account));
+  const shown = state.allAccounts ? busy : busy.slice(0, ACCOUNTS_SHOWN);
+  $("balances").tBodies[0].replaceChildren(...shown.map((b) => {
+    const [kind, ...name] = b.account.split(":");
+    return el("tr", { data: { account: b.account } },
+      el("td", { className: "account" }, el("span", { className: "kind " + kind }, kind), " ", name.join(":")),
+      el("td", { className: "barcol" }, bar(b)),
+      el("td", { className: "num used" }, money(used(b))),
+      el("td", { className: "num pending" }, moneyOf(b, "pending")),
+      el("td", { className: "num posted" }, moneyOf(b, "posted")),
+      el("td", { className: "num available" + (b.available < 0 ? " negative" : "") }, moneyOf(b, "available")),
+      el("td", { className: "num limit" }, money(limitOf(b)),
+        b.raised ? el("div", { className: "muted" }, `raised by ${money(b.raised)} for now`) : null));
+  }));
+  const hidden = busy.length - shown.length;
+  $("idle").textContent = [hidden ? `${hidden} accounts further from their limit are not shown.` : "",
+    idle.length ? `${idle.length} agent accounts hold nothing.` : ""].join(" ");
+  $("all-accounts").hidden = busy.length <= ACCOUNTS_SHOWN;
+  $("all-accounts").textContent = state.allAccounts ? "Show the closest only" : `Show all ${busy.length}`;
+}
+
+// --- summary tiles ----------------------------------------------------------------
+
+function renderSummary(balances, escalations, ambiguous) {
+  const tenantRow = balances.find((b) => b.account.startsWith("tenant:"));
+  const lefts = escalations.map(timeLeft);
+  const tiles = [
+    ["tenant budget", tenantRow ? percent(utilisation(tenantRow)) : "—",
+      tenantRow ? `${money(used(tenantRow))} of ${money(limitOf(tenantRow))}` : ""],
+    ["waiting for a human", String(escalations.length),
+      lefts.length ? `next expires in ${duration(Math.min(...lefts))}` : "queue empty"],
+    ["ambiguous holds", String(ambiguous.length), ambiguous.length ? "charged until resolved" : ""],
+  ];
+  $("summary").replaceChildren(...tiles.map(([label, value, note]) =>
+    el("div", { className: "tile" }, el("div", { className: "label" }, label),
+      el("div", { className: "value" }, value), el("div", { className: "muted" }, note))));
+}
+
+// --- escalations ------------------------------------------------------------------
+
+const timeLeft = (e) => timeMs(e.deadline_at) - serverNow();
+const age = (e) => serverNow() - timeMs(e.created_at);
+
+// Which account's soft band or approval threshold sent it here, and how full that
+// account would be once approved; or the route's own threshold.
+function tripped(e) {
+  const t = e.tripped || {};
+  const cause = el("div", { className: "muted" }, (e.reason || "").replace(/_/g, " "));
+  if (!t.account) {
+    return el("span", {}, el("div", {}, "route threshold"),
+      el("div", { className: "muted" }, `above ${t.threshold_text || ""}`), cause);
+  }
+  const ratio = t.utilisation === null || t.utilisation === undefined ? null : Number(t.utilisation);
+  return el("span", {}, el("div", { className: "mono" }, t.account),
+    ratio === null ? null : el("div", { className: ratio >= 1 ? "urgent" : "" }, `${percent(ratio)} once approved`),
+    el("div", { className: "muted" }, `${t.used_text} of ${t.limit_text} used`), cause);
+}
+
+function requestCell(e) {
+  if (!e.body) return el("span", { className: "muted" }, "—");
+  return el("details", {}, el("summary", {}, "body"), el("pre", {}, e.body));
+}
+
+function decisionCell(e) {
+  const reason = el("input", {
+    type: "text", className: "reason", placeholder: "reason (to the agent and the journal)",
+    maxLength: 500,
+  });
+  const approve = el("button", { type: "button", className: "approve" }, "Approve");
+  const reject = el("button", { type: "button", className: "reject" }, "Reject");
+  approve.addEventListener("click", () => decide(e.escalation, "approve", reason, [approve, reject]));
+  reject.addEventListener("click", () => decide(e.escalation, "reject", reason, [approve, reject]));
+  return el("div", { className: "decide" }, reason, approve, reject);
+}
+
+function escalationCells(e) {
+  const left = timeLeft(e);
+  return [
+    el("td", { className: "when" }, el("div", {}, duration(age(e)) + " ago"),
+      el("div", { className: left < 60000 ? "urgent" : "muted" },
+        left > 0 ? `${duration(left)} left` : "expiring")),
+    el("td", { className: "who" }, el("div", {}, e.agent || ""),
+      el("div", { className: "muted" }, e.principal || "")),
+    el("td", { className: "route mono" }, e.route || ""),
+    el("td", { className: "num face" }, moneyOf(e, "face_value")),
+    el("td", { className: "num price" }, moneyOf(e, "price")),
+    el("td", { className: "tripped" }, tripped(e)),
+    el("td", { className: "request" }, requestCell(e)),
+  ];
+}
+
+// A kept row's cells before its decision cell are replaced; the decision cell (and an
+// input in it that has the focus) is never detached, which would blur it.
+function redraw(tr, cells) {
+  const decision = tr.querySelector("td.decision");
+  while (tr.firstChild !== decision) tr.firstChild.remove();
+  decision.before(...cells);
+}
+
+// Puts `rows` in this order, moving only rows that are out of place.
+function place(tbody, rows) {
+  rows.forEach((tr, i) => {
+    if (tbody.rows[i] !== tr) tbody.insertBefore(tr, tbody.rows[i] || null);
+  });
+  while (tbody.rows.length > rows.length) tbody.rows[rows.length].remove();
+}
+
+// Rows are kept by escalation id across refreshes, so that a reason being typed (and
+// the focus) survives the auto-refresh; only the context cells are redrawn.
+function renderEscalations(items) {
+  const tbody = $("escalations").tBodies[0];
+  const existing = new Map([...tbody.rows].map((tr) => [tr.dataset.escalation, tr]));
+  items.sort((a, b) => timeLeft(a) - timeLeft(b));
+  const rows = items.map((e) => {
+    let tr = existing.get(e.escalation);
+    if (!tr) {
+      tr = el("tr", { data: { escalation: e.escalation } }, el("td", { className: "decision" }, decisionCell(e)));
+    }
+    redraw(tr, escalationCells(e));
+    return tr;
+  });
+  place(tbody, rows);
+  $("escalation-count").textContent = items.length ? String(items.length) : "";
+  document.querySelector('.empty[data-for="escalations"]').hidden = items.length > 0;
+}
+
+async function decide(escalation, verb, reasonInput, buttons) {
+  const reason = reasonInput.value.trim();
+  buttons.forEach((b) => { b.disabled = true; });
+  try {
+    const { status, data } = await api(`/v1/escalations/${encodeURIComponent(escalation)}/${verb}`, {
+      method: "POST", body: reason ? { reason } : {},
+    });
+    const outcome = verb === "reject" ? "rejected"
+      : data && data.status === "approved" ? "approved (the in-process tool acts on it)"
+      : `approved; the tool API answered ${status}`;
+    flash(`${escalation}: ${outcome}${reason ? ` — “${reason}”` : ""}`);
+  } catch (e) {
+    // An answer without a reason code is the tool API's own: the approval went through
+    // and the tool refused or failed, which the agent is told too.
+    const message = verb === "approve" && e.status && !e.reason
+      ? `approved; the tool API answered ${e.status}` : e.message;
+    flash(`${verb} ${escalation}: ${message}`, true);
+    buttons.forEach((b) => { b.disabled = false; });
+  }
+  await refresh(true);
+}
+
+// --- ambiguous holds ----------------------------------------------------------------
+
+function charged(h) {
+  if (h.price !== undefined) return moneyOf(h, "price");
+  const amounts = h.amounts || {};
+  const tenantAccount = Object.keys(amounts).find((a) => a.startsWith("tenant:"));
+  return tenantAccount ? money(amounts[tenantAccount]) : "";
+}
+
+function resolveCell(h) {
+  const reason = el("input", {
+    type: "text", className: "reason", placeholder: "reason (required)", maxLength: 500,
+  });
+  const posted = el("button", { type: "button", className: "posted" }, "It happened: post");
+  const voided = el("button", { type: "button", className: "voided" }, "It did not: void");
+  posted.addEventListener("click", () => resolve(h.hold, "posted", reason, [posted, voided]));
+  voided.addEventListener("click", () => resolve(h.hold, "voided", reason, [posted, voided]));
+  return el("div", { className: "decide" }, reason, posted, voided);
+}
+
+function renderAmbiguous(holds) {
+  const tbody = $("ambiguous").tBodies[0];
+  const empty = document.querySelector('.empty[data-for="ambiguous"]');
+  const existing = new Map([...tbody.rows].map((tr) => [tr.dataset.hold, tr]));
+  const rows = holds.map((h) => {
+    let tr = existing.get(h.hold);
+    if (!tr) tr = el("tr", { data: { hold: h.hold } }, el("td", { className: "decision" }, resolveCell(h)));
+    const since = timeMs(h.created_at);
+    const left = state.unresolved[h.hold];
+    redraw(tr, [
+      el("td", { className: "mono" }, h.hold),
+      el("td", {}, since === null ? "" : duration(serverNow() - since) + " ago"),
+      el("td", {}, el("div", {}, h.agent || ""), el("div", { className: "muted mono" }, h.route || "")),
+      el("td", { className: "num" }, charged(h)),
+      el("td", { className: "why" }, h.ambiguity || "", ...(h.flags || []).map((f) => el("span", { className: "flag" }, f)),
+        left ? el("div", { className: "muted" }, `reconcile: ${left}`) : null),
+    ]);
+    return tr;
+  });
+  place(tbody, rows);
+  $("ambiguous-count").textContent = holds.length ? String(holds.length) : "";
+  empty.hidden = holds.length > 0;
+}
+
+async function resolve(hold, outcome, reasonInput, buttons) {
+  const reason = reasonInput.value.trim();
+  if (!reason) {
+    flash("Say why before resolving a hold by hand: the reason is journaled.", true);
+    reasonInput.focus();
+    return;
+  }
+  buttons.forEach((b) => { b.disabled = true; });
+  const t = encodeURIComponent(state.tenant);
+  try {
+    await api(`/v1/admin/tenants/${t}/holds/${encodeURIComponent(hold)}/resolve`, {
+      method: "POST", body: { outcome, reason },
+    });
+    flash(`${hold}: resolved as ${outcome} — “${reason}”`);
+  } catch (e) {
+    flash(`resolve ${hold}: ${e.message}`, true);
+    buttons.forEach((b) => { b.disabled = false; });
+  }
+  await refresh(true);
+}
+
+async function reconcileNow() {
+  const button = $("reconcile");
+  button.disabled = true;
+  try {
+    const { data } = await api(`/v1/admin/tenants/${encodeURIComponent(state.tenant)}/reconcile`, { method: "POST" });
+    state.unresolved = data.unresolved || {};
+    $("reconcile-report").textContent = `last run ${clock(Date.now())}: ${(data.posted || []).length} posted, `
+      + `${(data.voided || []).length} voided, ${Object.keys(state.unresolved).length} left for a human`;
+  } catch (e) {
+    flash(`reconcile: ${e.message}`, true);
+  } finally {
+    button.disabled = false;
+  }
+  await refresh(true);
+}
+
+// --- recent decisions ---------------------------------------------------------------
+
+// The events feed (escalated, approved, rejected, expired, ambiguous and resolved
+// holds, rules) is read forward from a cursor, a journal entry id: the first read
+// starts an hour back (entry ids are milliseconds first), each later one reads only
+// what is new. `next` moves past journal entries that are no events too.
+async function loadDecisions(tenant) {
+  const t = encodeURIComponent(tenant);
+  if (state.cursor === null) state.cursor = `${Math.max(0, Math.floor(serverNow() - FEED_LOOKBACK_MS))}-0`;
+  for (let page = 0; page < FEED_PAGES_PER_REFRESH; page++) {
+    const { data } = await api(`/v1/admin/tenants/${t}/events?after=${encodeURIComponent(state.cursor)}&limit=500`);
+    if (tenant !== state.tenant) return;
+    state.decisions.push(...data.events.map(fromEvent));
+    if (data.next === state.cursor) break;
+    state.cursor = data.next;
+  }
+  state.decisions = state.decisions.slice(-DECISIONS_KEPT);
+}
+
+// A rule's amount: a raise of a limit, or the most an auto-approval approves.
+function ruleAmount(spec) {
+  if (spec.amount !== undefined && spec.amount !== null) return "+" + money(spec.amount);
+  if (spec.max_price !== undefined && spec.max_price !== null) return "up to " + money(spec.max_price);
+  return "";
+}
+
+function fromEvent(event) {
+  const kind = event.type.replace(/^hold\./, "");
+  const spec = event.spec || {};
+  const detail = event.outcome ? `as ${event.outcome}` : event.cause ? `(${event.cause})`
+    : spec.kind ? `${spec.kind}${event.until ? " until " + clock(timeMs(event.until)) : ""}` : "";
+  return {
+    time: timeMs(event.at), what: kind, detail, hold: event.hold ?? event.rule ?? "",
+    who: event.agent ?? "", route: event.route ?? spec.account ?? spec.agent ?? spec.principal ?? "",
+    amount: event.type.startsWith("rule.") ? ruleAmount(spec) : moneyOf(event, "price"),
+    by: event.automatic ? `rule ${event.rule}` : event.by ?? "", reason: event.reason ?? spec.reason ?? "",
+  };
+}
+
+function renderDecisions() {
+  const shown = state.decisions.slice().reverse();
+  $("decisions").tBodies[0].replaceChildren(...shown.map((d) => el("tr", {},
+    el("td", { className: "mono" }, Number.isFinite(d.time) ? clock(d.time) : ""),
+    el("td", {}, el("span", { className: "event " + d.what }, d.what), " ", el("span", { className: "muted" }, d.detail)),
+    el("td", { className: "mono" }, d.hold),
+    el("td", {}, el("div", {}, d.who), el("div", { className: "muted mono" }, d.route)),
+    el("td", { className: "num" }, d.amount),
+    el("td", {}, el("div", {}, d.by), el("div", { className: "muted" }, d.reason)))));
+  const empty = document.querySelector('.empty[data-for="decisions"]');
+  empty.hidden = shown.length > 0;
+}
+
+// --- start ------------------------------------------------------------------------
+
+document.addEventListener("DOMContentLoaded", async () => {
+  $("login").addEventListener("submit", signIn);
+  $("signout").addEventListener("click", signOut);
+  $("tenant").addEventListener("change", chooseTenant);
+  $("refresh").addEventListener("click", () => refresh());
+  $("interval").addEventListener("change", schedule);
+  $("reconcile").addEventListener("click", reconcileNow);
+  $("all-accounts").addEventListener("click", () => {
+    state.allAccounts = !state.allAccounts;
+    refresh(true);
+  });
+  if (!state.token) return showApp(false);
+  try {
+    await loadTenants();
+    showApp(true);
+    refresh();
+  } catch {
+    signOut();
+  }
+});

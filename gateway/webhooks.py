@@ -1,0 +1,254 @@
+"""Webhooks: each tenant's approval-loop events (gateway/events.py), POSTed to the
+policy's `webhook.url` one at a time, in journal order, signed, retried with
+exponential backoff until the receiver takes them (2xx).
+
+Delivery is driven by the journal, not by the request that made the event: a
+per-tenant cursor in Redis says which entry was delivered last, and a per-tenant
+lease (ledger lua/webhook.lua) lets one dispatcher at a time deliver, whichever
+gateway process or worker holds it. So events survive restarts and crashes, and
+many gateways still make one stream. Delivery is at least once: a dispatcher that
+dies after the receiver took an event but before it moved the cursor sends it
+again; receivers deduplicate by the event's `id` (its journal entry id, also in
+the Irrev-Event-Id header).
+
+Signature (like Stripe's and Svix's): `Irrev-Signature: t=<unix seconds>,v1=<hex
+HMAC-SHA256 of "<t>.<body>" under the tenant's secret>`. The secret is read from
+the environment or a file (`webhook.secret`), never logged or returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import random
+import re
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ledger import Ledger, LedgerError, read_journal
+from pricing import PolicyError, TenantPolicy
+
+from . import metrics
+from .credentials import webhook_secret
+from .events import events_of
+from .tenants import TenantStore
+
+log = logging.getLogger("irrev.gateway")
+SIGNATURE_HEADER = "Irrev-Signature"
+PAGE = 100
+DEFAULT_TOLERANCE_S = 300
+
+
+def sign(secret: bytes, timestamp: int, body: bytes) -> str:
+    """The Irrev-Signature header of `body` sent at `timestamp` (unix seconds)."""
+    mac = hmac.new(secret, f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def verify(
+    secret: bytes, header: str, body: bytes, now_s: float, tolerance_s: int = DEFAULT_TOLERANCE_S
+) -> bool:
+    """What a receiver checks: a v1 signature of this body under the secret, made
+    within `tolerance_s` of now (an old delivery replayed by someone else fails)."""
+    parts = dict(part.partition("=")[::2] for part in header.split(","))
+    try:
+        timestamp = int(parts.get("t", ""))
+    except ValueError:
+        return False
+    if abs(now_s - timestamp) > tolerance_s:
+        return False
+    expected = sign(secret, timestamp, body).partition(",v1=")[2]
+    return hmac.compare_digest(expected, parts.get("v1", ""))
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """How a dispatcher paces itself: the receiver's answer must come within
+    `timeout_s`; a failed delivery waits `backoff_s` x 2^(attempt-1) (at most
+    `backoff_max_s`, with jitter) before the next attempt; the lease lasts
+    `lease_s` (at least 3 x timeout_s, so that a holder's delivery always ends
+    before its lease could pass to another); an idle tenant is looked at every
+    `poll_s`."""
+
+    timeout_s: float
+    backoff_s: float
+    backoff_max_s: float
+    lease_s: float
+    poll_s: float
+
+    @property
+    def lease_ms(self) -> int:
+        return int(max(self.lease_s, 3 * self.timeout_s) * 1000)
+
+    def backoff(self, attempt: int) -> float:
+        delay = min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
+        return delay * random.uniform(0.5, 1.0)
+
+
+def dispatcher_id() -> str:
+    """This process's name for leases: host, pid and a random part (a restarted
+    process with the same pid is another dispatcher)."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:64] or "host"
+    return f"{host}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+class Dispatcher:
+    """One per gateway worker: a task per tenant with a webhook, each delivering
+    only while it holds that tenant's lease."""
+
+    def __init__(self, ledger: Ledger, tenants: TenantStore, pacing: Pacing) -> None:
+        self.ledger = ledger
+        self.tenants = tenants
+        self.pacing = pacing
+        self.owner = dispatcher_id()
+        self.http = httpx.AsyncClient(
+            timeout=pacing.timeout_s, follow_redirects=False, trust_env=False
+        )
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    async def start(self) -> None:
+        """Take the leases that are free now (which starts each new webhook's cursor
+        at the journal's end before the gateway serves), then deliver in the background."""
+        for tenant in self._webhook_tenants():
+            with contextlib.suppress(LedgerError):
+                await self.ledger.webhook_lease(
+                    tenant, self.owner, "hold", str(self.pacing.lease_ms)
+                )
+        self.refresh()
+
+    def refresh(self) -> None:
+        """A task for every tenant that has a webhook now (a reload may add one)."""
+        for tenant in self._webhook_tenants():
+            task = self.tasks.get(tenant)
+            if task is None or task.done():
+                self.tasks[tenant] = asyncio.create_task(self._serve(tenant))
+
+    async def aclose(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        for tenant, task in self.tasks.items():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            # Another process takes over at once, rather than when the lease runs out.
+            with contextlib.suppress(Exception):
+                await self.ledger.webhook_lease(tenant, self.owner, "release")
+        await self.http.aclose()
+
+    def _webhook_tenants(self) -> list[str]:
+        return sorted(t for t, p in self.tenants.policies.items() if p.document.webhook)
+
+    def _policy(self, tenant: str) -> TenantPolicy | None:
+        policy = self.tenants.policies.get(tenant)
+        return policy if policy is not None and policy.document.webhook is not None else None
+
+    async def _serve(self, tenant: str) -> None:
+        while self._policy(tenant) is not None:
+            try:
+                held, cursor = await self._hold(tenant)
+                busy = held and await self._pump(tenant, cursor)
+            except Exception:
+                log.exception("webhook dispatcher failed", extra={"tenant": tenant})
+                busy = False
+            if not busy:
+                await asyncio.sleep(self.pacing.poll_s)
+        with contextlib.suppress(Exception):
+            await self.ledger.webhook_lease(tenant, self.owner, "release")
+
+    async def _hold(self, tenant: str) -> tuple[bool, str]:
+        return await self.ledger.webhook_lease(
+            tenant, self.owner, "hold", str(self.pacing.lease_ms)
+        )
+
+    async def _pump(self, tenant: str, cursor: str) -> bool:
+        """Deliver the events of one journal page after `cursor`; False if there was
+        nothing to read. The cursor moves after each delivered event, and past the
+        page's other entries at its end."""
+        page = await read_journal(self.ledger, tenant, after=cursor, count=PAGE)
+        if not page:
+            return False
+        for entry in page:
+            policy = self._policy(tenant)
+            if policy is None:
+                return True
+            for event in await events_of(self.ledger, policy, [entry]):
+                if not await self._deliver(tenant, event):
+                    return True  # the lease is gone, or the webhook
+                moved, _ = await self.ledger.webhook_lease(
+                    tenant, self.owner, "advance", entry.entry_id
+                )
+                if not moved:
+                    return True
+        await self.ledger.webhook_lease(tenant, self.owner, "advance", page[-1].entry_id)
+        return True
+
+    async def _deliver(self, tenant: str, event: dict[str, Any]) -> bool:
+        """POST one event until the receiver takes it; False if this dispatcher lost
+        the lease (or the tenant its webhook) meanwhile: then it must not send."""
+        body = json.dumps(event, separators=(",", ":"), sort_keys=True).encode()
+        attempt = 0
+        while True:
+            attempt += 1
+            policy = self._policy(tenant)
+            held, _ = await self._hold(tenant)
+            if policy is None or not held or policy.document.webhook is None:
+                return False
+            why = await self._attempt(policy, policy.document.webhook.url, event, body, attempt)
+            if not why:
+                metrics.WEBHOOK_DELIVERIES.labels(tenant, "delivered").inc()
+                log.info(
+                    "webhook delivered",
+                    extra={
+                        "tenant": tenant,
+                        "event": event["id"],
+                        "type": event["type"],
+                        "attempt": attempt,
+                    },
+                )
+                return True
+            metrics.WEBHOOK_DELIVERIES.labels(tenant, "failed").inc()
+            delay = self.pacing.backoff(attempt)
+            log.warning(
+                "webhook delivery failed",
+                extra={
+                    "tenant": tenant,
+                    "event": event["id"],
+                    "attempt": attempt,
+                    "why": why,
+                    "retry_in_s": round(delay, 3),
+                },
+            )
+            await asyncio.sleep(delay)
+
+    async def _attempt(
+        self, policy: TenantPolicy, url: str, event: dict[str, Any], body: bytes, attempt: int
+    ) -> str:
+        """One POST: '' if the receiver took it, else why not (never the secret)."""
+        try:
+            secret = webhook_secret(policy)
+        except PolicyError as exc:
+            return str(exc).replace("\n", "; ")
+        assert secret is not None
+        headers = {
+            "Content-Type": "application/json",
+            SIGNATURE_HEADER: sign(secret, int(time.time()), body),
+            "Irrev-Event-Id": event["id"],
+            "Irrev-Event-Type": event["type"],
+            "Irrev-Delivery-Attempt": str(attempt),
+        }
+        try:
+            response = await self.http.post(url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+        if 200 <= response.status_code < 300:
+            return ""
+        return f"status {response.status_code}"

@@ -1,0 +1,130 @@
+"""`irrev bench background`: the Redis commands per second a fleet of idle gateways
+sends by itself (sweeps, leases, policy refreshes), at several fleet sizes.
+
+For each count of `--gateways` (default 1,4,16), that many `irrev serve` processes
+(one worker each, on 127.0.0.2, .3, ...: one "host" each) serve the same
+`--tenants` tenants on one Redis (an embedded one this command starts, or
+`--redis-url`); after they settle, INFO commandstats is read twice `--seconds`
+apart and the difference printed as commands/s (INFO and CONFIG themselves left
+out), with the ratio to the first count: the baseline of the same run. One sweeper
+per tenant (a lease) keeps the sweeps O(tenants); what grows with the hosts is each
+host's own look at the policy store (one epoch read per refresh) and its asks for
+leases it does not hold (one per tenant per lease ttl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from irrev.cli import CliError, bounded
+from irrev.harness import Server, TenantPolicy
+from ledger import EmbeddedRedis
+
+EXAMPLE = Path("examples/procurement.yaml")
+SETTLE_S = 3.0
+IGNORED = {"info", "config|resetstat", "config", "config|get"}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gateways", default="1,4,16", help="comma-separated fleet sizes (1 to 64 each)"
+    )
+    parser.add_argument("--tenants", type=bounded(int, 1, 200), default=3)
+    parser.add_argument(
+        "--seconds", type=bounded(float, 1, 300), default=10.0, help="measured per size"
+    )
+    parser.add_argument("--redis-url", help="measure on this Redis (default: an embedded one)")
+    parser.set_defaults(func=run)
+
+
+def sizes(text: str) -> list[int]:
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or not all(1 <= n <= 64 for n in counts):
+        raise CliError(f"--gateways {text!r}: give comma-separated counts from 1 to 64")
+    return counts
+
+
+def run(args: argparse.Namespace) -> int:
+    counts = sizes(args.gateways)
+    if not EXAMPLE.is_file():
+        raise CliError(f"no {EXAMPLE} in {Path.cwd()}: run this from the irrev repository's root")
+    with tempfile.TemporaryDirectory(prefix="irrev-bench-bg-") as scratch, ExitStack() as stack:
+        root = Path(scratch)
+        url = args.redis_url or stack.enter_context(EmbeddedRedis(root / "redis", tcp=True)).url
+        policies = root / "policies"
+        for i in range(args.tenants):
+            TenantPolicy.read(EXAMPLE).named(f"bg-{i}").fresh_tokens().write(policies)
+        print(f"idle gateways, {args.tenants} tenants, {args.seconds:g} s each, Redis {url}")
+        print(f"{'gateways':>8} {'commands/s':>11} {'per gateway':>12} {'vs first':>9}   top")
+        first = None
+        for count in counts:
+            rate, top = measure(url, policies, root, count, args.seconds)
+            first = first or rate
+            shown = ", ".join(f"{name} {n / args.seconds:.1f}" for name, n in top)
+            print(f"{count:>8} {rate:>11.1f} {rate / count:>12.1f} {rate / first:>8.2f}x   {shown}")
+    return 0
+
+
+def measure(
+    url: str, policies: Path, root: Path, count: int, seconds: float
+) -> tuple[float, list[tuple[str, int]]]:
+    env = {
+        **os.environ,
+        "IRREV_REDIS_URL": url,
+        "IRREV_POLICY_DIR": str(policies),
+        "IRREV_LOG_LEVEL": "warning",
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    servers = [gateway(f"127.0.0.{2 + i}", env, root / f"gw-{count}-{i}.log") for i in range(count)]
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda server: server.start("/readyz"), servers))
+        time.sleep(SETTLE_S)
+        calls = asyncio.run(commands_during(url, seconds))
+    finally:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda server: server.stop(), servers))
+    total = sum(calls.values())
+    return total / seconds, calls.most_common(4)
+
+
+def gateway(host: str, env: dict[str, str], log: Path) -> Server:
+    server = Server(f"gateway {host}", [], env, log, host=host)
+    server.argv = [sys.executable, "-m", "irrev.cli", "serve", "--host", host]
+    server.argv += ["--port", str(server.port), "--workers", "1"]
+    return server
+
+
+async def commands_during(url: str, seconds: float) -> Counter[str]:
+    """Calls per command Redis served in `seconds` (INFO commandstats deltas)."""
+    redis = Redis.from_url(url, decode_responses=True)
+    try:
+        before = await calls(redis)
+        await asyncio.sleep(seconds)
+        after = await calls(redis)
+    finally:
+        await redis.aclose()
+    return Counter({name: after[name] - before.get(name, 0) for name in after}) - Counter()
+
+
+async def calls(redis: Redis) -> dict[str, int]:
+    stats = await redis.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): int(value["calls"])
+        for name, value in stats.items()
+        if name.removeprefix("cmdstat_") not in IGNORED
+    }

@@ -1,0 +1,122 @@
+"""The fleet's policy store: each tenant's policy text under a version in Redis
+(`irrev:{tenant}:policy`), which every gateway host serves, whatever its own files
+say. A write is a compare-and-set on the version the writer read (policy_put.lua),
+so a host that read an older version never overwrites a newer one; every write then
+bumps one fleet-wide epoch counter, which each host reads once per refresh to learn
+cheaply whether anything changed (the epoch is a key of its own slot, bumped after
+the write: on a cluster a writer that dies in between is noticed by the hosts' full
+re-read, which they do every so often anyway)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+
+from . import validate
+from .cluster import RedisClient, wait_out_migration
+from .errors import translate_redis_errors
+from .keys import OUTCOMES_EPOCH_KEY, POLICY_EPOCH_KEY, policy_key
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRecord:
+    """A tenant's policy as the store holds it: `version` counts writes (1, 2, ...),
+    `digest` names the text, `stamp_ms` is when its content was written (Unix ms),
+    `origin` who wrote it."""
+
+    tenant: str
+    version: int
+    digest: str
+    text: str
+    stamp_ms: int
+    origin: str
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """`won`: the store now holds the text at `version`; else another writer's
+    `version` is there, to read again before deciding anew."""
+
+    won: bool
+    version: int
+    stamp_ms: int
+
+
+class PolicyStore:
+    def __init__(self, redis: RedisClient) -> None:
+        self.redis = redis
+        source = files("ledger.lua").joinpath("policy_put.lua").read_text(encoding="utf-8")
+        self._put = redis.register_script(source)
+
+    async def epoch(self) -> int:
+        """How many writes the store has had (fleet-wide): unchanged, nothing changed."""
+        return (await self.epochs())[0]
+
+    async def epochs(self) -> tuple[int, int]:
+        """(policy writes, compensation outcomes counted) fleet-wide, in one read:
+        what a gateway polls to learn whether to read policies or counts again."""
+        with translate_redis_errors("reading the policy epoch"):
+            policy, outcomes = await self.redis.mget([POLICY_EPOCH_KEY, OUTCOMES_EPOCH_KEY])
+        return int(policy or 0), int(outcomes or 0)
+
+    async def records(self, tenants: Sequence[str]) -> dict[str, PolicyRecord]:
+        """The stored policies of `tenants` (those that have one), in one round trip."""
+        names = [validate.tenant_id(tenant) for tenant in tenants]
+        if not names:
+            return {}
+        with translate_redis_errors("reading stored policies"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for tenant in names:
+                    pipe.hgetall(policy_key(tenant))
+                replies = await pipe.execute()
+        return {
+            tenant: _record(tenant, _text(fields))
+            for tenant, fields in zip(names, replies, strict=True)
+            if fields
+        }
+
+    async def put(
+        self,
+        tenant: str,
+        *,
+        expected: int,
+        digest: str,
+        text: str,
+        stamp_ms: int | None,
+        origin: str,
+    ) -> PutResult:
+        """Write `text` over version `expected` (0: none yet); `stamp_ms` None: Redis
+        time now."""
+        key = policy_key(validate.tenant_id(tenant))
+        args = [str(expected), digest, text, "" if stamp_ms is None else str(stamp_ms), origin]
+        with translate_redis_errors("writing a policy"):
+            if isinstance(self.redis, RedisCluster):
+                reply = await wait_out_migration(lambda: self._put(keys=[key], args=args))
+            else:
+                reply = await self._put(keys=[key], args=args)
+            won, version, stamp = (int(part) for part in reply)
+            if won:
+                await self.redis.incr(POLICY_EPOCH_KEY)
+        return PutResult(bool(won), version, stamp)
+
+
+def _text(fields: dict[Any, Any]) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in fields.items()
+    }
+
+
+def _record(tenant: str, fields: dict[str, str]) -> PolicyRecord:
+    return PolicyRecord(
+        tenant,
+        int(fields.get("v", 0)),
+        fields.get("digest", ""),
+        fields.get("text", ""),
+        int(fields.get("stamp_ms", 0)),
+        fields.get("origin", ""),
+    )

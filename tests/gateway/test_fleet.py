@@ -1,0 +1,301 @@
+"""Stateless gateways: several `irrev serve` hosts on different loopback addresses
+(Linux routes all of 127/8 to lo), one with its clock 3 s ahead (libfaketime), each
+with its own, different copy of the tenant's policy file, on one Redis.
+
+- limits never flip back: the fleet serves the policy store's version; a host whose
+  file is older (or that restarts with it) neither overwrites it nor writes its
+  limits (before: the limit followed whichever host loaded last, 3,000 -> 999 ->
+  3,000 USD);
+- a token revoked through one host is refused by every host after a policy refresh;
+- the host whose clock is ahead forwards like the others (before, it measured the
+  hold's Redis deadline against its own clock: every effect 503 hold_deadline), and
+  no hold is voided by a reconciler while its forward is in flight;
+- one sweeper per tenant at a time (a lease), counted from each host's /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from irrev.harness import TenantPolicy, new_token
+from pricing.credentials import hash_token
+
+from .helpers import effect_headers, ledger_audit, order, set_faults, supplier_stats
+from .servers import BIN, EXAMPLES, Server, Tenant, base_env
+
+# libfaketime preloaded into the gateway itself (not the `faketime` wrapper, which
+# would stay the process the harness signals and leave the gateway running).
+FAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1"))), None)
+pytestmark = pytest.mark.skipif(
+    FAKETIME is None,
+    reason="no libfaketime (apt-get install faketime): the fleet test runs one gateway "
+    "with its clock 3 s ahead",
+)
+HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+SKEWED = "127.0.0.4"
+# Each host's copy of the policy has its own tenant limit (USD), written in this order.
+LIMITS = {"127.0.0.2": 3000, "127.0.0.3": 999, "127.0.0.4": 2000}
+REFRESH_S = 0.5
+WAIT_S = 30.0
+
+
+@dataclass
+class Fleet:
+    hosts: dict[str, Server]
+    tenant: Tenant
+    policy: TenantPolicy
+    admin_token: str
+    redis_url: str
+
+    @property
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_token}"}
+
+    def start(self, host: str) -> None:
+        self.hosts[host].start("/readyz")
+
+
+def gateway_on(host: str, root: Path, env: dict[str, str]) -> Server:
+    if host == SKEWED:
+        env = {**env, "LD_PRELOAD": str(FAKETIME), "FAKETIME": "+3s"}
+    server = Server(f"gateway {host}", [], env, root / f"{host}.log", host=host)
+    server.argv = [str(BIN / "irrev"), "serve", "--host", host]
+    server.argv += ["--port", str(server.port), "--workers", "1"]
+    return server
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    redis_url: str, suppliers: Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("fleet")
+    tenant_id = f"fleet-{secrets.token_hex(5)}"
+    supplier_url = f"{suppliers.url}/{tenant_id}"
+    policy = TenantPolicy.read(EXAMPLES / "procurement.yaml").named(tenant_id).fresh_tokens()
+    policy.point(supplier_url).fresh_settlers()
+    # Long enough to forward within (1 s upstream timeout + 0.5 s margin + 1 s), short
+    # enough that a clock 3 s ahead would have seen too little of it left.
+    policy.document["hold_ttl"] = "4s"
+    admin_token = secrets.token_urlsafe(24)
+    hosts = {}
+    for host in HOSTS:
+        copy = policy.copy()
+        copy.document["accounts"]["tenant"]["limit"] = str(LIMITS[host])
+        copy.write(root / host)
+        env = base_env(
+            IRREV_REDIS_URL=redis_url,
+            IRREV_POLICY_DIR=str(root / host),
+            IRREV_ADMIN_TOKENS=f"ops={admin_token}",
+            IRREV_UPSTREAM_TIMEOUT_S="1",
+            IRREV_FORWARD_MARGIN_S="0.5",
+            IRREV_SWEEP_INTERVAL_S=str(REFRESH_S),
+            IRREV_POLICY_CHECK_INTERVAL_S=str(REFRESH_S),
+        )
+        hosts[host] = gateway_on(host, root, env)
+    tenant = Tenant(tenant_id, policy.tokens, supplier_url, policy.settlers)
+    fleet = Fleet(hosts, tenant, policy, admin_token, redis_url)
+    try:
+        for host in HOSTS:
+            fleet.start(host)
+        yield fleet
+    finally:
+        for server in hosts.values():
+            server.stop()
+
+
+@pytest.fixture
+async def clients(fleet: Fleet) -> AsyncIterator[dict[str, httpx.AsyncClient]]:
+    opened = {
+        host: httpx.AsyncClient(base_url=server.url, timeout=30.0, trust_env=False)
+        for host, server in fleet.hosts.items()
+    }
+    try:
+        yield opened
+    finally:
+        for client in opened.values():
+            await client.aclose()
+
+
+async def ledger_limit(client: httpx.AsyncClient, fleet: Fleet) -> int:
+    response = await client.get(
+        f"/v1/admin/tenants/{fleet.tenant.id}/balances", headers=fleet.admin
+    )
+    assert response.status_code == 200, response.text
+    (limit,) = [row["limit"] for row in response.json() if row["account"].startswith("tenant:")]
+    return int(limit)
+
+
+async def served_limit(client: httpx.AsyncClient, fleet: Fleet) -> str:
+    """The tenant account's limit in the policy the host serves, in micros."""
+    response = await client.get(f"/v1/admin/tenants/{fleet.tenant.id}/policy", headers=fleet.admin)
+    assert response.status_code == 200, response.text
+    return str(response.json()["accounts"]["tenant"]["limit"])
+
+
+def changes(values: list[int]) -> list[int]:
+    """The values in the order they were seen, consecutive repeats dropped."""
+    return [v for i, v in enumerate(values) if i == 0 or values[i - 1] != v]
+
+
+async def test_limits_never_flip_back(fleet: Fleet, clients: dict[str, httpx.AsyncClient]) -> None:
+    """Each host has its own copy of the policy; the oldest copy's host restarts twice
+    meanwhile. The tenant's limit in the ledger changes at most forward, and every
+    host serves the same version."""
+    seen = []
+    probe = clients[HOSTS[1]]
+    for round_ in range(3):
+        for _ in range(8):  # a few refreshes of every host
+            seen.append(await ledger_limit(probe, fleet))
+            await asyncio.sleep(REFRESH_S / 2)
+        if round_ < 2:
+            old = fleet.hosts[HOSTS[0]]
+            old.stop()
+            seen.append(await ledger_limit(probe, fleet))
+            fleet.start(HOSTS[0])
+    history = changes(seen)
+    # Newer files were written later: the limit only ever moves to a newer one.
+    written = [LIMITS[host] * 10**6 for host in HOSTS]
+    ages = [written.index(limit) for limit in history]
+    assert ages == sorted(ages), f"the limit went back to an older copy's: {history}"
+    deadline = time.monotonic() + WAIT_S
+    while len({await served_limit(c, fleet) for c in clients.values()}) != 1:
+        assert time.monotonic() < deadline, "the hosts never agreed on one version"
+        await asyncio.sleep(REFRESH_S)
+    assert int(await served_limit(probe, fleet)) == await ledger_limit(probe, fleet)
+    print(f"\nlimits seen in the ledger: {[v // 10**6 for v in history]} USD")
+
+
+async def test_a_revoked_token_is_refused_by_every_host(
+    fleet: Fleet, clients: dict[str, httpx.AsyncClient]
+) -> None:
+    agent = "buyer-02"
+    for client in clients.values():
+        ok = await client.get("/tools/supplier/catalog", headers=fleet.tenant.auth(agent))
+        assert ok.status_code == 200, ok.text
+    first = clients[HOSTS[0]]
+    # The newest copy (the one in force), with the agent's token replaced.
+    revoked = fleet.policy.copy()
+    revoked.document["accounts"]["tenant"]["limit"] = str(LIMITS[HOSTS[-1]])
+    revoked.document["agents"][agent]["token_sha256"] = hash_token(new_token())
+    response = await first.put(
+        f"/v1/admin/tenants/{fleet.tenant.id}/policy",
+        content=yaml.safe_dump(revoked.document, sort_keys=False),
+        headers=fleet.admin,
+    )
+    assert response.status_code == 200, response.text
+    uploaded_at = time.monotonic()
+    took = {}
+    for host, client in clients.items():
+        while (
+            await client.get("/tools/supplier/catalog", headers=fleet.tenant.auth(agent))
+        ).status_code != 401:
+            assert time.monotonic() - uploaded_at < WAIT_S, f"{host} still accepts the token"
+            await asyncio.sleep(0.05)
+        took[host] = round(time.monotonic() - uploaded_at, 2)
+    for client in clients.values():  # and it stays refused
+        again = await client.get("/tools/supplier/catalog", headers=fleet.tenant.auth(agent))
+        assert again.status_code == 401
+    print(f"\nrevocation refused after (s, refresh every {REFRESH_S} s): {took}")
+
+
+async def test_every_host_forwards_and_no_hold_is_voided_in_flight(
+    fleet: Fleet, clients: dict[str, httpx.AsyncClient], upstream: httpx.AsyncClient
+) -> None:
+    """Orders through every host (the one 3 s ahead too) to an upstream that answers
+    late, while the other hosts reconcile the tenant again and again: each order is
+    made once, posted, and no hold is voided."""
+    await set_faults(upstream, fleet.tenant, delay_s=0.6)
+    stop = asyncio.Event()
+
+    async def reconcile(client: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            response = await client.post(
+                f"/v1/admin/tenants/{fleet.tenant.id}/reconcile", headers=fleet.admin
+            )
+            assert response.status_code == 200, response.text
+            assert not response.json()["voided"], response.text
+            await asyncio.sleep(0.05)
+
+    async def orders(host: str, client: httpx.AsyncClient) -> list[int]:
+        statuses = []
+        for i in range(4):
+            response = await client.post(
+                "/tools/supplier/orders",
+                json=order(quantity=1, unit_price="5"),
+                headers=effect_headers(fleet.tenant, "buyer-01", f"{host}-{i}"),
+            )
+            statuses.append(response.status_code)
+        return statuses
+
+    reconcilers = [asyncio.create_task(reconcile(clients[h])) for h in HOSTS if h != SKEWED]
+    try:
+        results = await asyncio.gather(*(orders(h, c) for h, c in clients.items()))
+    finally:
+        stop.set()
+        await asyncio.gather(*reconcilers)
+        await set_faults(upstream, fleet.tenant, delay_s=0.0)
+    assert all(status == 201 for statuses in results for status in statuses), results
+    stats = await supplier_stats(upstream, fleet.tenant)
+    assert stats["orders"] == 4 * len(HOSTS), stats
+    voided = await clients[HOSTS[0]].get(
+        f"/v1/admin/tenants/{fleet.tenant.id}/holds",
+        params={"state": "voided"},
+        headers=fleet.admin,
+    )
+    assert voided.json() == [], voided.text
+    audit = ledger_audit(fleet.redis_url, fleet.tenant)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+SWEEPS = re.compile(r'^irrev_sweeps_total\{tenant="([^"]+)"\} ([0-9.e+]+)$', re.MULTILINE)
+
+
+async def sweeps(client: httpx.AsyncClient, fleet: Fleet) -> float:
+    text = (await client.get("/metrics", headers=fleet.admin)).text
+    return sum(float(n) for tenant, n in SWEEPS.findall(text) if tenant == fleet.tenant.id)
+
+
+async def test_one_host_sweeps_the_tenant(
+    fleet: Fleet, clients: dict[str, httpx.AsyncClient]
+) -> None:
+    """Between two scrapes several sweep intervals apart, one host's count of the
+    tenant's sweeps grew and no other's did."""
+    before = {host: await sweeps(c, fleet) for host, c in clients.items()}
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        after = {host: await sweeps(c, fleet) for host, c in clients.items()}
+        grown = {host for host in HOSTS if after[host] > before[host]}
+        if sum(after.values()) - sum(before.values()) >= 4:
+            break
+        assert time.monotonic() < deadline, f"no sweeps: {before} -> {after}"
+        await asyncio.sleep(REFRESH_S)
+    assert len(grown) == 1, f"several hosts swept the tenant: {before} -> {after}"
+
+
+async def test_fleet_gauges_come_from_one_host(
+    fleet: Fleet, clients: dict[str, httpx.AsyncClient]
+) -> None:
+    """A tenant's budgets and live holds are the fleet's (read from Redis): one host
+    reports them, so summing over instances counts them once; every host reports its
+    own counters and policy version."""
+    reporting, versions = set(), set()
+    for host, client in clients.items():
+        text = (await client.get("/metrics", headers=fleet.admin)).text
+        if f'irrev_budget_limit_micros{{account="tenant:{fleet.tenant.id}"' in text or re.search(
+            rf'irrev_budget_limit_micros\{{[^}}]*tenant="{fleet.tenant.id}"', text
+        ):
+            reporting.add(host)
+        if re.search(rf'irrev_policy_info\{{[^}}]*tenant="{fleet.tenant.id}"', text):
+            versions.add(host)
+    assert len(reporting) == 1, reporting
+    assert versions == set(HOSTS)

@@ -1,0 +1,117 @@
+"""`irrev ledger ...` as an operator runs it, in a subprocess against a real Redis: it
+names the Redis it reads, refuses a tenant the ledger does not know, prints amounts
+with the tenant's currency, `--json` everywhere, and full names when piped."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from irrev.commands.ledger import safe_url
+from irrev.harness import TenantPolicy
+from ledger.client import Ledger
+from ledger.records import AccountSpec
+
+from .test_audit import busy_tenant
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+LONG = "factor:supplier:" + "a-supplier-whose-name-is-longer-than-one-terminal-column-" + "x" * 40
+
+
+def irrev_ledger(redis_url: str, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "IRREV_REDIS_URL": redis_url, **env}
+    environment.pop("IRREV_POLICY_DIR", None)
+    environment.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "irrev.cli", "ledger", *argv],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["balance", "--tenant", "nobody-here"],
+        ["journal", "--tenant", "nobody-here"],
+        ["reconcile", "--tenant", "nobody-here"],
+        ["sweep", "--tenant", "nobody-here"],
+        ["audit", "--tenant", "nobody-here"],
+    ],
+)
+def test_an_unknown_tenant_is_refused_in_one_line(redis_url: str, argv: list[str]) -> None:
+    result = irrev_ledger(redis_url, *argv)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("irrev: ledger at ")
+    assert lines[-1].startswith("irrev: no tenant 'nobody-here' in the ledger at ")
+    assert len(lines) == 2 and "Traceback" not in result.stderr
+
+
+async def test_balance_names_its_redis_shows_currency_and_full_names(
+    ledger: Ledger, tenant: str, redis_url: str, tmp_path: Path
+) -> None:
+    await busy_tenant(ledger, tenant)
+    await ledger.upsert_account(tenant, AccountSpec(LONG, 2_500_000, 2_500_000))
+    # Piped, with no policy: integer minor units, said so, and every name whole.
+    plain = irrev_ledger(redis_url, "balance", "--tenant", tenant)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stderr.splitlines()[0] == f"irrev: ledger at {safe_url(redis_url)}"
+    assert "(minor units)" in plain.stdout and LONG in plain.stdout
+    # With the tenant's policy (micro-USD): amounts with their currency.
+    TenantPolicy.read(EXAMPLES / "procurement.yaml").named(tenant).write(tmp_path)
+    shown = irrev_ledger(redis_url, "balance", "--tenant", tenant, "--policy-dir", str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    assert "2.5 USD" in shown.stdout and "(USD)" in shown.stdout
+    as_json = irrev_ledger(
+        redis_url, "balance", "--tenant", tenant, "--json", IRREV_POLICY_DIR=str(tmp_path)
+    )
+    rows = {r["account"]: r for r in json.loads(as_json.stdout)["balances"]}
+    row = rows[LONG]
+    assert (row["limit"], row["limit_text"], row["currency"]) == (2_500_000, "2.5 USD", "USD")
+    assert row["available"] == row["limit"] - row["pending"] - row["posted"]
+    assert row["window_start_at"].endswith("Z")
+
+
+async def test_every_command_prints_json(ledger: Ledger, tenant: str, redis_url: str) -> None:
+    await busy_tenant(ledger, tenant)
+    audit = irrev_ledger(redis_url, "audit", "--tenant", tenant, "--json")
+    assert audit.returncode == 0, audit.stderr
+    assert json.loads(audit.stdout)["tenants"][0]["live_holds"] == 17
+    ambiguous = json.loads(
+        irrev_ledger(redis_url, "reconcile", "--tenant", tenant, "--json").stdout
+    )
+    (hold,) = ambiguous["ambiguous"]
+    assert (hold["hold"], hold["ambiguity"], hold["amounts"]["agent:a"]) == (
+        "k3",
+        "upstream_timeout",
+        103,
+    )
+    assert hold["created_at"].endswith("Z")
+    swept = json.loads(irrev_ledger(redis_url, "sweep", "--tenant", tenant, "--json").stdout)
+    assert swept == {"tenant": tenant, "settled": 0}
+    journal = irrev_ledger(redis_url, "journal", "--tenant", tenant, "--json", "--count", "3")
+    entries = [json.loads(line) for line in journal.stdout.splitlines()]
+    assert len(entries) == 3 and all(e["at"].endswith("Z") for e in entries)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:s3cret@10.0.0.1:6379/0", "redis://:***@10.0.0.1:6379/0"),
+        ("rediss://ops:s3cret@host/1", "rediss://ops:***@host/1"),
+        ("unix:///run/redis.sock?db=0&password=s3cret", "unix:///run/redis.sock?db=0&password=***"),
+        ("redis://127.0.0.1:6379", "redis://127.0.0.1:6379"),
+    ],
+)
+def test_the_redis_url_is_shown_without_its_password(url: str, shown: str) -> None:
+    assert safe_url(url) == shown
