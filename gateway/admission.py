@@ -25,6 +25,7 @@ from ledger import (
     HoldState,
     HoldStateConflict,
     Ledger,
+    Provenance,
     ReserveResult,
     Rule,
     UnknownAccount,
@@ -100,8 +101,9 @@ class Intent:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A priced, checked effect and what its hold keeps. `hold_id` and `fingerprint`
-    are '' for a proxied read, which holds nothing."""
+    """A priced, checked effect and what its hold keeps. `hold_id`, `fingerprint` and
+    `agent_key` (the agent's Idempotency-Key) are '' for a proxied read, which holds
+    nothing."""
 
     effect: PricedEffect
     request: StoredRequest
@@ -112,6 +114,7 @@ class Prepared:
     shadow: bool = False
     cap_refusal: str = ""
     key_name: str = HTTP_KEY
+    agent_key: str = ""  # the agent's own key (Idempotency-Key), for the journal
 
 
 @dataclass(frozen=True)
@@ -206,11 +209,13 @@ def prepare(
     )
     if effect.effect_class is EffectClass.READ and not in_process:
         return Prepared(effect, request, "", "", key_name=intent.key_name)
-    key = agent_key_of(intent.keys, intent.key_name)
-    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, key)
+    agent_key = agent_key_of(intent.keys, intent.key_name)
+    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
     effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
     digest = fingerprint(intent.method, intent.path, request.query, body, effect_headers)
-    return Prepared(effect, request, hold_id, digest, shadow, cap_refusal, intent.key_name)
+    return Prepared(
+        effect, request, hold_id, digest, shadow, cap_refusal, intent.key_name, agent_key
+    )
 
 
 def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> HttpTarget:
@@ -369,6 +374,14 @@ async def reserve(
                 request=prepared.request.dumps(),
                 open_missing=opens,
                 shadow=prepared.shadow,
+                # What the journal keeps of who asked and what was sent (issue 14).
+                provenance=Provenance(
+                    effect.route_id,
+                    agent.agent_id,
+                    agent.principal_id,
+                    effect.face_value_micros,
+                    prepared.agent_key,
+                ),
             )
         finally:
             metrics.LEDGER_SECONDS.labels("reserve").observe(time.perf_counter() - started)

@@ -61,7 +61,8 @@ def currency(policy: TenantPolicy) -> str:
 def event_type(entry: JournalEntry) -> str | None:
     """The event a journal entry is, or None (balance changes, accounts, settlements)."""
     if entry.op == "reserve":
-        return "hold.escalated" if entry.fields.get("st") == "escalated" else None
+        # The reserve entry keeps no state: JournalEntry derives it from the reason.
+        return "hold.escalated" if entry.state == "escalated" else None
     if entry.op == "rule":
         return "rule.deleted" if entry.fields.get("act") == "delete" else "rule.set"
     return HOLD_EVENTS.get(entry.op)
@@ -88,7 +89,7 @@ def _hold_event(
 ) -> dict[str, Any]:
     f = entry.fields
     hold_id = entry.hold_id
-    event: dict[str, Any] = {"hold": hold_id, "state": f.get("st")}
+    event: dict[str, Any] = {"hold": hold_id, "state": entry.state}
     if kind == "hold.escalated":
         event["escalation"] = escalation_id(policy.tenant, hold_id)
         event["cause"] = f.get("why")
@@ -102,7 +103,7 @@ def _hold_event(
         if event["automatic"]:
             event["rule"] = by[len(RULE_PREFIX) :]
     if kind == "hold.resolved":
-        event["outcome"] = f.get("st")
+        event["outcome"] = entry.state
     if hold is not None:
         event.update(effect_fields(policy, record_of(hold.request, hold.outcome)))
         if "price" not in event and hold.amounts:

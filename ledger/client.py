@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from . import validate
-from .cluster import RedisClient, script_then_wait, wait_out_migration
+from .calls import Scripts
+from .cluster import RedisClient
 from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
 from .durability import Durability, read_durability
 from .embedded import redis_url
@@ -20,6 +23,7 @@ from .errors import (
     LedgerUnavailable,
     RedisFailure,
     raise_for_reply,
+    redis_failure,
     translate_redis_errors,
 )
 from .keys import (
@@ -43,6 +47,7 @@ from .keys import (
 from .lease import Lease
 from .policystore import PolicyStore
 from .records import (
+    DECIDED_BY,
     AccountCheck,
     AccountSpec,
     Approval,
@@ -50,6 +55,7 @@ from .records import (
     Decision,
     Hold,
     HoldState,
+    Provenance,
     Reason,
     ReserveRequest,
     ReserveResult,
@@ -61,7 +67,6 @@ from .records import (
     TenantSnapshot,
     TransitionResult,
 )
-from .scripts import register_scripts
 from .settings import LedgerSettings
 
 DAY_MS = 24 * 3600 * 1000
@@ -73,6 +78,10 @@ T = TypeVar("T")
 EXPIRE_FIRST = "expire_first"
 DECIDE_ANYWAY = "1"
 SWEEP_BATCH = 100
+MAX_CACHED_TENANTS = 10_000
+# A packed Provenance: reserve.lua's MAX_PROVENANCE (a path of an unknown route is
+# the route id; HTTP servers refuse a request line past 16 KiB).
+MAX_PROVENANCE_BYTES = 16384
 MAX_SWEEPS_BEFORE_RESERVE = 10
 
 
@@ -111,7 +120,9 @@ class Ledger:
             raise BadInput("replica_timeout_ms", f"must be 1 to {MAX_REPLICA_TIMEOUT_MS}")
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
-        self._scripts = register_scripts(redis)
+        self._scripts = Scripts(redis)
+        self._retention = str(self.retention_ms)
+        self._tenant_keys: dict[str, list[str]] = {}
         # The fleet's policies, versioned (gateway hosts serve what it holds).
         self.policies = PolicyStore(redis)
 
@@ -141,46 +152,31 @@ class Ledger:
     async def aclose(self) -> None:
         await self.redis.aclose()
 
-    async def _run(self, operation: str, keys: list[str], args: list[str]) -> list[Any]:
-        """One script on its declared `keys`; on a cluster, sent again while its slot
-        is moving (TRYAGAIN: it did not run)."""
-        script = self._scripts[operation]
-        with translate_redis_errors(operation):
-            if isinstance(self.redis, RedisCluster):
-                reply: list[Any] = await wait_out_migration(lambda: script(keys=keys, args=args))
-            else:
-                reply = await script(keys=keys, args=args)
-        return reply
+    async def _run(self, operation: str, keys: list[str], args: list[str]) -> Any:
+        """One script on its declared `keys` (on a cluster, sent again while its slot
+        is moving: TRYAGAIN means it did not run)."""
+        try:
+            return await self._scripts.call(operation, keys, args)
+        except (redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
+            raise LedgerUnavailable(operation, redis_failure(exc), str(exc)) from exc
 
     async def _run_replicated(
         self, operation: str, keys: list[str], args: list[str]
-    ) -> tuple[list[Any], int | None]:
+    ) -> tuple[Any, int | None]:
         """`_run`, then WAIT on the same connection when replicas are asked for: the
         script and the WAIT go out in one pipeline (on a cluster, to the primary of
         the keys' slot). Returns the reply and how many replicas acknowledged (None
         when none are asked for)."""
         if not self.replicas:
             return await self._run(operation, keys, args), None
-        script = self._scripts[operation]
         with translate_redis_errors(operation):
-            for attempt in range(2):
-                if isinstance(self.redis, RedisCluster):
-                    reply, acked = await script_then_wait(
-                        self.redis, script.sha, keys, args, self.replicas, self.replica_timeout_ms
-                    )
-                else:
-                    async with self.redis.pipeline(transaction=False) as pipe:
-                        pipe.evalsha(script.sha, len(keys), *keys, *args)
-                        pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
-                        reply, acked = await pipe.execute(raise_on_error=False)
-                if isinstance(reply, redis_errors.NoScriptError) and attempt == 0:
-                    await self.load_scripts()  # Redis restarted and forgot it
-                    continue
-                for result in (reply, acked):
-                    if isinstance(result, Exception):
-                        raise result
-                return reply, int(acked)
-        raise LedgerUnavailable(operation, RedisFailure.NO_SCRIPT, "still missing after a reload")
+            reply, acked = await self._scripts.call_then_wait(
+                operation, keys, args, self.replicas, self.replica_timeout_ms
+            )
+            for result in (reply, acked):
+                if isinstance(result, Exception):
+                    raise result
+        return reply, int(acked)
 
     def lease(self, tenant: str, work: str, ttl_ms: int, *, holder: str = "") -> Lease:
         """The lease of one kind of background work (`sweep`, `events`) on `tenant`:
@@ -200,9 +196,10 @@ class Ledger:
             await self.redis.ping()
 
     async def load_scripts(self) -> None:
-        """Load every script now, so the first admission does not pay for it (what a
-        gateway does at start). Refused on a node of a Redis Cluster with a standalone
-        client, which most calls would find sent elsewhere."""
+        """Load the ledger's Functions library (or its scripts, on Redis 6.2) now, so
+        the first admission does not pay for it (what a gateway does at start).
+        Refused on a node of a Redis Cluster with a standalone client, which most
+        calls would find sent elsewhere."""
         with translate_redis_errors("loading the ledger scripts"):
             if not isinstance(self.redis, RedisCluster):
                 info = await self.redis.info("cluster")
@@ -213,15 +210,20 @@ class Ledger:
                         "the server is a node of a Redis Cluster and this ledger's client a "
                         "standalone one; Ledger.from_url detects a cluster",
                     )
-            for script in self._scripts.values():
-                script.sha = await self.redis.script_load(script.script)
+            await self._scripts.load()
 
     async def scripts_loaded(self) -> bool:
-        """Whether Redis still has every script cached (it forgets them on restart;
-        EVALSHA then falls back to loading them again)."""
-        shas = [script.sha for script in self._scripts.values()]
+        """Whether Redis still has the library or every script (6.2 forgets scripts
+        on restart; a call that finds them missing loads them again)."""
         with translate_redis_errors("checking the ledger scripts"):
-            return all(await self.redis.script_exists(*shas))
+            return await self._scripts.loaded()
+
+    async def uses_functions(self) -> bool:
+        """Whether the ledger runs as a Redis Functions library (Redis 7+: FCALL)
+        rather than as scripts (6.2: EVALSHA); loads them if not yet loaded."""
+        if not self._scripts.heads:
+            await self.load_scripts()
+        return self._scripts.functions
 
     # Accounts
 
@@ -330,6 +332,7 @@ class Ledger:
         escalate_above: int = 0,
         request: str = "",
         open_missing: Sequence[AccountSpec] = (),
+        provenance: Provenance | None = None,
         shadow: bool = False,
     ) -> ReserveResult:
         """Admit, deny or escalate one effect; hold its price on every account or none.
@@ -341,8 +344,10 @@ class Ledger:
         forwards it later, or a reconciler who looks it up). `open_missing` names
         accounts of `amounts` to create in the same script if Redis lacks them, only
         when the hold is kept and holds something on them (see reserve.lua).
-        `shadow` holds the effect whatever the decision, which is only recorded (the
-        result's `shadowed`): shadow mode, where accounts may go above their limits.
+        `provenance` goes into the journal's reserve entry, with the SHA-256 of
+        `request` (see Provenance). `shadow` holds the effect whatever the decision,
+        which is only recorded (the result's `shadowed`): shadow mode, where accounts
+        may go above their limits.
         """
         reserve = ReserveRequest(
             idempotency_key,
@@ -354,10 +359,11 @@ class Ledger:
             escalate_above,
             request,
             open_missing,
+            provenance,
             shadow,
         )
-        keys = hold_script_keys(validate.tenant_id(tenant), reserve.idempotency_key)
-        args = self._reserve_args(reserve)
+        args = self._reserve_args(reserve)  # first: its errors name the idempotency key
+        keys = self._hold_keys(tenant, idempotency_key)
         reply, replicas = await self._run_replicated("reserve", keys, args)
         if reply[0] == EXPIRE_FIRST:
             await self._expire_due(tenant)
@@ -407,6 +413,7 @@ class Ledger:
             str(self.retention_ms),
             str(validate.amount("escalate_above", r.escalate_above)),
             validate.blob("request", r.request),
+            _provenance(r.provenance, r.request),
             *validate.account_amounts(r.amounts),
             str(self.denied_retention_ms),
             *_open_args(r.amounts, r.open_missing),
@@ -416,37 +423,14 @@ class Ledger:
     async def _run_many(
         self, operation: str, tenant: str, batch: list[tuple[str, list[str]]]
     ) -> list[list[Any] | LedgerError]:
-        """One pipeline of EVALSHAs, each item (hold id, args) in order. A cluster
-        pipeline sends each node its items (one tenant: one slot, one node) and
-        sends again, one by one, those redirected or refused during a migration.
-        Items Redis answered with an error get a LedgerUnavailable in place."""
+        """One pipeline of calls, each item (hold id, args) in order (on a cluster, to
+        the primary of the tenant's slot; items redirected by a slot migration are
+        sent again one by one). Items Redis answered with an error get a
+        LedgerUnavailable in place."""
         tenant = validate.tenant_id(tenant)
-        script = self._scripts[operation]
-        todo = list(range(len(batch)))
-        replies: list[Any] = [None] * len(batch)
+        calls = [(hold_script_keys(tenant, hold_id), args) for hold_id, args in batch]
         with translate_redis_errors(operation):
-            for attempt in range(2):
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for i in todo:
-                        hold_id, args = batch[i]
-                        keys = hold_script_keys(tenant, hold_id)
-                        # (redis-py's cluster pipeline blocks its evalsha method, not
-                        # the command, which it routes by the first key like any other)
-                        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                    results = await pipe.execute(raise_on_error=False)
-                for i, result in zip(todo, results, strict=True):
-                    replies[i] = result
-                todo = [i for i in todo if isinstance(replies[i], redis_errors.NoScriptError)]
-                if not todo or attempt == 1:
-                    break
-                await self.load_scripts()  # Redis restarted and forgot it
-        for i, reply in enumerate(replies):
-            if isinstance(reply, _MIGRATING):  # the pipeline's own retries ran out
-                hold_id, args = batch[i]
-                try:
-                    replies[i] = await self._run(operation, hold_script_keys(tenant, hold_id), args)
-                except LedgerUnavailable as exc:
-                    replies[i] = exc
+            replies = await self._scripts.call_many(operation, calls)
         return [_in_place(operation, reply) for reply in replies]
 
     async def post(
@@ -775,7 +759,16 @@ class Ledger:
         return snapshots
 
     def _hold_args(self, hold_id: str) -> list[str]:
-        return [validate.identifier("hold_id", hold_id), str(self.retention_ms)]
+        return [validate.identifier("hold_id", hold_id), self._retention]
+
+    def _hold_keys(self, tenant: str, hold_id: str) -> list[str]:
+        """hold_script_keys, with the tenant's five built (and checked) once."""
+        prefix = self._tenant_keys.get(tenant)
+        if prefix is None:
+            if len(self._tenant_keys) >= MAX_CACHED_TENANTS:
+                self._tenant_keys.clear()
+            prefix = self._tenant_keys[tenant] = tenant_keys(validate.tenant_id(tenant))
+        return [*prefix, hold_key(tenant, validate.identifier("hold_id", hold_id))]
 
     async def _transition(
         self, operation: str, tenant: str, hold_id: str, args: list[str], replicated: bool = False
@@ -783,7 +776,7 @@ class Ledger:
         """`replicated`: followed by WAIT (when replicas are asked for), as a post or a
         true-up may be an overrun: a charge lost in a failover would let the account
         be overdrawn again."""
-        keys = hold_script_keys(validate.tenant_id(tenant), validate.identifier("hold_id", hold_id))
+        keys = self._hold_keys(tenant, hold_id)
         if replicated:
             reply, acked = await self._run_replicated(operation, keys, args)
             return _transition_result(tenant, hold_id, operation, reply, acked)
@@ -807,15 +800,6 @@ async def _decoded(reply: Awaitable[Any]) -> Any:
     """A reply of the ledger's client, whose strings arrive decoded (decode_responses):
     redis-py types them as bytes | str."""
     return await reply
-
-
-# Answers that mean a script did not run because its slot was moving.
-_MIGRATING = (
-    redis_errors.TryAgainError,
-    redis_errors.ClusterError,
-    redis_errors.MovedError,
-    redis_errors.AskError,
-)
 
 
 def _in_place(operation: str, reply: Any) -> Any:
@@ -847,17 +831,17 @@ def _or_error(parse: Callable[..., T], *args: Any) -> T | LedgerError:
 def _reserve_result(
     tenant: str, hold_id: str, reply: list[Any], replicas: int | None = None
 ) -> ReserveResult:
-    status = raise_for_reply(tenant, hold_id, "reserve", reply)
+    status = _OK_STATUSES.get(reply[0]) or raise_for_reply(tenant, hold_id, "reserve", reply)
     checks = tuple(
-        AccountCheck(str(reply[7 + 4 * i]), *(int(x) for x in reply[8 + 4 * i : 11 + 4 * i]))
-        for i in range(int(reply[6]))
+        AccountCheck(reply[i], int(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]))
+        for i in range(7, 7 + 4 * int(reply[6]), 4)
     )
     return ReserveResult(
         status=status,
         hold_id=hold_id,
-        decision=Decision(reply[1]),
-        reason=Reason(reply[2]),
-        state=HoldState(reply[3]),
+        decision=_DECISIONS[reply[1]],
+        reason=_REASONS[reply[2]],
+        state=_STATES[reply[3]],
         deadline_ms=int(reply[4]),
         created_ms=int(reply[5]),
         accounts=checks,
@@ -868,18 +852,42 @@ def _reserve_result(
 def _transition_result(
     tenant: str, hold_id: str, operation: str, reply: list[Any], replicas: int | None = None
 ) -> TransitionResult:
-    status = raise_for_reply(tenant, hold_id, operation, reply)
+    status = _OK_STATUSES.get(reply[0]) or raise_for_reply(tenant, hold_id, operation, reply)
     flags = str(reply[2])
     if operation == "retry":  # its third field is the claim, not flags
         return TransitionResult(status, hold_id, HoldState(reply[1]), frozenset(), claim=flags)
     return TransitionResult(
         status=status,
         hold_id=hold_id,
-        state=HoldState(reply[1]),
-        flags=frozenset(flags.split(",")) - {""},
+        state=_STATES[reply[1]],
+        flags=frozenset(flags.split(",")) - {""} if flags else _NO_FLAGS,
         by=flags if operation == "reject" else "",
         replicas=replicas,
     )
+
+
+# Replies parsed by lookup: an enum's constructor costs more than the script's
+# answer is worth on the hot path.
+_OK_STATUSES = {Status.OK.value: Status.OK, Status.EXISTS.value: Status.EXISTS}
+_DECISIONS = {d.value: d for d in Decision}
+_REASONS = {r.value: r for r in Reason}
+_STATES = {s.value: s for s in HoldState}
+_NO_FLAGS: frozenset[str] = frozenset()
+
+
+def _provenance(provenance: Provenance | None, request: str) -> str:
+    """The reserve's `prov` argument: Provenance.packed, with the request's digest."""
+    if provenance is None:
+        return ""
+    texts = (provenance.route, provenance.agent, provenance.principal, provenance.agent_key)
+    if not all(isinstance(text, str) for text in texts):
+        raise BadInput("provenance", "route, agent, principal and agent_key must be text")
+    face = validate.amount("provenance.face_value", provenance.face_value)
+    digest = hashlib.sha256(request.encode()).hexdigest() if request else ""
+    packed = replace(provenance, face_value=face, request_sha256=digest).packed()
+    if len(packed.encode()) > MAX_PROVENANCE_BYTES:
+        raise BadInput("provenance", f"must pack into at most {MAX_PROVENANCE_BYTES} bytes")
+    return packed
 
 
 def _open_args(amounts: Mapping[str, int], specs: Sequence[AccountSpec]) -> list[str]:
@@ -937,18 +945,22 @@ def _numbers(accounts: list[str], text: str | None) -> dict[str, int]:
 
 def _hold(hold_id: str, f: dict[str, str]) -> Hold:
     accounts = f["acc"].split(",") if f.get("acc") else []
+    reason = f["why"]
+    posted = _numbers(accounts, f.get("pst"))
+    # A posted hold without `cmp` has recovered nothing yet.
+    compensated = _numbers(accounts, f.get("cmp")) or dict.fromkeys(posted, 0)
     return Hold(
         hold_id=hold_id,
         state=HoldState(f["st"]),
-        decision=Decision(f["dec"]),
-        reason=Reason(f["why"]),
+        decision=DECIDED_BY[Reason(reason)],
+        reason=Reason(reason),
         fingerprint=f["fp"],
         armed=f.get("arm") == "1",
         created_ms=int(f["t0"]),
         deadline_ms=int(f["dl"]),
         amounts=_numbers(accounts, f.get("amt")),
-        posted=_numbers(accounts, f.get("pst")),
-        compensated=_numbers(accounts, f.get("cmp")),
+        posted=posted,
+        compensated=compensated,
         flags=frozenset(f.get("flag", "").split(",")) - {""},
         ambiguity=f.get("amb", ""),
         request=f.get("req", ""),

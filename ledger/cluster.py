@@ -1,6 +1,6 @@
 """Redis Cluster as the ledger's store: telling a cluster node from a standalone
-Redis, the cluster client, and a script followed by WAIT on the connection of the
-primary that ran it.
+Redis, the cluster client, and commands sent straight to the primary of a key's
+slot (a script, or a script followed by WAIT on the connection that ran it).
 
 redis-py's cluster client routes every keyed command by slot and follows MOVED and
 ASK; what it cannot do for the ledger is WAIT: it sends WAIT to every primary on
@@ -29,6 +29,8 @@ DETECT_TIMEOUT_S = 2.0
 # two nodes) before it gives up; a busy tenant's slot moves in well under this.
 MIGRATION_WAIT_S = 30.0
 _MIGRATION_PAUSE_S = 0.02
+# What a cluster node answers when a call is not for it now; none of them ran it.
+REDIRECTED = (redis_errors.MovedError, redis_errors.AskError, redis_errors.TryAgainError)
 
 
 def cluster_enabled(url: str, **options: Any) -> bool:
@@ -68,53 +70,47 @@ def redis_client(url: str, **options: Any) -> RedisClient:
     return Redis.from_url(url, **options)
 
 
-async def script_then_wait(
-    cluster: RedisCluster,
-    sha: str,
-    keys: list[str],
-    args: list[str],
-    replicas: int,
-    timeout_ms: int,
-) -> tuple[Any, Any]:
-    """EVALSHA then WAIT on one connection of the primary serving the keys' slot.
-    Returns (script reply or error, WAIT reply or error). A MOVED refreshes the slot
-    map and an ASK is followed with ASKING on that same connection; TRYAGAIN (a
-    migration of the slot) is waited out. None of these ran the script, so sending
-    it again is safe."""
+async def on_primary(
+    cluster: RedisCluster, key: str, commands: list[tuple[Any, ...]], *, watch: int | None = 0
+) -> list[Any]:
+    """`commands` in one pipeline on one connection of the primary serving `key`'s
+    slot; their replies or errors, in order. While command `watch` is answered that
+    it did not run there (MOVED: the slot map is refreshed; ASK: the commands go to
+    the importing node after ASKING, on that connection; TRYAGAIN: a migration
+    splits the keys, waited out) all are sent again; `watch` None sends once (a
+    batch whose items may have run in part). A connection error marks the topology
+    for a reload (a primary gone: failover) and is raised."""
     deadline = time.monotonic() + MIGRATION_WAIT_S
     asking_at: Any = None
     while True:
         if cluster._initialize:
             await cluster.initialize()
-        node = asking_at or cluster.get_node_from_key(keys[0])
+        node = asking_at or cluster.get_node_from_key(key)
         if node is None:
-            raise redis_errors.SlotNotCoveredError(f"no primary serves the slot of {keys[0]}")
-        commands = [PipelineCommand(0, "ASKING")] if asking_at else []
-        commands += [
-            PipelineCommand(len(commands), "EVALSHA", sha, len(keys), *keys, *args),
-            PipelineCommand(len(commands) + 1, "WAIT", replicas, timeout_ms),
-        ]
+            raise redis_errors.SlotNotCoveredError(f"no primary serves the slot of {key}")
+        sent = [PipelineCommand(0, "ASKING")] if asking_at else []
+        sent += [PipelineCommand(len(sent) + i, *command) for i, command in enumerate(commands)]
         try:
-            await node.execute_pipeline(commands)
+            await node.execute_pipeline(sent)
         except (redis_errors.ConnectionError, redis_errors.TimeoutError):
-            # A primary gone (failover?): the next call reads the topology again,
-            # as the cluster client's own calls do.
             cluster._initialize = True
             raise
-        reply, acked = commands[-2].result, commands[-1].result
+        replies = [command.result for command in sent[len(sent) - len(commands) :]]
         asking_at = None
-        if isinstance(reply, redis_errors.MovedError):
-            await cluster.nodes_manager.move_slot(reply)
-        elif isinstance(reply, redis_errors.AskError):
-            asking_at = cluster.get_node(host=reply.host, port=reply.port)
+        moved = next((r for r in replies if isinstance(r, redis_errors.MovedError)), None)
+        if moved is not None:
+            await cluster.nodes_manager.move_slot(moved)
+        if watch is None or not isinstance(replies[watch], REDIRECTED):
+            return replies
+        if time.monotonic() > deadline:
+            return replies
+        redirect = replies[watch]
+        if isinstance(redirect, redis_errors.AskError):
+            asking_at = cluster.get_node(host=redirect.host, port=redirect.port)
             if asking_at is None:
                 cluster._initialize = True
-        elif isinstance(reply, redis_errors.TryAgainError):
+        elif isinstance(redirect, redis_errors.TryAgainError):
             await asyncio.sleep(_MIGRATION_PAUSE_S)
-        else:
-            return reply, acked
-        if time.monotonic() > deadline:
-            return reply, acked
 
 
 async def wait_out_migration(call: Any) -> Any:

@@ -11,6 +11,7 @@ from . import validate
 from .client import Ledger
 from .errors import translate_redis_errors
 from .keys import journal_key
+from .records import Provenance
 
 PAGE = 2000
 LAST_ENTRY_ID = f"{validate.MAX_STREAM_PART}-{validate.MAX_STREAM_PART}"
@@ -24,8 +25,25 @@ class Delta:
     posted: int
 
 
+# A reserve entry keeps only its reason; the hold's state follows from it.
+_RESERVED_STATE = {
+    "within_budget": "pending",
+    "soft_band": "escalated",
+    "approval_threshold": "escalated",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class JournalEntry:
+    """One transition: its kind (`op`) and its fields as stored. Entries are lean:
+    what follows from other fields is derived here, not stored (`state`, `deltas`).
+
+    The balance change is `d` (`account|dpending|dposted;...`) on most entries; a
+    reserve of a kept hold has `acc` and `amt` (pending rises by each amount), a post
+    `acc`, `pst` (posted rises) and `rel` (pending falls; absent when the hold had
+    expired). A reserve's `prov` is a packed Provenance (records.py).
+    """
+
     entry_id: str
     op: str
     fields: dict[str, str]
@@ -35,18 +53,59 @@ class JournalEntry:
         return self.fields.get("hold", "")
 
     @property
+    def state(self) -> str:
+        """The hold's state after this entry ('' for an entry about no hold)."""
+        f = self.fields
+        if "st" in f:
+            return f["st"]
+        if self.op == "reserve":
+            if "shadow" in f:  # held in shadow mode whatever the reason
+                return "pending"
+            return _RESERVED_STATE.get(f.get("why", ""), "denied")
+        if self.op == "post":
+            return "posted"
+        return ""
+
+    @property
+    def provenance(self) -> Provenance | None:
+        packed = self.fields.get("prov")
+        return Provenance.unpacked(packed) if packed else None
+
+    @property
     def deltas(self) -> tuple[Delta, ...]:
-        text = self.fields.get("d", "")
+        f = self.fields
+        if "acc" in f:
+            accounts = f["acc"].split(",")
+            zero = [0] * len(accounts)
+            if self.op == "reserve":
+                pending, posted = _numbers(f["amt"]), zero
+            else:
+                pending = [-x for x in _numbers(f["rel"])] if "rel" in f else zero
+                posted = _numbers(f["pst"])
+            return tuple(map(Delta, accounts, pending, posted))
+        text = f.get("d", "")
         if not text:
             return ()
         out = []
         for part in text.split(";"):
-            account, pending, posted = part.rsplit("|", 2)
-            out.append(Delta(account, int(pending), int(posted)))
+            account, pending_text, posted_text = part.rsplit("|", 2)
+            out.append(Delta(account, int(pending_text), int(posted_text)))
         return tuple(out)
 
     def as_dict(self) -> dict[str, str]:
-        return {"id": self.entry_id, **self.fields}
+        """The entry as a person reads it: derived state, provenance spelled out."""
+        shown = {"id": self.entry_id, **self.fields}
+        if self.hold_id:
+            shown["st"] = self.state
+        provenance = self.provenance
+        if provenance is not None:
+            del shown["prov"]
+            shown.update({k: str(v) for k, v in asdict(provenance).items()})
+        return shown
+
+
+def _numbers(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
 
 
 async def read_journal(
@@ -138,9 +197,10 @@ class Replay:
         if entry.op == "rule":
             self._apply_rule(f)
             return
+        state = entry.state
         # A shadow hold (marked 'shadow': what enforcement would have done) is held
         # whatever the decision: contract 1 is what shadow mode relaxes.
-        if entry.op == "reserve" and f["st"] in ("pending", "escalated") and "shadow" not in f:
+        if entry.op == "reserve" and state in ("pending", "escalated") and "shadow" not in f:
             self._check_admission(entry)
         for delta in entry.deltas:
             account = self.accounts.setdefault(delta.account, ReplayedAccount())
@@ -149,7 +209,7 @@ class Replay:
             if entry.op == "roll":
                 account.window_start_ms = int(f["ws"])
         if entry.hold_id:
-            self.hold_states[entry.hold_id] = f["st"]
+            self.hold_states[entry.hold_id] = state
 
     def _apply_rule(self, f: dict[str, str]) -> None:
         """A raise's rule set (with its account) or deleted (from whichever account)."""

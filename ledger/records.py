@@ -37,6 +37,17 @@ class Reason(StrEnum):
     APPROVAL_THRESHOLD = "approval_threshold"
 
 
+# The decision each reason stands for (a hold record and its journal entry keep only
+# the reason; reserve.lua's DECISION).
+DECIDED_BY = {
+    Reason.WITHIN_BUDGET: Decision.ADMIT,
+    Reason.BUDGET_EXCEEDED: Decision.DENY,
+    Reason.OVER_LIMIT: Decision.DENY,
+    Reason.SOFT_BAND: Decision.ESCALATE,
+    Reason.APPROVAL_THRESHOLD: Decision.ESCALATE,
+}
+
+
 class HoldState(StrEnum):
     PENDING = "pending"
     ESCALATED = "escalated"
@@ -148,6 +159,49 @@ class AccountCheck:
 
 
 @dataclass(frozen=True, slots=True)
+class Provenance:
+    """Who asked for an effect and what it was, as the journal's reserve entry keeps
+    it (so that, once the hold is gone, one can still prove what was paid to whom):
+    the route that priced it, the agent and its principal, its face value (minor
+    units), the agent's own idempotency key, and the SHA-256 (hex) of the request
+    kept with the hold, which the ledger computes (`Ledger.reserve`)."""
+
+    route: str = ""
+    agent: str = ""
+    principal: str = ""
+    face_value: int = 0
+    agent_key: str = ""
+    request_sha256: str = ""
+
+    def packed(self) -> str:
+        """One journal field: `route|agent|principal|face|sha256|key`, each text with
+        its '%' and '|' escaped (a route id of an unknown route is the agent's path)."""
+        texts = (self.route, self.agent, self.principal, self.agent_key)
+        route, agent, principal, key = (_escape(text) for text in texts)
+        return f"{route}|{agent}|{principal}|{self.face_value}|{self.request_sha256}|{key}"
+
+    @classmethod
+    def unpacked(cls, text: str) -> Provenance:
+        route, agent, principal, face, digest, key = text.split("|")
+        return cls(
+            _unescape(route),
+            _unescape(agent),
+            _unescape(principal),
+            int(face or 0),
+            _unescape(key),
+            digest,
+        )
+
+
+def _escape(text: str) -> str:
+    return text.replace("%", "%25").replace("|", "%7C")
+
+
+def _unescape(text: str) -> str:
+    return text.replace("%7C", "|").replace("%25", "%")
+
+
+@dataclass(frozen=True, slots=True)
 class ReserveRequest:
     """The arguments of one reserve, for batches (see `Ledger.reserve`)."""
 
@@ -162,6 +216,8 @@ class ReserveRequest:
     # Accounts of `amounts` to open if Redis lacks them, only if the hold is kept
     # (admitted or escalated) and holds something on them.
     open_missing: Sequence[AccountSpec] = ()
+    # For the journal (its request_sha256 is the ledger's to fill in).
+    provenance: Provenance | None = None
     # Shadow mode: a deny or escalate is recorded but the effect is held anyway.
     shadow: bool = False
 

@@ -1,24 +1,37 @@
-"""Loads the Lua scripts: each operation's file, prefixed with the parts of the shared
-`_lib.lua` it uses, registered once and run by EVALSHA with a fallback to EVAL after
-NOSCRIPT (redis-py's Script does that).
+"""The Lua of the ledger, in the two forms Redis runs it.
 
-A script's top-level code runs on every call, so each `local function` of the
-library it carries is a closure built on every call: prefixing the whole library
-cost every script ~3 us of Redis time. `script_source` therefore keeps only the
-library's statements that the operation names, directly or through other kept
-statements (statements that define nothing, such as `redis.replicate_commands()`,
-are always kept), in the library's order.
+On Redis 7: one Redis Functions library (`function_library`), the shared `_lib.lua`
+followed by one function per operation, loaded with FUNCTION LOAD REPLACE and called
+with FCALL. Redis keeps a library in its data (replicated, persisted, kept across a
+restart and a failover) and builds the helpers once at load, not on every call. The
+library's name and its functions' names carry a digest of its code, so gateways of
+two versions of irrev share a Redis during an upgrade, each calling its own.
+
+On Redis 6.2 (no Functions): each operation's file prefixed with the parts of
+`_lib.lua` it uses (`script_source`), run by EVALSHA. A script's top-level code runs
+on every call, so each `local function` it carries is a closure built on every
+call: `script_source` keeps only the library's statements that the operation names,
+directly or through other kept statements (statements that define nothing are
+always kept), in the library's order.
+
+Every operation of a tenant's ledger (OPERATIONS, including the approval loop's
+note, rule and webhook) is in the library, so its digest versions all of them.
+lease.lua, lease_release.lua (ledger/lease.py) and policy_put.lua
+(ledger/policystore.py) stay plain EVALSHA scripts on purpose: they use nothing of
+`_lib.lua` and their keys are not a tenant's ledger keys (`bind` would name the
+lease or the policy record the accounts hash), they run once per lease period or
+policy write (FCALL's saved setup is worth nothing there), and a script's SHA is
+already the digest of its own code, so gateways of two versions never run each
+other's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+from dataclasses import dataclass
 from functools import cache
 from importlib.resources import files
-
-from redis.commands.core import AsyncScript
-
-from .cluster import RedisClient
 
 OPERATIONS = (
     "reserve",
@@ -39,6 +52,9 @@ OPERATIONS = (
     "rule",
     "webhook",
 )
+
+# Scripts of ledger/lua run outside the library (see above), by their own modules.
+PLAIN_SCRIPTS = ("lease", "lease_release", "policy_put")
 
 _DEFINES = re.compile(r"local\s+(?:function\s+)?([A-Za-z_]\w*)")
 _NAME = re.compile(r"[A-Za-z_]\w*")
@@ -74,11 +90,17 @@ def _names(text: str) -> set[str]:
     return set(_NAME.findall(_COMMENT.sub("", text)))
 
 
+# What every script keeps of the library: the call's keys and arguments (`bind`).
+_ALWAYS = frozenset({"KEYS", "bind"})
+_VERSION = "IRREV_VERSION"
+
+
 @cache
 def script_source(operation: str) -> str:
+    """The EVALSHA form of `operation` (Redis 6.2)."""
     statements = _statements(_read("_lib.lua"))
     body = _read(f"{operation}.lua")
-    needed = _names(body)
+    needed = _names(body) | _ALWAYS
     keep = [name is None for name, _ in statements]
     changed = True
     while changed:
@@ -88,8 +110,37 @@ def script_source(operation: str) -> str:
                 keep[i] = changed = True
                 needed |= _names(text)
     library = "".join(text for (_, text), kept in zip(statements, keep, strict=True) if kept)
-    return library + "\n" + body
+    # Redis 6 needs replicate_commands() to write after TIME (7 always replicates
+    # effects). The library's KEYS and ARGV shadow the globals, so they are taken
+    # before it and bound after it.
+    return (
+        "redis.replicate_commands()\nlocal _KEYS, _ARGV = KEYS, ARGV\n"
+        f"{library}\nbind(_KEYS, _ARGV)\n{body}"
+    )
 
 
-def register_scripts(redis: RedisClient) -> dict[str, AsyncScript]:
-    return {name: redis.register_script(script_source(name)) for name in OPERATIONS}
+@dataclass(frozen=True, slots=True)
+class Library:
+    """The Functions form of the ledger (Redis 7): `code` for FUNCTION LOAD, and the
+    name of each operation's function, by operation."""
+
+    name: str
+    code: str
+    functions: dict[str, str]
+
+
+@cache
+def function_library() -> Library:
+    parts = [f"#!lua name=irrev_{_VERSION}\n", _read("_lib.lua")]
+    for operation in OPERATIONS:
+        parts.append(
+            f"\nredis.register_function('irrev_{_VERSION}_{operation}', function(keys, argv)\n"
+            f"bind(keys, argv)\n{_read(f'{operation}.lua')}\nend)\n"
+        )
+    code = "".join(parts)
+    version = hashlib.sha1(code.encode()).hexdigest()[:12]
+    return Library(
+        f"irrev_{version}",
+        code.replace(_VERSION, version),
+        {operation: f"irrev_{version}_{operation}" for operation in OPERATIONS},
+    )

@@ -26,9 +26,25 @@ from rich.table import Table
 
 from irrev.bench.servertime import HOUR_MS, PRICE, TRIVIAL, ScriptTime, script_times, tenant_node
 from irrev.cli import bounded
-from ledger import AccountSpec, AppendFsync, EmbeddedRedis, Ledger, ReserveRequest, cutoff_ms, trim
+from ledger import (
+    AccountSpec,
+    AppendFsync,
+    EmbeddedRedis,
+    Ledger,
+    Provenance,
+    ReserveRequest,
+    cutoff_ms,
+    trim,
+)
 
 ACCOUNTS = ("tenant:bench", "principal:ops", "agent:a1")
+# What a gateway's hold keeps until it settles, and its route (for --provenance).
+BENCH_ROUTE = "shop POST /v1/orders"
+BENCH_REQUEST = (
+    '{"agent":"a1","tool":"shop","method":"POST","path":"/v1/orders","query":"",'
+    '"content_type":"application/json","body_b64":"eyJza3UiOiJhYmMiLCJxdHkiOjF9",'
+    '"route_id":"shop POST /v1/orders","price":1000,"headers":[],"face_value":1000}'
+)
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--holds", type=bounded(int, 1, 10_000_000), default=100_000, help="for bytes per hold"
+    )
+    parser.add_argument(
+        "--memory-runs",
+        type=bounded(int, 1, 100),
+        default=1,
+        help="measure bytes per hold this many times (a fresh tenant each)",
+    )
+    parser.add_argument(
+        "--provenance",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the memory holds carry a request and a journal provenance, as the gateway's do",
     )
     parser.add_argument(
         "--script-calls",
@@ -77,17 +105,21 @@ def run(args: argparse.Namespace) -> int:
 async def bench(url: str, args: argparse.Namespace) -> int:
     ledger = Ledger.from_url(url, max_connections=args.clients + 4)
     run = uuid.uuid4().hex[:8]
-    # The memory figures get a tenant of their own, so the trim they end with
-    # removes exactly the journal of the holds they count.
-    tenant, memory_tenant = f"bench-{run}", f"bench-{run}-memory"
+    # The memory figures get a tenant of their own per run, so the trim each ends
+    # with removes exactly the journal of the holds it counts.
+    tenant = f"bench-{run}"
+    memory_tenants = [f"bench-{run}-memory{i}" for i in range(args.memory_runs)]
     try:
         for account in ACCOUNTS:
-            for owner in (tenant, memory_tenant):
+            for owner in (tenant, *memory_tenants):
                 await ledger.upsert_account(owner, AccountSpec(account, 2**52, 2**52))
         await ledger.load_scripts()
         rows = await measure(ledger, tenant, args)
         times = await script_times(ledger, tenant, ACCOUNTS, args.script_calls, args.batch)
-        memory = await memory_per_hold(ledger, memory_tenant, args.holds, args.batch)
+        memory = [
+            await memory_per_hold(ledger, owner, args.holds, args.batch, args.provenance)
+            for owner in memory_tenants
+        ]
     finally:
         await ledger.aclose()
     if args.json:
@@ -99,7 +131,10 @@ async def bench(url: str, args: argparse.Namespace) -> int:
 
 
 def measurements(
-    rows: list[tuple[Rate, Rate]], memory: Memory, times: list[ScriptTime], args: argparse.Namespace
+    rows: list[tuple[Rate, Rate]],
+    memory: list[Memory],
+    times: list[ScriptTime],
+    args: argparse.Namespace,
 ) -> dict[str, object]:
     """What the tables show, as data: each mode with its baseline and their ratio."""
     return {
@@ -108,7 +143,7 @@ def measurements(
             {"ours": asdict(ours), "baseline": asdict(base), "ratio": ours.per_s / base.per_s}
             for ours, base in rows
         ],
-        "memory": {**asdict(memory), "holds": args.holds},
+        "memory": [{**asdict(run), "holds": args.holds} for run in memory],
         "script_times": [asdict(t) for t in times],
     }
 
@@ -188,16 +223,30 @@ class Memory:
     trim_per_s: float
 
 
-async def memory_per_hold(ledger: Ledger, tenant: str, holds: int, batch: int) -> Memory:
+async def memory_per_hold(
+    ledger: Ledger, tenant: str, holds: int, batch: int, provenance: bool
+) -> Memory:
     """Redis memory per settled hold (hold record, idempotency and journal entries
     included), from INFO memory before and after `holds` reserve+post pairs; then
     the journal is archived (to a temporary directory) and trimmed, as a gateway
-    does to entries older than IRREV_JOURNAL_KEEP_S, and measured again."""
+    does to entries older than IRREV_JOURNAL_KEEP_S, and measured again.
+    `provenance`: each hold keeps a request until it is posted and its journal entry
+    who asked (Provenance), as the gateway's holds do."""
     redis, node = ledger.redis, tenant_node(ledger, tenant)
     before = int((await redis.info("memory", **node))["used_memory"])
     for start in range(0, holds, batch):
         ids = [f"m{i}" for i in range(start, min(start + batch, holds))]
-        requests = [ReserveRequest(k, "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS) for k in ids]
+        requests = [
+            ReserveRequest(
+                k,
+                "fp",
+                dict.fromkeys(ACCOUNTS, PRICE),
+                HOUR_MS,
+                request=BENCH_REQUEST if provenance else "",
+                provenance=Provenance(BENCH_ROUTE, "a1", "ops", PRICE, k) if provenance else None,
+            )
+            for k in ids
+        ]
         await ledger.reserve_many(tenant, requests)
         await ledger.post_many(tenant, [(k, PRICE // 2) for k in ids])
     after = int((await redis.info("memory", **node))["used_memory"])
@@ -211,7 +260,7 @@ async def memory_per_hold(ledger: Ledger, tenant: str, holds: int, batch: int) -
     )
 
 
-def report(rows: list[tuple[Rate, Rate]], memory: Memory, args: argparse.Namespace) -> None:
+def report(rows: list[tuple[Rate, Rate]], memory: list[Memory], args: argparse.Namespace) -> None:
     table = Table(title=f"irrev bench ledger (appendfsync {args.appendfsync})")
     for column in ("mode", "reserve+post /s", "p50 ms", "p99 ms", "trivial EVALSHA /s", "ratio"):
         table.add_column(column, justify="left" if column == "mode" else "right")
@@ -226,16 +275,20 @@ def report(rows: list[tuple[Rate, Rate]], memory: Memory, args: argparse.Namespa
         )
     console = Console()
     console.print(table)
-    console.print(
-        f"Redis memory per settled hold (3 accounts, journal included), over "
-        f"{args.holds:,} holds: {memory.per_hold:,.0f} bytes (budget 1,024); "
-        f"{memory.per_hold_trimmed:,.0f} bytes once its journal is archived and trimmed "
-        f"({memory.trimmed:,} entries at {memory.trim_per_s:,.0f}/s)"
-    )
+    carried = "with" if args.provenance else "without"
+    for run in memory:
+        console.print(
+            f"Redis memory per settled hold (3 accounts, journal included, {carried} "
+            f"provenance), over {args.holds:,} holds: {run.per_hold:,.0f} bytes (budget "
+            f"1,024); {run.per_hold_trimmed:,.0f} bytes once its journal is archived and "
+            f"trimmed ({run.trimmed:,} entries at {run.trim_per_s:,.0f}/s)"
+        )
 
 
 def report_script_times(times: list[ScriptTime]) -> None:
-    table = Table(title="Redis server time per script (INFO commandstats, EVALSHA usec/calls)")
+    table = Table(
+        title="Redis server time per script (INFO commandstats, FCALL/EVALSHA usec/calls)"
+    )
     for column in ("script", "calls", "us per call", "x trivial"):
         table.add_column(column, justify="left" if column == "script" else "right")
     trivial = next(t for t in times if t.operation == "trivial").usec_per_call

@@ -3,9 +3,10 @@ costs the Redis process itself (the scarce resource: one core per primary), besi
 a trivial one-write script measured the same way.
 
 Each operation runs alone on the node that serves the tenant's slot, between a
-CONFIG RESETSTAT and an INFO commandstats of that node, so EVALSHA's `usec/calls`
-is that script's execution time (the commands it calls included), whatever the
-client and the network add.
+CONFIG RESETSTAT and an INFO commandstats of that node, so FCALL's (Redis 7: the
+ledger's Functions library) or EVALSHA's (6.2) `usec/calls` is that operation's
+execution time (the commands it calls included), whatever the client and the
+network add. The trivial script is run both ways where the server has Functions.
 """
 
 from __future__ import annotations
@@ -21,6 +22,12 @@ from ledger import Ledger, ReserveRequest
 from ledger.keys import accounts_key
 
 TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
+TRIVIAL_LIBRARY = (
+    "#!lua name=irrev_bench\n"
+    "redis.register_function('irrev_bench_trivial', function(keys, argv)\n"
+    "  return redis.call('HINCRBY', keys[1], 'n', 1)\n"
+    "end)\n"
+)
 HOUR_MS = 3_600_000
 PRICE = 1_000
 CONCURRENCY = 16
@@ -47,12 +54,15 @@ async def script_times(
     def ids(kind: str) -> list[str]:
         return [f"{run}-{kind}-{i}" for i in range(calls)]
 
-    async def trivial() -> None:
-        for start in range(0, calls, batch):
-            async with ledger.redis.pipeline(transaction=False) as pipe:
-                for _ in range(min(batch, calls - start)):
-                    pipe.execute_command("EVALSHA", sha, 1, counter)
-                await pipe.execute()
+    def trivial(*command: str) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            for start in range(0, calls, batch):
+                async with ledger.redis.pipeline(transaction=False) as pipe:
+                    for _ in range(min(batch, calls - start)):
+                        pipe.execute_command(*command, 1, counter)
+                    await pipe.execute()
+
+        return run
 
     async def reserve(kind: str, escalate_above: int = 0) -> None:
         keys = ids(kind)
@@ -79,8 +89,12 @@ async def script_times(
 
     await reserve("void")
     await reserve("approve", escalate_above=1)
+    functions = await ledger.uses_functions()
+    if functions:
+        await ledger.redis.function_load(TRIVIAL_LIBRARY, replace=True)
     measured = [
-        ("trivial", trivial),
+        ("trivial", trivial("EVALSHA", sha)),
+        *([("trivial FCALL", trivial("FCALL", "irrev_bench_trivial"))] if functions else []),
         ("reserve", lambda: reserve("post")),
         ("post", post),
         ("void", lambda: each(lambda k: ledger.void(tenant, k), "void")),
@@ -108,9 +122,10 @@ class _Node:
         self.target = tenant_node(ledger, tenant)
 
     async def evalsha_time(self, name: str, operation: Callable[[], Awaitable[None]]) -> ScriptTime:
+        """The time of the EVALSHA and FCALL calls `operation` makes."""
         await self.redis.execute_command("CONFIG", "RESETSTAT", **self.target)
         await operation()
         stats = await self.redis.info("commandstats", **self.target)
-        evalsha = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
-        calls = int(evalsha["calls"])
-        return ScriptTime(name, calls, int(evalsha["usec"]) / calls if calls else 0.0)
+        ran = [stats.get(f"cmdstat_{c}", {"calls": 0, "usec": 0}) for c in ("evalsha", "fcall")]
+        calls = sum(int(r["calls"]) for r in ran)
+        return ScriptTime(name, calls, sum(int(r["usec"]) for r in ran) / calls if calls else 0.0)

@@ -227,7 +227,8 @@ async def _journal(ledger: Ledger, args: argparse.Namespace) -> int:
             at = rfc3339(int(entry.entry_id.partition("-")[0]))
             print(json.dumps({**entry.as_dict(), "at": at}))
         else:
-            rest = " ".join(f"{k}={v}" for k, v in entry.fields.items() if k != "op")
+            shown = entry.as_dict().items()
+            rest = " ".join(f"{k}={v}" for k, v in shown if k not in ("id", "op"))
             print(f"{entry.entry_id}  {entry.op:<10} {rest}")
     return 0
 

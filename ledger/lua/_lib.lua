@@ -1,6 +1,7 @@
--- Shared helpers, prepended to every ledger script when it is loaded
--- (ledger/scripts.py), so each operation stays one atomic script. Not a script on
--- its own.
+-- Shared helpers of every ledger operation. On Redis 7 they are the top of one
+-- Redis Functions library (ledger/scripts.py), loaded once, and each operation's
+-- file becomes the body of a function of it; on Redis 6.2 the helpers an operation
+-- uses are prepended to its file, which is run by EVALSHA. Not a script on its own.
 --
 -- Key layout: every key a script reads or writes is declared in KEYS, so that
 -- during a slot migration Redis runs a script only where all of them are (else it
@@ -18,18 +19,27 @@
 -- tostring() and `..` print 14 significant digits, so numbers that go into strings
 -- pass through fmt(); numbers passed to redis.call are printed by Redis with 17.
 
-redis.replicate_commands() -- Redis 6 needs it to write after TIME; a no-op on 7
+-- The call's KEYS and ARGV and the tenant's keys, set by `bind` at the start of
+-- every call (a function gets its keys and arguments as parameters, and a library
+-- has no globals of its own).
+local KEYS, ARGV, ACCOUNTS, P, JOURNAL, DEADLINES, AMBIGUOUS, ESCALATED
 
-local ACCOUNTS = KEYS[1]
-local P = string.sub(ACCOUNTS, 1, -9) -- the tenant's prefix `irrev:{<tenant>}:`
-local JOURNAL = KEYS[2]
-local DEADLINES = KEYS[3]
-local AMBIGUOUS = KEYS[4]
-local ESCALATED = KEYS[5]
+local function bind(keys, argv)
+  KEYS, ARGV = keys, argv
+  ACCOUNTS, JOURNAL, DEADLINES, AMBIGUOUS, ESCALATED = keys[1], keys[2], keys[3], keys[4], keys[5]
+  if ACCOUNTS then
+    P = string.sub(ACCOUNTS, 1, -9) -- the tenant's prefix `irrev:{<tenant>}:`
+  end
+end
+
 local MAX_AMOUNT = 9007199254740991
 local MAX_ACCOUNTS = 8
 local MAX_BLOB = 1048576
+local MAX_PROVENANCE = 16384
 local MAX_NOTE = 2048 -- a person's note on a decision (approve, reject, resolve)
+-- A hold's decision follows from its reason (the record keeps only the reason).
+local DECISION = {within_budget = 'admit', budget_exceeded = 'deny', over_limit = 'deny',
+  soft_band = 'escalate', approval_threshold = 'escalate'}
 
 local function fmt(n)
   if n == 0 then
@@ -98,22 +108,25 @@ local ACCOUNT_FIELDS = {'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'o
 local BALANCE_FIELDS = {'pend', 'post', 'ws', 'over'}
 
 -- The accounts named by `ids`, in their order, in one HMGET (nil where missing).
-local function load_accounts(ids)
-  local names = {}
+-- `without_overruns`: all but `over` (nil then; save_accounts leaves it alone), for
+-- a script that does not count overruns: each field read costs script time.
+local function load_accounts(ids, without_overruns)
+  local names, width = {}, without_overruns and 7 or 8
   for i = 1, #ids do
-    for j = 1, 8 do
+    for j = 1, width do
       names[#names + 1] = ids[i] .. '|' .. ACCOUNT_FIELDS[j]
     end
   end
   local v = redis.call('HMGET', ACCOUNTS, unpack(names))
   local out = {}
   for i = 1, #ids do
-    local at = 8 * (i - 1)
+    local at = width * (i - 1)
     if v[at + 1] then
       local a = {
         id = ids[i], limit = tonumber(v[at + 1]), soft = tonumber(v[at + 2]),
         win = tonumber(v[at + 3]), appr = tonumber(v[at + 4]), pend = tonumber(v[at + 5]),
-        post = tonumber(v[at + 6]), ws = tonumber(v[at + 7]), over = tonumber(v[at + 8]),
+        post = tonumber(v[at + 6]), ws = tonumber(v[at + 7]),
+        over = not without_overruns and tonumber(v[at + 8]) or nil,
       }
       a.was = {pend = a.pend, post = a.post, ws = a.ws, over = a.over}
       out[i] = a
@@ -147,6 +160,31 @@ end
 
 local function load_account(id)
   return load_accounts({id})[1]
+end
+
+-- load_accounts' balance and window only (pend, post, win, ws; nil where missing):
+-- what post changes. Every field named costs the HMGET and the script time, and
+-- an overrun's count is added with HINCRBY instead of read (save_accounts skips
+-- the fields not read).
+local function load_balances(ids)
+  local names = {}
+  for i = 1, #ids do
+    local id = ids[i]
+    names[#names + 1], names[#names + 2] = id .. '|pend', id .. '|post'
+    names[#names + 1], names[#names + 2] = id .. '|win', id .. '|ws'
+  end
+  local v = redis.call('HMGET', ACCOUNTS, unpack(names))
+  local out = {}
+  for i = 1, #ids do
+    local at = 4 * (i - 1)
+    if v[at + 1] then
+      local a = {id = ids[i], pend = tonumber(v[at + 1]), post = tonumber(v[at + 2]),
+        win = tonumber(v[at + 3]), ws = tonumber(v[at + 4])}
+      a.was = {pend = a.pend, post = a.post, ws = a.ws}
+      out[i] = a
+    end
+  end
+  return out
 end
 
 -- Write back, in one HSET, the balance fields that changed since load_accounts, and
@@ -297,12 +335,15 @@ local function load_hold(id)
   return {
     id = id, st = h[1], arm = h[2], accounts = split(h[3]), amounts = split_numbers(h[4]),
     posted = h[5] and split_numbers(h[5]), post_ws = h[6] and split_numbers(h[6]),
-    compensated = h[7] and split_numbers(h[7]), deadline = tonumber(h[8]), by = h[9],
+    -- a posted hold without `cmp` has recovered nothing yet
+    compensated = h[7] and split_numbers(h[7]) or zeros(#split(h[3])), deadline = tonumber(h[8]),
+    by = h[9],
   }
 end
 
--- load_hold's state, accounts, amounts and posted amounts only (what post reads):
--- each field an HMGET asks for costs Redis time even when it is empty.
+-- load_hold's state, accounts, amounts and posted amounts only (what post reads),
+-- with the accounts and amounts as stored too (the post's journal entry repeats
+-- them): each field an HMGET asks for costs Redis time even when it is empty.
 local function load_hold_for_post(id)
   local h = redis.call('HMGET', hkey(id), 'st', 'acc', 'amt', 'pst')
   if not h[1] then
@@ -310,7 +351,7 @@ local function load_hold_for_post(id)
   end
   return {
     id = id, st = h[1], accounts = split(h[2]), amounts = split_numbers(h[3]),
-    posted = h[4] and split_numbers(h[4]),
+    posted = h[4] and split_numbers(h[4]), acc = h[2], amt = h[3],
   }
 end
 

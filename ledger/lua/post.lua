@@ -19,6 +19,11 @@
 --                                      that would take an account's pending +
 --                                      posted past 2^53-1, checked before any write)
 --
+-- The hold gains pst (the posted amounts), pws (each account's window at the post),
+-- tp, flag if any, out if any (cmp, what was recovered, appears with a compensation).
+-- Its journal entry: op, hold, acc, rel (the pending released, per account: the
+-- hold's amounts, absent when it had expired), pst, flag if any.
+--
 -- Invariant: pending falls by exactly what the hold still charged, posted rises by
 -- exactly the posted amounts, and the journal entry carries both.
 
@@ -41,7 +46,7 @@ end
 
 local now = now_ms()
 local dpend = pending_release(hold)
-local accounts = load_accounts(hold.accounts)
+local accounts = load_balances(hold.accounts)
 for i = 1, #hold.accounts do
   local a = accounts[i]
   if a.pend + dpend[i] + posted_after_roll(a, now) + amounts[i] > MAX_AMOUNT then
@@ -61,15 +66,22 @@ for i = 1, #hold.accounts do
     if flags[#flags] ~= 'overrun' then
       flags[#flags + 1] = 'overrun'
     end
-    a.over = a.over + 1
+    redis.call('HINCRBY', ACCOUNTS, a.id .. '|over', 1)
   end
   post_ws[i] = a.ws
 end
 save_accounts(accounts)
 local flag_text = table.concat(flags, ',')
-set_state(id, hold.st, 'posted', retention_ms, settle_fields(outcome,
-  {'pst', join_numbers(amounts), 'pws', join_numbers(post_ws), 'cmp',
-   join_numbers(zeros(#amounts)), 'flag', flag_text, 'tp', now}))
-journal({'op', 'post', 'hold', id, 'st', 'posted', 'flag', flag_text,
-         'd', deltas(hold.accounts, dpend, amounts)})
+local pst = join_numbers(amounts)
+local fields = {'pst', pst, 'pws', join_numbers(post_ws), 'tp', now}
+local entry = {'op', 'post', 'hold', id, 'acc', hold.acc, 'pst', pst}
+if hold.st ~= 'expired' then
+  entry[#entry + 1], entry[#entry + 2] = 'rel', hold.amt
+end
+if #flag_text > 0 then
+  fields[#fields + 1], fields[#fields + 2] = 'flag', flag_text
+  entry[#entry + 1], entry[#entry + 2] = 'flag', flag_text
+end
+set_state(id, hold.st, 'posted', retention_ms, settle_fields(outcome, fields))
+journal(entry)
 return {'ok', 'posted', flag_text}

@@ -11,20 +11,22 @@
 -- ARGV[7]  escalate_above: a price above this escalates (0: no route threshold)
 -- ARGV[8]  request: opaque bytes kept with a held effect until it settles, so
 --          that an approver or the reconciler can act on it ('' for none)
--- ARGV[9]  n, the number of accounts (1..8), then n pairs: account id, amount
--- ARGV[10+2n]  denied_retention_ms: a denied record's life (0 keeps it); it only
+-- ARGV[9]  provenance: who asked for the effect and what it was, kept verbatim in
+--          the journal entry (`prov`, see ledger/journal.py; '' for none)
+-- ARGV[10] n, the number of accounts (1..8), then n pairs: account id, amount
+-- ARGV[11+2n]  denied_retention_ms: a denied record's life (0 keeps it); it only
 --          serves a replay of the refusal, so it is kept short
--- ARGV[11+2n]  m, accounts to open if missing (0..n), then m groups of five: account
+-- ARGV[12+2n]  m, accounts to open if missing (0..n), then m groups of five: account
 --          id (one of the hold's), limit, soft limit, window_ms, approval threshold
 --          (as in account.lua). A missing account is opened only when the hold is
 --          admitted or escalated and its amount is > 0; one whose amount is 0 is left
 --          out of the hold (a fresh account with nothing on it cannot change the
 --          decision), so neither a refusal nor a free effect creates an account.
--- ARGV[12+2n+5m]  shadow: '1' holds the effect even when the decision is deny or
+-- ARGV[13+2n+5m]  shadow: '1' holds the effect even when the decision is deny or
 --          escalate (shadow mode: never blocking; the would-be decision is kept in
---          the hold and the journal, and the hold may take accounts above their
---          limits); '0' enforces
--- ARGV[13+2n+5m]  optional '1': decide even if holds of the tenant are due
+--          the hold's reason and the journal, and the hold may take accounts above
+--          their limits); '0' enforces
+-- ARGV[14+2n+5m]  optional '1': decide even if holds of the tenant are due
 --
 -- Returns
 --   {'ok' | 'exists', decision, reason, state, deadline_ms, created_ms, n,
@@ -38,8 +40,17 @@
 --       In shadow mode a deny or escalate comes with state 'pending': held anyway.
 --   {'expire_first', ''}   holds of the tenant are due, whose release the decision
 --       should see, but their keys are not declared here: nothing written; expire
---       them (sweep.lua) and call again with ARGV[13+2n+5m] = '1'
+--       them (sweep.lua) and call again with ARGV[14+2n+5m] = '1'
 --   {'bad_input', field, message}                   nothing written
+--
+-- The hold record: st, fp, arm, t0, dl, acc and amt (comma lists: the accounts and
+-- what it holds on each), why, lim and used (what decided, for a replay; the
+-- decision follows from the reason), req while it is live. Each value stays short
+-- (Redis keeps a hash whose values are all under 64 bytes packed, in a third of the
+-- memory), so the limits and used amounts are not joined into one. Its journal
+-- entry: op, hold, why, acc and amt for a hold kept (the pending it adds), shadow
+-- (the would-be decision of a hold kept in shadow mode: its state is pending whatever
+-- the reason), prov. A shadow hold's record is pending with the would-be reason.
 --
 -- Invariant: an admission or escalation never takes any account's pending + posted
 -- above its limit (a shadow hold may: it is what the fleet really did), and it
@@ -62,7 +73,8 @@ local armed = ARGV[5]
 local retention_ms = uint(ARGV[6], MAX_AMOUNT)
 local escalate_above = uint(ARGV[7], MAX_AMOUNT)
 local request = ARGV[8]
-local n = uint(ARGV[9], MAX_ACCOUNTS)
+local provenance = ARGV[9]
+local n = uint(ARGV[10], MAX_ACCOUNTS)
 if not ttl_ms then return {'bad_input', 'ttl_ms', 'must be an integer >= 0'} end
 if not esc_ttl_ms then return {'bad_input', 'escalation_ttl_ms', 'must be an integer >= 0'} end
 if armed ~= '0' and armed ~= '1' then return {'bad_input', 'armed', 'must be 0 or 1'} end
@@ -73,12 +85,15 @@ end
 if #request > MAX_BLOB then
   return {'bad_input', 'request', 'must be at most 1 MiB'}
 end
-if not n or n < 1 or #ARGV < 11 + 2 * n then
+if type(provenance) ~= 'string' or #provenance > MAX_PROVENANCE then
+  return {'bad_input', 'provenance', 'must be at most ' .. MAX_PROVENANCE .. ' bytes'}
+end
+if not n or n < 1 or #ARGV < 12 + 2 * n then
   return {'bad_input', 'accounts', 'must name 1 to ' .. MAX_ACCOUNTS .. ' accounts, each with an amount'}
 end
 local accounts, amounts, seen = {}, {}, {}
 for i = 1, n do
-  local account, amount = ARGV[8 + 2 * i], uint(ARGV[9 + 2 * i], MAX_AMOUNT)
+  local account, amount = ARGV[9 + 2 * i], uint(ARGV[10 + 2 * i], MAX_AMOUNT)
   if not valid_id(account) or seen[account] then
     return {'bad_input', 'accounts', 'account ids must be distinct and well formed'}
   end
@@ -88,14 +103,14 @@ for i = 1, n do
   seen[account] = i
   accounts[i], amounts[i] = account, amount
 end
-local denied_retention_ms = uint(ARGV[10 + 2 * n], MAX_AMOUNT)
+local denied_retention_ms = uint(ARGV[11 + 2 * n], MAX_AMOUNT)
 if not denied_retention_ms then
   return {'bad_input', 'denied_retention_ms', 'must be an integer >= 0'}
 end
-local m = uint(ARGV[11 + 2 * n], MAX_ACCOUNTS)
-local shadow = ARGV[12 + 2 * n + 5 * (m or 0)]
-local decide_anyway = ARGV[13 + 2 * n + 5 * (m or 0)]
-if not m or m > n or #ARGV ~= 12 + 2 * n + 5 * m + (decide_anyway and 1 or 0)
+local m = uint(ARGV[12 + 2 * n], MAX_ACCOUNTS)
+local shadow = ARGV[13 + 2 * n + 5 * (m or 0)]
+local decide_anyway = ARGV[14 + 2 * n + 5 * (m or 0)]
+if not m or m > n or #ARGV ~= 13 + 2 * n + 5 * m + (decide_anyway and 1 or 0)
     or (decide_anyway and decide_anyway ~= '1') then
   return {'bad_input', 'open', 'must give 0 to n accounts to open, five fields each'}
 end
@@ -104,7 +119,7 @@ if shadow ~= '0' and shadow ~= '1' then
 end
 local specs = {}
 for j = 1, m do
-  local at = 11 + 2 * n + 5 * (j - 1)
+  local at = 12 + 2 * n + 5 * (j - 1)
   local i = seen[ARGV[at + 1]]
   local limit, soft = uint(ARGV[at + 2], MAX_AMOUNT), uint(ARGV[at + 3], MAX_AMOUNT)
   local win, appr = uint(ARGV[at + 4], MAX_AMOUNT), uint(ARGV[at + 5], MAX_AMOUNT)
@@ -121,13 +136,14 @@ local key = hkey(id)
 -- One field first: a new hold (the common case) pays for an HGET, not an HMGET of ten.
 local held = redis.call('HGET', key, 'fp')
 if held then
-  held = redis.call('HMGET', key, 'fp', 'dec', 'why', 'st', 'dl', 't0', 'acc', 'lim', 'used', 'amt')
+  held = redis.call('HMGET', key, 'fp', 'why', 'st', 'dl', 't0', 'acc', 'lim', 'used', 'amt')
   if held[1] ~= fp then
-    return {'exists_with_different_fingerprint', held[4]}
+    return {'exists_with_different_fingerprint', held[3]}
   end
-  local reply = {'exists', held[2], held[3], held[4], tonumber(held[5]), tonumber(held[6])}
-  local acc, lim, used, amt = split(held[7]), split_numbers(held[8]), split_numbers(held[9]),
-    split_numbers(held[10])
+  local reply = {'exists', DECISION[held[2]], held[2], held[3], tonumber(held[4]),
+    tonumber(held[5])}
+  local acc, lim, used, amt = split(held[6]), split_numbers(held[7]), split_numbers(held[8]),
+    split_numbers(held[9])
   reply[7] = #acc
   for i = 1, #acc do
     reply[#reply + 1] = acc[i]
@@ -138,7 +154,7 @@ if held then
   return reply
 end
 
-local loaded = load_accounts(accounts)
+local loaded = load_accounts(accounts, true)
 for i = 1, n do
   if not loaded[i] and not specs[i] then
     return {'unknown_account', accounts[i]}
@@ -146,8 +162,12 @@ for i = 1, n do
 end
 
 local now = now_ms()
-if not decide_anyway and redis.call('ZCOUNT', DEADLINES, '-inf', now) > 0 then
-  return {'expire_first', ''}
+if not decide_anyway then
+  -- The earliest deadline only: cheaper than counting the due ones.
+  local first = redis.call('ZRANGE', DEADLINES, 0, 0, 'WITHSCORES')
+  if first[2] and tonumber(first[2]) <= now then
+    return {'expire_first', ''}
+  end
 end
 
 -- Inputs are good: from here on the script writes.
@@ -224,9 +244,9 @@ if state ~= 'denied' then
   end
 end
 
-local fields = {'st', state, 'fp', fp, 'dec', decision, 'why', reason,
-  'arm', (state == 'escalated') and '0' or armed, 't0', now, 'dl', deadline,
-  'acc', table.concat(accounts, ','), 'amt', join_numbers(amounts),
+local acc, amt = table.concat(accounts, ','), join_numbers(amounts)
+local fields = {'st', state, 'fp', fp, 'arm', (state == 'escalated') and '0' or armed,
+  't0', now, 'dl', deadline, 'acc', acc, 'amt', amt, 'why', reason,
   'lim', join_numbers(limits), 'used', join_numbers(used)}
 if state ~= 'denied' and #request > 0 then
   fields[#fields + 1], fields[#fields + 2] = 'req', request
@@ -234,7 +254,7 @@ end
 redis.call('HSET', key, unpack(fields))
 -- A refusal changes no balance, so its journal entry names none (not even the
 -- accounts it would have opened).
-local changed = ''
+local entry = {'op', 'reserve', 'hold', id, 'why', reason}
 if state == 'denied' then
   if denied_retention_ms > 0 then
     redis.call('PEXPIRE', key, denied_retention_ms)
@@ -248,7 +268,7 @@ if state == 'denied' then
   end
   save_accounts(rolled)
 else
-  changed = deltas(accounts, amounts, zeros(n))
+  entry[7], entry[8], entry[9], entry[10] = 'acc', acc, 'amt', amt
   for i = 1, n do
     local a = loaded[i]
     a.pend = a.pend + amounts[i]
@@ -259,10 +279,12 @@ else
     redis.call('SADD', ESCALATED, id)
   end
 end
-local entry = {'op', 'reserve', 'hold', id, 'st', state, 'why', reason, 'd', changed}
 if state == 'pending' and decision ~= 'admit' then
   -- Held in shadow mode: what enforcement would have done.
   entry[#entry + 1], entry[#entry + 2] = 'shadow', decision
+end
+if #provenance > 0 then
+  entry[#entry + 1], entry[#entry + 2] = 'prov', provenance
 end
 journal(entry)
 

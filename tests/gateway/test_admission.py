@@ -5,6 +5,7 @@ HTTP request anywhere. The seam is the three-argument `deliver`, nothing more.""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -21,7 +22,8 @@ from gateway.tenants import TenantStore
 from gateway.upstream import Answer, Fate, Upstream
 from gateway.wire import StoredAnswer, StoredRequest, upstream_key
 from ledger.client import Ledger
-from ledger.records import HoldState
+from ledger.journal import read_journal
+from ledger.records import HoldState, Provenance
 from pricing.policy import EffectClass
 
 from .helpers import order
@@ -205,3 +207,27 @@ async def test_an_escalated_effect_waits_for_a_human_before_any_delivery(
     assert escalated.answer is None and escalated.result.state is HoldState.ESCALATED
     assert await pipeline.state(escalated.hold_id) is HoldState.ESCALATED
     assert tool.deliveries == []
+
+
+async def test_the_journal_says_who_asked_for_an_effect_and_what_was_sent(
+    pipeline: Pipeline,
+) -> None:
+    """Issue 14: a month later, the reserve's journal entry still proves what was
+    paid to whom: route, agent, principal, face value, the agent's key and the
+    digest of the request as forwarded."""
+    tool = ToolInMemory()
+    first = _admitted(await pipeline.admit(tool, pipeline.intent("k-prov")))
+    sent = tool.deliveries[0].effect
+    found = pipeline.gate.tenants.authenticate(pipeline.tenant.tokens["buyer-01"])
+    assert found is not None
+    _, agent = found
+    entries = await read_journal(pipeline.gate.ledger, pipeline.tenant.id)
+    (reserve,) = [e for e in entries if e.op == "reserve" and e.hold_id == first.hold_id]
+    assert reserve.provenance == Provenance(
+        "supplier POST /orders",
+        agent.agent_id,
+        agent.principal_id,
+        sent.face_value,
+        "k-prov",
+        hashlib.sha256(sent.dumps().encode()).hexdigest(),
+    )

@@ -19,6 +19,17 @@ class RefAccount:
     approval: int = 0
     pending: int = 0
     posted: int = 0
+    # Live raise_limit rules (rule.lua): rule id -> amount added to limit and soft
+    # limit. The property test's rules live an hour, so none lapses within a run.
+    raises: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def effective_limit(self) -> int:
+        return self.limit + sum(self.raises.values())
+
+    @property
+    def effective_soft(self) -> int:
+        return self.soft + sum(self.raises.values())
 
 
 @dataclass
@@ -54,9 +65,27 @@ class RefLedger:
     accounts: dict[str, RefAccount] = field(default_factory=dict)
     holds: dict[str, RefHold] = field(default_factory=dict)
     claims: int = 0  # retry claims made so far: the last one's number
+    # Live rules that raise a limit: rule id -> the account it raises.
+    rules: dict[str, str] = field(default_factory=dict)
 
     def open(self, account: str, limit: int, soft: int, approval: int = 0) -> None:
-        self.accounts[account] = RefAccount(limit, soft, approval)
+        raises = self.accounts[account].raises if account in self.accounts else {}
+        self.accounts[account] = RefAccount(limit, soft, approval, raises=raises)
+
+    def set_raise(self, rule: str, account: str, amount: int) -> None:
+        """A raise_limit rule: `account` (which must exist) gets `amount` more limit
+        and soft limit while it lives; setting it again replaces its amount."""
+        if account not in self.accounts:
+            raise RefError("unknown_account")
+        self.accounts[account].raises[rule] = amount
+        self.rules[rule] = account
+
+    def delete_rule(self, rule: str) -> bool:
+        account = self.rules.pop(rule, None)
+        if account is None:
+            return False
+        self.accounts[account].raises.pop(rule, None)
+        return True
 
     def _add(self, amounts: dict[str, int], pending: int, posted: dict[str, int] | None) -> None:
         for account, amount in amounts.items():
@@ -90,10 +119,13 @@ class RefLedger:
         escalate_above: int,
         open_missing: dict[str, tuple[int, int, int]] | None = None,
         request: str = "",
+        shadow: bool = False,
     ) -> tuple[str, str, str, str, tuple[tuple[str, int, int, int], ...]]:
         """`open_missing`: {account: (limit, soft, approval)} opened if missing, only
         when the hold is kept and its amount there is > 0; otherwise left out.
-        `request` is kept with a hold that is not denied; a replay keeps the first."""
+        `request` is kept with a hold that is not denied; a replay keeps the first.
+        `shadow`: a deny or escalate is held anyway (pending, armed as asked), even
+        above a limit. A check's limit is the effective one (live raises added)."""
         held = self.holds.get(key)
         if held is not None:
             if held.fingerprint != fingerprint:
@@ -110,10 +142,13 @@ class RefLedger:
         known = {**self.accounts, **fresh}
         kept = {a: v for a, v in amounts.items() if a in known}
         checks = tuple(
-            (a, known[a].limit, known[a].pending + known[a].posted, v) for a, v in kept.items()
+            (a, known[a].effective_limit, known[a].pending + known[a].posted, v)
+            for a, v in kept.items()
         )
         decision, reason = self._decide(known, checks, escalate_above)
         state = {"admit": "pending", "escalate": "escalated", "deny": "denied"}[decision]
+        if shadow:
+            state = "pending"
         self.holds[key] = RefHold(
             fingerprint,
             state,
@@ -121,7 +156,7 @@ class RefLedger:
             reason,
             kept,
             checks,
-            armed=armed and decision == "admit",
+            armed=armed and state == "pending",
             due=zero_ttl and state != "denied",
             request=request if state != "denied" else "",
         )
@@ -143,7 +178,7 @@ class RefLedger:
                 return "deny", "budget_exceeded"
         for account, _, used, amount in checks:
             acct = known[account]
-            if used + amount > acct.soft:
+            if used + amount > acct.effective_soft:
                 return "escalate", "soft_band"
             if (acct.approval and amount > acct.approval) or (
                 escalate_above and amount > escalate_above

@@ -130,50 +130,54 @@ def _spec(limit: int, soft: int) -> Any:
 
 
 # A reserve of 1 on factor:x that opens one account, whose spec follows.
-OPEN_ONE = ["k", "fp", "100", "0", "1", "0", "0", "", "1", "factor:x", "1", "0", "1"]
+OPEN_ONE = ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "factor:x", "1", "0", "1"]
 RAW: list[tuple[str, str, list[str]]] = [
-    ("reserve-1e3", "reserve", ["k", "fp", "1e3", "0", "1", "0", "0", "", "1", "tenant:acme", "5"]),
+    (
+        "reserve-1e3",
+        "reserve",
+        ["k", "fp", "1e3", "0", "1", "0", "0", "", "", "1", "tenant:acme", "5"],
+    ),
     (
         "reserve-hex",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "0x10"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "0x10"],
     ),
     (
         "reserve-neg",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "-5"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "-5"],
     ),
     (
         "reserve-2^53",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", str(TOO_BIG)],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", str(TOO_BIG)],
     ),
     (
         "reserve-nan",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "nan"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "nan"],
     ),
     (
         "reserve-dup",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "2", "tenant:acme", "1", "tenant:acme", "1"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "2", "tenant:acme", "1", "tenant:acme", "1"],
     ),
     (
         "reserve-short",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "2", "tenant:acme", "1"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "2", "tenant:acme", "1"],
     ),
     (
         "reserve-armed",
         "reserve",
-        ["k", "fp", "100", "0", "yes", "0", "0", "", "1", "tenant:acme", "1"],
+        ["k", "fp", "100", "0", "yes", "0", "0", "", "", "1", "tenant:acme", "1"],
     ),
-    ("reserve-0-accts", "reserve", ["k", "fp", "100", "0", "1", "0", "0", "", "0"]),
+    ("reserve-0-accts", "reserve", ["k", "fp", "100", "0", "1", "0", "0", "", "", "0"]),
     (
         "reserve-too-many-accts",
         "reserve",
         [
-            *["k", "fp", "100", "0", "1", "0", "0", "", str(MAX_ACCOUNTS + 1)],
+            *["k", "fp", "100", "0", "1", "0", "0", "", "", str(MAX_ACCOUNTS + 1)],
             *[arg for i in range(MAX_ACCOUNTS + 1) for arg in (f"agent:a{i}", "1")],
             *["0", "0"],
         ],
@@ -191,12 +195,12 @@ RAW: list[tuple[str, str, list[str]]] = [
     (
         "reserve-no-denied-retention",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "1", "", "0"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "1", "", "0"],
     ),
     (
         "reserve-shadow",
         "reserve",
-        ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "1", "0", "0", "yes"],
+        ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "1", "0", "0", "yes"],
     ),
     ("post-float", "post", ["held", "0", "", "*", "1.5"]),
     ("post-extra", "post", ["held", "0", "", "*", "1", "2"]),
@@ -225,7 +229,7 @@ async def test_script_validates_before_writing(
         keys = tenant_keys(tenant)
     else:
         keys = hold_script_keys(tenant, args[0])
-    reply = await seeded._scripts[operation](keys=keys, args=args)
+    reply = await seeded._run(operation, keys, args)
     assert reply[0] == "bad_input"
     assert await tenant_snapshot(seeded, tenant) == before
 
@@ -235,7 +239,7 @@ async def test_script_validates_before_writing(
     [
         (
             "reserve",
-            ["k", "fp", "100", "0", "1", "0", "0", "", "1", "tenant:acme", "1", "0", "0", "0"],
+            ["k", "fp", "100", "0", "1", "0", "0", "", "", "1", "tenant:acme", "1", "0", "0", "0"],
         ),
         ("void", ["held", "0", ""]),
         ("post", ["held", "0", "", "*", "100"]),
@@ -249,7 +253,7 @@ async def test_script_touches_only_the_hold_key_it_was_given(
     may be on the other node)."""
     before = await tenant_snapshot(seeded, tenant)
     keys = hold_script_keys(tenant, "posted")
-    reply = await seeded._scripts[operation](keys=keys, args=args)
+    reply = await seeded._run(operation, keys, args)
     assert reply[:2] == ["bad_input", "keys"]
     assert await tenant_snapshot(seeded, tenant) == before
 
@@ -279,17 +283,16 @@ def test_the_scripts_state_the_ledgers_bounds() -> None:
 
 def _raw_reserve(amounts: dict[str, int]) -> list[str]:
     pairs = [arg for account, amount in amounts.items() for arg in (account, str(amount))]
-    return ["k", "fp", "100", "0", "1", "0", "0", "", str(len(amounts)), *pairs, "0", "0", "0"]
+    return ["k", "fp", "100", "0", "1", "0", "0", "", "", str(len(amounts)), *pairs, "0", "0", "0"]
 
 
 async def test_the_script_takes_the_largest_amount_and_refuses_one_more(
     seeded: Ledger, tenant: str
 ) -> None:
-    reserve = seeded._scripts["reserve"]
     prefix = hold_script_keys(tenant, "k")
-    over = await reserve(keys=prefix, args=_raw_reserve({"tenant:acme": MAX_AMOUNT + 1}))
+    over = await seeded._run("reserve", prefix, _raw_reserve({"tenant:acme": MAX_AMOUNT + 1}))
     assert over[0] == "bad_input"
-    at = await reserve(keys=prefix, args=_raw_reserve({"tenant:acme": MAX_AMOUNT}))
+    at = await seeded._run("reserve", prefix, _raw_reserve({"tenant:acme": MAX_AMOUNT}))
     # Read and checked against the limit: a valid amount, denied by the budget.
     assert at[:3] == ["ok", "deny", "budget_exceeded"]
     assert at[-1] == MAX_AMOUNT
@@ -298,13 +301,12 @@ async def test_the_script_takes_the_largest_amount_and_refuses_one_more(
 async def test_the_script_takes_the_most_accounts_and_refuses_one_more(
     seeded: Ledger, tenant: str
 ) -> None:
-    reserve = seeded._scripts["reserve"]
     prefix = hold_script_keys(tenant, "k")
     accounts = {f"agent:a{i}": 1 for i in range(MAX_ACCOUNTS + 1)}
-    over = await reserve(keys=prefix, args=_raw_reserve(accounts))
+    over = await seeded._run("reserve", prefix, _raw_reserve(accounts))
     assert over[:2] == ["bad_input", "accounts"]
     del accounts["agent:a0"]
-    at = await reserve(keys=prefix, args=_raw_reserve(accounts))
+    at = await seeded._run("reserve", prefix, _raw_reserve(accounts))
     assert at[0] == "unknown_account"  # past the count check, to the accounts themselves
 
 

@@ -129,7 +129,7 @@ async def test_resharding_a_busy_tenant_keeps_the_ledger_whole(
             assert balance.used <= balance.limit
         entries = [entry async for entry in iter_journal(ledger, tenant)]
         admissions = Counter(
-            e.hold_id for e in entries if e.op == "reserve" and e.fields["st"] != "denied"
+            e.hold_id for e in entries if e.op == "reserve" and e.state != "denied"
         )
         assert admissions.most_common(1)[0][1] == 1
         opened = Counter(e.fields["acct"] for e in entries if e.op == "account")

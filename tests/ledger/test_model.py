@@ -126,6 +126,7 @@ class LedgerMachine(RuleBasedStateMachine):
         armed=st.booleans(),
         escalate_above=st.sampled_from([0, 0, 150]),
         opens=st.booleans(),
+        shadow=st.sampled_from([False, False, True]),
     )
     def reserve(
         self,
@@ -137,6 +138,7 @@ class LedgerMachine(RuleBasedStateMachine):
         armed: bool,
         escalate_above: int,
         opens: bool,
+        shadow: bool,
     ) -> None:
         zero_ttl = zero_ttl and self.model.due_count() < MAX_DUE
         ttl = 0 if zero_ttl else HOUR_MS
@@ -154,6 +156,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 escalate_above=escalate_above,
                 open_missing=specs,
                 request=request,
+                shadow=shadow,
             )
         )
         got = self.real(
@@ -171,6 +174,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     AccountSpec(a, limit, soft, approval_threshold=approval)
                     for a, (limit, soft, approval) in specs.items()
                 ],
+                shadow=shadow,
             ),
             lambda r: (
                 r.status.value,
@@ -181,6 +185,25 @@ class LedgerMachine(RuleBasedStateMachine):
             ),
         )
         assert got == expected
+
+    @rule(account=st.sampled_from([*ACCOUNTS, *OPENABLE]), amount=st.sampled_from([0, 50, 250]))
+    def raise_limit(self, account: str, amount: int) -> None:
+        # One rule per account: re-setting it replaces its amount.
+        rule_id = f"raise-{account}"
+        expected = outcome(lambda: self.model.set_raise(rule_id, account, amount))
+        got = self.real(
+            lambda: self.ledger.set_rule(
+                self.tenant, rule_id, "ops", "{}", HOUR_MS, raise_limit=(account, amount)
+            ),
+            lambda _: None,
+        )
+        assert got == expected
+
+    @rule(account=st.sampled_from([*ACCOUNTS, *OPENABLE]))
+    def delete_rule(self, account: str) -> None:
+        rule_id = f"raise-{account}"
+        expected = self.model.delete_rule(rule_id)
+        assert self.run(self.ledger.delete_rule(self.tenant, rule_id, "ops")) is expected
 
     def _transition(self, expected: tuple[str, Any], call: Callable[[], Awaitable[Any]]) -> None:
         got = self.real(call, lambda r: (r.status.value, r.state.value, r.flags))

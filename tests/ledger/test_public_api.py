@@ -44,6 +44,7 @@ PUBLIC_API = {
     "Hold",
     "HoldState",
     "Reason",
+    "Provenance",
     "ReserveRequest",
     "ReserveResult",
     "RouteOutcomes",

@@ -1,0 +1,158 @@
+"""How the ledger runs its Lua: FCALL of its Functions library where the server has
+Redis Functions (7+), EVALSHA of one script per operation where it does not (6.2),
+and on a Redis Cluster straight to the primary of the tenant's slot.
+
+The library is loaded with FUNCTION LOAD REPLACE, on every primary of a cluster.
+Redis keeps it in its data, so a restart or a failover keeps it; a node that answers
+that it lacks the function (a new primary, a FUNCTION FLUSH) or the script (a
+restart of 6.2, which forgets scripts) is loaded again and the call sent once more.
+
+On a cluster, calls bypass redis-py's routing of FCALL, which asks the server for a
+command's keys (COMMAND GETKEYS: one more round trip per call): every key of a call
+carries one tenant's hash tag, so the first key names the slot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from redis import exceptions as redis_errors
+from redis.asyncio.cluster import RedisCluster
+
+from .cluster import REDIRECTED, RedisClient, on_primary
+from .scripts import OPERATIONS, function_library, script_source
+
+
+class Scripts:
+    """The ledger's operations on one client: `call` runs one, `call_many` a batch,
+    `call_then_wait` one followed by WAIT on the same connection."""
+
+    def __init__(self, redis: RedisClient) -> None:
+        self.redis = redis
+        self.cluster = redis if isinstance(redis, RedisCluster) else None
+        self.library = function_library()
+        self.sources = {operation: script_source(operation) for operation in OPERATIONS}
+        self.shas = {
+            operation: hashlib.sha1(source.encode()).hexdigest()
+            for operation, source in self.sources.items()
+        }
+        # operation -> (command, function name or script SHA): unset until the first
+        # load tells whether the server has Functions.
+        self.heads: dict[str, tuple[str, str]] = {}
+
+    @property
+    def functions(self) -> bool:
+        return bool(self.heads) and self.heads[OPERATIONS[0]][0] == "FCALL"
+
+    async def load(self) -> None:
+        """Load the library (every primary of a cluster), or on a server without
+        Functions every script."""
+        try:
+            await self.redis.function_load(self.library.code, replace=True)
+        except redis_errors.ResponseError as exc:
+            if "unknown command" not in str(exc).lower():
+                raise
+            for source in self.sources.values():
+                await self.redis.script_load(source)
+            self.heads = {op: ("EVALSHA", sha) for op, sha in self.shas.items()}
+        else:
+            self.heads = {op: ("FCALL", name) for op, name in self.library.functions.items()}
+
+    async def loaded(self) -> bool:
+        """Whether the server still has what `call` runs (it is loaded again when
+        found missing, so this is for health checks)."""
+        if not self.heads:
+            return False
+        if self.functions:
+            found = await self.redis.function_list(library=self.library.name)
+            # A cluster client asks every primary: {node: its libraries}.
+            return all(found.values()) if isinstance(found, dict) else bool(found)
+        return all(await self.redis.script_exists(*self.shas.values()))
+
+    def _head(self, operation: str, keys: list[str], args: list[str]) -> tuple[Any, ...]:
+        command, target = self.heads[operation]
+        return (command, target, len(keys), *keys, *args)
+
+    async def call(self, operation: str, keys: list[str], args: list[str]) -> Any:
+        if not self.heads:
+            await self.load()
+        try:
+            return await self._send(self._head(operation, keys, args), keys[0])
+        except redis_errors.ResponseError as exc:
+            if not _missing(exc):
+                raise
+        await self.load()
+        return await self._send(self._head(operation, keys, args), keys[0])
+
+    async def _send(self, command: tuple[Any, ...], key: str) -> Any:
+        if self.cluster is None:
+            return await self.redis.execute_command(*command)
+        (reply,) = await on_primary(self.cluster, key, [command])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def call_then_wait(
+        self, operation: str, keys: list[str], args: list[str], replicas: int, timeout_ms: int
+    ) -> tuple[Any, Any]:
+        """The call, then WAIT for `replicas` on the same connection (WAIT counts the
+        replicas that have every write of its connection). Returns (reply or error,
+        WAIT's answer or error)."""
+        if not self.heads:
+            await self.load()
+        for attempt in range(2):
+            commands = [self._head(operation, keys, args), ("WAIT", replicas, timeout_ms)]
+            if self.cluster is not None:
+                reply, acked = await on_primary(self.cluster, keys[0], commands)
+            else:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for command in commands:
+                        pipe.execute_command(*command)
+                    reply, acked = await pipe.execute(raise_on_error=False)
+            if attempt == 0 and isinstance(reply, redis_errors.ResponseError) and _missing(reply):
+                await self.load()
+                continue
+            break
+        return reply, acked
+
+    async def call_many(
+        self, operation: str, batch: list[tuple[list[str], list[str]]]
+    ) -> list[Any]:
+        """(keys, args) of each call, in one pipeline (on a cluster, the batch is one
+        tenant's: one slot, one primary); each reply or error in place. Calls that
+        were redirected (a slot on the move) are sent again one by one."""
+        if not self.heads:
+            await self.load()
+        commands = [self._head(operation, keys, args) for keys, args in batch]
+        replies = await self._pipeline(commands, batch[0][0][0])
+        todo = [i for i, r in enumerate(replies) if isinstance(r, Exception) and _missing(r)]
+        if todo:
+            # Those did not run; the others did and are not sent again.
+            await self.load()
+            commands = [self._head(operation, *batch[i]) for i in todo]
+            for i, reply in zip(todo, await self._pipeline(commands, batch[0][0][0]), strict=True):
+                replies[i] = reply
+        for i, reply in enumerate(replies):
+            if isinstance(reply, (*REDIRECTED, redis_errors.ClusterError)):
+                keys, args = batch[i]
+                try:
+                    replies[i] = await self.call(operation, keys, args)
+                except redis_errors.RedisError as exc:
+                    replies[i] = exc
+        return replies
+
+    async def _pipeline(self, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+        if not commands:
+            return []
+        if self.cluster is not None:
+            return await on_primary(self.cluster, key, commands, watch=None)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(await pipe.execute(raise_on_error=False))
+
+
+def _missing(exc: Exception) -> bool:
+    """Redis lacks the function or script (restarted 6.2, a new or flushed node)."""
+    return isinstance(exc, redis_errors.NoScriptError) or "Function not found" in str(exc)

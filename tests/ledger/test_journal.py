@@ -1,0 +1,68 @@
+"""The journal's entries: lean as stored (what follows from other fields is derived
+on reading), each reserve with who asked for the effect and what it was."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ledger.audit import audit_tenant
+from ledger.client import Ledger
+from ledger.journal import Delta, read_journal
+from ledger.records import Provenance
+
+from .conftest import open_accounts
+
+HOUR_MS = 3_600_000
+REQUEST = '{"method":"POST","path":"/v1/refunds","body_b64":"e30="}'
+
+
+async def test_reserve_entries_record_who_asked_and_what_was_sent(
+    ledger: Ledger, tenant: str
+) -> None:
+    """Issue 14: route, agent, principal, face value, the agent's key and a digest of
+    the kept request, for a hold kept and for a refusal alike (a route id of an
+    unknown route is the agent's path: any text survives)."""
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    asked = Provenance("pay POST /v1/a|b%7C", "agent-7", "ops", 12_500_000, "key|%1")
+    for key, price in (("kept", 400), ("refused", 4000)):
+        await ledger.reserve(
+            tenant,
+            key,
+            "fp",
+            {"tenant:acme": price},
+            ttl_ms=HOUR_MS,
+            request=REQUEST,
+            provenance=asked,
+        )
+    kept, refused = (e for e in await read_journal(ledger, tenant) if e.op == "reserve")
+    digest = hashlib.sha256(REQUEST.encode()).hexdigest()
+    for entry in (kept, refused):
+        assert entry.provenance == Provenance(
+            asked.route, "agent-7", "ops", 12_500_000, "key|%1", digest
+        )
+        shown = entry.as_dict()
+        assert (shown["route"], shown["agent_key"], shown["request_sha256"]) == (
+            asked.route,
+            "key|%1",
+            digest,
+        )
+    assert (kept.state, refused.state) == ("pending", "denied")
+    assert kept.deltas == (Delta("tenant:acme", 400, 0),) and refused.deltas == ()
+
+
+async def test_lean_entries_replay_into_every_balance(ledger: Ledger, tenant: str) -> None:
+    """Reserve and post entries keep no state or delta field: both are derived, and
+    the audit's replay still proves every balance (a post releases the hold's
+    amounts unless it had expired, and posts its own)."""
+    await open_accounts(ledger, tenant, tenant_acme=10_000, agent_a=5_000)
+    both = {"tenant:acme": 300, "agent:a": 200}
+    await ledger.reserve(tenant, "k1", "fp", both, ttl_ms=HOUR_MS)
+    await ledger.post(tenant, "k1", {"tenant:acme": 250, "agent:a": 260})
+    entries = await read_journal(ledger, tenant)
+    reserve, post = entries[-2:]
+    assert "st" not in reserve.fields and "d" not in post.fields
+    assert (reserve.state, post.state) == ("pending", "posted")
+    assert post.deltas == (Delta("tenant:acme", -300, 250), Delta("agent:a", -200, 260))
+    assert post.fields["flag"] == "overrun"
+    report = await audit_tenant(ledger, tenant)
+    assert report.ok, report.mismatches
