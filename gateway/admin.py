@@ -59,6 +59,10 @@ def policy_of(
     return policy
 
 
+# A journal entry id, or "-" for the start, in ASCII digits (\d takes any script's).
+Cursor = Annotated[str, Query(pattern=r"^(-|[0-9]{1,20}-[0-9]{1,20})$")]
+
+
 @router.get("/tenants")
 async def tenants(request: Request, admin: Admin) -> list[dict[str, Any]]:
     gate = gate_of(request)
@@ -201,7 +205,7 @@ async def journal(
     request: Request,
     tenant: str,
     admin: Admin,
-    after: Annotated[str, Query(pattern=r"^(-|[0-9]{1,20}-[0-9]{1,20})$")] = "-",
+    after: Cursor = "-",
     count: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     policy_of(request, tenant, admin)
@@ -372,7 +376,7 @@ async def events(
     request: Request,
     tenant: str,
     admin: Admin,
-    after: Annotated[str, Query(pattern=r"^(-|\d{1,20}-\d{1,20})$")] = "-",
+    after: Cursor = "-",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     """The approval loop's events after the cursor `after` (a journal entry id), in

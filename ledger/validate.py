@@ -14,7 +14,7 @@ MAX_TTL_MS = 366 * 24 * 3600 * 1000
 MAX_BLOB_BYTES = 1 << 20
 _ID = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
 _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_ENTRY_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
+_ENTRY_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")  # ASCII: \d takes any Unicode digit
 MAX_STREAM_PART = 2**64 - 1
 _KINDS = tuple(kind.value for kind in AccountKind)
 

@@ -270,6 +270,9 @@ async def test_the_events_feed_lists_the_loop_in_journal_order(
     assert escalated["id"] < rejected["id"] and RFC3339.match(rejected["at"])
     empty = (await client.get(url, params={"after": page["next"]}, headers=gw.admin)).json()
     assert empty["events"] == [] and empty["next"] == page["next"]
+    # Other scripts' digits are digits to \d, and a cursor Redis would refuse.
+    arabic = await client.get(url, params={"after": "\u0661\u0662-\u0660"}, headers=gw.admin)
+    assert_problem(arabic, 422, "bad_request")
 
 
 async def test_a_temporary_raise_admits_more_and_ends_by_itself(
