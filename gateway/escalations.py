@@ -13,7 +13,7 @@ from pricing.policy import AdminRole
 
 from . import admission, tracing
 from .auth import AdminIdentity, Caller, caller_auth, gate_of, tenant_admin_auth
-from .notes import decision_of
+from .notes import Decision, decision_of
 from .problems import Problem
 from .responses import answer_response, parse_escalation_id, stored_response
 from .wire import StoredAnswer, StoredRequest, owner_of
@@ -67,7 +67,17 @@ def rejected_problem(by: str, note: str) -> Problem:
     return Problem(403, "escalation_rejected", detail, by=by, note=note or None)
 
 
-@router.post("/{escalation}/approve")
+# The reason is read by hand, after the role check (notes.decision_of); the schema
+# still tells clients what they may send.
+DECISION_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": False,
+        "content": {"application/json": {"schema": Decision.model_json_schema()}},
+    }
+}
+
+
+@router.post("/{escalation}/approve", openapi_extra=DECISION_BODY)
 async def approve(
     request: Request,
     escalation: str,
@@ -90,7 +100,7 @@ async def approve(
     return answer_response(answer, {"X-Irrev-Hold": hold_id, "X-Irrev-Escalation": "approved"})
 
 
-@router.post("/{escalation}/reject")
+@router.post("/{escalation}/reject", openapi_extra=DECISION_BODY)
 async def reject(
     request: Request,
     escalation: str,

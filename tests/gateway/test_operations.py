@@ -377,6 +377,10 @@ async def test_docs_work_without_internet_and_the_openapi_says_how_to_call(
         for p in paths["/tools/{tool}/{path}"]["get"]["parameters"]
         if p["name"] == "Idempotency-Key"
     ]
+    for decided in ("approve", "reject"):  # the reason, read after the role check
+        body = paths[f"/v1/escalations/{{escalation}}/{decided}"]["post"]["requestBody"]
+        reason = body["content"]["application/json"]["schema"]["properties"]["reason"]
+        assert reason["maxLength"] == 500 and body["required"] is False
     problem = {"$ref": "#/components/schemas/Problem"}
     for path, operations in paths.items():
         for method, operation in operations.items():
