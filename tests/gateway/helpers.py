@@ -115,10 +115,19 @@ async def raw_request(
 
 
 async def trickled_request(
-    base_url: str, target: str, headers: dict[str, str], body: bytes, every_s: float = 0.2
+    base_url: str,
+    target: str,
+    headers: dict[str, str],
+    body: bytes,
+    every_s: float = 0.2,
+    sending_s: float = 0.5,
 ) -> tuple[int, dict[str, Any]]:
-    """A POST whose body a slow client sends one byte every `every_s` (a slow loris),
-    until the server answers: its status and JSON body."""
+    """A POST whose body a slow client sends one byte every `every_s` (a slow loris)
+    for `sending_s` (less than the server's body deadline), then holds the connection
+    open with the body unfinished until the server answers: its status and JSON body.
+    It stops sending before the deadline because bytes that reach a server after it
+    stopped reading make its kernel answer the close with a reset, which can discard
+    the answer before this client reads it (CI saw ConnectionResetError so)."""
     url = httpx.URL(base_url)
     reader, writer = await asyncio.open_connection(url.host, url.port)
 
@@ -128,7 +137,7 @@ async def trickled_request(
         lines += [f"Content-Length: {len(body)}", "", ""]
         with contextlib.suppress(ConnectionError):  # the server may answer and close
             writer.write("\r\n".join(lines).encode("latin-1"))
-            for i in range(len(body)):
+            for i in range(min(len(body) - 1, int(sending_s / every_s))):
                 writer.write(body[i : i + 1])
                 await writer.drain()
                 await asyncio.sleep(every_s)
