@@ -25,6 +25,7 @@ import redis
 
 from gateway.webhooks import SIGNATURE_HEADER, sign, verify
 from irrev.harness import free_port
+from ledger.cluster import cluster_enabled
 
 from .conftest import Gateway, own_gateway, wait_for_workers
 from .helpers import effect_headers, order
@@ -263,7 +264,8 @@ async def test_the_lease_holder_killed_mid_delivery_the_other_process_delivers(
     pair: Pair, receiver: Receiver
 ) -> None:
     tenant = pair.first.tenant("own").id
-    store = redis.Redis.from_url(pair.redis_url, decode_responses=True)
+    client = redis.RedisCluster if cluster_enabled(pair.redis_url) else redis.Redis
+    store = client.from_url(pair.redis_url, decode_responses=True)
     async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
         _, start = await feed(http, pair.first, "-")
         seen_before = len(receiver.deliveries)
