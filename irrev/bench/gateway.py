@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
+from irrev import output
 from irrev.cli import CliError, bounded
 from irrev.harness import TenantPolicy, free_port, uvicorn_command
 from irrev.stack import gateway, run_locust, service, supplier
@@ -198,7 +198,7 @@ def report(results: list[tuple[Run, Run]], args: argparse.Namespace) -> None:
             table.add_row(
                 r.label, f"{r.per_s:,.0f}", f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}", str(r.errors)
             )
-    console = Console()
+    console = output.console()
     console.print(table)
     console.print(
         f"throughput ratio irrev / baseline: {closed_irrev.per_s / closed_base.per_s:.2f} "

@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
+from irrev import output
 from irrev.bench.servertime import HOUR_MS, PRICE, TRIVIAL, ScriptTime, script_times, tenant_node
 from irrev.cli import bounded
 from ledger import (
@@ -273,7 +273,7 @@ def report(rows: list[tuple[Rate, Rate]], memory: list[Memory], args: argparse.N
             f"{base.per_s:,.0f}",
             f"{ours.per_s / base.per_s:.2f}",
         )
-    console = Console()
+    console = output.console()
     console.print(table)
     carried = "with" if args.provenance else "without"
     for run in memory:
@@ -298,7 +298,7 @@ def report_script_times(times: list[ScriptTime]) -> None:
         )
     both = sum(t.usec_per_call for t in times if t.operation in ("reserve", "post"))
     table.add_row("reserve+post", "", f"{both:.1f}", _times(both, trivial))
-    Console().print(table)
+    output.console().print(table)
 
 
 def _times(usec: float, trivial: float) -> str:

@@ -23,9 +23,9 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import RequestParamsMeta
-from rich.console import Console
 from rich.table import Table
 
+from irrev import output
 from irrev.cli import bounded
 from irrev.harness import TenantPolicy
 from irrev.stack import gateway, mcp_tools
@@ -194,7 +194,7 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
     for label, m in results.items():
         p50, p99 = m.quantile(0.5), m.quantile(0.99)
         table.add_row(label, f"{m.per_s:.1f}", f"{p50:.1f}", f"{p99:.1f}", str(m.errors))
-    console = Console()
+    console = output.console()
     console.print(table)
     added_p50 = one_irrev.quantile(0.5) - one_direct.quantile(0.5)
     added_p99 = one_irrev.quantile(0.99) - one_direct.quantile(0.99)

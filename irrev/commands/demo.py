@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway.policies import load_demo_tokens, read_policy_file
+from irrev import output
 from irrev.cli import bounded
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
 from ledger import Balance, EmbeddedRedis, HoldState, Ledger, audit_tenant
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         from irrev.commands.demo_shadow import compare
 
         return compare(args)
-    console = Console(stderr=args.json)
+    console = output.console(stderr=args.json)
     with tempfile.TemporaryDirectory(prefix="irrev-demo-") as scratch:
         root = Path(scratch)
         console.print("[bold]irrev demo[/]: starting Redis, the supplier API and the gateway...")

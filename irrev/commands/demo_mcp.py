@@ -25,9 +25,9 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, RequestParamsMeta
-from rich.console import Console
 from rich.table import Table
 
+from irrev import output
 from irrev.cli import CliError, bounded
 from irrev.harness import TenantPolicy
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway, mcp_tools
@@ -95,7 +95,7 @@ async def buy(url: str, token: str, index: int, orders: int, tally: Counter[str]
 async def demo(
     irrev: str, tools: str, tokens: dict[str, str], args: argparse.Namespace
 ) -> Counter[str]:
-    console = Console(stderr=args.json)
+    console = output.console(stderr=args.json)
     url = f"{irrev}/mcp"
     headers = {"Authorization": f"Bearer {tokens['dev-01']}"}
     async with (
@@ -168,7 +168,7 @@ async def check(redis_url: str, tools: str, tally: Counter[str], as_json: bool) 
         }
         print(json.dumps(result, indent=2))
         return 0 if ok else 1
-    console = Console()
+    console = output.console()
     console.print(
         f"posted holds {len(posted)}, server effects {stats['effects']}: "
         f"{'equal' if same else 'DIFFERENT'}; audit: "

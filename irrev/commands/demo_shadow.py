@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway.policies import load_demo_tokens, read_policy_file
+from irrev import output
 from irrev.commands.demo import Order, buyers_of, plan
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
 from ledger import EmbeddedRedis, Ledger, audit_tenant
@@ -62,7 +63,7 @@ class Run:
 
 
 def compare(args: argparse.Namespace) -> int:
-    console = Console(stderr=args.json)
+    console = output.console(stderr=args.json)
     with tempfile.TemporaryDirectory(prefix="irrev-demo-shadow-") as scratch:
         root = Path(scratch)
         runs = [run_mode(root, args, mode, console) for mode in ("enforce", "shadow")]

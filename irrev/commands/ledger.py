@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rich.console import Console
 from rich.table import Table
 
 from gateway.policies import load_policy_dir
+from irrev import output
 from irrev.cli import CliError, bounded
 from ledger import (
     HoldState,
@@ -175,11 +175,6 @@ def unit_of(args: argparse.Namespace, tenant: str) -> Unit:
     return Unit(policy.scale, policy.catalog.currency)
 
 
-def console() -> Console:
-    """Rich's console; piped, as wide as the table needs, so that no name is cut."""
-    return Console() if sys.stdout.isatty() else Console(width=10_000)
-
-
 async def _balance(ledger: Ledger, args: argparse.Namespace) -> int:
     balances = await ledger.balances(args.tenant)
     if args.accounts:
@@ -216,7 +211,7 @@ async def _balance(ledger: Ledger, args: argparse.Namespace) -> int:
             *(unit.text(v) for v in (b.limit, b.pending, b.posted, b.available)),
             rfc3339(b.window_start_ms),
         )
-    console().print(table)
+    output.console().print(table)
     return 0
 
 

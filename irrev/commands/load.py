@@ -15,6 +15,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from irrev import output
 from irrev.cli import bounded
 from irrev.stack import gateway, render_policies, run_locust, supplier
 from ledger import EmbeddedRedis, Ledger, audit_tenant
@@ -40,7 +41,7 @@ def worker_rss_mib(gateway_pid: int) -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console(stderr=args.json)
+    console = output.console(stderr=args.json)
     with tempfile.TemporaryDirectory(prefix="irrev-load-") as scratch:
         root = Path(scratch)
         with EmbeddedRedis(root / "redis") as redis, supplier() as upstream:

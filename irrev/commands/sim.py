@@ -9,10 +9,10 @@ from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import Progress
 
 import pricing
+from irrev import output
 from irrev.cli import CliError
 from sim import experiments, report, world
 
@@ -159,9 +159,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     if args.seed0 is not None:
         exp = replace(exp, cases=tuple(replace(c, seed0=args.seed0) for c in exp.cases))
-    console = Console(stderr=args.json)
-    if not console.is_terminal:  # pipes and logs get the whole table, not an 80-column crush
-        console = Console(width=260, stderr=args.json)
+    console = output.console(stderr=args.json)
     commit = _commit()  # before the run: the tree may move while it runs
     rows, started, cpu = [], time.perf_counter(), time.process_time()
     with Progress(console=console, transient=True) as progress:
