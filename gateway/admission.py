@@ -49,7 +49,7 @@ from .canonical import Canonical
 from .crashpoints import crash_point
 from .http_upstream import HttpTarget, HttpUpstream, UpstreamSlots
 from .problems import Problem
-from .responses import money
+from .responses import Shadowed, money
 from .settings import GatewaySettings
 from .tenants import TenantStore, factor_accounts
 from .upstream import Answer, Fate, Upstream
@@ -115,14 +115,6 @@ class Prepared:
     cap_refusal: str = ""
     key_name: str = HTTP_KEY
     agent_key: str = ""  # the agent's own key (Idempotency-Key), for the journal
-
-
-@dataclass(frozen=True)
-class Shadowed:
-    """What enforcement would have done with an effect that shadow mode let through."""
-
-    decision: str
-    reason: str
 
 
 @dataclass(frozen=True)

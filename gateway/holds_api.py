@@ -94,8 +94,7 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
         result,
         hold_id,
         replayed=result.replayed,
-        shadow_decision=would.decision if would else "",
-        shadow_reason=would.reason if would else "",
+        shadowed=would,
     )
     status = 200 if result.replayed else 202 if result.state is HoldState.ESCALATED else 201
     if hold.state is HoldState.ESCALATED:

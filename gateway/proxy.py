@@ -98,8 +98,7 @@ def admitted_response(policy: TenantPolicy, admitted: Admitted | Answer) -> Resp
         result,
         hold_id,
         replayed=result.replayed,
-        shadow_decision=would.decision if would else "",
-        shadow_reason=would.reason if would else "",
+        shadowed=would,
     )
     if isinstance(answer, StoredAnswer):
         return stored_response(answer, headers)

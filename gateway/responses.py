@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse, Response
@@ -48,19 +49,26 @@ def hold_view(policy: TenantPolicy, hold: Hold) -> dict[str, Any]:
     return view
 
 
+@dataclass(frozen=True)
+class Shadowed:
+    """What enforcement would have done with an effect that shadow mode let through."""
+
+    decision: str
+    reason: str
+
+
 def budget_headers(
     policy: TenantPolicy,
     result: ReserveResult,
     hold_id: str,
     *,
     replayed: bool = False,
-    shadow_decision: str = "",
-    shadow_reason: str = "",
+    shadowed: Shadowed | None = None,
 ) -> dict[str, str]:
     """X-Irrev-Price and -Remaining in integer minor units for programs, the same
     with their currency (`-Text`) for people, and X-Irrev-Currency and -Scale (minor
-    units per major unit) that say what the integers count. `shadow_decision`: what
-    enforcement would have done with an effect shadow mode let through."""
+    units per major unit) that say what the integers count, and what enforcement
+    would have done with an effect shadow mode let through (`shadowed`)."""
     scale, currency = policy.scale, policy.catalog.currency
     headers = {
         "X-Irrev-Decision": result.decision.value,
@@ -72,12 +80,12 @@ def budget_headers(
         "X-Irrev-Currency": currency,
         "X-Irrev-Scale": str(scale),
     }
-    if shadow_decision:
+    if shadowed is not None:
         # The effect was admitted: X-Irrev-Decision says what happened.
         headers["X-Irrev-Decision"] = "admit"
         headers["X-Irrev-Mode"] = "shadow"
-        headers["X-Irrev-Shadow-Decision"] = shadow_decision
-        headers["X-Irrev-Shadow-Reason"] = shadow_reason
+        headers["X-Irrev-Shadow-Decision"] = shadowed.decision
+        headers["X-Irrev-Shadow-Reason"] = shadowed.reason
     if replayed:
         headers["X-Irrev-Replayed"] = "true"
     return headers
