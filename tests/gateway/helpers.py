@@ -26,6 +26,18 @@ def effect_headers(tenant: Tenant, agent: str, key: str) -> dict[str, str]:
     return {**tenant.auth(agent), "Idempotency-Key": key}
 
 
+DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
+
+
+async def deploy_hold(http: httpx.AsyncClient, tenant: Tenant, key: str) -> tuple[str, int]:
+    """deployer-01 asks the decision API for a deploy (an in-process irreversible
+    route): the new hold's id and its price."""
+    headers = effect_headers(tenant, "deployer-01", key)
+    created = await http.post("/v1/holds", json=DEPLOY, headers=headers)
+    assert created.status_code == 201, created.text
+    return created.json()["hold"], int(created.headers["x-irrev-price"])
+
+
 def assert_problem(response: httpx.Response, status: int, reason: str) -> dict[str, Any]:
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == PROBLEM_JSON

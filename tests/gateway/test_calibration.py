@@ -20,7 +20,7 @@ from pricing.models import QuantilePricing
 from pricing.money import round_up
 
 from .conftest import Gateway, own_gateway
-from .helpers import effect_headers
+from .helpers import deploy_hold
 from .servers import Server
 
 PRICING = {
@@ -38,7 +38,6 @@ DEPLOY_ROUTE = {
     "in_process": True,
     "pricing": PRICING,
 }
-DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
 SPEC = QuantilePricing.model_validate(PRICING)
 
 
@@ -68,10 +67,7 @@ async def test_settled_at_twice_the_price_the_route_prices_as_calibration_says(
     async with httpx.AsyncClient(base_url=calibrating_gateway.url, trust_env=False) as http:
 
         async def deploy() -> tuple[str, int]:
-            headers = effect_headers(tenant, "deployer-01", f"d{next(keys)}")
-            created = await http.post("/v1/holds", json=DEPLOY, headers=headers)
-            assert created.status_code == 201, created.text
-            return created.json()["hold"], int(created.headers["x-irrev-price"])
+            return await deploy_hold(http, tenant, f"d{next(keys)}")
 
         async def prices_reach(wanted: Callable[[int], bool]) -> int:
             """Six fresh prices in a row, from whichever workers answer, all as wanted."""

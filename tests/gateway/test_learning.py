@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from .conftest import Gateway, own_gateway
-from .helpers import effect_headers
+from .helpers import deploy_hold
 from .servers import Server
 
 # The in-process deploy route, priced like a reversible effect whose compensation
@@ -30,7 +30,6 @@ DEPLOY_ROUTE = {
         "p_fail": {"alpha": 1, "beta": 99, "level": 0.95},
     },
 }
-DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
 
 
 @pytest.fixture
@@ -56,10 +55,7 @@ async def test_rollbacks_that_fail_raise_the_price_and_successes_lower_it(
     async with httpx.AsyncClient(base_url=learning_gateway.url, trust_env=False) as http:
 
         async def deploy() -> tuple[str, int]:
-            headers = effect_headers(tenant, "deployer-01", f"d{next(keys)}")
-            created = await http.post("/v1/holds", json=DEPLOY, headers=headers)
-            assert created.status_code == 201, created.text
-            return created.json()["hold"], int(created.headers["x-irrev-price"])
+            return await deploy_hold(http, tenant, f"d{next(keys)}")
 
         async def rolled_back(recovered: int) -> None:
             hold, price = await deploy()
