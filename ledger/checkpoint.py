@@ -32,6 +32,8 @@ from .keys import checkpoint_key, journal_key, trim_lock_key
 # checkpoint document takes to build, however far behind the trimming is.
 TRIM_BATCH = 10_000
 TRIM_LOCK_S = 300
+# The largest sequence number a stream id can carry within one millisecond.
+LAST_SEQ = 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,10 @@ async def _trim_batch(
 ) -> int:
     checkpoint = await load_checkpoint(ledger, tenant)
     entries: list[JournalEntry] = []
-    async for entry in iter_journal(ledger, tenant, after=checkpoint.upto, upto=f"{before_ms}-0"):
+    # Strictly older than `before_ms`: the last possible id of the millisecond before
+    # (an id `{before_ms}-0` would cut that millisecond's entries in two).
+    last = f"{before_ms - 1}-{LAST_SEQ}"
+    async for entry in iter_journal(ledger, tenant, after=checkpoint.upto, upto=last):
         entries.append(entry)
         if len(entries) == batch:
             break

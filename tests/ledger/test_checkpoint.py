@@ -51,8 +51,10 @@ async def test_trim_keeps_recent_entries(ledger: Ledger, tenant: str, tmp_path: 
     for i in range(4):
         await ledger.reserve(tenant, f"k{i}", "fp", {"tenant:acme": 10}, ttl_ms=60_000)
         entries = await read_journal(ledger, tenant)
-    cut_ms = int(entries[2].entry_id.split("-")[0]) - 1
-    kept_before = [e for e in entries if int(e.entry_id.split("-")[0]) > cut_ms]
+    # Cut at an entry's millisecond: anything in it (even an account opened in the
+    # same millisecond as the first reserve) is kept, everything before is trimmed.
+    cut_ms = int(entries[2].entry_id.split("-")[0])
+    kept_before = [e for e in entries if int(e.entry_id.split("-")[0]) >= cut_ms]
     await trim(ledger, tenant, tmp_path, cut_ms)
     assert await read_journal(ledger, tenant) == kept_before
     assert (await load_checkpoint(ledger, tenant)).upto == entries[-len(kept_before) - 1].entry_id
