@@ -287,18 +287,31 @@ def report(rows: list[tuple[Rate, Rate]], memory: list[Memory], args: argparse.N
 
 def report_script_times(times: list[ScriptTime]) -> None:
     table = Table(
-        title="Redis server time per script (INFO commandstats, FCALL/EVALSHA usec/calls)"
+        title="Redis server time per script: the script alone (INFO commandstats, "
+        "FCALL/EVALSHA usec/calls) and the Redis process's CPU per pipelined call"
     )
-    for column in ("script", "calls", "us per call", "x trivial"):
+    for column in ("script", "calls", "script us", "x trivial", "CPU us", "CPU x trivial"):
         table.add_column(column, justify="left" if column == "script" else "right")
-    trivial = next(t for t in times if t.operation == "trivial").usec_per_call
+    trivial = next(t for t in times if t.operation == "trivial")
     for t in times:
         table.add_row(
-            t.operation, f"{t.calls:,}", f"{t.usec_per_call:.1f}", _times(t.usec_per_call, trivial)
+            t.operation,
+            f"{t.calls:,}",
+            *_costs(t.usec_per_call, t.cpu_usec_per_call, trivial),
         )
-    both = sum(t.usec_per_call for t in times if t.operation in ("reserve", "post"))
-    table.add_row("reserve+post", "", f"{both:.1f}", _times(both, trivial))
+    pair = [t for t in times if t.operation in ("reserve", "post")]
+    both = sum(t.usec_per_call for t in pair), sum(t.cpu_usec_per_call for t in pair)
+    table.add_row("reserve+post", "", *_costs(*both, trivial))
     output.console().print(table)
+
+
+def _costs(usec: float, cpu_usec: float, trivial: ScriptTime) -> tuple[str, str, str, str]:
+    return (
+        f"{usec:.1f}",
+        _times(usec, trivial.usec_per_call),
+        f"{cpu_usec:.1f}",
+        _times(cpu_usec, trivial.cpu_usec_per_call),
+    )
 
 
 def _times(usec: float, trivial: float) -> str:
