@@ -36,6 +36,7 @@ from .keys import (
     escalated_key,
     factors_key,
     hold_key,
+    hold_keys,
     hold_script_keys,
     lease_key,
     observed_key,
@@ -661,16 +662,22 @@ class Ledger:
         raise_for_reply(tenant, "", "sweep", reply)
         due = [str(hold_id) for hold_id in reply[3:]]
         if due:
-            keys = [*tenant_keys(tenant), *(hold_key(tenant, hold_id) for hold_id in due)]
+            held = (key for hold_id in due for key in hold_keys(tenant, hold_id))
+            keys = [*tenant_keys(tenant), *held]
             reply = await self._run("sweep", keys, [retention, str(batch), str(len(due)), *due])
             raise_for_reply(tenant, "", "sweep", reply)
         return SweepResult(visited=int(reply[1]), remaining_due=int(reply[2]))
 
     async def hold(self, tenant: str, hold_id: str) -> Hold | None:
-        key = hold_key(validate.tenant_id(tenant), validate.identifier("hold_id", hold_id))
+        record, request = hold_keys(
+            validate.tenant_id(tenant), validate.identifier("hold_id", hold_id)
+        )
         with translate_redis_errors("hold"):
-            fields: dict[str, str] = await _decoded(self.redis.hgetall(key))
-        return _hold(hold_id, fields) if fields else None
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hgetall(record)
+                pipe.get(request)
+                fields, kept = await pipe.execute()
+        return _hold(hold_id, fields, kept) if fields else None
 
     async def hold_ids(self, tenant: str, state: HoldState) -> list[str]:
         """Ids of the tenant's holds in `state`: indexed for the live states the
@@ -768,7 +775,7 @@ class Ledger:
             if len(self._tenant_keys) >= MAX_CACHED_TENANTS:
                 self._tenant_keys.clear()
             prefix = self._tenant_keys[tenant] = tenant_keys(validate.tenant_id(tenant))
-        return [*prefix, hold_key(tenant, validate.identifier("hold_id", hold_id))]
+        return [*prefix, *hold_keys(tenant, validate.identifier("hold_id", hold_id))]
 
     async def _transition(
         self, operation: str, tenant: str, hold_id: str, args: list[str], replicated: bool = False
@@ -943,7 +950,9 @@ def _numbers(accounts: list[str], text: str | None) -> dict[str, int]:
     return dict(zip(accounts, (int(x) for x in text.split(",")), strict=True))
 
 
-def _hold(hold_id: str, f: dict[str, str]) -> Hold:
+def _hold(hold_id: str, f: dict[str, str], request: str | None) -> Hold:
+    """A hold from its record and its kept request (request_key; a hold reserved by
+    an older irrev, sharing the Redis during an upgrade, kept it in its record)."""
     accounts = f["acc"].split(",") if f.get("acc") else []
     reason = f["why"]
     posted = _numbers(accounts, f.get("pst"))
@@ -963,7 +972,7 @@ def _hold(hold_id: str, f: dict[str, str]) -> Hold:
         compensated=compensated,
         flags=frozenset(f.get("flag", "").split(",")) - {""},
         ambiguity=f.get("amb", ""),
-        request=f.get("req", ""),
+        request=request if request is not None else f.get("req", ""),
         outcome=f.get("out", ""),
         by=f.get("by", ""),
         limits=_numbers(accounts, f.get("lim")),

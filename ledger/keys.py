@@ -34,6 +34,15 @@ def hold_key(tenant: str, hold_id: str) -> str:
     return f"{tenant_prefix(tenant)}hold:{hold_id}"
 
 
+def request_key(tenant: str, hold_id: str) -> str:
+    """The request a live hold keeps (a string, lua/reserve.lua), beside its record:
+    in the record, one value over 64 bytes makes Redis store the whole hash as a
+    table, about three times the memory, for the rest of the hold's life. Not under
+    `hold:`, whose ids may end in anything a key could (`hold:<id>:req` would be the
+    record of hold `<id>:req`)."""
+    return f"{tenant_prefix(tenant)}req:{hold_id}"
+
+
 def journal_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}journal"
 
@@ -106,6 +115,11 @@ def tenant_keys(tenant: str) -> list[str]:
     ]
 
 
+def hold_keys(tenant: str, hold_id: str) -> list[str]:
+    """The keys of one hold: its record, then its kept request."""
+    return [hold_key(tenant, hold_id), request_key(tenant, hold_id)]
+
+
 def hold_script_keys(tenant: str, hold_id: str) -> list[str]:
-    """KEYS of a script about one hold: the tenant's five, then the hold's."""
-    return [*tenant_keys(tenant), hold_key(tenant, hold_id)]
+    """KEYS of a script about one hold: the tenant's five, then the hold's two."""
+    return [*tenant_keys(tenant), *hold_keys(tenant, hold_id)]

@@ -12,8 +12,14 @@
 --   KEYS[2]  `...:journal`, KEYS[3] `...:deadlines`, KEYS[4] `...:ambiguous`,
 --            KEYS[5] `...:escalated` (the scripts of one hold declare all five)
 --   KEYS[6]  `...:hold:<id>`, the hold the script is about (ARGV[1] is its id)
--- A script builds no key of its own but checks that a hold key it was given is
--- the one its id names (hold_id_arg), so a caller cannot point it elsewhere.
+--   KEYS[7]  `...:req:<id>`, the request it keeps while it is live (a string of its
+--            own: in the record, one value over 64 bytes would make Redis keep the
+--            whole hash as a table, three times the memory, for the hold's life).
+--            It lives as the record does: no TTL while the hold is live, gone when
+--            it is posted or voided, the record's retention once it is rejected or
+--            expired (the gateway still shows whose it was)
+-- A script builds no key of its own but checks that the hold keys it was given are
+-- the ones its id names (hold_id_arg), so a caller cannot point it elsewhere.
 --
 -- Numbers: amounts are integers in [0, 2^53 - 1], exact in a Lua double. Lua's
 -- tostring() and `..` print 14 significant digits, so numbers that go into strings
@@ -98,6 +104,10 @@ end
 
 local function hkey(id)
   return P .. 'hold:' .. id
+end
+
+local function rkey(id)
+  return P .. 'req:' .. id
 end
 
 -- An account is eight fields of ACCOUNTS, `<account id>|<name>` (no id has a '|'),
@@ -303,6 +313,9 @@ local function set_state(id, from, to, retention_ms, extra)
   end
   if TERMINAL[to] and retention_ms > 0 then
     redis.call('PEXPIRE', key, retention_ms)
+    if to == 'rejected' or to == 'expired' then -- posted and voided holds dropped it
+      redis.call('PEXPIRE', rkey(id), retention_ms)
+    end
   end
 end
 
@@ -413,14 +426,19 @@ local function pending_release(hold)
   return zeros(#hold.accounts)
 end
 
--- ARGV[1], the hold id, and KEYS[6] the key it names.
+-- KEYS[6] and KEYS[7] are the keys of hold `id`.
+local function hold_keys_ok(id)
+  return KEYS[6] == hkey(id) and KEYS[7] == rkey(id)
+end
+
+-- ARGV[1], the hold id, and KEYS[6..7] the keys it names.
 local function hold_id_arg()
   local id = ARGV[1]
   if not valid_id(id) then
     return nil, {'bad_input', 'hold_id', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
   end
-  if KEYS[6] ~= hkey(id) then
-    return nil, {'bad_input', 'keys', 'KEYS[6] must be the key of hold ' .. id}
+  if not hold_keys_ok(id) then
+    return nil, {'bad_input', 'keys', 'KEYS[6..7] must be the keys of hold ' .. id}
   end
   return id
 end
@@ -435,9 +453,13 @@ local function outcome_arg()
   return outcome
 end
 
--- A settled hold keeps neither its request nor a retry's claim (retry.lua).
-local function settle_fields(outcome, fields)
-  redis.call('HDEL', hkey(ARGV[1]), 'req', 'rc')
+-- A settled hold keeps neither its request nor a retry's claim (retry.lua: only an
+-- ambiguous hold has one). `from`: the state it settles from.
+local function settle_fields(from, outcome, fields)
+  redis.call('DEL', rkey(ARGV[1]))
+  if from == 'ambiguous' then
+    redis.call('HDEL', hkey(ARGV[1]), 'rc')
+  end
   if #outcome > 0 then
     fields[#fields + 1] = 'out'
     fields[#fields + 1] = outcome

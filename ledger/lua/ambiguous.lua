@@ -1,7 +1,7 @@
 -- ambiguous: the effect may have happened (timeout, 5xx, reset after sending, a
 -- crash): keep it charged until a reconciler learns the outcome.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  reason (a short code such as upstream_timeout)
 -- ARGV[3]  optional claim, as retry.lua returned it: the claimer's send ended
@@ -44,6 +44,7 @@ if hold.st == 'expired' then
   charge, flag = hold.amounts, 'late'
   add_balances(hold.accounts, charge, zeros(n))
   redis.call('PERSIST', hkey(id))
+  redis.call('PERSIST', rkey(id)) -- the reconciler needs it
 end
 set_state(id, hold.st, 'ambiguous', 0, {'amb', why, 'flag', flag})
 journal({'op', 'ambiguous', 'hold', id, 'st', 'ambiguous', 'why', why, 'flag', flag,

@@ -1,7 +1,7 @@
 -- approve: a human lets an escalated effect go ahead. Consume-once: of any number
 -- of concurrent approvals and rejections exactly one finds the hold escalated.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the record should the escalation turn out expired
 --          (it is expired then and there, as the sweeper would)
@@ -49,4 +49,7 @@ local deadline = now + ttl_ms
 set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', deadline, 'by', by, 'note', note})
 redis.call('ZADD', DEADLINES, deadline, id)
 journal({'op', 'approve', 'hold', id, 'st', 'pending', 'by', by, 'note', note})
-return {'ok', 'pending', by, deadline, redis.call('HGET', hkey(id), 'req') or ''}
+-- A hold reserved by an older irrev (sharing the Redis during an upgrade) kept its
+-- request in its record.
+local request = redis.call('GET', rkey(id)) or redis.call('HGET', hkey(id), 'req') or ''
+return {'ok', 'pending', by, deadline, request}

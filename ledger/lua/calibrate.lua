@@ -4,8 +4,8 @@
 -- factor. The mark is kept on the hold, in the same script as the sums, so no crash
 -- or repeat can count it twice.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua),
---          then KEYS[7] `...:observed:factors`, one hash of every route's evidence:
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua),
+--          then KEYS[8] `...:observed:factors`, one hash of every route's evidence:
 --          fields `n|<route>` (count), `s|<route>` (sum of factors in ppm),
 --          `q|<route>` (sum of squared ppm), `t|<route>` (the largest ppm factors,
 --          descending, comma-separated)
@@ -37,8 +37,8 @@ if not keep or keep < 1 then
   return {'bad_input', 'keep', 'must be 1..64'}
 end
 local factors = P .. 'observed:factors'
-if KEYS[7] ~= factors then
-  return {'bad_input', 'keys', 'KEYS[7] must be ' .. factors}
+if KEYS[8] ~= factors then
+  return {'bad_input', 'keys', 'KEYS[8] must be ' .. factors}
 end
 local held = redis.call('HMGET', hkey(id), 'st', 'lrf')
 if not held[1] then return {'not_found', '', ''} end

@@ -3,8 +3,8 @@
 -- its route's prices move by one observation. The mark is kept on the hold, in the
 -- same script as the count, so no crash or repeat can count it twice.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua),
---          then KEYS[7] `...:observed:<outcome>` (the outcome of ARGV[3])
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua),
+--          then KEYS[8] `...:observed:<outcome>` (the outcome of ARGV[3])
 -- ARGV[1]  hold id
 -- ARGV[2]  route id (the field of the outcome counts)
 -- ARGV[3]  outcome: 'failures' (nothing recovered) or 'successes'
@@ -27,8 +27,8 @@ if outcome ~= 'failures' and outcome ~= 'successes' then
   return {'bad_input', 'outcome', "must be 'failures' or 'successes'"}
 end
 local observed = P .. 'observed:' .. outcome
-if KEYS[7] ~= observed then
-  return {'bad_input', 'keys', 'KEYS[7] must be ' .. observed}
+if KEYS[8] ~= observed then
+  return {'bad_input', 'keys', 'KEYS[8] must be ' .. observed}
 end
 local held = redis.call('HMGET', hkey(id), 'st', 'lrn')
 if not held[1] then return {'not_found', '', ''} end

@@ -1,6 +1,6 @@
 -- post: record that a held effect happened and what it really cost.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the settled record (0 keeps it)
 -- ARGV[3]  outcome: the upstream's answer to keep for repeats ('' for none)
@@ -82,6 +82,6 @@ if #flag_text > 0 then
   fields[#fields + 1], fields[#fields + 2] = 'flag', flag_text
   entry[#entry + 1], entry[#entry + 2] = 'flag', flag_text
 end
-set_state(id, hold.st, 'posted', retention_ms, settle_fields(outcome, fields))
+set_state(id, hold.st, 'posted', retention_ms, settle_fields(hold.st, outcome, fields))
 journal(entry)
 return {'ok', 'posted', flag_text}

@@ -1,7 +1,7 @@
 -- reserve: decide one effect and, unless denied, hold its price on every account
 -- it touches.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
 -- ARGV[1]  hold id (the caller's idempotency key)
 -- ARGV[2]  fingerprint of the request (a replay must carry the same one)
 -- ARGV[3]  ttl_ms: a pending hold's life
@@ -9,8 +9,8 @@
 -- ARGV[5]  armed: 1 if the caller fires the effect as soon as it is admitted
 -- ARGV[6]  retention_ms for the settled record (0 keeps it)
 -- ARGV[7]  escalate_above: a price above this escalates (0: no route threshold)
--- ARGV[8]  request: opaque bytes kept with a held effect until it settles, so
---          that an approver or the reconciler can act on it ('' for none)
+-- ARGV[8]  request: opaque bytes kept with a held effect until it settles (in
+--          KEYS[7]), so that an approver or the reconciler can act on it ('' for none)
 -- ARGV[9]  provenance: who asked for the effect and what it was, kept verbatim in
 --          the journal entry (`prov`, see ledger/journal.py; '' for none)
 -- ARGV[10] n, the number of accounts (1..8), then n pairs: account id, amount
@@ -45,7 +45,7 @@
 --
 -- The hold record: st, fp, arm, t0, dl, acc and amt (comma lists: the accounts and
 -- what it holds on each), why, lim and used (what decided, for a replay; the
--- decision follows from the reason), req while it is live. Each value stays short
+-- decision follows from the reason); the request is KEYS[7]'s. Each value stays short
 -- (Redis keeps a hash whose values are all under 64 bytes packed, in a third of the
 -- memory), so the limits and used amounts are not joined into one. Its journal
 -- entry: op, hold, why, acc and amt for a hold kept (the pending it adds), shadow
@@ -61,8 +61,8 @@ local id, fp = ARGV[1], ARGV[2]
 if not valid_id(id) then
   return {'bad_input', 'idempotency_key', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
 end
-if KEYS[6] ~= hkey(id) then
-  return {'bad_input', 'keys', 'KEYS[6] must be the key of hold ' .. id}
+if not hold_keys_ok(id) then
+  return {'bad_input', 'keys', 'KEYS[6..7] must be the keys of hold ' .. id}
 end
 if not valid_id(fp) then
   return {'bad_input', 'fingerprint', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
@@ -248,10 +248,10 @@ local acc, amt = table.concat(accounts, ','), join_numbers(amounts)
 local fields = {'st', state, 'fp', fp, 'arm', (state == 'escalated') and '0' or armed,
   't0', now, 'dl', deadline, 'acc', acc, 'amt', amt, 'why', reason,
   'lim', join_numbers(limits), 'used', join_numbers(used)}
-if state ~= 'denied' and #request > 0 then
-  fields[#fields + 1], fields[#fields + 2] = 'req', request
-end
 redis.call('HSET', key, unpack(fields))
+if state ~= 'denied' and #request > 0 then
+  redis.call('SET', KEYS[7], request)
+end
 -- A refusal changes no balance, so its journal entry names none (not even the
 -- accounts it would have opened).
 local entry = {'op', 'reserve', 'hold', id, 'why', reason}

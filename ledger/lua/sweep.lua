@@ -3,7 +3,8 @@
 -- are due now for the caller's next call: called first with none, then with those.
 --
 -- KEYS     accounts, journal, deadlines, ambiguous, escalated (_lib.lua), then
---          KEYS[5+i] the key of hold ARGV[3+i], for i = 1..n
+--          KEYS[4+2i] and KEYS[5+2i] the keys of hold ARGV[3+i] (record, request),
+--          for i = 1..n
 -- ARGV[1]  retention_ms for the settled records (0 keeps them)
 -- ARGV[2]  batch: report at most this many due holds (1..1000)
 -- ARGV[3]  n (0..1000), then n hold ids
@@ -23,13 +24,13 @@ if not retention_ms then return {'bad_input', 'retention_ms', 'must be an intege
 local batch = uint(ARGV[2], 1000)
 if not batch or batch < 1 then return {'bad_input', 'batch', 'must be an integer in [1, 1000]'} end
 local n = uint(ARGV[3], 1000)
-if not n or #ARGV ~= 3 + n or #KEYS ~= 5 + n then
-  return {'bad_input', 'holds', 'must name 0 to 1000 holds, each with its key'}
+if not n or #ARGV ~= 3 + n or #KEYS ~= 5 + 2 * n then
+  return {'bad_input', 'holds', 'must name 0 to 1000 holds, each with its two keys'}
 end
 for i = 1, n do
   local id = ARGV[3 + i]
-  if not valid_id(id) or KEYS[5 + i] ~= hkey(id) then
-    return {'bad_input', 'holds', 'KEYS[5+i] must be the key of hold ARGV[3+i]'}
+  if not valid_id(id) or KEYS[4 + 2 * i] ~= hkey(id) or KEYS[5 + 2 * i] ~= rkey(id) then
+    return {'bad_input', 'holds', 'KEYS[4+2i] and KEYS[5+2i] must be the keys of hold ARGV[3+i]'}
   end
 end
 local now = now_ms()

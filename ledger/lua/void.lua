@@ -1,7 +1,7 @@
 -- void: the effect did not happen (refused upstream, or proven never to have fired);
 -- release everything the hold charges.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the settled record (0 keeps it)
 -- ARGV[3]  outcome: the upstream's answer to keep for repeats ('' for none)
@@ -34,7 +34,7 @@ if due_only and hold.deadline > now_ms() then return {'not_due', hold.st, ''} en
 
 local release = pending_release(hold)
 add_balances(hold.accounts, release, zeros(#hold.accounts))
-set_state(id, hold.st, 'voided', retention_ms, settle_fields(outcome, {}))
+set_state(id, hold.st, 'voided', retention_ms, settle_fields(hold.st, outcome, {}))
 journal({'op', 'void', 'hold', id, 'st', 'voided',
          'd', deltas(hold.accounts, release, zeros(#hold.accounts))})
 return {'ok', 'voided', ''}

@@ -7,6 +7,7 @@ import pytest
 
 from ledger.client import Ledger
 from ledger.errors import HoldNotDue, HoldNotFound, HoldStateConflict, IdempotencyConflict
+from ledger.keys import hold_key, request_key
 from ledger.records import AccountSpec, Decision, HoldState, Reason, Status
 
 from .conftest import open_accounts
@@ -295,3 +296,50 @@ async def test_request_kept_while_live_and_outcome_once_settled(
     small, big = await ledger.hold(tenant, "small"), await ledger.hold(tenant, "big")
     assert small is not None and (small.request, small.outcome) == ("", '{"s": 201}')
     assert big is not None and (big.request, big.outcome) == ("", '{"s": 409}')
+
+
+# A gateway's stored request is some hundreds of bytes (irrev/bench/ledger.py's).
+GATEWAY_SIZED_REQUEST = '{"agent":"a1","tool":"shop","body_b64":"' + "x" * 300 + '"}'
+
+
+async def test_the_request_lives_beside_the_record_and_goes_with_settlement(
+    ledger: Ledger, tenant: str
+) -> None:
+    """A value over 64 bytes in the record would make Redis keep the whole hash as a
+    table (about 3x the memory) until the record expires: the request is a key of
+    its own, dropped when the hold is posted or voided."""
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 1000))
+    for key in ("posted", "voided"):
+        await reserve(ledger, tenant, key, 100, "tenant:acme", request=GATEWAY_SIZED_REQUEST)
+        assert await ledger.redis.object("encoding", hold_key(tenant, key)) in COMPACT
+        assert await ledger.redis.get(request_key(tenant, key)) == GATEWAY_SIZED_REQUEST
+    await ledger.post(tenant, "posted", 100)
+    await ledger.void(tenant, "voided")
+    for key in ("posted", "voided"):
+        assert await ledger.redis.object("encoding", hold_key(tenant, key)) in COMPACT
+        assert not await ledger.redis.exists(request_key(tenant, key))
+        found = await ledger.hold(tenant, key)
+        assert found is not None and found.request == ""
+
+
+# Redis 6.2 calls a packed hash a ziplist, 7 a listpack.
+COMPACT = ("listpack", "ziplist")
+
+
+async def test_a_rejected_or_expired_holds_request_lasts_as_its_record(
+    ledger: Ledger, tenant: str
+) -> None:
+    """Both kept for the retention (whose the hold was stays known); an expired hold
+    made ambiguous by a late answer keeps both for good, for the reconciler."""
+    await ledger.upsert_account(
+        tenant, AccountSpec("tenant:acme", 1000, 1000, approval_threshold=1)
+    )
+    await reserve(ledger, tenant, "rejected", 100, "tenant:acme", request="R1")
+    await ledger.reject(tenant, "rejected", "bob")
+    await reserve(ledger, tenant, "expired", 100, "tenant:acme", request="R2", escalation_ttl_ms=0)
+    await ledger.sweep(tenant)
+    for key in ("rejected", "expired"):
+        found = await ledger.hold(tenant, key)
+        assert found is not None and found.state.value == key and found.request
+        assert await ledger.redis.pttl(request_key(tenant, key)) > 0
+        assert await ledger.redis.pttl(hold_key(tenant, key)) > 0
