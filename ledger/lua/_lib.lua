@@ -117,14 +117,39 @@ local ACCOUNT_FIELDS = {'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'o
 -- What a balance change writes; a new account or a policy change writes all eight.
 local BALANCE_FIELDS = {'pend', 'post', 'ws', 'over'}
 
+-- The names of an account's fields in ACCOUNTS, by field name (ACCOUNT_FIELDS and
+-- `raise`), made once per account and kept between calls: making the strings anew
+-- on every call (each one allocated, hashed and later collected) was ~6 us of a
+-- reserve's ~55. A Functions library keeps its state until it is loaded again
+-- (Redis 7); on 6.2 a script's top level runs on every call, so this is per call.
+-- Bounded: past MAX_NAMED accounts it starts again.
+local NAMES, NAMED, MAX_NAMED = {}, 0, 4096
+
+local function names_of(id)
+  local t = NAMES[id]
+  if not t then
+    if NAMED >= MAX_NAMED then
+      NAMES, NAMED = {}, 0
+    end
+    t = {raise = id .. '|raise'}
+    for j = 1, #ACCOUNT_FIELDS do
+      t[ACCOUNT_FIELDS[j]] = id .. '|' .. ACCOUNT_FIELDS[j]
+    end
+    NAMES[id], NAMED = t, NAMED + 1
+  end
+  return t
+end
+
 -- The accounts named by `ids`, in their order, in one HMGET (nil where missing).
 -- `without_overruns`: all but `over` (nil then; save_accounts leaves it alone), for
 -- a script that does not count overruns: each field read costs script time.
 local function load_accounts(ids, without_overruns)
-  local names, width = {}, without_overruns and 7 or 8
+  local names, width, k = {}, without_overruns and 7 or 8, 0
   for i = 1, #ids do
+    local t = names_of(ids[i])
     for j = 1, width do
-      names[#names + 1] = ids[i] .. '|' .. ACCOUNT_FIELDS[j]
+      k = k + 1
+      names[k] = t[ACCOUNT_FIELDS[j]]
     end
   end
   local v = redis.call('HMGET', ACCOUNTS, unpack(names))
@@ -145,13 +170,37 @@ local function load_accounts(ids, without_overruns)
   return out
 end
 
--- `<account>|raise` of each of the first n accounts, for one HMGET.
-local function accounts_raise_fields(accounts, n)
-  local out = {}
-  for i = 1, n do
-    out[i] = accounts[i] .. '|raise'
+-- What reserve reads of each account: load_accounts' fields but `over`, and the
+-- account's temporary raises (lua/rule.lua), in the same HMGET (a second HMGET for
+-- the raises cost reserve ~3 us).
+local RESERVE_FIELDS = {'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'raise'}
+
+-- The accounts named by `ids` as load_accounts(ids, true) reads them, and the
+-- text of each one's `raise` field (false where none), both in the order of `ids`.
+local function load_for_reserve(ids)
+  local names, k = {}, 0
+  for i = 1, #ids do
+    local t = names_of(ids[i])
+    for j = 1, 8 do
+      k = k + 1
+      names[k] = t[RESERVE_FIELDS[j]]
+    end
   end
-  return out
+  local v = redis.call('HMGET', ACCOUNTS, unpack(names))
+  local out, raises = {}, {}
+  for i = 1, #ids do
+    local at = 8 * (i - 1)
+    raises[i] = v[at + 8]
+    if v[at + 1] then
+      local pend, post, ws = tonumber(v[at + 5]), tonumber(v[at + 6]), tonumber(v[at + 7])
+      out[i] = {
+        id = ids[i], limit = tonumber(v[at + 1]), soft = tonumber(v[at + 2]),
+        win = tonumber(v[at + 3]), appr = tonumber(v[at + 4]), pend = pend, post = post,
+        ws = ws, was = {pend = pend, post = post, ws = ws},
+      }
+    end
+  end
+  return out, raises
 end
 
 -- The sum of the raises in an account's `raise` field (lua/rule.lua) that are live at
@@ -179,9 +228,8 @@ end
 local function load_balances(ids)
   local names = {}
   for i = 1, #ids do
-    local id = ids[i]
-    names[#names + 1], names[#names + 2] = id .. '|pend', id .. '|post'
-    names[#names + 1], names[#names + 2] = id .. '|win', id .. '|ws'
+    local t, at = names_of(ids[i]), 4 * (i - 1)
+    names[at + 1], names[at + 2], names[at + 3], names[at + 4] = t.pend, t.post, t.win, t.ws
   end
   local v = redis.call('HMGET', ACCOUNTS, unpack(names))
   local out = {}
@@ -200,18 +248,23 @@ end
 -- Write back, in one HSET, the balance fields that changed since load_accounts, and
 -- all fields of an account marked `policy` (new, or its limits changed).
 local function save_accounts(list)
-  local fields = {}
+  local fields, k = {}, 0
   for i = 1, #list do
     local a = list[i]
     if a then
-      for _, name in ipairs(a.policy and ACCOUNT_FIELDS or BALANCE_FIELDS) do
-        if a.policy or a[name] ~= a.was[name] then
-          fields[#fields + 1] = a.id .. '|' .. name
-          fields[#fields + 1] = a[name]
+      local t, was, names = names_of(a.id), a.was, a.policy and ACCOUNT_FIELDS or BALANCE_FIELDS
+      for j = 1, #names do
+        local name = names[j]
+        if a.policy or a[name] ~= was[name] then
+          fields[k + 1], fields[k + 2], k = t[name], a[name], k + 2
         end
       end
       a.policy = nil
-      a.was = {pend = a.pend, post = a.post, ws = a.ws, over = a.over}
+      if was then
+        was.pend, was.post, was.ws, was.over = a.pend, a.post, a.ws, a.over
+      else
+        a.was = {pend = a.pend, post = a.post, ws = a.ws, over = a.over}
+      end
     end
   end
   if #fields > 0 then
@@ -262,10 +315,10 @@ end
 local function add_balances(accounts, dpend, dpost)
   for i = 1, #accounts do
     if dpend[i] ~= 0 then
-      redis.call('HINCRBY', ACCOUNTS, accounts[i] .. '|pend', dpend[i])
+      redis.call('HINCRBY', ACCOUNTS, names_of(accounts[i]).pend, dpend[i])
     end
     if dpost[i] ~= 0 then
-      redis.call('HINCRBY', ACCOUNTS, accounts[i] .. '|post', dpost[i])
+      redis.call('HINCRBY', ACCOUNTS, names_of(accounts[i]).post, dpost[i])
     end
   end
 end

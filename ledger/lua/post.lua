@@ -66,7 +66,7 @@ for i = 1, #hold.accounts do
     if flags[#flags] ~= 'overrun' then
       flags[#flags + 1] = 'overrun'
     end
-    redis.call('HINCRBY', ACCOUNTS, a.id .. '|over', 1)
+    redis.call('HINCRBY', ACCOUNTS, names_of(a.id).over, 1)
   end
   post_ws[i] = a.ws
 end

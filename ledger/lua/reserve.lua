@@ -154,7 +154,7 @@ if held then
   return reply
 end
 
-local loaded = load_accounts(accounts, true)
+local loaded, raises = load_for_reserve(accounts)
 for i = 1, n do
   if not loaded[i] and not specs[i] then
     return {'unknown_account', accounts[i]}
@@ -185,23 +185,22 @@ for i = 1, n do
   end
   if a then
     kept = kept + 1
-    loaded[kept], accounts[kept], amounts[kept] = a, accounts[i], amounts[i]
+    loaded[kept], accounts[kept], amounts[kept], raises[kept] = a, accounts[i], amounts[i], raises[i]
   end
 end
 for i = n, kept + 1, -1 do
-  loaded[i], accounts[i], amounts[i] = nil, nil, nil
+  loaded[i], accounts[i], amounts[i], raises[i] = nil, nil, nil, nil
 end
 n = kept
 
 -- A temporary raise (lua/rule.lua) adds to an account's limit and soft limit while
 -- it lives, by Redis's clock: it ends by itself, with nothing to undo.
-local raised = n > 0 and redis.call('HMGET', ACCOUNTS, unpack(accounts_raise_fields(accounts, n))) or {}
 local decision, reason = 'admit', 'within_budget'
 local limits, used, soft = {}, {}, {}
 for i = 1, n do
   local a = loaded[i]
   roll(a, now)
-  local extra = live_raise(raised[i], now)
+  local extra = live_raise(raises[i], now)
   limits[i], used[i], soft[i] = a.limit + extra, a.pend + a.post, a.soft + extra
 end
 for i = 1, n do
