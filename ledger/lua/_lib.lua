@@ -174,17 +174,27 @@ end
 -- account's temporary raises (lua/rule.lua), in the same HMGET (a second HMGET for
 -- the raises cost reserve ~3 us).
 local RESERVE_FIELDS = {'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'raise'}
+-- The HMGET's field list per list of accounts (`set`, their ids joined by ','),
+-- kept between calls as NAMES is: a caller reserves on the same few lists.
+local RESERVE_NAMES, RESERVE_NAMED = {}, 0
 
--- The accounts named by `ids` as load_accounts(ids, true) reads them, and the
--- text of each one's `raise` field (false where none), both in the order of `ids`.
-local function load_for_reserve(ids)
-  local names, k = {}, 0
-  for i = 1, #ids do
-    local t = names_of(ids[i])
-    for j = 1, 8 do
-      k = k + 1
-      names[k] = t[RESERVE_FIELDS[j]]
+-- The accounts named by `ids` (joined: `set`) as load_accounts(ids, true) reads
+-- them, and the text of each one's `raise` field (false where none), both in the
+-- order of `ids`.
+local function load_for_reserve(ids, set)
+  local names = RESERVE_NAMES[set]
+  if not names then
+    if RESERVE_NAMED >= MAX_NAMED then
+      RESERVE_NAMES, RESERVE_NAMED = {}, 0
     end
+    names = {}
+    for i = 1, #ids do
+      local t = names_of(ids[i])
+      for j = 1, 8 do
+        names[8 * (i - 1) + j] = t[RESERVE_FIELDS[j]]
+      end
+    end
+    RESERVE_NAMES[set], RESERVE_NAMED = names, RESERVE_NAMED + 1
   end
   local v = redis.call('HMGET', ACCOUNTS, unpack(names))
   local out, raises = {}, {}

@@ -154,7 +154,8 @@ if held then
   return reply
 end
 
-local loaded, raises = load_for_reserve(accounts)
+local asked = table.concat(accounts, ',')
+local loaded, raises = load_for_reserve(accounts, asked)
 for i = 1, n do
   if not loaded[i] and not specs[i] then
     return {'unknown_account', accounts[i]}
@@ -191,6 +192,7 @@ end
 for i = n, kept + 1, -1 do
   loaded[i], accounts[i], amounts[i], raises[i] = nil, nil, nil, nil
 end
+local all_kept = kept == n
 n = kept
 
 -- A temporary raise (lua/rule.lua) adds to an account's limit and soft limit while
@@ -243,7 +245,8 @@ if state ~= 'denied' then
   end
 end
 
-local acc, amt = table.concat(accounts, ','), join_numbers(amounts)
+local acc = all_kept and asked or table.concat(accounts, ',')
+local amt = join_numbers(amounts)
 local fields = {'st', state, 'fp', fp, 'arm', (state == 'escalated') and '0' or armed,
   't0', now, 'dl', deadline, 'acc', acc, 'amt', amt, 'why', reason,
   'lim', join_numbers(limits), 'used', join_numbers(used)}
