@@ -235,13 +235,35 @@ end
 -- what post changes. Every field named costs the HMGET and the script time, and
 -- an overrun's count is added with HINCRBY instead of read (save_accounts skips
 -- the fields not read).
-local function load_balances(ids)
+local function balance_names(ids)
   local names = {}
   for i = 1, #ids do
     local t, at = names_of(ids[i]), 4 * (i - 1)
     names[at + 1], names[at + 2], names[at + 3], names[at + 4] = t.pend, t.post, t.win, t.ws
   end
-  local v = redis.call('HMGET', ACCOUNTS, unpack(names))
+  return names
+end
+
+-- A hold's `acc` split into its accounts, with their balance_names, kept per `acc`
+-- as RESERVE_NAMES is (post reads them from every hold). Shared: read only.
+local HELD, HELD_NAMED = {}, 0
+
+local function held_accounts(acc)
+  local held = HELD[acc]
+  if not held then
+    if HELD_NAMED >= MAX_NAMED then
+      HELD, HELD_NAMED = {}, 0
+    end
+    local ids = split(acc)
+    held = {ids = ids, names = balance_names(ids)}
+    HELD[acc], HELD_NAMED = held, HELD_NAMED + 1
+  end
+  return held
+end
+
+-- `names`: balance_names(ids), if the caller has it.
+local function load_balances(ids, names)
+  local v = redis.call('HMGET', ACCOUNTS, unpack(names or balance_names(ids)))
   local out = {}
   for i = 1, #ids do
     local at = 4 * (i - 1)
@@ -419,15 +441,17 @@ end
 
 -- load_hold's state, accounts, amounts and posted amounts only (what post reads),
 -- with the accounts and amounts as stored too (the post's journal entry repeats
--- them): each field an HMGET asks for costs Redis time even when it is empty.
+-- them), and the accounts' balance_names: each field an HMGET asks for costs
+-- Redis time even when it is empty. `accounts` and `names` are shared: read only.
 local function load_hold_for_post(id)
   local h = redis.call('HMGET', hkey(id), 'st', 'acc', 'amt', 'pst')
   if not h[1] then
     return nil
   end
+  local held = held_accounts(h[2])
   return {
-    id = id, st = h[1], accounts = split(h[2]), amounts = split_numbers(h[3]),
-    posted = h[4] and split_numbers(h[4]), acc = h[2], amt = h[3],
+    id = id, st = h[1], accounts = held.ids, amounts = split_numbers(h[3]),
+    posted = h[4] and split_numbers(h[4]), acc = h[2], amt = h[3], names = held.names,
   }
 end
 

@@ -46,7 +46,7 @@ end
 
 local now = now_ms()
 local dpend = pending_release(hold)
-local accounts = load_balances(hold.accounts)
+local accounts = load_balances(hold.accounts, hold.names)
 for i = 1, #hold.accounts do
   local a = accounts[i]
   if a.pend + dpend[i] + posted_after_roll(a, now) + amounts[i] > MAX_AMOUNT then
