@@ -393,11 +393,16 @@ class Ledger:
         ]
 
     async def post_many(
-        self, tenant: str, posts: Sequence[tuple[str, int | Mapping[str, int]]]
+        self,
+        tenant: str,
+        posts: Sequence[tuple[str, int | Mapping[str, int]]],
+        *,
+        outcome: str = "",
     ) -> list[TransitionResult | LedgerError]:
         """Several posts of (hold id, amount) in one pipelined round trip, with errors
-        in place as in `reserve_many`."""
-        batch = [(h, [*self._hold_args(h), "", *validate.per_account(a)]) for h, a in posts]
+        in place as in `reserve_many`; `outcome` is kept with each (as `post`'s)."""
+        kept = validate.blob("outcome", outcome)
+        batch = [(h, [*self._hold_args(h), kept, *validate.per_account(a)]) for h, a in posts]
         replies = await self._run_many("post", tenant, batch)
         return [
             _or_error(_transition_result, tenant, hold_id, "post", reply)
@@ -676,8 +681,8 @@ class Ledger:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.hgetall(record)
                 pipe.get(request)
-                fields, kept = await pipe.execute()
-        return _hold(hold_id, fields, kept) if fields else None
+                fields, payload = await pipe.execute()
+        return _hold(hold_id, fields, payload) if fields else None
 
     async def hold_ids(self, tenant: str, state: HoldState) -> list[str]:
         """Ids of the tenant's holds in `state`: indexed for the live states the
@@ -880,6 +885,8 @@ _DECISIONS = {d.value: d for d in Decision}
 _REASONS = {r.value: r for r in Reason}
 _STATES = {s.value: s for s in HoldState}
 _NO_FLAGS: frozenset[str] = frozenset()
+# The states whose payload is the outcome (settle_fields in lua/_lib.lua).
+_SETTLED_WITH_OUTCOME = frozenset({HoldState.POSTED.value, HoldState.VOIDED.value})
 
 
 def _provenance(provenance: Provenance | None, request: str) -> str:
@@ -950,10 +957,14 @@ def _numbers(accounts: list[str], text: str | None) -> dict[str, int]:
     return dict(zip(accounts, (int(x) for x in text.split(",")), strict=True))
 
 
-def _hold(hold_id: str, f: dict[str, str], request: str | None) -> Hold:
-    """A hold from its record and its kept request (request_key; a hold reserved by
-    an older irrev, sharing the Redis during an upgrade, kept it in its record)."""
+def _hold(hold_id: str, f: dict[str, str], payload: str | None) -> Hold:
+    """A hold from its record and its payload (payload_key: the request, or the
+    outcome once posted or voided). A hold written by an older irrev, sharing the
+    Redis during an upgrade, kept both in its record."""
     accounts = f["acc"].split(",") if f.get("acc") else []
+    settled = f["st"] in _SETTLED_WITH_OUTCOME
+    request = f.get("req", "") if payload is None or settled else payload
+    outcome = f.get("out", "") if payload is None or not settled else payload
     reason = f["why"]
     posted = _numbers(accounts, f.get("pst"))
     # A posted hold without `cmp` has recovered nothing yet.
@@ -972,8 +983,8 @@ def _hold(hold_id: str, f: dict[str, str], request: str | None) -> Hold:
         compensated=compensated,
         flags=frozenset(f.get("flag", "").split(",")) - {""},
         ambiguity=f.get("amb", ""),
-        request=request if request is not None else f.get("req", ""),
-        outcome=f.get("out", ""),
+        request=request,
+        outcome=outcome,
         by=f.get("by", ""),
         limits=_numbers(accounts, f.get("lim")),
         used=_numbers(accounts, f.get("used")),

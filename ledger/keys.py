@@ -34,13 +34,14 @@ def hold_key(tenant: str, hold_id: str) -> str:
     return f"{tenant_prefix(tenant)}hold:{hold_id}"
 
 
-def request_key(tenant: str, hold_id: str) -> str:
-    """The request a live hold keeps (a string, lua/reserve.lua), beside its record:
-    in the record, one value over 64 bytes makes Redis store the whole hash as a
-    table, about three times the memory, for the rest of the hold's life. Not under
-    `hold:`, whose ids may end in anything a key could (`hold:<id>:req` would be the
-    record of hold `<id>:req`)."""
-    return f"{tenant_prefix(tenant)}req:{hold_id}"
+def payload_key(tenant: str, hold_id: str) -> str:
+    """The bytes a hold keeps beside its record (a string): the request while it is
+    live (or rejected or expired), the upstream's answer (the outcome) once it is
+    posted or voided. In the record, one value over 64 bytes makes Redis store the
+    whole hash as a table, about three times the memory, for the rest of the hold's
+    life. Not under `hold:`, whose ids may end in anything a key could
+    (`hold:<id>:payload` would be the record of hold `<id>:payload`)."""
+    return f"{tenant_prefix(tenant)}payload:{hold_id}"
 
 
 def journal_key(tenant: str) -> str:
@@ -116,8 +117,8 @@ def tenant_keys(tenant: str) -> list[str]:
 
 
 def hold_keys(tenant: str, hold_id: str) -> list[str]:
-    """The keys of one hold: its record, then its kept request."""
-    return [hold_key(tenant, hold_id), request_key(tenant, hold_id)]
+    """The keys of one hold: its record, then its payload (payload_key)."""
+    return [hold_key(tenant, hold_id), payload_key(tenant, hold_id)]
 
 
 def hold_script_keys(tenant: str, hold_id: str) -> list[str]:

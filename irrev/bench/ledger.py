@@ -45,6 +45,12 @@ BENCH_REQUEST = (
     '"content_type":"application/json","body_b64":"eyJza3UiOiJhYmMiLCJxdHkiOjF9",'
     '"route_id":"shop POST /v1/orders","price":1000,"headers":[],"face_value":1000}'
 )
+# What a gateway's settled hold keeps instead: the upstream's answer (StoredAnswer).
+BENCH_OUTCOME = (
+    '{"agent":"a1","status":201,"headers":[["content-type","application/json"]],'
+    '"body_b64":"eyJvcmRlciI6IjEyMyIsInN0YXR1cyI6ImNvbmZpcm1lZCJ9",'
+    '"route_id":"shop POST /v1/orders","face_value":1000,"effect_class":"","in_process":false}'
+)
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--provenance",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="the memory holds carry a request and a journal provenance, as the gateway's do",
+        help="the memory holds carry a request, then an outcome, and a journal provenance,"
+        " as the gateway's do",
     )
     parser.add_argument(
         "--script-calls",
@@ -230,8 +237,8 @@ async def memory_per_hold(
     included), from INFO memory before and after `holds` reserve+post pairs; then
     the journal is archived (to a temporary directory) and trimmed, as a gateway
     does to entries older than IRREV_JOURNAL_KEEP_S, and measured again.
-    `provenance`: each hold keeps a request until it is posted and its journal entry
-    who asked (Provenance), as the gateway's holds do."""
+    `provenance`: each hold keeps a request until it is posted, then the upstream's
+    answer, and its journal entry who asked (Provenance), as the gateway's holds do."""
     redis, node = ledger.redis, tenant_node(ledger, tenant)
     before = int((await redis.info("memory", **node))["used_memory"])
     for start in range(0, holds, batch):
@@ -248,7 +255,9 @@ async def memory_per_hold(
             for k in ids
         ]
         await ledger.reserve_many(tenant, requests)
-        await ledger.post_many(tenant, [(k, PRICE // 2) for k in ids])
+        await ledger.post_many(
+            tenant, [(k, PRICE // 2) for k in ids], outcome=BENCH_OUTCOME if provenance else ""
+        )
     after = int((await redis.info("memory", **node))["used_memory"])
     with tempfile.TemporaryDirectory(prefix="irrev-bench-archive-") as archive:
         started = time.perf_counter()

@@ -12,12 +12,13 @@
 --   KEYS[2]  `...:journal`, KEYS[3] `...:deadlines`, KEYS[4] `...:ambiguous`,
 --            KEYS[5] `...:escalated` (the scripts of one hold declare all five)
 --   KEYS[6]  `...:hold:<id>`, the hold the script is about (ARGV[1] is its id)
---   KEYS[7]  `...:req:<id>`, the request it keeps while it is live (a string of its
---            own: in the record, one value over 64 bytes would make Redis keep the
---            whole hash as a table, three times the memory, for the hold's life).
---            It lives as the record does: no TTL while the hold is live, gone when
---            it is posted or voided, the record's retention once it is rejected or
---            expired (the gateway still shows whose it was)
+--   KEYS[7]  `...:payload:<id>`, the bytes the hold keeps (a string of its own: in
+--            the record, one value over 64 bytes would make Redis keep the whole
+--            hash as a table, three times the memory, for the hold's life): the
+--            request while it is live, still when it is rejected or expired (the
+--            gateway shows whose it was), the upstream's answer (outcome) once it is
+--            posted or voided, or nothing. It lives as the record does: no TTL while
+--            the hold is live, the record's retention once it is settled
 -- A script builds no key of its own but checks that the hold keys it was given are
 -- the ones its id names (hold_id_arg), so a caller cannot point it elsewhere.
 --
@@ -106,8 +107,8 @@ local function hkey(id)
   return P .. 'hold:' .. id
 end
 
-local function rkey(id)
-  return P .. 'req:' .. id
+local function pkey(id)
+  return P .. 'payload:' .. id
 end
 
 -- An account is eight fields of ACCOUNTS, `<account id>|<name>` (no id has a '|'),
@@ -398,8 +399,8 @@ local function set_state(id, from, to, retention_ms, extra)
   end
   if TERMINAL[to] and retention_ms > 0 then
     redis.call('PEXPIRE', key, retention_ms)
-    if to == 'rejected' or to == 'expired' then -- posted and voided holds dropped it
-      redis.call('PEXPIRE', rkey(id), retention_ms)
+    if to == 'rejected' or to == 'expired' then -- settle_fields set a posted or voided one's
+      redis.call('PEXPIRE', pkey(id), retention_ms)
     end
   end
 end
@@ -515,7 +516,7 @@ end
 
 -- KEYS[6] and KEYS[7] are the keys of hold `id`.
 local function hold_keys_ok(id)
-  return KEYS[6] == hkey(id) and KEYS[7] == rkey(id)
+  return KEYS[6] == hkey(id) and KEYS[7] == pkey(id)
 end
 
 -- ARGV[1], the hold id, and KEYS[6..7] the keys it names.
@@ -540,18 +541,31 @@ local function outcome_arg()
   return outcome
 end
 
--- A settled hold keeps neither its request nor a retry's claim (retry.lua: only an
--- ambiguous hold has one). `from`: the state it settles from.
-local function settle_fields(from, outcome, fields)
-  redis.call('DEL', rkey(ARGV[1]))
+-- A settled (posted or voided) hold keeps neither its request nor a retry's claim
+-- (retry.lua: only an ambiguous hold has one), and keeps the outcome, if any, as its
+-- payload, for the record's retention. `from`: the state it settles from.
+local function settle_fields(from, outcome, retention_ms, fields)
+  local payload = pkey(ARGV[1])
+  if #outcome == 0 then
+    redis.call('DEL', payload)
+  elseif retention_ms > 0 then
+    redis.call('SET', payload, outcome, 'PX', retention_ms)
+  else
+    redis.call('SET', payload, outcome)
+  end
   if from == 'ambiguous' then
     redis.call('HDEL', hkey(ARGV[1]), 'rc')
   end
-  if #outcome > 0 then
-    fields[#fields + 1] = 'out'
-    fields[#fields + 1] = outcome
-  end
   return fields
+end
+
+-- A settled hold's record and payload start their retention again (a later
+-- compensation or true-up keeps the record as long as a new settlement would).
+local function keep_settled(id, retention_ms)
+  if retention_ms > 0 then
+    redis.call('PEXPIRE', hkey(id), retention_ms)
+    redis.call('PEXPIRE', pkey(id), retention_ms)
+  end
 end
 
 local function retention_arg()

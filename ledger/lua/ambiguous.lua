@@ -44,7 +44,7 @@ if hold.st == 'expired' then
   charge, flag = hold.amounts, 'late'
   add_balances(hold.accounts, charge, zeros(n))
   redis.call('PERSIST', hkey(id))
-  redis.call('PERSIST', rkey(id)) -- the reconciler needs it
+  redis.call('PERSIST', pkey(id)) -- the reconciler needs it
 end
 set_state(id, hold.st, 'ambiguous', 0, {'amb', why, 'flag', flag})
 journal({'op', 'ambiguous', 'hold', id, 'st', 'ambiguous', 'why', why, 'flag', flag,

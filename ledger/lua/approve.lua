@@ -51,5 +51,5 @@ redis.call('ZADD', DEADLINES, deadline, id)
 journal({'op', 'approve', 'hold', id, 'st', 'pending', 'by', by, 'note', note})
 -- A hold reserved by an older irrev (sharing the Redis during an upgrade) kept its
 -- request in its record.
-local request = redis.call('GET', rkey(id)) or redis.call('HGET', hkey(id), 'req') or ''
+local request = redis.call('GET', pkey(id)) or redis.call('HGET', hkey(id), 'req') or ''
 return {'ok', 'pending', by, deadline, request}

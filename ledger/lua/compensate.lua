@@ -52,9 +52,7 @@ for i = 1, n do
 end
 save_accounts(accounts)
 redis.call('HSET', hkey(id), 'cmp', join_numbers(total))
-if retention_ms > 0 then
-  redis.call('PEXPIRE', hkey(id), retention_ms)
-end
+keep_settled(id, retention_ms)
 journal({'op', 'compensate', 'hold', id, 'st', 'posted', 'flag', flag,
          'rec', join_numbers(recovered), 'd', deltas(hold.accounts, zeros(n), dpost)})
 return {'ok', 'posted', flag}

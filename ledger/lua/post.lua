@@ -20,7 +20,8 @@
 --                                      posted past 2^53-1, checked before any write)
 --
 -- The hold gains pst (the posted amounts), pws (each account's window at the post),
--- tp, flag if any, out if any (cmp, what was recovered, appears with a compensation).
+-- tp, flag if any (cmp, what was recovered, appears with a compensation); its
+-- payload (KEYS[7]) becomes the outcome.
 -- Its journal entry: op, hold, acc, rel (the pending released, per account: the
 -- hold's amounts, absent when it had expired), pst, flag if any.
 --
@@ -82,6 +83,7 @@ if #flag_text > 0 then
   fields[#fields + 1], fields[#fields + 2] = 'flag', flag_text
   entry[#entry + 1], entry[#entry + 2] = 'flag', flag_text
 end
-set_state(id, hold.st, 'posted', retention_ms, settle_fields(hold.st, outcome, fields))
+fields = settle_fields(hold.st, outcome, retention_ms, fields)
+set_state(id, hold.st, 'posted', retention_ms, fields)
 journal(entry)
 return {'ok', 'posted', flag_text}

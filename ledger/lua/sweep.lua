@@ -29,7 +29,7 @@ if not n or #ARGV ~= 3 + n or #KEYS ~= 5 + 2 * n then
 end
 for i = 1, n do
   local id = ARGV[3 + i]
-  if not valid_id(id) or KEYS[4 + 2 * i] ~= hkey(id) or KEYS[5 + 2 * i] ~= rkey(id) then
+  if not valid_id(id) or KEYS[4 + 2 * i] ~= hkey(id) or KEYS[5 + 2 * i] ~= pkey(id) then
     return {'bad_input', 'holds', 'KEYS[4+2i] and KEYS[5+2i] must be the keys of hold ARGV[3+i]'}
   end
 end

@@ -80,9 +80,7 @@ if flags.overrun and not overrun then
 end
 redis.call('HSET', hkey(id), 'pst', join_numbers(posted), 'cmp', join_numbers(compensated),
   'flag', kept)
-if retention_ms > 0 then
-  redis.call('PEXPIRE', hkey(id), retention_ms)
-end
+keep_settled(id, retention_ms)
 local flag_text = table.concat(reported, ',')
 journal({'op', 'trueup', 'hold', id, 'st', 'posted', 'flag', flag_text,
          'real', fmt(realised), 'd', deltas(hold.accounts, zeros(n), dpost)})

@@ -13,7 +13,7 @@ import yaml
 
 from ledger.cluster import RedisClient
 from ledger.cluster import redis_client as open_redis
-from ledger.keys import accounts_key, hold_key, request_key
+from ledger.keys import accounts_key, hold_key, payload_key
 
 from .conftest import Gateway, policy_dir_of
 from .helpers import (
@@ -89,7 +89,7 @@ async def test_free_and_refused_requests_open_no_accounts(
     for hold in refused:
         key = hold_key(tenant.id, hold)
         assert await redis_client.hget(key, "st") == "denied"
-        assert not await redis_client.exists(request_key(tenant.id, hold))
+        assert not await redis_client.exists(payload_key(tenant.id, hold))
         assert 0 < await redis_client.pttl(key) <= DENIED_RETENTION_MS
     # A retry of a refused key within that time gets the same refusal.
     again = await http.post(

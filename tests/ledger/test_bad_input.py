@@ -11,7 +11,7 @@ import pytest
 
 from ledger.client import Ledger
 from ledger.errors import BadInput, UnknownAccount
-from ledger.keys import hold_script_keys, request_key, tenant_keys
+from ledger.keys import hold_script_keys, payload_key, tenant_keys
 from ledger.limits import MAX_ACCOUNTS, MAX_AMOUNT
 from ledger.records import Decision
 
@@ -257,7 +257,7 @@ async def test_script_touches_only_the_hold_key_it_was_given(
     assert reply[:2] == ["bad_input", "keys"]
     assert await tenant_snapshot(seeded, tenant) == before
     # The right record, another hold's request.
-    keys = [*hold_script_keys(tenant, args[0])[:6], request_key(tenant, "posted")]
+    keys = [*hold_script_keys(tenant, args[0])[:6], payload_key(tenant, "posted")]
     reply = await seeded._run(operation, keys, args)
     assert reply[:2] == ["bad_input", "keys"]
     assert await tenant_snapshot(seeded, tenant) == before

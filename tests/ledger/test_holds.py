@@ -7,7 +7,7 @@ import pytest
 
 from ledger.client import Ledger
 from ledger.errors import HoldNotDue, HoldNotFound, HoldStateConflict, IdempotencyConflict
-from ledger.keys import hold_key, request_key
+from ledger.keys import hold_key, payload_key
 from ledger.records import AccountSpec, Decision, HoldState, Reason, Status
 
 from .conftest import open_accounts
@@ -300,26 +300,40 @@ async def test_request_kept_while_live_and_outcome_once_settled(
 
 # A gateway's stored request is some hundreds of bytes (irrev/bench/ledger.py's).
 GATEWAY_SIZED_REQUEST = '{"agent":"a1","tool":"shop","body_b64":"' + "x" * 300 + '"}'
+GATEWAY_SIZED_ANSWER = '{"status":201,"agent":"a1","body_b64":"' + "y" * 200 + '"}'
 
 
-async def test_the_request_lives_beside_the_record_and_goes_with_settlement(
+async def test_the_request_and_the_outcome_live_beside_the_record(
     ledger: Ledger, tenant: str
 ) -> None:
     """A value over 64 bytes in the record would make Redis keep the whole hash as a
-    table (about 3x the memory) until the record expires: the request is a key of
-    its own, dropped when the hold is posted or voided."""
+    table (about 3x the memory) until the record expires: the request, then the
+    outcome, is a key of its own (the payload), which a settlement without an
+    outcome drops and one with an outcome keeps for the record's retention."""
     await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 1000))
-    for key in ("posted", "voided"):
+    keys = ("posted", "voided", "posted-bare", "voided-bare")
+    for key in keys:
         await reserve(ledger, tenant, key, 100, "tenant:acme", request=GATEWAY_SIZED_REQUEST)
         assert await ledger.redis.object("encoding", hold_key(tenant, key)) in COMPACT
-        assert await ledger.redis.get(request_key(tenant, key)) == GATEWAY_SIZED_REQUEST
-    await ledger.post(tenant, "posted", 100)
-    await ledger.void(tenant, "voided")
-    for key in ("posted", "voided"):
+        assert await ledger.redis.get(payload_key(tenant, key)) == GATEWAY_SIZED_REQUEST
+    await ledger.post(tenant, "posted", 100, outcome=GATEWAY_SIZED_ANSWER)
+    await ledger.void(tenant, "voided", outcome=GATEWAY_SIZED_ANSWER)
+    await ledger.post(tenant, "posted-bare", 100)
+    await ledger.void(tenant, "voided-bare")
+    for key in keys:
         assert await ledger.redis.object("encoding", hold_key(tenant, key)) in COMPACT
-        assert not await ledger.redis.exists(request_key(tenant, key))
         found = await ledger.hold(tenant, key)
         assert found is not None and found.request == ""
+        if key.endswith("-bare"):
+            assert found.outcome == ""
+            assert not await ledger.redis.exists(payload_key(tenant, key))
+        else:
+            assert found.outcome == GATEWAY_SIZED_ANSWER
+            assert 0 < await ledger.redis.pttl(payload_key(tenant, key)) <= ledger.retention_ms
+    # A compensation starts the retention of both again.
+    await ledger.redis.pexpire(payload_key(tenant, "posted"), 60_000)
+    await ledger.compensate(tenant, "posted", 10)
+    assert await ledger.redis.pttl(payload_key(tenant, "posted")) > 60_000
 
 
 # Redis 6.2 calls a packed hash a ziplist, 7 a listpack.
@@ -341,5 +355,5 @@ async def test_a_rejected_or_expired_holds_request_lasts_as_its_record(
     for key in ("rejected", "expired"):
         found = await ledger.hold(tenant, key)
         assert found is not None and found.state.value == key and found.request
-        assert await ledger.redis.pttl(request_key(tenant, key)) > 0
+        assert await ledger.redis.pttl(payload_key(tenant, key)) > 0
         assert await ledger.redis.pttl(hold_key(tenant, key)) > 0
