@@ -17,16 +17,19 @@ hold still unsettled is priced at a factor f of its face value, built from three
    A route whose compensation fails now and then shows factors of 1 and is priced
    at face value, whatever its catalog says.
 3. **Pooling over the pending.** The overdraw a hold can cause is the pending holds'
-   summed overrun. With m holds pending on the route at once, the sum exceeds m f
-   with probability about alpha for f = mean + luck / sqrt(m), luck the larger of
-   tail - mean and z_(1 - alpha) sd (a tail capped at face value understates one
-   hold's spread): exact for m = 1, where f is the tail, the central limit theorem's
-   1/sqrt(m) for many. Pooling averages out each hold's luck, never a wrong mean, and
-   a mispriced catalog is a wrong mean; so a route pools only once `POOL_MIN` of its
-   own settlements bound its mean without the prior (their mean plus z_0.99 standard
-   errors, never below the posterior's bound), and its sd is never taken below the
-   catalog's. A route without that evidence prices every hold at its tail, however
-   many are pending.
+   summed overrun. With m holds pending on the route at once and n of its own
+   settlements (mean c, sd s), the mean factor of the m exceeds
+   c + luck sqrt(1/m + 1/n) with probability about alpha: the prediction bound of
+   the mean of m new draws, whose 1/n term is the uncertainty of c itself, with
+   luck = max(tail - c, t_(n-1)(1 - alpha / LOOKS) s) (a tail capped at face value
+   understates one hold's spread; a few settlements' s is uncertain, hence Student's
+   t, and never below the catalog's sd scaled as its tail is). For m = 1 that is at
+   least the tail, and the price is the tail; for many it nears c by as much as n
+   allows. Pooling averages out each hold's luck, never a wrong mean, and a
+   mispriced catalog is a wrong mean: so the pooled centre is the route's own
+   settlements, not the prior, it needs `POOL_MIN` of them, and it never goes below
+   the posterior's bound (1.). A route without them prices every hold at its tail,
+   however many are pending.
 
 Pure arithmetic and one cached binomial table: the simulator calls `hold_factor` per
 seed; the gateway calls it through `route_factor` for every route whose policy says
@@ -141,13 +144,14 @@ def proven_tail(ev: Evidence, alpha: float, confidence: float) -> float:
     return ev.top[e - 1]
 
 
-# settlements of a route's own before its mean may be pooled on: with 5 (and the t
-# quantile) irrev-cal overdrew 0 of 300 tuning seeds (100000-) at every point of the
-# Pareto grid; 10 kept 0.004 less utility at d = 200, k = 1.5
-POOL_MIN = 5
-# the data-only bound on the mean that pooling prices from: at 0.95 irrev-cal overdrew
-# 1 of 300 tuning seeds at k = 2-3, d = 50-200, none at 0.99
-POOL_CONFIDENCE = 0.99
+# settlements of a route's own before it pools (Student's t below is within 1% of the
+# exact from 9 degrees of freedom); 5 overdrew where one unlucky handful set the mean
+POOL_MIN = 10
+# a burst's pending set is priced again at every hold it gains, some tens of looks at
+# one sum, and a sum of a few skewed factors is not yet normal: each look is held to
+# alpha / LOOKS. With 1 irrev-cal overdrew 1-3 of 2,000 tuning seeds (100000-) at
+# k = 2, d = 20 and 200; with 10, 0 at each of k = 1-2, d = 20-200 (0.004 less utility)
+LOOKS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,43 +159,19 @@ class Quote:
     """A route's price as a function of how many of its holds are pending at once."""
 
     tail: float  # a hold standing alone
-    mean: float  # an upper bound on the mean: what each of very many pending holds costs
-    poolable: float  # the most pending holds whose luck may average out
-    luck: float = 0.0  # z_(1 - alpha) sd: one hold's overrun at the tail's level
+    mean: float  # the posterior's upper bound on the mean: no price goes below it
+    settled: int = 0  # the route's own settlements it pools on (0: it does not pool)
+    centre: float = 0.0  # their mean
+    luck: float = 0.0  # one hold's overrun: max(tail - centre, t_(n-1) sd)
 
     def factor(self, pending: float) -> float:
         if pending <= 0 or not math.isfinite(pending):
             raise ValueError(f"expected pending holds {pending!r} must be positive")
-        m = max(1.0, min(pending, self.poolable))
-        return min(self.tail, self.mean + max(self.tail - self.mean, self.luck) / math.sqrt(m))
-
-
-def data_mean_bound(ev: Evidence, confidence: float) -> tuple[float, float]:
-    """An upper confidence bound on the mean from the settled factors alone, and their
-    sample sd (n >= 2)."""
-    if ev.n < 2:
-        raise ValueError(f"{ev.n} settled factors cannot bound a mean; 2 or more can")
-    mean = ev.total / ev.n
-    sd = math.sqrt(max(ev.total_sq / ev.n - mean * mean, 0.0) * ev.n / (ev.n - 1))
-    return min(1.0, mean + student_t_ppf(confidence, ev.n - 1) * sd / math.sqrt(ev.n)), sd
-
-
-def student_t_ppf(p: float, df: int) -> float:
-    """Student's t quantile by its Cornish-Fisher expansion about the normal's
-    (Abramowitz and Stegun 26.7.5): within 1% of the exact (a little below) from 4
-    degrees of freedom at p = 0.99. A few settlements' own sd is itself uncertain; the
-    normal's quantile would trust it (irrev-cal overdrew 2 of 300 tuning seeds at
-    d = 5, k = 3 with it, none with this)."""
-    if df < 1:
-        raise ValueError(f"a t quantile needs at least 1 degree of freedom, not {df}")
-    z = normal_ppf(p)
-    z3, z5, z7 = z**3, z**5, z**7
-    return (
-        z
-        + (z3 + z) / (4 * df)
-        + (5 * z5 + 16 * z3 + 3 * z) / (96 * df**2)
-        + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * df**3)
-    )
+        if self.settled == 0:
+            return self.tail
+        m = max(1.0, pending)
+        pooled = self.centre + self.luck * math.sqrt(1.0 / m + 1.0 / self.settled)
+        return min(self.tail, max(self.mean, pooled))
 
 
 def quote(prior: Prior, ev: Evidence, *, alpha: float, confidence: float = 0.95) -> Quote:
@@ -203,10 +183,31 @@ def quote(prior: Prior, ev: Evidence, *, alpha: float, confidence: float = 0.95)
     scaled = prior.tail * max(mean, prior.mean) / prior.mean
     tail = min(1.0, max(scaled, proven_tail(ev, alpha, confidence), mean))
     if ev.n < POOL_MIN:
-        return Quote(tail, mean, 1.0)
-    bound, sd = data_mean_bound(ev, POOL_CONFIDENCE)
-    spread = max(sd, math.sqrt(prior.variance))
-    return Quote(tail, min(tail, max(mean, bound)), math.inf, normal_ppf(1.0 - alpha) * spread)
+        return Quote(tail, mean)
+    centre = ev.total / ev.n
+    sd = math.sqrt(max(ev.total_sq / ev.n - centre * centre, 0.0) * ev.n / (ev.n - 1))
+    # a few settlements can agree by luck: never a spread below the catalog's, scaled
+    # as its tail is (a world k times as lossy spreads about k times as far)
+    spread = max(sd, math.sqrt(prior.variance) * max(centre, prior.mean) / prior.mean)
+    luck = max(tail - centre, student_t_ppf(1.0 - alpha / LOOKS, ev.n - 1) * spread)
+    return Quote(tail, mean, ev.n, centre, luck)
+
+
+def student_t_ppf(p: float, df: int) -> float:
+    """Student's t quantile by its Cornish-Fisher expansion about the normal's
+    (Abramowitz and Stegun 26.7.5): a little below the exact, by 0.2% at 9 degrees of
+    freedom and p = 0.999, 0.6% at p = 0.9999. A few settlements' own sd is itself
+    uncertain; the normal's quantile would trust it."""
+    if df < 1:
+        raise ValueError(f"a t quantile needs at least 1 degree of freedom, not {df}")
+    z = normal_ppf(p)
+    z3, z5, z7 = z**3, z**5, z**7
+    return (
+        z
+        + (z3 + z) / (4 * df)
+        + (5 * z5 + 16 * z3 + 3 * z) / (96 * df**2)
+        + (3 * z7 + 19 * z5 + 17 * z3 - 15 * z) / (384 * df**3)
+    )
 
 
 def hold_factor(

@@ -10,6 +10,7 @@ from scipy.stats import binom
 from scipy.stats import t as student_t
 
 from pricing.calibration import (
+    LOOKS,
     POOL_MIN,
     Evidence,
     Prior,
@@ -67,17 +68,22 @@ def test_failed_compensations_prove_a_tail_at_face_value() -> None:
     assert hold_factor(CATALOG, ev, pending=1, alpha=ALPHA) == 1.0
 
 
+def _t(n: int) -> float:
+    return float(student_t.ppf(1 - ALPHA / LOOKS, n - 1))
+
+
 def test_a_slow_route_is_priced_nearer_its_mean_once_its_settlements_say_so() -> None:
     rng = np.random.default_rng(11)
-    ev = _evidence(1.0 - rng.beta(6.0, 2.0, 2000))
+    factors = 1.0 - rng.beta(6.0, 2.0, 2000)
+    ev = _evidence(factors)
     q = quote(CATALOG, ev, alpha=ALPHA)
     prices = [hold_factor(CATALOG, ev, pending=m, alpha=ALPHA) for m in (1, 4, 25, 1e6)]
     assert prices == sorted(prices, reverse=True)
     assert prices[0] == q.tail
-    luck = max(q.tail - q.mean, q.luck)
-    assert prices[1] == pytest.approx(q.mean + luck / 2)
-    assert prices[-1] == pytest.approx(q.mean + luck / 1000)
-    assert prices[-1] == pytest.approx(0.25, abs=0.02)  # the mean, a world as priced
+    assert q.centre == pytest.approx(factors.mean())
+    # the prediction bound of the mean of m new draws, 1/n its centre's own doubt
+    assert prices[1] == pytest.approx(q.centre + q.luck * np.sqrt(1 / 4 + 1 / 2000))
+    assert prices[-1] == pytest.approx(0.25, abs=0.03)  # near the mean of a world as priced
 
 
 def test_without_settlements_a_hold_stands_alone_however_slow_its_route() -> None:
@@ -87,49 +93,62 @@ def test_without_settlements_a_hold_stands_alone_however_slow_its_route() -> Non
 
 
 def test_fewer_settlements_than_pool_min_pool_nothing() -> None:
-    ev = _evidence(np.full(POOL_MIN - 1, 0.25))
-    alone = hold_factor(CATALOG, ev, pending=1, alpha=ALPHA)
-    assert hold_factor(CATALOG, ev, pending=1e6, alpha=ALPHA) == alone
-    assert (
-        hold_factor(CATALOG, _evidence(np.full(POOL_MIN, 0.25)), pending=1e6, alpha=ALPHA) < alone
-    )
+    few = _evidence(np.full(POOL_MIN - 1, 0.25))
+    alone = hold_factor(CATALOG, few, pending=1, alpha=ALPHA)
+    assert hold_factor(CATALOG, few, pending=1e6, alpha=ALPHA) == alone
+    enough = _evidence(np.full(POOL_MIN, 0.25))
+    assert hold_factor(CATALOG, enough, pending=1e6, alpha=ALPHA) < alone
 
 
 def test_pooling_never_averages_below_what_the_route_itself_shows() -> None:
     """A catalog that says 0.25 where every settlement shows 0.5 (a 2x world): the
     prior's 20 pseudo-settlements pull the posterior's bound under 0.5, but a price for
-    very many pending holds stays at or above the settlements' own mean."""
-    ev = _evidence(np.full(10, 0.5))
+    very many pending holds stays above the settlements' own mean."""
+    ev = _evidence(np.full(40, 0.5))
     assert mean_bound(CATALOG, ev, 0.95) < 0.5
-    assert hold_factor(CATALOG, ev, pending=1e9, alpha=ALPHA) >= 0.5
+    assert hold_factor(CATALOG, ev, pending=1e9, alpha=ALPHA) > 0.5
+
+
+def test_a_few_unlucky_settlements_buy_little_discount() -> None:
+    """Ten settlements at 0.3 in a world whose mean is 0.5: the bound's 1/n term and
+    Student's t keep a burst of 20 holds priced far above what ten draws suggest."""
+    ten = _evidence(np.full(10, 0.3))
+    many = _evidence(np.full(1000, 0.3))
+    assert hold_factor(CATALOG, ten, pending=20, alpha=ALPHA) >= 0.6
+    assert hold_factor(CATALOG, many, pending=20, alpha=ALPHA) < 0.6
 
 
 def test_a_tail_at_face_value_still_leaves_each_hold_its_spread() -> None:
-    """A 3x world: the tail is capped at 1, so tail - mean understates one hold's
-    spread; the pooled price keeps z_(1 - alpha) sd / sqrt(m) above the mean."""
+    """A 3x world: the tail is capped at 1, so tail - centre understates one hold's
+    spread; the pooled price keeps t sd sqrt(1/m + 1/n) above the centre."""
     factors = np.tile([0.2, 0.5, 0.8, 1.0, 1.0], 8)  # 40 settlements, mean 0.7
     ev = _evidence(factors)
     q = quote(CATALOG, ev, alpha=ALPHA)
     assert q.tail == 1.0
-    sd = float(np.std(factors, ddof=1))
-    assert q.luck == pytest.approx(normal_ppf(1 - ALPHA) * sd)
-    assert q.luck > q.tail - q.mean
-    assert hold_factor(CATALOG, ev, pending=100, alpha=ALPHA) == pytest.approx(q.mean + q.luck / 10)
+    # the catalog's sd scaled by 0.7 / 0.25 is above these factors' own
+    sd = max(float(np.std(factors, ddof=1)), np.sqrt(CATALOG.variance) * 0.7 / 0.25)
+    assert q.luck == pytest.approx(_t(40) * sd, rel=0.01)
+    assert q.luck > q.tail - q.centre
+    expected = q.centre + q.luck * np.sqrt(1 / 100 + 1 / 40)
+    assert hold_factor(CATALOG, ev, pending=100, alpha=ALPHA) == pytest.approx(min(1.0, expected))
 
 
-def test_identical_settlements_spread_no_less_than_the_catalog_says() -> None:
-    ev = _evidence(np.full(30, 0.25))  # sd 0 by luck
-    q = quote(CATALOG, ev, alpha=ALPHA)
-    assert q.luck == pytest.approx(normal_ppf(1 - ALPHA) * np.sqrt(CATALOG.variance))
+def test_identical_settlements_spread_no_less_than_the_catalog_scaled_says() -> None:
+    sd = np.sqrt(CATALOG.variance)
+    at_catalog = quote(CATALOG, _evidence(np.full(30, 0.25)), alpha=ALPHA)  # sd 0 by luck
+    assert at_catalog.luck == pytest.approx(max(at_catalog.tail - 0.25, _t(30) * sd), rel=0.01)
+    twice = quote(CATALOG, _evidence(np.full(30, 0.5)), alpha=ALPHA)
+    assert twice.luck >= _t(30) * 2 * sd * 0.99
 
 
-def test_the_t_quantile_is_within_a_percent_from_four_degrees_of_freedom() -> None:
-    for df in (4, 9, 30, 200):
-        assert student_t_ppf(0.99, df) == pytest.approx(student_t.ppf(0.99, df), rel=0.01)
-    assert student_t_ppf(0.99, 4) > normal_ppf(0.99)
+def test_the_t_quantile_is_within_a_percent_from_nine_degrees_of_freedom() -> None:
+    for p in (0.99, 0.999, 0.9999):
+        for df in (9, 30, 200):
+            assert student_t_ppf(p, df) == pytest.approx(student_t.ppf(p, df), rel=0.01)
+    assert student_t_ppf(0.999, 9) > normal_ppf(0.999)
 
 
-@pytest.mark.parametrize("n", [5, 40, 400])
+@pytest.mark.parametrize("n", [10, 40, 400])
 def test_more_pending_never_costs_more_and_one_costs_the_tail(n: int) -> None:
     rng = np.random.default_rng(n)
     ev = _evidence(np.minimum(1.0, 1.5 * (1.0 - rng.beta(6.0, 2.0, n))))
