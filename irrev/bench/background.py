@@ -71,17 +71,30 @@ def run(args: argparse.Namespace) -> int:
         print(f"idle gateways, {args.tenants} tenants, {args.seconds:g} s each, Redis {url}")
         print(f"{'gateways':>8} {'commands/s':>11} {'per gateway':>12} {'vs first':>9}   top")
         first = None
+        seen: dict[int, Counter[str]] = {}
         for count in counts:
-            rate, top = measure(url, policies, root, count, args.seconds)
+            calls = measure(url, policies, root, count, args.seconds)
+            seen[count] = calls
+            rate = sum(calls.values()) / args.seconds
             first = first or rate
+            top = calls.most_common(4)
             shown = ", ".join(f"{name} {n / args.seconds:.1f}" for name, n in top)
             print(f"{count:>8} {rate:>11.1f} {rate / count:>12.1f} {rate / first:>8.2f}x   {shown}")
+        breakdown(seen, args.seconds)
     return 0
 
 
-def measure(
-    url: str, policies: Path, root: Path, count: int, seconds: float
-) -> tuple[float, list[tuple[str, int]]]:
+def breakdown(seen: dict[int, Counter[str]], seconds: float) -> None:
+    """Commands/s by command at each fleet size: which part grows with the hosts."""
+    names = sorted(set().union(*seen.values()), key=lambda n: -max(c[n] for c in seen.values()))
+    print(f"\nby command (calls/s){''.join(f'{count:>9}' for count in seen)}")
+    for name in names:
+        row = "".join(f"{seen[count][name] / seconds:>9.1f}" for count in seen)
+        print(f"{name:<20}{row}")
+
+
+def measure(url: str, policies: Path, root: Path, count: int, seconds: float) -> Counter[str]:
+    """Calls per command an idle fleet of `count` gateways sent in `seconds`."""
     env = {
         **os.environ,
         "IRREV_REDIS_URL": url,
@@ -98,8 +111,7 @@ def measure(
     finally:
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(lambda server: server.stop(), servers))
-    total = sum(calls.values())
-    return total / seconds, calls.most_common(4)
+    return calls
 
 
 def gateway(host: str, env: dict[str, str], log: Path) -> Server:
