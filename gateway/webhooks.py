@@ -35,7 +35,8 @@ from typing import Any
 
 import httpx
 
-from ledger import Ledger, LedgerError, read_journal
+from ledger import ChangeFeed, Ledger, LedgerError, read_journal
+from ledger.changes import announce
 from pricing import PolicyError, TenantPolicy
 
 from . import metrics
@@ -106,10 +107,17 @@ class Dispatcher:
     """One per gateway worker: a task per tenant with a webhook, each delivering
     only while it holds that tenant's lease."""
 
-    def __init__(self, ledger: Ledger, tenants: TenantStore, pacing: Pacing) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        tenants: TenantStore,
+        pacing: Pacing,
+        feed: ChangeFeed | None = None,
+    ) -> None:
         self.ledger = ledger
         self.tenants = tenants
         self.pacing = pacing
+        self.feed = feed
         self.owner = dispatcher_id()
         self.http = httpx.AsyncClient(
             timeout=pacing.timeout_s, follow_redirects=False, trust_env=False
@@ -136,12 +144,18 @@ class Dispatcher:
     async def aclose(self) -> None:
         for task in self.tasks.values():
             task.cancel()
+        released = False
         for tenant, task in self.tasks.items():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            # Another process takes over at once, rather than when the lease runs out.
+            # Another process takes over at once, rather than when the lease runs out
+            # and it next asks: the announcement makes it ask now.
             with contextlib.suppress(Exception):
-                await self.ledger.webhook_lease(tenant, self.owner, "release")
+                ours, _ = await self.ledger.webhook_lease(tenant, self.owner, "release")
+                released = released or ours
+        if released:
+            with contextlib.suppress(LedgerError):
+                await announce(self.ledger.redis, "lease")
         await self.http.aclose()
 
     def _webhook_tenants(self) -> list[str]:
@@ -152,17 +166,34 @@ class Dispatcher:
         return policy if policy is not None and policy.document.webhook is not None else None
 
     async def _serve(self, tenant: str) -> None:
+        """Deliver while this process holds the tenant's lease. One that does not
+        asks again only after about a lease's length (jittered; at once when another
+        process announced it gave leases up), so idle dispatchers cost Redis one ask
+        per tenant per lease, not per poll."""
+        next_ask = 0.0
+        heard = self._heard()
         while self._policy(tenant) is not None:
-            try:
-                held, cursor = await self._hold(tenant)
-                busy = held and await self._pump(tenant, cursor)
-            except Exception:
-                log.exception("webhook dispatcher failed", extra={"tenant": tenant})
-                busy = False
+            if self._heard() != heard:
+                heard, next_ask = self._heard(), 0.0
+            busy = False
+            if time.monotonic() >= next_ask:
+                try:
+                    held, cursor = await self._hold(tenant)
+                    if not held:
+                        next_ask = time.monotonic() + self._ask_s()
+                    busy = held and await self._pump(tenant, cursor)
+                except Exception:
+                    log.exception("webhook dispatcher failed", extra={"tenant": tenant})
             if not busy:
                 await asyncio.sleep(self.pacing.poll_s)
         with contextlib.suppress(Exception):
             await self.ledger.webhook_lease(tenant, self.owner, "release")
+
+    def _heard(self) -> int:
+        return self.feed.heard("lease") if self.feed is not None else 0
+
+    def _ask_s(self) -> float:
+        return max(self.pacing.lease_ms / 1000, self.pacing.poll_s) * random.uniform(0.5, 1.0)
 
     async def _hold(self, tenant: str) -> tuple[bool, str]:
         return await self.ledger.webhook_lease(
