@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from ledger import ChangeFeed, Ledger, LedgerError, read_journal
+from ledger import ChangeFeed, Ledger, LedgerError, LedgerUnavailable, read_journal
 from ledger.changes import announce
 from pricing import PolicyError, TenantPolicy
 
@@ -118,6 +118,7 @@ class Dispatcher:
         self.tenants = tenants
         self.pacing = pacing
         self.feed = feed
+        self._down_since: float | None = None
         self.owner = dispatcher_id()
         self.http = httpx.AsyncClient(
             timeout=pacing.timeout_s, follow_redirects=False, trust_env=False
@@ -182,6 +183,9 @@ class Dispatcher:
                     if not held:
                         next_ask = time.monotonic() + self._ask_s()
                     busy = held and await self._pump(tenant, cursor)
+                    self._ledger_back()
+                except LedgerUnavailable as exc:
+                    self._ledger_lost(exc)
                 except Exception:
                     log.exception("webhook dispatcher failed", extra={"tenant": tenant})
             if not busy:
@@ -194,6 +198,22 @@ class Dispatcher:
 
     def _ask_s(self) -> float:
         return max(self.pacing.lease_ms / 1000, self.pacing.poll_s) * random.uniform(0.5, 1.0)
+
+    def _ledger_lost(self, exc: LedgerUnavailable) -> None:
+        """Say once per outage that Redis is out of reach (every tenant's task keeps
+        trying each poll; a line per try was a line every 0.5 s for the outage)."""
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning(
+                "webhook dispatcher: ledger unavailable; delivery resumes when it is back",
+                extra={"why": str(exc)},
+            )
+
+    def _ledger_back(self) -> None:
+        if self._down_since is not None:
+            down_s = round(time.monotonic() - self._down_since, 1)
+            self._down_since = None
+            log.info("webhook dispatcher: ledger back", extra={"down_s": down_s})
 
     async def _hold(self, tenant: str) -> tuple[bool, str]:
         return await self.ledger.webhook_lease(
