@@ -26,7 +26,6 @@ import time
 from collections.abc import Iterable
 
 from ledger import ChangeFeed, Lease, Ledger, LedgerError
-from ledger.changes import announce
 
 from . import metrics
 
@@ -124,4 +123,4 @@ class Sweeper:
                     log.warning("sweep lease not released", extra={"tenant": tenant})
         if released:
             with contextlib.suppress(LedgerError):
-                await announce(self.ledger.redis, "lease")
+                await self.ledger.policies.announce("lease")

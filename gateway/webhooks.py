@@ -36,7 +36,6 @@ from typing import Any
 import httpx
 
 from ledger import ChangeFeed, Ledger, LedgerError, LedgerUnavailable, read_journal
-from ledger.changes import announce
 from pricing import PolicyError, TenantPolicy
 
 from . import metrics
@@ -156,7 +155,7 @@ class Dispatcher:
                 released = released or ours
         if released:
             with contextlib.suppress(LedgerError):
-                await announce(self.ledger.redis, "lease")
+                await self.ledger.policies.announce("lease")
         await self.http.aclose()
 
     def _webhook_tenants(self) -> list[str]:

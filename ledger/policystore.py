@@ -106,6 +106,11 @@ class PolicyStore:
                 await announce(self.redis, "policy")
         return PutResult(bool(won), version, stamp)
 
+    async def announce(self, what: str) -> None:
+        """Tell every subscribed gateway (ledger/changes.py) that `what` changed:
+        'lease' when a process gave leases up, so the others ask for them now."""
+        await announce(self.redis, what)
+
     async def bump_outcomes(self) -> None:
         """Count one more compensation outcome fleet-wide and announce it: gateways
         then re-read the counts (`epochs`)."""
