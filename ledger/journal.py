@@ -74,7 +74,7 @@ class JournalEntry:
     @property
     def deltas(self) -> tuple[Delta, ...]:
         f = self.fields
-        if "acc" in f:
+        if f.get("acc"):
             accounts = f["acc"].split(",")
             zero = [0] * len(accounts)
             if self.op == "reserve":
