@@ -12,8 +12,9 @@
 --   KEYS[2]  `...:journal`, KEYS[3] `...:deadlines`, KEYS[4] `...:ambiguous`,
 --            KEYS[5] `...:escalated` (the scripts of one hold declare all five)
 --   KEYS[6]  `...:hold:<id>`, the hold the script is about (ARGV[1] is its id)
--- A script builds no key of its own but checks that a hold key it was given is
--- the one its id names (hold_id_arg), so a caller cannot point it elsewhere.
+-- A script builds no key of its own but checks the keys it was given: KEYS[1..5]
+-- are the tenant's (bind), any other key is of the same tenant (bind) and a hold
+-- key is the one its id names (hold_id_arg), so a caller cannot point it elsewhere.
 --
 -- Numbers: amounts are integers in [0, 2^53 - 1], exact in a Lua double. Lua's
 -- tostring() and `..` print 14 significant digits, so numbers that go into strings
