@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.routing import Route
 
-from ledger import Ledger, LedgerUnavailable, RedisFailure, cutoff_ms, trim_locked
+from ledger import ChangeFeed, Ledger, LedgerUnavailable, RedisFailure, cutoff_ms, trim_locked
 from pricing import TenantPolicy, policy_accounts
 
 from . import (
@@ -125,14 +125,19 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         await tenants.apply(ledger)
         gate = Gate(settings, ledger, tenants, http)
         app.state.gate = gate
-        dispatcher = Dispatcher(ledger, tenants, settings.webhook_pacing())
+        # Policy writes and given-up leases are announced (pub/sub): an idle worker
+        # reads the store's epoch when told, or when its subscription came back, not
+        # every refresh, and asks for leases it does not hold seldom.
+        feed = ChangeFeed(redis_url)
+        feed.start()
+        dispatcher = Dispatcher(ledger, tenants, settings.webhook_pacing(), feed)
         await dispatcher.start()
 
         async def refresh_policies() -> None:
-            await tenants.refresh(ledger)
+            await tenants.refresh(ledger, feed, settings.policy_poll_s)
             dispatcher.refresh()  # a reload may have given a tenant a webhook
 
-        sweeper = Sweeper(ledger, settings.sweep_interval_s, settings.instance)
+        sweeper = Sweeper(ledger, settings.sweep_interval_s, settings.instance, feed)
         app.state.sweeper = sweeper
         # A first round now: the tenants' leases are taken before the first scrape,
         # which reports fleet gauges only for the tenants this gateway sweeps.
@@ -168,6 +173,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         finally:
             await mcp_endpoint.aclose()
             await dispatcher.aclose()
+            await feed.aclose()
             await tenants.aclose()
             for task in background:
                 task.cancel()

@@ -72,6 +72,14 @@ class GatewaySettings(BaseSettings):
     policy_check_interval_s: float = Field(
         default=2.0, gt=0, description="how often a worker looks for changed policy files"
     )
+    policy_poll_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="how often a worker reads the fleet's policy store epoch though no "
+        "change was announced to it (pub/sub): the bound on a change whose announcement "
+        "was lost without the subscription dropping; a dropped one is re-read at once",
+    )
     retention_s: int = Field(default=7 * 24 * 3600, ge=60)
     denied_retention_s: int = Field(
         default=600,

@@ -1,25 +1,31 @@
 """One sweeper per tenant across the fleet: each gateway process tries for a
 tenant's sweep lease (Ledger.lease) and sweeps only the tenants whose lease it
 holds. The holder renews its lease every round; a process that lost the race asks
-again only once a lease could have lapsed, so Redis sees O(tenants) sweeps and
-renewals per interval, plus O(processes x tenants) lease asks per ttl.
+again only after ASK_TTLS lease ttls (jittered, so the fleet's asks spread), so an
+idle fleet's Redis load is O(tenants) sweeps and renewals per interval plus one ask
+per tenant per process every ASK_TTLS ttls (30 s by default): the part that grows
+with processes stays small beside the holders' work.
 
-A holder that stops (crash, SIGKILL, shutdown without release) leaves its tenants
-unswept for at most the lease ttl; sweeping is a safety net (holds past their
-deadline are also settled by their own scripts when next touched), so a few
-seconds' pause costs nothing but freshness. Two holders for a round (a paused
+A holder that stops (crash, SIGKILL) leaves its tenants unswept until the lease
+lapses and another process next asks: at most (1 + ASK_TTLS) ttls, about 33 s by
+default. One that shuts down releases its leases and announces it (pub/sub,
+ledger/changes.py), so the others ask at their next round. Sweeping is a safety net
+(holds past their deadline are also settled by their own scripts when next touched),
+so such a pause costs freshness, not correctness. Two holders for a round (a paused
 holder whose lease lapsed) are harmless: what a sweep settles it decides on Redis
 time inside its script."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import random
 import time
 from collections.abc import Iterable
 
-from ledger import Lease, Ledger
+from ledger import ChangeFeed, Lease, Ledger, LedgerError
 
 from . import metrics
 
@@ -28,6 +34,8 @@ SWEEP_BATCH = 200
 # A lease outlives this many sweep intervals, so a holder's late round does not lose it.
 LEASE_INTERVALS = 3
 MIN_LEASE_S = 3.0
+# A process that does not hold a tenant's lease asks again after this many ttls.
+ASK_TTLS = 10
 
 
 class Sweeper:
@@ -35,12 +43,20 @@ class Sweeper:
     leases' tokens start with it, so any of its workers can tell which tenants its
     gateway sweeps (and reports the fleet gauges of)."""
 
-    def __init__(self, ledger: Ledger, interval_s: float, instance: str = "") -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        interval_s: float,
+        instance: str = "",
+        feed: ChangeFeed | None = None,
+    ) -> None:
         self.ledger = ledger
         self.ttl_s = max(LEASE_INTERVALS * interval_s, MIN_LEASE_S)
         self.instance = instance
+        self.feed = feed
         self._leases: dict[str, Lease] = {}
         self._next_ask: dict[str, float] = {}
+        self._heard = 0
 
     def holds(self, tenant: str) -> bool:
         """Whether this process is surely the tenant's sweeper now (also: whoever
@@ -51,6 +67,10 @@ class Sweeper:
     async def round(self, tenants: Iterable[str]) -> int:
         """Sweep every tenant whose lease this process holds or can take; the number
         swept."""
+        if self.feed is not None and self.feed.heard("lease") != self._heard:
+            # Another process gave its leases up (or the feed may have missed that).
+            self._heard = self.feed.heard("lease")
+            self._next_ask.clear()
         swept = 0
         for tenant in tenants:
             if await self._lease(tenant):
@@ -70,7 +90,7 @@ class Sweeper:
             return False
         if await lease.hold():
             return True
-        self._next_ask[tenant] = now + self.ttl_s
+        self._next_ask[tenant] = now + ASK_TTLS * self.ttl_s * random.uniform(0.5, 1.0)
         return False
 
     async def reporting(self, tenants: Iterable[str]) -> list[str]:
@@ -92,11 +112,15 @@ class Sweeper:
         return round(self.ttl_s * 1000)
 
     async def release(self) -> None:
-        """Give up every lease held (at shutdown), so another process takes over at its
-        next round instead of after the ttl."""
+        """Give up every lease held (at shutdown) and announce it, so another process
+        takes over at its next round instead of after the ttl and its next ask."""
+        released = False
         for tenant, lease in self._leases.items():
             if lease.held:
                 try:
-                    await lease.release()
+                    released = await lease.release() or released
                 except Exception:
                     log.warning("sweep lease not released", extra={"tenant": tenant})
+        if released:
+            with contextlib.suppress(LedgerError):
+                await self.ledger.policies.announce("lease")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ledger import AccountSpec as LedgerAccount
-from ledger import Ledger, PolicyRecord
+from ledger import ChangeFeed, Ledger, PolicyRecord
 from pricing import (
     AccountSpec,
     Outcomes,
@@ -186,6 +186,8 @@ class TenantStore:
         self._outcomes_epoch = -1
         self._limits_owed: set[str] = set()
         self._looks = 0
+        self._heard = 0
+        self._poll_due = 0.0
         # The policy files on disk that are not in force, each with its tenant where
         # that can be told.
         self.faults: list[FileFault] = []
@@ -484,30 +486,50 @@ class TenantStore:
         """The tenant's MCP server `tool`; None if it has no such server."""
         return self._mcp.get((tenant, tool))
 
-    async def refresh(self, ledger: Ledger) -> bool:
+    async def refresh(
+        self, ledger: Ledger, feed: ChangeFeed | None = None, poll_s: float = 0.0
+    ) -> bool:
         """Reload if any policy file or credential file changed since the last load
         (a rotated secret reaches every worker) or the fleet's policy store did;
-        apply compensation outcomes counted since the last look. One read of the
-        store's epochs per look: O(gateways), whatever the tenants; a full read now
-        and then catches a write whose epoch bump was lost."""
+        apply compensation outcomes counted since the last look.
+
+        With a `feed` (ledger/changes.py), the store's epochs are read only when the
+        feed heard something since the last look (an announced write, or a
+        resubscription after which an announcement may have been missed), while it
+        is not subscribed, or `poll_s` after the last read: an idle host sends
+        Redis nothing most refreshes. Without one, they are read every look. Every
+        FULL_READ_EVERY reads that were not told to, every tenant's record is read
+        too: that catches a write whose epoch bump was lost."""
         rotated = _secret_files_signature(self._written.values()) != self._secret_files
-        self._looks += 1
-        policies, outcomes = await ledger.policies.epochs()
+        heard = feed.heard("policy", "outcomes") if feed is not None else 0
+        now = time.monotonic()
+        due = now >= self._poll_due
+        if feed is None or not feed.live or heard != self._heard or due:
+            policies, outcomes = await ledger.policies.epochs()
+            self._poll_due = now + poll_s
+        else:
+            policies, outcomes = self._epoch, self._outcomes_epoch
+        if due:
+            self._looks += 1
+        full_read = due and self._looks % FULL_READ_EVERY == 0
         if (
             rotated
             or self._limits_owed
             or policies != self._epoch
             or self._files_signature() != self._signature
-            or (self._looks % FULL_READ_EVERY == 0 and await self._store_moved(ledger))
+            or (full_read and await self._store_moved(ledger))
         ):
             await self.apply(ledger)
             self._outcomes_epoch = outcomes
+            self._heard = heard
             return True
         if outcomes != self._outcomes_epoch:
             observed, settled = await self._read_observed(ledger, list(self._written))
             self._outcomes_epoch = outcomes
             if observed != self._observed or settled != self._settled:
                 self._install(observed, settled)
+        # Only now: a look that failed (Redis down) leaves what was heard to the next.
+        self._heard = heard
         return False
 
     async def _store_moved(self, ledger: Ledger) -> bool:
@@ -610,7 +632,8 @@ class TenantStore:
         return self.directory / f"{tenant}.yaml"
 
 
-# Every this many looks for changes, the store's policies are read whatever its epoch.
+# Every this many reads of the epochs not prompted by the feed (every one without a
+# feed), the store's policies are read whatever its epoch.
 FULL_READ_EVERY = 15
 
 

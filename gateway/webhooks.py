@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from ledger import Ledger, LedgerError, read_journal
+from ledger import ChangeFeed, Ledger, LedgerError, LedgerUnavailable, read_journal
 from pricing import PolicyError, TenantPolicy
 
 from . import metrics
@@ -106,10 +106,18 @@ class Dispatcher:
     """One per gateway worker: a task per tenant with a webhook, each delivering
     only while it holds that tenant's lease."""
 
-    def __init__(self, ledger: Ledger, tenants: TenantStore, pacing: Pacing) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        tenants: TenantStore,
+        pacing: Pacing,
+        feed: ChangeFeed | None = None,
+    ) -> None:
         self.ledger = ledger
         self.tenants = tenants
         self.pacing = pacing
+        self.feed = feed
+        self._down_since: float | None = None
         self.owner = dispatcher_id()
         self.http = httpx.AsyncClient(
             timeout=pacing.timeout_s, follow_redirects=False, trust_env=False
@@ -136,12 +144,18 @@ class Dispatcher:
     async def aclose(self) -> None:
         for task in self.tasks.values():
             task.cancel()
+        released = False
         for tenant, task in self.tasks.items():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            # Another process takes over at once, rather than when the lease runs out.
+            # Another process takes over at once, rather than when the lease runs out
+            # and it next asks: the announcement makes it ask now.
             with contextlib.suppress(Exception):
-                await self.ledger.webhook_lease(tenant, self.owner, "release")
+                ours, _ = await self.ledger.webhook_lease(tenant, self.owner, "release")
+                released = released or ours
+        if released:
+            with contextlib.suppress(LedgerError):
+                await self.ledger.policies.announce("lease")
         await self.http.aclose()
 
     def _webhook_tenants(self) -> list[str]:
@@ -152,17 +166,53 @@ class Dispatcher:
         return policy if policy is not None and policy.document.webhook is not None else None
 
     async def _serve(self, tenant: str) -> None:
+        """Deliver while this process holds the tenant's lease. One that does not
+        asks again only after about a lease's length (jittered; at once when another
+        process announced it gave leases up), so idle dispatchers cost Redis one ask
+        per tenant per lease, not per poll."""
+        next_ask = 0.0
+        heard = self._heard()
         while self._policy(tenant) is not None:
-            try:
-                held, cursor = await self._hold(tenant)
-                busy = held and await self._pump(tenant, cursor)
-            except Exception:
-                log.exception("webhook dispatcher failed", extra={"tenant": tenant})
-                busy = False
+            if self._heard() != heard:
+                heard, next_ask = self._heard(), 0.0
+            busy = False
+            if time.monotonic() >= next_ask:
+                try:
+                    held, cursor = await self._hold(tenant)
+                    if not held:
+                        next_ask = time.monotonic() + self._ask_s()
+                    busy = held and await self._pump(tenant, cursor)
+                    self._ledger_back()
+                except LedgerUnavailable as exc:
+                    self._ledger_lost(exc)
+                except Exception:
+                    log.exception("webhook dispatcher failed", extra={"tenant": tenant})
             if not busy:
                 await asyncio.sleep(self.pacing.poll_s)
         with contextlib.suppress(Exception):
             await self.ledger.webhook_lease(tenant, self.owner, "release")
+
+    def _heard(self) -> int:
+        return self.feed.heard("lease") if self.feed is not None else 0
+
+    def _ask_s(self) -> float:
+        return max(self.pacing.lease_ms / 1000, self.pacing.poll_s) * random.uniform(0.5, 1.0)
+
+    def _ledger_lost(self, exc: LedgerUnavailable) -> None:
+        """Say once per outage that Redis is out of reach (every tenant's task keeps
+        trying each poll; a line per try was a line every 0.5 s for the outage)."""
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning(
+                "webhook dispatcher: ledger unavailable; delivery resumes when it is back",
+                extra={"why": str(exc)},
+            )
+
+    def _ledger_back(self) -> None:
+        if self._down_since is not None:
+            down_s = round(time.monotonic() - self._down_since, 1)
+            self._down_since = None
+            log.info("webhook dispatcher: ledger back", extra={"down_s": down_s})
 
     async def _hold(self, tenant: str) -> tuple[bool, str]:
         return await self.ledger.webhook_lease(

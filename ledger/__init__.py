@@ -5,6 +5,7 @@ submodules behind it (key layout, scripts, validation) are the ledger's own busi
 """
 
 from .audit import AuditReport, audit, audit_tenant
+from .changes import ChangeFeed
 from .checkpoint import cutoff_ms, trim, trim_locked
 from .client import Ledger, open_ledger
 from .connect import connect
@@ -62,6 +63,7 @@ __all__ = [
     "AuditReport",
     "BadInput",
     "Balance",
+    "ChangeFeed",
     "CheckpointMoved",
     "Decision",
     "Durability",

@@ -27,7 +27,6 @@ from .errors import (
     translate_redis_errors,
 )
 from .keys import (
-    OUTCOMES_EPOCH_KEY,
     TENANTS_KEY,
     account_fields,
     accounts_key,
@@ -506,8 +505,7 @@ class Ledger:
         counted = raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
         if counted:
             # Gateways re-read the counts when this moves (PolicyStore.epochs).
-            with translate_redis_errors("learn"):
-                await self.redis.incr(OUTCOMES_EPOCH_KEY)
+            await self.policies.bump_outcomes()
         return counted
 
     async def calibrate(
@@ -523,8 +521,7 @@ class Ledger:
         if recorded:
             # Gateways re-read settled factors with the counts when this moves: a look
             # between `learn`'s bump and this write sees the next bump.
-            with translate_redis_errors("calibrate"):
-                await self.redis.incr(OUTCOMES_EPOCH_KEY)
+            await self.policies.bump_outcomes()
         return recorded
 
     async def approve(

@@ -74,7 +74,7 @@ class JournalEntry:
     @property
     def deltas(self) -> tuple[Delta, ...]:
         f = self.fields
-        if "acc" in f:
+        if f.get("acc"):
             accounts = f["acc"].split(",")
             zero = [0] * len(accounts)
             if self.op == "reserve":
@@ -212,12 +212,12 @@ class Replay:
             self.hold_states[entry.hold_id] = state
 
     def _apply_rule(self, f: dict[str, str]) -> None:
-        """A raise's rule set (with its account) or deleted (from whichever account)."""
+        """A rule set (replacing itself, and its raise on whichever account it was,
+        as rule.lua does) or deleted."""
         rule = f["rule"]
-        if f.get("act") == "delete":
-            for account in self.accounts.values():
-                account.raises.pop(rule, None)
-        elif "acct" in f:
+        for account in self.accounts.values():
+            account.raises.pop(rule, None)
+        if f.get("act") != "delete" and "acct" in f:
             account = self.accounts.setdefault(f["acct"], ReplayedAccount())
             account.raises[rule] = [int(f["raise"]), int(f["until"])]
 

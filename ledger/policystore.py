@@ -2,10 +2,11 @@
 (`irrev:{tenant}:policy`), which every gateway host serves, whatever its own files
 say. A write is a compare-and-set on the version the writer read (policy_put.lua),
 so a host that read an older version never overwrites a newer one; every write then
-bumps one fleet-wide epoch counter, which each host reads once per refresh to learn
-cheaply whether anything changed (the epoch is a key of its own slot, bumped after
-the write: on a cluster a writer that dies in between is noticed by the hosts' full
-re-read, which they do every so often anyway)."""
+bumps one fleet-wide epoch counter and announces it (ledger/changes.py: pub/sub), so
+a host reads the epoch when told, and otherwise only every so often (the epoch is a
+key of its own slot, bumped after the write: on a cluster a writer that dies in
+between is noticed by the hosts' full re-read, which they do every so often
+anyway)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from . import validate
+from .changes import CHANNEL, announce
 from .cluster import RedisClient, wait_out_migration
 from .errors import translate_redis_errors
 from .keys import OUTCOMES_EPOCH_KEY, POLICY_EPOCH_KEY, policy_key
@@ -101,7 +103,28 @@ class PolicyStore:
             won, version, stamp = (int(part) for part in reply)
             if won:
                 await self.redis.incr(POLICY_EPOCH_KEY)
+                await announce(self.redis, "policy")
         return PutResult(bool(won), version, stamp)
+
+    async def announce(self, what: str) -> None:
+        """Tell every subscribed gateway (ledger/changes.py) that `what` changed:
+        'lease' when a process gave leases up, so the others ask for them now."""
+        await announce(self.redis, what)
+
+    async def bump_outcomes(self) -> None:
+        """Count one more compensation outcome fleet-wide and announce it: gateways
+        then re-read the counts (`epochs`)."""
+        if isinstance(self.redis, RedisCluster):
+            with translate_redis_errors("counting an outcome"):
+                await self.redis.incr(OUTCOMES_EPOCH_KEY)
+            await announce(self.redis, "outcomes")
+            return
+        # One round trip, as before there was an announcement.
+        with translate_redis_errors("counting an outcome"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.incr(OUTCOMES_EPOCH_KEY)
+                pipe.publish(CHANNEL, "outcomes")
+                await pipe.execute()
 
 
 def _text(fields: dict[Any, Any]) -> dict[str, str]:

@@ -53,6 +53,10 @@ OPERATIONS = (
     "webhook",
 )
 
+# How many of the tenant's KEYS[1..5] (accounts, journal, deadlines, ambiguous,
+# escalated) each operation takes: `bind` checks them (5 unless named here).
+_STANDARD_KEYS = {"account": 2, "rule": 2, "webhook": 2}
+
 # Scripts of ledger/lua run outside the library (see above), by their own modules.
 PLAIN_SCRIPTS = ("lease", "lease_release", "policy_put")
 
@@ -91,7 +95,7 @@ def _names(text: str) -> set[str]:
 
 
 # What every script keeps of the library: the call's keys and arguments (`bind`).
-_ALWAYS = frozenset({"KEYS", "bind"})
+_ALWAYS = frozenset({"KEYS", "bind", "TENANT_KEYS"})
 _VERSION = "IRREV_VERSION"
 
 
@@ -115,7 +119,7 @@ def script_source(operation: str) -> str:
     # before it and bound after it.
     return (
         "redis.replicate_commands()\nlocal _KEYS, _ARGV = KEYS, ARGV\n"
-        f"{library}\nbind(_KEYS, _ARGV)\n{body}"
+        f"{library}\nbind(_KEYS, _ARGV, {_STANDARD_KEYS.get(operation, 5)})\n{body}"
     )
 
 
@@ -135,7 +139,8 @@ def function_library() -> Library:
     for operation in OPERATIONS:
         parts.append(
             f"\nredis.register_function('irrev_{_VERSION}_{operation}', function(keys, argv)\n"
-            f"bind(keys, argv)\n{_read(f'{operation}.lua')}\nend)\n"
+            f"bind(keys, argv, {_STANDARD_KEYS.get(operation, 5)})\n"
+            f"{_read(f'{operation}.lua')}\nend)\n"
         )
     code = "".join(parts)
     version = hashlib.sha1(code.encode()).hexdigest()[:12]

@@ -2,9 +2,12 @@
 
 Every seed keeps, per product line (route), the sufficient statistics of the realised
 residual factors its settled holds revealed; every `every` ticks a seed whose evidence
-grew re-prices that line with `pricing.calibration.hold_factor`, the function the
-gateway's settlement path would use. Prices are computed when an event is decided, so
-a hold is priced from the evidence of that moment.
+grew re-quotes that line with `pricing.calibration.quote`, the function behind the
+gateway's `hold_factor`. A hold is priced when its event is decided, from the quote of
+that moment and the holds then pending on its route: by default as many as its route
+has open (counted by face value, Kish's effective number (sum v)^2 / sum v^2, so one
+large hold among small ones counts for about one), or a fixed number as a gateway
+policy's `calibrate.pending` says.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from pricing.calibration import TOP_KEPT, Evidence, Prior, hold_factor
+from pricing.calibration import TOP_KEPT, Evidence, Prior, Quote, quote
 from sim.runner import I64, B
 from sim.workload import Workload
 
@@ -21,13 +24,7 @@ F64 = npt.NDArray[np.float64]
 
 class Calibrated:
     def __init__(
-        self,
-        wl: Workload,
-        level: float,
-        settle_delay: int,
-        prior_weight: float,
-        pending: float | None,
-        every: int,
+        self, wl: Workload, level: float, prior_weight: float, pending: float | None, every: int
     ) -> None:
         m = wl.model
         n_seeds, _ = wl.shape
@@ -36,31 +33,47 @@ class Calibrated:
             Prior.from_catalog(ln.recovery_a, ln.recovery_b, m.p_comp_fail, level, prior_weight)
             for ln in m.lines
         ]
-        # holds pending on one route at once, in calm: the fewest, so the dearest price
-        calm_rate = m.n_agents * m.p_base / len(m.lines)
-        self.pending = max(calm_rate * settle_delay, 1e-9) if pending is None else pending
+        self.pending = pending
         self.every = every
         self.line = np.where(wl.frag, 0, wl.agent % len(m.lines))
         self.face = np.ceil(wl.value * 1e6)
+        self.value = wl.value  # USD: its squares' sums stay exact enough in float
         self.truth = np.where(wl.value > 0, wl.residual / np.where(wl.value > 0, wl.value, 1), 0)
         shape = (n_seeds, len(m.lines))
         self.n = np.zeros(shape, np.int64)
         self.total = np.zeros(shape)
         self.total_sq = np.zeros(shape)
         self.top = np.full((*shape, TOP_KEPT), -1.0)  # descending; -1 is empty
-        start = [self._price(p, Evidence()) for p in self.priors]
-        self.factor = np.tile(np.array(start), (n_seeds, 1))
+        start = [quote(p, Evidence(), alpha=self.alpha) for p in self.priors]
+        self.quotes: list[list[Quote]] = [list(start) for _ in range(n_seeds)]
+        # holds open on each route (admitted or awaiting a human, not yet settled):
+        # the sums of their face values and of its squares
+        self.open_v = np.zeros(shape)
+        self.open_v2 = np.zeros(shape)
         self.stale = np.zeros(n_seeds, bool)
         self.last = np.zeros(n_seeds, np.int64)
         self.rows = np.arange(n_seeds)
 
-    def _price(self, prior: Prior, ev: Evidence) -> float:
-        return hold_factor(prior, ev, pending=self.pending, alpha=self.alpha)
+    def _count(self, rows: I64, events: I64, sign: float) -> None:
+        at = (rows, self.line[rows, events])
+        v = self.value[rows, events]
+        np.add.at(self.open_v, at, sign * v)
+        np.add.at(self.open_v2, at, sign * v * v)
+
+    def opened(self, k: int, holds: B) -> None:
+        """Event k's hold is open where `holds`: admitted, or waiting for a human."""
+        rows = self.rows[holds]
+        self._count(rows, np.full(rows.size, k), 1.0)
+
+    def closed(self, events: I64, mask: B) -> None:
+        """The holds of `events` (one per seed, where `mask`) closed unsettled."""
+        self._count(self.rows[mask], events[mask], -1.0)
 
     def observe(self, events: I64, posts: B) -> None:
         """Settled holds of `events` (one per seed, where `posts`) reveal their factors."""
         if not posts.any():
             return
+        self.closed(events, posts)
         rows, ev = self.rows[posts], events[posts]
         line, f = self.line[rows, ev], self.truth[rows, ev]
         self.n[rows, line] += 1
@@ -77,8 +90,20 @@ class Calibrated:
             for j, prior in enumerate(self.priors):
                 top = tuple(float(x) for x in self.top[s, j] if x >= 0)
                 ev = Evidence(int(self.n[s, j]), self.total[s, j], self.total_sq[s, j], top)
-                self.factor[s, j] = self._price(prior, ev)
+                self.quotes[s][j] = quote(prior, ev, alpha=self.alpha)
         self.stale &= ~due
         self.last = np.where(due, t, self.last)
-        factor = self.factor[self.rows, self.line[:, k]]
-        return np.ceil(self.face[:, k] * factor).astype(np.int64)
+        line, face = self.line[:, k], self.face[:, k]
+        pending = self.pending_at(line, self.value[:, k])
+        factor = [self.quotes[s][line[s]].factor(pending[s]) for s in range(len(self.rows))]
+        return np.ceil(face * np.array(factor)).astype(np.int64)
+
+    def pending_at(self, line: I64, value: F64) -> F64:
+        """Holds pending on each seed's route once a hold of `value` joins them: a fixed
+        number, or the effective number of the open ones and this one (at least 1)."""
+        if self.pending is not None:
+            return np.full(len(self.rows), self.pending)
+        # the sums drift by float rounding as holds open and close: never below empty
+        s1 = np.maximum(self.open_v[self.rows, line], 0.0) + value
+        s2 = np.maximum(self.open_v2[self.rows, line], 0.0) + value * value
+        return np.maximum(1.0, s1 * s1 / np.where(s2 > 0, s2, 1.0))

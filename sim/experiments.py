@@ -253,6 +253,7 @@ class World:
     escalation_ttl: int | None = None
     approvals: int | None = None
     calibrate: bool | None = None
+    top_limit_frac: float | None = None
 
     MODEL_KNOBS = ("misprice", "misprice_shape", "windows", "p_burst", "burst_len", "correlated")
 

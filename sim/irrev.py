@@ -42,8 +42,9 @@ class Irrev:
     approval_latency: int = 0
     escalation_ttl: int | None = None
     # self-calibrating prices (pricing/calibration.py): holds priced from the settled
-    # evidence of their route; `pending` holds on a route at once (None: its calm rate
-    # times settle_delay); `prior_weight` pseudo-observations of the catalog's prior
+    # evidence of their route; `pending` holds on a route at once (None: the holds
+    # open on it when a hold is priced, sim/calibrated.py); `prior_weight`
+    # pseudo-observations of the catalog's prior
     calibrate: bool = False
     prior_weight: float = 20.0
     pending: float | None = None
@@ -98,12 +99,7 @@ class _IrrevArm:
         self.cal: Calibrated | None = None
         if cfg.calibrate:
             self.cal = Calibrated(
-                wl,
-                cfg.hold_quantile,
-                cfg.settle_delay,
-                cfg.prior_weight,
-                cfg.pending,
-                cfg.recalibrate_every,
+                wl, cfg.hold_quantile, cfg.prior_weight, cfg.pending, cfg.recalibrate_every
             )
             self.stressed = stressed
             self.hot = hold_prices(wl, cfg, np.ones(wl.shape, bool))
@@ -161,6 +157,8 @@ class _IrrevArm:
     def commit(self, k: int, executed: B) -> None:
         # a queued escalation's hold keeps its budget while the human has not decided
         self.waiting[:, k] = np.where(self._queued, self.price[:, k], 0)
+        if self.cal is not None:
+            self.cal.opened(k, executed | self._queued)
         lm.apply(self.balance, self.accounts[:, k], self.waiting[:, k])
         hold = np.where(executed, self.price[:, k], 0)
         self.held[:, k] = hold
@@ -185,6 +183,8 @@ class _IrrevArm:
             hold = self.waiting[self.rows, ev]
             expired = r.rows & ~r.approved
             lm.apply(self.balance, acc, np.where(expired, -hold, 0))
+            if self.cal is not None:
+                self.cal.closed(ev, expired)
             self.late[self.rows[r.approved], ev[r.approved]] = True
             self.exec_tick[self.rows[r.approved], ev[r.approved]] = r.when[r.approved]
             self.approved_seq[self.rows[r.approved], self.n_approved[r.approved]] = ev[r.approved]

@@ -1,15 +1,19 @@
 """`irrev bench background`: the Redis commands per second a fleet of idle gateways
-sends by itself (sweeps, leases, policy refreshes), at several fleet sizes.
+sends by itself (sweeps, leases, policy refreshes, webhook dispatch), at several
+fleet sizes.
 
 For each count of `--gateways` (default 1,4,16), that many `irrev serve` processes
 (one worker each, on 127.0.0.2, .3, ...: one "host" each) serve the same
-`--tenants` tenants on one Redis (an embedded one this command starts, or
-`--redis-url`); after they settle, INFO commandstats is read twice `--seconds`
-apart and the difference printed as commands/s (INFO and CONFIG themselves left
-out), with the ratio to the first count: the baseline of the same run. One sweeper
-per tenant (a lease) keeps the sweeps O(tenants); what grows with the hosts is each
-host's own look at the policy store (one epoch read per refresh) and its asks for
-leases it does not hold (one per tenant per lease ttl).
+`--tenants` tenants (each with a webhook, which an idle tenant never calls) on one
+Redis (an embedded one this command starts, or `--redis-url`); after they settle,
+INFO commandstats is read twice `--seconds` apart and the difference printed as
+commands/s (INFO and CONFIG themselves left out), with the ratio to the first
+count: the baseline of the same run, then the same by command. One sweeper and one
+webhook dispatcher per tenant (leases) do the per-tenant work; each host adds a
+subscription (policy changes are announced by pub/sub, so it reads the policy
+store's epoch only every 30 s unasked) and one ask per tenant per lease it does not
+hold every 15-30 s (sweep) or 7.5-15 s (webhook): measure over a minute or more
+(the default) to see them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -34,6 +39,9 @@ from ledger import EmbeddedRedis
 EXAMPLE = Path("examples/procurement.yaml")
 SETTLE_S = 3.0
 IGNORED = {"info", "config|resetstat", "config", "config|get"}
+# Never called: an idle tenant has no events to deliver.
+HOOK_URL = "http://127.0.0.1:9/hooks"
+HOOK_SECRET = "BENCH_WEBHOOK_SECRET"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tenants", type=bounded(int, 1, 200), default=3)
     parser.add_argument(
-        "--seconds", type=bounded(float, 1, 300), default=10.0, help="measured per size"
+        "--seconds", type=bounded(float, 1, 600), default=60.0, help="measured per size"
     )
     parser.add_argument("--redis-url", help="measure on this Redis (default: an embedded one)")
     parser.set_defaults(func=run)
@@ -67,26 +75,42 @@ def run(args: argparse.Namespace) -> int:
         url = args.redis_url or stack.enter_context(EmbeddedRedis(root / "redis", tcp=True)).url
         policies = root / "policies"
         for i in range(args.tenants):
-            TenantPolicy.read(EXAMPLE).named(f"bg-{i}").fresh_tokens().write(policies)
+            policy = TenantPolicy.read(EXAMPLE).named(f"bg-{i}").fresh_tokens()
+            policy.document["webhook"] = {"url": HOOK_URL, "secret": {"env": HOOK_SECRET}}
+            policy.write(policies)
         print(f"idle gateways, {args.tenants} tenants, {args.seconds:g} s each, Redis {url}")
         print(f"{'gateways':>8} {'commands/s':>11} {'per gateway':>12} {'vs first':>9}   top")
         first = None
+        seen: dict[int, Counter[str]] = {}
         for count in counts:
-            rate, top = measure(url, policies, root, count, args.seconds)
+            calls = measure(url, policies, root, count, args.seconds)
+            seen[count] = calls
+            rate = sum(calls.values()) / args.seconds
             first = first or rate
+            top = calls.most_common(4)
             shown = ", ".join(f"{name} {n / args.seconds:.1f}" for name, n in top)
             print(f"{count:>8} {rate:>11.1f} {rate / count:>12.1f} {rate / first:>8.2f}x   {shown}")
+        breakdown(seen, args.seconds)
     return 0
 
 
-def measure(
-    url: str, policies: Path, root: Path, count: int, seconds: float
-) -> tuple[float, list[tuple[str, int]]]:
+def breakdown(seen: dict[int, Counter[str]], seconds: float) -> None:
+    """Commands/s by command at each fleet size: which part grows with the hosts."""
+    names = sorted(set().union(*seen.values()), key=lambda n: -max(c[n] for c in seen.values()))
+    print(f"\nby command (calls/s){''.join(f'{count:>9}' for count in seen)}")
+    for name in names:
+        row = "".join(f"{seen[count][name] / seconds:>9.1f}" for count in seen)
+        print(f"{name:<20}{row}")
+
+
+def measure(url: str, policies: Path, root: Path, count: int, seconds: float) -> Counter[str]:
+    """Calls per command an idle fleet of `count` gateways sent in `seconds`."""
     env = {
         **os.environ,
         "IRREV_REDIS_URL": url,
         "IRREV_POLICY_DIR": str(policies),
         "IRREV_LOG_LEVEL": "warning",
+        HOOK_SECRET: secrets.token_urlsafe(32),
     }
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     servers = [gateway(f"127.0.0.{2 + i}", env, root / f"gw-{count}-{i}.log") for i in range(count)]
@@ -98,8 +122,7 @@ def measure(
     finally:
         with ThreadPoolExecutor(max_workers=8) as pool:
             list(pool.map(lambda server: server.stop(), servers))
-    total = sum(calls.values())
-    return total / seconds, calls.most_common(4)
+    return calls
 
 
 def gateway(host: str, env: dict[str, str], log: Path) -> Server:

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from irrev import output
 from irrev.bench.servertime import HOUR_MS, PRICE, TRIVIAL, ScriptTime, script_times, tenant_node
-from irrev.cli import bounded
+from irrev.cli import CliError, bounded
 from ledger import (
     AccountSpec,
     AppendFsync,
@@ -93,7 +93,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=2000,
         help="calls of each script for its server time",
     )
-    parser.add_argument("--appendfsync", choices=[m.value for m in AppendFsync], default="always")
+    parser.add_argument(
+        "--appendfsync",
+        choices=[m.value for m in AppendFsync],
+        help="the embedded Redis's (default always); with --url, the server's own is read",
+    )
     parser.add_argument("--url", help="benchmark this Redis instead of a fresh embedded one")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.set_defaults(func=run)
@@ -101,10 +105,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.url:
+        if args.appendfsync:
+            raise CliError(
+                "--appendfsync sets the embedded Redis's; with --url the bench reads and "
+                "reports that server's own setting"
+            )
         return asyncio.run(bench(args.url, args))
     with (
         tempfile.TemporaryDirectory(prefix="irrev-bench-") as data_dir,
-        EmbeddedRedis(data_dir, appendfsync=AppendFsync(args.appendfsync)) as server,
+        EmbeddedRedis(data_dir, appendfsync=AppendFsync(args.appendfsync or "always")) as server,
     ):
         return asyncio.run(bench(server.url, args))
 
@@ -121,6 +130,10 @@ async def bench(url: str, args: argparse.Namespace) -> int:
             for owner in (tenant, *memory_tenants):
                 await ledger.upsert_account(owner, AccountSpec(account, 2**52, 2**52))
         await ledger.load_scripts()
+        durability = await ledger.durability()
+        args.persistence = (
+            "AOF off" if durability.appendonly == "no" else f"appendfsync {durability.appendfsync}"
+        )
         rows = await measure(ledger, tenant, args)
         times = await script_times(ledger, tenant, ACCOUNTS, args.script_calls, args.batch)
         memory = [
@@ -145,7 +158,7 @@ def measurements(
 ) -> dict[str, object]:
     """What the tables show, as data: each mode with its baseline and their ratio."""
     return {
-        "appendfsync": args.appendfsync,
+        "persistence": args.persistence,
         "modes": [
             {"ours": asdict(ours), "baseline": asdict(base), "ratio": ours.per_s / base.per_s}
             for ours, base in rows
@@ -270,7 +283,7 @@ async def memory_per_hold(
 
 
 def report(rows: list[tuple[Rate, Rate]], memory: list[Memory], args: argparse.Namespace) -> None:
-    table = Table(title=f"irrev bench ledger (appendfsync {args.appendfsync})")
+    table = Table(title=f"irrev bench ledger ({args.persistence})")
     for column in ("mode", "reserve+post /s", "p50 ms", "p99 ms", "trivial EVALSHA /s", "ratio"):
         table.add_column(column, justify="left" if column == "mode" else "right")
     for ours, base in rows:

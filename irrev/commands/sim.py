@@ -39,6 +39,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     arms.add_argument("--escalation-ttl", type=int, help="ticks an escalation waits (= latency)")
     arms.add_argument("--approvals", type=int, help="human approvals per window")
     arms.add_argument("--calibrate", action="store_true", help="irrev: self-calibrating prices")
+    arms.add_argument(
+        "--top-limit", type=float, help="irrev: the top account's limit as a fraction of R (1)"
+    )
     grid = p.add_argument_group("the pareto grid's axes (--misprices: calibration's too)")
     grid.add_argument("--delays", type=int, nargs="+", default=experiments.PARETO_DELAYS)
     grid.add_argument("--misprices", type=float, nargs="+", default=experiments.PARETO_MISPRICES)
@@ -63,6 +66,7 @@ def _world(args: argparse.Namespace) -> experiments.World:
         escalation_ttl=args.escalation_ttl,
         approvals=args.approvals,
         calibrate=True if args.calibrate else None,
+        top_limit_frac=args.top_limit,
     )
 
 
@@ -98,6 +102,8 @@ def _check(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value is not None and value < 0:
             raise CliError(f"--{flag.replace('_', '-')} must be >= 0 ticks, not {value}")
+    if args.top_limit is not None and not 0 < args.top_limit <= 1:
+        raise CliError(f"--top-limit is a fraction of R in (0, 1], not {args.top_limit}")
     if args.windows is not None and args.windows < 1:
         raise CliError("--windows must be at least 1")
     if min(args.delays) < 0 or min(args.latencies) < 0 or min(args.misprices) <= 0:

@@ -19,8 +19,10 @@
 --            gateway shows whose it was), the upstream's answer (outcome) once it is
 --            posted or voided, or nothing. It lives as the record does: no TTL while
 --            the hold is live, the record's retention once it is settled
--- A script builds no key of its own but checks that the hold keys it was given are
--- the ones its id names (hold_id_arg), so a caller cannot point it elsewhere.
+-- A script builds no key of its own but checks the keys it was given: KEYS[1..5]
+-- are the tenant's (bind), any other key is of the same tenant (bind) and a hold's
+-- keys are the ones its id names (hold_id_arg), so a caller cannot point it
+-- elsewhere.
 --
 -- Numbers: amounts are integers in [0, 2^53 - 1], exact in a Lua double. Lua's
 -- tostring() and `..` print 14 significant digits, so numbers that go into strings
@@ -31,11 +33,28 @@
 -- has no globals of its own).
 local KEYS, ARGV, ACCOUNTS, P, JOURNAL, DEADLINES, AMBIGUOUS, ESCALATED
 
-local function bind(keys, argv)
+local TENANT_KEYS = {'accounts', 'journal', 'deadlines', 'ambiguous', 'escalated'}
+
+-- `standard`: how many of KEYS[1..5] the operation takes (ledger/scripts.py). Those
+-- must be the tenant's keys, in order, and every other key must be the tenant's
+-- too: a caller cannot make a script write another tenant's journal or queues.
+-- Nothing has been written when it fails, so an error reply is safe.
+local function bind(keys, argv, standard)
   KEYS, ARGV = keys, argv
   ACCOUNTS, JOURNAL, DEADLINES, AMBIGUOUS, ESCALATED = keys[1], keys[2], keys[3], keys[4], keys[5]
-  if ACCOUNTS then
-    P = string.sub(ACCOUNTS, 1, -9) -- the tenant's prefix `irrev:{<tenant>}:`
+  P = string.match(ACCOUNTS or '', '^(irrev:{[^}]+}:)accounts$')
+  if not P then
+    error('irrev: KEYS[1] must be a tenant accounts key irrev:{<tenant>}:accounts')
+  end
+  for i = 2, standard do
+    if keys[i] ~= P .. TENANT_KEYS[i] then
+      error('irrev: KEYS[' .. i .. '] must be ' .. P .. TENANT_KEYS[i])
+    end
+  end
+  for i = standard + 1, #keys do
+    if string.sub(keys[i], 1, #P) ~= P then
+      error('irrev: KEYS[' .. i .. '] must be a key of the tenant of KEYS[1]')
+    end
   end
 end
 
@@ -153,6 +172,9 @@ local function load_accounts(ids, without_overruns)
       names[k] = t[ACCOUNT_FIELDS[j]]
     end
   end
+  if #ids == 0 then
+    return {}
+  end
   local v = redis.call('HMGET', ACCOUNTS, unpack(names))
   local out = {}
   for i = 1, #ids do
@@ -264,6 +286,9 @@ end
 
 -- `names`: balance_names(ids), if the caller has it.
 local function load_balances(ids, names)
+  if #ids == 0 then
+    return {} -- a free hold whose accounts were never opened (reserve.lua) holds none
+  end
   local v = redis.call('HMGET', ACCOUNTS, unpack(names or balance_names(ids)))
   local out = {}
   for i = 1, #ids do

@@ -24,7 +24,7 @@
 --   {'bad_input', field, message}   nothing written
 --
 -- Invariant: at most MAX_RULES live rules per tenant and MAX_RAISES live raises per
--- account; expired ones are removed by the next set. Every change is journaled (op
+-- account; a rule raises at most one account; expired ones are removed by the next set. Every change is journaled (op
 -- `rule`, with the account and amount of a raise, so replay knows the limit).
 
 local RULES = KEYS[3]
@@ -118,6 +118,8 @@ end
 for _, rule in ipairs(expired) do
   forget(rule)
 end
+-- A rule set again replaces itself, raise included, on whichever account it was.
+forget(id)
 local expiry = now + ttl_ms
 local entry = {'op', 'rule', 'rule', id, 'act', 'set', 'by', by, 'until', fmt(expiry)}
 if account then

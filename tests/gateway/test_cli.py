@@ -32,6 +32,11 @@ def test_outside_the_repository_is_one_line(command: list[str], tmp_path: Path) 
     [
         (["bench", "ledger", "--seconds", "-1"], {}, "--seconds: must be a number between"),
         (["bench", "ledger", "--holds", "0"], {}, "--holds: must be a whole number between"),
+        (
+            ["bench", "ledger", "--url", "redis://127.0.0.1:1", "--appendfsync", "always"],
+            {},
+            "--appendfsync sets the embedded Redis's",
+        ),
         (["bench", "gateway", "--seconds", "0"], {}, "--seconds: must be a number between"),
         (["bench", "cli", "--baseline", "no/irrev"], {}, "--baseline no/irrev: no such file"),
         (["demo", "--seed", "-1"], {}, "--seed: must be a whole number >= 0"),

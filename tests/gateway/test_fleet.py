@@ -6,7 +6,9 @@ with its own, different copy of the tenant's policy file, on one Redis.
   file is older (or that restarts with it) neither overwrites it nor writes its
   limits (before: the limit followed whichever host loaded last, 3,000 -> 999 ->
   3,000 USD);
-- a token revoked through one host is refused by every host after a policy refresh;
+- a token revoked through one host is refused by every host after a policy refresh,
+  also while no host can subscribe to the store's announcements (pub/sub cut: the
+  hosts read the store only every 600 s otherwise, so only the fallback can do it);
 - the host whose clock is ahead forwards like the others (before, it measured the
   hold's Redis deadline against its own clock: every effect 503 hold_deadline), and
   no hold is voided by a reconciler while its forward is in flight;
@@ -25,9 +27,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 import yaml
 
 from irrev.harness import TenantPolicy, new_token
+from ledger.cluster import cluster_enabled
 from pricing.credentials import hash_token
 
 from .helpers import effect_headers, ledger_audit, order, set_faults, supplier_stats
@@ -47,6 +51,8 @@ SKEWED = "127.0.0.4"
 LIMITS = {"127.0.0.2": 3000, "127.0.0.3": 999, "127.0.0.4": 2000}
 REFRESH_S = 0.5
 WAIT_S = 30.0
+POLL_S = 600.0
+CHANGES = "irrev:{fleet}:changes"
 
 
 @dataclass
@@ -100,6 +106,9 @@ def fleet(
             IRREV_FORWARD_MARGIN_S="0.5",
             IRREV_SWEEP_INTERVAL_S=str(REFRESH_S),
             IRREV_POLICY_CHECK_INTERVAL_S=str(REFRESH_S),
+            # Longer than any wait here: a host learns of a write by pub/sub, or by
+            # reading the store while its subscription is down, not by its slow poll.
+            IRREV_POLICY_POLL_S=str(POLL_S),
         )
         hosts[host] = gateway_on(host, root, env)
     tenant = Tenant(tenant_id, policy.tokens, supplier_url, policy.settlers)
@@ -206,6 +215,89 @@ async def test_a_revoked_token_is_refused_by_every_host(
         again = await client.get("/tools/supplier/catalog", headers=fleet.tenant.auth(agent))
         assert again.status_code == 401
     print(f"\nrevocation refused after (s, refresh every {REFRESH_S} s): {took}")
+
+
+async def revoke(fleet: Fleet, client: httpx.AsyncClient, agent: str) -> None:
+    """Upload, through `client`'s host, the newest copy with `agent`'s token replaced."""
+    current = await client.get(f"/v1/admin/tenants/{fleet.tenant.id}/policy", headers=fleet.admin)
+    assert current.status_code == 200, current.text
+    document = fleet.policy.copy().document
+    document["accounts"]["tenant"]["limit"] = str(LIMITS[HOSTS[-1]])
+    for name, agent_policy in current.json()["agents"].items():
+        document["agents"][name]["token_sha256"] = agent_policy["token_sha256"]
+    document["agents"][agent]["token_sha256"] = hash_token(new_token())
+    response = await client.put(
+        f"/v1/admin/tenants/{fleet.tenant.id}/policy",
+        content=yaml.safe_dump(document, sort_keys=False),
+        headers=fleet.admin,
+    )
+    assert response.status_code == 200, response.text
+
+
+async def refused_everywhere(
+    fleet: Fleet, clients: dict[str, httpx.AsyncClient], agent: str
+) -> dict[str, float]:
+    """Seconds until each host refused `agent`'s token (it stays refused)."""
+    since = time.monotonic()
+    took = {}
+    for host, client in clients.items():
+        while (
+            await client.get("/tools/supplier/catalog", headers=fleet.tenant.auth(agent))
+        ).status_code != 401:
+            assert time.monotonic() - since < WAIT_S, f"{host} still accepts the token"
+            await asyncio.sleep(0.05)
+        took[host] = round(time.monotonic() - since, 2)
+    return took
+
+
+def redis_nodes(url: str) -> list[redis.Redis]:
+    """A client of each node (one for a standalone Redis): pub/sub is per node."""
+    if not cluster_enabled(url):
+        return [redis.Redis.from_url(url, decode_responses=True)]
+    cluster = redis.RedisCluster.from_url(url, decode_responses=True)
+    return [
+        redis.Redis(host=node.host, port=node.port, decode_responses=True)
+        for node in cluster.get_nodes()
+    ]
+
+
+def subscribers(nodes: list[redis.Redis]) -> int:
+    return sum(int(node.execute_command("PUBSUB", "NUMSUB", CHANGES)[1]) for node in nodes)
+
+
+async def test_a_token_revoked_while_pub_sub_is_cut_is_refused_by_every_host(
+    fleet: Fleet, clients: dict[str, httpx.AsyncClient]
+) -> None:
+    """Every host's subscription killed (CLIENT KILL TYPE pubsub) and SUBSCRIBE
+    refused until the end, so the announcement of the upload reaches nobody: every
+    host still refuses the revoked token (it reads the store every refresh while it
+    is not subscribed), then subscribes again and hears the next revocation."""
+    nodes = redis_nodes(fleet.redis_url)
+    for agent in ("buyer-03", "buyer-04"):
+        for client in clients.values():
+            ok = await client.get("/tools/supplier/catalog", headers=fleet.tenant.auth(agent))
+            assert ok.status_code == 200, ok.text
+    deadline = time.monotonic() + WAIT_S
+    while subscribers(nodes) < len(HOSTS):
+        assert time.monotonic() < deadline, "not every host subscribed"
+        await asyncio.sleep(0.05)
+    try:
+        for node in nodes:
+            node.execute_command("ACL", "SETUSER", "default", "-subscribe")
+            node.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+        assert subscribers(nodes) == 0
+        await revoke(fleet, clients[HOSTS[0]], "buyer-03")
+        cut = await refused_everywhere(fleet, clients, "buyer-03")
+    finally:
+        for node in nodes:
+            node.execute_command("ACL", "SETUSER", "default", "+subscribe")
+    deadline = time.monotonic() + WAIT_S
+    while subscribers(nodes) < len(HOSTS):
+        assert time.monotonic() < deadline, "a host never subscribed again"
+        await asyncio.sleep(0.05)
+    await revoke(fleet, clients[HOSTS[1]], "buyer-04")
+    heard = await refused_everywhere(fleet, clients, "buyer-04")
+    print(f"\nrevocation refused after (s), pub/sub cut: {cut}; subscribed again: {heard}")
 
 
 async def test_every_host_forwards_and_no_hold_is_voided_in_flight(

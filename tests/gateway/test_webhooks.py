@@ -26,6 +26,7 @@ import redis
 from gateway.webhooks import SIGNATURE_HEADER, sign, verify
 from irrev.harness import free_port
 from ledger.cluster import cluster_enabled
+from ledger.embedded import EmbeddedRedis
 
 from .conftest import Gateway, own_gateway, wait_for_workers
 from .helpers import effect_headers, order
@@ -294,3 +295,38 @@ async def test_the_lease_holder_killed_mid_delivery_the_other_process_delivers(
     )
     assert [d.event_id for d in taken] == ids
     assert store.get(f"irrev:{{{tenant}}}:webhook:lease") != holder
+
+
+async def test_a_redis_outage_is_logged_once_and_its_end_once(
+    redis_server: EmbeddedRedis,
+    suppliers: Server,
+    receiver: Receiver,
+    tmp_path: Path,
+) -> None:
+    """Redis killed under a gateway whose dispatcher looks at its tenant every 0.1 s:
+    one line says the ledger is unavailable, one says it is back (before, an
+    exception with its traceback every poll for the whole outage)."""
+    webhook = {"url": receiver.url, "secret": {"env": SECRET_VARIABLE}}
+    settings = {SECRET_VARIABLE: receiver.secret.decode(), "IRREV_WEBHOOK_POLL_S": "0.1"}
+    policy = {"webhook": webhook}
+    with own_gateway(redis_server.url, suppliers, tmp_path, 1, policy, **settings) as gw:
+
+        def dispatcher_lines() -> list[dict[str, Any]]:
+            return [e for e in gw.log_entries() if e["msg"].startswith("webhook dispatcher")]
+
+        try:
+            redis_server.kill()
+            deadline = time.monotonic() + WAIT_S
+            while not dispatcher_lines():
+                assert time.monotonic() < deadline, gw.server.log()
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(2.0)  # some 20 polls of the dispatcher, Redis still down
+        finally:
+            redis_server.ensure_running()
+        deadline = time.monotonic() + WAIT_S
+        while not any(e["level"] == "info" for e in dispatcher_lines()):
+            assert time.monotonic() < deadline, dispatcher_lines()
+            await asyncio.sleep(0.05)
+        lines = dispatcher_lines()
+    assert [e["level"] for e in lines] == ["warning", "info"], lines
+    assert "error" not in lines[0], lines[0]  # no traceback

@@ -74,9 +74,11 @@ class RefLedger:
 
     def set_raise(self, rule: str, account: str, amount: int) -> None:
         """A raise_limit rule: `account` (which must exist) gets `amount` more limit
-        and soft limit while it lives; setting it again replaces its amount."""
+        and soft limit while it lives; setting it again replaces it, on whichever
+        account it raised before."""
         if account not in self.accounts:
             raise RefError("unknown_account")
+        self.delete_rule(rule)
         self.accounts[account].raises[rule] = amount
         self.rules[rule] = account
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from ledger.client import Ledger
-from ledger.errors import BadInput, UnknownAccount
-from ledger.keys import hold_script_keys, payload_key, tenant_keys
+from ledger.errors import BadInput, LedgerUnavailable, UnknownAccount
+from ledger.keys import hold_script_keys, payload_key, rules_key, tenant_keys
 from ledger.limits import MAX_ACCOUNTS, MAX_AMOUNT
 from ledger.records import Decision
 
@@ -321,3 +321,38 @@ async def test_the_api_takes_each_bound(seeded: Ledger, tenant: str) -> None:
     accounts = {f"agent:a{i}": 1 for i in range(MAX_ACCOUNTS)}
     with pytest.raises(UnknownAccount):
         await seeded.reserve(tenant, "at-max-accounts", "fp", accounts, ttl_ms=HOUR_MS)
+
+
+@pytest.mark.parametrize(
+    ("operation", "args", "position"),
+    [
+        ("void", ["held", "0", ""], 2),
+        ("void", ["held", "0", ""], 3),
+        ("reject", ["escalated", "0", "ops", ""], 5),
+        ("ambiguous", ["held", "upstream_timeout"], 4),
+        ("account", ["agent:z", "10", "10", "0", "0"], 2),
+        ("rule", ["delete", "r1", "ops"], 3),
+    ],
+)
+async def test_script_touches_only_its_tenants_keys(
+    seeded: Ledger, tenant: str, operation: str, args: list[str], position: int
+) -> None:
+    """Every key a script is given is checked against the tenant of KEYS[1]: one that
+    names another tenant's journal, deadlines, queues or rules (or the wrong key of
+    its own) is refused before anything is written, to either tenant."""
+    victim = f"{tenant}-victim"
+    if operation == "account":
+        keys = tenant_keys(tenant)[:2]
+    elif operation == "rule":
+        keys = [*tenant_keys(tenant)[:2], rules_key(tenant)]
+    else:
+        keys = hold_script_keys(tenant, args[0])
+    keys[position - 1] = (
+        rules_key(victim) if operation == "rule" else tenant_keys(victim)[position - 1]
+    )
+    before = await tenant_snapshot(seeded, tenant), await tenant_snapshot(seeded, victim)
+    # (A cluster client refuses keys of two slots before sending anything.)
+    refused = rf"KEYS\[{position}\]|same slot"
+    with pytest.raises(LedgerUnavailable, match=refused):
+        await seeded._run(operation, keys, args)
+    assert (await tenant_snapshot(seeded, tenant), await tenant_snapshot(seeded, victim)) == before

@@ -36,6 +36,7 @@ ACCOUNTS = ["tenant:acme", "principal:ops", "agent:a1", "agent:a2", "factor:supp
 # Accounts a reserve may open: (limit, soft, approval) as a policy's pattern gives them.
 OPENABLE = {"factor:supplier:new1": (250, 200, 0), "factor:currency:new2": (100, 100, 50)}
 KEYS = [f"k{i}" for i in range(10)]
+RULES = ["r1", "r2"]
 HOUR_MS = 3_600_000
 # Round numbers make balances land exactly on limits and soft bands, where the
 # comparisons are easiest to get wrong; a few odd ones keep the rest honest.
@@ -186,10 +187,13 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         assert got == expected
 
-    @rule(account=st.sampled_from([*ACCOUNTS, *OPENABLE]), amount=st.sampled_from([0, 50, 250]))
-    def raise_limit(self, account: str, amount: int) -> None:
-        # One rule per account: re-setting it replaces its amount.
-        rule_id = f"raise-{account}"
+    @rule(
+        rule_id=st.sampled_from(RULES),
+        account=st.sampled_from([*ACCOUNTS, *OPENABLE]),
+        amount=st.sampled_from([0, 50, 250]),
+    )
+    def raise_limit(self, rule_id: str, account: str, amount: int) -> None:
+        # Re-setting a rule replaces it, perhaps on another account.
         expected = outcome(lambda: self.model.set_raise(rule_id, account, amount))
         got = self.real(
             lambda: self.ledger.set_rule(
@@ -199,9 +203,8 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         assert got == expected
 
-    @rule(account=st.sampled_from([*ACCOUNTS, *OPENABLE]))
-    def delete_rule(self, account: str) -> None:
-        rule_id = f"raise-{account}"
+    @rule(rule_id=st.sampled_from(RULES))
+    def delete_rule(self, rule_id: str) -> None:
         expected = self.model.delete_rule(rule_id)
         assert self.run(self.ledger.delete_rule(self.tenant, rule_id, "ops")) is expected
 

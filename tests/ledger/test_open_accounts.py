@@ -70,3 +70,23 @@ async def test_a_free_hold_opens_nothing(ledger: Ledger, tenant: str) -> None:
     assert hold is not None and list(hold.amounts) == ["tenant:acme"]
     await ledger.post(tenant, "k1", 0)
     assert (await audit_tenant(ledger, tenant)).ok
+
+
+async def test_a_free_hold_on_accounts_never_opened_settles(ledger: Ledger, tenant: str) -> None:
+    """Every account missing and priced 0: the hold is kept on no account (nothing to
+    hold), and it posts and voids like any other."""
+    for key in ("free-post", "free-void"):
+        result = await ledger.reserve(
+            tenant,
+            key,
+            "fp",
+            dict.fromkeys((SUPPLIER.account, CURRENCY.account), 0),
+            ttl_ms=HOUR_MS,
+            open_missing=[SUPPLIER, CURRENCY],
+        )
+        assert result.decision is Decision.ADMIT
+    posted = await ledger.post(tenant, "free-post", 0)
+    voided = await ledger.void(tenant, "free-void")
+    assert (posted.state, voided.state) == (HoldState.POSTED, HoldState.VOIDED)
+    assert await ledger.balance(tenant, SUPPLIER.account) is None
+    assert (await audit_tenant(ledger, tenant)).ok

@@ -1,9 +1,19 @@
 """The fleet's policy store: a write lands only over the version its writer read, so
-an old host's copy never overwrites a newer policy; every write bumps the epoch."""
+an old host's copy never overwrites a newer policy; every write bumps the epoch and
+is announced to the gateways' feeds (pub/sub)."""
 
 from __future__ import annotations
 
-from ledger import Ledger
+import asyncio
+import time
+from collections.abc import Callable
+
+import redis
+
+from ledger import ChangeFeed, Ledger
+from ledger.cluster import cluster_enabled
+
+WAIT_S = 30.0
 
 
 async def test_a_write_over_an_old_version_loses(ledger: Ledger, tenant: str) -> None:
@@ -26,3 +36,46 @@ async def test_the_same_text_again_is_no_new_version(ledger: Ledger, tenant: str
     again = await store.put(tenant, expected=1, digest="a", text="A", stamp_ms=2, origin="h2")
     assert (again.won, again.version, again.stamp_ms) == (True, 1, 1)
     assert await store.records([tenant + "-none"]) == {}
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        await asyncio.sleep(0.02)
+
+
+def kill_subscribers(url: str) -> int:
+    """CLIENT KILL TYPE pubsub on every node (pub/sub is per node); how many died."""
+    if cluster_enabled(url):
+        cluster = redis.RedisCluster.from_url(url)
+        nodes = [redis.Redis(host=n.host, port=n.port) for n in cluster.get_nodes()]
+    else:
+        nodes = [redis.Redis.from_url(url)]
+    return sum(int(node.execute_command("CLIENT", "KILL", "TYPE", "pubsub")) for node in nodes)
+
+
+async def test_a_feed_hears_each_write_and_counts_a_cut_subscription_as_heard(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    """A write through the store (on a cluster: published through any node) is heard;
+    a killed subscription counts as heard too (what was published meanwhile is lost),
+    and the feed subscribes again by itself."""
+    feed = ChangeFeed(redis_url)
+    feed.start()
+    try:
+        await until(lambda: feed.live)
+        before = feed.heard("policy")
+        await ledger.policies.put(tenant, expected=0, digest="a", text="A", stamp_ms=1, origin="h")
+        await until(lambda: feed.heard("policy") > before)
+        assert feed.heard("outcomes") == feed.heard("lease")  # only what was announced
+        before = feed.heard("outcomes")
+        assert kill_subscribers(redis_url) >= 1
+        await until(lambda: feed.heard("outcomes") > before)
+        await until(lambda: feed.live)
+        before = feed.heard("policy")
+        await ledger.policies.put(tenant, expected=1, digest="b", text="B", stamp_ms=2, origin="h")
+        await until(lambda: feed.heard("policy") > before)
+    finally:
+        await feed.aclose()
+    assert not feed.live

@@ -32,8 +32,9 @@ PUBLIC_API = {
     "Lease",
     # what the server does to keep writes
     "Durability",
-    # the fleet's versioned policies
+    # the fleet's versioned policies, and the announcements of their changes
     "PolicyStore",
+    "ChangeFeed",
     "PolicyRecord",
     "PutResult",
     # records

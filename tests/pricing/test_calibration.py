@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from scipy.stats import binom
+from scipy.stats import t as student_t
 
 from pricing.calibration import (
+    LOOKS,
+    POOL_MIN,
     Evidence,
     Prior,
     exceedances_needed,
     hold_factor,
     mean_bound,
     proven_tail,
+    quote,
+    student_t_ppf,
 )
+from pricing.distributions import normal_ppf
 from pricing.models import quantile_lgd
 
 ALPHA = 0.001
@@ -60,20 +68,95 @@ def test_failed_compensations_prove_a_tail_at_face_value() -> None:
     assert hold_factor(CATALOG, ev, pending=1, alpha=ALPHA) == 1.0
 
 
+def _t(n: int) -> float:
+    return float(student_t.ppf(1 - ALPHA / LOOKS, n - 1))
+
+
 def test_a_slow_route_is_priced_nearer_its_mean_once_its_settlements_say_so() -> None:
     rng = np.random.default_rng(11)
-    ev = _evidence(1.0 - rng.beta(6.0, 2.0, 2000))  # 100 times the prior's weight
+    factors = 1.0 - rng.beta(6.0, 2.0, 2000)
+    ev = _evidence(factors)
+    q = quote(CATALOG, ev, alpha=ALPHA)
     prices = [hold_factor(CATALOG, ev, pending=m, alpha=ALPHA) for m in (1, 4, 25, 1e6)]
     assert prices == sorted(prices, reverse=True)
-    mean = mean_bound(CATALOG, ev, 0.95)
-    assert prices[1] - mean == pytest.approx((prices[0] - mean) / 2)
-    assert prices[-1] - mean == pytest.approx((prices[0] - mean) / 10)  # 2000 / 20 pooled
+    assert prices[0] == q.tail
+    assert q.centre == pytest.approx(factors.mean())
+    # the prediction bound of the mean of m new draws, 1/n its centre's own doubt
+    assert prices[1] == pytest.approx(q.centre + q.luck * np.sqrt(1 / 4 + 1 / 2000))
+    assert prices[-1] == pytest.approx(0.25, abs=0.03)  # near the mean of a world as priced
 
 
 def test_without_settlements_a_hold_stands_alone_however_slow_its_route() -> None:
     """Pooling averages out luck, not a wrong catalog: no evidence, no discount."""
     alone = hold_factor(CATALOG, Evidence(), pending=1, alpha=ALPHA)
     assert hold_factor(CATALOG, Evidence(), pending=50, alpha=ALPHA) == alone
+
+
+def test_fewer_settlements_than_pool_min_pool_nothing() -> None:
+    few = _evidence(np.full(POOL_MIN - 1, 0.25))
+    alone = hold_factor(CATALOG, few, pending=1, alpha=ALPHA)
+    assert hold_factor(CATALOG, few, pending=1e6, alpha=ALPHA) == alone
+    enough = _evidence(np.full(POOL_MIN, 0.25))
+    assert hold_factor(CATALOG, enough, pending=1e6, alpha=ALPHA) < alone
+
+
+def test_pooling_never_averages_below_what_the_route_itself_shows() -> None:
+    """A catalog that says 0.25 where every settlement shows 0.5 (a 2x world): the
+    prior's 20 pseudo-settlements pull the posterior's bound under 0.5, but a price for
+    very many pending holds stays above the settlements' own mean."""
+    ev = _evidence(np.full(40, 0.5))
+    assert mean_bound(CATALOG, ev, 0.95) < 0.5
+    assert hold_factor(CATALOG, ev, pending=1e9, alpha=ALPHA) > 0.5
+
+
+def test_a_few_unlucky_settlements_buy_little_discount() -> None:
+    """Ten settlements at 0.3 in a world whose mean is 0.5: the bound's 1/n term and
+    Student's t keep a burst of 20 holds priced far above what ten draws suggest."""
+    ten = _evidence(np.full(10, 0.3))
+    many = _evidence(np.full(1000, 0.3))
+    assert hold_factor(CATALOG, ten, pending=20, alpha=ALPHA) >= 0.6
+    assert hold_factor(CATALOG, many, pending=20, alpha=ALPHA) < 0.6
+
+
+def test_a_tail_at_face_value_still_leaves_each_hold_its_spread() -> None:
+    """A 3x world: the tail is capped at 1, so tail - centre understates one hold's
+    spread; the pooled price keeps t sd sqrt(1/m + 1/n) above the centre."""
+    factors = np.tile([0.2, 0.5, 0.8, 1.0, 1.0], 8)  # 40 settlements, mean 0.7
+    ev = _evidence(factors)
+    q = quote(CATALOG, ev, alpha=ALPHA)
+    assert q.tail == 1.0
+    # the catalog's sd scaled by 0.7 / 0.25 is above these factors' own
+    sd = max(float(np.std(factors, ddof=1)), np.sqrt(CATALOG.variance) * 0.7 / 0.25)
+    assert q.luck == pytest.approx(_t(40) * sd, rel=0.01)
+    assert q.luck > q.tail - q.centre
+    expected = q.centre + q.luck * np.sqrt(1 / 100 + 1 / 40)
+    assert hold_factor(CATALOG, ev, pending=100, alpha=ALPHA) == pytest.approx(min(1.0, expected))
+
+
+def test_identical_settlements_spread_no_less_than_the_catalog_scaled_says() -> None:
+    sd = np.sqrt(CATALOG.variance)
+    at_catalog = quote(CATALOG, _evidence(np.full(30, 0.25)), alpha=ALPHA)  # sd 0 by luck
+    assert at_catalog.luck == pytest.approx(max(at_catalog.tail - 0.25, _t(30) * sd), rel=0.01)
+    twice = quote(CATALOG, _evidence(np.full(30, 0.5)), alpha=ALPHA)
+    assert twice.luck >= _t(30) * 2 * sd * 0.99
+
+
+def test_the_t_quantile_is_within_a_percent_from_nine_degrees_of_freedom() -> None:
+    for p in (0.99, 0.999, 0.9999):
+        for df in (9, 30, 200):
+            assert student_t_ppf(p, df) == pytest.approx(student_t.ppf(p, df), rel=0.01)
+    assert student_t_ppf(0.999, 9) > normal_ppf(0.999)
+
+
+@pytest.mark.parametrize("n", [10, 40, 400])
+def test_more_pending_never_costs_more_and_one_costs_the_tail(n: int) -> None:
+    rng = np.random.default_rng(n)
+    ev = _evidence(np.minimum(1.0, 1.5 * (1.0 - rng.beta(6.0, 2.0, n))))
+    q = quote(CATALOG, ev, alpha=ALPHA)
+    prices = [q.factor(m) for m in (0.5, 1, 1.5, 3, 10, 100, 1e4)]
+    assert prices[0] == prices[1] == q.tail
+    assert all(a >= b for a, b in itertools.pairwise(prices))
+    assert prices[-1] >= q.mean
 
 
 @pytest.mark.parametrize("n", [1, 10, 150, 3000])

@@ -34,14 +34,27 @@ def test_json_carries_version_commit_parameters_and_seed_block(tmp_path: Path) -
     assert {"p_overdraw_lo", "p_overdraw_hi", "exposure_max", "shortfall"} <= set(irrev)
 
 
+def test_top_limit_reaches_the_irrev_arms_only(tmp_path: Path) -> None:
+    argv = ["sim", "e1", "--seeds", "2", "--out", str(tmp_path), "--top-limit", "0.6"]
+    assert main(argv) == 0
+    (case,) = json.loads((tmp_path / "e1.json").read_text())["parameters"]
+    assert case["arms"]["irrev"]["top_limit_frac"] == 0.6
+    assert "top_limit_frac" not in case["arms"]["budget"]
+
+
 def test_sim_rejects_zero_seeds(tmp_path: Path) -> None:
     assert main(["sim", "e1", "--seeds", "0", "--out", str(tmp_path)]) == 2
 
 
 @pytest.mark.parametrize(
     "flags",
-    [["--settle-delay", "-1"], ["--burst-len", "990"], ["--misprice", "0"]],
-    ids=["negative-delay", "burst-longer-than-window", "zero-misprice"],
+    [
+        ["--settle-delay", "-1"],
+        ["--burst-len", "990"],
+        ["--misprice", "0"],
+        ["--top-limit", "1.5"],
+    ],
+    ids=["negative-delay", "burst-longer-than-window", "zero-misprice", "top-limit-above-r"],
 )
 def test_sim_refuses_a_world_it_cannot_have(
     tmp_path: Path, flags: list[str], capsys: pytest.CaptureFixture[str]
