@@ -83,6 +83,7 @@ MAX_CACHED_TENANTS = 10_000
 # the route id; HTTP servers refuse a request line past 16 KiB).
 MAX_PROVENANCE_BYTES = 16384
 MAX_SWEEPS_BEFORE_RESERVE = 10
+HOLD_READS = 3
 
 
 class Ledger:
@@ -671,15 +672,25 @@ class Ledger:
         return SweepResult(visited=int(reply[1]), remaining_due=int(reply[2]))
 
     async def hold(self, tenant: str, hold_id: str) -> Hold | None:
-        record, request = hold_keys(
+        record, kept = hold_keys(
             validate.tenant_id(tenant), validate.identifier("hold_id", hold_id)
         )
-        with translate_redis_errors("hold"):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.hgetall(record)
-                pipe.get(request)
-                fields, payload = await pipe.execute()
-        return _hold(hold_id, fields, payload) if fields else None
+        # Two keys, read without a transaction (a cluster pipeline has none): a
+        # settlement between the reads would pair a live record with its outcome.
+        # One changes the state, so a read whose state held across it is consistent.
+        for _ in range(HOLD_READS):
+            with translate_redis_errors("hold"):
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.hgetall(record)
+                    pipe.get(kept)
+                    pipe.hget(record, "st")
+                    fields, payload, state = await pipe.execute()
+            if not fields:
+                return None
+            if state == fields["st"]:
+                return _hold(hold_id, fields, payload)
+        # Moved on under every read: the record, without its payload.
+        return _hold(hold_id, fields, "")
 
     async def hold_ids(self, tenant: str, state: HoldState) -> list[str]:
         """Ids of the tenant's holds in `state`: indexed for the live states the

@@ -3,6 +3,8 @@ idempotency, settlement, escalation and expiry."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from ledger.client import Ledger
@@ -357,3 +359,34 @@ async def test_a_rejected_or_expired_holds_request_lasts_as_its_record(
         assert found is not None and found.state.value == key and found.request
         assert await ledger.redis.pttl(payload_key(tenant, key)) > 0
         assert await ledger.redis.pttl(hold_key(tenant, key)) > 0
+
+
+async def _read_until_settled(
+    ledger: Ledger, tenant: str, key: str, reads: list[tuple[str, str, str]]
+) -> None:
+    while not reads or reads[-1][0] == "pending":
+        found = await ledger.hold(tenant, key)
+        assert found is not None
+        reads.append((found.state.value, found.request, found.outcome))
+
+
+async def _post_soon(ledger: Ledger, tenant: str, key: str) -> None:
+    await asyncio.sleep(0)
+    await ledger.post(tenant, key, 1, outcome="OUTCOME")
+
+
+async def test_a_hold_read_during_its_settlement_never_takes_the_outcome_for_the_request(
+    ledger: Ledger, tenant: str
+) -> None:
+    """The record and the payload are two keys: a read that met the record before a
+    post and the payload after it must not hand the outcome out as the request of a
+    live hold (a repeat would send the answer upstream as the effect)."""
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10**9, 10**9))
+    for round_ in range(30):
+        key = f"race-{round_}"
+        await reserve(ledger, tenant, key, 1, "tenant:acme", request="REQUEST")
+        reads: list[tuple[str, str, str]] = []
+        readers = [_read_until_settled(ledger, tenant, key, reads) for _ in range(3)]
+        await asyncio.gather(*readers, _post_soon(ledger, tenant, key))
+        for read in reads:
+            assert read in (("pending", "REQUEST", ""), ("posted", "", "OUTCOME")), reads
