@@ -57,7 +57,9 @@ class ChangeFeed:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._counts: dict[str, int] = {}
+        # By the message's bytes: what is published is not ours to trust, and a
+        # message that is not UTF-8 must not stop the feed.
+        self._counts: dict[bytes, int] = {}
         # Times a message may have been missed: every kind counts them as heard.
         self._gaps = 0
         self._live = False
@@ -71,10 +73,11 @@ class ChangeFeed:
     def heard(self, *kinds: str) -> int:
         """Announcements of `kinds` heard so far, plus every (re)subscription: moved
         since a look, something may have changed."""
-        return self._gaps + sum(self._counts.get(kind, 0) for kind in kinds)
+        return self._gaps + sum(self._counts.get(kind.encode(), 0) for kind in kinds)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task.add_done_callback(_ended)
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -86,14 +89,20 @@ class ChangeFeed:
     async def _run(self) -> None:
         failures = 0
         while True:
-            # Reconnecting is this loop's job, not redis-py's: its own retry would
-            # resubscribe behind our back (still seen, as a new confirmation) but
-            # with its own backoff of up to seconds.
-            redis = Redis.from_url(
-                self.url, decode_responses=True, retry=Retry(NoBackoff(), 0), socket_keepalive=True
-            )
-            pubsub = redis.pubsub()
+            redis: Redis | None = None
+            pubsub = None
             try:
+                # Reconnecting is this loop's job, not redis-py's: its own retry would
+                # resubscribe behind our back (still seen, as a new confirmation) but
+                # with its own backoff of up to seconds. Bytes, not decoded: anyone
+                # who can PUBLISH could otherwise kill the feed with one message.
+                redis = Redis.from_url(
+                    self.url,
+                    decode_responses=False,
+                    retry=Retry(NoBackoff(), 0),
+                    socket_keepalive=True,
+                )
+                pubsub = redis.pubsub()
                 await pubsub.subscribe(CHANNEL)
                 async for message in pubsub.listen():
                     if message["type"] == "subscribe":
@@ -102,11 +111,14 @@ class ChangeFeed:
                         failures = 0
                         self._live = True
                         self._gaps += 1
-                    elif message["type"] == "message":
-                        kind = str(message["data"])
+                    elif message["type"] == "message" and isinstance(message["data"], bytes):
+                        kind = message["data"]
                         self._counts[kind] = self._counts.get(kind, 0) + 1
                 raise redis_errors.ConnectionError("the subscription ended")
-            except (redis_errors.RedisError, OSError) as exc:
+            except Exception as exc:
+                # Any failure, not only Redis's: the feed must outlive whatever it
+                # meets (it runs unwatched for the process's life), so it counts a
+                # gap, says so once, backs off and subscribes again.
                 self._live = False
                 self._gaps += 1
                 if failures == 0:
@@ -119,7 +131,20 @@ class ChangeFeed:
                 failures += 1
             finally:
                 self._live = False
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-                with contextlib.suppress(Exception):
-                    await redis.aclose()
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
+                if redis is not None:
+                    with contextlib.suppress(Exception):
+                        await redis.aclose()
+
+
+def _ended(task: asyncio.Task[None]) -> None:
+    """Say so if a feed's task ever ends other than by aclose(): its process then
+    hears no announcement and reads the store only on its slow poll."""
+    if task.cancelled():
+        return
+    log.error(
+        "policy change feed stopped; policy changes now reach this process only by its slow poll",
+        exc_info=task.exception(),
+    )

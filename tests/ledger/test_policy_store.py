@@ -11,6 +11,7 @@ from collections.abc import Callable
 import redis
 
 from ledger import ChangeFeed, Ledger
+from ledger.changes import CHANNEL
 from ledger.cluster import cluster_enabled
 
 WAIT_S = 30.0
@@ -79,3 +80,22 @@ async def test_a_feed_hears_each_write_and_counts_a_cut_subscription_as_heard(
     finally:
         await feed.aclose()
     assert not feed.live
+
+
+async def test_a_message_that_is_not_utf8_does_not_stop_the_feed(
+    ledger: Ledger, redis_url: str
+) -> None:
+    """Whoever can PUBLISH can send bytes that are not UTF-8 on the channel: the feed
+    (which decoded what it read) died of UnicodeDecodeError, silently, and every
+    later announcement was lost to every gateway until its slow poll."""
+    feed = ChangeFeed(redis_url)
+    feed.start()
+    try:
+        await until(lambda: feed.live)
+        before = feed.heard("policy")
+        await ledger.redis.publish(CHANNEL, b"\xff\xfe not utf-8")
+        await ledger.policies.announce("policy")
+        await until(lambda: feed.heard("policy") > before)
+        await until(lambda: feed.live)
+    finally:
+        await feed.aclose()
