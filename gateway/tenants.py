@@ -502,6 +502,8 @@ class TenantStore:
         too: that catches a write whose epoch bump was lost."""
         rotated = _secret_files_signature(self._written.values()) != self._secret_files
         heard = feed.heard("policy", "outcomes") if feed is not None else 0
+        if feed is not None:
+            metrics.POLICY_FEED_LIVE.set(1 if feed.live else 0)
         now = time.monotonic()
         due = now >= self._poll_due
         if feed is None or not feed.live or heard != self._heard or due:

@@ -32,6 +32,7 @@ import logging
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -42,6 +43,12 @@ log = logging.getLogger("irrev.ledger")
 CHANNEL = "irrev:{fleet}:changes"
 # Waits between attempts to subscribe again, doubling up to the last.
 RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+# The subscription is PINGed this often; no PONG within PONG_S is a dropped
+# connection. One PING per process every few seconds is nothing to Redis; it bounds
+# how long a silently dead subscription passes for live (announcements lost) to
+# PING_S + PONG_S.
+PING_S = 3.0
+PONG_S = 1.0
 
 
 async def announce(redis: RedisClient, what: str) -> None:
@@ -63,6 +70,8 @@ class ChangeFeed:
         # Times a message may have been missed: every kind counts them as heard.
         self._gaps = 0
         self._live = False
+        # Drops in a row: the backoff's step, and whether the drop was said yet.
+        self._failures = 0
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -87,7 +96,6 @@ class ChangeFeed:
         self._live = False
 
     async def _run(self) -> None:
-        failures = 0
         while True:
             redis: Redis | None = None
             pubsub = None
@@ -104,31 +112,21 @@ class ChangeFeed:
                 )
                 pubsub = redis.pubsub()
                 await pubsub.subscribe(CHANNEL)
-                async for message in pubsub.listen():
-                    if message["type"] == "subscribe":
-                        if failures:
-                            log.info("policy change feed subscribed again")
-                        failures = 0
-                        self._live = True
-                        self._gaps += 1
-                    elif message["type"] == "message" and isinstance(message["data"], bytes):
-                        kind = message["data"]
-                        self._counts[kind] = self._counts.get(kind, 0) + 1
-                raise redis_errors.ConnectionError("the subscription ended")
+                await self._listen(pubsub)
             except Exception as exc:
                 # Any failure, not only Redis's: the feed must outlive whatever it
                 # meets (it runs unwatched for the process's life), so it counts a
                 # gap, says so once, backs off and subscribes again.
                 self._live = False
                 self._gaps += 1
-                if failures == 0:
+                if self._failures == 0:
                     log.warning(
                         "policy change feed lost; reading the policy store every refresh "
                         "until it is back",
                         extra={"why": f"{type(exc).__name__}: {exc}"},
                     )
-                await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
-                failures += 1
+                await asyncio.sleep(RETRY_S[min(self._failures, len(RETRY_S) - 1)])
+                self._failures += 1
             finally:
                 self._live = False
                 if pubsub is not None:
@@ -137,6 +135,42 @@ class ChangeFeed:
                 if redis is not None:
                     with contextlib.suppress(Exception):
                         await redis.aclose()
+
+    async def _listen(self, pubsub: PubSub) -> None:
+        """Count what the subscription hears until it fails; PING it every PING_S and
+        take no PONG within PONG_S for a drop: a path that stops carrying anything
+        without closing (half-open TCP behind a proxy or NAT) raises no error for as
+        long as the OS keepalive (7,200 s by default), and meanwhile every
+        announcement would be lost while the feed claimed to be live. (redis-py's
+        health_check_interval pings only when a read starts, never during the wait
+        for the next message, so it cannot notice this.)"""
+        loop = asyncio.get_running_loop()
+        ping_at = loop.time() + PING_S
+        pong_by: float | None = None
+        while True:
+            now = loop.time()
+            if pong_by is not None and now >= pong_by:
+                raise redis_errors.ConnectionError(
+                    f"no PONG within {PONG_S} s: the subscription's connection is dead"
+                )
+            if pong_by is None and now >= ping_at:
+                await pubsub.ping()
+                pong_by = now + PONG_S
+            wait = (ping_at if pong_by is None else pong_by) - now
+            message = await pubsub.get_message(timeout=max(wait, 0.0))
+            if message is None:
+                continue
+            if message["type"] == "pong":
+                pong_by, ping_at = None, loop.time() + PING_S
+            elif message["type"] == "subscribe":
+                if self._failures:
+                    log.info("policy change feed subscribed again")
+                self._failures = 0
+                self._live = True
+                self._gaps += 1
+            elif message["type"] == "message" and isinstance(message["data"], bytes):
+                kind = message["data"]
+                self._counts[kind] = self._counts.get(kind, 0) + 1
 
 
 def _ended(task: asyncio.Task[None]) -> None:
