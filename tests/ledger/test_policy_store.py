@@ -15,6 +15,7 @@ import redis
 from ledger import ChangeFeed, Ledger
 from ledger.changes import CHANNEL
 from ledger.cluster import cluster_enabled
+from ledger.keys import POLICY_EPOCH_KEY
 
 WAIT_S = 30.0
 
@@ -186,3 +187,21 @@ async def test_a_subscription_that_went_silent_counts_as_heard_and_comes_back(
     finally:
         await feed.aclose()
         await proxy.aclose()
+
+
+async def test_a_write_that_landed_is_won_though_its_epoch_bump_failed(
+    ledger: Ledger, tenant: str
+) -> None:
+    """The stored write is the outcome: put raised LedgerUnavailable after a write
+    that had taken effect when the epoch's INCR failed, and the writer's retry over
+    the version it had read then lost the compare-and-set to its own write. (The
+    epoch key holding no number makes the INCR fail on a real Redis.)"""
+    store = ledger.policies
+    epoch = await store.epoch()
+    await ledger.redis.set(POLICY_EPOCH_KEY, "not a number")
+    try:
+        result = await store.put(tenant, expected=0, digest="a", text="A", stamp_ms=1, origin="h")
+    finally:
+        await ledger.redis.set(POLICY_EPOCH_KEY, epoch + 1)
+    assert (result.won, result.version) == (True, 1)
+    assert (await store.records([tenant]))[tenant].digest == "a"
