@@ -1,9 +1,12 @@
-"""How soon a host serves a policy write it was not told of: a writer that died
+"""How a host learns of policy writes, and says whether it hears of them.
+
+How soon a host serves a policy write it was not told of: a writer that died
 between its write (policy_put.lua) and the epoch's INCR, or whose INCR failed, left
 the epoch as it was, so only the full re-read of every tenant's record finds the
 write. That re-read runs on its own schedule (FULL_READ_S), whatever the epoch
 poll's interval: it ran every 15 polls, 450 s at the default 30 s poll, while a
-revoked token kept working."""
+revoked token kept working. Whether every worker hears announcements:
+`irrev_policy_feed_live` on /metrics, 0 while one is not subscribed."""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ from collections.abc import AsyncIterator
 from importlib.resources import files
 from pathlib import Path
 
+import httpx
 import pytest
+import redis
 import yaml
 
 from gateway.policies import policy_version
@@ -21,6 +26,7 @@ from gateway.tenants import FULL_READ_S, TenantStore
 from ledger import ChangeFeed, Ledger
 from ledger.keys import policy_key
 
+from .conftest import Gateway
 from .servers import write_policy
 
 CHECK_S = 2.0  # the default IRREV_POLICY_CHECK_INTERVAL_S
@@ -84,3 +90,34 @@ async def test_a_revocation_whose_epoch_bump_was_lost_is_served_within_the_full_
             await store.refresh(ledger, feed, POLL_S)
     finally:
         await feed.aclose()
+
+
+async def feed_gauge(http: httpx.AsyncClient, gateway: Gateway) -> float | None:
+    text = (await http.get("/metrics", headers=gateway.admin)).text
+    for line in text.splitlines():
+        if line.startswith("irrev_policy_feed_live "):
+            return float(line.split()[1])
+    return None
+
+
+async def until_gauge(http: httpx.AsyncClient, gateway: Gateway, value: float) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while (seen := await feed_gauge(http, gateway)) != value:
+        assert time.monotonic() < deadline, f"irrev_policy_feed_live stayed {seen}, not {value}"
+        await asyncio.sleep(0.1)
+
+
+async def test_the_feed_gauge_is_0_while_the_subscription_is_down(gateway: Gateway) -> None:
+    """A real `irrev serve` (several workers): 1 while subscribed; 0 once the
+    subscriptions are killed and SUBSCRIBE refused; 1 again once they are back. (The
+    feed subscribes on the node of its URL, also on a cluster.)"""
+    node = redis.Redis.from_url(gateway.redis_url)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30.0, trust_env=False) as http:
+        await until_gauge(http, gateway, 1.0)
+        try:
+            node.execute_command("ACL", "SETUSER", "default", "-subscribe")
+            node.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            await until_gauge(http, gateway, 0.0)
+        finally:
+            node.execute_command("ACL", "SETUSER", "default", "+subscribe")
+        await until_gauge(http, gateway, 1.0)
