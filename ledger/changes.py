@@ -13,9 +13,10 @@ Pub/sub is at most once: a message published while a subscriber is disconnected
 (killed by CLIENT KILL, Redis restarted, the output buffer limit hit) is lost. So
 every (re)subscription counts as heard, of every kind (the host re-reads the epochs once it is
 subscribed again, which catches what it missed), `live` is False while not
-subscribed (the host then reads the epochs every refresh, as without a feed), and
-the host still reads them every so often whatever it heard (a connection that died
-silently, a writer that died between its write and its announcement).
+subscribed (the host then reads the epochs every refresh, as without a feed), a
+connection that died silently (half-open TCP) is found by a PING every PING_S that
+must be answered within PONG_S, and the host still reads them every so often
+whatever it heard (a writer that died between its write and its announcement).
 
 On Redis Cluster the feed subscribes on the node of its URL with plain SUBSCRIBE: a
 cluster delivers every PUBLISH to the subscribers of every node, which works on
