@@ -525,10 +525,9 @@ class TenantStore:
             policies, outcomes = self._epoch, self._outcomes_epoch
         # On its own schedule, not every so many polls: with the feed the poll runs
         # every poll_s (30 s), and a full read every 15 of them left a lost bump's
-        # revocation unserved for 450 s.
+        # revocation unserved for 450 s. Rescheduled only once done: one that failed
+        # (Redis down) is tried again at the next look, not full_read_s later.
         full_read = now >= self._full_read_due
-        if full_read:
-            self._full_read_due = now + full_read_s
         if (
             rotated
             or self._limits_owed
@@ -539,7 +538,10 @@ class TenantStore:
             await self.apply(ledger)
             self._outcomes_epoch = outcomes
             self._heard = heard
+            self._full_read_due = now + full_read_s  # apply read every record
             return True
+        if full_read:
+            self._full_read_due = now + full_read_s
         if outcomes != self._outcomes_epoch:
             observed, settled = await self._read_observed(ledger, list(self._written))
             self._outcomes_epoch = outcomes
