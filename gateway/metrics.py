@@ -15,7 +15,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -95,6 +102,14 @@ HTTP_SECONDS = Histogram(
     "HTTP request durations by route template",
     ["method", "route"],
     buckets=LATENCY_BUCKETS,
+)
+# The least over the live workers: 0 while any worker's feed is down (it then reads
+# the policy store every refresh, and hears no announcement).
+POLICY_FEED_LIVE = Gauge(
+    "irrev_policy_feed_live",
+    "1 while every worker is subscribed to the fleet's policy change announcements "
+    "(pub/sub, PINGed every few seconds); 0 while one is not",
+    multiprocess_mode="livemin",
 )
 
 

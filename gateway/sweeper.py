@@ -57,6 +57,8 @@ class Sweeper:
         self._leases: dict[str, Lease] = {}
         self._next_ask: dict[str, float] = {}
         self._heard = 0
+        # Tenants whose sweep is failing, since when (monotonic).
+        self._failing: dict[str, float] = {}
 
     def holds(self, tenant: str) -> bool:
         """Whether this process is surely the tenant's sweeper now (also: whoever
@@ -73,11 +75,35 @@ class Sweeper:
             self._next_ask.clear()
         swept = 0
         for tenant in tenants:
-            if await self._lease(tenant):
-                await self.ledger.sweep(tenant, batch=SWEEP_BATCH)
-                metrics.SWEEPS.labels(tenant).inc()
-                swept += 1
+            # Each tenant on its own: one whose lease or sweep fails (its cluster
+            # shard down) stopped the round, and every tenant after it went unswept
+            # with its lease lapsing to another process.
+            try:
+                if await self._lease(tenant):
+                    await self.ledger.sweep(tenant, batch=SWEEP_BATCH)
+                    metrics.SWEEPS.labels(tenant).inc()
+                    swept += 1
+            except Exception as exc:
+                self._failed(tenant, exc)
+            else:
+                self._back(tenant)
         return swept
+
+    def _failed(self, tenant: str, exc: Exception) -> None:
+        """Say once per outage that a tenant's sweep fails (it is tried again every
+        round: a line each round was a line every sweep interval for the outage)."""
+        if tenant not in self._failing:
+            self._failing[tenant] = time.monotonic()
+            log.warning(
+                "sweep failed; tried again every round",
+                extra={"tenant": tenant, "why": f"{type(exc).__name__}: {exc}"},
+            )
+
+    def _back(self, tenant: str) -> None:
+        since = self._failing.pop(tenant, None)
+        if since is not None:
+            down_s = round(time.monotonic() - since, 1)
+            log.info("sweep back", extra={"tenant": tenant, "down_s": down_s})
 
     async def _lease(self, tenant: str) -> bool:
         lease = self._leases.get(tenant)

@@ -10,7 +10,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -65,6 +65,11 @@ def ledger_account(spec: AccountSpec) -> LedgerAccount:
         approval_threshold=spec.approval_threshold_micros or 0,
     )
 
+
+# How often every tenant's record is read whatever the epoch said (the bound on a
+# write whose epoch bump was lost): one pipelined read of the tenants a worker
+# serves, as often as before the feed, when it ran every 15 two-second looks.
+FULL_READ_S = 30.0
 
 # Account changes in flight at once: enough to open a new tenant's accounts quickly,
 # few enough to leave the connection pool to the admission path.
@@ -185,9 +190,11 @@ class TenantStore:
         self._epoch = -1
         self._outcomes_epoch = -1
         self._limits_owed: set[str] = set()
-        self._looks = 0
         self._heard = 0
         self._poll_due = 0.0
+        self._full_read_due = 0.0
+        # What refresh() schedules its reads by (a test drives it with a fake one).
+        self.clock: Callable[[], float] = time.monotonic
         # The policy files on disk that are not in force, each with its tenant where
         # that can be told.
         self.faults: list[FileFault] = []
@@ -487,7 +494,11 @@ class TenantStore:
         return self._mcp.get((tenant, tool))
 
     async def refresh(
-        self, ledger: Ledger, feed: ChangeFeed | None = None, poll_s: float = 0.0
+        self,
+        ledger: Ledger,
+        feed: ChangeFeed | None = None,
+        poll_s: float = 0.0,
+        full_read_s: float = FULL_READ_S,
     ) -> bool:
         """Reload if any policy file or credential file changed since the last load
         (a rotated secret reaches every worker) or the fleet's policy store did;
@@ -498,20 +509,25 @@ class TenantStore:
         resubscription after which an announcement may have been missed), while it
         is not subscribed, or `poll_s` after the last read: an idle host sends
         Redis nothing most refreshes. Without one, they are read every look. Every
-        FULL_READ_EVERY reads that were not told to, every tenant's record is read
-        too: that catches a write whose epoch bump was lost."""
+        `full_read_s`, whatever the feed and `poll_s`, every tenant's record is read
+        too: that catches a write whose epoch bump was lost (its writer died before
+        the INCR, or the INCR failed), so a revocation reaches this host within
+        `full_read_s` plus one look even then."""
         rotated = _secret_files_signature(self._written.values()) != self._secret_files
         heard = feed.heard("policy", "outcomes") if feed is not None else 0
-        now = time.monotonic()
-        due = now >= self._poll_due
-        if feed is None or not feed.live or heard != self._heard or due:
+        if feed is not None:
+            metrics.POLICY_FEED_LIVE.set(1 if feed.live else 0)
+        now = self.clock()
+        if feed is None or not feed.live or heard != self._heard or now >= self._poll_due:
             policies, outcomes = await ledger.policies.epochs()
             self._poll_due = now + poll_s
         else:
             policies, outcomes = self._epoch, self._outcomes_epoch
-        if due:
-            self._looks += 1
-        full_read = due and self._looks % FULL_READ_EVERY == 0
+        # On its own schedule, not every so many polls: with the feed the poll runs
+        # every poll_s (30 s), and a full read every 15 of them left a lost bump's
+        # revocation unserved for 450 s. Rescheduled only once done: one that failed
+        # (Redis down) is tried again at the next look, not full_read_s later.
+        full_read = now >= self._full_read_due
         if (
             rotated
             or self._limits_owed
@@ -522,7 +538,10 @@ class TenantStore:
             await self.apply(ledger)
             self._outcomes_epoch = outcomes
             self._heard = heard
+            self._full_read_due = now + full_read_s  # apply read every record
             return True
+        if full_read:
+            self._full_read_due = now + full_read_s
         if outcomes != self._outcomes_epoch:
             observed, settled = await self._read_observed(ledger, list(self._written))
             self._outcomes_epoch = outcomes
@@ -630,11 +649,6 @@ class TenantStore:
             except ValueError:
                 continue
         return self.directory / f"{tenant}.yaml"
-
-
-# Every this many reads of the epochs not prompted by the feed (every one without a
-# feed), the store's policies are read whatever its epoch.
-FULL_READ_EVERY = 15
 
 
 def _changed_ms(path: Path) -> int:

@@ -13,9 +13,10 @@ Pub/sub is at most once: a message published while a subscriber is disconnected
 (killed by CLIENT KILL, Redis restarted, the output buffer limit hit) is lost. So
 every (re)subscription counts as heard, of every kind (the host re-reads the epochs once it is
 subscribed again, which catches what it missed), `live` is False while not
-subscribed (the host then reads the epochs every refresh, as without a feed), and
-the host still reads them every so often whatever it heard (a connection that died
-silently, a writer that died between its write and its announcement).
+subscribed (the host then reads the epochs every refresh, as without a feed), a
+connection that died silently (half-open TCP) is found by a PING every PING_S that
+must be answered within PONG_S, and the host still reads them every so often
+whatever it heard (a writer that died between its write and its announcement).
 
 On Redis Cluster the feed subscribes on the node of its URL with plain SUBSCRIBE: a
 cluster delivers every PUBLISH to the subscribers of every node, which works on
@@ -32,6 +33,7 @@ import logging
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -42,6 +44,12 @@ log = logging.getLogger("irrev.ledger")
 CHANNEL = "irrev:{fleet}:changes"
 # Waits between attempts to subscribe again, doubling up to the last.
 RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+# The subscription is PINGed this often; no PONG within PONG_S is a dropped
+# connection. One PING per process every few seconds is nothing to Redis; it bounds
+# how long a silently dead subscription passes for live (announcements lost) to
+# PING_S + PONG_S.
+PING_S = 3.0
+PONG_S = 1.0
 
 
 async def announce(redis: RedisClient, what: str) -> None:
@@ -57,10 +65,14 @@ class ChangeFeed:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._counts: dict[str, int] = {}
+        # By the message's bytes: what is published is not ours to trust, and a
+        # message that is not UTF-8 must not stop the feed.
+        self._counts: dict[bytes, int] = {}
         # Times a message may have been missed: every kind counts them as heard.
         self._gaps = 0
         self._live = False
+        # Drops in a row: the backoff's step, and whether the drop was said yet.
+        self._failures = 0
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -71,10 +83,11 @@ class ChangeFeed:
     def heard(self, *kinds: str) -> int:
         """Announcements of `kinds` heard so far, plus every (re)subscription: moved
         since a look, something may have changed."""
-        return self._gaps + sum(self._counts.get(kind, 0) for kind in kinds)
+        return self._gaps + sum(self._counts.get(kind.encode(), 0) for kind in kinds)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task.add_done_callback(_ended)
 
     async def aclose(self) -> None:
         if self._task is not None:
@@ -84,42 +97,89 @@ class ChangeFeed:
         self._live = False
 
     async def _run(self) -> None:
-        failures = 0
         while True:
-            # Reconnecting is this loop's job, not redis-py's: its own retry would
-            # resubscribe behind our back (still seen, as a new confirmation) but
-            # with its own backoff of up to seconds.
-            redis = Redis.from_url(
-                self.url, decode_responses=True, retry=Retry(NoBackoff(), 0), socket_keepalive=True
-            )
-            pubsub = redis.pubsub()
+            redis: Redis | None = None
+            pubsub = None
             try:
+                # Reconnecting is this loop's job, not redis-py's: its own retry would
+                # resubscribe behind our back (still seen, as a new confirmation) but
+                # with its own backoff of up to seconds. Bytes, not decoded: anyone
+                # who can PUBLISH could otherwise kill the feed with one message.
+                redis = Redis.from_url(
+                    self.url,
+                    decode_responses=False,
+                    retry=Retry(NoBackoff(), 0),
+                    socket_keepalive=True,
+                )
+                pubsub = redis.pubsub()
                 await pubsub.subscribe(CHANNEL)
-                async for message in pubsub.listen():
-                    if message["type"] == "subscribe":
-                        if failures:
-                            log.info("policy change feed subscribed again")
-                        failures = 0
-                        self._live = True
-                        self._gaps += 1
-                    elif message["type"] == "message":
-                        kind = str(message["data"])
-                        self._counts[kind] = self._counts.get(kind, 0) + 1
-                raise redis_errors.ConnectionError("the subscription ended")
-            except (redis_errors.RedisError, OSError) as exc:
+                await self._listen(pubsub)
+            except Exception as exc:
+                # Any failure, not only Redis's: the feed must outlive whatever it
+                # meets (it runs unwatched for the process's life), so it counts a
+                # gap, says so once, backs off and subscribes again.
                 self._live = False
                 self._gaps += 1
-                if failures == 0:
+                if self._failures == 0:
                     log.warning(
                         "policy change feed lost; reading the policy store every refresh "
                         "until it is back",
                         extra={"why": f"{type(exc).__name__}: {exc}"},
                     )
-                await asyncio.sleep(RETRY_S[min(failures, len(RETRY_S) - 1)])
-                failures += 1
+                await asyncio.sleep(RETRY_S[min(self._failures, len(RETRY_S) - 1)])
+                self._failures += 1
             finally:
                 self._live = False
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-                with contextlib.suppress(Exception):
-                    await redis.aclose()
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
+                if redis is not None:
+                    with contextlib.suppress(Exception):
+                        await redis.aclose()
+
+    async def _listen(self, pubsub: PubSub) -> None:
+        """Count what the subscription hears until it fails; PING it every PING_S and
+        take no PONG within PONG_S for a drop: a path that stops carrying anything
+        without closing (half-open TCP behind a proxy or NAT) raises no error for as
+        long as the OS keepalive (7,200 s by default), and meanwhile every
+        announcement would be lost while the feed claimed to be live. (redis-py's
+        health_check_interval pings only when a read starts, never during the wait
+        for the next message, so it cannot notice this.)"""
+        loop = asyncio.get_running_loop()
+        ping_at = loop.time() + PING_S
+        pong_by: float | None = None
+        while True:
+            now = loop.time()
+            if pong_by is not None and now >= pong_by:
+                raise redis_errors.ConnectionError(
+                    f"no PONG within {PONG_S} s: the subscription's connection is dead"
+                )
+            if pong_by is None and now >= ping_at:
+                await pubsub.ping()
+                pong_by = now + PONG_S
+            wait = (ping_at if pong_by is None else pong_by) - now
+            message = await pubsub.get_message(timeout=max(wait, 0.0))
+            if message is None:
+                continue
+            if message["type"] == "pong":
+                pong_by, ping_at = None, loop.time() + PING_S
+            elif message["type"] == "subscribe":
+                if self._failures:
+                    log.info("policy change feed subscribed again")
+                self._failures = 0
+                self._live = True
+                self._gaps += 1
+            elif message["type"] == "message" and isinstance(message["data"], bytes):
+                kind = message["data"]
+                self._counts[kind] = self._counts.get(kind, 0) + 1
+
+
+def _ended(task: asyncio.Task[None]) -> None:
+    """Say so if a feed's task ever ends other than by aclose(): its process then
+    hears no announcement and reads the store only on its slow poll."""
+    if task.cancelled():
+        return
+    log.error(
+        "policy change feed stopped; policy changes now reach this process only by its slow poll",
+        exc_info=task.exception(),
+    )

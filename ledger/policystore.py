@@ -4,17 +4,20 @@ say. A write is a compare-and-set on the version the writer read (policy_put.lua
 so a host that read an older version never overwrites a newer one; every write then
 bumps one fleet-wide epoch counter and announces it (ledger/changes.py: pub/sub), so
 a host reads the epoch when told, and otherwise only every so often (the epoch is a
-key of its own slot, bumped after the write: on a cluster a writer that dies in
-between is noticed by the hosts' full re-read, which they do every so often
+key of its own slot, bumped after the write: a writer that dies in between, or
+whose bump fails, is noticed by the hosts' full re-read, which they do every 30 s
 anyway)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
 
+from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from . import validate
@@ -22,6 +25,10 @@ from .changes import CHANNEL, announce
 from .cluster import RedisClient, wait_out_migration
 from .errors import translate_redis_errors
 from .keys import OUTCOMES_EPOCH_KEY, POLICY_EPOCH_KEY, policy_key
+
+log = logging.getLogger("irrev.ledger")
+# Waits before trying a failed epoch bump or announcement again (then it is logged).
+TELL_RETRY_S = (0.05, 0.2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +99,8 @@ class PolicyStore:
         origin: str,
     ) -> PutResult:
         """Write `text` over version `expected` (0: none yet); `stamp_ms` None: Redis
-        time now."""
+        time now. LedgerUnavailable only if the write itself failed: once it landed,
+        a failed epoch bump or announcement is logged, not raised (`_tell`)."""
         key = policy_key(validate.tenant_id(tenant))
         args = [str(expected), digest, text, "" if stamp_ms is None else str(stamp_ms), origin]
         with translate_redis_errors("writing a policy"):
@@ -101,10 +109,33 @@ class PolicyStore:
             else:
                 reply = await self._put(keys=[key], args=args)
             won, version, stamp = (int(part) for part in reply)
-            if won:
-                await self.redis.incr(POLICY_EPOCH_KEY)
-                await announce(self.redis, "policy")
+        if won:
+            await self._tell()
         return PutResult(bool(won), version, stamp)
+
+    async def _tell(self) -> None:
+        """Bump the policy epoch and announce the write, retried a little; a failure is
+        logged, not raised. The stored write is the outcome: raising after it took
+        effect sent the writer's retry over the version it had read, to lose the
+        compare-and-set to its own write. A bump lost for good is found by every
+        host's full re-read of the store (gateway/tenants.py: FULL_READ_S)."""
+        for what, step in (
+            ("bumping the policy epoch", lambda: self.redis.incr(POLICY_EPOCH_KEY)),
+            ("announcing a policy write", lambda: self.redis.publish(CHANNEL, "policy")),
+        ):
+            for wait_s in (*TELL_RETRY_S, None):
+                try:
+                    await step()
+                    break
+                except (redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
+                    if wait_s is None:
+                        log.warning(
+                            "policy written, but not told: hosts find it by their full "
+                            "re-read of the store instead",
+                            extra={"step": what, "why": f"{type(exc).__name__}: {exc}"},
+                        )
+                        break
+                    await asyncio.sleep(wait_s)
 
     async def announce(self, what: str) -> None:
         """Tell every subscribed gateway (ledger/changes.py) that `what` changed:

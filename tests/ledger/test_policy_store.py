@@ -5,13 +5,17 @@ is announced to the gateways' feeds (pub/sub)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
 from ledger import ChangeFeed, Ledger
+from ledger.changes import CHANNEL
 from ledger.cluster import cluster_enabled
+from ledger.keys import POLICY_EPOCH_KEY
 
 WAIT_S = 30.0
 
@@ -79,3 +83,125 @@ async def test_a_feed_hears_each_write_and_counts_a_cut_subscription_as_heard(
     finally:
         await feed.aclose()
     assert not feed.live
+
+
+async def test_a_message_that_is_not_utf8_does_not_stop_the_feed(
+    ledger: Ledger, redis_url: str
+) -> None:
+    """Whoever can PUBLISH can send bytes that are not UTF-8 on the channel: the feed
+    (which decoded what it read) died of UnicodeDecodeError, silently, and every
+    later announcement was lost to every gateway until its slow poll."""
+    feed = ChangeFeed(redis_url)
+    feed.start()
+    try:
+        await until(lambda: feed.live)
+        before = feed.heard("policy")
+        await ledger.redis.publish(CHANNEL, b"\xff\xfe not utf-8")
+        await ledger.policies.announce("policy")
+        await until(lambda: feed.heard("policy") > before)
+        await until(lambda: feed.live)
+    finally:
+        await feed.aclose()
+
+
+class StallingProxy:
+    """A TCP proxy to Redis that can stop carrying the connections it has open without
+    closing them, as a proxy or NAT that lost their state does (half-open TCP: no
+    FIN, no RST, so the client's socket never errors). Connections made after
+    `stall()` are carried."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        target = urlsplit(url)
+        self.target = (target.hostname or "127.0.0.1", target.port or 6379)
+        self.server: asyncio.Server | None = None
+        self.stalled: list[asyncio.Event] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> str:
+        """The URL to reach Redis through this proxy."""
+        self.server = await asyncio.start_server(self._carry, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return urlunsplit(urlsplit(self.url)._replace(netloc=f"127.0.0.1:{port}"))
+
+    def stall(self) -> None:
+        for event in self.stalled:
+            event.set()
+
+    async def aclose(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        stalled = asyncio.Event()
+        self.stalled.append(stalled)
+        pumps = [
+            asyncio.create_task(_pump(reader, up_writer, stalled)),
+            asyncio.create_task(_pump(up_reader, writer, stalled)),
+        ]
+        self.tasks.update(pumps)
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            for out in (writer, up_writer):
+                with contextlib.suppress(Exception):
+                    out.close()
+
+
+async def _pump(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stalled: asyncio.Event
+) -> None:
+    while data := await reader.read(65536):
+        if not stalled.is_set():  # stalled: read and dropped, never answered
+            writer.write(data)
+            await writer.drain()
+
+
+async def test_a_subscription_that_went_silent_counts_as_heard_and_comes_back(
+    ledger: Ledger, redis_url: str
+) -> None:
+    """A path that stopped carrying anything without closing left the feed `live`
+    for hours (until the OS keepalive, 7,200 s): every announcement was lost and
+    the host read the store only on its slow poll. The feed PINGs its connection;
+    no PONG in time is a drop: a gap (heard: the host re-reads), and it subscribes
+    again."""
+    proxy = StallingProxy(redis_url)
+    feed = ChangeFeed(await proxy.start())
+    feed.start()
+    try:
+        await until(lambda: feed.live)
+        before = feed.heard("policy")
+        proxy.stall()
+        await ledger.policies.announce("policy")  # lost on the stalled path
+        await until(lambda: feed.heard("policy") > before)
+        await until(lambda: feed.live)
+        before = feed.heard("policy")
+        await ledger.policies.announce("policy")
+        await until(lambda: feed.heard("policy") > before)
+    finally:
+        await feed.aclose()
+        await proxy.aclose()
+
+
+async def test_a_write_that_landed_is_won_though_its_epoch_bump_failed(
+    ledger: Ledger, tenant: str
+) -> None:
+    """The stored write is the outcome: put raised LedgerUnavailable after a write
+    that had taken effect when the epoch's INCR failed, and the writer's retry over
+    the version it had read then lost the compare-and-set to its own write. (The
+    epoch key holding no number makes the INCR fail on a real Redis.)"""
+    store = ledger.policies
+    epoch = await store.epoch()
+    await ledger.redis.set(POLICY_EPOCH_KEY, "not a number")
+    try:
+        result = await store.put(tenant, expected=0, digest="a", text="A", stamp_ms=1, origin="h")
+    finally:
+        await ledger.redis.set(POLICY_EPOCH_KEY, epoch + 1)
+    assert (result.won, result.version) == (True, 1)
+    assert (await store.records([tenant]))[tenant].digest == "a"

@@ -1,0 +1,123 @@
+"""How a host learns of policy writes, and says whether it hears of them.
+
+How soon a host serves a policy write it was not told of: a writer that died
+between its write (policy_put.lua) and the epoch's INCR, or whose INCR failed, left
+the epoch as it was, so only the full re-read of every tenant's record finds the
+write. That re-read runs on its own schedule (FULL_READ_S), whatever the epoch
+poll's interval: it ran every 15 polls, 450 s at the default 30 s poll, while a
+revoked token kept working. Whether every worker hears announcements:
+`irrev_policy_feed_live` on /metrics, 0 while one is not subscribed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from importlib.resources import files
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+import yaml
+
+from gateway.policies import policy_version
+from gateway.tenants import FULL_READ_S, TenantStore
+from ledger import ChangeFeed, Ledger
+from ledger.keys import policy_key
+
+from .conftest import Gateway
+from .servers import write_policy
+
+CHECK_S = 2.0  # the default IRREV_POLICY_CHECK_INTERVAL_S
+POLL_S = 30.0  # the default IRREV_POLICY_POLL_S
+WAIT_S = 30.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def ledger(redis_url: str) -> AsyncIterator[Ledger]:
+    ledger = Ledger.from_url(redis_url)
+    yield ledger
+    await ledger.aclose()
+
+
+async def write_without_epoch_bump(ledger: Ledger, tenant: str, text: str) -> None:
+    """What a writer that died before its INCR leaves: the script's write alone."""
+    record = (await ledger.policies.records([tenant]))[tenant]
+    source = files("ledger.lua").joinpath("policy_put.lua").read_text(encoding="utf-8")
+    put = ledger.redis.register_script(source)
+    args = [str(record.version), policy_version(text), text, "", "a writer that died"]
+    won, _, _ = await put(keys=[policy_key(tenant)], args=args)
+    assert int(won) == 1
+
+
+async def test_a_revocation_whose_epoch_bump_was_lost_is_served_within_the_full_read_interval(
+    ledger: Ledger, redis_url: str, tmp_path: Path, tenant: str
+) -> None:
+    written = write_policy(tmp_path, "procurement", tenant, "http://127.0.0.1:9")
+    agent, token = next(iter(written.tokens.items()))
+    store = TenantStore(tmp_path)
+    clock = FakeClock()
+    store.clock = clock
+    await store.load(ledger)
+    assert store.authenticate(token) is not None
+    feed = ChangeFeed(redis_url)
+    feed.start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not feed.live:
+            assert time.monotonic() < deadline, "the feed never subscribed"
+            await asyncio.sleep(0.02)
+        await store.refresh(ledger, feed, POLL_S)
+        record = (await ledger.policies.records([tenant]))[tenant]
+        document = yaml.safe_load(record.text)
+        del document["agents"][agent]
+        await write_without_epoch_bump(ledger, tenant, yaml.safe_dump(document))
+        written_at = clock.now
+        while store.authenticate(token) is not None:
+            assert clock.now - written_at <= FULL_READ_S + CHECK_S, (
+                f"the revoked token still worked {clock.now - written_at} s after the write"
+            )
+            clock.now += CHECK_S
+            await store.refresh(ledger, feed, POLL_S)
+    finally:
+        await feed.aclose()
+
+
+async def feed_gauge(http: httpx.AsyncClient, gateway: Gateway) -> float | None:
+    text = (await http.get("/metrics", headers=gateway.admin)).text
+    for line in text.splitlines():
+        if line.startswith("irrev_policy_feed_live "):
+            return float(line.split()[1])
+    return None
+
+
+async def until_gauge(http: httpx.AsyncClient, gateway: Gateway, value: float) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while (seen := await feed_gauge(http, gateway)) != value:
+        assert time.monotonic() < deadline, f"irrev_policy_feed_live stayed {seen}, not {value}"
+        await asyncio.sleep(0.1)
+
+
+async def test_the_feed_gauge_is_0_while_the_subscription_is_down(gateway: Gateway) -> None:
+    """A real `irrev serve` (several workers): 1 while subscribed; 0 once the
+    subscriptions are killed and SUBSCRIBE refused; 1 again once they are back. (The
+    feed subscribes on the node of its URL, also on a cluster.)"""
+    node = redis.Redis.from_url(gateway.redis_url)
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30.0, trust_env=False) as http:
+        await until_gauge(http, gateway, 1.0)
+        try:
+            node.execute_command("ACL", "SETUSER", "default", "-subscribe")
+            node.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            await until_gauge(http, gateway, 0.0)
+        finally:
+            node.execute_command("ACL", "SETUSER", "default", "+subscribe")
+        await until_gauge(http, gateway, 1.0)
