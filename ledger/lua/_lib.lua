@@ -142,8 +142,10 @@ local BALANCE_FIELDS = {'pend', 'post', 'ws', 'over'}
 -- on every call (each one allocated, hashed and later collected) was ~6 us of a
 -- reserve's ~55. A Functions library keeps its state until it is loaded again
 -- (Redis 7); on 6.2 a script's top level runs on every call, so this is per call.
--- Bounded: past MAX_NAMED accounts it starts again.
-local NAMES, NAMED, MAX_NAMED = {}, 0, 4096
+-- Bounded: past MAX_NAMED accounts it starts again. Lua's memory is not counted
+-- against maxmemory, and the three caches of 4,096 entries of 8 long account ids
+-- each reached ~56 MB in a hostile review: 512 keep them to a few MB at worst.
+local NAMES, NAMED, MAX_NAMED = {}, 0, 512
 
 local function names_of(id)
   local t = NAMES[id]

@@ -253,6 +253,10 @@ local fields = {'st', state, 'fp', fp, 'arm', (state == 'escalated') and '0' or 
 redis.call('HSET', key, unpack(fields))
 if state ~= 'denied' and #request > 0 then
   redis.call('SET', KEYS[7], request)
+else
+  -- A payload left under this id (its record gone first, or written by an older
+  -- irrev) is not this hold's request: an approver would forward it.
+  redis.call('DEL', KEYS[7])
 end
 -- A refusal changes no balance, so its journal entry names none (not even the
 -- accounts it would have opened).

@@ -390,3 +390,21 @@ async def test_a_hold_read_during_its_settlement_never_takes_the_outcome_for_the
         await asyncio.gather(*readers, _post_soon(ledger, tenant, key))
         for read in reads:
             assert read in (("pending", "REQUEST", ""), ("posted", "", "OUTCOME")), reads
+
+
+async def test_a_new_hold_never_takes_a_payload_left_under_its_id(
+    ledger: Ledger, tenant: str
+) -> None:
+    """A payload that outlived its record (one written by an older irrev, say) is not
+    the request of a later hold under the same id: approving that hold must forward
+    what it was reserved with (here nothing), never the stale bytes."""
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100))
+    for hold_id in ("escalated", "denied"):
+        await ledger.redis.set(payload_key(tenant, hold_id), '{"stale":"effect"}')
+    await reserve(ledger, tenant, "escalated", 500, "tenant:acme")
+    await reserve(ledger, tenant, "denied", 5000, "tenant:acme", request='{"new":1}')
+    won = await ledger.approve(tenant, "escalated", "alice", ttl_ms=HOUR_MS)
+    assert won.request == ""
+    for hold_id in ("escalated", "denied"):
+        hold = await ledger.hold(tenant, hold_id)
+        assert hold is not None and hold.request == "", hold_id
