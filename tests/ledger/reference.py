@@ -206,7 +206,8 @@ class RefLedger:
         if any(amount > v for v in hold.amounts.values()):
             flags.add("overrun")
         self._add(hold.amounts, -1 if hold.state != "expired" else 0, posted)
-        hold.state, hold.posted, hold.claim = "posted", posted, 0
+        # Settled: the request is done with (the payload key takes the outcome).
+        hold.state, hold.posted, hold.claim, hold.request = "posted", posted, 0, ""
         hold.compensated = {a: 0 for a in hold.amounts}
         return "ok", "posted", frozenset(flags)
 
@@ -217,7 +218,7 @@ class RefLedger:
         if hold.state not in LIVE:
             raise RefError("state_conflict", hold.state)
         self._add(hold.amounts, -1, None)
-        hold.state, hold.claim = "voided", 0
+        hold.state, hold.claim, hold.request = "voided", 0, ""
         return "ok", "voided", frozenset()
 
     def mark_ambiguous(self, key: str, claim: int = 0) -> tuple[str, str, frozenset[str]]:

@@ -308,6 +308,9 @@ class LedgerMachine(RuleBasedStateMachine):
         for key, ref_hold in self.model.holds.items():
             hold = self.run(self.ledger.hold(self.tenant, key))
             assert hold is not None and hold.state.value == ref_hold.state, key
+            # The request lives as long as the hold does, and is the one it was
+            # reserved with: kept while live, rejected or expired, gone once settled.
+            assert hold.request == ref_hold.request, key
 
 
 def test_scripts_agree_with_reference_model(redis_url: str) -> None:
