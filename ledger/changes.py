@@ -42,6 +42,9 @@ from .errors import translate_redis_errors
 
 log = logging.getLogger("irrev.ledger")
 CHANNEL = "irrev:{fleet}:changes"
+# What may be announced; anything else published on CHANNEL is not counted (nor kept:
+# anyone who can PUBLISH could otherwise grow every gateway's counts without bound).
+KINDS = frozenset({b"policy", b"outcomes", b"lease"})
 # Waits between attempts to subscribe again, doubling up to the last.
 RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 # The subscription is PINGed this often; no PONG within PONG_S is a dropped
@@ -169,7 +172,7 @@ class ChangeFeed:
                 self._failures = 0
                 self._live = True
                 self._gaps += 1
-            elif message["type"] == "message" and isinstance(message["data"], bytes):
+            elif message["type"] == "message" and message["data"] in KINDS:
                 kind = message["data"]
                 self._counts[kind] = self._counts.get(kind, 0) + 1
 
