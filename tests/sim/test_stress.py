@@ -11,15 +11,18 @@ later keeps its margin only until the detector's window has passed it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from pricing.stress import stress_margin, trip_threshold, vouched_at
 from sim import metrics, runner
+from sim.bounds import utility_bounds
 from sim.irrev import Irrev, _IrrevArm
 from sim.params import Model
 from sim.runner import B
-from sim.workload import PRE, Workload
+from sim.workload import BURST, PRE, Workload
 
 # (tick, value, residual) in USD; 50 agents calm: the detector trips at 2 requests
 EVENTS = [
@@ -113,3 +116,21 @@ def test_pricing_rules() -> None:
     assert vouched_at(300, 5) == 306
     with pytest.raises(ValueError, match="window 0 must be >= 1"):
         trip_threshold(0.5, 0, 4.0)
+
+
+def test_utility_bounds_by_hand() -> None:
+    """Least residual per unit value first: 10, 5, 30 and 50 USD whole (residual 58),
+    then 22 of the next 45 (24.44 USD of value) of the 195 proposed. Blind to
+    recovery, with the three 50s burst-time (mean factor 0.75): the 45 calm (11.25
+    expected) and 68.75 / 0.75 of burst value."""
+    wl = _workload()
+    wl = replace(
+        wl,
+        model=replace(wl.model, correlated=True),
+        phase=np.where(np.arange(6) < 3, BURST, PRE).astype(np.int8)[None, :],
+    )
+    got = utility_bounds(wl)
+    assert got.clairvoyant[0] == pytest.approx((95 + 22 / 45 * 50) / 195)
+    assert got.blind[0] == pytest.approx((45 + 68.75 / 0.75) / 195)
+    with pytest.raises(ValueError, match="world as priced"):
+        utility_bounds(replace(wl, model=replace(wl.model, misprice=2.0)))
