@@ -4,7 +4,9 @@ Accounts per seed, columns of (S, A) int64 arrays: 0 the tenant (limit R), 1..N 
 agents, then one per supplier risk factor. Every purchase touches the tenant, its agent
 and its supplier. Holds are priced at a high residual quantile (pricing/), settle
 `settle_delay` ticks later to the realised residual, and posted amounts of a past
-window roll off while pending holds carry over.
+window roll off while pending holds carry over. `irrev-stressed` prices at face value
+while its request-rate detector is on, and a calm-priced hold keeps a blind-spot
+margin up to that price until the detector can vouch for it (pricing/stress.py).
 
 Decisions come from `ledger_model`, not Redis; `build(wl, tape)` records the ledger
 operations of chosen seeds (`ledger_ops.Tape`), which tests/sim replays through the
