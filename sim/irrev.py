@@ -4,7 +4,9 @@ Accounts per seed, columns of (S, A) int64 arrays: 0 the tenant (limit R), 1..N 
 agents, then one per supplier risk factor. Every purchase touches the tenant, its agent
 and its supplier. Holds are priced at a high residual quantile (pricing/), settle
 `settle_delay` ticks later to the realised residual, and posted amounts of a past
-window roll off while pending holds carry over.
+window roll off while pending holds carry over. `irrev-stressed` prices at face value
+while its request-rate detector is on, and a calm-priced hold keeps a blind-spot
+margin up to that price until the detector can vouch for it (pricing/stress.py).
 
 Decisions come from `ledger_model`, not Redis; `build(wl, tape)` records the ledger
 operations of chosen seeds (`ledger_ops.Tape`), which tests/sim replays through the
@@ -66,6 +68,10 @@ class Irrev:
     signal_window: int = 5
     signal_mult: float = 4.0
     stress_hold: int = 50
+    # stressed: a calm-priced hold must fit at its stressed price, and keeps the
+    # difference held until the detector's window has passed over it without a trip
+    # (pricing/stress.py); False: the detector's blind spot is priced calm
+    blind_margin: bool = True
 
     def build(self, wl: Workload, tape: Tape | None = None) -> _IrrevArm:
         """A fresh arm; with a `tape`, it also records its ledger operations."""
@@ -94,19 +100,27 @@ class _IrrevArm:
         n = wl.model.n_agents
         # (S, K, 3): tenant, agent, supplier account of each event
         self.accounts = np.stack([np.zeros_like(wl.agent), 1 + wl.agent, 1 + n + wl.supplier], 2)
-        stressed = stress_signal(wl, cfg) if cfg.stressed else np.zeros(wl.shape, bool)
-        self.price = hold_prices(wl, cfg, stressed)
+        signal = stress_signal(wl, cfg) if cfg.stressed else None
+        self.stressed = signal.on if signal is not None else np.zeros(wl.shape, bool)
+        # where a trip will count the event: read only once it is vouched for or not
+        self.counted = signal.counted if signal is not None and cfg.blind_margin else None
+        self.price = hold_prices(wl, cfg, self.stressed)
+        if cfg.calibrate or self.counted is not None:
+            self.hot = hold_prices(wl, cfg, np.ones(wl.shape, bool))
         self.cal: Calibrated | None = None
         if cfg.calibrate:
             self.cal = Calibrated(
                 wl, cfg.hold_quantile, cfg.prior_weight, cfg.pending, cfg.recalibrate_every
             )
-            self.stressed = stressed
-            self.hot = hold_prices(wl, cfg, np.ones(wl.shape, bool))
         self.residual = np.ceil(wl.residual * 1e6).astype(np.int64)
         self.balance = np.zeros(self.limit.shape, np.int64)  # pending + posted
         self.posted = np.zeros(self.limit.shape, np.int64)
         self.held = np.zeros(wl.shape, np.int64)
+        # the blind-spot margin each executed hold still keeps beside it, and the
+        # margin of the event being decided
+        self.margin = np.zeros(wl.shape, np.int64)
+        self._margin = np.zeros(n_seeds, np.int64)
+        self.vouched = np.zeros(n_seeds, np.int64)  # events [0, vouched) are past the window
         # admitted (or approved) holds: each one is posted, whatever its price
         self.admitted = np.zeros(wl.shape, bool)
         self.rows = np.arange(n_seeds)
@@ -141,7 +155,12 @@ class _IrrevArm:
             learnt = self.cal.price(k, t)
             stressed = self.stressed[:, k]
             self.price[:, k] = np.where(stressed, np.maximum(self.hot[:, k], learnt), learnt)
-        code = lm.decide(self.balance, self.limit, self.soft, self.accounts[:, k], self.price[:, k])
+        if self.counted is not None:
+            # pricing.stress.stress_margin: what the hold would cost had the detector tripped
+            gap = np.maximum(self.hot[:, k] - self.price[:, k], 0)
+            self._margin = np.where(self.stressed[:, k], 0, gap)
+        amount = self.price[:, k] + self._margin
+        code = lm.decide(self.balance, self.limit, self.soft, self.accounts[:, k], amount)
         escalated = live & (code == lm.ESCALATE)
         if self.humans.instant:
             self.humans.accrue(t)
@@ -163,17 +182,28 @@ class _IrrevArm:
         hold = np.where(executed, self.price[:, k], 0)
         self.held[:, k] = hold
         self.admitted[:, k] = executed
+        self.margin[:, k] = np.where(executed, self._margin, 0)
         if self.tape is None or self._decided is None:
-            lm.apply(self.balance, self.accounts[:, k], hold)
+            lm.apply(self.balance, self.accounts[:, k], hold + self.margin[:, k])
             return
-        # as the ledger sees it: the reserve admits (or escalates), then the approval
-        # or rejection of an escalation follows; the model applies only approved ones
+        # as the ledger sees it: the margin is a hold of its own, held whatever its own
+        # decision (shadow), so the hold's reserve decides on top of it as `decide` did;
+        # then the reserve admits (or escalates), the approval or rejection of an
+        # escalation follows, and the margin of a hold not executed is voided
         live, code, escalated, approved = self._decided
+        margined = live & (self._margin > 0)
+        acc = self.accounts[:, k]
+        shadow = lm.decide(self.balance, self.limit, self.soft, acc, self._margin)
+        lm.apply(self.balance, acc, np.where(margined, self._margin, 0))
+        self.tape.margin(k, margined, shadow, self._margin, self._state)
         admit_hold = np.where(code == lm.ADMIT, hold, 0)
-        lm.apply(self.balance, self.accounts[:, k], admit_hold)
+        lm.apply(self.balance, acc, admit_hold)
         self.tape.reserve(k, live, code, self._state)
-        lm.apply(self.balance, self.accounts[:, k], hold - admit_hold)
+        lm.apply(self.balance, acc, hold - admit_hold)
         self.tape.resolve(k, escalated, approved, self._state)
+        dropped = margined & ~executed
+        lm.apply(self.balance, acc, -np.where(dropped, self._margin, 0))
+        self.tape.release(np.full_like(self.rows, k), dropped, self._state)
 
     def _advance(self, k: int, upto: I64) -> None:
         """Everything that happens by tick `upto`: human decisions, then settlements."""
@@ -189,8 +219,35 @@ class _IrrevArm:
             self.exec_tick[self.rows[r.approved], ev[r.approved]] = r.when[r.approved]
             self.approved_seq[self.rows[r.approved], self.n_approved[r.approved]] = ev[r.approved]
             self.n_approved += r.approved
+        self._vouch(k, upto)
         self._settle(k, upto)
         self._settle_late(upto)
+
+    def _vouch(self, k: int, upto: I64) -> None:
+        """Release the margin of every hold the detector's window has passed by tick
+        `upto` (pricing.stress.vouched_at) without a trip counting it; a counted hold
+        keeps its margin until it settles."""
+        if self.counted is None:
+            return
+        w = self.cfg.signal_window
+        while True:
+            i = np.minimum(self.vouched, max(k - 1, 0))
+            due = (self.vouched < k) & (self.wl.tick[self.rows, i] + w + 1 <= upto)
+            if not due.any():
+                return
+            free = due & ~self.counted[self.rows, i]
+            self._release(i, free)
+            self.vouched += due
+
+    def _release(self, events: I64, rows: B) -> None:
+        """Release the margins still held by `events` (one per seed) where `rows`."""
+        margin = np.where(rows, self.margin[self.rows, events], 0)
+        if not margin.any():
+            return
+        lm.apply(self.balance, self.accounts[self.rows, events], -margin)
+        self.margin[self.rows, events] -= margin
+        if self.tape is not None:
+            self.tape.release(events, margin > 0, self._state)
 
     def _settle_late(self, upto: I64) -> None:
         """Settle approved escalations, in approval order, `settle_delay` after approval."""
@@ -233,6 +290,8 @@ class _IrrevArm:
                 self.cal.observe(i, posts)
             if self.tape is not None:
                 self.tape.post(i, posts, real, self._state)
+            # its residual is known and posted: a margin it still keeps has done its job
+            self._release(i, due)
 
     def _roll(self, window: I64) -> None:
         rolled = window > self.window

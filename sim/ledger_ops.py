@@ -11,6 +11,11 @@ Operations map one to one onto ledger calls:
   Resolve  -> approve or reject of the escalation just raised
   Post     -> post of an admitted hold at its realised residual (overruns included)
   Roll     -> window renewal: posted amounts roll off, pending holds carry over
+  Margin   -> reserve, in shadow mode (held whatever its decision), of a calm-priced
+              hold's blind-spot margin (pricing/stress.py), just before the hold's own
+              reserve, which so decides on top of it
+  Release  -> void of that margin: the hold was not executed, the stress detector
+              vouched for it, or it settled
 Account columns are those of sim/irrev.py: 0 the tenant, 1..N the agents, then one per
 supplier risk factor; `account_ids` names them for the ledger.
 """
@@ -65,12 +70,27 @@ class Post:
 
 
 @dataclass(frozen=True, slots=True)
+class Margin:
+    event: int  # the hold it stands beside
+    accounts: tuple[int, ...]
+    amount: int
+    decision: int  # its own would-be decision; it is held whatever it is
+    after: tuple[AccountState, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    event: int
+    after: tuple[AccountState, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Roll:
     window: int  # the window that starts now
     after: tuple[AccountState, ...]  # every account
 
 
-Op = Reserve | Resolve | Post | Roll
+Op = Reserve | Resolve | Post | Roll | Margin | Release
 
 
 @dataclass
@@ -98,6 +118,18 @@ class Tape:
         for r in self._where(due):
             i = int(events[r])
             self.ops[r].append(Post(i, int(real[r]), s.states(r, s.columns(r, i))))
+
+    def margin(
+        self, k: int, rows: B, code: npt.NDArray[np.int8], amount: I64, s: ArmArrays
+    ) -> None:
+        for r in self._where(rows):
+            cols = s.columns(r, k)
+            self.ops[r].append(Margin(k, cols, int(amount[r]), int(code[r]), s.states(r, cols)))
+
+    def release(self, events: I64, rows: B, s: ArmArrays) -> None:
+        for r in self._where(rows):
+            i = int(events[r])
+            self.ops[r].append(Release(i, s.states(r, s.columns(r, i))))
 
     def roll(self, window: I64, rolled: B, s: ArmArrays) -> None:
         for r in self._where(rolled):

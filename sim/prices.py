@@ -6,12 +6,14 @@ the agent's declaration: a fragment misdeclared as refundable pays the purchase 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from pricing.models import quantile_lgd, stressed_lgd
+from pricing.stress import trip_threshold
 from sim.runner import I64, B, row_searchsorted
 from sim.workload import Workload
 
@@ -44,17 +46,37 @@ def hold_prices(wl: Workload, cfg: Irrev, stressed: B) -> I64:
     return np.ceil(face * factor).astype(np.int64)
 
 
-def stress_signal(wl: Workload, cfg: Irrev) -> B:
-    """(S, K): is the fleet's recent request rate abnormal when event k arrives?
+@dataclass(frozen=True)
+class StressSignal:
+    """The detector's view of every event, both (S, K)."""
+
+    on: B  # the event is priced stressed: a trip within `stress_hold` ticks before it
+    # a trip after the event counted it: it arrived in the detector's blind spot, the
+    # requests that trip it; its margin stays until it settles (pricing/stress.py)
+    counted: B
+
+
+def stress_signal(wl: Workload, cfg: Irrev) -> StressSignal:
+    """Is the fleet's recent request rate abnormal when event k arrives, and will a
+    trip count event k?
 
     Observable only: requests the gateway saw in the last `signal_window` ticks before
-    this one (valid events, fragments included), against `signal_mult` times the calm
-    expectation (at least 2). Once tripped it stays on for `stress_hold` ticks.
+    this one (valid events, fragments included), against pricing's `trip_threshold`.
+    Once tripped it stays on for `stress_hold` ticks. `counted` looks ahead, but only
+    to trips at most `signal_window` ticks later: the arm reads it no earlier than
+    `vouched_at`, when every such trip has happened.
     """
     m, w = wl.model, cfg.signal_window
     first = row_searchsorted(wl.tick, wl.tick - w, "left")
     recent = np.arange(wl.shape[1])[None, :] - first
-    threshold = max(2.0, cfg.signal_mult * m.p_base * m.n_agents * w)
+    threshold = trip_threshold(m.p_base * m.n_agents, w, cfg.signal_mult)
     trip = wl.valid & (recent >= threshold)
     last_trip = np.maximum.accumulate(np.where(trip, wl.tick, -(10**9)), axis=1)
-    return np.asarray(wl.tick - last_trip <= cfg.stress_hold)
+    on = np.asarray(wl.tick - last_trip <= cfg.stress_hold)
+    # event k is counted by a trip j > k whose window starts at or before k: the
+    # smallest window start of the trips after k, against k
+    starts = np.where(trip, first, np.iinfo(np.int64).max)
+    after = np.minimum.accumulate(starts[:, ::-1], axis=1)[:, ::-1]
+    later = np.concatenate([after[:, 1:], np.full((wl.shape[0], 1), np.iinfo(np.int64).max)], 1)
+    counted = later <= np.arange(wl.shape[1])[None, :]
+    return StressSignal(on, counted)

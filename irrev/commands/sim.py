@@ -24,6 +24,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     own.add_argument("--policy", type=Path, help="a tenant policy YAML, as the gateway serves")
     own.add_argument("--workload", type=Path, help="a workload YAML/JSON (examples/workloads/)")
     p.add_argument("--seed0", type=int, help="first seed of every case (default: the case's)")
+    p.add_argument("--arms", nargs="+", help="run only these arms of every case (default: all)")
     p.add_argument("--out", type=Path, default=Path("sim-results"), help="output directory")
     p.add_argument("--agents", type=int, nargs="+", help="fleet size(s); default 50")
     world = p.add_argument_group("the world, for every case (default: the experiment's)")
@@ -138,6 +139,18 @@ def _own_world(args: argparse.Namespace) -> experiments.Experiment:
         raise CliError(str(e)) from e
 
 
+def _only_arms(exp: experiments.Experiment, arms: list[str]) -> experiments.Experiment:
+    """The experiment with only the named arms, so a long run spends nothing on the
+    others; an arm no case has is a mistake, not an empty table."""
+    known = {label for c in exp.cases for label, _ in c.arms}
+    unknown = sorted(set(arms) - known)
+    if unknown:
+        have = ", ".join(sorted(known))
+        raise CliError(f"--arms {', '.join(unknown)}: not an arm of {exp.name}; it has {have}")
+    cases = tuple(replace(c, arms=tuple(a for a in c.arms if a[0] in arms)) for c in exp.cases)
+    return replace(exp, cases=tuple(c for c in cases if c.arms))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.experiment == "run":
         exp = _own_world(args)
@@ -165,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     if args.seed0 is not None:
         exp = replace(exp, cases=tuple(replace(c, seed0=args.seed0) for c in exp.cases))
+    if args.arms:
+        exp = _only_arms(exp, args.arms)
     console = output.console(stderr=args.json)
     commit = _commit()  # before the run: the tree may move while it runs
     rows, started, cpu = [], time.perf_counter(), time.process_time()

@@ -61,3 +61,16 @@ def test_sim_refuses_a_world_it_cannot_have(
 ) -> None:
     assert main(["sim", "e1", "--seeds", "2", "--out", str(tmp_path), *flags]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_sim_runs_only_the_arms_asked_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["sim", "corr", "--seeds", "2", "--out", str(tmp_path), "--arms"]
+    assert main([*argv, "irrev-stressed", "budget"]) == 0
+    data = json.loads((tmp_path / "corr.json").read_text())
+    assert {r["arm"] for r in data["rows"]} == {"irrev-stressed", "budget"}
+    capsys.readouterr()
+    assert main([*argv, "irrev-stresed"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "irrev-stresed" in err and "irrev-stressed" in err

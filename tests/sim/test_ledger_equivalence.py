@@ -19,6 +19,9 @@ Mapping of the model's operations onto the ledger:
   approve or reject follows the reserve at once; the balance after the escalating
   reserve itself (held in the ledger, not yet in the model) is not compared.
 - post: at the realised residual, overruns included.
+- margin: irrev-stressed's blind-spot margin (pricing/stress.py) is a hold of its own,
+  `m<event>`, reserved in shadow mode (held whatever its own decision, which must
+  still match the model's) just before the hold's reserve; release voids it.
 - window renewal: the ledger renews a window by Redis's TIME (`roll` in
   ledger/lua/_lib.lua: posted -> 0, pending carried over), which a test cannot move to
   a simulated tick. Accounts are therefore created without a window, and a renewal is
@@ -43,8 +46,10 @@ from sim import runner, workload
 from sim.irrev import Irrev
 from sim.ledger_ops import (
     ArmArrays,
+    Margin,
     Op,
     Post,
+    Release,
     Reserve,
     Resolve,
     Roll,
@@ -171,6 +176,9 @@ def test_sequences_are_long_and_cover_every_path() -> None:
     # a renewal with holds still pending, which must carry over
     assert any(isinstance(op, Roll) and any(a.pending for a in op.after) for op in ops)
     assert any(_overruns(seed_ops) for seed_ops in runs)
+    # irrev-stressed's blind-spot margins: held in shadow mode, then voided
+    assert any(isinstance(op, Margin) for op in ops)
+    assert any(isinstance(op, Release) for op in ops)
 
 
 def _overruns(ops: list[Op]) -> int:
@@ -215,6 +223,22 @@ async def _replay(ledger: Ledger, tenant: str, seed: Recorded) -> None:
         elif isinstance(op, Post):
             await ledger.post(tenant, _hold(op.event), op.amount)
             posted_in_window[_hold(op.event)] = op.amount
+        elif isinstance(op, Margin):
+            amounts = {seed.names[c]: op.amount for c in op.accounts}
+            got = await ledger.reserve(
+                tenant,
+                _margin(op.event),
+                "sim",
+                amounts,
+                ttl_ms=DAY_MS,
+                escalation_ttl_ms=DAY_MS,
+                shadow=True,
+            )
+            assert got.status is Status.OK, where
+            assert got.decision is DECISIONS[op.decision], where
+        elif isinstance(op, Release):
+            released = await ledger.void(tenant, _margin(op.event))
+            assert released.status is Status.OK, where
         else:
             for hold, amount in posted_in_window.items():
                 if amount:
@@ -242,6 +266,10 @@ def _final_state(seed: Recorded) -> dict[str, tuple[int, int]]:
 
 def _hold(event: int) -> str:
     return f"h{event}"
+
+
+def _margin(event: int) -> str:
+    return f"m{event}"
 
 
 def test_unlimited_accounts_fit_the_ledger() -> None:
