@@ -1,7 +1,7 @@
 -- ambiguous: the effect may have happened (timeout, 5xx, reset after sending, a
 -- crash): keep it charged until a reconciler learns the outcome.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  reason (a short code such as upstream_timeout)
 -- ARGV[3]  optional claim, as retry.lua returned it: the claimer's send ended

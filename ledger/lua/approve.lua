@@ -1,7 +1,7 @@
 -- approve: a human lets an escalated effect go ahead. Consume-once: of any number
 -- of concurrent approvals and rejections exactly one finds the hold escalated.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the record should the escalation turn out expired
 --          (it is expired then and there, as the sweeper would)

@@ -4,7 +4,7 @@
 -- factor. The mark is kept on the hold, in the same script as the sums, so no crash
 -- or repeat can count it twice.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua),
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua),
 --          then KEYS[8] `...:observed:factors`, one hash of every route's evidence:
 --          fields `n|<route>` (count), `s|<route>` (sum of factors in ppm),
 --          `q|<route>` (sum of squared ppm), `t|<route>` (the largest ppm factors,

@@ -1,7 +1,7 @@
 -- compensate: part of a posted effect was recovered (refund, cancellation); give
 -- the recovered part back to the budget and record the realised loss.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the record (0 keeps it; the clock restarts)
 -- ARGV[3]  '*' then ARGV[4] the recovered amount for every account, or

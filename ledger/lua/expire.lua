@@ -1,7 +1,7 @@
 -- expire: settle one hold whose deadline has passed, by the sweeper's rule
 -- (expire_one; for an operator who does not want to wait for the sweeper).
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the settled record (0 keeps it)
 --

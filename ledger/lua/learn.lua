@@ -3,7 +3,7 @@
 -- its route's prices move by one observation. The mark is kept on the hold, in the
 -- same script as the count, so no crash or repeat can count it twice.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua),
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua),
 --          then KEYS[8] `...:observed:<outcome>` (the outcome of ARGV[3])
 -- ARGV[1]  hold id
 -- ARGV[2]  route id (the field of the outcome counts)

@@ -3,7 +3,7 @@
 -- are); this entry names the person. Said again after a crash in between, it is
 -- written then; said twice, once.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  the state the hold must be in: posted or voided
 -- ARGV[3]  who resolved it (an admin's name)

@@ -1,6 +1,6 @@
 -- post: record that a held effect happened and what it really cost.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the settled record (0 keeps it)
 -- ARGV[3]  outcome: the upstream's answer to keep for repeats ('' for none)

@@ -1,7 +1,7 @@
 -- reject: a human refuses an escalated effect; its budget returns. Consume-once
 -- with approve: exactly one resolution wins.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the settled record (0 keeps it)
 -- ARGV[3]  rejecter id

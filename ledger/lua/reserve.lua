@@ -1,7 +1,7 @@
 -- reserve: decide one effect and, unless denied, hold its price on every account
 -- it touches.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
 -- ARGV[1]  hold id (the caller's idempotency key)
 -- ARGV[2]  fingerprint of the request (a replay must carry the same one)
 -- ARGV[3]  ttl_ms: a pending hold's life

@@ -6,7 +6,7 @@
 -- by the upstream while this request may still be on its way cannot void it (void
 -- with due_only refuses a hold whose deadline has not passed).
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  window_ms: how long the request may be in flight (1..2^53-1)
 --

@@ -4,7 +4,7 @@
 -- realised residual above it is posted on top and, above what the hold held,
 -- flagged as an overrun (contract 1's exception: the world did it).
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, request (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the record (0 keeps it; the clock restarts)
 -- ARGV[3]  the realised residual, the same for every account of the hold
