@@ -113,7 +113,9 @@ async def test_an_agent_cannot_release_a_hold_while_it_is_forwarded(
 ) -> None:
     tenant = gateway.tenant("settle-roles")
     me = tenant.auth("buyer-01")
-    await set_faults(upstream, tenant, delay_s=0.6, times=1)
+    # Long enough to find the hold while it is forwarded (one admin GET), and far
+    # enough under the suite's 1 s upstream timeout (0.6 s timed out in a CI run).
+    await set_faults(upstream, tenant, delay_s=0.35, times=1)
     in_flight = asyncio.create_task(buy(http, tenant, "slow"))
     deadline = time.monotonic() + 10
     while (await supplier_stats(upstream, tenant))["requests"] == 0:
