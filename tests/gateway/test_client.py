@@ -47,7 +47,7 @@ async def test_a_busy_key_is_retried_until_the_effect_is_made(
 ) -> None:
     tenant = gateway.tenant("client")
     before = (await supplier_stats(upstream, tenant))["orders"]
-    await set_faults(upstream, tenant, delay_s=0.6)
+    await set_faults(upstream, tenant, delay_s=0.35)
     client = client_of(gateway, "client", agent="buyer-02")
     try:
         both = await asyncio.gather(

@@ -306,7 +306,7 @@ async def test_every_host_forwards_and_no_hold_is_voided_in_flight(
     """Orders through every host (the one 3 s ahead too) to an upstream that answers
     late, while the other hosts reconcile the tenant again and again: each order is
     made once, posted, and no hold is voided."""
-    await set_faults(upstream, fleet.tenant, delay_s=0.6)
+    await set_faults(upstream, fleet.tenant, delay_s=0.35)
     stop = asyncio.Event()
 
     async def reconcile(client: httpx.AsyncClient) -> None:
