@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.settings import GatewaySettings
 from tests.gateway.servers import ROOT
 
 from .conftest import McpGateway, agent
@@ -32,7 +33,10 @@ async def test_the_readme_client_config_connects_as_written(mcp_gateway: McpGate
     (config,) = [json.loads(block) for block in blocks("json")]
     server: dict[str, Any] = config["mcpServers"]["irrev"]
     assert server["type"] == "http"
-    url = server["url"].replace("http://127.0.0.1:8000", mcp_gateway.url)
+    # Where `irrev serve` listens unless told otherwise.
+    default = f"http://127.0.0.1:{GatewaySettings.model_fields['port'].default}"
+    assert server["url"].startswith(f"{default}/"), server["url"]
+    url = server["url"].replace(default, mcp_gateway.url)
     assert url == f"{mcp_gateway.url}/mcp"
     tenant = mcp_gateway.tenant("basics")
     headers = {
