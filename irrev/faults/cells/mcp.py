@@ -38,6 +38,7 @@ ROUTE_ID = "procure CALL /place_order"
 TOOL = "procure__place_order"
 APPROVALS = 8
 DIE_TIMEOUT_S = 10.0
+EFFECT_TIMEOUT_S = 20.0
 ROUTE = {
     "tool": "procure",
     "route": "CALL procure/place_order",
@@ -135,6 +136,19 @@ async def check(run: Run, tools: Tools, made: dict[str, bool]) -> list[str]:
     return found
 
 
+async def _took_effect(run: Run, tools: Tools, request: asyncio.Future[Any]) -> list[str]:
+    """Wait until the server made the call's effect (it then holds the call); a
+    violation if the call ended first or the effect never came."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + EFFECT_TIMEOUT_S
+    while not (await stats(run, tools))["effects"]:
+        if request.done() or loop.time() > deadline:
+            request.cancel()
+            return ["the call never took effect at the MCP server"]
+        await asyncio.sleep(0.02)
+    return []
+
+
 async def _died(run: Run, request: asyncio.Future[types.CallToolResult]) -> list[str]:
     try:
         result = await request
@@ -159,8 +173,8 @@ async def _crash(run: Run, point: str, final: str, *, mid_call: bool = False) ->
         hold_id = hold_of(run, key)
         request = asyncio.ensure_future(call(run, key, gateway=1))
         if mid_call:
-            while not (await stats(run, tools))["effects"]:
-                await asyncio.sleep(0.02)
+            if missed := await _took_effect(run, tools, request):
+                return missed
             await asyncio.to_thread(run.bench.gateways[1].kill)
         found = await _died(run, request)
         await run.bench.start_gateway(1, run.bench.gateways[1].crash_at)
@@ -234,8 +248,9 @@ async def upstream_kill(run: Run) -> list[str]:
         key = uuid.uuid4().hex
         hold_id = hold_of(run, key)
         request = asyncio.ensure_future(call(run, key))
-        while not (await stats(run, tools))["effects"]:
-            await asyncio.sleep(0.02)
+        if missed := await _took_effect(run, tools, request):
+            await asyncio.to_thread(tools.server.kill)
+            return missed
         await asyncio.to_thread(tools.server.kill)
         result = await request
         found = []
