@@ -1,0 +1,119 @@
+"""Who may set which rule, and how far one reaches (a hostile review's finding): an
+approver took a tenant to twice its limit for a year with raises of 2^53-1 and an
+unbounded auto-approval."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from irrev.harness import new_token
+from pricing.credentials import hash_token
+
+from .conftest import Gateway, own_gateway
+from .helpers import assert_problem, balances
+from .servers import Server
+
+ADMINS = {"approver-1": "approver", "boss": "policy_admin"}
+MAX_MAJOR = "9007199254.740991"  # 2^53-1 micros: the largest amount the ledger holds
+
+
+@pytest.fixture(scope="module")
+def admins() -> dict[str, str]:
+    """Admin name -> token."""
+    return {name: new_token() for name in ADMINS}
+
+
+@pytest.fixture(scope="module")
+def rules_gateway(
+    redis_url: str,
+    suppliers: Server,
+    tmp_path_factory: pytest.TempPathFactory,
+    admins: dict[str, str],
+) -> Iterator[Gateway]:
+    root: Path = tmp_path_factory.mktemp("rule-bounds")
+    policy = {
+        "admins": {
+            name: {"token_sha256": hash_token(admins[name]), "role": role}
+            for name, role in ADMINS.items()
+        }
+    }
+    with own_gateway(redis_url, suppliers, root, 1, policy) as gateway:
+        yield gateway
+
+
+@pytest.fixture
+async def client(rules_gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=rules_gateway.url, timeout=30, trust_env=False) as c:
+        yield c
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def rule(kind: str, duration: str = "1h", **fields: Any) -> dict[str, Any]:
+    return {"kind": kind, "duration": duration, "reason": "quarter end", **fields}
+
+
+async def test_only_a_policy_admin_raises_a_limit_and_at_most_to_double(
+    rules_gateway: Gateway, client: httpx.AsyncClient, admins: dict[str, str]
+) -> None:
+    gw, tenant = rules_gateway, rules_gateway.tenant("own")
+    url = f"/v1/admin/tenants/{tenant.id}/rules"
+    approver, boss = bearer(admins["approver-1"]), bearer(admins["boss"])
+    # The attack: an approver raising every account of an effect by 2^53-1 for a year.
+    for account in ("tenant:" + tenant.id, "principal:procurement", "agent:buyer-02"):
+        huge = rule("raise_limit", "366d", account=account, amount=MAX_MAJOR)
+        assert_problem(
+            await client.post(url, json=huge, headers=approver), 403, "insufficient_role"
+        )
+    assert (await client.get(url, headers=gw.admin)).json()["rules"] == []
+
+    # A policy admin may, within bounds: the live raises of an account sum to at most
+    # its own limit (agent:buyer-02: 100,000 USD), for at most 7 days.
+    for amount, duration in ((MAX_MAJOR, "1h"), ("100000.000001", "1h"), ("1000", "8d")):
+        refused = await client.post(
+            url,
+            json=rule("raise_limit", duration, account="agent:buyer-02", amount=amount),
+            headers=boss,
+        )
+        assert_problem(refused, 422, "bad_rule")
+    first = rule("raise_limit", "7d", account="agent:buyer-02", amount="60000")
+    assert (await client.post(url, json=first, headers=boss)).status_code == 201
+    more = rule("raise_limit", account="agent:buyer-02", amount="40000.000001")
+    body = assert_problem(await client.post(url, json=more, headers=boss), 422, "bad_rule")
+    assert "at most doubles" in body["detail"]
+    rest = await client.post(url, json={**more, "amount": "40000"}, headers=boss)
+    assert rest.status_code == 201, rest.text
+    rows = await balances(client, gw.admin, tenant)
+    assert rows["agent:buyer-02"]["effective_limit"] == 200_000 * 10**6
+    for raised in (await client.get(url, headers=gw.admin)).json()["rules"]:
+        deleted = await client.delete(f"{url}/{raised['rule']}", headers=approver)
+        assert deleted.status_code == 200, deleted.text  # ending one narrows: an approver's
+
+
+async def test_an_auto_approval_is_bounded_by_the_caps_it_covers_and_a_week(
+    rules_gateway: Gateway, client: httpx.AsyncClient, admins: dict[str, str]
+) -> None:
+    tenant = rules_gateway.tenant("own")
+    url = f"/v1/admin/tenants/{tenant.id}/rules"
+    approver = bearer(admins["approver-1"])
+    for bad in (
+        rule("auto_approve", "366d", principal="procurement", max_price=MAX_MAJOR),
+        # procurement's agents have a per_effect_cap of 50,000 USD.
+        rule("auto_approve", principal="procurement", max_price="50000.000001"),
+        rule("auto_approve", agent="buyer-02", max_price="50000.000001"),
+        rule("auto_approve", "8d", agent="buyer-02", max_price="5000"),
+    ):
+        refused = await client.post(url, json=bad, headers=approver)
+        assert_problem(refused, 422, "bad_rule")
+    ok = rule("auto_approve", "7d", principal="procurement", max_price="50000")
+    created = await client.post(url, json=ok, headers=approver)
+    assert created.status_code == 201, created.text
+    deleted = await client.delete(f"{url}/{created.json()['rule']}", headers=approver)
+    assert deleted.status_code == 200, deleted.text
