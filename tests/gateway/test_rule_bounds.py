@@ -1,6 +1,7 @@
-"""Who may set which rule, and how far one reaches (a hostile review's finding): an
+"""Who may set which rule, and how far one reaches (a hostile review's findings): an
 approver took a tenant to twice its limit for a year with raises of 2^53-1 and an
-unbounded auto-approval."""
+unbounded auto-approval; a tenant admin named like an operator had its decisions
+recorded under the operator's name."""
 
 from __future__ import annotations
 
@@ -15,16 +16,16 @@ from irrev.harness import new_token
 from pricing.credentials import hash_token
 
 from .conftest import Gateway, own_gateway
-from .helpers import assert_problem, balances
+from .helpers import assert_problem, balances, effect_headers, order
 from .servers import Server
 
-ADMINS = {"approver-1": "approver", "boss": "policy_admin"}
+ADMINS = {"approver-1": "approver", "boss": "policy_admin", "ops": "approver"}
 MAX_MAJOR = "9007199254.740991"  # 2^53-1 micros: the largest amount the ledger holds
 
 
 @pytest.fixture(scope="module")
 def admins() -> dict[str, str]:
-    """Admin name -> token."""
+    """Admin name -> token. `ops` is also the operator's name (IRREV_ADMIN_TOKENS)."""
     return {name: new_token() for name in ADMINS}
 
 
@@ -117,3 +118,29 @@ async def test_an_auto_approval_is_bounded_by_the_caps_it_covers_and_a_week(
     assert created.status_code == 201, created.text
     deleted = await client.delete(f"{url}/{created.json()['rule']}", headers=approver)
     assert deleted.status_code == 200, deleted.text
+
+
+async def test_a_tenant_admin_named_like_the_operator_is_never_recorded_as_it(
+    rules_gateway: Gateway, client: httpx.AsyncClient, admins: dict[str, str]
+) -> None:
+    gw, tenant = rules_gateway, rules_gateway.tenant("own")
+    events = f"/v1/admin/tenants/{tenant.id}/events"
+    start = (await client.get(events, params={"limit": 1000}, headers=gw.admin)).json()["next"]
+    decided = []
+    for agent, who in (("buyer-03", bearer(admins["ops"])), ("buyer-04", gw.admin)):
+        escalated = await client.post(
+            "/tools/supplier/orders",
+            json=order(quantity=450, supplier_id=f"s-{agent}"),  # above the 30,000 threshold
+            headers=effect_headers(tenant, agent, f"named-{agent}"),
+        )
+        assert escalated.status_code == 202, escalated.text
+        approved = await client.post(f"{escalated.headers['location']}/approve", headers=who)
+        assert approved.status_code == 201, approved.text
+        decided.append(approved.headers["x-irrev-hold"])
+    page = (await client.get(events, params={"after": start}, headers=gw.admin)).json()
+    by = {e["hold"]: e["by"] for e in page["events"] if e["type"] == "hold.approved"}
+    # The tenant's own `ops` keeps its name; the operator's is one no member id can take.
+    assert [by[hold] for hold in decided] == ["ops", "operator:ops"]
+    journal = (await client.get(f"/v1/admin/tenants/{tenant.id}/journal", headers=gw.admin)).json()
+    approvals = [e for e in journal["entries"] if e.get("op") == "approve"]
+    assert {e["by"] for e in approvals} == {"ops", "operator:ops"}
