@@ -1,7 +1,8 @@
 """Who may set which rule, and how far one reaches (a hostile review's findings): an
 approver took a tenant to twice its limit for a year with raises of 2^53-1 and an
 unbounded auto-approval; a tenant admin named like an operator had its decisions
-recorded under the operator's name."""
+recorded under the operator's name; a raise took a limit past 2^53-1, where the
+ledger's arithmetic rounds."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from irrev.harness import new_token
 from pricing.credentials import hash_token
 
-from .conftest import Gateway, own_gateway
+from .conftest import Gateway, own_gateway, policy_dir_of
 from .helpers import assert_problem, balances, effect_headers, order
 from .servers import Server
 
@@ -144,3 +146,24 @@ async def test_a_tenant_admin_named_like_the_operator_is_never_recorded_as_it(
     journal = (await client.get(f"/v1/admin/tenants/{tenant.id}/journal", headers=gw.admin)).json()
     approvals = [e for e in journal["entries"] if e.get("op") == "approve"]
     assert {e["by"] for e in approvals} == {"ops", "operator:ops"}
+
+
+async def test_a_raise_never_takes_a_limit_past_2_53(
+    rules_gateway: Gateway, client: httpx.AsyncClient, admins: dict[str, str]
+) -> None:
+    """The attack's setup: limits uploaded at 2^53-1, then raised on top. Past 2^53-1
+    Lua's doubles round and the ledger loses micros, so the raise is refused."""
+    gw, tenant = rules_gateway, rules_gateway.tenant("own")
+    boss = bearer(admins["boss"])
+    data = yaml.safe_load((policy_dir_of(gw) / f"{tenant.id}.yaml").read_text())
+    data["accounts"]["tenant"]["limit"] = MAX_MAJOR
+    uploaded = await client.put(
+        f"/v1/admin/tenants/{tenant.id}/policy", content=yaml.safe_dump(data), headers=boss
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    url = f"/v1/admin/tenants/{tenant.id}/rules"
+    micro = rule("raise_limit", account=f"tenant:{tenant.id}", amount="0.000001")
+    body = assert_problem(await client.post(url, json=micro, headers=gw.admin), 422, "bad_rule")
+    assert "2^53-1" in body["detail"]
+    rows = await balances(client, gw.admin, tenant)
+    assert rows[f"tenant:{tenant.id}"]["effective_limit"] == 2**53 - 1
