@@ -41,7 +41,9 @@
 --   {'expire_first', ''}   holds of the tenant are due, whose release the decision
 --       should see, but their keys are not declared here: nothing written; expire
 --       them (sweep.lua) and call again with ARGV[14+2n+5m] = '1'
---   {'bad_input', field, message}                   nothing written
+--   {'bad_input', field, message}                   nothing written (also a hold
+--       that would take an account's pending + posted past 2^53-1: only a shadow
+--       one can, since a limit plus its raises counts as at most 2^53-1)
 --
 -- The hold record: st, fp, arm, t0, dl, acc and amt (comma lists: the accounts and
 -- what it holds on each), why, lim and used (what decided, for a replay; the
@@ -53,7 +55,8 @@
 -- the reason), prov. A shadow hold's record is pending with the would-be reason.
 --
 -- Invariant: an admission or escalation never takes any account's pending + posted
--- above its limit (a shadow hold may: it is what the fleet really did), and it
+-- above its limit (a shadow hold may: it is what the fleet really did), no hold takes
+-- it past 2^53-1 (a limit with its live raises counts as min(sum, 2^53-1)), and it
 -- debits all of the accounts or none. Inputs are checked
 -- before the first write (Redis does not roll back a script that fails half way).
 
@@ -196,14 +199,17 @@ local all_kept = kept == n
 n = kept
 
 -- A temporary raise (lua/rule.lua) adds to an account's limit and soft limit while
--- it lives, by Redis's clock: it ends by itself, with nothing to undo.
+-- it lives, by Redis's clock: it ends by itself, with nothing to undo. The sum counts
+-- as at most 2^53-1 (rule.lua keeps it there, but a policy may raise the limit under
+-- older raises): past it doubles round, and an admission must stay exact.
 local decision, reason = 'admit', 'within_budget'
 local limits, used, soft = {}, {}, {}
 for i = 1, n do
   local a = loaded[i]
   roll(a, now)
   local extra = live_raise(raises[i], now)
-  limits[i], used[i], soft[i] = a.limit + extra, a.pend + a.post, a.soft + extra
+  limits[i], used[i] = math.min(a.limit + extra, MAX_AMOUNT), a.pend + a.post
+  soft[i] = math.min(a.soft + extra, MAX_AMOUNT)
 end
 for i = 1, n do
   if used[i] > limits[i] then
@@ -224,6 +230,17 @@ if decision == 'admit' then
     if (appr > 0 and amounts[i] > appr) or (escalate_above > 0 and amounts[i] > escalate_above) then
       decision, reason = 'escalate', 'approval_threshold'
       break
+    end
+  end
+end
+
+-- Checked before any write, like post.lua's: a hold kept (only a shadow one can be
+-- above a limit, and every limit is at most 2^53-1) never takes pending + posted past
+-- 2^53-1, where the ledger's arithmetic stops being exact.
+if decision == 'admit' or decision == 'escalate' or shadow == '1' then
+  for i = 1, n do
+    if used[i] + amounts[i] > MAX_AMOUNT then
+      return {'bad_input', 'amount', 'would take ' .. accounts[i] .. ' past 2^53-1'}
     end
   end
 end
