@@ -68,7 +68,7 @@ def test_every_script_is_in_the_library_or_plain_on_purpose() -> None:
     stems = {
         entry.name.removesuffix(".lua")
         for entry in files("ledger.lua").iterdir()
-        if entry.name.endswith(".lua") and entry.name != "_lib.lua"
+        if entry.name.endswith(".lua") and not entry.name.startswith("_")
     }
     assert stems == set(OPERATIONS) | set(PLAIN_SCRIPTS)
     assert not set(OPERATIONS) & set(PLAIN_SCRIPTS)
