@@ -456,8 +456,17 @@ local function expire_one(id, retention_ms)
   end
 end
 
-local function load_hold(id)
-  local h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt', 'pst', 'pws', 'cmp', 'dl', 'by')
+-- `with_request`: also the request a hold reserved by an older irrev kept in its
+-- record (`req`; nil where none), in the same HMGET (approve.lua: a second read of
+-- the record cost it a call).
+local function load_hold(id, with_request)
+  local h
+  if with_request then
+    h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt', 'pst', 'pws', 'cmp', 'dl', 'by',
+      'req')
+  else
+    h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt', 'pst', 'pws', 'cmp', 'dl', 'by')
+  end
   if not h[1] then
     return nil
   end
@@ -466,7 +475,7 @@ local function load_hold(id)
     posted = h[5] and split_numbers(h[5]), post_ws = h[6] and split_numbers(h[6]),
     -- a posted hold without `cmp` has recovered nothing yet
     compensated = h[7] and split_numbers(h[7]) or zeros(#split(h[3])), deadline = tonumber(h[8]),
-    by = h[9],
+    by = h[9], req = h[10],
   }
 end
 
