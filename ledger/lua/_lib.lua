@@ -319,7 +319,7 @@ local function save_accounts(list)
       for j = 1, #names do
         local name = names[j]
         if a.policy or a[name] ~= was[name] then
-          fields[k + 1], fields[k + 2], k = field(a.id, name), a[name], k + 2
+          fields[k + 1], fields[k + 2], k = field(a.id, name), fmt(a[name]), k + 2
         end
       end
       a.policy = nil
@@ -378,10 +378,10 @@ end
 local function add_balances(accounts, dpend, dpost)
   for i = 1, #accounts do
     if dpend[i] ~= 0 then
-      redis.call('HINCRBY', ACCOUNTS, field(accounts[i], 'pend'), dpend[i])
+      redis.call('HINCRBY', ACCOUNTS, field(accounts[i], 'pend'), fmt(dpend[i]))
     end
     if dpost[i] ~= 0 then
-      redis.call('HINCRBY', ACCOUNTS, field(accounts[i], 'post'), dpost[i])
+      redis.call('HINCRBY', ACCOUNTS, field(accounts[i], 'post'), fmt(dpost[i]))
     end
   end
 end
@@ -428,9 +428,10 @@ local function set_state(id, from, to, retention_ms, extra)
     redis.call('SADD', AMBIGUOUS, id)
   end
   if TERMINAL[to] and retention_ms > 0 then
-    redis.call('PEXPIRE', key, retention_ms)
+    local ms = fmt(retention_ms)
+    redis.call('PEXPIRE', key, ms)
     if to == 'rejected' or to == 'expired' then -- settle_fields set a posted or voided one's
-      redis.call('PEXPIRE', pkey(id), retention_ms)
+      redis.call('PEXPIRE', pkey(id), ms)
     end
   end
 end
@@ -588,7 +589,7 @@ local function settle_fields(from, outcome, retention_ms, fields)
   if #outcome == 0 then
     redis.call('DEL', payload)
   elseif retention_ms > 0 then
-    redis.call('SET', payload, outcome, 'PX', retention_ms)
+    redis.call('SET', payload, outcome, 'PX', fmt(retention_ms))
   else
     redis.call('SET', payload, outcome)
   end
@@ -602,8 +603,9 @@ end
 -- compensation or true-up keeps the record as long as a new settlement would).
 local function keep_settled(id, retention_ms)
   if retention_ms > 0 then
-    redis.call('PEXPIRE', hkey(id), retention_ms)
-    redis.call('PEXPIRE', pkey(id), retention_ms)
+    local ms = fmt(retention_ms)
+    redis.call('PEXPIRE', hkey(id), ms)
+    redis.call('PEXPIRE', pkey(id), ms)
   end
 end
 

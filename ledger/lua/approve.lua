@@ -46,8 +46,8 @@ if hold.deadline <= now then
   return {'conflict', 'expired', ''}
 end
 local deadline = now + ttl_ms
-set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', deadline, 'by', by, 'note', note})
-redis.call('ZADD', DEADLINES, deadline, id)
+set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', fmt(deadline), 'by', by, 'note', note})
+redis.call('ZADD', DEADLINES, fmt(deadline), id)
 journal({'op', 'approve', 'hold', id, 'st', 'pending', 'by', by, 'note', note})
 -- A hold reserved by an older irrev (sharing the Redis during an upgrade) kept its
 -- request in its record (read with it: set_state does not change it).
