@@ -113,7 +113,7 @@ end
 
 -- A decimal string of digits only, at most `max`; nil for anything else.
 local function uint(s, max)
-  if type(s) ~= 'string' or #s == 0 or #s > 16 or not string.match(s, '^%d+$') then
+  if type(s) ~= 'string' or #s == 0 or #s > 16 or not string.find(s, '^%d+$') then
     return nil
   end
   local n = tonumber(s)
@@ -125,7 +125,7 @@ end
 
 local function valid_id(s)
   return type(s) == 'string' and #s >= 1 and #s <= 128
-    and string.match(s, '^[%w%._:@/%-]+$') ~= nil
+    and string.find(s, '^[%w%._:@/%-]+$') ~= nil
 end
 
 local function split(s)
