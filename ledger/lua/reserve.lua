@@ -168,7 +168,7 @@ end
 local now = now_ms()
 if not decide_anyway then
   -- The earliest deadline only: cheaper than counting the due ones.
-  local first = redis.call('ZRANGE', DEADLINES, 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', DEADLINES, '0', '0', 'WITHSCORES')
   if first[2] and tonumber(first[2]) <= now then
     return {'expire_first', ''}
   end
@@ -265,7 +265,7 @@ end
 local acc = all_kept and asked or table.concat(accounts, ',')
 local amt = join_numbers(amounts)
 local fields = {'st', state, 'fp', fp, 'arm', (state == 'escalated') and '0' or armed,
-  't0', now, 'dl', deadline, 'acc', acc, 'amt', amt, 'why', reason,
+  't0', fmt(now), 'dl', fmt(deadline), 'acc', acc, 'amt', amt, 'why', reason,
   'lim', join_numbers(limits), 'used', join_numbers(used)}
 redis.call('HSET', key, unpack(fields))
 if state ~= 'denied' and #request > 0 then
@@ -280,7 +280,7 @@ end
 local entry = {'op', 'reserve', 'hold', id, 'why', reason}
 if state == 'denied' then
   if denied_retention_ms > 0 then
-    redis.call('PEXPIRE', key, denied_retention_ms)
+    redis.call('PEXPIRE', key, fmt(denied_retention_ms))
   end
   -- Only the windows it rolled are saved: the accounts it would open are not.
   local rolled = {}
@@ -297,7 +297,7 @@ else
     a.pend = a.pend + amounts[i]
   end
   save_accounts(loaded)
-  redis.call('ZADD', DEADLINES, deadline, id)
+  redis.call('ZADD', DEADLINES, fmt(deadline), id)
   if state == 'escalated' then
     redis.call('SADD', ESCALATED, id)
   end
