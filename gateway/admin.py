@@ -367,7 +367,7 @@ async def resolve_hold(
         else:
             await ledger.void(tenant, hold_id, outcome=outcome)
     await ledger.note_resolution(tenant, hold_id, wanted, admin.name, spec.reason)
-    resolved(tenant, admin.name, f"resolved_{wanted.value}", hold_id, record)
+    resolved(tenant, admin.name, f"resolved_{wanted.value}", hold_id, record, spec.reason)
     return {"hold": hold_id, "state": wanted.value, "by": admin.name, "reason": spec.reason}
 
 

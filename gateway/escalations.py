@@ -123,5 +123,5 @@ async def reject(
             tracing.annotate(span, decision="conflict", state=exc.state.value)
             raise admission.resolved_already(exc) from exc
         tracing.annotate(span, decision="rejected")
-    admission.resolved(tenant, admin, "rejected", hold_id, stored)
+    admission.resolved(tenant, admin, "rejected", hold_id, stored, note)
     return {"status": "rejected", "escalation": escalation, "by": admin, "note": note}

@@ -195,6 +195,16 @@ async def test_an_ambiguous_hold_is_resolved_by_hand_once(
     assert [e["type"] for e in mine] == ["hold.ambiguous", "hold.resolved"]
     assert mine[0]["cause"] == "upstream_503"
     assert mine[1]["outcome"] == "voided" and mine[1]["reason"] == "supplier confirms no order"
+    # The operator's log line says who, what, how much and why.
+    [line] = [e for e in gw.log_entries() if e.get("hold_id") == hold_id and "admin" in e]
+    assert line["msg"] == "escalation resolved_voided" and line["admin"] == "ops"
+    assert (line["tenant"], line["agent"], line["route"]) == (
+        tenant.id,
+        "buyer-06",
+        "supplier POST /orders",
+    )
+    assert line["price"] == int(response.headers["x-irrev-price"])
+    assert line["reason"] == "supplier confirms no order"
 
 
 async def test_an_auto_approval_rule_approves_within_its_bounds_until_deleted(

@@ -4,7 +4,7 @@ operator, against real `irrev serve` processes and a real Redis.
 - every refusal is counted by reason wherever it happens, before the ledger too;
 - budget gauges per account, the escalation queue's depth, age and time left, admin
   decisions, HTTP RED by route template, build info;
-- a structured log line per decision, approval and rejection;
+- a structured log line per decision, approval and rejection (with the admin's reason);
 - a broken policy file: logged once per change, a metric, /readyz degraded (naming
   the tenant to admins only), and other tenants' changes still applied;
 - /docs without internet, and an OpenAPI document with the bearer scheme, the
@@ -162,7 +162,11 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
 
     # Approvals and rejections by admin, each with a log line.
     for response, verb in zip(waiting, ("approve", "reject", "approve"), strict=True):
-        decided = await http.post(f"{response.headers['location']}/{verb}", headers=gateway.admin)
+        decided = await http.post(
+            f"{response.headers['location']}/{verb}",
+            json={"reason": f"{verb}: checked with the budget owner"},
+            headers=gateway.admin,
+        )
         assert decided.status_code in (200, 201), decided.text
     found = samples(await scrape(http, gateway.admin))
     by_ops = {"tenant": tenant.id, "admin": "ops"}
@@ -182,6 +186,8 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
         assert resolved[hold]["admin"] == "ops" and resolved[hold]["agent"] == agent
         assert resolved[hold]["price"] == int(response.headers["x-irrev-price"])
         assert resolved[hold]["route"] == "supplier POST /orders"
+        verb = "reject" if resolved[hold]["msg"] == "escalation rejected" else "approve"
+        assert resolved[hold]["reason"] == f"{verb}: checked with the budget owner"
     [decision] = [
         e
         for e in lines
