@@ -342,6 +342,22 @@ async def test_a_broken_policy_file_is_reported_once_and_blocks_no_other_tenant(
                 if e.get("msg") == "policy applied" and e["tenant"] == broken.id
             ]
             assert applied and all(re.fullmatch(r"[0-9a-f]{12}", e["version"]) for e in applied)
+            # In force: the fixed file's version, and its reload counted as applied.
+            fixed = applied[-1]["version"]
+
+            async def in_force() -> bool:
+                found = samples(await scrape(http, gateway.admin))
+                return value(found, "irrev_policy_info", tenant=broken.id, version=fixed) == 1
+
+            await _until(in_force, "the fixed version as irrev_policy_info")
+            found = samples(await scrape(http, gateway.admin))
+            assert [
+                dict(labels)["version"]
+                for name, labels in found
+                if name == "irrev_policy_info" and dict(labels)["tenant"] == broken.id
+            ] == [fixed]
+            assert value(found, "irrev_policy_reloads_total", tenant=broken.id, result="applied")
+            assert value(found, "irrev_policy_failing", tenant=broken.id) == 0
 
 
 async def _is(pending: Any, expected: float) -> bool:
