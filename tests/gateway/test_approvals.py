@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -143,15 +144,22 @@ async def test_an_approval_reason_is_in_the_poll_and_the_hold(
 ) -> None:
     gw, tenant = loop_gateway, loop_gateway.tenant("own")
     escalation = await escalate(gw, client, "buyer-05", "approve-1")
+    why = "urgent restock, 100% agreed by Zoë"  # not all ASCII: percent-encoded in a header
     approved = await client.post(
-        f"/v1/escalations/{escalation}/approve", json={"reason": "urgent restock"}, headers=gw.admin
+        f"/v1/escalations/{escalation}/approve", json={"reason": why}, headers=gw.admin
     )
     assert approved.status_code == 201, approved.text
+    # The agent's poll gets the tool's answer, and who approved it and why.
+    poll = await client.get(f"/v1/escalations/{escalation}", headers=tenant.auth("buyer-05"))
+    assert poll.status_code == 201, poll.text
+    assert poll.headers["x-irrev-escalation"] == "posted"
+    assert poll.headers["x-irrev-decided-by"] == "ops"
+    assert unquote(poll.headers["x-irrev-note"]) == why
     hold_id = escalation.rpartition(".")[2]
     hold = await client.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold_id}", headers=gw.admin)
     assert hold.status_code == 200, hold.text
     view = hold.json()
-    assert view["state"] == "posted" and view["note"] == "urgent restock" and view["by"] == "ops"
+    assert view["state"] == "posted" and view["note"] == why and view["by"] == "ops"
     assert view["agent"] == "buyer-05" and view["face_value_text"] == "45,000 USD"
     assert RFC3339.match(view["created_at"])
     missing = await client.get(f"/v1/admin/tenants/{tenant.id}/holds/nope", headers=gw.admin)
