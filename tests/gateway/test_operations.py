@@ -200,6 +200,24 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
         price,
     )
 
+    # The reserve's journal entry, read through the admin API, says what was paid to
+    # whom (the digest's recipe: tests/gateway/test_admission.py).
+    journal = await http.get(
+        f"/v1/admin/tenants/{tenant.id}/journal", params={"count": 1000}, headers=gateway.admin
+    )
+    [reserve] = [
+        e
+        for e in journal.json()["entries"]
+        if e["op"] == "reserve" and e["hold"] == admitted.headers["x-irrev-hold"]
+    ]
+    assert (reserve["route"], reserve["agent"], reserve["principal"]) == (
+        "supplier POST /orders",
+        "buyer-02",
+        "procurement",
+    )
+    assert (reserve["agent_key"], reserve["face_value"]) == ("b1", str(10 * 100 * USD))
+    assert re.fullmatch(r"[0-9a-f]{64}", reserve["request_sha256"])
+
     # HTTP RED by route template, never by raw path.
     route = {"method": "POST", "route": "/tools/{tool}/{path:path}"}
     assert value(found, "irrev_http_requests_total", **route, status="201") >= 1
