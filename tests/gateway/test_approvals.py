@@ -268,6 +268,45 @@ async def test_an_auto_approval_rule_approves_within_its_bounds_until_deleted(
     await escalate(gw, client, "buyer-07", "auto-2")
 
 
+async def test_a_principals_auto_approval_covers_its_agents_and_ends_by_itself(
+    loop_gateway: Gateway, client: httpx.AsyncClient
+) -> None:
+    """Any agent of the principal, for the rule's duration; nothing deletes it."""
+    gw, tenant = loop_gateway, loop_gateway.tenant("own")
+    rules = f"/v1/admin/tenants/{tenant.id}/rules"
+    created = await client.post(
+        rules,
+        json={
+            "kind": "auto_approve",
+            "principal": "procurement",
+            "max_price": "50000",
+            "duration": "3s",
+            "reason": "stocktake",
+        },
+        headers=gw.admin,
+    )
+    assert created.status_code == 201, created.text
+    rule = created.json()["rule"]
+    for agent in ("buyer-12", "buyer-13"):
+        auto = await client.post(
+            "/tools/supplier/orders",
+            json=order(quantity=BIG),
+            headers=effect_headers(tenant, agent, "auto-principal"),
+        )
+        assert auto.status_code == 201, auto.text
+        hold_id = auto.headers["x-irrev-hold"]
+        view = (
+            await client.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold_id}", headers=gw.admin)
+        ).json()
+        assert view["by"] == f"rule:{rule}" and view["agent"] == agent
+    # Redis's clock passes its end: listed no more, and escalations wait for a person.
+    deadline = time.monotonic() + 30
+    while (await client.get(rules, headers=gw.admin)).json()["rules"]:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    await escalate(gw, client, "buyer-12", "auto-principal-after")
+
+
 async def test_the_events_feed_lists_the_loop_in_journal_order(
     loop_gateway: Gateway, client: httpx.AsyncClient
 ) -> None:
