@@ -108,11 +108,11 @@ class ChangeFeed:
                 # resubscribe behind our back (still seen, as a new confirmation) but
                 # with its own backoff of up to seconds. Bytes, not decoded: anyone
                 # who can PUBLISH could otherwise kill the feed with one message.
+                # TCP keepalive where there is TCP: redis-py refuses the option on a
+                # unix socket (the embedded Redis's), where the feed never subscribed.
+                keepalive = {} if self.url.startswith("unix:") else {"socket_keepalive": True}
                 redis = Redis.from_url(
-                    self.url,
-                    decode_responses=False,
-                    retry=Retry(NoBackoff(), 0),
-                    socket_keepalive=True,
+                    self.url, decode_responses=False, retry=Retry(NoBackoff(), 0), **keepalive
                 )
                 pubsub = redis.pubsub()
                 await pubsub.subscribe(CHANNEL)

@@ -8,13 +8,16 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
+from redis.asyncio import Redis as AsyncRedis
 
 from ledger import ChangeFeed, Ledger
-from ledger.changes import CHANNEL
+from ledger.changes import CHANNEL, announce
 from ledger.cluster import cluster_enabled
+from ledger.embedded import EmbeddedRedis
 from ledger.keys import POLICY_EPOCH_KEY
 
 WAIT_S = 30.0
@@ -83,6 +86,26 @@ async def test_a_feed_hears_each_write_and_counts_a_cut_subscription_as_heard(
     finally:
         await feed.aclose()
     assert not feed.live
+
+
+async def test_the_feed_subscribes_over_a_unix_socket(tmp_path: Path) -> None:
+    """The embedded Redis of `irrev serve` and `irrev demo` listens on a unix socket,
+    where redis-py refuses TCP's socket_keepalive: the feed never subscribed there,
+    and every gateway read the policy store at each refresh instead."""
+    with EmbeddedRedis(tmp_path / "redis") as embedded:
+        assert embedded.url.startswith("unix://")
+        feed = ChangeFeed(embedded.url)
+        feed.start()
+        try:
+            await until(lambda: feed.live)
+            client = AsyncRedis.from_url(embedded.url)
+            try:
+                await announce(client, "policy")
+            finally:
+                await client.aclose()
+            await until(lambda: feed.heard("policy") > 0)
+        finally:
+            await feed.aclose()
 
 
 async def test_a_message_that_is_not_utf8_does_not_stop_the_feed(
