@@ -23,6 +23,8 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from pricing.money import money_text
+
 from .conftest import Gateway, own_gateway
 from .helpers import assert_problem, effect_headers, order
 from .servers import Server, write_policy
@@ -217,6 +219,24 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
     )
     assert (reserve["agent_key"], reserve["face_value"]) == ("b1", str(10 * 100 * USD))
     assert re.fullmatch(r"[0-9a-f]{64}", reserve["request_sha256"])
+    # Amounts as a person reads them beside the stored integers: the face value and
+    # each account's change, in the tenant's currency.
+    assert (reserve["face_value_text"], reserve["currency"]) == ("1,000 USD", "USD")
+    changes = {c["account"]: c for c in reserve["changes"]}
+    assert changes[f"tenant:{tenant.id}"] == {
+        "account": f"tenant:{tenant.id}",
+        "pending": price,
+        "pending_text": money_text(price, USD, "USD"),
+        "posted": 0,
+        "posted_text": "0 USD",
+    }
+    [post] = [
+        e
+        for e in journal.json()["entries"]
+        if e["op"] == "post" and e["hold"] == admitted.headers["x-irrev-hold"]
+    ]
+    moved = {c["account"]: c for c in post["changes"]}[f"tenant:{tenant.id}"]
+    assert (moved["pending"], moved["posted_text"]) == (-price, money_text(price, USD, "USD"))
 
     # HTTP RED by route template, never by raw path.
     route = {"method": "POST", "route": "/tools/{tool}/{path:path}"}
