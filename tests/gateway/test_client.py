@@ -61,6 +61,25 @@ async def test_a_busy_key_is_retried_until_the_effect_is_made(
     assert (await supplier_stats(upstream, tenant))["orders"] == before + 1
 
 
+async def test_an_ambiguous_answer_is_retried_with_the_same_key_and_made_once(
+    gateway: Gateway, upstream: httpx.AsyncClient
+) -> None:
+    """The supplier makes the order, then answers 503: the gateway says
+    upstream_ambiguous; the client sends the call again under the same key, and the
+    supplier (deduplicating by it) answers with the order it made."""
+    tenant = gateway.tenant("client")
+    before = (await supplier_stats(upstream, tenant))["orders"]
+    await set_faults(upstream, tenant, status=503, apply=True, times=1)
+    client = client_of(gateway, "client", agent="buyer-06")
+    try:
+        outcome = await client.call("supplier", "POST", "/orders", "call_F", json_body=order())
+    finally:
+        await set_faults(upstream, tenant, times=0)
+        await client.aclose()
+    assert outcome.ok and outcome.status == 201, outcome
+    assert (await supplier_stats(upstream, tenant))["orders"] == before + 1
+
+
 async def test_a_refusal_is_a_sentence_with_its_reason_and_numbers(gateway: Gateway) -> None:
     client = client_of(gateway, "tight")  # a tenant budget of 1 USD
     try:

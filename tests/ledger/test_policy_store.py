@@ -12,12 +12,10 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.asyncio import Redis as AsyncRedis
 
-from ledger import ChangeFeed, Ledger
-from ledger.changes import CHANNEL, announce
+from ledger import ChangeFeed, EmbeddedRedis, Ledger
+from ledger.changes import CHANNEL
 from ledger.cluster import cluster_enabled
-from ledger.embedded import EmbeddedRedis
 from ledger.keys import POLICY_EPOCH_KEY
 
 WAIT_S = 30.0
@@ -88,24 +86,24 @@ async def test_a_feed_hears_each_write_and_counts_a_cut_subscription_as_heard(
     assert not feed.live
 
 
-async def test_the_feed_subscribes_over_a_unix_socket(tmp_path: Path) -> None:
-    """The embedded Redis of `irrev serve` and `irrev demo` listens on a unix socket,
-    where redis-py refuses TCP's socket_keepalive: the feed never subscribed there,
-    and every gateway read the policy store at each refresh instead."""
-    with EmbeddedRedis(tmp_path / "redis") as embedded:
-        assert embedded.url.startswith("unix://")
-        feed = ChangeFeed(embedded.url)
+async def test_a_feed_on_a_unix_socket_subscribes(tmp_path: Path, tenant: str) -> None:
+    """The embedded server `irrev serve` and the demos start listens on a unix socket:
+    the feed subscribes there too (TCP keepalive on a unix socket failed every
+    connection, and the gateways read the store every refresh instead)."""
+    with EmbeddedRedis(tmp_path / "redis") as server:
+        assert server.url.startswith("unix://")
+        ledger = Ledger.from_url(server.url)
+        feed = ChangeFeed(server.url)
         feed.start()
         try:
             await until(lambda: feed.live)
-            client = AsyncRedis.from_url(embedded.url)
-            try:
-                await announce(client, "policy")
-            finally:
-                await client.aclose()
+            await ledger.policies.put(
+                tenant, expected=0, digest="a", text="A", stamp_ms=1, origin="h"
+            )
             await until(lambda: feed.heard("policy") > 0)
         finally:
             await feed.aclose()
+            await ledger.aclose()
 
 
 async def test_a_message_that_is_not_utf8_does_not_stop_the_feed(
