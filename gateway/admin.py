@@ -28,6 +28,7 @@ from pricing import PolicyError, TenantPolicy, load_policy_text
 from pricing.errors import AmountError
 from pricing.money import major_to_minor, money_text
 from pricing.policy import AdminRole, duration_ms
+from pricing.units import journal_money
 
 from .admission import resolved
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
@@ -208,13 +209,22 @@ async def journal(
     after: Cursor = "-",
     count: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
-    policy_of(request, tenant, admin)
+    policy = policy_of(request, tenant, admin)
     try:
         entries = await read_journal(gate_of(request).ledger, tenant, after=after, count=count)
     except BadInput as exc:
         raise Problem(422, "bad_request", f"'{exc.field}' {exc.message}") from exc
+    unit = policy.document.risk_unit
     return {
-        "entries": [e.as_dict() for e in entries],
+        "entries": [
+            journal_money(
+                e.as_dict(),
+                [(d.account, d.pending, d.posted) for d in e.deltas],
+                unit.scale,
+                unit.currency,
+            )
+            for e in entries
+        ],
         "next": entries[-1].entry_id if len(entries) == count else None,
     }
 
@@ -367,7 +377,7 @@ async def resolve_hold(
         else:
             await ledger.void(tenant, hold_id, outcome=outcome)
     await ledger.note_resolution(tenant, hold_id, wanted, admin.name, spec.reason)
-    resolved(tenant, admin.name, f"resolved_{wanted.value}", hold_id, record)
+    resolved(tenant, admin.name, f"resolved_{wanted.value}", hold_id, record, spec.reason)
     return {"hold": hold_id, "state": wanted.value, "by": admin.name, "reason": spec.reason}
 
 

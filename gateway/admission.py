@@ -449,7 +449,7 @@ async def approve(
         crash_point("after_claim")
         request = StoredRequest.loads(claim.request)
         tracing.annotate(span, decision="approved", price=request.price, route=request.route_id)
-        resolved(tenant, admin, "approved", hold_id, request)
+        resolved(tenant, admin, "approved", hold_id, request, note)
         await require_replicas(gate, tenant, hold_id, claim.replicas, request.agent)
         if upstream is None:
             return None
@@ -495,8 +495,10 @@ def resolved(
     decision: str,
     hold_id: str,
     request: StoredRequest | StoredAnswer | None,
+    reason: str = "",
 ) -> None:
-    """The counter and the log line of an approval or a rejection."""
+    """The counter and the log line of an approval, a rejection or a resolution by
+    hand, with the admin's reason (the one the agent and the journal get)."""
     metrics.ADMIN_DECISIONS.labels(tenant, admin, decision).inc()
     log.info(
         f"escalation {decision}",
@@ -507,6 +509,7 @@ def resolved(
             "agent": request.agent if request else None,
             "route": request.route_id if request else None,
             "price": request.price if isinstance(request, StoredRequest) else None,
+            "reason": reason or None,
         },
     )
 

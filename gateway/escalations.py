@@ -4,6 +4,7 @@ consume-once claim in the ledger, and only its winner forwards the effect."""
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -36,6 +37,11 @@ async def poll(
     if hold is None or not caller.may_see(tenant, owner_of(hold.request, hold.outcome)):
         raise Problem(404, "not_found", "no such escalation")
     extra = {"X-Irrev-Hold": hold_id, "X-Irrev-Escalation": hold.state.value}
+    if hold.by:
+        # Who approved it and why reach the agent beside the tool's answer too.
+        extra["X-Irrev-Decided-By"] = header_text(hold.by)
+        if hold.note:
+            extra["X-Irrev-Note"] = header_text(hold.note)
     if hold.outcome:
         return stored_response(StoredAnswer.loads(hold.outcome), extra)
     if hold.state in (HoldState.ESCALATED, HoldState.PENDING):
@@ -59,6 +65,16 @@ async def poll(
     raise Problem(
         403, "escalation_expired", "nobody approved this effect in time", state=hold.state.value
     )
+
+
+# Printable ASCII but `%` stays as it is; anything else (a note is any text without
+# control characters) is percent-encoded UTF-8, as header values are ASCII.
+HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def header_text(text: str) -> str:
+    """`text` as a header value: decoded by urllib.parse.unquote (or decodeURIComponent)."""
+    return quote(text, safe=HEADER_SAFE)
 
 
 def rejected_problem(by: str, note: str) -> Problem:
@@ -123,5 +139,5 @@ async def reject(
             tracing.annotate(span, decision="conflict", state=exc.state.value)
             raise admission.resolved_already(exc) from exc
         tracing.annotate(span, decision="rejected")
-    admission.resolved(tenant, admin, "rejected", hold_id, stored)
+    admission.resolved(tenant, admin, "rejected", hold_id, stored, note)
     return {"status": "rejected", "escalation": escalation, "by": admin, "note": note}

@@ -31,23 +31,36 @@ class Reconciliation:
 
 
 async def reconcile(gate: Gate, policy: TenantPolicy) -> Reconciliation:
-    """Resolve what can be; a log line per hold and the counts by result."""
-    report = await _reconcile(gate, policy)
+    """Resolve what can be; a log line per hold (whose effect, which route, what it
+    cost, and the result) and the counts by result."""
+    requests: dict[str, StoredRequest] = {}
+    report = await _reconcile(gate, policy, requests)
     tenant = policy.tenant
+
+    def about(hold_id: str) -> dict[str, object]:
+        request = requests.get(hold_id)
+        return {
+            "tenant": tenant,
+            "hold_id": hold_id,
+            "agent": request.agent if request else None,
+            "route": request.route_id if request else None,
+            "price": request.price if request else None,
+        }
+
     for result, holds in (("posted", report.posted), ("voided", report.voided)):
         metrics.RECONCILED.labels(tenant, result).inc(len(holds))
         for hold_id in holds:
-            log.info("reconciled", extra={"tenant": tenant, "hold_id": hold_id, "result": result})
+            log.info("reconciled", extra={**about(hold_id), "result": result})
     metrics.RECONCILED.labels(tenant, "unresolved").inc(len(report.unresolved))
     for hold_id, why in report.unresolved.items():
-        log.warning(
-            "reconciled",
-            extra={"tenant": tenant, "hold_id": hold_id, "result": "unresolved", "reason": why},
-        )
+        log.warning("reconciled", extra={**about(hold_id), "result": "unresolved", "reason": why})
     return report
 
 
-async def _reconcile(gate: Gate, policy: TenantPolicy) -> Reconciliation:
+async def _reconcile(
+    gate: Gate, policy: TenantPolicy, requests: dict[str, StoredRequest]
+) -> Reconciliation:
+    """`requests`: filled with each ambiguous hold's recorded request, for the log."""
     tenant = policy.tenant
     report = Reconciliation()
     await gate.ledger.sweep(tenant, batch=1000)
@@ -58,8 +71,9 @@ async def _reconcile(gate: Gate, policy: TenantPolicy) -> Reconciliation:
         if not hold.request:
             report.unresolved[hold_id] = "no request recorded: resolve by hand"
             continue
+        requests[hold_id] = StoredRequest.loads(hold.request)
         try:
-            verdict = await _ask_upstream(gate, policy, hold_id, StoredRequest.loads(hold.request))
+            verdict = await _ask_upstream(gate, policy, hold_id, requests[hold_id])
         except (RequestError, Problem) as exc:
             # The policy changed since (its route or tool removed): this hold stays
             # charged for an operator, and the tenant's other holds are still resolved.
@@ -69,7 +83,7 @@ async def _reconcile(gate: Gate, policy: TenantPolicy) -> Reconciliation:
             report.unresolved[hold_id] = "the route has no lookup, or the upstream did not answer"
         elif verdict.status // 100 == 2:
             await gate.ledger.post(
-                tenant, hold_id, StoredRequest.loads(hold.request).price, outcome=verdict.dumps()
+                tenant, hold_id, requests[hold_id].price, outcome=verdict.dumps()
             )
             report.posted.append(hold_id)
         elif verdict.status == 404:

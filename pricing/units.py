@@ -9,7 +9,7 @@ header's value into a list (RFC 9110 section 5.3).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from pricing.money import minor_to_major_text, money_text
@@ -33,6 +33,29 @@ def with_money_text(
             shown[f"{name}_text"] = {k: money_text(v, scale, currency) for k, v in value.items()}
     shown["currency"] = currency
     return shown
+
+
+def journal_money(
+    shown: Mapping[str, str], changes: Iterable[tuple[str, int, int]], scale: int, currency: str
+) -> dict[str, object]:
+    """A journal entry as stored (`shown`) with its amounts as people read them: its
+    balance `changes` (account, pending, posted: signed minor units), each with its
+    texts, the face value's text where it has one, and `currency`."""
+    out: dict[str, object] = dict(shown)
+    out["changes"] = [
+        {
+            "account": account,
+            "pending": pending,
+            "pending_text": money_text(pending, scale, currency),
+            "posted": posted,
+            "posted_text": money_text(posted, scale, currency),
+        }
+        for account, pending, posted in changes
+    ]
+    if shown.get("face_value", "").isdigit():
+        out["face_value_text"] = money_text(int(shown["face_value"]), scale, currency)
+    out["currency"] = currency
+    return out
 
 
 def header_money(amount: int, scale: int, currency: str) -> str:

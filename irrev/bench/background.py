@@ -8,8 +8,8 @@ For each count of `--gateways` (default 1,4,16), that many `irrev serve` process
 Redis (an embedded one this command starts, or `--redis-url`); after they settle,
 INFO commandstats is read twice `--seconds` apart and the difference printed as
 commands/s (INFO and CONFIG themselves left out; on a cluster, summed over its
-primaries), with the ratio to the first
-count: the baseline of the same run, then the same by command. One sweeper and one
+primaries), with the ratio to the first count: the baseline of the same run, then
+the same by command (`--json`: one document with the same figures). One sweeper and one
 webhook dispatcher per tenant (leases) do the per-tenant work; each host adds a
 subscription (policy changes are announced by pub/sub, so it reads the policy
 store's epoch only every 30 s unasked) and one ask per tenant per lease it does not
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import secrets
 import sys
@@ -57,6 +58,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--seconds", type=bounded(float, 1, 600), default=60.0, help="measured per size"
     )
     parser.add_argument("--redis-url", help="measure on this Redis (default: an embedded one)")
+    parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.set_defaults(func=run)
 
 
@@ -82,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
             policy = TenantPolicy.read(EXAMPLE).named(f"bg-{i}").fresh_tokens()
             policy.document["webhook"] = {"url": HOOK_URL, "secret": {"env": HOOK_SECRET}}
             policy.write(policies)
-        print(f"idle gateways, {args.tenants} tenants, {args.seconds:g} s each, Redis {url}")
-        print(f"{'gateways':>8} {'commands/s':>11} {'per gateway':>12} {'vs first':>9}   top")
+        if not args.json:
+            print(f"idle gateways, {args.tenants} tenants, {args.seconds:g} s each, Redis {url}")
+            print(f"{'gateways':>8} {'commands/s':>11} {'per gateway':>12} {'vs first':>9}   top")
         first = None
         seen: dict[int, Counter[str]] = {}
         for count in counts:
@@ -91,11 +94,37 @@ def run(args: argparse.Namespace) -> int:
             seen[count] = calls
             rate = sum(calls.values()) / args.seconds
             first = first or rate
-            top = calls.most_common(4)
-            shown = ", ".join(f"{name} {n / args.seconds:.1f}" for name, n in top)
-            print(f"{count:>8} {rate:>11.1f} {rate / count:>12.1f} {rate / first:>8.2f}x   {shown}")
-        breakdown(seen, args.seconds)
+            if not args.json:
+                top = calls.most_common(4)
+                shown = ", ".join(f"{name} {n / args.seconds:.1f}" for name, n in top)
+                ratio = f"{rate / first:>8.2f}x"
+                print(f"{count:>8} {rate:>11.1f} {rate / count:>12.1f} {ratio}   {shown}")
+        if args.json:
+            print(json.dumps(as_json(args, url, seen), indent=2))
+        else:
+            breakdown(seen, args.seconds)
     return 0
+
+
+def as_json(args: argparse.Namespace, url: str, seen: dict[int, Counter[str]]) -> dict[str, object]:
+    """The same figures as the table, per fleet size: commands/s in all and by command."""
+    rates = {count: sum(calls.values()) / args.seconds for count, calls in seen.items()}
+    first = next(iter(rates.values()), 0.0) or 1.0
+    return {
+        "tenants": args.tenants,
+        "seconds": args.seconds,
+        "redis": url,
+        "sizes": [
+            {
+                "gateways": count,
+                "commands_per_s": rates[count],
+                "per_gateway": rates[count] / count,
+                "vs_first": rates[count] / first,
+                "by_command": {name: n / args.seconds for name, n in calls.most_common()},
+            }
+            for count, calls in seen.items()
+        ],
+    }
 
 
 def breakdown(seen: dict[int, Counter[str]], seconds: float) -> None:

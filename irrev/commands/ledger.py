@@ -39,7 +39,7 @@ from ledger import (
     trim_locked,
 )
 from pricing.money import money_text
-from pricing.units import rfc3339, with_money_text
+from pricing.units import journal_money, rfc3339, with_money_text
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
 
@@ -216,16 +216,31 @@ async def _balance(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 async def _journal(ledger: Ledger, args: argparse.Namespace) -> int:
+    """Each entry as stored; with the tenant's policy, its amounts in its currency too."""
+    unit = unit_of(args, args.tenant)
     for entry in await read_journal(ledger, args.tenant, after=args.after, count=args.count):
+        shown: dict[str, Any] = dict(entry.as_dict())
+        if unit.currency:
+            changes = [(d.account, d.pending, d.posted) for d in entry.deltas]
+            shown = journal_money(shown, changes, unit.scale, unit.currency)
         if args.json:
             # A stream id starts with the Redis time of the entry, in epoch ms.
             at = rfc3339(int(entry.entry_id.partition("-")[0]))
-            print(json.dumps({**entry.as_dict(), "at": at}))
-        else:
-            shown = entry.as_dict().items()
-            rest = " ".join(f"{k}={v}" for k, v in shown if k not in ("id", "op"))
-            print(f"{entry.entry_id}  {entry.op:<10} {rest}")
+            print(json.dumps({**shown, "at": at}))
+            continue
+        hidden = ("id", "op", "changes", "currency")
+        rest = " ".join(f"{k}={v}" for k, v in shown.items() if k not in hidden)
+        moved = "; ".join(
+            f"{c['account']} pending {_signed(c['pending'], c['pending_text'])} "
+            f"posted {_signed(c['posted'], c['posted_text'])}"
+            for c in shown.get("changes", [])
+        )
+        print(f"{entry.entry_id}  {entry.op:<10} {rest}" + (f"  [{moved}]" if moved else ""))
     return 0
+
+
+def _signed(amount: int, text: str) -> str:
+    return f"+{text}" if amount > 0 else text
 
 
 async def _audit(ledger: Ledger, args: argparse.Namespace) -> int:

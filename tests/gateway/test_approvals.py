@@ -9,6 +9,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -143,19 +144,22 @@ async def test_an_approval_reason_is_in_the_poll_and_the_hold(
 ) -> None:
     gw, tenant = loop_gateway, loop_gateway.tenant("own")
     escalation = await escalate(gw, client, "buyer-05", "approve-1")
+    why = "urgent restock, 100% agreed by Zoë"  # not all ASCII: percent-encoded in a header
     approved = await client.post(
-        f"/v1/escalations/{escalation}/approve", json={"reason": "urgent restock"}, headers=gw.admin
+        f"/v1/escalations/{escalation}/approve", json={"reason": why}, headers=gw.admin
     )
     assert approved.status_code == 201, approved.text
+    # The agent's poll gets the tool's answer, and who approved it and why.
+    poll = await client.get(f"/v1/escalations/{escalation}", headers=tenant.auth("buyer-05"))
+    assert poll.status_code == 201, poll.text
+    assert poll.headers["x-irrev-escalation"] == "posted"
+    assert poll.headers["x-irrev-decided-by"] == "operator:ops"
+    assert unquote(poll.headers["x-irrev-note"]) == why
     hold_id = escalation.rpartition(".")[2]
     hold = await client.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold_id}", headers=gw.admin)
     assert hold.status_code == 200, hold.text
     view = hold.json()
-    assert (
-        view["state"] == "posted"
-        and view["note"] == "urgent restock"
-        and view["by"] == "operator:ops"
-    )
+    assert view["state"] == "posted" and view["note"] == why and view["by"] == "operator:ops"
     assert view["agent"] == "buyer-05" and view["face_value_text"] == "45,000 USD"
     assert RFC3339.match(view["created_at"])
     missing = await client.get(f"/v1/admin/tenants/{tenant.id}/holds/nope", headers=gw.admin)
@@ -199,6 +203,16 @@ async def test_an_ambiguous_hold_is_resolved_by_hand_once(
     assert [e["type"] for e in mine] == ["hold.ambiguous", "hold.resolved"]
     assert mine[0]["cause"] == "upstream_503"
     assert mine[1]["outcome"] == "voided" and mine[1]["reason"] == "supplier confirms no order"
+    # The operator's log line says who, what, how much and why.
+    [line] = [e for e in gw.log_entries() if e.get("hold_id") == hold_id and "admin" in e]
+    assert line["msg"] == "escalation resolved_voided" and line["admin"] == "operator:ops"
+    assert (line["tenant"], line["agent"], line["route"]) == (
+        tenant.id,
+        "buyer-06",
+        "supplier POST /orders",
+    )
+    assert line["price"] == int(response.headers["x-irrev-price"])
+    assert line["reason"] == "supplier confirms no order"
 
 
 async def test_an_auto_approval_rule_approves_within_its_bounds_until_deleted(
@@ -252,6 +266,45 @@ async def test_an_auto_approval_rule_approves_within_its_bounds_until_deleted(
         await client.delete(f"{rules}/{rule['rule']}", headers=gw.admin), 404, "not_found"
     )
     await escalate(gw, client, "buyer-07", "auto-2")
+
+
+async def test_a_principals_auto_approval_covers_its_agents_and_ends_by_itself(
+    loop_gateway: Gateway, client: httpx.AsyncClient
+) -> None:
+    """Any agent of the principal, for the rule's duration; nothing deletes it."""
+    gw, tenant = loop_gateway, loop_gateway.tenant("own")
+    rules = f"/v1/admin/tenants/{tenant.id}/rules"
+    created = await client.post(
+        rules,
+        json={
+            "kind": "auto_approve",
+            "principal": "procurement",
+            "max_price": "50000",
+            "duration": "3s",
+            "reason": "stocktake",
+        },
+        headers=gw.admin,
+    )
+    assert created.status_code == 201, created.text
+    rule = created.json()["rule"]
+    for agent in ("buyer-12", "buyer-13"):
+        auto = await client.post(
+            "/tools/supplier/orders",
+            json=order(quantity=BIG),
+            headers=effect_headers(tenant, agent, "auto-principal"),
+        )
+        assert auto.status_code == 201, auto.text
+        hold_id = auto.headers["x-irrev-hold"]
+        view = (
+            await client.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold_id}", headers=gw.admin)
+        ).json()
+        assert view["by"] == f"rule:{rule}" and view["agent"] == agent
+    # Redis's clock passes its end: listed no more, and escalations wait for a person.
+    deadline = time.monotonic() + 30
+    while (await client.get(rules, headers=gw.admin)).json()["rules"]:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.2)
+    await escalate(gw, client, "buyer-12", "auto-principal-after")
 
 
 async def test_the_events_feed_lists_the_loop_in_journal_order(

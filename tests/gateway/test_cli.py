@@ -3,13 +3,18 @@ in one line, when they are started elsewhere."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .servers import ROOT
+from irrev.cli import BENCHES, COMMANDS, build_parser
+
+from .servers import ROOT, base_env
 
 
 @pytest.mark.parametrize("command", [["demo"], ["load", "--seconds", "1"]])
@@ -136,3 +141,57 @@ def test_a_missing_extra_is_one_line(
         f"irrev: `{name}` needs {missing}, which the gateway installs "
         f"without: pip install 'irrev[{extra}]'"
     )
+
+
+def commands_of(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every runnable command under `parser`, by its words."""
+    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not groups:
+        yield path, parser
+        return
+    for name, child in groups[0].choices.items():
+        yield from commands_of(child, (*path, name))
+
+
+# `serve` prints nothing but its log, JSON lines already; `policy schema` prints a
+# JSON Schema and nothing else.
+WITHOUT_JSON = {("serve",), ("policy", "schema")}
+
+
+def test_every_command_takes_json() -> None:
+    """Issue 14: `--json` on every CLI command. Each command is configured (its
+    module imported) as when it is run, so that its own arguments are there."""
+    seen = set()
+    lacking = []
+    for words in [(c.name,) for c in COMMANDS] + [("bench", b.name) for b in BENCHES]:
+        for path, parser in commands_of(build_parser(words)):
+            if path[: len(words)] != words:
+                continue
+            seen.add(path)
+            if path not in WITHOUT_JSON and not any(
+                "--json" in a.option_strings for a in parser._actions
+            ):
+                lacking.append(" ".join(path))
+    assert ("ledger", "balance") in seen and ("bench", "background") in seen
+    assert not lacking, f"commands without --json: {lacking}"
+
+
+def test_bench_background_prints_json() -> None:
+    """The shortest run: one idle gateway, one tenant, measured for a second."""
+    short = ["--gateways", "1", "--tenants", "1", "--seconds", "1", "--json"]
+    result = subprocess.run(
+        [sys.executable, "-m", "irrev.cli", "bench", "background", *short],
+        cwd=ROOT,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert (report["tenants"], report["seconds"]) == (1, 1.0)
+    [size] = report["sizes"]
+    assert size["gateways"] == 1 and size["vs_first"] == 1.0
+    assert size["commands_per_s"] == sum(size["by_command"].values()) > 0

@@ -3,7 +3,9 @@ driven by Selenium through Debian's chromedriver, against a real `irrev serve` w
 two workers on a real Redis and the real supplier upstream.
 
 An operator signs in with an admin token, an agent's order escalates and appears in
-the page by itself (auto-refresh) with its context, the operator approves it with a
+the page by itself (auto-refresh) with its context (who, route, amounts with their
+currency, age and time left, what tripped), the accounts sorted by how close each
+is to its limit, the operator approves it with a
 reason through the page, the tenant's balance moves from pending to posted, and the
 approval with its reason shows among the recent decisions (the events feed). An
 ambiguous hold is reconciled, then voided by hand with a reason, through the page.
@@ -226,6 +228,20 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
         ]
         assert "POST /orders" in row.find_element(By.CSS_SELECTOR, "td.route").text
         page.text_is(f"{account} td.pending", price)  # reserved while it waits
+        # How long it has waited and has left (the example's escalation_ttl is 30m),
+        # and what tripped: the route's approval threshold.
+        when = row.find_element(By.CSS_SELECTOR, "td.when").text
+        assert re.search(r"\d+s ago", when) and re.search(r"(29m \d+s|30m 0s) left", when), when
+        tripped = row.find_element(By.CSS_SELECTOR, "td.tripped").text
+        assert "threshold" in tripped, tripped
+        # Utilisation: accounts closest to their limit first.
+        shown = [
+            (tr.get_attribute("data-account"), tr.find_element(By.CSS_SELECTOR, "span.pct").text)
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#balances tbody tr")
+        ]
+        ratios = [float(pct.rstrip("%")) for _, pct in shown]
+        assert len(shown) >= 3 and ratios == sorted(ratios, reverse=True) and ratios[0] > 0, shown
+        assert f"tenant:{tenant.id}" in dict(shown)
         page.shot("escalation-waiting")
 
         row.find_element(By.CSS_SELECTOR, "input.reason").send_keys(REASON)

@@ -4,7 +4,7 @@ operator, against real `irrev serve` processes and a real Redis.
 - every refusal is counted by reason wherever it happens, before the ledger too;
 - budget gauges per account, the escalation queue's depth, age and time left, admin
   decisions, HTTP RED by route template, build info;
-- a structured log line per decision, approval and rejection;
+- a structured log line per decision, approval and rejection (with the admin's reason);
 - a broken policy file: logged once per change, a metric, /readyz degraded (naming
   the tenant to admins only), and other tenants' changes still applied;
 - /docs without internet, and an OpenAPI document with the bearer scheme, the
@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+
+from pricing.money import money_text
 
 from .conftest import Gateway, own_gateway
 from .helpers import assert_problem, effect_headers, order
@@ -162,7 +164,11 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
 
     # Approvals and rejections by admin, each with a log line.
     for response, verb in zip(waiting, ("approve", "reject", "approve"), strict=True):
-        decided = await http.post(f"{response.headers['location']}/{verb}", headers=gateway.admin)
+        decided = await http.post(
+            f"{response.headers['location']}/{verb}",
+            json={"reason": f"{verb}: checked with the budget owner"},
+            headers=gateway.admin,
+        )
         assert decided.status_code in (200, 201), decided.text
     found = samples(await scrape(http, gateway.admin))
     by_ops = {"tenant": tenant.id, "admin": "operator:ops"}
@@ -182,6 +188,8 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
         assert resolved[hold]["admin"] == "operator:ops" and resolved[hold]["agent"] == agent
         assert resolved[hold]["price"] == int(response.headers["x-irrev-price"])
         assert resolved[hold]["route"] == "supplier POST /orders"
+        verb = "reject" if resolved[hold]["msg"] == "escalation rejected" else "approve"
+        assert resolved[hold]["reason"] == f"{verb}: checked with the budget owner"
     [decision] = [
         e
         for e in lines
@@ -193,6 +201,42 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
         "within_budget",
         price,
     )
+
+    # The reserve's journal entry, read through the admin API, says what was paid to
+    # whom (the digest's recipe: tests/gateway/test_admission.py).
+    journal = await http.get(
+        f"/v1/admin/tenants/{tenant.id}/journal", params={"count": 1000}, headers=gateway.admin
+    )
+    [reserve] = [
+        e
+        for e in journal.json()["entries"]
+        if e["op"] == "reserve" and e["hold"] == admitted.headers["x-irrev-hold"]
+    ]
+    assert (reserve["route"], reserve["agent"], reserve["principal"]) == (
+        "supplier POST /orders",
+        "buyer-02",
+        "procurement",
+    )
+    assert (reserve["agent_key"], reserve["face_value"]) == ("b1", str(10 * 100 * USD))
+    assert re.fullmatch(r"[0-9a-f]{64}", reserve["request_sha256"])
+    # Amounts as a person reads them beside the stored integers: the face value and
+    # each account's change, in the tenant's currency.
+    assert (reserve["face_value_text"], reserve["currency"]) == ("1,000 USD", "USD")
+    changes = {c["account"]: c for c in reserve["changes"]}
+    assert changes[f"tenant:{tenant.id}"] == {
+        "account": f"tenant:{tenant.id}",
+        "pending": price,
+        "pending_text": money_text(price, USD, "USD"),
+        "posted": 0,
+        "posted_text": "0 USD",
+    }
+    [post] = [
+        e
+        for e in journal.json()["entries"]
+        if e["op"] == "post" and e["hold"] == admitted.headers["x-irrev-hold"]
+    ]
+    moved = {c["account"]: c for c in post["changes"]}[f"tenant:{tenant.id}"]
+    assert (moved["pending"], moved["posted_text"]) == (-price, money_text(price, USD, "USD"))
 
     # HTTP RED by route template, never by raw path.
     route = {"method": "POST", "route": "/tools/{tool}/{path:path}"}
@@ -336,6 +380,22 @@ async def test_a_broken_policy_file_is_reported_once_and_blocks_no_other_tenant(
                 if e.get("msg") == "policy applied" and e["tenant"] == broken.id
             ]
             assert applied and all(re.fullmatch(r"[0-9a-f]{12}", e["version"]) for e in applied)
+            # In force: the fixed file's version, and its reload counted as applied.
+            fixed = applied[-1]["version"]
+
+            async def in_force() -> bool:
+                found = samples(await scrape(http, gateway.admin))
+                return value(found, "irrev_policy_info", tenant=broken.id, version=fixed) == 1
+
+            await _until(in_force, "the fixed version as irrev_policy_info")
+            found = samples(await scrape(http, gateway.admin))
+            assert [
+                dict(labels)["version"]
+                for name, labels in found
+                if name == "irrev_policy_info" and dict(labels)["tenant"] == broken.id
+            ] == [fixed]
+            assert value(found, "irrev_policy_reloads_total", tenant=broken.id, result="applied")
+            assert value(found, "irrev_policy_failing", tenant=broken.id) == 0
 
 
 async def _is(pending: Any, expected: float) -> bool:

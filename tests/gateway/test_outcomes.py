@@ -97,6 +97,17 @@ async def test_timeout_is_ambiguous_and_reconcile_posts_what_the_supplier_record
     report = await reconcile(http, gateway, tenant)
     assert hold in report["posted"]
     assert await hold_state(http, tenant, "buyer-02", hold) == "posted"
+    # A log line per reconciled hold: whose effect, which route, what it cost.
+    [line] = [
+        e for e in gateway.log_entries() if e.get("msg") == "reconciled" and e["hold_id"] == hold
+    ]
+    assert (line["tenant"], line["result"], line["agent"], line["route"], line["price"]) == (
+        tenant.id,
+        "posted",
+        "buyer-02",
+        "supplier POST /orders",
+        price,
+    )
     assert used(await balances(http, gateway.admin, tenant)) == charged
     assert f"irrev-{hold}" in (await supplier_stats(upstream, tenant))["keys"]
     # Settled: reconciling again changes nothing.

@@ -159,6 +159,11 @@ async def test_an_agents_trace_runs_through_the_gateway_to_the_upstream(
     assert (version, upstream_trace) == ("00", trace_id)
     assert upstream_parent != agent_span
     assert upstream_parent in {span["span_id"] for span in collector.of_trace(trace_id)}
+    # The official instrumentations are on: the upstream call is an httpx client span,
+    # and the ledger's Redis commands are spans of the same trace.
+    [parent] = [s for s in collector.of_trace(trace_id) if s["span_id"] == upstream_parent]
+    assert {"http.method", "http.request.method"} & parent["attributes"].keys(), parent
+    assert [s for s in collector.of_trace(trace_id) if s["attributes"].get("db.system") == "redis"]
     # The gateway's server span is the agent's span's child.
     assert agent_span in {span["parent"] for span in collector.of_trace(trace_id)}
     hold = admitted.headers["x-irrev-hold"]

@@ -2,7 +2,8 @@
 refuses the first deliveries with 500 and then takes them. Two gateway processes
 serve the tenant on one Redis; one of them is killed mid-delivery. What the
 receiver took, deduplicated by event id, is every event once, in journal order,
-signed with the tenant's secret, and the same events the admin feed lists."""
+signed with the tenant's secret, and the same events the admin feed lists: escalated,
+approved, rejected, expired, ambiguous and resolved holds."""
 
 from __future__ import annotations
 
@@ -248,6 +249,65 @@ async def test_a_receiver_that_fails_then_recovers_gets_each_event_once_in_order
     # Two gateway processes, one stream: never two deliveries at once.
     assert receiver.most_in_flight == 1
     assert taken[2].body["reason"] == "restock" and taken[3].body["by"] == "operator:ops"
+
+
+async def test_expired_ambiguous_and_resolved_holds_are_delivered_too(
+    redis_url: str, suppliers: Server, receiver: Receiver, tmp_path: Path
+) -> None:
+    """The rest of the loop's hold events, through a receiver that refuses the first
+    two: an escalation nobody decides (escalation_ttl 1 s), and an order the supplier
+    fails with 503 (ambiguous), resolved by hand."""
+    webhook = {"url": receiver.url, "secret": {"env": SECRET_VARIABLE}}
+    policy = {"webhook": webhook, "escalation_ttl": "1s"}
+    settings = {
+        SECRET_VARIABLE: receiver.secret.decode(),
+        "IRREV_WEBHOOK_BACKOFF_S": "0.05",
+        "IRREV_WEBHOOK_BACKOFF_MAX_S": "0.4",
+        "IRREV_WEBHOOK_POLL_S": "0.1",
+        "IRREV_SWEEP_INTERVAL_S": "0.2",
+    }
+    with own_gateway(redis_url, suppliers, tmp_path, 1, policy, **settings) as gw:
+        tenant = gw.tenant("own")
+        async with httpx.AsyncClient(timeout=30, trust_env=False) as http:
+            seen_before = len(receiver.deliveries)
+            receiver.fail_next(2)
+            await escalate(http, gw, "buyer-05", "wh-expire")
+            faults = {"status": 503, "apply": False, "times": 1}
+            assert (await http.post(f"{tenant.supplier}/_faults", json=faults)).status_code == 200
+            failed = await http.post(
+                f"{gw.url}/tools/supplier/orders",
+                json=order(quantity=30),
+                headers=effect_headers(tenant, "buyer-06", "wh-ambiguous"),
+            )
+            assert failed.status_code == 502, failed.text
+            hold = failed.headers["x-irrev-hold"]
+            resolved = await http.post(
+                f"{gw.url}/v1/admin/tenants/{tenant.id}/holds/{hold}/resolve",
+                json={"outcome": "voided", "reason": "no such order at the supplier"},
+                headers=gw.admin,
+            )
+            assert resolved.status_code == 200, resolved.text
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                events, _ = await feed(http, gw, "-")
+                if "hold.expired" in {e["type"] for e in events}:
+                    break
+                assert time.monotonic() < deadline, events
+                await asyncio.sleep(0.1)
+            ids = [e["id"] for e in events]
+            taken = await wait_taken(receiver, ids)
+    run = receiver.deliveries[seen_before:]
+    record("expired, ambiguous and resolved holds, the first 2 deliveries refused:", run)
+    assert sorted(e["type"] for e in events) == [
+        "hold.ambiguous",
+        "hold.escalated",
+        "hold.expired",
+        "hold.resolved",
+    ]
+    assert [d.event_id for d in taken] == ids and [d.body for d in taken] == events
+    assert all(d.signed for d in run) and [d.status for d in run[:2]] == [500, 500]
+    [done] = [d for d in taken if d.event_type == "hold.resolved"]
+    assert done.body["reason"] == "no such order at the supplier"
 
 
 def test_a_wrong_secret_or_a_changed_body_fails_verification() -> None:

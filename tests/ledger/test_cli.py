@@ -104,6 +104,32 @@ async def test_every_command_prints_json(ledger: Ledger, tenant: str, redis_url:
     assert len(entries) == 3 and all(e["at"].endswith("Z") for e in entries)
 
 
+async def test_the_journal_shows_amounts_in_the_tenants_currency(
+    ledger: Ledger, tenant: str, redis_url: str, tmp_path: Path
+) -> None:
+    """With the tenant's policy (micro-USD), each entry's balance changes carry their
+    currency beside the stored integers; without one, the integers alone, said so."""
+    await busy_tenant(ledger, tenant)
+    TenantPolicy.read(EXAMPLES / "procurement.yaml").named(tenant).write(tmp_path)
+    policy = {"IRREV_POLICY_DIR": str(tmp_path)}
+    lines = irrev_ledger(redis_url, "journal", "--tenant", tenant, "--json", **policy).stdout
+    entries = {e["hold"]: e for e in map(json.loads, lines.splitlines()) if e["op"] == "post"}
+    changes = {c["account"]: c for c in entries["k1"]["changes"]}
+    assert entries["k1"]["currency"] == "USD"
+    assert changes["agent:a"] == {
+        "account": "agent:a",
+        "pending": -101,
+        "pending_text": "-0.000101 USD",
+        "posted": 500,
+        "posted_text": "0.0005 USD",
+    }
+    text = irrev_ledger(redis_url, "journal", "--tenant", tenant, **policy).stdout
+    [posted] = [line for line in text.splitlines() if " post " in line and "hold=k1 " in line]
+    assert "agent:a pending -0.000101 USD posted +0.0005 USD" in posted
+    bare = irrev_ledger(redis_url, "journal", "--tenant", tenant, "--json").stdout
+    assert all("currency" not in json.loads(line) for line in bare.splitlines())
+
+
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
