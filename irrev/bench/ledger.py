@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import tempfile
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from gateway.wire import StoredRequest
 from irrev import output
 from irrev.bench.servertime import HOUR_MS, PRICE, TRIVIAL, ScriptTime, script_times, tenant_node
 from irrev.cli import CliError, bounded
@@ -38,19 +40,26 @@ from ledger import (
 )
 
 ACCOUNTS = ("tenant:bench", "principal:ops", "agent:a1")
-# What a gateway's hold keeps until it settles, and its route (for --provenance).
+# What a gateway's hold keeps until it settles, and its route (for --provenance),
+# written by the gateway's own encoder, so that the bench stores what a gateway does.
 BENCH_ROUTE = "shop POST /v1/orders"
-BENCH_REQUEST = (
-    '{"agent":"a1","tool":"shop","method":"POST","path":"/v1/orders","query":"",'
-    '"content_type":"application/json","body_b64":"eyJza3UiOiJhYmMiLCJxdHkiOjF9",'
-    '"route_id":"shop POST /v1/orders","price":1000,"headers":[],"face_value":1000}'
+_REQUEST = StoredRequest(
+    "a1",
+    "shop",
+    "POST",
+    "/v1/orders",
+    "",
+    "application/json",
+    base64.b64encode(b'{"sku":"abc","qty":1}').decode(),
+    BENCH_ROUTE,
+    1000,
+    face_value=1000,
 )
+BENCH_REQUEST = _REQUEST.dumps()
 # What a gateway's settled hold keeps instead: the upstream's answer (StoredAnswer).
-BENCH_OUTCOME = (
-    '{"agent":"a1","status":201,"headers":[["content-type","application/json"]],'
-    '"body_b64":"eyJvcmRlciI6IjEyMyIsInN0YXR1cyI6ImNvbmZpcm1lZCJ9",'
-    '"route_id":"shop POST /v1/orders","face_value":1000,"effect_class":"","in_process":false}'
-)
+BENCH_OUTCOME = _REQUEST.answer(
+    201, [("content-type", "application/json")], b'{"order":"123","status":"confirmed"}'
+).dumps()
 
 
 @dataclass(frozen=True)
