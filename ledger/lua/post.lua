@@ -20,8 +20,9 @@
 --                                      posted past 2^53-1, checked before any write)
 --
 -- The hold gains pst (the posted amounts), pws (each account's window at the post),
--- tp, flag if any (cmp, what was recovered, appears with a compensation); its
--- payload (KEYS[7]) becomes the outcome.
+-- tp, flag if any (cmp, what was recovered, appears with a compensation), and the
+-- outcome: in the record (o1, o2, ...) or, when long, as its payload (KEYS[7]);
+-- the request is dropped (settle_fields in _lib.lua).
 -- Its journal entry: op, hold, acc, rel (the pending released, per account: the
 -- hold's amounts, absent when it had expired), pst, flag if any.
 --
