@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from gateway.upstream import Answer, Fate, Upstream
 from gateway.wire import StoredAnswer, StoredRequest, upstream_key
 from ledger.client import Ledger
 from ledger.journal import read_journal
-from ledger.keys import payload_key
+from ledger.keys import hold_key, payload_key
 from ledger.records import HoldState, Provenance
 from pricing.policy import EffectClass
 
@@ -146,9 +147,12 @@ async def test_an_answer_kept_in_the_long_form_of_older_gateways_is_still_replay
     tool = ToolInMemory()
     first = _admitted(await pipeline.admit(tool, pipeline.intent("k1")))
     assert isinstance(first.answer, Answer)
-    key = payload_key(pipeline.tenant.id, first.hold_id)
-    compact = await pipeline.gate.ledger.redis.get(key)
-    assert compact is not None and compact.startswith('{"a":')
+    redis, record = pipeline.gate.ledger.redis, hold_key(pipeline.tenant.id, first.hold_id)
+    hold = await pipeline.gate.ledger.hold(pipeline.tenant.id, first.hold_id)
+    assert hold is not None and hold.outcome.startswith('{"a":')
+    # As an older irrev kept it: not in the record's parts but as the payload.
+    parts = [name for name in await redis.hkeys(record) if re.fullmatch(r"o\d+", name)]
+    assert parts and await redis.hdel(record, *parts) == len(parts)
     old = {
         "agent": "buyer-01",
         "status": 201,
@@ -159,7 +163,8 @@ async def test_an_answer_kept_in_the_long_form_of_older_gateways_is_still_replay
         "effect_class": "",
         "in_process": False,
     }
-    await pipeline.gate.ledger.redis.set(key, json.dumps(old, separators=(",", ":")), keepttl=True)
+    payload = payload_key(pipeline.tenant.id, first.hold_id)
+    await redis.set(payload, json.dumps(old, separators=(",", ":")), px=3_600_000)
 
     again = _admitted(await pipeline.admit(tool, pipeline.intent("k1")))
     assert again.result.replayed and isinstance(again.answer, StoredAnswer)
