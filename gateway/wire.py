@@ -199,13 +199,18 @@ class StoredAnswer(_Record):
 
     def dumps(self) -> str:
         """Compact, as it is kept with every settled hold for the record's retention:
-        one line of JSON with one-letter keys and no defaults, then a newline and the
-        body as it came when it is UTF-8 text (else base64 under `b`). The JSON line
-        has no newline of its own (json.dumps escapes them), so the first one ends it.
-        Half the bytes of the long form for a typical answer (issue 12)."""
+        one line of JSON with one-letter keys and no defaults (a leading content-type
+        header is `c`, its value), then a newline and the body as it came when it is
+        UTF-8 text (else base64 under `b`). The JSON line has no newline of its own
+        (json.dumps escapes them), so the first one ends it. Half the bytes of the
+        long form for a typical answer (issue 12)."""
         head: dict[str, object] = {"a": self.agent, "s": self.status}
-        if self.headers:
-            head["h"] = self.headers
+        headers = self.headers
+        if headers and headers[0][0] == "content-type":
+            # Nearly every answer has one, first: its value alone, without the name.
+            head["c"], headers = headers[0][1], headers[1:]
+        if headers:
+            head["h"] = headers
         if self.route_id:
             head["r"] = self.route_id
         if self.face_value:
@@ -230,10 +235,11 @@ class StoredAnswer(_Record):
         if not compact:
             data["headers"] = [tuple(h) for h in data["headers"]]
             return cls(**data)
+        headers = [("content-type", data["c"])] if "c" in data else []
         return cls(
             data["a"],
             data["s"],
-            [(name, value) for name, value in data.get("h", ())],
+            headers + [(name, value) for name, value in data.get("h", ())],
             data["b"] if "b" in data else base64.b64encode(text.encode()).decode(),
             data.get("r", ""),
             data.get("f", 0),

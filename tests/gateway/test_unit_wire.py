@@ -55,3 +55,15 @@ def test_bodies_of_any_bytes_survive_the_compact_form() -> None:
         stored = StoredAnswer.of("a|1", 200, [("Content-Type", "text/plain")], body, "r\nx")
         loaded = StoredAnswer.loads(stored.dumps())
         assert loaded == stored and loaded.body == body
+
+
+def test_headers_keep_their_order_whichever_comes_first() -> None:
+    for headers in (
+        [("Content-Type", "application/json"), ("Location", "/o/1")],
+        [("Location", "/o/1"), ("Content-Type", "application/json")],
+        [("ETag", '"v1"')],
+    ):
+        stored = StoredAnswer.of("a1", 201, headers, b"{}")
+        assert StoredAnswer.loads(stored.dumps()).headers == [
+            (name.lower(), value) for name, value in headers
+        ]
