@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from gateway.wire import StoredRequest
+from gateway.wire import StoredRequest, fingerprint, hold_id_for
 from irrev import output
 from irrev.bench.servertime import HOUR_MS, PRICE, TRIVIAL, ScriptTime, script_times, tenant_node
 from irrev.cli import CliError, bounded
@@ -43,6 +43,8 @@ ACCOUNTS = ("tenant:bench", "principal:ops", "agent:a1")
 # What a gateway's hold keeps until it settles, and its route (for --provenance),
 # written by the gateway's own encoder, so that the bench stores what a gateway does.
 BENCH_ROUTE = "shop POST /v1/orders"
+_BODY = b'{"sku":"abc","qty":1}'
+BENCH_FINGERPRINT = fingerprint("POST", "/v1/orders", "", _BODY)
 _REQUEST = StoredRequest(
     "a1",
     "shop",
@@ -50,7 +52,7 @@ _REQUEST = StoredRequest(
     "/v1/orders",
     "",
     "application/json",
-    base64.b64encode(b'{"sku":"abc","qty":1}').decode(),
+    base64.b64encode(_BODY).decode(),
     BENCH_ROUTE,
     1000,
     face_value=1000,
@@ -60,6 +62,12 @@ BENCH_REQUEST = _REQUEST.dumps()
 BENCH_OUTCOME = _REQUEST.answer(
     201, [("content-type", "application/json")], b'{"order":"123","status":"confirmed"}'
 ).dumps()
+
+
+def bench_agent_key(i: int) -> str:
+    """An agent's Idempotency-Key as irrev's client sends it: a model's tool-call id
+    (`toolu_` and 24 characters, as long as the common ones)."""
+    return f"toolu_{i:024d}"
 
 
 @dataclass(frozen=True)
@@ -264,17 +272,20 @@ async def memory_per_hold(
     redis, node = ledger.redis, tenant_node(ledger, tenant)
     before = int((await redis.info("memory", **node))["used_memory"])
     for start in range(0, holds, batch):
-        ids = [f"m{i}" for i in range(start, min(start + batch, holds))]
+        # A gateway's hold id, fingerprint and agent key, as long as a gateway's are:
+        # each appears in the hold's key, record or journal entries.
+        agent_keys = [bench_agent_key(i) for i in range(start, min(start + batch, holds))]
+        ids = [hold_id_for(tenant, "a1", BENCH_ROUTE, key) for key in agent_keys]
         requests = [
             ReserveRequest(
                 k,
-                "fp",
+                BENCH_FINGERPRINT,
                 dict.fromkeys(ACCOUNTS, PRICE),
                 HOUR_MS,
                 request=BENCH_REQUEST if provenance else "",
-                provenance=Provenance(BENCH_ROUTE, "a1", "ops", PRICE, k) if provenance else None,
+                provenance=Provenance(BENCH_ROUTE, "a1", "ops", PRICE, key) if provenance else None,
             )
-            for k in ids
+            for k, key in zip(ids, agent_keys, strict=True)
         ]
         await ledger.reserve_many(tenant, requests)
         await ledger.post_many(
