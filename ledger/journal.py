@@ -41,7 +41,8 @@ class JournalEntry:
     The balance change is `d` (`account|dpending|dposted;...`) on most entries; a
     reserve of a kept hold has `acc` and `amt` (pending rises by each amount), a post
     `acc`, `pst` (posted rises) and `rel` (pending falls; absent when the hold had
-    expired). A reserve's `prov` is a packed Provenance (records.py).
+    expired); `amt`, `pst` and `rel` are one number when it is every account's. A
+    reserve's `prov` is a packed Provenance (records.py).
     """
 
     entry_id: str
@@ -77,11 +78,12 @@ class JournalEntry:
         if f.get("acc"):
             accounts = f["acc"].split(",")
             zero = [0] * len(accounts)
+            n = len(accounts)
             if self.op == "reserve":
-                pending, posted = _numbers(f["amt"]), zero
+                pending, posted = _numbers(f["amt"], n), zero
             else:
-                pending = [-x for x in _numbers(f["rel"])] if "rel" in f else zero
-                posted = _numbers(f["pst"])
+                pending = [-x for x in _numbers(f["rel"], n)] if "rel" in f else zero
+                posted = _numbers(f["pst"], n)
             return tuple(map(Delta, accounts, pending, posted))
         text = f.get("d", "")
         if not text:
@@ -104,8 +106,11 @@ class JournalEntry:
         return shown
 
 
-def _numbers(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
+def _numbers(text: str, accounts: int) -> list[int]:
+    """One amount per account; a single one is every account's (journal_numbers in
+    lua/_lib.lua; entries written before it have one per account)."""
+    numbers = [int(x) for x in text.split(",")]
+    return numbers * accounts if len(numbers) == 1 else numbers
 
 
 async def read_journal(

@@ -126,6 +126,18 @@ local function join_numbers(t)
   return table.concat(out, ',')
 end
 
+-- Per-account amounts as a journal entry keeps them: one number when every account
+-- has the same (the common case: bytes in every entry kept), else one per account
+-- (JournalEntry.deltas reads both).
+local function journal_numbers(t)
+  for i = 2, #t do
+    if t[i] ~= t[1] then
+      return join_numbers(t)
+    end
+  end
+  return join_numbers({t[1]})
+end
+
 local function hkey(id)
   return P .. 'hold:' .. id
 end

@@ -48,7 +48,8 @@
 -- decision follows from the reason); the request is KEYS[7]'s. Each value stays short
 -- (Redis keeps a hash whose values are all under 64 bytes packed, in a third of the
 -- memory), so the limits and used amounts are not joined into one. Its journal
--- entry: op, hold, why, acc and amt for a hold kept (the pending it adds), shadow
+-- entry: op, hold, why, acc and amt for a hold kept (the pending it adds; one
+-- number when it is every account's, journal_numbers), shadow
 -- (the would-be decision of a hold kept in shadow mode: its state is pending whatever
 -- the reason), prov. A shadow hold's record is pending with the would-be reason.
 --
@@ -274,7 +275,7 @@ if state == 'denied' then
   end
   save_accounts(rolled)
 else
-  entry[7], entry[8], entry[9], entry[10] = 'acc', acc, 'amt', amt
+  entry[7], entry[8], entry[9], entry[10] = 'acc', acc, 'amt', journal_numbers(amounts)
   for i = 1, n do
     local a = loaded[i]
     a.pend = a.pend + amounts[i]
