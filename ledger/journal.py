@@ -62,10 +62,18 @@ class JournalEntry:
         if self.op == "reserve":
             if "shadow" in f:  # held in shadow mode whatever the reason
                 return "pending"
-            return _RESERVED_STATE.get(f.get("why", ""), "denied")
+            return _RESERVED_STATE.get(self.reason, "denied")
         if self.op == "post":
             return "posted"
         return ""
+
+    @property
+    def reason(self) -> str:
+        """A reserve's reason: `why`, which an admission within budget does not keep
+        (issue 12: bytes in every entry); '' for other entries without one."""
+        if self.op == "reserve":
+            return self.fields.get("why", "within_budget")
+        return self.fields.get("why", "")
 
     @property
     def provenance(self) -> Provenance | None:
@@ -97,6 +105,8 @@ class JournalEntry:
     def as_dict(self) -> dict[str, str]:
         """The entry as a person reads it: derived state, provenance spelled out."""
         shown = {"id": self.entry_id, **self.fields}
+        if self.reason:
+            shown["why"] = self.reason
         if self.hold_id:
             shown["st"] = self.state
         provenance = self.provenance

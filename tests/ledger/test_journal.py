@@ -77,6 +77,9 @@ async def test_one_amount_for_every_account_is_journaled_once(ledger: Ledger, te
     await ledger.post(tenant, "k1", 120)
     reserve, post = (await read_journal(ledger, tenant))[-2:]
     assert (reserve.fields["amt"], post.fields["rel"], post.fields["pst"]) == ("300", "300", "120")
+    # Within budget, the common reason, is the one an entry without `why` has.
+    assert "why" not in reserve.fields and reserve.reason == "within_budget"
+    assert (reserve.state, reserve.as_dict()["why"]) == ("pending", "within_budget")
     assert reserve.deltas == (Delta("tenant:acme", 300, 0), Delta("agent:a", 300, 0))
     assert post.deltas == (Delta("tenant:acme", -300, 120), Delta("agent:a", -300, 120))
     report = await audit_tenant(ledger, tenant)
