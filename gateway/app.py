@@ -134,7 +134,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         await dispatcher.start()
 
         async def refresh_policies() -> None:
-            await tenants.refresh(ledger, feed, settings.policy_poll_s)
+            await tenants.refresh(ledger, feed, settings.policy_poll_s, settings.policy_full_read_s)
             dispatcher.refresh()  # a reload may have given a tenant a webhook
 
         sweeper = Sweeper(ledger, settings.sweep_interval_s, settings.instance, feed)

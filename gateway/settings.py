@@ -23,7 +23,8 @@ class GatewaySettings(BaseSettings):
     workers: int = Field(default=1, ge=1, le=64)
     admin_tokens: str = Field(
         default="",
-        description="comma-separated name=token pairs; the name is recorded as approver",
+        description="comma-separated name=token pairs; an operator's decisions are "
+        "recorded as operator:<name>",
     )
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     upstream_timeout_s: float = Field(default=10.0, gt=0, le=300)
@@ -79,6 +80,14 @@ class GatewaySettings(BaseSettings):
         description="how often a worker reads the fleet's policy store epoch though no "
         "change was announced to it (pub/sub): the bound on a change whose announcement "
         "was lost without the subscription dropping; a dropped one is re-read at once",
+    )
+    policy_full_read_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="how often a worker reads the record of every tenant it serves, "
+        "whatever the epoch says: the bound on a write whose epoch bump was lost (its "
+        "writer died before the INCR); each time is one pipelined read per worker",
     )
     retention_s: int = Field(default=7 * 24 * 3600, ge=60)
     denied_retention_s: int = Field(

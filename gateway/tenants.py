@@ -68,7 +68,8 @@ def ledger_account(spec: AccountSpec) -> LedgerAccount:
 
 # How often every tenant's record is read whatever the epoch said (the bound on a
 # write whose epoch bump was lost): one pipelined read of the tenants a worker
-# serves, as often as before the feed, when it ran every 15 two-second looks.
+# serves, as often as before the feed, when it ran every 15 two-second looks. The
+# gateway's setting IRREV_POLICY_FULL_READ_S (settings.py) has the same default.
 FULL_READ_S = 30.0
 
 # Account changes in flight at once: enough to open a new tenant's accounts quickly,

@@ -7,7 +7,8 @@ For each count of `--gateways` (default 1,4,16), that many `irrev serve` process
 `--tenants` tenants (each with a webhook, which an idle tenant never calls) on one
 Redis (an embedded one this command starts, or `--redis-url`); after they settle,
 INFO commandstats is read twice `--seconds` apart and the difference printed as
-commands/s (INFO and CONFIG themselves left out), with the ratio to the first
+commands/s (INFO and CONFIG themselves left out; on a cluster, summed over its
+primaries), with the ratio to the first
 count: the baseline of the same run, then the same by command. One sweeper and one
 webhook dispatcher per tenant (leases) do the per-tenant work; each host adds a
 subscription (policy changes are announced by pub/sub, so it reads the policy
@@ -31,14 +32,17 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from irrev.cli import CliError, bounded
 from irrev.harness import Server, TenantPolicy
 from ledger import EmbeddedRedis
+from ledger.cluster import cluster_enabled
 
 EXAMPLE = Path("examples/procurement.yaml")
 SETTLE_S = 3.0
-IGNORED = {"info", "config|resetstat", "config", "config|get"}
+# The bench's own reads, and a cluster's replicas acknowledging their primaries.
+IGNORED = {"info", "config|resetstat", "config", "config|get", "replconf"}
 # Never called: an idle tenant has no events to deliver.
 HOOK_URL = "http://127.0.0.1:9/hooks"
 HOOK_SECRET = "BENCH_WEBHOOK_SECRET"
@@ -133,21 +137,40 @@ def gateway(host: str, env: dict[str, str], log: Path) -> Server:
 
 
 async def commands_during(url: str, seconds: float) -> Counter[str]:
-    """Calls per command Redis served in `seconds` (INFO commandstats deltas)."""
-    redis = Redis.from_url(url, decode_responses=True)
+    """Calls per command Redis served in `seconds` (INFO commandstats deltas), summed
+    over every primary of a cluster: each tenant's work lands on its slot's node."""
+    nodes = await primaries(url)
     try:
-        before = await calls(redis)
+        before = await calls(nodes)
         await asyncio.sleep(seconds)
-        after = await calls(redis)
+        after = await calls(nodes)
     finally:
-        await redis.aclose()
-    return Counter({name: after[name] - before.get(name, 0) for name in after}) - Counter()
+        for node in nodes:
+            await node.aclose()
+    return after - before
 
 
-async def calls(redis: Redis) -> dict[str, int]:
-    stats = await redis.info("commandstats")
-    return {
-        name.removeprefix("cmdstat_"): int(value["calls"])
-        for name, value in stats.items()
-        if name.removeprefix("cmdstat_") not in IGNORED
-    }
+async def primaries(url: str) -> list[Redis]:
+    """A client of each primary of the cluster at `url`, or of `url` itself."""
+    if not cluster_enabled(url):
+        return [Redis.from_url(url, decode_responses=True)]
+    cluster = RedisCluster.from_url(url)
+    try:
+        await cluster.initialize()
+        return [
+            Redis(host=node.host, port=int(node.port), decode_responses=True)
+            for node in cluster.get_primaries()
+        ]
+    finally:
+        await cluster.aclose()
+
+
+async def calls(nodes: list[Redis]) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for node in nodes:
+        stats = await node.info("commandstats")
+        for name, value in stats.items():
+            command = name.removeprefix("cmdstat_")
+            if command not in IGNORED:
+                total[command] += int(value["calls"])
+    return total

@@ -47,7 +47,7 @@ async def test_a_busy_key_is_retried_until_the_effect_is_made(
 ) -> None:
     tenant = gateway.tenant("client")
     before = (await supplier_stats(upstream, tenant))["orders"]
-    await set_faults(upstream, tenant, delay_s=0.6)
+    await set_faults(upstream, tenant, delay_s=0.35)
     client = client_of(gateway, "client", agent="buyer-02")
     try:
         both = await asyncio.gather(
@@ -58,6 +58,25 @@ async def test_a_busy_key_is_retried_until_the_effect_is_made(
         await client.aclose()
     assert all(outcome.ok for outcome in both), both
     assert both[0].data == both[1].data
+    assert (await supplier_stats(upstream, tenant))["orders"] == before + 1
+
+
+async def test_an_ambiguous_answer_is_retried_with_the_same_key_and_made_once(
+    gateway: Gateway, upstream: httpx.AsyncClient
+) -> None:
+    """The supplier makes the order, then answers 503: the gateway says
+    upstream_ambiguous; the client sends the call again under the same key, and the
+    supplier (deduplicating by it) answers with the order it made."""
+    tenant = gateway.tenant("client")
+    before = (await supplier_stats(upstream, tenant))["orders"]
+    await set_faults(upstream, tenant, status=503, apply=True, times=1)
+    client = client_of(gateway, "client", agent="buyer-06")
+    try:
+        outcome = await client.call("supplier", "POST", "/orders", "call_F", json_body=order())
+    finally:
+        await set_faults(upstream, tenant, times=0)
+        await client.aclose()
+    assert outcome.ok and outcome.status == 201, outcome
     assert (await supplier_stats(upstream, tenant))["orders"] == before + 1
 
 

@@ -139,7 +139,7 @@ async def test_concurrent_retries_of_an_ambiguous_hold_send_it_once(
     charged = used(await balances(http, gateway.admin, tenant))
 
     # The supplier answers the retry slowly, so the other repeats arrive meanwhile.
-    await set_faults(upstream, tenant, repeat_delay_s=0.6, times=0)
+    await set_faults(upstream, tenant, repeat_delay_s=0.35, times=0)
     repeats = await asyncio.gather(
         *(
             http.post("/tools/supplier/orders", json=order(quantity=5), headers=headers)

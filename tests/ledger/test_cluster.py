@@ -14,6 +14,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from irrev.bench.background import commands_during
 from irrev.localcluster import ClusterNode, LocalCluster
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
@@ -42,6 +43,29 @@ async def test_any_node_url_opens_a_cluster_ledger(
             assert result.state is HoldState.PENDING
         finally:
             await ledger.aclose()
+
+
+async def test_the_background_bench_counts_the_commands_of_every_primary(
+    redis_cluster: LocalCluster,
+) -> None:
+    """`irrev bench background` on a cluster: a tenant's work lands on its slot's node,
+    so commands are summed over the primaries (it read the first node only)."""
+    client = RedisCluster.from_url(redis_cluster.url)
+    keys = [f"bench-count:{{{i}}}" for i in range(30)]
+
+    async def writes() -> None:
+        await asyncio.sleep(0.2)
+        for key in keys:
+            await client.set(key, "1")
+
+    try:
+        await client.initialize()
+        nodes = {client.get_node_from_key(key).name for key in keys}
+        counted, _ = await asyncio.gather(commands_during(redis_cluster.url, 1.5), writes())
+    finally:
+        await client.aclose()
+    assert len(nodes) > 1, nodes  # the keys' slots are on several primaries
+    assert counted["set"] >= len(keys), counted
 
 
 async def test_a_standalone_client_on_a_cluster_is_refused_with_the_cause(
