@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from itertools import count, takewhile
 from typing import Any, TypeVar
 
 from redis import exceptions as redis_errors
@@ -967,12 +968,15 @@ def _numbers(accounts: list[str], text: str | None) -> dict[str, int]:
 
 def _hold(hold_id: str, f: dict[str, str], payload: str | None) -> Hold:
     """A hold from its record and its payload (payload_key: the request, or the
-    outcome once posted or voided). A hold written by an older irrev, sharing the
-    Redis during an upgrade, kept both in its record."""
+    outcome once posted or voided, unless the record has it in parts o1, o2, ...).
+    A hold written by an older irrev, sharing the Redis during an upgrade, kept both
+    in its record (req, out), or its outcome only in the payload."""
     accounts = f["acc"].split(",") if f.get("acc") else []
     settled = f["st"] in _SETTLED_WITH_OUTCOME
     request = f.get("req", "") if payload is None or settled else payload
     outcome = f.get("out", "") if payload is None or not settled else payload
+    if "o1" in f:  # kept in the record, in parts (settle_fields in lua/_lib.lua)
+        outcome = "".join(takewhile(bool, (f.get(f"o{n}", "") for n in count(1))))
     reason = f["why"]
     posted = _numbers(accounts, f.get("pst"))
     # A posted hold without `cmp` has recovered nothing yet.

@@ -41,7 +41,8 @@ class JournalEntry:
     The balance change is `d` (`account|dpending|dposted;...`) on most entries; a
     reserve of a kept hold has `acc` and `amt` (pending rises by each amount), a post
     `acc`, `pst` (posted rises) and `rel` (pending falls; absent when the hold had
-    expired). A reserve's `prov` is a packed Provenance (records.py).
+    expired); `amt`, `pst` and `rel` are one number when it is every account's. A
+    reserve's `prov` is a packed Provenance (records.py).
     """
 
     entry_id: str
@@ -61,10 +62,18 @@ class JournalEntry:
         if self.op == "reserve":
             if "shadow" in f:  # held in shadow mode whatever the reason
                 return "pending"
-            return _RESERVED_STATE.get(f.get("why", ""), "denied")
+            return _RESERVED_STATE.get(self.reason, "denied")
         if self.op == "post":
             return "posted"
         return ""
+
+    @property
+    def reason(self) -> str:
+        """A reserve's reason: `why`, which an admission within budget does not keep
+        (issue 12: bytes in every entry); '' for other entries without one."""
+        if self.op == "reserve":
+            return self.fields.get("why", "within_budget")
+        return self.fields.get("why", "")
 
     @property
     def provenance(self) -> Provenance | None:
@@ -77,11 +86,12 @@ class JournalEntry:
         if f.get("acc"):
             accounts = f["acc"].split(",")
             zero = [0] * len(accounts)
+            n = len(accounts)
             if self.op == "reserve":
-                pending, posted = _numbers(f["amt"]), zero
+                pending, posted = _numbers(f["amt"], n), zero
             else:
-                pending = [-x for x in _numbers(f["rel"])] if "rel" in f else zero
-                posted = _numbers(f["pst"])
+                pending = [-x for x in _numbers(f["rel"], n)] if "rel" in f else zero
+                posted = _numbers(f["pst"], n)
             return tuple(map(Delta, accounts, pending, posted))
         text = f.get("d", "")
         if not text:
@@ -95,6 +105,8 @@ class JournalEntry:
     def as_dict(self) -> dict[str, str]:
         """The entry as a person reads it: derived state, provenance spelled out."""
         shown = {"id": self.entry_id, **self.fields}
+        if self.reason:
+            shown["why"] = self.reason
         if self.hold_id:
             shown["st"] = self.state
         provenance = self.provenance
@@ -104,8 +116,11 @@ class JournalEntry:
         return shown
 
 
-def _numbers(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
+def _numbers(text: str, accounts: int) -> list[int]:
+    """One amount per account; a single one is every account's (journal_numbers in
+    lua/_lib.lua; entries written before it have one per account)."""
+    numbers = [int(x) for x in text.split(",")]
+    return numbers * accounts if len(numbers) == 1 else numbers
 
 
 async def read_journal(

@@ -3,6 +3,7 @@ hold states, and the typed results of each operation."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -175,14 +176,20 @@ class Provenance:
 
     def packed(self) -> str:
         """One journal field: `route|agent|principal|face|sha256|key`, each text with
-        its '%' and '|' escaped (a route id of an unknown route is the agent's path)."""
+        its '%' and '|' escaped (a route id of an unknown route is the agent's path),
+        the digest in unpadded base64url: 43 characters, not 64 hex, in every reserve
+        entry kept (issue 12)."""
         texts = (self.route, self.agent, self.principal, self.agent_key)
         route, agent, principal, key = (_escape(text) for text in texts)
-        return f"{route}|{agent}|{principal}|{self.face_value}|{self.request_sha256}|{key}"
+        digest = _short_digest(self.request_sha256)
+        return f"{route}|{agent}|{principal}|{self.face_value}|{digest}|{key}"
 
     @classmethod
     def unpacked(cls, text: str) -> Provenance:
+        """Also the entries written before the digest was base64url (64 hex)."""
         route, agent, principal, face, digest, key = text.split("|")
+        if len(digest) == SHORT_DIGEST_LENGTH:
+            digest = base64.urlsafe_b64decode(digest + "=").hex()
         return cls(
             _unescape(route),
             _unescape(agent),
@@ -191,6 +198,20 @@ class Provenance:
             _unescape(key),
             digest,
         )
+
+
+# A SHA-256 in unpadded base64url (Provenance.packed).
+SHORT_DIGEST_LENGTH = 43
+
+
+def _short_digest(hex_digest: str) -> str:
+    try:
+        raw = bytes.fromhex(hex_digest)
+    except ValueError:
+        return hex_digest
+    if len(raw) != 32:
+        return hex_digest  # none ('': no request kept)
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 def _escape(text: str) -> str:

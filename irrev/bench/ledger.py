@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import tempfile
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from gateway.wire import StoredRequest, fingerprint, hold_id_for
 from irrev import output
 from irrev.bench.servertime import HOUR_MS, PRICE, TRIVIAL, ScriptTime, script_times, tenant_node
 from irrev.cli import CliError, bounded
@@ -38,19 +40,34 @@ from ledger import (
 )
 
 ACCOUNTS = ("tenant:bench", "principal:ops", "agent:a1")
-# What a gateway's hold keeps until it settles, and its route (for --provenance).
+# What a gateway's hold keeps until it settles, and its route (for --provenance),
+# written by the gateway's own encoder, so that the bench stores what a gateway does.
 BENCH_ROUTE = "shop POST /v1/orders"
-BENCH_REQUEST = (
-    '{"agent":"a1","tool":"shop","method":"POST","path":"/v1/orders","query":"",'
-    '"content_type":"application/json","body_b64":"eyJza3UiOiJhYmMiLCJxdHkiOjF9",'
-    '"route_id":"shop POST /v1/orders","price":1000,"headers":[],"face_value":1000}'
+_BODY = b'{"sku":"abc","qty":1}'
+BENCH_FINGERPRINT = fingerprint("POST", "/v1/orders", "", _BODY)
+_REQUEST = StoredRequest(
+    "a1",
+    "shop",
+    "POST",
+    "/v1/orders",
+    "",
+    "application/json",
+    base64.b64encode(_BODY).decode(),
+    BENCH_ROUTE,
+    1000,
+    face_value=1000,
 )
+BENCH_REQUEST = _REQUEST.dumps()
 # What a gateway's settled hold keeps instead: the upstream's answer (StoredAnswer).
-BENCH_OUTCOME = (
-    '{"agent":"a1","status":201,"headers":[["content-type","application/json"]],'
-    '"body_b64":"eyJvcmRlciI6IjEyMyIsInN0YXR1cyI6ImNvbmZpcm1lZCJ9",'
-    '"route_id":"shop POST /v1/orders","face_value":1000,"effect_class":"","in_process":false}'
-)
+BENCH_OUTCOME = _REQUEST.answer(
+    201, [("content-type", "application/json")], b'{"order":"123","status":"confirmed"}'
+).dumps()
+
+
+def bench_agent_key(i: int) -> str:
+    """An agent's Idempotency-Key as irrev's client sends it: a model's tool-call id
+    (`toolu_` and 24 characters, as long as the common ones)."""
+    return f"toolu_{i:024d}"
 
 
 @dataclass(frozen=True)
@@ -255,17 +272,20 @@ async def memory_per_hold(
     redis, node = ledger.redis, tenant_node(ledger, tenant)
     before = int((await redis.info("memory", **node))["used_memory"])
     for start in range(0, holds, batch):
-        ids = [f"m{i}" for i in range(start, min(start + batch, holds))]
+        # A gateway's hold id, fingerprint and agent key, as long as a gateway's are:
+        # each appears in the hold's key, record or journal entries.
+        agent_keys = [bench_agent_key(i) for i in range(start, min(start + batch, holds))]
+        ids = [hold_id_for(tenant, "a1", BENCH_ROUTE, key) for key in agent_keys]
         requests = [
             ReserveRequest(
                 k,
-                "fp",
+                BENCH_FINGERPRINT,
                 dict.fromkeys(ACCOUNTS, PRICE),
                 HOUR_MS,
                 request=BENCH_REQUEST if provenance else "",
-                provenance=Provenance(BENCH_ROUTE, "a1", "ops", PRICE, k) if provenance else None,
+                provenance=Provenance(BENCH_ROUTE, "a1", "ops", PRICE, key) if provenance else None,
             )
-            for k in ids
+            for k, key in zip(ids, agent_keys, strict=True)
         ]
         await ledger.reserve_many(tenant, requests)
         await ledger.post_many(

@@ -17,8 +17,12 @@
 --            hash as a table, three times the memory, for the hold's life): the
 --            request while it is live, still when it is rejected or expired (the
 --            gateway shows whose it was), the upstream's answer (outcome) once it is
---            posted or voided, or nothing. It lives as the record does: no TTL while
---            the hold is live, the record's retention once it is settled
+--            posted or voided if it is over INLINE_OUTCOME bytes, or nothing. It
+--            lives as the record does: no TTL while the hold is live, the record's
+--            retention once it is settled. An outcome of at most INLINE_OUTCOME
+--            bytes is kept in the record instead, cut into fields o1, o2, ... of
+--            under 64 bytes each (settle_fields): a settled hold is then one key,
+--            not two (a key and its TTL cost ~100-150 bytes of their own)
 -- A script builds no key of its own but checks the keys it was given: KEYS[1..5]
 -- are the tenant's (bind), any other key is of the same tenant (bind) and a hold's
 -- keys are the ones its id names (hold_id_arg), so a caller cannot point it
@@ -152,6 +156,18 @@ local function join_numbers(t)
     out[i] = fmt(t[i])
   end
   return table.concat(out, ',')
+end
+
+-- Per-account amounts as a journal entry keeps them: one number when every account
+-- has the same (the common case: bytes in every entry kept), else one per account
+-- (JournalEntry.deltas reads both).
+local function journal_numbers(t)
+  for i = 2, #t do
+    if t[i] ~= t[1] then
+      return join_numbers(t)
+    end
+  end
+  return join_numbers({t[1]})
 end
 
 local function hkey(id)
@@ -581,13 +597,36 @@ local function outcome_arg()
   return outcome
 end
 
+-- An outcome of at most INLINE_OUTCOME bytes is kept in the hold's record, in
+-- fields o1, o2, ... of at most OUTCOME_PART bytes: under the 64 bytes that keep a
+-- hash packed, and cut between UTF-8 characters (a client reads each field as text).
+local INLINE_OUTCOME, OUTCOME_PART = 1024, 63
+
+-- Appends the outcome's parts (o1, o2, ...) to `fields`.
+local function outcome_parts(outcome, fields)
+  local at, n, size = 1, 0, #outcome
+  while at <= size do
+    local last = at + OUTCOME_PART - 1
+    -- A byte 0x80-0xBF continues the character before it: cut before its start.
+    while last < size and last > at and string.byte(outcome, last + 1) >= 0x80
+        and string.byte(outcome, last + 1) < 0xC0 do
+      last = last - 1
+    end
+    n = n + 1
+    fields[#fields + 1], fields[#fields + 2] = 'o' .. n, string.sub(outcome, at, last)
+    at = last + 1
+  end
+end
+
 -- A settled (posted or voided) hold keeps neither its request nor a retry's claim
--- (retry.lua: only an ambiguous hold has one), and keeps the outcome, if any, as its
--- payload, for the record's retention. `from`: the state it settles from.
+-- (retry.lua: only an ambiguous hold has one), and keeps the outcome, if any, for
+-- the record's retention: in the record (outcome_parts) or, when longer than
+-- INLINE_OUTCOME, as its payload. `from`: the state it settles from.
 local function settle_fields(from, outcome, retention_ms, fields)
   local payload = pkey(ARGV[1])
-  if #outcome == 0 then
+  if #outcome <= INLINE_OUTCOME then
     redis.call('DEL', payload)
+    outcome_parts(outcome, fields)
   elseif retention_ms > 0 then
     redis.call('SET', payload, outcome, 'PX', fmt(retention_ms))
   else

@@ -20,10 +20,12 @@
 --                                      posted past 2^53-1, checked before any write)
 --
 -- The hold gains pst (the posted amounts), pws (each account's window at the post),
--- tp, flag if any (cmp, what was recovered, appears with a compensation); its
--- payload (KEYS[7]) becomes the outcome.
+-- tp, flag if any (cmp, what was recovered, appears with a compensation), and the
+-- outcome: in the record (o1, o2, ...) or, when long, as its payload (KEYS[7]);
+-- the request is dropped (settle_fields in _lib.lua).
 -- Its journal entry: op, hold, acc, rel (the pending released, per account: the
--- hold's amounts, absent when it had expired), pst, flag if any.
+-- hold's amounts, absent when it had expired), pst, flag if any; rel and pst are
+-- one number when it is every account's (journal_numbers).
 --
 -- Invariant: pending falls by exactly what the hold still charged, posted rises by
 -- exactly the posted amounts, and the journal entry carries both.
@@ -75,9 +77,9 @@ save_accounts(accounts)
 local flag_text = table.concat(flags, ',')
 local pst = join_numbers(amounts)
 local fields = {'pst', pst, 'pws', join_numbers(post_ws), 'tp', fmt(now)}
-local entry = {'op', 'post', 'hold', id, 'acc', hold.acc, 'pst', pst}
+local entry = {'op', 'post', 'hold', id, 'acc', hold.acc, 'pst', journal_numbers(amounts)}
 if hold.st ~= 'expired' then
-  entry[#entry + 1], entry[#entry + 2] = 'rel', hold.amt
+  entry[#entry + 1], entry[#entry + 2] = 'rel', journal_numbers(hold.amounts)
 end
 if #flag_text > 0 then
   fields[#fields + 1], fields[#fields + 2] = 'flag', flag_text

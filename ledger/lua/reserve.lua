@@ -50,7 +50,8 @@
 -- decision follows from the reason); the request is KEYS[7]'s. Each value stays short
 -- (Redis keeps a hash whose values are all under 64 bytes packed, in a third of the
 -- memory), so the limits and used amounts are not joined into one. Its journal
--- entry: op, hold, why, acc and amt for a hold kept (the pending it adds), shadow
+-- entry: op, hold, why (absent for within_budget), acc and amt for a hold kept (the pending it adds; one
+-- number when it is every account's, journal_numbers), shadow
 -- (the would-be decision of a hold kept in shadow mode: its state is pending whatever
 -- the reason), prov. A shadow hold's record is pending with the would-be reason.
 --
@@ -277,7 +278,12 @@ else
 end
 -- A refusal changes no balance, so its journal entry names none (not even the
 -- accounts it would have opened).
-local entry = {'op', 'reserve', 'hold', id, 'why', reason}
+-- An admission within budget (the common case) journals no reason: it is the one
+-- JournalEntry reads when there is none.
+local entry = {'op', 'reserve', 'hold', id}
+if reason ~= 'within_budget' then
+  entry[5], entry[6] = 'why', reason
+end
 if state == 'denied' then
   if denied_retention_ms > 0 then
     redis.call('PEXPIRE', key, fmt(denied_retention_ms))
@@ -291,7 +297,8 @@ if state == 'denied' then
   end
   save_accounts(rolled)
 else
-  entry[7], entry[8], entry[9], entry[10] = 'acc', acc, 'amt', amt
+  entry[#entry + 1], entry[#entry + 2] = 'acc', acc
+  entry[#entry + 1], entry[#entry + 2] = 'amt', journal_numbers(amounts)
   for i = 1, n do
     local a = loaded[i]
     a.pend = a.pend + amounts[i]

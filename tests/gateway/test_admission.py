@@ -5,8 +5,10 @@ HTTP request anywhere. The seam is the three-argument `deliver`, nothing more.""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from gateway.upstream import Answer, Fate, Upstream
 from gateway.wire import StoredAnswer, StoredRequest, upstream_key
 from ledger.client import Ledger
 from ledger.journal import read_journal
+from ledger.keys import hold_key, payload_key
 from ledger.records import HoldState, Provenance
 from pricing.policy import EffectClass
 
@@ -133,6 +136,42 @@ async def test_a_second_upstream_is_held_delivered_posted_and_replayed(
     assert (again.answer.status, again.answer.body) == (201, first.answer.body)
     assert again.answer.headers == [("content-type", "application/json")]
     assert len(tool.deliveries) == 1 and len(tool.made) == 1
+
+
+async def test_an_answer_kept_in_the_long_form_of_older_gateways_is_still_replayed(
+    pipeline: Pipeline,
+) -> None:
+    """Old and new gateways share a Redis during a rolling upgrade: an answer an older
+    gateway kept (one JSON object with the field names, body in base64, as main wrote
+    it before issue 12's compact form) still serves a repeat, whole."""
+    tool = ToolInMemory()
+    first = _admitted(await pipeline.admit(tool, pipeline.intent("k1")))
+    assert isinstance(first.answer, Answer)
+    redis, record = pipeline.gate.ledger.redis, hold_key(pipeline.tenant.id, first.hold_id)
+    hold = await pipeline.gate.ledger.hold(pipeline.tenant.id, first.hold_id)
+    assert hold is not None and hold.outcome.startswith('{"a":')
+    # As an older irrev kept it: not in the record's parts but as the payload.
+    parts = [name for name in await redis.hkeys(record) if re.fullmatch(r"o\d+", name)]
+    assert parts and await redis.hdel(record, *parts) == len(parts)
+    old = {
+        "agent": "buyer-01",
+        "status": 201,
+        "headers": [["content-type", "application/json"]],
+        "body_b64": base64.b64encode(first.answer.body).decode(),
+        "route_id": "supplier POST /orders",
+        "face_value": 7,
+        "effect_class": "",
+        "in_process": False,
+    }
+    payload = payload_key(pipeline.tenant.id, first.hold_id)
+    await redis.set(payload, json.dumps(old, separators=(",", ":")), px=3_600_000)
+
+    again = _admitted(await pipeline.admit(tool, pipeline.intent("k1")))
+    assert again.result.replayed and isinstance(again.answer, StoredAnswer)
+    assert (again.answer.status, again.answer.body) == (201, first.answer.body)
+    assert again.answer.headers == [("content-type", "application/json")]
+    assert (again.answer.route_id, again.answer.face_value) == ("supplier POST /orders", 7)
+    assert len(tool.deliveries) == 1
 
 
 async def test_an_unknown_fate_is_retried_under_the_same_key_until_known(

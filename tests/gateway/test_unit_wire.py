@@ -22,3 +22,48 @@ def test_answers_keep_only_headers_that_describe_the_body() -> None:
     stored = StoredAnswer.of("a1", 201, headers, b"{}")
     assert stored.headers == [("content-type", "application/json"), ("location", "/o/1")]
     assert StoredAnswer.loads(stored.dumps()) == stored
+
+
+# An answer as gateways wrote it before the compact form (issue 12), byte for byte.
+LONG_FORM = (
+    '{"agent":"a1","status":201,"headers":[["content-type","application/json"]],'
+    '"body_b64":"eyJvcmRlciI6IjEyMyJ9","route_id":"shop POST /v1/orders",'
+    '"face_value":1000,"effect_class":"irreversible","in_process":true}'
+)
+
+
+def test_answers_kept_in_the_long_form_still_load() -> None:
+    stored = StoredAnswer.loads(LONG_FORM)
+    assert (stored.agent, stored.status, stored.body) == ("a1", 201, b'{"order":"123"}')
+    assert stored.headers == [("content-type", "application/json")]
+    assert (stored.route_id, stored.face_value) == ("shop POST /v1/orders", 1000)
+    assert (stored.effect_class, stored.in_process) == ("irreversible", True)
+    assert StoredAnswer.loads(stored.dumps()) == stored
+
+
+def test_the_compact_form_keeps_every_field_in_fewer_bytes() -> None:
+    stored = StoredAnswer.loads(LONG_FORM)
+    assert len(stored.dumps()) < len(LONG_FORM) * 3 // 4
+    # Defaults are left out, and read back as defaults.
+    bare = StoredAnswer.of("a1", 204, [], b"")
+    assert bare.dumps() == '{"a":"a1","s":204}\n'
+    assert StoredAnswer.loads(bare.dumps()) == bare
+
+
+def test_bodies_of_any_bytes_survive_the_compact_form() -> None:
+    for body in (b"\xff\x00binary", b"line 1\nline 2\r\n", "caf\u00e9 \u2603".encode(), b"{}"):
+        stored = StoredAnswer.of("a|1", 200, [("Content-Type", "text/plain")], body, "r\nx")
+        loaded = StoredAnswer.loads(stored.dumps())
+        assert loaded == stored and loaded.body == body
+
+
+def test_headers_keep_their_order_whichever_comes_first() -> None:
+    for headers in (
+        [("Content-Type", "application/json"), ("Location", "/o/1")],
+        [("Location", "/o/1"), ("Content-Type", "application/json")],
+        [("ETag", '"v1"')],
+    ):
+        stored = StoredAnswer.of("a1", 201, headers, b"{}")
+        assert StoredAnswer.loads(stored.dumps()).headers == [
+            (name.lower(), value) for name, value in headers
+        ]

@@ -302,18 +302,22 @@ async def test_request_kept_while_live_and_outcome_once_settled(
 
 # A gateway's stored request is some hundreds of bytes (irrev/bench/ledger.py's).
 GATEWAY_SIZED_REQUEST = '{"agent":"a1","tool":"shop","body_b64":"' + "x" * 300 + '"}'
-GATEWAY_SIZED_ANSWER = '{"status":201,"agent":"a1","body_b64":"' + "y" * 200 + '"}'
+GATEWAY_SIZED_ANSWER = '{"a":"a1","s":201}\n{"order":"' + "y" * 200 + '"}'
+# Longer than the record keeps (INLINE_OUTCOME in lua/_lib.lua).
+LONG_ANSWER = '{"a":"a1","s":201}\n' + "z" * 2000
 
 
 async def test_the_request_and_the_outcome_live_beside_the_record(
     ledger: Ledger, tenant: str
 ) -> None:
     """A value over 64 bytes in the record would make Redis keep the whole hash as a
-    table (about 3x the memory) until the record expires: the request, then the
-    outcome, is a key of its own (the payload), which a settlement without an
-    outcome drops and one with an outcome keeps for the record's retention."""
+    table (about 3x the memory) until the record expires: the request is a key of its
+    own (the payload); the outcome is kept in the record, in parts of under 64 bytes
+    (one key per settled hold, not two), or, when long, as the payload. A settlement
+    without an outcome drops the payload; one with keeps it for the record's
+    retention."""
     await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 1000))
-    keys = ("posted", "voided", "posted-bare", "voided-bare")
+    keys = ("posted", "voided", "posted-bare", "voided-bare", "posted-long", "voided-long")
     for key in keys:
         await reserve(ledger, tenant, key, 100, "tenant:acme", request=GATEWAY_SIZED_REQUEST)
         assert await ledger.redis.object("encoding", hold_key(tenant, key)) in COMPACT
@@ -322,20 +326,50 @@ async def test_the_request_and_the_outcome_live_beside_the_record(
     await ledger.void(tenant, "voided", outcome=GATEWAY_SIZED_ANSWER)
     await ledger.post(tenant, "posted-bare", 100)
     await ledger.void(tenant, "voided-bare")
+    await ledger.post(tenant, "posted-long", 100, outcome=LONG_ANSWER)
+    await ledger.void(tenant, "voided-long", outcome=LONG_ANSWER)
     for key in keys:
         assert await ledger.redis.object("encoding", hold_key(tenant, key)) in COMPACT
         found = await ledger.hold(tenant, key)
         assert found is not None and found.request == ""
-        if key.endswith("-bare"):
-            assert found.outcome == ""
-            assert not await ledger.redis.exists(payload_key(tenant, key))
-        else:
-            assert found.outcome == GATEWAY_SIZED_ANSWER
+        if key.endswith("-long"):
+            assert found.outcome == LONG_ANSWER
             assert 0 < await ledger.redis.pttl(payload_key(tenant, key)) <= ledger.retention_ms
+        else:
+            assert found.outcome == ("" if key.endswith("-bare") else GATEWAY_SIZED_ANSWER)
+            assert not await ledger.redis.exists(payload_key(tenant, key))
     # A compensation starts the retention of both again.
-    await ledger.redis.pexpire(payload_key(tenant, "posted"), 60_000)
-    await ledger.compensate(tenant, "posted", 10)
-    assert await ledger.redis.pttl(payload_key(tenant, "posted")) > 60_000
+    await ledger.redis.pexpire(payload_key(tenant, "posted-long"), 60_000)
+    await ledger.compensate(tenant, "posted-long", 10)
+    assert await ledger.redis.pttl(payload_key(tenant, "posted-long")) > 60_000
+
+
+async def test_an_outcome_kept_in_the_record_survives_cuts_between_characters(
+    ledger: Ledger, tenant: str
+) -> None:
+    """Each part is read as UTF-8 text: a cut inside a character would fail the read."""
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+    for shift in range(4):
+        answer = "x" * shift + "caf\u00e9 \u2603 \U0001f600 " * 40
+        assert len(answer.encode()) <= 1024
+        key = f"utf8-{shift}"
+        await reserve(ledger, tenant, key, 1, "tenant:acme")
+        await ledger.post(tenant, key, 1, outcome=answer)
+        found = await ledger.hold(tenant, key)
+        assert found is not None and found.outcome == answer
+        assert await ledger.redis.object("encoding", hold_key(tenant, key)) in COMPACT
+
+
+async def test_an_outcome_an_older_irrev_kept_as_the_payload_is_still_read(
+    ledger: Ledger, tenant: str
+) -> None:
+    """Before outcomes were kept in the record, a settled hold's was its payload."""
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 1000))
+    await reserve(ledger, tenant, "old", 100, "tenant:acme", request=GATEWAY_SIZED_REQUEST)
+    await ledger.post(tenant, "old", 100)
+    await ledger.redis.set(payload_key(tenant, "old"), GATEWAY_SIZED_ANSWER)
+    found = await ledger.hold(tenant, "old")
+    assert found is not None and (found.request, found.outcome) == ("", GATEWAY_SIZED_ANSWER)
 
 
 # Redis 6.2 calls a packed hash a ziplist, 7 a listpack.

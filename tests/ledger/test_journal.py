@@ -7,7 +7,7 @@ import hashlib
 
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
-from ledger.journal import Delta, read_journal
+from ledger.journal import Delta, JournalEntry, read_journal
 from ledger.records import Provenance
 
 from .conftest import open_accounts
@@ -66,3 +66,50 @@ async def test_lean_entries_replay_into_every_balance(ledger: Ledger, tenant: st
     assert post.fields["flag"] == "overrun"
     report = await audit_tenant(ledger, tenant)
     assert report.ok, report.mismatches
+
+
+async def test_one_amount_for_every_account_is_journaled_once(ledger: Ledger, tenant: str) -> None:
+    """Issue 12: a reserve, and a post releasing and posting the same amount on every
+    account (the common case), journal it once; the deltas are still per account."""
+    await open_accounts(ledger, tenant, tenant_acme=10_000, agent_a=5_000)
+    both = {"tenant:acme": 300, "agent:a": 300}
+    await ledger.reserve(tenant, "k1", "fp", both, ttl_ms=HOUR_MS)
+    await ledger.post(tenant, "k1", 120)
+    reserve, post = (await read_journal(ledger, tenant))[-2:]
+    assert (reserve.fields["amt"], post.fields["rel"], post.fields["pst"]) == ("300", "300", "120")
+    # Within budget, the common reason, is the one an entry without `why` has.
+    assert "why" not in reserve.fields and reserve.reason == "within_budget"
+    assert (reserve.state, reserve.as_dict()["why"]) == ("pending", "within_budget")
+    assert reserve.deltas == (Delta("tenant:acme", 300, 0), Delta("agent:a", 300, 0))
+    assert post.deltas == (Delta("tenant:acme", -300, 120), Delta("agent:a", -300, 120))
+    report = await audit_tenant(ledger, tenant)
+    assert report.ok, report.mismatches
+
+
+def test_entries_written_before_the_lean_forms_still_read() -> None:
+    """Entries of an older irrev: one amount per account, the digest in hex."""
+    digest = hashlib.sha256(REQUEST.encode()).hexdigest()
+    reserve = JournalEntry(
+        "1-0",
+        "reserve",
+        {
+            "hold": "k1",
+            "why": "within_budget",
+            "acc": "tenant:acme,agent:a",
+            "amt": "300,300",
+            "prov": f"r|a|p|5|{digest}|key",
+        },
+    )
+    post = JournalEntry(
+        "2-0", "post", {"hold": "k1", "acc": "tenant:acme,agent:a", "pst": "9,9", "rel": "300,300"}
+    )
+    assert reserve.deltas == (Delta("tenant:acme", 300, 0), Delta("agent:a", 300, 0))
+    assert post.deltas == (Delta("tenant:acme", -300, 9), Delta("agent:a", -300, 9))
+    assert reserve.provenance == Provenance("r", "a", "p", 5, "key", digest)
+
+
+def test_the_digest_is_journaled_in_base64url() -> None:
+    digest = hashlib.sha256(REQUEST.encode()).hexdigest()
+    packed = Provenance("r", "a", "p", 5, "key", digest).packed()
+    assert len(packed.split("|")[4]) == 43
+    assert Provenance.unpacked(packed).request_sha256 == digest
