@@ -136,7 +136,10 @@ class GatewaySettings(BaseSettings):
         "gauges of the tenants it sweeps",
     )
     webhook_timeout_s: float = Field(
-        default=5.0, gt=0, le=60, description="how long a webhook receiver has to answer"
+        default=5.0,
+        gt=0,
+        le=60,
+        description="how long a webhook receiver has to answer, its whole answer",
     )
     webhook_backoff_s: float = Field(
         default=0.5, gt=0, le=60, description="the first retry's delay; each doubles it"
