@@ -19,8 +19,10 @@ from ledger import (
     Balance,
     Hold,
     HoldState,
+    HoldStateConflict,
     Ledger,
     Rule,
+    Status,
     UnknownAccount,
     read_journal,
 )
@@ -345,30 +347,50 @@ async def resolve_hold(
     ledger = gate_of(request).ledger
     hold = await _hold_of(ledger, tenant, hold_id)
     wanted = HoldState(spec.outcome)
-    # Said again after a crash between settling and journaling: only the note is due.
-    if hold.state is not HoldState.AMBIGUOUS and not (
-        hold.state is wanted and not hold.resolved_by
-    ):
-        raise Problem(
-            409,
-            "state_conflict",
-            f"only an ambiguous hold is resolved by hand; this one is {hold.state.value}",
-            state=hold.state.value,
-            by=hold.resolved_by or hold.by or None,
-        )
+    answer = {"hold": hold_id, "state": wanted.value, "by": admin.name, "reason": spec.reason}
+    if hold.resolved_by == admin.name and hold.state is wanted:
+        return answer  # this admin's own request again (its answer was lost): done
+    # `ambiguity` stays on a hold once it was ambiguous: a hold posted or voided in
+    # the ordinary way never was, and has nothing to resolve. A posted or voided one
+    # without a resolver is the crash between settling and journaling below: only
+    # the note is due.
+    if not hold.ambiguity or hold.resolved_by or hold.state not in (HoldState.AMBIGUOUS, wanted):
+        raise _not_resolvable(hold)
     record = record_of(hold.request, hold.outcome)
     outcome = receipt(record) if record else ""
     if hold.state is HoldState.AMBIGUOUS:
-        if wanted is HoldState.POSTED:
-            price = (
-                record.price if isinstance(record, StoredRequest) else max(hold.amounts.values())
-            )
-            await ledger.post(tenant, hold_id, price, outcome=outcome)
-        else:
-            await ledger.void(tenant, hold_id, outcome=outcome)
-    await ledger.note_resolution(tenant, hold_id, wanted, admin.name, spec.reason)
-    resolved(tenant, admin.name, f"resolved_{wanted.value}", hold_id, record)
-    return {"hold": hold_id, "state": wanted.value, "by": admin.name, "reason": spec.reason}
+        try:
+            if wanted is HoldState.POSTED:
+                asked = record if isinstance(record, StoredRequest) else None
+                price = asked.price if asked else max(hold.amounts.values())
+                await ledger.post(tenant, hold_id, price, outcome=outcome)
+            else:
+                await ledger.void(tenant, hold_id, outcome=outcome)
+        except HoldStateConflict:
+            # Another resolver settled it the other way meanwhile.
+            raise _not_resolvable(await _hold_of(ledger, tenant, hold_id)) from None
+    # Of resolvers who settled it the same way at once, the first to journal is the
+    # one who resolved it; the others are told who.
+    noted = await ledger.note_resolution(tenant, hold_id, wanted, admin.name, spec.reason)
+    if noted.status is Status.EXISTS and noted.by != admin.name:
+        raise _not_resolvable(await _hold_of(ledger, tenant, hold_id))
+    if noted.status is Status.OK:
+        resolved(tenant, admin.name, f"resolved_{wanted.value}", hold_id, record)
+    return answer
+
+
+def _not_resolvable(hold: Hold) -> Problem:
+    if not hold.ambiguity:
+        why = f"this one is {hold.state.value} and never was ambiguous"
+    else:
+        why = f"this one is {hold.state.value}, resolved by {hold.resolved_by or 'another'}"
+    return Problem(
+        409,
+        "state_conflict",
+        f"only an ambiguous hold is resolved by hand; {why}",
+        state=hold.state.value,
+        by=hold.resolved_by or hold.by or None,
+    )
 
 
 @router.get("/tenants/{tenant}/events")

@@ -559,7 +559,8 @@ class Ledger:
         self, tenant: str, hold_id: str, state: HoldState, admin: str, note: str
     ) -> TransitionResult:
         """Journal who resolved an ambiguous hold by hand (after posting or voiding
-        it) and why, once per hold: 'exists' if it was journaled before."""
+        it) and why, once per hold: 'exists' if it was journaled before (`by` says
+        by whom)."""
         args = [
             validate.identifier("hold_id", hold_id),
             state.value,
@@ -881,7 +882,7 @@ def _transition_result(
         hold_id=hold_id,
         state=_STATES[reply[1]],
         flags=frozenset(flags.split(",")) - {""} if flags else _NO_FLAGS,
-        by=flags if operation == "reject" else "",
+        by=flags if operation in ("reject", "note") else "",
         replicas=replicas,
     )
 
