@@ -250,7 +250,9 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         same series summed over tenants. Fleet gauges are read from Redis now, by this
         worker alone (Ledger.snapshot: two round trips for every tenant), and only for
         the tenants this gateway sweeps: each tenant's come from one gateway of the
-        fleet, so summing a series over instances counts it once."""
+        fleet, so summing a series over instances counts it once. Without tenant
+        labels no account or hold is shown, so none is read: the live counts only
+        (a scrape read every escalated and ambiguous hold, and anyone may scrape)."""
         gate = gate_of(request)
         admin = await _admin(request)
         tenant_labels = settings.metrics_tenant_labels or (admin is not None and admin.operator)
@@ -260,9 +262,11 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             reported = await app.state.sweeper.reporting(list(policies))
             accounts = {
                 tenant: metered_accounts(policies[tenant], settings.metrics_agent_accounts)
+                if tenant_labels
+                else []
                 for tenant in reported
             }
-            snapshots = await gate.ledger.snapshot(accounts)
+            snapshots = await gate.ledger.snapshot(accounts, holds=tenant_labels)
         state = metrics.PolicyState(gate.tenants.versions())
         for fault in gate.tenants.faults:
             state.failing[fault.tenant] = state.failing.get(fault.tenant, 0) + 1

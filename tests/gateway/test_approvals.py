@@ -69,7 +69,7 @@ async def test_queue_items_carry_who_what_how_much_and_which_account(
     gw, tenant = loop_gateway, loop_gateway.tenant("own")
     escalation = await escalate(gw, client, "buyer-01", "queue-1")
     queue = await client.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gw.admin)
-    [item] = [i for i in queue.json() if i["escalation"] == escalation]
+    [item] = [i for i in queue.json()["escalations"] if i["escalation"] == escalation]
     assert item["agent"] == "buyer-01" and item["principal"] == "procurement"
     assert item["route"] == "supplier POST /orders" and item["currency"] == "USD"
     assert item["face_value"] == 45_000 * 10**6
@@ -93,7 +93,7 @@ async def test_queue_items_carry_who_what_how_much_and_which_account(
         if admitted.status_code == 202:
             break
     queue = await client.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gw.admin)
-    banded = [i for i in queue.json() if i["reason"] == "soft_band"]
+    banded = [i for i in queue.json()["escalations"] if i["reason"] == "soft_band"]
     assert banded, queue.json()
     tripped = banded[0]["tripped"]
     assert tripped["account"] == "agent:buyer-02"

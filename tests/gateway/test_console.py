@@ -227,6 +227,17 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
         assert "POST /orders" in row.find_element(By.CSS_SELECTOR, "td.route").text
         page.text_is(f"{account} td.pending", price)  # reserved while it waits
         page.shot("escalation-waiting")
+        # The queue's page has no bodies: opening one reads it from the hold.
+        page.find(f"{row_css} td.request summary").click()
+
+        def body_shown(driver: WebDriver) -> bool:
+            try:
+                pre = driver.find_element(By.CSS_SELECTOR, f"{row_css} td.request pre")
+                return "s-console" in (pre.get_attribute("textContent") or "")
+            except (NoSuchElementException, StaleElementReferenceException):
+                return False
+
+        page.until(body_shown, "the request body was never read from the hold")
 
         row.find_element(By.CSS_SELECTOR, "input.reason").send_keys(REASON)
         row.find_element(By.CSS_SELECTOR, "button.approve").click()
