@@ -497,7 +497,7 @@ def resolved(
     request: StoredRequest | StoredAnswer | None,
 ) -> None:
     """The counter and the log line of an approval or a rejection."""
-    metrics.ADMIN_DECISIONS.labels(tenant, admin, decision).inc()
+    metrics.ADMIN_DECISIONS.labels(tenant, metrics.admin_label(admin), decision).inc()
     log.info(
         f"escalation {decision}",
         extra={

@@ -247,10 +247,11 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     async def metrics_endpoint(request: Request) -> Response:
         """Tenant labels (and the gauges that name accounts or differ per tenant) for
         an operator's token or with IRREV_METRICS_TENANT_LABELS; anyone else gets the
-        same series summed over tenants. Fleet gauges are read from Redis now, by this
-        worker alone (Ledger.snapshot: two round trips for every tenant), and only for
-        the tenants this gateway sweeps: each tenant's come from one gateway of the
-        fleet, so summing a series over instances counts it once. Without tenant
+        same series summed over tenants, and over the admins and tools they name.
+        Fleet gauges are read from Redis now, by this worker alone (Ledger.snapshot:
+        two round trips for every tenant), and only for the tenants this gateway
+        sweeps: each tenant's come from one gateway of the fleet, so summing a series
+        over instances counts it once. Without tenant
         labels no account or hold is shown, so none is read: the live counts only
         (a scrape read every escalated and ambiguous hold, and anyone may scrape)."""
         gate = gate_of(request)
