@@ -127,7 +127,11 @@ async def test_bad_reasons_are_refused_and_change_nothing(
 ) -> None:
     gw = loop_gateway
     escalation = await escalate(gw, client, "buyer-04", "bad-reason")
-    for body in ({"reason": "line\nforged"}, {"reason": "x" * 501}, {"why": "extra"}):
+    # Line and paragraph separators, bidi overrides and zero-width characters (Zl,
+    # Zp, Cf) forge lines and reorder text as surely as controls: accepted before.
+    spoofs = ["ok\u2028forged", "ok\u2029forged", "paid \u202e0001", "a\u200bb", "\ufeffx"]
+    bodies = [{"reason": "line\nforged"}, {"reason": "x" * 501}, {"why": "extra"}]
+    for body in bodies + [{"reason": spoof} for spoof in spoofs]:
         refused = await client.post(
             f"/v1/escalations/{escalation}/approve", json=body, headers=gw.admin
         )
