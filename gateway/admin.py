@@ -450,11 +450,17 @@ async def events(
     return {"events": found, "next": cursor}
 
 
+# A rule lives at most a week: a quarter-end or an on-call weekend, and a forgotten
+# one ends soon by itself. A lasting change is a policy change (a policy_admin's).
+MAX_RULE_DURATION_MS = 7 * 86_400_000
+
+
 class RuleRequest(BaseModel):
-    """`auto_approve`: escalations of `agent` (or of any agent of `principal`) priced
-    at most `max_price` are approved without a person, for `duration`.
-    `raise_limit`: `account`'s limit (and soft limit) is `amount` higher, for
-    `duration`; it ends by itself. Amounts in major units of the risk unit."""
+    """`auto_approve` (an approver's): escalations of `agent` (or of any agent of
+    `principal`) priced at most `max_price` are approved without a person, for
+    `duration`. `raise_limit` (a policy_admin's: it widens a budget): `account`'s
+    limit (and soft limit) is `amount` higher, for `duration`; it ends by itself.
+    Amounts in major units of the risk unit."""
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["auto_approve", "raise_limit"]
@@ -463,7 +469,7 @@ class RuleRequest(BaseModel):
     max_price: str | int | None = None
     account: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._:@/-]{1,128}$")
     amount: str | int | None = None
-    duration: str = Field(description="how long it lives, e.g. '2h' (at most 366d)")
+    duration: str = Field(description="how long it lives, e.g. '2h' (at most 7d)")
     reason: Note = Field(min_length=1)
 
 
@@ -504,6 +510,18 @@ def _check_rule(policy: TenantPolicy, spec: RuleRequest) -> dict[str, Any]:
     if spec.principal is not None and spec.principal not in document.accounts.principals:
         raise Problem(422, "bad_rule", f"the policy has no principal {spec.principal!r}")
     max_price = _amount(spec.max_price, "max_price", document.scale)
+    # The rule removes the person, never a limit: it may approve no more than the
+    # policy lets one effect of the agent (any agent of the principal) be.
+    caps = [
+        agent.per_effect_cap
+        for name, agent in document.agents.items()
+        if name == spec.agent or (spec.principal is not None and agent.principal == spec.principal)
+    ]
+    if max_price > max(caps, default=0):
+        cap = money_text(max(caps, default=0), document.scale, currency(policy))
+        raise Problem(
+            422, "bad_rule", f"'max_price' must be at most the per_effect_cap it covers ({cap})"
+        )
     return {
         "kind": spec.kind,
         "agent": spec.agent,
@@ -516,12 +534,17 @@ def _check_rule(policy: TenantPolicy, spec: RuleRequest) -> dict[str, Any]:
 async def create_rule(
     request: Request, tenant: str, spec: RuleRequest, admin: Admin
 ) -> dict[str, Any]:
-    policy = policy_of(request, tenant, admin, AdminRole.APPROVER)
+    # A raise widens a budget, like a policy upload; an auto-approval only stands in
+    # for the approver's own decisions, within the limits.
+    needed = AdminRole.POLICY_ADMIN if spec.kind == "raise_limit" else AdminRole.APPROVER
+    policy = policy_of(request, tenant, admin, needed)
     stored = {**_check_rule(policy, spec), "by": admin.name, "reason": spec.reason}
     try:
         ttl_ms = duration_ms(spec.duration)
     except ValueError as exc:
         raise Problem(422, "bad_rule", str(exc)) from exc
+    if ttl_ms > MAX_RULE_DURATION_MS:
+        raise Problem(422, "bad_rule", f"'duration' {spec.duration!r} must be at most 7d")
     rule_id = f"r-{secrets.token_hex(6)}"
     ledger = gate_of(request).ledger
     text = json.dumps(stored, separators=(",", ":"))

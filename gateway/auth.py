@@ -48,10 +48,17 @@ def _named(request: Request, tenant: str, who: str) -> None:
     request.state.agent = who
 
 
+# An operator is recorded (journal, events, logs, metrics) as `operator:<name>`: a
+# tenant's admin is named by a member id, which has no ':', so no tenant can name one
+# of its own admins so that its decisions read as an operator's. Tenant admins keep
+# their plain names, so what tenants see of their own admins does not change.
+OPERATOR_PREFIX = "operator:"
+
+
 def _admin_name(gate: Gate, token: str) -> str | None:
     for known, name in gate.settings.admins().items():
         if hmac.compare_digest(known.encode(), token.encode()):
-            return name
+            return OPERATOR_PREFIX + name
     return None
 
 

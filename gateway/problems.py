@@ -54,7 +54,10 @@ class Problem(Exception):
             "detail": self.detail,
             **self.extra,
         }
-        return JSONResponse(body, self.status, headers=self.headers, media_type=PROBLEM_JSON)
+        # X-Irrev-Reason marks the refusal as the gateway's: a tool's answer passes through
+        # with its own problem+json, but never with an X-Irrev-* header (responses.py).
+        headers = {**self.headers, "X-Irrev-Reason": self.reason}
+        return JSONResponse(body, self.status, headers=headers, media_type=PROBLEM_JSON)
 
 
 def body_timeout(timeout_s: float) -> Problem:

@@ -23,7 +23,8 @@ class GatewaySettings(BaseSettings):
     workers: int = Field(default=1, ge=1, le=64)
     admin_tokens: str = Field(
         default="",
-        description="comma-separated name=token pairs; the name is recorded as approver",
+        description="comma-separated name=token pairs; an operator's decisions are "
+        "recorded as operator:<name>",
     )
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     upstream_timeout_s: float = Field(default=10.0, gt=0, le=300)

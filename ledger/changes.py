@@ -108,11 +108,13 @@ class ChangeFeed:
                 # resubscribe behind our back (still seen, as a new confirmation) but
                 # with its own backoff of up to seconds. Bytes, not decoded: anyone
                 # who can PUBLISH could otherwise kill the feed with one message.
+                # TCP keepalive is a TCP socket option: redis-py's unix socket
+                # connection refuses it (TypeError on every connect).
                 redis = Redis.from_url(
                     self.url,
                     decode_responses=False,
                     retry=Retry(NoBackoff(), 0),
-                    socket_keepalive=True,
+                    **({} if self.url.startswith("unix:") else {"socket_keepalive": True}),
                 )
                 pubsub = redis.pubsub()
                 await pubsub.subscribe(CHANNEL)

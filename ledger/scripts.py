@@ -12,7 +12,10 @@ On Redis 6.2 (no Functions): each operation's file prefixed with the parts of
 on every call, so each `local function` it carries is a closure built on every
 call: `script_source` keeps only the library's statements that the operation names,
 directly or through other kept statements (statements that define nothing are
-always kept), in the library's order.
+always kept), in the library's order. For the same reason the library's caches
+would be built and dropped on every call: `_eval.lua`'s statements take the place
+of the library's of the same names (`remembering` makes no cache there), chosen
+here once, not on every call.
 
 Every operation of a tenant's ledger (OPERATIONS, including the approval loop's
 note, rule and webhook) is in the library, so its digest versions all of them.
@@ -95,14 +98,27 @@ def _names(text: str) -> set[str]:
 
 
 # What every script keeps of the library: the call's keys and arguments (`bind`).
-_ALWAYS = frozenset({"KEYS", "bind", "TENANT_KEYS"})
+_ALWAYS = frozenset({"KEYS", "bind"})
 _VERSION = "IRREV_VERSION"
+
+
+@cache
+def _evalsha_statements() -> list[tuple[str | None, str]]:
+    """_lib.lua's statements with those `_eval.lua` defines in their place."""
+    instead = {name: text for name, text in _statements(_read("_eval.lua")) if name}
+    statements = [
+        (name, instead.pop(name) if name in instead else text)
+        for name, text in _statements(_read("_lib.lua"))
+    ]
+    if instead:
+        raise ValueError(f"_eval.lua defines {sorted(instead)}, which _lib.lua does not")
+    return statements
 
 
 @cache
 def script_source(operation: str) -> str:
     """The EVALSHA form of `operation` (Redis 6.2)."""
-    statements = _statements(_read("_lib.lua"))
+    statements = _evalsha_statements()
     body = _read(f"{operation}.lua")
     needed = _names(body) | _ALWAYS
     keep = [name is None for name, _ in statements]

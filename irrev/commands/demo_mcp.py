@@ -77,7 +77,10 @@ def outcome(result: CallToolResult) -> str:
     content = result.structured_content if isinstance(result.structured_content, dict) else {}
     if not result.is_error:
         return "admitted"
-    return str(content.get("status") or content.get("reason") or "error")
+    # A refusal's `status` is its HTTP status (403); a pending result's is "escalated".
+    if content.get("status") == "escalated":
+        return "escalated"
+    return str(content.get("reason") or "error")
 
 
 async def buy(url: str, token: str, index: int, orders: int, tally: Counter[str]) -> None:

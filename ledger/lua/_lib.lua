@@ -33,7 +33,41 @@
 -- has no globals of its own).
 local KEYS, ARGV, ACCOUNTS, P, JOURNAL, DEADLINES, AMBIGUOUS, ESCALATED
 
-local TENANT_KEYS = {'accounts', 'journal', 'deadlines', 'ambiguous', 'escalated'}
+-- `make` with what it returns kept per key (`make(key, arg)`: `arg` must follow
+-- from `key`), for the names scripts make from their keys and arguments. A Functions
+-- library keeps its state until it is loaded again (Redis 7), so what is made once
+-- serves every later call. Bounded: past MAX_NAMED keys it starts again. Lua's memory
+-- is not counted against maxmemory, and caches of 4,096 entries of 8 long account ids
+-- each reached ~56 MB in a hostile review: 512 keep them to a few MB at worst. On
+-- Redis 6.2 a script's top level runs on every call, so a cache would only cost: the
+-- EVALSHA form (ledger/lua/_eval.lua) returns `make` itself.
+local MAX_NAMED = 512
+
+local function remembering(make)
+  local cache, size = {}, 0
+  return function(key, arg)
+    local v = cache[key]
+    if v == nil then
+      if size >= MAX_NAMED then
+        cache, size = {}, 0
+      end
+      v = make(key, arg)
+      cache[key], size = v, size + 1
+    end
+    return v
+  end
+end
+
+-- The tenant's keys by its accounts key (KEYS[1]): [1] the prefix of all of them,
+-- `irrev:{<tenant>}:`, and [2..5] its journal, deadlines, ambiguous and escalated
+-- keys, remembered: bind compares a call's keys with them instead of making them.
+local tenant_keys = remembering(function(accounts)
+  local p = string.match(accounts, '^(irrev:{[^}]+}:)accounts$')
+  if not p then
+    error('irrev: KEYS[1] must be a tenant accounts key irrev:{<tenant>}:accounts')
+  end
+  return {p, p .. 'journal', p .. 'deadlines', p .. 'ambiguous', p .. 'escalated'}
+end)
 
 -- `standard`: how many of KEYS[1..5] the operation takes (ledger/scripts.py). Those
 -- must be the tenant's keys, in order, and every other key must be the tenant's
@@ -42,13 +76,11 @@ local TENANT_KEYS = {'accounts', 'journal', 'deadlines', 'ambiguous', 'escalated
 local function bind(keys, argv, standard)
   KEYS, ARGV = keys, argv
   ACCOUNTS, JOURNAL, DEADLINES, AMBIGUOUS, ESCALATED = keys[1], keys[2], keys[3], keys[4], keys[5]
-  P = string.match(ACCOUNTS or '', '^(irrev:{[^}]+}:)accounts$')
-  if not P then
-    error('irrev: KEYS[1] must be a tenant accounts key irrev:{<tenant>}:accounts')
-  end
+  local tenant = tenant_keys(ACCOUNTS or '')
+  P = tenant[1]
   for i = 2, standard do
-    if keys[i] ~= P .. TENANT_KEYS[i] then
-      error('irrev: KEYS[' .. i .. '] must be ' .. P .. TENANT_KEYS[i])
+    if keys[i] ~= tenant[i] then
+      error('irrev: KEYS[' .. i .. '] must be ' .. tenant[i])
     end
   end
   for i = standard + 1, #keys do
@@ -81,7 +113,7 @@ end
 
 -- A decimal string of digits only, at most `max`; nil for anything else.
 local function uint(s, max)
-  if type(s) ~= 'string' or #s == 0 or #s > 16 or not string.match(s, '^%d+$') then
+  if type(s) ~= 'string' or #s == 0 or #s > 16 or not string.find(s, '^%d+$') then
     return nil
   end
   local n = tonumber(s)
@@ -93,7 +125,7 @@ end
 
 local function valid_id(s)
   return type(s) == 'string' and #s >= 1 and #s <= 128
-    and string.match(s, '^[%w%._:@/%-]+$') ~= nil
+    and string.find(s, '^[%w%._:@/%-]+$') ~= nil
 end
 
 local function split(s)
@@ -137,29 +169,19 @@ local ACCOUNT_FIELDS = {'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'o
 -- What a balance change writes; a new account or a policy change writes all eight.
 local BALANCE_FIELDS = {'pend', 'post', 'ws', 'over'}
 
--- The names of an account's fields in ACCOUNTS, by field name (ACCOUNT_FIELDS and
--- `raise`), made once per account and kept between calls: making the strings anew
--- on every call (each one allocated, hashed and later collected) was ~6 us of a
--- reserve's ~55. A Functions library keeps its state until it is loaded again
--- (Redis 7); on 6.2 a script's top level runs on every call, so this is per call.
--- Bounded: past MAX_NAMED accounts it starts again. Lua's memory is not counted
--- against maxmemory, and the three caches of 4,096 entries of 8 long account ids
--- each reached ~56 MB in a hostile review: 512 keep them to a few MB at worst.
-local NAMES, NAMED, MAX_NAMED = {}, 0, 512
+-- An account's field `name` in ACCOUNTS: `<account id>|<name>`. On Redis 7 each
+-- account's names are made once and kept between calls (names_of): making the
+-- strings anew on every call (each one allocated, hashed and later collected) was
+-- ~6 us of a reserve's ~55. The EVALSHA form (Redis 6.2, ledger/lua/_eval.lua) makes
+-- only the name asked for: there a cache would be built and dropped on every call.
+local names_of = remembering(function(id)
+  return {limit = id .. '|limit', soft = id .. '|soft', win = id .. '|win',
+    appr = id .. '|appr', pend = id .. '|pend', post = id .. '|post', ws = id .. '|ws',
+    over = id .. '|over', raise = id .. '|raise'}
+end)
 
-local function names_of(id)
-  local t = NAMES[id]
-  if not t then
-    if NAMED >= MAX_NAMED then
-      NAMES, NAMED = {}, 0
-    end
-    t = {raise = id .. '|raise'}
-    for j = 1, #ACCOUNT_FIELDS do
-      t[ACCOUNT_FIELDS[j]] = id .. '|' .. ACCOUNT_FIELDS[j]
-    end
-    NAMES[id], NAMED = t, NAMED + 1
-  end
-  return t
+local function field(id, name)
+  return names_of(id)[name]
 end
 
 -- The accounts named by `ids`, in their order, in one HMGET (nil where missing).
@@ -168,10 +190,9 @@ end
 local function load_accounts(ids, without_overruns)
   local names, width, k = {}, without_overruns and 7 or 8, 0
   for i = 1, #ids do
-    local t = names_of(ids[i])
     for j = 1, width do
       k = k + 1
-      names[k] = t[ACCOUNT_FIELDS[j]]
+      names[k] = field(ids[i], ACCOUNT_FIELDS[j])
     end
   end
   if #ids == 0 then
@@ -198,30 +219,25 @@ end
 -- What reserve reads of each account: load_accounts' fields but `over`, and the
 -- account's temporary raises (lua/rule.lua), in the same HMGET (a second HMGET for
 -- the raises cost reserve ~3 us).
-local RESERVE_FIELDS = {'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'raise'}
--- The HMGET's field list per list of accounts (`set`, their ids joined by ','),
--- kept between calls as NAMES is: a caller reserves on the same few lists.
-local RESERVE_NAMES, RESERVE_NAMED = {}, 0
+-- The HMGET's field list per list of accounts (`set`, their ids joined by ',';
+-- `ids`, the list), remembered: a caller reserves on the same few lists.
+local reserve_names = remembering(function(set, ids)
+  local names = {}
+  for i = 1, #ids do
+    local id, at = ids[i], 8 * (i - 1)
+    names[at + 1], names[at + 2] = field(id, 'limit'), field(id, 'soft')
+    names[at + 3], names[at + 4] = field(id, 'win'), field(id, 'appr')
+    names[at + 5], names[at + 6] = field(id, 'pend'), field(id, 'post')
+    names[at + 7], names[at + 8] = field(id, 'ws'), field(id, 'raise')
+  end
+  return names
+end)
 
 -- The accounts named by `ids` (joined: `set`) as load_accounts(ids, true) reads
 -- them, and the text of each one's `raise` field (false where none), both in the
 -- order of `ids`.
 local function load_for_reserve(ids, set)
-  local names = RESERVE_NAMES[set]
-  if not names then
-    if RESERVE_NAMED >= MAX_NAMED then
-      RESERVE_NAMES, RESERVE_NAMED = {}, 0
-    end
-    names = {}
-    for i = 1, #ids do
-      local t = names_of(ids[i])
-      for j = 1, 8 do
-        names[8 * (i - 1) + j] = t[RESERVE_FIELDS[j]]
-      end
-    end
-    RESERVE_NAMES[set], RESERVE_NAMED = names, RESERVE_NAMED + 1
-  end
-  local v = redis.call('HMGET', ACCOUNTS, unpack(names))
+  local v = redis.call('HMGET', ACCOUNTS, unpack(reserve_names(set, ids)))
   local out, raises = {}, {}
   for i = 1, #ids do
     local at = 8 * (i - 1)
@@ -256,42 +272,29 @@ local function load_account(id)
   return load_accounts({id})[1]
 end
 
--- load_accounts' balance and window only (pend, post, win, ws; nil where missing):
--- what post changes. Every field named costs the HMGET and the script time, and
--- an overrun's count is added with HINCRBY instead of read (save_accounts skips
--- the fields not read).
-local function balance_names(ids)
-  local names = {}
+-- A hold's `acc` split into its accounts (`ids`) and the names of their balance and
+-- window fields (`names`: pend, post, win, ws of each), remembered per `acc` (post
+-- reads them from every hold). Shared: read only.
+local held_accounts = remembering(function(acc)
+  local ids, names = split(acc), {}
   for i = 1, #ids do
-    local t, at = names_of(ids[i]), 4 * (i - 1)
-    names[at + 1], names[at + 2], names[at + 3], names[at + 4] = t.pend, t.post, t.win, t.ws
+    local id, at = ids[i], 4 * (i - 1)
+    names[at + 1], names[at + 2] = field(id, 'pend'), field(id, 'post')
+    names[at + 3], names[at + 4] = field(id, 'win'), field(id, 'ws')
   end
-  return names
-end
+  return {ids = ids, names = names}
+end)
 
--- A hold's `acc` split into its accounts, with their balance_names, kept per `acc`
--- as RESERVE_NAMES is (post reads them from every hold). Shared: read only.
-local HELD, HELD_NAMED = {}, 0
-
-local function held_accounts(acc)
-  local held = HELD[acc]
-  if not held then
-    if HELD_NAMED >= MAX_NAMED then
-      HELD, HELD_NAMED = {}, 0
-    end
-    local ids = split(acc)
-    held = {ids = ids, names = balance_names(ids)}
-    HELD[acc], HELD_NAMED = held, HELD_NAMED + 1
-  end
-  return held
-end
-
--- `names`: balance_names(ids), if the caller has it.
-local function load_balances(ids, names)
+-- load_accounts' balance and window only (pend, post, win, ws; nil where missing) of
+-- a hold's accounts (held_accounts): what post changes. Every field named costs the
+-- HMGET and the script time, and an overrun's count is added with HINCRBY instead of
+-- read (save_accounts skips the fields not read).
+local function load_balances(held)
+  local ids = held.ids
   if #ids == 0 then
     return {} -- a free hold whose accounts were never opened (reserve.lua) holds none
   end
-  local v = redis.call('HMGET', ACCOUNTS, unpack(names or balance_names(ids)))
+  local v = redis.call('HMGET', ACCOUNTS, unpack(held.names))
   local out = {}
   for i = 1, #ids do
     local at = 4 * (i - 1)
@@ -312,11 +315,11 @@ local function save_accounts(list)
   for i = 1, #list do
     local a = list[i]
     if a then
-      local t, was, names = names_of(a.id), a.was, a.policy and ACCOUNT_FIELDS or BALANCE_FIELDS
+      local was, names = a.was, a.policy and ACCOUNT_FIELDS or BALANCE_FIELDS
       for j = 1, #names do
         local name = names[j]
         if a.policy or a[name] ~= was[name] then
-          fields[k + 1], fields[k + 2], k = t[name], a[name], k + 2
+          fields[k + 1], fields[k + 2], k = field(a.id, name), fmt(a[name]), k + 2
         end
       end
       a.policy = nil
@@ -375,10 +378,10 @@ end
 local function add_balances(accounts, dpend, dpost)
   for i = 1, #accounts do
     if dpend[i] ~= 0 then
-      redis.call('HINCRBY', ACCOUNTS, names_of(accounts[i]).pend, dpend[i])
+      redis.call('HINCRBY', ACCOUNTS, field(accounts[i], 'pend'), fmt(dpend[i]))
     end
     if dpost[i] ~= 0 then
-      redis.call('HINCRBY', ACCOUNTS, names_of(accounts[i]).post, dpost[i])
+      redis.call('HINCRBY', ACCOUNTS, field(accounts[i], 'post'), fmt(dpost[i]))
     end
   end
 end
@@ -425,9 +428,10 @@ local function set_state(id, from, to, retention_ms, extra)
     redis.call('SADD', AMBIGUOUS, id)
   end
   if TERMINAL[to] and retention_ms > 0 then
-    redis.call('PEXPIRE', key, retention_ms)
+    local ms = fmt(retention_ms)
+    redis.call('PEXPIRE', key, ms)
     if to == 'rejected' or to == 'expired' then -- settle_fields set a posted or voided one's
-      redis.call('PEXPIRE', pkey(id), retention_ms)
+      redis.call('PEXPIRE', pkey(id), ms)
     end
   end
 end
@@ -453,8 +457,17 @@ local function expire_one(id, retention_ms)
   end
 end
 
-local function load_hold(id)
-  local h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt', 'pst', 'pws', 'cmp', 'dl', 'by')
+-- `with_request`: also the request a hold reserved by an older irrev kept in its
+-- record (`req`; nil where none), in the same HMGET (approve.lua: a second read of
+-- the record cost it a call).
+local function load_hold(id, with_request)
+  local h
+  if with_request then
+    h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt', 'pst', 'pws', 'cmp', 'dl', 'by',
+      'req')
+  else
+    h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt', 'pst', 'pws', 'cmp', 'dl', 'by')
+  end
   if not h[1] then
     return nil
   end
@@ -463,14 +476,14 @@ local function load_hold(id)
     posted = h[5] and split_numbers(h[5]), post_ws = h[6] and split_numbers(h[6]),
     -- a posted hold without `cmp` has recovered nothing yet
     compensated = h[7] and split_numbers(h[7]) or zeros(#split(h[3])), deadline = tonumber(h[8]),
-    by = h[9],
+    by = h[9], req = h[10],
   }
 end
 
 -- load_hold's state, accounts, amounts and posted amounts only (what post reads),
 -- with the accounts and amounts as stored too (the post's journal entry repeats
--- them), and the accounts' balance_names: each field an HMGET asks for costs
--- Redis time even when it is empty. `accounts` and `names` are shared: read only.
+-- them), and its held_accounts: each field an HMGET asks for costs Redis time even
+-- when it is empty. `accounts` and `held` are shared: read only.
 local function load_hold_for_post(id)
   local h = redis.call('HMGET', hkey(id), 'st', 'acc', 'amt', 'pst')
   if not h[1] then
@@ -479,7 +492,7 @@ local function load_hold_for_post(id)
   local held = held_accounts(h[2])
   return {
     id = id, st = h[1], accounts = held.ids, amounts = split_numbers(h[3]),
-    posted = h[4] and split_numbers(h[4]), acc = h[2], amt = h[3], names = held.names,
+    posted = h[4] and split_numbers(h[4]), acc = h[2], amt = h[3], held = held,
   }
 end
 
@@ -576,7 +589,7 @@ local function settle_fields(from, outcome, retention_ms, fields)
   if #outcome == 0 then
     redis.call('DEL', payload)
   elseif retention_ms > 0 then
-    redis.call('SET', payload, outcome, 'PX', retention_ms)
+    redis.call('SET', payload, outcome, 'PX', fmt(retention_ms))
   else
     redis.call('SET', payload, outcome)
   end
@@ -590,8 +603,9 @@ end
 -- compensation or true-up keeps the record as long as a new settlement would).
 local function keep_settled(id, retention_ms)
   if retention_ms > 0 then
-    redis.call('PEXPIRE', hkey(id), retention_ms)
-    redis.call('PEXPIRE', pkey(id), retention_ms)
+    local ms = fmt(retention_ms)
+    redis.call('PEXPIRE', hkey(id), ms)
+    redis.call('PEXPIRE', pkey(id), ms)
   end
 end
 

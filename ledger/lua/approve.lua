@@ -36,7 +36,7 @@ if not valid_id(by) or #ARGV < 4 or #ARGV > 5 then
 end
 local note = ARGV[5] or ''
 if #note > MAX_NOTE then return {'bad_input', 'note', 'must be at most 2048 bytes'} end
-local hold = load_hold(id)
+local hold = load_hold(id, true)
 if not hold then return {'not_found', '', ''} end
 if hold.st ~= 'escalated' then return {'conflict', hold.st, hold.by or ''} end
 
@@ -46,10 +46,10 @@ if hold.deadline <= now then
   return {'conflict', 'expired', ''}
 end
 local deadline = now + ttl_ms
-set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', deadline, 'by', by, 'note', note})
-redis.call('ZADD', DEADLINES, deadline, id)
+set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', fmt(deadline), 'by', by, 'note', note})
+redis.call('ZADD', DEADLINES, fmt(deadline), id)
 journal({'op', 'approve', 'hold', id, 'st', 'pending', 'by', by, 'note', note})
 -- A hold reserved by an older irrev (sharing the Redis during an upgrade) kept its
--- request in its record.
-local request = redis.call('GET', pkey(id)) or redis.call('HGET', hkey(id), 'req') or ''
+-- request in its record (read with it: set_state does not change it).
+local request = redis.call('GET', pkey(id)) or hold.req or ''
 return {'ok', 'pending', by, deadline, request}

@@ -47,7 +47,7 @@ end
 
 local now = now_ms()
 local dpend = pending_release(hold)
-local accounts = load_balances(hold.accounts, hold.names)
+local accounts = load_balances(hold.held)
 for i = 1, #hold.accounts do
   local a = accounts[i]
   if a.pend + dpend[i] + posted_after_roll(a, now) + amounts[i] > MAX_AMOUNT then
@@ -67,14 +67,14 @@ for i = 1, #hold.accounts do
     if flags[#flags] ~= 'overrun' then
       flags[#flags + 1] = 'overrun'
     end
-    redis.call('HINCRBY', ACCOUNTS, names_of(a.id).over, 1)
+    redis.call('HINCRBY', ACCOUNTS, field(a.id, 'over'), '1')
   end
   post_ws[i] = a.ws
 end
 save_accounts(accounts)
 local flag_text = table.concat(flags, ',')
 local pst = join_numbers(amounts)
-local fields = {'pst', pst, 'pws', join_numbers(post_ws), 'tp', now}
+local fields = {'pst', pst, 'pws', join_numbers(post_ws), 'tp', fmt(now)}
 local entry = {'op', 'post', 'hold', id, 'acc', hold.acc, 'pst', pst}
 if hold.st ~= 'expired' then
   entry[#entry + 1], entry[#entry + 2] = 'rel', hold.amt

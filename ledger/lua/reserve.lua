@@ -41,7 +41,9 @@
 --   {'expire_first', ''}   holds of the tenant are due, whose release the decision
 --       should see, but their keys are not declared here: nothing written; expire
 --       them (sweep.lua) and call again with ARGV[14+2n+5m] = '1'
---   {'bad_input', field, message}                   nothing written
+--   {'bad_input', field, message}                   nothing written (also a hold
+--       that would take an account's pending + posted past 2^53-1: only a shadow
+--       one can, since a limit plus its raises counts as at most 2^53-1)
 --
 -- The hold record: st, fp, arm, t0, dl, acc and amt (comma lists: the accounts and
 -- what it holds on each), why, lim and used (what decided, for a replay; the
@@ -53,7 +55,8 @@
 -- the reason), prov. A shadow hold's record is pending with the would-be reason.
 --
 -- Invariant: an admission or escalation never takes any account's pending + posted
--- above its limit (a shadow hold may: it is what the fleet really did), and it
+-- above its limit (a shadow hold may: it is what the fleet really did), no hold takes
+-- it past 2^53-1 (a limit with its live raises counts as min(sum, 2^53-1)), and it
 -- debits all of the accounts or none. Inputs are checked
 -- before the first write (Redis does not roll back a script that fails half way).
 
@@ -165,7 +168,7 @@ end
 local now = now_ms()
 if not decide_anyway then
   -- The earliest deadline only: cheaper than counting the due ones.
-  local first = redis.call('ZRANGE', DEADLINES, 0, 0, 'WITHSCORES')
+  local first = redis.call('ZRANGE', DEADLINES, '0', '0', 'WITHSCORES')
   if first[2] and tonumber(first[2]) <= now then
     return {'expire_first', ''}
   end
@@ -196,14 +199,17 @@ local all_kept = kept == n
 n = kept
 
 -- A temporary raise (lua/rule.lua) adds to an account's limit and soft limit while
--- it lives, by Redis's clock: it ends by itself, with nothing to undo.
+-- it lives, by Redis's clock: it ends by itself, with nothing to undo. The sum counts
+-- as at most 2^53-1 (rule.lua keeps it there, but a policy may raise the limit under
+-- older raises): past it doubles round, and an admission must stay exact.
 local decision, reason = 'admit', 'within_budget'
 local limits, used, soft = {}, {}, {}
 for i = 1, n do
   local a = loaded[i]
   roll(a, now)
   local extra = live_raise(raises[i], now)
-  limits[i], used[i], soft[i] = a.limit + extra, a.pend + a.post, a.soft + extra
+  limits[i], used[i] = math.min(a.limit + extra, MAX_AMOUNT), a.pend + a.post
+  soft[i] = math.min(a.soft + extra, MAX_AMOUNT)
 end
 for i = 1, n do
   if used[i] > limits[i] then
@@ -228,6 +234,17 @@ if decision == 'admit' then
   end
 end
 
+-- Checked before any write, like post.lua's: a hold kept (only a shadow one can be
+-- above a limit, and every limit is at most 2^53-1) never takes pending + posted past
+-- 2^53-1, where the ledger's arithmetic stops being exact.
+if decision == 'admit' or decision == 'escalate' or shadow == '1' then
+  for i = 1, n do
+    if used[i] + amounts[i] > MAX_AMOUNT then
+      return {'bad_input', 'amount', 'would take ' .. accounts[i] .. ' past 2^53-1'}
+    end
+  end
+end
+
 local state, deadline = 'denied', 0
 if decision == 'admit' or shadow == '1' then
   state, deadline = 'pending', now + ttl_ms
@@ -248,7 +265,7 @@ end
 local acc = all_kept and asked or table.concat(accounts, ',')
 local amt = join_numbers(amounts)
 local fields = {'st', state, 'fp', fp, 'arm', (state == 'escalated') and '0' or armed,
-  't0', now, 'dl', deadline, 'acc', acc, 'amt', amt, 'why', reason,
+  't0', fmt(now), 'dl', fmt(deadline), 'acc', acc, 'amt', amt, 'why', reason,
   'lim', join_numbers(limits), 'used', join_numbers(used)}
 redis.call('HSET', key, unpack(fields))
 if state ~= 'denied' and #request > 0 then
@@ -263,7 +280,7 @@ end
 local entry = {'op', 'reserve', 'hold', id, 'why', reason}
 if state == 'denied' then
   if denied_retention_ms > 0 then
-    redis.call('PEXPIRE', key, denied_retention_ms)
+    redis.call('PEXPIRE', key, fmt(denied_retention_ms))
   end
   -- Only the windows it rolled are saved: the accounts it would open are not.
   local rolled = {}
@@ -280,7 +297,7 @@ else
     a.pend = a.pend + amounts[i]
   end
   save_accounts(loaded)
-  redis.call('ZADD', DEADLINES, deadline, id)
+  redis.call('ZADD', DEADLINES, fmt(deadline), id)
   if state == 'escalated' then
     redis.call('SADD', ESCALATED, id)
   end

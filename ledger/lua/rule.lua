@@ -21,10 +21,14 @@
 --   {'ok', until_ms, now_ms}   set (until_ms) or deleted (0), and journaled
 --   {'not_found', '', ''}      delete of a rule that is not there (or expired)
 --   {'unknown_account', id}    a raise of an account that does not exist
---   {'bad_input', field, message}   nothing written
+--   {'bad_input', field, message}   nothing written; field `amount` for a raise that
+--                              would take the account's live raises above its limit
+--                              or its limit + raises past 2^53-1
 --
 -- Invariant: at most MAX_RULES live rules per tenant and MAX_RAISES live raises per
--- account; a rule raises at most one account; expired ones are removed by the next set. Every change is journaled (op
+-- account; a rule raises at most one account; when a raise is set, the account's live
+-- raises sum to at most its limit, and limit + raises to at most 2^53-1; expired ones
+-- are removed by the next set. Every change is journaled (op
 -- `rule`, with the account and amount of a raise, so replay knows the limit).
 
 local RULES = KEYS[3]
@@ -90,8 +94,25 @@ if account then
     return {'bad_input', 'account', 'must be kind:name of [A-Za-z0-9._:@/-], at most 128'}
   end
   if not amount then return {'bad_input', 'amount', 'must be an integer in [0, 2^53-1]'} end
-  if redis.call('HEXISTS', ACCOUNTS, account .. '|limit') == 0 then
+  local limit = tonumber(redis.call('HGET', ACCOUNTS, account .. '|limit'))
+  if not limit then
     return {'unknown_account', account}
+  end
+  -- A raise widens a budget: together with the account's other live raises it is at
+  -- most the account's own limit (a raise at most doubles it), and limit + raises
+  -- stays within 2^53-1, past which doubles round and reserve.lua's sums lose money.
+  -- The running total stops at the first excess, so it is compared exactly.
+  local total = amount
+  for _, part in ipairs(live_raises(account, id)) do
+    if total > limit then break end
+    total = total + tonumber(string.match(part, '^[^|]+|(%d+)|'))
+  end
+  if total > limit then
+    return {'bad_input', 'amount', 'the live raises of ' .. account .. ' would sum to more '
+      .. 'than its limit (' .. fmt(limit) .. '): a raise at most doubles a limit'}
+  end
+  if total > MAX_AMOUNT - limit then
+    return {'bad_input', 'amount', 'would take the limit of ' .. account .. ' past 2^53-1'}
   end
 end
 -- Checked before any write: only live rules and raises count towards the bounds.

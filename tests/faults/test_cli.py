@@ -37,7 +37,7 @@ def test_every_group_is_covered() -> None:
     [
         ("crash.*", False, 4),
         ("crash.*", True, 0),
-        ("mcp.*", False, 4),
+        ("mcp.*", False, 5),
         ("approve_k", False, 4),
         ("concurrency.retry_k16,hostile.nan_infinity", False, 2),
     ],

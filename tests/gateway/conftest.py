@@ -103,6 +103,8 @@ READERS = {
 
 
 RETRY_SUPPLIER_PORT = free_port()
+# Where test_client.py runs a tool API whose answers it scripts (tests/gateway/scripted.py).
+SCRIPTED_PORT = free_port()
 
 
 def _example_accounts(**replaced: Any) -> dict[str, Any]:
@@ -206,6 +208,18 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dashboards": ("procurement", {}),
     # irrev/client.py and its LangChain adapter, as an agent uses them.
     "client": ("procurement", {}),
+    # Its supplier is the scripted tool API at SCRIPTED_PORT: 202s with foreign
+    # Locations, problem+json of its own.
+    "client-scripted": (
+        "procurement",
+        {
+            "tools": {
+                "supplier": {"upstream": f"http://127.0.0.1:{SCRIPTED_PORT}"},
+                "payments": {"upstream": f"http://127.0.0.1:{SCRIPTED_PORT}"},
+                "deploy": {},
+            }
+        },
+    ),
     # The operator console in a browser (test_console.py).
     "console": ("procurement", {}),
     "console-resolve": ("procurement", {}),

@@ -114,12 +114,12 @@ async def test_a_rejection_reason_reaches_the_agent_and_the_journal(
     assert rejected.json()["note"] == why
     poll = await client.get(f"/v1/escalations/{escalation}", headers=tenant.auth("buyer-03"))
     body = assert_problem(poll, 403, "escalation_rejected")
-    assert body["note"] == why and why in body["detail"] and body["by"] == "ops"
+    assert body["note"] == why and why in body["detail"] and body["by"] == "operator:ops"
     journal = await client.get(
         f"/v1/admin/tenants/{tenant.id}/journal", params={"count": 1000}, headers=gw.admin
     )
     [entry] = [e for e in journal.json()["entries"] if e["op"] == "reject"]
-    assert entry["note"] == why and entry["by"] == "ops"
+    assert entry["note"] == why and entry["by"] == "operator:ops"
 
 
 async def test_bad_reasons_are_refused_and_change_nothing(
@@ -155,7 +155,11 @@ async def test_an_approval_reason_is_in_the_poll_and_the_hold(
     hold = await client.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold_id}", headers=gw.admin)
     assert hold.status_code == 200, hold.text
     view = hold.json()
-    assert view["state"] == "posted" and view["note"] == "urgent restock" and view["by"] == "ops"
+    assert (
+        view["state"] == "posted"
+        and view["note"] == "urgent restock"
+        and view["by"] == "operator:ops"
+    )
     assert view["agent"] == "buyer-05" and view["face_value_text"] == "45,000 USD"
     assert RFC3339.match(view["created_at"])
     missing = await client.get(f"/v1/admin/tenants/{tenant.id}/holds/nope", headers=gw.admin)
@@ -190,7 +194,7 @@ async def test_an_ambiguous_hold_is_resolved_by_hand_once(
     view = (
         await client.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold_id}", headers=gw.admin)
     ).json()
-    assert view["state"] == "voided" and view["resolved_by"] == "ops"
+    assert view["state"] == "voided" and view["resolved_by"] == "operator:ops"
     assert view["resolution_note"] == "supplier confirms no order"
     feed = await client.get(
         f"/v1/admin/tenants/{tenant.id}/events", params={"limit": 1000}, headers=gw.admin
@@ -270,7 +274,7 @@ async def test_the_events_feed_lists_the_loop_in_journal_order(
     assert kinds == [("hold.escalated", hold_id), ("hold.rejected", hold_id)]
     escalated, rejected = page["events"]
     assert escalated["agent"] == "buyer-09" and escalated["cause"] == "approval_threshold"
-    assert rejected["reason"] == "no" and rejected["by"] == "ops"
+    assert rejected["reason"] == "no" and rejected["by"] == "operator:ops"
     assert escalated["id"] < rejected["id"] and RFC3339.match(rejected["at"])
     empty = (await client.get(url, params={"after": page["next"]}, headers=gw.admin)).json()
     assert empty["events"] == [] and empty["next"] == page["next"]

@@ -174,7 +174,7 @@ async def test_concurrent_approvals_have_one_winner(
     for response in approvals:
         if response is not winners[0]:
             body = assert_problem(response, 409, "escalation_resolved")
-            assert body["by"] == "ops"
+            assert body["by"] == "operator:ops"
     stats = await supplier_stats(upstream, tenant)
     assert (stats["orders"], stats["requests"]) == (1, 1)
 

@@ -165,7 +165,7 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
         decided = await http.post(f"{response.headers['location']}/{verb}", headers=gateway.admin)
         assert decided.status_code in (200, 201), decided.text
     found = samples(await scrape(http, gateway.admin))
-    by_ops = {"tenant": tenant.id, "admin": "ops"}
+    by_ops = {"tenant": tenant.id, "admin": "operator:ops"}
     assert value(found, "irrev_admin_decisions_total", **by_ops, decision="approved") == 2
     assert value(found, "irrev_admin_decisions_total", **by_ops, decision="rejected") == 1
     assert value(found, "irrev_live_holds", tenant=tenant.id, state="escalated") == 0
@@ -179,7 +179,7 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
     for (hold, response), agent in zip(
         holds.items(), ("buyer-03", "buyer-04", "buyer-05"), strict=True
     ):
-        assert resolved[hold]["admin"] == "ops" and resolved[hold]["agent"] == agent
+        assert resolved[hold]["admin"] == "operator:ops" and resolved[hold]["agent"] == agent
         assert resolved[hold]["price"] == int(response.headers["x-irrev-price"])
         assert resolved[hold]["route"] == "supplier POST /orders"
     [decision] = [

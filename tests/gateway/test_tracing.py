@@ -176,7 +176,7 @@ async def test_an_agents_trace_runs_through_the_gateway_to_the_upstream(
     # Escalated, then approved by a human in another trace.
     assert reserved["irrev.reserve"]["attributes"]["irrev.decision"] == "escalate"
     decided = approval["irrev.approval"]["attributes"]
-    assert decided["irrev.decision"] == "approved" and decided["irrev.admin"] == "ops"
+    assert decided["irrev.decision"] == "approved" and decided["irrev.admin"] == "operator:ops"
     assert decided["irrev.hold_id"] == escalated.headers["x-irrev-hold"]
     assert decided["irrev.price"] == int(escalated.headers["x-irrev-price"])
 

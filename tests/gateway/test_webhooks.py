@@ -247,7 +247,7 @@ async def test_a_receiver_that_fails_then_recovers_gets_each_event_once_in_order
     assert [d.event_id for d in run[:4]] == [ids[0]] * 4
     # Two gateway processes, one stream: never two deliveries at once.
     assert receiver.most_in_flight == 1
-    assert taken[2].body["reason"] == "restock" and taken[3].body["by"] == "ops"
+    assert taken[2].body["reason"] == "restock" and taken[3].body["by"] == "operator:ops"
 
 
 def test_a_wrong_secret_or_a_changed_body_fails_verification() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 LIVE = ("pending", "escalated", "ambiguous")
+MAX_AMOUNT = 2**53 - 1  # the ledger's largest exact amount (Lua numbers are doubles)
 
 
 @dataclass
@@ -23,13 +24,14 @@ class RefAccount:
     # limit. The property test's rules live an hour, so none lapses within a run.
     raises: dict[str, int] = field(default_factory=dict)
 
+    # reserve.lua counts a limit with its raises as at most MAX_AMOUNT.
     @property
     def effective_limit(self) -> int:
-        return self.limit + sum(self.raises.values())
+        return min(self.limit + sum(self.raises.values()), MAX_AMOUNT)
 
     @property
     def effective_soft(self) -> int:
-        return self.soft + sum(self.raises.values())
+        return min(self.soft + sum(self.raises.values()), MAX_AMOUNT)
 
 
 @dataclass
@@ -75,9 +77,15 @@ class RefLedger:
     def set_raise(self, rule: str, account: str, amount: int) -> None:
         """A raise_limit rule: `account` (which must exist) gets `amount` more limit
         and soft limit while it lives; setting it again replaces it, on whichever
-        account it raised before."""
+        account it raised before. Refused (bad_input) if the account's live raises,
+        this one's new amount included, would sum to more than its limit, or limit +
+        raises past MAX_AMOUNT."""
         if account not in self.accounts:
             raise RefError("unknown_account")
+        target = self.accounts[account]
+        total = amount + sum(v for r, v in target.raises.items() if r != rule)
+        if total > target.limit or target.limit + total > MAX_AMOUNT:
+            raise RefError("bad_input")
         self.delete_rule(rule)
         self.accounts[account].raises[rule] = amount
         self.rules[rule] = account
@@ -151,6 +159,8 @@ class RefLedger:
         state = {"admit": "pending", "escalate": "escalated", "deny": "denied"}[decision]
         if shadow:
             state = "pending"
+        if state != "denied" and any(used + v > MAX_AMOUNT for _, _, used, v in checks):
+            raise RefError("bad_input")  # nothing written: past it the ledger is inexact
         self.holds[key] = RefHold(
             fingerprint,
             state,

@@ -356,3 +356,21 @@ async def test_script_touches_only_its_tenants_keys(
     with pytest.raises(LedgerUnavailable, match=refused):
         await seeded._run(operation, keys, args)
     assert (await tenant_snapshot(seeded, tenant), await tenant_snapshot(seeded, victim)) == before
+
+
+async def test_script_refuses_its_own_tenants_keys_out_of_place(
+    seeded: Ledger, tenant: str
+) -> None:
+    """KEYS[2..5] must each be the one key of the tenant that their place names, and
+    KEYS[1] the tenant's accounts: the tenant's own deadlines in the journal's place,
+    or its journal in the accounts' place, is refused before anything is written (also
+    after calls that checked the right keys, which Redis 7 remembers)."""
+    args = ["held", "0", ""]
+    keys = hold_script_keys(tenant, "held")
+    before = await tenant_snapshot(seeded, tenant)
+    swapped = [keys[0], keys[2], keys[1], *keys[3:]]
+    with pytest.raises(LedgerUnavailable, match=r"KEYS\[2\]"):
+        await seeded._run("void", swapped, args)
+    with pytest.raises(LedgerUnavailable, match=r"KEYS\[1\]"):
+        await seeded._run("void", [keys[1], *keys[1:]], args)
+    assert await tenant_snapshot(seeded, tenant) == before

@@ -408,3 +408,19 @@ async def test_a_new_hold_never_takes_a_payload_left_under_its_id(
     for hold_id in ("escalated", "denied"):
         hold = await ledger.hold(tenant, hold_id)
         assert hold is not None and hold.request == "", hold_id
+
+
+async def test_approving_a_hold_of_an_older_irrev_forwards_the_request_in_its_record(
+    ledger: Ledger, tenant: str
+) -> None:
+    """A hold reserved by an older irrev (sharing the Redis during an upgrade) kept its
+    request in its record's `req` field, not in a payload key: approving it hands that
+    request to the approver; a payload, where there is one, comes first."""
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100))
+    await reserve(ledger, tenant, "old", 500, "tenant:acme", request='{"old":1}')
+    await ledger.redis.hset(hold_key(tenant, "old"), "req", '{"old":1}')
+    await ledger.redis.delete(payload_key(tenant, "old"))
+    await reserve(ledger, tenant, "new", 500, "tenant:acme", request='{"new":1}')
+    await ledger.redis.hset(hold_key(tenant, "new"), "req", '{"older":1}')
+    assert (await ledger.approve(tenant, "old", "alice", ttl_ms=HOUR_MS)).request == '{"old":1}'
+    assert (await ledger.approve(tenant, "new", "alice", ttl_ms=HOUR_MS)).request == '{"new":1}'

@@ -8,11 +8,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from ledger import ChangeFeed, Ledger
+from ledger import ChangeFeed, EmbeddedRedis, Ledger
 from ledger.changes import CHANNEL
 from ledger.cluster import cluster_enabled
 from ledger.keys import POLICY_EPOCH_KEY
@@ -83,6 +84,26 @@ async def test_a_feed_hears_each_write_and_counts_a_cut_subscription_as_heard(
     finally:
         await feed.aclose()
     assert not feed.live
+
+
+async def test_a_feed_on_a_unix_socket_subscribes(tmp_path: Path, tenant: str) -> None:
+    """The embedded server `irrev serve` and the demos start listens on a unix socket:
+    the feed subscribes there too (TCP keepalive on a unix socket failed every
+    connection, and the gateways read the store every refresh instead)."""
+    with EmbeddedRedis(tmp_path / "redis") as server:
+        assert server.url.startswith("unix://")
+        ledger = Ledger.from_url(server.url)
+        feed = ChangeFeed(server.url)
+        feed.start()
+        try:
+            await until(lambda: feed.live)
+            await ledger.policies.put(
+                tenant, expected=0, digest="a", text="A", stamp_ms=1, origin="h"
+            )
+            await until(lambda: feed.heard("policy") > 0)
+        finally:
+            await feed.aclose()
+            await ledger.aclose()
 
 
 async def test_a_message_that_is_not_utf8_does_not_stop_the_feed(

@@ -104,7 +104,6 @@ TENANTS: dict[str, dict[str, Any]] = {
     "hostile": {},
     # Its MCP server is called "vault": a name the "hostile" tenant does not have.
     "hostile-other": {"rename": "vault"},
-    "client": {},
     # An HTTP tool beside its MCP servers, unknown routes priced: /mcp must not reach it.
     "mixed": {
         "tools": {

@@ -52,7 +52,10 @@ async def test_fifty_agents_against_one_budget_never_overdraw(
                 result = await client.call_tool(
                     "procure__place_order", arguments, meta={KEY_META: uuid.uuid4().hex}
                 )
-                outcomes.append({"error": result.is_error, **(result.structured_content or {})})
+                text = result.content[0].text if result.content else ""
+                outcomes.append(
+                    {"error": result.is_error, "text": text, **(result.structured_content or {})}
+                )
         return outcomes
 
     results = [o for batch in await asyncio.gather(*(run(a) for a in agents)) for o in batch]
@@ -63,6 +66,12 @@ async def test_fifty_agents_against_one_budget_never_overdraw(
     # and nothing else (no ambiguity, no internal error).
     assert admitted and denied, results
     assert len(admitted) + len(escalated) + len(denied) == len(results), results
+    # A denial tells the model why, what the call costs and what is left.
+    for denial in denied:
+        assert isinstance(denial["price"], int) and isinstance(denial["available"], int)
+        assert str(denial["text"]).startswith("irrev refused this call (budget_exceeded)")
+        assert f"Left on {denial['account']}: " in str(denial["text"]), denial
+        assert " USD." in str(denial["text"]) and "Price: " in str(denial["text"]), denial
     rows = await balances(http, mcp_gateway.gateway.admin, tenant)
     assert_no_overdraw(rows)
     posted = await holds_in(http, mcp_gateway.gateway.admin, tenant, "posted")

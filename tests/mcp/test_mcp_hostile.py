@@ -36,6 +36,8 @@ def deep(levels: int) -> dict[str, Any]:
         ("procure__place_order", {**order(), "quantity": True}, "bad_amount"),
         ("procure__place_order", {**order(), "unit_price": 10**400}, "bad_amount"),
         ("procure__place_order", {**order(), "unit_price": "1e9"}, "bad_amount"),
+        # Arabic-Indic digits: int() and \d read them as 123, a price is ASCII.
+        ("procure__place_order", {**order(), "unit_price": "\u0661\u0662\u0663"}, "bad_amount"),
         ("procure__place_order", {**order(), "quantity": -5}, "bad_amount"),
         ("procure__place_order", {**order(), "quantity": 2**60}, "bad_amount"),
         ("procure__place_order", {**order(), "quantity": 10**6}, "per_effect_cap"),

@@ -1,9 +1,10 @@
 """MCP tools under faults: the run's tenant gets an MCP server (irrev/upstreams/
 mcp_tools.py, in a process of its own per run, deduplicating and counting by the key
 irrev sends in `_meta`) and a `CALL procure/place_order` route; agents are the SDK's
-MCP client. SIGKILL of a gateway worker after the reserve and after the server
-answered, k concurrent approvals of one escalated call, and the MCP server itself
-SIGKILLed mid-call. Each run checks the ledger (audit, no account over its limit)
+MCP client. SIGKILL of a gateway worker after the reserve, from outside while the
+server holds the call (before it answers) and after the server answered, k
+concurrent approvals of one escalated call, and the MCP server itself SIGKILLed
+mid-call. Each run checks the ledger (audit, no account over its limit)
 and every hold against what the server made: posted iff made, at most one call per
 key, ambiguous never released on a guess."""
 
@@ -37,6 +38,7 @@ ROUTE_ID = "procure CALL /place_order"
 TOOL = "procure__place_order"
 APPROVALS = 8
 DIE_TIMEOUT_S = 10.0
+EFFECT_TIMEOUT_S = 20.0
 ROUTE = {
     "tool": "procure",
     "route": "CALL procure/place_order",
@@ -134,6 +136,19 @@ async def check(run: Run, tools: Tools, made: dict[str, bool]) -> list[str]:
     return found
 
 
+async def _took_effect(run: Run, tools: Tools, request: asyncio.Future[Any]) -> list[str]:
+    """Wait until the server made the call's effect (it then holds the call); a
+    violation if the call ended first or the effect never came."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + EFFECT_TIMEOUT_S
+    while not (await stats(run, tools))["effects"]:
+        if request.done() or loop.time() > deadline:
+            request.cancel()
+            return ["the call never took effect at the MCP server"]
+        await asyncio.sleep(0.02)
+    return []
+
+
 async def _died(run: Run, request: asyncio.Future[types.CallToolResult]) -> list[str]:
     try:
         result = await request
@@ -145,12 +160,23 @@ async def _died(run: Run, request: asyncio.Future[types.CallToolResult]) -> list
     return [] if dead else ["the worker did not die at its crash point"]
 
 
-async def _crash(run: Run, point: str, final: str) -> list[str]:
+async def _crash(run: Run, point: str, final: str, *, mid_call: bool = False) -> list[str]:
+    """Gateway 1 dies at `point`; or, `mid_call`, is SIGKILLed from outside while the
+    server holds the call (its effect made, no answer yet)."""
     await _armed(run, point)
     async with mcp_tenant(run) as tools:
+        if mid_call:
+            await run.bench.http.post(
+                f"{tools.url}/{run.tenant}/_faults", json={"hang_after_effect": True}
+            )
         key = uuid.uuid4().hex
         hold_id = hold_of(run, key)
-        found = await _died(run, asyncio.ensure_future(call(run, key, gateway=1)))
+        request = asyncio.ensure_future(call(run, key, gateway=1))
+        if mid_call:
+            if missed := await _took_effect(run, tools, request):
+                return missed
+            await asyncio.to_thread(run.bench.gateways[1].kill)
+        found = await _died(run, request)
         await run.bench.start_gateway(1, run.bench.gateways[1].crash_at)
         await run.wait_past_deadlines()
         await run.reconcile(gateway=1)
@@ -165,11 +191,20 @@ async def _crash(run: Run, point: str, final: str) -> list[str]:
             found.append(f"the retry of a posted call got an error: {retry.structured_content}")
         made = upstream_key(hold_id) in (await stats(run, tools))["calls_by_key"]
         # place_order makes its effect when it is called: called is made.
-        return found + await check(run, tools, {hold_id: made})
+        found += await check(run, tools, {hold_id: made})
+        if mid_call:
+            # Its handler still hangs after the effect: a SIGTERM would wait for it.
+            await asyncio.to_thread(tools.server.kill)
+        return found
 
 
 async def after_reserve(run: Run) -> list[str]:
     return await _crash(run, "after_reserve", "voided")
+
+
+async def before_upstream_answer(run: Run) -> list[str]:
+    # after_claim: a point the call (not escalated) never reaches.
+    return await _crash(run, "after_claim", "posted", mid_call=True)
 
 
 async def after_upstream_answer(run: Run) -> list[str]:
@@ -213,8 +248,9 @@ async def upstream_kill(run: Run) -> list[str]:
         key = uuid.uuid4().hex
         hold_id = hold_of(run, key)
         request = asyncio.ensure_future(call(run, key))
-        while not (await stats(run, tools))["effects"]:
-            await asyncio.sleep(0.02)
+        if missed := await _took_effect(run, tools, request):
+            await asyncio.to_thread(tools.server.kill)
+            return missed
         await asyncio.to_thread(tools.server.kill)
         result = await request
         found = []
@@ -238,6 +274,13 @@ async def upstream_kill(run: Run) -> list[str]:
 CHECKED = "audit, limits, posted iff the MCP server made it, one call per key"
 CELLS = [
     Cell("mcp.crash_after_reserve", f"{CHECKED}; -> voided", after_reserve, TWO, slow=True),
+    Cell(
+        "mcp.crash_before_upstream_answer",
+        f"{CHECKED}; -> posted",
+        before_upstream_answer,
+        TWO,
+        slow=True,
+    ),
     Cell(
         "mcp.crash_after_upstream_answer",
         f"{CHECKED}; -> posted",
