@@ -31,7 +31,7 @@ def labels_gateway(
 def test_admin_and_tool_labels_are_for_operators_and_rules_are_one_series(
     labels_gateway: Gateway,
 ) -> None:
-    """Before: anyone's scrape showed admin="ops" and one admin="rule:r-..." series
+    """Before: anyone's scrape showed admin="operator:ops" and one admin="rule:r-..." series
     per rule that ever approved, and tool="supplier"."""
     gw, tenant = labels_gateway, labels_gateway.tenant("own")
     rules = f"/v1/admin/tenants/{tenant.id}/rules"
@@ -72,7 +72,7 @@ def test_admin_and_tool_labels_are_for_operators_and_rules_are_one_series(
     assert "irrev_upstream_seconds_count " in anyone  # summed over tools, still there
     seen = {labels: value for labels, value in decisions.findall(operator)}
     assert seen == {
-        f'admin="ops",decision="approved",tenant="{tenant.id}"': "1.0",
+        f'admin="operator:ops",decision="approved",tenant="{tenant.id}"': "1.0",
         f'admin="rule",decision="approved",tenant="{tenant.id}"': f"{RULES}.0",
     }
     assert 'tool="supplier"' in operator
