@@ -1,11 +1,13 @@
 """What an agent's escalations cost the gateway's other callers, on a real gateway and
 Redis: the approval queue comes in pages without request bodies (the body is read
 from the hold), and a /metrics scrape without a token reads no hold at all, however
-many wait."""
+many wait; with IRREV_METRICS_TENANT_LABELS (whose gauges need every waiting hold)
+anyone's scrapes share one read per IRREV_METRICS_CACHE_S."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +38,13 @@ def cheap_escalations() -> list[dict[str, Any]]:
     return routes
 
 
-@pytest.fixture(scope="module")
-def queue_gateway(
-    redis_url: str, suppliers: Server, tmp_path_factory: pytest.TempPathFactory
+@contextmanager
+def waiting_gateway(
+    redis_url: str, suppliers: Server, root: Path, **settings: str
 ) -> Iterator[Gateway]:
-    root: Path = tmp_path_factory.mktemp("queue")
-    with own_gateway(redis_url, suppliers, root, 1, {"routes": cheap_escalations()}) as gw:
+    """A gateway of its own (one worker) whose tenant has WAITING escalations."""
+    policy = {"routes": cheap_escalations()}
+    with own_gateway(redis_url, suppliers, root, 1, policy, **settings) as gw:
         with httpx.Client(base_url=gw.url, timeout=30, trust_env=False) as http:
             for i in range(WAITING):
                 response = http.post(
@@ -51,6 +54,27 @@ def queue_gateway(
                 )
                 assert response.status_code == 202, response.text
         yield gw
+
+
+@pytest.fixture(scope="module")
+def queue_gateway(
+    redis_url: str, suppliers: Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    with waiting_gateway(redis_url, suppliers, tmp_path_factory.mktemp("queue")) as gw:
+        yield gw
+
+
+class HoldReads:
+    """HGET and HMGET calls on the Redis of `url` (a standalone server), so far."""
+
+    def __init__(self, url: str) -> None:
+        if cluster_enabled(url):
+            pytest.skip("INFO commandstats of one node: the standalone servers say it")
+        self.store = redis.Redis.from_url(url)
+
+    def __call__(self) -> int:
+        stats = self.store.info("commandstats")
+        return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "hget"))
 
 
 @pytest.fixture
@@ -102,14 +126,7 @@ async def test_a_scrape_without_a_token_reads_no_hold(
 ) -> None:
     """Before: each anonymous scrape read every escalated and ambiguous hold (2,125
     Redis commands for one scrape in the hostile review)."""
-    if cluster_enabled(queue_gateway.redis_url):
-        pytest.skip("INFO commandstats of one node: the standalone servers say it")
-    store = redis.Redis.from_url(queue_gateway.redis_url)
-
-    def reads() -> int:
-        stats = store.info("commandstats")
-        return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("hmget", "hget"))
-
+    reads = HoldReads(queue_gateway.redis_url)
     scrapes = 5
     before = reads()
     for _ in range(scrapes):
@@ -120,7 +137,7 @@ async def test_a_scrape_without_a_token_reads_no_hold(
     before = reads()
     operator = await client.get("/metrics", headers=queue_gateway.admin)
     detailed = reads() - before
-    store.close()
+    reads.store.close()
     print(f"\nhold reads: {scrapes} anonymous scrapes {anonymous}, an operator's {detailed}")
     # An operator's scrape shows the queue's ages: it reads each waiting hold.
     assert "irrev_escalation_oldest_age_seconds" in operator.text
@@ -128,3 +145,31 @@ async def test_a_scrape_without_a_token_reads_no_hold(
     # Anyone's shows counts only and reads none (a sweep running meanwhile may read a
     # few: far fewer than one per hold per scrape).
     assert anonymous < WAITING, anonymous
+
+
+async def test_with_tenant_labels_for_anyone_their_scrapes_share_one_read(
+    redis_url: str, suppliers: Server, tmp_path: Path
+) -> None:
+    """IRREV_METRICS_TENANT_LABELS shows anyone the queue's ages, which read every
+    waiting hold: anyone's scrapes reuse one read (here for 5 minutes); an operator's
+    always reads. Before: every anonymous scrape read every hold."""
+    reads = HoldReads(redis_url)
+    settings = {"IRREV_METRICS_TENANT_LABELS": "true", "IRREV_METRICS_CACHE_S": "300"}
+    with waiting_gateway(redis_url, suppliers, tmp_path, **settings) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30, trust_env=False) as http:
+            before = reads()
+            first = await http.get("/metrics")
+            filled = reads() - before
+            before = reads()
+            for _ in range(5):
+                again = await http.get("/metrics")
+                assert "irrev_escalation_oldest_age_seconds{" in again.text
+            shared = reads() - before
+            before = reads()
+            await http.get("/metrics", headers=gw.admin)
+            operator = reads() - before
+    reads.store.close()
+    print(f"\nhold reads: the first scrape {filled}, 5 more {shared}, an operator's {operator}")
+    assert 'irrev_live_holds{state="escalated",tenant="' in first.text
+    assert filled >= WAITING and operator >= WAITING
+    assert shared < WAITING, shared
