@@ -19,8 +19,10 @@ from ledger import (
     Balance,
     Hold,
     HoldState,
+    HoldStateConflict,
     Ledger,
     Rule,
+    Status,
     UnknownAccount,
     read_journal,
 )
@@ -280,25 +282,49 @@ def queue_item(
             policy, tripped(hold, balances, _route_threshold(policy, stored.route_id))
         ),
         **_times(hold, now_ms),
-        "body": stored.body.decode("utf-8", errors="replace"),
     }
     return item
 
 
+# Where a page of the queue ended: the last item's creation time (ms) and hold id.
+QueueCursor = Annotated[str, Query(pattern=r"^[0-9]{1,16}-[A-Za-z0-9._:@/-]{1,128}$")]
+
+
 @router.get("/tenants/{tenant}/escalations")
-async def escalations(request: Request, tenant: str, admin: Admin) -> list[dict[str, Any]]:
-    """The approval queue, oldest first, with what each effect would do."""
+async def escalations(
+    request: Request,
+    tenant: str,
+    admin: Admin,
+    after: QueueCursor | None = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> dict[str, Any]:
+    """The approval queue, oldest first, a page of at most `limit` after the cursor
+    `after`, with what each effect would do (its request body: GET .../holds/{id});
+    `next` is the cursor of the next page (null: this was the last), `total` how
+    many wait. Bodies (up to IRREV_MAX_BODY_BYTES each) and unbounded pages made the
+    queue an agent could fill cost the gateway and every console watching it."""
     policy = policy_of(request, tenant, admin)
     ledger = gate_of(request).ledger
+    order = await ledger.escalation_order(tenant)
+    waiting = len(order)
+    if after is not None:
+        at, _, hold_after = after.partition("-")
+        order = [key for key in order if key > (int(at), hold_after)]
     now_ms = await ledger.now_ms()
     balances = {b.account: b for b in await ledger.balances(tenant)}
-    out = []
-    for hold_id in await ledger.hold_ids(tenant, HoldState.ESCALATED):
+    items = []
+    for _, hold_id in order[:limit]:
         hold = await ledger.hold(tenant, hold_id)
-        if hold is None or not hold.request:
-            continue
-        out.append((hold.created_ms, queue_item(policy, hold, balances, now_ms)))
-    return [item for _, item in sorted(out, key=lambda pair: pair[0])]
+        if hold is None or hold.state is not HoldState.ESCALATED or not hold.request:
+            continue  # decided meanwhile
+        items.append(queue_item(policy, hold, balances, now_ms))
+    more = len(order) > limit
+    created, last = order[limit - 1] if more else (0, "")
+    return {
+        "escalations": items,
+        "next": f"{created}-{last}" if more else None,
+        "total": waiting,
+    }
 
 
 @router.get("/tenants/{tenant}/holds/{hold_id}")
@@ -309,7 +335,10 @@ async def hold_by_id(request: Request, tenant: str, hold_id: str, admin: Admin) 
     hold = await _hold_of(ledger, tenant, hold_id)
     now_ms = await ledger.now_ms()
     view = hold_view(policy, hold)
-    view.update(effect_fields(policy, record_of(hold.request, hold.outcome)))
+    record = record_of(hold.request, hold.outcome)
+    view.update(effect_fields(policy, record))
+    if isinstance(record, StoredRequest):  # what an approver reads before deciding
+        view["body"] = record.body.decode("utf-8", errors="replace")
     unit = policy.document.risk_unit
     view["amounts_text"] = {
         account: money_text(amount, unit.scale, unit.currency)
@@ -355,30 +384,50 @@ async def resolve_hold(
     ledger = gate_of(request).ledger
     hold = await _hold_of(ledger, tenant, hold_id)
     wanted = HoldState(spec.outcome)
-    # Said again after a crash between settling and journaling: only the note is due.
-    if hold.state is not HoldState.AMBIGUOUS and not (
-        hold.state is wanted and not hold.resolved_by
-    ):
-        raise Problem(
-            409,
-            "state_conflict",
-            f"only an ambiguous hold is resolved by hand; this one is {hold.state.value}",
-            state=hold.state.value,
-            by=hold.resolved_by or hold.by or None,
-        )
+    answer = {"hold": hold_id, "state": wanted.value, "by": admin.name, "reason": spec.reason}
+    if hold.resolved_by == admin.name and hold.state is wanted:
+        return answer  # this admin's own request again (its answer was lost): done
+    # `ambiguity` stays on a hold once it was ambiguous: a hold posted or voided in
+    # the ordinary way never was, and has nothing to resolve. A posted or voided one
+    # without a resolver is the crash between settling and journaling below: only
+    # the note is due.
+    if not hold.ambiguity or hold.resolved_by or hold.state not in (HoldState.AMBIGUOUS, wanted):
+        raise _not_resolvable(hold)
     record = record_of(hold.request, hold.outcome)
     outcome = receipt(record) if record else ""
     if hold.state is HoldState.AMBIGUOUS:
-        if wanted is HoldState.POSTED:
-            price = (
-                record.price if isinstance(record, StoredRequest) else max(hold.amounts.values())
-            )
-            await ledger.post(tenant, hold_id, price, outcome=outcome)
-        else:
-            await ledger.void(tenant, hold_id, outcome=outcome)
-    await ledger.note_resolution(tenant, hold_id, wanted, admin.name, spec.reason)
-    resolved(tenant, admin.name, f"resolved_{wanted.value}", hold_id, record, spec.reason)
-    return {"hold": hold_id, "state": wanted.value, "by": admin.name, "reason": spec.reason}
+        try:
+            if wanted is HoldState.POSTED:
+                asked = record if isinstance(record, StoredRequest) else None
+                price = asked.price if asked else max(hold.amounts.values())
+                await ledger.post(tenant, hold_id, price, outcome=outcome)
+            else:
+                await ledger.void(tenant, hold_id, outcome=outcome)
+        except HoldStateConflict:
+            # Another resolver settled it the other way meanwhile.
+            raise _not_resolvable(await _hold_of(ledger, tenant, hold_id)) from None
+    # Of resolvers who settled it the same way at once, the first to journal is the
+    # one who resolved it; the others are told who.
+    noted = await ledger.note_resolution(tenant, hold_id, wanted, admin.name, spec.reason)
+    if noted.status is Status.EXISTS and noted.by != admin.name:
+        raise _not_resolvable(await _hold_of(ledger, tenant, hold_id))
+    if noted.status is Status.OK:
+        resolved(tenant, admin.name, f"resolved_{wanted.value}", hold_id, record, spec.reason)
+    return answer
+
+
+def _not_resolvable(hold: Hold) -> Problem:
+    if not hold.ambiguity:
+        why = f"this one is {hold.state.value} and never was ambiguous"
+    else:
+        why = f"this one is {hold.state.value}, resolved by {hold.resolved_by or 'another'}"
+    return Problem(
+        409,
+        "state_conflict",
+        f"only an ambiguous hold is resolved by hand; {why}",
+        state=hold.state.value,
+        by=hold.resolved_by or hold.by or None,
+    )
 
 
 @router.get("/tenants/{tenant}/events")

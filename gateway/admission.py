@@ -499,7 +499,7 @@ def resolved(
 ) -> None:
     """The counter and the log line of an approval, a rejection or a resolution by
     hand, with the admin's reason (the one the agent and the journal get)."""
-    metrics.ADMIN_DECISIONS.labels(tenant, admin, decision).inc()
+    metrics.ADMIN_DECISIONS.labels(tenant, metrics.admin_label(admin), decision).inc()
     log.info(
         f"escalation {decision}",
         extra={

@@ -16,7 +16,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.routing import Route
 
-from ledger import ChangeFeed, Ledger, LedgerUnavailable, RedisFailure, cutoff_ms, trim_locked
+from ledger import (
+    ChangeFeed,
+    Ledger,
+    LedgerUnavailable,
+    RedisFailure,
+    TenantSnapshot,
+    cutoff_ms,
+    trim_locked,
+)
 from pricing import TenantPolicy, policy_accounts
 
 from . import (
@@ -243,31 +251,55 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
                 answer["files_failing"] = sorted(str(f.path) for f in faults)
         return answer
 
+    # The fleet gauges as the last scrape by anyone but an operator read them, by
+    # whether they were read with tenant labels: (monotonic time, snapshots).
+    shared: dict[bool, tuple[float, list[TenantSnapshot]]] = {}
+
     @app.get("/metrics", tags=["health"])
     async def metrics_endpoint(request: Request) -> Response:
         """Tenant labels (and the gauges that name accounts or differ per tenant) for
         an operator's token or with IRREV_METRICS_TENANT_LABELS; anyone else gets the
-        same series summed over tenants. Fleet gauges are read from Redis now, by this
-        worker alone (Ledger.snapshot: two round trips for every tenant), and only for
-        the tenants this gateway sweeps: each tenant's come from one gateway of the
-        fleet, so summing a series over instances counts it once."""
+        same series summed over tenants, and over the admins and tools they name.
+        Fleet gauges are read from Redis now, by this worker alone (Ledger.snapshot:
+        two round trips for every tenant), and only for the tenants this gateway
+        sweeps: each tenant's come from one gateway of the fleet, so summing a series
+        over instances counts it once. Without tenant labels no account or hold is
+        shown, so none is read: the live counts only (a scrape read every escalated
+        and ambiguous hold, and anyone may scrape). A scrape by anyone but an
+        operator reuses what such a scrape read within IRREV_METRICS_CACHE_S: with
+        IRREV_METRICS_TENANT_LABELS it reads every waiting hold."""
         gate = gate_of(request)
         admin = await _admin(request)
-        tenant_labels = settings.metrics_tenant_labels or (admin is not None and admin.operator)
-        policies = gate.tenants.policies
-        snapshots = []
-        with contextlib.suppress(Exception):
-            reported = await app.state.sweeper.reporting(list(policies))
-            accounts = {
-                tenant: metered_accounts(policies[tenant], settings.metrics_agent_accounts)
-                for tenant in reported
-            }
-            snapshots = await gate.ledger.snapshot(accounts)
+        operator = admin is not None and admin.operator
+        tenant_labels = settings.metrics_tenant_labels or operator
+        cached = None if operator else shared.get(tenant_labels)
+        if cached is not None and time.monotonic() - cached[0] < settings.metrics_cache_s:
+            snapshots = cached[1]
+        else:
+            snapshots = await _fleet_gauges(gate.ledger, gate.tenants.policies, tenant_labels)
+            if not operator:
+                shared[tenant_labels] = (time.monotonic(), snapshots)
         state = metrics.PolicyState(gate.tenants.versions())
         for fault in gate.tenants.faults:
             state.failing[fault.tenant] = state.failing.get(fault.tenant, 0) + 1
         exposition = metrics.exposition(snapshots, state, tenant_labels=tenant_labels)
         return Response(exposition, media_type="text/plain; version=0.0.4")
+
+    async def _fleet_gauges(
+        ledger: Ledger, policies: dict[str, TenantPolicy], tenant_labels: bool
+    ) -> list[TenantSnapshot]:
+        """The fleet gauges' state from Redis ([] when it cannot be read: the scrape
+        still answers with each worker's own series)."""
+        with contextlib.suppress(Exception):
+            reported = await app.state.sweeper.reporting(list(policies))
+            accounts = {
+                tenant: metered_accounts(policies[tenant], settings.metrics_agent_accounts)
+                if tenant_labels
+                else []
+                for tenant in reported
+            }
+            return await ledger.snapshot(accounts, holds=tenant_labels)
+        return []
 
     return app
 

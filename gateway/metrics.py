@@ -29,6 +29,8 @@ from prometheus_client.registry import Collector
 
 from ledger import TenantSnapshot
 
+from .events import RULE_PREFIX
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 PRICE_BUCKETS = tuple(float(10**k) for k in range(0, 13))
 
@@ -70,9 +72,22 @@ REFUSALS = Counter(
 )
 ADMIN_DECISIONS = Counter(
     "irrev_admin_decisions_total",
-    "Escalations approved or rejected",
+    "Escalations approved or rejected, by whom: an admin, or rule (an auto-approval rule)",
     ["tenant", "admin", "decision"],
 )
+# Labels that name who or what (tenants, admins, which may be e-mail addresses, and
+# upstream tools): shown only to callers who may see tenants; anyone else gets the
+# series summed over them.
+NAMING_LABELS = frozenset({"tenant", "admin", "tool"})
+
+
+def admin_label(admin: str) -> str:
+    """An admin's name, or "rule" for any auto-approval rule ("rule:<id>"): rules come
+    and go without bound, and a series per rule would grow the scrape with them (the
+    id is in the log line and the journal)."""
+    return "rule" if admin.startswith(RULE_PREFIX) else admin
+
+
 POLICY_RELOADS = Counter(
     "irrev_policy_reloads_total",
     "Policy files a worker loaded: applied, or failed (its tenant keeps the policy it had)",
@@ -233,10 +248,10 @@ def _oldest(now_ms: int, created: list[int]) -> float:
     return max(0, now_ms - min(created)) / 1000 if created else 0.0
 
 
-class _WithoutTenants:
-    """Every family of `source` without its tenant label: samples that differed only by
-    tenant are summed (counts, sums, buckets and live holds all add up), so a caller
-    who may not know the tenants still sees the fleet's totals."""
+class _WithoutNames:
+    """Every family of `source` without its NAMING_LABELS: samples that differed only
+    by them are summed (counts, sums, buckets and live holds all add up), so a caller
+    who may not know the tenants, admins or tools still sees the fleet's totals."""
 
     def __init__(self, source: Collector) -> None:
         self.source = source
@@ -247,7 +262,7 @@ class _WithoutTenants:
             for sample in family.samples:
                 if sample.name.endswith("_created"):
                     continue  # a creation time per tenant: no sum of them means anything
-                labels = tuple((k, v) for k, v in sample.labels.items() if k != "tenant")
+                labels = tuple((k, v) for k, v in sample.labels.items() if k not in NAMING_LABELS)
                 key = (sample.name, labels)
                 summed[key] = summed.get(key, 0.0) + sample.value
             merged = Metric(family.name, family.documentation, family.type, family.unit)
@@ -270,4 +285,4 @@ def exposition(
     fleet.register(_Fleet(snapshots, policies, detailed=tenant_labels))
     if tenant_labels:
         return generate_latest(own) + generate_latest(fleet)
-    return generate_latest(_WithoutTenants(own)) + generate_latest(_WithoutTenants(fleet))
+    return generate_latest(_WithoutNames(own)) + generate_latest(_WithoutNames(fleet))

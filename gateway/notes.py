@@ -1,6 +1,8 @@
 """A person's reason for a decision (approve, reject, resolve, a rule): shown to the
 agent and journaled, so it is bounded and has no control characters (which would
-forge lines in logs, terminals and the console)."""
+forge lines in logs, terminals and the console), nor format characters or line and
+paragraph separators (Unicode Cf, Zl, Zp: bidi overrides that reorder what a reader
+sees, zero-width characters that hide text, U+2028 that breaks a line)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 MAX_NOTE_CHARS = 500  # at most 2000 bytes of UTF-8: within the ledger's 2048
 
 Note = Annotated[
-    str, StringConstraints(max_length=MAX_NOTE_CHARS, pattern=r"^[^\x00-\x1f\x7f-\x9f]*$")
+    str,
+    StringConstraints(
+        max_length=MAX_NOTE_CHARS, pattern=r"^[^\x00-\x1f\x7f-\x9f\p{Cf}\p{Zl}\p{Zp}]*$"
+    ),
 ]
 
 

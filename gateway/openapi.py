@@ -1,23 +1,52 @@
 """`/docs` and `/openapi.json`: Swagger UI served from the gateway itself (the assets
-of the swagger-ui-bundle-v2 package, not a CDN, so the page works without internet),
+of the swagger-ui-bundle-v2 package, not a CDN, so the page works without internet;
+only the three the page loads, under a Content-Security-Policy like the console's, on
+whose origin it is),
 and an OpenAPI document that says what FastAPI cannot infer: the Bearer scheme every
 API route takes, the Idempotency-Key of effect routes (the proxy's included, which
 FastAPI does not list), and problem+json (RFC 9457) as every refusal's body."""
 
 from __future__ import annotations
 
+from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import HTMLResponse
-from fastapi.staticfiles import StaticFiles
+from fastapi.responses import FileResponse, Response
 from swagger_ui_bundle import swagger_ui_path
 
-from .problems import PROBLEM_JSON
+from .console import HEADERS
+from .problems import PROBLEM_JSON, Problem
 
 ASSETS = "/docs/assets"
+_STATIC = files("gateway").joinpath("static")
+# name -> (file, media type): the only files /docs/assets serves (the package's others,
+# such as its demo index.html that loads petstore.swagger.io, are not this page's).
+_ASSET_FILES = {
+    "swagger-ui-bundle.js": (Path(swagger_ui_path) / "swagger-ui-bundle.js", "text/javascript"),
+    "swagger-ui.css": (Path(swagger_ui_path) / "swagger-ui.css", "text/css"),
+    "favicon-32x32.png": (Path(swagger_ui_path) / "favicon-32x32.png", "image/png"),
+    "docs.js": (Path(str(_STATIC.joinpath("docs.js"))), "text/javascript"),
+}
+# The console's policy, but Swagger UI sets style attributes and draws its icons from
+# data: URLs.
+DOCS_HEADERS = {
+    **HEADERS,
+    "Content-Security-Policy": "; ".join(
+        (
+            "default-src 'none'",
+            "script-src 'self'",
+            "style-src 'self' 'unsafe-inline'",
+            "img-src 'self' data:",
+            "connect-src 'self'",
+            "base-uri 'none'",
+            "form-action 'none'",
+            "frame-ancestors 'none'",
+        )
+    ),
+}
 BEARER = "bearer"
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -128,14 +157,16 @@ def install(app: FastAPI) -> None:
         return built
 
     app.openapi = openapi  # type: ignore[method-assign]
-    app.mount(ASSETS, StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+    page = _STATIC.joinpath("docs.html").read_bytes()
 
     @app.get("/docs", include_in_schema=False)
-    async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url="/openapi.json",
-            title=f"{app.title} - API",
-            swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
-            swagger_css_url=f"{ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{ASSETS}/favicon-32x32.png",
-        )
+    async def docs() -> Response:
+        return Response(page, media_type="text/html; charset=utf-8", headers=DOCS_HEADERS)
+
+    @app.get(ASSETS + "/{name}", include_in_schema=False)
+    async def docs_asset(name: str) -> Response:
+        found = _ASSET_FILES.get(name)
+        if found is None:
+            raise Problem(404, "not_found", f"no file {name!r} in /docs")
+        path, media_type = found
+        return FileResponse(path, media_type=media_type, headers=DOCS_HEADERS)

@@ -101,6 +101,14 @@ class GatewaySettings(BaseSettings):
         description="show tenant labels on /metrics to any caller; otherwise only to an "
         "admin token, and others get every series summed over tenants",
     )
+    metrics_cache_s: float = Field(
+        default=5.0,
+        ge=0,
+        le=300,
+        description="how long a worker answers /metrics scrapes by anyone but an operator "
+        "with the fleet gauges it last read for such a scrape (with tenant labels they read "
+        "every waiting hold); an operator's scrape always reads them",
+    )
     metrics_agent_accounts: bool = Field(
         default=False,
         description="report the budget gauges of every agent's account too (one series per "
@@ -137,7 +145,10 @@ class GatewaySettings(BaseSettings):
         "gauges of the tenants it sweeps",
     )
     webhook_timeout_s: float = Field(
-        default=5.0, gt=0, le=60, description="how long a webhook receiver has to answer"
+        default=5.0,
+        gt=0,
+        le=60,
+        description="how long a webhook receiver has to answer, its whole answer",
     )
     webhook_backoff_s: float = Field(
         default=0.5, gt=0, le=60, description="the first retry's delay; each doubles it"

@@ -46,6 +46,7 @@ from .tenants import TenantStore
 log = logging.getLogger("irrev.gateway")
 SIGNATURE_HEADER = "Irrev-Signature"
 PAGE = 100
+ANSWER_BYTES = 4096  # of a receiver's answer, read and dropped (see _skim)
 DEFAULT_TOLERANCE_S = 300
 
 
@@ -74,11 +75,10 @@ def verify(
 @dataclass(frozen=True)
 class Pacing:
     """How a dispatcher paces itself: the receiver's answer must come within
-    `timeout_s`; a failed delivery waits `backoff_s` x 2^(attempt-1) (at most
-    `backoff_max_s`, with jitter) before the next attempt; the lease lasts
-    `lease_s` (at least 3 x timeout_s, so that a holder's delivery always ends
-    before its lease could pass to another); an idle tenant is looked at every
-    `poll_s`."""
+    `timeout_s`, the whole of it (`deadline_s`); a failed delivery waits `backoff_s`
+    x 2^(attempt-1) (at most `backoff_max_s`, with jitter) before the next attempt;
+    the lease lasts `lease_s` (at least 3 x timeout_s); an idle tenant is looked at
+    every `poll_s`."""
 
     timeout_s: float
     backoff_s: float
@@ -89,6 +89,16 @@ class Pacing:
     @property
     def lease_ms(self) -> int:
         return int(max(self.lease_s, 3 * self.timeout_s) * 1000)
+
+    @property
+    def deadline_s(self) -> float:
+        """The most one attempt may take, from connecting to the answer's last byte
+        read: timeout_s, and never more than a third of the lease (renewed just
+        before the attempt), so the lease cannot pass to another dispatcher, which
+        would send the same event alongside, while this one still waits; the rest is
+        margin for moving the cursor after it. httpx's own timeout bounds each read,
+        not the whole: a receiver sending a byte every 4 s never tripped it."""
+        return min(self.timeout_s, self.lease_ms / 3000)
 
     def backoff(self, attempt: int) -> float:
         delay = min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
@@ -296,9 +306,25 @@ class Dispatcher:
             "Irrev-Delivery-Attempt": str(attempt),
         }
         try:
-            response = await self.http.post(url, content=body, headers=headers)
+            async with asyncio.timeout(self.pacing.deadline_s):
+                async with self.http.stream("POST", url, content=body, headers=headers) as answer:
+                    await _skim(answer)
+        except TimeoutError:
+            return f"no whole answer within {self.pacing.deadline_s:g} s"
         except httpx.HTTPError as exc:
             return type(exc).__name__
-        if 200 <= response.status_code < 300:
+        if 200 <= answer.status_code < 300:
             return ""
-        return f"status {response.status_code}"
+        return f"status {answer.status_code}"
+
+
+async def _skim(answer: httpx.Response) -> None:
+    """Read up to ANSWER_BYTES of the answer and drop them: only its status counts.
+    A short answer read to its end keeps the connection for the next event; a longer
+    one is left unread and its connection closed (read whole, a receiver answering
+    300 MiB grew the worker by 440 MB)."""
+    read = 0
+    async for chunk in answer.aiter_raw():
+        read += len(chunk)
+        if read >= ANSWER_BYTES:
+            return

@@ -297,7 +297,7 @@ class TransitionResult:
     hold_id: str
     state: HoldState
     flags: frozenset[str]
-    by: str = ""
+    by: str = ""  # who rejected it (reject) or resolved it by hand (note)
     replicas: int | None = None  # as in ReserveResult
     claim: str = ""  # a won retry claim (Ledger.retry), to pass to mark_ambiguous
 

@@ -17,6 +17,9 @@ const state = {
   decisions: [],
   unresolved: {}, // hold -> why the last reconciliation left it
   allAccounts: false,
+  queuePages: 1, // pages of the escalation queue shown ("Show more" adds one)
+  bodies: new Map(), // hold -> its request body, fetched when first opened
+  opened: new Set(), // holds whose body is open: it stays open across redraws
   updated: "", // the time of the last refresh that worked
 };
 const DECISIONS_KEPT = 60;
@@ -174,6 +177,9 @@ function chooseTenant() {
   state.cursor = null;
   state.decisions = [];
   state.unresolved = {};
+  state.queuePages = 1;
+  state.bodies.clear();
+  state.opened.clear();
   flash("");
   refresh(true);
 }
@@ -217,21 +223,38 @@ async function refresh(again = false) {
 async function load() {
   const tenant = state.tenant;
   const t = encodeURIComponent(tenant);
-  const [policy, balances, escalations, ambiguous] = await Promise.all([
+  const [policy, balances, queue, ambiguous] = await Promise.all([
     api(`/v1/admin/tenants/${t}/policy`),
     api(`/v1/admin/tenants/${t}/balances`),
-    api(`/v1/admin/tenants/${t}/escalations`),
+    queuePages(t),
     api(`/v1/admin/tenants/${t}/holds?state=ambiguous`).then((r) => details(t, r.data)),
   ]);
   if (tenant !== state.tenant) return; // chosen away meanwhile: the next refresh draws it
   state.unit = policy.data.risk_unit || state.unit;
   await loadDecisions(tenant);
   if (tenant !== state.tenant) return;
-  renderSummary(balances.data, escalations.data, ambiguous);
+  renderSummary(balances.data, queue, ambiguous);
   renderBalances(balances.data);
-  renderEscalations(escalations.data);
+  renderEscalations(queue);
   renderAmbiguous(ambiguous);
   renderDecisions();
+}
+
+// The oldest state.queuePages pages of the queue (each page a bounded answer, without
+// request bodies): {items, total waiting, more: whether pages are left}.
+async function queuePages(t) {
+  const items = [];
+  let after = null;
+  let total = 0;
+  for (let page = 0; page < state.queuePages; page++) {
+    const query = after ? `?after=${encodeURIComponent(after)}` : "";
+    const { data } = await api(`/v1/admin/tenants/${t}/escalations${query}`);
+    items.push(...data.escalations);
+    total = data.total;
+    after = data.next;
+    if (!after) break;
+  }
+  return { items, total, more: Boolean(after) };
 }
 
 // The list of ambiguous holds says little; each hold by id tells who, what and why.
@@ -293,13 +316,13 @@ function renderBalances(rows) {
 
 // --- summary tiles ----------------------------------------------------------------
 
-function renderSummary(balances, escalations, ambiguous) {
+function renderSummary(balances, queue, ambiguous) {
   const tenantRow = balances.find((b) => b.account.startsWith("tenant:"));
-  const lefts = escalations.map(timeLeft);
+  const lefts = queue.items.map(timeLeft);
   const tiles = [
     ["tenant budget", tenantRow ? percent(utilisation(tenantRow)) : "—",
       tenantRow ? `${money(used(tenantRow))} of ${money(limitOf(tenantRow))}` : ""],
-    ["waiting for a human", String(escalations.length),
+    ["waiting for a human", String(queue.total),
       lefts.length ? `next expires in ${duration(Math.min(...lefts))}` : "queue empty"],
     ["ambiguous holds", String(ambiguous.length), ambiguous.length ? "charged until resolved" : ""],
   ];
@@ -328,9 +351,26 @@ function tripped(e) {
     el("div", { className: "muted" }, `${t.used_text} of ${t.limit_text} used`), cause);
 }
 
+// The body is not in the queue's pages (each may be up to a MiB): it is read from the
+// hold when first opened, and kept (and kept open) for the redraws that follow.
 function requestCell(e) {
-  if (!e.body) return el("span", { className: "muted" }, "—");
-  return el("details", {}, el("summary", {}, "body"), el("pre", {}, e.body));
+  const pre = el("pre", {}, state.bodies.get(e.hold) ?? "");
+  const cell = el("details", {}, el("summary", {}, "body"), pre);
+  cell.open = state.opened.has(e.hold);
+  cell.addEventListener("toggle", async () => {
+    if (cell.open) state.opened.add(e.hold);
+    else state.opened.delete(e.hold);
+    if (!cell.open || state.bodies.has(e.hold)) return;
+    try {
+      const t = encodeURIComponent(state.tenant);
+      const { data } = await api(`/v1/admin/tenants/${t}/holds/${encodeURIComponent(e.hold)}`);
+      state.bodies.set(e.hold, data.body ?? "");
+      pre.textContent = data.body || "—";
+    } catch (err) {
+      pre.textContent = `not read: ${err.message}`;
+    }
+  });
+  return cell;
 }
 
 function decisionCell(e) {
@@ -379,7 +419,8 @@ function place(tbody, rows) {
 
 // Rows are kept by escalation id across refreshes, so that a reason being typed (and
 // the focus) survives the auto-refresh; only the context cells are redrawn.
-function renderEscalations(items) {
+function renderEscalations(queue) {
+  const items = queue.items;
   const tbody = $("escalations").tBodies[0];
   const existing = new Map([...tbody.rows].map((tr) => [tr.dataset.escalation, tr]));
   items.sort((a, b) => timeLeft(a) - timeLeft(b));
@@ -392,8 +433,13 @@ function renderEscalations(items) {
     return tr;
   });
   place(tbody, rows);
-  $("escalation-count").textContent = items.length ? String(items.length) : "";
+  $("escalation-count").textContent = queue.total ? String(queue.total) : "";
   document.querySelector('.empty[data-for="escalations"]').hidden = items.length > 0;
+  $("queue-more").hidden = !queue.more;
+  $("queue-more").textContent = `Show more (${items.length} of ${queue.total} shown)`;
+  const waiting = new Set(items.map((e) => e.hold));
+  for (const hold of state.bodies.keys()) if (!waiting.has(hold)) state.bodies.delete(hold);
+  for (const hold of state.opened) if (!waiting.has(hold)) state.opened.delete(hold);
 }
 
 async function decide(escalation, verb, reasonInput, buttons) {
@@ -560,6 +606,10 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("refresh").addEventListener("click", () => refresh());
   $("interval").addEventListener("change", schedule);
   $("reconcile").addEventListener("click", reconcileNow);
+  $("queue-more").addEventListener("click", () => {
+    state.queuePages += 1;
+    refresh(true);
+  });
   $("all-accounts").addEventListener("click", () => {
     state.allAccounts = !state.allAccounts;
     refresh(true);

@@ -103,7 +103,7 @@ async def test_journal_pages_and_escalation_queue(
     queue = (
         await http.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin)
     ).json()
-    [item] = queue
+    [item] = queue["escalations"]
     assert item["agent"] == "buyer-04"
     assert item["price"] == int(escalated.headers["x-irrev-price"])
     assert f"/v1/escalations/{item['escalation']}" == escalated.headers["location"]

@@ -70,7 +70,7 @@ async def test_queue_items_carry_who_what_how_much_and_which_account(
     gw, tenant = loop_gateway, loop_gateway.tenant("own")
     escalation = await escalate(gw, client, "buyer-01", "queue-1")
     queue = await client.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gw.admin)
-    [item] = [i for i in queue.json() if i["escalation"] == escalation]
+    [item] = [i for i in queue.json()["escalations"] if i["escalation"] == escalation]
     assert item["agent"] == "buyer-01" and item["principal"] == "procurement"
     assert item["route"] == "supplier POST /orders" and item["currency"] == "USD"
     assert item["face_value"] == 45_000 * 10**6
@@ -94,7 +94,7 @@ async def test_queue_items_carry_who_what_how_much_and_which_account(
         if admitted.status_code == 202:
             break
     queue = await client.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gw.admin)
-    banded = [i for i in queue.json() if i["reason"] == "soft_band"]
+    banded = [i for i in queue.json()["escalations"] if i["reason"] == "soft_band"]
     assert banded, queue.json()
     tripped = banded[0]["tripped"]
     assert tripped["account"] == "agent:buyer-02"
@@ -128,7 +128,11 @@ async def test_bad_reasons_are_refused_and_change_nothing(
 ) -> None:
     gw = loop_gateway
     escalation = await escalate(gw, client, "buyer-04", "bad-reason")
-    for body in ({"reason": "line\nforged"}, {"reason": "x" * 501}, {"why": "extra"}):
+    # Line and paragraph separators, bidi overrides and zero-width characters (Zl,
+    # Zp, Cf) forge lines and reorder text as surely as controls: accepted before.
+    spoofs = ["ok\u2028forged", "ok\u2029forged", "paid \u202e0001", "a\u200bb", "\ufeffx"]
+    bodies = [{"reason": "line\nforged"}, {"reason": "x" * 501}, {"why": "extra"}]
+    for body in bodies + [{"reason": spoof} for spoof in spoofs]:
         refused = await client.post(
             f"/v1/escalations/{escalation}/approve", json=body, headers=gw.admin
         )

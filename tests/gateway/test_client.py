@@ -116,7 +116,7 @@ async def test_an_escalation_is_awaited_and_approved_once(
             response = await http.get(
                 f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin
             )
-            queue = response.json()
+            queue = response.json()["escalations"]
         response = await http.post(
             f"/v1/escalations/{queue[0]['escalation']}/approve", headers=gateway.admin
         )
@@ -277,7 +277,7 @@ async def test_an_approved_effect_the_tool_answers_202_is_the_tools_answer(
             response = await http.get(
                 f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin
             )
-            queue = response.json()
+            queue = response.json()["escalations"]
         response = await http.post(
             f"/v1/escalations/{queue[0]['escalation']}/approve", headers=gateway.admin
         )

@@ -243,6 +243,17 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
         assert len(shown) >= 3 and ratios == sorted(ratios, reverse=True) and ratios[0] > 0, shown
         assert f"tenant:{tenant.id}" in dict(shown)
         page.shot("escalation-waiting")
+        # The queue's page has no bodies: opening one reads it from the hold.
+        page.find(f"{row_css} td.request summary").click()
+
+        def body_shown(driver: WebDriver) -> bool:
+            try:
+                pre = driver.find_element(By.CSS_SELECTOR, f"{row_css} td.request pre")
+                return "s-console" in (pre.get_attribute("textContent") or "")
+            except (NoSuchElementException, StaleElementReferenceException):
+                return False
+
+        page.until(body_shown, "the request body was never read from the hold")
 
         row.find_element(By.CSS_SELECTOR, "input.reason").send_keys(REASON)
         row.find_element(By.CSS_SELECTOR, "button.approve").click()

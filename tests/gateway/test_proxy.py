@@ -487,7 +487,7 @@ async def test_one_key_on_two_unknown_routes_is_two_effects(
     assert holds[0] != holds[1] and holds[2] == holds[0]
     queue = await http.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin)
     assert queue.status_code == 200, queue.text
-    assert sorted(e["route"] for e in queue.json()) == [
+    assert sorted(e["route"] for e in queue.json()["escalations"]) == [
         "inventory POST /adjustments",
         "inventory POST /recounts",
     ]
