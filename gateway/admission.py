@@ -30,6 +30,7 @@ from ledger import (
     Rule,
     UnknownAccount,
 )
+from ledger.records import RULE_PREFIX
 from pricing import (
     EffectClass,
     PerEffectCapExceeded,
@@ -251,7 +252,7 @@ async def admit(
             return Admitted(result, hold_id, None)
         note = f"approved automatically by rule {rule.rule_id}"
         try:
-            answer = await approve(gate, policy, hold_id, f"rule:{rule.rule_id}", note)
+            answer = await approve(gate, policy, hold_id, RULE_PREFIX + rule.rule_id, note)
         except Problem as lost:
             if lost.reason != "escalation_resolved":
                 raise

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ledger import Balance, Hold, JournalEntry, Ledger, Reason
+from ledger.records import RULE_PREFIX
 from pricing import TenantPolicy
 from pricing.money import money_text
 
@@ -35,7 +36,6 @@ EVENT_TYPES = (
     "rule.set",
     "rule.deleted",
 )
-RULE_PREFIX = "rule:"
 
 
 def rfc3339(ms: int) -> str:

@@ -38,6 +38,10 @@ class Reason(StrEnum):
     APPROVAL_THRESHOLD = "approval_threshold"
 
 
+# An automatic approval's approver: `rule:<rule id>` (approve.lua's ARGV[4]); an
+# admin's name has no ':', so no admin can pass for a rule.
+RULE_PREFIX = "rule:"
+
 # The decision each reason stands for (a hold record and its journal entry keep only
 # the reason; reserve.lua's DECISION).
 DECIDED_BY = {

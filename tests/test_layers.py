@@ -6,7 +6,10 @@ hold no command-line parsing, and pricing has no import cycle."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,3 +164,24 @@ def test_pricing_has_no_import_cycle() -> None:
     # arrow into all of them, which is how the package is used from outside, not a cycle.
     edges.pop("pricing", None)
     assert cycles(edges) == []
+
+
+def test_every_ledger_and_gateway_module_imports_on_its_own() -> None:
+    """An import cycle among module-level imports fails only when one of its modules
+    is imported first (one through gateway.problems broke only the fault matrix,
+    which imports gateway.wire first): each module is imported first, in an
+    interpreter of its own."""
+    names = [name for package in ("ledger", "gateway") for name, _ in modules(package)]
+
+    def imported(name: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-c", f"import {name}"]
+        return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(imported, names))
+    failed = [
+        f"{name}: {result.stderr.strip().splitlines()[-1]}"
+        for name, result in zip(names, results, strict=True)
+        if result.returncode != 0
+    ]
+    assert failed == []
