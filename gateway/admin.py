@@ -180,7 +180,8 @@ async def reload_policies(request: Request, admin: Admin) -> dict[str, Any]:
 @router.get("/tenants/{tenant}/balances")
 async def balances(request: Request, tenant: str, admin: Admin) -> list[dict[str, Any]]:
     """Every account; `raised` is what live raise_limit rules add to its `limit` now
-    (`effective_limit`), `available` is what is left under the effective limit."""
+    (`effective_limit`; at most the limit itself, as reserve.lua counts them),
+    `available` is what is left under the effective limit."""
     policy_of(request, tenant, admin)
     ledger = gate_of(request).ledger
     rows = await ledger.balances(tenant)
@@ -191,7 +192,7 @@ async def balances(request: Request, tenant: str, admin: Admin) -> list[dict[str
             raised[spec["account"]] = raised.get(spec["account"], 0) + spec["amount"]
     out = []
     for b in rows:
-        extra = raised.get(b.account, 0)
+        extra = min(raised.get(b.account, 0), b.limit)
         out.append(
             {
                 **asdict(b),

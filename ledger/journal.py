@@ -169,8 +169,10 @@ class ReplayedAccount:
     raises: dict[str, list[int]] = field(default_factory=dict)
 
     def limit_at(self, ms: int) -> int:
-        """The limit reserve.lua applied at `ms`: the base plus the live raises."""
-        return self.limit + sum(amount for amount, until in self.raises.values() if until > ms)
+        """The limit reserve.lua applied at `ms`: the base plus the live raises, which
+        count for at most the base."""
+        live = sum(amount for amount, until in self.raises.values() if until > ms)
+        return self.limit + min(live, self.limit)
 
 
 @dataclass

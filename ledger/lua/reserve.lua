@@ -200,15 +200,17 @@ local all_kept = kept == n
 n = kept
 
 -- A temporary raise (lua/rule.lua) adds to an account's limit and soft limit while
--- it lives, by Redis's clock: it ends by itself, with nothing to undo. The sum counts
--- as at most 2^53-1 (rule.lua keeps it there, but a policy may raise the limit under
--- older raises): past it doubles round, and an admission must stay exact.
+-- it lives, by Redis's clock: it ends by itself, with nothing to undo. The live
+-- raises count for at most the limit in force (rule.lua bounds them so when they
+-- are set; a policy that cuts the limit later, an operator stopping a spender, cuts
+-- what they add too), and the sum as at most 2^53-1 (a policy may raise the limit
+-- under older raises): past it doubles round, and an admission must stay exact.
 local decision, reason = 'admit', 'within_budget'
 local limits, used, soft = {}, {}, {}
 for i = 1, n do
   local a = loaded[i]
   roll(a, now)
-  local extra = live_raise(raises[i], now)
+  local extra = math.min(live_raise(raises[i], now), a.limit)
   limits[i], used[i] = math.min(a.limit + extra, MAX_AMOUNT), a.pend + a.post
   soft[i] = math.min(a.soft + extra, MAX_AMOUNT)
 end

@@ -24,14 +24,19 @@ class RefAccount:
     # limit. The property test's rules live an hour, so none lapses within a run.
     raises: dict[str, int] = field(default_factory=dict)
 
-    # reserve.lua counts a limit with its raises as at most MAX_AMOUNT.
+    # reserve.lua counts the raises as at most the limit, and a limit with its
+    # raises as at most MAX_AMOUNT.
+    @property
+    def raised(self) -> int:
+        return min(sum(self.raises.values()), self.limit)
+
     @property
     def effective_limit(self) -> int:
-        return min(self.limit + sum(self.raises.values()), MAX_AMOUNT)
+        return min(self.limit + self.raised, MAX_AMOUNT)
 
     @property
     def effective_soft(self) -> int:
-        return min(self.soft + sum(self.raises.values()), MAX_AMOUNT)
+        return min(self.soft + self.raised, MAX_AMOUNT)
 
 
 @dataclass

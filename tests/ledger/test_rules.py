@@ -56,6 +56,21 @@ async def test_the_live_raises_of_an_account_sum_to_at_most_its_limit(
     assert (await audit_tenant(ledger, tenant)).ok
 
 
+async def test_a_limit_cut_under_its_raises_cuts_what_they_add(ledger: Ledger, tenant: str) -> None:
+    """An operator cuts a limit to stop a spender: a raise set under the old limit
+    counts for at most the new one (it kept its whole amount: 100 on a limit of 10)."""
+    await open_accounts(ledger, tenant, agent_a=100)
+    await ledger.set_rule(tenant, "r1", "ops", "{}", HOUR_MS, raise_limit=("agent:a", 100))
+    await ledger.upsert_account(tenant, AccountSpec("agent:a", 10, 10))
+    full = await ledger.reserve(tenant, "k1", "fp", {"agent:a": 20}, ttl_ms=HOUR_MS)
+    over = await ledger.reserve(tenant, "k2", "fp", {"agent:a": 1}, ttl_ms=HOUR_MS)
+    assert (full.decision.value, over.reason.value) == ("admit", "budget_exceeded")
+    assert over.accounts[0].limit == 20
+    replayed = replay(await read_journal(ledger, tenant, count=10_000))
+    assert replayed.violations == []
+    assert (await audit_tenant(ledger, tenant)).ok
+
+
 async def test_a_raise_never_takes_a_limit_past_2_53(ledger: Ledger, tenant: str) -> None:
     half = 2**52
     await ledger.upsert_account(tenant, AccountSpec("agent:a", half, half))
