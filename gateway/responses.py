@@ -14,7 +14,7 @@ from pricing.units import header_money, rfc3339, with_money_text
 
 from .problems import Problem
 from .upstream import Answer, Fate
-from .wire import StoredAnswer
+from .wire import BODY_OMITTED, StoredAnswer
 
 
 def escalation_id(tenant: str, hold_id: str) -> str:
@@ -148,6 +148,11 @@ def _retry_after(answer: Answer) -> str:
 
 
 def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:
+    # The gateway's own note on a body it could not keep: the backstop drops every
+    # X-Irrev-* header among the kept ones, so it goes back beside them.
+    omitted = [value for name, value in stored.headers if name == BODY_OMITTED]
+    if omitted:
+        extra = {**extra, "X-Irrev-Body-Omitted": omitted[0]}
     return upstream_response(stored.status, stored.headers, stored.body, extra)
 
 

@@ -16,6 +16,8 @@ from .problems import Problem
 Headers = tuple[tuple[str, str], ...]
 MAX_JSON_DEPTH = 32
 MAX_RECORDED_BODY = 256 * 1024
+# The note a kept answer carries in place of a body over MAX_RECORDED_BODY (its length).
+BODY_OMITTED = "x-irrev-body-omitted"
 # Only headers that describe the answer's body reach the agent, live or replayed (so a
 # repeat gets what the first call got): no upstream cookies, connection or server
 # details; httpx has decoded any content-encoding, and the length is recomputed.
@@ -263,7 +265,7 @@ class StoredAnswer(_Record):
         if len(body) > MAX_RECORDED_BODY:
             # Kept with the hold in Redis: a huge body would not fit the record, and a
             # delivered effect must still be posted. A repeat gets the status without it.
-            kept.append(("x-irrev-body-omitted", str(len(body))))
+            kept.append((BODY_OMITTED, str(len(body))))
             body = b""
         return cls(agent, status, kept, base64.b64encode(body).decode(), route_id, *terms)
 

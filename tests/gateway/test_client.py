@@ -25,7 +25,7 @@ from irrev.client import IrrevClient, Outcome, idempotency_key, retry_after_s
 from irrev.langchain import http_tool
 
 from .conftest import SCRIPTED_PORT, Gateway
-from .helpers import order, set_faults, supplier_stats
+from .helpers import effect_headers, order, set_faults, supplier_stats
 from .servers import BIN, Server, base_env
 
 
@@ -290,6 +290,26 @@ async def test_an_approved_effect_the_tool_answers_202_is_the_tools_answer(
     assert outcome.ok and outcome.status == 202 and outcome.data == {"order_id": "o-3"}, outcome
     assert outcome.reason is None
     assert await seen(foreign) == []
+
+
+async def test_a_replay_of_an_answer_too_big_to_keep_says_its_body_was_left_out(
+    gateway: Gateway, http: httpx.AsyncClient, tool_api: Server
+) -> None:
+    """An answer over 256 KiB is kept without its body; a repeat of the key says so
+    (the backstop that drops the tool's X-Irrev-* headers dropped the gateway's own
+    note too: the agent got an empty 200 as if it were the tool's whole answer)."""
+    tenant = gateway.tenant("client-scripted")
+    big = "x" * (300 * 1024)
+    await script(tool_api, 200, big)
+    headers = effect_headers(tenant, "buyer-05", "too-big-to-keep")
+    first = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+    assert first.status_code == 200 and len(first.content) == len(big), first.status_code
+    assert "x-irrev-body-omitted" not in first.headers
+    await script(tool_api, 500, "changed")
+    again = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+    assert again.status_code == 200 and again.headers["x-irrev-replayed"] == "true"
+    assert again.content == b""
+    assert again.headers["x-irrev-body-omitted"] == str(len(big))
 
 
 async def test_an_undecided_escalation_is_polled_a_bounded_number_of_times(
