@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -13,6 +14,9 @@ from ledger import LedgerSettings
 from .policies import ForwardBudget
 from .webhooks import Pacing
 
+# A tenant member id's pattern (pricing/policy.py MemberId).
+OPERATOR_NAME = re.compile(r"[A-Za-z0-9._@/-]{1,100}")
+
 
 class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="IRREV_", extra="ignore")
@@ -23,8 +27,8 @@ class GatewaySettings(BaseSettings):
     workers: int = Field(default=1, ge=1, le=64)
     admin_tokens: str = Field(
         default="",
-        description="comma-separated name=token pairs; an operator's decisions are "
-        "recorded as operator:<name>",
+        description="comma-separated name=token pairs (a name: 1-100 of A-Za-z0-9._@/-); "
+        "an operator's decisions are recorded as operator:<name>",
     )
     upstream_connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     upstream_timeout_s: float = Field(default=10.0, gt=0, le=300)
@@ -174,6 +178,13 @@ class GatewaySettings(BaseSettings):
             if not sep or not name or len(token) < 16:
                 raise ValueError(
                     "each entry must be name=token with a token of at least 16 characters"
+                )
+            if not OPERATOR_NAME.fullmatch(name):
+                # Recorded as `operator:<name>` (gateway/auth.py) in the journal, which
+                # refuses an id past 128 characters or outside this set, after the
+                # decision it records was made.
+                raise ValueError(
+                    f"an operator's name is 1-100 characters of A-Z a-z 0-9 . _ @ / -, not {name!r}"
                 )
         return value
 

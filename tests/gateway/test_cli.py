@@ -50,6 +50,11 @@ def test_outside_the_repository_is_one_line(command: list[str], tmp_path: Path) 
         (["serve", "--port", "99999"], {}, "IRREV_PORT: Input should be less than or equal"),
         (["serve"], {"IRREV_WORKERS": "many"}, "IRREV_WORKERS: Input should be a valid integer"),
         (["serve"], {"IRREV_APPENDFSYNC": "sometimes"}, "IRREV_APPENDFSYNC: Input should be"),
+        (
+            ["serve"],
+            {"IRREV_ADMIN_TOKENS": "ops team=0123456789abcdef"},
+            "IRREV_ADMIN_TOKENS: Value error, an operator's name is 1-100 characters",
+        ),
         # The payments example's API key is read from the environment when it loads.
         (
             ["serve", "--policy-dir", "examples"],
