@@ -218,6 +218,13 @@ class IrrevClient:
                 f"The {tool} tool itself answered {status} (the tool's answer, not a refusal "
                 f"by irrev; the effect may have happened). The tool's answer: {text}"
             )
+        omitted = response.headers.get("x-irrev-body-omitted")
+        if omitted is not None:
+            text = (
+                f"The {tool} call was made before and answered {status}; its answer's body "
+                f"({omitted} bytes) was too big to keep, so this repeat has none. "
+                "Do not call it again to see it."
+            )
         return Outcome(200 <= status < 300, status, text, data)
 
 

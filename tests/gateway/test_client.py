@@ -310,6 +310,15 @@ async def test_a_replay_of_an_answer_too_big_to_keep_says_its_body_was_left_out(
     assert again.status_code == 200 and again.headers["x-irrev-replayed"] == "true"
     assert again.content == b""
     assert again.headers["x-irrev-body-omitted"] == str(len(big))
+    client = client_of(gateway, "client-scripted", agent="buyer-05")
+    try:
+        told = await client.call(
+            "supplier", "POST", "/orders", "too-big-to-keep", json_body=order()
+        )
+    finally:
+        await client.aclose()
+    assert told.ok and told.status == 200 and told.data == ""
+    assert f"({len(big)} bytes) was too big to keep" in told.text, told.text
 
 
 async def test_an_undecided_escalation_is_polled_a_bounded_number_of_times(
