@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ledger import (
+    RULE_PREFIX,
     Hold,
     HoldInFlight,
     HoldState,
@@ -30,7 +31,6 @@ from ledger import (
     Rule,
     UnknownAccount,
 )
-from ledger.records import RULE_PREFIX
 from pricing import (
     EffectClass,
     PerEffectCapExceeded,

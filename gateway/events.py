@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger import Balance, Hold, JournalEntry, Ledger, Reason
-from ledger.records import RULE_PREFIX
+from ledger import RULE_PREFIX, Balance, Hold, JournalEntry, Ledger, Reason
 from pricing import TenantPolicy
 from pricing.money import money_text
 

@@ -27,8 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from ledger import TenantSnapshot
-from ledger.records import RULE_PREFIX
+from ledger import RULE_PREFIX, TenantSnapshot
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 PRICE_BUCKETS = tuple(float(10**k) for k in range(0, 13))

@@ -8,6 +8,7 @@ from .audit import AuditReport, audit, audit_tenant
 from .changes import ChangeFeed
 from .checkpoint import cutoff_ms, trim, trim_locked
 from .client import Ledger, open_ledger
+from .cluster import cluster_enabled
 from .connect import connect
 from .durability import Durability
 from .embedded import (
@@ -35,6 +36,7 @@ from .lease import Lease
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT
 from .policystore import PolicyRecord, PolicyStore, PutResult
 from .records import (
+    RULE_PREFIX,
     AccountCheck,
     AccountSpec,
     Balance,
@@ -57,6 +59,7 @@ from .settings import AppendFsync, LedgerSettings
 __all__ = [
     "MAX_ACCOUNTS",
     "MAX_AMOUNT",
+    "RULE_PREFIX",
     "AccountCheck",
     "AccountSpec",
     "AppendFsync",
@@ -99,6 +102,7 @@ __all__ = [
     "UnknownAccount",
     "audit",
     "audit_tenant",
+    "cluster_enabled",
     "connect",
     "cutoff_ms",
     "free_port",

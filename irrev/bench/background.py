@@ -37,8 +37,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from irrev.cli import CliError, bounded
 from irrev.harness import Server, TenantPolicy
-from ledger import EmbeddedRedis
-from ledger.cluster import cluster_enabled
+from ledger import EmbeddedRedis, cluster_enabled
 
 EXAMPLE = Path("examples/procurement.yaml")
 SETTLE_S = 3.0
