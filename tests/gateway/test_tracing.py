@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from irrev.harness import free_port
+from ledger import cluster_enabled
 
 from .conftest import own_gateway
 from .helpers import effect_headers, order
@@ -160,10 +161,14 @@ async def test_an_agents_trace_runs_through_the_gateway_to_the_upstream(
     assert upstream_parent != agent_span
     assert upstream_parent in {span["span_id"] for span in collector.of_trace(trace_id)}
     # The official instrumentations are on: the upstream call is an httpx client span,
-    # and the ledger's Redis commands are spans of the same trace.
+    # and the ledger's Redis commands are spans of the same trace (on a standalone
+    # Redis: the Redis instrumentation makes no spans for redis-py's cluster client).
     [parent] = [s for s in collector.of_trace(trace_id) if s["span_id"] == upstream_parent]
     assert {"http.method", "http.request.method"} & parent["attributes"].keys(), parent
-    assert [s for s in collector.of_trace(trace_id) if s["attributes"].get("db.system") == "redis"]
+    redis_spans = [
+        s for s in collector.of_trace(trace_id) if s["attributes"].get("db.system") == "redis"
+    ]
+    assert redis_spans or cluster_enabled(redis_url)
     # The gateway's server span is the agent's span's child.
     assert agent_span in {span["parent"] for span in collector.of_trace(trace_id)}
     hold = admitted.headers["x-irrev-hold"]
