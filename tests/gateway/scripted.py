@@ -16,6 +16,8 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from tests.gateway.suppliers import Suppliers
+
 
 class Scripted:
     def __init__(self) -> None:
@@ -28,7 +30,7 @@ class Scripted:
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
-        body = await self.body(receive)
+        body = await Suppliers.body(receive)
         path = scope["path"]
         if path == "/_script":
             self.answer = json.loads(body)
@@ -48,15 +50,6 @@ class Scripted:
             )
             answer = self.answer
             await self.reply(send, answer["status"], answer["headers"], answer["body"].encode())
-
-    @staticmethod
-    async def body(receive: Receive) -> bytes:
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                return b"".join(chunks)
 
     @staticmethod
     async def reply(send: Send, status: int, headers: list[list[str]], body: bytes) -> None:

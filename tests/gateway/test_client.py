@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from irrev.langchain import http_tool
 
 from .conftest import SCRIPTED_PORT, Gateway
 from .helpers import effect_headers, order, set_faults, supplier_stats
-from .servers import BIN, Server, base_env
+from .servers import BIN, Server, Tenant, base_env
 
 
 def client_of(
@@ -110,16 +111,7 @@ async def test_an_escalation_is_awaited_and_approved_once(
     big = order(quantity=450, supplier_id="s9")  # 45000 USD: above the approval threshold
 
     async def approve() -> None:
-        queue: list[dict[str, Any]] = []
-        while not queue:
-            await asyncio.sleep(0.2)
-            response = await http.get(
-                f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin
-            )
-            queue = response.json()["escalations"]
-        response = await http.post(
-            f"/v1/escalations/{queue[0]['escalation']}/approve", headers=gateway.admin
-        )
+        response = await approve_first_escalation(http, gateway, tenant)
         assert response.status_code == 201 or response.status_code == 200, response.text
 
     try:
@@ -193,6 +185,24 @@ async def seen(server: Server) -> list[dict[str, str]]:
     async with httpx.AsyncClient(base_url=server.url, trust_env=False) as client:
         response = await client.get("/_seen")
     return list(response.json())
+
+
+async def approve_first_escalation(
+    http: httpx.AsyncClient, gateway: Gateway, tenant: Tenant
+) -> httpx.Response:
+    """An operator approves the tenant's first escalation once one waits (within 30 s)."""
+    deadline = time.monotonic() + 30
+    queue: list[dict[str, Any]] = []
+    while not queue:
+        assert time.monotonic() < deadline, "no escalation appeared"
+        await asyncio.sleep(0.2)
+        response = await http.get(
+            f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin
+        )
+        queue = response.json()["escalations"]
+    return await http.post(
+        f"/v1/escalations/{queue[0]['escalation']}/approve", headers=gateway.admin
+    )
 
 
 async def call_scripted(client: IrrevClient, call_id: str, **changes: Any) -> Outcome:
@@ -271,16 +281,7 @@ async def test_an_approved_effect_the_tool_answers_202_is_the_tools_answer(
     client = client_of(gateway, "client-scripted", agent="buyer-04", wait_s=20)
 
     async def approve() -> None:
-        queue: list[dict[str, Any]] = []
-        while not queue:
-            await asyncio.sleep(0.2)
-            response = await http.get(
-                f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin
-            )
-            queue = response.json()["escalations"]
-        response = await http.post(
-            f"/v1/escalations/{queue[0]['escalation']}/approve", headers=gateway.admin
-        )
+        response = await approve_first_escalation(http, gateway, tenant)
         assert response.status_code == 202, response.text  # the tool's answer, to the approver
 
     # 45000 USD: above the approval threshold.
