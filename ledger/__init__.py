@@ -28,6 +28,7 @@ from .errors import (
     IdempotencyConflict,
     LedgerError,
     LedgerUnavailable,
+    PoolShrank,
     RedisFailure,
     UnknownAccount,
 )
@@ -43,6 +44,8 @@ from .records import (
     Decision,
     Hold,
     HoldState,
+    OpenPool,
+    PoolTicket,
     Provenance,
     Reason,
     ReserveRequest,
@@ -53,6 +56,7 @@ from .records import (
     SweepResult,
     TenantSnapshot,
     TransitionResult,
+    pool_tag,
 )
 from .settings import AppendFsync, LedgerSettings
 
@@ -85,8 +89,11 @@ __all__ = [
     "LedgerError",
     "LedgerSettings",
     "LedgerUnavailable",
+    "OpenPool",
     "PolicyRecord",
     "PolicyStore",
+    "PoolShrank",
+    "PoolTicket",
     "Provenance",
     "PutResult",
     "Reason",
@@ -109,6 +116,7 @@ __all__ = [
     "free_ports",
     "iter_journal",
     "open_ledger",
+    "pool_tag",
     "read_journal",
     "supervised_redis_url",
     "trim",

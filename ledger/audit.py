@@ -11,7 +11,7 @@ from .checkpoint import replay_from_checkpoint
 from .client import Ledger
 from .errors import translate_redis_errors
 from .journal import LIVE_STATES, Replay
-from .keys import ambiguous_key, deadlines_key, escalated_key
+from .keys import ambiguous_key, deadlines_key, escalated_key, hold_key
 from .records import HoldState
 
 
@@ -84,6 +84,7 @@ async def _check_holds(ledger: Ledger, tenant: str, replayed: Replay, report: Au
         for state, members in indexed.items():
             if (hold_id in members) != (want == state):
                 report.mismatches.append(f"{tenant} hold {hold_id}: {state} index out of step")
+    await _check_pools(ledger, tenant, live, report)
     for account, expected in sorted(replayed.accounts.items()):
         if pending_by_account.get(account, 0) != expected.pending:
             report.mismatches.append(
@@ -95,3 +96,32 @@ async def _check_holds(ledger: Ledger, tenant: str, replayed: Replay, report: Au
 async def audit(ledger: Ledger, tenants: list[str] | None = None) -> list[AuditReport]:
     chosen = tenants if tenants is not None else await ledger.tenants()
     return [await audit_tenant(ledger, tenant) for tenant in chosen]
+
+
+async def _check_pools(
+    ledger: Ledger, tenant: str, live: list[str], report: AuditReport
+) -> None:
+    """Each calibrating route's open count and face sum (lua/_lib.lua) are those of
+    the live holds that name it (`cr`: `<tag>|<face value>`): one read per live hold,
+    pipelined. The sum of squares is a float and is not compared."""
+    with translate_redis_errors("audit"):
+        async with ledger.redis.pipeline(transaction=False) as pipe:
+            for hold_id in live:
+                pipe.hget(hold_key(tenant, hold_id), "cr")
+            marks = await pipe.execute() if live else []
+        stored = await ledger.open_pools(tenant)
+    counted: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for mark in marks:
+        if mark:
+            tag, _, face = str(mark).partition("|")
+            counted[tag][0] += 1
+            counted[tag][1] += int(face)
+    for tag in sorted(set(counted) | set(stored)):
+        pool = stored.get(tag)
+        got = (pool.count, pool.face_sum) if pool else (0, 0)
+        want = tuple(counted.get(tag, (0, 0)))
+        if got != want:
+            report.mismatches.append(
+                f"{tenant} route {tag}: {got[0]} holds open of face {got[1]} stored, "
+                f"the live holds are {want[0]} of face {want[1]}"
+            )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -23,6 +25,7 @@ from .errors import (
     LedgerError,
     LedgerUnavailable,
     RedisFailure,
+    open_pool,
     raise_for_reply,
     redis_failure,
     translate_redis_errors,
@@ -56,6 +59,8 @@ from .records import (
     Decision,
     Hold,
     HoldState,
+    OpenPool,
+    PoolTicket,
     Provenance,
     Reason,
     ReserveRequest,
@@ -261,11 +266,27 @@ class Ledger:
         """Every account of the tenant, sorted by id."""
         with translate_redis_errors("balances"):
             stored = await _decoded(self.redis.hgetall(accounts_key(validate.tenant_id(tenant))))
-        accounts = {field.rpartition("|")[0] for field in stored}
+        # '~' fields are calibrating routes' open sets (lua/_lib.lua), not accounts.
+        accounts = {field.rpartition("|")[0] for field in stored if not field.startswith("~")}
         return [
             _balance(account, [stored.get(field) for field in account_fields(account)])
             for account in sorted(accounts)
         ]
+
+    async def open_pools(self, tenant: str) -> dict[str, OpenPool]:
+        """The open holds of each calibrating route of the tenant, by route tag
+        (`pool_tag`); a route with none open has no entry."""
+        with translate_redis_errors("open pools"):
+            stored = await _decoded(self.redis.hgetall(accounts_key(validate.tenant_id(tenant))))
+        tags = {f[1:].rpartition("|")[0] for f in stored if f.startswith("~")}
+        return {
+            tag: OpenPool(
+                int(stored.get(f"~{tag}|n", 0)),
+                int(stored.get(f"~{tag}|s", 0)),
+                float(stored.get(f"~{tag}|q", 0.0)),
+            )
+            for tag in tags
+        }
 
     async def tenants(self) -> list[str]:
         with translate_redis_errors("tenants"):
@@ -336,6 +357,7 @@ class Ledger:
         open_missing: Sequence[AccountSpec] = (),
         provenance: Provenance | None = None,
         shadow: bool = False,
+        pool: PoolTicket | None = None,
     ) -> ReserveResult:
         """Admit, deny or escalate one effect; hold its price on every account or none.
 
@@ -349,7 +371,10 @@ class Ledger:
         `provenance` goes into the journal's reserve entry, with the SHA-256 of
         `request` (see Provenance). `shadow` holds the effect whatever the decision,
         which is only recorded (the result's `shadowed`): shadow mode, where accounts
-        may go above their limits.
+        may go above their limits. `pool`: the effect is of a calibrating route, whose
+        open set its hold joins while open (the result's `pool`: the set after it);
+        PoolShrank, with nothing written, if its price assumed a larger set than is
+        open.
         """
         reserve = ReserveRequest(
             idempotency_key,
@@ -363,13 +388,14 @@ class Ledger:
             open_missing,
             provenance,
             shadow,
+            pool,
         )
         args = self._reserve_args(reserve)  # first: its errors name the idempotency key
         keys = self._hold_keys(tenant, idempotency_key)
         reply, replicas = await self._run_replicated("reserve", keys, args)
         if reply[0] == EXPIRE_FIRST:
             await self._expire_due(tenant)
-            reply, replicas = await self._run_replicated("reserve", keys, [*args, DECIDE_ANYWAY])
+            reply, replicas = await self._run_replicated("reserve", keys, _deciding(args, pool))
         return _reserve_result(tenant, idempotency_key, reply, replicas)
 
     async def reserve_many(
@@ -383,7 +409,7 @@ class Ledger:
         again = [i for i, reply in enumerate(replies) if _is_reply(reply, EXPIRE_FIRST)]
         if again:
             await self._expire_due(tenant)
-            retried = [(batch[i][0], [*batch[i][1], DECIDE_ANYWAY]) for i in again]
+            retried = [(batch[i][0], _deciding(batch[i][1], requests[i].pool)) for i in again]
             for i, reply in zip(
                 again, await self._run_many("reserve", tenant, retried), strict=True
             ):
@@ -425,6 +451,7 @@ class Ledger:
             str(self.denied_retention_ms),
             *_open_args(r.amounts, r.open_missing),
             "1" if r.shadow else "0",
+            *_pool_args(r.pool),
         ]
 
     async def _run_many(
@@ -884,13 +911,39 @@ def _or_error(parse: Callable[..., T], *args: Any) -> T | LedgerError:
         return exc
 
 
+_POOL_TAG = re.compile(r"[A-Za-z0-9]{1,32}")
+
+
+def _pool_args(pool: PoolTicket | None) -> list[str]:
+    """reserve.lua's ARGV[14+2n+5m..]: for a calibrating route, '0' (do not decide
+    while holds are due) then its tag, the face value and the pending its price
+    assumed; nothing for any other route (its arguments are as before)."""
+    if pool is None:
+        return []
+    if not _POOL_TAG.fullmatch(pool.tag):
+        raise BadInput("route_tag", "must be 1-32 letters and digits (ledger.pool_tag)")
+    pending = pool.pending
+    if not (math.isfinite(pending) and pending >= 1):
+        raise BadInput("pending", f"{pending!r} must be a finite number >= 1")
+    face = validate.amount("face_value", pool.face_value)
+    return ["0", pool.tag, str(face), repr(float(pending))]
+
+
+def _deciding(args: list[str], pool: PoolTicket | None) -> list[str]:
+    """`args` that decide even while holds are due (after an `expire_first`)."""
+    if pool is None:
+        return [*args, DECIDE_ANYWAY]
+    return [*args[:-4], DECIDE_ANYWAY, *args[-3:]]
+
+
 def _reserve_result(
     tenant: str, hold_id: str, reply: list[Any], replicas: int | None = None
 ) -> ReserveResult:
     status = _OK_STATUSES.get(reply[0]) or raise_for_reply(tenant, hold_id, "reserve", reply)
+    end = 7 + 4 * int(reply[6])
     checks = tuple(
         AccountCheck(reply[i], int(reply[i + 1]), int(reply[i + 2]), int(reply[i + 3]))
-        for i in range(7, 7 + 4 * int(reply[6]), 4)
+        for i in range(7, end, 4)
     )
     return ReserveResult(
         status=status,
@@ -902,6 +955,7 @@ def _reserve_result(
         created_ms=int(reply[5]),
         accounts=checks,
         replicas=replicas,
+        pool=open_pool(reply, end) if len(reply) > end else None,
     )
 
 

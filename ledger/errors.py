@@ -10,7 +10,7 @@ from enum import StrEnum
 
 from redis import exceptions as redis_errors
 
-from .records import HoldState, Status
+from .records import HoldState, OpenPool, Status
 
 
 class LedgerError(Exception):
@@ -63,6 +63,20 @@ class HoldStateConflict(LedgerError):
         self.operation = operation
         self.state = state
         self.by = by
+
+
+class PoolShrank(LedgerError):
+    """A calibrating route's reserve was priced for more holds pending at once than
+    are open (reserve.lua's `reprice`): nothing was written; price it for `pool` (one
+    more hold of its face value) and reserve again."""
+
+    def __init__(self, hold_id: str, pool: OpenPool) -> None:
+        super().__init__(
+            f"hold {hold_id}: its route has {pool.count} holds open, fewer than its price "
+            "assumed; price it again for them and reserve again"
+        )
+        self.hold_id = hold_id
+        self.pool = pool
 
 
 class HoldNotDue(LedgerError):
@@ -300,6 +314,8 @@ def raise_for_reply(tenant: str, hold_id: str, operation: str, reply: list[objec
         raise UnknownAccount(tenant, str(reply[1]))
     if status is Status.NOT_FOUND:
         raise HoldNotFound(tenant, hold_id)
+    if status is Status.REPRICE:
+        raise PoolShrank(hold_id, open_pool(reply, 1))
     if status is Status.NOT_DUE:
         raise HoldNotDue(hold_id)
     if status is Status.IN_FLIGHT:
@@ -310,3 +326,9 @@ def raise_for_reply(tenant: str, hold_id: str, operation: str, reply: list[objec
     if status is Status.EXISTS_WITH_DIFFERENT_AMOUNT:
         raise IdempotencyConflict(hold_id, state, "a post of a different amount")
     raise HoldStateConflict(hold_id, operation, state, str(reply[2]) if len(reply) > 2 else "")
+
+
+def open_pool(reply: list[object], at: int) -> OpenPool:
+    """The open set reserve.lua replies with, from element `at` (count, face sum,
+    sum of squares)."""
+    return OpenPool(int(str(reply[at])), int(str(reply[at + 1])), float(str(reply[at + 2])))

@@ -4,6 +4,7 @@ hold states, and the typed results of each operation."""
 from __future__ import annotations
 
 import base64
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -22,6 +23,7 @@ class Status(StrEnum):
     IN_FLIGHT = "in_flight"
     UNKNOWN_ACCOUNT = "unknown_account"
     BAD_INPUT = "bad_input"
+    REPRICE = "reprice"
 
 
 class Decision(StrEnum):
@@ -227,6 +229,42 @@ def _unescape(text: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenPool:
+    """A calibrating route's holds open now (pricing/calibration.py pools their luck):
+    how many, the sum of their face values and of their squares (reserve.lua)."""
+
+    count: int = 0
+    face_sum: int = 0
+    face_squares: float = 0.0
+
+    def effective(self, face_value: int) -> float:
+        """Kish's effective number of these holds and one more of `face_value`:
+        (sum v)^2 / sum v^2, at least 1 (one large hold among small ones counts about
+        one), computed as reserve.lua computes it, so the two agree to the bit."""
+        s1 = float(self.face_sum + face_value)
+        s2 = max(self.face_squares, 0.0) + float(face_value) * float(face_value)
+        return max(1.0, s1 * s1 / s2) if s2 > 0 else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolTicket:
+    """What a reserve of a calibrating route tells the ledger: the route's tag
+    (`pool_tag`), the effect's face value, and the number of holds pending at once its
+    price assumed (>= 1): the hold is kept only if the open set, with it, is at least
+    that large (else `PoolShrank`)."""
+
+    tag: str
+    face_value: int
+    pending: float = 1.0
+
+
+def pool_tag(route_id: str) -> str:
+    """A route's short tag in the ledger: 16 hex digits of the SHA-256 of its id (a
+    route id can be 1 KiB; the tag is on every one of its holds)."""
+    return hashlib.sha256(route_id.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
 class ReserveRequest:
     """The arguments of one reserve, for batches (see `Ledger.reserve`)."""
 
@@ -245,6 +283,8 @@ class ReserveRequest:
     provenance: Provenance | None = None
     # Shadow mode: a deny or escalate is recorded but the effect is held anyway.
     shadow: bool = False
+    # A calibrating route's hold: counted in its open set while open.
+    pool: PoolTicket | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +299,9 @@ class ReserveResult:
     accounts: tuple[AccountCheck, ...]
     # Replicas that acknowledged the write before the reply (WAIT); None if not asked.
     replicas: int | None = None
+    # A calibrating route's open set after this decision (None for a replay, or a
+    # route that does not calibrate).
+    pool: OpenPool | None = None
 
     @property
     def replayed(self) -> bool:

@@ -11,6 +11,14 @@
 --            (fields `<account id>|<limit, soft, win, appr, pend, post, ws, over>`)
 --   KEYS[2]  `...:journal`, KEYS[3] `...:deadlines`, KEYS[4] `...:ambiguous`,
 --            KEYS[5] `...:escalated` (the scripts of one hold declare all five)
+--            Besides the accounts, it keeps the open holds of each calibrating
+--            route (pricing/calibration.py), under its short tag (reserve.lua):
+--            `~<tag>|n` how many, `~<tag>|s` the sum of their face values, `~<tag>|q`
+--            the sum of their squares (HINCRBYFLOAT: a float, reset with the others
+--            when the count reaches 0, so its rounding never outlives the set). No
+--            account id starts with '~' (valid_id), and a reserve of a calibrating
+--            route must count its hold in the same script as its balances: this is
+--            the one hash every hold script already declares.
 --   KEYS[6]  `...:hold:<id>`, the hold the script is about (ARGV[1] is its id)
 --   KEYS[7]  `...:payload:<id>`, the bytes the hold keeps (a string of its own: in
 --            the record, one value over 64 bytes would make Redis keep the whole
@@ -419,13 +427,62 @@ local function zeros(n)
 end
 
 local TERMINAL = {posted = true, voided = true, rejected = true, expired = true, denied = true}
+-- The states in which a hold is open: its effect is not yet settled (an ambiguous
+-- one may have happened at any loss) and it still charges its accounts.
+local OPEN = {pending = true, escalated = true, ambiguous = true, posted = false,
+  voided = false, rejected = false, expired = false, denied = false}
+
+-- The ACCOUNTS fields of a calibrating route's open holds (see the key layout).
+local function pool_fields(tag)
+  return '~' .. tag .. '|n', '~' .. tag .. '|s', '~' .. tag .. '|q'
+end
+
+-- A face value's square as HINCRBYFLOAT takes it: the same text for the same face,
+-- so the amount a hold takes out of `q` is the one it put in.
+local function square_text(face)
+  return string.format('%.17g', face * face)
+end
+
+-- A calibrating route's hold joins its open set. `cr`: the hold's field
+-- `<tag>|<face value>` (reserve.lua). Returns the set's count, face sum and sum of
+-- squares (as text) with it.
+local function open_pooled(cr)
+  local tag, face = string.match(cr, '^([^|]+)|(%d+)$')
+  local n, s, q = pool_fields(tag)
+  return redis.call('HINCRBY', ACCOUNTS, n, 1), redis.call('HINCRBY', ACCOUNTS, s, face),
+    redis.call('HINCRBYFLOAT', ACCOUNTS, q, square_text(tonumber(face)))
+end
+
+-- A calibrating route's hold leaves its open set. The count is exact (HINCRBY); when
+-- it reaches 0 (or, were it ever below, at once) the three fields go, float rounding
+-- with them.
+local function close_pooled(cr)
+  local tag, face = string.match(cr, '^([^|]+)|(%d+)$')
+  local n, s, q = pool_fields(tag)
+  if redis.call('HINCRBY', ACCOUNTS, n, -1) <= 0 then
+    redis.call('HDEL', ACCOUNTS, n, s, q)
+  else
+    redis.call('HINCRBY', ACCOUNTS, s, '-' .. face)
+    redis.call('HINCRBYFLOAT', ACCOUNTS, q, '-' .. square_text(tonumber(face)))
+  end
+end
 
 -- Move a hold between states and keep the indexes in step: pending and escalated
 -- holds are indexed by deadline; ambiguous and escalated ones have their own sets
 -- for the reconciler and the approval queue; settled records get the retention TTL
--- (a TTL never touches a live hold, so it can never release budget).
-local function set_state(id, from, to, retention_ms, extra)
+-- (a TTL never touches a live hold, so it can never release budget). `cr`: the
+-- hold's calibrating route (nil for most), whose open set it leaves when it goes
+-- from an open state to a closed one, and joins again the other way (an expired
+-- hold found ambiguous).
+local function set_state(id, from, to, retention_ms, extra, cr)
   local key = hkey(id)
+  if cr and OPEN[from] ~= OPEN[to] then
+    if OPEN[from] then
+      close_pooled(cr)
+    else
+      open_pooled(cr)
+    end
+  end
   if extra and #extra > 0 then
     redis.call('HSET', key, 'st', to, unpack(extra))
   else
@@ -456,13 +513,13 @@ end
 -- armed, provably never fired and is released (`expired`). An armed pending hold
 -- may have fired, so it becomes `ambiguous` and stays charged until reconciled.
 local function expire_one(id, retention_ms)
-  local h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt')
+  local h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt', 'cr')
   local st = h[1]
   if st == 'escalated' or (st == 'pending' and h[2] == '0') then
     local accounts = split(h[3])
     local release = negate(split_numbers(h[4]))
     add_balances(accounts, release, zeros(#accounts))
-    set_state(id, st, 'expired', retention_ms, nil)
+    set_state(id, st, 'expired', retention_ms, nil, h[5] or nil)
     journal({'op', 'expire', 'hold', id, 'st', 'expired',
              'd', deltas(accounts, release, zeros(#accounts))})
   elseif st == 'pending' then
@@ -475,14 +532,15 @@ end
 
 -- `with_request`: also the request a hold reserved by an older irrev kept in its
 -- record (`req`; nil where none), in the same HMGET (approve.lua: a second read of
--- the record cost it a call).
+-- the record cost it a call). `cr`: its calibrating route (set_state), nil for most.
 local function load_hold(id, with_request)
   local h
   if with_request then
     h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt', 'pst', 'pws', 'cmp', 'dl', 'by',
-      'req')
+      'cr', 'req')
   else
-    h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt', 'pst', 'pws', 'cmp', 'dl', 'by')
+    h = redis.call('HMGET', hkey(id), 'st', 'arm', 'acc', 'amt', 'pst', 'pws', 'cmp', 'dl', 'by',
+      'cr')
   end
   if not h[1] then
     return nil
@@ -492,7 +550,7 @@ local function load_hold(id, with_request)
     posted = h[5] and split_numbers(h[5]), post_ws = h[6] and split_numbers(h[6]),
     -- a posted hold without `cmp` has recovered nothing yet
     compensated = h[7] and split_numbers(h[7]) or zeros(#split(h[3])), deadline = tonumber(h[8]),
-    by = h[9], req = h[10],
+    by = h[9], cr = h[10] or nil, req = h[11],
   }
 end
 
@@ -501,7 +559,7 @@ end
 -- them), and its held_accounts: each field an HMGET asks for costs Redis time even
 -- when it is empty. `accounts` and `held` are shared: read only.
 local function load_hold_for_post(id)
-  local h = redis.call('HMGET', hkey(id), 'st', 'acc', 'amt', 'pst')
+  local h = redis.call('HMGET', hkey(id), 'st', 'acc', 'amt', 'pst', 'cr')
   if not h[1] then
     return nil
   end
@@ -509,6 +567,7 @@ local function load_hold_for_post(id)
   return {
     id = id, st = h[1], accounts = held.ids, amounts = split_numbers(h[3]),
     posted = h[4] and split_numbers(h[4]), acc = h[2], amt = h[3], held = held,
+    cr = h[5] or nil,
   }
 end
 

@@ -46,7 +46,7 @@ if hold.st == 'expired' then
   redis.call('PERSIST', hkey(id))
   redis.call('PERSIST', pkey(id)) -- the reconciler needs it
 end
-set_state(id, hold.st, 'ambiguous', 0, {'amb', why, 'flag', flag})
+set_state(id, hold.st, 'ambiguous', 0, {'amb', why, 'flag', flag}, hold.cr)
 journal({'op', 'ambiguous', 'hold', id, 'st', 'ambiguous', 'why', why, 'flag', flag,
          'd', deltas(hold.accounts, charge, zeros(n))})
 return {'ok', 'ambiguous', flag}

@@ -86,6 +86,6 @@ if #flag_text > 0 then
   entry[#entry + 1], entry[#entry + 2] = 'flag', flag_text
 end
 fields = settle_fields(hold.st, outcome, retention_ms, fields)
-set_state(id, hold.st, 'posted', retention_ms, fields)
+set_state(id, hold.st, 'posted', retention_ms, fields, hold.cr)
 journal(entry)
 return {'ok', 'posted', flag_text}

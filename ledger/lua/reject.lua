@@ -33,7 +33,7 @@ if hold.st ~= 'escalated' then return {'conflict', hold.st, hold.by or ''} end
 local release = negate(hold.amounts)
 local n = #hold.accounts
 add_balances(hold.accounts, release, zeros(n))
-set_state(id, 'escalated', 'rejected', retention_ms, {'by', by, 'note', note})
+set_state(id, 'escalated', 'rejected', retention_ms, {'by', by, 'note', note}, hold.cr)
 journal({'op', 'reject', 'hold', id, 'st', 'rejected', 'by', by, 'note', note,
          'd', deltas(hold.accounts, release, zeros(n))})
 return {'ok', 'rejected', by}

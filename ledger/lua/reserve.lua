@@ -26,7 +26,16 @@
 --          escalate (shadow mode: never blocking; the would-be decision is kept in
 --          the hold's reason and the journal, and the hold may take accounts above
 --          their limits); '0' enforces
--- ARGV[14+2n+5m]  optional '1': decide even if holds of the tenant are due
+-- ARGV[14+2n+5m]  optional: '1' decides even if holds of the tenant are due, '0' not
+-- ARGV[15+2n+5m..17+2n+5m]  optional, after ARGV[14+2n+5m], for a hold of a
+--          calibrating route (pricing/calibration.py): the route's tag (1-32 letters
+--          and digits), the effect's face value, and the number of holds pending at
+--          once its price was computed for, m >= 1 (a decimal). The hold is counted
+--          in the route's open set (_lib.lua's key layout) while it is open. Its price
+--          falls as m rises, so it must not be kept at a price made for more holds
+--          than are open: unless the open set with this hold counts at least m
+--          (Kish's effective number, (sum v)^2 / sum v^2 of their face values v, at
+--          least 1), nothing is written and the reply is `reprice`
 --
 -- Returns
 --   {'ok' | 'exists', decision, reason, state, deadline_ms, created_ms, n,
@@ -34,7 +43,11 @@
 --       decision admit | deny | escalate; reason within_budget | budget_exceeded |
 --       over_limit | soft_band | approval_threshold; used_i is pending + posted
 --       before this hold. 'exists' is a replay: the original decision and numbers,
---       the hold's current state, and nothing written.
+--       the hold's current state, and nothing written. A calibrating reserve's
+--       'ok' reply ends with the route's open set after it: count, face sum, sum of
+--       squares (text), three more elements.
+--   {'reprice', count, face sum, sum of squares}   nothing written: the route's open
+--       set is smaller than the price assumed; price it for this set and call again
 --   {'exists_with_different_fingerprint', state}   nothing written
 --   {'unknown_account', account_id}                 nothing written
 --       In shadow mode a deny or escalate comes with state 'pending': held anyway.
@@ -47,7 +60,8 @@
 --
 -- The hold record: st, fp, arm, t0, dl, acc and amt (comma lists: the accounts and
 -- what it holds on each), why, lim and used (what decided, for a replay; the
--- decision follows from the reason); the request is KEYS[7]'s. Each value stays short
+-- decision follows from the reason), cr (`<tag>|<face value>`, only a kept hold of a
+-- calibrating route: what leaves its open set when it closes, _lib.lua's set_state); the request is KEYS[7]'s. Each value stays short
 -- (Redis keeps a hash whose values are all under 64 bytes packed, in a third of the
 -- memory), so the limits and used amounts are not joined into one. Its journal
 -- entry: op, hold, why (absent for within_budget), acc and amt for a hold kept (the pending it adds; one
@@ -58,8 +72,10 @@
 -- Invariant: an admission or escalation never takes any account's pending + posted
 -- above its limit (a shadow hold may: it is what the fleet really did), no hold takes
 -- it past 2^53-1 (a limit with its live raises counts as min(sum, 2^53-1)), and it
--- debits all of the accounts or none. Inputs are checked
--- before the first write (Redis does not roll back a script that fails half way).
+-- debits all of the accounts or none. A calibrating route's open count is the number
+-- of its holds in an open state (pending, escalated, ambiguous): a kept hold joins
+-- in the same script, a replay and a refusal never do. Inputs are checked before the
+-- first write (Redis does not roll back a script that fails half way).
 
 local id, fp = ARGV[1], ARGV[2]
 if not valid_id(id) then
@@ -112,14 +128,27 @@ if not denied_retention_ms then
   return {'bad_input', 'denied_retention_ms', 'must be an integer >= 0'}
 end
 local m = uint(ARGV[12 + 2 * n], MAX_ACCOUNTS)
-local shadow = ARGV[13 + 2 * n + 5 * (m or 0)]
-local decide_anyway = ARGV[14 + 2 * n + 5 * (m or 0)]
-if not m or m > n or #ARGV ~= 13 + 2 * n + 5 * m + (decide_anyway and 1 or 0)
-    or (decide_anyway and decide_anyway ~= '1') then
+local base = 13 + 2 * n + 5 * (m or 0)
+local shadow, decide = ARGV[base], ARGV[base + 1]
+if not m or m > n or (#ARGV ~= base and #ARGV ~= base + 1 and #ARGV ~= base + 4)
+    or (decide and decide ~= '0' and decide ~= '1') then
   return {'bad_input', 'open', 'must give 0 to n accounts to open, five fields each'}
 end
 if shadow ~= '0' and shadow ~= '1' then
   return {'bad_input', 'shadow', 'must be 0 or 1'}
+end
+local decide_anyway = decide == '1'
+local tag, face, priced_for = ARGV[base + 2], uint(ARGV[base + 3], MAX_AMOUNT), tonumber(ARGV[base + 4])
+if tag then
+  if #tag > 32 or not string.find(tag, '^%w+$') then
+    return {'bad_input', 'route_tag', 'must be 1-32 letters and digits'}
+  end
+  if not face then
+    return {'bad_input', 'face_value', 'must be an integer in [0, 2^53-1]'}
+  end
+  if not priced_for or priced_for < 1 or priced_for >= math.huge then
+    return {'bad_input', 'pending', 'must be a number >= 1'}
+  end
 end
 local specs = {}
 for j = 1, m do
@@ -172,6 +201,22 @@ if not decide_anyway then
   local first = redis.call('ZRANGE', DEADLINES, '0', '0', 'WITHSCORES')
   if first[2] and tonumber(first[2]) <= now then
     return {'expire_first', ''}
+  end
+end
+
+-- A calibrating route's open set as it is now; with this hold, it must count at
+-- least what the price assumed.
+local pool
+if tag then
+  local nf, sf, qf = pool_fields(tag)
+  pool = redis.call('HMGET', ACCOUNTS, nf, sf, qf)
+  for i = 1, 3 do
+    pool[i] = pool[i] or '0'
+  end
+  local s1 = tonumber(pool[2]) + face
+  local s2 = math.max(tonumber(pool[3]), 0) + face * face
+  if priced_for > 1 and (s2 <= 0 or s1 * s1 / s2 < priced_for) then
+    return {'reprice', pool[1], pool[2], pool[3]}
   end
 end
 
@@ -270,6 +315,10 @@ local amt = join_numbers(amounts)
 local fields = {'st', state, 'fp', fp, 'arm', (state == 'escalated') and '0' or armed,
   't0', fmt(now), 'dl', fmt(deadline), 'acc', acc, 'amt', amt, 'why', reason,
   'lim', join_numbers(limits), 'used', join_numbers(used)}
+local cr = tag and state ~= 'denied' and tag .. '|' .. fmt(face)
+if cr then
+  fields[#fields + 1], fields[#fields + 2] = 'cr', cr
+end
 redis.call('HSET', key, unpack(fields))
 if state ~= 'denied' and #request > 0 then
   redis.call('SET', KEYS[7], request)
@@ -310,6 +359,9 @@ else
   if state == 'escalated' then
     redis.call('SADD', ESCALATED, id)
   end
+  if cr then
+    pool = {open_pooled(cr)}
+  end
 end
 if state == 'pending' and decision ~= 'admit' then
   -- Held in shadow mode: what enforcement would have done.
@@ -326,5 +378,8 @@ for i = 1, n do
   reply[#reply + 1] = limits[i]
   reply[#reply + 1] = used[i]
   reply[#reply + 1] = amounts[i]
+end
+if pool then
+  reply[#reply + 1], reply[#reply + 2], reply[#reply + 3] = pool[1], pool[2], pool[3]
 end
 return reply

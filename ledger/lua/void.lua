@@ -34,7 +34,8 @@ if due_only and hold.deadline > now_ms() then return {'not_due', hold.st, ''} en
 
 local release = pending_release(hold)
 add_balances(hold.accounts, release, zeros(#hold.accounts))
-set_state(id, hold.st, 'voided', retention_ms, settle_fields(hold.st, outcome, retention_ms, {}))
+set_state(id, hold.st, 'voided', retention_ms, settle_fields(hold.st, outcome, retention_ms, {}),
+  hold.cr)
 journal({'op', 'void', 'hold', id, 'st', 'voided',
          'd', deltas(hold.accounts, release, zeros(#hold.accounts))})
 return {'ok', 'voided', ''}

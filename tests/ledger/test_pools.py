@@ -1,0 +1,133 @@
+"""A calibrating route's open holds (lua/_lib.lua's pool fields): counted by the
+scripts that open and close holds, so every gateway of a fleet prices from the same
+count, and a reserve priced for more holds than are open is sent back (`reprice`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ledger.audit import audit_tenant
+from ledger.client import Ledger
+from ledger.errors import BadInput, PoolShrank
+from ledger.records import AccountSpec, HoldState, OpenPool, PoolTicket, pool_tag
+
+from .conftest import open_accounts
+
+HOUR_MS = 3_600_000
+TAG = pool_tag("pay POST /charges")
+
+
+def ticket(face: int, pending: float = 1.0) -> PoolTicket:
+    return PoolTicket(TAG, face, pending)
+
+
+async def pool(ledger: Ledger, tenant: str) -> OpenPool:
+    return (await ledger.open_pools(tenant)).get(TAG, OpenPool())
+
+
+async def reserve(
+    ledger: Ledger, tenant: str, key: str, face: int, pending: float = 1.0, amount: int = 10
+) -> OpenPool | None:
+    result = await ledger.reserve(
+        tenant, key, "fp", {"tenant:acme": amount}, ttl_ms=HOUR_MS, pool=ticket(face, pending)
+    )
+    return result.pool
+
+
+async def test_every_way_out_leaves_the_open_set(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    for i, face in enumerate((100, 200, 300, 400, 500)):
+        await reserve(ledger, tenant, f"h{i}", face)
+    assert await pool(ledger, tenant) == OpenPool(5, 1500, 550000.0)
+    await ledger.post(tenant, "h0", 7)
+    await ledger.void(tenant, "h1")
+    await ledger.mark_ambiguous(tenant, "h2", "upstream_timeout")  # still open
+    assert await pool(ledger, tenant) == OpenPool(3, 1200, 500000.0)
+    await ledger.post(tenant, "h2", 3)  # an ambiguous hold settles: out
+    await ledger.post(tenant, "h3", 3)
+    assert await pool(ledger, tenant) == OpenPool(1, 500, 250000.0)
+    await ledger.void(tenant, "h4")
+    # The last one out takes the fields with it: no float residue outlives the set.
+    assert TAG not in await ledger.open_pools(tenant)
+    assert [b.account for b in await ledger.balances(tenant)] == ["tenant:acme"]
+    assert (await audit_tenant(ledger, tenant)).mismatches == []
+
+
+async def test_replays_and_refusals_never_count(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=100)
+    assert await reserve(ledger, tenant, "a", 50, amount=60) == OpenPool(1, 50, 2500.0)
+    replay = await ledger.reserve(
+        tenant, "a", "fp", {"tenant:acme": 60}, ttl_ms=HOUR_MS, pool=ticket(50)
+    )
+    assert replay.replayed and replay.pool is None
+    denied = await ledger.reserve(
+        tenant, "b", "fp", {"tenant:acme": 60}, ttl_ms=HOUR_MS, pool=ticket(70)
+    )
+    assert denied.decision == "deny"
+    assert denied.pool == OpenPool(1, 50, 2500.0)  # the set as it is: without it
+    assert await pool(ledger, tenant) == OpenPool(1, 50, 2500.0)
+    # A non-calibrating reserve neither joins nor answers with a set.
+    plain = await ledger.reserve(tenant, "c", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
+    assert plain.pool is None and (await pool(ledger, tenant)).count == 1
+
+
+async def test_escalations_count_until_rejected_or_expired(ledger: Ledger, tenant: str) -> None:
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 10))
+    await reserve(ledger, tenant, "e1", 40, amount=20)
+    await reserve(ledger, tenant, "e2", 60, amount=20)
+    assert (await ledger.hold(tenant, "e1")).state is HoldState.ESCALATED  # type: ignore[union-attr]
+    assert (await pool(ledger, tenant)).count == 2
+    await ledger.approve(tenant, "e1", "ops", ttl_ms=HOUR_MS)  # pending: still open
+    assert (await pool(ledger, tenant)).count == 2
+    await ledger.reject(tenant, "e2", "ops")
+    assert await pool(ledger, tenant) == OpenPool(1, 40, 1600.0)
+    await ledger.void(tenant, "e1")
+    assert (await pool(ledger, tenant)).count == 0
+
+
+async def test_an_expired_hold_found_ambiguous_rejoins(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    await ledger.reserve(
+        tenant, "x", "fp", {"tenant:acme": 5}, ttl_ms=1, armed=False, pool=ticket(30)
+    )
+    await asyncio.sleep(0.01)
+    # A reserve that finds a hold due expires it first (`expire_first`), then decides.
+    assert await reserve(ledger, tenant, "y", 20) == OpenPool(1, 20, 400.0)
+    assert (await ledger.hold(tenant, "x")).state is HoldState.EXPIRED  # type: ignore[union-attr]
+    await ledger.mark_ambiguous(tenant, "x", "late_answer")  # charged again: open again
+    assert await pool(ledger, tenant) == OpenPool(2, 50, 1300.0)
+    await ledger.void(tenant, "x")
+    await ledger.void(tenant, "y")
+    assert (await pool(ledger, tenant)).count == 0
+    assert (await audit_tenant(ledger, tenant)).mismatches == []
+
+
+async def test_a_price_for_more_holds_than_are_open_is_sent_back(
+    ledger: Ledger, tenant: str
+) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    for i in range(3):
+        await reserve(ledger, tenant, f"o{i}", 100)
+    # Three open of 100 and this one: an effective number of exactly 4.
+    with pytest.raises(PoolShrank) as shrank:
+        await reserve(ledger, tenant, "new", 100, pending=4.5)
+    assert shrank.value.pool == OpenPool(3, 300, 30000.0)
+    assert await ledger.hold(tenant, "new") is None  # nothing written
+    assert await reserve(ledger, tenant, "new", 100, pending=4.0) == OpenPool(4, 400, 40000.0)
+    # One large hold among small ones counts about one: (400 + 1000)^2 / (40000 + 10^6).
+    assert OpenPool(4, 400, 40000.0).effective(1000) == pytest.approx(1.8846, abs=1e-4)
+    with pytest.raises(PoolShrank):
+        await reserve(ledger, tenant, "big", 1000, pending=1.9)
+    # Priced for one hold (its tail), it is never sent back.
+    assert (await reserve(ledger, tenant, "big", 1000, pending=1.0)) == OpenPool(
+        5, 1400, 1040000.0
+    )
+
+
+async def test_bad_tickets_are_refused(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    for bad in (PoolTicket("not-a-tag", 1), PoolTicket(TAG, 1, 0.5), PoolTicket(TAG, -1)):
+        with pytest.raises(BadInput):
+            await ledger.reserve(tenant, "k", "fp", {"tenant:acme": 1}, ttl_ms=1, pool=bad)
