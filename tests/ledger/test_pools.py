@@ -5,15 +5,20 @@ count, and a reserve priced for more holds than are open is sent back (`reprice`
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 
 import pytest
 
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
 from ledger.errors import BadInput, PoolShrank
+from ledger.keys import ambiguous_key, deadlines_key
 from ledger.records import AccountSpec, HoldState, OpenPool, PoolTicket, pool_tag
 
 from .conftest import open_accounts
+from .test_concurrency import release, spawn
 
 HOUR_MS = 3_600_000
 TAG = pool_tag("pay POST /charges")
@@ -131,3 +136,50 @@ async def test_bad_tickets_are_refused(ledger: Ledger, tenant: str) -> None:
     for bad in (PoolTicket("not-a-tag", 1), PoolTicket(TAG, 1, 0.5), PoolTicket(TAG, -1)):
         with pytest.raises(BadInput):
             await ledger.reserve(tenant, "k", "fp", {"tenant:acme": 1}, ttl_ms=1, pool=bad)
+
+
+async def test_many_processes_leave_the_count_exact(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    """Six processes reserve and close holds of one route at once: every kept hold's
+    reply counts itself (never below 1), the open set always matches the live holds
+    (the audit), and once the holds left open (every fifth) are closed it is empty."""
+    await open_accounts(ledger, tenant, tenant_acme=10**9)
+    name, route = f"{tenant}:barrier", "pay POST /charges"
+    workers = [spawn("pooled", redis_url, tenant, name, f"p{p}", "60", route) for p in range(6)]
+    await release(ledger, name, len(workers))
+    for worker in workers:
+        out, err = worker.communicate(timeout=120)
+        assert worker.returncode == 0, err
+        assert json.loads(out.splitlines()[-1])["least"] >= 1
+    assert (await audit_tenant(ledger, tenant)).mismatches == []
+    assert (await pool(ledger, tenant)).count == 6 * 60 // 5  # step 4: left open
+    for p in range(6):
+        for i in range(4, 60, 5):
+            await ledger.void(tenant, f"p{p}-{i}")
+    assert TAG not in await ledger.open_pools(tenant)
+    assert (await audit_tenant(ledger, tenant)).mismatches == []
+
+
+async def test_sigkilled_processes_leave_the_count_exact(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=10**9)
+    name, route = f"{tenant}:barrier", "pay POST /charges"
+    workers = [
+        spawn("pooled", redis_url, tenant, name, f"k{p}", "100000", route) for p in range(4)
+    ]
+    await release(ledger, name, len(workers))
+    for worker in workers:
+        assert worker.stdout is not None
+        for _ in range(40):
+            assert worker.stdout.readline()
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.communicate(timeout=30)
+    assert (await audit_tenant(ledger, tenant)).mismatches == []
+    await ledger.sweep(tenant)
+    live = await ledger.redis.zrange(deadlines_key(tenant), 0, -1)
+    for hold_id in [*live, *await ledger.redis.smembers(ambiguous_key(tenant))]:
+        await ledger.void(tenant, hold_id)
+    assert TAG not in await ledger.open_pools(tenant)

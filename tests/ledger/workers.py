@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ledger.checkpoint import CheckpointMoved, trim
 from ledger.client import Ledger
-from ledger.errors import HoldStateConflict, LedgerError
-from ledger.records import ReserveRequest
+from ledger.errors import HoldStateConflict, LedgerError, PoolShrank
+from ledger.records import OpenPool, PoolTicket, ReserveRequest, ReserveResult, pool_tag
 
 HOUR_MS = 3_600_000
 
@@ -135,6 +135,49 @@ async def trim_all(
     print(json.dumps({"moved": moved}))
 
 
+async def pooled(
+    ledger: Ledger, tenant: str, barrier_name: str, agent: str, ops: str, route: str
+) -> None:
+    """Reserve holds of one calibrating route and close them every way (post, void,
+    ambiguous then post, expire), each priced for the open set its last reply showed:
+    a set that shrank meanwhile sends the reserve back (PoolShrank) and it is priced
+    again for the set as it is. Reports each operation on stdout, and at the end the
+    smallest count a kept hold's reply showed (never below 1: the hold itself) and
+    how many reserves were sent back."""
+    await barrier(ledger, barrier_name)
+    tag, seen, least, sent_back = pool_tag(route), OpenPool(), 1 << 30, 0
+    for i in range(int(ops)):
+        key, face = f"{agent}-{i}", 100 + 37 * (i % 7)
+        step = i % 5
+        ttl = 1 if step == 3 else HOUR_MS
+        result: ReserveResult | None = None
+        for attempt in range(4):
+            pending = seen.effective(face) if attempt < 3 else 1.0
+            try:
+                result = await ledger.reserve(
+                    tenant, key, "fp", {"tenant:acme": 5}, ttl_ms=ttl, armed=step != 3,
+                    pool=PoolTicket(tag, face, pending),
+                )
+                break
+            except PoolShrank as shrank:
+                sent_back += 1
+                seen = shrank.pool
+        assert result is not None and result.pool is not None
+        seen = result.pool
+        least = min(least, seen.count)
+        if step == 0:
+            await ledger.post(tenant, key, 3)
+        elif step == 1:
+            await ledger.void(tenant, key)
+        elif step == 2:
+            await ledger.mark_ambiguous(tenant, key, "test")
+            await ledger.post(tenant, key, 4)
+        elif step == 3:
+            await ledger.sweep(tenant)
+        print(i, flush=True)
+    print(json.dumps({"least": least, "sent_back": sent_back}))
+
+
 COMMANDS = {
     "storm": storm,
     "approve": approve,
@@ -142,6 +185,7 @@ COMMANDS = {
     "replay": replay,
     "batches": batches,
     "trim": trim_all,
+    "pooled": pooled,
 }
 
 
