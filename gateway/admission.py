@@ -15,7 +15,7 @@ import math
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -26,10 +26,14 @@ from ledger import (
     HoldState,
     HoldStateConflict,
     Ledger,
+    OpenPool,
+    PoolShrank,
+    PoolTicket,
     Provenance,
     ReserveResult,
     Rule,
     UnknownAccount,
+    pool_tag,
 )
 from pricing import (
     EffectClass,
@@ -41,6 +45,8 @@ from pricing import (
     hold_accounts,
     price_request,
 )
+from pricing.calibration import pooled_pending
+from pricing.catalog import priced_for
 from pricing.credentials import AuthenticatedAgent
 from pricing.money import money_text
 from pricing.serving import is_shadow
@@ -245,7 +251,7 @@ async def admit(
     if not hold_id:
         return await upstream.deliver(prepared.request, "", _answer_by(gate))
     sent = time.monotonic()
-    result = await reserve(gate, policy, agent, prepared)
+    result, prepared = await reserve_priced(gate, policy, agent, prepared)
     if result.state is HoldState.ESCALATED:
         rule = await auto_approval(gate, policy, agent, result)
         if rule is None:
@@ -347,13 +353,52 @@ async def reserve(
     """One round trip; a denial is raised (403 with the numbers that decided it). A
     risk-factor account met for the first time is opened by the reserve itself, only
     if it keeps the hold; an account the policy names but Redis lacks (a policy
-    changed elsewhere) by a reload, then the reserve is repeated once: the only path
-    with a second trip."""
-    effect, hold_id = prepared.effect, prepared.hold_id
-    amounts = hold_accounts(policy, agent, effect)
-    opens = factor_accounts(policy, amounts)
+    changed elsewhere) by a reload, then the reserve is repeated once; and a
+    calibrating route's effect priced for more holds than are open (`reserve_priced`)."""
+    return (await reserve_priced(gate, policy, agent, prepared))[0]
+
+
+# Times a calibrating route's reserve is priced again for the open set the ledger
+# answered with before it is priced for a hold alone (which the ledger never sends
+# back): under churn the set may shrink again between the answer and the next try.
+POOL_TRIES = 2
+
+
+def _pooled(
+    tenants: TenantStore, policy: TenantPolicy, prepared: Prepared, alone: bool
+) -> tuple[Prepared, PoolTicket]:
+    """A calibrating route's effect priced for its route's holds open across the
+    fleet, as this process last saw them (`pooled_pending`), or for itself `alone`;
+    and the ticket that makes the ledger count it in, and keep it only while the set
+    is as large as its price assumed."""
+    effect = prepared.effect
+    face = effect.face_value_micros
+    seen = tenants.pools.get((policy.tenant, effect.route_id), OpenPool())
+    pending = 1.0 if alone else pooled_pending(seen.effective(face))
+    priced = priced_for(effect, pending)
+    request = replace(prepared.request, price=priced.price_micros)
+    held = replace(prepared, effect=priced, request=request)
+    return held, PoolTicket(pool_tag(effect.route_id), face, pending)
+
+
+async def reserve_priced(
+    gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, prepared: Prepared
+) -> tuple[ReserveResult, Prepared]:
+    """`reserve`, and the effect as it was held: an effect of a calibrating route is
+    priced for its route's holds open at once across the fleet (pricing/calibration.py,
+    as the simulator prices it), which only its reserve can tell for sure: one that
+    finds fewer open than its price assumed is sent back, priced again for the set
+    the ledger saw and sent once more (`POOL_TRIES`, then priced for a hold alone)."""
+    hold_id = prepared.hold_id
+    route = prepared.effect.route
+    pooling = route.pooling if route else None
+    pool_key = (policy.tenant, prepared.effect.route_id)
+    ticket: PoolTicket | None = None
 
     async def attempt() -> ReserveResult:
+        effect = prepared.effect
+        amounts = hold_accounts(policy, agent, effect)
+        opens = factor_accounts(policy, amounts)
         started = time.perf_counter()
         try:
             return await gate.ledger.reserve(
@@ -367,6 +412,7 @@ async def reserve(
                 request=prepared.request.dumps(),
                 open_missing=opens,
                 shadow=prepared.shadow,
+                pool=ticket,
                 # What the journal keeps of who asked and what was sent (issue 14).
                 provenance=Provenance(
                     effect.route_id,
@@ -380,21 +426,32 @@ async def reserve(
             metrics.LEDGER_SECONDS.labels("reserve").observe(time.perf_counter() - started)
 
     with tracing.span(
-        "reserve",
-        tenant=policy.tenant,
-        agent=agent.agent_id,
-        route=effect.route_id,
-        hold_id=hold_id,
-        price=effect.price_micros,
+        "reserve", tenant=policy.tenant, agent=agent.agent_id, route=pool_key[1], hold_id=hold_id
     ) as span:
-        try:
-            result = await attempt()
-        except UnknownAccount:
-            await gate.tenants.apply(gate.ledger)
-            result = await attempt()
+        sent_back = 0
+        while True:
+            if pooling is not None:
+                prepared, ticket = _pooled(gate.tenants, policy, prepared, sent_back == POOL_TRIES)
+            try:
+                try:
+                    result = await attempt()
+                except UnknownAccount:
+                    await gate.tenants.apply(gate.ledger)
+                    result = await attempt()
+                break
+            except PoolShrank as shrank:
+                gate.tenants.pools[pool_key] = shrank.pool
+                sent_back += 1
+        if result.pool is not None:
+            gate.tenants.pools[pool_key] = result.pool
         tracing.annotate(
-            span, decision=result.decision, reason=result.reason, replayed=result.replayed
+            span,
+            price=prepared.effect.price_micros,
+            decision=result.decision,
+            reason=result.reason,
+            replayed=result.replayed,
         )
+    effect = prepared.effect
     if not result.replayed:
         would = shadowed(prepared, result)
         decision = would.decision if would else result.decision.value
@@ -423,7 +480,7 @@ async def reserve(
             crash_point("after_reserve")
     if result.state is HoldState.DENIED:
         raise refusal(policy, result, hold_id)
-    return result
+    return result, prepared
 
 
 async def approve(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ledger import AccountSpec as LedgerAccount
-from ledger import ChangeFeed, Ledger, PolicyRecord
+from ledger import ChangeFeed, Ledger, OpenPool, PolicyRecord
 from pricing import (
     AccountSpec,
     Outcomes,
@@ -180,6 +180,11 @@ class TenantStore:
         self._written: dict[str, TenantPolicy] = {}
         self._observed: Observed = {}
         self._settled: Settled = {}
+        # Each calibrating route's holds open across the fleet as the last reserve of
+        # this process on it saw them, by (tenant, route id): what its next hold is
+        # priced for (gateway/admission.py; the ledger sends back a price made for
+        # more than are open).
+        self.pools: dict[tuple[str, str], OpenPool] = {}
         self._agents: dict[str, tuple[TenantPolicy, AuthenticatedAgent]] = {}
         self._settlers: dict[str, tuple[TenantPolicy, str]] = {}
         self._signature: tuple[tuple[str, int, int], ...] = ()

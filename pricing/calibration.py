@@ -32,9 +32,17 @@ hold still unsettled is priced at a factor f of its face value, built from three
    however many are pending.
 
 Pure arithmetic and one cached binomial table: the simulator calls `hold_factor` per
-seed; the gateway calls it through `route_factor` for every route whose policy says
-`calibrate`, from the factors its settlements recorded (`Evidence.from_ppm`), so a
-route's price is the number the simulator measures.
+seed; the gateway prices every route whose policy says `calibrate` through the same
+`Quote` (`route_pooling`), from the factors its settlements recorded
+(`Evidence.from_ppm`) and the route's holds open across the fleet at that moment
+(counted by the ledger's hold scripts, by Kish's effective number of their face
+values as the simulator counts them, at most the policy's `calibrate.pending`), so a
+route's price is the number the simulator measures: the same function of the same
+two things. The one difference is on the safe side: the gateway knows the open set
+as of its last reserve on the route, and prices for one Poisson standard deviation
+fewer holds (`pooled_pending`); the ledger keeps the hold only while the set is at
+least that large, so no hold is priced for more holds than were open when it was
+kept, and prices it again otherwise.
 """
 
 from __future__ import annotations
@@ -227,9 +235,25 @@ def factor_ppm(realised: int, face_value: int) -> int:
     return min(PPM, -(-realised * PPM // face_value))
 
 
-def route_factor(spec: QuantilePricing, ev: Evidence) -> float:
-    """A calibrating quantile route's loss factor given its settled evidence: the
-    policy's recovery and p_fail as the prior, its `level` as the tail quantile."""
+@dataclass(frozen=True, slots=True)
+class Pooling:
+    """A calibrating route's price as a function of its holds pending at once: its
+    `Quote`, its surcharge, and `cap`, the policy's `calibrate.pending`: the most holds
+    its price may pool over, however many are open."""
+
+    quote: Quote
+    surcharge: float
+    cap: float
+
+    def factor(self, pending: float) -> float:
+        """The loss factor of a hold with `pending` holds of its route open at once
+        (itself included), counted at most `cap`."""
+        return self.quote.factor(min(self.cap, pending)) * (1.0 + self.surcharge)
+
+
+def route_pooling(spec: QuantilePricing, ev: Evidence) -> Pooling:
+    """A calibrating quantile route's price given its settled evidence: the policy's
+    recovery and p_fail as the prior, its `level` as the tail quantile."""
     cal = spec.calibrate
     if cal is None:
         raise ValueError("the route's pricing has no `calibrate`")
@@ -237,7 +261,25 @@ def route_factor(spec: QuantilePricing, ev: Evidence) -> float:
     prior = Prior.from_catalog(
         spec.recovery.alpha, spec.recovery.beta, p_fail, spec.level, cal.weight
     )
-    factor = hold_factor(
-        prior, ev, pending=cal.pending, alpha=1.0 - spec.level, confidence=cal.confidence
-    )
-    return factor * (1.0 + spec.surcharge)
+    q = quote(prior, ev, alpha=1.0 - spec.level, confidence=cal.confidence)
+    return Pooling(q, spec.surcharge, cal.pending)
+
+
+def route_factor(spec: QuantilePricing, ev: Evidence, pending: float = 1.0) -> float:
+    """A calibrating quantile route's loss factor given its settled evidence, with
+    `pending` of its holds open at once (counted at most `calibrate.pending`): what
+    `hold_factor` gives for them, with the route's surcharge."""
+    return route_pooling(spec, ev).factor(pending)
+
+
+def pooled_pending(effective: float) -> float:
+    """The number of pending holds a gateway prices a calibrating route's hold for,
+    given `effective`, the route's open set with this hold as the gateway last saw
+    it (Kish's effective number, as the simulator counts it): one Poisson standard
+    deviation fewer, at least 1. A price made for more holds than are open would be
+    too low, so the ledger keeps a hold only while the open set is at least this
+    large (ledger/lua/reserve.lua, else it is priced again for the set as it is):
+    the slack makes that rare when the set merely wobbled since it was seen."""
+    if not math.isfinite(effective) or effective < 1.0:
+        raise ValueError(f"an effective number of pending holds {effective!r} must be >= 1")
+    return max(1.0, effective - math.sqrt(effective))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
-from pricing.calibration import Evidence, route_factor
+from pricing.calibration import Evidence, Pooling, route_pooling
 from pricing.errors import (
     AmbiguousField,
     AmountError,
@@ -84,6 +84,9 @@ class CompiledRoute:
     body_format: BodyFormat = BodyFormat.JSON
     amount_scale: int = 1
     currency_field: str | None = None
+    # A calibrating route's price by its holds pending at once (`loss_factor` is its
+    # price for one: the hold alone); None for every other route.
+    pooling: Pooling | None = None
 
     @property
     def route_id(self) -> str:
@@ -175,22 +178,27 @@ class Catalog:
         return next((route for route in routes if route.template.match_loose(loose)), None)
 
 
-def loss_factor_of(route: Route, evidence: Evidence | None = None) -> tuple[str, float]:
-    """The route's model and loss factor; a calibrating route's follows the residual
-    factors its settled holds revealed (`evidence`; none yet: the prior's bound)."""
+def route_pricing(
+    route: Route, evidence: Evidence | None = None
+) -> tuple[str, float, Pooling | None]:
+    """The route's model, loss factor and, for a calibrating route, its pooling: its
+    price follows the residual factors its settled holds revealed (`evidence`; none
+    yet: the prior's bound) and how many of its holds are open at once (the loss
+    factor is its price for a hold alone)."""
     if route.effect_class is EffectClass.READ:
-        return FREE_MODEL, 0.0
+        return FREE_MODEL, 0.0, None
     spec = route.pricing or FacePricing()
     if isinstance(spec, QuantilePricing) and spec.calibrate is not None:
-        return spec.model, route_factor(spec, evidence or Evidence())
-    return spec.model, spec.loss_factor()
+        pooling = route_pooling(spec, evidence or Evidence())
+        return spec.model, pooling.factor(1.0), pooling
+    return spec.model, spec.loss_factor(), None
 
 
 def compile_route(
     index: int, route: Route, upstream: str | None, evidence: Evidence | None = None
 ) -> CompiledRoute:
     method, template = parse_route(route.route)
-    model, factor = loss_factor_of(route, evidence)
+    model, factor, pooling = route_pricing(route, evidence)
     return CompiledRoute(
         index=index,
         tool=route.tool,
@@ -211,6 +219,7 @@ def compile_route(
         body_format=route.body_format,
         amount_scale=route.amount_scale or 1,
         currency_field=route.currency_field,
+        pooling=pooling,
     )
 
 
@@ -498,6 +507,16 @@ def price_in_catalog(
         approval_threshold_micros=route.approval_threshold_micros,
         path_params=params,
     )
+
+
+def priced_for(effect: PricedEffect, pending: float) -> PricedEffect:
+    """`effect` priced with `pending` holds of its route open at once (itself
+    included): a calibrating route's price pools their luck (`Pooling`); any other
+    effect is returned as it is."""
+    pooling = effect.route.pooling if effect.route else None
+    if pooling is None:
+        return effect
+    return replace(effect, price_micros=round_up(effect.face_value_micros, pooling.factor(pending)))
 
 
 def _price_unknown(

@@ -2,7 +2,9 @@
 priced from the residual factors its settled holds revealed. Settled at twice what
 it was priced at, its next price rises to exactly what pricing.calibration computes
 for the same evidence (the function the simulator's `irrev-cal` arm calls), in every
-worker, without a restart."""
+worker, without a restart. And, as the simulator prices it, for the route's holds
+open at that moment: the more are open, the lower each one's price, exactly as
+`route_factor` says for them; as they close, up again."""
 
 from __future__ import annotations
 
@@ -15,7 +17,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pricing.calibration import TOP_KEPT, Evidence, Prior, factor_ppm, hold_factor, route_factor
+from ledger import Ledger, audit_tenant, pool_tag
+from pricing.calibration import (
+    TOP_KEPT,
+    Evidence,
+    Prior,
+    factor_ppm,
+    hold_factor,
+    pooled_pending,
+    route_factor,
+)
 from pricing.models import QuantilePricing
 from pricing.money import round_up
 
@@ -120,3 +131,90 @@ async def test_settled_at_twice_the_price_the_route_prices_as_calibration_says(
         sim = sim.observe(ppm / 1e6)
     sim_factor = hold_factor(prior, sim, pending=1.0, alpha=1 - 0.8)
     assert math.isclose(sim_factor, route_factor(SPEC, evidence), rel_tol=1e-12)
+
+
+POOLING = {**PRICING, "calibrate": {"weight": 20, "pending": 1e6}}
+POOLING_SPEC = QuantilePricing.model_validate(POOLING)
+# Settled residual factors that vary: a route whose settlements agree pools little.
+SETTLED_FACTORS = (0.15, 0.25, 0.35)
+
+
+@pytest.fixture
+def pooling_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> Iterator[Gateway]:
+    """One worker: which process prices a hold, and what it last saw, is known."""
+    with own_gateway(
+        redis_url,
+        suppliers,
+        tmp_path,
+        workers=1,
+        policy={"routes": [{**DEPLOY_ROUTE, "pricing": POOLING}]},
+        IRREV_POLICY_CHECK_INTERVAL_S="0.2",
+    ) as gateway:
+        yield gateway
+
+
+async def test_the_price_follows_the_holds_open_on_the_route(
+    pooling_gateway: Gateway, redis_url: str
+) -> None:
+    tenant = pooling_gateway.tenant("own")
+    me = tenant.auth("deployer-01")
+    keys = iter(range(10_000))
+    ppms = [factor_ppm(int(FACE * SETTLED_FACTORS[i % 3]), FACE) for i in range(20)]
+    evidence = Evidence.from_ppm(
+        len(ppms), sum(ppms), sum(p * p for p in ppms), tuple(sorted(ppms, reverse=True)[:16])
+    )
+
+    def price_for(pending: float) -> int:
+        return round_up(FACE, route_factor(POOLING_SPEC, evidence, pending))
+
+    ledger = Ledger.from_url(redis_url)
+    async with httpx.AsyncClient(base_url=pooling_gateway.url, trust_env=False) as http:
+
+        async def deploy() -> tuple[str, int]:
+            return await deploy_hold(http, tenant, f"p{next(keys)}")
+
+        for ppm in ppms:  # each alone: settled before the next is asked for
+            hold, _ = await deploy()
+            reported = await http.post(
+                f"/v1/holds/{hold}/settle",
+                json={"realised_micros": ppm * FACE // 10**6},
+                headers=tenant.settler("deploy"),
+            )
+            assert reported.status_code == 200, reported.text
+        deadline = time.monotonic() + 20
+        while True:  # until the worker has the evidence: a hold alone, at its tail
+            hold, price = await deploy()
+            await http.post(f"/v1/holds/{hold}/void", headers=me)
+            if price == price_for(1.0):
+                break
+            assert time.monotonic() < deadline, price
+            await asyncio.sleep(0.2)
+
+        # Holds kept open one after another: the j-th is priced for the j open with
+        # it (as its worker saw them after the one before), less one Poisson sd.
+        opened, prices = [], []
+        for _ in range(14):
+            hold, price = await deploy()
+            opened.append(hold)
+            prices.append(price)
+        expected = [price_for(pooled_pending(float(max(j, 2)))) for j in range(1, 15)]
+        assert prices == expected
+        assert prices[-1] < prices[0]  # the pool pays: 14 open cost less each than one
+        pools = await ledger.open_pools(tenant.id)
+        route = pool_tag("deploy POST /deploys")
+        assert pools[route].count == 14 and pools[route].face_sum == 14 * FACE
+
+        # Ten close. The worker still prices for 15, the ledger sends that back, and
+        # it prices for the 5 that are open with the new one.
+        for hold in opened[:10]:
+            voided = await http.post(f"/v1/holds/{hold}/void", headers=me)
+            assert voided.status_code == 200, voided.text
+        hold, price = await deploy()
+        assert price == price_for(pooled_pending(5.0)) > prices[-1]
+        assert (await ledger.open_pools(tenant.id))[route].count == 5
+        for hold in [*opened[10:], hold]:
+            await http.post(f"/v1/holds/{hold}/void", headers=me)
+        assert route not in await ledger.open_pools(tenant.id)
+        report = await audit_tenant(ledger, tenant.id)
+        assert report.mismatches == []
+    await ledger.aclose()
