@@ -36,7 +36,8 @@ seed; the gateway prices every route whose policy says `calibrate` through the s
 `Quote` (`route_pooling`), from the factors its settlements recorded
 (`Evidence.from_ppm`) and the route's holds open across the fleet at that moment
 (counted by the ledger's hold scripts, by Kish's effective number of their face
-values as the simulator counts them, at most the policy's `calibrate.pending`), so a
+values as the simulator counts them, at most the policy's `calibrate.pending` if it
+states one), so a
 route's price is the number the simulator measures: the same function of the same
 two things. The one difference is on the safe side: the gateway knows the open set
 as of its last reserve on the route, and prices for one Poisson standard deviation
@@ -239,11 +240,11 @@ def factor_ppm(realised: int, face_value: int) -> int:
 class Pooling:
     """A calibrating route's price as a function of its holds pending at once: its
     `Quote`, its surcharge, and `cap`, the policy's `calibrate.pending`: the most holds
-    its price may pool over, however many are open."""
+    its price may pool over, however many are open (infinite: no cap)."""
 
     quote: Quote
     surcharge: float
-    cap: float
+    cap: float = math.inf
 
     def factor(self, pending: float) -> float:
         """The loss factor of a hold with `pending` holds of its route open at once
@@ -262,7 +263,7 @@ def route_pooling(spec: QuantilePricing, ev: Evidence) -> Pooling:
         spec.recovery.alpha, spec.recovery.beta, p_fail, spec.level, cal.weight
     )
     q = quote(prior, ev, alpha=1.0 - spec.level, confidence=cal.confidence)
-    return Pooling(q, spec.surcharge, cal.pending)
+    return Pooling(q, spec.surcharge, math.inf if cal.pending is None else cal.pending)
 
 
 def route_factor(spec: QuantilePricing, ev: Evidence, pending: float = 1.0) -> float:

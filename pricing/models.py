@@ -106,12 +106,13 @@ class ExpectedPricing(_Spec):
 
 class Calibration(_Spec):
     """Price the route's unsettled holds from its settled ones (pricing/calibration.py):
-    the catalog's recovery is a prior worth `weight` settlements; `pending` is how many
-    of the route's holds are unsettled at once (its call rate times its settlement
-    delay), which lets the price pool their luck once the evidence allows."""
+    the catalog's recovery is a prior worth `weight` settlements; a hold's price pools
+    its luck with the route's holds open at once across the fleet (the ledger counts
+    them), once the evidence allows, over at most `pending` of them (None: as many as
+    are open, as the simulator prices; 1: every hold alone, at its tail)."""
 
     weight: Positive = 20.0
-    pending: Annotated[float, Strict(), Field(ge=1.0, le=1e6, allow_inf_nan=False)] = 1.0
+    pending: Annotated[float, Strict(), Field(ge=1.0, le=1e6, allow_inf_nan=False)] | None = None
     confidence: OpenUnit = 0.95
 
 

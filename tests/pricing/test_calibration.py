@@ -17,12 +17,14 @@ from pricing.calibration import (
     exceedances_needed,
     hold_factor,
     mean_bound,
+    pooled_pending,
     proven_tail,
     quote,
+    route_factor,
     student_t_ppf,
 )
 from pricing.distributions import normal_ppf
-from pricing.models import quantile_lgd
+from pricing.models import QuantilePricing, quantile_lgd
 
 ALPHA = 0.001
 CATALOG = Prior.from_catalog(6.0, 2.0, 0.0, 1 - ALPHA, 20.0)
@@ -189,3 +191,46 @@ def test_a_factor_outside_the_unit_interval_is_refused(bad: float) -> None:
 def test_pending_must_be_positive() -> None:
     with pytest.raises(ValueError, match="pending"):
         hold_factor(CATALOG, Evidence(), pending=0, alpha=ALPHA)
+
+
+def _route(pending: float | None) -> QuantilePricing:
+    calibrate = {"weight": 20} if pending is None else {"weight": 20, "pending": pending}
+    return QuantilePricing.model_validate(
+        {
+            "model": "quantile",
+            "recovery": {"alpha": 6, "beta": 2},
+            "level": 1 - ALPHA,
+            "surcharge": 0.1,
+            "calibrate": calibrate,
+        }
+    )
+
+
+def test_a_route_pools_over_the_holds_open_up_to_its_policys_pending() -> None:
+    """`calibrate.pending` caps the open holds a gateway's price pools over."""
+    rng = np.random.default_rng(7)
+    ev = _evidence(1 - rng.beta(6.0, 2.0, 400))  # a world as priced
+    capped = _route(5.0)
+    alone = hold_factor(CATALOG, ev, pending=1.0, alpha=ALPHA) * 1.1
+    five = hold_factor(CATALOG, ev, pending=5.0, alpha=ALPHA) * 1.1
+    assert five < alone
+    assert route_factor(capped, ev) == pytest.approx(alone, rel=1e-12)
+    assert route_factor(capped, ev, 3.0) == pytest.approx(
+        hold_factor(CATALOG, ev, pending=3.0, alpha=ALPHA) * 1.1, rel=1e-12
+    )
+    assert route_factor(capped, ev, 500.0) == pytest.approx(five, rel=1e-12)
+    assert route_factor(_route(None), ev, 500.0) < five  # no cap: as many as are open
+    assert route_factor(_route(None), ev, 500.0) == route_factor(_route(1e6), ev, 500.0)
+
+
+@pytest.mark.parametrize(
+    ("seen", "priced"), [(1.0, 1.0), (2.0, 1.0), (4.0, 2.0), (9.0, 6.0), (100.0, 90.0)]
+)
+def test_a_gateway_prices_for_one_poisson_sd_fewer_than_it_saw(seen: float, priced: float) -> None:
+    assert pooled_pending(seen) == pytest.approx(priced)
+
+
+@pytest.mark.parametrize("bad", [0.5, float("nan"), float("inf")])
+def test_an_open_set_smaller_than_the_hold_itself_is_refused(bad: float) -> None:
+    with pytest.raises(ValueError, match="must be >= 1"):
+        pooled_pending(bad)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ledger import OpenPool
 from sim import metrics, runner, workload
 from sim.calibrated import Calibrated
 from sim.irrev import Irrev
@@ -33,6 +34,20 @@ def test_open_holds_count_by_kish_effective_number_and_closing_them_frees_the_ro
     cal.closed(np.zeros(4, np.int64), every)
     cal.observe(np.ones(4, np.int64), every)  # a settlement closes its hold too
     np.testing.assert_allclose(cal.pending_at(cal.line[:, 2], v[:, 2]), 1.0)
+
+
+def test_the_gateways_open_set_counts_as_the_simulators() -> None:
+    """The ledger's open set of a route (count, face sum, sum of squares: what the
+    gateway prices from) gives the simulator's pending count for the same holds."""
+    wl, cal = _cal(range(4))
+    every = np.ones(4, bool)
+    cal.opened(0, every)
+    cal.opened(1, every)
+    sim = cal.pending_at(cal.line[:, 2], wl.value[:, 2])
+    for s in range(4):
+        a, b, c = (int(v) for v in cal.face[s, :3])  # micro-USD, as the ledger counts
+        pool = OpenPool(2, a + b, float(a * a + b * b))
+        assert pool.effective(c) == pytest.approx(sim[s], rel=1e-5)
 
 
 def test_a_fixed_pending_is_what_a_gateway_policy_says() -> None:
