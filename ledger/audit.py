@@ -98,9 +98,7 @@ async def audit(ledger: Ledger, tenants: list[str] | None = None) -> list[AuditR
     return [await audit_tenant(ledger, tenant) for tenant in chosen]
 
 
-async def _check_pools(
-    ledger: Ledger, tenant: str, live: list[str], report: AuditReport
-) -> None:
+async def _check_pools(ledger: Ledger, tenant: str, live: list[str], report: AuditReport) -> None:
     """Each calibrating route's open count and face sum (lua/_lib.lua) are those of
     the live holds that name it (`cr`: `<tag>|<face value>`): one read per live hold,
     pipelined. The sum of squares is a float and is not compared."""

@@ -209,10 +209,10 @@ async def test_the_price_follows_the_holds_open_on_the_route(
         for hold in opened[:10]:
             voided = await http.post(f"/v1/holds/{hold}/void", headers=me)
             assert voided.status_code == 200, voided.text
-        hold, price = await deploy()
+        last, price = await deploy()
         assert price == price_for(pooled_pending(5.0)) > prices[-1]
         assert (await ledger.open_pools(tenant.id))[route].count == 5
-        for hold in [*opened[10:], hold]:
+        for hold in [*opened[10:], last]:
             await http.post(f"/v1/holds/{hold}/void", headers=me)
         assert route not in await ledger.open_pools(tenant.id)
         report = await audit_tenant(ledger, tenant.id)

@@ -126,9 +126,7 @@ async def test_a_price_for_more_holds_than_are_open_is_sent_back(
     with pytest.raises(PoolShrank):
         await reserve(ledger, tenant, "big", 1000, pending=1.9)
     # Priced for one hold (its tail), it is never sent back.
-    assert (await reserve(ledger, tenant, "big", 1000, pending=1.0)) == OpenPool(
-        5, 1400, 1040000.0
-    )
+    assert (await reserve(ledger, tenant, "big", 1000, pending=1.0)) == OpenPool(5, 1400, 1040000.0)
 
 
 async def test_bad_tickets_are_refused(ledger: Ledger, tenant: str) -> None:
@@ -166,9 +164,7 @@ async def test_sigkilled_processes_leave_the_count_exact(
 ) -> None:
     await open_accounts(ledger, tenant, tenant_acme=10**9)
     name, route = f"{tenant}:barrier", "pay POST /charges"
-    workers = [
-        spawn("pooled", redis_url, tenant, name, f"k{p}", "100000", route) for p in range(4)
-    ]
+    workers = [spawn("pooled", redis_url, tenant, name, f"k{p}", "100000", route) for p in range(4)]
     await release(ledger, name, len(workers))
     for worker in workers:
         assert worker.stdout is not None

@@ -155,7 +155,12 @@ async def pooled(
             pending = seen.effective(face) if attempt < 3 else 1.0
             try:
                 result = await ledger.reserve(
-                    tenant, key, "fp", {"tenant:acme": 5}, ttl_ms=ttl, armed=step != 3,
+                    tenant,
+                    key,
+                    "fp",
+                    {"tenant:acme": 5},
+                    ttl_ms=ttl,
+                    armed=step != 3,
                     pool=PoolTicket(tag, face, pending),
                 )
                 break
