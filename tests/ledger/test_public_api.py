@@ -47,6 +47,9 @@ PUBLIC_API = {
     "HoldState",
     "Reason",
     "Provenance",
+    "OpenPool",
+    "PoolTicket",
+    "pool_tag",
     "ReserveRequest",
     "ReserveResult",
     "RouteOutcomes",
@@ -66,6 +69,7 @@ PUBLIC_API = {
     "HoldStateConflict",
     "IdempotencyConflict",
     "LedgerUnavailable",
+    "PoolShrank",
     "RedisFailure",
     "UnknownAccount",
     # the journal, its trimming, the audit
