@@ -462,8 +462,10 @@ local function close_pooled(cr)
   if redis.call('HINCRBY', ACCOUNTS, n, -1) <= 0 then
     redis.call('HDEL', ACCOUNTS, n, s, q)
   else
-    redis.call('HINCRBY', ACCOUNTS, s, '-' .. face)
-    redis.call('HINCRBYFLOAT', ACCOUNTS, q, '-' .. square_text(tonumber(face)))
+    -- fmt, not '-' .. face: HINCRBY refuses '-0' (a free hold's face)
+    local v = tonumber(face)
+    redis.call('HINCRBY', ACCOUNTS, s, fmt(-v))
+    redis.call('HINCRBYFLOAT', ACCOUNTS, q, square_text(-v * v))
   end
 end
 

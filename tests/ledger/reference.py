@@ -55,6 +55,8 @@ class RefHold:
     # A retry's claim on an ambiguous hold (retry.lua), numbered (0: none); the
     # property test's window is an hour, so a claim never lapses within a run.
     claim: int = 0
+    # A kept hold of a calibrating route: (route, face value); open while LIVE.
+    pool: tuple[str, int] | None = None
 
 
 class RefError(Exception):
@@ -135,12 +137,16 @@ class RefLedger:
         open_missing: dict[str, tuple[int, int, int]] | None = None,
         request: str = "",
         shadow: bool = False,
+        pool: tuple[str, int, float] | None = None,
     ) -> tuple[str, str, str, str, tuple[tuple[str, int, int, int], ...]]:
         """`open_missing`: {account: (limit, soft, approval)} opened if missing, only
         when the hold is kept and its amount there is > 0; otherwise left out.
         `request` is kept with a hold that is not denied; a replay keeps the first.
         `shadow`: a deny or escalate is held anyway (pending, armed as asked), even
-        above a limit. A check's limit is the effective one (live raises added)."""
+        above a limit. A check's limit is the effective one (live raises added).
+        `pool`: (route, face value, pending priced for) of a calibrating route: sent
+        back (`reprice`, nothing written) unless the route's open set with this hold
+        counts at least that many (Kish's effective number); a kept hold joins it."""
         held = self.holds.get(key)
         if held is not None:
             if held.fingerprint != fingerprint:
@@ -151,6 +157,11 @@ class RefLedger:
             if account not in self.accounts and account not in specs:
                 raise RefError("unknown_account")
         self._expire_due()
+        if pool is not None and pool[2] > 1:
+            count, s1, s2 = self.open_pool(pool[0])
+            s1, s2 = s1 + pool[1], s2 + pool[1] ** 2
+            if s2 <= 0 or s1 * s1 / s2 < pool[2]:
+                raise RefError("reprice")
         fresh = {
             a: RefAccount(*specs[a]) for a, v in amounts.items() if a not in self.accounts and v
         }
@@ -176,11 +187,21 @@ class RefLedger:
             armed=armed and state == "pending",
             due=zero_ttl and state != "denied",
             request=request if state != "denied" else "",
+            pool=pool[:2] if pool is not None and state != "denied" else None,
         )
         if state != "denied":
             self.accounts.update(fresh)
             self._add(kept, 1, None)
         return "ok", decision, reason, state, checks
+
+    def open_pool(self, route: str) -> tuple[int, int, int]:
+        """The route's open holds: how many, their face sum and sum of squares."""
+        faces = [
+            h.pool[1]
+            for h in self.holds.values()
+            if h.pool is not None and h.pool[0] == route and h.state in LIVE
+        ]
+        return len(faces), sum(faces), sum(f * f for f in faces)
 
     @staticmethod
     def _decide(

@@ -26,9 +26,10 @@ from ledger.errors import (
     HoldNotFound,
     HoldStateConflict,
     IdempotencyConflict,
+    PoolShrank,
     UnknownAccount,
 )
-from ledger.records import AccountSpec
+from ledger.records import AccountSpec, PoolTicket, pool_tag
 
 from .reference import RefError, RefLedger
 
@@ -52,7 +53,18 @@ ERRORS: dict[type[Exception], str] = {
     HoldInFlight: "in_flight",
     UnknownAccount: "unknown_account",
     BadInput: "bad_input",
+    PoolShrank: "reprice",
 }
+# Calibrating routes' holds: (route, face value, pending priced for). Prices made for
+# fractional counts the open sets rarely equal: the Lua compares floats.
+POOLS = st.one_of(
+    st.none(),
+    st.tuples(
+        st.sampled_from(["rA", "rB"]),
+        st.sampled_from([0, 100, 300, 1000]),
+        st.sampled_from([1.0, 1.0, 1.37, 2.71]),
+    ),
+)
 
 
 def outcome(run: Callable[[], Any]) -> tuple[str, Any]:
@@ -88,6 +100,7 @@ class LedgerMachine(RuleBasedStateMachine):
             HoldInFlight,
             UnknownAccount,
             BadInput,
+            PoolShrank,
         ) as exc:
             if isinstance(exc, HoldInFlight):
                 return "in_flight", "ambiguous"
@@ -128,6 +141,7 @@ class LedgerMachine(RuleBasedStateMachine):
         escalate_above=st.sampled_from([0, 0, 150]),
         opens=st.booleans(),
         shadow=st.sampled_from([False, False, True]),
+        pool=POOLS,
     )
     def reserve(
         self,
@@ -140,6 +154,7 @@ class LedgerMachine(RuleBasedStateMachine):
         escalate_above: int,
         opens: bool,
         shadow: bool,
+        pool: tuple[str, int, float] | None,
     ) -> None:
         zero_ttl = zero_ttl and self.model.due_count() < MAX_DUE
         ttl = 0 if zero_ttl else HOUR_MS
@@ -158,6 +173,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 open_missing=specs,
                 request=request,
                 shadow=shadow,
+                pool=pool,
             )
         )
         got = self.real(
@@ -176,6 +192,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     for a, (limit, soft, approval) in specs.items()
                 ],
                 shadow=shadow,
+                pool=PoolTicket(pool_tag(pool[0]), pool[1], pool[2]) if pool else None,
             ),
             lambda r: (
                 r.status.value,
@@ -311,6 +328,12 @@ class LedgerMachine(RuleBasedStateMachine):
             # The request lives as long as the hold does, and is the one it was
             # reserved with: kept while live, rejected or expired, gone once settled.
             assert hold.request == ref_hold.request, key
+        # Each calibrating route's open set is its live holds'.
+        stored = self.run(self.ledger.open_pools(self.tenant))
+        for route in ("rA", "rB"):
+            count, faces, _ = self.model.open_pool(route)
+            found = stored.get(pool_tag(route))
+            assert (found.count, found.face_sum) if found else (0, 0) == (count, faces), route
 
 
 def test_scripts_agree_with_reference_model(redis_url: str) -> None:

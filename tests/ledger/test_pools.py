@@ -60,6 +60,16 @@ async def test_every_way_out_leaves_the_open_set(ledger: Ledger, tenant: str) ->
     assert (await audit_tenant(ledger, tenant)).mismatches == []
 
 
+async def test_a_free_hold_counts_and_leaves_without_a_face(ledger: Ledger, tenant: str) -> None:
+    """A face value of 0 joins and leaves the count (HINCRBY refuses '-0': this failed
+    before on Redis 7 and 6.2 alike, found by the model test)."""
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    await reserve(ledger, tenant, "f0", 100)
+    assert await reserve(ledger, tenant, "free", 0, amount=0) == OpenPool(2, 100, 10000.0)
+    await ledger.void(tenant, "free")
+    assert await pool(ledger, tenant) == OpenPool(1, 100, 10000.0)
+
+
 async def test_replays_and_refusals_never_count(ledger: Ledger, tenant: str) -> None:
     await open_accounts(ledger, tenant, tenant_acme=100)
     assert await reserve(ledger, tenant, "a", 50, amount=60) == OpenPool(1, 50, 2500.0)
