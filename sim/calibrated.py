@@ -6,8 +6,8 @@ grew re-quotes that line with `pricing.calibration.quote`, the function behind t
 gateway's `hold_factor`. A hold is priced when its event is decided, from the quote of
 that moment and the holds then pending on its route: by default as many as its route
 has open (counted by face value, Kish's effective number (sum v)^2 / sum v^2, so one
-large hold among small ones counts for about one), or a fixed number as a gateway
-policy's `calibrate.pending` says.
+large hold among small ones counts for about one), as the gateway counts them from
+the ledger (ledger.OpenPool), or a fixed number.
 """
 
 from __future__ import annotations
