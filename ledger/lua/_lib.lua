@@ -18,7 +18,10 @@
 --            when the count reaches 0, so its rounding never outlives the set). No
 --            account id starts with '~' (valid_id), and a reserve of a calibrating
 --            route must count its hold in the same script as its balances: this is
---            the one hash every hold script already declares.
+--            the one hash every hold script already declares. A hold is open while
+--            pending, escalated (a human decides) or ambiguous (it may have
+--            happened at any loss); compensate and trueup act on posted holds, out
+--            of the set already.
 --   KEYS[6]  `...:hold:<id>`, the hold the script is about (ARGV[1] is its id)
 --   KEYS[7]  `...:payload:<id>`, the bytes the hold keeps (a string of its own: in
 --            the record, one value over 64 bytes would make Redis keep the whole

@@ -158,7 +158,7 @@ class RefLedger:
                 raise RefError("unknown_account")
         self._expire_due()
         if pool is not None and pool[2] > 1:
-            count, s1, s2 = self.open_pool(pool[0])
+            _, s1, s2 = self.open_pool(pool[0])
             s1, s2 = s1 + pool[1], s2 + pool[1] ** 2
             if s2 <= 0 or s1 * s1 / s2 < pool[2]:
                 raise RefError("reprice")

@@ -333,7 +333,8 @@ class LedgerMachine(RuleBasedStateMachine):
         for route in ("rA", "rB"):
             count, faces, _ = self.model.open_pool(route)
             found = stored.get(pool_tag(route))
-            assert (found.count, found.face_sum) if found else (0, 0) == (count, faces), route
+            got = (found.count, found.face_sum) if found else (0, 0)
+            assert got == (count, faces), route
 
 
 def test_scripts_agree_with_reference_model(redis_url: str) -> None:
