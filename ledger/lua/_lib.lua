@@ -465,10 +465,11 @@ local function close_pooled(cr)
   if redis.call('HINCRBY', ACCOUNTS, n, -1) <= 0 then
     redis.call('HDEL', ACCOUNTS, n, s, q)
   else
-    -- fmt, not '-' .. face: HINCRBY refuses '-0' (a free hold's face)
+    -- fmt, not '-' .. face: HINCRBY refuses '-0' (a free hold's face); HINCRBYFLOAT
+    -- takes it
     local v = tonumber(face)
     redis.call('HINCRBY', ACCOUNTS, s, fmt(-v))
-    redis.call('HINCRBYFLOAT', ACCOUNTS, q, square_text(-v * v))
+    redis.call('HINCRBYFLOAT', ACCOUNTS, q, '-' .. square_text(v))
   end
 end
 

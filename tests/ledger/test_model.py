@@ -331,10 +331,12 @@ class LedgerMachine(RuleBasedStateMachine):
         # Each calibrating route's open set is its live holds'.
         stored = self.run(self.ledger.open_pools(self.tenant))
         for route in ("rA", "rB"):
-            count, faces, _ = self.model.open_pool(route)
+            count, faces, squares = self.model.open_pool(route)
             found = stored.get(pool_tag(route))
             got = (found.count, found.face_sum) if found else (0, 0)
             assert got == (count, faces), route
+            # the sum of squares is a float sum in Redis: equal up to its rounding
+            assert abs((found.face_squares if found else 0.0) - squares) <= 1e-9 * (1 + squares)
 
 
 def test_scripts_agree_with_reference_model(redis_url: str) -> None:
