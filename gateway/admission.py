@@ -49,7 +49,7 @@ from . import metrics, tracing
 from .canonical import Canonical
 from .crashpoints import crash_point
 from .http_upstream import HttpTarget, HttpUpstream, UpstreamSlots
-from .problems import Problem
+from .problems import PROBLEM_JSON, Problem
 from .responses import Shadowed, money
 from .settings import GatewaySettings
 from .tenants import TenantStore, factor_accounts
@@ -541,7 +541,9 @@ async def require_replicas(
         wanted=wanted,
     )
     body = bytes(problem.response().body)
-    answer = StoredAnswer.of(agent_id, 503, [("content-type", "application/problem+json")], body)
+    answer = StoredAnswer.of(
+        agent_id, 503, [("content-type", PROBLEM_JSON)], body, reason=problem.reason
+    )
     await gate.ledger.void(tenant, hold_id, outcome=answer.dumps())
     metrics.DECISIONS.labels(tenant, "released", "not_replicated", "enforce").inc()
     raise problem
@@ -638,10 +640,10 @@ async def settle(
             if answer.fate is Fate.UNKNOWN:
                 await gate.ledger.mark_ambiguous(tenant, hold_id, answer.why, claim)
                 return
-            status, headers, body = _recordable(answer)
+            status, headers, body, reason = _recordable(answer)
             # The upstream kept only the headers that may reach the agent: all are recorded.
             kept = frozenset(name.lower() for name, _ in headers)
-            outcome = request.answer(status, headers, body, keep=kept).dumps()
+            outcome = request.answer(status, headers, body, keep=kept, reason=reason).dumps()
             if answer.fate is Fate.DELIVERED:
                 await gate.ledger.post(tenant, hold_id, request.price, outcome=outcome)
             else:
@@ -658,11 +660,13 @@ async def settle(
     )
 
 
-def _recordable(answer: Answer) -> tuple[int, list[tuple[str, str]], bytes]:
+def _recordable(answer: Answer) -> tuple[int, list[tuple[str, str]], bytes, str]:
+    """Status, headers, body and, for the gateway's own problem, its reason code."""
     if answer.fate is Fate.NOT_SENT:
+        reason = "upstream_unreachable"
         body = b'{"reason":"upstream_unreachable","detail":"the effect was never sent"}'
-        return 502, [("content-type", "application/problem+json")], body
-    return answer.status, list(answer.headers), answer.body
+        return 502, [("content-type", PROBLEM_JSON)], body, reason
+    return answer.status, list(answer.headers), answer.body, ""
 
 
 def resolved_already(conflict: HoldStateConflict) -> Problem:
