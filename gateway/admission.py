@@ -48,7 +48,7 @@ from pricing.serving import is_shadow
 from . import metrics, tracing
 from .canonical import Canonical
 from .crashpoints import crash_point
-from .http_upstream import HttpTarget, HttpUpstream, UpstreamSlots
+from .http_upstream import HTTP_KEY, HttpTarget, HttpUpstream, UpstreamSlots
 from .problems import PROBLEM_JSON, Problem
 from .responses import Shadowed, money
 from .settings import GatewaySettings
@@ -60,8 +60,6 @@ log = logging.getLogger("irrev.gateway")
 # A trace context is new on every attempt by design; it does not change the effect.
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
-# Where an agent's idempotency key travels, as the messages that ask for it say.
-HTTP_KEY = "Idempotency-Key"
 
 
 @dataclass
@@ -451,7 +449,9 @@ async def approve(
         request = StoredRequest.loads(claim.request)
         tracing.annotate(span, decision="approved", price=request.price, route=request.route_id)
         resolved(tenant, admin, "approved", hold_id, request, note)
-        await require_replicas(gate, tenant, hold_id, claim.replicas, request.agent)
+        # Kept for the agent's repeat of its call: worded for where it sends its key.
+        key_name = upstream.key_name if upstream is not None else HTTP_KEY
+        await require_replicas(gate, tenant, hold_id, claim.replicas, request.agent, key_name)
         if upstream is None:
             return None
         # The claim armed the hold for ttl_ms from its Redis time, after `sent`.
@@ -664,7 +664,10 @@ def _recordable(answer: Answer) -> tuple[int, list[tuple[str, str]], bytes, str]
     """Status, headers, body and, for the gateway's own problem, its reason code."""
     if answer.fate is Fate.NOT_SENT:
         reason = "upstream_unreachable"
-        body = b'{"reason":"upstream_unreachable","detail":"the effect was never sent"}'
+        body = (
+            b'{"reason":"upstream_unreachable","detail":"the tool could not be reached; '
+            b'nothing was sent and the hold was released"}'
+        )
         return 502, [("content-type", PROBLEM_JSON)], body, reason
     return answer.status, list(answer.headers), answer.body, ""
 
