@@ -54,8 +54,8 @@ from pricing.serving import is_shadow
 from . import metrics, tracing
 from .canonical import Canonical
 from .crashpoints import crash_point
-from .http_upstream import HttpTarget, HttpUpstream, UpstreamSlots
-from .problems import Problem
+from .http_upstream import HTTP_KEY, HttpTarget, HttpUpstream, UpstreamSlots
+from .problems import PROBLEM_JSON, Problem
 from .responses import Shadowed, money
 from .settings import GatewaySettings
 from .tenants import TenantStore, factor_accounts
@@ -66,8 +66,6 @@ log = logging.getLogger("irrev.gateway")
 # A trace context is new on every attempt by design; it does not change the effect.
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
-# Where an agent's idempotency key travels, as the messages that ask for it say.
-HTTP_KEY = "Idempotency-Key"
 
 
 @dataclass
@@ -508,7 +506,9 @@ async def approve(
         request = StoredRequest.loads(claim.request)
         tracing.annotate(span, decision="approved", price=request.price, route=request.route_id)
         resolved(tenant, admin, "approved", hold_id, request, note)
-        await require_replicas(gate, tenant, hold_id, claim.replicas, request.agent)
+        # Kept for the agent's repeat of its call: worded for where it sends its key.
+        key_name = upstream.key_name if upstream is not None else HTTP_KEY
+        await require_replicas(gate, tenant, hold_id, claim.replicas, request.agent, key_name)
         if upstream is None:
             return None
         # The claim armed the hold for ttl_ms from its Redis time, after `sent`.
@@ -598,7 +598,9 @@ async def require_replicas(
         wanted=wanted,
     )
     body = bytes(problem.response().body)
-    answer = StoredAnswer.of(agent_id, 503, [("content-type", "application/problem+json")], body)
+    answer = StoredAnswer.of(
+        agent_id, 503, [("content-type", PROBLEM_JSON)], body, reason=problem.reason
+    )
     await gate.ledger.void(tenant, hold_id, outcome=answer.dumps())
     metrics.DECISIONS.labels(tenant, "released", "not_replicated", "enforce").inc()
     raise problem
@@ -695,10 +697,10 @@ async def settle(
             if answer.fate is Fate.UNKNOWN:
                 await gate.ledger.mark_ambiguous(tenant, hold_id, answer.why, claim)
                 return
-            status, headers, body = _recordable(answer)
+            status, headers, body, reason = _recordable(answer)
             # The upstream kept only the headers that may reach the agent: all are recorded.
             kept = frozenset(name.lower() for name, _ in headers)
-            outcome = request.answer(status, headers, body, keep=kept).dumps()
+            outcome = request.answer(status, headers, body, keep=kept, reason=reason).dumps()
             if answer.fate is Fate.DELIVERED:
                 await gate.ledger.post(tenant, hold_id, request.price, outcome=outcome)
             else:
@@ -715,11 +717,16 @@ async def settle(
     )
 
 
-def _recordable(answer: Answer) -> tuple[int, list[tuple[str, str]], bytes]:
+def _recordable(answer: Answer) -> tuple[int, list[tuple[str, str]], bytes, str]:
+    """Status, headers, body and, for the gateway's own problem, its reason code."""
     if answer.fate is Fate.NOT_SENT:
-        body = b'{"reason":"upstream_unreachable","detail":"the effect was never sent"}'
-        return 502, [("content-type", "application/problem+json")], body
-    return answer.status, list(answer.headers), answer.body
+        reason = "upstream_unreachable"
+        body = (
+            b'{"reason":"upstream_unreachable","detail":"the tool could not be reached; '
+            b'nothing was sent and the hold was released"}'
+        )
+        return 502, [("content-type", PROBLEM_JSON)], body, reason
+    return answer.status, list(answer.headers), answer.body, ""
 
 
 def resolved_already(conflict: HoldStateConflict) -> Problem:

@@ -75,6 +75,10 @@ class UpstreamSlots:
     wait_s: float
 
 
+# Where an agent's idempotency key travels to the proxy, as the messages that ask for it say.
+HTTP_KEY = "Idempotency-Key"
+
+
 @dataclass(frozen=True)
 class HttpUpstream:
     """`Upstream` over HTTP: one shared client (make_client), one tool's target, and
@@ -84,6 +88,10 @@ class HttpUpstream:
     target: HttpTarget
     resends: bool = True  # contract 4: a tool API deduplicates by Idempotency-Key
     slots: UpstreamSlots | None = None
+
+    @property
+    def key_name(self) -> str:
+        return HTTP_KEY
 
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False

@@ -4,6 +4,7 @@ it, for the endpoint to shape into a tool result."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from pricing import TenantPolicy
@@ -11,13 +12,12 @@ from pricing.credentials import AuthenticatedAgent
 
 from .admission import Gate, Intent, admit, prepare, upstream_of
 from .canonical import Canonical
-from .mcp_upstream import CALL_REFUSED, KEY_META, NOT_EXECUTED, RESULT
+from .mcp_upstream import CALL_REFUSED, MCP_KEY, NOT_EXECUTED, RESULT
 from .problems import Problem
 from .upstream import Answer, Fate
 from .wire import StoredAnswer
 
 CALL = "CALL"
-MCP_KEY = f"_meta {KEY_META!r}"
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,9 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
     """A tool result (live, or recorded with the settled hold) is passed on; anything
     else becomes the problem it means for the agent."""
     if isinstance(answer, StoredAnswer):
+        if answer.reason:
+            # The gateway's own refusal, kept for repeats (nothing was sent): as it was.
+            return Outcome(hold_id, price, problem=_kept_problem(answer, hold_id))
         if answer.status in (RESULT, NOT_EXECUTED):
             fate = Fate.DELIVERED if answer.status == RESULT else Fate.REFUSED
             return Outcome(hold_id, price, fate=fate, body=answer.body)
@@ -74,6 +77,17 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
             hold=hold_id or None,
         ),
     )
+
+
+def _kept_problem(answer: StoredAnswer, hold_id: str) -> Problem:
+    """A refusal kept with its hold, with its reason and its detail (worded for the
+    caller's transport when it was made)."""
+    try:
+        kept = json.loads(answer.body)
+    except ValueError:
+        kept = {}
+    detail = kept.get("detail") if isinstance(kept, dict) else None
+    return Problem(answer.status, answer.reason, str(detail or answer.reason), hold=hold_id)
 
 
 def _voided(hold_id: str) -> Problem:

@@ -35,6 +35,8 @@ from .wire import Headers, StoredAnswer, StoredRequest, upstream_key
 # of extensions (`io.modelcontextprotocol/` is reserved).
 IRREV_META_PREFIX = "dev.irrev/"
 KEY_META = "dev.irrev/idempotency_key"
+# The agent's key as the messages that ask for it say: it travels in _meta, not a header.
+MCP_KEY = f"_meta {KEY_META!r}"
 HOLD_META = "dev.irrev/hold"
 JSON = (("content-type", "application/json"),)
 # JSON-RPC errors by which a server refuses a call before running it.
@@ -106,6 +108,10 @@ class McpUpstream:
     @property
     def resends(self) -> bool:
         return self.dedupes
+
+    @property
+    def key_name(self) -> str:
+        return MCP_KEY
 
     def same_server(self, other: McpUpstream) -> bool:
         """Whether `other` is configured as this one (a reload kept it unchanged)."""

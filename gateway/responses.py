@@ -153,6 +153,10 @@ def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:
     omitted = [value for name, value in stored.headers if name == BODY_OMITTED]
     if omitted:
         extra = {**extra, "X-Irrev-Body-Omitted": omitted[0]}
+    if stored.reason:
+        # The gateway's own problem, kept for repeats: marked as it was the first time
+        # (problems.Problem), so that nobody takes it for the tool's answer.
+        extra = {**extra, "X-Irrev-Reason": stored.reason}
     return upstream_response(stored.status, stored.headers, stored.body, extra)
 
 

@@ -50,10 +50,17 @@ class Upstream(Protocol):
     """A tool's API as the admission pipeline calls it. `resends`: a repeat of an
     ambiguous effect's key may send it again, because the upstream deduplicates by
     the key it is given (HTTP tool APIs by contract 4; an MCP server only where the
-    policy declares it); else a repeat answers from the ledger only."""
+    policy declares it); else a repeat answers from the ledger only. `key_name`: how
+    messages to the agent name its key."""
 
     @property
     def resends(self) -> bool: ...
+
+    @property
+    def key_name(self) -> str:
+        """Where the agent sends its idempotency key for this upstream's effects (a
+        header to /tools, `_meta` to /mcp), as the messages that ask for it say."""
+        ...
 
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False

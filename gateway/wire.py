@@ -170,8 +170,10 @@ class StoredRequest(_Record):
         headers: list[tuple[str, str]],
         body: bytes,
         keep: frozenset[str] = KEPT_RESPONSE_HEADERS,
+        reason: str = "",
     ) -> StoredAnswer:
-        """The answer to keep for this effect, with its route and settlement terms."""
+        """The answer to keep for this effect, with its route and settlement terms;
+        `reason`: the gateway's reason code when the answer is its own problem."""
         return StoredAnswer.of(
             self.agent,
             status,
@@ -180,6 +182,7 @@ class StoredRequest(_Record):
             route_id=self.route_id,
             keep=keep,
             terms=(self.face_value, self.effect_class, self.in_process),
+            reason=reason,
         )
 
 
@@ -198,6 +201,11 @@ class StoredAnswer(_Record):
     face_value: int = 0
     effect_class: str = ""
     in_process: bool = False
+    # The reason code when the answer is the gateway's own problem (nothing was sent,
+    # or it was released unreplicated), '' for an upstream's answer: a repeat or a poll
+    # marks it X-Irrev-Reason again, as the first answer was (a header kept among the
+    # upstream's would be dropped with the tool's own X-Irrev-* ones).
+    reason: str = ""
 
     def dumps(self) -> str:
         """Compact, as it is kept with every settled hold for the record's retention:
@@ -221,6 +229,8 @@ class StoredAnswer(_Record):
             head["e"] = self.effect_class
         if self.in_process:
             head["p"] = 1
+        if self.reason:
+            head["g"] = self.reason
         try:
             text = self.body.decode("utf-8")
         except UnicodeDecodeError:
@@ -247,6 +257,7 @@ class StoredAnswer(_Record):
             data.get("f", 0),
             data.get("e", ""),
             bool(data.get("p", 0)),
+            data.get("g", ""),
         )
 
     @classmethod
@@ -259,15 +270,18 @@ class StoredAnswer(_Record):
         route_id: str = "",
         keep: frozenset[str] = KEPT_RESPONSE_HEADERS,
         terms: tuple[int, str, bool] = (0, "", False),
+        reason: str = "",
     ) -> StoredAnswer:
-        """`terms`: the effect's face value, class and whether it runs in-process."""
+        """`terms`: the effect's face value, class and whether it runs in-process;
+        `reason`: the gateway's reason code when the answer is its own problem."""
         kept = [(k.lower(), v) for k, v in headers if k.lower() in keep]
         if len(body) > MAX_RECORDED_BODY:
             # Kept with the hold in Redis: a huge body would not fit the record, and a
             # delivered effect must still be posted. A repeat gets the status without it.
             kept.append((BODY_OMITTED, str(len(body))))
             body = b""
-        return cls(agent, status, kept, base64.b64encode(body).decode(), route_id, *terms)
+        body_b64 = base64.b64encode(body).decode()
+        return cls(agent, status, kept, body_b64, route_id, *terms, reason=reason)
 
 
 def record_of(request: str, outcome: str) -> StoredRequest | StoredAnswer | None:

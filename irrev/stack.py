@@ -18,6 +18,9 @@ from irrev.harness import Server, TenantPolicy, free_port, running, uvicorn_comm
 
 EXAMPLES = Path("examples")
 DEMO_ADMIN_TOKEN = "demo-admin-token-not-secret"
+# Whose the demo admin token is: a person, as a real operator's token names one (the
+# journal and the agents read `operator:alice` for its decisions).
+DEMO_OPERATOR = "alice"
 
 # What the demo and load runs serve: the procurement tenant and its demo tokens. Only
 # these: another example may need a secret (payments-api.yaml reads its API key from
@@ -108,7 +111,7 @@ def gateway(
         **os.environ,
         "IRREV_REDIS_URL": redis_url,
         "IRREV_POLICY_DIR": str(policy_dir),
-        "IRREV_ADMIN_TOKENS": f"operator={DEMO_ADMIN_TOKEN}",
+        "IRREV_ADMIN_TOKENS": f"{DEMO_OPERATOR}={DEMO_ADMIN_TOKEN}",
         "IRREV_LOG_LEVEL": "warning",
         **(env or {}),
     }

@@ -64,6 +64,12 @@ BENCH_OUTCOME = _REQUEST.answer(
 ).dumps()
 
 
+# Below this many holds, Redis's own allocations (client buffers, a table's rehash)
+# swamp what the holds take: 100 holds once measured negative, 1,000 measured 528
+# bytes where 10,000 and 100,000 measure 700-740 (--no-provenance, 6.2).
+MIN_MEMORY_HOLDS = 10_000
+
+
 def bench_agent_key(i: int) -> str:
     """An agent's Idempotency-Key as irrev's client sends it: a model's tool-call id
     (`toolu_` and 24 characters, as long as the common ones)."""
@@ -93,9 +99,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--memory-runs",
-        type=bounded(int, 1, 100),
+        type=bounded(int, 0, 100),
         default=1,
-        help="measure bytes per hold this many times (a fresh tenant each)",
+        help="measure bytes per hold this many times (a fresh tenant each; 0: not at all)",
     )
     parser.add_argument(
         "--provenance",
@@ -121,6 +127,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.memory_runs and args.holds < MIN_MEMORY_HOLDS:
+        raise CliError(
+            f"--holds {args.holds}: too few for a bytes-per-hold figure (Redis's own "
+            f"allocations outweigh them); use --holds {MIN_MEMORY_HOLDS:,} or more, or "
+            "--memory-runs 0 to skip the memory measurement"
+        )
     if args.url:
         if args.appendfsync:
             raise CliError(
@@ -319,6 +331,13 @@ def report(rows: list[tuple[Rate, Rate]], memory: list[Memory], args: argparse.N
     console.print(table)
     carried = "with" if args.provenance else "without"
     for run in memory:
+        if run.per_hold <= 0:
+            # However many holds: a figure noise swamped is not a figure.
+            console.print(
+                f"Redis memory per settled hold: not measurable over {args.holds:,} holds "
+                f"(used_memory moved by {run.per_hold * args.holds:+,.0f} bytes); use more --holds"
+            )
+            continue
         console.print(
             f"Redis memory per settled hold (3 accounts, journal included, {carried} "
             f"provenance), over {args.holds:,} holds: {run.per_hold:,.0f} bytes (budget "

@@ -26,7 +26,7 @@ from rich.table import Table
 from gateway.policies import load_demo_tokens, read_policy_file
 from irrev import output
 from irrev.cli import bounded
-from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
+from irrev.stack import DEMO_ADMIN_TOKEN, DEMO_OPERATOR, gateway, render_policies, supplier
 from ledger import Balance, EmbeddedRedis, HoldState, Ledger, audit_tenant
 from pricing.units import with_money_text
 
@@ -205,7 +205,10 @@ async def report(
     table.add_column("value", justify="right")
     for outcome, count in sorted(tally.decisions.items()):
         table.add_row(outcome, str(count))
-    table.add_row("escalations approved / rejected", f"{tally.approved} / {tally.rejected}")
+    table.add_row(
+        f"escalations approved / rejected (by {DEMO_OPERATOR})",
+        f"{tally.approved} / {tally.rejected}",
+    )
     usd = lambda micros: f"${micros / MICROS:,.0f}"  # noqa: E731
     table.add_row("orders requested (face value)", usd(tally.face_requested))
     table.add_row(

@@ -30,7 +30,7 @@ from rich.table import Table
 from irrev import output
 from irrev.cli import CliError, bounded
 from irrev.harness import TenantPolicy
-from irrev.stack import DEMO_ADMIN_TOKEN, gateway, mcp_tools
+from irrev.stack import DEMO_ADMIN_TOKEN, DEMO_OPERATOR, gateway, mcp_tools
 from ledger import EmbeddedRedis, HoldState, Ledger, audit_tenant
 
 EXAMPLE = Path("examples") / "mcp-fleet.yaml"
@@ -115,7 +115,10 @@ async def demo(
     key, deletion = uuid.uuid4().hex, {"owner": "acme", "repo": "legacy-billing"}
     pending = await call(url, tokens["dev-01"], "github__delete_repository", deletion, key)
     escalation = (pending.structured_content or {}).get("escalation")
-    console.print(f"dev-01's deletion: {outcome(pending)} ({escalation}); an operator approves.")
+    console.print(
+        f"dev-01's deletion: {outcome(pending)} ({escalation}); {DEMO_OPERATOR}, an operator, "
+        "approves."
+    )
     async with httpx.AsyncClient(trust_env=False) as admin:
         response = await admin.post(
             f"{irrev}/v1/escalations/{escalation}/approve",

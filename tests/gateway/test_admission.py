@@ -58,6 +58,7 @@ class ToolInMemory:
     deliveries: list[Delivery] = field(default_factory=list)
     made: dict[str, bytes] = field(default_factory=dict)
     resends: bool = True  # it deduplicates by key, as a tool API does (contract 4)
+    key_name: str = "Idempotency-Key"
 
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False

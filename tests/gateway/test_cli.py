@@ -37,6 +37,9 @@ def test_outside_the_repository_is_one_line(command: list[str], tmp_path: Path) 
     [
         (["bench", "ledger", "--seconds", "-1"], {}, "--seconds: must be a number between"),
         (["bench", "ledger", "--holds", "0"], {}, "--holds: must be a whole number between"),
+        # 100 holds once measured a negative bytes-per-hold (allocator noise).
+        (["bench", "ledger", "--holds", "100"], {}, "--holds 100: too few for a bytes-per-hold"),
+        (["bench", "ledger", "--memory-runs", "-1"], {}, "--memory-runs: must be a whole number"),
         (
             ["bench", "ledger", "--url", "redis://127.0.0.1:1", "--appendfsync", "always"],
             {},
@@ -200,3 +203,20 @@ def test_bench_background_prints_json() -> None:
     [size] = report["sizes"]
     assert size["gateways"] == 1 and size["vs_first"] == 1.0
     assert size["commands_per_s"] == sum(size["by_command"].values()) > 0
+
+
+def test_bench_ledger_skips_its_memory_measurement_with_memory_runs_0() -> None:
+    """--memory-runs 0 measures no memory (it had a minimum of 1), so a small --holds,
+    refused for a memory figure, is then fine: the shortest run, as JSON."""
+    short = ["--seconds", "0.1", "--script-calls", "10", "--holds", "100", "--memory-runs", "0"]
+    result = subprocess.run(
+        [sys.executable, "-m", "irrev.cli", "bench", "ledger", *short, "--json"],
+        cwd=ROOT,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["memory"] == [] and len(report["modes"]) == 3

@@ -322,6 +322,50 @@ async def test_a_replay_of_an_answer_too_big_to_keep_says_its_body_was_left_out(
     assert f"({len(big)} bytes) was too big to keep" in told.text, told.text
 
 
+async def test_an_unreachable_tool_is_not_made_live_or_repeated(gateway: Gateway) -> None:
+    """The gateway's 502 upstream_unreachable is a refusal (nothing was sent), first
+    and on a repeat of the call. The repeat gets the answer kept with the voided hold,
+    which had lost its X-Irrev-Reason: the client called it the tool's own 502 ("the
+    effect may have happened"). Failed before the fix."""
+    client = client_of(gateway, "unreachable", agent="buyer-02")
+    try:
+        first = await client.call("supplier", "POST", "/orders", "call_K", json_body=order())
+        again = await client.call("supplier", "POST", "/orders", "call_K", json_body=order())
+    finally:
+        await client.aclose()
+    for outcome in (first, again):
+        assert not outcome.ok and outcome.status == 502, outcome
+        assert outcome.reason == "upstream_unreachable", outcome
+        assert outcome.text.startswith("The supplier call was not made (upstream_unreachable)")
+        assert "may have happened" not in outcome.text
+
+
+async def test_an_approved_effect_that_could_not_be_sent_is_not_made(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """A human approves, the gateway cannot reach the tool: nothing was sent. The
+    agent's poll gets the answer kept with the voided hold, which had lost its
+    X-Irrev-Reason: the client called it the tool's own 502 ("the effect may have
+    happened"). Failed before the fix."""
+    tenant = gateway.tenant("unreachable")
+    client = client_of(gateway, "unreachable", agent="buyer-03", wait_s=20)
+    outcome, approved = await asyncio.gather(
+        call_scripted(client, "call_L", quantity=450, supplier_id="s9"),  # above the threshold
+        approve_first_escalation(http, gateway, tenant),
+    )
+    assert approved.status_code == 502, approved.text
+    assert approved.headers["x-irrev-reason"] == "upstream_unreachable"
+    assert not outcome.ok and outcome.status == 502, outcome
+    assert outcome.reason == "upstream_unreachable", outcome
+    assert outcome.text.startswith("The supplier call was not made (upstream_unreachable)")
+    assert "may have happened" not in outcome.text
+    escalation = f"{tenant.id}.{approved.headers['x-irrev-hold']}"
+    poll = await http.get(f"/v1/escalations/{escalation}", headers=tenant.auth("buyer-03"))
+    assert poll.status_code == 502 and poll.json()["reason"] == "upstream_unreachable"
+    assert poll.headers["x-irrev-reason"] == "upstream_unreachable"
+    assert poll.headers["x-irrev-escalation"] == "voided"
+
+
 async def test_an_undecided_escalation_is_polled_a_bounded_number_of_times(
     gateway: Gateway,
 ) -> None:

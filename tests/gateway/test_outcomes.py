@@ -73,6 +73,16 @@ async def test_unreachable_upstream_voids(gateway: Gateway, http: httpx.AsyncCli
     hold = response.headers["x-irrev-hold"]
     assert await hold_state(http, tenant, "buyer-01", hold) == "voided"
     assert used(await balances(http, gateway.admin, tenant)) == before
+    # A repeat of the key gets the kept answer: the gateway's still, not the tool's
+    # (it had lost its X-Irrev-Reason; failed before the fix).
+    again = await http.post(
+        "/tools/supplier/orders",
+        json=order(),
+        headers=effect_headers(tenant, "buyer-01", "nobody-home"),
+    )
+    assert again.status_code == 502 and again.headers["x-irrev-replayed"] == "true"
+    assert again.json()["reason"] == "upstream_unreachable"
+    assert again.headers["x-irrev-reason"] == "upstream_unreachable"
 
 
 async def test_timeout_is_ambiguous_and_reconcile_posts_what_the_supplier_recorded(

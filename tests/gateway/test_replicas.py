@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from irrev.client import IrrevClient
 from irrev.localcluster import LocalCluster
 from ledger.keys import accounts_key
 
@@ -110,6 +111,16 @@ async def unreplicated_admissions(
         again = await send("o2")  # a repeat of the key gets the same answer
         assert_problem(again, 503, "not_replicated")
         assert again.headers["x-irrev-replayed"] == "true"
+        # The gateway's, as the first was (the kept answer had lost X-Irrev-Reason, so
+        # the client took it for the tool's own 503: "the effect may have happened").
+        assert again.headers["x-irrev-reason"] == "not_replicated"
+        client = IrrevClient(gateway.url, tenant.tokens["buyer-01"], pause_s=0.2)
+        try:
+            told = await client.call("supplier", "POST", "/orders", "o2", json_body=order())
+        finally:
+            await client.aclose()
+        assert told.reason == "not_replicated" and told.status == 503, told
+        assert told.text.startswith("The supplier call was not made (not_replicated)")
         decision = await http.post(
             "/v1/holds",
             json={"tool": "deploy", "method": "POST", "path": "/deploys"},
@@ -121,6 +132,7 @@ async def unreplicated_admissions(
         assert await orders() == 1
         poll = await http.get(location, headers=tenant.auth("buyer-01"))
         assert_problem(poll, 503, "not_replicated")
+        assert poll.headers["x-irrev-reason"] == "not_replicated"
         escalation_price = int(escalated.headers["x-irrev-price"])
         after = used(await balances(http, gateway.admin, tenant))
         assert after[f"tenant:{tenant.id}"] == before[f"tenant:{tenant.id}"] - escalation_price

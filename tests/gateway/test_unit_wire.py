@@ -67,3 +67,13 @@ def test_headers_keep_their_order_whichever_comes_first() -> None:
         assert StoredAnswer.loads(stored.dumps()).headers == [
             (name.lower(), value) for name, value in headers
         ]
+
+
+def test_the_gateways_own_problem_keeps_its_reason_in_a_few_bytes() -> None:
+    body = b'{"reason":"not_replicated"}'
+    headers = [("content-type", "application/problem+json")]
+    tool = StoredAnswer.of("a1", 503, headers, body)
+    own = StoredAnswer.of("a1", 503, headers, body, reason="not_replicated")
+    assert StoredAnswer.loads(own.dumps()).reason == "not_replicated"
+    assert StoredAnswer.loads(tool.dumps()).reason == ""  # a tool's answer: none
+    assert len(own.dumps()) - len(tool.dumps()) == len(',"g":"not_replicated"')
