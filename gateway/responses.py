@@ -12,7 +12,7 @@ from pricing import TenantPolicy
 from pricing.policy import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
 from pricing.units import header_money, rfc3339, with_money_text
 
-from .problems import Problem
+from .problems import Problem, kept_problem
 from .upstream import Answer, Fate
 from .wire import BODY_OMITTED, StoredAnswer
 
@@ -148,15 +148,16 @@ def _retry_after(answer: Answer) -> str:
 
 
 def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:
+    if stored.reason:
+        # The gateway's own problem, kept for repeats: a whole problem document, marked
+        # X-Irrev-Reason as it was the first time (problems.Problem), so that nobody
+        # takes it for the tool's answer.
+        return kept_problem(stored.status, stored.reason, stored.body, extra).response()
     # The gateway's own note on a body it could not keep: the backstop drops every
     # X-Irrev-* header among the kept ones, so it goes back beside them.
     omitted = [value for name, value in stored.headers if name == BODY_OMITTED]
     if omitted:
         extra = {**extra, "X-Irrev-Body-Omitted": omitted[0]}
-    if stored.reason:
-        # The gateway's own problem, kept for repeats: marked as it was the first time
-        # (problems.Problem), so that nobody takes it for the tool's answer.
-        extra = {**extra, "X-Irrev-Reason": stored.reason}
     return upstream_response(stored.status, stored.headers, stored.body, extra)
 
 
