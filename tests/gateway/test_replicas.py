@@ -111,6 +111,11 @@ async def unreplicated_admissions(
         again = await send("o2")  # a repeat of the key gets the same answer
         assert_problem(again, 503, "not_replicated")
         assert again.headers["x-irrev-replayed"] == "true"
+        assert again.headers["x-irrev-hold"] == refused["hold"]
+        # As the first answer, a refusal: not the released hold's 'admit' and the price
+        # of an effect that was never made (failed before: x-irrev-decision admit).
+        decided = {"x-irrev-decision", "x-irrev-price", "x-irrev-remaining"}
+        assert not decided & again.headers.keys(), dict(again.headers)
         # The gateway's, as the first was (the kept answer had lost X-Irrev-Reason, so
         # the client took it for the tool's own 503: "the effect may have happened").
         assert again.headers["x-irrev-reason"] == "not_replicated"

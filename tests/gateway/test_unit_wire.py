@@ -106,3 +106,13 @@ def test_a_kept_refusal_comes_back_a_whole_problem_document() -> None:
         "detail": "nothing was sent",
         "hold": "h1",
     }
+
+
+def test_a_kept_not_replicated_is_replayed_without_the_released_holds_decision() -> None:
+    stored = StoredAnswer.of("a1", 503, [], b'{"detail":"released"}', reason="not_replicated")
+    decided = {"X-Irrev-Decision": "admit", "X-Irrev-Price": "5", "X-Irrev-Remaining": "9"}
+    extra = {**decided, "X-Irrev-Hold": "h1", "X-Irrev-Replayed": "true"}
+    response = stored_response(stored, extra)
+    assert not {name.lower() for name in decided} & set(response.headers.keys())
+    assert response.headers["x-irrev-hold"] == "h1"
+    assert response.headers["x-irrev-reason"] == "not_replicated"
