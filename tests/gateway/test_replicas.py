@@ -126,12 +126,21 @@ async def unreplicated_admissions(
             await client.aclose()
         assert told.reason == "not_replicated" and told.status == 503, told
         assert told.text.startswith("The supplier call was not made (not_replicated)")
-        decision = await http.post(
-            "/v1/holds",
-            json={"tool": "deploy", "method": "POST", "path": "/deploys"},
-            headers=effect_headers(tenant, "deployer-01", "d1"),
-        )
-        assert_problem(decision, 503, "not_replicated")
+
+        async def decide() -> httpx.Response:
+            return await http.post(
+                "/v1/holds",
+                json={"tool": "deploy", "method": "POST", "path": "/deploys"},
+                headers=effect_headers(tenant, "deployer-01", "d1"),
+            )
+
+        assert_problem(await decide(), 503, "not_replicated")
+        # A repeat on the decision API too: the refusal, never a 200 with the released
+        # hold's 'admit' that an in-process tool would act on (failed before: 200).
+        again = await decide()
+        assert_problem(again, 503, "not_replicated")
+        assert again.headers["x-irrev-replayed"] == "true"
+        assert not decided & again.headers.keys(), dict(again.headers)
         approved = await http.post(f"{location}/approve", headers=gateway.admin)
         assert_problem(approved, 503, "not_replicated")
         assert await orders() == 1
