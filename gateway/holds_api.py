@@ -8,7 +8,7 @@ import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status
@@ -22,7 +22,7 @@ from .admission import Intent, approve, auto_approval, prepare, reserve, shadowe
 from .auth import Settling, agent_auth, gate_of, settling_auth
 from .canonical import Canonical
 from .problems import Problem
-from .responses import budget_headers, escalation_id, hold_view, money
+from .responses import budget_headers, escalation_id, hold_view, money, stored_response
 from .wire import StoredAnswer, StoredRequest, parse_json_body, receipt, record_of
 
 log = logging.getLogger("irrev.gateway")
@@ -70,9 +70,10 @@ def _canonical(spec: HoldRequest, raw: bytes) -> Canonical:
 
 
 @router.post("", status_code=201)
-async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONResponse:
+async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> Response:
     """Price an in-process effect and hold its budget: 201 admitted, 202 escalated,
-    403 denied; a repeat of the Idempotency-Key returns the hold as it is now."""
+    403 denied; a repeat of the Idempotency-Key returns the hold as it is now, or the
+    gateway's refusal it first got (a hold released unreplicated)."""
     gate, (policy, agent) = gate_of(request), who
     canonical = _canonical(spec, await request.body())
     keys = request.headers.getlist("idempotency-key")
@@ -96,6 +97,12 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> JSONRe
         replayed=result.replayed,
         shadowed=would,
     )
+    if result.replayed and hold.outcome:
+        kept = StoredAnswer.loads(hold.outcome)
+        if kept.reason:
+            # Contract 3: the refusal again, not a 200 with the released hold's 'admit'
+            # that the in-process tool would act on.
+            return stored_response(kept, headers)
     status = 200 if result.replayed else 202 if result.state is HoldState.ESCALATED else 201
     if hold.state is HoldState.ESCALATED:
         headers["Location"] = f"/v1/escalations/{escalation_id(policy.tenant, hold_id)}"

@@ -4,6 +4,7 @@ responses, so no route builds an error body by hand and bad input never gets a 5
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -58,6 +59,25 @@ class Problem(Exception):
         # with its own problem+json, but never with an X-Irrev-* header (responses.py).
         headers = {**self.headers, "X-Irrev-Reason": self.reason}
         return JSONResponse(body, self.status, headers=headers, media_type=PROBLEM_JSON)
+
+
+def kept_problem(
+    status: int, reason: str, body: bytes, headers: dict[str, str] | None = None
+) -> Problem:
+    """The gateway's own refusal kept as an effect's answer (wire.StoredAnswer.reason),
+    whole again for a repeat or a poll: its type, title and status follow from its
+    status and reason, so a record need keep only the rest (its detail, its numbers),
+    and records that kept no more than reason and detail come back complete too."""
+    try:
+        kept = json.loads(body)
+    except ValueError:
+        kept = {}  # read from Redis: what a record holds never turns into a 500
+    if not isinstance(kept, dict):
+        kept = {}
+    detail = kept.pop("detail", None)
+    members = {k: v for k, v in kept.items() if k not in ("type", "title", "status", "reason")}
+    text = detail if isinstance(detail, str) and detail else reason.replace("_", " ")
+    return Problem(status, reason, text, headers=headers, **members)
 
 
 def body_timeout(timeout_s: float) -> Problem:

@@ -12,7 +12,7 @@ from pricing import TenantPolicy
 from pricing.policy import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
 from pricing.units import header_money, rfc3339, with_money_text
 
-from .problems import Problem
+from .problems import Problem, kept_problem
 from .upstream import Answer, Fate
 from .wire import BODY_OMITTED, StoredAnswer
 
@@ -147,16 +147,39 @@ def _retry_after(answer: Answer) -> str:
     return given if given.isascii() and given.isdigit() and 1 <= int(given) <= 60 else "1"
 
 
+# What budget_headers says of an admission besides its hold: its decision and figures.
+DECISION_HEADERS = frozenset(
+    {
+        "X-Irrev-Decision",
+        "X-Irrev-Price",
+        "X-Irrev-Remaining",
+        "X-Irrev-Price-Text",
+        "X-Irrev-Remaining-Text",
+        "X-Irrev-Currency",
+        "X-Irrev-Scale",
+    }
+)
+# Kept refusals of the admission itself: the hold was released before anything was
+# sent, and the first answer was a refusal like any other, without a decision or
+# figures. A repeat of the key gets that answer back (contract 3), not the `admit` of
+# the released hold and the price of an effect that was never made. (A kept
+# upstream_unreachable answered an admitted effect's send, with its decision.)
+WITHDRAWN_ADMISSIONS = frozenset({"not_replicated"})
+
+
 def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:
+    if stored.reason:
+        # The gateway's own problem, kept for repeats: a whole problem document, marked
+        # X-Irrev-Reason as it was the first time (problems.Problem), so that nobody
+        # takes it for the tool's answer.
+        if stored.reason in WITHDRAWN_ADMISSIONS:
+            extra = {k: v for k, v in extra.items() if k not in DECISION_HEADERS}
+        return kept_problem(stored.status, stored.reason, stored.body, extra).response()
     # The gateway's own note on a body it could not keep: the backstop drops every
     # X-Irrev-* header among the kept ones, so it goes back beside them.
     omitted = [value for name, value in stored.headers if name == BODY_OMITTED]
     if omitted:
         extra = {**extra, "X-Irrev-Body-Omitted": omitted[0]}
-    if stored.reason:
-        # The gateway's own problem, kept for repeats: marked as it was the first time
-        # (problems.Problem), so that nobody takes it for the tool's answer.
-        extra = {**extra, "X-Irrev-Reason": stored.reason}
     return upstream_response(stored.status, stored.headers, stored.body, extra)
 
 

@@ -39,11 +39,20 @@ async def deploy_hold(http: httpx.AsyncClient, tenant: Tenant, key: str) -> tupl
 
 
 def assert_problem(response: httpx.Response, status: int, reason: str) -> dict[str, Any]:
+    """`response` is the gateway's own refusal, whole (docs/policy.md, "Reason codes";
+    the Problem schema of the OpenAPI document): problem+json with every member
+    RFC 9457 gives it (type, title, status: the HTTP status, detail) and its reason,
+    marked with the same code in X-Irrev-Reason, without which an agent's client
+    takes it for the tool's own answer (irrev/client.py). Live, repeated or polled."""
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == PROBLEM_JSON
     body: dict[str, Any] = response.json()
     assert body["reason"] == reason, body
-    assert body["status"] == status
+    assert response.headers.get("x-irrev-reason") == reason, dict(response.headers)
+    assert body.get("status") == status, body
+    assert body.get("type") == f"https://irrev.dev/problems/{reason}", body
+    assert body.get("title") == reason.replace("_", " "), body
+    assert isinstance(body.get("detail"), str) and body["detail"], body
     return body
 
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from .conftest import Gateway
-from .helpers import PROBLEM_JSON, balances, raw_request, used
+from .helpers import PROBLEM_JSON, assert_problem, balances, raw_request, used
 
 FORM = "application/x-www-form-urlencoded"
 REFUND = b'{"customer_id":"c1","amount":1}'
@@ -315,6 +315,7 @@ async def test_a_request_other_parsers_read_differently_is_refused(
     got, headers, content = await send(gateway, method, target, body, content_type)
     assert (got, headers.get("content-type")) == (status, PROBLEM_JSON), content
     assert json.loads(content)["reason"] == reason, content
+    assert headers.get("x-irrev-reason") == reason, headers
     assert len(await readings(upstream, tenant.id)) == seen
     assert used(await balances(http, gateway.admin, tenant)) == used(before)
 
@@ -411,5 +412,4 @@ async def test_decision_api_reads_its_body_strictly(
             "Content-Type": "application/json",
         },
     )
-    assert response.status_code == 400, response.text
-    assert response.json()["reason"] == "bad_json"
+    assert_problem(response, 400, "bad_json")

@@ -15,6 +15,7 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from .conftest import Gateway
+from .helpers import assert_problem
 from .test_console import WAIT_S, browser  # noqa: F401  (the module's browser fixture)
 
 STOCK = (
@@ -50,7 +51,7 @@ async def test_docs_and_their_assets_carry_the_console_policy(
         assert asset.headers["x-content-type-options"] == "nosniff", url
     for name in STOCK:
         stock = await http.get(f"/docs/assets/{name}")
-        assert stock.status_code == 404 and stock.json()["reason"] == "not_found", name
+        assert_problem(stock, 404, "not_found")
 
 
 def test_the_docs_render_under_their_policy(gateway: Gateway, browser: WebDriver) -> None:  # noqa: F811

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .conftest import Gateway
-from .helpers import PROBLEM_JSON, ledger_audit
+from .helpers import PROBLEM_JSON, assert_problem, ledger_audit
 from .servers import Tenant
 
 EXAMPLES = 75
@@ -62,7 +62,7 @@ def check(response: httpx.Response) -> None:
     assert response.status_code < 500, (response.request.url, response.text)
     if response.status_code >= 400:
         assert response.headers["content-type"] == PROBLEM_JSON, response.text
-        assert response.json()["reason"], response.text
+        assert_problem(response, response.status_code, response.json()["reason"])
 
 
 def fuzz(gateway: Gateway, case: Callable[[httpx.Client], None]) -> None:
@@ -167,7 +167,7 @@ def test_fuzz_proxy(gateway: Gateway) -> None:
         if response.headers["content-type"] != PROBLEM_JSON:
             assert response.headers["x-irrev-decision"] == "admit", response.text
         elif response.status_code >= 500:
-            assert response.json()["reason"] == "upstream_ambiguous", response.text
+            assert_problem(response, response.status_code, "upstream_ambiguous")
         else:
             check(response)
 

@@ -111,6 +111,11 @@ async def unreplicated_admissions(
         again = await send("o2")  # a repeat of the key gets the same answer
         assert_problem(again, 503, "not_replicated")
         assert again.headers["x-irrev-replayed"] == "true"
+        assert again.headers["x-irrev-hold"] == refused["hold"]
+        # As the first answer, a refusal: not the released hold's 'admit' and the price
+        # of an effect that was never made (failed before: x-irrev-decision admit).
+        decided = {"x-irrev-decision", "x-irrev-price", "x-irrev-remaining"}
+        assert not decided & again.headers.keys(), dict(again.headers)
         # The gateway's, as the first was (the kept answer had lost X-Irrev-Reason, so
         # the client took it for the tool's own 503: "the effect may have happened").
         assert again.headers["x-irrev-reason"] == "not_replicated"
@@ -121,12 +126,21 @@ async def unreplicated_admissions(
             await client.aclose()
         assert told.reason == "not_replicated" and told.status == 503, told
         assert told.text.startswith("The supplier call was not made (not_replicated)")
-        decision = await http.post(
-            "/v1/holds",
-            json={"tool": "deploy", "method": "POST", "path": "/deploys"},
-            headers=effect_headers(tenant, "deployer-01", "d1"),
-        )
-        assert_problem(decision, 503, "not_replicated")
+
+        async def decide() -> httpx.Response:
+            return await http.post(
+                "/v1/holds",
+                json={"tool": "deploy", "method": "POST", "path": "/deploys"},
+                headers=effect_headers(tenant, "deployer-01", "d1"),
+            )
+
+        assert_problem(await decide(), 503, "not_replicated")
+        # A repeat on the decision API too: the refusal, never a 200 with the released
+        # hold's 'admit' that an in-process tool would act on (failed before: 200).
+        again = await decide()
+        assert_problem(again, 503, "not_replicated")
+        assert again.headers["x-irrev-replayed"] == "true"
+        assert not decided & again.headers.keys(), dict(again.headers)
         approved = await http.post(f"{location}/approve", headers=gateway.admin)
         assert_problem(approved, 503, "not_replicated")
         assert await orders() == 1

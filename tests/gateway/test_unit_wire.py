@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+from gateway.problems import PROBLEM_JSON
+from gateway.responses import stored_response
 from gateway.wire import MAX_RECORDED_BODY, StoredAnswer
 
 
@@ -77,3 +81,38 @@ def test_the_gateways_own_problem_keeps_its_reason_in_a_few_bytes() -> None:
     assert StoredAnswer.loads(own.dumps()).reason == "not_replicated"
     assert StoredAnswer.loads(tool.dumps()).reason == ""  # a tool's answer: none
     assert len(own.dumps()) - len(tool.dumps()) == len(',"g":"not_replicated"')
+
+
+def test_a_kept_refusal_comes_back_a_whole_problem_document() -> None:
+    """What a record keeps of the gateway's refusal (here: reason and detail only, as
+    upstream_unreachable's is kept) is enough: type, title and status are rebuilt from
+    its reason and status, the rest (detail, numbers) is the kept one."""
+    body = b'{"reason":"upstream_unreachable","detail":"nothing was sent","hold":"h1"}'
+    stored = StoredAnswer.loads(
+        StoredAnswer.of(
+            "a1", 502, [("content-type", PROBLEM_JSON)], body, reason="upstream_unreachable"
+        ).dumps()
+    )
+    response = stored_response(stored, {"X-Irrev-Replayed": "true"})
+    assert response.status_code == 502
+    assert response.headers["content-type"] == PROBLEM_JSON
+    assert response.headers["x-irrev-reason"] == "upstream_unreachable"
+    assert response.headers["x-irrev-replayed"] == "true"
+    assert json.loads(bytes(response.body)) == {
+        "type": "https://irrev.dev/problems/upstream_unreachable",
+        "title": "upstream unreachable",
+        "status": 502,
+        "reason": "upstream_unreachable",
+        "detail": "nothing was sent",
+        "hold": "h1",
+    }
+
+
+def test_a_kept_not_replicated_is_replayed_without_the_released_holds_decision() -> None:
+    stored = StoredAnswer.of("a1", 503, [], b'{"detail":"released"}', reason="not_replicated")
+    decided = {"X-Irrev-Decision": "admit", "X-Irrev-Price": "5", "X-Irrev-Remaining": "9"}
+    extra = {**decided, "X-Irrev-Hold": "h1", "X-Irrev-Replayed": "true"}
+    response = stored_response(stored, extra)
+    assert not {name.lower() for name in decided} & set(response.headers.keys())
+    assert response.headers["x-irrev-hold"] == "h1"
+    assert response.headers["x-irrev-reason"] == "not_replicated"

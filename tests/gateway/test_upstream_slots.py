@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from .conftest import Gateway, wait_for_workers
-from .helpers import effect_headers, order
+from .helpers import assert_problem, effect_headers, order
 from .servers import BIN, Server, base_env, write_policy
 
 POOL = 8  # IRREV_UPSTREAM_MAX_CONNECTIONS, per worker
@@ -98,4 +98,6 @@ async def test_a_tenants_hung_upstream_cannot_starve_another_tenants_effects(
     refused = [a for a in answers if a.status_code == 502]
     assert refused, "the flood was never bounded"
     assert {a.json()["reason"] for a in refused} <= {"upstream_unreachable", "upstream_ambiguous"}
+    for answer in refused:
+        assert_problem(answer, 502, answer.json()["reason"])
     assert any(a.json().get("why") == "upstream_tenant_busy" for a in refused)

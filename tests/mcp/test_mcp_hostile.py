@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.gateway.helpers import balances, trickled_request, used
+from tests.gateway.helpers import assert_problem, balances, trickled_request, used
 
 from .conftest import KEY_META, McpGateway, agent, order, tool_stats
 
@@ -115,17 +115,14 @@ async def test_malformed_json_is_refused_before_the_sdk_reads_it(
             "MCP-Protocol-Version": MODERN,
         },
     )
-    assert response.status_code == 400, response.text
-    assert response.headers["content-type"] == "application/problem+json"
-    assert response.json()["reason"] == "bad_json"
+    assert_problem(response, 400, "bad_json")
     assert used(await balances(http, mcp_gateway.gateway.admin, tenant)) == before
     assert (await tool_stats(tools_http, tenant))["calls"] == 0
 
 
 async def test_no_token_no_tools(mcp_gateway: McpGateway, http: httpx.AsyncClient) -> None:
     response = await http.post("/mcp", content=call_message(json.dumps(order())))
-    assert response.status_code == 401
-    assert response.json()["reason"] == "unauthenticated"
+    assert_problem(response, 401, "unauthenticated")
     other = mcp_gateway.tenant("hostile-other")
     # Another tenant's agent sees its own servers only.
     async with agent(mcp_gateway.url, other.auth("buyer-01")) as client:
@@ -161,9 +158,7 @@ async def test_no_event_stream_is_held_open(
         headers={**tenant.auth("buyer-01"), "Accept": "text/event-stream"},
         timeout=10.0,
     )
-    assert response.status_code == 405
-    assert response.headers["content-type"] == "application/problem+json"
-    assert response.json()["reason"] == "method_not_allowed"
+    assert_problem(response, 405, "method_not_allowed")
 
 
 @pytest.mark.parametrize("bad_key", ["", "a b", "ключ", "k" * 256, 42])
@@ -192,8 +187,7 @@ async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
     data = yaml.safe_load(before)
     data["tools"]["procure"]["mcp"] = "http://127.0.0.1:9/elsewhere/mcp"
     moved = await http.put(url, content=yaml.safe_dump(data).encode(), headers=tenant.admin_auth)
-    assert moved.status_code == 403, moved.text
-    assert moved.json()["reason"] == "operator_only"
+    assert_problem(moved, 403, "operator_only")
     assert (policy_dir / f"{tenant.id}.yaml").read_text() == before
 
 
