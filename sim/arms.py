@@ -14,7 +14,7 @@ import numpy.typing as npt
 from sim.humans import Humans
 from sim.params import residual_quantile
 from sim.runner import I64, B, Lagged, row_searchsorted, window_first
-from sim.workload import Workload
+from sim.workload import BURST, Workload
 
 F64 = npt.NDArray[np.float64]
 
@@ -31,6 +31,22 @@ def quantile_charge(wl: Workload, gamma: float, eps: float = 1.0, trust_agent: b
     if trust_agent and declared is not None:
         factor = np.where(wl.frag, declared, factor)
     return np.asarray(eps * wl.value * factor)
+
+
+def stress_charge(wl: Workload, calm: F64, gamma: float, eps: float = 1.0) -> F64:
+    """The published perfect stress charging: an event of the burst is charged
+    c = eps * v * q_gamma(1 - r) of the burst-time recovery Beta(corr_a, corr_b),
+    every other event `calm`.
+
+    "Perfect" means the gate reads the hidden burst label (`wl.phase`), which no real
+    gate sees. A fragment whose declared factor the gate trusts keeps that factor, as
+    a misdeclaration overrides the stress charge in the published model.
+    """
+    m = wl.model
+    stressed = eps * wl.value * residual_quantile(gamma, m.corr_a, m.corr_b)
+    declared = wl.attack is not None and wl.attack.declared_factor is not None
+    burst = (wl.phase == BURST) & ~(wl.frag & declared)
+    return np.asarray(np.where(burst, stressed, calm))
 
 
 class _Admit:
@@ -139,7 +155,14 @@ class _Ledger:
 
 @dataclass(frozen=True)
 class Budget:
-    """The published ledger: quantile charge against B = budget_frac * R, never refunded."""
+    """The published ledger: quantile charge against B = budget_frac * R, never refunded.
+
+    With `stress`, the published E8 arm "budget + perfect stress charging"
+    (`stress_charging` in the artifact's sim/fleetsim.py): events of the burst are
+    charged the q_gamma residual of the burst-time recovery (0.947 of face for
+    Beta(2, 6) at 0.95) instead of the calm one (0.521), the burst known perfectly
+    from the workload's hidden label (`stress_charge`).
+    """
 
     gamma: float = 0.95
     budget_frac: float = 1.0
@@ -148,9 +171,12 @@ class Budget:
     approval_latency: int = 0
     escalation_ttl: int | None = None  # None: = approval_latency (see sim/humans.py)
     fair_share: float | None = None  # published E9: an agent reserves at most this x B
+    stress: bool = False  # published E8: the burst charged at its own quantile
 
     def build(self, wl: Workload) -> _Ledger:
         charge = quantile_charge(wl, self.gamma, self.eps)
+        if self.stress:
+            charge = stress_charge(wl, charge, self.gamma, self.eps)
         limit = self.budget_frac * wl.model.tolerance
         humans = None
         if self.approvals > 0:

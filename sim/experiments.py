@@ -137,9 +137,12 @@ def misprice(agents: tuple[int, ...]) -> Experiment:
 
 
 def correlated(agents: tuple[int, ...]) -> Experiment:
+    """The published E8 (seeds 8000-): burst-time recovery Beta(2, 6), with the
+    published perfect stress arm beside the basic ones."""
     sc = Scenario(Model(n_agents=agents[0], correlated=True))
-    pub = {("corr", "budget"): 1.06, ("corr", "local"): 6.47}
-    return Experiment("corr", "E8: correlated recovery", (Case("corr", sc, BASIC, 8000),), "", pub)
+    arms: Arms = (*BASIC, ("budget-stress", Budget(stress=True)))
+    pub = {("corr", "budget"): 1.06, ("corr", "local"): 6.47, ("corr", "budget-stress"): 0.67}
+    return Experiment("corr", "E8: correlated recovery", (Case("corr", sc, arms, 8000),), "", pub)
 
 
 def breaker(agents: tuple[int, ...]) -> Experiment:

@@ -7,10 +7,15 @@ about half as wide). The full 300-seed run is `irrev sim e1` / `irrev sim fleet`
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 
-from sim import experiments
+from sim import experiments, workload
+from sim.arms import Budget
 from sim.experiments import Case, Experiment
+from sim.workload import BURST
 
 TOL = 2.5
 
@@ -38,6 +43,30 @@ def test_budget_utility_matches_published() -> None:
 def test_fleet_sizes_10_and_200_match_published() -> None:
     exp = experiments.fleet((10, 200))
     _check(exp, seeds=40, arms={"local", "budget"})
+
+
+def test_e8_perfect_stress_arm_matches_published() -> None:
+    """The published E8 "budget + perfect stress charging" (summary.csv,
+    e8_budget_corr_stress: P 0, exposure 0.666 R, utility 0.1458): with the calm
+    charge in the burst it would be the plain budget's 0.20 utility and P 0.59."""
+    case = experiments.correlated((50,)).cases[0]
+    only = replace(case, arms=tuple(a for a in case.arms if a[0] == "budget-stress"))
+    (row,) = experiments.run_case(only, 60)
+    assert row["p_overdraw"] == 0.0
+    for key, pub in (("exposure", 0.6665), ("utility", 0.1458)):
+        mean, half = float(row[key]), float(row[f"{key}_ci"])  # type: ignore[arg-type]
+        assert abs(mean - pub) <= TOL * half, (key, mean, half, pub)
+
+
+def test_perfect_stress_charges_the_burst_its_own_quantile() -> None:
+    """Burst events at q_0.95 of Beta(2, 6)'s residual, every other at Beta(6, 2)'s."""
+    case = experiments.correlated((50,)).cases[0]
+    wl = workload.build(case.scenario, range(8000, 8004))
+    factor = Budget(stress=True).build(wl).charge[wl.valid] / wl.value[wl.valid]
+    burst = wl.phase[wl.valid] == BURST
+    assert burst.any() and (~burst).any()
+    np.testing.assert_allclose(factor[burst], 0.94662, atol=1e-5)
+    np.testing.assert_allclose(factor[~burst], 0.52070, atol=1e-5)
 
 
 @pytest.mark.slow
