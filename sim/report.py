@@ -1,4 +1,4 @@
-"""Output of an experiment: a terminal table, JSON, CSV and PNG plots."""
+"""Output of an experiment: a terminal table, JSON, CSV and the figure (PNG, SVG, PDF)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.patches import Patch
 from rich.table import Table
 
 from sim.experiments import Experiment
+from sim.metrics import EXPOSURE_Q
 
 Row = dict[str, object]
 
@@ -140,10 +143,20 @@ def _spec(spec: object) -> dict[str, object]:
     return {"type": type(spec).__name__, **fields}
 
 
+def _csv_row(row: Row) -> Row:
+    """The row with its exposure quantiles as columns (exposure_q0 ... exposure_q100),
+    so a spreadsheet reads numbers, not a bracketed list."""
+    out = {k: v for k, v in row.items() if k != "exposure_q"}
+    qs = row.get("exposure_q")
+    if isinstance(qs, list | tuple):
+        out |= {f"exposure_q{level}": q for level, q in zip(EXPOSURE_Q, qs, strict=True)}
+    return out
+
+
 def write(exp: Experiment, rows: list[Row], out: Path, meta: dict[str, object]) -> list[Path]:
     """JSON (meta: version, commit, seeds...; every case's parameters and seed block;
-    rows; Pareto verdicts where there is a reference arm), CSV, and the figure as PNG
-    and SVG."""
+    rows, each with its per-seed exposure quantiles at `exposure_q_percents`; Pareto
+    verdicts where there is a reference arm), CSV, and the figure as PNG, SVG and PDF."""
     out.mkdir(parents=True, exist_ok=True)
     js = out / f"{exp.name}.json"
     published = [{"case": c, "arm": a, "exposure": e} for (c, a), e in exp.published.items()]
@@ -151,22 +164,42 @@ def write(exp: Experiment, rows: list[Row], out: Path, meta: dict[str, object]) 
         **meta,
         "parameters": parameters(exp),
         "published": published,
+        "exposure_q_percents": list(EXPOSURE_Q),
         "rows": rows,
         "pareto": pareto_verdicts(rows),
     }
     js.write_text(json.dumps(doc, indent=2))
     cs = out / f"{exp.name}.csv"
+    flat = [_csv_row(r) for r in rows]
     with cs.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(flat[0]))
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(flat)
     return [js, cs, *_plot(exp, rows, out / exp.name)]
 
 
+MARKERS = "os^Dv<>PXh"
+
+
+def _arm_colours(arms: list[str]) -> dict[str, object]:
+    # one colour per arm in every panel, so the legend of one panel reads them all
+    cmap = plt.get_cmap("tab10" if len(arms) <= 10 else "tab20")
+    return {arm: cmap(i % cmap.N) for i, arm in enumerate(arms)}
+
+
 def _plot(exp: Experiment, rows: list[Row], stem: Path) -> list[Path]:
-    fig, (ax_p, ax_e, ax_u) = plt.subplots(1, 3, figsize=(17, 4.8))
+    """Top: P(overdraw), exposure, utility per case and arm. Bottom: the trade-off
+    (utility against exposure) and every row's per-seed exposure distribution."""
+    fig = plt.figure(figsize=(18, 10))
+    grid = fig.add_gridspec(2, 3)
+    ax_p, ax_e, ax_u = (fig.add_subplot(grid[0, i]) for i in range(3))
+    ax_t = fig.add_subplot(grid[1, 0])
+    ax_d = fig.add_subplot(grid[1, 1:])
     cases = list(dict.fromkeys(str(r["case"]) for r in rows))
     arms = list(dict.fromkeys(str(r["arm"]) for r in rows))
+    colour = _arm_colours(arms)
+    small = 6 if len(rows) > 20 else 8
+    sweep = len(cases) > 1 and bool(exp.x_label)
 
     def wilson_err(mine: list[Row]) -> list[list[float]]:
         # clipped: at 0 or n of n, the Wilson bound and the rate differ by rounding only
@@ -175,7 +208,10 @@ def _plot(exp: Experiment, rows: list[Row], stem: Path) -> list[Path]:
             [max(0.0, _f(r, "p_overdraw_hi") - _f(r, "p_overdraw")) for r in mine],
         ]
 
-    if len(cases) > 1 and exp.x_label:
+    def label(case: str, arm: str) -> str:
+        return arm if len(cases) == 1 else f"{case}\n{arm}"
+
+    if sweep:
         for arm in arms:
             mine = [r for r in rows if r["arm"] == arm]
             xs = [_f(r, "x") for r in mine]
@@ -185,44 +221,163 @@ def _plot(exp: Experiment, rows: list[Row], stem: Path) -> list[Path]:
                 (ax_u, "utility", [_f(r, "utility_ci") for r in mine]),
             )
             for ax, key, err in panels:
-                ax.errorbar(xs, [_f(r, key) for r in mine], yerr=err, marker="o", label=arm)
-            ax_e.plot(xs, [_f(r, "exposure_max") for r in mine], linestyle=":", color="grey")
+                ax.errorbar(
+                    xs, [_f(r, key) for r in mine], yerr=err, marker="o", label=arm, c=colour[arm]
+                )
+            ax_e.plot(xs, [_f(r, "exposure_max") for r in mine], linestyle=":", c=colour[arm])
         for ax in (ax_p, ax_e, ax_u):
             ax.set_xlabel(exp.x_label)
             if exp.x_label == "agents":
                 ax.set_xscale("log")
     else:
-        labels = [f"{r['arm']}" if len(cases) == 1 else f"{r['case']}\n{r['arm']}" for r in rows]
-        ax_p.bar(labels, [_f(r, "p_overdraw") for r in rows], yerr=wilson_err(rows))
+        labels = [label(str(r["case"]), str(r["arm"])) for r in rows]
+        colours = [colour[str(r["arm"])] for r in rows]
+        ax_p.bar(labels, [_f(r, "p_overdraw") for r in rows], yerr=wilson_err(rows), color=colours)
         ax_e.bar(
-            labels, [_f(r, "exposure") for r in rows], yerr=[_f(r, "exposure_ci") for r in rows]
+            labels,
+            [_f(r, "exposure") for r in rows],
+            yerr=[_f(r, "exposure_ci") for r in rows],
+            color=colours,
         )
         ax_e.scatter(labels, [_f(r, "exposure_max") for r in rows], marker="_", color="black")
-        ax_u.bar(labels, [_f(r, "utility") for r in rows], yerr=[_f(r, "utility_ci") for r in rows])
+        ax_u.bar(
+            labels,
+            [_f(r, "utility") for r in rows],
+            yerr=[_f(r, "utility_ci") for r in rows],
+            color=colours,
+        )
         for ax in (ax_p, ax_e, ax_u):
-            ax.tick_params(axis="x", rotation=60, labelsize=6 if len(rows) > 20 else 9)
-    for (case, arm), exposure in exp.published.items():
-        if case in cases and arm in arms and not (len(cases) > 1 and exp.x_label):
+            ax.tick_params(axis="x", rotation=60, labelsize=small)
+        shown = [(c, a, e) for (c, a), e in exp.published.items() if c in cases and a in arms]
+        for i, (case, arm, exposure) in enumerate(shown):
             ax_e.scatter(
-                [arm if len(cases) == 1 else f"{case}\n{arm}"],
+                [label(case, arm)],
                 [exposure],
                 marker="*",
                 color="red",
                 zorder=3,
-                label="published" if ax_e.get_legend() is None else None,
+                label="published" if i == 0 else None,
             )
+    _trade_off(exp, rows, ax_t, colour)
+    _per_seed(exp, rows, ax_d, colour, small)
     ax_e.axhline(1.0, color="red", linestyle="--", linewidth=1, label="R")
     ax_p.set_ylabel("P(overdraw), 95% Wilson interval")
-    ax_e.set_ylabel("realised exposure / R (mean, 95% CI; max dotted)")
+    worst = "dotted" if sweep else "tick"
+    ax_e.set_ylabel(f"exposure / R (mean, 95% CI; {worst}: worst window)")
     ax_u.set_ylabel("utility (executed / proposed value)")
     ax_e.legend(fontsize=7)
-    if len(cases) > 1 and exp.x_label:
+    if sweep:
         ax_p.legend(fontsize=7)
     seeds = int(_f(rows[0], "seeds"))
     fig.suptitle(f"{exp.title} ({seeds} seeds per case)")
     fig.tight_layout()
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".svg")]
+    paths = [stem.with_suffix(s) for s in (".png", ".svg", ".pdf")]
     fig.savefig(paths[0], dpi=120)
-    fig.savefig(paths[1])
+    for path in paths[1:]:
+        fig.savefig(path)
     plt.close(fig)
     return paths
+
+
+def _trade_off(exp: Experiment, rows: list[Row], ax: Axes, colour: dict[str, object]) -> None:
+    """Each row a point (mean exposure / R, utility) with both 95% CIs; R a vertical
+    line. Only exposure is published, so a published point sits at the published
+    exposure and the row's own utility, tied to the row by a dotted line."""
+    for i, (arm, c) in enumerate(colour.items()):
+        mine = [r for r in rows if r["arm"] == arm]
+        ax.errorbar(
+            [_f(r, "exposure") for r in mine],
+            [_f(r, "utility") for r in mine],
+            xerr=[_f(r, "exposure_ci") for r in mine],
+            yerr=[_f(r, "utility_ci") for r in mine],
+            fmt=MARKERS[i % len(MARKERS)],
+            markersize=4,
+            c=c,
+            label=arm,
+            zorder=2,
+        )
+    first = True
+    for r in rows:
+        pub = exp.published.get((str(r["case"]), str(r["arm"])))
+        if pub is None:
+            continue
+        ax.plot([_f(r, "exposure"), pub], [_f(r, "utility")] * 2, ":", c="grey", lw=1)
+        ax.scatter(  # hollow: a published point on top of ours leaves ours visible
+            [pub],
+            [_f(r, "utility")],
+            marker="*",
+            s=90,
+            facecolors="none",
+            edgecolors="red",
+            zorder=3,
+            label="published exposure (at our utility)" if first else None,
+        )
+        first = False
+    ax.axvline(1.0, color="red", linestyle="--", linewidth=1, label="R")
+    ax.set_xlabel("realised exposure / R (mean, 95% CI)")
+    ax.set_ylabel("utility (mean, 95% CI)")
+    ax.set_title("utility vs exposure", fontsize=9)
+    ax.legend(fontsize=6)
+
+
+def _per_seed(
+    exp: Experiment, rows: list[Row], ax: Axes, colour: dict[str, object], small: int
+) -> None:
+    """Every row's per-seed exposure / R as a box drawn from its stored quantiles (box
+    25-75 %, whiskers 5-95 %, dots 0, 1, 99, 100 %, triangle the mean), grouped by case,
+    coloured by arm: the tail the mean and max alone hide."""
+    cases = list(dict.fromkeys(str(r["case"]) for r in rows))
+    arms = list(colour)
+    width = len(arms) + 1  # a gap between cases
+    stats, positions, colours = [], [], []
+    for r in rows:
+        q = dict(zip(EXPOSURE_Q, r["exposure_q"], strict=True))  # type: ignore[call-overload]
+        stats.append(
+            {
+                "med": q[50],
+                "q1": q[25],
+                "q3": q[75],
+                "whislo": q[5],
+                "whishi": q[95],
+                "fliers": [q[0], q[1], q[99], q[100]],
+                "mean": _f(r, "exposure"),
+            }
+        )
+        positions.append(cases.index(str(r["case"])) * width + arms.index(str(r["arm"])))
+        colours.append(colour[str(r["arm"])])
+    boxes = ax.bxp(
+        stats,
+        positions=positions,
+        widths=0.7,
+        patch_artist=True,
+        showmeans=True,
+        flierprops={"marker": ".", "markersize": 3},
+        meanprops={"marker": "^", "markersize": 3, "markeredgecolor": "black", "markerfacecolor": "black"},
+        medianprops={"color": "black"},
+    )
+    for box, c in zip(boxes["boxes"], colours, strict=True):
+        box.set_facecolor(c)
+    for (case, arm), exposure in exp.published.items():
+        if case in cases and arm in arms:
+            ax.scatter(
+                [cases.index(case) * width + arms.index(arm)],
+                [exposure],
+                marker="*",
+                color="red",
+                zorder=3,
+            )
+    ax.axhline(1.0, color="red", linestyle="--", linewidth=1)
+    if len(cases) == 1:
+        ax.set_xticks(positions, [str(r["arm"]) for r in rows])
+    else:
+        ax.set_xticks([i * width + (len(arms) - 1) / 2 for i in range(len(cases))], cases)
+        handles = [Patch(facecolor=colour[a], label=a) for a in arms]
+        ax.legend(handles=handles, fontsize=6, ncol=min(len(arms), 4))
+    ticks = len(rows) if len(cases) == 1 else len(cases)
+    ax.tick_params(axis="x", rotation=60 if ticks > 6 else 0, labelsize=small)
+    ax.set_ylabel("per-seed exposure / R")
+    ax.set_title(
+        "per-seed exposure / R: box 25-75 %, whiskers 5-95 %, dots 0/1/99/100 %, "
+        "triangle mean, red star published, dashed R",
+        fontsize=9,
+    )
