@@ -13,9 +13,9 @@ from sim.workload import BURST, POST, PRE, Workload
 
 F64 = npt.NDArray[np.float64]
 Z95 = 1.959963984540054
-# percent levels of the per-seed exposure quantiles every row carries: the figure's
-# per-seed panel is drawn from them, so the JSON holds what the figure shows and a
-# row stays nine floats however many seeds ran
+# percent levels of the per-seed worst-window quantiles every row carries: the
+# figure's per-seed panel is drawn from them, so the JSON holds what the figure shows
+# and a row stays nine floats however many seeds ran
 EXPOSURE_Q = (0, 1, 5, 25, 50, 75, 95, 99, 100)
 
 
@@ -84,7 +84,9 @@ class Summary:
     exposure: float
     exposure_ci: float
     exposure_p95: float
-    exposure_q: tuple[float, ...]  # per-seed exposure / R at the EXPOSURE_Q percents
+    # each seed's worst window / R (what R bounds; one window: its exposure) at the
+    # EXPOSURE_Q percents; the last is exposure_max
+    worst_window_q: tuple[float, ...]
     exposure_max: float  # the worst window of any seed, the figure R bounds
     shortfall: float  # E[(S - R)+] / R, S a window's realised exposure, summed over windows
     utility: float
@@ -125,7 +127,9 @@ def summarize(seed_metrics: dict[str, F64]) -> Summary:
         exposure=exp_mean,
         exposure_ci=exp_ci,
         exposure_p95=float(np.quantile(seed_metrics["exposure"], 0.95)),
-        exposure_q=tuple(float(q) for q in np.percentile(seed_metrics["exposure"], EXPOSURE_Q)),
+        worst_window_q=tuple(
+            float(q) for q in np.percentile(seed_metrics["worst_window"], EXPOSURE_Q)
+        ),
         exposure_max=float(seed_metrics["worst_window"].max()),
         shortfall=avg("shortfall"),
         utility=util_mean,

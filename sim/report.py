@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch
+from matplotlib.typing import ColorType
 from rich.table import Table
 
 from sim.experiments import Experiment
@@ -144,18 +146,18 @@ def _spec(spec: object) -> dict[str, object]:
 
 
 def _csv_row(row: Row) -> Row:
-    """The row with its exposure quantiles as columns (exposure_q0 ... exposure_q100),
+    """The row with its quantiles as columns (worst_window_q0 ... worst_window_q100),
     so a spreadsheet reads numbers, not a bracketed list."""
-    out = {k: v for k, v in row.items() if k != "exposure_q"}
-    qs = row.get("exposure_q")
+    out = {k: v for k, v in row.items() if k != "worst_window_q"}
+    qs = row.get("worst_window_q")
     if isinstance(qs, list | tuple):
-        out |= {f"exposure_q{level}": q for level, q in zip(EXPOSURE_Q, qs, strict=True)}
+        out |= {f"worst_window_q{level}": q for level, q in zip(EXPOSURE_Q, qs, strict=True)}
     return out
 
 
 def write(exp: Experiment, rows: list[Row], out: Path, meta: dict[str, object]) -> list[Path]:
     """JSON (meta: version, commit, seeds...; every case's parameters and seed block;
-    rows, each with its per-seed exposure quantiles at `exposure_q_percents`; Pareto
+    rows, each with its per-seed worst-window quantiles at `worst_window_q_percents`; Pareto
     verdicts where there is a reference arm), CSV, and the figure as PNG, SVG and PDF."""
     out.mkdir(parents=True, exist_ok=True)
     js = out / f"{exp.name}.json"
@@ -164,7 +166,7 @@ def write(exp: Experiment, rows: list[Row], out: Path, meta: dict[str, object]) 
         **meta,
         "parameters": parameters(exp),
         "published": published,
-        "exposure_q_percents": list(EXPOSURE_Q),
+        "worst_window_q_percents": list(EXPOSURE_Q),
         "rows": rows,
         "pareto": pareto_verdicts(rows),
     }
@@ -181,7 +183,41 @@ def write(exp: Experiment, rows: list[Row], out: Path, meta: dict[str, object]) 
 MARKERS = "os^Dv<>PXh"
 
 
-def _arm_colours(arms: list[str]) -> dict[str, object]:
+def _place(rows: list[Row], arms: list[str]) -> tuple[list[float], list[float], list[str]]:
+    """x of every row's bar or box, grouped by case with a gap between cases and the
+    arms in one order inside each (colour tells them apart), and the ticks: one per
+    case, or one per arm when there is a single case."""
+    cases = list(dict.fromkeys(str(r["case"]) for r in rows))
+    width = len(arms) + 1
+    xs = [float(cases.index(str(r["case"])) * width + arms.index(str(r["arm"]))) for r in rows]
+    if len(cases) == 1:
+        return xs, xs, [str(r["arm"]) for r in rows]
+    return xs, [i * width + (len(arms) - 1) / 2 for i in range(len(cases))], cases
+
+
+def _ticks(ax: Axes, ticks: list[float], labels: list[str], small: int) -> None:
+    ax.set_xticks(ticks, labels)
+    ax.tick_params(axis="x", rotation=60 if len(labels) > 6 else 0, labelsize=small)
+
+
+def _log_if_wide(set_scale: Callable[[str], None], values: list[float]) -> None:
+    # an ungated arm at 50 R flattens every gated one near R; a log axis shows both
+    if min(values) > 0 and max(values) / min(values) > 20:
+        set_scale("log")
+
+
+def _ceiling(exp: Experiment) -> float:
+    """Where the dashed line goes on a mean-exposure axis: exposure sums over windows
+    and R bounds each, so W windows that all stay within R sum to at most W R."""
+    return float(max(c.scenario.model.windows for c in exp.cases))
+
+
+def _r_label(exp: Experiment) -> str:
+    w = _ceiling(exp)
+    return "R" if w == 1 else f"{w:g} R ({w:g} windows, each within R)"
+
+
+def _arm_colours(arms: list[str]) -> dict[str, ColorType]:
     # one colour per arm in every panel, so the legend of one panel reads them all
     cmap = plt.get_cmap("tab10" if len(arms) <= 10 else "tab20")
     return {arm: cmap(i % cmap.N) for i, arm in enumerate(arms)}
@@ -208,9 +244,6 @@ def _plot(exp: Experiment, rows: list[Row], stem: Path) -> list[Path]:
             [max(0.0, _f(r, "p_overdraw_hi") - _f(r, "p_overdraw")) for r in mine],
         ]
 
-    def label(case: str, arm: str) -> str:
-        return arm if len(cases) == 1 else f"{case}\n{arm}"
-
     if sweep:
         for arm in arms:
             mine = [r for r in rows if r["arm"] == arm]
@@ -230,37 +263,42 @@ def _plot(exp: Experiment, rows: list[Row], stem: Path) -> list[Path]:
             if exp.x_label == "agents":
                 ax.set_xscale("log")
     else:
-        labels = [label(str(r["case"]), str(r["arm"])) for r in rows]
+        xs, ticks, tick_labels = _place(rows, arms)
         colours = [colour[str(r["arm"])] for r in rows]
-        ax_p.bar(labels, [_f(r, "p_overdraw") for r in rows], yerr=wilson_err(rows), color=colours)
+        ax_p.bar(xs, [_f(r, "p_overdraw") for r in rows], yerr=wilson_err(rows), color=colours)
         ax_e.bar(
-            labels,
+            xs,
             [_f(r, "exposure") for r in rows],
             yerr=[_f(r, "exposure_ci") for r in rows],
             color=colours,
         )
-        ax_e.scatter(labels, [_f(r, "exposure_max") for r in rows], marker="_", color="black")
+        ax_e.scatter(xs, [_f(r, "exposure_max") for r in rows], marker="_", color="black")
         ax_u.bar(
-            labels,
+            xs,
             [_f(r, "utility") for r in rows],
             yerr=[_f(r, "utility_ci") for r in rows],
             color=colours,
         )
         for ax in (ax_p, ax_e, ax_u):
-            ax.tick_params(axis="x", rotation=60, labelsize=small)
-        shown = [(c, a, e) for (c, a), e in exp.published.items() if c in cases and a in arms]
-        for i, (case, arm, exposure) in enumerate(shown):
+            _ticks(ax, ticks, tick_labels, small)
+        at = {(str(r["case"]), str(r["arm"])): x for r, x in zip(rows, xs, strict=True)}
+        shown = [(at[k], e) for k, e in exp.published.items() if k in at]
+        for i, (x, exposure) in enumerate(shown):
             ax_e.scatter(
-                [label(case, arm)],
+                [x],
                 [exposure],
                 marker="*",
                 color="red",
                 zorder=3,
                 label="published" if i == 0 else None,
             )
+        if len(cases) > 1:
+            handles = [Patch(facecolor=colour[a], label=a) for a in arms]
+            ax_p.legend(handles=handles, fontsize=6, ncol=min(len(arms), 4))
+    _log_if_wide(ax_e.set_yscale, [_f(r, k) for r in rows for k in ("exposure", "exposure_max")])
     _trade_off(exp, rows, ax_t, colour)
     _per_seed(exp, rows, ax_d, colour, small)
-    ax_e.axhline(1.0, color="red", linestyle="--", linewidth=1, label="R")
+    ax_e.axhline(_ceiling(exp), color="red", linestyle="--", linewidth=1, label=_r_label(exp))
     ax_p.set_ylabel("P(overdraw), 95% Wilson interval")
     worst = "dotted" if sweep else "tick"
     ax_e.set_ylabel(f"exposure / R (mean, 95% CI; {worst}: worst window)")
@@ -279,7 +317,7 @@ def _plot(exp: Experiment, rows: list[Row], stem: Path) -> list[Path]:
     return paths
 
 
-def _trade_off(exp: Experiment, rows: list[Row], ax: Axes, colour: dict[str, object]) -> None:
+def _trade_off(exp: Experiment, rows: list[Row], ax: Axes, colour: dict[str, ColorType]) -> None:
     """Each row a point (mean exposure / R, utility) with both 95% CIs; R a vertical
     line. Only exposure is published, so a published point sits at the published
     exposure and the row's own utility, tied to the row by a dotted line."""
@@ -313,7 +351,8 @@ def _trade_off(exp: Experiment, rows: list[Row], ax: Axes, colour: dict[str, obj
             label="published exposure (at our utility)" if first else None,
         )
         first = False
-    ax.axvline(1.0, color="red", linestyle="--", linewidth=1, label="R")
+    ax.axvline(_ceiling(exp), color="red", linestyle="--", linewidth=1, label=_r_label(exp))
+    _log_if_wide(ax.set_xscale, [_f(r, "exposure") for r in rows])
     ax.set_xlabel("realised exposure / R (mean, 95% CI)")
     ax.set_ylabel("utility (mean, 95% CI)")
     ax.set_title("utility vs exposure", fontsize=9)
@@ -321,17 +360,21 @@ def _trade_off(exp: Experiment, rows: list[Row], ax: Axes, colour: dict[str, obj
 
 
 def _per_seed(
-    exp: Experiment, rows: list[Row], ax: Axes, colour: dict[str, object], small: int
+    exp: Experiment, rows: list[Row], ax: Axes, colour: dict[str, ColorType], small: int
 ) -> None:
-    """Every row's per-seed exposure / R as a box drawn from its stored quantiles (box
-    25-75 %, whiskers 5-95 %, dots 0, 1, 99, 100 %, triangle the mean), grouped by case,
-    coloured by arm: the tail the mean and max alone hide."""
+    """Every row's per-seed worst window / R, the figure R bounds, as a box drawn from
+    its stored quantiles (box 25-75 %, whiskers 5-95 %, dots 0, 1, 99, 100 %), grouped by
+    case, coloured by arm: the tail the mean and max alone hide. Published exposure is a
+    sum over windows, so its star is drawn for one-window cases only."""
     cases = list(dict.fromkeys(str(r["case"]) for r in rows))
     arms = list(colour)
-    width = len(arms) + 1  # a gap between cases
-    stats, positions, colours = [], [], []
+    positions, ticks, tick_labels = _place(rows, arms)
+    stats, colours, low = [], [], []
     for r in rows:
-        q = dict(zip(EXPOSURE_Q, r["exposure_q"], strict=True))  # type: ignore[call-overload]
+        qs = r["worst_window_q"]
+        assert isinstance(qs, list | tuple)
+        q = dict(zip(EXPOSURE_Q, map(float, qs), strict=True))
+        low.append(q[0])
         stats.append(
             {
                 "med": q[50],
@@ -340,44 +383,33 @@ def _per_seed(
                 "whislo": q[5],
                 "whishi": q[95],
                 "fliers": [q[0], q[1], q[99], q[100]],
-                "mean": _f(r, "exposure"),
             }
         )
-        positions.append(cases.index(str(r["case"])) * width + arms.index(str(r["arm"])))
         colours.append(colour[str(r["arm"])])
     boxes = ax.bxp(
         stats,
         positions=positions,
         widths=0.7,
         patch_artist=True,
-        showmeans=True,
         flierprops={"marker": ".", "markersize": 3},
-        meanprops={"marker": "^", "markersize": 3, "markeredgecolor": "black", "markerfacecolor": "black"},
         medianprops={"color": "black"},
     )
     for box, c in zip(boxes["boxes"], colours, strict=True):
         box.set_facecolor(c)
+    one_window = {c.label for c in exp.cases if c.scenario.model.windows == 1}
+    at = {(str(r["case"]), str(r["arm"])): x for r, x in zip(rows, positions, strict=True)}
     for (case, arm), exposure in exp.published.items():
-        if case in cases and arm in arms:
-            ax.scatter(
-                [cases.index(case) * width + arms.index(arm)],
-                [exposure],
-                marker="*",
-                color="red",
-                zorder=3,
-            )
+        if (case, arm) in at and case in one_window:
+            ax.scatter([at[case, arm]], [exposure], marker="*", color="red", zorder=3)
     ax.axhline(1.0, color="red", linestyle="--", linewidth=1)
-    if len(cases) == 1:
-        ax.set_xticks(positions, [str(r["arm"]) for r in rows])
-    else:
-        ax.set_xticks([i * width + (len(arms) - 1) / 2 for i in range(len(cases))], cases)
+    _log_if_wide(ax.set_yscale, [_f(r, "exposure_max") for r in rows] + [min(low)])
+    _ticks(ax, ticks, tick_labels, small)
+    if len(cases) > 1:
         handles = [Patch(facecolor=colour[a], label=a) for a in arms]
         ax.legend(handles=handles, fontsize=6, ncol=min(len(arms), 4))
-    ticks = len(rows) if len(cases) == 1 else len(cases)
-    ax.tick_params(axis="x", rotation=60 if ticks > 6 else 0, labelsize=small)
-    ax.set_ylabel("per-seed exposure / R")
+    ax.set_ylabel("per-seed worst window's exposure / R")
     ax.set_title(
-        "per-seed exposure / R: box 25-75 %, whiskers 5-95 %, dots 0/1/99/100 %, "
-        "triangle mean, red star published, dashed R",
+        "per seed, the worst window's exposure / R: box 25-75 %, whiskers 5-95 %, "
+        "dots 0/1/99/100 %, red star published (one window), dashed R",
         fontsize=9,
     )

@@ -1,4 +1,4 @@
-"""`irrev sim EXPERIMENT`: run a named experiment, print its table, write JSON/CSV/PNG/SVG."""
+"""`irrev sim EXPERIMENT`: run a named experiment, print its table, write JSON/CSV/PNG/SVG/PDF."""
 
 from __future__ import annotations
 

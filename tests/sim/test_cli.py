@@ -3,12 +3,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from irrev.cli import main
+from sim import experiments, metrics, runner, workload
 
 
-def test_sim_writes_table_json_csv_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_sim_writes_table_json_csv_png_svg_pdf(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["sim", "e1", "--seeds", "4", "--out", str(tmp_path)]) == 0
     assert "irrev-stressed" in capsys.readouterr().out
     data = json.loads((tmp_path / "e1.json").read_text())
@@ -16,6 +20,28 @@ def test_sim_writes_table_json_csv_png(tmp_path: Path, capsys: pytest.CaptureFix
     assert (tmp_path / "e1.csv").read_text().startswith("case,")
     assert (tmp_path / "e1.png").stat().st_size > 0
     assert (tmp_path / "e1.svg").read_text().lstrip().startswith("<?xml")
+    assert (tmp_path / "e1.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_rows_carry_the_per_seed_worst_window_quantiles_the_figure_draws(tmp_path: Path) -> None:
+    # three windows, so a seed's worst window and its exposure summed over windows differ
+    seeds = 5
+    assert main(["sim", "windows", "--seeds", str(seeds), "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "windows.json").read_text())
+    assert data["worst_window_q_percents"] == [0, 1, 5, 25, 50, 75, 95, 99, 100]
+    (case,) = experiments.EXPERIMENTS["windows"]((50,)).cases
+    wl = workload.build(case.scenario, range(case.seed0, case.seed0 + seeds))
+    rows = {r["arm"]: r for r in data["rows"]}
+    assert set(rows) == {label for label, _ in case.arms}
+    for label, spec in case.arms:
+        worst = metrics.per_seed(wl, runner.run(spec.build(wl), wl))["worst_window"]
+        want = np.percentile(worst, data["worst_window_q_percents"])
+        assert rows[label]["worst_window_q"] == pytest.approx(want.tolist(), rel=1e-12), label
+        assert rows[label]["worst_window_q"][-1] == rows[label]["exposure_max"]
+    header = (tmp_path / "windows.csv").read_text().splitlines()[0].split(",")
+    assert "worst_window_q" not in header
+    assert {f"worst_window_q{p}" for p in data["worst_window_q_percents"]} <= set(header)
+    assert (tmp_path / "windows.pdf").read_bytes().startswith(b"%PDF")
 
 
 def test_json_carries_version_commit_parameters_and_seed_block(tmp_path: Path) -> None:
