@@ -202,7 +202,7 @@ def _ticks(ax: Axes, ticks: list[float], labels: list[str], small: int) -> None:
 
 def _log_if_wide(set_scale: Callable[[str], None], values: list[float]) -> None:
     # an ungated arm at 50 R flattens every gated one near R; a log axis shows both
-    if min(values) > 0 and max(values) / min(values) > 20:
+    if min(values) > 0 and max(values) / min(values) > 50:
         set_scale("log")
 
 
