@@ -5,6 +5,7 @@ journal, trim, audit) stays as it is."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from hiredis import pack_command as _hiredis_pack
@@ -81,6 +82,90 @@ def _hiredis_pack_command(self: Any, *args: Any) -> list[bytes]:
         raise redis_errors.DataError(str(exc)) from exc
 
 
+async def _call_packed(self: Any, packed: bytes) -> Any:
+    """Send one packed command and read its reply, under one socket timeout.
+
+    What redis-py's send_packed_command + read_response do, less the task each send
+    makes when a socket timeout is set (asyncio.wait_for around the write: ~30 us of
+    a ~60 us round trip on loopback, measured). Failures end the same way: the
+    connection is dropped (no half-read reply is left on it) and the error is redis-py's
+    TimeoutError or ConnectionError, which its Retry sends again."""
+    if not self.is_connected:
+        await self.connect()
+    try:
+        async with asyncio.timeout(self.socket_timeout):
+            self._writer.write(packed)
+            await self._writer.drain()
+            reply = await self._parser.read_response()
+    except TimeoutError:
+        await self.disconnect(nowait=True)
+        raise redis_errors.TimeoutError(f"Timeout talking to {self._host_error()}") from None
+    except OSError as exc:
+        await self.disconnect(nowait=True)
+        raise redis_errors.ConnectionError(
+            f"Error while talking to {self._host_error()}: {exc}"
+        ) from exc
+    except BaseException:
+        await self.disconnect(nowait=True)
+        raise
+    if isinstance(reply, redis_errors.ResponseError):
+        raise reply
+    return reply
+
+
+class DirectCalls:
+    """Commands sent on the client's connections without redis-py's per-call layers
+    (pool checkout, retry and observability wrappers, the send task): the ledger's
+    scripts, whose replies need no response callback. ~60 us of redis-py per call
+    at 1 client on loopback, against a reserve's ~50 us in Redis (measured).
+
+    A connection is taken from the client's pool and kept for the next call while
+    at most a quarter of the pool is kept so (the rest stays with the pool for every
+    other command; a pool of under 4 keeps none). A broken connection goes back to
+    the pool, which connects it again. Errors are redis-py's own: a ResponseError of
+    its type (NoScriptError, MovedError...), and a ConnectionError or TimeoutError
+    after the client's Retry has sent the command again, as execute_command would."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self.pool = redis.connection_pool
+        self.keep = self.pool.max_connections // 4
+        self.idle: list[Any] = []
+
+    async def call(self, command: tuple[str | int, ...]) -> Any:
+        try:
+            packed = _hiredis_pack(command)
+        except TypeError as exc:
+            raise redis_errors.DataError(str(exc)) from exc
+        conn = self.idle.pop() if self.idle else await self.pool.get_connection()
+        try:
+            return await conn.retry.call_with_retry(
+                lambda: conn.call_packed(packed), lambda error: conn.disconnect(error=error)
+            )
+        finally:
+            # A connection dropped on the way (an error, a cancelled call) goes back.
+            if conn.is_connected and len(self.idle) < self.keep:
+                self.idle.append(conn)
+            else:
+                await self.pool.release(conn)
+
+    async def release(self) -> None:
+        """Give the kept connections back to the pool (before it is closed)."""
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            await self.pool.release(conn)
+
+
+def direct_calls(redis: Any) -> DirectCalls | None:
+    """DirectCalls on `redis` when its connections can make them: a standalone client
+    of `connect` whose connections are plain (hiredis packing: see below)."""
+    if not isinstance(redis, Redis) or redis.connection is not None:
+        return None
+    if redis.connection_pool.connection_class not in _FAST_CONNECTIONS.values():
+        return None
+    return DirectCalls(redis)
+
+
 def _pack_with_hiredis(redis: Redis) -> None:
     """Give the client's new connections hiredis packing, when that packs exactly what
     redis-py would: a plain connection class and UTF-8 strings."""
@@ -93,6 +178,10 @@ def _pack_with_hiredis(redis: Redis) -> None:
         return
     fast = _FAST_CONNECTIONS.get(base)
     if fast is None:
-        fast = type(f"Hiredis{base.__name__}", (base,), {"pack_command": _hiredis_pack_command})
+        fast = type(
+            f"Hiredis{base.__name__}",
+            (base,),
+            {"pack_command": _hiredis_pack_command, "call_packed": _call_packed},
+        )
         _FAST_CONNECTIONS[base] = fast
     pool.connection_class = fast
