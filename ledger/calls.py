@@ -10,6 +10,12 @@ restart of 6.2, which forgets scripts) is loaded again and the call sent once mo
 On a cluster, calls bypass redis-py's routing of FCALL, which asks the server for a
 command's keys (COMMAND GETKEYS: one more round trip per call): every key of a call
 carries one tenant's hash tag, so the first key names the slot.
+
+On a standalone Redis, a single call goes past redis-py's per-call layers (pool
+checkout, retry and observability wrappers, a task per send) on a connection kept
+between calls (ledger/connect.py's DirectCalls): at 1 client those layers cost more
+than a reserve's own time in Redis. Batches and script-then-WAIT use redis-py's
+pipelines, whose layers are paid once per round trip.
 """
 
 from __future__ import annotations
