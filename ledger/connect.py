@@ -132,7 +132,7 @@ class DirectCalls:
         self.keep = self.pool.max_connections // 4
         self.idle: list[Any] = []
 
-    async def call(self, command: tuple[str | int, ...]) -> Any:
+    async def call(self, command: tuple[Any, ...]) -> Any:
         try:
             packed = _hiredis_pack(command)
         except TypeError as exc:

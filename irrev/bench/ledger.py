@@ -224,7 +224,7 @@ async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list
         (one, await rate("1 client: trivial EVALSHA (redis-py)", baseline, seconds, 1)),
         (
             replace(one, label="1 client: the same, vs trivial on the ledger's path"),
-            await rate("1 client: trivial EVALSHA (ledger's path)", baseline_ledger_path, seconds, 1),
+            await rate("1 client: trivial, ledger's path", baseline_ledger_path, seconds, 1),
         ),
         (
             await rate(f"{clients} clients: reserve+post", pair, seconds, clients),
