@@ -219,7 +219,7 @@ async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list
             await pipe.execute()
 
     seconds, clients = args.seconds, args.clients
-    one = await rate("1 client: reserve+post", pair, seconds, 1)
+    one = await rate("1 client: reserve+post, vs redis-py's evalsha", pair, seconds, 1)
     return [
         (one, await rate("1 client: trivial EVALSHA (redis-py)", baseline, seconds, 1)),
         (
