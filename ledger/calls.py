@@ -10,6 +10,12 @@ restart of 6.2, which forgets scripts) is loaded again and the call sent once mo
 On a cluster, calls bypass redis-py's routing of FCALL, which asks the server for a
 command's keys (COMMAND GETKEYS: one more round trip per call): every key of a call
 carries one tenant's hash tag, so the first key names the slot.
+
+On a standalone Redis, a single call goes past redis-py's per-call layers (pool
+checkout, retry and observability wrappers, a task per send) on a connection kept
+between calls (ledger/connect.py's DirectCalls): at 1 client those layers cost more
+than a reserve's own time in Redis. Batches and script-then-WAIT use redis-py's
+pipelines, whose layers are paid once per round trip.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from .cluster import REDIRECTED, RedisClient, on_primary
+from .connect import direct_calls
 from .scripts import OPERATIONS, function_library, script_source
 
 
@@ -31,6 +38,7 @@ class Scripts:
     def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
         self.cluster = redis if isinstance(redis, RedisCluster) else None
+        self.direct = direct_calls(redis)
         self.library = function_library()
         self.sources = {operation: script_source(operation) for operation in OPERATIONS}
         self.shas = {
@@ -78,20 +86,32 @@ class Scripts:
         if not self.heads:
             await self.load()
         try:
-            return await self._send(self._head(operation, keys, args), keys[0])
+            return await self.send(self._head(operation, keys, args), keys[0])
         except redis_errors.ResponseError as exc:
             if not _missing(exc):
                 raise
         await self.load()
-        return await self._send(self._head(operation, keys, args), keys[0])
+        return await self.send(self._head(operation, keys, args), keys[0])
 
-    async def _send(self, command: tuple[Any, ...], key: str) -> Any:
+    async def send(self, command: tuple[Any, ...], key: str) -> Any:
+        """One command the way the ledger sends its scripts (`key`: one of its keys):
+        on a standalone client by DirectCalls, past redis-py's per-call layers, unless
+        the client is traced (OpenTelemetry wraps execute_command, whose spans would
+        be lost); on a cluster to the primary of `key`'s slot."""
         if self.cluster is None:
-            return await self.redis.execute_command(*command)
+            redis = self.redis
+            if self.direct is not None and not hasattr(redis.execute_command, "__wrapped__"):
+                return await self.direct.call(command)
+            return await redis.execute_command(*command)
         (reply,) = await on_primary(self.cluster, key, [command])
         if isinstance(reply, Exception):
             raise reply
         return reply
+
+    async def release(self) -> None:
+        """Give connections kept for calls back to the client's pool."""
+        if self.direct is not None:
+            await self.direct.release()
 
     async def call_then_wait(
         self, operation: str, keys: list[str], args: list[str], replicas: int, timeout_ms: int

@@ -157,6 +157,7 @@ class Ledger:
         )
 
     async def aclose(self) -> None:
+        await self._scripts.release()
         await self.redis.aclose()
 
     async def _run(self, operation: str, keys: list[str], args: list[str]) -> Any:
@@ -184,6 +185,12 @@ class Ledger:
                 if isinstance(result, Exception):
                     raise result
         return reply, int(acked)
+
+    async def send(self, command: tuple[str | int, ...], key: str) -> Any:
+        """One raw command sent the way the ledger sends its scripts (`key`: a key of
+        the command, which on a cluster names the node): for benchmarks, to time a
+        trivial script through the same path. Redis errors are raised as they are."""
+        return await self._scripts.send(command, key)
 
     def lease(self, tenant: str, work: str, ttl_ms: int, *, holder: str = "") -> Lease:
         """The lease of one kind of background work (`sweep`, `events`) on `tenant`:
