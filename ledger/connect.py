@@ -6,6 +6,7 @@ journal, trim, audit) stays as it is."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from hiredis import pack_command as _hiredis_pack
@@ -92,9 +93,6 @@ async def _call_packed(self: Any, packed: bytes) -> Any:
     Failures end the same way: the connection is dropped (no half-read reply is left
     on it) and the error is redis-py's TimeoutError or ConnectionError, which its
     Retry sends again."""
-    if not self.is_connected:
-        await self.connect()
-    self.irrev_timed_out = False
     try:
         self._writer.write(packed)
         await self._writer.drain()
@@ -167,6 +165,12 @@ class DirectCalls:
                 await self.pool.release(conn)
 
     async def _exchange(self, conn: Any, packed: bytes) -> Any:
+        # Connect before the watch starts (connect has its own timeouts and Retry): a
+        # watch firing into connect() found no reply to abort and was forgotten, so
+        # the call that followed had no socket timeout at all.
+        if not conn.is_connected:
+            await conn.connect()
+        conn.irrev_timed_out = False
         timeout = conn.socket_timeout
         if not timeout:
             return await conn.call_packed(packed)
@@ -189,7 +193,10 @@ class DirectCalls:
         for conn, deadline in list(self.waiting.items()):
             if deadline <= now:
                 del self.waiting[conn]
-                conn.timed_out()
+                # A call abandoned on a closed loop has nothing left to abort; the
+                # others past their deadline must still be timed out.
+                with contextlib.suppress(RuntimeError):
+                    conn.timed_out()
         if self.waiting:
             self.watch = loop.call_at(min(self.waiting.values()), self._check)
 
