@@ -128,9 +128,11 @@ class DirectCalls:
     layers cost ~85 us per call (execute_command ~110 us against ~25 us for the
     round trip itself), more than a reserve's own ~50-70 us in Redis (measured).
 
-    A connection is taken from the client's pool and kept for the next call while
-    at most a quarter of the pool is kept so (the rest stays with the pool for every
-    other command; a pool of under 4 keeps none). A broken connection goes back to
+    A connection is taken from the client's pool and kept for the next call, at most
+    a quarter of the pool's bound kept so (a pool of under 4 keeps none); the bound
+    grows by as many, so that every other command (reads, pipelines, the change
+    feed) still has the whole configured number, kept connections idle or not. Once
+    `release` has run (the ledger closing), none is kept. A broken connection goes back to
     the pool, which connects it again. Errors are redis-py's own: a ResponseError of
     its type (NoScriptError, MovedError...), and a ConnectionError or TimeoutError
     after the client's Retry has sent the command again, as execute_command would."""
@@ -139,7 +141,9 @@ class DirectCalls:
         self.redis = redis
         self.pool = redis.connection_pool
         self.keep = self.pool.max_connections // 4
+        self.pool.max_connections += self.keep
         self.idle: list[Any] = []
+        self.closed = False
         # Connections waiting for a reply -> when their socket timeout runs out (loop
         # time), and the one timer that watches them all: a timer per call (asyncio's
         # timeout) cost 9-17 us of a 30-85 us call (measured).
@@ -159,7 +163,7 @@ class DirectCalls:
             )
         finally:
             # A connection dropped on the way (an error, a cancelled call) goes back.
-            if conn.is_connected and len(self.idle) < self.keep:
+            if conn.is_connected and not self.closed and len(self.idle) < self.keep:
                 self.idle.append(conn)
             else:
                 await self.pool.release(conn)
@@ -201,7 +205,10 @@ class DirectCalls:
             self.watch = loop.call_at(min(self.waiting.values()), self._check)
 
     async def release(self) -> None:
-        """Give the kept connections back to the pool (before it is closed)."""
+        """Give the kept connections back to the pool (before it is closed), and keep
+        none from now on: a call still in flight gives its connection back too, so
+        the pool's close reaches every one."""
+        self.closed = True
         idle, self.idle = self.idle, []
         for conn in idle:
             await self.pool.release(conn)

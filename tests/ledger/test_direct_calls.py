@@ -127,3 +127,37 @@ async def test_a_traced_client_sends_scripts_through_execute_command(
         assert sent[-1] in ("FCALL", "EVALSHA")
     finally:
         await ledger.aclose()
+
+
+async def test_a_kept_connection_leaves_the_pool_its_whole_bound(
+    redis_session_server: EmbeddedRedis, tenant: str
+) -> None:
+    """A pool of 4 keeps one connection for scripts; with three taken by other work
+    (a pipeline, the change feed), a read after a reserve must still get one (kept
+    out of the pool's bound, it waited out the pool's timeout: pool_exhausted)."""
+    ledger = Ledger.from_url(redis_session_server.url, max_connections=4, pool_timeout_s=0.2)
+    pool = ledger.redis.connection_pool
+    taken = [await pool.get_connection() for _ in range(3)]
+    try:
+        await open_accounts(ledger, tenant, tenant_acme=100)
+        await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
+        balance = await ledger.balance(tenant, "tenant:acme")
+        assert balance is not None and balance.pending == 1
+    finally:
+        for conn in taken:
+            await pool.release(conn)
+        await ledger.aclose()
+
+
+async def test_a_call_in_flight_at_close_keeps_no_connection(direct: DirectCalls) -> None:
+    """The ledger closing while a call waits (a gateway shutting down): the call's
+    connection goes back to the pool, which closes it, instead of being kept after
+    the kept ones were given back (left open for ever)."""
+    key = "irrev:{direct}:closing"
+    await direct.call(("DEL", key))
+    waiting = asyncio.create_task(direct.call(("BLPOP", key, 5)))
+    await asyncio.sleep(0.2)
+    await direct.release()
+    assert await direct.call(("RPUSH", key, "x")) == 1
+    assert await waiting == [key, "x"]
+    assert direct.idle == []
