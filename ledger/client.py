@@ -916,8 +916,9 @@ _POOL_TAG = re.compile(r"[A-Za-z0-9]{1,32}")
 
 def _pool_args(pool: PoolTicket | None) -> list[str]:
     """reserve.lua's ARGV[14+2n+5m..]: for a calibrating route, '0' (do not decide
-    while holds are due) then its tag, the face value and the pending its price
-    assumed; nothing for any other route (its arguments are as before)."""
+    while holds are due) then its tag, the face value, the pending its price
+    assumed and its price alone (0: the amounts); nothing for any other route (its
+    arguments are as before)."""
     if pool is None:
         return []
     if not _POOL_TAG.fullmatch(pool.tag):
@@ -926,14 +927,15 @@ def _pool_args(pool: PoolTicket | None) -> list[str]:
     if not (math.isfinite(pending) and pending >= 1):
         raise BadInput("pending", f"{pending!r} must be a finite number >= 1")
     face = validate.amount("face_value", pool.face_value)
-    return ["0", pool.tag, str(face), repr(float(pending))]
+    alone = validate.amount("alone_price", pool.alone if pool.alone is not None else 0)
+    return ["0", pool.tag, str(face), repr(float(pending)), str(alone)]
 
 
 def _deciding(args: list[str], pool: PoolTicket | None) -> list[str]:
     """`args` that decide even while holds are due (after an `expire_first`)."""
     if pool is None:
         return [*args, DECIDE_ANYWAY]
-    return [*args[:-4], DECIDE_ANYWAY, *args[-3:]]
+    return [*args[:-5], DECIDE_ANYWAY, *args[-4:]]
 
 
 def _reserve_result(
