@@ -376,7 +376,10 @@ def _pooled(
     priced = priced_for(effect, pending)
     request = replace(prepared.request, price=priced.price_micros)
     held = replace(prepared, effect=priced, request=request)
-    return held, PoolTicket(pool_tag(effect.route_id), face, pending)
+    # The approval thresholds compare the price alone: an agent can open holds to
+    # pool over, and must not price its way under a threshold with them.
+    solo = priced_for(effect, 1.0).price_micros
+    return held, PoolTicket(pool_tag(effect.route_id), face, pending, solo)
 
 
 async def reserve_priced(

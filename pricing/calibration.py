@@ -263,7 +263,7 @@ def route_pooling(spec: QuantilePricing, ev: Evidence) -> Pooling:
         spec.recovery.alpha, spec.recovery.beta, p_fail, spec.level, cal.weight
     )
     q = quote(prior, ev, alpha=1.0 - spec.level, confidence=cal.confidence)
-    return Pooling(q, spec.surcharge, math.inf if cal.pending is None else cal.pending)
+    return Pooling(q, spec.surcharge, cal.pending_cap)
 
 
 def route_factor(spec: QuantilePricing, ev: Evidence, pending: float = 1.0) -> float:

@@ -133,7 +133,7 @@ async def test_settled_at_twice_the_price_the_route_prices_as_calibration_says(
     assert math.isclose(sim_factor, route_factor(SPEC, evidence), rel_tol=1e-12)
 
 
-POOLING = {**PRICING, "calibrate": {"weight": 20}}  # no `pending`: as many as are open
+POOLING = {**PRICING, "calibrate": {"weight": 20, "pending": "live"}}  # as many as are open
 POOLING_SPEC = QuantilePricing.model_validate(POOLING)
 # Settled residual factors that vary: a route whose settlements agree pools little.
 SETTLED_FACTORS = (0.15, 0.25, 0.35)
