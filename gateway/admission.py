@@ -392,7 +392,10 @@ async def reserve_priced(
     the ledger saw and sent once more (`POOL_TRIES`, then priced for a hold alone)."""
     hold_id = prepared.hold_id
     route = prepared.effect.route
-    pooling = route.pooling if route else None
+    # A decision-only route's hold (/v1/holds) is one its agent may void itself at
+    # no cost, so it would pad the open set that every other hold pools over: it is
+    # priced alone and not counted (docs/policy.md, calibrate).
+    pooling = route.pooling if route and not prepared.effect.in_process else None
     pool_key = (policy.tenant, prepared.effect.route_id)
     ticket: PoolTicket | None = None
 
