@@ -288,6 +288,33 @@ class Ledger:
             for tag in tags
         }
 
+    async def repair_pools(self, tenant: str) -> dict[str, OpenPool]:
+        """Rewrite the open sets of the tenant's pooling routes from its open holds
+        (lua/pools.lua), for a set out of step with them (`irrev ledger audit` says
+        which): the sets after. The open holds are read first and declared; one opened
+        or closed meanwhile makes the script write nothing, and it is read again."""
+        tenant = validate.tenant_id(tenant)
+        for _ in range(REPAIR_TRIES):
+            with translate_redis_errors("repair pools"):
+                due = await self.redis.zrange(deadlines_key(tenant), 0, -1)
+                ambiguous = await self.redis.smembers(ambiguous_key(tenant))
+            ids = sorted({str(h) for h in (*due, *ambiguous)})
+            states = [await self._state(tenant, hold_id) for hold_id in ids]
+            held = [h for h, st in zip(ids, states, strict=True) if st in ("pending", "ambiguous")]
+            keys = [*tenant_keys(tenant), *(hold_keys(tenant, h)[0] for h in held)]
+            reply = await self._run("pools", keys, [str(len(held)), *held])
+            if str(reply[0]) != "retry":
+                raise_for_reply(tenant, "", "repair pools", reply)
+                return await self.open_pools(tenant)
+        raise LedgerError(
+            f"repair pools: the open holds of {tenant} changed during each of "
+            f"{REPAIR_TRIES} reads; run it again when the tenant is quieter"
+        )
+
+    async def _state(self, tenant: str, hold_id: str) -> str:
+        with translate_redis_errors("repair pools"):
+            return str(await self.redis.hget(hold_keys(tenant, hold_id)[0], "st") or "")
+
     async def tenants(self) -> list[str]:
         with translate_redis_errors("tenants"):
             return sorted(await _decoded(self.redis.smembers(TENANTS_KEY)))
@@ -910,6 +937,9 @@ def _or_error(parse: Callable[..., T], *args: Any) -> T | LedgerError:
     except LedgerError as exc:
         return exc
 
+
+# Reads of the open holds `repair_pools` makes before it gives up on a busy tenant.
+REPAIR_TRIES = 5
 
 _POOL_TAG = re.compile(r"[A-Za-z0-9]{1,32}")
 
