@@ -251,7 +251,8 @@ async def admit(
     sent = time.monotonic()
     result, prepared = await reserve_priced(gate, policy, agent, prepared)
     if result.state is HoldState.ESCALATED:
-        rule = await auto_approval(gate, policy, agent, result)
+        alone = priced_for(prepared.effect, 1.0).price_micros
+        rule = await auto_approval(gate, policy, agent, result, alone)
         if rule is None:
             return Admitted(result, hold_id, None)
         note = f"approved automatically by rule {rule.rule_id}"
@@ -376,7 +377,10 @@ def _pooled(
     priced = priced_for(effect, pending)
     request = replace(prepared.request, price=priced.price_micros)
     held = replace(prepared, effect=priced, request=request)
-    return held, PoolTicket(pool_tag(effect.route_id), face, pending)
+    # The approval thresholds compare the price alone: an agent can open holds to
+    # pool over, and must not price its way under a threshold with them.
+    solo = priced_for(effect, 1.0).price_micros
+    return held, PoolTicket(pool_tag(effect.route_id), face, pending, solo)
 
 
 async def reserve_priced(
@@ -389,7 +393,10 @@ async def reserve_priced(
     the ledger saw and sent once more (`POOL_TRIES`, then priced for a hold alone)."""
     hold_id = prepared.hold_id
     route = prepared.effect.route
-    pooling = route.pooling if route else None
+    # A decision-only route's hold (/v1/holds) is one its agent may void itself at
+    # no cost, so it would pad the open set that every other hold pools over: it is
+    # priced alone and not counted (docs/policy.md, calibrate).
+    pooling = route.pooling if route and not prepared.effect.in_process else None
     pool_key = (policy.tenant, prepared.effect.route_id)
     ticket: PoolTicket | None = None
 
@@ -517,18 +524,24 @@ async def approve(
 
 
 async def auto_approval(
-    gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, result: ReserveResult
+    gate: Gate,
+    policy: TenantPolicy,
+    agent: AuthenticatedAgent,
+    result: ReserveResult,
+    alone: int = 0,
 ) -> Rule | None:
     """The live rule, if any, that approves this new escalation without a person: an
     `auto_approve` rule for its agent or its agent's principal whose `max_price` the
     price is within. Rules are read only for escalations, and against the reserve's
-    own clock (Redis's), so an expired rule never approves."""
+    own clock (Redis's), so an expired rule never approves. `alone`: a pooled effect's
+    price alone, which `max_price` compares, as the thresholds do (reserve.lua)."""
     if result.replayed:
         return None
+    price = max(result.price, alone)
     for rule in await gate.ledger.rules(policy.tenant, result.created_ms):
         spec = json.loads(rule.spec)
         mine = spec.get("agent") == agent.agent_id or spec.get("principal") == agent.principal_id
-        if spec.get("kind") == "auto_approve" and mine and result.price <= spec["max_price"]:
+        if spec.get("kind") == "auto_approve" and mine and price <= spec["max_price"]:
             return rule
     return None
 

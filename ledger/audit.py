@@ -84,7 +84,9 @@ async def _check_holds(ledger: Ledger, tenant: str, replayed: Replay, report: Au
         for state, members in indexed.items():
             if (hold_id in members) != (want == state):
                 report.mismatches.append(f"{tenant} hold {hold_id}: {state} index out of step")
-    await _check_pools(ledger, tenant, live, report)
+    # An escalated hold joins its route's open set only when approved (_lib.lua's OPEN).
+    opened = [h for h in live if replayed.hold_states[h] != HoldState.ESCALATED.value]
+    await _check_pools(ledger, tenant, opened, report)
     for account, expected in sorted(replayed.accounts.items()):
         if pending_by_account.get(account, 0) != expected.pending:
             report.mismatches.append(
@@ -100,8 +102,9 @@ async def audit(ledger: Ledger, tenants: list[str] | None = None) -> list[AuditR
 
 async def _check_pools(ledger: Ledger, tenant: str, live: list[str], report: AuditReport) -> None:
     """Each calibrating route's open count and face sum (lua/_lib.lua) are those of
-    the live holds that name it (`cr`: `<tag>|<face value>`): one read per live hold,
-    pipelined. The sum of squares is a float and is not compared."""
+    the open holds (`live`: pending or ambiguous) that name it (`cr`: `<tag>|<face
+    value>`): one read per live hold, pipelined. The sum of squares is a float and is
+    not compared."""
     with translate_redis_errors("audit"):
         async with ledger.redis.pipeline(transaction=False) as pipe:
             for hold_id in live:

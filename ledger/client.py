@@ -295,6 +295,33 @@ class Ledger:
             for tag in tags
         }
 
+    async def repair_pools(self, tenant: str) -> dict[str, OpenPool]:
+        """Rewrite the open sets of the tenant's pooling routes from its open holds
+        (lua/pools.lua), for a set out of step with them (`irrev ledger audit` says
+        which): the sets after. The open holds are read first and declared; one opened
+        or closed meanwhile makes the script write nothing, and it is read again."""
+        tenant = validate.tenant_id(tenant)
+        for _ in range(REPAIR_TRIES):
+            with translate_redis_errors("repair pools"):
+                due = await self.redis.zrange(deadlines_key(tenant), 0, -1)
+                ambiguous = await self.redis.smembers(ambiguous_key(tenant))
+            ids = sorted({str(h) for h in (*due, *ambiguous)})
+            states = [await self._state(tenant, hold_id) for hold_id in ids]
+            held = [h for h, st in zip(ids, states, strict=True) if st in ("pending", "ambiguous")]
+            keys = [*tenant_keys(tenant), *(hold_keys(tenant, h)[0] for h in held)]
+            reply = await self._run("pools", keys, [str(len(held)), *held])
+            if str(reply[0]) != "retry":
+                raise_for_reply(tenant, "", "repair pools", reply)
+                return await self.open_pools(tenant)
+        raise LedgerError(
+            f"repair pools: the open holds of {tenant} changed during each of "
+            f"{REPAIR_TRIES} reads; run it again when the tenant is quieter"
+        )
+
+    async def _state(self, tenant: str, hold_id: str) -> str:
+        with translate_redis_errors("repair pools"):
+            return str(await self.redis.hget(hold_keys(tenant, hold_id)[0], "st") or "")
+
     async def tenants(self) -> list[str]:
         with translate_redis_errors("tenants"):
             return sorted(await _decoded(self.redis.smembers(TENANTS_KEY)))
@@ -918,13 +945,17 @@ def _or_error(parse: Callable[..., T], *args: Any) -> T | LedgerError:
         return exc
 
 
+# Reads of the open holds `repair_pools` makes before it gives up on a busy tenant.
+REPAIR_TRIES = 5
+
 _POOL_TAG = re.compile(r"[A-Za-z0-9]{1,32}")
 
 
 def _pool_args(pool: PoolTicket | None) -> list[str]:
     """reserve.lua's ARGV[14+2n+5m..]: for a calibrating route, '0' (do not decide
-    while holds are due) then its tag, the face value and the pending its price
-    assumed; nothing for any other route (its arguments are as before)."""
+    while holds are due) then its tag, the face value, the pending its price
+    assumed and its price alone (0: the amounts); nothing for any other route (its
+    arguments are as before)."""
     if pool is None:
         return []
     if not _POOL_TAG.fullmatch(pool.tag):
@@ -933,14 +964,15 @@ def _pool_args(pool: PoolTicket | None) -> list[str]:
     if not (math.isfinite(pending) and pending >= 1):
         raise BadInput("pending", f"{pending!r} must be a finite number >= 1")
     face = validate.amount("face_value", pool.face_value)
-    return ["0", pool.tag, str(face), repr(float(pending))]
+    alone = validate.amount("alone_price", pool.alone if pool.alone is not None else 0)
+    return ["0", pool.tag, str(face), repr(float(pending)), str(alone)]
 
 
 def _deciding(args: list[str], pool: PoolTicket | None) -> list[str]:
     """`args` that decide even while holds are due (after an `expire_first`)."""
     if pool is None:
         return [*args, DECIDE_ANYWAY]
-    return [*args[:-4], DECIDE_ANYWAY, *args[-3:]]
+    return [*args[:-5], DECIDE_ANYWAY, *args[-4:]]
 
 
 def _reserve_result(

@@ -241,9 +241,16 @@ class OpenPool:
         """Kish's effective number of these holds and one more of `face_value`:
         (sum v)^2 / sum v^2, at least 1 (one large hold among small ones counts about
         one), computed as reserve.lua computes it, so the two agree to the bit."""
-        s1 = float(self.face_sum + face_value)
+        # Read within what a real set can have (as _lib.lua's kish): the sum of
+        # squares is a float that can lose small squares, and the fields can drift
+        # from the live holds (an older irrev's script closing a counted hold), so
+        # the face sum counts as >= 0 and the squares as >= sum^2 / (count + 1): the
+        # number is at most the count with this hold (Cauchy-Schwarz).
+        k = float(max(self.count, 0) + 1)
+        s1 = float(max(self.face_sum, 0) + face_value)
         s2 = max(self.face_squares, 0.0) + float(face_value) * float(face_value)
-        return max(1.0, s1 * s1 / s2) if s2 > 0 else 1.0
+        s2 = max(s2, s1 * s1 / k)
+        return min(k, max(1.0, s1 * s1 / s2)) if s2 > 0 else 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +263,9 @@ class PoolTicket:
     tag: str
     face_value: int
     pending: float = 1.0
+    # The price the effect would have alone (pending 1), which the approval
+    # thresholds compare when it is above the pooled one (None: the amounts).
+    alone: int | None = None
 
 
 def pool_tag(route_id: str) -> str:

@@ -54,6 +54,7 @@ OPERATIONS = (
     "note",
     "rule",
     "webhook",
+    "pools",
 )
 
 # How many of the tenant's KEYS[1..5] (accounts, journal, deadlines, ambiguous,

@@ -36,9 +36,9 @@ seed; the gateway prices every route whose policy says `calibrate` through the s
 `Quote` (`route_pooling`), from the factors its settlements recorded
 (`Evidence.from_ppm`) and the route's holds open across the fleet at that moment
 (counted by the ledger's hold scripts, by Kish's effective number of their face
-values as the simulator counts them, at most the policy's `calibrate.pending` if it
-states one), so a
-route's price is the number the simulator measures: the same function of the same
+values as the simulator counts them, at most the policy's `calibrate.pending`: 1 by
+default, every hold alone; a policy opts into pooling with a number above 1 or
+'live'), so a route's price is the number the simulator measures: the same function of the same
 two things. The one difference is on the safe side: the gateway knows the open set
 as of its last reserve on the route, and prices for one Poisson standard deviation
 fewer holds (`pooled_pending`); the ledger keeps the hold only while the set is at
@@ -263,7 +263,7 @@ def route_pooling(spec: QuantilePricing, ev: Evidence) -> Pooling:
         spec.recovery.alpha, spec.recovery.beta, p_fail, spec.level, cal.weight
     )
     q = quote(prior, ev, alpha=1.0 - spec.level, confidence=cal.confidence)
-    return Pooling(q, spec.surcharge, math.inf if cal.pending is None else cal.pending)
+    return Pooling(q, spec.surcharge, cal.pending_cap)
 
 
 def route_factor(spec: QuantilePricing, ev: Evidence, pending: float = 1.0) -> float:

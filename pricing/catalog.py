@@ -190,7 +190,9 @@ def route_pricing(
     spec = route.pricing or FacePricing()
     if isinstance(spec, QuantilePricing) and spec.calibrate is not None:
         pooling = route_pooling(spec, evidence or Evidence())
-        return spec.model, pooling.factor(1.0), pooling
+        # `pending: 1` (the default) prices every hold alone: nothing to pool over,
+        # and its holds need not be counted.
+        return spec.model, pooling.factor(1.0), pooling if pooling.cap > 1 else None
     return spec.model, spec.loss_factor(), None
 
 

@@ -108,12 +108,21 @@ class Calibration(_Spec):
     """Price the route's unsettled holds from its settled ones (pricing/calibration.py):
     the catalog's recovery is a prior worth `weight` settlements; a hold's price pools
     its luck with the route's holds open at once across the fleet (the ledger counts
-    them), once the evidence allows, over at most `pending` of them (None: as many as
-    are open, as the simulator prices; 1: every hold alone, at its tail)."""
+    them), once the evidence allows, over at most `pending` of them: 1 (the default,
+    as before pooling existed: a policy written then keeps its prices) prices every
+    hold alone, at its tail; a number above 1 opts into pooling over at most that
+    many; 'live' over as many as are open, as the simulator prices."""
 
     weight: Positive = 20.0
-    pending: Annotated[float, Strict(), Field(ge=1.0, le=1e6, allow_inf_nan=False)] | None = None
+    pending: (
+        Annotated[float, Strict(), Field(ge=1.0, le=1e6, allow_inf_nan=False)] | Literal["live"]
+    ) = 1.0
     confidence: OpenUnit = 0.95
+
+    @property
+    def pending_cap(self) -> float:
+        """The most holds a price may pool over (1: none; infinite: as many as open)."""
+        return math.inf if self.pending == "live" else float(self.pending)
 
 
 class QuantilePricing(_Spec):

@@ -12,6 +12,8 @@ the ledger (ledger.OpenPool), or a fixed number.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import numpy.typing as npt
 
@@ -24,7 +26,13 @@ F64 = npt.NDArray[np.float64]
 
 class Calibrated:
     def __init__(
-        self, wl: Workload, level: float, prior_weight: float, pending: float | None, every: int
+        self,
+        wl: Workload,
+        level: float,
+        prior_weight: float,
+        pending: float | None,
+        every: int,
+        cap: float = math.inf,
     ) -> None:
         m = wl.model
         n_seeds, _ = wl.shape
@@ -34,6 +42,7 @@ class Calibrated:
             for ln in m.lines
         ]
         self.pending = pending
+        self.cap = cap
         self.every = every
         self.line = np.where(wl.frag, 0, wl.agent % len(m.lines))
         self.face = np.ceil(wl.value * 1e6)
@@ -100,10 +109,11 @@ class Calibrated:
 
     def pending_at(self, line: I64, value: F64) -> F64:
         """Holds pending on each seed's route once a hold of `value` joins them: a fixed
-        number, or the effective number of the open ones and this one (at least 1)."""
+        number, or the effective number of the open ones and this one (at least 1, at
+        most the policy's cap, as the gateway counts it)."""
         if self.pending is not None:
             return np.full(len(self.rows), self.pending)
         # the sums drift by float rounding as holds open and close: never below empty
         s1 = np.maximum(self.open_v[self.rows, line], 0.0) + value
         s2 = np.maximum(self.open_v2[self.rows, line], 0.0) + value * value
-        return np.maximum(1.0, s1 * s1 / np.where(s2 > 0, s2, 1.0))
+        return np.minimum(self.cap, np.maximum(1.0, s1 * s1 / np.where(s2 > 0, s2, 1.0)))

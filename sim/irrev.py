@@ -15,6 +15,7 @@ Redis ledger to show both decide alike.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +52,9 @@ class Irrev:
     prior_weight: float = 20.0
     pending: float | None = None
     recalibrate_every: int = 10
+    # the most holds an open-count price pools over (a policy's calibrate.pending, as
+    # the gateway caps it; infinite: as many as are open)
+    pending_cap: float = math.inf
     agent_limit_frac: float | None = 0.2
     supplier_limit_frac: float | None = None
     # the top account's limit as a fraction of R: below 1 where a policy's principal
@@ -110,7 +114,12 @@ class _IrrevArm:
         self.cal: Calibrated | None = None
         if cfg.calibrate:
             self.cal = Calibrated(
-                wl, cfg.hold_quantile, cfg.prior_weight, cfg.pending, cfg.recalibrate_every
+                wl,
+                cfg.hold_quantile,
+                cfg.prior_weight,
+                cfg.pending,
+                cfg.recalibrate_every,
+                cfg.pending_cap,
             )
         self.residual = np.ceil(wl.residual * 1e6).astype(np.int64)
         self.balance = np.zeros(self.limit.shape, np.int64)  # pending + posted

@@ -187,8 +187,14 @@ def world(policy: TenantPolicy, spec: WorkloadSpec, source: str) -> Experiment:
     ttl = spec.escalation_ttl
     if ttl is None and spec.approval_latency > 0:
         ttl = max(spec.approval_latency, round(doc.escalation_ttl_ms / doc.window_ms * spec.ticks))
+    # The policy's calibrate.pending, as the gateway prices it: 1 (the default) every
+    # hold alone, a number the most holds a price pools over, 'live' the open count.
+    cal = pricing.calibrate if isinstance(pricing, QuantilePricing) else None
+    cap = cal.pending_cap if cal is not None else math.inf
     irrev = Irrev(
         hold_quantile=level,
+        pending=1.0 if cap <= 1 else None,
+        pending_cap=cap,
         settle_delay=spec.settle_delay,
         soft_frac=doc.accounts.tenant.soft_band or doc.soft_band,
         approvals=spec.approvals,

@@ -15,12 +15,13 @@
 --            route (pricing/calibration.py), under its short tag (reserve.lua):
 --            `~<tag>|n` how many, `~<tag>|s` the sum of their face values, `~<tag>|q`
 --            the sum of their squares (HINCRBYFLOAT: a float, reset with the others
---            when the count reaches 0, so its rounding never outlives the set). No
+--            when the count reaches 0, so its rounding never outlives the set; read
+--            within its bounds, `kish`). No
 --            account id starts with '~' (valid_id), and a reserve of a calibrating
 --            route must count its hold in the same script as its balances: this is
 --            the one hash every hold script already declares. A hold is open while
---            pending, escalated (a human decides) or ambiguous (it may have
---            happened at any loss); compensate and trueup act on posted holds, out
+--            pending or ambiguous (it may have happened at any loss); an escalated
+--            one joins when approved; compensate and trueup act on posted holds, out
 --            of the set already.
 --   KEYS[6]  `...:hold:<id>`, the hold the script is about (ARGV[1] is its id)
 --   KEYS[7]  `...:payload:<id>`, the bytes the hold keeps (a string of its own: in
@@ -432,8 +433,35 @@ end
 local TERMINAL = {posted = true, voided = true, rejected = true, expired = true, denied = true}
 -- The states in which a hold is open: its effect is not yet settled (an ambiguous
 -- one may have happened at any loss) and it still charges its accounts.
-local OPEN = {pending = true, escalated = true, ambiguous = true, posted = false,
+-- An escalated hold is not open: it was never sent and may never be (a human
+-- decides), so holds an agent parks in the approval queue would pad the set and lower
+-- the price of the ones it keeps; it joins when approved (escalated -> pending).
+local OPEN = {pending = true, escalated = false, ambiguous = true, posted = false,
   voided = false, rejected = false, expired = false, denied = false}
+
+-- The bounds of a calibrating route's open set: its face sum stays an exact integer
+-- (HINCRBY would fail past 2^63-1, after the script's first write), and its sum of
+-- squares within what such faces can square to.
+local MAX_POOL_SQUARES = 2 ^ 106
+
+-- Kish's effective number of an open set of `count` holds, face sum `sum` and sum of
+-- squares `squares` (the stored fields, as numbers), with one more hold of `face`:
+-- (sum v)^2 / sum v^2. The fields are read within what any real set can have (the
+-- sum of squares is a float that can lose small squares, and the fields can drift
+-- from the live holds: an older irrev's script closing a counted hold), so the number
+-- is at least 1 and at most the count with this hold: sum >= 0, and squares >=
+-- sum^2 / (count + 1), Cauchy-Schwarz's bound. ledger/records.py's OpenPool.effective
+-- computes the same.
+local function kish(count, sum, squares, face)
+  local k = math.max(count, 0) + 1
+  local s1 = math.max(sum, 0) + face
+  local s2 = math.max(squares, 0) + face * face
+  s2 = math.max(s2, s1 * s1 / k)
+  if s2 <= 0 then
+    return 1
+  end
+  return math.min(k, math.max(1, s1 * s1 / s2))
+end
 
 -- The ACCOUNTS fields of a calibrating route's open holds (see the key layout).
 local function pool_fields(tag)
@@ -452,6 +480,14 @@ end
 local function open_pooled(cr)
   local tag, face = string.match(cr, '^([^|]+)|(%d+)$')
   local n, s, q = pool_fields(tag)
+  local sum = redis.call('HMGET', ACCOUNTS, s, q)
+  local v = tonumber(face)
+  if (tonumber(sum[1]) or 0) + v > MAX_AMOUNT or (tonumber(sum[2]) or 0) + v * v > MAX_POOL_SQUARES then
+    -- A hold joining again (approved, or found ambiguous) that would take the set
+    -- past its bounds: left out rather than failing half way; uncounted, it only
+    -- raises the price of the others. The caller drops its `cr`.
+    return nil
+  end
   return redis.call('HINCRBY', ACCOUNTS, n, 1), redis.call('HINCRBY', ACCOUNTS, s, face),
     redis.call('HINCRBYFLOAT', ACCOUNTS, q, square_text(tonumber(face)))
 end
@@ -485,8 +521,8 @@ local function set_state(id, from, to, retention_ms, extra, cr)
   if cr and OPEN[from] ~= OPEN[to] then
     if OPEN[from] then
       close_pooled(cr)
-    else
-      open_pooled(cr)
+    elseif not open_pooled(cr) then
+      redis.call('HDEL', key, 'cr')
     end
   end
   if extra and #extra > 0 then

@@ -21,7 +21,8 @@
 --   'not_found', 'bad_input' (state = field, flags = message)
 --
 -- Invariant: the budget was held at escalation, so approval changes no balance and
--- can never overdraw.
+-- can never overdraw. A calibrating route's approved hold joins its open set (one
+-- that would take the set past its bounds is left out, uncounted: _lib.lua).
 
 local id, err = hold_id_arg()
 if not id then return err end
@@ -46,7 +47,10 @@ if hold.deadline <= now then
   return {'conflict', 'expired', ''}
 end
 local deadline = now + ttl_ms
-set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', fmt(deadline), 'by', by, 'note', note})
+-- A calibrating route's hold joins its open set now (_lib.lua's OPEN): escalated,
+-- it was never sent and did not count.
+set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', fmt(deadline), 'by', by, 'note', note},
+  hold.cr)
 redis.call('ZADD', DEADLINES, fmt(deadline), id)
 journal({'op', 'approve', 'hold', id, 'st', 'pending', 'by', by, 'note', note})
 -- A hold reserved by an older irrev (sharing the Redis during an upgrade) kept its

@@ -35,7 +35,12 @@
 --          falls as m rises, so it must not be kept at a price made for more holds
 --          than are open: unless the open set with this hold counts at least m
 --          (Kish's effective number, (sum v)^2 / sum v^2 of their face values v, at
---          least 1), nothing is written and the reply is `reprice`
+--          least 1, at most the count with this hold: _lib.lua's kish), nothing is
+--          written and the reply is `reprice`; one whose face would take the set's
+--          face sum past 2^53-1 (or its squares past 2^106) is bad_input
+-- ARGV[18+2n+5m]  optional, after those: the price the effect would have alone
+--          (priced for m = 1), which the approval thresholds compare instead of a
+--          pooled amount below it: an agent can open holds itself to pool over
 --
 -- Returns
 --   {'ok' | 'exists', decision, reason, state, deadline_ms, created_ms, n,
@@ -73,7 +78,7 @@
 -- above its limit (a shadow hold may: it is what the fleet really did), no hold takes
 -- it past 2^53-1 (a limit with its live raises counts as min(sum, 2^53-1)), and it
 -- debits all of the accounts or none. A calibrating route's open count is the number
--- of its holds in an open state (pending, escalated, ambiguous): a kept hold joins
+-- of its holds in an open state (pending, ambiguous): a kept pending hold joins
 -- in the same script, a replay and a refusal never do. Inputs are checked before the
 -- first write (Redis does not roll back a script that fails half way).
 
@@ -130,7 +135,7 @@ end
 local m = uint(ARGV[12 + 2 * n], MAX_ACCOUNTS)
 local base = 13 + 2 * n + 5 * (m or 0)
 local shadow, decide = ARGV[base], ARGV[base + 1]
-if not m or m > n or (#ARGV ~= base and #ARGV ~= base + 1 and #ARGV ~= base + 4)
+if not m or m > n or (#ARGV ~= base and #ARGV ~= base + 1 and #ARGV ~= base + 4 and #ARGV ~= base + 5)
     or (decide and decide ~= '0' and decide ~= '1') then
   return {'bad_input', 'open', 'must give 0 to n accounts to open, five fields each'}
 end
@@ -138,7 +143,16 @@ if shadow ~= '0' and shadow ~= '1' then
   return {'bad_input', 'shadow', 'must be 0 or 1'}
 end
 local decide_anyway = decide == '1'
-local tag, face, priced_for = ARGV[base + 2], uint(ARGV[base + 3], MAX_AMOUNT), tonumber(ARGV[base + 4])
+local tag, face = ARGV[base + 2], uint(ARGV[base + 3], MAX_AMOUNT)
+-- A decimal only: Lua's tonumber also reads 'nan', 'inf' and '0x10'.
+local priced_for = ARGV[base + 4]
+priced_for = type(priced_for) == 'string' and #priced_for <= 32
+  and (string.find(priced_for, '^%d+%.?%d*$') or string.find(priced_for, '^%d+%.?%d*e[+-]?%d+$'))
+  and tonumber(priced_for) or nil
+local alone = ARGV[base + 5] and uint(ARGV[base + 5], MAX_AMOUNT)
+if ARGV[base + 5] and not alone then
+  return {'bad_input', 'alone_price', 'must be an integer in [0, 2^53-1]'}
+end
 if tag then
   if #tag > 32 or not string.find(tag, '^%w+$') then
     return {'bad_input', 'route_tag', 'must be 1-32 letters and digits'}
@@ -146,8 +160,8 @@ if tag then
   if not face then
     return {'bad_input', 'face_value', 'must be an integer in [0, 2^53-1]'}
   end
-  if not priced_for or priced_for < 1 or priced_for >= math.huge then
-    return {'bad_input', 'pending', 'must be a number >= 1'}
+  if not priced_for or priced_for ~= priced_for or priced_for < 1 or priced_for >= math.huge then
+    return {'bad_input', 'pending', 'must be a decimal number >= 1'}
   end
 end
 local specs = {}
@@ -213,9 +227,14 @@ if tag then
   for i = 1, 3 do
     pool[i] = pool[i] or '0'
   end
-  local s1 = tonumber(pool[2]) + face
-  local s2 = math.max(tonumber(pool[3]), 0) + face * face
-  if priced_for > 1 and (s2 <= 0 or s1 * s1 / s2 < priced_for) then
+  local count, sum, squares = tonumber(pool[1]), tonumber(pool[2]), tonumber(pool[3])
+  -- Checked here, not by HINCRBY after the writes: a set past its bounds would fail
+  -- the script half way (a hold charged with no journal entry).
+  if sum + face > MAX_AMOUNT or squares + face * face > MAX_POOL_SQUARES then
+    return {'bad_input', 'face_value',
+      "would take the route's open face sum past 2^53-1 (or its squares past 2^106)"}
+  end
+  if priced_for > 1 and kish(count, sum, squares, face) < priced_for then
     return {'reprice', pool[1], pool[2], pool[3]}
   end
 end
@@ -274,8 +293,11 @@ if decision == 'admit' then
       decision, reason = 'escalate', 'soft_band'
       break
     end
+    -- A threshold compares the price the effect would have alone: a pooled price
+    -- falls with the holds open, which an agent can open itself.
+    local asked_i = alone and math.max(amounts[i], alone) or amounts[i]
     local appr = loaded[i].appr
-    if (appr > 0 and amounts[i] > appr) or (escalate_above > 0 and amounts[i] > escalate_above) then
+    if (appr > 0 and asked_i > appr) or (escalate_above > 0 and asked_i > escalate_above) then
       decision, reason = 'escalate', 'approval_threshold'
       break
     end
@@ -359,7 +381,8 @@ else
   if state == 'escalated' then
     redis.call('SADD', ESCALATED, id)
   end
-  if cr then
+  if cr and state == 'pending' then
+    -- An escalated hold joins when approved (_lib.lua's OPEN).
     pool = {open_pooled(cr)}
   end
 end

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ledger import Ledger, audit_tenant, pool_tag
+from ledger import Ledger, OpenPool, audit_tenant, pool_tag
 from pricing.calibration import (
     TOP_KEPT,
     Evidence,
@@ -31,7 +31,7 @@ from pricing.models import QuantilePricing
 from pricing.money import round_up
 
 from .conftest import Gateway, own_gateway
-from .helpers import deploy_hold
+from .helpers import deploy_hold, effect_headers, order, set_faults
 from .servers import Server
 
 PRICING = {
@@ -133,10 +133,24 @@ async def test_settled_at_twice_the_price_the_route_prices_as_calibration_says(
     assert math.isclose(sim_factor, route_factor(SPEC, evidence), rel_tol=1e-12)
 
 
-POOLING = {**PRICING, "calibrate": {"weight": 20}}  # no `pending`: as many as are open
+POOLING = {**PRICING, "calibrate": {"weight": 20, "pending": "live"}}  # as many as are open
 POOLING_SPEC = QuantilePricing.model_validate(POOLING)
 # Settled residual factors that vary: a route whose settlements agree pools little.
 SETTLED_FACTORS = (0.15, 0.25, 0.35)
+
+
+# A proxied route: its holds are the gateway's own, open while their call is in
+# flight, which no agent can release at will (a decision-only route's are priced
+# alone and not counted: docs/policy.md, calibrate).
+ORDER_ROUTE = {
+    "tool": "supplier",
+    "route": "POST /orders",
+    "class": "compensable",
+    "body": ["supplier_id", "sku", "quantity", "unit_price"],
+    "face_value": "quantity * unit_price",
+    "pricing": POOLING,
+}
+ORDER = order(quantity=1, unit_price="100")  # a face value of FACE
 
 
 @pytest.fixture
@@ -147,17 +161,17 @@ def pooling_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> Iterat
         suppliers,
         tmp_path,
         workers=1,
-        policy={"routes": [{**DEPLOY_ROUTE, "pricing": POOLING}]},
+        policy={"routes": [ORDER_ROUTE, {**DEPLOY_ROUTE, "pricing": POOLING}]},
         IRREV_POLICY_CHECK_INTERVAL_S="0.2",
+        IRREV_UPSTREAM_TIMEOUT_S="30",  # calls held in flight for 10 s
     ) as gateway:
         yield gateway
 
 
 async def test_the_price_follows_the_holds_open_on_the_route(
-    pooling_gateway: Gateway, redis_url: str
+    pooling_gateway: Gateway, redis_url: str, suppliers: Server
 ) -> None:
     tenant = pooling_gateway.tenant("own")
-    me = tenant.auth("deployer-01")
     keys = iter(range(10_000))
     ppms = [factor_ppm(int(FACE * SETTLED_FACTORS[i % 3]), FACE) for i in range(20)]
     evidence = Evidence.from_ppm(
@@ -168,12 +182,75 @@ async def test_the_price_follows_the_holds_open_on_the_route(
         return round_up(FACE, route_factor(POOLING_SPEC, evidence, pending))
 
     ledger = Ledger.from_url(redis_url)
+    route = pool_tag("supplier POST /orders")
+    async with (
+        httpx.AsyncClient(base_url=pooling_gateway.url, trust_env=False, timeout=60) as http,
+        httpx.AsyncClient(base_url=suppliers.url, trust_env=False) as upstream,
+    ):
+
+        async def buy() -> httpx.Response:
+            headers = effect_headers(tenant, "buyer-01", f"p{next(keys)}")
+            bought = await http.post("/tools/supplier/orders", json=ORDER, headers=headers)
+            assert bought.status_code == 201, bought.text
+            return bought
+
+        for ppm in ppms:  # each alone: settled before the next is made
+            hold = (await buy()).headers["x-irrev-hold"]
+            reported = await http.post(
+                f"/v1/holds/{hold}/settle",
+                json={"realised_micros": ppm * FACE // 10**6},
+                headers=tenant.settler("supplier"),
+            )
+            assert reported.status_code == 200, reported.text
+        deadline = time.monotonic() + 20
+        while int((await buy()).headers["x-irrev-price"]) != price_for(1.0):
+            assert time.monotonic() < deadline  # until the worker has the evidence
+            await asyncio.sleep(0.2)
+
+        # Calls kept in flight one after another (the supplier answers late): the
+        # j-th is priced for the j open with it (as its worker saw them after the one
+        # before), less one Poisson sd.
+        await set_faults(upstream, tenant, delay_s=10.0, times=14)
+        calls = []
+        for j in range(1, 15):
+            calls.append(asyncio.create_task(buy()))
+            while (await ledger.open_pools(tenant.id)).get(route, OpenPool()).count < j:
+                await asyncio.sleep(0.02)
+        prices = [int((await call).headers["x-irrev-price"]) for call in calls]
+        expected = [price_for(pooled_pending(float(max(j, 2)))) for j in range(1, 15)]
+        assert prices == expected
+        assert prices[-1] < prices[0]  # the pool pays: 14 open cost less each than one
+        # All closed (posted). The worker still prices for 15, the ledger sends that
+        # back, and it prices for the set as it is: this hold alone.
+        assert route not in await ledger.open_pools(tenant.id)
+        assert int((await buy()).headers["x-irrev-price"]) == price_for(1.0)
+        assert route not in await ledger.open_pools(tenant.id)
+        report = await audit_tenant(ledger, tenant.id)
+        assert report.mismatches == []
+    await ledger.aclose()
+
+
+async def test_an_agent_cannot_pad_the_pool_with_holds_it_voids(
+    pooling_gateway: Gateway, redis_url: str
+) -> None:
+    """review1 F4: a decision-only route's holds are its agent's to void at no cost:
+    30 of them opened around a real hold lowered its price 17.5% below its price
+    alone. Such a route is priced alone and its holds are not counted."""
+    tenant = pooling_gateway.tenant("own")
+    me = tenant.auth("deployer-01")
+    keys = iter(range(10_000))
+    ppms = [factor_ppm(int(FACE * SETTLED_FACTORS[i % 3]), FACE) for i in range(20)]
+    evidence = Evidence.from_ppm(
+        len(ppms), sum(ppms), sum(p * p for p in ppms), tuple(sorted(ppms, reverse=True)[:16])
+    )
+    alone = round_up(FACE, route_factor(POOLING_SPEC, evidence, 1.0))
+    ledger = Ledger.from_url(redis_url)
     async with httpx.AsyncClient(base_url=pooling_gateway.url, trust_env=False) as http:
 
         async def deploy() -> tuple[str, int]:
             return await deploy_hold(http, tenant, f"p{next(keys)}")
 
-        for ppm in ppms:  # each alone: settled before the next is asked for
+        for ppm in ppms:
             hold, _ = await deploy()
             reported = await http.post(
                 f"/v1/holds/{hold}/settle",
@@ -182,39 +259,19 @@ async def test_the_price_follows_the_holds_open_on_the_route(
             )
             assert reported.status_code == 200, reported.text
         deadline = time.monotonic() + 20
-        while True:  # until the worker has the evidence: a hold alone, at its tail
+        while True:
             hold, price = await deploy()
             await http.post(f"/v1/holds/{hold}/void", headers=me)
-            if price == price_for(1.0):
+            if price == alone:
                 break
             assert time.monotonic() < deadline, price
             await asyncio.sleep(0.2)
 
-        # Holds kept open one after another: the j-th is priced for the j open with
-        # it (as its worker saw them after the one before), less one Poisson sd.
-        opened, prices = [], []
-        for _ in range(14):
-            hold, price = await deploy()
-            opened.append(hold)
-            prices.append(price)
-        expected = [price_for(pooled_pending(float(max(j, 2)))) for j in range(1, 15)]
-        assert prices == expected
-        assert prices[-1] < prices[0]  # the pool pays: 14 open cost less each than one
-        pools = await ledger.open_pools(tenant.id)
-        route = pool_tag("deploy POST /deploys")
-        assert pools[route].count == 14 and pools[route].face_sum == 14 * FACE
-
-        # Ten close. The worker still prices for 15, the ledger sends that back, and
-        # it prices for the 5 that are open with the new one.
-        for hold in opened[:10]:
+        padding = [(await deploy())[0] for _ in range(30)]
+        real, real_price = await deploy()
+        assert await ledger.open_pools(tenant.id) == {}
+        for hold in [*padding, real]:
             voided = await http.post(f"/v1/holds/{hold}/void", headers=me)
             assert voided.status_code == 200, voided.text
-        last, price = await deploy()
-        assert price == price_for(pooled_pending(5.0)) > prices[-1]
-        assert (await ledger.open_pools(tenant.id))[route].count == 5
-        for hold in [*opened[10:], last]:
-            await http.post(f"/v1/holds/{hold}/void", headers=me)
-        assert route not in await ledger.open_pools(tenant.id)
-        report = await audit_tenant(ledger, tenant.id)
-        assert report.mismatches == []
     await ledger.aclose()
+    assert real_price == alone

@@ -199,7 +199,8 @@ class RefLedger:
         faces = [
             h.pool[1]
             for h in self.holds.values()
-            if h.pool is not None and h.pool[0] == route and h.state in LIVE
+            # an escalated hold joins when approved (ledger/lua/_lib.lua's OPEN)
+            if h.pool is not None and h.pool[0] == route and h.state in ("pending", "ambiguous")
         ]
         return len(faces), sum(faces), sum(f * f for f in faces)
 

@@ -88,14 +88,17 @@ async def test_replays_and_refusals_never_count(ledger: Ledger, tenant: str) -> 
     assert plain.pool is None and (await pool(ledger, tenant)).count == 1
 
 
-async def test_escalations_count_until_rejected_or_expired(ledger: Ledger, tenant: str) -> None:
+async def test_escalations_join_only_when_approved(ledger: Ledger, tenant: str) -> None:
+    """An escalated hold was never sent and may never be: it would pad the set the
+    others pool over (review1 F4), so it joins when a human approves it."""
     await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 10))
     await reserve(ledger, tenant, "e1", 40, amount=20)
     await reserve(ledger, tenant, "e2", 60, amount=20)
     assert (await ledger.hold(tenant, "e1")).state is HoldState.ESCALATED  # type: ignore[union-attr]
-    assert (await pool(ledger, tenant)).count == 2
-    await ledger.approve(tenant, "e1", "ops", ttl_ms=HOUR_MS)  # pending: still open
-    assert (await pool(ledger, tenant)).count == 2
+    assert (await pool(ledger, tenant)).count == 0
+    await ledger.approve(tenant, "e1", "ops", ttl_ms=HOUR_MS)  # pending: open now
+    assert await pool(ledger, tenant) == OpenPool(1, 40, 1600.0)
+    assert (await audit_tenant(ledger, tenant)).mismatches == []
     await ledger.reject(tenant, "e2", "ops")
     assert await pool(ledger, tenant) == OpenPool(1, 40, 1600.0)
     await ledger.void(tenant, "e1")

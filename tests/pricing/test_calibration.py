@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 from scipy.stats import binom
 from scipy.stats import t as student_t
 
@@ -23,8 +24,10 @@ from pricing.calibration import (
     route_factor,
     student_t_ppf,
 )
+from pricing.catalog import route_pricing
 from pricing.distributions import normal_ppf
-from pricing.models import QuantilePricing, quantile_lgd
+from pricing.models import Calibration, QuantilePricing, quantile_lgd
+from pricing.policy import Route
 
 ALPHA = 0.001
 CATALOG = Prior.from_catalog(6.0, 2.0, 0.0, 1 - ALPHA, 20.0)
@@ -193,7 +196,7 @@ def test_pending_must_be_positive() -> None:
         hold_factor(CATALOG, Evidence(), pending=0, alpha=ALPHA)
 
 
-def _route(pending: float | None) -> QuantilePricing:
+def _route(pending: float | str | None) -> QuantilePricing:
     calibrate = {"weight": 20} if pending is None else {"weight": 20, "pending": pending}
     return QuantilePricing.model_validate(
         {
@@ -219,8 +222,42 @@ def test_a_route_pools_over_the_holds_open_up_to_its_policys_pending() -> None:
         hold_factor(CATALOG, ev, pending=3.0, alpha=ALPHA) * 1.1, rel=1e-12
     )
     assert route_factor(capped, ev, 500.0) == pytest.approx(five, rel=1e-12)
-    assert route_factor(_route(None), ev, 500.0) < five  # no cap: as many as are open
-    assert route_factor(_route(None), ev, 500.0) == route_factor(_route(1e6), ev, 500.0)
+    assert route_factor(_route("live"), ev, 500.0) < five  # no cap: as many as are open
+    assert route_factor(_route("live"), ev, 500.0) == route_factor(_route(1e6), ev, 500.0)
+
+
+def test_a_policy_that_does_not_opt_in_prices_every_hold_alone() -> None:
+    """review1 F5: `pending` defaulted to 1 (every hold alone) before the gateway
+    counted open holds; a policy written then must keep its prices on upgrade, so
+    pooling is opted into (a number above 1 or 'live'), never the default."""
+    rng = np.random.default_rng(7)
+    ev = _evidence(1 - rng.beta(6.0, 2.0, 400))
+    alone = hold_factor(CATALOG, ev, pending=1.0, alpha=ALPHA) * 1.1
+    assert route_factor(_route(None), ev, 500.0) == pytest.approx(alone, rel=1e-12)
+    assert route_pricing_of(_route(None)) is None
+    assert route_pricing_of(_route("live")) is not None
+
+
+def route_pricing_of(spec: QuantilePricing) -> object:
+    """The pooling a compiled route of `spec` carries (None: priced alone, its holds
+    not counted by the ledger)."""
+    route = Route.model_validate(
+        {
+            "tool": "pay",
+            "route": "POST /charges",
+            "class": "compensable",
+            "face_value": "amount",
+            "body": ["amount"],
+            "pricing": spec.model_dump(),
+        }
+    )
+    return route_pricing(route)[2]
+
+
+@pytest.mark.parametrize("bad", ["LIVE", "all", 0.5, 0, "1", None])
+def test_pending_is_a_number_from_1_or_live(bad: object) -> None:
+    with pytest.raises(ValidationError):
+        Calibration.model_validate({"pending": bad})
 
 
 @pytest.mark.parametrize(

@@ -73,3 +73,13 @@ def test_pooling_over_the_holds_open_in_a_burst_admits_more_and_still_holds_r(
     pooled, alone = outcome(None), outcome(1.0)
     assert pooled["overdraw"].sum() == 0
     assert pooled["utility"].mean() > alone["utility"].mean()
+
+
+def test_a_policys_cap_bounds_the_open_count() -> None:
+    """calibrate.pending as a cap: the open holds count at most that many."""
+    wl = workload.build(Scenario(Model()), range(3))
+    cal = Calibrated(wl, 0.999, 20.0, None, 10, cap=1.5)
+    every = np.ones(3, bool)
+    cal.opened(0, every)
+    cal.opened(1, every)
+    assert (cal.pending_at(cal.line[:, 2], wl.value[:, 2]) <= 1.5).all()

@@ -127,3 +127,28 @@ def test_run_needs_both_files_and_they_belong_to_run(
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and "cannot read the policy" in err[2]
+
+
+@pytest.mark.parametrize(
+    ("calibrate", "pending", "cap"),
+    [
+        ("{weight: 20}", 1.0, 1.0),  # the default: every hold alone, as the gateway
+        ("{weight: 20, pending: 5}", None, 5.0),
+        ("{weight: 20, pending: live}", None, float("inf")),
+    ],
+)
+def test_the_simulator_pools_as_the_policys_calibrate_pending_says(
+    calibrate: str, pending: float | None, cap: float
+) -> None:
+    """review1's note: `irrev sim run` counted the open holds whatever the policy's
+    calibrate.pending said; it now prices as the gateway would (alone by default, at
+    most the policy's cap)."""
+    plain = "pricing: {model: quantile, recovery: {alpha: 6, beta: 2}, level: 0.999}"
+    text = POLICY.read_text()
+    assert plain in text
+    text = text.replace(plain, plain[:-1] + f", calibrate: {calibrate}}}", 1)
+    policy = load_policy_text(text, str(POLICY))
+    (case,) = world.world(policy, _spec(), "w").cases
+    arm = dict(case.arms)["policy"]
+    assert isinstance(arm, Irrev)
+    assert (arm.pending, arm.pending_cap) == (pending, cap)
