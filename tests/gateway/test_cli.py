@@ -219,4 +219,5 @@ def test_bench_ledger_skips_its_memory_measurement_with_memory_runs_0() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
-    assert report["memory"] == [] and len(report["modes"]) == 3
+    # 1 client, concurrent, pipelined, and the trivial script on the ledger's own path
+    assert report["memory"] == [] and len(report["modes"]) == 4
