@@ -37,7 +37,9 @@
 --          (Kish's effective number, (sum v)^2 / sum v^2 of their face values v, at
 --          least 1, at most the count with this hold: _lib.lua's kish), nothing is
 --          written and the reply is `reprice`; one whose face would take the set's
---          face sum past 2^53-1 (or its squares past 2^106) is bad_input
+--          face sum past 2^53-1 (or its squares past 2^106) is sent back (`reprice`)
+--          when priced for m > 1 and kept outside the set when priced alone (m = 1),
+--          so that one huge hold can neither overflow the set nor close the route
 -- ARGV[18+2n+5m]  optional, after those: the price the effect would have alone
 --          (priced for m = 1), which the approval thresholds compare instead of a
 --          pooled amount below it: an agent can open holds itself to pool over
@@ -221,6 +223,7 @@ end
 -- A calibrating route's open set as it is now; with this hold, it must count at
 -- least what the price assumed.
 local pool
+local outside = false
 if tag then
   local nf, sf, qf = pool_fields(tag)
   pool = redis.call('HMGET', ACCOUNTS, nf, sf, qf)
@@ -229,12 +232,15 @@ if tag then
   end
   local count, sum, squares = tonumber(pool[1]), tonumber(pool[2]), tonumber(pool[3])
   -- Checked here, not by HINCRBY after the writes: a set past its bounds would fail
-  -- the script half way (a hold charged with no journal entry).
+  -- the script half way (a hold charged with no journal entry). Such a hold is
+  -- priced alone, then kept out of the set (as approve.lua does), rather than
+  -- refused: a refusal would close the route to every agent while it is open.
   if sum + face > MAX_AMOUNT or squares + face * face > MAX_POOL_SQUARES then
-    return {'bad_input', 'face_value',
-      "would take the route's open face sum past 2^53-1 (or its squares past 2^106)"}
-  end
-  if priced_for > 1 and kish(count, sum, squares, face) < priced_for then
+    if priced_for > 1 then
+      return {'reprice', pool[1], pool[2], pool[3]}
+    end
+    outside = true
+  elseif priced_for > 1 and kish(count, sum, squares, face) < priced_for then
     return {'reprice', pool[1], pool[2], pool[3]}
   end
 end
@@ -337,7 +343,7 @@ local amt = join_numbers(amounts)
 local fields = {'st', state, 'fp', fp, 'arm', (state == 'escalated') and '0' or armed,
   't0', fmt(now), 'dl', fmt(deadline), 'acc', acc, 'amt', amt, 'why', reason,
   'lim', join_numbers(limits), 'used', join_numbers(used)}
-local cr = tag and state ~= 'denied' and tag .. '|' .. fmt(face)
+local cr = tag and state ~= 'denied' and not outside and tag .. '|' .. fmt(face)
 if cr then
   fields[#fields + 1], fields[#fields + 2] = 'cr', cr
 end

@@ -1,6 +1,6 @@
 """A calibrating route's open set stays within bounds whatever it is fed (review1's
-findings F1, F3, F4 and F6): a reserve that would take the set past them is refused
-with nothing written, the Kish number it prices with never exceeds the count, never-
+findings F1, F3, F4 and F6): a reserve that would take the set past them is sent
+back with nothing written, or kept outside the set when priced alone, the Kish number it prices with never exceeds the count, never-
 sent holds do not pad it, an approval threshold compares the price alone, and the
 pending a price assumed is a decimal number."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
-from ledger.errors import BadInput, PoolShrank
+from ledger.errors import PoolShrank
 from ledger.keys import accounts_key, journal_key
 from ledger.records import AccountSpec, Decision, OpenPool, PoolTicket, ReserveRequest, pool_tag
 
@@ -39,21 +39,32 @@ async def reserve(
     )
 
 
-async def test_a_face_past_the_open_sets_bound_is_refused_with_nothing_written(
+async def test_a_face_past_the_open_sets_bound_is_kept_outside_it_priced_alone(
     ledger: Ledger, tenant: str
 ) -> None:
     """F1: the face sum passing 2^63-1 made HINCRBY fail after the hold and balances
-    were written. The sum is now bounded at 2^53-1 and checked before the first write."""
+    were written. The sum is bounded at 2^53-1 and checked before the first write; a
+    hold past it priced for a pool is sent back with nothing written, and priced
+    alone it is kept outside the set (review3: refusing it closed the route to every
+    agent while the huge hold was open)."""
     await open_accounts(ledger, tenant, tenant_acme=10**15)
     await reserve(ledger, tenant, "big0", MAX)
     before = (await pool(ledger, tenant), await ledger.balances(tenant))
     journal = await ledger.redis.xlen(journal_key(tenant))
-    with pytest.raises(BadInput) as refused:
-        await reserve(ledger, tenant, "big1", MAX)
-    assert refused.value.field == "face_value"
+    with pytest.raises(PoolShrank):
+        await reserve(ledger, tenant, "big1", MAX, pending=2.0)
     assert await ledger.hold(tenant, "big1") is None
     assert (await pool(ledger, tenant), await ledger.balances(tenant)) == before
     assert await ledger.redis.xlen(journal_key(tenant)) == journal
+    await reserve(ledger, tenant, "big1", MAX)
+    assert await ledger.hold(tenant, "big1") is not None
+    assert await pool(ledger, tenant) == before[0]
+    await ledger.void(tenant, "big0")
+    await reserve(ledger, tenant, "small", 1000)
+    after = await pool(ledger, tenant)
+    assert (after.count, after.face_sum) == (1, 1000)
+    await ledger.void(tenant, "big1")  # kept outside: its close leaves the set alone
+    assert await pool(ledger, tenant) == after
     assert (await audit_tenant(ledger, tenant)).mismatches == []
 
 
