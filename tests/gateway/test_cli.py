@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -186,11 +187,10 @@ def test_every_command_takes_json() -> None:
     assert not lacking, f"commands without --json: {lacking}"
 
 
-def test_bench_background_prints_json() -> None:
-    """The shortest run: one idle gateway, one tenant, measured for a second."""
-    short = ["--gateways", "1", "--tenants", "1", "--seconds", "1", "--json"]
+def bench_json(bench: str, *args: str) -> dict[str, Any]:
+    """`irrev bench <bench> ARGS --json` in a process of its own; its report, parsed."""
     result = subprocess.run(
-        [sys.executable, "-m", "irrev.cli", "bench", "background", *short],
+        [sys.executable, "-m", "irrev.cli", "bench", bench, *args, "--json"],
         cwd=ROOT,
         env=base_env(),
         capture_output=True,
@@ -198,7 +198,13 @@ def test_bench_background_prints_json() -> None:
         timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(result.stdout)
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+def test_bench_background_prints_json() -> None:
+    """The shortest run: one idle gateway, one tenant, measured for a second."""
+    report = bench_json("background", "--gateways", "1", "--tenants", "1", "--seconds", "1")
     assert (report["tenants"], report["seconds"]) == (1, 1.0)
     [size] = report["sizes"]
     assert size["gateways"] == 1 and size["vs_first"] == 1.0
@@ -209,15 +215,6 @@ def test_bench_ledger_skips_its_memory_measurement_with_memory_runs_0() -> None:
     """--memory-runs 0 measures no memory (it had a minimum of 1), so a small --holds,
     refused for a memory figure, is then fine: the shortest run, as JSON."""
     short = ["--seconds", "0.1", "--script-calls", "10", "--holds", "100", "--memory-runs", "0"]
-    result = subprocess.run(
-        [sys.executable, "-m", "irrev.cli", "bench", "ledger", *short, "--json"],
-        cwd=ROOT,
-        env=base_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(result.stdout)
+    report = bench_json("ledger", *short)
     # 1 client, concurrent, pipelined, and the trivial script on the ledger's own path
     assert report["memory"] == [] and len(report["modes"]) == 4

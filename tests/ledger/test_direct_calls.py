@@ -89,6 +89,14 @@ async def test_errors_keep_redis_pys_types(direct: DirectCalls) -> None:
     assert await direct.call(("ECHO", "fine")) == "fine"
 
 
+async def reserve_then_read(ledger: Ledger, tenant: str) -> None:
+    """A script call, then a read that needs a connection of the pool's own."""
+    await open_accounts(ledger, tenant, tenant_acme=100)
+    await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
+    balance = await ledger.balance(tenant, "tenant:acme")
+    assert balance is not None and balance.pending == 1
+
+
 async def test_a_small_pool_keeps_no_connection_from_other_commands(
     redis_session_server: EmbeddedRedis, tenant: str
 ) -> None:
@@ -96,10 +104,7 @@ async def test_a_small_pool_keeps_no_connection_from_other_commands(
     it (kept, it would wait out the pool's timeout: pool_exhausted)."""
     ledger = Ledger.from_url(redis_session_server.url, max_connections=1, pool_timeout_s=0.2)
     try:
-        await open_accounts(ledger, tenant, tenant_acme=100)
-        await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
-        balance = await ledger.balance(tenant, "tenant:acme")
-        assert balance is not None and balance.pending == 1
+        await reserve_then_read(ledger, tenant)
     finally:
         await ledger.aclose()
 
@@ -139,10 +144,7 @@ async def test_a_kept_connection_leaves_the_pool_its_whole_bound(
     pool = ledger.redis.connection_pool
     taken = [await pool.get_connection() for _ in range(3)]
     try:
-        await open_accounts(ledger, tenant, tenant_acme=100)
-        await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
-        balance = await ledger.balance(tenant, "tenant:acme")
-        assert balance is not None and balance.pending == 1
+        await reserve_then_read(ledger, tenant)
     finally:
         for conn in taken:
             await pool.release(conn)
