@@ -480,7 +480,13 @@ async def reserve_priced(
         )
         if result.state is HoldState.PENDING:
             await require_replicas(
-                gate, policy.tenant, hold_id, result.replicas, agent.agent_id, prepared.key_name
+                gate,
+                policy.tenant,
+                hold_id,
+                result.replicas,
+                agent.agent_id,
+                prepared.key_name,
+                result.fsynced,
             )
             crash_point("after_reserve")
     if result.state is HoldState.DENIED:
@@ -515,7 +521,9 @@ async def approve(
         resolved(tenant, admin, "approved", hold_id, request, note)
         # Kept for the agent's repeat of its call: worded for where it sends its key.
         key_name = upstream.key_name if upstream is not None else HTTP_KEY
-        await require_replicas(gate, tenant, hold_id, claim.replicas, request.agent, key_name)
+        await require_replicas(
+            gate, tenant, hold_id, claim.replicas, request.agent, key_name, claim.fsynced
+        )
         if upstream is None:
             return None
         # The claim armed the hold for ttl_ms from its Redis time, after `sent`.
@@ -592,30 +600,45 @@ async def require_replicas(
     acknowledged: int | None,
     agent_id: str,
     key_name: str = HTTP_KEY,
+    fsynced: int | None = None,
 ) -> None:
-    """Fail closed when fewer replicas than IRREV_WAIT_REPLICAS acknowledged an
-    admission: a failover could lose it while its effect happened. Nothing has been
-    sent, so the hold is released, with this answer kept for a repeat of the key."""
+    """Fail closed when the primary did not fsync an admission to its AOF in time
+    (IRREV_WAIT_AOF=local, WAITAOF's first count), or fewer replicas than
+    IRREV_WAIT_REPLICAS acknowledged it: a crash or a failover could lose it while
+    its effect happened. Nothing has been sent, so the hold is released, with this
+    answer kept for a repeat of the key."""
     wanted = gate.settings.wait_replicas
-    if acknowledged is None or acknowledged >= wanted:
+    timeout = gate.settings.wait_timeout_ms
+    if fsynced == 0:
+        problem = Problem(
+            503,
+            "not_fsynced",
+            f"Redis had not fsynced the admission to its append-only file within {timeout} "
+            f"ms, so a crash could lose it; it was released and nothing was sent. Retry with "
+            f"a new {key_name}.",
+            headers={"Retry-After": "1"},
+            hold=hold_id,
+        )
+    elif acknowledged is not None and acknowledged < wanted:
+        problem = Problem(
+            503,
+            "not_replicated",
+            f"the admission reached {acknowledged} of {wanted} Redis replicas within "
+            f"{timeout} ms, so a failover could lose it; it was released and nothing was "
+            f"sent. Retry with a new {key_name}.",
+            headers={"Retry-After": "1"},
+            hold=hold_id,
+            replicas=acknowledged,
+            wanted=wanted,
+        )
+    else:
         return
-    problem = Problem(
-        503,
-        "not_replicated",
-        f"the admission reached {acknowledged} of {wanted} Redis replicas within "
-        f"{gate.settings.wait_timeout_ms} ms, so a failover could lose it; it was released "
-        f"and nothing was sent. Retry with a new {key_name}.",
-        headers={"Retry-After": "1"},
-        hold=hold_id,
-        replicas=acknowledged,
-        wanted=wanted,
-    )
     body = bytes(problem.response().body)
     answer = StoredAnswer.of(
         agent_id, 503, [("content-type", PROBLEM_JSON)], body, reason=problem.reason
     )
     await gate.ledger.void(tenant, hold_id, outcome=answer.dumps())
-    metrics.DECISIONS.labels(tenant, "released", "not_replicated", "enforce").inc()
+    metrics.DECISIONS.labels(tenant, "released", problem.reason, "enforce").inc()
     raise problem
 
 

@@ -52,6 +52,8 @@ from .webhooks import Dispatcher
 
 log = logging.getLogger("irrev.gateway")
 LEDGER_START_WAIT_S = 5.0
+# appendfsync everysec's promise: a write is fsynced within about a second.
+EVERYSEC_FSYNC_MS = 1000
 
 
 async def _every(interval_s: float, work: Any, what: str) -> None:
@@ -80,15 +82,37 @@ async def _load_scripts(ledger: Ledger) -> None:
 
 async def _check_durability(ledger: Ledger, settings: GatewaySettings) -> None:
     """Report the server's persistence; refuse to start on one that can lose an
-    acknowledged write if IRREV_DURABILITY=require."""
+    acknowledged write if IRREV_DURABILITY=require, and whatever IRREV_DURABILITY
+    says on one that cannot do the WAITAOF IRREV_WAIT_AOF asks for (every write
+    would fail)."""
     found = await ledger.durability()
+    if settings.wait_aof == "local" and (refusal := found.wait_aof_refusal()):
+        raise LedgerUnavailable("start", RedisFailure.NO_WAITAOF, refusal)
     shortfall = found.shortfall(settings.wait_replicas)
     facts = {
         "appendonly": found.appendonly,
         "appendfsync": found.appendfsync,
         "min_replicas_to_write": found.min_replicas_to_write,
         "wait_replicas": settings.wait_replicas,
+        "wait_aof": settings.wait_aof,
+        "waitaof": found.waitaof,
     }
+    # With everysec, WAITAOF waits for the next fsync (measured ~100 ms on Valkey 8, up
+    # to a second by the setting's promise): a shorter timeout fails writes closed.
+    if (
+        settings.wait_aof == "local"
+        and "everysec" in found.appendfsync.split("|")
+        and settings.wait_timeout_ms < EVERYSEC_FSYNC_MS
+    ):
+        log.warning(
+            "ledger durability",
+            extra={
+                **facts,
+                "shortfall": f"appendfsync everysec fsyncs up to {EVERYSEC_FSYNC_MS} ms "
+                f"after a write and IRREV_WAIT_TIMEOUT_MS is {settings.wait_timeout_ms}: "
+                "writes may fail with not_fsynced",
+            },
+        )
     if not shortfall:
         log.info("ledger durability", extra=facts)
     elif settings.durability == "require":
@@ -118,6 +142,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             denied_retention_ms=settings.denied_retention_s * 1000,
             replicas=settings.wait_replicas,
             replica_timeout_ms=settings.wait_timeout_ms,
+            wait_aof=settings.wait_aof == "local",
         )
         http = make_client(
             settings.upstream_connect_timeout_s,

@@ -164,7 +164,7 @@ DECISION_HEADERS = frozenset(
 # figures. A repeat of the key gets that answer back (contract 3), not the `admit` of
 # the released hold and the price of an effect that was never made. (A kept
 # upstream_unreachable answered an admitted effect's send, with its decision.)
-WITHDRAWN_ADMISSIONS = frozenset({"not_replicated"})
+WITHDRAWN_ADMISSIONS = frozenset({"not_replicated", "not_fsynced"})
 
 
 def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:

@@ -33,7 +33,7 @@ from .scripts import OPERATIONS, function_library, script_source
 
 class Scripts:
     """The ledger's operations on one client: `call` runs one, `call_many` a batch,
-    `call_then_wait` one followed by WAIT on the same connection."""
+    `call_then_wait` one followed by WAIT (or WAITAOF) on the same connection."""
 
     def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
@@ -114,15 +114,16 @@ class Scripts:
             await self.direct.release()
 
     async def call_then_wait(
-        self, operation: str, keys: list[str], args: list[str], replicas: int, timeout_ms: int
+        self, operation: str, keys: list[str], args: list[str], wait: tuple[str | int, ...]
     ) -> tuple[Any, Any]:
-        """The call, then WAIT for `replicas` on the same connection (WAIT counts the
-        replicas that have every write of its connection). Returns (reply or error,
-        WAIT's answer or error)."""
+        """The call, then `wait` (WAIT or WAITAOF and its arguments) on the same
+        connection: both count what happened to every write of their connection
+        (replicas that received it; with WAITAOF, fsyncs of the AOF). Returns (reply or
+        error, the wait's answer or error)."""
         if not self.heads:
             await self.load()
         for attempt in range(2):
-            commands = [self._head(operation, keys, args), ("WAIT", replicas, timeout_ms)]
+            commands = [self._head(operation, keys, args), wait]
             if self.cluster is not None:
                 reply, acked = await on_primary(self.cluster, keys[0], commands)
             else:

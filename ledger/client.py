@@ -52,8 +52,10 @@ from .lease import Lease
 from .policystore import PolicyStore
 from .records import (
     DECIDED_BY,
+    NO_ACKS,
     AccountCheck,
     AccountSpec,
+    Acks,
     Approval,
     Balance,
     Decision,
@@ -106,6 +108,12 @@ class Ledger:
     `replica_timeout_ms`), and its result says how many acknowledged. Redis fails
     over to a replica without the writes it had not received, so an admission that
     no replica holds can vanish with the primary: its caller should not act on it.
+
+    `wait_aof`: WAITAOF 1 `replicas` instead (Redis 7.2+, Valkey): the primary's
+    append-only file fsynced, and `replicas` counts only replicas that fsynced theirs;
+    the result's `fsynced` says whether the primary's was (1) or not in time (0). With
+    `appendfsync always` the fsync precedes the reply, so it costs a round trip's
+    bytes; with `everysec` the wait for the next fsync (measured ~100 ms on Valkey 8).
     """
 
     def __init__(
@@ -116,6 +124,7 @@ class Ledger:
         denied_retention_ms: int = DENIED_RETENTION_MS,
         replicas: int = 0,
         replica_timeout_ms: int = 100,
+        wait_aof: bool = False,
     ) -> None:
         self.redis = redis
         self.retention_ms = validate.ttl("retention_ms", retention_ms)
@@ -127,6 +136,12 @@ class Ledger:
             raise BadInput("replica_timeout_ms", f"must be 1 to {MAX_REPLICA_TIMEOUT_MS}")
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
+        self.wait_aof = wait_aof
+        self._wait: tuple[str | int, ...] = (
+            ("WAITAOF", 1, replicas, replica_timeout_ms)
+            if wait_aof
+            else ("WAIT", replicas, replica_timeout_ms)
+        )
         self._scripts = Scripts(redis)
         self._retention = str(self.retention_ms)
         self._tenant_keys: dict[str, list[str]] = {}
@@ -142,6 +157,7 @@ class Ledger:
         denied_retention_ms: int = DENIED_RETENTION_MS,
         replicas: int = 0,
         replica_timeout_ms: int = 100,
+        wait_aof: bool = False,
         max_connections: int = MAX_CONNECTIONS,
         pool_timeout_s: float = POOL_TIMEOUT_S,
         **options: Any,
@@ -154,6 +170,7 @@ class Ledger:
             denied_retention_ms=denied_retention_ms,
             replicas=replicas,
             replica_timeout_ms=replica_timeout_ms,
+            wait_aof=wait_aof,
         )
 
     async def aclose(self) -> None:
@@ -170,21 +187,21 @@ class Ledger:
 
     async def _run_replicated(
         self, operation: str, keys: list[str], args: list[str]
-    ) -> tuple[Any, int | None]:
-        """`_run`, then WAIT on the same connection when replicas are asked for: the
-        script and the WAIT go out in one pipeline (on a cluster, to the primary of
-        the keys' slot). Returns the reply and how many replicas acknowledged (None
-        when none are asked for)."""
-        if not self.replicas:
-            return await self._run(operation, keys, args), None
+    ) -> tuple[Any, Acks]:
+        """`_run`, then WAIT (or WAITAOF) on the same connection when replicas or the
+        AOF's fsync are asked for: the script and the wait go out in one pipeline (on a
+        cluster, to the primary of the keys' slot). Returns the reply and what was
+        acknowledged (NO_ACKS when nothing is asked for)."""
+        if not self.replicas and not self.wait_aof:
+            return await self._run(operation, keys, args), NO_ACKS
         with translate_redis_errors(operation):
-            reply, acked = await self._scripts.call_then_wait(
-                operation, keys, args, self.replicas, self.replica_timeout_ms
-            )
+            reply, acked = await self._scripts.call_then_wait(operation, keys, args, self._wait)
             for result in (reply, acked):
                 if isinstance(result, Exception):
                     raise result
-        return reply, int(acked)
+        if self.wait_aof:  # WAITAOF: [local fsyncs, replicas that fsynced]
+            return reply, Acks(int(acked[1]), int(acked[0]))
+        return reply, Acks(int(acked), None)
 
     async def send(self, command: tuple[str | int, ...], key: str) -> Any:
         """One raw command sent the way the ledger sends its scripts (`key`: a key of
@@ -249,12 +266,19 @@ class Ledger:
         keys = tenant_keys(validate.tenant_id(tenant))[:2]
         reply, acked = await self._run_replicated("account", keys, _account_args(spec))
         raise_for_reply(tenant, "", "upsert", reply)
-        if acked is not None and acked < self.replicas:
+        if acked.fsynced == 0:
+            raise LedgerUnavailable(
+                "upsert",
+                RedisFailure.NOT_FSYNCED,
+                f"the primary had not fsynced the account change to its AOF in "
+                f"{self.replica_timeout_ms} ms; write it again",
+            )
+        if acked.replicas is not None and acked.replicas < self.replicas:
             raise LedgerUnavailable(
                 "upsert",
                 RedisFailure.NOT_REPLICATED,
-                f"{acked} of {self.replicas} replicas acknowledged the account change in "
-                f"{self.replica_timeout_ms} ms; write it again once they are back",
+                f"{acked.replicas} of {self.replicas} replicas acknowledged the account change "
+                f"in {self.replica_timeout_ms} ms; write it again once they are back",
             )
         # The list of tenants is a key of its own slot, kept for operators (audit);
         # nothing on the admission path reads it.
@@ -426,11 +450,11 @@ class Ledger:
         )
         args = self._reserve_args(reserve)  # first: its errors name the idempotency key
         keys = self._hold_keys(tenant, idempotency_key)
-        reply, replicas = await self._run_replicated("reserve", keys, args)
+        reply, acked = await self._run_replicated("reserve", keys, args)
         if reply[0] == EXPIRE_FIRST:
             await self._expire_due(tenant)
-            reply, replicas = await self._run_replicated("reserve", keys, _deciding(args, pool))
-        return _reserve_result(tenant, idempotency_key, reply, replicas)
+            reply, acked = await self._run_replicated("reserve", keys, _deciding(args, pool))
+        return _reserve_result(tenant, idempotency_key, reply, acked)
 
     async def reserve_many(
         self, tenant: str, requests: Sequence[ReserveRequest]
@@ -600,11 +624,18 @@ class Ledger:
             validate.note(note),
         ]
         keys = hold_script_keys(validate.tenant_id(tenant), hold_id)
-        reply, replicas = await self._run_replicated("approve", keys, args)
+        reply, acked = await self._run_replicated("approve", keys, args)
         status = raise_for_reply(tenant, hold_id, "approve", reply)
         state, by, deadline_ms, request = reply[1:5]
         return Approval(
-            status, hold_id, HoldState(state), str(by), int(deadline_ms), str(request), replicas
+            status,
+            hold_id,
+            HoldState(state),
+            str(by),
+            int(deadline_ms),
+            str(request),
+            acked.replicas,
+            acked.fsynced,
         )
 
     async def reject(
@@ -976,7 +1007,7 @@ def _deciding(args: list[str], pool: PoolTicket | None) -> list[str]:
 
 
 def _reserve_result(
-    tenant: str, hold_id: str, reply: list[Any], replicas: int | None = None
+    tenant: str, hold_id: str, reply: list[Any], acked: Acks = NO_ACKS
 ) -> ReserveResult:
     status = _OK_STATUSES.get(reply[0]) or raise_for_reply(tenant, hold_id, "reserve", reply)
     end = 7 + 4 * int(reply[6])
@@ -993,13 +1024,14 @@ def _reserve_result(
         deadline_ms=int(reply[4]),
         created_ms=int(reply[5]),
         accounts=checks,
-        replicas=replicas,
+        replicas=acked.replicas,
+        fsynced=acked.fsynced,
         pool=open_pool(reply, end) if len(reply) > end else None,
     )
 
 
 def _transition_result(
-    tenant: str, hold_id: str, operation: str, reply: list[Any], replicas: int | None = None
+    tenant: str, hold_id: str, operation: str, reply: list[Any], acked: Acks = NO_ACKS
 ) -> TransitionResult:
     status = _OK_STATUSES.get(reply[0]) or raise_for_reply(tenant, hold_id, operation, reply)
     flags = str(reply[2])
@@ -1011,7 +1043,8 @@ def _transition_result(
         state=_STATES[reply[1]],
         flags=frozenset(flags.split(",")) - {""} if flags else _NO_FLAGS,
         by=flags if operation in ("reject", "note") else "",
-        replicas=replicas,
+        replicas=acked.replicas,
+        fsynced=acked.fsynced,
     )
 
 

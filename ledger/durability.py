@@ -1,6 +1,7 @@
 """What the ledger's Redis does to keep a write: its persistence settings, read with
-CONFIG GET at start (a managed Redis may refuse CONFIG: then they are unknown), and
-whether that meets what the gateway is told to require."""
+CONFIG GET at start (a managed Redis may refuse CONFIG: then they are unknown),
+whether it has WAITAOF (COMMAND INFO: Redis 7.2+, Valkey), and whether that meets
+what the gateway is told to require."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .cluster import RedisClient
 
 PARAMETERS = ("appendonly", "appendfsync", "min-replicas-to-write")
 UNKNOWN = "unknown"
+WAITAOF_SINCE = (7, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +25,8 @@ class Durability:
     appendonly: str
     appendfsync: str
     min_replicas_to_write: str
+    # "yes" where the server knows WAITAOF, "no" where not (Redis < 7.2).
+    waitaof: str = UNKNOWN
 
     def shortfall(self, wait_replicas: int) -> str:
         """Why an acknowledged write could be lost on a restart ("" if it cannot): AOF
@@ -39,10 +43,51 @@ class Durability:
             return f"appendfsync is {self.appendfsync}: a crash loses what the OS had not written"
         return ""
 
+    def wait_aof_refusal(self) -> str:
+        """Why WAITAOF 1 (IRREV_WAIT_AOF=local) could not acknowledge a write here (""
+        if it can): every admission would then fail, so a gateway does not start.
+        Without WAITAOF the server answers it with an error; with appendonly off
+        WAITAOF refuses numlocal 1; with appendfsync no the server never fsyncs
+        for it, so every wait runs out. Settings CONFIG GET could not read are
+        left to the first write, which fails closed if they fall short."""
+        if "no" in self.waitaof.split("|"):
+            return "the server has no WAITAOF (it needs Redis 7.2+ or Valkey)"
+        if "no" in self.appendonly.split("|"):
+            return "appendonly is no: WAITAOF cannot wait for a local fsync"
+        if "no" in self.appendfsync.split("|"):
+            return "appendfsync is no: the server never fsyncs for WAITAOF, every wait runs out"
+        return ""
+
 
 async def read_durability(redis: RedisClient) -> Durability:
-    values = [await _config(redis, name) for name in PARAMETERS]
-    return Durability(*values)
+    appendonly, appendfsync, min_replicas = [await _config(redis, name) for name in PARAMETERS]
+    return Durability(appendonly, appendfsync, min_replicas, await _has_waitaof(redis))
+
+
+async def _has_waitaof(redis: RedisClient) -> str:
+    """'yes' or 'no' (on a cluster, every primary's answer, "no|yes" where they
+    differ): whether the server's Redis version (INFO server's redis_version, which
+    Valkey reports as the Redis it is compatible with) is 7.2 or later, the first
+    with WAITAOF. (COMMAND INFO would say it directly, but redis-py's parser fails
+    on its answer for a command the server lacks.)"""
+    try:
+        if isinstance(redis, RedisCluster):
+            await redis.initialize()
+            found = {
+                _known(await redis.info("server", target_nodes=node))
+                for node in redis.get_primaries()
+            }
+            return "|".join(sorted(found)) or UNKNOWN
+        return _known(await redis.info("server"))
+    except redis_errors.ResponseError:
+        return UNKNOWN  # INFO not allowed (ACLs)
+
+
+def _known(info: dict[str, object]) -> str:
+    parts = str(info.get("redis_version", "")).split(".")
+    if len(parts) < 2 or not all(part.isdigit() for part in parts[:2]):
+        return UNKNOWN
+    return "yes" if (int(parts[0]), int(parts[1])) >= WAITAOF_SINCE else "no"
 
 
 async def _config(redis: RedisClient, name: str) -> str:

@@ -126,7 +126,9 @@ class RedisFailure(StrEnum):
     ENCODING = "encoding"
     REFUSED = "refused"
     NOT_REPLICATED = "not_replicated"
+    NOT_FSYNCED = "not_fsynced"
     NOT_DURABLE = "not_durable"
+    NO_WAITAOF = "no_waitaof"
 
 
 # What happened, and what to do about it.
@@ -204,6 +206,16 @@ _EXPLAINED: dict[RedisFailure, tuple[str, str]] = {
     RedisFailure.NOT_REPLICATED: (
         "too few replicas acknowledged a write",
         "bring the replicas back (IRREV_WAIT_REPLICAS says how many must acknowledge)",
+    ),
+    RedisFailure.NOT_FSYNCED: (
+        "the primary did not fsync a write to its append-only file in time",
+        "check the server's disk and appendfsync (always acknowledges at once, everysec "
+        "within about a second: raise IRREV_WAIT_TIMEOUT_MS), or unset IRREV_WAIT_AOF",
+    ),
+    RedisFailure.NO_WAITAOF: (
+        "Redis cannot acknowledge fsyncs as IRREV_WAIT_AOF asks",
+        "run Redis 7.2+ or Valkey with appendonly yes and appendfsync always or everysec, "
+        "or unset IRREV_WAIT_AOF",
     ),
     RedisFailure.NOT_DURABLE: (
         "Redis does not keep writes as IRREV_DURABILITY=require asks",

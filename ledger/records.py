@@ -298,6 +298,18 @@ class ReserveRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Acks:
+    """What a write's WAIT or WAITAOF acknowledged: replicas (None if not asked for)
+    and, for WAITAOF, whether the primary fsynced it (1/0; None if not asked for)."""
+
+    replicas: int | None
+    fsynced: int | None
+
+
+NO_ACKS = Acks(None, None)
+
+
+@dataclass(frozen=True, slots=True)
 class ReserveResult:
     status: Status  # OK for a new decision, EXISTS for a replay
     hold_id: str
@@ -307,11 +319,15 @@ class ReserveResult:
     deadline_ms: int
     created_ms: int
     accounts: tuple[AccountCheck, ...]
-    # Replicas that acknowledged the write before the reply (WAIT); None if not asked.
+    # Replicas that acknowledged the write before the reply (WAIT; with WAITAOF,
+    # replicas that fsynced it); None if not asked.
     replicas: int | None = None
     # A calibrating route's open set after this decision (None for a replay, or a
     # route that does not calibrate).
     pool: OpenPool | None = None
+    # WAITAOF (Ledger's wait_aof): 1 if the primary fsynced the write to its AOF in
+    # time, 0 if not; None if not asked.
+    fsynced: int | None = None
 
     @property
     def replayed(self) -> bool:
@@ -357,6 +373,7 @@ class TransitionResult:
     by: str = ""  # who rejected it (reject) or resolved it by hand (note)
     replicas: int | None = None  # as in ReserveResult
     claim: str = ""  # a won retry claim (Ledger.retry), to pass to mark_ambiguous
+    fsynced: int | None = None  # as in ReserveResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +389,7 @@ class Approval:
     deadline_ms: int
     request: str
     replicas: int | None = None  # as in ReserveResult
+    fsynced: int | None = None  # as in ReserveResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,21 @@ def server_binary(name: str) -> Path:
     return binary
 
 
+def valkey_binary() -> Path:
+    """Valkey's server (a Redis 7.2 fork, Debian bookworm-backports' valkey-server),
+    for the tests of WAITAOF, which Redis 7.0 lacks; skips (fails under CI) when it
+    is missing."""
+    found = shutil.which("valkey-server")
+    if found is None:
+        missing = (
+            "no valkey-server (bookworm-backports: apt install -t bookworm-backports valkey-server)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must test WAITAOF: {missing}", pytrace=False)
+        pytest.skip(missing)
+    return Path(found)
+
+
 class SessionServers:
     """The session's servers, each started on first use and stopped at the end."""
 
@@ -171,9 +186,19 @@ class ReplicatedRedis:
 
 @pytest.fixture
 def replicated_redis(redis_binary: Path, tmp_path: Path) -> Iterator[ReplicatedRedis]:
+    yield from replicated(redis_binary, tmp_path)
+
+
+@pytest.fixture
+def replicated_valkey(tmp_path: Path) -> Iterator[ReplicatedRedis]:
+    """A Valkey primary and replica (AOF on, appendfsync always), for WAITAOF."""
+    yield from replicated(valkey_binary(), tmp_path)
+
+
+def replicated(binary: Path, tmp_path: Path) -> Iterator[ReplicatedRedis]:
     with (
-        EmbeddedRedis(tmp_path / "primary", binary=redis_binary, tcp=True) as primary,
-        EmbeddedRedis(tmp_path / "replica", binary=redis_binary, tcp=True) as replica,
+        EmbeddedRedis(tmp_path / "primary", binary=binary, tcp=True) as primary,
+        EmbeddedRedis(tmp_path / "replica", binary=binary, tcp=True) as replica,
     ):
         pair = ReplicatedRedis(primary, replica)
         pair.attach()

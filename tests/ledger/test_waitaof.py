@@ -1,0 +1,70 @@
+"""WAITAOF (Ledger's wait_aof) on a real Valkey primary and replica (Redis 7.2's
+protocol; Debian's Redis 7.0 lacks the command): every write that waits reports
+whether the primary fsynced it and how many replicas fsynced it; with fsyncs
+turned off, or the replica SIGKILLed, the counts say so and nothing acknowledges
+falsely."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from ledger.client import Ledger
+from ledger.errors import LedgerUnavailable, RedisFailure
+from ledger.records import AccountSpec, HoldState
+
+from ..conftest import ReplicatedRedis
+
+HOUR_MS = 3_600_000
+
+
+async def test_every_waiting_write_reports_the_fsyncs(
+    replicated_valkey: ReplicatedRedis, tenant: str
+) -> None:
+    url = replicated_valkey.primary.url
+    ledger = Ledger.from_url(url, replicas=1, replica_timeout_ms=2000, wait_aof=True)
+    try:
+        await ledger.upsert_account(
+            tenant, AccountSpec("tenant:acme", 10_000, 10_000, approval_threshold=400)
+        )
+        admitted = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+        assert (admitted.state, admitted.fsynced, admitted.replicas) == (HoldState.PENDING, 1, 1)
+        posted = await ledger.post(tenant, "k1", 150)  # an overrun: more than was held
+        assert (posted.fsynced, posted.replicas) == (1, 1)
+        escalated = await ledger.reserve(tenant, "k2", "fp", {"tenant:acme": 500}, ttl_ms=HOUR_MS)
+        assert escalated.state is HoldState.ESCALATED
+        approval = await ledger.approve(tenant, "k2", "admin", ttl_ms=HOUR_MS)
+        assert (approval.fsynced, approval.replicas) == (1, 1)
+        settled = await ledger.post(tenant, "k2", 400)
+        assert (settled.fsynced, settled.replicas) == (1, 1)
+
+        await asyncio.to_thread(replicated_valkey.replica.kill)
+        alone = await ledger.reserve(tenant, "k3", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+        assert (alone.fsynced, alone.replicas) == (1, 0)  # kept locally, on no replica
+        with pytest.raises(LedgerUnavailable) as lowered:  # a limit decrease
+            await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 5_000, 5_000))
+        assert lowered.value.cause is RedisFailure.NOT_REPLICATED
+    finally:
+        await ledger.aclose()
+
+
+async def test_a_write_the_primary_never_fsyncs_is_not_acknowledged(
+    replicated_valkey: ReplicatedRedis, tenant: str
+) -> None:
+    """appendfsync no: the server never fsyncs for WAITAOF, whose local count stays 0
+    (a gateway refuses to start so; here it changed under a running ledger)."""
+    url = replicated_valkey.primary.url
+    ledger = Ledger.from_url(url, replica_timeout_ms=200, wait_aof=True)
+    try:
+        await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        with redis.Redis.from_url(url) as admin:
+            admin.config_set("appendfsync", "no")
+        held = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+        assert (held.fsynced, held.replicas) == (0, 0)
+        with pytest.raises(LedgerUnavailable) as lowered:
+            await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 5_000, 5_000))
+        assert lowered.value.cause is RedisFailure.NOT_FSYNCED
+    finally:
+        await ledger.aclose()
