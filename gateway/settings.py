@@ -126,12 +126,13 @@ class GatewaySettings(BaseSettings):
         "effect is forwarded; fewer within wait_timeout_ms: released, 503 not_replicated",
     )
     wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
-    wait_aof: Literal["off", "local"] = Field(
+    wait_aof: Literal["off", "local", "all"] = Field(
         default="off",
-        description="'local': every write that waits (admission, approval, post, true-up, "
-        "account change) waits instead with WAITAOF (Redis 7.2+, Valkey) for the primary's "
-        "append-only file to be fsynced, and IRREV_WAIT_REPLICAS counts only replicas that "
-        "fsynced theirs; not in wait_timeout_ms: released, 503 not_fsynced. A server "
+        description="WAITAOF (Redis 7.2+, Valkey) on every write that must be kept "
+        "(admission, approval, post, true-up, account change): 'local' waits for the "
+        "primary's fsync of its append-only file too (not within wait_timeout_ms: released, "
+        "503 not_fsynced), 'all' also counts only replicas that fsynced it toward "
+        "wait_replicas (about a second a write: they report fsyncs once a second). A server "
         "without WAITAOF, AOF or fsyncs refuses the start",
     )
     durability: Literal["warn", "require"] = Field(

@@ -114,23 +114,23 @@ class Scripts:
             await self.direct.release()
 
     async def call_then_wait(
-        self, operation: str, keys: list[str], args: list[str], wait: tuple[str | int, ...]
-    ) -> tuple[Any, Any]:
-        """The call, then `wait` (WAIT or WAITAOF and its arguments) on the same
-        connection: both count what happened to every write of their connection
+        self, operation: str, keys: list[str], args: list[str], waits: list[tuple[Any, ...]]
+    ) -> tuple[Any, list[Any]]:
+        """The call, then `waits` (WAIT, WAITAOF, with their arguments) on the same
+        connection: each counts what happened to every write of its connection
         (replicas that received it; with WAITAOF, fsyncs of the AOF). Returns (reply or
-        error, the wait's answer or error)."""
+        error, each wait's answer or error)."""
         if not self.heads:
             await self.load()
         for attempt in range(2):
-            commands = [self._head(operation, keys, args), wait]
+            commands = [self._head(operation, keys, args), *waits]
             if self.cluster is not None:
-                reply, acked = await on_primary(self.cluster, keys[0], commands)
+                reply, *acked = await on_primary(self.cluster, keys[0], commands)
             else:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for command in commands:
                         pipe.execute_command(*command)
-                    reply, acked = await pipe.execute(raise_on_error=False)
+                    reply, *acked = await pipe.execute(raise_on_error=False)
             if attempt == 0 and isinstance(reply, redis_errors.ResponseError) and _missing(reply):
                 await self.load()
                 continue

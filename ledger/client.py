@@ -18,7 +18,7 @@ from . import validate
 from .calls import Scripts
 from .cluster import RedisClient
 from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
-from .durability import Durability, read_durability
+from .durability import WAIT_AOF_MODES, Durability, WaitAof, read_durability
 from .embedded import redis_url
 from .errors import (
     BadInput,
@@ -109,11 +109,13 @@ class Ledger:
     over to a replica without the writes it had not received, so an admission that
     no replica holds can vanish with the primary: its caller should not act on it.
 
-    `wait_aof`: WAITAOF 1 `replicas` instead (Redis 7.2+, Valkey): the primary's
-    append-only file fsynced, and `replicas` counts only replicas that fsynced theirs;
-    the result's `fsynced` says whether the primary's was (1) or not in time (0). With
-    `appendfsync always` the fsync precedes the reply, so it costs a round trip's
-    bytes; with `everysec` the wait for the next fsync (measured ~100 ms on Valkey 8).
+    `wait_aof` (Redis 7.2+, Valkey): "local" follows every such write by WAITAOF 1 0
+    too, for the primary's fsync of its append-only file: the result's `fsynced` says
+    whether it was (1) or not in time (0). With `appendfsync always` the fsync precedes
+    the reply, so it costs a round trip's bytes; with `everysec` the wait for the next
+    fsync (measured ~100 ms on Valkey 8). "all" sends WAITAOF 1 `replicas` instead of
+    WAIT: `replicas` then counts replicas that fsynced the write, which they report
+    about once a second (measured ~1 s a write on Valkey 8). "off": WAIT alone.
     """
 
     def __init__(
@@ -124,7 +126,7 @@ class Ledger:
         denied_retention_ms: int = DENIED_RETENTION_MS,
         replicas: int = 0,
         replica_timeout_ms: int = 100,
-        wait_aof: bool = False,
+        wait_aof: WaitAof = "off",
     ) -> None:
         self.redis = redis
         self.retention_ms = validate.ttl("retention_ms", retention_ms)
@@ -136,12 +138,10 @@ class Ledger:
             raise BadInput("replica_timeout_ms", f"must be 1 to {MAX_REPLICA_TIMEOUT_MS}")
         self.replicas = replicas
         self.replica_timeout_ms = replica_timeout_ms
+        if wait_aof not in WAIT_AOF_MODES:
+            raise BadInput("wait_aof", f"must be one of {', '.join(WAIT_AOF_MODES)}")
         self.wait_aof = wait_aof
-        self._wait: tuple[str | int, ...] = (
-            ("WAITAOF", 1, replicas, replica_timeout_ms)
-            if wait_aof
-            else ("WAIT", replicas, replica_timeout_ms)
-        )
+        self._waits = _waits(wait_aof, replicas, replica_timeout_ms)
         self._scripts = Scripts(redis)
         self._retention = str(self.retention_ms)
         self._tenant_keys: dict[str, list[str]] = {}
@@ -157,7 +157,7 @@ class Ledger:
         denied_retention_ms: int = DENIED_RETENTION_MS,
         replicas: int = 0,
         replica_timeout_ms: int = 100,
-        wait_aof: bool = False,
+        wait_aof: WaitAof = "off",
         max_connections: int = MAX_CONNECTIONS,
         pool_timeout_s: float = POOL_TIMEOUT_S,
         **options: Any,
@@ -188,20 +188,26 @@ class Ledger:
     async def _run_replicated(
         self, operation: str, keys: list[str], args: list[str]
     ) -> tuple[Any, Acks]:
-        """`_run`, then WAIT (or WAITAOF) on the same connection when replicas or the
-        AOF's fsync are asked for: the script and the wait go out in one pipeline (on a
-        cluster, to the primary of the keys' slot). Returns the reply and what was
+        """`_run`, then WAIT or WAITAOF (or both) on the same connection when replicas or
+        the AOF's fsync are asked for: the script and the waits go out in one pipeline
+        (on a cluster, to the primary of the keys' slot). Returns the reply and what was
         acknowledged (NO_ACKS when nothing is asked for)."""
-        if not self.replicas and not self.wait_aof:
+        if not self._waits:
             return await self._run(operation, keys, args), NO_ACKS
         with translate_redis_errors(operation):
-            reply, acked = await self._scripts.call_then_wait(operation, keys, args, self._wait)
-            for result in (reply, acked):
+            reply, answers = await self._scripts.call_then_wait(operation, keys, args, self._waits)
+            for result in (reply, *answers):
                 if isinstance(result, Exception):
                     raise result
-        if self.wait_aof:  # WAITAOF: [local fsyncs, replicas that fsynced]
-            return reply, Acks(int(acked[1]), int(acked[0]))
-        return reply, Acks(int(acked), None)
+        replicas = fsynced = None
+        for (command, *_), answer in zip(self._waits, answers, strict=True):
+            if command == "WAIT":
+                replicas = int(answer)
+            else:  # WAITAOF: [local fsyncs, replicas that fsynced]
+                fsynced = int(answer[0])
+                if self.wait_aof == "all":
+                    replicas = int(answer[1])
+        return reply, Acks(replicas, fsynced)
 
     async def send(self, command: tuple[str | int, ...], key: str) -> Any:
         """One raw command sent the way the ledger sends its scripts (`key`: a key of
@@ -930,6 +936,20 @@ class Ledger:
             return _transition_result(tenant, hold_id, operation, reply, acked)
         reply = await self._run(operation, keys, args)
         return _transition_result(tenant, hold_id, operation, reply)
+
+
+def _waits(wait_aof: WaitAof, replicas: int, timeout_ms: int) -> list[tuple[Any, ...]]:
+    """What follows a write that must be kept: WAITAOF 1 N where replicas must have
+    fsynced it ("all"); else WAITAOF 1 0 for the primary's own fsync ("local"), first,
+    as with appendfsync always it answers at once, and WAIT N for replicas."""
+    if wait_aof == "all":
+        return [("WAITAOF", 1, replicas, timeout_ms)]
+    waits: list[tuple[Any, ...]] = []
+    if wait_aof == "local":
+        waits.append(("WAITAOF", 1, 0, timeout_ms))
+    if replicas:
+        waits.append(("WAIT", replicas, timeout_ms))
+    return waits
 
 
 @asynccontextmanager

@@ -6,6 +6,7 @@ what the gateway is told to require."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
@@ -15,6 +16,10 @@ from .cluster import RedisClient
 PARAMETERS = ("appendonly", "appendfsync", "min-replicas-to-write")
 UNKNOWN = "unknown"
 WAITAOF_SINCE = (7, 2)
+# What a write that must be kept waits for besides replicas (Ledger's wait_aof): no
+# fsync, the primary's, or the primary's and every counted replica's.
+WaitAof = Literal["off", "local", "all"]
+WAIT_AOF_MODES: tuple[str, ...] = get_args(WaitAof)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +49,7 @@ class Durability:
         return ""
 
     def wait_aof_refusal(self) -> str:
-        """Why WAITAOF 1 (IRREV_WAIT_AOF=local) could not acknowledge a write here (""
+        """Why WAITAOF 1 (IRREV_WAIT_AOF local or all) could not acknowledge a write here (""
         if it can): every admission would then fail, so a gateway does not start.
         Without WAITAOF the server answers it with an error; with appendonly off
         WAITAOF refuses numlocal 1; with appendfsync no the server never fsyncs

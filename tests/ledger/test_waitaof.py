@@ -7,15 +7,17 @@ falsely."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import redis
 
+from ledger import EmbeddedRedis
 from ledger.client import Ledger
 from ledger.errors import LedgerUnavailable, RedisFailure
 from ledger.records import AccountSpec, HoldState
 
-from ..conftest import ReplicatedRedis
+from ..conftest import ReplicatedRedis, valkey_binary
 
 HOUR_MS = 3_600_000
 
@@ -23,46 +25,56 @@ HOUR_MS = 3_600_000
 async def test_every_waiting_write_reports_the_fsyncs(
     replicated_valkey: ReplicatedRedis, tenant: str
 ) -> None:
+    """ "local": WAITAOF 1 0 and WAIT 1; "all": WAITAOF 1 1 (a replica reports its
+    fsyncs about once a second, hence the longer timeout)."""
     url = replicated_valkey.primary.url
-    ledger = Ledger.from_url(url, replicas=1, replica_timeout_ms=2000, wait_aof=True)
+    local = Ledger.from_url(url, replicas=1, replica_timeout_ms=2000, wait_aof="local")
+    every = Ledger.from_url(url, replicas=1, replica_timeout_ms=3000, wait_aof="all")
+    short = Ledger.from_url(url, replicas=1, replica_timeout_ms=300, wait_aof="all")
     try:
-        await ledger.upsert_account(
+        await local.upsert_account(
             tenant, AccountSpec("tenant:acme", 10_000, 10_000, approval_threshold=400)
         )
-        admitted = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+        admitted = await local.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert (admitted.state, admitted.fsynced, admitted.replicas) == (HoldState.PENDING, 1, 1)
-        posted = await ledger.post(tenant, "k1", 150)  # an overrun: more than was held
+        posted = await local.post(tenant, "k1", 150)  # an overrun: more than was held
         assert (posted.fsynced, posted.replicas) == (1, 1)
-        escalated = await ledger.reserve(tenant, "k2", "fp", {"tenant:acme": 500}, ttl_ms=HOUR_MS)
+        escalated = await local.reserve(tenant, "k2", "fp", {"tenant:acme": 500}, ttl_ms=HOUR_MS)
         assert escalated.state is HoldState.ESCALATED
-        approval = await ledger.approve(tenant, "k2", "admin", ttl_ms=HOUR_MS)
+        approval = await local.approve(tenant, "k2", "admin", ttl_ms=HOUR_MS)
         assert (approval.fsynced, approval.replicas) == (1, 1)
-        settled = await ledger.post(tenant, "k2", 400)
+        settled = await every.post(tenant, "k2", 400)
         assert (settled.fsynced, settled.replicas) == (1, 1)
+        await every.upsert_account(tenant, AccountSpec("tenant:acme", 9_000, 9_000))
 
         await asyncio.to_thread(replicated_valkey.replica.kill)
-        alone = await ledger.reserve(tenant, "k3", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+        alone = await short.reserve(tenant, "k3", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert (alone.fsynced, alone.replicas) == (1, 0)  # kept locally, on no replica
         with pytest.raises(LedgerUnavailable) as lowered:  # a limit decrease
-            await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 5_000, 5_000))
+            await short.upsert_account(tenant, AccountSpec("tenant:acme", 5_000, 5_000))
         assert lowered.value.cause is RedisFailure.NOT_REPLICATED
     finally:
-        await ledger.aclose()
+        for ledger in (local, every, short):
+            await ledger.aclose()
 
 
 async def test_a_write_the_primary_never_fsyncs_is_not_acknowledged(
-    replicated_valkey: ReplicatedRedis, tenant: str
+    tenant: str, tmp_path: Path
 ) -> None:
     """appendfsync no: the server never fsyncs for WAITAOF, whose local count stays 0
     (a gateway refuses to start so; here it changed under a running ledger)."""
-    url = replicated_valkey.primary.url
-    ledger = Ledger.from_url(url, replica_timeout_ms=200, wait_aof=True)
+    with EmbeddedRedis(tmp_path / "valkey", binary=valkey_binary(), tcp=True) as server:
+        await unfsynced(server.url, tenant)
+
+
+async def unfsynced(url: str, tenant: str) -> None:
+    ledger = Ledger.from_url(url, replica_timeout_ms=200, wait_aof="local")
     try:
         await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
         with redis.Redis.from_url(url) as admin:
             admin.config_set("appendfsync", "no")
         held = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
-        assert (held.fsynced, held.replicas) == (0, 0)
+        assert (held.fsynced, held.replicas) == (0, None)  # no replicas asked for
         with pytest.raises(LedgerUnavailable) as lowered:
             await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 5_000, 5_000))
         assert lowered.value.cause is RedisFailure.NOT_FSYNCED

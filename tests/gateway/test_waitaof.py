@@ -1,0 +1,121 @@
+"""IRREV_WAIT_AOF=local: every admission waits (WAITAOF) for the primary's AOF fsync
+and, with IRREV_WAIT_REPLICAS, for replicas that fsynced it; a write not fsynced or
+not replicated in time is released before anything is sent. Real `irrev serve`
+processes on real Valkey servers (Redis 7.2's WAITAOF; Debian's Redis 7.0 lacks
+it, and a gateway asked for it there refuses to start, as on a server whose AOF
+or fsyncs are off)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from ledger import EmbeddedRedis
+
+from ..conftest import ReplicatedRedis, server_binary, valkey_binary
+from .conftest import own_gateway
+from .helpers import assert_problem, balances, effect_headers, ledger_audit, order, used
+from .servers import BIN, Server, base_env, write_policy
+from .test_replicas import unreplicated_admissions
+
+WAIT_AOF = {"IRREV_WAIT_AOF": "local", "IRREV_WAIT_TIMEOUT_MS": "300"}
+
+
+async def test_a_lost_replica_releases_admissions_that_wait_for_its_fsync(
+    replicated_valkey: ReplicatedRedis,
+    suppliers: Server,
+    upstream: httpx.AsyncClient,
+    tmp_path: Path,
+) -> None:
+    """IRREV_WAIT_AOF=all, WAITAOF 1 1: the primary fsynced each admission but no
+    replica did once the replica was SIGKILLed: 503 not_replicated, released, nothing
+    sent (the checks of tests/gateway/test_replicas.py), and admissions go through
+    again once it is back. (A replica reports its fsyncs about once a second.)"""
+    url = replicated_valkey.primary.url
+    settings = {
+        "IRREV_WAIT_AOF": "all",
+        "IRREV_WAIT_REPLICAS": "1",
+        "IRREV_WAIT_TIMEOUT_MS": "2500",
+    }
+    with own_gateway(url, suppliers, tmp_path, 1, **settings) as gateway:
+        await unreplicated_admissions(
+            gateway, upstream, replicated_valkey.replica.kill, replicated_valkey.attach
+        )
+        audit = ledger_audit(url, gateway.tenant("own"))
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+async def test_an_admission_the_primary_did_not_fsync_is_released(
+    suppliers: Server, upstream: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """appendfsync turned to no under a running gateway: WAITAOF's local count stays
+    0, so the admission is refused (not_fsynced) and released, never sent."""
+    server = EmbeddedRedis(tmp_path / "valkey", binary=valkey_binary(), tcp=True)
+    with server, own_gateway(server.url, suppliers, tmp_path, 1, **WAIT_AOF) as gateway:
+        tenant = gateway.tenant("own")
+        async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
+
+            async def send(key: str) -> httpx.Response:
+                return await http.post(
+                    "/tools/supplier/orders",
+                    json=order(),
+                    headers=effect_headers(tenant, "buyer-01", key),
+                )
+
+            async def orders() -> int:
+                stats = (await upstream.get(f"/{tenant.id}/_stats")).json()
+                return int(stats["orders"])
+
+            assert (await send("o1")).status_code == 201
+            before = used(await balances(http, gateway.admin, tenant))
+            with redis.Redis.from_url(server.url) as admin:
+                admin.config_set("appendfsync", "no")
+                refused = assert_problem(await send("o2"), 503, "not_fsynced")
+                again = await send("o2")  # a repeat of the key gets the same answer
+                admin.config_set("appendfsync", "always")
+            assert_problem(again, 503, "not_fsynced")
+            assert again.headers["x-irrev-hold"] == refused["hold"]
+            assert "x-irrev-decision" not in again.headers
+            assert await orders() == 1  # nothing was sent
+            assert used(await balances(http, gateway.admin, tenant)) == before  # released
+            assert (await send("o3")).status_code == 201
+            assert await orders() == 2
+        audit = ledger_audit(server.url, tenant)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+@pytest.mark.parametrize(
+    ("server", "said"),
+    [
+        ("redis7", "the server has no WAITAOF"),
+        ("appendonly no", "appendonly is no"),
+        ("appendfsync no", "appendfsync is no"),
+    ],
+)
+def test_a_server_that_cannot_wait_for_fsyncs_refuses_the_start(
+    server: str, said: str, tmp_path: Path
+) -> None:
+    """Every write would fail, so the gateway does not start, with a line saying why
+    and what to do, whatever IRREV_DURABILITY says (here the default, warn)."""
+    binary = server_binary("redis7") if server == "redis7" else valkey_binary()
+    with EmbeddedRedis(tmp_path / "redis", binary=binary, tcp=True) as redis_server:
+        if server != "redis7":
+            name = server.split()[0]
+            with redis.Redis.from_url(redis_server.url) as client:
+                client.config_set(name, "no")
+        write_policy(tmp_path / "policies", "procurement", "fsyncs", "http://127.0.0.1:9")
+        env = base_env(
+            IRREV_REDIS_URL=redis_server.url,
+            IRREV_POLICY_DIR=str(tmp_path / "policies"),
+            IRREV_WAIT_AOF="local",
+        )
+        gateway = Server("gateway", [str(BIN / "irrev"), "serve"], env, tmp_path / "gw.log")
+        gateway.argv += ["--port", str(gateway.port), "--workers", "1"]
+        with pytest.raises(Exception, match="exited"):
+            gateway.start("/readyz")
+        log = gateway.log(20_000)
+    assert said in log, log
+    assert "unset IRREV_WAIT_AOF" in log, log
