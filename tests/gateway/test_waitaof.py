@@ -7,6 +7,8 @@ or fsyncs are off)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -19,6 +21,7 @@ from ..conftest import ReplicatedRedis, server_binary, valkey_binary
 from .conftest import own_gateway
 from .helpers import assert_problem, balances, effect_headers, ledger_audit, order, used
 from .servers import BIN, Server, base_env, write_policy
+from .test_cli import bench_json
 from .test_replicas import unreplicated_admissions
 
 WAIT_AOF = {"IRREV_WAIT_AOF": "local", "IRREV_WAIT_TIMEOUT_MS": "300"}
@@ -119,3 +122,29 @@ def test_a_server_that_cannot_wait_for_fsyncs_refuses_the_start(
         log = gateway.log(20_000)
     assert said in log, log
     assert "unset IRREV_WAIT_AOF" in log, log
+
+
+def test_bench_ledger_times_reserve_and_post_with_and_without_waitaof() -> None:
+    """The shortest --wait-aof run on an embedded Valkey, as JSON: both rows, each
+    with its rate without WAITAOF measured in the same run."""
+    short = ["--seconds", "0.1", "--script-calls", "10", "--memory-runs", "0", "--clients", "2"]
+    binary = str(valkey_binary())
+    report = bench_json("ledger", *short, "--wait-aof", "--redis-server", binary)
+    assert [row["ours"]["label"].split(":")[0] for row in report["wait_aof"]] == [
+        "1 client(s)",
+        "2 client(s)",
+    ]
+    assert all(row["ours"]["per_s"] > 0 and row["ratio"] > 0 for row in report["wait_aof"])
+
+
+def test_bench_ledger_refuses_waitaof_on_a_server_without_it() -> None:
+    short = ["--seconds", "0.1", "--script-calls", "10", "--memory-runs", "0", "--wait-aof"]
+    result = subprocess.run(
+        [sys.executable, "-m", "irrev.cli", "bench", "ledger", *short],
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0
+    assert "--wait-aof: the server has no WAITAOF" in result.stderr, result.stderr

@@ -7,14 +7,17 @@ falsely."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 import redis
 
+from irrev.localcluster import LocalCluster
 from ledger import EmbeddedRedis
 from ledger.client import Ledger
 from ledger.errors import LedgerUnavailable, RedisFailure
+from ledger.keys import accounts_key
 from ledger.records import AccountSpec, HoldState
 
 from ..conftest import ReplicatedRedis, valkey_binary
@@ -80,3 +83,46 @@ async def unfsynced(url: str, tenant: str) -> None:
         assert lowered.value.cause is RedisFailure.NOT_FSYNCED
     finally:
         await ledger.aclose()
+
+
+async def test_on_a_cluster_waitaof_counts_the_replica_of_the_primary_that_ran_the_script(
+    tmp_path: Path, tenant: str
+) -> None:
+    """A Valkey Cluster (3 primaries, 3 replicas), AOF turned on: WAITAOF goes out on
+    the connection of the tenant's primary, so with that primary's replica stopped
+    and every other one up, no replica counts (a WAITAOF sent anywhere else would
+    count one)."""
+    cluster = LocalCluster(valkey_binary(), tmp_path / "cluster")
+    try:
+        await asyncio.to_thread(cluster.start)
+        for node in cluster.nodes:
+            with node.client() as client:
+                client.config_set("appendonly", "yes")
+        await asyncio.to_thread(_aof_written, cluster)
+        ledger = Ledger.from_url(cluster.url, replicas=1, replica_timeout_ms=2500, wait_aof="all")
+        try:
+            await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+            held = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
+            assert (held.fsynced, held.replicas) == (1, 1)
+            (replica,) = cluster.replicas_of(cluster.primary_for(accounts_key(tenant)))
+            await asyncio.to_thread(replica.stop)
+            alone = await ledger.reserve(tenant, "k2", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
+            assert (alone.fsynced, alone.replicas) == (1, 0)
+        finally:
+            await ledger.aclose()
+    finally:
+        cluster.stop()
+
+
+def _aof_written(cluster: LocalCluster, deadline_s: float = 30.0) -> None:
+    """Until every node has written its first AOF (turned on at run time, it is
+    rewritten in the background, and WAITAOF waits for nothing before)."""
+    deadline = time.monotonic() + deadline_s
+    for node in cluster.nodes:
+        with node.client() as client:
+            while True:
+                info = client.info("persistence")
+                if info["aof_enabled"] and not info["aof_rewrite_in_progress"]:
+                    break
+                assert time.monotonic() < deadline, "the AOF was never written"
+                time.sleep(0.05)
