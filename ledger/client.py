@@ -141,7 +141,8 @@ class Ledger:
         if wait_aof not in WAIT_AOF_MODES:
             raise BadInput("wait_aof", f"must be one of {', '.join(WAIT_AOF_MODES)}")
         self.wait_aof = wait_aof
-        self._waits = _waits(wait_aof, replicas, replica_timeout_ms)
+        # What follows each write that must be kept (WAIT, WAITAOF), on its connection.
+        self.waits = _waits(wait_aof, replicas, replica_timeout_ms)
         self._scripts = Scripts(redis)
         self._retention = str(self.retention_ms)
         self._tenant_keys: dict[str, list[str]] = {}
@@ -192,15 +193,15 @@ class Ledger:
         the AOF's fsync are asked for: the script and the waits go out in one pipeline
         (on a cluster, to the primary of the keys' slot). Returns the reply and what was
         acknowledged (NO_ACKS when nothing is asked for)."""
-        if not self._waits:
+        if not self.waits:
             return await self._run(operation, keys, args), NO_ACKS
         with translate_redis_errors(operation):
-            reply, answers = await self._scripts.call_then_wait(operation, keys, args, self._waits)
+            reply, answers = await self._scripts.call_then_wait(operation, keys, args, self.waits)
             for result in (reply, *answers):
                 if isinstance(result, Exception):
                     raise result
         replicas = fsynced = None
-        for (command, *_), answer in zip(self._waits, answers, strict=True):
+        for (command, *_), answer in zip(self.waits, answers, strict=True):
             if command == "WAIT":
                 replicas = int(answer)
             else:  # WAITAOF: [local fsyncs, replicas that fsynced]

@@ -12,10 +12,12 @@ takes); on a standalone Redis the ledger sends its scripts past those layers
 (ledger/connect.py's DirectCalls), so at 1 client the trivial script is also timed
 through the ledger's own path, on its own row, to show both comparisons.
 
-`--wait-aof` adds what IRREV_WAIT_AOF=local costs: reserve + post, each followed by
-WAITAOF 1 0 (the primary's fsync), against the same without, in the same run, at 1
-and at --clients clients. It needs a server with WAITAOF (Redis 7.2+, Valkey: with
-the embedded server, `--redis-server valkey-server`).
+`--wait-aof local|all` adds what IRREV_WAIT_AOF costs: reserve + post, each followed
+by WAITAOF (1 0 for local; 1 N for all, N being --wait-replicas) and WAIT N (local,
+N > 0), against the same with WAIT N alone (or nothing), in the same run, at 1 and
+at --clients clients. It needs a server with WAITAOF (Redis 7.2+, Valkey: with the
+embedded server, `--redis-server valkey-server`), and with N > 0 a --url whose
+server has N replicas.
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ BENCH_OUTCOME = _REQUEST.answer(
 # swamp what the holds take: 100 holds once measured negative, 1,000 measured 528
 # bytes where 10,000 and 100,000 measure 700-740 (--no-provenance, 6.2).
 MIN_MEMORY_HOLDS = 10_000
-# How long --wait-aof's WAITAOF waits for the fsync: appendfsync everysec's second.
-FSYNC_WAIT_MS = 1000
+# How long --wait-aof's waits run: past appendfsync everysec's second, and the
+# second after which a replica reports its fsyncs.
+FSYNC_WAIT_MS = 2500
 
 
 def bench_agent_key(i: int) -> str:
@@ -134,9 +137,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--wait-aof",
-        action="store_true",
-        help="also time reserve+post each followed by WAITAOF 1 0 (IRREV_WAIT_AOF=local), "
+        choices=["local", "all"],
+        help="also time reserve+post each followed by WAITAOF as IRREV_WAIT_AOF does, "
         "against the same without",
+    )
+    parser.add_argument(
+        "--wait-replicas",
+        type=bounded(int, 0, 64),
+        default=0,
+        help="with --wait-aof: IRREV_WAIT_REPLICAS (both sides wait for them)",
     )
     parser.add_argument(
         "--redis-server",
@@ -154,6 +163,10 @@ def run(args: argparse.Namespace) -> int:
             f"--holds {args.holds}: too few for a bytes-per-hold figure (Redis's own "
             f"allocations outweigh them); use --holds {MIN_MEMORY_HOLDS:,} or more, or "
             "--memory-runs 0 to skip the memory measurement"
+        )
+    if args.wait_replicas and not (args.wait_aof and args.url):
+        raise CliError(
+            "--wait-replicas is for --wait-aof, with --url naming a server with replicas"
         )
     if args.url:
         if args.appendfsync or args.redis_server:
@@ -285,14 +298,14 @@ async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list
 async def measure_wait_aof(
     url: str, tenant: str, args: argparse.Namespace
 ) -> list[tuple[Rate, Rate]]:
-    """reserve+post followed by WAITAOF 1 0 (IRREV_WAIT_AOF=local), beside the same on
-    a ledger that does not wait, measured in turn at 1 and at --clients clients. A
-    write the server had not fsynced within FSYNC_WAIT_MS stops the bench: its rate
-    would not be that of kept writes."""
-    waiting = Ledger.from_url(
-        url, max_connections=args.clients + 4, wait_aof="local", replica_timeout_ms=FSYNC_WAIT_MS
-    )
-    plain = Ledger.from_url(url, max_connections=args.clients + 4)
+    """reserve+post followed by WAITAOF as IRREV_WAIT_AOF=`args.wait_aof` does, beside
+    the same on a ledger that waits for the replicas alone (WAIT; none: no wait),
+    measured in turn at 1 and at --clients clients. A write not fsynced (or not on the
+    replicas) in time stops the bench: its rate would not be that of kept writes."""
+    replicas = args.wait_replicas
+    options = {"max_connections": args.clients + 4, "replica_timeout_ms": FSYNC_WAIT_MS}
+    waiting = Ledger.from_url(url, replicas=replicas, wait_aof=args.wait_aof, **options)
+    plain = Ledger.from_url(url, replicas=replicas, **options)
     keys = iter(range(10**12))
     short: list[str] = []
 
@@ -303,35 +316,41 @@ async def measure_wait_aof(
                 tenant, key, "fp", dict.fromkeys(ACCOUNTS, PRICE), ttl_ms=HOUR_MS
             )
             posted = await ledger.post(tenant, key, PRICE // 2)
-            if 0 in (held.fsynced, posted.fsynced):
-                short.append(key)
+            for result in (held, posted):
+                if result.fsynced == 0 or (result.replicas or 0) < replicas:
+                    short.append(key)
 
         return run
 
+    # The commands without their timeout: "WAITAOF 1 0 + WAIT 1".
+    waits = " + ".join(" ".join(map(str, wait[:-1])) for wait in waiting.waits)
     rows = []
     try:
         for clients in (1, args.clients):
             ours = await rate(
-                f"{clients} client(s): reserve+post, WAITAOF 1 0 after each",
+                f"{clients} client(s): reserve+post, {waits} after each",
                 pair(waiting),
                 args.seconds,
                 clients,
             )
-            base = await rate(f"{clients} client(s): without", pair(plain), args.seconds, clients)
+            without = f"WAIT {replicas}" if replicas else "no wait"
+            base = await rate(f"{clients} client(s): {without}", pair(plain), args.seconds, clients)
             rows.append((ours, base))
     finally:
         await waiting.aclose()
         await plain.aclose()
     if short:
         raise CliError(
-            f"--wait-aof: {len(short)} writes were not fsynced within {FSYNC_WAIT_MS} ms "
-            f"({args.persistence}); the figures would not be those of kept writes"
+            f"--wait-aof: {len(short)} writes were not fsynced (or not on {replicas} "
+            f"replicas) within {FSYNC_WAIT_MS} ms ({args.persistence}); the figures would "
+            "not be those of kept writes"
         )
     return rows
 
 
 def report_wait_aof(rows: list[tuple[Rate, Rate]], args: argparse.Namespace) -> None:
-    table = Table(title=f"IRREV_WAIT_AOF=local: reserve+post with WAITAOF ({args.persistence})")
+    title = f"IRREV_WAIT_AOF={args.wait_aof}, IRREV_WAIT_REPLICAS={args.wait_replicas}"
+    table = Table(title=f"{title}: reserve+post with WAITAOF ({args.persistence})")
     for column in ("mode", "with /s", "p50 ms", "p99 ms", "without /s", "p50 ms", "ratio"):
         table.add_column(column, justify="left" if column == "mode" else "right")
     for ours, base in rows:

@@ -129,7 +129,7 @@ def test_bench_ledger_times_reserve_and_post_with_and_without_waitaof() -> None:
     with its rate without WAITAOF measured in the same run."""
     short = ["--seconds", "0.1", "--script-calls", "10", "--memory-runs", "0", "--clients", "2"]
     binary = str(valkey_binary())
-    report = bench_json("ledger", *short, "--wait-aof", "--redis-server", binary)
+    report = bench_json("ledger", *short, "--wait-aof", "local", "--redis-server", binary)
     assert [row["ours"]["label"].split(":")[0] for row in report["wait_aof"]] == [
         "1 client(s)",
         "2 client(s)",
@@ -138,7 +138,7 @@ def test_bench_ledger_times_reserve_and_post_with_and_without_waitaof() -> None:
 
 
 def test_bench_ledger_refuses_waitaof_on_a_server_without_it() -> None:
-    short = ["--seconds", "0.1", "--script-calls", "10", "--memory-runs", "0", "--wait-aof"]
+    short = ["--seconds", "0.1", "--script-calls", "10", "--memory-runs", "0", "--wait-aof", "all"]
     result = subprocess.run(
         [sys.executable, "-m", "irrev.cli", "bench", "ledger", *short],
         env=base_env(),
