@@ -169,11 +169,13 @@ def run(args: argparse.Namespace) -> int:
             "--wait-replicas is for --wait-aof, with --url naming a server with replicas"
         )
     if args.url:
-        if args.appendfsync or args.redis_server:
+        if args.appendfsync:
             raise CliError(
-                "--appendfsync and --redis-server set the embedded Redis's; with --url the "
-                "bench reads and reports that server's own setting"
+                "--appendfsync sets the embedded Redis's; with --url the bench reads and "
+                "reports that server's own setting"
             )
+        if args.redis_server:
+            raise CliError("--redis-server is the embedded Redis's binary; --url names a server")
         return asyncio.run(bench(args.url, args))
     fsync = AppendFsync(args.appendfsync or "always")
     with (
