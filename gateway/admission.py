@@ -360,6 +360,7 @@ async def reserve(
 # Times a calibrating route's reserve is priced again for the open set the ledger
 # answered with before it is priced for a hold alone (which the ledger never sends
 # back): under churn the set may shrink again between the answer and the next try.
+# One the ledger says would escalate is priced alone at once (PoolShrank.alone).
 POOL_TRIES = 2
 
 
@@ -390,7 +391,9 @@ async def reserve_priced(
     priced for its route's holds open at once across the fleet (pricing/calibration.py,
     as the simulator prices it), which only its reserve can tell for sure: one that
     finds fewer open than its price assumed is sent back, priced again for the set
-    the ledger saw and sent once more (`POOL_TRIES`, then priced for a hold alone)."""
+    the ledger saw and sent once more (`POOL_TRIES`, then priced for a hold alone).
+    One that would escalate is sent back to be priced alone: an escalated hold waits
+    outside the set and joins the one open when it is approved, however small."""
     hold_id = prepared.hold_id
     route = prepared.effect.route
     # A decision-only route's hold (/v1/holds) is one its agent may void itself at
@@ -446,7 +449,7 @@ async def reserve_priced(
                 break
             except PoolShrank as shrank:
                 gate.tenants.pools[pool_key] = shrank.pool
-                sent_back += 1
+                sent_back = POOL_TRIES if shrank.alone else sent_back + 1
         if result.pool is not None:
             gate.tenants.pools[pool_key] = result.pool
         tracing.annotate(
