@@ -249,9 +249,9 @@ async def admit(
     if not hold_id:
         return await upstream.deliver(prepared.request, "", _answer_by(gate))
     sent = time.monotonic()
-    result, prepared = await reserve_priced(gate, policy, agent, prepared)
+    result, prepared, ticket = await reserve_priced(gate, policy, agent, prepared)
     if result.state is HoldState.ESCALATED:
-        alone = priced_for(prepared.effect, 1.0).price_micros
+        alone = ticket.alone if ticket is not None and ticket.alone is not None else 0
         rule = await auto_approval(gate, policy, agent, result, alone)
         if rule is None:
             return Admitted(result, hold_id, None)
@@ -354,7 +354,8 @@ async def reserve(
     if it keeps the hold; an account the policy names but Redis lacks (a policy
     changed elsewhere) by a reload, then the reserve is repeated once; and a
     calibrating route's effect priced for more holds than are open (`reserve_priced`)."""
-    return (await reserve_priced(gate, policy, agent, prepared))[0]
+    result, _, _ = await reserve_priced(gate, policy, agent, prepared)
+    return result
 
 
 # Times a calibrating route's reserve is priced again for the open set the ledger
@@ -386,8 +387,9 @@ def _pooled(
 
 async def reserve_priced(
     gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, prepared: Prepared
-) -> tuple[ReserveResult, Prepared]:
-    """`reserve`, and the effect as it was held: an effect of a calibrating route is
+) -> tuple[ReserveResult, Prepared, PoolTicket | None]:
+    """`reserve`, the effect as it was held and, for a calibrating route, the ticket
+    it was held with (its price alone included): an effect of a calibrating route is
     priced for its route's holds open at once across the fleet (pricing/calibration.py,
     as the simulator prices it), which only its reserve can tell for sure: one that
     finds fewer open than its price assumed is sent back, priced again for the set
@@ -488,7 +490,7 @@ async def reserve_priced(
             crash_point("after_reserve")
     if result.state is HoldState.DENIED:
         raise refusal(policy, result, hold_id)
-    return result, prepared
+    return result, prepared, ticket
 
 
 async def approve(
