@@ -161,7 +161,16 @@ class LedgerMachine(RuleBasedStateMachine):
         pool: tuple[str, int, float, int | None] | None,
     ) -> None:
         self._reserve(
-            key, fingerprint, accounts, amounts, zero_ttl, armed, escalate_above, opens, shadow, pool
+            key,
+            fingerprint,
+            accounts,
+            amounts,
+            zero_ttl,
+            armed,
+            escalate_above,
+            opens,
+            shadow,
+            pool,
         )
 
     @rule(
@@ -187,7 +196,9 @@ class LedgerMachine(RuleBasedStateMachine):
         a reserve priced for it decides (random reserves of two routes rarely did)."""
         pool = ("rA", face, pending, alone)
         accounts, amounts = ["tenant:acme"], [amount]
-        self._reserve(key, "f1", accounts, amounts, False, True, escalate_above, False, shadow, pool)
+        self._reserve(
+            key, "f1", accounts, amounts, False, True, escalate_above, False, shadow, pool
+        )
 
     def _reserve(
         self,
