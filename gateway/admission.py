@@ -249,9 +249,9 @@ async def admit(
     if not hold_id:
         return await upstream.deliver(prepared.request, "", _answer_by(gate))
     sent = time.monotonic()
-    result, prepared = await reserve_priced(gate, policy, agent, prepared)
+    result, prepared, ticket = await reserve_priced(gate, policy, agent, prepared)
     if result.state is HoldState.ESCALATED:
-        alone = priced_for(prepared.effect, 1.0).price_micros
+        alone = ticket.alone if ticket is not None and ticket.alone is not None else 0
         rule = await auto_approval(gate, policy, agent, result, alone)
         if rule is None:
             return Admitted(result, hold_id, None)
@@ -354,12 +354,14 @@ async def reserve(
     if it keeps the hold; an account the policy names but Redis lacks (a policy
     changed elsewhere) by a reload, then the reserve is repeated once; and a
     calibrating route's effect priced for more holds than are open (`reserve_priced`)."""
-    return (await reserve_priced(gate, policy, agent, prepared))[0]
+    result, _, _ = await reserve_priced(gate, policy, agent, prepared)
+    return result
 
 
 # Times a calibrating route's reserve is priced again for the open set the ledger
 # answered with before it is priced for a hold alone (which the ledger never sends
 # back): under churn the set may shrink again between the answer and the next try.
+# One the ledger says would escalate is priced alone at once (PoolShrank.alone).
 POOL_TRIES = 2
 
 
@@ -385,12 +387,15 @@ def _pooled(
 
 async def reserve_priced(
     gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, prepared: Prepared
-) -> tuple[ReserveResult, Prepared]:
-    """`reserve`, and the effect as it was held: an effect of a calibrating route is
+) -> tuple[ReserveResult, Prepared, PoolTicket | None]:
+    """`reserve`, the effect as it was held and, for a calibrating route, the ticket
+    it was held with (its price alone included): an effect of a calibrating route is
     priced for its route's holds open at once across the fleet (pricing/calibration.py,
     as the simulator prices it), which only its reserve can tell for sure: one that
     finds fewer open than its price assumed is sent back, priced again for the set
-    the ledger saw and sent once more (`POOL_TRIES`, then priced for a hold alone)."""
+    the ledger saw and sent once more (`POOL_TRIES`, then priced for a hold alone).
+    One that would escalate is sent back to be priced alone: an escalated hold waits
+    outside the set and joins the one open when it is approved, however small."""
     hold_id = prepared.hold_id
     route = prepared.effect.route
     # A decision-only route's hold (/v1/holds) is one its agent may void itself at
@@ -446,7 +451,7 @@ async def reserve_priced(
                 break
             except PoolShrank as shrank:
                 gate.tenants.pools[pool_key] = shrank.pool
-                sent_back += 1
+                sent_back = POOL_TRIES if shrank.alone else sent_back + 1
         if result.pool is not None:
             gate.tenants.pools[pool_key] = result.pool
         tracing.annotate(
@@ -491,7 +496,7 @@ async def reserve_priced(
             crash_point("after_reserve")
     if result.state is HoldState.DENIED:
         raise refusal(policy, result, hold_id)
-    return result, prepared
+    return result, prepared, ticket
 
 
 async def approve(

@@ -4,7 +4,6 @@ it, for the endpoint to shape into a tool result."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from pricing import TenantPolicy
@@ -13,7 +12,7 @@ from pricing.credentials import AuthenticatedAgent
 from .admission import Gate, Intent, admit, prepare, upstream_of
 from .canonical import Canonical
 from .mcp_upstream import CALL_REFUSED, MCP_KEY, NOT_EXECUTED, RESULT
-from .problems import Problem
+from .problems import Problem, kept_problem
 from .upstream import Answer, Fate
 from .wire import StoredAnswer
 
@@ -81,13 +80,10 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
 
 def _kept_problem(answer: StoredAnswer, hold_id: str) -> Problem:
     """A refusal kept with its hold, with its reason and its detail (worded for the
-    caller's transport when it was made)."""
-    try:
-        kept = json.loads(answer.body)
-    except ValueError:
-        kept = {}
-    detail = kept.get("detail") if isinstance(kept, dict) else None
-    return Problem(answer.status, answer.reason, str(detail or answer.reason), hold=hold_id)
+    caller's transport when it was made), read as every repeat reads it
+    (`kept_problem`), naming its hold (an HTTP answer does in a header)."""
+    kept = kept_problem(answer.status, answer.reason, answer.body)
+    return Problem(kept.status, kept.reason, kept.detail, hold=hold_id)
 
 
 def _voided(hold_id: str) -> Problem:

@@ -1006,8 +1006,8 @@ _POOL_TAG = re.compile(r"[A-Za-z0-9]{1,32}")
 def _pool_args(pool: PoolTicket | None) -> list[str]:
     """reserve.lua's ARGV[14+2n+5m..]: for a calibrating route, '0' (do not decide
     while holds are due) then its tag, the face value, the pending its price
-    assumed and its price alone (0: the amounts); nothing for any other route (its
-    arguments are as before)."""
+    assumed and its price alone (0: the amounts, only for a price alone, pending 1);
+    nothing for any other route (its arguments are as before)."""
     if pool is None:
         return []
     if not _POOL_TAG.fullmatch(pool.tag):
@@ -1015,6 +1015,14 @@ def _pool_args(pool: PoolTicket | None) -> list[str]:
     pending = pool.pending
     if not (math.isfinite(pending) and pending >= 1):
         raise BadInput("pending", f"{pending!r} must be a finite number >= 1")
+    if pending > 1 and pool.alone is None:
+        # The thresholds compare the price alone: a pooled one is lowered by the holds
+        # an agent opens itself.
+        raise BadInput(
+            "alone_price",
+            f"a reserve priced for {pending!r} open holds must give its price alone "
+            "(PoolTicket.alone), which the approval thresholds compare",
+        )
     face = validate.amount("face_value", pool.face_value)
     alone = validate.amount("alone_price", pool.alone if pool.alone is not None else 0)
     return ["0", pool.tag, str(face), repr(float(pending)), str(alone)]

@@ -68,15 +68,22 @@ class HoldStateConflict(LedgerError):
 class PoolShrank(LedgerError):
     """A calibrating route's reserve was priced for more holds pending at once than
     are open (reserve.lua's `reprice`): nothing was written; price it for `pool` (one
-    more hold of its face value) and reserve again."""
+    more hold of its face value) and reserve again. `alone`: price it for itself
+    alone instead, whatever the set: priced for a pool, it would escalate, and an
+    escalated hold waits outside the set (it joins the set open when it is approved,
+    which may be smaller)."""
 
-    def __init__(self, hold_id: str, pool: OpenPool) -> None:
-        super().__init__(
-            f"hold {hold_id}: its route has {pool.count} holds open, fewer than its price "
-            "assumed; price it again for them and reserve again"
+    def __init__(self, hold_id: str, pool: OpenPool, alone: bool = False) -> None:
+        why = (
+            "priced for a pool, it would escalate: price it alone"
+            if alone
+            else f"its route has {pool.count} holds open, fewer than its price assumed; "
+            "price it again for them"
         )
+        super().__init__(f"hold {hold_id}: {why} and reserve again")
         self.hold_id = hold_id
         self.pool = pool
+        self.alone = alone
 
 
 class HoldNotDue(LedgerError):
@@ -327,7 +334,8 @@ def raise_for_reply(tenant: str, hold_id: str, operation: str, reply: list[objec
     if status is Status.NOT_FOUND:
         raise HoldNotFound(tenant, hold_id)
     if status is Status.REPRICE:
-        raise PoolShrank(hold_id, open_pool(reply, 1))
+        alone = len(reply) > 4 and str(reply[4]) == "alone"
+        raise PoolShrank(hold_id, open_pool(reply, 1), alone)
     if status is Status.NOT_DUE:
         raise HoldNotDue(hold_id)
     if status is Status.IN_FLIGHT:

@@ -264,7 +264,8 @@ class PoolTicket:
     face_value: int
     pending: float = 1.0
     # The price the effect would have alone (pending 1), which the approval
-    # thresholds compare when it is above the pooled one (None: the amounts).
+    # thresholds compare when it is above the pooled one (None: the amounts, only
+    # when `pending` is 1; a pooled ticket without it is BadInput).
     alone: int | None = None
 
 

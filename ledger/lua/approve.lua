@@ -22,7 +22,11 @@
 --
 -- Invariant: the budget was held at escalation, so approval changes no balance and
 -- can never overdraw. A calibrating route's approved hold joins its open set (one
--- that would take the set past its bounds is left out, uncounted: _lib.lua).
+-- that would take the set past its bounds is left out, uncounted: _lib.lua), at the
+-- price it was escalated at: its price alone (reserve.lua sends a reserve priced for
+-- a pool that would escalate back to be priced alone), which every set covers (the
+-- condition reserve.lua checks, _lib.lua's kish >= the count priced for, holds for
+-- a count of 1 whatever the set), so no check of the set is needed here.
 
 local id, err = hold_id_arg()
 if not id then return err end
@@ -48,7 +52,7 @@ if hold.deadline <= now then
 end
 local deadline = now + ttl_ms
 -- A calibrating route's hold joins its open set now (_lib.lua's OPEN): escalated,
--- it was never sent and did not count.
+-- it was never sent and did not count; priced alone, it needs no set to join.
 set_state(id, 'escalated', 'pending', 0, {'arm', '1', 'dl', fmt(deadline), 'by', by, 'note', note},
   hold.cr)
 redis.call('ZADD', DEADLINES, fmt(deadline), id)

@@ -40,9 +40,10 @@
 --          face sum past 2^53-1 (or its squares past 2^106) is sent back (`reprice`)
 --          when priced for m > 1 and kept outside the set when priced alone (m = 1),
 --          so that one huge hold can neither overflow the set nor close the route
--- ARGV[18+2n+5m]  optional, after those: the price the effect would have alone
---          (priced for m = 1), which the approval thresholds compare instead of a
---          pooled amount below it: an agent can open holds itself to pool over
+-- ARGV[18+2n+5m]  the price the effect would have alone (priced for m = 1), which
+--          the approval thresholds compare instead of a pooled amount below it (an
+--          agent can open holds itself to pool over): required when m > 1 (else
+--          `bad_input` alone_price), optional when m = 1
 --
 -- Returns
 --   {'ok' | 'exists', decision, reason, state, deadline_ms, created_ms, n,
@@ -55,6 +56,9 @@
 --       squares (text), three more elements.
 --   {'reprice', count, face sum, sum of squares}   nothing written: the route's open
 --       set is smaller than the price assumed; price it for this set and call again
+--   {'reprice', count, face sum, sum of squares, 'alone'}   nothing written: priced
+--       for more than one hold, the effect would escalate (outside the set until a
+--       human approves it, when the set may be smaller): price it alone and call again
 --   {'exists_with_different_fingerprint', state}   nothing written
 --   {'unknown_account', account_id}                 nothing written
 --       In shadow mode a deny or escalate comes with state 'pending': held anyway.
@@ -164,6 +168,12 @@ if tag then
   end
   if not priced_for or priced_for ~= priced_for or priced_for < 1 or priced_for >= math.huge then
     return {'bad_input', 'pending', 'must be a decimal number >= 1'}
+  end
+  -- Without it the thresholds would compare the pooled price, which the holds an
+  -- agent opens itself lower (an older caller's reserve): refused, not guessed.
+  if priced_for > 1 and not alone then
+    return {'bad_input', 'alone_price', 'a reserve priced for more than one open hold '
+      .. '(pending > 1) must give its price alone, which the approval thresholds compare'}
   end
 end
 local specs = {}
@@ -279,9 +289,8 @@ local decision, reason = 'admit', 'within_budget'
 local limits, used, soft = {}, {}, {}
 for i = 1, n do
   local a = loaded[i]
-  roll(a, now)
   local extra = math.min(live_raise(raises[i], now), a.limit)
-  limits[i], used[i] = math.min(a.limit + extra, MAX_AMOUNT), a.pend + a.post
+  limits[i], used[i] = math.min(a.limit + extra, MAX_AMOUNT), a.pend + posted_after_roll(a, now)
   soft[i] = math.min(a.soft + extra, MAX_AMOUNT)
 end
 for i = 1, n do
@@ -310,6 +319,15 @@ if decision == 'admit' then
   end
 end
 
+-- An escalated hold waits outside its route's open set (_lib.lua's OPEN) and joins
+-- whatever set is open when a human approves it, which may be smaller than any it
+-- could be priced for now: priced for a pool, it is sent back to be priced alone,
+-- the price every set covers, so that approval changes no balance and never joins
+-- a hold below its price (approve.lua). In shadow mode it is held, and joins, now.
+if tag and priced_for > 1 and decision == 'escalate' and shadow ~= '1' then
+  return {'reprice', pool[1], pool[2], pool[3], 'alone'}
+end
+
 -- Checked before any write, like post.lua's: a hold kept (only a shadow one can be
 -- above a limit, and every limit is at most 2^53-1) never takes pending + posted past
 -- 2^53-1, where the ledger's arithmetic stops being exact.
@@ -319,6 +337,12 @@ if decision == 'admit' or decision == 'escalate' or shadow == '1' then
       return {'bad_input', 'amount', 'would take ' .. accounts[i] .. ' past 2^53-1'}
     end
   end
+end
+
+-- Inputs and decision are final: the windows roll (journaled) only now, so that a
+-- reply above writes nothing.
+for i = 1, n do
+  roll(loaded[i], now)
 end
 
 local state, deadline = 'denied', 0

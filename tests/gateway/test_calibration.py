@@ -275,3 +275,99 @@ async def test_an_agent_cannot_pad_the_pool_with_holds_it_voids(
             assert voided.status_code == 200, voided.text
     await ledger.aclose()
     assert real_price == alone
+
+
+@pytest.fixture
+def threshold_pool_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> Iterator[Gateway]:
+    """One worker; a pooling route whose every effect escalates (its threshold is
+    below any price), so that only approved escalations are ever open."""
+    route = {**ORDER_ROUTE, "approval_threshold": "1"}
+    with own_gateway(
+        redis_url,
+        suppliers,
+        tmp_path,
+        workers=1,
+        policy={"routes": [route]},
+        IRREV_POLICY_CHECK_INTERVAL_S="0.2",
+        IRREV_UPSTREAM_TIMEOUT_S="30",  # calls held in flight for 10 s
+    ) as gateway:
+        yield gateway
+
+
+async def test_an_escalation_is_priced_alone_whatever_is_open_when_it_is_made(
+    threshold_pool_gateway: Gateway, redis_url: str, suppliers: Server
+) -> None:
+    """An escalated hold waits outside its route's open set and joins the set open
+    when it is approved, which may be smaller by then. Before, one made while ten
+    approved calls were in flight was priced for the set it saw and, approved once they had
+    closed, joined a set of one at that price, below its price alone; it is priced
+    alone now (the price every set covers), and its approval changes no balance."""
+    gw = threshold_pool_gateway
+    tenant = gw.tenant("own")
+    keys = iter(range(10_000))
+    ppms = [factor_ppm(int(FACE * SETTLED_FACTORS[i % 3]), FACE) for i in range(20)]
+    evidence = Evidence.from_ppm(
+        len(ppms), sum(ppms), sum(p * p for p in ppms), tuple(sorted(ppms, reverse=True)[:16])
+    )
+    alone = round_up(FACE, route_factor(POOLING_SPEC, evidence, 1.0))
+    assert round_up(FACE, route_factor(POOLING_SPEC, evidence, pooled_pending(10.0))) < alone
+    ledger = Ledger.from_url(redis_url)
+    route = pool_tag("supplier POST /orders")
+    async with (
+        httpx.AsyncClient(base_url=gw.url, trust_env=False, timeout=60) as http,
+        httpx.AsyncClient(base_url=suppliers.url, trust_env=False) as upstream,
+    ):
+        rule = await http.post(
+            f"/v1/admin/tenants/{tenant.id}/rules",
+            json={
+                "kind": "auto_approve",
+                "agent": "buyer-01",
+                "max_price": "1000",
+                "duration": "1h",
+                "reason": "the fleet's regular buyer",
+            },
+            headers=gw.admin,
+        )
+        assert rule.status_code == 201, rule.text
+
+        async def buy(agent: str, status: int) -> httpx.Response:
+            headers = effect_headers(tenant, agent, f"e{next(keys)}")
+            bought = await http.post("/tools/supplier/orders", json=ORDER, headers=headers)
+            assert bought.status_code == status, bought.text
+            return bought
+
+        for ppm in ppms:  # approved by the rule, each settled before the next is made
+            hold = (await buy("buyer-01", 201)).headers["x-irrev-hold"]
+            reported = await http.post(
+                f"/v1/holds/{hold}/settle",
+                json={"realised_micros": ppm * FACE // 10**6},
+                headers=tenant.settler("supplier"),
+            )
+            assert reported.status_code == 200, reported.text
+        deadline = time.monotonic() + 20
+        while int((await buy("buyer-01", 201)).headers["x-irrev-price"]) != alone:
+            assert time.monotonic() < deadline  # until the worker has the evidence
+            await asyncio.sleep(0.2)
+
+        # Ten approved calls kept in flight (the supplier answers late): open.
+        await set_faults(upstream, tenant, delay_s=10.0, times=10)
+        calls = []
+        for j in range(1, 11):  # one after another: each reserve sees the ones before
+            calls.append(asyncio.create_task(buy("buyer-01", 201)))
+            while (await ledger.open_pools(tenant.id)).get(route, OpenPool()).count < j:
+                await asyncio.sleep(0.02)
+        # Another agent's escalation, made beside them, waits for a person.
+        waiting = await buy("buyer-02", 202)
+        assert int(waiting.headers["x-irrev-price"]) == alone
+        for call in calls:
+            await call
+        assert route not in await ledger.open_pools(tenant.id)
+        escalation = waiting.json()["escalation"]
+        approved = await http.post(
+            f"/v1/escalations/{escalation}/approve", json={}, headers=gw.admin
+        )
+        assert approved.status_code == 201, approved.text
+        hold = await ledger.hold(tenant.id, waiting.headers["x-irrev-hold"])
+        assert hold is not None and set(hold.amounts.values()) == {alone}
+        assert (await audit_tenant(ledger, tenant.id)).mismatches == []
+    await ledger.aclose()

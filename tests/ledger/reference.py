@@ -137,16 +137,22 @@ class RefLedger:
         open_missing: dict[str, tuple[int, int, int]] | None = None,
         request: str = "",
         shadow: bool = False,
-        pool: tuple[str, int, float] | None = None,
+        pool: tuple[str, int, float, int | None] | None = None,
     ) -> tuple[str, str, str, str, tuple[tuple[str, int, int, int], ...]]:
         """`open_missing`: {account: (limit, soft, approval)} opened if missing, only
         when the hold is kept and its amount there is > 0; otherwise left out.
         `request` is kept with a hold that is not denied; a replay keeps the first.
         `shadow`: a deny or escalate is held anyway (pending, armed as asked), even
         above a limit. A check's limit is the effective one (live raises added).
-        `pool`: (route, face value, pending priced for) of a calibrating route: sent
-        back (`reprice`, nothing written) unless the route's open set with this hold
-        counts at least that many (Kish's effective number); a kept hold joins it."""
+        `pool`: (route, face value, pending priced for, price alone) of a calibrating
+        route: sent back (`reprice`, nothing written) unless the route's open set with
+        this hold counts at least that many (Kish's effective number), and, priced for
+        more than one, if it would escalate (`reprice` "alone": an escalation waits
+        outside the set); a kept hold joins it. The thresholds compare the price alone
+        when it is above the amount; priced for more than one, it must be given."""
+        if pool is not None and pool[2] > 1 and pool[3] is None:
+            raise RefError("bad_input")
+        alone = (pool[3] or 0) if pool is not None else 0
         held = self.holds.get(key)
         if held is not None:
             if held.fingerprint != fingerprint:
@@ -171,7 +177,9 @@ class RefLedger:
             (a, known[a].effective_limit, known[a].pending + known[a].posted, v)
             for a, v in kept.items()
         )
-        decision, reason = self._decide(known, checks, escalate_above)
+        decision, reason = self._decide(known, checks, escalate_above, alone)
+        if pool is not None and pool[2] > 1 and decision == "escalate" and not shadow:
+            raise RefError("reprice", "alone")
         state = {"admit": "pending", "escalate": "escalated", "deny": "denied"}[decision]
         if shadow:
             state = "pending"
@@ -209,7 +217,10 @@ class RefLedger:
         known: dict[str, RefAccount],
         checks: tuple[tuple[str, int, int, int], ...],
         escalate_above: int,
+        alone: int = 0,
     ) -> tuple[str, str]:
+        """`alone`: a pooled effect's price alone, which the thresholds compare when it
+        is above the amount (an agent can lower a pooled price with holds of its own)."""
         for _, limit, used, amount in checks:
             if used > limit:
                 return "deny", "over_limit"
@@ -219,8 +230,9 @@ class RefLedger:
             acct = known[account]
             if used + amount > acct.effective_soft:
                 return "escalate", "soft_band"
-            if (acct.approval and amount > acct.approval) or (
-                escalate_above and amount > escalate_above
+            asked = max(amount, alone)
+            if (acct.approval and asked > acct.approval) or (
+                escalate_above and asked > escalate_above
             ):
                 return "escalate", "approval_threshold"
         return "admit", "within_budget"

@@ -55,14 +55,16 @@ ERRORS: dict[type[Exception], str] = {
     BadInput: "bad_input",
     PoolShrank: "reprice",
 }
-# Calibrating routes' holds: (route, face value, pending priced for). Prices made for
-# fractional counts the open sets rarely equal: the Lua compares floats.
+# Calibrating routes' holds: (route, face value, pending priced for, price alone).
+# Prices made for fractional counts the open sets rarely equal: the Lua compares
+# floats. A price alone about the thresholds (150, 50), or none (refused when pooled).
 POOLS = st.one_of(
     st.none(),
     st.tuples(
         st.sampled_from(["rA", "rB"]),
         st.sampled_from([0, 100, 300, 1000]),
         st.sampled_from([1.0, 1.0, 1.37, 2.71]),
+        st.sampled_from([None, 0, 120, 300]),
     ),
 )
 
@@ -104,6 +106,8 @@ class LedgerMachine(RuleBasedStateMachine):
         ) as exc:
             if isinstance(exc, HoldInFlight):
                 return "in_flight", "ambiguous"
+            if isinstance(exc, PoolShrank):
+                return "reprice", "alone" if exc.alone else ""
             state = getattr(exc, "state", "")
             return ERRORS[type(exc)], state.value if state else ""
 
@@ -154,7 +158,60 @@ class LedgerMachine(RuleBasedStateMachine):
         escalate_above: int,
         opens: bool,
         shadow: bool,
-        pool: tuple[str, int, float] | None,
+        pool: tuple[str, int, float, int | None] | None,
+    ) -> None:
+        self._reserve(
+            key,
+            fingerprint,
+            accounts,
+            amounts,
+            zero_ttl,
+            armed,
+            escalate_above,
+            opens,
+            shadow,
+            pool,
+        )
+
+    @rule(
+        key=st.sampled_from(KEYS),
+        amount=st.sampled_from([0, 10, 40, 90]),
+        face=st.sampled_from([100, 100, 300]),
+        pending=st.sampled_from([1.0, 1.0, 1.37, 2.71]),
+        alone=st.sampled_from([None, 60, 120, 300]),
+        escalate_above=st.sampled_from([0, 100]),
+        shadow=st.sampled_from([False, False, True]),
+    )
+    def reserve_pooled(
+        self,
+        key: str,
+        amount: int,
+        face: int,
+        pending: float,
+        alone: int | None,
+        escalate_above: int,
+        shadow: bool,
+    ) -> None:
+        """Small holds of one route, often enough that its set counts more than one and
+        a reserve priced for it decides (random reserves of two routes rarely did)."""
+        pool = ("rA", face, pending, alone)
+        accounts, amounts = ["tenant:acme"], [amount]
+        self._reserve(
+            key, "f1", accounts, amounts, False, True, escalate_above, False, shadow, pool
+        )
+
+    def _reserve(
+        self,
+        key: str,
+        fingerprint: str,
+        accounts: list[str],
+        amounts: list[int],
+        zero_ttl: bool,
+        armed: bool,
+        escalate_above: int,
+        opens: bool,
+        shadow: bool,
+        pool: tuple[str, int, float, int | None] | None,
     ) -> None:
         zero_ttl = zero_ttl and self.model.due_count() < MAX_DUE
         ttl = 0 if zero_ttl else HOUR_MS
@@ -192,7 +249,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     for a, (limit, soft, approval) in specs.items()
                 ],
                 shadow=shadow,
-                pool=PoolTicket(pool_tag(pool[0]), pool[1], pool[2]) if pool else None,
+                pool=PoolTicket(pool_tag(pool[0]), *pool[1:]) if pool else None,
             ),
             lambda r: (
                 r.status.value,

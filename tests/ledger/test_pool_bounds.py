@@ -35,7 +35,7 @@ async def reserve(
         "fp",
         {"tenant:acme": amount},
         ttl_ms=HOUR_MS,
-        pool=PoolTicket(TAG, face, pending),
+        pool=PoolTicket(TAG, face, pending, amount),
     )
 
 

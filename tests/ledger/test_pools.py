@@ -14,18 +14,26 @@ import pytest
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
 from ledger.errors import BadInput, PoolShrank
-from ledger.keys import ambiguous_key, deadlines_key
-from ledger.records import AccountSpec, HoldState, OpenPool, PoolTicket, pool_tag
+from ledger.keys import ambiguous_key, deadlines_key, hold_script_keys
+from ledger.records import (
+    AccountSpec,
+    HoldState,
+    OpenPool,
+    PoolTicket,
+    ReserveRequest,
+    pool_tag,
+)
 
 from .conftest import open_accounts
+from .helpers import tenant_snapshot
 from .test_concurrency import release, spawn
 
 HOUR_MS = 3_600_000
 TAG = pool_tag("pay POST /charges")
 
 
-def ticket(face: int, pending: float = 1.0) -> PoolTicket:
-    return PoolTicket(TAG, face, pending)
+def ticket(face: int, pending: float = 1.0, alone: int | None = None) -> PoolTicket:
+    return PoolTicket(TAG, face, pending, alone)
 
 
 async def pool(ledger: Ledger, tenant: str) -> OpenPool:
@@ -36,7 +44,12 @@ async def reserve(
     ledger: Ledger, tenant: str, key: str, face: int, pending: float = 1.0, amount: int = 10
 ) -> OpenPool | None:
     result = await ledger.reserve(
-        tenant, key, "fp", {"tenant:acme": amount}, ttl_ms=HOUR_MS, pool=ticket(face, pending)
+        tenant,
+        key,
+        "fp",
+        {"tenant:acme": amount},
+        ttl_ms=HOUR_MS,
+        pool=ticket(face, pending, amount),
     )
     return result.pool
 
@@ -105,6 +118,50 @@ async def test_escalations_join_only_when_approved(ledger: Ledger, tenant: str) 
     assert (await pool(ledger, tenant)).count == 0
 
 
+async def test_an_escalation_is_priced_alone_so_its_approval_never_joins_below_it(
+    ledger: Ledger, tenant: str
+) -> None:
+    """An escalated hold waits outside the open set, and the set it joins when a
+    human approves it may have shrunk by then: priced for the set it escalated
+    beside, it would join a smaller one at a price made for more holds (before: the
+    reserve priced for four escalated at 50, the three others closed, and the
+    approval joined it to a set of one at 50, under its price alone of 80). A
+    reserve priced for a pool that would escalate is sent back to be priced alone,
+    the price every set covers; approval then changes no balance."""
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100))
+    for i in range(3):
+        await reserve(ledger, tenant, f"o{i}", 100, amount=20)
+    pooled = ticket(100, 4.0, 80)
+    with pytest.raises(PoolShrank) as shrank:  # 60 + 50 is in the soft band
+        await ledger.reserve(tenant, "e", "fp", {"tenant:acme": 50}, ttl_ms=HOUR_MS, pool=pooled)
+    assert shrank.value.alone and shrank.value.pool == OpenPool(3, 300, 30000.0)
+    assert await ledger.hold(tenant, "e") is None  # nothing written
+    escalated = await ledger.reserve(
+        tenant, "e", "fp", {"tenant:acme": 80}, ttl_ms=HOUR_MS, pool=ticket(100, 1.0, 80)
+    )
+    assert escalated.state is HoldState.ESCALATED and escalated.pool == OpenPool(3, 300, 30000.0)
+    for i in range(3):
+        await ledger.void(tenant, f"o{i}")
+    await ledger.approve(tenant, "e", "ops", ttl_ms=HOUR_MS)
+    hold = await ledger.hold(tenant, "e")
+    assert hold is not None and hold.state is HoldState.PENDING
+    assert dict(hold.amounts) == {"tenant:acme": 80}
+    assert await pool(ledger, tenant) == OpenPool(1, 100, 10000.0)
+    assert (await audit_tenant(ledger, tenant)).mismatches == []
+    # In shadow mode nothing waits for a human: held at once, it joins priced pooled.
+    await reserve(ledger, tenant, "o3", 100, amount=20)
+    shadowed = await ledger.reserve(
+        tenant,
+        "s",
+        "fp",
+        {"tenant:acme": 50},
+        ttl_ms=HOUR_MS,
+        shadow=True,
+        pool=ticket(100, 2.0, 80),
+    )
+    assert shadowed.shadowed and shadowed.pool == OpenPool(3, 300, 30000.0)
+
+
 async def test_an_expired_hold_found_ambiguous_rejoins(ledger: Ledger, tenant: str) -> None:
     await open_accounts(ledger, tenant, tenant_acme=1000)
     await ledger.reserve(
@@ -144,9 +201,41 @@ async def test_a_price_for_more_holds_than_are_open_is_sent_back(
 
 async def test_bad_tickets_are_refused(ledger: Ledger, tenant: str) -> None:
     await open_accounts(ledger, tenant, tenant_acme=1000)
-    for bad in (PoolTicket("not-a-tag", 1), PoolTicket(TAG, 1, 0.5), PoolTicket(TAG, -1)):
+    for bad in (
+        PoolTicket("not-a-tag", 1),
+        PoolTicket(TAG, 1, 0.5),
+        PoolTicket(TAG, -1),
+        PoolTicket(TAG, 1, 2.0),  # pooled, without its price alone
+    ):
         with pytest.raises(BadInput):
             await ledger.reserve(tenant, "k", "fp", {"tenant:acme": 1}, ttl_ms=1, pool=bad)
+
+
+async def test_a_pooled_reserve_without_its_price_alone_is_refused(
+    ledger: Ledger, tenant: str
+) -> None:
+    """The approval thresholds compare the price an effect would have alone
+    (reserve.lua's last argument): a reserve priced for a pool that leaves it out (an
+    older caller) would be compared at its pooled price, under a threshold its price
+    alone is above. It is bad input, with nothing written (before, the script kept
+    it: admitted at 10 under a threshold of 15)."""
+    await ledger.upsert_account(
+        tenant, AccountSpec("tenant:acme", 1000, 1000, approval_threshold=15)
+    )
+    for i in range(3):
+        await reserve(ledger, tenant, f"o{i}", 100)
+    args = ledger._reserve_args(
+        ReserveRequest("k", "fp", {"tenant:acme": 10}, HOUR_MS, pool=ticket(100, 2.0, 20))
+    )
+    older = args[:-1]  # the same reserve without its price alone
+    before = await tenant_snapshot(ledger, tenant)
+    reply = await ledger._run("reserve", hold_script_keys(tenant, "k"), older)
+    assert reply[:2] == ["bad_input", "alone_price"]
+    assert await tenant_snapshot(ledger, tenant) == before
+    # With it, the threshold sees 20: it would escalate, so it is priced alone.
+    sent_back = await ledger._run("reserve", hold_script_keys(tenant, "k"), args)
+    assert (sent_back[0], sent_back[-1]) == ("reprice", "alone")
+    assert await tenant_snapshot(ledger, tenant) == before
 
 
 async def test_many_processes_leave_the_count_exact(

@@ -161,7 +161,7 @@ async def pooled(
                     {"tenant:acme": 5},
                     ttl_ms=ttl,
                     armed=step != 3,
-                    pool=PoolTicket(tag, face, pending),
+                    pool=PoolTicket(tag, face, pending, 5),
                 )
                 break
             except PoolShrank as shrank:
