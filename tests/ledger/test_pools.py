@@ -25,7 +25,7 @@ from ledger.records import (
 )
 
 from .conftest import open_accounts
-from .helpers import tenant_snapshot
+from .helpers import server_ms, tenant_snapshot
 from .test_concurrency import release, spawn
 
 HOUR_MS = 3_600_000
@@ -162,6 +162,29 @@ async def test_an_escalation_is_priced_alone_so_its_approval_never_joins_below_i
     assert shadowed.shadowed and shadowed.pool == OpenPool(3, 300, 30000.0)
 
 
+async def test_an_escalation_sent_back_writes_nothing_when_its_window_rolled(
+    ledger: Ledger, tenant: str
+) -> None:
+    """A reserve sent back to be priced alone writes nothing, even when an account's
+    budget window has rolled since its last write: the roll is journaled only once
+    the decision is final (it was journaled before the decision, so a `reprice`
+    that says nothing was written left a roll entry)."""
+    window_ms = 100
+    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100, window_ms))
+    for i in range(3):
+        await reserve(ledger, tenant, f"o{i}", 100, amount=20)
+    rolled_at = await server_ms(ledger) + window_ms  # past the next window's start
+    while await server_ms(ledger) < rolled_at:
+        await asyncio.sleep(0.01)
+    before = await tenant_snapshot(ledger, tenant)
+    with pytest.raises(PoolShrank) as shrank:  # 60 + 50 is in the soft band
+        await ledger.reserve(
+            tenant, "e", "fp", {"tenant:acme": 50}, ttl_ms=HOUR_MS, pool=ticket(100, 4.0, 80)
+        )
+    assert shrank.value.alone
+    assert await tenant_snapshot(ledger, tenant) == before
+
+
 async def test_an_expired_hold_found_ambiguous_rejoins(ledger: Ledger, tenant: str) -> None:
     await open_accounts(ledger, tenant, tenant_acme=1000)
     await ledger.reserve(
@@ -256,14 +279,10 @@ async def test_many_processes_leave_the_count_exact(
 
     # A worker's last 1 ms hold (step 3) may have met its own sweep within the same
     # millisecond of Redis time, still live: swept again once Redis time is past it.
-    async def redis_ms() -> int:
-        seconds, micros = await ledger.redis.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
-    soon = await redis_ms() + HOUR_MS // 2  # the 1 ms holds, not the hour-long ones
+    soon = await server_ms(ledger) + HOUR_MS // 2  # the 1 ms holds, not the hour-long ones
     short = await ledger.redis.zrangebyscore(deadlines_key(tenant), 0, soon, withscores=True)
     last = max((score for _, score in short), default=0)
-    while await redis_ms() <= last:
+    while await server_ms(ledger) <= last:
         await asyncio.sleep(0.001)
     await ledger.sweep(tenant)
     assert (await pool(ledger, tenant)).count == 6 * 60 // 5  # step 4: left open
