@@ -668,6 +668,10 @@ async def fire(
     forward a hold whose deadline a reconciler elsewhere already sees passed."""
     budget_s = (expires_at or 0.0) - time.monotonic() - gate.settings.forward_margin_s
     claim = ""
+    # The instant the upstream must have answered by, taken before anything is
+    # awaited: a worker that stalls after its checks (a busy event loop, a GC pause)
+    # shortens the send and cannot push its end past what the checks allowed.
+    answer_by = _answer_by(gate)
     if expires_at is not None and budget_s < gate.settings.upstream_timeout_s:
         # Too close to the deadline: the answer could come after the hold turned
         # ambiguous. Not sent, so provably not fired: release it.
@@ -677,6 +681,9 @@ async def fire(
         # Sent again: first claimed, so that of any number of repeats of the key one is
         # sent at a time, and the hold's deadline moves past this request's life, so a
         # reconciler told "not found" while it is on its way cannot void it (contract 6).
+        # The claim's window starts at Redis's time of the claim, after `answer_by` was
+        # taken: the send ends at least the margin before the claim lapses, however late
+        # the claim's reply is read.
         window_s = gate.settings.upstream_timeout_s + gate.settings.forward_margin_s
         try:
             claimed = await gate.ledger.retry(policy.tenant, hold_id, math.ceil(window_s * 1000))
@@ -694,7 +701,12 @@ async def fire(
     started = time.perf_counter()
     retry = expires_at is None
     with tracing.span("forward", tool=request.tool, hold_id=hold_id, retry=retry) as span:
-        answer = await upstream.deliver(request, hold_id, _answer_by(gate), retry=retry)
+        if retry and time.monotonic() >= answer_by:
+            # The claim's reply came too late to send at all: a request begun now
+            # could still be on its way once the claim lapsed.
+            answer = Answer(Fate.NOT_SENT, why="upstream_timeout")
+        else:
+            answer = await upstream.deliver(request, hold_id, answer_by, retry=retry)
         tracing.annotate(span, fate=answer.fate.value, status=answer.status or None)
     elapsed_s = time.perf_counter() - started
     if answer.fate is Fate.DELIVERED:

@@ -4,8 +4,8 @@ creates nothing), answers lookups by key, and can be told to misbehave.
 
 Misbehaviour is set per request by the `quantity`/`sku` of the order itself or,
 for tests, by `POST /_faults` (status to answer, delay before answering, whether to
-apply the order before failing, a body trickled out slowly): the server stays a
-plain, honest upstream otherwise.
+apply the order before failing, a body trickled out slowly, repeats held until
+`POST /_release`): the server stays a plain, honest upstream otherwise.
 
 Under `/secure/...` (`serve()` only) the same API requires `Authorization: Bearer
 <token>`, the token set by `POST /_secure {"token": ...}`: 401 without it, as an
@@ -63,6 +63,10 @@ class Faults(BaseModel):
     # Wait this long before answering a repeat of a key already ordered (whatever
     # `times` says): a retry that stays in flight while more repeats arrive.
     repeat_delay_s: float = 0.0
+    # Hold the answer to a repeat of a key already ordered until `POST /_release`: a
+    # retry that stays in flight until a test has seen what it waits for (a delay
+    # stands in for that only while the machine keeps up).
+    hold_repeats: bool = False
 
 
 @dataclass
@@ -72,6 +76,7 @@ class Answer:
     delay_s: float = 0.0
     slow_body_s: float = 0.0
     commit_key: str = ""  # the order is recorded under this key when the answer is sent
+    held: bool = False  # sent only once `Supplier.release` is set (Faults.hold_repeats)
 
 
 @dataclass
@@ -84,6 +89,8 @@ class Supplier:
     requests_by_key: Counter[str] = field(default_factory=Counter)
     in_flight: set[str] = field(default_factory=set)
     secure_token: str = ""
+    # Opens the answers Faults.hold_repeats holds; closed again by every new Faults.
+    release: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def order(self, idempotency_key: str | None, body: Any) -> Answer:
@@ -94,7 +101,10 @@ class Supplier:
         if idempotency_key in self.in_flight:
             return Answer(409, {"error": "request in progress"})
         if idempotency_key in self.orders:
-            return Answer(201, self.orders[idempotency_key], self.faults.repeat_delay_s)
+            faults = self.faults
+            return Answer(
+                201, self.orders[idempotency_key], faults.repeat_delay_s, held=faults.hold_repeats
+            )
         if not isinstance(body, dict) or int(body.get("quantity", 0)) <= 0:
             return Answer(422, {"error": "quantity must be positive"})
         faults = self.faults
@@ -144,6 +154,8 @@ def create_supplier(supplier: Supplier | None = None) -> FastAPI:
         request: Request, idempotency_key: str | None = Header(default=None)
     ) -> Response:
         answer = state.order(idempotency_key, await request.json())
+        if answer.held:
+            await state.release.wait()
         if answer.delay_s:
             await asyncio.sleep(answer.delay_s)
         state.answered(answer)
@@ -177,7 +189,14 @@ def create_supplier(supplier: Supplier | None = None) -> FastAPI:
     @app.post("/_faults")
     async def set_faults(faults: Faults) -> dict[str, Any]:
         state.faults = faults
+        state.release.clear()
         return faults.model_dump()
+
+    @app.post("/_release")
+    async def release() -> dict[str, Any]:
+        """Send the answers Faults.hold_repeats holds, and any later ones at once."""
+        state.release.set()
+        return {"released": True}
 
     return app
 

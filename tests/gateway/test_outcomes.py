@@ -13,7 +13,7 @@ import httpx
 
 from irrev.harness import uvicorn_command
 
-from .conftest import RETRY_SUPPLIER_PORT, Gateway
+from .conftest import RETRY_SUPPLIER_PORT, Gateway, own_gateway
 from .helpers import (
     assert_problem,
     balances,
@@ -147,39 +147,71 @@ async def test_5xx_is_ambiguous_and_a_retry_with_the_same_key_settles_it_once(
 
 
 async def test_concurrent_retries_of_an_ambiguous_hold_send_it_once(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    redis_url: str, suppliers: Server, upstream: httpx.AsyncClient, tmp_path: Path
 ) -> None:
     """16 repeats of an ambiguous key at once: one claims the retry and sends it; the
-    others are told it is in flight (or, once it settled, get its answer). Before the
-    claim each of them sent the effect again: 14 upstream calls for one hold."""
-    tenant = gateway.tenant("retry-claim")
-    await set_faults(upstream, tenant, status=503, apply=True, times=1)
-    headers = effect_headers(tenant, "buyer-01", "claimed")
-    first = await http.post("/tools/supplier/orders", json=order(quantity=5), headers=headers)
-    assert_problem(first, 502, "upstream_ambiguous")
-    hold = first.headers["x-irrev-hold"]
-    charged = used(await balances(http, gateway.admin, tenant))
+    others are told it is in flight. Before the claim each of them sent the effect
+    again: 14 upstream calls for one hold.
 
-    # The supplier answers the retry slowly, so the other repeats arrive meanwhile.
-    await set_faults(upstream, tenant, repeat_delay_s=0.35, times=0)
-    repeats = await asyncio.gather(
-        *(
-            http.post("/tools/supplier/orders", json=order(quantity=5), headers=headers)
-            for _ in range(16)
-        )
-    )
-    stats = await supplier_stats(upstream, tenant)
-    assert stats["requests_by_key"][f"irrev-{hold}"] == 2  # the first send, one retry
-    assert stats["orders"] == 1
-    ok = [r for r in repeats if r.status_code == 201]
-    assert ok and len({r.json()["order_id"] for r in ok}) == 1
-    for response in repeats:
-        if response.status_code != 201:
-            body = assert_problem(response, 409, "in_flight")
-            assert body["hold"] == hold and int(response.headers["retry-after"]) >= 1
-            assert "Idempotency-Key" in body["detail"]
-    assert await hold_state(http, tenant, "buyer-01", hold) == "posted"
-    assert used(await balances(http, gateway.admin, tenant)) == charged
+    The supplier holds the retry's answer until the 15 others have been answered, and
+    this gateway waits 30 s for an upstream. With the shared gateway's 1 s and the
+    answer sent 0.35 s late, a loaded machine (load 11: 2 runs of 120) took more than
+    the 1 s: the retry was ambiguous again, as it must be (contract 6), and no repeat
+    had the 201 the test expected."""
+    with own_gateway(
+        redis_url,
+        suppliers,
+        tmp_path,
+        2,
+        IRREV_UPSTREAM_TIMEOUT_S="30",
+        IRREV_FORWARD_MARGIN_S="0.5",
+    ) as gateway:
+        tenant = gateway.tenant("own")
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=60, trust_env=False) as http:
+            await set_faults(upstream, tenant, status=503, apply=True, times=1)
+            headers = effect_headers(tenant, "buyer-01", "claimed")
+            first = await http.post(
+                "/tools/supplier/orders", json=order(quantity=5), headers=headers
+            )
+            assert_problem(first, 502, "upstream_ambiguous")
+            hold = first.headers["x-irrev-hold"]
+            key = f"irrev-{hold}"
+            charged = used(await balances(http, gateway.admin, tenant))
+
+            await set_faults(upstream, tenant, hold_repeats=True, times=0)
+            repeats = [
+                asyncio.create_task(
+                    http.post("/tools/supplier/orders", json=order(quantity=5), headers=headers)
+                )
+                for _ in range(16)
+            ]
+            # The retry cannot be answered before the release: every other repeat is.
+            pending = set(repeats)
+            while len(pending) > 1:
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            assert len(pending) == 1
+            for task in repeats:
+                if task not in pending:
+                    response = task.result()
+                    body = assert_problem(response, 409, "in_flight")
+                    assert body["hold"] == hold and int(response.headers["retry-after"]) >= 1
+                    assert "Idempotency-Key" in body["detail"]
+            [retried] = pending
+            while not retried.done():  # the retry may still be on its way to the supplier
+                if (await supplier_stats(upstream, tenant))["requests_by_key"][key] == 2:
+                    break
+                await asyncio.sleep(0.01)
+
+            released = await upstream.post(f"/{tenant.id}/_release")
+            assert released.status_code == 200, released.text
+            response = await retried
+            assert response.status_code == 201, response.text
+            assert response.headers["x-irrev-hold"] == hold
+            stats = await supplier_stats(upstream, tenant)
+            assert stats["requests_by_key"][key] == 2  # the first send, one retry
+            assert stats["orders"] == 1
+            assert await hold_state(http, tenant, "buyer-01", hold) == "posted"
+            assert used(await balances(http, gateway.admin, tenant)) == charged
 
 
 async def test_a_retry_forwards_the_stored_request_whatever_trace_it_comes_in(

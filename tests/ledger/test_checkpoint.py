@@ -11,7 +11,7 @@ import pytest
 from ledger.audit import audit_tenant
 from ledger.checkpoint import CheckpointMoved, _swap, load_checkpoint, trim
 from ledger.client import Ledger
-from ledger.journal import read_journal
+from ledger.journal import JournalEntry, read_journal
 
 from .conftest import open_accounts
 from .helpers import tamper_account
@@ -45,19 +45,34 @@ async def test_trim_archives_then_audit_still_checks(
     assert len(mismatches) == 1 and "agent:a" in mismatches[0]
 
 
+def entry_ms(entry: JournalEntry) -> int:
+    return int(entry.entry_id.split("-")[0])
+
+
 async def test_trim_keeps_recent_entries(ledger: Ledger, tenant: str, tmp_path: Path) -> None:
     await open_accounts(ledger, tenant, tenant_acme=1000)
-    entries = []
-    for i in range(4):
-        await ledger.reserve(tenant, f"k{i}", "fp", {"tenant:acme": 10}, ttl_ms=60_000)
+    # Reserve until an entry from the third on starts a later millisecond than the one
+    # before it: the cut needs an entry in an earlier millisecond, to trim. A fast
+    # server writes the account and the first reserves in one millisecond, and a cut
+    # at an entry of that millisecond trims nothing (this failed with an IndexError).
+    entries: list[JournalEntry] = []
+    starts: list[int] = []
+    reserves = 0
+    while reserves < 4 or not starts:
+        await ledger.reserve(tenant, f"k{reserves}", "fp", {"tenant:acme": 10}, ttl_ms=60_000)
+        reserves += 1
         entries = await read_journal(ledger, tenant)
-    # Cut at an entry's millisecond: anything in it (even an account opened in the
-    # same millisecond as the first reserve) is kept, everything before is trimmed.
-    cut_ms = int(entries[2].entry_id.split("-")[0])
-    kept_before = [e for e in entries if int(e.entry_id.split("-")[0]) >= cut_ms]
+        starts = [
+            i for i in range(2, len(entries)) if entry_ms(entries[i]) > entry_ms(entries[i - 1])
+        ]
+    # Cut at that entry's millisecond: it and everything after are kept, the entries
+    # of earlier milliseconds are trimmed, and the checkpoint ends at the one before it.
+    cut = starts[0]
+    cut_ms = entry_ms(entries[cut])
+    kept_before = [e for e in entries if entry_ms(e) >= cut_ms]
     await trim(ledger, tenant, tmp_path, cut_ms)
     assert await read_journal(ledger, tenant) == kept_before
-    assert (await load_checkpoint(ledger, tenant)).upto == entries[-len(kept_before) - 1].entry_id
+    assert (await load_checkpoint(ledger, tenant)).upto == entries[cut - 1].entry_id
     assert (await audit_tenant(ledger, tenant)).ok
 
 
