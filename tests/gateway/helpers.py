@@ -29,6 +29,22 @@ def effect_headers(tenant: Tenant, agent: str, key: str) -> dict[str, str]:
 DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
 
 
+async def scrape_fleet(
+    http: httpx.AsyncClient, headers: dict[str, str], series: str, within_s: float = 15.0
+) -> str:
+    """/metrics once it shows `series` (a text the exposition must contain), or as
+    last read. A tenant's fleet gauges come from the gateway whose worker holds its
+    sweep lease: none before a worker's first sweep round takes it, and none for a
+    round when a loaded machine delays its renewal past the lease's ttl."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while True:
+        response = await http.get("/metrics", headers=headers)
+        assert response.status_code == 200, response.text
+        if series in response.text or asyncio.get_running_loop().time() > deadline:
+            return response.text
+        await asyncio.sleep(0.2)
+
+
 async def deploy_hold(http: httpx.AsyncClient, tenant: Tenant, key: str) -> tuple[str, int]:
     """deployer-01 asks the decision API for a deploy (an in-process irreversible
     route): the new hold's id and its price."""

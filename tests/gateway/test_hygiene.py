@@ -23,6 +23,7 @@ from .helpers import (
     holds_in,
     order,
     raw_request,
+    scrape_fleet,
     set_faults,
     supplier_stats,
 )
@@ -155,7 +156,7 @@ async def test_health_endpoints_name_no_tenant_to_strangers(
     )
     ready = await http.get("/readyz")
     assert ready.json() == {"status": "ready"}
-    anonymous = (await http.get("/metrics")).text
+    anonymous = await scrape_fleet(http, {}, 'irrev_live_holds{state="pending"}')
     assert tenant.id not in anonymous and "tenant=" not in anonymous
     assert (
         'irrev_decisions_total{decision="admit",mode="enforce",reason="within_budget"}' in anonymous

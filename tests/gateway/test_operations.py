@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pricing.money import money_text
 
 from .conftest import Gateway, own_gateway
-from .helpers import assert_problem, effect_headers, order
+from .helpers import assert_problem, effect_headers, order, scrape_fleet
 from .servers import Server, write_policy
 
 USD = 1_000_000
@@ -142,7 +142,8 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
     ]
     assert [r.status_code for r in waiting] == [202, 202, 202], [r.text for r in waiting]
 
-    found = samples(await scrape(http, gateway.admin))
+    limits = f'irrev_budget_limit_micros{{tenant="{tenant.id}"'
+    found = samples(await scrape_fleet(http, gateway.admin, limits))
     account = {"tenant": tenant.id, "account": f"tenant:{tenant.id}"}
     limit = value(found, "irrev_budget_limit_micros", **account)
     pending = value(found, "irrev_budget_pending_micros", **account)

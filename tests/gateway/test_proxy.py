@@ -22,6 +22,7 @@ from .helpers import (
     holds_in,
     order,
     raw_request,
+    scrape_fleet,
     supplier_stats,
     trickled_request,
     used,
@@ -36,15 +37,14 @@ async def test_health_ready_and_metrics(gateway: Gateway, http: httpx.AsyncClien
     await http.post(
         "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, "buyer-01", "m1")
     )
-    metrics = await http.get("/metrics", headers=gateway.admin)
-    assert metrics.status_code == 200
-    text = metrics.text
+    live = f'irrev_live_holds{{state="pending",tenant="{tenant.id}"}}'
+    text = await scrape_fleet(http, gateway.admin, live)
     assert (
         'irrev_decisions_total{decision="admit",mode="enforce",reason="within_budget",'
         f'tenant="{tenant.id}"}}' in text
     )
     assert 'irrev_upstream_outcomes_total{fate="delivered",tool="supplier"}' in text
-    assert f'irrev_live_holds{{state="pending",tenant="{tenant.id}"}}' in text
+    assert live in text
 
 
 async def test_admitted_effect_is_forwarded_with_budget_headers(
