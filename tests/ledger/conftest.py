@@ -9,15 +9,6 @@ import pytest
 from ledger.client import Ledger
 from ledger.records import AccountSpec
 
-from ..conftest import SERVERS, SessionServers
-
-
-@pytest.fixture(scope="session", params=SERVERS)
-def redis_url(request: pytest.FixtureRequest, session_servers: SessionServers) -> str:
-    """Every server param, the cluster included: the URL of a standalone server or of
-    one node of the cluster, which the ledger must recognise as such."""
-    return session_servers.url(request.param)
-
 
 @pytest.fixture
 async def ledger(redis_url: str) -> AsyncIterator[Ledger]:

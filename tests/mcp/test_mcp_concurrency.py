@@ -33,7 +33,8 @@ from .conftest import (
     write_mcp_policy,
 )
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# Slow (fifty agents, killed servers): .ci/run runs it, README's test command does not.
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
 
 async def test_fifty_agents_against_one_budget_never_overdraw(

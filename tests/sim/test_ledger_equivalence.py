@@ -59,6 +59,9 @@ from sim.ledger_ops import (
 )
 from sim.params import Attack, Model, ProductLine, Scenario, Spike
 
+# Slow (about a minute a server): .ci/run runs it, README's test command does not.
+pytestmark = pytest.mark.slow
+
 DAY_MS = 24 * 3600 * 1000
 DECISIONS = {lm.ADMIT: Decision.ADMIT, lm.ESCALATE: Decision.ESCALATE, lm.DENY: Decision.DENY}
 MIN_OPERATIONS = 10_000
