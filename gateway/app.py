@@ -90,7 +90,15 @@ async def _check_durability(ledger: Ledger, settings: GatewaySettings) -> None:
     found = await ledger.durability()
     if settings.wait_aof != "off" and (refusal := found.wait_aof_refusal()):
         raise LedgerUnavailable("start", RedisFailure.NO_WAITAOF, refusal)
-    shortfall = found.shortfall(settings.wait_replicas)
+    # The settings do not show an ACL that denies WAITAOF or WAIT, a renamed command,
+    # or replicas that do not fsync: a write followed by the very waits shows them.
+    probe = await ledger.probe_waits()
+    if probe.refusal:
+        cause = RedisFailure.NO_WAITAOF if settings.wait_aof != "off" else RedisFailure.REFUSED
+        raise LedgerUnavailable("start", cause, probe.refusal)
+    if probe.warning:
+        log.warning("ledger waits", extra={"shortfall": probe.warning})
+    shortfall = found.shortfall(settings.wait_replicas, probe.fsynced)
     facts = {
         "appendonly": found.appendonly,
         "appendfsync": found.appendfsync,
@@ -152,6 +160,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             replica_timeout_ms=settings.wait_timeout_ms,
             wait_aof=settings.wait_aof,
         )
+        ledger.on_unacknowledged = lambda op: metrics.UNACKNOWLEDGED_WRITES.labels(op).inc()
         http = make_client(
             settings.upstream_connect_timeout_s,
             settings.upstream_timeout_s,

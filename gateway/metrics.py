@@ -101,6 +101,13 @@ RECONCILED = Counter(
     "Ambiguous holds the reconciler looked at, by result",
     ["tenant", "result"],
 )
+UNACKNOWLEDGED_WRITES = Counter(
+    "irrev_unacknowledged_writes_total",
+    "Posts and true-ups (op: post, trueup) recorded although their wait for replicas or "
+    "fsyncs (IRREV_WAIT_REPLICAS, IRREV_WAIT_AOF) came back short: the effect happened, "
+    "so they are kept, but a failover or restart within the window can lose them",
+    ["op"],
+)
 SWEEPS = Counter(
     "irrev_sweeps_total",
     "Sweeps of a tenant's due holds by this process (one process of the fleet holds each "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -18,7 +19,14 @@ from . import validate
 from .calls import Scripts
 from .cluster import RedisClient
 from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
-from .durability import WAIT_AOF_MODES, Durability, WaitAof, read_durability
+from .durability import (
+    WAIT_AOF_MODES,
+    Durability,
+    Probe,
+    WaitAof,
+    probe_waits,
+    read_durability,
+)
 from .embedded import redis_url
 from .errors import (
     BadInput,
@@ -93,6 +101,8 @@ MAX_PROVENANCE_BYTES = 16384
 MAX_SWEEPS_BEFORE_RESERVE = 10
 HOLD_READS = 3
 
+log = logging.getLogger("irrev.ledger")
+
 
 class Ledger:
     """Accounts, holds and the journal of every tenant, kept in one Redis.
@@ -143,6 +153,9 @@ class Ledger:
         self.wait_aof = wait_aof
         # What follows each write that must be kept (WAIT, WAITAOF), on its connection.
         self.waits = _waits(wait_aof, replicas, replica_timeout_ms)
+        # Told the operation of each post or true-up kept although its wait came back
+        # short (`_report_short`).
+        self.on_unacknowledged: Callable[[str], None] | None = None
         self._scripts = Scripts(redis)
         self._retention = str(self.retention_ms)
         self._tenant_keys: dict[str, list[str]] = {}
@@ -210,6 +223,28 @@ class Ledger:
                     replicas = int(answer[1])
         return reply, Acks(replicas, fsynced)
 
+    def _report_short(self, operation: str, tenant: str, hold_id: str, acked: Acks) -> None:
+        """A post or true-up whose wait came back short is acknowledged anyway (the
+        effect happened: refusing to record it would not undo it), so a restart or a
+        failover within the window could lose it: logged, and told to
+        `on_unacknowledged` (the gateway counts it)."""
+        replicas = acked.replicas
+        if acked.fsynced != 0 and (replicas is None or replicas >= self.replicas):
+            return
+        log.warning(
+            "write acknowledged without its wait",
+            extra={
+                "operation": operation,
+                "tenant": tenant,
+                "hold": hold_id,
+                "replicas": acked.replicas,
+                "wanted": self.replicas,
+                "fsynced": acked.fsynced,
+            },
+        )
+        if self.on_unacknowledged is not None:
+            self.on_unacknowledged(operation)
+
     async def send(self, command: tuple[str | int, ...], key: str) -> Any:
         """One raw command sent the way the ledger sends its scripts (`key`: a key of
         the command, which on a cluster names the node): for benchmarks, to time a
@@ -228,6 +263,15 @@ class Ledger:
         where CONFIG GET is refused)."""
         with translate_redis_errors("reading the persistence settings"):
             return await read_durability(self.redis)
+
+    async def probe_waits(self) -> Probe:
+        """A probe write followed by the waits every kept write gets (`waits`), on
+        each primary: whether they can succeed here (durability.probe_waits). Nothing
+        to probe when no wait is asked for."""
+        if not self.waits:
+            return Probe()
+        with translate_redis_errors("probing the waits for replicas and fsyncs"):
+            return await probe_waits(self.redis, self.waits)
 
     async def ping(self) -> None:
         with translate_redis_errors("ping"):
@@ -934,7 +978,9 @@ class Ledger:
         keys = self._hold_keys(tenant, hold_id)
         if replicated:
             reply, acked = await self._run_replicated(operation, keys, args)
-            return _transition_result(tenant, hold_id, operation, reply, acked)
+            result = _transition_result(tenant, hold_id, operation, reply, acked)
+            self._report_short(operation, tenant, hold_id, acked)
+            return result
         reply = await self._run(operation, keys, args)
         return _transition_result(tenant, hold_id, operation, reply)
 

@@ -6,12 +6,13 @@ what the gateway is told to require."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
+from itertools import count
+from typing import Any, Literal, get_args
 
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
-from .cluster import RedisClient
+from .cluster import RedisClient, on_primary
 
 PARAMETERS = ("appendonly", "appendfsync", "min-replicas-to-write")
 UNKNOWN = "unknown"
@@ -33,12 +34,14 @@ class Durability:
     # "yes" where the server knows WAITAOF, "no" where not (Redis < 7.2).
     waitaof: str = UNKNOWN
 
-    def shortfall(self, wait_replicas: int) -> str:
+    def shortfall(self, wait_replicas: int, fsync_proven: bool = False) -> str:
         """Why an acknowledged write could be lost on a restart ("" if it cannot): AOF
         off, or fsynced by the OS only (`appendfsync no`), or the settings unknown;
         unless `wait_replicas` replicas must acknowledge each admission and limit
-        change (IRREV_WAIT_REPLICAS), so a failover keeps it."""
-        if wait_replicas > 0:
+        change (IRREV_WAIT_REPLICAS), so a failover keeps it, or `fsync_proven`: a
+        probe's WAITAOF saw the primary fsync a write (`probe_waits`), and each of
+        those writes waits for its own fsync, so unread settings do not matter."""
+        if wait_replicas > 0 or fsync_proven:
             return ""
         if UNKNOWN in (self.appendonly, self.appendfsync):
             return "the server's persistence could not be read (CONFIG GET refused)"
@@ -108,3 +111,104 @@ async def _config(redis: RedisClient, name: str) -> str:
         return str(reply.get(name, UNKNOWN))
     except redis_errors.ResponseError:
         return UNKNOWN  # CONFIG renamed or not allowed (managed Redis, ACLs)
+
+
+# The probe's key: irrev's namespace, gone by itself soon after the start.
+PROBE_KEY = "irrev:probe:{%s}"
+PROBE_TTL_MS = 10_000
+# How long the probe waits at least: it asks whether the server can fsync for
+# WAITAOF at all, not whether it does so within IRREV_WAIT_TIMEOUT_MS (everysec
+# fsyncs within about a second, replicas report theirs about once a second), which
+# the gateway warns about separately.
+PROBE_WAIT_MS = 3_000
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What a probe write followed by the gateway's waits showed: `refusal`, why
+    every write would fail ("" if none would); `warning`, replicas that did not
+    acknowledge it now (down or not attached yet: writes fail until they are back);
+    `fsynced`, whether every primary fsynced it (WAITAOF's local count 1)."""
+
+    refusal: str = ""
+    warning: str = ""
+    fsynced: bool = False
+
+
+async def probe_waits(redis: RedisClient, waits: list[tuple[Any, ...]]) -> Probe:
+    """A harmless write (a key of irrev's namespace that expires) on each primary,
+    followed on its connection by `waits`, the WAIT/WAITAOF every kept write gets
+    (ledger/client.py's `_waits`), with at least PROBE_WAIT_MS: an ACL that denies
+    them, a renamed or missing command, a primary that never fsyncs and replicas
+    that receive writes but do not fsync them (appendonly no on a replica) show here,
+    where the server's version and CONFIG GET do not tell."""
+    waits = [(*wait[:-1], max(int(wait[-1]), PROBE_WAIT_MS)) for wait in waits]
+    if isinstance(redis, RedisCluster):
+        await redis.initialize()
+        probes = [await _probe_on(redis, key, waits) for key in _key_per_primary(redis)]
+    else:
+        probes = [await _probe_on(redis, PROBE_KEY % "0", waits)]
+    refusal = next((p.refusal for p in probes if p.refusal), "")
+    warning = next((p.warning for p in probes if p.warning), "")
+    return Probe(refusal, warning, all(p.fsynced for p in probes))
+
+
+def _key_per_primary(cluster: RedisCluster) -> list[str]:
+    """A probe key in a slot of each primary (the hash tag picks the slot)."""
+    wanted = {node.name for node in cluster.get_primaries()}
+    keys: dict[str, str] = {}
+    for n in count():
+        key = PROBE_KEY % n
+        node = cluster.get_node_from_key(key)
+        if node is not None and node.name in wanted:
+            keys.setdefault(node.name, key)
+        if len(keys) == len(wanted):
+            return list(keys.values())
+    raise AssertionError("unreachable")
+
+
+async def _probe_on(redis: RedisClient, key: str, waits: list[tuple[Any, ...]]) -> Probe:
+    where = f" (primary of {key})" if isinstance(redis, RedisCluster) else ""
+    write: tuple[Any, ...] = ("SET", key, "1", "PX", PROBE_TTL_MS)
+    commands = [write, *waits]
+    aof_all = bool(waits) and waits[0][0] == "WAITAOF" and int(waits[0][2]) > 0
+    if aof_all:
+        # Whether replicas that did not fsync at least received the write: a short
+        # check (answers at once when they did), so that a replica that is down is
+        # told from one that does not fsync.
+        commands.append(("WAIT", waits[0][2], 100))
+    if isinstance(redis, RedisCluster):
+        replies = await on_primary(redis, key, commands)
+    else:
+        async with redis.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)
+            replies = list(await pipe.execute(raise_on_error=False))
+    if isinstance(replies[0], Exception):
+        return Probe(f"the probe write SET {key} was refused{where}: {replies[0]}")
+    fsynced = False
+    warning = ""
+    for wait, answer in zip(waits, replies[1 : 1 + len(waits)], strict=True):
+        name, wanted = str(wait[0]), int(wait[-2])
+        if isinstance(answer, Exception):
+            return Probe(f"{name} was refused{where}: {answer}")
+        if name == "WAIT":
+            if int(answer) < wanted:
+                warning = f"{answer} of {wanted} replicas acknowledged the probe write{where}"
+            continue
+        local, replicas = int(answer[0]), int(answer[1])
+        if local < 1:
+            return Probe(
+                f"the primary did not fsync the probe write to its AOF in {wait[-1]} ms{where} "
+                "(is its appendfsync no?)"
+            )
+        fsynced = True
+        if replicas < wanted:
+            received = replies[-1]
+            short = f"{replicas} of {wanted} replicas fsynced the probe write in {wait[-1]} ms"
+            if not isinstance(received, Exception) and int(received) >= wanted:
+                return Probe(
+                    f"{short}{where}: the replicas did not fsync (is their appendonly on?)"
+                )
+            warning = f"{short}{where}, {received} received it"
+    return Probe("", warning, fsynced)

@@ -221,8 +221,9 @@ _EXPLAINED: dict[RedisFailure, tuple[str, str]] = {
     ),
     RedisFailure.NO_WAITAOF: (
         "Redis cannot acknowledge fsyncs as IRREV_WAIT_AOF asks",
-        "run Redis 7.2+ or Valkey with appendonly yes and appendfsync always or everysec, "
-        "or unset IRREV_WAIT_AOF",
+        "run Redis 7.2+ or Valkey with appendonly yes and appendfsync always or everysec "
+        "(on its replicas too for IRREV_WAIT_AOF=all), let the ledger's Redis user run "
+        "WAITAOF and WAIT, or unset IRREV_WAIT_AOF",
     ),
     RedisFailure.NOT_DURABLE: (
         "Redis does not keep writes as IRREV_DURABILITY=require asks",
