@@ -123,17 +123,23 @@ class GatewaySettings(BaseSettings):
         ge=0,
         le=64,
         description="Redis replicas that must acknowledge an admission (WAIT) before its "
-        "effect is forwarded; fewer within wait_timeout_ms: released, 503 not_replicated",
+        "effect is forwarded; fewer within wait_timeout_ms: released, 503 not_replicated. "
+        "Posts and true-ups wait too but are acknowledged whatever the count (logged, "
+        "counted: irrev_unacknowledged_writes_total)",
     )
     wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
     wait_aof: Literal["off", "local", "all"] = Field(
         default="off",
         description="WAITAOF (Redis 7.2+, Valkey) on every write that must be kept "
         "(admission, approval, post, true-up, account change): 'local' waits for the "
-        "primary's fsync of its append-only file too (not within wait_timeout_ms: released, "
-        "503 not_fsynced), 'all' also counts only replicas that fsynced it toward "
-        "wait_replicas (about a second a write: they report fsyncs once a second). A server "
-        "without WAITAOF, AOF or fsyncs refuses the start",
+        "primary's fsync of its append-only file too (then WAIT for wait_replicas: up to "
+        "twice wait_timeout_ms), 'all' also counts only replicas that fsynced it toward "
+        "wait_replicas (about a second a write: they report fsyncs once a second). Short: "
+        "admissions, approvals and account changes are refused (released, 503 not_fsynced "
+        "or not_replicated); posts and true-ups are acknowledged anyway, logged and counted "
+        "(irrev_unacknowledged_writes_total), so one in the window can be lost. A server "
+        "without WAITAOF, AOF or fsyncs, a user denied it, or replicas that do not fsync "
+        "('all') refuse the start (a probe write)",
     )
     durability: Literal["warn", "require"] = Field(
         default="warn",
