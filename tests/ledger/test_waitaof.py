@@ -16,6 +16,7 @@ import redis
 from irrev.localcluster import LocalCluster
 from ledger import EmbeddedRedis
 from ledger.client import Ledger
+from ledger.durability import Probe
 from ledger.errors import LedgerUnavailable, RedisFailure
 from ledger.keys import accounts_key
 from ledger.records import AccountSpec, HoldState
@@ -104,10 +105,16 @@ async def test_on_a_cluster_waitaof_counts_the_replica_of_the_primary_that_ran_t
             await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
             held = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
             assert (held.fsynced, held.replicas) == (1, 1)
+            # The start probe writes in a slot of each primary: every one fsynced.
+            assert await ledger.probe_waits() == Probe(fsynced=True)
             (replica,) = cluster.replicas_of(cluster.primary_for(accounts_key(tenant)))
             await asyncio.to_thread(replica.stop)
             alone = await ledger.reserve(tenant, "k2", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
             assert (alone.fsynced, alone.replicas) == (1, 0)
+            # A replica that is down (not one that does not fsync) is a warning: the
+            # writes fail closed until it is back.
+            probe = await ledger.probe_waits()
+            assert not probe.refusal and "0 of 1 replicas fsynced" in probe.warning, probe
         finally:
             await ledger.aclose()
     finally:
