@@ -10,18 +10,37 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any, NoReturn
 
+from fastapi import FastAPI
 from uvicorn import Config
 from uvicorn.supervisors import Multiprocess
 
-from ledger import LedgerSettings, supervised_redis_url
+from ledger import LedgerError, LedgerSettings, supervised_redis_url
+from pricing import PolicyError
 
+from .app import app_from_env
 from .credentials import resolve_credentials
-from .policies import load_policy_dir
+from .policies import PolicyLoadError, load_policy_dir
 from .settings import GatewaySettings
 
 STARTUP_FAILURE = 3  # a uvicorn worker's exit code when its app did not start
+REFUSED = 4  # a worker's exit code when it refused to start (its reason in REFUSAL_FILE)
+# Where `run` tells its workers to write a start refusal (set in their environment).
+REFUSAL_FILE = "IRREV_REFUSAL_FILE"
+# The start-time errors whose messages say what was wrong and what to do.
+REFUSALS = (LedgerError, PolicyLoadError, PolicyError)
 SHUTDOWN_MARGIN_S = 5.0
+
+Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
+
+
+class WorkersFailed(Exception):
+    """The workers did not start: the one line a worker refused with, or a pointer to
+    the tracebacks they printed for an unexpected error."""
 
 
 def check_policies(settings: GatewaySettings) -> None:
@@ -32,14 +51,20 @@ def check_policies(settings: GatewaySettings) -> None:
         resolve_credentials(policy)
 
 
-def run(settings: GatewaySettings, ledger: LedgerSettings) -> bool:
-    """Serve until a signal stops the workers; False if one failed at start-up. `ledger`
-    is `settings.ledger`, built by the caller before it reads any policy."""
-    with supervised_redis_url(ledger) as url, tempfile.TemporaryDirectory() as metrics:
+def run(settings: GatewaySettings, ledger: LedgerSettings) -> None:
+    """Serve until a signal stops the workers; WorkersFailed if one failed at start-up.
+    `ledger` is `settings.ledger`, built by the caller before it reads any policy."""
+    with (
+        supervised_redis_url(ledger) as url,
+        tempfile.TemporaryDirectory() as metrics,
+        tempfile.TemporaryDirectory() as scratch,
+    ):
+        refusal = Path(scratch) / "refusal"
         os.environ.update(
             {
                 "IRREV_REDIS_URL": url,
                 "IRREV_POLICY_DIR": str(settings.policy_dir.absolute()),
+                REFUSAL_FILE: str(refusal),
             }
         )
         if not settings.instance:
@@ -47,15 +72,16 @@ def run(settings: GatewaySettings, ledger: LedgerSettings) -> bool:
             os.environ["IRREV_INSTANCE"] = instance
         if settings.workers > 1:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
-        return serve_workers(settings)
+        serve_workers(settings, refusal)
 
 
-def serve_workers(settings: GatewaySettings) -> bool:
-    """Run the workers until a signal stops them; False if one failed at start-up.
-    uvicorn.run would return normally for that with several workers (and re-raise a
-    SIGTERM with one, skipping our clean-up), hence its supervisor used directly."""
+def serve_workers(settings: GatewaySettings, refusal: Path) -> None:
+    """Run the workers until a signal stops them; WorkersFailed if one failed at
+    start-up. uvicorn.run would return normally for that with several workers (and
+    re-raise a SIGTERM with one, skipping our clean-up), hence its supervisor used
+    directly."""
     config = Config(
-        "gateway.app:app_from_env",
+        "gateway.serve:worker_app",
         factory=True,
         host=settings.host,
         port=settings.port,
@@ -64,10 +90,51 @@ def serve_workers(settings: GatewaySettings) -> bool:
         access_log=False,
     )
     supervisor = _Workers(config, sockets=[config.bind_socket()])
+    supervisor.refusal = refusal
     # In-flight forwards may finish (and settle their holds) within the upstream timeout.
     supervisor.grace_s = settings.upstream_timeout_s + SHUTDOWN_MARGIN_S
     supervisor.run()
-    return all(p.exitcode != STARTUP_FAILURE for p in supervisor.processes)
+    if refusal.exists():
+        raise WorkersFailed(refusal.read_text(encoding="utf-8"))
+    if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
+        raise WorkersFailed("the gateway workers could not start; their errors are above")
+
+
+def worker_app() -> FastAPI:
+    """The app each worker serves: app_from_env's, whose start refusals are reported
+    by `_refusing`."""
+    app = app_from_env()
+    app.router.lifespan_context = _refusing(app.router.lifespan_context)
+    return app
+
+
+def _refusing(lifespan: Lifespan) -> Lifespan:
+    """`lifespan`, except that a REFUSALS error before it started is refused with."""
+
+    @asynccontextmanager
+    async def refusing(app: FastAPI) -> AsyncIterator[Any]:
+        started = False
+        try:
+            async with lifespan(app) as state:
+                started = True
+                yield state
+        except REFUSALS as exc:
+            if started or not os.environ.get(REFUSAL_FILE):
+                raise
+            _refuse(exc, Path(os.environ[REFUSAL_FILE]))
+
+    return refusing
+
+
+def _refuse(exc: Exception, refusal: Path) -> NoReturn:
+    """Write `exc`'s message as one line where `run` reads it and exit REFUSED at once:
+    raising would have uvicorn log it inside a traceback. Nothing was served yet, and
+    the connections opened so far close with the process."""
+    line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    written = refusal.with_name(f"{refusal.name}.{os.getpid()}")
+    written.write_text(line, encoding="utf-8")
+    written.replace(refusal)  # whole: `run` may read it as soon as it exists
+    os._exit(REFUSED)
 
 
 class _Workers(Multiprocess):
@@ -78,6 +145,15 @@ class _Workers(Multiprocess):
     flight turn ambiguous at their deadline and the reconciler settles them."""
 
     grace_s = SHUTDOWN_MARGIN_S
+    refusal: Path | None = None
+
+    def keep_subprocess_alive(self) -> None:
+        """A worker that refused to start stops them all (uvicorn would start it again:
+        REFUSED is not its STARTUP_FAILURE, which would have it log a line of its own)."""
+        if self.refusal is not None and self.refusal.exists():
+            self.should_exit.set()
+            return
+        super().keep_subprocess_alive()
 
     def join_all(self) -> None:
         deadline = time.monotonic() + self.grace_s
