@@ -38,9 +38,14 @@ SHUTDOWN_MARGIN_S = 5.0
 Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
 
 
-class WorkersFailed(Exception):
-    """The workers did not start: the one line a worker refused with, or a pointer to
-    the tracebacks they printed for an unexpected error."""
+class StartFailed(Exception):
+    """The gateway did not start: its address cannot be listened on, a worker refused
+    (its one line), or the workers failed otherwise (a pointer to their tracebacks)."""
+
+
+def one_line(message: str) -> str:
+    """A message of several lines (a PolicyLoadError's, one per fault) as one line."""
+    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
 def check_policies(settings: GatewaySettings) -> None:
@@ -52,7 +57,7 @@ def check_policies(settings: GatewaySettings) -> None:
 
 
 def run(settings: GatewaySettings, ledger: LedgerSettings) -> None:
-    """Serve until a signal stops the workers; WorkersFailed if one failed at start-up.
+    """Serve until a signal stops the workers; StartFailed if one failed at start-up.
     `ledger` is `settings.ledger`, built by the caller before it reads any policy."""
     with (
         supervised_redis_url(ledger) as url,
@@ -76,7 +81,7 @@ def run(settings: GatewaySettings, ledger: LedgerSettings) -> None:
 
 
 def serve_workers(settings: GatewaySettings, refusal: Path) -> None:
-    """Run the workers until a signal stops them; WorkersFailed if one failed at
+    """Run the workers until a signal stops them; StartFailed if one failed at
     start-up. uvicorn.run would return normally for that with several workers (and
     re-raise a SIGTERM with one, skipping our clean-up), hence its supervisor used
     directly."""
@@ -89,15 +94,33 @@ def serve_workers(settings: GatewaySettings, refusal: Path) -> None:
         log_level="warning",
         access_log=False,
     )
-    supervisor = _Workers(config, sockets=[config.bind_socket()])
+    supervisor = _Workers(config, sockets=[_listen(settings)])
     supervisor.refusal = refusal
     # In-flight forwards may finish (and settle their holds) within the upstream timeout.
     supervisor.grace_s = settings.upstream_timeout_s + SHUTDOWN_MARGIN_S
     supervisor.run()
     if refusal.exists():
-        raise WorkersFailed(refusal.read_text(encoding="utf-8"))
+        raise StartFailed(refusal.read_text(encoding="utf-8"))
     if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
-        raise WorkersFailed("the gateway workers could not start; their errors are above")
+        raise StartFailed("the gateway workers could not start; their errors are above")
+
+
+def _listen(settings: GatewaySettings) -> socket.socket:
+    """The workers' socket, bound as uvicorn's Config.bind_socket binds it, which logs
+    an error without saying what to do and exits itself."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family=family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        raise StartFailed(
+            f"cannot listen on {settings.host}:{settings.port} ({exc.strerror}): stop what "
+            "listens there or choose another address (--host, --port; IRREV_HOST, IRREV_PORT)"
+        ) from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 def worker_app() -> FastAPI:
@@ -130,7 +153,7 @@ def _refuse(exc: Exception, refusal: Path) -> NoReturn:
     """Write `exc`'s message as one line where `run` reads it and exit REFUSED at once:
     raising would have uvicorn log it inside a traceback. Nothing was served yet, and
     the connections opened so far close with the process."""
-    line = "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    line = one_line(str(exc))
     written = refusal.with_name(f"{refusal.name}.{os.getpid()}")
     written.write_text(line, encoding="utf-8")
     written.replace(refusal)  # whole: `run` may read it as soon as it exists
