@@ -2,7 +2,14 @@
 configured one, or an embedded one this process starts and keeps running). This process
 stays their parent: SIGTERM or SIGINT stops the workers and then releases the embedded
 redis-server; a worker that dies is replaced, one that cannot start stops them all and
-`run` says so (`irrev serve`, irrev/commands/serve.py, exits non-zero)."""
+`run` raises StartFailed (`irrev serve`, irrev/commands/serve.py, exits 2).
+
+A start refusal (an error whose message says what was wrong and what to do: Redis
+unreachable, a server that cannot keep the durability asked for, a policy that cannot
+be used, an address in use) is said once, as that one line: a worker that meets one
+(gateway/worker.py) writes it to a file this process reads and exits REFUSED, instead
+of logging it inside uvicorn's lifespan traceback (once per worker). Anything else is
+a bug, whose traceback uvicorn prints."""
 
 from __future__ import annotations
 
@@ -10,32 +17,22 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
 
-from fastapi import FastAPI
 from uvicorn import Config
 from uvicorn.supervisors import Multiprocess
 
-from ledger import LedgerError, LedgerSettings, supervised_redis_url
-from pricing import PolicyError
+from ledger import LedgerSettings, supervised_redis_url
 
-from .app import app_from_env
 from .credentials import resolve_credentials
-from .policies import PolicyLoadError, load_policy_dir
+from .policies import load_policy_dir
 from .settings import GatewaySettings
 
 STARTUP_FAILURE = 3  # a uvicorn worker's exit code when its app did not start
 REFUSED = 4  # a worker's exit code when it refused to start (its reason in REFUSAL_FILE)
 # Where `run` tells its workers to write a start refusal (set in their environment).
 REFUSAL_FILE = "IRREV_REFUSAL_FILE"
-# The start-time errors whose messages say what was wrong and what to do.
-REFUSALS = (LedgerError, PolicyLoadError, PolicyError)
 SHUTDOWN_MARGIN_S = 5.0
-
-Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
 
 
 class StartFailed(Exception):
@@ -86,7 +83,7 @@ def serve_workers(settings: GatewaySettings, refusal: Path) -> None:
     re-raise a SIGTERM with one, skipping our clean-up), hence its supervisor used
     directly."""
     config = Config(
-        "gateway.serve:worker_app",
+        "gateway.worker:worker_app",
         factory=True,
         host=settings.host,
         port=settings.port,
@@ -121,43 +118,6 @@ def _listen(settings: GatewaySettings) -> socket.socket:
         ) from exc
     sock.set_inheritable(True)
     return sock
-
-
-def worker_app() -> FastAPI:
-    """The app each worker serves: app_from_env's, whose start refusals are reported
-    by `_refusing`."""
-    app = app_from_env()
-    app.router.lifespan_context = _refusing(app.router.lifespan_context)
-    return app
-
-
-def _refusing(lifespan: Lifespan) -> Lifespan:
-    """`lifespan`, except that a REFUSALS error before it started is refused with."""
-
-    @asynccontextmanager
-    async def refusing(app: FastAPI) -> AsyncIterator[Any]:
-        started = False
-        try:
-            async with lifespan(app) as state:
-                started = True
-                yield state
-        except REFUSALS as exc:
-            if started or not os.environ.get(REFUSAL_FILE):
-                raise
-            _refuse(exc, Path(os.environ[REFUSAL_FILE]))
-
-    return refusing
-
-
-def _refuse(exc: Exception, refusal: Path) -> NoReturn:
-    """Write `exc`'s message as one line where `run` reads it and exit REFUSED at once:
-    raising would have uvicorn log it inside a traceback. Nothing was served yet, and
-    the connections opened so far close with the process."""
-    line = one_line(str(exc))
-    written = refusal.with_name(f"{refusal.name}.{os.getpid()}")
-    written.write_text(line, encoding="utf-8")
-    written.replace(refusal)  # whole: `run` may read it as soon as it exists
-    os._exit(REFUSED)
 
 
 class _Workers(Multiprocess):
