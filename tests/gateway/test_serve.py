@@ -1,8 +1,9 @@
 """`irrev serve` as an operator meets it: real processes and real signals. It keeps
 the embedded redis-server it started running (kill -9 -> started again on the same
 AOF), releases it on SIGTERM, refuses to start (one line on stderr, exit code 2, no
-process left) when its workers cannot reach Redis, on an address in use, a
-redis-server it cannot run, a missing policy directory and a policy that could never
+process left) when its workers cannot reach Redis, on an address in use, a Redis it
+cannot use (a redis-server it cannot run, a data directory it cannot create, a URL
+that is not Redis's), a missing policy directory and a policy that could never
 forward, and reconcile survives a removed route."""
 
 from __future__ import annotations
@@ -174,14 +175,27 @@ def test_serve_refuses_an_address_in_use(tmp_path: Path) -> None:
     assert "--port" in line, line
 
 
-def test_serve_refuses_a_redis_server_it_cannot_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("IRREV_REDIS_SERVER", "is not an executable file; fix or unset IRREV_REDIS_SERVER"),
+        ("IRREV_DATA_DIR", "(Not a directory): fix IRREV_DATA_DIR, or set IRREV_REDIS_URL"),
+        ("IRREV_REDIS_URL", "IRREV_REDIS_URL: Value error, must be a redis://, rediss:// or"),
+    ],
+)
+def test_serve_refuses_a_redis_it_cannot_use(setting: str, said: str, tmp_path: Path) -> None:
+    """A redis-server it cannot run, a data directory it cannot create (under a file),
+    a URL that is not Redis's."""
     write_policy(tmp_path / "policies", "procurement", "unstartable", "http://127.0.0.1:9")
-    line = refused_start(
-        IRREV_POLICY_DIR=str(tmp_path / "policies"),
-        IRREV_DATA_DIR=str(tmp_path / "data"),
-        IRREV_REDIS_SERVER=str(tmp_path / "no-redis-server"),
-    )
-    assert "is not an executable file; fix or unset IRREV_REDIS_SERVER" in line, line
+    (tmp_path / "file").write_text("")
+    wrong = {
+        "IRREV_REDIS_SERVER": str(tmp_path / "no-redis-server"),
+        "IRREV_DATA_DIR": str(tmp_path / "file" / "data"),
+        "IRREV_REDIS_URL": f"http://127.0.0.1:{free_port()}",
+    }
+    settings = {"IRREV_DATA_DIR": str(tmp_path / "data"), setting: wrong[setting]}
+    line = refused_start(IRREV_POLICY_DIR=str(tmp_path / "policies"), **settings)
+    assert said in line, line
 
 
 def test_serve_refuses_a_missing_policy_directory(tmp_path: Path) -> None:
