@@ -7,6 +7,7 @@ or fsyncs are off)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import redis
 
 from ledger import EmbeddedRedis
+from tests.ledger.test_embedded import process_gone
 
 from ..conftest import ReplicatedRedis, server_binary, valkey_binary
 from .conftest import own_gateway
@@ -120,6 +122,25 @@ def test_a_server_that_cannot_wait_for_fsyncs_refuses_the_start(
         )
     assert said in line, line
     assert "unset IRREV_WAIT_AOF" in line, line
+
+
+def test_an_embedded_redis_without_waitaof_refuses_the_start_and_is_stopped(
+    tmp_path: Path,
+) -> None:
+    """The embedded Redis 6.2 `irrev serve` starts for itself has no WAITAOF: both
+    workers refuse, the line is said once, and the redis-server is stopped too."""
+    write_policy(tmp_path / "policies", "procurement", "fsyncs", "http://127.0.0.1:9")
+    data_dir = tmp_path / "data"
+    line = refused_start(
+        "--workers",
+        "2",
+        IRREV_DATA_DIR=str(data_dir),
+        IRREV_POLICY_DIR=str(tmp_path / "policies"),
+        IRREV_WAIT_AOF="local",
+    )
+    assert "the server has no WAITAOF" in line, line
+    started = re.findall(r"pid=(\d+)", (data_dir / "redis.log").read_text())
+    assert started and all(process_gone(int(pid)) for pid in started)
 
 
 def test_bench_ledger_times_reserve_and_post_with_and_without_waitaof() -> None:
