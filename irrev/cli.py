@@ -8,7 +8,7 @@ parser; a `func` returns the process exit code. Errors a user can fix are raised
 `CliError` and printed as one line on stderr with exit code 2 (1 is kept for "checked
 and found wrong", as in `irrev ledger audit` and `irrev policy validate`); so are the
 ledger's typed errors (a malformed tenant name, say), an embedded redis-server that
-cannot start (IRREV_REDIS_SERVER not executable, its data directory in use), a Redis
+cannot start (IRREV_REDIS_SERVER not executable, IRREV_DATA_DIR not creatable), a Redis
 that cannot be reached and a command whose optional dependencies (an extra such as
 `irrev[sim]`) are not installed. `irrev serve` says its start refusals the same way,
 whichever of its processes meets them (gateway/serve.py).
