@@ -2,7 +2,14 @@
 configured one, or an embedded one this process starts and keeps running). This process
 stays their parent: SIGTERM or SIGINT stops the workers and then releases the embedded
 redis-server; a worker that dies is replaced, one that cannot start stops them all and
-`run` says so (`irrev serve`, irrev/commands/serve.py, exits non-zero)."""
+`run` raises StartFailed (`irrev serve`, irrev/commands/serve.py, exits 2).
+
+A start refusal (an error whose message says what was wrong and what to do: Redis
+unreachable, a server that cannot keep the durability asked for, a policy that cannot
+be used, an address in use) is said once, as that one line: a worker that meets one
+(gateway/worker.py) writes it to a file this process reads and exits REFUSED, instead
+of logging it inside uvicorn's lifespan traceback (once per worker). Anything else is
+a bug, whose traceback uvicorn prints."""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import os
 import socket
 import tempfile
 import time
+from pathlib import Path
 
 from uvicorn import Config
 from uvicorn.supervisors import Multiprocess
@@ -21,7 +29,20 @@ from .policies import load_policy_dir
 from .settings import GatewaySettings
 
 STARTUP_FAILURE = 3  # a uvicorn worker's exit code when its app did not start
+REFUSED = 4  # a worker's exit code when it refused to start (its reason in REFUSAL_FILE)
+# Where `run` tells its workers to write a start refusal (set in their environment).
+REFUSAL_FILE = "IRREV_REFUSAL_FILE"
 SHUTDOWN_MARGIN_S = 5.0
+
+
+class StartFailed(Exception):
+    """The gateway did not start: its address cannot be listened on, a worker refused
+    (its one line), or the workers failed otherwise (a pointer to their tracebacks)."""
+
+
+def one_line(message: str) -> str:
+    """A message of several lines (a PolicyLoadError's, one per fault) as one line."""
+    return "; ".join(line.strip() for line in message.splitlines() if line.strip())
 
 
 def check_policies(settings: GatewaySettings) -> None:
@@ -32,14 +53,20 @@ def check_policies(settings: GatewaySettings) -> None:
         resolve_credentials(policy)
 
 
-def run(settings: GatewaySettings, ledger: LedgerSettings) -> bool:
-    """Serve until a signal stops the workers; False if one failed at start-up. `ledger`
-    is `settings.ledger`, built by the caller before it reads any policy."""
-    with supervised_redis_url(ledger) as url, tempfile.TemporaryDirectory() as metrics:
+def run(settings: GatewaySettings, ledger: LedgerSettings) -> None:
+    """Serve until a signal stops the workers; StartFailed if one failed at start-up.
+    `ledger` is `settings.ledger`, built by the caller before it reads any policy."""
+    with (
+        supervised_redis_url(ledger) as url,
+        tempfile.TemporaryDirectory() as metrics,
+        tempfile.TemporaryDirectory() as scratch,
+    ):
+        refusal = Path(scratch) / "refusal"
         os.environ.update(
             {
                 "IRREV_REDIS_URL": url,
                 "IRREV_POLICY_DIR": str(settings.policy_dir.absolute()),
+                REFUSAL_FILE: str(refusal),
             }
         )
         if not settings.instance:
@@ -47,15 +74,16 @@ def run(settings: GatewaySettings, ledger: LedgerSettings) -> bool:
             os.environ["IRREV_INSTANCE"] = instance
         if settings.workers > 1:
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
-        return serve_workers(settings)
+        serve_workers(settings, refusal)
 
 
-def serve_workers(settings: GatewaySettings) -> bool:
-    """Run the workers until a signal stops them; False if one failed at start-up.
-    uvicorn.run would return normally for that with several workers (and re-raise a
-    SIGTERM with one, skipping our clean-up), hence its supervisor used directly."""
+def serve_workers(settings: GatewaySettings, refusal: Path) -> None:
+    """Run the workers until a signal stops them; StartFailed if one failed at
+    start-up. uvicorn.run would return normally for that with several workers (and
+    re-raise a SIGTERM with one, skipping our clean-up), hence its supervisor used
+    directly."""
     config = Config(
-        "gateway.app:app_from_env",
+        "gateway.worker:worker_app",
         factory=True,
         host=settings.host,
         port=settings.port,
@@ -63,11 +91,33 @@ def serve_workers(settings: GatewaySettings) -> bool:
         log_level="warning",
         access_log=False,
     )
-    supervisor = _Workers(config, sockets=[config.bind_socket()])
+    supervisor = _Workers(config, sockets=[_listen(settings)])
+    supervisor.refusal = refusal
     # In-flight forwards may finish (and settle their holds) within the upstream timeout.
     supervisor.grace_s = settings.upstream_timeout_s + SHUTDOWN_MARGIN_S
     supervisor.run()
-    return all(p.exitcode != STARTUP_FAILURE for p in supervisor.processes)
+    if refusal.exists():
+        raise StartFailed(refusal.read_text(encoding="utf-8"))
+    if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
+        raise StartFailed("the gateway workers could not start; their errors are above")
+
+
+def _listen(settings: GatewaySettings) -> socket.socket:
+    """The workers' socket, bound as uvicorn's Config.bind_socket binds it, which logs
+    an error without saying what to do and exits itself."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    sock = socket.socket(family=family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        sock.close()
+        raise StartFailed(
+            f"cannot listen on {settings.host}:{settings.port} ({exc.strerror}): stop what "
+            "listens there or choose another address (--host, --port; IRREV_HOST, IRREV_PORT)"
+        ) from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 class _Workers(Multiprocess):
@@ -78,6 +128,15 @@ class _Workers(Multiprocess):
     flight turn ambiguous at their deadline and the reconciler settles them."""
 
     grace_s = SHUTDOWN_MARGIN_S
+    refusal: Path | None = None
+
+    def keep_subprocess_alive(self) -> None:
+        """A worker that refused to start stops them all (uvicorn would start it again:
+        REFUSED is not its STARTUP_FAILURE, which would have it log a line of its own)."""
+        if self.refusal is not None and self.refusal.exists():
+            self.should_exit.set()
+            return
+        super().keep_subprocess_alive()
 
     def join_all(self) -> None:
         deadline = time.monotonic() + self.grace_s

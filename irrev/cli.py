@@ -7,8 +7,11 @@ module exposes `configure(parser)`, which adds its arguments and sets `func` on 
 parser; a `func` returns the process exit code. Errors a user can fix are raised as
 `CliError` and printed as one line on stderr with exit code 2 (1 is kept for "checked
 and found wrong", as in `irrev ledger audit` and `irrev policy validate`); so are the
-ledger's typed errors (a malformed tenant name, say), a Redis that cannot be reached and
-a command whose optional dependencies (an extra such as `irrev[sim]`) are not installed.
+ledger's typed errors (a malformed tenant name, say), an embedded redis-server that
+cannot start (IRREV_REDIS_SERVER not executable, IRREV_DATA_DIR not creatable), a Redis
+that cannot be reached and a command whose optional dependencies (an extra such as
+`irrev[sim]`) are not installed. `irrev serve` says its start refusals the same way,
+whichever of its processes meets them (gateway/serve.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from ledger import LedgerError
+from ledger import EmbeddedRedisError, LedgerError
 
 # The modules each extra of pyproject.toml installs, by the names they are imported as.
 EXTRAS = {"sim": ("numpy", "scipy", "matplotlib"), "load": ("locust", "psutil")}
@@ -163,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as exc:
         print(f"irrev: {exc}", file=sys.stderr)
         return exc.exit_code
-    except LedgerError as exc:
+    except (LedgerError, EmbeddedRedisError) as exc:
         print(f"irrev: {exc}", file=sys.stderr)
         return 2
     except ValidationError as exc:

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import yaml
 
+from irrev.cli import CliError
 from ledger import free_port
 from pricing.credentials import format_token, hash_token
 
@@ -44,8 +45,11 @@ START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
 
-class ProcessError(RuntimeError):
-    """A server did not start or answer in time; the message ends with its log."""
+class ProcessError(CliError, RuntimeError):
+    """A server did not start or answer in time; the message ends with its log. A
+    CliError: a command that starts servers (`irrev demo`, `load`, `bench`) exits 2
+    with it, not a traceback, below the line `irrev serve` refused with when a
+    gateway's output is not sent to a log."""
 
 
 def uvicorn_command(app: str, port: int, *extra: str) -> list[str]:

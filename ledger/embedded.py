@@ -221,8 +221,14 @@ class EmbeddedRedis:
         """Join the server on `data_dir`, starting it if none is alive; return its URL."""
         if self._client_file is not None:
             raise EmbeddedRedisError("this EmbeddedRedis is already acquired")
-        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._clients_dir.mkdir(mode=0o700, exist_ok=True)
+        try:
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._clients_dir.mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise EmbeddedRedisError(
+                f"cannot create the embedded Redis's data directory {self.data_dir} "
+                f"({exc.strerror}): fix IRREV_DATA_DIR, or set IRREV_REDIS_URL"
+            ) from exc
         with self._critical_section():
             self._state = self._join_or_start()
             self._live_clients()  # prunes the files of killed clients

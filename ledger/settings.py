@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -21,6 +21,9 @@ class AppendFsync(StrEnum):
 
     ALWAYS = "always"
     EVERYSEC = "everysec"
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")  # what redis-py's from_url accepts
 
 
 def default_data_dir() -> Path:
@@ -42,3 +45,11 @@ class LedgerSettings(BaseSettings):
     redis_server: str | None = Field(
         default=None, description="redis-server binary for the embedded server"
     )
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, url: str | None) -> str | None:
+        """Refused here, by `irrev serve` at start, rather than by each worker's client."""
+        if url and url.split("://", 1)[0] not in REDIS_SCHEMES:
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return url

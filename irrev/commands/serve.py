@@ -1,13 +1,16 @@
 """`irrev serve`: the gateway's workers (gateway/serve.py) with settings from IRREV_*
-variables and these flags; exits non-zero when the policies cannot be used or a worker
-cannot start."""
+variables and these flags. A start refusal (bad settings, policies that cannot be used,
+an address in use, an embedded redis-server that cannot start, a Redis the workers
+cannot reach or that cannot keep the durability asked for) is one line on stderr and
+exit code 2, as any CliError; so is a worker that failed otherwise (its traceback above
+that line)."""
 
 from __future__ import annotations
 
 import argparse
 
 from gateway.policies import PolicyLoadError
-from gateway.serve import check_policies
+from gateway.serve import StartFailed, check_policies, one_line
 from gateway.serve import run as serve
 from gateway.settings import GatewaySettings
 from irrev.cli import CliError
@@ -34,7 +37,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_policies(settings)
     except (PolicyLoadError, PolicyError) as exc:
-        raise CliError(f"the policies in {settings.policy_dir} cannot be used:\n{exc}") from exc
-    if not serve(settings, ledger):
-        raise CliError("the gateway workers could not start; their errors are above")
+        problems = one_line(str(exc))
+        raise CliError(f"the policies in {settings.policy_dir} cannot be used: {problems}") from exc
+    try:
+        serve(settings, ledger)
+    except StartFailed as exc:
+        raise CliError(str(exc)) from exc
     return 0

@@ -1,17 +1,22 @@
 """`irrev serve` as an operator meets it: real processes and real signals. It keeps
 the embedded redis-server it started running (kill -9 -> started again on the same
-AOF), releases it on SIGTERM, exits non-zero when its workers cannot start, refuses
-a policy that could never forward, and reconcile survives a removed route."""
+AOF), releases it on SIGTERM, refuses to start (one line on stderr, exit code 2, no
+process left) when its workers cannot reach Redis, on an address in use, a Redis it
+cannot use (a redis-server it cannot run, a data directory it cannot create, a URL
+that is not Redis's), a missing policy directory and a policy that could never
+forward, and reconcile survives a removed route."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from irrev.harness import free_port
@@ -102,23 +107,100 @@ def run_irrev(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_serve_exits_non_zero_when_its_workers_cannot_start(tmp_path: Path) -> None:
-    """Observation 2 (last clause): workers that fail at start-up are a failed serve."""
+def refused_start(*argv: str, **env: str) -> str:
+    """Run `irrev serve` (on a free port) that must refuse to start: exit code 2, and
+    on stderr one line `irrev: ...` (no traceback: the reason is the line, once however
+    many workers met it), and no process of its session left behind (workers, an
+    embedded redis-server). Returns the line."""
+    command = [str(BIN / "irrev"), "serve", "--port", str(free_port()), *argv]
+    with subprocess.Popen(
+        command,
+        env=base_env(**env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            _, stderr = process.communicate(timeout=STOP_DEADLINE_S * 2)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    assert process.returncode == 2, stderr
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("irrev: "), stderr
+    wait_until(lambda: not session_members(process.pid), "the session's processes to exit")
+    return lines[0]
+
+
+def session_members(session: int) -> list[int]:
+    """The live processes (not zombies) of a session."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if fields[0] != "Z" and int(fields[3]) == session:
+            members.append(int(stat.parent.name))
+    return members
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_refuses_to_start_without_redis(workers: str, tmp_path: Path) -> None:
+    """Observation 2 (last clause): workers that cannot reach Redis are a failed serve,
+    said once whatever the number of workers."""
     write_policy(tmp_path, "procurement", "unstartable", "http://127.0.0.1:9")
     nobody = f"redis://127.0.0.1:{free_port()}/0"
-    result = run_irrev(
-        "serve",
-        "--port",
-        str(free_port()),
-        "--workers",
-        "2",
-        IRREV_POLICY_DIR=str(tmp_path),
-        IRREV_REDIS_URL=nobody,
+    line = refused_start(
+        "--workers", workers, IRREV_POLICY_DIR=str(tmp_path), IRREV_REDIS_URL=nobody
     )
-    assert result.returncode != 0, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (
-        "irrev: the gateway workers could not start; their errors are above"
-    )
+    assert line.startswith("irrev: cannot reach Redis"), line
+    assert "IRREV_REDIS_URL" in line, line
+
+
+def test_serve_refuses_an_address_in_use(tmp_path: Path) -> None:
+    write_policy(tmp_path, "procurement", "unstartable", "http://127.0.0.1:9")
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = str(taken.getsockname()[1])
+        line = refused_start(
+            "--port",
+            port,
+            IRREV_POLICY_DIR=str(tmp_path),
+            IRREV_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        )
+    assert line.startswith(f"irrev: cannot listen on 127.0.0.1:{port}"), line
+    assert "--port" in line, line
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("IRREV_REDIS_SERVER", "is not an executable file; fix or unset IRREV_REDIS_SERVER"),
+        ("IRREV_DATA_DIR", "(Not a directory): fix IRREV_DATA_DIR, or set IRREV_REDIS_URL"),
+        ("IRREV_REDIS_URL", "IRREV_REDIS_URL: Value error, must be a redis://, rediss:// or"),
+    ],
+)
+def test_serve_refuses_a_redis_it_cannot_use(setting: str, said: str, tmp_path: Path) -> None:
+    """A redis-server it cannot run, a data directory it cannot create (under a file),
+    a URL that is not Redis's."""
+    write_policy(tmp_path / "policies", "procurement", "unstartable", "http://127.0.0.1:9")
+    (tmp_path / "file").write_text("")
+    wrong = {
+        "IRREV_REDIS_SERVER": str(tmp_path / "no-redis-server"),
+        "IRREV_DATA_DIR": str(tmp_path / "file" / "data"),
+        "IRREV_REDIS_URL": f"http://127.0.0.1:{free_port()}",
+    }
+    settings = {"IRREV_DATA_DIR": str(tmp_path / "data"), setting: wrong[setting]}
+    line = refused_start(IRREV_POLICY_DIR=str(tmp_path / "policies"), **settings)
+    assert said in line, line
+
+
+def test_serve_refuses_a_missing_policy_directory(tmp_path: Path) -> None:
+    line = refused_start(IRREV_POLICY_DIR=str(tmp_path / "none"))
+    assert line.endswith("not a directory of policy files"), line
 
 
 def test_a_hold_ttl_shorter_than_a_forward_is_refused_by_serve_and_validate(
@@ -134,9 +216,8 @@ def test_a_hold_ttl_shorter_than_a_forward_is_refused_by_serve_and_validate(
         validate.stderr
     )
     assert run_irrev("policy", "validate", str(tmp_path / "short.yaml")).returncode == 0
-    serve = run_irrev("serve", "--port", str(free_port()), **settings)
-    assert serve.returncode == 2
-    assert "hold_ttl" in serve.stderr and "36 s" in serve.stderr
+    line = refused_start(**settings)
+    assert "hold_ttl" in line and "36 s" in line, line
 
 
 def test_reconcile_survives_a_removed_route(

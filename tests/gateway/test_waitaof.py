@@ -7,6 +7,7 @@ or fsyncs are off)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +17,15 @@ import pytest
 import redis
 
 from ledger import EmbeddedRedis
+from tests.ledger.test_embedded import process_gone
 
 from ..conftest import ReplicatedRedis, server_binary, valkey_binary
 from .conftest import own_gateway
 from .helpers import assert_problem, balances, effect_headers, ledger_audit, order, used
-from .servers import BIN, Server, base_env, write_policy
+from .servers import Server, base_env, write_policy
 from .test_cli import bench_json
 from .test_replicas import unreplicated_admissions
+from .test_serve import refused_start
 
 WAIT_AOF = {"IRREV_WAIT_AOF": "local", "IRREV_WAIT_TIMEOUT_MS": "300"}
 
@@ -143,18 +146,34 @@ def test_a_server_that_cannot_wait_for_fsyncs_refuses_the_start(
             with redis.Redis.from_url(redis_server.url) as client:
                 client.config_set(name, "no")
         write_policy(tmp_path / "policies", "procurement", "fsyncs", "http://127.0.0.1:9")
-        env = base_env(
+        line = refused_start(
+            "--workers",
+            "1",
             IRREV_REDIS_URL=redis_server.url,
             IRREV_POLICY_DIR=str(tmp_path / "policies"),
             IRREV_WAIT_AOF="local",
         )
-        gateway = Server("gateway", [str(BIN / "irrev"), "serve"], env, tmp_path / "gw.log")
-        gateway.argv += ["--port", str(gateway.port), "--workers", "1"]
-        with pytest.raises(Exception, match="exited"):
-            gateway.start("/readyz")
-        log = gateway.log(20_000)
-    assert said in log, log
-    assert "unset IRREV_WAIT_AOF" in log, log
+    assert said in line, line
+    assert "unset IRREV_WAIT_AOF" in line, line
+
+
+def test_an_embedded_redis_without_waitaof_refuses_the_start_and_is_stopped(
+    tmp_path: Path,
+) -> None:
+    """The embedded Redis 6.2 `irrev serve` starts for itself has no WAITAOF: both
+    workers refuse, the line is said once, and the redis-server is stopped too."""
+    write_policy(tmp_path / "policies", "procurement", "fsyncs", "http://127.0.0.1:9")
+    data_dir = tmp_path / "data"
+    line = refused_start(
+        "--workers",
+        "2",
+        IRREV_DATA_DIR=str(data_dir),
+        IRREV_POLICY_DIR=str(tmp_path / "policies"),
+        IRREV_WAIT_AOF="local",
+    )
+    assert "the server has no WAITAOF" in line, line
+    started = re.findall(r"pid=(\d+)", (data_dir / "redis.log").read_text())
+    assert started and all(process_gone(int(pid)) for pid in started)
 
 
 def test_bench_ledger_times_reserve_and_post_with_and_without_waitaof() -> None:
