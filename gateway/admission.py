@@ -32,6 +32,7 @@ from ledger import (
     Provenance,
     ReserveResult,
     Rule,
+    TransitionResult,
     UnknownAccount,
     pool_tag,
 )
@@ -611,32 +612,11 @@ async def require_replicas(
     (IRREV_WAIT_AOF=local, WAITAOF's first count), or fewer replicas than
     IRREV_WAIT_REPLICAS acknowledged it: a crash or a failover could lose it while
     its effect happened. Nothing has been sent, so the hold is released, with this
-    answer kept for a repeat of the key."""
-    wanted = gate.settings.wait_replicas
-    timeout = gate.settings.wait_timeout_ms
-    if fsynced == 0:
-        problem = Problem(
-            503,
-            "not_fsynced",
-            f"Redis had not fsynced the admission to its append-only file within {timeout} "
-            f"ms, so a crash could lose it; it was released and nothing was sent. Retry with "
-            f"a new {key_name}.",
-            headers={"Retry-After": "1"},
-            hold=hold_id,
-        )
-    elif acknowledged is not None and acknowledged < wanted:
-        problem = Problem(
-            503,
-            "not_replicated",
-            f"the admission reached {acknowledged} of {wanted} Redis replicas within "
-            f"{timeout} ms, so a failover could lose it; it was released and nothing was "
-            f"sent. Retry with a new {key_name}.",
-            headers={"Retry-After": "1"},
-            hold=hold_id,
-            replicas=acknowledged,
-            wanted=wanted,
-        )
-    else:
+    answer kept for a repeat of the key. (A wait that answered an error counts as
+    short: the ledger says so, as the write was made.)"""
+    released = "it was released and nothing was sent. Retry with a new " + key_name
+    problem = unacknowledged(gate, hold_id, acknowledged, fsynced, "the admission", released)
+    if problem is None:
         return
     body = bytes(problem.response().body)
     answer = StoredAnswer.of(
@@ -645,6 +625,42 @@ async def require_replicas(
     await gate.ledger.void(tenant, hold_id, outcome=answer.dumps())
     metrics.DECISIONS.labels(tenant, "released", problem.reason, "enforce").inc()
     raise problem
+
+
+def unacknowledged(
+    gate: Gate,
+    hold_id: str,
+    acknowledged: int | None,
+    fsynced: int | None,
+    write: str,
+    then: str,
+) -> Problem | None:
+    """The 503 of a `write` that the primary did not fsync (WAITAOF's first count 0)
+    or fewer replicas than IRREV_WAIT_REPLICAS acknowledged in time, saying `then`
+    (what became of the hold); None when it was acknowledged as asked."""
+    wanted = gate.settings.wait_replicas
+    timeout = gate.settings.wait_timeout_ms
+    if fsynced == 0:
+        return Problem(
+            503,
+            "not_fsynced",
+            f"Redis had not fsynced {write} to its append-only file within {timeout} ms, "
+            f"so a crash could lose it; {then}.",
+            headers={"Retry-After": "1"},
+            hold=hold_id,
+        )
+    if acknowledged is not None and acknowledged < wanted:
+        return Problem(
+            503,
+            "not_replicated",
+            f"{write} reached {acknowledged} of {wanted} Redis replicas within {timeout} ms, "
+            f"so a failover could lose it; {then}.",
+            headers={"Retry-After": "1"},
+            hold=hold_id,
+            replicas=acknowledged,
+            wanted=wanted,
+        )
+    return None
 
 
 def _answer_by(gate: Gate) -> float:
@@ -698,6 +714,7 @@ async def fire(
                 hold=hold_id,
                 state=HoldState.AMBIGUOUS.value,
             ) from exc
+        await _require_claim_kept(gate, policy.tenant, hold_id, claimed, key_name)
     started = time.perf_counter()
     retry = expires_at is None
     with tracing.span("forward", tool=request.tool, hold_id=hold_id, retry=retry) as span:
@@ -717,6 +734,31 @@ async def fire(
         answer = unproven_retry(answer)
     await settle(gate, policy.tenant, hold_id, request, answer, claim)
     return answer
+
+
+async def _require_claim_kept(
+    gate: Gate, tenant: str, hold_id: str, claimed: TransitionResult, key_name: str
+) -> None:
+    """A retry's claim is waited for as an admission is (IRREV_WAIT_REPLICAS,
+    IRREV_WAIT_AOF), and its wait counts the hold's reserve written before it: short,
+    a failover or a crash could lose the charge of an effect sent now, so it is not
+    sent (contract 4). Unlike a short admission the hold is not released: its first
+    send may have made the effect, so it stays ambiguous and charged, its claim ends
+    (the next repeat may claim it again), and the answer is not kept for the key."""
+    then = (
+        "it was not sent again and stays charged, as its first send may have made it. "
+        f"Repeat it later with the same {key_name}"
+    )
+    problem = unacknowledged(
+        gate, hold_id, claimed.replicas, claimed.fsynced, "this effect's charge", then
+    )
+    if problem is None:
+        return
+    try:
+        await gate.ledger.mark_ambiguous(tenant, hold_id, problem.reason, claimed.claim)
+    except Exception:
+        log.exception("could not end a retry's claim; it lapses", extra={"hold_id": hold_id})
+    raise problem
 
 
 def unproven_retry(answer: Answer) -> Answer:

@@ -90,6 +90,7 @@ DENIED_RETENTION_MS = 10 * 60 * 1000
 MAX_REPLICAS = 64
 MAX_REPLICA_TIMEOUT_MS = 60_000
 T = TypeVar("T")
+log = logging.getLogger("irrev.ledger")
 # reserve.lua's answer while holds are due, and the flag that makes it decide anyway.
 EXPIRE_FIRST = "expire_first"
 DECIDE_ANYWAY = "1"
@@ -205,23 +206,43 @@ class Ledger:
         """`_run`, then WAIT or WAITAOF (or both) on the same connection when replicas or
         the AOF's fsync are asked for: the script and the waits go out in one pipeline
         (on a cluster, to the primary of the keys' slot). Returns the reply and what was
-        acknowledged (NO_ACKS when nothing is asked for)."""
+        acknowledged (NO_ACKS when nothing is asked for). A script that failed raises
+        LedgerUnavailable (it wrote nothing); one that ran is never reported so, as the
+        write is there: a wait that answered an error or not its counts acknowledged
+        nothing (`_acks`), for the caller to treat as a short count."""
         if not self.waits:
             return await self._run(operation, keys, args), NO_ACKS
         with translate_redis_errors(operation):
             reply, answers = await self._scripts.call_then_wait(operation, keys, args, self.waits)
-            for result in (reply, *answers):
-                if isinstance(result, Exception):
-                    raise result
+            if isinstance(reply, Exception):
+                raise reply
+        return reply, self._acks(operation, answers)
+
+    def _acks(self, operation: str, answers: list[Any]) -> Acks:
+        """What the waits' `answers` acknowledged. An error (WAITAOF with the AOF
+        turned off under the ledger, a Redis user denied WAIT or WAITAOF) or an answer
+        that is not the counts acknowledged nothing: replicas 0 and, if WAITAOF was
+        asked for, fsynced 0."""
         replicas = fsynced = None
         for (command, *_), answer in zip(self.waits, answers, strict=True):
-            if command == "WAIT":
-                replicas = int(answer)
-            else:  # WAITAOF: [local fsyncs, replicas that fsynced]
-                fsynced = int(answer[0])
-                if self.wait_aof == "all":
-                    replicas = int(answer[1])
-        return reply, Acks(replicas, fsynced)
+            try:
+                if isinstance(answer, Exception):
+                    raise answer
+                if command == "WAIT":
+                    replicas = int(answer)
+                else:  # WAITAOF: [local fsyncs, replicas that fsynced]
+                    fsynced = int(answer[0])
+                    if self.wait_aof == "all":
+                        replicas = int(answer[1])
+            except (redis_errors.RedisError, TypeError, ValueError, IndexError, KeyError) as exc:
+                log.warning(
+                    "a write's %s answered %r: counted as acknowledged by nothing",
+                    command,
+                    exc if isinstance(exc, redis_errors.RedisError) else answer,
+                    extra={"operation": operation},
+                )
+                return Acks(0, None if self.wait_aof == "off" else 0)
+        return Acks(replicas, fsynced)
 
     def _report_short(self, operation: str, tenant: str, hold_id: str, acked: Acks) -> None:
         """A post or true-up whose wait came back short is acknowledged anyway (the
@@ -604,9 +625,12 @@ class Ledger:
         while another retry's claim lives; HoldStateConflict if the hold is no longer
         ambiguous. Either way it must not be sent. The claim (the result's `claim`)
         ends when the hold is posted or voided, or marked ambiguous again by its
-        claimer (`mark_ambiguous` with the claim), or lapses."""
+        claimer (`mark_ambiguous` with the claim), or lapses. Followed by WAIT /
+        WAITAOF when asked for (the result's `replicas`, `fsynced`): a claim
+        acknowledged short must not be sent either, as a failover could lose the
+        hold's charge (its reserve was written before the claim, which the wait counts)."""
         args = [validate.identifier("hold_id", hold_id), str(validate.amount("window", window_ms))]
-        return await self._transition("retry", tenant, hold_id, args)
+        return await self._transition("retry", tenant, hold_id, args, replicated=True)
 
     async def mark_ambiguous(
         self, tenant: str, hold_id: str, reason: str, claim: str = ""
@@ -972,9 +996,11 @@ class Ledger:
     async def _transition(
         self, operation: str, tenant: str, hold_id: str, args: list[str], replicated: bool = False
     ) -> TransitionResult:
-        """`replicated`: followed by WAIT (when replicas are asked for), as a post or a
+        """`replicated`: followed by WAIT / WAITAOF (when asked for), as a post or a
         true-up may be an overrun: a charge lost in a failover would let the account
-        be overdrawn again."""
+        be overdrawn again; and a retry's claim is followed by the effect's send,
+        whose charge (the reserve before it on the same primary, which its wait
+        counts too) a failover must not lose."""
         keys = self._hold_keys(tenant, hold_id)
         if replicated:
             reply, acked = await self._run_replicated(operation, keys, args)
@@ -1111,7 +1137,15 @@ def _transition_result(
     status = _OK_STATUSES.get(reply[0]) or raise_for_reply(tenant, hold_id, operation, reply)
     flags = str(reply[2])
     if operation == "retry":  # its third field is the claim, not flags
-        return TransitionResult(status, hold_id, HoldState(reply[1]), frozenset(), claim=flags)
+        return TransitionResult(
+            status,
+            hold_id,
+            HoldState(reply[1]),
+            _NO_FLAGS,
+            replicas=acked.replicas,
+            claim=flags,
+            fsynced=acked.fsynced,
+        )
     return TransitionResult(
         status=status,
         hold_id=hold_id,

@@ -93,6 +93,39 @@ async def test_an_admission_the_primary_did_not_fsync_is_released(
     assert audit.returncode == 0, audit.stdout + audit.stderr
 
 
+async def test_an_admission_whose_waitaof_fails_is_released(
+    suppliers: Server, upstream: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """appendonly turned off under a running gateway: the reserve runs, then WAITAOF
+    answers an error (it cannot count fsyncs of an AOF that is off). That admission
+    was acknowledged by nothing: 503 not_fsynced, released, never sent, the same
+    answer for a repeat of the key. Before, 503 ledger_unavailable said nothing was
+    admitted while the hold stayed pending and charged (failed here)."""
+    server = EmbeddedRedis(tmp_path / "valkey", binary=valkey_binary(), tcp=True)
+    with server, own_gateway(server.url, suppliers, tmp_path, 1, **WAIT_AOF) as gateway:
+        tenant = gateway.tenant("own")
+        async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
+
+            async def send(key: str) -> httpx.Response:
+                return await http.post(
+                    "/tools/supplier/orders",
+                    json=order(),
+                    headers=effect_headers(tenant, "buyer-01", key),
+                )
+
+            assert (await send("o1")).status_code == 201
+            before = used(await balances(http, gateway.admin, tenant))
+            with redis.Redis.from_url(server.url) as admin:
+                admin.config_set("appendonly", "no")
+                refused = assert_problem(await send("o2"), 503, "not_fsynced")
+                again = await send("o2")
+            assert_problem(again, 503, "not_fsynced")
+            assert again.headers["x-irrev-hold"] == refused["hold"]
+            stats = (await upstream.get(f"/{tenant.id}/_stats")).json()
+            assert stats["orders"] == 1  # nothing was sent
+            assert used(await balances(http, gateway.admin, tenant)) == before  # released
+
+
 @pytest.mark.parametrize(
     ("server", "said"),
     [

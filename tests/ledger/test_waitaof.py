@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -84,6 +85,36 @@ async def unfsynced(url: str, tenant: str) -> None:
         assert lowered.value.cause is RedisFailure.NOT_FSYNCED
     finally:
         await ledger.aclose()
+
+
+@pytest.mark.parametrize("denied", ["-waitaof", "-wait"])
+async def test_a_write_whose_wait_is_refused_is_not_acknowledged(
+    denied: str, tenant: str, tmp_path: Path
+) -> None:
+    """A Redis user that may run the scripts but not WAITAOF (or WAIT): the script ran,
+    so the write is there, and its wait's error means it was acknowledged by nothing
+    (fsynced 0, replicas 0) for the caller to release it. It raised LedgerUnavailable
+    before (failed here), which tells a caller nothing was written while the hold
+    stayed pending, armed and charged, to be forwarded on a repeat of its key."""
+    with EmbeddedRedis(tmp_path / "valkey", binary=valkey_binary(), tcp=True) as server:
+        with redis.Redis.from_url(server.url) as admin:
+            admin.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all")
+            admin.execute_command("ACL", "SETUSER", "app", denied)
+        owner = Ledger.from_url(server.url)
+        await owner.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        await owner.aclose()
+        port = urlsplit(server.url).port
+        ledger = Ledger.from_url(
+            f"redis://app:pw@127.0.0.1:{port}", replicas=1, replica_timeout_ms=200, wait_aof="local"
+        )
+        try:
+            held = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+            assert held.state is HoldState.PENDING
+            assert (held.fsynced, held.replicas) == (0, 0)
+            posted = await ledger.post(tenant, "k1", 100)
+            assert (posted.state, posted.fsynced, posted.replicas) == (HoldState.POSTED, 0, 0)
+        finally:
+            await ledger.aclose()
 
 
 async def test_on_a_cluster_waitaof_counts_the_replica_of_the_primary_that_ran_the_script(

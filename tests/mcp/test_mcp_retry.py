@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -14,7 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
+from tests.conftest import ReplicatedRedis
 from tests.gateway.helpers import balances, used
 
 from .conftest import (
@@ -96,6 +100,73 @@ def call_message(request_id: object, arguments: dict[str, Any]) -> bytes:
             },
         }
     ).encode()
+
+
+async def test_a_repeat_no_replica_acknowledged_is_not_sent(
+    replicated_redis: ReplicatedRedis, tmp_path: Path
+) -> None:
+    """IRREV_WAIT_REPLICAS=1: the repeat of an ambiguous call claims its hold with a
+    waited write; with the replica SIGSTOPped (a partition) the claim is acknowledged
+    by none, so the call is not sent again (a failover could lose its charge): a 503
+    not_replicated tool error, still charged and ambiguous. Once the replica is back
+    the repeat is sent. Before, the repeat was sent at once (failed here)."""
+    tools = start_tool_server(tmp_path / "state", tmp_path)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    tenant = write_mcp_policy(
+        policies,
+        f"mcp-wait-{uuid.uuid4().hex[:8]}",
+        tools.url,
+        tools={"procure": {"mcp": "", "dedupes": True}, "github": {"mcp": ""}},
+    )
+    url = replicated_redis.primary.url
+    settings = {"IRREV_UPSTREAM_TIMEOUT_S": "1", "IRREV_WAIT_REPLICAS": "1"}
+    gateway = serve(tmp_path, url, policies, IRREV_WAIT_TIMEOUT_MS="500", **settings)
+    with redis.Redis.from_url(replicated_redis.replica.url) as client:
+        replica_pid = int(client.info("server")["process_id"])
+    try:
+        async with httpx.AsyncClient(base_url=tools.url, trust_env=False) as own:
+            await own.post(f"/{tenant.namespace}/_faults", json={"delay_s": 2})
+            key = uuid.uuid4().hex
+            meta = {KEY_META: key}
+            async with agent(gateway.url, tenant.auth("buyer-01")) as client:
+                first = await client.call_tool("procure__place_order", order(), meta=meta)
+            assert first.structured_content["reason"] == "upstream_ambiguous", first
+            hold = first.structured_content["hold"]
+            deadline = time.monotonic() + 20
+            while (await tool_stats(own, tenant))["effects"] == 0:
+                assert time.monotonic() < deadline, "the first call never took effect"
+                await asyncio.sleep(0.05)
+            calls = (await tool_stats(own, tenant))["calls"]
+            admin = gateway.admin
+            async with httpx.AsyncClient(base_url=gateway.url, trust_env=False) as gw:
+                charged = used(await balances(gw, admin, tenant))
+                os.kill(replica_pid, signal.SIGSTOP)
+                try:
+                    async with agent(gateway.url, tenant.auth("buyer-01")) as client:
+                        again = await client.call_tool("procure__place_order", order(), meta=meta)
+                    assert again.is_error
+                    assert again.structured_content["reason"] == "not_replicated", again
+                    assert (await tool_stats(own, tenant))["calls"] == calls  # not sent
+                    base = f"/v1/admin/tenants/{tenant.id}"
+                    listed = await gw.get(f"{base}/holds?state=ambiguous", headers=admin)
+                    assert [h["hold"] for h in listed.json()] == [hold]
+                    assert used(await balances(gw, admin, tenant)) == charged
+                finally:
+                    os.kill(replica_pid, signal.SIGCONT)
+                async with agent(gateway.url, tenant.auth("buyer-01")) as client:
+                    for _ in range(20):
+                        sent = await client.call_tool("procure__place_order", order(), meta=meta)
+                        if not sent.is_error:
+                            break
+                        assert sent.structured_content["reason"] == "not_replicated", sent
+                        await asyncio.sleep(0.5)
+                assert not sent.is_error, sent
+                stats = await tool_stats(own, tenant)
+                assert (stats["calls"], stats["effects"]) == (calls + 1, 1)
+    finally:
+        gateway.server.stop()
+        tools.kill()
 
 
 async def test_json_rpc_ids_1_and_text_1_are_two_calls(
