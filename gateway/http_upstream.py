@@ -101,6 +101,10 @@ class HttpUpstream:
         tool's credentials. httpx's timeouts bound each read; `deadline` bounds the
         whole exchange, so an upstream that trickles its answer cannot keep a forward
         open past the hold's deadline."""
+        if time.monotonic() >= deadline:
+            # Too late to begin: said so, not left to a timeout of zero (which would
+            # call a request never begun unknown) or to the slots (busy).
+            return Answer(Fate.NOT_SENT, why="hold_deadline")
         url = self.target.base_url.rstrip("/") + upstream_path(effect.path)
         url += f"?{effect.query}" if effect.query else ""
         headers = httpx.Headers(list(effect.headers))

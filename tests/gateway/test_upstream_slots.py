@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import pytest
+
+from gateway.http_upstream import HttpTarget, HttpUpstream, UpstreamSlots, make_client
+from gateway.upstream import Fate
+from gateway.wire import StoredRequest
 
 from .conftest import Gateway, wait_for_workers
 from .helpers import assert_problem, effect_headers, order
@@ -101,3 +108,20 @@ async def test_a_tenants_hung_upstream_cannot_starve_another_tenants_effects(
     for answer in refused:
         assert_problem(answer, 502, answer.json()["reason"])
     assert any(a.json().get("why") == "upstream_tenant_busy" for a in refused)
+
+
+@pytest.mark.parametrize("slots", [None, 1])
+async def test_a_forward_past_its_deadline_is_not_begun(slots: int | None) -> None:
+    """A forward whose hold's deadline has passed is not sent, and says why
+    (`hold_deadline`): before, with the tenant's slots it read as a busy upstream, and
+    without them as an unknown fate (a timeout of zero), which left a request never
+    begun ambiguous. The target is a port nothing listens on: a send would be refused."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    limit = None if slots is None else UpstreamSlots(asyncio.Semaphore(slots), 5.0)
+    async with make_client(1.0, 1.0, 4) as client:
+        upstream = HttpUpstream(client, HttpTarget(f"http://127.0.0.1:{port}"), slots=limit)
+        request = StoredRequest("a", "t", "POST", "/orders", "", "", "", "r", 1)
+        answer = await upstream.deliver(request, "h1", time.monotonic() - 0.001)
+    assert (answer.fate, answer.why) == (Fate.NOT_SENT, "hold_deadline")
