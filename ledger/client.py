@@ -346,10 +346,11 @@ class Ledger:
                 f"{self.replica_timeout_ms} ms; write it again",
             )
         if acked.replicas is not None and acked.replicas < self.replicas:
+            counted = "fsynced" if self.wait_aof == "all" else "acknowledged"
             raise LedgerUnavailable(
                 "upsert",
                 RedisFailure.NOT_REPLICATED,
-                f"{acked.replicas} of {self.replicas} replicas acknowledged the account change "
+                f"{acked.replicas} of {self.replicas} replicas {counted} the account change "
                 f"in {self.replica_timeout_ms} ms; write it again once they are back",
             )
         # The list of tenants is a key of its own slot, kept for operators (audit);

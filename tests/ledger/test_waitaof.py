@@ -58,6 +58,7 @@ async def test_every_waiting_write_reports_the_fsyncs(
         with pytest.raises(LedgerUnavailable) as lowered:  # a limit decrease
             await short.upsert_account(tenant, AccountSpec("tenant:acme", 5_000, 5_000))
         assert lowered.value.cause is RedisFailure.NOT_REPLICATED
+        assert "0 of 1 replicas fsynced the account change" in str(lowered.value)
     finally:
         for ledger in (local, every, short):
             await ledger.aclose()
