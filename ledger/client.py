@@ -219,11 +219,13 @@ class Ledger:
         return reply, self._acks(operation, answers)
 
     def _acks(self, operation: str, answers: list[Any]) -> Acks:
-        """What the waits' `answers` acknowledged. An error (WAITAOF with the AOF
-        turned off under the ledger, a Redis user denied WAIT or WAITAOF) or an answer
-        that is not the counts acknowledged nothing: replicas 0 and, if WAITAOF was
-        asked for, fsynced 0."""
-        replicas = fsynced = None
+        """What the waits' `answers` acknowledged. A wait that answered an error
+        (WAITAOF with the AOF turned off under the ledger, a Redis user denied WAIT or
+        WAITAOF) or something that is not its counts acknowledged nothing of what it
+        counts: WAIT's replicas 0, WAITAOF's fsynced 0 (and its replicas 0 under
+        "all"); another wait's answer still counts."""
+        replicas: int | None = None
+        fsynced: int | None = None
         for (command, *_), answer in zip(self.waits, answers, strict=True):
             try:
                 if isinstance(answer, Exception):
@@ -241,7 +243,10 @@ class Ledger:
                     exc if isinstance(exc, redis_errors.RedisError) else answer,
                     extra={"operation": operation},
                 )
-                return Acks(0, None if self.wait_aof == "off" else 0)
+                if command == "WAIT" or self.wait_aof == "all":
+                    replicas = 0
+                if command != "WAIT":
+                    fsynced = 0
         return Acks(replicas, fsynced)
 
     def _report_short(self, operation: str, tenant: str, hold_id: str, acked: Acks) -> None:
@@ -1006,7 +1011,8 @@ class Ledger:
         if replicated:
             reply, acked = await self._run_replicated(operation, keys, args)
             result = _transition_result(tenant, hold_id, operation, reply, acked)
-            self._report_short(operation, tenant, hold_id, acked)
+            if operation != "retry":  # a short retry claim is refused: nothing to lose
+                self._report_short(operation, tenant, hold_id, acked)
             return result
         reply = await self._run(operation, keys, args)
         return _transition_result(tenant, hold_id, operation, reply)

@@ -105,6 +105,9 @@ async def unacknowledged_retry(
                     assert "same Idempotency-Key" in refused["detail"]
                 assert await orders() == 1  # never sent again
                 assert used(await balances(http, gateway.admin, tenant)) == charged
+                # Refused, a short claim puts nothing at risk: not counted as a write
+                # acknowledged without its wait (posts and true-ups are).
+                assert 'op="retry"' not in (await http.get("/metrics")).text
                 hold = await ledger.hold(tenant.id, hold_id)
                 assert hold is not None and hold.state is HoldState.AMBIGUOUS
             finally:

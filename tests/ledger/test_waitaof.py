@@ -93,10 +93,11 @@ async def test_a_write_whose_wait_is_refused_is_not_acknowledged(
     denied: str, tenant: str, tmp_path: Path
 ) -> None:
     """A Redis user that may run the scripts but not WAITAOF (or WAIT): the script ran,
-    so the write is there, and its wait's error means it was acknowledged by nothing
-    (fsynced 0, replicas 0) for the caller to release it. It raised LedgerUnavailable
-    before (failed here), which tells a caller nothing was written while the hold
-    stayed pending, armed and charged, to be forwarded on a repeat of its key."""
+    so the write is there, and the refused wait acknowledged nothing of what it counts
+    (WAITAOF's fsync, WAIT's replicas), for the caller to release it; the other wait
+    still counts. It raised LedgerUnavailable before (failed here), which tells a
+    caller nothing was written while the hold stayed pending, armed and charged, to be
+    forwarded on a repeat of its key."""
     with EmbeddedRedis(tmp_path / "valkey", binary=valkey_binary(), tcp=True) as server:
         with redis.Redis.from_url(server.url) as admin:
             admin.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all")
@@ -110,10 +111,16 @@ async def test_a_write_whose_wait_is_refused_is_not_acknowledged(
         )
         try:
             held = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+            # No replica is attached: WAIT's count is 0 whether it runs or not.
+            fsynced = 0 if denied == "-waitaof" else 1
             assert held.state is HoldState.PENDING
-            assert (held.fsynced, held.replicas) == (0, 0)
+            assert (held.fsynced, held.replicas) == (fsynced, 0)
             posted = await ledger.post(tenant, "k1", 100)
-            assert (posted.state, posted.fsynced, posted.replicas) == (HoldState.POSTED, 0, 0)
+            assert (posted.state, posted.fsynced, posted.replicas) == (
+                HoldState.POSTED,
+                fsynced,
+                0,
+            )
         finally:
             await ledger.aclose()
 
