@@ -94,7 +94,8 @@ async def _check_durability(ledger: Ledger, settings: GatewaySettings) -> None:
     # or replicas that do not fsync: a write followed by the very waits shows them.
     probe = await ledger.probe_waits()
     if probe.refusal:
-        cause = RedisFailure.NO_WAITAOF if settings.wait_aof != "off" else RedisFailure.REFUSED
+        waits_refused = settings.wait_aof != "off" and not probe.write_refused
+        cause = RedisFailure.NO_WAITAOF if waits_refused else RedisFailure.REFUSED
         raise LedgerUnavailable("start", cause, probe.refusal)
     if probe.warning:
         log.warning("ledger waits", extra={"shortfall": probe.warning})

@@ -5,7 +5,8 @@ what the gateway is told to require."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, replace
 from itertools import count
 from typing import Any, Literal, get_args
 
@@ -133,6 +134,7 @@ class Probe:
     refusal: str = ""
     warning: str = ""
     fsynced: bool = False
+    write_refused: bool = False  # the refusal is of the probe's write, not of a wait
 
 
 async def probe_waits(redis: RedisClient, waits: list[tuple[Any, ...]]) -> Probe:
@@ -145,12 +147,16 @@ async def probe_waits(redis: RedisClient, waits: list[tuple[Any, ...]]) -> Probe
     waits = [(*wait[:-1], max(int(wait[-1]), PROBE_WAIT_MS)) for wait in waits]
     if isinstance(redis, RedisCluster):
         await redis.initialize()
-        probes = [await _probe_on(redis, key, waits) for key in _key_per_primary(redis)]
+        # At once: each may wait its full timeout for replicas that are away.
+        keys = _key_per_primary(redis)
+        probes = list(await asyncio.gather(*(_probe_on(redis, key, waits) for key in keys)))
     else:
         probes = [await _probe_on(redis, PROBE_KEY % "0", waits)]
-    refusal = next((p.refusal for p in probes if p.refusal), "")
+    refused = next((p for p in probes if p.refusal), None)
     warning = next((p.warning for p in probes if p.warning), "")
-    return Probe(refusal, warning, all(p.fsynced for p in probes))
+    if refused is not None:
+        return replace(refused, warning=warning)
+    return Probe("", warning, all(p.fsynced for p in probes))
 
 
 def _key_per_primary(cluster: RedisCluster) -> list[str]:
@@ -185,7 +191,11 @@ async def _probe_on(redis: RedisClient, key: str, waits: list[tuple[Any, ...]]) 
                 pipe.execute_command(*command)
             replies = list(await pipe.execute(raise_on_error=False))
     if isinstance(replies[0], Exception):
-        return Probe(f"the probe write SET {key} was refused{where}: {replies[0]}")
+        return Probe(
+            f"the probe write SET {key} was refused{where} ({replies[0]}): let the ledger's "
+            "Redis user write irrev:probe:* (ACL: +set ~irrev:probe:*)",
+            write_refused=True,
+        )
     fsynced = False
     warning = ""
     for wait, answer in zip(waits, replies[1 : 1 + len(waits)], strict=True):

@@ -70,6 +70,20 @@ def test_a_user_denied_waitaof_refuses_the_start(tmp_path: Path) -> None:
     assert "unset IRREV_WAIT_AOF" in log, log
 
 
+def test_a_user_denied_the_probe_write_is_told_which_grant_it_needs(tmp_path: Path) -> None:
+    """The probe writes a key of its own with SET, which a least-privilege user may
+    not run: the refusal names the grant (it read as a server without WAITAOF, whose
+    advice, to upgrade Redis or turn the AOF on, was wrong)."""
+    with EmbeddedRedis(tmp_path / "valkey", binary=valkey_binary(), tcp=True) as server:
+        first = start_gateway(server.url, tmp_path, IRREV_WAIT_AOF="local")
+        first.start("/readyz")
+        first.stop()
+        url = user_url(server, "noset", "set")
+        log = refused_start(url, tmp_path, IRREV_WAIT_AOF="local")
+    assert "+set ~irrev:probe:*" in log and "Redis refused the call" in log, log
+    assert "run Redis 7.2+" not in log, log
+
+
 def test_a_probed_fsync_meets_require_where_config_is_refused(tmp_path: Path) -> None:
     """CONFIG GET refused (a managed Redis's ACL): the persistence settings are
     unknown, so IRREV_DURABILITY=require refused the start even with
