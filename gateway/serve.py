@@ -97,7 +97,11 @@ def serve_workers(settings: GatewaySettings, refusal: Path) -> None:
     supervisor.grace_s = settings.upstream_timeout_s + SHUTDOWN_MARGIN_S
     supervisor.run()
     if refusal.exists():
-        raise StartFailed(refusal.read_text(encoding="utf-8"))
+        line = refusal.read_text(encoding="utf-8")
+        if supervisor.replaced:
+            # Not a failed start of the gateway: it served until then.
+            line = f"a worker died and the one started in its place could not start: {line}"
+        raise StartFailed(line)
     if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
         raise StartFailed("the gateway workers could not start; their errors are above")
 
@@ -129,6 +133,7 @@ class _Workers(Multiprocess):
 
     grace_s = SHUTDOWN_MARGIN_S
     refusal: Path | None = None
+    replaced = 0  # workers that died after they were started and were started again
 
     def keep_subprocess_alive(self) -> None:
         """A worker that refused to start stops them all (uvicorn would start it again:
@@ -136,7 +141,11 @@ class _Workers(Multiprocess):
         if self.refusal is not None and self.refusal.exists():
             self.should_exit.set()
             return
+        before = [worker.pid for worker in self.processes]
         super().keep_subprocess_alive()
+        self.replaced += sum(
+            old != worker.pid for old, worker in zip(before, self.processes, strict=True)
+        )
 
     def join_all(self) -> None:
         deadline = time.monotonic() + self.grace_s

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from irrev.harness import free_port
+from ledger import EmbeddedRedis
 from tests.ledger.test_embedded import process_gone, wait_until
 
 from .conftest import Gateway, own_gateway
@@ -159,6 +160,59 @@ def test_serve_refuses_to_start_without_redis(workers: str, tmp_path: Path) -> N
     )
     assert line.startswith("irrev: cannot reach Redis"), line
     assert "IRREV_REDIS_URL" in line, line
+
+
+def test_a_worker_that_dies_while_redis_is_down_stops_serve_saying_so(tmp_path: Path) -> None:
+    """A worker killed while Redis is away is started again, and the new one cannot
+    reach Redis: the gateway stops (a supervisor restarts it), and its line says that
+    a worker died, not that the gateway could not start (a hostile review: after hours
+    of serving, the operator saw a start-up refusal and nothing of the death)."""
+    write_policy(tmp_path, "procurement", "replaced", "http://127.0.0.1:9")
+    port = free_port()
+    command = [str(BIN / "irrev"), "serve", "--port", str(port), "--workers", "2"]
+    with EmbeddedRedis(tmp_path / "redis", tcp=True) as server:
+        env = base_env(IRREV_POLICY_DIR=str(tmp_path), IRREV_REDIS_URL=server.url)
+        with subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        ) as process:
+            try:
+                wait_until(lambda: _ready(port), "the gateway to serve")
+                server.kill()
+                os.kill(_workers(process.pid)[0], signal.SIGKILL)
+                _, stderr = process.communicate(timeout=STOP_DEADLINE_S * 2)
+            finally:
+                if process.returncode is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 2, stderr
+    last = stderr.splitlines()[-1]
+    assert last.startswith("irrev: a worker died and the one started in its place"), stderr
+    assert "cannot reach Redis" in last, stderr
+    wait_until(lambda: not session_members(process.pid), "the session's processes to exit")
+
+
+def _ready(port: int) -> bool:
+    try:
+        answer = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2, trust_env=False)
+    except httpx.TransportError:
+        return False
+    return answer.status_code == 200
+
+
+def _workers(parent: int) -> list[int]:
+    """The uvicorn workers `parent` spawned (not its multiprocessing resource tracker)."""
+    found = []
+    for pid in session_members(parent):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # the stat's fourth field
+        if ppid == parent and b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            found.append(pid)
+    return found
 
 
 def test_serve_refuses_an_address_in_use(tmp_path: Path) -> None:
