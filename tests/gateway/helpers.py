@@ -102,6 +102,22 @@ async def holds_in(
     return {hold["hold"]: hold for hold in response.json()}
 
 
+async def send_order(
+    http: httpx.AsyncClient, tenant: Tenant, key: str, quantity: int = 10
+) -> httpx.Response:
+    """One supplier order by buyer-01 under Idempotency-Key `key`."""
+    return await http.post(
+        "/tools/supplier/orders",
+        json=order(quantity=quantity),
+        headers=effect_headers(tenant, "buyer-01", key),
+    )
+
+
+async def orders_made(upstream: httpx.AsyncClient, tenant: Tenant) -> int:
+    """How many orders the supplier made for `tenant`."""
+    return int((await supplier_stats(upstream, tenant))["orders"])
+
+
 async def supplier_stats(upstream: httpx.AsyncClient, tenant: Tenant) -> dict[str, Any]:
     response = await upstream.get(f"/{tenant.id}/_stats")
     assert response.status_code == 200

@@ -19,7 +19,16 @@ from ledger.keys import accounts_key
 
 from ..conftest import ReplicatedRedis
 from .conftest import Gateway, own_gateway
-from .helpers import assert_problem, balances, effect_headers, ledger_audit, order, used
+from .helpers import (
+    assert_problem,
+    balances,
+    effect_headers,
+    ledger_audit,
+    order,
+    orders_made,
+    send_order,
+    used,
+)
 from .servers import Server
 
 
@@ -84,31 +93,20 @@ async def unreplicated_admissions(
 ) -> None:
     tenant = gateway.tenant("own")
     async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
-
-        async def send(key: str, quantity: int = 10) -> httpx.Response:
-            return await http.post(
-                "/tools/supplier/orders",
-                json=order(quantity=quantity),
-                headers=effect_headers(tenant, "buyer-01", key),
-            )
-
-        async def orders() -> int:
-            stats = (await upstream.get(f"/{tenant.id}/_stats")).json()
-            return int(stats["orders"])
-
-        assert (await send("o1")).status_code == 201
-        assert await orders() == 1
-        escalated = await send("big", quantity=450)  # above the approval threshold
+        assert (await send_order(http, tenant, "o1")).status_code == 201
+        assert await orders_made(upstream, tenant) == 1
+        # Above the approval threshold:
+        escalated = await send_order(http, tenant, "big", quantity=450)
         assert escalated.status_code == 202, escalated.text
         location = escalated.headers["location"]
         before = used(await balances(http, gateway.admin, tenant))
 
         await asyncio.to_thread(stop_replica)
-        refused = assert_problem(await send("o2"), 503, "not_replicated")
+        refused = assert_problem(await send_order(http, tenant, "o2"), 503, "not_replicated")
         assert (refused["replicas"], refused["wanted"]) == (0, 1)
-        assert await orders() == 1  # nothing was sent
+        assert await orders_made(upstream, tenant) == 1  # nothing was sent
         assert used(await balances(http, gateway.admin, tenant)) == before  # released
-        again = await send("o2")  # a repeat of the key gets the same answer
+        again = await send_order(http, tenant, "o2")  # a repeat of the key gets the same answer
         assert_problem(again, 503, "not_replicated")
         assert again.headers["x-irrev-replayed"] == "true"
         assert again.headers["x-irrev-hold"] == refused["hold"]
@@ -143,7 +141,7 @@ async def unreplicated_admissions(
         assert not decided & again.headers.keys(), dict(again.headers)
         approved = await http.post(f"{location}/approve", headers=gateway.admin)
         assert_problem(approved, 503, "not_replicated")
-        assert await orders() == 1
+        assert await orders_made(upstream, tenant) == 1
         poll = await http.get(location, headers=tenant.auth("buyer-01"))
         assert_problem(poll, 503, "not_replicated")
         assert poll.headers["x-irrev-reason"] == "not_replicated"
@@ -152,5 +150,5 @@ async def unreplicated_admissions(
         assert after[f"tenant:{tenant.id}"] == before[f"tenant:{tenant.id}"] - escalation_price
 
         await asyncio.to_thread(restore_replica)
-        assert (await send("o3")).status_code == 201
-        assert await orders() == 2
+        assert (await send_order(http, tenant, "o3")).status_code == 201
+        assert await orders_made(upstream, tenant) == 2

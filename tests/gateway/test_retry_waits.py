@@ -29,7 +29,14 @@ from ledger.keys import deadlines_key
 
 from ..conftest import ReplicatedRedis
 from .conftest import Gateway, own_gateway, wait_for_workers
-from .helpers import assert_problem, balances, effect_headers, ledger_audit, order, used
+from .helpers import (
+    assert_problem,
+    balances,
+    ledger_audit,
+    orders_made,
+    send_order,
+    used,
+)
 from .servers import Server
 
 
@@ -68,30 +75,18 @@ async def unacknowledged_retry(
     with own_gateway(url, suppliers, tmp_path, 1, **settings) as gateway:
         tenant = gateway.tenant("own")
         async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
-
-            async def send(key: str) -> httpx.Response:
-                return await http.post(
-                    "/tools/supplier/orders",
-                    json=order(),
-                    headers=effect_headers(tenant, "buyer-01", key),
-                )
-
-            async def orders() -> int:
-                stats = (await upstream.get(f"/{tenant.id}/_stats")).json()
-                return int(stats["orders"])
-
-            assert (await send("o1")).status_code == 201
+            assert (await send_order(http, tenant, "o1")).status_code == 201
             with redis.Redis.from_url(replicated.replica.url) as client:
                 replica_pid = int(client.info("server")["process_id"])
             os.kill(replica_pid, signal.SIGSTOP)
             ledger = Ledger.from_url(url)
             try:
-                first = asyncio.create_task(send("o2"))
+                first = asyncio.create_task(send_order(http, tenant, "o2"))
                 hold_id = await _pending_hold(url, tenant.id)
                 _crash(gateway)  # while the admission's wait waits for the replica
                 with pytest.raises(httpx.HTTPError):
                     await first
-                assert await orders() == 1
+                assert await orders_made(upstream, tenant) == 1
                 gateway.server.start("/readyz")
                 wait_for_workers(gateway, workers=1)
                 # At the hold's deadline the sweeper marks it ambiguous (the crash may
@@ -100,10 +95,12 @@ async def unacknowledged_retry(
                 await ledger.mark_ambiguous(tenant.id, hold_id, "gateway_crash")
                 charged = used(await balances(http, gateway.admin, tenant))
                 for _ in range(2):  # each repeat claims, waits, is short, ends its claim
-                    refused = assert_problem(await send("o2"), 503, "not_replicated")
+                    refused = assert_problem(
+                        await send_order(http, tenant, "o2"), 503, "not_replicated"
+                    )
                     assert refused["hold"] == hold_id
                     assert "same Idempotency-Key" in refused["detail"]
-                assert await orders() == 1  # never sent again
+                assert await orders_made(upstream, tenant) == 1  # never sent again
                 assert used(await balances(http, gateway.admin, tenant)) == charged
                 # Refused, a short claim puts nothing at risk: not counted as a write
                 # acknowledged without its wait (posts and true-ups are).
@@ -115,14 +112,14 @@ async def unacknowledged_retry(
                 await ledger.aclose()
             # Once the replica is back a repeat is sent, once.
             for _ in range(20):
-                again = await send("o2")
+                again = await send_order(http, tenant, "o2")
                 if again.status_code != 503:
                     break
-                assert await orders() == 1
+                assert await orders_made(upstream, tenant) == 1
                 await asyncio.sleep(0.5)
             assert again.status_code == 201, again.text
-            assert (await send("o2")).status_code == 201
-            assert await orders() == 2
+            assert (await send_order(http, tenant, "o2")).status_code == 201
+            assert await orders_made(upstream, tenant) == 2
         audit = ledger_audit(url, tenant)
     assert audit.returncode == 0, audit.stdout + audit.stderr
 

@@ -21,7 +21,14 @@ from tests.ledger.test_embedded import process_gone
 
 from ..conftest import ReplicatedRedis, server_binary, valkey_binary
 from .conftest import own_gateway
-from .helpers import assert_problem, balances, effect_headers, ledger_audit, order, used
+from .helpers import (
+    assert_problem,
+    balances,
+    ledger_audit,
+    orders_made,
+    send_order,
+    used,
+)
 from .servers import Server, base_env, write_policy
 from .test_cli import bench_json
 from .test_replicas import unreplicated_admissions
@@ -63,32 +70,22 @@ async def test_an_admission_the_primary_did_not_fsync_is_released(
     with server, own_gateway(server.url, suppliers, tmp_path, 1, **WAIT_AOF) as gateway:
         tenant = gateway.tenant("own")
         async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
-
-            async def send(key: str) -> httpx.Response:
-                return await http.post(
-                    "/tools/supplier/orders",
-                    json=order(),
-                    headers=effect_headers(tenant, "buyer-01", key),
-                )
-
-            async def orders() -> int:
-                stats = (await upstream.get(f"/{tenant.id}/_stats")).json()
-                return int(stats["orders"])
-
-            assert (await send("o1")).status_code == 201
+            assert (await send_order(http, tenant, "o1")).status_code == 201
             before = used(await balances(http, gateway.admin, tenant))
             with redis.Redis.from_url(server.url) as admin:
                 admin.config_set("appendfsync", "no")
-                refused = assert_problem(await send("o2"), 503, "not_fsynced")
-                again = await send("o2")  # a repeat of the key gets the same answer
+                refused = assert_problem(await send_order(http, tenant, "o2"), 503, "not_fsynced")
+                again = await send_order(
+                    http, tenant, "o2"
+                )  # a repeat of the key gets the same answer
                 admin.config_set("appendfsync", "always")
             assert_problem(again, 503, "not_fsynced")
             assert again.headers["x-irrev-hold"] == refused["hold"]
             assert "x-irrev-decision" not in again.headers
-            assert await orders() == 1  # nothing was sent
+            assert await orders_made(upstream, tenant) == 1  # nothing was sent
             assert used(await balances(http, gateway.admin, tenant)) == before  # released
-            assert (await send("o3")).status_code == 201
-            assert await orders() == 2
+            assert (await send_order(http, tenant, "o3")).status_code == 201
+            assert await orders_made(upstream, tenant) == 2
         audit = ledger_audit(server.url, tenant)
     assert audit.returncode == 0, audit.stdout + audit.stderr
 
@@ -105,20 +102,12 @@ async def test_an_admission_whose_waitaof_fails_is_released(
     with server, own_gateway(server.url, suppliers, tmp_path, 1, **WAIT_AOF) as gateway:
         tenant = gateway.tenant("own")
         async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
-
-            async def send(key: str) -> httpx.Response:
-                return await http.post(
-                    "/tools/supplier/orders",
-                    json=order(),
-                    headers=effect_headers(tenant, "buyer-01", key),
-                )
-
-            assert (await send("o1")).status_code == 201
+            assert (await send_order(http, tenant, "o1")).status_code == 201
             before = used(await balances(http, gateway.admin, tenant))
             with redis.Redis.from_url(server.url) as admin:
                 admin.config_set("appendonly", "no")
-                refused = assert_problem(await send("o2"), 503, "not_fsynced")
-                again = await send("o2")
+                refused = assert_problem(await send_order(http, tenant, "o2"), 503, "not_fsynced")
+                again = await send_order(http, tenant, "o2")
             assert_problem(again, 503, "not_fsynced")
             assert again.headers["x-irrev-hold"] == refused["hold"]
             stats = (await upstream.get(f"/{tenant.id}/_stats")).json()
