@@ -102,8 +102,6 @@ MAX_PROVENANCE_BYTES = 16384
 MAX_SWEEPS_BEFORE_RESERVE = 10
 HOLD_READS = 3
 
-log = logging.getLogger("irrev.ledger")
-
 
 class Ledger:
     """Accounts, holds and the journal of every tenant, kept in one Redis.

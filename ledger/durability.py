@@ -1,7 +1,8 @@
 """What the ledger's Redis does to keep a write: its persistence settings, read with
 CONFIG GET at start (a managed Redis may refuse CONFIG: then they are unknown),
-whether it has WAITAOF (COMMAND INFO: Redis 7.2+, Valkey), and whether that meets
-what the gateway is told to require."""
+whether it has WAITAOF (by its version: Redis 7.2+, Valkey), whether the waits a
+kept write gets succeed there (a probe write), and whether that meets what the
+gateway is told to require."""
 
 from __future__ import annotations
 
