@@ -12,7 +12,8 @@
 --                                      above the hold: the world did it, so it is
 --                                      posted, never refused) and `late` (the hold
 --                                      had expired and was released)
---   'exists'                          already posted with these amounts
+--   'exists'                          already posted with these amounts: the
+--                                      hold's st is set again to 'posted' (see below)
 --   'exists_with_different_amount'    already posted with other amounts
 --   'conflict'                        the hold is escalated, voided, rejected or denied
 --   'not_found', 'bad_input' (state = field, flags = message; also an amount
@@ -28,7 +29,11 @@
 -- one number when it is every account's (journal_numbers).
 --
 -- Invariant: pending falls by exactly what the hold still charged, posted rises by
--- exactly the posted amounts, and the journal entry carries both.
+-- exactly the posted amounts, and the journal entry carries both. A replay ('exists')
+-- writes nothing but re-sets one field to its own value, so that its caller's WAIT
+-- covers the settlement it replays: WAIT / WAITAOF count the writes of their own
+-- connection, and a repeat on a fresh one that wrote nothing would be acknowledged
+-- by replicas that never received the post (the re-set is propagated after it).
 
 local id, retention_ms, outcome = settle_args()
 if not id then return retention_ms end
@@ -39,6 +44,7 @@ if not amounts then return err end
 
 if hold.st == 'posted' then
   if same_numbers(hold.posted, amounts) then
+    redis.call('HSET', hkey(id), 'st', 'posted')
     return {'exists', 'posted', ''}
   end
   return {'exists_with_different_amount', 'posted', ''}

@@ -13,7 +13,7 @@
 --   'ok'         the net charge is the realised residual now; flags lists
 --                `overrun` and `rolled_off` (an account's window renewed since the
 --                post: nothing is returned there; a rise is charged to the new one)
---   'exists'     it already was; nothing written
+--   'exists'     it already was; the hold's st is set again to 'posted' (see below)
 --   'conflict'   the hold is not posted
 --   'not_found', 'bad_input' (state = field, flags = message; a rise that would
 --                take an account's pending + posted past 2^53-1 is bad input,
@@ -21,6 +21,9 @@
 --
 -- Invariant: an account's posted balance falls by at most what this hold posted to
 -- it in the current window, and rises by exactly the rise of the hold's net charge.
+-- A replay ('exists') writes nothing but re-sets one field to its own value, so that
+-- its caller's WAIT covers the settlement it replays (WAIT / WAITAOF count the writes
+-- of their own connection; the re-set is propagated after the true-up or post).
 
 local id, err = hold_id_arg()
 if not id then return err end
@@ -46,7 +49,10 @@ for i = 1, n do
   end
   changed = changed or rise ~= 0
 end
-if not changed then return {'exists', 'posted', ''} end
+if not changed then
+  redis.call('HSET', hkey(id), 'st', 'posted')
+  return {'exists', 'posted', ''}
+end
 
 local held_flags = redis.call('HGET', hkey(id), 'flag') or ''
 local overrun = string.find(',' .. held_flags .. ',', ',overrun,', 1, true) ~= nil

@@ -6,15 +6,19 @@ replica is SIGKILLed."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from collections.abc import Callable
 
 import pytest
+import redis
 
 from irrev.localcluster import LocalCluster
 from ledger.client import Ledger
 from ledger.errors import BadInput, LedgerUnavailable, RedisFailure
 from ledger.keys import accounts_key
-from ledger.records import AccountSpec, HoldState
+from ledger.records import AccountSpec, HoldState, Status
 
 from ..conftest import ReplicatedRedis
 
@@ -100,3 +104,105 @@ async def acknowledging_replicas(
 def test_replica_settings_are_checked(replicas: int, timeout_ms: int) -> None:
     with pytest.raises(BadInput):
         Ledger.from_url("redis://127.0.0.1:1/0", replicas=replicas, replica_timeout_ms=timeout_ms)
+
+
+async def test_a_repeated_settlement_is_waited_for_on_its_own_connection(
+    replicated_valkey: ReplicatedRedis, tenant: str
+) -> None:
+    """A post (and a true-up) acknowledged short is repeated by its settler until its
+    wait is met, maybe through another ledger (another gateway worker). Since Redis 7.2
+    (Valkey) WAIT counts the writes of its own connection only: a repeat whose script
+    wrote nothing would be acknowledged at once by a replica that never got the
+    settlement (one SIGSTOPped is still connected, at the offset of that connection's
+    earlier writes). The replay re-sets a field of the hold, so the repeat's wait
+    covers the settlement. (Redis 6.2 and 7.0 wait for every write made so far.)"""
+    await repeated_settlement(replicated_valkey, tenant)
+
+
+async def test_on_redis_before_7_2_a_repeated_settlement_is_waited_for_too(
+    replicated_redis: ReplicatedRedis, tenant: str
+) -> None:
+    await repeated_settlement(replicated_redis, tenant)
+
+
+async def repeated_settlement(replicated_redis: ReplicatedRedis, tenant: str) -> None:
+    url, replica_pid = replicated_redis.primary.url, replicated_redis.replica.pid
+    ledger = Ledger.from_url(url, replicas=1, replica_timeout_ms=300)
+    other = Ledger.from_url(url, replicas=1, replica_timeout_ms=300)
+    try:
+        await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        for key in ("k1", "k2", "k3"):
+            await ledger.reserve(tenant, key, "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+        await ledger.post(tenant, "k2", 100)
+        assert (await other.post(tenant, "k3", 100)).replicas == 1  # its connection's write
+        os.kill(replica_pid, signal.SIGSTOP)
+        try:
+            posted = await ledger.post(tenant, "k1", 300)
+            assert (posted.status, posted.replicas) == (Status.OK, 0)
+            raised = await ledger.true_up(tenant, "k2", 400)
+            assert (raised.status, raised.replicas) == (Status.OK, 0)
+            again = await other.post(tenant, "k1", 300)
+            assert (again.status, again.state, again.replicas) == (
+                Status.EXISTS,
+                HoldState.POSTED,
+                0,
+            )
+            same = await other.true_up(tenant, "k2", 400)
+            assert (same.status, same.replicas) == (Status.EXISTS, 0)
+        finally:
+            os.kill(replica_pid, signal.SIGCONT)
+        other.replica_timeout_ms = 5000
+        other.waits = [("WAIT", 1, 5000)]
+        assert (await other.post(tenant, "k1", 300)).replicas == 1
+        assert (await other.true_up(tenant, "k2", 400)).replicas == 1
+        assert (await ledger.post(tenant, "k1", 300)).replicas == 1
+    finally:
+        await ledger.aclose()
+        await other.aclose()
+
+
+async def test_a_settlement_lost_in_a_failover_is_made_again_by_its_repeat(
+    replicated_redis: ReplicatedRedis, tenant: str
+) -> None:
+    """The post acknowledged short never reached the replica; the primary is lost and
+    the replica serves on its own: the repeat finds the hold pending and posts it."""
+    primary, replica = replicated_redis.primary, replicated_redis.replica
+    ledger = Ledger.from_url(primary.url, replicas=1, replica_timeout_ms=300)
+    try:
+        await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        reserved = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+        assert reserved.replicas == 1
+        await asyncio.to_thread(persisted, replica.url)
+        await asyncio.to_thread(replica.kill)
+        assert (await ledger.post(tenant, "k1", 300)).replicas == 0
+    finally:
+        await ledger.aclose()
+    await asyncio.to_thread(primary.kill)
+    await asyncio.to_thread(replica.ensure_running)  # a primary of its own now
+    promoted = Ledger.from_url(replica.url)
+    try:
+        assert (hold := await promoted.hold(tenant, "k1")) is not None
+        assert hold.state is HoldState.PENDING
+        again = await promoted.post(tenant, "k1", 300)
+        assert (again.status, again.state, again.flags) == (
+            Status.OK,
+            HoldState.POSTED,
+            frozenset({"overrun"}),
+        )
+    finally:
+        await promoted.aclose()
+
+
+def persisted(url: str, deadline_s: float = 30.0) -> None:
+    """Wait until the replica's AOF holds what it has (its first sync rewrites it)."""
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            info = client.info("persistence")
+            if not (info["aof_rewrite_in_progress"] or info["aof_rewrite_scheduled"]):
+                return
+            assert time.monotonic() < deadline, "the replica never rewrote its AOF"
+            time.sleep(0.05)
+    finally:
+        client.close()
