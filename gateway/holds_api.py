@@ -11,14 +11,14 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status
+from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status, TransitionResult
 from pricing import EffectClass, TenantPolicy
 from pricing.calibration import TOP_KEPT, factor_ppm
 from pricing.credentials import AuthenticatedAgent
 from pricing.policy import BodyFormat
 
 from . import metrics
-from .admission import Intent, approve, auto_approval, prepare, reserve, shadowed
+from .admission import Intent, approve, auto_approval, prepare, reserve, shadowed, unacknowledged
 from .auth import Settling, agent_auth, gate_of, settling_auth
 from .canonical import Canonical
 from .problems import Problem
@@ -235,6 +235,7 @@ async def post_hold(
     result = await gate_of(request).ledger.post(tenant, hold_id, amount, outcome=receipt(record))
     if result.status is Status.OK:
         _log_flags(tenant, hold_id, result.flags)
+    _refuse_short(request, hold_id, result)
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}
 
 
@@ -305,4 +306,23 @@ async def settle_hold(
     failed = spec.realised_micros >= _price(hold)
     realised = (spec.realised_micros, record.face_value)
     await _learn(ledger, who, hold_id, record.route_id, failed, realised)
+    _refuse_short(request, hold_id, result)
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}
+
+
+def _refuse_short(request: Request, hold_id: str, result: TransitionResult) -> None:
+    """A settler's post or true-up whose wait came back short is answered 503 (the
+    ledger has logged and counted it): the primary has it, a failover or a crash could
+    lose it, and the settler is the one who can repeat it. Nothing is undone (the
+    effect happened). The repeat makes it durable: a replay of the same settlement
+    re-sets one field of the hold (post.lua, trueup.lua), so its own wait covers the
+    settlement it replays, and a settlement lost in a failover is simply made again."""
+    then = (
+        "it is recorded on the primary but not yet durable, and nothing is undone: "
+        "repeat the same request (it is idempotent) once the replicas or the disk are back"
+    )
+    problem = unacknowledged(
+        gate_of(request), hold_id, result.replicas, result.fsynced, "this settlement", then
+    )
+    if problem is not None:
+        raise problem

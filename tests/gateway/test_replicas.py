@@ -6,6 +6,8 @@ replicas); the replica is SIGKILLed mid-test and brought back."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
@@ -22,6 +24,7 @@ from .conftest import Gateway, own_gateway
 from .helpers import (
     assert_problem,
     balances,
+    deploy_hold,
     effect_headers,
     ledger_audit,
     order,
@@ -152,3 +155,52 @@ async def unreplicated_admissions(
         await asyncio.to_thread(restore_replica)
         assert (await send_order(http, tenant, "o3")).status_code == 201
         assert await orders_made(upstream, tenant) == 2
+
+
+async def test_a_settlement_no_replica_acknowledged_is_refused_until_repeated(
+    replicated_gateway: Gateway, replicated_redis: ReplicatedRedis
+) -> None:
+    """A settler's post (and a settle) while the replica is stopped (SIGSTOP, a
+    partition): 503 not_replicated, yet posted on the primary (the effect happened:
+    nothing is undone) and counted; once the replica is back the same request is
+    answered 200 with the same posted hold (failed before: 200 while unreplicated)."""
+    tenant = replicated_gateway.tenant("own")
+    settler, replica_pid = tenant.settler("deploy"), replicated_redis.replica.pid
+    series = 'irrev_unacknowledged_writes_total{op="post"}'
+    async with httpx.AsyncClient(
+        base_url=replicated_gateway.url, trust_env=False, timeout=30
+    ) as http:
+        posted_hold, _ = await deploy_hold(http, tenant, "d1")
+        settled_hold, _ = await deploy_hold(http, tenant, "d2")
+        requests = [
+            (f"/v1/holds/{posted_hold}/post", {}),
+            (f"/v1/holds/{settled_hold}/settle", {"realised_micros": 0}),
+        ]
+        os.kill(replica_pid, signal.SIGSTOP)
+        try:
+            for path, body in requests:
+                refused = await http.post(path, json=body, headers=settler)
+                problem = assert_problem(refused, 503, "not_replicated")
+                assert (problem["replicas"], problem["wanted"]) == (0, 1)
+                assert "repeat the same request" in problem["detail"]
+            states = [
+                (await http.get(f"/v1/holds/{hold}", headers=settler)).json()
+                for hold in (posted_hold, settled_hold)
+            ]
+            assert [s["state"] for s in states] == ["posted", "posted"]
+            # A repeat while the replica is still stopped is refused too.
+            path, body = requests[0]
+            assert_problem(await http.post(path, json=body, headers=settler), 503, "not_replicated")
+        finally:
+            os.kill(replica_pid, signal.SIGCONT)
+        for path, body in requests:
+            repeated = await http.post(path, json=body, headers=settler)
+            assert repeated.status_code == 200, repeated.text
+            assert repeated.json()["state"] == "posted"
+        after = [
+            (await http.get(f"/v1/holds/{hold}", headers=settler)).json()
+            for hold in (posted_hold, settled_hold)
+        ]
+        assert after == states
+        metrics = (await http.get("/metrics", headers=replicated_gateway.admin)).text
+    assert f"{series} 3.0" in metrics, metrics

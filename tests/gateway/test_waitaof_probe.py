@@ -20,7 +20,7 @@ from ledger import EmbeddedRedis, free_port
 
 from ..conftest import ReplicatedRedis, valkey_binary
 from .conftest import own_gateway
-from .helpers import deploy_hold, effect_headers, order
+from .helpers import assert_problem, deploy_hold, effect_headers, order
 from .servers import BIN, Server, base_env, write_policy
 from .test_replicas import unreplicated_admissions
 
@@ -194,12 +194,13 @@ async def test_a_replica_whose_aof_is_turned_off_releases_admissions(
         )
 
 
-async def test_a_post_whose_fsync_comes_back_short_is_counted(
+async def test_a_post_whose_fsync_comes_back_short_is_counted_and_refused_until_repeated(
     suppliers: Server, tmp_path: Path
 ) -> None:
     """A post is kept even when its wait comes back short (the effect happened), so
-    it is counted (irrev_unacknowledged_writes_total) and logged: admitted with the
-    primary's fsyncs on, posted after appendfsync is turned to no."""
+    it is counted (irrev_unacknowledged_writes_total) and logged, and its caller is
+    answered 503 not_fsynced: admitted with the primary's fsyncs on, posted after
+    appendfsync is turned to no; the same post repeated once it is back: 200."""
     settings = {"IRREV_WAIT_AOF": "local", "IRREV_WAIT_TIMEOUT_MS": "300"}
     with (
         EmbeddedRedis(tmp_path / "valkey", binary=valkey_binary(), tcp=True) as server,
@@ -217,7 +218,13 @@ async def test_a_post_whose_fsync_comes_back_short_is_counted(
                     f"/v1/holds/{hold}/post", json={}, headers=tenant.auth("deployer-01")
                 )
                 admin.config_set("appendfsync", "always")
-            assert posted.status_code == 200, posted.text
+            assert_problem(posted, 503, "not_fsynced")
+            seen = await http.get(f"/v1/holds/{hold}", headers=tenant.auth("deployer-01"))
+            assert seen.json()["state"] == "posted"  # on the primary: nothing is undone
+            again = await http.post(
+                f"/v1/holds/{hold}/post", json={}, headers=tenant.auth("deployer-01")
+            )
+            assert again.status_code == 200, again.text
             after = (await http.get("/metrics", headers=gateway.admin)).text
         log = gateway.server.log(20_000)
     assert f"{series} 1.0" in after, after
