@@ -124,8 +124,9 @@ class GatewaySettings(BaseSettings):
         le=64,
         description="Redis replicas that must acknowledge an admission (WAIT) before its "
         "effect is forwarded; fewer within wait_timeout_ms: released, 503 not_replicated. "
-        "Posts and true-ups wait too but are acknowledged whatever the count (logged, "
-        "counted: irrev_unacknowledged_writes_total)",
+        "Posts and true-ups wait too and are kept whatever the count (logged, counted: "
+        "irrev_unacknowledged_writes_total); the holds API answers a short one 503 "
+        "not_replicated, to be repeated",
     )
     wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
     wait_aof: Literal["off", "local", "all"] = Field(
@@ -136,8 +137,10 @@ class GatewaySettings(BaseSettings):
         "twice wait_timeout_ms), 'all' also counts only replicas that fsynced it toward "
         "wait_replicas (about a second a write: they report fsyncs once a second). Short: "
         "admissions, approvals and account changes are refused (released, 503 not_fsynced "
-        "or not_replicated); posts and true-ups are acknowledged anyway, logged and counted "
-        "(irrev_unacknowledged_writes_total), so one in the window can be lost. A server "
+        "or not_replicated); posts and true-ups are kept anyway, logged and counted "
+        "(irrev_unacknowledged_writes_total): the holds API answers 503 not_fsynced, to "
+        "be repeated, the gateway's own post after a forward is acknowledged, so one in "
+        "the window can be lost. A server "
         "without WAITAOF, AOF or fsyncs, a user denied it, or replicas that do not fsync "
         "('all') refuse the start (a probe write)",
     )

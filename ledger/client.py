@@ -248,10 +248,12 @@ class Ledger:
         return Acks(replicas, fsynced)
 
     def _report_short(self, operation: str, tenant: str, hold_id: str, acked: Acks) -> None:
-        """A post or true-up whose wait came back short is acknowledged anyway (the
-        effect happened: refusing to record it would not undo it), so a restart or a
+        """A post or true-up whose wait came back short is kept anyway (the effect
+        happened: refusing to record it would not undo it), so a restart or a
         failover within the window could lose it: logged, and told to
-        `on_unacknowledged` (the gateway counts it)."""
+        `on_unacknowledged` (the gateway counts it). The result carries the counts:
+        a caller that can repeat it (the holds API's settler) is told to, and the
+        repeat's own wait covers it (a replay writes, post.lua)."""
         replicas = acked.replicas
         if acked.fsynced != 0 and (replicas is None or replicas >= self.replicas):
             return
