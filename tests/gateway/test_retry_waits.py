@@ -39,6 +39,10 @@ from .helpers import (
 )
 from .servers import Server
 
+# Slow (a primary and a replica, a gateway SIGKILLed and started again, waits of
+# seconds): .ci/run runs it, README's test command does not.
+pytestmark = pytest.mark.slow
+
 
 async def test_a_retry_no_replica_acknowledged_is_not_sent(
     replicated_redis: ReplicatedRedis,

@@ -24,6 +24,10 @@ from .helpers import assert_problem, deploy_hold, effect_headers, order
 from .servers import BIN, Server, base_env, write_policy
 from .test_replicas import unreplicated_admissions
 
+# Slow (Valkey primaries and replicas, waits of seconds): .ci/run runs it, README's test
+# command does not (a fresh machine has no valkey-server to run it on).
+pytestmark = pytest.mark.slow
+
 PASSWORD = "probe-pw"
 
 
