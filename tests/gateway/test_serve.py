@@ -34,6 +34,14 @@ def redis_pid(data_dir: Path) -> int:
     return int(json.loads((data_dir / "embedded.json").read_text())["pid"])
 
 
+def recorded_pid(data_dir: Path) -> int | None:
+    """The pid embedded.json records, or None while there is none."""
+    try:
+        return redis_pid(data_dir)
+    except FileNotFoundError:
+        return None
+
+
 def admitted(url: str, tenant: Tenant, key: str) -> bool:
     try:
         response = httpx.post(
@@ -76,6 +84,9 @@ def test_serve_supervises_its_embedded_redis(
         os.kill(first, signal.SIGKILL)
         wait_until(lambda: process_gone(first), "the killed redis-server to be gone")
         wait_until(lambda: admitted(server.url, tenant, "after"), "the gateway to serve again")
+        # The restarted server's record is written once it answers, so the gateway may
+        # serve before it exists (read too early here once, in a CI run).
+        wait_until(lambda: recorded_pid(data_dir) not in (None, first), "its new record")
         second = redis_pid(data_dir)
         assert second != first and not process_gone(second)
 
