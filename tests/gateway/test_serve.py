@@ -119,21 +119,27 @@ def run_irrev(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def in_session(command: list[str], env: dict[str, str], stdout: int) -> subprocess.Popen[str]:
+    """`command` in a session of its own (so that every process it starts can be
+    found and killed), its stderr read as text."""
+    return subprocess.Popen(
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def refused_start(*argv: str, **env: str) -> str:
     """Run `irrev serve` (on a free port) that must refuse to start: exit code 2, and
     on stderr one line `irrev: ...` (no traceback: the reason is the line, once however
     many workers met it), and no process of its session left behind (workers, an
     embedded redis-server). Returns the line."""
     command = [str(BIN / "irrev"), "serve", "--port", str(free_port()), *argv]
-    with subprocess.Popen(
-        command,
-        env=base_env(**env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    ) as process:
+    with in_session(command, base_env(**env), stdout=subprocess.PIPE) as process:
         try:
             _, stderr = process.communicate(timeout=STOP_DEADLINE_S * 2)
         except subprocess.TimeoutExpired:
@@ -183,15 +189,7 @@ def test_a_worker_that_dies_while_redis_is_down_stops_serve_saying_so(tmp_path: 
     command = [str(BIN / "irrev"), "serve", "--port", str(port), "--workers", "2"]
     with EmbeddedRedis(tmp_path / "redis", tcp=True) as server:
         env = base_env(IRREV_POLICY_DIR=str(tmp_path), IRREV_REDIS_URL=server.url)
-        with subprocess.Popen(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        ) as process:
+        with in_session(command, env, stdout=subprocess.DEVNULL) as process:
             try:
                 wait_until(lambda: _ready(port), "the gateway to serve")
                 server.kill()

@@ -59,33 +59,31 @@ def user_url(server: EmbeddedRedis, user: str, *denied: str) -> str:
     return f"redis://{user}:{PASSWORD}@{parts.hostname}:{parts.port}/0"
 
 
-def test_a_user_denied_waitaof_refuses_the_start(tmp_path: Path) -> None:
-    """The server has WAITAOF (Valkey 8) but the ledger's user may not run it: a
-    gateway restarted on a tenant whose accounts were written passed the version
-    check and then failed every admission (ledger_unavailable; it started before);
-    the probe refuses the start with a line saying so."""
+@pytest.mark.parametrize(
+    ("denied", "said", "not_said"),
+    [
+        # WAITAOF itself: a gateway restarted on a tenant whose accounts were written
+        # passed the version check and then failed every admission (it started before).
+        ("waitaof", ["WAITAOF was refused", "no permissions", "unset IRREV_WAIT_AOF"], None),
+        # The probe's own write (SET), which a least-privilege user may not run: the
+        # refusal names the grant (it read as a server without WAITAOF, whose advice,
+        # to upgrade Redis or turn the AOF on, was wrong).
+        ("set", ["+set ~irrev:probe:*", "Redis refused the call"], "run Redis 7.2+"),
+    ],
+)
+def test_a_user_denied_what_the_probe_runs_refuses_the_start(
+    denied: str, said: list[str], not_said: str | None, tmp_path: Path
+) -> None:
+    """The server has WAITAOF (Valkey 8) but the ledger's Redis user may not run what
+    the probe runs: the start is refused with a line saying what and what to do."""
     with EmbeddedRedis(tmp_path / "valkey", binary=valkey_binary(), tcp=True) as server:
         first = start_gateway(server.url, tmp_path, IRREV_WAIT_AOF="local")
         first.start("/readyz")
         first.stop()
-        url = user_url(server, "nowaitaof", "waitaof")
+        url = user_url(server, f"no{denied}", denied)
         log = refused_start(url, tmp_path, IRREV_WAIT_AOF="local")
-    assert "WAITAOF was refused" in log and "no permissions" in log, log
-    assert "unset IRREV_WAIT_AOF" in log, log
-
-
-def test_a_user_denied_the_probe_write_is_told_which_grant_it_needs(tmp_path: Path) -> None:
-    """The probe writes a key of its own with SET, which a least-privilege user may
-    not run: the refusal names the grant (it read as a server without WAITAOF, whose
-    advice, to upgrade Redis or turn the AOF on, was wrong)."""
-    with EmbeddedRedis(tmp_path / "valkey", binary=valkey_binary(), tcp=True) as server:
-        first = start_gateway(server.url, tmp_path, IRREV_WAIT_AOF="local")
-        first.start("/readyz")
-        first.stop()
-        url = user_url(server, "noset", "set")
-        log = refused_start(url, tmp_path, IRREV_WAIT_AOF="local")
-    assert "+set ~irrev:probe:*" in log and "Redis refused the call" in log, log
-    assert "run Redis 7.2+" not in log, log
+    assert all(part in log for part in said), log
+    assert not_said is None or not_said not in log, log
 
 
 def test_a_probed_fsync_meets_require_where_config_is_refused(tmp_path: Path) -> None:
