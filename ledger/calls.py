@@ -21,6 +21,7 @@ pipelines, whose layers are paid once per round trip.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
@@ -138,40 +139,55 @@ class Scripts:
         return reply, acked
 
     async def call_many(
-        self, operation: str, batch: list[tuple[list[str], list[str]]]
-    ) -> list[Any]:
+        self,
+        operation: str,
+        batch: list[tuple[list[str], list[str]]],
+        waits: Sequence[tuple[Any, ...]] = (),
+    ) -> list[tuple[Any, list[Any]]]:
         """(keys, args) of each call, in one pipeline (on a cluster, the batch is one
-        tenant's: one slot, one primary); each reply or error in place. Calls that
-        were redirected (a slot on the move) are sent again one by one."""
+        tenant's: one slot, one primary), then `waits` on the same connection: each
+        call's reply or error in place, with the answers of the waits that followed it
+        (a wait counts every write of its connection so far, so one after the batch
+        covers all of it). Calls that were redirected (a slot on the move) are sent
+        again one by one, each followed by its own waits."""
         if not self.heads:
             await self.load()
+        key = batch[0][0][0]
         commands = [self._head(operation, keys, args) for keys, args in batch]
-        replies = await self._pipeline(commands, batch[0][0][0])
+        replies, answers = await self._pipeline(commands, key, waits)
+        done = [(reply, answers) for reply in replies]
         todo = [i for i, r in enumerate(replies) if isinstance(r, Exception) and _missing(r)]
         if todo:
             # Those did not run; the others did and are not sent again.
             await self.load()
             commands = [self._head(operation, *batch[i]) for i in todo]
-            for i, reply in zip(todo, await self._pipeline(commands, batch[0][0][0]), strict=True):
-                replies[i] = reply
-        for i, reply in enumerate(replies):
+            again, answers = await self._pipeline(commands, key, waits)
+            for i, reply in zip(todo, again, strict=True):
+                done[i] = (reply, answers)
+        for i, (reply, _) in enumerate(done):
             if isinstance(reply, (*REDIRECTED, redis_errors.ClusterError)):
                 keys, args = batch[i]
                 try:
-                    replies[i] = await self.call(operation, keys, args)
+                    done[i] = await self.call_then_wait(operation, keys, args, list(waits))
                 except redis_errors.RedisError as exc:
-                    replies[i] = exc
-        return replies
+                    done[i] = (exc, [])
+        return done
 
-    async def _pipeline(self, commands: list[tuple[Any, ...]], key: str) -> list[Any]:
+    async def _pipeline(
+        self, commands: list[tuple[Any, ...]], key: str, waits: Sequence[tuple[Any, ...]]
+    ) -> tuple[list[Any], list[Any]]:
+        """The replies of `commands`, and the answers of `waits` sent after them."""
         if not commands:
-            return []
+            return [], []
+        sent = [*commands, *waits]
         if self.cluster is not None:
-            return await on_primary(self.cluster, key, commands, watch=None)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for command in commands:
-                pipe.execute_command(*command)
-            return list(await pipe.execute(raise_on_error=False))
+            replies = await on_primary(self.cluster, key, sent, watch=None)
+        else:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for command in sent:
+                    pipe.execute_command(*command)
+                replies = list(await pipe.execute(raise_on_error=False))
+        return replies[: len(commands)], replies[len(commands) :]
 
 
 def _missing(exc: Exception) -> bool:

@@ -539,10 +539,12 @@ class Ledger:
     ) -> list[ReserveResult | LedgerError]:
         """Several reserves in one pipelined round trip, for batch callers such as the
         simulator. Each is still its own atomic script, run in order; an item that
-        fails gets its error in its place, and the others are applied."""
+        fails gets its error in its place, and the others are applied. The batch is
+        followed by the ledger's waits, as `reserve` is: each result says what they
+        acknowledged."""
         batch = [(request.idempotency_key, self._reserve_args(request)) for request in requests]
         replies = await self._run_many("reserve", tenant, batch)
-        again = [i for i, reply in enumerate(replies) if _is_reply(reply, EXPIRE_FIRST)]
+        again = [i for i, (reply, _) in enumerate(replies) if _is_reply(reply, EXPIRE_FIRST)]
         if again:
             await self._expire_due(tenant)
             retried = [(batch[i][0], _deciding(batch[i][1], requests[i].pool)) for i in again]
@@ -551,8 +553,8 @@ class Ledger:
             ):
                 replies[i] = reply
         return [
-            _or_error(_reserve_result, tenant, request.idempotency_key, reply)
-            for request, reply in zip(requests, replies, strict=True)
+            _or_error(_reserve_result, tenant, request.idempotency_key, reply, acked=acked)
+            for request, (reply, acked) in zip(requests, replies, strict=True)
         ]
 
     async def post_many(
@@ -563,14 +565,18 @@ class Ledger:
         outcome: str = "",
     ) -> list[TransitionResult | LedgerError]:
         """Several posts of (hold id, amount) in one pipelined round trip, with errors
-        in place as in `reserve_many`; `outcome` is kept with each (as `post`'s)."""
+        in place as in `reserve_many`; `outcome` is kept with each (as `post`'s). A post
+        its waits acknowledged short is kept and reported as `post`'s is."""
         kept = validate.blob("outcome", outcome)
         batch = [(h, [*self._hold_args(h), kept, *validate.per_account(a)]) for h, a in posts]
         replies = await self._run_many("post", tenant, batch)
-        return [
-            _or_error(_transition_result, tenant, hold_id, "post", reply)
-            for (hold_id, _), reply in zip(posts, replies, strict=True)
-        ]
+        results: list[TransitionResult | LedgerError] = []
+        for (hold_id, _), (reply, acked) in zip(posts, replies, strict=True):
+            result = _or_error(_transition_result, tenant, hold_id, "post", reply, acked=acked)
+            if isinstance(result, TransitionResult):
+                self._report_short("post", tenant, hold_id, acked)
+            results.append(result)
+        return results
 
     def _reserve_args(self, r: ReserveRequest) -> list[str]:
         return [
@@ -592,16 +598,20 @@ class Ledger:
 
     async def _run_many(
         self, operation: str, tenant: str, batch: list[tuple[str, list[str]]]
-    ) -> list[list[Any] | LedgerError]:
+    ) -> list[tuple[list[Any] | LedgerError, Acks]]:
         """One pipeline of calls, each item (hold id, args) in order (on a cluster, to
         the primary of the tenant's slot; items redirected by a slot migration are
-        sent again one by one). Items Redis answered with an error get a
-        LedgerUnavailable in place."""
+        sent again one by one), followed by the ledger's waits: each item's reply with
+        what they acknowledged (NO_ACKS when none are asked for). Items Redis answered
+        with an error get a LedgerUnavailable in place."""
         tenant = validate.tenant_id(tenant)
         calls = [(hold_script_keys(tenant, hold_id), args) for hold_id, args in batch]
         with translate_redis_errors(operation):
-            replies = await self._scripts.call_many(operation, calls)
-        return [_in_place(operation, reply) for reply in replies]
+            replies = await self._scripts.call_many(operation, calls, self.waits)
+        return [
+            (_in_place(operation, reply), self._acks(operation, answers) if self.waits else NO_ACKS)
+            for reply, answers in replies
+        ]
 
     async def post(
         self, tenant: str, hold_id: str, amount: int | Mapping[str, int], *, outcome: str = ""
@@ -1065,13 +1075,13 @@ def _is_reply(reply: Any, status: str) -> bool:
     return isinstance(reply, list) and bool(reply) and reply[0] == status
 
 
-def _or_error(parse: Callable[..., T], *args: Any) -> T | LedgerError:
-    """`parse(*args)`, whose last argument is a reply; an error in its place (or one
-    the reply stands for) is returned, not raised."""
+def _or_error(parse: Callable[..., T], *args: Any, acked: Acks) -> T | LedgerError:
+    """`parse(*args, acked)`, whose last argument is a reply; an error in its place (or
+    one the reply stands for) is returned, not raised."""
     if isinstance(args[-1], LedgerError):
         return args[-1]
     try:
-        return parse(*args)
+        return parse(*args, acked)
     except LedgerError as exc:
         return exc
 

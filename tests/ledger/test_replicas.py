@@ -9,16 +9,23 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 import redis
 
 from irrev.localcluster import LocalCluster
 from ledger.client import Ledger
-from ledger.errors import BadInput, LedgerUnavailable, RedisFailure
+from ledger.errors import BadInput, LedgerError, LedgerUnavailable, RedisFailure
 from ledger.keys import accounts_key
-from ledger.records import AccountSpec, HoldState, Status
+from ledger.records import (
+    AccountSpec,
+    HoldState,
+    ReserveRequest,
+    ReserveResult,
+    Status,
+    TransitionResult,
+)
 
 from ..conftest import ReplicatedRedis
 
@@ -98,6 +105,71 @@ async def acknowledging_replicas(
     finally:
         await ledger.aclose()
         await plain.aclose()
+
+
+async def test_batches_report_what_their_waits_acknowledged(
+    replicated_redis: ReplicatedRedis, tenant: str
+) -> None:
+    """reserve_many and post_many end their pipeline with the ledger's waits, as reserve
+    and post do: with the replica SIGKILLed every item says 0 replicas (not None, "not
+    asked for", as if nothing were configured) and every post is reported short."""
+    await batch_acknowledgements(
+        replicated_redis.primary.url, tenant, replicated_redis.replica.kill, replicated_redis.attach
+    )
+
+
+async def test_on_a_cluster_a_batch_is_waited_for_on_its_primary(
+    redis_cluster: LocalCluster, tenant: str
+) -> None:
+    (replica,) = redis_cluster.replicas_of(redis_cluster.primary_for(accounts_key(tenant)))
+
+    def restore() -> None:
+        replica.start()
+        redis_cluster.wait_healthy()
+
+    try:
+        await batch_acknowledgements(redis_cluster.url, tenant, replica.stop, restore)
+    finally:
+        if not replica.answers():
+            await asyncio.to_thread(restore)
+
+
+async def batch_acknowledgements(
+    url: str, tenant: str, stop_replica: Callable[[], None], restore_replica: Callable[[], None]
+) -> None:
+    short: list[str] = []
+    ledger = Ledger.from_url(url, replicas=1, replica_timeout_ms=1000)
+    ledger.on_unacknowledged = short.append
+
+    def orders(*keys: str) -> list[ReserveRequest]:
+        return [ReserveRequest(key, "fp", {"tenant:acme": 100}, HOUR_MS) for key in keys]
+
+    try:
+        await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        assert replicas_of(await ledger.reserve_many(tenant, orders("a1", "a2", "a3"))) == [1] * 3
+        assert replicas_of(await ledger.post_many(tenant, [("a1", 100)])) == [1]
+
+        await asyncio.to_thread(stop_replica)
+        assert replicas_of(await ledger.reserve_many(tenant, orders("b1", "b2"))) == [0, 0]
+        assert replicas_of(await ledger.post_many(tenant, [("a2", 100), ("b1", 150)])) == [0, 0]
+        assert short == ["post", "post"]
+
+        await asyncio.to_thread(restore_replica)
+        assert replicas_of(await ledger.reserve_many(tenant, orders("c1"))) == [1]
+        assert replicas_of(await ledger.post_many(tenant, [("a3", 100), ("c1", 100)])) == [1, 1]
+        assert short == ["post", "post"]
+    finally:
+        await ledger.aclose()
+
+
+def replicas_of(
+    results: Sequence[ReserveResult | TransitionResult | LedgerError],
+) -> list[int | None]:
+    counts = []
+    for result in results:
+        assert not isinstance(result, LedgerError), result
+        counts.append(result.replicas)
+    return counts
 
 
 @pytest.mark.parametrize(("replicas", "timeout_ms"), [(-1, 100), (65, 100), (1, 0), (1, 60_001)])
