@@ -9,7 +9,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 import redis
@@ -45,6 +45,15 @@ async def test_on_a_cluster_the_replica_of_the_primary_that_ran_the_script_is_co
 ) -> None:
     """The tenant's primary's replica stopped, every other primary's replica up: a
     WAIT anywhere but on the connection that ran the script would be acknowledged."""
+    await with_tenant_replica(redis_cluster, tenant, acknowledging_replicas)
+
+
+Check = Callable[[str, str, Callable[[], None], Callable[[], None]], Awaitable[None]]
+
+
+async def with_tenant_replica(redis_cluster: LocalCluster, tenant: str, check: Check) -> None:
+    """`check(url, tenant, stop_replica, restore_replica)` on the cluster, where the
+    replica it stops is the one of the primary of the tenant's slot."""
     (replica,) = redis_cluster.replicas_of(redis_cluster.primary_for(accounts_key(tenant)))
 
     def restore() -> None:
@@ -52,7 +61,7 @@ async def test_on_a_cluster_the_replica_of_the_primary_that_ran_the_script_is_co
         redis_cluster.wait_healthy()
 
     try:
-        await acknowledging_replicas(redis_cluster.url, tenant, replica.stop, restore)
+        await check(redis_cluster.url, tenant, replica.stop, restore)
     finally:
         if not replica.answers():
             await asyncio.to_thread(restore)
@@ -121,17 +130,7 @@ async def test_batches_report_what_their_waits_acknowledged(
 async def test_on_a_cluster_a_batch_is_waited_for_on_its_primary(
     redis_cluster: LocalCluster, tenant: str
 ) -> None:
-    (replica,) = redis_cluster.replicas_of(redis_cluster.primary_for(accounts_key(tenant)))
-
-    def restore() -> None:
-        replica.start()
-        redis_cluster.wait_healthy()
-
-    try:
-        await batch_acknowledgements(redis_cluster.url, tenant, replica.stop, restore)
-    finally:
-        if not replica.answers():
-            await asyncio.to_thread(restore)
+    await with_tenant_replica(redis_cluster, tenant, batch_acknowledgements)
 
 
 async def batch_acknowledgements(

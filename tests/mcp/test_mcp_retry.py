@@ -11,6 +11,9 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +22,14 @@ import pytest
 import redis
 
 from tests.conftest import ReplicatedRedis
+from tests.gateway.conftest import Gateway
 from tests.gateway.helpers import balances, used
+from tests.gateway.servers import Server
 
 from .conftest import (
     KEY_META,
     McpGateway,
+    McpTenant,
     agent,
     order,
     serve,
@@ -36,22 +42,36 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 MODERN = "2026-07-28"
 
 
-async def test_a_repeat_the_server_is_down_for_keeps_the_call_ambiguous(
-    redis_url: str, tmp_path: Path
-) -> None:
-    """The first call took effect but outlived the gateway's wait (ambiguous); the
-    server then went down and the repeat could not reach it. Before, the repeat voided
-    the hold ("nothing was sent and the hold was released"): an effect made, uncharged."""
+@dataclass
+class Ambiguous:
+    """A gateway whose tool server (it deduplicates) answered the first call past the
+    gateway's wait, the call's derived key and hold, and a client of the tool server's
+    own endpoints."""
+
+    gateway: Gateway
+    tools: Server
+    tools_http: httpx.AsyncClient
+    tenant: McpTenant
+    meta: dict[str, str]
+    hold: str
+
+
+@asynccontextmanager
+async def ambiguous_call(
+    tmp_path: Path, redis_url: str, name: str, **settings: str
+) -> AsyncIterator[Ambiguous]:
+    """A first call left ambiguous (the server delays it past the gateway's 1 s wait),
+    once the server has made its effect."""
     tools = start_tool_server(tmp_path / "state", tmp_path)
     policies = tmp_path / "policies"
     policies.mkdir()
     tenant = write_mcp_policy(
         policies,
-        f"mcp-redo-{uuid.uuid4().hex[:8]}",
+        f"{name}-{uuid.uuid4().hex[:8]}",
         tools.url,
         tools={"procure": {"mcp": "", "dedupes": True}, "github": {"mcp": ""}},
     )
-    gateway = serve(tmp_path, redis_url, policies, IRREV_UPSTREAM_TIMEOUT_S="1")
+    gateway = serve(tmp_path, redis_url, policies, IRREV_UPSTREAM_TIMEOUT_S="1", **settings)
     try:
         async with httpx.AsyncClient(base_url=tools.url, trust_env=False) as own:
             await own.post(f"/{tenant.namespace}/_faults", json={"delay_s": 2})
@@ -59,28 +79,36 @@ async def test_a_repeat_the_server_is_down_for_keeps_the_call_ambiguous(
             async with agent(gateway.url, tenant.auth("buyer-01")) as client:
                 first = await client.call_tool("procure__place_order", order(), meta=meta)
             assert first.structured_content["reason"] == "upstream_ambiguous", first
-            hold = first.structured_content["hold"]
-            # The slow call makes its effect after the gateway stopped waiting.
             deadline = time.monotonic() + 20
             while (await tool_stats(own, tenant))["effects"] == 0:
                 assert time.monotonic() < deadline, "the first call never took effect"
                 await asyncio.sleep(0.05)
-            tools.kill()
-            admin = gateway.admin
-            async with httpx.AsyncClient(base_url=gateway.url, trust_env=False) as gw:
-                charged = used(await balances(gw, admin, tenant))
-                async with agent(gateway.url, tenant.auth("buyer-01")) as client:
-                    again = await client.call_tool("procure__place_order", order(), meta=meta)
-                assert again.is_error
-                assert again.structured_content["reason"] == "upstream_ambiguous", again
-                assert "never with a new one" in again.structured_content["detail"]
-                base = f"/v1/admin/tenants/{tenant.id}"
-                listed = await gw.get(f"{base}/holds?state=ambiguous", headers=admin)
-                assert [h["hold"] for h in listed.json()] == [hold]
-                assert used(await balances(gw, admin, tenant)) == charged
+            yield Ambiguous(gateway, tools, own, tenant, meta, first.structured_content["hold"])
     finally:
         gateway.server.stop()
         tools.kill()
+
+
+async def test_a_repeat_the_server_is_down_for_keeps_the_call_ambiguous(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The first call took effect but outlived the gateway's wait (ambiguous); the
+    server then went down and the repeat could not reach it. Before, the repeat voided
+    the hold ("nothing was sent and the hold was released"): an effect made, uncharged."""
+    async with ambiguous_call(tmp_path, redis_url, "mcp-redo") as call:
+        call.tools.kill()
+        tenant, admin = call.tenant, call.gateway.admin
+        async with httpx.AsyncClient(base_url=call.gateway.url, trust_env=False) as gw:
+            charged = used(await balances(gw, admin, tenant))
+            async with agent(call.gateway.url, tenant.auth("buyer-01")) as client:
+                again = await client.call_tool("procure__place_order", order(), meta=call.meta)
+            assert again.is_error
+            assert again.structured_content["reason"] == "upstream_ambiguous", again
+            assert "never with a new one" in again.structured_content["detail"]
+            base = f"/v1/admin/tenants/{tenant.id}"
+            listed = await gw.get(f"{base}/holds?state=ambiguous", headers=admin)
+            assert [h["hold"] for h in listed.json()] == [call.hold]
+            assert used(await balances(gw, admin, tenant)) == charged
 
 
 def call_message(request_id: object, arguments: dict[str, Any]) -> bytes:
@@ -110,63 +138,39 @@ async def test_a_repeat_no_replica_acknowledged_is_not_sent(
     by none, so the call is not sent again (a failover could lose its charge): a 503
     not_replicated tool error, still charged and ambiguous. Once the replica is back
     the repeat is sent. Before, the repeat was sent at once (failed here)."""
-    tools = start_tool_server(tmp_path / "state", tmp_path)
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    tenant = write_mcp_policy(
-        policies,
-        f"mcp-wait-{uuid.uuid4().hex[:8]}",
-        tools.url,
-        tools={"procure": {"mcp": "", "dedupes": True}, "github": {"mcp": ""}},
-    )
-    url = replicated_redis.primary.url
-    settings = {"IRREV_UPSTREAM_TIMEOUT_S": "1", "IRREV_WAIT_REPLICAS": "1"}
-    gateway = serve(tmp_path, url, policies, IRREV_WAIT_TIMEOUT_MS="500", **settings)
     with redis.Redis.from_url(replicated_redis.replica.url) as client:
         replica_pid = int(client.info("server")["process_id"])
-    try:
-        async with httpx.AsyncClient(base_url=tools.url, trust_env=False) as own:
-            await own.post(f"/{tenant.namespace}/_faults", json={"delay_s": 2})
-            key = uuid.uuid4().hex
-            meta = {KEY_META: key}
-            async with agent(gateway.url, tenant.auth("buyer-01")) as client:
-                first = await client.call_tool("procure__place_order", order(), meta=meta)
-            assert first.structured_content["reason"] == "upstream_ambiguous", first
-            hold = first.structured_content["hold"]
-            deadline = time.monotonic() + 20
-            while (await tool_stats(own, tenant))["effects"] == 0:
-                assert time.monotonic() < deadline, "the first call never took effect"
-                await asyncio.sleep(0.05)
-            calls = (await tool_stats(own, tenant))["calls"]
-            admin = gateway.admin
-            async with httpx.AsyncClient(base_url=gateway.url, trust_env=False) as gw:
-                charged = used(await balances(gw, admin, tenant))
-                os.kill(replica_pid, signal.SIGSTOP)
-                try:
-                    async with agent(gateway.url, tenant.auth("buyer-01")) as client:
-                        again = await client.call_tool("procure__place_order", order(), meta=meta)
-                    assert again.is_error
-                    assert again.structured_content["reason"] == "not_replicated", again
-                    assert (await tool_stats(own, tenant))["calls"] == calls  # not sent
-                    base = f"/v1/admin/tenants/{tenant.id}"
-                    listed = await gw.get(f"{base}/holds?state=ambiguous", headers=admin)
-                    assert [h["hold"] for h in listed.json()] == [hold]
-                    assert used(await balances(gw, admin, tenant)) == charged
-                finally:
-                    os.kill(replica_pid, signal.SIGCONT)
-                async with agent(gateway.url, tenant.auth("buyer-01")) as client:
-                    for _ in range(20):
-                        sent = await client.call_tool("procure__place_order", order(), meta=meta)
-                        if not sent.is_error:
-                            break
-                        assert sent.structured_content["reason"] == "not_replicated", sent
-                        await asyncio.sleep(0.5)
-                assert not sent.is_error, sent
-                stats = await tool_stats(own, tenant)
-                assert (stats["calls"], stats["effects"]) == (calls + 1, 1)
-    finally:
-        gateway.server.stop()
-        tools.kill()
+    settings = {"IRREV_WAIT_REPLICAS": "1", "IRREV_WAIT_TIMEOUT_MS": "500"}
+    async with ambiguous_call(
+        tmp_path, replicated_redis.primary.url, "mcp-wait", **settings
+    ) as call:
+        tenant, admin, own = call.tenant, call.gateway.admin, call.tools_http
+        calls = (await tool_stats(own, tenant))["calls"]
+        async with httpx.AsyncClient(base_url=call.gateway.url, trust_env=False) as gw:
+            charged = used(await balances(gw, admin, tenant))
+            os.kill(replica_pid, signal.SIGSTOP)
+            try:
+                async with agent(call.gateway.url, tenant.auth("buyer-01")) as client:
+                    again = await client.call_tool("procure__place_order", order(), meta=call.meta)
+                assert again.is_error
+                assert again.structured_content["reason"] == "not_replicated", again
+                assert (await tool_stats(own, tenant))["calls"] == calls  # not sent
+                base = f"/v1/admin/tenants/{tenant.id}"
+                listed = await gw.get(f"{base}/holds?state=ambiguous", headers=admin)
+                assert [h["hold"] for h in listed.json()] == [call.hold]
+                assert used(await balances(gw, admin, tenant)) == charged
+            finally:
+                os.kill(replica_pid, signal.SIGCONT)
+            async with agent(call.gateway.url, tenant.auth("buyer-01")) as client:
+                for _ in range(20):
+                    sent = await client.call_tool("procure__place_order", order(), meta=call.meta)
+                    if not sent.is_error:
+                        break
+                    assert sent.structured_content["reason"] == "not_replicated", sent
+                    await asyncio.sleep(0.5)
+            assert not sent.is_error, sent
+            stats = await tool_stats(own, tenant)
+            assert (stats["calls"], stats["effects"]) == (calls + 1, 1)
 
 
 async def test_json_rpc_ids_1_and_text_1_are_two_calls(
