@@ -105,12 +105,16 @@ class Sweeper:
             down_s = round(time.monotonic() - since, 1)
             log.info("sweep back", extra={"tenant": tenant, "down_s": down_s})
 
-    async def _lease(self, tenant: str) -> bool:
+    def _lease_of(self, tenant: str) -> Lease:
         lease = self._leases.get(tenant)
         if lease is None:
             holder = f"{self.instance}/{os.getpid()}" if self.instance else ""
             lease = self.ledger.lease(tenant, "sweep", self._ttl_ms, holder=holder)
             self._leases[tenant] = lease
+        return lease
+
+    async def _lease(self, tenant: str) -> bool:
+        lease = self._lease_of(tenant)
         now = time.monotonic()
         if not lease.held and now < self._next_ask.get(tenant, 0.0):
             return False
@@ -122,16 +126,23 @@ class Sweeper:
     async def reporting(self, tenants: Iterable[str]) -> list[str]:
         """The `tenants` whose fleet gauges this gateway reports: those one of its
         workers sweeps (one gateway of the fleet per tenant), or, for a gateway with
-        no instance name, those this process sweeps."""
+        no instance name, those this process sweeps. A tenant whose lease nobody holds
+        (no sweep round has taken it yet, or it lapsed while its holder's loop was held
+        up on a loaded machine) is taken now by this process, which sweeps it from its
+        next round: else no gateway of the fleet reported its gauges until a round
+        took it again."""
         names = list(tenants)
-        if not self.instance:
-            return [tenant for tenant in names if self.holds(tenant)]
-        leases = [self._leases.get(t) or self.ledger.lease(t, "sweep", 1) for t in names]
+        leases = [self._lease_of(tenant) for tenant in names]
         holders = await asyncio.gather(*(lease.holder() for lease in leases))
         mine = f"{self.instance}/"
-        return [
-            t for t, holder in zip(names, holders, strict=True) if (holder or "").startswith(mine)
-        ]
+        reported = []
+        for tenant, lease, holder in zip(names, leases, holders, strict=True):
+            if holder is None:
+                if await lease.hold():
+                    reported.append(tenant)
+            elif holder.startswith(mine) if self.instance else lease.held:
+                reported.append(tenant)
+        return reported
 
     @property
     def _ttl_ms(self) -> int:

@@ -33,9 +33,10 @@ async def scrape_fleet(
     http: httpx.AsyncClient, headers: dict[str, str], series: str, within_s: float = 15.0
 ) -> str:
     """/metrics once it shows `series` (a text the exposition must contain), or as
-    last read. A tenant's fleet gauges come from the gateway whose worker holds its
-    sweep lease: none before a worker's first sweep round takes it, and none for a
-    round when a loaded machine delays its renewal past the lease's ttl."""
+    last read. A scrape by anyone but an operator may answer with the fleet gauges
+    another such scrape read up to IRREV_METRICS_CACHE_S before. (A tenant's gauges
+    come from the gateway whose worker holds its sweep lease; one nobody holds is
+    taken by the scrape: tests/gateway/test_sweeper.py.)"""
     deadline = asyncio.get_running_loop().time() + within_s
     while True:
         response = await http.get("/metrics", headers=headers)

@@ -43,3 +43,23 @@ async def test_a_tenant_whose_lease_fails_leaves_the_others_swept(
         assert await sweeper.round([broken, fine]) == 2
         assert sweeper.holds(broken)
         assert any("sweep back" in record.getMessage() for record in caplog.records)
+
+
+async def test_a_lapsed_lease_is_taken_by_the_next_scrape(ledger: Ledger, tenant: str) -> None:
+    """A tenant's fleet gauges come from the gateway whose worker holds its sweep
+    lease. When the lease lapsed (its holder's loop held up past the ttl on a loaded
+    machine) or no round had taken it yet, no gateway reported them: gauges gone from
+    every scrape until a sweep round took the lease again. Now the scrape takes it."""
+    first, second = Sweeper(ledger, 1.0, "gw-a"), Sweeper(ledger, 1.0, "gw-b")
+    assert await second.reporting([tenant]) == [tenant]  # before any round
+    assert await first.reporting([tenant]) == []
+    await ledger.redis.delete(lease_key(tenant, "sweep"))  # lapsed
+    assert await first.reporting([tenant]) == [tenant]
+    assert await second.reporting([tenant]) == []
+    assert first.holds(tenant) and await first.round([tenant]) == 1
+    assert await second.round([tenant]) == 0  # one sweeper still
+
+    alone = Sweeper(ledger, 1.0)  # a gateway without an instance name
+    await ledger.redis.delete(lease_key(tenant, "sweep"))
+    assert await alone.reporting([tenant]) == [tenant]
+    assert await first.reporting([tenant]) == []
