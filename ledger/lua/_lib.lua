@@ -193,9 +193,9 @@ end
 -- An account is eight fields of ACCOUNTS, `<account id>|<name>` (no id has a '|'),
 -- each a decimal integer: read as numbers, written as numbers (no string packing,
 -- which cost a Lua script ~10 us per account).
+-- A balance change writes pend, post, ws and over (save_accounts); a new account or a
+-- policy change writes all eight.
 local ACCOUNT_FIELDS = {'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'over'}
--- What a balance change writes; a new account or a policy change writes all eight.
-local BALANCE_FIELDS = {'pend', 'post', 'ws', 'over'}
 
 -- An account's field `name` in ACCOUNTS: `<account id>|<name>`. On Redis 7 each
 -- account's names are made once and kept between calls (names_of): making the
@@ -237,7 +237,7 @@ local function load_accounts(ids, without_overruns)
         post = tonumber(v[at + 6]), ws = tonumber(v[at + 7]),
         over = not without_overruns and tonumber(v[at + 8]) or nil,
       }
-      a.was = {pend = a.pend, post = a.post, ws = a.ws, over = a.over}
+      a.pend0, a.post0, a.ws0, a.over0 = a.pend, a.post, a.ws, a.over
       out[i] = a
     end
   end
@@ -275,7 +275,7 @@ local function load_for_reserve(ids, set)
       out[i] = {
         id = ids[i], limit = tonumber(v[at + 1]), soft = tonumber(v[at + 2]),
         win = tonumber(v[at + 3]), appr = tonumber(v[at + 4]), pend = pend, post = post,
-        ws = ws, was = {pend = pend, post = post, ws = ws},
+        ws = ws, pend0 = pend, post0 = post, ws0 = ws,
       }
     end
   end
@@ -327,35 +327,46 @@ local function load_balances(held)
   for i = 1, #ids do
     local at = 4 * (i - 1)
     if v[at + 1] then
-      local a = {id = ids[i], pend = tonumber(v[at + 1]), post = tonumber(v[at + 2]),
-        win = tonumber(v[at + 3]), ws = tonumber(v[at + 4])}
-      a.was = {pend = a.pend, post = a.post, ws = a.ws}
-      out[i] = a
+      local pend, post, ws = tonumber(v[at + 1]), tonumber(v[at + 2]), tonumber(v[at + 4])
+      out[i] = {id = ids[i], pend = pend, post = post, win = tonumber(v[at + 3]), ws = ws,
+        pend0 = pend, post0 = post, ws0 = ws}
     end
   end
   return out
 end
 
--- Write back, in one HSET, the balance fields that changed since load_accounts, and
--- all fields of an account marked `policy` (new, or its limits changed).
+-- Write back, in one HSET, the balance fields that changed since they were loaded
+-- (`pend0`, `post0`, `ws0`, `over0`: what was read), and all fields of an account
+-- marked `policy` (new, or its limits changed). The loaded values are kept in the
+-- account's own table, not a table of their own: one allocation less per account in
+-- every script that changes a balance.
 local function save_accounts(list)
   local fields, k = {}, 0
   for i = 1, #list do
     local a = list[i]
     if a then
-      local was, names = a.was, a.policy and ACCOUNT_FIELDS or BALANCE_FIELDS
-      for j = 1, #names do
-        local name = names[j]
-        if a.policy or a[name] ~= was[name] then
-          fields[k + 1], fields[k + 2], k = field(a.id, name), fmt(a[name]), k + 2
+      local id = a.id
+      if a.policy then
+        for j = 1, #ACCOUNT_FIELDS do
+          local name = ACCOUNT_FIELDS[j]
+          fields[k + 1], fields[k + 2], k = field(id, name), fmt(a[name]), k + 2
+        end
+        a.policy = nil
+      else
+        if a.pend ~= a.pend0 then
+          fields[k + 1], fields[k + 2], k = field(id, 'pend'), fmt(a.pend), k + 2
+        end
+        if a.post ~= a.post0 then
+          fields[k + 1], fields[k + 2], k = field(id, 'post'), fmt(a.post), k + 2
+        end
+        if a.ws ~= a.ws0 then
+          fields[k + 1], fields[k + 2], k = field(id, 'ws'), fmt(a.ws), k + 2
+        end
+        if a.over ~= a.over0 then
+          fields[k + 1], fields[k + 2], k = field(id, 'over'), fmt(a.over), k + 2
         end
       end
-      a.policy = nil
-      if was then
-        was.pend, was.post, was.ws, was.over = a.pend, a.post, a.ws, a.over
-      else
-        a.was = {pend = a.pend, post = a.post, ws = a.ws, over = a.over}
-      end
+      a.pend0, a.post0, a.ws0, a.over0 = a.pend, a.post, a.ws, a.over
     end
   end
   if #fields > 0 then
