@@ -133,14 +133,25 @@ class Sweeper:
         took it again."""
         names = list(tenants)
         leases = [self._lease_of(tenant) for tenant in names]
-        holders = await asyncio.gather(*(lease.holder() for lease in leases))
+        # Each tenant on its own, as in `round`: one whose lease cannot be read or taken
+        # (its shard down; Redis at maxmemory refuses the take's SET while renewals
+        # pass) goes unreported, and the others are still reported.
+        holders = await asyncio.gather(
+            *(lease.holder() for lease in leases), return_exceptions=True
+        )
+        free = [lease for lease, holder in zip(leases, holders, strict=True) if holder is None]
+        taken = await asyncio.gather(*(lease.hold() for lease in free), return_exceptions=True)
+        took = {id(lease) for lease, held in zip(free, taken, strict=True) if held is True}
         mine = f"{self.instance}/"
         reported = []
         for tenant, lease, holder in zip(names, leases, holders, strict=True):
+            if isinstance(holder, BaseException):
+                continue
             if holder is None:
-                if await lease.hold():
-                    reported.append(tenant)
-            elif holder.startswith(mine) if self.instance else lease.held:
+                ours = id(lease) in took
+            else:
+                ours = holder.startswith(mine) if self.instance else lease.held
+            if ours:
                 reported.append(tenant)
         return reported
 

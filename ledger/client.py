@@ -608,10 +608,19 @@ class Ledger:
         calls = [(hold_script_keys(tenant, hold_id), args) for hold_id, args in batch]
         with translate_redis_errors(operation):
             replies = await self._scripts.call_many(operation, calls, self.waits)
-        return [
-            (_in_place(operation, reply), self._acks(operation, answers) if self.waits else NO_ACKS)
-            for reply, answers in replies
-        ]
+        # One Acks per pipeline's waits (a failed wait is logged once, not per item);
+        # an item that failed (a re-send that could not reach Redis has no waits) gets
+        # its error, which carries no count.
+        acks: dict[int, Acks] = {}
+        out: list[tuple[list[Any] | LedgerError, Acks]] = []
+        for reply, answers in replies:
+            acked = NO_ACKS
+            if self.waits and not isinstance(reply, Exception):
+                if id(answers) not in acks:
+                    acks[id(answers)] = self._acks(operation, answers)
+                acked = acks[id(answers)]
+            out.append((_in_place(operation, reply), acked))
+        return out
 
     async def post(
         self, tenant: str, hold_id: str, amount: int | Mapping[str, int], *, outcome: str = ""

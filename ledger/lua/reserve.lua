@@ -51,7 +51,11 @@
 --       decision admit | deny | escalate; reason within_budget | budget_exceeded |
 --       over_limit | soft_band | approval_threshold; used_i is pending + posted
 --       before this hold. 'exists' is a replay: the original decision and numbers,
---       the hold's current state, and nothing written. A calibrating reserve's
+--       the hold's current state, and nothing changed (its fingerprint is re-set to
+--       its own value, so that the caller's WAIT or WAITAOF, which count the writes
+--       of their own connection since Redis 7.2, covers the reserve it replays: one
+--       on a connection that wrote nothing was acknowledged by a replica that never
+--       received the hold; the re-set is propagated after it). A calibrating reserve's
 --       'ok' reply ends with the route's open set after it: count, face sum, sum of
 --       squares (text), three more elements.
 --   {'reprice', count, face sum, sum of squares}   nothing written: the route's open
@@ -199,6 +203,7 @@ if held then
   if held[1] ~= fp then
     return {'exists_with_different_fingerprint', held[3]}
   end
+  redis.call('HSET', key, 'fp', fp)
   local reply = {'exists', DECISION[held[2]], held[2], held[3], tonumber(held[4]),
     tonumber(held[5])}
   local acc, lim, used, amt = split(held[6]), split_numbers(held[7]), split_numbers(held[8]),

@@ -63,3 +63,16 @@ async def test_a_lapsed_lease_is_taken_by_the_next_scrape(ledger: Ledger, tenant
     await ledger.redis.delete(lease_key(tenant, "sweep"))
     assert await alone.reporting([tenant]) == [tenant]
     assert await first.reporting([tenant]) == []
+
+
+async def test_a_lease_that_cannot_be_read_or_taken_hides_only_its_tenant(
+    ledger: Ledger, tenant: str
+) -> None:
+    """A scrape reports the tenants this gateway sweeps. One tenant whose lease
+    fails (here a key of the wrong type, as with its shard down) made the whole
+    scrape report none: the gauges of every tenant gone with it."""
+    held, broken, free = f"{tenant}-held", f"{tenant}-broken", f"{tenant}-free"
+    sweeper = Sweeper(ledger, 1.0, "gw-a")
+    assert await sweeper.round([held]) == 1
+    await ledger.redis.hset(lease_key(broken, "sweep"), "not", "a lease")
+    assert await sweeper.reporting([held, broken, free]) == [held, free]

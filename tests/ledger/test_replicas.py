@@ -6,10 +6,14 @@ replica is SIGKILLed."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 import pytest
 import redis
@@ -30,6 +34,7 @@ from ledger.records import (
 from ..conftest import ReplicatedRedis
 
 HOUR_MS = 3_600_000
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_reserve_and_approve_report_acknowledging_replicas(
@@ -133,6 +138,36 @@ async def test_on_a_cluster_a_batch_is_waited_for_on_its_primary(
     await with_tenant_replica(redis_cluster, tenant, batch_acknowledgements)
 
 
+@pytest.mark.parametrize("replicas", [0, 1])
+async def test_a_batch_item_whose_resend_fails_gets_its_error_in_place(
+    redis_cluster: LocalCluster, tenant: str, replicas: int
+) -> None:
+    """A batch sent on a stale slot map is answered MOVED, and its re-send to the
+    slot's primary times out (that primary stalled: SIGSTOP, for less than the node
+    timeout). Each item gets its error in place, waits or not: with waits a
+    ValueError escaped the whole batch (the failed re-send had no wait answers)."""
+    primary = redis_cluster.primary_for(accounts_key(tenant))
+    assert primary.process is not None
+    plain = Ledger.from_url(redis_cluster.url)
+    try:
+        await plain.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+    finally:
+        await plain.aclose()
+    url, pid = redis_cluster.url, str(primary.process.pid)
+    command = ["--replicas", str(replicas), "stale_batch", url, tenant, url, pid]
+    worker = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "tests.ledger.workers", *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    await asyncio.to_thread(redis_cluster.wait_healthy)
+    assert worker.returncode == 0, worker.stderr
+    assert json.loads(worker.stdout.splitlines()[-1]) == ["LedgerUnavailable"] * 2
+
+
 async def batch_acknowledgements(
     url: str, tenant: str, stop_replica: Callable[[], None], restore_replica: Callable[[], None]
 ) -> None:
@@ -188,6 +223,45 @@ async def test_a_repeated_settlement_is_waited_for_on_its_own_connection(
     earlier writes). The replay re-sets a field of the hold, so the repeat's wait
     covers the settlement. (Redis 6.2 and 7.0 wait for every write made so far.)"""
     await repeated_settlement(replicated_valkey, tenant)
+
+
+async def test_a_replayed_reserve_is_waited_for_on_its_own_connection(
+    replicated_valkey: ReplicatedRedis, tenant: str
+) -> None:
+    """A replay of a reserve on another connection (another gateway worker) that has
+    written before: since Redis 7.2 (Valkey) its WAIT counts only that connection's
+    writes, and a replay that wrote nothing was acknowledged by a replica that never
+    got the hold (SIGSTOPped before it was reserved). The replay re-sets the hold's
+    fingerprint, so its wait covers the reserve; it failed before (replicas 1)."""
+    url, replica_pid = replicated_valkey.primary.url, replicated_valkey.replica.pid
+    ledger = Ledger.from_url(url, replicas=1, replica_timeout_ms=300)
+    other = Ledger.from_url(url, replicas=1, replica_timeout_ms=300)
+    try:
+        await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        await other.reserve(tenant, "w0", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
+        os.kill(replica_pid, signal.SIGSTOP)
+        try:
+            first = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+            assert first.replicas == 0
+            again = await other.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+            assert (again.status, again.replicas) == (Status.EXISTS, 0)
+            (batched,) = await other.reserve_many(
+                tenant, [ReserveRequest("k1", "fp", {"tenant:acme": 100}, HOUR_MS)]
+            )
+            assert replicas_of([batched]) == [0]
+        finally:
+            os.kill(replica_pid, signal.SIGCONT)
+        patient = Ledger.from_url(url, replicas=1, replica_timeout_ms=5000)
+        try:
+            replayed = await patient.reserve(
+                tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS
+            )
+        finally:
+            await patient.aclose()
+        assert (replayed.status, replayed.replicas) == (Status.EXISTS, 1)
+    finally:
+        await ledger.aclose()
+        await other.aclose()
 
 
 async def test_on_redis_before_7_2_a_repeated_settlement_is_waited_for_too(

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
 from pathlib import Path
+
+from redis.asyncio.cluster import RedisCluster
 
 from ledger.checkpoint import CheckpointMoved, trim
 from ledger.client import Ledger
 from ledger.errors import HoldStateConflict, LedgerError, PoolShrank
+from ledger.keys import accounts_key
 from ledger.records import OpenPool, PoolTicket, ReserveRequest, ReserveResult, pool_tag
 
 HOUR_MS = 3_600_000
@@ -183,7 +188,36 @@ async def pooled(
     print(json.dumps({"least": least, "sent_back": sent_back}))
 
 
+async def stale_batch(ledger: Ledger, tenant: str, url: str, primary_pid: str) -> None:
+    """reserve_many sent on a stale slot map (the slot pointed at another primary, so
+    it is answered MOVED) whose re-send to the slot's primary times out: this worker
+    SIGSTOPs that primary for the call, less than the cluster's node timeout. Prints
+    each item's result type. Its own client times out after 0.3 s (and keeps the
+    `ledger`'s waits); a client that gives up on a stopped node leaves connections
+    for the garbage collector, so this runs in a process of its own."""
+    stale = Ledger.from_url(url, replicas=ledger.replicas, socket_timeout=0.3)
+    try:
+        key = accounts_key(tenant)
+        warm = [ReserveRequest("w0", "fp", {"tenant:acme": 1}, HOUR_MS)]
+        assert isinstance((await stale.reserve_many(tenant, warm))[0], ReserveResult)
+        cluster = stale.redis
+        assert isinstance(cluster, RedisCluster)
+        right = cluster.get_node_from_key(key)
+        wrong = next(node for node in cluster.get_primaries() if node.name != right.name)
+        cluster.nodes_manager.slots_cache[cluster.keyslot(key)] = [wrong]
+        orders = [ReserveRequest(k, "fp", {"tenant:acme": 100}, HOUR_MS) for k in ("t1", "t2")]
+        os.kill(int(primary_pid), signal.SIGSTOP)
+        try:
+            results = await stale.reserve_many(tenant, orders)
+        finally:
+            os.kill(int(primary_pid), signal.SIGCONT)
+        print(json.dumps([type(result).__name__ for result in results]))
+    finally:
+        await stale.aclose()
+
+
 COMMANDS = {
+    "stale_batch": stale_batch,
     "storm": storm,
     "approve": approve,
     "churn": churn,
