@@ -526,7 +526,7 @@ class Ledger:
             shadow,
             pool,
         )
-        args = self._reserve_args(reserve)  # first: its errors name the idempotency key
+        args = self.reserve_args(reserve)  # first: its errors name the idempotency key
         keys = self._hold_keys(tenant, idempotency_key)
         reply, acked = await self._run_replicated("reserve", keys, args)
         if reply[0] == EXPIRE_FIRST:
@@ -542,7 +542,7 @@ class Ledger:
         fails gets its error in its place, and the others are applied. The batch is
         followed by the ledger's waits, as `reserve` is: each result says what they
         acknowledged."""
-        batch = [(request.idempotency_key, self._reserve_args(request)) for request in requests]
+        batch = [(request.idempotency_key, self.reserve_args(request)) for request in requests]
         replies = await self._run_many("reserve", tenant, batch)
         again = [i for i, (reply, _) in enumerate(replies) if _is_reply(reply, EXPIRE_FIRST)]
         if again:
@@ -578,7 +578,9 @@ class Ledger:
             results.append(result)
         return results
 
-    def _reserve_args(self, r: ReserveRequest) -> list[str]:
+    def reserve_args(self, r: ReserveRequest) -> list[str]:
+        """reserve.lua's ARGV for `r` on this ledger (validated: BadInput names what is
+        wrong), for callers that time or test the script itself."""
         return [
             validate.identifier("idempotency_key", r.idempotency_key),
             validate.identifier("fingerprint", r.fingerprint),

@@ -7,6 +7,10 @@ CONFIG RESETSTAT and an INFO commandstats of that node, so FCALL's (Redis 7: the
 ledger's Functions library) or EVALSHA's (6.2) `usec/calls` is that operation's
 execution time (the commands it calls included), whatever the client and the
 network add. The trivial script is run both ways where the server has Functions.
+
+Beside them, reserve's floor (reserve_floor.lua): the Redis commands an admitting
+reserve runs, with its arguments, and none of its logic. On a tenant of its own (it
+writes made-up balances) in the same node, with the same accounts.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from importlib.resources import files
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
-from ledger import Ledger, ReserveRequest
-from ledger.keys import accounts_key
+from ledger import AccountSpec, Ledger, ReserveRequest
+from ledger.keys import accounts_key, hold_script_keys
 
 TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
 TRIVIAL_LIBRARY = (
@@ -28,6 +33,7 @@ TRIVIAL_LIBRARY = (
     "  return redis.call('HINCRBY', keys[1], 'n', 1)\n"
     "end)\n"
 )
+RESERVE_FLOOR = files("irrev.bench").joinpath("reserve_floor.lua").read_text(encoding="utf-8")
 HOUR_MS = 3_600_000
 PRICE = 1_000
 CONCURRENCY = 16
@@ -90,6 +96,26 @@ async def script_times(
 
         await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
 
+    floor_tenant = _tenant_beside(ledger, tenant)
+    for account in accounts:
+        await ledger.upsert_account(floor_tenant, AccountSpec(account, 2**52, 2**52))
+    floor_sha = await ledger.redis.script_load(RESERVE_FLOOR)
+
+    async def floor() -> None:
+        keys = ids("floor")
+        for start in range(0, calls, batch):
+            async with ledger.redis.pipeline(transaction=False) as pipe:
+                for key in keys[start : start + batch]:
+                    pipe.execute_command(
+                        *floor_call(
+                            ledger,
+                            floor_sha,
+                            floor_tenant,
+                            ReserveRequest(key, "fp", amounts, HOUR_MS),
+                        )
+                    )
+                await pipe.execute()
+
     await reserve("void")
     await reserve("approve", escalate_above=1)
     functions = await ledger.uses_functions()
@@ -99,6 +125,7 @@ async def script_times(
         ("trivial", trivial("EVALSHA", sha)),
         *([("trivial FCALL", trivial("FCALL", "irrev_bench_trivial"))] if functions else []),
         ("reserve", lambda: reserve("post")),
+        ("reserve's floor", floor),
         ("post", post),
         ("void", lambda: each(lambda k: ledger.void(tenant, k), "void")),
         (
@@ -107,6 +134,26 @@ async def script_times(
         ),
     ]
     return [await node.evalsha_time(name, op) for name, op in measured]
+
+
+def floor_call(
+    ledger: Ledger, sha: str, tenant: str, request: ReserveRequest
+) -> tuple[str | int, ...]:
+    """The EVALSHA of reserve_floor.lua (loaded as `sha`) with the keys and arguments
+    `ledger` would give reserve.lua for `request`."""
+    keys = hold_script_keys(tenant, request.idempotency_key)
+    return ("EVALSHA", sha, len(keys), *keys, *ledger.reserve_args(request))
+
+
+def _tenant_beside(ledger: Ledger, tenant: str) -> str:
+    """A tenant of its own whose keys are on the node of `tenant`'s (on a cluster,
+    another slot of the same primary)."""
+    want = tenant_node(ledger, tenant).get("target_nodes")
+    for i in range(1000):
+        candidate = f"{tenant}-floor{i}"
+        if want is None or tenant_node(ledger, candidate)["target_nodes"] == want:
+            return candidate
+    raise RuntimeError(f"no tenant name found on the node of {tenant}")
 
 
 def tenant_node(ledger: Ledger, tenant: str) -> dict[str, Any]:

@@ -162,7 +162,7 @@ async def test_the_pending_a_price_assumed_is_a_decimal(
     """F6: Lua's tonumber reads 'nan' (which passed the check as 1) and '0x10'."""
     await open_accounts(ledger, tenant, tenant_acme=1000)
     request = ReserveRequest("k", "fp", {"tenant:acme": 1}, HOUR_MS, pool=PoolTicket(TAG, 10))
-    args = ledger._reserve_args(request)
+    args = ledger.reserve_args(request)
     args[args.index("1.0")] = pending  # the pending of the ticket above
     reply = await ledger._run("reserve", ledger._hold_keys(tenant, "k"), args)
     assert [str(x) for x in reply[:2]] == ["bad_input", "pending"]

@@ -247,7 +247,7 @@ async def test_a_pooled_reserve_without_its_price_alone_is_refused(
     )
     for i in range(3):
         await reserve(ledger, tenant, f"o{i}", 100)
-    args = ledger._reserve_args(
+    args = ledger.reserve_args(
         ReserveRequest("k", "fp", {"tenant:acme": 10}, HOUR_MS, pool=ticket(100, 2.0, 20))
     )
     older = args[:-1]  # the same reserve without its price alone
