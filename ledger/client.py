@@ -567,8 +567,7 @@ class Ledger:
         """Several posts of (hold id, amount) in one pipelined round trip, with errors
         in place as in `reserve_many`; `outcome` is kept with each (as `post`'s). A post
         its waits acknowledged short is kept and reported as `post`'s is."""
-        kept = validate.blob("outcome", outcome)
-        batch = [(h, [*self._hold_args(h), kept, *validate.per_account(a)]) for h, a in posts]
+        batch = [(hold_id, self.post_args(hold_id, amount, outcome)) for hold_id, amount in posts]
         replies = await self._run_many("post", tenant, batch)
         results: list[TransitionResult | LedgerError] = []
         for (hold_id, _), (reply, acked) in zip(posts, replies, strict=True):
@@ -630,12 +629,19 @@ class Ledger:
         """The effect happened at `amount` (its realised residual): for every account,
         or per account. Above the hold it is an overrun: posted and flagged.
         `outcome` (the upstream's answer) is kept for repeats of the request."""
-        args = [
+        args = self.post_args(hold_id, amount, outcome)
+        return await self._transition("post", tenant, hold_id, args, replicated=True)
+
+    def post_args(
+        self, hold_id: str, amount: int | Mapping[str, int], outcome: str = ""
+    ) -> list[str]:
+        """post.lua's ARGV on this ledger (validated: BadInput names what is wrong), for
+        callers that time or test the script itself."""
+        return [
             *self._hold_args(hold_id),
             validate.blob("outcome", outcome),
             *validate.per_account(amount),
         ]
-        return await self._transition("post", tenant, hold_id, args, replicated=True)
 
     async def void(
         self, tenant: str, hold_id: str, *, outcome: str = "", due_only: bool = False

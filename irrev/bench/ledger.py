@@ -488,9 +488,13 @@ def report_script_times(times: list[ScriptTime]) -> None:
             f"{t.calls:,}",
             *_costs(t.usec_per_call, t.cpu_usec_per_call, trivial),
         )
-    pair = [t for t in times if t.operation in ("reserve", "post")]
-    both = sum(t.usec_per_call for t in pair), sum(t.cpu_usec_per_call for t in pair)
-    table.add_row("reserve+post", "", *_costs(*both, trivial))
+    for label, operations in (
+        ("reserve+post", ("reserve", "post")),
+        ("reserve+post floors", ("reserve's floor", "post's floor")),
+    ):
+        pair = [t for t in times if t.operation in operations]
+        both = sum(t.usec_per_call for t in pair), sum(t.cpu_usec_per_call for t in pair)
+        table.add_row(label, "", *_costs(*both, trivial))
     output.console().print(table)
 
 

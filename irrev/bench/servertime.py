@@ -8,9 +8,10 @@ ledger's Functions library) or EVALSHA's (6.2) `usec/calls` is that operation's
 execution time (the commands it calls included), whatever the client and the
 network add. The trivial script is run both ways where the server has Functions.
 
-Beside them, reserve's floor (reserve_floor.lua): the Redis commands an admitting
-reserve runs, with its arguments, and none of its logic. On a tenant of its own (it
-writes made-up balances) in the same node, with the same accounts.
+Beside them, reserve's and post's floors (reserve_floor.lua, post_floor.lua): the
+Redis commands an admitting reserve and a post run, with their arguments, and none of
+their logic. On a tenant of their own (they write made-up balances) in the same node,
+with the same accounts.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ TRIVIAL_LIBRARY = (
     "end)\n"
 )
 RESERVE_FLOOR = files("irrev.bench").joinpath("reserve_floor.lua").read_text(encoding="utf-8")
+POST_FLOOR = files("irrev.bench").joinpath("post_floor.lua").read_text(encoding="utf-8")
+FLOORS = (RESERVE_FLOOR, POST_FLOOR)
 HOUR_MS = 3_600_000
 PRICE = 1_000
 CONCURRENCY = 16
@@ -99,22 +102,32 @@ async def script_times(
     floor_tenant = _tenant_beside(ledger, tenant)
     for account in accounts:
         await ledger.upsert_account(floor_tenant, AccountSpec(account, 2**52, 2**52))
-    floor_sha = await ledger.redis.script_load(RESERVE_FLOOR)
+    floor_sha, post_floor_sha = [await ledger.redis.script_load(s) for s in FLOORS]
+    posted = ids("postfloor")
+    for start in range(0, calls, batch):
+        await ledger.reserve_many(
+            floor_tenant,
+            [ReserveRequest(k, "fp", amounts, HOUR_MS) for k in posted[start : start + batch]],
+        )
 
-    async def floor() -> None:
-        keys = ids("floor")
-        for start in range(0, calls, batch):
-            async with ledger.redis.pipeline(transaction=False) as pipe:
-                for key in keys[start : start + batch]:
-                    pipe.execute_command(
-                        *floor_call(
-                            ledger,
-                            floor_sha,
-                            floor_tenant,
-                            ReserveRequest(key, "fp", amounts, HOUR_MS),
-                        )
-                    )
-                await pipe.execute()
+    def floor(
+        calls_of: Callable[[str], tuple[Any, ...]], keys: list[str]
+    ) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            for start in range(0, len(keys), batch):
+                async with ledger.redis.pipeline(transaction=False) as pipe:
+                    for key in keys[start : start + batch]:
+                        pipe.execute_command(*calls_of(key))
+                    await pipe.execute()
+
+        return run
+
+    def reserve_floor(key: str) -> tuple[Any, ...]:
+        request = ReserveRequest(key, "fp", amounts, HOUR_MS)
+        return floor_call(floor_sha, floor_tenant, key, ledger.reserve_args(request))
+
+    def post_floor(key: str) -> tuple[Any, ...]:
+        return floor_call(post_floor_sha, floor_tenant, key, ledger.post_args(key, PRICE // 2))
 
     await reserve("void")
     await reserve("approve", escalate_above=1)
@@ -125,8 +138,9 @@ async def script_times(
         ("trivial", trivial("EVALSHA", sha)),
         *([("trivial FCALL", trivial("FCALL", "irrev_bench_trivial"))] if functions else []),
         ("reserve", lambda: reserve("post")),
-        ("reserve's floor", floor),
+        ("reserve's floor", floor(reserve_floor, ids("floor"))),
         ("post", post),
+        ("post's floor", floor(post_floor, posted)),
         ("void", lambda: each(lambda k: ledger.void(tenant, k), "void")),
         (
             "approve",
@@ -136,13 +150,12 @@ async def script_times(
     return [await node.evalsha_time(name, op) for name, op in measured]
 
 
-def floor_call(
-    ledger: Ledger, sha: str, tenant: str, request: ReserveRequest
-) -> tuple[str | int, ...]:
-    """The EVALSHA of reserve_floor.lua (loaded as `sha`) with the keys and arguments
-    `ledger` would give reserve.lua for `request`."""
-    keys = hold_script_keys(tenant, request.idempotency_key)
-    return ("EVALSHA", sha, len(keys), *keys, *ledger.reserve_args(request))
+def floor_call(sha: str, tenant: str, hold_id: str, args: list[str]) -> tuple[Any, ...]:
+    """The EVALSHA of a floor script (loaded as `sha`) with the keys of `hold_id` and
+    the arguments the ledger gives the script it stands for (Ledger.reserve_args,
+    Ledger.post_args)."""
+    keys = hold_script_keys(tenant, hold_id)
+    return ("EVALSHA", sha, len(keys), *keys, *args)
 
 
 def _tenant_beside(ledger: Ledger, tenant: str) -> str:

@@ -1,20 +1,21 @@
-"""`irrev bench ledger` prints reserve's floor: the Redis commands an admitting
-reserve runs, with none of its logic (irrev/bench/reserve_floor.lua). It is a floor
-only while it runs what reserve.lua runs: the same commands in the same order, each
-with as many arguments, called with as many arguments itself (MONITOR on a real
-Redis, for the bench's reserve and for one that keeps a request and a provenance)."""
+"""`irrev bench ledger` prints reserve's and post's floors: the Redis commands an
+admitting reserve and a post run, with none of their logic (irrev/bench/*_floor.lua).
+Each is a floor only while it runs what its script runs: the same commands in the
+same order, each with as many arguments, called with as many arguments itself
+(MONITOR on a real Redis; for reserve, the bench's and one that keeps a request and a
+provenance; for post, the bench's)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from irrev.bench.ledger import ACCOUNTS, BENCH_REQUEST
-from irrev.bench.servertime import HOUR_MS, PRICE, RESERVE_FLOOR, floor_call
+from irrev.bench.servertime import HOUR_MS, POST_FLOOR, PRICE, RESERVE_FLOOR, floor_call
 from ledger import AccountSpec, Ledger, Provenance, ReserveRequest
 
 SENTINEL = "irrev-floor-test-done"
@@ -47,37 +48,66 @@ async def commands_of(url: str, run: Callable[[], Awaitable[Any]]) -> list[tuple
     return [(name, count) for name, count in seen if name not in ("ECHO",)]
 
 
+@pytest.fixture
+async def ledger(redis_url: str, tenant: str) -> AsyncIterator[Ledger]:
+    """A ledger whose `tenant` and `<tenant>-floor` have the bench's accounts."""
+    ledger = Ledger.from_url(redis_url)
+    for owner in (tenant, f"{tenant}-floor"):
+        for account in ACCOUNTS:
+            await ledger.upsert_account(owner, AccountSpec(account, 2**52, 2**52))
+    await ledger.load_scripts()
+    yield ledger
+    await ledger.aclose()
+
+
+async def same_commands(
+    url: str, script: Callable[[], Awaitable[Any]], floor: Callable[[], Awaitable[Any]]
+) -> list[tuple[str, int]]:
+    """The commands `script` made Redis run, once checked to be those `floor` did."""
+    ran = await commands_of(url, script)
+    floored = await commands_of(url, floor)
+    assert ran[0][0] in ("FCALL", "EVALSHA") and floored[0][0] == "EVALSHA"
+    assert floored[0][1] == ran[0][1]
+    assert floored[1:] == ran[1:]
+    return ran
+
+
 @pytest.mark.parametrize("kept", [False, True], ids=["bench", "request+provenance"])
 async def test_the_floor_runs_the_commands_of_an_admitting_reserve(
-    redis_url: str, tenant: str, kept: bool
+    ledger: Ledger, redis_url: str, tenant: str, kept: bool
 ) -> None:
-    ledger = Ledger.from_url(redis_url)
-    floor_tenant = f"{tenant}-floor"
-    try:
-        for owner in (tenant, floor_tenant):
-            for account in ACCOUNTS:
-                await ledger.upsert_account(owner, AccountSpec(account, 2**52, 2**52))
-        await ledger.load_scripts()
-        sha = await ledger.redis.script_load(RESERVE_FLOOR)
-        extra: dict[str, Any] = {}
-        if kept:
-            extra = {"request": BENCH_REQUEST, "provenance": Provenance("r", "a1", "ops", 1000)}
-        request = ReserveRequest("h1", "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS, **extra)
+    sha = await ledger.redis.script_load(RESERVE_FLOOR)
+    extra: dict[str, Any] = {}
+    if kept:
+        extra = {"request": BENCH_REQUEST, "provenance": Provenance("r", "a1", "ops", 1000)}
+    request = ReserveRequest("h1", "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS, **extra)
 
-        async def reserve() -> None:
-            (result,) = await ledger.reserve_many(tenant, [request])
-            assert not isinstance(result, Exception) and result.decision.value == "admit"
+    async def reserve() -> None:
+        (result,) = await ledger.reserve_many(tenant, [request])
+        assert not isinstance(result, Exception) and result.decision.value == "admit"
 
-        async def floor() -> None:
-            assert await ledger.redis.execute_command(
-                *floor_call(ledger, sha, floor_tenant, request)
-            ) == ["ok"]
+    async def floor() -> None:
+        call = floor_call(sha, f"{tenant}-floor", "h1", ledger.reserve_args(request))
+        assert await ledger.redis.execute_command(*call) == ["ok"]
 
-        reserved = await commands_of(redis_url, reserve)
-        floored = await commands_of(redis_url, floor)
-    finally:
-        await ledger.aclose()
-    assert reserved[0][0] in ("FCALL", "EVALSHA") and floored[0][0] == "EVALSHA"
-    assert floored[0][1] == reserved[0][1]
-    assert floored[1:] == reserved[1:]
+    reserved = await same_commands(redis_url, reserve, floor)
     assert ("SET" if kept else "DEL") in [name for name, _ in reserved]
+
+
+async def test_the_floor_runs_the_commands_of_a_post(
+    ledger: Ledger, redis_url: str, tenant: str
+) -> None:
+    for owner in (tenant, f"{tenant}-floor"):
+        held = ReserveRequest("h1", "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS)
+        await ledger.reserve_many(owner, [held])
+    sha = await ledger.redis.script_load(POST_FLOOR)
+
+    async def post() -> None:
+        (result,) = await ledger.post_many(tenant, [("h1", PRICE // 2)])
+        assert not isinstance(result, Exception) and result.state.value == "posted"
+
+    async def floor() -> None:
+        call = floor_call(sha, f"{tenant}-floor", "h1", ledger.post_args("h1", PRICE // 2))
+        assert await ledger.redis.execute_command(*call) == ["ok", "posted", ""]
+
+    await same_commands(redis_url, post, floor)
