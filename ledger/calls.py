@@ -150,6 +150,8 @@ class Scripts:
         (a wait counts every write of its connection so far, so one after the batch
         covers all of it). Calls that were redirected (a slot on the move) are sent
         again one by one, each followed by its own waits."""
+        if not batch:
+            return []
         if not self.heads:
             await self.load()
         key = batch[0][0][0]

@@ -282,6 +282,9 @@ async def test_batches_decide_in_order_like_single_calls(ledger: Ledger, tenant:
     assert [getattr(p, "flags", p) for p in posts[:2]] == [frozenset(), {"overrun"}]
     assert isinstance(posts[2], HoldStateConflict) and posts[2].state is HoldState.DENIED
     assert await used(ledger, tenant, "tenant:acme") == (300, 500)
+    # An empty batch is an empty answer (it raised IndexError, reading its first keys).
+    assert await ledger.reserve_many(tenant, []) == []
+    assert await ledger.post_many(tenant, []) == []
 
 
 async def test_request_kept_while_live_and_outcome_once_settled(
