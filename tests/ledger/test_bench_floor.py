@@ -8,6 +8,7 @@ provenance; for post, the bench's)."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -17,15 +18,19 @@ import redis.asyncio as aioredis
 from irrev.bench.ledger import ACCOUNTS, BENCH_REQUEST
 from irrev.bench.servertime import HOUR_MS, POST_FLOOR, PRICE, RESERVE_FLOOR, floor_call
 from ledger import AccountSpec, Ledger, Provenance, ReserveRequest
+from ledger.keys import hold_key
 
-SENTINEL = "irrev-floor-test-done"
 
-
-async def commands_of(url: str, run: Callable[[], Awaitable[Any]]) -> list[tuple[str, int]]:
-    """(command, number of arguments) of each command Redis ran while `run` ran:
-    the script call itself, then each command it made."""
+async def commands_of(
+    url: str, run: Callable[[], Awaitable[Any]], key: str
+) -> list[tuple[str, int]]:
+    """(command, number of arguments) of the script call on `key` that `run` made,
+    then of each command that script made. Other clients of the test Redis (the
+    session's gateways sweep it) show in MONITOR too: a script's own commands are the
+    `lua` lines right after its call, as a script runs alone."""
     watcher = aioredis.Redis.from_url(url)
-    seen: list[tuple[str, int]] = []
+    sentinel = f"irrev-floor-test-{uuid.uuid4().hex}"
+    lines: list[tuple[bool, list[str]]] = []
     try:
         async with watcher.monitor() as monitor:
 
@@ -33,19 +38,26 @@ async def commands_of(url: str, run: Callable[[], Awaitable[Any]]) -> list[tuple
                 while True:
                     response = await monitor.connection.read_response()
                     line = response.decode() if isinstance(response, bytes) else response
-                    words = monitor.command_re.findall(line.split("] ", 1)[1])
-                    if words == ["ECHO", SENTINEL]:
+                    client, command = line.split(" [", 1)[1].split("] ", 1)
+                    words = monitor.command_re.findall(command)
+                    if words == ["ECHO", sentinel]:
                         return
-                    seen.append((words[0].upper(), len(words) - 1))
+                    lines.append((client.endswith(" lua"), words))
 
             collecting = asyncio.create_task(collect())
             await run()
             async with aioredis.Redis.from_url(url) as other:
-                await other.echo(SENTINEL)
+                await other.echo(sentinel)
             await asyncio.wait_for(collecting, 10)
     finally:
         await watcher.aclose()
-    return [(name, count) for name, count in seen if name not in ("ECHO",)]
+    start = next(i for i, (lua, words) in enumerate(lines) if not lua and key in words)
+    ran = [lines[start][1]]
+    for lua, words in lines[start + 1 :]:
+        if not lua:
+            break
+        ran.append(words)
+    return [(words[0].upper(), len(words) - 1) for words in ran]
 
 
 @pytest.fixture
@@ -61,11 +73,15 @@ async def ledger(redis_url: str, tenant: str) -> AsyncIterator[Ledger]:
 
 
 async def same_commands(
-    url: str, script: Callable[[], Awaitable[Any]], floor: Callable[[], Awaitable[Any]]
+    url: str,
+    tenant: str,
+    script: Callable[[], Awaitable[Any]],
+    floor: Callable[[], Awaitable[Any]],
 ) -> list[tuple[str, int]]:
-    """The commands `script` made Redis run, once checked to be those `floor` did."""
-    ran = await commands_of(url, script)
-    floored = await commands_of(url, floor)
+    """The commands `script` made Redis run on hold h1 of `tenant`, once checked to be
+    those `floor` made on h1 of `<tenant>-floor`."""
+    ran = await commands_of(url, script, hold_key(tenant, "h1"))
+    floored = await commands_of(url, floor, hold_key(f"{tenant}-floor", "h1"))
     assert ran[0][0] in ("FCALL", "EVALSHA") and floored[0][0] == "EVALSHA"
     assert floored[0][1] == ran[0][1]
     assert floored[1:] == ran[1:]
@@ -90,7 +106,7 @@ async def test_the_floor_runs_the_commands_of_an_admitting_reserve(
         call = floor_call(sha, f"{tenant}-floor", "h1", ledger.reserve_args(request))
         assert await ledger.redis.execute_command(*call) == ["ok"]
 
-    reserved = await same_commands(redis_url, reserve, floor)
+    reserved = await same_commands(redis_url, tenant, reserve, floor)
     assert ("SET" if kept else "DEL") in [name for name, _ in reserved]
 
 
@@ -110,4 +126,4 @@ async def test_the_floor_runs_the_commands_of_a_post(
         call = floor_call(sha, f"{tenant}-floor", "h1", ledger.post_args("h1", PRICE // 2))
         assert await ledger.redis.execute_command(*call) == ["ok", "posted", ""]
 
-    await same_commands(redis_url, post, floor)
+    await same_commands(redis_url, tenant, post, floor)
