@@ -1,19 +1,20 @@
 -- post_floor: the Redis commands ledger/lua/post.lua runs to post a pending hold at
 -- one amount for every account, without an outcome (as the bench posts), in its
--- order and with arguments of the same sizes, but none of its checks, arithmetic or
--- state machine: what no post that keeps the same records can go below (`irrev bench
--- ledger` times it beside post and the trivial script). Only for the bench's own
--- tenant: it writes made-up balances.
+-- order, on the same keys and with as many arguments, but none of its checks,
+-- arithmetic or state machine: what no post that keeps the same records can go
+-- below (`irrev bench ledger` times it beside post and the trivial script). Only for
+-- a tenant of the bench's own: it writes made-up balances.
 --
 -- KEYS     post.lua's: accounts, journal, deadlines, ambiguous, escalated, hold,
 --          payload
--- ARGV     post.lua's for one amount: hold id, retention_ms (> 0), outcome (''),
+-- ARGV     post.lua's for one amount: hold id, retention_ms, outcome (''),
 --          '*', amount
 --
 -- Returns {'ok', 'posted', ''}.
 --
 -- Invariant: none of the ledger's; tests/ledger/test_bench_floor.py checks that it
--- issues the same commands, with the same number of arguments each, as post.lua.
+-- issues the same commands, on the same keys, with the same number of arguments
+-- each, as post.lua.
 
 -- Redis 6.2 writes after TIME only under effects replication (7 always replicates so).
 redis.replicate_commands()
@@ -35,7 +36,9 @@ redis.call('DEL', KEYS[7])
 redis.call('HSET', KEYS[6], 'st', 'posted', 'pst', table.concat(posted, ','), 'pws',
   table.concat(windows, ','), 'tp', now)
 redis.call('ZREM', KEYS[3], id)
-redis.call('PEXPIRE', KEYS[6], retention)
+if tonumber(retention) > 0 then
+  redis.call('PEXPIRE', KEYS[6], retention)
+end
 redis.call('XADD', KEYS[2], '*', 'op', 'post', 'hold', id, 'acc', hold[2], 'pst', amount,
   'rel', string.match(hold[3], '^[^,]+'))
 return {'ok', 'posted', ''}

@@ -1,8 +1,9 @@
 -- reserve_floor: the Redis commands ledger/lua/reserve.lua runs to admit a hold on
--- accounts that exist, in its order and with arguments of the same sizes, but none
--- of its checks, decision, arithmetic or reply: what no reserve that keeps the same
+-- accounts that exist, in its order, on the same keys and with as many arguments
+-- (the record's limits and used amounts are its amounts here: shorter), but none of
+-- its checks, decision, arithmetic or reply: what no reserve that keeps the same
 -- records can go below (`irrev bench ledger` times it beside reserve and the trivial
--- script). Only for the bench's own tenant: it writes made-up balances.
+-- script). Only for a tenant of the bench's own: it writes made-up balances.
 --
 -- KEYS     reserve.lua's: accounts, journal, deadlines, ambiguous, escalated, hold,
 --          payload
@@ -13,8 +14,8 @@
 -- Returns {'ok'}.
 --
 -- Invariant: none of the ledger's; tests/ledger/test_bench_floor.py checks that it
--- issues the same commands, with the same number of arguments each, as a reserve
--- that admits.
+-- issues the same commands, on the same keys, with the same number of arguments
+-- each, as a reserve that admits.
 
 -- Redis 6.2 writes after TIME only under effects replication (7 always replicates so).
 redis.replicate_commands()

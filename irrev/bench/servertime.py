@@ -25,7 +25,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from ledger import AccountSpec, Ledger, ReserveRequest
-from ledger.keys import accounts_key, hold_script_keys
+from ledger.keys import TENANTS_KEY, accounts_key, hold_keys, hold_script_keys, tenant_keys
 
 TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
 TRIVIAL_LIBRARY = (
@@ -66,15 +66,22 @@ async def script_times(
     def ids(kind: str) -> list[str]:
         return [f"{run}-{kind}-{i}" for i in range(calls)]
 
-    def trivial(*command: str) -> Callable[[], Awaitable[None]]:
+    def pipelined(
+        call_of: Callable[[str], tuple[Any, ...]], keys: list[str]
+    ) -> Callable[[], Awaitable[None]]:
+        """The call of each of `keys`, `batch` to a pipeline."""
+
         async def run() -> None:
-            for start in range(0, calls, batch):
+            for start in range(0, len(keys), batch):
                 async with ledger.redis.pipeline(transaction=False) as pipe:
-                    for _ in range(min(batch, calls - start)):
-                        pipe.execute_command(*command, 1, counter)
+                    for key in keys[start : start + batch]:
+                        pipe.execute_command(*call_of(key))
                     await pipe.execute()
 
         return run
+
+    def trivial(*command: str) -> Callable[[], Awaitable[None]]:
+        return pipelined(lambda _: (*command, 1, counter), ids("trivial"))
 
     async def reserve(kind: str, escalate_above: int = 0) -> None:
         keys = ids(kind)
@@ -99,7 +106,7 @@ async def script_times(
 
         await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
 
-    floor_tenant = _tenant_beside(ledger, tenant)
+    floor_tenant = tenant_beside(ledger, tenant)
     for account in accounts:
         await ledger.upsert_account(floor_tenant, AccountSpec(account, 2**52, 2**52))
     floor_sha, post_floor_sha = [await ledger.redis.script_load(s) for s in FLOORS]
@@ -109,18 +116,6 @@ async def script_times(
             floor_tenant,
             [ReserveRequest(k, "fp", amounts, HOUR_MS) for k in posted[start : start + batch]],
         )
-
-    def floor(
-        calls_of: Callable[[str], tuple[Any, ...]], keys: list[str]
-    ) -> Callable[[], Awaitable[None]]:
-        async def run() -> None:
-            for start in range(0, len(keys), batch):
-                async with ledger.redis.pipeline(transaction=False) as pipe:
-                    for key in keys[start : start + batch]:
-                        pipe.execute_command(*calls_of(key))
-                    await pipe.execute()
-
-        return run
 
     def reserve_floor(key: str) -> tuple[Any, ...]:
         request = ReserveRequest(key, "fp", amounts, HOUR_MS)
@@ -138,16 +133,28 @@ async def script_times(
         ("trivial", trivial("EVALSHA", sha)),
         *([("trivial FCALL", trivial("FCALL", "irrev_bench_trivial"))] if functions else []),
         ("reserve", lambda: reserve("post")),
-        ("reserve's floor", floor(reserve_floor, ids("floor"))),
+        ("reserve's floor", pipelined(reserve_floor, ids("floor"))),
         ("post", post),
-        ("post's floor", floor(post_floor, posted)),
+        ("post's floor", pipelined(post_floor, posted)),
         ("void", lambda: each(lambda k: ledger.void(tenant, k), "void")),
         (
             "approve",
             lambda: each(lambda k: ledger.approve(tenant, k, "bench", ttl_ms=HOUR_MS), "approve"),
         ),
     ]
-    return [await node.evalsha_time(name, op) for name, op in measured]
+    try:
+        return [await node.evalsha_time(name, op) for name, op in measured]
+    finally:
+        await forget(ledger, floor_tenant, [*ids("floor"), *posted])
+
+
+async def forget(ledger: Ledger, tenant: str, hold_ids: list[str]) -> None:
+    """Delete what the floors wrote, their tenant's keys and holds, and its name from
+    the ledger's tenants: its made-up balances would fail `irrev ledger audit`."""
+    keys = [*tenant_keys(tenant), *(key for h in hold_ids for key in hold_keys(tenant, h))]
+    for start in range(0, len(keys), 500):
+        await ledger.redis.delete(*keys[start : start + 500])
+    await ledger.redis.srem(TENANTS_KEY, tenant)
 
 
 def floor_call(sha: str, tenant: str, hold_id: str, args: list[str]) -> tuple[Any, ...]:
@@ -158,7 +165,7 @@ def floor_call(sha: str, tenant: str, hold_id: str, args: list[str]) -> tuple[An
     return ("EVALSHA", sha, len(keys), *keys, *args)
 
 
-def _tenant_beside(ledger: Ledger, tenant: str) -> str:
+def tenant_beside(ledger: Ledger, tenant: str) -> str:
     """A tenant of its own whose keys are on the node of `tenant`'s (on a cluster,
     another slot of the same primary)."""
     want = tenant_node(ledger, tenant).get("target_nodes")

@@ -10,22 +10,30 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from irrev.bench.ledger import ACCOUNTS, BENCH_REQUEST
-from irrev.bench.servertime import HOUR_MS, POST_FLOOR, PRICE, RESERVE_FLOOR, floor_call
+from irrev.bench.servertime import (
+    HOUR_MS,
+    POST_FLOOR,
+    PRICE,
+    RESERVE_FLOOR,
+    floor_call,
+    forget,
+    tenant_beside,
+)
 from ledger import AccountSpec, Ledger, Provenance, ReserveRequest
-from ledger.keys import hold_key
+from ledger.keys import accounts_key, hold_key
 
 
-async def commands_of(
-    url: str, run: Callable[[], Awaitable[Any]], key: str
-) -> list[tuple[str, int]]:
-    """(command, number of arguments) of the script call on `key` that `run` made,
-    then of each command that script made. Other clients of the test Redis (the
+async def commands_of(url: str, run: Callable[[], Awaitable[Any]], key: str) -> list[list[str]]:
+    """The script call on `key` that `run` made, then each command that script made,
+    as MONITOR shows them on `url` (on a cluster, the node of `key`). Other clients of the test Redis (the
     session's gateways sweep it) show in MONITOR too: a script's own commands are the
     `lua` lines right after its call, as a script runs alone."""
     watcher = aioredis.Redis.from_url(url)
@@ -57,41 +65,62 @@ async def commands_of(
         if not lua:
             break
         ran.append(words)
-    return [(words[0].upper(), len(words) - 1) for words in ran]
+    return ran
+
+
+@dataclass
+class Bench:
+    """A ledger whose `tenant` and `floor` (a tenant on the same node, as the bench
+    picks it) have the bench's accounts, and the URL of that node."""
+
+    ledger: Ledger
+    tenant: str
+    floor: str
+    url: str
 
 
 @pytest.fixture
-async def ledger(redis_url: str, tenant: str) -> AsyncIterator[Ledger]:
-    """A ledger whose `tenant` and `<tenant>-floor` have the bench's accounts."""
+async def bench(redis_url: str, tenant: str) -> AsyncIterator[Bench]:
     ledger = Ledger.from_url(redis_url)
-    for owner in (tenant, f"{tenant}-floor"):
+    await ledger.load_scripts()  # and, on a cluster, learns the slots tenant_beside reads
+    floor = tenant_beside(ledger, tenant)
+    for owner in (tenant, floor):
         for account in ACCOUNTS:
             await ledger.upsert_account(owner, AccountSpec(account, 2**52, 2**52))
-    await ledger.load_scripts()
-    yield ledger
+    url = redis_url
+    if isinstance(ledger.redis, RedisCluster):  # MONITOR shows one node's commands
+        node = ledger.redis.get_node_from_key(accounts_key(tenant))
+        url = f"redis://{node.host}:{node.port}"
+    yield Bench(ledger, tenant, floor, url)
+    await forget(ledger, floor, ["h1"])  # its made-up balances would fail an audit
     await ledger.aclose()
 
 
 async def same_commands(
-    url: str,
-    tenant: str,
-    script: Callable[[], Awaitable[Any]],
-    floor: Callable[[], Awaitable[Any]],
-) -> list[tuple[str, int]]:
-    """The commands `script` made Redis run on hold h1 of `tenant`, once checked to be
-    those `floor` made on h1 of `<tenant>-floor`."""
-    ran = await commands_of(url, script, hold_key(tenant, "h1"))
-    floored = await commands_of(url, floor, hold_key(f"{tenant}-floor", "h1"))
-    assert ran[0][0] in ("FCALL", "EVALSHA") and floored[0][0] == "EVALSHA"
-    assert floored[0][1] == ran[0][1]
-    assert floored[1:] == ran[1:]
-    return ran
+    bench: Bench, script: Callable[[], Awaitable[Any]], floor: Callable[[], Awaitable[Any]]
+) -> list[str]:
+    """The commands `script` made Redis run on hold h1 of the bench's tenant, once
+    checked to be those `floor` made on h1 of its floor tenant: the same commands in
+    order, each with as many arguments and on the same key (the tenant's name aside),
+    called with as many arguments."""
+    ran = await commands_of(bench.url, script, hold_key(bench.tenant, "h1"))
+    floored = await commands_of(bench.url, floor, hold_key(bench.floor, "h1"))
+    assert ran[0][0].upper() in ("FCALL", "EVALSHA") and floored[0][0].upper() == "EVALSHA"
+    assert len(floored[0]) == len(ran[0])
+    ours, theirs = f"{{{bench.floor}}}", f"{{{bench.tenant}}}"
+
+    def shape(words: list[str]) -> tuple[str, int, str]:
+        return words[0].upper(), len(words), words[1].replace(ours, theirs) if words[1:] else ""
+
+    assert [shape(words) for words in floored[1:]] == [shape(words) for words in ran[1:]]
+    return [words[0].upper() for words in ran]
 
 
 @pytest.mark.parametrize("kept", [False, True], ids=["bench", "request+provenance"])
 async def test_the_floor_runs_the_commands_of_an_admitting_reserve(
-    ledger: Ledger, redis_url: str, tenant: str, kept: bool
+    bench: Bench, kept: bool
 ) -> None:
+    ledger = bench.ledger
     sha = await ledger.redis.script_load(RESERVE_FLOOR)
     extra: dict[str, Any] = {}
     if kept:
@@ -99,31 +128,29 @@ async def test_the_floor_runs_the_commands_of_an_admitting_reserve(
     request = ReserveRequest("h1", "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS, **extra)
 
     async def reserve() -> None:
-        (result,) = await ledger.reserve_many(tenant, [request])
+        (result,) = await ledger.reserve_many(bench.tenant, [request])
         assert not isinstance(result, Exception) and result.decision.value == "admit"
 
     async def floor() -> None:
-        call = floor_call(sha, f"{tenant}-floor", "h1", ledger.reserve_args(request))
+        call = floor_call(sha, bench.floor, "h1", ledger.reserve_args(request))
         assert await ledger.redis.execute_command(*call) == ["ok"]
 
-    reserved = await same_commands(redis_url, tenant, reserve, floor)
-    assert ("SET" if kept else "DEL") in [name for name, _ in reserved]
+    assert ("SET" if kept else "DEL") in await same_commands(bench, reserve, floor)
 
 
-async def test_the_floor_runs_the_commands_of_a_post(
-    ledger: Ledger, redis_url: str, tenant: str
-) -> None:
-    for owner in (tenant, f"{tenant}-floor"):
+async def test_the_floor_runs_the_commands_of_a_post(bench: Bench) -> None:
+    ledger = bench.ledger
+    for owner in (bench.tenant, bench.floor):
         held = ReserveRequest("h1", "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS)
         await ledger.reserve_many(owner, [held])
     sha = await ledger.redis.script_load(POST_FLOOR)
 
     async def post() -> None:
-        (result,) = await ledger.post_many(tenant, [("h1", PRICE // 2)])
+        (result,) = await ledger.post_many(bench.tenant, [("h1", PRICE // 2)])
         assert not isinstance(result, Exception) and result.state.value == "posted"
 
     async def floor() -> None:
-        call = floor_call(sha, f"{tenant}-floor", "h1", ledger.post_args("h1", PRICE // 2))
+        call = floor_call(sha, bench.floor, "h1", ledger.post_args("h1", PRICE // 2))
         assert await ledger.redis.execute_command(*call) == ["ok", "posted", ""]
 
-    await same_commands(redis_url, tenant, post, floor)
+    await same_commands(bench, post, floor)
