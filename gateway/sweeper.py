@@ -139,21 +139,14 @@ class Sweeper:
         holders = await asyncio.gather(
             *(lease.holder() for lease in leases), return_exceptions=True
         )
-        free = [lease for lease, holder in zip(leases, holders, strict=True) if holder is None]
-        taken = await asyncio.gather(*(lease.hold() for lease in free), return_exceptions=True)
-        took = {id(lease) for lease, held in zip(free, taken, strict=True) if held is True}
+        free = [i for i, holder in enumerate(holders) if holder is None]
+        taken = await asyncio.gather(*(leases[i].hold() for i in free), return_exceptions=True)
+        ours = {i: held is True for i, held in zip(free, taken, strict=True)}
         mine = f"{self.instance}/"
-        reported = []
-        for tenant, lease, holder in zip(names, leases, holders, strict=True):
-            if isinstance(holder, BaseException):
-                continue
-            if holder is None:
-                ours = id(lease) in took
-            else:
-                ours = holder.startswith(mine) if self.instance else lease.held
-            if ours:
-                reported.append(tenant)
-        return reported
+        for i, holder in enumerate(holders):
+            if isinstance(holder, str):
+                ours[i] = holder.startswith(mine) if self.instance else leases[i].held
+        return [tenant for i, tenant in enumerate(names) if ours.get(i, False)]
 
     @property
     def _ttl_ms(self) -> int:

@@ -115,7 +115,11 @@ class Scripts:
             await self.direct.release()
 
     async def call_then_wait(
-        self, operation: str, keys: list[str], args: list[str], waits: list[tuple[Any, ...]]
+        self,
+        operation: str,
+        keys: list[str],
+        args: list[str],
+        waits: Sequence[tuple[Any, ...]],
     ) -> tuple[Any, list[Any]]:
         """The call, then `waits` (WAIT, WAITAOF, with their arguments) on the same
         connection: each counts what happened to every write of its connection
@@ -170,7 +174,7 @@ class Scripts:
             if isinstance(reply, (*REDIRECTED, redis_errors.ClusterError)):
                 keys, args = batch[i]
                 try:
-                    done[i] = await self.call_then_wait(operation, keys, args, list(waits))
+                    done[i] = await self.call_then_wait(operation, keys, args, waits)
                 except redis_errors.RedisError as exc:
                     done[i] = (exc, [])
         return done
@@ -178,9 +182,8 @@ class Scripts:
     async def _pipeline(
         self, commands: list[tuple[Any, ...]], key: str, waits: Sequence[tuple[Any, ...]]
     ) -> tuple[list[Any], list[Any]]:
-        """The replies of `commands`, and the answers of `waits` sent after them."""
-        if not commands:
-            return [], []
+        """The replies of `commands` (at least one), and the answers of `waits` sent
+        after them."""
         sent = [*commands, *waits]
         if self.cluster is not None:
             replies = await on_primary(self.cluster, key, sent, watch=None)

@@ -567,7 +567,8 @@ class Ledger:
         """Several posts of (hold id, amount) in one pipelined round trip, with errors
         in place as in `reserve_many`; `outcome` is kept with each (as `post`'s). A post
         its waits acknowledged short is kept and reported as `post`'s is."""
-        batch = [(hold_id, self.post_args(hold_id, amount, outcome)) for hold_id, amount in posts]
+        kept = validate.blob("outcome", outcome)  # once: it is every item's
+        batch = [(hold_id, self._post_args(hold_id, amount, kept)) for hold_id, amount in posts]
         replies = await self._run_many("post", tenant, batch)
         results: list[TransitionResult | LedgerError] = []
         for (hold_id, _), (reply, acked) in zip(posts, replies, strict=True):
@@ -637,11 +638,11 @@ class Ledger:
     ) -> list[str]:
         """post.lua's ARGV on this ledger (validated: BadInput names what is wrong), for
         callers that time or test the script itself."""
-        return [
-            *self._hold_args(hold_id),
-            validate.blob("outcome", outcome),
-            *validate.per_account(amount),
-        ]
+        return self._post_args(hold_id, amount, validate.blob("outcome", outcome))
+
+    def _post_args(self, hold_id: str, amount: int | Mapping[str, int], outcome: str) -> list[str]:
+        """post_args with `outcome` already validated."""
+        return [*self._hold_args(hold_id), outcome, *validate.per_account(amount)]
 
     async def void(
         self, tenant: str, hold_id: str, *, outcome: str = "", due_only: bool = False
