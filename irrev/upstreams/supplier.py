@@ -67,6 +67,9 @@ class Faults(BaseModel):
     # retry that stays in flight until a test has seen what it waits for (a delay
     # stands in for that only while the machine keeps up).
     hold_repeats: bool = False
+    # Hold the answer to an order the faults apply to until `POST /_release`: a call
+    # that stays in flight until a test has done what it must do meanwhile.
+    hold: bool = False
 
 
 @dataclass
@@ -89,7 +92,8 @@ class Supplier:
     requests_by_key: Counter[str] = field(default_factory=Counter)
     in_flight: set[str] = field(default_factory=set)
     secure_token: str = ""
-    # Opens the answers Faults.hold_repeats holds; closed again by every new Faults.
+    # Opens the answers Faults.hold and hold_repeats hold; closed again by every new
+    # Faults.
     release: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
@@ -114,14 +118,17 @@ class Supplier:
         if faulty and faults.in_progress:
             self.in_flight.add(idempotency_key)
             order = {"order_id": f"o-{next(self._ids)}", **body}
-            return Answer(201, order, faults.delay_s, faults.slow_body_s, idempotency_key)
+            return Answer(
+                201, order, faults.delay_s, faults.slow_body_s, idempotency_key, faults.hold
+            )
         if not faulty or faults.apply:
             self.orders[idempotency_key] = {"order_id": f"o-{next(self._ids)}", **body}
         delay = faults.delay_s if faulty else 0.0
         slow = faults.slow_body_s if faulty else 0.0
+        held = faulty and faults.hold
         if faulty and (faults.status or idempotency_key not in self.orders):
-            return Answer(faults.status or 503, {"error": "injected"}, delay, slow)
-        return Answer(201, self.orders[idempotency_key], delay, slow)
+            return Answer(faults.status or 503, {"error": "injected"}, delay, slow, held=held)
+        return Answer(201, self.orders[idempotency_key], delay, slow, held=held)
 
     def answered(self, answer: Answer) -> None:
         """The answer is being sent: an in-progress order is made now."""
@@ -194,7 +201,8 @@ def create_supplier(supplier: Supplier | None = None) -> FastAPI:
 
     @app.post("/_release")
     async def release() -> dict[str, Any]:
-        """Send the answers Faults.hold_repeats holds, and any later ones at once."""
+        """Send the answers Faults.hold and hold_repeats hold, and any later ones at
+        once."""
         state.release.set()
         return {"released": True}
 

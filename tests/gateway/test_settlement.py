@@ -113,9 +113,9 @@ async def test_an_agent_cannot_release_a_hold_while_it_is_forwarded(
 ) -> None:
     tenant = gateway.tenant("settle-roles")
     me = tenant.auth("buyer-01")
-    # Long enough to find the hold while it is forwarded (one admin GET), and far
-    # enough under the suite's 1 s upstream timeout (0.6 s timed out in a CI run).
-    await set_faults(upstream, tenant, delay_s=0.35, times=1)
+    # The supplier holds its answer until the refusals are done (a 0.35 s delay timed
+    # out under the suite's 1 s upstream timeout in a loaded CI run, 0.6 s before it).
+    await set_faults(upstream, tenant, hold=True, times=1)
     in_flight = asyncio.create_task(buy(http, tenant, "slow"))
     deadline = time.monotonic() + 10
     while (await supplier_stats(upstream, tenant))["requests"] == 0:
@@ -128,6 +128,7 @@ async def test_an_agent_cannot_release_a_hold_while_it_is_forwarded(
     for action, body in (("void", None), ("post", {"amount_micros": 0}), ("ambiguous", {})):
         refused = await http.post(f"/v1/holds/{hold}/{action}", json=body, headers=me)
         assert_problem(refused, 403, "settlement_forbidden")
+    assert (await upstream.post(f"/{tenant.id}/_release")).status_code == 200
     answer = await in_flight
     assert answer.status_code == 201, answer.text
     view = (await http.get(f"/v1/holds/{hold}", headers=me)).json()
