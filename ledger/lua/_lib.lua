@@ -127,6 +127,13 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Whether a hold of the tenant is due at `now`: the earliest deadline only, cheaper
+-- than counting the due ones.
+local function holds_due(now)
+  local first = redis.call('ZRANGE', DEADLINES, '0', '0', 'WITHSCORES')
+  return first[2] ~= nil and tonumber(first[2]) <= now
+end
+
 -- A decimal string of digits only, at most `max`; nil for anything else.
 local function uint(s, max)
   if type(s) ~= 'string' or #s == 0 or #s > 16 or not string.find(s, '^%d+$') then

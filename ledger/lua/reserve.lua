@@ -68,7 +68,9 @@
 --       In shadow mode a deny or escalate comes with state 'pending': held anyway.
 --   {'expire_first', ''}   holds of the tenant are due, whose release the decision
 --       should see, but their keys are not declared here: nothing written; expire
---       them (sweep.lua) and call again with ARGV[14+2n+5m] = '1'
+--       them (sweep.lua) and call again with ARGV[14+2n+5m] = '1'. Asked only before
+--       an answer other than an admission, and for every reserve of a calibrating
+--       route: a release only makes room, so it cannot turn an admission around
 --   {'bad_input', field, message}                   nothing written (also a hold
 --       that would take an account's pending + posted past 2^53-1: only a shadow
 --       one can, since a limit plus its raises counts as at most 2^53-1)
@@ -227,12 +229,12 @@ for i = 1, n do
 end
 
 local now = now_ms()
-if not decide_anyway then
-  -- The earliest deadline only: cheaper than counting the due ones.
-  local first = redis.call('ZRANGE', DEADLINES, '0', '0', 'WITHSCORES')
-  if first[2] and tonumber(first[2]) <= now then
-    return {'expire_first', ''}
-  end
+-- Holds of the tenant that are due change the answer only by what their release
+-- frees (or their leaving a calibrating route's open set): an admission stands
+-- whatever is due, so the common reserve (admitted, no calibrating route) does
+-- without the look at the deadlines (one Redis call less).
+if tag and not decide_anyway and holds_due(now) then
+  return {'expire_first', ''}
 end
 
 -- A calibrating route's open set as it is now; with this hold, it must count at
@@ -322,6 +324,10 @@ if decision == 'admit' then
       break
     end
   end
+end
+
+if not tag and decision ~= 'admit' and not decide_anyway and holds_due(now) then
+  return {'expire_first', ''}
 end
 
 -- An escalated hold waits outside its route's open set (_lib.lua's OPEN) and joins

@@ -162,7 +162,11 @@ class RefLedger:
         for account in amounts:
             if account not in self.accounts and account not in specs:
                 raise RefError("unknown_account")
-        self._expire_due()
+        # Due holds are expired before a calibrating route's reserve (its open set
+        # counts them) and before any answer but an admission, which a release (it
+        # only makes room) cannot turn around.
+        if pool is not None:
+            self._expire_due()
         if pool is not None and pool[2] > 1:
             _, s1, s2 = self.open_pool(pool[0])
             s1, s2 = s1 + pool[1], s2 + pool[1] ** 2
@@ -173,11 +177,18 @@ class RefLedger:
         }
         known = {**self.accounts, **fresh}
         kept = {a: v for a, v in amounts.items() if a in known}
-        checks = tuple(
-            (a, known[a].effective_limit, known[a].pending + known[a].posted, v)
-            for a, v in kept.items()
-        )
-        decision, reason = self._decide(known, checks, escalate_above, alone)
+
+        def checked() -> tuple[tuple[tuple[str, int, int, int], ...], str, str]:
+            checks = tuple(
+                (a, known[a].effective_limit, known[a].pending + known[a].posted, v)
+                for a, v in kept.items()
+            )
+            return checks, *self._decide(known, checks, escalate_above, alone)
+
+        checks, decision, reason = checked()
+        if pool is None and decision != "admit" and self.due_count():
+            self._expire_due()
+            checks, decision, reason = checked()
         if pool is not None and pool[2] > 1 and decision == "escalate" and not shadow:
             raise RefError("reprice", "alone")
         state = {"admit": "pending", "escalate": "escalated", "deny": "denied"}[decision]

@@ -236,6 +236,22 @@ async def test_reserve_expires_due_holds_before_deciding(ledger: Ledger, tenant:
     assert fresh.accounts[0].used == 0
 
 
+async def test_an_admission_leaves_due_holds_to_the_sweeper(ledger: Ledger, tenant: str) -> None:
+    """A release only makes room, so a reserve admitted with holds due does not stop
+    to expire them (one Redis call less on the common path): they stay charged, and
+    counted in what it reports as used, until the sweeper or a refusal expires them."""
+    await open_accounts(ledger, tenant, tenant_acme=1000)
+    await reserve(ledger, tenant, "old", 100, "tenant:acme", ttl_ms=0, armed=False)
+    fresh = await reserve(ledger, tenant, "new", 100, "tenant:acme")
+    assert (fresh.decision, fresh.accounts[0].used) == (Decision.ADMIT, 100)
+    assert (await ledger.hold(tenant, "old")).state is HoldState.PENDING  # type: ignore[union-attr]
+    # One that only fits once "old" is released expires it first, then decides.
+    third = await reserve(ledger, tenant, "third", 850, "tenant:acme")
+    assert (third.decision, third.accounts[0].used) == (Decision.ADMIT, 100)
+    assert (await ledger.hold(tenant, "old")).state is HoldState.EXPIRED  # type: ignore[union-attr]
+    assert await used(ledger, tenant, "tenant:acme") == (950, 0)
+
+
 async def test_expired_escalation_cannot_be_approved(ledger: Ledger, tenant: str) -> None:
     await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 0))
     await reserve(ledger, tenant, "k1", 100, "tenant:acme", escalation_ttl_ms=0)
