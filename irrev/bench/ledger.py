@@ -37,7 +37,15 @@ from rich.table import Table
 
 from gateway.wire import StoredRequest, fingerprint, hold_id_for
 from irrev import output
-from irrev.bench.servertime import HOUR_MS, PRICE, TRIVIAL, ScriptTime, script_times, tenant_node
+from irrev.bench.servertime import (
+    HOUR_MS,
+    PRICE,
+    TRIVIAL,
+    ScriptTime,
+    medians,
+    script_times,
+    tenant_node,
+)
 from irrev.cli import CliError, bounded
 from ledger import (
     AccountSpec,
@@ -131,6 +139,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="calls of each script for its server time",
     )
     parser.add_argument(
+        "--script-runs",
+        type=bounded(int, 1, 100),
+        default=1,
+        help="measure the server times this many times and print each one's median (a "
+        "shared machine's noise moves a single run by 10-40%%)",
+    )
+    parser.add_argument(
         "--appendfsync",
         choices=[m.value for m in AppendFsync],
         help="the embedded Redis's (default always); with --url, the server's own is read",
@@ -208,7 +223,12 @@ async def bench(url: str, args: argparse.Namespace) -> int:
             )
         rows = await measure(ledger, tenant, args)
         fsynced = await measure_wait_aof(url, tenant, args) if args.wait_aof else []
-        times = await script_times(ledger, tenant, ACCOUNTS, args.script_calls, args.batch)
+        times = medians(
+            [
+                await script_times(ledger, tenant, ACCOUNTS, args.script_calls, args.batch)
+                for _ in range(args.script_runs)
+            ]
+        )
         memory = [
             await memory_per_hold(ledger, owner, args.holds, args.batch, args.provenance)
             for owner in memory_tenants
@@ -227,7 +247,7 @@ async def bench(url: str, args: argparse.Namespace) -> int:
     report(rows, memory, args)
     if fsynced:
         report_wait_aof(fsynced, args)
-    report_script_times(times)
+    report_script_times(times, args.script_runs)
     return 0
 
 
@@ -246,6 +266,7 @@ def measurements(
         ],
         "memory": [{**asdict(run), "holds": args.holds} for run in memory],
         "script_times": [asdict(t) for t in times],
+        "script_runs": args.script_runs,
     }
 
 
@@ -474,10 +495,11 @@ def report(rows: list[tuple[Rate, Rate]], memory: list[Memory], args: argparse.N
         )
 
 
-def report_script_times(times: list[ScriptTime]) -> None:
+def report_script_times(times: list[ScriptTime], runs: int) -> None:
     table = Table(
         title="Redis server time per script: the script alone (INFO commandstats, "
         "FCALL/EVALSHA usec/calls) and the Redis process's CPU per pipelined call"
+        + (f"; each the median of {runs} runs" if runs > 1 else "")
     )
     for column in ("script", "calls", "script us", "x trivial", "CPU us", "CPU x trivial"):
         table.add_column(column, justify="left" if column == "script" else "right")

@@ -17,6 +17,8 @@ with the same accounts.
 from __future__ import annotations
 
 import asyncio
+import statistics
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib.resources import files
@@ -61,7 +63,8 @@ async def script_times(
     counter = f"irrev:{{{tenant}}}:bench"
     sha = await ledger.redis.script_load(TRIVIAL)
     amounts = dict.fromkeys(accounts, PRICE)
-    run = f"st{id(node):x}"
+    # Fresh hold ids on every run: a second run on ids of the first would time replays.
+    run = f"st{uuid.uuid4().hex[:8]}"
 
     def ids(kind: str) -> list[str]:
         return [f"{run}-{kind}-{i}" for i in range(calls)]
@@ -146,6 +149,21 @@ async def script_times(
         return [await node.evalsha_time(name, op) for name, op in measured]
     finally:
         await forget(ledger, floor_tenant, [*ids("floor"), *posted])
+
+
+def medians(runs: list[list[ScriptTime]]) -> list[ScriptTime]:
+    """Each operation's median over `runs` of script_times (the same operations in
+    the same order in each): its script time and its CPU, each the median of its own,
+    and its calls summed."""
+    return [
+        ScriptTime(
+            same[0].operation,
+            sum(t.calls for t in same),
+            statistics.median(t.usec_per_call for t in same),
+            statistics.median(t.cpu_usec_per_call for t in same),
+        )
+        for same in zip(*runs, strict=True)
+    ]
 
 
 async def forget(ledger: Ledger, tenant: str, hold_ids: list[str]) -> None:

@@ -25,9 +25,12 @@ from irrev.bench.servertime import (
     RESERVE_FLOOR,
     floor_call,
     forget,
+    medians,
+    script_times,
     tenant_beside,
 )
 from ledger import AccountSpec, Ledger, Provenance, ReserveRequest
+from ledger.journal import iter_journal
 from ledger.keys import accounts_key, hold_key
 
 
@@ -154,3 +157,19 @@ async def test_the_floor_runs_the_commands_of_a_post(bench: Bench) -> None:
         assert await ledger.redis.execute_command(*call) == ["ok", "posted", ""]
 
     await same_commands(bench, post, floor)
+
+
+async def test_every_run_of_the_server_times_reserves_and_posts_holds_of_its_own(
+    bench: Bench,
+) -> None:
+    """`--script-runs 2` times two runs on one tenant: the second on hold ids of the
+    first would time replays (nothing decided, nothing written), not reserves."""
+    runs = [await script_times(bench.ledger, bench.tenant, ACCOUNTS, 3, 2) for _ in range(2)]
+    ops = [entry.op async for entry in iter_journal(bench.ledger, bench.tenant)]
+    # Each run reserves 3 holds to post, 3 to void and 3 to approve, and settles them.
+    assert (ops.count("reserve"), ops.count("post"), ops.count("void")) == (18, 6, 6)
+    merged = medians(runs)
+    assert [t.operation for t in merged] == [t.operation for t in runs[0]]
+    [reserve] = [t for t in merged if t.operation == "reserve"]
+    each = [t.usec_per_call for run in runs for t in run if t.operation == "reserve"]
+    assert (reserve.calls, reserve.usec_per_call) == (6, sum(each) / 2)  # two: their mean
