@@ -65,6 +65,7 @@ BENCHES = (
         "proxy admissions/s and latency vs a bare endpoint",
         "load",
     ),
+    Command("lua", "irrev.bench.lua", "reserve's and post's cost inside Redis, before/after"),
     Command("cli", "irrev.bench.cli", "start-up time of `irrev --help` and `policy validate`"),
     Command("mcp", "irrev.bench.mcp", "MCP tools/call through irrev vs direct (calls/s, latency)"),
     Command(
