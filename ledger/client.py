@@ -91,9 +91,11 @@ MAX_REPLICAS = 64
 MAX_REPLICA_TIMEOUT_MS = 60_000
 T = TypeVar("T")
 log = logging.getLogger("irrev.ledger")
-# reserve.lua's answer while holds are due, and the flag that makes it decide anyway.
+# reserve.lua's answer while holds are due, the flag that makes it decide anyway, and
+# the one that makes it look for due holds before any decision (a batch's items).
 EXPIRE_FIRST = "expire_first"
 DECIDE_ANYWAY = "1"
+IN_ORDER = "2"
 SWEEP_BATCH = 100
 MAX_CACHED_TENANTS = 10_000
 # A packed Provenance: reserve.lua's MAX_PROVENANCE (a path of an unknown route is
@@ -542,12 +544,18 @@ class Ledger:
         fails gets its error in its place, and the others are applied. The batch is
         followed by the ledger's waits, as `reserve` is: each result says what they
         acknowledged."""
-        batch = [(request.idempotency_key, self.reserve_args(request)) for request in requests]
+        batch = [
+            (request.idempotency_key, self.reserve_args(request, batched=True))
+            for request in requests
+        ]
         replies = await self._run_many("reserve", tenant, batch)
         again = [i for i, (reply, _) in enumerate(replies) if _is_reply(reply, EXPIRE_FIRST)]
         if again:
             await self._expire_due(tenant)
-            retried = [(batch[i][0], _deciding(batch[i][1], requests[i].pool)) for i in again]
+            retried = [
+                (batch[i][0], _deciding(self.reserve_args(requests[i]), requests[i].pool))
+                for i in again
+            ]
             for i, reply in zip(
                 again, await self._run_many("reserve", tenant, retried), strict=True
             ):
@@ -578,9 +586,15 @@ class Ledger:
             results.append(result)
         return results
 
-    def reserve_args(self, r: ReserveRequest) -> list[str]:
+    def reserve_args(self, r: ReserveRequest, *, batched: bool = False) -> list[str]:
         """reserve.lua's ARGV for `r` on this ledger (validated: BadInput names what is
-        wrong), for callers that time or test the script itself."""
+        wrong), for callers that time or test the script itself. `batched`: as an item
+        of `reserve_many`, which looks for due holds before any decision, admission or
+        not: an item admitted beside them would take the room that an earlier item,
+        sent back to expire them first, is decided on after it. From the first due hold
+        on, every item comes back, and all are decided again in their order (a
+        calibrating route's reserve always looks)."""
+        in_order = [IN_ORDER] if batched and r.pool is None else []
         return [
             validate.identifier("idempotency_key", r.idempotency_key),
             validate.identifier("fingerprint", r.fingerprint),
@@ -596,6 +610,7 @@ class Ledger:
             *_open_args(r.amounts, r.open_missing),
             "1" if r.shadow else "0",
             *_pool_args(r.pool),
+            *in_order,
         ]
 
     async def _run_many(

@@ -122,7 +122,7 @@ async def script_times(
 
     def reserve_floor(key: str) -> tuple[Any, ...]:
         request = ReserveRequest(key, "fp", amounts, HOUR_MS)
-        return floor_call(floor_sha, floor_tenant, key, ledger.reserve_args(request))
+        return floor_call(floor_sha, floor_tenant, key, ledger.reserve_args(request, batched=True))
 
     def post_floor(key: str) -> tuple[Any, ...]:
         return floor_call(post_floor_sha, floor_tenant, key, ledger.post_args(key, PRICE // 2))

@@ -26,7 +26,10 @@
 --          escalate (shadow mode: never blocking; the would-be decision is kept in
 --          the hold's reason and the journal, and the hold may take accounts above
 --          their limits); '0' enforces
--- ARGV[14+2n+5m]  optional: '1' decides even if holds of the tenant are due, '0' not
+-- ARGV[14+2n+5m]  optional: '1' decides even if holds of the tenant are due; '2' looks
+--          for due holds before any decision (a batch's items, so that one admitted
+--          cannot take the room an earlier item of the batch waits for: see
+--          `expire_first`); '0' (or none) only where they can change the answer
 -- ARGV[15+2n+5m..17+2n+5m]  optional, after ARGV[14+2n+5m], for a hold of a
 --          calibrating route (pricing/calibration.py): the route's tag (1-32 letters
 --          and digits), the effect's face value, and the number of holds pending at
@@ -70,7 +73,11 @@
 --       should see, but their keys are not declared here: nothing written; expire
 --       them (sweep.lua) and call again with ARGV[14+2n+5m] = '1'. Asked only before
 --       an answer other than an admission, and for every reserve of a calibrating
---       route: a release only makes room, so it cannot turn an admission around
+--       route: a release only makes room, so it cannot turn an admission around. In a
+--       batch it can reorder one: an item admitted at once would take the room that
+--       an earlier item, sent back to expire first, is decided on after it; so a
+--       batch's items ask before any decision ('2'), and all of them from the first
+--       due hold on come back, to be decided again in order
 --   {'bad_input', field, message}                   nothing written (also a hold
 --       that would take an account's pending + posted past 2^53-1: only a shadow
 --       one can, since a limit plus its raises counts as at most 2^53-1)
@@ -148,13 +155,13 @@ local m = uint(ARGV[12 + 2 * n], MAX_ACCOUNTS)
 local base = 13 + 2 * n + 5 * (m or 0)
 local shadow, decide = ARGV[base], ARGV[base + 1]
 if not m or m > n or (#ARGV ~= base and #ARGV ~= base + 1 and #ARGV ~= base + 4 and #ARGV ~= base + 5)
-    or (decide and decide ~= '0' and decide ~= '1') then
+    or (decide and decide ~= '0' and decide ~= '1' and decide ~= '2') then
   return {'bad_input', 'open', 'must give 0 to n accounts to open, five fields each'}
 end
 if shadow ~= '0' and shadow ~= '1' then
   return {'bad_input', 'shadow', 'must be 0 or 1'}
 end
-local decide_anyway = decide == '1'
+local decide_anyway, in_order = decide == '1', decide == '2'
 local tag, face = ARGV[base + 2], uint(ARGV[base + 3], MAX_AMOUNT)
 -- A decimal only: Lua's tonumber also reads 'nan', 'inf' and '0x10'.
 local priced_for = ARGV[base + 4]
@@ -326,7 +333,7 @@ if decision == 'admit' then
   end
 end
 
-if not tag and decision ~= 'admit' and not decide_anyway and holds_due(now) then
+if not tag and (decision ~= 'admit' or in_order) and not decide_anyway and holds_due(now) then
   return {'expire_first', ''}
 end
 

@@ -135,7 +135,7 @@ async def test_the_floor_runs_the_commands_of_an_admitting_reserve(
         assert not isinstance(result, Exception) and result.decision.value == "admit"
 
     async def floor() -> None:
-        call = floor_call(sha, bench.floor, "h1", ledger.reserve_args(request))
+        call = floor_call(sha, bench.floor, "h1", ledger.reserve_args(request, batched=True))
         assert await ledger.redis.execute_command(*call) == ["ok"]
 
     assert ("SET" if kept else "DEL") in await same_commands(bench, reserve, floor)

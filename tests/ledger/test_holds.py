@@ -213,7 +213,7 @@ async def test_expiry_releases_only_what_provably_never_fired(ledger: Ledger, te
     await reserve(ledger, tenant, "escalated", 300, "tenant:acme", escalation_ttl_ms=0)
     with pytest.raises(HoldNotDue):
         await ledger.expire(tenant, "later")
-    # Each reserve expired the due holds before it; the sweeper finds the last one.
+    # The escalating reserve expired the holds due before it; the sweeper finds the last.
     result = await ledger.sweep(tenant)
     assert (result.visited, result.remaining_due) == (1, 0)
     states = {k: (await ledger.hold(tenant, k)).state for k in ("armed", "unarmed", "escalated")}  # type: ignore[union-attr]
@@ -265,6 +265,35 @@ async def test_unknown_hold(ledger: Ledger, tenant: str) -> None:
     with pytest.raises(HoldNotFound):
         await ledger.post(tenant, "nope", 1)
     assert await ledger.hold(tenant, "nope") is None
+
+
+async def test_a_batch_beside_due_holds_decides_as_single_calls_would(
+    ledger: Ledger, tenant: str
+) -> None:
+    """An item admitted at once beside a due hold would take the room that an earlier
+    item, sent back to expire it first, is decided on after it: in a batch, every item
+    looks for due holds before it decides, and all come back to be decided in order."""
+    from ledger.records import ReserveRequest
+
+    requests = [
+        ReserveRequest(key, "fp", {"tenant:acme": price}, HOUR_MS)
+        for key, price in (("a", 600), ("b", 500))
+    ]
+    decided = []
+    for batched in (True, False):
+        owner = f"{tenant}-{'batch' if batched else 'single'}"
+        await open_accounts(ledger, owner, tenant_acme=1000)
+        await reserve(ledger, owner, "old", 500, "tenant:acme", ttl_ms=0, armed=False)
+        if batched:
+            results = await ledger.reserve_many(owner, requests)
+        else:
+            results = [
+                await ledger.reserve(owner, r.idempotency_key, "fp", r.amounts, ttl_ms=HOUR_MS)
+                for r in requests
+            ]
+        decided.append([getattr(r, "decision", r) for r in results])
+        assert (await ledger.hold(owner, "old")).state is HoldState.EXPIRED  # type: ignore[union-attr]
+    assert decided == [[Decision.ADMIT, Decision.DENY]] * 2
 
 
 async def test_windows_roll_posted_off_and_carry_pending(ledger: Ledger, tenant: str) -> None:
