@@ -179,14 +179,18 @@ end
 
 -- Per-account amounts as a journal entry keeps them: one number when every account
 -- has the same (the common case: bytes in every entry kept), else one per account
--- (JournalEntry.deltas reads both).
-local function journal_numbers(t)
+-- (JournalEntry.deltas reads both). `joined`: join_numbers(t), where the caller has
+-- it already (the record keeps the same text).
+local function journal_numbers(t, joined)
   for i = 2, #t do
     if t[i] ~= t[1] then
-      return join_numbers(t)
+      return joined or join_numbers(t)
     end
   end
-  return join_numbers({t[1]})
+  if #t == 0 then
+    return '' -- a free hold that kept no account (reserve.lua)
+  end
+  return fmt(t[1])
 end
 
 local function hkey(id)

@@ -83,9 +83,9 @@ save_accounts(accounts)
 local flag_text = table.concat(flags, ',')
 local pst = join_numbers(amounts)
 local fields = {'pst', pst, 'pws', join_numbers(post_ws), 'tp', fmt(now)}
-local entry = {'op', 'post', 'hold', id, 'acc', hold.acc, 'pst', journal_numbers(amounts)}
+local entry = {'op', 'post', 'hold', id, 'acc', hold.acc, 'pst', journal_numbers(amounts, pst)}
 if hold.st ~= 'expired' then
-  entry[#entry + 1], entry[#entry + 2] = 'rel', journal_numbers(hold.amounts)
+  entry[#entry + 1], entry[#entry + 2] = 'rel', journal_numbers(hold.amounts, hold.amt)
 end
 if #flag_text > 0 then
   fields[#fields + 1], fields[#fields + 2] = 'flag', flag_text

@@ -419,7 +419,7 @@ if state == 'denied' then
   save_accounts(rolled)
 else
   entry[#entry + 1], entry[#entry + 2] = 'acc', acc
-  entry[#entry + 1], entry[#entry + 2] = 'amt', journal_numbers(amounts)
+  entry[#entry + 1], entry[#entry + 2] = 'amt', journal_numbers(amounts, amt)
   for i = 1, n do
     local a = loaded[i]
     a.pend = a.pend + amounts[i]
