@@ -34,7 +34,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from irrev.bench.ledger import ACCOUNTS
-from irrev.bench.servertime import HOUR_MS, PRICE
+from irrev.bench.servertime import HOUR_MS, PRICE, forget
 from irrev.cli import CliError, bounded
 from ledger import AccountSpec, AppendFsync, EmbeddedRedis, Ledger, ReserveRequest
 from ledger.keys import hold_script_keys
@@ -199,20 +199,26 @@ async def _one_run(
         "post": ledger.post_args(hold, PRICE // 2),
     }
     timed: dict[tuple[str, bool], float] = {}
-    for operation in OPERATIONS:
-        function = f"irrevloop_{tag}_{operation}"
-        for running in (False, True):
-            started = time.perf_counter()
-            reply = await ledger.redis.fcall(
-                function, len(keys), *keys, *arguments[operation], str(int(running)), str(loops)
-            )
-            timed[(operation, running)] = time.perf_counter() - started
-        want = ["ok", "admit"] if operation == "reserve" else ["ok", "posted"]
-        if not isinstance(reply, list) or reply[:2] != want:
-            raise CliError(
-                f"{tree}: {operation} answered {str(reply)[:200]} where {want} was expected; "
-                "a baseline must take this checkout's arguments"
-            )
+    try:
+        for operation in OPERATIONS:
+            function = f"irrevloop_{tag}_{operation}"
+            for running in (False, True):
+                started = time.perf_counter()
+                reply = await ledger.redis.fcall(
+                    function, len(keys), *keys, *arguments[operation], str(int(running)), str(loops)
+                )
+                timed[(operation, running)] = time.perf_counter() - started
+            want = ["ok", "admit"] if operation == "reserve" else ["ok", "posted"]
+            if not isinstance(reply, list) or reply[:2] != want:
+                raise CliError(
+                    f"{tree}: {operation} answered {str(reply)[:200]} where {want} was "
+                    "expected; a baseline must take this checkout's arguments"
+                )
+    finally:
+        # Every run's holds go: the server keeps the same few keys from run to run (a
+        # keyspace growing by thousands of holds a run, rehashing as it grows, moved
+        # the figures), and the bench leaves nothing of its own behind.
+        await forget(ledger, tenant, [f"{hold}-{i}" for i in range(1, loops + 1)])
     return timed
 
 

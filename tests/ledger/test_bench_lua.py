@@ -14,6 +14,7 @@ from redis.asyncio.cluster import RedisCluster
 from irrev.bench.lua import HERE, measure
 from irrev.cli import CliError
 from ledger import Ledger
+from ledger.keys import TENANTS_KEY
 
 
 async def server_kind(redis_url: str) -> str:
@@ -39,6 +40,14 @@ async def test_it_times_both_checkouts_or_says_why_not(redis_url: str, tmp_path:
     costs = await measure(redis_url, [HERE, baseline], loops=5, runs=2)
     assert [c.scripts for c in costs] == [str(HERE), str(baseline)]
     assert all(c.reserve_us > 0 and c.post_us > 0 for c in costs)
+    # Its tenants and holds are gone: nothing of the bench's is left in the server.
+    ledger = Ledger.from_url(redis_url)
+    try:
+        tenants = await ledger.redis.smembers(TENANTS_KEY)
+        left = [key async for key in ledger.redis.scan_iter(match="irrev:{benchlua-*")]
+    finally:
+        await ledger.aclose()
+    assert [t for t in tenants if t.startswith("benchlua-")] == [] and left == []
 
 
 async def test_a_baseline_that_does_not_admit_is_reported_not_timed(
