@@ -513,6 +513,7 @@ def report_script_times(times: list[ScriptTime], runs: int) -> None:
     for label, operations in (
         ("reserve+post", ("reserve", "post")),
         ("reserve+post floors", ("reserve's floor", "post's floor")),
+        ("packed floors", ("reserve's floor, packed", "post's floor, packed")),
     ):
         pair = [t for t in times if t.operation in operations]
         both = sum(t.usec_per_call for t in pair), sum(t.cpu_usec_per_call for t in pair)

@@ -11,7 +11,9 @@ network add. The trivial script is run both ways where the server has Functions.
 Beside them, reserve's and post's floors (reserve_floor.lua, post_floor.lua): the
 Redis commands an admitting reserve and a post run, with their arguments, and none of
 their logic. On a tenant of their own (they write made-up balances) in the same node,
-with the same accounts.
+with the same accounts. And the same floors in a packed layout (packed_*_floor.lua:
+the record one string, each account one field), on a third tenant: what a reserve
+and a post could cost if the ledger kept its records so.
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ TRIVIAL_LIBRARY = (
 )
 RESERVE_FLOOR = files("irrev.bench").joinpath("reserve_floor.lua").read_text(encoding="utf-8")
 POST_FLOOR = files("irrev.bench").joinpath("post_floor.lua").read_text(encoding="utf-8")
-FLOORS = (RESERVE_FLOOR, POST_FLOOR)
+PACKED_RESERVE_FLOOR = (
+    files("irrev.bench").joinpath("packed_reserve_floor.lua").read_text(encoding="utf-8")
+)
+PACKED_POST_FLOOR = (
+    files("irrev.bench").joinpath("packed_post_floor.lua").read_text(encoding="utf-8")
+)
+FLOORS = (RESERVE_FLOOR, POST_FLOOR, PACKED_RESERVE_FLOOR, PACKED_POST_FLOOR)
 HOUR_MS = 3_600_000
 PRICE = 1_000
 CONCURRENCY = 16
@@ -112,7 +120,11 @@ async def script_times(
     floor_tenant = tenant_beside(ledger, tenant)
     for account in accounts:
         await ledger.upsert_account(floor_tenant, AccountSpec(account, 2**52, 2**52))
-    floor_sha, post_floor_sha = [await ledger.redis.script_load(s) for s in FLOORS]
+    packed_tenant = tenant_beside(ledger, tenant, "packed")
+    await open_packed(ledger, packed_tenant, accounts)
+    floor_sha, post_floor_sha, packed_sha, packed_post_sha = [
+        await ledger.redis.script_load(s) for s in FLOORS
+    ]
     posted = ids("postfloor")
     for start in range(0, calls, batch):
         await ledger.reserve_many(
@@ -127,6 +139,15 @@ async def script_times(
     def post_floor(key: str) -> tuple[Any, ...]:
         return floor_call(post_floor_sha, floor_tenant, key, ledger.post_args(key, PRICE // 2))
 
+    def packed_reserve(key: str) -> tuple[Any, ...]:
+        request = ReserveRequest(key, "fp", amounts, HOUR_MS)
+        return floor_call(
+            packed_sha, packed_tenant, key, ledger.reserve_args(request, batched=True)
+        )
+
+    def packed_post(key: str) -> tuple[Any, ...]:
+        return floor_call(packed_post_sha, packed_tenant, key, ledger.post_args(key, PRICE // 2))
+
     await reserve("void")
     await reserve("approve", escalate_above=1)
     functions = await ledger.uses_functions()
@@ -139,6 +160,8 @@ async def script_times(
         ("reserve's floor", pipelined(reserve_floor, ids("floor"))),
         ("post", post),
         ("post's floor", pipelined(post_floor, posted)),
+        ("reserve's floor, packed", pipelined(packed_reserve, ids("packed"))),
+        ("post's floor, packed", pipelined(packed_post, ids("packed"))),
         ("void", lambda: each(lambda k: ledger.void(tenant, k), "void")),
         (
             "approve",
@@ -149,6 +172,7 @@ async def script_times(
         return [await node.evalsha_time(name, op) for name, op in measured]
     finally:
         await forget(ledger, floor_tenant, [*ids("floor"), *posted])
+        await forget(ledger, packed_tenant, ids("packed"))
 
 
 def medians(runs: list[list[ScriptTime]]) -> list[ScriptTime]:
@@ -183,12 +207,19 @@ def floor_call(sha: str, tenant: str, hold_id: str, args: list[str]) -> tuple[An
     return ("EVALSHA", sha, len(keys), *keys, *args)
 
 
-def tenant_beside(ledger: Ledger, tenant: str) -> str:
+async def open_packed(ledger: Ledger, tenant: str, accounts: tuple[str, ...]) -> None:
+    """The accounts of the packed floors' made-up tenant, in their layout
+    (packed_reserve_floor.lua): limits of 2^52, nothing held or posted."""
+    packed = f"{2**52},{2**52},0,0,0,0,0,0"
+    await ledger.redis.hset(accounts_key(tenant), mapping=dict.fromkeys(accounts, packed))
+
+
+def tenant_beside(ledger: Ledger, tenant: str, kind: str = "floor") -> str:
     """A tenant of its own whose keys are on the node of `tenant`'s (on a cluster,
-    another slot of the same primary)."""
+    another slot of the same primary), named `<tenant>-<kind><i>`."""
     want = tenant_node(ledger, tenant).get("target_nodes")
     for i in range(1000):
-        candidate = f"{tenant}-floor{i}"
+        candidate = f"{tenant}-{kind}{i}"
         if want is None or tenant_node(ledger, candidate)["target_nodes"] == want:
             return candidate
     raise RuntimeError(f"no tenant name found on the node of {tenant}")

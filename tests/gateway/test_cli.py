@@ -218,3 +218,5 @@ def test_bench_ledger_skips_its_memory_measurement_with_memory_runs_0() -> None:
     report = bench_json("ledger", *short)
     # 1 client, concurrent, pipelined, and the trivial script on the ledger's own path
     assert report["memory"] == [] and len(report["modes"]) == 4
+    timed = {t["operation"]: t["calls"] for t in report["script_times"]}
+    assert timed["reserve's floor, packed"] == timed["post's floor, packed"] == 10

@@ -20,12 +20,15 @@ from redis.asyncio.cluster import RedisCluster
 from irrev.bench.ledger import ACCOUNTS, BENCH_REQUEST
 from irrev.bench.servertime import (
     HOUR_MS,
+    PACKED_POST_FLOOR,
+    PACKED_RESERVE_FLOOR,
     POST_FLOOR,
     PRICE,
     RESERVE_FLOOR,
     floor_call,
     forget,
     medians,
+    open_packed,
     script_times,
     tenant_beside,
 )
@@ -157,6 +160,64 @@ async def test_the_floor_runs_the_commands_of_a_post(bench: Bench) -> None:
         assert await ledger.redis.execute_command(*call) == ["ok", "posted", ""]
 
     await same_commands(bench, post, floor)
+
+
+RECORD = ("st", "fp", "arm", "t0", "dl", "acc", "amt", "why", "lim", "used")
+BALANCE = ("limit", "soft", "win", "appr", "pend", "post", "ws", "over")
+
+
+async def test_the_packed_floors_keep_what_the_records_and_balances_keep(bench: Bench) -> None:
+    """The packed layout is cheaper only if it keeps as much: after a reserve and after
+    a post, its record holds the values of reserve.lua's and post.lua's, and each
+    account the balances the ledger's has."""
+    ledger, redis = bench.ledger, bench.ledger.redis
+    packed = tenant_beside(ledger, bench.tenant, "packed")
+    await open_packed(ledger, packed, ACCOUNTS)
+    reserve_sha = await redis.script_load(PACKED_RESERVE_FLOOR)
+    post_sha = await redis.script_load(PACKED_POST_FLOOR)
+    request = ReserveRequest("h1", "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS)
+
+    async def both() -> tuple[dict[str, str], dict[str, str]]:
+        """The ledger's record of h1 and the packed one, by field name."""
+        ours = await redis.hgetall(hold_key(bench.tenant, "h1"))
+        text = await redis.get(hold_key(packed, "h1"))
+        names = RECORD if text.startswith("pending") else (*RECORD, "pst", "pws", "tp")
+        return ours, dict(zip(names, text.split("|"), strict=True))
+
+    async def balances(tenant: str, packed_layout: bool) -> list[list[str]]:
+        key = accounts_key(tenant)
+        if packed_layout:
+            return [(await redis.hget(key, a)).split(",") for a in ACCOUNTS]
+        return [await redis.hmget(key, [f"{a}|{f}" for f in BALANCE]) for a in ACCOUNTS]
+
+    try:
+        await ledger.reserve_many(bench.tenant, [request])
+        call = floor_call(reserve_sha, packed, "h1", ledger.reserve_args(request, batched=True))
+        assert await redis.execute_command(*call) == ["ok"]
+        ours, theirs = await both()
+        assert {k: ours[k] for k in RECORD if k not in ("t0", "dl")} == {
+            k: theirs[k] for k in RECORD if k not in ("t0", "dl")
+        }
+        assert int(theirs["dl"]) - int(theirs["t0"]) == HOUR_MS
+        assert await balances(packed, True) == [
+            [b or "0" for b in row] for row in await balances(bench.tenant, False)
+        ]
+
+        await ledger.post_many(bench.tenant, [("h1", PRICE // 2)])
+        call = floor_call(post_sha, packed, "h1", ledger.post_args("h1", PRICE // 2))
+        assert await redis.execute_command(*call) == ["ok", "posted", ""]
+        ours, theirs = await both()
+        assert (theirs["st"], theirs["pst"], theirs["pws"]) == (
+            ours["st"],
+            ours["pst"],
+            ours["pws"],
+        )
+        assert int(theirs["tp"]) >= int(theirs["t0"])
+        assert await balances(packed, True) == [
+            [b or "0" for b in row] for row in await balances(bench.tenant, False)
+        ]
+    finally:
+        await forget(ledger, packed, ["h1"])
 
 
 async def test_every_run_of_the_server_times_reserves_and_posts_holds_of_its_own(
