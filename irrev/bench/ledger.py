@@ -104,6 +104,10 @@ class Rate:
     per_s: float
     p50_ms: float | None = None
     p99_ms: float | None = None
+    # This process's CPU (user + system) per pair or per trivial call: at 1 client,
+    # what the client's own code costs of each call's time, the rest being Redis and
+    # the round trip.
+    client_cpu_us: float | None = None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -401,15 +405,16 @@ async def rate(
             await op()
             latencies.append(time.perf_counter() - started)
 
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(client() for _ in range(clients)))
-    elapsed = time.perf_counter() - began
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     latencies.sort()
     return Rate(
         label,
         len(latencies) * per_call / elapsed,
         latencies[len(latencies) // 2] * 1000,
         latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+        cpu * 1e6 / (len(latencies) * per_call),
     )
 
 
@@ -465,7 +470,16 @@ async def memory_per_hold(
 
 def report(rows: list[tuple[Rate, Rate]], memory: list[Memory], args: argparse.Namespace) -> None:
     table = Table(title=f"irrev bench ledger ({args.persistence})")
-    for column in ("mode", "reserve+post /s", "p50 ms", "p99 ms", "trivial EVALSHA /s", "ratio"):
+    for column in (
+        "mode",
+        "reserve+post /s",
+        "p50 ms",
+        "p99 ms",
+        "client CPU us",
+        "trivial EVALSHA /s",
+        "client CPU us",
+        "ratio",
+    ):
         table.add_column(column, justify="left" if column == "mode" else "right")
     for ours, base in rows:
         table.add_row(
@@ -473,7 +487,9 @@ def report(rows: list[tuple[Rate, Rate]], memory: list[Memory], args: argparse.N
             f"{ours.per_s:,.0f}",
             f"{ours.p50_ms:.2f}" if ours.p50_ms is not None else "",
             f"{ours.p99_ms:.2f}" if ours.p99_ms is not None else "",
+            _cpu(ours),
             f"{base.per_s:,.0f}",
+            _cpu(base),
             f"{ours.per_s / base.per_s:.2f}",
         )
     console = output.console()
@@ -493,6 +509,10 @@ def report(rows: list[tuple[Rate, Rate]], memory: list[Memory], args: argparse.N
             f"1,024); {run.per_hold_trimmed:,.0f} bytes once its journal is archived and "
             f"trimmed ({run.trimmed:,} entries at {run.trim_per_s:,.0f}/s)"
         )
+
+
+def _cpu(rate: Rate) -> str:
+    return f"{rate.client_cpu_us:.0f}" if rate.client_cpu_us is not None else ""
 
 
 def report_script_times(times: list[ScriptTime], runs: int) -> None:

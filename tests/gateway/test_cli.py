@@ -218,5 +218,10 @@ def test_bench_ledger_skips_its_memory_measurement_with_memory_runs_0() -> None:
     report = bench_json("ledger", *short)
     # 1 client, concurrent, pipelined, and the trivial script on the ledger's own path
     assert report["memory"] == [] and len(report["modes"]) == 4
+    # Each rate carries the client's CPU per call: a pair costs its process more than
+    # nothing, and so does a trivial call.
+    assert all(
+        m[side]["client_cpu_us"] > 0 for m in report["modes"] for side in ("ours", "baseline")
+    )
     timed = {t["operation"]: t["calls"] for t in report["script_times"]}
     assert timed["reserve's floor, packed"] == timed["post's floor, packed"] == 10
