@@ -57,8 +57,14 @@ class Sweeper:
         self._leases: dict[str, Lease] = {}
         self._next_ask: dict[str, float] = {}
         self._heard = 0
-        # Tenants whose sweep is failing, since when (monotonic).
-        self._failing: dict[str, float] = {}
+        self._sweeps = _Outages("sweep failed; tried again every round", "sweep back")
+        # An absent gauge series reads as a quiet tenant: with its lease unreadable, no
+        # gateway of the fleet may be reporting it.
+        self._reports = _Outages(
+            "fleet gauges not reported: the tenant's sweep lease cannot be read or taken; "
+            "tried again every scrape",
+            "fleet gauges reported again",
+        )
 
     def holds(self, tenant: str) -> bool:
         """Whether this process is surely the tenant's sweeper now (also: whoever
@@ -84,26 +90,10 @@ class Sweeper:
                     metrics.SWEEPS.labels(tenant).inc()
                     swept += 1
             except Exception as exc:
-                self._failed(tenant, exc)
+                self._sweeps.failed(tenant, exc)
             else:
-                self._back(tenant)
+                self._sweeps.back(tenant)
         return swept
-
-    def _failed(self, tenant: str, exc: Exception) -> None:
-        """Say once per outage that a tenant's sweep fails (it is tried again every
-        round: a line each round was a line every sweep interval for the outage)."""
-        if tenant not in self._failing:
-            self._failing[tenant] = time.monotonic()
-            log.warning(
-                "sweep failed; tried again every round",
-                extra={"tenant": tenant, "why": f"{type(exc).__name__}: {exc}"},
-            )
-
-    def _back(self, tenant: str) -> None:
-        since = self._failing.pop(tenant, None)
-        if since is not None:
-            down_s = round(time.monotonic() - since, 1)
-            log.info("sweep back", extra={"tenant": tenant, "down_s": down_s})
 
     def _lease_of(self, tenant: str) -> Lease:
         lease = self._leases.get(tenant)
@@ -146,6 +136,13 @@ class Sweeper:
         for i, holder in enumerate(holders):
             if isinstance(holder, str):
                 ours[i] = holder.startswith(mine) if self.instance else leases[i].held
+        outcomes = dict(enumerate(holders)) | dict(zip(free, taken, strict=True))
+        for i, tenant in enumerate(names):
+            outcome = outcomes[i]
+            if isinstance(outcome, BaseException):
+                self._reports.failed(tenant, outcome)
+            else:
+                self._reports.back(tenant)
         return [tenant for i, tenant in enumerate(names) if ours.get(i, False)]
 
     @property
@@ -165,3 +162,26 @@ class Sweeper:
         if released:
             with contextlib.suppress(LedgerError):
                 await self.ledger.policies.announce("lease")
+
+
+class _Outages:
+    """Says once per outage that a tenant's periodic work fails (it is tried again
+    every round or scrape: a line each time was a line every interval for the whole
+    outage), and when it works again, after how long."""
+
+    def __init__(self, failing: str, back: str) -> None:
+        self.failing, self.back_again = failing, back
+        self._since: dict[str, float] = {}  # monotonic
+
+    def failed(self, tenant: str, exc: BaseException) -> None:
+        if tenant not in self._since:
+            self._since[tenant] = time.monotonic()
+            log.warning(
+                self.failing, extra={"tenant": tenant, "why": f"{type(exc).__name__}: {exc}"}
+            )
+
+    def back(self, tenant: str) -> None:
+        since = self._since.pop(tenant, None)
+        if since is not None:
+            down_s = round(time.monotonic() - since, 1)
+            log.info(self.back_again, extra={"tenant": tenant, "down_s": down_s})
