@@ -31,10 +31,16 @@ class HttpTarget:
     in_progress: frozenset[int] = frozenset({409})
 
 
+# 4xx answers that can come after the handler made the effect: Not Acceptable is
+# decided when the answer is written (Express's res.format, a Rails respond_to after
+# the save), so it proves nothing about the effect.
+AFTER_THE_EFFECT_4XX = frozenset({406})
+
+
 def fate_of_status(status: int) -> Fate:
     if 200 <= status < 300:
         return Fate.DELIVERED
-    if 400 <= status < 500:
+    if 400 <= status < 500 and status not in AFTER_THE_EFFECT_4XX:
         return Fate.REFUSED
     # 5xx, and anything a tool API should not answer to an effect (1xx, 3xx): the
     # effect may or may not have happened.

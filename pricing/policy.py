@@ -236,8 +236,10 @@ EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,12
 InProgressStatus = Annotated[int, Field(strict=True, ge=400, le=499)]
 
 # Agents' request headers that reach the upstream on every tool; a tool adds its own
-# (API-version headers such as Stripe-Version) with `forward_headers`.
-DEFAULT_FORWARD_HEADERS = frozenset({"traceparent", "tracestate", "accept"})
+# (API-version headers such as Stripe-Version) with `forward_headers`. Not Accept: a
+# framework that negotiates the answer's format after its handler ran answers 406 to
+# an Accept it cannot meet, after the effect, and the agent would choose that 4xx.
+DEFAULT_FORWARD_HEADERS = frozenset({"traceparent", "tracestate"})
 HOP_BY_HOP = frozenset(
     {
         "connection",

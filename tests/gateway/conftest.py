@@ -153,6 +153,8 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "retry-race": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
     "retry-claim": ("procurement", {}),
     "retry-trace": ("procurement", {}),
+    "accept": ("procurement", {}),
+    "not-acceptable": ("procurement", {}),
     # Its supplier tool points at a port nobody listens on.
     "unreachable": (
         "procurement",

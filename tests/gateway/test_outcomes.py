@@ -444,3 +444,39 @@ async def test_a_retry_answered_4xx_keeps_the_hold_ambiguous(
     assert final.status_code == 201, final.text
     assert await hold_state(http, tenant, "buyer-05", hold) == "posted"
     assert used(await balances(http, gateway.admin, tenant)) == charged
+
+
+async def test_an_agents_accept_header_does_not_reach_the_upstream(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """A framework that negotiates the answer's format after its handler ran (Express's
+    res.format, a Rails respond_to after the save) makes the effect and then answers
+    406 to an Accept it cannot meet. The agent chose that Accept: a 4xx it can provoke
+    after the effect would void a hold whose effect happened. The gateway sends its
+    own Accept instead."""
+    tenant = gateway.tenant("accept")
+    headers = {**effect_headers(tenant, "buyer-01", "negotiated"), "Accept": "image/png"}
+    response = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+    assert response.status_code == 201, response.text
+    seen = (await upstream.get(f"/_headers/{tenant.id}")).json()
+    sent = [dict((k.lower(), v) for k, v in r) for r in seen]
+    [forwarded] = [s for s in sent if "idempotency-key" in s]
+    assert forwarded.get("accept") != "image/png"
+
+
+async def test_a_406_leaves_the_hold_ambiguous_and_charged(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """Not Acceptable is decided when the answer is written, which many frameworks do
+    after the handler made the effect: unlike the other 4xx it proves nothing about
+    the effect, so the hold stays charged until a retry or the reconciler settles it."""
+    tenant = gateway.tenant("not-acceptable")
+    before = used(await balances(http, gateway.admin, tenant))
+    await set_faults(upstream, tenant, status=406, apply=True, times=1)
+    headers = effect_headers(tenant, "buyer-01", "made-then-406")
+    response = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+    assert_problem(response, 502, "upstream_ambiguous")
+    hold = response.headers["x-irrev-hold"]
+    assert await hold_state(http, tenant, "buyer-01", hold) == "ambiguous"
+    after = used(await balances(http, gateway.admin, tenant))
+    assert after["agent:buyer-01"] > before.get("agent:buyer-01", 0)

@@ -185,10 +185,11 @@ def test_route_scopes_need_both_agent_and_principal() -> None:
         check_route_scope(narrowed, a1, order)
 
 
-def test_defaults_pass_trace_context_and_accept_and_treat_409_as_in_progress() -> None:
+def test_defaults_pass_trace_context_only_and_treat_409_as_in_progress() -> None:
+    """Not the agent's Accept: an upstream can answer it 406 after the effect."""
     policy = load_policy_data(base(), "p.yaml")
     tool = policy.document.tools["shop"]
-    assert policy.catalog.forwarded_headers["shop"] == {"traceparent", "tracestate", "accept"}
+    assert policy.catalog.forwarded_headers["shop"] == {"traceparent", "tracestate"}
     assert tool.in_progress_statuses == [409]
 
 
