@@ -13,7 +13,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ledger import AccountSpec as LedgerAccount
+from ledger import BadInput
+from ledger.limits import MAX_ID_CHARS
+from ledger.validate import account_args
 from pricing import (
+    AccountSpec,
     AuthenticatedAgent,
     PolicyError,
     Problem,
@@ -22,7 +27,9 @@ from pricing import (
     hash_token,
     load_policy_data,
     parse_yaml,
+    policy_accounts,
 )
+from pricing.catalog import FACTOR_PREFIX
 
 DEMO_TOKENS_KIND = "demo-tokens"
 POLICY_SUFFIXES = (".yaml", ".yml")
@@ -141,9 +148,43 @@ def check_policy_set(
                     )
                 )
             owners.setdefault(tool.settler_token_sha256, source)
+        problems += ledger_problems(policy)
         if problems:
             errors.append(PolicyError(source, problems))
     return errors
+
+
+def ledger_account(spec: AccountSpec) -> LedgerAccount:
+    return LedgerAccount(
+        account=spec.account_id,
+        limit=spec.limit_micros,
+        soft_limit=spec.soft_limit_micros,
+        window_ms=spec.window_ms,
+        approval_threshold=spec.approval_threshold_micros or 0,
+    )
+
+
+def ledger_problems(policy: TenantPolicy) -> list[Problem]:
+    """What the ledger would refuse of the accounts the policy opens, found before
+    anything is written: a refusal half way through applying it left the store with
+    the new version and some of its limits live, and every host's reload failing."""
+    problems = []
+    for spec in policy_accounts(policy):
+        try:
+            account_args(ledger_account(spec))
+        except BadInput as exc:
+            problems.append(Problem("accounts", f"{spec.account_id}: {exc}"))
+    for pattern in policy.document.accounts.risk_factors:
+        # A wildcard's accounts are its prefix and at least one character more.
+        if pattern.endswith("*") and len(FACTOR_PREFIX + pattern) > MAX_ID_CHARS:
+            problems.append(
+                Problem(
+                    f"accounts.risk_factors.{pattern}",
+                    f"too long: its accounts ({FACTOR_PREFIX}{pattern[:-1]}...) would be "
+                    f"over the ledger's {MAX_ID_CHARS} characters",
+                )
+            )
+    return problems
 
 
 def policy_files(directory: Path) -> list[Path]:

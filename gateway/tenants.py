@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from ledger import AccountSpec as LedgerAccount
 from ledger import ChangeFeed, Ledger, OpenPool, PolicyRecord
 from pricing import (
-    AccountSpec,
     Outcomes,
     PolicyError,
     Problem,
@@ -44,6 +43,7 @@ from .policies import (
     PolicyFile,
     PolicyLoadError,
     check_policy_set,
+    ledger_account,
     policy_files,
     policy_version,
     read_policy_files,
@@ -54,16 +54,6 @@ if TYPE_CHECKING:
     from .mcp_upstream import McpUpstream
 
 log = logging.getLogger("irrev.gateway")
-
-
-def ledger_account(spec: AccountSpec) -> LedgerAccount:
-    return LedgerAccount(
-        account=spec.account_id,
-        limit=spec.limit_micros,
-        soft_limit=spec.soft_limit_micros,
-        window_ms=spec.window_ms,
-        approval_threshold=spec.approval_threshold_micros or 0,
-    )
 
 
 # How often every tenant's record is read whatever the epoch said (the bound on a

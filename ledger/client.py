@@ -343,7 +343,7 @@ class Ledger:
         would admit up to the old one; LedgerUnavailable (not_replicated) if fewer
         acknowledged, for the caller to write it again."""
         keys = tenant_keys(validate.tenant_id(tenant))[:2]
-        reply, acked = await self._run_replicated("account", keys, _account_args(spec))
+        reply, acked = await self._run_replicated("account", keys, validate.account_args(spec))
         raise_for_reply(tenant, "", "upsert", reply)
         if acked.fsynced == 0:
             raise LedgerUnavailable(
@@ -1238,18 +1238,7 @@ def _open_args(amounts: Mapping[str, int], specs: Sequence[AccountSpec]) -> list
     named = [spec.account for spec in specs]
     if len(set(named)) != len(named) or not set(named) <= set(amounts):
         raise BadInput("open_missing", "must name accounts of the hold, each once")
-    return [str(len(specs)), *(arg for spec in specs for arg in _account_args(spec))]
-
-
-def _account_args(spec: AccountSpec) -> list[str]:
-    """account id, limit, soft limit, window_ms, approval threshold (account.lua)."""
-    return [
-        validate.account_id(spec.account),
-        str(validate.amount("limit", spec.limit)),
-        str(validate.amount("soft_limit", spec.soft_limit, spec.limit)),
-        str(validate.ttl("window_ms", spec.window_ms)),
-        str(validate.amount("approval_threshold", spec.approval_threshold)),
-    ]
+    return [str(len(specs)), *(arg for spec in specs for arg in validate.account_args(spec))]
 
 
 def _glob(text: str) -> str:

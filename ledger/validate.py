@@ -7,12 +7,12 @@ import re
 from collections.abc import Mapping
 
 from .errors import BadInput
-from .limits import MAX_ACCOUNTS, MAX_AMOUNT
-from .records import AccountKind
+from .limits import MAX_ACCOUNTS, MAX_AMOUNT, MAX_ID_CHARS
+from .records import AccountKind, AccountSpec
 
 MAX_TTL_MS = 366 * 24 * 3600 * 1000
 MAX_BLOB_BYTES = 1 << 20
-_ID = re.compile(r"[A-Za-z0-9._:@/-]{1,128}")
+_ID = re.compile(rf"[A-Za-z0-9._:@/-]{{1,{MAX_ID_CHARS}}}")
 _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _ENTRY_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")  # ASCII: \d takes any Unicode digit
 MAX_STREAM_PART = 2**64 - 1
@@ -47,6 +47,17 @@ def account_id(value: object) -> str:
     if kind not in _KINDS or not name:
         raise BadInput("account", f"must be kind:name with kind one of {', '.join(_KINDS)}")
     return account
+
+
+def account_args(spec: AccountSpec) -> list[str]:
+    """account id, limit, soft limit, window_ms, approval threshold (account.lua)."""
+    return [
+        account_id(spec.account),
+        str(amount("limit", spec.limit)),
+        str(amount("soft_limit", spec.soft_limit, spec.limit)),
+        str(ttl("window_ms", spec.window_ms)),
+        str(amount("approval_threshold", spec.approval_threshold)),
+    ]
 
 
 def amount(field: str, value: object, maximum: int = MAX_AMOUNT) -> int:

@@ -5,8 +5,13 @@ from __future__ import annotations
 import httpx
 import yaml
 
+from gateway.policies import check_policy_set
+from ledger import Ledger
+from pricing import load_policy_data
+
 from .conftest import Gateway, policy_dir_of
 from .helpers import assert_problem, balances, effect_headers, order
+from .servers import EXAMPLES
 
 
 def policy_file(gateway: Gateway, name: str) -> str:
@@ -53,6 +58,41 @@ async def test_upload_that_would_break_the_policy_set_changes_nothing(
     for tenant, agent in ((a, "buyer-01"), (b, "buyer-02")):
         read = await http.get("/tools/supplier/catalog", headers=tenant.auth(agent))
         assert read.status_code == 200, read.text
+
+
+async def test_an_upload_the_ledger_would_refuse_writes_nothing(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """A policy whose accounts the ledger cannot keep (here an exact risk factor's
+    account id past 128 characters) passed validation: the store took it as a new
+    version and its other limits went live before the ledger refused that account,
+    and a 422 came back with all of it written (with the uploader killed then, every
+    host's reload failed on it). It is refused before anything is written now."""
+    tenant = gateway.tenant("admin-a")
+    before = policy_file(gateway, "admin-a")
+    ledger = Ledger.from_url(gateway.redis_url)
+    try:
+        [stored] = (await ledger.policies.records([tenant.id])).values()
+        limits = {
+            a: row["limit"] for a, row in (await balances(http, gateway.admin, tenant)).items()
+        }
+        data = yaml.safe_load(before)
+        data["accounts"]["tenant"]["limit"] = "777777"
+        data["accounts"]["risk_factors"]["supplier:" + "x" * 150] = {"limit": "10"}
+        response = await http.put(
+            f"/v1/admin/tenants/{tenant.id}/policy",
+            content=yaml.safe_dump(data, sort_keys=False),
+            headers=gateway.admin,
+        )
+        body = assert_problem(response, 422, "invalid_policy")
+        assert "128" in str(body)
+        assert policy_file(gateway, "admin-a") == before
+        [after] = (await ledger.policies.records([tenant.id])).values()
+        assert after.version == stored.version
+        now = await balances(http, gateway.admin, tenant)
+        assert {a: row["limit"] for a, row in now.items()} == limits
+    finally:
+        await ledger.aclose()
 
 
 async def test_upload_refuses_invalid_or_foreign_policies(
@@ -110,3 +150,16 @@ async def test_journal_pages_and_escalation_queue(
     tenants = (await http.get("/v1/admin/tenants", headers=gateway.admin)).json()
     [row] = [t for t in tenants if t["tenant"] == tenant.id]
     assert row["live_holds"]["escalated"] == 1
+
+
+def test_a_wildcard_whose_accounts_would_all_be_too_long_is_refused() -> None:
+    """`supplier:xxx...*` past the ledger's id length opens no account at load, and
+    then every request on its routes would fail at the ledger: refused up front."""
+    document = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+    document["accounts"]["risk_factors"]["supplier:" + "x" * 115 + "*"] = {"limit": "10"}
+    policy = load_policy_data(document, "p.yaml")
+    [error] = check_policy_set([("p.yaml", policy)])
+    assert "too long" in str(error) and "128" in str(error)
+    del document["accounts"]["risk_factors"]["supplier:" + "x" * 115 + "*"]
+    document["accounts"]["risk_factors"]["supplier:" + "x" * 111 + "*"] = {"limit": "10"}
+    assert check_policy_set([("p.yaml", load_policy_data(document, "p.yaml"))]) == []

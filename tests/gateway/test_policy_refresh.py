@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -124,3 +125,50 @@ async def test_the_feed_gauge_is_0_while_the_subscription_is_down(gateway: Gatew
         finally:
             node.execute_command("ACL", "SETUSER", "default", "+subscribe")
         await until_gauge(http, gateway, 1.0)
+
+
+async def test_a_stored_version_the_ledger_would_refuse_holds_back_only_its_tenant(
+    ledger: Ledger, tmp_path: Path, tenant: str
+) -> None:
+    """A version in the store whose accounts the ledger cannot keep (an exact risk
+    factor's account past 128 characters: an older irrev's upload, or one whose host
+    died before putting the old text back) made every reload fail on the ledger's
+    refusal: no other tenant's change, a token's revocation included, was served.
+    Now it is a fault of its own tenant, which keeps the policy it had."""
+    broken, other = f"{tenant}-broken", f"{tenant}-other"
+    written = {
+        t: write_policy(tmp_path, "procurement", t, "http://127.0.0.1:9") for t in (broken, other)
+    }
+    store = TenantStore(tmp_path)
+    await store.load(ledger)
+    records = await ledger.policies.records([broken, other])
+
+    async def store_version(name: str, change: Callable[[dict[str, Any]], None]) -> None:
+        document = yaml.safe_load(records[name].text)
+        change(document)
+        text = yaml.safe_dump(document)
+        put = await ledger.policies.put(
+            name,
+            expected=records[name].version,
+            digest=policy_version(text),
+            text=text,
+            stamp_ms=None,
+            origin="test",
+        )
+        assert put.won
+
+    def too_long(document: dict[str, Any]) -> None:
+        document["accounts"]["risk_factors"]["supplier:" + "x" * 150] = {"limit": "10"}
+
+    agent, token = next(iter(written[other].tokens.items()))
+    kept, kept_token = next(iter(written[broken].tokens.items()))
+    await store_version(broken, too_long)
+    await store_version(other, lambda document: document["agents"].pop(agent))
+    report = await store.apply(ledger)
+    # Both files are older than the store's versions (reported as not in force); only
+    # the broken tenant's stored version is refused.
+    refused = {fault.tenant for fault in report.faults if "128" in str(fault.error)}
+    assert refused == {broken}
+    assert store.authenticate(token) is None  # the other tenant's revocation is served
+    assert store.authenticate(kept_token) is not None  # the broken one's old policy stands
+    assert f"{kept}" in store.policies[broken].document.agents
