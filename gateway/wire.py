@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
@@ -82,13 +83,14 @@ def _depth(text: bytes) -> int:
 
 def parse_json_body(body: bytes) -> object:
     """The body as priced: numbers exact (JsonNumber), no NaN/Infinity, no keys that are
-    equal or differ only in case, bounded nesting. An empty body is None."""
+    equal or differ only in case, no unpaired surrogate, bounded nesting. An empty body
+    is None."""
     if not body:
         return None
     if _depth(body) > MAX_JSON_DEPTH:
         raise Problem(400, "bad_json", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(
+        document = json.loads(
             body.decode("utf-8"),
             parse_float=JsonNumber,
             parse_constant=_reject_constant,
@@ -96,6 +98,32 @@ def parse_json_body(body: bytes) -> object:
         )
     except (UnicodeDecodeError, ValueError) as exc:
         raise Problem(400, "bad_json", f"the body is not valid JSON: {exc}") from exc
+    if _has_lone_surrogate(document):
+        # `\ud800` escapes no character: an upstream reads it as U+FFFD, as itself, or
+        # fails (Go, JavaScript, Rust), and it cannot be sent on as UTF-8 at all (an MCP
+        # call was reserved, never sent, and left ambiguous and charged).
+        raise Problem(
+            400,
+            "bad_json",
+            "the body has an unpaired surrogate escape (\\ud800-\\udfff): not text; send "
+            "the character itself, or both halves of its pair",
+        )
+    return document
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _has_lone_surrogate(value: object) -> bool:
+    # json.loads joins an escaped pair into its one character: any surrogate left in a
+    # string is unpaired.
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(item) for item in value)
+    return False
 
 
 def hold_id_for(tenant: str, agent: str, route_id: str, agent_key: str) -> str:

@@ -197,6 +197,26 @@ BAD_INPUT = [
     ),
     ("too-deep", "POST", "/tools/supplier/orders", {}, deep(40), 400, "bad_json"),
     ("not-utf8", "POST", "/tools/supplier/orders", {}, b'{"sku": "\xff"}', 400, "bad_json"),
+    # An unpaired surrogate is no Unicode text: an upstream reads it as U+FFFD, as
+    # itself, or fails (Go, JavaScript, Rust), and UTF-8 cannot carry it on.
+    (
+        "lone-surrogate",
+        "POST",
+        "/tools/supplier/orders",
+        {},
+        ORDER.replace(b'"bolts"', b'"bolts\\ud800"'),
+        400,
+        "bad_json",
+    ),
+    (
+        "lone-surrogate-key",
+        "POST",
+        "/tools/supplier/orders",
+        {},
+        ORDER.replace(b'"sku"', b'"sku\\udc00"'),
+        400,
+        "bad_json",
+    ),
     (
         "not-json",
         "POST",

@@ -94,8 +94,19 @@ def call_message(arguments_json: str) -> bytes:
         json.dumps({**order(), "note": deep(40)}),
         '{"supplier_id":"s1","sku":"b","quantity":1,"unit_price":0.99999999999999999999}',
         '{"supplier_id":"s1","sku":"b","quantity":1,"unit_price":1e400}',
+        # The SDK cannot encode an unpaired surrogate to send it: the call was reserved,
+        # never sent, and left ambiguous and charged.
+        '{"supplier_id":"s1","sku":"\\ud800","quantity":1,"unit_price":"1"}',
     ],
-    ids=["nan", "duplicate-key", "keys-differing-in-case", "deep", "beyond-double", "inf"],
+    ids=[
+        "nan",
+        "duplicate-key",
+        "keys-differing-in-case",
+        "deep",
+        "beyond-double",
+        "inf",
+        "lone-surrogate",
+    ],
 )
 async def test_malformed_json_is_refused_before_the_sdk_reads_it(
     arguments_json: str,
