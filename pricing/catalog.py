@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
+from ledger.limits import MAX_ID_CHARS
 from pricing.calibration import Evidence, Pooling, route_pooling
 from pricing.errors import (
     AmbiguousField,
@@ -39,6 +40,7 @@ from pricing.policy import (
     UnknownRouteAction,
 )
 from pricing.templates import (
+    FORMAT_EXTENSION,
     ID_RE,
     FactorTemplate,
     Lookup,
@@ -55,6 +57,8 @@ Query = Mapping[str, str | Sequence[str]]
 FACTOR_PREFIX = "factor:"
 # Segments an upstream may normalise into another route than the one that was priced.
 _DIGITS = re.compile(r"[0-9]+")
+# A whole value a number parser reads as one number (sign, point, exponent; lower-case).
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?")
 _UNSAFE_SEGMENTS = frozenset({"", ".", ".."})
 _UNSAFE_ESCAPES = ("%2f", "%5c", "%2e", "\\")
 MEDIA_TYPES = {
@@ -328,11 +332,13 @@ class _Fields:
         query: Query,
         path_params: Mapping[str, str],
         query_fields: frozenset[str],
+        tail_param: str | None = None,
     ) -> None:
         self.body = body
         self.query = query
         self.path_params = path_params
         self.query_fields = query_fields
+        self.tail_param = tail_param  # the path parameter in the last segment
         self.body_keys = (
             {str(k).casefold() for k in body} if isinstance(body, Mapping) else set[str]()
         )
@@ -445,16 +451,37 @@ def _factor_value(fields: _Fields, name: str) -> str:
         # (JavaScript's): 2^60 and 2^60 + 1 would be one supplier upstream and two
         # factor accounts here.
         raise BadRiskFactor(name, f"{raw} is past 2^53 - 1; send an id that long as a string")
-    # Case-folded so that 'Acme-Steel' and 'acme-steel' share one factor account, and
-    # leading zeros dropped so that '042' and '42' do (an API that parses ids as
-    # integers reads one customer): an agent must not dodge a concentration cap by
-    # spelling; merging only tightens.
-    value = str(raw).strip().lower()
-    if _DIGITS.fullmatch(value):
-        value = value.lstrip("0") or "0"
+    if isinstance(raw, str) and name == fields.tail_param:
+        # `/stock/77.json` is item 77 to a router that strips a format extension.
+        raw = FORMAT_EXTENSION.sub("", raw)
+    # Case-folded so that 'Acme-Steel' and 'acme-steel' share one factor account, and a
+    # number spelled one way only, so that '042', '42.0' and '4.2e1' do (an API that
+    # reads ids as numbers reads one customer): an agent must not dodge a concentration
+    # cap by spelling; merging only tightens.
+    value = _one_spelling(name, str(raw).strip().lower())
     if not ID_RE.fullmatch(value):
         raise BadRiskFactor(name, f"{raw!r} may use only letters, digits and . _ : @ / -")
     return value
+
+
+def _one_spelling(name: str, value: str) -> str:
+    """A factor value that reads as one number, as that number's plain decimal: digits
+    without leading zeros, a point only before a fraction's digits; anything else as
+    it is."""
+    if _DIGITS.fullmatch(value):
+        return value.lstrip("0") or "0"  # any length: a long id of digits stays one
+    if not _NUMBER.fullmatch(value):
+        return value
+    number = Decimal(value)
+    if number.is_zero():
+        return "0"
+    # Past an id's length its digits cannot be an id, and printing 1e999999 in full
+    # would cost the gateway.
+    if not -MAX_ID_CHARS <= number.adjusted() <= MAX_ID_CHARS:
+        raise BadRiskFactor(name, f"{value!r} is a number too large or too small for an id")
+    if number == number.to_integral_value():
+        return str(int(number))
+    return format(number.normalize(), "f")
 
 
 def price_in_catalog(
@@ -486,7 +513,7 @@ def price_in_catalog(
         )
     check_effect_path(path)
     check_effect_query(query, route.query_fields)
-    fields = _Fields(body, query, params, route.query_fields)
+    fields = _Fields(body, query, params, route.query_fields, route.template.tail_param)
     if route.currency_field is not None:
         check_currency(fields, route.currency_field, catalog.currency)
     if route.face_fixed_micros is not None:

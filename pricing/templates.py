@@ -17,7 +17,7 @@ _SEGMENT_LITERAL = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@%-]+")
 _FACTOR_LITERAL = re.compile(rf"[{ID_CHARS}]*")
 # Everything from a segment's first '.': Rails' `.:format` takes any characters but
 # '/' and '.', Spring's suffix pattern match anything (`/orders.x-y`, `/orders.json.x`).
-_FORMAT_EXTENSION = re.compile(r"\..*$")
+FORMAT_EXTENSION = re.compile(r"\..*$")
 
 
 class TemplateError(ValueError):
@@ -36,6 +36,12 @@ class PathTemplate:
     def shape(self) -> str:
         """The template with parameter names erased: two routes of one shape collide."""
         return "/" + "/".join("{}" if s is None else s for s in self.segments)
+
+    @property
+    def tail_param(self) -> str | None:
+        """The parameter that is the last segment, if one is: a lenient router reads
+        it without a format extension (Rails' `.:format`, Spring's suffix match)."""
+        return self.params[-1] if self.segments and self.segments[-1] is None else None
 
     @property
     def specificity(self) -> tuple[int, ...]:
@@ -77,7 +83,7 @@ def loose_parts(path: str) -> list[str]:
     if parts and not parts[-1]:
         parts.pop()
     if parts:
-        parts[-1] = _FORMAT_EXTENSION.sub("", parts[-1])
+        parts[-1] = FORMAT_EXTENSION.sub("", parts[-1])
     return parts
 
 

@@ -164,6 +164,20 @@ def test_a_route_declaring_its_body_takes_no_other_field() -> None:
         pytest.param("042", "supplier:42", id="leading-zeros"),
         pytest.param("000", "supplier:0", id="zeros"),
         pytest.param("0x2a", "supplier:0x2a", id="not-all-digits"),
+        # Each of these is customer 42 to an API that reads ids as numbers (JavaScript's
+        # parseFloat, a PHP cast, a MySQL comparison): one account, not six that an agent
+        # could fill one cap each of.
+        pytest.param("42.0", "supplier:42", id="a-fraction-of-zero"),
+        pytest.param("4.2e1", "supplier:42", id="an-exponent"),
+        pytest.param("42.", "supplier:42", id="a-trailing-point"),
+        pytest.param("42E0", "supplier:42", id="a-zero-exponent"),
+        pytest.param("0042.00", "supplier:42", id="zeros-both-sides"),
+        pytest.param("+42", "supplier:42", id="a-plus-sign"),
+        pytest.param("4.25e1", "supplier:42.5", id="a-fraction"),
+        pytest.param("042.50", "supplier:42.5", id="a-fraction-with-zeros"),
+        pytest.param("-0.0", "supplier:0", id="negative-zero"),
+        pytest.param("1.2.3", "supplier:1.2.3", id="a-version-not-a-number"),
+        pytest.param("1" + "0" * 60, "supplier:1" + "0" * 60, id="a-long-digit-string"),
     ],
 )
 def test_risk_factor_expansion(supplier: object, factor: str) -> None:
@@ -182,12 +196,40 @@ def test_risk_factor_expansion(supplier: object, factor: str) -> None:
         # A parser reading numbers as doubles sees 2^60 here: one supplier, two accounts.
         pytest.param(2**60 + 1, id="integer-past-2^53"),
         pytest.param(-(2**60), id="negative-past-2^53"),
+        # A number spelled too large or too small for an id: its digits would not fit.
+        pytest.param("1e999999", id="a-huge-exponent"),
+        pytest.param("1e-999999", id="a-tiny-exponent"),
     ],
 )
 def test_bad_risk_factor_values(supplier: object) -> None:
     with pytest.raises(BadRiskFactor) as info:
         price_order(order(supplier_id=supplier))
     assert info.value.field == "supplier_id"
+
+
+def test_a_format_extension_on_a_last_path_parameter_names_the_same_factor() -> None:
+    """Rails' `.:format` and Spring's suffix matching route `DELETE /stock/77.json` to
+    item 77: its factor account is item 77's, not one of its own per extension."""
+    document = yaml.safe_load((EXAMPLES / "globex.yaml").read_text())
+    document["routes"].append(
+        {
+            "tool": "inventory",
+            "route": "DELETE /stock/{sku}",
+            "class": "irreversible",
+            "query": ["units"],
+            "face_value": "units",
+            "risk_factors": ["sku:{sku}"],
+        }
+    )
+    policy = load_policy_data(document, "globex.yaml")
+    for path in ("/stock/77", "/stock/77.json", "/stock/77.xml", "/stock/077.json"):
+        effect = price_request(policy, "inventory", "DELETE", path, {"units": "5"}, None)
+        assert effect.risk_factors == ("sku:77",), path
+    # A parameter before the last segment is not read so: /stock/77.json/writeoff is
+    # item 77.json to those routers too.
+    body = {"units": 1, "unit_cost": 1}
+    effect = price_request(policy, "inventory", "POST", "/stock/77.json/writeoff", {}, body)
+    assert effect.risk_factors == ("sku:77.json",)
 
 
 def test_query_fields_and_duplicates() -> None:
