@@ -324,7 +324,7 @@ class TenantStore:
     ) -> set[str]:
         """Write into the store each local policy that differs from the store's and is
         newer: edited while this process ran, named in `promote` (in `edited` too), or
-        changed on this host (its ctime) after the store's version was written; a
+        changed on this host (its mtime) after the store's version was written; a
         tenant the store lacks takes the file as it is. Compare-and-set on the version
         read: a host that lost to another writer serves the winner's version. The
         tenants whose version this host wrote: only they get their limits changed."""
@@ -648,10 +648,13 @@ class TenantStore:
 
 
 def _changed_ms(path: Path) -> int:
-    """When the file last changed on this host (its ctime: also set by a copy or a
-    restore that keeps the old mtime), in Unix ms."""
+    """When the file's content last changed on this host (its mtime), in Unix ms. Not
+    its ctime, which a chmod, a chown or a new hard link also set: an outdated copy
+    whose permissions changed went back into the store. A copy that keeps an old
+    mtime (`cp -p`, a restore) counts as old: reported, not applied (safe); upload
+    it, or touch it, to apply it."""
     try:
-        return path.stat().st_ctime_ns // 1_000_000
+        return path.stat().st_mtime_ns // 1_000_000
     except OSError:
         return 0
 

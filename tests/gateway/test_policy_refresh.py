@@ -172,3 +172,29 @@ async def test_a_stored_version_the_ledger_would_refuse_holds_back_only_its_tena
     assert store.authenticate(token) is None  # the other tenant's revocation is served
     assert store.authenticate(kept_token) is not None  # the broken one's old policy stands
     assert f"{kept}" in store.policies[broken].document.agents
+
+
+async def test_a_metadata_change_to_an_outdated_copy_does_not_put_it_back(
+    ledger: Ledger, tmp_path: Path, tenant: str
+) -> None:
+    """A host's file goes into the store when it changed after the store's version.
+    That was read from its ctime, which a chmod, a chown or a new hard link also set:
+    an outdated copy whose permissions changed went back into the store, its old
+    limit with it. The file's content is what changes an edit: its mtime."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    write_policy(one, "procurement", tenant, "http://127.0.0.1:9")
+    two.mkdir()
+    (two / f"{tenant}.yaml").write_text((one / f"{tenant}.yaml").read_text())
+    first, second = TenantStore(one), TenantStore(two)
+    await first.load(ledger)
+    await second.load(ledger)
+    document = yaml.safe_load((two / f"{tenant}.yaml").read_text())
+    document["accounts"]["tenant"]["limit"] = "5000"
+    await second.upload(ledger, tenant, yaml.safe_dump(document))
+    uploaded = (await ledger.policies.records([tenant]))[tenant]
+    await first.apply(ledger)  # serves the uploaded version; its own file is outdated
+    (one / f"{tenant}.yaml").chmod(0o640)
+    await first.apply(ledger)
+    assert (await ledger.policies.records([tenant]))[tenant].version == uploaded.version
+    limits = {b.account: b.limit for b in await ledger.balances(tenant)}
+    assert limits[f"tenant:{tenant}"] == 5000 * 10**6
