@@ -13,10 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ledger import MAX_ID_CHARS, BadInput, check_account_spec
 from ledger import AccountSpec as LedgerAccount
-from ledger import BadInput
-from ledger.limits import MAX_ID_CHARS
-from ledger.validate import account_args
 from pricing import (
     AccountSpec,
     AuthenticatedAgent,
@@ -171,7 +169,7 @@ def ledger_problems(policy: TenantPolicy) -> list[Problem]:
     problems = []
     for spec in policy_accounts(policy):
         try:
-            account_args(ledger_account(spec))
+            check_account_spec(ledger_account(spec))
         except BadInput as exc:
             problems.append(Problem("accounts", f"{spec.account_id}: {exc}"))
     for pattern in policy.document.accounts.risk_factors:

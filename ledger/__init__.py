@@ -34,7 +34,7 @@ from .errors import (
 )
 from .journal import JournalEntry, iter_journal, read_journal
 from .lease import Lease
-from .limits import MAX_ACCOUNTS, MAX_AMOUNT
+from .limits import MAX_ACCOUNTS, MAX_AMOUNT, MAX_ID_CHARS
 from .policystore import PolicyRecord, PolicyStore, PutResult
 from .records import (
     RULE_PREFIX,
@@ -59,10 +59,12 @@ from .records import (
     pool_tag,
 )
 from .settings import AppendFsync, LedgerSettings
+from .validate import check_account_spec
 
 __all__ = [
     "MAX_ACCOUNTS",
     "MAX_AMOUNT",
+    "MAX_ID_CHARS",
     "RULE_PREFIX",
     "AccountCheck",
     "AccountSpec",
@@ -109,6 +111,7 @@ __all__ = [
     "UnknownAccount",
     "audit",
     "audit_tenant",
+    "check_account_spec",
     "cluster_enabled",
     "connect",
     "cutoff_ms",

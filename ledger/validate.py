@@ -49,6 +49,12 @@ def account_id(value: object) -> str:
     return account
 
 
+def check_account_spec(spec: AccountSpec) -> None:
+    """BadInput unless `upsert_account` would take `spec`: for a caller that must know
+    before it writes anything else (a policy's accounts, before its version is stored)."""
+    account_args(spec)
+
+
 def account_args(spec: AccountSpec) -> list[str]:
     """account id, limit, soft limit, window_ms, approval threshold (account.lua)."""
     return [

@@ -85,6 +85,8 @@ PUBLIC_API = {
     # the bounds every layer enforces
     "MAX_AMOUNT",
     "MAX_ACCOUNTS",
+    "MAX_ID_CHARS",
+    "check_account_spec",
 }
 
 
