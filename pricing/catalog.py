@@ -172,6 +172,14 @@ class Catalog:
                 return route, params
         return None
 
+    def lenient_route(self, tool: str, method: str, path: str) -> CompiledRoute | None:
+        """The listed route of `tool` and `method` a lenient router reads `path` as
+        (another case, a format extension, matrix parameters): the most specific one
+        whose template matches the path's `loose_parts`."""
+        loose = loose_parts(path)
+        routes = self.routes.get((tool, method), ())
+        return next((route for route in routes if route.template.match_loose(loose)), None)
+
     def alias_of(self, tool: str, path: str) -> CompiledRoute | None:
         """A listed route of `tool` that `path` (listed under no method) reads as to a
         lenient router: another case, a format extension, matrix parameters."""
@@ -506,6 +514,15 @@ def price_in_catalog(
     if found is None:
         return _price_unknown(catalog, tool, method, path, query, body, body_format)
     route, params = found
+    lenient = catalog.lenient_route(tool, method, path)
+    if lenient is not None and lenient is not route:
+        # A parameter segment took what a lenient router reads as a listed literal:
+        # priced as `/reports/{name}` (a read), run as `/reports/export`.
+        raise RouteAlias(
+            f"{method} {path} matches the listed {route.method} {route.template.text}, but "
+            f"lenient routers read it as the listed {lenient.method} "
+            f"{lenient.template.text}; send the listed path"
+        )
     check_body_format(route.body_format, body_format)
     if route.effect_class is EffectClass.READ:
         return PricedEffect(

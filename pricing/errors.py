@@ -50,9 +50,10 @@ class UnknownRoute(RequestError):
 
 
 class RouteAlias(RequestError):
-    """An unknown path that an upstream could route to a listed route (another case, a
-    format extension, matrix parameters): priced from the agent's own field it would
-    bypass that route's price."""
+    """A path that an upstream could route to a listed route (another case, a format
+    extension, matrix parameters) while it is priced otherwise: unknown, and priced from
+    the agent's own field, or matched by a parameter route, it would bypass that route's
+    price."""
 
     reason = "route_alias"
     status = 403

@@ -163,6 +163,54 @@ def test_aliases_of_listed_routes_are_refused(method: str, path: str) -> None:
         price_request(POLICY, "pay", method, path, {}, {"amount": 1})
 
 
+def test_a_parameter_route_does_not_hide_a_literal_route_a_lenient_router_reads() -> None:
+    """`GET /reports/export.json` matches the listed read `GET /reports/{name}`, but
+    Rails, Spring and IIS route it to the listed effect `GET /reports/export`: it was
+    priced as a free read (and `/payments/REFUND_ALL` as a 1 USD payment) while the
+    upstream ran the literal route."""
+    routes = [
+        {"tool": "pay", "route": "GET /reports/{name}", "class": "read"},
+        {
+            "tool": "pay",
+            "route": "GET /reports/export",
+            "class": "irreversible",
+            "query": ["amount"],
+            "face_value": "amount",
+        },
+        {
+            "tool": "pay",
+            "route": "POST /payments/{payment_id}",
+            "class": "reversible",
+            "query": ["amount"],
+            "face_value": "amount",
+        },
+        {
+            "tool": "pay",
+            "route": "POST /payments/refund_all",
+            "class": "irreversible",
+            "query": ["amount"],
+            "face_value": "amount",
+        },
+    ]
+    policy = load_policy_data({**DOCUMENT, "routes": routes}, "t1.yaml")
+    for method, path in (
+        ("GET", "/reports/export.json"),
+        ("GET", "/reports/EXPORT"),
+        ("GET", "/reports/export;v=1"),
+        ("POST", "/payments/refund_all.json"),
+        ("POST", "/payments/REFUND_ALL"),
+    ):
+        with pytest.raises(RouteAlias, match="lenient routers read it as"):
+            price_request(policy, "pay", method, path, {"amount": "1"}, None)
+    # What the parameter route alone reads stays its own, and so does the literal.
+    read = price_request(policy, "pay", "GET", "/reports/Quarterly.pdf", {}, None)
+    assert read.effect_class is EffectClass.READ
+    exact = price_request(policy, "pay", "POST", "/payments/refund_all", {"amount": "7"}, None)
+    assert exact.effect_class is EffectClass.IRREVERSIBLE
+    one = price_request(policy, "pay", "POST", "/payments/p_1.json", {"amount": "7"}, None)
+    assert one.effect_class is EffectClass.REVERSIBLE
+
+
 def test_unknown_routes_that_are_no_alias_are_priced_from_the_body() -> None:
     # The exact path of a listed read, under another method, is an unknown route.
     for method, path in (("POST", "/payouts"), ("DELETE", "/orders/o1")):
