@@ -363,6 +363,10 @@ class _Fields:
             # An upstream may read the copy that was not priced (Rails merges path,
             # query and body; servlets prefer the query): send each field once.
             raise AmbiguousField(name, "is in more than one of the path, query and body")
+        if "." in name and folded in self.body_keys:
+            # `{"payment": {"amount": 1}, "payment.amount": 45000}`: priced from the
+            # nested one, while lodash's get() and MongoDB's $set read the flat key.
+            raise AmbiguousField(name, "is both a key with dots and a nested path in the body")
         if name in self.path_params:
             return self.path_params[name]
         if name in self.query_fields:

@@ -211,6 +211,27 @@ def test_a_parameter_route_does_not_hide_a_literal_route_a_lenient_router_reads(
     assert one.effect_class is EffectClass.REVERSIBLE
 
 
+def test_a_dotted_field_sent_also_as_a_flat_key_is_ambiguous() -> None:
+    """A route declaring `payment.amount` priced the nested value and forwarded a flat
+    `"payment.amount"` key too, which a flat-first reader (lodash's get, MongoDB's
+    $set) takes instead: 1 USD priced, 45,000 run."""
+    routes = [
+        {
+            "tool": "pay",
+            "route": "POST /payouts",
+            "class": "irreversible",
+            "body": ["payment.amount", "payment.customer"],
+            "face_value": "payment.amount",
+        }
+    ]
+    policy = load_policy_data({**DOCUMENT, "routes": routes}, "t1.yaml")
+    nested = {"payment": {"amount": "1", "customer": "c1"}}
+    assert price_request(policy, "pay", "POST", "/payouts", {}, nested).price_micros == 1_000_000
+    for flat in ("payment.amount", "Payment.Amount"):
+        with pytest.raises(AmbiguousField, match="key with dots"):
+            price_request(policy, "pay", "POST", "/payouts", {}, {**nested, flat: "45000"})
+
+
 def test_unknown_routes_that_are_no_alias_are_priced_from_the_body() -> None:
     # The exact path of a listed read, under another method, is an unknown route.
     for method, path in (("POST", "/payouts"), ("DELETE", "/orders/o1")):
