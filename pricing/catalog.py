@@ -9,6 +9,7 @@ rounding.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
@@ -60,6 +61,9 @@ _DIGITS = re.compile(r"[0-9]+")
 # A whole value a number parser reads as one number (sign, point, exponent; lower-case).
 _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?")
 _UNSAFE_SEGMENTS = frozenset({"", ".", ".."})
+# Unicode categories a reader does not see as such: controls, formatting (bidi
+# overrides, zero-width characters), line and paragraph separators.
+_UNSHOWN = frozenset({"Cc", "Cf", "Zl", "Zp"})
 _UNSAFE_ESCAPES = ("%2f", "%5c", "%2e", "\\")
 MEDIA_TYPES = {
     BodyFormat.JSON: "application/json",
@@ -283,6 +287,14 @@ def check_request_path(path: str) -> None:
         raise RequestError(
             f"path {path!r} has empty, '.' or '..' segments or an encoded '/', '\\' or '.'; "
             "send the canonical path"
+        )
+    if any(unicodedata.category(c) in _UNSHOWN for c in path):
+        # An unknown route's id is its path, shown to approvers and printed in the
+        # journal: a bidi override shows `/stop` for `/\u202epots`, a carriage return
+        # and an escape sequence overwrite a terminal's line with a forged entry.
+        raise RequestError(
+            f"path {path!r} has control or invisible formatting characters; send the "
+            "path without them"
         )
 
 

@@ -235,7 +235,7 @@ async def _journal(ledger: Ledger, args: argparse.Namespace) -> int:
             print(json.dumps({**shown, "at": at}))
             continue
         hidden = ("id", "op", "changes", "currency")
-        rest = " ".join(f"{k}={v}" for k, v in shown.items() if k not in hidden)
+        rest = " ".join(f"{k}={_visible(v)}" for k, v in shown.items() if k not in hidden)
         moved = "; ".join(
             f"{c['account']} pending {_signed(c['pending'], c['pending_text'])} "
             f"posted {_signed(c['posted'], c['posted_text'])}"
@@ -243,6 +243,16 @@ async def _journal(ledger: Ledger, args: argparse.Namespace) -> int:
         )
         print(f"{entry.entry_id}  {entry.op:<10} {rest}" + (f"  [{moved}]" if moved else ""))
     return 0
+
+
+def _visible(value: object) -> str:
+    """A value as text a terminal shows as it is: a control character (a carriage
+    return, an escape sequence) in an agent's key or path would overwrite the line
+    with one of its own making, so any that is not printable is written escaped."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def _signed(amount: int, text: str) -> str:

@@ -15,7 +15,7 @@ import pytest
 from irrev.commands.ledger import safe_url
 from irrev.harness import TenantPolicy
 from ledger.client import Ledger
-from ledger.records import AccountSpec
+from ledger.records import AccountSpec, Provenance
 
 from .test_audit import busy_tenant
 
@@ -102,6 +102,22 @@ async def test_every_command_prints_json(ledger: Ledger, tenant: str, redis_url:
     journal = irrev_ledger(redis_url, "journal", "--tenant", tenant, "--json", "--count", "3")
     entries = [json.loads(line) for line in journal.stdout.splitlines()]
     assert len(entries) == 3 and all(e["at"].endswith("Z") for e in entries)
+
+
+async def test_the_journal_prints_control_characters_escaped(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    """An agent's key (or an older gateway's unknown path) is kept verbatim in the
+    journal: printed raw, a carriage return and an erase-line sequence overwrote the
+    entry on a terminal with a forged one (`... approve ... by=operator:ops`)."""
+    await ledger.upsert_account(tenant, AccountSpec("agent:a", 1000, 1000))
+    forged = "k\r\x1b[2K1796150000000-0  approve    hold=deadbeef by=operator:ops"
+    provenance = Provenance("route", "a", "ops", 5, forged)
+    await ledger.reserve(tenant, "h1", "fp", {"agent:a": 5}, ttl_ms=60_000, provenance=provenance)
+    journal = irrev_ledger(redis_url, "journal", "--tenant", tenant)
+    assert journal.returncode == 0, journal.stderr
+    assert "\x1b" not in journal.stdout and "\r" not in journal.stdout
+    assert "k\\r\\x1b[2K1796150000000-0" in journal.stdout
 
 
 async def test_the_journal_shows_amounts_in_the_tenants_currency(

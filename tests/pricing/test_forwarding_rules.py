@@ -147,6 +147,24 @@ def test_semicolons_and_dot_segments_in_effect_paths(path: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "path",
+    [
+        "/payouts/acct_42/\u202epots",  # shown to an approver as /payouts/acct_42/stop
+        "/payouts/\u200bacct_42",
+        "/x\r\x1b[2K1796150000000-0  approve",  # overwrites a terminal's journal line
+        "/x\x00y",
+        "/x\u2028y",
+    ],
+)
+def test_paths_with_characters_a_reader_does_not_see_are_refused(path: str) -> None:
+    """An unknown route's id is its path: approvers see it in the console and operators
+    in `irrev ledger journal`."""
+    with pytest.raises(RequestError, match="control or invisible") as info:
+        price_request(POLICY, "pay", "POST", path, {}, {"amount": 1})
+    assert info.value.reason == "bad_request"
+
+
+@pytest.mark.parametrize(
     ("method", "path"),
     [
         ("POST", "/Transfers"),
