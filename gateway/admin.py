@@ -264,6 +264,18 @@ def _times(hold: Hold, now_ms: int) -> dict[str, Any]:
     }
 
 
+def forwarded(stored: StoredRequest) -> dict[str, Any]:
+    """What a forward of the held effect sends besides its body, beyond the route's
+    template: the request line with the concrete path and query (which account, which
+    customer) and the agent's passed headers (an API version). A person approving the
+    effect approves exactly these and the body: none may be left out of their view."""
+    query = f"?{stored.query}" if stored.query else ""
+    return {
+        "target": f"{stored.method} {stored.path}{query}",
+        "headers": [f"{name}: {value}" for name, value in stored.headers],
+    }
+
+
 def queue_item(
     policy: TenantPolicy, hold: Hold, balances: dict[str, Balance], now_ms: int
 ) -> dict[str, Any]:
@@ -278,6 +290,7 @@ def queue_item(
         "method": stored.method,
         "path": stored.path,
         **effect_fields(policy, stored),
+        **forwarded(stored),
         "reason": hold.reason.value,
         "tripped": tripped_view(
             policy, tripped(hold, balances, _route_threshold(policy, stored.route_id))
@@ -340,6 +353,7 @@ async def hold_by_id(request: Request, tenant: str, hold_id: str, admin: Admin) 
     view.update(effect_fields(policy, record))
     if isinstance(record, StoredRequest):  # what an approver reads before deciding
         view["body"] = record.body.decode("utf-8", errors="replace")
+        view.update(forwarded(record))
     unit = policy.document.risk_unit
     view["amounts_text"] = {
         account: money_text(amount, unit.scale, unit.currency)

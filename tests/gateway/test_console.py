@@ -227,6 +227,10 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
             "procurement",
         ]
         assert "POST /orders" in row.find_element(By.CSS_SELECTOR, "td.route").text
+        # Beside the route's template, the request line a forward sends: the approver
+        # approves this path and query, not the template.
+        target = row.find_element(By.CSS_SELECTOR, "td.route div.target").text
+        assert target == "POST /orders", target
         page.text_is(f"{account} td.pending", price)  # reserved while it waits
         # How long it has waited and has left (the example's escalation_ttl is 30m),
         # and what tripped: the route's approval threshold.

@@ -21,6 +21,8 @@ import httpx
 import pytest
 import yaml
 
+from gateway.admin import forwarded
+from gateway.wire import StoredRequest
 from irrev.harness import new_token
 from ledger.cluster import redis_client
 from ledger.keys import tenant_prefix
@@ -153,6 +155,55 @@ async def received(upstream: httpx.AsyncClient, supplier: str) -> list[dict[str,
 
 
 # -- credentials and headers -------------------------------------------------------
+
+
+async def test_an_approver_sees_the_request_line_and_the_headers_an_approval_sends(
+    trusted: Trusted, client: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """An approval forwards the stored path, query and passed headers; the queue and the
+    hold showed only the route's template and the body, so a destination in the path
+    or query, or an API version in a header, went out unseen by the person approving."""
+    tenant = trusted.paying
+    headers = {
+        **effect_headers(tenant, "buyer-01", "approve-what-is-sent"),
+        "Stripe-Version": "2019-legacy",
+    }
+    response = await client.post(
+        "/tools/supplier/orders", json=order(quantity=450), headers=headers
+    )
+    assert response.status_code == 202, response.text
+    hold = response.headers["x-irrev-hold"]
+    queue = await client.get(
+        f"/v1/admin/tenants/{tenant.id}/escalations", headers=trusted.admin("approver")
+    )
+    assert queue.status_code == 200, queue.text
+    [item] = [e for e in queue.json()["escalations"] if e["hold"] == hold]
+    viewed = await client.get(
+        f"/v1/admin/tenants/{tenant.id}/holds/{hold}", headers=trusted.admin("approver")
+    )
+    assert viewed.status_code == 200, viewed.text
+    for view in (item, viewed.json()):
+        assert view["target"] == "POST /orders"
+        assert view["headers"] == ["stripe-version: 2019-legacy"]
+
+
+def test_the_request_line_shown_carries_the_query_as_forwarded() -> None:
+    stored = StoredRequest(
+        agent="a",
+        tool="payments",
+        method="POST",
+        path="/accounts/CORP-TREASURY/transfers",
+        query="to=ATTACKER-ACCT-666",
+        content_type="application/json",
+        body_b64="",
+        route_id="payments POST /accounts/{account_id}/transfers",
+        price=1,
+        headers=(("x-api-version", "2019-legacy-unsafe"),),
+    )
+    assert forwarded(stored) == {
+        "target": "POST /accounts/CORP-TREASURY/transfers?to=ATTACKER-ACCT-666",
+        "headers": ["x-api-version: 2019-legacy-unsafe"],
+    }
 
 
 async def test_credentials_are_added_and_only_allowed_agent_headers_pass(
