@@ -7,6 +7,7 @@ hold, the tool's "in progress" statuses (409 by default) in progress."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from http.cookiejar import CookieJar, DefaultCookiePolicy
@@ -16,6 +17,8 @@ import httpx
 
 from .upstream import Answer, Fate
 from .wire import KEPT_RESPONSE_HEADERS, Headers, StoredRequest, upstream_key
+
+log = logging.getLogger("irrev.gateway")
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,28 @@ class HttpUpstream:
             # Too late to begin: said so, not left to a timeout of zero (which would
             # call a request never begun unknown) or to the slots (busy).
             return Answer(Fate.NOT_SENT, why="hold_deadline")
+        try:
+            request = self._request(effect, hold_id)
+        except Exception as exc:
+            # Built before anything is sent: a request httpx cannot make (a URL past its
+            # length, a header it cannot encode) provably never left, and its hold must
+            # be released, not left charged as an unknown fate.
+            log.warning("request not sendable", extra={"hold_id": hold_id, "why": repr(exc)})
+            return Answer(Fate.NOT_SENT, why="request_not_sendable")
+        if self.slots is None:
+            return await self._send(request, deadline, retry)
+        semaphore = self.slots.semaphore
+        try:
+            wait_s = min(self.slots.wait_s, max(deadline - time.monotonic(), 0.0))
+            await asyncio.wait_for(semaphore.acquire(), wait_s)
+        except TimeoutError:
+            return Answer(Fate.NOT_SENT, why="upstream_tenant_busy")
+        try:
+            return await self._send(request, deadline, retry)
+        finally:
+            semaphore.release()
+
+    def _request(self, effect: StoredRequest, hold_id: str) -> httpx.Request:
         url = self.target.base_url.rstrip("/") + upstream_path(effect.path)
         url += f"?{effect.query}" if effect.query else ""
         headers = httpx.Headers(list(effect.headers))
@@ -121,32 +146,12 @@ class HttpUpstream:
             headers["Content-Type"] = effect.content_type
         for name, value in self.target.credentials:
             headers[name] = value
-        if self.slots is None:
-            return await self._send(effect, url, headers, deadline, retry)
-        semaphore = self.slots.semaphore
-        try:
-            wait_s = min(self.slots.wait_s, max(deadline - time.monotonic(), 0.0))
-            await asyncio.wait_for(semaphore.acquire(), wait_s)
-        except TimeoutError:
-            return Answer(Fate.NOT_SENT, why="upstream_tenant_busy")
-        try:
-            return await self._send(effect, url, headers, deadline, retry)
-        finally:
-            semaphore.release()
+        return self.client.build_request(effect.method, url, content=effect.body, headers=headers)
 
-    async def _send(
-        self,
-        effect: StoredRequest,
-        url: str,
-        headers: httpx.Headers,
-        deadline: float,
-        retry: bool,
-    ) -> Answer:
+    async def _send(self, request: httpx.Request, deadline: float, retry: bool) -> Answer:
         try:
             async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-                response = await self.client.request(
-                    effect.method, url, content=effect.body, headers=headers
-                )
+                response = await self.client.send(request)
         except TimeoutError:
             return Answer(Fate.UNKNOWN, why="upstream_timeout")
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:

@@ -5,6 +5,7 @@ parses the agent's request into an `Intent`, runs the admission pipeline
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterable
 from typing import Annotated
 
@@ -21,6 +22,8 @@ from .problems import Problem, body_timeout
 from .responses import answer_response, budget_headers, escalated_response, stored_response
 from .upstream import Answer
 from .wire import Headers, StoredAnswer
+
+_VISIBLE_ASCII = re.compile(r"[\x20-\x7e\t]*")
 
 router = APIRouter()
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -56,6 +59,16 @@ def passed_headers(policy: TenantPolicy, tool: str, headers: Iterable[tuple[str,
     their order within a name); everything else it sent stays at the gateway."""
     allowed = policy.catalog.forwarded_headers.get(tool, frozenset())
     kept = [(name, value) for name, value in headers if name in allowed]
+    for name, value in kept:
+        if not _VISIBLE_ASCII.fullmatch(value):
+            # Checked before anything is held: the HTTP client sends ASCII only, so such
+            # a value would fail the forward after the hold was charged.
+            raise Problem(
+                400,
+                "bad_header",
+                f"header {name}: its value must be printable ASCII (tabs and spaces "
+                "allowed); it is passed to the tool API as it is",
+            )
     return tuple(sorted(kept, key=lambda header: header[0]))
 
 

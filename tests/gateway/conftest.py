@@ -155,6 +155,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "retry-trace": ("procurement", {}),
     "accept": ("procurement", {}),
     "not-acceptable": ("procurement", {}),
+    "unsendable": ("procurement", {}),
     # Its supplier tool points at a port nobody listens on.
     "unreachable": (
         "procurement",

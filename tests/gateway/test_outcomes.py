@@ -5,6 +5,7 @@ restores the budget, a timeout or 5xx leaves it ambiguous and charged until a re
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from .helpers import (
     balances,
     effect_headers,
     order,
+    raw_request,
     set_faults,
     supplier_stats,
     used,
@@ -480,3 +482,43 @@ async def test_a_406_leaves_the_hold_ambiguous_and_charged(
     assert await hold_state(http, tenant, "buyer-01", hold) == "ambiguous"
     after = used(await balances(http, gateway.admin, tenant))
     assert after["agent:buyer-01"] > before.get("agent:buyer-01", 0)
+
+
+async def test_a_header_the_forward_could_not_send_is_refused_before_anything_is_held(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """A passed header's value past ASCII (here traceparent: 0xff, which the server
+    reads as latin-1) made the forward fail after the hold was charged: a 500 saying
+    nothing was admitted, the hold pending, then ambiguous, and every repeat of the key
+    sent the same stored header and failed the same way."""
+    tenant = gateway.tenant("unsendable")
+    before = used(await balances(http, gateway.admin, tenant))
+    requests = (await supplier_stats(upstream, tenant))["requests"]
+    headers = [(k.encode(), v.encode()) for k, v in effect_headers(tenant, "buyer-01", "t").items()]
+    headers.append((b"traceparent", b"\xff"))
+    response = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+    assert_problem(response, 400, "bad_header")
+    assert used(await balances(http, gateway.admin, tenant)) == before
+    assert (await supplier_stats(upstream, tenant))["requests"] == requests
+
+
+async def test_a_request_the_http_client_cannot_make_releases_its_hold(
+    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """A path of 22,000 '{', which goes out percent-encoded (66,000 characters), is
+    past what httpx makes a URL of: that request provably never left, so its hold is
+    released (it was left pending, then ambiguous, with a 500 saying nothing was
+    admitted)."""
+    tenant = gateway.tenant("unsendable")
+    before = used(await balances(http, gateway.admin, tenant))
+    body = json.dumps({"supplier_id": "s1", "cancellation_fee": "10"}).encode()
+    headers = {
+        **effect_headers(tenant, "buyer-01", "long-path"),
+        "Content-Type": "application/json",
+    }
+    target = "/tools/supplier/orders/" + "{" * 22000 + "/cancel"
+    status, answered, raw = await raw_request(gateway.url, "POST", target, headers, body)
+    assert status == 502, raw
+    assert json.loads(raw)["why"] == "request_not_sendable"
+    assert await hold_state(http, tenant, "buyer-01", answered["x-irrev-hold"]) == "voided"
+    assert used(await balances(http, gateway.admin, tenant)) == before
