@@ -7,16 +7,19 @@ created per concrete factor on first use, from the most specific matching patter
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ledger.limits import MAX_ACCOUNTS
 from pricing.catalog import FACTOR_PREFIX, PricedEffect
 from pricing.credentials import AuthenticatedAgent
-from pricing.errors import PerEffectCapExceeded
+from pricing.errors import BadRiskFactor, PerEffectCapExceeded
 from pricing.policy import AccountLimits, EffectClass, PolicyDocument
 from pricing.serving import TenantPolicy
 
 MAX_HOLD_ACCOUNTS = MAX_ACCOUNTS
+
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,22 @@ def check_per_effect_cap(agent: AuthenticatedAgent, effect: PricedEffect) -> Non
         )
 
 
+def check_factor_id(policy: TenantPolicy, pattern: str, factor: str) -> None:
+    """BadRiskFactor if `pattern` takes integer ids and `factor`'s id is not one:
+    parseInt, a PHP cast or a MySQL comparison read '42abc' as customer 42, whose cap
+    an account of its own would let it dodge."""
+    limits = policy.document.accounts.risk_factors[pattern]
+    if limits.ids != "integer" or not pattern.endswith("*"):
+        return
+    given = factor[len(pattern) - 1 :]
+    if not _INTEGER.fullmatch(given):
+        raise BadRiskFactor(
+            pattern,
+            f"{given!r} is not an integer, and {pattern} takes integer ids only (ids: "
+            "integer): send the id as the number it is",
+        )
+
+
 def hold_accounts(
     policy: TenantPolicy, agent: AuthenticatedAgent, effect: PricedEffect
 ) -> dict[str, int]:
@@ -117,7 +136,9 @@ def hold_accounts(
         f"agent:{agent.agent_id}": price,
     }
     for factor in effect.risk_factors:
-        if factor_pattern_for(policy, factor) is not None:
+        pattern = factor_pattern_for(policy, factor)
+        if pattern is not None:
+            check_factor_id(policy, pattern, factor)
             accounts[FACTOR_PREFIX + factor] = price
     if len(accounts) > MAX_HOLD_ACCOUNTS:
         raise ValueError(

@@ -193,10 +193,24 @@ class PrincipalLimits(AccountLimits):
     routes: ScopeList | None = Field(default=None, description=SCOPE_DESCRIPTION)
 
 
+class FactorLimits(AccountLimits):
+    """A risk-factor pattern's accounts, and what its ids are."""
+
+    ids: Literal["any", "integer"] = Field(
+        default="any",
+        description=(
+            "'integer': the tool API reads these ids as numbers, so a value must be one "
+            "(42, 042 and 4.2e1 are one account already; '42abc', '4_2' or '42-x', "
+            "which such an API may read as 42, are refused rather than given accounts "
+            "of their own)"
+        ),
+    )
+
+
 class Accounts(_Model):
     tenant: AccountLimits
     principals: Annotated[dict[MemberId, PrincipalLimits], Field(min_length=1)]
-    risk_factors: dict[FactorPattern, AccountLimits] = Field(default_factory=dict)
+    risk_factors: dict[FactorPattern, FactorLimits] = Field(default_factory=dict)
 
 
 class Agent(_Model):

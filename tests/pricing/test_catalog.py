@@ -34,7 +34,7 @@ from pricing import (
     quantile_lgd,
     round_up,
 )
-from pricing.catalog import check_effect_body
+from pricing.catalog import FACTOR_PREFIX, check_effect_body
 from pricing.errors import BadQuery, PolicyError, UndeclaredField
 from pricing.policy import UnknownRouteAction
 
@@ -330,6 +330,35 @@ def test_fixed_face_value_for_in_process_route() -> None:
     effect = price_request(ACME, "deploy", "POST", "/deploys", {}, None)
     assert effect.in_process and effect.upstream is None
     assert effect.price_micros == 1000 * USD
+
+
+@pytest.mark.parametrize(
+    ("supplier", "refused"),
+    [
+        ("42", False),
+        ("0042", False),
+        ("4.2e1", False),  # one spelling of 42 already
+        ("-7", False),
+        ("42abc", True),  # parseInt, a PHP cast, MySQL: 42
+        ("4_2", True),  # Python's int(), Ruby's to_i: 42
+        ("42-x", True),
+        ("42.5", True),
+        ("acme-steel", False),  # the exact entry's own account: no id to read
+    ],
+)
+def test_a_factor_of_integer_ids_refuses_other_ids(supplier: str, refused: bool) -> None:
+    """`ids: integer` on a pattern: its ids are numbers to the tool API, so an id
+    with more after its digits is refused rather than given a cap of its own."""
+    document = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+    document["accounts"]["risk_factors"]["supplier:*"]["ids"] = "integer"
+    policy = load_policy_data(document, "procurement.yaml")
+    buyer = next(iter(policy.agents_by_hash.values()))
+    effect = price_request(policy, "supplier", "POST", "/orders", {}, order(supplier_id=supplier))
+    if refused:
+        with pytest.raises(BadRiskFactor, match="integer"):
+            hold_accounts(policy, buyer, effect)
+    else:
+        assert FACTOR_PREFIX + effect.risk_factors[0] in hold_accounts(policy, buyer, effect)
 
 
 def test_hold_accounts_in_order() -> None:
