@@ -120,7 +120,9 @@ class HttpUpstream:
             # Built before anything is sent: a request httpx cannot make (a URL past its
             # length, a header it cannot encode) provably never left, and its hold must
             # be released, not left charged as an unknown fate.
-            log.warning("request not sendable", extra={"hold_id": hold_id, "why": repr(exc)})
+            # The type only: an encoding error's text quotes the value, maybe a credential.
+            why = type(exc).__name__
+            log.warning("request not sendable", extra={"hold_id": hold_id, "why": why})
             return Answer(Fate.NOT_SENT, why="request_not_sendable")
         if self.slots is None:
             return await self._send(request, deadline, retry)
