@@ -232,5 +232,8 @@ async def test_every_run_of_the_server_times_reserves_and_posts_holds_of_its_own
     merged = medians(runs)
     assert [t.operation for t in merged] == [t.operation for t in runs[0]]
     [reserve] = [t for t in merged if t.operation == "reserve"]
-    each = [t.usec_per_call for run in runs for t in run if t.operation == "reserve"]
-    assert (reserve.calls, reserve.usec_per_call) == (6, sum(each) / 2)  # two: their mean
+    each = [t for run in runs for t in run if t.operation == "reserve"]
+    # Summed calls (3 a run, and any script call the session's gateways made on the node
+    # meanwhile: INFO commandstats counts the node's), and the median of two: their mean.
+    assert reserve.calls == sum(t.calls for t in each) >= 6
+    assert reserve.usec_per_call == sum(t.usec_per_call for t in each) / 2
