@@ -146,7 +146,6 @@ def check_policy_set(
                     )
                 )
             owners.setdefault(tool.settler_token_sha256, source)
-        problems += ledger_problems(policy)
         if problems:
             errors.append(PolicyError(source, problems))
     return errors
@@ -160,6 +159,15 @@ def ledger_account(spec: AccountSpec) -> LedgerAccount:
         window_ms=spec.window_ms,
         approval_threshold=spec.approval_threshold_micros or 0,
     )
+
+
+def ledger_errors(source: str, policy: TenantPolicy) -> list[PolicyError]:
+    """ledger_problems as the error of `source`, or none. Checked once per policy where
+    it enters (an upload, a file, a stored version), not in check_policy_set, which a
+    reload runs once per file over all the others (with 60 tenants that took half a
+    second of a worker's event loop)."""
+    problems = ledger_problems(policy)
+    return [PolicyError(source, problems)] if problems else []
 
 
 def ledger_problems(policy: TenantPolicy) -> list[Problem]:

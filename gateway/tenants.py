@@ -44,6 +44,7 @@ from .policies import (
     PolicyLoadError,
     check_policy_set,
     ledger_account,
+    ledger_errors,
     policy_files,
     policy_version,
     read_policy_files,
@@ -387,6 +388,9 @@ class TenantStore:
                 policy = load_policy_text(record.text, _store_source(record))
                 if policy.tenant != tenant:
                     raise PolicyError(_store_source(record), [Problem("tenant", "not " + tenant)])
+                refused = ledger_errors(_store_source(record), policy)
+                if refused:
+                    raise refused[0]
                 candidate = InForce(
                     PolicyFile(path, policy, record.digest), resolve_credentials(policy), now
                 )
@@ -421,6 +425,8 @@ class TenantStore:
             others = [(str(p), e.file.policy) for p, e in chosen.items()]
             errors = check_policy_set([*others, (source, entry.file.policy)], self.budget)
             mine = [error for error in errors if error.source == source]
+            if entry.file.path not in previous or previous[entry.file.path] is not entry:
+                mine += ledger_errors(source, entry.file.policy)
             if not mine:
                 chosen[entry.file.path] = entry
             return mine
@@ -612,6 +618,7 @@ class TenantStore:
         # while the upload was reported refused.
         others = [(str(p), e.file.policy) for p, e in self._in_force.items() if p != target]
         errors = check_policy_set([*others, (str(target), policy)], self.budget)
+        errors += ledger_errors(str(target), policy)
         if errors:
             raise PolicyLoadError(errors)
         previous = target.read_text(encoding="utf-8") if target.exists() else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import yaml
 
-from gateway.policies import check_policy_set
+from gateway.policies import ledger_errors
 from ledger import Ledger
 from pricing import load_policy_data
 
@@ -158,8 +158,8 @@ def test_a_wildcard_whose_accounts_would_all_be_too_long_is_refused() -> None:
     document = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
     document["accounts"]["risk_factors"]["supplier:" + "x" * 115 + "*"] = {"limit": "10"}
     policy = load_policy_data(document, "p.yaml")
-    [error] = check_policy_set([("p.yaml", policy)])
+    [error] = ledger_errors("p.yaml", policy)
     assert "too long" in str(error) and "128" in str(error)
     del document["accounts"]["risk_factors"]["supplier:" + "x" * 115 + "*"]
     document["accounts"]["risk_factors"]["supplier:" + "x" * 111 + "*"] = {"limit": "10"}
-    assert check_policy_set([("p.yaml", load_policy_data(document, "p.yaml"))]) == []
+    assert ledger_errors("p.yaml", load_policy_data(document, "p.yaml")) == []
