@@ -43,6 +43,7 @@ from .keys import (
     account_fields,
     accounts_key,
     ambiguous_key,
+    content_key,
     deadlines_key,
     escalated_key,
     factors_key,
@@ -65,6 +66,7 @@ from .records import (
     AccountSpec,
     Acks,
     Approval,
+    Attached,
     Balance,
     Decision,
     Hold,
@@ -103,6 +105,10 @@ MAX_CACHED_TENANTS = 10_000
 MAX_PROVENANCE_BYTES = 16384
 MAX_SWEEPS_BEFORE_RESERVE = 10
 HOLD_READS = 3
+# Generations of one keyless content a call walks through before it gives up: the
+# index jumps it to the newest, so more than two steps mean the index was lost while
+# old settled holds remain (attach.lua).
+MAX_ATTACH_STEPS = 64
 
 
 class Ledger:
@@ -535,6 +541,36 @@ class Ledger:
             await self._expire_due(tenant)
             reply, acked = await self._run_replicated("reserve", keys, _deciding(args, pool))
         return _reserve_result(tenant, idempotency_key, reply, acked)
+
+    async def attach(
+        self,
+        tenant: str,
+        content: str,
+        hold_id_of: Callable[[int], str],
+        *,
+        window_ms: int,
+        keep_ms: int,
+    ) -> Attached:
+        """The hold a call without a key of its own is, keyed by its `content` (an id
+        the caller derives from what was priced): the newest generation's while it is
+        live or settled within `window_ms` (Redis's clock), else the next one's (opened
+        by the caller's reserve of that id). `hold_id_of(g)` is generation g's hold id;
+        `keep_ms` how long the content's index outlives its last use (lua/attach.lua)."""
+        tenant = validate.tenant_id(tenant)
+        index = content_key(tenant, validate.identifier("content", content))
+        args = [str(validate.amount("window_ms", window_ms)), str(validate.ttl("keep_ms", keep_ms))]
+        generation = 1
+        for _ in range(MAX_ATTACH_STEPS):
+            hold_id = validate.identifier("hold_id", hold_id_of(generation))
+            keys = [accounts_key(tenant), index, hold_key(tenant, hold_id)]
+            reply = await self._run("attach", keys, [str(generation), *args])
+            verdict = str(reply[0])
+            if verdict in ("attach", "free"):
+                return Attached(hold_id, generation, verdict == "attach")
+            if verdict not in ("next", "ahead"):
+                raise_for_reply(tenant, hold_id, "attach", reply)
+            generation = int(reply[1])
+        raise BadInput("content", f"more than {MAX_ATTACH_STEPS} settled generations to walk")
 
     async def reserve_many(
         self, tenant: str, requests: Sequence[ReserveRequest]

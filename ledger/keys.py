@@ -44,6 +44,13 @@ def payload_key(tenant: str, hold_id: str) -> str:
     return f"{tenant_prefix(tenant)}payload:{hold_id}"
 
 
+def content_key(tenant: str, content: str) -> str:
+    """The newest generation of holds of one keyless call's content (lua/attach.lua):
+    `content` is an id the gateway derives from the agent, the route and the request
+    as priced."""
+    return f"{tenant_prefix(tenant)}content:{content}"
+
+
 def journal_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}journal"
 

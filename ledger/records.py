@@ -394,6 +394,17 @@ class Approval:
 
 
 @dataclass(frozen=True, slots=True)
+class Attached:
+    """Which hold a keyless call is (Ledger.attach): `hold_id` of its content's
+    `generation`; `existing` when that hold was there already (live, or settled within
+    the dedupe window), so that reserving it replays it."""
+
+    hold_id: str
+    generation: int
+    existing: bool
+
+
+@dataclass(frozen=True, slots=True)
 class SweepResult:
     visited: int
     remaining_due: int

@@ -30,9 +30,10 @@ from .bench import Run
 
 SETTLED = {"posted", "voided", "expired", "rejected", "denied"}
 RELEASED = {"voided", "expired", "rejected", "denied"}
-# Readings of Redis's clock at the moment a script ran: `tp`, when a hold was posted.
+# Readings of Redis's clock at the moment a script ran: `tp`, when a hold was posted,
+# and `te`, when it ended otherwise.
 # Recovery determinism is about what the ledger decides, not when it decided it.
-CLOCK_FIELDS = {"tp"}
+CLOCK_FIELDS = {"tp", "te"}
 
 
 @dataclass(frozen=True)

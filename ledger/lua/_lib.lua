@@ -539,9 +539,15 @@ end
 -- (a TTL never touches a live hold, so it can never release budget). `cr`: the
 -- hold's calibrating route (nil for most), whose open set it leaves when it goes
 -- from an open state to a closed one, and joins again the other way (an expired
--- hold found ambiguous).
+-- hold found ambiguous). A hold that ends other than posted (post.lua keeps `tp`)
+-- keeps when, `te` (Redis's clock): how long ago it settled decides whether a repeat
+-- of its content still attaches to it (attach.lua).
 local function set_state(id, from, to, retention_ms, extra, cr)
   local key = hkey(id)
+  if TERMINAL[to] and to ~= 'posted' then
+    extra = extra or {}
+    extra[#extra + 1], extra[#extra + 2] = 'te', fmt(now_ms())
+  end
   if cr and OPEN[from] ~= OPEN[to] then
     if OPEN[from] then
       close_pooled(cr)

@@ -41,6 +41,7 @@ PUBLIC_API = {
     # records
     "AccountCheck",
     "AccountSpec",
+    "Attached",
     "Balance",
     "Decision",
     "Hold",

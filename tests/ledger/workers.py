@@ -216,7 +216,20 @@ async def stale_batch(ledger: Ledger, tenant: str, url: str, primary_pid: str) -
         await stale.aclose()
 
 
+async def keyless(ledger: Ledger, tenant: str, barrier_name: str, content: str, price: str) -> None:
+    """One call without a key of its own: which hold its content is, then its reserve
+    (a repeat replays it). Prints the hold id and whether the reserve was a replay."""
+    await barrier(ledger, barrier_name)
+    attached = await ledger.attach(
+        tenant, content, lambda g: f"{content}-{g}", window_ms=600_000, keep_ms=HOUR_MS
+    )
+    amounts = {"tenant:acme": int(price)}
+    result = await ledger.reserve(tenant, attached.hold_id, "fp", amounts, ttl_ms=HOUR_MS)
+    print(json.dumps({"hold": attached.hold_id, "replayed": result.replayed}))
+
+
 COMMANDS = {
+    "keyless": keyless,
     "stale_batch": stale_batch,
     "storm": storm,
     "approve": approve,
