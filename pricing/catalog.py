@@ -36,11 +36,13 @@ from pricing.policy import (
     DEFAULT_FORWARD_HEADERS,
     BodyFormat,
     EffectClass,
+    Keyless,
     PolicyDocument,
     Route,
     UnknownRouteAction,
 )
 from pricing.templates import (
+    CALL,
     FORMAT_EXTENSION,
     ID_RE,
     FactorTemplate,
@@ -56,6 +58,12 @@ from pricing.templates import (
 
 Query = Mapping[str, str | Sequence[str]]
 FACTOR_PREFIX = "factor:"
+# Defaults of a route's `dedupe_window` and (CALL routes) `escalation_wait`: an
+# identical keyless call within ten minutes of the first's settling is a repeat (a model
+# told "waits for a human" asks again within minutes); a host waits twenty seconds for
+# an approval, well inside the 60 s most MCP clients give a request.
+DEDUPE_WINDOW_MS = 10 * 60_000
+ESCALATION_WAIT_MS = 20_000
 # Segments an upstream may normalise into another route than the one that was priced.
 _DIGITS = re.compile(r"[0-9]+")
 # A whole value a number parser reads as one number (sign, point, exponent; lower-case).
@@ -95,6 +103,13 @@ class CompiledRoute:
     # A calibrating route's price by its holds pending at once (`loss_factor` is its
     # price for one: the hold alone); None for every other route.
     pooling: Pooling | None = None
+    # A call without an idempotency key: keyed by its content (`keyless`), and answered
+    # as a repeat of an identical call's effect for `dedupe_window_ms` after it settled
+    # (0: a new effect each time). docs/policy.md, "Calls without a key".
+    keyless: bool = False
+    dedupe_window_ms: int = DEDUPE_WINDOW_MS
+    # CALL routes: how long a tools/call that escalates waits for the decision.
+    escalation_wait_ms: int = 0
 
     @property
     def route_id(self) -> str:
@@ -212,11 +227,19 @@ def route_pricing(
     return spec.model, spec.loss_factor(), None
 
 
+def _keyless(route: Route, method: str) -> bool:
+    """MCP hosts send no key: CALL routes take keyless calls unless told not to."""
+    if route.keyless is None:
+        return method == CALL and not route.in_process
+    return route.keyless is Keyless.CONTENT
+
+
 def compile_route(
     index: int, route: Route, upstream: str | None, evidence: Evidence | None = None
 ) -> CompiledRoute:
     method, template = parse_route(route.route)
     model, factor, pooling = route_pricing(route, evidence)
+    wait = route.escalation_wait_ms
     return CompiledRoute(
         index=index,
         tool=route.tool,
@@ -238,6 +261,11 @@ def compile_route(
         amount_scale=route.amount_scale or 1,
         currency_field=route.currency_field,
         pooling=pooling,
+        keyless=_keyless(route, method),
+        dedupe_window_ms=(
+            DEDUPE_WINDOW_MS if route.dedupe_window_ms is None else route.dedupe_window_ms
+        ),
+        escalation_wait_ms=ESCALATION_WAIT_MS if wait is None and method == CALL else wait or 0,
     )
 
 

@@ -108,6 +108,27 @@ DurationMs = Annotated[
 ]
 
 
+def _to_ms_or_zero(value: object) -> int:
+    """A duration that may also be 0 ('0', '0s'): the feature it sets is off."""
+    zero = value == 0 and not isinstance(value, bool)
+    if zero or (isinstance(value, str) and re.fullmatch(r"0+(ms|s|m|h|d)?", value.strip())):
+        return 0
+    return _to_ms(value)
+
+
+DurationOrZeroMs = Annotated[
+    int,
+    BeforeValidator(_to_ms_or_zero),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": r"^(0|[0-9]+(ms|s|m|h|d))$",
+            "description": "a whole number with a unit (e.g. '10m'), or 0 for none",
+        }
+    ),
+]
+
+
 def _upstream_url(value: str) -> str:
     if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", value):
         raise ValueError(
@@ -137,6 +158,15 @@ class McpErrorMeaning(StrEnum):
 
     AMBIGUOUS = "ambiguous"  # it may have happened: the hold stays charged
     NOT_EXECUTED = "not_executed"  # the tool refused before acting: the hold is voided
+
+
+class Keyless(StrEnum):
+    """What becomes of an effect whose caller sent no idempotency key."""
+
+    # Keyed by its content (agent, route, the request as priced): a repeat while the
+    # first is live, or settled within the route's dedupe_window, is the same effect.
+    CONTENT = "content"
+    REFUSE = "refuse"  # 400 idempotency_key_required
 
 
 class Mode(StrEnum):
@@ -419,6 +449,26 @@ class Route(_Model):
         default=None,
         description="CALL routes only: what an MCP result with isError means; default "
         "'ambiguous' (still charged), 'not_executed' voids the hold",
+    )
+    keyless: Keyless | None = Field(
+        default=None,
+        description="a call without an idempotency key: 'content' keys it by the agent, "
+        "the route and the request as priced, so that a repeat is the same effect; "
+        "'refuse' answers 400. Default: 'content' for CALL routes (MCP hosts send no "
+        "key), 'refuse' for HTTP routes",
+    )
+    dedupe_window_ms: DurationOrZeroMs | None = Field(
+        default=None,
+        alias="dedupe_window",
+        description="keyless calls: how long after its effect settled an identical call "
+        "is still answered as a repeat of it (default 10m); 0: every keyless call is a "
+        "new effect (for routes whose identical calls are meant to repeat)",
+    )
+    escalation_wait_ms: DurationOrZeroMs | None = Field(
+        default=None,
+        alias="escalation_wait",
+        description="CALL routes: how long a tools/call that escalates waits for the human's "
+        "decision before answering that it is pending (default 20s; 0: at once)",
     )
 
 

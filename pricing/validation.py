@@ -17,6 +17,7 @@ from pricing.policy import (
     NEVER_RETURNED,
     BodyFormat,
     EffectClass,
+    Keyless,
     PolicyDocument,
     Route,
     SecretSource,
@@ -271,6 +272,7 @@ def _check_route(
                 "route's holds are settled by the gateway and the tool's settler",
             )
         )
+    problems += _check_keyless(where, route, method == CALL)
     declared = _check_declared_fields(where, route, set(template.params), problems)
     if route.effect_class is EffectClass.READ:
         return problems + _check_read(where, route)
@@ -288,6 +290,29 @@ def _check_route(
         )
     if route.lookup is not None:
         problems += _check_lookup(where, route, set(template.params))
+    return problems
+
+
+def _check_keyless(where: str, route: Route, is_call: bool) -> list[Problem]:
+    """A decision-only route's caller keys its own holds (it settles them by id), and
+    only an MCP call can wait for a human inside its request."""
+    problems = []
+    if route.in_process and route.keyless is Keyless.CONTENT:
+        problems.append(
+            Problem(
+                f"{where}.keyless",
+                "in-process routes are held by the caller's own Idempotency-Key: "
+                "keyless: content is for proxied and MCP routes",
+            )
+        )
+    if route.escalation_wait_ms is not None and not is_call:
+        problems.append(
+            Problem(
+                f"{where}.escalation_wait",
+                "only CALL routes (MCP tools) wait for a human inside the call; HTTP agents "
+                "poll the escalation's Location",
+            )
+        )
     return problems
 
 
