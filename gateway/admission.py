@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import re
+import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -49,10 +50,11 @@ from pricing import (
 from pricing.calibration import pooled_pending
 from pricing.catalog import priced_for
 from pricing.credentials import AuthenticatedAgent
-from pricing.money import money_text
 from pricing.serving import is_shadow
+from pricing.units import rfc3339
 
 from . import metrics, tracing
+from .advice import budget_refusal, next_window, rejection, units_of
 from .canonical import Canonical
 from .crashpoints import crash_point
 from .http_upstream import HTTP_KEY, HttpTarget, HttpUpstream, UpstreamSlots
@@ -67,6 +69,10 @@ log = logging.getLogger("irrev.gateway")
 # A trace context is new on every attempt by design; it does not change the effect.
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 _AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+# The longest a keyless content's index is kept after its last use (ledger/validate.py's
+# bound on a TTL).
+MAX_CONTENT_KEEP_MS = 366 * 24 * 3600 * 1000
+CONTENT_KEY_PREFIX = "content-"
 
 
 @dataclass
@@ -120,7 +126,13 @@ class Prepared:
     shadow: bool = False
     cap_refusal: str = ""
     key_name: str = HTTP_KEY
-    agent_key: str = ""  # the agent's own key (Idempotency-Key), for the journal
+    # The key the effect is held under: the agent's own (Idempotency-Key, MCP _meta),
+    # for the journal; for a call sent without one, the key derived from its content
+    # (`content_key`) once `keyed_by_content` chose its generation.
+    agent_key: str = ""
+    # A call without a key of its own on a route that keys such calls by their content:
+    # the content's id, from which `keyed_by_content` derives the hold (hold_id '' till then).
+    content: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,6 +146,10 @@ class Admitted:
     hold_id: str
     answer: Answer | StoredAnswer | None
     shadowed: Shadowed | None = None
+    key: str = ""  # the key it is held under (Prepared.agent_key)
+    # A repeat of an escalated effect's key: who approved it and why, for the agent.
+    by: str = ""
+    note: str = ""
 
 
 def agent_key_of(keys: Sequence[str], key_name: str = HTTP_KEY) -> str:
@@ -186,7 +202,7 @@ def prepare(
         check_per_effect_cap(agent, effect)
     except PerEffectCapExceeded as exc:
         if not shadow:
-            raise
+            raise cap_problem(policy, exc) from exc
         cap_refusal = exc.reason
     # What goes upstream is re-encoded from what was priced, never the agent's bytes.
     body = canonical.body
@@ -207,13 +223,64 @@ def prepare(
     )
     if effect.effect_class is EffectClass.READ and not in_process:
         return Prepared(effect, request, "", "", key_name=intent.key_name)
-    agent_key = agent_key_of(intent.keys, intent.key_name)
-    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
     effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
     digest = fingerprint(intent.method, intent.path, request.query, body, effect_headers)
+    route = effect.route
+    if intent.keys or in_process or route is None or not route.keyless:
+        agent_key = agent_key_of(intent.keys, intent.key_name)
+    elif route.dedupe_window_ms == 0:
+        # The route's identical calls are meant to repeat: each is an effect of its own.
+        agent_key = "keyless-" + secrets.token_hex(16)
+    else:
+        content = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, content_key(digest))
+        return Prepared(
+            effect, request, "", digest, shadow, cap_refusal, intent.key_name, content=content
+        )
+    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
     return Prepared(
         effect, request, hold_id, digest, shadow, cap_refusal, intent.key_name, agent_key
     )
+
+
+def content_key(digest: str, generation: int = 0) -> str:
+    """The key a call sent without one is held under: its content's digest (what
+    `fingerprint` reads: method, path, query, body and passed headers, as priced) and
+    the generation of that content's holds (lua/attach.lua); with no generation, the
+    content's own id. A client that later sends this key itself reaches the same hold."""
+    return f"{CONTENT_KEY_PREFIX}{digest}" + (f"-{generation}" if generation else "")
+
+
+async def keyed_by_content(
+    gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, prepared: Prepared
+) -> Prepared:
+    """A keyless call's hold: its content's newest, while that is live (escalated, in
+    flight, ambiguous) or settled within the route's dedupe window, so that a repeat
+    (a model told its call waits for a human, a host that retries) attaches to the
+    same escalation and result; else a new generation's (docs/policy.md, "Calls
+    without a key")."""
+    route = prepared.effect.route
+    assert route is not None  # prepare keys only listed routes' calls by content
+    tenant, route_id = policy.tenant, prepared.effect.route_id
+
+    def hold_of(generation: int) -> str:
+        key = content_key(prepared.fingerprint, generation)
+        return hold_id_for(tenant, agent.agent_id, route_id, key)
+
+    # The index outlives every hold it can point at: a settled one's record lives its
+    # retention after it ended, which is at most the hold's and its escalation's
+    # lives after the call that opened it.
+    keep_ms = min(
+        gate.settings.retention_s * 1000
+        + policy.escalation_ttl_ms
+        + policy.hold_ttl_ms
+        + route.dedupe_window_ms,
+        MAX_CONTENT_KEEP_MS,
+    )
+    attached = await gate.ledger.attach(
+        tenant, prepared.content, hold_of, window_ms=route.dedupe_window_ms, keep_ms=keep_ms
+    )
+    key = content_key(prepared.fingerprint, attached.generation)
+    return replace(prepared, hold_id=attached.hold_id, agent_key=key)
 
 
 def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> HttpTarget:
@@ -246,7 +313,9 @@ async def admit(
     reserved, then fired and settled, or escalated to a human; a repeat of its key
     gets the recorded answer or, for an ambiguous hold, the same effect again under
     the same key."""
-    hold_id = prepared.hold_id
+    if prepared.content:
+        prepared = await keyed_by_content(gate, policy, agent, prepared)
+    hold_id, key = prepared.hold_id, prepared.agent_key
     if not hold_id:
         return await upstream.deliver(prepared.request, "", _answer_by(gate))
     sent = time.monotonic()
@@ -255,26 +324,27 @@ async def admit(
         alone = ticket.alone if ticket is not None and ticket.alone is not None else 0
         rule = await auto_approval(gate, policy, agent, result, alone)
         if rule is None:
-            return Admitted(result, hold_id, None)
+            return Admitted(result, hold_id, None, key=key)
         note = f"approved automatically by rule {rule.rule_id}"
         try:
             answer = await approve(gate, policy, hold_id, RULE_PREFIX + rule.rule_id, note)
         except Problem as lost:
             if lost.reason != "escalation_resolved":
                 raise
-            return Admitted(result, hold_id, None)  # a person (or the sweeper) was first
+            return Admitted(result, hold_id, None, key=key)  # a person (or the sweeper) was first
         if answer is not None:
-            return Admitted(result, hold_id, answer)
-        return Admitted(result, hold_id, None)
+            return Admitted(result, hold_id, answer, key=key)
+        return Admitted(result, hold_id, None, key=key)
     if not result.replayed:
         # The hold's life as Redis counts it (deadline - its creation, both Redis
         # time), measured from before the reserve was sent: never later than the
         # deadline, whatever this host's wall clock says.
         expires_at = sent + (result.deadline_ms - result.created_ms) / 1000
         answer = await fire(gate, policy, hold_id, prepared.request, expires_at, upstream)
-        return Admitted(result, hold_id, answer, shadowed(prepared, result))
-    replayed = await _replay(gate, policy, result, prepared, upstream)
-    return Admitted(result, hold_id, replayed)
+        return Admitted(result, hold_id, answer, shadowed(prepared, result), key)
+    replayed, hold = await _replay(gate, policy, result, prepared, upstream)
+    by, note = (hold.by, hold.note) if hold is not None else ("", "")
+    return Admitted(result, hold_id, replayed, key=key, by=by, note=note)
 
 
 def shadowed(prepared: Prepared, result: ReserveResult) -> Shadowed | None:
@@ -292,7 +362,9 @@ def shadowed(prepared: Prepared, result: ReserveResult) -> Shadowed | None:
 
 async def _replay(
     gate: Gate, policy: TenantPolicy, result: ReserveResult, prepared: Prepared, upstream: Upstream
-) -> Answer | StoredAnswer:
+) -> tuple[Answer | StoredAnswer, Hold | None]:
+    """The answer to a repeat of a key, and the hold as it was read (who approved it
+    and why reach the agent beside the answer)."""
     hold_id, key_name = prepared.hold_id, prepared.key_name
     hold = await gate.ledger.hold(policy.tenant, hold_id)
     if hold is not None and hold.state is HoldState.AMBIGUOUS and hold.request:
@@ -304,11 +376,11 @@ async def _replay(
         # tool API can deduplicate it (contract 4). One retry at a time (the claim).
         request = StoredRequest.loads(hold.request)
         try:
-            return await fire(gate, policy, hold_id, request, None, upstream, key_name)
+            return await fire(gate, policy, hold_id, request, None, upstream, key_name), hold
         except HoldStateConflict:
             # Settled between the read and the claim (another retry, the reconciler).
             hold = await gate.ledger.hold(policy.tenant, hold_id)
-    return _recorded(hold, result, hold_id, key_name)
+    return _recorded(hold, result, hold_id, key_name), hold
 
 
 def _recorded(
@@ -332,7 +404,7 @@ def _recorded(
         return recorded
     if hold is not None and hold.state is HoldState.AMBIGUOUS:
         raise still_ambiguous(hold_id, key_name)
-    raise settled_problem(hold.state if hold else result.state, hold_id)
+    raise settled_problem(hold.state if hold else result.state, hold_id, hold)
 
 
 def still_ambiguous(hold_id: str, key_name: str) -> Problem:
@@ -496,7 +568,7 @@ async def reserve_priced(
             )
             crash_point("after_reserve")
     if result.state is HoldState.DENIED:
-        raise refusal(policy, result, hold_id)
+        raise refusal(policy, result, hold_id, effect.face_value_micros)
     return result, prepared, ticket
 
 
@@ -830,28 +902,50 @@ def resolved_already(conflict: HoldStateConflict) -> Problem:
     return Problem(409, "escalation_resolved", f"already {state}", state=state, by=conflict.by)
 
 
-def refusal(policy: TenantPolicy, result: ReserveResult, hold_id: str) -> Problem:
-    """The 403 of a denied reserve, with the numbers that decided it."""
+def refusal(policy: TenantPolicy, result: ReserveResult, hold_id: str, face_value: int) -> Problem:
+    """The 403 of a denied reserve, with the numbers that decided it: in words for the
+    model (what is left, what would fit, when it renews), in minor units for programs."""
     binding = result.binding
     amounts = money(policy, price=result.price, limit=binding.limit, available=binding.available)
-    left = money_text(max(binding.available, 0), policy.scale, policy.catalog.currency)
     return Problem(
         403,
         "budget_exceeded",
-        f"{binding.account} has {left} of {amounts['limit_text']} left; "
-        f"this effect is priced {amounts['price_text']}",
+        budget_refusal(units_of(policy), result, face_value),
         ledger_reason=result.reason.value,
         hold=hold_id,
         account=binding.account,
+        renews_at=rfc3339(next_window(result.created_ms, policy.document.window_ms)),
         **amounts,
     )
 
 
-def settled_problem(state: HoldState, hold_id: str) -> Problem:
+def cap_problem(policy: TenantPolicy, exc: PerEffectCapExceeded) -> Problem:
+    """The 403 of an effect above its agent's per-effect cap (on its face value)."""
+    units = units_of(policy)
+    return Problem(
+        403,
+        exc.reason,
+        f"This call's amount, {units.money(exc.face_value_micros)}, is above this agent's "
+        f"cap of {units.money(exc.cap_micros)} for one effect",
+        **money(policy, face_value=exc.face_value_micros, cap=exc.cap_micros),
+    )
+
+
+def rejected_problem(by: str, note: str, hold_id: str | None = None) -> Problem:
+    """What the agent learns of a rejection: who, and why in their words."""
+    return Problem(
+        403, "escalation_rejected", rejection(by, note), by=by, note=note or None, hold=hold_id
+    )
+
+
+def settled_problem(state: HoldState, hold_id: str, hold: Hold | None = None) -> Problem:
+    """The answer a hold in `state` gives a repeat of its key when it kept none; a
+    rejection names who rejected it and why (from `hold`)."""
+    if state is HoldState.REJECTED:
+        return rejected_problem(hold.by if hold else "", hold.note if hold else "", hold_id)
     reasons = {
-        HoldState.REJECTED: (403, "escalation_rejected", "a human rejected this effect"),
-        HoldState.EXPIRED: (403, "hold_expired", "the hold expired before the effect was made"),
-        HoldState.PENDING: (409, "in_flight", "this effect is being forwarded right now"),
+        HoldState.EXPIRED: (403, "hold_expired", "The hold expired before the effect was made"),
+        HoldState.PENDING: (409, "in_flight", "This effect is being made right now"),
     }
     status, reason, detail = reasons.get(
         state, (409, "state_conflict", f"the hold is {state.value}")

@@ -4,7 +4,6 @@ consume-once claim in the ledger, and only its winner forwards the effect."""
 from __future__ import annotations
 
 from typing import Annotated, Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
@@ -16,7 +15,7 @@ from . import admission, tracing
 from .auth import AdminIdentity, Caller, caller_auth, gate_of, tenant_admin_auth
 from .notes import Decision, decision_of
 from .problems import Problem
-from .responses import answer_response, parse_escalation_id, stored_response
+from .responses import answer_response, decided_headers, parse_escalation_id, stored_response
 from .wire import StoredAnswer, StoredRequest, owner_of
 
 router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
@@ -36,12 +35,11 @@ async def poll(
     hold = await gate_of(request).ledger.hold(tenant, hold_id)
     if hold is None or not caller.may_see(tenant, owner_of(hold.request, hold.outcome)):
         raise Problem(404, "not_found", "no such escalation")
-    extra = {"X-Irrev-Hold": hold_id, "X-Irrev-Escalation": hold.state.value}
-    if hold.by:
-        # Who approved it and why reach the agent beside the tool's answer too.
-        extra["X-Irrev-Decided-By"] = header_text(hold.by)
-        if hold.note:
-            extra["X-Irrev-Note"] = header_text(hold.note)
+    extra = {
+        "X-Irrev-Hold": hold_id,
+        "X-Irrev-Escalation": hold.state.value,
+        **decided_headers(hold.by, hold.note),
+    }
     if hold.outcome:
         return stored_response(StoredAnswer.loads(hold.outcome), extra)
     if hold.state in (HoldState.ESCALATED, HoldState.PENDING):
@@ -61,26 +59,10 @@ async def poll(
             hold=hold_id,
         )
     if hold.state is HoldState.REJECTED:
-        raise rejected_problem(hold.by, hold.note)
+        raise admission.rejected_problem(hold.by, hold.note, hold_id)
     raise Problem(
         403, "escalation_expired", "nobody approved this effect in time", state=hold.state.value
     )
-
-
-# Printable ASCII but `%` stays as it is; anything else (a note is any text without
-# control characters) is percent-encoded UTF-8, as header values are ASCII.
-HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
-
-
-def header_text(text: str) -> str:
-    """`text` as a header value: decoded by urllib.parse.unquote (or decodeURIComponent)."""
-    return quote(text, safe=HEADER_SAFE)
-
-
-def rejected_problem(by: str, note: str) -> Problem:
-    """What the agent learns of a rejection: who, and why in their words."""
-    detail = f"a human rejected this effect: {note}" if note else "a human rejected this effect"
-    return Problem(403, "escalation_rejected", detail, by=by, note=note or None)
 
 
 # The reason is read by hand, after the role check (notes.decision_of); the schema

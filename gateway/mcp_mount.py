@@ -34,16 +34,18 @@ class LazyMcp:
     async def _start(self) -> McpEndpoint:
         from .mcp_server import McpEndpoint, build
 
-        manager = build()
+        answers, streams = build()
         started = asyncio.Event()
-        # The transport's task group lives as long as the worker, in a task of its
-        # own (as it would in a lifespan); requests start their work in it.
-        self._task = asyncio.create_task(self._run(manager, started))
+        # The transports' task groups live as long as the worker, in a task of their
+        # own (as they would in a lifespan); requests start their work in them.
+        self._task = asyncio.create_task(self._run((answers, streams), started))
         await started.wait()
-        return McpEndpoint(manager)
+        return McpEndpoint(answers, streams)
 
-    async def _run(self, manager: StreamableHTTPSessionManager, started: asyncio.Event) -> None:
-        async with manager.run():
+    async def _run(
+        self, managers: tuple[StreamableHTTPSessionManager, ...], started: asyncio.Event
+    ) -> None:
+        async with managers[0].run(), managers[1].run():
             started.set()
             await self._stop.wait()
 

@@ -4,8 +4,9 @@ it, for the endpoint to shape into a tool result."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ledger import ReserveResult
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 
@@ -31,6 +32,16 @@ class Outcome:
     fate: Fate = Fate.DELIVERED
     body: bytes = b""
     problem: Problem | None = None
+    key: str = ""  # the key it is held under: the agent's, or derived from its content
+    replayed: bool = False  # the answer of an earlier, identical call
+    # An escalation: its reserve (what tripped), how long its route lets the call wait
+    # for the decision, and how long it did.
+    result: ReserveResult | None = None
+    wait_s: float = 0.0
+    waited_s: float = 0.0
+    # Who approved it and why, once decided (a repeat of an approved call's key).
+    by: str = ""
+    note: str = ""
 
 
 def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outcome:
@@ -114,17 +125,31 @@ async def call_effect(
     key: str,
 ) -> Outcome:
     """One `tools/call` through the admission pipeline, with the tenant's MCP server
-    `server` as its Upstream; refusals are raised (Problem, RequestError)."""
+    `server` as its Upstream; refusals are raised (Problem, RequestError). `key`: the
+    agent's own idempotency key, '' when it sent none (most hosts): the call is then
+    keyed by its content, as its route says (admission.keyed_by_content)."""
     if server not in policy.catalog.mcp_tools:
         # An HTTP tool of the tenant would be sent method CALL with the agent's name
         # as its path, and charged: /mcp reaches MCP servers only.
         raise Problem(403, "unknown_route", f"{server!r} is not an MCP server of this tenant")
-    intent = Intent(server, CALL, f"/{tool}", canonical, keys=(key,), key_name=MCP_KEY)
+    keys = (key,) if key else ()
+    intent = Intent(server, CALL, f"/{tool}", canonical, keys=keys, key_name=MCP_KEY)
     prepared = prepare(policy, agent, intent, in_process=False)
     admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))
     if isinstance(admitted, Answer):
         return outcome_of(admitted, "", 0)  # a read: free, nothing held
-    price = admitted.result.price
+    price, held = admitted.result.price, admitted.key
+    replayed = admitted.result.replayed
     if admitted.answer is None:
-        return Outcome(admitted.hold_id, price, escalated=True)
-    return outcome_of(admitted.answer, admitted.hold_id, price)
+        route = prepared.effect.route
+        return Outcome(
+            admitted.hold_id,
+            price,
+            escalated=True,
+            key=held,
+            replayed=replayed,
+            result=admitted.result,
+            wait_s=route.escalation_wait_ms / 1000 if route else 0.0,
+        )
+    outcome = outcome_of(admitted.answer, admitted.hold_id, price)
+    return replace(outcome, key=held, replayed=replayed, by=admitted.by, note=admitted.note)

@@ -14,13 +14,10 @@ call with the same idempotency key turns into the real result once approved."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import math
 import re
-import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -30,7 +27,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Message, Receive, Scope, Send
 
-from ledger import LedgerError
+from ledger import HoldState, LedgerError
 from pricing import EffectClass, PricedEffect, TenantPolicy
 from pricing.catalog import CompiledRoute
 from pricing.credentials import AuthenticatedAgent
@@ -38,7 +35,8 @@ from pricing.errors import RequestError
 from pricing.money import minor_to_major_text
 from pricing.policy import BodyFormat
 
-from .admission import Gate
+from .admission import CONTENT_KEY_PREFIX, Gate
+from .advice import Retry, approval, duration_text, escalation_sentence, next_step, units_of
 from .canonical import Canonical
 from .mcp_pipeline import Outcome, call_effect
 from .mcp_upstream import HOLD_META, KEY_META
@@ -47,7 +45,17 @@ from .responses import escalation_id
 from .upstream import Fate
 from .wire import JsonNumber, parse_json_body
 
-SEPARATOR = "__"  # `<server>__<tool>`: names OpenAI's and Anthropic's tool APIs accept
+SEPARATOR = "__"
+# Who approved an escalated call and why, in a result's _meta (irrev's prefix).
+DECIDED_BY_META = "dev.irrev/decided_by"
+NOTE_META = "dev.irrev/note"
+# An escalated call waiting for its decision reads the hold this often: first soon
+# (an approval a person had queued lands fast), then every second.
+FIRST_POLL_S = 0.2
+LAST_POLL_S = 1.0
+UNDECIDED = frozenset(
+    {HoldState.ESCALATED, HoldState.PENDING}
+)  # `<server>__<tool>`: names OpenAI's and Anthropic's tool APIs accept
 CALLER = "irrev.mcp"
 TOOLS_TTL_S = 10.0
 PRICE_META = "dev.irrev/price"
@@ -63,7 +71,6 @@ class Caller:
     policy: TenantPolicy
     agent: AuthenticatedAgent
     message: object
-    session: str = ""
 
 
 def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
@@ -108,7 +115,14 @@ def pricing_note(policy: TenantPolicy, route: CompiledRoute) -> str:
     if route.approval_threshold_micros is not None:
         threshold = minor_to_major_text(route.approval_threshold_micros, policy.scale)
         note += f"; a price above {threshold} {unit} waits for a human"
-    return note + f". Send `_meta: {{{KEY_META!r}: <your tool-call id>}}` to make retries safe."
+    window = route.dedupe_window_ms
+    if route.keyless and window:
+        note += (
+            f". An identical call (same arguments) within {duration_text(window)} of the "
+            "first one's outcome is the same call: it returns that outcome and is not made "
+            "again"
+        )
+    return note + "."
 
 
 async def list_tools(
@@ -156,24 +170,19 @@ def _arguments(caller: Caller, request_id: object) -> object:
     raise Problem(400, "bad_request", "send one JSON-RPC request per POST")
 
 
-def agent_key(caller: Caller, params: types.CallToolRequestParams, request_id: object) -> str:
-    """The agent's idempotency key: `_meta["dev.irrev/idempotency_key"]` when it sends
-    one; else derived from its MCP session and the JSON-RPC id when the client has a
-    session; else a new key (each such call is its own effect, and the result names
-    the key, so that the agent can repeat the call safely with it)."""
+def agent_key(params: types.CallToolRequestParams) -> str:
+    """The agent's idempotency key, `_meta["dev.irrev/idempotency_key"]`, or '' when it
+    sent none: desktop and IDE hosts send no `_meta`, so such a call is keyed by its
+    content (its route's `keyless`), and a model's repeat of it is the same effect."""
     meta = dict(params.meta or {})
-    if KEY_META in meta:
-        key = meta[KEY_META]
-        if not isinstance(key, str) or not AGENT_KEY.fullmatch(key):
-            raise Problem(
-                400, "bad_idempotency_key", f"_meta {KEY_META!r} must be 1-255 printable ASCII"
-            )
-        return key
-    if caller.session:
-        # The id's JSON text, not str(): ids 1 and "1" are two requests (JSON-RPC).
-        material = f"{caller.session}\x00{json.dumps(request_id)}".encode()
-        return "mcp-session-" + hashlib.sha256(material).hexdigest()[:32]
-    return "mcp-" + secrets.token_hex(16)
+    if KEY_META not in meta:
+        return ""
+    key = meta[KEY_META]
+    if not isinstance(key, str) or not AGENT_KEY.fullmatch(key):
+        raise Problem(
+            400, "bad_idempotency_key", f"_meta {KEY_META!r} must be 1-255 printable ASCII"
+        )
+    return key
 
 
 async def call_tool(
@@ -183,7 +192,7 @@ async def call_tool(
     key = ""
     try:
         server, tool = split_name(params.name)
-        key = agent_key(caller, params, ctx.request_id)
+        key = agent_key(params)
         document = _arguments(caller, ctx.request_id)
         if not isinstance(document, dict):
             raise Problem(422, "bad_request", "arguments must be a JSON object")
@@ -191,52 +200,100 @@ async def call_tool(
         outcome = await call_effect(
             caller.gate, caller.policy, caller.agent, server, tool, canonical, key
         )
+        if outcome.escalated and outcome.wait_s > 0:
+            outcome = await wait_for_decision(ctx, caller, server, tool, canonical, outcome)
     except (Problem, RequestError, LedgerError) as exc:
         # As the HTTP routes answer them (gateway/problems.py), as a tool result.
-        return refused(problem_for(exc), caller.policy, key)
+        return refused(problem_for(exc), key)
     return answered(outcome, caller.policy, key)
 
 
-def refused(problem: Problem, policy: TenantPolicy, key: str) -> types.CallToolResult:
-    """A refusal the model can act on: one sentence (reason, price, what is left) and
-    the problem's fields as structured content."""
-    unit = policy.document.risk_unit.currency
-    extra = problem.extra
-    sentence = f"irrev refused this call ({problem.reason}): {problem.detail}."
-    if isinstance(extra.get("price"), int):
-        sentence += f" Price: {minor_to_major_text(extra['price'], policy.scale)} {unit}."
-    if isinstance(extra.get("available"), int):
-        left = minor_to_major_text(max(extra["available"], 0), policy.scale)
-        sentence += f" Left on {extra.get('account')}: {left} {unit}."
-    structured = {"reason": problem.reason, "status": problem.status, "detail": problem.detail}
-    structured |= {k: v for k, v in extra.items() if isinstance(v, str | int | float | None)}
+async def wait_for_decision(
+    ctx: ServerRequestContext[Any, Any],
+    caller: Caller,
+    server: str,
+    tool: str,
+    canonical: Canonical,
+    escalated: Outcome,
+) -> Outcome:
+    """An escalated call held open for the person's decision, up to its route's
+    `escalation_wait`: an MCP host cannot poll, and its model, told to wait, would only
+    ask again. Progress notifications go to a client that asked for them (a progress
+    token), which some clients take to extend their timeout. Decided in time: the same
+    call again under the key it is held under, which replays the hold's outcome."""
+    gate, policy = caller.gate, caller.policy
+    escalation = escalation_id(policy.tenant, escalated.hold_id)
+    started = time.monotonic()
+    deadline = started + escalated.wait_s
+    pause_s = FIRST_POLL_S
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(pause_s, left))
+        pause_s = min(pause_s * 2, LAST_POLL_S)
+        hold = await gate.ledger.hold(policy.tenant, escalated.hold_id)
+        if hold is None or hold.state not in UNDECIDED:
+            decided = await call_effect(
+                gate, policy, caller.agent, server, tool, canonical, escalated.key
+            )
+            return replace(decided, replayed=False)  # this very call, decided now
+        waited = time.monotonic() - started
+        await ctx.session.report_progress(
+            waited, escalated.wait_s, f"waiting for a person to decide escalation {escalation}"
+        )
+    return replace(escalated, waited_s=escalated.wait_s)
+
+
+def refused(problem: Problem, key: str) -> types.CallToolResult:
+    """A refusal the model can act on: what happened and what to do (the problem's
+    text, gateway/advice.py), and the problem's fields as structured content."""
+    structured = {
+        "reason": problem.reason,
+        "status": problem.status,
+        "detail": problem.text,
+        "retry": next_step(problem.reason)[0].value,
+    }
+    structured |= {
+        k: v for k, v in problem.extra.items() if isinstance(v, str | int | float | None)
+    }
     if key:
         structured["idempotency_key"] = key
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=sentence)],
+        content=[
+            types.TextContent(type="text", text=f"irrev did not make this call: {problem.text}")
+        ],
         structured_content=structured,
         is_error=True,
     )
 
 
+def again(outcome: Outcome) -> str:
+    """How the model asks again about this call: the same arguments, if the call was
+    keyed by them (a host sends no key), else the same key."""
+    if outcome.key.startswith(CONTENT_KEY_PREFIX):
+        return (
+            "Make the identical call again (the same arguments): it is the same call, not a new one"
+        )
+    return f"Make the same call again with _meta {{{KEY_META!r}: {outcome.key!r}}}"
+
+
 def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallToolResult:
+    key = outcome.key or key
     meta: dict[str, Any] = {KEY_META: key}
     if outcome.hold_id:
         meta |= {HOLD_META: outcome.hold_id, PRICE_META: outcome.price}
-    if outcome.escalated:
+    if outcome.by:
+        meta |= {DECIDED_BY_META: outcome.by, NOTE_META: outcome.note or None}
+    if outcome.escalated and outcome.result is not None:
         escalation = escalation_id(policy.tenant, outcome.hold_id)
-        price = minor_to_major_text(outcome.price, policy.scale)
-        unit = policy.document.risk_unit.currency
-        text = (
-            f"This call waits for a human's approval (escalation {escalation}, price {price} "
-            f"{unit}): nothing was done yet. Make the same call again with _meta "
-            f"{{{KEY_META!r}: {key!r}}} to get its result once it is approved."
-        )
+        said = escalation_sentence(units_of(policy), outcome.result, escalation)
+        if outcome.waited_s:
+            said += f"; irrev waited {outcome.waited_s:g} s for the decision"
+        text = f"{said}. {again(outcome)} to get its result once a person decides."
         structured = {
             "status": "escalated",
             "escalation": escalation,
             "idempotency_key": key,
             "price": outcome.price,
+            "retry": Retry.SAME_CALL.value,
         }
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=text)],
@@ -245,15 +302,22 @@ def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallTool
             _meta=meta,
         )
     if outcome.problem is not None:
-        return refused(outcome.problem, policy, key)
+        return refused(outcome.problem, key)
     result = types.CallToolResult.model_validate_json(outcome.body)
-    if outcome.fate is Fate.UNKNOWN:
-        note = (
-            "irrev: the tool reported an error, so whether it acted is unknown; the call "
-            "stays charged until reconciled. Repeat it with the same idempotency key "
-            f"({key!r}) to learn the outcome; never with a new one."
+    notes: list[str] = []
+    if outcome.by:
+        notes.append(approval(outcome.by, outcome.note))
+    if outcome.replayed:
+        notes.append(
+            "irrev: this is the result of an earlier identical call; it was not made again."
         )
-        result.content.append(types.TextContent(type="text", text=note))
+    if outcome.fate is Fate.UNKNOWN:
+        notes.append(
+            "irrev: the tool reported an error, so whether it acted is unknown; the call "
+            f"stays charged until reconciled. {again(outcome)} later to learn the outcome; "
+            "do not make it as a new call."
+        )
+    result.content.extend(types.TextContent(type="text", text=text) for text in notes)
     merged = {**(result.meta or {}), **meta}
     return result.model_copy(update={"meta": merged})
 
@@ -261,9 +325,12 @@ def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallTool
 @dataclass
 class McpEndpoint:
     """The ASGI app at `/mcp`: the agent's Bearer token, a strict parse of the POST,
-    then the SDK's Streamable HTTP transport (stateless, JSON answers)."""
+    then the SDK's Streamable HTTP transport (stateless): JSON answers, but an event
+    stream for a `tools/call` whose client asked for progress and takes one, so that
+    a call waiting for a person's decision can report it (wait_for_decision)."""
 
     manager: StreamableHTTPSessionManager
+    streaming: StreamableHTTPSessionManager
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate: Gate = scope["app"].state.gate
@@ -284,10 +351,21 @@ class McpEndpoint:
         except Problem as problem:
             await problem.response()(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        session = headers.get(b"mcp-session-id", b"").decode("latin-1")
-        scope[CALLER] = Caller(gate, found[0], found[1], message, session)
-        await self.manager.handle_request(scope, _replay(body, receive), send)
+        scope[CALLER] = Caller(gate, found[0], found[1], message)
+        manager = self.streaming if wants_progress(scope, message) else self.manager
+        await manager.handle_request(scope, _replay(body, receive), send)
+
+
+def wants_progress(scope: Scope, message: object) -> bool:
+    """A `tools/call` with a progress token, from a client that accepts an event stream."""
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return False
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(meta, dict) or "progressToken" not in meta:
+        return False
+    accept = b",".join(v for k, v in scope["headers"] if k == b"accept")
+    return b"text/event-stream" in accept
 
 
 def check_numbers(value: object) -> None:
@@ -354,10 +432,14 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-def build() -> StreamableHTTPSessionManager:
+def build() -> tuple[StreamableHTTPSessionManager, StreamableHTTPSessionManager]:
+    """The transports of McpEndpoint: JSON answers, and event streams."""
     server: Server[Any] = Server(
         "irrev", version="0.1.0", on_list_tools=list_tools, on_call_tool=call_tool
     )
     # No DNS-rebinding checks: every request carries an agent's Bearer token, which a
     # page in a browser cannot send for it.
-    return StreamableHTTPSessionManager(app=server, json_response=True, stateless=True)
+    return (
+        StreamableHTTPSessionManager(app=server, json_response=True, stateless=True),
+        StreamableHTTPSessionManager(app=server, json_response=False, stateless=True),
+    )

@@ -24,6 +24,7 @@ from ledger import (
 from pricing.errors import RequestError
 
 from . import metrics
+from .advice import next_step, told
 
 PROBLEM_JSON = "application/problem+json"
 log = logging.getLogger("irrev.gateway")
@@ -46,13 +47,19 @@ class Problem(Exception):
         self.headers = headers or {}
         self.extra = extra
 
+    @property
+    def text(self) -> str:
+        """What a model reads: the detail and the next step (gateway/advice.py)."""
+        return told(self.detail, self.reason)
+
     def response(self) -> JSONResponse:
         body = {
             "type": f"https://irrev.dev/problems/{self.reason}",
             "title": self.reason.replace("_", " "),
             "status": self.status,
             "reason": self.reason,
-            "detail": self.detail,
+            "detail": self.text,
+            "retry": next_step(self.reason)[0].value,
             **self.extra,
         }
         # X-Irrev-Reason marks the refusal as the gateway's: a tool's answer passes through

@@ -15,11 +15,17 @@ from fastapi.responses import Response
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 
-from .admission import Admitted, Intent, admit, prepare, upstream_of
+from .admission import CONTENT_KEY_PREFIX, Admitted, Intent, admit, prepare, upstream_of
 from .auth import agent_auth, gate_of
 from .canonical import check_headers, check_raw_path, read_request
 from .problems import Problem, body_timeout
-from .responses import answer_response, budget_headers, escalated_response, stored_response
+from .responses import (
+    answer_response,
+    budget_headers,
+    decided_headers,
+    escalated_response,
+    stored_response,
+)
 from .upstream import Answer
 from .wire import Headers, StoredAnswer
 
@@ -28,6 +34,9 @@ _VISIBLE_ASCII = re.compile(r"[\x20-\x7e\t]*")
 router = APIRouter()
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 READ_HEADERS = {"X-Irrev-Decision": "admit", "X-Irrev-Price": "0"}
+# The key an effect is held under: the agent's own, or the one its content gave a
+# request sent without one (admission.content_key), which repeats may carry.
+KEY_HEADER = "X-Irrev-Idempotency-Key"
 
 
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
@@ -98,13 +107,22 @@ async def proxy(
     return admitted_response(policy, admitted)
 
 
+def repeat_phrase(admitted: Admitted) -> str:
+    """How an agent asks again about its escalated request."""
+    if admitted.key.startswith(CONTENT_KEY_PREFIX):
+        return "send the identical request again: it is the same effect, not a new one"
+    return "send the same request again with the same Idempotency-Key"
+
+
 def admitted_response(policy: TenantPolicy, admitted: Admitted | Answer) -> Response:
     if isinstance(admitted, Answer):  # a read: nothing held, nothing charged
         unit = {"X-Irrev-Currency": policy.catalog.currency, "X-Irrev-Scale": str(policy.scale)}
         return answer_response(admitted, {**READ_HEADERS, **unit})
     result, hold_id, answer = admitted.result, admitted.hold_id, admitted.answer
     if answer is None:
-        return escalated_response(policy, hold_id, result)
+        response = escalated_response(policy, hold_id, result, repeat_phrase(admitted))
+        response.headers[KEY_HEADER] = admitted.key
+        return response
     would = admitted.shadowed
     headers = budget_headers(
         policy,
@@ -113,6 +131,8 @@ def admitted_response(policy: TenantPolicy, admitted: Admitted | Answer) -> Resp
         replayed=result.replayed,
         shadowed=would,
     )
+    headers |= decided_headers(admitted.by, admitted.note)
+    headers[KEY_HEADER] = admitted.key
     if isinstance(answer, StoredAnswer):
         return stored_response(answer, headers)
     return answer_response(answer, headers)

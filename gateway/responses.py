@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from fastapi.responses import JSONResponse, Response
 
@@ -12,6 +13,7 @@ from pricing import TenantPolicy
 from pricing.policy import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
 from pricing.units import header_money, rfc3339, with_money_text
 
+from .advice import escalation_sentence, units_of
 from .problems import Problem, kept_problem
 from .upstream import Answer, Fate
 from .wire import BODY_OMITTED, StoredAnswer
@@ -91,6 +93,26 @@ def budget_headers(
     return headers
 
 
+# Printable ASCII but `%` stays as it is; anything else (a note is any text without
+# control characters) is percent-encoded UTF-8, as header values are ASCII.
+HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def header_text(text: str) -> str:
+    """`text` as a header value: decoded by urllib.parse.unquote (or decodeURIComponent)."""
+    return quote(text, safe=HEADER_SAFE)
+
+
+def decided_headers(by: str, note: str) -> dict[str, str]:
+    """Who approved an escalated effect and why, beside the tool's answer."""
+    if not by:
+        return {}
+    headers = {"X-Irrev-Decided-By": header_text(by)}
+    if note:
+        headers["X-Irrev-Note"] = header_text(note)
+    return headers
+
+
 def upstream_response(
     status: int,
     headers: list[tuple[str, str]] | tuple[tuple[str, str], ...],
@@ -123,7 +145,7 @@ def answer_response(answer: Answer, extra: dict[str, str]) -> Response:
             409,
             "in_flight",
             "the tool API is still making this effect (it answered 'in progress' to the "
-            "retry); it stays charged. Retry later with the same Idempotency-Key.",
+            "retry); it stays charged",
             headers={**extra, "Retry-After": _retry_after(answer)},
             hold=extra.get("X-Irrev-Hold"),
             upstream_status=answer.status,
@@ -132,8 +154,8 @@ def answer_response(answer: Answer, extra: dict[str, str]) -> Response:
         raise Problem(
             504 if "timeout" in answer.why else 502,
             "upstream_ambiguous",
-            "the effect may or may not have happened; it stays charged until reconciled. "
-            "Retry with the same Idempotency-Key: the tool API deduplicates it.",
+            "the effect may or may not have happened; it stays charged until reconciled "
+            "(a repeat is sent to the tool API under the same key, which it deduplicates)",
             headers=extra,
             why=answer.why,
             upstream_status=answer.status or None,
@@ -183,17 +205,27 @@ def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:
     return upstream_response(stored.status, stored.headers, stored.body, extra)
 
 
-def escalated_response(policy: TenantPolicy, hold_id: str, result: ReserveResult) -> JSONResponse:
+def escalated_response(
+    policy: TenantPolicy, hold_id: str, result: ReserveResult, repeat: str
+) -> JSONResponse:
+    """202: a person decides. `repeat` says how the agent asks again (its key, or for a
+    call keyed by its content, the identical request)."""
     escalation = escalation_id(policy.tenant, hold_id)
     location = f"/v1/escalations/{escalation}"
+    said = escalation_sentence(units_of(policy), result, escalation)
     body = {
         "status": "escalated",
         "escalation": escalation,
+        "detail": f"{said}. Poll {location} for the result, or {repeat}.",
         "reason": result.reason.value,
         **money(policy, price=result.price),
         "poll": location,
         "deadline_ms": result.deadline_ms,
         "deadline_at": rfc3339(result.deadline_ms),
     }
-    headers = {**budget_headers(policy, result, hold_id), "Location": location, "Retry-After": "2"}
+    headers = {
+        **budget_headers(policy, result, hold_id, replayed=result.replayed),
+        "Location": location,
+        "Retry-After": "2",
+    }
     return JSONResponse(body, 202, headers=headers)

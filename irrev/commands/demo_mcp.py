@@ -62,15 +62,28 @@ def fleet_policy(directory: Path, mcp_base: str, agents: int) -> dict[str, str]:
 
 
 async def call(
-    url: str, token: str, tool: str, arguments: dict[str, Any], key: str
+    url: str, token: str, tool: str, arguments: dict[str, Any], key: str = ""
 ) -> CallToolResult:
-    meta: RequestParamsMeta = {KEY_META: key}  # type: ignore[misc]
+    """One tools/call; without `key`, as desktop and IDE hosts send it (no _meta)."""
+    meta: RequestParamsMeta | None = {KEY_META: key} if key else None  # type: ignore[assignment]
     headers = {"Authorization": f"Bearer {token}"}
     async with (
         httpx2.AsyncClient(headers=headers, timeout=30.0, trust_env=False) as http,
         Client(streamable_http_client(url, http_client=http), cache=None) as client,
     ):
         return await client.session.call_tool(tool, arguments, meta=meta)
+
+
+async def first_escalation(admin: httpx.AsyncClient) -> str:
+    """The escalation waiting in the demo tenant's queue, once it is there."""
+    headers = {"Authorization": f"Bearer {DEMO_ADMIN_TOKEN}"}
+    for _ in range(100):
+        response = await admin.get("/v1/admin/tenants/mcp-fleet/escalations", headers=headers)
+        waiting = response.json()["escalations"]
+        if waiting:
+            return str(waiting[0]["escalation"])
+        await asyncio.sleep(0.1)
+    raise CliError("the deletion never reached the approval queue")
 
 
 def outcome(result: CallToolResult) -> str:
@@ -112,22 +125,28 @@ async def demo(
     await asyncio.gather(
         *(buy(url, tokens[name], i, args.orders, tally) for i, name in enumerate(buyers))
     )
-    key, deletion = uuid.uuid4().hex, {"owner": "acme", "repo": "legacy-billing"}
-    pending = await call(url, tokens["dev-01"], "github__delete_repository", deletion, key)
-    escalation = (pending.structured_content or {}).get("escalation")
-    console.print(
-        f"dev-01's deletion: {outcome(pending)} ({escalation}); {DEMO_OPERATOR}, an operator, "
-        "approves."
+    # A desktop host sends no key: the deletion waits (the route's escalation_wait)
+    # while an operator approves it from the queue, and the call returns its result.
+    deletion = {"owner": "acme", "repo": "legacy-billing"}
+    waiting = asyncio.create_task(
+        call(url, tokens["dev-01"], "github__delete_repository", deletion)
     )
-    async with httpx.AsyncClient(trust_env=False) as admin:
+    async with httpx.AsyncClient(base_url=irrev, trust_env=False) as admin:
+        escalation = await first_escalation(admin)
         response = await admin.post(
-            f"{irrev}/v1/escalations/{escalation}/approve",
+            f"/v1/escalations/{escalation}/approve",
             headers={"Authorization": f"Bearer {DEMO_ADMIN_TOKEN}"},
+            json={"reason": "legacy-billing was migrated last week"},
         )
-        console.print(f"approve -> {response.status_code}")
+        console.print(
+            f"dev-01's deletion waits for a person ({escalation}); {DEMO_OPERATOR}, an "
+            f"operator, approves it while it waits -> {response.status_code}"
+        )
+        done = await waiting
+        console.print(f"dev-01's call returns: {outcome(done)} ({done.content[-1].text})")  # type: ignore[union-attr]
+        again = await call(url, tokens["dev-01"], "github__delete_repository", deletion)
+        console.print(f"the model repeats it, still without a key: {outcome(again)}, not again")
         stats = (await admin.get(f"{tools}/mcp-fleet/_stats")).json()
-    done = await call(url, tokens["dev-01"], "github__delete_repository", deletion, key)
-    console.print(f"dev-01 repeats the call with its key: {outcome(done)}")
     table = Table(title=f"{len(buyers)} MCP agents x {args.orders} orders, one fleet budget")
     table.add_column("outcome")
     table.add_column("calls", justify="right")

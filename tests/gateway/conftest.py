@@ -125,6 +125,19 @@ def _two_factor_orders() -> dict[str, Any]:
     return {"routes": data["routes"], "accounts": data["accounts"]}
 
 
+def _keyless_orders() -> dict[str, Any]:
+    """procurement, with supplier orders sent without an Idempotency-Key keyed by their
+    content (issue 29), and roomy accounts for the escalations its tests make."""
+    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+    for route in data["routes"]:
+        if route["route"] == "POST /orders":
+            route["keyless"] = "content"
+    roomy = _example_accounts(tenant={"limit": "10000000"})
+    roomy["principals"]["procurement"] = {"limit": "10000000"}
+    roomy["risk_factors"]["supplier:*"] = {"limit": "10000000"}
+    return {"routes": data["routes"], "accounts": roomy}
+
+
 def _shadow_orders() -> dict[str, Any]:
     """procurement with a tenant budget of 1 USD, and supplier orders (only) in shadow
     mode: every order is a would-be denial, forwarded anyway; refunds are enforced."""
@@ -208,6 +221,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
         {"mode": "shadow", "accounts": _example_accounts(tenant={"limit": "2000"})},
     ),
     "shadow-route": ("procurement", _shadow_orders()),
+    "keyless": ("procurement", _keyless_orders()),
     "dashboards": ("procurement", {}),
     # irrev/client.py and its LangChain adapter, as an agent uses them.
     "client": ("procurement", {}),

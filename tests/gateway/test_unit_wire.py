@@ -103,7 +103,9 @@ def test_a_kept_refusal_comes_back_a_whole_problem_document() -> None:
         "title": "upstream unreachable",
         "status": 502,
         "reason": "upstream_unreachable",
-        "detail": "nothing was sent",
+        # What a model reads: the kept detail and its next step (gateway/advice.py).
+        "detail": "nothing was sent. Nothing was done; the same call may succeed later.",
+        "retry": "later",
         "hold": "h1",
     }
 

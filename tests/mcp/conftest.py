@@ -94,7 +94,13 @@ def write_mcp_policy(
 TENANTS: dict[str, dict[str, Any]] = {
     "basics": {},
     "deny": {},
-    "escalate": {},
+    # Its calls that escalate answer at once (the default waits for the decision).
+    "escalate": {"routes": {"escalation_wait": "0"}},
+    # Keyless hosts (issue 29): escalations answered at once, or after a wait.
+    "keyless": {"routes": {"escalation_wait": "0"}},
+    "keyless-wait": {"routes": {"escalation_wait": "15s"}},
+    # Identical keyless calls are meant to repeat here: each is an effect of its own.
+    "repeats": {"routes": {"dedupe_window": "0"}},
     "fleet": {"fleet": FLEET},
     "one-key": {},
     # A repeat of an ambiguous call answers from the ledger: its server may not dedupe.
@@ -123,6 +129,14 @@ TENANTS: dict[str, dict[str, Any]] = {
         }
     },
 }
+
+
+def _routes_with(fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """The example's routes, every CALL route's with `fields` added."""
+    routes: list[dict[str, Any]] = yaml.safe_load((EXAMPLES / "mcp-fleet.yaml").read_text())[
+        "routes"
+    ]
+    return [{**route, **fields} if route.get("class") != "read" else route for route in routes]
 
 
 def _flaky_with_lookup() -> list[dict[str, Any]]:
@@ -211,6 +225,8 @@ def mcp_gateway(
             options = _renamed(options.pop("rename"))
         if options.get("routes") == "flaky-lookup":
             options["routes"] = _flaky_with_lookup()
+        elif isinstance(options.get("routes"), dict):
+            options["routes"] = _routes_with(options["routes"])
         tenants[name] = write_mcp_policy(
             policy_dir, f"mcp-{name}-{run}", tool_server.url, fleet, role, **options
         )

@@ -101,7 +101,9 @@ async def test_over_budget_is_a_result_the_model_can_act_on_and_debits_nothing(
         )
     assert result.is_error
     assert result.structured_content["reason"] == "per_effect_cap"
-    assert "irrev refused this call (per_effect_cap)" in result.content[0].text
+    text = result.content[0].text
+    assert "70,000 USD" in text and "30,000 USD" in text, text
+    assert "Do not split it" in text
     async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
         scoped = await client.call_tool("procure__place_order", order(), meta=key())
     assert scoped.structured_content["reason"] == "route_not_allowed"

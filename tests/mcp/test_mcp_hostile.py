@@ -69,7 +69,9 @@ async def test_hostile_calls_are_refused_with_a_reason_and_debit_nothing(
         result = await client.call_tool(name, arguments, meta={KEY_META: uuid.uuid4().hex})
     assert result.is_error
     assert result.structured_content["reason"] == reason, result
-    assert f"({reason})" in result.content[0].text
+    # The code is for programs (structuredContent); the text is for the model.
+    assert result.content[0].text.startswith("irrev did not make this call: ")
+    assert reason not in result.content[0].text
     assert used(await balances(http, admin, tenant)) == before
     assert (await tool_stats(tools_http, tenant))["calls"] == 0
     other = mcp_gateway.tenant("hostile-other")

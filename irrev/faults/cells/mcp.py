@@ -48,6 +48,8 @@ ROUTE = {
     "risk_factors": ["supplier:{supplier_id}"],
     "approval_threshold": "300",
     "lookup": "CALL procure/find_effect",
+    # The approvals cell races k approvals after the pending answer, not during a wait.
+    "escalation_wait": "0",
 }
 
 

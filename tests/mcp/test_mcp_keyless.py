@@ -1,0 +1,213 @@
+"""Exactly-once for MCP hosts that send no key (issue 29): desktop and IDE hosts send no
+`_meta`, and a model told "this waits for a human" asks again. Such a call is keyed by
+its content, so repeats over any number of connections attach to the first call's
+escalation, ambiguity or result, and a tool server that does not deduplicate is paid
+once. A call that escalates waits for the decision (the route's `escalation_wait`),
+and the person's reason reaches the model on every path."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import httpx
+
+from .conftest import McpGateway, McpTenant, agent, order, tool_stats
+
+DELETION_TOOL = "github__delete_repository"
+
+
+def deletion() -> dict[str, Any]:
+    """A repository no other test deletes (identical keyless calls are one call)."""
+    return {"owner": "acme", "repo": f"legacy-{uuid.uuid4().hex[:8]}"}
+
+
+async def queue(http: httpx.AsyncClient, tenant: McpTenant) -> set[str]:
+    """The escalations waiting in the tenant's approval queue."""
+    response = await http.get(
+        f"/v1/admin/tenants/{tenant.id}/escalations",
+        headers=tenant.admin_auth,
+        params={"limit": 200},
+    )
+    assert response.status_code == 200, response.text
+    return {item["escalation"] for item in response.json()["escalations"]}
+
+
+async def decide(
+    http: httpx.AsyncClient, tenant: McpTenant, escalation: str, verdict: str, reason: str
+) -> None:
+    response = await http.post(
+        f"/v1/escalations/{escalation}/{verdict}",
+        headers=tenant.admin_auth,
+        json={"reason": reason},
+    )
+    assert response.status_code == 200, response.text
+
+
+async def test_a_keyless_host_repeating_an_escalated_call_pays_once(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    tenant = mcp_gateway.tenant("keyless")
+    target = deletion()
+    before = await queue(http, tenant)
+    results = []
+    # Two connections, two calls each, no _meta: what a model repeating itself sends.
+    async with (
+        agent(mcp_gateway.url, tenant.auth("dev-01")) as first,
+        agent(mcp_gateway.url, tenant.auth("dev-01")) as second,
+    ):
+        for client in (first, second, first, second):
+            results.append(await client.call_tool(DELETION_TOOL, target))
+    assert all(r.structured_content["status"] == "escalated" for r in results)
+    assert len({r.structured_content["escalation"] for r in results}) == 1
+    assert len({r.structured_content["idempotency_key"] for r in results}) == 1
+    text = results[0].content[0].text
+    assert "Make the identical call again (the same arguments)" in text, text
+    assert "_meta" not in text  # the model is never asked for what its host cannot send
+    waiting = await queue(http, tenant) - before
+    assert len(waiting) == 1
+    # The operator approves the whole queue.
+    for escalation in waiting:
+        await decide(http, tenant, escalation, "approve", "cleanup ticket OPS-7")
+    async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
+        done = await client.call_tool(DELETION_TOOL, target)
+    assert not done.is_error, done
+    assert done.structured_content["repo"] == target["repo"]
+    said = " ".join(c.text for c in done.content if c.type == "text")
+    assert 'approved this call, saying: "cleanup ticket OPS-7"' in said, said
+    assert done.meta is not None and done.meta["dev.irrev/note"] == "cleanup ticket OPS-7"
+    stats = await tool_stats(tools_http, tenant)
+    calls = [k for k, n in stats["calls_by_key"].items() for _ in range(n)]
+    assert len([k for k in calls if k == f"irrev-{done.meta['dev.irrev/hold']}"]) == 1
+
+
+async def test_a_keyless_repeat_of_an_ambiguous_call_is_not_sent_again(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
+) -> None:
+    """The first attempt made the effect and then timed out: ambiguous. Its server does
+    not declare that it deduplicates, so no repeat reaches it (contract 4)."""
+    tenant = mcp_gateway.tenant("keyless")
+    arguments = order(quantity=3, supplier_id=f"s-{uuid.uuid4().hex[:8]}")
+    faults = await tools_http.post(f"/{tenant.namespace}/_faults", json={"hang_after_effect": True})
+    assert faults.status_code == 200
+    try:
+        before = (await tool_stats(tools_http, tenant))["calls"]
+        async with (
+            agent(mcp_gateway.url, tenant.auth("buyer-01")) as first,
+            agent(mcp_gateway.url, tenant.auth("buyer-01")) as second,
+        ):
+            answers = [await first.call_tool("procure__place_order", arguments)]
+            for client in (second, first, second):
+                answers.append(await client.call_tool("procure__place_order", arguments))
+    finally:
+        await tools_http.post(f"/{tenant.namespace}/_faults", json={})
+    assert [a.structured_content["reason"] for a in answers] == ["upstream_ambiguous"] * 4
+    for answer in answers:
+        text = answer.content[0].text
+        assert "repeat the same call later" in text, text
+        assert answer.structured_content["retry"] == "same_call"
+    assert len({a.structured_content["hold"] for a in answers}) == 1
+    assert (await tool_stats(tools_http, tenant))["calls"] == before + 1
+
+
+async def test_different_arguments_are_different_calls(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
+) -> None:
+    tenant = mcp_gateway.tenant("keyless")
+    supplier = f"s-{uuid.uuid4().hex[:8]}"
+    before = await tool_stats(tools_http, tenant)
+    async with agent(mcp_gateway.url, tenant.auth("buyer-02")) as client:
+        one = await client.call_tool("procure__place_order", order(2, supplier_id=supplier))
+        two = await client.call_tool("procure__place_order", order(3, supplier_id=supplier))
+        again = await client.call_tool("procure__place_order", order(2, supplier_id=supplier))
+    assert not (one.is_error or two.is_error or again.is_error)
+    assert one.structured_content["effect"] != two.structured_content["effect"]
+    assert again.structured_content == one.structured_content
+    assert "earlier identical call" in again.content[-1].text
+    after = await tool_stats(tools_http, tenant)
+    assert (after["calls"], after["effects"]) == (before["calls"] + 2, before["effects"] + 2)
+
+
+async def test_a_route_that_repeats_on_purpose_makes_every_identical_call(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
+) -> None:
+    tenant = mcp_gateway.tenant("repeats")  # dedupe_window: 0
+    arguments = order(1, supplier_id=f"s-{uuid.uuid4().hex[:8]}")
+    before = (await tool_stats(tools_http, tenant))["effects"]
+    async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
+        one = await client.call_tool("procure__place_order", arguments)
+        two = await client.call_tool("procure__place_order", arguments)
+    assert one.structured_content["effect"] != two.structured_content["effect"]
+    assert (await tool_stats(tools_http, tenant))["effects"] == before + 2
+
+
+async def test_a_rejection_reaches_the_model_on_the_repeat(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    tenant = mcp_gateway.tenant("keyless")
+    target = deletion()
+    async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
+        pending = await client.call_tool(DELETION_TOOL, target)
+        escalation = pending.structured_content["escalation"]
+        await decide(http, tenant, escalation, "reject", "that repo still serves billing")
+        after = await client.call_tool(DELETION_TOOL, target)
+    assert after.structured_content["reason"] == "escalation_rejected"
+    assert after.structured_content["note"] == "that repo still serves billing"
+    assert after.structured_content["by"] == "alice"
+    text = after.content[0].text
+    assert 'A person (alice) rejected this call, saying: "that repo still serves billing"' in text
+    assert "Do not repeat it" in text
+    assert target["repo"] not in str(await tool_stats(tools_http, tenant))
+
+
+async def test_a_call_waits_for_the_decision_and_returns_the_result(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """escalation_wait: the host's one call holds until a person approves, reporting
+    progress to a client that asked for it, and returns the tool's own result."""
+    tenant = mcp_gateway.tenant("keyless-wait")
+    target = deletion()
+    progressed = asyncio.Event()
+    reports: list[str | None] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        reports.append(message)
+        progressed.set()
+
+    async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
+        call = asyncio.create_task(
+            client.call_tool(DELETION_TOOL, target, progress_callback=on_progress)
+        )
+        await asyncio.wait_for(progressed.wait(), timeout=10)
+        mine = [e for e in await queue(http, tenant) if f"escalation {e}" in (reports[0] or "")]
+        assert len(mine) == 1, reports
+        await decide(http, tenant, mine[0], "approve", "go ahead")
+        result = await asyncio.wait_for(call, timeout=20)
+    assert not result.is_error, result
+    assert result.structured_content["repo"] == target["repo"]
+    assert 'approved this call, saying: "go ahead"' in result.content[-1].text
+    assert "earlier identical call" not in " ".join(c.text for c in result.content)
+    stats = await tool_stats(tools_http, tenant)
+    assert stats["calls_by_key"][f"irrev-{result.meta['dev.irrev/hold']}"] == 1
+
+
+async def test_a_call_that_waits_in_vain_says_it_is_pending_and_how_to_ask_again(
+    mcp_gateway: McpGateway, http: httpx.AsyncClient
+) -> None:
+    """Without a progress token the answer is one JSON document after the wait; a
+    rejection while it waits is the answer."""
+    tenant = mcp_gateway.tenant("keyless-wait")
+    target = deletion()
+    before = await queue(http, tenant)
+    async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
+        call = asyncio.create_task(client.call_tool(DELETION_TOOL, target))
+        deadline = asyncio.get_running_loop().time() + 10
+        mine: set[str] = set()
+        while not mine and asyncio.get_running_loop().time() < deadline:
+            mine = await queue(http, tenant) - before
+        assert len(mine) == 1
+        await decide(http, tenant, mine.pop(), "reject", "not today")
+        rejected = await asyncio.wait_for(call, timeout=20)
+    assert rejected.structured_content["reason"] == "escalation_rejected"
+    assert '"not today"' in rejected.content[0].text
