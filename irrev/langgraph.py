@@ -26,11 +26,12 @@ except ModuleNotFoundError as exc:
     raise missing_extra(__name__, "langgraph", exc) from exc
 
 
-def step_key_of(config: Mapping[str, Any] | None = None, *more: str | int) -> str:
+def step_key_of(*more: str | int, config: Mapping[str, Any] | None = None) -> str:
     """The effect key of the running node (its `config`, or LangGraph's current one):
     thread id, node path, step and the task's path in the step (which tells apart the
-    tasks `Send` makes of one node in one step). `more`: parts of your own, e.g. an
-    attempt counter from the state, raised to make the effect again on purpose."""
+    tasks `Send` makes of one node in one step). `more`: parts of your own, e.g.
+    `step_key_of(state["attempt"])` with an attempt counter the program raises in the
+    state to make the effect again on purpose."""
     config = get_config() if config is None else config
     metadata = config.get("metadata", {})
     thread = config.get("configurable", {}).get("thread_id")
