@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from langchain_core.tools import InjectedToolCallId, StructuredTool
-from pydantic import BaseModel, create_model
+from .client import BodyFormat, IrrevClient, Outcome, body_of
+from .extras import missing_extra
 
-from .client import IrrevClient, Outcome
+try:
+    from langchain_core.tools import InjectedToolCallId, StructuredTool
+except ModuleNotFoundError as exc:
+    raise missing_extra(__name__, "langchain", exc) from exc
+from pydantic import BaseModel, create_model
 
 
 def http_tool(
@@ -23,10 +27,13 @@ def http_tool(
     method: str,
     path: str,
     args_schema: type[BaseModel],
+    body: BodyFormat = "json",
 ) -> StructuredTool:
-    """A LangChain tool that sends its arguments as the JSON body of `method path` to
-    the gateway's tool `tool`. Its result is the text for the model and, as the
-    message's artifact, the `Outcome` (reason code, escalation, data) for the program."""
+    """A LangChain tool that sends its arguments as the body of `method path` to the
+    gateway's tool `tool`: JSON, or a form (`body="form"`, for a route whose
+    `body_format` is `form`). Its result is the text for the model and, as the
+    message's artifact, the `Outcome` (reason code, escalation, replayed, figures)
+    for the program."""
     schema = create_model(
         f"{args_schema.__name__}WithCallId",
         __base__=args_schema,
@@ -34,7 +41,7 @@ def http_tool(
     )
 
     async def run(tool_call_id: str, **arguments: Any) -> tuple[str, Outcome]:
-        outcome = await client.call(tool, method, path, tool_call_id, json_body=arguments)
+        outcome = await client.call(tool, method, path, tool_call_id, **body_of(arguments, body))
         return outcome.text, outcome
 
     return StructuredTool.from_function(
