@@ -47,6 +47,7 @@ from pricing import (
     hold_accounts,
     price_request,
 )
+from pricing.accounts import shadow_hold
 from pricing.calibration import pooled_pending
 from pricing.catalog import priced_for
 from pricing.credentials import AuthenticatedAgent
@@ -58,6 +59,7 @@ from .advice import budget_refusal, next_window, rejection, units_of
 from .canonical import Canonical
 from .crashpoints import crash_point
 from .http_upstream import HTTP_KEY, HttpTarget, HttpUpstream, UpstreamSlots
+from .policies import ledger_account
 from .problems import PROBLEM_JSON, Problem
 from .responses import Shadowed, money
 from .settings import GatewaySettings
@@ -481,7 +483,13 @@ async def reserve_priced(
     async def attempt() -> ReserveResult:
         effect = prepared.effect
         amounts = hold_accounts(policy, agent, effect)
-        opens = factor_accounts(policy, amounts)
+        if prepared.shadow:
+            # Decided and held on the accounts' shadow twins: a shadow route's effect,
+            # whatever it costs, never takes room an enforced one needs.
+            amounts, shadows = shadow_hold(policy, amounts)
+            opens = [ledger_account(spec) for spec in shadows]
+        else:
+            opens = factor_accounts(policy, amounts)
         started = time.perf_counter()
         try:
             return await gate.ledger.reserve(

@@ -76,6 +76,9 @@ class AccountKind(StrEnum):
     PRINCIPAL = "principal"
     AGENT = "agent"
     FACTOR = "factor"
+    # `shadow:<account id>`: the twin of an account that shadow-mode holds are decided
+    # and held on, so that they never take room from enforced effects.
+    SHADOW = "shadow"
 
 
 @dataclass(frozen=True, slots=True)

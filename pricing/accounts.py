@@ -3,21 +3,24 @@
 Account ids are `kind:id`: `tenant:<tenant>`, `principal:<id>`, `agent:<id>` and
 `factor:<expanded factor>` (e.g. `factor:supplier:acme-steel`). Factor accounts are
 created per concrete factor on first use, from the most specific matching pattern.
+A shadow-mode hold debits each one's shadow twin, `shadow:<account id>` (shadow_hold).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ledger.limits import MAX_ACCOUNTS
 from pricing.catalog import FACTOR_PREFIX, PricedEffect
 from pricing.credentials import AuthenticatedAgent
 from pricing.errors import BadRiskFactor, PerEffectCapExceeded
-from pricing.policy import AccountLimits, EffectClass, PolicyDocument
+from pricing.policy import AccountLimits, Agent, EffectClass, PolicyDocument
 from pricing.serving import TenantPolicy
 
 MAX_HOLD_ACCOUNTS = MAX_ACCOUNTS
+# A shadow-mode hold's accounts: `shadow:<account id>` (shadow_hold).
+SHADOW_PREFIX = "shadow:"
 
 _INTEGER = re.compile(r"-?[0-9]+")
 
@@ -49,6 +52,16 @@ def _spec(policy: PolicyDocument, account_id: str, limits: AccountLimits) -> Acc
     )
 
 
+def _agent_spec(policy: PolicyDocument, account_id: str, agent: Agent) -> AccountSpec:
+    return AccountSpec(
+        account_id=account_id,
+        limit_micros=agent.window_cap,
+        window_ms=policy.window_ms,
+        soft_band=agent.soft_band if agent.soft_band is not None else policy.soft_band,
+        approval_threshold_micros=agent.approval_threshold,
+    )
+
+
 def factor_pattern_for(policy: TenantPolicy, factor: str) -> str | None:
     """The pattern that governs `factor`: an exact entry, else the longest `prefix*`."""
     patterns = policy.document.accounts.risk_factors
@@ -76,20 +89,46 @@ def policy_accounts(policy: TenantPolicy) -> list[AccountSpec]:
     doc = policy.document
     out = [_spec(doc, f"tenant:{doc.tenant}", doc.accounts.tenant)]
     out += [_spec(doc, f"principal:{p}", lim) for p, lim in doc.accounts.principals.items()]
-    for agent_id, agent in doc.agents.items():
-        out.append(
-            AccountSpec(
-                account_id=f"agent:{agent_id}",
-                limit_micros=agent.window_cap,
-                window_ms=doc.window_ms,
-                soft_band=agent.soft_band if agent.soft_band is not None else doc.soft_band,
-                approval_threshold_micros=agent.approval_threshold,
-            )
-        )
+    out += [_agent_spec(doc, f"agent:{agent_id}", agent) for agent_id, agent in doc.agents.items()]
     for pattern in doc.accounts.risk_factors:
         if not pattern.endswith("*"):
             out.append(_spec(doc, FACTOR_PREFIX + pattern, doc.accounts.risk_factors[pattern]))
     return out
+
+
+def account_spec(policy: TenantPolicy, account_id: str) -> AccountSpec | None:
+    """The parameters of one account a hold may touch, by its id; None if the policy
+    has no such account (a factor no pattern caps, an agent since removed)."""
+    doc = policy.document
+    kind, _, name = account_id.partition(":")
+    if kind == "tenant" and name == doc.tenant:
+        return _spec(doc, account_id, doc.accounts.tenant)
+    if kind == "principal" and name in doc.accounts.principals:
+        return _spec(doc, account_id, doc.accounts.principals[name])
+    if kind == "agent" and name in doc.agents:
+        return _agent_spec(doc, account_id, doc.agents[name])
+    if account_id.startswith(FACTOR_PREFIX):
+        return factor_account(policy, account_id.removeprefix(FACTOR_PREFIX))
+    return None
+
+
+def shadow_hold(
+    policy: TenantPolicy, amounts: dict[str, int]
+) -> tuple[dict[str, int], list[AccountSpec]]:
+    """A shadow-mode hold's accounts: each of `amounts`' own shadow account (`shadow:`
+    before its id), with its limits, so that the would-be decision is made, and its
+    exposure kept, on balances that enforced effects never read (docs/policy.md,
+    "Shadow mode"). Returns the amounts by shadow account and their specs, for the
+    reserve to open those Redis lacks."""
+    shadowed: dict[str, int] = {}
+    specs: list[AccountSpec] = []
+    for account_id, amount in amounts.items():
+        shadow_id = SHADOW_PREFIX + account_id
+        shadowed[shadow_id] = amount
+        spec = account_spec(policy, account_id)
+        if spec is not None:
+            specs.append(replace(spec, account_id=shadow_id))
+    return shadowed, specs
 
 
 def check_per_effect_cap(agent: AuthenticatedAgent, effect: PricedEffect) -> None:

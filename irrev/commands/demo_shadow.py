@@ -33,6 +33,7 @@ from irrev import output
 from irrev.commands.demo import Order, buyers_of, plan
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
 from ledger import EmbeddedRedis, Ledger, audit_tenant
+from pricing.accounts import SHADOW_PREFIX
 from pricing.money import money_text
 
 ADMIN = {"Authorization": f"Bearer {DEMO_ADMIN_TOKEN}"}
@@ -119,7 +120,9 @@ async def drive(
         supplier_orders = (await http.get(f"{supplier_url}/_stats")).json()["orders"]
     ledger = Ledger.from_url(redis_url)
     try:
-        top = await ledger.balance(tenant, f"tenant:{tenant}")
+        # Shadow mode holds on the accounts' shadow twins (docs/policy.md).
+        account = f"{SHADOW_PREFIX if mode == 'shadow' else ''}tenant:{tenant}"
+        top = await ledger.balance(tenant, account)
         audit = await audit_tenant(ledger, tenant)
     finally:
         await ledger.aclose()

@@ -138,6 +138,15 @@ def _keyless_orders() -> dict[str, Any]:
     return {"routes": data["routes"], "accounts": roomy}
 
 
+def _shadow_orders_only() -> dict[str, Any]:
+    """procurement as written, with supplier orders (only) in shadow mode."""
+    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+    for route in data["routes"]:
+        if route["route"] == "POST /orders":
+            route["mode"] = "shadow"
+    return {"routes": data["routes"]}
+
+
 def _shadow_orders() -> dict[str, Any]:
     """procurement with a tenant budget of 1 USD, and supplier orders (only) in shadow
     mode: every order is a would-be denial, forwarded anyway; refunds are enforced."""
@@ -221,6 +230,8 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
         {"mode": "shadow", "accounts": _example_accounts(tenant={"limit": "2000"})},
     ),
     "shadow-route": ("procurement", _shadow_orders()),
+    # An enforced tenant whose supplier orders alone are in shadow mode (issue 26).
+    "shadow-isolation": ("procurement", _shadow_orders_only()),
     "keyless": ("procurement", _keyless_orders()),
     "dashboards": ("procurement", {}),
     # irrev/client.py and its LangChain adapter, as an agent uses them.

@@ -9,6 +9,7 @@ import httpx
 
 from .conftest import Gateway
 from .helpers import (
+    DEPLOY,
     assert_problem,
     balances,
     effect_headers,
@@ -42,11 +43,14 @@ async def test_would_be_denials_are_forwarded_charged_and_recorded(
     assert holds[0] not in shadow  # within budget: enforcement admits it too
     assert "deny" in shadow.values()
     assert shadow[holds[-1]] == "deny"  # the per-effect cap
-    # Every order reached the supplier and was posted: the budget shows the exposure.
+    # Every order reached the supplier and was posted: the shadow twin of the tenant's
+    # budget shows the exposure; the enforced budget is untouched by it.
     assert (await supplier_stats(upstream, tenant))["orders"] == len(orders)
     assert set(holds) <= set(await holds_in(http, gateway.admin, tenant, "posted"))
-    top = (await balances(http, gateway.admin, tenant))[f"tenant:{tenant.id}"]
-    assert top["pending"] + top["posted"] > top["limit"]
+    rows = await balances(http, gateway.admin, tenant)
+    top = rows[f"shadow:tenant:{tenant.id}"]
+    assert top["pending"] + top["posted"] > top["limit"] == rows[f"tenant:{tenant.id}"]["limit"]
+    assert rows[f"tenant:{tenant.id}"]["pending"] + rows[f"tenant:{tenant.id}"]["posted"] == 0
 
     url = f"/v1/admin/tenants/{tenant.id}/journal"
     journal = await http.get(url, params={"count": 1000}, headers=gateway.admin)
@@ -135,3 +139,36 @@ async def test_the_decision_api_holds_a_would_be_denial_in_shadow_mode(
     assert (view["state"], view["decision"]) == ("pending", "deny")
     assert view["remaining"] < 0 and view["remaining_text"].startswith("-")
     assert view["currency"] == "USD" and view["deadline_at"].endswith("Z")
+
+
+async def test_a_shadow_effect_above_every_cap_leaves_enforced_routes_admitted(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    """Issue 26: one 400,000 USD order on a shadow route, above the agent's cap and the
+    tenant's whole 250,000 USD budget, was charged to the accounts enforced routes
+    share, which went below zero: every enforced effect was then refused until the
+    window renewed. Shadow holds now live on the accounts' shadow twins."""
+    tenant = gateway.tenant("shadow-isolation")
+    huge = await http.post(
+        "/tools/supplier/orders",
+        json=order(quantity=4000, unit_price="100"),
+        headers=effect_headers(tenant, "buyer-01", "huge"),
+    )
+    assert huge.status_code == 201, huge.text
+    assert huge.headers["x-irrev-shadow-decision"] == "deny"
+    # Deploys (1,000 USD each, enforced) on the same tenant budget: admitted.
+    for i in range(3):
+        deploy = await http.post(
+            "/v1/holds", json=DEPLOY, headers=effect_headers(tenant, "deployer-01", f"d{i}")
+        )
+        assert deploy.status_code == 201, deploy.text
+        assert deploy.headers["x-irrev-decision"] == "admit"
+        assert "x-irrev-shadow-decision" not in deploy.headers
+    rows = await balances(http, gateway.admin, tenant)
+    enforced, shadow = rows[f"tenant:{tenant.id}"], rows[f"shadow:tenant:{tenant.id}"]
+    assert enforced["pending"] + enforced["posted"] == 3 * 1_000 * 10**6  # the deploys
+    assert shadow["pending"] + shadow["posted"] > shadow["limit"]
+    buyer = rows["agent:buyer-01"]
+    assert buyer["pending"] + buyer["posted"] == 0
+    audit = ledger_audit(gateway.redis_url, tenant)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
