@@ -31,6 +31,7 @@ from ledger import (
     PoolShrank,
     PoolTicket,
     Provenance,
+    Reason,
     ReserveResult,
     Rule,
     TransitionResult,
@@ -47,7 +48,7 @@ from pricing import (
     hold_accounts,
     price_request,
 )
-from pricing.accounts import shadow_hold
+from pricing.accounts import account_spec, shadow_hold
 from pricing.calibration import pooled_pending
 from pricing.catalog import priced_for
 from pricing.credentials import AuthenticatedAgent
@@ -575,6 +576,8 @@ async def reserve_priced(
                 result.fsynced,
             )
             crash_point("after_reserve")
+    if result.reason is Reason.ESCALATION_CAP:
+        raise escalations_waiting(policy, agent, hold_id)
     if result.state is HoldState.DENIED:
         raise refusal(policy, result, hold_id, effect.face_value_micros)
     return result, prepared, ticket
@@ -924,6 +927,21 @@ def refusal(policy: TenantPolicy, result: ReserveResult, hold_id: str, face_valu
         account=binding.account,
         renews_at=rfc3339(next_window(result.created_ms, policy.document.window_ms)),
         **amounts,
+    )
+
+
+def escalations_waiting(policy: TenantPolicy, agent: AuthenticatedAgent, hold_id: str) -> Problem:
+    """429 of an effect that would wait for a person while its agent already has as
+    many waiting as it may (policy `max_escalations`): nothing was held."""
+    spec = account_spec(policy, f"agent:{agent.agent_id}")
+    cap = spec.max_escalations if spec is not None else policy.document.max_escalations
+    return Problem(
+        429,
+        "escalation_cap",
+        f"This call would wait for a person's approval, but this agent already has {cap} "
+        "calls waiting, the most it may have at once; it was not held",
+        hold=hold_id,
+        max_escalations=cap,
     )
 
 

@@ -48,6 +48,10 @@ NEXT_STEPS: dict[str, tuple[Retry, str]] = {
         "or to raise the cap.",
     ),
     "budget_exceeded": (Retry.LATER, "Repeating it now will not help."),
+    "escalation_cap": (
+        Retry.LATER,
+        "Wait until a person has decided some of them; repeating it now will not help.",
+    ),
     "in_process_route": (Retry.FIX, "Ask for a hold at /v1/holds and make the call yourself."),
     "route_is_proxied": (Retry.FIX, "Call the tool through the gateway's /tools/ path."),
     "no_upstream": (Retry.NO, f"{_NOT_AGAIN} {_ASK}"),

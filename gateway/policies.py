@@ -158,6 +158,7 @@ def ledger_account(spec: AccountSpec) -> LedgerAccount:
         soft_limit=spec.soft_limit_micros,
         window_ms=spec.window_ms,
         approval_threshold=spec.approval_threshold_micros or 0,
+        max_escalations=spec.max_escalations,
     )
 
 

@@ -349,7 +349,7 @@ class Ledger:
         would admit up to the old one; LedgerUnavailable (not_replicated) if fewer
         acknowledged, for the caller to write it again."""
         keys = tenant_keys(validate.tenant_id(tenant))[:2]
-        reply, acked = await self._run_replicated("account", keys, validate.account_args(spec))
+        reply, acked = await self._run_replicated("account", keys, validate.upsert_args(spec))
         raise_for_reply(tenant, "", "upsert", reply)
         if acked.fsynced == 0:
             raise LedgerUnavailable(

@@ -38,6 +38,9 @@ class Reason(StrEnum):
     OVER_LIMIT = "over_limit"
     SOFT_BAND = "soft_band"
     APPROVAL_THRESHOLD = "approval_threshold"
+    # Would escalate, but its agent already has as many escalations waiting as its
+    # account allows (account.lua's max_escalations): denied, nothing held.
+    ESCALATION_CAP = "escalation_cap"
 
 
 # An automatic approval's approver: `rule:<rule id>` (approve.lua's ARGV[4]); an
@@ -51,6 +54,7 @@ DECIDED_BY = {
     Reason.BUDGET_EXCEEDED: Decision.DENY,
     Reason.OVER_LIMIT: Decision.DENY,
     Reason.SOFT_BAND: Decision.ESCALATE,
+    Reason.ESCALATION_CAP: Decision.DENY,
     Reason.APPROVAL_THRESHOLD: Decision.ESCALATE,
 }
 
@@ -91,6 +95,9 @@ class AccountSpec:
     soft_limit: int
     window_ms: int = 0
     approval_threshold: int = 0
+    # An agent's account: how many of its holds may wait for a human at once (0: no
+    # bound); a reserve that would escalate past it is denied (escalation_cap).
+    max_escalations: int = 0
 
 
 @dataclass(frozen=True, slots=True)

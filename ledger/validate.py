@@ -11,6 +11,7 @@ from .limits import MAX_ACCOUNTS, MAX_AMOUNT, MAX_ID_CHARS
 from .records import AccountKind, AccountSpec
 
 MAX_TTL_MS = 366 * 24 * 3600 * 1000
+MAX_ESCALATIONS = 100_000
 MAX_BLOB_BYTES = 1 << 20
 _ID = re.compile(rf"[A-Za-z0-9._:@/-]{{1,{MAX_ID_CHARS}}}")
 _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -56,7 +57,8 @@ def check_account_spec(spec: AccountSpec) -> None:
 
 
 def account_args(spec: AccountSpec) -> list[str]:
-    """account id, limit, soft limit, window_ms, approval threshold (account.lua)."""
+    """account id, limit, soft limit, window_ms, approval threshold (account.lua, and
+    each account a reserve may open)."""
     return [
         account_id(spec.account),
         str(amount("limit", spec.limit)),
@@ -64,6 +66,12 @@ def account_args(spec: AccountSpec) -> list[str]:
         str(ttl("window_ms", spec.window_ms)),
         str(amount("approval_threshold", spec.approval_threshold)),
     ]
+
+
+def upsert_args(spec: AccountSpec) -> list[str]:
+    """account.lua's arguments: account_args and the bound on waiting escalations."""
+    cap = amount("max_escalations", spec.max_escalations, MAX_ESCALATIONS)
+    return [*account_args(spec), str(cap)]
 
 
 def amount(field: str, value: object, maximum: int = MAX_AMOUNT) -> int:

@@ -34,6 +34,7 @@ class AccountSpec:
     window_ms: int
     soft_band: float
     approval_threshold_micros: int | None
+    max_escalations: int = 0  # an agent's: how many of its holds may wait for a human
 
     @property
     def soft_limit_micros(self) -> int:
@@ -59,6 +60,7 @@ def _agent_spec(policy: PolicyDocument, account_id: str, agent: Agent) -> Accoun
         window_ms=policy.window_ms,
         soft_band=agent.soft_band if agent.soft_band is not None else policy.soft_band,
         approval_threshold_micros=agent.approval_threshold,
+        max_escalations=agent.max_escalations or policy.max_escalations,
     )
 
 

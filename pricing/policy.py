@@ -160,6 +160,11 @@ class McpErrorMeaning(StrEnum):
     NOT_EXECUTED = "not_executed"  # the tool refused before acting: the hold is voided
 
 
+# An agent's escalations waiting at once, by default: room for a busy agent's real
+# approvals, far from the thousands a looping one made (issue 26).
+MAX_ESCALATIONS = 20
+
+
 class Keyless(StrEnum):
     """What becomes of an effect whose caller sent no idempotency key."""
 
@@ -243,6 +248,9 @@ class Accounts(_Model):
     risk_factors: dict[FactorPattern, FactorLimits] = Field(default_factory=dict)
 
 
+EscalationCount = Annotated[int, Field(strict=True, ge=1, le=100_000)]
+
+
 class Agent(_Model):
     """A credential acting for exactly one principal, with its local caps."""
 
@@ -253,6 +261,11 @@ class Agent(_Model):
     soft_band: SoftBand | None = None
     approval_threshold: Micros | None = None
     routes: ScopeList | None = Field(default=None, description=SCOPE_DESCRIPTION)
+    max_escalations: EscalationCount | None = Field(
+        default=None,
+        description="how many of this agent's effects may wait for a human at once "
+        "(default: the tenant's max_escalations)",
+    )
 
 
 class AdminRole(StrEnum):
@@ -504,6 +517,11 @@ class PolicyDocument(_Model):
     )
     hold_ttl_ms: DurationMs = Field(
         alias="hold_ttl", description="how long an admitted hold may stay pending"
+    )
+    max_escalations: EscalationCount = Field(
+        default=MAX_ESCALATIONS,
+        description="how many of one agent's effects may wait for a human at once; one "
+        "more is refused (escalation_cap), so no agent can bury the approval queue",
     )
     unknown_routes: Annotated[
         UnknownRoutes,

@@ -113,7 +113,7 @@ local MAX_PROVENANCE = 16384
 local MAX_NOTE = 2048 -- a person's note on a decision (approve, reject, resolve)
 -- A hold's decision follows from its reason (the record keeps only the reason).
 local DECISION = {within_budget = 'admit', budget_exceeded = 'deny', over_limit = 'deny',
-  soft_band = 'escalate', approval_threshold = 'escalate'}
+  soft_band = 'escalate', approval_threshold = 'escalate', escalation_cap = 'deny'}
 
 local function fmt(n)
   if n == 0 then
@@ -216,7 +216,7 @@ local ACCOUNT_FIELDS = {'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'o
 local names_of = remembering(function(id)
   return {limit = id .. '|limit', soft = id .. '|soft', win = id .. '|win',
     appr = id .. '|appr', pend = id .. '|pend', post = id .. '|post', ws = id .. '|ws',
-    over = id .. '|over', raise = id .. '|raise'}
+    over = id .. '|over', raise = id .. '|raise', esc = id .. '|esc', escmax = id .. '|escmax'}
 end)
 
 local function field(id, name)
@@ -565,6 +565,11 @@ local function set_state(id, from, to, retention_ms, extra, cr)
   end
   if from == 'escalated' then
     redis.call('SREM', ESCALATED, id)
+    -- The agent account it was counted on, while it waited (reserve.lua's cap).
+    local counted = redis.call('HGET', key, 'esc')
+    if counted then
+      redis.call('HINCRBY', ACCOUNTS, field(counted, 'esc'), '-1')
+    end
   end
   if from == 'ambiguous' then
     redis.call('SREM', AMBIGUOUS, id)

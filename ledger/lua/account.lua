@@ -7,6 +7,10 @@
 -- ARGV[3]  soft limit: pending + posted above it escalates (= limit: no band)
 -- ARGV[4]  window_ms: budgets renew every window, aligned to the epoch (0: never)
 -- ARGV[5]  approval threshold: a single hold above it escalates (0: none)
+-- ARGV[6]  optional: max escalations, how many of the holds that name this account
+--          first among their agent accounts may wait for a human at once (0 or
+--          none: no bound; reserve.lua); kept as the field `<id>|escmax`, not
+--          journaled (no balance depends on it)
 --
 -- Returns {status, state, flags}
 --   'ok'         'created' or 'updated'
@@ -25,7 +29,13 @@ if not limit then return {'bad_input', 'limit', 'must be an integer in [0, 2^53-
 if not soft or soft > limit then return {'bad_input', 'soft_limit', 'must be between 0 and the limit'} end
 if not win then return {'bad_input', 'window_ms', 'must be an integer >= 0'} end
 if not appr then return {'bad_input', 'approval_threshold', 'must be an integer in [0, 2^53-1]'} end
-if #ARGV ~= 5 then return {'bad_input', 'arguments', 'account takes five arguments'} end
+local escmax = ARGV[6] and uint(ARGV[6], MAX_AMOUNT)
+if ARGV[6] and not escmax then
+  return {'bad_input', 'max_escalations', 'must be an integer >= 0'}
+end
+if #ARGV ~= 5 and #ARGV ~= 6 then
+  return {'bad_input', 'arguments', 'account takes five or six arguments'}
+end
 
 local now = now_ms()
 local ws = 0
@@ -46,6 +56,11 @@ end
 a.limit, a.soft, a.win, a.appr, a.ws = limit, soft, win, appr, ws
 a.policy = true
 save_accounts({a})
+if escmax and escmax > 0 then
+  redis.call('HSET', ACCOUNTS, field(account, 'escmax'), fmt(escmax))
+else
+  redis.call('HDEL', ACCOUNTS, field(account, 'escmax'))
+end
 journal({'op', 'account', 'acct', account, 'limit', fmt(limit), 'soft', fmt(soft),
          'win', fmt(win), 'appr', fmt(appr), 'ws', fmt(ws)})
 return {'ok', outcome, ''}

@@ -52,7 +52,8 @@
 --   {'ok' | 'exists', decision, reason, state, deadline_ms, created_ms, n,
 --    account_1, limit_1, used_1, amount_1, ...}
 --       decision admit | deny | escalate; reason within_budget | budget_exceeded |
---       over_limit | soft_band | approval_threshold; used_i is pending + posted
+--       over_limit | soft_band | approval_threshold | escalation_cap (a would-be
+--       escalation past its agent's max escalations waiting); used_i is pending + posted
 --       before this hold. 'exists' is a replay: the original decision and numbers,
 --       the hold's current state, and nothing changed (its fingerprint is re-set to
 --       its own value, so that the caller's WAIT or WAITAOF, which count the writes
@@ -85,7 +86,9 @@
 -- The hold record: st, fp, arm, t0, dl, acc and amt (comma lists: the accounts and
 -- what it holds on each), why, lim and used (what decided, for a replay; the
 -- decision follows from the reason), cr (`<tag>|<face value>`, only a kept hold of a
--- calibrating route: what leaves its open set when it closes, _lib.lua's set_state); the request is KEYS[7]'s. Each value stays short
+-- calibrating route: what leaves its open set when it closes, _lib.lua's set_state),
+-- esc (an escalated hold: the agent account whose count of waiting escalations it is
+-- in, `<account>|esc` in the accounts hash, until it leaves the escalated state); the request is KEYS[7]'s. Each value stays short
 -- (Redis keeps a hash whose values are all under 64 bytes packed, in a third of the
 -- memory), so the limits and used amounts are not joined into one. Its journal
 -- entry: op, hold, why (absent for within_budget), acc and amt for a hold kept (the pending it adds; one
@@ -93,7 +96,9 @@
 -- (the would-be decision of a hold kept in shadow mode: its state is pending whatever
 -- the reason), prov. A shadow hold's record is pending with the would-be reason.
 --
--- Invariant: an admission or escalation never takes any account's pending + posted
+-- Invariant: an agent account's `esc` counts exactly the escalated holds that name it
+-- in their `esc`, and a new escalation is kept only while that count is below its
+-- `escmax`. An admission or escalation never takes any account's pending + posted
 -- above its limit (a shadow hold may: it is what the fleet really did), no hold takes
 -- it past 2^53-1 (a limit with its live raises counts as min(sum, 2^53-1)), and it
 -- debits all of the accounts or none. A calibrating route's open count is the number
@@ -333,6 +338,27 @@ if decision == 'admit' then
   end
 end
 
+-- An agent keeps at most its account's max escalations waiting (account.lua's
+-- `escmax`): one more is denied and holds nothing, so that no agent can bury the
+-- approval queue (and the webhook) in escalations however small. Counted on the
+-- first agent account of the hold (`counted`), which its record names (`esc`) until
+-- it leaves the escalated state (_lib.lua's set_state).
+local counted
+if decision == 'escalate' and shadow ~= '1' then
+  for i = 1, n do
+    if string.sub(accounts[i], 1, 6) == 'agent:' then
+      local c = redis.call('HMGET', ACCOUNTS, field(accounts[i], 'esc'), field(accounts[i], 'escmax'))
+      local cap = tonumber(c[2])
+      if cap and cap > 0 and (tonumber(c[1]) or 0) >= cap then
+        decision, reason = 'deny', 'escalation_cap'
+      else
+        counted = accounts[i]
+      end
+      break
+    end
+  end
+end
+
 if not tag and (decision ~= 'admit' or in_order) and not decide_anyway and holds_due(now) then
   return {'expire_first', ''}
 end
@@ -388,6 +414,10 @@ local fields = {'st', state, 'fp', fp, 'arm', (state == 'escalated') and '0' or 
 local cr = tag and state ~= 'denied' and not outside and tag .. '|' .. fmt(face)
 if cr then
   fields[#fields + 1], fields[#fields + 2] = 'cr', cr
+end
+if state == 'escalated' and counted then
+  fields[#fields + 1], fields[#fields + 2] = 'esc', counted
+  redis.call('HINCRBY', ACCOUNTS, field(counted, 'esc'), '1')
 end
 redis.call('HSET', key, unpack(fields))
 if state ~= 'denied' and #request > 0 then

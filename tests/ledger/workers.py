@@ -228,7 +228,28 @@ async def keyless(ledger: Ledger, tenant: str, barrier_name: str, content: str, 
     print(json.dumps({"hold": attached.hold_id, "replayed": result.replayed}))
 
 
+async def escalate(ledger: Ledger, tenant: str, barrier_name: str, agent: str, count: str) -> None:
+    """`count` reserves that would each escalate (above the threshold), all at once."""
+    await barrier(ledger, barrier_name)
+
+    async def one(i: int) -> str:
+        amounts = {f"agent:{agent}": 10}
+        result = await ledger.reserve(
+            tenant,
+            f"{barrier_name}-{os.getpid()}-{i}",
+            "fp",
+            amounts,
+            ttl_ms=HOUR_MS,
+            escalate_above=1,
+        )
+        return result.state.value
+
+    states = await asyncio.gather(*(one(i) for i in range(int(count))))
+    print(json.dumps({"states": states}))
+
+
 COMMANDS = {
+    "escalate": escalate,
     "keyless": keyless,
     "stale_batch": stale_batch,
     "storm": storm,
