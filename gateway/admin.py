@@ -89,10 +89,15 @@ async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, 
     return policy_of(request, tenant, admin).document.model_dump(mode="json", by_alias=True)
 
 
+# What says where a tool's requests go and which secrets they carry, or, for a stdio
+# MCP server, which command runs on the gateway's hosts, with which environment.
+WHERE_CALLS_GO = {"upstream", "mcp", "credentials", "mcp_command", "mcp_env", "mcp_cwd"}
+
+
 def _upstreams(policy: TenantPolicy) -> dict[str, Any]:
     """Where the tenant's requests and events go, and the secrets they carry."""
     out: dict[str, Any] = {
-        name: (tool.upstream, tool.mcp, tool.model_dump(include={"credentials"}))
+        name: tool.model_dump(include=WHERE_CALLS_GO)
         for name, tool in policy.document.tools.items()
     }
     webhook = policy.document.webhook
@@ -105,7 +110,8 @@ async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str
     """Replace a tenant's policy with a YAML document; refused whole if invalid.
     Where a tool's requests go and which secrets they carry are the operator's: a
     tenant admin could otherwise point the tenant's credentials (or any variable or
-    file the gateway can read) at a host of its own."""
+    file the gateway can read) at a host of its own, or run a command of its choosing
+    on the gateway's hosts (a stdio MCP server)."""
     text = (await request.body()).decode("utf-8", errors="replace")
     gate = gate_of(request)
     if not admin.operator:
@@ -118,7 +124,8 @@ async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str
             raise Problem(
                 403,
                 "operator_only",
-                "only an operator may change a tool's upstream or credentials, or the webhook",
+                "only an operator may change a tool's upstream, MCP server (mcp, mcp_command, "
+                "mcp_env, mcp_cwd) or credentials, or the webhook",
             )
     try:
         policy = await gate.tenants.upload(gate.ledger, tenant, text)
