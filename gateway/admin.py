@@ -30,6 +30,7 @@ from pricing import PolicyError, TenantPolicy, load_policy_text
 from pricing.errors import AmountError
 from pricing.money import major_to_minor, money_text
 from pricing.policy import AdminRole, duration_ms
+from pricing.templates import CALL
 from pricing.units import journal_money
 
 from .admission import resolved
@@ -271,14 +272,23 @@ def _times(hold: Hold, now_ms: int) -> dict[str, Any]:
     }
 
 
+def target_of(stored: StoredRequest) -> str:
+    """The request line as a person reads it: `POST /orders?x=1`, or for an MCP call
+    its server and tool as the policy's route names them, `CALL github/delete_repo`
+    (its path alone, `/delete_repo`, loses which server it goes to)."""
+    if stored.method == CALL:
+        return f"{CALL} {stored.tool}/{stored.path.removeprefix('/')}"
+    query = f"?{stored.query}" if stored.query else ""
+    return f"{stored.method} {stored.path}{query}"
+
+
 def forwarded(stored: StoredRequest) -> dict[str, Any]:
     """What a forward of the held effect sends besides its body, beyond the route's
     template: the request line with the concrete path and query (which account, which
     customer) and the agent's passed headers (an API version). A person approving the
     effect approves exactly these and the body: none may be left out of their view."""
-    query = f"?{stored.query}" if stored.query else ""
     return {
-        "target": f"{stored.method} {stored.path}{query}",
+        "target": target_of(stored),
         "headers": [f"{name}: {value}" for name, value in stored.headers],
     }
 
