@@ -30,6 +30,7 @@ from pricing import PolicyError, TenantPolicy, load_policy_text
 from pricing.errors import AmountError
 from pricing.money import major_to_minor, money_text
 from pricing.policy import AdminRole, duration_ms
+from pricing.templates import CALL
 from pricing.units import journal_money
 
 from .admission import resolved
@@ -89,10 +90,15 @@ async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, 
     return policy_of(request, tenant, admin).document.model_dump(mode="json", by_alias=True)
 
 
+# What says where a tool's requests go and which secrets they carry, or, for a stdio
+# MCP server, which command runs on the gateway's hosts, with which environment.
+WHERE_CALLS_GO = {"upstream", "mcp", "credentials", "mcp_command", "mcp_env", "mcp_cwd"}
+
+
 def _upstreams(policy: TenantPolicy) -> dict[str, Any]:
     """Where the tenant's requests and events go, and the secrets they carry."""
     out: dict[str, Any] = {
-        name: (tool.upstream, tool.mcp, tool.model_dump(include={"credentials"}))
+        name: tool.model_dump(include=WHERE_CALLS_GO)
         for name, tool in policy.document.tools.items()
     }
     webhook = policy.document.webhook
@@ -105,7 +111,8 @@ async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str
     """Replace a tenant's policy with a YAML document; refused whole if invalid.
     Where a tool's requests go and which secrets they carry are the operator's: a
     tenant admin could otherwise point the tenant's credentials (or any variable or
-    file the gateway can read) at a host of its own."""
+    file the gateway can read) at a host of its own, or run a command of its choosing
+    on the gateway's hosts (a stdio MCP server)."""
     text = (await request.body()).decode("utf-8", errors="replace")
     gate = gate_of(request)
     if not admin.operator:
@@ -118,7 +125,8 @@ async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str
             raise Problem(
                 403,
                 "operator_only",
-                "only an operator may change a tool's upstream or credentials, or the webhook",
+                "only an operator may change a tool's upstream, MCP server (mcp, mcp_command, "
+                "mcp_env, mcp_cwd) or credentials, or the webhook",
             )
     try:
         policy = await gate.tenants.upload(gate.ledger, tenant, text)
@@ -264,14 +272,23 @@ def _times(hold: Hold, now_ms: int) -> dict[str, Any]:
     }
 
 
+def target_of(stored: StoredRequest) -> str:
+    """The request line as a person reads it: `POST /orders?x=1`, or for an MCP call
+    its server and tool as the policy's route names them, `CALL github/delete_repo`
+    (its path alone, `/delete_repo`, loses which server it goes to)."""
+    if stored.method == CALL:
+        return f"{CALL} {stored.tool}/{stored.path.removeprefix('/')}"
+    query = f"?{stored.query}" if stored.query else ""
+    return f"{stored.method} {stored.path}{query}"
+
+
 def forwarded(stored: StoredRequest) -> dict[str, Any]:
     """What a forward of the held effect sends besides its body, beyond the route's
     template: the request line with the concrete path and query (which account, which
     customer) and the agent's passed headers (an API version). A person approving the
     effect approves exactly these and the body: none may be left out of their view."""
-    query = f"?{stored.query}" if stored.query else ""
     return {
-        "target": f"{stored.method} {stored.path}{query}",
+        "target": target_of(stored),
         "headers": [f"{name}: {value}" for name, value in stored.headers],
     }
 

@@ -168,7 +168,9 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             settings.upstream_max_connections,
         )
         traced.client(http)
-        tenants = TenantStore(settings.policy_dir, settings.forward_budget())
+        tenants = TenantStore(
+            settings.policy_dir, settings.forward_budget(), settings.mcp_supervision()
+        )
         await _load_scripts(ledger)
         await _check_durability(ledger, settings)
         # A file that does not load is reported (log, /metrics, /readyz) and leaves the

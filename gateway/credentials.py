@@ -1,10 +1,13 @@
-"""The values of the headers a tool's upstream requires (`tools.<name>.credentials`)
-and the tenant's webhook signing secret (`webhook.secret`), read from environment
-variables or secret files when policies are loaded.
+"""What the gateway adds to a tool's requests, read from environment variables or
+secret files when policies are loaded: the headers an HTTP upstream requires
+(`tools.<name>.credentials`), or the environment of a stdio MCP server the gateway
+runs (`tools.<name>.mcp_env`); and the tenant's webhook signing secret
+(`webhook.secret`).
 
-They exist only here and in the headers of outgoing requests: never in a policy, a
-hold's stored request, the journal, a log line, a metric or an answer to an agent.
-An error names the variable or file, never what it holds.
+They exist only here and in outgoing headers or a child process's environment: never
+in a policy, a hold's stored request, the journal, a log line, a metric, a command
+line or an answer to an agent. An error names the variable or file, never what it
+holds.
 """
 
 from __future__ import annotations
@@ -19,20 +22,30 @@ Injected = tuple[tuple[str, str], ...]
 
 
 def resolve_credentials(policy: TenantPolicy) -> dict[str, Injected]:
-    """tool name -> the headers to add to its requests; PolicyError names every
-    variable or file that is missing, unreadable or not a valid header value."""
+    """tool name -> the headers to add to its requests, or for a stdio MCP server the
+    variables to add to its environment; PolicyError names every variable or file
+    that is missing, unreadable or not a valid header (or environment) value."""
     resolved: dict[str, Injected] = {}
     problems: list[Problem] = []
     for tool_name, tool in policy.document.tools.items():
-        headers = []
+        injected = []
         for header, secret in tool.credentials.items():
             value, problem = _read(secret)
             if problem:
                 problems.append(Problem(f"tools.{tool_name}.credentials.{header}", problem))
             else:
-                headers.append((header, secret.prefix + value))
-        if headers:
-            resolved[tool_name] = tuple(headers)
+                injected.append((header, secret.prefix + value))
+        for name, source in tool.mcp_env.items():
+            if isinstance(source, str):
+                injected.append((name, source))
+                continue
+            value, problem = _read_raw(source)
+            if problem:
+                problems.append(Problem(f"tools.{tool_name}.mcp_env.{name}", problem))
+            else:
+                injected.append((name, value))
+        if injected:
+            resolved[tool_name] = tuple(injected)
     if policy.document.webhook is not None:
         _, problem = _read(policy.document.webhook.secret)
         if problem:
@@ -57,7 +70,18 @@ def webhook_secret(policy: TenantPolicy) -> bytes | None:
 
 
 def _read(secret: SecretSource) -> tuple[str, str]:
-    """(value, "") or ("", what is wrong), without the value."""
+    """(value, "") or ("", what is wrong), without the value: one a header can carry."""
+    value, problem = _read_raw(secret)
+    if problem:
+        return "", problem
+    if not all(" " <= c <= "~" or c == "\t" for c in value):
+        return "", f"{secret.source} holds characters a header value cannot"
+    return value, ""
+
+
+def _read_raw(secret: SecretSource) -> tuple[str, str]:
+    """(value, "") or ("", what is wrong): a non-empty value without NUL, which no
+    header or environment can carry."""
     if secret.env is not None:
         value = os.environ.get(secret.env)
         if value is None:
@@ -69,6 +93,6 @@ def _read(secret: SecretSource) -> tuple[str, str]:
             value = Path(secret.file).read_text(encoding="utf-8").rstrip("\r\n")
         except (OSError, UnicodeDecodeError) as exc:
             return "", f"cannot read file {secret.file!r}: {type(exc).__name__}"
-    if not value or not all(" " <= c <= "~" or c == "\t" for c in value):
-        return "", f"{secret.source} is empty or holds characters a header value cannot"
+    if not value or "\x00" in value:
+        return "", f"{secret.source} is empty or holds a NUL character"
     return value, ""

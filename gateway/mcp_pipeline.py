@@ -59,7 +59,7 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
             return Outcome(hold_id, price, problem=_voided(hold_id))
         return Outcome(hold_id, price, problem=_unreachable(hold_id))
     if answer.fate is Fate.NOT_SENT:
-        return Outcome(hold_id, price, problem=_unreachable(hold_id))
+        return Outcome(hold_id, price, problem=_unreachable(hold_id, answer.why))
     if answer.status in (RESULT, NOT_EXECUTED):
         return Outcome(hold_id, price, fate=answer.fate, body=answer.body)
     if answer.fate is Fate.REFUSED:
@@ -106,11 +106,12 @@ def _voided(hold_id: str) -> Problem:
     )
 
 
-def _unreachable(hold_id: str) -> Problem:
+def _unreachable(hold_id: str, why: str = "") -> Problem:
     return Problem(
         502,
         "upstream_unreachable",
         "the MCP server could not be reached; nothing was sent and the hold was released",
+        why=why or None,
         hold=hold_id or None,
     )
 

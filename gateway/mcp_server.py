@@ -89,7 +89,7 @@ def split_name(name: str) -> tuple[str, str]:
 
 
 def servers_of(policy: TenantPolicy) -> list[str]:
-    return sorted(name for name, tool in policy.document.tools.items() if tool.mcp)
+    return sorted(name for name, tool in policy.document.tools.items() if tool.is_mcp)
 
 
 def route_effect(server: str, tool: str, route: CompiledRoute) -> PricedEffect:

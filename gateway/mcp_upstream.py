@@ -1,14 +1,16 @@
 """`Upstream` over MCP: an admitted effect is one `tools/call` to the tenant's MCP server
-(Streamable HTTP, the official SDK's client), with the hold's idempotency key in the
-request's `_meta` so that a deduplicating server can recognise a repeat.
+(the official SDK's client, over a `Connection`: Streamable HTTP here, stdio in
+gateway/mcp_stdio.py), with the hold's idempotency key in the request's `_meta` so
+that a deduplicating server can recognise a repeat.
 
 What a result means for the hold (docs/policy.md, "MCP servers"): a result posts; a
 result with `isError` voids only where the route says such errors mean "not
-executed", and is otherwise ambiguous (still charged); a JSON-RPC error that says
-the call was not accepted (no such tool, invalid params) voids; a connection that
-never opened voids (nothing was sent); a timeout, a reset or any other error is
-ambiguous. The answer the agent gets is the `CallToolResult` as JSON, so a repeat of
-the key gets the very result back from the settled hold."""
+executed", and is otherwise ambiguous (still charged); a JSON-RPC "method not found"
+voids; a connection that never opened, or a call never handed to a live server
+process, voids (nothing was sent); a timeout, a reset, a server process that exited
+mid-call or any other error is ambiguous. The answer the agent gets is the
+`CallToolResult` as JSON, so a repeat of the key gets the very result back from the
+settled hold."""
 
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Hashable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx2
 import mcp_types as types
@@ -64,19 +67,42 @@ def result_answer(result: types.CallToolResult, fate: Fate, why: str = "") -> An
     return Answer(fate, status, JSON, body, why=why)
 
 
-def _causes(exc: BaseException) -> list[BaseException]:
+class NotSent(Exception):
+    """The call provably never reached the server: no live process of a stdio server
+    to hand it to (not started, restarting, given up). `why` is a reason code."""
+
+    def __init__(self, why: str, detail: str) -> None:
+        super().__init__(detail)
+        self.why = why
+
+
+class Lost(Exception):
+    """The call was handed to the server and its answer can no longer come (its
+    process exited): it may have taken effect. `why` is a reason code."""
+
+    def __init__(self, why: str, detail: str) -> None:
+        super().__init__(detail)
+        self.why = why
+
+
+def causes_of(exc: BaseException) -> list[BaseException]:
     """The leaf exceptions of an ExceptionGroup (the SDK's task groups raise them)."""
     if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _causes(inner)]
+        return [leaf for inner in exc.exceptions for leaf in causes_of(inner)]
     return [exc]
 
 
 def failure_answer(exc: BaseException) -> Answer:
     """What an exception of the SDK's client says about the effect."""
-    causes = _causes(exc)
+    causes = causes_of(exc)
     if causes and all(isinstance(c, httpx2.ConnectError | httpx2.ConnectTimeout) for c in causes):
         return Answer(Fate.NOT_SENT, why="upstream_refused")
+    not_sent = [c for c in causes if isinstance(c, NotSent)]
+    if causes and len(not_sent) == len(causes):
+        return Answer(Fate.NOT_SENT, why=not_sent[0].why)
     for cause in causes:
+        if isinstance(cause, Lost):
+            return Answer(Fate.UNKNOWN, why=cause.why)
         if isinstance(cause, MCPError):
             error = {"code": cause.code, "message": cause.error.message}
             body = json.dumps({"error": error}).encode()
@@ -88,45 +114,44 @@ def failure_answer(exc: BaseException) -> Answer:
     return Answer(Fate.UNKNOWN, why="upstream_reset")
 
 
+class Connection(Protocol):
+    """How an MCP server is reached: `open` gives a session ready for requests, bounded
+    by `deadline` (a `time.monotonic()` instant), and raises what failure_answer
+    reads; `config` is what makes two connections the same server."""
+
+    @property
+    def config(self) -> Hashable: ...
+
+    @property
+    def where(self) -> str:
+        """The server as logs name it (never with its credentials)."""
+        ...
+
+    def open(self, deadline: float) -> AbstractAsyncContextManager[Client]: ...
+
+    async def aclose(self) -> None: ...
+
+
 @dataclass
-class McpUpstream:
-    """One MCP server of one tenant, as the admission pipeline calls it. Its HTTP client
-    (with the tool's credentials as headers) is made on first use, in the worker's
-    event loop, and kept; `not_executed` are the MCP tools whose `isError` voids;
-    `dedupes` says the server makes one effect per key (the tool's `dedupes`), so a
-    repeat of an ambiguous call may be sent again."""
+class HttpConnection:
+    """An MCP server at a Streamable HTTP URL: a session per request over one pooled
+    HTTP client (made on first use, in the worker's event loop, with the tool's
+    credentials as headers). The protocol version the server speaks is learnt on
+    the first session (`auto`: one `server/discover` probe) and then pinned, so later
+    requests are one POST each."""
 
     url: str
     credentials: Headers = field(default=(), repr=False)
-    not_executed: frozenset[str] = frozenset()
-    dedupes: bool = False
     _client: httpx2.AsyncClient | None = field(default=None, repr=False)
     _version: str = "auto"
-    _tools: list[types.Tool] = field(default_factory=list)
-    _tools_until: float = 0.0
 
     @property
-    def resends(self) -> bool:
-        return self.dedupes
+    def config(self) -> Hashable:
+        return (self.url, self.credentials)
 
     @property
-    def key_name(self) -> str:
-        return MCP_KEY
-
-    def same_server(self, other: McpUpstream) -> bool:
-        """Whether `other` is configured as this one (a reload kept it unchanged)."""
-        return (self.url, self.credentials, self.not_executed, self.dedupes) == (
-            other.url,
-            other.credentials,
-            other.not_executed,
-            other.dedupes,
-        )
-
-    async def aclose(self) -> None:
-        """Close the HTTP client (its pooled connections); the next call opens another."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+    def where(self) -> str:
+        return self.url
 
     def client(self) -> httpx2.AsyncClient:
         if self._client is None:
@@ -138,6 +163,85 @@ class McpUpstream:
             )
         return self._client
 
+    @asynccontextmanager
+    async def open(self, deadline: float) -> AsyncIterator[Client]:
+        transport = streamable_http_client(self.url, http_client=self.client())
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+            async with Client(transport, mode=self._version, cache=None) as session:
+                if session.session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                    self._version = session.session.protocol_version
+                yield session
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (its pooled connections); the next call opens another."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+@dataclass
+class McpUpstream:
+    """One MCP server of one tenant, as the admission pipeline calls it, over its
+    `connection`; `not_executed` are the MCP tools whose `isError` voids; `dedupes`
+    says the server makes one effect per key (the tool's `dedupes`), so a repeat of
+    an ambiguous call may be sent again."""
+
+    connection: Connection
+    not_executed: frozenset[str] = frozenset()
+    dedupes: bool = False
+    _tools: list[types.Tool] = field(default_factory=list)
+    _tools_until: float = 0.0
+    # Requests in progress through this server, so that a retired one closes once
+    # they end rather than after the longest any could take.
+    _busy: int = 0
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+
+    @property
+    def resends(self) -> bool:
+        return self.dedupes
+
+    @property
+    def key_name(self) -> str:
+        return MCP_KEY
+
+    def same_server(self, other: McpUpstream) -> bool:
+        """Whether `other` is configured as this one (a reload kept it unchanged)."""
+        return (self.connection.config, self.not_executed, self.dedupes) == (
+            other.connection.config,
+            other.not_executed,
+            other.dedupes,
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection (an HTTP client's pool; a stdio server's process)."""
+        await self.connection.aclose()
+
+    async def retire(self, grace_s: float) -> None:
+        """Close once the requests begun through this server have ended, or after
+        `grace_s` (by when every delivery has given up: fire() gives one at most
+        upstream_timeout_s); at once if cancelled (at shutdown)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except TimeoutError:
+            pass
+        finally:
+            await self.aclose()
+
+    @asynccontextmanager
+    async def _session(self, deadline: float) -> AsyncIterator[Client]:
+        self._busy += 1
+        self._idle.clear()
+        try:
+            async with self.connection.open(deadline) as session:
+                yield session
+        finally:
+            self._busy -= 1
+            if not self._busy:
+                self._idle.set()
+
     async def list_tools(self, deadline: float, ttl_s: float) -> list[types.Tool]:
         """The server's tools, every page, kept for `ttl_s` (a fleet lists often); an
         empty list while the server cannot be reached (its tools cannot be called
@@ -145,19 +249,20 @@ class McpUpstream:
         if time.monotonic() < self._tools_until:
             return self._tools
         tools: list[types.Tool] = []
-        transport = streamable_http_client(self.url, http_client=self.client())
         try:
-            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-                async with Client(transport, mode=self._version, cache=None) as session:
-                    cursor: str | None = None
-                    for _ in range(MAX_PAGES):
-                        page = await session.list_tools(cursor=cursor)
-                        tools += page.tools
-                        cursor = page.next_cursor
-                        if not cursor:
-                            break
-        except Exception:
-            log.warning("MCP server did not list its tools", extra={"url": self.url})
+            async with self._session(deadline) as session:
+                cursor: str | None = None
+                for _ in range(MAX_PAGES):
+                    page = await session.list_tools(cursor=cursor)
+                    tools += page.tools
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+        except Exception as exc:
+            log.warning(
+                "MCP server did not list its tools",
+                extra={"server": self.connection.where, "error": type(exc).__name__},
+            )
             return []
         self._tools, self._tools_until = tools, time.monotonic() + ttl_s
         return tools
@@ -169,24 +274,17 @@ class McpUpstream:
         meta: types.RequestParamsMeta,
         deadline: float,
     ) -> types.CallToolResult:
-        """One `tools/call`; raises what the SDK raises (see failure_answer). The
-        protocol version the server speaks is learnt on the first call (`auto`: one
-        `server/discover` probe) and then pinned, so later calls are one POST."""
-        transport = streamable_http_client(self.url, http_client=self.client())
-        async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-            async with Client(transport, mode=self._version, cache=None) as session:
-                if session.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                    self._version = session.protocol_version
-                # Sent as a bare request: ClientSession.call_tool would list the tools
-                # after a result to check it against the output schema, a second
-                # request that could fail after the effect was made. irrev passes the
-                # result on; the agent's own client checks it.
-                request = types.CallToolRequest(
-                    params=types.CallToolRequestParams(
-                        name=name, arguments=dict(arguments), _meta=meta
-                    )
-                )
-                return await session.session.send_request(request, types.CallToolResult)
+        """One `tools/call`; raises what the SDK and the connection raise (see
+        failure_answer)."""
+        async with self._session(deadline) as session:
+            # Sent as a bare request: ClientSession.call_tool would list the tools
+            # after a result to check it against the output schema, a second
+            # request that could fail after the effect was made. irrev passes the
+            # result on; the agent's own client checks it.
+            request = types.CallToolRequest(
+                params=types.CallToolRequestParams(name=name, arguments=dict(arguments), _meta=meta)
+            )
+            return await session.session.send_request(request, types.CallToolResult)
 
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from ledger import LedgerSettings
 
 from .policies import ForwardBudget
+from .supervision import Supervision
 from .webhooks import Pacing
 
 # A tenant member id's pattern (pricing/policy.py MemberId).
@@ -186,6 +187,30 @@ class GatewaySettings(BaseSettings):
     webhook_poll_s: float = Field(
         default=0.5, gt=0, le=60, description="how often an idle tenant's journal is looked at"
     )
+    mcp_restarts: int = Field(
+        default=5,
+        ge=0,
+        le=1000,
+        description="restarts of a stdio MCP server (tools.<name>.mcp_command) a worker makes "
+        "within mcp_restart_window_s; after them the server stays down (its calls refused "
+        "at once, upstream_unreachable) until the oldest restart leaves the window",
+    )
+    mcp_restart_window_s: float = Field(default=60.0, gt=0, le=86_400)
+    mcp_restart_backoff_s: float = Field(
+        default=0.5,
+        gt=0,
+        le=600,
+        description="the wait before a stdio MCP server's first restart; each further one "
+        "within the window waits twice the one before, at most mcp_restart_backoff_max_s",
+    )
+    mcp_restart_backoff_max_s: float = Field(default=10.0, gt=0, le=3600)
+    mcp_start_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="how long a stdio MCP server has from its start to the end of the MCP "
+        "handshake; longer counts as a failed start",
+    )
     log_level: str = "info"
 
     @field_validator("admin_tokens")
@@ -213,6 +238,15 @@ class GatewaySettings(BaseSettings):
 
     def forward_budget(self) -> ForwardBudget:
         return ForwardBudget(self.upstream_timeout_s, self.forward_margin_s)
+
+    def mcp_supervision(self) -> Supervision:
+        return Supervision(
+            max_restarts=self.mcp_restarts,
+            window_s=self.mcp_restart_window_s,
+            backoff_s=self.mcp_restart_backoff_s,
+            backoff_max_s=self.mcp_restart_backoff_max_s,
+            start_timeout_s=self.mcp_start_timeout_s,
+        )
 
     @property
     def ledger(self) -> LedgerSettings:

@@ -31,7 +31,7 @@ from pricing.calibration import Evidence
 from pricing.catalog import FACTOR_PREFIX
 from pricing.credentials import AuthenticatedAgent, hash_token
 from pricing.observed import with_settled
-from pricing.policy import AdminRole, McpErrorMeaning
+from pricing.policy import AdminRole, McpErrorMeaning, SecretSource
 
 from . import metrics
 from .credentials import Injected, resolve_credentials
@@ -49,6 +49,7 @@ from .policies import (
     policy_version,
     read_policy_files,
 )
+from .supervision import Supervision
 from .wire import KEPT_RESPONSE_HEADERS
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ log = logging.getLogger("irrev.gateway")
 # serves, as often as before the feed, when it ran every 15 two-second looks. The
 # gateway's setting IRREV_POLICY_FULL_READ_S (settings.py) has the same default.
 FULL_READ_S = 30.0
+
+DEFAULT_SUPERVISION = Supervision()
 
 # Account changes in flight at once: enough to open a new tenant's accounts quickly,
 # few enough to leave the connection pool to the admission path.
@@ -163,9 +166,15 @@ class TenantStore:
     """`policies` are what prices are computed with: each policy as written, with the
     compensation outcomes counted so far applied (pricing.with_observed)."""
 
-    def __init__(self, directory: Path, budget: ForwardBudget = NO_BUDGET) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        budget: ForwardBudget = NO_BUDGET,
+        supervision: Supervision = DEFAULT_SUPERVISION,
+    ) -> None:
         self.directory = directory
         self.budget = budget
+        self.supervision = supervision
         self.policies: dict[str, TenantPolicy] = {}
         self._in_force: dict[Path, InForce] = {}
         self._written: dict[str, TenantPolicy] = {}
@@ -271,7 +280,9 @@ class TenantStore:
         )
         self._mcp = self._keep_unchanged(
             _mcp_upstreams(
-                self._written.values(), {t: e.credentials for t, e in self._by_tenant().items()}
+                self._written.values(),
+                {t: e.credentials for t, e in self._by_tenant().items()},
+                self.supervision,
             )
         )
         self._secret_files = _secret_files_signature(self._written.values())
@@ -282,8 +293,10 @@ class TenantStore:
         self, fresh: dict[tuple[str, str], McpUpstream]
     ) -> dict[tuple[str, str], McpUpstream]:
         """`fresh`, where a server is configured as before the one already in use (its
-        connections and learnt protocol version); the others' clients are closed once
-        a delivery begun through them has had its time (they leaked on every reload)."""
+        connections and learnt protocol version, its running process); the others are
+        closed once the deliveries begun through them have ended (they leaked on every
+        reload): a stdio server whose command, environment or directory changed is
+        stopped, and its successor started on first use."""
         kept = {}
         for key, upstream in fresh.items():
             old = self._mcp.get(key)
@@ -292,13 +305,14 @@ class TenantStore:
         dropped = [upstream for upstream in self._mcp.values() if id(upstream) not in in_use]
         if dropped:
             grace_s = self.budget.min_hold_ttl_ms / 1000
-            task = asyncio.get_running_loop().create_task(_close_later(dropped, grace_s))
+            task = asyncio.get_running_loop().create_task(_retire(dropped, grace_s))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
         return kept
 
     async def aclose(self) -> None:
-        """Close every MCP server's client, the retired ones' at once (at shutdown)."""
+        """Close every MCP server (clients, processes), the retired ones' at once (at
+        shutdown)."""
         for task in list(self._closing):
             task.cancel()
         await asyncio.gather(*self._closing, return_exceptions=True)
@@ -710,40 +724,47 @@ def _targets(
 
 
 def _mcp_upstreams(
-    policies: Iterable[TenantPolicy], credentials: dict[str, dict[str, Injected]]
+    policies: Iterable[TenantPolicy],
+    credentials: dict[str, dict[str, Injected]],
+    supervision: Supervision,
 ) -> dict[tuple[str, str], McpUpstream]:
-    """Each MCP server of each tenant, with its credentials and the tools whose
-    `isError` means "not executed" (route field `is_error`). The MCP SDK is imported
-    only where a tenant has an MCP server (it is most of a worker's import time)."""
+    """Each MCP server of each tenant: over HTTP with its credentials as headers, or
+    over stdio (a process of this worker's, not started yet) with them in its
+    environment; and the tools whose `isError` means "not executed" (route field
+    `is_error`). The MCP SDK is imported only where a tenant has an MCP server (it is
+    most of a worker's import time)."""
     policies = list(policies)
-    if not any(tool.mcp for policy in policies for tool in policy.document.tools.values()):
+    if not any(tool.is_mcp for policy in policies for tool in policy.document.tools.values()):
         return {}
-    from .mcp_upstream import McpUpstream
+    from .mcp_stdio import Command, StdioConnection
+    from .mcp_upstream import Connection, HttpConnection, McpUpstream
 
     upstreams = {}
     for policy in policies:
         for name, tool in policy.document.tools.items():
-            if tool.mcp is None:
+            injected = credentials.get(policy.tenant, {}).get(name, ())
+            connection: Connection
+            if tool.mcp is not None:
+                connection = HttpConnection(tool.mcp, injected)
+            elif tool.mcp_command is not None:
+                command = Command(tuple(tool.mcp_command), injected, tool.mcp_cwd)
+                connection = StdioConnection(command, f"{policy.tenant}/{name}", supervision)
+            else:
                 continue
             not_executed = frozenset(
                 route.template.text.removeprefix("/")
                 for route in policy.catalog.by_tool.get(name, ())
                 if policy.document.routes[route.index].is_error is McpErrorMeaning.NOT_EXECUTED
             )
-            creds = credentials.get(policy.tenant, {}).get(name, ())
-            upstreams[(policy.tenant, name)] = McpUpstream(
-                tool.mcp, creds, not_executed, tool.dedupes
-            )
+            upstreams[(policy.tenant, name)] = McpUpstream(connection, not_executed, tool.dedupes)
     return upstreams
 
 
-async def _close_later(upstreams: list[McpUpstream], delay_s: float) -> None:
-    """Close retired MCP clients after `delay_s`, by when any delivery through them
-    has ended (fire() gives one at most upstream_timeout_s); at once if cancelled."""
-    try:
-        await asyncio.sleep(delay_s)
-    finally:
-        await asyncio.gather(*(u.aclose() for u in upstreams), return_exceptions=True)
+async def _retire(upstreams: list[McpUpstream], grace_s: float) -> None:
+    """Close retired MCP servers (an HTTP client, a stdio server's process) once the
+    deliveries through them have ended, at most `grace_s` (fire() gives one at most
+    upstream_timeout_s); at once if cancelled."""
+    await asyncio.gather(*(u.retire(grace_s) for u in upstreams), return_exceptions=True)
 
 
 def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str, int, int], ...]:
@@ -751,8 +772,8 @@ def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str
         secret.file
         for policy in policies
         for tool in policy.document.tools.values()
-        for secret in tool.credentials.values()
-        if secret.file
+        for secret in [*tool.credentials.values(), *tool.mcp_env.values()]
+        if isinstance(secret, SecretSource) and secret.file
     }
     signature = []
     for path in sorted(paths):

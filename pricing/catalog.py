@@ -302,7 +302,7 @@ def compile_catalog(
         unknown_action=unknown.action,
         unknown_face_fields=parse_product(unknown.face_value) if unknown.face_value else (),
         unknown_approval_threshold_micros=unknown.approval_threshold,
-        mcp_tools=frozenset(name for name, t in policy.tools.items() if t.mcp),
+        mcp_tools=frozenset(name for name, t in policy.tools.items() if t.is_mcp),
     )
 
 

@@ -341,16 +341,25 @@ NEVER_RETURNED = HOP_BY_HOP | {
 GATEWAY_HEADER_PREFIXES = ("x-irrev-", "x-forwarded-")
 
 
+AbsolutePath = Annotated[str, StringConstraints(pattern=r"^/[^\x00]{0,1023}$")]
+
+
 class SecretSource(_Model):
     """Where a secret comes from: an environment variable or a file, read by the
     gateway at load; never in the policy."""
 
     env: EnvName | None = None
-    file: Annotated[str, StringConstraints(pattern=r"^/[^\x00]{0,1023}$")] | None = None
+    file: AbsolutePath | None = None
 
     @property
     def source(self) -> str:
         return f"environment variable {self.env!r}" if self.env else f"file {self.file!r}"
+
+
+# One argument of a command: any text but NUL, which an argv cannot carry.
+CommandArg = Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[^\x00]*$")]
+# A literal environment value (visible to whoever reads the policy) or a secret.
+EnvValue = Annotated[str, StringConstraints(max_length=4096, pattern=r"^[^\x00]*$")] | SecretSource
 
 
 class HeaderSecret(SecretSource):
@@ -378,6 +387,22 @@ class Tool(_Model):
         description="the Streamable HTTP endpoint of an MCP server (e.g. "
         "'http://127.0.0.1:8900/mcp'); its routes are 'CALL <tool>/<mcp tool>'",
     )
+    mcp_command: Annotated[list[CommandArg], Field(min_length=1, max_length=64)] | None = Field(
+        default=None,
+        description="instead of mcp: the command (an argv list, no shell) of a stdio MCP "
+        "server that each gateway worker runs and restarts, e.g. ['npx', '-y', "
+        "'@modelcontextprotocol/server-github']; its routes are 'CALL <tool>/<mcp tool>'",
+    )
+    mcp_env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict,
+        description="mcp_command only: the server's environment beyond HOME, LOGNAME, PATH, "
+        "SHELL, TERM and USER: a literal value, or a secret {env: NAME} or {file: /path} "
+        "read by the gateway (never the agent's)",
+    )
+    mcp_cwd: AbsolutePath | None = Field(
+        default=None,
+        description="mcp_command only: the server's working directory (default: the gateway's)",
+    )
     dedupes: bool = Field(
         default=False,
         description="MCP servers only: the server makes at most one effect per "
@@ -402,6 +427,11 @@ class Tool(_Model):
         description="hash of the tool API's own settler credential: it may settle (post, "
         "void, compensate, true up) the holds of this tool's routes; agents never hold it",
     )
+
+    @property
+    def is_mcp(self) -> bool:
+        """An MCP server, over Streamable HTTP (`mcp`) or stdio (`mcp_command`)."""
+        return self.mcp is not None or self.mcp_command is not None
 
 
 class Route(_Model):

@@ -46,8 +46,9 @@ def check_policy(policy: PolicyDocument) -> list[Problem]:
     problems += _check_admins(policy)
     problems += _check_scopes(policy)
     for name, tool in policy.tools.items():
+        problems += _check_tool_kind(f"tools.{name}", tool)
         problems += _check_tool_headers(f"tools.{name}", tool)
-        if tool.mcp is not None and "__" in name:
+        if tool.is_mcp and "__" in name:
             # Agents see `<server>__<tool>`: the first '__' must end the server's name.
             problems.append(Problem(f"tools.{name}", "an MCP server's name must not contain '__'"))
     seen: dict[tuple[str, str, str], int] = {}
@@ -153,20 +154,50 @@ def _check_secret(where: str, secret: SecretSource) -> list[Problem]:
     return []
 
 
-def _check_tool_headers(where: str, tool: Tool) -> list[Problem]:
+def _check_tool_kind(where: str, tool: Tool) -> list[Problem]:
+    """A tool is an HTTP API, an MCP server over HTTP or one over stdio, or none (an
+    in-process tool); each kind's own fields only on that kind."""
+    kinds = [tool.upstream, tool.mcp, tool.mcp_command]
+    if sum(kind is not None for kind in kinds) > 1:
+        return [
+            Problem(
+                where,
+                "give one of upstream (an HTTP API), mcp (an MCP server's URL) or mcp_command "
+                "(the command of a stdio MCP server), not several",
+            )
+        ]
     problems = []
-    if tool.upstream is not None and tool.mcp is not None:
-        problems.append(
-            Problem(where, "give one of upstream (an HTTP API) or mcp (an MCP server), not both")
-        )
-    if tool.dedupes and tool.mcp is None:
+    if tool.dedupes and not tool.is_mcp:
         problems.append(
             Problem(
                 f"{where}.dedupes",
-                "only an MCP server (mcp) declares dedupes; HTTP tool APIs always deduplicate "
-                "by Idempotency-Key",
+                "only an MCP server (mcp or mcp_command) declares dedupes; HTTP tool APIs "
+                "always deduplicate by Idempotency-Key",
             )
         )
+    if tool.mcp_command is None:
+        problems += [
+            Problem(f"{where}.{name}", f"{name} is for a stdio MCP server: set mcp_command too")
+            for name, given in (("mcp_env", tool.mcp_env), ("mcp_cwd", tool.mcp_cwd))
+            if given
+        ]
+        return problems
+    if tool.credentials:
+        problems.append(
+            Problem(
+                f"{where}.credentials",
+                "a stdio MCP server gets no HTTP headers: give its secrets as mcp_env entries "
+                "({env: NAME} or {file: /path}), which reach its environment only",
+            )
+        )
+    for name, value in tool.mcp_env.items():
+        if isinstance(value, SecretSource):
+            problems += _check_secret(f"{where}.mcp_env.{name}", value)
+    return problems
+
+
+def _check_tool_headers(where: str, tool: Tool) -> list[Problem]:
+    problems = []
     injected: set[str] = set()
     for name, secret in tool.credentials.items():
         here = f"{where}.credentials.{name}"
@@ -240,7 +271,7 @@ def _check_route(
     tool = policy.tools.get(route.tool)
     if tool is None:
         problems.append(Problem(f"{where}.tool", f"tool {route.tool!r} is not defined under tools"))
-    elif tool.upstream is None and tool.mcp is None and not route.in_process:
+    elif tool.upstream is None and not tool.is_mcp and not route.in_process:
         problems.append(
             Problem(
                 f"{where}.tool",
@@ -320,7 +351,7 @@ def _check_mcp_route(where: str, route: Route, tool: Tool, is_call: bool) -> lis
     """An MCP server's routes are `CALL <server>/<tool>` and price from `arguments`
     (listed under `body:`); nothing else reaches an MCP server, and CALL nothing else."""
     if not is_call:
-        if tool.mcp is not None:
+        if tool.is_mcp:
             return [
                 Problem(
                     f"{where}.route",
@@ -333,11 +364,12 @@ def _check_mcp_route(where: str, route: Route, tool: Tool, is_call: bool) -> lis
         return []
     server, _ = parse_call(route.route.strip().partition(" ")[2])
     problems = []
-    if tool.mcp is None:
+    if not tool.is_mcp:
         problems.append(
             Problem(
                 f"{where}.route",
-                f"CALL routes name an MCP server; set tools.{route.tool}.mcp to its URL",
+                f"CALL routes name an MCP server; set tools.{route.tool}.mcp to its URL or "
+                f"tools.{route.tool}.mcp_command to its command",
             )
         )
     if server != route.tool:

@@ -5,7 +5,8 @@ code-hosting API whose effects are counted by the idempotency key irrev sends in
 `_meta`, and made once per key.
 
 One process serves many tenants, each at `/<ns>/mcp` with state of its own (so tests
-share it without seeing each other's counts). The effects a namespace made are
+share it without seeing each other's counts); the same tools run over stdio too
+(irrev/upstreams/mcp_tools_stdio.py). The effects a namespace made are
 appended to `<MCP_TOOL_STATE>/<ns>.jsonl` and fsynced before the answer, so a server
 SIGKILLed mid-call and started again still knows which keys took effect: what the
 reconciler's lookup tool (`find_effect`) answers from.
@@ -88,19 +89,39 @@ TOOLS = [
 EFFECT_TOOLS = frozenset({"place_order", "flaky_order", "delete_repository"})
 
 
+def append_line(path: Path, record: dict[str, Any]) -> None:
+    """One JSON line, fsynced: it survives a SIGKILL right after."""
+    with path.open("a") as out:
+        out.write(json.dumps(record) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
 @dataclass
 class Namespace:
-    """One tenant's view of the API: what it was asked and what it did."""
+    """One tenant's view of the API: what it was asked and what it did. A `shared`
+    one is served by several processes at once (a stdio server per gateway worker,
+    irrev/upstreams/mcp_tools_stdio.py): each call is recorded in its calls file, and
+    its effects and faults are read from their files first."""
 
     name: str
     calls: Counter[str] = field(default_factory=Counter)
     effects: dict[str, dict[str, Any]] = field(default_factory=dict)
     faults: dict[str, Any] = field(default_factory=dict)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    shared: bool = False
 
     @property
     def path(self) -> Path:
         return STATE_DIR / f"{self.name}.jsonl"
+
+    @property
+    def calls_path(self) -> Path:
+        return STATE_DIR / f"{self.name}.calls.jsonl"
+
+    @property
+    def faults_path(self) -> Path:
+        return STATE_DIR / f"{self.name}.faults.json"
 
     def load(self) -> None:
         if self.path.exists():
@@ -109,19 +130,26 @@ class Namespace:
                 self.effects[record["key"]] = record["result"]
 
     def persist(self, key: str, result: dict[str, Any]) -> None:
-        with self.path.open("a") as out:
-            out.write(json.dumps({"key": key, "result": result}) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
+        append_line(self.path, {"key": key, "result": result})
         self.effects[key] = result
+
+    def asked(self, key: str, tool: str) -> None:
+        """Count a call (a shared namespace: record it, and read what the others did)."""
+        self.calls[key] += 1
+        if not self.shared:
+            return
+        self.load()
+        path = self.faults_path
+        self.faults = json.loads(path.read_text()) if path.exists() else {}
+        append_line(self.calls_path, {"key": key, "tool": tool, "pid": os.getpid()})
 
 
 NAMESPACES: dict[str, Namespace] = {}
 
 
-def namespace(name: str) -> Namespace:
+def namespace(name: str, shared: bool = False) -> Namespace:
     if name not in NAMESPACES:
-        NAMESPACES[name] = Namespace(name)
+        NAMESPACES[name] = Namespace(name, shared=shared)
         NAMESPACES[name].load()
     return NAMESPACES[name]
 
@@ -150,10 +178,14 @@ async def call_tool(
     ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
 ) -> types.CallToolResult:
     assert ctx.request is not None
-    ns = namespace(ctx.request.path_params["ns"])
+    return await call_in(namespace(ctx.request.path_params["ns"]), params)
+
+
+async def call_in(ns: Namespace, params: types.CallToolRequestParams) -> types.CallToolResult:
+    """A tools/call of the namespace's API, over either transport."""
     meta = dict(params.meta or {})
     key = str(meta.get(KEY_META, ""))
-    ns.calls[key or f"<none:{params.name}>"] += 1
+    ns.asked(key or f"<none:{params.name}>", params.name)
     arguments = params.arguments or {}
     if params.name == "find_effect":
         found = arguments.get("idempotency_key") in ns.effects

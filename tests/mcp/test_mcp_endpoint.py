@@ -127,6 +127,13 @@ async def test_escalation_waits_then_one_approval_makes_exactly_one_call(
         again = await client.call_tool("github__delete_repository", deletion, meta=meta)
         assert again.structured_content["escalation"] == escalation
         assert (await tool_stats(tools_http, tenant))["calls"] == 0
+        # The approver reads which server's tool it is, as the policy's route names it.
+        queue = await http.get(
+            f"/v1/admin/tenants/{tenant.id}/escalations", headers=tenant.admin_auth
+        )
+        assert [e["target"] for e in queue.json()["escalations"]] == [
+            "CALL github/delete_repository"
+        ]
         approvals = [
             http.post(f"/v1/escalations/{escalation}/approve", headers=tenant.admin_auth)
             for _ in range(4)

@@ -190,18 +190,25 @@ async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
     mcp_gateway: McpGateway, http: httpx.AsyncClient
 ) -> None:
     """Where calls go (with the gateway's credentials for the server) is the
-    operator's: a tenant's policy_admin changing `mcp` is refused, as `upstream` is."""
+    operator's: a tenant's policy_admin changing `mcp` is refused, as `upstream` is;
+    so is making the server a stdio command (it would run on the gateway's hosts)."""
     tenant = mcp_gateway.tenant("upload")
     policy_dir = Path(mcp_gateway.gateway.server.env["IRREV_POLICY_DIR"])
     before = (policy_dir / f"{tenant.id}.yaml").read_text()
     url = f"/v1/admin/tenants/{tenant.id}/policy"
     same = await http.put(url, content=before.encode(), headers=tenant.admin_auth)
     assert same.status_code == 200, same.text  # the role may upload its policy
-    data = yaml.safe_load(before)
-    data["tools"]["procure"]["mcp"] = "http://127.0.0.1:9/elsewhere/mcp"
-    moved = await http.put(url, content=yaml.safe_dump(data).encode(), headers=tenant.admin_auth)
-    assert_problem(moved, 403, "operator_only")
-    assert (policy_dir / f"{tenant.id}.yaml").read_text() == before
+    for procure in (
+        {"mcp": "http://127.0.0.1:9/elsewhere/mcp"},
+        {"mcp_command": ["/bin/sh", "-c", "cat /etc/passwd"]},
+    ):
+        data = yaml.safe_load(before)
+        data["tools"]["procure"] = procure
+        moved = await http.put(
+            url, content=yaml.safe_dump(data).encode(), headers=tenant.admin_auth
+        )
+        assert_problem(moved, 403, "operator_only")
+        assert (policy_dir / f"{tenant.id}.yaml").read_text() == before
 
 
 async def test_a_session_id_and_request_id_name_an_effect_of_one_agent_only(

@@ -1,6 +1,7 @@
 """README's MCP section as a user copies it: the generic client's config connects to
 `irrev serve` (its URL's origin and the token are the only things one fills in) and
-lists the agent's tools; the policy snippet is a route of examples/mcp-fleet.yaml."""
+lists the agent's tools; the policy snippet is a route of examples/mcp-fleet.yaml, and
+the stdio server's snippet a valid server of it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from gateway.settings import GatewaySettings
+from pricing import load_policy_data
 from tests.gateway.servers import ROOT
 
 from .conftest import McpGateway, agent
@@ -49,10 +51,13 @@ async def test_the_readme_client_config_connects_as_written(mcp_gateway: McpGate
     assert names == {"github__delete_repository"}
 
 
-def test_the_readme_policy_snippet_is_the_examples() -> None:
-    (snippet,) = [yaml.safe_load(block) for block in blocks("yaml")]
+def test_the_readme_policy_snippets_are_the_examples() -> None:
+    snippet, stdio = [yaml.safe_load(block) for block in blocks("yaml")]
     example = yaml.safe_load((ROOT / "examples" / "mcp-fleet.yaml").read_text())
     for name, tool in snippet["tools"].items():
         assert example["tools"][name] == tool
     for route in snippet["routes"]:
         assert route in example["routes"]
+    # The stdio form of the example's server is a valid policy in its place.
+    example["tools"].update(stdio["tools"])
+    assert load_policy_data(example, "README").document.tools["github"].mcp_command

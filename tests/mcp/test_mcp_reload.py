@@ -1,6 +1,6 @@
 """A policy reload keeps the MCP clients of servers it did not change, and closes the
-clients of the ones it changed or dropped once a delivery begun through them has had
-its time: before, every reload left the old clients (and their sockets) open."""
+clients of the ones it changed or dropped once the deliveries begun through them have
+ended: before, every reload left the old clients (and their sockets) open."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from gateway.mcp_upstream import HttpConnection
 from gateway.tenants import TenantStore
 from ledger.client import Ledger
 
@@ -25,7 +26,9 @@ async def test_a_reload_closes_the_clients_it_replaced(redis_url: str, tmp_path:
         procure = store.mcp_upstream(tenant.id, "procure")
         github = store.mcp_upstream(tenant.id, "github")
         assert procure is not None and github is not None
-        procure_client, github_client = procure.client(), github.client()
+        assert isinstance(procure.connection, HttpConnection)
+        assert isinstance(github.connection, HttpConnection)
+        procure_client, github_client = procure.connection.client(), github.connection.client()
 
         path = tmp_path / f"{tenant.id}.yaml"
         data = yaml.safe_load(path.read_text())

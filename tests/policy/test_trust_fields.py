@@ -207,3 +207,36 @@ def test_a_webhook_secret_is_read_at_load_and_never_shown(
     resolve_credentials(policy)
     assert webhook_secret(policy) == b"whsec-very-secret-value"
     assert "whsec" not in policy.document.model_dump_json()
+
+
+def test_a_stdio_servers_environment_takes_the_gateways_secrets_and_never_shows_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    secret_file = tmp_path / "token"
+    secret_file.write_text("from-a-file\n")
+    doc = base()
+    doc["tools"]["shop"] = {
+        "mcp_command": ["shop-mcp", "--stdio"],
+        "mcp_env": {
+            "SHOP_TOKEN": {"env": "SHOP_TOKEN_FOR_IRREV"},
+            "SHOP_KEY": {"file": str(secret_file)},
+            "SHOP_REGION": "eu-west-1",
+        },
+    }
+    doc["routes"] = []
+    policy = load_policy_data(doc, "p.yaml")
+    monkeypatch.delenv("SHOP_TOKEN_FOR_IRREV", raising=False)
+    with pytest.raises(PolicyError) as caught:
+        resolve_credentials(policy)
+    assert (
+        "tools.shop.mcp_env.SHOP_TOKEN: environment variable 'SHOP_TOKEN_FOR_IRREV' is not set"
+        in str(caught.value)
+    )
+    # Any text but NUL may be a variable's value (not only what a header can carry).
+    monkeypatch.setenv("SHOP_TOKEN_FOR_IRREV", "tok en/é")
+    assert dict(resolve_credentials(policy)["shop"]) == {
+        "SHOP_TOKEN": "tok en/é",
+        "SHOP_KEY": "from-a-file",
+        "SHOP_REGION": "eu-west-1",
+    }
+    assert "tok en" not in policy.document.model_dump_json()

@@ -1,6 +1,7 @@
-"""MCP routes in the catalog: `CALL <server>/<tool>` on a tool with `mcp:`, priced from
-the call's `arguments` like a JSON body; unknown MCP tools fail closed; what the
-validator refuses (examples/mcp-fleet.yaml is the complete example)."""
+"""MCP routes in the catalog: `CALL <server>/<tool>` on a tool with `mcp:` (or
+`mcp_command:`, a stdio server), priced from the call's `arguments` like a JSON body;
+unknown MCP tools fail closed; what the validator refuses (examples/mcp-fleet.yaml is
+the complete example)."""
 
 from __future__ import annotations
 
@@ -96,8 +97,47 @@ def test_is_error_meaning_is_per_route() -> None:
         ),
         pytest.param(
             lambda d: d["tools"]["procure"].update(upstream="http://127.0.0.1:1"),
-            "give one of upstream (an HTTP API) or mcp (an MCP server), not both",
+            "give one of upstream (an HTTP API), mcp (an MCP server's URL) or mcp_command",
             id="both",
+        ),
+        pytest.param(
+            lambda d: d["tools"]["procure"].update(mcp_command=["mcp-procure"]),
+            "give one of upstream (an HTTP API), mcp (an MCP server's URL) or mcp_command",
+            id="url-and-command",
+        ),
+        pytest.param(
+            lambda d: d["tools"].update(procure={"mcp_command": []}),
+            "tools.procure.mcp_command: List should have at least 1 item",
+            id="empty-command",
+        ),
+        pytest.param(
+            lambda d: d["tools"].update(procure={"mcp_command": ["mcp-procure", "a\x00b"]}),
+            "tools.procure.mcp_command[1]: 'a\\x00b' has the wrong form",
+            id="nul-in-argument",
+        ),
+        pytest.param(
+            lambda d: d["tools"]["procure"].update(mcp_env={"TOKEN": {"env": "T"}}),
+            "tools.procure.mcp_env: mcp_env is for a stdio MCP server: set mcp_command too",
+            id="env-without-command",
+        ),
+        pytest.param(
+            lambda d: d["tools"].update(procure={"mcp_command": ["s"], "mcp_cwd": "relative"}),
+            "tools.procure.mcp_cwd",
+            id="relative-cwd",
+        ),
+        pytest.param(
+            lambda d: d["tools"].update(
+                procure={"mcp_command": ["s"], "mcp_env": {"T": {"env": "IRREV_ADMIN_TOKENS"}}}
+            ),
+            "tools.procure.mcp_env.T: IRREV_* variables are the gateway's own settings",
+            id="env-from-irrev-setting",
+        ),
+        pytest.param(
+            lambda d: d["tools"].update(
+                procure={"mcp_command": ["s"], "credentials": {"Authorization": {"env": "T"}}}
+            ),
+            "a stdio MCP server gets no HTTP headers: give its secrets as mcp_env entries",
+            id="headers-on-stdio",
         ),
         pytest.param(
             lambda d: d["routes"][0].update(route="CALL procure/../x"),
@@ -143,3 +183,19 @@ def test_is_error_only_on_call_routes() -> None:
     )
     data["agents"]["dev-01"].pop("routes")
     assert "only CALL routes (MCP tools) take is_error" in problems_of(data)
+
+
+def test_a_stdio_server_is_an_mcp_server_of_the_catalog() -> None:
+    tools = {
+        "procure": {
+            "mcp_command": ["python", "-m", "procure_mcp"],
+            "mcp_env": {"LOG_LEVEL": "debug", "PROCURE_TOKEN": {"file": "/run/secrets/procure"}},
+            "mcp_cwd": "/srv/procure",
+            "dedupes": True,
+        },
+        "github": {"mcp": "http://127.0.0.1:8911/mcp"},
+    }
+    policy = load_policy_data(fleet(tools=tools), "fleet")
+    assert policy.catalog.mcp_tools == {"procure", "github"}
+    effect = price_request(policy, "procure", "CALL", "/place_order", {}, ORDER, BodyFormat.JSON)
+    assert effect.route_id == "procure CALL /place_order"
