@@ -76,6 +76,10 @@ _AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 # bound on a TTL).
 MAX_CONTENT_KEEP_MS = 366 * 24 * 3600 * 1000
 CONTENT_KEY_PREFIX = "content-"
+# Intent.keyless_name of an HTTP request and of an MCP call.
+KEYLESS_REQUEST = "request"
+KEYLESS_ARGUMENTS = "arguments"
+KEYLESS_NAMES = frozenset({KEYLESS_REQUEST, KEYLESS_ARGUMENTS})
 
 
 @dataclass
@@ -112,6 +116,9 @@ class Intent:
     keys: Sequence[str] = ()
     headers: Headers = ()
     key_name: str = HTTP_KEY
+    # What a call sent without a key repeats to be the same effect, for the sentences
+    # that say so ("the same request", MCP's "the same arguments").
+    keyless_name: str = KEYLESS_REQUEST
 
 
 @dataclass(frozen=True)
@@ -236,9 +243,8 @@ def prepare(
         agent_key = "keyless-" + secrets.token_hex(16)
     else:
         content = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, content_key(digest))
-        return Prepared(
-            effect, request, "", digest, shadow, cap_refusal, intent.key_name, content=content
-        )
+        name = intent.keyless_name
+        return Prepared(effect, request, "", digest, shadow, cap_refusal, name, content=content)
     hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
     return Prepared(
         effect, request, hold_id, digest, shadow, cap_refusal, intent.key_name, agent_key
@@ -316,8 +322,25 @@ async def admit(
     reserved, then fired and settled, or escalated to a human; a repeat of its key
     gets the recorded answer or, for an ambiguous hold, the same effect again under
     the same key."""
-    if prepared.content:
-        prepared = await keyed_by_content(gate, policy, agent, prepared)
+    if not prepared.content:
+        return await _admit(gate, policy, agent, prepared, upstream)
+    prepared = await keyed_by_content(gate, policy, agent, prepared)
+    try:
+        return await _admit(gate, policy, agent, prepared, upstream)
+    except Problem as problem:
+        # The key its content gave it, which the agent never sent: a client that can
+        # send keys may repeat the call with it.
+        problem.extra.setdefault("idempotency_key", prepared.agent_key)
+        raise
+
+
+async def _admit(
+    gate: Gate,
+    policy: TenantPolicy,
+    agent: AuthenticatedAgent,
+    prepared: Prepared,
+    upstream: Upstream,
+) -> Admitted | Answer:
     hold_id, key = prepared.hold_id, prepared.agent_key
     if not hold_id:
         return await upstream.deliver(prepared.request, "", _answer_by(gate))
@@ -697,7 +720,11 @@ async def require_replicas(
     its effect happened. Nothing has been sent, so the hold is released, with this
     answer kept for a repeat of the key. (A wait that answered an error counts as
     short: the ledger says so, as the write was made.)"""
-    released = "it was released and nothing was sent. Retry with a new " + key_name
+    released = "it was released and nothing was sent. " + (
+        "Repeat it: an identical call is decided anew"
+        if key_name in KEYLESS_NAMES
+        else f"Retry with a new {key_name}"
+    )
     problem = unacknowledged(gate, hold_id, acknowledged, fsynced, "the admission", released)
     if problem is None:
         return

@@ -10,7 +10,7 @@ from ledger import ReserveResult
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 
-from .admission import Gate, Intent, admit, prepare, upstream_of
+from .admission import KEYLESS_ARGUMENTS, Gate, Intent, admit, prepare, upstream_of
 from .canonical import Canonical
 from .mcp_upstream import CALL_REFUSED, MCP_KEY, NOT_EXECUTED, RESULT
 from .problems import Problem, kept_problem
@@ -80,9 +80,7 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
         problem=Problem(
             502,
             "upstream_ambiguous",
-            "the call may or may not have taken effect; it stays charged until reconciled. "
-            "Repeat it later with the same idempotency key to learn the outcome; never "
-            "with a new one",
+            "the call may or may not have taken effect; it stays charged until reconciled",
             why=answer.why,
             hold=hold_id or None,
         ),
@@ -134,7 +132,9 @@ async def call_effect(
         # as its path, and charged: /mcp reaches MCP servers only.
         raise Problem(403, "unknown_route", f"{server!r} is not an MCP server of this tenant")
     keys = (key,) if key else ()
-    intent = Intent(server, CALL, f"/{tool}", canonical, keys=keys, key_name=MCP_KEY)
+    intent = Intent(
+        server, CALL, f"/{tool}", canonical, keys, key_name=MCP_KEY, keyless_name=KEYLESS_ARGUMENTS
+    )
     prepared = prepare(policy, agent, intent, in_process=False)
     admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))
     if isinstance(admitted, Answer):

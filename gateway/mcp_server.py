@@ -256,23 +256,24 @@ def refused(problem: Problem, key: str) -> types.CallToolResult:
     }
     if key:
         structured["idempotency_key"] = key
+    # An ambiguous or in-flight call may have happened: "not made" would be false.
+    if next_step(problem.reason)[0] is Retry.SAME_CALL:
+        said = "irrev cannot tell yet whether this call took effect"
+    else:
+        said = "irrev did not make this call"
     return types.CallToolResult(
-        content=[
-            types.TextContent(type="text", text=f"irrev did not make this call: {problem.text}")
-        ],
+        content=[types.TextContent(type="text", text=f"{said}: {problem.text}")],
         structured_content=structured,
         is_error=True,
     )
 
 
 def again(outcome: Outcome) -> str:
-    """How the model asks again about this call: the same arguments, if the call was
-    keyed by them (a host sends no key), else the same key."""
+    """How the model asks again about this call, to finish a sentence: the same
+    arguments if the call was keyed by them (a host sends no key), else the same key."""
     if outcome.key.startswith(CONTENT_KEY_PREFIX):
-        return (
-            "Make the identical call again (the same arguments): it is the same call, not a new one"
-        )
-    return f"Make the same call again with _meta {{{KEY_META!r}: {outcome.key!r}}}"
+        return "make the identical call again (the same arguments; it is not made twice)"
+    return f"make the same call again with _meta {{{KEY_META!r}: {outcome.key!r}}}"
 
 
 def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallToolResult:
@@ -287,7 +288,7 @@ def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallTool
         said = escalation_sentence(units_of(policy), outcome.result, escalation)
         if outcome.waited_s:
             said += f"; irrev waited {outcome.waited_s:g} s for the decision"
-        text = f"{said}. {again(outcome)} to get its result once a person decides."
+        text = f"{said}. To get its result once a person decides, {again(outcome)}."
         structured = {
             "status": "escalated",
             "escalation": escalation,
@@ -314,7 +315,7 @@ def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallTool
     if outcome.fate is Fate.UNKNOWN:
         notes.append(
             "irrev: the tool reported an error, so whether it acted is unknown; the call "
-            f"stays charged until reconciled. {again(outcome)} later to learn the outcome; "
+            f"stays charged until reconciled. To learn the outcome, {again(outcome)} later; "
             "do not make it as a new call."
         )
     result.content.extend(types.TextContent(type="text", text=text) for text in notes)

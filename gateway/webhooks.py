@@ -1,6 +1,8 @@
 """Webhooks: each tenant's approval-loop events (gateway/events.py), POSTed to the
-policy's `webhook.url` one at a time, in journal order, signed, retried with
-exponential backoff until the receiver takes them (2xx).
+policy's `webhook.url` one at a time, signed, retried with exponential backoff until
+the receiver takes them (2xx); in journal order for each agent, and a page of the
+journal at a time round robin across agents (`fair_order`), so that one agent's
+flood does not hold back another's escalation.
 
 Delivery is driven by the journal, not by the request that made the event: a
 per-tenant cursor in Redis says which entry was delivered last, and a per-tenant
@@ -30,6 +32,7 @@ import re
 import secrets
 import socket
 import time
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,24 +233,37 @@ class Dispatcher:
         )
 
     async def _pump(self, tenant: str, cursor: str) -> bool:
-        """Deliver the events of one journal page after `cursor`; False if there was
-        nothing to read. The cursor moves after each delivered event, and past the
-        page's other entries at its end."""
+        """Deliver the events of one journal page after `cursor`, fairly across agents
+        (`fair_order`); False if there was nothing to read. The cursor moves past every
+        entry whose events, and those of every entry before it, were delivered, and
+        past the page's other entries at its end."""
         page = await read_journal(self.ledger, tenant, after=cursor, count=PAGE)
         if not page:
             return False
-        for entry in page:
-            policy = self._policy(tenant)
-            if policy is None:
-                return True
-            for event in await events_of(self.ledger, policy, [entry]):
-                if not await self._deliver(tenant, event):
-                    return True  # the lease is gone, or the webhook
+        policy = self._policy(tenant)
+        if policy is None:
+            return True
+        events = [
+            (at, event)
+            for at, entry in enumerate(page)
+            for event in await events_of(self.ledger, policy, [entry])
+        ]
+        undelivered = Counter(at for at, _ in events)
+        moved_to = -1
+        for at, event in fair_order(events):
+            if not await self._deliver(tenant, event):
+                return True  # the lease is gone, or the webhook
+            undelivered[at] -= 1
+            done = moved_to
+            while done + 1 < len(page) and undelivered[done + 1] == 0:
+                done += 1
+            if done > moved_to:
                 moved, _ = await self.ledger.webhook_lease(
-                    tenant, self.owner, "advance", entry.entry_id
+                    tenant, self.owner, "advance", page[done].entry_id
                 )
                 if not moved:
                     return True
+                moved_to = done
         await self.ledger.webhook_lease(tenant, self.owner, "advance", page[-1].entry_id)
         return True
 
@@ -316,6 +332,23 @@ class Dispatcher:
         if 200 <= answer.status_code < 300:
             return ""
         return f"status {answer.status_code}"
+
+
+def fair_order(events: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
+    """A page's events one agent at a time, round robin, each agent's in journal order
+    (so a hold's events keep theirs): one agent's flood of escalations delays another
+    agent's event by at most one event of its own in a page, not by the whole flood.
+    Events of no agent (rules) take a turn of their own."""
+    lanes: dict[str, deque[tuple[int, dict[str, Any]]]] = {}
+    for item in events:
+        lanes.setdefault(str(item[1].get("agent") or ""), deque()).append(item)
+    ordered = []
+    while lanes:
+        for agent in list(lanes):
+            ordered.append(lanes[agent].popleft())
+            if not lanes[agent]:
+                del lanes[agent]
+    return ordered
 
 
 async def _skim(answer: httpx.Response) -> None:

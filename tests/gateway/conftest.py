@@ -138,6 +138,15 @@ def _keyless_orders() -> dict[str, Any]:
     return {"routes": data["routes"], "accounts": roomy}
 
 
+def _flooded_orders() -> dict[str, Any]:
+    """procurement, with every supplier order above 50 USD waiting for a human."""
+    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+    for route in data["routes"]:
+        if route["route"] == "POST /orders":
+            route["approval_threshold"] = "50"
+    return {"routes": data["routes"]}
+
+
 def _shadow_orders_only() -> dict[str, Any]:
     """procurement as written, with supplier orders (only) in shadow mode."""
     data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
@@ -233,6 +242,8 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # An enforced tenant whose supplier orders alone are in shadow mode (issue 26).
     "shadow-isolation": ("procurement", _shadow_orders_only()),
     "keyless": ("procurement", _keyless_orders()),
+    # One agent floods the approval queue (issue 26): roomy budgets, the default cap.
+    "flood": ("procurement", _flooded_orders()),
     "dashboards": ("procurement", {}),
     # irrev/client.py and its LangChain adapter, as an agent uses them.
     "client": ("procurement", {}),

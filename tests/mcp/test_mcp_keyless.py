@@ -63,7 +63,8 @@ async def test_a_keyless_host_repeating_an_escalated_call_pays_once(
     assert len({r.structured_content["escalation"] for r in results}) == 1
     assert len({r.structured_content["idempotency_key"] for r in results}) == 1
     text = results[0].content[0].text
-    assert "Make the identical call again (the same arguments)" in text, text
+    said = "To get its result once a person decides, make the identical call again (the same"
+    assert said in text, text
     assert "_meta" not in text  # the model is never asked for what its host cannot send
     waiting = await queue(http, tenant) - before
     assert len(waiting) == 1
@@ -103,9 +104,13 @@ async def test_a_keyless_repeat_of_an_ambiguous_call_is_not_sent_again(
     finally:
         await tools_http.post(f"/{tenant.namespace}/_faults", json={})
     assert [a.structured_content["reason"] for a in answers] == ["upstream_ambiguous"] * 4
+    keys = {a.structured_content["idempotency_key"] for a in answers}
+    assert len(keys) == 1 and keys.pop().startswith("content-")
     for answer in answers:
         text = answer.content[0].text
+        assert text.startswith("irrev cannot tell yet whether this call took effect: "), text
         assert "repeat the same call later" in text, text
+        assert "_meta" not in text and "idempotency" not in text, text
         assert answer.structured_content["retry"] == "same_call"
     assert len({a.structured_content["hold"] for a in answers}) == 1
     assert (await tool_stats(tools_http, tenant))["calls"] == before + 1
