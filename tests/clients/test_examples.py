@@ -1,5 +1,6 @@
 """The client examples run as a user runs them (examples/clients/*.py), against the
-test's gateway and payments API: each makes its charge once, however often it sends it."""
+test's gateway and payments API (the MCP host: its payments MCP server): each makes its
+charge once, however often it sends it."""
 
 from __future__ import annotations
 
@@ -10,17 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Payments, fresh
+from .conftest import McpPayments, Payments, fresh
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "clients"
 
 
 def run_example(payments: Payments, name: str, *arguments: str) -> list[str]:
-    """The lines the example printed."""
+    """The lines the example printed, run as `checkout-01` of the payments gateway."""
     token = payments.tenant.tokens["checkout-01"]
+    return run(name, payments.gateway.url, token, *arguments)
+
+
+def run(name: str, gateway: str, token: str, *arguments: str) -> list[str]:
+    """The lines the example printed, run against `gateway` with the agent's `token`."""
     done = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *arguments],
-        env={"IRREV_URL": payments.gateway.url, "IRREV_TOKEN": token, "PATH": ""},
+        env={"IRREV_URL": gateway, "IRREV_TOKEN": token, "PATH": ""},
         capture_output=True,
         text=True,
         timeout=120,
@@ -62,3 +68,20 @@ async def test_the_langgraph_example_parks_pays_and_resumes_without_paying(
     again = json.loads(run_example(payments, "langgraph_checkout.py", "resume", *common)[-1])
     assert again["charge"] == paid["charge"]
     assert len(await payments.made(customer=customer)) == 1
+
+
+async def test_the_mcp_host_example_pays_once_in_two_runs(mcp_payments: McpPayments) -> None:
+    """Two runs of the host (two processes, four connections), an approval between."""
+    recipient = fresh("hank")
+    arguments = ("--recipient", recipient, "--amount", "1100")
+    host = (mcp_payments.gateway.url, mcp_payments.token("host"))
+    before = await mcp_payments.queue("host")
+    pending = [json.loads(line) for line in run("mcp_host_config.py", *host, *arguments)]
+    assert [said["structured"]["status"] for said in pending] == ["escalated"] * 2, pending
+    escalation = pending[0]["structured"]["escalation"]
+    assert await mcp_payments.queue("host") - before == {escalation}
+    await mcp_payments.approve(escalation, "approved in the example")
+    done = [json.loads(line) for line in run("mcp_host_config.py", *host, *arguments)]
+    paid = await mcp_payments.paid(recipient)
+    assert len(paid) == 1 and all(said["ok"] for said in done), done
+    assert all(said["structured"]["id"] == paid[0]["id"] for said in done)

@@ -21,7 +21,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def test_examples_dir_loads_every_tenant_and_skips_token_files() -> None:
     policies = load_policy_dir(EXAMPLES)
-    assert sorted(policies) == ["acme", "globex", "mcp-fleet", "payco"]
+    assert sorted(policies) == ["acme", "globex", "mcp-fleet", "mcp-payco", "payco"]
 
 
 def test_demo_tokens_authenticate_their_own_tenant_only() -> None:
