@@ -79,7 +79,7 @@ async def test_an_escalated_call_repeated_4_times_over_2_connections(
     assert {s["escalation"] for s in structured} == approved
     # Keyed by its content: the host sent no key.
     assert all(s["idempotency_key"].startswith("content-") for s in structured)
-    assert all("Make the identical call again (the same arguments)" in s.text for s in said)
+    assert all("make the identical call again (the same arguments" in s.text for s in said)
     again = await repeat(config(mcp_payments, via), hank, 1, HOST_TIMEOUT_S)
     assert again[0].ok and again[0].structured == {k: paid[0][k] for k in ("id", *hank)}, again
     assert 'approved this call, saying: "invoice INV-1100"' in again[0].text
@@ -191,7 +191,6 @@ async def ambiguous_answers(mcp: McpPayments) -> list[Said]:
     return await repeat(config(mcp, "irrev"), {"recipient": fresh("kim"), "amount": 50}, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="the answer asks a keyless host for a _meta key")
 async def test_an_ambiguous_answer_never_asks_a_keyless_host_for_meta(
     mcp_payments: McpPayments,
 ) -> None:
@@ -199,7 +198,6 @@ async def test_an_ambiguous_answer_never_asks_a_keyless_host_for_meta(
     assert all("_meta" not in s.text and "idempotency key" not in s.text for s in said), said
 
 
-@pytest.mark.xfail(strict=True, reason="an ambiguous answer opens with 'irrev did not make'")
 async def test_an_ambiguous_answer_never_says_the_call_was_not_made(
     mcp_payments: McpPayments,
 ) -> None:
