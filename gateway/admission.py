@@ -60,6 +60,7 @@ from .advice import budget_refusal, next_window, rejection, units_of
 from .canonical import Canonical
 from .crashpoints import crash_point
 from .http_upstream import HTTP_KEY, HttpTarget, HttpUpstream, UpstreamSlots
+from .in_flight import AgentSlots
 from .policies import ledger_account
 from .problems import PROBLEM_JSON, Problem
 from .responses import Shadowed, money
@@ -94,6 +95,7 @@ class Gate:
     tenants: TenantStore
     http: httpx.AsyncClient
     slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+    agents: AgentSlots = field(default_factory=AgentSlots)
 
     def tenant_slots(self, tenant: str) -> asyncio.Semaphore:
         if tenant not in self.slots:

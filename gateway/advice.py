@@ -81,6 +81,8 @@ NEXT_STEPS: dict[str, tuple[Retry, str]] = {
     "ambiguous_field": (Retry.FIX, "Send each field once, in one place."),
     "unsupported_media_type": (Retry.FIX, _FIX),
     "body_too_large": (Retry.FIX, "Send a smaller request."),
+    "body_too_complex": (Retry.FIX, "Send a smaller, simpler request."),
+    "too_many_in_flight": (Retry.LATER, "Send it again once an earlier request was answered."),
     "body_timeout": (Retry.LATER, "Send the request again, all at once."),
     "bad_request": (Retry.FIX, _FIX),
     "bad_amount": (Retry.FIX, _FIX),

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from urllib.parse import quote, unquote_to_bytes
 
 from pricing.catalog import MEDIA_TYPES
-from pricing.policy import METHOD_OVERRIDE_HEADERS, BodyFormat
+from pricing.policy import METHOD_OVERRIDE_HEADERS, BodyFormat, RequestLimits
 
 from .problems import Problem
-from .wire import JsonNumber, parse_json_body
+from .wire import DEFAULT_LIMITS, JsonNumber, parse_json_body, too_complex
 
 # As a query parameter or body field too; `_method` is Laravel's, Symfony's and Rails'.
 METHOD_OVERRIDES = METHOD_OVERRIDE_HEADERS | {"_method"}
@@ -119,8 +119,11 @@ def _form_key(name: str) -> str:
     return name.casefold().replace(" ", "_").replace(".", "_")
 
 
-def parse_form(body: bytes) -> dict[str, str]:
-    """A strict application/x-www-form-urlencoded body."""
+def parse_form(body: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> dict[str, str]:
+    """A strict application/x-www-form-urlencoded body, of at most `limits.max_values`
+    fields (counted on the bytes first) of at most `limits.max_string_length`."""
+    if body.count(b"&") >= limits.max_values:
+        raise too_complex(f"more than {limits.max_values} fields")
     if not _FORM_TEXT.fullmatch(body):
         raise Problem(
             400,
@@ -147,6 +150,8 @@ def parse_form(body: bytes) -> dict[str, str]:
             raise Problem(400, "bad_form", f"field {decoded!r} is given twice (or in two cases)")
         keys.add(key)
         fields[decoded] = _decode(value, "bad_form")
+        if len(fields[decoded]) > limits.max_string_length:
+            raise too_complex(f"a field longer than {limits.max_string_length} characters")
     for key in keys:
         # `amount` and `amount[]` (or `amount[x]`) are one field to PHP and Rails.
         if "[" in key and key.partition("[")[0] in keys:
@@ -225,16 +230,18 @@ class Canonical:
         return b""
 
 
-def read_request(query: str, content_types: list[str], body: bytes) -> Canonical:
-    """Parse a request's query and body strictly; raise a Problem for what could be
-    read two ways."""
+def read_request(
+    query: str, content_types: list[str], body: bytes, limits: RequestLimits = DEFAULT_LIMITS
+) -> Canonical:
+    """Parse a request's query and body strictly, within `limits`; raise a Problem for
+    what could be read two ways."""
     pairs = tuple(parse_query(query))
     if not body:
         return Canonical(pairs, None, None)
     body_format = body_format_of(content_types)
     if body_format is BodyFormat.FORM:
-        return Canonical(pairs, body_format, parse_form(body))
-    document = parse_json_body(body)
+        return Canonical(pairs, body_format, parse_form(body, limits))
+    document = parse_json_body(body, limits)
     if isinstance(document, dict):
         for key in document:
             _check_override(key, "body")

@@ -15,10 +15,19 @@ from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status, Tra
 from pricing import EffectClass, TenantPolicy
 from pricing.calibration import TOP_KEPT, factor_ppm
 from pricing.credentials import AuthenticatedAgent
-from pricing.policy import BodyFormat
+from pricing.policy import BodyFormat, RequestLimits
 
 from . import metrics
-from .admission import Intent, approve, auto_approval, prepare, reserve, shadowed, unacknowledged
+from .admission import (
+    Gate,
+    Intent,
+    approve,
+    auto_approval,
+    prepare,
+    reserve,
+    shadowed,
+    unacknowledged,
+)
 from .auth import Settling, agent_auth, gate_of, settling_auth
 from .canonical import Canonical
 from .problems import Problem
@@ -60,11 +69,11 @@ class TrueUpRequest(Strict):
     realised_micros: int = Field(ge=0, le=MAX_AMOUNT)
 
 
-def _canonical(spec: HoldRequest, raw: bytes) -> Canonical:
+def _canonical(spec: HoldRequest, raw: bytes, limits: RequestLimits) -> Canonical:
     """The effect as priced. The body is read again strictly (exact numbers, no keys
-    differing only in case), not from the schema's lenient parse: it is priced like
-    a proxied one."""
-    document = parse_json_body(raw)
+    differing only in case, the tenant's request limits), not from the schema's
+    lenient parse: it is priced like a proxied one."""
+    document = parse_json_body(raw, limits)
     body = document.get("body") if isinstance(document, dict) else None
     return Canonical(tuple(spec.query.items()), None if body is None else BodyFormat.JSON, body)
 
@@ -75,7 +84,14 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> Respon
     403 denied; a repeat of the Idempotency-Key returns the hold as it is now, or the
     gateway's refusal it first got (a hold released unreplicated)."""
     gate, (policy, agent) = gate_of(request), who
-    canonical = _canonical(spec, await request.body())
+    with gate.agents.slot(policy, agent):
+        return await _create_hold(gate, policy, agent, spec, request)
+
+
+async def _create_hold(
+    gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, spec: HoldRequest, request: Request
+) -> Response:
+    canonical = _canonical(spec, await request.body(), policy.document.request_limits)
     keys = request.headers.getlist("idempotency-key")
     intent = Intent(spec.tool, spec.method, spec.path, canonical, keys=keys)
     prepared = prepare(policy, agent, intent, in_process=True)

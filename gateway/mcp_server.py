@@ -344,14 +344,26 @@ class McpEndpoint:
                     "send 'Authorization: Bearer <agent token>'",
                     headers={"WWW-Authenticate": "Bearer"},
                 )
-            body = await _read_body(
-                receive, gate.settings.max_body_bytes, gate.settings.body_timeout_s
-            )
-            message = parse_json_body(body) if scope["method"] == "POST" else None
-            check_numbers(message)
+            # The agent's slot is taken before its body is read: reading, parsing and
+            # serving are what the bound limits (gateway/in_flight.py).
+            with gate.agents.slot(*found):
+                await self._serve(gate, found, scope, receive, send)
         except Problem as problem:
             await problem.response()(scope, receive, send)
-            return
+
+    async def _serve(
+        self,
+        gate: Gate,
+        found: tuple[TenantPolicy, AuthenticatedAgent],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Read and parse the POST strictly (a Problem if it cannot be), then serve it."""
+        body = await _read_body(receive, gate.settings.max_body_bytes, gate.settings.body_timeout_s)
+        limits = found[0].document.request_limits
+        message = parse_json_body(body, limits) if scope["method"] == "POST" else None
+        check_numbers(message)
         scope[CALLER] = Caller(gate, found[0], found[1], message)
         manager = self.streaming if wants_progress(scope, message) else self.manager
         await manager.handle_request(scope, _replay(body, receive), send)

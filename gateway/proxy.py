@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 
-from .admission import CONTENT_KEY_PREFIX, Admitted, Intent, admit, prepare, upstream_of
+from .admission import CONTENT_KEY_PREFIX, Admitted, Gate, Intent, admit, prepare, upstream_of
 from .auth import agent_auth, gate_of
 from .canonical import check_headers, check_raw_path, read_request
 from .problems import Problem, body_timeout
@@ -89,11 +89,25 @@ async def proxy(
     who: Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)],
 ) -> Response:
     gate, (policy, agent) = gate_of(request), who
+    with gate.agents.slot(policy, agent):
+        return await _proxy(gate, policy, agent, tool, path, request)
+
+
+async def _proxy(
+    gate: Gate,
+    policy: TenantPolicy,
+    agent: AuthenticatedAgent,
+    tool: str,
+    path: str,
+    request: Request,
+) -> Response:
     settings = gate.settings
     body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
     check_raw_path(request.scope.get("raw_path") or b"")
     check_headers(request.headers.keys())
-    canonical = read_request(request.url.query, request.headers.getlist("content-type"), body)
+    limits = policy.document.request_limits
+    content_types = request.headers.getlist("content-type")
+    canonical = read_request(request.url.query, content_types, body, limits)
     intent = Intent(
         tool,
         request.method,

@@ -12,10 +12,13 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
+from pricing.policy import RequestLimits
+
 from .problems import Problem
 
 Headers = tuple[tuple[str, str], ...]
 MAX_JSON_DEPTH = 32
+DEFAULT_LIMITS = RequestLimits()
 MAX_RECORDED_BODY = 256 * 1024
 # The note a kept answer carries in place of a body over MAX_RECORDED_BODY (its length).
 BODY_OMITTED = "x-irrev-body-omitted"
@@ -60,35 +63,19 @@ class JsonNumber(Decimal):
         return number
 
 
-def _depth(text: bytes) -> int:
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:
-                escaped = True
-            elif byte == 0x22:
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):
-            depth += 1
-            deepest = max(deepest, depth)
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-    return deepest
-
-
-def parse_json_body(body: bytes) -> object:
+def parse_json_body(body: bytes, limits: RequestLimits = DEFAULT_LIMITS) -> object:
     """The body as priced: numbers exact (JsonNumber), no NaN/Infinity, no keys that are
-    equal or differ only in case, no unpaired surrogate, bounded nesting. An empty body
-    is None."""
+    equal or differ only in case, no unpaired surrogate, bounded nesting, at most
+    `limits.max_values` values and strings of at most `limits.max_string_length`. An
+    empty body is None.
+
+    What a refusal costs is bounded by the bytes: the number of values is bounded
+    before parsing by counting separators (bytes.count, at memory speed), the parser is
+    the C one, and the one walk after it stops at the first value out of bounds."""
     if not body:
         return None
-    if _depth(body) > MAX_JSON_DEPTH:
-        raise Problem(400, "bad_json", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    if body.count(b",") + body.count(b":") >= limits.max_values:
+        raise too_complex(f"more than {limits.max_values} values")
     try:
         document = json.loads(
             body.decode("utf-8"),
@@ -96,9 +83,53 @@ def parse_json_body(body: bytes) -> object:
             parse_constant=_reject_constant,
             object_pairs_hook=_unique_keys,
         )
+    except RecursionError:
+        raise Problem(400, "bad_json", f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise Problem(400, "bad_json", f"the body is not valid JSON: {exc}") from exc
-    if _has_lone_surrogate(document):
+    _check_document(document, limits)
+    return document
+
+
+def too_complex(what: str) -> Problem:
+    return Problem(
+        413,
+        "body_too_complex",
+        f"the body has {what}: the tenant's request_limits bound what one request may cost",
+    )
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _check_document(document: object, limits: RequestLimits) -> None:
+    """One walk over the parsed document: nesting, the count of values, each string's
+    length, and unpaired surrogates (json.loads joins an escaped pair into its one
+    character, so any surrogate left in a string is unpaired)."""
+    values = 0
+    stack: list[tuple[object, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        values += 1
+        if values > limits.max_values:
+            raise too_complex(f"more than {limits.max_values} values")
+        if depth > MAX_JSON_DEPTH and isinstance(value, dict | list):
+            raise Problem(400, "bad_json", f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(value, dict):
+            values += len(value)
+            for key, item in value.items():
+                _check_string(key, limits)
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            _check_string(value, limits)
+
+
+def _check_string(text: str, limits: RequestLimits) -> None:
+    if len(text) > limits.max_string_length:
+        raise too_complex(f"a string longer than {limits.max_string_length} characters")
+    if _SURROGATE.search(text) is not None:
         # `\ud800` escapes no character: an upstream reads it as U+FFFD, as itself, or
         # fails (Go, JavaScript, Rust), and it cannot be sent on as UTF-8 at all (an MCP
         # call was reserved, never sent, and left ambiguous and charged).
@@ -108,22 +139,6 @@ def parse_json_body(body: bytes) -> object:
             "the body has an unpaired surrogate escape (\\ud800-\\udfff): not text; send "
             "the character itself, or both halves of its pair",
         )
-    return document
-
-
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-
-
-def _has_lone_surrogate(value: object) -> bool:
-    # json.loads joins an escaped pair into its one character: any surrogate left in a
-    # string is unpaired.
-    if isinstance(value, str):
-        return _SURROGATE.search(value) is not None
-    if isinstance(value, dict):
-        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_lone_surrogate(item) for item in value)
-    return False
 
 
 def hold_id_for(tenant: str, agent: str, route_id: str, agent_key: str) -> str:

@@ -67,6 +67,7 @@ BENCHES = (
     ),
     Command("lua", "irrev.bench.lua", "reserve's and post's cost inside Redis, before/after"),
     Command("cli", "irrev.bench.cli", "start-up time of `irrev --help` and `policy validate`"),
+    Command("bodies", "irrev.bench.bodies", "CPU to refuse a hostile body vs plain parsing it"),
     Command("mcp", "irrev.bench.mcp", "MCP tools/call through irrev vs direct (calls/s, latency)"),
     Command(
         "background",

@@ -370,6 +370,24 @@ class HeaderSecret(SecretSource):
     )
 
 
+class RequestLimits(_Model):
+    """What one request, and one agent at a time, may cost the gateway before anything
+    is priced: checked on the bytes or while parsing, so that refusing a request costs
+    less than the request (docs/policy.md, "Request limits")."""
+
+    max_values: Annotated[int, Field(strict=True, ge=16, le=1_000_000)] = Field(
+        default=10_000,
+        description="JSON: object keys, values and array items in one body; form: fields",
+    )
+    max_string_length: Annotated[int, Field(strict=True, ge=64, le=16 << 20)] = Field(
+        default=64 * 1024, description="the longest string (JSON) or field value (form)"
+    )
+    max_in_flight: Annotated[int, Field(strict=True, ge=1, le=10_000)] = Field(
+        default=16,
+        description="requests of one agent in flight at once in one gateway worker",
+    )
+
+
 class Webhook(_Model):
     """Where the approval loop's events go: each POSTed as JSON, signed with HMAC-SHA256
     under `secret` (header Irrev-Signature), retried until it is taken."""
@@ -547,6 +565,10 @@ class PolicyDocument(_Model):
     )
     hold_ttl_ms: DurationMs = Field(
         alias="hold_ttl", description="how long an admitted hold may stay pending"
+    )
+    request_limits: RequestLimits = Field(
+        default_factory=RequestLimits,
+        description="what one request and one agent at a time may cost the gateway",
     )
     max_escalations: EscalationCount = Field(
         default=MAX_ESCALATIONS,
