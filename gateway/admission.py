@@ -603,6 +603,8 @@ async def reserve_priced(
             crash_point("after_reserve")
     if result.reason is Reason.ESCALATION_CAP:
         raise escalations_waiting(policy, agent, hold_id)
+    if result.reason is Reason.ACCOUNT_CAP:
+        raise accounts_opened(policy, agent, result)
     if result.state is HoldState.DENIED:
         raise refusal(policy, result, hold_id, effect.face_value_micros)
     return result, prepared, ticket
@@ -971,6 +973,24 @@ def escalations_waiting(policy: TenantPolicy, agent: AuthenticatedAgent, hold_id
         "calls waiting, the most it may have at once; it was not held",
         hold=hold_id,
         max_escalations=cap,
+    )
+
+
+def accounts_opened(
+    policy: TenantPolicy, agent: AuthenticatedAgent, result: ReserveResult
+) -> Problem:
+    """429 of an effect that would open a risk-factor account (a new payee, a new
+    supplier) past its agent's max_new_accounts this window: nothing was held."""
+    spec = account_spec(policy, f"agent:{agent.agent_id}")
+    cap = spec.max_new_accounts if spec is not None else policy.document.max_new_accounts
+    return Problem(
+        429,
+        "account_cap",
+        f"This call names a new counterparty (a new risk-factor account), and this agent "
+        f"has opened {cap} this budget window, the most it may; it was not held",
+        hold=result.hold_id,
+        max_new_accounts=cap,
+        renews_at=rfc3339(next_window(result.created_ms, policy.document.window_ms)),
     )
 
 

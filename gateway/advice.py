@@ -48,6 +48,11 @@ NEXT_STEPS: dict[str, tuple[Retry, str]] = {
         "or to raise the cap.",
     ),
     "budget_exceeded": (Retry.LATER, "Repeating it now will not help."),
+    "account_cap": (
+        Retry.LATER,
+        "Calls to counterparties this agent already used this window still work; new ones "
+        "wait for the next window.",
+    ),
     "escalation_cap": (
         Retry.LATER,
         "Wait until a person has decided some of them; repeating it now will not help.",

@@ -190,7 +190,13 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             await tenants.refresh(ledger, feed, settings.policy_poll_s, settings.policy_full_read_s)
             dispatcher.refresh()  # a reload may have given a tenant a webhook
 
-        sweeper = Sweeper(ledger, settings.sweep_interval_s, settings.instance, feed)
+        sweeper = Sweeper(
+            ledger,
+            settings.sweep_interval_s,
+            settings.instance,
+            feed,
+            settings.account_close_interval_s,
+        )
         app.state.sweeper = sweeper
         # A first round now: the tenants' leases are taken before the first scrape,
         # which reports fleet gauges only for the tenants this gateway sweeps.

@@ -114,6 +114,12 @@ SWEEPS = Counter(
     "tenant's sweep lease at a time)",
     ["tenant"],
 )
+ACCOUNTS_CLOSED = Counter(
+    "irrev_accounts_closed_total",
+    "Risk-factor accounts closed by this process because they held nothing since their "
+    "window ended (opened again on their next effect)",
+    ["tenant"],
+)
 HTTP_REQUESTS = Counter(
     "irrev_http_requests_total", "HTTP requests by route template", ["method", "route", "status"]
 )

@@ -159,6 +159,7 @@ def ledger_account(spec: AccountSpec) -> LedgerAccount:
         window_ms=spec.window_ms,
         approval_threshold=spec.approval_threshold_micros or 0,
         max_escalations=spec.max_escalations,
+        max_new_accounts=spec.max_new_accounts,
     )
 
 

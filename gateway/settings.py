@@ -75,6 +75,13 @@ class GatewaySettings(BaseSettings):
         default=5.0, ge=0, description="never forward a hold this close to its deadline"
     )
     sweep_interval_s: float = Field(default=1.0, gt=0, le=3600)
+    account_close_interval_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=86400,
+        description="how often each tenant's risk-factor accounts are scanned for idle ones "
+        "(nothing pending or posted since their window ended), which are closed",
+    )
     policy_check_interval_s: float = Field(
         default=2.0, gt=0, description="how often a worker looks for changed policy files"
     )

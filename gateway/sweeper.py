@@ -36,6 +36,8 @@ LEASE_INTERVALS = 3
 MIN_LEASE_S = 3.0
 # A process that does not hold a tenant's lease asks again after this many ttls.
 ASK_TTLS = 10
+# How often a tenant's risk-factor accounts are scanned for idle ones to close.
+CLOSE_INTERVAL_S = 60.0
 
 
 class Sweeper:
@@ -49,8 +51,12 @@ class Sweeper:
         interval_s: float,
         instance: str = "",
         feed: ChangeFeed | None = None,
+        close_interval_s: float = CLOSE_INTERVAL_S,
     ) -> None:
         self.ledger = ledger
+        self.close_interval_s = close_interval_s
+        # Per tenant: where its scan for idle risk-factor accounts goes on, and when.
+        self._close_at: dict[str, tuple[int, float]] = {}
         self.ttl_s = max(LEASE_INTERVALS * interval_s, MIN_LEASE_S)
         self.instance = instance
         self.feed = feed
@@ -88,12 +94,27 @@ class Sweeper:
                 if await self._lease(tenant):
                     await self.ledger.sweep(tenant, batch=SWEEP_BATCH)
                     metrics.SWEEPS.labels(tenant).inc()
+                    await self._close_idle(tenant)
                     swept += 1
             except Exception as exc:
                 self._sweeps.failed(tenant, exc)
             else:
                 self._sweeps.back(tenant)
         return swept
+
+    async def _close_idle(self, tenant: str) -> None:
+        """A page of the tenant's idle risk-factor accounts closed (Ledger.
+        close_idle_accounts), a scan of them all about every close interval: an agent
+        paying many new payees leaves no account per payee past its window."""
+        cursor, due = self._close_at.get(tenant, (0, 0.0))
+        now = time.monotonic()
+        if now < due:
+            return
+        cursor, closed = await self.ledger.close_idle_accounts(tenant, cursor)
+        if closed:
+            metrics.ACCOUNTS_CLOSED.labels(tenant).inc(closed)
+        # A scan that is not over goes on next round; a finished one waits.
+        self._close_at[tenant] = (cursor, now if cursor else now + self.close_interval_s)
 
     def _lease_of(self, tenant: str) -> Lease:
         lease = self._leases.get(tenant)

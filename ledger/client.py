@@ -109,6 +109,9 @@ HOLD_READS = 3
 # index jumps it to the newest, so more than two steps mean the index was lost while
 # old settled holds remain (attach.lua).
 MAX_ATTACH_STEPS = 64
+# close_idle_accounts: accounts asked for per HSCAN page, and named per close.lua call.
+CLOSE_SCAN = 500
+CLOSE_BATCH = 500
 
 
 class Ledger:
@@ -571,6 +574,35 @@ class Ledger:
                 raise_for_reply(tenant, hold_id, "attach", reply)
             generation = int(reply[1])
         raise BadInput("content", f"more than {MAX_ATTACH_STEPS} settled generations to walk")
+
+    async def close_idle_accounts(
+        self, tenant: str, cursor: int = 0, count: int = CLOSE_SCAN
+    ) -> tuple[int, int]:
+        """One page of the tenant's risk-factor accounts (HSCAN from `cursor` over its
+        accounts hash), each closed if it has held nothing since its window ended
+        (lua/close.lua); returns the next cursor (0: the scan is over) and how many
+        were closed. Policy accounts are never closed."""
+        tenant = validate.tenant_id(tenant)
+        with translate_redis_errors("close"):
+            cursor, fields = await self.redis.hscan(
+                accounts_key(tenant), cursor, match="*factor:*|ws", count=count
+            )
+        names = (str(name) for name in fields)
+        ids = sorted(
+            {
+                name.rpartition("|")[0]
+                for name in names
+                if name.startswith(("factor:", "shadow:factor:"))
+            }
+        )
+        closed = 0
+        keys = tenant_keys(tenant)[:2]
+        for start in range(0, len(ids), CLOSE_BATCH):
+            chunk = ids[start : start + CLOSE_BATCH]
+            reply = await self._run("close", keys, [str(len(chunk)), *chunk])
+            raise_for_reply(tenant, "", "close", reply)
+            closed += int(reply[1])
+        return int(cursor), closed
 
     async def reserve_many(
         self, tenant: str, requests: Sequence[ReserveRequest]

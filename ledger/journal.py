@@ -214,6 +214,15 @@ class Replay:
         if entry.op == "rule":
             self._apply_rule(f)
             return
+        if entry.op == "close":
+            # An idle risk-factor account closed (lua/close.lua): it held nothing.
+            closed = self.accounts.pop(f["acct"], None)
+            if closed is not None and (closed.pending or closed.posted):
+                self.violations.append(
+                    f"entry {entry.entry_id}: {f['acct']} closed holding "
+                    f"{closed.pending} pending and {closed.posted} posted"
+                )
+            return
         state = entry.state
         # A shadow hold (marked 'shadow': what enforcement would have done) is held
         # whatever the decision: contract 1 is what shadow mode relaxes.

@@ -41,6 +41,9 @@ class Reason(StrEnum):
     # Would escalate, but its agent already has as many escalations waiting as its
     # account allows (account.lua's max_escalations): denied, nothing held.
     ESCALATION_CAP = "escalation_cap"
+    # Would open more risk-factor accounts this window than its agent's account allows
+    # (account.lua's max_new_accounts): denied, nothing opened or held, even in shadow.
+    ACCOUNT_CAP = "account_cap"
 
 
 # An automatic approval's approver: `rule:<rule id>` (approve.lua's ARGV[4]); an
@@ -55,6 +58,7 @@ DECIDED_BY = {
     Reason.OVER_LIMIT: Decision.DENY,
     Reason.SOFT_BAND: Decision.ESCALATE,
     Reason.ESCALATION_CAP: Decision.DENY,
+    Reason.ACCOUNT_CAP: Decision.DENY,
     Reason.APPROVAL_THRESHOLD: Decision.ESCALATE,
 }
 
@@ -98,6 +102,9 @@ class AccountSpec:
     # An agent's account: how many of its holds may wait for a human at once (0: no
     # bound); a reserve that would escalate past it is denied (escalation_cap).
     max_escalations: int = 0
+    # An agent's account: how many risk-factor accounts its holds may open per window
+    # (0: no bound); a reserve that would open more is denied (account_cap).
+    max_new_accounts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from .records import AccountKind, AccountSpec
 
 MAX_TTL_MS = 366 * 24 * 3600 * 1000
 MAX_ESCALATIONS = 100_000
+MAX_NEW_ACCOUNTS = 10_000_000
 MAX_BLOB_BYTES = 1 << 20
 _ID = re.compile(rf"[A-Za-z0-9._:@/-]{{1,{MAX_ID_CHARS}}}")
 _TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -69,9 +70,11 @@ def account_args(spec: AccountSpec) -> list[str]:
 
 
 def upsert_args(spec: AccountSpec) -> list[str]:
-    """account.lua's arguments: account_args and the bound on waiting escalations."""
-    cap = amount("max_escalations", spec.max_escalations, MAX_ESCALATIONS)
-    return [*account_args(spec), str(cap)]
+    """account.lua's arguments: account_args, and an agent's bounds on its waiting
+    escalations and on the risk-factor accounts its holds open per window."""
+    escalations = amount("max_escalations", spec.max_escalations, MAX_ESCALATIONS)
+    opened = amount("max_new_accounts", spec.max_new_accounts, MAX_NEW_ACCOUNTS)
+    return [*account_args(spec), str(escalations), str(opened)]
 
 
 def amount(field: str, value: object, maximum: int = MAX_AMOUNT) -> int:

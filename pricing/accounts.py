@@ -35,6 +35,7 @@ class AccountSpec:
     soft_band: float
     approval_threshold_micros: int | None
     max_escalations: int = 0  # an agent's: how many of its holds may wait for a human
+    max_new_accounts: int = 0  # an agent's: risk-factor accounts its holds open per window
 
     @property
     def soft_limit_micros(self) -> int:
@@ -61,6 +62,7 @@ def _agent_spec(policy: PolicyDocument, account_id: str, agent: Agent) -> Accoun
         soft_band=agent.soft_band if agent.soft_band is not None else policy.soft_band,
         approval_threshold_micros=agent.approval_threshold,
         max_escalations=agent.max_escalations or policy.max_escalations,
+        max_new_accounts=agent.max_new_accounts or policy.max_new_accounts,
     )
 
 

@@ -31,7 +31,7 @@ from pricing.errors import (
     UnsupportedBodyFormat,
 )
 from pricing.models import FACE_MODEL, FREE_MODEL, FacePricing, QuantilePricing
-from pricing.money import MAX_MICROS, product_to_minor, round_up, to_decimal
+from pricing.money import MAX_MICROS, minor_to_major_text, product_to_minor, round_up, to_decimal
 from pricing.policy import (
     DEFAULT_FORWARD_HEADERS,
     BodyFormat,
@@ -177,6 +177,8 @@ class Catalog:
     unknown_face_fields: tuple[str, ...]
     unknown_approval_threshold_micros: int | None
     mcp_tools: frozenset[str] = frozenset()
+    # The smallest face value above zero an effect may have (the policy's min_amount).
+    min_amount_micros: int = 1
 
     def match(
         self, tool: str, method: str, path: str
@@ -302,6 +304,9 @@ def compile_catalog(
         unknown_action=unknown.action,
         unknown_face_fields=parse_product(unknown.face_value) if unknown.face_value else (),
         unknown_approval_threshold_micros=unknown.approval_threshold,
+        min_amount_micros=(
+            policy.min_amount if policy.min_amount is not None else max(1, policy.scale // 100)
+        ),
         mcp_tools=frozenset(name for name, t in policy.tools.items() if t.is_mcp),
     )
 
@@ -581,6 +586,7 @@ def price_in_catalog(
         face = route.face_fixed_micros
     else:
         face = read_face_value(fields, route.face_fields, catalog.scale, route.amount_scale)
+        check_min_amount(catalog, face, " * ".join(route.face_fields))
     factors = read_factors(fields, route.factors)
     # After the fields are read: a priced field sent twice is `ambiguous_field` first.
     check_effect_body(body, route.body_fields)
@@ -597,6 +603,19 @@ def price_in_catalog(
         approval_threshold_micros=route.approval_threshold_micros,
         path_params=params,
     )
+
+
+def check_min_amount(catalog: Catalog, face_micros: int, fields: str) -> None:
+    """BadAmount for a face value above zero but below the tenant's smallest amount:
+    a micro-payment costs next to nothing yet opens a risk-factor account per payee
+    (issue 26). Zero stays allowed: a free effect holds nothing and opens nothing."""
+    if 0 < face_micros < catalog.min_amount_micros:
+        smallest = minor_to_major_text(catalog.min_amount_micros, catalog.scale)
+        raise BadAmount(
+            fields,
+            f"{minor_to_major_text(face_micros, catalog.scale)} {catalog.currency} is below "
+            f"the smallest amount this organisation prices, {smallest} {catalog.currency}",
+        )
 
 
 def priced_for(effect: PricedEffect, pending: float) -> PricedEffect:
@@ -650,6 +669,7 @@ def _price_unknown(
     check_effect_query(query, frozenset())
     fields = _Fields(body, query, {}, frozenset())
     face = read_face_value(fields, catalog.unknown_face_fields, catalog.scale)
+    check_min_amount(catalog, face, " * ".join(catalog.unknown_face_fields))
     return PricedEffect(
         tool=tool,
         method=method,

@@ -266,6 +266,11 @@ class Agent(_Model):
         description="how many of this agent's effects may wait for a human at once "
         "(default: the tenant's max_escalations)",
     )
+    max_new_accounts: Annotated[int, Field(strict=True, ge=1, le=10_000_000)] | None = Field(
+        default=None,
+        description="risk-factor accounts this agent's effects may open per window "
+        "(default: the tenant's max_new_accounts)",
+    )
 
 
 class AdminRole(StrEnum):
@@ -565,6 +570,18 @@ class PolicyDocument(_Model):
     )
     hold_ttl_ms: DurationMs = Field(
         alias="hold_ttl", description="how long an admitted hold may stay pending"
+    )
+    min_amount: Micros | None = Field(
+        default=None,
+        description="the smallest face value an effect may have above zero; a smaller "
+        "one (a micro-payment that would open a risk-factor account for next to nothing) "
+        "is refused bad_amount. Default: a hundredth of the major unit (one minor unit "
+        "where the scale is below 100)",
+    )
+    max_new_accounts: Annotated[int, Field(strict=True, ge=1, le=10_000_000)] = Field(
+        default=1000,
+        description="how many risk-factor accounts one agent's effects may open per window "
+        "(account_cap past it); idle ones close once their window is over",
     )
     request_limits: RequestLimits = Field(
         default_factory=RequestLimits,

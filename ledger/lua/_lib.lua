@@ -113,7 +113,8 @@ local MAX_PROVENANCE = 16384
 local MAX_NOTE = 2048 -- a person's note on a decision (approve, reject, resolve)
 -- A hold's decision follows from its reason (the record keeps only the reason).
 local DECISION = {within_budget = 'admit', budget_exceeded = 'deny', over_limit = 'deny',
-  soft_band = 'escalate', approval_threshold = 'escalate', escalation_cap = 'deny'}
+  soft_band = 'escalate', approval_threshold = 'escalate', escalation_cap = 'deny',
+  account_cap = 'deny'}
 
 local function fmt(n)
   if n == 0 then
@@ -216,7 +217,8 @@ local ACCOUNT_FIELDS = {'limit', 'soft', 'win', 'appr', 'pend', 'post', 'ws', 'o
 local names_of = remembering(function(id)
   return {limit = id .. '|limit', soft = id .. '|soft', win = id .. '|win',
     appr = id .. '|appr', pend = id .. '|pend', post = id .. '|post', ws = id .. '|ws',
-    over = id .. '|over', raise = id .. '|raise', esc = id .. '|esc', escmax = id .. '|escmax'}
+    over = id .. '|over', raise = id .. '|raise', esc = id .. '|esc', escmax = id .. '|escmax',
+    nfa = id .. '|nfa', nfamax = id .. '|nfamax'}
 end)
 
 local function field(id, name)
@@ -695,6 +697,34 @@ local function same_numbers(a, b)
     end
   end
   return true
+end
+
+-- The accounts of a settled hold that are gone (`accounts[i]` nil: an idle risk-factor
+-- account closed after its window, lua/close.lua) opened again, fresh, so that a late
+-- post, a compensation or a true-up of the hold still lands on every account it names:
+-- each with the limit the hold's reserve saw on it (`lim`, read only when one is
+-- missing) and the window of the hold's other accounts (a policy's accounts share
+-- one), journaled as a reserve opens one. Call it after the checks, before the writes.
+local function reopen_closed(id, ids, accounts, now)
+  local win
+  for i = 1, #ids do
+    if accounts[i] then
+      win = accounts[i].win
+      break
+    end
+  end
+  local lim
+  for i = 1, #ids do
+    if not accounts[i] then
+      lim = lim or split_numbers(redis.call('HGET', hkey(id), 'lim'))
+      local limit, w = lim[i] or 0, win or 0
+      local a = {id = ids[i], limit = limit, soft = limit, win = w, appr = 0, pend = 0,
+        post = 0, over = 0, ws = w > 0 and now - (now % w) or 0, policy = true}
+      journal({'op', 'account', 'acct', a.id, 'limit', fmt(limit), 'soft', fmt(limit),
+               'win', fmt(w), 'appr', '0', 'ws', fmt(a.ws)})
+      accounts[i] = a
+    end
+  end
 end
 
 -- Releases what a live hold still charges as pending (escalated, pending and

@@ -11,6 +11,9 @@
 --          first among their agent accounts may wait for a human at once (0 or
 --          none: no bound; reserve.lua); kept as the field `<id>|escmax`, not
 --          journaled (no balance depends on it)
+-- ARGV[7]  optional, after ARGV[6]: max new accounts, how many risk-factor accounts
+--          the holds that name this (agent) account may open per window (0 or none:
+--          no bound; reserve.lua), kept as `<id>|nfamax`, not journaled
 --
 -- Returns {status, state, flags}
 --   'ok'         'created' or 'updated'
@@ -33,8 +36,12 @@ local escmax = ARGV[6] and uint(ARGV[6], MAX_AMOUNT)
 if ARGV[6] and not escmax then
   return {'bad_input', 'max_escalations', 'must be an integer >= 0'}
 end
-if #ARGV ~= 5 and #ARGV ~= 6 then
-  return {'bad_input', 'arguments', 'account takes five or six arguments'}
+local nfamax = ARGV[7] and uint(ARGV[7], MAX_AMOUNT)
+if ARGV[7] and not nfamax then
+  return {'bad_input', 'max_new_accounts', 'must be an integer >= 0'}
+end
+if #ARGV < 5 or #ARGV > 7 then
+  return {'bad_input', 'arguments', 'account takes five to seven arguments'}
 end
 
 local now = now_ms()
@@ -56,10 +63,13 @@ end
 a.limit, a.soft, a.win, a.appr, a.ws = limit, soft, win, appr, ws
 a.policy = true
 save_accounts({a})
-if escmax and escmax > 0 then
-  redis.call('HSET', ACCOUNTS, field(account, 'escmax'), fmt(escmax))
-else
-  redis.call('HDEL', ACCOUNTS, field(account, 'escmax'))
+-- The bounds of an agent's account: set when given above 0, else gone.
+for name, bound in pairs({escmax = escmax or 0, nfamax = nfamax or 0}) do
+  if bound > 0 then
+    redis.call('HSET', ACCOUNTS, field(account, name), fmt(bound))
+  else
+    redis.call('HDEL', ACCOUNTS, field(account, name))
+  end
 end
 journal({'op', 'account', 'acct', account, 'limit', fmt(limit), 'soft', fmt(soft),
          'win', fmt(win), 'appr', fmt(appr), 'ws', fmt(ws)})

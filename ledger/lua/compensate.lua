@@ -39,6 +39,7 @@ local now = now_ms()
 local n = #hold.accounts
 local dpost, total, flag = zeros(n), {}, ''
 local accounts = load_accounts(hold.accounts)
+reopen_closed(id, hold.accounts, accounts, now)
 for i = 1, n do
   local a = accounts[i]
   roll(a, now)

@@ -58,10 +58,12 @@ local dpend = pending_release(hold)
 local accounts = load_balances(hold.held)
 for i = 1, #hold.accounts do
   local a = accounts[i]
-  if a.pend + dpend[i] + posted_after_roll(a, now) + amounts[i] > MAX_AMOUNT then
+  -- A missing account (closed while the hold was expired) comes back empty below.
+  if a and a.pend + dpend[i] + posted_after_roll(a, now) + amounts[i] > MAX_AMOUNT then
     return {'bad_input', 'amount', 'would take ' .. a.id .. ' past 2^53-1'}
   end
 end
+reopen_closed(id, hold.accounts, accounts, now)
 local flags = {}
 if hold.st == 'expired' then
   flags[#flags + 1] = 'late'

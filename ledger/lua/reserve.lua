@@ -359,6 +359,41 @@ if decision == 'escalate' and shadow ~= '1' then
   end
 end
 
+-- An agent opens at most its account's max new accounts (`nfamax`, account.lua) of
+-- risk-factor accounts per window: a kept hold that would open more is denied
+-- (`account_cap`) and opens none, so that one agent cannot fill the tenant's hash with
+-- an account per payee faster than the policy allows (lua/close.lua removes them once
+-- idle). Counted on the agent's account as `nfa` = `<window start>|<opened>`; a
+-- shadow hold counts on its real agent account's bound and count.
+local opened, capped = 0, nil
+if decision == 'admit' or decision == 'escalate' or shadow == '1' then
+  for id in pairs(opening) do
+    if string.find(id, '^factor:') or string.find(id, '^shadow:factor:') then
+      opened = opened + 1
+    end
+  end
+end
+if opened > 0 then
+  for i = 1, n do
+    local agent = string.match(accounts[i], '^shadow:(agent:.+)$') or accounts[i]
+    if string.sub(agent, 1, 6) == 'agent:' then
+      local c = redis.call('HMGET', ACCOUNTS, field(agent, 'nfa'), field(agent, 'nfamax'))
+      local cap, win = tonumber(c[2]), loaded[i].win
+      local ws = win > 0 and now - (now % win) or 0
+      local at, count = string.match(c[1] or '', '^(%d+)|(%d+)$')
+      count = tonumber(at) == ws and tonumber(count) or 0
+      if cap and cap > 0 and count + opened > cap then
+        -- A bound on what the tenant's hash holds, not a budget decision: shadow mode
+        -- refuses it too (below).
+        decision, reason = 'deny', 'account_cap'
+      else
+        capped = {agent, fmt(ws) .. '|' .. fmt(count + opened)}
+      end
+      break
+    end
+  end
+end
+
 if not tag and (decision ~= 'admit' or in_order) and not decide_anyway and holds_due(now) then
   return {'expire_first', ''}
 end
@@ -390,12 +425,15 @@ for i = 1, n do
 end
 
 local state, deadline = 'denied', 0
-if decision == 'admit' or shadow == '1' then
+if decision == 'admit' or (shadow == '1' and reason ~= 'account_cap') then
   state, deadline = 'pending', now + ttl_ms
 elseif decision == 'escalate' then
   state, deadline = 'escalated', now + esc_ttl_ms
 end
 
+if state ~= 'denied' and capped then
+  redis.call('HSET', ACCOUNTS, field(capped[1], 'nfa'), capped[2])
+end
 if state ~= 'denied' then
   for i = 1, n do
     local a = opening[accounts[i]]

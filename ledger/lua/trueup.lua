@@ -44,7 +44,7 @@ local accounts, changed = load_accounts(hold.accounts), false
 for i = 1, n do
   local a = accounts[i]
   local rise = realised - (hold.posted[i] - hold.compensated[i])
-  if rise > 0 and a.pend + posted_after_roll(a, now) + rise > MAX_AMOUNT then
+  if rise > 0 and a and a.pend + posted_after_roll(a, now) + rise > MAX_AMOUNT then
     return {'bad_input', 'amount', 'would take ' .. a.id .. ' past 2^53-1'}
   end
   changed = changed or rise ~= 0
@@ -57,6 +57,7 @@ end
 local held_flags = redis.call('HGET', hkey(id), 'flag') or ''
 local overrun = string.find(',' .. held_flags .. ',', ',overrun,', 1, true) ~= nil
 local dpost, posted, compensated, flags = zeros(n), {}, {}, {}
+reopen_closed(id, hold.accounts, accounts, now)
 for i = 1, n do
   local a = accounts[i]
   roll(a, now)
