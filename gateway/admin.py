@@ -480,6 +480,14 @@ async def events(
 MAX_RULE_DURATION_MS = 7 * 86_400_000
 
 
+def rule_role(kind: str) -> AdminRole:
+    """The role that sets a rule of `kind`, and so ends one. A raise widens a budget,
+    like a policy upload, and ending it early is as much a budget decision; an
+    auto-approval only stands in for the approver's own decisions, within the limits.
+    A kind this gateway does not know is a policy_admin's."""
+    return AdminRole.APPROVER if kind == "auto_approve" else AdminRole.POLICY_ADMIN
+
+
 class RuleRequest(BaseModel):
     """`auto_approve` (an approver's): escalations of `agent` (or of any agent of
     `principal`) priced at most `max_price` are approved without a person, for
@@ -559,10 +567,7 @@ def _check_rule(policy: TenantPolicy, spec: RuleRequest) -> dict[str, Any]:
 async def create_rule(
     request: Request, tenant: str, spec: RuleRequest, admin: Admin
 ) -> dict[str, Any]:
-    # A raise widens a budget, like a policy upload; an auto-approval only stands in
-    # for the approver's own decisions, within the limits.
-    needed = AdminRole.POLICY_ADMIN if spec.kind == "raise_limit" else AdminRole.APPROVER
-    policy = policy_of(request, tenant, admin, needed)
+    policy = policy_of(request, tenant, admin, rule_role(spec.kind))
     stored = {**_check_rule(policy, spec), "by": admin.name, "reason": spec.reason}
     try:
         ttl_ms = duration_ms(spec.duration)
@@ -601,9 +606,17 @@ async def list_rules(request: Request, tenant: str, admin: Admin) -> dict[str, A
 
 @router.delete("/tenants/{tenant}/rules/{rule_id}")
 async def delete_rule(request: Request, tenant: str, rule_id: str, admin: Admin) -> dict[str, Any]:
-    policy_of(request, tenant, admin, AdminRole.APPROVER)
+    """End a live rule early; it takes the role that sets a rule of its kind. Rule ids
+    are random and never reused, so the kind read here is the deleted rule's."""
+    policy_of(request, tenant, admin)  # its viewers list its rules anyway
+    ledger = gate_of(request).ledger
+    live = {rule.rule_id: rule for rule in await ledger.rules(tenant, await ledger.now_ms())}
+    found = live.get(rule_id)
+    # That a rule is not live is told to whoever may end some rule.
+    needed = rule_role(json.loads(found.spec).get("kind", "")) if found else AdminRole.APPROVER
+    policy_of(request, tenant, admin, needed)
     try:
-        deleted = await gate_of(request).ledger.delete_rule(tenant, rule_id, admin.name)
+        deleted = await ledger.delete_rule(tenant, rule_id, admin.name)
     except BadInput:
         deleted = False
     if not deleted:
