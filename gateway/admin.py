@@ -29,7 +29,13 @@ from ledger import (
 from pricing import PolicyError, TenantPolicy, load_policy_text
 from pricing.errors import AmountError
 from pricing.money import major_to_minor, money_text
-from pricing.policy import AdminRole, duration_ms
+from pricing.policy import (
+    OPERATOR_FIELDS,
+    OPERATOR_TOOL_FIELDS,
+    AdminRole,
+    PolicyDocument,
+    duration_ms,
+)
 from pricing.units import journal_money
 
 from .admission import resolved
@@ -89,23 +95,31 @@ async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, 
     return policy_of(request, tenant, admin).document.model_dump(mode="json", by_alias=True)
 
 
-def _upstreams(policy: TenantPolicy) -> dict[str, Any]:
-    """Where the tenant's requests and events go, and the secrets they carry."""
-    out: dict[str, Any] = {
-        name: (tool.upstream, tool.mcp, tool.model_dump(include={"credentials"}))
-        for name, tool in policy.document.tools.items()
-    }
-    webhook = policy.document.webhook
-    out[""] = webhook.model_dump() if webhook else None
-    return out
+def operator_changes(current: PolicyDocument, proposed: PolicyDocument) -> list[str]:
+    """The fields only an operator may change (pricing.policy.OPERATOR_TOOL_FIELDS and
+    OPERATOR_FIELDS) that `proposed` changes, as paths (`tools.<name>.<field>`,
+    `webhook`). A tool added or removed is `tools.<name>`: where its requests go and
+    who settles its holds are new, or gone, as a whole."""
+    changes = []
+    for name in sorted(current.tools.keys() | proposed.tools.keys()):
+        before, after = current.tools.get(name), proposed.tools.get(name)
+        if before is None or after is None:
+            changes.append(f"tools.{name}")
+            continue
+        changes += [
+            f"tools.{name}.{field}"
+            for field in OPERATOR_TOOL_FIELDS
+            if getattr(before, field) != getattr(after, field)
+        ]
+    changes += [f for f in OPERATOR_FIELDS if getattr(current, f) != getattr(proposed, f)]
+    return changes
 
 
 @router.put("/tenants/{tenant}/policy")
 async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
-    """Replace a tenant's policy with a YAML document; refused whole if invalid.
-    Where a tool's requests go and which secrets they carry are the operator's: a
-    tenant admin could otherwise point the tenant's credentials (or any variable or
-    file the gateway can read) at a host of its own."""
+    """Replace a tenant's policy with a YAML document; refused whole if invalid. A
+    tenant admin's upload may change anything but the operator's fields
+    (`operator_changes`); one that writes them as they are is no change."""
     text = (await request.body()).decode("utf-8", errors="replace")
     gate = gate_of(request)
     if not admin.operator:
@@ -114,11 +128,13 @@ async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str
             proposed = load_policy_text(text, f"uploaded policy of {tenant}")
         except PolicyError as exc:
             raise _not_applied(exc) from exc
-        if _upstreams(proposed) != _upstreams(current):
+        if changed := operator_changes(current.document, proposed.document):
             raise Problem(
                 403,
                 "operator_only",
-                "only an operator may change a tool's upstream or credentials, or the webhook",
+                f"only an operator may change {', '.join(changed)}; nothing was applied: "
+                "upload the policy with these as they are in force",
+                fields=changed,
             )
     try:
         policy = await gate.tenants.upload(gate.ledger, tenant, text)

@@ -190,7 +190,10 @@ async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
     mcp_gateway: McpGateway, http: httpx.AsyncClient
 ) -> None:
     """Where calls go (with the gateway's credentials for the server) is the
-    operator's: a tenant's policy_admin changing `mcp` is refused, as `upstream` is."""
+    operator's: a tenant's policy_admin changing `mcp` is refused, as `upstream` is.
+    So is `dedupes` (issue 26): declared by a policy_admin for a server that does not
+    deduplicate, one ambiguous call was sent again on every repeat, 6 times for one
+    charge. Writing down what is in force (`dedupes: false`) is no change."""
     tenant = mcp_gateway.tenant("upload")
     policy_dir = Path(mcp_gateway.gateway.server.env["IRREV_POLICY_DIR"])
     before = (policy_dir / f"{tenant.id}.yaml").read_text()
@@ -198,10 +201,19 @@ async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
     same = await http.put(url, content=before.encode(), headers=tenant.admin_auth)
     assert same.status_code == 200, same.text  # the role may upload its policy
     data = yaml.safe_load(before)
-    data["tools"]["procure"]["mcp"] = "http://127.0.0.1:9/elsewhere/mcp"
-    moved = await http.put(url, content=yaml.safe_dump(data).encode(), headers=tenant.admin_auth)
-    assert_problem(moved, 403, "operator_only")
-    assert (policy_dir / f"{tenant.id}.yaml").read_text() == before
+    assert not data["tools"]["procure"].get("dedupes", False)
+    data["tools"]["procure"]["dedupes"] = False
+    spelled = await http.put(url, content=yaml.safe_dump(data).encode(), headers=tenant.admin_auth)
+    assert spelled.status_code == 200, spelled.text
+    applied = (policy_dir / f"{tenant.id}.yaml").read_text()
+    for field, value in (("dedupes", True), ("mcp", "http://127.0.0.1:9/elsewhere/mcp")):
+        changed = yaml.safe_load(applied)
+        changed["tools"]["procure"][field] = value
+        text = yaml.safe_dump(changed).encode()
+        refused = await http.put(url, content=text, headers=tenant.admin_auth)
+        body = assert_problem(refused, 403, "operator_only")
+        assert body["fields"] == [f"tools.procure.{field}"], body
+        assert (policy_dir / f"{tenant.id}.yaml").read_text() == applied
 
 
 async def test_a_session_id_and_request_id_name_an_effect_of_one_agent_only(
