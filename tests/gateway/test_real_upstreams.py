@@ -239,6 +239,27 @@ async def test_credentials_are_added_and_only_allowed_agent_headers_pass(
     ]
 
 
+async def test_a_header_the_forward_could_not_send_is_refused_before_anything_is_held(
+    trusted: Trusted, client: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """A passed header's value past ASCII (here Stripe-Version: 0xff, which the server
+    reads as latin-1) made the forward fail after the hold was charged: a 500 saying
+    nothing was admitted, the hold pending, then ambiguous, and every repeat of the key
+    sent the same stored header and failed the same way. (A trace context that is not
+    printable ASCII is no valid one, and is dropped instead: test_tracing.py.)"""
+    tenant = trusted.paying
+    before = used(await balances(client, trusted.gateway.admin, tenant))
+    sent = len(await received(upstream, trusted.supplier))
+    headers = [
+        *((k.encode(), v.encode()) for k, v in effect_headers(tenant, "buyer-01", "xff").items()),
+        (b"stripe-version", b"\xff"),
+    ]
+    response = await client.post("/tools/supplier/orders", json=order(), headers=headers)
+    assert_problem(response, 400, "bad_header")
+    assert used(await balances(client, trusted.gateway.admin, tenant)) == before
+    assert len(await received(upstream, trusted.supplier)) == sent
+
+
 async def test_a_retry_sends_the_same_passed_headers_and_other_ones_are_another_effect(
     trusted: Trusted, client: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
