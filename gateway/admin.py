@@ -29,7 +29,13 @@ from ledger import (
 from pricing import PolicyError, TenantPolicy, load_policy_text
 from pricing.errors import AmountError
 from pricing.money import major_to_minor, money_text
-from pricing.policy import AdminRole, duration_ms
+from pricing.policy import (
+    OPERATOR_FIELDS,
+    OPERATOR_TOOL_FIELDS,
+    AdminRole,
+    PolicyDocument,
+    duration_ms,
+)
 from pricing.templates import CALL
 from pricing.units import journal_money
 
@@ -90,29 +96,34 @@ async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, 
     return policy_of(request, tenant, admin).document.model_dump(mode="json", by_alias=True)
 
 
-# What says where a tool's requests go and which secrets they carry, or, for a stdio
-# MCP server, which command runs on the gateway's hosts, with which environment.
-WHERE_CALLS_GO = {"upstream", "mcp", "credentials", "mcp_command", "mcp_env", "mcp_cwd"}
-
-
-def _upstreams(policy: TenantPolicy) -> dict[str, Any]:
-    """Where the tenant's requests and events go, and the secrets they carry."""
-    out: dict[str, Any] = {
-        name: tool.model_dump(include=WHERE_CALLS_GO)
-        for name, tool in policy.document.tools.items()
-    }
-    webhook = policy.document.webhook
-    out[""] = webhook.model_dump() if webhook else None
-    return out
+def operator_changes(current: PolicyDocument, proposed: PolicyDocument) -> list[str]:
+    """The fields only an operator may change (pricing.policy.OPERATOR_TOOL_FIELDS and
+    OPERATOR_FIELDS) that `proposed` changes, as paths (`tools.<name>.<field>`,
+    `webhook`). A tool added or removed is `tools.<name>`: where its requests go and
+    who settles its holds are new, or gone, as a whole."""
+    changes = []
+    for name in sorted(current.tools.keys() | proposed.tools.keys()):
+        before, after = current.tools.get(name), proposed.tools.get(name)
+        if before is None or after is None:
+            changes.append(f"tools.{name}")
+            continue
+        changes += [
+            f"tools.{name}.{field}"
+            for field in OPERATOR_TOOL_FIELDS
+            if getattr(before, field) != getattr(after, field)
+        ]
+    changes += [f for f in OPERATOR_FIELDS if getattr(current, f) != getattr(proposed, f)]
+    return changes
 
 
 @router.put("/tenants/{tenant}/policy")
 async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
-    """Replace a tenant's policy with a YAML document; refused whole if invalid.
-    Where a tool's requests go and which secrets they carry are the operator's: a
-    tenant admin could otherwise point the tenant's credentials (or any variable or
-    file the gateway can read) at a host of its own, or run a command of its choosing
-    on the gateway's hosts (a stdio MCP server)."""
+    """Replace a tenant's policy with a YAML document; refused whole if invalid. A
+    tenant admin's upload may change anything but the operator's fields
+    (`operator_changes`): where a tool's requests go, which secrets they carry, which
+    command a stdio MCP server runs on the gateway's hosts, who settles its holds and
+    whether an ambiguous call may be sent again. One that writes them as they are is
+    no change."""
     text = (await request.body()).decode("utf-8", errors="replace")
     gate = gate_of(request)
     if not admin.operator:
@@ -121,12 +132,13 @@ async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str
             proposed = load_policy_text(text, f"uploaded policy of {tenant}")
         except PolicyError as exc:
             raise _not_applied(exc) from exc
-        if _upstreams(proposed) != _upstreams(current):
+        if changed := operator_changes(current.document, proposed.document):
             raise Problem(
                 403,
                 "operator_only",
-                "only an operator may change a tool's upstream, MCP server (mcp, mcp_command, "
-                "mcp_env, mcp_cwd) or credentials, or the webhook",
+                f"only an operator may change {', '.join(changed)}; nothing was applied: "
+                "upload the policy with these as they are in force",
+                fields=changed,
             )
     try:
         policy = await gate.tenants.upload(gate.ledger, tenant, text)
@@ -497,6 +509,14 @@ async def events(
 MAX_RULE_DURATION_MS = 7 * 86_400_000
 
 
+def rule_role(kind: str) -> AdminRole:
+    """The role that sets a rule of `kind`, and so ends one. A raise widens a budget,
+    like a policy upload, and ending it early is as much a budget decision; an
+    auto-approval only stands in for the approver's own decisions, within the limits.
+    A kind this gateway does not know is a policy_admin's."""
+    return AdminRole.APPROVER if kind == "auto_approve" else AdminRole.POLICY_ADMIN
+
+
 class RuleRequest(BaseModel):
     """`auto_approve` (an approver's): escalations of `agent` (or of any agent of
     `principal`) priced at most `max_price` are approved without a person, for
@@ -576,10 +596,7 @@ def _check_rule(policy: TenantPolicy, spec: RuleRequest) -> dict[str, Any]:
 async def create_rule(
     request: Request, tenant: str, spec: RuleRequest, admin: Admin
 ) -> dict[str, Any]:
-    # A raise widens a budget, like a policy upload; an auto-approval only stands in
-    # for the approver's own decisions, within the limits.
-    needed = AdminRole.POLICY_ADMIN if spec.kind == "raise_limit" else AdminRole.APPROVER
-    policy = policy_of(request, tenant, admin, needed)
+    policy = policy_of(request, tenant, admin, rule_role(spec.kind))
     stored = {**_check_rule(policy, spec), "by": admin.name, "reason": spec.reason}
     try:
         ttl_ms = duration_ms(spec.duration)
@@ -618,9 +635,17 @@ async def list_rules(request: Request, tenant: str, admin: Admin) -> dict[str, A
 
 @router.delete("/tenants/{tenant}/rules/{rule_id}")
 async def delete_rule(request: Request, tenant: str, rule_id: str, admin: Admin) -> dict[str, Any]:
-    policy_of(request, tenant, admin, AdminRole.APPROVER)
+    """End a live rule early; it takes the role that sets a rule of its kind. Rule ids
+    are random and never reused, so the kind read here is the deleted rule's."""
+    policy_of(request, tenant, admin)  # its viewers list its rules anyway
+    ledger = gate_of(request).ledger
+    live = {rule.rule_id: rule for rule in await ledger.rules(tenant, await ledger.now_ms())}
+    found = live.get(rule_id)
+    # That a rule is not live is told to whoever may end some rule.
+    needed = rule_role(json.loads(found.spec).get("kind", "")) if found else AdminRole.APPROVER
+    policy_of(request, tenant, admin, needed)
     try:
-        deleted = await gate_of(request).ledger.delete_rule(tenant, rule_id, admin.name)
+        deleted = await ledger.delete_rule(tenant, rule_id, admin.name)
     except BadInput:
         deleted = False
     if not deleted:

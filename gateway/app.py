@@ -45,7 +45,9 @@ from .auth import AdminIdentity, gate_of, tenant_admin_auth
 from .bodies import BodyLimit
 from .http_upstream import make_client
 from .mcp_mount import LazyMcp
+from .policies import FileFault
 from .problems import Problem
+from .readiness import Writes
 from .settings import GatewaySettings
 from .sweeper import Sweeper
 from .tenants import TenantStore
@@ -275,31 +277,41 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
+    writes = Writes()
+
     @app.get("/readyz", tags=["health"])
     async def readyz(request: Request) -> dict[str, Any]:
-        """503 without the ledger. "degraded" (still 200: every tenant is served, a
-        failing one by the policy it had) while policy files do not load; only an
-        admin learns which tenants (its own, or all for an operator)."""
+        """503 without the ledger, and while it refuses writes (a probe write, at most
+        one a second per worker: gateway/readiness.py): a load balancer then sends
+        effects, which this gateway could only refuse, to one whose Redis takes them.
+        "degraded" (still 200: every tenant is served, a failing one by the policy it
+        had) while policy files do not load, or while some but not all primaries of
+        a Redis Cluster refuse writes (every gateway shares them: sending elsewhere
+        serves no tenant better, and stopping them all would stop the tenants whose
+        slots take writes); only an admin learns which tenants (its own, or all for
+        an operator), and an operator why primaries refuse."""
         gate = gate_of(request)
         try:
             await gate.ledger.ping()
             if not await gate.ledger.scripts_loaded():
                 await gate.ledger.load_scripts()
+            probe = await writes.probe(gate.ledger)
         except Exception as exc:
-            raise Problem(
-                503, "ledger_unavailable", f"not ready: {exc}", headers={"Retry-After": "1"}
-            ) from exc
+            raise _not_ready(str(exc)) from exc
+        if probe.refused:
+            raise _not_ready(f"Redis refuses writes: {probe.refusals[0]}")
         faults = gate.tenants.faults
-        if not faults:
+        if not faults and not probe.refusals:
             # Unauthenticated: which tenants this gateway serves is theirs to tell.
             return {"status": "ready"}
-        answer: dict[str, Any] = {"status": "degraded", "policy_files_failing": len(faults)}
+        answer: dict[str, Any] = {"status": "degraded"}
         admin = await _admin(request)
-        if admin is not None:
-            shown = [f for f in faults if admin.sees(f.tenant) and (admin.operator or f.tenant)]
-            answer["tenants_degraded"] = sorted({f.tenant for f in shown if f.tenant})
-            if admin.operator:
-                answer["files_failing"] = sorted(str(f.path) for f in faults)
+        if faults:
+            answer.update(_faults_view(faults, admin))
+        if probe.refusals:
+            answer["primaries_refusing_writes"] = len(probe.refusals)
+            if admin is not None and admin.operator:
+                answer["write_refusals"] = list(probe.refusals)
         return answer
 
     # The fleet gauges as the last scrape by anyone but an operator read them, by
@@ -353,6 +365,22 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         return []
 
     return app
+
+
+def _faults_view(faults: list[FileFault], admin: AdminIdentity | None) -> dict[str, Any]:
+    """How many policy files do not load; for an admin, which of its tenants that
+    leaves degraded, and for an operator which files."""
+    view: dict[str, Any] = {"policy_files_failing": len(faults)}
+    if admin is not None:
+        shown = [f for f in faults if admin.sees(f.tenant) and (admin.operator or f.tenant)]
+        view["tenants_degraded"] = sorted({f.tenant for f in shown if f.tenant})
+        if admin.operator:
+            view["files_failing"] = sorted(str(f.path) for f in faults)
+    return view
+
+
+def _not_ready(why: str) -> Problem:
+    return Problem(503, "ledger_unavailable", f"not ready: {why}", headers={"Retry-After": "1"})
 
 
 async def _admin(request: Request) -> AdminIdentity | None:

@@ -15,6 +15,7 @@ from fastapi.responses import Response
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 
+from . import tracecontext
 from .admission import CONTENT_KEY_PREFIX, Admitted, Gate, Intent, admit, prepare, upstream_of
 from .auth import agent_auth, gate_of
 from .canonical import check_headers, check_raw_path, read_request
@@ -65,9 +66,11 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 def passed_headers(policy: TenantPolicy, tool: str, headers: Iterable[tuple[str, str]]) -> Headers:
     """The agent's headers the tool lets through (names lower-case, sorted by name, in
-    their order within a name); everything else it sent stays at the gateway."""
+    their order within a name); everything else it sent stays at the gateway, and so
+    does a trace context that is not valid (dropped before the check below: it is not
+    a refusal)."""
     allowed = policy.catalog.forwarded_headers.get(tool, frozenset())
-    kept = [(name, value) for name, value in headers if name in allowed]
+    kept = [(name, value) for name, value in tracecontext.checked(headers) if name in allowed]
     for name, value in kept:
         if not _VISIBLE_ASCII.fullmatch(value):
             # Checked before anything is held: the HTTP client sends ASCII only, so such

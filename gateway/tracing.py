@@ -2,7 +2,8 @@
 
 On (`OTEL_TRACES_EXPORTER` set to an exporter, or an OTLP endpoint set, and
 `OTEL_SDK_DISABLED` not true), each worker traces its requests (FastAPI: a
-`traceparent` from the agent is the parent), its upstream calls (httpx: the tool API
+`traceparent` from the agent is the parent, if it is valid: gateway/tracecontext.py),
+its upstream calls (httpx: the tool API
 receives a `traceparent` of the same trace) and its Redis commands, and the
 admission path adds spans for price, reserve, forward, settle and approval with the
 decision, price and hold id as attributes. The exporter, sampler, batching and
@@ -117,12 +118,14 @@ def setup(app: FastAPI, env: Mapping[str, str] = os.environ) -> Tracing:
     if not wanted(env):
         return Tracing()
     try:
-        from opentelemetry import trace
+        from opentelemetry import propagate, trace
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
         from opentelemetry.instrumentation.redis import RedisInstrumentor
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        from .tracepropagation import CheckedPropagator
     except ImportError as exc:
         raise TracingError(
             f"OTEL_* variables turn tracing on, but {exc.name} is not installed: "
@@ -135,6 +138,8 @@ def setup(app: FastAPI, env: Mapping[str, str] = os.environ) -> Tracing:
     for exporter in _exporters(env):
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    # An agent's trace context is the parent of the gateway's spans only if it is valid.
+    propagate.set_global_textmap(CheckedPropagator(propagate.get_global_textmap()))
     _tracer = provider.get_tracer("irrev.gateway")
     FastAPIInstrumentor.instrument_app(
         app, tracer_provider=provider, exclude_spans=["receive", "send"]

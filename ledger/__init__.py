@@ -10,7 +10,7 @@ from .checkpoint import cutoff_ms, trim, trim_locked
 from .client import Ledger, open_ledger
 from .cluster import cluster_enabled
 from .connect import connect
-from .durability import Durability
+from .durability import Durability, WriteProbe
 from .embedded import (
     EmbeddedRedis,
     EmbeddedRedisError,
@@ -111,6 +111,7 @@ __all__ = [
     "TenantSnapshot",
     "TransitionResult",
     "UnknownAccount",
+    "WriteProbe",
     "audit",
     "audit_tenant",
     "check_account_spec",

@@ -24,7 +24,9 @@ from .durability import (
     Durability,
     Probe,
     WaitAof,
+    WriteProbe,
     probe_waits,
+    probe_write,
     read_durability,
 )
 from .embedded import redis_url
@@ -309,6 +311,20 @@ class Ledger:
             return Probe()
         with translate_redis_errors("probing the waits for replicas and fsyncs"):
             return await probe_waits(self.redis, self.waits)
+
+    async def probe_write(self) -> WriteProbe:
+        """Whether Redis takes a write now: a probe write of a key of irrev's namespace
+        that expires (no tenant's) on each primary (durability.probe_write), and why
+        each that refused it did, cause and remedy (LedgerUnavailable's message).
+        LedgerUnavailable if Redis cannot be reached."""
+        with translate_redis_errors("the probe write"):
+            answers = await probe_write(self.redis)
+        refusals = tuple(
+            str(LedgerUnavailable(f"the probe write of {key}", redis_failure(exc), str(exc)))
+            for key, exc in answers
+            if exc is not None
+        )
+        return WriteProbe(len(answers), refusals)
 
     async def ping(self) -> None:
         with translate_redis_errors("ping"):

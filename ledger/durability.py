@@ -69,6 +69,20 @@ class Durability:
         return ""
 
 
+@dataclass(frozen=True, slots=True)
+class WriteProbe:
+    """What a probe write showed (Ledger.probe_write): of `primaries` (one but on a
+    Redis Cluster), why each that refused it did."""
+
+    primaries: int
+    refusals: tuple[str, ...] = ()
+
+    @property
+    def refused(self) -> bool:
+        """No primary takes writes: every admission would be refused."""
+        return len(self.refusals) == self.primaries
+
+
 async def read_durability(redis: RedisClient) -> Durability:
     appendonly, appendfsync, min_replicas = [await _config(redis, name) for name in PARAMETERS]
     return Durability(appendonly, appendfsync, min_replicas, await _has_waitaof(redis))
@@ -115,7 +129,7 @@ async def _config(redis: RedisClient, name: str) -> str:
         return UNKNOWN  # CONFIG renamed or not allowed (managed Redis, ACLs)
 
 
-# The probe's key: irrev's namespace, gone by itself soon after the start.
+# The probe's key: irrev's namespace, gone by itself soon after the last probe.
 PROBE_KEY = "irrev:probe:{%s}"
 PROBE_TTL_MS = 10_000
 # How long the probe waits at least: it asks whether the server can fsync for
@@ -160,6 +174,32 @@ async def probe_waits(redis: RedisClient, waits: list[tuple[Any, ...]]) -> Probe
     return Probe("", warning, all(p.fsynced for p in probes))
 
 
+async def probe_write(redis: RedisClient) -> list[tuple[str, Exception | None]]:
+    """The probe write alone on each primary (PROBE_KEY: irrev's namespace, no
+    tenant's, expiring): per probe key, the error that refused it, or None. Whether
+    Redis takes writes at all is what neither a PING nor a read shows: a server at
+    `maxmemory` under `noeviction`, a primary demoted to a replica, one short of its
+    `min-replicas-to-write` answer both and refuse every admission. Connection errors
+    are raised."""
+    if isinstance(redis, RedisCluster):
+        await redis.initialize()
+        keys = _key_per_primary(redis)
+        writes = (on_primary(redis, key, [_probe_set(key)]) for key in keys)
+        replies = [reply[0] for reply in await asyncio.gather(*writes)]
+        refused = [r if isinstance(r, Exception) else None for r in replies]
+        return list(zip(keys, refused, strict=True))
+    key = PROBE_KEY % "0"
+    try:
+        await redis.execute_command(*_probe_set(key))
+    except redis_errors.ResponseError as exc:
+        return [(key, exc)]
+    return [(key, None)]
+
+
+def _probe_set(key: str) -> tuple[Any, ...]:
+    return ("SET", key, "1", "PX", PROBE_TTL_MS)
+
+
 def _key_per_primary(cluster: RedisCluster) -> list[str]:
     """A probe key in a slot of each primary (the hash tag picks the slot)."""
     wanted = {node.name for node in cluster.get_primaries()}
@@ -176,8 +216,7 @@ def _key_per_primary(cluster: RedisCluster) -> list[str]:
 
 async def _probe_on(redis: RedisClient, key: str, waits: list[tuple[Any, ...]]) -> Probe:
     where = f" (primary of {key})" if isinstance(redis, RedisCluster) else ""
-    write: tuple[Any, ...] = ("SET", key, "1", "PX", PROBE_TTL_MS)
-    commands = [write, *waits]
+    commands = [_probe_set(key), *waits]
     aof_all = bool(waits) and waits[0][0] == "WAITAOF" and int(waits[0][2]) > 0
     if aof_all:
         # Whether replicas that did not fsync at least received the write: a short

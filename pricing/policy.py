@@ -403,6 +403,27 @@ class Webhook(_Model):
     secret: SecretSource = Field(description="the signing secret: {env: NAME} or {file: /path}")
 
 
+# What only an operator (IRREV_ADMIN_TOKENS) may set, in a tool and in the document: a
+# tenant admin's upload that changes any is refused whole (gateway/admin.py). Where a
+# tool's requests go and the secrets they carry (an admin could point the tenant's
+# credentials, or any variable or file the gateway can read, at a host of its own), and
+# which command a stdio MCP server runs on the gateway's hosts; who settles its holds
+# (a settler posts, voids and trues them up); whether irrev may send an ambiguous call
+# again (to a server that does not deduplicate, every repeat is another effect for one
+# charge); where the tenant's signed events go.
+OPERATOR_TOOL_FIELDS = (
+    "upstream",
+    "mcp",
+    "mcp_command",
+    "mcp_env",
+    "mcp_cwd",
+    "dedupes",
+    "credentials",
+    "settler_token_sha256",
+)
+OPERATOR_FIELDS = ("webhook",)
+
+
 class Tool(_Model):
     upstream: Annotated[str, AfterValidator(_upstream_url)] | None = None
     mcp: Annotated[str, AfterValidator(_upstream_url)] | None = Field(

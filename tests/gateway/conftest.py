@@ -187,6 +187,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "accept": ("procurement", {}),
     "not-acceptable": ("procurement", {}),
     "unsendable": ("procurement", {}),
+    "trace-context": ("procurement", {}),
     # Its supplier tool points at a port nobody listens on.
     "unreachable": (
         "procurement",

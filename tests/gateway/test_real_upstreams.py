@@ -239,6 +239,27 @@ async def test_credentials_are_added_and_only_allowed_agent_headers_pass(
     ]
 
 
+async def test_a_header_the_forward_could_not_send_is_refused_before_anything_is_held(
+    trusted: Trusted, client: httpx.AsyncClient, upstream: httpx.AsyncClient
+) -> None:
+    """A passed header's value past ASCII (here Stripe-Version: 0xff, which the server
+    reads as latin-1) made the forward fail after the hold was charged: a 500 saying
+    nothing was admitted, the hold pending, then ambiguous, and every repeat of the key
+    sent the same stored header and failed the same way. (A trace context that is not
+    printable ASCII is no valid one, and is dropped instead: test_tracing.py.)"""
+    tenant = trusted.paying
+    before = used(await balances(client, trusted.gateway.admin, tenant))
+    sent = len(await received(upstream, trusted.supplier))
+    headers = [
+        *((k.encode(), v.encode()) for k, v in effect_headers(tenant, "buyer-01", "xff").items()),
+        (b"stripe-version", b"\xff"),
+    ]
+    response = await client.post("/tools/supplier/orders", json=order(), headers=headers)
+    assert_problem(response, 400, "bad_header")
+    assert used(await balances(client, trusted.gateway.admin, tenant)) == before
+    assert len(await received(upstream, trusted.supplier)) == sent
+
+
 async def test_a_retry_sends_the_same_passed_headers_and_other_ones_are_another_effect(
     trusted: Trusted, client: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
@@ -485,7 +506,11 @@ async def test_an_approver_decides_escalations_of_its_tenant_by_name(
 async def test_a_policy_admin_changes_its_policy_but_not_where_secrets_go(
     trusted: Trusted, client: httpx.AsyncClient
 ) -> None:
+    """Where a tool's requests go, the secrets they carry and who settles its holds are
+    the operator's (issue 26: a policy_admin replaced a tool's settler credential with
+    one of its own, which settles, voids and trues up the tool's holds)."""
     policy_admin, paying = trusted.admin("policy_admin"), trusted.paying.id
+    own_settler = new_token()
 
     def raise_limit(data: dict[str, Any]) -> None:
         data["accounts"]["principals"]["platform"]["limit"] = "12000"
@@ -496,17 +521,44 @@ async def test_a_policy_admin_changes_its_policy_but_not_where_secrets_go(
     )
     assert applied.json() == {"tenant": paying, "status": "applied"}, applied.text
     before = (trusted.policy_dir / f"{paying}.yaml").read_text()
-    for change in (
-        lambda data: data["tools"]["supplier"].update(upstream="http://127.0.0.1:9"),
-        lambda data: data["tools"]["supplier"]["credentials"]["Authorization"].update(env="HOME"),
+    for change, fields in (
+        (
+            lambda data: data["tools"]["supplier"].update(
+                settler_token_sha256=hash_token(own_settler)
+            ),
+            ["tools.supplier.settler_token_sha256"],
+        ),
+        (
+            lambda data: data["tools"]["supplier"].pop("settler_token_sha256"),
+            ["tools.supplier.settler_token_sha256"],
+        ),
+        (
+            lambda data: data["tools"]["supplier"].update(upstream="http://127.0.0.1:9"),
+            ["tools.supplier.upstream"],
+        ),
+        (
+            lambda data: data["tools"]["supplier"]["credentials"]["Authorization"].update(
+                env="HOME"
+            ),
+            ["tools.supplier.credentials"],
+        ),
         # Events, and a signature under any secret the gateway can read, would go there.
-        lambda data: data.update(
-            webhook={"url": "http://127.0.0.1:9/hooks", "secret": {"env": "HOME"}}
+        (
+            lambda data: data.update(
+                webhook={"url": "http://127.0.0.1:9/hooks", "secret": {"env": "HOME"}}
+            ),
+            ["webhook"],
         ),
     ):
         refused = await client.put(url, content=_upload_text(trusted, change), headers=policy_admin)
-        assert_problem(refused, 403, "operator_only")
+        body = assert_problem(refused, 403, "operator_only")
+        assert body["fields"] == fields, body
         assert (trusted.policy_dir / f"{paying}.yaml").read_text() == before
+    # Nothing was applied: the admin's own credential settles nothing.
+    void = await client.post(
+        "/v1/holds/h-any/void", headers={"Authorization": f"Bearer {own_settler}"}
+    )
+    assert_problem(void, 401, "unauthenticated")
     foreign = await client.put(
         f"/v1/admin/tenants/{trusted.other.id}/policy", content=before, headers=policy_admin
     )

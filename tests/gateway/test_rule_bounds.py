@@ -1,8 +1,8 @@
-"""Who may set which rule, and how far one reaches (a hostile review's findings): an
+"""Who may set which rule, and how far one reaches (hostile reviews' findings): an
 approver took a tenant to twice its limit for a year with raises of 2^53-1 and an
-unbounded auto-approval; a tenant admin named like an operator had its decisions
-recorded under the operator's name; a raise took a limit past 2^53-1, where the
-ledger's arithmetic rounds."""
+unbounded auto-approval; an approver ended a policy_admin's raise; a tenant admin
+named like an operator had its decisions recorded under the operator's name; a raise
+took a limit past 2^53-1, where the ledger's arithmetic rounds."""
 
 from __future__ import annotations
 
@@ -21,7 +21,12 @@ from .conftest import Gateway, own_gateway, policy_dir_of
 from .helpers import assert_problem, balances, effect_headers, order
 from .servers import Server
 
-ADMINS = {"approver-1": "approver", "boss": "policy_admin", "ops": "approver"}
+ADMINS = {
+    "viewer-1": "viewer",
+    "approver-1": "approver",
+    "boss": "policy_admin",
+    "ops": "approver",
+}
 MAX_MAJOR = "9007199254.740991"  # 2^53-1 micros: the largest amount the ledger holds
 
 
@@ -96,8 +101,48 @@ async def test_only_a_policy_admin_raises_a_limit_and_at_most_to_double(
     rows = await balances(client, gw.admin, tenant)
     assert rows["agent:buyer-02"]["effective_limit"] == 200_000 * 10**6
     for raised in (await client.get(url, headers=gw.admin)).json()["rules"]:
-        deleted = await client.delete(f"{url}/{raised['rule']}", headers=approver)
-        assert deleted.status_code == 200, deleted.text  # ending one narrows: an approver's
+        deleted = await client.delete(f"{url}/{raised['rule']}", headers=boss)
+        assert deleted.status_code == 200, deleted.text
+
+
+async def test_a_rule_is_ended_only_by_a_role_that_may_set_it(
+    rules_gateway: Gateway, client: httpx.AsyncClient, admins: dict[str, str]
+) -> None:
+    """Issue 26: an approver deleted a policy_admin's raise_limit rule. A raise that a
+    policy_admin set for a quarter-end is a budget decision; ending it early is one
+    too, so it takes the role that sets it. An auto_approve rule stays an approver's
+    to set and to end; a viewer ends neither."""
+    gw, tenant = rules_gateway, rules_gateway.tenant("own")
+    url = f"/v1/admin/tenants/{tenant.id}/rules"
+    viewer, approver = bearer(admins["viewer-1"]), bearer(admins["approver-1"])
+    boss = bearer(admins["boss"])
+    raise_rule = rule("raise_limit", account="principal:procurement", amount="1000")
+    raised = await client.post(url, json=raise_rule, headers=boss)
+    assert raised.status_code == 201, raised.text
+    auto = rule("auto_approve", agent="buyer-03", max_price="500")
+    approving = await client.post(url, json=auto, headers=approver)
+    assert approving.status_code == 201, approving.text
+    raise_id, auto_id = raised.json()["rule"], approving.json()["rule"]
+
+    for rule_id, who in ((raise_id, approver), (raise_id, viewer), (auto_id, viewer)):
+        refused = await client.delete(f"{url}/{rule_id}", headers=who)
+        body = assert_problem(refused, 403, "insufficient_role")
+        assert body["needed"] == ("policy_admin" if rule_id == raise_id else "approver")
+    live = {r["rule"] for r in (await client.get(url, headers=gw.admin)).json()["rules"]}
+    assert {raise_id, auto_id} <= live
+    rows = await balances(client, gw.admin, tenant)
+    assert rows["principal:procurement"]["raised"] == 1000 * 10**6
+
+    # Whoever may set a rule ends it; a rule that is not there is not found, for any role
+    # that may end rules at all.
+    assert (await client.delete(f"{url}/{auto_id}", headers=approver)).status_code == 200
+    assert (await client.delete(f"{url}/{raise_id}", headers=boss)).status_code == 200
+    assert_problem(await client.delete(f"{url}/{raise_id}", headers=approver), 404, "not_found")
+    assert_problem(
+        await client.delete(f"{url}/r-nosuchrule", headers=viewer), 403, "insufficient_role"
+    )
+    rows = await balances(client, gw.admin, tenant)
+    assert rows["principal:procurement"]["raised"] == 0
 
 
 async def test_an_auto_approval_is_bounded_by_the_caps_it_covers_and_a_week(

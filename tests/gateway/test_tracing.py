@@ -2,7 +2,11 @@
 the upstream receives a `traceparent` of the same trace, and the admission path's
 spans (price, reserve, forward, settle, approval) carry decision, price and hold id.
 Spans go by OTLP/HTTP, configured by the standard OTEL_* variables, from a real
-`irrev serve` to a real HTTP receiver that decodes them; off, no SDK is loaded."""
+`irrev serve` to a real HTTP receiver that decodes them; off, no SDK is loaded.
+
+An agent's trace context is checked against W3C Trace Context first (issue 26: 4 KB
+of `traceparent` reached the tool): one that is not valid is dropped, neither passed
+to the tool nor made the parent of the gateway's spans, and the effect goes ahead."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from irrev.harness import free_port
 from ledger import cluster_enabled
 
-from .conftest import own_gateway
+from .conftest import Gateway, own_gateway
 from .helpers import effect_headers, order
 from .servers import BIN, ROOT, Server, base_env
 
@@ -73,6 +77,21 @@ class Collector:
         with self.lock:
             return [span for span in self.spans if span["trace_id"] == trace_id]
 
+    def span_of_hold(self, name: str, hold: str) -> dict[str, Any]:
+        """The span `name` whose irrev.hold_id is `hold`, once it has arrived."""
+        deadline = time.monotonic() + SPAN_DEADLINE_S
+        while True:
+            with self.lock:
+                found = [
+                    s
+                    for s in self.spans
+                    if s["name"] == name and s["attributes"].get("irrev.hold_id") == hold
+                ]
+            if found:
+                return found[0]
+            assert time.monotonic() < deadline, f"no {name} span of hold {hold}"
+            time.sleep(0.1)
+
     def wait_for(self, trace_id: str, names: set[str]) -> dict[str, dict[str, Any]]:
         """The spans of `trace_id` by name, once every one of `names` has arrived."""
         deadline = time.monotonic() + SPAN_DEADLINE_S
@@ -112,16 +131,157 @@ def traceparent() -> tuple[str, str, str]:
     return f"00-{trace_id}-{span_id}-01", trace_id, span_id
 
 
-async def test_an_agents_trace_runs_through_the_gateway_to_the_upstream(
-    redis_url: str, suppliers: Server, tmp_path: Path, collector: Collector
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+SPAN = "b7ad6b7169203331"
+PARENT = f"00-{TRACE}-{SPAN}-01"
+STATE = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
+# 32 members of 15 characters: 511 with the commas.
+FULL_STATE = ",".join(f"k{n:02d}=vvvvvvvvvvv" for n in range(32))
+MEMBERS = [f"k{n}=1" for n in range(33)]
+Header = tuple[str, str | bytes]
+
+
+@pytest.mark.parametrize(
+    ("sent", "passed"),
+    [
+        # Valid: passed on as sent (spaces, empty members, two fields, all included).
+        ([("traceparent", PARENT)], [PARENT]),
+        ([("traceparent", PARENT), ("tracestate", STATE)], [PARENT, STATE]),
+        (
+            [("traceparent", PARENT), ("tracestate", "rojo=1 , ,congo=2")],
+            [PARENT, "rojo=1 , ,congo=2"],
+        ),
+        ([("traceparent", PARENT), ("tracestate", FULL_STATE)], [PARENT, FULL_STATE]),
+        (
+            [("traceparent", PARENT), ("tracestate", "a=1"), ("tracestate", "b=2")],
+            [PARENT, "a=1", "b=2"],
+        ),
+        ([("traceparent", PARENT), ("tracestate", "t@sys=x y")], [PARENT, "t@sys=x y"]),
+        # A version above 00 in the four fields this one knows.
+        ([("traceparent", f"01-{TRACE}-{SPAN}-09")], [f"01-{TRACE}-{SPAN}-09"]),
+        # A traceparent that is not valid: dropped, and the tracestate with it.
+        ([("traceparent", PARENT + "-" + "a" * 4000), ("tracestate", STATE)], []),
+        ([("traceparent", f"00-{TRACE.upper()}-{SPAN}-01")], []),
+        ([("traceparent", f"00-{'0' * 32}-{SPAN}-01")], []),
+        ([("traceparent", f"00-{TRACE}-{'0' * 16}-01")], []),
+        ([("traceparent", f"ff-{TRACE}-{SPAN}-01")], []),
+        ([("traceparent", f"0x-{TRACE}-{SPAN}-01")], []),
+        ([("traceparent", f"00-{TRACE[1:]}-{SPAN}-01")], []),
+        ([("traceparent", f"00_{TRACE}_{SPAN}_01")], []),
+        ([("traceparent", f"01-{TRACE}-{SPAN}-01-future")], []),
+        ([("traceparent", PARENT), ("traceparent", f"00-{TRACE}-{SPAN}-00")], []),
+        ([("traceparent", f"00-{TRACE}-{SPAN}-01".encode().replace(b"a", b"\xe1", 1))], []),
+        ([("tracestate", STATE)], []),
+        # A tracestate that is not valid: dropped, the traceparent passed on.
+        ([("traceparent", PARENT), ("tracestate", ",".join(MEMBERS))], [PARENT]),
+        (
+            [
+                ("traceparent", PARENT),
+                ("tracestate", ",".join(MEMBERS[:16])),
+                ("tracestate", ",".join(MEMBERS[16:])),
+            ],
+            [PARENT],
+        ),
+        ([("traceparent", PARENT), ("tracestate", FULL_STATE + "xx")], [PARENT]),
+        ([("traceparent", PARENT), ("tracestate", "a=" + "v" * 257)], [PARENT]),
+        ([("traceparent", PARENT), ("tracestate", "Congo=t61rcWkgMzE")], [PARENT]),
+        ([("traceparent", PARENT), ("tracestate", "congo=a=b")], [PARENT]),
+        ([("traceparent", PARENT), ("tracestate", "congo=x ,congo=y")], [PARENT]),
+        ([("traceparent", PARENT), ("tracestate", "congo")], [PARENT]),
+        ([("traceparent", PARENT), ("tracestate", "congo=a\tb")], [PARENT]),
+    ],
+    ids=[
+        "parent",
+        "parent-state",
+        "state-spaces-empty-members",
+        "state-32-members-511-chars",
+        "state-two-fields",
+        "state-multi-tenant-key",
+        "version-01",
+        "parent-4kb",
+        "parent-upper-hex",
+        "trace-id-zero",
+        "parent-id-zero",
+        "version-ff",
+        "version-not-hex",
+        "trace-id-short",
+        "underscores",
+        "version-01-extra-field",
+        "parent-twice",
+        "parent-not-ascii",
+        "state-without-parent",
+        "state-33-members",
+        "state-33-members-two-fields",
+        "state-513-chars",
+        "state-value-257",
+        "state-key-upper",
+        "state-value-equals",
+        "state-key-twice",
+        "state-no-equals",
+        "state-value-tab",
+    ],
+)
+async def test_only_a_valid_trace_context_reaches_the_tool(
+    sent: list[Header], passed: list[str], gateway: Gateway, upstream: httpx.AsyncClient
 ) -> None:
-    otel = {
+    """Tracing off, what the tool receives: an invalid trace context is dropped (the
+    tool starts a trace of its own), never a refusal of the effect."""
+    tenant = gateway.tenant("trace-context")
+    headers: list[Header] = [*effect_headers(tenant, "buyer-01", secrets.token_hex(8)).items()]
+    async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
+        admitted = await http.post(
+            "/tools/supplier/orders", json=order(quantity=1), headers=[*headers, *sent]
+        )
+        assert admitted.status_code == 201, admitted.text
+        seen = (await upstream.get(f"/_headers/{tenant.id}")).json()
+    [received] = [h for h in seen if ["x-irrev-hold", admitted.headers["x-irrev-hold"]] in h]
+    assert [v for k, v in received if k in ("traceparent", "tracestate")] == passed
+
+
+def otel(collector: Collector) -> dict[str, str]:
+    """The OTEL_* variables that send a gateway's spans to `collector`."""
+    return {
         "OTEL_TRACES_EXPORTER": "otlp",
         "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
         "OTEL_BSP_SCHEDULE_DELAY": "100",
         "OTEL_SERVICE_NAME": "irrev-under-test",
     }
-    with own_gateway(redis_url, suppliers, tmp_path, workers=1, **otel) as gateway:
+
+
+async def test_an_invalid_traceparent_is_not_the_parent_of_the_gateways_spans(
+    redis_url: str, suppliers: Server, tmp_path: Path, collector: Collector
+) -> None:
+    """Tracing on: two traceparents (W3C: ignore both; OpenTelemetry took the first),
+    or a version above 00 with a field this version does not know (OpenTelemetry
+    took it, up to 512 characters), made the agent's trace the gateway's. Now the
+    gateway starts its own trace, and the tool is sent that one."""
+    first, second = secrets.token_hex(16), secrets.token_hex(16)
+    cases = {
+        "twice": [
+            ("traceparent", f"00-{first}-{SPAN}-01"),
+            ("traceparent", f"00-{second}-{SPAN}-01"),
+        ],
+        "extra-field": [("traceparent", f"01-{first}-{SPAN}-01-" + "f" * 400)],
+    }
+    with own_gateway(redis_url, suppliers, tmp_path, workers=1, **otel(collector)) as gateway:
+        tenant = gateway.tenant("own")
+        async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
+            for key, sent in cases.items():
+                headers = [*effect_headers(tenant, "buyer-01", key).items(), *sent]
+                admitted = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+                assert admitted.status_code == 201, admitted.text
+                hold = admitted.headers["x-irrev-hold"]
+                reserve = collector.span_of_hold("irrev.reserve", hold)
+                assert reserve["trace_id"] not in (first, second), key
+                seen = (await http.get(f"{suppliers.url}/_headers/{tenant.id}")).json()
+                [received] = [dict(h) for h in seen if ["x-irrev-hold", hold] in h]
+                assert received["traceparent"].split("-")[1] == reserve["trace_id"], key
+
+
+async def test_an_agents_trace_runs_through_the_gateway_to_the_upstream(
+    redis_url: str, suppliers: Server, tmp_path: Path, collector: Collector
+) -> None:
+    with own_gateway(redis_url, suppliers, tmp_path, workers=1, **otel(collector)) as gateway:
         tenant = gateway.tenant("own")
         header, trace_id, agent_span = traceparent()
         async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:

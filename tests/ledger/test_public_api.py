@@ -31,8 +31,9 @@ PUBLIC_API = {
     "free_ports",
     # one holder at a time of background work
     "Lease",
-    # what the server does to keep writes
+    # what the server does to keep writes, and whether it takes them now
     "Durability",
+    "WriteProbe",
     # the fleet's versioned policies, and the announcements of their changes
     "PolicyStore",
     "ChangeFeed",

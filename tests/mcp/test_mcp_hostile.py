@@ -190,25 +190,35 @@ async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
     mcp_gateway: McpGateway, http: httpx.AsyncClient
 ) -> None:
     """Where calls go (with the gateway's credentials for the server) is the
-    operator's: a tenant's policy_admin changing `mcp` is refused, as `upstream` is;
-    so is making the server a stdio command (it would run on the gateway's hosts)."""
+    operator's: a tenant's policy_admin changing `mcp` is refused, as `upstream` is, and
+    so is making the server a stdio command (it would run on the gateway's hosts).
+    So is `dedupes` (issue 26): declared by a policy_admin for a server that does not
+    deduplicate, one ambiguous call was sent again on every repeat, 6 times for one
+    charge. Writing down what is in force (`dedupes: false`) is no change."""
     tenant = mcp_gateway.tenant("upload")
     policy_dir = Path(mcp_gateway.gateway.server.env["IRREV_POLICY_DIR"])
     before = (policy_dir / f"{tenant.id}.yaml").read_text()
     url = f"/v1/admin/tenants/{tenant.id}/policy"
     same = await http.put(url, content=before.encode(), headers=tenant.admin_auth)
     assert same.status_code == 200, same.text  # the role may upload its policy
-    for procure in (
-        {"mcp": "http://127.0.0.1:9/elsewhere/mcp"},
-        {"mcp_command": ["/bin/sh", "-c", "cat /etc/passwd"]},
+    data = yaml.safe_load(before)
+    assert not data["tools"]["procure"].get("dedupes", False)
+    data["tools"]["procure"]["dedupes"] = False
+    spelled = await http.put(url, content=yaml.safe_dump(data).encode(), headers=tenant.admin_auth)
+    assert spelled.status_code == 200, spelled.text
+    applied = (policy_dir / f"{tenant.id}.yaml").read_text()
+    for field, value in (
+        ("dedupes", True),
+        ("mcp", "http://127.0.0.1:9/elsewhere/mcp"),
+        ("mcp_command", ["/bin/sh", "-c", "cat /etc/passwd"]),
     ):
-        data = yaml.safe_load(before)
-        data["tools"]["procure"] = procure
-        moved = await http.put(
-            url, content=yaml.safe_dump(data).encode(), headers=tenant.admin_auth
-        )
-        assert_problem(moved, 403, "operator_only")
-        assert (policy_dir / f"{tenant.id}.yaml").read_text() == before
+        changed = yaml.safe_load(applied)
+        changed["tools"]["procure"][field] = value
+        text = yaml.safe_dump(changed).encode()
+        refused = await http.put(url, content=text, headers=tenant.admin_auth)
+        body = assert_problem(refused, 403, "operator_only")
+        assert body["fields"] == [f"tools.procure.{field}"], body
+        assert (policy_dir / f"{tenant.id}.yaml").read_text() == applied
 
 
 async def test_a_session_id_and_request_id_name_an_effect_of_one_agent_only(
