@@ -207,27 +207,29 @@ async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
     spelled = await http.put(url, content=yaml.safe_dump(data).encode(), headers=tenant.admin_auth)
     assert spelled.status_code == 200, spelled.text
     applied = (policy_dir / f"{tenant.id}.yaml").read_text()
-    for field, value in (
-        ("dedupes", True),
-        ("mcp", "http://127.0.0.1:9/elsewhere/mcp"),
-        ("mcp_command", ["/bin/sh", "-c", "cat /etc/passwd"]),
+    stdio = {"mcp_command": ["/bin/sh", "-c", "cat /etc/passwd"]}
+    for tool, fields in (
+        ({"dedupes": True}, ["dedupes"]),
+        ({"mcp": "http://127.0.0.1:9/elsewhere/mcp"}, ["mcp"]),
+        ({"mcp": None, **stdio}, ["mcp", "mcp_command"]),
     ):
         changed = yaml.safe_load(applied)
-        changed["tools"]["procure"][field] = value
+        procure = {**changed["tools"]["procure"], **tool}
+        changed["tools"]["procure"] = {k: v for k, v in procure.items() if v is not None}
         text = yaml.safe_dump(changed).encode()
         refused = await http.put(url, content=text, headers=tenant.admin_auth)
         body = assert_problem(refused, 403, "operator_only")
-        assert body["fields"] == [f"tools.procure.{field}"], body
+        assert body["fields"] == [f"tools.procure.{field}" for field in fields], body
         assert (policy_dir / f"{tenant.id}.yaml").read_text() == applied
 
 
 async def test_a_session_id_and_request_id_name_an_effect_of_one_agent_only(
     mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
 ) -> None:
-    """Without `_meta` key, the key is derived from the client-chosen Mcp-Session-Id and
-    the JSON-RPC id, and it names an effect of the authenticated agent only: another
-    agent sending the same pair makes its own effect and never gets the first one's
-    result; the same agent repeating the pair gets its own recorded result."""
+    """Without a `_meta` key a call is keyed by its content, and that key names an
+    effect of the authenticated agent only: another agent sending the same message
+    (its Mcp-Session-Id and JSON-RPC id too) makes its own effect and never gets the
+    first one's result; the same agent repeating it gets its own recorded result."""
     tenant = mcp_gateway.tenant("hostile")
     message = call_message(json.dumps(order(quantity=1)))
 
