@@ -360,8 +360,12 @@ class McpEndpoint:
         send: Send,
     ) -> None:
         """Read and parse the POST strictly (a Problem if it cannot be), then serve it."""
-        body = await _read_body(receive, gate.settings.max_body_bytes, gate.settings.body_timeout_s)
         limits = found[0].document.request_limits
+        largest = min(gate.settings.max_body_bytes, limits.max_body_bytes)
+        if _declared_length(scope) > largest:
+            # Refused on its header: a large body costs nothing to refuse unread.
+            raise Problem(413, "body_too_large", f"request bodies are limited to {largest} bytes")
+        body = await _read_body(receive, largest, gate.settings.body_timeout_s)
         message = parse_json_body(body, limits) if scope["method"] == "POST" else None
         check_numbers(message)
         scope[CALLER] = Caller(gate, found[0], found[1], message)
@@ -400,6 +404,13 @@ def check_numbers(value: object) -> None:
                 f"the number {value.text} has more digits than a double holds: the MCP "
                 "server would read another number than the one priced; send it as a string",
             )
+
+
+def _declared_length(scope: Scope) -> int:
+    """The request's Content-Length, 0 when it sends none (or none that is a number)."""
+    values = [v for k, v in scope["headers"] if k == b"content-length"]
+    text = values[0].decode("latin-1") if len(values) == 1 else ""
+    return int(text) if text.isascii() and text.isdigit() else 0
 
 
 def _bearer(scope: Scope) -> str:

@@ -105,10 +105,11 @@ async def _proxy(
     request: Request,
 ) -> Response:
     settings = gate.settings
-    body = await read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+    limits = policy.document.request_limits
+    largest = min(settings.max_body_bytes, limits.max_body_bytes)
+    body = await read_body(request, largest, settings.body_timeout_s)
     check_raw_path(request.scope.get("raw_path") or b"")
     check_headers(request.headers.keys())
-    limits = policy.document.request_limits
     content_types = request.headers.getlist("content-type")
     canonical = read_request(request.url.query, content_types, body, limits)
     intent = Intent(

@@ -380,6 +380,11 @@ class RequestLimits(_Model):
     is priced: checked on the bytes or while parsing, so that refusing a request costs
     less than the request (docs/policy.md, "Request limits")."""
 
+    max_body_bytes: Annotated[int, Field(strict=True, ge=1024, le=16 << 20)] = Field(
+        default=256 * 1024,
+        description="the largest body of an agent's request (within the gateway's "
+        "IRREV_MAX_BODY_BYTES): a larger Content-Length is refused before it is read",
+    )
     max_values: Annotated[int, Field(strict=True, ge=16, le=1_000_000)] = Field(
         default=10_000,
         description="JSON: object keys, values and array items in one body; form: fields",

@@ -81,7 +81,12 @@ def limited(
     redis_url: str, suppliers: Server, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Gateway]:
     root: Path = tmp_path_factory.mktemp("limits")
-    limits = {"max_values": 100, "max_string_length": 1000, "max_in_flight": 2}
+    limits = {
+        "max_body_bytes": 4096,
+        "max_values": 100,
+        "max_string_length": 1000,
+        "max_in_flight": 2,
+    }
     with own_gateway(
         redis_url, suppliers, root, 1, {"request_limits": limits}, IRREV_UPSTREAM_TIMEOUT_S="5"
     ) as gateway:
@@ -98,13 +103,18 @@ async def test_a_heavy_body_is_refused_before_anything_is_held(
     limited: Gateway, client: httpx.AsyncClient
 ) -> None:
     tenant = limited.tenant("own")
-    heavy = {**order(), "note": "x" * 100_000}
     before = used(await balances(client, limited.admin, tenant))
+    long_string = {**order(), "note": "x" * 2000}
     response = await client.post(
-        "/tools/supplier/orders", json=heavy, headers=effect_headers(tenant, "buyer-01", "h1")
+        "/tools/supplier/orders", json=long_string, headers=effect_headers(tenant, "buyer-01", "h1")
     )
     problem = assert_problem(response, 413, "body_too_complex")
     assert problem["retry"] == "fix"
+    heavy = {**order(), "note": "x" * 100_000}
+    response = await client.post(
+        "/tools/supplier/orders", json=heavy, headers=effect_headers(tenant, "buyer-01", "h2")
+    )
+    assert "4096 bytes" in assert_problem(response, 413, "body_too_large")["detail"]
     assert used(await balances(client, limited.admin, tenant)) == before
 
 
