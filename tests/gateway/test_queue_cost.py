@@ -43,7 +43,8 @@ def waiting_gateway(
     redis_url: str, suppliers: Server, root: Path, **settings: str
 ) -> Iterator[Gateway]:
     """A gateway of its own (one worker) whose tenant has WAITING escalations."""
-    policy = {"routes": cheap_escalations()}
+    # One agent keeps all of them waiting: more than the default max_escalations.
+    policy = {"routes": cheap_escalations(), "max_escalations": WAITING}
     with own_gateway(redis_url, suppliers, root, 1, policy, **settings) as gw:
         with httpx.Client(base_url=gw.url, timeout=30, trust_env=False) as http:
             for i in range(WAITING):

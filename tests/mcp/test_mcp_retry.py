@@ -104,7 +104,7 @@ async def test_a_repeat_the_server_is_down_for_keeps_the_call_ambiguous(
                 again = await client.call_tool("procure__place_order", order(), meta=call.meta)
             assert again.is_error
             assert again.structured_content["reason"] == "upstream_ambiguous", again
-            assert "never with a new one" in again.structured_content["detail"]
+            assert "Do not make it as a new call" in again.structured_content["detail"]
             base = f"/v1/admin/tenants/{tenant.id}"
             listed = await gw.get(f"{base}/holds?state=ambiguous", headers=admin)
             assert [h["hold"] for h in listed.json()] == [call.hold]
