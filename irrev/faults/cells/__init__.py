@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..matrix import Cell
 from . import (
+    abuse,
     concurrency,
     crash,
     credentials,
@@ -25,6 +26,7 @@ CELLS: list[Cell] = [
     *differential.CELLS,
     *settlement.CELLS,
     *mcp.CELLS,
+    *abuse.CELLS,
 ]
 
 __all__ = ["CELLS"]
