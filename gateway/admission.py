@@ -253,6 +253,17 @@ def prepare(
     )
 
 
+def read_paced(policy: TenantPolicy, agent: AuthenticatedAgent) -> list[str]:
+    """The accounts whose read rate a read of `agent` counts against (its own, its
+    principal's): none, and no Redis call, where the policy sets no read rate."""
+    paced = []
+    for account in (f"agent:{agent.agent_id}", f"principal:{agent.principal_id}"):
+        spec = account_spec(policy, account)
+        if spec is not None and spec.rates is not None and spec.rates.reads is not None:
+            paced.append(account)
+    return paced
+
+
 def content_key(digest: str, generation: int = 0) -> str:
     """The key a call sent without one is held under: its content's digest (what
     `fingerprint` reads: method, path, query, body and passed headers, as priced) and
@@ -345,6 +356,9 @@ async def _admit(
 ) -> Admitted | Answer:
     hold_id, key = prepared.hold_id, prepared.agent_key
     if not hold_id:
+        paced = read_paced(policy, agent)
+        if paced:
+            await gate.ledger.pace_reads(policy.tenant, paced)
         return await upstream.deliver(prepared.request, "", _answer_by(gate))
     sent = time.monotonic()
     result, prepared, ticket = await reserve_priced(gate, policy, agent, prepared)

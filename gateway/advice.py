@@ -53,6 +53,7 @@ NEXT_STEPS: dict[str, tuple[Retry, str]] = {
         "Calls to counterparties this agent already used this window still work; new ones "
         "wait for the next window.",
     ),
+    "rate_limited": (Retry.LATER, "Slow down: send fewer requests a second."),
     "escalation_cap": (
         Retry.LATER,
         "Wait until a person has decided some of them; repeating it now will not help.",

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger import MAX_ID_CHARS, BadInput, check_account_spec
+from ledger import MAX_ID_CHARS, BadInput, Pace, check_account_spec
 from ledger import AccountSpec as LedgerAccount
 from pricing import (
     AccountSpec,
@@ -28,6 +28,7 @@ from pricing import (
     policy_accounts,
 )
 from pricing.catalog import FACTOR_PREFIX
+from pricing.policy import Rate
 
 DEMO_TOKENS_KIND = "demo-tokens"
 POLICY_SUFFIXES = (".yaml", ".yml")
@@ -160,7 +161,13 @@ def ledger_account(spec: AccountSpec) -> LedgerAccount:
         approval_threshold=spec.approval_threshold_micros or 0,
         max_escalations=spec.max_escalations,
         max_new_accounts=spec.max_new_accounts,
+        effect_pace=pace(spec.rates.effects if spec.rates else None),
+        read_pace=pace(spec.rates.reads if spec.rates else None),
     )
+
+
+def pace(rate: Rate | None) -> Pace | None:
+    return Pace.of(rate.per_second, rate.burst) if rate is not None else None
 
 
 def ledger_errors(source: str, policy: TenantPolicy) -> list[PolicyError]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,6 +20,7 @@ from ledger import (
     HoldStateConflict,
     IdempotencyConflict,
     LedgerUnavailable,
+    RateLimited,
     UnknownAccount,
 )
 from pricing.errors import RequestError
@@ -108,6 +110,17 @@ def problem_for(exc: Exception) -> Problem:
         return Problem(
             503, "ledger_unavailable", f"{exc}; nothing was admitted", headers={"Retry-After": "1"}
         )
+    if isinstance(exc, RateLimited):
+        wait_s = max(1, math.ceil(exc.wait_ms / 1000))
+        return Problem(
+            429,
+            "rate_limited",
+            f"{rate_owner(exc.account)} is at its request rate; nothing was done, and the "
+            f"same call may be sent again in {wait_s} s",
+            headers={"Retry-After": str(wait_s)},
+            account=exc.account,
+            retry_after_ms=exc.wait_ms,
+        )
     if isinstance(exc, IdempotencyConflict):
         return Problem(409, "idempotency_conflict", str(exc), state=exc.state.value)
     if isinstance(exc, HoldStateConflict):
@@ -119,6 +132,12 @@ def problem_for(exc: Exception) -> Problem:
     if isinstance(exc, BadInput):
         return Problem(422, "bad_input", str(exc), field=exc.field)
     return Problem(500, "internal_error", "an internal error; the request was not admitted")
+
+
+def rate_owner(account: str) -> str:
+    """Whose rate an account's is, for a sentence."""
+    kind, _, name = account.partition(":")
+    return f"The principal {name}" if kind == "principal" else f"This agent ({name})"
 
 
 def refused(request: Request, problem: Problem) -> JSONResponse:
@@ -166,6 +185,7 @@ def install(app: FastAPI) -> None:
         Problem,
         RequestError,
         LedgerUnavailable,
+        RateLimited,
         IdempotencyConflict,
         HoldStateConflict,
         HoldNotFound,

@@ -591,6 +591,14 @@ class Ledger:
             generation = int(reply[1])
         raise BadInput("content", f"more than {MAX_ATTACH_STEPS} settled generations to walk")
 
+    async def pace_reads(self, tenant: str, accounts: Sequence[str]) -> None:
+        """One read against the read rates of `accounts` (lua/rate.lua): RateLimited
+        when it is too early for one of them, else each rate moves on."""
+        tenant = validate.tenant_id(tenant)
+        named = [validate.account_id(account) for account in accounts]
+        reply = await self._run("rate", [accounts_key(tenant)], [str(len(named)), *named])
+        raise_for_reply(tenant, "", "rate", reply)
+
     async def close_idle_accounts(
         self, tenant: str, cursor: int = 0, count: int = CLOSE_SCAN
     ) -> tuple[int, int]:

@@ -92,6 +92,16 @@ class HoldNotDue(LedgerError):
         self.hold_id = hold_id
 
 
+class RateLimited(LedgerError):
+    """Too early for `account`'s rate (reserve.lua for effects, rate.lua for reads):
+    nothing was written; ask again in `wait_ms`."""
+
+    def __init__(self, account: str, wait_ms: int) -> None:
+        super().__init__(f"{account} is at its rate; ask again in {wait_ms} ms")
+        self.account = account
+        self.wait_ms = wait_ms
+
+
 class HoldInFlight(LedgerError):
     """Another retry of this ambiguous hold holds its claim (retry.lua) and may be
     sending the effect right now: do not send it too. The claim lapses within
@@ -339,6 +349,8 @@ def raise_for_reply(tenant: str, hold_id: str, operation: str, reply: list[objec
         raise PoolShrank(hold_id, open_pool(reply, 1), alone)
     if status is Status.NOT_DUE:
         raise HoldNotDue(hold_id)
+    if status is Status.RATE_LIMITED:
+        raise RateLimited(str(reply[1]), int(str(reply[2])))
     if status is Status.IN_FLIGHT:
         raise HoldInFlight(hold_id, int(str(reply[2])))
     state = HoldState(str(reply[1]))

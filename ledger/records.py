@@ -24,6 +24,7 @@ class Status(StrEnum):
     UNKNOWN_ACCOUNT = "unknown_account"
     BAD_INPUT = "bad_input"
     REPRICE = "reprice"
+    RATE_LIMITED = "rate_limited"
 
 
 class Decision(StrEnum):
@@ -90,6 +91,25 @@ class AccountKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Pace:
+    """A rate on an account: one request every `interval_ms`, bursts running at most
+    `slack_ms` ahead of it (interval x (burst - 1)); lua/_lib.lua's rate_step."""
+
+    interval_ms: int
+    slack_ms: int = 0
+
+    @classmethod
+    def of(cls, per_second: float, burst: int) -> Pace:
+        """`per_second` requests a second (at most 1000), `burst` of them at once."""
+        interval = max(1, round(1000 / per_second))
+        return cls(interval, interval * (burst - 1))
+
+    @property
+    def text(self) -> str:
+        return f"{self.interval_ms},{self.slack_ms}"
+
+
+@dataclass(frozen=True, slots=True)
 class AccountSpec:
     """An account's policy. Amounts in the tenant's minor unit; `soft_limit` is the
     pending + posted above which a hold escalates (equal to `limit`: no band)."""
@@ -105,6 +125,10 @@ class AccountSpec:
     # An agent's account: how many risk-factor accounts its holds may open per window
     # (0: no bound); a reserve that would open more is denied (account_cap).
     max_new_accounts: int = 0
+    # An agent's or a principal's rates: effects (checked by reserve.lua) and reads
+    # (lua/rate.lua); None: no rate.
+    effect_pace: Pace | None = None
+    read_pace: Pace | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from .errors import BadInput
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT, MAX_ID_CHARS
-from .records import AccountKind, AccountSpec
+from .records import AccountKind, AccountSpec, Pace
 
 MAX_TTL_MS = 366 * 24 * 3600 * 1000
 MAX_ESCALATIONS = 100_000
@@ -70,11 +70,22 @@ def account_args(spec: AccountSpec) -> list[str]:
 
 
 def upsert_args(spec: AccountSpec) -> list[str]:
-    """account.lua's arguments: account_args, and an agent's bounds on its waiting
-    escalations and on the risk-factor accounts its holds open per window."""
+    """account.lua's arguments: account_args, an agent's bounds on its waiting
+    escalations and on the risk-factor accounts its holds open per window, and the
+    account's rates for effects and reads."""
     escalations = amount("max_escalations", spec.max_escalations, MAX_ESCALATIONS)
     opened = amount("max_new_accounts", spec.max_new_accounts, MAX_NEW_ACCOUNTS)
-    return [*account_args(spec), str(escalations), str(opened)]
+    paces = [pace_text(spec.effect_pace), pace_text(spec.read_pace)]
+    return [*account_args(spec), str(escalations), str(opened), *paces]
+
+
+def pace_text(pace: Pace | None) -> str:
+    if pace is None:
+        return ""
+    interval = amount("interval_ms", pace.interval_ms)
+    if interval == 0:
+        raise BadInput("interval_ms", "must be above 0")
+    return f"{interval},{amount('slack_ms', pace.slack_ms)}"
 
 
 def amount(field: str, value: object, maximum: int = MAX_AMOUNT) -> int:

@@ -15,7 +15,14 @@ from ledger.limits import MAX_ACCOUNTS
 from pricing.catalog import FACTOR_PREFIX, PricedEffect
 from pricing.credentials import AuthenticatedAgent
 from pricing.errors import BadRiskFactor, PerEffectCapExceeded
-from pricing.policy import AccountLimits, Agent, EffectClass, PolicyDocument
+from pricing.policy import (
+    AccountLimits,
+    Agent,
+    EffectClass,
+    PolicyDocument,
+    PrincipalLimits,
+    RateLimits,
+)
 from pricing.serving import TenantPolicy
 
 MAX_HOLD_ACCOUNTS = MAX_ACCOUNTS
@@ -36,6 +43,7 @@ class AccountSpec:
     approval_threshold_micros: int | None
     max_escalations: int = 0  # an agent's: how many of its holds may wait for a human
     max_new_accounts: int = 0  # an agent's: risk-factor accounts its holds open per window
+    rates: RateLimits | None = None  # an agent's or a principal's request rates
 
     @property
     def soft_limit_micros(self) -> int:
@@ -51,6 +59,7 @@ def _spec(policy: PolicyDocument, account_id: str, limits: AccountLimits) -> Acc
         window_ms=policy.window_ms,
         soft_band=limits.soft_band if limits.soft_band is not None else policy.soft_band,
         approval_threshold_micros=limits.approval_threshold,
+        rates=limits.rate_limits if isinstance(limits, PrincipalLimits) else None,
     )
 
 
@@ -63,6 +72,7 @@ def _agent_spec(policy: PolicyDocument, account_id: str, agent: Agent) -> Accoun
         approval_threshold_micros=agent.approval_threshold,
         max_escalations=agent.max_escalations or policy.max_escalations,
         max_new_accounts=agent.max_new_accounts or policy.max_new_accounts,
+        rates=agent.rate_limits,
     )
 
 

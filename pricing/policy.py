@@ -208,6 +208,23 @@ class RiskUnit(_Model):
     )
 
 
+class Rate(_Model):
+    """Requests a second, and how many may come at once."""
+
+    per_second: Annotated[float, Field(gt=0, le=1000)]
+    burst: Annotated[int, Field(strict=True, ge=1, le=100_000)] = 1
+
+
+class RateLimits(_Model):
+    """An agent's or a principal's request rates (all of a principal's agents share
+    its); checked in Redis, fleet-wide (docs/policy.md, "Rate limits")."""
+
+    effects: Rate | None = Field(
+        default=None, description="effects, checked in the reserve's own Redis call"
+    )
+    reads: Rate | None = Field(default=None, description="reads, in one Redis call each")
+
+
 class AccountLimits(_Model):
     limit: Micros
     soft_band: SoftBand | None = None
@@ -226,6 +243,9 @@ class PrincipalLimits(AccountLimits):
     """A principal's account, and the routes its agents may use (with the agents' own)."""
 
     routes: ScopeList | None = Field(default=None, description=SCOPE_DESCRIPTION)
+    rate_limits: RateLimits | None = Field(
+        default=None, description="request rates all of the principal's agents share"
+    )
 
 
 class FactorLimits(AccountLimits):
@@ -270,6 +290,9 @@ class Agent(_Model):
         default=None,
         description="risk-factor accounts this agent's effects may open per window "
         "(default: the tenant's max_new_accounts)",
+    )
+    rate_limits: RateLimits | None = Field(
+        default=None, description="the agent's request rates, for effects and for reads"
     )
 
 

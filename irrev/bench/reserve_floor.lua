@@ -22,12 +22,13 @@ redis.replicate_commands()
 local id, request, provenance, n = ARGV[1], ARGV[8], ARGV[9], tonumber(ARGV[10])
 local names, pends, accounts, amounts = {}, {}, {}, {}
 for i = 1, n do
-  local account, amount, at = ARGV[9 + 2 * i], ARGV[10 + 2 * i], 8 * (i - 1)
+  local account, amount, at = ARGV[9 + 2 * i], ARGV[10 + 2 * i], 9 * (i - 1)
   accounts[i], amounts[i] = account, amount
   names[at + 1], names[at + 2] = account .. '|limit', account .. '|soft'
   names[at + 3], names[at + 4] = account .. '|win', account .. '|appr'
   names[at + 5], names[at + 6] = account .. '|pend', account .. '|post'
   names[at + 7], names[at + 8] = account .. '|ws', account .. '|raise'
+  names[at + 9] = account .. '|rte'
   pends[2 * i - 1], pends[2 * i] = names[at + 5], amount
 end
 redis.call('HGET', KEYS[6], 'fp')

@@ -218,7 +218,7 @@ local names_of = remembering(function(id)
   return {limit = id .. '|limit', soft = id .. '|soft', win = id .. '|win',
     appr = id .. '|appr', pend = id .. '|pend', post = id .. '|post', ws = id .. '|ws',
     over = id .. '|over', raise = id .. '|raise', esc = id .. '|esc', escmax = id .. '|escmax',
-    nfa = id .. '|nfa', nfamax = id .. '|nfamax'}
+    nfa = id .. '|nfa', nfamax = id .. '|nfamax', rte = id .. '|rte', rtr = id .. '|rtr'}
 end)
 
 local function field(id, name)
@@ -265,24 +265,25 @@ end
 local reserve_names = remembering(function(set, ids)
   local names = {}
   for i = 1, #ids do
-    local id, at = ids[i], 8 * (i - 1)
+    local id, at = ids[i], 9 * (i - 1)
     names[at + 1], names[at + 2] = field(id, 'limit'), field(id, 'soft')
     names[at + 3], names[at + 4] = field(id, 'win'), field(id, 'appr')
     names[at + 5], names[at + 6] = field(id, 'pend'), field(id, 'post')
     names[at + 7], names[at + 8] = field(id, 'ws'), field(id, 'raise')
+    names[at + 9] = field(id, 'rte')
   end
   return names
 end)
 
 -- The accounts named by `ids` (joined: `set`) as load_accounts(ids, true) reads
--- them, and the text of each one's `raise` field (false where none), both in the
--- order of `ids`.
+-- them, the text of each one's `raise` field and of its effect rate (`rte`, false
+-- where none: account.lua, lua/rate.lua's form), all in the order of `ids`.
 local function load_for_reserve(ids, set)
   local v = redis.call('HMGET', ACCOUNTS, unpack(reserve_names(set, ids)))
-  local out, raises = {}, {}
+  local out, raises, rates = {}, {}, {}
   for i = 1, #ids do
-    local at = 8 * (i - 1)
-    raises[i] = v[at + 8]
+    local at = 9 * (i - 1)
+    raises[i], rates[i] = v[at + 8], v[at + 9]
     if v[at + 1] then
       local pend, post, ws = tonumber(v[at + 5]), tonumber(v[at + 6]), tonumber(v[at + 7])
       out[i] = {
@@ -292,7 +293,26 @@ local function load_for_reserve(ids, set)
       }
     end
   end
-  return out, raises
+  return out, raises, rates
+end
+
+-- One request against an account's rate, a GCRA (generic cell rate algorithm) in the
+-- account's field `<id>|rte` (effects) or `|rtr` (reads): `<interval>,<slack>,<tat>`
+-- in ms, the interval between requests at the rate, how far ahead of it a burst may
+-- run (interval x (burst - 1)), and the theoretical arrival time of the next request
+-- (Redis's clock). Returns the field's next text, or nil and how long to wait (ms)
+-- when the request comes too early. Reads nothing but `text`, writes nothing.
+local function rate_step(text, now)
+  local interval, slack, tat = string.match(text or '', '^(%d+),(%d+),(%d+)$')
+  interval, slack, tat = tonumber(interval), tonumber(slack), tonumber(tat)
+  if not interval or interval == 0 then
+    return nil, 0
+  end
+  local at = math.max(tat, now)
+  if at - now > slack then
+    return nil, at - now - slack
+  end
+  return fmt(interval) .. ',' .. fmt(slack) .. ',' .. fmt(at + interval), 0
 end
 
 -- The sum of the raises in an account's `raise` field (lua/rule.lua) that are live at

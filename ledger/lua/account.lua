@@ -14,6 +14,10 @@
 -- ARGV[7]  optional, after ARGV[6]: max new accounts, how many risk-factor accounts
 --          the holds that name this (agent) account may open per window (0 or none:
 --          no bound; reserve.lua), kept as `<id>|nfamax`, not journaled
+-- ARGV[8], ARGV[9]  optional, after ARGV[7]: the account's rate for effects and for
+--          reads, `<interval ms>,<slack ms>` ('' for none; _lib.lua's rate_step),
+--          kept as `<id>|rte` and `|rtr` with the next arrival they had (a change of
+--          policy does not let a burst through), not journaled
 --
 -- Returns {status, state, flags}
 --   'ok'         'created' or 'updated'
@@ -40,8 +44,19 @@ local nfamax = ARGV[7] and uint(ARGV[7], MAX_AMOUNT)
 if ARGV[7] and not nfamax then
   return {'bad_input', 'max_new_accounts', 'must be an integer >= 0'}
 end
-if #ARGV < 5 or #ARGV > 7 then
-  return {'bad_input', 'arguments', 'account takes five to seven arguments'}
+local paces = {}
+for j, name in ipairs({'rte', 'rtr'}) do
+  local text = ARGV[7 + j]
+  local interval, slack = string.match(text or '', '^(%d+),(%d+)$')
+  if text and text ~= '' and not (uint(interval, MAX_AMOUNT) and uint(slack, MAX_AMOUNT)
+      and tonumber(interval) > 0) then
+    return {'bad_input', 'rate', 'must be <interval ms>,<slack ms> with an interval above 0'}
+  end
+  -- false, not nil: pairs() below must meet it, to remove a rate the policy dropped
+  paces[name] = interval and interval .. ',' .. slack or false
+end
+if #ARGV < 5 or #ARGV > 9 then
+  return {'bad_input', 'arguments', 'account takes five to nine arguments'}
 end
 
 local now = now_ms()
@@ -67,6 +82,14 @@ save_accounts({a})
 for name, bound in pairs({escmax = escmax or 0, nfamax = nfamax or 0}) do
   if bound > 0 then
     redis.call('HSET', ACCOUNTS, field(account, name), fmt(bound))
+  else
+    redis.call('HDEL', ACCOUNTS, field(account, name))
+  end
+end
+for name, pace in pairs(paces) do
+  if pace then
+    local tat = string.match(redis.call('HGET', ACCOUNTS, field(account, name)) or '', ',(%d+)$')
+    redis.call('HSET', ACCOUNTS, field(account, name), pace .. ',' .. (tat or '0'))
   else
     redis.call('HDEL', ACCOUNTS, field(account, name))
   end

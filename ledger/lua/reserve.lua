@@ -79,6 +79,8 @@
 --       an earlier item, sent back to expire first, is decided on after it; so a
 --       batch's items ask before any decision ('2'), and all of them from the first
 --       due hold on come back, to be decided again in order
+--   {'rate_limited', account_id, wait_ms}           nothing written: too early for the
+--       account's effect rate (`<id>|rte`, account.lua); ask again in wait_ms
 --   {'bad_input', field, message}                   nothing written (also a hold
 --       that would take an account's pending + posted past 2^53-1: only a shadow
 --       one can, since a limit plus its raises counts as at most 2^53-1)
@@ -233,7 +235,7 @@ if held then
 end
 
 local asked = table.concat(accounts, ',')
-local loaded, raises = load_for_reserve(accounts, asked)
+local loaded, raises, rates = load_for_reserve(accounts, asked)
 for i = 1, n do
   if not loaded[i] and not specs[i] then
     return {'unknown_account', accounts[i]}
@@ -241,6 +243,22 @@ for i = 1, n do
 end
 
 local now = now_ms()
+-- The effect rates of the hold's accounts (an agent's, a principal's: account.lua):
+-- a request too early for any of them is refused as it is, nothing written, with how
+-- long to wait; one in time moves each rated account's next arrival (written with the
+-- hold, whatever the decision: a refused request is a request too).
+local paced = {}
+for i = 1, n do
+  if rates[i] then
+    local next_rate, wait_ms = rate_step(rates[i], now)
+    if wait_ms > 0 then
+      return {'rate_limited', accounts[i], fmt(wait_ms)}
+    end
+    if next_rate then
+      paced[#paced + 1], paced[#paced + 2] = field(accounts[i], 'rte'), next_rate
+    end
+  end
+end
 -- Holds of the tenant that are due change the answer only by what their release
 -- frees (or their leaving a calibrating route's open set): an admission stands
 -- whatever is due, so the common reserve (admitted, no calibrating route) does
@@ -458,6 +476,9 @@ if state == 'escalated' and counted then
   redis.call('HINCRBY', ACCOUNTS, field(counted, 'esc'), '1')
 end
 redis.call('HSET', key, unpack(fields))
+if #paced > 0 then
+  redis.call('HSET', ACCOUNTS, unpack(paced))
+end
 if state ~= 'denied' and #request > 0 then
   redis.call('SET', KEYS[7], request)
 else

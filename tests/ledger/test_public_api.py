@@ -50,6 +50,7 @@ PUBLIC_API = {
     "Reason",
     "Provenance",
     "OpenPool",
+    "Pace",
     "PoolTicket",
     "pool_tag",
     "ReserveRequest",
@@ -72,6 +73,7 @@ PUBLIC_API = {
     "IdempotencyConflict",
     "LedgerUnavailable",
     "PoolShrank",
+    "RateLimited",
     "RedisFailure",
     "UnknownAccount",
     # the journal, its trimming, the audit

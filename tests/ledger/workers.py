@@ -18,7 +18,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from ledger.checkpoint import CheckpointMoved, trim
 from ledger.client import Ledger
-from ledger.errors import HoldStateConflict, LedgerError, PoolShrank
+from ledger.errors import HoldStateConflict, LedgerError, PoolShrank, RateLimited
 from ledger.keys import accounts_key
 from ledger.records import OpenPool, PoolTicket, ReserveRequest, ReserveResult, pool_tag
 
@@ -248,8 +248,26 @@ async def escalate(ledger: Ledger, tenant: str, barrier_name: str, agent: str, c
     print(json.dumps({"states": states}))
 
 
+async def paced(ledger: Ledger, tenant: str, barrier_name: str, count: str) -> None:
+    """`count` reserves at once on agent:a1, whose effect rate may refuse them."""
+    await barrier(ledger, barrier_name)
+
+    async def one(i: int) -> str:
+        amounts = {"tenant:acme": 1, "agent:a1": 1}
+        try:
+            result = await ledger.reserve(
+                tenant, f"{barrier_name}-{os.getpid()}-{i}", "fp", amounts, ttl_ms=HOUR_MS
+            )
+        except RateLimited:
+            return "rate_limited"
+        return result.state.value
+
+    print(json.dumps({"outcomes": await asyncio.gather(*(one(i) for i in range(int(count))))}))
+
+
 COMMANDS = {
     "escalate": escalate,
+    "paced": paced,
     "keyless": keyless,
     "stale_batch": stale_batch,
     "storm": storm,
