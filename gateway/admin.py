@@ -35,7 +35,16 @@ from pricing.units import journal_money
 
 from .admission import resolved
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
-from .events import currency, effect_fields, events_of, money, rfc3339, tripped, tripped_view
+from .events import (
+    currency,
+    effect_fields,
+    events_of,
+    money,
+    refusals_view,
+    rfc3339,
+    tripped,
+    tripped_view,
+)
 from .notes import Note
 from .policies import PolicyLoadError
 from .problems import Problem
@@ -47,6 +56,7 @@ log = logging.getLogger("irrev.gateway")
 # The events feed reads at most FEED_PAGES journal pages of FEED_PAGE entries a call.
 FEED_PAGE = 500
 FEED_PAGES = 20
+MINUTE_MS = 60_000
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 Admin = Annotated[AdminIdentity, Depends(tenant_admin_auth)]
@@ -460,6 +470,26 @@ def _not_resolvable(hold: Hold) -> Problem:
         state=hold.state.value,
         by=hold.resolved_by or hold.by or None,
     )
+
+
+@router.get("/tenants/{tenant}/refusals")
+async def refusals(
+    request: Request,
+    tenant: str,
+    admin: Admin,
+    minutes: Annotated[int, Query(ge=1, le=60)] = 60,
+) -> dict[str, Any]:
+    """What the gateway refused the tenant's agents in the last `minutes` minutes (the
+    one in progress included), on HTTP and MCP, before the ledger or by it, counted
+    by every worker and host: per minute by reason, totals by reason, agent, route
+    and transport, and the rows (reason, transport, agent, route) most frequent
+    first. A worker adds its counts every IRREV_REFUSALS_FLUSH_S (`flush_s`)."""
+    policy_of(request, tenant, admin)
+    gate = gate_of(request)
+    now_ms = await gate.ledger.now_ms()
+    last = now_ms // MINUTE_MS
+    counts = await gate.ledger.refusals.read(tenant, range(last - minutes + 1, last + 1))
+    return refusals_view(counts, now_ms, gate.settings.refusals_flush_s)
 
 
 @router.get("/tenants/{tenant}/events")

@@ -62,6 +62,7 @@ from .crashpoints import crash_point
 from .http_upstream import HTTP_KEY, HttpTarget, HttpUpstream, UpstreamSlots
 from .policies import ledger_account
 from .problems import PROBLEM_JSON, Problem
+from .refusals import RefusalTally
 from .responses import Shadowed, money
 from .settings import GatewaySettings
 from .tenants import TenantStore, factor_accounts
@@ -94,6 +95,8 @@ class Gate:
     tenants: TenantStore
     http: httpx.AsyncClient
     slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+    # This process's refusals since their last flush to Redis (gateway/refusals.py).
+    refusals: RefusalTally = field(default_factory=RefusalTally)
 
     def tenant_slots(self, tenant: str) -> asyncio.Semaphore:
         if tenant not in self.slots:

@@ -9,12 +9,12 @@ Also the shapes a person reads: amounts as integer minor units with a sibling
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger import RULE_PREFIX, Balance, Hold, JournalEntry, Ledger, Reason
+from ledger import RULE_PREFIX, Balance, Hold, JournalEntry, Ledger, Reason, RefusalCount
 from pricing import TenantPolicy
 from pricing.money import money_text
 
@@ -186,3 +186,63 @@ def tripped_view(policy: TenantPolicy, trip: Tripped) -> dict[str, Any]:
             round((trip.used + trip.amount) / trip.limit, 4) if trip.limit else None
         )
     return view
+
+
+# The refusal counts' rows an answer lists, most frequent first (the totals by reason,
+# agent and route count every row).
+REFUSAL_ROWS = 200
+
+
+def _ranked(totals: dict[str, int], name: str) -> list[dict[str, Any]]:
+    ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))
+    return [{name: key, "count": count} for key, count in ranked]
+
+
+def refusals_view(
+    counts: Mapping[int, Sequence[RefusalCount]], now_ms: int, flush_s: float
+) -> dict[str, Any]:
+    """Refusals as an operator reads them: each minute of `counts` (minutes since the
+    epoch, oldest first, the last one in progress at `now_ms`) with its count by
+    reason, the totals by reason, agent, route and transport, and the rows (reason,
+    transport, agent, route) with their count and the last minute they were seen."""
+    minutes = sorted(counts)
+    per_minute: list[dict[str, Any]] = []
+    rows: dict[tuple[str, str, str, str], tuple[int, int]] = {}
+    by: dict[str, dict[str, int]] = {"reason": {}, "agent": {}, "route": {}, "transport": {}}
+    for minute in minutes:
+        reasons: dict[str, int] = {}
+        for c in counts[minute]:
+            reasons[c.reason] = reasons.get(c.reason, 0) + c.count
+            for name in by:
+                value = getattr(c, name)
+                by[name][value] = by[name].get(value, 0) + c.count
+            key = (c.reason, c.transport, c.agent, c.route)
+            rows[key] = (rows.get(key, (0, 0))[0] + c.count, minute)
+        per_minute.append(
+            {"at": rfc3339(minute * 60_000), "count": sum(reasons.values()), "by_reason": reasons}
+        )
+    ranked = sorted(rows.items(), key=lambda item: (-item[1][0], -item[1][1], item[0]))
+    return {
+        "minutes": len(minutes),
+        "since": rfc3339(minutes[0] * 60_000) if minutes else rfc3339(now_ms),
+        "until": rfc3339(now_ms),
+        "flush_s": flush_s,
+        "total": sum(by["reason"].values()),
+        "per_minute": per_minute,
+        "by_reason": _ranked(by["reason"], "reason"),
+        "by_agent": _ranked(by["agent"], "agent"),
+        "by_route": _ranked(by["route"], "route"),
+        "by_transport": _ranked(by["transport"], "transport"),
+        "rows": [
+            {
+                "reason": reason,
+                "transport": transport,
+                "agent": agent,
+                "route": route,
+                "count": count,
+                "last_at": rfc3339(last * 60_000),
+            }
+            for (reason, transport, agent, route), (count, last) in ranked[:REFUSAL_ROWS]
+        ],
+        "rows_total": len(ranked),
+    }

@@ -35,6 +35,7 @@ from pricing.errors import RequestError
 from pricing.money import minor_to_major_text
 from pricing.policy import BodyFormat
 
+from . import refusals
 from .admission import CONTENT_KEY_PREFIX, Gate
 from .advice import Retry, approval, duration_text, escalation_sentence, next_step, units_of
 from .canonical import Canonical
@@ -204,8 +205,11 @@ async def call_tool(
             outcome = await wait_for_decision(ctx, caller, server, tool, canonical, outcome)
     except (Problem, RequestError, LedgerError) as exc:
         # As the HTTP routes answer them (gateway/problems.py), as a tool result.
-        return refused(problem_for(exc), key)
-    return answered(outcome, caller.policy, key)
+        result = refused(problem_for(exc), key)
+    else:
+        result = answered(outcome, caller.policy, key)
+    refusals.seen_call(caller.gate, caller.policy, caller.agent.agent_id, params.name, result)
+    return result
 
 
 async def wait_for_decision(

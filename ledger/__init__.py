@@ -59,6 +59,7 @@ from .records import (
     TransitionResult,
     pool_tag,
 )
+from .refusals import RefusalCount, RefusalCounts
 from .settings import AppendFsync, LedgerSettings
 from .validate import check_account_spec
 
@@ -102,6 +103,8 @@ __all__ = [
     "PutResult",
     "Reason",
     "RedisFailure",
+    "RefusalCount",
+    "RefusalCounts",
     "ReserveRequest",
     "ReserveResult",
     "RouteOutcomes",

@@ -166,6 +166,15 @@ def _shadow_orders() -> dict[str, Any]:
     return {"routes": data["routes"], "accounts": _example_accounts(tenant={"limit": "1"})}
 
 
+def _refused_often() -> dict[str, Any]:
+    """procurement, where facilities' agents are refused by the budget (its limit is
+    1 USD) and platform's deployer may call only its deploy tool."""
+    accounts = _example_accounts()
+    accounts["principals"]["facilities"] = {"limit": "1"}
+    accounts["principals"]["platform"] = {"limit": "10000", "routes": ["deploy *"]}
+    return {"accounts": accounts}
+
+
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "basics": ("procurement", {}),
@@ -262,6 +271,8 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # The operator console in a browser (test_console.py).
     "console": ("procurement", {}),
     "console-resolve": ("procurement", {}),
+    # Refusals counted for the operator (issue 26).
+    "refusals": ("procurement", _refused_often()),
 }
 
 
