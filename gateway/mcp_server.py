@@ -25,6 +25,7 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
 from ledger import HoldState, LedgerError
@@ -42,6 +43,7 @@ from .canonical import Canonical
 from .mcp_pipeline import Outcome, call_effect
 from .mcp_upstream import HOLD_META, KEY_META
 from .problems import Problem, body_timeout, problem_for
+from .problems import refused as answer_refusal
 from .responses import escalation_id
 from .upstream import Fate
 from .wire import JsonNumber, parse_json_body
@@ -339,6 +341,7 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate: Gate = scope["app"].state.gate
+        request = Request(scope)
         try:
             found = gate.tenants.authenticate(_bearer(scope))
             if found is None:
@@ -348,13 +351,16 @@ class McpEndpoint:
                     "send 'Authorization: Bearer <agent token>'",
                     headers={"WWW-Authenticate": "Bearer"},
                 )
+            # Who the credential named, for the refusal counters and log lines.
+            request.state.tenant, request.state.agent = found[0].tenant, found[1].agent_id
             body = await _read_body(
                 receive, gate.settings.max_body_bytes, gate.settings.body_timeout_s
             )
             message = parse_json_body(body) if scope["method"] == "POST" else None
             check_numbers(message)
         except Problem as problem:
-            await problem.response()(scope, receive, send)
+            # Answered, counted and logged as every HTTP refusal is.
+            await answer_refusal(request, problem)(scope, receive, send)
             return
         scope[CALLER] = Caller(gate, found[0], found[1], message)
         manager = self.streaming if wants_progress(scope, message) else self.manager

@@ -47,6 +47,9 @@ MAX_ROUTE_CHARS = 200
 # call's route is `<server> CALL /<tool>` (pricing/templates.py's CALL).
 MCP_SEPARATOR = "__"
 CALL = "CALL"
+# Where MCP is served (gateway/app.py): a POST refused before the SDK reads it (its
+# JSON, its size) is an MCP refusal all the same.
+MCP_PATH = "/mcp"
 
 # (tenant, reason, transport, agent, route)
 Key = tuple[str, str, str, str, str]
@@ -97,6 +100,8 @@ def tool_route(policy: TenantPolicy | None, tool: str, method: str, path: str) -
 
 
 def http_route(request: Request, policy: TenantPolicy | None) -> str:
+    if request.scope.get("path") == MCP_PATH:
+        return f"{request.method} {MCP_PATH}"  # refused before the SDK read which tool
     params = request.path_params
     if "tool" in params and "path" in params:  # the proxy, /tools/{tool}/{path}
         return tool_route(policy, str(params["tool"]), request.method, f"/{params['path']}")
@@ -105,14 +110,16 @@ def http_route(request: Request, policy: TenantPolicy | None) -> str:
 
 
 def seen(request: Request, reason: str) -> None:
-    """An HTTP refusal (problems.refused): counted if the credential named an agent."""
+    """A problem+json refusal (problems.refused): counted if the credential named an
+    agent; MCP's own when `/mcp` refused the POST before the SDK read it."""
     agent = getattr(request.state, "agent", "")
     gate: Gate | None = getattr(request.app.state, "gate", None)
     if not agent or gate is None:
         return  # no agent (an admin, a settler) or not authenticated: no tenant's agent
     tenant = request.state.tenant
     route = http_route(request, gate.tenants.policies.get(tenant))
-    gate.refusals.note(tenant, agent, route, reason, HTTP)
+    transport = MCP if request.scope.get("path") == MCP_PATH else HTTP
+    gate.refusals.note(tenant, agent, route, reason, transport)
 
 
 class ToolResult(Protocol):

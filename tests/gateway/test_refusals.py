@@ -103,6 +103,11 @@ async def refuse_all_kinds(http: httpx.AsyncClient, tenant: Tenant, n: int) -> C
         result = called.json()["result"]
         assert result["isError"] and result["structuredContent"]["reason"] == "unknown_route"
         seen["unknown_route", "mcp", "buyer-03", "(unknown tool)"] += 1
+        # Over MCP, before the SDK reads the call: problem+json, an MCP refusal still.
+        nan_body = body.replace(b'"arguments": {}', b'"arguments": {"q": NaN}')
+        nan = await http.post("/mcp", content=nan_body, headers=headers)
+        assert_problem(nan, 400, "bad_json")
+        seen["bad_json", "mcp", "buyer-03", "POST /mcp"] += 1
     # A caller the gateway cannot name is no agent of the tenant: not counted.
     gone = await http.post("/v1/escalations/nope/approve", headers={"Authorization": "Bearer x"})
     assert gone.status_code == 401
@@ -135,7 +140,7 @@ async def test_refusals_are_counted_alike_by_every_worker_and_host(
         sent = sum(
             await asyncio.gather(*(refuse_all_kinds(c, tenant, 4) for c in clients)), Counter()
         )
-        assert sum(sent.values()) == 48
+        assert sum(sent.values()) == 56
         deadline = time.monotonic() + 30
         while True:
             views = [await counted(c, gateway.admin, tenant) for c in clients]
@@ -147,8 +152,8 @@ async def test_refusals_are_counted_alike_by_every_worker_and_host(
             await client.aclose()
     for view in views:
         assert rows_of(view) == sent, (view["rows"], sent)
-        assert view["total"] == 48 and view["minutes"] == 5 and view["flush_s"] == 1.0
-        assert sum(m["count"] for m in view["per_minute"]) == 48
+        assert view["total"] == 56 and view["minutes"] == 5 and view["flush_s"] == 1.0
+        assert sum(m["count"] for m in view["per_minute"]) == 56
         assert len(view["per_minute"]) == 5
         by_reason = {r["reason"]: r["count"] for r in view["by_reason"]}
         assert by_reason == {
@@ -156,9 +161,9 @@ async def test_refusals_are_counted_alike_by_every_worker_and_host(
             "budget_exceeded": 8,
             "route_not_allowed": 8,
             "unknown_route": 16,
-            "bad_json": 8,
+            "bad_json": 16,
         }
-        assert {r["transport"]: r["count"] for r in view["by_transport"]} == {"http": 40, "mcp": 8}
+        assert {r["transport"]: r["count"] for r in view["by_transport"]} == {"http": 40, "mcp": 16}
     # The host and the worker that answer do not matter: the counts are the fleet's.
     assert views[0] == {**views[1], "until": views[0]["until"]}
 
