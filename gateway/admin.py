@@ -39,7 +39,9 @@ from .events import (
     currency,
     effect_fields,
     events_of,
+    live_raises,
     money,
+    raised_by,
     refusals_view,
     rfc3339,
     tripped,
@@ -203,14 +205,10 @@ async def balances(request: Request, tenant: str, admin: Admin) -> list[dict[str
     policy_of(request, tenant, admin)
     ledger = gate_of(request).ledger
     rows = await ledger.balances(tenant)
-    raised: dict[str, int] = {}
-    for rule in await ledger.rules(tenant, await ledger.now_ms()):
-        spec = json.loads(rule.spec)
-        if spec.get("kind") == "raise_limit":
-            raised[spec["account"]] = raised.get(spec["account"], 0) + spec["amount"]
+    raised = await live_raises(ledger, tenant, await ledger.now_ms())
     out = []
     for b in rows:
-        extra = min(raised.get(b.account, 0), b.limit)
+        extra = raised_by(raised, b)
         out.append(
             {
                 **asdict(b),
@@ -304,7 +302,11 @@ def forwarded(stored: StoredRequest) -> dict[str, Any]:
 
 
 def queue_item(
-    policy: TenantPolicy, hold: Hold, balances: dict[str, Balance], now_ms: int
+    policy: TenantPolicy,
+    hold: Hold,
+    balances: dict[str, Balance],
+    raised: dict[str, int],
+    now_ms: int,
 ) -> dict[str, Any]:
     """An escalation as the person deciding it reads it: who, what, how much, which
     account's soft band or threshold it tripped and how full that account is, how
@@ -320,7 +322,7 @@ def queue_item(
         **forwarded(stored),
         "reason": hold.reason.value,
         "tripped": tripped_view(
-            policy, tripped(hold, balances, _route_threshold(policy, stored.route_id))
+            policy, tripped(hold, balances, _route_threshold(policy, stored.route_id), raised)
         ),
         **_times(hold, now_ms),
     }
@@ -353,12 +355,13 @@ async def escalations(
         order = [key for key in order if key > (int(at), hold_after)]
     now_ms = await ledger.now_ms()
     balances = {b.account: b for b in await ledger.balances(tenant)}
+    raised = await live_raises(ledger, tenant, now_ms)
     items = []
     for _, hold_id in order[:limit]:
         hold = await ledger.hold(tenant, hold_id)
         if hold is None or hold.state is not HoldState.ESCALATED or not hold.request:
             continue  # decided meanwhile
-        items.append(queue_item(policy, hold, balances, now_ms))
+        items.append(queue_item(policy, hold, balances, raised, now_ms))
     more = len(order) > limit
     created, last = order[limit - 1] if more else (0, "")
     return {

@@ -147,7 +147,8 @@ async def events_of(
 
 @dataclass(frozen=True)
 class Tripped:
-    """The account whose soft band or approval threshold escalated a hold."""
+    """The account whose soft band or approval threshold escalated a hold, its limit
+    and threshold in force, what it had used before the hold and the hold's amount."""
 
     account: str | None
     limit: int
@@ -156,21 +157,45 @@ class Tripped:
     threshold: int
 
 
-def tripped(hold: Hold, balances: dict[str, Balance], route_threshold: int) -> Tripped:
-    """Which account escalated the hold, by reserve.lua's own rule and order: the
-    first whose pending + posted would pass its soft limit (soft_band), or whose
-    approval threshold the price is above (else the route's threshold decided)."""
+async def live_raises(ledger: Ledger, tenant: str, now_ms: int) -> dict[str, int]:
+    """What the raise_limit rules live at `now_ms` (Redis's clock) add to each
+    account's limit and soft limit, summed by account (reserve.lua counts at most the
+    limit itself of it: `raised_by`)."""
+    raised: dict[str, int] = {}
+    for rule in await ledger.rules(tenant, now_ms):
+        spec = json.loads(rule.spec)
+        if spec.get("kind") == "raise_limit":
+            raised[spec["account"]] = raised.get(spec["account"], 0) + spec["amount"]
+    return raised
+
+
+def raised_by(raised: Mapping[str, int], balance: Balance) -> int:
+    """What live raises add to `balance`'s limit, as reserve.lua counts them."""
+    return min(raised.get(balance.account, 0), balance.limit)
+
+
+def tripped(
+    hold: Hold, balances: dict[str, Balance], route_threshold: int, raised: Mapping[str, int]
+) -> Tripped:
+    """Which account escalated the hold, by reserve.lua's own rule and order and on the
+    numbers it counted: the first whose pending + posted would pass its soft limit
+    (soft_band), or whose approval threshold the price is above (else the route's
+    threshold decided). The soft limit is the one in force when the hold was reserved:
+    a raise lifts the limit and the soft limit alike, and the hold recorded the limit
+    with the raises then live. The account's limit and threshold are shown as in force
+    now: `raised` is what live raise_limit rules add now (`live_raises`)."""
     for account, amount in hold.amounts.items():
         balance = balances.get(account)
-        limit = hold.limits.get(account, balance.limit if balance else 0)
-        used = hold.used.get(account, 0)
         if balance is None:
             continue
-        if hold.reason is Reason.SOFT_BAND and used + amount > balance.soft_limit:
-            return Tripped(account, limit, used, amount, balance.soft_limit)
+        used = hold.used.get(account, 0)
+        raised_then = max(0, hold.limits.get(account, balance.limit) - balance.limit)
+        now = raised_by(raised, balance)
+        if hold.reason is Reason.SOFT_BAND and used + amount > balance.soft_limit + raised_then:
+            return Tripped(account, balance.limit + now, used, amount, balance.soft_limit + now)
         threshold = balance.approval_threshold
         if hold.reason is Reason.APPROVAL_THRESHOLD and 0 < threshold < amount:
-            return Tripped(account, limit, used, amount, threshold)
+            return Tripped(account, balance.limit + now, used, amount, threshold)
     price = max(hold.amounts.values(), default=0)
     return Tripped(None, 0, 0, price, route_threshold)
 

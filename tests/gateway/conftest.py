@@ -271,8 +271,9 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # The operator console in a browser (test_console.py).
     "console": ("procurement", {}),
     "console-resolve": ("procurement", {}),
-    # Refusals counted for the operator (issue 26).
+    # Refusals counted for the operator, and the account that tripped (issue 26).
     "refusals": ("procurement", _refused_often()),
+    "tripped": ("procurement", {}),
 }
 
 
