@@ -22,7 +22,8 @@ import httpx
 import pytest
 import yaml
 
-from irrev.harness import free_port
+from irrev.harness import free_port, new_token
+from pricing.credentials import hash_token
 
 from .servers import (
     BIN,
@@ -175,6 +176,9 @@ def _refused_often() -> dict[str, Any]:
     return {"accounts": accounts}
 
 
+# A tenant admin of `console-ops` who may approve but not raise a limit (test_console.py).
+CONSOLE_APPROVER = new_token()
+
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "basics": ("procurement", {}),
@@ -274,6 +278,14 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # Refusals counted for the operator, and the account that tripped (issue 26).
     "refusals": ("procurement", _refused_often()),
     "tripped": ("procurement", {}),
+    # The console's refusals view, bulk decisions and rules (test_console.py).
+    "console-ops": (
+        "procurement",
+        {
+            **_flooded_orders(),
+            "admins": {"ann": {"token_sha256": hash_token(CONSOLE_APPROVER), "role": "approver"}},
+        },
+    ),
 }
 
 

@@ -8,7 +8,6 @@ Real gateways (the session's two workers and a peer host), real Redis."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import Counter
 from typing import Any
@@ -19,35 +18,10 @@ from gateway.refusals import Flusher, RefusalTally
 from ledger import Ledger
 
 from .conftest import Gateway
-from .helpers import assert_problem, effect_headers, order
+from .helpers import assert_problem, effect_headers, mcp_call, order
 from .servers import Tenant
 
-MODERN = "2026-07-28"
 ORDERS = "supplier POST /orders"
-
-
-def mcp_call(tenant: Tenant, agent: str, name: str) -> tuple[bytes, dict[str, str]]:
-    """A raw MCP tools/call of `name` by `agent` (stateless, the 2026-07-28 protocol)."""
-    meta = {
-        "io.modelcontextprotocol/protocolVersion": MODERN,
-        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
-        "io.modelcontextprotocol/clientCapabilities": {},
-    }
-    message = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {"name": name, "arguments": {}, "_meta": meta},
-    }
-    headers = {
-        **tenant.auth(agent),
-        "Content-Type": "application/json",
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": MODERN,
-        "Mcp-Method": "tools/call",
-        "Mcp-Name": name,
-    }
-    return json.dumps(message).encode(), headers
 
 
 async def refuse_all_kinds(http: httpx.AsyncClient, tenant: Tenant, n: int) -> Counter[tuple]:
