@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -116,10 +116,11 @@ def seen(request: Request, reason: str) -> None:
     gate: Gate | None = getattr(request.app.state, "gate", None)
     if not agent or gate is None:
         return  # no agent (an admin, a settler) or not authenticated: no tenant's agent
-    tenant = request.state.tenant
-    route = http_route(request, gate.tenants.policies.get(tenant))
-    transport = MCP if request.scope.get("path") == MCP_PATH else HTTP
-    gate.refusals.note(tenant, agent, route, reason, transport)
+    with _never_raising():
+        tenant = request.state.tenant
+        route = http_route(request, gate.tenants.policies.get(tenant))
+        transport = MCP if request.scope.get("path") == MCP_PATH else HTTP
+        gate.refusals.note(tenant, agent, route, reason, transport)
 
 
 class ToolResult(Protocol):
@@ -137,9 +138,20 @@ def seen_call(gate: Gate, policy: TenantPolicy, agent: str, name: str, result: T
     reason = (result.structured_content or {}).get("reason") if result.is_error else None
     if not isinstance(reason, str) or not reason:
         return
-    server, _, tool = name.partition(MCP_SEPARATOR)
-    route = tool_route(policy, server, CALL, f"/{tool}")
-    gate.refusals.note(policy.tenant, agent, route, reason, MCP)
+    with _never_raising():
+        server, _, tool = name.partition(MCP_SEPARATOR)
+        route = tool_route(policy, server, CALL, f"/{tool}")
+        gate.refusals.note(policy.tenant, agent, route, reason, MCP)
+
+
+@contextlib.contextmanager
+def _never_raising() -> Iterator[None]:
+    """Counting is beside the answer: a fault here is logged, and the refusal answered
+    as it would have been."""
+    try:
+        yield
+    except Exception:
+        log.exception("a refusal was not counted")
 
 
 class Flusher:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from gateway.refusals import Flusher, RefusalTally
+from irrev.harness import free_port
 from ledger import Ledger
 
 from .conftest import Gateway
@@ -170,3 +171,26 @@ async def test_a_flood_of_refusals_is_one_write_a_flush(redis_url: str, tenant: 
     finally:
         await ledger.aclose()
     assert sum(c.count for batch in read.values() for c in batch) == 5000
+
+
+async def test_counts_wait_in_memory_while_redis_is_away(redis_url: str, tenant: str) -> None:
+    """A flush that cannot reach Redis keeps its counts (bounded) for the next one."""
+    away = Ledger.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    live = Ledger.from_url(redis_url)
+    tally = RefusalTally()
+    flusher = Flusher(tally, away, interval_s=60)
+    try:
+        for _ in range(3):
+            tally.note(tenant, "buyer-01", ORDERS, "per_effect_cap", "http")
+        await flusher.flush()
+        assert tally.pending == {(tenant, "per_effect_cap", "http", "buyer-01", ORDERS): 3}
+        tally.note(tenant, "buyer-01", ORDERS, "per_effect_cap", "http")
+        flusher.ledger = live  # Redis is back
+        await flusher.flush()
+        assert tally.pending == {}
+        minute = (await live.now_ms()) // 60_000
+        read = await live.refusals.read(tenant, [minute - 1, minute])
+    finally:
+        await away.aclose()
+        await live.aclose()
+    assert sum(c.count for batch in read.values() for c in batch) == 4
