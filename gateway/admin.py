@@ -41,7 +41,18 @@ from pricing.units import journal_money
 
 from .admission import resolved
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
-from .events import currency, effect_fields, events_of, money, rfc3339, tripped, tripped_view
+from .events import (
+    currency,
+    effect_fields,
+    events_of,
+    live_raises,
+    money,
+    raised_by,
+    refusals_view,
+    rfc3339,
+    tripped,
+    tripped_view,
+)
 from .notes import Note
 from .policies import PolicyLoadError
 from .problems import Problem
@@ -53,6 +64,7 @@ log = logging.getLogger("irrev.gateway")
 # The events feed reads at most FEED_PAGES journal pages of FEED_PAGE entries a call.
 FEED_PAGE = 500
 FEED_PAGES = 20
+MINUTE_MS = 60_000
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 Admin = Annotated[AdminIdentity, Depends(tenant_admin_auth)]
@@ -205,14 +217,10 @@ async def balances(request: Request, tenant: str, admin: Admin) -> list[dict[str
     policy_of(request, tenant, admin)
     ledger = gate_of(request).ledger
     rows = await ledger.balances(tenant)
-    raised: dict[str, int] = {}
-    for rule in await ledger.rules(tenant, await ledger.now_ms()):
-        spec = json.loads(rule.spec)
-        if spec.get("kind") == "raise_limit":
-            raised[spec["account"]] = raised.get(spec["account"], 0) + spec["amount"]
+    raised = await live_raises(ledger, tenant, await ledger.now_ms())
     out = []
     for b in rows:
-        extra = min(raised.get(b.account, 0), b.limit)
+        extra = raised_by(raised, b)
         out.append(
             {
                 **asdict(b),
@@ -306,7 +314,11 @@ def forwarded(stored: StoredRequest) -> dict[str, Any]:
 
 
 def queue_item(
-    policy: TenantPolicy, hold: Hold, balances: dict[str, Balance], now_ms: int
+    policy: TenantPolicy,
+    hold: Hold,
+    balances: dict[str, Balance],
+    raised: dict[str, int],
+    now_ms: int,
 ) -> dict[str, Any]:
     """An escalation as the person deciding it reads it: who, what, how much, which
     account's soft band or threshold it tripped and how full that account is, how
@@ -322,7 +334,7 @@ def queue_item(
         **forwarded(stored),
         "reason": hold.reason.value,
         "tripped": tripped_view(
-            policy, tripped(hold, balances, _route_threshold(policy, stored.route_id))
+            policy, tripped(hold, balances, _route_threshold(policy, stored.route_id), raised)
         ),
         **_times(hold, now_ms),
     }
@@ -355,12 +367,13 @@ async def escalations(
         order = [key for key in order if key > (int(at), hold_after)]
     now_ms = await ledger.now_ms()
     balances = {b.account: b for b in await ledger.balances(tenant)}
+    raised = await live_raises(ledger, tenant, now_ms)
     items = []
     for _, hold_id in order[:limit]:
         hold = await ledger.hold(tenant, hold_id)
         if hold is None or hold.state is not HoldState.ESCALATED or not hold.request:
             continue  # decided meanwhile
-        items.append(queue_item(policy, hold, balances, now_ms))
+        items.append(queue_item(policy, hold, balances, raised, now_ms))
     more = len(order) > limit
     created, last = order[limit - 1] if more else (0, "")
     return {
@@ -472,6 +485,26 @@ def _not_resolvable(hold: Hold) -> Problem:
         state=hold.state.value,
         by=hold.resolved_by or hold.by or None,
     )
+
+
+@router.get("/tenants/{tenant}/refusals")
+async def refusals(
+    request: Request,
+    tenant: str,
+    admin: Admin,
+    minutes: Annotated[int, Query(ge=1, le=60)] = 60,
+) -> dict[str, Any]:
+    """What the gateway refused the tenant's agents in the last `minutes` minutes (the
+    one in progress included), on HTTP and MCP, before the ledger or by it, counted
+    by every worker and host: per minute by reason, totals by reason, agent, route
+    and transport, and the rows (reason, transport, agent, route) most frequent
+    first. A worker adds its counts every IRREV_REFUSALS_FLUSH_S (`flush_s`)."""
+    policy_of(request, tenant, admin)
+    gate = gate_of(request)
+    now_ms = await gate.ledger.now_ms()
+    last = now_ms // MINUTE_MS
+    counts = await gate.ledger.refusals.read(tenant, range(last - minutes + 1, last + 1))
+    return refusals_view(counts, now_ms, gate.settings.refusals_flush_s)
 
 
 @router.get("/tenants/{tenant}/events")

@@ -63,6 +63,7 @@ from .http_upstream import HTTP_KEY, HttpTarget, HttpUpstream, UpstreamSlots
 from .in_flight import AgentSlots
 from .policies import ledger_account
 from .problems import PROBLEM_JSON, Problem
+from .refusals import RefusalTally
 from .responses import Shadowed, money
 from .settings import GatewaySettings
 from .tenants import TenantStore, factor_accounts
@@ -96,6 +97,8 @@ class Gate:
     http: httpx.AsyncClient
     slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)
     agents: AgentSlots = field(default_factory=AgentSlots)
+    # This process's refusals since their last flush to Redis (gateway/refusals.py).
+    refusals: RefusalTally = field(default_factory=RefusalTally)
 
     def tenant_slots(self, tenant: str) -> asyncio.Semaphore:
         if tenant not in self.slots:

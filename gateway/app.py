@@ -48,6 +48,7 @@ from .mcp_mount import LazyMcp
 from .policies import FileFault
 from .problems import Problem
 from .readiness import Writes
+from .refusals import Flusher
 from .settings import GatewaySettings
 from .sweeper import Sweeper
 from .tenants import TenantStore
@@ -180,6 +181,8 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         await tenants.apply(ledger)
         gate = Gate(settings, ledger, tenants, http)
         app.state.gate = gate
+        flusher = Flusher(gate.refusals, ledger, settings.refusals_flush_s)
+        flusher.start()
         # Policy writes and given-up leases are announced (pub/sub): an idle worker
         # reads the store's epoch when told, or when its subscription came back, not
         # every refresh, and asks for leases it does not hold seldom.
@@ -233,6 +236,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             yield
         finally:
             await mcp_endpoint.aclose()
+            await flusher.aclose()  # after the last answers: their refusals are counted
             await dispatcher.aclose()
             await feed.aclose()
             await tenants.aclose()

@@ -1,5 +1,6 @@
-"""`/console`: the operator's page (utilisation, the escalation queue, ambiguous holds,
-recent decisions). The page is static; it calls the admin API with the token the
+"""`/console`: the operator's page (utilisation, the escalation queue with its filters
+and bulk decisions, rules, the refusals the agents got, ambiguous holds, recent
+decisions). The page is static; it calls the admin API with the token the
 operator signs in with, so it needs no authority of its own.
 
 Its script and stylesheet are files served from here, never inline and never from a

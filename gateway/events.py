@@ -9,12 +9,12 @@ Also the shapes a person reads: amounts as integer minor units with a sibling
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ledger import RULE_PREFIX, Balance, Hold, JournalEntry, Ledger, Reason
+from ledger import RULE_PREFIX, Balance, Hold, JournalEntry, Ledger, Reason, RefusalCount
 from pricing import TenantPolicy
 from pricing.money import money_text
 
@@ -147,7 +147,8 @@ async def events_of(
 
 @dataclass(frozen=True)
 class Tripped:
-    """The account whose soft band or approval threshold escalated a hold."""
+    """The account whose soft band or approval threshold escalated a hold, its limit
+    and threshold in force, what it had used before the hold and the hold's amount."""
 
     account: str | None
     limit: int
@@ -156,21 +157,45 @@ class Tripped:
     threshold: int
 
 
-def tripped(hold: Hold, balances: dict[str, Balance], route_threshold: int) -> Tripped:
-    """Which account escalated the hold, by reserve.lua's own rule and order: the
-    first whose pending + posted would pass its soft limit (soft_band), or whose
-    approval threshold the price is above (else the route's threshold decided)."""
+async def live_raises(ledger: Ledger, tenant: str, now_ms: int) -> dict[str, int]:
+    """What the raise_limit rules live at `now_ms` (Redis's clock) add to each
+    account's limit and soft limit, summed by account (reserve.lua counts at most the
+    limit itself of it: `raised_by`)."""
+    raised: dict[str, int] = {}
+    for rule in await ledger.rules(tenant, now_ms):
+        spec = json.loads(rule.spec)
+        if spec.get("kind") == "raise_limit":
+            raised[spec["account"]] = raised.get(spec["account"], 0) + spec["amount"]
+    return raised
+
+
+def raised_by(raised: Mapping[str, int], balance: Balance) -> int:
+    """What live raises add to `balance`'s limit, as reserve.lua counts them."""
+    return min(raised.get(balance.account, 0), balance.limit)
+
+
+def tripped(
+    hold: Hold, balances: dict[str, Balance], route_threshold: int, raised: Mapping[str, int]
+) -> Tripped:
+    """Which account escalated the hold, by reserve.lua's own rule and order and on the
+    numbers it counted: the first whose pending + posted would pass its soft limit
+    (soft_band), or whose approval threshold the price is above (else the route's
+    threshold decided). The soft limit is the one in force when the hold was reserved:
+    a raise lifts the limit and the soft limit alike, and the hold recorded the limit
+    with the raises then live. The account's limit and threshold are shown as in force
+    now: `raised` is what live raise_limit rules add now (`live_raises`)."""
     for account, amount in hold.amounts.items():
         balance = balances.get(account)
-        limit = hold.limits.get(account, balance.limit if balance else 0)
-        used = hold.used.get(account, 0)
         if balance is None:
             continue
-        if hold.reason is Reason.SOFT_BAND and used + amount > balance.soft_limit:
-            return Tripped(account, limit, used, amount, balance.soft_limit)
+        used = hold.used.get(account, 0)
+        raised_then = max(0, hold.limits.get(account, balance.limit) - balance.limit)
+        now = raised_by(raised, balance)
+        if hold.reason is Reason.SOFT_BAND and used + amount > balance.soft_limit + raised_then:
+            return Tripped(account, balance.limit + now, used, amount, balance.soft_limit + now)
         threshold = balance.approval_threshold
         if hold.reason is Reason.APPROVAL_THRESHOLD and 0 < threshold < amount:
-            return Tripped(account, limit, used, amount, threshold)
+            return Tripped(account, balance.limit + now, used, amount, threshold)
     price = max(hold.amounts.values(), default=0)
     return Tripped(None, 0, 0, price, route_threshold)
 
@@ -186,3 +211,63 @@ def tripped_view(policy: TenantPolicy, trip: Tripped) -> dict[str, Any]:
             round((trip.used + trip.amount) / trip.limit, 4) if trip.limit else None
         )
     return view
+
+
+# The refusal counts' rows an answer lists, most frequent first (the totals by reason,
+# agent and route count every row).
+REFUSAL_ROWS = 200
+
+
+def _ranked(totals: dict[str, int], name: str) -> list[dict[str, Any]]:
+    ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))
+    return [{name: key, "count": count} for key, count in ranked]
+
+
+def refusals_view(
+    counts: Mapping[int, Sequence[RefusalCount]], now_ms: int, flush_s: float
+) -> dict[str, Any]:
+    """Refusals as an operator reads them: each minute of `counts` (minutes since the
+    epoch, oldest first, the last one in progress at `now_ms`) with its count by
+    reason, the totals by reason, agent, route and transport, and the rows (reason,
+    transport, agent, route) with their count and the last minute they were seen."""
+    minutes = sorted(counts)
+    per_minute: list[dict[str, Any]] = []
+    rows: dict[tuple[str, str, str, str], tuple[int, int]] = {}
+    by: dict[str, dict[str, int]] = {"reason": {}, "agent": {}, "route": {}, "transport": {}}
+    for minute in minutes:
+        reasons: dict[str, int] = {}
+        for c in counts[minute]:
+            reasons[c.reason] = reasons.get(c.reason, 0) + c.count
+            for name in by:
+                value = getattr(c, name)
+                by[name][value] = by[name].get(value, 0) + c.count
+            key = (c.reason, c.transport, c.agent, c.route)
+            rows[key] = (rows.get(key, (0, 0))[0] + c.count, minute)
+        per_minute.append(
+            {"at": rfc3339(minute * 60_000), "count": sum(reasons.values()), "by_reason": reasons}
+        )
+    ranked = sorted(rows.items(), key=lambda item: (-item[1][0], -item[1][1], item[0]))
+    return {
+        "minutes": len(minutes),
+        "since": rfc3339(minutes[0] * 60_000) if minutes else rfc3339(now_ms),
+        "until": rfc3339(now_ms),
+        "flush_s": flush_s,
+        "total": sum(by["reason"].values()),
+        "per_minute": per_minute,
+        "by_reason": _ranked(by["reason"], "reason"),
+        "by_agent": _ranked(by["agent"], "agent"),
+        "by_route": _ranked(by["route"], "route"),
+        "by_transport": _ranked(by["transport"], "transport"),
+        "rows": [
+            {
+                "reason": reason,
+                "transport": transport,
+                "agent": agent,
+                "route": route,
+                "count": count,
+                "last_at": rfc3339(last * 60_000),
+            }
+            for (reason, transport, agent, route), (count, last) in ranked[:REFUSAL_ROWS]
+        ],
+        "rows_total": len(ranked),
+    }

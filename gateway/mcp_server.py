@@ -25,6 +25,7 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
 from ledger import HoldState, LedgerError
@@ -35,12 +36,14 @@ from pricing.errors import RequestError
 from pricing.money import minor_to_major_text
 from pricing.policy import BodyFormat
 
+from . import refusals
 from .admission import CONTENT_KEY_PREFIX, Gate
 from .advice import Retry, approval, duration_text, escalation_sentence, next_step, units_of
 from .canonical import Canonical
 from .mcp_pipeline import Outcome, call_effect
 from .mcp_upstream import HOLD_META, KEY_META
 from .problems import Problem, body_timeout, problem_for
+from .problems import refused as answer_refusal
 from .responses import escalation_id
 from .upstream import Fate
 from .wire import JsonNumber, parse_json_body
@@ -204,8 +207,11 @@ async def call_tool(
             outcome = await wait_for_decision(ctx, caller, server, tool, canonical, outcome)
     except (Problem, RequestError, LedgerError) as exc:
         # As the HTTP routes answer them (gateway/problems.py), as a tool result.
-        return refused(problem_for(exc), key)
-    return answered(outcome, caller.policy, key)
+        result = refused(problem_for(exc), key)
+    else:
+        result = answered(outcome, caller.policy, key)
+    refusals.seen_call(caller.gate, caller.policy, caller.agent.agent_id, params.name, result)
+    return result
 
 
 async def wait_for_decision(
@@ -335,6 +341,7 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate: Gate = scope["app"].state.gate
+        request = Request(scope)
         try:
             found = gate.tenants.authenticate(_bearer(scope))
             if found is None:
@@ -344,12 +351,15 @@ class McpEndpoint:
                     "send 'Authorization: Bearer <agent token>'",
                     headers={"WWW-Authenticate": "Bearer"},
                 )
+            # Who the credential named, for the refusal counters and log lines.
+            request.state.tenant, request.state.agent = found[0].tenant, found[1].agent_id
             # The agent's slot is taken before its body is read: reading, parsing and
             # serving are what the bound limits (gateway/in_flight.py).
             with gate.agents.slot(*found):
                 await self._serve(gate, found, scope, receive, send)
         except Problem as problem:
-            await problem.response()(scope, receive, send)
+            # Answered, counted and logged as every HTTP refusal is.
+            await answer_refusal(request, problem)(scope, receive, send)
 
     async def _serve(
         self,

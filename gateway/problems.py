@@ -25,7 +25,7 @@ from ledger import (
 )
 from pricing.errors import RequestError
 
-from . import metrics
+from . import metrics, refusals
 from .advice import next_step, told
 
 PROBLEM_JSON = "application/problem+json"
@@ -142,11 +142,13 @@ def rate_owner(account: str) -> str:
 
 def refused(request: Request, problem: Problem) -> JSONResponse:
     """Every refusal becomes its answer here, so each is counted by reason and logged
-    once, wherever it was raised (before the ledger or by it). The tenant and agent
-    are those the credential named, if it got that far."""
+    once, wherever it was raised (before the ledger or by it), and an agent's is
+    counted for the operator (gateway/refusals.py). The tenant and agent are those the
+    credential named, if it got that far."""
     tenant = getattr(request.state, "tenant", "")
     route = request.scope.get("route")
     metrics.REFUSALS.labels(tenant, problem.reason, str(problem.status)).inc()
+    refusals.seen(request, problem.reason)
     level = logging.ERROR if problem.status >= 500 else logging.INFO
     log.log(
         level,

@@ -126,6 +126,14 @@ class GatewaySettings(BaseSettings):
         description="report the budget gauges of every agent's account too (one series per "
         "agent); otherwise the tenant's, its principals' and its named risk factors'",
     )
+    refusals_flush_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="how often a worker adds the refusals it counted to the fleet's counts "
+        "in Redis (GET /v1/admin/tenants/{t}/refusals): one round trip for all tenants, "
+        "never one per refusal; a refusal shows that much later at most",
+    )
     wait_replicas: int = Field(
         default=0,
         ge=0,

@@ -61,6 +61,7 @@ from .records import (
     TransitionResult,
     pool_tag,
 )
+from .refusals import RefusalCount, RefusalCounts
 from .settings import AppendFsync, LedgerSettings
 from .validate import check_account_spec
 
@@ -106,6 +107,8 @@ __all__ = [
     "RateLimited",
     "Reason",
     "RedisFailure",
+    "RefusalCount",
+    "RefusalCounts",
     "ReserveRequest",
     "ReserveResult",
     "RouteOutcomes",

@@ -87,6 +87,7 @@ from .records import (
     TenantSnapshot,
     TransitionResult,
 )
+from .refusals import RefusalCounts
 from .settings import LedgerSettings
 
 DAY_MS = 24 * 3600 * 1000
@@ -173,6 +174,8 @@ class Ledger:
         self._tenant_keys: dict[str, list[str]] = {}
         # The fleet's policies, versioned (gateway hosts serve what it holds).
         self.policies = PolicyStore(redis)
+        # How many requests the gateways refused, per tenant and minute.
+        self.refusals = RefusalCounts(redis)
 
     @classmethod
     def from_url(

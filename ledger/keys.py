@@ -131,3 +131,9 @@ def hold_keys(tenant: str, hold_id: str) -> list[str]:
 def hold_script_keys(tenant: str, hold_id: str) -> list[str]:
     """KEYS of a script about one hold: the tenant's five, then the hold's two."""
     return [*tenant_keys(tenant), *hold_keys(tenant, hold_id)]
+
+
+def refusals_key(tenant: str, minute: int) -> str:
+    """The tenant's refusal counts of one minute (minutes since the epoch, Redis's
+    clock): a hash `<reason>|<transport>|<agent>|<route>` -> count (lua/refusals.lua)."""
+    return f"{tenant_prefix(tenant)}refusals:{minute}"

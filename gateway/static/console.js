@@ -21,6 +21,13 @@ const state = {
   bodies: new Map(), // hold -> its request body, fetched when first opened
   opened: new Set(), // holds whose body is open: it stays open across redraws
   updated: "", // the time of the last refresh that worked
+  queue: { items: [], total: 0, more: false }, // the pages loaded, before the filters
+  filters: { agent: "", route: "", reason: "" },
+  selected: new Set(), // escalation ids ticked, always among those shown
+  deciding: false, // a bulk decision is under way
+  refusalReason: "", // the refusals shown: every reason, or this one
+  refused: null, // the last refusal counts read
+  policy: null, // the tenant's policy document, for the rule form's names
 };
 const DECISIONS_KEPT = 60;
 // Accounts listed before "show all": the ones an operator must watch come first.
@@ -30,12 +37,18 @@ const FEED_PAGES_PER_REFRESH = 20;
 // A request the gateway has not answered by then is abandoned (and the refresh retried
 // on schedule), so one lost answer never stalls the page.
 const REQUEST_TIMEOUT_MS = 20000;
+// Decisions of a bulk action sent at once: each approval forwards its effect, so a
+// few at a time, each consume-once on the gateway like a single one.
+const BULK_PARALLEL = 4;
+const REFUSAL_ROWS_SHOWN = 50;
+const TOP_SHOWN = 5;
 
 class ApiError extends Error {
   constructor(status, body) {
     super((body && (body.detail || body.title)) || `HTTP ${status}`);
     this.status = status;
     this.reason = body && body.reason;
+    this.body = body || {};
   }
 }
 
@@ -180,6 +193,10 @@ function chooseTenant() {
   state.queuePages = 1;
   state.bodies.clear();
   state.opened.clear();
+  state.selected.clear();
+  state.filters = { agent: "", route: "", reason: "" };
+  state.refusalReason = "";
+  $("bulk-report").hidden = true;
   flash("");
   refresh(true);
 }
@@ -223,21 +240,36 @@ async function refresh(again = false) {
 async function load() {
   const tenant = state.tenant;
   const t = encodeURIComponent(tenant);
-  const [policy, balances, queue, ambiguous] = await Promise.all([
+  const minutes = $("refusal-minutes").value;
+  const [policy, balances, queue, ambiguous, rules, refused] = await Promise.all([
     api(`/v1/admin/tenants/${t}/policy`),
     api(`/v1/admin/tenants/${t}/balances`),
     queuePages(t),
     api(`/v1/admin/tenants/${t}/holds?state=ambiguous`).then((r) => details(t, r.data)),
+    api(`/v1/admin/tenants/${t}/rules`),
+    api(`/v1/admin/tenants/${t}/refusals?minutes=${encodeURIComponent(minutes)}`),
   ]);
   if (tenant !== state.tenant) return; // chosen away meanwhile: the next refresh draws it
   state.unit = policy.data.risk_unit || state.unit;
   await loadDecisions(tenant);
   if (tenant !== state.tenant) return;
-  renderSummary(balances.data, queue, ambiguous);
+  renderSummary(balances.data, queue, ambiguous, refused.data);
   renderBalances(balances.data);
   renderEscalations(queue);
+  renderRules(rules.data.rules, policy.data, balances.data);
+  renderRefusals(refused.data);
   renderAmbiguous(ambiguous);
   renderDecisions();
+  for (const table of document.querySelectorAll("table.stack")) labelCells(table);
+}
+
+// Under a narrow window the tables stack each row as a card (console.css): each cell
+// then shows its column's name, from the table's header.
+function labelCells(table) {
+  const names = [...table.tHead.rows[0].cells].map((th) => th.dataset.label || th.textContent.trim());
+  for (const tr of table.tBodies[0].rows) {
+    [...tr.cells].forEach((td, i) => { if (names[i]) td.dataset.label = names[i]; });
+  }
 }
 
 // The oldest state.queuePages pages of the queue (each page a bounded answer, without
@@ -316,7 +348,7 @@ function renderBalances(rows) {
 
 // --- summary tiles ----------------------------------------------------------------
 
-function renderSummary(balances, queue, ambiguous) {
+function renderSummary(balances, queue, ambiguous, refused) {
   const tenantRow = balances.find((b) => b.account.startsWith("tenant:"));
   const lefts = queue.items.map(timeLeft);
   const tiles = [
@@ -325,6 +357,7 @@ function renderSummary(balances, queue, ambiguous) {
     ["waiting for a human", String(queue.total),
       lefts.length ? `next expires in ${duration(Math.min(...lefts))}` : "queue empty"],
     ["ambiguous holds", String(ambiguous.length), ambiguous.length ? "charged until resolved" : ""],
+    ["refused", String(refused.total), `in the last ${refused.minutes} minutes`],
   ];
   $("summary").replaceChildren(...tiles.map(([label, value, note]) =>
     el("div", { className: "tile" }, el("div", { className: "label" }, label),
@@ -403,11 +436,13 @@ function escalationCells(e) {
   ];
 }
 
-// A kept row's cells before its decision cell are replaced; the decision cell (and an
-// input in it that has the focus) is never detached, which would blur it.
+// A kept row's cells between its pick and decision cells are replaced; those two (and
+// an input in them that has the focus) are never detached, which would blur it.
 function redraw(tr, cells) {
-  const decision = tr.querySelector("td.decision");
-  while (tr.firstChild !== decision) tr.firstChild.remove();
+  const decision = tr.querySelector(":scope > td.decision");
+  for (const td of [...tr.cells]) {
+    if (!td.classList.contains("decision") && !td.classList.contains("pick")) td.remove();
+  }
   decision.before(...cells);
 }
 
@@ -419,51 +454,324 @@ function place(tbody, rows) {
   while (tbody.rows.length > rows.length) tbody.rows[rows.length].remove();
 }
 
+// A select's (or datalist's) options as [value, label] pairs, replaced only when they
+// changed: the auto-refresh must not close a list the operator has open.
+function setOptions(list, options, current) {
+  const now = [...list.children].map((o) => [o.value, o.textContent]);
+  if (JSON.stringify(now) !== JSON.stringify(options)) {
+    list.replaceChildren(...options.map(([value, label]) => new Option(label, value)));
+  }
+  if (current !== undefined) list.value = current;
+}
+
+// The filters' choices: what the loaded escalations have, each with how many.
+function fillFilter(select, values, current) {
+  const counts = new Map();
+  for (const v of values) counts.set(v, (counts.get(v) || 0) + 1);
+  const options = [...counts].sort((a, b) => a[0].localeCompare(b[0])).map(([v, n]) => [v, `${v} (${n})`]);
+  if (current && !counts.has(current)) options.unshift([current, `${current} (0)`]);
+  setOptions(select, [["", "any"], ...options], current);
+}
+
+const matches = (e) => Object.entries(state.filters).every(([field, value]) => !value || e[field] === value);
+
+function pickCell(e) {
+  const box = el("input", { type: "checkbox", className: "pick", title: "select for a bulk decision" });
+  box.setAttribute("aria-label", `select ${e.escalation}`);
+  box.addEventListener("change", () => {
+    if (box.checked) state.selected.add(e.escalation);
+    else state.selected.delete(e.escalation);
+    showSelection();
+  });
+  return box;
+}
+
 // Rows are kept by escalation id across refreshes, so that a reason being typed (and
-// the focus) survives the auto-refresh; only the context cells are redrawn.
+// the focus) survives the auto-refresh; only the context cells are redrawn. The
+// filters hide what does not match; a selection is always among the rows shown.
 function renderEscalations(queue) {
-  const items = queue.items;
+  state.queue = queue;
+  fillFilter($("filter-agent"), queue.items.map((e) => e.agent || ""), state.filters.agent);
+  fillFilter($("filter-route"), queue.items.map((e) => e.route || ""), state.filters.route);
+  fillFilter($("filter-reason"), queue.items.map((e) => e.reason || ""), state.filters.reason);
+  const items = queue.items.filter(matches);
   const tbody = $("escalations").tBodies[0];
   const existing = new Map([...tbody.rows].map((tr) => [tr.dataset.escalation, tr]));
   items.sort((a, b) => timeLeft(a) - timeLeft(b));
   const rows = items.map((e) => {
     let tr = existing.get(e.escalation);
     if (!tr) {
-      tr = el("tr", { data: { escalation: e.escalation } }, el("td", { className: "decision" }, decisionCell(e)));
+      tr = el("tr", { data: { escalation: e.escalation } },
+        el("td", { className: "pick" }, pickCell(e)),
+        el("td", { className: "decision" }, decisionCell(e)));
     }
     redraw(tr, escalationCells(e));
     return tr;
   });
   place(tbody, rows);
+  const shown = new Set(items.map((e) => e.escalation));
+  for (const id of state.selected) if (!shown.has(id)) state.selected.delete(id);
+  showSelection();
   $("escalation-count").textContent = queue.total ? String(queue.total) : "";
-  document.querySelector('.empty[data-for="escalations"]').hidden = items.length > 0;
+  const empty = document.querySelector('.empty[data-for="escalations"]');
+  empty.hidden = items.length > 0;
+  empty.textContent = queue.items.length ? `No escalation shown matches the filters (${queue.total} wait).`
+    : "Nothing waits for a decision.";
+  $("filter-count").textContent = items.length === queue.items.length ? ""
+    : `${items.length} of the ${queue.items.length} loaded match`;
   $("queue-more").hidden = !queue.more;
-  $("queue-more").textContent = `Show more (${items.length} of ${queue.total} shown)`;
-  const waiting = new Set(items.map((e) => e.hold));
+  $("queue-more").textContent = `Show more (${queue.items.length} of ${queue.total} shown)`;
+  const waiting = new Set(queue.items.map((e) => e.hold));
   for (const hold of state.bodies.keys()) if (!waiting.has(hold)) state.bodies.delete(hold);
   for (const hold of state.opened) if (!waiting.has(hold)) state.opened.delete(hold);
+}
+
+// The ticks, the "all shown" box and the bulk buttons, as the selection is.
+function showSelection() {
+  const rows = [...$("escalations").tBodies[0].rows];
+  for (const tr of rows) tr.querySelector("input.pick").checked = state.selected.has(tr.dataset.escalation);
+  const n = state.selected.size;
+  const all = $("select-shown");
+  all.checked = n > 0 && n === rows.length;
+  all.indeterminate = n > 0 && n < rows.length;
+  $("bulk-count").textContent = `${n} selected`;
+  $("bulk-approve").disabled = $("bulk-reject").disabled = n === 0 || state.deciding;
+}
+
+function selectShown() {
+  const rows = [...$("escalations").tBodies[0].rows];
+  const every = $("select-shown").checked;
+  state.selected.clear();
+  if (every) for (const tr of rows) state.selected.add(tr.dataset.escalation);
+  showSelection();
+}
+
+function chooseFilter(field, select) {
+  state.filters[field] = select.value;
+  renderEscalations(state.queue);
+  labelCells($("escalations"));
+}
+
+// One decision, by the gateway's per-escalation endpoint (a consume-once claim):
+// {escalation, kind: "done" | "resolved" (another decision won) | "failed", text}.
+async function decideOne(escalation, verb, reason) {
+  try {
+    const { status, data } = await api(`/v1/escalations/${encodeURIComponent(escalation)}/${verb}`, {
+      method: "POST", body: reason ? { reason } : {},
+    });
+    const text = verb === "reject" ? "rejected"
+      : data && data.status === "approved" ? "approved (the in-process tool acts on it)"
+      : `approved; the tool API answered ${status}`;
+    return { escalation, kind: "done", text };
+  } catch (e) {
+    if (e.reason === "escalation_resolved") {
+      const by = e.body.by ? ` by ${e.body.by}` : "";
+      return { escalation, kind: "resolved", text: `already ${e.body.state || "decided"}${by}` };
+    }
+    // An answer without a reason code is the tool API's own: the approval went through
+    // and the tool refused or failed, which the agent is told too.
+    if (verb === "approve" && e.status && !e.reason) {
+      return { escalation, kind: "done", text: `approved; the tool API answered ${e.status}` };
+    }
+    return { escalation, kind: "failed", text: e.message };
+  }
 }
 
 async function decide(escalation, verb, reasonInput, buttons) {
   const reason = reasonInput.value.trim();
   buttons.forEach((b) => { b.disabled = true; });
-  try {
-    const { status, data } = await api(`/v1/escalations/${encodeURIComponent(escalation)}/${verb}`, {
-      method: "POST", body: reason ? { reason } : {},
-    });
-    const outcome = verb === "reject" ? "rejected"
-      : data && data.status === "approved" ? "approved (the in-process tool acts on it)"
-      : `approved; the tool API answered ${status}`;
-    flash(`${escalation}: ${outcome}${reason ? ` — “${reason}”` : ""}`);
-  } catch (e) {
-    // An answer without a reason code is the tool API's own: the approval went through
-    // and the tool refused or failed, which the agent is told too.
-    const message = verb === "approve" && e.status && !e.reason
-      ? `approved; the tool API answered ${e.status}` : e.message;
-    flash(`${verb} ${escalation}: ${message}`, true);
+  const outcome = await decideOne(escalation, verb, reason);
+  if (outcome.kind === "done") flash(`${escalation}: ${outcome.text}${reason ? ` — “${reason}”` : ""}`);
+  else {
+    flash(`${verb} ${escalation}: ${outcome.text}`, true);
     buttons.forEach((b) => { b.disabled = false; });
   }
   await refresh(true);
+}
+
+// `work` of each item, at most `parallel` at a time; the results in the items' order.
+async function inPool(items, parallel, work) {
+  const results = new Array(items.length);
+  let next = 0;
+  const worker = async () => {
+    while (next < items.length) {
+      const i = next++;
+      results[i] = await work(items[i]);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(parallel, items.length) }, worker));
+  return results;
+}
+
+// Every selected escalation decided the same way with one reason, each by its own
+// consume-once call: one that another person (or a rule) decided meanwhile is reported
+// as such, never decided twice.
+async function decideSelected(verb) {
+  const chosen = [...state.selected];
+  if (!chosen.length || state.deciding) return;
+  const reason = $("bulk-reason").value.trim();
+  state.deciding = true;
+  showSelection();
+  const outcomes = await inPool(chosen, BULK_PARALLEL, (id) => decideOne(id, verb, reason));
+  state.deciding = false;
+  state.selected.clear();
+  const count = (kind) => outcomes.filter((o) => o.kind === kind).length;
+  const done = count("done");
+  const parts = [`${done} ${verb === "approve" ? "approved" : "rejected"}`];
+  if (count("resolved")) parts.push(`${count("resolved")} already decided`);
+  if (count("failed")) parts.push(`${count("failed")} failed`);
+  flash(`${verb === "approve" ? "Approve" : "Reject"} ${chosen.length} selected: ${parts.join(", ")}`
+    + (reason ? ` — “${reason}”` : ""), count("failed") > 0);
+  $("bulk-report").replaceChildren(...outcomes.map((o) => el("li", { className: o.kind },
+    el("span", { className: "mono" }, o.escalation), " ", o.text)));
+  $("bulk-report").hidden = false;
+  if (done) $("bulk-reason").value = "";
+  await refresh(true);
+}
+
+// --- rules ------------------------------------------------------------------------
+
+function ruleTarget(r) {
+  if (r.kind === "raise_limit") return r.account;
+  return r.agent ? `agent ${r.agent}` : `principal ${r.principal}`;
+}
+
+// Rows are kept by rule id, their "End now" button with them: a click is never lost to
+// the auto-refresh redrawing the row under it.
+function renderRules(rules, policy, balances) {
+  const tbody = $("rules").tBodies[0];
+  const existing = new Map([...tbody.rows].map((tr) => [tr.dataset.rule, tr]));
+  place(tbody, rules.map((r) => {
+    let tr = existing.get(r.rule);
+    if (!tr) {
+      const end = el("button", { type: "button", className: "end" }, "End now");
+      end.addEventListener("click", () => endRule(r.rule, end));
+      tr = el("tr", { data: { rule: r.rule } }, el("td", { className: "decision" }, end));
+    }
+    const left = timeMs(r.until) - serverNow();
+    redraw(tr, [
+      el("td", { className: "mono" }, r.rule),
+      el("td", {}, r.kind === "raise_limit" ? "raise limit" : "auto-approve"),
+      el("td", { className: "target" }, ruleTarget(r)),
+      el("td", { className: "num" }, r.kind === "raise_limit" ? "+" + moneyOf(r, "amount") : "up to " + moneyOf(r, "max_price")),
+      el("td", {}, el("div", {}, clock(timeMs(r.until))), el("div", { className: "muted" }, `${duration(left)} left`)),
+      el("td", {}, el("div", {}, r.by || ""), el("div", { className: "muted" }, r.reason || "")),
+    ]);
+    return tr;
+  }));
+  document.querySelector('.empty[data-for="rules"]').hidden = rules.length > 0;
+  state.policy = policy;
+  fillRuleNames();
+  setOptions($("rule-accounts"), balances.map((b) => [b.account, b.account]));
+}
+
+// The names the form suggests: the policy's agents or principals.
+function fillRuleNames() {
+  const policy = state.policy || {};
+  const names = $("rule-who-kind").value === "agent" ? Object.keys(policy.agents || {})
+    : Object.keys((policy.accounts || {}).principals || {});
+  setOptions($("rule-names"), names.sort().map((n) => [n, n]));
+}
+
+function chooseRuleKind() {
+  const kind = $("rule-kind").value;
+  for (const label of document.querySelectorAll("#rule-form [data-kind]")) {
+    label.hidden = label.dataset.kind !== kind;
+  }
+}
+
+function ruleError(message) {
+  $("rule-error").textContent = message;
+  $("rule-error").hidden = !message;
+}
+
+// The rule as the form says it; the gateway checks it (and the admin's role) and its
+// refusal is shown as it said it.
+async function setRule(event) {
+  event.preventDefault();
+  const kind = $("rule-kind").value;
+  const value = (id) => $(id).value.trim();
+  const body = { kind, duration: value("rule-duration"), reason: value("rule-reason") };
+  if (kind === "auto_approve") {
+    body[$("rule-who-kind").value] = value("rule-who");
+    body.max_price = value("rule-max-price");
+  } else {
+    body.account = value("rule-account");
+    body.amount = value("rule-amount");
+  }
+  $("rule-set").disabled = true;
+  try {
+    const { data } = await api(`/v1/admin/tenants/${encodeURIComponent(state.tenant)}/rules`, { method: "POST", body });
+    ruleError("");
+    flash(`rule ${data.rule} set: ${kind === "raise_limit" ? "raise" : "auto-approve"} ${ruleTarget(data)} until ${clock(timeMs(data.until))}`);
+    $("rule-reason").value = "";
+  } catch (e) {
+    ruleError(`Not set: ${e.message}`);
+    flash(`rule not set: ${e.message}`, true);
+  } finally {
+    $("rule-set").disabled = false;
+  }
+  await refresh(true);
+}
+
+async function endRule(rule, button) {
+  button.disabled = true;
+  try {
+    await api(`/v1/admin/tenants/${encodeURIComponent(state.tenant)}/rules/${encodeURIComponent(rule)}`, { method: "DELETE" });
+    flash(`rule ${rule} ended`);
+  } catch (e) {
+    flash(`end rule ${rule}: ${e.message}`, true);
+    button.disabled = false;
+  }
+  await refresh(true);
+}
+
+// --- refusals -----------------------------------------------------------------------
+
+const shortTime = (value) => {
+  const ms = timeMs(value);
+  return ms === null ? "" : new Date(ms).toLocaleTimeString(undefined, { hour12: false, hour: "2-digit", minute: "2-digit" });
+};
+
+function topList(list, rows, name) {
+  list.replaceChildren(...rows.slice(0, TOP_SHOWN).map((r) => el("li", {},
+    el("span", { className: "mono" }, r[name] === "*" ? "(others)" : r[name]), " ",
+    el("span", { className: "muted" }, String(r.count)))));
+}
+
+function renderRefusals(data) {
+  state.refused = data;
+  const chart = $("refusal-chart");
+  const most = Math.max(1, ...data.per_minute.map((m) => m.count));
+  chart.replaceChildren(...data.per_minute.map((m) => {
+    const reasons = Object.entries(m.by_reason).map(([r, n]) => `${r} ${n}`).join(", ");
+    const bar = el("div", { className: "minute" + (m.count ? "" : " none"), title: `${shortTime(m.at)}: ${m.count}${reasons ? " — " + reasons : ""}` });
+    bar.style.height = `${Math.max(m.count ? 8 : 2, (100 * m.count) / most)}%`;
+    bar.dataset.count = String(m.count);
+    return bar;
+  }));
+  const first = data.per_minute.length ? shortTime(data.per_minute[0].at) : "";
+  $("refusal-axis").replaceChildren(el("span", {}, first), el("span", {}, "now"));
+  $("refusal-count").textContent = data.total ? String(data.total) : "";
+  const reasons = data.by_reason.map((r) => r.reason);
+  if (state.refusalReason && !reasons.includes(state.refusalReason)) reasons.push(state.refusalReason);
+  setOptions($("refusal-reason"), [["", "any"], ...reasons.map((r) => [r, r])], state.refusalReason);
+  topList($("refusal-reasons"), data.by_reason, "reason");
+  topList($("refusal-agents"), data.by_agent, "agent");
+  topList($("refusal-routes"), data.by_route, "route");
+  const rows = data.rows.filter((r) => !state.refusalReason || r.reason === state.refusalReason);
+  $("refusals").tBodies[0].replaceChildren(...rows.slice(0, REFUSAL_ROWS_SHOWN).map((r) => el("tr",
+    { data: { reason: r.reason, agent: r.agent, via: r.transport } },
+    el("td", { className: "reason" }, el("span", { className: "event denied" }, r.reason)),
+    el("td", { className: "agent" }, r.agent === "*" ? "(others)" : r.agent),
+    el("td", { className: "route mono" }, r.route === "*" ? "(others)" : r.route),
+    el("td", { className: "via" }, r.transport),
+    el("td", { className: "num n" }, String(r.count)),
+    el("td", { className: "last" }, shortTime(r.last_at)))));
+  document.querySelector('.empty[data-for="refusals"]').hidden = rows.length > 0;
+  const hidden = Math.max(0, rows.length - REFUSAL_ROWS_SHOWN) + (data.rows_total - data.rows.length);
+  $("refusal-note").textContent = `${data.total} in ${data.minutes} minutes; counted by every gateway, `
+    + `up to ${data.flush_s} s late${hidden ? `; ${hidden} rarer rows not shown` : ""}`;
 }
 
 // --- ambiguous holds ----------------------------------------------------------------
@@ -608,6 +916,21 @@ document.addEventListener("DOMContentLoaded", async () => {
   $("refresh").addEventListener("click", () => refresh());
   $("interval").addEventListener("change", schedule);
   $("reconcile").addEventListener("click", reconcileNow);
+  $("filter-agent").addEventListener("change", (e) => chooseFilter("agent", e.target));
+  $("filter-route").addEventListener("change", (e) => chooseFilter("route", e.target));
+  $("filter-reason").addEventListener("change", (e) => chooseFilter("reason", e.target));
+  $("select-shown").addEventListener("change", selectShown);
+  $("bulk-approve").addEventListener("click", () => decideSelected("approve"));
+  $("bulk-reject").addEventListener("click", () => decideSelected("reject"));
+  $("rule-form").addEventListener("submit", setRule);
+  $("rule-kind").addEventListener("change", chooseRuleKind);
+  $("rule-who-kind").addEventListener("change", fillRuleNames);
+  $("refusal-minutes").addEventListener("change", () => refresh(true));
+  $("refusal-reason").addEventListener("change", (e) => {
+    state.refusalReason = e.target.value;
+    if (state.refused) renderRefusals(state.refused);
+    labelCells($("refusals"));
+  });
   $("queue-more").addEventListener("click", () => {
     state.queuePages += 1;
     refresh(true);

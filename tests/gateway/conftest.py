@@ -22,7 +22,8 @@ import httpx
 import pytest
 import yaml
 
-from irrev.harness import free_port
+from irrev.harness import free_port, new_token
+from pricing.credentials import hash_token
 
 from .servers import (
     BIN,
@@ -166,6 +167,18 @@ def _shadow_orders() -> dict[str, Any]:
     return {"routes": data["routes"], "accounts": _example_accounts(tenant={"limit": "1"})}
 
 
+def _refused_often() -> dict[str, Any]:
+    """procurement, where facilities' agents are refused by the budget (its limit is
+    1 USD) and platform's deployer may call only its deploy tool."""
+    accounts = _example_accounts()
+    accounts["principals"]["facilities"] = {"limit": "1"}
+    accounts["principals"]["platform"] = {"limit": "10000", "routes": ["deploy *"]}
+    return {"accounts": accounts}
+
+
+# A tenant admin of `console-ops` who may approve but not raise a limit (test_console.py).
+CONSOLE_APPROVER = new_token()
+
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "basics": ("procurement", {}),
@@ -263,6 +276,17 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # The operator console in a browser (test_console.py).
     "console": ("procurement", {}),
     "console-resolve": ("procurement", {}),
+    # Refusals counted for the operator, and the account that tripped (issue 26).
+    "refusals": ("procurement", _refused_often()),
+    "tripped": ("procurement", {}),
+    # The console's refusals view, bulk decisions and rules (test_console.py).
+    "console-ops": (
+        "procurement",
+        {
+            **_flooded_orders(),
+            "admins": {"ann": {"token_sha256": hash_token(CONSOLE_APPROVER), "role": "approver"}},
+        },
+    ),
 }
 
 

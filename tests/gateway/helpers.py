@@ -27,6 +27,31 @@ def effect_headers(tenant: Tenant, agent: str, key: str) -> dict[str, str]:
 
 
 DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
+MCP_PROTOCOL = "2026-07-28"
+
+
+def mcp_call(tenant: Tenant, agent: str, name: str) -> tuple[bytes, dict[str, str]]:
+    """A raw MCP tools/call of `name` by `agent` (stateless, the 2026-07-28 protocol)."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MCP_PROTOCOL,
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": {}, "_meta": meta},
+    }
+    headers = {
+        **tenant.auth(agent),
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MCP_PROTOCOL,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": name,
+    }
+    return json.dumps(message).encode(), headers
 
 
 async def scrape_fleet(

@@ -9,6 +9,11 @@ is to its limit, the operator approves it with a
 reason through the page, the tenant's balance moves from pending to posted, and the
 approval with its reason shows among the recent decisions (the events feed). An
 ambiguous hold is reconciled, then voided by hand with a reason, through the page.
+At 800 x 900 (issue 26), the refusals the agents got are seen by reason, agent and
+route; escalations filtered to one agent are approved in one action with one reason,
+one of them decided by someone else meanwhile reported as such; a row's Reject is on
+screen; rules are set and ended from the page, and an approver's raise is refused
+with the gateway's words; every control is on screen, at 800 px and wide.
 Screenshots of each step are saved under $IRREV_ARTIFACTS (or the test's tmp dir)
 and their folder printed.
 
@@ -24,6 +29,7 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -43,7 +49,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from pricing.money import money_text
 
 from .conftest import Gateway
-from .helpers import assert_problem, effect_headers, order
+from .helpers import assert_problem, effect_headers, mcp_call, order
 from .servers import Tenant
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -107,14 +113,14 @@ class Page:
         self.folder = folder
         self.shots = 0
 
-    def sign_in(self, gateway: Gateway, tenant: Tenant) -> str:
-        """Signs in with the operator's token and picks `tenant`, refreshed every 2 s;
-        returns the selector of the tenant account's row."""
+    def sign_in(self, gateway: Gateway, tenant: Tenant, token: str | None = None) -> str:
+        """Signs in with `token` (the operator's by default) and picks `tenant`,
+        refreshed every 2 s; returns the selector of the tenant account's row."""
         self.driver.get(f"{gateway.url}/console")
         # A sign-in of an earlier test (the tab keeps it) is undone: this one types its own.
         self.driver.execute_script("sessionStorage.clear()")
         self.driver.refresh()
-        self.find("#token").send_keys(gateway.admin_token)
+        self.find("#token").send_keys(token or gateway.admin_token)
         self.find("#signin").click()
         self.until(
             ec.presence_of_element_located(
@@ -178,10 +184,22 @@ class Page:
     def shot(self, name: str) -> Path:
         self.shots += 1
         path = self.folder / f"{self.shots:02d}-{name}.png"
-        # The whole page, not just the window: the sections run below the fold.
-        capture = self.driver.execute_cdp_cmd(
-            "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}
+        # The whole page, not just the window: the sections run below the fold. Without
+        # its scrollbar, which chromium's capture of the whole page would cut the page's
+        # right edge for.
+        hide = "document.documentElement.style.scrollbarWidth = arguments[0]"
+        # Drawn without it before the capture (two frames), or it is not always gone.
+        self.driver.execute_async_script(
+            f"{hide}; const done = arguments[arguments.length - 1];"
+            " requestAnimationFrame(() => requestAnimationFrame(done));",
+            "none",
         )
+        try:
+            capture = self.driver.execute_cdp_cmd(
+                "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}
+            )
+        finally:
+            self.driver.execute_script(hide, "")
         path.write_bytes(base64.b64decode(capture["data"]))
         return path
 
@@ -335,6 +353,249 @@ def test_an_operator_reconciles_then_voids_an_ambiguous_hold_with_a_reason_in_th
         assert held.status_code == 200, held.text
         assert (held.json()["state"], held.json()["resolution_note"]) == ("voided", why)
 
+    assert not csp_complaints(browser)
+
+
+# Every control the page shows (buttons, inputs, selects, a body's summary) must be on
+# screen once scrolled to, inside the window's width, and not covered by anything; and
+# the page must never scroll sideways.
+UNREACHABLE = """
+const width = document.documentElement.clientWidth;
+const out = [];
+if (document.documentElement.scrollWidth > width) {
+  out.push(`the page is ${document.documentElement.scrollWidth} px wide in a ${width} px window`);
+}
+const controls = document.querySelectorAll(
+  "header button, header select, #app button, #app input, #app select, #app summary");
+for (const e of controls) {
+  if (!e.getClientRects().length) continue;  // not shown (hidden, an empty section)
+  e.scrollIntoView({ block: "center", inline: "nearest" });
+  const r = e.getBoundingClientRect();
+  const name = `${e.tagName.toLowerCase()}#${e.id}.${e.className} "${(e.textContent || e.placeholder || "").trim().slice(0, 30)}"`;
+  // Where it is on the page, had the window not scrolled sideways to show it.
+  const [left, right] = [r.left + scrollX, r.right + scrollX];
+  if (left < 0 || right > width + 0.5 || r.top < 0 || r.bottom > innerHeight + 0.5) {
+    out.push(`${name} is off-screen at ${Math.round(left)}..${Math.round(right)} of ${width}`);
+    continue;
+  }
+  const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+  if (hit !== e && !e.contains(hit)) out.push(`${name} is covered by ${hit && hit.tagName}`);
+}
+window.scrollTo(0, 0);
+return out;
+"""
+
+
+def assert_every_control_visible(driver: WebDriver, when: str) -> None:
+    hidden: list[str] = driver.execute_script(UNREACHABLE)
+    assert not hidden, f"{when}: {hidden}"
+
+
+def refusal_row(driver: WebDriver, reason: str, agent: str, via: str) -> str:
+    """The count the refusals table shows for (reason, agent, transport), or ''."""
+    css = f'#refusals tr[data-reason="{reason}"][data-agent="{agent}"][data-via="{via}"] td.n'
+    found = driver.find_elements(By.CSS_SELECTOR, css)
+    return str(found[0].text) if found else ""
+
+
+def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
+    gateway: Gateway, browser: WebDriver, artifacts: Path
+) -> None:
+    """Issue 26's hostile round, in the page at 800 x 900: the refusals the agents got
+    (HTTP and MCP, before the ledger) are seen by reason, agent and route; a filtered
+    set of escalations is approved with one reason in one action, each by its own
+    consume-once call, one already rejected meanwhile reported as such; a row's Reject
+    is on screen; rules are set and ended from the page, and a role that may not raise
+    a limit is told why by the gateway. Every control is on screen throughout."""
+    from .conftest import CONSOLE_APPROVER
+
+    tenant = gateway.tenant("console-ops")
+    page = Page(browser, artifacts)
+    browser.set_window_size(800, 900)
+    escalations: dict[str, list[str]] = {"buyer-05": [], "buyer-06": []}
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=30.0, trust_env=False) as http:
+            # Refusals: before the ledger, a cap (3) and unlisted routes (2), and over MCP.
+            for n in range(3):
+                capped = http.post(
+                    "/tools/supplier/orders",
+                    json=order(quantity=600),
+                    headers=effect_headers(tenant, "buyer-01", f"cap-{n}"),
+                )
+                assert_problem(capped, 403, "per_effect_cap")
+            for n in range(2):
+                unlisted = http.post(
+                    f"/tools/supplier/nowhere/{n}",
+                    json=order(),
+                    headers=effect_headers(tenant, "buyer-02", f"nowhere-{n}"),
+                )
+                assert_problem(unlisted, 403, "unknown_route")
+            body, headers = mcp_call(tenant, "buyer-03", "nowhere__tool")
+            assert http.post("/mcp", content=body, headers=headers).json()["result"]["isError"]
+            # Near-identical escalations (every order above 50 USD waits) of two agents.
+            for agent, count in (("buyer-05", 4), ("buyer-06", 2)):
+                for n in range(count):
+                    waiting = http.post(
+                        "/tools/supplier/orders",
+                        json=order(quantity=1, supplier_id=f"s-{agent}-{n}"),
+                        headers=effect_headers(tenant, agent, f"bulk-{agent}-{n}"),
+                    )
+                    assert waiting.status_code == 202, waiting.text
+                    escalations[agent].append(waiting.json()["escalation"])
+
+            page.sign_in(gateway, tenant)
+            assert browser.execute_script("return innerWidth") <= 800
+
+            # The refusals, counted by the fleet, by reason, agent and route.
+            for reason, agent, via, count in (
+                ("per_effect_cap", "buyer-01", "http", "3"),
+                ("unknown_route", "buyer-02", "http", "2"),
+                ("unknown_route", "buyer-03", "mcp", "1"),
+            ):
+                page.until(
+                    lambda driver, r=reason, a=agent, v=via, c=count: (
+                        refusal_row(driver, r, a, v) == c
+                    ),
+                    f"no refusal row {reason} {agent} {via} x{count}",
+                )
+            page.text_is("#refusal-count", "6")
+            routes = page.find("#refusal-routes").text
+            assert "supplier POST /orders" in routes and "supplier POST (unlisted)" in routes
+            Select(page.find("#refusal-reason")).select_by_value("per_effect_cap")
+            shown = browser.find_elements(By.CSS_SELECTOR, "#refusals tbody tr")
+            assert [tr.get_attribute("data-reason") for tr in shown] == ["per_effect_cap"]
+            page.shot("refusals-800")
+
+            # The queue, filtered to one agent, all shown selected, approved at once.
+            for escalation in (*escalations["buyer-05"], *escalations["buyer-06"]):
+                page.find(f'tr[data-escalation="{escalation}"]')
+            assert_every_control_visible(browser, "the queue at 800 px")
+            Select(page.find("#interval")).select_by_value("0")  # the page holds still
+            Select(page.find("#filter-agent")).select_by_value("buyer-05")
+            rows = browser.find_elements(By.CSS_SELECTOR, "#escalations tbody tr")
+            assert sorted(tr.get_attribute("data-escalation") for tr in rows) == sorted(
+                escalations["buyer-05"]
+            )
+            page.find("#select-shown").click()
+            page.text_is("#bulk-count", "4 selected")
+            # Someone else rejects one of them meanwhile: its approval must lose.
+            late = escalations["buyer-05"][0]
+            beaten = http.post(
+                f"/v1/escalations/{late}/reject", json={"reason": "dup"}, headers=gateway.admin
+            )
+            assert beaten.status_code == 200, beaten.text
+            why = "restock approved in bulk"
+            page.find("#bulk-reason").send_keys(why)
+            page.find("#bulk-approve").click()
+            page.until(
+                lambda driver: len(driver.find_elements(By.CSS_SELECTOR, "#bulk-report li")) == 4,
+                "no outcome for each escalation",
+            )
+            report = {
+                li.find_element(By.CSS_SELECTOR, "span").text: li.get_attribute("class")
+                for li in browser.find_elements(By.CSS_SELECTOR, "#bulk-report li")
+            }
+            assert report == {e: "done" for e in escalations["buyer-05"][1:]} | {late: "resolved"}
+            resolved = browser.find_element(By.CSS_SELECTOR, "#bulk-report li.resolved").text
+            assert "already rejected by operator:ops" in resolved, resolved
+            flash = page.find("#flash").text
+            assert "3 approved, 1 already decided" in flash and why in flash, flash
+            for escalation in escalations["buyer-05"][1:]:
+                page.until(
+                    lambda driver, e=escalation: (
+                        not driver.find_elements(By.CSS_SELECTOR, f'tr[data-escalation="{e}"]')
+                    ),
+                    f"{escalation} is still in the queue",
+                )
+            page.shot("bulk-approved-800")
+            # Each approval forwarded its order once; the agent reads the one reason.
+            for escalation in escalations["buyer-05"][1:]:
+                polled = http.get(f"/v1/escalations/{escalation}", headers=tenant.auth("buyer-05"))
+                assert polled.status_code == 201, polled.text
+                assert unquote(polled.headers["x-irrev-note"]) == why
+
+            # One agent's escalation rejected by its row's own button, on screen at 800 px.
+            Select(page.find("#interval")).select_by_value("2")
+            Select(page.find("#filter-agent")).select_by_value("buyer-06")
+            target = escalations["buyer-06"][0]
+            row = page.find(f'tr[data-escalation="{target}"]')
+            row.find_element(By.CSS_SELECTOR, "input.reason").send_keys("not this supplier")
+            reject = row.find_element(By.CSS_SELECTOR, "button.reject")
+            assert reject.is_displayed()
+            reject.click()
+            page.gone(row, f"{target} is still in the queue")
+            polled = http.get(f"/v1/escalations/{target}", headers=tenant.auth("buyer-06"))
+            assert_problem(polled, 403, "escalation_rejected")
+
+            # Rules from the page: an auto-approval and a raise, listed; the first ended.
+            rules = f"/v1/admin/tenants/{tenant.id}/rules"
+            page.find("#rule-who").send_keys("buyer-06")
+            page.find("#rule-max-price").send_keys("100")
+            page.find("#rule-duration").clear()
+            page.find("#rule-duration").send_keys("1h")
+            page.find("#rule-reason").send_keys("trusted restock")
+            page.find("#rule-set").click()
+            page.until(
+                lambda driver: "agent buyer-06" in driver.find_element(By.ID, "rules").text,
+                "the auto-approval is not listed",
+            )
+            Select(page.find("#rule-kind")).select_by_value("raise_limit")
+            page.find("#rule-account").send_keys("principal:procurement")
+            page.find("#rule-amount").send_keys("1000")
+            page.find("#rule-reason").send_keys("quarter-end")
+            page.find("#rule-set").click()
+            page.until(
+                lambda driver: "principal:procurement" in driver.find_element(By.ID, "rules").text,
+                "the raise is not listed",
+            )
+            page.until(
+                lambda driver: (
+                    "raised by 1,000 USD"
+                    in driver.find_element(
+                        By.CSS_SELECTOR, 'tr[data-account="principal:procurement"]'
+                    ).text
+                ),
+                "the utilisation does not show the raise",
+            )
+            assert_every_control_visible(browser, "rules and queue at 800 px")
+            page.shot("rules-800")
+            live = http.get(rules, headers=gateway.admin).json()["rules"]
+            auto = next(r for r in live if r["kind"] == "auto_approve")
+            assert (auto["agent"], auto["max_price"], auto["by"]) == (
+                "buyer-06",
+                100 * USD,
+                "operator:ops",
+            )
+            ended = page.find(f'#rules tr[data-rule="{auto["rule"]}"] button.end')
+            ended.click()
+            page.gone(ended, f"rule {auto['rule']} is still listed")
+            live = http.get(rules, headers=gateway.admin).json()["rules"]
+            assert [r["kind"] for r in live] == ["raise_limit"]
+
+            # An approver may not raise a limit: the page says what the gateway said.
+            page.sign_in(gateway, tenant, CONSOLE_APPROVER)
+            Select(page.find("#rule-kind")).select_by_value("raise_limit")
+            page.find("#rule-account").send_keys("principal:procurement")
+            page.find("#rule-amount").send_keys("500")
+            page.find("#rule-reason").send_keys("more please")
+            page.find("#rule-set").click()
+            page.until(
+                lambda driver: (
+                    "needs the policy_admin role" in driver.find_element(By.ID, "rule-error").text
+                ),
+                "the role's refusal is not shown",
+            )
+            assert "'ann' is approver" in page.find("#rule-error").text
+            page.shot("refused-role-800")
+            assert len(http.get(rules, headers=gateway.admin).json()["rules"]) == 1
+
+        # And wide, the same page keeps every control on screen.
+        browser.set_window_size(1440, 1000)
+        page.find("#rule-set")
+        assert_every_control_visible(browser, "at 1440 px")
+        page.shot("wide")
+    finally:
+        browser.set_window_size(1440, 1000)
     assert not csp_complaints(browser)
 
 

@@ -39,6 +39,9 @@ PUBLIC_API = {
     "ChangeFeed",
     "PolicyRecord",
     "PutResult",
+    # how many requests the gateways refused, per tenant and minute
+    "RefusalCounts",
+    "RefusalCount",
     # records
     "AccountCheck",
     "AccountSpec",
