@@ -86,6 +86,9 @@ class Sweeper:
             self._heard = self.feed.heard("lease")
             self._next_ask.clear()
         swept = 0
+        # At most one tenant's page of idle accounts a round: a round renews every
+        # lease it holds, and must stay well inside a lease's ttl however many tenants.
+        closing = False
         for tenant in tenants:
             # Each tenant on its own: one whose lease or sweep fails (its cluster
             # shard down) stopped the round, and every tenant after it went unswept
@@ -94,27 +97,30 @@ class Sweeper:
                 if await self._lease(tenant):
                     await self.ledger.sweep(tenant, batch=SWEEP_BATCH)
                     metrics.SWEEPS.labels(tenant).inc()
-                    await self._close_idle(tenant)
                     swept += 1
+                    if not closing and await self._close_idle(tenant):
+                        closing = True
             except Exception as exc:
                 self._sweeps.failed(tenant, exc)
             else:
                 self._sweeps.back(tenant)
         return swept
 
-    async def _close_idle(self, tenant: str) -> None:
+    async def _close_idle(self, tenant: str) -> bool:
         """A page of the tenant's idle risk-factor accounts closed (Ledger.
         close_idle_accounts), a scan of them all about every close interval: an agent
-        paying many new payees leaves no account per payee past its window."""
+        paying many new payees leaves no account per payee past its window. Whether
+        a page was read (False: not due)."""
         cursor, due = self._close_at.get(tenant, (0, 0.0))
         now = time.monotonic()
         if now < due:
-            return
+            return False
         cursor, closed = await self.ledger.close_idle_accounts(tenant, cursor)
         if closed:
             metrics.ACCOUNTS_CLOSED.labels(tenant).inc(closed)
         # A scan that is not over goes on next round; a finished one waits.
         self._close_at[tenant] = (cursor, now if cursor else now + self.close_interval_s)
+        return True
 
     def _lease_of(self, tenant: str) -> Lease:
         lease = self._leases.get(tenant)

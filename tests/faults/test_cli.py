@@ -20,6 +20,7 @@ def test_at_least_39_cells_with_unique_names() -> None:
 
 def test_every_group_is_covered() -> None:
     assert {cell.group for cell in CELLS} == {
+        "abuse",
         "crash",
         "concurrency",
         "redis",

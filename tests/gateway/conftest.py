@@ -189,7 +189,9 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "overrun": ("procurement", {"routes": LEARNING_ROUTES, "accounts": SMALL_PLATFORM}),
     "decision-budget": ("procurement", {}),
     "overdraw": ("procurement", {}),
-    "idempotency": ("procurement", {}),
+    # One agent sends one key 20 times at once: more than a worker's default bound on
+    # an agent's requests in flight (request_limits.max_in_flight, 16).
+    "idempotency": ("procurement", {"request_limits": {"max_in_flight": 64}}),
     "approvals": ("procurement", {}),
     "outcomes": ("procurement", {}),
     # A short hold TTL, so that a hold's deadline passes within a test.
