@@ -203,7 +203,7 @@ async def call_tool(
         outcome = await call_effect(
             caller.gate, caller.policy, caller.agent, server, tool, canonical, key
         )
-        if outcome.escalated and outcome.wait_s > 0:
+        if outcome.escalated and outcome.wait_s > 0 and waits(params, key):
             outcome = await wait_for_decision(ctx, caller, server, tool, canonical, outcome)
     except (Problem, RequestError, LedgerError) as exc:
         # As the HTTP routes answer them (gateway/problems.py), as a tool result.
@@ -212,6 +212,15 @@ async def call_tool(
         result = answered(outcome, caller.policy, key)
     refusals.seen_call(caller.gate, caller.policy, caller.agent.agent_id, params.name, result)
     return result
+
+
+def waits(params: types.CallToolRequestParams, key: str) -> bool:
+    """Whether an escalated call waits for the decision: one without a key (a desktop
+    or IDE host, which can neither poll nor repeat a key: its model would only ask
+    again), or one whose client asked for progress. A client that sends its own key
+    and no progress token is a program that repeats the key when it will: answered at
+    once, it is not held up behind a person."""
+    return not key or "progressToken" in (params.meta or {})
 
 
 async def wait_for_decision(

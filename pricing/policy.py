@@ -583,7 +583,8 @@ class Route(_Model):
         default=None,
         alias="escalation_wait",
         description="CALL routes: how long a tools/call that escalates waits for the human's "
-        "decision before answering that it is pending (default 20s; 0: at once)",
+        "decision before answering that it is pending (default 20s; 0: at once); a call "
+        "that sends its own _meta key and no progress token is answered at once",
     )
 
 

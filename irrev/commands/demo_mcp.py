@@ -74,16 +74,19 @@ async def call(
         return await client.session.call_tool(tool, arguments, meta=meta)
 
 
-async def first_escalation(admin: httpx.AsyncClient) -> str:
-    """The escalation waiting in the demo tenant's queue, once it is there."""
+async def first_escalation(admin: httpx.AsyncClient, agent: str) -> str:
+    """`agent`'s escalation in the demo tenant's queue, once it is there (the buyers'
+    soft-band escalations wait there too)."""
     headers = {"Authorization": f"Bearer {DEMO_ADMIN_TOKEN}"}
     for _ in range(100):
-        response = await admin.get("/v1/admin/tenants/mcp-fleet/escalations", headers=headers)
-        waiting = response.json()["escalations"]
+        response = await admin.get(
+            "/v1/admin/tenants/mcp-fleet/escalations", params={"limit": 200}, headers=headers
+        )
+        waiting = [e for e in response.json()["escalations"] if e["agent"] == agent]
         if waiting:
             return str(waiting[0]["escalation"])
         await asyncio.sleep(0.1)
-    raise CliError("the deletion never reached the approval queue")
+    raise CliError(f"{agent}'s call never reached the approval queue")
 
 
 def outcome(result: CallToolResult) -> str:
@@ -132,7 +135,7 @@ async def demo(
         call(url, tokens["dev-01"], "github__delete_repository", deletion)
     )
     async with httpx.AsyncClient(base_url=irrev, trust_env=False) as admin:
-        escalation = await first_escalation(admin)
+        escalation = await first_escalation(admin, "dev-01")
         response = await admin.post(
             f"/v1/escalations/{escalation}/approve",
             headers={"Authorization": f"Bearer {DEMO_ADMIN_TOKEN}"},

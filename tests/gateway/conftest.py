@@ -103,6 +103,11 @@ READERS = {
 }
 
 
+# The URLs of live peer gateways of the session's gateway (`peer_gateway`): a tenant's
+# fleet gauges come from whichever gateway holds its sweep lease, so a scrape of the
+# fleet reads them all (helpers.scrape_fleet).
+PEERS: list[str] = []
+
 RETRY_SUPPLIER_PORT = free_port()
 # Where test_client.py runs a tool API whose answers it scripts (tests/gateway/scripted.py).
 SCRIPTED_PORT = free_port()
@@ -377,7 +382,9 @@ def peer_gateway(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> 
     server.start("/readyz")
     peer = Gateway(server, gateway.redis_url, gateway.admin, gateway.tenants)
     wait_for_workers(peer, workers=1)
+    PEERS.append(server.url)
     yield peer
+    PEERS.remove(server.url)
     server.stop()
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from .conftest import PEERS
 from .servers import BIN, Tenant, base_env
 
 PROBLEM_JSON = "application/problem+json"
@@ -61,13 +62,18 @@ async def scrape_fleet(
     last read. A scrape by anyone but an operator may answer with the fleet gauges
     another such scrape read up to IRREV_METRICS_CACHE_S before. (A tenant's gauges
     come from the gateway whose worker holds its sweep lease; one nobody holds is
-    taken by the scrape: tests/gateway/test_sweeper.py.)"""
+    taken by the scrape: tests/gateway/test_sweeper.py; with a peer gateway up, its
+    scrape is read too.)"""
     deadline = asyncio.get_running_loop().time() + within_s
     while True:
         response = await http.get("/metrics", headers=headers)
         assert response.status_code == 200, response.text
-        if series in response.text or asyncio.get_running_loop().time() > deadline:
-            return response.text
+        texts = [response.text]
+        for peer in PEERS:  # a lease the peer took: its tenants' gauges are there
+            texts.append((await http.get(f"{peer}/metrics", headers=headers)).text)
+        text = "\n".join(texts)
+        if series in text or asyncio.get_running_loop().time() > deadline:
+            return text
         await asyncio.sleep(0.2)
 
 

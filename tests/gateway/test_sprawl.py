@@ -16,6 +16,9 @@ from .conftest import Gateway, own_gateway
 from .helpers import balances, effect_headers, order
 from .servers import Server
 
+# A gateway of its own and a budget window to outlive (~12 s): .ci/run's slow pass.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def sprawl(

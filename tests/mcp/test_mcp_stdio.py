@@ -32,7 +32,8 @@ from tests.gateway.servers import BIN
 
 from .conftest import KEY_META, McpTenant, agent, order, serve, write_mcp_policy
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# A gateway and stdio servers of the module's own (~35 s): .ci/run's slow pass runs it.
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
 
 TOKEN = secrets.token_urlsafe(16)
 # Small bounds, so that a server that keeps exiting is given up on within a second.
@@ -251,10 +252,10 @@ async def test_deny_and_is_error_are_decided_as_for_http_servers(
 async def test_an_approved_escalation_makes_one_call_and_the_queue_names_server_and_tool(
     stdio_gateway: StdioGateway, http: httpx.AsyncClient
 ) -> None:
-    """The call waits for the decision (the route's default escalation_wait); the
-    approver reads which server's tool it is, and of four approvals one wins."""
+    """A keyless call (a host's) waits for the decision (the route's default
+    escalation_wait); the approver reads which server's tool it is, and of four
+    approvals one wins."""
     tenant = stdio_gateway.tenant("stdio")
-    meta = key()
     deletion = {"owner": "acme", "repo": f"legacy-{uuid.uuid4().hex[:6]}"}
 
     async def queued() -> list[dict[str, Any]]:
@@ -264,9 +265,7 @@ async def test_an_approved_escalation_makes_one_call_and_the_queue_names_server_
         return [e for e in queue.json()["escalations"] if e["agent"] == "dev-01"]
 
     async with agent(stdio_gateway.url, tenant.auth("dev-01")) as client:
-        call = asyncio.create_task(
-            client.call_tool("github__delete_repository", deletion, meta=meta)
-        )
+        call = asyncio.create_task(client.call_tool("github__delete_repository", deletion))
         deadline = asyncio.get_running_loop().time() + WAIT_S
         while not (items := await queued()):
             assert asyncio.get_running_loop().time() < deadline, "never escalated"
