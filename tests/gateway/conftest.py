@@ -201,6 +201,9 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "outcomes": ("procurement", {}),
     # A short hold TTL, so that a hold's deadline passes within a test.
     "short-ttl": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
+    # A deadline that passes within a test, with room before it for the test's own
+    # steps on a loaded machine.
+    "reconcile-ttl": ("procurement", {"hold_ttl": "6s"}),
     "retry-race": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
     "retry-claim": ("procurement", {}),
     "retry-trace": ("procurement", {}),

@@ -247,7 +247,7 @@ async def test_a_retry_forwards_the_stored_request_whatever_trace_it_comes_in(
 async def test_reconcile_voids_a_not_found_order_only_after_the_hold_deadline(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("short-ttl")  # hold_ttl 3s
+    tenant = gateway.tenant("reconcile-ttl")  # hold_ttl 6s
     before = used(await balances(http, gateway.admin, tenant))
     # The supplier neither records the order nor answers in time.
     await set_faults(upstream, tenant, delay_s=1.5, apply=False, times=1)
