@@ -36,7 +36,9 @@ from .servers import (
 )
 
 WORKERS = 2
-UPSTREAM_TIMEOUT_S = 1.0
+# Long enough that a loaded 2-core CI machine does not turn an honest forward into a
+# timeout (1 s did, once in ~700 tests); tests of timeouts delay past it.
+UPSTREAM_TIMEOUT_S = 3.0
 BODY_TIMEOUT_S = 1.0
 MAX_BODY_BYTES = 64 * 1024
 
@@ -200,11 +202,11 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "approvals": ("procurement", {}),
     "outcomes": ("procurement", {}),
     # A short hold TTL, so that a hold's deadline passes within a test.
-    "short-ttl": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
+    "short-ttl": ("procurement", {"hold_ttl": "5s", "escalation_ttl": "2s"}),
     # A deadline that passes within a test, with room before it for the test's own
     # steps on a loaded machine.
-    "reconcile-ttl": ("procurement", {"hold_ttl": "6s"}),
-    "retry-race": ("procurement", {"hold_ttl": "3s", "escalation_ttl": "2s"}),
+    "reconcile-ttl": ("procurement", {"hold_ttl": "8s"}),
+    "retry-race": ("procurement", {"hold_ttl": "5s", "escalation_ttl": "2s"}),
     "retry-claim": ("procurement", {}),
     "retry-trace": ("procurement", {}),
     "accept": ("procurement", {}),

@@ -169,13 +169,13 @@ async def test_health_endpoints_name_no_tenant_to_strangers(
 async def test_a_policy_whose_hold_ttl_cannot_outlive_a_forward_is_refused(
     gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    """Observation 12: with a 1 s upstream timeout and a 0.5 s margin (the test
-    gateway's settings), a 2 s hold TTL would refuse every effect 503 hold_deadline."""
+    """Observation 12: with a 3 s upstream timeout and a 0.5 s margin (the test
+    gateway's settings), a 4 s hold TTL would refuse every effect 503 hold_deadline."""
     tenant = gateway.tenant("hygiene")
     path = policy_dir_of(gateway) / f"{tenant.id}.yaml"
     written = path.read_text()
     policy = yaml.safe_load(written)
-    policy["hold_ttl"] = "2s"
+    policy["hold_ttl"] = "4s"
     response = await http.put(
         f"/v1/admin/tenants/{tenant.id}/policy",
         content=yaml.safe_dump(policy, sort_keys=False),
@@ -183,7 +183,7 @@ async def test_a_policy_whose_hold_ttl_cannot_outlive_a_forward_is_refused(
     )
     body = assert_problem(response, 422, "invalid_policy")
     said = " ".join(body["problems"])
-    assert "hold_ttl" in said and "2.5 s" in said, body
+    assert "hold_ttl" in said and "4.5 s" in said, body
     assert path.read_text() == written
     effect = await http.post(
         "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, "buyer-04", "ttl")

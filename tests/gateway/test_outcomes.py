@@ -94,7 +94,7 @@ async def test_timeout_is_ambiguous_and_reconcile_posts_what_the_supplier_record
     tenant = gateway.tenant("outcomes")
     before = used(await balances(http, gateway.admin, tenant))
     # The supplier records the order, then answers after the gateway stopped waiting.
-    await set_faults(upstream, tenant, delay_s=2.5, apply=True, times=1)
+    await set_faults(upstream, tenant, delay_s=4.5, apply=True, times=1)
     response = await http.post(
         "/tools/supplier/orders",
         json=order(quantity=30),
@@ -247,10 +247,10 @@ async def test_a_retry_forwards_the_stored_request_whatever_trace_it_comes_in(
 async def test_reconcile_voids_a_not_found_order_only_after_the_hold_deadline(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("reconcile-ttl")  # hold_ttl 6s
+    tenant = gateway.tenant("reconcile-ttl")  # hold_ttl 8s
     before = used(await balances(http, gateway.admin, tenant))
     # The supplier neither records the order nor answers in time.
-    await set_faults(upstream, tenant, delay_s=1.5, apply=False, times=1)
+    await set_faults(upstream, tenant, delay_s=4.0, apply=False, times=1)
     response = await http.post(
         "/tools/supplier/orders",
         json=order(),
@@ -293,8 +293,10 @@ async def test_reconcile_never_voids_a_retry_on_its_way(
     while time.time() * 1000 <= shown.json()["deadline_ms"] + 50:
         await asyncio.sleep(0.05)
 
-    # The retry's order is made only when its delayed answer is sent.
-    await set_faults(upstream, tenant, in_progress=True, delay_s=1.0, times=1)
+    # The retry's order is made only when its delayed answer is sent: as late as the
+    # gateway waits (3 s), inside the forward margin (0.5 s) the hold's deadline allows
+    # a tool API for recording an effect after the gateway stopped waiting.
+    await set_faults(upstream, tenant, in_progress=True, delay_s=3.0, times=1)
     retry = asyncio.create_task(http.post("/tools/supplier/orders", json=order(), headers=headers))
     key = f"irrev-{hold}"
     while (await supplier_stats(upstream, tenant))["requests_by_key"].get(key, 0) < 2:
@@ -354,7 +356,7 @@ async def test_an_in_progress_409_on_a_retry_keeps_the_hold_ambiguous(
     Idempotency-Key draft). That is no refusal: the hold stays ambiguous and charged,
     nothing is recorded, and a later retry gets (and posts) the real result."""
     tenant = gateway.tenant("outcomes")
-    await set_faults(upstream, tenant, delay_s=2.5, in_progress=True, times=1)
+    await set_faults(upstream, tenant, delay_s=4.5, in_progress=True, times=1)
     headers = effect_headers(tenant, "buyer-04", "in-progress")
     first = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
     assert_problem(first, 504, "upstream_ambiguous")

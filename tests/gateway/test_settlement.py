@@ -114,7 +114,7 @@ async def test_an_agent_cannot_release_a_hold_while_it_is_forwarded(
     tenant = gateway.tenant("settle-roles")
     me = tenant.auth("buyer-01")
     # The supplier holds its answer until the refusals are done (a 0.35 s delay timed
-    # out under the suite's 1 s upstream timeout in a loaded CI run, 0.6 s before it).
+    # out under a 1 s upstream timeout in a loaded CI run, 0.6 s before it).
     await set_faults(upstream, tenant, hold=True, times=1)
     in_flight = asyncio.create_task(buy(http, tenant, "slow"))
     deadline = time.monotonic() + 10
