@@ -12,6 +12,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 FLOORS = {"pricing": 0, "ledger": 0, "gateway": 1, "sim": 1, "irrev": 2}
 LIBRARIES = ("ledger", "pricing", "gateway", "sim")

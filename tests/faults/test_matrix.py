@@ -37,6 +37,9 @@ def _verdict(result: CellResult) -> None:
     assert result.violations == 0, f"{result.cell.name}: " + "; ".join(result.examples)
 
 
+# Slow too (about a minute for all of them): README's test command leaves the matrix
+# out; .ci/run runs it on each server.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [cell.name for cell in FAST])
 def test_fast_cell(fast_results: dict[str, CellResult], name: str) -> None:
     _verdict(fast_results[name])

@@ -34,6 +34,9 @@ from .conftest import Gateway, own_gateway
 from .helpers import deploy_hold, effect_headers, order, set_faults
 from .servers import Server
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 PRICING = {
     "model": "quantile",
     "recovery": {"alpha": 6, "beta": 2},

@@ -52,6 +52,9 @@ from .conftest import Gateway
 from .helpers import assert_problem, effect_headers, mcp_call, order
 from .servers import Tenant
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 USD = 1_000_000

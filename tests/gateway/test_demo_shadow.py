@@ -9,7 +9,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from .servers import ROOT, base_env
+
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
 
 DEMO = [sys.executable, "-m", "irrev.cli", "demo"]
 

@@ -14,6 +14,9 @@ from ledger import EmbeddedRedis
 from .servers import BIN, Server, base_env, write_policy
 from .test_serve import refused_start
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("mode", ["require", "warn"])
 def test_a_server_without_aof(mode: str, redis_binary: Path, tmp_path: Path) -> None:

@@ -22,6 +22,9 @@ from .conftest import Gateway, own_gateway
 from .helpers import ledger_audit
 from .servers import Server, Tenant
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 KEEP_S = 1
 
 

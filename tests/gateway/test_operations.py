@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -28,6 +29,9 @@ from pricing.money import money_text
 from .conftest import Gateway, own_gateway
 from .helpers import assert_problem, effect_headers, order, scrape_fleet
 from .servers import Server, write_policy
+
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
 
 USD = 1_000_000
 

@@ -26,6 +26,9 @@ from .conftest import Gateway, own_gateway
 from .helpers import assert_problem, effect_headers, order
 from .servers import Server
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 READY_DEADLINE_S = 20.0
 
 

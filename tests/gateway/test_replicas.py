@@ -34,6 +34,9 @@ from .helpers import (
 )
 from .servers import Server
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def replicated_gateway(

@@ -27,6 +27,9 @@ from .conftest import Gateway, own_gateway
 from .helpers import assert_problem, effect_headers, order
 from .servers import BIN, Server, Tenant, base_env, write_policy
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 STOP_DEADLINE_S = 30.0
 
 

@@ -25,6 +25,9 @@ from .conftest import Gateway, wait_for_workers
 from .helpers import assert_problem, effect_headers, order
 from .servers import BIN, Server, base_env, write_policy
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 POOL = 8  # IRREV_UPSTREAM_MAX_CONNECTIONS, per worker
 PER_TENANT = 4  # IRREV_UPSTREAM_TENANT_CONNECTIONS, per worker
 WORKERS = 2

@@ -24,6 +24,9 @@ from .conftest import Gateway, own_gateway
 from .helpers import effect_headers, order
 from .servers import BIN, Server, base_env
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 SECRET_VARIABLE = "ACME_WEBHOOK_SECRET"
 BIG = 450  # priced above the orders route's approval threshold: escalates
 WAIT_S = 60.0

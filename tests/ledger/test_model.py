@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -32,6 +33,9 @@ from ledger.errors import (
 from ledger.records import AccountSpec, PoolTicket, pool_tag
 
 from .reference import RefError, RefLedger
+
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
 
 ACCOUNTS = ["tenant:acme", "principal:ops", "agent:a1", "agent:a2", "factor:supplier:s1"]
 # Accounts a reserve may open: (limit, soft, approval) as a policy's pattern gives them.

@@ -33,6 +33,9 @@ from ledger.records import (
 
 from ..conftest import ReplicatedRedis
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 HOUR_MS = 3_600_000
 ROOT = Path(__file__).resolve().parents[2]
 

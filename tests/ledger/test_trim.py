@@ -10,6 +10,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from ledger.audit import audit_tenant
 from ledger.checkpoint import archive_path, load_checkpoint, trim, trim_locked
 from ledger.client import Ledger
@@ -19,6 +21,9 @@ from ledger.records import ReserveRequest
 
 from .conftest import open_accounts
 from .test_concurrency import finish, release, spawn
+
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
 
 FAR_FUTURE_MS = 2**52
 HOUR_MS = 3_600_000

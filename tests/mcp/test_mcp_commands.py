@@ -9,8 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from tests.gateway.servers import BIN, ROOT, base_env
 from tests.test_docs import documented_reasons
+
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
 
 
 def irrev(*argv: str) -> subprocess.CompletedProcess[str]:

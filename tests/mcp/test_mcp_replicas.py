@@ -17,7 +17,8 @@ from tests.gateway.servers import Server
 
 from .conftest import KEY_META, agent, order, serve, tool_stats, write_mcp_policy
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
 
 async def test_an_unreplicated_call_is_refused_as_such_live_repeated_and_approved(

@@ -38,7 +38,8 @@ from .conftest import (
     write_mcp_policy,
 )
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 MODERN = "2026-07-28"
 
 

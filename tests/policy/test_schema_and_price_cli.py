@@ -15,6 +15,9 @@ from pricing import MODEL_TAGS, load_policy_text, price_request, round_up
 
 from .test_cli import MALFORMED, ROOT, irrev
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 PROCUREMENT = ROOT / "examples" / "procurement.yaml"
 PAYMENTS = ROOT / "examples" / "payments-api.yaml"
 ORDER = {"supplier_id": "Acme-Steel", "sku": "M8", "quantity": 3, "unit_price": "14.80"}

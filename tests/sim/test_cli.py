@@ -9,6 +9,9 @@ import pytest
 from irrev.cli import main
 from sim import experiments, metrics, runner, workload
 
+# Slow (README's test command leaves it out; .ci/run runs it).
+pytestmark = pytest.mark.slow
+
 
 def test_sim_writes_table_json_csv_png_svg_pdf(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
