@@ -24,7 +24,14 @@ from redis.asyncio import Redis, RedisCluster
 
 from gateway.wire import upstream_key
 from ledger import audit_tenant
-from ledger.keys import accounts_key, hold_key, journal_key, lease_key, webhook_lease_key
+from ledger.keys import (
+    accounts_key,
+    hold_key,
+    journal_key,
+    lease_key,
+    refusals_key,
+    webhook_lease_key,
+)
 
 from .bench import Run
 
@@ -75,13 +82,16 @@ async def _content(redis: Redis | RedisCluster, key: bytes) -> object:
 
 def _background(key: bytes, tenant: str) -> bool:
     """A lease of the tenant's background work (its sweeper's, its webhook
-    dispatcher's): taken and renewed on a timer by whichever gateway holds it, so it
-    changes whatever a request did, and is no effect of one."""
-    return key.decode() in (
+    dispatcher's), taken and renewed on a timer by whichever gateway holds it, or a
+    minute's count of refused requests, which each worker adds on its own timer (a
+    refused request is counted by design, and when the count lands is the timer's):
+    none is an effect of a request on the ledger."""
+    name = key.decode()
+    return name in (
         lease_key(tenant, "sweep"),
         lease_key(tenant, "events"),
         webhook_lease_key(tenant),
-    )
+    ) or name.startswith(refusals_key(tenant, 0).removesuffix("0"))
 
 
 async def snapshot(run: Run, tenant: str = "") -> Snapshot:
