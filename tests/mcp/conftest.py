@@ -32,6 +32,11 @@ FLEET = 50
 KEY_META = "dev.irrev/idempotency_key"
 
 
+def key() -> dict[str, str]:
+    """A fresh `_meta` idempotency key, as a client that sends its own does."""
+    return {KEY_META: uuid.uuid4().hex}
+
+
 def start_tool_server(state_dir: Path, log_dir: Path, port: int | None = None) -> Server:
     server = Server(
         "mcp tools",

@@ -5,20 +5,15 @@ escalate then approve or reject, what tools/list shows, the idempotency key."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import httpx
 import pytest
 
 from tests.gateway.helpers import balances, used
 
-from .conftest import KEY_META, McpGateway, agent, order, tool_stats
+from .conftest import McpGateway, agent, key, order, tool_stats
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-def key() -> dict[str, str]:
-    return {KEY_META: uuid.uuid4().hex}
 
 
 async def test_tools_list_is_the_agents_priced_tools_namespaced(mcp_gateway: McpGateway) -> None:

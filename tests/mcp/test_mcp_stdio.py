@@ -30,7 +30,7 @@ from tests.gateway.conftest import Gateway
 from tests.gateway.helpers import balances, used
 from tests.gateway.servers import BIN
 
-from .conftest import KEY_META, McpTenant, agent, order, serve, write_mcp_policy
+from .conftest import KEY_META, McpTenant, agent, key, order, serve, write_mcp_policy
 
 # A gateway and stdio servers of the module's own (~35 s): .ci/run's slow pass runs it.
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
@@ -173,10 +173,6 @@ def stdio_gateway(
 async def http(stdio_gateway: StdioGateway) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=stdio_gateway.url, timeout=30.0, trust_env=False) as c:
         yield c
-
-
-def key() -> dict[str, str]:
-    return {KEY_META: uuid.uuid4().hex}
 
 
 async def hold_state(
