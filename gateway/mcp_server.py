@@ -220,7 +220,8 @@ def waits(params: types.CallToolRequestParams, key: str) -> bool:
     again), or one whose client asked for progress. A client that sends its own key
     and no progress token is a program that repeats the key when it will: answered at
     once, it is not held up behind a person."""
-    return not key or "progressToken" in (params.meta or {})
+    # The SDK reads the wire's `progressToken` into the meta's `progress_token`.
+    return not key or (params.meta or {}).get("progress_token") is not None
 
 
 async def wait_for_decision(

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from .conftest import McpGateway, McpTenant, agent, order, tool_stats
+from .conftest import McpGateway, McpTenant, agent, key, order, tool_stats
 
 DELETION_TOOL = "github__delete_repository"
 
@@ -216,3 +216,38 @@ async def test_a_call_that_waits_in_vain_says_it_is_pending_and_how_to_ask_again
         rejected = await asyncio.wait_for(call, timeout=20)
     assert rejected.structured_content["reason"] == "escalation_rejected"
     assert '"not today"' in rejected.content[0].text
+
+
+async def test_a_call_with_its_own_key_waits_only_if_it_asked_for_progress(
+    mcp_gateway: McpGateway, http: httpx.AsyncClient
+) -> None:
+    """A program that sends its own `_meta` key repeats it when it will: it is answered
+    "escalated" at once, so a rejection made after the escalation was queued is not its
+    answer (it reads it on its repeat). With a progress token it waits like a host's
+    call, and the rejection is its answer."""
+    tenant = mcp_gateway.tenant("keyless-wait")  # escalation_wait 15s
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        """Asks for progress (the reports themselves: the test above)."""
+
+    answers = {}
+    for asked_progress in (False, True):
+        before = await queue(http, tenant)
+        async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
+            call = asyncio.create_task(
+                client.call_tool(
+                    DELETION_TOOL,
+                    deletion(),
+                    meta=key(),
+                    progress_callback=on_progress if asked_progress else None,
+                )
+            )
+            deadline = asyncio.get_running_loop().time() + 10
+            mine: set[str] = set()
+            while not mine and asyncio.get_running_loop().time() < deadline:
+                mine = await queue(http, tenant) - before
+            assert len(mine) == 1
+            await decide(http, tenant, mine.pop(), "reject", "not today")
+            answers[asked_progress] = await asyncio.wait_for(call, timeout=20)
+    assert answers[False].structured_content["status"] == "escalated", answers[False]
+    assert answers[True].structured_content.get("reason") == "escalation_rejected", answers[True]
