@@ -133,7 +133,12 @@ def hold_script_keys(tenant: str, hold_id: str) -> list[str]:
     return [*tenant_keys(tenant), *hold_keys(tenant, hold_id)]
 
 
+def refusals_prefix(tenant: str) -> str:
+    """What every key of the tenant's refusal counts starts with."""
+    return f"{tenant_prefix(tenant)}refusals:"
+
+
 def refusals_key(tenant: str, minute: int) -> str:
     """The tenant's refusal counts of one minute (minutes since the epoch, Redis's
     clock): a hash `<reason>|<transport>|<agent>|<route>` -> count (lua/refusals.lua)."""
-    return f"{tenant_prefix(tenant)}refusals:{minute}"
+    return f"{refusals_prefix(tenant)}{minute}"

@@ -29,7 +29,7 @@ from ledger.keys import (
     hold_key,
     journal_key,
     lease_key,
-    refusals_key,
+    refusals_prefix,
     webhook_lease_key,
 )
 
@@ -91,7 +91,7 @@ def _background(key: bytes, tenant: str) -> bool:
         lease_key(tenant, "sweep"),
         lease_key(tenant, "events"),
         webhook_lease_key(tenant),
-    ) or name.startswith(refusals_key(tenant, 0).removesuffix("0"))
+    ) or name.startswith(refusals_prefix(tenant))
 
 
 async def snapshot(run: Run, tenant: str = "") -> Snapshot:

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -122,15 +123,17 @@ def run_irrev(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def in_session(command: list[str], env: dict[str, str], stdout: int) -> subprocess.Popen[str]:
+def in_session(
+    command: list[str], env: dict[str, str], stdout: int, stderr: int | IO[str] = subprocess.PIPE
+) -> subprocess.Popen[str]:
     """`command` in a session of its own (so that every process it starts can be
-    found and killed), its stderr read as text."""
+    found and killed), its stderr read as text (or written to `stderr`)."""
     return subprocess.Popen(
         command,
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=stdout,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         text=True,
         start_new_session=True,
     )
@@ -193,14 +196,7 @@ def test_a_worker_that_dies_while_redis_is_down_stops_serve_saying_so(tmp_path: 
     log = tmp_path / "serve.log"
     with EmbeddedRedis(tmp_path / "redis", tcp=True) as server, log.open("w") as written:
         env = base_env(IRREV_POLICY_DIR=str(tmp_path), IRREV_REDIS_URL=server.url)
-        process = subprocess.Popen(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=written,
-            start_new_session=True,
-        )
+        process = in_session(command, env, subprocess.DEVNULL, written)
         try:
             # Both workers: one still starting when Redis goes away fails its start-up,
             # which serve reports as such (a CI run saw exactly that).
