@@ -206,15 +206,38 @@ async def test_a_pool_with_every_connection_busy_is_not_called_unreachable(
     try:
         # In the tenant's slot: on a cluster, its node's only connection is taken.
         never = f"irrev:{{{tenant}}}:never"
-        blocked = asyncio.create_task(ledger.redis.blpop([never], timeout=1))
-        await asyncio.sleep(0.2)  # let the BLPOP take the only connection
+        blocked = asyncio.create_task(ledger.redis.blpop([never], timeout=30))
+        # On a loaded machine a cluster client's first call (slots discovery) can
+        # take longer than any fixed sleep: wait until the server holds the BLPOP.
+        await _until_a_client_blocks_in("blpop", redis_url)
         with pytest.raises(LedgerUnavailable) as raised:
             await ledger.balance(tenant, "tenant:acme")
         assert raised.value.cause is RedisFailure.POOL_EXHAUSTED
         assert "max_connections" in str(raised.value)
-        assert await blocked is None
+        assert not blocked.done()
+        blocked.cancel()
     finally:
         await ledger.aclose()
+
+
+async def _until_a_client_blocks_in(command: str, redis_url: str) -> None:
+    probe = connect(redis_url)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            if isinstance(probe, redis.asyncio.RedisCluster):
+                per_node = await probe.client_list(
+                    target_nodes=redis.asyncio.RedisCluster.ALL_NODES
+                )
+                clients = [c for node in per_node.values() for c in node]
+            else:
+                clients = await probe.client_list()
+            if any(c.get("cmd") == command for c in clients):
+                return
+            assert time.monotonic() < deadline, f"no client ever blocked in {command}"
+            await asyncio.sleep(0.05)
+    finally:
+        await probe.aclose()
 
 
 async def test_the_ledgers_own_errors_pass_through(ledger: Ledger, tenant: str) -> None:
