@@ -11,10 +11,12 @@ import secrets
 from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ledger import (
+    POLICY_HISTORY,
     BadInput,
     Balance,
     Hold,
@@ -55,6 +57,7 @@ from .events import (
 )
 from .notes import Note
 from .policies import PolicyLoadError
+from .policy_changes import ChangeRefused
 from .problems import Problem
 from .reconcile import reconcile
 from .responses import escalation_id, hold_view
@@ -103,9 +106,58 @@ async def tenants(request: Request, admin: Admin) -> list[dict[str, Any]]:
     return out
 
 
-@router.get("/tenants/{tenant}/policy")
-async def show_policy(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
-    return policy_of(request, tenant, admin).document.model_dump(mode="json", by_alias=True)
+@router.get("/tenants/{tenant}/policy", response_model=None)
+async def show_policy(request: Request, tenant: str, admin: Admin) -> Response:
+    """The policy this host serves, as JSON, or as its YAML text with `Accept:
+    application/yaml` (what to edit and send back: a change is measured against the
+    text it was made from). Its ETag is its version in the fleet's policy store, for
+    the If-Match of the change made from it."""
+    policy = policy_of(request, tenant, admin)
+    served = gate_of(request).tenants.served(tenant)
+    headers = {"ETag": f'"{served.version}"'} if served is not None else {}
+    if "yaml" in request.headers.get("accept", "") and served is not None:
+        return Response(served.file.text, media_type="application/yaml", headers=headers)
+    return JSONResponse(policy.document.model_dump(mode="json", by_alias=True), headers=headers)
+
+
+@router.get("/tenants/{tenant}/policy/history")
+async def policy_history(
+    request: Request,
+    tenant: str,
+    admin: Admin,
+    limit: Annotated[int, Query(ge=1, le=POLICY_HISTORY)] = POLICY_HISTORY,
+    text: bool = False,
+) -> list[dict[str, Any]]:
+    """The tenant's last stored versions, newest first: version, digest, when (Redis's
+    clock) and by whom; their text with `text=true`."""
+    policy_of(request, tenant, admin)
+    records = await gate_of(request).ledger.policies.history(tenant, limit)
+    return [
+        {
+            "version": r.version,
+            "digest": r.digest,
+            "written": rfc3339(r.stamp_ms),
+            "origin": r.origin,
+            **({"text": r.text} if text else {}),
+        }
+        for r in records
+    ]
+
+
+def _base_version(request: Request) -> int | None:
+    """The store version an upload was made from: its If-Match (None without one)."""
+    values = request.headers.getlist("if-match")
+    if not values:
+        return None
+    tag = values[0].strip().removeprefix("W/").strip('"')
+    if len(values) > 1 or not tag.isascii() or not tag.isdigit() or len(tag) > 18:
+        raise Problem(
+            400,
+            "bad_if_match",
+            "send one If-Match header holding the ETag of the policy version your change "
+            'was made from (e.g. If-Match: "7"), as GET .../policy gives it',
+        )
+    return int(tag)
 
 
 def operator_changes(current: PolicyDocument, proposed: PolicyDocument) -> list[str]:
@@ -129,8 +181,13 @@ def operator_changes(current: PolicyDocument, proposed: PolicyDocument) -> list[
 
 
 @router.put("/tenants/{tenant}/policy")
-async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
-    """Replace a tenant's policy with a YAML document; refused whole if invalid. A
+async def upload_policy(
+    request: Request, response: Response, tenant: str, admin: Admin
+) -> dict[str, Any]:
+    """Change a tenant's policy to a YAML document made from the store's version its
+    If-Match names (contract 8: 428 without one; from an older version, only what it
+    changes is written, and 409 `policy_conflict` where that was changed since to
+    something else); refused whole if invalid. A
     tenant admin's upload may change anything but the operator's fields
     (`operator_changes`): where a tool's requests go, which secrets they carry, which
     command a stdio MCP server runs on the gateway's hosts, who settles its holds and
@@ -152,15 +209,27 @@ async def upload_policy(request: Request, tenant: str, admin: Admin) -> dict[str
                 "upload the policy with these as they are in force",
                 fields=changed,
             )
+    base = _base_version(request)
+    origin = f"upload {admin.name}"
     try:
-        policy = await gate.tenants.upload(gate.ledger, tenant, text)
+        policy, version = await gate.tenants.upload(gate.ledger, tenant, text, base, origin)
     except PolicyError as exc:
         raise _not_applied(exc) from exc
     except PolicyLoadError as exc:
         raise _load_problem(request, exc, admin, "the policy was not applied") from exc
+    except ChangeRefused as exc:
+        raise Problem(
+            exc.status,
+            exc.reason,
+            exc.detail,
+            headers={"ETag": f'"{exc.current}"'},
+            current_version=exc.current,
+            **({"fields": exc.fields} if exc.fields else {}),
+        ) from exc
     except ValueError as exc:
         raise Problem(422, "invalid_policy", str(exc)) from exc
-    return {"tenant": policy.tenant, "status": "applied"}
+    response.headers["ETag"] = f'"{version}"'
+    return {"tenant": policy.tenant, "status": "applied", "version": version}
 
 
 def _not_applied(exc: PolicyError) -> Problem:

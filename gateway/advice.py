@@ -100,6 +100,11 @@ NEXT_STEPS: dict[str, tuple[Retry, str]] = {
     "unknown_account": (Retry.LATER, "The gateway is reloading its policy; try again shortly."),
     "bad_rule": (Retry.FIX, _FIX),
     "invalid_policy": (Retry.FIX, "Correct the policy and upload it again; nothing was applied."),
+    "base_required": (Retry.FIX, "Nothing was applied."),
+    "bad_if_match": (Retry.FIX, "Nothing was applied."),
+    "unknown_version": (Retry.FIX, "Nothing was applied."),
+    "version_forgotten": (Retry.FIX, "Nothing was applied."),
+    "policy_conflict": (Retry.FIX, "Nothing was applied."),
     "idempotency_conflict": (
         Retry.FIX,
         "Use a new key for a new effect; repeat the first request to learn its outcome.",

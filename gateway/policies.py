@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from ledger import MAX_ID_CHARS, BadInput, Pace, check_account_spec
 from ledger import AccountSpec as LedgerAccount
 from pricing import (
@@ -28,6 +30,7 @@ from pricing import (
     policy_accounts,
 )
 from pricing.catalog import FACTOR_PREFIX
+from pricing.merge import merge
 from pricing.policy import Rate
 
 DEMO_TOKENS_KIND = "demo-tokens"
@@ -208,12 +211,13 @@ def policy_files(directory: Path) -> list[Path]:
 
 @dataclass(frozen=True, slots=True)
 class PolicyFile:
-    """One file's policy as written, and its version: a digest of the file's bytes,
-    which names the policy in force on /metrics and in log lines."""
+    """One file's policy as written, its version (a digest of the file's text, which
+    names the policy in force on /metrics and in log lines) and its text."""
 
     path: Path
     policy: TenantPolicy
     version: str
+    text: str
 
 
 @dataclass(slots=True)
@@ -246,7 +250,7 @@ def read_policy_files(directory: Path) -> tuple[list[PolicyFile], list[FileFault
             data = parse_yaml(text, str(path))
             if not is_demo_tokens(data):
                 version = policy_version(text)
-                loaded.append(PolicyFile(path, load_policy_data(data, str(path)), version))
+                loaded.append(PolicyFile(path, load_policy_data(data, str(path)), version, text))
         except PolicyError as exc:
             named = data.get("tenant") if isinstance(data, dict) else None
             faults.append(FileFault(path, exc, named if isinstance(named, str) else ""))
@@ -336,3 +340,27 @@ def check_demo_tokens(path: Path) -> DemoTokens:
     if problems:
         raise PolicyError(str(path), problems)
     return demo
+
+
+def merge_edit(base: str, edited: str, current: str, source: str) -> tuple[str, list[str]]:
+    """The text of `current` (the store's version) with the fields `edited` changes
+    from `base` applied (pricing/merge.py), and the fields whose newer values in
+    `current` it replaced. `edited` itself where that is the result (its comments and
+    layout kept), else YAML written from the merged document. PolicyError, against
+    `source`, if the merged policy does not load or the ledger would refuse it."""
+    parsed = [parse_yaml(text, source) for text in (base, edited, current)]
+    try:
+        merged = merge(*parsed)
+    except ValueError as exc:
+        raise PolicyError(source, [Problem("", str(exc))]) from None
+    text = edited
+    if merged.document != parsed[1]:
+        text = yaml.safe_dump(merged.document, sort_keys=False, allow_unicode=True)
+    try:
+        policy = load_policy_data(merged.document, source)
+    except PolicyError as exc:
+        detail = "this edit, applied onto the store's newer version, does not load"
+        raise PolicyError(source, [Problem("", detail), *exc.problems]) from None
+    if errors := ledger_errors(source, policy):
+        raise errors[0]
+    return text, merged.overridden

@@ -8,15 +8,14 @@ import asyncio
 import logging
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ledger import POLICY_HISTORY, ChangeFeed, Ledger, OpenPool, PolicyRecord
 from ledger import AccountSpec as LedgerAccount
-from ledger import ChangeFeed, Ledger, OpenPool, PolicyRecord
 from pricing import (
     Outcomes,
     PolicyError,
@@ -33,7 +32,7 @@ from pricing.credentials import AuthenticatedAgent, hash_token
 from pricing.observed import with_settled
 from pricing.policy import AdminRole, McpErrorMeaning, SecretSource
 
-from . import metrics
+from . import metrics, policy_changes
 from .credentials import Injected, resolve_credentials
 from .http_upstream import HttpTarget
 from .policies import (
@@ -45,6 +44,7 @@ from .policies import (
     check_policy_set,
     ledger_account,
     ledger_errors,
+    merge_edit,
     policy_files,
     policy_version,
     read_policy_files,
@@ -70,47 +70,40 @@ DEFAULT_SUPERVISION = Supervision()
 # few enough to leave the connection pool to the admission path.
 OPENING_CONCURRENCY = 8
 
+# Compare-and-set attempts of one policy change before it is given up (a file's edit
+# is then tried again at the next look; an upload is answered 409).
+EDIT_ATTEMPTS = 5
 
-async def _open_accounts(
-    ledger: Ledger, accounts: list[tuple[str, LedgerAccount]], change: set[str]
-) -> None:
-    """Create an account Redis lacks; change one that differs from the policy only for
-    the tenants in `change`: those whose policy version this host wrote into the store
-    (its winner). Every other host serves the same version but never writes its
-    limits, so a host that read an older version cannot put an old limit back. An
-    unchanged account needs no journal entry. What
-    Redis has is read in one pipelined snapshot (one round trip after the other, a
-    gateway serving 30 tenants took 10-20 s to start on a loaded machine); the
-    differing accounts are then written a few at a time. The first error is raised
-    once all have finished."""
-    wanted: dict[str, dict[str, LedgerAccount]] = {}
-    for tenant, spec in accounts:
-        wanted.setdefault(tenant, {})[spec.account] = spec
-    snapshots = await ledger.snapshot({tenant: list(specs) for tenant, specs in wanted.items()})
-    changes = []
-    for snapshot in snapshots:
-        current = {balance.account: balance for balance in snapshot.balances}
-        for account, spec in wanted[snapshot.tenant].items():
-            found = current.get(account)
-            if found is None or (
-                snapshot.tenant in change
-                and (
-                    found.limit,
-                    found.soft_limit,
-                    found.window_ms,
-                    found.approval_threshold,
-                )
-                != (spec.limit, spec.soft_limit, spec.window_ms, spec.approval_threshold)
-            ):
-                changes.append((snapshot.tenant, spec))
+
+async def _open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount, int]]) -> None:
+    """Create each account Redis lacks, and write the limits of each whose limits come
+    from an older version of its tenant's policy than the one served here (tenant,
+    spec, store version). The version goes with the write (account.lua keeps an
+    account's newer limits): two hosts that write two versions' limits in the wrong
+    order leave the newer ones, and a host still serving an older version writes
+    nothing. Every host that serves a version writes what is missing of it, so
+    limits left unwritten by a writer that died are written by the next host to
+    apply. What Redis holds is read in one pipelined round trip; the accounts to
+    write are written a few at a time; the first error is raised once all have
+    finished."""
+    wanted: dict[str, list[str]] = {}
+    for tenant, spec, _ in accounts:
+        wanted.setdefault(tenant, []).append(spec.account)
+    written = await ledger.policy_versions(wanted)
+    changes = [
+        (tenant, spec, version)
+        for tenant, spec, version in accounts
+        if written[tenant].get(spec.account, -1) < version
+    ]
     gate = asyncio.Semaphore(OPENING_CONCURRENCY)
 
-    async def upsert(tenant: str, spec: LedgerAccount) -> None:
+    async def upsert(tenant: str, spec: LedgerAccount, version: int) -> None:
         async with gate:
-            await ledger.upsert_account(tenant, spec)
+            await ledger.upsert_account(tenant, spec, policy_version=version)
 
     results = await asyncio.gather(
-        *(upsert(tenant, spec) for tenant, spec in changes), return_exceptions=True
+        *(upsert(tenant, spec, version) for tenant, spec, version in changes),
+        return_exceptions=True,
     )
     for result in results:
         if isinstance(result, BaseException):
@@ -154,12 +147,14 @@ class LoadReport:
 
 @dataclass(frozen=True, slots=True)
 class InForce:
-    """A tenant's policy file in force: the policy as written, its version, when it
-    was applied (Unix time), and its tools' credentials as resolved then."""
+    """A tenant's policy file in force: the policy as written, its digest, when it
+    was applied (Unix time), its tools' credentials as resolved then, and its
+    version in the fleet's policy store (0 until the store has it)."""
 
     file: PolicyFile
     credentials: dict[str, Injected]
     applied_at: float
+    version: int = 0
 
 
 class TenantStore:
@@ -195,7 +190,6 @@ class TenantStore:
         self._secret_files: tuple[tuple[str, int, int], ...] = ()
         self._epoch = -1
         self._outcomes_epoch = -1
-        self._limits_owed: set[str] = set()
         self._heard = 0
         self._poll_due = 0.0
         self._full_read_due = 0.0
@@ -204,6 +198,8 @@ class TenantStore:
         # The policy files on disk that are not in force, each with its tenant where
         # that can be told.
         self.faults: list[FileFault] = []
+        # Files that differ from the store's version, with the digest they differ from.
+        self._behind: dict[Path, str] = {}
 
     def authenticate(self, token: str) -> tuple[TenantPolicy, AuthenticatedAgent] | None:
         return self._agents.get(hash_token(token))
@@ -216,10 +212,22 @@ class TenantStore:
         """The tenant and tool whose settler credential `token` is."""
         return self._settlers.get(hash_token(token))
 
+    def served(self, tenant: str) -> InForce | None:
+        """The tenant's policy in force here: its text and its store version."""
+        return self._by_tenant().get(tenant)
+
     def versions(self) -> dict[str, tuple[str, float]]:
         """tenant -> (version of its policy in force, when it was applied)."""
         entries = self._in_force.values()
         return {e.file.policy.tenant: (e.file.version, e.applied_at) for e in entries}
+
+    def files_changed(self) -> bool:
+        """Whether a policy file changed (or came or went) since the last load; a
+        directory that cannot be read is left to the next load to report."""
+        try:
+            return self._files_signature() != self._signature
+        except OSError:
+            return False
 
     def _files_signature(self) -> tuple[tuple[str, int, int], ...]:
         stats = ((p.name, p.stat()) for p in policy_files(self.directory))
@@ -233,38 +241,33 @@ class TenantStore:
             raise PolicyLoadError([fault.error for fault in report.faults])
         return report.tenants
 
-    async def apply(self, ledger: Ledger, promote: Iterable[str] = ()) -> LoadReport:
-        """(Re)load every policy file on its own, reconcile it with the fleet's policy
-        store (`_promote`, then `_serve_store`) and create or update the accounts of
-        each policy in force. A file that does not load, resolve its credentials or
-        agree with the other policies in force (a shared token, a tenant defined
-        twice) leaves its tenant on the policy it had: one tenant's broken file never
-        holds back another's change. Redis errors raise, and then nothing changes.
-        `promote`: tenants whose file is written into the store even if the store's
-        version is newer (an upload through this host)."""
+    async def apply(self, ledger: Ledger) -> LoadReport:
+        """(Re)load every policy file on its own, take what was edited in them into
+        the fleet's policy store (`_take_in`), serve the store's version of each
+        tenant (`_serve_store`) and write the accounts of each policy in force. A
+        file that does not load, resolve its credentials or agree with the other
+        policies in force (a shared token, a tenant defined twice) leaves its tenant
+        on the policy it had: one tenant's broken file never holds back another's
+        change. Redis errors raise, and then nothing changes here (what was already
+        written to the store is served at the next look)."""
         signature = self._files_signature()
         files, faults = read_policy_files(self.directory)
         local, faults = self._choose(files, faults)
         epoch = await ledger.policies.epoch()
         records = await ledger.policies.records(sorted(self._tenants_of(local)))
-        edited = self._edited(signature) | set(promote)
-        won = await self._promote(ledger, local, records, edited)
-        # A version this host wrote whose limits did not all land (Redis failed, or
-        # too few replicas acknowledged) is still this host's to write.
-        won |= self._limits_owed
-        self._limits_owed = won
+        read = {file.path: file for file in files}
+        edited = {p: e for p, e in local.items() if e.file is read.get(p)}
+        faults += await self._take_in(ledger, edited, records)
         chosen, stale = self._serve_store(local, records)
         faults += stale
         await _open_accounts(
             ledger,
             [
-                (entry.file.policy.tenant, ledger_account(spec))
+                (entry.file.policy.tenant, ledger_account(spec), entry.version)
                 for entry in chosen.values()
                 for spec in policy_accounts(entry.file.policy)
             ],
-            won,
         )
-        self._limits_owed = set()
         written = {e.file.policy.tenant: e.file.policy for e in chosen.values()}
         # Read before anything changes: Redis failing here leaves the store as it was,
         # not with new policies that were never priced with what was learned.
@@ -323,77 +326,115 @@ class TenantStore:
     def _tenants_of(entries: dict[Path, InForce]) -> set[str]:
         return {entry.file.policy.tenant for entry in entries.values()}
 
-    def _edited(self, signature: tuple[tuple[str, int, int], ...]) -> set[str]:
-        """Names of the files changed on disk while this process watched (none at the
-        first load): an edit made while the gateway runs is a promotion."""
-        if not self._signature:
-            return set()
-        return {entry[0] for entry in set(signature) - set(self._signature)}
+    async def _take_in(
+        self, ledger: Ledger, local: dict[Path, InForce], records: dict[str, PolicyRecord]
+    ) -> list[FileFault]:
+        """Put into the store what was edited in this host's files (`local`: those read
+        now that are usable here; a file that is not keeps its tenant on the policy
+        it had, and is taken in once it is) (contract 8). The
+        store remembers what each file (its source: host and path) held when this host
+        last acted on it; an edit is what differs from that, field by field, and
+        only those fields are written, over the store's current version
+        (pricing/merge.py). A file the store already has, or that has not changed
+        since, writes nothing: a stale copy changes nothing by being there, being
+        touched or being served to a restarted host. A file seen for the first time
+        while the store holds another version is recorded, not applied (its
+        differences are not an edit anyone made here). A tenant the store lacks
+        takes the file as it is. `records` is updated with what was written."""
+        faults: list[FileFault] = []
+        sources = {path: _source_of(path) for path in local}
+        tenants = {path: entry.file.policy.tenant for path, entry in local.items()}
+        bases = await ledger.policies.bases([(tenants[p], sources[p]) for p in local])
+        for path, entry in local.items():
+            tenant, source, text = tenants[path], sources[path], entry.file.text
+            base = bases.get((tenant, source))
+            record = records.get(tenant)
+            if base == text and record is not None:
+                continue
+            if record is not None and (base is None or record.digest == entry.file.version):
+                await ledger.policies.read_by(tenant, source, text)
+                continue
+            try:
+                records[tenant] = await self._write_edit(ledger, entry, source, base, record)
+            except PolicyError as exc:
+                faults.append(FileFault(path, exc, tenant))
+        return faults
 
-    async def _promote(
+    async def _write_edit(
         self,
         ledger: Ledger,
-        local: dict[Path, InForce],
-        records: dict[str, PolicyRecord],
-        edited: set[str],
-    ) -> set[str]:
-        """Write into the store each local policy that differs from the store's and is
-        newer: edited while this process ran, named in `promote` (in `edited` too), or
-        changed on this host (its mtime) after the store's version was written; a
-        tenant the store lacks takes the file as it is. Compare-and-set on the version
-        read: a host that lost to another writer serves the winner's version. The
-        tenants whose version this host wrote: only they get their limits changed."""
-        won: set[str] = set()
-        for path, entry in local.items():
-            tenant = entry.file.policy.tenant
-            record = records.get(tenant)
-            if record is not None and record.digest == entry.file.version:
-                continue
-            changed_ms = _changed_ms(path)
-            newer = path.name in edited or tenant in edited
-            if record is not None and not newer and changed_ms <= record.stamp_ms:
-                continue
-            text = _read_if_version(path, entry.file.version)
-            if text is None:
-                continue  # changed again since it was read: the next look decides
+        entry: InForce,
+        source: str,
+        base: str | None,
+        record: PolicyRecord | None,
+    ) -> PolicyRecord:
+        """Write the edit of `entry`'s file (from `base`, what its source read) over
+        `record` (the store's version, None: none yet), read again and merged again
+        each time another writer got there first. PolicyError if the merged policy
+        does not load."""
+        tenant, text, path = entry.file.policy.tenant, entry.file.text, entry.file.path
+        origin = f"file {source}"
+        for _ in range(EDIT_ATTEMPTS):
+            merged, overridden = text, list[str]()
+            if record is not None and base is not None:
+                merged, overridden = merge_edit(base, text, record.text, str(path))
+            version = record.version if record is not None else 0
             result = await ledger.policies.put(
                 tenant,
-                expected=record.version if record is not None else 0,
-                digest=entry.file.version,
-                text=text,
-                stamp_ms=changed_ms,
-                origin=f"file {socket.gethostname()}:{path}",
+                expected=version,
+                digest=policy_version(merged),
+                text=merged,
+                origin=origin,
+                source=source,
+                source_text=text,
             )
             if result.won:
-                won.add(tenant)
-                records[tenant] = PolicyRecord(
-                    tenant, result.version, entry.file.version, text, result.stamp_ms, "this host"
+                if overridden:
+                    log.info(
+                        "policy edit replaced newer values",
+                        extra={"tenant": tenant, "file": str(path), "fields": overridden},
+                    )
+                return PolicyRecord(
+                    tenant, result.version, policy_version(merged), merged, result.stamp_ms, origin
                 )
-            else:
-                records.update(await ledger.policies.records([tenant]))
-        return won
+            record = (await ledger.policies.records([tenant])).get(tenant)
+        raise PolicyError(
+            str(path),
+            [
+                Problem(
+                    "",
+                    f"not applied: the store changed {EDIT_ATTEMPTS} times while this "
+                    "edit was written; it is tried again at the next look",
+                )
+            ],
+        )
 
     def _serve_store(
         self, local: dict[Path, InForce], records: dict[str, PolicyRecord]
     ) -> tuple[dict[Path, InForce], list[FileFault]]:
-        """What is served for each tenant this host has a file of: the store's version
-        where it has one. A file that differs from it is reported (it is not in force
-        here); a stored version this host cannot use (it does not load, its
-        credentials are missing here, or it disagrees with the others in force)
-        leaves the tenant on the policy it had."""
+        """What is served for each tenant this host has a file of: the store's version.
+        A file that differs from it is reported (it is not in force here); a stored
+        version this host cannot use (it does not load, its credentials are missing
+        here, or it disagrees with the others in force) leaves the tenant on the
+        policy it had. A file that differs from the store's version is no fault: the
+        store is the truth, and what is edited in the file is taken in (`_take_in`);
+        it is logged once per version."""
         now = time.time()
         chosen: dict[Path, InForce] = {}
         faults: list[FileFault] = []
+        behind: dict[Path, str] = {}
         for path, entry in local.items():
             tenant = entry.file.policy.tenant
             record = records.get(tenant)
-            if record is None or record.digest == entry.file.version:
+            if record is None:
                 chosen[path] = entry
                 continue
-            if _changed_ms(path) < record.stamp_ms:
-                # Older than the store's: reported. Else the file changed since it was
-                # read here (the store has that change already): the next look reads it.
-                faults.append(FileFault(path, _stale(path, record), tenant))
+            if record.digest == entry.file.version:
+                chosen[path] = replace(entry, version=record.version)
+                continue
+            if self._behind.get(path) != record.digest:
+                log.info("policy file differs from the store", extra=_behind(path, record))
+            behind[path] = record.digest
             old = self._in_force.get(path)
             if old is not None and old.file.version == record.digest:
                 chosen[path] = old
@@ -406,7 +447,10 @@ class TenantStore:
                 if refused:
                     raise refused[0]
                 candidate = InForce(
-                    PolicyFile(path, policy, record.digest), resolve_credentials(policy), now
+                    PolicyFile(path, policy, record.digest, record.text),
+                    resolve_credentials(policy),
+                    now,
+                    record.version,
                 )
             except PolicyError as exc:
                 faults.append(FileFault(path, exc, tenant))
@@ -420,6 +464,7 @@ class TenantStore:
             if kept is not None and chosen.get(path) is not kept:
                 chosen[path] = kept
                 faults.append(FileFault(path, error, kept.file.policy.tenant))
+        self._behind = behind
         return chosen, faults
 
     def _by_tenant(self) -> dict[str, InForce]:
@@ -546,7 +591,6 @@ class TenantStore:
         full_read = now >= self._full_read_due
         if (
             rotated
-            or self._limits_owed
             or policies != self._epoch
             or self._files_signature() != self._signature
             or (full_read and await self._store_moved(ledger))
@@ -619,43 +663,65 @@ class TenantStore:
         self._observed = observed
         self._settled = settled
 
-    async def upload(self, ledger: Ledger, tenant: str, text: str) -> TenantPolicy:
-        """Validate a policy, then write it atomically as `<tenant>.yaml` and load it,
-        promoted into the fleet's policy store over whatever version it holds."""
+    async def upload(
+        self, ledger: Ledger, tenant: str, text: str, base: int | None, origin: str
+    ) -> tuple[TenantPolicy, int]:
+        """Validate a policy made from the store's version `base` (the ETag its maker
+        read; None: not said) and write it into the store, then serve it: the policy
+        and the version it is stored as. Made from an older version than the store's,
+        only the fields it changes are written, and refused (PolicyContended) where
+        the store changed one of them since to another value (contract 8). The
+        host's file is not written: the store is the truth, a file one way in."""
         policy = load_policy_text(text, f"uploaded policy of {tenant}")
         if policy.tenant != tenant:
             raise ValueError(f"the policy is for tenant {policy.tenant!r}, not {tenant!r}")
-        target = self.file_of(tenant)
         resolve_credentials(policy)  # a missing secret refuses the upload, not the next load
-        # Valid alone is not enough: it must agree with the other policies in force (no
-        # token shared with another tenant's agent), or the file would never be applied
-        # while the upload was reported refused.
+        target = self.file_of(tenant)
+        for _ in range(EDIT_ATTEMPTS):
+            record = (await ledger.policies.records([tenant])).get(tenant)
+            current = record.version if record is not None else 0
+            if base is None:
+                raise policy_changes.base_required(current)
+            merged = text
+            if record is not None and base != current:
+                merged = await self._merged(ledger, tenant, text, base, record)
+            elif record is None and base != 0:
+                raise policy_changes.unknown_version(base, current)
+            self._check_upload(target, load_policy_text(merged, f"uploaded policy of {tenant}"))
+            result = await ledger.policies.put(
+                tenant, expected=current, digest=policy_version(merged), text=merged, origin=origin
+            )
+            if result.won:
+                await self.apply(ledger)
+                return self.policies.get(tenant, policy), result.version
+        raise policy_changes.busy(current)
+
+    @staticmethod
+    async def _merged(
+        ledger: Ledger, tenant: str, text: str, base: int, record: PolicyRecord
+    ) -> str:
+        """`text`, made from version `base`, as a change of `record` (the store's
+        newer version): its changed fields written over `record`'s."""
+        if base > record.version or base < 1:
+            raise policy_changes.unknown_version(base, record.version)
+        made_from = await ledger.policies.version(tenant, base)
+        if made_from is None:
+            raise policy_changes.version_forgotten(base, record.version, POLICY_HISTORY)
+        source = f"uploaded policy of {tenant}"
+        merged, overridden = merge_edit(made_from.text, text, record.text, source)
+        if overridden:
+            raise policy_changes.contended(base, record.version, overridden)
+        return merged
+
+    def _check_upload(self, target: Path, policy: TenantPolicy) -> None:
+        """Valid alone is not enough: it must agree with the other policies in force
+        (no token shared with another tenant's agent), or no host would serve it
+        while the upload was answered applied."""
         others = [(str(p), e.file.policy) for p, e in self._in_force.items() if p != target]
         errors = check_policy_set([*others, (str(target), policy)], self.budget)
         errors += ledger_errors(str(target), policy)
         if errors:
             raise PolicyLoadError(errors)
-        previous = target.read_text(encoding="utf-8") if target.exists() else None
-        self._write(target, text)
-        try:
-            report = await self.apply(ledger, promote=[tenant])
-            if own := report.errors_of(target):
-                raise PolicyLoadError(own)
-        except BaseException:
-            # Refused is refused: the file goes back as it was, so the next reload (or
-            # restart) does not apply what this answer said was not applied.
-            if previous is None:
-                target.unlink(missing_ok=True)
-            else:
-                self._write(target, previous)
-            raise
-        return self.policies[tenant]
-
-    def _write(self, target: Path, text: str) -> None:
-        handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(temporary, target)
 
     def file_of(self, tenant: str) -> Path:
         """The file that holds (or would hold) `tenant`'s policy."""
@@ -668,40 +734,27 @@ class TenantStore:
         return self.directory / f"{tenant}.yaml"
 
 
-def _changed_ms(path: Path) -> int:
-    """When the file's content last changed on this host (its mtime), in Unix ms. Not
-    its ctime, which a chmod, a chown or a new hard link also set: an outdated copy
-    whose permissions changed went back into the store. A copy that keeps an old
-    mtime (`cp -p`, a restore) counts as old: reported, not applied (safe); upload
-    it, or touch it, to apply it."""
-    try:
-        return path.stat().st_mtime_ns // 1_000_000
-    except OSError:
-        return 0
-
-
-def _read_if_version(path: Path, version: str) -> str | None:
-    """The file's text if it is still the version that was loaded."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    return text if policy_version(text) == version else None
+def _source_of(path: Path) -> str:
+    """A policy file as the store knows it: this host and the file's path."""
+    return f"{socket.gethostname()}:{path.resolve()}"
 
 
 def _store_source(record: PolicyRecord) -> str:
     return f"the policy store's version {record.version} of {record.tenant}"
 
 
-def _stale(path: Path, record: PolicyRecord) -> PolicyError:
+def _behind(path: Path, record: PolicyRecord) -> dict[str, object]:
     written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.stamp_ms / 1000))
-    detail = (
-        f"not in force: the fleet's policy store holds version {record.version} "
-        f"({record.digest}, written {written} by {record.origin}), which every host "
-        "serves; this file is older. Edit it (or upload a policy) to make it the "
-        "fleet's, or copy the store's version here"
-    )
-    return PolicyError(str(path), [Problem("", detail)])
+    return {
+        "tenant": record.tenant,
+        "file": str(path),
+        "store_version": record.version,
+        "digest": record.digest,
+        "written": written,
+        "by": record.origin,
+        "note": "every host serves the store's version; what is edited in this file is "
+        "applied field by field; `irrev policy pull` brings the store's version here",
+    }
 
 
 def _targets(

@@ -36,7 +36,7 @@ from .errors import (
 from .journal import JournalEntry, iter_journal, read_journal
 from .lease import Lease
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT, MAX_ID_CHARS
-from .policystore import PolicyRecord, PolicyStore, PutResult
+from .policystore import POLICY_HISTORY, PolicyRecord, PolicyStore, PutResult
 from .records import (
     RULE_PREFIX,
     AccountCheck,
@@ -69,6 +69,7 @@ __all__ = [
     "MAX_ACCOUNTS",
     "MAX_AMOUNT",
     "MAX_ID_CHARS",
+    "POLICY_HISTORY",
     "RULE_PREFIX",
     "AccountCheck",
     "AccountSpec",

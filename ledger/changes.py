@@ -77,6 +77,7 @@ class ChangeFeed:
         # Drops in a row: the backoff's step, and whether the drop was said yet.
         self._failures = 0
         self._task: asyncio.Task[None] | None = None
+        self._wakeups: dict[bytes, asyncio.Event] = {}
 
     @property
     def live(self) -> bool:
@@ -87,6 +88,12 @@ class ChangeFeed:
         """Announcements of `kinds` heard so far, plus every (re)subscription: moved
         since a look, something may have changed."""
         return self._gaps + sum(self._counts.get(kind.encode(), 0) for kind in kinds)
+
+    def wakeup(self, kind: str) -> asyncio.Event:
+        """An event set whenever `kind` is heard, and at every (re)subscription: what a
+        loop waits on to act at once rather than at its next interval (the waiter
+        clears it)."""
+        return self._wakeups.setdefault(kind.encode(), asyncio.Event())
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -174,9 +181,13 @@ class ChangeFeed:
                 self._failures = 0
                 self._live = True
                 self._gaps += 1
+                for event in self._wakeups.values():
+                    event.set()
             elif message["type"] == "message" and message["data"] in KINDS:
                 kind = message["data"]
                 self._counts[kind] = self._counts.get(kind, 0) + 1
+                if (woken := self._wakeups.get(kind)) is not None:
+                    woken.set()
 
 
 def _ended(task: asyncio.Task[None]) -> None:

@@ -365,13 +365,19 @@ class Ledger:
 
     # Accounts
 
-    async def upsert_account(self, tenant: str, spec: AccountSpec) -> str:
-        """Create the account or change its policy; returns 'created' or 'updated'.
-        With replicas asked for, followed by WAIT: a lowered limit lost in a failover
-        would admit up to the old one; LedgerUnavailable (not_replicated) if fewer
-        acknowledged, for the caller to write it again."""
+    async def upsert_account(
+        self, tenant: str, spec: AccountSpec, policy_version: int | None = None
+    ) -> str:
+        """Create the account or change its policy; returns 'created' or 'updated', or
+        'kept' if the account holds a newer `policy_version`'s limits (None: written
+        whatever it holds). With replicas asked for, followed by WAIT: a lowered
+        limit lost in a failover would admit up to the old one; LedgerUnavailable
+        (not_replicated) if fewer acknowledged, for the caller to write it again."""
         keys = tenant_keys(validate.tenant_id(tenant))[:2]
-        reply, acked = await self._run_replicated("account", keys, validate.upsert_args(spec))
+        args = validate.upsert_args(spec)
+        if policy_version is not None:
+            args.append(str(validate.amount("policy_version", policy_version)))
+        reply, acked = await self._run_replicated("account", keys, args)
         raise_for_reply(tenant, "", "upsert", reply)
         if acked.fsynced == 0:
             raise LedgerUnavailable(
@@ -1051,6 +1057,28 @@ class Ledger:
                 pipe.scard(ambiguous_key(tenant))
                 live, escalated, ambiguous = await pipe.execute()
         return {"pending": live - escalated, "escalated": escalated, "ambiguous": ambiguous}
+
+    async def policy_versions(
+        self, accounts: Mapping[str, Sequence[str]]
+    ) -> dict[str, dict[str, int]]:
+        """tenant -> account -> the policy version its limits were written from (0:
+        unversioned), for the `accounts` named per tenant that exist, in one round
+        trip: what a host compares with the version it serves before writing limits."""
+        tenants = [validate.tenant_id(tenant) for tenant in accounts]
+        with translate_redis_errors("policy_versions"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for tenant in tenants:
+                    for account in accounts[tenant]:
+                        pipe.hmget(accounts_key(tenant), [f"{account}|limit", f"{account}|pv"])
+                replies = iter(await pipe.execute())
+        found: dict[str, dict[str, int]] = {}
+        for tenant in tenants:
+            mine = found.setdefault(tenant, {})
+            for account in accounts[tenant]:
+                limit, version = next(replies)
+                if limit is not None:
+                    mine[account] = int(version or 0)
+        return found
 
     async def snapshot(
         self, accounts: Mapping[str, Sequence[str]], *, holds: bool = True

@@ -78,6 +78,17 @@ def policy_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}policy"
 
 
+def policy_log_key(tenant: str) -> str:
+    """The tenant's policy history, newest first (lua/policy_put.lua)."""
+    return f"{tenant_prefix(tenant)}policy:log"
+
+
+def policy_sources_key(tenant: str) -> str:
+    """What each source (a host's policy file) last read of the tenant's policy: the
+    base its next edit is measured from (lua/policy_put.lua)."""
+    return f"{tenant_prefix(tenant)}policy:sources"
+
+
 def lease_key(tenant: str, work: str) -> str:
     """The lease of one kind of background work on the tenant (`sweep`, `events`):
     a string holding its holder's token (ledger/lease.py)."""

@@ -1,7 +1,10 @@
 """The fleet's policy store: each tenant's policy text under a version in Redis
 (`irrev:{tenant}:policy`), which every gateway host serves, whatever its own files
 say. A write is a compare-and-set on the version the writer read (policy_put.lua),
-so a host that read an older version never overwrites a newer one; every write then
+so a host that read an older version never overwrites a newer one; versions are
+stamped by Redis's clock, kept in a history (the last POLICY_HISTORY), and each
+host's file is remembered as the host last read it (its source), the base from
+which its next edit is measured (contract 8, docs/design.md). Every write then
 bumps one fleet-wide epoch counter and announces it (ledger/changes.py: pub/sub), so
 a host reads the epoch when told, and otherwise only every so often (the epoch is a
 key of its own slot, bumped after the write: a writer that dies in between, or
@@ -11,6 +14,7 @@ anyway)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,11 +28,20 @@ from . import validate
 from .changes import CHANNEL, announce
 from .cluster import RedisClient, wait_out_migration
 from .errors import translate_redis_errors
-from .keys import OUTCOMES_EPOCH_KEY, POLICY_EPOCH_KEY, policy_key
+from .keys import (
+    OUTCOMES_EPOCH_KEY,
+    POLICY_EPOCH_KEY,
+    policy_key,
+    policy_log_key,
+    policy_sources_key,
+)
 
 log = logging.getLogger("irrev.ledger")
 # Waits before trying a failed epoch bump or announcement again (then it is logged).
 TELL_RETRY_S = (0.05, 0.2)
+# Versions kept in each tenant's history: what `irrev policy history` shows, and how
+# old a version an upload may name as its base (If-Match) and still be merged.
+POLICY_HISTORY = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +101,42 @@ class PolicyStore:
             if fields
         }
 
+    async def history(self, tenant: str, count: int = POLICY_HISTORY) -> list[PolicyRecord]:
+        """The tenant's last `count` stored versions, newest first."""
+        key = policy_log_key(validate.tenant_id(tenant))
+        with translate_redis_errors("reading a policy history"):
+            entries = await self.redis.lrange(key, 0, max(count, 1) - 1)
+        return [_entry(tenant, raw) for raw in entries]
+
+    async def version(self, tenant: str, version: int) -> PolicyRecord | None:
+        """Stored version `version` of the tenant's policy, if the history still has it."""
+        found = [record for record in await self.history(tenant) if record.version == version]
+        return found[0] if found else None
+
+    async def bases(self, sources: Sequence[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """What each (tenant, source) last read, for those that read anything, in one
+        round trip."""
+        if not sources:
+            return {}
+        keys = [policy_sources_key(validate.tenant_id(tenant)) for tenant, _ in sources]
+        with translate_redis_errors("reading policy sources"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key, (_, source) in zip(keys, sources, strict=True):
+                    pipe.hget(key, source)
+                replies = await pipe.execute()
+        return {
+            pair: reply.decode() if isinstance(reply, bytes) else reply
+            for pair, reply in zip(sources, replies, strict=True)
+            if reply is not None
+        }
+
+    async def read_by(self, tenant: str, source: str, text: str) -> None:
+        """Remember that `source` read `text` (a file seen for the first time while the
+        store already had a version): its later edits are measured from it."""
+        key = policy_sources_key(validate.tenant_id(tenant))
+        with translate_redis_errors("recording a policy source"):
+            await self.redis.hset(key, source, text)
+
     async def put(
         self,
         tenant: str,
@@ -95,21 +144,24 @@ class PolicyStore:
         expected: int,
         digest: str,
         text: str,
-        stamp_ms: int | None,
         origin: str,
+        source: str = "",
+        source_text: str = "",
     ) -> PutResult:
-        """Write `text` over version `expected` (0: none yet); `stamp_ms` None: Redis
-        time now. LedgerUnavailable only if the write itself failed: once it landed,
-        a failed epoch bump or announcement is logged, not raised (`_tell`)."""
-        key = policy_key(validate.tenant_id(tenant))
-        args = [str(expected), digest, text, "" if stamp_ms is None else str(stamp_ms), origin]
+        """Write `text` over version `expected` (0: none yet), stamped with Redis's
+        time; `source` (a host's file) read `source_text`, its next edit's base.
+        LedgerUnavailable only if the write itself failed: once it landed, a failed
+        epoch bump or announcement is logged, not raised (`_tell`)."""
+        tenant = validate.tenant_id(tenant)
+        keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
+        args = [str(expected), digest, text, origin, source, source_text, str(POLICY_HISTORY)]
         with translate_redis_errors("writing a policy"):
             if isinstance(self.redis, RedisCluster):
-                reply = await wait_out_migration(lambda: self._put(keys=[key], args=args))
+                reply = await wait_out_migration(lambda: self._put(keys=keys, args=args))
             else:
-                reply = await self._put(keys=[key], args=args)
+                reply = await self._put(keys=keys, args=args)
             won, version, stamp = (int(part) for part in reply)
-        if won:
+        if won and version != expected:  # else the store held this text already
             await self._tell()
         return PutResult(bool(won), version, stamp)
 
@@ -163,6 +215,18 @@ def _text(fields: dict[Any, Any]) -> dict[str, str]:
         (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
         for k, v in fields.items()
     }
+
+
+def _entry(tenant: str, raw: bytes | str) -> PolicyRecord:
+    entry = json.loads(raw)
+    return PolicyRecord(
+        tenant,
+        int(entry["v"]),
+        str(entry["digest"]),
+        str(entry["text"]),
+        int(entry["stamp_ms"]),
+        str(entry["origin"]),
+    )
 
 
 def _record(tenant: str, fields: dict[str, str]) -> PolicyRecord:

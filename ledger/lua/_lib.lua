@@ -218,7 +218,8 @@ local names_of = remembering(function(id)
   return {limit = id .. '|limit', soft = id .. '|soft', win = id .. '|win',
     appr = id .. '|appr', pend = id .. '|pend', post = id .. '|post', ws = id .. '|ws',
     over = id .. '|over', raise = id .. '|raise', esc = id .. '|esc', escmax = id .. '|escmax',
-    nfa = id .. '|nfa', nfamax = id .. '|nfamax', rte = id .. '|rte', rtr = id .. '|rtr'}
+    nfa = id .. '|nfa', nfamax = id .. '|nfamax', rte = id .. '|rte', rtr = id .. '|rtr',
+    pv = id .. '|pv'}
 end)
 
 local function field(id, name)

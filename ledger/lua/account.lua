@@ -18,13 +18,19 @@
 --          reads, `<interval ms>,<slack ms>` ('' for none; _lib.lua's rate_step),
 --          kept as `<id>|rte` and `|rtr` with the next arrival they had (a change of
 --          policy does not let a burst through), not journaled
+-- ARGV[10] optional, after ARGV[9]: the version of the tenant's policy (in the
+--          fleet's policy store) these limits come from ('' or none: unversioned),
+--          kept as `<id>|pv`, not journaled
 --
 -- Returns {status, state, flags}
---   'ok'         'created' or 'updated'
+--   'ok'         'created' or 'updated', or 'kept' when the account already holds
+--                the limits of a newer policy version than ARGV[10] (nothing written)
 --   'bad_input'  (state = field, flags = message)
 --
 -- Invariant: soft limit <= limit; a new account starts with zero balances in the
--- current window; every change is journaled so replay knows the limits.
+-- current window; every change is journaled so replay knows the limits; an
+-- account's limits never go back to an older policy version's (two hosts writing
+-- two versions' limits in the wrong order: the older one is kept out).
 
 local account = ARGV[1]
 if not valid_id(account) or not string.match(account, '^%a+:.') then
@@ -55,8 +61,12 @@ for j, name in ipairs({'rte', 'rtr'}) do
   -- false, not nil: pairs() below must meet it, to remove a rate the policy dropped
   paces[name] = interval and interval .. ',' .. slack or false
 end
-if #ARGV < 5 or #ARGV > 9 then
-  return {'bad_input', 'arguments', 'account takes five to nine arguments'}
+local pv = ARGV[10] and ARGV[10] ~= '' and uint(ARGV[10], MAX_AMOUNT)
+if ARGV[10] and ARGV[10] ~= '' and not pv then
+  return {'bad_input', 'policy_version', 'must be an integer >= 0'}
+end
+if #ARGV < 5 or #ARGV > 10 then
+  return {'bad_input', 'arguments', 'account takes five to ten arguments'}
 end
 
 local now = now_ms()
@@ -66,6 +76,9 @@ if win > 0 then
 end
 local outcome = 'updated'
 local a = load_account(account)
+if a and pv and (tonumber(redis.call('HGET', ACCOUNTS, field(account, 'pv'))) or 0) > pv then
+  return {'ok', 'kept', ''}
+end
 if a then
   roll(a, now)
   if win == a.win then
@@ -94,6 +107,7 @@ for name, pace in pairs(paces) do
     redis.call('HDEL', ACCOUNTS, field(account, name))
   end
 end
+if pv then redis.call('HSET', ACCOUNTS, field(account, 'pv'), fmt(pv)) end
 journal({'op', 'account', 'acct', account, 'limit', fmt(limit), 'soft', fmt(soft),
          'win', fmt(win), 'appr', fmt(appr), 'ws', fmt(ws)})
 return {'ok', outcome, ''}

@@ -47,6 +47,7 @@ for i = 1, n do
       for j = 1, #ACCOUNT_FIELDS do
         names[j] = field(id, ACCOUNT_FIELDS[j])
       end
+      names[#names + 1] = field(id, 'pv')
       redis.call('HDEL', ACCOUNTS, unpack(names))
       journal({'op', 'close', 'acct', id})
       closed = closed + 1

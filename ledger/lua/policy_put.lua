@@ -1,36 +1,47 @@
--- policy_put: write a tenant's policy into the fleet's policy store, only over the
--- version the writer read (compare-and-set), so a host that read an older version
--- never overwrites a newer one (ledger/policystore.py).
+-- policy_put: write a tenant's policy into the fleet's policy store over the version
+-- the writer read (compare-and-set), record it in the tenant's policy history, and
+-- remember what the writing source (a host's policy file) read, which is the base
+-- its next edit is measured from (ledger/policystore.py, gateway/tenants.py).
 --
 -- KEYS[1]  the tenant's policy hash: v (version, 1, 2, ...), digest, text,
---          stamp_ms (when its content was written: the file's change time, or
---          Redis time for a write without one), origin (who wrote it)
+--          stamp_ms (Redis time of the write), origin (who wrote it)
+-- KEYS[2]  the tenant's policy history: a list of JSON entries {v, digest,
+--          stamp_ms, origin, text}, newest first, ARGV[7] kept
+-- KEYS[3]  the tenant's policy sources: a hash, source id -> the text that source
+--          last read (a host's file as it was when the host acted on it)
 -- ARGV[1]  the version the writer read (0: the store had none)
--- ARGV[2]  digest of the text (names the version on /metrics and in logs)
--- ARGV[3]  the policy text (YAML)
--- ARGV[4]  stamp_ms ('': Redis time now)
--- ARGV[5]  origin (e.g. file:<host>:<path>, upload:<admin>)
+-- ARGV[2]  digest of the text to store
+-- ARGV[3]  the policy text (YAML) to store
+-- ARGV[4]  origin (e.g. file <host>:<path>, upload <admin>)
+-- ARGV[5]  source id ('': a write that is no source's, e.g. an upload)
+-- ARGV[6]  the source's text, its base from now on (ignored without ARGV[5])
+-- ARGV[7]  how many history entries to keep (>= 1)
 --
 -- Returns {won, version, stamp_ms}: won 1 with the version now stored (the same
--- version if the store already held this digest), or won 0 with the store's
--- version, which the writer must read again before deciding anew.
+-- version if the store already held this digest: nothing but the source is
+-- written), or won 0 with the store's version, which the writer must read again
+-- before deciding anew (and nothing is written).
 --
--- Invariant: the version only grows, and every version's text is written once.
+-- Invariant: the version only grows; each version is stamped by Redis's clock,
+-- never a host's; a source's base changes only together with a write it decided
+-- on the version it read.
 
 redis.replicate_commands() -- Redis 6 needs it to write after TIME; a no-op on 7
-local expected = tonumber(ARGV[1])
-if #ARGV ~= 5 or not expected or ARGV[2] == '' then
-  return redis.error_reply('policy_put takes version, digest, text, stamp_ms, origin')
+local expected, keep = tonumber(ARGV[1]), tonumber(ARGV[7])
+if #ARGV ~= 7 or not expected or ARGV[2] == '' or not keep or keep < 1 then
+  return redis.error_reply(
+    'policy_put takes version, digest, text, origin, source, source text, keep')
 end
 local current = redis.call('HMGET', KEYS[1], 'v', 'digest', 'stamp_ms')
 local version = tonumber(current[1] or '0')
 if version ~= expected then return {0, version, current[3] or '0'} end
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[3], ARGV[5], ARGV[6]) end
 if current[2] == ARGV[2] then return {1, version, current[3]} end
-local stamp = ARGV[4]
-if stamp == '' then
-  local now = redis.call('TIME')
-  stamp = tostring(tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
-end
+local now = redis.call('TIME')
+local stamp = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('HSET', KEYS[1], 'v', version + 1, 'digest', ARGV[2], 'text', ARGV[3],
-  'stamp_ms', stamp, 'origin', ARGV[5])
-return {1, version + 1, stamp}
+  'stamp_ms', stamp, 'origin', ARGV[4])
+redis.call('LPUSH', KEYS[2], cjson.encode({
+  v = version + 1, digest = ARGV[2], stamp_ms = stamp, origin = ARGV[4], text = ARGV[3]}))
+redis.call('LTRIM', KEYS[2], 0, keep - 1)
+return {1, version + 1, tostring(stamp)}

@@ -240,6 +240,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "iso-globex": ("globex", {}),
     "admin-a": ("procurement", {}),
     "admin-b": ("procurement", {}),
+    "policy-changes": ("procurement", {}),
     "fuzz": ("procurement", {}),
     "fuzz-globex": ("globex", {}),
     "settle-abuse": ("procurement", {}),

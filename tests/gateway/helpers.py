@@ -240,3 +240,15 @@ async def trickled_request(
             await writer.wait_closed()
     payload: dict[str, Any] = json.loads(content)
     return int(status_line.split()[1]), payload
+
+
+def base_of(shown: httpx.Response) -> dict[str, str]:
+    """The If-Match of a policy change made from `shown` (a GET of the policy): the
+    store version it names (contract 8)."""
+    return {"If-Match": shown.headers["etag"]} if "etag" in shown.headers else {}
+
+
+async def based(http: httpx.AsyncClient, tenant: str, headers: dict[str, str]) -> dict[str, str]:
+    """`headers` with the If-Match of a change made from the policy the host serves."""
+    shown = await http.get(f"/v1/admin/tenants/{tenant}/policy", headers=headers)
+    return {**headers, **base_of(shown)}

@@ -10,7 +10,7 @@ from ledger import Ledger
 from pricing import load_policy_data
 
 from .conftest import Gateway, policy_dir_of
-from .helpers import assert_problem, balances, effect_headers, order
+from .helpers import assert_problem, balances, base_of, based, effect_headers, order
 from .servers import EXAMPLES
 
 
@@ -26,12 +26,20 @@ async def test_upload_applies_a_valid_policy(gateway: Gateway, http: httpx.Async
     data["accounts"]["principals"]["platform"]["limit"] = "12000"
     text = yaml.safe_dump(data, sort_keys=False)
     response = await http.put(
-        f"/v1/admin/tenants/{tenant.id}/policy", content=text, headers=gateway.admin
+        f"/v1/admin/tenants/{tenant.id}/policy",
+        content=text,
+        headers={**gateway.admin, **base_of(shown)},
     )
-    assert response.json() == {"tenant": tenant.id, "status": "applied"}, response.text
+    version = int(shown.headers["etag"].strip('"')) + 1
+    assert response.json() == {"tenant": tenant.id, "status": "applied", "version": version}
+    assert response.headers["etag"] == f'"{version}"'
     rows = await balances(http, gateway.admin, tenant)
     assert rows["principal:platform"]["limit"] == 12_000 * 10**6
-    assert policy_file(gateway, "admin-a") == text
+    yaml_accept = {**gateway.admin, "Accept": "application/yaml"}
+    served = await http.get(f"/v1/admin/tenants/{tenant.id}/policy", headers=yaml_accept)
+    assert served.text == text and served.headers["etag"] == f'"{version}"'
+    # The store is the truth; the host's file is one way in, and is not rewritten.
+    assert policy_file(gateway, "admin-a") != text
 
 
 async def test_upload_that_would_break_the_policy_set_changes_nothing(
@@ -47,7 +55,7 @@ async def test_upload_that_would_break_the_policy_set_changes_nothing(
     response = await http.put(
         f"/v1/admin/tenants/{b.id}/policy",
         content=yaml.safe_dump(data, sort_keys=False),
-        headers=gateway.admin,
+        headers=await based(http, b.id, gateway.admin),
     )
     assert_problem(response, 422, "invalid_policy")
     assert policy_file(gateway, "admin-b") == before
@@ -82,7 +90,7 @@ async def test_an_upload_the_ledger_would_refuse_writes_nothing(
         response = await http.put(
             f"/v1/admin/tenants/{tenant.id}/policy",
             content=yaml.safe_dump(data, sort_keys=False),
-            headers=gateway.admin,
+            headers=await based(http, tenant.id, gateway.admin),
         )
         body = assert_problem(response, 422, "invalid_policy")
         assert "128" in str(body)
@@ -102,7 +110,8 @@ async def test_upload_refuses_invalid_or_foreign_policies(
     url = f"/v1/admin/tenants/{a.id}/policy"
     for text in ("", "tenant: [", "kind: demo-tokens", policy_file(gateway, "admin-b")):
         before = policy_file(gateway, "admin-a")
-        response = await http.put(url, content=text.encode(), headers=gateway.admin)
+        headers = await based(http, a.id, gateway.admin)
+        response = await http.put(url, content=text.encode(), headers=headers)
         assert_problem(response, 422, "invalid_policy")
         assert policy_file(gateway, "admin-a") == before
     assert b.id != a.id

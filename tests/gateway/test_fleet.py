@@ -2,10 +2,11 @@
 (Linux routes all of 127/8 to lo), one with its clock 3 s ahead (libfaketime), each
 with its own, different copy of the tenant's policy file, on one Redis.
 
-- limits never flip back: the fleet serves the policy store's version; a host whose
-  file is older (or that restarts with it) neither overwrites it nor writes its
-  limits (before: the limit followed whichever host loaded last, 3,000 -> 999 ->
-  3,000 USD);
+- limits never flip back: the fleet serves the policy store's version; a host's copy
+  seen for the first time is recorded, not applied, and an edit of a copy writes
+  only the fields it changed, over the store's newest version (before: the file
+  with the latest mtime won whole, 250,000 -> 199,999 -> 188,888 -> 177,777 ->
+  188,888 -> 199,999 USD);
 - a token revoked through one host is refused by every host after a policy refresh,
   also while no host can subscribe to the store's announcements (pub/sub cut: the
   hosts read the store only every 600 s otherwise, so only the fallback can do it);
@@ -21,9 +22,10 @@ import asyncio
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -53,7 +55,7 @@ HOSTS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 SKEWED = "127.0.0.4"
 # Each host's copy of the policy has its own tenant limit (USD), written in this order.
 LIMITS = {"127.0.0.2": 3000, "127.0.0.3": 999, "127.0.0.4": 2000}
-REFRESH_S = 0.5
+REFRESH_S = 2.0  # the default IRREV_POLICY_CHECK_INTERVAL_S
 WAIT_S = 30.0
 POLL_S = 600.0
 CHANGES = "irrev:{fleet}:changes"
@@ -162,12 +164,13 @@ def changes(values: list[int]) -> list[int]:
 
 async def test_limits_never_flip_back(fleet: Fleet, clients: dict[str, httpx.AsyncClient]) -> None:
     """Each host has its own copy of the policy; the oldest copy's host restarts twice
-    meanwhile. The tenant's limit in the ledger changes at most forward, and every
-    host serves the same version."""
+    meanwhile. The first host's copy went into the store; the others' copies, seen
+    for the first time, were recorded, not applied, and being served to a restarted
+    host changes nothing: the limit never moves, and every host serves one version."""
     seen = []
     probe = clients[HOSTS[1]]
     for round_ in range(3):
-        for _ in range(8):  # a few refreshes of every host
+        for _ in range(4):  # a few refreshes of every host
             seen.append(await ledger_limit(probe, fleet))
             await asyncio.sleep(REFRESH_S / 2)
         if round_ < 2:
@@ -175,17 +178,84 @@ async def test_limits_never_flip_back(fleet: Fleet, clients: dict[str, httpx.Asy
             old.stop()
             seen.append(await ledger_limit(probe, fleet))
             fleet.start(HOSTS[0])
-    history = changes(seen)
-    # Newer files were written later: the limit only ever moves to a newer one.
-    written = [LIMITS[host] * 10**6 for host in HOSTS]
-    ages = [written.index(limit) for limit in history]
-    assert ages == sorted(ages), f"the limit went back to an older copy's: {history}"
+    assert changes(seen) == [LIMITS[HOSTS[0]] * 10**6], f"the limit moved: {changes(seen)}"
+    await agree(fleet, clients)
+    print(f"\nlimits seen in the ledger: {[v // 10**6 for v in changes(seen)]} USD")
+
+
+async def agree(fleet: Fleet, clients: dict[str, httpx.AsyncClient], usd: int | None = None) -> str:
+    """Until every host serves one version (with a tenant limit of `usd`, if given);
+    its tenant limit, in micros."""
     deadline = time.monotonic() + WAIT_S
-    while len({await served_limit(c, fleet) for c in clients.values()}) != 1:
-        assert time.monotonic() < deadline, "the hosts never agreed on one version"
-        await asyncio.sleep(REFRESH_S)
-    assert int(await served_limit(probe, fleet)) == await ledger_limit(probe, fleet)
-    print(f"\nlimits seen in the ledger: {[v // 10**6 for v in history]} USD")
+    while True:
+        served = {await served_limit(c, fleet) for c in clients.values()}
+        if len(served) == 1 and (usd is None or served == {str(usd * 10**6)}):
+            return served.pop()
+        assert time.monotonic() < deadline, f"the hosts never agreed on one version: {served}"
+        await asyncio.sleep(0.05)
+
+
+def edit_copy(fleet: Fleet, host: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Edit `host`'s own copy of the policy in place, as a person would."""
+    path = fleet.hosts[host].env["IRREV_POLICY_DIR"] + f"/{fleet.tenant.id}.yaml"
+    document = yaml.safe_load(Path(path).read_text())
+    change(document)
+    temporary = Path(path + ".tmp")
+    temporary.write_text(yaml.safe_dump(document, sort_keys=False))
+    temporary.replace(path)
+
+
+async def test_an_edit_of_a_stale_copy_never_brings_an_older_limit_back(
+    fleet: Fleet, clients: dict[str, httpx.AsyncClient]
+) -> None:
+    """Issue 30's sequence: C (the host 3 s ahead) edits the tenant limit in its copy,
+    1 s later A edits it in its own, then B revokes a token by editing its copy,
+    which still holds its old limit. Before, the file with the latest mtime won
+    whole: C's older edit came back, then B's old limit. Each edit is what changed
+    in its file since its host read it, written over the store's newest version:
+    the limit only moves to the newer edit, and the token is refused by every host
+    (announced: within one refresh interval)."""
+    agent = "buyer-05"
+    a, b, c = HOSTS[0], HOSTS[1], SKEWED
+    probe = clients[b]
+    for client in clients.values():
+        ok = await client.get("/tools/supplier/catalog", headers=fleet.tenant.auth(agent))
+        assert ok.status_code == 200, ok.text
+    seen: list[int] = []
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        while not stop.is_set():
+            seen.append(await ledger_limit(probe, fleet))
+            await asyncio.sleep(0.05)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        edit_copy(fleet, c, lambda d: d["accounts"]["tenant"].update(limit="188888"))
+        await asyncio.sleep(1.0)
+        edit_copy(fleet, a, lambda d: d["accounts"]["tenant"].update(limit="177777"))
+        await agree(fleet, clients, 177_777)
+        edit_copy(fleet, b, lambda d: d["agents"][agent].update(token_sha256=hash_token("x")))
+        edited_at = time.monotonic()
+        took = {}
+        for host, client in clients.items():
+            while (
+                await client.get("/tools/supplier/catalog", headers=fleet.tenant.auth(agent))
+            ).status_code != 401:
+                assert time.monotonic() - edited_at < WAIT_S, f"{host} still accepts the token"
+                await asyncio.sleep(0.02)
+            took[host] = round(time.monotonic() - edited_at, 2)
+        await asyncio.sleep(3 * REFRESH_S)  # every host refreshes a few times more
+    finally:
+        stop.set()
+        await watcher
+    history = [v // 10**6 for v in changes(seen)]
+    assert history in ([LIMITS[a], 188_888, 177_777], [LIMITS[a], 177_777]), history
+    assert int(await agree(fleet, clients)) == 177_777 * 10**6
+    print(
+        f"\nlimits seen in the ledger: {history} USD; token refused after (s, refresh "
+        f"every {REFRESH_S} s): {took}"
+    )
 
 
 async def test_a_revoked_token_is_refused_by_every_host(
@@ -195,17 +265,7 @@ async def test_a_revoked_token_is_refused_by_every_host(
     for client in clients.values():
         ok = await client.get("/tools/supplier/catalog", headers=fleet.tenant.auth(agent))
         assert ok.status_code == 200, ok.text
-    first = clients[HOSTS[0]]
-    # The newest copy (the one in force), with the agent's token replaced.
-    revoked = fleet.policy.copy()
-    revoked.document["accounts"]["tenant"]["limit"] = str(LIMITS[HOSTS[-1]])
-    revoked.document["agents"][agent]["token_sha256"] = hash_token(new_token())
-    response = await first.put(
-        f"/v1/admin/tenants/{fleet.tenant.id}/policy",
-        content=yaml.safe_dump(revoked.document, sort_keys=False),
-        headers=fleet.admin,
-    )
-    assert response.status_code == 200, response.text
+    await revoke(fleet, clients[HOSTS[0]], agent)
     uploaded_at = time.monotonic()
     took = {}
     for host, client in clients.items():
@@ -222,18 +282,17 @@ async def test_a_revoked_token_is_refused_by_every_host(
 
 
 async def revoke(fleet: Fleet, client: httpx.AsyncClient, agent: str) -> None:
-    """Upload, through `client`'s host, the newest copy with `agent`'s token replaced."""
-    current = await client.get(f"/v1/admin/tenants/{fleet.tenant.id}/policy", headers=fleet.admin)
+    """Upload, through `client`'s host, the policy it serves with `agent`'s token
+    replaced, made from the version it serves (its ETag)."""
+    url = f"/v1/admin/tenants/{fleet.tenant.id}/policy"
+    current = await client.get(url, headers={**fleet.admin, "Accept": "application/yaml"})
     assert current.status_code == 200, current.text
-    document = fleet.policy.copy().document
-    document["accounts"]["tenant"]["limit"] = str(LIMITS[HOSTS[-1]])
-    for name, agent_policy in current.json()["agents"].items():
-        document["agents"][name]["token_sha256"] = agent_policy["token_sha256"]
+    document = yaml.safe_load(current.text)
     document["agents"][agent]["token_sha256"] = hash_token(new_token())
     response = await client.put(
-        f"/v1/admin/tenants/{fleet.tenant.id}/policy",
+        url,
         content=yaml.safe_dump(document, sort_keys=False),
-        headers=fleet.admin,
+        headers={**fleet.admin, "If-Match": current.headers["etag"]},
     )
     assert response.status_code == 200, response.text
 

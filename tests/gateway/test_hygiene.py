@@ -19,6 +19,7 @@ from .conftest import Gateway, policy_dir_of
 from .helpers import (
     assert_problem,
     balances,
+    based,
     effect_headers,
     holds_in,
     order,
@@ -179,7 +180,7 @@ async def test_a_policy_whose_hold_ttl_cannot_outlive_a_forward_is_refused(
     response = await http.put(
         f"/v1/admin/tenants/{tenant.id}/policy",
         content=yaml.safe_dump(policy, sort_keys=False),
-        headers=gateway.admin,
+        headers=await based(http, tenant.id, gateway.admin),
     )
     body = assert_problem(response, 422, "invalid_policy")
     said = " ".join(body["problems"])

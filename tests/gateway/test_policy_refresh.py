@@ -25,7 +25,7 @@ import yaml
 from gateway.policies import policy_version
 from gateway.tenants import FULL_READ_S, TenantStore
 from ledger import ChangeFeed, Ledger
-from ledger.keys import policy_key
+from ledger.keys import policy_key, policy_log_key, policy_sources_key
 
 from .conftest import Gateway
 from .servers import write_policy
@@ -55,8 +55,9 @@ async def write_without_epoch_bump(ledger: Ledger, tenant: str, text: str) -> No
     record = (await ledger.policies.records([tenant]))[tenant]
     source = files("ledger.lua").joinpath("policy_put.lua").read_text(encoding="utf-8")
     put = ledger.redis.register_script(source)
-    args = [str(record.version), policy_version(text), text, "", "a writer that died"]
-    won, _, _ = await put(keys=[policy_key(tenant)], args=args)
+    args = [str(record.version), policy_version(text), text, "a writer that died", "", "", "5"]
+    keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
+    won, _, _ = await put(keys=keys, args=args)
     assert int(won) == 1
 
 
@@ -152,7 +153,6 @@ async def test_a_stored_version_the_ledger_would_refuse_holds_back_only_its_tena
             expected=records[name].version,
             digest=policy_version(text),
             text=text,
-            stamp_ms=None,
             origin="test",
         )
         assert put.won
@@ -177,10 +177,10 @@ async def test_a_stored_version_the_ledger_would_refuse_holds_back_only_its_tena
 async def test_a_metadata_change_to_an_outdated_copy_does_not_put_it_back(
     ledger: Ledger, tmp_path: Path, tenant: str
 ) -> None:
-    """A host's file goes into the store when it changed after the store's version.
-    That was read from its ctime, which a chmod, a chown or a new hard link also set:
-    an outdated copy whose permissions changed went back into the store, its old
-    limit with it. The file's content is what changes an edit: its mtime."""
+    """A host's file went into the store when its ctime was after the store's
+    version, which a chmod, a chown or a new hard link also set: an outdated copy
+    whose permissions changed went back into the store, its old limit with it. Only
+    an edit of the file's content is a change now, whatever its times say."""
     one, two = tmp_path / "one", tmp_path / "two"
     write_policy(one, "procurement", tenant, "http://127.0.0.1:9")
     two.mkdir()
@@ -190,7 +190,8 @@ async def test_a_metadata_change_to_an_outdated_copy_does_not_put_it_back(
     await second.load(ledger)
     document = yaml.safe_load((two / f"{tenant}.yaml").read_text())
     document["accounts"]["tenant"]["limit"] = "5000"
-    await second.upload(ledger, tenant, yaml.safe_dump(document))
+    base = (await ledger.policies.records([tenant]))[tenant].version
+    await second.upload(ledger, tenant, yaml.safe_dump(document), base, "test")
     uploaded = (await ledger.policies.records([tenant]))[tenant]
     await first.apply(ledger)  # serves the uploaded version; its own file is outdated
     (one / f"{tenant}.yaml").chmod(0o640)

@@ -18,7 +18,7 @@ from irrev.harness import new_token
 from pricing.credentials import hash_token
 
 from .conftest import Gateway, own_gateway, policy_dir_of
-from .helpers import assert_problem, balances, effect_headers, order
+from .helpers import assert_problem, balances, based, effect_headers, order
 from .servers import Server
 
 ADMINS = {
@@ -203,7 +203,9 @@ async def test_a_raise_never_takes_a_limit_past_2_53(
     data = yaml.safe_load((policy_dir_of(gw) / f"{tenant.id}.yaml").read_text())
     data["accounts"]["tenant"]["limit"] = MAX_MAJOR
     uploaded = await client.put(
-        f"/v1/admin/tenants/{tenant.id}/policy", content=yaml.safe_dump(data), headers=boss
+        f"/v1/admin/tenants/{tenant.id}/policy",
+        content=yaml.safe_dump(data),
+        headers=await based(client, tenant.id, boss),
     )
     assert uploaded.status_code == 200, uploaded.text
     url = f"/v1/admin/tenants/{tenant.id}/rules"

@@ -25,7 +25,7 @@ from ledger import EmbeddedRedis
 from tests.ledger.test_embedded import process_gone, wait_until
 
 from .conftest import Gateway, own_gateway
-from .helpers import assert_problem, effect_headers, order
+from .helpers import assert_problem, base_of, effect_headers, order
 from .servers import BIN, Server, Tenant, base_env, write_policy
 
 # Slow (README's test command leaves it out; .ci/run runs it).
@@ -333,9 +333,9 @@ def with_backup_tool(text: str, tenant: Tenant) -> str:
 
 
 def upload(http: httpx.Client, gateway: Gateway, tenant: Tenant, text: str) -> None:
-    response = http.put(
-        f"/v1/admin/tenants/{tenant.id}/policy", content=text, headers=gateway.admin
-    )
+    url = f"/v1/admin/tenants/{tenant.id}/policy"
+    shown = http.get(url, headers=gateway.admin)
+    response = http.put(url, content=text, headers={**gateway.admin, **base_of(shown)})
     assert response.status_code == 200, response.text
 
 

@@ -28,6 +28,7 @@ from .conftest import Gateway, policy_dir_of
 from .helpers import (
     assert_problem,
     balances,
+    based,
     effect_headers,
     ledger_audit,
     order,
@@ -273,7 +274,8 @@ async def test_learned_counts_past_their_bound_never_stop_an_upload(
     data["agents"]["buyer-02"]["token_sha256"] = hash_token(format_token(bytes(32)))
     data["accounts"]["principals"]["facilities"]["limit"] = "61000"
     url = f"/v1/admin/tenants/{tenant.id}/policy"
-    uploaded = await http.put(url, content=yaml.safe_dump(data), headers=gateway.admin)
+    headers = await based(http, tenant.id, gateway.admin)
+    uploaded = await http.put(url, content=yaml.safe_dump(data), headers=headers)
     assert uploaded.status_code == 200, uploaded.text
 
     deadline = time.monotonic() + 20

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.gateway.helpers import assert_problem, balances, trickled_request, used
+from tests.gateway.helpers import assert_problem, balances, based, trickled_request, used
 
 from .conftest import KEY_META, McpGateway, agent, order, tool_stats
 
@@ -199,14 +199,17 @@ async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
     policy_dir = Path(mcp_gateway.gateway.server.env["IRREV_POLICY_DIR"])
     before = (policy_dir / f"{tenant.id}.yaml").read_text()
     url = f"/v1/admin/tenants/{tenant.id}/policy"
-    same = await http.put(url, content=before.encode(), headers=tenant.admin_auth)
+    same = await http.put(
+        url, content=before.encode(), headers=await based(http, tenant.id, tenant.admin_auth)
+    )
     assert same.status_code == 200, same.text  # the role may upload its policy
     data = yaml.safe_load(before)
     assert not data["tools"]["procure"].get("dedupes", False)
     data["tools"]["procure"]["dedupes"] = False
-    spelled = await http.put(url, content=yaml.safe_dump(data).encode(), headers=tenant.admin_auth)
+    applied = yaml.safe_dump(data)
+    headers = await based(http, tenant.id, tenant.admin_auth)
+    spelled = await http.put(url, content=applied.encode(), headers=headers)
     assert spelled.status_code == 200, spelled.text
-    applied = (policy_dir / f"{tenant.id}.yaml").read_text()
     stdio = {"mcp_command": ["/bin/sh", "-c", "cat /etc/passwd"]}
     for tool, fields in (
         ({"dedupes": True}, ["dedupes"]),
@@ -217,10 +220,11 @@ async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
         procure = {**changed["tools"]["procure"], **tool}
         changed["tools"]["procure"] = {k: v for k, v in procure.items() if v is not None}
         text = yaml.safe_dump(changed).encode()
-        refused = await http.put(url, content=text, headers=tenant.admin_auth)
+        headers = await based(http, tenant.id, tenant.admin_auth)
+        refused = await http.put(url, content=text, headers=headers)
         body = assert_problem(refused, 403, "operator_only")
         assert body["fields"] == [f"tools.procure.{field}" for field in fields], body
-        assert (policy_dir / f"{tenant.id}.yaml").read_text() == applied
+        assert (policy_dir / f"{tenant.id}.yaml").read_text() == before
 
 
 async def test_a_session_id_and_request_id_name_an_effect_of_one_agent_only(

@@ -1,0 +1,238 @@
+"""Contract 8: the fleet's policy store is the truth and a host's files one way in.
+Every change names the version it was made from and writes only what it changed,
+over the store's newest version; a stale copy changes nothing by being there, being
+touched or being served to a restarted host. In-process TenantStores on their own
+directories stand for hosts with their own copies (each file is its own source);
+the admin API is tested on the shared gateway."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gateway.policies import policy_version
+from gateway.policy_changes import VersionForgotten
+from gateway.tenants import TenantStore
+from ledger import POLICY_HISTORY, AccountSpec, Ledger
+from pricing.credentials import hash_token
+
+from .conftest import Gateway
+from .helpers import assert_problem
+from .servers import write_policy
+
+UPSTREAM = "http://127.0.0.1:9"
+
+
+@pytest.fixture
+async def ledger(redis_url: str) -> AsyncIterator[Ledger]:
+    ledger = Ledger.from_url(redis_url)
+    yield ledger
+    await ledger.aclose()
+
+
+def edit(path: Path, change: Any) -> None:
+    document = yaml.safe_load(path.read_text())
+    change(document)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(yaml.safe_dump(document, sort_keys=False))
+    temporary.replace(path)
+
+
+async def tenant_limit(ledger: Ledger, tenant: str) -> int:
+    return {b.account: b.limit for b in await ledger.balances(tenant)}[f"tenant:{tenant}"]
+
+
+async def hosts(ledger: Ledger, tmp_path: Path, tenant: str, n: int) -> list[TenantStore]:
+    """`n` hosts, each with its own copy of one policy, the first one's loaded first
+    (it goes into the store); each copy's tenant limit differs (1000, 1001, ...)."""
+    first = write_policy(tmp_path / "h0", "procurement", tenant, UPSTREAM)
+    stores = []
+    for i in range(n):
+        directory = tmp_path / f"h{i}"
+        if i:
+            directory.mkdir()
+            text = (tmp_path / "h0" / f"{tenant}.yaml").read_text()
+            (directory / f"{tenant}.yaml").write_text(text)
+        edit(
+            directory / f"{tenant}.yaml",
+            lambda d, i=i: d["accounts"]["tenant"].update(limit=str(1000 + i)),
+        )
+        store = TenantStore(directory)
+        await store.load(ledger)
+        stores.append(store)
+    assert first.tokens
+    return stores
+
+
+async def test_a_copy_seen_first_is_recorded_not_applied_nor_by_being_touched(
+    ledger: Ledger, tmp_path: Path, tenant: str
+) -> None:
+    a, b = await hosts(ledger, tmp_path, tenant, 2)
+    assert await tenant_limit(ledger, tenant) == 1000 * 10**6
+    assert b.served(tenant) is not None and b.served(tenant).version == 1  # type: ignore[union-attr]
+    copy = tmp_path / "h1" / f"{tenant}.yaml"
+    later = time.time() + 60
+    os.utime(copy, (later, later))  # newer by its time, not by its content
+    copy.chmod(0o640)
+    await b.apply(ledger)
+    restarted = TenantStore(tmp_path / "h1")
+    await restarted.load(ledger)
+    [record] = (await ledger.policies.records([tenant])).values()
+    assert record.version == 1
+    assert await tenant_limit(ledger, tenant) == 1000 * 10**6
+    assert (
+        restarted.policies[tenant].document.accounts.tenant.limit
+        == a.policies[tenant].document.accounts.tenant.limit
+    )
+
+
+async def test_an_edit_of_a_stale_copy_writes_only_what_it_changed(
+    ledger: Ledger, tmp_path: Path, tenant: str
+) -> None:
+    a, b, c = await hosts(ledger, tmp_path, tenant, 3)
+    edit(tmp_path / "h2" / f"{tenant}.yaml", lambda d: d["accounts"]["tenant"].update(limit="1888"))
+    await c.apply(ledger)
+    edit(tmp_path / "h0" / f"{tenant}.yaml", lambda d: d["accounts"]["tenant"].update(limit="1777"))
+    await a.apply(ledger)
+    token = hash_token("revoked")
+    edit(
+        tmp_path / "h1" / f"{tenant}.yaml",
+        lambda d: d["agents"]["buyer-01"].update(token_sha256=token),
+    )
+    await b.apply(ledger)
+    for store in (a, b, c):
+        await store.apply(ledger)
+        served = store.policies[tenant].document
+        assert served.accounts.tenant.limit == b.policies[tenant].document.accounts.tenant.limit
+        assert served.agents["buyer-01"].token_sha256 == token
+    assert await tenant_limit(ledger, tenant) == 1777 * 10**6
+    history = await ledger.policies.history(tenant)
+    assert [r.version for r in history] == [4, 3, 2, 1]
+    assert all(r.origin.startswith("file ") for r in history)
+
+
+async def test_an_edit_made_while_the_host_was_down_is_taken_in_at_start(
+    ledger: Ledger, tmp_path: Path, tenant: str
+) -> None:
+    a, b = await hosts(ledger, tmp_path, tenant, 2)
+    await b.aclose()
+    edit(tmp_path / "h1" / f"{tenant}.yaml", lambda d: d["accounts"]["tenant"].update(limit="5"))
+    restarted = TenantStore(tmp_path / "h1")
+    await restarted.load(ledger)
+    assert await tenant_limit(ledger, tenant) == 5 * 10**6
+    await a.apply(ledger)
+    assert str(a.policies[tenant].document.accounts.tenant.limit) == str(
+        restarted.policies[tenant].document.accounts.tenant.limit
+    )
+
+
+async def test_an_edit_that_does_not_load_over_the_newer_version_is_its_files_fault(
+    ledger: Ledger, tmp_path: Path, tenant: str
+) -> None:
+    """B edits the routes of an agent A removed meanwhile: merged, that agent has
+    routes and no token, which does not load. Nothing is written; B's file is
+    reported; B serves the store's version."""
+    a, b = await hosts(ledger, tmp_path, tenant, 2)
+    edit(tmp_path / "h0" / f"{tenant}.yaml", lambda d: d["agents"].pop("buyer-01"))
+    await a.apply(ledger)
+    edit(
+        tmp_path / "h1" / f"{tenant}.yaml",
+        lambda d: d["agents"]["buyer-01"].update(routes=["supplier GET /catalog"]),
+    )
+    report = await b.apply(ledger)
+    [fault] = report.faults
+    assert "does not load" in str(fault.error) and fault.tenant == tenant
+    [record] = (await ledger.policies.records([tenant])).values()
+    assert record.version == 2
+    assert "buyer-01" not in b.policies[tenant].document.agents
+
+
+async def test_older_limits_never_overwrite_newer_ones(ledger: Ledger, tenant: str) -> None:
+    """Two hosts write two versions' limits in the wrong order: the newer stay."""
+    account = f"tenant:{tenant}"
+    assert await ledger.upsert_account(tenant, AccountSpec(account, 300, 300), 3) == "created"
+    assert await ledger.upsert_account(tenant, AccountSpec(account, 200, 200), 2) == "kept"
+    assert await tenant_limit(ledger, tenant) == 300
+    assert await ledger.upsert_account(tenant, AccountSpec(account, 400, 400), 4) == "updated"
+    assert await ledger.policy_versions({tenant: [account, "tenant:none"]}) == {
+        tenant: {account: 4}
+    }
+
+
+async def test_an_upload_from_a_forgotten_version_is_refused(
+    ledger: Ledger, tmp_path: Path, tenant: str
+) -> None:
+    [store] = await hosts(ledger, tmp_path, tenant, 1)
+    text = (tmp_path / "h0" / f"{tenant}.yaml").read_text()
+    for version in range(1, POLICY_HISTORY + 1):
+        changed = text.replace("limit: '1000'", f"limit: '{2000 + version}'")
+        put = await ledger.policies.put(
+            tenant, expected=version, digest=policy_version(changed), text=changed, origin="t"
+        )
+        assert put.won
+    with pytest.raises(VersionForgotten) as refused:
+        await store.upload(ledger, tenant, text, 1, "test")
+    assert refused.value.current == POLICY_HISTORY + 1
+
+
+# -- the admin API ---------------------------------------------------------------
+
+
+async def served_yaml(http: httpx.AsyncClient, gateway: Gateway, tenant: str) -> httpx.Response:
+    response = await http.get(
+        f"/v1/admin/tenants/{tenant}/policy",
+        headers={**gateway.admin, "Accept": "application/yaml"},
+    )
+    assert response.status_code == 200, response.text
+    return response
+
+
+async def test_an_upload_names_the_version_it_was_made_from(
+    gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    tenant = gateway.tenant("policy-changes").id
+    url = f"/v1/admin/tenants/{tenant}/policy"
+    shown = await served_yaml(http, gateway, tenant)
+    version = int(shown.headers["etag"].strip('"'))
+    base = yaml.safe_load(shown.text)
+
+    async def put(document: dict[str, Any], if_match: str | None) -> httpx.Response:
+        headers = dict(gateway.admin)
+        if if_match is not None:
+            headers["If-Match"] = if_match
+        return await http.put(url, content=yaml.safe_dump(document), headers=headers)
+
+    body = assert_problem(await put(base, None), 428, "base_required")
+    assert body["current_version"] == version
+    for bad in ('"seven"', '"1", "2"', '"-1"'):
+        assert_problem(await put(base, bad), 400, "bad_if_match")
+    assert_problem(await put(base, f'"{version + 5}"'), 412, "unknown_version")
+
+    first = yaml.safe_load(shown.text)
+    first["accounts"]["principals"]["platform"]["limit"] = "12345"
+    applied = await put(first, f'"{version}"')
+    assert applied.status_code == 200 and applied.json()["version"] == version + 1, applied.text
+    # Made from the same (now older) version, changing another field: merged.
+    second = yaml.safe_load(shown.text)
+    second["agents"]["buyer-02"]["token_sha256"] = hash_token("new")
+    merged = await put(second, f'"{version}"')
+    assert merged.status_code == 200 and merged.json()["version"] == version + 2, merged.text
+    now = yaml.safe_load((await served_yaml(http, gateway, tenant)).text)
+    assert now["accounts"]["principals"]["platform"]["limit"] == "12345"
+    assert now["agents"]["buyer-02"]["token_sha256"] == hash_token("new")
+    # Made from it, changing the field the first upload changed: refused, nothing applied.
+    third = yaml.safe_load(shown.text)
+    third["accounts"]["principals"]["platform"]["limit"] = "99"
+    refused = assert_problem(await put(third, f'"{version}"'), 409, "policy_conflict")
+    assert refused["fields"] == ["accounts.principals.platform.limit"]
+    assert refused["current_version"] == version + 2
+    history = await http.get(f"{url}/history", headers=gateway.admin, params={"limit": 3})
+    assert [h["version"] for h in history.json()] == [version + 2, version + 1, version]
+    assert history.json()[0]["origin"] == "upload operator:ops"
