@@ -185,14 +185,13 @@ async def upload_policy(
     request: Request, response: Response, tenant: str, admin: Admin
 ) -> dict[str, Any]:
     """Change a tenant's policy to a YAML document made from the store's version its
-    If-Match names (contract 8: 428 without one; from an older version, only what it
-    changes is written, and 409 `policy_conflict` where that was changed since to
-    something else); refused whole if invalid. A
-    tenant admin's upload may change anything but the operator's fields
-    (`operator_changes`): where a tool's requests go, which secrets they carry, which
-    command a stdio MCP server runs on the gateway's hosts, who settles its holds and
-    whether an ambiguous call may be sent again. One that writes them as they are is
-    no change."""
+    If-Match names (docs/design.md, "Policy changes": 428 without one; from an older
+    version, only what it changes is written, and 409 `policy_conflict` where that
+    was changed since to something else); refused whole if invalid. A tenant admin's
+    upload may change anything but the operator's fields (`operator_changes`): where
+    a tool's requests go, which secrets they carry, which command a stdio MCP server
+    runs on the gateway's hosts, who settles its holds and whether an ambiguous call
+    may be sent again. One that writes them as they are is no change."""
     text = (await request.body()).decode("utf-8", errors="replace")
     gate = gate_of(request)
     if not admin.operator:
@@ -212,7 +211,7 @@ async def upload_policy(
     base = _base_version(request)
     origin = f"upload {admin.name}"
     try:
-        policy, version = await gate.tenants.upload(gate.ledger, tenant, text, base, origin)
+        uploaded = await gate.tenants.upload(gate.ledger, tenant, text, base, origin)
     except PolicyError as exc:
         raise _not_applied(exc) from exc
     except PolicyLoadError as exc:
@@ -228,8 +227,9 @@ async def upload_policy(
         ) from exc
     except ValueError as exc:
         raise Problem(422, "invalid_policy", str(exc)) from exc
-    response.headers["ETag"] = f'"{version}"'
-    return {"tenant": policy.tenant, "status": "applied", "version": version}
+    response.headers["ETag"] = f'"{uploaded.version}"'
+    pending = {"limits": "pending"} if uploaded.limits_pending else {}
+    return {"tenant": tenant, "status": "applied", "version": uploaded.version, **pending}
 
 
 def _not_applied(exc: PolicyError) -> Problem:

@@ -82,7 +82,7 @@ async def _policy_loop(
     """Refresh the policies every `interval_s`, and at once when a policy write is
     announced (`woken`) or a policy file changed (looked at every FILE_LOOK_S: a stat
     per file): a change made anywhere is in force on every host within one interval
-    of being made, not up to two (contract 8)."""
+    of being made, not up to two (docs/design.md, "Policy changes")."""
     loop = asyncio.get_running_loop()
     failed = False
     while True:

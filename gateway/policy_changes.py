@@ -1,4 +1,5 @@
-"""Why a policy change was refused (contract 8: every change names the version it
+"""Why a policy change was refused (docs/design.md, "Policy changes": every change
+names the version it
 was made from, and never goes whole over a newer one). Each refusal is typed, with
 the HTTP status and reason code the admin API answers it with and words that say
 what to do."""

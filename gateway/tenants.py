@@ -14,7 +14,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ledger import POLICY_HISTORY, ChangeFeed, Ledger, OpenPool, PolicyRecord
+from ledger import (
+    POLICY_HISTORY,
+    ChangeFeed,
+    Ledger,
+    LedgerUnavailable,
+    OpenPool,
+    PolicyRecord,
+)
 from ledger import AccountSpec as LedgerAccount
 from pricing import (
     Outcomes,
@@ -143,6 +150,16 @@ class LoadReport:
 
     def errors_of(self, path: Path) -> list[PolicyError]:
         return [fault.error for fault in self.faults if fault.path == path]
+
+
+@dataclass(frozen=True, slots=True)
+class Uploaded:
+    """An upload stored as `version`; `limits_pending`: not yet served here, its
+    limits to be written at the next look."""
+
+    policy: TenantPolicy
+    version: int
+    limits_pending: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +348,7 @@ class TenantStore:
     ) -> list[FileFault]:
         """Put into the store what was edited in this host's files (`local`: those read
         now that are usable here; a file that is not keeps its tenant on the policy
-        it had, and is taken in once it is) (contract 8). The
+        it had, and is taken in once it is) (docs/design.md, "Policy changes"). The
         store remembers what each file (its source: host and path) held when this host
         last acted on it; an edit is what differs from that, field by field, and
         only those fields are written, over the store's current version
@@ -375,6 +392,11 @@ class TenantStore:
         tenant, text, path = entry.file.policy.tenant, entry.file.text, entry.file.path
         origin = f"file {source}"
         for _ in range(EDIT_ATTEMPTS):
+            if record is not None and base is None:
+                # Another host took the tenant in first: this copy is one seen for the
+                # first time while the store holds a version.
+                await ledger.policies.read_by(tenant, source, text)
+                return record
             merged, overridden = text, list[str]()
             if record is not None and base is not None:
                 merged, overridden = merge_edit(base, text, record.text, str(path))
@@ -665,12 +687,15 @@ class TenantStore:
 
     async def upload(
         self, ledger: Ledger, tenant: str, text: str, base: int | None, origin: str
-    ) -> tuple[TenantPolicy, int]:
+    ) -> Uploaded:
         """Validate a policy made from the store's version `base` (the ETag its maker
-        read; None: not said) and write it into the store, then serve it: the policy
-        and the version it is stored as. Made from an older version than the store's,
+        read; None: not said) and write it into the store, then serve it. Once stored
+        it is the fleet's: if serving it here fails (Redis refused an account's
+        limits), it is still stored, and every host's next look writes the limits
+        (`Uploaded.limits_pending`). Made from an older version than the store's,
         only the fields it changes are written, and refused (PolicyContended) where
-        the store changed one of them since to another value (contract 8). The
+        the store changed one of them since to another value (docs/design.md, "Policy
+        changes"). The
         host's file is not written: the store is the truth, a file one way in."""
         policy = load_policy_text(text, f"uploaded policy of {tenant}")
         if policy.tenant != tenant:
@@ -691,9 +716,17 @@ class TenantStore:
             result = await ledger.policies.put(
                 tenant, expected=current, digest=policy_version(merged), text=merged, origin=origin
             )
-            if result.won:
+            if not result.won:
+                continue
+            try:
                 await self.apply(ledger)
-                return self.policies.get(tenant, policy), result.version
+            except LedgerUnavailable as exc:
+                log.warning(
+                    "policy stored; its limits are written at the next look",
+                    extra={"tenant": tenant, "version": result.version, "why": str(exc)},
+                )
+                return Uploaded(policy, result.version, limits_pending=True)
+            return Uploaded(self.policies.get(tenant, policy), result.version)
         raise policy_changes.busy(current)
 
     @staticmethod

@@ -4,7 +4,7 @@ say. A write is a compare-and-set on the version the writer read (policy_put.lua
 so a host that read an older version never overwrites a newer one; versions are
 stamped by Redis's clock, kept in a history (the last POLICY_HISTORY), and each
 host's file is remembered as the host last read it (its source), the base from
-which its next edit is measured (contract 8, docs/design.md). Every write then
+which its next edit is measured (docs/design.md, "Policy changes"). Every write then
 bumps one fleet-wide epoch counter and announces it (ledger/changes.py: pub/sub), so
 a host reads the epoch when told, and otherwise only every so often (the epoch is a
 key of its own slot, bumped after the write: a writer that dies in between, or

@@ -1,5 +1,6 @@
 """`irrev policy validate|show|token|schema|price`: check policy files, summarise one,
-issue a token, print the policy file's JSON Schema, price one request."""
+issue a token, print the policy file's JSON Schema, price one request; and
+`pull|push|diff|history` against the fleet's policy store (policy_store.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from gateway.policies import (
 from gateway.problems import Problem
 from gateway.settings import GatewaySettings
 from irrev.cli import CliError
+from irrev.commands import policy_store
 from pricing import (
     PolicyError,
     TenantPolicy,
@@ -99,6 +101,8 @@ def configure(policy: argparse.ArgumentParser) -> None:
     price.add_argument("--agent", help="the agent id: adds its allow-list, cap and accounts")
     price.add_argument("--json", action="store_true", help="print the quote as JSON")
     price.set_defaults(func=cmd_price)
+
+    policy_store.configure(commands)
 
 
 def _existing(path: Path) -> Path:

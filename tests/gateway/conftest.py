@@ -241,6 +241,7 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "admin-a": ("procurement", {}),
     "admin-b": ("procurement", {}),
     "policy-changes": ("procurement", {}),
+    "policy-cli": ("procurement", {}),
     "fuzz": ("procurement", {}),
     "fuzz-globex": ("globex", {}),
     "settle-abuse": ("procurement", {}),

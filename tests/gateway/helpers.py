@@ -244,7 +244,7 @@ async def trickled_request(
 
 def base_of(shown: httpx.Response) -> dict[str, str]:
     """The If-Match of a policy change made from `shown` (a GET of the policy): the
-    store version it names (contract 8)."""
+    store version it names (docs/design.md, "Policy changes")."""
     return {"If-Match": shown.headers["etag"]} if "etag" in shown.headers else {}
 
 

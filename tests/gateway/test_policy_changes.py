@@ -1,4 +1,4 @@
-"""Contract 8: the fleet's policy store is the truth and a host's files one way in.
+"""docs/design.md, "Policy changes": the fleet's policy store is the truth and a host's files one way in.
 Every change names the version it was made from and writes only what it changed,
 over the store's newest version; a stale copy changes nothing by being there, being
 touched or being served to a restarted host. In-process TenantStores on their own

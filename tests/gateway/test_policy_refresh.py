@@ -165,8 +165,8 @@ async def test_a_stored_version_the_ledger_would_refuse_holds_back_only_its_tena
     await store_version(broken, too_long)
     await store_version(other, lambda document: document["agents"].pop(agent))
     report = await store.apply(ledger)
-    # Both files are older than the store's versions (reported as not in force); only
-    # the broken tenant's stored version is refused.
+    # Both files differ from the store's versions (logged, not faults); only the
+    # broken tenant's stored version is refused.
     refused = {fault.tenant for fault in report.faults if "128" in str(fault.error)}
     assert refused == {broken}
     assert store.authenticate(token) is None  # the other tenant's revocation is served

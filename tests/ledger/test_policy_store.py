@@ -24,22 +24,28 @@ WAIT_S = 30.0
 async def test_a_write_over_an_old_version_loses(ledger: Ledger, tenant: str) -> None:
     store = ledger.policies
     epoch = await store.epoch()
-    first = await store.put(tenant, expected=0, digest="a", text="A", stamp_ms=5, origin="h1")
-    assert (first.won, first.version, first.stamp_ms) == (True, 1, 5)
-    newer = await store.put(tenant, expected=1, digest="b", text="B", stamp_ms=None, origin="h2")
-    assert newer.won and newer.version == 2 and newer.stamp_ms > 5  # Redis time
-    stale = await store.put(tenant, expected=1, digest="a", text="A", stamp_ms=9, origin="h1")
+    first = await store.put(tenant, expected=0, digest="a", text="A", origin="h1")
+    assert (first.won, first.version) == (True, 1)
+    now_ms = await ledger.now_ms()
+    assert abs(first.stamp_ms - now_ms) < 60_000  # Redis's clock, never the writer's
+    newer = await store.put(tenant, expected=1, digest="b", text="B", origin="h2")
+    assert newer.won and newer.version == 2 and newer.stamp_ms >= first.stamp_ms
+    stale = await store.put(tenant, expected=1, digest="a", text="A", origin="h1")
     assert (stale.won, stale.version) == (False, 2)
     record = (await store.records([tenant]))[tenant]
     assert (record.version, record.digest, record.text, record.origin) == (2, "b", "B", "h2")
     assert await store.epoch() >= epoch + 2
+    history = await store.history(tenant)
+    assert [(r.version, r.text, r.origin) for r in history] == [(2, "B", "h2"), (1, "A", "h1")]
+    assert (await store.version(tenant, 1)) == history[1]
 
 
 async def test_the_same_text_again_is_no_new_version(ledger: Ledger, tenant: str) -> None:
     store = ledger.policies
-    await store.put(tenant, expected=0, digest="a", text="A", stamp_ms=1, origin="h1")
-    again = await store.put(tenant, expected=1, digest="a", text="A", stamp_ms=2, origin="h2")
-    assert (again.won, again.version, again.stamp_ms) == (True, 1, 1)
+    first = await store.put(tenant, expected=0, digest="a", text="A", origin="h1")
+    again = await store.put(tenant, expected=1, digest="a", text="A", origin="h2")
+    assert (again.won, again.version, again.stamp_ms) == (True, 1, first.stamp_ms)
+    assert len(await store.history(tenant)) == 1
     assert await store.records([tenant + "-none"]) == {}
 
 
@@ -71,7 +77,7 @@ async def test_a_feed_hears_each_write_and_counts_a_cut_subscription_as_heard(
     try:
         await until(lambda: feed.live)
         before = feed.heard("policy")
-        await ledger.policies.put(tenant, expected=0, digest="a", text="A", stamp_ms=1, origin="h")
+        await ledger.policies.put(tenant, expected=0, digest="a", text="A", origin="h")
         await until(lambda: feed.heard("policy") > before)
         assert feed.heard("outcomes") == feed.heard("lease")  # only what was announced
         before = feed.heard("outcomes")
@@ -79,7 +85,7 @@ async def test_a_feed_hears_each_write_and_counts_a_cut_subscription_as_heard(
         await until(lambda: feed.heard("outcomes") > before)
         await until(lambda: feed.live)
         before = feed.heard("policy")
-        await ledger.policies.put(tenant, expected=1, digest="b", text="B", stamp_ms=2, origin="h")
+        await ledger.policies.put(tenant, expected=1, digest="b", text="B", origin="h")
         await until(lambda: feed.heard("policy") > before)
     finally:
         await feed.aclose()
@@ -97,9 +103,7 @@ async def test_a_feed_on_a_unix_socket_subscribes(tmp_path: Path, tenant: str) -
         feed.start()
         try:
             await until(lambda: feed.live)
-            await ledger.policies.put(
-                tenant, expected=0, digest="a", text="A", stamp_ms=1, origin="h"
-            )
+            await ledger.policies.put(tenant, expected=0, digest="a", text="A", origin="h")
             await until(lambda: feed.heard("policy") > 0)
         finally:
             await feed.aclose()
@@ -221,7 +225,7 @@ async def test_a_write_that_landed_is_won_though_its_epoch_bump_failed(
     epoch = await store.epoch()
     await ledger.redis.set(POLICY_EPOCH_KEY, "not a number")
     try:
-        result = await store.put(tenant, expected=0, digest="a", text="A", stamp_ms=1, origin="h")
+        result = await store.put(tenant, expected=0, digest="a", text="A", origin="h")
     finally:
         await ledger.redis.set(POLICY_EPOCH_KEY, epoch + 1)
     assert (result.won, result.version) == (True, 1)

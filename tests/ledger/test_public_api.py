@@ -37,6 +37,7 @@ PUBLIC_API = {
     # the fleet's versioned policies, and the announcements of their changes
     "PolicyStore",
     "ChangeFeed",
+    "POLICY_HISTORY",
     "PolicyRecord",
     "PutResult",
     # how many requests the gateways refused, per tenant and minute

@@ -1,0 +1,210 @@
+"""`irrev policy pull|push|diff|history`: a tenant's policy in the fleet's store,
+through a gateway's admin API (docs/design.md, "Policy changes"). A pulled file
+starts with a comment naming the store version it holds; `push` sends it back with
+that version as its base (If-Match), so a change made from an older version writes
+only what it changed, or is refused where the store changed the same field since."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from irrev.cli import CliError, bounded
+from ledger import POLICY_HISTORY
+from pricing import PolicyError, parse_yaml
+
+GATEWAY_ENV = "IRREV_GATEWAY_URL"
+TOKEN_ENV = "IRREV_ADMIN_TOKEN"
+DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+# The first line of a pulled file: which store version it holds.
+HEADER = re.compile(r"^# irrev: version (\d+) of tenant (\S+)\n")
+
+
+class Refused(CliError):
+    """The gateway refused the change (exit 1: checked and found wrong)."""
+
+    exit_code = 1
+
+
+def configure(commands: Any) -> None:
+    def connection(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--gateway",
+            default=os.environ.get(GATEWAY_ENV, DEFAULT_GATEWAY),
+            help=f"the gateway's URL ({GATEWAY_ENV}, default {DEFAULT_GATEWAY})",
+        )
+        parser.add_argument(
+            "--token-env",
+            default=TOKEN_ENV,
+            metavar="NAME",
+            help=f"the environment variable holding an admin token (default {TOKEN_ENV})",
+        )
+        parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    pull = commands.add_parser(
+        "pull", help="write the store's version of a tenant's policy to a file (or stdout)"
+    )
+    pull.add_argument("tenant")
+    pull.add_argument("-o", "--output", type=Path, metavar="FILE")
+    connection(pull)
+    pull.set_defaults(func=cmd_pull)
+
+    push = commands.add_parser(
+        "push",
+        help="change a tenant's policy in the store to a file, made from the version its "
+        "pull header (or --base) names",
+    )
+    push.add_argument("file", type=Path, metavar="FILE")
+    push.add_argument("--base", type=int, help="the store version the file was made from")
+    connection(push)
+    push.set_defaults(func=cmd_push)
+
+    diff = commands.add_parser(
+        "diff", help="how a file differs from the store's version (exit 1 if it does)"
+    )
+    diff.add_argument("file", type=Path, metavar="FILE")
+    connection(diff)
+    diff.set_defaults(func=cmd_diff)
+
+    history = commands.add_parser("history", help="a tenant's stored versions, newest first")
+    history.add_argument("tenant")
+    history.add_argument("--limit", type=bounded(int, 1, POLICY_HISTORY), default=20)
+    connection(history)
+    history.set_defaults(func=cmd_history)
+
+
+def _client(args: argparse.Namespace) -> httpx.Client:
+    token = os.environ.get(args.token_env, "")
+    if not token:
+        raise CliError(f"set {args.token_env} to an admin token of the gateway")
+    return httpx.Client(
+        base_url=args.gateway,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30.0,
+        trust_env=False,
+    )
+
+
+def _call(client: httpx.Client, method: str, url: str, **options: Any) -> httpx.Response:
+    try:
+        response = client.request(method, url, **options)
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach the gateway at {client.base_url}: {exc}") from None
+    if response.status_code >= 400:
+        try:
+            problem = response.json()
+            said = f"{problem.get('reason', response.status_code)}: {problem.get('detail', '')}"
+            said += "".join(f"\n  {line}" for line in problem.get("problems", []))
+        except ValueError:
+            said = f"HTTP {response.status_code}"
+        raise Refused(said)
+    return response
+
+
+def _stored(client: httpx.Client, tenant: str) -> tuple[str, int]:
+    url = f"/v1/admin/tenants/{tenant}/policy"
+    response = _call(client, "GET", url, headers={"Accept": "application/yaml"})
+    return response.text, int(response.headers.get("etag", '"0"').strip('"'))
+
+
+def _read(path: Path) -> tuple[str, int | None, str]:
+    """The file's policy text (without its pull header), the version the header
+    names, and its tenant."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"{path}: cannot read it: {exc}") from None
+    base = None
+    if found := HEADER.match(text):
+        base, text = int(found.group(1)), text[found.end() :]
+    try:
+        data = parse_yaml(text, str(path))
+    except PolicyError as exc:
+        raise CliError(str(exc).replace("\n", "; ")) from None
+    tenant = data.get("tenant") if isinstance(data, dict) else None
+    if not isinstance(tenant, str):
+        raise CliError(f"{path}: no `tenant:` in it; a policy names its tenant")
+    return text, base, tenant
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        text, version = _stored(client, args.tenant)
+    pulled = f"# irrev: version {version} of tenant {args.tenant}\n{text}"
+    if args.output is not None:
+        args.output.write_text(pulled, encoding="utf-8")
+    if args.json:
+        print(json.dumps({"tenant": args.tenant, "version": version, "text": text}))
+    elif args.output is None:
+        sys.stdout.write(pulled)
+    else:
+        print(f"{args.output}: version {version} of {args.tenant}", file=sys.stderr)
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    text, pulled, tenant = _read(args.file)
+    base = args.base if args.base is not None else pulled
+    if base is None:
+        raise CliError(
+            f"{args.file}: say which store version it was made from: --base N, or "
+            f"`irrev policy pull {tenant} -o FILE` and edit that"
+        )
+    with _client(args) as client:
+        response = _call(
+            client,
+            "PUT",
+            f"/v1/admin/tenants/{tenant}/policy",
+            content=text.encode(),
+            headers={"If-Match": f'"{base}"', "Content-Type": "application/yaml"},
+        )
+    version = response.json()["version"]
+    if args.json:
+        print(json.dumps({"tenant": tenant, "version": version, "base": base}))
+    else:
+        print(f"{tenant}: stored as version {version} (made from {base})")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    text, _, tenant = _read(args.file)
+    with _client(args) as client:
+        stored, version = _stored(client, tenant)
+    lines = list(
+        difflib.unified_diff(
+            stored.splitlines(keepends=True),
+            text.splitlines(keepends=True),
+            f"store version {version} of {tenant}",
+            str(args.file),
+        )
+    )
+    if args.json:
+        report = {"tenant": tenant, "version": version, "differs": bool(lines), "diff": lines}
+        print(json.dumps(report))
+    else:
+        sys.stdout.writelines(lines)
+    return 1 if lines else 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        response = _call(
+            client,
+            "GET",
+            f"/v1/admin/tenants/{args.tenant}/policy/history",
+            params={"limit": args.limit},
+        )
+    if args.json:
+        print(json.dumps(response.json()))
+        return 0
+    for entry in response.json():
+        print(f"{entry['version']:>5}  {entry['written']}  {entry['digest']}  {entry['origin']}")
+    return 0
