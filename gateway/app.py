@@ -24,6 +24,7 @@ from ledger import (
     RedisFailure,
     TenantSnapshot,
     cutoff_ms,
+    failover_shortfall,
     trim_locked,
 )
 from pricing import TenantPolicy, policy_accounts
@@ -155,6 +156,28 @@ async def _check_durability(ledger: Ledger, settings: GatewaySettings) -> None:
         raise LedgerUnavailable("start", RedisFailure.NOT_DURABLE, shortfall)
     else:
         log.warning("ledger durability", extra={**facts, "shortfall": shortfall})
+    if settings.wait_replicas:
+        await _check_topology(ledger, settings.wait_replicas)
+
+
+async def _check_topology(ledger: Ledger, wait_replicas: int) -> None:
+    """Warn when one failure (a replica's death, a failover) would leave a primary
+    with fewer replicas than IRREV_WAIT_REPLICAS: admissions there would then fail
+    closed until it is back. A warning, not a refusal: it serves until then."""
+    replicas = await ledger.replicas_per_primary()
+    facts: dict[str, Any] = {"wait_replicas": wait_replicas, "replicas": replicas}
+    if replicas is None:
+        shortfall = (
+            "the replicas of each primary could not be read (INFO replication or CLUSTER "
+            f"NODES refused): make sure each has {wait_replicas + 1}, or one failure stops "
+            "admissions"
+        )
+    else:
+        shortfall = failover_shortfall(replicas, wait_replicas)
+    if shortfall:
+        log.warning("ledger topology", extra={**facts, "shortfall": shortfall})
+    else:
+        log.info("ledger topology", extra=facts)
 
 
 def _slow_fsyncs(found: Durability, settings: GatewaySettings) -> str:

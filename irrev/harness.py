@@ -4,15 +4,19 @@ answers, its log, stop), and generated tenant policies. `irrev demo`, `irrev ben
 policies through it.
 
 Every server binds 127.0.0.1 and starts in its own session, so a signal meant for one
-(a fault's SIGKILL) never reaches another or this process; every wait has a deadline.
+(a fault's SIGKILL) never reaches another or this process, and a signal meant for it
+reaches every process it started (a command prefix such as faketime passes none on);
+every wait has a deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,7 +37,9 @@ __all__ = [
     "ProcessError",
     "Server",
     "TenantPolicy",
+    "answers",
     "free_port",
+    "group_members",
     "new_token",
     "running",
     "uvicorn_command",
@@ -103,9 +109,16 @@ class Server:
 
     def start(self, ready_path: str, timeout_s: float = START_TIMEOUT_S) -> None:
         """Start it and wait until GET `ready_path` answers 200; a server that exits or
-        does not answer in time is stopped and a ProcessError raised."""
+        does not answer in time is killed and a ProcessError raised. A port that
+        already answers is refused before anything starts: the readiness seen there
+        would be the other process's (an orphan of an earlier run, say)."""
         if self.alive:
             raise ProcessError(f"{self.name} is already running")
+        if answers(self.host, self.port):
+            raise ProcessError(
+                f"something already listens on {self.host}:{self.port}, where {self.name} "
+                "was to start: stop it or choose another port"
+            )
         with open(self.log_path or os.devnull, "ab") as log:
             self.process = subprocess.Popen(
                 self.argv,
@@ -151,12 +164,13 @@ class Server:
         return f":\n{log}" if log else ""
 
     def kill(self) -> None:
-        """SIGKILL, as a crash; waits until the process is gone."""
+        """SIGKILL to its whole process group, as a crash of everything it started;
+        waits until the group is gone."""
         if self.process is None:
             return
-        if self.alive:
-            os.kill(self.process.pid, signal.SIGKILL)
+        self._signal_group(signal.SIGKILL)
         self.process.wait(timeout=STOP_TIMEOUT_S)
+        self._wait_group_gone(time.monotonic() + STOP_TIMEOUT_S)
 
     def wait_dead(self, timeout_s: float) -> bool:
         """Whether the process exited (a crash point, say) within `timeout_s`."""
@@ -169,17 +183,69 @@ class Server:
         return True
 
     def stop(self) -> None:
-        """SIGTERM (uvicorn's supervisor then stops its workers); SIGKILL to its whole
-        process group if it has not exited in time."""
+        """SIGTERM to its whole process group (uvicorn's supervisor and its workers
+        each shut down; the child of a command prefix gets it too, which the prefix
+        would not pass on), then SIGKILL to whatever of the group is left after
+        STOP_TIMEOUT_S, also when the process itself has exited (its children
+        outlive it otherwise, on its port). Waits until the group is gone."""
         if self.process is None:
             return
-        if self.alive:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        self._signal_group(signal.SIGTERM)
+        if not self._wait_group_gone(deadline):
+            self._signal_group(signal.SIGKILL)
         self.process.wait(timeout=STOP_TIMEOUT_S)
+        if not self._wait_group_gone(time.monotonic() + STOP_TIMEOUT_S):
+            raise ProcessError(
+                f"{self.name}: processes {group_members(self.process.pid)} of its group "
+                "outlived SIGKILL"
+            )
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        # Its pid is its group's id (start_new_session); the group outlives it while
+        # any member does, so the id is not reused meanwhile. None left: nothing to do.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+
+    def _wait_group_gone(self, deadline: float) -> bool:
+        """Whether every process of its group exited by `deadline` (the server itself
+        reaped on the way)."""
+        assert self.process is not None
+        while True:
+            self.process.poll()
+            if not group_members(self.process.pid):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+
+def group_members(group: int) -> list[int]:
+    """The live processes of process group `group` (Linux's /proc). Zombies do not
+    count: an orphan's exit is reaped by PID 1, which in a container may never do it."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        # After the command name, which may hold spaces and parentheses: state, ppid, pgrp.
+        state, _, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
+        if int(pgrp) == group and state not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def answers(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on `host`:`port`."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""A local Redis Cluster for the tests and the fault matrix: 3 primaries and 3
-replicas, each a real redis-server on loopback, created by `redis-cli --cluster create`.
+"""A local Redis Cluster for the tests and the fault matrix: 3 primaries with 1 replica
+each (or `replicas` each), each a real redis-server on loopback, created by
+`redis-cli --cluster create`.
 
 The servers run in the foreground as our children and are told by the kernel to
 die with us (PR_SET_PDEATHSIG), so a killed test run leaves no cluster behind.
@@ -100,10 +101,12 @@ class ClusterNode:
 @dataclass
 class LocalCluster:
     """The nodes (the first PRIMARIES are the primaries at creation) and helpers for
-    tests that stop a replica or move a slot."""
+    tests that stop a replica or move a slot. `replicas` per primary: 2 lets a primary
+    fail over and still have a replica to acknowledge WAIT 1."""
 
     binary: Path
     root: Path
+    replicas: int = 1
     nodes: list[ClusterNode] = field(default_factory=list)
 
     @property
@@ -112,10 +115,11 @@ class LocalCluster:
         return self.nodes[0].url
 
     def start(self) -> None:
-        ports = free_ports(4 * PRIMARIES)
+        count = PRIMARIES * (1 + self.replicas)
+        ports = free_ports(2 * count)
         self.nodes = [
             ClusterNode(ports[2 * i], ports[2 * i + 1], self.root / f"node{i}", self.binary)
-            for i in range(2 * PRIMARIES)
+            for i in range(count)
         ]
         for node in self.nodes:
             for attempt in range(3):  # another process may take a free port first
@@ -132,7 +136,7 @@ class LocalCluster:
                 "--cluster",
                 "create",
                 *(node.address for node in self.nodes),
-                *["--cluster-replicas", "1", "--cluster-yes"],
+                *["--cluster-replicas", str(self.replicas), "--cluster-yes"],
             ],
             check=True,
             stdout=subprocess.DEVNULL,
@@ -147,7 +151,8 @@ class LocalCluster:
 
     def wait_healthy(self, deadline_s: float = 60.0) -> None:
         """Until every node says cluster_state:ok, agrees on the slots, and every
-        replica's link to its primary is up and caught up."""
+        replica's link to its primary is up and caught up, and every primary has its
+        `replicas`."""
         deadline = time.monotonic() + deadline_s
         while not self._healthy():
             if time.monotonic() > deadline:
@@ -171,7 +176,8 @@ class LocalCluster:
                         or replication.get("master_sync_in_progress")
                     ):
                         return False
-                    if replication["role"] == "master" and replication["connected_slaves"] < 1:
+                    primary = replication["role"] == "master"
+                    if primary and replication["connected_slaves"] < self.replicas:
                         return False
             return len(epochs) == 1
         except redis.RedisError:

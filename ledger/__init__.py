@@ -63,6 +63,7 @@ from .records import (
 )
 from .refusals import RefusalCount, RefusalCounts
 from .settings import AppendFsync, LedgerSettings
+from .topology import failover_shortfall
 from .validate import check_account_spec
 
 __all__ = [
@@ -126,6 +127,7 @@ __all__ = [
     "cluster_enabled",
     "connect",
     "cutoff_ms",
+    "failover_shortfall",
     "free_port",
     "free_ports",
     "iter_journal",

@@ -28,6 +28,7 @@ from .durability import (
     probe_waits,
     probe_write,
     read_durability,
+    read_replicas,
 )
 from .embedded import redis_url
 from .errors import (
@@ -305,6 +306,12 @@ class Ledger:
         where CONFIG GET is refused)."""
         with translate_redis_errors("reading the persistence settings"):
             return await read_durability(self.redis)
+
+    async def replicas_per_primary(self) -> dict[str, int] | None:
+        """How many replicas each primary has now, by its address (None where the
+        server refuses INFO or CLUSTER NODES): what failover_shortfall judges."""
+        with translate_redis_errors("reading the replicas of each primary"):
+            return await read_replicas(self.redis)
 
     async def probe_waits(self) -> Probe:
         """A probe write followed by the waits every kept write gets (`waits`), on

@@ -107,6 +107,38 @@ async def _has_waitaof(redis: RedisClient) -> str:
         return UNKNOWN  # INFO not allowed (ACLs)
 
 
+async def read_replicas(redis: RedisClient) -> dict[str, int] | None:
+    """How many replicas each primary has now (its address -> count; None where
+    the server refuses the read, ACLs): INFO replication's connected_slaves on a
+    standalone server, the cluster's own view (CLUSTER NODES) on a cluster: a
+    replica flagged failing does not count, a primary without slots serves nothing."""
+    try:
+        if isinstance(redis, RedisCluster):
+            nodes = await redis.cluster_nodes()
+            primaries = {
+                str(node["node_id"]): address
+                for address, node in nodes.items()
+                if _healthy(str(node["flags"]), "master") and node["slots"]
+            }
+            counts = dict.fromkeys(primaries.values(), 0)
+            for node in nodes.values():
+                if _healthy(str(node["flags"]), "slave") and str(node["master_id"]) in primaries:
+                    counts[primaries[str(node["master_id"])]] += 1
+            return counts
+        info = await redis.info("replication")
+        where = redis.connection_pool.connection_kwargs
+        address = where.get("path") or f"{where.get('host')}:{where.get('port')}"
+        return {str(address): int(info["connected_slaves"])}
+    except redis_errors.ResponseError:
+        return None  # INFO or CLUSTER not allowed (ACLs)
+
+
+def _healthy(flags: str, role: str) -> bool:
+    """Whether a CLUSTER NODES line's flags say `role`, and that the node is up."""
+    found = set(flags.split(","))
+    return role in found and not found & {"fail", "fail?", "handshake", "noaddr"}
+
+
 def _known(info: dict[str, object]) -> str:
     parts = str(info.get("redis_version", "")).split(".")
     if len(parts) < 2 or not all(part.isdigit() for part in parts[:2]):

