@@ -3,8 +3,9 @@ gateway need not read them every refresh: the Redis load of watching for policy
 changes is one subscriber connection per process, not one read per process per
 refresh interval.
 
-Whoever bumps an epoch (PolicyStore.put, PolicyStore.bump_outcomes) publishes on
-CHANNEL right after what changed ('policy', 'outcomes'); a process that gives up
+Whoever bumps an epoch (PolicyStore.put, PolicyStore.bump_outcomes, KeyStore's
+writes) publishes on CHANNEL right after what changed ('policy', 'outcomes',
+'keys'); a process that gives up
 leases at shutdown announces 'lease', so the others ask for them at once. A
 `ChangeFeed` is one process's subscription: `heard(kinds)` counts what it heard; a
 host re-reads the epochs when that moved since its last look.
@@ -44,7 +45,7 @@ log = logging.getLogger("irrev.ledger")
 CHANNEL = "irrev:{fleet}:changes"
 # What may be announced; anything else published on CHANNEL is not counted (nor kept:
 # anyone who can PUBLISH could otherwise grow every gateway's counts without bound).
-KINDS = frozenset({b"policy", b"outcomes", b"lease"})
+KINDS = frozenset({b"policy", b"outcomes", b"lease", b"keys"})
 # Waits between attempts to subscribe again, doubling up to the last.
 RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 # The subscription is PINGed this often; no PONG within PONG_S is a dropped
@@ -56,8 +57,8 @@ PONG_S = 1.0
 
 
 async def announce(redis: RedisClient, what: str) -> None:
-    """Tell every subscribed gateway that `what` ('policy', 'outcomes', 'lease')
-    changed."""
+    """Tell every subscribed gateway that `what` ('policy', 'outcomes', 'lease',
+    'keys') changed."""
     with translate_redis_errors("announcing a change"):
         await redis.publish(CHANNEL, what)
 

@@ -39,6 +39,12 @@ PUBLIC_API = {
     "ChangeFeed",
     "PolicyRecord",
     "PutResult",
+    # agent and admin keys managed at run time
+    "KeyStore",
+    "KeyKind",
+    "KeySpec",
+    "KeyState",
+    "KeyRecord",
     # how many requests the gateways refused, per tenant and minute
     "RefusalCounts",
     "RefusalCount",
@@ -74,6 +80,8 @@ PUBLIC_API = {
     "HoldInFlight",
     "HoldStateConflict",
     "IdempotencyConflict",
+    "KeyNotFound",
+    "KeyNotLive",
     "LedgerUnavailable",
     "PoolShrank",
     "RateLimited",
