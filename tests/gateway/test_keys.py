@@ -12,7 +12,9 @@ Every wait polls a condition with a deadline; nothing sleeps a fixed time.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -371,3 +373,50 @@ async def test_a_key_of_an_agent_removed_from_the_policy_is_refused(
     assert uploaded.status_code == 200, uploaded.text
     await until(status_on_all(clients, token, 401), "the key refused once its agent is gone")
 
+
+def irrev_keys(fleet: Keys, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = base_env(IRREV_REDIS_URL=redis_url)
+    command = [str(BIN / "irrev"), "keys", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slow
+async def test_the_cli_manages_keys_the_gateways_serve(
+    keys_fleet: Keys, clients: list[httpx.AsyncClient], redis_url: str
+) -> None:
+    """`irrev keys` on the gateways' Redis: what it creates both hosts admit, what it
+    revokes both refuse; bad input is one line on stderr and a non-zero exit."""
+    fleet = keys_fleet
+    tenant = ["--tenant", fleet.tenant]
+    made = irrev_keys(
+        fleet, redis_url, "create", *tenant, "--agent", "keyed", "--owner", "cli", "--json"
+    )
+    assert made.returncode == 0, made.stderr
+    key = json.loads(made.stdout)
+    await until(status_on_all(clients, key["token"], 200), "the CLI's key admitted on both")
+    listed = irrev_keys(fleet, redis_url, "list", *tenant, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert key["token"] not in listed.stdout
+    assert key["key_id"] in {k["key_id"] for k in json.loads(listed.stdout)["keys"]}
+    rotated = irrev_keys(fleet, redis_url, "rotate", *tenant, key["key_id"])
+    assert rotated.returncode == 0, rotated.stderr
+    (new,) = [line.rpartition(" ")[2] for line in rotated.stdout.splitlines() if "token" in line]
+    await until(status_on_all(clients, key["token"], 401), "the rotated-away token refused")
+    revoked = irrev_keys(fleet, redis_url, "revoke", *tenant, key["key_id"])
+    assert revoked.returncode == 0 and "revoked" in revoked.stdout, revoked.stderr
+    await until(status_on_all(clients, new, 401), "the CLI's revocation refused on both")
+
+    for args, said in (
+        (["create", *tenant, "--agent", "nobody", "--owner", "o"], "has no agent 'nobody'"),
+        (["create", *tenant, "--admin", "a", "--owner", "o"], "needs --role"),
+        (["create", "--tenant", "nobody", "--agent", "keyed", "--owner", "o"], "no policy"),
+        (["rotate", *tenant, key["key_id"]], "is revoked"),
+        (["revoke", *tenant, "key_000000000000"], "has no key"),
+        (["revoke", *tenant, "nonsense"], "key_id"),
+    ):
+        refused = irrev_keys(fleet, redis_url, *args)
+        assert refused.returncode != 0, (args, refused.stdout)
+        lines = [
+            line for line in refused.stderr.splitlines() if not line.startswith("irrev: ledger at")
+        ]
+        assert len(lines) == 1 and said in lines[0], (args, refused.stderr)
