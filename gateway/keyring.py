@@ -188,7 +188,7 @@ class Keyring:
     async def reload(self, ledger: Ledger, tenants: frozenset[str]) -> None:
         """Read every key of `tenants` and Redis's clock; replace what is held."""
         epoch = await ledger.keys.epoch()
-        records = await ledger.keys.records(sorted(tenants))
+        records = await ledger.keys.records(sorted(tenants), last_used=False)
         before = self.clock()
         redis_ms = await ledger.keys.now_ms()
         after = self.clock()

@@ -155,6 +155,8 @@ async def test_last_used_is_flushed_in_one_batch(ledger: Ledger, tenant: str) ->
     await keys.touch({tenant: {ids[0]: 1234, ids[1]: 5678}})
     listed = (await keys.records([tenant]))[tenant]
     assert {r.key_id: r.last_used_ms for r in listed} == {ids[0]: 1234, ids[1]: 5678}
+    unused = (await keys.records([tenant], last_used=False))[tenant]
+    assert [r.last_used_ms for r in unused] == [None, None]
 
 
 async def test_every_write_is_announced(ledger: Ledger, tenant: str, redis_url: str) -> None:
