@@ -32,6 +32,7 @@ from pricing.units import rfc3339
 
 log = logging.getLogger("irrev.gateway")
 TOKEN_BYTES = 32
+ID_DRAWS = 3
 # What a list shows of a token's hash: enough to tell keys apart, too little to test
 # a guessed token against.
 HASH_SHOWN = len("sha256:") + 8
@@ -86,12 +87,13 @@ async def issue(
     if spec.kind is KeyKind.ADMIN and spec.role not in set(AdminRole):
         roles = ", ".join(AdminRole)
         raise ValueError(f"role {spec.role!r} is not one of {roles}")
-    while True:  # a taken id (48 random bits) is drawn again
+    for _ in range(ID_DRAWS):  # a taken id (48 random bits) is drawn again
         token, token_hash = _new_token()
         key_id = "key_" + os.urandom(6).hex()
         record = await ledger.keys.create(policy.tenant, key_id, token_hash, spec, expires_in_ms)
         if record is not None:
             return record, token
+    raise RuntimeError(f"{ID_DRAWS} random key ids in a row were taken: check the random source")
 
 
 async def rotate(ledger: Ledger, tenant: str, key_id: str) -> tuple[KeyRecord, str]:

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ledger import KeyKind, KeyNotFound, KeyNotLive, KeyRecord, KeySpec
+from ledger import KeyKind, KeyNotFound, KeyNotLive, KeyRecord, KeySpec, LedgerError
 from pricing.policy import AdminRole, MemberId
 
 from . import keyring
@@ -78,7 +78,12 @@ async def _served(request: Request, record: KeyRecord, token: str | None) -> dic
     """The answer to a write: the key (and its token, this once), once this worker
     serves what was written (the others reload on the write's announcement)."""
     gate = gate_of(request)
-    await gate.tenants.keyring.reload(gate.ledger, frozenset(gate.tenants.policies))
+    try:
+        await gate.tenants.keyring.reload(gate.ledger, frozenset(gate.tenants.policies))
+    except LedgerError:
+        # The write stands, and a new token must reach its caller: this worker serves
+        # it from its next refresh, as the others do.
+        log.warning("key written; this worker reloads its keys at its next refresh")
     view = key_view(record, gate.tenants.keyring.now_ms())
     return {**view, "token": token} if token is not None else view
 

@@ -125,7 +125,7 @@ class KeyStore:
         for tenant in names:
             stored = next(replies)
             used = {_text(k): int(_text(v)) for k, v in next(replies).items()} if last_used else {}
-            records = [_record(tenant, _text(v), used) for v in stored.values()]
+            records = [r for v in stored.values() if (r := _readable(tenant, _text(v), used))]
             out[tenant] = sorted(records, key=lambda r: (r.created_ms, r.key_id))
         return out
 
@@ -232,6 +232,16 @@ def _text(value: Any) -> str:
 
 def _optional_ms(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _readable(tenant: str, text: str, used: Mapping[str, int]) -> KeyRecord | None:
+    """The record, or None (logged) if it is not one keys.lua wrote: one damaged
+    record must not stop a gateway reloading the others (and their revocations)."""
+    try:
+        return _record(tenant, text, used)
+    except (ValueError, KeyError, TypeError):
+        log.error("a managed key's record is unreadable; skipped", extra={"tenant": tenant})
+        return None
 
 
 def _record(tenant: str, text: str, used: Mapping[str, int]) -> KeyRecord:

@@ -214,6 +214,9 @@ async def test_a_key_lives_rotates_expires_and_is_revoked_on_both_hosts(
         status_on_all(clients, brief["token"], 401), "the short key refused once it expired"
     )
     print(f"\nthe 2 s key was refused on both hosts {expired_after:.2f} s after both admitted it")
+    tail = f"/{brief['key_id']}/rotate"
+    late = await first.post(fleet.path(tail=tail), headers=bearer(fleet.operator))
+    assert_problem(late, 409, "key_expired")
 
     revoked = await first.post(fleet.path(tail=f"/{key_id}/revoke"), headers=bearer(fleet.operator))
     assert revoked.status_code == 200 and revoked.json()["state"] == "revoked", revoked.text

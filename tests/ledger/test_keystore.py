@@ -147,6 +147,14 @@ async def test_the_script_checks_its_arguments_itself(ledger: Ledger, tenant: st
     assert await ledger.redis.exists(*keys) == 0
 
 
+async def test_a_damaged_record_hides_no_other(ledger: Ledger, tenant: str) -> None:
+    key_id = new_id()
+    await ledger.keys.create(tenant, key_id, new_hash(), AGENT)
+    await ledger.redis.hset(managed_keys_key(tenant), "key_000000000000", "{not json")
+    listed = (await ledger.keys.records([tenant]))[tenant]
+    assert [r.key_id for r in listed] == [key_id]
+
+
 async def test_last_used_is_flushed_in_one_batch(ledger: Ledger, tenant: str) -> None:
     keys = ledger.keys
     ids = [new_id(), new_id()]
