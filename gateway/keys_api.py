@@ -5,7 +5,7 @@ a list shows a key's id and the start of its token's hash.
 
 An operator (IRREV_ADMIN_TOKENS) manages every tenant's keys; a tenant admin only its
 own tenant's, a viewer lists them, and creating, rotating or revoking a key takes at
-least approver and never less than the key grants (keyring.managing_role): an
+least approver and never less than the key grants (managed_keys.managing_role): an
 approver manages viewer and approver keys, only a policy_admin agent keys and
 policy_admin keys."""
 
@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ledger import KeyKind, KeyNotFound, KeyNotLive, KeyRecord, KeySpec, LedgerError
 from pricing.policy import AdminRole, MemberId
 
-from . import keyring
+from . import managed_keys
 from .auth import AdminIdentity, gate_of, policy_of, tenant_admin_auth
-from .keyring import key_view
+from .managed_keys import key_view
 from .problems import Problem
 
 log = logging.getLogger("irrev.gateway")
@@ -94,11 +94,11 @@ async def create_key(
 ) -> dict[str, Any]:
     """A new key; its token is in this answer only: keep it now."""
     spec = body.spec()
-    policy = policy_of(request, tenant, admin, keyring.managing_role(spec))
+    policy = policy_of(request, tenant, admin, managed_keys.managing_role(spec))
     life_ms = body.expires_in_s * 1000 if body.expires_in_s is not None else None
     try:
-        record, token = await keyring.issue(gate_of(request).ledger, policy, spec, life_ms)
-    except keyring.UnknownAgent as exc:
+        record, token = await managed_keys.issue(gate_of(request).ledger, policy, spec, life_ms)
+    except managed_keys.UnknownAgent as exc:
         raise Problem(404, "unknown_agent", str(exc), agent=exc.agent) from exc
     log.info(
         "key created",
@@ -123,9 +123,9 @@ async def rotate_key(request: Request, tenant: str, key_id: str, admin: Admin) -
     gateway from its next refresh (IRREV_POLICY_CHECK_INTERVAL_S) on."""
     policy_of(request, tenant, admin)
     found = await _record(request, tenant, key_id)
-    policy_of(request, tenant, admin, keyring.managing_role(found.spec))
+    policy_of(request, tenant, admin, managed_keys.managing_role(found.spec))
     try:
-        record, token = await keyring.rotate(gate_of(request).ledger, tenant, key_id)
+        record, token = await managed_keys.rotate(gate_of(request).ledger, tenant, key_id)
     except KeyNotFound as exc:
         raise Problem(404, "key_not_found", str(exc)) from exc
     except KeyNotLive as exc:
@@ -141,7 +141,7 @@ async def revoke_key(request: Request, tenant: str, key_id: str, admin: Admin) -
     """Revoke the key for good; again is no change (the first revocation's time stays)."""
     policy_of(request, tenant, admin)
     found = await _record(request, tenant, key_id)
-    policy_of(request, tenant, admin, keyring.managing_role(found.spec))
+    policy_of(request, tenant, admin, managed_keys.managing_role(found.spec))
     try:
         record = await gate_of(request).ledger.keys.revoke(tenant, key_id)
     except KeyNotFound as exc:

@@ -18,8 +18,8 @@ from typing import Any
 
 from rich.table import Table
 
-from gateway import keyring
-from gateway.keyring import key_view
+from gateway import managed_keys
+from gateway.managed_keys import key_view
 from irrev import output
 from irrev.cli import CliError, bounded
 from irrev.commands.ledger import run_on_ledger
@@ -102,14 +102,14 @@ async def _create(ledger: Ledger, args: argparse.Namespace) -> int:
     )
     life_ms = args.expires_in_s * 1000 if args.expires_in_s is not None else None
     try:
-        record, token = await keyring.issue(ledger, args.policy, spec, life_ms)
+        record, token = await managed_keys.issue(ledger, args.policy, spec, life_ms)
     except ValueError as exc:  # an agent the policy lacks (BadInput is the ledger's)
         raise CliError(str(exc)) from exc
     return await _show(ledger, args, record, token)
 
 
 async def _rotate(ledger: Ledger, args: argparse.Namespace) -> int:
-    record, token = await keyring.rotate(ledger, args.tenant, args.key_id)
+    record, token = await managed_keys.rotate(ledger, args.tenant, args.key_id)
     return await _show(ledger, args, record, token)
 
 
