@@ -42,7 +42,7 @@ from pricing.templates import CALL
 from pricing.units import journal_money
 
 from .admission import resolved
-from .auth import AdminIdentity, gate_of, tenant_admin_auth
+from .auth import AdminIdentity, gate_of, policy_of, tenant_admin_auth
 from .events import (
     currency,
     effect_fields,
@@ -71,17 +71,6 @@ MINUTE_MS = 60_000
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 Admin = Annotated[AdminIdentity, Depends(tenant_admin_auth)]
-
-
-def policy_of(
-    request: Request, tenant: str, admin: AdminIdentity, role: AdminRole = AdminRole.VIEWER
-) -> TenantPolicy:
-    unknown = Problem(404, "unknown_tenant", f"no policy for tenant {tenant!r}")
-    admin.require(tenant, role, unknown)
-    policy = gate_of(request).tenants.policies.get(tenant)
-    if policy is None:
-        raise unknown
-    return policy
 
 
 # A journal entry id, or "-" for the start, in ASCII digits (\d takes any script's).

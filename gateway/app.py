@@ -34,6 +34,7 @@ from . import (
     console,
     escalations,
     holds_api,
+    keys_api,
     logs,
     metrics,
     openapi,
@@ -238,6 +239,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         # A file that does not load is reported (log, /metrics, /readyz) and leaves the
         # other tenants served: `irrev serve` refused it at start, so it broke since.
         await tenants.apply(ledger)
+        await tenants.keyring.reload(ledger, frozenset(tenants.policies))
         gate = Gate(settings, ledger, tenants, http)
         app.state.gate = gate
         flusher = Flusher(gate.refusals, ledger, settings.refusals_flush_s)
@@ -253,6 +255,13 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         async def refresh_policies() -> None:
             await tenants.refresh(ledger, feed, settings.policy_poll_s, settings.policy_full_read_s)
             dispatcher.refresh()  # a reload may have given a tenant a webhook
+            await tenants.keyring.refresh(
+                ledger,
+                list(tenants.policies),
+                feed,
+                settings.policy_poll_s,
+                settings.policy_full_read_s,
+            )
 
         sweeper = Sweeper(
             ledger,
@@ -281,13 +290,19 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
                     metrics.JOURNAL_TRIMMED.labels(tenant).inc(trimmed)
                     log.info("journal trimmed", extra={"tenant": tenant, "entries": trimmed})
 
+        async def flush_keys_used() -> None:
+            await tenants.keyring.flush(ledger)
+
         background = [
             asyncio.create_task(_every(settings.sweep_interval_s, sweep, "sweep")),
+            asyncio.create_task(
+                _every(settings.keys_used_flush_s, flush_keys_used, "recording keys' use")
+            ),
             asyncio.create_task(
                 _policy_loop(
                     settings.policy_check_interval_s,
                     refresh_policies,
-                    feed.wakeup("policy"),
+                    feed.wakeup("policy", "keys"),
                     tenants.files_changed,
                 )
             ),
@@ -309,6 +324,8 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             for task in background:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            with contextlib.suppress(Exception):
+                await tenants.keyring.flush(ledger)  # the uses since the last flush
             await sweeper.release()
             await http.aclose()
             await ledger.aclose()
@@ -337,7 +354,14 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     # No GET: a stateless endpoint never pushes anything, and a GET event stream would
     # stay open for ever, one file descriptor each, from any agent's token.
     app.router.routes.append(Route("/mcp", mcp_endpoint, methods=["POST", "DELETE"]))
-    routers = (proxy.router, holds_api.router, escalations.router, admin.router, console.router)
+    routers = (
+        proxy.router,
+        holds_api.router,
+        escalations.router,
+        admin.router,
+        keys_api.router,
+        console.router,
+    )
     for router in routers:
         app.include_router(router)
 

@@ -110,6 +110,18 @@ class AdminIdentity:
             )
 
 
+def policy_of(
+    request: Request, tenant: str, admin: AdminIdentity, role: AdminRole = AdminRole.VIEWER
+) -> TenantPolicy:
+    """The policy of `tenant` if `admin` may act on it with `role` (AdminIdentity.require)."""
+    unknown = Problem(404, "unknown_tenant", f"no policy for tenant {tenant!r}")
+    admin.require(tenant, role, unknown)
+    policy = gate_of(request).tenants.policies.get(tenant)
+    if policy is None:
+        raise unknown
+    return policy
+
+
 async def tenant_admin_auth(request: Request) -> AdminIdentity:
     """An operator or a tenant admin; each endpoint then checks tenant and role."""
     token = _bearer(request)

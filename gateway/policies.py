@@ -126,7 +126,11 @@ def check_policy_set(
             )
         tenants.setdefault(policy.tenant, source)
         doc = policy.document
-        members = [(f"agents.{a}", spec.token_sha256) for a, spec in doc.agents.items()]
+        members = [
+            (f"agents.{a}", spec.token_sha256)
+            for a, spec in doc.agents.items()
+            if spec.token_sha256 is not None
+        ]
         members += [(f"admins.{a}", spec.token_sha256) for a, spec in doc.admins.items()]
         for where, token_hash in members:
             if token_hash in owners:

@@ -101,6 +101,13 @@ class GatewaySettings(BaseSettings):
         "whatever the epoch says: the bound on a write whose epoch bump was lost (its "
         "writer died before the INCR); each time is one pipelined read per worker",
     )
+    keys_used_flush_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="how often a worker writes when each managed key was last used (one "
+        "batch; never a write per request)",
+    )
     retention_s: int = Field(default=7 * 24 * 3600, ge=60)
     denied_retention_s: int = Field(
         default=600,

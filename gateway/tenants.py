@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ledger import (
     POLICY_HISTORY,
     ChangeFeed,
+    KeyKind,
     Ledger,
     LedgerUnavailable,
     OpenPool,
@@ -42,6 +43,7 @@ from pricing.policy import AdminRole, McpErrorMeaning, SecretSource
 from . import metrics, policy_changes
 from .credentials import Injected, resolve_credentials
 from .http_upstream import HttpTarget
+from .keyring import Keyring
 from .policies import (
     NO_BUDGET,
     FileFault,
@@ -204,6 +206,8 @@ class TenantStore:
         self._mcp: dict[tuple[str, str], McpUpstream] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
+        # Agent and admin keys managed at run time, consulted after the policies' own.
+        self.keyring = Keyring()
         self._secret_files: tuple[tuple[str, int, int], ...] = ()
         self._epoch = -1
         self._outcomes_epoch = -1
@@ -219,11 +223,32 @@ class TenantStore:
         self._behind: dict[Path, str] = {}
 
     def authenticate(self, token: str) -> tuple[TenantPolicy, AuthenticatedAgent] | None:
-        return self._agents.get(hash_token(token))
+        """The agent a token opens: one named in a policy, or a managed key's, which
+        opens only an agent its tenant's policy in force still has."""
+        token_hash = hash_token(token)
+        if (found := self._agents.get(token_hash)) is not None:
+            return found
+        key = self.keyring.find(token_hash)
+        if key is None or key.kind is not KeyKind.AGENT:
+            return None
+        policy = self.policies.get(key.tenant)
+        agent = policy.agents_by_id.get(key.member) if policy is not None else None
+        if policy is None or agent is None:
+            return None
+        self.keyring.used(key)
+        return policy, agent
 
     def tenant_admin(self, token: str) -> tuple[str, str, AdminRole] | None:
-        """(tenant, admin id, role) of a tenant admin's token."""
-        return self._admins.get(hash_token(token))
+        """(tenant, admin id, role) of a tenant admin's token: a policy's admin, or a
+        managed admin key of a tenant served."""
+        token_hash = hash_token(token)
+        if (found := self._admins.get(token_hash)) is not None:
+            return found
+        key = self.keyring.find(token_hash)
+        if key is None or key.role is None or key.tenant not in self.policies:
+            return None
+        self.keyring.used(key)
+        return key.tenant, key.member, key.role
 
     def settler(self, token: str) -> tuple[TenantPolicy, str] | None:
         """The tenant and tool whose settler credential `token` is."""

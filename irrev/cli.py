@@ -55,6 +55,7 @@ COMMANDS = (
     ),
     Command("ledger", "irrev.commands.ledger", "inspect and check the budget ledger"),
     Command("policy", "irrev.commands.policy", "validate, show and issue tokens for policies"),
+    Command("keys", "irrev.commands.keys", "create, rotate, revoke and list managed keys"),
     Command("sim", "irrev.commands.sim", "run a fleet simulation experiment", "sim"),
 )
 BENCHES = (

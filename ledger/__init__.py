@@ -26,6 +26,8 @@ from .errors import (
     HoldNotFound,
     HoldStateConflict,
     IdempotencyConflict,
+    KeyNotFound,
+    KeyNotLive,
     LedgerError,
     LedgerUnavailable,
     PoolShrank,
@@ -34,6 +36,7 @@ from .errors import (
     UnknownAccount,
 )
 from .journal import JournalEntry, iter_journal, read_journal
+from .keystore import KeyKind, KeyRecord, KeySpec, KeyState, KeyStore
 from .lease import Lease
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT, MAX_ID_CHARS
 from .policystore import POLICY_HISTORY, PolicyRecord, PolicyStore, PutResult
@@ -93,6 +96,13 @@ __all__ = [
     "HoldStateConflict",
     "IdempotencyConflict",
     "JournalEntry",
+    "KeyKind",
+    "KeyNotFound",
+    "KeyNotLive",
+    "KeyRecord",
+    "KeySpec",
+    "KeyState",
+    "KeyStore",
     "Lease",
     "Ledger",
     "LedgerError",

@@ -3,8 +3,9 @@ gateway need not read them every refresh: the Redis load of watching for policy
 changes is one subscriber connection per process, not one read per process per
 refresh interval.
 
-Whoever bumps an epoch (PolicyStore.put, PolicyStore.bump_outcomes) publishes on
-CHANNEL right after what changed ('policy', 'outcomes'); a process that gives up
+Whoever bumps an epoch (PolicyStore.put, PolicyStore.bump_outcomes, KeyStore's
+writes) publishes on CHANNEL right after what changed ('policy', 'outcomes',
+'keys'); a process that gives up
 leases at shutdown announces 'lease', so the others ask for them at once. A
 `ChangeFeed` is one process's subscription: `heard(kinds)` counts what it heard; a
 host re-reads the epochs when that moved since its last look.
@@ -44,7 +45,7 @@ log = logging.getLogger("irrev.ledger")
 CHANNEL = "irrev:{fleet}:changes"
 # What may be announced; anything else published on CHANNEL is not counted (nor kept:
 # anyone who can PUBLISH could otherwise grow every gateway's counts without bound).
-KINDS = frozenset({b"policy", b"outcomes", b"lease"})
+KINDS = frozenset({b"policy", b"outcomes", b"lease", b"keys"})
 # Waits between attempts to subscribe again, doubling up to the last.
 RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 # The subscription is PINGed this often; no PONG within PONG_S is a dropped
@@ -56,8 +57,8 @@ PONG_S = 1.0
 
 
 async def announce(redis: RedisClient, what: str) -> None:
-    """Tell every subscribed gateway that `what` ('policy', 'outcomes', 'lease')
-    changed."""
+    """Tell every subscribed gateway that `what` ('policy', 'outcomes', 'lease',
+    'keys') changed."""
     with translate_redis_errors("announcing a change"):
         await redis.publish(CHANNEL, what)
 
@@ -77,7 +78,7 @@ class ChangeFeed:
         # Drops in a row: the backoff's step, and whether the drop was said yet.
         self._failures = 0
         self._task: asyncio.Task[None] | None = None
-        self._wakeups: dict[bytes, asyncio.Event] = {}
+        self._wakeups: dict[bytes, list[asyncio.Event]] = {}
 
     @property
     def live(self) -> bool:
@@ -89,11 +90,14 @@ class ChangeFeed:
         since a look, something may have changed."""
         return self._gaps + sum(self._counts.get(kind.encode(), 0) for kind in kinds)
 
-    def wakeup(self, kind: str) -> asyncio.Event:
-        """An event set whenever `kind` is heard, and at every (re)subscription: what a
-        loop waits on to act at once rather than at its next interval (the waiter
-        clears it)."""
-        return self._wakeups.setdefault(kind.encode(), asyncio.Event())
+    def wakeup(self, *kinds: str) -> asyncio.Event:
+        """An event set whenever one of `kinds` is heard, and at every
+        (re)subscription: what a loop waits on to act at once rather than at its next
+        interval (the waiter clears it)."""
+        event = asyncio.Event()
+        for kind in kinds:
+            self._wakeups.setdefault(kind.encode(), []).append(event)
+        return event
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -181,12 +185,13 @@ class ChangeFeed:
                 self._failures = 0
                 self._live = True
                 self._gaps += 1
-                for event in self._wakeups.values():
-                    event.set()
+                for events in self._wakeups.values():
+                    for event in events:
+                        event.set()
             elif message["type"] == "message" and message["data"] in KINDS:
                 kind = message["data"]
                 self._counts[kind] = self._counts.get(kind, 0) + 1
-                if (woken := self._wakeups.get(kind)) is not None:
+                for woken in self._wakeups.get(kind, ()):
                     woken.set()
 
 

@@ -60,6 +60,7 @@ from .keys import (
     webhook_cursor_key,
     webhook_lease_key,
 )
+from .keystore import KeyStore
 from .lease import Lease
 from .policystore import PolicyStore
 from .records import (
@@ -175,6 +176,8 @@ class Ledger:
         self._tenant_keys: dict[str, list[str]] = {}
         # The fleet's policies, versioned (gateway hosts serve what it holds).
         self.policies = PolicyStore(redis)
+        # Agent and admin keys managed at run time (not in policy files).
+        self.keys = KeyStore(redis)
         # How many requests the gateways refused, per tenant and minute.
         self.refusals = RefusalCounts(redis)
 

@@ -65,6 +65,23 @@ class HoldStateConflict(LedgerError):
         self.by = by
 
 
+class KeyNotFound(LedgerError):
+    def __init__(self, tenant: str, key_id: str) -> None:
+        super().__init__(f"tenant {tenant!r} has no key {key_id!r}; list its keys to find the id")
+        self.tenant = tenant
+        self.key_id = key_id
+
+
+class KeyNotLive(LedgerError):
+    """A managed key that can no longer be rotated: `state` is 'revoked' (for good) or
+    'expired'."""
+
+    def __init__(self, key_id: str, state: str) -> None:
+        super().__init__(f"key {key_id!r} is {state}: create a new key instead")
+        self.key_id = key_id
+        self.state = state
+
+
 class PoolShrank(LedgerError):
     """A calibrating route's reserve was priced for more holds pending at once than
     are open (reserve.lua's `reprice`): nothing was written; price it for `pool` (one

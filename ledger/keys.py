@@ -9,6 +9,8 @@ TENANTS_KEY = "irrev:tenants"
 # compensation outcome counted (learn): gateways poll both with one MGET (one slot).
 POLICY_EPOCH_KEY = "irrev:{fleet}:policy-epoch"
 OUTCOMES_EPOCH_KEY = "irrev:{fleet}:outcomes-epoch"
+# Bumped on every write of a managed key (ledger/keystore.py): gateways reload keys.
+KEYS_EPOCH_KEY = "irrev:{fleet}:keys-epoch"
 
 
 def tenant_prefix(tenant: str) -> str:
@@ -87,6 +89,22 @@ def policy_sources_key(tenant: str) -> str:
     """What each source (a host's policy file) last read of the tenant's policy: the
     base its next edit is measured from (lua/policy_put.lua)."""
     return f"{tenant_prefix(tenant)}policy:sources"
+
+
+def managed_keys_key(tenant: str) -> str:
+    """The tenant's managed keys: a hash, key id -> record (lua/keys.lua)."""
+    return f"{tenant_prefix(tenant)}keys"
+
+
+def key_hashes_key(tenant: str) -> str:
+    """The token hashes of the tenant's keys that are not revoked: hash -> key id."""
+    return f"{tenant_prefix(tenant)}keys:hashes"
+
+
+def keys_used_key(tenant: str) -> str:
+    """When each of the tenant's keys was last used: key id -> Redis ms, as the
+    gateways flush it (not per request)."""
+    return f"{tenant_prefix(tenant)}keys:used"
 
 
 def lease_key(tenant: str, work: str) -> str:

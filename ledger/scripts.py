@@ -20,10 +20,12 @@ here once, not on every call.
 Every operation of a tenant's ledger (OPERATIONS, including the approval loop's
 note, rule and webhook) is in the library, so its digest versions all of them.
 lease.lua, lease_release.lua (ledger/lease.py), policy_put.lua
-(ledger/policystore.py) and refusals.lua (ledger/refusals.py) stay plain EVALSHA
+(ledger/policystore.py), keys.lua (ledger/keystore.py) and refusals.lua
+(ledger/refusals.py) stay plain EVALSHA
 scripts on purpose: they use nothing of `_lib.lua` and their keys are not a tenant's
-ledger keys (`bind` would name the lease, the policy record or the refusal counts the
-accounts hash), they run once per lease period, policy write or flush of counts
+ledger keys (`bind` would name the lease, the policy record, the managed keys or the
+refusal counts the accounts hash), they run once per lease period, policy or key
+write or flush of counts
 (FCALL's saved setup is worth nothing there), and a script's SHA is already the
 digest of its own code, so gateways of two versions never run each
 other's.
@@ -66,7 +68,7 @@ OPERATIONS = (
 _STANDARD_KEYS = {"account": 2, "rule": 2, "webhook": 2, "attach": 1, "close": 2, "rate": 1}
 
 # Scripts of ledger/lua run outside the library (see above), by their own modules.
-PLAIN_SCRIPTS = ("lease", "lease_release", "policy_put", "refusals")
+PLAIN_SCRIPTS = ("keys", "lease", "lease_release", "policy_put", "refusals")
 
 _DEFINES = re.compile(r"local\s+(?:function\s+)?([A-Za-z_]\w*)")
 _NAME = re.compile(r"[A-Za-z_]\w*")

@@ -40,10 +40,11 @@ def hash_token(token: str) -> str:
     return "sha256:" + hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-def index_agents(policy: PolicyDocument) -> dict[str, AuthenticatedAgent]:
-    """Agents by `sha256:<hex>` of their token: how a request finds who it acts for."""
+def agents_by_id(policy: PolicyDocument) -> dict[str, AuthenticatedAgent]:
+    """Every agent of the policy by its id, whether or not the policy names a token for
+    it (one whose credentials are managed keys has none)."""
     return {
-        agent.token_sha256: AuthenticatedAgent(
+        agent_id: AuthenticatedAgent(
             tenant_id=policy.tenant,
             agent_id=agent_id,
             principal_id=agent.principal,
@@ -51,4 +52,16 @@ def index_agents(policy: PolicyDocument) -> dict[str, AuthenticatedAgent]:
             window_cap_micros=agent.window_cap,
         )
         for agent_id, agent in policy.agents.items()
+    }
+
+
+def index_agents(
+    policy: PolicyDocument, by_id: dict[str, AuthenticatedAgent]
+) -> dict[str, AuthenticatedAgent]:
+    """Agents by `sha256:<hex>` of the token the policy names: how a request finds who
+    it acts for."""
+    return {
+        agent.token_sha256: by_id[agent_id]
+        for agent_id, agent in policy.agents.items()
+        if agent.token_sha256 is not None
     }

@@ -275,7 +275,11 @@ class Agent(_Model):
     """A credential acting for exactly one principal, with its local caps."""
 
     principal: MemberId
-    token_sha256: TokenHash
+    token_sha256: TokenHash | None = Field(
+        default=None,
+        description="sha256:<hex> of the agent's bearer token; omit it for an agent whose "
+        "credentials are managed keys only ('irrev keys create')",
+    )
     per_effect_cap: Micros = Field(description="largest face value of one effect")
     window_cap: Micros = Field(description="the agent account's limit per window")
     soft_band: SoftBand | None = None

@@ -44,7 +44,7 @@ class Quote:
 
 
 def agent_by_id(policy: TenantPolicy, agent_id: str) -> AuthenticatedAgent | None:
-    return next((a for a in policy.agents_by_hash.values() if a.agent_id == agent_id), None)
+    return policy.agents_by_id.get(agent_id)
 
 
 def quote_request(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from pricing.calibration import Evidence
 from pricing.catalog import Catalog, PricedEffect, Query, compile_catalog, price_in_catalog
-from pricing.credentials import AuthenticatedAgent, hash_token, index_agents
+from pricing.credentials import AuthenticatedAgent, agents_by_id, hash_token, index_agents
 from pricing.policy import BodyFormat, Mode, PolicyDocument
 from pricing.scopes import Scopes, compile_scopes
 
@@ -32,6 +32,8 @@ class TenantPolicy:
     catalog: Catalog
     scopes: Scopes
     agents_by_hash: Mapping[str, AuthenticatedAgent]
+    # Every agent, also those without a token in the policy (managed keys only).
+    agents_by_id: Mapping[str, AuthenticatedAgent]
     # settled residual factors by route id that calibrating routes are priced from
     evidence: Mapping[str, Evidence] = field(default_factory=dict)
     # Shadow mode: the tenant's (which unknown routes follow) and the catalog routes'
@@ -49,6 +51,7 @@ def compile_policy(
 ) -> TenantPolicy:
     """The serving view of a validated document (pricing.validation has checked it);
     calibrating routes priced from `evidence` (settled factors by route id)."""
+    by_id = agents_by_id(document)
     return TenantPolicy(
         document=document,
         tenant=document.tenant,
@@ -56,7 +59,8 @@ def compile_policy(
         escalation_ttl_ms=document.escalation_ttl_ms,
         catalog=compile_catalog(document, evidence),
         scopes=compile_scopes(document),
-        agents_by_hash=index_agents(document),
+        agents_by_hash=index_agents(document, by_id),
+        agents_by_id=by_id,
         evidence=dict(evidence or {}),
         shadow=document.mode is Mode.SHADOW,
         shadow_routes=frozenset(

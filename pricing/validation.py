@@ -73,7 +73,7 @@ def _check_agents(policy: PolicyDocument) -> list[Problem]:
                     "accounts.principals or fix the name",
                 )
             )
-        if agent.token_sha256 in owners:
+        if agent.token_sha256 is not None and agent.token_sha256 in owners:
             problems.append(
                 Problem(
                     f"{where}.token_sha256",
@@ -81,7 +81,8 @@ def _check_agents(policy: PolicyDocument) -> list[Problem]:
                     "its own token with 'irrev policy token'",
                 )
             )
-        owners.setdefault(agent.token_sha256, agent_id)
+        if agent.token_sha256 is not None:
+            owners.setdefault(agent.token_sha256, agent_id)
         if agent.per_effect_cap > agent.window_cap:
             problems.append(
                 Problem(
@@ -95,7 +96,9 @@ def _check_agents(policy: PolicyDocument) -> list[Problem]:
 def _check_admins(policy: PolicyDocument) -> list[Problem]:
     problems = []
     owners = {
-        agent.token_sha256: f"agent {agent_id!r}" for agent_id, agent in policy.agents.items()
+        agent.token_sha256: f"agent {agent_id!r}"
+        for agent_id, agent in policy.agents.items()
+        if agent.token_sha256 is not None
     }
     for admin_id, admin in policy.admins.items():
         if admin.token_sha256 in owners:
@@ -245,7 +248,9 @@ def _check_settlers(policy: PolicyDocument) -> list[Problem]:
     another tool) would let that caller settle as someone it is not."""
     problems: list[Problem] = []
     owners = {
-        agent.token_sha256: f"agent {agent_id!r}" for agent_id, agent in policy.agents.items()
+        agent.token_sha256: f"agent {agent_id!r}"
+        for agent_id, agent in policy.agents.items()
+        if agent.token_sha256 is not None
     }
     for name, tool in policy.tools.items():
         token = tool.settler_token_sha256

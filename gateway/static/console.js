@@ -241,13 +241,14 @@ async function load() {
   const tenant = state.tenant;
   const t = encodeURIComponent(tenant);
   const minutes = $("refusal-minutes").value;
-  const [policy, balances, queue, ambiguous, rules, refused] = await Promise.all([
+  const [policy, balances, queue, ambiguous, rules, refused, keys] = await Promise.all([
     api(`/v1/admin/tenants/${t}/policy`),
     api(`/v1/admin/tenants/${t}/balances`),
     queuePages(t),
     api(`/v1/admin/tenants/${t}/holds?state=ambiguous`).then((r) => details(t, r.data)),
     api(`/v1/admin/tenants/${t}/rules`),
     api(`/v1/admin/tenants/${t}/refusals?minutes=${encodeURIComponent(minutes)}`),
+    api(`/v1/admin/tenants/${t}/keys`),
   ]);
   if (tenant !== state.tenant) return; // chosen away meanwhile: the next refresh draws it
   state.unit = policy.data.risk_unit || state.unit;
@@ -258,6 +259,7 @@ async function load() {
   renderEscalations(queue);
   renderRules(rules.data.rules, policy.data, balances.data);
   renderRefusals(refused.data);
+  renderKeys(keys.data.keys);
   renderAmbiguous(ambiguous);
   renderDecisions();
   for (const table of document.querySelectorAll("table.stack")) labelCells(table);
@@ -721,6 +723,51 @@ async function endRule(rule, button) {
     flash(`rule ${rule} ended`);
   } catch (e) {
     flash(`end rule ${rule}: ${e.message}`, true);
+    button.disabled = false;
+  }
+  await refresh(true);
+}
+
+// --- keys ---------------------------------------------------------------------------
+
+const keyWhose = (k) => k.kind === "agent" ? `agent ${k.agent}` : `admin ${k.admin} (${k.role})`;
+const keyTime = (value, none) => value ? `${new Date(timeMs(value)).toLocaleDateString()} ${clock(timeMs(value))}` : none;
+
+// Rows are kept by key id, their Revoke button with them (as the rules' End now). The
+// gateway checks the admin's role: a refusal is shown in its words.
+function renderKeys(keys) {
+  const tbody = $("keys").tBodies[0];
+  const existing = new Map([...tbody.rows].map((tr) => [tr.dataset.key, tr]));
+  place(tbody, keys.map((k) => {
+    let tr = existing.get(k.key_id);
+    if (!tr) {
+      const revoke = el("button", { type: "button", className: "end" }, "Revoke");
+      revoke.addEventListener("click", () => revokeKey(k.key_id, revoke));
+      tr = el("tr", { data: { key: k.key_id } }, el("td", { className: "decision" }, revoke));
+    }
+    tr.querySelector("td.decision button").hidden = k.state !== "live";
+    redraw(tr, [
+      el("td", { className: "mono" }, k.key_id, el("div", { className: "muted" }, k.token_sha256_prefix)),
+      el("td", {}, k.kind),
+      el("td", { className: "target" }, keyWhose(k)),
+      el("td", {}, el("div", {}, k.owner), el("div", { className: "muted" }, k.purpose)),
+      el("td", {}, keyTime(k.expires_at, "never")),
+      el("td", {}, keyTime(k.last_used_at, "not yet")),
+      el("td", { className: "key-state " + k.state }, k.state),
+    ]);
+    return tr;
+  }));
+  document.querySelector('.empty[data-for="keys"]').hidden = keys.length > 0;
+}
+
+async function revokeKey(keyId, button) {
+  button.disabled = true;
+  try {
+    await api(`/v1/admin/tenants/${encodeURIComponent(state.tenant)}/keys/${encodeURIComponent(keyId)}/revoke`, { method: "POST" });
+    flash(`key ${keyId} revoked`);
+  } catch (e) {
+    flash(`revoke key ${keyId}: ${e.message}`, true);
+  } finally {
     button.disabled = false;
   }
   await refresh(true);

@@ -98,25 +98,31 @@ def _bind(parser: argparse.ArgumentParser, command: Command) -> None:
         help="tenant policies, for currencies (default IRREV_POLICY_DIR)",
     )
 
-    def run(args: argparse.Namespace) -> int:
-        settings = LedgerSettings()
-        with supervised_redis_url(settings) as url:
-            where = safe_url(url) if settings.redis_url else f"{safe_url(url)} (embedded, "
-            if not settings.redis_url:
-                where += f"data dir {settings.data_dir})"
-            print(f"irrev: ledger at {where}", file=sys.stderr)
+    parser.set_defaults(func=lambda args: run_on_ledger(args, command, _check_tenants))
 
-            async def with_ledger() -> int:
-                ledger = Ledger.from_url(url)
-                try:
-                    await _check_tenants(ledger, args, where)
-                    return await command(ledger, args)
-                finally:
-                    await ledger.aclose()
 
-            return asyncio.run(with_ledger())
+Check = Callable[[Ledger, argparse.Namespace, str], Awaitable[None]]
 
-    parser.set_defaults(func=run)
+
+def run_on_ledger(args: argparse.Namespace, command: Command, check: Check) -> int:
+    """`command` on the configured ledger (IRREV_REDIS_URL, or the embedded one),
+    named on stderr first, once `check` (given where the ledger is) passed."""
+    settings = LedgerSettings()
+    with supervised_redis_url(settings) as url:
+        where = safe_url(url) if settings.redis_url else f"{safe_url(url)} (embedded, "
+        if not settings.redis_url:
+            where += f"data dir {settings.data_dir})"
+        print(f"irrev: ledger at {where}", file=sys.stderr)
+
+        async def with_ledger() -> int:
+            ledger = Ledger.from_url(url)
+            try:
+                await check(ledger, args, where)
+                return await command(ledger, args)
+            finally:
+                await ledger.aclose()
+
+        return asyncio.run(with_ledger())
 
 
 def safe_url(url: str) -> str:

@@ -186,6 +186,9 @@ def _refused_often() -> dict[str, Any]:
 # A tenant admin of `console-ops` who may approve but not raise a limit (test_console.py).
 CONSOLE_APPROVER = new_token()
 
+# A tenant admin of `console-keys` who may manage viewer and approver keys, not agents'.
+CONSOLE_KEYS_APPROVER = new_token()
+
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "basics": ("procurement", {}),
@@ -294,6 +297,15 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "refusals": ("procurement", _refused_often()),
     "tripped": ("procurement", {}),
     # The console's refusals view, bulk decisions and rules (test_console.py).
+    # The console's Keys panel (test_console.py).
+    "console-keys": (
+        "procurement",
+        {
+            "admins": {
+                "kim": {"token_sha256": hash_token(CONSOLE_KEYS_APPROVER), "role": "approver"}
+            }
+        },
+    ),
     "console-ops": (
         "procurement",
         {

@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -599,6 +600,73 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
         page.shot("wide")
     finally:
         browser.set_window_size(1440, 1000)
+    assert not csp_complaints(browser)
+
+
+def test_an_admin_sees_a_tenants_keys_and_revokes_one_in_the_console(
+    gateway: Gateway, browser: WebDriver, artifacts: Path
+) -> None:
+    """The Keys panel lists a tenant's managed keys (whose, owner and purpose, expiry,
+    last use, state), never a token; its Revoke is the API's, role-checked there: an
+    approver's revocation of an agent key is refused in the gateway's words, its
+    revocation of a viewer key is done, an operator's of the agent key too, and the
+    revoked token is then refused by the gateway."""
+    from .conftest import CONSOLE_KEYS_APPROVER
+
+    tenant = gateway.tenant("console-keys")
+    page = Page(browser, artifacts)
+    with httpx.Client(base_url=gateway.url, timeout=30.0, trust_env=False) as http:
+        keys = f"/v1/admin/tenants/{tenant.id}/keys"
+        made = http.post(
+            keys,
+            json={
+                "kind": "agent",
+                "agent": "buyer-05",
+                "owner": "ops@example.com",
+                "purpose": "nightly",
+            },
+            headers=gateway.admin,
+        )
+        assert made.status_code == 201, made.text
+        agent_key = made.json()
+        made = http.post(
+            keys,
+            json={"kind": "admin", "admin": "vik", "role": "viewer", "owner": "vik@example.com"},
+            headers=gateway.admin,
+        )
+        assert made.status_code == 201, made.text
+        viewer_key = made.json()
+        agent_row = f'#keys tr[data-key="{agent_key["key_id"]}"]'
+        viewer_row = f'#keys tr[data-key="{viewer_key["key_id"]}"]'
+
+        page.sign_in(gateway, tenant, CONSOLE_KEYS_APPROVER)
+        page.text_is(f"{agent_row} td.key-state", "live")
+        shown = page.find(agent_row).text
+        assert "agent buyer-05" in shown and "ops@example.com" in shown and "nightly" in shown
+        assert "admin vik (viewer)" in page.find(viewer_row).text
+        page.find(f"{agent_row} button.end").click()
+        page.until(
+            lambda driver: (
+                "needs the policy_admin role" in driver.find_element(By.ID, "error").text
+            ),
+            "the role's refusal is not shown",
+        )
+        page.text_is(f"{agent_row} td.key-state", "live")
+        page.find(f"{viewer_row} button.end").click()
+        page.text_is(f"{viewer_row} td.key-state", "revoked")
+        page.shot("keys-approver")
+
+        page.sign_in(gateway, tenant)
+        page.find(f"{agent_row} button.end").click()
+        page.text_is(f"{agent_row} td.key-state", "revoked")
+        page.shot("keys-revoked")
+        for key in (agent_key, viewer_key):
+            assert key["token"] not in browser.page_source
+        deadline = time.monotonic() + WAIT_S
+        token = {"Authorization": f"Bearer {agent_key['token']}"}
+        while http.get("/tools/supplier/catalog", headers=token).status_code != 401:
+            assert time.monotonic() < deadline, "the revoked key is still admitted"
+            time.sleep(0.1)
     assert not csp_complaints(browser)
 
 

@@ -40,6 +40,12 @@ PUBLIC_API = {
     "POLICY_HISTORY",
     "PolicyRecord",
     "PutResult",
+    # agent and admin keys managed at run time
+    "KeyStore",
+    "KeyKind",
+    "KeySpec",
+    "KeyState",
+    "KeyRecord",
     # how many requests the gateways refused, per tenant and minute
     "RefusalCounts",
     "RefusalCount",
@@ -75,6 +81,8 @@ PUBLIC_API = {
     "HoldInFlight",
     "HoldStateConflict",
     "IdempotencyConflict",
+    "KeyNotFound",
+    "KeyNotLive",
     "LedgerUnavailable",
     "PoolShrank",
     "RateLimited",

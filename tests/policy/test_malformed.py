@@ -320,3 +320,15 @@ def test_duplicate_agent_key_in_yaml_is_refused() -> None:
     text = base_yaml().replace("  a2:\n", "  a1:\n", 1)
     with pytest.raises(PolicyError, match="duplicate key 'a1'"):
         load_policy_text(text, "x.yaml")
+
+
+def test_an_agent_may_have_no_token_in_the_policy() -> None:
+    """An agent whose credentials are managed keys only: it is an agent of the tenant
+    (quotes, scopes, keys find it by id) that no policy token opens; two of them do
+    not share a token."""
+    data = base()
+    del data["agents"]["a1"]["token_sha256"]
+    data["agents"]["a3"] = {"principal": "ops", "per_effect_cap": "10", "window_cap": "20"}
+    policy = load_policy_data(data, "keys-only")
+    assert set(policy.agents_by_id) == {"a1", "a2", "a3"}
+    assert [a.agent_id for a in policy.agents_by_hash.values()] == ["a2"]
