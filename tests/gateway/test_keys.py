@@ -28,7 +28,7 @@ import yaml
 from irrev.harness import TenantPolicy, new_token
 from pricing.credentials import hash_token
 
-from .helpers import assert_problem
+from .helpers import assert_problem, based
 from .servers import BIN, EXAMPLES, Server, base_env
 
 REFRESH_S = 0.5
@@ -372,7 +372,10 @@ async def test_a_key_of_an_agent_removed_from_the_policy_is_refused(
     uploaded = await clients[0].put(
         f"/v1/admin/tenants/{fleet.other}/policy",
         content=yaml.safe_dump(document, sort_keys=False),
-        headers={**bearer(fleet.operator), "Content-Type": "application/yaml"},
+        headers={
+            **await based(clients[0], fleet.other, bearer(fleet.operator)),
+            "Content-Type": "application/yaml",
+        },
     )
     assert uploaded.status_code == 200, uploaded.text
     await until(status_on_all(clients, token, 401), "the key refused once its agent is gone")

@@ -74,9 +74,11 @@ async def test_the_background_bench_counts_the_commands_of_every_primary(
 async def test_a_standalone_client_on_a_cluster_is_refused_with_the_cause(
     redis_cluster: LocalCluster, tenant: str
 ) -> None:
-    # A node that does not serve the tenant's slot: every call there is MOVED.
+    # A primary that does not serve the tenant's slot: every call there is MOVED. By
+    # role, not position: an earlier test's failover may have made a replica of one
+    # of the first nodes (a write there is then refused as read-only, not MOVED).
     serving = redis_cluster.primary_for(accounts_key(tenant))
-    elsewhere = next(n for n in redis_cluster.nodes[:3] if n is not serving)
+    elsewhere = next(n for n in redis_cluster.nodes if n is not serving and _role(n) == "master")
     standalone = Ledger(Redis.from_url(elsewhere.url, decode_responses=True))
     try:
         with pytest.raises(LedgerUnavailable, match="node of a Redis Cluster") as refused:
@@ -244,3 +246,9 @@ async def test_a_primary_killed_under_load_loses_no_acknowledged_debit(
         await ledger.aclose()
         await asyncio.to_thread(primary.start)  # it comes back as the new primary's replica
         await asyncio.to_thread(redis_cluster.wait_healthy)
+
+
+def _role(node: ClusterNode) -> str:
+    with node.client() as client:
+        role = client.execute_command("ROLE")[0]
+    return role.decode() if isinstance(role, bytes) else str(role)

@@ -93,6 +93,7 @@ PUBLIC_API = {
     "read_journal",
     "iter_journal",
     "cutoff_ms",
+    "failover_shortfall",
     "trim",
     "trim_locked",
     "AuditReport",
