@@ -14,6 +14,7 @@ docs/operations.md, "Rolling upgrades", says what holds during the mixed window.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 
 from irrev.harness import TenantPolicy
 from ledger.embedded import EmbeddedRedis
@@ -45,7 +47,8 @@ AFTER_ORDERS = 32
 ESCALATE_EVERY = 5
 CONCURRENCY = 8
 BIG = order(quantity=1, unit_price="100000")  # priced above the 30,000 USD threshold
-LARGE = "10000000"  # USD: no limit binds, so every refusal would be a fault
+LARGE = "10000000"
+WAIT_S = 30.0  # USD: no limit binds, so every refusal would be a fault
 
 
 @dataclass
@@ -233,6 +236,19 @@ async def bounded(jobs: list[Any]) -> None:
     await asyncio.gather(*(run(job) for job in jobs))
 
 
+def release_format(redis_url: str) -> dict[str, Any]:
+    shown = irrev_ledger(redis_url, "upgrade", "status", "--json")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    return dict(json.loads(shown.stdout))
+
+
+def counted_escalations(redis_url: str, tenant: Tenant) -> int:
+    """The escalations waiting that the tenant's agent accounts count (reserve.lua)."""
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        fields = client.hscan_iter(f"irrev:{{{tenant.id}}}:accounts", match="*|esc")
+        return sum(int(value) for _, value in fields)
+
+
 def irrev_ledger(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN / "irrev"), "ledger", *args],
@@ -274,6 +290,9 @@ async def test_old_and_new_serve_one_redis_then_the_old_stops(
         # The fleet as it was (the old release), then the first new host joins it.
         old_server.start("/readyz")
         new_server.start("/readyz")
+        # The store an older release served, without the flag: the new host decided
+        # it is a rolling upgrade.
+        assert release_format(redis_url) == {"format": 1, "was": 1, "state": "rolling upgrade"}
         async with (
             httpx.AsyncClient(base_url=old_server.url, timeout=30, trust_env=False) as old_http,
             httpx.AsyncClient(base_url=new_server.url, timeout=30, trust_env=False) as new_http,
@@ -312,14 +331,26 @@ async def test_old_and_new_serve_one_redis_then_the_old_stops(
                 await decide(new, traffic, key, "approve")
                 traffic.decided[key] = "approved"
 
-            finished = irrev_ledger(redis_url, "upgrade", "finish")
+            # No escalation raised while both served was counted.
+            assert counted_escalations(redis_url, tenant) == 0
+            finished = irrev_ledger(redis_url, "upgrade", "finish", "--json")
             assert finished.returncode == 0, finished.stdout + finished.stderr
-            # Fully upgraded: escalations counted per agent again.
-            for i in range(0, 3 * ESCALATE_EVERY, ESCALATE_EVERY):
-                await first_and_repeat(new, new, traffic, i, "finished")
-            for key in [k for k in traffic.escalations if k.startswith("finished-")]:
-                await decide(new, traffic, key, "approve")
-                traffic.decided[key] = "approved"
+            assert release_format(redis_url) == {"format": 2, "was": 2, "state": "upgraded"}
+            # Fully upgraded: the new host counts escalations again once it has read
+            # the flag (every RELEASE_CHECK_S); each one raised meanwhile is approved.
+            deadline = asyncio.get_running_loop().time() + WAIT_S
+            counted = 0
+            while counted == 0 and asyncio.get_running_loop().time() < deadline:
+                index = ESCALATE_EVERY * len(traffic.escalations)
+                await first_and_repeat(new, new, traffic, index, "finished")
+                counted = counted_escalations(redis_url, tenant)
+                if counted == 0:
+                    await asyncio.sleep(0.5)
+                for key in [k for k in traffic.escalations if k not in traffic.decided]:
+                    await decide(new, traffic, key, "approve")
+                    traffic.decided[key] = "approved"
+            assert counted == 1
+            assert counted_escalations(redis_url, tenant) == 0
             await repeat_all(new, traffic)
 
             stats = await supplier_stats(upstream, tenant)
