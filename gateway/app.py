@@ -64,6 +64,8 @@ FILE_LOOK_S = 0.25
 # appendfsync everysec's promise (a write is fsynced within about a second), and how
 # often a replica reports its fsyncs (REPLCONF ACK).
 FSYNC_REPORT_MS = 1000
+# How often a worker reads the fleet's release flag while a rolling upgrade is on.
+RELEASE_CHECK_S = 5.0
 
 
 async def _every(interval_s: float, work: Any, what: str) -> None:
@@ -73,6 +75,19 @@ async def _every(interval_s: float, work: Any, what: str) -> None:
             await work()
         except Exception:
             log.exception(f"{what} failed; retrying in {interval_s} s")
+
+
+async def _until_upgraded(ledger: Ledger) -> None:
+    """Read the fleet's release flag until it says every host runs this release: a
+    worker that learns it late only writes the older formats a while longer, which
+    every release reads."""
+    while not ledger.release.upgraded:
+        await asyncio.sleep(RELEASE_CHECK_S)
+        try:
+            await ledger.release.read()
+        except Exception:
+            log.exception(f"reading the fleet's release failed; retrying in {RELEASE_CHECK_S} s")
+    log.info("fleet upgraded", extra={"release_format": ledger.release.format})
 
 
 async def _policy_loop(
@@ -235,6 +250,16 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             settings.policy_dir, settings.forward_budget(), settings.mcp_supervision()
         )
         await _load_scripts(ledger)
+        await ledger.release.read()
+        if not ledger.release.upgraded:
+            log.warning(
+                "fleet in a rolling upgrade",
+                extra={
+                    "release_format": ledger.release.format,
+                    "writes": "records every release since format 1 reads, until "
+                    "`irrev ledger upgrade finish` (docs/operations.md, Rolling upgrades)",
+                },
+            )
         await _check_durability(ledger, settings)
         # A file that does not load is reported (log, /metrics, /readyz) and leaves the
         # other tenants served: `irrev serve` refused it at start, so it broke since.
@@ -307,6 +332,8 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
                 )
             ),
         ]
+        if not ledger.release.upgraded:
+            background.append(asyncio.create_task(_until_upgraded(ledger)))
         if settings.journal_keep_s > 0:
             trimmer = _every(settings.journal_trim_interval_s, trim_journals, "journal trim")
             background.append(asyncio.create_task(trimmer))

@@ -11,7 +11,7 @@ from .checkpoint import replay_from_checkpoint
 from .client import Ledger
 from .errors import translate_redis_errors
 from .journal import LIVE_STATES, Replay
-from .keys import ambiguous_key, deadlines_key, escalated_key, hold_key
+from .keys import accounts_key, ambiguous_key, deadlines_key, escalated_key, hold_key
 from .records import HoldState
 
 
@@ -87,6 +87,8 @@ async def _check_holds(ledger: Ledger, tenant: str, replayed: Replay, report: Au
     # An escalated hold joins its route's open set only when approved (_lib.lua's OPEN).
     opened = [h for h in live if replayed.hold_states[h] != HoldState.ESCALATED.value]
     await _check_pools(ledger, tenant, opened, report)
+    waiting = [h for h in live if replayed.hold_states[h] == HoldState.ESCALATED.value]
+    await _check_escalation_counts(ledger, tenant, waiting, report)
     for account, expected in sorted(replayed.accounts.items()):
         if pending_by_account.get(account, 0) != expected.pending:
             report.mismatches.append(
@@ -125,4 +127,34 @@ async def _check_pools(ledger: Ledger, tenant: str, live: list[str], report: Aud
             report.mismatches.append(
                 f"{tenant} route {tag}: {got[0]} holds open of face {got[1]} stored, "
                 f"the live holds are {want[0]} of face {want[1]}"
+            )
+
+
+async def _check_escalation_counts(
+    ledger: Ledger, tenant: str, waiting: list[str], report: AuditReport
+) -> None:
+    """Each agent account's count of escalations waiting (`<account>|esc`, which its
+    max_escalations caps: reserve.lua) is the number of escalated holds that name it
+    (`esc`). A count above them would refuse the agent's escalations for good: an
+    older release's scripts resolving a counted hold leave it counted
+    (docs/operations.md, "Rolling upgrades")."""
+    with translate_redis_errors("audit"):
+        async with ledger.redis.pipeline(transaction=False) as pipe:
+            for hold_id in waiting:
+                pipe.hget(hold_key(tenant, hold_id), "esc")
+            marks = await pipe.execute() if waiting else []
+        stored = {
+            str(name).removesuffix("|esc"): int(value)
+            async for name, value in ledger.redis.hscan_iter(accounts_key(tenant), match="*|esc")
+        }
+    counted: dict[str, int] = defaultdict(int)
+    for mark in marks:
+        if mark:
+            counted[str(mark)] += 1
+    for account in sorted(set(counted) | set(stored)):
+        got, want = stored.get(account, 0), counted.get(account, 0)
+        if got != want:
+            report.mismatches.append(
+                f"{tenant} {account}: {got} escalations counted waiting, "
+                f"{want} escalated holds name it"
             )

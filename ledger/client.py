@@ -90,6 +90,7 @@ from .records import (
     TransitionResult,
 )
 from .refusals import RefusalCounts
+from .release import FleetRelease
 from .settings import LedgerSettings
 
 DAY_MS = 24 * 3600 * 1000
@@ -180,6 +181,8 @@ class Ledger:
         self.keys = KeyStore(redis)
         # How many requests the gateways refused, per tenant and minute.
         self.refusals = RefusalCounts(redis)
+        # Which records the fleet's oldest release reads (rolling upgrades).
+        self.release = FleetRelease(redis)
 
     @classmethod
     def from_url(
@@ -405,7 +408,9 @@ class Ledger:
                 f"in {self.replica_timeout_ms} ms; write it again once they are back",
             )
         # The list of tenants is a key of its own slot, kept for operators (audit);
-        # nothing on the admission path reads it.
+        # nothing on the admission path reads it. A store's first tenant registered
+        # with the release flag decided tells an older release's store from a new one.
+        await self.release.decided()
         with translate_redis_errors("upsert"):
             await self.redis.sadd(TENANTS_KEY, tenant)
         return str(reply[1])
@@ -624,8 +629,12 @@ class Ledger:
         """One page of the tenant's risk-factor accounts (HSCAN from `cursor` over its
         accounts hash), each closed if it has held nothing since its window ended
         (lua/close.lua); returns the next cursor (0: the scan is over) and how many
-        were closed. Policy accounts are never closed."""
+        were closed. Policy accounts are never closed, and none while the fleet's
+        release flag says an older release may serve (its scripts cannot settle a
+        hold on a closed account): then the scan is over at once."""
         tenant = validate.tenant_id(tenant)
+        if not self.release.upgraded:
+            return 0, 0
         with translate_redis_errors("close"):
             cursor, fields = await self.redis.hscan(
                 accounts_key(tenant), cursor, match="*factor:*|ws", count=count
@@ -719,6 +728,8 @@ class Ledger:
             *validate.account_amounts(r.amounts),
             str(self.denied_retention_ms),
             *_open_args(r.amounts, r.open_missing),
+            # Counted, an escalation an older release resolved would stay counted.
+            "1" if self.release.upgraded else "0",
             "1" if r.shadow else "0",
             *_pool_args(r.pool),
             *in_order,

@@ -11,6 +11,8 @@ POLICY_EPOCH_KEY = "irrev:{fleet}:policy-epoch"
 OUTCOMES_EPOCH_KEY = "irrev:{fleet}:outcomes-epoch"
 # Bumped on every write of a managed key (ledger/keystore.py): gateways reload keys.
 KEYS_EPOCH_KEY = "irrev:{fleet}:keys-epoch"
+# The newest record format every gateway of the fleet reads (ledger/release.py).
+RELEASE_KEY = "irrev:{fleet}:release"
 
 
 def tenant_prefix(tenant: str) -> str:

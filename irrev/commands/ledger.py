@@ -87,6 +87,14 @@ def configure(ledger: argparse.ArgumentParser) -> None:
     reconcile.add_argument("--tenant", required=True)
     _bind(reconcile, _reconcile)
 
+    upgrade = commands.add_parser(
+        "upgrade",
+        help="the fleet's rolling upgrade: 'status' prints the release flag, 'finish' "
+        "(once every gateway runs this release) lets them write this release's records",
+    )
+    upgrade.add_argument("action", choices=("status", "finish"))
+    _bind(upgrade, _upgrade)
+
 
 def _bind(parser: argparse.ArgumentParser, command: Command) -> None:
     if command is not _journal:
@@ -140,7 +148,8 @@ def safe_url(url: str) -> str:
 
 
 async def _check_tenants(ledger: Ledger, args: argparse.Namespace, where: str) -> None:
-    asked = args.tenant if isinstance(args.tenant, list) else [args.tenant] if args.tenant else []
+    tenant = getattr(args, "tenant", None)  # a fleet-wide command names none
+    asked = tenant if isinstance(tenant, list) else [tenant] if tenant else []
     if not asked:
         return
     for tenant in asked:
@@ -356,4 +365,24 @@ async def _reconcile(ledger: Ledger, args: argparse.Namespace) -> int:
         print(json.dumps({"tenant": args.tenant, "ambiguous": rows}, indent=2))
     else:
         print(f"{args.tenant}: {len(held)} ambiguous holds stay charged until reconciled")
+    return 0
+
+
+async def _upgrade(ledger: Ledger, args: argparse.Namespace) -> int:
+    """docs/operations.md, "Rolling upgrades"."""
+    release = ledger.release
+    before = await (release.finish() if args.action == "finish" else release.read())
+    state = "upgraded" if release.upgraded else "rolling upgrade"
+    if args.json:
+        print(json.dumps({"format": release.format, "was": before, "state": state}))
+        return 0
+    if args.action == "finish" and before < release.format:
+        print(f"release format {before} -> {release.format}: every gateway writes it from now on")
+    elif release.upgraded:
+        print(f"release format {release.format}: every gateway runs this release or a later one")
+    else:
+        print(
+            f"release format {release.format}: a rolling upgrade; gateways of this release "
+            "write only what the older ones read until `irrev ledger upgrade finish`"
+        )
     return 0

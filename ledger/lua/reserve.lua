@@ -22,15 +22,20 @@
 --          admitted or escalated and its amount is > 0; one whose amount is 0 is left
 --          out of the hold (a fresh account with nothing on it cannot change the
 --          decision), so neither a refusal nor a free effect creates an account.
--- ARGV[13+2n+5m]  shadow: '1' holds the effect even when the decision is deny or
+-- ARGV[13+2n+5m]  count escalations: '1' counts a kept escalation on its first agent
+--          account (`esc`, capped by the account's `escmax`); '0' neither counts nor
+--          caps it, while the fleet's release flag says a host of an older release,
+--          whose scripts never uncount one, may resolve it (ledger/client.py's
+--          fleet_release)
+-- ARGV[14+2n+5m]  shadow: '1' holds the effect even when the decision is deny or
 --          escalate (shadow mode: never blocking; the would-be decision is kept in
 --          the hold's reason and the journal, and the hold may take accounts above
 --          their limits); '0' enforces
--- ARGV[14+2n+5m]  optional: '1' decides even if holds of the tenant are due; '2' looks
+-- ARGV[15+2n+5m]  optional: '1' decides even if holds of the tenant are due; '2' looks
 --          for due holds before any decision (a batch's items, so that one admitted
 --          cannot take the room an earlier item of the batch waits for: see
 --          `expire_first`); '0' (or none) only where they can change the answer
--- ARGV[15+2n+5m..17+2n+5m]  optional, after ARGV[14+2n+5m], for a hold of a
+-- ARGV[16+2n+5m..18+2n+5m]  optional, after ARGV[15+2n+5m], for a hold of a
 --          calibrating route (pricing/calibration.py): the route's tag (1-32 letters
 --          and digits), the effect's face value, and the number of holds pending at
 --          once its price was computed for, m >= 1 (a decimal). The hold is counted
@@ -43,7 +48,7 @@
 --          face sum past 2^53-1 (or its squares past 2^106) is sent back (`reprice`)
 --          when priced for m > 1 and kept outside the set when priced alone (m = 1),
 --          so that one huge hold can neither overflow the set nor close the route
--- ARGV[18+2n+5m]  the price the effect would have alone (priced for m = 1), which
+-- ARGV[19+2n+5m]  the price the effect would have alone (priced for m = 1), which
 --          the approval thresholds compare instead of a pooled amount below it (an
 --          agent can open holds itself to pool over): required when m > 1 (else
 --          `bad_input` alone_price), optional when m = 1
@@ -99,8 +104,8 @@
 -- the reason), prov. A shadow hold's record is pending with the would-be reason.
 --
 -- Invariant: an agent account's `esc` counts exactly the escalated holds that name it
--- in their `esc`, and a new escalation is kept only while that count is below its
--- `escmax`. An admission or escalation never takes any account's pending + posted
+-- in their `esc`, and a new escalation counted is kept only while that count is
+-- below its `escmax`. An admission or escalation never takes any account's pending + posted
 -- above its limit (a shadow hold may: it is what the fleet really did), no hold takes
 -- it past 2^53-1 (a limit with its live raises counts as min(sum, 2^53-1)), and it
 -- debits all of the accounts or none. A calibrating route's open count is the number
@@ -159,11 +164,14 @@ if not denied_retention_ms then
   return {'bad_input', 'denied_retention_ms', 'must be an integer >= 0'}
 end
 local m = uint(ARGV[12 + 2 * n], MAX_ACCOUNTS)
-local base = 13 + 2 * n + 5 * (m or 0)
-local shadow, decide = ARGV[base], ARGV[base + 1]
+local base = 14 + 2 * n + 5 * (m or 0)
+local counting, shadow, decide = ARGV[base - 1], ARGV[base], ARGV[base + 1]
 if not m or m > n or (#ARGV ~= base and #ARGV ~= base + 1 and #ARGV ~= base + 4 and #ARGV ~= base + 5)
     or (decide and decide ~= '0' and decide ~= '1' and decide ~= '2') then
   return {'bad_input', 'open', 'must give 0 to n accounts to open, five fields each'}
+end
+if counting ~= '0' and counting ~= '1' then
+  return {'bad_input', 'count_escalations', 'must be 0 or 1'}
 end
 if shadow ~= '0' and shadow ~= '1' then
   return {'bad_input', 'shadow', 'must be 0 or 1'}
@@ -362,7 +370,7 @@ end
 -- first agent account of the hold (`counted`), which its record names (`esc`) until
 -- it leaves the escalated state (_lib.lua's set_state).
 local counted
-if decision == 'escalate' and shadow ~= '1' then
+if decision == 'escalate' and shadow ~= '1' and counting == '1' then
   for i = 1, n do
     if string.sub(accounts[i], 1, 6) == 'agent:' then
       local c = redis.call('HMGET', ACCOUNTS, field(accounts[i], 'esc'), field(accounts[i], 'escmax'))
