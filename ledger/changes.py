@@ -63,6 +63,35 @@ async def announce(redis: RedisClient, what: str) -> None:
         await redis.publish(CHANNEL, what)
 
 
+# Waits before trying a failed epoch bump or announcement again (then it is logged).
+TELL_RETRY_S = (0.05, 0.2)
+
+
+async def tell(redis: RedisClient, epoch_key: str, kind: str) -> None:
+    """After a write of `kind` ('policy', 'keys') took effect: bump its epoch and
+    announce it, each retried a little; a failure is logged, not raised. The stored
+    write is the outcome: raising after it took effect sent the writer's retry over
+    the version it had read, to lose the compare-and-set to its own write (or, for a
+    key, lost the token shown once). A bump lost for good is found by every
+    gateway's full re-read (IRREV_POLICY_FULL_READ_S)."""
+    for what, step in (
+        (f"bumping the {kind} epoch", lambda: redis.incr(epoch_key)),
+        (f"announcing a {kind} write", lambda: redis.publish(CHANNEL, kind)),
+    ):
+        for wait_s in (*TELL_RETRY_S, None):
+            try:
+                await step()
+                break
+            except (redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
+                if wait_s is None:
+                    log.warning(
+                        f"{kind} written, but not told: gateways find it by their full re-read",
+                        extra={"step": what, "why": f"{type(exc).__name__}: {exc}"},
+                    )
+                    break
+                await asyncio.sleep(wait_s)
+
+
 class ChangeFeed:
     """One process's subscription to CHANNEL, on its own connection (a subscribed
     connection can send nothing else). `start()` it once; `aclose()` at shutdown."""

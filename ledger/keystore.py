@@ -13,7 +13,6 @@ per request; it is for operators to read, and decides nothing.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -23,17 +22,15 @@ from enum import StrEnum
 from importlib.resources import files
 from typing import Any
 
-from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from . import validate
-from .changes import CHANNEL
+from .changes import tell
 from .cluster import RedisClient, wait_out_migration
 from .errors import BadInput, KeyNotFound, KeyNotLive, translate_redis_errors
 from .keys import KEYS_EPOCH_KEY, key_hashes_key, keys_used_key, managed_keys_key
 
 log = logging.getLogger("irrev.ledger")
-TELL_RETRY_S = (0.05, 0.2)
 KEY_ID = re.compile(r"key_[0-9a-f]{12}")
 TOKEN_HASH = re.compile(r"sha256:[0-9a-f]{64}")
 MAX_TEXT_CHARS = 200
@@ -204,25 +201,9 @@ class KeyStore:
         return _record(tenant, body, {})
 
     async def _told(self, record: KeyRecord) -> KeyRecord:
-        """`record`, once the keys epoch is bumped and the write announced, retried a
-        little; a failure is logged, not raised: the write took effect, and every
-        gateway's full read of the keys (every IRREV_POLICY_FULL_READ_S) finds it."""
-        for what, step in (
-            ("bumping the keys epoch", lambda: self.redis.incr(KEYS_EPOCH_KEY)),
-            ("announcing a key write", lambda: self.redis.publish(CHANNEL, "keys")),
-        ):
-            for wait_s in (*TELL_RETRY_S, None):
-                try:
-                    await step()
-                    break
-                except (redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
-                    if wait_s is None:
-                        log.warning(
-                            "key written, but not told: gateways find it by their full read",
-                            extra={"step": what, "why": f"{type(exc).__name__}: {exc}"},
-                        )
-                        break
-                    await asyncio.sleep(wait_s)
+        """`record`, once the keys epoch is bumped and the write announced
+        (changes.tell: a failure is logged, not raised)."""
+        await tell(self.redis, KEYS_EPOCH_KEY, "keys")
         return record
 
 

@@ -13,19 +13,16 @@ anyway)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
 
-from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from . import validate
-from .changes import CHANNEL, announce
+from .changes import CHANNEL, announce, tell
 from .cluster import RedisClient, wait_out_migration
 from .errors import translate_redis_errors
 from .keys import (
@@ -36,9 +33,6 @@ from .keys import (
     policy_sources_key,
 )
 
-log = logging.getLogger("irrev.ledger")
-# Waits before trying a failed epoch bump or announcement again (then it is logged).
-TELL_RETRY_S = (0.05, 0.2)
 # Versions kept in each tenant's history: what `irrev policy history` shows, and how
 # old a version an upload may name as its base (If-Match) and still be merged.
 POLICY_HISTORY = 50
@@ -151,7 +145,7 @@ class PolicyStore:
         """Write `text` over version `expected` (0: none yet), stamped with Redis's
         time; `source` (a host's file) read `source_text`, its next edit's base.
         LedgerUnavailable only if the write itself failed: once it landed, a failed
-        epoch bump or announcement is logged, not raised (`_tell`)."""
+        epoch bump or announcement is logged, not raised (changes.tell)."""
         tenant = validate.tenant_id(tenant)
         keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
         args = [str(expected), digest, text, origin, source, source_text, str(POLICY_HISTORY)]
@@ -162,32 +156,8 @@ class PolicyStore:
                 reply = await self._put(keys=keys, args=args)
             won, version, stamp = (int(part) for part in reply)
         if won and version != expected:  # else the store held this text already
-            await self._tell()
+            await tell(self.redis, POLICY_EPOCH_KEY, "policy")
         return PutResult(bool(won), version, stamp)
-
-    async def _tell(self) -> None:
-        """Bump the policy epoch and announce the write, retried a little; a failure is
-        logged, not raised. The stored write is the outcome: raising after it took
-        effect sent the writer's retry over the version it had read, to lose the
-        compare-and-set to its own write. A bump lost for good is found by every
-        host's full re-read of the store (gateway/tenants.py: FULL_READ_S)."""
-        for what, step in (
-            ("bumping the policy epoch", lambda: self.redis.incr(POLICY_EPOCH_KEY)),
-            ("announcing a policy write", lambda: self.redis.publish(CHANNEL, "policy")),
-        ):
-            for wait_s in (*TELL_RETRY_S, None):
-                try:
-                    await step()
-                    break
-                except (redis_errors.RedisError, redis_errors.RedisClusterException) as exc:
-                    if wait_s is None:
-                        log.warning(
-                            "policy written, but not told: hosts find it by their full "
-                            "re-read of the store instead",
-                            extra={"step": what, "why": f"{type(exc).__name__}: {exc}"},
-                        )
-                        break
-                    await asyncio.sleep(wait_s)
 
     async def announce(self, what: str) -> None:
         """Tell every subscribed gateway (ledger/changes.py) that `what` changed:

@@ -71,6 +71,7 @@ def configure(policy: argparse.ArgumentParser) -> None:
     holder = token.add_mutually_exclusive_group(required=True)
     holder.add_argument("--agent")
     holder.add_argument("--tool", help="the tool API whose settler credential this is")
+    holder.add_argument("--admin", help="a tenant admin (its role is set in `admins:`)")
     token.add_argument("--json", action="store_true", help="print the token and its line as JSON")
     token.set_defaults(func=cmd_token)
 
@@ -309,7 +310,12 @@ def _show_json(policy: TenantPolicy) -> dict[str, object]:
 
 def cmd_token(args: argparse.Namespace) -> int:
     # The policy's own field types: a name it would refuse gets no token.
-    holder = ("--agent", MemberId, args.agent) if args.agent else ("--tool", ToolName, args.tool)
+    if args.agent:
+        holder = ("--agent", MemberId, args.agent)
+    elif args.admin:
+        holder = ("--admin", MemberId, args.admin)
+    else:
+        holder = ("--tool", ToolName, args.tool)
     for field, kind, value in (("--tenant", TenantId, args.tenant), holder):
         try:
             TypeAdapter(kind).validate_python(value)
@@ -318,6 +324,8 @@ def cmd_token(args: argparse.Namespace) -> int:
     token = format_token(secrets.token_bytes(TOKEN_BYTES))
     if args.agent:
         who, where, field = f"agent {args.agent}", f"agents.{args.agent}", "token_sha256"
+    elif args.admin:
+        who, where, field = f"admin {args.admin}", f"admins.{args.admin}", "token_sha256"
     else:
         # Held by the tool API, never by an agent: it settles the tool's holds.
         who, where = f"the settler of tool {args.tool}", f"tools.{args.tool}"

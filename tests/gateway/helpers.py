@@ -252,3 +252,13 @@ async def based(http: httpx.AsyncClient, tenant: str, headers: dict[str, str]) -
     """`headers` with the If-Match of a change made from the policy the host serves."""
     shown = await http.get(f"/v1/admin/tenants/{tenant}/policy", headers=headers)
     return {**headers, **base_of(shown)}
+
+
+class FakeClock:
+    """A monotonic clock a test moves by hand (`now`), for what schedules its reads."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now

@@ -13,16 +13,10 @@ import pytest
 from gateway.keyring import Keyring
 from ledger import KeyKind, KeySpec, Ledger
 
+from .helpers import FakeClock
+
 AGENT = KeySpec(KeyKind.AGENT, agent="buyer-01", owner="o")
 POLL_S = 30.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -41,7 +35,7 @@ async def create(ledger: Ledger, tenant: str, life_ms: int | None = None) -> tup
 async def test_expiry_is_judged_on_redis_time_carried_by_the_monotonic_clock(
     ledger: Ledger, tenant: str
 ) -> None:
-    clock = Clock()
+    clock = FakeClock()
     ring = Keyring(clock)
     _, token_hash = await create(ledger, tenant, life_ms=60_000)
     await ring.reload(ledger, frozenset({tenant}))
@@ -57,7 +51,7 @@ async def test_expiry_is_judged_on_redis_time_carried_by_the_monotonic_clock(
 
 
 async def test_a_reload_follows_the_epoch_and_the_tenants(ledger: Ledger, tenant: str) -> None:
-    clock = Clock()
+    clock = FakeClock()
     ring = Keyring(clock)
     key_id, token_hash = await create(ledger, tenant)
     assert await ring.refresh(ledger, [tenant], None, POLL_S, 3600.0)
@@ -74,7 +68,7 @@ async def test_a_reload_follows_the_epoch_and_the_tenants(ledger: Ledger, tenant
 
 
 async def test_uses_are_written_in_one_flush(ledger: Ledger, tenant: str) -> None:
-    ring = Keyring(Clock())
+    ring = Keyring(FakeClock())
     _, token_hash = await create(ledger, tenant)
     await ring.reload(ledger, frozenset({tenant}))
     found = ring.find(token_hash)

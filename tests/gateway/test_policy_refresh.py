@@ -28,19 +28,12 @@ from ledger import ChangeFeed, Ledger
 from ledger.keys import policy_key, policy_log_key, policy_sources_key
 
 from .conftest import Gateway
+from .helpers import FakeClock
 from .servers import write_policy
 
 CHECK_S = 2.0  # the default IRREV_POLICY_CHECK_INTERVAL_S
 POLL_S = 30.0  # the default IRREV_POLICY_POLL_S
 WAIT_S = 30.0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -136,6 +136,18 @@ def test_token_for_a_tools_settler() -> None:
     assert both.returncode != 0
 
 
+def test_token_for_a_tenant_admin() -> None:
+    """The README says `irrev policy token` makes a tenant admin's token too."""
+    issued = irrev("policy", "token", "--tenant", "acme", "--admin", "alice")
+    assert issued.returncode == 0, issued.stderr
+    token = re.search(r"^\s+(irrev_[A-Za-z0-9_-]{43})$", issued.stdout, re.M)
+    line = re.search(r'^\s+token_sha256: "(sha256:[0-9a-f]{64})"', issued.stdout, re.M)
+    assert token and line and line.group(1) == hash_token(token.group(1))
+    assert "admins.alice" in issued.stdout
+    bad = irrev("policy", "token", "--tenant", "acme", "--admin", "operator:x")
+    assert bad.returncode == 2 and "not a name a policy accepts" in bad.stderr
+
+
 def test_validate_show_and_token_print_json() -> None:
     """`--json` for programs: integer minor units beside amounts with their currency."""
     examples = [ROOT / "examples" / "procurement.yaml", MALFORMED / "duplicate_route.yaml"]
