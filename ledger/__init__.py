@@ -34,7 +34,7 @@ from .errors import (
     UnknownAccount,
 )
 from .journal import JournalEntry, iter_journal, read_journal
-from .lease import Lease
+from .lease import Lease, Watch
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT, MAX_ID_CHARS
 from .policystore import PolicyRecord, PolicyStore, PutResult
 from .records import (
@@ -118,6 +118,7 @@ __all__ = [
     "TenantSnapshot",
     "TransitionResult",
     "UnknownAccount",
+    "Watch",
     "WriteProbe",
     "audit",
     "audit_tenant",

@@ -9,6 +9,8 @@ TENANTS_KEY = "irrev:tenants"
 # compensation outcome counted (learn): gateways poll both with one MGET (one slot).
 POLICY_EPOCH_KEY = "irrev:{fleet}:policy-epoch"
 OUTCOMES_EPOCH_KEY = "irrev:{fleet}:outcomes-epoch"
+# Who does the fleet-wide checks now (lua/watch.lua): one process of the fleet.
+WATCH_LEASE_KEY = "irrev:{fleet}:lease:watch"
 
 
 def tenant_prefix(tenant: str) -> str:
