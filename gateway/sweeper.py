@@ -12,9 +12,8 @@ A holder that stops (crash, SIGKILL) leaves its tenants unswept until the lease
 lapses and the watcher's next look finds it: at most a ttl plus fleetwatch.CHECK_S
 plus a round, about 14 s by default (also if the holder was the watcher: another
 process takes the watch within WATCH_TTL_S plus a beat of the last beat, ~10 s, and
-looks at once). One that shuts down
-releases its leases and announces it (pub/sub, ledger/changes.py), so the others
-ask at their next round. Sweeping is a safety net
+looks at once). One that shuts down releases its leases and announces it (pub/sub,
+ledger/changes.py), so the others ask at their next round. Sweeping is a safety net
 (holds past their deadline are also settled by their own scripts when next touched),
 so such a pause costs freshness, not correctness. Two holders for a round (a paused
 holder whose lease lapsed) are harmless: what a sweep settles it decides on Redis
