@@ -45,6 +45,7 @@ from . import (
 from .admission import Gate
 from .auth import AdminIdentity, gate_of, tenant_admin_auth
 from .bodies import BodyLimit
+from .fleetwatch import FleetWatch
 from .http_upstream import make_client
 from .mcp_mount import LazyMcp
 from .policies import FileFault
@@ -274,6 +275,12 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         # every refresh, and asks for leases it does not hold seldom.
         feed = ChangeFeed(redis_url)
         feed.start()
+        # One process of the fleet polls for all (a lapsed lease, a lost announcement
+        # or epoch bump), so the others' idle load does not grow with their number.
+        watch = FleetWatch(
+            ledger, feed, settings.policy_poll_s, settings.policy_full_read_s, settings.instance
+        )
+        watch.start()
         dispatcher = Dispatcher(ledger, tenants, settings.webhook_pacing(), feed)
         await dispatcher.start()
 
@@ -344,6 +351,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             await mcp_endpoint.aclose()
             await flusher.aclose()  # after the last answers: their refusals are counted
             await dispatcher.aclose()
+            await watch.aclose()
             await feed.aclose()
             await tenants.aclose()
             for task in background:

@@ -79,13 +79,19 @@ class Keyring:
         full_read_s: float,
     ) -> bool:
         """Reload if anything says the keys may have changed (module docstring);
-        whether it did."""
+        whether it did. While the fleet's watcher beats (`feed.watched`), it polls the
+        keys epoch and compares every tenant's keys version for every process
+        (gateway/fleetwatch.py), and this one reloads only when told."""
         now = self.clock()
         served = frozenset(tenants)
         heard = feed.heard("keys") if feed is not None else 0
-        moved = served != self._tenants or now >= self._full_read_due
+        watched = feed is not None and feed.watched
+        moved = served != self._tenants or (now >= self._full_read_due and not watched)
         if not moved and (
-            feed is None or not feed.live or heard != self._heard or now >= self._poll_due
+            feed is None
+            or not feed.live
+            or heard != self._heard
+            or (now >= self._poll_due and not watched)
         ):
             moved = await ledger.keys.epoch() != self._epoch
             self._poll_due = now + poll_s

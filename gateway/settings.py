@@ -89,17 +89,19 @@ class GatewaySettings(BaseSettings):
         default=30.0,
         gt=0,
         le=3600,
-        description="how often a worker reads the fleet's policy store epoch though no "
-        "change was announced to it (pub/sub): the bound on a change whose announcement "
+        description="how often the fleet's watcher (one worker of the fleet; each worker "
+        "while none beats) reads the policy store's epochs though no change was announced "
+        "(pub/sub), and announces any that moved: the bound on a change whose announcement "
         "was lost without the subscription dropping; a dropped one is re-read at once",
     )
     policy_full_read_s: float = Field(
         default=30.0,
         gt=0,
         le=3600,
-        description="how often a worker reads the record of every tenant it serves, "
-        "whatever the epoch says: the bound on a write whose epoch bump was lost (its "
-        "writer died before the INCR); each time is one pipelined read per worker",
+        description="how often the fleet's watcher reads the version of every tenant's "
+        "stored policy, and bumps the epoch when one moved (each worker, while no watcher "
+        "beats, reads the record of every tenant it serves): the bound on a write whose "
+        "epoch bump was lost (its writer died before the INCR)",
     )
     keys_used_flush_s: float = Field(
         default=5.0,

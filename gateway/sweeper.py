@@ -1,14 +1,18 @@
 """One sweeper per tenant across the fleet: each gateway process tries for a
 tenant's sweep lease (Ledger.lease) and sweeps only the tenants whose lease it
-holds. The holder renews its lease every round; a process that lost the race asks
-again only after ASK_TTLS lease ttls (jittered, so the fleet's asks spread), so an
-idle fleet's Redis load is O(tenants) sweeps and renewals per interval plus one ask
-per tenant per process every ASK_TTLS ttls (30 s by default): the part that grows
-with processes stays small beside the holders' work.
+holds. The holder renews its lease every round. A process that lost the race asks
+again only when told a lease may be free ('lease' on the change feed: a process gave
+its leases up, or the fleet's watcher found one lapsed, gateway/fleetwatch.py), so an
+idle fleet's Redis load is O(tenants) sweeps and renewals per interval, whatever the
+number of processes. While no watcher beats (ChangeFeed.watched), it asks every
+ASK_TTLS lease ttls instead (jittered, so the fleet's asks spread), as it did
+before there was a watcher.
 
 A holder that stops (crash, SIGKILL) leaves its tenants unswept until the lease
-lapses and another process next asks: at most (1 + ASK_TTLS) ttls, about 33 s by
-default. One that shuts down releases its leases and announces it (pub/sub,
+lapses and the watcher's next look finds it: at most a ttl plus fleetwatch.CHECK_S
+plus a round, about 14 s by default (also if the holder was the watcher: another
+process takes the watch within WATCH_TTL_S plus a beat of the last beat, ~10 s, and
+looks at once). One that shuts down releases its leases and announces it (pub/sub,
 ledger/changes.py), so the others ask at their next round. Sweeping is a safety net
 (holds past their deadline are also settled by their own scripts when next touched),
 so such a pause costs freshness, not correctness. Two holders for a round (a paused
@@ -34,7 +38,8 @@ SWEEP_BATCH = 200
 # A lease outlives this many sweep intervals, so a holder's late round does not lose it.
 LEASE_INTERVALS = 3
 MIN_LEASE_S = 3.0
-# A process that does not hold a tenant's lease asks again after this many ttls.
+# While no watcher beats, a process that does not hold a tenant's lease asks again
+# after this many ttls.
 ASK_TTLS = 10
 # How often a tenant's risk-factor accounts are scanned for idle ones to close.
 CLOSE_INTERVAL_S = 60.0
@@ -133,12 +138,19 @@ class Sweeper:
     async def _lease(self, tenant: str) -> bool:
         lease = self._lease_of(tenant)
         now = time.monotonic()
-        if not lease.held and now < self._next_ask.get(tenant, 0.0):
+        # Lost before, and not told since that a lease may be free: while a watcher
+        # beats, that is all there is to know; else ask every ASK_TTLS ttls.
+        lost = not lease.held and tenant in self._next_ask
+        if lost and (self._watched() or now < self._next_ask[tenant]):
             return False
         if await lease.hold():
+            self._next_ask.pop(tenant, None)
             return True
         self._next_ask[tenant] = now + ASK_TTLS * self.ttl_s * random.uniform(0.5, 1.0)
         return False
+
+    def _watched(self) -> bool:
+        return self.feed is not None and self.feed.watched
 
     async def reporting(self, tenants: Iterable[str]) -> list[str]:
         """The `tenants` whose fleet gauges this gateway reports: those one of its

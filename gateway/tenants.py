@@ -620,13 +620,18 @@ class TenantStore:
         `full_read_s`, whatever the feed and `poll_s`, every tenant's record is read
         too: that catches a write whose epoch bump was lost (its writer died before
         the INCR, or the INCR failed), so a revocation reaches this host within
-        `full_read_s` plus one look even then."""
+        `full_read_s` plus one look even then. While the fleet's watcher beats
+        (`feed.watched`), it does both for every host (gateway/fleetwatch.py: it
+        announces an epoch that moved unannounced, bumps it for a version that moved
+        unbumped), and this host reads the store only when told."""
         rotated = _secret_files_signature(self._written.values()) != self._secret_files
         heard = feed.heard("policy", "outcomes") if feed is not None else 0
         if feed is not None:
             metrics.POLICY_FEED_LIVE.set(1 if feed.live else 0)
         now = self.clock()
-        if feed is None or not feed.live or heard != self._heard or now >= self._poll_due:
+        watched = feed is not None and feed.watched
+        polled = now >= self._poll_due and not watched
+        if feed is None or not feed.live or heard != self._heard or polled:
             policies, outcomes = await ledger.policies.epochs()
             self._poll_due = now + poll_s
         else:
@@ -635,7 +640,7 @@ class TenantStore:
         # every poll_s (30 s), and a full read every 15 of them left a lost bump's
         # revocation unserved for 450 s. Rescheduled only once done: one that failed
         # (Redis down) is tried again at the next look, not full_read_s later.
-        full_read = now >= self._full_read_due
+        full_read = now >= self._full_read_due and not watched
         if (
             rotated
             or policies != self._epoch

@@ -179,19 +179,22 @@ class Dispatcher:
         return policy if policy is not None and policy.document.webhook is not None else None
 
     async def _serve(self, tenant: str) -> None:
-        """Deliver while this process holds the tenant's lease. One that does not
-        asks again only after about a lease's length (jittered; at once when another
-        process announced it gave leases up), so idle dispatchers cost Redis one ask
-        per tenant per lease, not per poll."""
+        """Deliver while this process holds the tenant's lease. One that does not asks
+        again only when told a lease may be free ('lease' on the change feed: another
+        process gave its leases up, or the fleet's watcher found this one lapsed,
+        gateway/fleetwatch.py), so idle dispatchers cost Redis nothing whatever their
+        number; while no watcher beats, after about a lease's length (jittered)."""
         next_ask = 0.0
+        lost = False
         heard = self._heard()
         while self._policy(tenant) is not None:
             if self._heard() != heard:
-                heard, next_ask = self._heard(), 0.0
+                heard, next_ask, lost = self._heard(), 0.0, False
             busy = False
-            if time.monotonic() >= next_ask:
+            if time.monotonic() >= next_ask and not (lost and self._watched()):
                 try:
                     held, cursor = await self._hold(tenant)
+                    lost = not held
                     if not held:
                         next_ask = time.monotonic() + self._ask_s()
                     busy = held and await self._pump(tenant, cursor)
@@ -207,6 +210,9 @@ class Dispatcher:
 
     def _heard(self) -> int:
         return self.feed.heard("lease") if self.feed is not None else 0
+
+    def _watched(self) -> bool:
+        return self.feed is not None and self.feed.watched
 
     def _ask_s(self) -> float:
         return max(self.pacing.lease_ms / 1000, self.pacing.poll_s) * random.uniform(0.5, 1.0)

@@ -37,7 +37,7 @@ from .errors import (
 )
 from .journal import JournalEntry, iter_journal, read_journal
 from .keystore import KeyKind, KeyRecord, KeySpec, KeyState, KeyStore
-from .lease import Lease
+from .lease import Lease, Watch
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT, MAX_ID_CHARS
 from .policystore import POLICY_HISTORY, PolicyRecord, PolicyStore, PutResult
 from .records import (
@@ -130,6 +130,7 @@ __all__ = [
     "TenantSnapshot",
     "TransitionResult",
     "UnknownAccount",
+    "Watch",
     "WriteProbe",
     "audit",
     "audit_tenant",

@@ -4,20 +4,29 @@ changes is one subscriber connection per process, not one read per process per
 refresh interval.
 
 Whoever bumps an epoch (PolicyStore.put, PolicyStore.bump_outcomes, KeyStore's
-writes) publishes on CHANNEL right after what changed ('policy', 'outcomes',
-'keys'); a process that gives up
-leases at shutdown announces 'lease', so the others ask for them at once. A
-`ChangeFeed` is one process's subscription: `heard(kinds)` counts what it heard; a
+writes: `tell`) publishes on CHANNEL right after what changed ('policy', 'outcomes',
+'keys'); a process that gives up leases at shutdown announces 'lease', so the others
+ask for them at once, and so does the fleet's watcher when it finds a lease lapsed.
+A `ChangeFeed` is one process's subscription: `heard(kinds)` counts what it heard; a
 host re-reads the epochs when that moved since its last look.
+
+The fleet's watcher (ledger/lease.py Watch, gateway/fleetwatch.py: one process of
+the fleet) publishes 'beat' every BEAT_S. A process that heard one within
+WATCH_LAPSE_S is `watched`: the fleet-wide checks are being done for it (a lost
+announcement re-made, a lost epoch bump made, a lapsed lease announced), so it need
+not poll for itself; one that is not does its own polling, as before there was a
+watcher, and asks for the watch.
 
 Pub/sub is at most once: a message published while a subscriber is disconnected
 (killed by CLIENT KILL, Redis restarted, the output buffer limit hit) is lost. So
 every (re)subscription counts as heard, of every kind (the host re-reads the epochs once it is
 subscribed again, which catches what it missed), `live` is False while not
 subscribed (the host then reads the epochs every refresh, as without a feed), a
-connection that died silently (half-open TCP) is found by a PING every PING_S that
-must be answered within PONG_S, and the host still reads them every so often
-whatever it heard (a writer that died between its write and its announcement).
+connection that died silently (half-open TCP) is found by a PING after PING_S with
+nothing heard (the watcher's beats, more often than that, spare the PING while it
+beats) that must be answered within PONG_S, and the epochs are still read every so
+often whatever was heard (a writer that died between its write and its
+announcement): by the watcher, or by each host while none beats.
 
 On Redis Cluster the feed subscribes on the node of its URL with plain SUBSCRIBE: a
 cluster delivers every PUBLISH to the subscribers of every node, which works on
@@ -45,15 +54,21 @@ log = logging.getLogger("irrev.ledger")
 CHANNEL = "irrev:{fleet}:changes"
 # What may be announced; anything else published on CHANNEL is not counted (nor kept:
 # anyone who can PUBLISH could otherwise grow every gateway's counts without bound).
-KINDS = frozenset({b"policy", b"outcomes", b"lease", b"keys"})
+KINDS = frozenset({b"policy", b"outcomes", b"lease", b"keys", b"beat"})
 # Waits between attempts to subscribe again, doubling up to the last.
 RETRY_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
-# The subscription is PINGed this often; no PONG within PONG_S is a dropped
-# connection. One PING per process every few seconds is nothing to Redis; it bounds
-# how long a silently dead subscription passes for live (announcements lost) to
-# PING_S + PONG_S.
+# The subscription is PINGed after this long with nothing heard on it; no PONG
+# within PONG_S is a dropped connection. It bounds how long a silently dead
+# subscription passes for live (announcements lost) to PING_S + PONG_S. A PING per
+# process every few seconds was the one load of an idle fleet that grew with its
+# processes: the watcher's beats, heard by every process, now stand in for them.
 PING_S = 3.0
 PONG_S = 1.0
+# The watcher beats this often (less than PING_S, so a beating watcher spares every
+# subscriber its PING); a process that heard no beat for WATCH_LAPSE_S counts the
+# fleet as unwatched (the watcher died, or its Redis calls fail).
+BEAT_S = 2.0
+WATCH_LAPSE_S = 3 * BEAT_S
 
 
 async def announce(redis: RedisClient, what: str) -> None:
@@ -72,8 +87,10 @@ async def tell(redis: RedisClient, epoch_key: str, kind: str) -> None:
     announce it, each retried a little; a failure is logged, not raised. The stored
     write is the outcome: raising after it took effect sent the writer's retry over
     the version it had read, to lose the compare-and-set to its own write (or, for a
-    key, lost the token shown once). A bump lost for good is found by every
-    gateway's full re-read (IRREV_POLICY_FULL_READ_S)."""
+    key, lost the token shown once). A bump lost for good is made by the fleet's
+    watcher, which compares every tenant's versions (gateway/fleetwatch.py), or
+    found by each gateway's full re-read while no watcher beats
+    (IRREV_POLICY_FULL_READ_S)."""
     for what, step in (
         (f"bumping the {kind} epoch", lambda: redis.incr(epoch_key)),
         (f"announcing a {kind} write", lambda: redis.publish(CHANNEL, kind)),
@@ -96,6 +113,10 @@ class ChangeFeed:
     """One process's subscription to CHANNEL, on its own connection (a subscribed
     connection can send nothing else). `start()` it once; `aclose()` at shutdown."""
 
+    # The watcher (gateway/fleetwatch.py) paces itself by these.
+    BEAT_S = BEAT_S
+    WATCH_LAPSE_S = WATCH_LAPSE_S
+
     def __init__(self, url: str) -> None:
         self.url = url
         # By the message's bytes: what is published is not ours to trust, and a
@@ -108,11 +129,21 @@ class ChangeFeed:
         self._failures = 0
         self._task: asyncio.Task[None] | None = None
         self._wakeups: dict[bytes, list[asyncio.Event]] = {}
+        # Event loop time of the last beat heard on this subscription (None: none yet).
+        self._beat_at: float | None = None
 
     @property
     def live(self) -> bool:
         """Subscribed now: an announcement made now reaches this process."""
         return self._live
+
+    @property
+    def watched(self) -> bool:
+        """Subscribed, and the fleet's watcher was heard beating within WATCH_LAPSE_S:
+        the fleet-wide checks are being done."""
+        if not self._live or self._beat_at is None:
+            return False
+        return asyncio.get_running_loop().time() - self._beat_at < WATCH_LAPSE_S
 
     def heard(self, *kinds: str) -> int:
         """Announcements of `kinds` heard so far, plus every (re)subscription: moved
@@ -193,6 +224,7 @@ class ChangeFeed:
         loop = asyncio.get_running_loop()
         ping_at = loop.time() + PING_S
         pong_by: float | None = None
+        self._beat_at = None
         while True:
             now = loop.time()
             if pong_by is not None and now >= pong_by:
@@ -206,9 +238,10 @@ class ChangeFeed:
             message = await pubsub.get_message(timeout=max(wait, 0.0))
             if message is None:
                 continue
-            if message["type"] == "pong":
-                pong_by, ping_at = None, loop.time() + PING_S
-            elif message["type"] == "subscribe":
+            # Whatever arrived, the connection carries messages: no PING is owed for
+            # PING_S more.
+            pong_by, ping_at = None, loop.time() + PING_S
+            if message["type"] == "subscribe":
                 if self._failures:
                     log.info("policy change feed subscribed again")
                 self._failures = 0
@@ -222,6 +255,8 @@ class ChangeFeed:
                 self._counts[kind] = self._counts.get(kind, 0) + 1
                 for woken in self._wakeups.get(kind, ()):
                     woken.set()
+                if kind == b"beat":
+                    self._beat_at = loop.time()
 
 
 def _ended(task: asyncio.Task[None]) -> None:

@@ -61,7 +61,7 @@ from .keys import (
     webhook_lease_key,
 )
 from .keystore import KeyStore
-from .lease import Lease
+from .lease import Lease, Watch
 from .policystore import PolicyStore
 from .records import (
     DECIDED_BY,
@@ -306,6 +306,28 @@ class Ledger:
         `holder` names the taker in the lease's token (default host:pid)."""
         key = lease_key(validate.tenant_id(tenant), work)
         return Lease(self.redis, key, ttl_ms, holder=holder)
+
+    def watch(self, ttl_ms: int, *, holder: str = "") -> Watch:
+        """The fleet's watch (ledger/lease.py Watch): one holder at a time across every
+        process on this Redis beats and does the fleet-wide checks."""
+        return Watch(self.redis, ttl_ms, holder=holder)
+
+    async def free_leases(self, tenants: Sequence[str]) -> set[tuple[str, str]]:
+        """(tenant, 'sweep' or 'webhook') of each lease of `tenants` nobody holds now,
+        in one round trip (a read of each: the fleet's watcher looks for lapsed ones,
+        so that no process need keep asking for leases it does not hold)."""
+        names = [validate.tenant_id(tenant) for tenant in tenants]
+        keys = {(tenant, "sweep"): lease_key(tenant, "sweep") for tenant in names}
+        keys |= {(tenant, "webhook"): webhook_lease_key(tenant) for tenant in names}
+        if not keys:
+            return set()
+        leases = list(keys)
+        with translate_redis_errors("reading leases"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for lease in leases:
+                    pipe.exists(keys[lease])
+                held = await pipe.execute()
+        return {lease for lease, found in zip(leases, held, strict=True) if not found}
 
     async def durability(self) -> Durability:
         """The server's appendonly, appendfsync and min-replicas-to-write ("unknown"

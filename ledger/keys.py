@@ -13,6 +13,8 @@ OUTCOMES_EPOCH_KEY = "irrev:{fleet}:outcomes-epoch"
 KEYS_EPOCH_KEY = "irrev:{fleet}:keys-epoch"
 # The newest record format every gateway of the fleet reads (ledger/release.py).
 RELEASE_KEY = "irrev:{fleet}:release"
+# Who does the fleet-wide checks now (lua/watch.lua): one process of the fleet.
+WATCH_LEASE_KEY = "irrev:{fleet}:lease:watch"
 
 
 def tenant_prefix(tenant: str) -> str:
@@ -101,6 +103,11 @@ def managed_keys_key(tenant: str) -> str:
 def key_hashes_key(tenant: str) -> str:
     """The token hashes of the tenant's keys that are not revoked: hash -> key id."""
     return f"{tenant_prefix(tenant)}keys:hashes"
+
+
+def keys_version_key(tenant: str) -> str:
+    """How many writes the tenant's managed keys have had (lua/keys.lua)."""
+    return f"{tenant_prefix(tenant)}keys:version"
 
 
 def keys_used_key(tenant: str) -> str:

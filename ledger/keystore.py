@@ -25,10 +25,16 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from . import validate
-from .changes import tell
+from .changes import announce, tell
 from .cluster import RedisClient, wait_out_migration
 from .errors import BadInput, KeyNotFound, KeyNotLive, translate_redis_errors
-from .keys import KEYS_EPOCH_KEY, key_hashes_key, keys_used_key, managed_keys_key
+from .keys import (
+    KEYS_EPOCH_KEY,
+    key_hashes_key,
+    keys_used_key,
+    keys_version_key,
+    managed_keys_key,
+)
 
 log = logging.getLogger("irrev.ledger")
 KEY_ID = re.compile(r"key_[0-9a-f]{12}")
@@ -95,6 +101,26 @@ class KeyStore:
         """How many key writes the fleet has had: unchanged, no key changed."""
         with translate_redis_errors("reading the keys epoch"):
             return int(await self.redis.get(KEYS_EPOCH_KEY) or 0)
+
+    async def versions(self, tenants: Sequence[str]) -> dict[str, int]:
+        """How many key writes each of `tenants` that had one has had, in one round
+        trip: what the fleet's watcher compares every so often."""
+        names = [validate.tenant_id(tenant) for tenant in tenants]
+        if not names:
+            return {}
+        with translate_redis_errors("reading managed keys versions"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for tenant in names:
+                    pipe.get(keys_version_key(tenant))
+                replies = await pipe.execute()
+        return {tenant: int(v) for tenant, v in zip(names, replies, strict=True) if v}
+
+    async def bump(self) -> None:
+        """Bump the keys epoch and announce it, for a write whose own bump may have
+        been lost: every gateway then reloads the keys of its tenants."""
+        with translate_redis_errors("bumping the keys epoch"):
+            await self.redis.incr(KEYS_EPOCH_KEY)
+        await announce(self.redis, "keys")
 
     async def now_ms(self) -> int:
         """Redis's clock (TIME), the one every key's times are in."""
@@ -180,7 +206,7 @@ class KeyStore:
 
     async def _call(self, tenant: str, args: list[str]) -> tuple[str, str]:
         name = validate.tenant_id(tenant)
-        keys = [managed_keys_key(name), key_hashes_key(name)]
+        keys = [managed_keys_key(name), key_hashes_key(name), keys_version_key(name)]
         with translate_redis_errors(f"writing a managed key ({args[0]})"):
             if isinstance(self.redis, RedisCluster):
                 reply = await wait_out_migration(lambda: self._script(keys=keys, args=args))

@@ -29,8 +29,10 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
+from .changes import CHANNEL
 from .cluster import RedisClient, wait_out_migration
 from .errors import BadInput, translate_redis_errors
+from .keys import WATCH_LEASE_KEY
 
 # Of a lease's ttl, the part its holder counts on: Redis lapses it on its own clock,
 # which may run apart from this process's (one test saw a 50 ms lease gone before
@@ -91,3 +93,37 @@ class Lease:
             if isinstance(self.redis, RedisCluster):
                 return await wait_out_migration(lambda: script(keys=[self.key], args=args))
             return await script(keys=[self.key], args=args)
+
+
+class Watch:
+    """The fleet's watch: one process at a time does the checks every process once
+    did for itself (gateway/fleetwatch.py). `beat()` takes the watch while it is
+    free or renews it while this process has it and, if held, publishes 'beat' on
+    the change feed (one script, lua/watch.lua): subscribers take the beats both as
+    word that the checks are being done and as proof that their subscription still
+    carries messages (ledger/changes.py)."""
+
+    def __init__(self, redis: RedisClient, ttl_ms: int, *, holder: str = "") -> None:
+        if not 0 < ttl_ms <= 24 * 3600 * 1000:
+            raise BadInput("ttl_ms", "a watch lasts 1 ms to a day")
+        self.redis = redis
+        self.ttl_ms = ttl_ms
+        self.token = f"{holder or holder_name()}:{secrets.token_hex(6)}"
+        self._beat = redis.register_script(_script("watch"))
+        self._release = redis.register_script(_script("lease_release"))
+
+    async def beat(self) -> bool:
+        """Take or keep the watch and beat; whether this process holds it now."""
+        reply = await self._call(self._beat, [self.token, str(self.ttl_ms), CHANNEL], "beating")
+        return int(reply) == 1
+
+    async def release(self) -> bool:
+        """Give the watch up (at shutdown), if this process has it: another process
+        takes it once it hears no beat, without waiting for the ttl too."""
+        return int(await self._call(self._release, [self.token], "releasing")) == 1
+
+    async def _call(self, script: AsyncScript, args: list[str], doing: str) -> Any:
+        with translate_redis_errors(f"{doing} the fleet's watch"):
+            if isinstance(self.redis, RedisCluster):
+                return await wait_out_migration(lambda: script(keys=[WATCH_LEASE_KEY], args=args))
+            return await script(keys=[WATCH_LEASE_KEY], args=args)

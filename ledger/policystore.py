@@ -8,8 +8,8 @@ which its next edit is measured (docs/design.md, "Policy changes"). Every write 
 bumps one fleet-wide epoch counter and announces it (ledger/changes.py: pub/sub), so
 a host reads the epoch when told, and otherwise only every so often (the epoch is a
 key of its own slot, bumped after the write: a writer that dies in between, or
-whose bump fails, is noticed by the hosts' full re-read, which they do every 30 s
-anyway)."""
+whose bump fails, is noticed by the fleet watcher's read of every record's version,
+gateway/fleetwatch.py, which bumps the epoch for it)."""
 
 from __future__ import annotations
 
@@ -78,6 +78,26 @@ class PolicyStore:
         with translate_redis_errors("reading the policy epoch"):
             policy, outcomes = await self.redis.mget([POLICY_EPOCH_KEY, OUTCOMES_EPOCH_KEY])
         return int(policy or 0), int(outcomes or 0)
+
+    async def versions(self, tenants: Sequence[str]) -> dict[str, int]:
+        """The stored version of each of `tenants` that has one, in one round trip
+        (without the texts: what the fleet's watcher compares every so often)."""
+        names = [validate.tenant_id(tenant) for tenant in tenants]
+        if not names:
+            return {}
+        with translate_redis_errors("reading stored policy versions"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for tenant in names:
+                    pipe.hget(policy_key(tenant), "v")
+                replies = await pipe.execute()
+        return {tenant: int(v) for tenant, v in zip(names, replies, strict=True) if v}
+
+    async def bump(self) -> None:
+        """Bump the policy epoch and announce it, for a write whose own bump may have
+        been lost: every host then reads the records of the tenants it serves."""
+        with translate_redis_errors("bumping the policy epoch"):
+            await self.redis.incr(POLICY_EPOCH_KEY)
+        await announce(self.redis, "policy")
 
     async def records(self, tenants: Sequence[str]) -> dict[str, PolicyRecord]:
         """The stored policies of `tenants` (those that have one), in one round trip."""

@@ -19,7 +19,7 @@ here once, not on every call.
 
 Every operation of a tenant's ledger (OPERATIONS, including the approval loop's
 note, rule and webhook) is in the library, so its digest versions all of them.
-lease.lua, lease_release.lua (ledger/lease.py), policy_put.lua
+lease.lua, lease_release.lua, watch.lua (ledger/lease.py), policy_put.lua
 (ledger/policystore.py), keys.lua (ledger/keystore.py) and refusals.lua
 (ledger/refusals.py) stay plain EVALSHA
 scripts on purpose: they use nothing of `_lib.lua` and their keys are not a tenant's
@@ -68,7 +68,7 @@ OPERATIONS = (
 _STANDARD_KEYS = {"account": 2, "rule": 2, "webhook": 2, "attach": 1, "close": 2, "rate": 1}
 
 # Scripts of ledger/lua run outside the library (see above), by their own modules.
-PLAIN_SCRIPTS = ("keys", "lease", "lease_release", "policy_put", "refusals")
+PLAIN_SCRIPTS = ("keys", "lease", "lease_release", "policy_put", "refusals", "watch")
 
 _DEFINES = re.compile(r"local\s+(?:function\s+)?([A-Za-z_]\w*)")
 _NAME = re.compile(r"[A-Za-z_]\w*")

@@ -2,19 +2,20 @@
 sends by itself (sweeps, leases, policy refreshes, webhook dispatch), at several
 fleet sizes.
 
-For each count of `--gateways` (default 1,4,16), that many `irrev serve` processes
-(one worker each, on 127.0.0.2, .3, ...: one "host" each) serve the same
-`--tenants` tenants (each with a webhook, which an idle tenant never calls) on one
-Redis (an embedded one this command starts, or `--redis-url`); after they settle,
-INFO commandstats is read twice `--seconds` apart and the difference printed as
-commands/s (INFO and CONFIG themselves left out; on a cluster, summed over its
-primaries), with the ratio to the first count: the baseline of the same run, then
-the same by command (`--json`: one document with the same figures). One sweeper and one
-webhook dispatcher per tenant (leases) do the per-tenant work; each host adds a
-subscription (policy changes are announced by pub/sub, so it reads the policy
-store's epoch only every 30 s unasked) and one ask per tenant per lease it does not
-hold every 15-30 s (sweep) or 7.5-15 s (webhook): measure over a minute or more
-(the default) to see them.
+For each count of `--gateways` (default 1,4,16; up to 64), that many `irrev serve`
+processes (one worker each, on 127.0.0.2, .3, ...: one "host" each, started
+STARTING at a time) serve the same `--tenants` tenants (each with a webhook, which
+an idle tenant never calls) on one Redis (an embedded one this command starts, or
+`--redis-url`); after they settle, INFO commandstats is read twice `--seconds` apart
+and the difference printed as commands/s (INFO and CONFIG themselves left out; on a
+cluster, summed over its primaries), with the ratio to the first count: the baseline
+of the same run, then the same by command (`--json`: one document with the same
+figures). One sweeper and one webhook dispatcher per tenant (leases) do the
+per-tenant work, and one process of the fleet (the watcher, gateway/fleetwatch.py)
+the fleet-wide checks: a beat every 2 s, a look at every lease every 10 s, at the
+policy epochs and versions every 30 s. A further host adds a subscription, which
+costs Redis nothing while idle (the beats spare its PINGs): measure over a minute or
+more (the default) to see the 30 s looks.
 """
 
 from __future__ import annotations
@@ -40,7 +41,14 @@ from irrev.harness import Server, TenantPolicy
 from ledger import EmbeddedRedis, cluster_enabled
 
 EXAMPLE = Path("examples/procurement.yaml")
-SETTLE_S = 3.0
+# After the last gateway is ready: long enough for the fleet to have a watcher
+# (gateway/fleetwatch.py: taken WATCH_LAPSE_S after a process subscribes, and its first
+# look makes every process re-read the store once), so what is measured is the
+# steady state.
+SETTLE_S = 12.0
+# Gateways started at once: a start takes a core for seconds, and each must answer
+# /readyz within the harness's START_TIMEOUT_S (60 s) on a machine of 2 cores.
+STARTING = 4
 # The bench's own reads, and a cluster's replicas acknowledging their primaries.
 IGNORED = {"info", "config|resetstat", "config", "config|get", "replconf"}
 # Never called: an idle tenant has no events to deliver.
@@ -147,7 +155,7 @@ def measure(url: str, policies: Path, root: Path, count: int, seconds: float) ->
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     servers = [gateway(f"127.0.0.{2 + i}", env, root / f"gw-{count}-{i}.log") for i in range(count)]
     try:
-        with ThreadPoolExecutor(max_workers=8) as pool:
+        with ThreadPoolExecutor(max_workers=STARTING) as pool:
             list(pool.map(lambda server: server.start("/readyz"), servers))
         time.sleep(SETTLE_S)
         calls = asyncio.run(commands_during(url, seconds))

@@ -6,6 +6,8 @@
 --          kind, agent, admin, role, owner, purpose, token_sha256, created_ms,
 --          expires_ms, rotated_ms, revoked_ms; a time absent is JSON null)
 -- KEYS[2]  the tenant's live token hashes: a hash, token_sha256 -> key id
+-- KEYS[3]  the tenant's keys version: a counter of its key writes (what the fleet's
+--          watcher compares, to find a write whose epoch bump was lost)
 -- ARGV[1]  the operation: 'create', 'rotate' or 'revoke'
 -- ARGV[2]  the key id (key_<12 hex>)
 -- create:  ARGV[3] token hash (sha256:<64 hex>), ARGV[4] the record's fixed fields
@@ -43,6 +45,7 @@ end
 local function store(record)
   local text = cjson.encode(record)
   redis.call('HSET', KEYS[1], id, text)
+  redis.call('INCR', KEYS[3])
   return text
 end
 

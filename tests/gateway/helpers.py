@@ -6,9 +6,14 @@ import asyncio
 import contextlib
 import json
 import subprocess
+from importlib.resources import files
 from typing import Any
 
 import httpx
+
+from gateway.policies import policy_version
+from ledger import Ledger
+from ledger.keys import policy_key, policy_log_key, policy_sources_key
 
 from .conftest import PEERS
 from .servers import BIN, Tenant, base_env
@@ -262,3 +267,15 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+async def write_without_epoch_bump(ledger: Ledger, tenant: str, text: str) -> None:
+    """What a policy writer that died before its epoch's INCR leaves: the script's
+    write alone (policy_put.lua), over the stored version."""
+    record = (await ledger.policies.records([tenant]))[tenant]
+    source = files("ledger.lua").joinpath("policy_put.lua").read_text(encoding="utf-8")
+    put = ledger.redis.register_script(source)
+    args = [str(record.version), policy_version(text), text, "a writer that died", "", "", "5"]
+    keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
+    won, _, _ = await put(keys=keys, args=args)
+    assert int(won) == 1

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,9 @@ import yaml
 from gateway.policies import policy_version
 from gateway.tenants import FULL_READ_S, TenantStore
 from ledger import ChangeFeed, Ledger
-from ledger.keys import policy_key, policy_log_key, policy_sources_key
 
 from .conftest import Gateway
-from .helpers import FakeClock
+from .helpers import FakeClock, write_without_epoch_bump
 from .servers import write_policy
 
 CHECK_S = 2.0  # the default IRREV_POLICY_CHECK_INTERVAL_S
@@ -41,17 +39,6 @@ async def ledger(redis_url: str) -> AsyncIterator[Ledger]:
     ledger = Ledger.from_url(redis_url)
     yield ledger
     await ledger.aclose()
-
-
-async def write_without_epoch_bump(ledger: Ledger, tenant: str, text: str) -> None:
-    """What a writer that died before its INCR leaves: the script's write alone."""
-    record = (await ledger.policies.records([tenant]))[tenant]
-    source = files("ledger.lua").joinpath("policy_put.lua").read_text(encoding="utf-8")
-    put = ledger.redis.register_script(source)
-    args = [str(record.version), policy_version(text), text, "a writer that died", "", "", "5"]
-    keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
-    won, _, _ = await put(keys=keys, args=args)
-    assert int(won) == 1
 
 
 @pytest.mark.parametrize("full_read_s", [FULL_READ_S, 5.0])

@@ -31,6 +31,7 @@ PUBLIC_API = {
     "free_ports",
     # one holder at a time of background work
     "Lease",
+    "Watch",
     # what the server does to keep writes, and whether it takes them now
     "Durability",
     "WriteProbe",
