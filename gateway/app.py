@@ -248,7 +248,10 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         )
         traced.client(http)
         tenants = TenantStore(
-            settings.policy_dir, settings.forward_budget(), settings.mcp_supervision()
+            settings.policy_dir,
+            settings.forward_budget(),
+            settings.mcp_supervision(),
+            settings.instance,
         )
         await _load_scripts(ledger)
         await ledger.release.read()

@@ -185,8 +185,12 @@ class TenantStore:
         directory: Path,
         budget: ForwardBudget = NO_BUDGET,
         supervision: Supervision = DEFAULT_SUPERVISION,
+        instance: str = "",
     ) -> None:
         self.directory = directory
+        # Who this gateway is in the fleet (IRREV_INSTANCE): with a file's path, the
+        # source whose reads the store remembers (`_take_in`).
+        self.instance = instance or socket.gethostname()
         self.budget = budget
         self.supervision = supervision
         self.policies: dict[str, TenantPolicy] = {}
@@ -374,9 +378,10 @@ class TenantStore:
         """Put into the store what was edited in this host's files (`local`: those read
         now that are usable here; a file that is not keeps its tenant on the policy
         it had, and is taken in once it is) (docs/design.md, "Policy changes"). The
-        store remembers what each file (its source: host and path) held when this host
-        last acted on it; an edit is what differs from that, field by field, and
-        only those fields are written, over the store's current version
+        store remembers what each file (its source: this gateway's instance name,
+        IRREV_INSTANCE, and the file's path) held when this gateway last acted on it;
+        an edit is what differs from that, field by field, and only those fields are
+        written, over the store's current version
         (pricing/merge.py). A file the store already has, or that has not changed
         since, writes nothing: a stale copy changes nothing by being there, being
         touched or being served to a restarted host. A file seen for the first time
@@ -384,7 +389,7 @@ class TenantStore:
         differences are not an edit anyone made here). A tenant the store lacks
         takes the file as it is. `records` is updated with what was written."""
         faults: list[FileFault] = []
-        sources = {path: _source_of(path) for path in local}
+        sources = {path: f"{self.instance}:{path.resolve()}" for path in local}
         tenants = {path: entry.file.policy.tenant for path, entry in local.items()}
         bases = await ledger.policies.bases([(tenants[p], sources[p]) for p in local])
         for path, entry in local.items():
@@ -795,11 +800,6 @@ class TenantStore:
             except ValueError:
                 continue
         return self.directory / f"{tenant}.yaml"
-
-
-def _source_of(path: Path) -> str:
-    """A policy file as the store knows it: this host and the file's path."""
-    return f"{socket.gethostname()}:{path.resolve()}"
 
 
 def _store_source(record: PolicyRecord) -> str:

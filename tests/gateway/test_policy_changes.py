@@ -154,6 +154,35 @@ async def test_an_edit_that_does_not_load_over_the_newer_version_is_its_files_fa
     assert "buyer-01" not in b.policies[tenant].document.agents
 
 
+async def test_hosts_of_one_host_name_and_path_are_told_apart_by_their_instance(
+    ledger: Ledger, tmp_path: Path, tenant: str
+) -> None:
+    """Two containers built from one image: the same host name, the policy at the same
+    path, each its own copy. Keyed by host name, B's stale copy read as an edit of
+    A's file, from what A last read, and put A's old limit back. Each gateway is its
+    own source (IRREV_INSTANCE, which `irrev serve` sets per address and port): B's
+    copy is seen for the first time, recorded, not applied."""
+    write_policy(tmp_path, "procurement", tenant, UPSTREAM)
+    path = tmp_path / f"{tenant}.yaml"
+    stale = path.read_text()
+    a = TenantStore(tmp_path, instance="gateway:10.0.0.1:8080")
+    await a.load(ledger)
+    edit(path, lambda d: d["accounts"]["tenant"].update(limit="1234"))
+    await a.apply(ledger)
+    assert await tenant_limit(ledger, tenant) == 1234 * 10**6
+    await a.aclose()
+    path.write_text(stale)  # B's own copy, at the same path on its own disk
+    b = TenantStore(tmp_path, instance="gateway:10.0.0.2:8080")
+    await b.load(ledger)
+    [record] = (await ledger.policies.records([tenant])).values()
+    assert record.version == 2
+    assert await tenant_limit(ledger, tenant) == 1234 * 10**6
+    assert (
+        str(b.policies[tenant].document.accounts.tenant.limit)
+        != yaml.safe_load(stale)["accounts"]["tenant"]["limit"]
+    )
+
+
 async def test_older_limits_never_overwrite_newer_ones(ledger: Ledger, tenant: str) -> None:
     """Two hosts write two versions' limits in the wrong order: the newer stay."""
     account = f"tenant:{tenant}"
