@@ -123,6 +123,17 @@ NEXT_STEPS: dict[str, tuple[Retry, str]] = {
     ),
     "upstream_unreachable": (Retry.LATER, "Nothing was done; the same call may succeed later."),
     "ledger_unavailable": (Retry.LATER, "Nothing was done; the same call may succeed shortly."),
+    "archived_hold_missing": (
+        Retry.NO,
+        "Nothing was done: this call's idempotency key was used before and its record is "
+        "lost. Do not send it again; tell a person, and use a new key only if they confirm "
+        "the effect did not happen.",
+    ),
+    "ledger_migrating": (
+        Retry.LATER,
+        "Nothing was done: the budget ledger is moving to another server. Send the same "
+        "call again in a few seconds.",
+    ),
     "not_replicated": (Retry.LATER, _LATER),
     "not_fsynced": (Retry.LATER, _LATER),
     "hold_deadline": (Retry.LATER, "Nothing was done; the same call may succeed later."),

@@ -17,6 +17,7 @@ from fastapi.responses import Response
 from starlette.routing import Route
 
 from ledger import (
+    ARCHIVE_AFTER_MS,
     ChangeFeed,
     Durability,
     Ledger,
@@ -177,6 +178,14 @@ async def _check_durability(ledger: Ledger, settings: GatewaySettings) -> None:
         await _check_topology(ledger, settings.wait_replicas)
 
 
+def _archive_after_s(setting: float | str, ledger: Ledger) -> float | None:
+    """IRREV_ARCHIVE_AFTER_S as the sweeper takes it: None keeps settled holds in
+    their tenant's slot."""
+    if setting == "auto":
+        return ARCHIVE_AFTER_MS / 1000 if ledger.clustered else None
+    return None if setting == "off" else float(setting)
+
+
 async def _check_topology(ledger: Ledger, wait_replicas: int) -> None:
     """Warn when one failure (a replica's death, a failover) would leave a primary
     with fewer replicas than IRREV_WAIT_REPLICAS: admissions there would then fail
@@ -239,6 +248,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             replicas=settings.wait_replicas,
             replica_timeout_ms=settings.wait_timeout_ms,
             wait_aof=settings.wait_aof,
+            migration_wait_s=settings.migration_wait_s,
         )
         ledger.on_unacknowledged = lambda op: metrics.UNACKNOWLEDGED_WRITES.labels(op).inc()
         http = make_client(
@@ -304,6 +314,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             settings.instance,
             feed,
             settings.account_close_interval_s,
+            _archive_after_s(settings.archive_after_s, ledger),
         )
         app.state.sweeper = sweeper
         # A first round now: the tenants' leases are taken before the first scrape,

@@ -120,6 +120,12 @@ ACCOUNTS_CLOSED = Counter(
     "window ended (opened again on their next effect)",
     ["tenant"],
 )
+HOLDS_ARCHIVED = Counter(
+    "irrev_holds_archived_total",
+    "Settled holds this process took out of their tenant's Redis slot into archived "
+    "copies (ledger/archive.py)",
+    ["tenant"],
+)
 HTTP_REQUESTS = Counter(
     "irrev_http_requests_total", "HTTP requests by route template", ["method", "route", "status"]
 )

@@ -15,12 +15,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ledger import (
+    ArchivedCopyMissing,
     BadInput,
     HoldNotFound,
     HoldStateConflict,
     IdempotencyConflict,
     LedgerUnavailable,
     RateLimited,
+    RedisFailure,
     UnknownAccount,
 )
 from pricing.errors import RequestError
@@ -107,9 +109,10 @@ def problem_for(exc: Exception) -> Problem:
         extra = {"field": exc.field} if hasattr(exc, "field") else {}
         return Problem(exc.status, exc.reason, str(exc), **extra)
     if isinstance(exc, LedgerUnavailable):
-        return Problem(
-            503, "ledger_unavailable", f"{exc}; nothing was admitted", headers={"Retry-After": "1"}
-        )
+        detail, retry = f"{exc}; nothing was admitted", {"Retry-After": "1"}
+        if exc.cause is RedisFailure.MIGRATING:  # a remedy of its own: wait for the move
+            return Problem(503, "ledger_migrating", detail, headers=retry)
+        return Problem(503, "ledger_unavailable", detail, headers=retry)
     if isinstance(exc, RateLimited):
         wait_s = max(1, math.ceil(exc.wait_ms / 1000))
         return Problem(
@@ -125,6 +128,8 @@ def problem_for(exc: Exception) -> Problem:
         return Problem(409, "idempotency_conflict", str(exc), state=exc.state.value)
     if isinstance(exc, HoldStateConflict):
         return Problem(409, "state_conflict", str(exc), state=exc.state.value, by=exc.by)
+    if isinstance(exc, ArchivedCopyMissing):
+        return Problem(409, "archived_hold_missing", str(exc))
     if isinstance(exc, HoldNotFound):
         return Problem(404, "not_found", "no such hold for this tenant")
     if isinstance(exc, UnknownAccount):

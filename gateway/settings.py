@@ -82,6 +82,13 @@ class GatewaySettings(BaseSettings):
         description="how often each tenant's risk-factor accounts are scanned for idle ones "
         "(nothing pending or posted since their window ended), which are closed",
     )
+    archive_after_s: float | Literal["auto", "off"] = Field(
+        default="auto",
+        description="settled holds older than this (seconds) leave the tenant's Redis slot "
+        "for archived copies in other slots (ledger/archive.py), so that a slot migration "
+        "moves live holds only; 'auto' is 60 on a Redis Cluster and off on a standalone "
+        "Redis (which has no slot to move)",
+    )
     policy_check_interval_s: float = Field(
         default=2.0, gt=0, description="how often a worker looks for changed policy files"
     )
@@ -154,6 +161,14 @@ class GatewaySettings(BaseSettings):
         "not_replicated, to be repeated",
     )
     wait_timeout_ms: int = Field(default=100, ge=1, le=60_000)
+    migration_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="how long a ledger call waits out its tenant's Redis Cluster slot moving "
+        "to another node (TRYAGAIN) before it fails closed: 503 ledger_migrating, nothing "
+        "written",
+    )
     wait_aof: Literal["off", "local", "all"] = Field(
         default="off",
         description="WAITAOF (Redis 7.2+, Valkey) on every write that must be kept "

@@ -29,7 +29,7 @@ import random
 import time
 from collections.abc import Iterable
 
-from ledger import ChangeFeed, Lease, Ledger, LedgerError
+from ledger import ChangeFeed, Lease, Ledger, LedgerError, archive_settled
 
 from . import metrics
 
@@ -43,6 +43,9 @@ MIN_LEASE_S = 3.0
 ASK_TTLS = 10
 # How often a tenant's risk-factor accounts are scanned for idle ones to close.
 CLOSE_INTERVAL_S = 60.0
+# Archive passes (ledger/archive.py) per tenant per round at most: a round renews every
+# lease it holds, so a backlog of settled holds is taken a few hundred at a time.
+ARCHIVE_PASSES = 5
 
 
 class Sweeper:
@@ -57,8 +60,11 @@ class Sweeper:
         instance: str = "",
         feed: ChangeFeed | None = None,
         close_interval_s: float = CLOSE_INTERVAL_S,
+        archive_after_s: float | None = None,
     ) -> None:
         self.ledger = ledger
+        # None: settled holds stay in their tenant's slot for their retention.
+        self.archive_after_ms = None if archive_after_s is None else int(archive_after_s * 1000)
         self.close_interval_s = close_interval_s
         # Per tenant: where its scan for idle risk-factor accounts goes on, and when.
         self._close_at: dict[str, tuple[int, float]] = {}
@@ -105,11 +111,24 @@ class Sweeper:
                     swept += 1
                     if not closing and await self._close_idle(tenant):
                         closing = True
+                    await self._archive(tenant)
             except Exception as exc:
                 self._sweeps.failed(tenant, exc)
             else:
                 self._sweeps.back(tenant)
         return swept
+
+    async def _archive(self, tenant: str) -> None:
+        """Settled holds of the tenant out of its slot, a few passes a round (none while
+        an older release may serve: archive_settled)."""
+        if self.archive_after_ms is None:
+            return
+        for _ in range(ARCHIVE_PASSES):
+            done = await archive_settled(self.ledger, tenant, after_ms=self.archive_after_ms)
+            if done.archived:
+                metrics.HOLDS_ARCHIVED.labels(tenant).inc(done.archived)
+            if not done.more:
+                return
 
     async def _close_idle(self, tenant: str) -> bool:
         """A page of the tenant's idle risk-factor accounts closed (Ledger.

@@ -4,6 +4,7 @@ This is the ledger's face: what the gateway, the shell and the simulator use. Th
 submodules behind it (key layout, scripts, validation) are the ledger's own business.
 """
 
+from .archive import ARCHIVE_AFTER_MS, ArchivedCopyMissing, ArchivePass, archive_settled
 from .audit import AuditReport, audit, audit_tenant
 from .changes import ChangeFeed
 from .checkpoint import cutoff_ms, trim, trim_locked
@@ -70,6 +71,7 @@ from .topology import failover_shortfall
 from .validate import check_account_spec
 
 __all__ = [
+    "ARCHIVE_AFTER_MS",
     "MAX_ACCOUNTS",
     "MAX_AMOUNT",
     "MAX_ID_CHARS",
@@ -78,6 +80,8 @@ __all__ = [
     "AccountCheck",
     "AccountSpec",
     "AppendFsync",
+    "ArchivePass",
+    "ArchivedCopyMissing",
     "Attached",
     "AuditReport",
     "BadInput",
@@ -132,6 +136,7 @@ __all__ = [
     "UnknownAccount",
     "Watch",
     "WriteProbe",
+    "archive_settled",
     "audit",
     "audit_tenant",
     "check_account_spec",

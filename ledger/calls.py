@@ -27,7 +27,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
-from .cluster import REDIRECTED, RedisClient, on_primary
+from .cluster import MIGRATION_WAIT_S, REDIRECTED, RedisClient, on_primary
 from .connect import direct_calls
 from .scripts import OPERATIONS, function_library, script_source
 
@@ -36,8 +36,9 @@ class Scripts:
     """The ledger's operations on one client: `call` runs one, `call_many` a batch,
     `call_then_wait` one followed by WAIT (or WAITAOF) on the same connection."""
 
-    def __init__(self, redis: RedisClient) -> None:
+    def __init__(self, redis: RedisClient, migration_wait_s: float = MIGRATION_WAIT_S) -> None:
         self.redis = redis
+        self.migration_wait_s = migration_wait_s
         self.cluster = redis if isinstance(redis, RedisCluster) else None
         self.direct = direct_calls(redis)
         self.library = function_library()
@@ -104,7 +105,7 @@ class Scripts:
             if self.direct is not None and not hasattr(redis.execute_command, "__wrapped__"):
                 return await self.direct.call(command)
             return await redis.execute_command(*command)
-        (reply,) = await on_primary(self.cluster, key, [command])
+        (reply,) = await on_primary(self.cluster, key, [command], wait_s=self.migration_wait_s)
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -130,7 +131,9 @@ class Scripts:
         for attempt in range(2):
             commands = [self._head(operation, keys, args), *waits]
             if self.cluster is not None:
-                reply, *acked = await on_primary(self.cluster, keys[0], commands)
+                reply, *acked = await on_primary(
+                    self.cluster, keys[0], commands, wait_s=self.migration_wait_s
+                )
             else:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for command in commands:
@@ -160,14 +163,14 @@ class Scripts:
             await self.load()
         key = batch[0][0][0]
         commands = [self._head(operation, keys, args) for keys, args in batch]
-        replies, answers = await self._pipeline(commands, key, waits)
+        replies, answers = await self.pipeline(commands, key, waits)
         done = [(reply, answers) for reply in replies]
         todo = [i for i, r in enumerate(replies) if isinstance(r, Exception) and _missing(r)]
         if todo:
             # Those did not run; the others did and are not sent again.
             await self.load()
             commands = [self._head(operation, *batch[i]) for i in todo]
-            again, answers = await self._pipeline(commands, key, waits)
+            again, answers = await self.pipeline(commands, key, waits)
             for i, reply in zip(todo, again, strict=True):
                 done[i] = (reply, answers)
         for i, (reply, _) in enumerate(done):
@@ -179,14 +182,16 @@ class Scripts:
                     done[i] = (exc, [])
         return done
 
-    async def _pipeline(
+    async def pipeline(
         self, commands: list[tuple[Any, ...]], key: str, waits: Sequence[tuple[Any, ...]]
     ) -> tuple[list[Any], list[Any]]:
         """The replies of `commands` (at least one), and the answers of `waits` sent
         after them."""
         sent = [*commands, *waits]
         if self.cluster is not None:
-            replies = await on_primary(self.cluster, key, sent, watch=None)
+            replies = await on_primary(
+                self.cluster, key, sent, watch=None, wait_s=self.migration_wait_s
+            )
         else:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for command in sent:

@@ -16,8 +16,9 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from . import validate
+from .archive import RESTORE_TRIES, read_archived, restore
 from .calls import Scripts
-from .cluster import RedisClient
+from .cluster import MIGRATION_WAIT_S, RedisClient
 from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
 from .durability import (
     WAIT_AOF_MODES,
@@ -55,7 +56,9 @@ from .keys import (
     hold_script_keys,
     lease_key,
     observed_key,
+    reserve_keys,
     rules_key,
+    settled_key,
     tenant_keys,
     webhook_cursor_key,
     webhook_lease_key,
@@ -90,7 +93,7 @@ from .records import (
     TransitionResult,
 )
 from .refusals import RefusalCounts
-from .release import FleetRelease
+from .release import COUNTED_ESCALATIONS, FleetRelease
 from .settings import LedgerSettings
 
 DAY_MS = 24 * 3600 * 1000
@@ -153,6 +156,7 @@ class Ledger:
         replicas: int = 0,
         replica_timeout_ms: int = 100,
         wait_aof: WaitAof = "off",
+        migration_wait_s: float = MIGRATION_WAIT_S,
     ) -> None:
         self.redis = redis
         self.retention_ms = validate.ttl("retention_ms", retention_ms)
@@ -172,7 +176,8 @@ class Ledger:
         # Told the operation of each post or true-up kept although its wait came back
         # short (`_report_short`).
         self.on_unacknowledged: Callable[[str], None] | None = None
-        self._scripts = Scripts(redis)
+        # A call its tenant's slot migration refuses is sent again for this long.
+        self._scripts = Scripts(redis, migration_wait_s)
         self._retention = str(self.retention_ms)
         self._tenant_keys: dict[str, list[str]] = {}
         # The fleet's policies, versioned (gateway hosts serve what it holds).
@@ -196,6 +201,7 @@ class Ledger:
         wait_aof: WaitAof = "off",
         max_connections: int = MAX_CONNECTIONS,
         pool_timeout_s: float = POOL_TIMEOUT_S,
+        migration_wait_s: float = MIGRATION_WAIT_S,
         **options: Any,
     ) -> Ledger:
         """A Ledger on the server at `url`, through `connect` (which see for the
@@ -207,6 +213,7 @@ class Ledger:
             replicas=replicas,
             replica_timeout_ms=replica_timeout_ms,
             wait_aof=wait_aof,
+            migration_wait_s=migration_wait_s,
         )
 
     async def aclose(self) -> None:
@@ -270,6 +277,25 @@ class Ledger:
                     fsynced = 0
         return Acks(replicas, fsynced)
 
+    def acknowledged(self, answers: list[Any]) -> bool:
+        """Whether the answers of the ledger's waits (after `pipeline`) acknowledge its
+        writes as a reserve's must be (True when no waits are asked for)."""
+        if not self.waits:
+            return True
+        return not self._short(self._acks("archive", answers))
+
+    def _short(self, acked: Acks) -> bool:
+        """Whether the waits acknowledged less than the ledger asks for."""
+        return acked.fsynced == 0 or (acked.replicas is not None and acked.replicas < self.replicas)
+
+    async def pipeline(
+        self, commands: list[tuple[Any, ...]], key: str
+    ) -> tuple[list[Any], list[Any]]:
+        """Raw commands on the primary of `key`'s slot in one pipeline, then the
+        ledger's waits on the same connection: their replies (errors in place) and the
+        waits' answers."""
+        return await self._scripts.pipeline(commands, key, self.waits)
+
     def _report_short(self, operation: str, tenant: str, hold_id: str, acked: Acks) -> None:
         """A post or true-up whose wait came back short is kept anyway (the effect
         happened: refusing to record it would not undo it), so a restart or a
@@ -277,8 +303,7 @@ class Ledger:
         `on_unacknowledged` (the gateway counts it). The result carries the counts:
         a caller that can repeat it (the holds API's settler) is told to, and the
         repeat's own wait covers it (a replay writes, post.lua)."""
-        replicas = acked.replicas
-        if acked.fsynced != 0 and (replicas is None or replicas >= self.replicas):
+        if not self._short(acked):
             return
         log.warning(
             "write acknowledged without its wait",
@@ -334,6 +359,11 @@ class Ledger:
         where CONFIG GET is refused)."""
         with translate_redis_errors("reading the persistence settings"):
             return await read_durability(self.redis)
+
+    @property
+    def clustered(self) -> bool:
+        """Whether the ledger is on a Redis Cluster."""
+        return self._scripts.cluster is not None
 
     async def replicas_per_primary(self) -> dict[str, int] | None:
         """How many replicas each primary has now, by its address (None where the
@@ -600,11 +630,12 @@ class Ledger:
             pool,
         )
         args = self.reserve_args(reserve)  # first: its errors name the idempotency key
-        keys = self._hold_keys(tenant, idempotency_key)
-        reply, acked = await self._run_replicated("reserve", keys, args)
+        keys = [*self._hold_keys(tenant, idempotency_key), settled_key(tenant)]
+        reply, acked = await self._on_hold("reserve", tenant, idempotency_key, keys, args)
         if reply[0] == EXPIRE_FIRST:
             await self._expire_due(tenant)
-            reply, acked = await self._run_replicated("reserve", keys, _deciding(args, pool))
+            args = _deciding(args, pool)
+            reply, acked = await self._on_hold("reserve", tenant, idempotency_key, keys, args)
         return _reserve_result(tenant, idempotency_key, reply, acked)
 
     async def attach(
@@ -627,11 +658,14 @@ class Ledger:
         generation = 1
         for _ in range(MAX_ATTACH_STEPS):
             hold_id = validate.identifier("hold_id", hold_id_of(generation))
-            keys = [accounts_key(tenant), index, hold_key(tenant, hold_id)]
+            keys = [accounts_key(tenant), index, hold_key(tenant, hold_id), settled_key(tenant)]
             reply = await self._run("attach", keys, [str(generation), *args])
             verdict = str(reply[0])
             if verdict in ("attach", "free"):
                 return Attached(hold_id, generation, verdict == "attach")
+            if verdict == "archived":  # asked again once it is back in the slot
+                await restore(self, tenant, hold_id)
+                continue
             if verdict not in ("next", "ahead"):
                 raise_for_reply(tenant, hold_id, "attach", reply)
             generation = int(reply[1])
@@ -655,7 +689,7 @@ class Ledger:
         release flag says an older release may serve (its scripts cannot settle a
         hold on a closed account): then the scan is over at once."""
         tenant = validate.tenant_id(tenant)
-        if not self.release.upgraded:
+        if not self.release.reads(COUNTED_ESCALATIONS):
             return 0, 0
         with translate_redis_errors("close"):
             cursor, fields = await self.redis.hscan(
@@ -691,6 +725,13 @@ class Ledger:
             for request in requests
         ]
         replies = await self._run_many("reserve", tenant, batch)
+        archived = [i for i, (reply, _) in enumerate(replies) if _is_reply(reply, "archived")]
+        for i in archived:
+            await restore(self, tenant, batch[i][0])
+        if archived:  # replays now, which no item of the batch can have changed
+            again_replies = await self._run_many("reserve", tenant, [batch[i] for i in archived])
+            for i, reply in zip(archived, again_replies, strict=True):
+                replies[i] = reply
         again = [i for i, (reply, _) in enumerate(replies) if _is_reply(reply, EXPIRE_FIRST)]
         if again:
             await self._expire_due(tenant)
@@ -751,7 +792,7 @@ class Ledger:
             str(self.denied_retention_ms),
             *_open_args(r.amounts, r.open_missing),
             # Counted, an escalation an older release resolved would stay counted.
-            "1" if self.release.upgraded else "0",
+            "1" if self.release.reads(COUNTED_ESCALATIONS) else "0",
             "1" if r.shadow else "0",
             *_pool_args(r.pool),
             *in_order,
@@ -766,7 +807,8 @@ class Ledger:
         what they acknowledged (NO_ACKS when none are asked for). Items Redis answered
         with an error get a LedgerUnavailable in place."""
         tenant = validate.tenant_id(tenant)
-        calls = [(hold_script_keys(tenant, hold_id), args) for hold_id, args in batch]
+        keys_of = reserve_keys if operation == "reserve" else hold_script_keys
+        calls = [(keys_of(tenant, hold_id), args) for hold_id, args in batch]
         with translate_redis_errors(operation):
             replies = await self._scripts.call_many(operation, calls, self.waits)
         # One Acks per pipeline's waits (a failed wait is logged once, not per item);
@@ -856,7 +898,7 @@ class Ledger:
         tenant = validate.tenant_id(tenant)
         args = [validate.identifier("hold_id", hold_id), route_id, outcome]
         keys = [*hold_script_keys(tenant, hold_id), observed_key(tenant, outcome)]
-        reply = await self._run("learn", keys, args)
+        reply, _ = await self._on_hold("learn", tenant, hold_id, keys, args)
         counted = raise_for_reply(tenant, hold_id, "learn", reply) is Status.OK
         if counted:
             # Gateways re-read the counts when this moves (PolicyStore.epochs).
@@ -871,7 +913,7 @@ class Ledger:
         tenant = validate.tenant_id(tenant)
         args = [validate.identifier("hold_id", hold_id), route_id, str(factor_ppm), str(keep)]
         keys = [*hold_script_keys(tenant, hold_id), factors_key(tenant)]
-        reply = await self._run("calibrate", keys, args)
+        reply, _ = await self._on_hold("calibrate", tenant, hold_id, keys, args)
         recorded = raise_for_reply(tenant, hold_id, "calibrate", reply) is Status.OK
         if recorded:
             # Gateways re-read settled factors with the counts when this moves: a look
@@ -892,7 +934,7 @@ class Ledger:
             validate.note(note),
         ]
         keys = hold_script_keys(validate.tenant_id(tenant), hold_id)
-        reply, acked = await self._run_replicated("approve", keys, args)
+        reply, acked = await self._on_hold("approve", tenant, hold_id, keys, args)
         status = raise_for_reply(tenant, hold_id, "approve", reply)
         state, by, deadline_ms, request = reply[1:5]
         return Approval(
@@ -1048,7 +1090,8 @@ class Ledger:
                     pipe.hget(record, "st")
                     fields, payload, state = await pipe.execute()
             if not fields:
-                return None
+                archived = await read_archived(self, validate.tenant_id(tenant), hold_id)
+                return None if archived is None else _hold(hold_id, *archived)
             if state == fields["st"]:
                 return _hold(hold_id, fields, payload)
         # Moved on under every read: the record, without its payload.
@@ -1218,13 +1261,38 @@ class Ledger:
         counts too) a failover must not lose."""
         keys = self._hold_keys(tenant, hold_id)
         if replicated:
-            reply, acked = await self._run_replicated(operation, keys, args)
+            reply, acked = await self._on_hold(operation, tenant, hold_id, keys, args)
             result = _transition_result(tenant, hold_id, operation, reply, acked)
             if operation != "retry":  # a short retry claim is refused: nothing to lose
                 self._report_short(operation, tenant, hold_id, acked)
             return result
-        reply = await self._run(operation, keys, args)
+        reply, _ = await self._on_hold(operation, tenant, hold_id, keys, args, replicated=False)
         return _transition_result(tenant, hold_id, operation, reply)
+
+    async def _on_hold(
+        self,
+        operation: str,
+        tenant: str,
+        hold_id: str,
+        keys: list[str],
+        args: list[str],
+        *,
+        replicated: bool = True,
+    ) -> tuple[Any, Acks]:
+        """A script about one hold (`_run_replicated`, or `_run` unless `replicated`).
+        One that finds the hold archived out of the tenant's slot (reserve answers
+        'archived', the others 'not_found': ledger/archive.py) gets it restored and is
+        run again."""
+        for _ in range(RESTORE_TRIES):
+            if replicated:
+                reply, acked = await self._run_replicated(operation, keys, args)
+            else:
+                reply, acked = await self._run(operation, keys, args), NO_ACKS
+            if reply[0] not in ("archived", "not_found"):
+                break
+            if not await restore(self, tenant, hold_id):
+                break
+        return reply, acked
 
 
 def _waits(wait_aof: WaitAof, replicas: int, timeout_ms: int) -> list[tuple[Any, ...]]:

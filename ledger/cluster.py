@@ -71,16 +71,21 @@ def redis_client(url: str, **options: Any) -> RedisClient:
 
 
 async def on_primary(
-    cluster: RedisCluster, key: str, commands: list[tuple[Any, ...]], *, watch: int | None = 0
+    cluster: RedisCluster,
+    key: str,
+    commands: list[tuple[Any, ...]],
+    *,
+    watch: int | None = 0,
+    wait_s: float = MIGRATION_WAIT_S,
 ) -> list[Any]:
     """`commands` in one pipeline on one connection of the primary serving `key`'s
     slot; their replies or errors, in order. While command `watch` is answered that
     it did not run there (MOVED: the slot map is refreshed; ASK: the commands go to
     the importing node after ASKING, on that connection; TRYAGAIN: a migration
-    splits the keys, waited out) all are sent again; `watch` None sends once (a
-    batch whose items may have run in part). A connection error marks the topology
-    for a reload (a primary gone: failover) and is raised."""
-    deadline = time.monotonic() + MIGRATION_WAIT_S
+    splits the keys, waited out for `wait_s`) all are sent again; `watch` None sends
+    once (a batch whose items may have run in part). A connection error marks the
+    topology for a reload (a primary gone: failover) and is raised."""
+    deadline = time.monotonic() + wait_s
     asking_at: Any = None
     while True:
         if cluster._initialize:

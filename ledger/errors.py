@@ -151,6 +151,7 @@ class RedisFailure(StrEnum):
     READ_ONLY = "read_only"
     CLUSTER_REDIRECT = "cluster_redirect"
     CLUSTER_DOWN = "cluster_down"
+    MIGRATING = "migrating"
     CLUSTER_CLIENT = "cluster_client"
     CROSS_SLOT = "cross_slot"
     NO_SCRIPT = "no_script"
@@ -203,6 +204,12 @@ _EXPLAINED: dict[RedisFailure, tuple[str, str]] = {
     RedisFailure.CLUSTER_DOWN: (
         "the Redis Cluster cannot serve the call (down, or a slot without a primary)",
         "retry once the cluster has recovered",
+    ),
+    RedisFailure.MIGRATING: (
+        "the tenant's Redis Cluster slot is moving to another node, and the move outlasted "
+        "the ledger's wait (IRREV_MIGRATION_WAIT_S)",
+        "retry once the migration has ended; a slot holding only live holds moves in about "
+        "a second (IRREV_ARCHIVE_AFTER_S, docs/operations.md)",
     ),
     RedisFailure.CLUSTER_CLIENT: (
         "the Redis Cluster client refused the call before sending it",
@@ -281,7 +288,7 @@ _BY_CLASS: tuple[tuple[type[Exception], RedisFailure], ...] = (
     (redis_errors.NoPermissionError, RedisFailure.NO_PERMISSION),
     (redis_errors.ReadOnlyError, RedisFailure.READ_ONLY),
     (redis_errors.ClusterDownError, RedisFailure.CLUSTER_DOWN),
-    (redis_errors.TryAgainError, RedisFailure.CLUSTER_DOWN),
+    (redis_errors.TryAgainError, RedisFailure.MIGRATING),
     (redis_errors.AskError, RedisFailure.CLUSTER_REDIRECT),
     (redis_errors.ClusterCrossSlotError, RedisFailure.CROSS_SLOT),
     (redis_errors.NoScriptError, RedisFailure.NO_SCRIPT),
@@ -314,7 +321,7 @@ _CODES = {
     "ASK": RedisFailure.CLUSTER_REDIRECT,
     "CROSSSLOT": RedisFailure.CROSS_SLOT,
     "CLUSTERDOWN": RedisFailure.CLUSTER_DOWN,
-    "TRYAGAIN": RedisFailure.CLUSTER_DOWN,
+    "TRYAGAIN": RedisFailure.MIGRATING,
     "LOADING": RedisFailure.LOADING,
 }
 _CODE = re.compile(rf"(?:^|: -?)({'|'.join(_CODES)})\b")

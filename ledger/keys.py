@@ -4,6 +4,8 @@ key a script touches is declared in its KEYS (the layout is in lua/_lib.lua)."""
 
 from __future__ import annotations
 
+import zlib
+
 TENANTS_KEY = "irrev:tenants"
 # Bumped on every write to the policy store (ledger/policystore.py), and on every
 # compensation outcome counted (learn): gateways poll both with one MGET (one slot).
@@ -55,6 +57,46 @@ def content_key(tenant: str, content: str) -> str:
     `content` is an id the gateway derives from the agent, the route and the request
     as priced."""
     return f"{tenant_prefix(tenant)}content:{content}"
+
+
+def settled_key(tenant: str) -> str:
+    """The tenant's settled index: hold id -> `<expiry ms>|<digest>` of each settled
+    hold archived out of its slot (lua/archive.lua)."""
+    return f"{tenant_prefix(tenant)}settled"
+
+
+def archive_state_key(tenant: str) -> str:
+    """Where the tenant's archiver is: `journal` (the last entry read), `trim` (its
+    scan of the settled index)."""
+    return f"{tenant_prefix(tenant)}archive"
+
+
+def restored_key(tenant: str) -> str:
+    """Holds brought back from the archive (lua/restore.lua): id -> Redis time."""
+    return f"{tenant_prefix(tenant)}restored"
+
+
+# The archived copies of a tenant's holds are spread over this many slots by id, none
+# of them the tenant's: a copy is written once and read only by a replay or a
+# restore, so where it lives costs the tenant's writes nothing.
+ARCHIVE_BUCKETS = 16
+
+
+def archive_copy_key(tenant: str, hold_id: str, digest: str) -> str:
+    """The archived copy of one record of a hold (a hash: its fields, and its payload
+    as ARCHIVED_PAYLOAD), named by the record's digest so that no copy is ever written
+    over: its own hash tag, `{<tenant>~a<bucket>}` ('~' is in no tenant id)."""
+    return f"irrev:{{{tenant}~a{archive_bucket(hold_id)}}}:hold:{hold_id}#{digest}"
+
+
+def archive_bucket(hold_id: str) -> int:
+    """Which of the ARCHIVE_BUCKETS slots keeps the copies of a hold."""
+    return zlib.crc32(hold_id.encode()) % ARCHIVE_BUCKETS
+
+
+# The field of an archived copy that keeps the hold's payload (no record field starts
+# with '_').
+ARCHIVED_PAYLOAD = "_payload"
 
 
 def journal_key(tenant: str) -> str:
@@ -169,6 +211,11 @@ def hold_keys(tenant: str, hold_id: str) -> list[str]:
 def hold_script_keys(tenant: str, hold_id: str) -> list[str]:
     """KEYS of a script about one hold: the tenant's five, then the hold's two."""
     return [*tenant_keys(tenant), *hold_keys(tenant, hold_id)]
+
+
+def reserve_keys(tenant: str, hold_id: str) -> list[str]:
+    """KEYS of reserve.lua: a hold script's, then the tenant's settled index."""
+    return [*hold_script_keys(tenant, hold_id), settled_key(tenant)]
 
 
 def refusals_prefix(tenant: str) -> str:

@@ -15,6 +15,10 @@ their scripts would corrupt:
 - idle risk-factor accounts closed (close.lua): an older release's post, true-up or
   compensation of a hold on a closed account fails in Redis (a Lua error: a 500).
 
+Format 3 adds settled holds archived out of the tenant's slot (ledger/archive.py): an
+older release's reserve does not look in the settled index, and would admit an
+archived hold's id again.
+
 Everything else this release writes that an older one does not know is additive
 (fields and keys the older scripts and code never read), and it reads what older
 releases write. The flag only goes up: `finish` (run once the last old gateway has
@@ -29,8 +33,12 @@ from .keys import RELEASE_KEY, TENANTS_KEY
 
 # The releases before the flag.
 PREVIOUS_FORMAT = 1
+# What each format adds (above): escalations counted and idle accounts closed (2),
+# settled holds archived (3).
+COUNTED_ESCALATIONS = 2
+ARCHIVED_HOLDS = 3
 # What this release writes once every host reads it.
-FORMAT = 2
+FORMAT = ARCHIVED_HOLDS
 
 
 class BadReleaseFlag(LedgerError):
@@ -55,6 +63,10 @@ class FleetRelease:
     def upgraded(self) -> bool:
         """Whether every host of the fleet reads this release's records."""
         return self.format >= FORMAT
+
+    def reads(self, format_: int) -> bool:
+        """Whether every host of the fleet reads records of `format_`."""
+        return self.format >= format_
 
     async def read(self) -> int:
         """The flag, decided first if the store has none: format 1 when tenants are

@@ -61,11 +61,22 @@ OPERATIONS = (
     "attach",
     "close",
     "rate",
+    "archive",
+    "restore",
 )
 
 # How many of the tenant's KEYS[1..5] (accounts, journal, deadlines, ambiguous,
 # escalated) each operation takes: `bind` checks them (5 unless named here).
-_STANDARD_KEYS = {"account": 2, "rule": 2, "webhook": 2, "attach": 1, "close": 2, "rate": 1}
+_STANDARD_KEYS = {
+    "account": 2,
+    "rule": 2,
+    "webhook": 2,
+    "attach": 1,
+    "close": 2,
+    "rate": 1,
+    "archive": 1,
+    "restore": 1,
+}
 
 # Scripts of ledger/lua run outside the library (see above), by their own modules.
 PLAIN_SCRIPTS = ("keys", "lease", "lease_release", "policy_put", "refusals", "watch")

@@ -15,7 +15,7 @@
 --     or fingerprint has a '|' or a ','; acc, amt, lim and used are comma lists)
 --
 -- KEYS     reserve.lua's: accounts, journal, deadlines, ambiguous, escalated, hold,
---          payload
+--          payload, settled
 -- ARGV     reserve.lua's (the bench's reserves: no account to open, no pool), of
 --          which it reads the hold id (1), fingerprint (2), ttl_ms (3), armed (5),
 --          request (8), provenance (9), n (10) and the n pairs of account id and amount
@@ -39,6 +39,7 @@ end
 if redis.call('GET', KEYS[6]) then
   return {'exists'}
 end
+redis.call('HGET', KEYS[8], ARGV[1])
 local v = redis.call('HMGET', KEYS[1], unpack(names))
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -6,7 +6,7 @@
 -- script). Only for a tenant of the bench's own: it writes made-up balances.
 --
 -- KEYS     reserve.lua's: accounts, journal, deadlines, ambiguous, escalated, hold,
---          payload
+--          payload, settled
 -- ARGV     reserve.lua's (the bench's reserves: no account to open, no pool), of
 --          which it reads the hold id (1), fingerprint (2), armed (5), request (8),
 --          provenance (9), n (10) and the n pairs of account id and amount
@@ -32,6 +32,7 @@ for i = 1, n do
   pends[2 * i - 1], pends[2 * i] = names[at + 5], amount
 end
 redis.call('HGET', KEYS[6], 'fp')
+redis.call('HGET', KEYS[8], id)
 redis.call('HMGET', KEYS[1], unpack(names))
 local now = redis.call('TIME')[1] .. '000'
 -- The bench's reserves are a batch's items (Ledger.reserve_many), which look for due

@@ -29,7 +29,14 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from ledger import AccountSpec, Ledger, ReserveRequest
-from ledger.keys import TENANTS_KEY, accounts_key, hold_keys, hold_script_keys, tenant_keys
+from ledger.keys import (
+    TENANTS_KEY,
+    accounts_key,
+    hold_keys,
+    hold_script_keys,
+    reserve_keys,
+    tenant_keys,
+)
 
 TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
 TRIVIAL_LIBRARY = (
@@ -134,19 +141,21 @@ async def script_times(
 
     def reserve_floor(key: str) -> tuple[Any, ...]:
         request = ReserveRequest(key, "fp", amounts, HOUR_MS)
-        return floor_call(floor_sha, floor_tenant, key, ledger.reserve_args(request, batched=True))
+        keys = reserve_keys(floor_tenant, key)
+        return floor_call(floor_sha, keys, ledger.reserve_args(request, batched=True))
 
     def post_floor(key: str) -> tuple[Any, ...]:
-        return floor_call(post_floor_sha, floor_tenant, key, ledger.post_args(key, PRICE // 2))
+        keys = hold_script_keys(floor_tenant, key)
+        return floor_call(post_floor_sha, keys, ledger.post_args(key, PRICE // 2))
 
     def packed_reserve(key: str) -> tuple[Any, ...]:
         request = ReserveRequest(key, "fp", amounts, HOUR_MS)
-        return floor_call(
-            packed_sha, packed_tenant, key, ledger.reserve_args(request, batched=True)
-        )
+        keys = reserve_keys(packed_tenant, key)
+        return floor_call(packed_sha, keys, ledger.reserve_args(request, batched=True))
 
     def packed_post(key: str) -> tuple[Any, ...]:
-        return floor_call(packed_post_sha, packed_tenant, key, ledger.post_args(key, PRICE // 2))
+        keys = hold_script_keys(packed_tenant, key)
+        return floor_call(packed_post_sha, keys, ledger.post_args(key, PRICE // 2))
 
     await reserve("void")
     await reserve("approve", escalate_above=1)
@@ -199,11 +208,10 @@ async def forget(ledger: Ledger, tenant: str, hold_ids: list[str]) -> None:
     await ledger.redis.srem(TENANTS_KEY, tenant)
 
 
-def floor_call(sha: str, tenant: str, hold_id: str, args: list[str]) -> tuple[Any, ...]:
-    """The EVALSHA of a floor script (loaded as `sha`) with the keys of `hold_id` and
-    the arguments the ledger gives the script it stands for (Ledger.reserve_args,
-    Ledger.post_args)."""
-    keys = hold_script_keys(tenant, hold_id)
+def floor_call(sha: str, keys: list[str], args: list[str]) -> tuple[Any, ...]:
+    """The EVALSHA of a floor script (loaded as `sha`) with the keys and the arguments
+    the ledger gives the script it stands for (reserve_keys and Ledger.reserve_args,
+    hold_script_keys and Ledger.post_args)."""
     return ("EVALSHA", sha, len(keys), *keys, *args)
 
 

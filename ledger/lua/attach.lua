@@ -9,6 +9,7 @@
 -- KEYS     accounts (the tenant's, for `bind`: not read), then
 -- KEYS[2]  the content's index: the newest generation handed out (a string)
 -- KEYS[3]  the record of generation ARGV[1]'s hold (`...:hold:<id>`)
+-- KEYS[4]  `...:settled`, the tenant's settled index (archive.lua)
 -- ARGV[1]  g, the generation asked about (>= 1)
 -- ARGV[2]  window_ms: how long after its hold settled a repeat still attaches
 -- ARGV[3]  index_ttl_ms: how long the index outlives its last use (> 0)
@@ -24,6 +25,8 @@
 --                   effect provably did not happen: a repeat is decided anew), or ended
 --                   longer ago than the window: ask about g+1. Nothing written
 --   {'ahead', n}    the index is at n > g: ask about n. Nothing written
+--   {'archived', g} generation g's hold is settled and archived out of the slot:
+--                   restore it (restore.lua) and ask again. Nothing written
 --   {'bad_input', field, message}   nothing written
 --
 -- Invariant: a content's live hold is never passed over: 'next' is answered only for
@@ -39,8 +42,10 @@ if not window_ms then return {'bad_input', 'window_ms', 'must be an integer >= 0
 if not index_ttl_ms or index_ttl_ms < 1 then
   return {'bad_input', 'index_ttl_ms', 'must be an integer >= 1'}
 end
-if #KEYS ~= 3 or #ARGV ~= 3 then
-  return {'bad_input', 'arguments', 'attach takes 3 keys and 3 arguments'}
+if #KEYS ~= 4 or #ARGV ~= 3 or KEYS[4] ~= P .. 'settled'
+    or string.sub(KEYS[3], 1, #P + 5) ~= P .. 'hold:' then
+  return {'bad_input', 'arguments', 'attach takes 4 keys (a hold record, then the '
+    .. 'settled index) and 3 arguments'}
 end
 
 local index = tonumber(redis.call('GET', KEYS[2]) or '0') or 0
@@ -48,6 +53,14 @@ if index > g then return {'ahead', index} end
 
 local h = redis.call('HMGET', KEYS[3], 'st', 'tp', 'te')
 local st = h[1]
+if not st then
+  -- Its id is what follows `hold:` in its record's key.
+  local id = string.sub(KEYS[3], #P + 6)
+  local archived = string.match(redis.call('HGET', KEYS[4], id) or '', '^(%d+)|')
+  if archived and (archived == '0' or tonumber(archived) > now_ms()) then
+    return {'archived', g}
+  end
+end
 local verdict = 'free'
 if st == 'escalated' or st == 'pending' or st == 'ambiguous' then
   verdict = 'attach'

@@ -1,7 +1,8 @@
 -- reserve: decide one effect and, unless denied, hold its price on every account
 -- it touches.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua),
+--          then KEYS[8] `...:settled`, the tenant's settled index (archive.lua)
 -- ARGV[1]  hold id (the caller's idempotency key)
 -- ARGV[2]  fingerprint of the request (a replay must carry the same one)
 -- ARGV[3]  ttl_ms: a pending hold's life
@@ -73,6 +74,9 @@
 --       for more than one hold, the effect would escalate (outside the set until a
 --       human approves it, when the set may be smaller): price it alone and call again
 --   {'exists_with_different_fingerprint', state}   nothing written
+--   {'archived', ''}   nothing written: the id's hold is settled and archived out of
+--       the slot (its index entry lives while its retention does); restore it
+--       (restore.lua) and call again, which replays it
 --   {'unknown_account', account_id}                 nothing written
 --       In shadow mode a deny or escalate comes with state 'pending': held anyway.
 --   {'expire_first', ''}   holds of the tenant are due, whose release the decision
@@ -117,8 +121,9 @@ local id, fp = ARGV[1], ARGV[2]
 if not valid_id(id) then
   return {'bad_input', 'idempotency_key', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
 end
-if not hold_keys_ok(id) then
-  return {'bad_input', 'keys', 'KEYS[6..7] must be the keys of hold ' .. id}
+if not hold_keys_ok(id) or KEYS[8] ~= P .. 'settled' then
+  return {'bad_input', 'keys', 'KEYS[6..8] must be the keys of hold ' .. id
+    .. ' and the tenant settled index'}
 end
 if not valid_id(fp) then
   return {'bad_input', 'fingerprint', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
@@ -240,6 +245,12 @@ if held then
     reply[#reply + 1] = amt[i]
   end
   return reply
+end
+-- The id of a settled hold archived out of the slot is taken while its retention
+-- lasts (expiry 0: for good): opening it again would admit its effect twice.
+local archived = string.match(redis.call('HGET', KEYS[8], id) or '', '^(%d+)|')
+if archived and (archived == '0' or tonumber(archived) > now_ms()) then
+  return {'archived', ''}
 end
 
 local asked = table.concat(accounts, ',')

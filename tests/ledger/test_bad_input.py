@@ -11,7 +11,7 @@ import pytest
 
 from ledger.client import Ledger
 from ledger.errors import BadInput, LedgerUnavailable, UnknownAccount
-from ledger.keys import hold_script_keys, payload_key, rules_key, tenant_keys
+from ledger.keys import hold_script_keys, payload_key, reserve_keys, rules_key, tenant_keys
 from ledger.limits import MAX_ACCOUNTS, MAX_AMOUNT
 from ledger.records import Decision
 
@@ -270,7 +270,7 @@ async def test_script_validates_before_writing(
     elif operation == "sweep":
         keys = tenant_keys(tenant)
     else:
-        keys = hold_script_keys(tenant, args[0])
+        keys = (reserve_keys if operation == "reserve" else hold_script_keys)(tenant, args[0])
     reply = await seeded._run(operation, keys, args)
     assert reply[0] == "bad_input"
     assert await tenant_snapshot(seeded, tenant) == before
@@ -356,7 +356,7 @@ def _raw_reserve(amounts: dict[str, int]) -> list[str]:
 async def test_the_script_takes_the_largest_amount_and_refuses_one_more(
     seeded: Ledger, tenant: str
 ) -> None:
-    prefix = hold_script_keys(tenant, "k")
+    prefix = reserve_keys(tenant, "k")
     over = await seeded._run("reserve", prefix, _raw_reserve({"tenant:acme": MAX_AMOUNT + 1}))
     assert over[0] == "bad_input"
     at = await seeded._run("reserve", prefix, _raw_reserve({"tenant:acme": MAX_AMOUNT}))
@@ -368,7 +368,7 @@ async def test_the_script_takes_the_largest_amount_and_refuses_one_more(
 async def test_the_script_takes_the_most_accounts_and_refuses_one_more(
     seeded: Ledger, tenant: str
 ) -> None:
-    prefix = hold_script_keys(tenant, "k")
+    prefix = reserve_keys(tenant, "k")
     accounts = {f"agent:a{i}": 1 for i in range(MAX_ACCOUNTS + 1)}
     over = await seeded._run("reserve", prefix, _raw_reserve(accounts))
     assert over[:2] == ["bad_input", "accounts"]
@@ -408,7 +408,7 @@ async def test_script_touches_only_its_tenants_keys(
     elif operation == "rule":
         keys = [*tenant_keys(tenant)[:2], rules_key(tenant)]
     else:
-        keys = hold_script_keys(tenant, args[0])
+        keys = (reserve_keys if operation == "reserve" else hold_script_keys)(tenant, args[0])
     keys[position - 1] = (
         rules_key(victim) if operation == "rule" else tenant_keys(victim)[position - 1]
     )

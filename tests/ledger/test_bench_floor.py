@@ -34,7 +34,7 @@ from irrev.bench.servertime import (
 )
 from ledger import AccountSpec, Ledger, Provenance, ReserveRequest
 from ledger.journal import iter_journal
-from ledger.keys import accounts_key, hold_key
+from ledger.keys import accounts_key, hold_key, hold_script_keys, reserve_keys
 
 
 async def commands_of(url: str, run: Callable[[], Awaitable[Any]], key: str) -> list[list[str]]:
@@ -138,7 +138,9 @@ async def test_the_floor_runs_the_commands_of_an_admitting_reserve(
         assert not isinstance(result, Exception) and result.decision.value == "admit"
 
     async def floor() -> None:
-        call = floor_call(sha, bench.floor, "h1", ledger.reserve_args(request, batched=True))
+        call = floor_call(
+            sha, reserve_keys(bench.floor, "h1"), ledger.reserve_args(request, batched=True)
+        )
         assert await ledger.redis.execute_command(*call) == ["ok"]
 
     assert ("SET" if kept else "DEL") in await same_commands(bench, reserve, floor)
@@ -156,7 +158,9 @@ async def test_the_floor_runs_the_commands_of_a_post(bench: Bench) -> None:
         assert not isinstance(result, Exception) and result.state.value == "posted"
 
     async def floor() -> None:
-        call = floor_call(sha, bench.floor, "h1", ledger.post_args("h1", PRICE // 2))
+        call = floor_call(
+            sha, hold_script_keys(bench.floor, "h1"), ledger.post_args("h1", PRICE // 2)
+        )
         assert await ledger.redis.execute_command(*call) == ["ok", "posted", ""]
 
     await same_commands(bench, post, floor)
@@ -192,7 +196,9 @@ async def test_the_packed_floors_keep_what_the_records_and_balances_keep(bench: 
 
     try:
         await ledger.reserve_many(bench.tenant, [request])
-        call = floor_call(reserve_sha, packed, "h1", ledger.reserve_args(request, batched=True))
+        call = floor_call(
+            reserve_sha, reserve_keys(packed, "h1"), ledger.reserve_args(request, batched=True)
+        )
         assert await redis.execute_command(*call) == ["ok"]
         ours, theirs = await both()
         assert {k: ours[k] for k in RECORD if k not in ("t0", "dl")} == {
@@ -204,7 +210,9 @@ async def test_the_packed_floors_keep_what_the_records_and_balances_keep(bench: 
         ]
 
         await ledger.post_many(bench.tenant, [("h1", PRICE // 2)])
-        call = floor_call(post_sha, packed, "h1", ledger.post_args("h1", PRICE // 2))
+        call = floor_call(
+            post_sha, hold_script_keys(packed, "h1"), ledger.post_args("h1", PRICE // 2)
+        )
         assert await redis.execute_command(*call) == ["ok", "posted", ""]
         ours, theirs = await both()
         assert (theirs["st"], theirs["pst"], theirs["pws"]) == (

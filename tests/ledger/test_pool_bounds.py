@@ -11,7 +11,7 @@ import pytest
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
 from ledger.errors import PoolShrank
-from ledger.keys import accounts_key, journal_key
+from ledger.keys import accounts_key, journal_key, reserve_keys
 from ledger.records import AccountSpec, Decision, OpenPool, PoolTicket, ReserveRequest, pool_tag
 
 from .conftest import open_accounts
@@ -164,7 +164,7 @@ async def test_the_pending_a_price_assumed_is_a_decimal(
     request = ReserveRequest("k", "fp", {"tenant:acme": 1}, HOUR_MS, pool=PoolTicket(TAG, 10))
     args = ledger.reserve_args(request)
     args[args.index("1.0")] = pending  # the pending of the ticket above
-    reply = await ledger._run("reserve", ledger._hold_keys(tenant, "k"), args)
+    reply = await ledger._run("reserve", reserve_keys(tenant, "k"), args)
     assert [str(x) for x in reply[:2]] == ["bad_input", "pending"]
     assert await ledger.hold(tenant, "k") is None
 

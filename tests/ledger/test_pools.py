@@ -14,7 +14,7 @@ import pytest
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
 from ledger.errors import BadInput, PoolShrank
-from ledger.keys import ambiguous_key, deadlines_key, hold_script_keys
+from ledger.keys import ambiguous_key, deadlines_key, reserve_keys
 from ledger.records import (
     AccountSpec,
     HoldState,
@@ -252,11 +252,11 @@ async def test_a_pooled_reserve_without_its_price_alone_is_refused(
     )
     older = args[:-1]  # the same reserve without its price alone
     before = await tenant_snapshot(ledger, tenant)
-    reply = await ledger._run("reserve", hold_script_keys(tenant, "k"), older)
+    reply = await ledger._run("reserve", reserve_keys(tenant, "k"), older)
     assert reply[:2] == ["bad_input", "alone_price"]
     assert await tenant_snapshot(ledger, tenant) == before
     # With it, the threshold sees 20: it would escalate, so it is priced alone.
-    sent_back = await ledger._run("reserve", hold_script_keys(tenant, "k"), args)
+    sent_back = await ledger._run("reserve", reserve_keys(tenant, "k"), args)
     assert (sent_back[0], sent_back[-1]) == ("reprice", "alone")
     assert await tenant_snapshot(ledger, tenant) == before
 

@@ -29,6 +29,11 @@ PUBLIC_API = {
     "supervised_redis_url",
     "free_port",
     "free_ports",
+    # settled holds out of the tenant's slot (ledger/archive.py)
+    "ARCHIVE_AFTER_MS",
+    "ArchivePass",
+    "ArchivedCopyMissing",
+    "archive_settled",
     # one holder at a time of background work
     "Lease",
     "Watch",

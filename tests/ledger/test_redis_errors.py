@@ -353,7 +353,7 @@ async def test_a_call_the_cluster_client_refuses_to_send_is_a_bug_not_a_cluster_
         (redis_errors.MovedError("3999 127.0.0.1:6381"), RedisFailure.CLUSTER_REDIRECT),
         (redis_errors.AskError("3999 127.0.0.1:6381"), RedisFailure.CLUSTER_REDIRECT),
         (redis_errors.ClusterDownError("Hash slot not served"), RedisFailure.CLUSTER_DOWN),
-        (redis_errors.TryAgainError("Multiple keys request"), RedisFailure.CLUSTER_DOWN),
+        (redis_errors.TryAgainError("Multiple keys request"), RedisFailure.MIGRATING),
         (redis_errors.BusyLoadingError("Redis is loading"), RedisFailure.LOADING),
         (
             redis_errors.RedisClusterException(
