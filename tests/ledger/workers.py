@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from redis.asyncio.cluster import RedisCluster
@@ -122,6 +123,31 @@ async def batches(ledger: Ledger, tenant: str, barrier_name: str, agent: str, op
         failed += sum(isinstance(r, LedgerError) for r in posts)
         print(start, flush=True)
     print(json.dumps({"failed": failed}))
+
+
+async def writes(ledger: Ledger, tenant: str, barrier_name: str, agent: str, stop: str) -> None:
+    """Reserve and post new holds one after another until the key `stop` exists,
+    timing the gap between consecutive completed pairs (a slot migration shows as
+    the longest); a pair that fails is counted and the next one tried."""
+    await barrier(ledger, barrier_name)
+    done = failed = 0
+    longest = 0.0
+    last = time.monotonic()
+    while done % 20 or not await ledger.redis.exists(stop):
+        key = f"{agent}-{done + failed}"
+        amounts = {"tenant:acme": 2, f"agent:{agent}": 2}
+        try:
+            await ledger.reserve(tenant, key, "fp", amounts, ttl_ms=HOUR_MS)
+            await ledger.post(tenant, key, 1)
+        except LedgerError:
+            failed += 1
+            continue
+        done += 1
+        now = time.monotonic()
+        longest, last = max(longest, now - last), now
+        if done % 100 == 0:
+            print(done, flush=True)
+    print(json.dumps({"writes": done, "failed": failed, "longest_gap_ms": round(longest * 1000)}))
 
 
 async def trim_all(
@@ -275,6 +301,7 @@ COMMANDS = {
     "churn": churn,
     "replay": replay,
     "batches": batches,
+    "writes": writes,
     "trim": trim_all,
     "pooled": pooled,
 }
