@@ -469,9 +469,10 @@ async def reserve(
 ) -> ReserveResult:
     """One round trip; a denial is raised (403 with the numbers that decided it). A
     risk-factor account met for the first time is opened by the reserve itself, only
-    if it keeps the hold; an account the policy names but Redis lacks (a policy
-    changed elsewhere) by a reload, then the reserve is repeated once; and a
-    calibrating route's effect priced for more holds than are open (`reserve_priced`)."""
+    if it keeps the hold; an account the policy names but Redis lost by writing it
+    with the rest its tenant lacks (`TenantStore.open_missing`), then the reserve is
+    repeated once; and a calibrating route's effect priced for more holds than are
+    open (`reserve_priced`)."""
     result, _, _ = await reserve_priced(gate, policy, agent, prepared)
     return result
 
@@ -570,7 +571,7 @@ async def reserve_priced(
                 try:
                     result = await attempt()
                 except UnknownAccount:
-                    await gate.tenants.apply(gate.ledger)
+                    await gate.tenants.open_missing(gate.ledger, policy.tenant)
                     result = await attempt()
                 break
             except PoolShrank as shrank:

@@ -84,7 +84,7 @@ OPENING_CONCURRENCY = 8
 EDIT_ATTEMPTS = 5
 
 
-async def _open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount, int]]) -> None:
+async def _open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount, int]]) -> int:
     """Create each account Redis lacks, and write the limits of each whose limits come
     from an older version of its tenant's policy than the one served here (tenant,
     spec, store version). The version goes with the write (account.lua keeps an
@@ -94,7 +94,7 @@ async def _open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount
     limits left unwritten by a writer that died are written by the next host to
     apply. What Redis holds is read in one pipelined round trip; the accounts to
     write are written a few at a time; the first error is raised once all have
-    finished."""
+    finished. Returns how many were written."""
     wanted: dict[str, list[str]] = {}
     for tenant, spec, _ in accounts:
         wanted.setdefault(tenant, []).append(spec.account)
@@ -117,6 +117,7 @@ async def _open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount
     for result in results:
         if isinstance(result, BaseException):
             raise result
+    return len(changes)
 
 
 # What settlements taught: compensation outcomes and settled residual factors, each
@@ -209,6 +210,9 @@ class TenantStore:
         self._targets: dict[tuple[str, str], HttpTarget] = {}
         self._mcp: dict[tuple[str, str], McpUpstream] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        # A tenant's opening of its missing accounts under way (`open_missing`), which
+        # every reserve of it that meets an unknown account meanwhile waits for.
+        self._opening: dict[str, asyncio.Task[None]] = {}
         self._admins: dict[str, tuple[str, str, AdminRole]] = {}
         # Agent and admin keys managed at run time, consulted after the policies' own.
         self.keyring = Keyring()
@@ -337,6 +341,36 @@ class TenantStore:
         self._secret_files = _secret_files_signature(self._written.values())
         self._install(observed, settled)
         return LoadReport(sorted(self._written), faults)
+
+    async def open_missing(self, ledger: Ledger, tenant: str) -> None:
+        """Write the accounts of `tenant`'s policy in force that Redis lacks, or holds
+        from an older version (`_open_accounts`), for a reserve that met an unknown
+        account: a tenant's, principal's or agent's account is never closed (close.lua
+        closes factor accounts, which a reserve opens itself), so Redis lost it (a
+        failover, a flush), and each tenant meets its loss at its own first reserve. Only
+        this tenant's accounts are read and written, and no policy is reloaded: a
+        reload of every tenant here made each tenant's miss cost the whole fleet's
+        files, records and accounts. Concurrent misses of the tenant (a burst on a
+        Redis that lost it) wait for one opening rather than each writing the same
+        accounts again."""
+        opening = self._opening.get(tenant)
+        if opening is None:
+            opening = asyncio.get_running_loop().create_task(self._open_missing(ledger, tenant))
+            self._opening[tenant] = opening
+            opening.add_done_callback(lambda _: self._opening.pop(tenant, None))
+        # Shielded: a caller that gives up (its client left) must not cancel the
+        # opening the others wait for.
+        await asyncio.shield(opening)
+
+    async def _open_missing(self, ledger: Ledger, tenant: str) -> None:
+        entry = self.served(tenant)
+        if entry is None:
+            return  # no longer served: the reserve tried again says the account is unknown
+        policy = entry.file.policy
+        specs = [(tenant, ledger_account(spec), entry.version) for spec in policy_accounts(policy)]
+        opened = await _open_accounts(ledger, specs)
+        # Accounts a served policy names went missing from Redis: worth an operator's look.
+        log.warning("opened missing accounts", extra={"tenant": tenant, "accounts": opened})
 
     def _keep_unchanged(
         self, fresh: dict[tuple[str, str], McpUpstream]

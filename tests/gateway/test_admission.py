@@ -5,17 +5,22 @@ HTTP request anywhere. The seam is the three-argument `deliver`, nothing more.""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
+import logging
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from gateway.admission import Admitted, Gate, Intent, admit, prepare
 from gateway.canonical import read_request
@@ -25,8 +30,9 @@ from gateway.upstream import Answer, Fate, Upstream
 from gateway.wire import StoredAnswer, StoredRequest, upstream_key
 from ledger.client import Ledger
 from ledger.journal import read_journal
-from ledger.keys import hold_key, payload_key
+from ledger.keys import accounts_key, hold_key, payload_key
 from ledger.records import HoldState, Provenance
+from pricing.accounts import policy_accounts
 from pricing.policy import EffectClass
 
 from .helpers import order
@@ -98,17 +104,38 @@ class Pipeline:
         return hold.state
 
 
-@pytest.fixture
-async def pipeline(redis_url: str, tmp_path: Path, tenant: str) -> AsyncIterator[Pipeline]:
-    # Nothing listens at the policy's upstream URL: only the test's upstream delivers.
-    written = write_policy(tmp_path, "procurement", tenant, "http://127.0.0.1:9")
-    settings = GatewaySettings(policy_dir=tmp_path)
+# Nothing listens at the policies' upstream URL: only the test's upstream delivers.
+NOWHERE = "http://127.0.0.1:9"
+
+
+@asynccontextmanager
+async def serving(redis_url: str, directory: Path) -> AsyncIterator[Gate]:
+    """A worker's gate serving the policies written in `directory`."""
+    settings = GatewaySettings(policy_dir=directory)
     ledger = Ledger.from_url(redis_url)
-    tenants = TenantStore(tmp_path, settings.forward_budget())
+    tenants = TenantStore(directory, settings.forward_budget())
     await tenants.load(ledger)
     async with httpx.AsyncClient() as http:
-        yield Pipeline(Gate(settings, ledger, tenants, http), written)
+        yield Gate(settings, ledger, tenants, http)
     await ledger.aclose()
+
+
+@pytest.fixture
+async def pipeline(redis_url: str, tmp_path: Path, tenant: str) -> AsyncIterator[Pipeline]:
+    written = write_policy(tmp_path, "procurement", tenant, NOWHERE)
+    async with serving(redis_url, tmp_path) as gate:
+        yield Pipeline(gate, written)
+
+
+@pytest.fixture
+async def neighbours(
+    redis_url: str, tmp_path: Path, tenant: str
+) -> AsyncIterator[tuple[Pipeline, Pipeline]]:
+    """Two tenants one gate serves."""
+    first = write_policy(tmp_path, "procurement", tenant, NOWHERE)
+    second = write_policy(tmp_path, "procurement", f"{tenant}-b", NOWHERE)
+    async with serving(redis_url, tmp_path) as gate:
+        yield Pipeline(gate, first), Pipeline(gate, second)
 
 
 def _admitted(outcome: Admitted | Answer) -> Admitted:
@@ -271,3 +298,61 @@ async def test_the_journal_says_who_asked_for_an_effect_and_what_was_sent(
         "k-prov",
         hashlib.sha256(sent.dumps().encode()).hexdigest(),
     )
+
+
+def policy_account_ids(pipeline: Pipeline) -> set[str]:
+    policy = pipeline.gate.tenants.policies[pipeline.tenant.id]
+    return {spec.account_id for spec in policy_accounts(policy)}
+
+
+async def account_ids(pipeline: Pipeline) -> set[str]:
+    return {b.account for b in await pipeline.gate.ledger.balances(pipeline.tenant.id)}
+
+
+async def test_an_unknown_account_opens_its_tenants_accounts_and_reloads_no_tenant(
+    neighbours: tuple[Pipeline, Pipeline], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 31: a reserve that met an account Redis lacked reloaded every tenant (each
+    policy file, store record and account of the fleet, per miss). Now it opens the
+    accounts its own tenant lacks and reloads nothing: a neighbour's lost accounts
+    stay lost until its own reserve meets them, and its edited file waits for the
+    refresh that every worker runs anyway."""
+    a, b = neighbours
+    gate = a.gate
+    # Redis lost both tenants' accounts (a failover to a replica that missed them).
+    await gate.ledger.redis.delete(accounts_key(a.tenant.id), accounts_key(b.tenant.id))
+    b_file = tmp_path / f"{b.tenant.id}.yaml"
+    edited = yaml.safe_load(b_file.read_text())
+    edited["max_escalations"] = 7
+    b_file.write_text(yaml.safe_dump(edited))
+    b_in_force = gate.tenants.served(b.tenant.id)
+    with caplog.at_level(logging.WARNING, logger="irrev.gateway"):
+        posted = _admitted(await a.admit(ToolInMemory(), a.intent("k-lost")))
+    assert await a.state(posted.hold_id) is HoldState.POSTED
+    assert await account_ids(a) >= policy_account_ids(a)
+    opened = [(r.tenant, r.accounts) for r in caplog.records if r.msg == "opened missing accounts"]
+    assert opened == [(a.tenant.id, len(policy_account_ids(a)))]
+    # Tenant b: neither its accounts written nor its file read.
+    assert await account_ids(b) == set()
+    assert gate.tenants.served(b.tenant.id) is b_in_force
+    assert gate.tenants.policies[b.tenant.id].document.max_escalations != 7
+    # Its own reserve opens its accounts, from the policy it serves.
+    _admitted(await b.admit(ToolInMemory(), b.intent("k-lost")))
+    assert await account_ids(b) >= policy_account_ids(b)
+
+
+async def test_a_burst_on_lost_accounts_writes_each_account_once(pipeline: Pipeline) -> None:
+    """Reserves of one tenant that meet its lost accounts at once wait for one opening:
+    each would otherwise read that they are missing and write them all again."""
+    gate, tenant = pipeline.gate, pipeline.tenant.id
+    before = await read_journal(gate.ledger, tenant)
+    await gate.ledger.redis.delete(accounts_key(tenant))
+    tool = ToolInMemory()
+    burst = [pipeline.admit(tool, pipeline.intent(f"k-burst-{i}")) for i in range(8)]
+    for outcome in await asyncio.gather(*burst):
+        assert await pipeline.state(_admitted(outcome).hold_id) is HoldState.POSTED
+    since = await read_journal(gate.ledger, tenant, after=before[-1].entry_id)
+    wanted = policy_account_ids(pipeline)
+    # (The order's supplier account is opened by its reserve: reserve.lua's own.)
+    written = Counter(e.fields["acct"] for e in since if e.op == "account")
+    assert {account: written[account] for account in wanted} == dict.fromkeys(wanted, 1)

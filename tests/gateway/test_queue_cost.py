@@ -16,7 +16,8 @@ import pytest
 import redis
 
 from irrev.harness import TenantPolicy
-from ledger import EmbeddedRedis
+from ledger import EmbeddedRedis, Ledger
+from pricing.units import rfc3339
 
 from .conftest import Gateway, own_gateway
 from .helpers import assert_problem, effect_headers, order
@@ -126,6 +127,37 @@ async def test_the_queue_pages_oldest_first_without_bodies(
         assert_problem(answer, 422, "bad_request")
     too_many = await client.get(url, params={"limit": 1000}, headers=gw.admin)
     assert_problem(too_many, 422, "bad_request")
+
+
+async def test_a_page_lists_the_waiting_holds_as_each_reads_alone(
+    queue_gateway: Gateway, client: httpx.AsyncClient
+) -> None:
+    """Issue 31: a page's holds are one batch read (Ledger.holds), not a round trip
+    each; the queue and the listing of escalated holds show the same holds, in the
+    same order and with the same times, as reading each hold alone does."""
+    gw = queue_gateway
+    tenant = gw.tenant("own").id
+    ledger = Ledger.from_url(gw.redis_url)
+    try:
+        ids = [hold_id for _, hold_id in await ledger.escalation_order(tenant)]
+        alone = [await ledger.hold(tenant, hold_id) for hold_id in ids]
+    finally:
+        await ledger.aclose()
+    assert len(ids) == WAITING and all(h is not None for h in alone)
+    page = await client.get(
+        f"/v1/admin/tenants/{tenant}/escalations", params={"limit": 200}, headers=gw.admin
+    )
+    assert page.status_code == 200, page.text
+    items = page.json()["escalations"]
+    assert [(i["hold"], i["created_at"], i["deadline_at"]) for i in items] == [
+        (h.hold_id, rfc3339(h.created_ms), rfc3339(h.deadline_ms)) for h in alone if h
+    ]
+    assert all(i["reason"] == "approval_threshold" for i in items)
+    listed = await client.get(
+        f"/v1/admin/tenants/{tenant}/holds", params={"state": "escalated"}, headers=gw.admin
+    )
+    assert listed.status_code == 200, listed.text
+    assert [h["hold"] for h in listed.json()] == sorted(ids)
 
 
 async def test_a_scrape_without_a_token_reads_no_hold(
