@@ -56,6 +56,16 @@ COMMANDS = (
     Command("ledger", "irrev.commands.ledger", "inspect and check the budget ledger"),
     Command("policy", "irrev.commands.policy", "validate, show and issue tokens for policies"),
     Command("keys", "irrev.commands.keys", "create, rotate, revoke and list managed keys"),
+    Command(
+        "escalations",
+        "irrev.commands.escalations",
+        "list, approve and reject escalations, through a gateway's admin API",
+    ),
+    Command(
+        "holds",
+        "irrev.commands.holds",
+        "show a hold, resolve an ambiguous one, through a gateway's admin API",
+    ),
     Command("sim", "irrev.commands.sim", "run a fleet simulation experiment", "sim"),
 )
 BENCHES = (
