@@ -60,9 +60,20 @@ class Tally:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--agents", type=int, default=50, choices=range(1, 51), metavar="1-50")
-    parser.add_argument("--ticks", type=bounded(int, 1, 10_000), default=40)
-    parser.add_argument("--seed", type=bounded(int, 0), default=7)
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=50,
+        choices=range(1, 51),
+        metavar="1-50",
+        help="buying agents in the fleet",
+    )
+    parser.add_argument(
+        "--ticks", type=bounded(int, 1, 10_000), default=40, help="rounds of orders; a spike midway"
+    )
+    parser.add_argument(
+        "--seed", type=bounded(int, 0), default=7, help="the seed of the fleet's orders"
+    )
     parser.add_argument(
         "--approve",
         type=bounded(int, 0),

@@ -29,8 +29,10 @@ def configure(commands: Any) -> None:
     pull = commands.add_parser(
         "pull", help="write the store's version of a tenant's policy to a file (or stdout)"
     )
-    pull.add_argument("tenant")
-    pull.add_argument("-o", "--output", type=Path, metavar="FILE")
+    pull.add_argument("tenant", help="the tenant whose policy to pull")
+    pull.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="write it here (default: stdout)"
+    )
     add_connection(pull)
     pull.set_defaults(func=cmd_pull)
 
@@ -39,7 +41,7 @@ def configure(commands: Any) -> None:
         help="change a tenant's policy in the store to a file, made from the version its "
         "pull header (or --base) names",
     )
-    push.add_argument("file", type=Path, metavar="FILE")
+    push.add_argument("file", type=Path, metavar="FILE", help="a pulled file, edited")
     push.add_argument("--base", type=int, help="the store version the file was made from")
     add_connection(push)
     push.set_defaults(func=cmd_push)
@@ -47,13 +49,18 @@ def configure(commands: Any) -> None:
     diff = commands.add_parser(
         "diff", help="how a file differs from the store's version (exit 1 if it does)"
     )
-    diff.add_argument("file", type=Path, metavar="FILE")
+    diff.add_argument("file", type=Path, metavar="FILE", help="a policy file (pulled or not)")
     add_connection(diff)
     diff.set_defaults(func=cmd_diff)
 
     history = commands.add_parser("history", help="a tenant's stored versions, newest first")
-    history.add_argument("tenant")
-    history.add_argument("--limit", type=bounded(int, 1, POLICY_HISTORY), default=20)
+    history.add_argument("tenant", help="the tenant whose versions to list")
+    history.add_argument(
+        "--limit",
+        type=bounded(int, 1, POLICY_HISTORY),
+        default=20,
+        help=f"versions to list (1-{POLICY_HISTORY}, default 20)",
+    )
     add_connection(history)
     history.set_defaults(func=cmd_history)
 

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,50 @@ def test_every_command_takes_json() -> None:
                 lacking.append(" ".join(path))
     assert ("ledger", "balance") in seen and ("bench", "background") in seen
     assert not lacking, f"commands without --json: {lacking}"
+
+
+def parsers_of(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """`parser` and every parser under it, commands with subcommands included."""
+    yield path, parser
+    for group in parser._actions:
+        if isinstance(group, argparse._SubParsersAction):
+            for name, child in group.choices.items():
+                yield from parsers_of(child, (*path, name))
+
+
+def unexplained(parser: argparse.ArgumentParser) -> Iterator[str]:
+    """The arguments and subcommands of `parser` that `--help` shows without a word."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            yield from (choice.dest for choice in action._choices_actions if not choice.help)
+        elif not action.help:
+            yield "/".join(action.option_strings) or action.dest
+
+
+def test_every_argument_has_help() -> None:
+    """Every flag, positional argument and subcommand of every command says what it
+    is for in `--help`. Each command is configured (imported) as when it is run."""
+    lacking = []
+    for words in [(), *((c.name,) for c in COMMANDS), *(("bench", b.name) for b in BENCHES)]:
+        for path, parser in parsers_of(build_parser(words)):
+            if path[: len(words)] == words[: len(path)]:
+                lacking += [f"irrev {' '.join(path)}: {name}" for name in unexplained(parser)]
+    assert not lacking, f"without help: {sorted(set(lacking))}"
+
+
+def test_version_is_the_packages() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "irrev.cli", "--version"],
+        cwd=ROOT,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"irrev {metadata.version('irrev')}\n"
 
 
 def bench_json(bench: str, *args: str) -> dict[str, Any]:
