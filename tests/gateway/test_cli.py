@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from irrev.cli import BENCHES, COMMANDS, build_parser
+from irrev.cli import BENCHES, COMMANDS, build_parser, main
 
 from .servers import ROOT, base_env
 
@@ -230,6 +230,16 @@ def test_version_is_the_packages() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"irrev {metadata.version('irrev')}\n"
+
+
+def test_serve_help_names_what_a_first_run_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    for setting in ("IRREV_ADMIN_TOKENS", "IRREV_REDIS_URL", "IRREV_DATA_DIR"):
+        assert setting in shown
+    assert 'docs/operations.md, "Settings"' in " ".join(shown.split())
 
 
 def bench_json(bench: str, *args: str) -> dict[str, Any]:
