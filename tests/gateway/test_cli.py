@@ -50,6 +50,8 @@ def test_outside_the_repository_is_one_line(command: list[str], tmp_path: Path) 
         (["bench", "gateway", "--seconds", "0"], {}, "--seconds: must be a number between"),
         (["bench", "cli", "--baseline", "no/irrev"], {}, "--baseline no/irrev: no such file"),
         (["demo", "--seed", "-1"], {}, "--seed: must be a whole number >= 0"),
+        (["demo", "--port", "0"], {}, "--port: must be a whole number between 1 and 65535"),
+        (["demo-mcp", "--port", "65536"], {}, "--port: must be a whole number between 1"),
         (["load", "--users", "0"], {}, "--users: must be a whole number between 1 and"),
         (["ledger", "journal", "--tenant", "t", "--count", "0"], {}, "--count: must be"),
         (["serve", "--port", "99999"], {}, "IRREV_PORT: Input should be less than or equal"),
