@@ -22,6 +22,7 @@ import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import TypeVar
 
 from pydantic import ValidationError
@@ -56,6 +57,16 @@ COMMANDS = (
     Command("ledger", "irrev.commands.ledger", "inspect and check the budget ledger"),
     Command("policy", "irrev.commands.policy", "validate, show and issue tokens for policies"),
     Command("keys", "irrev.commands.keys", "create, rotate, revoke and list managed keys"),
+    Command(
+        "escalations",
+        "irrev.commands.escalations",
+        "list, approve and reject escalations, through a gateway's admin API",
+    ),
+    Command(
+        "holds",
+        "irrev.commands.holds",
+        "show a hold, resolve an ambiguous one, through a gateway's admin API",
+    ),
     Command("sim", "irrev.commands.sim", "run a fleet simulation experiment", "sim"),
 )
 BENCHES = (
@@ -106,10 +117,34 @@ def bounded(kind: type[Number], low: Number, high: Number | None = None) -> Call
     return parse
 
 
+class Version(argparse.Action):
+    """`--version`: the version the installed package's metadata records, read only
+    when asked: the lookup walks the installed distributions, which `--help` and every
+    command would pay for otherwise (argparse's own version action wants the text up
+    front)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        try:
+            version = metadata.version("irrev")
+        except metadata.PackageNotFoundError:
+            raise CliError("irrev is not installed (no package metadata): pip install .") from None
+        print(f"irrev {version}")
+        parser.exit()
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """The whole tree, with only the command that `argv` names configured (imported)."""
     parser = argparse.ArgumentParser(
         prog="irrev", description="Fleet-wide irreversibility budget admission controller."
+    )
+    parser.add_argument(
+        "--version", action=Version, nargs=0, help="print the installed version and exit"
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_commands(subparsers, COMMANDS, argv)

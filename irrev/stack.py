@@ -21,6 +21,9 @@ DEMO_ADMIN_TOKEN = "demo-admin-token-not-secret"
 # Whose the demo admin token is: a person, as a real operator's token names one (the
 # journal and the agents read `operator:alice` for its decisions).
 DEMO_OPERATOR = "alice"
+# The demos' --port: a known port lets a person watch a run from /console (with the
+# demo admin token) or `irrev escalations list`.
+PORT_HELP = "the gateway's port on 127.0.0.1 (default: a free one)"
 
 # What the demo and load runs serve: the procurement tenant and its demo tokens. Only
 # these: another example may need a secret (payments-api.yaml reads its API key from

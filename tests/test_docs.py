@@ -137,3 +137,20 @@ def test_every_cited_contract_is_in_the_design() -> None:
                     cited[int(number)] = str(path.relative_to(ROOT))
     assert cited, "no 'contract N' citations found: is the pattern still right?"
     assert set(cited) <= promises, {n: p for n, p in cited.items() if n not in promises}
+
+
+def documented_settings() -> set[str]:
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    table = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"`(IRREV_[A-Z0-9_]+)`", table))
+
+
+def test_every_setting_is_documented() -> None:
+    """`irrev serve --help` sends people to docs/operations.md, "Settings", for every
+    setting it does not name: each field of the settings models is there, and no
+    other."""
+    from gateway.settings import GatewaySettings
+    from ledger import LedgerSettings
+
+    fields = {*GatewaySettings.model_fields, *LedgerSettings.model_fields}
+    assert documented_settings() == {f"IRREV_{name.upper()}" for name in fields}

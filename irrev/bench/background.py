@@ -60,7 +60,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gateways", default="1,4,16", help="comma-separated fleet sizes (1 to 64 each)"
     )
-    parser.add_argument("--tenants", type=bounded(int, 1, 200), default=3)
+    parser.add_argument(
+        "--tenants", type=bounded(int, 1, 200), default=3, help="tenants every gateway serves"
+    )
     parser.add_argument(
         "--seconds", type=bounded(float, 1, 600), default=60.0, help="measured per size"
     )

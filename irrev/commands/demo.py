@@ -26,7 +26,14 @@ from rich.table import Table
 from gateway.policies import load_demo_tokens, read_policy_file
 from irrev import output
 from irrev.cli import bounded
-from irrev.stack import DEMO_ADMIN_TOKEN, DEMO_OPERATOR, gateway, render_policies, supplier
+from irrev.stack import (
+    DEMO_ADMIN_TOKEN,
+    DEMO_OPERATOR,
+    PORT_HELP,
+    gateway,
+    render_policies,
+    supplier,
+)
 from ledger import Balance, EmbeddedRedis, HoldState, Ledger, audit_tenant
 from pricing.units import with_money_text
 
@@ -60,9 +67,20 @@ class Tally:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--agents", type=int, default=50, choices=range(1, 51), metavar="1-50")
-    parser.add_argument("--ticks", type=bounded(int, 1, 10_000), default=40)
-    parser.add_argument("--seed", type=bounded(int, 0), default=7)
+    parser.add_argument(
+        "--agents",
+        type=int,
+        default=50,
+        choices=range(1, 51),
+        metavar="1-50",
+        help="buying agents in the fleet",
+    )
+    parser.add_argument(
+        "--ticks", type=bounded(int, 1, 10_000), default=40, help="rounds of orders; a spike midway"
+    )
+    parser.add_argument(
+        "--seed", type=bounded(int, 0), default=7, help="the seed of the fleet's orders"
+    )
     parser.add_argument(
         "--approve",
         type=bounded(int, 0),
@@ -75,6 +93,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="send the same seeded orders one by one, enforced and in shadow mode, and "
         "compare the decisions",
     )
+    parser.add_argument("--port", type=bounded(int, 1, 65535), help=PORT_HELP)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(func=run)
 
@@ -118,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         console.print("[bold]irrev demo[/]: starting Redis, the supplier API and the gateway...")
         with EmbeddedRedis(root / "redis") as redis, supplier() as supplier_url:
             policies = render_policies(root / "policies", supplier_url)
-            with gateway(redis.url, policies, workers=2) as server:
+            with gateway(redis.url, policies, workers=2, port=args.port) as server:
                 console.print(f"gateway on {server.url}; {args.agents} agents buying...")
                 tally = asyncio.run(fleet(server.url, policies, args))
                 return asyncio.run(report(console, redis.url, supplier_url, policies, tally, args))

@@ -30,7 +30,7 @@ from rich.table import Table
 from irrev import output
 from irrev.cli import CliError, bounded
 from irrev.harness import TenantPolicy
-from irrev.stack import DEMO_ADMIN_TOKEN, DEMO_OPERATOR, gateway, mcp_tools
+from irrev.stack import DEMO_ADMIN_TOKEN, DEMO_OPERATOR, PORT_HELP, gateway, mcp_tools
 from ledger import EmbeddedRedis, HoldState, Ledger, audit_tenant
 
 EXAMPLE = Path("examples") / "mcp-fleet.yaml"
@@ -40,6 +40,7 @@ KEY_META = "dev.irrev/idempotency_key"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agents", type=bounded(int, 1, 50), default=20, help="buying agents")
     parser.add_argument("--orders", type=bounded(int, 1, 100), default=6, help="per agent")
+    parser.add_argument("--port", type=bounded(int, 1, 65535), help=PORT_HELP)
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(func=run)
 
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             mcp_tools(root / "tool-state") as tools,
         ):
             tokens = fleet_policy(root / "policies", tools.url, args.agents)
-            with gateway(redis.url, root / "policies", workers=2) as irrev:
+            with gateway(redis.url, root / "policies", workers=2, port=args.port) as irrev:
                 tally = asyncio.run(demo(irrev.url, tools.url, tokens, args))
                 return asyncio.run(check(redis.url, tools.url, tally, args.json))
 

@@ -95,7 +95,8 @@ def run_mode(root: Path, args: argparse.Namespace, mode: str, console: Console) 
     console.print(f"[bold]{mode}[/]: starting Redis, the supplier API and the gateway...")
     with EmbeddedRedis(root / f"redis-{mode}") as redis, supplier() as supplier_url:
         policies = render_policies(root / f"policies-{mode}", supplier_url, mode=mode)
-        with gateway(redis.url, policies, workers=1) as server:
+        # One stack at a time: with --port, each run's gateway takes it in turn.
+        with gateway(redis.url, policies, workers=1, port=args.port) as server:
             return asyncio.run(drive(server.url, redis.url, supplier_url, policies, args, mode))
 
 

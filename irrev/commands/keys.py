@@ -39,9 +39,11 @@ def configure(keys: argparse.ArgumentParser) -> None:
     whose = create.add_mutually_exclusive_group(required=True)
     whose.add_argument("--agent", help="an agent of the tenant's policy")
     whose.add_argument("--admin", help="an admin id (then --role)")
-    create.add_argument("--role", choices=[role.value for role in AdminRole])
+    create.add_argument(
+        "--role", choices=[role.value for role in AdminRole], help="an admin key's role"
+    )
     create.add_argument("--owner", required=True, help="who the key is for or answers for it")
-    create.add_argument("--purpose", default="")
+    create.add_argument("--purpose", default="", help="what the key is for, for its list")
     create.add_argument(
         "--expires-in-s", type=bounded(int, 1, MAX_LIFETIME_S), help="default: never expires"
     )
@@ -49,12 +51,12 @@ def configure(keys: argparse.ArgumentParser) -> None:
 
     rotate = commands.add_parser("rotate", help="a new token for a key; the old one stops")
     _tenant(rotate)
-    rotate.add_argument("key_id", metavar="KEY_ID")
+    rotate.add_argument("key_id", metavar="KEY_ID", help="the key's id, as `list` shows it")
     _bind(rotate, _rotate)
 
     revoke = commands.add_parser("revoke", help="revoke a key for good")
     _tenant(revoke)
-    revoke.add_argument("key_id", metavar="KEY_ID")
+    revoke.add_argument("key_id", metavar="KEY_ID", help="the key's id, as `list` shows it")
     _bind(revoke, _revoke)
 
     listing = commands.add_parser("list", help="a tenant's keys (never their tokens)")
@@ -63,7 +65,7 @@ def configure(keys: argparse.ArgumentParser) -> None:
 
 
 def _tenant(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tenant", required=True)
+    parser.add_argument("--tenant", required=True, help="the tenant whose keys these are")
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 

@@ -42,20 +42,23 @@ from pricing.money import money_text
 from pricing.units import journal_money, rfc3339, with_money_text
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
+TENANT_HELP = "the tenant's id, as its policy names it"
 
 
 def configure(ledger: argparse.ArgumentParser) -> None:
     commands = ledger.add_subparsers(dest="ledger_command", metavar="COMMAND", required=True)
 
     balance = commands.add_parser("balance", help="limits and balances of a tenant's accounts")
-    balance.add_argument("--tenant", required=True)
+    balance.add_argument("--tenant", required=True, help=TENANT_HELP)
     balance.add_argument("accounts", nargs="*", metavar="ACCOUNT", help="kind:name (all if none)")
     _bind(balance, _balance)
 
     journal = commands.add_parser("journal", help="print a tenant's journal")
-    journal.add_argument("--tenant", required=True)
+    journal.add_argument("--tenant", required=True, help=TENANT_HELP)
     journal.add_argument("--after", default="-", help="entry id to start after")
-    journal.add_argument("--count", type=bounded(int, 1, 10_000), default=100)
+    journal.add_argument(
+        "--count", type=bounded(int, 1, 10_000), default=100, help="entries to print"
+    )
     journal.add_argument("--json", action="store_true", help="JSON lines")
     _bind(journal, _journal)
 
@@ -72,19 +75,24 @@ def configure(ledger: argparse.ArgumentParser) -> None:
     _bind(check, _audit)
 
     sweep = commands.add_parser("sweep", help="expire a tenant's due holds now")
-    sweep.add_argument("--tenant", required=True)
+    sweep.add_argument("--tenant", required=True, help=TENANT_HELP)
     _bind(sweep, _sweep)
 
     trim = commands.add_parser(
         "trim", help="archive old journal entries to JSON lines, then trim them from Redis"
     )
-    trim.add_argument("--tenant", required=True)
+    trim.add_argument("--tenant", required=True, help=TENANT_HELP)
     trim.add_argument("--archive", required=True, type=Path, help="directory for the archive")
-    trim.add_argument("--older-than-s", type=bounded(int, 0), default=7 * 24 * 3600)
+    trim.add_argument(
+        "--older-than-s",
+        type=bounded(int, 0),
+        default=7 * 24 * 3600,
+        help="trim entries older than this many seconds (default 7 days)",
+    )
     _bind(trim, _trim)
 
     reconcile = commands.add_parser("reconcile", help="list a tenant's ambiguous holds")
-    reconcile.add_argument("--tenant", required=True)
+    reconcile.add_argument("--tenant", required=True, help=TENANT_HELP)
     _bind(reconcile, _reconcile)
 
     upgrade = commands.add_parser(
@@ -92,7 +100,9 @@ def configure(ledger: argparse.ArgumentParser) -> None:
         help="the fleet's rolling upgrade: 'status' prints the release flag, 'finish' "
         "(once every gateway runs this release) lets them write this release's records",
     )
-    upgrade.add_argument("action", choices=("status", "finish"))
+    upgrade.add_argument(
+        "action", choices=("status", "finish"), help="print the flag, or finish the upgrade"
+    )
     _bind(upgrade, _upgrade)
 
 

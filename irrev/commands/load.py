@@ -24,12 +24,21 @@ LOCUSTFILE = Path(__file__).resolve().parent.parent / "locustfile.py"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--users", type=bounded(int, 1, 1000), default=50)
-    parser.add_argument("--spawn-rate", type=bounded(float, 0.1, 1000.0), default=25)
+    parser.add_argument(
+        "--users", type=bounded(int, 1, 1000), default=50, help="locust users (buying agents)"
+    )
+    parser.add_argument(
+        "--spawn-rate",
+        type=bounded(float, 0.1, 1000.0),
+        default=25,
+        help="users started per second until all run",
+    )
     parser.add_argument(
         "--seconds", type=bounded(int, 1, 3600), default=30, help="bounded run time"
     )
-    parser.add_argument("--workers", type=bounded(int, 1, 64), default=2)
+    parser.add_argument(
+        "--workers", type=bounded(int, 1, 64), default=2, help="the gateway's worker processes"
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(func=run)
 

@@ -53,12 +53,14 @@ def configure(policy: argparse.ArgumentParser) -> None:
     validate = commands.add_parser(
         "validate", help="check policy files; exit 1 listing every problem by field path"
     )
-    validate.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    validate.add_argument(
+        "files", nargs="+", type=Path, metavar="FILE", help="policy files, checked as a set"
+    )
     validate.add_argument("--json", action="store_true", help="print the results as JSON")
     validate.set_defaults(func=cmd_validate)
 
     show = commands.add_parser("show", help="summarise a policy: accounts, agents, routes")
-    show.add_argument("file", type=Path, metavar="FILE")
+    show.add_argument("file", type=Path, metavar="FILE", help="a policy file")
     show.add_argument("--json", action="store_true", help="print the summary as JSON")
     show.set_defaults(func=cmd_show)
 
@@ -67,9 +69,9 @@ def configure(policy: argparse.ArgumentParser) -> None:
         help="issue a new agent token (or a tool's settler token); prints it once with the "
         "line for the policy",
     )
-    token.add_argument("--tenant", required=True)
+    token.add_argument("--tenant", required=True, help="the tenant the token is for")
     holder = token.add_mutually_exclusive_group(required=True)
-    holder.add_argument("--agent")
+    holder.add_argument("--agent", help="an agent of the tenant's policy")
     holder.add_argument("--tool", help="the tool API whose settler credential this is")
     holder.add_argument("--admin", help="a tenant admin (its role is set in `admins:`)")
     token.add_argument("--json", action="store_true", help="print the token and its line as JSON")
@@ -85,7 +87,7 @@ def configure(policy: argparse.ArgumentParser) -> None:
         help="what one request would cost, and why: route, face value, accounts, price, or "
         "the reason code it would be refused with",
     )
-    price.add_argument("file", type=Path, metavar="FILE")
+    price.add_argument("file", type=Path, metavar="FILE", help="the tenant's policy file")
     target = price.add_mutually_exclusive_group(required=True)
     target.add_argument(
         "--route", metavar="'TOOL METHOD PATH'", help="e.g. 'supplier POST /orders'"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -17,44 +16,24 @@ from typing import Any
 
 import httpx
 
+from irrev.admin_api import add_connection, call, connect, json_of, path
 from irrev.cli import CliError, bounded
 from ledger import POLICY_HISTORY
 from pricing import PolicyError, parse_yaml
 
-GATEWAY_ENV = "IRREV_GATEWAY_URL"
-TOKEN_ENV = "IRREV_ADMIN_TOKEN"
-DEFAULT_GATEWAY = "http://127.0.0.1:8080"
 # The first line of a pulled file: which store version it holds.
 HEADER = re.compile(r"^# irrev: version (\d+) of tenant (\S+)\n")
 
 
-class Refused(CliError):
-    """The gateway refused the change (exit 1: checked and found wrong)."""
-
-    exit_code = 1
-
-
 def configure(commands: Any) -> None:
-    def connection(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--gateway",
-            default=os.environ.get(GATEWAY_ENV, DEFAULT_GATEWAY),
-            help=f"the gateway's URL ({GATEWAY_ENV}, default {DEFAULT_GATEWAY})",
-        )
-        parser.add_argument(
-            "--token-env",
-            default=TOKEN_ENV,
-            metavar="NAME",
-            help=f"the environment variable holding an admin token (default {TOKEN_ENV})",
-        )
-        parser.add_argument("--json", action="store_true", help="print the result as JSON")
-
     pull = commands.add_parser(
         "pull", help="write the store's version of a tenant's policy to a file (or stdout)"
     )
-    pull.add_argument("tenant")
-    pull.add_argument("-o", "--output", type=Path, metavar="FILE")
-    connection(pull)
+    pull.add_argument("tenant", help="the tenant whose policy to pull")
+    pull.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="write it here (default: stdout)"
+    )
+    add_connection(pull)
     pull.set_defaults(func=cmd_pull)
 
     push = commands.add_parser(
@@ -62,56 +41,33 @@ def configure(commands: Any) -> None:
         help="change a tenant's policy in the store to a file, made from the version its "
         "pull header (or --base) names",
     )
-    push.add_argument("file", type=Path, metavar="FILE")
+    push.add_argument("file", type=Path, metavar="FILE", help="a pulled file, edited")
     push.add_argument("--base", type=int, help="the store version the file was made from")
-    connection(push)
+    add_connection(push)
     push.set_defaults(func=cmd_push)
 
     diff = commands.add_parser(
         "diff", help="how a file differs from the store's version (exit 1 if it does)"
     )
-    diff.add_argument("file", type=Path, metavar="FILE")
-    connection(diff)
+    diff.add_argument("file", type=Path, metavar="FILE", help="a policy file (pulled or not)")
+    add_connection(diff)
     diff.set_defaults(func=cmd_diff)
 
     history = commands.add_parser("history", help="a tenant's stored versions, newest first")
-    history.add_argument("tenant")
-    history.add_argument("--limit", type=bounded(int, 1, POLICY_HISTORY), default=20)
-    connection(history)
+    history.add_argument("tenant", help="the tenant whose versions to list")
+    history.add_argument(
+        "--limit",
+        type=bounded(int, 1, POLICY_HISTORY),
+        default=20,
+        help=f"versions to list (1-{POLICY_HISTORY}, default 20)",
+    )
+    add_connection(history)
     history.set_defaults(func=cmd_history)
 
 
-def _client(args: argparse.Namespace) -> httpx.Client:
-    token = os.environ.get(args.token_env, "")
-    if not token:
-        raise CliError(f"set {args.token_env} to an admin token of the gateway")
-    return httpx.Client(
-        base_url=args.gateway,
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30.0,
-        trust_env=False,
-    )
-
-
-def _call(client: httpx.Client, method: str, url: str, **options: Any) -> httpx.Response:
-    try:
-        response = client.request(method, url, **options)
-    except httpx.HTTPError as exc:
-        raise CliError(f"cannot reach the gateway at {client.base_url}: {exc}") from None
-    if response.status_code >= 400:
-        try:
-            problem = response.json()
-            said = f"{problem.get('reason', response.status_code)}: {problem.get('detail', '')}"
-            said += "".join(f"\n  {line}" for line in problem.get("problems", []))
-        except ValueError:
-            said = f"HTTP {response.status_code}"
-        raise Refused(said)
-    return response
-
-
 def _stored(client: httpx.Client, tenant: str) -> tuple[str, int]:
-    url = f"/v1/admin/tenants/{tenant}/policy"
-    response = _call(client, "GET", url, headers={"Accept": "application/yaml"})
+    url = path("v1", "admin", "tenants", tenant, "policy")
+    response = call(client, "GET", url, headers={"Accept": "application/yaml"})
     return response.text, int(response.headers.get("etag", '"0"').strip('"'))
 
 
@@ -136,7 +92,7 @@ def _read(path: Path) -> tuple[str, int | None, str]:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    with _client(args) as client:
+    with connect(args) as client:
         text, version = _stored(client, args.tenant)
     pulled = f"# irrev: version {version} of tenant {args.tenant}\n{text}"
     if args.output is not None:
@@ -158,15 +114,15 @@ def cmd_push(args: argparse.Namespace) -> int:
             f"{args.file}: say which store version it was made from: --base N, or "
             f"`irrev policy pull {tenant} -o FILE` and edit that"
         )
-    with _client(args) as client:
-        response = _call(
+    with connect(args) as client:
+        response = call(
             client,
             "PUT",
-            f"/v1/admin/tenants/{tenant}/policy",
+            path("v1", "admin", "tenants", tenant, "policy"),
             content=text.encode(),
             headers={"If-Match": f'"{base}"', "Content-Type": "application/yaml"},
         )
-    version = response.json()["version"]
+    version = json_of(response)["version"]
     if args.json:
         print(json.dumps({"tenant": tenant, "version": version, "base": base}))
     else:
@@ -176,7 +132,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     text, _, tenant = _read(args.file)
-    with _client(args) as client:
+    with connect(args) as client:
         stored, version = _stored(client, tenant)
     lines = list(
         difflib.unified_diff(
@@ -195,16 +151,17 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        response = _call(
+    with connect(args) as client:
+        response = call(
             client,
             "GET",
-            f"/v1/admin/tenants/{args.tenant}/policy/history",
+            path("v1", "admin", "tenants", args.tenant, "policy", "history"),
             params={"limit": args.limit},
         )
+    entries = json_of(response)
     if args.json:
-        print(json.dumps(response.json()))
+        print(json.dumps(entries))
         return 0
-    for entry in response.json():
+    for entry in entries:
         print(f"{entry['version']:>5}  {entry['written']}  {entry['digest']}  {entry['origin']}")
     return 0

@@ -16,8 +16,27 @@ from gateway.settings import GatewaySettings
 from irrev.cli import CliError
 from pricing import PolicyError
 
+# What a first run cannot do without, in `--help`: a person starting a gateway for the
+# first time reads this, not the settings modules.
+FIRST_RUN = """\
+a first run needs these environment variables (the flags above override their own):
+  IRREV_ADMIN_TOKENS  operators' admin tokens, name=token pairs, comma-separated: the
+                      admin API, the console, `irrev escalations` and `irrev holds`
+                      (unset: only the tenant admins that policies list)
+  IRREV_REDIS_URL     the fleet's Redis: redis://, rediss:// or unix:// (unset: an
+                      embedded redis-server, for one machine)
+  IRREV_DATA_DIR      where that embedded server keeps its append-only file
+                      (default ~/.local/share/irrev)
+  IRREV_POLICY_DIR    tenant policy files (or --policy-dir; default ./examples)
+
+every other IRREV_* setting, its default and what it does: docs/operations.md,
+"Settings"
+"""
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = FIRST_RUN
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--host", help="bind address (IRREV_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (IRREV_PORT, default 8080)")
     parser.add_argument("--workers", type=int, help="worker processes (IRREV_WORKERS)")

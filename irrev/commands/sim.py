@@ -18,7 +18,11 @@ from sim import experiments, report, world
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("experiment", choices=sorted([*experiments.EXPERIMENTS, "run"]))
+    p.add_argument(
+        "experiment",
+        choices=sorted([*experiments.EXPERIMENTS, "run"]),
+        help="a published experiment (docs/simulator.md), or run: your own policy and workload",
+    )
     p.add_argument("--seeds", type=int, help="seeds per case (default 300, run: the workload's)")
     own = p.add_argument_group("run: your own fleet")
     own.add_argument("--policy", type=Path, help="a tenant policy YAML, as the gateway serves")
@@ -29,7 +33,11 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--agents", type=int, nargs="+", help="fleet size(s); default 50")
     world = p.add_argument_group("the world, for every case (default: the experiment's)")
     world.add_argument("--misprice", type=float, help="realised loss = k x priced")
-    world.add_argument("--misprice-shape", choices=("scale", "shape"))
+    world.add_argument(
+        "--misprice-shape",
+        choices=("scale", "shape"),
+        help="scale: each residual x k; shape: recovery from another Beta of that mean",
+    )
     world.add_argument("--windows", type=int, help="consecutive budget windows")
     world.add_argument("--burst-mult", type=float, help="burst proposal rate x (0.05 published)")
     world.add_argument("--burst-len", type=int, help="burst length in ticks (50 published)")
@@ -44,9 +52,27 @@ def configure(p: argparse.ArgumentParser) -> None:
         "--top-limit", type=float, help="irrev: the top account's limit as a fraction of R (1)"
     )
     grid = p.add_argument_group("the pareto grid's axes (--misprices: calibration's too)")
-    grid.add_argument("--delays", type=int, nargs="+", default=experiments.PARETO_DELAYS)
-    grid.add_argument("--misprices", type=float, nargs="+", default=experiments.PARETO_MISPRICES)
-    grid.add_argument("--latencies", type=int, nargs="+", default=experiments.PARETO_LATENCIES)
+    grid.add_argument(
+        "--delays",
+        type=int,
+        nargs="+",
+        default=experiments.PARETO_DELAYS,
+        help="settle delays in ticks (default %(default)s)",
+    )
+    grid.add_argument(
+        "--misprices",
+        type=float,
+        nargs="+",
+        default=experiments.PARETO_MISPRICES,
+        help="misprice factors k (default %(default)s)",
+    )
+    grid.add_argument(
+        "--latencies",
+        type=int,
+        nargs="+",
+        default=experiments.PARETO_LATENCIES,
+        help="approval latencies in ticks (default %(default)s)",
+    )
     p.add_argument(
         "--json", action="store_true", help="print the results' JSON (also written to --out)"
     )

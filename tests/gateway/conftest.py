@@ -189,6 +189,27 @@ CONSOLE_APPROVER = new_token()
 # A tenant admin of `console-keys` who may manage viewer and approver keys, not agents'.
 CONSOLE_KEYS_APPROVER = new_token()
 
+# Tenant admins of `cli-loop` who drive `irrev escalations` and `irrev holds`
+# (test_admin_cli.py): one may decide, one may only look.
+CLI_APPROVER = new_token()
+CLI_VIEWER = new_token()
+
+
+def _cli_loop() -> dict[str, Any]:
+    """procurement, whose in-process deploys escalate (a decision-only approval), with
+    an approver and a viewer of its own."""
+    threshold = {"approval_threshold": "500"}
+    routes = [
+        {**route, **threshold} if route["tool"] == "deploy" else route
+        for route in _PROCUREMENT["routes"]
+    ]
+    admins = {
+        "cleo": {"token_sha256": hash_token(CLI_APPROVER), "role": "approver"},
+        "vic": {"token_sha256": hash_token(CLI_VIEWER), "role": "viewer"},
+    }
+    return {"routes": routes, "admins": admins}
+
+
 # name -> (example policy, top-level overrides)
 TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "basics": ("procurement", {}),
@@ -290,6 +311,10 @@ TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
             }
         },
     ),
+    # `irrev escalations` and `irrev holds` (test_admin_cli.py), and a tenant its
+    # admins cannot reach.
+    "cli-loop": ("procurement", _cli_loop()),
+    "cli-other": ("procurement", {}),
     # The operator console in a browser (test_console.py).
     "console": ("procurement", {}),
     "console-resolve": ("procurement", {}),

@@ -8,12 +8,13 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from irrev.cli import BENCHES, COMMANDS, build_parser
+from irrev.cli import BENCHES, COMMANDS, build_parser, main
 
 from .servers import ROOT, base_env
 
@@ -49,6 +50,8 @@ def test_outside_the_repository_is_one_line(command: list[str], tmp_path: Path) 
         (["bench", "gateway", "--seconds", "0"], {}, "--seconds: must be a number between"),
         (["bench", "cli", "--baseline", "no/irrev"], {}, "--baseline no/irrev: no such file"),
         (["demo", "--seed", "-1"], {}, "--seed: must be a whole number >= 0"),
+        (["demo", "--port", "0"], {}, "--port: must be a whole number between 1 and 65535"),
+        (["demo-mcp", "--port", "65536"], {}, "--port: must be a whole number between 1"),
         (["load", "--users", "0"], {}, "--users: must be a whole number between 1 and"),
         (["ledger", "journal", "--tenant", "t", "--count", "0"], {}, "--count: must be"),
         (["serve", "--port", "99999"], {}, "IRREV_PORT: Input should be less than or equal"),
@@ -185,6 +188,60 @@ def test_every_command_takes_json() -> None:
                 lacking.append(" ".join(path))
     assert ("ledger", "balance") in seen and ("bench", "background") in seen
     assert not lacking, f"commands without --json: {lacking}"
+
+
+def parsers_of(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """`parser` and every parser under it, commands with subcommands included."""
+    yield path, parser
+    for group in parser._actions:
+        if isinstance(group, argparse._SubParsersAction):
+            for name, child in group.choices.items():
+                yield from parsers_of(child, (*path, name))
+
+
+def unexplained(parser: argparse.ArgumentParser) -> Iterator[str]:
+    """The arguments and subcommands of `parser` that `--help` shows without a word."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            yield from (choice.dest for choice in action._choices_actions if not choice.help)
+        elif not action.help:
+            yield "/".join(action.option_strings) or action.dest
+
+
+def test_every_argument_has_help() -> None:
+    """Every flag, positional argument and subcommand of every command says what it
+    is for in `--help`. Each command is configured (imported) as when it is run."""
+    lacking = []
+    for words in [(), *((c.name,) for c in COMMANDS), *(("bench", b.name) for b in BENCHES)]:
+        for path, parser in parsers_of(build_parser(words)):
+            if path[: len(words)] == words[: len(path)]:
+                lacking += [f"irrev {' '.join(path)}: {name}" for name in unexplained(parser)]
+    assert not lacking, f"without help: {sorted(set(lacking))}"
+
+
+def test_version_is_the_packages() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "irrev.cli", "--version"],
+        cwd=ROOT,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"irrev {metadata.version('irrev')}\n"
+
+
+def test_serve_help_names_what_a_first_run_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    for setting in ("IRREV_ADMIN_TOKENS", "IRREV_REDIS_URL", "IRREV_DATA_DIR"):
+        assert setting in shown
+    assert 'docs/operations.md, "Settings"' in " ".join(shown.split())
 
 
 def bench_json(bench: str, *args: str) -> dict[str, Any]:
