@@ -160,7 +160,7 @@ def settings_classes() -> Iterator[type[BaseSettings]]:
     for path, tree in _modules(*PRODUCT):
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef) and any(
-                (getattr(base, "id", None) or getattr(base, "attr", "")).endswith("Settings")
+                str(getattr(base, "id", "") or getattr(base, "attr", "")).endswith("Settings")
                 for base in node.bases
             ):
                 module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
@@ -245,6 +245,12 @@ def test_the_readme_is_a_front_door() -> None:
     assert lines[0] == "# irrev"
     sections = [line for line in lines if line.startswith("## ")]
     assert sections[0] == "## Set up (two commands)", sections
+    setup = lines[lines.index(sections[0]) : lines.index(sections[1])]
+    commands = [line.strip() for line in setup if line.startswith("    ")]
+    assert commands == [
+        "python3 -m venv .venv && .venv/bin/pip install -q . && .venv/bin/irrev demo",
+        "python3 -m venv .venv && .venv/bin/pip install -q '.[test]' && .venv/bin/pytest",
+    ], commands
 
 
 def markdown_files() -> list[Path]:
@@ -277,19 +283,49 @@ def test_every_linked_section_exists() -> None:
     assert not broken, broken
 
 
-def anchors(path: Path) -> set[str]:
-    found: set[str] = set()
+def headings(path: Path) -> list[tuple[int, str]]:
+    """(level, GitHub's anchor) of every heading outside code blocks, in order."""
+    found: list[tuple[int, str]] = []
+    seen: set[str] = set()
     fenced = False
     for line in path.read_text(encoding="utf-8").splitlines():
         if line.startswith("```"):
             fenced = not fenced
-        elif not fenced and (heading := re.match(r"^#{1,6} (.*)$", line)):
-            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+        elif not fenced and (heading := re.match(r"^(#{1,6}) (.*)$", line)):
+            slug = re.sub(r"[^\w\- ]", "", heading.group(2).strip().lower()).replace(" ", "-")
             base, n = slug, 1
-            while slug in found:
+            while slug in seen:
                 slug, n = f"{base}-{n}", n + 1
-            found.add(slug)
+            seen.add(slug)
+            found.append((len(heading.group(1)), slug))
     return found
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug for _, slug in headings(path)}
+
+
+LONG_DOC_LINES = 150
+
+
+def test_every_long_document_has_a_table_of_contents() -> None:
+    """A docs page past LONG_DOC_LINES opens with `Contents:`, a list linking every one
+    of its sections (`##`), before the first of them."""
+    lacking = {}
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) <= LONG_DOC_LINES:
+            continue
+        first_section = text.find("\n## ")
+        contents = text.find("\nContents:\n")
+        if contents == -1 or contents > first_section:
+            lacking[path.name] = "no Contents: before its first section"
+            continue
+        listed = set(re.findall(r"\]\(#([^)]+)\)", text[contents:first_section]))
+        sections = {slug for level, slug in headings(path) if level == 2}
+        if missing := sections - listed:
+            lacking[path.name] = f"sections not in its Contents: {sorted(missing)}"
+    assert not lacking, lacking
 
 
 def test_no_package_registry_is_named() -> None:
