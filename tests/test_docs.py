@@ -1,17 +1,32 @@
 """The documents the code leans on say what the code does: every reason code the
-gateway can answer with is listed in docs/policy.md, and every "contract N" a comment
-cites is a numbered promise in docs/design.md. Read from the source with `ast`, so a
-new refusal cannot ship undocumented."""
+gateway can answer with is listed in docs/policy.md, every "contract N" a comment
+cites is a numbered promise in docs/design.md, and every `IRREV_*` name the product
+reads is in docs/settings.md with its default. Read from the source with `ast`, so a
+new refusal or setting cannot ship undocumented. The README stays a front door (at
+most 300 lines) and no link between the documents leads nowhere."""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
+from typing import Any
+
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("ledger", "pricing", "gateway", "sim")
+# The product: what a user runs (the `irrev` shell included), not its tests.
+PRODUCT = (*PACKAGES, "irrev")
+SOURCE_SUFFIXES = (".py", ".lua", ".js", ".html", ".css")
+ENV_NAME = re.compile(r"\bIRREV_[A-Z0-9_]*[A-Z0-9]\b")
+SETTINGS_ROW = re.compile(r"^\| `(IRREV_[A-Z0-9_]+)` \| ([^|]*) \|", flags=re.MULTILINE)
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]+)\)")
+README_MAX_LINES = 300
 CODE = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -139,18 +154,193 @@ def test_every_cited_contract_is_in_the_design() -> None:
     assert set(cited) <= promises, {n: p for n, p in cited.items() if n not in promises}
 
 
-def documented_settings() -> set[str]:
-    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
-    table = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
-    return set(re.findall(r"`(IRREV_[A-Z0-9_]+)`", table))
+def settings_classes() -> Iterator[type[BaseSettings]]:
+    """Every pydantic-settings class of the product: found in the source by `ast` (a
+    class whose base is named like a settings class), then imported to read its fields."""
+    for path, tree in _modules(*PRODUCT):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(
+                str(getattr(base, "id", "") or getattr(base, "attr", "")).endswith("Settings")
+                for base in node.bases
+            ):
+                module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+                found = getattr(importlib.import_module(module), node.name)
+                if isinstance(found, type) and issubclass(found, BaseSettings):
+                    yield found
 
 
-def test_every_setting_is_documented() -> None:
-    """`irrev serve --help` sends people to docs/operations.md, "Settings", for every
-    setting it does not name: each field of the settings models is there, and no
-    other."""
-    from gateway.settings import GatewaySettings
-    from ledger import LedgerSettings
+def _env_names(cls: type[BaseSettings]) -> Iterator[tuple[str, FieldInfo]]:
+    prefix = cls.model_config.get("env_prefix", "")
+    for name, field in cls.model_fields.items():
+        alias = field.validation_alias if isinstance(field.validation_alias, str) else None
+        yield (prefix + (alias or field.alias or name)).upper(), field
 
-    fields = {*GatewaySettings.model_fields, *LedgerSettings.model_fields}
-    assert documented_settings() == {f"IRREV_{name.upper()}" for name in fields}
+
+def settings_fields() -> dict[str, FieldInfo]:
+    """Environment name -> field, for every field of every settings class."""
+    fields = {name: field for cls in settings_classes() for name, field in _env_names(cls)}
+    assert "IRREV_REDIS_URL" in fields and "IRREV_PORT" in fields, sorted(fields)
+    return fields
+
+
+def names_in(*packages: str) -> set[str]:
+    """Every IRREV_* name written in the packages' source (code, comments, scripts)."""
+    names: set[str] = set()
+    for package in packages:
+        for path in (ROOT / package).rglob("*"):
+            if path.suffix in SOURCE_SUFFIXES and path.is_file():
+                names.update(ENV_NAME.findall(path.read_text(encoding="utf-8")))
+    return names
+
+
+def documented_settings() -> dict[str, str]:
+    """docs/settings.md's table rows: name -> its default cell."""
+    text = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    return {name: default.strip() for name, default in SETTINGS_ROW.findall(text)}
+
+
+def shown(value: Any) -> str:
+    """A default as docs/settings.md writes it."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, Path):
+        home = str(Path.home())
+        return "~" + str(value)[len(home) :] if str(value).startswith(home) else str(value)
+    return str(value) if value != "" else "empty"
+
+
+def test_every_irrev_name_in_the_product_is_documented() -> None:
+    used = names_in(*PRODUCT) | set(settings_fields())
+    assert len(used) > 50, sorted(used)
+    missing = used - set(documented_settings())
+    assert not missing, f"IRREV_ names missing from docs/settings.md's tables: {sorted(missing)}"
+
+
+def test_the_settings_tables_list_nothing_nobody_reads() -> None:
+    known = names_in(*PRODUCT, "tests", ".ci") | set(settings_fields())
+    stale = set(documented_settings()) - known
+    assert not stale, f"docs/settings.md documents names nothing reads: {sorted(stale)}"
+
+
+def test_every_setting_is_documented_with_its_default() -> None:
+    documented = documented_settings()
+    wrong = {}
+    for name, field in settings_fields().items():
+        default = shown(field.get_default(call_default_factory=True))
+        cell = documented.get(name, "")
+        if cell.split(" ", 1)[0].strip("`") != default:
+            wrong[name] = (default, cell)
+    assert not wrong, f"docs/settings.md's defaults differ from the code's: {wrong}"
+
+
+def test_the_readme_is_a_front_door() -> None:
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines"
+    assert lines[0] == "# irrev"
+    sections = [line for line in lines if line.startswith("## ")]
+    assert sections[0] == "## Set up (two commands)", sections
+    setup = lines[lines.index(sections[0]) : lines.index(sections[1])]
+    commands = [line.strip() for line in setup if line.startswith("    ")]
+    assert commands == [
+        "python3 -m venv .venv && .venv/bin/pip install -q . && .venv/bin/irrev demo",
+        "python3 -m venv .venv && .venv/bin/pip install -q '.[test]' && .venv/bin/pytest",
+    ], commands
+
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_relative_link_leads_to_a_file() -> None:
+    broken = []
+    for path in markdown_files():
+        for target in MARKDOWN_LINK.findall(path.read_text(encoding="utf-8")):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue
+            file = target.split("#", 1)[0]
+            if not (path.parent / file).exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert not broken, broken
+
+
+def test_every_linked_section_exists() -> None:
+    """A link to `file.md#anchor` names a heading of that file (GitHub's anchors)."""
+    broken = []
+    for path in markdown_files():
+        for target in MARKDOWN_LINK.findall(path.read_text(encoding="utf-8")):
+            file, _, anchor = target.partition("#")
+            if not anchor or re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                continue
+            linked = (path.parent / file) if file else path
+            if linked.suffix == ".md" and linked.exists() and anchor not in anchors(linked):
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert not broken, broken
+
+
+def headings(path: Path) -> list[tuple[int, str]]:
+    """(level, GitHub's anchor) of every heading outside code blocks, in order."""
+    found: list[tuple[int, str]] = []
+    seen: set[str] = set()
+    fenced = False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and (heading := re.match(r"^(#{1,6}) (.*)$", line)):
+            slug = re.sub(r"[^\w\- ]", "", heading.group(2).strip().lower()).replace(" ", "-")
+            base, n = slug, 1
+            while slug in seen:
+                slug, n = f"{base}-{n}", n + 1
+            seen.add(slug)
+            found.append((len(heading.group(1)), slug))
+    return found
+
+
+def anchors(path: Path) -> set[str]:
+    return {slug for _, slug in headings(path)}
+
+
+LONG_DOC_LINES = 150
+
+
+def test_every_long_document_has_a_table_of_contents() -> None:
+    """A docs page past LONG_DOC_LINES opens with `Contents:`, a list linking every one
+    of its sections (`##`), before the first of them."""
+    lacking = {}
+    for path in sorted((ROOT / "docs").glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) <= LONG_DOC_LINES:
+            continue
+        first_section = text.find("\n## ")
+        contents = text.find("\nContents:\n")
+        if contents == -1 or contents > first_section:
+            lacking[path.name] = "no Contents: before its first section"
+            continue
+        listed = set(re.findall(r"\]\(#([^)]+)\)", text[contents:first_section]))
+        sections = {slug for level, slug in headings(path) if level == 2}
+        if missing := sections - listed:
+            lacking[path.name] = f"sections not in its Contents: {sorted(missing)}"
+    assert not lacking, lacking
+
+
+def test_no_package_registry_is_named() -> None:
+    """The repository never names a package registry's host (pip's index is the
+    machine's own configuration, not the project's)."""
+    hosts = re.compile(r"pypi\.org|files\.pythonhosted|registry\.npmjs|crates\.io|proxy\.golang")
+    named = []
+    for path in ROOT.rglob("*"):
+        parts = path.relative_to(ROOT).parts
+        if parts[0] in (".git", ".venv") or "egg-info" in parts[0] or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if hosts.search(text):
+            named.append(str(path.relative_to(ROOT)))
+    assert not named, named

@@ -29,8 +29,7 @@ a first run needs these environment variables (the flags above override their ow
                       (default ~/.local/share/irrev)
   IRREV_POLICY_DIR    tenant policy files (or --policy-dir; default ./examples)
 
-every other IRREV_* setting, its default and what it does: docs/operations.md,
-"Settings"
+every other IRREV_* setting, its default and what it does: docs/settings.md
 """
 
 
