@@ -1099,7 +1099,8 @@ class Ledger:
 
     async def hold_ids(self, tenant: str, state: HoldState) -> list[str]:
         """Ids of the tenant's holds in `state`: indexed for the live states the
-        reconciler and the approval queue need, a SCAN for settled ones."""
+        reconciler and the approval queue need, a SCAN for settled ones, which finds
+        those still in the tenant's slot (not those archived: ledger/archive.py)."""
         tenant = validate.tenant_id(tenant)
         with translate_redis_errors("hold_ids"):
             if state is HoldState.AMBIGUOUS:
@@ -1162,7 +1163,10 @@ class Ledger:
         found: dict[str, Hold] = {}
         for at, hold_id in enumerate(hold_ids):
             fields, payload, state = replies[3 * at : 3 * at + 3]
-            if not fields:
+            if not fields:  # gone, or archived out of the slot (ledger/archive.py)
+                archived = await read_archived(self, tenant, hold_id)
+                if archived is not None:
+                    found[hold_id] = _hold(hold_id, *archived)
                 continue
             if state == fields["st"]:
                 found[hold_id] = _hold(hold_id, fields, payload)

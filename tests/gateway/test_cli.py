@@ -241,7 +241,7 @@ def test_serve_help_names_what_a_first_run_needs(capsys: pytest.CaptureFixture[s
     shown = capsys.readouterr().out
     for setting in ("IRREV_ADMIN_TOKENS", "IRREV_REDIS_URL", "IRREV_DATA_DIR"):
         assert setting in shown
-    assert 'docs/settings.md' in " ".join(shown.split())
+    assert "docs/settings.md" in " ".join(shown.split())
 
 
 def bench_json(bench: str, *args: str) -> dict[str, Any]:

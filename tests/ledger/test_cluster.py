@@ -14,11 +14,12 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from gateway.problems import problem_for
 from irrev.bench.background import calls, primaries
 from irrev.localcluster import ClusterNode, LocalCluster
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
-from ledger.errors import LedgerUnavailable
+from ledger.errors import LedgerUnavailable, RedisFailure
 from ledger.journal import iter_journal
 from ledger.keys import accounts_key
 from ledger.records import AccountSpec, HoldState
@@ -252,3 +253,46 @@ def _role(node: ClusterNode) -> str:
     with node.client() as client:
         role = client.execute_command("ROLE")[0]
     return role.decode() if isinstance(role, bytes) else str(role)
+
+
+async def test_a_call_past_the_migration_wait_fails_closed_with_its_own_reason(
+    redis_cluster: LocalCluster, tenant: str
+) -> None:
+    """A slot migration that never ends (a reshard tool that died between SETSLOT
+    MIGRATING and SETSLOT NODE): a reserve waits IRREV_MIGRATION_WAIT_S, then fails
+    with the cause MIGRATING (the gateway's 503 ledger_migrating) and nothing written;
+    once the slot is stable again the same call is admitted, once."""
+    ledger = Ledger.from_url(redis_cluster.url, migration_wait_s=1.0)
+    key = accounts_key(tenant)
+    amounts = {"tenant:acme": 5}
+    try:
+        await open_accounts(ledger, tenant, tenant_acme=1000)
+        source = redis_cluster.primary_for(key)
+        target = next(
+            n
+            for n in redis_cluster.nodes
+            if n is not source and n.port in _primaries(redis_cluster)
+        )
+        with source.client() as src, target.client() as dst:
+            slot = int(src.execute_command("CLUSTER", "KEYSLOT", key))
+            dst.execute_command(
+                "CLUSTER", "SETSLOT", slot, "IMPORTING", redis_cluster.node_id(source)
+            )
+            src.execute_command(
+                "CLUSTER", "SETSLOT", slot, "MIGRATING", redis_cluster.node_id(target)
+            )
+            try:
+                with pytest.raises(LedgerUnavailable) as refused:
+                    await ledger.reserve(tenant, "stuck", "fp", amounts, ttl_ms=HOUR_MS)
+            finally:
+                src.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+                dst.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        assert refused.value.cause is RedisFailure.MIGRATING
+        assert "IRREV_MIGRATION_WAIT_S" in str(refused.value)
+        assert problem_for(refused.value).reason == "ledger_migrating"
+        assert await ledger.hold(tenant, "stuck") is None
+        assert (await ledger.live_counts(tenant))["pending"] == 0
+        result = await ledger.reserve(tenant, "stuck", "fp", amounts, ttl_ms=HOUR_MS)
+        assert result.status.value == "ok" and result.state is HoldState.PENDING
+    finally:
+        await ledger.aclose()
