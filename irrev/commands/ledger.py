@@ -32,6 +32,7 @@ from ledger import (
     HoldState,
     Ledger,
     LedgerSettings,
+    archive_settled,
     audit,
     cutoff_ms,
     read_journal,
@@ -90,6 +91,20 @@ def configure(ledger: argparse.ArgumentParser) -> None:
         help="trim entries older than this many seconds (default 7 days)",
     )
     _bind(trim, _trim)
+
+    archive = commands.add_parser(
+        "archive",
+        help="take a tenant's settled holds out of its Redis slot now (before a reshard: "
+        "docs/operations.md, 'Resharding a tenant's slot')",
+    )
+    archive.add_argument("--tenant", required=True, help=TENANT_HELP)
+    archive.add_argument(
+        "--older-than-s",
+        type=bounded(int, 0),
+        default=60,
+        help="only holds settled more than this many seconds ago (default 60)",
+    )
+    _bind(archive, _archive)
 
     reconcile = commands.add_parser("reconcile", help="list a tenant's ambiguous holds")
     reconcile.add_argument("--tenant", required=True, help=TENANT_HELP)
@@ -346,6 +361,27 @@ async def _trim(ledger: Ledger, args: argparse.Namespace) -> int:
         print(json.dumps({"tenant": args.tenant, "trimmed": count, "archive": str(args.archive)}))
     else:
         print(f"{args.tenant}: archived and trimmed {count} journal entries")
+    return 0
+
+
+async def _archive(ledger: Ledger, args: argparse.Namespace) -> int:
+    await ledger.release.read()  # archiving waits for every gateway to read the index
+    archived = trimmed = 0
+    while True:
+        done = await archive_settled(ledger, args.tenant, after_ms=args.older_than_s * 1000)
+        if done.held_back:
+            print(f"irrev: nothing archived: {done.held_back}", file=sys.stderr)
+            return 2
+        archived, trimmed = archived + done.archived, trimmed + done.trimmed
+        if not done.more:
+            break
+    if args.json:
+        print(json.dumps({"tenant": args.tenant, "archived": archived, "expired": trimmed}))
+    else:
+        print(
+            f"{args.tenant}: {archived} settled holds archived out of its slot, "
+            f"{trimmed} index entries past their retention dropped"
+        )
     return 0
 
 

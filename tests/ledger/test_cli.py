@@ -104,6 +104,21 @@ async def test_every_command_prints_json(ledger: Ledger, tenant: str, redis_url:
     assert len(entries) == 3 and all(e["at"].endswith("Z") for e in entries)
 
 
+async def test_archive_takes_settled_holds_out_of_the_slot(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    await busy_tenant(ledger, tenant)
+    before = {h: await ledger.hold(tenant, h) for h in ("k0", "k1", "k2")}
+    done = irrev_ledger(redis_url, "archive", "--tenant", tenant, "--older-than-s", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    archived = json.loads(done.stdout)["archived"]
+    assert archived > 0
+    assert await ledger.redis.hlen(f"irrev:{{{tenant}}}:settled") == archived
+    assert {h: await ledger.hold(tenant, h) for h in before} == before
+    audit = irrev_ledger(redis_url, "audit", "--tenant", tenant)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
 async def test_the_journal_prints_control_characters_escaped(
     ledger: Ledger, tenant: str, redis_url: str
 ) -> None:
