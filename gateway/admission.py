@@ -15,8 +15,10 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
 
 import httpx
 
@@ -27,6 +29,7 @@ from ledger import (
     HoldState,
     HoldStateConflict,
     Ledger,
+    LedgerUnavailable,
     OpenPool,
     PoolShrank,
     PoolTicket,
@@ -64,6 +67,7 @@ from .in_flight import AgentSlots
 from .policies import ledger_account
 from .problems import PROBLEM_JSON, Problem
 from .refusals import RefusalTally
+from .resettle import Resettler
 from .responses import Shadowed, money
 from .settings import GatewaySettings
 from .tenants import TenantStore, factor_accounts
@@ -99,6 +103,8 @@ class Gate:
     agents: AgentSlots = field(default_factory=AgentSlots)
     # This process's refusals since their last flush to Redis (gateway/refusals.py).
     refusals: RefusalTally = field(default_factory=RefusalTally)
+    # Settlements the ledger could not take when their fate was known.
+    resettle: Resettler = field(default_factory=Resettler)
 
     def tenant_slots(self, tenant: str) -> asyncio.Semaphore:
         if tenant not in self.slots:
@@ -921,17 +927,16 @@ async def settle(
     operation = {Fate.DELIVERED: "post", Fate.UNKNOWN: "ambiguous"}.get(answer.fate, "void")
     with tracing.span("settle", tenant=tenant, hold_id=hold_id, operation=operation):
         try:
-            if answer.fate is Fate.UNKNOWN:
-                await gate.ledger.mark_ambiguous(tenant, hold_id, answer.why, claim)
-                return
-            status, headers, body, reason = _recordable(answer)
-            # The upstream kept only the headers that may reach the agent: all are recorded.
-            kept = frozenset(name.lower() for name, _ in headers)
-            outcome = request.answer(status, headers, body, keep=kept, reason=reason).dumps()
-            if answer.fate is Fate.DELIVERED:
-                await gate.ledger.post(tenant, hold_id, request.price, outcome=outcome)
-            else:
-                await gate.ledger.void(tenant, hold_id, outcome=outcome)
+            write = _settlement(gate, tenant, hold_id, request, answer, claim)
+            await write()
+        except LedgerUnavailable as exc:
+            # Known but not written (Redis away, a slot moving past the wait): written
+            # later by this process, so the hold is not left pending for the reconciler.
+            log.warning(
+                "settlement not written; trying again",
+                extra={"hold_id": hold_id, "fate": answer.fate, "cause": exc.cause},
+            )
+            gate.resettle.later(hold_id, operation, write)
         except Exception:
             # The effect's fate is known but not recorded: the hold stays pending, turns
             # ambiguous at its deadline and the reconciler settles it. Never released.
@@ -942,6 +947,22 @@ async def settle(
         "settled",
         extra={"tenant": tenant, "hold_id": hold_id, "fate": answer.fate, "status": answer.status},
     )
+
+
+def _settlement(
+    gate: Gate, tenant: str, hold_id: str, request: StoredRequest, answer: Answer, claim: str
+) -> Callable[[], Awaitable[Any]]:
+    """The ledger write that records `answer`'s fate (settle), as a call that can be
+    made again."""
+    if answer.fate is Fate.UNKNOWN:
+        return partial(gate.ledger.mark_ambiguous, tenant, hold_id, answer.why, claim)
+    status, headers, body, reason = _recordable(answer)
+    # The upstream kept only the headers that may reach the agent: all are recorded.
+    kept = frozenset(name.lower() for name, _ in headers)
+    outcome = request.answer(status, headers, body, keep=kept, reason=reason).dumps()
+    if answer.fate is Fate.DELIVERED:
+        return partial(gate.ledger.post, tenant, hold_id, request.price, outcome=outcome)
+    return partial(gate.ledger.void, tenant, hold_id, outcome=outcome)
 
 
 def _recordable(answer: Answer) -> tuple[int, list[tuple[str, str]], bytes, str]:

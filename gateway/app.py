@@ -363,6 +363,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
             yield
         finally:
             await mcp_endpoint.aclose()
+            await gate.resettle.aclose()
             await flusher.aclose()  # after the last answers: their refusals are counted
             await dispatcher.aclose()
             await watch.aclose()

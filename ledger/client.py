@@ -1155,18 +1155,20 @@ class Ledger:
         keys = [hold_keys(tenant, validate.identifier("hold_id", h)) for h in hold_ids]
         with translate_redis_errors("holds"):
             async with self.redis.pipeline(transaction=False) as pipe:
-                for record, kept in keys:
+                for hold_id, (record, kept) in zip(hold_ids, keys, strict=True):
                     pipe.hgetall(record)
                     pipe.get(kept)
                     pipe.hget(record, "st")
+                    pipe.hexists(settled_key(tenant), hold_id)
                 replies = await pipe.execute()
         found: dict[str, Hold] = {}
         for at, hold_id in enumerate(hold_ids):
-            fields, payload, state = replies[3 * at : 3 * at + 3]
-            if not fields:  # gone, or archived out of the slot (ledger/archive.py)
-                archived = await read_archived(self, tenant, hold_id)
-                if archived is not None:
-                    found[hold_id] = _hold(hold_id, *archived)
+            fields, payload, state, archived = replies[4 * at : 4 * at + 4]
+            if not fields:
+                # Gone, or archived out of the slot: then read from its copy.
+                copy = await read_archived(self, tenant, hold_id) if archived else None
+                if copy is not None:
+                    found[hold_id] = _hold(hold_id, *copy)
                 continue
             if state == fields["st"]:
                 found[hold_id] = _hold(hold_id, fields, payload)
