@@ -228,8 +228,15 @@ async def read_archived(
     """The record and payload of an archived hold, read from its copy (None: the id
     has no index entry, or its retention is over)."""
     entry = await _entry(ledger, tenant, hold_id)
-    if entry is None:
-        return None
+    return None if entry is None else await read_copy(ledger, tenant, hold_id, entry)
+
+
+async def read_copy(
+    ledger: Ledger, tenant: str, hold_id: str, entry: tuple[int, str]
+) -> tuple[dict[str, str], str] | None:
+    """The record and payload of the copy that index entry `entry` (expiry, digest)
+    names (None: its retention is over). A copy is never written over, so what the
+    entry named when it was read is what this reads, whatever moved since."""
     expiry, dg = entry
     redis: Any = ledger.redis
     with translate_redis_errors("hold"):
@@ -247,7 +254,9 @@ async def restore(ledger: Ledger, tenant: str, hold_id: str) -> bool:
     (False: the id has no hold, or its retention is over)."""
     for _ in range(RESTORE_TRIES):
         entry = await _entry(ledger, tenant, hold_id)
-        found = None if entry is None else await read_archived(ledger, tenant, hold_id)
+        # The copy of the entry read: read again, the index may name a newer copy
+        # (restored, changed and archived again meanwhile), not the record of `entry`.
+        found = None if entry is None else await read_copy(ledger, tenant, hold_id, entry)
         if entry is None or found is None:
             break  # not archived, or no longer (a racing call restored it)
         fields, payload = found
@@ -273,7 +282,11 @@ async def _entry(ledger: Ledger, tenant: str, hold_id: str) -> tuple[int, str] |
     """(expiry, digest) of the id's index entry, if it has one."""
     redis: Any = ledger.redis
     with translate_redis_errors("hold"):
-        entry = await redis.hget(settled_key(tenant), hold_id)
+        return parse_entry(await redis.hget(settled_key(tenant), hold_id))
+
+
+def parse_entry(entry: str | None) -> tuple[int, str] | None:
+    """(expiry, digest) of an index entry as read (None: no entry)."""
     if not entry:
         return None
     expiry, dg = str(entry).split("|", 1)

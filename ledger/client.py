@@ -16,7 +16,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from . import validate
-from .archive import RESTORE_TRIES, read_archived, restore
+from .archive import RESTORE_TRIES, parse_entry, read_copy, restore
 from .calls import Scripts
 from .cluster import MIGRATION_WAIT_S, RedisClient
 from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
@@ -1084,24 +1084,35 @@ class Ledger:
         return SweepResult(visited=int(reply[1]), remaining_due=int(reply[2]))
 
     async def hold(self, tenant: str, hold_id: str) -> Hold | None:
-        record, kept = hold_keys(
-            validate.tenant_id(tenant), validate.identifier("hold_id", hold_id)
-        )
+        tenant = validate.tenant_id(tenant)
+        record, kept = hold_keys(tenant, validate.identifier("hold_id", hold_id))
         # Two keys, read without a transaction (a cluster pipeline has none): a
         # settlement between the reads would pair a live record with its outcome.
         # One changes the state, so a read whose state held across it is consistent.
+        # Not in the slot, the hold may be archived (ledger/archive.py): the index is
+        # read in the same pipeline, and when neither has it, both are read again (a
+        # restore between the two reads moves it from the index to the slot).
+        absent = False
         for _ in range(HOLD_READS):
             with translate_redis_errors("hold"):
                 async with self.redis.pipeline(transaction=False) as pipe:
                     pipe.hgetall(record)
                     pipe.get(kept)
                     pipe.hget(record, "st")
-                    fields, payload, state = await pipe.execute()
+                    pipe.hget(settled_key(tenant), hold_id)
+                    fields, payload, state, entry = await pipe.execute()
             if not fields:
-                archived = await read_archived(self, validate.tenant_id(tenant), hold_id)
-                return None if archived is None else _hold(hold_id, *archived)
+                if (at := parse_entry(entry)) is not None:
+                    archived = await read_copy(self, tenant, hold_id, at)
+                    return None if archived is None else _hold(hold_id, *archived)
+                if absent:
+                    return None
+                absent = True
+                continue
             if state == fields["st"]:
                 return _hold(hold_id, fields, payload)
+        if not fields:
+            return None
         # Moved on under every read: the record, without its payload.
         return _hold(hold_id, fields, "")
 
@@ -1171,13 +1182,11 @@ class Ledger:
         found: dict[str, Hold] = {}
         for at, hold_id in enumerate(hold_ids):
             fields, payload, state = replies[3 * at : 3 * at + 3]
-            if not fields:  # gone, or archived out of the slot (ledger/archive.py)
-                archived = await read_archived(self, tenant, hold_id)
-                if archived is not None:
-                    found[hold_id] = _hold(hold_id, *archived)
-                continue
-            if state == fields["st"]:
+            if fields and state == fields["st"]:
                 found[hold_id] = _hold(hold_id, fields, payload)
+            # Gone, archived out of the slot (ledger/archive.py; `hold` reads the
+            # index and the slot again, which a racing restore moves it between), or
+            # moved on under the read.
             elif (moved := await self.hold(tenant, hold_id)) is not None:
                 found[hold_id] = moved
         return found

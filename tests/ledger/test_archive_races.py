@@ -70,7 +70,7 @@ async def _in_slot(ledger: Ledger, tenant: str, ids: list[str]) -> int:
 
 async def _admissions(ledger: Ledger, tenant: str) -> Counter[str]:
     """How many times the journal says each id was reserved."""
-    return Counter([e.hold for e in [e async for e in iter_journal(ledger, tenant)] if e.op == "reserve"])
+    return Counter([e.hold_id async for e in iter_journal(ledger, tenant) if e.op == "reserve"])
 
 
 async def _reads(ledger: Ledger, tenant: str, ids: list[str]) -> dict[str, Hold | None]:
@@ -99,4 +99,78 @@ async def test_post_many_replay_of_an_archived_hold_is_a_replay(
     assert [r.status for r in results] == [Status.EXISTS] * 4 + [Status.OK]  # type: ignore[union-attr]
     [balance] = [b for b in await ledger.balances(tenant) if b.account == "tenant:acme"]
     assert (balance.pending, balance.posted) == (0, 5 * BIG)
+    assert (await audit_tenant(ledger, tenant)).mismatches == []
+
+
+async def test_a_hold_read_while_another_process_restores_and_archives_it_is_never_missing(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    """Ledger.hold and Ledger.holds read a hold that another process keeps bringing
+    back (a replay) and archiving again. Before the fix a read that found the slot
+    empty and then, a round trip later, the index empty too (the restore ran in
+    between) answered None for a hold that exists."""
+    await open_accounts(ledger, tenant, tenant_acme=10**9, agent_a=10**9)
+    (hold_id,) = await _settled(ledger, tenant, 1)
+    before = await ledger.hold(tenant, hold_id)
+    assert await _archive_all(ledger, tenant) == 1
+    name, stop = f"{tenant}:barrier", f"{tenant}:stop"
+    flipper = spawn("flip", redis_url, tenant, name, hold_id, stop)
+    await release(ledger, name, 1)
+    missing = reads = 0
+    seen: list[Hold | None] = []
+    deadline = time.monotonic() + 4
+    try:
+        while time.monotonic() < deadline:
+            for read in (
+                await ledger.hold(tenant, hold_id),
+                (await ledger.holds(tenant, [hold_id])).get(hold_id),
+            ):
+                if read != before:
+                    missing += 1
+                    seen.append(read)
+            reads += 2
+    finally:
+        await ledger.redis.set(stop, "1")
+    [result] = finish([flipper])
+    assert int(result["flips"]) > 20  # type: ignore[call-overload]
+    assert missing == 0, f"{missing} of {reads} reads did not find the hold as it was: {seen[:3]}"
+    assert (await _admissions(ledger, tenant))[hold_id] == 1
+
+
+async def test_a_restore_racing_a_restore_change_and_archive_is_not_a_lost_copy(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    """A replay's restore reads the index entry, then the copy. Another caller, in
+    between, restores the hold, compensates it and an archive pass takes it out
+    again (a new record: a new copy, the entry names it). Before the fix the restore
+    read the entry a second time for the copy, compared that copy's digest with the
+    first entry and raised ArchivedCopyMissing (telling a caller whose replay should
+    have been answered to use a new idempotency key)."""
+    await open_accounts(ledger, tenant, tenant_acme=10**9, agent_a=10**9)
+    (hold_id,) = await _settled(ledger, tenant, 1)
+    assert await _archive_all(ledger, tenant) == 1
+    other = Ledger.from_url(redis_url)
+    redis: Any = ledger.redis
+    real_hget, reads = redis.hget, []
+
+    async def hget(key: str, field: str) -> Any:
+        found = await real_hget(key, field)
+        if key == settled_key(tenant) and found:
+            reads.append(found)
+            if len(reads) == 1:  # once the restore read the entry: the other caller acts
+                assert (await other.compensate(tenant, hold_id, 1)).status is Status.OK
+                assert await _archive_all(other, tenant) == 1
+        return found
+
+    redis.hget = hget
+    try:
+        again = await ledger.reserve(tenant, hold_id, "fp", AMOUNT, ttl_ms=HOUR_MS)
+    finally:
+        del redis.hget
+        await other.aclose()
+    assert len(reads) >= 2 and reads[0] != reads[-1]  # the entry named another copy
+    assert again.status is Status.EXISTS and again.state is HoldState.POSTED
+    hold = await ledger.hold(tenant, hold_id)
+    assert hold is not None and hold.compensated["tenant:acme"] == 1
+    assert (await _admissions(ledger, tenant))[hold_id] == 1
     assert (await audit_tenant(ledger, tenant)).mismatches == []
