@@ -139,11 +139,19 @@ async def archive_settled(
         read, trim = await redis.hmget(archive_state_key(tenant), ["journal", "trim"])
         start = f"({read}" if read else "-"
         entries = await redis.xrange(journal_key(tenant), start, str(max(ripe, 0)), count=batch)
-        restored = await redis.zrangebyscore(restored_key(tenant), "-inf", ripe, 0, batch)
+        restored_at = await redis.zrangebyscore(
+            restored_key(tenant), "-inf", ripe, 0, batch, withscores=True
+        )
         scan_at, page = await redis.hscan(settled_key(tenant), int(trim or 0), count=batch)
+    restored = [hold_id for hold_id, _ in restored_at]
     ids = list(dict.fromkeys([*(f["hold"] for _, f in entries if f.get("hold")), *restored]))
     records = await _read(ledger, tenant, ids, now)
-    kept = await _copy(ledger, tenant, [r for r in records if _settled_by(r[1]) <= ripe])
+    found = {r[0] for r in records}
+    ripe_records = [r for r in records if _settled_by(r[1]) <= ripe]
+    kept = await _copy(ledger, tenant, ripe_records)
+    # Holds whose copies were not acknowledged stay in the slot, and the journal is
+    # read from where it was next time: past them, no pass would look at them again.
+    held = len(kept) < len(ripe_records)
     expired = [
         (hold_id, entry)
         for hold_id, entry in page.items()
@@ -151,7 +159,7 @@ async def archive_settled(
     ]
     keys = [accounts_key(tenant), settled_key(tenant), archive_state_key(tenant)]
     keys.append(restored_key(tenant))
-    args = [entries[-1][0] if entries else "", str(scan_at), str(len(kept))]
+    args = [entries[-1][0] if entries and not held else "", str(scan_at), str(len(kept))]
     for hold_id, fields, payload, expiry in kept:
         names, dg = digest(fields, payload)
         keys += [hold_key(tenant, hold_id), payload_key(tenant, hold_id)]
@@ -159,11 +167,17 @@ async def archive_settled(
     args.append(str(len(expired)))
     for hold_id, entry in expired:
         args += [hold_id, entry]
+    # Restored holds whose retention ended in the slot: out of the restored set.
+    gone = [(hold_id, at) for hold_id, at in restored_at if hold_id not in found]
+    args.append(str(len(gone)))
+    for hold_id, at in gone:
+        args += [hold_id, str(int(at))]
     reply = await ledger._run("archive", keys, args)
     if reply[0] == "bad_input":
         raise BadInput(str(reply[1]), str(reply[2]))
     archived, changed, trimmed = (int(x) for x in reply)
-    return ArchivePass(archived, changed, trimmed, len(entries) == batch or len(restored) == batch)
+    more = len(entries) == batch or len(restored) == batch
+    return ArchivePass(archived, changed, trimmed, more and not held)
 
 
 def _settled_by(fields: Mapping[str, str]) -> int:

@@ -174,3 +174,55 @@ async def test_a_restore_racing_a_restore_change_and_archive_is_not_a_lost_copy(
     assert hold is not None and hold.compensated["tenant:acme"] == 1
     assert (await _admissions(ledger, tenant))[hold_id] == 1
     assert (await audit_tenant(ledger, tenant)).mismatches == []
+
+
+async def test_a_restored_hold_whose_retention_ends_in_the_slot_does_not_stall_the_archiver(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    """A hold restored (a replay) whose retention ends before the archiver takes it
+    again expires in the slot, and its id stayed in the restored set for good: the
+    oldest first, a full page of such ids came back on every pass, so holds restored
+    after them were never archived again and every pass said `more` (`irrev ledger
+    archive` looped for ever). Here the page is one hold (batch=1); in production,
+    200 replays of denied holds near their retention's end do it. Before the fix
+    the restored set kept the dead id."""
+    short = Ledger.from_url(redis_url, retention_ms=1500)
+    try:
+        await open_accounts(ledger, tenant, tenant_acme=10**9, agent_a=10**9)
+        (dying,) = await _settled(short, tenant, 1, prefix="dying")
+        (kept,) = await _settled(ledger, tenant, 1, prefix="kept")
+        assert await _archive_all(ledger, tenant) == 2
+        for hold_id in (dying, kept):  # restored, in this order
+            await ledger.reserve(tenant, hold_id, "fp", AMOUNT, ttl_ms=HOUR_MS)
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(1.6)  # the dying hold's retention ends in the slot
+        assert await _in_slot(ledger, tenant, [dying, kept]) == 1
+        passes = [await archive_settled(ledger, tenant, after_ms=0, batch=1) for _ in range(8)]
+    finally:
+        await short.aclose()
+    assert sum(p.archived for p in passes) == 1
+    assert not passes[-1].more
+    assert await _in_slot(ledger, tenant, [kept]) == 0
+    assert await ledger.redis.zcard(restored_key(tenant)) == 0
+    assert await ledger.hold(tenant, dying) is None  # its retention is over
+    assert (await ledger.hold(tenant, kept)).state is HoldState.POSTED  # type: ignore[union-attr]
+
+
+async def test_holds_whose_copies_were_not_acknowledged_are_archived_by_a_later_pass(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    """A pass whose copies the ledger's waits do not acknowledge (fewer replicas than
+    asked) leaves the holds in the slot "for a later pass". Before the fix it moved
+    the journal cursor past them all the same, and no later pass looked at them
+    again: they stayed in the slot for their whole retention."""
+    await open_accounts(ledger, tenant, tenant_acme=10**9, agent_a=10**9)
+    ids = await _settled(ledger, tenant, 5)
+    short = Ledger.from_url(redis_url, replicas=5, replica_timeout_ms=10)
+    try:
+        done = await archive_settled(short, tenant, after_ms=0)
+    finally:
+        await short.aclose()
+    assert (done.archived, done.more) == (0, False)
+    assert await _in_slot(ledger, tenant, ids) == 5
+    assert await _archive_all(ledger, tenant) == 5
+    assert await _in_slot(ledger, tenant, ids) == 0
