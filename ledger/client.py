@@ -763,12 +763,12 @@ class Ledger:
         replies = await self._run_many("post", tenant, batch)
         # A hold archived out of the slot (a replay of its post): brought back, and
         # its post sent again, as `post` does (_on_hold).
-        gone = [i for i, (reply, _) in enumerate(replies) if _is_reply(reply, "not_found")]
+        gone = [i for i, (item, _) in enumerate(replies) if _is_reply(item, "not_found")]
         gone = [i for i in gone if await restore(self, tenant, batch[i][0])]
         if gone:
             again = await self._run_many("post", tenant, [batch[i] for i in gone])
-            for i, reply in zip(gone, again, strict=True):
-                replies[i] = reply
+            for i, done in zip(gone, again, strict=True):
+                replies[i] = done
         results: list[TransitionResult | LedgerError] = []
         for (hold_id, _), (reply, acked) in zip(posts, replies, strict=True):
             result = _or_error(_transition_result, tenant, hold_id, "post", reply, acked=acked)

@@ -8,7 +8,6 @@ no record is ever lost or changed by archiving."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import signal
 import time
@@ -18,10 +17,10 @@ from typing import Any
 import pytest
 
 from ledger import HoldState, ReserveRequest, Status
-from ledger.archive import _copy, _read, archive_settled, digest, restore
+from ledger.archive import _copy, _read, archive_settled, digest
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
-from ledger.errors import LedgerError
+from ledger.errors import IdempotencyConflict, LedgerError
 from ledger.journal import iter_journal
 from ledger.keys import (
     accounts_key,
@@ -226,3 +225,269 @@ async def test_holds_whose_copies_were_not_acknowledged_are_archived_by_a_later_
     assert await _in_slot(ledger, tenant, ids) == 5
     assert await _archive_all(ledger, tenant) == 5
     assert await _in_slot(ledger, tenant, ids) == 0
+
+
+# Attacks that held: each checks what the promise says, and fails if it breaks.
+
+
+async def test_racing_archivers_and_a_replaying_compensating_process_lose_nothing(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    """Two archiver processes loop passes on one tenant while a third replays,
+    compensates and reads back its archived holds: every replay is a replay, every
+    compensation lands once, no read misses, and the audit is clean."""
+    await open_accounts(ledger, tenant, tenant_acme=10**12, agent_a=10**12)
+    ids = await _settled(ledger, tenant, 12, prefix="m")
+    assert await _archive_all(ledger, tenant) == 12
+    name, stop = f"{tenant}:barrier", f"{tenant}:stop"
+    workers = [spawn("archiver", redis_url, tenant, name, stop) for _ in range(2)]
+    workers.append(spawn("meddle", redis_url, tenant, name, "m", "12", stop))
+    await release(ledger, name, 3)
+    await asyncio.sleep(6)
+    await ledger.redis.set(stop, "1")
+    archivers, meddler = finish(workers[:2]), finish(workers[2:])[0]
+    assert meddler["errors"] == [] and meddler["fresh"] == 0, meddler
+    assert sum(int(a["archived"]) for a in archivers) > 12  # type: ignore[call-overload]
+    compensated = int(meddler["compensated"])  # type: ignore[call-overload]
+    assert compensated > 12
+    total = 0
+    for hold in (await _reads(ledger, tenant, ids)).values():
+        assert hold is not None and hold.state is HoldState.POSTED
+        total += hold.compensated["tenant:acme"]
+    assert total == compensated
+    assert set((await _admissions(ledger, tenant)).values()) == {1}
+    assert (await audit_tenant(ledger, tenant)).mismatches == []
+
+
+async def test_archivers_sigkilled_at_random_points_lose_and_change_nothing(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    """An archiver SIGKILLed 20 times at random points (between writing copies and
+    taking holds out, mid-pipeline, anywhere), each time with replays in between:
+    every hold reads as before, the audit is clean, every id admitted once."""
+    await open_accounts(ledger, tenant, tenant_acme=10**12, agent_a=10**12)
+    ids = await _settled(ledger, tenant, 60, prefix="k")
+    before = await _reads(ledger, tenant, ids)
+    rng = random.Random(30)
+    for round_ in range(20):
+        name, stop = f"{tenant}:b{round_}", f"{tenant}:stop{round_}"
+        archiver = spawn("archiver", redis_url, tenant, name, stop)
+        await release(ledger, name, 1)
+        await asyncio.sleep(rng.uniform(0.0, 0.08))
+        archiver.send_signal(signal.SIGKILL)
+        archiver.communicate(timeout=30)
+        for hold_id in rng.sample(ids, 3):  # brought back, for the next to take again
+            again = await ledger.reserve(tenant, hold_id, "fp", AMOUNT, ttl_ms=HOUR_MS)
+            assert again.status is Status.EXISTS
+    assert await _reads(ledger, tenant, ids) == before
+    await _archive_all(ledger, tenant)
+    assert await _in_slot(ledger, tenant, ids) == 0
+    assert await _reads(ledger, tenant, ids) == before
+    assert await _admissions(ledger, tenant) == Counter(dict.fromkeys(ids, 1))
+    assert (await audit_tenant(ledger, tenant)).mismatches == []
+
+
+async def test_an_archiver_dead_after_its_copies_leaves_the_holds_whole(
+    ledger: Ledger, tenant: str
+) -> None:
+    """The state an archiver leaves when it dies after writing copies, before
+    archive.lua: copies, holds still in the slot. A hold changed meanwhile is copied
+    again under a new digest by the next pass, which takes out the record as it is
+    now, never the stale copy."""
+    await open_accounts(ledger, tenant, tenant_acme=10**9, agent_a=10**9)
+    ids = await _settled(ledger, tenant, 3)
+    records = await _read(ledger, tenant, ids, await ledger.now_ms())
+    assert len(await _copy(ledger, tenant, records)) == 3  # ... and SIGKILL here
+    assert await _in_slot(ledger, tenant, ids) == 3
+    await ledger.compensate(tenant, ids[0], 7)
+    before = await _reads(ledger, tenant, ids)
+    assert await _archive_all(ledger, tenant) == 3
+    assert await _reads(ledger, tenant, ids) == before
+    assert (await ledger.hold(tenant, ids[0])).compensated["tenant:acme"] == 7  # type: ignore[union-attr]
+
+
+async def test_restored_changed_and_archived_again_reads_back_with_the_change(
+    ledger: Ledger, tenant: str
+) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=10**9, agent_a=10**9)
+    (hold_id,) = await _settled(ledger, tenant, 1)
+    assert await _archive_all(ledger, tenant) == 1
+    for n in range(1, 4):
+        assert (await ledger.compensate(tenant, hold_id, 5)).status is Status.OK
+        assert await _archive_all(ledger, tenant) == 1
+        hold = await ledger.hold(tenant, hold_id)
+        assert hold is not None and hold.compensated["tenant:acme"] == 5 * n
+    assert (await ledger.true_up(tenant, hold_id, BIG - 20)).status is Status.OK
+    assert await _archive_all(ledger, tenant) == 1
+    assert (await ledger.true_up(tenant, hold_id, BIG - 20)).status is Status.EXISTS
+    assert (await audit_tenant(ledger, tenant)).mismatches == []
+
+
+async def test_keyless_attach_of_an_archived_generation_within_and_past_its_window(
+    ledger: Ledger, tenant: str
+) -> None:
+    """Within its dedupe window a repeat attaches to the archived generation (and
+    replays it); past the window it moves on to the next generation, as it would
+    had the hold stayed."""
+    await open_accounts(ledger, tenant, tenant_acme=10**9, agent_a=10**9)
+
+    def gen(g: int) -> str:
+        return f"c-{g}"
+
+    first = await ledger.attach(tenant, "content", gen, window_ms=1500, keep_ms=HOUR_MS)
+    assert (first.hold_id, first.existing) == ("c-1", False)
+    await ledger.reserve(tenant, "c-1", "fp", AMOUNT, ttl_ms=HOUR_MS)
+    await ledger.post(tenant, "c-1", 3)
+    assert await _archive_all(ledger, tenant) == 1
+    within = await ledger.attach(tenant, "content", gen, window_ms=1500, keep_ms=HOUR_MS)
+    assert (within.hold_id, within.existing) == ("c-1", True)
+    replay = await ledger.reserve(tenant, "c-1", "fp", AMOUNT, ttl_ms=HOUR_MS)
+    assert replay.status is Status.EXISTS
+    assert await _archive_all(ledger, tenant) == 1
+    await asyncio.sleep(1.6)
+    past = await ledger.attach(tenant, "content", gen, window_ms=1500, keep_ms=HOUR_MS)
+    assert (past.hold_id, past.existing) == ("c-2", False)
+    assert await _admissions(ledger, tenant) == Counter({"c-1": 1})
+
+
+async def test_reserve_many_with_archived_live_and_new_ids(ledger: Ledger, tenant: str) -> None:
+    await open_accounts(ledger, tenant, tenant_acme=10**12, agent_a=10**12)
+    archived = await _settled(ledger, tenant, 4, prefix="old")
+    assert await _archive_all(ledger, tenant) == 4
+    await ledger.reserve(tenant, "live", "fp", AMOUNT, ttl_ms=HOUR_MS)
+    asked = [archived[0], "new-1", "live", archived[1], archived[2], "new-2", archived[0]]
+    results = await ledger.reserve_many(
+        tenant, [ReserveRequest(k, "fp", AMOUNT, HOUR_MS) for k in asked]
+    )
+    got = [(r.status, r.state) for r in results if not isinstance(r, LedgerError)]
+    assert got == [
+        (Status.EXISTS, HoldState.POSTED),
+        (Status.OK, HoldState.PENDING),
+        (Status.EXISTS, HoldState.PENDING),
+        (Status.EXISTS, HoldState.POSTED),
+        (Status.EXISTS, HoldState.POSTED),
+        (Status.OK, HoldState.PENDING),
+        (Status.EXISTS, HoldState.POSTED),
+    ]
+    counts = await _admissions(ledger, tenant)
+    assert counts == Counter(dict.fromkeys([*archived, "live", "new-1", "new-2"], 1))
+    assert await ledger.hold(tenant, archived[3]) is not None  # untouched, still archived
+    assert await _in_slot(ledger, tenant, [archived[3]]) == 0
+
+
+async def test_a_ledger_keeping_records_for_good_archives_and_replays_them(
+    redis_url: str, tenant: str
+) -> None:
+    forever = Ledger.from_url(redis_url, retention_ms=0)
+    try:
+        await open_accounts(forever, tenant, tenant_acme=10**9, agent_a=10**9)
+        ids = await _settled(forever, tenant, 3)
+        before = await _reads(forever, tenant, ids)
+        assert await _archive_all(forever, tenant) == 3
+        for hold_id in ids:
+            expiry, dg = (await forever.redis.hget(settled_key(tenant), hold_id)).split("|")
+            assert expiry == "0"
+            assert await forever.redis.pttl(archive_copy_key(tenant, hold_id, dg)) == -1
+        again = await forever.reserve(tenant, ids[0], "fp", AMOUNT, ttl_ms=HOUR_MS)
+        assert again.status is Status.EXISTS
+        assert await forever.redis.pttl(hold_key(tenant, ids[0])) == -1  # still for good
+        assert await _reads(forever, tenant, ids) == before
+        assert await _archive_all(forever, tenant) == 1
+        assert (await archive_settled(forever, tenant, after_ms=0)).trimmed == 0
+        assert await forever.redis.hlen(settled_key(tenant)) == 3
+    finally:
+        await forever.aclose()
+
+
+async def test_entries_past_their_retention_are_trimmed_and_the_id_is_free_again(
+    redis_url: str, tenant: str
+) -> None:
+    brief = Ledger.from_url(redis_url, retention_ms=300)
+    try:
+        await open_accounts(brief, tenant, tenant_acme=10**9, agent_a=10**9)
+        ids = await _settled(brief, tenant, 3)
+        assert await _archive_all(brief, tenant) == 3
+        with pytest.raises(IdempotencyConflict):  # still its retention: restored, refused
+            await brief.reserve(tenant, ids[0], "other-fp", AMOUNT, ttl_ms=HOUR_MS)
+        await asyncio.sleep(0.4)
+        assert await brief.hold(tenant, ids[1]) is None
+        trimmed = sum(
+            [(await archive_settled(brief, tenant, after_ms=0)).trimmed for _ in range(3)]
+        )
+        assert trimmed == 2 and await brief.redis.hlen(settled_key(tenant)) == 0
+        fresh = await brief.reserve(tenant, ids[2], "fp", AMOUNT, ttl_ms=HOUR_MS)
+        assert fresh.status is Status.OK and not fresh.replayed
+    finally:
+        await brief.aclose()
+
+
+async def _refused(ledger: Ledger, operation: str, keys: list[str], args: list[str]) -> bool:
+    """Whether the script refused the call: a bad_input (or not_archived) reply, or
+    the error `bind` raises for keys of another tenant (before any write)."""
+    try:
+        reply = await ledger._run(operation, keys, args)
+    except LedgerError as exc:
+        return "must be a key of the tenant" in str(exc) or "CROSSSLOT" in str(exc).upper()
+    return str(reply[0]) in ("bad_input", "not_archived")
+
+
+async def test_bad_input_to_archive_and_restore_is_refused_with_nothing_written(
+    ledger: Ledger, tenant: str
+) -> None:
+    """Wrong keys, another tenant's keys, malformed holds and a forged record in a
+    restore, straight through `_run`: each refused, the slot and index unchanged."""
+    await open_accounts(ledger, tenant, tenant_acme=10**9, agent_a=10**9)
+    (hold_id,) = await _settled(ledger, tenant, 1)
+    other = f"{tenant}x"
+    fields = await ledger.redis.hgetall(hold_key(tenant, hold_id))
+    payload = await ledger.redis.get(payload_key(tenant, hold_id)) or ""
+    names, dg = digest(fields, payload)
+    base = [accounts_key(tenant), settled_key(tenant), archive_state_key(tenant)]
+    base.append(restored_key(tenant))
+    mine = [hold_key(tenant, hold_id), payload_key(tenant, hold_id)]
+    theirs = [hold_key(other, hold_id), payload_key(other, hold_id)]
+    hold_args = [hold_id, dg, "0", str(len(names)), *names]
+
+    async def state() -> tuple[Any, ...]:
+        return (
+            await ledger.redis.hgetall(hold_key(tenant, hold_id)),
+            await ledger.redis.hgetall(settled_key(tenant)),
+            await ledger.redis.hgetall(archive_state_key(tenant)),
+            await ledger.redis.zrange(restored_key(tenant), 0, -1),
+        )
+
+    before = await state()
+    refused = [
+        (
+            [*base[:1], restored_key(tenant), *base[2:3], settled_key(tenant), *mine],
+            ["9-0", "", "1", *hold_args, "0"],
+        ),
+        ([*base, *theirs], ["9-0", "", "1", *hold_args, "0"]),  # another tenant's hold keys
+        ([*base, *mine], ["9-0", "", "1", hold_id, "nothex0000000000", "0", "1", "st", "0"]),
+        ([*base, *mine], ["9-0", "", "2", *hold_args, "0"]),  # n without its keys
+        ([*base, *mine], ["9-0", "", "1", *hold_args, "1", hold_id]),  # an odd pair
+        ([*base, *mine], ["9-0", "", "1", *hold_args, "0", "2", hold_id, "1"]),
+    ]
+    for keys, args in refused:
+        assert await _refused(ledger, "archive", keys, args), (keys, args)
+        assert await state() == before
+    # A hold of this tenant under another tenant's accounts key.
+    keys = [accounts_key(other), *base[1:], *mine]
+    assert await _refused(ledger, "archive", keys, ["9-0", "", "1", *hold_args, "0"])
+    assert await state() == before
+
+    assert await _archive_all(ledger, tenant) == 1
+    before = await state()
+    flat = [x for name in names for x in (name, fields[name])]
+    rkeys = [accounts_key(tenant), settled_key(tenant), restored_key(tenant), *mine]
+    forged = [x if x != fields["st"] else "voided" for x in flat]
+    for keys, args in [
+        (rkeys, [hold_id, dg, str(len(names)), *forged, payload]),  # a forged record
+        (rkeys, [hold_id, dg, str(len(names)), *flat, payload + "!"]),  # a forged payload
+        ([*rkeys[:3], *theirs], [hold_id, dg, str(len(names)), *flat, payload]),
+        ([rkeys[0], rkeys[2], rkeys[1], *mine], [hold_id, dg, str(len(names)), *flat, payload]),
+        (rkeys, [hold_id, dg, str(len(names) + 1), *flat, payload]),
+    ]:
+        assert await _refused(ledger, "restore", keys, args), (keys, args[:3])
+        assert await state() == before
+    assert await ledger.hold(tenant, hold_id) is not None

@@ -294,13 +294,12 @@ async def paced(ledger: Ledger, tenant: str, barrier_name: str, count: str) -> N
 
 async def archiver(ledger: Ledger, tenant: str, barrier_name: str, stop: str) -> None:
     """archive_settled (after 0 ms, small batches) again and again until the key `stop`
-    exists, printing each pass: several race one another, the test may SIGKILL one."""
+    exists: several race one another, the test may SIGKILL one."""
     await barrier(ledger, barrier_name)
     passes = archived = 0
     while not await ledger.redis.exists(stop):
         done = await archive_settled(ledger, tenant, after_ms=0, batch=7)
         passes, archived = passes + 1, archived + done.archived
-        print(passes, flush=True)
     print(json.dumps({"passes": passes, "archived": archived}))
 
 
