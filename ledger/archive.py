@@ -139,11 +139,19 @@ async def archive_settled(
         read, trim = await redis.hmget(archive_state_key(tenant), ["journal", "trim"])
         start = f"({read}" if read else "-"
         entries = await redis.xrange(journal_key(tenant), start, str(max(ripe, 0)), count=batch)
-        restored = await redis.zrangebyscore(restored_key(tenant), "-inf", ripe, 0, batch)
+        restored_at = await redis.zrangebyscore(
+            restored_key(tenant), "-inf", ripe, 0, batch, withscores=True
+        )
         scan_at, page = await redis.hscan(settled_key(tenant), int(trim or 0), count=batch)
+    restored = [hold_id for hold_id, _ in restored_at]
     ids = list(dict.fromkeys([*(f["hold"] for _, f in entries if f.get("hold")), *restored]))
     records = await _read(ledger, tenant, ids, now)
-    kept = await _copy(ledger, tenant, [r for r in records if _settled_by(r[1]) <= ripe])
+    found = {r[0] for r in records}
+    ripe_records = [r for r in records if _settled_by(r[1]) <= ripe]
+    kept = await _copy(ledger, tenant, ripe_records)
+    # Holds whose copies were not acknowledged stay in the slot, and the journal is
+    # read from where it was next time: past them, no pass would look at them again.
+    held = len(kept) < len(ripe_records)
     expired = [
         (hold_id, entry)
         for hold_id, entry in page.items()
@@ -151,7 +159,7 @@ async def archive_settled(
     ]
     keys = [accounts_key(tenant), settled_key(tenant), archive_state_key(tenant)]
     keys.append(restored_key(tenant))
-    args = [entries[-1][0] if entries else "", str(scan_at), str(len(kept))]
+    args = [entries[-1][0] if entries and not held else "", str(scan_at), str(len(kept))]
     for hold_id, fields, payload, expiry in kept:
         names, dg = digest(fields, payload)
         keys += [hold_key(tenant, hold_id), payload_key(tenant, hold_id)]
@@ -159,11 +167,17 @@ async def archive_settled(
     args.append(str(len(expired)))
     for hold_id, entry in expired:
         args += [hold_id, entry]
+    # Restored holds whose retention ended in the slot: out of the restored set.
+    gone = [(hold_id, at) for hold_id, at in restored_at if hold_id not in found]
+    args.append(str(len(gone)))
+    for hold_id, at in gone:
+        args += [hold_id, str(int(at))]
     reply = await ledger._run("archive", keys, args)
     if reply[0] == "bad_input":
         raise BadInput(str(reply[1]), str(reply[2]))
     archived, changed, trimmed = (int(x) for x in reply)
-    return ArchivePass(archived, changed, trimmed, len(entries) == batch or len(restored) == batch)
+    more = len(entries) == batch or len(restored) == batch
+    return ArchivePass(archived, changed, trimmed, more and not held)
 
 
 def _settled_by(fields: Mapping[str, str]) -> int:
@@ -228,8 +242,15 @@ async def read_archived(
     """The record and payload of an archived hold, read from its copy (None: the id
     has no index entry, or its retention is over)."""
     entry = await _entry(ledger, tenant, hold_id)
-    if entry is None:
-        return None
+    return None if entry is None else await read_copy(ledger, tenant, hold_id, entry)
+
+
+async def read_copy(
+    ledger: Ledger, tenant: str, hold_id: str, entry: tuple[int, str]
+) -> tuple[dict[str, str], str] | None:
+    """The record and payload of the copy that index entry `entry` (expiry, digest)
+    names (None: its retention is over). A copy is never written over, so what the
+    entry named when it was read is what this reads, whatever moved since."""
     expiry, dg = entry
     redis: Any = ledger.redis
     with translate_redis_errors("hold"):
@@ -247,7 +268,9 @@ async def restore(ledger: Ledger, tenant: str, hold_id: str) -> bool:
     (False: the id has no hold, or its retention is over)."""
     for _ in range(RESTORE_TRIES):
         entry = await _entry(ledger, tenant, hold_id)
-        found = None if entry is None else await read_archived(ledger, tenant, hold_id)
+        # The copy of the entry read: read again, the index may name a newer copy
+        # (restored, changed and archived again meanwhile), not the record of `entry`.
+        found = None if entry is None else await read_copy(ledger, tenant, hold_id, entry)
         if entry is None or found is None:
             break  # not archived, or no longer (a racing call restored it)
         fields, payload = found
@@ -273,7 +296,11 @@ async def _entry(ledger: Ledger, tenant: str, hold_id: str) -> tuple[int, str] |
     """(expiry, digest) of the id's index entry, if it has one."""
     redis: Any = ledger.redis
     with translate_redis_errors("hold"):
-        entry = await redis.hget(settled_key(tenant), hold_id)
+        return parse_entry(await redis.hget(settled_key(tenant), hold_id))
+
+
+def parse_entry(entry: str | None) -> tuple[int, str] | None:
+    """(expiry, digest) of an index entry as read (None: no entry)."""
     if not entry:
         return None
     expiry, dg = str(entry).split("|", 1)

@@ -16,7 +16,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 
 from . import validate
-from .archive import RESTORE_TRIES, read_archived, restore
+from .archive import RESTORE_TRIES, parse_entry, read_copy, restore
 from .calls import Scripts
 from .cluster import MIGRATION_WAIT_S, RedisClient
 from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
@@ -761,6 +761,14 @@ class Ledger:
         kept = validate.blob("outcome", outcome)  # once: it is every item's
         batch = [(hold_id, self._post_args(hold_id, amount, kept)) for hold_id, amount in posts]
         replies = await self._run_many("post", tenant, batch)
+        # A hold archived out of the slot (a replay of its post): brought back, and
+        # its post sent again, as `post` does (_on_hold).
+        gone = [i for i, (item, _) in enumerate(replies) if _is_reply(item, "not_found")]
+        gone = [i for i in gone if await restore(self, tenant, batch[i][0])]
+        if gone:
+            again = await self._run_many("post", tenant, [batch[i] for i in gone])
+            for i, done in zip(gone, again, strict=True):
+                replies[i] = done
         results: list[TransitionResult | LedgerError] = []
         for (hold_id, _), (reply, acked) in zip(posts, replies, strict=True):
             result = _or_error(_transition_result, tenant, hold_id, "post", reply, acked=acked)
@@ -1076,24 +1084,39 @@ class Ledger:
         return SweepResult(visited=int(reply[1]), remaining_due=int(reply[2]))
 
     async def hold(self, tenant: str, hold_id: str) -> Hold | None:
-        record, kept = hold_keys(
-            validate.tenant_id(tenant), validate.identifier("hold_id", hold_id)
-        )
+        tenant = validate.tenant_id(tenant)
+        record, kept = hold_keys(tenant, validate.identifier("hold_id", hold_id))
         # Two keys, read without a transaction (a cluster pipeline has none): a
         # settlement between the reads would pair a live record with its outcome.
         # One changes the state, so a read whose state held across it is consistent.
+        # Not in the slot, the hold may be archived (ledger/archive.py): the index is
+        # read in the same pipeline, and when neither has it, both are read again (a
+        # restore between the two reads moves it from the index to the slot).
+        absent = False
         for _ in range(HOLD_READS):
             with translate_redis_errors("hold"):
                 async with self.redis.pipeline(transaction=False) as pipe:
                     pipe.hgetall(record)
                     pipe.get(kept)
                     pipe.hget(record, "st")
-                    fields, payload, state = await pipe.execute()
+                    pipe.hget(settled_key(tenant), hold_id)
+                    fields, payload, state, entry = await pipe.execute()
             if not fields:
-                archived = await read_archived(self, validate.tenant_id(tenant), hold_id)
-                return None if archived is None else _hold(hold_id, *archived)
+                if (at := parse_entry(entry)) is not None:
+                    archived = await read_copy(self, tenant, hold_id, at)
+                    if archived is None:
+                        return None
+                    # An empty payload is none (a record of an older release keeps its
+                    # outcome in `out` then: _hold).
+                    return _hold(hold_id, archived[0], archived[1] or None)
+                if absent:
+                    return None
+                absent = True
+                continue
             if state == fields["st"]:
                 return _hold(hold_id, fields, payload)
+        if not fields:
+            return None
         # Moved on under every read: the record, without its payload.
         return _hold(hold_id, fields, "")
 
@@ -1149,29 +1172,26 @@ class Ledger:
         """The holds of `hold_ids` that exist, by id in the order asked, as `hold`
         reads each, in one pipelined round trip (every key is the tenant's, in one
         slot: one node of a cluster): a page of the approval queue costs one round
-        trip, not one per hold. A hold whose state moved between its reads (a
-        settlement may pair a live record with its outcome) is read again on its own."""
+        trip, not one per hold. A hold not in the slot (gone, or archived) or whose
+        state moved between its reads (a settlement may pair a live record with its
+        outcome) is read again on its own."""
         tenant = validate.tenant_id(tenant)
         keys = [hold_keys(tenant, validate.identifier("hold_id", h)) for h in hold_ids]
         with translate_redis_errors("holds"):
             async with self.redis.pipeline(transaction=False) as pipe:
-                for hold_id, (record, kept) in zip(hold_ids, keys, strict=True):
+                for record, kept in keys:
                     pipe.hgetall(record)
                     pipe.get(kept)
                     pipe.hget(record, "st")
-                    pipe.hexists(settled_key(tenant), hold_id)
                 replies = await pipe.execute()
         found: dict[str, Hold] = {}
         for at, hold_id in enumerate(hold_ids):
-            fields, payload, state, archived = replies[4 * at : 4 * at + 4]
-            if not fields:
-                # Gone, or archived out of the slot: then read from its copy.
-                copy = await read_archived(self, tenant, hold_id) if archived else None
-                if copy is not None:
-                    found[hold_id] = _hold(hold_id, *copy)
-                continue
-            if state == fields["st"]:
+            fields, payload, state = replies[3 * at : 3 * at + 3]
+            if fields and state == fields["st"]:
                 found[hold_id] = _hold(hold_id, fields, payload)
+            # Gone, archived out of the slot (ledger/archive.py; `hold` reads the
+            # index and the slot again, which a racing restore moves it between), or
+            # moved on under the read.
             elif (moved := await self.hold(tenant, hold_id)) is not None:
                 found[hold_id] = moved
         return found

@@ -22,6 +22,10 @@
 --          names of its record, in the order of the digest
 -- then     m (0..1000), then m pairs: id, the index value seen, for index entries
 --          whose retention is over (dropped if unchanged and over by Redis time)
+-- then     optionally r (0..1000), then r pairs: id, restore time seen, for ids of the
+--          restored set whose record was gone (its retention ended in the slot):
+--          dropped from the set if not restored since (a set left to fill with them
+--          would hand every pass a page of dead ids, and no restored hold again)
 --
 -- Returns {archived, changed, trimmed}: holds taken out; holds left because their
 -- record is not the one copied (changed since, or not settled); index entries dropped.
@@ -69,8 +73,12 @@ for i = 1, n do
   at = at + 4 + k
 end
 local m = uint(ARGV[at], 1000)
-if not m or #ARGV ~= at + 2 * m then
-  return {'bad_input', 'expired', 'm must be 0..1000, then m pairs: id, index value'}
+local rat = at + 2 * (m or 0) + 1
+local r, tail = 0, rat - 1
+if ARGV[rat] ~= nil then r, tail = uint(ARGV[rat], 1000), rat end
+if not m or not r or #ARGV ~= tail + 2 * r then
+  return {'bad_input', 'expired', 'm must be 0..1000, then m pairs: id, index value, '
+    .. 'then r 0..1000 and r pairs: id, restore time'}
 end
 
 local archived, changed, trimmed = 0, 0, 0
@@ -95,6 +103,12 @@ for j = 1, m do
   if expiry and expiry > 0 and expiry <= now and redis.call('HGET', KEYS[2], id) == seen then
     redis.call('HDEL', KEYS[2], id)
     trimmed = trimmed + 1
+  end
+end
+for j = 1, r do
+  local id, seen = ARGV[rat + 2 * j - 1], tonumber(ARGV[rat + 2 * j])
+  if seen and tonumber(redis.call('ZSCORE', KEYS[4], id) or '') == seen then
+    redis.call('ZREM', KEYS[4], id)
   end
 end
 if ARGV[1] ~= '' then redis.call('HSET', KEYS[3], 'journal', ARGV[1]) end

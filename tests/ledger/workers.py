@@ -17,6 +17,7 @@ from pathlib import Path
 
 from redis.asyncio.cluster import RedisCluster
 
+from ledger.archive import archive_settled
 from ledger.checkpoint import CheckpointMoved, trim
 from ledger.client import Ledger
 from ledger.errors import HoldStateConflict, LedgerError, PoolShrank, RateLimited
@@ -291,7 +292,58 @@ async def paced(ledger: Ledger, tenant: str, barrier_name: str, count: str) -> N
     print(json.dumps({"outcomes": await asyncio.gather(*(one(i) for i in range(int(count))))}))
 
 
+async def archiver(ledger: Ledger, tenant: str, barrier_name: str, stop: str) -> None:
+    """archive_settled (after 0 ms, small batches) again and again until the key `stop`
+    exists: several race one another, the test may SIGKILL one."""
+    await barrier(ledger, barrier_name)
+    passes = archived = 0
+    while not await ledger.redis.exists(stop):
+        done = await archive_settled(ledger, tenant, after_ms=0, batch=7)
+        passes, archived = passes + 1, archived + done.archived
+    print(json.dumps({"passes": passes, "archived": archived}))
+
+
+async def meddle(
+    ledger: Ledger, tenant: str, barrier_name: str, prefix: str, count: str, stop: str
+) -> None:
+    """Over holds `<prefix>-0..count-1` (posted at 10**6) until the key `stop` exists:
+    replay each reserve (must be a replay), compensate 1 and read it back; prints
+    what it did and every error it met."""
+    await barrier(ledger, barrier_name)
+    fresh = compensated = 0
+    errors: list[str] = []
+    while not await ledger.redis.exists(stop):
+        for i in range(int(count)):
+            hold_id = f"{prefix}-{i}"
+            try:
+                amounts = {"tenant:acme": 10, "agent:a": 10}
+                result = await ledger.reserve(tenant, hold_id, "fp", amounts, ttl_ms=HOUR_MS)
+                fresh += not result.replayed
+                done = await ledger.compensate(tenant, hold_id, 1)
+                compensated += done.status.value == "ok"
+                if await ledger.hold(tenant, hold_id) is None:
+                    errors.append(f"{hold_id}: read as None")
+            except LedgerError as exc:
+                errors.append(f"{hold_id}: {type(exc).__name__}: {exc}")
+    print(json.dumps({"fresh": fresh, "compensated": compensated, "errors": errors[:20]}))
+
+
+async def flip(ledger: Ledger, tenant: str, barrier_name: str, hold_id: str, stop: str) -> None:
+    """Bring hold `hold_id` back into the slot (a replay of its reserve) and archive it
+    again, until the key `stop` exists."""
+    await barrier(ledger, barrier_name)
+    flips = 0
+    while not await ledger.redis.exists(stop):
+        amounts = {"tenant:acme": 10, "agent:a": 10}
+        await ledger.reserve(tenant, hold_id, "fp", amounts, ttl_ms=HOUR_MS)
+        flips += (await archive_settled(ledger, tenant, after_ms=0)).archived
+    print(json.dumps({"flips": flips}))
+
+
 COMMANDS = {
+    "archiver": archiver,
+    "meddle": meddle,
+    "flip": flip,
     "escalate": escalate,
     "paced": paced,
     "keyless": keyless,
