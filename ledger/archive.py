@@ -62,9 +62,12 @@ ARCHIVE_BATCH = 200
 # within seconds of it, and are then answered from the slot.
 ARCHIVE_AFTER_MS = 60_000
 SETTLED_STATES = frozenset({"posted", "voided", "rejected", "expired", "denied"})
-# How many times a call restores a hold and tries again before it gives up (the
-# archiver may take a restored hold out again in between only after ARCHIVE_AFTER_MS).
+# How many times a call restores a hold and tries again before it gives up.
 RESTORE_TRIES = 3
+# A restored hold stays in the slot at least this long, whatever `after_ms`: the call
+# that restored it makes its call again within it (an archiver at after_ms 0 took it
+# out again in between, three times running, on the cluster).
+RESTORED_KEEP_MS = 5_000
 
 
 UPGRADE_FIRST = (
@@ -118,13 +121,19 @@ def _part(text: str) -> str:
 
 
 async def archive_settled(
-    ledger: Ledger, tenant: str, *, after_ms: int = ARCHIVE_AFTER_MS, batch: int = ARCHIVE_BATCH
+    ledger: Ledger,
+    tenant: str,
+    *,
+    after_ms: int = ARCHIVE_AFTER_MS,
+    batch: int = ARCHIVE_BATCH,
+    keep_restored_ms: int = RESTORED_KEEP_MS,
 ) -> ArchivePass:
     """One pass over the tenant's journal (from where the last pass stopped) and its
     restored holds: each hold settled more than `after_ms` ago is copied out and taken
     out of the slot; a page of the settled index is scanned for entries whose retention
-    is over. Nothing while the fleet's release flag says an older release may serve
-    (the pass's `held_back` says so)."""
+    is over. A hold restored less than `keep_restored_ms` ago stays. Nothing while the
+    fleet's release flag says an older release may serve (the pass's `held_back` says
+    so)."""
     tenant = validate.tenant_id(tenant)
     if not 1 <= batch <= 1000:
         raise BadInput("batch", "must be an integer in [1, 1000]")
@@ -140,12 +149,17 @@ async def archive_settled(
         start = f"({read}" if read else "-"
         entries = await redis.xrange(journal_key(tenant), start, str(max(ripe, 0)), count=batch)
         restored_at = await redis.zrangebyscore(
-            restored_key(tenant), "-inf", ripe, 0, batch, withscores=True
+            restored_key(tenant),
+            "-inf",
+            min(ripe, now - keep_restored_ms),
+            0,
+            batch,
+            withscores=True,
         )
         scan_at, page = await redis.hscan(settled_key(tenant), int(trim or 0), count=batch)
     restored = [hold_id for hold_id, _ in restored_at]
     ids = list(dict.fromkeys([*(f["hold"] for _, f in entries if f.get("hold")), *restored]))
-    records = await _read(ledger, tenant, ids, now)
+    records = await _read(ledger, tenant, ids, now, now - keep_restored_ms)
     found = {r[0] for r in records}
     ripe_records = [r for r in records if _settled_by(r[1]) <= ripe]
     kept = await _copy(ledger, tenant, ripe_records)
@@ -187,10 +201,11 @@ def _settled_by(fields: Mapping[str, str]) -> int:
 
 
 async def _read(
-    ledger: Ledger, tenant: str, ids: list[str], now: int
+    ledger: Ledger, tenant: str, ids: list[str], now: int, restored_by: int
 ) -> list[tuple[str, dict[str, str], str, int]]:
-    """(id, record, payload, expiry) of each of `ids` that is settled in the slot;
-    expiry is Redis time its retention ends (0: kept for good)."""
+    """(id, record, payload, expiry) of each of `ids` that is settled in the slot and
+    was not restored after `restored_by`; expiry is Redis time its retention ends (0:
+    kept for good)."""
     if not ids:
         return []
     with translate_redis_errors("archive"):
@@ -199,11 +214,14 @@ async def _read(
                 pipe.hgetall(hold_key(tenant, hold_id))
                 pipe.get(payload_key(tenant, hold_id))
                 pipe.pttl(hold_key(tenant, hold_id))
+                pipe.zscore(restored_key(tenant), hold_id)
             replies = await pipe.execute()
     found = []
     for i, hold_id in enumerate(ids):
-        fields, payload, ttl = replies[3 * i : 3 * i + 3]
+        fields, payload, ttl, restored = replies[4 * i : 4 * i + 4]
         if fields.get("st") not in SETTLED_STATES or ttl == -2:
+            continue
+        if restored is not None and restored > restored_by:
             continue
         found.append((hold_id, fields, payload or "", now + ttl if ttl > 0 else 0))
     return found

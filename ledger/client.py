@@ -1344,6 +1344,10 @@ class Ledger:
                 break
             if not await restore(self, tenant, hold_id):
                 break
+        else:
+            if reply[0] == "archived":  # out again each time (archive.RESTORED_KEEP_MS)
+                detail = f"hold {hold_id!r} was archived again each time it was restored"
+                raise LedgerUnavailable(operation, RedisFailure.BUSY, detail)
         return reply, acked
 
 

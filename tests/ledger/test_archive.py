@@ -41,7 +41,7 @@ async def _settled(ledger: Ledger, tenant: str, n: int, prefix: str = "h") -> li
 async def _archive_all(ledger: Ledger, tenant: str) -> int:
     total = 0
     while True:
-        done = await archive_settled(ledger, tenant, after_ms=0)
+        done = await archive_settled(ledger, tenant, after_ms=0, keep_restored_ms=0)
         total += done.archived
         if not done.more:
             return total

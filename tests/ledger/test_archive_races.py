@@ -56,7 +56,7 @@ async def _settled(
 async def _archive_all(ledger: Ledger, tenant: str, batch: int = 200) -> int:
     total = 0
     for _ in range(1000):
-        done = await archive_settled(ledger, tenant, after_ms=0, batch=batch)
+        done = await archive_settled(ledger, tenant, after_ms=0, batch=batch, keep_restored_ms=0)
         total += done.archived
         if not done.more:
             return total
@@ -196,7 +196,10 @@ async def test_a_restored_hold_whose_retention_ends_in_the_slot_does_not_stall_t
             await asyncio.sleep(0.01)
         await asyncio.sleep(1.6)  # the dying hold's retention ends in the slot
         assert await _in_slot(ledger, tenant, [dying, kept]) == 1
-        passes = [await archive_settled(ledger, tenant, after_ms=0, batch=1) for _ in range(8)]
+        passes = [
+            await archive_settled(ledger, tenant, after_ms=0, batch=1, keep_restored_ms=0)
+            for _ in range(8)
+        ]
     finally:
         await short.aclose()
     assert sum(p.archived for p in passes) == 1
@@ -241,7 +244,9 @@ async def test_racing_archivers_and_a_replaying_compensating_process_lose_nothin
     ids = await _settled(ledger, tenant, 12, prefix="m")
     assert await _archive_all(ledger, tenant) == 12
     name, stop = f"{tenant}:barrier", f"{tenant}:stop"
-    workers = [spawn("archiver", redis_url, tenant, name, stop) for _ in range(2)]
+    # Restored holds stay 200 ms (not RESTORED_KEEP_MS): archived again many times
+    # while the meddler works on them.
+    workers = [spawn("archiver", redis_url, tenant, name, stop, "200") for _ in range(2)]
     workers.append(spawn("meddle", redis_url, tenant, name, "m", "12", stop))
     await release(ledger, name, 3)
     await asyncio.sleep(6)
@@ -298,7 +303,8 @@ async def test_an_archiver_dead_after_its_copies_leaves_the_holds_whole(
     now, never the stale copy."""
     await open_accounts(ledger, tenant, tenant_acme=10**9, agent_a=10**9)
     ids = await _settled(ledger, tenant, 3)
-    records = await _read(ledger, tenant, ids, await ledger.now_ms())
+    now = await ledger.now_ms()
+    records = await _read(ledger, tenant, ids, now, now)
     assert len(await _copy(ledger, tenant, records)) == 3  # ... and SIGKILL here
     assert await _in_slot(ledger, tenant, ids) == 3
     await ledger.compensate(tenant, ids[0], 7)

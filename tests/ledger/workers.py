@@ -292,13 +292,18 @@ async def paced(ledger: Ledger, tenant: str, barrier_name: str, count: str) -> N
     print(json.dumps({"outcomes": await asyncio.gather(*(one(i) for i in range(int(count))))}))
 
 
-async def archiver(ledger: Ledger, tenant: str, barrier_name: str, stop: str) -> None:
-    """archive_settled (after 0 ms, small batches) again and again until the key `stop`
-    exists: several race one another, the test may SIGKILL one."""
+async def archiver(
+    ledger: Ledger, tenant: str, barrier_name: str, stop: str, keep_ms: str = "5000"
+) -> None:
+    """archive_settled (after 0 ms, small batches, restored holds kept `keep_ms`) again
+    and again until the key `stop` exists: several race one another, the test may
+    SIGKILL one."""
     await barrier(ledger, barrier_name)
     passes = archived = 0
     while not await ledger.redis.exists(stop):
-        done = await archive_settled(ledger, tenant, after_ms=0, batch=7)
+        done = await archive_settled(
+            ledger, tenant, after_ms=0, batch=7, keep_restored_ms=int(keep_ms)
+        )
         passes, archived = passes + 1, archived + done.archived
     print(json.dumps({"passes": passes, "archived": archived}))
 
@@ -336,7 +341,8 @@ async def flip(ledger: Ledger, tenant: str, barrier_name: str, hold_id: str, sto
     while not await ledger.redis.exists(stop):
         amounts = {"tenant:acme": 10, "agent:a": 10}
         await ledger.reserve(tenant, hold_id, "fp", amounts, ttl_ms=HOUR_MS)
-        flips += (await archive_settled(ledger, tenant, after_ms=0)).archived
+        done = await archive_settled(ledger, tenant, after_ms=0, keep_restored_ms=0)
+        flips += done.archived
     print(json.dumps({"flips": flips}))
 
 
