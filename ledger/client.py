@@ -13,7 +13,6 @@ from itertools import count, takewhile
 from typing import Any, TypeVar
 
 from redis import exceptions as redis_errors
-from redis.asyncio.cluster import RedisCluster
 
 from . import validate
 from .archive import RESTORE_TRIES, read_archived, restore
@@ -95,6 +94,7 @@ from .records import (
 from .refusals import RefusalCounts
 from .release import COUNTED_ESCALATIONS, FleetRelease
 from .settings import LedgerSettings
+from .topology import topology_of
 
 DAY_MS = 24 * 3600 * 1000
 DENIED_RETENTION_MS = 10 * 60 * 1000
@@ -176,8 +176,10 @@ class Ledger:
         # Told the operation of each post or true-up kept although its wait came back
         # short (`_report_short`).
         self.on_unacknowledged: Callable[[str], None] | None = None
+        # Standalone or cluster: what the calls below do differently on each.
+        self.topology = topology_of(redis)
         # A call its tenant's slot migration refuses is sent again for this long.
-        self._scripts = Scripts(redis, migration_wait_s)
+        self._scripts = Scripts(self.topology, migration_wait_s)
         self._retention = str(self.retention_ms)
         self._tenant_keys: dict[str, list[str]] = {}
         # The fleet's policies, versioned (gateway hosts serve what it holds).
@@ -358,18 +360,18 @@ class Ledger:
         """The server's appendonly, appendfsync and min-replicas-to-write ("unknown"
         where CONFIG GET is refused)."""
         with translate_redis_errors("reading the persistence settings"):
-            return await read_durability(self.redis)
+            return await read_durability(self.topology)
 
     @property
     def clustered(self) -> bool:
         """Whether the ledger is on a Redis Cluster."""
-        return self._scripts.cluster is not None
+        return self.topology.clustered
 
     async def replicas_per_primary(self) -> dict[str, int] | None:
         """How many replicas each primary has now, by its address (None where the
         server refuses INFO or CLUSTER NODES): what failover_shortfall judges."""
         with translate_redis_errors("reading the replicas of each primary"):
-            return await read_replicas(self.redis)
+            return await read_replicas(self.topology)
 
     async def probe_waits(self) -> Probe:
         """A probe write followed by the waits every kept write gets (`waits`), on
@@ -378,7 +380,7 @@ class Ledger:
         if not self.waits:
             return Probe()
         with translate_redis_errors("probing the waits for replicas and fsyncs"):
-            return await probe_waits(self.redis, self.waits)
+            return await probe_waits(self.topology, self.waits)
 
     async def probe_write(self) -> WriteProbe:
         """Whether Redis takes a write now: a probe write of a key of irrev's namespace
@@ -386,7 +388,7 @@ class Ledger:
         each that refused it did, cause and remedy (LedgerUnavailable's message).
         LedgerUnavailable if Redis cannot be reached."""
         with translate_redis_errors("the probe write"):
-            answers = await probe_write(self.redis)
+            answers = await probe_write(self.topology)
         refusals = tuple(
             str(LedgerUnavailable(f"the probe write of {key}", redis_failure(exc), str(exc)))
             for key, exc in answers
@@ -404,15 +406,13 @@ class Ledger:
         Refused on a node of a Redis Cluster with a standalone client, which most
         calls would find sent elsewhere."""
         with translate_redis_errors("loading the ledger scripts"):
-            if not isinstance(self.redis, RedisCluster):
-                info = await self.redis.info("cluster")
-                if info.get("cluster_enabled"):
-                    raise LedgerUnavailable(
-                        "loading the ledger scripts",
-                        RedisFailure.CLUSTER_REDIRECT,
-                        "the server is a node of a Redis Cluster and this ledger's client a "
-                        "standalone one; Ledger.from_url detects a cluster",
-                    )
+            if await self.topology.mismatched():
+                raise LedgerUnavailable(
+                    "loading the ledger scripts",
+                    RedisFailure.CLUSTER_REDIRECT,
+                    "the server is a node of a Redis Cluster and this ledger's client a "
+                    "standalone one; Ledger.from_url detects a cluster",
+                )
             await self._scripts.load()
 
     async def scripts_loaded(self) -> bool:
