@@ -53,7 +53,9 @@ from .keys import (
 from .release import ARCHIVED_HOLDS
 
 if TYPE_CHECKING:
-    from .client import Ledger
+    # All this module asks of a Ledger: its connection and shared call path, which
+    # its families (holds, snapshots) call it with.
+    from .client import LedgerCore as Ledger
 
 # Holds looked at per pass (and per script call): a pass is one script in the
 # tenant's slot, which must stay short.

@@ -25,22 +25,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis import exceptions as redis_errors
-from redis.asyncio.cluster import RedisCluster
 
-from .cluster import MIGRATION_WAIT_S, REDIRECTED, RedisClient, on_primary
+from .cluster import MIGRATION_WAIT_S, REDIRECTED
 from .connect import direct_calls
 from .scripts import OPERATIONS, function_library, script_source
+from .topology import Topology
 
 
 class Scripts:
-    """The ledger's operations on one client: `call` runs one, `call_many` a batch,
-    `call_then_wait` one followed by WAIT (or WAITAOF) on the same connection."""
+    """The ledger's operations on one client (of `topology`): `call` runs one,
+    `call_many` a batch, `call_then_wait` one followed by WAIT (or WAITAOF) on the
+    same connection."""
 
-    def __init__(self, redis: RedisClient, migration_wait_s: float = MIGRATION_WAIT_S) -> None:
-        self.redis = redis
+    def __init__(self, topology: Topology, migration_wait_s: float = MIGRATION_WAIT_S) -> None:
+        self.topology = topology
+        self.redis = topology.redis
         self.migration_wait_s = migration_wait_s
-        self.cluster = redis if isinstance(redis, RedisCluster) else None
-        self.direct = direct_calls(redis)
+        self.direct = direct_calls(self.redis)
         self.library = function_library()
         self.sources = {operation: script_source(operation) for operation in OPERATIONS}
         self.shas = {
@@ -100,15 +101,9 @@ class Scripts:
         on a standalone client by DirectCalls, past redis-py's per-call layers, unless
         the client is traced (OpenTelemetry wraps execute_command, whose spans would
         be lost); on a cluster to the primary of `key`'s slot."""
-        if self.cluster is None:
-            redis = self.redis
-            if self.direct is not None and not hasattr(redis.execute_command, "__wrapped__"):
-                return await self.direct.call(command)
-            return await redis.execute_command(*command)
-        (reply,) = await on_primary(self.cluster, key, [command], wait_s=self.migration_wait_s)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
+        if self.direct is not None and not hasattr(self.redis.execute_command, "__wrapped__"):
+            return await self.direct.call(command)
+        return await self.topology.send(command, key, wait_s=self.migration_wait_s)
 
     async def release(self) -> None:
         """Give connections kept for calls back to the client's pool."""
@@ -130,15 +125,9 @@ class Scripts:
             await self.load()
         for attempt in range(2):
             commands = [self._head(operation, keys, args), *waits]
-            if self.cluster is not None:
-                reply, *acked = await on_primary(
-                    self.cluster, keys[0], commands, wait_s=self.migration_wait_s
-                )
-            else:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for command in commands:
-                        pipe.execute_command(*command)
-                    reply, *acked = await pipe.execute(raise_on_error=False)
+            reply, *acked = await self.topology.pipeline(
+                keys[0], commands, wait_s=self.migration_wait_s
+            )
             if attempt == 0 and isinstance(reply, redis_errors.ResponseError) and _missing(reply):
                 await self.load()
                 continue
@@ -188,15 +177,7 @@ class Scripts:
         """The replies of `commands` (at least one), and the answers of `waits` sent
         after them."""
         sent = [*commands, *waits]
-        if self.cluster is not None:
-            replies = await on_primary(
-                self.cluster, key, sent, watch=None, wait_s=self.migration_wait_s
-            )
-        else:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for command in sent:
-                    pipe.execute_command(*command)
-                replies = list(await pipe.execute(raise_on_error=False))
+        replies = await self.topology.pipeline(key, sent, watch=None, wait_s=self.migration_wait_s)
         return replies[: len(commands)], replies[len(commands) :]
 
 

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
-from itertools import count
 from typing import Any, Literal, get_args
 
 from redis import exceptions as redis_errors
-from redis.asyncio.cluster import RedisCluster
 
-from .cluster import RedisClient, on_primary
+from .topology import Topology
 
 PARAMETERS = ("appendonly", "appendfsync", "min-replicas-to-write")
 UNKNOWN = "unknown"
@@ -83,60 +81,34 @@ class WriteProbe:
         return len(self.refusals) == self.primaries
 
 
-async def read_durability(redis: RedisClient) -> Durability:
-    appendonly, appendfsync, min_replicas = [await _config(redis, name) for name in PARAMETERS]
-    return Durability(appendonly, appendfsync, min_replicas, await _has_waitaof(redis))
+async def read_durability(topology: Topology) -> Durability:
+    appendonly, appendfsync, min_replicas = [await _config(topology, name) for name in PARAMETERS]
+    return Durability(appendonly, appendfsync, min_replicas, await _has_waitaof(topology))
 
 
-async def _has_waitaof(redis: RedisClient) -> str:
+async def _has_waitaof(topology: Topology) -> str:
     """'yes' or 'no' (on a cluster, every primary's answer, "no|yes" where they
     differ): whether the server's Redis version (INFO server's redis_version, which
     Valkey reports as the Redis it is compatible with) is 7.2 or later, the first
     with WAITAOF. (COMMAND INFO would say it directly, but redis-py's parser fails
     on its answer for a command the server lacks.)"""
+    redis = topology.redis
     try:
-        if isinstance(redis, RedisCluster):
-            await redis.initialize()
-            found = {
-                _known(await redis.info("server", target_nodes=node))
-                for node in redis.get_primaries()
-            }
-            return "|".join(sorted(found)) or UNKNOWN
-        return _known(await redis.info("server"))
+        infos = await topology.each_primary(lambda **node: redis.info("server", **node))
+        return _joined({_known(info) for info in infos})
     except redis_errors.ResponseError:
         return UNKNOWN  # INFO not allowed (ACLs)
 
 
-async def read_replicas(redis: RedisClient) -> dict[str, int] | None:
+async def read_replicas(topology: Topology) -> dict[str, int] | None:
     """How many replicas each primary has now (its address -> count; None where
     the server refuses the read, ACLs): INFO replication's connected_slaves on a
     standalone server, the cluster's own view (CLUSTER NODES) on a cluster: a
     replica flagged failing does not count, a primary without slots serves nothing."""
     try:
-        if isinstance(redis, RedisCluster):
-            nodes = await redis.cluster_nodes()
-            primaries = {
-                str(node["node_id"]): address
-                for address, node in nodes.items()
-                if _healthy(str(node["flags"]), "master") and node["slots"]
-            }
-            counts = dict.fromkeys(primaries.values(), 0)
-            for node in nodes.values():
-                if _healthy(str(node["flags"]), "slave") and str(node["master_id"]) in primaries:
-                    counts[primaries[str(node["master_id"])]] += 1
-            return counts
-        info = await redis.info("replication")
-        where = redis.connection_pool.connection_kwargs
-        address = where.get("path") or f"{where.get('host')}:{where.get('port')}"
-        return {str(address): int(info["connected_slaves"])}
+        return await topology.replicas()
     except redis_errors.ResponseError:
         return None  # INFO or CLUSTER not allowed (ACLs)
-
-
-def _healthy(flags: str, role: str) -> bool:
-    """Whether a CLUSTER NODES line's flags say `role`, and that the node is up."""
-    found = set(flags.split(","))
-    return role in found and not found & {"fail", "fail?", "handshake", "noaddr"}
 
 
 def _known(info: dict[str, object]) -> str:
@@ -146,19 +118,18 @@ def _known(info: dict[str, object]) -> str:
     return "yes" if (int(parts[0]), int(parts[1])) >= WAITAOF_SINCE else "no"
 
 
-async def _config(redis: RedisClient, name: str) -> str:
+async def _config(topology: Topology, name: str) -> str:
+    redis = topology.redis
     try:
-        if isinstance(redis, RedisCluster):
-            await redis.initialize()  # the node map, if no call has read it yet
-            found = set()
-            for node in redis.get_primaries():
-                reply = await redis.config_get(name, target_nodes=node)
-                found.add(str(reply.get(name, UNKNOWN)))
-            return "|".join(sorted(found)) or UNKNOWN
-        reply = await redis.config_get(name)
-        return str(reply.get(name, UNKNOWN))
+        replies = await topology.each_primary(lambda **node: redis.config_get(name, **node))
+        return _joined({str(reply.get(name, UNKNOWN)) for reply in replies})
     except redis_errors.ResponseError:
         return UNKNOWN  # CONFIG renamed or not allowed (managed Redis, ACLs)
+
+
+def _joined(found: set[str]) -> str:
+    """Every primary's value, "a|b" where they differ."""
+    return "|".join(sorted(found)) or UNKNOWN
 
 
 # The probe's key: irrev's namespace, gone by itself soon after the last probe.
@@ -184,7 +155,7 @@ class Probe:
     write_refused: bool = False  # the refusal is of the probe's write, not of a wait
 
 
-async def probe_waits(redis: RedisClient, waits: list[tuple[Any, ...]]) -> Probe:
+async def probe_waits(topology: Topology, waits: list[tuple[Any, ...]]) -> Probe:
     """A harmless write (a key of irrev's namespace that expires) on each primary,
     followed on its connection by `waits`, the WAIT/WAITAOF every kept write gets
     (ledger/client.py's `_waits`), with at least PROBE_WAIT_MS: an ACL that denies
@@ -192,13 +163,9 @@ async def probe_waits(redis: RedisClient, waits: list[tuple[Any, ...]]) -> Probe
     that receive writes but do not fsync them (appendonly no on a replica) show here,
     where the server's version and CONFIG GET do not tell."""
     waits = [(*wait[:-1], max(int(wait[-1]), PROBE_WAIT_MS)) for wait in waits]
-    if isinstance(redis, RedisCluster):
-        await redis.initialize()
-        # At once: each may wait its full timeout for replicas that are away.
-        keys = _key_per_primary(redis)
-        probes = list(await asyncio.gather(*(_probe_on(redis, key, waits) for key in keys)))
-    else:
-        probes = [await _probe_on(redis, PROBE_KEY % "0", waits)]
+    keys = await topology.key_per_primary(PROBE_KEY)
+    # At once: each may wait its full timeout for replicas that are away.
+    probes = list(await asyncio.gather(*(_probe_on(topology, key, waits) for key in keys)))
     refused = next((p for p in probes if p.refusal), None)
     warning = next((p.warning for p in probes if p.warning), "")
     if refused is not None:
@@ -206,48 +173,26 @@ async def probe_waits(redis: RedisClient, waits: list[tuple[Any, ...]]) -> Probe
     return Probe("", warning, all(p.fsynced for p in probes))
 
 
-async def probe_write(redis: RedisClient) -> list[tuple[str, Exception | None]]:
+async def probe_write(topology: Topology) -> list[tuple[str, Exception | None]]:
     """The probe write alone on each primary (PROBE_KEY: irrev's namespace, no
     tenant's, expiring): per probe key, the error that refused it, or None. Whether
     Redis takes writes at all is what neither a PING nor a read shows: a server at
     `maxmemory` under `noeviction`, a primary demoted to a replica, one short of its
     `min-replicas-to-write` answer both and refuse every admission. Connection errors
     are raised."""
-    if isinstance(redis, RedisCluster):
-        await redis.initialize()
-        keys = _key_per_primary(redis)
-        writes = (on_primary(redis, key, [_probe_set(key)]) for key in keys)
-        replies = [reply[0] for reply in await asyncio.gather(*writes)]
-        refused = [r if isinstance(r, Exception) else None for r in replies]
-        return list(zip(keys, refused, strict=True))
-    key = PROBE_KEY % "0"
-    try:
-        await redis.execute_command(*_probe_set(key))
-    except redis_errors.ResponseError as exc:
-        return [(key, exc)]
-    return [(key, None)]
+    keys = await topology.key_per_primary(PROBE_KEY)
+    writes = (topology.pipeline(key, [_probe_set(key)]) for key in keys)
+    replies = [reply[0] for reply in await asyncio.gather(*writes)]
+    refused = [r if isinstance(r, Exception) else None for r in replies]
+    return list(zip(keys, refused, strict=True))
 
 
 def _probe_set(key: str) -> tuple[Any, ...]:
     return ("SET", key, "1", "PX", PROBE_TTL_MS)
 
 
-def _key_per_primary(cluster: RedisCluster) -> list[str]:
-    """A probe key in a slot of each primary (the hash tag picks the slot)."""
-    wanted = {node.name for node in cluster.get_primaries()}
-    keys: dict[str, str] = {}
-    for n in count():
-        key = PROBE_KEY % n
-        node = cluster.get_node_from_key(key)
-        if node is not None and node.name in wanted:
-            keys.setdefault(node.name, key)
-        if len(keys) == len(wanted):
-            return list(keys.values())
-    raise AssertionError("unreachable")
-
-
-async def _probe_on(redis: RedisClient, key: str, waits: list[tuple[Any, ...]]) -> Probe:
-    where = f" (primary of {key})" if isinstance(redis, RedisCluster) else ""
+async def _probe_on(topology: Topology, key: str, waits: list[tuple[Any, ...]]) -> Probe:
+    where = topology.where(key)
     commands = [_probe_set(key), *waits]
     aof_all = bool(waits) and waits[0][0] == "WAITAOF" and int(waits[0][2]) > 0
     if aof_all:
@@ -255,13 +200,7 @@ async def _probe_on(redis: RedisClient, key: str, waits: list[tuple[Any, ...]]) 
         # check (answers at once when they did), so that a replica that is down is
         # told from one that does not fsync.
         commands.append(("WAIT", waits[0][2], 100))
-    if isinstance(redis, RedisCluster):
-        replies = await on_primary(redis, key, commands)
-    else:
-        async with redis.pipeline(transaction=False) as pipe:
-            for command in commands:
-                pipe.execute_command(*command)
-            replies = list(await pipe.execute(raise_on_error=False))
+    replies = await topology.pipeline(key, commands)
     if isinstance(replies[0], Exception):
         return Probe(
             f"the probe write SET {key} was refused{where} ({replies[0]}): let the ledger's "

@@ -22,11 +22,9 @@ from enum import StrEnum
 from importlib.resources import files
 from typing import Any
 
-from redis.asyncio.cluster import RedisCluster
-
 from . import validate
 from .changes import announce, tell
-from .cluster import RedisClient, wait_out_migration
+from .cluster import RedisClient
 from .errors import BadInput, KeyNotFound, KeyNotLive, translate_redis_errors
 from .keys import (
     KEYS_EPOCH_KEY,
@@ -35,6 +33,7 @@ from .keys import (
     keys_version_key,
     managed_keys_key,
 )
+from .topology import topology_of
 
 log = logging.getLogger("irrev.ledger")
 KEY_ID = re.compile(r"key_[0-9a-f]{12}")
@@ -94,6 +93,7 @@ class KeyRecord:
 class KeyStore:
     def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
+        self.topology = topology_of(redis)
         source = files("ledger.lua").joinpath("keys.lua").read_text(encoding="utf-8")
         self._script = redis.register_script(source)
 
@@ -208,10 +208,9 @@ class KeyStore:
         name = validate.tenant_id(tenant)
         keys = [managed_keys_key(name), key_hashes_key(name), keys_version_key(name)]
         with translate_redis_errors(f"writing a managed key ({args[0]})"):
-            if isinstance(self.redis, RedisCluster):
-                reply = await wait_out_migration(lambda: self._script(keys=keys, args=args))
-            else:
-                reply = await self._script(keys=keys, args=args)
+            reply = await self.topology.through_migration(
+                lambda: self._script(keys=keys, args=args)
+            )
         parts = [_text(part) for part in reply]
         if parts[0] == "bad_input":
             raise BadInput(parts[1], parts[2])

@@ -26,13 +26,13 @@ import time
 from importlib.resources import files
 from typing import Any
 
-from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 
 from .changes import CHANNEL
-from .cluster import RedisClient, wait_out_migration
+from .cluster import RedisClient
 from .errors import BadInput, translate_redis_errors
 from .keys import WATCH_LEASE_KEY
+from .topology import topology_of
 
 # Of a lease's ttl, the part its holder counts on: Redis lapses it on its own clock,
 # which may run apart from this process's (one test saw a 50 ms lease gone before
@@ -55,6 +55,7 @@ class Lease:
         if not 0 < ttl_ms <= 24 * 3600 * 1000:
             raise BadInput("ttl_ms", "a lease lasts 1 ms to a day")
         self.redis = redis
+        self.topology = topology_of(redis)
         self.key = key
         self.ttl_ms = ttl_ms
         self.token = f"{holder or holder_name()}:{secrets.token_hex(6)}"
@@ -90,9 +91,7 @@ class Lease:
 
     async def _call(self, script: AsyncScript, args: list[str], operation: str) -> Any:
         with translate_redis_errors(operation):
-            if isinstance(self.redis, RedisCluster):
-                return await wait_out_migration(lambda: script(keys=[self.key], args=args))
-            return await script(keys=[self.key], args=args)
+            return await self.topology.through_migration(lambda: script(keys=[self.key], args=args))
 
 
 class Watch:
@@ -107,6 +106,7 @@ class Watch:
         if not 0 < ttl_ms <= 24 * 3600 * 1000:
             raise BadInput("ttl_ms", "a watch lasts 1 ms to a day")
         self.redis = redis
+        self.topology = topology_of(redis)
         self.ttl_ms = ttl_ms
         self.token = f"{holder or holder_name()}:{secrets.token_hex(6)}"
         self._beat = redis.register_script(_script("watch"))
@@ -124,6 +124,6 @@ class Watch:
 
     async def _call(self, script: AsyncScript, args: list[str], doing: str) -> Any:
         with translate_redis_errors(f"{doing} the fleet's watch"):
-            if isinstance(self.redis, RedisCluster):
-                return await wait_out_migration(lambda: script(keys=[WATCH_LEASE_KEY], args=args))
-            return await script(keys=[WATCH_LEASE_KEY], args=args)
+            return await self.topology.through_migration(
+                lambda: script(keys=[WATCH_LEASE_KEY], args=args)
+            )

@@ -19,11 +19,9 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any
 
-from redis.asyncio.cluster import RedisCluster
-
 from . import validate
 from .changes import CHANNEL, announce, tell
-from .cluster import RedisClient, wait_out_migration
+from .cluster import RedisClient
 from .errors import translate_redis_errors
 from .keys import (
     OUTCOMES_EPOCH_KEY,
@@ -32,6 +30,7 @@ from .keys import (
     policy_log_key,
     policy_sources_key,
 )
+from .topology import topology_of
 
 # Versions kept in each tenant's history: what `irrev policy history` shows, and how
 # old a version an upload may name as its base (If-Match) and still be merged.
@@ -65,6 +64,7 @@ class PutResult:
 class PolicyStore:
     def __init__(self, redis: RedisClient) -> None:
         self.redis = redis
+        self.topology = topology_of(redis)
         source = files("ledger.lua").joinpath("policy_put.lua").read_text(encoding="utf-8")
         self._put = redis.register_script(source)
 
@@ -170,10 +170,7 @@ class PolicyStore:
         keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
         args = [str(expected), digest, text, origin, source, source_text, str(POLICY_HISTORY)]
         with translate_redis_errors("writing a policy"):
-            if isinstance(self.redis, RedisCluster):
-                reply = await wait_out_migration(lambda: self._put(keys=keys, args=args))
-            else:
-                reply = await self._put(keys=keys, args=args)
+            reply = await self.topology.through_migration(lambda: self._put(keys=keys, args=args))
             won, version, stamp = (int(part) for part in reply)
         if won and version != expected:  # else the store held this text already
             await tell(self.redis, POLICY_EPOCH_KEY, "policy")
@@ -187,7 +184,7 @@ class PolicyStore:
     async def bump_outcomes(self) -> None:
         """Count one more compensation outcome fleet-wide and announce it: gateways
         then re-read the counts (`epochs`)."""
-        if isinstance(self.redis, RedisCluster):
+        if not self.topology.mixed_pipelines:
             with translate_redis_errors("counting an outcome"):
                 await self.redis.incr(OUTCOMES_EPOCH_KEY)
             await announce(self.redis, "outcomes")
