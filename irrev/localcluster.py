@@ -226,12 +226,35 @@ class LocalCluster:
                         client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
         return moved
 
+    @contextlib.contextmanager
+    def stuck_migration(self, key: str) -> Iterator[ClusterNode]:
+        """The slot of `key` marked as moving to another primary (SETSLOT MIGRATING and
+        IMPORTING) with no key moved, as a reshard tool that died mid-move leaves it,
+        for as long as the block runs; then stable on its primary again. Yields the
+        target."""
+        source = self.primary_for(key)
+        target = next(n for n in self.nodes if n is not source and _is_primary(n))
+        with source.client() as src, target.client() as dst:
+            slot = int(src.execute_command("CLUSTER", "KEYSLOT", key))
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(source))
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(target))
+            try:
+                yield target
+            finally:
+                src.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+                dst.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+
     def node_id(self, node: ClusterNode) -> str:
         with node.client() as client:
             return str(client.execute_command("CLUSTER", "MYID"))
 
     def _node(self, port: int) -> ClusterNode:
         return next(node for node in self.nodes if node.port == port)
+
+
+def _is_primary(node: ClusterNode) -> bool:
+    with node.client() as client:
+        return bool(client.info("replication")["role"] == "master")
 
 
 def _field(info: str, name: str) -> str:

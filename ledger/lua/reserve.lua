@@ -26,8 +26,8 @@
 -- ARGV[13+2n+5m]  count escalations: '1' counts a kept escalation on its first agent
 --          account (`esc`, capped by the account's `escmax`); '0' neither counts nor
 --          caps it, while the fleet's release flag says a host of an older release,
---          whose scripts never uncount one, may resolve it (ledger/client.py's
---          fleet_release)
+--          whose scripts never uncount one, may resolve it (ledger/release.py's
+--          COUNTED_ESCALATIONS)
 -- ARGV[14+2n+5m]  shadow: '1' holds the effect even when the decision is deny or
 --          escalate (shadow mode: never blocking; the would-be decision is kept in
 --          the hold's reason and the journal, and the hold may take accounts above

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from irrev.localcluster import ClusterNode, LocalCluster
+from irrev.localcluster import LocalCluster
 from ledger.keys import accounts_key
 
 from .conftest import own_gateway
@@ -30,9 +30,6 @@ async def test_a_settlement_a_stuck_migration_refused_is_written_after_it(
     ) as gateway:
         tenant = gateway.tenant("own")
         await set_faults(upstream, tenant, hold=True, times=1)
-        key = accounts_key(tenant.id)
-        source = redis_cluster.primary_for(key)
-        target = _another_primary(redis_cluster, source)
         async with httpx.AsyncClient(base_url=gateway.url, timeout=60, trust_env=False) as http:
             sent = asyncio.create_task(
                 http.post(
@@ -44,21 +41,10 @@ async def test_a_settlement_a_stuck_migration_refused_is_written_after_it(
             while (await supplier_stats(upstream, tenant))["requests"] == 0:
                 await asyncio.sleep(0.02)
             # Admitted and at the tool: now the slot starts a move that does not end.
-            with source.client() as src, target.client() as dst:
-                slot = int(src.execute_command("CLUSTER", "KEYSLOT", key))
-                dst.execute_command(
-                    "CLUSTER", "SETSLOT", slot, "IMPORTING", redis_cluster.node_id(source)
-                )
-                src.execute_command(
-                    "CLUSTER", "SETSLOT", slot, "MIGRATING", redis_cluster.node_id(target)
-                )
-                try:
-                    assert (await upstream.post(f"/{tenant.id}/_release")).status_code == 200
-                    answer = await sent  # the tool's answer; its post waits, then fails
-                    await asyncio.sleep(STUCK_S)
-                finally:
-                    src.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
-                    dst.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+            with redis_cluster.stuck_migration(accounts_key(tenant.id)):
+                assert (await upstream.post(f"/{tenant.id}/_release")).status_code == 200
+                answer = await sent  # the tool's answer; its post waits, then fails
+                await asyncio.sleep(STUCK_S)
             assert answer.status_code == 201, answer.text
             hold = answer.headers["x-irrev-hold"]
             deadline = time.monotonic() + 30
@@ -72,11 +58,3 @@ async def test_a_settlement_a_stuck_migration_refused_is_written_after_it(
             assert state == "posted", gateway.server.log()[-3000:]
     log = (tmp_path / "gateway.log").read_text()
     assert "settlement not written; trying again" in log and "settled later" in log
-
-
-def _another_primary(cluster: LocalCluster, source: ClusterNode) -> ClusterNode:
-    for node in cluster.nodes:
-        with node.client() as client:
-            if node is not source and client.info("replication")["role"] == "master":
-                return node
-    raise AssertionError("the cluster has one primary")

@@ -267,26 +267,8 @@ async def test_a_call_past_the_migration_wait_fails_closed_with_its_own_reason(
     amounts = {"tenant:acme": 5}
     try:
         await open_accounts(ledger, tenant, tenant_acme=1000)
-        source = redis_cluster.primary_for(key)
-        target = next(
-            n
-            for n in redis_cluster.nodes
-            if n is not source and n.port in _primaries(redis_cluster)
-        )
-        with source.client() as src, target.client() as dst:
-            slot = int(src.execute_command("CLUSTER", "KEYSLOT", key))
-            dst.execute_command(
-                "CLUSTER", "SETSLOT", slot, "IMPORTING", redis_cluster.node_id(source)
-            )
-            src.execute_command(
-                "CLUSTER", "SETSLOT", slot, "MIGRATING", redis_cluster.node_id(target)
-            )
-            try:
-                with pytest.raises(LedgerUnavailable) as refused:
-                    await ledger.reserve(tenant, "stuck", "fp", amounts, ttl_ms=HOUR_MS)
-            finally:
-                src.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
-                dst.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
+        with redis_cluster.stuck_migration(key), pytest.raises(LedgerUnavailable) as refused:
+            await ledger.reserve(tenant, "stuck", "fp", amounts, ttl_ms=HOUR_MS)
         assert refused.value.cause is RedisFailure.MIGRATING
         assert "IRREV_MIGRATION_WAIT_S" in str(refused.value)
         assert problem_for(refused.value).reason == "ledger_migrating"
