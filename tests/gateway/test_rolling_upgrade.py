@@ -31,6 +31,7 @@ import redis
 
 from irrev.harness import TenantPolicy
 from ledger.embedded import EmbeddedRedis
+from ledger.release import FORMAT
 
 from .helpers import ledger_audit, order, supplier_stats
 from .servers import BIN, EXAMPLES, ROOT, Server, Tenant, base_env
@@ -339,7 +340,8 @@ async def test_old_and_new_serve_one_redis_then_the_old_stops(
             assert counted_escalations(redis_url, tenant) == 0
             finished = irrev_ledger(redis_url, "upgrade", "finish", "--json")
             assert finished.returncode == 0, finished.stdout + finished.stderr
-            assert release_format(redis_url) == {"format": 2, "was": 2, "state": "upgraded"}
+            upgraded = {"format": FORMAT, "was": FORMAT, "state": "upgraded"}
+            assert release_format(redis_url) == upgraded
             # Fully upgraded: the new host counts escalations again once it has read
             # the flag (every RELEASE_CHECK_S); each one raised meanwhile is approved.
             deadline = asyncio.get_running_loop().time() + WAIT_S
