@@ -191,6 +191,7 @@ class McpUpstream:
     dedupes: bool = False
     _tools: list[types.Tool] = field(default_factory=list)
     _tools_until: float = 0.0
+    _by_name: dict[str, types.Tool] = field(default_factory=dict)
     # Requests in progress through this server, so that a retired one closes once
     # they end rather than after the longest any could take.
     _busy: int = 0
@@ -242,6 +243,11 @@ class McpUpstream:
             if not self._busy:
                 self._idle.set()
 
+    def listed(self, name: str) -> types.Tool | None:
+        """The tool `name` as the server last listed it (however long ago); None if it
+        was never listed."""
+        return self._by_name.get(name)
+
     async def list_tools(self, deadline: float, ttl_s: float) -> list[types.Tool]:
         """The server's tools, every page, kept for `ttl_s` (a fleet lists often); an
         empty list while the server cannot be reached (its tools cannot be called
@@ -265,6 +271,7 @@ class McpUpstream:
             )
             return []
         self._tools, self._tools_until = tools, time.monotonic() + ttl_s
+        self._by_name = {tool.name: tool for tool in tools}
         return tools
 
     async def call(
