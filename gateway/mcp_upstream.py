@@ -15,6 +15,7 @@ settled hold."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -28,6 +29,20 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import (
+    MCP_METHOD_HEADER,
+    MCP_NAME_HEADER,
+    MCP_PROTOCOL_VERSION_HEADER,
+    encode_header_value,
+    find_invalid_x_mcp_header,
+    mcp_param_headers,
+    x_mcp_header_map,
+)
+from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
+    PROTOCOL_VERSION_META_KEY,
+)
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .upstream import Answer, Fate
@@ -52,6 +67,11 @@ CONNECT_TIMEOUT_S = 1.0
 # executed", a JSON-RPC error refusing the call, any other JSON-RPC error.
 RESULT, NOT_EXECUTED, CALL_REFUSED, CALL_FAILED = 200, 422, 400, 502
 MAX_PAGES = 100
+# irrev's client of the tenant's servers, as a `tools/call` at a modern version names
+# it; it answers no server requests (sampling, elicitation, roots): no capabilities.
+CLIENT_INFO = {"name": "irrev", "version": "0.1.0"}
+ACCEPT = "application/json, text/event-stream"
+MAX_EVENT_BYTES = 1 << 20
 log = logging.getLogger("irrev.gateway")
 
 
@@ -132,6 +152,47 @@ class Connection(Protocol):
     async def aclose(self) -> None: ...
 
 
+async def answer_of(response: httpx2.Response, request_id: int) -> dict[str, Any]:
+    """The JSON-RPC answer to request `request_id` in `response`, as the SDK's
+    Streamable HTTP transport reads one: a JSON body, or the first answer with that id
+    in an event stream (its notifications skipped); an HTTP refusal as the JSON-RPC
+    error it carries, or as the error the SDK makes of its status. Raises MCPError."""
+    kind = response.headers.get("content-type", "").lower()
+    if response.status_code == 202 or response.is_redirect:
+        raise MCPError(types.INVALID_REQUEST, f"the server answered HTTP {response.status_code}")
+    if response.status_code >= 400:
+        if kind.startswith("application/json"):
+            found = _parsed(await response.aread())
+            if isinstance(found, dict) and isinstance(found.get("error"), dict):
+                return found
+        # Without a session, a 404 is the HTTP spelling of "no such method" (the SDK's).
+        code = types.METHOD_NOT_FOUND if response.status_code == 404 else types.INTERNAL_ERROR
+        raise MCPError(code, f"the server answered HTTP {response.status_code}")
+    if kind.startswith("application/json"):
+        found = _parsed(await response.aread())
+        if isinstance(found, dict) and ("result" in found or "error" in found):
+            return found
+        raise MCPError(types.PARSE_ERROR, "the server's answer is not a JSON-RPC response")
+    if kind.startswith("text/event-stream"):
+        async for event in httpx2.EventSource(response, max_event_size=MAX_EVENT_BYTES):
+            if event.event != "message" or not event.data:
+                continue
+            found = _parsed(event.data.encode())
+            answers = isinstance(found, dict) and ("result" in found or "error" in found)
+            if answers and found.get("id") == request_id:
+                return found
+        # No resumption: an answer that did not come is a lost one (ambiguous).
+        raise MCPError(types.CONNECTION_CLOSED, "the event stream ended without an answer")
+    raise MCPError(types.INVALID_REQUEST, f"unexpected content type {kind!r}")
+
+
+def _parsed(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise MCPError(types.PARSE_ERROR, "the server's answer is not JSON") from exc
+
+
 @dataclass
 class HttpConnection:
     """An MCP server at a Streamable HTTP URL: a session per request over one pooled
@@ -144,6 +205,7 @@ class HttpConnection:
     credentials: Headers = field(default=(), repr=False)
     _client: httpx2.AsyncClient | None = field(default=None, repr=False)
     _version: str = "auto"
+    _ids: itertools.count[int] = field(default_factory=itertools.count, repr=False)
 
     @property
     def config(self) -> Hashable:
@@ -162,6 +224,53 @@ class HttpConnection:
                 trust_env=False,
             )
         return self._client
+
+    @property
+    def pinned(self) -> str:
+        """The modern protocol version the server speaks, '' until learnt (or for a
+        server of the handshake era, which gets a session per request)."""
+        return self._version if self._version in MODERN_PROTOCOL_VERSIONS else ""
+
+    async def call_tool(
+        self, params: dict[str, Any], headers: Mapping[str, str], deadline: float
+    ) -> types.CallToolResult:
+        """One `tools/call` as one POST on the pooled client at the pinned version, no
+        session: stamped as the SDK's client stamps a request of that version
+        (`_meta` and the `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` headers,
+        plus the tool's `Mcp-Param-*` `headers`); the answer read as JSON or as an
+        event stream, whichever the server chose. Raises what failure_answer reads."""
+        version = self.pinned
+        meta = {
+            **params.get("_meta", {}),
+            PROTOCOL_VERSION_META_KEY: version,
+            CLIENT_INFO_META_KEY: CLIENT_INFO,
+            CLIENT_CAPABILITIES_META_KEY: {},
+        }
+        request_id = next(self._ids)
+        message = {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {**params, "_meta": meta},
+        }
+        stamped = {
+            "accept": ACCEPT,
+            "content-type": "application/json",
+            MCP_PROTOCOL_VERSION_HEADER: version,
+            MCP_METHOD_HEADER: "tools/call",
+            MCP_NAME_HEADER: encode_header_value(params["name"]),
+            **headers,
+        }
+        content = json.dumps(message).encode()
+        async with (
+            asyncio.timeout(max(deadline - time.monotonic(), 0.0)),
+            self.client().stream("POST", self.url, content=content, headers=stamped) as response,
+        ):
+            reply = await answer_of(response, request_id)
+        if "error" in reply:
+            error = types.ErrorData.model_validate(reply["error"])
+            raise MCPError(error.code, error.message, error.data)
+        return types.CallToolResult.model_validate(reply.get("result"), by_name=False)
 
     @asynccontextmanager
     async def open(self, deadline: float) -> AsyncIterator[Client]:
@@ -192,6 +301,7 @@ class McpUpstream:
     _tools: list[types.Tool] = field(default_factory=list)
     _tools_until: float = 0.0
     _by_name: dict[str, types.Tool] = field(default_factory=dict)
+    _header_maps: dict[str, dict[tuple[str, ...], str]] = field(default_factory=dict)
     # Requests in progress through this server, so that a retired one closes once
     # they end rather than after the longest any could take.
     _busy: int = 0
@@ -239,9 +349,18 @@ class McpUpstream:
             async with self.connection.open(deadline) as session:
                 yield session
         finally:
-            self._busy -= 1
-            if not self._busy:
-                self._idle.set()
+            self._done()
+
+    def _done(self) -> None:
+        self._busy -= 1
+        if not self._busy:
+            self._idle.set()
+
+    def _param_headers(self, name: str, arguments: Mapping[str, Any]) -> dict[str, str]:
+        """The `Mcp-Param-*` headers the tool's listed input schema declares (as the
+        SDK's client sends them); none for a tool never listed."""
+        header_map = self._header_maps.get(name)
+        return mcp_param_headers(header_map, arguments) if header_map else {}
 
     def listed(self, name: str) -> types.Tool | None:
         """The tool `name` as the server last listed it (however long ago); None if it
@@ -272,6 +391,11 @@ class McpUpstream:
             return []
         self._tools, self._tools_until = tools, time.monotonic() + ttl_s
         self._by_name = {tool.name: tool for tool in tools}
+        self._header_maps = {
+            tool.name: x_mcp_header_map(tool.input_schema)
+            for tool in tools
+            if find_invalid_x_mcp_header(tool.input_schema) is None
+        }
         return tools
 
     async def call(
@@ -283,6 +407,16 @@ class McpUpstream:
     ) -> types.CallToolResult:
         """One `tools/call`; raises what the SDK and the connection raise (see
         failure_answer)."""
+        connection = self.connection
+        if isinstance(connection, HttpConnection) and connection.pinned:
+            params = {"name": name, "arguments": dict(arguments), "_meta": dict(meta)}
+            headers = self._param_headers(name, arguments)
+            self._busy += 1
+            self._idle.clear()
+            try:
+                return await connection.call_tool(params, headers, deadline)
+            finally:
+                self._done()
         async with self._session(deadline) as session:
             # Sent as a bare request: ClientSession.call_tool would list the tools
             # after a result to check it against the output schema, a second
