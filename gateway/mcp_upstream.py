@@ -15,6 +15,7 @@ settled hold."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -44,6 +45,7 @@ from mcp_types import (
     PROTOCOL_VERSION_META_KEY,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .upstream import Answer, Fate
 from .wire import Headers, StoredAnswer, StoredRequest, upstream_key
@@ -152,45 +154,75 @@ class Connection(Protocol):
     async def aclose(self) -> None: ...
 
 
-async def answer_of(response: httpx2.Response, request_id: int) -> dict[str, Any]:
-    """The JSON-RPC answer to request `request_id` in `response`, as the SDK's
-    Streamable HTTP transport reads one: a JSON body, or the first answer with that id
-    in an event stream (its notifications skipped); an HTTP refusal as the JSON-RPC
-    error it carries, or as the error the SDK makes of its status. Raises MCPError."""
+class Reply(BaseModel):
+    """A JSON-RPC message as a `tools/call`'s answer reads it: parsed once, straight
+    into its result or error (any other message, a notification, has neither)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: int | str | None = None
+    result: types.CallToolResult | None = None
+    error: types.ErrorData | None = None
+
+    @property
+    def answers(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+def reply_of(body: bytes | str) -> Reply:
+    """`body` parsed as a Reply; a body that is not JSON is the SDK's parse error, one
+    that is JSON of another shape a ValidationError (ambiguous, as every failure)."""
+    try:
+        return Reply.model_validate_json(body)
+    except ValidationError as exc:
+        if any(error["type"] == "json_invalid" for error in exc.errors()):
+            raise MCPError(types.PARSE_ERROR, "the server's answer is not JSON") from exc
+        raise
+
+
+async def answer_of(response: httpx2.Response, request_id: int) -> types.CallToolResult:
+    """The result of request `request_id` in `response`, read as the SDK's Streamable
+    HTTP transport reads one: a JSON body, or the first answer with that id in an
+    event stream (its notifications skipped); a JSON-RPC error, or an HTTP refusal as
+    the JSON-RPC error it carries or as the one the SDK makes of its status, raised
+    as MCPError."""
     kind = response.headers.get("content-type", "").lower()
-    if response.status_code == 202 or response.is_redirect:
-        raise MCPError(types.INVALID_REQUEST, f"the server answered HTTP {response.status_code}")
-    if response.status_code >= 400:
+    status = response.status_code
+    if status == 202 or response.is_redirect:
+        raise MCPError(types.INVALID_REQUEST, f"the server answered HTTP {status}")
+    if status >= 400:
         if kind.startswith("application/json"):
-            found = _parsed(await response.aread())
-            if isinstance(found, dict) and isinstance(found.get("error"), dict):
-                return found
+            refusal = Reply()  # a body that is no JSON-RPC error: the status's error
+            with contextlib.suppress(ValidationError, MCPError):
+                refusal = reply_of(await response.aread())
+            raise_error(refusal)
         # Without a session, a 404 is the HTTP spelling of "no such method" (the SDK's).
-        code = types.METHOD_NOT_FOUND if response.status_code == 404 else types.INTERNAL_ERROR
-        raise MCPError(code, f"the server answered HTTP {response.status_code}")
+        code = types.METHOD_NOT_FOUND if status == 404 else types.INTERNAL_ERROR
+        raise MCPError(code, f"the server answered HTTP {status}")
     if kind.startswith("application/json"):
-        found = _parsed(await response.aread())
-        if isinstance(found, dict) and ("result" in found or "error" in found):
-            return found
-        raise MCPError(types.PARSE_ERROR, "the server's answer is not a JSON-RPC response")
+        return result_of(reply_of(await response.aread()))
     if kind.startswith("text/event-stream"):
         async for event in httpx2.EventSource(response, max_event_size=MAX_EVENT_BYTES):
-            if event.event != "message" or not event.data:
-                continue
-            found = _parsed(event.data.encode())
-            answers = isinstance(found, dict) and ("result" in found or "error" in found)
-            if answers and found.get("id") == request_id:
-                return found
+            if event.event == "message" and event.data:
+                reply = reply_of(event.data)
+                if reply.answers and reply.id == request_id:
+                    return result_of(reply)
         # No resumption: an answer that did not come is a lost one (ambiguous).
         raise MCPError(types.CONNECTION_CLOSED, "the event stream ended without an answer")
     raise MCPError(types.INVALID_REQUEST, f"unexpected content type {kind!r}")
 
 
-def _parsed(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError as exc:
-        raise MCPError(types.PARSE_ERROR, "the server's answer is not JSON") from exc
+def raise_error(reply: Reply) -> None:
+    """Raise the JSON-RPC error `reply` carries, if it carries one."""
+    if reply.error is not None:
+        raise MCPError(reply.error.code, reply.error.message, reply.error.data)
+
+
+def result_of(reply: Reply) -> types.CallToolResult:
+    raise_error(reply)
+    if reply.result is None:
+        raise MCPError(types.PARSE_ERROR, "the server's answer is not a JSON-RPC response")
+    return reply.result
 
 
 @dataclass
@@ -266,11 +298,7 @@ class HttpConnection:
             asyncio.timeout(max(deadline - time.monotonic(), 0.0)),
             self.client().stream("POST", self.url, content=content, headers=stamped) as response,
         ):
-            reply = await answer_of(response, request_id)
-        if "error" in reply:
-            error = types.ErrorData.model_validate(reply["error"])
-            raise MCPError(error.code, error.message, error.data)
-        return types.CallToolResult.model_validate(reply.get("result"), by_name=False)
+            return await answer_of(response, request_id)
 
     @asynccontextmanager
     async def open(self, deadline: float) -> AsyncIterator[Client]:
