@@ -354,7 +354,7 @@ def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallTool
         )
     if outcome.problem is not None:
         return refused(outcome.problem, key)
-    result = types.CallToolResult.model_validate_json(outcome.body)
+    result = outcome.tool_result or types.CallToolResult.model_validate_json(outcome.body)
     notes: list[str] = []
     if outcome.by:
         notes.append(approval(outcome.by, outcome.note))
@@ -368,9 +368,9 @@ def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallTool
             f"stays charged until reconciled. To learn the outcome, {again(outcome)} later; "
             "do not make it as a new call."
         )
-    result.content.extend(types.TextContent(type="text", text=text) for text in notes)
+    content = [*result.content, *(types.TextContent(type="text", text=text) for text in notes)]
     merged = {**(result.meta or {}), **meta}
-    return result.model_copy(update={"meta": merged})
+    return result.model_copy(update={"content": content, "meta": merged})
 
 
 @dataclass

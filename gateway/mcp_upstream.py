@@ -86,7 +86,7 @@ def result_answer(result: types.CallToolResult, fate: Fate, why: str = "") -> An
         result = result.model_copy(update={"meta": own or None})
     body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
     status = NOT_EXECUTED if fate is Fate.REFUSED else RESULT
-    return Answer(fate, status, JSON, body, why=why)
+    return Answer(fate, status, JSON, body, why=why, parsed=result)
 
 
 class NotSent(Exception):
