@@ -1,7 +1,9 @@
 """`Upstream` over MCP: an admitted effect is one `tools/call` to the tenant's MCP server
-(the official SDK's client, over a `Connection`: Streamable HTTP here, stdio in
-gateway/mcp_stdio.py), with the hold's idempotency key in the request's `_meta` so
-that a deduplicating server can recognise a repeat.
+(over a `Connection`: Streamable HTTP here, stdio in gateway/mcp_stdio.py; the
+official SDK's client, or, once an HTTP server's modern version is known, one POST
+on a pooled client, stamped and read as the SDK's client does), with the hold's
+idempotency key in the request's `_meta` so that a deduplicating server can
+recognise a repeat.
 
 What a result means for the hold (docs/policy.md, "MCP servers"): a result posts; a
 result with `isError` voids only where the route says such errors mean "not
