@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import mcp_types as types
+
 from ledger import ReserveResult
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
@@ -31,6 +33,7 @@ class Outcome:
     escalated: bool = False
     fate: Fate = Fate.DELIVERED
     body: bytes = b""
+    tool_result: types.CallToolResult | None = None  # the body, parsed (a live answer)
     problem: Problem | None = None
     key: str = ""  # the key it is held under: the agent's, or derived from its content
     replayed: bool = False  # the answer of an earlier, identical call
@@ -61,7 +64,8 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
     if answer.fate is Fate.NOT_SENT:
         return Outcome(hold_id, price, problem=_unreachable(hold_id, answer.why))
     if answer.status in (RESULT, NOT_EXECUTED):
-        return Outcome(hold_id, price, fate=answer.fate, body=answer.body)
+        parsed = answer.parsed if isinstance(answer.parsed, types.CallToolResult) else None
+        return Outcome(hold_id, price, fate=answer.fate, body=answer.body, tool_result=parsed)
     if answer.fate is Fate.REFUSED:
         return Outcome(
             hold_id,

@@ -17,6 +17,8 @@ import asyncio
 import math
 import re
 import time
+from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
@@ -76,6 +78,11 @@ class Caller:
     message: object
 
 
+# The POST being served, for what the SDK asks without a request context
+# (tool_input_schema): set by McpEndpoint, in the task that serves the POST.
+CURRENT: ContextVar[Caller] = ContextVar("irrev_mcp_caller")
+
+
 def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
     assert ctx.request is not None
     caller: Caller = ctx.request.scope[CALLER]
@@ -128,6 +135,38 @@ def pricing_note(policy: TenantPolicy, route: CompiledRoute) -> str:
     return note + "."
 
 
+def shown(
+    policy: TenantPolicy, agent: AuthenticatedAgent, server: str, tool: str
+) -> CompiledRoute | None:
+    """The route of a tool this agent is shown (a priced route both allow-lists let it
+    call), None for one it is not: an unpriced tool is never called."""
+    found = policy.catalog.match(server, "CALL", f"/{tool}")
+    if found is None:
+        return None
+    effect = route_effect(server, tool, found[0])
+    members = (f"agent:{agent.agent_id}", f"principal:{agent.principal_id}")
+    if not all(policy.scopes.allows(member, effect) for member in members):
+        return None
+    return found[0]
+
+
+def tool_input_schema(name: str) -> Mapping[str, Any] | None:
+    """A listed tool's input schema, which the SDK checks a `tools/call`'s `Mcp-Param-*`
+    headers against before dispatch. Given no such lookup, the SDK would run
+    list_tools for every call; this reads the server's cached listing instead (kept
+    past its TTL: a server's schemas rarely change, and the check fails open). None
+    (the SDK skips the check) for a tool the agent is not shown or never listed."""
+    caller = CURRENT.get(None)
+    server, sep, tool = name.partition(SEPARATOR)
+    if caller is None or not sep:
+        return None
+    upstream = caller.gate.tenants.mcp_upstream(caller.policy.tenant, server)
+    if upstream is None or shown(caller.policy, caller.agent, server, tool) is None:
+        return None
+    listed = upstream.listed(tool)
+    return listed.input_schema if listed is not None else None
+
+
 async def list_tools(
     ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
 ) -> types.ListToolsResult:
@@ -142,13 +181,8 @@ async def list_tools(
             continue
         deadline = time.monotonic() + caller.gate.settings.upstream_timeout_s
         for tool in await upstream.list_tools(deadline, TOOLS_TTL_S):
-            found = policy.catalog.match(server, "CALL", f"/{tool.name}")
-            if found is None:
-                continue  # unpriced: never called, so not shown
-            route = found[0]
-            effect = route_effect(server, tool.name, route)
-            members = (f"agent:{agent.agent_id}", f"principal:{agent.principal_id}")
-            if not all(policy.scopes.allows(member, effect) for member in members):
+            route = shown(policy, agent, server, tool.name)
+            if route is None:
                 continue
             description = (tool.description or "").strip()
             listed.append(
@@ -320,7 +354,7 @@ def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallTool
         )
     if outcome.problem is not None:
         return refused(outcome.problem, key)
-    result = types.CallToolResult.model_validate_json(outcome.body)
+    result = outcome.tool_result or types.CallToolResult.model_validate_json(outcome.body)
     notes: list[str] = []
     if outcome.by:
         notes.append(approval(outcome.by, outcome.note))
@@ -334,9 +368,9 @@ def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallTool
             f"stays charged until reconciled. To learn the outcome, {again(outcome)} later; "
             "do not make it as a new call."
         )
-    result.content.extend(types.TextContent(type="text", text=text) for text in notes)
+    content = [*result.content, *(types.TextContent(type="text", text=text) for text in notes)]
     merged = {**(result.meta or {}), **meta}
-    return result.model_copy(update={"meta": merged})
+    return result.model_copy(update={"content": content, "meta": merged})
 
 
 @dataclass
@@ -388,9 +422,13 @@ class McpEndpoint:
         body = await _read_body(receive, largest, gate.settings.body_timeout_s)
         message = parse_json_body(body, limits) if scope["method"] == "POST" else None
         check_numbers(message)
-        scope[CALLER] = Caller(gate, found[0], found[1], message)
+        caller = scope[CALLER] = Caller(gate, found[0], found[1], message)
         manager = self.streaming if wants_progress(scope, message) else self.manager
-        await manager.handle_request(scope, _replay(body, receive), send)
+        token = CURRENT.set(caller)
+        try:
+            await manager.handle_request(scope, _replay(body, receive), send)
+        finally:
+            CURRENT.reset(token)
 
 
 def wants_progress(scope: Scope, message: object) -> bool:
@@ -479,7 +517,11 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 def build() -> tuple[StreamableHTTPSessionManager, StreamableHTTPSessionManager]:
     """The transports of McpEndpoint: JSON answers, and event streams."""
     server: Server[Any] = Server(
-        "irrev", version="0.1.0", on_list_tools=list_tools, on_call_tool=call_tool
+        "irrev",
+        version="0.1.0",
+        get_tool_input_schema=tool_input_schema,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
     )
     # No DNS-rebinding checks: every request carries an agent's Bearer token, which a
     # page in a browser cannot send for it.

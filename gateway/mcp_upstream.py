@@ -1,7 +1,9 @@
 """`Upstream` over MCP: an admitted effect is one `tools/call` to the tenant's MCP server
-(the official SDK's client, over a `Connection`: Streamable HTTP here, stdio in
-gateway/mcp_stdio.py), with the hold's idempotency key in the request's `_meta` so
-that a deduplicating server can recognise a repeat.
+(over a `Connection`: Streamable HTTP here, stdio in gateway/mcp_stdio.py; the
+official SDK's client, or, once an HTTP server's modern version is known, one POST
+on a pooled client, stamped and read as the SDK's client does), with the hold's
+idempotency key in the request's `_meta` so that a deduplicating server can
+recognise a repeat.
 
 What a result means for the hold (docs/policy.md, "MCP servers"): a result posts; a
 result with `isError` voids only where the route says such errors mean "not
@@ -15,6 +17,8 @@ settled hold."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import logging
 import time
@@ -28,7 +32,22 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import (
+    MCP_METHOD_HEADER,
+    MCP_NAME_HEADER,
+    MCP_PROTOCOL_VERSION_HEADER,
+    encode_header_value,
+    find_invalid_x_mcp_header,
+    mcp_param_headers,
+    x_mcp_header_map,
+)
+from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
+    PROTOCOL_VERSION_META_KEY,
+)
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .upstream import Answer, Fate
 from .wire import Headers, StoredAnswer, StoredRequest, upstream_key
@@ -52,6 +71,11 @@ CONNECT_TIMEOUT_S = 1.0
 # executed", a JSON-RPC error refusing the call, any other JSON-RPC error.
 RESULT, NOT_EXECUTED, CALL_REFUSED, CALL_FAILED = 200, 422, 400, 502
 MAX_PAGES = 100
+# irrev's client of the tenant's servers, as a `tools/call` at a modern version names
+# it; it answers no server requests (sampling, elicitation, roots): no capabilities.
+CLIENT_INFO = {"name": "irrev", "version": "0.1.0"}
+ACCEPT = "application/json, text/event-stream"
+MAX_EVENT_BYTES = 1 << 20
 log = logging.getLogger("irrev.gateway")
 
 
@@ -64,7 +88,7 @@ def result_answer(result: types.CallToolResult, fate: Fate, why: str = "") -> An
         result = result.model_copy(update={"meta": own or None})
     body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
     status = NOT_EXECUTED if fate is Fate.REFUSED else RESULT
-    return Answer(fate, status, JSON, body, why=why)
+    return Answer(fate, status, JSON, body, why=why, parsed=result)
 
 
 class NotSent(Exception):
@@ -132,6 +156,77 @@ class Connection(Protocol):
     async def aclose(self) -> None: ...
 
 
+class Reply(BaseModel):
+    """A JSON-RPC message as a `tools/call`'s answer reads it: parsed once, straight
+    into its result or error (any other message, a notification, has neither)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: int | str | None = None
+    result: types.CallToolResult | None = None
+    error: types.ErrorData | None = None
+
+    @property
+    def answers(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+def reply_of(body: bytes | str) -> Reply:
+    """`body` parsed as a Reply; a body that is not JSON is the SDK's parse error, one
+    that is JSON of another shape a ValidationError (ambiguous, as every failure)."""
+    try:
+        return Reply.model_validate_json(body)
+    except ValidationError as exc:
+        if any(error["type"] == "json_invalid" for error in exc.errors()):
+            raise MCPError(types.PARSE_ERROR, "the server's answer is not JSON") from exc
+        raise
+
+
+async def answer_of(response: httpx2.Response, request_id: int) -> types.CallToolResult:
+    """The result of request `request_id` in `response`, read as the SDK's Streamable
+    HTTP transport reads one: a JSON body, or the first answer with that id in an
+    event stream (its notifications skipped); a JSON-RPC error, or an HTTP refusal as
+    the JSON-RPC error it carries or as the one the SDK makes of its status, raised
+    as MCPError."""
+    kind = response.headers.get("content-type", "").lower()
+    status = response.status_code
+    if status == 202 or response.is_redirect:
+        raise MCPError(types.INVALID_REQUEST, f"the server answered HTTP {status}")
+    if status >= 400:
+        if kind.startswith("application/json"):
+            refusal = Reply()  # a body that is no JSON-RPC error: the status's error
+            with contextlib.suppress(ValidationError, MCPError):
+                refusal = reply_of(await response.aread())
+            raise_error(refusal)
+        # Without a session, a 404 is the HTTP spelling of "no such method" (the SDK's).
+        code = types.METHOD_NOT_FOUND if status == 404 else types.INTERNAL_ERROR
+        raise MCPError(code, f"the server answered HTTP {status}")
+    if kind.startswith("application/json"):
+        return result_of(reply_of(await response.aread()))
+    if kind.startswith("text/event-stream"):
+        async for event in httpx2.EventSource(response, max_event_size=MAX_EVENT_BYTES):
+            if event.event == "message" and event.data:
+                reply = reply_of(event.data)
+                if reply.answers and reply.id == request_id:
+                    return result_of(reply)
+        # No resumption: an answer that did not come is a lost one (ambiguous).
+        raise MCPError(types.CONNECTION_CLOSED, "the event stream ended without an answer")
+    raise MCPError(types.INVALID_REQUEST, f"unexpected content type {kind!r}")
+
+
+def raise_error(reply: Reply) -> None:
+    """Raise the JSON-RPC error `reply` carries, if it carries one."""
+    if reply.error is not None:
+        raise MCPError(reply.error.code, reply.error.message, reply.error.data)
+
+
+def result_of(reply: Reply) -> types.CallToolResult:
+    raise_error(reply)
+    if reply.result is None:
+        raise MCPError(types.PARSE_ERROR, "the server's answer is not a JSON-RPC response")
+    return reply.result
+
+
 @dataclass
 class HttpConnection:
     """An MCP server at a Streamable HTTP URL: a session per request over one pooled
@@ -144,6 +239,7 @@ class HttpConnection:
     credentials: Headers = field(default=(), repr=False)
     _client: httpx2.AsyncClient | None = field(default=None, repr=False)
     _version: str = "auto"
+    _ids: itertools.count[int] = field(default_factory=itertools.count, repr=False)
 
     @property
     def config(self) -> Hashable:
@@ -162,6 +258,49 @@ class HttpConnection:
                 trust_env=False,
             )
         return self._client
+
+    @property
+    def pinned(self) -> str:
+        """The modern protocol version the server speaks, '' until learnt (or for a
+        server of the handshake era, which gets a session per request)."""
+        return self._version if self._version in MODERN_PROTOCOL_VERSIONS else ""
+
+    async def call_tool(
+        self, params: dict[str, Any], headers: Mapping[str, str], deadline: float
+    ) -> types.CallToolResult:
+        """One `tools/call` as one POST on the pooled client at the pinned version, no
+        session: stamped as the SDK's client stamps a request of that version
+        (`_meta` and the `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` headers,
+        plus the tool's `Mcp-Param-*` `headers`); the answer read as JSON or as an
+        event stream, whichever the server chose. Raises what failure_answer reads."""
+        version = self.pinned
+        meta = {
+            **params.get("_meta", {}),
+            PROTOCOL_VERSION_META_KEY: version,
+            CLIENT_INFO_META_KEY: CLIENT_INFO,
+            CLIENT_CAPABILITIES_META_KEY: {},
+        }
+        request_id = next(self._ids)
+        message = {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {**params, "_meta": meta},
+        }
+        stamped = {
+            "accept": ACCEPT,
+            "content-type": "application/json",
+            MCP_PROTOCOL_VERSION_HEADER: version,
+            MCP_METHOD_HEADER: "tools/call",
+            MCP_NAME_HEADER: encode_header_value(params["name"]),
+            **headers,
+        }
+        content = json.dumps(message).encode()
+        async with (
+            asyncio.timeout(max(deadline - time.monotonic(), 0.0)),
+            self.client().stream("POST", self.url, content=content, headers=stamped) as response,
+        ):
+            return await answer_of(response, request_id)
 
     @asynccontextmanager
     async def open(self, deadline: float) -> AsyncIterator[Client]:
@@ -191,6 +330,8 @@ class McpUpstream:
     dedupes: bool = False
     _tools: list[types.Tool] = field(default_factory=list)
     _tools_until: float = 0.0
+    _by_name: dict[str, types.Tool] = field(default_factory=dict)
+    _header_maps: dict[str, dict[tuple[str, ...], str]] = field(default_factory=dict)
     # Requests in progress through this server, so that a retired one closes once
     # they end rather than after the longest any could take.
     _busy: int = 0
@@ -238,9 +379,23 @@ class McpUpstream:
             async with self.connection.open(deadline) as session:
                 yield session
         finally:
-            self._busy -= 1
-            if not self._busy:
-                self._idle.set()
+            self._done()
+
+    def _done(self) -> None:
+        self._busy -= 1
+        if not self._busy:
+            self._idle.set()
+
+    def _param_headers(self, name: str, arguments: Mapping[str, Any]) -> dict[str, str]:
+        """The `Mcp-Param-*` headers the tool's listed input schema declares (as the
+        SDK's client sends them); none for a tool never listed."""
+        header_map = self._header_maps.get(name)
+        return mcp_param_headers(header_map, arguments) if header_map else {}
+
+    def listed(self, name: str) -> types.Tool | None:
+        """The tool `name` as the server last listed it (however long ago); None if it
+        was never listed."""
+        return self._by_name.get(name)
 
     async def list_tools(self, deadline: float, ttl_s: float) -> list[types.Tool]:
         """The server's tools, every page, kept for `ttl_s` (a fleet lists often); an
@@ -265,6 +420,12 @@ class McpUpstream:
             )
             return []
         self._tools, self._tools_until = tools, time.monotonic() + ttl_s
+        self._by_name = {tool.name: tool for tool in tools}
+        self._header_maps = {
+            tool.name: x_mcp_header_map(tool.input_schema)
+            for tool in tools
+            if find_invalid_x_mcp_header(tool.input_schema) is None
+        }
         return tools
 
     async def call(
@@ -276,6 +437,16 @@ class McpUpstream:
     ) -> types.CallToolResult:
         """One `tools/call`; raises what the SDK and the connection raise (see
         failure_answer)."""
+        connection = self.connection
+        if isinstance(connection, HttpConnection) and connection.pinned:
+            params = {"name": name, "arguments": dict(arguments), "_meta": dict(meta)}
+            headers = self._param_headers(name, arguments)
+            self._busy += 1
+            self._idle.clear()
+            try:
+                return await connection.call_tool(params, headers, deadline)
+            finally:
+                self._done()
         async with self._session(deadline) as session:
             # Sent as a bare request: ClientSession.call_tool would list the tools
             # after a result to check it against the output schema, a second

@@ -13,7 +13,7 @@ hold stays ambiguous)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
@@ -44,6 +44,9 @@ class Answer:
     headers: tuple[tuple[str, str], ...] = ()
     body: bytes = b""
     why: str = ""
+    # The body as the upstream's client parsed it (an MCP CallToolResult), so that
+    # the agent's answer is shaped without parsing it again; None from an HTTP API.
+    parsed: object = field(default=None, compare=False, repr=False)
 
 
 class Upstream(Protocol):

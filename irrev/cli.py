@@ -31,7 +31,11 @@ from redis.exceptions import RedisError
 from ledger import EmbeddedRedisError, LedgerError
 
 # The modules each extra of pyproject.toml installs, by the names they are imported as.
-EXTRAS = {"sim": ("numpy", "scipy", "matplotlib"), "load": ("locust", "psutil")}
+EXTRAS = {
+    "sim": ("numpy", "scipy", "matplotlib"),
+    "load": ("locust", "psutil"),
+    "bench": ("fastmcp", "uncalled_for"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +84,12 @@ BENCHES = (
     Command("lua", "irrev.bench.lua", "reserve's and post's cost inside Redis, before/after"),
     Command("cli", "irrev.bench.cli", "start-up time of `irrev --help` and `policy validate`"),
     Command("bodies", "irrev.bench.bodies", "CPU to refuse a hostile body vs plain parsing it"),
-    Command("mcp", "irrev.bench.mcp", "MCP tools/call through irrev vs direct (calls/s, latency)"),
+    Command(
+        "mcp",
+        "irrev.bench.mcp",
+        "MCP tools/call through irrev vs direct and vs FastMCP's proxy (calls/s, latency)",
+        "bench",
+    ),
     Command(
         "background",
         "irrev.bench.background",

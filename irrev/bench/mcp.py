@@ -1,21 +1,25 @@
 """`irrev bench mcp`: MCP `tools/call` through irrev against the same call made directly
-to the same MCP server, in one run: calls per second with C concurrent sessions (a
-closed loop), and the latency of one session calling back to back, whose p50 and p99
-irrev adds. The server is irrev/upstreams/mcp_tools.py (SDK-built, Streamable HTTP,
-deduplicating by key); every call is a new order with its own idempotency key,
-admitted against a budget large enough never to refuse one. Agents are the SDK's
-`mcp.Client`; what it costs is in both columns."""
+to the same MCP server, and through a peer proxy (FastMCP's, over one reused
+session: irrev/bench/mcp_peer.py), in one run: calls per second with C concurrent
+sessions (a closed loop), and the latency of one session calling back to back, whose
+p50 and p99 each proxy adds. The server is irrev/upstreams/mcp_tools.py (SDK-built,
+Streamable HTTP, deduplicating by key); every call is a new order with its own
+idempotency key, admitted against a budget large enough never to refuse one. Agents
+are the SDK's `mcp.Client`; what it costs is in every column. The peer runs as many
+processes as irrev has workers, sessions spread over them as uvicorn spreads them
+over workers."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +31,8 @@ from rich.table import Table
 
 from irrev import output
 from irrev.cli import bounded
-from irrev.harness import TenantPolicy
-from irrev.stack import gateway, mcp_tools
+from irrev.harness import Server, TenantPolicy, free_port
+from irrev.stack import gateway, mcp_tools, service
 from ledger import EmbeddedRedis
 
 KEY_META = "dev.irrev/idempotency_key"
@@ -111,12 +115,13 @@ async def session(url: str, token: str = "") -> AsyncIterator[Client]:
         yield client
 
 
-async def closed_loop(url: str, tool: str, tokens: list[str], seconds: float) -> Measured:
-    """Each session calls back to back until `seconds` have passed."""
+async def closed_loop(urls: list[str], tool: str, tokens: list[str], seconds: float) -> Measured:
+    """Each session (one per token, the i-th on urls[i % len(urls)]) calls back to back
+    until `seconds` have passed."""
     latencies: list[float] = []
     errors = 0
 
-    async def one(token: str) -> None:
+    async def one(url: str, token: str) -> None:
         nonlocal errors
         async with session(url, token) as client:
             await client.list_tools()  # what an agent does first; not measured
@@ -129,24 +134,40 @@ async def closed_loop(url: str, tool: str, tokens: list[str], seconds: float) ->
                 errors += int(result.is_error)
 
     started = time.monotonic()
-    await asyncio.gather(*(one(token) for token in tokens))
+    await asyncio.gather(*(one(urls[i % len(urls)], token) for i, token in enumerate(tokens)))
     return Measured(len(latencies), errors, time.monotonic() - started, latencies)
 
 
 async def measure(
-    irrev: str, direct: str, tokens: list[str], args: argparse.Namespace
+    irrev: str, direct: str, peers: list[str], tokens: list[str], args: argparse.Namespace
 ) -> dict[str, Measured]:
-    """Direct and through irrev alternate, so a drift of the machine hits both."""
+    """Direct, the peer and irrev alternate, so a drift of the machine hits all three."""
     many = args.sessions
     plan = (
-        ("direct, 1 session", direct, "place_order", [""]),
-        ("irrev, 1 session", irrev, "procure__place_order", tokens[:1]),
-        (f"direct, {many} sessions", direct, "place_order", [""] * many),
-        (f"irrev, {many} sessions", irrev, "procure__place_order", tokens),
+        ("direct, 1 session", [direct], "place_order", [""]),
+        ("peer, 1 session", peers, "place_order", [""]),
+        ("irrev, 1 session", [irrev], "procure__place_order", tokens[:1]),
+        (f"direct, {many} sessions", [direct], "place_order", [""] * many),
+        (f"peer, {many} sessions", peers, "place_order", [""] * many),
+        (f"irrev, {many} sessions", [irrev], "procure__place_order", tokens),
     )
     return {
-        label: await closed_loop(url, tool, some, args.seconds) for label, url, tool, some in plan
+        label: await closed_loop(urls, tool, some, args.seconds) for label, urls, tool, some in plan
     }
+
+
+@contextmanager
+def peer_proxies(upstream: str, processes: int, scratch: Path) -> Iterator[list[Server]]:
+    """`processes` FastMCP proxies (irrev/bench/mcp_peer.py) in front of `upstream`."""
+    with ExitStack() as stack:
+        servers = []
+        for i in range(processes):
+            port = free_port()
+            command = [sys.executable, "-m", "irrev.bench.mcp_peer", "--port", str(port)]
+            command += ["--upstream", upstream]
+            log = scratch / f"peer-{i}.log"
+            servers.append(stack.enter_context(service(command, port, "/ready", "peer", None, log)))
+        yield servers
 
 
 def run(args: argparse.Namespace) -> int:
@@ -158,14 +179,48 @@ def run(args: argparse.Namespace) -> int:
         ):
             direct = f"{tools.url}/bench/mcp"
             tokens = bench_policy(root / "policies", direct, args.sessions)
-            with gateway(redis.url, root / "policies", workers=args.workers) as irrev:
-                results = asyncio.run(measure(f"{irrev.url}/mcp", direct, tokens, args))
+            with (
+                gateway(redis.url, root / "policies", workers=args.workers) as irrev,
+                peer_proxies(direct, args.workers, root) as peers,
+            ):
+                urls = [f"{peer.url}/mcp" for peer in peers]
+                results = asyncio.run(measure(f"{irrev.url}/mcp", direct, urls, tokens, args))
     report(results, args)
     return 0
 
 
+@dataclass(frozen=True)
+class Ratios:
+    """The run's comparisons: calls/s through irrev over direct and over the peer at C
+    sessions; the p50 and p99 one session's calls gain through irrev and through the
+    peer, and irrev's added p50 over the peer's."""
+
+    irrev_direct: float
+    irrev_peer: float
+    added_p50_ms: float
+    added_p99_ms: float
+    peer_added_p50_ms: float
+    peer_added_p99_ms: float
+
+    @property
+    def added_p50_vs_peer(self) -> float:
+        return self.added_p50_ms / self.peer_added_p50_ms if self.peer_added_p50_ms > 0 else 0.0
+
+    @classmethod
+    def of(cls, results: dict[str, Measured]) -> Ratios:
+        one_direct, one_peer, one_irrev, many_direct, many_peer, many_irrev = results.values()
+        return cls(
+            many_irrev.per_s / many_direct.per_s,
+            many_irrev.per_s / many_peer.per_s,
+            one_irrev.quantile(0.5) - one_direct.quantile(0.5),
+            one_irrev.quantile(0.99) - one_direct.quantile(0.99),
+            one_peer.quantile(0.5) - one_direct.quantile(0.5),
+            one_peer.quantile(0.99) - one_direct.quantile(0.99),
+        )
+
+
 def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
-    one_direct, one_irrev, many_direct, many_irrev = results.values()
+    ratios = Ratios.of(results)
     if args.json:
         runs = [
             {
@@ -181,13 +236,20 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
             "workers": args.workers,
             "sessions": args.sessions,
             "runs": runs,
-            "throughput_ratio": many_irrev.per_s / many_direct.per_s,
-            "added_p50_ms": one_irrev.quantile(0.5) - one_direct.quantile(0.5),
-            "added_p99_ms": one_irrev.quantile(0.99) - one_direct.quantile(0.99),
+            "throughput_ratio": ratios.irrev_direct,
+            "peer_throughput_ratio": ratios.irrev_peer,
+            "added_p50_ms": ratios.added_p50_ms,
+            "added_p99_ms": ratios.added_p99_ms,
+            "peer_added_p50_ms": ratios.peer_added_p50_ms,
+            "peer_added_p99_ms": ratios.peer_added_p99_ms,
+            "added_p50_vs_peer": ratios.added_p50_vs_peer,
         }
         print(json.dumps(measured, indent=2))
         return
-    title = f"MCP tools/call, {args.seconds:g} s each, irrev with {args.workers} workers"
+    title = (
+        f"MCP tools/call, {args.seconds:g} s each, irrev with {args.workers} workers, "
+        f"the peer (FastMCP's proxy, one reused session) with {args.workers} processes"
+    )
     table = Table(title=title)
     for column in ("run", "calls/s", "p50 ms", "p99 ms", "errors"):
         table.add_column(column, justify="right")
@@ -196,10 +258,10 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
         table.add_row(label, f"{m.per_s:.1f}", f"{p50:.1f}", f"{p99:.1f}", str(m.errors))
     console = output.console()
     console.print(table)
-    added_p50 = one_irrev.quantile(0.5) - one_direct.quantile(0.5)
-    added_p99 = one_irrev.quantile(0.99) - one_direct.quantile(0.99)
     console.print(
-        f"calls/s through irrev / direct at {args.sessions} sessions: "
-        f"{many_irrev.per_s / many_direct.per_s:.2f}; added latency of one session: "
-        f"p50 +{added_p50:.1f} ms, p99 +{added_p99:.1f} ms"
+        f"calls/s at {args.sessions} sessions: irrev/direct {ratios.irrev_direct:.2f}, "
+        f"irrev/peer {ratios.irrev_peer:.2f}; added latency of one session: irrev p50 "
+        f"+{ratios.added_p50_ms:.1f} ms, p99 +{ratios.added_p99_ms:.1f} ms; peer p50 "
+        f"+{ratios.peer_added_p50_ms:.1f} ms, p99 +{ratios.peer_added_p99_ms:.1f} ms; "
+        f"irrev's added p50 / the peer's: {ratios.added_p50_vs_peer:.2f}"
     )

@@ -1,8 +1,8 @@
 """`irrev demo-mcp --json` and `irrev bench mcp --json` for real (each with its own
 embedded Redis, MCP server and `irrev serve --workers 2`). The demo: the fleet's
 calls end admitted, escalated or refused with a reason code, the server's effects
-are the posted holds, and the ledger audits. The bench: both sides measured in one
-run, every call through irrev admitted (no timing is asserted)."""
+are the posted holds, and the ledger audits. The bench: direct, the peer proxy and
+irrev measured in one run, every call through irrev admitted (no timing is asserted)."""
 
 from __future__ import annotations
 
@@ -50,14 +50,13 @@ def test_the_mcp_bench_compares_calls_through_irrev_with_direct_ones() -> None:
     result = json.loads(done.stdout)
     runs = {run["run"]: run for run in result["runs"]}
     assert set(runs) == {
-        "direct, 1 session",
-        "irrev, 1 session",
-        "direct, 2 sessions",
-        "irrev, 2 sessions",
+        f"{side}, {n}" for side in ("direct", "peer", "irrev") for n in ("1 session", "2 sessions")
     }
     # Every call through irrev was admitted and made: a refusal would count as an error.
     for run in runs.values():
         assert run["calls_per_s"] > 0 and run["errors"] == 0, run
     ratio = runs["irrev, 2 sessions"]["calls_per_s"] / runs["direct, 2 sessions"]["calls_per_s"]
     assert result["throughput_ratio"] == ratio
-    assert {"added_p50_ms", "added_p99_ms"} <= set(result)
+    peer = runs["irrev, 2 sessions"]["calls_per_s"] / runs["peer, 2 sessions"]["calls_per_s"]
+    assert result["peer_throughput_ratio"] == peer
+    assert {"added_p50_ms", "added_p99_ms", "peer_added_p50_ms", "added_p50_vs_peer"} <= set(result)
