@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
 from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
@@ -333,9 +334,17 @@ def test_no_package_registry_is_named() -> None:
     machine's own configuration, not the project's)."""
     hosts = re.compile(r"pypi\.org|files\.pythonhosted|registry\.npmjs|crates\.io|proxy\.golang")
     named = []
-    for path in ROOT.rglob("*"):
-        parts = path.relative_to(ROOT).parts
-        if parts[0] in (".git", ".venv") or "egg-info" in parts[0] or not path.is_file():
+    # The repository's files: tracked, or new and not ignored (not a build's output:
+    # out/ holds a previous release's venv, whose packages name their index).
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        path = ROOT / name
+        if not path.is_file():
             continue
         try:
             text = path.read_text(encoding="utf-8")
