@@ -86,8 +86,9 @@ class ArchivedCopyMissing(LedgerError):
     def __init__(self, tenant: str, hold_id: str) -> None:
         super().__init__(
             f"hold {hold_id!r} of tenant {tenant!r} was settled and archived, and its archived "
-            "copy is missing: the id stays used and nothing is done with it; check the "
-            "cluster's archive slots (`irrev ledger audit`) and use a new idempotency key"
+            "copy is missing: the id stays used and nothing is done with it; the journal "
+            "says what became of it (`irrev ledger journal`), and only an effect that did not "
+            "happen may be asked for again, under a new idempotency key"
         )
         self.tenant = tenant
         self.hold_id = hold_id
