@@ -189,6 +189,9 @@ async def archive_settled(
     args.append(str(len(gone)))
     for hold_id, at in gone:
         args += [hold_id, str(int(at))]
+    if not (entries or kept or expired or gone) and str(scan_at) == str(trim or 0):
+        # An idle tenant: nothing to write, and no script run for it every round.
+        return ArchivePass(0, 0, 0, False)
     reply = await ledger._run("archive", keys, args)
     if reply[0] == "bad_input":
         raise BadInput(str(reply[1]), str(reply[2]))
