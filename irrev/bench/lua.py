@@ -37,7 +37,7 @@ from irrev.bench.ledger import ACCOUNTS
 from irrev.bench.servertime import HOUR_MS, PRICE, forget
 from irrev.cli import CliError, bounded
 from ledger import AccountSpec, AppendFsync, EmbeddedRedis, Ledger, ReserveRequest
-from ledger.keys import hold_script_keys
+from ledger.keys import hold_script_keys, reserve_keys
 
 OPERATIONS = ("reserve", "post")
 HERE = Path(__file__).resolve().parents[2] / "ledger" / "lua"
@@ -45,7 +45,8 @@ HERE = Path(__file__).resolve().parents[2] / "ledger" / "lua"
 # Registered once per checkout (`tag`): `irrevloop_<tag>_<operation>`. ARGV is the
 # operation's own, then '1' to run it or '0' to run the loop alone, then the count;
 # iteration i runs on hold `<ARGV[1]>-i`, whose keys are KEYS[6] and KEYS[7] with
-# `-i` added (the hold keys end with the hold id).
+# `-i` added (the hold keys end with the hold id); a reserve's KEYS[8], the tenant's
+# settled index, is every iteration's.
 _LOOP = """
 local function {operation}_body()
 {body}
@@ -56,7 +57,7 @@ redis.register_function('irrevloop_{tag}_{operation}', function(keys, argv)
   local id, reply = argv[1], nil
   for i = 1, n do
     local k = {{keys[1], keys[2], keys[3], keys[4], keys[5], keys[6] .. '-' .. i,
-      keys[7] .. '-' .. i}}
+      keys[7] .. '-' .. i, keys[8]}}
     local a = {{}}
     for j = 1, #argv do
       a[j] = argv[j]
@@ -191,7 +192,7 @@ async def _one_run(
     for account in ACCOUNTS:
         await ledger.upsert_account(tenant, AccountSpec(account, 2**52, 2**52))
     hold = f"h{uuid.uuid4().hex[:8]}"
-    keys = hold_script_keys(tenant, hold)
+    keys = {"reserve": reserve_keys(tenant, hold), "post": hold_script_keys(tenant, hold)}
     arguments = {
         "reserve": ledger.reserve_args(
             ReserveRequest(hold, "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS)
@@ -205,7 +206,12 @@ async def _one_run(
             for running in (False, True):
                 started = time.perf_counter()
                 reply = await ledger.redis.fcall(
-                    function, len(keys), *keys, *arguments[operation], str(int(running)), str(loops)
+                    function,
+                    len(keys[operation]),
+                    *keys[operation],
+                    *arguments[operation],
+                    str(int(running)),
+                    str(loops),
                 )
                 timed[(operation, running)] = time.perf_counter() - started
             want = ["ok", "admit"] if operation == "reserve" else ["ok", "posted"]
