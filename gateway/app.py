@@ -16,6 +16,22 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.routing import Route
 
+from gateway.edge import logs, metrics, problems, tracing
+from gateway.edge.auth import AdminIdentity, gate_of, tenant_admin_auth
+from gateway.edge.bodies import BodyLimit
+from gateway.edge.problems import Problem
+from gateway.pipeline.admission import Gate
+from gateway.routes import admin, console, escalations, holds_api, keys_api, openapi, proxy
+from gateway.routes.mcp_mount import LazyMcp
+from gateway.routes.readiness import Writes
+from gateway.settings import GatewaySettings
+from gateway.state.fleetwatch import FleetWatch
+from gateway.state.http_upstream import make_client
+from gateway.state.policies import FileFault
+from gateway.state.refusals import Flusher
+from gateway.state.sweeper import Sweeper
+from gateway.state.tenants import TenantStore
+from gateway.state.webhooks import Dispatcher
 from ledger import (
     ARCHIVE_AFTER_MS,
     ChangeFeed,
@@ -29,34 +45,6 @@ from ledger import (
     trim_locked,
 )
 from pricing import TenantPolicy, policy_accounts
-
-from . import (
-    admin,
-    console,
-    escalations,
-    holds_api,
-    keys_api,
-    logs,
-    metrics,
-    openapi,
-    problems,
-    proxy,
-    tracing,
-)
-from .admission import Gate
-from .auth import AdminIdentity, gate_of, tenant_admin_auth
-from .bodies import BodyLimit
-from .fleetwatch import FleetWatch
-from .http_upstream import make_client
-from .mcp_mount import LazyMcp
-from .policies import FileFault
-from .problems import Problem
-from .readiness import Writes
-from .refusals import Flusher
-from .settings import GatewaySettings
-from .sweeper import Sweeper
-from .tenants import TenantStore
-from .webhooks import Dispatcher
 
 log = logging.getLogger("irrev.gateway")
 LEDGER_START_WAIT_S = 5.0
@@ -424,7 +412,7 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
     @app.get("/readyz", tags=["health"])
     async def readyz(request: Request) -> dict[str, Any]:
         """503 without the ledger, and while it refuses writes (a probe write, at most
-        one a second per worker: gateway/readiness.py): a load balancer then sends
+        one a second per worker: gateway/routes/readiness.py): a load balancer then sends
         effects, which this gateway could only refuse, to one whose Redis takes them.
         "degraded" (still 200: every tenant is served, a failing one by the policy it
         had) while policy files do not load, or while some but not all primaries of

@@ -22,11 +22,10 @@ from pathlib import Path
 from uvicorn import Config
 from uvicorn.supervisors import Multiprocess
 
+from gateway.settings import GatewaySettings
+from gateway.state.credentials import resolve_credentials
+from gateway.state.policies import load_policy_dir
 from ledger import LedgerSettings, supervised_redis_url
-
-from .credentials import resolve_credentials
-from .policies import load_policy_dir
-from .settings import GatewaySettings
 
 STARTUP_FAILURE = 3  # a uvicorn worker's exit code when its app did not start
 REFUSED = 4  # a worker's exit code when it refused to start (its reason in REFUSAL_FILE)

@@ -9,11 +9,10 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gateway.state.policies import ForwardBudget
+from gateway.state.supervision import Supervision
+from gateway.state.webhooks import Pacing
 from ledger import LedgerSettings
-
-from .policies import ForwardBudget
-from .supervision import Supervision
-from .webhooks import Pacing
 
 # A tenant member id's pattern (pricing/policy.py MemberId).
 OPERATOR_NAME = re.compile(r"[A-Za-z0-9._@/-]{1,100}")
@@ -262,7 +261,7 @@ class GatewaySettings(BaseSettings):
                     "each entry must be name=token with a token of at least 16 characters"
                 )
             if not OPERATOR_NAME.fullmatch(name):
-                # Recorded as `operator:<name>` (gateway/auth.py) in the journal, which
+                # Recorded as `operator:<name>` (gateway/edge/auth.py) in the journal, which
                 # refuses an id past 128 characters or outside this set, after the
                 # decision it records was made.
                 raise ValueError(

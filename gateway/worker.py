@@ -12,12 +12,11 @@ from typing import Any, NoReturn
 
 from fastapi import FastAPI
 
+from gateway.app import app_from_env
+from gateway.serve import REFUSAL_FILE, REFUSED, one_line
+from gateway.state.policies import PolicyLoadError
 from ledger import LedgerError
 from pricing import PolicyError
-
-from .app import app_from_env
-from .policies import PolicyLoadError
-from .serve import REFUSAL_FILE, REFUSED, one_line
 
 # The start-time errors whose messages say what was wrong and what to do (Redis
 # unreachable, a server that cannot keep the durability asked for, a policy that

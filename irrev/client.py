@@ -398,7 +398,7 @@ def _answer_text(
 
 def _decided(response: httpx.Response) -> tuple[str | None, str | None]:
     """Who approved an escalated call and their note, beside the tool's answer
-    (percent-encoded UTF-8 headers, gateway/escalations.py)."""
+    (percent-encoded UTF-8 headers, gateway/routes/escalations.py)."""
     by, note = (response.headers.get(f"x-irrev-{name}") for name in ("decided-by", "note"))
     return (unquote(by) if by else None), (unquote(note) if note else None)
 

@@ -10,7 +10,7 @@ ask for them at once, and so does the fleet's watcher when it finds a lease laps
 A `ChangeFeed` is one process's subscription: `heard(kinds)` counts what it heard; a
 host re-reads the epochs when that moved since its last look.
 
-The fleet's watcher (ledger/lease.py Watch, gateway/fleetwatch.py: one process of
+The fleet's watcher (ledger/lease.py Watch, gateway/state/fleetwatch.py: one process of
 the fleet) publishes 'beat' every BEAT_S. A process that heard one within
 WATCH_LAPSE_S is `watched`: the fleet-wide checks are being done for it (a lost
 announcement re-made, a lost epoch bump made, a lapsed lease announced), so it need
@@ -88,7 +88,7 @@ async def tell(redis: RedisClient, epoch_key: str, kind: str) -> None:
     write is the outcome: raising after it took effect sent the writer's retry over
     the version it had read, to lose the compare-and-set to its own write (or, for a
     key, lost the token shown once). A bump lost for good is made by the fleet's
-    watcher, which compares every tenant's versions (gateway/fleetwatch.py), or
+    watcher, which compares every tenant's versions (gateway/state/fleetwatch.py), or
     found by each gateway's full re-read while no watcher beats
     (IRREV_POLICY_FULL_READ_S)."""
     for what, step in (
@@ -113,7 +113,7 @@ class ChangeFeed:
     """One process's subscription to CHANNEL, on its own connection (a subscribed
     connection can send nothing else). `start()` it once; `aclose()` at shutdown."""
 
-    # The watcher (gateway/fleetwatch.py) paces itself by these.
+    # The watcher (gateway/state/fleetwatch.py) paces itself by these.
     BEAT_S = BEAT_S
     WATCH_LAPSE_S = WATCH_LAPSE_S
 

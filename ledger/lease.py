@@ -96,7 +96,7 @@ class Lease:
 
 class Watch:
     """The fleet's watch: one process at a time does the checks every process once
-    did for itself (gateway/fleetwatch.py). `beat()` takes the watch while it is
+    did for itself (gateway/state/fleetwatch.py). `beat()` takes the watch while it is
     free or renews it while this process has it and, if held, publishes 'beat' on
     the change feed (one script, lua/watch.lua): subscribers take the beats both as
     word that the checks are being done and as proof that their subscription still

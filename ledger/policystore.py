@@ -9,7 +9,7 @@ bumps one fleet-wide epoch counter and announces it (ledger/changes.py: pub/sub)
 a host reads the epoch when told, and otherwise only every so often (the epoch is a
 key of its own slot, bumped after the write: a writer that dies in between, or
 whose bump fails, is noticed by the fleet watcher's read of every record's version,
-gateway/fleetwatch.py, which bumps the epoch for it)."""
+gateway/state/fleetwatch.py, which bumps the epoch for it)."""
 
 from __future__ import annotations
 

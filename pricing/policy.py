@@ -436,7 +436,7 @@ class Webhook(_Model):
 
 
 # What only an operator (IRREV_ADMIN_TOKENS) may set, in a tool and in the document: a
-# tenant admin's upload that changes any is refused whole (gateway/admin.py). Where a
+# tenant admin's upload that changes any is refused whole (gateway/routes/admin.py). Where a
 # tool's requests go and the secrets they carry (an admin could point the tenant's
 # credentials, or any variable or file the gateway can read, at a host of its own), and
 # which command a stdio MCP server runs on the gateway's hosts; who settles its holds

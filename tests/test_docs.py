@@ -54,7 +54,7 @@ def _reason_parameters(tree: ast.Module) -> dict[str, int]:
 
 
 def _raises_problems(path: Path, tree: ast.Module) -> bool:
-    """The module builds gateway/problems.py's HTTP Problem (pricing has its own
+    """The module builds gateway/edge/problems.py's HTTP Problem (pricing has its own
     Problem, a fault of a policy file, which is no reason code)."""
     if path.parts[-2:] == ("gateway", "problems.py"):
         return True

@@ -173,8 +173,8 @@ def test_pricing_has_no_import_cycle() -> None:
 
 def test_every_ledger_and_gateway_module_imports_on_its_own() -> None:
     """An import cycle among module-level imports fails only when one of its modules
-    is imported first (one through gateway.problems broke only the fault matrix,
-    which imports gateway.wire first): each module is imported first, in an
+    is imported first (one through gateway.edge.problems broke only the fault matrix,
+    which imports gateway.edge.wire first): each module is imported first, in an
     interpreter of its own."""
     names = [name for package in ("ledger", "gateway") for name, _ in modules(package)]
 

@@ -11,7 +11,7 @@ and the difference printed as commands/s (INFO and CONFIG themselves left out; o
 cluster, summed over its primaries), with the ratio to the first count: the baseline
 of the same run, then the same by command (`--json`: one document with the same
 figures). One sweeper and one webhook dispatcher per tenant (leases) do the
-per-tenant work, and one process of the fleet (the watcher, gateway/fleetwatch.py)
+per-tenant work, and one process of the fleet (the watcher, gateway/state/fleetwatch.py)
 the fleet-wide checks: a beat every 2 s, a look at every lease every 10 s, at the
 policy epochs and versions every 30 s. A further host adds a subscription, which
 costs Redis nothing while idle (the beats spare its PINGs): measure over a minute or
@@ -42,7 +42,7 @@ from ledger import EmbeddedRedis, cluster_enabled
 
 EXAMPLE = Path("examples/procurement.yaml")
 # After the last gateway is ready: long enough for the fleet to have a watcher
-# (gateway/fleetwatch.py: taken WATCH_LAPSE_S after a process subscribes, and its first
+# (gateway/state/fleetwatch.py: taken WATCH_LAPSE_S after a process subscribes, and its first
 # look makes every process re-read the store once), so what is measured is the
 # steady state.
 SETTLE_S = 12.0

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from gateway.canonical import read_request
-from gateway.problems import Problem
+from gateway.edge.canonical import read_request
+from gateway.edge.problems import Problem
 from irrev.cli import bounded
 
 JSON = ["application/json"]

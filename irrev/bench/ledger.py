@@ -35,7 +35,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from gateway.wire import StoredRequest, fingerprint, hold_id_for
+from gateway.edge.wire import StoredRequest, fingerprint, hold_id_for
 from irrev import output
 from irrev.bench.servertime import (
     HOUR_MS,

@@ -32,13 +32,13 @@ from fastapi import FastAPI
 from redis.asyncio.connection import AbstractConnection
 
 import gateway
-from gateway import admin
-from gateway.admission import Admitted, Gate, Intent, admit, prepare
-from gateway.canonical import read_request
+from gateway.edge.canonical import read_request
+from gateway.edge.wire import StoredRequest
+from gateway.pipeline.admission import Admitted, Gate, Intent, admit, prepare
+from gateway.pipeline.upstream import Answer, Fate
+from gateway.routes import admin
 from gateway.settings import GatewaySettings
-from gateway.tenants import TenantStore
-from gateway.upstream import Answer, Fate
-from gateway.wire import StoredRequest
+from gateway.state.tenants import TenantStore
 from irrev.harness import TenantPolicy
 from ledger import EmbeddedRedis, Ledger
 from ledger.keys import accounts_key

@@ -23,7 +23,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from gateway.policies import load_demo_tokens, read_policy_file
+from gateway.state.policies import load_demo_tokens, read_policy_file
 from irrev import output
 from irrev.cli import bounded
 from irrev.stack import (

@@ -28,7 +28,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from gateway.policies import load_demo_tokens, read_policy_file
+from gateway.state.policies import load_demo_tokens, read_policy_file
 from irrev import output
 from irrev.commands.demo import Order, buyers_of, plan
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier

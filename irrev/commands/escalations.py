@@ -151,7 +151,7 @@ def _approval(
 ) -> dict[str, Any]:
     """One shape for every approval: `effect` is made, pending, refused_by_tool or the
     gateway's reason code for the forward (`detail` its words); `answer` the tool's."""
-    # An escalation's id is `<tenant>.<hold>` (gateway/responses.py, escalation_id): a
+    # An escalation's id is `<tenant>.<hold>` (gateway/edge/responses.py, escalation_id): a
     # decision-only approval's answer names no hold.
     hold = response.headers.get("x-irrev-hold", escalation.rpartition(".")[2])
     return {

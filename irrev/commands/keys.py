@@ -18,8 +18,8 @@ from typing import Any
 
 from rich.table import Table
 
-from gateway import managed_keys
-from gateway.managed_keys import key_view
+from gateway.state import managed_keys
+from gateway.state.managed_keys import key_view
 from irrev import output
 from irrev.cli import CliError, bounded
 from irrev.commands.ledger import run_on_ledger

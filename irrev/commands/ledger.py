@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from rich.table import Table
 
-from gateway.policies import load_policy_dir
+from gateway.state.policies import load_policy_dir
 from irrev import output
 from irrev.cli import CliError, bounded
 from ledger import (

@@ -12,15 +12,15 @@ from pathlib import Path
 
 from pydantic import TypeAdapter, ValidationError
 
-from gateway.canonical import read_request
-from gateway.policies import (
+from gateway.edge.canonical import read_request
+from gateway.edge.problems import Problem
+from gateway.settings import GatewaySettings
+from gateway.state.policies import (
     check_demo_tokens,
     check_policy_set,
     is_demo_tokens,
     read_text,
 )
-from gateway.problems import Problem
-from gateway.settings import GatewaySettings
 from irrev.cli import CliError
 from irrev.commands import policy_store
 from pricing import (

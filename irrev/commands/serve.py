@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.policies import PolicyLoadError
 from gateway.serve import StartFailed, check_policies, one_line
 from gateway.serve import run as serve
 from gateway.settings import GatewaySettings
+from gateway.state.policies import PolicyLoadError
 from irrev.cli import CliError
 from pricing import PolicyError
 

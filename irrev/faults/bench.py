@@ -28,7 +28,7 @@ import httpx
 import yaml
 from redis.asyncio import Redis, RedisCluster
 
-from gateway.wire import hold_id_for, upstream_key
+from gateway.edge.wire import hold_id_for, upstream_key
 from irrev.harness import TenantPolicy, free_port
 from irrev.localcluster import LocalCluster
 from ledger import AppendFsync, EmbeddedRedis, Ledger

@@ -22,7 +22,7 @@ from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
 
-from gateway.wire import upstream_key
+from gateway.edge.wire import upstream_key
 from ledger import audit_tenant
 from ledger.keys import (
     accounts_key,

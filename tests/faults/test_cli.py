@@ -67,7 +67,7 @@ def test_every_crash_point_is_wired() -> None:
     from pathlib import Path
 
     import gateway
-    from gateway.crashpoints import POINTS
+    from gateway.pipeline.crashpoints import POINTS
 
     source = "".join(p.read_text() for p in Path(gateway.__file__).parent.glob("*.py"))
     for point in POINTS:

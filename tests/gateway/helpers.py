@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from gateway.policies import policy_version
+from gateway.state.policies import policy_version
 from ledger import Ledger
 from ledger.keys import policy_key, policy_log_key, policy_sources_key
 

@@ -22,12 +22,12 @@ import httpx
 import pytest
 import yaml
 
-from gateway.admission import Admitted, Gate, Intent, admit, prepare
-from gateway.canonical import read_request
+from gateway.edge.canonical import read_request
+from gateway.edge.wire import StoredAnswer, StoredRequest, upstream_key
+from gateway.pipeline.admission import Admitted, Gate, Intent, admit, prepare
+from gateway.pipeline.upstream import Answer, Fate, Upstream
 from gateway.settings import GatewaySettings
-from gateway.tenants import TenantStore
-from gateway.upstream import Answer, Fate, Upstream
-from gateway.wire import StoredAnswer, StoredRequest, upstream_key
+from gateway.state.tenants import TenantStore
 from ledger.client import Ledger
 from ledger.journal import read_journal
 from ledger.keys import accounts_key, hold_key, payload_key

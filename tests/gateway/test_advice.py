@@ -1,4 +1,4 @@
-"""What a model reads of a refusal (gateway/advice.py), on both transports: every
+"""What a model reads of a refusal (gateway/pipeline/advice.py), on both transports: every
 reason code the gateway can answer is rendered the same way as HTTP problem+json and
 as an MCP tool result, ends on its next step and says whether repeating helps; and
 no model text carries an amount in minor units (those stay in structured fields)."""
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from gateway.admission import cap_problem, refusal, rejected_problem
-from gateway.advice import NEXT_STEPS, Retry, account_words, escalation_sentence, units_of
-from gateway.mcp_server import refused
-from gateway.problems import Problem
+from gateway.edge.problems import Problem
+from gateway.pipeline.admission import cap_problem, refusal, rejected_problem
+from gateway.pipeline.advice import NEXT_STEPS, Retry, account_words, escalation_sentence, units_of
+from gateway.routes.mcp_server import refused
 from ledger import AccountCheck, Decision, HoldState, Reason, ReserveResult, Status
 from pricing import TenantPolicy
 from pricing.errors import PerEffectCapExceeded

@@ -13,11 +13,11 @@ import httpx
 import pytest
 import yaml
 
-from gateway.admission import Gate, Intent, approve, prepare, reserve
-from gateway.canonical import read_request
-from gateway.problems import Problem
+from gateway.edge.canonical import read_request
+from gateway.edge.problems import Problem
+from gateway.pipeline.admission import Gate, Intent, approve, prepare, reserve
 from gateway.settings import GatewaySettings
-from gateway.tenants import TenantStore
+from gateway.state.tenants import TenantStore
 from ledger import HoldState
 from ledger.client import Ledger
 

@@ -10,7 +10,7 @@ import asyncio
 
 import httpx
 
-from gateway.webhooks import fair_order
+from gateway.state.webhooks import fair_order
 
 from .conftest import Gateway
 from .helpers import assert_problem, effect_headers, order
@@ -20,7 +20,9 @@ SMALL = 1  # 100 USD: above the "flood" tenant's 50 USD approval threshold for o
 
 async def queue(http: httpx.AsyncClient, gateway: Gateway, tenant_id: str) -> list[dict]:
     response = await http.get(
-        f"/v1/admin/tenants/{tenant_id}/escalations", params={"limit": 200}, headers=gateway.admin
+        f"/v1/admin/tenants/{tenant_id}/escalations",
+        params={"limit": 200},
+        headers=gateway.routes.admin,
     )
     assert response.status_code == 200, response.text
     items: list[dict] = response.json()["escalations"]
@@ -64,7 +66,7 @@ async def test_one_agent_keeps_at_most_its_cap_waiting(
     # Deciding one gives its place back.
     decided = await http.post(
         f"/v1/escalations/{answers[statuses.index(202)].json()['escalation']}/reject",
-        headers=gateway.admin,
+        headers=gateway.routes.admin,
     )
     assert decided.status_code == 200, decided.text
     again = await http.post(

@@ -1,4 +1,4 @@
-"""The fleet's watcher (gateway/fleetwatch.py): one process does the checks every
+"""The fleet's watcher (gateway/state/fleetwatch.py): one process does the checks every
 process once did for itself, so an idle fleet's Redis load does not grow with its
 processes. What each check exists for still happens, each test on a Redis of its
 own (the watch is one key per Redis):
@@ -30,10 +30,10 @@ import pytest
 import redis
 import yaml
 
-from gateway.fleetwatch import FleetWatch
-from gateway.keyring import Keyring
-from gateway.sweeper import Sweeper
-from gateway.tenants import TenantStore
+from gateway.state.fleetwatch import FleetWatch
+from gateway.state.keyring import Keyring
+from gateway.state.sweeper import Sweeper
+from gateway.state.tenants import TenantStore
 from ledger import AccountSpec, ChangeFeed, EmbeddedRedis, KeyKind, KeySpec, Ledger
 from ledger.keys import (
     POLICY_EPOCH_KEY,

@@ -1,4 +1,4 @@
-"""A worker's keyring (gateway/keyring.py) on a real Redis, driven by a fake monotonic
+"""A worker's keyring (gateway/state/keyring.py) on a real Redis, driven by a fake monotonic
 clock: a key's expiry is judged by Redis's clock carried on the monotonic one (the
 host's wall clock plays no part), a reload follows what the epoch says, and the uses
 noted are written in one flush."""
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.keyring import Keyring
+from gateway.state.keyring import Keyring
 from ledger import KeyKind, KeySpec, Ledger
 
 from .helpers import FakeClock

@@ -21,8 +21,8 @@ import pytest
 import redis
 import yaml
 
-from gateway.policies import policy_version
-from gateway.tenants import FULL_READ_S, TenantStore
+from gateway.state.policies import policy_version
+from gateway.state.tenants import FULL_READ_S, TenantStore
 from ledger import ChangeFeed, Ledger
 
 from .conftest import Gateway
@@ -78,7 +78,7 @@ async def test_a_revocation_whose_epoch_bump_was_lost_is_served_within_the_full_
 
 
 async def feed_gauge(http: httpx.AsyncClient, gateway: Gateway) -> float | None:
-    text = (await http.get("/metrics", headers=gateway.admin)).text
+    text = (await http.get("/metrics", headers=gateway.routes.admin)).text
     for line in text.splitlines():
         if line.startswith("irrev_policy_feed_live "):
             return float(line.split()[1])

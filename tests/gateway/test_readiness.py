@@ -136,7 +136,10 @@ def test_on_a_cluster_one_primary_refusing_writes_degrades_but_keeps_it_ready(
                 degraded = readiness_becomes(gateway, 200, lambda a: a.json()["status"] != "ready")
                 assert degraded.json() == {"status": "degraded", "primaries_refusing_writes": 1}
                 operator = httpx.get(
-                    f"{gateway.url}/readyz", headers=gateway.admin, timeout=5, trust_env=False
+                    f"{gateway.url}/readyz",
+                    headers=gateway.routes.admin,
+                    timeout=5,
+                    trust_env=False,
                 ).json()
                 [refusal] = operator["write_refusals"]
                 assert "out of memory" in refusal, refusal

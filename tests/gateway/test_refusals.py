@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from gateway.refusals import Flusher, RefusalTally
+from gateway.state.refusals import Flusher, RefusalTally
 from irrev.harness import free_port
 from ledger import Ledger
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.canonical import parse_form
-from gateway.problems import Problem
-from gateway.wire import parse_json_body
+from gateway.edge.canonical import parse_form
+from gateway.edge.problems import Problem
+from gateway.edge.wire import parse_json_body
 from pricing.policy import RequestLimits
 
 from .conftest import Gateway, own_gateway

@@ -1,7 +1,7 @@
 """A settlement the ledger refused while the tenant's cluster slot moved past the
 migration wait (IRREV_MIGRATION_WAIT_S) is written by the gateway once the slot is
 served again: the gateway's own retries leave no hold pending whose outcome it
-knew (gateway/resettle.py). On the local Redis Cluster, whose slot a test can hold
+knew (gateway/pipeline/resettle.py). On the local Redis Cluster, whose slot a test can hold
 mid-migration."""
 
 from __future__ import annotations

@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.admission import Gate, Intent, admit, fire, prepare, upstream_of
-from gateway.canonical import read_request
+from gateway.edge.canonical import read_request
+from gateway.edge.wire import StoredRequest
+from gateway.pipeline.admission import Gate, Intent, admit, fire, prepare, upstream_of
+from gateway.pipeline.upstream import Answer, Fate, Upstream
 from gateway.settings import GatewaySettings
-from gateway.tenants import TenantStore
-from gateway.upstream import Answer, Fate, Upstream
-from gateway.wire import StoredRequest
+from gateway.state.tenants import TenantStore
 from ledger import HoldState
 from ledger.client import Ledger
 from ledger.errors import HoldInFlight

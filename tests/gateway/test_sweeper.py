@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.sweeper import Sweeper
+from gateway.state.sweeper import Sweeper
 from ledger import Ledger
 from ledger.keys import lease_key
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.canonical import (
+from gateway.edge.canonical import (
     body_format_of,
     dump_json,
     encode_pairs,
@@ -20,8 +20,8 @@ from gateway.canonical import (
     parse_query,
     read_request,
 )
-from gateway.problems import Problem
-from gateway.wire import parse_json_body
+from gateway.edge.problems import Problem
+from gateway.edge.wire import parse_json_body
 from pricing.policy import BodyFormat
 
 FORM = "application/x-www-form-urlencoded"

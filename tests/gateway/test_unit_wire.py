@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from gateway.problems import PROBLEM_JSON
-from gateway.responses import stored_response
-from gateway.wire import MAX_RECORDED_BODY, StoredAnswer
+from gateway.edge.problems import PROBLEM_JSON
+from gateway.edge.responses import stored_response
+from gateway.edge.wire import MAX_RECORDED_BODY, StoredAnswer
 
 
 def test_huge_answers_are_recorded_without_their_body() -> None:
@@ -103,7 +103,7 @@ def test_a_kept_refusal_comes_back_a_whole_problem_document() -> None:
         "title": "upstream unreachable",
         "status": 502,
         "reason": "upstream_unreachable",
-        # What a model reads: the kept detail and its next step (gateway/advice.py).
+        # What a model reads: the kept detail and its next step (gateway/pipeline/advice.py).
         "detail": "nothing was sent. Nothing was done; the same call may succeed later.",
         "retry": "later",
         "hold": "h1",

@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.http_upstream import HttpTarget, HttpUpstream, UpstreamSlots, make_client
-from gateway.upstream import Fate
-from gateway.wire import StoredRequest
+from gateway.edge.wire import StoredRequest
+from gateway.pipeline.upstream import Fate
+from gateway.state.http_upstream import HttpTarget, HttpUpstream, UpstreamSlots, make_client
 
 from .conftest import Gateway, wait_for_workers
 from .helpers import assert_problem, effect_headers, order

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import redis
 
-from gateway.webhooks import SIGNATURE_HEADER, sign, verify
+from gateway.state.webhooks import SIGNATURE_HEADER, sign, verify
 from irrev.harness import free_port
 from ledger.cluster import cluster_enabled
 from ledger.embedded import EmbeddedRedis

@@ -14,7 +14,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from gateway.problems import problem_for
+from gateway.edge.problems import problem_for
 from irrev.bench.background import calls, primaries
 from irrev.localcluster import ClusterNode, LocalCluster
 from ledger.audit import audit_tenant

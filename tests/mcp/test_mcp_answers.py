@@ -9,8 +9,8 @@ import mcp_types as types
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from gateway.mcp_upstream import failure_answer
-from gateway.upstream import Fate
+from gateway.pipeline.upstream import Fate
+from gateway.state.mcp_upstream import failure_answer
 
 
 def test_method_not_found_releases_the_hold() -> None:

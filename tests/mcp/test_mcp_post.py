@@ -1,5 +1,5 @@
 """A `tools/call` to a server whose modern version is pinned is one POST on the pooled
-client (gateway/mcp_upstream.py, HttpConnection.call_tool): against the SDK's own
+client (gateway/state/mcp_upstream.py, HttpConnection.call_tool): against the SDK's own
 Streamable HTTP server answering as JSON and as an event stream, in process; and the
 HTTP refusals the SDK's transport turns into JSON-RPC errors, read as the same
 fates (a 404 refuses, a 500 or a stream without an answer is ambiguous)."""
@@ -20,9 +20,9 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 
-from gateway.mcp_upstream import HOLD_META, KEY_META, HttpConnection, McpUpstream
-from gateway.upstream import Fate
-from gateway.wire import StoredRequest
+from gateway.edge.wire import StoredRequest
+from gateway.pipeline.upstream import Fate
+from gateway.state.mcp_upstream import HOLD_META, KEY_META, HttpConnection, McpUpstream
 
 URL = "http://mcp.test/mcp"
 SCHEMA = {

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from gateway.mcp_upstream import HttpConnection
-from gateway.tenants import TenantStore
+from gateway.state.mcp_upstream import HttpConnection
+from gateway.state.tenants import TenantStore
 from ledger.client import Ledger
 
 from .conftest import write_mcp_policy

@@ -1,4 +1,4 @@
-"""The supervisor of a stdio MCP server (gateway/mcp_stdio.py) on its own, with real
+"""The supervisor of a stdio MCP server (gateway/state/mcp_stdio.py) on its own, with real
 processes that misbehave: one that exits at once is restarted up to the bound, then
 refused at once; one that never finishes the handshake is killed at the start timeout;
 closing the connection refuses the calls waiting for it. Each command appends its pid
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.mcp_stdio import Command, StdioConnection
-from gateway.mcp_upstream import NotSent
-from gateway.supervision import Supervision
+from gateway.state.mcp_stdio import Command, StdioConnection
+from gateway.state.mcp_upstream import NotSent
+from gateway.state.supervision import Supervision
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policies import (
+from gateway.state.policies import (
     PolicyLoadError,
     authenticate,
     check_demo_tokens,

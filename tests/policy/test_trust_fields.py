@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.credentials import resolve_credentials, webhook_secret
+from gateway.state.credentials import resolve_credentials, webhook_secret
 from pricing import (
     PolicyError,
     RouteNotAllowed,

@@ -1,5 +1,5 @@
 """SIGKILL of a gateway worker at the four points of an effect's life, then a restart
-and reconciliation. Gateway 1 is armed with the crash point (gateway/crashpoints.py)
+and reconciliation. Gateway 1 is armed with the crash point (gateway/pipeline/crashpoints.py)
 and dies there; "before the upstream answers" is a kill from outside while the
 upstream holds the request. Gateway 0 is a healthy peer the agent retries on."""
 

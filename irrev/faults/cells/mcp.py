@@ -23,8 +23,8 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from gateway.mcp_upstream import KEY_META
-from gateway.wire import hold_id_for, upstream_key
+from gateway.edge.wire import hold_id_for, upstream_key
+from gateway.state.mcp_upstream import KEY_META
 from irrev.harness import Server, TenantPolicy
 from irrev.stack import mcp_tools_server
 from ledger import audit_tenant

@@ -12,7 +12,7 @@ import asyncio
 import uuid
 from typing import Any
 
-from gateway.wire import upstream_key
+from gateway.edge.wire import upstream_key
 from ledger import MAX_AMOUNT, audit_tenant
 
 from ..bench import Run

@@ -9,7 +9,7 @@ import asyncio
 import time
 import uuid
 
-from gateway.wire import upstream_key
+from gateway.edge.wire import upstream_key
 
 from ..bench import Run
 from ..checks import check_ledger, check_recovery_determinism

@@ -1,0 +1,124 @@
+"""One bound on every request body, before anything reads it: FastAPI reads a route's
+body parameters before its authentication dependency runs, so without this an
+unauthenticated client could make a worker buffer a body of any size, or hold it
+with a body trickled for ever. A declared Content-Length over the bound is refused
+(413) without being kept; a chunked body is cut when it passes the bound; a body not
+whole within the deadline is cut (408). Routes keep their own checks.
+
+A client still sending when the 413 goes out and the connection closes sees a reset,
+not the answer. So the rest of a body at most DRAIN_BYTES past the bound is read and
+dropped first (within the same deadline); only a larger one is cut at once."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.edge.problems import Problem, body_timeout
+
+DRAIN_BYTES = 1 << 20
+# A tenant's policy document may be larger than any agent's request.
+POLICY_UPLOAD = re.compile(r"/v1/admin/tenants/[^/]+/policy")
+
+
+def too_large(limit: int) -> Problem:
+    return Problem(
+        413,
+        "body_too_large",
+        f"request bodies are limited to {limit} bytes",
+        headers={"Connection": "close"},
+    )
+
+
+class BodyLimit:
+    """ASGI middleware: at most `limit` bytes of body per request, `policy_limit` for a
+    policy upload (PUT /v1/admin/tenants/{tenant}/policy), whole within `timeout_s` of
+    the request's start."""
+
+    def __init__(self, app: ASGIApp, limit: int, policy_limit: int, timeout_s: float) -> None:
+        self.app = app
+        self.limit = limit
+        self.policy_limit = policy_limit
+        self.timeout_s = timeout_s
+
+    def limit_of(self, scope: Scope) -> int:
+        if scope["method"] == "PUT" and POLICY_UPLOAD.fullmatch(scope["path"]):
+            return self.policy_limit
+        return self.limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_of(scope)
+        deadline = time.monotonic() + self.timeout_s
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            if declared.isdigit() and int(declared) <= limit + DRAIN_BYTES:
+                await drain(receive, deadline)
+            await too_large(limit).response()(scope, receive, send)
+            return
+        received, body_done, refused, started = 0, False, False, False
+
+        async def refuse(problem: Problem) -> Message:
+            # The app sees the client go away; the client gets the problem.
+            nonlocal refused
+            refused = True
+            if not started:
+                await problem.response()(scope, receive, send)
+            return {"type": "http.disconnect"}
+
+        async def bounded_receive() -> Message:
+            nonlocal received, body_done
+            if refused:
+                return {"type": "http.disconnect"}
+            if body_done:
+                # Past the body, receive only waits for a disconnect: no deadline.
+                return await receive()
+            try:
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                    message = await receive()
+            except TimeoutError:
+                return await refuse(body_timeout(self.timeout_s))
+            if message["type"] != "http.request":
+                return message
+            received += len(message.get("body", b""))
+            body_done = not message.get("more_body", False)
+            if received > limit:
+                if not body_done:
+                    await drain(receive, deadline, DRAIN_BYTES)
+                return await refuse(too_large(limit))
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return  # the 413 was the answer; whatever the app says now is dropped
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, bounded_receive, guarded_send)
+        except Exception:
+            if not refused:
+                raise
+
+
+async def drain(receive: Receive, deadline: float, at_most: int = DRAIN_BYTES) -> None:
+    """Read and drop the rest of a refused body, up to `at_most` bytes and until the
+    deadline, so that the client has finished sending when the refusal goes out."""
+    dropped = 0
+    try:
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+            while dropped <= at_most:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                dropped += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return
+    except TimeoutError:
+        return

@@ -1,0 +1,537 @@
+"""`/mcp`: irrev as an MCP server (Streamable HTTP, the official SDK's low-level
+`Server`), in front of the tenant's MCP servers. An agent connects an ordinary MCP
+client with its Bearer token and sees the tools it may call; each `tools/call` goes
+through the admission pipeline (price -> reserve -> deliver once -> settle) with the
+tenant's MCP server as its `Upstream` (gateway/state/mcp_upstream.py).
+
+Stateless: each POST stands alone (the 2026-07-28 protocol has no sessions; older
+clients get the SDK's stateless mode), so any worker serves any request. What an
+agent gets (docs/policy.md, "MCP servers"): the tool's own result when admitted; a
+result with `isError: true`, a sentence and `structuredContent.reason` when refused;
+a pending result naming the escalation when a human must decide, which the same
+call with the same idempotency key turns into the real result once approved."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections.abc import Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Any
+
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from starlette.requests import Request
+from starlette.types import Message, Receive, Scope, Send
+
+from gateway.edge.canonical import Canonical
+from gateway.edge.problems import Problem, body_timeout, problem_for
+from gateway.edge.problems import refused as answer_refusal
+from gateway.edge.responses import escalation_id
+from gateway.edge.wire import JsonNumber, parse_json_body
+from gateway.pipeline.admission import CONTENT_KEY_PREFIX, Gate
+from gateway.pipeline.advice import (
+    Retry,
+    approval,
+    duration_text,
+    escalation_sentence,
+    next_step,
+    units_of,
+)
+from gateway.pipeline.mcp_pipeline import Outcome, call_effect
+from gateway.pipeline.upstream import Fate
+from gateway.state import refusals
+from gateway.state.mcp_upstream import HOLD_META, KEY_META
+from ledger import HoldState, LedgerError
+from pricing import EffectClass, PricedEffect, TenantPolicy
+from pricing.catalog import CompiledRoute
+from pricing.credentials import AuthenticatedAgent
+from pricing.errors import RequestError
+from pricing.money import minor_to_major_text
+from pricing.policy import BodyFormat
+
+SEPARATOR = "__"
+# Who approved an escalated call and why, in a result's _meta (irrev's prefix).
+DECIDED_BY_META = "dev.irrev/decided_by"
+NOTE_META = "dev.irrev/note"
+# An escalated call waiting for its decision reads the hold this often: first soon
+# (an approval a person had queued lands fast), then every second.
+FIRST_POLL_S = 0.2
+LAST_POLL_S = 1.0
+UNDECIDED = frozenset(
+    {HoldState.ESCALATED, HoldState.PENDING}
+)  # `<server>__<tool>`: names OpenAI's and Anthropic's tool APIs accept
+CALLER = "irrev.mcp"
+TOOLS_TTL_S = 10.0
+PRICE_META = "dev.irrev/price"
+AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+@dataclass
+class Caller:
+    """Who sent this POST, and its JSON-RPC message as parsed strictly (numbers exact,
+    no NaN, no duplicate keys, bounded depth): what `tools/call` prices."""
+
+    gate: Gate
+    policy: TenantPolicy
+    agent: AuthenticatedAgent
+    message: object
+
+
+# The POST being served, for what the SDK asks without a request context
+# (tool_input_schema): set by McpEndpoint, in the task that serves the POST.
+CURRENT: ContextVar[Caller] = ContextVar("irrev_mcp_caller")
+
+
+def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
+    assert ctx.request is not None
+    caller: Caller = ctx.request.scope[CALLER]
+    return caller
+
+
+def split_name(name: str) -> tuple[str, str]:
+    server, sep, tool = name.partition(SEPARATOR)
+    if not sep or not server or not tool:
+        raise Problem(
+            403, "unknown_route", f"{name!r} is not a tool of this gateway: '<server>__<tool>'"
+        )
+    return server, tool
+
+
+def servers_of(policy: TenantPolicy) -> list[str]:
+    return sorted(name for name, tool in policy.document.tools.items() if tool.is_mcp)
+
+
+def route_effect(server: str, tool: str, route: CompiledRoute) -> PricedEffect:
+    """A route as the allow-list check reads it (no request: no price)."""
+    return PricedEffect(
+        server, route.method, f"/{tool}", route, route.effect_class, 0, (), 0, route.model, None
+    )
+
+
+def pricing_note(policy: TenantPolicy, route: CompiledRoute) -> str:
+    """How irrev prices the tool, for the model reading `tools/list`."""
+    unit = policy.document.risk_unit.currency
+    if route.effect_class is EffectClass.READ:
+        return "[irrev] effect class: read; free."
+    if route.face_fixed_micros is not None:
+        face = f"a fixed face value of {minor_to_major_text(route.face_fixed_micros, policy.scale)}"
+    else:
+        face = "face value " + " * ".join(route.face_fields) + " (from the arguments)"
+    note = (
+        f"[irrev] effect class: {route.effect_class.value}; priced at {face} x "
+        f"{route.loss_factor:.4g} ({route.model}) in {unit}, debited from the fleet's budget"
+    )
+    if route.approval_threshold_micros is not None:
+        threshold = minor_to_major_text(route.approval_threshold_micros, policy.scale)
+        note += f"; a price above {threshold} {unit} waits for a human"
+    window = route.dedupe_window_ms
+    if route.keyless and window:
+        note += (
+            f". An identical call (same arguments) within {duration_text(window)} of the "
+            "first one's outcome is the same call: it returns that outcome and is not made "
+            "again"
+        )
+    return note + "."
+
+
+def shown(
+    policy: TenantPolicy, agent: AuthenticatedAgent, server: str, tool: str
+) -> CompiledRoute | None:
+    """The route of a tool this agent is shown (a priced route both allow-lists let it
+    call), None for one it is not: an unpriced tool is never called."""
+    found = policy.catalog.match(server, "CALL", f"/{tool}")
+    if found is None:
+        return None
+    effect = route_effect(server, tool, found[0])
+    members = (f"agent:{agent.agent_id}", f"principal:{agent.principal_id}")
+    if not all(policy.scopes.allows(member, effect) for member in members):
+        return None
+    return found[0]
+
+
+def tool_input_schema(name: str) -> Mapping[str, Any] | None:
+    """A listed tool's input schema, which the SDK checks a `tools/call`'s `Mcp-Param-*`
+    headers against before dispatch. Given no such lookup, the SDK would run
+    list_tools for every call; this reads the server's cached listing instead (kept
+    past its TTL: a server's schemas rarely change, and the check fails open). None
+    (the SDK skips the check) for a tool the agent is not shown or never listed."""
+    caller = CURRENT.get(None)
+    server, sep, tool = name.partition(SEPARATOR)
+    if caller is None or not sep:
+        return None
+    upstream = caller.gate.tenants.mcp_upstream(caller.policy.tenant, server)
+    if upstream is None or shown(caller.policy, caller.agent, server, tool) is None:
+        return None
+    listed = upstream.listed(tool)
+    return listed.input_schema if listed is not None else None
+
+
+async def list_tools(
+    ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+) -> types.ListToolsResult:
+    """The union of the tenant's MCP servers' tools that this agent may call (a listed
+    route and both allow-lists), each described with its effect class and price."""
+    caller = caller_of(ctx)
+    policy, agent = caller.policy, caller.agent
+    listed: list[types.Tool] = []
+    for server in servers_of(policy):
+        upstream = caller.gate.tenants.mcp_upstream(policy.tenant, server)
+        if upstream is None:
+            continue
+        deadline = time.monotonic() + caller.gate.settings.upstream_timeout_s
+        for tool in await upstream.list_tools(deadline, TOOLS_TTL_S):
+            route = shown(policy, agent, server, tool.name)
+            if route is None:
+                continue
+            description = (tool.description or "").strip()
+            listed.append(
+                tool.model_copy(
+                    update={
+                        "name": f"{server}{SEPARATOR}{tool.name}",
+                        "description": f"{description}\n\n{pricing_note(policy, route)}".strip(),
+                    }
+                )
+            )
+    return types.ListToolsResult(tools=listed)
+
+
+def _arguments(caller: Caller, request_id: object) -> object:
+    """The call's `arguments` as strictly parsed (the SDK's lenient parse is only used
+    to route the message)."""
+    message = caller.message
+    if isinstance(message, dict) and message.get("id") == request_id:
+        params = message.get("params")
+        if isinstance(params, dict):
+            return params.get("arguments", {})
+    raise Problem(400, "bad_request", "send one JSON-RPC request per POST")
+
+
+def agent_key(params: types.CallToolRequestParams) -> str:
+    """The agent's idempotency key, `_meta["dev.irrev/idempotency_key"]`, or '' when it
+    sent none: desktop and IDE hosts send no `_meta`, so such a call is keyed by its
+    content (its route's `keyless`), and a model's repeat of it is the same effect."""
+    meta = dict(params.meta or {})
+    if KEY_META not in meta:
+        return ""
+    key = meta[KEY_META]
+    if not isinstance(key, str) or not AGENT_KEY.fullmatch(key):
+        raise Problem(
+            400, "bad_idempotency_key", f"_meta {KEY_META!r} must be 1-255 printable ASCII"
+        )
+    return key
+
+
+async def call_tool(
+    ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+) -> types.CallToolResult:
+    caller = caller_of(ctx)
+    key = ""
+    try:
+        server, tool = split_name(params.name)
+        key = agent_key(params)
+        document = _arguments(caller, ctx.request_id)
+        if not isinstance(document, dict):
+            raise Problem(422, "bad_request", "arguments must be a JSON object")
+        canonical = Canonical((), BodyFormat.JSON, document)
+        outcome = await call_effect(
+            caller.gate, caller.policy, caller.agent, server, tool, canonical, key
+        )
+        if outcome.escalated and outcome.wait_s > 0 and waits(params, key):
+            outcome = await wait_for_decision(ctx, caller, server, tool, canonical, outcome)
+    except (Problem, RequestError, LedgerError) as exc:
+        # As the HTTP routes answer them (gateway/edge/problems.py), as a tool result.
+        result = refused(problem_for(exc), key)
+    else:
+        result = answered(outcome, caller.policy, key)
+    refusals.seen_call(caller.gate, caller.policy, caller.agent.agent_id, params.name, result)
+    return result
+
+
+def waits(params: types.CallToolRequestParams, key: str) -> bool:
+    """Whether an escalated call waits for the decision: one without a key (a desktop
+    or IDE host, which can neither poll nor repeat a key: its model would only ask
+    again), or one whose client asked for progress. A client that sends its own key
+    and no progress token is a program that repeats the key when it will: answered at
+    once, it is not held up behind a person."""
+    # The SDK reads the wire's `progressToken` into the meta's `progress_token`.
+    return not key or (params.meta or {}).get("progress_token") is not None
+
+
+async def wait_for_decision(
+    ctx: ServerRequestContext[Any, Any],
+    caller: Caller,
+    server: str,
+    tool: str,
+    canonical: Canonical,
+    escalated: Outcome,
+) -> Outcome:
+    """An escalated call held open for the person's decision, up to its route's
+    `escalation_wait`: an MCP host cannot poll, and its model, told to wait, would only
+    ask again. Progress notifications go to a client that asked for them (a progress
+    token), which some clients take to extend their timeout. Decided in time: the same
+    call again under the key it is held under, which replays the hold's outcome."""
+    gate, policy = caller.gate, caller.policy
+    escalation = escalation_id(policy.tenant, escalated.hold_id)
+    started = time.monotonic()
+    deadline = started + escalated.wait_s
+    pause_s = FIRST_POLL_S
+    while (left := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(pause_s, left))
+        pause_s = min(pause_s * 2, LAST_POLL_S)
+        hold = await gate.ledger.hold(policy.tenant, escalated.hold_id)
+        if hold is None or hold.state not in UNDECIDED:
+            decided = await call_effect(
+                gate, policy, caller.agent, server, tool, canonical, escalated.key
+            )
+            return replace(decided, replayed=False)  # this very call, decided now
+        waited = time.monotonic() - started
+        await ctx.session.report_progress(
+            waited, escalated.wait_s, f"waiting for a person to decide escalation {escalation}"
+        )
+    return replace(escalated, waited_s=escalated.wait_s)
+
+
+def refused(problem: Problem, key: str) -> types.CallToolResult:
+    """A refusal the model can act on: what happened and what to do (the problem's
+    text, gateway/pipeline/advice.py), and the problem's fields as structured content."""
+    structured = {
+        "reason": problem.reason,
+        "status": problem.status,
+        "detail": problem.text,
+        "retry": next_step(problem.reason)[0].value,
+    }
+    structured |= {
+        k: v for k, v in problem.extra.items() if isinstance(v, str | int | float | None)
+    }
+    if key:
+        structured["idempotency_key"] = key
+    # An ambiguous or in-flight call may have happened: "not made" would be false.
+    if next_step(problem.reason)[0] is Retry.SAME_CALL:
+        said = "irrev cannot tell yet whether this call took effect"
+    else:
+        said = "irrev did not make this call"
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=f"{said}: {problem.text}")],
+        structured_content=structured,
+        is_error=True,
+    )
+
+
+def again(outcome: Outcome) -> str:
+    """How the model asks again about this call, to finish a sentence: the same
+    arguments if the call was keyed by them (a host sends no key), else the same key."""
+    if outcome.key.startswith(CONTENT_KEY_PREFIX):
+        return "make the identical call again (the same arguments; it is not made twice)"
+    return f"make the same call again with _meta {{{KEY_META!r}: {outcome.key!r}}}"
+
+
+def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallToolResult:
+    key = outcome.key or key
+    meta: dict[str, Any] = {KEY_META: key}
+    if outcome.hold_id:
+        meta |= {HOLD_META: outcome.hold_id, PRICE_META: outcome.price}
+    if outcome.by:
+        meta |= {DECIDED_BY_META: outcome.by, NOTE_META: outcome.note or None}
+    if outcome.escalated and outcome.result is not None:
+        escalation = escalation_id(policy.tenant, outcome.hold_id)
+        said = escalation_sentence(units_of(policy), outcome.result, escalation)
+        if outcome.waited_s:
+            said += f"; irrev waited {outcome.waited_s:g} s for the decision"
+        text = f"{said}. To get its result once a person decides, {again(outcome)}."
+        structured = {
+            "status": "escalated",
+            "escalation": escalation,
+            "idempotency_key": key,
+            "price": outcome.price,
+            "retry": Retry.SAME_CALL.value,
+        }
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)],
+            structured_content=structured,
+            is_error=True,
+            _meta=meta,
+        )
+    if outcome.problem is not None:
+        return refused(outcome.problem, key)
+    result = outcome.tool_result or types.CallToolResult.model_validate_json(outcome.body)
+    notes: list[str] = []
+    if outcome.by:
+        notes.append(approval(outcome.by, outcome.note))
+    if outcome.replayed:
+        notes.append(
+            "irrev: this is the result of an earlier identical call; it was not made again."
+        )
+    if outcome.fate is Fate.UNKNOWN:
+        notes.append(
+            "irrev: the tool reported an error, so whether it acted is unknown; the call "
+            f"stays charged until reconciled. To learn the outcome, {again(outcome)} later; "
+            "do not make it as a new call."
+        )
+    content = [*result.content, *(types.TextContent(type="text", text=text) for text in notes)]
+    merged = {**(result.meta or {}), **meta}
+    return result.model_copy(update={"content": content, "meta": merged})
+
+
+@dataclass
+class McpEndpoint:
+    """The ASGI app at `/mcp`: the agent's Bearer token, a strict parse of the POST,
+    then the SDK's Streamable HTTP transport (stateless): JSON answers, but an event
+    stream for a `tools/call` whose client asked for progress and takes one, so that
+    a call waiting for a person's decision can report it (wait_for_decision)."""
+
+    manager: StreamableHTTPSessionManager
+    streaming: StreamableHTTPSessionManager
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gate: Gate = scope["app"].state.gate
+        request = Request(scope)
+        try:
+            found = gate.tenants.authenticate(_bearer(scope))
+            if found is None:
+                raise Problem(
+                    401,
+                    "unauthenticated",
+                    "send 'Authorization: Bearer <agent token>'",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            # Who the credential named, for the refusal counters and log lines.
+            request.state.tenant, request.state.agent = found[0].tenant, found[1].agent_id
+            # The agent's slot is taken before its body is read: reading, parsing and
+            # serving are what the bound limits (gateway/edge/in_flight.py).
+            with gate.agents.slot(*found):
+                await self._serve(gate, found, scope, receive, send)
+        except Problem as problem:
+            # Answered, counted and logged as every HTTP refusal is.
+            await answer_refusal(request, problem)(scope, receive, send)
+
+    async def _serve(
+        self,
+        gate: Gate,
+        found: tuple[TenantPolicy, AuthenticatedAgent],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Read and parse the POST strictly (a Problem if it cannot be), then serve it."""
+        limits = found[0].document.request_limits
+        largest = min(gate.settings.max_body_bytes, limits.max_body_bytes)
+        if _declared_length(scope) > largest:
+            # Refused on its header: a large body costs nothing to refuse unread.
+            raise Problem(413, "body_too_large", f"request bodies are limited to {largest} bytes")
+        body = await _read_body(receive, largest, gate.settings.body_timeout_s)
+        message = parse_json_body(body, limits) if scope["method"] == "POST" else None
+        check_numbers(message)
+        caller = scope[CALLER] = Caller(gate, found[0], found[1], message)
+        manager = self.streaming if wants_progress(scope, message) else self.manager
+        token = CURRENT.set(caller)
+        try:
+            await manager.handle_request(scope, _replay(body, receive), send)
+        finally:
+            CURRENT.reset(token)
+
+
+def wants_progress(scope: Scope, message: object) -> bool:
+    """A `tools/call` with a progress token, from a client that accepts an event stream."""
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return False
+    params = message.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(meta, dict) or "progressToken" not in meta:
+        return False
+    accept = b",".join(v for k, v in scope["headers"] if k == b"accept")
+    return b"text/event-stream" in accept
+
+
+def check_numbers(value: object) -> None:
+    """Arguments reach the MCP server as the SDK serialises them: a number with a
+    fraction as a double. One a double cannot hold exactly would be read there as
+    another number than the one priced, so it is refused."""
+    if isinstance(value, dict):
+        for item in value.values():
+            check_numbers(item)
+    elif isinstance(value, list):
+        for item in value:
+            check_numbers(item)
+    elif isinstance(value, JsonNumber):
+        as_double = float(value)
+        if not math.isfinite(as_double) or Decimal(repr(as_double)) != value:
+            raise Problem(
+                400,
+                "bad_json",
+                f"the number {value.text} has more digits than a double holds: the MCP "
+                "server would read another number than the one priced; send it as a string",
+            )
+
+
+def _declared_length(scope: Scope) -> int:
+    """The request's Content-Length, 0 when it sends none (or none that is a number)."""
+    values = [v for k, v in scope["headers"] if k == b"content-length"]
+    text = values[0].decode("latin-1") if len(values) == 1 else ""
+    return int(text) if text.isascii() and text.isdigit() else 0
+
+
+def _bearer(scope: Scope) -> str:
+    values = [v for k, v in scope["headers"] if k == b"authorization"]
+    if len(values) > 1:
+        raise Problem(400, "bad_authorization", "send exactly one Authorization header")
+    scheme, _, token = (values[0].decode("latin-1") if values else "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+async def _read_body(receive: Receive, limit: int, timeout_s: float) -> bytes:
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await _read_chunks(receive, limit)
+    except TimeoutError:
+        raise body_timeout(timeout_s) from None
+
+
+async def _read_chunks(receive: Receive, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise Problem(413, "body_too_large", f"request bodies are limited to {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body read already, then whatever the connection says next (a disconnect)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def build() -> tuple[StreamableHTTPSessionManager, StreamableHTTPSessionManager]:
+    """The transports of McpEndpoint: JSON answers, and event streams."""
+    server: Server[Any] = Server(
+        "irrev",
+        version="0.1.0",
+        get_tool_input_schema=tool_input_schema,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+    # No DNS-rebinding checks: every request carries an agent's Bearer token, which a
+    # page in a browser cannot send for it.
+    return (
+        StreamableHTTPSessionManager(app=server, json_response=True, stateless=True),
+        StreamableHTTPSessionManager(app=server, json_response=False, stateless=True),
+    )

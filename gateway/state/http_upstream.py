@@ -1,0 +1,203 @@
+"""The HTTP implementation of `Upstream` (gateway/pipeline/upstream.py): an admitted effect
+forwarded to its tool API, and what the answer means for the hold: 2xx delivered,
+4xx refused, never sent (connection refused, pool or connect timeout) not sent;
+timeout, 5xx, a connection lost after sending unknown; on the retry of an ambiguous
+hold, the tool's "in progress" statuses (409 by default) in progress."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+from urllib.parse import quote
+
+import httpx
+
+from gateway.edge.wire import KEPT_RESPONSE_HEADERS, Headers, StoredRequest, upstream_key
+from gateway.pipeline.upstream import Answer, Fate
+
+log = logging.getLogger("irrev.gateway")
+
+
+@dataclass(frozen=True)
+class HttpTarget:
+    """A tool's API as the gateway calls it: where, with which credentials (added to
+    every request, kept out of reprs so no log line or traceback shows them), which
+    of its answer headers reach the agent, and which statuses mean "a request under
+    this Idempotency-Key is still being made" (the IETF Idempotency-Key draft's 409)."""
+
+    base_url: str
+    credentials: Headers = field(default=(), repr=False)
+    kept_headers: frozenset[str] = KEPT_RESPONSE_HEADERS
+    in_progress: frozenset[int] = frozenset({409})
+
+
+# 4xx answers that can come after the handler made the effect: Not Acceptable is
+# decided when the answer is written (Express's res.format, a Rails respond_to after
+# the save), so it proves nothing about the effect.
+AFTER_THE_EFFECT_4XX = frozenset({406})
+
+
+def fate_of_status(status: int) -> Fate:
+    if 200 <= status < 300:
+        return Fate.DELIVERED
+    if 400 <= status < 500 and status not in AFTER_THE_EFFECT_4XX:
+        return Fate.REFUSED
+    # 5xx, and anything a tool API should not answer to an effect (1xx, 3xx): the
+    # effect may or may not have happened.
+    return Fate.UNKNOWN
+
+
+UPSTREAM_KEEPALIVE_S = 2.0
+
+
+def make_client(
+    connect_timeout_s: float, timeout_s: float, max_connections: int
+) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s, pool=connect_timeout_s),
+        # An idle connection is dropped before common servers close theirs (uvicorn and
+        # node after 5 s): a forward sent on a socket the server is closing would come
+        # back as a reset, i.e. an ambiguous effect that was never made.
+        limits=httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=UPSTREAM_KEEPALIVE_S,
+        ),
+        follow_redirects=False,
+        trust_env=False,
+        # One client serves every tenant and agent: a cookie an answer sets must never
+        # ride along on anyone's next request (nor change what was priced).
+        cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),
+    )
+
+
+@dataclass(frozen=True)
+class UpstreamSlots:
+    """A tenant's share of the shared client's connections: at most the semaphore's
+    value of its requests in flight at once; one that finds no slot within `wait_s`
+    is not sent (Fate.NOT_SENT, why `upstream_tenant_busy`)."""
+
+    semaphore: asyncio.Semaphore
+    wait_s: float
+
+
+# Where an agent's idempotency key travels to the proxy, as the messages that ask for it say.
+HTTP_KEY = "Idempotency-Key"
+
+
+@dataclass(frozen=True)
+class HttpUpstream:
+    """`Upstream` over HTTP: one shared client (make_client), one tool's target, and
+    the tenant's slots of that client (None: unbounded)."""
+
+    client: httpx.AsyncClient
+    target: HttpTarget
+    resends: bool = True  # contract 4: a tool API deduplicates by Idempotency-Key
+    slots: UpstreamSlots | None = None
+
+    @property
+    def key_name(self) -> str:
+        return HTTP_KEY
+
+    async def deliver(
+        self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False
+    ) -> Answer:
+        """Send the very request that was priced, with the headers the agent may pass,
+        the derived Idempotency-Key (reads, which hold nothing, go without one) and the
+        tool's credentials. httpx's timeouts bound each read; `deadline` bounds the
+        whole exchange, so an upstream that trickles its answer cannot keep a forward
+        open past the hold's deadline."""
+        if time.monotonic() >= deadline:
+            # Too late to begin: said so, not left to a timeout of zero (which would
+            # call a request never begun unknown) or to the slots (busy).
+            return Answer(Fate.NOT_SENT, why="hold_deadline")
+        try:
+            request = self._request(effect, hold_id)
+        except Exception as exc:
+            # Built before anything is sent: a request httpx cannot make (a URL past its
+            # length, a header it cannot encode) provably never left, and its hold must
+            # be released, not left charged as an unknown fate.
+            # The type only: an encoding error's text quotes the value, maybe a credential.
+            why = type(exc).__name__
+            log.warning("request not sendable", extra={"hold_id": hold_id, "why": why})
+            return Answer(Fate.NOT_SENT, why="request_not_sendable")
+        if self.slots is None:
+            return await self._send(request, deadline, retry)
+        semaphore = self.slots.semaphore
+        try:
+            wait_s = min(self.slots.wait_s, max(deadline - time.monotonic(), 0.0))
+            await asyncio.wait_for(semaphore.acquire(), wait_s)
+        except TimeoutError:
+            return Answer(Fate.NOT_SENT, why="upstream_tenant_busy")
+        try:
+            return await self._send(request, deadline, retry)
+        finally:
+            semaphore.release()
+
+    def _request(self, effect: StoredRequest, hold_id: str) -> httpx.Request:
+        url = self.target.base_url.rstrip("/") + upstream_path(effect.path)
+        url += f"?{effect.query}" if effect.query else ""
+        headers = httpx.Headers(list(effect.headers))
+        if hold_id:
+            headers["Idempotency-Key"] = upstream_key(hold_id)
+            headers["X-Irrev-Hold"] = hold_id
+        if effect.content_type:
+            headers["Content-Type"] = effect.content_type
+        for name, value in self.target.credentials:
+            headers[name] = value
+        return self.client.build_request(effect.method, url, content=effect.body, headers=headers)
+
+    async def _send(self, request: httpx.Request, deadline: float, retry: bool) -> Answer:
+        try:
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                response = await self.client.send(request)
+        except TimeoutError:
+            return Answer(Fate.UNKNOWN, why="upstream_timeout")
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            return Answer(Fate.NOT_SENT, why=_why(exc))
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            return Answer(Fate.UNKNOWN, why=_why(exc))
+        status = response.status_code
+        # On a retry, the upstream may still be making the first request under this
+        # key: that answer is not a refusal of the effect.
+        in_progress = retry and status in self.target.in_progress
+        return Answer(
+            Fate.IN_PROGRESS if in_progress else fate_of_status(status),
+            status,
+            tuple(
+                (k, v)
+                for k, v in response.headers.multi_items()
+                if k.lower() in self.target.kept_headers
+            ),
+            response.content,
+            why=f"upstream_{status}",
+        )
+
+
+# RFC 3986 pchar minus '%' and ';', plus the separator: a decoded path (what was
+# priced) goes out with every other character percent-encoded, so '?', '#', '%' or ';'
+# in a path parameter stay part of that parameter and cannot turn into a query, a
+# fragment, another escape or matrix parameters (which Tomcat strips), i.e. into a
+# request other than the one priced.
+_PATH_SAFE = "/!$&'()*+,=:@-._~"
+
+
+def upstream_path(path: str) -> str:
+    return quote(path, safe=_PATH_SAFE)
+
+
+def _why(exc: Exception) -> str:
+    names: dict[type[Exception], str] = {
+        httpx.ConnectError: "upstream_refused",
+        httpx.ConnectTimeout: "upstream_connect_timeout",
+        httpx.PoolTimeout: "upstream_pool_timeout",
+        httpx.ReadTimeout: "upstream_timeout",
+        httpx.WriteTimeout: "upstream_timeout",
+        httpx.RemoteProtocolError: "upstream_reset",
+        httpx.ReadError: "upstream_reset",
+        httpx.WriteError: "upstream_reset",
+    }
+    return names.get(type(exc), "upstream_error")

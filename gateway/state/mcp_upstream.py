@@ -1,0 +1,515 @@
+"""`Upstream` over MCP: an admitted effect is one `tools/call` to the tenant's MCP server
+(over a `Connection`: Streamable HTTP here, stdio in gateway/state/mcp_stdio.py; the
+official SDK's client, or, once an HTTP server's modern version is known, one POST
+on a pooled client, stamped and read as the SDK's client does), with the hold's
+idempotency key in the request's `_meta` so that a deduplicating server can
+recognise a repeat.
+
+What a result means for the hold (docs/policy.md, "MCP servers"): a result posts; a
+result with `isError` voids only where the route says such errors mean "not
+executed", and is otherwise ambiguous (still charged); a JSON-RPC "method not found"
+voids; a connection that never opened, or a call never handed to a live server
+process, voids (nothing was sent); a timeout, a reset, a server process that exited
+mid-call or any other error is ambiguous. The answer the agent gets is the
+`CallToolResult` as JSON, so a repeat of the key gets the very result back from the
+settled hold."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Hashable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import (
+    MCP_METHOD_HEADER,
+    MCP_NAME_HEADER,
+    MCP_PROTOCOL_VERSION_HEADER,
+    encode_header_value,
+    find_invalid_x_mcp_header,
+    mcp_param_headers,
+    x_mcp_header_map,
+)
+from mcp_types import (
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
+    PROTOCOL_VERSION_META_KEY,
+)
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gateway.edge.wire import Headers, StoredAnswer, StoredRequest, upstream_key
+from gateway.pipeline.upstream import Answer, Fate
+
+# Where an agent puts its idempotency key, and where irrev puts the hold's key for the
+# MCP server: a `_meta` key under irrev's own prefix, as the MCP specification asks
+# of extensions (`io.modelcontextprotocol/` is reserved).
+IRREV_META_PREFIX = "dev.irrev/"
+KEY_META = "dev.irrev/idempotency_key"
+# The agent's key as the messages that ask for it say: it travels in _meta, not a header.
+MCP_KEY = f"_meta {KEY_META!r}"
+HOLD_META = "dev.irrev/hold"
+JSON = (("content-type", "application/json"),)
+# JSON-RPC errors by which a server refuses a call before running it.
+# Only "no such method" proves the tool did not run: SDK servers (TypeScript's McpServer)
+# answer -32602 / -32600 also *after* the tool ran, when its output fails its schema.
+NOT_ACCEPTED = frozenset({types.METHOD_NOT_FOUND})
+CONNECT_TIMEOUT_S = 1.0
+# An MCP answer in the pipeline's HTTP terms (the status is what a repeat of the key
+# reads back from the settled hold): a tool result, one whose isError means "not
+# executed", a JSON-RPC error refusing the call, any other JSON-RPC error.
+RESULT, NOT_EXECUTED, CALL_REFUSED, CALL_FAILED = 200, 422, 400, 502
+MAX_PAGES = 100
+# irrev's client of the tenant's servers, as a `tools/call` at a modern version names
+# it; it answers no server requests (sampling, elicitation, roots): no capabilities.
+CLIENT_INFO = {"name": "irrev", "version": "0.1.0"}
+ACCEPT = "application/json, text/event-stream"
+MAX_EVENT_BYTES = 1 << 20
+log = logging.getLogger("irrev.gateway")
+
+
+def result_answer(result: types.CallToolResult, fate: Fate, why: str = "") -> Answer:
+    """The result as the agent gets it (and a repeat of the key reads it back), without
+    `_meta` keys under irrev's prefix: only irrev speaks as irrev (holds, prices,
+    keys); the server's own keys pass."""
+    if result.meta:
+        own = {k: v for k, v in result.meta.items() if not k.startswith(IRREV_META_PREFIX)}
+        result = result.model_copy(update={"meta": own or None})
+    body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
+    status = NOT_EXECUTED if fate is Fate.REFUSED else RESULT
+    return Answer(fate, status, JSON, body, why=why, parsed=result)
+
+
+class NotSent(Exception):
+    """The call provably never reached the server: no live process of a stdio server
+    to hand it to (not started, restarting, given up). `why` is a reason code."""
+
+    def __init__(self, why: str, detail: str) -> None:
+        super().__init__(detail)
+        self.why = why
+
+
+class Lost(Exception):
+    """The call was handed to the server and its answer can no longer come (its
+    process exited): it may have taken effect. `why` is a reason code."""
+
+    def __init__(self, why: str, detail: str) -> None:
+        super().__init__(detail)
+        self.why = why
+
+
+def causes_of(exc: BaseException) -> list[BaseException]:
+    """The leaf exceptions of an ExceptionGroup (the SDK's task groups raise them)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in causes_of(inner)]
+    return [exc]
+
+
+def failure_answer(exc: BaseException) -> Answer:
+    """What an exception of the SDK's client says about the effect."""
+    causes = causes_of(exc)
+    if causes and all(isinstance(c, httpx2.ConnectError | httpx2.ConnectTimeout) for c in causes):
+        return Answer(Fate.NOT_SENT, why="upstream_refused")
+    not_sent = [c for c in causes if isinstance(c, NotSent)]
+    if causes and len(not_sent) == len(causes):
+        return Answer(Fate.NOT_SENT, why=not_sent[0].why)
+    for cause in causes:
+        if isinstance(cause, Lost):
+            return Answer(Fate.UNKNOWN, why=cause.why)
+        if isinstance(cause, MCPError):
+            error = {"code": cause.code, "message": cause.error.message}
+            body = json.dumps({"error": error}).encode()
+            if cause.code in NOT_ACCEPTED:
+                return Answer(Fate.REFUSED, CALL_REFUSED, JSON, body, why=f"mcp_{cause.code}")
+            return Answer(Fate.UNKNOWN, CALL_FAILED, JSON, body, why=f"mcp_{cause.code}")
+        if isinstance(cause, TimeoutError | httpx2.TimeoutException):
+            return Answer(Fate.UNKNOWN, why="upstream_timeout")
+    return Answer(Fate.UNKNOWN, why="upstream_reset")
+
+
+class Connection(Protocol):
+    """How an MCP server is reached: `open` gives a session ready for requests, bounded
+    by `deadline` (a `time.monotonic()` instant), and raises what failure_answer
+    reads; `config` is what makes two connections the same server."""
+
+    @property
+    def config(self) -> Hashable: ...
+
+    @property
+    def where(self) -> str:
+        """The server as logs name it (never with its credentials)."""
+        ...
+
+    def open(self, deadline: float) -> AbstractAsyncContextManager[Client]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Reply(BaseModel):
+    """A JSON-RPC message as a `tools/call`'s answer reads it: parsed once, straight
+    into its result or error (any other message, a notification, has neither)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: int | str | None = None
+    result: types.CallToolResult | None = None
+    error: types.ErrorData | None = None
+
+    @property
+    def answers(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+def reply_of(body: bytes | str) -> Reply:
+    """`body` parsed as a Reply; a body that is not JSON is the SDK's parse error, one
+    that is JSON of another shape a ValidationError (ambiguous, as every failure)."""
+    try:
+        return Reply.model_validate_json(body)
+    except ValidationError as exc:
+        if any(error["type"] == "json_invalid" for error in exc.errors()):
+            raise MCPError(types.PARSE_ERROR, "the server's answer is not JSON") from exc
+        raise
+
+
+async def answer_of(response: httpx2.Response, request_id: int) -> types.CallToolResult:
+    """The result of request `request_id` in `response`, read as the SDK's Streamable
+    HTTP transport reads one: a JSON body, or the first answer with that id in an
+    event stream (its notifications skipped); a JSON-RPC error, or an HTTP refusal as
+    the JSON-RPC error it carries or as the one the SDK makes of its status, raised
+    as MCPError."""
+    kind = response.headers.get("content-type", "").lower()
+    status = response.status_code
+    if status == 202 or response.is_redirect:
+        raise MCPError(types.INVALID_REQUEST, f"the server answered HTTP {status}")
+    if status >= 400:
+        if kind.startswith("application/json"):
+            refusal = Reply()  # a body that is no JSON-RPC error: the status's error
+            with contextlib.suppress(ValidationError, MCPError):
+                refusal = reply_of(await response.aread())
+            raise_error(refusal)
+        # Without a session, a 404 is the HTTP spelling of "no such method" (the SDK's).
+        code = types.METHOD_NOT_FOUND if status == 404 else types.INTERNAL_ERROR
+        raise MCPError(code, f"the server answered HTTP {status}")
+    if kind.startswith("application/json"):
+        return result_of(reply_of(await response.aread()))
+    if kind.startswith("text/event-stream"):
+        async for event in httpx2.EventSource(response, max_event_size=MAX_EVENT_BYTES):
+            if event.event == "message" and event.data:
+                reply = reply_of(event.data)
+                if reply.answers and reply.id == request_id:
+                    return result_of(reply)
+        # No resumption: an answer that did not come is a lost one (ambiguous).
+        raise MCPError(types.CONNECTION_CLOSED, "the event stream ended without an answer")
+    raise MCPError(types.INVALID_REQUEST, f"unexpected content type {kind!r}")
+
+
+def raise_error(reply: Reply) -> None:
+    """Raise the JSON-RPC error `reply` carries, if it carries one."""
+    if reply.error is not None:
+        raise MCPError(reply.error.code, reply.error.message, reply.error.data)
+
+
+def result_of(reply: Reply) -> types.CallToolResult:
+    raise_error(reply)
+    if reply.result is None:
+        raise MCPError(types.PARSE_ERROR, "the server's answer is not a JSON-RPC response")
+    return reply.result
+
+
+@dataclass
+class HttpConnection:
+    """An MCP server at a Streamable HTTP URL: a session per request over one pooled
+    HTTP client (made on first use, in the worker's event loop, with the tool's
+    credentials as headers). The protocol version the server speaks is learnt on
+    the first session (`auto`: one `server/discover` probe) and then pinned, so later
+    requests are one POST each."""
+
+    url: str
+    credentials: Headers = field(default=(), repr=False)
+    _client: httpx2.AsyncClient | None = field(default=None, repr=False)
+    _version: str = "auto"
+    _ids: itertools.count[int] = field(default_factory=itertools.count, repr=False)
+
+    @property
+    def config(self) -> Hashable:
+        return (self.url, self.credentials)
+
+    @property
+    def where(self) -> str:
+        return self.url
+
+    def client(self) -> httpx2.AsyncClient:
+        if self._client is None:
+            self._client = httpx2.AsyncClient(
+                headers=dict(self.credentials),
+                timeout=httpx2.Timeout(30.0, connect=CONNECT_TIMEOUT_S),
+                follow_redirects=False,
+                trust_env=False,
+            )
+        return self._client
+
+    @property
+    def pinned(self) -> str:
+        """The modern protocol version the server speaks, '' until learnt (or for a
+        server of the handshake era, which gets a session per request)."""
+        return self._version if self._version in MODERN_PROTOCOL_VERSIONS else ""
+
+    async def call_tool(
+        self, params: dict[str, Any], headers: Mapping[str, str], deadline: float
+    ) -> types.CallToolResult:
+        """One `tools/call` as one POST on the pooled client at the pinned version, no
+        session: stamped as the SDK's client stamps a request of that version
+        (`_meta` and the `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` headers,
+        plus the tool's `Mcp-Param-*` `headers`); the answer read as JSON or as an
+        event stream, whichever the server chose. Raises what failure_answer reads."""
+        version = self.pinned
+        meta = {
+            **params.get("_meta", {}),
+            PROTOCOL_VERSION_META_KEY: version,
+            CLIENT_INFO_META_KEY: CLIENT_INFO,
+            CLIENT_CAPABILITIES_META_KEY: {},
+        }
+        request_id = next(self._ids)
+        message = {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {**params, "_meta": meta},
+        }
+        stamped = {
+            "accept": ACCEPT,
+            "content-type": "application/json",
+            MCP_PROTOCOL_VERSION_HEADER: version,
+            MCP_METHOD_HEADER: "tools/call",
+            MCP_NAME_HEADER: encode_header_value(params["name"]),
+            **headers,
+        }
+        content = json.dumps(message).encode()
+        async with (
+            asyncio.timeout(max(deadline - time.monotonic(), 0.0)),
+            self.client().stream("POST", self.url, content=content, headers=stamped) as response,
+        ):
+            return await answer_of(response, request_id)
+
+    @asynccontextmanager
+    async def open(self, deadline: float) -> AsyncIterator[Client]:
+        transport = streamable_http_client(self.url, http_client=self.client())
+        async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+            async with Client(transport, mode=self._version, cache=None) as session:
+                if session.session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                    self._version = session.session.protocol_version
+                yield session
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (its pooled connections); the next call opens another."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+
+@dataclass
+class McpUpstream:
+    """One MCP server of one tenant, as the admission pipeline calls it, over its
+    `connection`; `not_executed` are the MCP tools whose `isError` voids; `dedupes`
+    says the server makes one effect per key (the tool's `dedupes`), so a repeat of
+    an ambiguous call may be sent again."""
+
+    connection: Connection
+    not_executed: frozenset[str] = frozenset()
+    dedupes: bool = False
+    _tools: list[types.Tool] = field(default_factory=list)
+    _tools_until: float = 0.0
+    _by_name: dict[str, types.Tool] = field(default_factory=dict)
+    _header_maps: dict[str, dict[tuple[str, ...], str]] = field(default_factory=dict)
+    # Requests in progress through this server, so that a retired one closes once
+    # they end rather than after the longest any could take.
+    _busy: int = 0
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
+
+    @property
+    def resends(self) -> bool:
+        return self.dedupes
+
+    @property
+    def key_name(self) -> str:
+        return MCP_KEY
+
+    def same_server(self, other: McpUpstream) -> bool:
+        """Whether `other` is configured as this one (a reload kept it unchanged)."""
+        return (self.connection.config, self.not_executed, self.dedupes) == (
+            other.connection.config,
+            other.not_executed,
+            other.dedupes,
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection (an HTTP client's pool; a stdio server's process)."""
+        await self.connection.aclose()
+
+    async def retire(self, grace_s: float) -> None:
+        """Close once the requests begun through this server have ended, or after
+        `grace_s` (by when every delivery has given up: fire() gives one at most
+        upstream_timeout_s); at once if cancelled (at shutdown)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+        except TimeoutError:
+            pass
+        finally:
+            await self.aclose()
+
+    @asynccontextmanager
+    async def _session(self, deadline: float) -> AsyncIterator[Client]:
+        self._busy += 1
+        self._idle.clear()
+        try:
+            async with self.connection.open(deadline) as session:
+                yield session
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        self._busy -= 1
+        if not self._busy:
+            self._idle.set()
+
+    def _param_headers(self, name: str, arguments: Mapping[str, Any]) -> dict[str, str]:
+        """The `Mcp-Param-*` headers the tool's listed input schema declares (as the
+        SDK's client sends them); none for a tool never listed."""
+        header_map = self._header_maps.get(name)
+        return mcp_param_headers(header_map, arguments) if header_map else {}
+
+    def listed(self, name: str) -> types.Tool | None:
+        """The tool `name` as the server last listed it (however long ago); None if it
+        was never listed."""
+        return self._by_name.get(name)
+
+    async def list_tools(self, deadline: float, ttl_s: float) -> list[types.Tool]:
+        """The server's tools, every page, kept for `ttl_s` (a fleet lists often); an
+        empty list while the server cannot be reached (its tools cannot be called
+        either)."""
+        if time.monotonic() < self._tools_until:
+            return self._tools
+        tools: list[types.Tool] = []
+        try:
+            async with self._session(deadline) as session:
+                cursor: str | None = None
+                for _ in range(MAX_PAGES):
+                    page = await session.list_tools(cursor=cursor)
+                    tools += page.tools
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+        except Exception as exc:
+            log.warning(
+                "MCP server did not list its tools",
+                extra={"server": self.connection.where, "error": type(exc).__name__},
+            )
+            return []
+        self._tools, self._tools_until = tools, time.monotonic() + ttl_s
+        self._by_name = {tool.name: tool for tool in tools}
+        self._header_maps = {
+            tool.name: x_mcp_header_map(tool.input_schema)
+            for tool in tools
+            if find_invalid_x_mcp_header(tool.input_schema) is None
+        }
+        return tools
+
+    async def call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        meta: types.RequestParamsMeta,
+        deadline: float,
+    ) -> types.CallToolResult:
+        """One `tools/call`; raises what the SDK and the connection raise (see
+        failure_answer)."""
+        connection = self.connection
+        if isinstance(connection, HttpConnection) and connection.pinned:
+            params = {"name": name, "arguments": dict(arguments), "_meta": dict(meta)}
+            headers = self._param_headers(name, arguments)
+            self._busy += 1
+            self._idle.clear()
+            try:
+                return await connection.call_tool(params, headers, deadline)
+            finally:
+                self._done()
+        async with self._session(deadline) as session:
+            # Sent as a bare request: ClientSession.call_tool would list the tools
+            # after a result to check it against the output schema, a second
+            # request that could fail after the effect was made. irrev passes the
+            # result on; the agent's own client checks it.
+            request = types.CallToolRequest(
+                params=types.CallToolRequestParams(name=name, arguments=dict(arguments), _meta=meta)
+            )
+            return await session.session.send_request(request, types.CallToolResult)
+
+    async def deliver(
+        self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False
+    ) -> Answer:
+        """The `Upstream` protocol (gateway/pipeline/upstream.py): the effect's arguments (as
+        priced) to its tool, under the hold's key; never raises for what the server
+        does. MCP has no "still in progress" answer, so `retry` changes nothing."""
+        tool = effect.path.removeprefix("/")
+        arguments = json.loads(effect.body) if effect.body else {}
+        meta: types.RequestParamsMeta = {}
+        if hold_id:
+            meta = {KEY_META: upstream_key(hold_id), HOLD_META: hold_id}  # type: ignore[misc]
+        try:
+            result = await self.call(tool, arguments, meta, deadline)
+        except Exception as exc:  # every failure is a fate; ExceptionGroup is one too
+            return failure_answer(exc)
+        if not result.is_error:
+            return result_answer(result, Fate.DELIVERED)
+        if tool in self.not_executed:
+            return result_answer(result, Fate.REFUSED, "mcp_not_executed")
+        return result_answer(result, Fate.UNKNOWN, "mcp_is_error")
+
+    async def lookup(self, tool: str, key: str, deadline: float) -> bool | None:
+        """The reconciler's question (a route's `lookup: CALL <server>/<tool>`): was an
+        effect made under `key`? True or False only from a result whose structured
+        content says `{"found": true|false}`; None when the server cannot tell."""
+        try:
+            result = await self.call(tool, {"idempotency_key": key}, {}, deadline)
+        except Exception:  # cannot tell
+            return None
+        found = result.structured_content
+        if result.is_error or not isinstance(found, dict):
+            return None
+        value = found.get("found")
+        return value if isinstance(value, bool) else None
+
+    async def reconciled(
+        self, tool: str, hold_id: str, request: StoredRequest, deadline: float
+    ) -> StoredAnswer | None:
+        """The lookup contract's answer (docs/policy.md) from the route's lookup tool:
+        found is its 2xx, not found its 404, as a tool result so that an agent
+        repeating the key gets one; None (the hold stays charged) if it cannot tell."""
+        found = await self.lookup(tool, upstream_key(hold_id), deadline)
+        if found is None:
+            return None
+        said = "took effect" if found else "never took effect"
+        text = (
+            f"irrev reconciled this call: the MCP server's {tool} says it {said} "
+            "(its own result was not recorded)."
+        )
+        result = types.CallToolResult(
+            content=[types.TextContent(type="text", text=text)],
+            structured_content={"found": found, "lookup": tool},
+        )
+        body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
+        # The lookup contract's 2xx and 404 (docs/policy.md), as the reconciler reads them.
+        return request.answer(RESULT if found else 404, list(JSON), body)
