@@ -11,7 +11,7 @@ GATEWAY = Path(__file__).resolve().parents[2] / "gateway"
 
 
 def _modules() -> dict[str, ast.Module]:
-    return {path.stem: ast.parse(path.read_text()) for path in sorted(GATEWAY.glob("*.py"))}
+    return {path.stem: ast.parse(path.read_text()) for path in sorted(GATEWAY.rglob("*.py"))}
 
 
 def _is_router(tree: ast.Module) -> bool:
@@ -22,11 +22,13 @@ def _is_router(tree: ast.Module) -> bool:
 
 
 def _local_imports(tree: ast.Module) -> set[str]:
+    """The gateway modules `tree` imports, by their names in their rooms."""
     found: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                found.add(node.module.split(".")[0])
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gateway"):
+            parts = (node.module or "").split(".")
+            if len(parts) > 2:
+                found.add(parts[2])
             else:
                 found.update(alias.name for alias in node.names)
     return found
