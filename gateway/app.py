@@ -21,7 +21,18 @@ from gateway.edge.auth import AdminIdentity, gate_of, tenant_admin_auth
 from gateway.edge.bodies import BodyLimit
 from gateway.edge.problems import Problem
 from gateway.pipeline.admission import Gate
-from gateway.routes import admin, console, escalations, holds_api, keys_api, openapi, proxy
+from gateway.routes import (
+    admin_holds,
+    admin_ledger,
+    admin_policies,
+    admin_rules,
+    console,
+    escalations,
+    holds_api,
+    keys_api,
+    openapi,
+    proxy,
+)
 from gateway.routes.mcp_mount import LazyMcp
 from gateway.routes.readiness import Writes
 from gateway.settings import GatewaySettings
@@ -396,7 +407,10 @@ def create_app(settings: GatewaySettings, redis_url: str) -> FastAPI:
         proxy.router,
         holds_api.router,
         escalations.router,
-        admin.router,
+        admin_policies.router,
+        admin_ledger.router,
+        admin_holds.router,
+        admin_rules.router,
         keys_api.router,
         console.router,
     )

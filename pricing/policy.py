@@ -436,10 +436,11 @@ class Webhook(_Model):
 
 
 # What only an operator (IRREV_ADMIN_TOKENS) may set, in a tool and in the document: a
-# tenant admin's upload that changes any is refused whole (gateway/routes/admin.py). Where a
-# tool's requests go and the secrets they carry (an admin could point the tenant's
-# credentials, or any variable or file the gateway can read, at a host of its own), and
-# which command a stdio MCP server runs on the gateway's hosts; who settles its holds
+# tenant admin's upload that changes any is refused whole
+# (gateway/routes/admin_policies.py). Where a tool's requests go and the secrets they
+# carry (an admin could point the tenant's credentials, or any variable or file the
+# gateway can read, at a host of its own), and which command a stdio MCP server runs
+# on the gateway's hosts; who settles its holds
 # (a settler posts, voids and trues them up); whether irrev may send an ambiguous call
 # again (to a server that does not deduplicate, every repeat is another effect for one
 # charge); where the tenant's signed events go.

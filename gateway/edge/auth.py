@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from gateway.edge.problems import Problem
 from gateway.pipeline.admission import Gate
@@ -136,6 +137,10 @@ async def tenant_admin_auth(request: Request) -> AdminIdentity:
     tenant, admin_id, role = found
     _named(request, tenant, "")
     return AdminIdentity(admin_id, tenant, role)
+
+
+# The admin API routes' caller: an operator or a tenant admin.
+Admin = Annotated[AdminIdentity, Depends(tenant_admin_auth)]
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gateway.edge.auth import AdminIdentity, gate_of, policy_of, tenant_admin_auth
+from gateway.edge.auth import Admin, gate_of, policy_of
 from gateway.edge.problems import Problem
 from gateway.state import managed_keys
 from gateway.state.managed_keys import key_view
@@ -26,7 +26,6 @@ from pricing.policy import AdminRole, MemberId
 
 log = logging.getLogger("irrev.gateway")
 router = APIRouter(prefix="/v1/admin/tenants/{tenant}/keys", tags=["keys"])
-Admin = Annotated[AdminIdentity, Depends(tenant_admin_auth)]
 MAX_LIFETIME_S = 366 * 24 * 3600
 Text = Annotated[str, Field(max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")]
 

@@ -1,0 +1,212 @@
+"""The admin API's tenants and their policies: the tenants an admin sees, a tenant's
+policy as served, its stored versions, an upload, and a reload of the policy files.
+Every route needs an admin token: an operator's (every tenant) or a tenant admin's
+(its tenant; viewer reads, policy_admin also uploads and reloads policies)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from gateway.edge.auth import Admin, AdminIdentity, gate_of, policy_of
+from gateway.edge.problems import Problem
+from gateway.state.events import rfc3339
+from gateway.state.policies import PolicyLoadError
+from gateway.state.policy_changes import ChangeRefused
+from ledger import POLICY_HISTORY
+from pricing import PolicyError, load_policy_text
+from pricing.policy import OPERATOR_FIELDS, OPERATOR_TOOL_FIELDS, AdminRole, PolicyDocument
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+
+@router.get("/tenants")
+async def tenants(request: Request, admin: Admin) -> list[dict[str, Any]]:
+    gate = gate_of(request)
+    out = []
+    visible = (item for item in gate.tenants.policies.items() if admin.sees(item[0]))
+    for tenant, policy in sorted(visible):
+        counts = await gate.ledger.live_counts(tenant)
+        out.append(
+            {
+                "tenant": tenant,
+                "agents": len(policy.document.agents),
+                "routes": len(policy.document.routes),
+                "live_holds": counts,
+            }
+        )
+    return out
+
+
+@router.get("/tenants/{tenant}/policy", response_model=None)
+async def show_policy(request: Request, tenant: str, admin: Admin) -> Response:
+    """The policy this host serves, as JSON, or as its YAML text with `Accept:
+    application/yaml` (what to edit and send back: a change is measured against the
+    text it was made from). Its ETag is its version in the fleet's policy store, for
+    the If-Match of the change made from it."""
+    policy = policy_of(request, tenant, admin)
+    served = gate_of(request).tenants.served(tenant)
+    headers = {"ETag": f'"{served.version}"'} if served is not None else {}
+    if "yaml" in request.headers.get("accept", "") and served is not None:
+        return Response(served.file.text, media_type="application/yaml", headers=headers)
+    return JSONResponse(policy.document.model_dump(mode="json", by_alias=True), headers=headers)
+
+
+@router.get("/tenants/{tenant}/policy/history")
+async def policy_history(
+    request: Request,
+    tenant: str,
+    admin: Admin,
+    limit: Annotated[int, Query(ge=1, le=POLICY_HISTORY)] = POLICY_HISTORY,
+    text: bool = False,
+) -> list[dict[str, Any]]:
+    """The tenant's last stored versions, newest first: version, digest, when (Redis's
+    clock) and by whom; their text with `text=true`."""
+    policy_of(request, tenant, admin)
+    records = await gate_of(request).ledger.policies.history(tenant, limit)
+    return [
+        {
+            "version": r.version,
+            "digest": r.digest,
+            "written": rfc3339(r.stamp_ms),
+            "origin": r.origin,
+            **({"text": r.text} if text else {}),
+        }
+        for r in records
+    ]
+
+
+def _base_version(request: Request) -> int | None:
+    """The store version an upload was made from: its If-Match (None without one)."""
+    values = request.headers.getlist("if-match")
+    if not values:
+        return None
+    tag = values[0].strip().removeprefix("W/").strip('"')
+    if len(values) > 1 or not tag.isascii() or not tag.isdigit() or len(tag) > 18:
+        raise Problem(
+            400,
+            "bad_if_match",
+            "send one If-Match header holding the ETag of the policy version your change "
+            'was made from (e.g. If-Match: "7"), as GET .../policy gives it',
+        )
+    return int(tag)
+
+
+def operator_changes(current: PolicyDocument, proposed: PolicyDocument) -> list[str]:
+    """The fields only an operator may change (pricing.policy.OPERATOR_TOOL_FIELDS and
+    OPERATOR_FIELDS) that `proposed` changes, as paths (`tools.<name>.<field>`,
+    `webhook`). A tool added or removed is `tools.<name>`: where its requests go and
+    who settles its holds are new, or gone, as a whole."""
+    changes = []
+    for name in sorted(current.tools.keys() | proposed.tools.keys()):
+        before, after = current.tools.get(name), proposed.tools.get(name)
+        if before is None or after is None:
+            changes.append(f"tools.{name}")
+            continue
+        changes += [
+            f"tools.{name}.{field}"
+            for field in OPERATOR_TOOL_FIELDS
+            if getattr(before, field) != getattr(after, field)
+        ]
+    changes += [f for f in OPERATOR_FIELDS if getattr(current, f) != getattr(proposed, f)]
+    return changes
+
+
+@router.put("/tenants/{tenant}/policy")
+async def upload_policy(
+    request: Request, response: Response, tenant: str, admin: Admin
+) -> dict[str, Any]:
+    """Change a tenant's policy to a YAML document made from the store's version its
+    If-Match names (docs/design.md, "Policy changes": 428 without one; from an older
+    version, only what it changes is written, and 409 `policy_conflict` where that
+    was changed since to something else); refused whole if invalid. A tenant admin's
+    upload may change anything but the operator's fields (`operator_changes`): where
+    a tool's requests go, which secrets they carry, which command a stdio MCP server
+    runs on the gateway's hosts, who settles its holds and whether an ambiguous call
+    may be sent again. One that writes them as they are is no change."""
+    text = (await request.body()).decode("utf-8", errors="replace")
+    gate = gate_of(request)
+    if not admin.operator:
+        current = policy_of(request, tenant, admin, AdminRole.POLICY_ADMIN)
+        try:
+            proposed = load_policy_text(text, f"uploaded policy of {tenant}")
+        except PolicyError as exc:
+            raise _not_applied(exc) from exc
+        if changed := operator_changes(current.document, proposed.document):
+            raise Problem(
+                403,
+                "operator_only",
+                f"only an operator may change {', '.join(changed)}; nothing was applied: "
+                "upload the policy with these as they are in force",
+                fields=changed,
+            )
+    base = _base_version(request)
+    origin = f"upload {admin.name}"
+    try:
+        uploaded = await gate.tenants.upload(gate.ledger, tenant, text, base, origin)
+    except PolicyError as exc:
+        raise _not_applied(exc) from exc
+    except PolicyLoadError as exc:
+        raise _load_problem(request, exc, admin, "the policy was not applied") from exc
+    except ChangeRefused as exc:
+        raise Problem(
+            exc.status,
+            exc.reason,
+            exc.detail,
+            headers={"ETag": f'"{exc.current}"'},
+            current_version=exc.current,
+            **({"fields": exc.fields} if exc.fields else {}),
+        ) from exc
+    except ValueError as exc:
+        raise Problem(422, "invalid_policy", str(exc)) from exc
+    response.headers["ETag"] = f'"{uploaded.version}"'
+    pending = {"limits": "pending"} if uploaded.limits_pending else {}
+    return {"tenant": tenant, "status": "applied", "version": uploaded.version, **pending}
+
+
+def _not_applied(exc: PolicyError) -> Problem:
+    return Problem(
+        422,
+        "invalid_policy",
+        "the policy was not applied",
+        problems=[str(p) for p in exc.problems],
+    )
+
+
+def _load_problem(
+    request: Request, exc: PolicyLoadError, admin: AdminIdentity, detail: str
+) -> Problem:
+    """An operator sees every file's faults; a tenant's admin only its own tenant's,
+    and how many others there are: another tenant's file names, faults and secret
+    names are that tenant's (contract 10)."""
+    own = {
+        str(gate_of(request).tenants.file_of(admin.tenant)),
+        f"credentials of tenant {admin.tenant}",
+        f"uploaded policy of {admin.tenant}",
+    }
+    shown = [e for e in exc.errors if admin.operator or e.source in own]
+    problems = [line for error in shown for line in str(error).splitlines()]
+    if hidden := len(exc.errors) - len(shown):
+        problems.append(
+            f"{hidden} other tenants' policy files do not load; an operator must fix them"
+        )
+    return Problem(422, "invalid_policy", detail, problems=problems)
+
+
+@router.post("/policies/reload")
+async def reload_policies(request: Request, admin: Admin) -> dict[str, Any]:
+    """Reload every policy file; each file that loads is applied, whatever the others
+    do. An operator hears of every file that was not; a tenant admin only of its own
+    tenant's (another tenant's fault is not its business, nor does it stop its own)."""
+    if not admin.operator:
+        policy_of(request, admin.tenant, admin, AdminRole.POLICY_ADMIN)
+    gate = gate_of(request)
+    report = await gate.tenants.apply(gate.ledger)
+    faults = [f for f in report.faults if admin.operator or f.tenant == admin.tenant]
+    if faults:
+        detail = "these policy files were not applied; their tenants keep the policy they had"
+        error = PolicyLoadError([fault.error for fault in faults])
+        raise _load_problem(request, error, admin, detail)
+    return {"tenants": [tenant for tenant in report.tenants if admin.sees(tenant)]}
