@@ -13,6 +13,7 @@ holds.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from pricing import PolicyError, Problem, TenantPolicy
@@ -53,6 +54,27 @@ def resolve_credentials(policy: TenantPolicy) -> dict[str, Injected]:
     if problems:
         raise PolicyError(f"credentials of tenant {policy.tenant}", problems)
     return resolved
+
+
+def secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str, int, int], ...]:
+    """The secret files `policies` read, each with its time and size: a file rotated
+    since is a reload's cue (every worker then reads the new secret)."""
+    paths = {
+        secret.file
+        for policy in policies
+        for tool in policy.document.tools.values()
+        for secret in [*tool.credentials.values(), *tool.mcp_env.values()]
+        if isinstance(secret, SecretSource) and secret.file
+    }
+    signature = []
+    for path in sorted(paths):
+        try:
+            stat = os.stat(path)
+        except OSError:
+            signature.append((path, 0, -1))
+        else:
+            signature.append((path, stat.st_mtime_ns, stat.st_size))
+    return tuple(signature)
 
 
 def webhook_secret(policy: TenantPolicy) -> bytes | None:

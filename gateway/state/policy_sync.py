@@ -1,0 +1,373 @@
+"""A tenant's policy between this host's files and the fleet's policy store
+(docs/design.md, "Policy changes"): which file is usable, what was edited in one and
+is written into the store, which version of the store is served, and the accounts a
+served version names written to Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gateway.edge import metrics
+from gateway.state import policy_changes
+from gateway.state.credentials import Injected, resolve_credentials
+from gateway.state.policies import (
+    FileFault,
+    ForwardBudget,
+    PolicyFile,
+    PolicyLoadError,
+    check_policy_set,
+    ledger_errors,
+    merge_edit,
+    policy_version,
+)
+from ledger import POLICY_HISTORY, Ledger, PolicyRecord
+from ledger import AccountSpec as LedgerAccount
+from pricing import PolicyError, Problem, TenantPolicy, load_policy_text
+
+log = logging.getLogger("irrev.gateway")
+
+# Account changes in flight at once: enough to open a new tenant's accounts quickly,
+# few enough to leave the connection pool to the admission path.
+OPENING_CONCURRENCY = 8
+
+# Compare-and-set attempts of one policy change before it is given up (a file's edit
+# is then tried again at the next look; an upload is answered 409).
+EDIT_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class InForce:
+    """A tenant's policy file in force: the policy as written, its digest, when it
+    was applied (Unix time), its tools' credentials as resolved then, and its
+    version in the fleet's policy store (0 until the store has it)."""
+
+    file: PolicyFile
+    credentials: dict[str, Injected]
+    applied_at: float
+    version: int = 0
+
+
+async def open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount, int]]) -> int:
+    """Create each account Redis lacks, and write the limits of each whose limits come
+    from an older version of its tenant's policy than the one served here (tenant,
+    spec, store version). The version goes with the write (account.lua keeps an
+    account's newer limits): two hosts that write two versions' limits in the wrong
+    order leave the newer ones, and a host still serving an older version writes
+    nothing. Every host that serves a version writes what is missing of it, so
+    limits left unwritten by a writer that died are written by the next host to
+    apply. What Redis holds is read in one pipelined round trip; the accounts to
+    write are written a few at a time; the first error is raised once all have
+    finished. Returns how many were written."""
+    wanted: dict[str, list[str]] = {}
+    for tenant, spec, _ in accounts:
+        wanted.setdefault(tenant, []).append(spec.account)
+    written = await ledger.policy_versions(wanted)
+    changes = [
+        (tenant, spec, version)
+        for tenant, spec, version in accounts
+        if written[tenant].get(spec.account, -1) < version
+    ]
+    gate = asyncio.Semaphore(OPENING_CONCURRENCY)
+
+    async def upsert(tenant: str, spec: LedgerAccount, version: int) -> None:
+        async with gate:
+            await ledger.upsert_account(tenant, spec, policy_version=version)
+
+    results = await asyncio.gather(
+        *(upsert(tenant, spec, version) for tenant, spec, version in changes),
+        return_exceptions=True,
+    )
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return len(changes)
+
+
+def choose(
+    files: list[PolicyFile],
+    faults: list[FileFault],
+    previous: dict[Path, InForce],
+    budget: ForwardBudget,
+) -> tuple[dict[Path, InForce], list[FileFault]]:
+    """Which policy each file puts in force: the file as it is now if it loads and
+    agrees with everything already chosen, else the policy it had before (`previous`)."""
+    now = time.time()
+    chosen: dict[Path, InForce] = {}
+
+    def admit(entry: InForce) -> list[PolicyError]:
+        source = str(entry.file.path)
+        others = [(str(p), e.file.policy) for p, e in chosen.items()]
+        errors = check_policy_set([*others, (source, entry.file.policy)], budget)
+        mine = [error for error in errors if error.source == source]
+        if entry.file.path not in previous or previous[entry.file.path] is not entry:
+            mine += ledger_errors(source, entry.file.policy)
+        if not mine:
+            chosen[entry.file.path] = entry
+        return mine
+
+    # Files that keep their previous policy go first: a changed file must agree
+    # with them, not the other way round.
+    for fault in faults:
+        if fault.path in previous:
+            fault.tenant = previous[fault.path].file.policy.tenant
+            admit(previous[fault.path])
+    for file in files:
+        old = previous.get(file.path)
+        same = old is not None and old.file.version == file.version
+        applied_at = old.applied_at if old is not None and same else now
+        try:
+            credentials = resolve_credentials(file.policy)
+        except PolicyError as exc:
+            errors = [exc]
+        else:
+            errors = admit(InForce(file, credentials, applied_at))
+        if not errors:
+            continue
+        faults += [FileFault(file.path, error, file.policy.tenant) for error in errors]
+        if old is not None:
+            admit(old)
+    return chosen, faults
+
+
+async def take_in(
+    ledger: Ledger, instance: str, local: dict[Path, InForce], records: dict[str, PolicyRecord]
+) -> list[FileFault]:
+    """Put into the store what was edited in this host's files (`local`: those read
+    now that are usable here; a file that is not keeps its tenant on the policy
+    it had, and is taken in once it is) (docs/design.md, "Policy changes"). The
+    store remembers what each file (its source: this gateway's instance name,
+    IRREV_INSTANCE (`instance`), and the file's path) held when this gateway last acted on it;
+    an edit is what differs from that, field by field, and only those fields are
+    written, over the store's current version
+    (pricing/merge.py). A file the store already has, or that has not changed
+    since, writes nothing: a stale copy changes nothing by being there, being
+    touched or being served to a restarted host. A file seen for the first time
+    while the store holds another version is recorded, not applied (its
+    differences are not an edit anyone made here). A tenant the store lacks
+    takes the file as it is. `records` is updated with what was written."""
+    faults: list[FileFault] = []
+    sources = {path: f"{instance}:{path.resolve()}" for path in local}
+    tenants = {path: entry.file.policy.tenant for path, entry in local.items()}
+    bases = await ledger.policies.bases([(tenants[p], sources[p]) for p in local])
+    for path, entry in local.items():
+        tenant, source, text = tenants[path], sources[path], entry.file.text
+        base = bases.get((tenant, source))
+        record = records.get(tenant)
+        if base == text and record is not None:
+            continue
+        if record is not None and (base is None or record.digest == entry.file.version):
+            await ledger.policies.read_by(tenant, source, text)
+            continue
+        try:
+            records[tenant] = await _write_edit(ledger, entry, source, base, record)
+        except PolicyError as exc:
+            faults.append(FileFault(path, exc, tenant))
+    return faults
+
+
+async def _write_edit(
+    ledger: Ledger,
+    entry: InForce,
+    source: str,
+    base: str | None,
+    record: PolicyRecord | None,
+) -> PolicyRecord:
+    """Write the edit of `entry`'s file (from `base`, what its source read) over
+    `record` (the store's version, None: none yet), read again and merged again
+    each time another writer got there first. PolicyError if the merged policy
+    does not load."""
+    tenant, text, path = entry.file.policy.tenant, entry.file.text, entry.file.path
+    origin = f"file {source}"
+    for _ in range(EDIT_ATTEMPTS):
+        if record is not None and base is None:
+            # Another host took the tenant in first: this copy is one seen for the
+            # first time while the store holds a version.
+            await ledger.policies.read_by(tenant, source, text)
+            return record
+        merged, overridden = text, list[str]()
+        if record is not None and base is not None:
+            merged, overridden = merge_edit(base, text, record.text, str(path))
+        version = record.version if record is not None else 0
+        result = await ledger.policies.put(
+            tenant,
+            expected=version,
+            digest=policy_version(merged),
+            text=merged,
+            origin=origin,
+            source=source,
+            source_text=text,
+        )
+        if result.won:
+            if overridden:
+                log.info(
+                    "policy edit replaced newer values",
+                    extra={"tenant": tenant, "file": str(path), "fields": overridden},
+                )
+            return PolicyRecord(
+                tenant, result.version, policy_version(merged), merged, result.stamp_ms, origin
+            )
+        record = (await ledger.policies.records([tenant])).get(tenant)
+    raise PolicyError(
+        str(path),
+        [
+            Problem(
+                "",
+                f"not applied: the store changed {EDIT_ATTEMPTS} times while this "
+                "edit was written; it is tried again at the next look",
+            )
+        ],
+    )
+
+
+def serve_store(
+    local: dict[Path, InForce],
+    records: dict[str, PolicyRecord],
+    previous: dict[Path, InForce],
+    behind_logged: dict[Path, str],
+    budget: ForwardBudget,
+) -> tuple[dict[Path, InForce], list[FileFault], dict[Path, str]]:
+    """What is served for each tenant this host has a file of: the store's version.
+    A file that differs from it is reported (it is not in force here); a stored
+    version this host cannot use (it does not load, its credentials are missing
+    here, or it disagrees with the others in force) leaves the tenant on the
+    policy it had. A file that differs from the store's version is no fault: the
+    store is the truth, and what is edited in the file is taken in (`take_in`);
+    it is logged once per version (`behind_logged`: the digest each file was
+    logged as differing from; the new such map is returned)."""
+    now = time.time()
+    chosen: dict[Path, InForce] = {}
+    faults: list[FileFault] = []
+    behind: dict[Path, str] = {}
+    for path, entry in local.items():
+        tenant = entry.file.policy.tenant
+        record = records.get(tenant)
+        if record is None:
+            chosen[path] = entry
+            continue
+        if record.digest == entry.file.version:
+            chosen[path] = replace(entry, version=record.version)
+            continue
+        if behind_logged.get(path) != record.digest:
+            log.info("policy file differs from the store", extra=_behind(path, record))
+        behind[path] = record.digest
+        old = previous.get(path)
+        if old is not None and old.file.version == record.digest:
+            chosen[path] = old
+            continue
+        try:
+            policy = load_policy_text(record.text, _store_source(record))
+            if policy.tenant != tenant:
+                raise PolicyError(_store_source(record), [Problem("tenant", "not " + tenant)])
+            refused = ledger_errors(_store_source(record), policy)
+            if refused:
+                raise refused[0]
+            candidate = InForce(
+                PolicyFile(path, policy, record.digest, record.text),
+                resolve_credentials(policy),
+                now,
+                record.version,
+            )
+        except PolicyError as exc:
+            faults.append(FileFault(path, exc, tenant))
+            chosen[path] = old or entry
+            continue
+        chosen[path] = candidate
+    errors = check_policy_set([(str(p), e.file.policy) for p, e in chosen.items()], budget)
+    for error in errors:
+        path = Path(error.source)
+        kept = previous.get(path) or local.get(path)
+        if kept is not None and chosen.get(path) is not kept:
+            chosen[path] = kept
+            faults.append(FileFault(path, error, kept.file.policy.tenant))
+    return chosen, faults, behind
+
+
+def report(
+    previous: dict[Path, InForce],
+    previous_faults: list[FileFault],
+    chosen: dict[Path, InForce],
+    faults: list[FileFault],
+) -> None:
+    """A log line per change of what is in force and per new fault (not one per
+    look at the directory), and the reload counters."""
+    before = {(f.path, str(f.error)) for f in previous_faults}
+    for fault in faults:
+        metrics.POLICY_RELOADS.labels(fault.tenant, "failed").inc()
+        if (fault.path, str(fault.error)) not in before:
+            log.warning(
+                "policy not applied",
+                extra={
+                    "tenant": fault.tenant or None,
+                    "file": str(fault.path),
+                    "problems": str(fault.error).splitlines(),
+                    "in_force": _version_of(chosen, fault.tenant),
+                },
+            )
+    old = {e.file.policy.tenant: e.file.version for e in previous.values()}
+    new = {e.file.policy.tenant: e.file.version for e in chosen.values()}
+    for tenant, version in sorted(new.items()):
+        metrics.POLICY_RELOADS.labels(tenant, "applied").inc()
+        if old.get(tenant) != version:
+            log.info(
+                "policy applied",
+                extra={"tenant": tenant, "version": version, "previous": old.get(tenant)},
+            )
+    for tenant in sorted(old.keys() - new.keys()):
+        log.info("policy removed", extra={"tenant": tenant, "version": old[tenant]})
+
+
+def _version_of(chosen: dict[Path, InForce], tenant: str) -> str | None:
+    found = [e.file.version for e in chosen.values() if e.file.policy.tenant == tenant]
+    return found[0] if found else None
+
+
+async def merged_upload(
+    ledger: Ledger, tenant: str, text: str, base: int, record: PolicyRecord
+) -> str:
+    """`text`, made from version `base`, as a change of `record` (the store's
+    newer version): its changed fields written over `record`'s."""
+    if base > record.version or base < 1:
+        raise policy_changes.unknown_version(base, record.version)
+    made_from = await ledger.policies.version(tenant, base)
+    if made_from is None:
+        raise policy_changes.version_forgotten(base, record.version, POLICY_HISTORY)
+    source = f"uploaded policy of {tenant}"
+    merged, overridden = merge_edit(made_from.text, text, record.text, source)
+    if overridden:
+        raise policy_changes.contended(base, record.version, overridden)
+    return merged
+
+
+def check_upload(
+    in_force: dict[Path, InForce], target: Path, policy: TenantPolicy, budget: ForwardBudget
+) -> None:
+    """Valid alone is not enough: it must agree with the other policies in force
+    (no token shared with another tenant's agent), or no host would serve it
+    while the upload was answered applied."""
+    others = [(str(p), e.file.policy) for p, e in in_force.items() if p != target]
+    errors = check_policy_set([*others, (str(target), policy)], budget)
+    errors += ledger_errors(str(target), policy)
+    if errors:
+        raise PolicyLoadError(errors)
+
+
+def _store_source(record: PolicyRecord) -> str:
+    return f"the policy store's version {record.version} of {record.tenant}"
+
+
+def _behind(path: Path, record: PolicyRecord) -> dict[str, object]:
+    written = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.stamp_ms / 1000))
+    return {
+        "tenant": record.tenant,
+        "file": str(path),
+        "store_version": record.version,
+        "digest": record.digest,
+        "written": written,
+        "by": record.origin,
+        "note": "every host serves the store's version; what is edited in this file is "
+        "applied field by field; `irrev policy pull` brings the store's version here",
+    }
