@@ -13,10 +13,8 @@ from starlette.routing import Route
 from gateway.edge import logs, metrics, problems, tracing
 from gateway.edge.bodies import BodyLimit
 from gateway.routes import (
-    admin_holds,
     admin_ledger,
     admin_policies,
-    admin_rules,
     console,
     escalations,
     holds_api,
@@ -78,8 +76,6 @@ ROUTERS = (
     escalations,
     admin_policies,
     admin_ledger,
-    admin_holds,
-    admin_rules,
     keys_api,
     console,
 )

@@ -36,7 +36,7 @@ from gateway.edge.canonical import read_request
 from gateway.edge.wire import StoredRequest
 from gateway.pipeline.admission import Admitted, Gate, Intent, admit, prepare
 from gateway.pipeline.upstream import Answer, Fate
-from gateway.routes import admin_holds
+from gateway.routes import admin_ledger
 from gateway.settings import GatewaySettings
 from gateway.state.tenants import TenantStore
 from irrev.harness import TenantPolicy
@@ -170,7 +170,7 @@ async def queue_page(root: Path, url: str, waiting: int, sends: Sends) -> dict[s
     for n in range(waiting):
         await send_order(gate, tenant, token, f"wait-{n}")
     app = FastAPI()
-    app.include_router(admin_holds.router)
+    app.include_router(admin_ledger.router)
     app.state.gate = gate
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:

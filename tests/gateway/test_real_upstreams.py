@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from gateway.edge.wire import StoredRequest
-from gateway.routes.admin_holds import forwarded
+from gateway.routes.admin_ledger import forwarded
 from irrev.harness import new_token
 from ledger.cluster import redis_client
 from ledger.keys import tenant_prefix
