@@ -317,11 +317,11 @@ class TenantStore:
 
     def target(self, tenant: str, tool: str) -> HttpTarget | None:
         """Where and how requests to `tool` of `tenant` go; None without an upstream."""
-        return self._upstreams.target(tenant, tool)
+        return self._upstreams.targets.get((tenant, tool))
 
     def mcp_upstream(self, tenant: str, tool: str) -> McpUpstream | None:
         """The tenant's MCP server `tool`; None if it has no such server."""
-        return self._upstreams.mcp_upstream(tenant, tool)
+        return self._upstreams.mcp.get((tenant, tool))
 
     async def refresh(
         self,

@@ -24,10 +24,13 @@ Credentials = dict[str, dict[str, Injected]]
 
 
 class Upstreams:
+    """`targets` and `mcp` by (tenant, tool), which a forward reads (TenantStore.target,
+    .mcp_upstream); the rest runs when policies load."""
+
     def __init__(self, supervision: Supervision) -> None:
         self.supervision = supervision
-        self._targets: dict[tuple[str, str], HttpTarget] = {}
-        self._mcp: dict[tuple[str, str], McpUpstream] = {}
+        self.targets: dict[tuple[str, str], HttpTarget] = {}
+        self.mcp: dict[tuple[str, str], McpUpstream] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
     def rebuild(
@@ -36,17 +39,9 @@ class Upstreams:
         """The upstreams of `policies`; the MCP servers no longer used are closed once
         the deliveries begun through them have ended, at most `grace_s`."""
         policies = list(policies)
-        self._targets = _targets(policies, credentials)
+        self.targets = _targets(policies, credentials)
         fresh = _mcp_upstreams(policies, credentials, self.supervision)
-        self._mcp = self._keep_unchanged(fresh, grace_s)
-
-    def target(self, tenant: str, tool: str) -> HttpTarget | None:
-        """Where and how requests to `tool` of `tenant` go; None without an upstream."""
-        return self._targets.get((tenant, tool))
-
-    def mcp_upstream(self, tenant: str, tool: str) -> McpUpstream | None:
-        """The tenant's MCP server `tool`; None if it has no such server."""
-        return self._mcp.get((tenant, tool))
+        self.mcp = self._keep_unchanged(fresh, grace_s)
 
     def _keep_unchanged(
         self, fresh: dict[tuple[str, str], McpUpstream], grace_s: float
@@ -58,10 +53,10 @@ class Upstreams:
         stopped, and its successor started on first use."""
         kept = {}
         for key, upstream in fresh.items():
-            old = self._mcp.get(key)
+            old = self.mcp.get(key)
             kept[key] = old if old is not None and old.same_server(upstream) else upstream
         in_use = {id(upstream) for upstream in kept.values()}
-        dropped = [upstream for upstream in self._mcp.values() if id(upstream) not in in_use]
+        dropped = [upstream for upstream in self.mcp.values() if id(upstream) not in in_use]
         if dropped:
             task = asyncio.get_running_loop().create_task(_retire(dropped, grace_s))
             self._closing.add(task)
@@ -74,8 +69,8 @@ class Upstreams:
         for task in list(self._closing):
             task.cancel()
         await asyncio.gather(*self._closing, return_exceptions=True)
-        await asyncio.gather(*(upstream.aclose() for upstream in self._mcp.values()))
-        self._mcp = {}
+        await asyncio.gather(*(upstream.aclose() for upstream in self.mcp.values()))
+        self.mcp = {}
 
 
 def _targets(
