@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
+from typing import Protocol
 
 from fastapi import Request
 
@@ -18,12 +19,19 @@ from pricing.credentials import AuthenticatedAgent
 from pricing.policy import AdminRole
 
 
+class Agents(Protocol):
+    """Where a token finds its agent (gateway/state/tenants.py's TenantStore)."""
+
+    def authenticate(self, token: str) -> tuple[TenantPolicy, AuthenticatedAgent] | None: ...
+
+
 def gate_of(request: Request) -> Gate:
     gate: Gate = request.app.state.gate
     return gate
 
 
-def _bearer(request: Request) -> str | None:
+def bearer(request: Request) -> str | None:
+    """The caller's Bearer token; None without one (401 wherever one is needed)."""
     values = request.headers.getlist("authorization")
     if len(values) > 1:
         # Which one is the caller? Proxies and frameworks disagree (first, last, joined).
@@ -62,8 +70,14 @@ def _admin_name(gate: Gate, token: str) -> str | None:
 
 
 async def agent_auth(request: Request) -> tuple[TenantPolicy, AuthenticatedAgent]:
-    token = _bearer(request)
-    found = gate_of(request).tenants.authenticate(token) if token else None
+    return agent_of(request, gate_of(request).tenants)
+
+
+def agent_of(request: Request, tenants: Agents) -> tuple[TenantPolicy, AuthenticatedAgent]:
+    """The agent the request's Bearer token names (401 if none), also for `/mcp`, which
+    is served outside FastAPI's dependencies."""
+    token = bearer(request)
+    found = tenants.authenticate(token) if token else None
     if found is None:
         raise _unauthenticated("agent")
     _named(request, found[0].tenant, found[1].agent_id)
@@ -71,7 +85,7 @@ async def agent_auth(request: Request) -> tuple[TenantPolicy, AuthenticatedAgent
 
 
 async def admin_auth(request: Request) -> str:
-    token = _bearer(request)
+    token = bearer(request)
     name = _admin_name(gate_of(request), token) if token else None
     if name is None:
         raise _unauthenticated("admin")
@@ -123,7 +137,7 @@ def policy_of(
 
 async def tenant_admin_auth(request: Request) -> AdminIdentity:
     """An operator or a tenant admin; each endpoint then checks tenant and role."""
-    token = _bearer(request)
+    token = bearer(request)
     if token is None:
         raise _unauthenticated("admin")
     gate = gate_of(request)
@@ -153,7 +167,7 @@ class Caller:
 
 async def caller_auth(request: Request) -> Caller:
     """An agent (for its own holds) or an admin (for any)."""
-    token = _bearer(request)
+    token = bearer(request)
     if token is None:
         raise _unauthenticated("agent or admin")
     gate = gate_of(request)
@@ -184,7 +198,7 @@ class Settling:
 
 
 async def settling_auth(request: Request, tenant: str | None = None) -> Settling:
-    token = _bearer(request)
+    token = bearer(request)
     if token is None:
         raise _unauthenticated("agent, settler or admin")
     gate = gate_of(request)

@@ -16,11 +16,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.edge.auth import AdminIdentity, gate_of, policy_of, tenant_admin_auth
+from gateway.edge.bodies import read_body
+from gateway.edge.notes import Note
 from gateway.edge.problems import Problem
 from gateway.edge.responses import escalation_id, hold_view
 from gateway.edge.wire import StoredRequest, receipt, record_of
 from gateway.pipeline.admission import resolved
-from gateway.pipeline.notes import Note
 from gateway.state.events import (
     currency,
     effect_fields,
@@ -180,8 +181,10 @@ async def upload_policy(
     a tool's requests go, which secrets they carry, which command a stdio MCP server
     runs on the gateway's hosts, who settles its holds and whether an ambiguous call
     may be sent again. One that writes them as they are is no change."""
-    text = (await request.body()).decode("utf-8", errors="replace")
     gate = gate_of(request)
+    settings = gate.settings
+    raw = await read_body(request, settings.max_policy_bytes, settings.body_timeout_s)
+    text = raw.decode("utf-8", errors="replace")
     if not admin.operator:
         current = policy_of(request, tenant, admin, AdminRole.POLICY_ADMIN)
         try:

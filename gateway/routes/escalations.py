@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.edge import tracing
 from gateway.edge.auth import AdminIdentity, Caller, caller_auth, gate_of, tenant_admin_auth
+from gateway.edge.notes import Ruling, ruling_of
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
     answer_response,
@@ -19,11 +20,16 @@ from gateway.edge.responses import (
 )
 from gateway.edge.wire import StoredAnswer, StoredRequest, owner_of
 from gateway.pipeline import admission
-from gateway.pipeline.notes import Decision, decision_of
+from gateway.pipeline.admission import Gate
 from ledger import HoldState, HoldStateConflict
 from pricing.policy import AdminRole
 
 router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
+
+
+def body_bounds(gate: Gate) -> tuple[int, float]:
+    """A ruling's body: at most the largest body of any route, whole in time."""
+    return gate.settings.max_body_bytes, gate.settings.body_timeout_s
 
 
 def no_such_escalation() -> Problem:
@@ -70,17 +76,17 @@ async def poll(
     )
 
 
-# The reason is read by hand, after the role check (notes.decision_of); the schema
+# The reason is read by hand, after the role check (notes.ruling_of); the schema
 # still tells clients what they may send.
-DECISION_BODY: dict[str, Any] = {
+RULING_BODY: dict[str, Any] = {
     "requestBody": {
         "required": False,
-        "content": {"application/json": {"schema": Decision.model_json_schema()}},
+        "content": {"application/json": {"schema": Ruling.model_json_schema()}},
     }
 }
 
 
-@router.post("/{escalation}/approve", openapi_extra=DECISION_BODY)
+@router.post("/{escalation}/approve", openapi_extra=RULING_BODY)
 async def approve(
     request: Request,
     escalation: str,
@@ -94,7 +100,7 @@ async def approve(
     policy = gate.tenants.policies.get(tenant)
     if policy is None:
         raise no_such_escalation()
-    note = (await decision_of(request)).reason
+    note = (await ruling_of(request, *body_bounds(gate))).reason
     answer = await admission.approve(gate, policy, hold_id, who.name, note)
     if answer is None:
         # Decision-only: the in-process tool sees the hold pending and acts itself.
@@ -103,7 +109,7 @@ async def approve(
     return answer_response(answer, {"X-Irrev-Hold": hold_id, "X-Irrev-Escalation": "approved"})
 
 
-@router.post("/{escalation}/reject", openapi_extra=DECISION_BODY)
+@router.post("/{escalation}/reject", openapi_extra=RULING_BODY)
 async def reject(
     request: Request,
     escalation: str,
@@ -113,7 +119,7 @@ async def reject(
     tenant, hold_id = parse_escalation_id(escalation)
     who.require(tenant, AdminRole.APPROVER, no_such_escalation())
     admin = who.name
-    note = (await decision_of(request)).reason
+    note = (await ruling_of(request, *body_bounds(gate))).reason
     if tenant not in gate.tenants.policies:
         raise no_such_escalation()
     # Read first: a rejected hold keeps no request, and the log line names what it was.

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.edge import metrics
 from gateway.edge.auth import Settling, agent_auth, gate_of, settling_auth
+from gateway.edge.bodies import read_body
 from gateway.edge.canonical import Canonical
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
@@ -96,7 +97,9 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> Respon
 async def _create_hold(
     gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, spec: HoldRequest, request: Request
 ) -> Response:
-    canonical = _canonical(spec, await request.body(), policy.document.request_limits)
+    # FastAPI read the body for `spec`, within the bounds of every route's (BodyLimit).
+    raw = await read_body(request, gate.settings.max_body_bytes, gate.settings.body_timeout_s)
+    canonical = _canonical(spec, raw, policy.document.request_limits)
     keys = request.headers.getlist("idempotency-key")
     intent = Intent(spec.tool, spec.method, spec.path, canonical, keys=keys)
     prepared = prepare(policy, agent, intent, in_process=True)

@@ -27,11 +27,13 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway.edge.auth import agent_of
+from gateway.edge.bodies import read_body
 from gateway.edge.canonical import Canonical
-from gateway.edge.problems import Problem, body_timeout, problem_for
+from gateway.edge.problems import Problem, problem_for
 from gateway.edge.problems import refused as answer_refusal
 from gateway.edge.responses import escalation_id
 from gateway.edge.wire import JsonNumber, parse_json_body
@@ -391,48 +393,38 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate: Gate = scope["app"].state.gate
-        request = Request(scope)
+        request = Request(scope, receive)
         try:
-            found = gate.tenants.authenticate(_bearer(scope))
-            if found is None:
-                raise Problem(
-                    401,
-                    "unauthenticated",
-                    "send 'Authorization: Bearer <agent token>'",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-            # Who the credential named, for the refusal counters and log lines.
-            request.state.tenant, request.state.agent = found[0].tenant, found[1].agent_id
+            found = agent_of(request, gate.tenants)
             # The agent's slot is taken before its body is read: reading, parsing and
             # serving are what the bound limits (gateway/edge/in_flight.py).
             with gate.agents.slot(*found):
-                await self._serve(gate, found, scope, receive, send)
+                await self._serve(gate, found, request, send)
         except Problem as problem:
             # Answered, counted and logged as every HTTP refusal is.
             await answer_refusal(request, problem)(scope, receive, send)
+        except ClientDisconnect:
+            return  # gone before its body was whole: nobody to answer
 
     async def _serve(
         self,
         gate: Gate,
         found: tuple[TenantPolicy, AuthenticatedAgent],
-        scope: Scope,
-        receive: Receive,
+        request: Request,
         send: Send,
     ) -> None:
         """Read and parse the POST strictly (a Problem if it cannot be), then serve it."""
+        scope = request.scope
         limits = found[0].document.request_limits
         largest = min(gate.settings.max_body_bytes, limits.max_body_bytes)
-        if _declared_length(scope) > largest:
-            # Refused on its header: a large body costs nothing to refuse unread.
-            raise Problem(413, "body_too_large", f"request bodies are limited to {largest} bytes")
-        body = await _read_body(receive, largest, gate.settings.body_timeout_s)
+        body = await read_body(request, largest, gate.settings.body_timeout_s)
         message = parse_json_body(body, limits) if scope["method"] == "POST" else None
         check_numbers(message)
         caller = scope[CALLER] = Caller(gate, found[0], found[1], message)
         manager = self.streaming if wants_progress(scope, message) else self.manager
         token = CURRENT.set(caller)
         try:
-            await manager.handle_request(scope, _replay(body, receive), send)
+            await manager.handle_request(scope, _replay(body, request.receive), send)
         finally:
             CURRENT.reset(token)
 
@@ -468,42 +460,6 @@ def check_numbers(value: object) -> None:
                 f"the number {value.text} has more digits than a double holds: the MCP "
                 "server would read another number than the one priced; send it as a string",
             )
-
-
-def _declared_length(scope: Scope) -> int:
-    """The request's Content-Length, 0 when it sends none (or none that is a number)."""
-    values = [v for k, v in scope["headers"] if k == b"content-length"]
-    text = values[0].decode("latin-1") if len(values) == 1 else ""
-    return int(text) if text.isascii() and text.isdigit() else 0
-
-
-def _bearer(scope: Scope) -> str:
-    values = [v for k, v in scope["headers"] if k == b"authorization"]
-    if len(values) > 1:
-        raise Problem(400, "bad_authorization", "send exactly one Authorization header")
-    scheme, _, token = (values[0].decode("latin-1") if values else "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
-
-
-async def _read_body(receive: Receive, limit: int, timeout_s: float) -> bytes:
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _read_chunks(receive, limit)
-    except TimeoutError:
-        raise body_timeout(timeout_s) from None
-
-
-async def _read_chunks(receive: Receive, limit: int) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise Problem(413, "body_too_large", f"request bodies are limited to {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

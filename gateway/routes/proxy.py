@@ -4,7 +4,6 @@ parses the agent's request into an `Intent`, runs the admission pipeline
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Iterable
 from typing import Annotated
@@ -14,8 +13,9 @@ from fastapi.responses import Response
 
 from gateway.edge import tracecontext
 from gateway.edge.auth import agent_auth, gate_of
+from gateway.edge.bodies import read_body
 from gateway.edge.canonical import check_headers, check_raw_path, read_request
-from gateway.edge.problems import Problem, body_timeout
+from gateway.edge.problems import Problem
 from gateway.edge.responses import (
     answer_response,
     budget_headers,
@@ -45,30 +45,6 @@ READ_HEADERS = {"X-Irrev-Decision": "admit", "X-Irrev-Price": "0"}
 # The key an effect is held under: the agent's own, or the one its content gave a
 # request sent without one (admission.content_key), which repeats may carry.
 KEY_HEADER = "X-Irrev-Idempotency-Key"
-
-
-async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
-    """The whole body, at most `limit` bytes, within `timeout_s` (problems otherwise)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _read_body(request, limit)
-    except TimeoutError:
-        raise body_timeout(timeout_s) from None
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and (
-        not (declared.isascii() and declared.isdigit()) or int(declared) > limit
-    ):
-        raise Problem(413, "body_too_large", f"request bodies are limited to {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise Problem(413, "body_too_large", f"request bodies are limited to {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def passed_headers(policy: TenantPolicy, tool: str, headers: Iterable[tuple[str, str]]) -> Headers:

@@ -60,7 +60,7 @@ class Payments:
             return await http.post(
                 f"/v1/escalations/{escalation}/{verdict}",
                 json={"reason": note} if note else None,
-                headers=self.gateway.routes.admin,
+                headers=self.gateway.admin,
             )
 
 
@@ -133,7 +133,7 @@ class McpPayments:
         async with httpx.AsyncClient(base_url=self.gateway.url, trust_env=False) as http:
             response = await http.get(
                 f"/v1/admin/tenants/{self.gateway.tenant(tenant).id}/escalations",
-                headers=self.gateway.routes.admin,
+                headers=self.gateway.admin,
                 params={"limit": 200},
             )
         assert response.status_code == 200, response.text
@@ -145,7 +145,7 @@ class McpPayments:
             response = await http.post(
                 f"/v1/escalations/{escalation}/approve",
                 json={"reason": note},
-                headers=self.gateway.routes.admin,
+                headers=self.gateway.admin,
             )
         assert response.status_code == 200, response.text
 
@@ -193,7 +193,7 @@ def mcp_payments(
         "host-wait": write_host_tenant(root / "policies", f"host-wait-{run}", mcp_tool_server.url),
     }
     gateway = serve(root, redis_url, root / "policies")
-    gateway.state.tenants.update(tenants)
+    gateway.tenants.update(tenants)
     yield McpPayments(gateway, mcp_tool_server)
     gateway.server.stop()
 

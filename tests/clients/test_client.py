@@ -128,13 +128,11 @@ async def decide_once_waiting(
     deadline = time.monotonic() + 30
     async with httpx.AsyncClient(base_url=payments.gateway.url, trust_env=False) as http:
         while time.monotonic() < deadline:
-            queue = (await http.get(url, headers=payments.gateway.routes.admin)).json()[
-                "escalations"
-            ]
+            queue = (await http.get(url, headers=payments.gateway.admin)).json()["escalations"]
             for item in queue:
                 held = await http.get(
                     f"{url.rsplit('/', 1)[0]}/holds/{item['hold']}",
-                    headers=payments.gateway.routes.admin,
+                    headers=payments.gateway.admin,
                 )
                 if destination in held.json().get("body", ""):
                     decided = await payments.decide(item["escalation"], verdict, note)

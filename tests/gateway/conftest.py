@@ -424,7 +424,7 @@ def peer_gateway(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> 
     )
     server.argv += ["--port", str(server.port), "--workers", "1"]
     server.start("/readyz")
-    peer = Gateway(server, gateway.redis_url, gateway.admin_token, gateway.state.tenants)
+    peer = Gateway(server, gateway.redis_url, gateway.admin_token, gateway.tenants)
     wait_for_workers(peer, workers=1)
     PEERS.append(server.url)
     yield peer

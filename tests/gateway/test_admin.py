@@ -20,7 +20,7 @@ def policy_file(gateway: Gateway, name: str) -> str:
 
 async def test_upload_applies_a_valid_policy(gateway: Gateway, http: httpx.AsyncClient) -> None:
     tenant = gateway.tenant("admin-a")
-    shown = await http.get(f"/v1/admin/tenants/{tenant.id}/policy", headers=gateway.routes.admin)
+    shown = await http.get(f"/v1/admin/tenants/{tenant.id}/policy", headers=gateway.admin)
     assert shown.status_code == 200 and shown.json()["tenant"] == tenant.id
     data = yaml.safe_load(policy_file(gateway, "admin-a"))
     data["accounts"]["principals"]["platform"]["limit"] = "12000"
@@ -28,14 +28,14 @@ async def test_upload_applies_a_valid_policy(gateway: Gateway, http: httpx.Async
     response = await http.put(
         f"/v1/admin/tenants/{tenant.id}/policy",
         content=text,
-        headers={**gateway.routes.admin, **base_of(shown)},
+        headers={**gateway.admin, **base_of(shown)},
     )
     version = int(shown.headers["etag"].strip('"')) + 1
     assert response.json() == {"tenant": tenant.id, "status": "applied", "version": version}
     assert response.headers["etag"] == f'"{version}"'
-    rows = await balances(http, gateway.routes.admin, tenant)
+    rows = await balances(http, gateway.admin, tenant)
     assert rows["principal:platform"]["limit"] == 12_000 * 10**6
-    yaml_accept = {**gateway.routes.admin, "Accept": "application/yaml"}
+    yaml_accept = {**gateway.admin, "Accept": "application/yaml"}
     served = await http.get(f"/v1/admin/tenants/{tenant.id}/policy", headers=yaml_accept)
     assert served.text == text and served.headers["etag"] == f'"{version}"'
     # The store is the truth; the host's file is one way in, and is not rewritten.
@@ -55,11 +55,11 @@ async def test_upload_that_would_break_the_policy_set_changes_nothing(
     response = await http.put(
         f"/v1/admin/tenants/{b.id}/policy",
         content=yaml.safe_dump(data, sort_keys=False),
-        headers=await based(http, b.id, gateway.routes.admin),
+        headers=await based(http, b.id, gateway.admin),
     )
     assert_problem(response, 422, "invalid_policy")
     assert policy_file(gateway, "admin-b") == before
-    reload = await http.post("/v1/admin/policies/reload", headers=gateway.routes.admin)
+    reload = await http.post("/v1/admin/policies/reload", headers=gateway.admin)
     assert reload.status_code == 200, reload.text
     assert {a.id, b.id} <= set(reload.json()["tenants"])
     # Both agents still authenticate as themselves.
@@ -82,8 +82,7 @@ async def test_an_upload_the_ledger_would_refuse_writes_nothing(
     try:
         [stored] = (await ledger.policies.records([tenant.id])).values()
         limits = {
-            a: row["limit"]
-            for a, row in (await balances(http, gateway.routes.admin, tenant)).items()
+            a: row["limit"] for a, row in (await balances(http, gateway.admin, tenant)).items()
         }
         data = yaml.safe_load(before)
         data["accounts"]["tenant"]["limit"] = "777777"
@@ -91,14 +90,14 @@ async def test_an_upload_the_ledger_would_refuse_writes_nothing(
         response = await http.put(
             f"/v1/admin/tenants/{tenant.id}/policy",
             content=yaml.safe_dump(data, sort_keys=False),
-            headers=await based(http, tenant.id, gateway.routes.admin),
+            headers=await based(http, tenant.id, gateway.admin),
         )
         body = assert_problem(response, 422, "invalid_policy")
         assert "128" in str(body)
         assert policy_file(gateway, "admin-a") == before
         [after] = (await ledger.policies.records([tenant.id])).values()
         assert after.version == stored.version
-        now = await balances(http, gateway.routes.admin, tenant)
+        now = await balances(http, gateway.admin, tenant)
         assert {a: row["limit"] for a, row in now.items()} == limits
     finally:
         await ledger.aclose()
@@ -111,7 +110,7 @@ async def test_upload_refuses_invalid_or_foreign_policies(
     url = f"/v1/admin/tenants/{a.id}/policy"
     for text in ("", "tenant: [", "kind: demo-tokens", policy_file(gateway, "admin-b")):
         before = policy_file(gateway, "admin-a")
-        headers = await based(http, a.id, gateway.routes.admin)
+        headers = await based(http, a.id, gateway.admin)
         response = await http.put(url, content=text.encode(), headers=headers)
         assert_problem(response, 422, "invalid_policy")
         assert policy_file(gateway, "admin-a") == before
@@ -134,34 +133,30 @@ async def test_journal_pages_and_escalation_queue(
     assert escalated.status_code == 202, escalated.text
 
     url = f"/v1/admin/tenants/{tenant.id}/journal"
-    first = (await http.get(url, params={"count": 1}, headers=gateway.routes.admin)).json()
+    first = (await http.get(url, params={"count": 1}, headers=gateway.admin)).json()
     assert len(first["entries"]) == 1 and first["next"]
     rest = (
-        await http.get(
-            url, params={"after": first["next"], "count": 1000}, headers=gateway.routes.admin
-        )
+        await http.get(url, params={"after": first["next"], "count": 1000}, headers=gateway.admin)
     ).json()
     assert rest["next"] is None
     assert first["entries"][0] not in rest["entries"]
     assert len(first["entries"] + rest["entries"]) >= 3  # reserve, post, reserve
     # A cursor past the end, or past any possible id, is an empty page, not an error.
     for after in ("99999999999999-0", "18446744073709551615-18446744073709551615"):
-        page = await http.get(url, params={"after": after}, headers=gateway.routes.admin)
+        page = await http.get(url, params={"after": after}, headers=gateway.admin)
         assert page.status_code == 200, page.text
         assert page.json() == {"entries": [], "next": None}
-    bad = await http.get(
-        url, params={"after": "99999999999999999999-0"}, headers=gateway.routes.admin
-    )
+    bad = await http.get(url, params={"after": "99999999999999999999-0"}, headers=gateway.admin)
     assert_problem(bad, 422, "bad_request")
 
     queue = (
-        await http.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.routes.admin)
+        await http.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin)
     ).json()
     [item] = queue["escalations"]
     assert item["agent"] == "buyer-04"
     assert item["price"] == int(escalated.headers["x-irrev-price"])
     assert f"/v1/escalations/{item['escalation']}" == escalated.headers["location"]
-    tenants = (await http.get("/v1/admin/tenants", headers=gateway.routes.admin)).json()
+    tenants = (await http.get("/v1/admin/tenants", headers=gateway.admin)).json()
     [row] = [t for t in tenants if t["tenant"] == tenant.id]
     assert row["live_holds"]["escalated"] == 1
 

@@ -73,9 +73,7 @@ async def escalate(http: httpx.AsyncClient, tenant: Tenant, agent: str, key: str
 async def hold_state(
     http: httpx.AsyncClient, gateway: Gateway, tenant: Tenant, hold: str
 ) -> dict[str, Any]:
-    response = await http.get(
-        f"/v1/admin/tenants/{tenant.id}/holds/{hold}", headers=gateway.routes.admin
-    )
+    response = await http.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold}", headers=gateway.admin)
     assert response.status_code == 200, response.text
     view: dict[str, Any] = response.json()
     return view

@@ -310,14 +310,14 @@ async def test_a_request_other_parsers_read_differently_is_refused(
     reason: str,
 ) -> None:
     tenant = gateway.tenant("readers-canon")
-    before = await balances(http, gateway.routes.admin, tenant)
+    before = await balances(http, gateway.admin, tenant)
     seen = len(await readings(upstream, tenant.id))
     got, headers, content = await send(gateway, method, target, body, content_type)
     assert (got, headers.get("content-type")) == (status, PROBLEM_JSON), content
     assert json.loads(content)["reason"] == reason, content
     assert headers.get("x-irrev-reason") == reason, headers
     assert len(await readings(upstream, tenant.id)) == seen
-    assert used(await balances(http, gateway.routes.admin, tenant)) == used(before)
+    assert used(await balances(http, gateway.admin, tenant)) == used(before)
 
 
 async def forwarded(

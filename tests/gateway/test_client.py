@@ -197,11 +197,11 @@ async def approve_first_escalation(
         assert time.monotonic() < deadline, "no escalation appeared"
         await asyncio.sleep(0.2)
         response = await http.get(
-            f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.routes.admin
+            f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin
         )
         queue = response.json()["escalations"]
     return await http.post(
-        f"/v1/escalations/{queue[0]['escalation']}/approve", headers=gateway.routes.admin
+        f"/v1/escalations/{queue[0]['escalation']}/approve", headers=gateway.admin
     )
 
 

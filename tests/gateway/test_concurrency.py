@@ -67,19 +67,19 @@ async def test_many_effects_in_flight_never_overdraw(
     for response in denied:
         assert_problem(response, 403, "budget_exceeded")
 
-    rows = await balances(http, gateway.routes.admin, tenant)
+    rows = await balances(http, gateway.admin, tenant)
     assert_no_overdraw(rows)
     # Conservation: the tenant account holds exactly the prices of what was let through.
     charged = sum(int(r.headers["x-irrev-price"]) for r in admitted + escalated)
     assert used(rows)[f"tenant:{tenant.id}"] == charged
 
     # Every admitted effect reached the supplier once; nothing else did.
-    posted = await holds_in(http, gateway.routes.admin, tenant, "posted")
+    posted = await holds_in(http, gateway.admin, tenant, "posted")
     stats = await supplier_stats(upstream, tenant)
     assert stats["orders"] == len(posted) == len(admitted)
     assert stats["requests"] == len(admitted)
     assert {f"irrev-{h}" for h in posted} == set(stats["keys"])
-    assert len(await holds_in(http, gateway.routes.admin, tenant, "escalated")) == len(escalated)
+    assert len(await holds_in(http, gateway.admin, tenant, "escalated")) == len(escalated)
 
     # The burst was admitted by several gateway processes sharing one Redis: the peer's
     # among them (the gateway's two workers alone made a count of processes pass).
@@ -126,7 +126,7 @@ async def test_one_key_sent_twenty_times_is_one_effect(
     stats = await supplier_stats(upstream, tenant)
     assert (stats["orders"], stats["requests"]) == (1, 1)
     price = int(first[0].headers["x-irrev-price"])
-    assert used(await balances(http, gateway.routes.admin, tenant))[f"tenant:{tenant.id}"] == price
+    assert used(await balances(http, gateway.admin, tenant))[f"tenant:{tenant.id}"] == price
 
     # Once settled, a repeat gets the recorded answer; the supplier hears nothing more.
     again = await http.post("/tools/supplier/orders", json=order(), headers=headers)
@@ -134,10 +134,10 @@ async def test_one_key_sent_twenty_times_is_one_effect(
     assert again.json()["order_id"] == order_id
     assert again.headers["x-irrev-hold"] == first[0].headers["x-irrev-hold"]
     # The same key for a different request is a conflict and changes nothing.
-    before = await balances(http, gateway.routes.admin, tenant)
+    before = await balances(http, gateway.admin, tenant)
     conflict = await http.post("/tools/supplier/orders", json=order(quantity=11), headers=headers)
     assert_problem(conflict, 409, "idempotency_conflict")
-    assert await balances(http, gateway.routes.admin, tenant) == before
+    assert await balances(http, gateway.admin, tenant) == before
     assert (await supplier_stats(upstream, tenant))["requests"] == 1
 
 
@@ -165,11 +165,11 @@ async def test_concurrent_approvals_have_one_winner(
     assert waiting.status_code == 202
     assert waiting.json()["status"] == "escalated"
     assert (await supplier_stats(upstream, tenant))["requests"] == 0
-    charged = used(await balances(http, gateway.routes.admin, tenant))[f"tenant:{tenant.id}"]
+    charged = used(await balances(http, gateway.admin, tenant))[f"tenant:{tenant.id}"]
     assert charged > 30_000 * 10**6  # the escalation holds its budget
 
     approvals = await asyncio.gather(
-        *(http.post(f"{location}/approve", headers=gateway.routes.admin) for _ in range(16))
+        *(http.post(f"{location}/approve", headers=gateway.admin) for _ in range(16))
     )
     winners = [r for r in approvals if r.status_code == 201]
     assert len(winners) == 1, [r.text for r in approvals]
@@ -186,28 +186,26 @@ async def test_concurrent_approvals_have_one_winner(
     assert done.status_code == 201
     assert done.json() == winners[0].json()
     hold = winners[0].headers["x-irrev-hold"]
-    assert hold in await holds_in(http, gateway.routes.admin, tenant, "posted")
-    assert (
-        used(await balances(http, gateway.routes.admin, tenant))[f"tenant:{tenant.id}"] == charged
-    )
+    assert hold in await holds_in(http, gateway.admin, tenant, "posted")
+    assert used(await balances(http, gateway.admin, tenant))[f"tenant:{tenant.id}"] == charged
 
 
 async def test_rejection_releases_the_budget_and_is_final(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     tenant = gateway.tenant("approvals")
-    before = used(await balances(http, gateway.routes.admin, tenant))
+    before = used(await balances(http, gateway.admin, tenant))
     requests_before = (await supplier_stats(upstream, tenant))["requests"]
     location = await escalate(http, gateway, "approvals", "rejected-order")
     rejections = await asyncio.gather(
-        *(http.post(f"{location}/reject", headers=gateway.routes.admin) for _ in range(8))
+        *(http.post(f"{location}/reject", headers=gateway.admin) for _ in range(8))
     )
     assert sorted(r.status_code for r in rejections) == [200] + [409] * 7
-    late = await http.post(f"{location}/approve", headers=gateway.routes.admin)
+    late = await http.post(f"{location}/approve", headers=gateway.admin)
     assert_problem(late, 409, "escalation_resolved")
     poll = await http.get(location, headers=tenant.auth("buyer-01"))
     assert_problem(poll, 403, "escalation_rejected")
-    assert used(await balances(http, gateway.routes.admin, tenant)) == before
+    assert used(await balances(http, gateway.admin, tenant)) == before
     assert (await supplier_stats(upstream, tenant))["requests"] == requests_before
 
 
@@ -215,7 +213,7 @@ async def test_unapproved_escalation_expires_and_releases_its_budget(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     tenant = gateway.tenant("short-ttl")  # escalation_ttl 2s, swept every 0.5 s
-    before = used(await balances(http, gateway.routes.admin, tenant))
+    before = used(await balances(http, gateway.admin, tenant))
     location = await escalate(http, gateway, "short-ttl", "expiring-order")
     deadline = asyncio.get_running_loop().time() + 15
     while True:
@@ -225,7 +223,7 @@ async def test_unapproved_escalation_expires_and_releases_its_budget(
         assert asyncio.get_running_loop().time() < deadline, "the escalation never expired"
         await asyncio.sleep(0.2)
     assert_problem(poll, 403, "escalation_expired")
-    assert used(await balances(http, gateway.routes.admin, tenant)) == before
-    late = await http.post(f"{location}/approve", headers=gateway.routes.admin)
+    assert used(await balances(http, gateway.admin, tenant)) == before
+    late = await http.post(f"{location}/approve", headers=gateway.admin)
     assert_problem(late, 409, "escalation_resolved")
     assert (await supplier_stats(upstream, tenant))["requests"] == 0

@@ -296,7 +296,7 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
         polled = http.get(escalated.headers["location"], headers=tenant.auth("buyer-03"))
         assert polled.status_code == 201, polled.text
         hold = escalated.headers["x-irrev-hold"]
-        held = http.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold}", headers=gateway.routes.admin)
+        held = http.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold}", headers=gateway.admin)
         assert held.status_code == 200, held.text
         assert (held.json()["state"], held.json()["note"]) == ("posted", REASON)
 
@@ -353,7 +353,7 @@ def test_an_operator_reconciles_then_voids_an_ambiguous_hold_with_a_reason_in_th
         page.decided("resolved", "voided", why, "buyer-05")
         page.shot("resolved")
 
-        held = http.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold}", headers=gateway.routes.admin)
+        held = http.get(f"/v1/admin/tenants/{tenant.id}/holds/{hold}", headers=gateway.admin)
         assert held.status_code == 200, held.text
         assert (held.json()["state"], held.json()["resolution_note"]) == ("voided", why)
 
@@ -487,7 +487,7 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
             beaten = http.post(
                 f"/v1/escalations/{late}/reject",
                 json={"reason": "dup"},
-                headers=gateway.routes.admin,
+                headers=gateway.admin,
             )
             assert beaten.status_code == 200, beaten.text
             why = "restock approved in bulk"
@@ -565,7 +565,7 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
             )
             assert_every_control_visible(browser, "rules and queue at 800 px")
             page.shot("rules-800")
-            live = http.get(rules, headers=gateway.routes.admin).json()["rules"]
+            live = http.get(rules, headers=gateway.admin).json()["rules"]
             auto = next(r for r in live if r["kind"] == "auto_approve")
             assert (auto["agent"], auto["max_price"], auto["by"]) == (
                 "buyer-06",
@@ -575,7 +575,7 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
             ended = page.find(f'#rules tr[data-rule="{auto["rule"]}"] button.end')
             ended.click()
             page.gone(ended, f"rule {auto['rule']} is still listed")
-            live = http.get(rules, headers=gateway.routes.admin).json()["rules"]
+            live = http.get(rules, headers=gateway.admin).json()["rules"]
             assert [r["kind"] for r in live] == ["raise_limit"]
 
             # An approver may not raise a limit: the page says what the gateway said.
@@ -593,7 +593,7 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
             )
             assert "'ann' is approver" in page.find("#rule-error").text
             page.shot("refused-role-800")
-            assert len(http.get(rules, headers=gateway.routes.admin).json()["rules"]) == 1
+            assert len(http.get(rules, headers=gateway.admin).json()["rules"]) == 1
 
         # And wide, the same page keeps every control on screen.
         browser.set_window_size(1440, 1000)
@@ -627,14 +627,14 @@ def test_an_admin_sees_a_tenants_keys_and_revokes_one_in_the_console(
                 "owner": "ops@example.com",
                 "purpose": "nightly",
             },
-            headers=gateway.routes.admin,
+            headers=gateway.admin,
         )
         assert made.status_code == 201, made.text
         agent_key = made.json()
         made = http.post(
             keys,
             json={"kind": "admin", "admin": "vik", "role": "viewer", "owner": "vik@example.com"},
-            headers=gateway.routes.admin,
+            headers=gateway.admin,
         )
         assert made.status_code == 201, made.text
         viewer_key = made.json()

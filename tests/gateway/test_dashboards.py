@@ -105,17 +105,13 @@ async def drive(gateway: Gateway, http: httpx.AsyncClient) -> None:
     ]
     assert [r.status_code for r in escalated] == [202, 202, 202]
     for response, verb in zip(escalated, ("approve", "reject"), strict=False):
-        decided = await http.post(
-            f"{response.headers['location']}/{verb}", headers=gateway.routes.admin
-        )
+        decided = await http.post(f"{response.headers['location']}/{verb}", headers=gateway.admin)
         assert decided.status_code in (200, 201), decided.text
     refused = await http.post(
         "/tools/supplier/nowhere", json=order(), headers=effect_headers(tenant, "buyer-01", "d3")
     )
     assert refused.status_code == 403
-    reconciled = await http.post(
-        f"/v1/admin/tenants/{tenant.id}/reconcile", headers=gateway.routes.admin
-    )
+    reconciled = await http.post(f"/v1/admin/tenants/{tenant.id}/reconcile", headers=gateway.admin)
     assert reconciled.status_code == 200, reconciled.text
 
 
@@ -123,7 +119,7 @@ async def test_dashboard_and_alerts_read_only_series_a_live_gateway_exports(
     gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     await drive(gateway, http)
-    scraped = await http.get("/metrics", headers=gateway.routes.admin)
+    scraped = await http.get("/metrics", headers=gateway.admin)
     assert scraped.status_code == 200
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(scraped.text):

@@ -26,7 +26,7 @@ def platform_used(rows: dict[str, int]) -> int:
 async def test_create_post_compensate_round_trip(gateway: Gateway, http: httpx.AsyncClient) -> None:
     tenant = gateway.tenant("decision")
     me = tenant.auth("deployer-01")
-    before = platform_used(used(await balances(http, gateway.routes.admin, tenant)))
+    before = platform_used(used(await balances(http, gateway.admin, tenant)))
 
     created = await create(http, tenant, "deploy-1")
     assert created.status_code == 201, created.text
@@ -40,20 +40,20 @@ async def test_create_post_compensate_round_trip(gateway: Gateway, http: httpx.A
         "principal:platform",
         "agent:deployer-01",
     }
-    rows = used(await balances(http, gateway.routes.admin, tenant))
+    rows = used(await balances(http, gateway.admin, tenant))
     assert platform_used(rows) == before + PRICE
 
     again = await create(http, tenant, "deploy-1")
     assert again.status_code == 200
     assert again.json()["hold"] == hold
     assert again.headers["x-irrev-replayed"] == "true"
-    assert used(await balances(http, gateway.routes.admin, tenant)) == rows
+    assert used(await balances(http, gateway.admin, tenant)) == rows
 
     posted = await http.post(f"/v1/holds/{hold}/post", json={}, headers=me)
     assert posted.status_code == 200, posted.text
     assert posted.json()["state"] == "posted"
     assert (await http.get(f"/v1/holds/{hold}", headers=me)).json()["posted"] == view["amounts"]
-    assert platform_used(used(await balances(http, gateway.routes.admin, tenant))) == before + PRICE
+    assert platform_used(used(await balances(http, gateway.admin, tenant))) == before + PRICE
 
     # An irreversible deploy is not its agent's to compensate; the tool's settler
     # credential reports what was recovered.
@@ -67,7 +67,7 @@ async def test_create_post_compensate_round_trip(gateway: Gateway, http: httpx.A
     assert compensated.json()["state"] == "posted"
     view = (await http.get(f"/v1/holds/{hold}", headers=me)).json()
     assert view["compensated"] == dict.fromkeys(view["amounts"], recovered)
-    assert platform_used(used(await balances(http, gateway.routes.admin, tenant))) == (
+    assert platform_used(used(await balances(http, gateway.admin, tenant))) == (
         before + PRICE - recovered
     )
     # Settled holds stay settled.
@@ -91,12 +91,12 @@ async def test_overrun_is_posted_flagged_counted_and_blocks_the_account(
     posted = await http.post(f"/v1/holds/{hold}/post", json={"amount_micros": realised}, headers=me)
     assert posted.status_code == 200, posted.text
     assert posted.json() == {"hold": hold, "state": "posted", "flags": ["overrun"]}
-    platform = (await balances(http, gateway.routes.admin, tenant))["principal:platform"]
+    platform = (await balances(http, gateway.admin, tenant))["principal:platform"]
     assert platform["posted"] == realised > platform["limit"]
 
     blocked = assert_problem(await create(http, tenant, "d2"), 403, "budget_exceeded")
     assert blocked["ledger_reason"] == "over_limit"
-    metrics = (await http.get("/metrics", headers=gateway.routes.admin)).text
+    metrics = (await http.get("/metrics", headers=gateway.admin)).text
     assert f'irrev_flagged_outcomes_total{{flag="overrun",tenant="{tenant.id}"}} 1.0' in metrics
 
     recovered = 600 * 10**6
@@ -110,21 +110,21 @@ async def test_overrun_is_posted_flagged_counted_and_blocks_the_account(
 async def test_void_and_ambiguous(gateway: Gateway, http: httpx.AsyncClient) -> None:
     tenant = gateway.tenant("decision")
     me = tenant.auth("deployer-01")
-    before = used(await balances(http, gateway.routes.admin, tenant))
+    before = used(await balances(http, gateway.admin, tenant))
 
     voided = (await create(http, tenant, "deploy-void")).json()["hold"]
     response = await http.post(f"/v1/holds/{voided}/void", headers=me)
     assert response.json() == {"hold": voided, "state": "voided"}
-    assert used(await balances(http, gateway.routes.admin, tenant)) == before
+    assert used(await balances(http, gateway.admin, tenant)) == before
     # A repeat of the key replays the (voided) hold: it never debits again.
     replay = await create(http, tenant, "deploy-void")
     assert (replay.status_code, replay.json()["state"]) == (200, "voided")
-    assert used(await balances(http, gateway.routes.admin, tenant)) == before
+    assert used(await balances(http, gateway.admin, tenant)) == before
 
     unsure = (await create(http, tenant, "deploy-unsure")).json()["hold"]
     response = await http.post(f"/v1/holds/{unsure}/ambiguous", json={}, headers=me)
     assert response.json()["state"] == "ambiguous"
-    assert platform_used(used(await balances(http, gateway.routes.admin, tenant))) == (
+    assert platform_used(used(await balances(http, gateway.admin, tenant))) == (
         platform_used(before) + PRICE
     )
     # The caller learns the deploy did happen: the ambiguous hold posts.
@@ -165,6 +165,6 @@ async def test_budget_runs_out_into_escalation_then_denial(
     tenant = gateway.tenant("decision-budget")
     statuses = [(await create(http, tenant, f"budget-{i}")).status_code for i in range(12)]
     assert statuses == [201] * 8 + [202] * 2 + [403] * 2
-    rows = await balances(http, gateway.routes.admin, tenant)
+    rows = await balances(http, gateway.admin, tenant)
     platform = rows["principal:platform"]
     assert platform["pending"] + platform["posted"] == platform["limit"] == 10_000 * 10**6

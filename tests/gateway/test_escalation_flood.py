@@ -22,7 +22,7 @@ async def queue(http: httpx.AsyncClient, gateway: Gateway, tenant_id: str) -> li
     response = await http.get(
         f"/v1/admin/tenants/{tenant_id}/escalations",
         params={"limit": 200},
-        headers=gateway.routes.admin,
+        headers=gateway.admin,
     )
     assert response.status_code == 200, response.text
     items: list[dict] = response.json()["escalations"]
@@ -66,7 +66,7 @@ async def test_one_agent_keeps_at_most_its_cap_waiting(
     # Deciding one gives its place back.
     decided = await http.post(
         f"/v1/escalations/{answers[statuses.index(202)].json()['escalation']}/reject",
-        headers=gateway.routes.admin,
+        headers=gateway.admin,
     )
     assert decided.status_code == 200, decided.text
     again = await http.post(

@@ -206,9 +206,9 @@ def test_fuzz_admin_api(gateway: Gateway) -> None:
     def run(client: httpx.Client, name: str, route: str, params: dict[str, str], text: str) -> None:
         path = f"/v1/admin/tenants/{name}/{route}"
         method = "POST" if route == "reconcile" else "GET"
-        check(client.request(method, path, params=params, headers=gateway.routes.admin))
+        check(client.request(method, path, params=params, headers=gateway.admin))
         if route == "policy":
-            check(client.put(path, content=text.encode(), headers=gateway.routes.admin))
+            check(client.put(path, content=text.encode(), headers=gateway.admin))
 
     fuzz(gateway, lambda client: run(client))
     assert_ledger_sound(gateway, tenant)
@@ -217,9 +217,7 @@ def test_fuzz_admin_api(gateway: Gateway) -> None:
 def assert_ledger_sound(gateway: Gateway, *tenants: Tenant) -> None:
     with httpx.Client(base_url=gateway.url, timeout=30.0, trust_env=False) as client:
         for tenant in tenants:
-            rows = client.get(
-                f"/v1/admin/tenants/{tenant.id}/balances", headers=gateway.routes.admin
-            )
+            rows = client.get(f"/v1/admin/tenants/{tenant.id}/balances", headers=gateway.admin)
             over = [r for r in rows.json() if r["pending"] + r["posted"] > r["limit"]]
             assert over == []
     audit = ledger_audit(gateway.redis_url, *tenants)

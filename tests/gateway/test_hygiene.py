@@ -58,7 +58,7 @@ async def test_an_order_meeting_two_new_risk_factors_is_admitted(
     )
     assert response.status_code == 201, response.text
     price = int(response.headers["x-irrev-price"])
-    rows = await balances(http, gateway.routes.admin, tenant)
+    rows = await balances(http, gateway.admin, tenant)
     for account in ("factor:supplier:new-payee", "factor:sku:new-sku"):
         assert rows[account]["posted"] == price, account
         assert rows[account]["limit"] == 100_000 * 10**6, account
@@ -130,7 +130,7 @@ async def test_two_authorization_headers_are_refused(
     body = b'{"supplier_id": "s1", "sku": "bolts", "quantity": 1, "unit_price": "1"}'
     for first, second in (
         (tenant.auth("buyer-01"), tenant.auth("buyer-02")),
-        (gateway.routes.admin, {"Authorization": "Bearer nobody"}),
+        (gateway.admin, {"Authorization": "Bearer nobody"}),
     ):
         headers = {
             "Authorization": first["Authorization"],
@@ -144,7 +144,7 @@ async def test_two_authorization_headers_are_refused(
         assert status == 400, text
         assert got["content-type"] == "application/problem+json"
         assert b'"reason":"bad_authorization"' in text
-    assert "two-auth" not in str(await holds_in(http, gateway.routes.admin, tenant, "posted"))
+    assert "two-auth" not in str(await holds_in(http, gateway.admin, tenant, "posted"))
 
 
 async def test_health_endpoints_name_no_tenant_to_strangers(
@@ -163,7 +163,7 @@ async def test_health_endpoints_name_no_tenant_to_strangers(
         'irrev_decisions_total{decision="admit",mode="enforce",reason="within_budget"}' in anonymous
     )
     assert 'irrev_live_holds{state="pending"}' in anonymous
-    as_admin = (await http.get("/metrics", headers=gateway.routes.admin)).text
+    as_admin = (await http.get("/metrics", headers=gateway.admin)).text
     assert f'tenant="{tenant.id}"' in as_admin
 
 
@@ -180,7 +180,7 @@ async def test_a_policy_whose_hold_ttl_cannot_outlive_a_forward_is_refused(
     response = await http.put(
         f"/v1/admin/tenants/{tenant.id}/policy",
         content=yaml.safe_dump(policy, sort_keys=False),
-        headers=await based(http, tenant.id, gateway.routes.admin),
+        headers=await based(http, tenant.id, gateway.admin),
     )
     body = assert_problem(response, 422, "invalid_policy")
     said = " ".join(body["problems"])

@@ -27,7 +27,7 @@ async def test_an_agent_cannot_use_another_tenants_routes(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     acme, globex = gateway.tenant("iso-acme"), gateway.tenant("iso-globex")
-    before = [used(await balances(http, gateway.routes.admin, t)) for t in (acme, globex)]
+    before = [used(await balances(http, gateway.admin, t)) for t in (acme, globex)]
     writeoff = await http.post(
         "/tools/inventory/stock/bolts/writeoff",
         json={"units": 1, "unit_cost": "10"},
@@ -43,7 +43,7 @@ async def test_an_agent_cannot_use_another_tenants_routes(
         headers=effect_headers(globex, "picker-1", "cross-2"),
     )
     assert_problem(order_, 403, "unknown_route")
-    assert [used(await balances(http, gateway.routes.admin, t)) for t in (acme, globex)] == before
+    assert [used(await balances(http, gateway.admin, t)) for t in (acme, globex)] == before
     for tenant in (acme, globex):
         assert (await upstream.get(f"/_seen/{tenant.id}")).json() == []
 
@@ -53,8 +53,8 @@ async def test_an_agent_cannot_see_or_settle_another_tenants_holds(
 ) -> None:
     acme, globex = gateway.tenant("iso-acme"), gateway.tenant("iso-globex")
     hold, location = await escalated_globex_hold(http, globex)
-    globex_used = used(await balances(http, gateway.routes.admin, globex))
-    acme_used = used(await balances(http, gateway.routes.admin, acme))
+    globex_used = used(await balances(http, gateway.admin, globex))
+    acme_used = used(await balances(http, gateway.admin, acme))
     intruder = acme.auth("buyer-01")
 
     assert_problem(await http.get(f"/v1/holds/{hold}", headers=intruder), 404, "not_found")
@@ -78,8 +78,8 @@ async def test_an_agent_cannot_see_or_settle_another_tenants_holds(
 
     mine = await http.get(location, headers=globex.auth("picker-1"))
     assert mine.status_code == 202 and mine.json()["status"] == "escalated"
-    assert used(await balances(http, gateway.routes.admin, globex)) == globex_used
-    assert used(await balances(http, gateway.routes.admin, acme)) == acme_used
+    assert used(await balances(http, gateway.admin, globex)) == globex_used
+    assert used(await balances(http, gateway.admin, acme)) == acme_used
 
 
 async def test_an_acme_hold_is_not_found_through_a_globex_token(
@@ -134,7 +134,7 @@ async def test_admin_routes_need_an_admin_token(
         body = assert_problem(response, 401, "unauthenticated")
         assert "admin" in body["detail"]
         assert response.headers["www-authenticate"] == "Bearer"
-    response = await http.request(method, path, headers=gateway.routes.admin, content=b"tenant: x")
+    response = await http.request(method, path, headers=gateway.admin, content=b"tenant: x")
     assert response.status_code != 401
 
 
@@ -142,7 +142,7 @@ async def test_admin_routes_of_an_unknown_tenant_are_404(
     gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     for path in ("balances", "journal", "escalations", "policy"):
-        response = await http.get(f"/v1/admin/tenants/nobody/{path}", headers=gateway.routes.admin)
+        response = await http.get(f"/v1/admin/tenants/nobody/{path}", headers=gateway.admin)
         assert_problem(response, 404, "unknown_tenant")
-    approve = await http.post("/v1/escalations/nobody.abc/approve", headers=gateway.routes.admin)
+    approve = await http.post("/v1/escalations/nobody.abc/approve", headers=gateway.admin)
     assert_problem(approve, 404, "not_found")

@@ -38,7 +38,7 @@ async def decide(gateway: Gateway, escalation: str, verdict: str, reason: str) -
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30, trust_env=False) as http:
         return await http.post(
             f"/v1/escalations/{escalation}/{verdict}",
-            headers=gateway.routes.admin,
+            headers=gateway.admin,
             json={"reason": reason},
         )
 

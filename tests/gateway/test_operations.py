@@ -61,7 +61,7 @@ async def test_every_refusal_is_counted_by_reason_wherever_it_happens(
     gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     tenant = gateway.tenant("ops")
-    before = samples(await scrape(http, gateway.routes.admin))
+    before = samples(await scrape(http, gateway.admin))
     refusals = [
         # Before the ledger: the route, the amount, the agent's per-effect cap, the key.
         (
@@ -101,7 +101,7 @@ async def test_every_refusal_is_counted_by_reason_wherever_it_happens(
     ]
     for response, status, reason in refusals:
         assert_problem(response, status, reason)
-    after = samples(await scrape(http, gateway.routes.admin))
+    after = samples(await scrape(http, gateway.admin))
     for _, status, reason in refusals:
         labels = {"tenant": tenant.id, "reason": reason, "status": str(status)}
         counted = value(after, "irrev_refusals_total", **labels)
@@ -113,7 +113,7 @@ async def test_every_refusal_is_counted_by_reason_wherever_it_happens(
     assert_problem(anonymous, 401, "unauthenticated")
     labels = {"tenant": "", "reason": "unauthenticated", "status": "401"}
     assert value(
-        samples(await scrape(http, gateway.routes.admin)), "irrev_refusals_total", **labels
+        samples(await scrape(http, gateway.admin)), "irrev_refusals_total", **labels
     ) > value(after, "irrev_refusals_total", **labels)
     # Each refusal is a log line naming tenant, agent, route and reason.
     logged = [
@@ -147,7 +147,7 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
     assert [r.status_code for r in waiting] == [202, 202, 202], [r.text for r in waiting]
 
     limits = f'irrev_budget_limit_micros{{tenant="{tenant.id}"'
-    found = samples(await scrape_fleet(http, gateway.routes.admin, limits))
+    found = samples(await scrape_fleet(http, gateway.admin, limits))
     account = {"tenant": tenant.id, "account": f"tenant:{tenant.id}"}
     limit = value(found, "irrev_budget_limit_micros", **account)
     pending = value(found, "irrev_budget_pending_micros", **account)
@@ -172,10 +172,10 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
         decided = await http.post(
             f"{response.headers['location']}/{verb}",
             json={"reason": f"{verb}: checked with the budget owner"},
-            headers=gateway.routes.admin,
+            headers=gateway.admin,
         )
         assert decided.status_code in (200, 201), decided.text
-    found = samples(await scrape(http, gateway.routes.admin))
+    found = samples(await scrape(http, gateway.admin))
     by_ops = {"tenant": tenant.id, "admin": "operator:ops"}
     assert value(found, "irrev_admin_decisions_total", **by_ops, decision="approved") == 2
     assert value(found, "irrev_admin_decisions_total", **by_ops, decision="rejected") == 1
@@ -212,7 +212,7 @@ async def test_budgets_queue_admin_decisions_and_red_by_route(
     journal = await http.get(
         f"/v1/admin/tenants/{tenant.id}/journal",
         params={"count": 1000},
-        headers=gateway.routes.admin,
+        headers=gateway.admin,
     )
     [reserve] = [
         e
@@ -269,7 +269,7 @@ async def test_agent_accounts_are_reported_with_the_switch(
                 headers=effect_headers(tenant, "buyer-01", "a"),
             )
             assert admitted.status_code == 201, admitted.text
-            found = samples(await scrape(http, gateway.routes.admin))
+            found = samples(await scrape(http, gateway.admin))
     agent = {"tenant": tenant.id, "account": "agent:buyer-01"}
     assert value(found, "irrev_budget_limit_micros", **agent) == 100_000 * USD
     assert value(found, "irrev_budget_posted_micros", **agent) == int(
@@ -328,7 +328,7 @@ async def test_a_broken_policy_file_is_reported_once_and_blocks_no_other_tenant(
         async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
 
             async def limit_of(tenant_id: str, account: str) -> float:
-                found = samples(await scrape(http, gateway.routes.admin))
+                found = samples(await scrape(http, gateway.admin))
                 return value(found, "irrev_budget_limit_micros", tenant=tenant_id, account=account)
 
             await _until(lambda: limit_of(other.id, "principal:facilities"), "the new tenant")
@@ -367,10 +367,10 @@ async def test_a_broken_policy_file_is_reported_once_and_blocks_no_other_tenant(
             anonymous = await http.get("/readyz")
             assert anonymous.status_code == 200
             assert anonymous.json() == {"status": "degraded", "policy_files_failing": 1}
-            operator = (await http.get("/readyz", headers=gateway.routes.admin)).json()
+            operator = (await http.get("/readyz", headers=gateway.admin)).json()
             assert operator["tenants_degraded"] == [broken.id]
             assert operator["files_failing"] == [str(broken_file)]
-            found = samples(await scrape(http, gateway.routes.admin))
+            found = samples(await scrape(http, gateway.admin))
             assert value(found, "irrev_policy_failing", tenant=broken.id) == 1
             assert value(found, "irrev_policy_failing", tenant=other.id) == 0
             assert (
@@ -391,11 +391,11 @@ async def test_a_broken_policy_file_is_reported_once_and_blocks_no_other_tenant(
             fixed = applied[-1]["version"]
 
             async def in_force() -> bool:
-                found = samples(await scrape(http, gateway.routes.admin))
+                found = samples(await scrape(http, gateway.admin))
                 return value(found, "irrev_policy_info", tenant=broken.id, version=fixed) == 1
 
             await _until(in_force, "the fixed version as irrev_policy_info")
-            found = samples(await scrape(http, gateway.routes.admin))
+            found = samples(await scrape(http, gateway.admin))
             assert [
                 dict(labels)["version"]
                 for name, labels in found

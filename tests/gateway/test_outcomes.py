@@ -36,9 +36,7 @@ async def hold_state(http: httpx.AsyncClient, tenant: Tenant, agent: str, hold: 
 
 
 async def reconcile(http: httpx.AsyncClient, gateway: Gateway, tenant: Tenant) -> dict[str, Any]:
-    response = await http.post(
-        f"/v1/admin/tenants/{tenant.id}/reconcile", headers=gateway.routes.admin
-    )
+    response = await http.post(f"/v1/admin/tenants/{tenant.id}/reconcile", headers=gateway.admin)
     assert response.status_code == 200, response.text
     report: dict[str, Any] = response.json()
     return report
@@ -48,7 +46,7 @@ async def test_upstream_4xx_voids_and_restores_the_budget(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     tenant = gateway.tenant("outcomes")
-    before = used(await balances(http, gateway.routes.admin, tenant))
+    before = used(await balances(http, gateway.admin, tenant))
     await set_faults(upstream, tenant, status=409, apply=False, times=1)
     headers = effect_headers(tenant, "buyer-01", "refused")
     response = await http.post("/tools/supplier/orders", json=order(), headers=headers)
@@ -56,7 +54,7 @@ async def test_upstream_4xx_voids_and_restores_the_budget(
     assert response.json() == {"error": "injected"}
     hold = response.headers["x-irrev-hold"]
     assert await hold_state(http, tenant, "buyer-01", hold) == "voided"
-    assert used(await balances(http, gateway.routes.admin, tenant)) == before
+    assert used(await balances(http, gateway.admin, tenant)) == before
     # A repeat gets the recorded refusal; the supplier is not asked again.
     requests = (await supplier_stats(upstream, tenant))["requests"]
     again = await http.post("/tools/supplier/orders", json=order(), headers=headers)
@@ -67,7 +65,7 @@ async def test_upstream_4xx_voids_and_restores_the_budget(
 
 async def test_unreachable_upstream_voids(gateway: Gateway, http: httpx.AsyncClient) -> None:
     tenant = gateway.tenant("unreachable")
-    before = used(await balances(http, gateway.routes.admin, tenant))
+    before = used(await balances(http, gateway.admin, tenant))
     response = await http.post(
         "/tools/supplier/orders",
         json=order(),
@@ -76,7 +74,7 @@ async def test_unreachable_upstream_voids(gateway: Gateway, http: httpx.AsyncCli
     assert_problem(response, 502, "upstream_unreachable")
     hold = response.headers["x-irrev-hold"]
     assert await hold_state(http, tenant, "buyer-01", hold) == "voided"
-    assert used(await balances(http, gateway.routes.admin, tenant)) == before
+    assert used(await balances(http, gateway.admin, tenant)) == before
     # A repeat of the key gets the kept answer: the gateway's still, not the tool's
     # (it had lost its X-Irrev-Reason; failed before the fix).
     again = await http.post(
@@ -94,7 +92,7 @@ async def test_timeout_is_ambiguous_and_reconcile_posts_what_the_supplier_record
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     tenant = gateway.tenant("outcomes")
-    before = used(await balances(http, gateway.routes.admin, tenant))
+    before = used(await balances(http, gateway.admin, tenant))
     # The supplier records the order, then answers after the gateway stopped waiting.
     await set_faults(upstream, tenant, delay_s=4.5, apply=True, times=1)
     response = await http.post(
@@ -106,7 +104,7 @@ async def test_timeout_is_ambiguous_and_reconcile_posts_what_the_supplier_record
     assert body["why"] == "upstream_timeout"
     hold, price = response.headers["x-irrev-hold"], int(response.headers["x-irrev-price"])
     assert await hold_state(http, tenant, "buyer-02", hold) == "ambiguous"
-    charged = used(await balances(http, gateway.routes.admin, tenant))
+    charged = used(await balances(http, gateway.admin, tenant))
     assert charged[f"tenant:{tenant.id}"] - before.get(f"tenant:{tenant.id}", 0) == price
 
     report = await reconcile(http, gateway, tenant)
@@ -123,7 +121,7 @@ async def test_timeout_is_ambiguous_and_reconcile_posts_what_the_supplier_record
         "supplier POST /orders",
         price,
     )
-    assert used(await balances(http, gateway.routes.admin, tenant)) == charged
+    assert used(await balances(http, gateway.admin, tenant)) == charged
     assert f"irrev-{hold}" in (await supplier_stats(upstream, tenant))["keys"]
     # Settled: reconciling again changes nothing.
     assert hold not in str(await reconcile(http, gateway, tenant))
@@ -180,7 +178,7 @@ async def test_concurrent_retries_of_an_ambiguous_hold_send_it_once(
             assert_problem(first, 502, "upstream_ambiguous")
             hold = first.headers["x-irrev-hold"]
             key = f"irrev-{hold}"
-            charged = used(await balances(http, gateway.routes.admin, tenant))
+            charged = used(await balances(http, gateway.admin, tenant))
 
             await set_faults(upstream, tenant, hold_repeats=True, times=0)
             repeats = [
@@ -215,7 +213,7 @@ async def test_concurrent_retries_of_an_ambiguous_hold_send_it_once(
             assert stats["requests_by_key"][key] == 2  # the first send, one retry
             assert stats["orders"] == 1
             assert await hold_state(http, tenant, "buyer-01", hold) == "posted"
-            assert used(await balances(http, gateway.routes.admin, tenant)) == charged
+            assert used(await balances(http, gateway.admin, tenant)) == charged
 
 
 async def test_a_retry_forwards_the_stored_request_whatever_trace_it_comes_in(
@@ -250,7 +248,7 @@ async def test_reconcile_voids_a_not_found_order_only_after_the_hold_deadline(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     tenant = gateway.tenant("reconcile-ttl")  # hold_ttl 8s
-    before = used(await balances(http, gateway.routes.admin, tenant))
+    before = used(await balances(http, gateway.admin, tenant))
     # The supplier neither records the order nor answers in time.
     await set_faults(upstream, tenant, delay_s=4.0, apply=False, times=1)
     response = await http.post(
@@ -265,7 +263,7 @@ async def test_reconcile_voids_a_not_found_order_only_after_the_hold_deadline(
     early = await reconcile(http, gateway, tenant)
     assert hold in early["unresolved"]
     assert await hold_state(http, tenant, "buyer-04", hold) == "ambiguous"
-    assert used(await balances(http, gateway.routes.admin, tenant)) != before
+    assert used(await balances(http, gateway.admin, tenant)) != before
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 15
@@ -274,7 +272,7 @@ async def test_reconcile_voids_a_not_found_order_only_after_the_hold_deadline(
         assert loop.time() < deadline, "the hold was never voided"
         await asyncio.sleep(0.25)
     assert await hold_state(http, tenant, "buyer-04", hold) == "voided"
-    assert used(await balances(http, gateway.routes.admin, tenant)) == before
+    assert used(await balances(http, gateway.admin, tenant)) == before
     assert f"irrev-{hold}" not in (await supplier_stats(upstream, tenant))["keys"]
 
 
@@ -320,7 +318,7 @@ async def test_reconcile_never_voids_a_retry_on_its_way(
         assert loop.time() < deadline, report
         await asyncio.sleep(0.1)
     assert key in (await supplier_stats(upstream, tenant))["keys"]
-    rows = await balances(http, gateway.routes.admin, tenant)
+    rows = await balances(http, gateway.admin, tenant)
     assert used(rows)[f"tenant:{tenant.id}"] > 0
 
 
@@ -342,12 +340,12 @@ async def test_reconcile_lists_what_it_cannot_look_up(
         headers=tenant.auth("deployer-01"),
     )
     assert marked.json()["state"] == "ambiguous"
-    charged = used(await balances(http, gateway.routes.admin, tenant))
+    charged = used(await balances(http, gateway.admin, tenant))
     report = await reconcile(http, gateway, tenant)
     assert hold in report["unresolved"]
     assert hold not in report["posted"] + report["voided"]
     assert await hold_state(http, tenant, "deployer-01", hold) == "ambiguous"
-    assert used(await balances(http, gateway.routes.admin, tenant)) == charged
+    assert used(await balances(http, gateway.admin, tenant)) == charged
 
 
 async def test_an_in_progress_409_on_a_retry_keeps_the_hold_ambiguous(
@@ -363,14 +361,14 @@ async def test_an_in_progress_409_on_a_retry_keeps_the_hold_ambiguous(
     first = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
     assert_problem(first, 504, "upstream_ambiguous")
     hold = first.headers["x-irrev-hold"]
-    charged = used(await balances(http, gateway.routes.admin, tenant))
+    charged = used(await balances(http, gateway.admin, tenant))
 
     retry = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
     body = assert_problem(retry, 409, "in_flight")
     assert int(retry.headers["retry-after"]) >= 1
     assert body["hold"] == hold
     assert await hold_state(http, tenant, "buyer-04", hold) == "ambiguous"
-    assert used(await balances(http, gateway.routes.admin, tenant)) == charged
+    assert used(await balances(http, gateway.admin, tenant)) == charged
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 15
@@ -380,7 +378,7 @@ async def test_an_in_progress_409_on_a_retry_keeps_the_hold_ambiguous(
     final = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
     assert final.status_code == 201, final.text
     assert await hold_state(http, tenant, "buyer-04", hold) == "posted"
-    assert used(await balances(http, gateway.routes.admin, tenant)) == charged
+    assert used(await balances(http, gateway.admin, tenant)) == charged
     again = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
     assert (again.status_code, again.headers["x-irrev-replayed"]) == (201, "true")
     assert again.json() == final.json()
@@ -413,7 +411,7 @@ async def test_a_retry_that_cannot_reach_the_upstream_keeps_the_hold_ambiguous(
     finally:
         supplier.kill()
     hold = first.headers["x-irrev-hold"]
-    charged = used(await balances(http, gateway.routes.admin, tenant))
+    charged = used(await balances(http, gateway.admin, tenant))
 
     for _ in range(2):  # the claim ended: a second repeat is tried (and fails) again
         retry = await http.post("/tools/supplier/orders", json=order(), headers=headers)
@@ -422,7 +420,7 @@ async def test_a_retry_that_cannot_reach_the_upstream_keeps_the_hold_ambiguous(
         assert "repeat the same call later" in body["detail"], body["detail"]
         assert retry.headers["x-irrev-hold"] == hold
         assert await hold_state(http, tenant, "buyer-01", hold) == "ambiguous"
-        assert used(await balances(http, gateway.routes.admin, tenant)) == charged
+        assert used(await balances(http, gateway.admin, tenant)) == charged
 
 
 async def test_a_retry_answered_4xx_keeps_the_hold_ambiguous(
@@ -437,19 +435,19 @@ async def test_a_retry_answered_4xx_keeps_the_hold_ambiguous(
     first = await http.post("/tools/supplier/orders", json=order(quantity=4), headers=headers)
     assert_problem(first, 502, "upstream_ambiguous")
     hold = first.headers["x-irrev-hold"]
-    charged = used(await balances(http, gateway.routes.admin, tenant))
+    charged = used(await balances(http, gateway.admin, tenant))
 
     await set_faults(upstream, tenant, status=429, apply=False, times=1)
     retry = await http.post("/tools/supplier/orders", json=order(quantity=4), headers=headers)
     body = assert_problem(retry, 502, "upstream_ambiguous")
     assert (body["why"], body["upstream_status"]) == ("retry_upstream_429", 429)
     assert await hold_state(http, tenant, "buyer-05", hold) == "ambiguous"
-    assert used(await balances(http, gateway.routes.admin, tenant)) == charged
+    assert used(await balances(http, gateway.admin, tenant)) == charged
 
     final = await http.post("/tools/supplier/orders", json=order(quantity=4), headers=headers)
     assert final.status_code == 201, final.text
     assert await hold_state(http, tenant, "buyer-05", hold) == "posted"
-    assert used(await balances(http, gateway.routes.admin, tenant)) == charged
+    assert used(await balances(http, gateway.admin, tenant)) == charged
 
 
 async def test_an_agents_accept_header_does_not_reach_the_upstream(
@@ -477,14 +475,14 @@ async def test_a_406_leaves_the_hold_ambiguous_and_charged(
     after the handler made the effect: unlike the other 4xx it proves nothing about
     the effect, so the hold stays charged until a retry or the reconciler settles it."""
     tenant = gateway.tenant("not-acceptable")
-    before = used(await balances(http, gateway.routes.admin, tenant))
+    before = used(await balances(http, gateway.admin, tenant))
     await set_faults(upstream, tenant, status=406, apply=True, times=1)
     headers = effect_headers(tenant, "buyer-01", "made-then-406")
     response = await http.post("/tools/supplier/orders", json=order(), headers=headers)
     assert_problem(response, 502, "upstream_ambiguous")
     hold = response.headers["x-irrev-hold"]
     assert await hold_state(http, tenant, "buyer-01", hold) == "ambiguous"
-    after = used(await balances(http, gateway.routes.admin, tenant))
+    after = used(await balances(http, gateway.admin, tenant))
     assert after["agent:buyer-01"] > before.get("agent:buyer-01", 0)
 
 
@@ -496,7 +494,7 @@ async def test_a_request_the_http_client_cannot_make_releases_its_hold(
     released (it was left pending, then ambiguous, with a 500 saying nothing was
     admitted)."""
     tenant = gateway.tenant("unsendable")
-    before = used(await balances(http, gateway.routes.admin, tenant))
+    before = used(await balances(http, gateway.admin, tenant))
     body = json.dumps({"supplier_id": "s1", "cancellation_fee": "10"}).encode()
     headers = {
         **effect_headers(tenant, "buyer-01", "long-path"),
@@ -507,4 +505,4 @@ async def test_a_request_the_http_client_cannot_make_releases_its_hold(
     assert status == 502, raw
     assert json.loads(raw)["why"] == "request_not_sendable"
     assert await hold_state(http, tenant, "buyer-01", answered["x-irrev-hold"]) == "voided"
-    assert used(await balances(http, gateway.routes.admin, tenant)) == before
+    assert used(await balances(http, gateway.admin, tenant)) == before

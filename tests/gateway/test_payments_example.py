@@ -169,14 +169,14 @@ async def test_a_charge_is_priced_from_cents_and_sent_with_the_gateways_key(
     assert sent[0]["body"] == "amount=1999&currency=usd&customer=cus_1"
     assert payco.tenant.tokens["checkout-01"] not in str(sent)
 
-    rows = await balances(http, payco.gateway.routes.admin, payco.tenant)
+    rows = await balances(http, payco.gateway.admin, payco.tenant)
     retry = await charge(
         http, payco, "order-1001", "customer=cus_1&currency=usd&amount=1999", **version
     )
     assert retry.status_code == 200, retry.text
     assert retry.headers["x-irrev-hold"] == hold and retry.json()["id"] == made["id"]
     assert len(payco.received()) == before + 1
-    assert await balances(http, payco.gateway.routes.admin, payco.tenant) == rows
+    assert await balances(http, payco.gateway.admin, payco.tenant) == rows
 
     read = await http.get(f"{CHARGES}/{made['id']}", headers=agent(payco, "checkout-01"))
     assert read.status_code == 200, read.text
@@ -224,7 +224,7 @@ async def test_the_settler_trues_up_a_charge(payco: Payco, http: httpx.AsyncClie
     assert fee < price
 
     async def posted() -> int:
-        rows = await balances(http, payco.gateway.routes.admin, payco.tenant)
+        rows = await balances(http, payco.gateway.admin, payco.tenant)
         return int(rows["agent:checkout-01"]["posted"])
 
     before = await posted()

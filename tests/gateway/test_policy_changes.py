@@ -217,7 +217,7 @@ async def test_an_upload_from_a_forgotten_version_is_refused(
 async def served_yaml(http: httpx.AsyncClient, gateway: Gateway, tenant: str) -> httpx.Response:
     response = await http.get(
         f"/v1/admin/tenants/{tenant}/policy",
-        headers={**gateway.routes.admin, "Accept": "application/yaml"},
+        headers={**gateway.admin, "Accept": "application/yaml"},
     )
     assert response.status_code == 200, response.text
     return response
@@ -233,7 +233,7 @@ async def test_an_upload_names_the_version_it_was_made_from(
     base = yaml.safe_load(shown.text)
 
     async def put(document: dict[str, Any], if_match: str | None) -> httpx.Response:
-        headers = dict(gateway.routes.admin)
+        headers = dict(gateway.admin)
         if if_match is not None:
             headers["If-Match"] = if_match
         return await http.put(url, content=yaml.safe_dump(document), headers=headers)
@@ -262,6 +262,6 @@ async def test_an_upload_names_the_version_it_was_made_from(
     refused = assert_problem(await put(third, f'"{version}"'), 409, "policy_conflict")
     assert refused["fields"] == ["accounts.principals.platform.limit"]
     assert refused["current_version"] == version + 2
-    history = await http.get(f"{url}/history", headers=gateway.routes.admin, params={"limit": 3})
+    history = await http.get(f"{url}/history", headers=gateway.admin, params={"limit": 3})
     assert [h["version"] for h in history.json()] == [version + 2, version + 1, version]
     assert history.json()[0]["origin"] == "upload operator:ops"

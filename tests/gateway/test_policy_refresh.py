@@ -78,7 +78,7 @@ async def test_a_revocation_whose_epoch_bump_was_lost_is_served_within_the_full_
 
 
 async def feed_gauge(http: httpx.AsyncClient, gateway: Gateway) -> float | None:
-    text = (await http.get("/metrics", headers=gateway.routes.admin)).text
+    text = (await http.get("/metrics", headers=gateway.admin)).text
     for line in text.splitlines():
         if line.startswith("irrev_policy_feed_live "):
             return float(line.split()[1])

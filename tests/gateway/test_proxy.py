@@ -38,7 +38,7 @@ async def test_health_ready_and_metrics(gateway: Gateway, http: httpx.AsyncClien
         "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, "buyer-01", "m1")
     )
     live = f'irrev_live_holds{{state="pending",tenant="{tenant.id}"}}'
-    text = await scrape_fleet(http, gateway.routes.admin, live)
+    text = await scrape_fleet(http, gateway.admin, live)
     assert (
         'irrev_decisions_total{decision="admit",mode="enforce",reason="within_budget",'
         f'tenant="{tenant.id}"}}' in text
@@ -51,7 +51,7 @@ async def test_admitted_effect_is_forwarded_with_budget_headers(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     tenant = gateway.tenant("basics")
-    before = used(await balances(http, gateway.routes.admin, tenant))
+    before = used(await balances(http, gateway.admin, tenant))
     response = await http.post(
         "/tools/supplier/orders",
         json=order(quantity=10),
@@ -63,7 +63,7 @@ async def test_admitted_effect_is_forwarded_with_budget_headers(
     hold = response.headers["x-irrev-hold"]
     assert response.headers["x-irrev-decision"] == "admit"
     assert 0 < price <= 1000 * 10**6  # at most the face value, 1000 USD in micros
-    after = used(await balances(http, gateway.routes.admin, tenant))
+    after = used(await balances(http, gateway.admin, tenant))
     for account in (
         "tenant:" + tenant.id,
         "principal:procurement",
@@ -72,7 +72,7 @@ async def test_admitted_effect_is_forwarded_with_budget_headers(
     ):
         assert after[account] - before.get(account, 0) == price, account
     assert int(response.headers["x-irrev-remaining"]) >= 0
-    assert hold in await holds_in(http, gateway.routes.admin, tenant, "posted")
+    assert hold in await holds_in(http, gateway.admin, tenant, "posted")
     stats = await supplier_stats(upstream, tenant)
     assert f"irrev-{hold}" in stats["keys"]
 
@@ -99,14 +99,14 @@ async def test_read_route_is_forwarded_without_a_hold(
     gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     tenant = gateway.tenant("basics")
-    before = await balances(http, gateway.routes.admin, tenant)
+    before = await balances(http, gateway.admin, tenant)
     requests_before = (await supplier_stats(upstream, tenant))["requests"]
     response = await http.get("/tools/supplier/catalog", headers=tenant.auth("buyer-03"))
     assert response.status_code == 200
     assert response.json() == {"skus": ["steel-coil", "bolts", "paint"]}
     assert response.headers["x-irrev-price"] == "0"
     assert "x-irrev-hold" not in response.headers
-    assert await balances(http, gateway.routes.admin, tenant) == before
+    assert await balances(http, gateway.admin, tenant) == before
     # A read needs no Idempotency-Key and creates no order.
     assert (await supplier_stats(upstream, tenant))["requests"] == requests_before
 
@@ -353,7 +353,7 @@ async def test_bad_input_is_a_problem_and_debits_nothing(
     reason: str,
 ) -> None:
     tenant = gateway.tenant("bad-input")
-    before = await balances(http, gateway.routes.admin, tenant)
+    before = await balances(http, gateway.admin, tenant)
     sent = {
         **effect_headers(tenant, "buyer-01", f"bad-{reason}"),
         "Content-Type": "application/json",
@@ -363,7 +363,7 @@ async def test_bad_input_is_a_problem_and_debits_nothing(
         method, path, content=body, headers={k: v for k, v in sent.items() if v is not None}
     )
     assert_problem(response, status, reason)
-    assert await balances(http, gateway.routes.admin, tenant) == before
+    assert await balances(http, gateway.admin, tenant) == before
     assert (await supplier_stats(upstream, tenant))["requests"] == 0
 
 
@@ -390,7 +390,7 @@ async def test_a_body_field_the_route_does_not_list_is_refused(
 ) -> None:
     """POST /orders lists its body fields: an unlisted one was forwarded unpriced."""
     tenant = gateway.tenant("bad-input")
-    before = await balances(http, gateway.routes.admin, tenant)
+    before = await balances(http, gateway.admin, tenant)
     requests = (await supplier_stats(upstream, tenant))["requests"]
     response = await http.post(
         "/tools/supplier/orders",
@@ -399,7 +399,7 @@ async def test_a_body_field_the_route_does_not_list_is_refused(
     )
     body = assert_problem(response, 422, "undeclared_field")
     assert body["field"] == "express"
-    assert await balances(http, gateway.routes.admin, tenant) == before
+    assert await balances(http, gateway.admin, tenant) == before
     assert (await supplier_stats(upstream, tenant))["requests"] == requests
 
 
@@ -409,12 +409,12 @@ async def test_a_trickled_body_is_cut_off_and_debits_nothing(
     """A slow loris: the body comes a byte at a time, far slower than
     IRREV_BODY_TIMEOUT_S allows. Before, it held the worker for as long as it liked."""
     tenant = gateway.tenant("bad-input")
-    before = await balances(http, gateway.routes.admin, tenant)
+    before = await balances(http, gateway.admin, tenant)
     headers = {**effect_headers(tenant, "buyer-01", "loris"), "Content-Type": "application/json"}
     body = json.dumps(order()).encode()
     status, problem = await trickled_request(gateway.url, "/tools/supplier/orders", headers, body)
     assert (status, problem["reason"]) == (408, "body_timeout")
-    assert await balances(http, gateway.routes.admin, tenant) == before
+    assert await balances(http, gateway.admin, tenant) == before
 
 
 async def test_budget_denial_names_the_numbers(gateway: Gateway, http: httpx.AsyncClient) -> None:
@@ -433,7 +433,7 @@ async def test_budget_denial_names_the_numbers(gateway: Gateway, http: httpx.Asy
     assert body["account"] == "principal:facilities"
     assert body["limit"] == 60_000 * 10**6
     assert 0 <= body["available"] < body["price"]
-    rows = await balances(http, gateway.routes.admin, tenant)
+    rows = await balances(http, gateway.admin, tenant)
     assert (
         rows["principal:facilities"]["pending"] + rows["principal:facilities"]["posted"]
         <= body["limit"]
@@ -482,7 +482,7 @@ async def test_what_is_priced_is_what_is_forwarded(
         assert (status, json.loads(content)["reason"]) == (422, "bad_request")
         assert headers["content-type"] == "application/problem+json"
         assert forwarded == []
-        assert used(await balances(http, gateway.routes.admin, tenant)) == {}
+        assert used(await balances(http, gateway.admin, tenant)) == {}
         return
     # Forwarded to exactly the priced path, the parameter percent-encoded.
     assert forwarded == [["POST", f"/{tenant.id}/orders/{quote(decoded, safe='')}/cancel"]]
@@ -505,9 +505,7 @@ async def test_one_key_on_two_unknown_routes_is_two_effects(
         assert response.status_code == 202, response.text
         holds.append(response.headers["x-irrev-hold"])
     assert holds[0] != holds[1] and holds[2] == holds[0]
-    queue = await http.get(
-        f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.routes.admin
-    )
+    queue = await http.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin)
     assert queue.status_code == 200, queue.text
     assert sorted(e["route"] for e in queue.json()["escalations"]) == [
         "inventory POST /adjustments",
@@ -522,13 +520,13 @@ async def test_an_effect_with_no_upstream_is_refused_before_anything_is_held(
     then refused `no_upstream`, leaving a hold that turned ambiguous and stayed
     charged for an effect that was never sent. It is refused before the reserve."""
     tenant = gateway.tenant("unknown-no-upstream")
-    before = used(await balances(http, gateway.routes.admin, tenant))
+    before = used(await balances(http, gateway.admin, tenant))
     response = await http.post(
         "/tools/deploy/rollbacks",
         json={"amount": "5"},
         headers=effect_headers(tenant, "deployer-01", "no-upstream"),
     )
     assert_problem(response, 403, "no_upstream")
-    assert used(await balances(http, gateway.routes.admin, tenant)) == before
+    assert used(await balances(http, gateway.admin, tenant)) == before
     for state in ("pending", "ambiguous"):
-        assert await holds_in(http, gateway.routes.admin, tenant, state) == {}
+        assert await holds_in(http, gateway.admin, tenant, state) == {}

@@ -137,7 +137,7 @@ def test_on_a_cluster_one_primary_refusing_writes_degrades_but_keeps_it_ready(
                 assert degraded.json() == {"status": "degraded", "primaries_refusing_writes": 1}
                 operator = httpx.get(
                     f"{gateway.url}/readyz",
-                    headers=gateway.routes.admin,
+                    headers=gateway.admin,
                     timeout=5,
                     trust_env=False,
                 ).json()

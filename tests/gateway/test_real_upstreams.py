@@ -248,7 +248,7 @@ async def test_a_header_the_forward_could_not_send_is_refused_before_anything_is
     sent the same stored header and failed the same way. (A trace context that is not
     printable ASCII is no valid one, and is dropped instead: test_tracing.py.)"""
     tenant = trusted.paying
-    before = used(await balances(client, trusted.gateway.routes.admin, tenant))
+    before = used(await balances(client, trusted.gateway.admin, tenant))
     sent = len(await received(upstream, trusted.supplier))
     headers = [
         *((k.encode(), v.encode()) for k, v in effect_headers(tenant, "buyer-01", "xff").items()),
@@ -256,7 +256,7 @@ async def test_a_header_the_forward_could_not_send_is_refused_before_anything_is
     ]
     response = await client.post("/tools/supplier/orders", json=order(), headers=headers)
     assert_problem(response, 400, "bad_header")
-    assert used(await balances(client, trusted.gateway.routes.admin, tenant)) == before
+    assert used(await balances(client, trusted.gateway.admin, tenant)) == before
     assert len(await received(upstream, trusted.supplier)) == sent
 
 
@@ -302,7 +302,7 @@ async def test_reconcile_looks_up_with_the_credentials(
     assert_problem(response, 504, "upstream_ambiguous")
     hold = response.headers["x-irrev-hold"]
     report = await client.post(
-        f"/v1/admin/tenants/{tenant.id}/reconcile", headers=trusted.gateway.routes.admin
+        f"/v1/admin/tenants/{tenant.id}/reconcile", headers=trusted.gateway.admin
     )
     assert report.status_code == 200, report.text
     assert hold in report.json()["posted"], report.json()
@@ -350,7 +350,7 @@ async def test_unsafe_or_missing_credentials_and_headers_are_refused(
     response = await client.put(
         f"/v1/admin/tenants/{trusted.paying.id}/policy",
         content=_upload_text(trusted, change),
-        headers=await based(client, trusted.paying.id, trusted.gateway.routes.admin),
+        headers=await based(client, trusted.paying.id, trusted.gateway.admin),
     )
     body = assert_problem(response, 422, "invalid_policy")
     assert named in response.text, body
@@ -385,7 +385,7 @@ async def test_a_rotated_secret_file_reaches_every_worker(
 async def test_route_allow_lists_refuse_before_anything_is_held_or_sent(
     trusted: Trusted, client: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant, admin = trusted.paying, trusted.gateway.routes.admin
+    tenant, admin = trusted.paying, trusted.gateway.admin
     allowed = await client.post(
         "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, "buyer-02", "s1")
     )
@@ -436,7 +436,7 @@ async def test_a_scope_naming_no_route_is_refused(
         response = await client.put(
             f"/v1/admin/tenants/{trusted.paying.id}/policy",
             content=text,
-            headers=await based(client, trusted.paying.id, trusted.gateway.routes.admin),
+            headers=await based(client, trusted.paying.id, trusted.gateway.admin),
         )
         body = assert_problem(response, 422, "invalid_policy")
         assert any("agents.buyer-05.routes[0]" in p for p in body["problems"]), body
@@ -489,7 +489,7 @@ async def test_an_approver_decides_escalations_of_its_tenant_by_name(
     assert_problem(await client.post(f"{location}/approve", headers=foreign), 404, "not_found")
     approved = await client.post(f"{location}/approve", headers=approver)
     assert approved.status_code == 201, approved.text
-    again = await client.post(f"{location}/approve", headers=trusted.gateway.routes.admin)
+    again = await client.post(f"{location}/approve", headers=trusted.gateway.admin)
     body = assert_problem(again, 409, "escalation_resolved")
     assert body["by"] == "approver-1"
     rejected_location = await escalate(client, trusted.paying, "buyer-06")
@@ -571,7 +571,7 @@ async def test_a_policy_admin_changes_its_policy_but_not_where_secrets_go(
     assert_problem(foreign, 404, "unknown_tenant")
     reload = await client.post("/v1/admin/policies/reload", headers=policy_admin)
     assert reload.json() == {"tenants": [paying]}, reload.text
-    operator = await client.post("/v1/admin/policies/reload", headers=trusted.gateway.routes.admin)
+    operator = await client.post("/v1/admin/policies/reload", headers=trusted.gateway.admin)
     assert {paying, trusted.other.id} <= set(operator.json()["tenants"])
 
 
@@ -602,9 +602,7 @@ async def test_a_tenant_admin_learns_nothing_of_another_tenants_broken_policy(
         assert upload.json()["status"] == "applied", upload.text
         for response in (reload, upload):
             assert variable not in response.text and trusted.other.id not in response.text
-        operator = await client.post(
-            "/v1/admin/policies/reload", headers=trusted.gateway.routes.admin
-        )
+        operator = await client.post("/v1/admin/policies/reload", headers=trusted.gateway.admin)
         assert_problem(operator, 422, "invalid_policy")
         assert variable in operator.text
     finally:
@@ -649,9 +647,7 @@ async def test_no_secret_reaches_logs_store_metrics_or_answers(
         await client.get(f"/v1/admin/tenants/{tenant.id}/policy", headers=trusted.admin("viewer"))
     )
     answers.append(
-        await client.get(
-            f"/v1/admin/tenants/{tenant.id}/journal", headers=trusted.gateway.routes.admin
-        )
+        await client.get(f"/v1/admin/tenants/{tenant.id}/journal", headers=trusted.gateway.admin)
     )
     answers.append(await client.get("/metrics"))
     store = await tenant_store_text(trusted.gateway.redis_url, tenant.id)

@@ -105,13 +105,13 @@ async def unreplicated_admissions(
         escalated = await send_order(http, tenant, "big", quantity=450)
         assert escalated.status_code == 202, escalated.text
         location = escalated.headers["location"]
-        before = used(await balances(http, gateway.routes.admin, tenant))
+        before = used(await balances(http, gateway.admin, tenant))
 
         await asyncio.to_thread(stop_replica)
         refused = assert_problem(await send_order(http, tenant, "o2"), 503, "not_replicated")
         assert (refused["replicas"], refused["wanted"]) == (0, 1)
         assert await orders_made(upstream, tenant) == 1  # nothing was sent
-        assert used(await balances(http, gateway.routes.admin, tenant)) == before  # released
+        assert used(await balances(http, gateway.admin, tenant)) == before  # released
         again = await send_order(http, tenant, "o2")  # a repeat of the key gets the same answer
         assert_problem(again, 503, "not_replicated")
         assert again.headers["x-irrev-replayed"] == "true"
@@ -145,14 +145,14 @@ async def unreplicated_admissions(
         assert_problem(again, 503, "not_replicated")
         assert again.headers["x-irrev-replayed"] == "true"
         assert not decided & again.headers.keys(), dict(again.headers)
-        approved = await http.post(f"{location}/approve", headers=gateway.routes.admin)
+        approved = await http.post(f"{location}/approve", headers=gateway.admin)
         assert_problem(approved, 503, "not_replicated")
         assert await orders_made(upstream, tenant) == 1
         poll = await http.get(location, headers=tenant.auth("buyer-01"))
         assert_problem(poll, 503, "not_replicated")
         assert poll.headers["x-irrev-reason"] == "not_replicated"
         escalation_price = int(escalated.headers["x-irrev-price"])
-        after = used(await balances(http, gateway.routes.admin, tenant))
+        after = used(await balances(http, gateway.admin, tenant))
         assert after[f"tenant:{tenant.id}"] == before[f"tenant:{tenant.id}"] - escalation_price
 
         await asyncio.to_thread(restore_replica)

@@ -97,7 +97,7 @@ async def unacknowledged_retry(
                 # have sent it); the test does so at once rather than wait for the dead
                 # gateway's sweep lease to lapse.
                 await ledger.mark_ambiguous(tenant.id, hold_id, "gateway_crash")
-                charged = used(await balances(http, gateway.routes.admin, tenant))
+                charged = used(await balances(http, gateway.admin, tenant))
                 for _ in range(2):  # each repeat claims, waits, is short, ends its claim
                     refused = assert_problem(
                         await send_order(http, tenant, "o2"), 503, "not_replicated"
@@ -105,7 +105,7 @@ async def unacknowledged_retry(
                     assert refused["hold"] == hold_id
                     assert "same Idempotency-Key" in refused["detail"]
                 assert await orders_made(upstream, tenant) == 1  # never sent again
-                assert used(await balances(http, gateway.routes.admin, tenant)) == charged
+                assert used(await balances(http, gateway.admin, tenant)) == charged
                 # Refused, a short claim puts nothing at risk: not counted as a write
                 # acknowledged without its wait (posts and true-ups are).
                 assert 'op="retry"' not in (await http.get("/metrics")).text

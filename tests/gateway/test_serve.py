@@ -310,9 +310,7 @@ def test_reconcile_survives_a_removed_route(
                 assert_problem(response, 502, "upstream_ambiguous")
                 holds[tool] = response.headers["x-irrev-hold"]
             upload(http, gateway, tenant, written)
-            response = http.post(
-                f"/v1/admin/tenants/{tenant.id}/reconcile", headers=gateway.routes.admin
-            )
+            response = http.post(f"/v1/admin/tenants/{tenant.id}/reconcile", headers=gateway.admin)
             assert response.status_code == 200, response.text
             report = response.json()
             assert report["posted"] == [holds["supplier"]]
@@ -320,7 +318,7 @@ def test_reconcile_survives_a_removed_route(
             ambiguous = http.get(
                 f"/v1/admin/tenants/{tenant.id}/holds",
                 params={"state": "ambiguous"},
-                headers=gateway.routes.admin,
+                headers=gateway.admin,
             ).json()
             assert [h["hold"] for h in ambiguous] == [holds["backup"]]
 
@@ -336,8 +334,8 @@ def with_backup_tool(text: str, tenant: Tenant) -> str:
 
 def upload(http: httpx.Client, gateway: Gateway, tenant: Tenant, text: str) -> None:
     url = f"/v1/admin/tenants/{tenant.id}/policy"
-    shown = http.get(url, headers=gateway.routes.admin)
-    response = http.put(url, content=text, headers={**gateway.routes.admin, **base_of(shown)})
+    shown = http.get(url, headers=gateway.admin)
+    response = http.put(url, content=text, headers={**gateway.admin, **base_of(shown)})
     assert response.status_code == 200, response.text
 
 

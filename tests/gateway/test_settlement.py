@@ -90,7 +90,7 @@ async def test_an_agent_compensating_its_payments_stays_within_its_window_cap(
                 headers=me,
             )
     executed = (await supplier_stats(upstream, tenant))["orders"]
-    agent = (await balances(http, gateway.routes.admin, tenant))["agent:buyer-01"]
+    agent = (await balances(http, gateway.admin, tenant))["agent:buyer-01"]
     assert executed * price == agent["posted"] <= agent["limit"]
     assert executed == sum(r.status_code == 201 for r in answers) < 30
 
@@ -104,7 +104,7 @@ async def test_an_agent_compensating_its_payments_stays_within_its_window_cap(
     ):
         refused = await http.post(f"/v1/holds/{hold}/{action}", json=body, headers=me)
         assert_problem(refused, 403, "settlement_forbidden")
-    assert (await balances(http, gateway.routes.admin, tenant))["agent:buyer-01"] == agent
+    assert (await balances(http, gateway.admin, tenant))["agent:buyer-01"] == agent
     audited(gateway, tenant)
 
 
@@ -124,7 +124,7 @@ async def test_an_agent_cannot_release_a_hold_while_it_is_forwarded(
     holds = await http.get(
         f"/v1/admin/tenants/{tenant.id}/holds",
         params={"state": "pending"},
-        headers=gateway.routes.admin,
+        headers=gateway.admin,
     )
     (hold,) = [h["hold"] for h in holds.json()]
     for action, body in (("void", None), ("post", {"amount_micros": 0}), ("ambiguous", {})):
@@ -153,7 +153,7 @@ async def test_a_settler_trues_up_its_tools_holds(
     settle = f"/v1/holds/{hold}/settle"
 
     async def agent_posted() -> int:
-        rows = await balances(http, gateway.routes.admin, tenant)
+        rows = await balances(http, gateway.admin, tenant)
         return int(rows["agent:buyer-01"]["posted"])
 
     before = await agent_posted()
@@ -175,7 +175,7 @@ async def test_a_settler_trues_up_its_tools_holds(
     above = await http.post(settle, json={"realised_micros": face + 1}, headers=mine)
     assert_problem(above, 422, "amount_above_face_value")
     assert_problem(
-        await http.post(settle, json={"realised_micros": 0}, headers=gateway.routes.admin),
+        await http.post(settle, json={"realised_micros": 0}, headers=gateway.admin),
         404,
         "unknown_tenant",
     )
@@ -183,7 +183,7 @@ async def test_a_settler_trues_up_its_tools_holds(
         settle,
         params={"tenant": tenant.id},
         json={"realised_micros": 0},
-        headers=gateway.routes.admin,
+        headers=gateway.admin,
     )
     assert by_admin.status_code == 200, by_admin.text
     assert await agent_posted() == before - price
@@ -199,10 +199,10 @@ async def test_an_agent_reports_no_more_than_it_was_priced_at(
     tenant = gateway.tenant("settle-bounds")
     me = tenant.auth("deployer-01")
     hold, price = await deploy(http, tenant, "huge")
-    before = await balances(http, gateway.routes.admin, tenant)
+    before = await balances(http, gateway.admin, tenant)
     huge = await http.post(f"/v1/holds/{hold}/post", json={"amount_micros": MAX}, headers=me)
     assert_problem(huge, 422, "amount_above_price")
-    rows = await balances(http, gateway.routes.admin, tenant)
+    rows = await balances(http, gateway.admin, tenant)
     assert rows == before
     assert all(r["pending"] + r["posted"] <= r["limit"] for r in rows.values())
     audited(gateway, tenant)
@@ -278,7 +278,7 @@ async def test_learned_counts_past_their_bound_never_stop_an_upload(
     data["agents"]["buyer-02"]["token_sha256"] = hash_token(format_token(bytes(32)))
     data["accounts"]["principals"]["facilities"]["limit"] = "61000"
     url = f"/v1/admin/tenants/{tenant.id}/policy"
-    headers = await based(http, tenant.id, gateway.routes.admin)
+    headers = await based(http, tenant.id, gateway.admin)
     uploaded = await http.put(url, content=yaml.safe_dump(data), headers=headers)
     assert uploaded.status_code == 200, uploaded.text
 
@@ -297,7 +297,7 @@ async def test_learned_counts_past_their_bound_never_stop_an_upload(
     assert 0 < price <= 1000 * USD
 
     written = path.read_text()
-    limit = (await balances(http, gateway.routes.admin, tenant))["principal:facilities"]["limit"]
+    limit = (await balances(http, gateway.admin, tenant))["principal:facilities"]["limit"]
     assert limit == 61_000 * USD
     clash = dict(data, agents={**data["agents"]})
     clash["agents"]["buyer-03"] = {
@@ -305,11 +305,11 @@ async def test_learned_counts_past_their_bound_never_stop_an_upload(
         "token_sha256": hash_token(gateway.tenant("settle-learn").tokens["buyer-01"]),
     }
     clash["accounts"] = {**data["accounts"], "tenant": {"limit": "1"}}
-    headers = await based(http, tenant.id, gateway.routes.admin)
+    headers = await based(http, tenant.id, gateway.admin)
     failed = await http.put(url, content=yaml.safe_dump(clash), headers=headers)
     assert_problem(failed, 422, "invalid_policy")
     assert path.read_text() == written
-    rows = await balances(http, gateway.routes.admin, tenant)
+    rows = await balances(http, gateway.admin, tenant)
     assert rows["principal:facilities"]["limit"] == limit
     assert rows[f"tenant:{tenant.id}"]["limit"] == 250_000 * USD
 

@@ -46,14 +46,14 @@ async def test_would_be_denials_are_forwarded_charged_and_recorded(
     # Every order reached the supplier and was posted: the shadow twin of the tenant's
     # budget shows the exposure; the enforced budget is untouched by it.
     assert (await supplier_stats(upstream, tenant))["orders"] == len(orders)
-    assert set(holds) <= set(await holds_in(http, gateway.routes.admin, tenant, "posted"))
-    rows = await balances(http, gateway.routes.admin, tenant)
+    assert set(holds) <= set(await holds_in(http, gateway.admin, tenant, "posted"))
+    rows = await balances(http, gateway.admin, tenant)
     top = rows[f"shadow:tenant:{tenant.id}"]
     assert top["pending"] + top["posted"] > top["limit"] == rows[f"tenant:{tenant.id}"]["limit"]
     assert rows[f"tenant:{tenant.id}"]["pending"] + rows[f"tenant:{tenant.id}"]["posted"] == 0
 
     url = f"/v1/admin/tenants/{tenant.id}/journal"
-    journal = await http.get(url, params={"count": 1000}, headers=gateway.routes.admin)
+    journal = await http.get(url, params={"count": 1000}, headers=gateway.admin)
     entries = journal.json()["entries"]
     marked = {e["hold"]: e["shadow"] for e in entries if e["op"] == "reserve" and "shadow" in e}
     # (The per-effect cap is checked before the ledger; the tenant, over its limit by
@@ -66,7 +66,7 @@ async def test_would_be_denials_are_forwarded_charged_and_recorded(
     }
     assert logged[holds[-1]] == ("deny", "per_effect_cap")
     assert {h: d for h, (d, _) in logged.items()} == shadow
-    metrics = (await http.get("/metrics", headers=gateway.routes.admin)).text
+    metrics = (await http.get("/metrics", headers=gateway.admin)).text
     assert (
         'irrev_decisions_total{decision="deny",mode="shadow",reason="per_effect_cap",'
         f'tenant="{tenant.id}"}} 1.0' in metrics
@@ -112,7 +112,7 @@ async def test_budget_headers_carry_the_unit(gateway: Gateway, http: httpx.Async
     assert currency == "USD" and round(float(major) * 10**6) == price
     assert "," not in headers["x-irrev-remaining-text"]
     assert "x-irrev-shadow-decision" not in headers
-    held = (await holds_in(http, gateway.routes.admin, tenant, "posted"))[headers["x-irrev-hold"]]
+    held = (await holds_in(http, gateway.admin, tenant, "posted"))[headers["x-irrev-hold"]]
     assert held["currency"] == "USD"
     assert held["posted_text"][f"tenant:{tenant.id}"] == f"{major} USD"
     assert held["deadline_at"].endswith("Z")
@@ -164,7 +164,7 @@ async def test_a_shadow_effect_above_every_cap_leaves_enforced_routes_admitted(
         assert deploy.status_code == 201, deploy.text
         assert deploy.headers["x-irrev-decision"] == "admit"
         assert "x-irrev-shadow-decision" not in deploy.headers
-    rows = await balances(http, gateway.routes.admin, tenant)
+    rows = await balances(http, gateway.admin, tenant)
     enforced, shadow = rows[f"tenant:{tenant.id}"], rows[f"shadow:tenant:{tenant.id}"]
     assert enforced["pending"] + enforced["posted"] == 3 * 1_000 * 10**6  # the deploys
     assert shadow["pending"] + shadow["posted"] > shadow["limit"]

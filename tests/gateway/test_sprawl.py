@@ -45,7 +45,7 @@ async def client(sprawl: Gateway) -> AsyncIterator[httpx.AsyncClient]:
 
 
 async def supplier_accounts(client: httpx.AsyncClient, gateway: Gateway) -> set[str]:
-    rows = await balances(client, gateway.routes.admin, gateway.tenant("own"))
+    rows = await balances(client, gateway.admin, gateway.tenant("own"))
     return {account for account in rows if account.startswith("factor:supplier:")}
 
 

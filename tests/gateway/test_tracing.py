@@ -309,7 +309,7 @@ async def test_an_agents_trace_runs_through_the_gateway_to_the_upstream(
             approval_header, approval_trace, _ = traceparent()
             approved = await http.post(
                 f"{escalated.headers['location']}/approve",
-                headers={**gateway.routes.admin, "traceparent": approval_header},
+                headers={**gateway.admin, "traceparent": approval_header},
             )
             assert approved.status_code == 201, approved.text
             approval = collector.wait_for(approval_trace, {"irrev.approval", "irrev.forward"})

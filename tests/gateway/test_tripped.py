@@ -29,9 +29,7 @@ async def buy(http: httpx.AsyncClient, tenant: Tenant, agent: str, supplier: str
 
 async def queued(http: httpx.AsyncClient, gateway: Gateway, escalation: str) -> dict[str, Any]:
     tenant = gateway.tenant("tripped")
-    queue = await http.get(
-        f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.routes.admin
-    )
+    queue = await http.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin)
     assert queue.status_code == 200, queue.text
     [item] = [i for i in queue.json()["escalations"] if i["escalation"] == escalation]
     return item
@@ -51,7 +49,7 @@ async def test_after_a_raise_the_queue_names_the_account_that_tripped(
             "duration": "1h",
             "reason": "quarter-end",
         },
-        headers=gateway.routes.admin,
+        headers=gateway.admin,
     )
     assert raised.status_code == 201, raised.text
 
@@ -64,7 +62,7 @@ async def test_after_a_raise_the_queue_names_the_account_that_tripped(
         if answer.status_code == 202:
             break
     assert answer.status_code == 202, "the supplier's soft band never escalated"
-    rows = await balances(http, gateway.routes.admin, tenant)
+    rows = await balances(http, gateway.admin, tenant)
     facilities = rows["principal:facilities"]
     assert 48_000 * 10**6 < facilities["pending"] + facilities["posted"] < 108_000 * 10**6
 
@@ -82,5 +80,5 @@ async def test_after_a_raise_the_queue_names_the_account_that_tripped(
     trip = item["tripped"]
     assert trip["account"] == "principal:facilities", trip
     assert (trip["threshold_text"], trip["limit_text"]) == ("108,000 USD", "120,000 USD")
-    rows = await balances(http, gateway.routes.admin, tenant)
+    rows = await balances(http, gateway.admin, tenant)
     assert rows["principal:facilities"]["effective_limit"] == trip["limit"]

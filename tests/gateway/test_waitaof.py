@@ -87,7 +87,7 @@ async def test_an_admission_the_primary_did_not_fsync_is_released(
         tenant = gateway.tenant("own")
         async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
             assert (await send_order(http, tenant, "o1")).status_code == 201
-            before = used(await balances(http, gateway.routes.admin, tenant))
+            before = used(await balances(http, gateway.admin, tenant))
             with redis.Redis.from_url(server.url) as admin:
                 admin.config_set(setting, off)
                 refused = assert_problem(await send_order(http, tenant, "o2"), 503, "not_fsynced")
@@ -98,7 +98,7 @@ async def test_an_admission_the_primary_did_not_fsync_is_released(
             assert again.headers["x-irrev-hold"] == refused["hold"]
             assert "x-irrev-decision" not in again.headers
             assert await orders_made(upstream, tenant) == 1  # nothing was sent
-            assert used(await balances(http, gateway.routes.admin, tenant)) == before  # released
+            assert used(await balances(http, gateway.admin, tenant)) == before  # released
             assert (await send_order(http, tenant, "o3")).status_code == 201
             assert await orders_made(upstream, tenant) == 2
         audit = ledger_audit(server.url, tenant)

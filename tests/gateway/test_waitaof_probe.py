@@ -211,7 +211,7 @@ async def test_a_post_whose_fsync_comes_back_short_is_counted_and_refused_until_
         tenant = gateway.tenant("own")
         async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
             series = 'irrev_unacknowledged_writes_total{op="post"}'
-            before = (await http.get("/metrics", headers=gateway.routes.admin)).text
+            before = (await http.get("/metrics", headers=gateway.admin)).text
             assert series not in before
             hold, _ = await deploy_hold(http, tenant, "d1")
             with redis.Redis.from_url(server.url) as admin:
@@ -227,7 +227,7 @@ async def test_a_post_whose_fsync_comes_back_short_is_counted_and_refused_until_
                 f"/v1/holds/{hold}/post", json={}, headers=tenant.auth("deployer-01")
             )
             assert again.status_code == 200, again.text
-            after = (await http.get("/metrics", headers=gateway.routes.admin)).text
+            after = (await http.get("/metrics", headers=gateway.admin)).text
         log = gateway.server.log(20_000)
     assert f"{series} 1.0" in after, after
     assert "write acknowledged without its wait" in log, log

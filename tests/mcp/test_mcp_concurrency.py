@@ -74,9 +74,9 @@ async def test_fifty_agents_against_one_budget_never_overdraw(
         assert text.startswith("irrev did not make this call: This call is priced "), denial
         assert " USD left this window" in text and "The budget renews at " in text, denial
         assert str(denial["price"]) not in text and str(denial["available"]) not in text
-    rows = await balances(http, mcp_gateway.gateway.routes.admin, tenant)
+    rows = await balances(http, mcp_gateway.gateway.admin, tenant)
     assert_no_overdraw(rows)
-    posted = await holds_in(http, mcp_gateway.gateway.routes.admin, tenant, "posted")
+    posted = await holds_in(http, mcp_gateway.gateway.admin, tenant, "posted")
     stats = await tool_stats(tools_http, tenant)
     assert stats["effects"] == len(posted) == len(admitted)
     assert set(stats["calls_by_key"]) == {f"irrev-{hold}" for hold in posted}
@@ -140,7 +140,7 @@ async def test_a_repeat_of_an_ambiguous_call_is_not_resent_to_a_server_that_may_
         assert KEY_META in result.content[0].text
         assert "Idempotency-Key" not in result.content[0].text
     base = f"/v1/admin/tenants/{tenant.id}"
-    report = (await http.post(f"{base}/reconcile", headers=mcp_gateway.gateway.routes.admin)).json()
+    report = (await http.post(f"{base}/reconcile", headers=mcp_gateway.gateway.admin)).json()
     assert hold in report["posted"], report
     async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
         settled = await client.call_tool("procure__flaky_order", order(), meta=meta)
@@ -191,7 +191,7 @@ async def test_server_killed_mid_call_is_ambiguous_until_reconciled(
         policies, f"mcp-kill-{uuid.uuid4().hex[:8]}", tools.url, hold_ttl="8s"
     )
     gateway = serve(tmp_path, redis_url, policies, IRREV_UPSTREAM_TIMEOUT_S="5")
-    admin = gateway.routes.admin
+    admin = gateway.admin
     try:
         async with httpx.AsyncClient(trust_env=False, timeout=30.0) as http:
             faults = {"hang_after_effect": True} if when == "after_effect" else {"delay_s": 60}

@@ -55,7 +55,7 @@ async def test_admitted_call_reaches_the_server_once_and_is_posted(
     stats = await tool_stats(tools_http, tenant)
     assert stats["calls_by_key"] == {f"irrev-{hold}": 1}
     response = await http.get(
-        f"/v1/holds/{hold}", params={"tenant": tenant.id}, headers=mcp_gateway.gateway.routes.admin
+        f"/v1/holds/{hold}", params={"tenant": tenant.id}, headers=mcp_gateway.gateway.admin
     )
     assert response.json()["state"] == "posted"
 
@@ -87,7 +87,7 @@ async def test_over_budget_is_a_result_the_model_can_act_on_and_debits_nothing(
     mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
 ) -> None:
     tenant = mcp_gateway.tenant("deny")
-    admin = mcp_gateway.gateway.routes.admin
+    admin = mcp_gateway.gateway.admin
     before = used(await balances(http, admin, tenant))
     async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
         # 300 x 100 USD = 30000 face value, at the per-effect cap; above the supplier's...
@@ -166,7 +166,7 @@ async def test_is_error_voids_only_where_the_route_says_not_executed(
     mcp_gateway: McpGateway, http: httpx.AsyncClient
 ) -> None:
     tenant = mcp_gateway.tenant("basics")
-    admin = mcp_gateway.gateway.routes.admin
+    admin = mcp_gateway.gateway.admin
     async with agent(mcp_gateway.url, tenant.auth("buyer-02")) as client:
         rejected = await client.call_tool("procure__reject_order", order(), meta=key())
         flaky = await client.call_tool("procure__flaky_order", order(), meta=key())

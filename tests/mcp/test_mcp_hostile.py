@@ -63,7 +63,7 @@ async def test_hostile_calls_are_refused_with_a_reason_and_debit_nothing(
     http: httpx.AsyncClient,
 ) -> None:
     tenant = mcp_gateway.tenant("hostile")
-    admin = mcp_gateway.gateway.routes.admin
+    admin = mcp_gateway.gateway.admin
     before = used(await balances(http, admin, tenant))
     async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
         result = await client.call_tool(name, arguments, meta={KEY_META: uuid.uuid4().hex})
@@ -117,7 +117,7 @@ async def test_malformed_json_is_refused_before_the_sdk_reads_it(
     http: httpx.AsyncClient,
 ) -> None:
     tenant = mcp_gateway.tenant("hostile")
-    before = used(await balances(http, mcp_gateway.gateway.routes.admin, tenant))
+    before = used(await balances(http, mcp_gateway.gateway.admin, tenant))
     response = await http.post(
         "/mcp",
         content=call_message(arguments_json),
@@ -129,7 +129,7 @@ async def test_malformed_json_is_refused_before_the_sdk_reads_it(
         },
     )
     assert_problem(response, 400, "bad_json")
-    assert used(await balances(http, mcp_gateway.gateway.routes.admin, tenant)) == before
+    assert used(await balances(http, mcp_gateway.gateway.admin, tenant)) == before
     assert (await tool_stats(tools_http, tenant))["calls"] == 0
 
 
@@ -149,7 +149,7 @@ async def test_an_http_tool_is_not_reached_through_mcp(
     """`web__anything` would go to the tenant's HTTP tool as method CALL, path
     /anything, priced as an unknown route and charged."""
     tenant = mcp_gateway.tenant("mixed")
-    admin = mcp_gateway.gateway.routes.admin
+    admin = mcp_gateway.gateway.admin
     before = used(await balances(http, admin, tenant))
     async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
         result = await client.call_tool(
@@ -270,7 +270,7 @@ async def test_a_trickled_mcp_body_is_cut_off_and_calls_nothing(
 ) -> None:
     """A slow loris on POST /mcp: 408 body_timeout, before the SDK or the ledger."""
     tenant = mcp_gateway.tenant("hostile")
-    before = used(await balances(http, mcp_gateway.gateway.routes.admin, tenant))
+    before = used(await balances(http, mcp_gateway.gateway.admin, tenant))
     calls = (await tool_stats(tools_http, tenant))["calls"]
     headers = {
         **tenant.auth("buyer-01"),
@@ -281,5 +281,5 @@ async def test_a_trickled_mcp_body_is_cut_off_and_calls_nothing(
     message = call_message(json.dumps(order(quantity=1)))
     status, problem = await trickled_request(mcp_gateway.url, "/mcp", headers, message)
     assert (status, problem["reason"]) == (408, "body_timeout")
-    assert used(await balances(http, mcp_gateway.gateway.routes.admin, tenant)) == before
+    assert used(await balances(http, mcp_gateway.gateway.admin, tenant)) == before
     assert (await tool_stats(tools_http, tenant))["calls"] == calls

@@ -98,7 +98,7 @@ async def test_a_repeat_the_server_is_down_for_keeps_the_call_ambiguous(
     the hold ("nothing was sent and the hold was released"): an effect made, uncharged."""
     async with ambiguous_call(tmp_path, redis_url, "mcp-redo") as call:
         call.tools.kill()
-        tenant, admin = call.tenant, call.gateway.routes.admin
+        tenant, admin = call.tenant, call.gateway.admin
         async with httpx.AsyncClient(base_url=call.gateway.url, trust_env=False) as gw:
             charged = used(await balances(gw, admin, tenant))
             async with agent(call.gateway.url, tenant.auth("buyer-01")) as client:
@@ -145,7 +145,7 @@ async def test_a_repeat_no_replica_acknowledged_is_not_sent(
     async with ambiguous_call(
         tmp_path, replicated_redis.primary.url, "mcp-wait", **settings
     ) as call:
-        tenant, admin, own = call.tenant, call.gateway.routes.admin, call.tools_http
+        tenant, admin, own = call.tenant, call.gateway.admin, call.tools_http
         calls = (await tool_stats(own, tenant))["calls"]
         async with httpx.AsyncClient(base_url=call.gateway.url, trust_env=False) as gw:
             charged = used(await balances(gw, admin, tenant))

@@ -179,7 +179,7 @@ async def hold_state(
     http: httpx.AsyncClient, gw: StdioGateway, tenant: McpTenant, hold: str
 ) -> str:
     response = await http.get(
-        f"/v1/holds/{hold}", params={"tenant": tenant.id}, headers=gw.gateway.routes.admin
+        f"/v1/holds/{hold}", params={"tenant": tenant.id}, headers=gw.gateway.admin
     )
     assert response.status_code == 200, response.text
     state: str = response.json()["state"]
@@ -226,7 +226,7 @@ async def test_deny_and_is_error_are_decided_as_for_http_servers(
     stdio_gateway: StdioGateway, http: httpx.AsyncClient
 ) -> None:
     tenant = stdio_gateway.tenant("stdio")
-    before = used(await balances(http, stdio_gateway.gateway.routes.admin, tenant))
+    before = used(await balances(http, stdio_gateway.gateway.admin, tenant))
     async with agent(stdio_gateway.url, tenant.auth("buyer-02")) as client:
         capped = await client.call_tool(
             "procure__place_order", order(quantity=700), meta=(capped_key := key())
@@ -240,7 +240,7 @@ async def test_deny_and_is_error_are_decided_as_for_http_servers(
         assert result.is_error and result.meta is not None
         states[name] = await hold_state(http, stdio_gateway, tenant, result.meta["dev.irrev/hold"])
     assert states == {"rejected": "voided", "flaky": "ambiguous"}
-    after = used(await balances(http, stdio_gateway.gateway.routes.admin, tenant))
+    after = used(await balances(http, stdio_gateway.gateway.admin, tenant))
     # Only the flaky order stays charged.
     assert sum(after.values()) > sum(before.values())
 
@@ -302,7 +302,7 @@ async def test_a_process_killed_mid_call_leaves_it_charged_and_is_started_again(
     assert result.structured_content["why"] == "process_exited"
     hold = result.structured_content["hold"]
     assert await hold_state(http, stdio_gateway, tenant, hold) == "ambiguous"
-    assert used(await balances(http, stdio_gateway.gateway.routes.admin, tenant))  # still charged
+    assert used(await balances(http, stdio_gateway.gateway.admin, tenant))  # still charged
 
     records.set_faults({})
     worker = next(s["ppid"] for s in records.starts() if s["pid"] == killed)
@@ -326,7 +326,7 @@ async def test_a_command_that_cannot_start_is_refused_and_releases_the_hold(
     assert refusal["reason"] == "upstream_unreachable"
     assert refusal["why"] in ("process_not_started", "process_restart_limit")
     assert await hold_state(http, stdio_gateway, tenant, refusal["hold"]) == "voided"
-    assert not used(await balances(http, stdio_gateway.gateway.routes.admin, tenant))
+    assert not used(await balances(http, stdio_gateway.gateway.admin, tenant))
     logged = [
         e for e in stdio_gateway.gateway.log_entries() if e.get("server", "").startswith(tenant.id)
     ]
@@ -351,7 +351,7 @@ async def test_a_server_that_keeps_exiting_is_given_up_on_with_a_clear_refusal(
         while not await given_up():
             assert asyncio.get_running_loop().time() < deadline, whys
     assert set(whys) <= {"process_not_started", "process_restarting", "process_restart_limit"}
-    assert not used(await balances(http, stdio_gateway.gateway.routes.admin, tenant))
+    assert not used(await balances(http, stdio_gateway.gateway.admin, tenant))
     down = [e for e in stdio_gateway.gateway.log_entries() if e.get("msg") == "MCP server down"]
     assert any(tenant.id in e["server"] and "restarts within" in e["why"] for e in down)
 
