@@ -13,7 +13,7 @@ from typing import Protocol
 from fastapi import Request
 
 from gateway.edge.problems import Problem
-from gateway.pipeline.admission import Gate
+from gateway.pipeline.prepare import Gate
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 from pricing.policy import AdminRole

@@ -11,7 +11,8 @@ import mcp_types as types
 from gateway.edge.canonical import Canonical
 from gateway.edge.problems import Problem, kept_problem
 from gateway.edge.wire import StoredAnswer
-from gateway.pipeline.admission import KEYLESS_ARGUMENTS, Gate, Intent, admit, prepare, upstream_of
+from gateway.pipeline.decision import admit
+from gateway.pipeline.prepare import KEYLESS_ARGUMENTS, Gate, Intent, prepare, upstream_of
 from gateway.pipeline.upstream import Answer, Fate
 from gateway.state.mcp_upstream import CALL_REFUSED, MCP_KEY, NOT_EXECUTED, RESULT
 from ledger import ReserveResult

@@ -21,7 +21,7 @@ from gateway.edge.notes import Note
 from gateway.edge.problems import Problem
 from gateway.edge.responses import escalation_id, hold_view
 from gateway.edge.wire import StoredRequest, receipt, record_of
-from gateway.pipeline.admission import resolved
+from gateway.pipeline.approve import resolved
 from gateway.state.events import (
     currency,
     effect_fields,

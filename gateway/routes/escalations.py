@@ -19,8 +19,9 @@ from gateway.edge.responses import (
     stored_response,
 )
 from gateway.edge.wire import StoredAnswer, StoredRequest, owner_of
-from gateway.pipeline import admission
-from gateway.pipeline.admission import Gate
+from gateway.pipeline import approve as approval
+from gateway.pipeline.approve import rejected_problem, resolved, resolved_already
+from gateway.pipeline.prepare import Gate
 from ledger import HoldState, HoldStateConflict
 from pricing.policy import AdminRole
 
@@ -70,7 +71,7 @@ async def poll(
             hold=hold_id,
         )
     if hold.state is HoldState.REJECTED:
-        raise admission.rejected_problem(hold.by, hold.note, hold_id)
+        raise rejected_problem(hold.by, hold.note, hold_id)
     raise Problem(
         403, "escalation_expired", "nobody approved this effect in time", state=hold.state.value
     )
@@ -101,7 +102,7 @@ async def approve(
     if policy is None:
         raise no_such_escalation()
     note = (await ruling_of(request, *body_bounds(gate))).reason
-    answer = await admission.approve(gate, policy, hold_id, who.name, note)
+    answer = await approval.approve(gate, policy, hold_id, who.name, note)
     if answer is None:
         # Decision-only: the in-process tool sees the hold pending and acts itself.
         body = {"status": "approved", "escalation": escalation, "by": who.name, "note": note}
@@ -130,7 +131,7 @@ async def reject(
             await gate.ledger.reject(tenant, hold_id, admin, note=note)
         except HoldStateConflict as exc:
             tracing.annotate(span, decision="conflict", state=exc.state.value)
-            raise admission.resolved_already(exc) from exc
+            raise resolved_already(exc) from exc
         tracing.annotate(span, decision="rejected")
-    admission.resolved(tenant, admin, "rejected", hold_id, stored, note)
+    resolved(tenant, admin, "rejected", hold_id, stored, note)
     return {"status": "rejected", "escalation": escalation, "by": admin, "note": note}

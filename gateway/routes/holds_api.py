@@ -24,16 +24,9 @@ from gateway.edge.responses import (
     stored_response,
 )
 from gateway.edge.wire import StoredAnswer, StoredRequest, parse_json_body, receipt, record_of
-from gateway.pipeline.admission import (
-    Gate,
-    Intent,
-    approve,
-    auto_approval,
-    prepare,
-    reserve,
-    shadowed,
-    unacknowledged,
-)
+from gateway.pipeline.approve import approve, auto_approval
+from gateway.pipeline.prepare import Gate, Intent, prepare
+from gateway.pipeline.reserve import reserve, shadowed, unacknowledged
 from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status, TransitionResult
 from pricing import EffectClass, TenantPolicy
 from pricing.calibration import TOP_KEPT, factor_ppm

@@ -37,7 +37,6 @@ from gateway.edge.problems import Problem, problem_for
 from gateway.edge.problems import refused as answer_refusal
 from gateway.edge.responses import escalation_id
 from gateway.edge.wire import JsonNumber, parse_json_body
-from gateway.pipeline.admission import CONTENT_KEY_PREFIX, Gate
 from gateway.pipeline.advice import (
     Retry,
     approval,
@@ -47,6 +46,7 @@ from gateway.pipeline.advice import (
     units_of,
 )
 from gateway.pipeline.mcp_pipeline import Outcome, call_effect
+from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate
 from gateway.pipeline.upstream import Fate
 from gateway.state import refusals
 from gateway.state.mcp_upstream import HOLD_META, KEY_META

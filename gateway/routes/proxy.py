@@ -24,15 +24,8 @@ from gateway.edge.responses import (
     stored_response,
 )
 from gateway.edge.wire import Headers, StoredAnswer
-from gateway.pipeline.admission import (
-    CONTENT_KEY_PREFIX,
-    Admitted,
-    Gate,
-    Intent,
-    admit,
-    prepare,
-    upstream_of,
-)
+from gateway.pipeline.decision import Admitted, admit
+from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate, Intent, prepare, upstream_of
 from gateway.pipeline.upstream import Answer
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent

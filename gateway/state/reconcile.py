@@ -14,7 +14,7 @@ from gateway.edge import metrics
 from gateway.edge.canonical import read_request
 from gateway.edge.problems import Problem
 from gateway.edge.wire import StoredAnswer, StoredRequest, upstream_key
-from gateway.pipeline.admission import Gate, target_of
+from gateway.pipeline.prepare import Gate, target_of
 from ledger import HoldNotDue, HoldState, HoldStateConflict
 from pricing import TenantPolicy, price_request
 from pricing.errors import RequestError

@@ -33,7 +33,7 @@ from ledger import Ledger, LedgerUnavailable, RefusalCount
 from pricing import TenantPolicy
 
 if TYPE_CHECKING:
-    from gateway.pipeline.admission import Gate
+    from gateway.pipeline.prepare import Gate
 
 log = logging.getLogger("irrev.gateway")
 HTTP = "http"

@@ -34,7 +34,8 @@ from redis.asyncio.connection import AbstractConnection
 import gateway
 from gateway.edge.canonical import read_request
 from gateway.edge.wire import StoredRequest
-from gateway.pipeline.admission import Admitted, Gate, Intent, admit, prepare
+from gateway.pipeline.decision import Admitted, admit
+from gateway.pipeline.prepare import Gate, Intent, prepare
 from gateway.pipeline.upstream import Answer, Fate
 from gateway.routes import admin
 from gateway.settings import GatewaySettings

@@ -24,7 +24,8 @@ import yaml
 
 from gateway.edge.canonical import read_request
 from gateway.edge.wire import StoredAnswer, StoredRequest, upstream_key
-from gateway.pipeline.admission import Admitted, Gate, Intent, admit, prepare
+from gateway.pipeline.decision import Admitted, admit
+from gateway.pipeline.prepare import Gate, Intent, prepare
 from gateway.pipeline.upstream import Answer, Fate, Upstream
 from gateway.settings import GatewaySettings
 from gateway.state.tenants import TenantStore

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from gateway.edge.problems import Problem
-from gateway.pipeline.admission import cap_problem, refusal, rejected_problem
 from gateway.pipeline.advice import NEXT_STEPS, Retry, account_words, escalation_sentence, units_of
+from gateway.pipeline.approve import rejected_problem
+from gateway.pipeline.prepare import cap_problem
+from gateway.pipeline.reserve import refusal
 from gateway.routes.mcp_server import refused
 from ledger import AccountCheck, Decision, HoldState, Reason, ReserveResult, Status
 from pricing import TenantPolicy
