@@ -11,20 +11,21 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.edge.problems import Problem
-from gateway.edge.responses import Shadowed
 from gateway.edge.wire import StoredAnswer, StoredRequest
 from gateway.pipeline.approve import approve, auto_approval, rejected_problem
 from gateway.pipeline.deliver import answer_by, fire
 from gateway.pipeline.prepare import Gate, Prepared, keyed_by_content, read_paced
-from gateway.pipeline.reserve import reserve_priced, shadowed
+from gateway.pipeline.reserve import Shadowed, reserve_priced, shadowed
 from gateway.pipeline.upstream import Answer, Upstream
 from ledger import (
     RULE_PREFIX,
     Hold,
     HoldState,
     HoldStateConflict,
+    PoolTicket,
     ReserveResult,
 )
 from pricing import (
@@ -36,20 +37,65 @@ log = logging.getLogger("irrev.gateway")
 
 
 @dataclass(frozen=True)
-class Admitted:
-    """What became of a held effect: `answer` is None while a human decides
-    (escalated), a StoredAnswer when a repeat of the key gets the recorded answer
-    back, else what the upstream answered now. `shadowed`: a would-be deny or
-    escalation that shadow mode forwarded anyway."""
+class Decision:
+    """What the gateway decided about one held effect, and what came of it: admitted
+    (and delivered: `answer`), escalated to a person (`answer` None while they
+    decide), a shadow mode's would-be deny or escalation let through (`shadowed`), or
+    the replay of an earlier decision (`replayed`: the answer kept with the hold, or
+    the same effect sent again). A denial is a refusal (edge/problems.py), not a
+    Decision. One record, rendered three ways: HTTP headers (edge/responses.py
+    `decision_headers`), the decision API's JSON (routes/holds_api.py), an MCP tool
+    result (routes/mcp_server.py)."""
 
-    result: ReserveResult
+    result: ReserveResult  # the ledger's decision and the numbers behind it
     hold_id: str
-    answer: Answer | StoredAnswer | None
+    answer: Answer | StoredAnswer | None = None
     shadowed: Shadowed | None = None
     key: str = ""  # the key it is held under (Prepared.agent_key)
-    # A repeat of an escalated effect's key: who approved it and why, for the agent.
+    replayed: bool = False
+    # The hold's state when its answer was read (a replay may find it settled).
+    state: HoldState = HoldState.PENDING
+    # Who approved it and why (a rule, or a person before a repeat of the key).
     by: str = ""
     note: str = ""
+    # How long its route lets a call that cannot poll wait for a person's decision.
+    wait_s: float = 0.0
+
+    @property
+    def escalated(self) -> bool:
+        """Waiting for a person (nothing was delivered, and the hold is escalated)."""
+        return self.answer is None and self.state is HoldState.ESCALATED
+
+    @property
+    def decision(self) -> str:
+        """What happened to the effect: shadow mode admits what it would refuse."""
+        return "admit" if self.shadowed is not None else self.result.decision.value
+
+    @property
+    def price(self) -> int:
+        return self.result.price
+
+    @property
+    def remaining(self) -> int:
+        return self.result.remaining
+
+
+def decided(
+    result: ReserveResult, prepared: Prepared, answer: Answer | StoredAnswer | None, **more: Any
+) -> Decision:
+    route = prepared.effect.route
+    wait_s = route.escalation_wait_ms / 1000 if route is not None else 0.0
+    state = more.pop("state", result.state)
+    return Decision(
+        result,
+        prepared.hold_id,
+        answer,
+        key=prepared.agent_key,
+        replayed=result.replayed,
+        state=state,
+        wait_s=wait_s,
+        **more,
+    )
 
 
 async def admit(
@@ -58,7 +104,7 @@ async def admit(
     agent: AuthenticatedAgent,
     prepared: Prepared,
     upstream: Upstream,
-) -> Admitted | Answer:
+) -> Decision | Answer:
     """The proxy's path: a read goes straight through (its bare Answer); an effect is
     reserved, then fired and settled, or escalated to a human; a repeat of its key
     gets the recorded answer or, for an ambiguous hold, the same effect again under
@@ -81,9 +127,8 @@ async def _admit(
     agent: AuthenticatedAgent,
     prepared: Prepared,
     upstream: Upstream,
-) -> Admitted | Answer:
-    hold_id, key = prepared.hold_id, prepared.agent_key
-    if not hold_id:
+) -> Decision | Answer:
+    if not prepared.hold_id:
         paced = read_paced(policy, agent)
         if paced:
             await gate.ledger.pace_reads(policy.tenant, paced)
@@ -91,30 +136,43 @@ async def _admit(
     sent = time.monotonic()
     result, prepared, ticket = await reserve_priced(gate, policy, agent, prepared)
     if result.state is HoldState.ESCALATED:
-        alone = ticket.alone if ticket is not None and ticket.alone is not None else 0
-        rule = await auto_approval(gate, policy, agent, result, alone)
-        if rule is None:
-            return Admitted(result, hold_id, None, key=key)
-        note = f"approved automatically by rule {rule.rule_id}"
-        try:
-            answer = await approve(gate, policy, hold_id, RULE_PREFIX + rule.rule_id, note)
-        except Problem as lost:
-            if lost.reason != "escalation_resolved":
-                raise
-            return Admitted(result, hold_id, None, key=key)  # a person (or the sweeper) was first
-        if answer is not None:
-            return Admitted(result, hold_id, answer, key=key)
-        return Admitted(result, hold_id, None, key=key)
+        answer = await escalate(gate, policy, agent, result, ticket)
+        return decided(result, prepared, answer)
     if not result.replayed:
         # The hold's life as Redis counts it (deadline - its creation, both Redis
         # time), measured from before the reserve was sent: never later than the
         # deadline, whatever this host's wall clock says.
         expires_at = sent + (result.deadline_ms - result.created_ms) / 1000
+        hold_id = prepared.hold_id
         answer = await fire(gate, policy, hold_id, prepared.request, expires_at, upstream)
-        return Admitted(result, hold_id, answer, shadowed(prepared, result), key)
+        return decided(result, prepared, answer, shadowed=shadowed(prepared, result))
     replayed, hold = await _replay(gate, policy, result, prepared, upstream)
-    by, note = (hold.by, hold.note) if hold is not None else ("", "")
-    return Admitted(result, hold_id, replayed, key=key, by=by, note=note)
+    if hold is None:
+        return decided(result, prepared, replayed)
+    return decided(result, prepared, replayed, state=hold.state, by=hold.by, note=hold.note)
+
+
+async def escalate(
+    gate: Gate,
+    policy: TenantPolicy,
+    agent: AuthenticatedAgent,
+    result: ReserveResult,
+    ticket: PoolTicket | None = None,
+) -> Answer | None:
+    """A new escalation approved at once by a live rule that covers it, if any (its
+    effect then forwarded, unless it is decision-only); None while it waits for a
+    person, also when a person (or the sweeper) resolved it first."""
+    alone = ticket.alone if ticket is not None and ticket.alone is not None else 0
+    rule = await auto_approval(gate, policy, agent, result, alone)
+    if rule is None:
+        return None
+    note = f"approved automatically by rule {rule.rule_id}"
+    try:
+        return await approve(gate, policy, result.hold_id, RULE_PREFIX + rule.rule_id, note)
+    except Problem as lost:
+        if lost.reason != "escalation_resolved":
+            raise
+        return None
 
 
 async def _replay(

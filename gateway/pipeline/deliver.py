@@ -7,12 +7,13 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from gateway.edge import metrics, tracing
 from gateway.edge.problems import PROBLEM_JSON, Problem
-from gateway.edge.wire import StoredRequest
+from gateway.edge.wire import StoredAnswer, StoredRequest
 from gateway.pipeline.crashpoints import crash_point
 from gateway.pipeline.prepare import Gate
 from gateway.pipeline.reserve import unacknowledged
@@ -134,7 +135,7 @@ def unproven_retry(answer: Answer) -> Answer:
     (a 429, a 4xx, an MCP 'method not found') says nothing about the first send, which
     may have made the effect: the hold stays ambiguous and charged (its claim ends),
     and the agent is told to repeat the same key later, never to use a new one."""
-    return Answer(Fate.UNKNOWN, answer.status, answer.headers, answer.body, f"retry_{answer.why}")
+    return replace(answer, fate=Fate.UNKNOWN, why=f"retry_{answer.why}")
 
 
 async def settle(
@@ -186,22 +187,26 @@ def _settlement(
     made again."""
     if answer.fate is Fate.UNKNOWN:
         return partial(gate.ledger.mark_ambiguous, tenant, hold_id, answer.why, claim)
-    status, headers, body, reason = _recordable(answer)
-    # The upstream kept only the headers that may reach the agent: all are recorded.
-    kept = frozenset(name.lower() for name, _ in headers)
-    outcome = request.answer(status, headers, body, keep=kept, reason=reason).dumps()
+    outcome = recorded(request, answer).dumps()
     if answer.fate is Fate.DELIVERED:
         return partial(gate.ledger.post, tenant, hold_id, request.price, outcome=outcome)
     return partial(gate.ledger.void, tenant, hold_id, outcome=outcome)
 
 
-def _recordable(answer: Answer) -> tuple[int, list[tuple[str, str]], bytes, str]:
-    """Status, headers, body and, for the gateway's own problem, its reason code."""
+UNREACHABLE = (
+    b'{"reason":"upstream_unreachable","detail":"the tool could not be reached; '
+    b'nothing was sent and the hold was released"}'
+)
+
+
+def recorded(request: StoredRequest, answer: Answer) -> StoredAnswer:
+    """The answer a settled hold keeps for repeats of its key (delivered, refused or
+    never sent: an unknown fate keeps none), in HTTP's shape, which the proxy, the
+    escalation poll and the events read back (`Answer.as_http`). The upstream kept
+    only the headers that may reach the agent: all are recorded."""
     if answer.fate is Fate.NOT_SENT:
-        reason = "upstream_unreachable"
-        body = (
-            b'{"reason":"upstream_unreachable","detail":"the tool could not be reached; '
-            b'nothing was sent and the hold was released"}'
-        )
-        return 502, [("content-type", PROBLEM_JSON)], body, reason
-    return answer.status, list(answer.headers), answer.body, ""
+        problem = [("content-type", PROBLEM_JSON)]
+        return request.answer(502, problem, UNREACHABLE, reason="upstream_unreachable")
+    http = answer.as_http()
+    kept = frozenset(name.lower() for name, _ in http.headers)
+    return request.answer(http.status, list(http.headers), answer.payload, keep=kept)

@@ -42,7 +42,9 @@ from pricing import (
 )
 from pricing.accounts import account_spec
 from pricing.credentials import AuthenticatedAgent
+from pricing.errors import UnknownRoute
 from pricing.serving import is_shadow
+from pricing.templates import CALL, TemplateError, parse_route
 
 log = logging.getLogger("irrev.gateway")
 # A trace context is new on every attempt by design; it does not change the effect.
@@ -84,15 +86,17 @@ class Gate:
 
 @dataclass(frozen=True)
 class Intent:
-    """An effect as an agent asked for it, parsed by its router: `path` starts with
-    '/'; `canonical` is the query and body as they are priced and forwarded;
-    `headers` are the agent's headers its tool lets through (lower-case names,
-    sorted); `keys` are the idempotency keys the agent sent (anything held needs
-    exactly one)."""
+    """An effect as an agent asked for it, parsed by its router, in the words of the
+    route it is addressed to: `operation` and `target` are the route's verb and what
+    it names (an HTTP method and path, starting with '/'; for an MCP tool, what its
+    `CALL <server>/<tool>` route reads as: `route_of_call`); `canonical` is the query
+    and body as they are priced and forwarded; `headers` are the agent's headers its
+    tool lets through (lower-case names, sorted); `keys` are the idempotency keys the
+    agent sent (anything held needs exactly one)."""
 
     tool: str
-    method: str
-    path: str
+    operation: str
+    target: str
     canonical: Canonical
     keys: Sequence[str] = ()
     headers: Headers = ()
@@ -100,6 +104,20 @@ class Intent:
     # What a call sent without a key repeats to be the same effect, for the sentences
     # that say so ("the same request", MCP's "the same arguments").
     keyless_name: str = KEYLESS_REQUEST
+
+
+def route_of_call(server: str, tool: str) -> tuple[str, str]:
+    """The operation and target of a call to MCP tool `tool` of server `server`, as
+    the policy's `CALL <server>/<tool>` route reads (pricing.templates.parse_route):
+    what the catalog matches, the hold's fingerprint reads and its request keeps."""
+    try:
+        operation, template = parse_route(f"{CALL} {server}/{tool}")
+    except TemplateError:
+        raise UnknownRoute(
+            f"{tool!r} is not a tool of MCP server {server!r} in the tenant's catalog "
+            "(unknown MCP tools are refused; add a 'CALL' route to the policy)"
+        ) from None
+    return operation, template.text
 
 
 @dataclass(frozen=True)
@@ -151,13 +169,13 @@ def prepare(
     keeps, the hold's id and the fingerprint that tells a repeat from a new effect."""
     canonical = intent.canonical
     with tracing.span(
-        "price", tenant=policy.tenant, tool=intent.tool, method=intent.method
+        "price", tenant=policy.tenant, tool=intent.tool, method=intent.operation
     ) as span:
         effect = price_request(
             policy,
             intent.tool,
-            intent.method,
-            intent.path,
+            intent.operation,
+            intent.target,
             canonical.query_map,
             canonical.document,
             canonical.body_format,
@@ -183,8 +201,8 @@ def prepare(
     request = StoredRequest(
         agent.agent_id,
         intent.tool,
-        intent.method,
-        intent.path,
+        intent.operation,
+        intent.target,
         canonical.query_text,
         canonical.content_type,
         base64.b64encode(body).decode(),
@@ -198,7 +216,7 @@ def prepare(
     if effect.effect_class is EffectClass.READ and not in_process:
         return Prepared(effect, request, "", "", key_name=intent.key_name)
     effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
-    digest = fingerprint(intent.method, intent.path, request.query, body, effect_headers)
+    digest = fingerprint(intent.operation, intent.target, request.query, body, effect_headers)
     route = effect.route
     if intent.keys or in_process or route is None or not route.keyless:
         agent_key = agent_key_of(intent.keys, intent.key_name)

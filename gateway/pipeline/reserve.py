@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from gateway.edge import metrics, tracing
 from gateway.edge.problems import PROBLEM_JSON, Problem
-from gateway.edge.responses import Shadowed, money
+from gateway.edge.responses import money
 from gateway.edge.wire import StoredAnswer
 from gateway.pipeline.advice import budget_refusal, next_window, units_of
 from gateway.pipeline.crashpoints import crash_point
@@ -235,6 +235,14 @@ async def _decided(
             result.fsynced,
         )
         crash_point("after_reserve")
+
+
+@dataclass(frozen=True)
+class Shadowed:
+    """What enforcement would have done with an effect that shadow mode let through."""
+
+    decision: str
+    reason: str
 
 
 def shadowed(prepared: Prepared, result: ReserveResult) -> Shadowed | None:

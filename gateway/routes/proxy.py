@@ -18,13 +18,13 @@ from gateway.edge.canonical import check_headers, check_raw_path, read_request
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
     answer_response,
-    budget_headers,
     decided_headers,
+    decision_headers,
     escalated_response,
     stored_response,
 )
 from gateway.edge.wire import Headers, StoredAnswer
-from gateway.pipeline.decision import Admitted, admit
+from gateway.pipeline.decision import Decision, admit
 from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate, Intent, prepare, upstream_of
 from gateway.pipeline.upstream import Answer
 from pricing import TenantPolicy
@@ -97,36 +97,28 @@ async def _proxy(
         headers=passed_headers(policy, tool, request.headers.items()),
     )
     prepared = prepare(policy, agent, intent, in_process=False)
-    admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, tool))
-    return admitted_response(policy, admitted)
+    decision = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, tool))
+    return decision_response(policy, decision)
 
 
-def repeat_phrase(admitted: Admitted) -> str:
+def repeat_phrase(decision: Decision) -> str:
     """How an agent asks again about its escalated request."""
-    if admitted.key.startswith(CONTENT_KEY_PREFIX):
+    if decision.key.startswith(CONTENT_KEY_PREFIX):
         return "send the identical request again: it is the same effect, not a new one"
     return "send the same request again with the same Idempotency-Key"
 
 
-def admitted_response(policy: TenantPolicy, admitted: Admitted | Answer) -> Response:
-    if isinstance(admitted, Answer):  # a read: nothing held, nothing charged
+def decision_response(policy: TenantPolicy, decision: Decision | Answer) -> Response:
+    if isinstance(decision, Answer):  # a read: nothing held, nothing charged
         unit = {"X-Irrev-Currency": policy.catalog.currency, "X-Irrev-Scale": str(policy.scale)}
-        return answer_response(admitted, {**READ_HEADERS, **unit})
-    result, hold_id, answer = admitted.result, admitted.hold_id, admitted.answer
-    if answer is None:
-        response = escalated_response(policy, hold_id, result, repeat_phrase(admitted))
-        response.headers[KEY_HEADER] = admitted.key
+        return answer_response(decision, {**READ_HEADERS, **unit})
+    if decision.answer is None:  # escalated: a person decides
+        response = escalated_response(policy, decision, repeat_phrase(decision))
+        response.headers[KEY_HEADER] = decision.key
         return response
-    would = admitted.shadowed
-    headers = budget_headers(
-        policy,
-        result,
-        hold_id,
-        replayed=result.replayed,
-        shadowed=would,
-    )
-    headers |= decided_headers(admitted.by, admitted.note)
-    headers[KEY_HEADER] = admitted.key
-    if isinstance(answer, StoredAnswer):
-        return stored_response(answer, headers)
-    return answer_response(answer, headers)
+    headers = decision_headers(policy, decision)
+    headers |= decided_headers(decision.by, decision.note)
+    headers[KEY_HEADER] = decision.key
+    if isinstance(decision.answer, StoredAnswer):
+        return stored_response(decision.answer, headers)
+    return answer_response(decision.answer, headers)

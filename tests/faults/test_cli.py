@@ -69,7 +69,7 @@ def test_every_crash_point_is_wired() -> None:
     import gateway
     from gateway.pipeline.crashpoints import POINTS
 
-    source = "".join(p.read_text() for p in Path(gateway.__file__).parent.glob("*.py"))
+    source = "".join(p.read_text() for p in Path(gateway.__file__).parent.rglob("*.py"))
     for point in POINTS:
         assert f'crash_point("{point}")' in source, point
 
