@@ -17,11 +17,11 @@ from fastapi.responses import Response
 from starlette.routing import Route
 
 from gateway.edge import logs, metrics, problems, tracing
-from gateway.edge.auth import AdminIdentity, gate_of, tenant_admin_auth
+from gateway.edge.auth import AdminIdentity, tenant_admin_auth
 from gateway.edge.bodies import BodyLimit
 from gateway.edge.problems import Problem
 from gateway.pipeline.prepare import Gate
-from gateway.routes import admin, console, escalations, holds_api, keys_api, openapi, proxy
+from gateway.routes import admin, console, escalations, gate_of, holds_api, keys_api, openapi, proxy
 from gateway.routes.mcp_mount import LazyMcp
 from gateway.routes.readiness import Writes
 from gateway.settings import GatewaySettings

@@ -7,13 +7,14 @@ which kind of token is expected."""
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from fastapi import Request
 
 from gateway.edge.problems import Problem
-from gateway.pipeline.prepare import Gate
+from gateway.settings import GatewaySettings
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 from pricing.policy import AdminRole
@@ -25,9 +26,30 @@ class Agents(Protocol):
     def authenticate(self, token: str) -> tuple[TenantPolicy, AuthenticatedAgent] | None: ...
 
 
-def gate_of(request: Request) -> Gate:
-    gate: Gate = request.app.state.gate
-    return gate
+class Credentials(Agents, Protocol):
+    """Where a token finds whom it names: the TenantStore, as the edge reads it."""
+
+    @property
+    def policies(self) -> Mapping[str, TenantPolicy]: ...
+
+    def tenant_admin(self, token: str) -> tuple[str, str, AdminRole] | None: ...
+
+    def settler(self, token: str) -> tuple[TenantPolicy, str] | None: ...
+
+
+class Door(Protocol):
+    """What authentication reads of the worker's Gate (gateway/pipeline/prepare.py)."""
+
+    @property
+    def settings(self) -> GatewaySettings: ...
+
+    @property
+    def tenants(self) -> Credentials: ...
+
+
+def _door(request: Request) -> Door:
+    door: Door = request.app.state.gate
+    return door
 
 
 def bearer(request: Request) -> str | None:
@@ -62,7 +84,7 @@ def _named(request: Request, tenant: str, who: str) -> None:
 OPERATOR_PREFIX = "operator:"
 
 
-def _admin_name(gate: Gate, token: str) -> str | None:
+def _admin_name(gate: Door, token: str) -> str | None:
     for known, name in gate.settings.admins().items():
         if hmac.compare_digest(known.encode(), token.encode()):
             return OPERATOR_PREFIX + name
@@ -70,7 +92,7 @@ def _admin_name(gate: Gate, token: str) -> str | None:
 
 
 async def agent_auth(request: Request) -> tuple[TenantPolicy, AuthenticatedAgent]:
-    return agent_of(request, gate_of(request).tenants)
+    return agent_of(request, _door(request).tenants)
 
 
 def agent_of(request: Request, tenants: Agents) -> tuple[TenantPolicy, AuthenticatedAgent]:
@@ -86,7 +108,7 @@ def agent_of(request: Request, tenants: Agents) -> tuple[TenantPolicy, Authentic
 
 async def admin_auth(request: Request) -> str:
     token = bearer(request)
-    name = _admin_name(gate_of(request), token) if token else None
+    name = _admin_name(_door(request), token) if token else None
     if name is None:
         raise _unauthenticated("admin")
     return name
@@ -129,7 +151,7 @@ def policy_of(
     """The policy of `tenant` if `admin` may act on it with `role` (AdminIdentity.require)."""
     unknown = Problem(404, "unknown_tenant", f"no policy for tenant {tenant!r}")
     admin.require(tenant, role, unknown)
-    policy = gate_of(request).tenants.policies.get(tenant)
+    policy = _door(request).tenants.policies.get(tenant)
     if policy is None:
         raise unknown
     return policy
@@ -140,7 +162,7 @@ async def tenant_admin_auth(request: Request) -> AdminIdentity:
     token = bearer(request)
     if token is None:
         raise _unauthenticated("admin")
-    gate = gate_of(request)
+    gate = _door(request)
     name = _admin_name(gate, token)
     if name is not None:
         return AdminIdentity(name)
@@ -170,7 +192,7 @@ async def caller_auth(request: Request) -> Caller:
     token = bearer(request)
     if token is None:
         raise _unauthenticated("agent or admin")
-    gate = gate_of(request)
+    gate = _door(request)
     name = _admin_name(gate, token)
     if name is not None:
         return Caller(admin=name)
@@ -201,7 +223,7 @@ async def settling_auth(request: Request, tenant: str | None = None) -> Settling
     token = bearer(request)
     if token is None:
         raise _unauthenticated("agent, settler or admin")
-    gate = gate_of(request)
+    gate = _door(request)
     name = _admin_name(gate, token)
     if name is not None:
         policy = gate.tenants.policies.get(tenant or "")

@@ -7,9 +7,9 @@ from urllib.parse import quote
 
 from fastapi.responses import JSONResponse, Response
 
+from gateway.edge.advice import escalation_sentence, units_of
 from gateway.edge.problems import Problem, kept_problem
 from gateway.edge.wire import BODY_OMITTED, StoredAnswer
-from gateway.pipeline.advice import escalation_sentence, units_of
 from gateway.pipeline.upstream import Answer, Fate
 from ledger import Hold, HoldState, ReserveResult
 from pricing import TenantPolicy

@@ -8,9 +8,9 @@ import logging
 import time
 
 from gateway.edge import metrics, tracing
+from gateway.edge.advice import rejection
 from gateway.edge.problems import Problem
 from gateway.edge.wire import StoredAnswer, StoredRequest
-from gateway.pipeline.advice import rejection
 from gateway.pipeline.crashpoints import crash_point
 from gateway.pipeline.deliver import fire
 from gateway.pipeline.prepare import Gate, upstream_of

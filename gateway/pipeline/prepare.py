@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, replace
 import httpx
 
 from gateway.edge import tracing
+from gateway.edge.advice import units_of
 from gateway.edge.canonical import Canonical
 from gateway.edge.in_flight import AgentSlots
 from gateway.edge.problems import Problem
 from gateway.edge.responses import money
 from gateway.edge.wire import Headers, StoredRequest, fingerprint, hold_id_for
-from gateway.pipeline.advice import units_of
 from gateway.pipeline.resettle import Resettler
 from gateway.pipeline.upstream import Upstream
 from gateway.settings import GatewaySettings

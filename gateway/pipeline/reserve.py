@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass, replace
 
 from gateway.edge import metrics, tracing
+from gateway.edge.advice import budget_refusal, next_window, units_of
 from gateway.edge.problems import PROBLEM_JSON, Problem
 from gateway.edge.responses import money
 from gateway.edge.wire import StoredAnswer
-from gateway.pipeline.advice import budget_refusal, next_window, units_of
 from gateway.pipeline.crashpoints import crash_point
 from gateway.pipeline.prepare import KEYLESS_NAMES, Gate, Prepared
 from gateway.state.http_upstream import HTTP_KEY

@@ -15,13 +15,14 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.edge.auth import AdminIdentity, gate_of, policy_of, tenant_admin_auth
+from gateway.edge.auth import AdminIdentity, policy_of, tenant_admin_auth
 from gateway.edge.bodies import read_body
 from gateway.edge.notes import Note
 from gateway.edge.problems import Problem
 from gateway.edge.responses import escalation_id, hold_view
 from gateway.edge.wire import StoredRequest, receipt, record_of
 from gateway.pipeline.approve import resolved
+from gateway.routes import gate_of
 from gateway.state.events import (
     currency,
     effect_fields,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.edge import tracing
-from gateway.edge.auth import AdminIdentity, Caller, caller_auth, gate_of, tenant_admin_auth
+from gateway.edge.auth import AdminIdentity, Caller, caller_auth, tenant_admin_auth
 from gateway.edge.notes import Ruling, ruling_of
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
@@ -22,6 +22,7 @@ from gateway.edge.wire import StoredAnswer, StoredRequest, owner_of
 from gateway.pipeline import approve as approval
 from gateway.pipeline.approve import rejected_problem, resolved, resolved_already
 from gateway.pipeline.prepare import Gate
+from gateway.routes import gate_of
 from ledger import HoldState, HoldStateConflict
 from pricing.policy import AdminRole
 

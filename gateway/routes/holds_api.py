@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.edge import metrics
-from gateway.edge.auth import Settling, agent_auth, gate_of, settling_auth
+from gateway.edge.auth import Settling, agent_auth, settling_auth
 from gateway.edge.bodies import read_body
 from gateway.edge.canonical import Canonical
 from gateway.edge.problems import Problem
@@ -27,6 +27,7 @@ from gateway.edge.wire import StoredAnswer, StoredRequest, parse_json_body, rece
 from gateway.pipeline.decision import Decision, decided, escalate
 from gateway.pipeline.prepare import Gate, Intent, prepare
 from gateway.pipeline.reserve import reserve, shadowed, unacknowledged
+from gateway.routes import gate_of
 from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status, TransitionResult
 from pricing import EffectClass, TenantPolicy
 from pricing.calibration import TOP_KEPT, factor_ppm

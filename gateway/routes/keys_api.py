@@ -17,8 +17,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gateway.edge.auth import AdminIdentity, gate_of, policy_of, tenant_admin_auth
+from gateway.edge.auth import AdminIdentity, policy_of, tenant_admin_auth
 from gateway.edge.problems import Problem
+from gateway.routes import gate_of
 from gateway.state import managed_keys
 from gateway.state.managed_keys import key_view
 from ledger import KeyKind, KeyNotFound, KeyNotLive, KeyRecord, KeySpec, LedgerError

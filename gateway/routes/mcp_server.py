@@ -30,14 +30,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.edge.auth import agent_of
-from gateway.edge.bodies import read_body
-from gateway.edge.canonical import Canonical
-from gateway.edge.problems import Problem, problem_for
-from gateway.edge.problems import refused as answer_refusal
-from gateway.edge.responses import escalation_id
-from gateway.edge.wire import JsonNumber, parse_json_body
-from gateway.pipeline.advice import (
+from gateway.edge.advice import (
     Retry,
     approval,
     duration_text,
@@ -45,6 +38,13 @@ from gateway.pipeline.advice import (
     next_step,
     units_of,
 )
+from gateway.edge.auth import agent_of
+from gateway.edge.bodies import read_body
+from gateway.edge.canonical import Canonical
+from gateway.edge.problems import Problem, problem_for
+from gateway.edge.problems import refused as answer_refusal
+from gateway.edge.responses import escalation_id
+from gateway.edge.wire import JsonNumber, parse_json_body
 from gateway.pipeline.decision import Decision
 from gateway.pipeline.mcp_pipeline import Outcome, call_effect
 from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate, route_of_call
@@ -313,7 +313,7 @@ async def wait_for_decision(
 
 def refused(problem: Problem, key: str) -> types.CallToolResult:
     """A refusal the model can act on: what happened and what to do (the problem's
-    text, gateway/pipeline/advice.py), and the problem's fields as structured content."""
+    text, gateway/edge/advice.py), and the problem's fields as structured content."""
     structured = {
         "reason": problem.reason,
         "status": problem.status,

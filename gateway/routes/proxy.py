@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from gateway.edge import tracecontext
-from gateway.edge.auth import agent_auth, gate_of
+from gateway.edge.auth import agent_auth
 from gateway.edge.bodies import read_body
 from gateway.edge.canonical import check_headers, check_raw_path, read_request
 from gateway.edge.problems import Problem
@@ -27,6 +27,7 @@ from gateway.edge.wire import Headers, StoredAnswer
 from gateway.pipeline.decision import Decision, admit
 from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate, Intent, prepare, upstream_of
 from gateway.pipeline.upstream import Answer
+from gateway.routes import gate_of
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 
