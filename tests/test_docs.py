@@ -56,11 +56,11 @@ def _reason_parameters(tree: ast.Module) -> dict[str, int]:
 def _raises_problems(path: Path, tree: ast.Module) -> bool:
     """The module builds gateway/edge/problems.py's HTTP Problem (pricing has its own
     Problem, a fault of a policy file, which is no reason code)."""
-    if path.parts[-2:] == ("gateway", "problems.py"):
+    if path.parts[-3:] == ("gateway", "edge", "problems.py"):
         return True
     return any(
         isinstance(node, ast.ImportFrom)
-        and node.module == "problems"
+        and node.module == "gateway.edge.problems"
         and any(alias.name == "Problem" for alias in node.names)
         for node in ast.walk(tree)
     )
