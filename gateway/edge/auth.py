@@ -7,24 +7,53 @@ which kind of token is expected."""
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
 
 from gateway.edge.problems import Problem
-from gateway.pipeline.admission import Gate
+from gateway.settings import GatewaySettings
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 from pricing.policy import AdminRole
 
 
-def gate_of(request: Request) -> Gate:
-    gate: Gate = request.app.state.gate
-    return gate
+class Agents(Protocol):
+    """Where a token finds its agent (gateway/state/tenants.py's TenantStore)."""
+
+    def authenticate(self, token: str) -> tuple[TenantPolicy, AuthenticatedAgent] | None: ...
 
 
-def _bearer(request: Request) -> str | None:
+class Credentials(Agents, Protocol):
+    """Where a token finds whom it names: the TenantStore, as the edge reads it."""
+
+    @property
+    def policies(self) -> Mapping[str, TenantPolicy]: ...
+
+    def tenant_admin(self, token: str) -> tuple[str, str, AdminRole] | None: ...
+
+    def settler(self, token: str) -> tuple[TenantPolicy, str] | None: ...
+
+
+class Door(Protocol):
+    """What authentication reads of the worker's Gate (gateway/pipeline/prepare.py)."""
+
+    @property
+    def settings(self) -> GatewaySettings: ...
+
+    @property
+    def tenants(self) -> Credentials: ...
+
+
+def _door(request: Request) -> Door:
+    door: Door = request.app.state.gate
+    return door
+
+
+def bearer(request: Request) -> str | None:
+    """The caller's Bearer token; None without one (401 wherever one is needed)."""
     values = request.headers.getlist("authorization")
     if len(values) > 1:
         # Which one is the caller? Proxies and frameworks disagree (first, last, joined).
@@ -55,7 +84,7 @@ def _named(request: Request, tenant: str, who: str) -> None:
 OPERATOR_PREFIX = "operator:"
 
 
-def _admin_name(gate: Gate, token: str) -> str | None:
+def _admin_name(gate: Door, token: str) -> str | None:
     for known, name in gate.settings.admins().items():
         if hmac.compare_digest(known.encode(), token.encode()):
             return OPERATOR_PREFIX + name
@@ -63,8 +92,14 @@ def _admin_name(gate: Gate, token: str) -> str | None:
 
 
 async def agent_auth(request: Request) -> tuple[TenantPolicy, AuthenticatedAgent]:
-    token = _bearer(request)
-    found = gate_of(request).tenants.authenticate(token) if token else None
+    return agent_of(request, _door(request).tenants)
+
+
+def agent_of(request: Request, tenants: Agents) -> tuple[TenantPolicy, AuthenticatedAgent]:
+    """The agent the request's Bearer token names (401 if none), also for `/mcp`, which
+    is served outside FastAPI's dependencies."""
+    token = bearer(request)
+    found = tenants.authenticate(token) if token else None
     if found is None:
         raise _unauthenticated("agent")
     _named(request, found[0].tenant, found[1].agent_id)
@@ -72,8 +107,8 @@ async def agent_auth(request: Request) -> tuple[TenantPolicy, AuthenticatedAgent
 
 
 async def admin_auth(request: Request) -> str:
-    token = _bearer(request)
-    name = _admin_name(gate_of(request), token) if token else None
+    token = bearer(request)
+    name = _admin_name(_door(request), token) if token else None
     if name is None:
         raise _unauthenticated("admin")
     return name
@@ -116,7 +151,7 @@ def policy_of(
     """The policy of `tenant` if `admin` may act on it with `role` (AdminIdentity.require)."""
     unknown = Problem(404, "unknown_tenant", f"no policy for tenant {tenant!r}")
     admin.require(tenant, role, unknown)
-    policy = gate_of(request).tenants.policies.get(tenant)
+    policy = _door(request).tenants.policies.get(tenant)
     if policy is None:
         raise unknown
     return policy
@@ -124,10 +159,10 @@ def policy_of(
 
 async def tenant_admin_auth(request: Request) -> AdminIdentity:
     """An operator or a tenant admin; each endpoint then checks tenant and role."""
-    token = _bearer(request)
+    token = bearer(request)
     if token is None:
         raise _unauthenticated("admin")
-    gate = gate_of(request)
+    gate = _door(request)
     name = _admin_name(gate, token)
     if name is not None:
         return AdminIdentity(name)
@@ -158,10 +193,10 @@ class Caller:
 
 async def caller_auth(request: Request) -> Caller:
     """An agent (for its own holds) or an admin (for any)."""
-    token = _bearer(request)
+    token = bearer(request)
     if token is None:
         raise _unauthenticated("agent or admin")
-    gate = gate_of(request)
+    gate = _door(request)
     name = _admin_name(gate, token)
     if name is not None:
         return Caller(admin=name)
@@ -189,10 +224,10 @@ class Settling:
 
 
 async def settling_auth(request: Request, tenant: str | None = None) -> Settling:
-    token = _bearer(request)
+    token = bearer(request)
     if token is None:
         raise _unauthenticated("agent, settler or admin")
-    gate = gate_of(request)
+    gate = _door(request)
     name = _admin_name(gate, token)
     if name is not None:
         policy = gate.tenants.policies.get(tenant or "")

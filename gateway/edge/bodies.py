@@ -3,7 +3,8 @@ body parameters before its authentication dependency runs, so without this an
 unauthenticated client could make a worker buffer a body of any size, or hold it
 with a body trickled for ever. A declared Content-Length over the bound is refused
 (413) without being kept; a chunked body is cut when it passes the bound; a body not
-whole within the deadline is cut (408). Routes keep their own checks.
+whole within the deadline is cut (408). Routes that know a tighter bound once the
+caller is known (the tenant's request_limits) read through `read_body`.
 
 A client still sending when the 413 goes out and the connection closes sees a reset,
 not the answer. So the rest of a body at most DRAIN_BYTES past the bound is read and
@@ -15,22 +16,44 @@ import asyncio
 import re
 import time
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.edge.problems import Problem, body_timeout
 
 DRAIN_BYTES = 1 << 20
+# The middleware's refusals end the connection: what the client still sends is not read.
+CLOSE = {"Connection": "close"}
 # A tenant's policy document may be larger than any agent's request.
 POLICY_UPLOAD = re.compile(r"/v1/admin/tenants/[^/]+/policy")
 
 
-def too_large(limit: int) -> Problem:
+def too_large(limit: int, headers: dict[str, str] | None = None) -> Problem:
     return Problem(
-        413,
-        "body_too_large",
-        f"request bodies are limited to {limit} bytes",
-        headers={"Connection": "close"},
+        413, "body_too_large", f"request bodies are limited to {limit} bytes", headers=headers
     )
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The whole body of a request the middleware let through, at most `limit` bytes
+    (refused on its declared length unread), within `timeout_s` (problems otherwise);
+    one FastAPI already read comes back as it was read."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (
+        not (declared.isascii() and declared.isdigit()) or int(declared) > limit
+    ):
+        raise too_large(limit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(limit)
+                chunks.append(chunk)
+            return b"".join(chunks)
+    except TimeoutError:
+        raise body_timeout(timeout_s) from None
 
 
 class BodyLimit:
@@ -59,7 +82,7 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             if declared.isdigit() and int(declared) <= limit + DRAIN_BYTES:
                 await drain(receive, deadline)
-            await too_large(limit).response()(scope, receive, send)
+            await too_large(limit, CLOSE).response()(scope, receive, send)
             return
         received, body_done, refused, started = 0, False, False, False
 
@@ -90,7 +113,7 @@ class BodyLimit:
             if received > limit:
                 if not body_done:
                     await drain(receive, deadline, DRAIN_BYTES)
-                return await refuse(too_large(limit))
+                return await refuse(too_large(limit, CLOSE))
             return message
 
         async def guarded_send(message: Message) -> None:

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.edge import metrics
-from gateway.pipeline.advice import next_step, told
+from gateway.edge.advice import next_step, told
 from gateway.state import refusals
 from ledger import (
     ArchivedCopyMissing,
@@ -53,7 +53,7 @@ class Problem(Exception):
 
     @property
     def text(self) -> str:
-        """What a model reads: the detail and the next step (gateway/pipeline/advice.py)."""
+        """What a model reads: the detail and the next step (gateway/edge/advice.py)."""
         return told(self.detail, self.reason)
 
     def response(self) -> JSONResponse:

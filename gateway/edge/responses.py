@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from fastapi.responses import JSONResponse, Response
 
+from gateway.edge.advice import escalation_sentence, units_of
 from gateway.edge.problems import Problem, kept_problem
 from gateway.edge.wire import BODY_OMITTED, StoredAnswer
-from gateway.pipeline.advice import escalation_sentence, units_of
 from gateway.pipeline.upstream import Answer, Fate
 from ledger import Hold, HoldState, ReserveResult
 from pricing import TenantPolicy
@@ -50,30 +49,47 @@ def hold_view(policy: TenantPolicy, hold: Hold) -> dict[str, Any]:
     return view
 
 
-@dataclass(frozen=True)
-class Shadowed:
-    """What enforcement would have done with an effect that shadow mode let through."""
+class Shadow(Protocol):
+    """What enforcement would have done with an effect shadow mode let through."""
 
-    decision: str
-    reason: str
+    @property
+    def decision(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
 
 
-def budget_headers(
-    policy: TenantPolicy,
-    result: ReserveResult,
-    hold_id: str,
-    *,
-    replayed: bool = False,
-    shadowed: Shadowed | None = None,
-) -> dict[str, str]:
-    """X-Irrev-Price and -Remaining in integer minor units for programs, the same
-    with their currency (`-Text`) for people, and X-Irrev-Currency and -Scale (minor
-    units per major unit) that say what the integers count, and what enforcement
-    would have done with an effect shadow mode let through (`shadowed`)."""
+class Decided(Protocol):
+    """A decision as the HTTP shapers read it (gateway/pipeline/decision.py's
+    `Decision`: the pipeline's record, which the edge renders without importing)."""
+
+    @property
+    def result(self) -> ReserveResult: ...
+
+    @property
+    def hold_id(self) -> str: ...
+
+    @property
+    def decision(self) -> str: ...
+
+    @property
+    def replayed(self) -> bool: ...
+
+    @property
+    def shadowed(self) -> Shadow | None: ...
+
+
+def decision_headers(policy: TenantPolicy, decided: Decided) -> dict[str, str]:
+    """The decision in headers: X-Irrev-Decision and -Hold, X-Irrev-Price and
+    -Remaining in integer minor units for programs, the same with their currency
+    (`-Text`) for people, and X-Irrev-Currency and -Scale (minor units per major unit)
+    that say what the integers count, and what enforcement would have done with an
+    effect shadow mode let through."""
     scale, currency = policy.scale, policy.catalog.currency
+    result = decided.result
     headers = {
-        "X-Irrev-Decision": result.decision.value,
-        "X-Irrev-Hold": hold_id,
+        "X-Irrev-Decision": decided.decision,
+        "X-Irrev-Hold": decided.hold_id,
         "X-Irrev-Price": str(result.price),
         "X-Irrev-Remaining": str(result.remaining),
         "X-Irrev-Price-Text": header_money(result.price, scale, currency),
@@ -81,13 +97,11 @@ def budget_headers(
         "X-Irrev-Currency": currency,
         "X-Irrev-Scale": str(scale),
     }
-    if shadowed is not None:
-        # The effect was admitted: X-Irrev-Decision says what happened.
-        headers["X-Irrev-Decision"] = "admit"
+    if decided.shadowed is not None:
         headers["X-Irrev-Mode"] = "shadow"
-        headers["X-Irrev-Shadow-Decision"] = shadowed.decision
-        headers["X-Irrev-Shadow-Reason"] = shadowed.reason
-    if replayed:
+        headers["X-Irrev-Shadow-Decision"] = decided.shadowed.decision
+        headers["X-Irrev-Shadow-Reason"] = decided.shadowed.reason
+    if decided.replayed:
         headers["X-Irrev-Replayed"] = "true"
     return headers
 
@@ -159,16 +173,18 @@ def answer_response(answer: Answer, extra: dict[str, str]) -> Response:
             why=answer.why,
             upstream_status=answer.status or None,
         )
-    return upstream_response(answer.status, answer.headers, answer.body, extra)
+    http = answer.as_http()
+    return upstream_response(http.status, http.headers, answer.payload, extra)
 
 
 def _retry_after(answer: Answer) -> str:
     """The upstream's own delay if it gave a sensible one (in seconds), else 1."""
-    given = dict((k.lower(), v) for k, v in answer.headers).get("retry-after", "")
+    headers = answer.http.headers if answer.http is not None else ()
+    given = dict((k.lower(), v) for k, v in headers).get("retry-after", "")
     return given if given.isascii() and given.isdigit() and 1 <= int(given) <= 60 else "1"
 
 
-# What budget_headers says of an admission besides its hold: its decision and figures.
+# What decision_headers says of an admission besides its hold: its decision and figures.
 DECISION_HEADERS = frozenset(
     {
         "X-Irrev-Decision",
@@ -204,12 +220,11 @@ def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:
     return upstream_response(stored.status, stored.headers, stored.body, extra)
 
 
-def escalated_response(
-    policy: TenantPolicy, hold_id: str, result: ReserveResult, repeat: str
-) -> JSONResponse:
+def escalated_response(policy: TenantPolicy, decided: Decided, repeat: str) -> JSONResponse:
     """202: a person decides. `repeat` says how the agent asks again (its key, or for a
     call keyed by its content, the identical request)."""
-    escalation = escalation_id(policy.tenant, hold_id)
+    result = decided.result
+    escalation = escalation_id(policy.tenant, decided.hold_id)
     location = f"/v1/escalations/{escalation}"
     said = escalation_sentence(units_of(policy), result, escalation)
     body = {
@@ -222,9 +237,5 @@ def escalated_response(
         "deadline_ms": result.deadline_ms,
         "deadline_at": rfc3339(result.deadline_ms),
     }
-    headers = {
-        **budget_headers(policy, result, hold_id, replayed=result.replayed),
-        "Location": location,
-        "Retry-After": "2",
-    }
+    headers = {**decision_headers(policy, decided), "Location": location, "Retry-After": "2"}
     return JSONResponse(body, 202, headers=headers)

@@ -1,93 +1,117 @@
-"""An MCP tool call through the admission pipeline (gateway/pipeline/admission.py: prepare ->
+"""An MCP tool call through the admission pipeline (gateway/pipeline/: prepare ->
 reserve -> deliver once through the tenant's MCP server -> settle), and what came of
 it, for the endpoint to shape into a tool result."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import mcp_types as types
+from pydantic import ValidationError
 
 from gateway.edge.canonical import Canonical
 from gateway.edge.problems import Problem, kept_problem
 from gateway.edge.wire import StoredAnswer
-from gateway.pipeline.admission import KEYLESS_ARGUMENTS, Gate, Intent, admit, prepare, upstream_of
+from gateway.pipeline.decision import Decision, admit
+from gateway.pipeline.prepare import (
+    KEYLESS_ARGUMENTS,
+    Gate,
+    Intent,
+    prepare,
+    route_of_call,
+    upstream_of,
+)
 from gateway.pipeline.upstream import Answer, Fate
-from gateway.state.mcp_upstream import CALL_REFUSED, MCP_KEY, NOT_EXECUTED, RESULT
-from ledger import ReserveResult
+from gateway.state.mcp_upstream import MCP_KEY
+from ledger import HoldState
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
-
-CALL = "CALL"
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What became of a call: escalated (a human decides), an answer (fate and body:
-    the CallToolResult as JSON), or a problem (the effect was not made, or its
-    outcome is unknown and no result came)."""
+    """What became of a call: its `decision` (None for a read, which holds nothing),
+    and what its answer means for the agent: a tool result (its fate, and the result
+    itself), or a problem (the effect was not made, or its outcome is unknown and no
+    result came). An escalated call has neither while a person decides."""
 
-    hold_id: str = ""
-    price: int = 0
-    escalated: bool = False
+    decision: Decision | None = None
     fate: Fate = Fate.DELIVERED
-    body: bytes = b""
-    tool_result: types.CallToolResult | None = None  # the body, parsed (a live answer)
+    tool_result: types.CallToolResult | None = None
     problem: Problem | None = None
-    key: str = ""  # the key it is held under: the agent's, or derived from its content
-    replayed: bool = False  # the answer of an earlier, identical call
-    # An escalation: its reserve (what tripped), how long its route lets the call wait
-    # for the decision, and how long it did.
-    result: ReserveResult | None = None
-    wait_s: float = 0.0
+    # How long an escalated call waited for the person's decision.
     waited_s: float = 0.0
-    # Who approved it and why, once decided (a repeat of an approved call's key).
-    by: str = ""
-    note: str = ""
+
+    @property
+    def escalated(self) -> bool:
+        return self.decision is not None and self.decision.escalated
 
 
-def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outcome:
+def outcome_of(decision: Decision) -> Outcome:
     """A tool result (live, or recorded with the settled hold) is passed on; anything
     else becomes the problem it means for the agent."""
+    answer, hold_id = decision.answer, decision.hold_id
+    if answer is None:
+        return Outcome(decision)
     if isinstance(answer, StoredAnswer):
-        if answer.reason:
-            # The gateway's own refusal, kept for repeats (nothing was sent): as it was.
-            return Outcome(hold_id, price, problem=_kept_problem(answer, hold_id))
-        if answer.status in (RESULT, NOT_EXECUTED):
-            fate = Fate.DELIVERED if answer.status == RESULT else Fate.REFUSED
-            return Outcome(hold_id, price, fate=fate, body=answer.body)
-        if answer.status == 404 or answer.status == CALL_REFUSED:
-            # Voided: the reconciler learnt it never happened, or the server refused it.
-            return Outcome(hold_id, price, problem=_voided(hold_id))
-        return Outcome(hold_id, price, problem=_unreachable(hold_id))
+        return Outcome(decision, *_recorded(answer, hold_id, decision.state))
+    return Outcome(decision, *_live(answer, hold_id))
+
+
+def _live(answer: Answer, hold_id: str) -> tuple[Fate, types.CallToolResult | None, Problem | None]:
+    """An answer the MCP server gave now: its result, or the problem its fate is."""
     if answer.fate is Fate.NOT_SENT:
-        return Outcome(hold_id, price, problem=_unreachable(hold_id, answer.why))
-    if answer.status in (RESULT, NOT_EXECUTED):
-        parsed = answer.parsed if isinstance(answer.parsed, types.CallToolResult) else None
-        return Outcome(hold_id, price, fate=answer.fate, body=answer.body, tool_result=parsed)
+        return answer.fate, None, _unreachable(hold_id, answer.why)
+    result = _result_of(answer.parsed, answer.payload)
+    if result is not None:
+        return answer.fate, result, None
     if answer.fate is Fate.REFUSED:
-        return Outcome(
-            hold_id,
-            price,
-            problem=Problem(
-                422,
-                "bad_request",
-                f"the MCP server refused the call before running it ({answer.why}); "
-                "nothing was done and the hold was released",
-                hold=hold_id or None,
-            ),
-        )
-    return Outcome(
-        hold_id,
-        price,
-        problem=Problem(
-            502,
-            "upstream_ambiguous",
-            "the call may or may not have taken effect; it stays charged until reconciled",
-            why=answer.why,
+        problem = Problem(
+            422,
+            "bad_request",
+            f"the MCP server refused the call before running it ({answer.why}); "
+            "nothing was done and the hold was released",
             hold=hold_id or None,
-        ),
+        )
+        return answer.fate, None, problem
+    problem = Problem(
+        502,
+        "upstream_ambiguous",
+        "the call may or may not have taken effect; it stays charged until reconciled",
+        why=answer.why,
+        hold=hold_id or None,
     )
+    return answer.fate, None, problem
+
+
+def _recorded(
+    answer: StoredAnswer, hold_id: str, state: HoldState
+) -> tuple[Fate, types.CallToolResult | None, Problem | None]:
+    """An answer kept with the settled hold, read by the hold's fate: a result whose
+    call was made (posted), or that says itself it was not (`isError`, the route's
+    "not executed"), is passed on; a voided hold with no such result was never made
+    (the server refused the call, or the reconciler learnt it never happened)."""
+    if answer.reason:
+        # The gateway's own refusal, kept for repeats (nothing was sent): as it was.
+        return Fate.REFUSED, None, _kept_problem(answer, hold_id)
+    result = _result_of(None, answer.body)
+    posted = state is not HoldState.VOIDED
+    if result is not None and (posted or result.is_error):
+        return (Fate.DELIVERED if posted else Fate.REFUSED), result, None
+    if not posted:
+        return Fate.REFUSED, None, _voided(hold_id)
+    return Fate.NOT_SENT, None, _unreachable(hold_id)
+
+
+def _result_of(parsed: object, payload: bytes) -> types.CallToolResult | None:
+    """The payload as a tool result (as the upstream's client parsed it, if it did);
+    None for anything else (a JSON-RPC error, nothing)."""
+    if isinstance(parsed, types.CallToolResult):
+        return parsed
+    try:
+        return types.CallToolResult.model_validate_json(payload)
+    except ValidationError:
+        return None
 
 
 def _kept_problem(answer: StoredAnswer, hold_id: str) -> Problem:
@@ -129,31 +153,18 @@ async def call_effect(
     """One `tools/call` through the admission pipeline, with the tenant's MCP server
     `server` as its Upstream; refusals are raised (Problem, RequestError). `key`: the
     agent's own idempotency key, '' when it sent none (most hosts): the call is then
-    keyed by its content, as its route says (admission.keyed_by_content)."""
+    keyed by its content, as its route says (prepare.keyed_by_content)."""
     if server not in policy.catalog.mcp_tools:
-        # An HTTP tool of the tenant would be sent method CALL with the agent's name
-        # as its path, and charged: /mcp reaches MCP servers only.
+        # An HTTP tool of the tenant would be sent a call with the agent's name as
+        # its path, and charged: /mcp reaches MCP servers only.
         raise Problem(403, "unknown_route", f"{server!r} is not an MCP server of this tenant")
     keys = (key,) if key else ()
+    operation, target = route_of_call(server, tool)
     intent = Intent(
-        server, CALL, f"/{tool}", canonical, keys, key_name=MCP_KEY, keyless_name=KEYLESS_ARGUMENTS
+        server, operation, target, canonical, keys, key_name=MCP_KEY, keyless_name=KEYLESS_ARGUMENTS
     )
     prepared = prepare(policy, agent, intent, in_process=False)
-    admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))
-    if isinstance(admitted, Answer):
-        return outcome_of(admitted, "", 0)  # a read: free, nothing held
-    price, held = admitted.result.price, admitted.key
-    replayed = admitted.result.replayed
-    if admitted.answer is None:
-        route = prepared.effect.route
-        return Outcome(
-            admitted.hold_id,
-            price,
-            escalated=True,
-            key=held,
-            replayed=replayed,
-            result=admitted.result,
-            wait_s=route.escalation_wait_ms / 1000 if route else 0.0,
-        )
-    outcome = outcome_of(admitted.answer, admitted.hold_id, price)
-    return replace(outcome, key=held, replayed=replayed, by=admitted.by, note=admitted.note)
+    decision = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))
+    if isinstance(decision, Answer):  # a read: free, nothing held
+        return Outcome(None, *_live(decision, ""))
+    return outcome_of(decision)

@@ -1,8 +1,10 @@
 """The seam between the admission pipeline and a tool's API: an `Upstream` makes an
-admitted effect and says what became of it. The pipeline (gateway/pipeline/admission.py)
-prices, holds, and settles the hold by the `Answer`'s fate; an upstream only
-delivers. HTTP tool APIs are one implementation (gateway/state/http_upstream.py); another
-protocol (MCP tools/call) is another, behind the same three-argument call.
+admitted effect and says what became of it. The pipeline (gateway/pipeline/: prepare,
+reserve, deliver) prices, holds, and settles the hold by the `Answer`'s fate; an
+upstream only delivers. HTTP tool APIs are one implementation
+(gateway/state/http_upstream.py); another protocol (MCP tools/call) is another, behind
+the same three-argument call, and no protocol's terms cross the seam but the HTTP
+API's own status and headers, which the proxy passes on (`HttpMeta`).
 
 What an answer's fate does to the hold: delivered (the effect happened: post),
 refused (it did not: void), not sent (provably never left the gateway: void; both
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from gateway.edge.wire import StoredRequest
+from gateway.edge.wire import Headers, StoredRequest
 
 
 class Fate(StrEnum):
@@ -28,25 +30,49 @@ class Fate(StrEnum):
     IN_PROGRESS = "in_progress"
 
 
+# An answer without an HTTP status of its own, as HTTP's shape has it (Answer.as_http).
+HTTP_STATUS_OF_FATE = {Fate.DELIVERED: 200, Fate.REFUSED: 422}
+
+
+@dataclass(frozen=True)
+class HttpMeta:
+    """What an HTTP tool API answered besides its body: its status, and those of its
+    headers that may reach the agent (kept with the settled hold for repeats)."""
+
+    status: int
+    headers: Headers = ()
+
+
 @dataclass(frozen=True)
 class Answer:
-    """What an upstream said, as the agent gets it.
-
-    `status`, `headers` and `body` are an HTTP answer (an upstream of another protocol
-    maps its result to one); `headers` are only those that may reach the agent (the
-    pipeline keeps them with the settled hold for repeats). `why` is a short reason
-    code for NOT_SENT and UNKNOWN (`upstream_timeout`, `upstream_reset`, ...): it is
-    recorded with an ambiguous hold, and a `timeout` in it makes the agent's answer a
-    504 rather than a 502."""
+    """What an upstream said, in no protocol's terms: its `fate`, its `payload` as
+    the agent gets it (opaque here) and that payload's `media_type`. `why` is a short
+    reason code for NOT_SENT and UNKNOWN (`upstream_timeout`, `upstream_reset`, ...): it
+    is recorded with an ambiguous hold, and a `timeout` in it makes an HTTP agent's
+    answer a 504 rather than a 502. `http`: an HTTP tool API's own status and headers,
+    which the proxy passes on; None from another protocol (MCP) and when nothing came."""
 
     fate: Fate
-    status: int = 0
-    headers: tuple[tuple[str, str], ...] = ()
-    body: bytes = b""
+    payload: bytes = b""
+    media_type: str = ""
     why: str = ""
-    # The body as the upstream's client parsed it (an MCP CallToolResult), so that
+    http: HttpMeta | None = None
+    # The payload as the upstream's client parsed it (an MCP CallToolResult), so that
     # the agent's answer is shaped without parsing it again; None from an HTTP API.
     parsed: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def status(self) -> int | None:
+        """The HTTP status, for logs and traces; None from another protocol."""
+        return self.http.status if self.http is not None else None
+
+    def as_http(self) -> HttpMeta:
+        """The answer in HTTP's shape, as a settled hold keeps it and an approval
+        returns it: an HTTP API's own status and headers; another protocol's payload
+        under the status its fate has over HTTP, with its media type."""
+        if self.http is not None:
+            return self.http
+        return HttpMeta(HTTP_STATUS_OF_FATE[self.fate], (("content-type", self.media_type),))
 
 
 class Upstream(Protocol):

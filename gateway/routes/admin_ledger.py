@@ -13,12 +13,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.edge.auth import Admin, gate_of, policy_of
+from gateway.edge.auth import Admin, policy_of
+from gateway.edge.notes import Note
 from gateway.edge.problems import Problem
 from gateway.edge.responses import escalation_id, hold_view
 from gateway.edge.wire import StoredRequest, receipt, record_of
-from gateway.pipeline.admission import resolved
-from gateway.pipeline.notes import Note
+from gateway.pipeline.approve import resolved
+from gateway.routes import gate_of
 from gateway.state.events import (
     effect_fields,
     events_of,

@@ -16,9 +16,11 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.edge.auth import Admin, AdminIdentity, gate_of, policy_of
+from gateway.edge.auth import Admin, AdminIdentity, policy_of
+from gateway.edge.bodies import read_body
+from gateway.edge.notes import Note
 from gateway.edge.problems import Problem
-from gateway.pipeline.notes import Note
+from gateway.routes import gate_of
 from gateway.state.events import currency, money, rfc3339
 from gateway.state.policies import PolicyLoadError
 from gateway.state.policy_changes import ChangeRefused
@@ -143,8 +145,10 @@ async def upload_policy(
     a tool's requests go, which secrets they carry, which command a stdio MCP server
     runs on the gateway's hosts, who settles its holds and whether an ambiguous call
     may be sent again. One that writes them as they are is no change."""
-    text = (await request.body()).decode("utf-8", errors="replace")
     gate = gate_of(request)
+    settings = gate.settings
+    raw = await read_body(request, settings.max_policy_bytes, settings.body_timeout_s)
+    text = raw.decode("utf-8", errors="replace")
     if not admin.operator:
         current = policy_of(request, tenant, admin, AdminRole.POLICY_ADMIN)
         try:

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from gateway.edge import tracing
-from gateway.edge.auth import AdminIdentity, Caller, caller_auth, gate_of, tenant_admin_auth
+from gateway.edge.auth import AdminIdentity, Caller, caller_auth, tenant_admin_auth
+from gateway.edge.notes import Ruling, ruling_of
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
     answer_response,
@@ -18,12 +19,19 @@ from gateway.edge.responses import (
     stored_response,
 )
 from gateway.edge.wire import StoredAnswer, StoredRequest, owner_of
-from gateway.pipeline import admission
-from gateway.pipeline.notes import Decision, decision_of
+from gateway.pipeline import approve as approval
+from gateway.pipeline.approve import rejected_problem, resolved, resolved_already
+from gateway.pipeline.prepare import Gate
+from gateway.routes import gate_of
 from ledger import HoldState, HoldStateConflict
 from pricing.policy import AdminRole
 
 router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
+
+
+def body_bounds(gate: Gate) -> tuple[int, float]:
+    """A ruling's body: at most the largest body of any route, whole in time."""
+    return gate.settings.max_body_bytes, gate.settings.body_timeout_s
 
 
 def no_such_escalation() -> Problem:
@@ -64,23 +72,23 @@ async def poll(
             hold=hold_id,
         )
     if hold.state is HoldState.REJECTED:
-        raise admission.rejected_problem(hold.by, hold.note, hold_id)
+        raise rejected_problem(hold.by, hold.note, hold_id)
     raise Problem(
         403, "escalation_expired", "nobody approved this effect in time", state=hold.state.value
     )
 
 
-# The reason is read by hand, after the role check (notes.decision_of); the schema
+# The reason is read by hand, after the role check (notes.ruling_of); the schema
 # still tells clients what they may send.
-DECISION_BODY: dict[str, Any] = {
+RULING_BODY: dict[str, Any] = {
     "requestBody": {
         "required": False,
-        "content": {"application/json": {"schema": Decision.model_json_schema()}},
+        "content": {"application/json": {"schema": Ruling.model_json_schema()}},
     }
 }
 
 
-@router.post("/{escalation}/approve", openapi_extra=DECISION_BODY)
+@router.post("/{escalation}/approve", openapi_extra=RULING_BODY)
 async def approve(
     request: Request,
     escalation: str,
@@ -94,8 +102,8 @@ async def approve(
     policy = gate.tenants.policies.get(tenant)
     if policy is None:
         raise no_such_escalation()
-    note = (await decision_of(request)).reason
-    answer = await admission.approve(gate, policy, hold_id, who.name, note)
+    note = (await ruling_of(request, *body_bounds(gate))).reason
+    answer = await approval.approve(gate, policy, hold_id, who.name, note)
     if answer is None:
         # Decision-only: the in-process tool sees the hold pending and acts itself.
         body = {"status": "approved", "escalation": escalation, "by": who.name, "note": note}
@@ -103,7 +111,7 @@ async def approve(
     return answer_response(answer, {"X-Irrev-Hold": hold_id, "X-Irrev-Escalation": "approved"})
 
 
-@router.post("/{escalation}/reject", openapi_extra=DECISION_BODY)
+@router.post("/{escalation}/reject", openapi_extra=RULING_BODY)
 async def reject(
     request: Request,
     escalation: str,
@@ -113,7 +121,7 @@ async def reject(
     tenant, hold_id = parse_escalation_id(escalation)
     who.require(tenant, AdminRole.APPROVER, no_such_escalation())
     admin = who.name
-    note = (await decision_of(request)).reason
+    note = (await ruling_of(request, *body_bounds(gate))).reason
     if tenant not in gate.tenants.policies:
         raise no_such_escalation()
     # Read first: a rejected hold keeps no request, and the log line names what it was.
@@ -124,7 +132,7 @@ async def reject(
             await gate.ledger.reject(tenant, hold_id, admin, note=note)
         except HoldStateConflict as exc:
             tracing.annotate(span, decision="conflict", state=exc.state.value)
-            raise admission.resolved_already(exc) from exc
+            raise resolved_already(exc) from exc
         tracing.annotate(span, decision="rejected")
-    admission.resolved(tenant, admin, "rejected", hold_id, stored, note)
+    resolved(tenant, admin, "rejected", hold_id, stored, note)
     return {"status": "rejected", "escalation": escalation, "by": admin, "note": note}

@@ -11,7 +11,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response
 
 from gateway.edge import metrics
-from gateway.edge.auth import AdminIdentity, gate_of, tenant_admin_auth
+from gateway.edge.auth import AdminIdentity, tenant_admin_auth
 from gateway.edge.problems import Problem
 from gateway.routes.readiness import Writes
 from gateway.settings import GatewaySettings

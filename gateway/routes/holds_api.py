@@ -12,27 +12,22 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.edge import metrics
-from gateway.edge.auth import Settling, agent_auth, gate_of, settling_auth
+from gateway.edge.auth import Settling, agent_auth, settling_auth
+from gateway.edge.bodies import read_body
 from gateway.edge.canonical import Canonical
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
-    budget_headers,
+    decision_headers,
     escalation_id,
     hold_view,
     money,
     stored_response,
 )
 from gateway.edge.wire import StoredAnswer, StoredRequest, parse_json_body, receipt, record_of
-from gateway.pipeline.admission import (
-    Gate,
-    Intent,
-    approve,
-    auto_approval,
-    prepare,
-    reserve,
-    shadowed,
-    unacknowledged,
-)
+from gateway.pipeline.decision import Decision, decided, escalate
+from gateway.pipeline.prepare import Gate, Intent, prepare
+from gateway.pipeline.reserve import reserve, shadowed, unacknowledged
+from gateway.routes import gate_of
 from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status, TransitionResult
 from pricing import EffectClass, TenantPolicy
 from pricing.calibration import TOP_KEPT, factor_ppm
@@ -96,39 +91,40 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> Respon
 async def _create_hold(
     gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, spec: HoldRequest, request: Request
 ) -> Response:
-    canonical = _canonical(spec, await request.body(), policy.document.request_limits)
+    # FastAPI read the body for `spec`, within the bounds of every route's (BodyLimit).
+    raw = await read_body(request, gate.settings.max_body_bytes, gate.settings.body_timeout_s)
+    canonical = _canonical(spec, raw, policy.document.request_limits)
     keys = request.headers.getlist("idempotency-key")
     intent = Intent(spec.tool, spec.method, spec.path, canonical, keys=keys)
     prepared = prepare(policy, agent, intent, in_process=True)
     result = await reserve(gate, policy, agent, prepared)
-    hold_id = prepared.hold_id
     if result.state is HoldState.ESCALATED:
-        rule = await auto_approval(gate, policy, agent, result)
-        if rule is not None:
-            note = f"approved automatically by rule {rule.rule_id}"
-            with contextlib.suppress(Problem):  # a person was first: the hold says how
-                await approve(gate, policy, hold_id, f"rule:{rule.rule_id}", note)
-    hold = await gate.ledger.hold(policy.tenant, hold_id)
+        with contextlib.suppress(Problem):  # a person was first: the hold says how
+            await escalate(gate, policy, agent, result)
+    hold = await gate.ledger.hold(policy.tenant, prepared.hold_id)
     assert hold is not None
-    would = shadowed(prepared, result)
-    headers = budget_headers(
-        policy,
-        result,
-        hold_id,
-        replayed=result.replayed,
-        shadowed=would,
+    decision = decided(
+        result, prepared, None, shadowed=shadowed(prepared, result), state=hold.state
     )
     if result.replayed and hold.outcome:
         kept = StoredAnswer.loads(hold.outcome)
         if kept.reason:
             # Contract 3: the refusal again, not a 200 with the released hold's 'admit'
             # that the in-process tool would act on.
-            return stored_response(kept, headers)
-    status = 200 if result.replayed else 202 if result.state is HoldState.ESCALATED else 201
-    if hold.state is HoldState.ESCALATED:
-        headers["Location"] = f"/v1/escalations/{escalation_id(policy.tenant, hold_id)}"
+            return stored_response(kept, decision_headers(policy, decision))
+    return decision_json(policy, decision, hold)
+
+
+def decision_json(policy: TenantPolicy, decision: Decision, hold: Hold) -> JSONResponse:
+    """The decision as the decision API answers it: the hold as it is now, with the
+    decision's price and what remains, and the decision in headers as the proxy's."""
+    headers = decision_headers(policy, decision)
+    result = decision.result
+    status = 200 if decision.replayed else 202 if result.state is HoldState.ESCALATED else 201
+    if decision.escalated:
+        headers["Location"] = f"/v1/escalations/{escalation_id(policy.tenant, decision.hold_id)}"
     view = hold_view(policy, hold)
-    body = {**view, **money(policy, price=result.price, remaining=result.remaining)}
+    body = {**view, **money(policy, price=decision.price, remaining=decision.remaining)}
     return JSONResponse(body, status, headers=headers)
 
 

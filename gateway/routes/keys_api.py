@@ -17,8 +17,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from gateway.edge.auth import Admin, gate_of, policy_of
+from gateway.edge.auth import Admin, policy_of
 from gateway.edge.problems import Problem
+from gateway.routes import gate_of
 from gateway.state import managed_keys
 from gateway.state.managed_keys import key_view
 from ledger import KeyKind, KeyNotFound, KeyNotLive, KeyRecord, KeySpec, LedgerError

@@ -27,16 +27,10 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.edge.canonical import Canonical
-from gateway.edge.problems import Problem, body_timeout, problem_for
-from gateway.edge.problems import refused as answer_refusal
-from gateway.edge.responses import escalation_id
-from gateway.edge.wire import JsonNumber, parse_json_body
-from gateway.pipeline.admission import CONTENT_KEY_PREFIX, Gate
-from gateway.pipeline.advice import (
+from gateway.edge.advice import (
     Retry,
     approval,
     duration_text,
@@ -44,7 +38,16 @@ from gateway.pipeline.advice import (
     next_step,
     units_of,
 )
+from gateway.edge.auth import agent_of
+from gateway.edge.bodies import read_body
+from gateway.edge.canonical import Canonical
+from gateway.edge.problems import Problem, problem_for
+from gateway.edge.problems import refused as answer_refusal
+from gateway.edge.responses import escalation_id
+from gateway.edge.wire import JsonNumber, parse_json_body
+from gateway.pipeline.decision import Decision
 from gateway.pipeline.mcp_pipeline import Outcome, call_effect
+from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate, route_of_call
 from gateway.pipeline.upstream import Fate
 from gateway.state import refusals
 from gateway.state.mcp_upstream import HOLD_META, KEY_META
@@ -108,10 +111,10 @@ def servers_of(policy: TenantPolicy) -> list[str]:
     return sorted(name for name, tool in policy.document.tools.items() if tool.is_mcp)
 
 
-def route_effect(server: str, tool: str, route: CompiledRoute) -> PricedEffect:
+def route_effect(server: str, target: str, route: CompiledRoute) -> PricedEffect:
     """A route as the allow-list check reads it (no request: no price)."""
     return PricedEffect(
-        server, route.method, f"/{tool}", route, route.effect_class, 0, (), 0, route.model, None
+        server, route.method, target, route, route.effect_class, 0, (), 0, route.model, None
     )
 
 
@@ -146,10 +149,14 @@ def shown(
 ) -> CompiledRoute | None:
     """The route of a tool this agent is shown (a priced route both allow-lists let it
     call), None for one it is not: an unpriced tool is never called."""
-    found = policy.catalog.match(server, "CALL", f"/{tool}")
+    try:
+        operation, target = route_of_call(server, tool)
+    except RequestError:
+        return None  # a name no route can have
+    found = policy.catalog.match(server, operation, target)
     if found is None:
         return None
-    effect = route_effect(server, tool, found[0])
+    effect = route_effect(server, target, found[0])
     members = (f"agent:{agent.agent_id}", f"principal:{agent.principal_id}")
     if not all(policy.scopes.allows(member, effect) for member in members):
         return None
@@ -243,7 +250,8 @@ async def call_tool(
         outcome = await call_effect(
             caller.gate, caller.policy, caller.agent, server, tool, canonical, key
         )
-        if outcome.escalated and outcome.wait_s > 0 and waits(params, key):
+        wait_s = outcome.decision.wait_s if outcome.decision is not None else 0.0
+        if outcome.escalated and wait_s > 0 and waits(params, key):
             outcome = await wait_for_decision(ctx, caller, server, tool, canonical, outcome)
     except (Problem, RequestError, LedgerError) as exc:
         # As the HTTP routes answer them (gateway/edge/problems.py), as a tool result.
@@ -278,29 +286,34 @@ async def wait_for_decision(
     token), which some clients take to extend their timeout. Decided in time: the same
     call again under the key it is held under, which replays the hold's outcome."""
     gate, policy = caller.gate, caller.policy
-    escalation = escalation_id(policy.tenant, escalated.hold_id)
+    decision = escalated.decision
+    assert decision is not None
+    escalation = escalation_id(policy.tenant, decision.hold_id)
     started = time.monotonic()
-    deadline = started + escalated.wait_s
+    deadline = started + decision.wait_s
     pause_s = FIRST_POLL_S
     while (left := deadline - time.monotonic()) > 0:
         await asyncio.sleep(min(pause_s, left))
         pause_s = min(pause_s * 2, LAST_POLL_S)
-        hold = await gate.ledger.hold(policy.tenant, escalated.hold_id)
+        hold = await gate.ledger.hold(policy.tenant, decision.hold_id)
         if hold is None or hold.state not in UNDECIDED:
             decided = await call_effect(
-                gate, policy, caller.agent, server, tool, canonical, escalated.key
+                gate, policy, caller.agent, server, tool, canonical, decision.key
             )
-            return replace(decided, replayed=False)  # this very call, decided now
+            if decided.decision is None:
+                return decided
+            # This very call, decided now: not the replay of an earlier one.
+            return replace(decided, decision=replace(decided.decision, replayed=False))
         waited = time.monotonic() - started
         await ctx.session.report_progress(
-            waited, escalated.wait_s, f"waiting for a person to decide escalation {escalation}"
+            waited, decision.wait_s, f"waiting for a person to decide escalation {escalation}"
         )
-    return replace(escalated, waited_s=escalated.wait_s)
+    return replace(escalated, waited_s=decision.wait_s)
 
 
 def refused(problem: Problem, key: str) -> types.CallToolResult:
     """A refusal the model can act on: what happened and what to do (the problem's
-    text, gateway/pipeline/advice.py), and the problem's fields as structured content."""
+    text, gateway/edge/advice.py), and the problem's fields as structured content."""
     structured = {
         "reason": problem.reason,
         "status": problem.status,
@@ -324,59 +337,72 @@ def refused(problem: Problem, key: str) -> types.CallToolResult:
     )
 
 
-def again(outcome: Outcome) -> str:
-    """How the model asks again about this call, to finish a sentence: the same
-    arguments if the call was keyed by them (a host sends no key), else the same key."""
-    if outcome.key.startswith(CONTENT_KEY_PREFIX):
+def again(key: str) -> str:
+    """How the model asks again about a call held under `key`, to finish a sentence:
+    the same arguments if the call was keyed by them (a host sends no key), else the
+    same key."""
+    if key.startswith(CONTENT_KEY_PREFIX):
         return "make the identical call again (the same arguments; it is not made twice)"
-    return f"make the same call again with _meta {{{KEY_META!r}: {outcome.key!r}}}"
+    return f"make the same call again with _meta {{{KEY_META!r}: {key!r}}}"
 
 
 def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallToolResult:
-    key = outcome.key or key
+    """The decision and what came of it as MCP content: the tool's result with irrev's
+    `_meta` (hold, price, key, who approved it) and notes a model reads; a pending
+    result naming the escalation; or the refusal its problem is."""
+    decision = outcome.decision
+    key = decision.key if decision is not None and decision.key else key
     meta: dict[str, Any] = {KEY_META: key}
-    if outcome.hold_id:
-        meta |= {HOLD_META: outcome.hold_id, PRICE_META: outcome.price}
-    if outcome.by:
-        meta |= {DECIDED_BY_META: outcome.by, NOTE_META: outcome.note or None}
-    if outcome.escalated and outcome.result is not None:
-        escalation = escalation_id(policy.tenant, outcome.hold_id)
-        said = escalation_sentence(units_of(policy), outcome.result, escalation)
-        if outcome.waited_s:
-            said += f"; irrev waited {outcome.waited_s:g} s for the decision"
-        text = f"{said}. To get its result once a person decides, {again(outcome)}."
-        structured = {
-            "status": "escalated",
-            "escalation": escalation,
-            "idempotency_key": key,
-            "price": outcome.price,
-            "retry": Retry.SAME_CALL.value,
-        }
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=text)],
-            structured_content=structured,
-            is_error=True,
-            _meta=meta,
-        )
+    if decision is not None and decision.hold_id:
+        meta |= {HOLD_META: decision.hold_id, PRICE_META: decision.price}
+    if decision is not None and decision.by:
+        meta |= {DECIDED_BY_META: decision.by, NOTE_META: decision.note or None}
+    if decision is not None and outcome.escalated:
+        return _escalated(decision, policy, key, meta, outcome.waited_s)
     if outcome.problem is not None:
         return refused(outcome.problem, key)
-    result = outcome.tool_result or types.CallToolResult.model_validate_json(outcome.body)
+    assert outcome.tool_result is not None
     notes: list[str] = []
-    if outcome.by:
-        notes.append(approval(outcome.by, outcome.note))
-    if outcome.replayed:
+    if decision is not None and decision.by:
+        notes.append(approval(decision.by, decision.note))
+    if decision is not None and decision.replayed:
         notes.append(
             "irrev: this is the result of an earlier identical call; it was not made again."
         )
     if outcome.fate is Fate.UNKNOWN:
         notes.append(
             "irrev: the tool reported an error, so whether it acted is unknown; the call "
-            f"stays charged until reconciled. To learn the outcome, {again(outcome)} later; "
+            f"stays charged until reconciled. To learn the outcome, {again(key)} later; "
             "do not make it as a new call."
         )
+    result = outcome.tool_result
     content = [*result.content, *(types.TextContent(type="text", text=text) for text in notes)]
     merged = {**(result.meta or {}), **meta}
     return result.model_copy(update={"content": content, "meta": merged})
+
+
+def _escalated(
+    decision: Decision, policy: TenantPolicy, key: str, meta: dict[str, Any], waited_s: float
+) -> types.CallToolResult:
+    """A pending result: a person decides; the model learns how to get the result."""
+    escalation = escalation_id(policy.tenant, decision.hold_id)
+    said = escalation_sentence(units_of(policy), decision.result, escalation)
+    if waited_s:
+        said += f"; irrev waited {waited_s:g} s for the decision"
+    text = f"{said}. To get its result once a person decides, {again(key)}."
+    structured = {
+        "status": "escalated",
+        "escalation": escalation,
+        "idempotency_key": key,
+        "price": decision.price,
+        "retry": Retry.SAME_CALL.value,
+    }
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content=structured,
+        is_error=True,
+        _meta=meta,
+    )
 
 
 @dataclass
@@ -391,48 +417,38 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gate: Gate = scope["app"].state.gate
-        request = Request(scope)
+        request = Request(scope, receive)
         try:
-            found = gate.tenants.authenticate(_bearer(scope))
-            if found is None:
-                raise Problem(
-                    401,
-                    "unauthenticated",
-                    "send 'Authorization: Bearer <agent token>'",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-            # Who the credential named, for the refusal counters and log lines.
-            request.state.tenant, request.state.agent = found[0].tenant, found[1].agent_id
+            found = agent_of(request, gate.tenants)
             # The agent's slot is taken before its body is read: reading, parsing and
             # serving are what the bound limits (gateway/edge/in_flight.py).
             with gate.agents.slot(*found):
-                await self._serve(gate, found, scope, receive, send)
+                await self._serve(gate, found, request, send)
         except Problem as problem:
             # Answered, counted and logged as every HTTP refusal is.
             await answer_refusal(request, problem)(scope, receive, send)
+        except ClientDisconnect:
+            return  # gone before its body was whole: nobody to answer
 
     async def _serve(
         self,
         gate: Gate,
         found: tuple[TenantPolicy, AuthenticatedAgent],
-        scope: Scope,
-        receive: Receive,
+        request: Request,
         send: Send,
     ) -> None:
         """Read and parse the POST strictly (a Problem if it cannot be), then serve it."""
+        scope = request.scope
         limits = found[0].document.request_limits
         largest = min(gate.settings.max_body_bytes, limits.max_body_bytes)
-        if _declared_length(scope) > largest:
-            # Refused on its header: a large body costs nothing to refuse unread.
-            raise Problem(413, "body_too_large", f"request bodies are limited to {largest} bytes")
-        body = await _read_body(receive, largest, gate.settings.body_timeout_s)
+        body = await read_body(request, largest, gate.settings.body_timeout_s)
         message = parse_json_body(body, limits) if scope["method"] == "POST" else None
         check_numbers(message)
         caller = scope[CALLER] = Caller(gate, found[0], found[1], message)
         manager = self.streaming if wants_progress(scope, message) else self.manager
         token = CURRENT.set(caller)
         try:
-            await manager.handle_request(scope, _replay(body, receive), send)
+            await manager.handle_request(scope, _replay(body, request.receive), send)
         finally:
             CURRENT.reset(token)
 
@@ -468,42 +484,6 @@ def check_numbers(value: object) -> None:
                 f"the number {value.text} has more digits than a double holds: the MCP "
                 "server would read another number than the one priced; send it as a string",
             )
-
-
-def _declared_length(scope: Scope) -> int:
-    """The request's Content-Length, 0 when it sends none (or none that is a number)."""
-    values = [v for k, v in scope["headers"] if k == b"content-length"]
-    text = values[0].decode("latin-1") if len(values) == 1 else ""
-    return int(text) if text.isascii() and text.isdigit() else 0
-
-
-def _bearer(scope: Scope) -> str:
-    values = [v for k, v in scope["headers"] if k == b"authorization"]
-    if len(values) > 1:
-        raise Problem(400, "bad_authorization", "send exactly one Authorization header")
-    scheme, _, token = (values[0].decode("latin-1") if values else "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
-
-
-async def _read_body(receive: Receive, limit: int, timeout_s: float) -> bytes:
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _read_chunks(receive, limit)
-    except TimeoutError:
-        raise body_timeout(timeout_s) from None
-
-
-async def _read_chunks(receive: Receive, limit: int) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise Problem(413, "body_too_large", f"request bodies are limited to {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -4,7 +4,6 @@ parses the agent's request into an `Intent`, runs the admission pipeline
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Iterable
 from typing import Annotated
@@ -13,27 +12,22 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from gateway.edge import tracecontext
-from gateway.edge.auth import agent_auth, gate_of
+from gateway.edge.auth import agent_auth
+from gateway.edge.bodies import read_body
 from gateway.edge.canonical import check_headers, check_raw_path, read_request
-from gateway.edge.problems import Problem, body_timeout
+from gateway.edge.problems import Problem
 from gateway.edge.responses import (
     answer_response,
-    budget_headers,
     decided_headers,
+    decision_headers,
     escalated_response,
     stored_response,
 )
 from gateway.edge.wire import Headers, StoredAnswer
-from gateway.pipeline.admission import (
-    CONTENT_KEY_PREFIX,
-    Admitted,
-    Gate,
-    Intent,
-    admit,
-    prepare,
-    upstream_of,
-)
+from gateway.pipeline.decision import Decision, admit
+from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate, Intent, prepare, upstream_of
 from gateway.pipeline.upstream import Answer
+from gateway.routes import gate_of
 from pricing import TenantPolicy
 from pricing.credentials import AuthenticatedAgent
 
@@ -45,30 +39,6 @@ READ_HEADERS = {"X-Irrev-Decision": "admit", "X-Irrev-Price": "0"}
 # The key an effect is held under: the agent's own, or the one its content gave a
 # request sent without one (admission.content_key), which repeats may carry.
 KEY_HEADER = "X-Irrev-Idempotency-Key"
-
-
-async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
-    """The whole body, at most `limit` bytes, within `timeout_s` (problems otherwise)."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _read_body(request, limit)
-    except TimeoutError:
-        raise body_timeout(timeout_s) from None
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and (
-        not (declared.isascii() and declared.isdigit()) or int(declared) > limit
-    ):
-        raise Problem(413, "body_too_large", f"request bodies are limited to {limit} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise Problem(413, "body_too_large", f"request bodies are limited to {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def passed_headers(policy: TenantPolicy, tool: str, headers: Iterable[tuple[str, str]]) -> Headers:
@@ -128,36 +98,28 @@ async def _proxy(
         headers=passed_headers(policy, tool, request.headers.items()),
     )
     prepared = prepare(policy, agent, intent, in_process=False)
-    admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, tool))
-    return admitted_response(policy, admitted)
+    decision = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, tool))
+    return decision_response(policy, decision)
 
 
-def repeat_phrase(admitted: Admitted) -> str:
+def repeat_phrase(decision: Decision) -> str:
     """How an agent asks again about its escalated request."""
-    if admitted.key.startswith(CONTENT_KEY_PREFIX):
+    if decision.key.startswith(CONTENT_KEY_PREFIX):
         return "send the identical request again: it is the same effect, not a new one"
     return "send the same request again with the same Idempotency-Key"
 
 
-def admitted_response(policy: TenantPolicy, admitted: Admitted | Answer) -> Response:
-    if isinstance(admitted, Answer):  # a read: nothing held, nothing charged
+def decision_response(policy: TenantPolicy, decision: Decision | Answer) -> Response:
+    if isinstance(decision, Answer):  # a read: nothing held, nothing charged
         unit = {"X-Irrev-Currency": policy.catalog.currency, "X-Irrev-Scale": str(policy.scale)}
-        return answer_response(admitted, {**READ_HEADERS, **unit})
-    result, hold_id, answer = admitted.result, admitted.hold_id, admitted.answer
-    if answer is None:
-        response = escalated_response(policy, hold_id, result, repeat_phrase(admitted))
-        response.headers[KEY_HEADER] = admitted.key
+        return answer_response(decision, {**READ_HEADERS, **unit})
+    if decision.answer is None:  # escalated: a person decides
+        response = escalated_response(policy, decision, repeat_phrase(decision))
+        response.headers[KEY_HEADER] = decision.key
         return response
-    would = admitted.shadowed
-    headers = budget_headers(
-        policy,
-        result,
-        hold_id,
-        replayed=result.replayed,
-        shadowed=would,
-    )
-    headers |= decided_headers(admitted.by, admitted.note)
-    headers[KEY_HEADER] = admitted.key
-    if isinstance(answer, StoredAnswer):
-        return stored_response(answer, headers)
-    return answer_response(answer, headers)
+    headers = decision_headers(policy, decision)
+    headers |= decided_headers(decision.by, decision.note)
+    headers[KEY_HEADER] = decision.key
+    if isinstance(decision.answer, StoredAnswer):
+        return stored_response(decision.answer, headers)
+    return answer_response(decision.answer, headers)

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import httpx
 
 from gateway.edge.wire import KEPT_RESPONSE_HEADERS, Headers, StoredRequest, upstream_key
-from gateway.pipeline.upstream import Answer, Fate
+from gateway.pipeline.upstream import Answer, Fate, HttpMeta
 
 log = logging.getLogger("irrev.gateway")
 
@@ -164,16 +164,17 @@ class HttpUpstream:
         # On a retry, the upstream may still be making the first request under this
         # key: that answer is not a refusal of the effect.
         in_progress = retry and status in self.target.in_progress
+        kept = tuple(
+            (k, v)
+            for k, v in response.headers.multi_items()
+            if k.lower() in self.target.kept_headers
+        )
         return Answer(
             Fate.IN_PROGRESS if in_progress else fate_of_status(status),
-            status,
-            tuple(
-                (k, v)
-                for k, v in response.headers.multi_items()
-                if k.lower() in self.target.kept_headers
-            ),
             response.content,
+            response.headers.get("content-type", ""),
             why=f"upstream_{status}",
+            http=HttpMeta(status, kept),
         )
 
 

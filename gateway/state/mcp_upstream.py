@@ -49,7 +49,7 @@ from mcp_types import (
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gateway.edge.wire import Headers, StoredAnswer, StoredRequest, upstream_key
+from gateway.edge.wire import Headers, StoredRequest, upstream_key
 from gateway.pipeline.upstream import Answer, Fate
 
 # Where an agent puts its idempotency key, and where irrev puts the hold's key for the
@@ -60,16 +60,13 @@ KEY_META = "dev.irrev/idempotency_key"
 # The agent's key as the messages that ask for it say: it travels in _meta, not a header.
 MCP_KEY = f"_meta {KEY_META!r}"
 HOLD_META = "dev.irrev/hold"
-JSON = (("content-type", "application/json"),)
+# What every answer's payload is: a CallToolResult, or a JSON-RPC error refusing it.
+JSON = "application/json"
 # JSON-RPC errors by which a server refuses a call before running it.
 # Only "no such method" proves the tool did not run: SDK servers (TypeScript's McpServer)
 # answer -32602 / -32600 also *after* the tool ran, when its output fails its schema.
 NOT_ACCEPTED = frozenset({types.METHOD_NOT_FOUND})
 CONNECT_TIMEOUT_S = 1.0
-# An MCP answer in the pipeline's HTTP terms (the status is what a repeat of the key
-# reads back from the settled hold): a tool result, one whose isError means "not
-# executed", a JSON-RPC error refusing the call, any other JSON-RPC error.
-RESULT, NOT_EXECUTED, CALL_REFUSED, CALL_FAILED = 200, 422, 400, 502
 MAX_PAGES = 100
 # irrev's client of the tenant's servers, as a `tools/call` at a modern version names
 # it; it answers no server requests (sampling, elicitation, roots): no capabilities.
@@ -87,8 +84,7 @@ def result_answer(result: types.CallToolResult, fate: Fate, why: str = "") -> An
         own = {k: v for k, v in result.meta.items() if not k.startswith(IRREV_META_PREFIX)}
         result = result.model_copy(update={"meta": own or None})
     body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
-    status = NOT_EXECUTED if fate is Fate.REFUSED else RESULT
-    return Answer(fate, status, JSON, body, why=why, parsed=result)
+    return Answer(fate, body, JSON, why=why, parsed=result)
 
 
 class NotSent(Exception):
@@ -130,9 +126,8 @@ def failure_answer(exc: BaseException) -> Answer:
         if isinstance(cause, MCPError):
             error = {"code": cause.code, "message": cause.error.message}
             body = json.dumps({"error": error}).encode()
-            if cause.code in NOT_ACCEPTED:
-                return Answer(Fate.REFUSED, CALL_REFUSED, JSON, body, why=f"mcp_{cause.code}")
-            return Answer(Fate.UNKNOWN, CALL_FAILED, JSON, body, why=f"mcp_{cause.code}")
+            fate = Fate.REFUSED if cause.code in NOT_ACCEPTED else Fate.UNKNOWN
+            return Answer(fate, body, JSON, why=f"mcp_{cause.code}")
         if isinstance(cause, TimeoutError | httpx2.TimeoutException):
             return Answer(Fate.UNKNOWN, why="upstream_timeout")
     return Answer(Fate.UNKNOWN, why="upstream_reset")
@@ -492,12 +487,11 @@ class McpUpstream:
         value = found.get("found")
         return value if isinstance(value, bool) else None
 
-    async def reconciled(
-        self, tool: str, hold_id: str, request: StoredRequest, deadline: float
-    ) -> StoredAnswer | None:
+    async def reconciled(self, tool: str, hold_id: str, deadline: float) -> Answer | None:
         """The lookup contract's answer (docs/policy.md) from the route's lookup tool:
-        found is its 2xx, not found its 404, as a tool result so that an agent
-        repeating the key gets one; None (the hold stays charged) if it cannot tell."""
+        delivered (it took effect) or refused (it never did), as a tool result so that
+        an agent repeating the key gets one; None (the hold stays charged) if it
+        cannot tell."""
         found = await self.lookup(tool, upstream_key(hold_id), deadline)
         if found is None:
             return None
@@ -510,6 +504,4 @@ class McpUpstream:
             content=[types.TextContent(type="text", text=text)],
             structured_content={"found": found, "lookup": tool},
         )
-        body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
-        # The lookup contract's 2xx and 404 (docs/policy.md), as the reconciler reads them.
-        return request.answer(RESULT if found else 404, list(JSON), body)
+        return result_answer(result, Fate.DELIVERED if found else Fate.REFUSED)

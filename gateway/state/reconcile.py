@@ -14,7 +14,9 @@ from gateway.edge import metrics
 from gateway.edge.canonical import read_request
 from gateway.edge.problems import Problem
 from gateway.edge.wire import StoredAnswer, StoredRequest, upstream_key
-from gateway.pipeline.admission import Gate, target_of
+from gateway.pipeline.deliver import recorded
+from gateway.pipeline.prepare import Gate, target_of
+from gateway.pipeline.upstream import Answer, Fate, HttpMeta
 from ledger import HoldNotDue, HoldState, HoldStateConflict
 from pricing import TenantPolicy, price_request
 from pricing.errors import RequestError
@@ -80,15 +82,13 @@ async def _reconcile(
             continue
         if verdict is None:
             report.unresolved[hold_id] = "the route has no lookup, or the upstream did not answer"
-        elif verdict.status // 100 == 2:
-            await gate.ledger.post(
-                tenant, hold_id, requests[hold_id].price, outcome=verdict.dumps()
-            )
+            continue
+        kept = recorded(requests[hold_id], verdict)
+        if verdict.fate is Fate.DELIVERED:
+            await gate.ledger.post(tenant, hold_id, requests[hold_id].price, outcome=kept.dumps())
             report.posted.append(hold_id)
-        elif verdict.status == 404:
-            await _void_if_due(gate, tenant, hold_id, verdict, report)
         else:
-            report.unresolved[hold_id] = f"upstream answered {verdict.status}; try again later"
+            await _void_if_due(gate, tenant, hold_id, kept, report)
     return report
 
 
@@ -110,7 +110,9 @@ async def _void_if_due(
 
 async def _ask_upstream(
     gate: Gate, policy: TenantPolicy, hold_id: str, request: StoredRequest
-) -> StoredAnswer | None:
+) -> Answer | None:
+    """What the route's lookup says of the effect: delivered (it took effect), refused
+    (it never did), None if it cannot tell."""
     types = [request.content_type] if request.content_type else []
     canonical = read_request(request.query, types, request.body)
     effect = price_request(
@@ -129,7 +131,7 @@ async def _ask_upstream(
     mcp = gate.tenants.mcp_upstream(policy.tenant, request.tool)
     if mcp is not None:
         deadline = time.monotonic() + gate.settings.upstream_timeout_s
-        return await mcp.reconciled(target.removeprefix("/"), hold_id, request, deadline)
+        return await mcp.reconciled(target.removeprefix("/"), hold_id, deadline)
     upstream = target_of(gate, policy, request.tool)
     try:
         response = await gate.http.request(
@@ -137,11 +139,16 @@ async def _ask_upstream(
         )
     except httpx.HTTPError:
         return None
-    if response.status_code // 100 != 2 and response.status_code != 404:
+    # The lookup contract (docs/policy.md): a 2xx is found, a 404 not found.
+    status = response.status_code
+    if status // 100 != 2 and status != 404:
         return None
-    return request.answer(
-        response.status_code,
-        list(response.headers.multi_items()),
+    kept = tuple(
+        (k, v) for k, v in response.headers.multi_items() if k.lower() in upstream.kept_headers
+    )
+    return Answer(
+        Fate.DELIVERED if status // 100 == 2 else Fate.REFUSED,
         response.content,
-        keep=upstream.kept_headers,
+        response.headers.get("content-type", ""),
+        http=HttpMeta(status, kept),
     )

@@ -31,9 +31,10 @@ from starlette.requests import Request
 
 from ledger import Ledger, LedgerUnavailable, RefusalCount
 from pricing import TenantPolicy
+from pricing.templates import CALL
 
 if TYPE_CHECKING:
-    from gateway.pipeline.admission import Gate
+    from gateway.pipeline.prepare import Gate
 
 log = logging.getLogger("irrev.gateway")
 HTTP = "http"
@@ -46,7 +47,6 @@ MAX_ROUTE_CHARS = 200
 # MCP tools are named `<server>__<tool>` (gateway/routes/mcp_server.py's SEPARATOR); an MCP
 # call's route is `<server> CALL /<tool>` (pricing/templates.py's CALL).
 MCP_SEPARATOR = "__"
-CALL = "CALL"
 # Where MCP is served (gateway/app.py): a POST refused before the SDK reads it (its
 # JSON, its size) is an MCP refusal all the same.
 MCP_PATH = "/mcp"

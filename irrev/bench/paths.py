@@ -34,8 +34,9 @@ from redis.asyncio.connection import AbstractConnection
 import gateway
 from gateway.edge.canonical import read_request
 from gateway.edge.wire import StoredRequest
-from gateway.pipeline.admission import Admitted, Gate, Intent, admit, prepare
-from gateway.pipeline.upstream import Answer, Fate
+from gateway.pipeline.decision import Decision, admit
+from gateway.pipeline.prepare import Gate, Intent, prepare
+from gateway.pipeline.upstream import Answer, Fate, HttpMeta
 from gateway.routes import admin_ledger
 from gateway.settings import GatewaySettings
 from gateway.state.tenants import TenantStore
@@ -80,6 +81,9 @@ async def commands(ledger: Ledger) -> int:
     )
 
 
+JSON = (("content-type", "application/json"),)
+
+
 @dataclass(frozen=True)
 class Delivered:
     """An upstream that made every effect: nothing leaves the process."""
@@ -90,8 +94,7 @@ class Delivered:
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False
     ) -> Answer:
-        headers = (("content-type", "application/json"),)
-        return Answer(Fate.DELIVERED, 201, headers, b"{}")
+        return Answer(Fate.DELIVERED, b"{}", "application/json", http=HttpMeta(201, JSON))
 
 
 def order_intent(key: str) -> Intent:
@@ -100,13 +103,13 @@ def order_intent(key: str) -> Intent:
     return Intent("supplier", "POST", "/orders", canonical, [key])
 
 
-async def send_order(gate: Gate, tenant: str, token: str, key: str) -> Admitted:
+async def send_order(gate: Gate, tenant: str, token: str, key: str) -> Decision:
     found = gate.tenants.authenticate(token)
     assert found is not None
     policy, agent = found
     prepared = prepare(policy, agent, order_intent(key), in_process=False)
     outcome = await admit(gate, policy, agent, prepared, Delivered())
-    assert isinstance(outcome, Admitted), outcome
+    assert isinstance(outcome, Decision), outcome
     return outcome
 
 

@@ -15,7 +15,9 @@ import yaml
 
 from gateway.edge.canonical import read_request
 from gateway.edge.problems import Problem
-from gateway.pipeline.admission import Gate, Intent, approve, prepare, reserve
+from gateway.pipeline.approve import approve
+from gateway.pipeline.prepare import Gate, Intent, prepare
+from gateway.pipeline.reserve import reserve
 from gateway.settings import GatewaySettings
 from gateway.state.tenants import TenantStore
 from ledger import HoldState

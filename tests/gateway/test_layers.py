@@ -49,4 +49,4 @@ def test_the_kept_request_is_built_only_by_the_pipeline() -> None:
         for node in ast.walk(tree)
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "StoredRequest"
     }
-    assert builders == {"admission"}
+    assert builders == {"prepare"}

@@ -20,7 +20,9 @@ import pytest
 
 from gateway.edge.canonical import read_request
 from gateway.edge.wire import StoredRequest
-from gateway.pipeline.admission import Gate, Intent, admit, fire, prepare, upstream_of
+from gateway.pipeline.decision import admit
+from gateway.pipeline.deliver import fire
+from gateway.pipeline.prepare import Gate, Intent, prepare, upstream_of
 from gateway.pipeline.upstream import Answer, Fate, Upstream
 from gateway.settings import GatewaySettings
 from gateway.state.tenants import TenantStore

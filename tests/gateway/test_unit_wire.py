@@ -103,7 +103,7 @@ def test_a_kept_refusal_comes_back_a_whole_problem_document() -> None:
         "title": "upstream unreachable",
         "status": 502,
         "reason": "upstream_unreachable",
-        # What a model reads: the kept detail and its next step (gateway/pipeline/advice.py).
+        # What a model reads: the kept detail and its next step (gateway/edge/advice.py).
         "detail": "nothing was sent. Nothing was done; the same call may succeed later.",
         "retry": "later",
         "hold": "h1",

@@ -12,6 +12,8 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 
+from gateway.edge.bodies import read_body
+
 MAX_NOTE_CHARS = 500  # at most 2000 bytes of UTF-8: within the ledger's 2048
 
 Note = Annotated[
@@ -22,22 +24,23 @@ Note = Annotated[
 ]
 
 
-class Decision(BaseModel):
-    """The optional body of an approval or a rejection."""
+class Ruling(BaseModel):
+    """The optional body of an approval or a rejection: a person's ruling on an
+    escalation, with its reason (not the gateway's `Decision` on an effect)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     reason: Note = ""
 
 
-async def decision_of(request: Request) -> Decision:
+async def ruling_of(request: Request, limit: int, timeout_s: float) -> Ruling:
     """The optional body of an approval or a rejection, read once the caller's role
     has been checked: as a body parameter it was validated first, and a viewer sending
     any body learnt 422 about its shape where it may not decide at all (403)."""
-    raw = await request.body()
+    raw = await read_body(request, limit, timeout_s)
     if not raw.strip():
-        return Decision()
+        return Ruling()
     try:
-        return Decision.model_validate_json(raw)
+        return Ruling.model_validate_json(raw)
     except ValidationError as exc:
         errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
         raise RequestValidationError(errors) from exc

@@ -1,0 +1,316 @@
+"""Prepare: an effect as its router parsed it (`Intent`) priced, checked against
+what its agent may do, and turned into what its hold keeps (`Prepared`): the request
+sent upstream, the hold's id and the fingerprint that tells a repeat of its key from
+a new effect. Also the `Gate` every stage is handed, and where an effect is sent."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import httpx
+
+from gateway.edge import tracing
+from gateway.edge.advice import units_of
+from gateway.edge.canonical import Canonical
+from gateway.edge.in_flight import AgentSlots
+from gateway.edge.problems import Problem
+from gateway.edge.responses import money
+from gateway.edge.wire import Headers, StoredRequest, fingerprint, hold_id_for
+from gateway.pipeline.resettle import Resettler
+from gateway.pipeline.upstream import Upstream
+from gateway.settings import GatewaySettings
+from gateway.state.http_upstream import HTTP_KEY, HttpTarget, HttpUpstream, UpstreamSlots
+from gateway.state.refusals import RefusalTally
+from gateway.state.tenants import TenantStore
+from ledger import (
+    Ledger,
+)
+from pricing import (
+    EffectClass,
+    PerEffectCapExceeded,
+    PricedEffect,
+    TenantPolicy,
+    check_per_effect_cap,
+    check_route_scope,
+    price_request,
+)
+from pricing.accounts import account_spec
+from pricing.credentials import AuthenticatedAgent
+from pricing.errors import UnknownRoute
+from pricing.serving import is_shadow
+from pricing.templates import CALL, TemplateError, parse_route
+
+log = logging.getLogger("irrev.gateway")
+# A trace context is new on every attempt by design; it does not change the effect.
+TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
+_AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
+# The longest a keyless content's index is kept after its last use (ledger/validate.py's
+# bound on a TTL).
+MAX_CONTENT_KEEP_MS = 366 * 24 * 3600 * 1000
+CONTENT_KEY_PREFIX = "content-"
+# Intent.keyless_name of an HTTP request and of an MCP call.
+KEYLESS_REQUEST = "request"
+KEYLESS_ARGUMENTS = "arguments"
+KEYLESS_NAMES = frozenset({KEYLESS_REQUEST, KEYLESS_ARGUMENTS})
+
+
+@dataclass
+class Gate:
+    """What every request handler needs; one per worker process. `slots`: per tenant,
+    its requests in flight to its HTTP upstreams (IRREV_UPSTREAM_TENANT_CONNECTIONS),
+    so that one tenant's stuck upstream cannot hold every connection of `http`, which
+    all tenants share."""
+
+    settings: GatewaySettings
+    ledger: Ledger
+    tenants: TenantStore
+    http: httpx.AsyncClient
+    slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+    agents: AgentSlots = field(default_factory=AgentSlots)
+    # This process's refusals since their last flush to Redis (gateway/state/refusals.py).
+    refusals: RefusalTally = field(default_factory=RefusalTally)
+    # Settlements the ledger could not take when their fate was known.
+    resettle: Resettler = field(default_factory=Resettler)
+
+    def tenant_slots(self, tenant: str) -> asyncio.Semaphore:
+        if tenant not in self.slots:
+            self.slots[tenant] = asyncio.Semaphore(self.settings.tenant_connections())
+        return self.slots[tenant]
+
+
+@dataclass(frozen=True)
+class Intent:
+    """An effect as an agent asked for it, parsed by its router, in the words of the
+    route it is addressed to: `operation` and `target` are the route's verb and what
+    it names (an HTTP method and path, starting with '/'; for an MCP tool, what its
+    `CALL <server>/<tool>` route reads as: `route_of_call`); `canonical` is the query
+    and body as they are priced and forwarded; `headers` are the agent's headers its
+    tool lets through (lower-case names, sorted); `keys` are the idempotency keys the
+    agent sent (anything held needs exactly one)."""
+
+    tool: str
+    operation: str
+    target: str
+    canonical: Canonical
+    keys: Sequence[str] = ()
+    headers: Headers = ()
+    key_name: str = HTTP_KEY
+    # What a call sent without a key repeats to be the same effect, for the sentences
+    # that say so ("the same request", MCP's "the same arguments").
+    keyless_name: str = KEYLESS_REQUEST
+
+
+def route_of_call(server: str, tool: str) -> tuple[str, str]:
+    """The operation and target of a call to MCP tool `tool` of server `server`, as
+    the policy's `CALL <server>/<tool>` route reads (pricing.templates.parse_route):
+    what the catalog matches, the hold's fingerprint reads and its request keeps."""
+    try:
+        operation, template = parse_route(f"{CALL} {server}/{tool}")
+    except TemplateError:
+        raise UnknownRoute(
+            f"{tool!r} is not a tool of MCP server {server!r} in the tenant's catalog "
+            "(unknown MCP tools are refused; add a 'CALL' route to the policy)"
+        ) from None
+    return operation, template.text
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A priced, checked effect and what its hold keeps. `hold_id`, `fingerprint` and
+    `agent_key` (the agent's Idempotency-Key) are '' for a proxied read, which holds
+    nothing."""
+
+    effect: PricedEffect
+    request: StoredRequest
+    hold_id: str
+    fingerprint: str
+    # Shadow mode (the route's or the tenant's): never blocking. `cap_refusal` is the
+    # reason of a refusal made before the ledger (the per-effect cap) let through.
+    shadow: bool = False
+    cap_refusal: str = ""
+    key_name: str = HTTP_KEY
+    # The key the effect is held under: the agent's own (Idempotency-Key, MCP _meta),
+    # for the journal; for a call sent without one, the key derived from its content
+    # (`content_key`) once `keyed_by_content` chose its generation.
+    agent_key: str = ""
+    # A call without a key of its own on a route that keys such calls by their content:
+    # the content's id, from which `keyed_by_content` derives the hold (hold_id '' till then).
+    content: str = ""
+
+
+def agent_key_of(keys: Sequence[str], key_name: str = HTTP_KEY) -> str:
+    """The agent's one idempotency key for an effect; `key_name` says where it is sent."""
+    if len(keys) > 1:
+        # Which one names the effect? Intermediaries disagree (first, last, joined).
+        raise Problem(400, "bad_idempotency_key", f"send exactly one {key_name}")
+    if not keys:
+        raise Problem(
+            400,
+            "idempotency_key_required",
+            f"effects need an idempotency key ({key_name}): the same key for every retry of "
+            "one effect, a new key for a new effect",
+        )
+    if not _AGENT_KEY.fullmatch(keys[0]):
+        raise Problem(400, "bad_idempotency_key", f"{key_name} must be 1-255 printable ASCII")
+    return keys[0]
+
+
+def prepare(
+    policy: TenantPolicy, agent: AuthenticatedAgent, intent: Intent, *, in_process: bool
+) -> Prepared:
+    """Price the effect, check the agent may make it here (`in_process`: through the
+    decision API, else the proxy) and at this price, and derive the request its hold
+    keeps, the hold's id and the fingerprint that tells a repeat from a new effect."""
+    canonical = intent.canonical
+    with tracing.span(
+        "price", tenant=policy.tenant, tool=intent.tool, method=intent.operation
+    ) as span:
+        effect = price_request(
+            policy,
+            intent.tool,
+            intent.operation,
+            intent.target,
+            canonical.query_map,
+            canonical.document,
+            canonical.body_format,
+        )
+        tracing.annotate(
+            span, route=effect.route_id, price=effect.price_micros, effect=effect.effect_class
+        )
+    check_route_scope(policy, agent, effect)
+    if effect.in_process and not in_process:
+        raise Problem(403, "in_process_route", "this route is decision-only: use /v1/holds")
+    if in_process and not effect.in_process:
+        raise Problem(403, "route_is_proxied", "this route's effects go through /tools/...")
+    shadow = is_shadow(policy, effect)
+    cap_refusal = ""
+    try:
+        check_per_effect_cap(agent, effect)
+    except PerEffectCapExceeded as exc:
+        if not shadow:
+            raise cap_problem(policy, exc) from exc
+        cap_refusal = exc.reason
+    # What goes upstream is re-encoded from what was priced, never the agent's bytes.
+    body = canonical.body
+    request = StoredRequest(
+        agent.agent_id,
+        intent.tool,
+        intent.operation,
+        intent.target,
+        canonical.query_text,
+        canonical.content_type,
+        base64.b64encode(body).decode(),
+        effect.route_id,
+        effect.price_micros,
+        intent.headers,
+        face_value=effect.face_value_micros,
+        effect_class=effect.effect_class.value,
+        in_process=effect.in_process,
+    )
+    if effect.effect_class is EffectClass.READ and not in_process:
+        return Prepared(effect, request, "", "", key_name=intent.key_name)
+    effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
+    digest = fingerprint(intent.operation, intent.target, request.query, body, effect_headers)
+    route = effect.route
+    if intent.keys or in_process or route is None or not route.keyless:
+        agent_key = agent_key_of(intent.keys, intent.key_name)
+    elif route.dedupe_window_ms == 0:
+        # The route's identical calls are meant to repeat: each is an effect of its own.
+        agent_key = "keyless-" + secrets.token_hex(16)
+    else:
+        content = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, content_key(digest))
+        name = intent.keyless_name
+        return Prepared(effect, request, "", digest, shadow, cap_refusal, name, content=content)
+    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
+    return Prepared(
+        effect, request, hold_id, digest, shadow, cap_refusal, intent.key_name, agent_key
+    )
+
+
+def read_paced(policy: TenantPolicy, agent: AuthenticatedAgent) -> list[str]:
+    """The accounts whose read rate a read of `agent` counts against (its own, its
+    principal's): none, and no Redis call, where the policy sets no read rate."""
+    paced = []
+    for account in (f"agent:{agent.agent_id}", f"principal:{agent.principal_id}"):
+        spec = account_spec(policy, account)
+        if spec is not None and spec.rates is not None and spec.rates.reads is not None:
+            paced.append(account)
+    return paced
+
+
+def content_key(digest: str, generation: int = 0) -> str:
+    """The key a call sent without one is held under: its content's digest (what
+    `fingerprint` reads: method, path, query, body and passed headers, as priced) and
+    the generation of that content's holds (lua/attach.lua); with no generation, the
+    content's own id. A client that later sends this key itself reaches the same hold."""
+    return f"{CONTENT_KEY_PREFIX}{digest}" + (f"-{generation}" if generation else "")
+
+
+async def keyed_by_content(
+    gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, prepared: Prepared
+) -> Prepared:
+    """A keyless call's hold: its content's newest, while that is live (escalated, in
+    flight, ambiguous) or settled within the route's dedupe window, so that a repeat
+    (a model told its call waits for a human, a host that retries) attaches to the
+    same escalation and result; else a new generation's (docs/policy.md, "Calls
+    without a key")."""
+    route = prepared.effect.route
+    assert route is not None  # prepare keys only listed routes' calls by content
+    tenant, route_id = policy.tenant, prepared.effect.route_id
+
+    def hold_of(generation: int) -> str:
+        key = content_key(prepared.fingerprint, generation)
+        return hold_id_for(tenant, agent.agent_id, route_id, key)
+
+    # The index outlives every hold it can point at: a settled one's record lives its
+    # retention after it ended, which is at most the hold's and its escalation's
+    # lives after the call that opened it.
+    keep_ms = min(
+        gate.settings.retention_s * 1000
+        + policy.escalation_ttl_ms
+        + policy.hold_ttl_ms
+        + route.dedupe_window_ms,
+        MAX_CONTENT_KEEP_MS,
+    )
+    attached = await gate.ledger.attach(
+        tenant, prepared.content, hold_of, window_ms=route.dedupe_window_ms, keep_ms=keep_ms
+    )
+    key = content_key(prepared.fingerprint, attached.generation)
+    return replace(prepared, hold_id=attached.hold_id, agent_key=key)
+
+
+def target_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> HttpTarget:
+    target = gate.tenants.target(policy.tenant, tool_name)
+    if target is None:
+        raise Problem(403, "no_upstream", f"tool {tool_name!r} has no upstream to forward to")
+    return target
+
+
+def upstream_of(gate: Gate, policy: TenantPolicy, tool_name: str) -> Upstream:
+    """The tool's upstream: its MCP server (gateway/state/mcp_upstream.py) or its HTTP API;
+    403 if it has neither."""
+    mcp = gate.tenants.mcp_upstream(policy.tenant, tool_name)
+    if mcp is not None:
+        return mcp
+    slots = UpstreamSlots(
+        gate.tenant_slots(policy.tenant), gate.settings.upstream_connect_timeout_s
+    )
+    return HttpUpstream(gate.http, target_of(gate, policy, tool_name), slots=slots)
+
+
+def cap_problem(policy: TenantPolicy, exc: PerEffectCapExceeded) -> Problem:
+    """The 403 of an effect above its agent's per-effect cap (on its face value)."""
+    units = units_of(policy)
+    return Problem(
+        403,
+        exc.reason,
+        f"This call's amount, {units.money(exc.face_value_micros)}, is above this agent's "
+        f"cap of {units.money(exc.cap_micros)} for one effect",
+        **money(policy, face_value=exc.face_value_micros, cap=exc.cap_micros),
+    )
