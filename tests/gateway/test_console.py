@@ -47,14 +47,50 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from irrev.harness import new_token
+from pricing.credentials import hash_token
 from pricing.money import money_text
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem, effect_headers, mcp_call, order
+from .procurement import flooded_orders
 from .servers import Tenant
 
 # Slow (README's test command leaves it out; .ci/run runs it).
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def console_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("console")
+
+
+@pytest.fixture(scope="module")
+def console_resolve_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("console-resolve")
+
+
+# A tenant admin of `console-ops` who may approve but not raise a limit.
+CONSOLE_APPROVER = new_token()
+
+# A tenant admin of `console-keys` who may manage viewer and approver keys, not agents'.
+CONSOLE_KEYS_APPROVER = new_token()
+
+
+@pytest.fixture(scope="module")
+def console_ops_tenant(new_tenant: TenantMaker) -> Tenant:
+    """The console's refusals view, bulk decisions and rules: every supplier order
+    above 50 USD waits for a human."""
+    admins = {"ann": {"token_sha256": hash_token(CONSOLE_APPROVER), "role": "approver"}}
+    return new_tenant("console-ops", **flooded_orders(), admins=admins)
+
+
+@pytest.fixture(scope="module")
+def console_keys_tenant(new_tenant: TenantMaker) -> Tenant:
+    """The console's Keys panel."""
+    admins = {"kim": {"token_sha256": hash_token(CONSOLE_KEYS_APPROVER), "role": "approver"}}
+    return new_tenant("console-keys", admins=admins)
+
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -219,9 +255,9 @@ def csp_complaints(driver: WebDriver) -> list[str]:
 
 
 def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_move(
-    gateway: Gateway, browser: WebDriver, artifacts: Path
+    console_tenant: Tenant, gateway: Gateway, browser: WebDriver, artifacts: Path
 ) -> None:
-    tenant = gateway.tenant("console")
+    tenant = console_tenant
     page = Page(browser, artifacts)
     account = page.sign_in(gateway, tenant)
     page.text_is(f"{account} td.pending", "0 USD")
@@ -304,9 +340,9 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
 
 
 def test_an_operator_reconciles_then_voids_an_ambiguous_hold_with_a_reason_in_the_console(
-    gateway: Gateway, browser: WebDriver, artifacts: Path
+    console_resolve_tenant: Tenant, gateway: Gateway, browser: WebDriver, artifacts: Path
 ) -> None:
-    tenant = gateway.tenant("console-resolve")
+    tenant = console_resolve_tenant
     page = Page(browser, artifacts)
     account = page.sign_in(gateway, tenant)
     page.text_is(f"{account} td.pending", "0 USD")
@@ -403,7 +439,7 @@ def refusal_row(driver: WebDriver, reason: str, agent: str, via: str) -> str:
 
 
 def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
-    gateway: Gateway, browser: WebDriver, artifacts: Path
+    console_ops_tenant: Tenant, gateway: Gateway, browser: WebDriver, artifacts: Path
 ) -> None:
     """Issue 26's hostile round, in the page at 800 x 900: the refusals the agents got
     (HTTP and MCP, before the ledger) are seen by reason, agent and route; a filtered
@@ -411,9 +447,8 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
     consume-once call, one already rejected meanwhile reported as such; a row's Reject
     is on screen; rules are set and ended from the page, and a role that may not raise
     a limit is told why by the gateway. Every control is on screen throughout."""
-    from .conftest import CONSOLE_APPROVER
 
-    tenant = gateway.tenant("console-ops")
+    tenant = console_ops_tenant
     page = Page(browser, artifacts)
     browser.set_window_size(800, 900)
     escalations: dict[str, list[str]] = {"buyer-05": [], "buyer-06": []}
@@ -604,16 +639,15 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
 
 
 def test_an_admin_sees_a_tenants_keys_and_revokes_one_in_the_console(
-    gateway: Gateway, browser: WebDriver, artifacts: Path
+    console_keys_tenant: Tenant, gateway: Gateway, browser: WebDriver, artifacts: Path
 ) -> None:
     """The Keys panel lists a tenant's managed keys (whose, owner and purpose, expiry,
     last use, state), never a token; its Revoke is the API's, role-checked there: an
     approver's revocation of an agent key is refused in the gateway's words, its
     revocation of a viewer key is done, an operator's of the agent key too, and the
     revoked token is then refused by the gateway."""
-    from .conftest import CONSOLE_KEYS_APPROVER
 
-    tenant = gateway.tenant("console-keys")
+    tenant = console_keys_tenant
     page = Page(browser, artifacts)
     with httpx.Client(base_url=gateway.url, timeout=30.0, trust_env=False) as http:
         keys = f"/v1/admin/tenants/{tenant.id}/keys"

@@ -13,14 +13,27 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.refusals import Flusher, RefusalTally
 from irrev.harness import free_port
 from ledger import Ledger
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem, effect_headers, mcp_call, order
+from .procurement import example_accounts
 from .servers import Tenant
+
+
+@pytest.fixture(scope="module")
+def refusals_tenant(new_tenant: TenantMaker) -> Tenant:
+    """procurement, where facilities' agents are refused by the budget (its limit is
+    1 USD) and platform's deployer may call only its deploy tool (issue 26)."""
+    accounts = example_accounts()
+    accounts["principals"]["facilities"] = {"limit": "1"}
+    accounts["principals"]["platform"] = {"limit": "10000", "routes": ["deploy *"]}
+    return new_tenant("refusals", accounts=accounts)
+
 
 ORDERS = "supplier POST /orders"
 
@@ -103,9 +116,9 @@ def rows_of(view: dict[str, Any]) -> Counter[tuple]:
 
 
 async def test_refusals_are_counted_alike_by_every_worker_and_host(
-    gateway: Gateway, peer_gateway: Gateway
+    refusals_tenant: Tenant, gateway: Gateway, peer_gateway: Gateway
 ) -> None:
-    tenant = gateway.tenant("refusals")
+    tenant = refusals_tenant
     limits = httpx.Limits(max_keepalive_connections=0)  # a new connection, any worker
     hosts = (gateway, peer_gateway)
     clients = [

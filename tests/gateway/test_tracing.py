@@ -30,9 +30,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from irrev.harness import free_port
 from ledger import cluster_enabled
 
-from .conftest import Gateway, own_gateway
+from .conftest import Gateway, TenantMaker, own_gateway
 from .helpers import effect_headers, order
-from .servers import BIN, ROOT, Server, base_env
+from .servers import BIN, ROOT, Server, Tenant, base_env
+
+
+@pytest.fixture(scope="module")
+def trace_context_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("trace-context")
+
 
 SPAN_DEADLINE_S = 20.0
 
@@ -222,11 +228,15 @@ Header = tuple[str, str | bytes]
     ],
 )
 async def test_only_a_valid_trace_context_reaches_the_tool(
-    sent: list[Header], passed: list[str], gateway: Gateway, upstream: httpx.AsyncClient
+    trace_context_tenant: Tenant,
+    sent: list[Header],
+    passed: list[str],
+    gateway: Gateway,
+    upstream: httpx.AsyncClient,
 ) -> None:
     """Tracing off, what the tool receives: an invalid trace context is dropped (the
     tool starts a trace of its own), never a refusal of the effect."""
-    tenant = gateway.tenant("trace-context")
+    tenant = trace_context_tenant
     headers: list[Header] = [*effect_headers(tenant, "buyer-01", secrets.token_hex(8)).items()]
     async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
         admitted = await http.post(
