@@ -60,7 +60,7 @@ class TenantMaker(Protocol):
     """`new_tenant`: a tenant, copied from examples/<example>.yaml, that the gateway
     serves by the time it is returned."""
 
-    def __call__(self, name: str, example: str = "procurement", **overrides: Any) -> Tenant: ...
+    def __call__(self, name: str, example: str = "procurement", /, **overrides: Any) -> Tenant: ...
 
 
 @dataclass
@@ -84,13 +84,19 @@ class Gateway:
         return {"Authorization": f"Bearer {self.admin_token}"}
 
     @property
+    def env(self) -> dict[str, str]:
+        """The environment `irrev serve` runs with (its IRREV_* settings)."""
+        assert self.server.env is not None, "a gateway is started with its own environment"
+        return self.server.env
+
+    @property
     def policy_dir(self) -> Path:
-        return Path(self.server.env["IRREV_POLICY_DIR"])
+        return Path(self.env["IRREV_POLICY_DIR"])
 
     def tenant(self, name: str) -> Tenant:
         return self.tenants[name]
 
-    def new_tenant(self, name: str, example: str = "procurement", **overrides: Any) -> Tenant:
+    def new_tenant(self, name: str, example: str = "procurement", /, **overrides: Any) -> Tenant:
         """A copy of examples/<example>.yaml under a fresh id `<name>-<hex>`, with fresh
         tokens, its tools sent to the supplier server's /<tenant id> and top-level keys
         replaced by `overrides`; written into the policy directory and applied by
@@ -136,10 +142,15 @@ class Gateway:
     def log_entries(self, containing: str = "") -> list[dict[str, Any]]:
         """The workers' JSON log lines so far (those whose text contains `containing`)."""
         entries = []
-        for line in self.server.log_path.read_text(errors="replace").splitlines():
+        for line in self.log_text().splitlines():
             if line.startswith("{") and containing in line:
                 entries.append(json.loads(line))
         return entries
+
+    def log_text(self) -> str:
+        """Everything its workers logged so far."""
+        assert self.server.log_path is not None, "a gateway logs to a file"
+        return self.server.log_path.read_text(errors="replace")
 
 
 def _alive(pid: int) -> bool:
@@ -201,7 +212,7 @@ def peer_gateway(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> 
     effects admitted by several processes for certain sends to both servers."""
     root = tmp_path_factory.mktemp("peer-gateway")
     server = Server(
-        "peer gateway", [str(BIN / "irrev"), "serve"], gateway.server.env, root / "gateway.log"
+        "peer gateway", [str(BIN / "irrev"), "serve"], gateway.env, root / "gateway.log"
     )
     server.argv += ["--port", str(server.port), "--workers", "1"]
     server.start("/readyz")
@@ -224,12 +235,14 @@ def own_gateway(
     root: Path,
     workers: int,
     policy: dict[str, Any] | None = None,
+    /,
     **settings: str,
 ) -> Iterator[Gateway]:
     """A gateway of its own, with extra IRREV_* settings, serving one fresh tenant
     (`.tenant("own")`, the procurement example with `policy`'s top-level keys
     replaced), for tests whose settings would disturb the shared gateway; more with
-    its `new_tenant`."""
+    its `new_tenant`. The arguments before the settings are positional, so that a
+    dict of settings (`**settings`) can fill nothing but the settings."""
     policies = root / "policies"
     policies.mkdir()
     tenant_id = f"own-{secrets.token_hex(5)}"

@@ -16,7 +16,7 @@ from ledger import Ledger
 from ledger.keys import policy_key, policy_log_key, policy_sources_key
 
 from .conftest import PEERS
-from .servers import BIN, Tenant, base_env
+from .servers import BIN, Tenant, Tenanted, base_env
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -110,7 +110,7 @@ def assert_problem(response: httpx.Response, status: int, reason: str) -> dict[s
 
 
 async def balances(
-    http: httpx.AsyncClient, admin: dict[str, str], tenant: Tenant
+    http: httpx.AsyncClient, admin: dict[str, str], tenant: Tenanted
 ) -> dict[str, Any]:
     response = await http.get(f"/v1/admin/tenants/{tenant.id}/balances", headers=admin)
     assert response.status_code == 200, response.text
@@ -130,7 +130,7 @@ def assert_no_overdraw(rows: dict[str, Any]) -> None:
 
 
 async def holds_in(
-    http: httpx.AsyncClient, admin: dict[str, str], tenant: Tenant, state: str
+    http: httpx.AsyncClient, admin: dict[str, str], tenant: Tenanted, state: str
 ) -> dict[str, Any]:
     response = await http.get(
         f"/v1/admin/tenants/{tenant.id}/holds", params={"state": state}, headers=admin
@@ -167,7 +167,7 @@ async def set_faults(upstream: httpx.AsyncClient, tenant: Tenant, **faults: Any)
     assert response.status_code == 200, response.text
 
 
-def ledger_audit(redis_url: str, *tenants: Tenant) -> subprocess.CompletedProcess[str]:
+def ledger_audit(redis_url: str, *tenants: Tenanted) -> subprocess.CompletedProcess[str]:
     argv = [str(BIN / "irrev"), "ledger", "audit"]
     for tenant in tenants:
         argv += ["--tenant", tenant.id]

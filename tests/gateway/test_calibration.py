@@ -65,8 +65,8 @@ def calibrating_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> It
         redis_url,
         suppliers,
         tmp_path,
-        workers=2,
-        policy={"routes": [DEPLOY_ROUTE]},
+        2,
+        {"routes": [DEPLOY_ROUTE]},
         IRREV_POLICY_CHECK_INTERVAL_S="0.2",
     ) as gateway:
         yield gateway
@@ -163,8 +163,8 @@ def pooling_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> Iterat
         redis_url,
         suppliers,
         tmp_path,
-        workers=1,
-        policy={"routes": [ORDER_ROUTE, {**DEPLOY_ROUTE, "pricing": POOLING}]},
+        1,
+        {"routes": [ORDER_ROUTE, {**DEPLOY_ROUTE, "pricing": POOLING}]},
         IRREV_POLICY_CHECK_INTERVAL_S="0.2",
         IRREV_UPSTREAM_TIMEOUT_S="30",  # calls held in flight for 10 s
     ) as gateway:
@@ -289,8 +289,8 @@ def threshold_pool_gateway(redis_url: str, suppliers: Server, tmp_path: Path) ->
         redis_url,
         suppliers,
         tmp_path,
-        workers=1,
-        policy={"routes": [route]},
+        1,
+        {"routes": [route]},
         IRREV_POLICY_CHECK_INTERVAL_S="0.2",
         IRREV_UPSTREAM_TIMEOUT_S="30",  # calls held in flight for 10 s
     ) as gateway:
@@ -370,7 +370,7 @@ async def test_an_escalation_is_priced_alone_whatever_is_open_when_it_is_made(
             f"/v1/escalations/{escalation}/approve", json={}, headers=gw.admin
         )
         assert approved.status_code == 201, approved.text
-        hold = await ledger.hold(tenant.id, waiting.headers["x-irrev-hold"])
-        assert hold is not None and set(hold.amounts.values()) == {alone}
+        stored = await ledger.hold(tenant.id, waiting.headers["x-irrev-hold"])
+        assert stored is not None and set(stored.amounts.values()) == {alone}
         assert (await audit_tenant(ledger, tenant.id)).mismatches == []
     await ledger.aclose()

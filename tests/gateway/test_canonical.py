@@ -51,7 +51,7 @@ READER_ROUTES: list[dict[str, Any]] = [
     },
     {"tool": "payments", "route": "GET /refunds/{refund_id}", "class": "read"},
 ]
-READERS = {
+READERS: dict[str, Any] = {
     "routes": READER_ROUTES,
     "unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"},
 }

@@ -440,7 +440,7 @@ async def test_an_undecided_escalation_is_polled_a_bounded_number_of_times(
 def testretry_after_s_is_delay_seconds_in_ascii_digits_or_the_default(
     given: str, seconds: float
 ) -> None:
-    response = httpx.Response(202, headers={"retry-after": given.encode("utf-8")})
+    response = httpx.Response(202, headers={b"retry-after": given.encode("utf-8")})
     assert retry_after_s(response, 1.5) == seconds
 
 
@@ -468,7 +468,9 @@ async def test_langchain_tool_keys_its_effect_by_the_tool_call_id(
         args_schema=Order,
     )
     # The model sees the order's fields, not the injected call id.
-    assert set(tool.tool_call_schema.model_json_schema()["properties"]) == set(Order.model_fields)
+    schema = tool.tool_call_schema
+    assert isinstance(schema, type) and issubclass(schema, BaseModel), schema
+    assert set(schema.model_json_schema()["properties"]) == set(Order.model_fields)
     call = {"name": "place_order", "args": order(), "id": call_id, "type": "tool_call"}
     try:
         messages = [await tool.ainvoke(call) for _ in range(2)]

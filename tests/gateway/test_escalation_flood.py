@@ -7,6 +7,7 @@ hold back another's."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 import pytest
@@ -86,8 +87,11 @@ async def test_one_agent_keeps_at_most_its_cap_waiting(
 
 
 def test_a_page_of_events_is_delivered_round_robin_across_agents() -> None:
-    flood = [(i, {"agent": "loop", "n": i}) for i in range(20)]
-    late = [(20, {"agent": "honest", "n": 20}), (21, {"type": "rule.set"})]
+    flood: list[tuple[int, dict[str, Any]]] = [(i, {"agent": "loop", "n": i}) for i in range(20)]
+    late: list[tuple[int, dict[str, Any]]] = [
+        (20, {"agent": "honest", "n": 20}),
+        (21, {"type": "rule.set"}),
+    ]
     ordered = fair_order(flood + late)
     assert [event.get("agent") for _, event in ordered[:3]] == ["loop", "honest", None]
     # Each agent's own events keep their journal order.

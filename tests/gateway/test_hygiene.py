@@ -14,6 +14,7 @@ import yaml
 from ledger.cluster import RedisClient
 from ledger.cluster import redis_client as open_redis
 from ledger.keys import accounts_key, hold_key, payload_key
+from ledger.replies import decoded
 
 from .conftest import Gateway, TenantMaker, policy_dir_of
 from .helpers import (
@@ -65,7 +66,7 @@ async def redis_client(gateway: Gateway) -> AsyncIterator[RedisClient]:
 
 
 async def accounts_named(client: RedisClient, tenant: Tenant, start: str) -> list[str]:
-    fields = await client.hkeys(accounts_key(tenant.id))
+    fields: list[str] = await decoded(client.hkeys(accounts_key(tenant.id)))
     return sorted({f.rpartition("|")[0] for f in fields if f.startswith(start)})
 
 

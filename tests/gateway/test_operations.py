@@ -263,7 +263,7 @@ async def test_agent_accounts_are_reported_with_the_switch(
     redis_url: str, suppliers: Server, tmp_path: Path
 ) -> None:
     with own_gateway(
-        redis_url, suppliers, tmp_path, workers=1, IRREV_METRICS_AGENT_ACCOUNTS="true"
+        redis_url, suppliers, tmp_path, 1, IRREV_METRICS_AGENT_ACCOUNTS="true"
     ) as gateway:
         tenant = gateway.tenant("own")
         async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
@@ -322,10 +322,10 @@ async def test_a_broken_policy_file_is_reported_once_and_blocks_no_other_tenant(
     no tenant's change was applied until it was fixed."""
     workers = 2
     with own_gateway(
-        redis_url, suppliers, tmp_path, workers=workers, IRREV_POLICY_CHECK_INTERVAL_S="0.2"
+        redis_url, suppliers, tmp_path, workers, IRREV_POLICY_CHECK_INTERVAL_S="0.2"
     ) as gateway:
         broken = gateway.tenant("own")
-        policies = Path(gateway.server.env["IRREV_POLICY_DIR"])
+        policies = gateway.policy_dir
         other = write_policy(
             policies, "procurement", f"{broken.id}-b", f"{suppliers.url}/{broken.id}-b"
         )

@@ -82,7 +82,8 @@ async def test_a_copy_seen_first_is_recorded_not_applied_nor_by_being_touched(
 ) -> None:
     a, b = await hosts(ledger, tmp_path, tenant, 2)
     assert await tenant_limit(ledger, tenant) == 1000 * 10**6
-    assert b.served(tenant) is not None and b.served(tenant).version == 1  # type: ignore[union-attr]
+    served = b.served(tenant)
+    assert served is not None and served.version == 1
     copy = tmp_path / "h1" / f"{tenant}.yaml"
     later = time.time() + 60
     os.utime(copy, (later, later))  # newer by its time, not by its content

@@ -392,11 +392,12 @@ async def test_bad_input_is_a_problem_and_debits_nothing(
 ) -> None:
     tenant = bad_input_tenant
     before = await balances(http, gateway.admin, tenant)
-    sent = {
+    # A header given as None is left out.
+    sent: dict[str, str | None] = {
         **effect_headers(tenant, "buyer-01", f"bad-{reason}"),
         "Content-Type": "application/json",
+        **headers,
     }
-    sent.update(headers)  # type: ignore[arg-type]
     response = await http.request(
         method, path, content=body, headers={k: v for k, v in sent.items() if v is not None}
     )

@@ -147,6 +147,12 @@ MEMBERS = [f"k{n}=1" for n in range(33)]
 Header = tuple[str, str | bytes]
 
 
+def as_bytes(headers: list[Header]) -> list[tuple[bytes, bytes]]:
+    """Headers as httpx sends them, the value not ASCII among them (its type wants all
+    names and values of one kind)."""
+    return [(k.encode(), v if isinstance(v, bytes) else v.encode()) for k, v in headers]
+
+
 @pytest.mark.parametrize(
     ("sent", "passed"),
     [
@@ -240,7 +246,7 @@ async def test_only_a_valid_trace_context_reaches_the_tool(
     headers: list[Header] = [*effect_headers(tenant, "buyer-01", secrets.token_hex(8)).items()]
     async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
         admitted = await http.post(
-            "/tools/supplier/orders", json=order(quantity=1), headers=[*headers, *sent]
+            "/tools/supplier/orders", json=order(quantity=1), headers=as_bytes([*headers, *sent])
         )
         assert admitted.status_code == 201, admitted.text
         seen = (await upstream.get(f"/_headers/{tenant.id}")).json()
@@ -273,7 +279,7 @@ async def test_an_invalid_traceparent_is_not_the_parent_of_the_gateways_spans(
         ],
         "extra-field": [("traceparent", f"01-{first}-{SPAN}-01-" + "f" * 400)],
     }
-    with own_gateway(redis_url, suppliers, tmp_path, workers=1, **otel(collector)) as gateway:
+    with own_gateway(redis_url, suppliers, tmp_path, 1, **otel(collector)) as gateway:
         tenant = gateway.tenant("own")
         async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
             for key, sent in cases.items():
@@ -291,7 +297,7 @@ async def test_an_invalid_traceparent_is_not_the_parent_of_the_gateways_spans(
 async def test_an_agents_trace_runs_through_the_gateway_to_the_upstream(
     redis_url: str, suppliers: Server, tmp_path: Path, collector: Collector
 ) -> None:
-    with own_gateway(redis_url, suppliers, tmp_path, workers=1, **otel(collector)) as gateway:
+    with own_gateway(redis_url, suppliers, tmp_path, 1, **otel(collector)) as gateway:
         tenant = gateway.tenant("own")
         header, trace_id, agent_span = traceparent()
         async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
