@@ -12,8 +12,12 @@ its own supplier path, top-level keys replaced as given):
 The policy file is written into the running gateway's policy directory, which every
 worker looks at (gateway/app.py, FILE_LOOK_S), and `new_tenant` returns once every
 worker of the gateway and of its peer has applied it: its balances, holds and
-supplier counts are the module's own. Variants of the example that several modules
-use are in tests/gateway/procurement.py.
+supplier counts are the module's own. When the module's tests are done its files are
+removed, so the gateway serves only the tenants of the module running: a reload
+(each new tenant's, each policy upload's) parses every policy file in the directory,
+~50 ms of CPU each, which with every module's tenants piled up made reloads cost
+seconds. Variants of the example that several modules use are in
+tests/gateway/procurement.py.
 """
 
 from __future__ import annotations
@@ -109,6 +113,11 @@ class Gateway:
             host.wait_applied(tenant_id)
         return tenant
 
+    def remove_tenant(self, tenant: Tenant) -> None:
+        """Its policy file gone: the gateway stops serving it (what Redis holds of it
+        stays)."""
+        (self.policy_dir / f"{tenant.id}.yaml").unlink(missing_ok=True)
+
     def wait_applied(self, tenant_id: str, deadline_s: float = TENANT_APPLIED_S) -> None:
         """Every live worker has applied a policy of `tenant_id` (it logs "policy
         applied" when its tenant's version in force changes, a worker started later
@@ -198,11 +207,21 @@ def gateway(
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def new_tenant(gateway: Gateway) -> TenantMaker:
-    """A tenant of the session's gateway (`Gateway.new_tenant`), for a module to
-    declare in a fixture of its own (module-scoped: its tests share it)."""
-    return gateway.new_tenant
+@pytest.fixture(scope="module")
+def new_tenant(gateway: Gateway) -> Iterator[TenantMaker]:
+    """Tenants of the session's gateway (`Gateway.new_tenant`) for the module's tests,
+    which the module declares in fixtures of its own (module-scoped: its tests share
+    them); served until the module is done."""
+    made: list[Tenant] = []
+
+    def make(name: str, example: str = "procurement", /, **overrides: Any) -> Tenant:
+        tenant = gateway.new_tenant(name, example, **overrides)
+        made.append(tenant)
+        return tenant
+
+    yield make
+    for tenant in made:
+        gateway.remove_tenant(tenant)
 
 
 @pytest.fixture(scope="session")
