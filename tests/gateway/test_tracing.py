@@ -123,7 +123,7 @@ def _decoded(span: Any) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def collector() -> Iterator[Collector]:
     receiver = Collector()
     receiver.thread.start()
@@ -254,6 +254,20 @@ async def test_only_a_valid_trace_context_reaches_the_tool(
     assert [v for k, v in received if k in ("traceparent", "tracestate")] == passed
 
 
+@pytest.fixture(scope="module")
+def traced_gateway(
+    redis_url: str,
+    suppliers: Server,
+    collector: Collector,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Gateway]:
+    """One gateway with tracing on, whose spans go to `collector`, for the module's
+    tests (each with a tenant of its own)."""
+    root = tmp_path_factory.mktemp("traced")
+    with own_gateway(redis_url, suppliers, root, 1, **otel(collector)) as gateway:
+        yield gateway
+
+
 def otel(collector: Collector) -> dict[str, str]:
     """The OTEL_* variables that send a gateway's spans to `collector`."""
     return {
@@ -265,7 +279,7 @@ def otel(collector: Collector) -> dict[str, str]:
 
 
 async def test_an_invalid_traceparent_is_not_the_parent_of_the_gateways_spans(
-    redis_url: str, suppliers: Server, tmp_path: Path, collector: Collector
+    traced_gateway: Gateway, suppliers: Server, collector: Collector
 ) -> None:
     """Tracing on: two traceparents (W3C: ignore both; OpenTelemetry took the first),
     or a version above 00 with a field this version does not know (OpenTelemetry
@@ -279,57 +293,57 @@ async def test_an_invalid_traceparent_is_not_the_parent_of_the_gateways_spans(
         ],
         "extra-field": [("traceparent", f"01-{first}-{SPAN}-01-" + "f" * 400)],
     }
-    with own_gateway(redis_url, suppliers, tmp_path, 1, **otel(collector)) as gateway:
-        tenant = gateway.tenant("own")
-        async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
-            for key, sent in cases.items():
-                headers = [*effect_headers(tenant, "buyer-01", key).items(), *sent]
-                admitted = await http.post("/tools/supplier/orders", json=order(), headers=headers)
-                assert admitted.status_code == 201, admitted.text
-                hold = admitted.headers["x-irrev-hold"]
-                reserve = collector.span_of_hold("irrev.reserve", hold)
-                assert reserve["trace_id"] not in (first, second), key
-                seen = (await http.get(f"{suppliers.url}/_headers/{tenant.id}")).json()
-                [received] = [dict(h) for h in seen if ["x-irrev-hold", hold] in h]
-                assert received["traceparent"].split("-")[1] == reserve["trace_id"], key
+    # A tenant of its own on the module's gateway: its spans and headers are its own.
+    gateway, tenant = traced_gateway, traced_gateway.new_tenant("traced")
+    async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
+        for key, sent in cases.items():
+            headers = [*effect_headers(tenant, "buyer-01", key).items(), *sent]
+            admitted = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+            assert admitted.status_code == 201, admitted.text
+            hold = admitted.headers["x-irrev-hold"]
+            reserve = collector.span_of_hold("irrev.reserve", hold)
+            assert reserve["trace_id"] not in (first, second), key
+            seen = (await http.get(f"{suppliers.url}/_headers/{tenant.id}")).json()
+            [received] = [dict(h) for h in seen if ["x-irrev-hold", hold] in h]
+            assert received["traceparent"].split("-")[1] == reserve["trace_id"], key
 
 
 async def test_an_agents_trace_runs_through_the_gateway_to_the_upstream(
-    redis_url: str, suppliers: Server, tmp_path: Path, collector: Collector
+    traced_gateway: Gateway, suppliers: Server, collector: Collector, redis_url: str
 ) -> None:
-    with own_gateway(redis_url, suppliers, tmp_path, 1, **otel(collector)) as gateway:
-        tenant = gateway.tenant("own")
-        header, trace_id, agent_span = traceparent()
-        async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
-            admitted = await http.post(
-                "/tools/supplier/orders",
-                json=order(),
-                headers={**effect_headers(tenant, "buyer-01", "t1"), "traceparent": header},
-            )
-            assert admitted.status_code == 201, admitted.text
-            seen = (await http.get(f"{suppliers.url}/_headers/{tenant.id}")).json()
-            sent = dict(seen[-1])
-            names = {"irrev.price", "irrev.reserve", "irrev.forward", "irrev.settle"}
-            spans = collector.wait_for(trace_id, names)
+    # A tenant of its own on the module's gateway: its spans and headers are its own.
+    gateway, tenant = traced_gateway, traced_gateway.new_tenant("traced")
+    header, trace_id, agent_span = traceparent()
+    async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
+        admitted = await http.post(
+            "/tools/supplier/orders",
+            json=order(),
+            headers={**effect_headers(tenant, "buyer-01", "t1"), "traceparent": header},
+        )
+        assert admitted.status_code == 201, admitted.text
+        seen = (await http.get(f"{suppliers.url}/_headers/{tenant.id}")).json()
+        sent = dict(seen[-1])
+        names = {"irrev.price", "irrev.reserve", "irrev.forward", "irrev.settle"}
+        spans = collector.wait_for(trace_id, names)
 
-            escalation_header, escalated_trace, _ = traceparent()
-            escalated = await http.post(
-                "/tools/supplier/orders",
-                json=order(quantity=450),
-                headers={
-                    **effect_headers(tenant, "buyer-02", "t2"),
-                    "traceparent": escalation_header,
-                },
-            )
-            assert escalated.status_code == 202, escalated.text
-            approval_header, approval_trace, _ = traceparent()
-            approved = await http.post(
-                f"{escalated.headers['location']}/approve",
-                headers={**gateway.admin, "traceparent": approval_header},
-            )
-            assert approved.status_code == 201, approved.text
-            approval = collector.wait_for(approval_trace, {"irrev.approval", "irrev.forward"})
-            reserved = collector.wait_for(escalated_trace, {"irrev.reserve"})
+        escalation_header, escalated_trace, _ = traceparent()
+        escalated = await http.post(
+            "/tools/supplier/orders",
+            json=order(quantity=450),
+            headers={
+                **effect_headers(tenant, "buyer-02", "t2"),
+                "traceparent": escalation_header,
+            },
+        )
+        assert escalated.status_code == 202, escalated.text
+        approval_header, approval_trace, _ = traceparent()
+        approved = await http.post(
+            f"{escalated.headers['location']}/approve",
+            headers={**gateway.admin, "traceparent": approval_header},
+        )
+        assert approved.status_code == 201, approved.text
+        approval = collector.wait_for(approval_trace, {"irrev.approval", "irrev.forward"})
+        reserved = collector.wait_for(escalated_trace, {"irrev.reserve"})
 
     # The upstream's parent is a span of the gateway, in the agent's trace.
     version, upstream_trace, upstream_parent, _ = sent["traceparent"].split("-")
