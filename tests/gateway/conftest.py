@@ -56,7 +56,7 @@ TENANT_APPLIED_S = 60.0
 
 # The URLs of live peer gateways of the session's gateway (`peer_gateway`): a tenant's
 # fleet gauges come from whichever gateway holds its sweep lease, so a scrape of the
-# fleet reads them all (helpers.scrape_fleet).
+# fleet reads them all (helpers.scrape_fleet, helpers.scrape_hosts).
 PEERS: list[str] = []
 
 
@@ -224,11 +224,13 @@ def new_tenant(gateway: Gateway) -> Iterator[TenantMaker]:
         gateway.remove_tenant(tenant)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def peer_gateway(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """A second, independent `irrev serve` on the same Redis and policies: which worker
     of one server accepts a connection is the kernel's choice, so a test that needs
-    effects admitted by several processes for certain sends to both servers."""
+    effects admitted by several processes for certain sends to both servers. Only for
+    the module that asks: while it runs it takes tenants' sweep leases, and with them
+    their fleet gauges, from the session's gateway."""
     root = tmp_path_factory.mktemp("peer-gateway")
     server = Server(
         "peer gateway", [str(BIN / "irrev"), "serve"], gateway.env, root / "gateway.log"

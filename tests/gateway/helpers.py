@@ -60,6 +60,17 @@ def mcp_call(tenant: Tenant, agent: str, name: str) -> tuple[bytes, dict[str, st
     return json.dumps(message).encode(), headers
 
 
+async def scrape_hosts(http: httpx.AsyncClient, headers: dict[str, str]) -> list[str]:
+    """/metrics of the gateway `http` talks to and of each live peer gateway, one text
+    each."""
+    response = await http.get("/metrics", headers=headers)
+    assert response.status_code == 200, response.text
+    texts = [response.text]
+    for peer in PEERS:  # a lease the peer took: its tenants' gauges are there
+        texts.append((await http.get(f"{peer}/metrics", headers=headers)).text)
+    return texts
+
+
 async def scrape_fleet(
     http: httpx.AsyncClient, headers: dict[str, str], series: str, within_s: float = 15.0
 ) -> str:
@@ -71,12 +82,7 @@ async def scrape_fleet(
     scrape is read too.)"""
     deadline = asyncio.get_running_loop().time() + within_s
     while True:
-        response = await http.get("/metrics", headers=headers)
-        assert response.status_code == 200, response.text
-        texts = [response.text]
-        for peer in PEERS:  # a lease the peer took: its tenants' gauges are there
-            texts.append((await http.get(f"{peer}/metrics", headers=headers)).text)
-        text = "\n".join(texts)
+        text = "\n".join(await scrape_hosts(http, headers))
         if series in text or asyncio.get_running_loop().time() > deadline:
             return text
         await asyncio.sleep(0.2)
