@@ -10,7 +10,7 @@ its own supplier path, top-level keys replaced as given):
         return new_tenant("shop", accounts=example_accounts(tenant={"limit": "1"}))
 
 The policy file is written into the running gateway's policy directory, which every
-worker looks at (gateway/app.py, FILE_LOOK_S), and `new_tenant` returns once every
+worker looks at every 0.25 s (FILE_LOOK_S), and `new_tenant` returns once every
 worker of the gateway and of its peer has applied it: its balances, holds and
 supplier counts are the module's own. When the module's tests are done its files are
 removed, so the gateway serves only the tenants of the module running: a reload
