@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from gateway.edge import metrics
 from gateway.edge.auth import AdminIdentity, tenant_admin_auth
 from gateway.edge.problems import Problem
+from gateway.routes import gate_of
 from gateway.routes.readiness import Writes
 from gateway.settings import GatewaySettings
 from gateway.state.policies import FileFault

@@ -63,8 +63,12 @@ async def policy_loop(
             while (
                 not woken.is_set() and not files_changed() and (left := deadline - loop.time()) > 0
             ):
+                # asyncio.timeout, not wait_for: in Python 3.11 wait_for swallows a
+                # cancellation that races the wakeup (a worker's shutdown, as closing
+                # the feed wakes the loop), and the loop never stopped.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), min(FILE_LOOK_S, left))
+                    async with asyncio.timeout(min(FILE_LOOK_S, left)):
+                        await woken.wait()
         woken.clear()
         try:
             await refresh()

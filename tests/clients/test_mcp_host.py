@@ -63,7 +63,7 @@ async def until(condition: asyncio.Event, what: str) -> None:
 async def test_an_escalated_call_repeated_4_times_over_2_connections(
     via: str, payments: int, mcp_payments: McpPayments
 ) -> None:
-    hank = {"recipient": fresh("hank"), "amount": 1100}
+    hank: dict[str, Any] = {"recipient": fresh("hank"), "amount": 1100}
     before = await mcp_payments.queue("host")
     said = await repeat(config(mcp_payments, via), hank, 4, HOST_TIMEOUT_S)
     approved = await approve_new(mcp_payments, "host", before, "invoice INV-1100")
@@ -93,7 +93,7 @@ async def test_the_approval_arrives_while_two_connections_wait(
     """The route's default `escalation_wait` (20 s): each connection's call waits,
     told so by progress notifications (FastMCP asks for them on every call), and
     both return the payment once the operator approves."""
-    hank = {"recipient": fresh("hank"), "amount": 1100}
+    hank: dict[str, Any] = {"recipient": fresh("hank"), "amount": 1100}
     host = config(mcp_payments, "irrev", "host-wait")
     told = [asyncio.Event(), asyncio.Event()]
     messages: list[str | None] = []
@@ -132,7 +132,7 @@ async def test_a_host_that_gives_up_waiting_gets_the_payment_on_its_repeat(
     """A host whose own timeout (1 s) is shorter than the route's wait (20 s): its call
     fails at the host, the escalation stays, and the repeat after the approval gets
     the payment made once."""
-    hank = {"recipient": fresh("hank"), "amount": 1100}
+    hank: dict[str, Any] = {"recipient": fresh("hank"), "amount": 1100}
     host = config(mcp_payments, "irrev", "host-wait")
     before = await mcp_payments.queue("host-wait")
     gave_up = await repeat(host, hank, 1, timeout_s=1.0)
@@ -157,7 +157,7 @@ async def test_a_call_whose_first_attempt_ended_ambiguous_repeated_3_times(
 ) -> None:
     """The server pays, then answers nothing the caller can read. irrev never sends such
     a call again to a server that does not declare `dedupes` (contract 4)."""
-    ivy = {"recipient": fresh("ivy"), "amount": 300}
+    ivy: dict[str, Any] = {"recipient": fresh("ivy"), "amount": 300}
     await mcp_payments.fail_next(fault)
     said = await repeat(config(mcp_payments, via), ivy, 4, HOST_TIMEOUT_S)
     assert len(await mcp_payments.paid(ivy["recipient"])) == payments, said

@@ -8,6 +8,7 @@ import operator
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
@@ -86,7 +87,7 @@ def test_a_subgraphs_node_is_keyed_by_its_path_not_its_name_alone() -> None:
     outer.add_node("checkout", inner.compile())
     outer.add_edge(START, "checkout")
     outer.add_edge("checkout", END)
-    config = {"configurable": {"thread_id": "t-sub"}}
+    config: RunnableConfig = {"configurable": {"thread_id": "t-sub"}}
     nested = outer.compile().invoke({}, config)["keys"]
     flat: StateGraph[Run] = StateGraph(Run)
     flat.add_node("pay", pay)

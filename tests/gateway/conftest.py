@@ -1,33 +1,42 @@
 """Gateway fixtures: one supplier server for the session, and per Redis server one
-`irrev serve --workers 2` with a policy directory of fresh tenants.
+`irrev serve --workers 2`, whose tenants the test modules declare themselves.
 
-Policies fix tenant ids, so every test gets its own copy of an example policy under
-a fresh id (`gateway.tenant("name")`), declared in TENANTS below and written before
-the gateway starts: its balances, holds and supplier counts are its own.
+A module that needs a tenant of the shared gateway declares it next to its tests,
+with `new_tenant` (a copy of an example policy under a fresh id, fresh tokens and
+its own supplier path, top-level keys replaced as given):
+
+    @pytest.fixture(scope="module")
+    def shop(new_tenant: TenantMaker) -> Tenant:
+        return new_tenant("shop", accounts=example_accounts(tenant={"limit": "1"}))
+
+The policy file is written into the running gateway's policy directory, which every
+worker looks at every 0.25 s (FILE_LOOK_S), and `new_tenant` returns once every
+worker of the gateway and of its peer has applied it: its balances, holds and
+supplier counts are the module's own. When the module's tests are done its files are
+removed, so the gateway serves only the tenants of the module running: a reload
+(each new tenant's, each policy upload's) parses every policy file in the directory,
+~50 ms of CPU each, which with every module's tenants piled up made reloads cost
+seconds. Variants of the example that several modules use are in
+tests/gateway/procurement.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import pytest
-import yaml
-
-from irrev.harness import free_port, new_token
-from pricing.credentials import hash_token
 
 from .servers import (
     BIN,
-    EXAMPLES,
     Server,
     Tenant,
     base_env,
@@ -41,304 +50,21 @@ WORKERS = 2
 UPSTREAM_TIMEOUT_S = 3.0
 BODY_TIMEOUT_S = 1.0
 MAX_BODY_BYTES = 64 * 1024
-
-# The example's routes with the in-process deploy route compensable (a rollback
-# recovers most of it), its p_fail learned from rollbacks, and agents' overrun
-# reports allowed.
-LEARNED_DEPLOY = {
-    "tool": "deploy",
-    "route": "POST /deploys",
-    "class": "compensable",
-    "face_value_fixed": "1000",
-    "in_process": True,
-    "overrun_report": True,
-    "pricing": {
-        "model": "expected",
-        "recovery": {"alpha": 19, "beta": 1},
-        "p_fail": {"alpha": 1, "beta": 99, "level": 0.95},
-    },
-}
-_PROCUREMENT = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
-LEARNING_ROUTES = [
-    LEARNED_DEPLOY if route["tool"] == "deploy" else route for route in _PROCUREMENT["routes"]
-]
-SMALL_PLATFORM = {
-    **_PROCUREMENT["accounts"],
-    "principals": {**_PROCUREMENT["accounts"]["principals"], "platform": {"limit": "500"}},
-}
-
-# Routes of the `readers-` tenants, whose upstream reports how several parsers read
-# each request (irrev/upstreams/readers.py): amounts at face value, so a price is an amount.
-READER_ROUTES: list[dict[str, Any]] = [
-    {
-        "tool": "payments",
-        "route": "POST /refunds",
-        "class": "irreversible",
-        # `note`: a free-text field, declared (undeclared ones are refused).
-        "body": ["customer_id", "amount", "note"],
-        "face_value": "amount",
-        "risk_factors": ["customer:{customer_id}"],
-    },
-    {
-        "tool": "payments",
-        "route": "POST /transfers",
-        "class": "irreversible",
-        "query": ["amount"],
-        "face_value": "amount",
-    },
-    {
-        "tool": "payments",
-        "route": "POST /charges",
-        "class": "irreversible",
-        "body_format": "form",
-        "body": ["customer_id", "amount", "currency"],
-        "face_value": "amount",
-        "amount_scale": 100,
-        "currency_field": "currency",
-        "risk_factors": ["customer:{customer_id}"],
-    },
-    {"tool": "payments", "route": "GET /refunds/{refund_id}", "class": "read"},
-]
-READERS = {
-    "routes": READER_ROUTES,
-    "unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"},
-}
-
+# How long a new tenant may take to be applied by every worker (a look every 0.25 s,
+# then a reload of the directory; minutes only on a machine that is badly overloaded).
+TENANT_APPLIED_S = 60.0
 
 # The URLs of live peer gateways of the session's gateway (`peer_gateway`): a tenant's
 # fleet gauges come from whichever gateway holds its sweep lease, so a scrape of the
-# fleet reads them all (helpers.scrape_fleet).
+# fleet reads them all (helpers.scrape_fleet, helpers.scrape_hosts).
 PEERS: list[str] = []
 
-RETRY_SUPPLIER_PORT = free_port()
-# Where test_client.py runs a tool API whose answers it scripts (tests/gateway/scripted.py).
-SCRIPTED_PORT = free_port()
 
+class TenantMaker(Protocol):
+    """`new_tenant`: a tenant, copied from examples/<example>.yaml, that the gateway
+    serves by the time it is returned."""
 
-def _example_accounts(**replaced: Any) -> dict[str, Any]:
-    accounts: dict[str, Any] = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())[
-        "accounts"
-    ]
-    return {**accounts, **replaced}
-
-
-def _two_factor_orders() -> dict[str, Any]:
-    """procurement, with orders capped per supplier and per SKU: two factor accounts
-    that a first order to a new supplier of a new SKU meets together."""
-    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
-    for route in data["routes"]:
-        if route["route"] == "POST /orders":
-            route["risk_factors"].append("sku:{sku}")
-    data["accounts"]["risk_factors"]["sku:*"] = {"limit": "100000"}
-    return {"routes": data["routes"], "accounts": data["accounts"]}
-
-
-def _keyless_orders() -> dict[str, Any]:
-    """procurement, with supplier orders sent without an Idempotency-Key keyed by their
-    content (issue 29), and roomy accounts for the escalations its tests make."""
-    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
-    for route in data["routes"]:
-        if route["route"] == "POST /orders":
-            route["keyless"] = "content"
-    roomy = _example_accounts(tenant={"limit": "10000000"})
-    roomy["principals"]["procurement"] = {"limit": "10000000"}
-    roomy["risk_factors"]["supplier:*"] = {"limit": "10000000"}
-    return {"routes": data["routes"], "accounts": roomy}
-
-
-def _flooded_orders() -> dict[str, Any]:
-    """procurement, with every supplier order above 50 USD waiting for a human."""
-    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
-    for route in data["routes"]:
-        if route["route"] == "POST /orders":
-            route["approval_threshold"] = "50"
-    return {"routes": data["routes"]}
-
-
-def _shadow_orders_only() -> dict[str, Any]:
-    """procurement as written, with supplier orders (only) in shadow mode."""
-    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
-    for route in data["routes"]:
-        if route["route"] == "POST /orders":
-            route["mode"] = "shadow"
-    return {"routes": data["routes"]}
-
-
-def _shadow_orders() -> dict[str, Any]:
-    """procurement with a tenant budget of 1 USD, and supplier orders (only) in shadow
-    mode: every order is a would-be denial, forwarded anyway; refunds are enforced."""
-    data = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
-    for route in data["routes"]:
-        if route["route"] == "POST /orders":
-            route["mode"] = "shadow"
-    return {"routes": data["routes"], "accounts": _example_accounts(tenant={"limit": "1"})}
-
-
-def _refused_often() -> dict[str, Any]:
-    """procurement, where facilities' agents are refused by the budget (its limit is
-    1 USD) and platform's deployer may call only its deploy tool."""
-    accounts = _example_accounts()
-    accounts["principals"]["facilities"] = {"limit": "1"}
-    accounts["principals"]["platform"] = {"limit": "10000", "routes": ["deploy *"]}
-    return {"accounts": accounts}
-
-
-# A tenant admin of `console-ops` who may approve but not raise a limit (test_console.py).
-CONSOLE_APPROVER = new_token()
-
-# A tenant admin of `console-keys` who may manage viewer and approver keys, not agents'.
-CONSOLE_KEYS_APPROVER = new_token()
-
-# Tenant admins of `cli-loop` who drive `irrev escalations` and `irrev holds`
-# (test_admin_cli.py): one may decide, one may only look.
-CLI_APPROVER = new_token()
-CLI_VIEWER = new_token()
-
-
-def _cli_loop() -> dict[str, Any]:
-    """procurement, whose in-process deploys escalate (a decision-only approval), with
-    an approver and a viewer of its own."""
-    threshold = {"approval_threshold": "500"}
-    routes = [
-        {**route, **threshold} if route["tool"] == "deploy" else route
-        for route in _PROCUREMENT["routes"]
-    ]
-    admins = {
-        "cleo": {"token_sha256": hash_token(CLI_APPROVER), "role": "approver"},
-        "vic": {"token_sha256": hash_token(CLI_VIEWER), "role": "viewer"},
-    }
-    return {"routes": routes, "admins": admins}
-
-
-# name -> (example policy, top-level overrides)
-TENANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "basics": ("procurement", {}),
-    "cookies": ("procurement", {}),
-    "bad-input": ("procurement", {}),
-    "paths": ("procurement", {}),
-    "decision": ("procurement", {}),
-    "overrun": ("procurement", {"routes": LEARNING_ROUTES, "accounts": SMALL_PLATFORM}),
-    "decision-budget": ("procurement", {}),
-    "overdraw": ("procurement", {}),
-    # One agent sends one key 20 times at once: more than a worker's default bound on
-    # an agent's requests in flight (request_limits.max_in_flight, 16).
-    "idempotency": ("procurement", {"request_limits": {"max_in_flight": 64}}),
-    "approvals": ("procurement", {}),
-    "outcomes": ("procurement", {}),
-    # A short hold TTL, so that a hold's deadline passes within a test.
-    "short-ttl": ("procurement", {"hold_ttl": "5s", "escalation_ttl": "2s"}),
-    # A deadline that passes within a test, with room before it for the test's own
-    # steps on a loaded machine.
-    "reconcile-ttl": ("procurement", {"hold_ttl": "8s"}),
-    "retry-race": ("procurement", {"hold_ttl": "5s", "escalation_ttl": "2s"}),
-    "retry-claim": ("procurement", {}),
-    "retry-trace": ("procurement", {}),
-    "accept": ("procurement", {}),
-    "not-acceptable": ("procurement", {}),
-    "unsendable": ("procurement", {}),
-    "trace-context": ("procurement", {}),
-    # Its supplier tool points at a port nobody listens on.
-    "unreachable": (
-        "procurement",
-        {
-            "tools": {
-                "supplier": {"upstream": f"http://127.0.0.1:{free_port()}"},
-                "payments": {"upstream": f"http://127.0.0.1:{free_port()}"},
-                "deploy": {},
-            }
-        },
-    ),
-    # Its supplier tool points at RETRY_SUPPLIER_PORT, where a test runs a supplier of
-    # its own that it can kill between an ambiguous send and its retry.
-    "retry-unsent": (
-        "procurement",
-        {
-            "tools": {
-                "supplier": {"upstream": f"http://127.0.0.1:{RETRY_SUPPLIER_PORT}"},
-                "payments": {"upstream": f"http://127.0.0.1:{RETRY_SUPPLIER_PORT}"},
-                "deploy": {},
-            }
-        },
-    ),
-    "iso-acme": ("procurement", {}),
-    "iso-globex": ("globex", {}),
-    "admin-a": ("procurement", {}),
-    "admin-b": ("procurement", {}),
-    "policy-changes": ("procurement", {}),
-    "policy-cli": ("procurement", {}),
-    "fuzz": ("procurement", {}),
-    "fuzz-globex": ("globex", {}),
-    "settle-abuse": ("procurement", {}),
-    "settle-roles": ("procurement", {}),
-    "settle-bounds": ("procurement", {}),
-    "settle-learn": ("procurement", {"routes": LEARNING_ROUTES}),
-    "settle-upload": ("procurement", {"routes": LEARNING_ROUTES}),
-    "readers-canon": ("procurement", READERS),
-    "two-factors": ("procurement", _two_factor_orders()),
-    # A tenant budget of 1 USD: every order but a free one is refused.
-    "tight": ("procurement", {"accounts": _example_accounts(tenant={"limit": "1"})}),
-    "hygiene": ("procurement", {}),
-    "unknown-routes": ("globex", {}),
-    # Unknown routes priced, deploy among the tools: it has no upstream to forward to.
-    "unknown-no-upstream": (
-        "procurement",
-        {"unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"}},
-    ),
-    "ops": ("procurement", {}),
-    # Shadow mode for the whole tenant, on a 2000 USD budget; and for one route.
-    "shadow": (
-        "procurement",
-        {"mode": "shadow", "accounts": _example_accounts(tenant={"limit": "2000"})},
-    ),
-    "shadow-route": ("procurement", _shadow_orders()),
-    # An enforced tenant whose supplier orders alone are in shadow mode (issue 26).
-    "shadow-isolation": ("procurement", _shadow_orders_only()),
-    "keyless": ("procurement", _keyless_orders()),
-    # One agent floods the approval queue (issue 26): roomy budgets, the default cap.
-    "flood": ("procurement", _flooded_orders()),
-    "dashboards": ("procurement", {}),
-    # irrev/client.py and its LangChain adapter, as an agent uses them.
-    "client": ("procurement", {}),
-    # Its supplier is the scripted tool API at SCRIPTED_PORT: 202s with foreign
-    # Locations, problem+json of its own.
-    "client-scripted": (
-        "procurement",
-        {
-            "tools": {
-                "supplier": {"upstream": f"http://127.0.0.1:{SCRIPTED_PORT}"},
-                "payments": {"upstream": f"http://127.0.0.1:{SCRIPTED_PORT}"},
-                "deploy": {},
-            }
-        },
-    ),
-    # `irrev escalations` and `irrev holds` (test_admin_cli.py), and a tenant its
-    # admins cannot reach.
-    "cli-loop": ("procurement", _cli_loop()),
-    "cli-other": ("procurement", {}),
-    # The operator console in a browser (test_console.py).
-    "console": ("procurement", {}),
-    "console-resolve": ("procurement", {}),
-    # Refusals counted for the operator, and the account that tripped (issue 26).
-    "refusals": ("procurement", _refused_often()),
-    "tripped": ("procurement", {}),
-    # The console's refusals view, bulk decisions and rules (test_console.py).
-    # The console's Keys panel (test_console.py).
-    "console-keys": (
-        "procurement",
-        {
-            "admins": {
-                "kim": {"token_sha256": hash_token(CONSOLE_KEYS_APPROVER), "role": "approver"}
-            }
-        },
-    ),
-    "console-ops": (
-        "procurement",
-        {
-            **_flooded_orders(),
-            "admins": {"ann": {"token_sha256": hash_token(CONSOLE_APPROVER), "role": "approver"}},
-        },
-    ),
-}
+    def __call__(self, name: str, example: str = "procurement", /, **overrides: Any) -> Tenant: ...
 
 
 @dataclass
@@ -347,6 +73,11 @@ class Gateway:
     redis_url: str
     admin_token: str
     tenants: dict[str, Tenant] = field(default_factory=dict)
+    # Where the supplier server is (its path /<tenant id> is a tenant's supplier): set
+    # for the gateways of these fixtures, which `new_tenant` needs.
+    suppliers_url: str = ""
+    # Other `irrev serve`s on the same policy directory, which a new tenant must reach too.
+    peers: list[Gateway] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -356,20 +87,87 @@ class Gateway:
     def admin(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.admin_token}"}
 
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment `irrev serve` runs with (its IRREV_* settings)."""
+        assert self.server.env is not None, "a gateway is started with its own environment"
+        return self.server.env
+
+    @property
+    def policy_dir(self) -> Path:
+        return Path(self.env["IRREV_POLICY_DIR"])
+
     def tenant(self, name: str) -> Tenant:
         return self.tenants[name]
 
+    def new_tenant(self, name: str, example: str = "procurement", /, **overrides: Any) -> Tenant:
+        """A copy of examples/<example>.yaml under a fresh id `<name>-<hex>`, with fresh
+        tokens, its tools sent to the supplier server's /<tenant id> and top-level keys
+        replaced by `overrides`; written into the policy directory and applied by
+        every worker (this gateway's and its peers') before it is returned."""
+        assert self.suppliers_url, "a gateway of own_gateway or the session's"
+        tenant_id = f"{name}-{secrets.token_hex(5)}"
+        supplier = f"{self.suppliers_url}/{tenant_id}"
+        tenant = write_policy(self.policy_dir, example, tenant_id, supplier, **overrides)
+        for host in (self, *self.peers):
+            host.wait_applied(tenant_id)
+        return tenant
+
+    def remove_tenant(self, tenant: Tenant) -> None:
+        """Its policy file gone: the gateway stops serving it (what Redis holds of it
+        stays)."""
+        (self.policy_dir / f"{tenant.id}.yaml").unlink(missing_ok=True)
+
+    def wait_applied(self, tenant_id: str, deadline_s: float = TENANT_APPLIED_S) -> None:
+        """Every live worker has applied a policy of `tenant_id` (it logs "policy
+        applied" when its tenant's version in force changes, a worker started later
+        at its first load); a file it did not apply fails at once, with why."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            applied: set[int] = set()
+            for entry in self.log_entries(tenant_id):
+                if entry.get("tenant") != tenant_id:
+                    continue
+                if entry.get("msg") == "policy applied":
+                    applied.add(int(entry["pid"]))
+                elif entry.get("msg") == "policy not applied":
+                    raise AssertionError(f"{tenant_id} was not applied: {entry['problems']}")
+            if {pid for pid in self.worker_pids() if _alive(pid)} <= applied:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{tenant_id} not applied by every worker:\n{self.server.log()}"
+                )
+            time.sleep(0.05)
+
     def worker_pids(self) -> set[int]:
         """Workers that logged "gateway ready" (JSON lines from every worker)."""
-        return {int(e["pid"]) for e in self.log_entries() if e.get("msg") == "gateway ready"}
+        return {
+            int(e["pid"])
+            for e in self.log_entries("gateway ready")
+            if e.get("msg") == "gateway ready"
+        }
 
-    def log_entries(self) -> list[dict[str, Any]]:
-        """The workers' JSON log lines so far."""
+    def log_entries(self, containing: str = "") -> list[dict[str, Any]]:
+        """The workers' JSON log lines so far (those whose text contains `containing`)."""
         entries = []
-        for line in self.server.log_path.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
+        for line in self.log_text().splitlines():
+            if line.startswith("{") and containing in line:
                 entries.append(json.loads(line))
         return entries
+
+    def log_text(self) -> str:
+        """Everything its workers logged so far."""
+        assert self.server.log_path is not None, "a gateway logs to a file"
+        return self.server.log_path.read_text(errors="replace")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="session")
@@ -383,15 +181,11 @@ def suppliers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def gateway(
     redis_url: str, suppliers: Server, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Gateway]:
+    """The session's gateway: it starts with no tenant; modules add theirs with
+    `new_tenant`."""
     root = tmp_path_factory.mktemp("gateway")
     policy_dir = root / "policies"
     policy_dir.mkdir()
-    run = uuid.uuid4().hex[:10]
-    tenants = {}
-    for name, (example, overrides) in TENANTS.items():
-        tenant_id = f"{name}-{run}"
-        supplier_url = f"{suppliers.url}/{tenant_id}"
-        tenants[name] = write_policy(policy_dir, example, tenant_id, supplier_url, **overrides)
     admin_token = secrets.token_urlsafe(24)
     env = base_env(
         IRREV_REDIS_URL=redis_url,
@@ -407,27 +201,50 @@ def gateway(
     server = Server("gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")
     server.argv += ["--port", str(server.port), "--workers", str(WORKERS)]
     server.start("/readyz")
-    gateway = Gateway(server, redis_url, admin_token, tenants)
+    gateway = Gateway(server, redis_url, admin_token, suppliers_url=suppliers.url)
     wait_for_workers(gateway)
     yield gateway
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
+def new_tenant(gateway: Gateway) -> Iterator[TenantMaker]:
+    """Tenants of the session's gateway (`Gateway.new_tenant`) for the module's tests,
+    which the module declares in fixtures of its own (module-scoped: its tests share
+    them); served until the module is done."""
+    made: list[Tenant] = []
+
+    def make(name: str, example: str = "procurement", /, **overrides: Any) -> Tenant:
+        tenant = gateway.new_tenant(name, example, **overrides)
+        made.append(tenant)
+        return tenant
+
+    yield make
+    for tenant in made:
+        gateway.remove_tenant(tenant)
+
+
+@pytest.fixture(scope="module")
 def peer_gateway(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     """A second, independent `irrev serve` on the same Redis and policies: which worker
     of one server accepts a connection is the kernel's choice, so a test that needs
-    effects admitted by several processes for certain sends to both servers."""
+    effects admitted by several processes for certain sends to both servers. Only for
+    the module that asks: while it runs it takes tenants' sweep leases, and with them
+    their fleet gauges, from the session's gateway."""
     root = tmp_path_factory.mktemp("peer-gateway")
     server = Server(
-        "peer gateway", [str(BIN / "irrev"), "serve"], gateway.server.env, root / "gateway.log"
+        "peer gateway", [str(BIN / "irrev"), "serve"], gateway.env, root / "gateway.log"
     )
     server.argv += ["--port", str(server.port), "--workers", "1"]
     server.start("/readyz")
-    peer = Gateway(server, gateway.redis_url, gateway.admin_token, gateway.tenants)
+    peer = Gateway(
+        server, gateway.redis_url, gateway.admin_token, suppliers_url=gateway.suppliers_url
+    )
     wait_for_workers(peer, workers=1)
     PEERS.append(server.url)
+    gateway.peers.append(peer)
     yield peer
+    gateway.peers.remove(peer)
     PEERS.remove(server.url)
     server.stop()
 
@@ -439,11 +256,14 @@ def own_gateway(
     root: Path,
     workers: int,
     policy: dict[str, Any] | None = None,
+    /,
     **settings: str,
 ) -> Iterator[Gateway]:
     """A gateway of its own, with extra IRREV_* settings, serving one fresh tenant
     (`.tenant("own")`, the procurement example with `policy`'s top-level keys
-    replaced), for tests whose settings would disturb the shared gateway."""
+    replaced), for tests whose settings would disturb the shared gateway; more with
+    its `new_tenant`. The arguments before the settings are positional, so that a
+    dict of settings (`**settings`) can fill nothing but the settings."""
     policies = root / "policies"
     policies.mkdir()
     tenant_id = f"own-{secrets.token_hex(5)}"
@@ -460,7 +280,7 @@ def own_gateway(
     server.argv += ["--port", str(server.port), "--workers", str(workers)]
     server.start("/readyz")
     try:
-        gateway = Gateway(server, redis_url, admin_token, {"own": tenant})
+        gateway = Gateway(server, redis_url, admin_token, {"own": tenant}, suppliers.url)
         wait_for_workers(gateway, workers=workers)
         yield gateway
     finally:
@@ -494,4 +314,4 @@ async def upstream(suppliers: Server) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def policy_dir_of(gateway: Gateway) -> Path:
-    return Path(gateway.server.env["IRREV_POLICY_DIR"])
+    return gateway.policy_dir

@@ -16,7 +16,7 @@ from ledger import Ledger
 from ledger.keys import policy_key, policy_log_key, policy_sources_key
 
 from .conftest import PEERS
-from .servers import BIN, Tenant, base_env
+from .servers import BIN, Tenant, Tenanted, base_env
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -60,6 +60,17 @@ def mcp_call(tenant: Tenant, agent: str, name: str) -> tuple[bytes, dict[str, st
     return json.dumps(message).encode(), headers
 
 
+async def scrape_hosts(http: httpx.AsyncClient, headers: dict[str, str]) -> list[str]:
+    """/metrics of the gateway `http` talks to and of each live peer gateway, one text
+    each."""
+    response = await http.get("/metrics", headers=headers)
+    assert response.status_code == 200, response.text
+    texts = [response.text]
+    for peer in PEERS:  # a lease the peer took: its tenants' gauges are there
+        texts.append((await http.get(f"{peer}/metrics", headers=headers)).text)
+    return texts
+
+
 async def scrape_fleet(
     http: httpx.AsyncClient, headers: dict[str, str], series: str, within_s: float = 15.0
 ) -> str:
@@ -71,12 +82,7 @@ async def scrape_fleet(
     scrape is read too.)"""
     deadline = asyncio.get_running_loop().time() + within_s
     while True:
-        response = await http.get("/metrics", headers=headers)
-        assert response.status_code == 200, response.text
-        texts = [response.text]
-        for peer in PEERS:  # a lease the peer took: its tenants' gauges are there
-            texts.append((await http.get(f"{peer}/metrics", headers=headers)).text)
-        text = "\n".join(texts)
+        text = "\n".join(await scrape_hosts(http, headers))
         if series in text or asyncio.get_running_loop().time() > deadline:
             return text
         await asyncio.sleep(0.2)
@@ -110,7 +116,7 @@ def assert_problem(response: httpx.Response, status: int, reason: str) -> dict[s
 
 
 async def balances(
-    http: httpx.AsyncClient, admin: dict[str, str], tenant: Tenant
+    http: httpx.AsyncClient, admin: dict[str, str], tenant: Tenanted
 ) -> dict[str, Any]:
     response = await http.get(f"/v1/admin/tenants/{tenant.id}/balances", headers=admin)
     assert response.status_code == 200, response.text
@@ -130,7 +136,7 @@ def assert_no_overdraw(rows: dict[str, Any]) -> None:
 
 
 async def holds_in(
-    http: httpx.AsyncClient, admin: dict[str, str], tenant: Tenant, state: str
+    http: httpx.AsyncClient, admin: dict[str, str], tenant: Tenanted, state: str
 ) -> dict[str, Any]:
     response = await http.get(
         f"/v1/admin/tenants/{tenant.id}/holds", params={"state": state}, headers=admin
@@ -167,7 +173,7 @@ async def set_faults(upstream: httpx.AsyncClient, tenant: Tenant, **faults: Any)
     assert response.status_code == 200, response.text
 
 
-def ledger_audit(redis_url: str, *tenants: Tenant) -> subprocess.CompletedProcess[str]:
+def ledger_audit(redis_url: str, *tenants: Tenanted) -> subprocess.CompletedProcess[str]:
     argv = [str(BIN / "irrev"), "ledger", "audit"]
     for tenant in tenants:
         argv += ["--tenant", tenant.id]

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from irrev import harness
 from irrev.harness import TenantPolicy
@@ -47,6 +47,14 @@ def start_suppliers(log_dir: Path) -> Server:
     server.argv += ["--host", "127.0.0.1", "--port", str(server.port), "--log-level", "warning"]
     server.start("/ready/catalog")
     return server
+
+
+class Tenanted(Protocol):
+    """What the admin API and `irrev ledger audit` know a tenant by: its id (a Tenant
+    here, an McpTenant of the MCP tests)."""
+
+    @property
+    def id(self) -> str: ...
 
 
 @dataclass(frozen=True)

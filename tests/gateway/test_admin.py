@@ -3,26 +3,39 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 import yaml
 
 from gateway.state.policies import ledger_errors
 from ledger import Ledger
 from pricing import load_policy_data
 
-from .conftest import Gateway, policy_dir_of
+from .conftest import Gateway, TenantMaker, policy_dir_of
 from .helpers import assert_problem, balances, base_of, based, effect_headers, order
-from .servers import EXAMPLES
+from .servers import EXAMPLES, Tenant
 
 
-def policy_file(gateway: Gateway, name: str) -> str:
-    return (policy_dir_of(gateway) / f"{gateway.tenant(name).id}.yaml").read_text()
+@pytest.fixture(scope="module")
+def admin_a_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("admin-a")
 
 
-async def test_upload_applies_a_valid_policy(gateway: Gateway, http: httpx.AsyncClient) -> None:
-    tenant = gateway.tenant("admin-a")
+@pytest.fixture(scope="module")
+def admin_b_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("admin-b")
+
+
+def policy_file(gateway: Gateway, tenant: Tenant) -> str:
+    return (policy_dir_of(gateway) / f"{tenant.id}.yaml").read_text()
+
+
+async def test_upload_applies_a_valid_policy(
+    admin_a_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    tenant = admin_a_tenant
     shown = await http.get(f"/v1/admin/tenants/{tenant.id}/policy", headers=gateway.admin)
     assert shown.status_code == 200 and shown.json()["tenant"] == tenant.id
-    data = yaml.safe_load(policy_file(gateway, "admin-a"))
+    data = yaml.safe_load(policy_file(gateway, admin_a_tenant))
     data["accounts"]["principals"]["platform"]["limit"] = "12000"
     text = yaml.safe_dump(data, sort_keys=False)
     response = await http.put(
@@ -39,18 +52,20 @@ async def test_upload_applies_a_valid_policy(gateway: Gateway, http: httpx.Async
     served = await http.get(f"/v1/admin/tenants/{tenant.id}/policy", headers=yaml_accept)
     assert served.text == text and served.headers["etag"] == f'"{version}"'
     # The store is the truth; the host's file is one way in, and is not rewritten.
-    assert policy_file(gateway, "admin-a") != text
+    assert policy_file(gateway, admin_a_tenant) != text
 
 
 async def test_upload_that_would_break_the_policy_set_changes_nothing(
-    gateway: Gateway, http: httpx.AsyncClient
+    admin_a_tenant: Tenant, admin_b_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """Valid on its own, but reusing another tenant's agent token: refused, and the
     directory stays loadable (by a reload now, and by the next `irrev serve`)."""
-    a, b = gateway.tenant("admin-a"), gateway.tenant("admin-b")
-    before = policy_file(gateway, "admin-b")
+    a, b = admin_a_tenant, admin_b_tenant
+    before = policy_file(gateway, admin_b_tenant)
     data = yaml.safe_load(before)
-    stolen = yaml.safe_load(policy_file(gateway, "admin-a"))["agents"]["buyer-01"]["token_sha256"]
+    stolen = yaml.safe_load(policy_file(gateway, admin_a_tenant))["agents"]["buyer-01"][
+        "token_sha256"
+    ]
     data["agents"]["buyer-02"]["token_sha256"] = stolen
     response = await http.put(
         f"/v1/admin/tenants/{b.id}/policy",
@@ -58,7 +73,7 @@ async def test_upload_that_would_break_the_policy_set_changes_nothing(
         headers=await based(http, b.id, gateway.admin),
     )
     assert_problem(response, 422, "invalid_policy")
-    assert policy_file(gateway, "admin-b") == before
+    assert policy_file(gateway, admin_b_tenant) == before
     reload = await http.post("/v1/admin/policies/reload", headers=gateway.admin)
     assert reload.status_code == 200, reload.text
     assert {a.id, b.id} <= set(reload.json()["tenants"])
@@ -69,15 +84,15 @@ async def test_upload_that_would_break_the_policy_set_changes_nothing(
 
 
 async def test_an_upload_the_ledger_would_refuse_writes_nothing(
-    gateway: Gateway, http: httpx.AsyncClient
+    admin_a_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """A policy whose accounts the ledger cannot keep (here an exact risk factor's
     account id past 128 characters) passed validation: the store took it as a new
     version and its other limits went live before the ledger refused that account,
     and a 422 came back with all of it written (with the uploader killed then, every
     host's reload failed on it). It is refused before anything is written now."""
-    tenant = gateway.tenant("admin-a")
-    before = policy_file(gateway, "admin-a")
+    tenant = admin_a_tenant
+    before = policy_file(gateway, admin_a_tenant)
     ledger = Ledger.from_url(gateway.redis_url)
     try:
         [stored] = (await ledger.policies.records([tenant.id])).values()
@@ -94,7 +109,7 @@ async def test_an_upload_the_ledger_would_refuse_writes_nothing(
         )
         body = assert_problem(response, 422, "invalid_policy")
         assert "128" in str(body)
-        assert policy_file(gateway, "admin-a") == before
+        assert policy_file(gateway, admin_a_tenant) == before
         [after] = (await ledger.policies.records([tenant.id])).values()
         assert after.version == stored.version
         now = await balances(http, gateway.admin, tenant)
@@ -104,23 +119,23 @@ async def test_an_upload_the_ledger_would_refuse_writes_nothing(
 
 
 async def test_upload_refuses_invalid_or_foreign_policies(
-    gateway: Gateway, http: httpx.AsyncClient
+    admin_a_tenant: Tenant, admin_b_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    a, b = gateway.tenant("admin-a"), gateway.tenant("admin-b")
+    a, b = admin_a_tenant, admin_b_tenant
     url = f"/v1/admin/tenants/{a.id}/policy"
-    for text in ("", "tenant: [", "kind: demo-tokens", policy_file(gateway, "admin-b")):
-        before = policy_file(gateway, "admin-a")
+    for text in ("", "tenant: [", "kind: demo-tokens", policy_file(gateway, admin_b_tenant)):
+        before = policy_file(gateway, admin_a_tenant)
         headers = await based(http, a.id, gateway.admin)
         response = await http.put(url, content=text.encode(), headers=headers)
         assert_problem(response, 422, "invalid_policy")
-        assert policy_file(gateway, "admin-a") == before
+        assert policy_file(gateway, admin_a_tenant) == before
     assert b.id != a.id
 
 
 async def test_journal_pages_and_escalation_queue(
-    gateway: Gateway, http: httpx.AsyncClient
+    admin_b_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("admin-b")
+    tenant = admin_b_tenant
     admitted = await http.post(
         "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, "buyer-03", "j1")
     )

@@ -15,10 +15,40 @@ import httpx
 import pytest
 
 from irrev.cli import main
+from irrev.harness import new_token
+from pricing.credentials import hash_token
 
-from .conftest import CLI_APPROVER, CLI_VIEWER, Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import DEPLOY, assert_problem, effect_headers, order, orders_made, set_faults
+from .procurement import example_routes
 from .servers import Tenant
+
+# Tenant admins of `cli-loop` who drive `irrev escalations` and `irrev holds`: one may
+# decide, one may only look.
+CLI_APPROVER = new_token()
+CLI_VIEWER = new_token()
+
+
+@pytest.fixture(scope="module")
+def cli_loop_tenant(new_tenant: TenantMaker) -> Tenant:
+    """procurement, whose in-process deploys escalate (a decision-only approval), with
+    an approver and a viewer of its own."""
+    routes = [
+        {**route, "approval_threshold": "500"} if route["tool"] == "deploy" else route
+        for route in example_routes()
+    ]
+    admins = {
+        "cleo": {"token_sha256": hash_token(CLI_APPROVER), "role": "approver"},
+        "vic": {"token_sha256": hash_token(CLI_VIEWER), "role": "viewer"},
+    }
+    return new_tenant("cli-loop", routes=routes, admins=admins)
+
+
+# A tenant the admins of cli-loop cannot reach.
+@pytest.fixture(scope="module")
+def cli_other_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("cli-other")
+
 
 BIG = 450  # 450 x 100 USD: priced above the orders route's 30,000 USD approval threshold
 
@@ -80,9 +110,13 @@ async def hold_state(
 
 
 async def test_an_approval_forwards_once_and_a_rejection_reaches_the_agent(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient, irrev: Irrev
+    cli_loop_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
+    irrev: Irrev,
 ) -> None:
-    tenant = gateway.tenant("cli-loop")
+    tenant = cli_loop_tenant
     approved = await escalate(http, tenant, "buyer-01", "cli-approve")
     rejected = await escalate(http, tenant, "buyer-02", "cli-reject")
 
@@ -128,11 +162,15 @@ async def test_an_approval_forwards_once_and_a_rejection_reaches_the_agent(
 
 
 async def test_an_approval_whose_effect_was_not_made_says_so_and_exits_1(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient, irrev: Irrev
+    cli_loop_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
+    irrev: Irrev,
 ) -> None:
     """The approval stands; the exit code says the effect was not made, and the hold is
     as the forward left it: the tool refused it (voided), or its outcome is unknown."""
-    tenant = gateway.tenant("cli-loop")
+    tenant = cli_loop_tenant
     refused = await escalate(http, tenant, "buyer-05", "cli-tool-422")
     unknown = await escalate(http, tenant, "buyer-06", "cli-tool-503")
     await set_faults(upstream, tenant, status=422)
@@ -153,10 +191,10 @@ async def test_an_approval_whose_effect_was_not_made_says_so_and_exits_1(
 
 
 async def test_a_decision_only_approval_leaves_the_hold_pending(
-    gateway: Gateway, http: httpx.AsyncClient, irrev: Irrev
+    cli_loop_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, irrev: Irrev
 ) -> None:
     """An in-process deploy: nothing is forwarded; its tool sees the hold pending."""
-    tenant = gateway.tenant("cli-loop")
+    tenant = cli_loop_tenant
     created = await http.post(
         "/v1/holds", json=DEPLOY, headers=effect_headers(tenant, "deployer-01", "cli-deploy")
     )
@@ -175,11 +213,16 @@ async def test_a_decision_only_approval_leaves_the_hold_pending(
 
 
 async def test_roles_and_tenants_bound_what_the_commands_do(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient, irrev: Irrev
+    cli_loop_tenant: Tenant,
+    cli_other_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
+    irrev: Irrev,
 ) -> None:
     """The gateway's refusals, each one line with its reason code and exit 1; the
     escalation stays as it was."""
-    mine, other = gateway.tenant("cli-loop"), gateway.tenant("cli-other")
+    mine, other = cli_loop_tenant, cli_other_tenant
     theirs = await escalate(http, other, "buyer-01", "cli-foreign")
     own = await escalate(http, mine, "buyer-03", "cli-viewed")
     hold = theirs.rpartition(".")[2]
@@ -212,9 +255,13 @@ async def test_roles_and_tenants_bound_what_the_commands_do(
 
 
 async def test_an_ambiguous_hold_is_resolved_once(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient, irrev: Irrev
+    cli_loop_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
+    irrev: Irrev,
 ) -> None:
-    tenant = gateway.tenant("cli-loop")
+    tenant = cli_loop_tenant
     await set_faults(upstream, tenant, status=503)
     try:
         sent = await http.post(

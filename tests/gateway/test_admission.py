@@ -33,6 +33,7 @@ from ledger.client import Ledger
 from ledger.journal import read_journal
 from ledger.keys import accounts_key, hold_key, payload_key
 from ledger.records import HoldState, Provenance
+from ledger.replies import decoded
 from pricing.accounts import policy_accounts
 from pricing.policy import EffectClass
 
@@ -172,7 +173,8 @@ async def test_an_answer_kept_in_the_long_form_of_older_gateways_is_still_replay
     hold = await pipeline.gate.ledger.hold(pipeline.tenant.id, first.hold_id)
     assert hold is not None and hold.outcome.startswith('{"a":')
     # As an older irrev kept it: not in the record's parts but as the payload.
-    parts = [name for name in await redis.hkeys(record) if re.fullmatch(r"o\d+", name)]
+    names: list[str] = await decoded(redis.hkeys(record))
+    parts = [name for name in names if re.fullmatch(r"o\d+", name)]
     assert parts and await redis.hdel(record, *parts) == len(parts)
     old = {
         "agent": "buyer-01",
@@ -323,7 +325,11 @@ async def test_an_unknown_account_opens_its_tenants_accounts_and_reloads_no_tena
         posted = _admitted(await a.admit(ToolInMemory(), a.intent("k-lost")))
     assert await a.state(posted.hold_id) is HoldState.POSTED
     assert await account_ids(a) >= policy_account_ids(a)
-    opened = [(r.tenant, r.accounts) for r in caplog.records if r.msg == "opened missing accounts"]
+    opened = [
+        (vars(r)["tenant"], vars(r)["accounts"])  # the log call's `extra`
+        for r in caplog.records
+        if r.msg == "opened missing accounts"
+    ]
     assert opened == [(a.tenant.id, len(policy_account_ids(a)))]
     # Tenant b: neither its accounts written nor its file read.
     assert await account_ids(b) == set()

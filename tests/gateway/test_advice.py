@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 import pytest
+from mcp.types import TextContent
 
 from gateway.edge.advice import NEXT_STEPS, Retry, account_words, escalation_sentence, units_of
 from gateway.edge.problems import Problem
@@ -53,7 +54,9 @@ def both_transports(problem: Problem) -> tuple[dict[str, Any], dict[str, Any], s
     content and text."""
     http = json.loads(bytes(problem.response().body))
     result = refused(problem, "")
-    text = result.content[0].text  # type: ignore[union-attr]
+    block = result.content[0]
+    assert isinstance(block, TextContent), block
+    text = block.text
     assert result.structured_content is not None
     return http, result.structured_content, text
 

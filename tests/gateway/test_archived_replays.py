@@ -15,8 +15,9 @@ import httpx
 from ledger.cluster import redis_client
 from ledger.keys import settled_key
 
-from .conftest import _keyless_orders, own_gateway
+from .conftest import own_gateway
 from .helpers import order, supplier_stats
+from .procurement import keyless_orders
 from .servers import Server, Tenant
 
 
@@ -40,7 +41,7 @@ async def test_repeats_of_archived_effects_are_replays(
         suppliers,
         tmp_path,
         1,
-        _keyless_orders(),
+        keyless_orders(),
         IRREV_ARCHIVE_AFTER_S="0",
         IRREV_SWEEP_INTERVAL_S="0.2",
     ) as gateway:

@@ -65,8 +65,8 @@ def calibrating_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> It
         redis_url,
         suppliers,
         tmp_path,
-        workers=2,
-        policy={"routes": [DEPLOY_ROUTE]},
+        2,
+        {"routes": [DEPLOY_ROUTE]},
         IRREV_POLICY_CHECK_INTERVAL_S="0.2",
     ) as gateway:
         yield gateway
@@ -156,25 +156,32 @@ ORDER_ROUTE = {
 ORDER = order(quantity=1, unit_price="100")  # a face value of FACE
 
 
-@pytest.fixture
-def pooling_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> Iterator[Gateway]:
-    """One worker: which process prices a hold, and what it last saw, is known."""
+@pytest.fixture(scope="module")
+def pooling_gateway(
+    redis_url: str, suppliers: Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """One worker (which process prices a hold, and what it last saw, is known), for
+    the pooling tests: each has a tenant of its own (`new_tenant`), so that neither
+    the evidence one settled nor the holds it left open are another's."""
     with own_gateway(
         redis_url,
         suppliers,
-        tmp_path,
-        workers=1,
-        policy={"routes": [ORDER_ROUTE, {**DEPLOY_ROUTE, "pricing": POOLING}]},
+        tmp_path_factory.mktemp("pooling"),
+        1,
+        None,
         IRREV_POLICY_CHECK_INTERVAL_S="0.2",
         IRREV_UPSTREAM_TIMEOUT_S="30",  # calls held in flight for 10 s
     ) as gateway:
         yield gateway
 
 
+POOLING_ROUTES = [ORDER_ROUTE, {**DEPLOY_ROUTE, "pricing": POOLING}]
+
+
 async def test_the_price_follows_the_holds_open_on_the_route(
     pooling_gateway: Gateway, redis_url: str, suppliers: Server
 ) -> None:
-    tenant = pooling_gateway.tenant("own")
+    tenant = pooling_gateway.new_tenant("pool", routes=POOLING_ROUTES)
     keys = iter(range(10_000))
     ppms = [factor_ppm(int(FACE * SETTLED_FACTORS[i % 3]), FACE) for i in range(20)]
     evidence = Evidence.from_ppm(
@@ -239,7 +246,7 @@ async def test_an_agent_cannot_pad_the_pool_with_holds_it_voids(
     """review1 F4: a decision-only route's holds are its agent's to void at no cost:
     30 of them opened around a real hold lowered its price 17.5% below its price
     alone. Such a route is priced alone and its holds are not counted."""
-    tenant = pooling_gateway.tenant("own")
+    tenant = pooling_gateway.new_tenant("pool", routes=POOLING_ROUTES)
     me = tenant.auth("deployer-01")
     keys = iter(range(10_000))
     ppms = [factor_ppm(int(FACE * SETTLED_FACTORS[i % 3]), FACE) for i in range(20)]
@@ -280,33 +287,18 @@ async def test_an_agent_cannot_pad_the_pool_with_holds_it_voids(
     assert real_price == alone
 
 
-@pytest.fixture
-def threshold_pool_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> Iterator[Gateway]:
-    """One worker; a pooling route whose every effect escalates (its threshold is
-    below any price), so that only approved escalations are ever open."""
-    route = {**ORDER_ROUTE, "approval_threshold": "1"}
-    with own_gateway(
-        redis_url,
-        suppliers,
-        tmp_path,
-        workers=1,
-        policy={"routes": [route]},
-        IRREV_POLICY_CHECK_INTERVAL_S="0.2",
-        IRREV_UPSTREAM_TIMEOUT_S="30",  # calls held in flight for 10 s
-    ) as gateway:
-        yield gateway
-
-
 async def test_an_escalation_is_priced_alone_whatever_is_open_when_it_is_made(
-    threshold_pool_gateway: Gateway, redis_url: str, suppliers: Server
+    pooling_gateway: Gateway, redis_url: str, suppliers: Server
 ) -> None:
     """An escalated hold waits outside its route's open set and joins the set open
     when it is approved, which may be smaller by then. Before, one made while ten
     approved calls were in flight was priced for the set it saw and, approved once they had
     closed, joined a set of one at that price, below its price alone; it is priced
     alone now (the price every set covers), and its approval changes no balance."""
-    gw = threshold_pool_gateway
-    tenant = gw.tenant("own")
+    gw = pooling_gateway
+    # A pooling route whose every effect escalates (its threshold is below any
+    # price), so that only approved escalations are ever open.
+    tenant = gw.new_tenant("threshold-pool", routes=[{**ORDER_ROUTE, "approval_threshold": "1"}])
     keys = iter(range(10_000))
     ppms = [factor_ppm(int(FACE * SETTLED_FACTORS[i % 3]), FACE) for i in range(20)]
     evidence = Evidence.from_ppm(
@@ -370,7 +362,7 @@ async def test_an_escalation_is_priced_alone_whatever_is_open_when_it_is_made(
             f"/v1/escalations/{escalation}/approve", json={}, headers=gw.admin
         )
         assert approved.status_code == 201, approved.text
-        hold = await ledger.hold(tenant.id, waiting.headers["x-irrev-hold"])
-        assert hold is not None and set(hold.amounts.values()) == {alone}
+        stored = await ledger.hold(tenant.id, waiting.headers["x-irrev-hold"])
+        assert stored is not None and set(stored.amounts.values()) == {alone}
         assert (await audit_tenant(ledger, tenant.id)).mismatches == []
     await ledger.aclose()

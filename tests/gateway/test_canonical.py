@@ -15,8 +15,57 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import PROBLEM_JSON, assert_problem, balances, raw_request, used
+from .servers import Tenant
+
+# Routes of `readers-canon`, whose upstream reports how several parsers read
+# each request (irrev/upstreams/readers.py): amounts at face value, so a price is an amount.
+READER_ROUTES: list[dict[str, Any]] = [
+    {
+        "tool": "payments",
+        "route": "POST /refunds",
+        "class": "irreversible",
+        # `note`: a free-text field, declared (undeclared ones are refused).
+        "body": ["customer_id", "amount", "note"],
+        "face_value": "amount",
+        "risk_factors": ["customer:{customer_id}"],
+    },
+    {
+        "tool": "payments",
+        "route": "POST /transfers",
+        "class": "irreversible",
+        "query": ["amount"],
+        "face_value": "amount",
+    },
+    {
+        "tool": "payments",
+        "route": "POST /charges",
+        "class": "irreversible",
+        "body_format": "form",
+        "body": ["customer_id", "amount", "currency"],
+        "face_value": "amount",
+        "amount_scale": 100,
+        "currency_field": "currency",
+        "risk_factors": ["customer:{customer_id}"],
+    },
+    {"tool": "payments", "route": "GET /refunds/{refund_id}", "class": "read"},
+]
+READERS: dict[str, Any] = {
+    "routes": READER_ROUTES,
+    "unknown_routes": {"action": "price_as_irreversible", "face_value": "amount"},
+}
+
+
+@pytest.fixture(scope="module")
+def readers_canon_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("readers-canon", **READERS)
+
+
+@pytest.fixture(scope="module")
+def decision_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("decision")
+
 
 FORM = "application/x-www-form-urlencoded"
 REFUND = b'{"customer_id":"c1","amount":1}'
@@ -30,9 +79,13 @@ async def readings(upstream: httpx.AsyncClient, tenant_id: str) -> list[dict[str
 
 
 async def send(
-    gateway: Gateway, method: str, target: str, body: bytes, content_type: str
+    tenant: Tenant,
+    gateway: Gateway,
+    method: str,
+    target: str,
+    body: bytes,
+    content_type: str,
 ) -> tuple[int, dict[str, str], bytes]:
-    tenant = gateway.tenant("readers-canon")
     headers = tenant.auth("buyer-01")
     if method != "GET":
         headers["Idempotency-Key"] = uuid.uuid4().hex
@@ -299,6 +352,7 @@ REFUSED = [
     ids=[case[0] for case in REFUSED],
 )
 async def test_a_request_other_parsers_read_differently_is_refused(
+    readers_canon_tenant: Tenant,
     gateway: Gateway,
     http: httpx.AsyncClient,
     upstream: httpx.AsyncClient,
@@ -309,10 +363,10 @@ async def test_a_request_other_parsers_read_differently_is_refused(
     status: int,
     reason: str,
 ) -> None:
-    tenant = gateway.tenant("readers-canon")
+    tenant = readers_canon_tenant
     before = await balances(http, gateway.admin, tenant)
     seen = len(await readings(upstream, tenant.id))
-    got, headers, content = await send(gateway, method, target, body, content_type)
+    got, headers, content = await send(tenant, gateway, method, target, body, content_type)
     assert (got, headers.get("content-type")) == (status, PROBLEM_JSON), content
     assert json.loads(content)["reason"] == reason, content
     assert headers.get("x-irrev-reason") == reason, headers
@@ -321,13 +375,18 @@ async def test_a_request_other_parsers_read_differently_is_refused(
 
 
 async def forwarded(
-    gateway: Gateway, upstream: httpx.AsyncClient, target: str, body: bytes, content_type: str
+    tenant: Tenant,
+    gateway: Gateway,
+    upstream: httpx.AsyncClient,
+    target: str,
+    body: bytes,
+    content_type: str,
 ) -> tuple[int, dict[str, Any]]:
     """Send an honest effect; (its price, the one record the upstream made of it), after
     checking that every reader read the priced method, path and amount."""
-    tenant_id = gateway.tenant("readers-canon").id
+    tenant_id = tenant.id
     seen = len(await readings(upstream, tenant_id))
-    status, headers, content = await send(gateway, "POST", target, body, content_type)
+    status, headers, content = await send(tenant, gateway, "POST", target, body, content_type)
     assert status == 201, content
     records = (await readings(upstream, tenant_id))[seen:]
     assert len(records) == 1
@@ -341,10 +400,12 @@ async def forwarded(
     return price, records[0]
 
 
-async def test_json_is_forwarded_as_parsed(gateway: Gateway, upstream: httpx.AsyncClient) -> None:
+async def test_json_is_forwarded_as_parsed(
+    readers_canon_tenant: Tenant, gateway: Gateway, upstream: httpx.AsyncClient
+) -> None:
     body = b'{ "customer_id" : "c1",\n "amount" : 1.50 }'
     price, record = await forwarded(
-        gateway, upstream, "/refunds", body, "Application/JSON; charset=UTF-8"
+        readers_canon_tenant, gateway, upstream, "/refunds", body, "Application/JSON; charset=UTF-8"
     )
     assert price == 1_500_000
     assert record["content_type"] == "application/json"
@@ -353,25 +414,35 @@ async def test_json_is_forwarded_as_parsed(gateway: Gateway, upstream: httpx.Asy
 
 
 async def test_json_strings_hide_no_form_pairs(
-    gateway: Gateway, upstream: httpx.AsyncClient
+    readers_canon_tenant: Tenant, gateway: Gateway, upstream: httpx.AsyncClient
 ) -> None:
     """A server that sniffs a form in any body (observation 7's other half) must not
     find `amount=7000` inside a JSON string: '&', '=' and ';' go out escaped."""
     body = b'{"customer_id":"c1","amount":1,"note":"&amount=7000&x=;amount=7000"}'
-    price, record = await forwarded(gateway, upstream, "/refunds", body, "application/json")
+    price, record = await forwarded(
+        readers_canon_tenant, gateway, upstream, "/refunds", body, "application/json"
+    )
     assert price == 1_000_000
     assert "&" not in record["body"] and "=" not in record["body"]
 
 
-async def test_declared_query_is_reencoded(gateway: Gateway, upstream: httpx.AsyncClient) -> None:
-    price, record = await forwarded(gateway, upstream, "/transfers?amount=%32.5", b"", "")
+async def test_declared_query_is_reencoded(
+    readers_canon_tenant: Tenant, gateway: Gateway, upstream: httpx.AsyncClient
+) -> None:
+    price, record = await forwarded(
+        readers_canon_tenant, gateway, upstream, "/transfers?amount=%32.5", b"", ""
+    )
     assert price == 2_500_000
     assert (record["query"], record["body"]) == ("amount=2.5", "")
 
 
-async def test_form_body_in_minor_units(gateway: Gateway, upstream: httpx.AsyncClient) -> None:
+async def test_form_body_in_minor_units(
+    readers_canon_tenant: Tenant, gateway: Gateway, upstream: httpx.AsyncClient
+) -> None:
     body = b"customer_id=c%31&amount=1050&currency=USD"
-    price, record = await forwarded(gateway, upstream, "/charges", body, f"{FORM}; charset=utf-8")
+    price, record = await forwarded(
+        readers_canon_tenant, gateway, upstream, "/charges", body, f"{FORM}; charset=utf-8"
+    )
     assert price == 10_500_000  # 1050 cents
     assert record["content_type"] == FORM
     assert record["body"] == "amount=1050&currency=USD&customer_id=c1"
@@ -381,9 +452,9 @@ async def test_form_body_in_minor_units(gateway: Gateway, upstream: httpx.AsyncC
     "header", ["X-HTTP-Method-Override", "X-Method-Override", "X_HTTP_Method_Override"]
 )
 async def test_a_method_override_header_is_refused(
-    gateway: Gateway, upstream: httpx.AsyncClient, header: str
+    readers_canon_tenant: Tenant, gateway: Gateway, upstream: httpx.AsyncClient, header: str
 ) -> None:
-    tenant = gateway.tenant("readers-canon")
+    tenant = readers_canon_tenant
     seen = len(await readings(upstream, tenant.id))
     for method, target, body in (("POST", "/refunds", REFUND), ("GET", "/refunds/r1", b"")):
         headers = {**tenant.auth("buyer-01"), "Idempotency-Key": uuid.uuid4().hex, header: "PUT"}
@@ -397,11 +468,11 @@ async def test_a_method_override_header_is_refused(
 
 
 async def test_decision_api_reads_its_body_strictly(
-    gateway: Gateway, http: httpx.AsyncClient
+    decision_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """The decision API prices a JSON body too: keys that differ only in case are
     refused there as on the proxy (observation 5)."""
-    tenant = gateway.tenant("decision")
+    tenant = decision_tenant
     body = b'{"tool":"deploy","method":"POST","path":"/deploys","body":{"env":"a","ENV":"b"}}'
     response = await http.post(
         "/v1/holds",

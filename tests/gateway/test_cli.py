@@ -259,6 +259,9 @@ def bench_json(bench: str, *args: str) -> dict[str, Any]:
     return report
 
 
+# Slow (README's test command leaves it out; .ci/run runs it): a bench run as a
+# command starts its own Redis and gateway and measures for a second (15 s here).
+@pytest.mark.slow
 def test_bench_background_prints_json() -> None:
     """The shortest run: one idle gateway, one tenant, measured for a second."""
     report = bench_json("background", "--gateways", "1", "--tenants", "1", "--seconds", "1")

@@ -8,8 +8,9 @@ import asyncio
 import itertools
 
 import httpx
+import pytest
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import (
     assert_no_overdraw,
     assert_problem,
@@ -22,17 +23,43 @@ from .helpers import (
     supplier_stats,
     used,
 )
+from .servers import Tenant
+
+
+@pytest.fixture(scope="module")
+def overdraw_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("overdraw")
+
+
+# One agent sends one key 20 times at once: more than a worker's default bound on
+# an agent's requests in flight (request_limits.max_in_flight, 16).
+@pytest.fixture(scope="module")
+def idempotency_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("idempotency", request_limits={"max_in_flight": 64})
+
+
+@pytest.fixture(scope="module")
+def approvals_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("approvals")
+
+
+# A short hold TTL, so that a hold's deadline passes within a test.
+@pytest.fixture(scope="module")
+def short_ttl_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("short-ttl", hold_ttl="5s", escalation_ttl="2s")
+
 
 IN_FLIGHT = 120
 
 
 async def test_many_effects_in_flight_never_overdraw(
+    overdraw_tenant: Tenant,
     gateway: Gateway,
     peer_gateway: Gateway,
     http: httpx.AsyncClient,
     upstream: httpx.AsyncClient,
 ) -> None:
-    tenant = gateway.tenant("overdraw")
+    tenant = overdraw_tenant
     # Each order stays in flight at the supplier for a while, so admissions overlap.
     await set_faults(upstream, tenant, delay_s=0.2)
     agents = [f"buyer-{n:02d}" for n in range(1, 51)]
@@ -98,9 +125,12 @@ async def test_many_effects_in_flight_never_overdraw(
 
 
 async def test_one_key_sent_twenty_times_is_one_effect(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    idempotency_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
 ) -> None:
-    tenant = gateway.tenant("idempotency")
+    tenant = idempotency_tenant
     headers = effect_headers(tenant, "buyer-01", "same-key")
     # The first forward takes a while, so the repeats arrive while it is in flight.
     await set_faults(upstream, tenant, delay_s=0.3, times=1)
@@ -141,9 +171,8 @@ async def test_one_key_sent_twenty_times_is_one_effect(
     assert (await supplier_stats(upstream, tenant))["requests"] == 1
 
 
-async def escalate(http: httpx.AsyncClient, gateway: Gateway, tenant_name: str, key: str) -> str:
+async def escalate(http: httpx.AsyncClient, tenant: Tenant, key: str) -> str:
     """An order priced above the route's approval threshold (30000 USD): its poll URL."""
-    tenant = gateway.tenant(tenant_name)
     response = await http.post(
         "/tools/supplier/orders",
         json=order(quantity=450),  # 45000 USD face value
@@ -157,10 +186,10 @@ async def escalate(http: httpx.AsyncClient, gateway: Gateway, tenant_name: str, 
 
 
 async def test_concurrent_approvals_have_one_winner(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    approvals_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("approvals")
-    location = await escalate(http, gateway, "approvals", "big-order")
+    tenant = approvals_tenant
+    location = await escalate(http, tenant, "big-order")
     waiting = await http.get(location, headers=tenant.auth("buyer-01"))
     assert waiting.status_code == 202
     assert waiting.json()["status"] == "escalated"
@@ -191,12 +220,12 @@ async def test_concurrent_approvals_have_one_winner(
 
 
 async def test_rejection_releases_the_budget_and_is_final(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    approvals_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("approvals")
+    tenant = approvals_tenant
     before = used(await balances(http, gateway.admin, tenant))
     requests_before = (await supplier_stats(upstream, tenant))["requests"]
-    location = await escalate(http, gateway, "approvals", "rejected-order")
+    location = await escalate(http, tenant, "rejected-order")
     rejections = await asyncio.gather(
         *(http.post(f"{location}/reject", headers=gateway.admin) for _ in range(8))
     )
@@ -210,11 +239,11 @@ async def test_rejection_releases_the_budget_and_is_final(
 
 
 async def test_unapproved_escalation_expires_and_releases_its_budget(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    short_ttl_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("short-ttl")  # escalation_ttl 2s, swept every 0.5 s
+    tenant = short_ttl_tenant  # escalation_ttl 2s, swept every 0.5 s
     before = used(await balances(http, gateway.admin, tenant))
-    location = await escalate(http, gateway, "short-ttl", "expiring-order")
+    location = await escalate(http, tenant, "expiring-order")
     deadline = asyncio.get_running_loop().time() + 15
     while True:
         poll = await http.get(location, headers=tenant.auth("buyer-01"))

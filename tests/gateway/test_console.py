@@ -40,21 +40,57 @@ from selenium.common.exceptions import (
     StaleElementReferenceException,
     TimeoutException,
 )
+from selenium.webdriver import Chrome
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from irrev.harness import new_token
+from pricing.credentials import hash_token
 from pricing.money import money_text
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem, effect_headers, mcp_call, order
+from .procurement import flooded_orders
 from .servers import Tenant
 
 # Slow (README's test command leaves it out; .ci/run runs it).
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def console_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("console")
+
+
+@pytest.fixture(scope="module")
+def console_resolve_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("console-resolve")
+
+
+# A tenant admin of `console-ops` who may approve but not raise a limit.
+CONSOLE_APPROVER = new_token()
+
+# A tenant admin of `console-keys` who may manage viewer and approver keys, not agents'.
+CONSOLE_KEYS_APPROVER = new_token()
+
+
+@pytest.fixture(scope="module")
+def console_ops_tenant(new_tenant: TenantMaker) -> Tenant:
+    """The console's refusals view, bulk decisions and rules: every supplier order
+    above 50 USD waits for a human."""
+    admins = {"ann": {"token_sha256": hash_token(CONSOLE_APPROVER), "role": "approver"}}
+    return new_tenant("console-ops", **flooded_orders(), admins=admins)
+
+
+@pytest.fixture(scope="module")
+def console_keys_tenant(new_tenant: TenantMaker) -> Tenant:
+    """The console's Keys panel."""
+    admins = {"kim": {"token_sha256": hash_token(CONSOLE_KEYS_APPROVER), "role": "approver"}}
+    return new_tenant("console-keys", admins=admins)
+
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -64,7 +100,7 @@ REASON = "budget owner agreed: quarterly restock"
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chrome]:
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
     if missing:
         why = f"no {', '.join(missing)}: apt-get install chromium chromium-driver (.ci/run does)"
@@ -112,7 +148,7 @@ class Page:
     """The console in the browser: waits on its DOM, and screenshots of it. A wait
     that times out fails with a screenshot, what the page showed and its console log."""
 
-    def __init__(self, driver: WebDriver, folder: Path) -> None:
+    def __init__(self, driver: Chrome, folder: Path) -> None:
         self.driver = driver
         self.folder = folder
         self.shots = 0
@@ -146,7 +182,7 @@ class Page:
             f"no recent decision with {words}",
         )
 
-    def until(self, condition: Callable[[WebDriver], Any], what: str | Callable[[], str]) -> Any:
+    def until(self, condition: Callable[[Chrome], Any], what: str | Callable[[], str]) -> Any:
         try:
             return WebDriverWait(self.driver, WAIT_S, poll_frequency=0.2).until(condition)
         except TimeoutException:
@@ -173,7 +209,7 @@ class Page:
         """Waits until the element at `css` shows exactly `text`."""
         last = ["(no such element)"]
 
-        def shows(driver: WebDriver) -> bool:
+        def shows(driver: Chrome) -> bool:
             try:
                 last[0] = driver.find_element(By.CSS_SELECTOR, css).text
             except (NoSuchElementException, StaleElementReferenceException):
@@ -208,7 +244,7 @@ class Page:
         return path
 
 
-def csp_complaints(driver: WebDriver) -> list[str]:
+def csp_complaints(driver: Chrome) -> list[str]:
     """What the page's console said of a blocked script, style or request, or of an
     uncaught error."""
     return [
@@ -219,9 +255,9 @@ def csp_complaints(driver: WebDriver) -> list[str]:
 
 
 def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_move(
-    gateway: Gateway, browser: WebDriver, artifacts: Path
+    console_tenant: Tenant, gateway: Gateway, browser: Chrome, artifacts: Path
 ) -> None:
-    tenant = gateway.tenant("console")
+    tenant = console_tenant
     page = Page(browser, artifacts)
     account = page.sign_in(gateway, tenant)
     page.text_is(f"{account} td.pending", "0 USD")
@@ -272,7 +308,7 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
         # The queue's page has no bodies: opening one reads it from the hold.
         page.find(f"{row_css} td.request summary").click()
 
-        def body_shown(driver: WebDriver) -> bool:
+        def body_shown(driver: Chrome) -> bool:
             try:
                 pre = driver.find_element(By.CSS_SELECTOR, f"{row_css} td.request pre")
                 return "s-console" in (pre.get_attribute("textContent") or "")
@@ -304,9 +340,9 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
 
 
 def test_an_operator_reconciles_then_voids_an_ambiguous_hold_with_a_reason_in_the_console(
-    gateway: Gateway, browser: WebDriver, artifacts: Path
+    console_resolve_tenant: Tenant, gateway: Gateway, browser: Chrome, artifacts: Path
 ) -> None:
-    tenant = gateway.tenant("console-resolve")
+    tenant = console_resolve_tenant
     page = Page(browser, artifacts)
     account = page.sign_in(gateway, tenant)
     page.text_is(f"{account} td.pending", "0 USD")
@@ -390,20 +426,36 @@ return out;
 """
 
 
-def assert_every_control_visible(driver: WebDriver, when: str) -> None:
+def assert_every_control_visible(driver: Chrome, when: str) -> None:
     hidden: list[str] = driver.execute_script(UNREACHABLE)
     assert not hidden, f"{when}: {hidden}"
 
 
-def refusal_row(driver: WebDriver, reason: str, agent: str, via: str) -> str:
+def attribute(element: WebElement, name: str) -> str:
+    value = element.get_attribute(name)
+    assert value is not None, f"no {name} on {element.tag_name}"
+    return value
+
+
+def refusal_row(driver: Chrome, reason: str, agent: str, via: str) -> str:
     """The count the refusals table shows for (reason, agent, transport), or ''."""
     css = f'#refusals tr[data-reason="{reason}"][data-agent="{agent}"][data-via="{via}"] td.n'
     found = driver.find_elements(By.CSS_SELECTOR, css)
     return str(found[0].text) if found else ""
 
 
+def refusal_counted(reason: str, agent: str, via: str, count: str) -> Callable[[Chrome], bool]:
+    """The refusals table shows `count` for (reason, agent, transport)."""
+    return lambda driver: refusal_row(driver, reason, agent, via) == count
+
+
+def left_the_queue(escalation: str) -> Callable[[Chrome], bool]:
+    css = f'tr[data-escalation="{escalation}"]'
+    return lambda driver: not driver.find_elements(By.CSS_SELECTOR, css)
+
+
 def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
-    gateway: Gateway, browser: WebDriver, artifacts: Path
+    console_ops_tenant: Tenant, gateway: Gateway, browser: Chrome, artifacts: Path
 ) -> None:
     """Issue 26's hostile round, in the page at 800 x 900: the refusals the agents got
     (HTTP and MCP, before the ledger) are seen by reason, agent and route; a filtered
@@ -411,9 +463,8 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
     consume-once call, one already rejected meanwhile reported as such; a row's Reject
     is on screen; rules are set and ended from the page, and a role that may not raise
     a limit is told why by the gateway. Every control is on screen throughout."""
-    from .conftest import CONSOLE_APPROVER
 
-    tenant = gateway.tenant("console-ops")
+    tenant = console_ops_tenant
     page = Page(browser, artifacts)
     browser.set_window_size(800, 900)
     escalations: dict[str, list[str]] = {"buyer-05": [], "buyer-06": []}
@@ -451,23 +502,21 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
             assert browser.execute_script("return innerWidth") <= 800
 
             # The refusals, counted by the fleet, by reason, agent and route.
-            for reason, agent, via, count in (
+            for reason, agent, via, shown_n in (
                 ("per_effect_cap", "buyer-01", "http", "3"),
                 ("unknown_route", "buyer-02", "http", "2"),
                 ("unknown_route", "buyer-03", "mcp", "1"),
             ):
                 page.until(
-                    lambda driver, r=reason, a=agent, v=via, c=count: (
-                        refusal_row(driver, r, a, v) == c
-                    ),
-                    f"no refusal row {reason} {agent} {via} x{count}",
+                    refusal_counted(reason, agent, via, shown_n),
+                    f"no refusal row {reason} {agent} {via} x{shown_n}",
                 )
             page.text_is("#refusal-count", "6")
             routes = page.find("#refusal-routes").text
             assert "supplier POST /orders" in routes and "supplier POST (unlisted)" in routes
             Select(page.find("#refusal-reason")).select_by_value("per_effect_cap")
             shown = browser.find_elements(By.CSS_SELECTOR, "#refusals tbody tr")
-            assert [tr.get_attribute("data-reason") for tr in shown] == ["per_effect_cap"]
+            assert [attribute(tr, "data-reason") for tr in shown] == ["per_effect_cap"]
             page.shot("refusals-800")
 
             # The queue, filtered to one agent, all shown selected, approved at once.
@@ -477,7 +526,7 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
             Select(page.find("#interval")).select_by_value("0")  # the page holds still
             Select(page.find("#filter-agent")).select_by_value("buyer-05")
             rows = browser.find_elements(By.CSS_SELECTOR, "#escalations tbody tr")
-            assert sorted(tr.get_attribute("data-escalation") for tr in rows) == sorted(
+            assert sorted(attribute(tr, "data-escalation") for tr in rows) == sorted(
                 escalations["buyer-05"]
             )
             page.find("#select-shown").click()
@@ -507,12 +556,7 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
             flash = page.find("#flash").text
             assert "3 approved, 1 already decided" in flash and why in flash, flash
             for escalation in escalations["buyer-05"][1:]:
-                page.until(
-                    lambda driver, e=escalation: (
-                        not driver.find_elements(By.CSS_SELECTOR, f'tr[data-escalation="{e}"]')
-                    ),
-                    f"{escalation} is still in the queue",
-                )
+                page.until(left_the_queue(escalation), f"{escalation} is still in the queue")
             page.shot("bulk-approved-800")
             # Each approval forwarded its order once; the agent reads the one reason.
             for escalation in escalations["buyer-05"][1:]:
@@ -606,16 +650,15 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
 
 
 def test_an_admin_sees_a_tenants_keys_and_revokes_one_in_the_console(
-    gateway: Gateway, browser: WebDriver, artifacts: Path
+    console_keys_tenant: Tenant, gateway: Gateway, browser: Chrome, artifacts: Path
 ) -> None:
     """The Keys panel lists a tenant's managed keys (whose, owner and purpose, expiry,
     last use, state), never a token; its Revoke is the API's, role-checked there: an
     approver's revocation of an agent key is refused in the gateway's words, its
     revocation of a viewer key is done, an operator's of the agent key too, and the
     revoked token is then refused by the gateway."""
-    from .conftest import CONSOLE_KEYS_APPROVER
 
-    tenant = gateway.tenant("console-keys")
+    tenant = console_keys_tenant
     page = Page(browser, artifacts)
     with httpx.Client(base_url=gateway.url, timeout=30.0, trust_env=False) as http:
         keys = f"/v1/admin/tenants/{tenant.id}/keys"

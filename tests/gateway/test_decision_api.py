@@ -4,10 +4,33 @@ post, compensate, void or mark it ambiguous, with the ledger's semantics."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem, balances, effect_headers, order, used
+from .procurement import LEARNING_ROUTES, PROCUREMENT, example_accounts
 from .servers import Tenant
+
+
+@pytest.fixture(scope="module")
+def decision_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("decision")
+
+
+@pytest.fixture(scope="module")
+def overrun_tenant(new_tenant: TenantMaker) -> Tenant:
+    """Deploys compensable, their p_fail learned and agents' overrun reports allowed
+    (procurement.LEARNED_DEPLOY), on a 500 USD platform budget."""
+    principals = {**PROCUREMENT["accounts"]["principals"], "platform": {"limit": "500"}}
+    return new_tenant(
+        "overrun", routes=LEARNING_ROUTES, accounts=example_accounts(principals=principals)
+    )
+
+
+@pytest.fixture(scope="module")
+def decision_budget_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("decision-budget")
+
 
 DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
 PRICE = 1000 * 10**6  # irreversible at its fixed face value, 1000 USD
@@ -23,8 +46,10 @@ def platform_used(rows: dict[str, int]) -> int:
     return rows.get("principal:platform", 0)
 
 
-async def test_create_post_compensate_round_trip(gateway: Gateway, http: httpx.AsyncClient) -> None:
-    tenant = gateway.tenant("decision")
+async def test_create_post_compensate_round_trip(
+    decision_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    tenant = decision_tenant
     me = tenant.auth("deployer-01")
     before = platform_used(used(await balances(http, gateway.admin, tenant)))
 
@@ -75,14 +100,14 @@ async def test_create_post_compensate_round_trip(gateway: Gateway, http: httpx.A
 
 
 async def test_overrun_is_posted_flagged_counted_and_blocks_the_account(
-    gateway: Gateway, http: httpx.AsyncClient
+    overrun_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """Contract 1's one exception: the world cost more than the hold. It is posted
     (never refused), flagged and counted, and the account admits nothing more until
     compensation brings it back under its limit. Here the agent reports it: its
     route is compensable and takes overrun reports (up to the face value, 1000 USD),
     and its principal's limit is 500 USD."""
-    tenant = gateway.tenant("overrun")
+    tenant = overrun_tenant
     me = tenant.auth("deployer-01")
     created = await create(http, tenant, "d1")
     hold, price = created.json()["hold"], int(created.headers["x-irrev-price"])
@@ -107,8 +132,10 @@ async def test_overrun_is_posted_flagged_counted_and_blocks_the_account(
     assert (await create(http, tenant, "d3")).status_code in (201, 202)
 
 
-async def test_void_and_ambiguous(gateway: Gateway, http: httpx.AsyncClient) -> None:
-    tenant = gateway.tenant("decision")
+async def test_void_and_ambiguous(
+    decision_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    tenant = decision_tenant
     me = tenant.auth("deployer-01")
     before = used(await balances(http, gateway.admin, tenant))
 
@@ -133,9 +160,9 @@ async def test_void_and_ambiguous(gateway: Gateway, http: httpx.AsyncClient) -> 
 
 
 async def test_decision_api_refuses_proxied_routes_and_vice_versa(
-    gateway: Gateway, http: httpx.AsyncClient
+    decision_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("decision")
+    tenant = decision_tenant
     proxied = await http.post(
         "/v1/holds",
         json={"tool": "supplier", "method": "POST", "path": "/orders", "body": order()},
@@ -158,11 +185,11 @@ async def test_decision_api_refuses_proxied_routes_and_vice_versa(
 
 
 async def test_budget_runs_out_into_escalation_then_denial(
-    gateway: Gateway, http: httpx.AsyncClient
+    decision_budget_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """platform's limit is 10000 USD with a soft band at 80%: 1000 USD deploys are
     admitted up to 8000, escalated to 10000, then denied; never above the limit."""
-    tenant = gateway.tenant("decision-budget")
+    tenant = decision_budget_tenant
     statuses = [(await create(http, tenant, f"budget-{i}")).status_code for i in range(12)]
     assert statuses == [201] * 8 + [202] * 2 + [403] * 2
     rows = await balances(http, gateway.admin, tenant)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 
 import httpx
+from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -54,7 +54,7 @@ async def test_docs_and_their_assets_carry_the_console_policy(
         assert_problem(stock, 404, "not_found")
 
 
-def test_the_docs_render_under_their_policy(gateway: Gateway, browser: WebDriver) -> None:  # noqa: F811
+def test_the_docs_render_under_their_policy(gateway: Gateway, browser: Chrome) -> None:  # noqa: F811
     browser.get(f"{gateway.url}/docs")
     wait = WebDriverWait(browser, WAIT_S)
     title = wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, ".swagger-ui .title")))

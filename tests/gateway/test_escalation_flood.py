@@ -7,13 +7,24 @@ hold back another's."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
+import pytest
 
 from gateway.state.webhooks import fair_order
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem, effect_headers, order
+from .procurement import flooded_orders
+from .servers import Tenant
+
+
+# One agent floods the approval queue (issue 26): roomy budgets, the default cap.
+@pytest.fixture(scope="module")
+def flood_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("flood", **flooded_orders())
+
 
 SMALL = 1  # 100 USD: above the "flood" tenant's 50 USD approval threshold for orders
 
@@ -30,9 +41,9 @@ async def queue(http: httpx.AsyncClient, gateway: Gateway, tenant_id: str) -> li
 
 
 async def test_one_agent_keeps_at_most_its_cap_waiting(
-    gateway: Gateway, http: httpx.AsyncClient
+    flood_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("flood")
+    tenant = flood_tenant
     # At most 8 at once: below the agent's 16 in flight, whose own refusal
     # (too_many_in_flight) a loaded machine let some of 60 at once meet first.
     at_once = asyncio.Semaphore(8)
@@ -78,8 +89,11 @@ async def test_one_agent_keeps_at_most_its_cap_waiting(
 
 
 def test_a_page_of_events_is_delivered_round_robin_across_agents() -> None:
-    flood = [(i, {"agent": "loop", "n": i}) for i in range(20)]
-    late = [(20, {"agent": "honest", "n": 20}), (21, {"type": "rule.set"})]
+    flood: list[tuple[int, dict[str, Any]]] = [(i, {"agent": "loop", "n": i}) for i in range(20)]
+    late: list[tuple[int, dict[str, Any]]] = [
+        (20, {"agent": "honest", "n": 20}),
+        (21, {"type": "rule.set"}),
+    ]
     ordered = fair_order(flood + late)
     assert [event.get("agent") for _, event in ordered[:3]] == ["loop", "honest", None]
     # Each agent's own events keep their journal order.

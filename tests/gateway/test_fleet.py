@@ -197,7 +197,9 @@ async def agree(fleet: Fleet, clients: dict[str, httpx.AsyncClient], usd: int | 
 
 def edit_copy(fleet: Fleet, host: str, change: Callable[[dict[str, Any]], None]) -> None:
     """Edit `host`'s own copy of the policy in place, as a person would."""
-    path = fleet.hosts[host].env["IRREV_POLICY_DIR"] + f"/{fleet.tenant.id}.yaml"
+    env = fleet.hosts[host].env
+    assert env is not None  # gateway_on gives every host its own
+    path = env["IRREV_POLICY_DIR"] + f"/{fleet.tenant.id}.yaml"
     document = yaml.safe_load(Path(path).read_text())
     change(document)
     temporary = Path(path + ".tmp")

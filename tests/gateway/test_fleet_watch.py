@@ -258,13 +258,16 @@ async def test_a_sigkilled_watcher_and_lease_holder_is_replaced_by_the_other_hos
         """The pid of `server`'s worker if it holds the watch: its token is
         <host>:<address>:<port>/<pid>:<random>."""
         token = store.get(WATCH_LEASE_KEY) or ""
+        assert isinstance(token, str)  # decode_responses
         mine = f":{server.port}/" in token
         return int(token.rpartition("/")[2].split(":")[0]) if mine else None
 
     def held_by(pid: int | None, key: str) -> bool:
         # A sweep lease's token is <instance>/<pid>:<random>, a webhook lease's
         # <host>:<pid>:<random>.
-        return re.search(rf"[:/]{pid}:", store.get(key) or "") is not None
+        token = store.get(key) or ""
+        assert isinstance(token, str)  # decode_responses
+        return re.search(rf"[:/]{pid}:", token) is not None
 
     try:
         a.start("/readyz")

@@ -10,12 +10,24 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import PROBLEM_JSON, assert_problem, ledger_audit
 from .servers import Tenant
+
+
+@pytest.fixture(scope="module")
+def fuzz_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("fuzz")
+
+
+@pytest.fixture(scope="module")
+def fuzz_globex_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("fuzz-globex", "globex")
+
 
 EXAMPLES = 75
 FUZZ = settings(
@@ -86,8 +98,8 @@ hold_specs = st.fixed_dictionaries(
 )
 
 
-def test_fuzz_decision_api(gateway: Gateway) -> None:
-    tenant = gateway.tenant("fuzz")
+def test_fuzz_decision_api(fuzz_tenant: Tenant, gateway: Gateway) -> None:
+    tenant = fuzz_tenant
 
     @FUZZ
     @given(
@@ -127,8 +139,8 @@ def test_fuzz_decision_api(gateway: Gateway) -> None:
     assert_ledger_sound(gateway, tenant)
 
 
-def test_fuzz_proxy(gateway: Gateway) -> None:
-    tenant = gateway.tenant("fuzz")
+def test_fuzz_proxy(fuzz_tenant: Tenant, gateway: Gateway) -> None:
+    tenant = fuzz_tenant
 
     @FUZZ
     @given(
@@ -175,8 +187,8 @@ def test_fuzz_proxy(gateway: Gateway) -> None:
     assert_ledger_sound(gateway, tenant)
 
 
-def test_fuzz_admin_api(gateway: Gateway) -> None:
-    tenant, other = gateway.tenant("fuzz"), gateway.tenant("fuzz-globex")
+def test_fuzz_admin_api(fuzz_globex_tenant: Tenant, fuzz_tenant: Tenant, gateway: Gateway) -> None:
+    tenant, other = fuzz_tenant, fuzz_globex_tenant
     tenant_names = st.sampled_from([tenant.id, other.id, "nobody", "a" * 65]) | ids
     query_value = (
         header_text

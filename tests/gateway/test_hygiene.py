@@ -14,8 +14,9 @@ import yaml
 from ledger.cluster import RedisClient
 from ledger.cluster import redis_client as open_redis
 from ledger.keys import accounts_key, hold_key, payload_key
+from ledger.replies import decoded
 
-from .conftest import Gateway, policy_dir_of
+from .conftest import Gateway, TenantMaker, policy_dir_of
 from .helpers import (
     assert_problem,
     balances,
@@ -28,7 +29,30 @@ from .helpers import (
     set_faults,
     supplier_stats,
 )
+from .procurement import example_accounts, order_routes
 from .servers import Tenant
+
+
+@pytest.fixture(scope="module")
+def two_factors_tenant(new_tenant: TenantMaker) -> Tenant:
+    """procurement, with orders capped per supplier and per SKU: two factor accounts
+    that a first order to a new supplier of a new SKU meets together."""
+    routes = order_routes(risk_factors=["supplier:{supplier_id}", "sku:{sku}"])
+    accounts = example_accounts()
+    accounts["risk_factors"]["sku:*"] = {"limit": "100000"}
+    return new_tenant("two-factors", routes=routes, accounts=accounts)
+
+
+# A tenant budget of 1 USD: every order but a free one is refused.
+@pytest.fixture(scope="module")
+def tight_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("tight", accounts=example_accounts(tenant={"limit": "1"}))
+
+
+@pytest.fixture(scope="module")
+def hygiene_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("hygiene")
+
 
 # IRREV_DENIED_RETENTION_S's default: a refusal is replayed for minutes, not days.
 DENIED_RETENTION_MS = 600_000
@@ -42,15 +66,15 @@ async def redis_client(gateway: Gateway) -> AsyncIterator[RedisClient]:
 
 
 async def accounts_named(client: RedisClient, tenant: Tenant, start: str) -> list[str]:
-    fields = await client.hkeys(accounts_key(tenant.id))
+    fields: list[str] = await decoded(client.hkeys(accounts_key(tenant.id)))
     return sorted({f.rpartition("|")[0] for f in fields if f.startswith(start)})
 
 
 async def test_an_order_meeting_two_new_risk_factors_is_admitted(
-    gateway: Gateway, http: httpx.AsyncClient
+    two_factors_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """Observation 9: a new supplier of a new SKU opens both factor accounts at once."""
-    tenant = gateway.tenant("two-factors")
+    tenant = two_factors_tenant
     response = await http.post(
         "/tools/supplier/orders",
         json=order(supplier_id="new-payee", sku="new-sku"),
@@ -65,11 +89,11 @@ async def test_an_order_meeting_two_new_risk_factors_is_admitted(
 
 
 async def test_free_and_refused_requests_open_no_accounts(
-    gateway: Gateway, http: httpx.AsyncClient, redis_client: RedisClient
+    tight_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, redis_client: RedisClient
 ) -> None:
     """Observation 10: neither a zero-priced nor a denied request creates an account;
     a denied one keeps no request and lives minutes, not days."""
-    tenant = gateway.tenant("tight")
+    tenant = tight_tenant
     for i in range(20):
         free = await http.post(
             "/tools/supplier/orders",
@@ -103,10 +127,10 @@ async def test_free_and_refused_requests_open_no_accounts(
 
 
 async def test_a_voided_key_is_replayed_as_a_problem_not_an_empty_200(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    hygiene_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     """Observation 14: the receipt a void leaves is not the effect's answer."""
-    tenant = gateway.tenant("hygiene")
+    tenant = hygiene_tenant
     await set_faults(upstream, tenant, status=503, apply=False, times=1)
     headers = effect_headers(tenant, "buyer-01", "voided")
     first = await http.post("/tools/supplier/orders", json=order(), headers=headers)
@@ -123,10 +147,10 @@ async def test_a_voided_key_is_replayed_as_a_problem_not_an_empty_200(
 
 
 async def test_two_authorization_headers_are_refused(
-    gateway: Gateway, http: httpx.AsyncClient
+    hygiene_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """Observation 14: which of two credentials is the caller is not the gateway's guess."""
-    tenant = gateway.tenant("hygiene")
+    tenant = hygiene_tenant
     body = b'{"supplier_id": "s1", "sku": "bolts", "quantity": 1, "unit_price": "1"}'
     for first, second in (
         (tenant.auth("buyer-01"), tenant.auth("buyer-02")),
@@ -148,10 +172,10 @@ async def test_two_authorization_headers_are_refused(
 
 
 async def test_health_endpoints_name_no_tenant_to_strangers(
-    gateway: Gateway, http: httpx.AsyncClient
+    hygiene_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """Observation 14: /readyz says ready; /metrics has tenant labels for admins only."""
-    tenant = gateway.tenant("hygiene")
+    tenant = hygiene_tenant
     await http.post(
         "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, "buyer-03", "m")
     )
@@ -168,11 +192,11 @@ async def test_health_endpoints_name_no_tenant_to_strangers(
 
 
 async def test_a_policy_whose_hold_ttl_cannot_outlive_a_forward_is_refused(
-    gateway: Gateway, http: httpx.AsyncClient
+    hygiene_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """Observation 12: with a 3 s upstream timeout and a 0.5 s margin (the test
     gateway's settings), a 4 s hold TTL would refuse every effect 503 hold_deadline."""
-    tenant = gateway.tenant("hygiene")
+    tenant = hygiene_tenant
     path = policy_dir_of(gateway) / f"{tenant.id}.yaml"
     written = path.read_text()
     policy = yaml.safe_load(written)

@@ -6,9 +6,19 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem, balances, effect_headers, order, used
 from .servers import Tenant
+
+
+@pytest.fixture(scope="module")
+def iso_acme_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("iso-acme")
+
+
+@pytest.fixture(scope="module")
+def iso_globex_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("iso-globex", "globex")
 
 
 async def escalated_globex_hold(http: httpx.AsyncClient, globex: Tenant) -> tuple[str, str]:
@@ -24,9 +34,13 @@ async def escalated_globex_hold(http: httpx.AsyncClient, globex: Tenant) -> tupl
 
 
 async def test_an_agent_cannot_use_another_tenants_routes(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    iso_acme_tenant: Tenant,
+    iso_globex_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
 ) -> None:
-    acme, globex = gateway.tenant("iso-acme"), gateway.tenant("iso-globex")
+    acme, globex = iso_acme_tenant, iso_globex_tenant
     before = [used(await balances(http, gateway.admin, t)) for t in (acme, globex)]
     writeoff = await http.post(
         "/tools/inventory/stock/bolts/writeoff",
@@ -49,9 +63,9 @@ async def test_an_agent_cannot_use_another_tenants_routes(
 
 
 async def test_an_agent_cannot_see_or_settle_another_tenants_holds(
-    gateway: Gateway, http: httpx.AsyncClient
+    iso_acme_tenant: Tenant, iso_globex_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    acme, globex = gateway.tenant("iso-acme"), gateway.tenant("iso-globex")
+    acme, globex = iso_acme_tenant, iso_globex_tenant
     hold, location = await escalated_globex_hold(http, globex)
     globex_used = used(await balances(http, gateway.admin, globex))
     acme_used = used(await balances(http, gateway.admin, acme))
@@ -83,9 +97,9 @@ async def test_an_agent_cannot_see_or_settle_another_tenants_holds(
 
 
 async def test_an_acme_hold_is_not_found_through_a_globex_token(
-    gateway: Gateway, http: httpx.AsyncClient
+    iso_acme_tenant: Tenant, iso_globex_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    acme, globex = gateway.tenant("iso-acme"), gateway.tenant("iso-globex")
+    acme, globex = iso_acme_tenant, iso_globex_tenant
     created = await http.post(
         "/v1/holds",
         json={"tool": "deploy", "method": "POST", "path": "/deploys"},
@@ -118,9 +132,9 @@ ADMIN_ROUTES = [
     ("method", "route"), ADMIN_ROUTES, ids=[f"{m} {r}" for m, r in ADMIN_ROUTES]
 )
 async def test_admin_routes_need_an_admin_token(
-    gateway: Gateway, http: httpx.AsyncClient, method: str, route: str
+    iso_acme_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, method: str, route: str
 ) -> None:
-    acme = gateway.tenant("iso-acme")
+    acme = iso_acme_tenant
     path = route.format(t=acme.id)
     wrong = [
         {},

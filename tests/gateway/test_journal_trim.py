@@ -34,7 +34,7 @@ def trimming_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> Itera
         redis_url,
         suppliers,
         tmp_path,
-        workers=2,
+        2,
         IRREV_JOURNAL_KEEP_S=str(KEEP_S),
         IRREV_JOURNAL_TRIM_INTERVAL_S="0.2",
         IRREV_JOURNAL_ARCHIVE_DIR=str(tmp_path / "archive"),

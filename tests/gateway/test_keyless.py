@@ -14,9 +14,16 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem, order, set_faults, supplier_stats
+from .procurement import keyless_orders
 from .servers import Tenant
+
+
+@pytest.fixture(scope="module")
+def keyless_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("keyless", **keyless_orders())
+
 
 BIG = 450  # 45,000 USD: above the orders route's 30,000 USD approval threshold
 
@@ -49,9 +56,9 @@ async def requests_for(upstream: httpx.AsyncClient, tenant: Tenant, key: str) ->
 
 
 async def test_keyless_repeats_of_an_escalated_request_make_one_effect(
-    gateway: Gateway, upstream: httpx.AsyncClient
+    keyless_tenant: Tenant, gateway: Gateway, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("keyless")
+    tenant = keyless_tenant
     body = fresh_order(BIG)
     # Four sends, two at a time, from connections of their own.
     answers = []
@@ -79,11 +86,11 @@ async def test_keyless_repeats_of_an_escalated_request_make_one_effect(
 
 
 async def test_a_keyless_repeat_of_an_ambiguous_request_is_the_same_effect(
-    gateway: Gateway, upstream: httpx.AsyncClient
+    keyless_tenant: Tenant, gateway: Gateway, upstream: httpx.AsyncClient
 ) -> None:
     """The first send made the order and answered 504: ambiguous. The repeat is sent
     again under the same upstream key, which the supplier deduplicates: one order."""
-    tenant = gateway.tenant("keyless")
+    tenant = keyless_tenant
     body = fresh_order(3)
     await set_faults(upstream, tenant, status=504, apply=True, times=1)
     try:
@@ -102,9 +109,9 @@ async def test_a_keyless_repeat_of_an_ambiguous_request_is_the_same_effect(
 
 
 async def test_different_requests_are_different_effects(
-    gateway: Gateway, upstream: httpx.AsyncClient
+    keyless_tenant: Tenant, gateway: Gateway, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("keyless")
+    tenant = keyless_tenant
     sku = f"sku-{uuid.uuid4().hex[:8]}"
     one = await post(gateway, tenant, "buyer-03", order(quantity=2, sku=sku))
     two = await post(gateway, tenant, "buyer-03", order(quantity=3, sku=sku))
@@ -116,8 +123,10 @@ async def test_different_requests_are_different_effects(
     assert same.json() == one.json()
 
 
-async def test_a_route_without_keyless_still_needs_a_key(gateway: Gateway) -> None:
-    tenant = gateway.tenant("keyless")
+async def test_a_route_without_keyless_still_needs_a_key(
+    keyless_tenant: Tenant, gateway: Gateway
+) -> None:
+    tenant = keyless_tenant
     refund = {"customer_id": "c1", "amount": "10"}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30, trust_env=False) as http:
         response = await http.post(
@@ -128,8 +137,10 @@ async def test_a_route_without_keyless_still_needs_a_key(gateway: Gateway) -> No
 
 
 @pytest.mark.parametrize("keyed", [True, False], ids=["key", "keyless"])
-async def test_a_rejection_reaches_the_agent_on_its_repeat(gateway: Gateway, keyed: bool) -> None:
-    tenant = gateway.tenant("keyless")
+async def test_a_rejection_reaches_the_agent_on_its_repeat(
+    keyless_tenant: Tenant, gateway: Gateway, keyed: bool
+) -> None:
+    tenant = keyless_tenant
     body = fresh_order(BIG)
     key = uuid.uuid4().hex if keyed else ""
     pending = await post(gateway, tenant, "buyer-04", body, key)

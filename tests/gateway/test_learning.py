@@ -38,8 +38,8 @@ def learning_gateway(redis_url: str, suppliers: Server, tmp_path: Path) -> Itera
         redis_url,
         suppliers,
         tmp_path,
-        workers=2,
-        policy={"routes": [DEPLOY_ROUTE]},
+        2,
+        {"routes": [DEPLOY_ROUTE]},
         IRREV_POLICY_CHECK_INTERVAL_S="0.2",
     ) as gateway:
         yield gateway

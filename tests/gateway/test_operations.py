@@ -26,12 +26,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pricing.money import money_text
 
-from .conftest import Gateway, own_gateway
+from .conftest import Gateway, TenantMaker, own_gateway
 from .helpers import assert_problem, effect_headers, order, scrape_fleet
-from .servers import Server, write_policy
+from .servers import Server, Tenant, write_policy
 
 # Slow (README's test command leaves it out; .ci/run runs it).
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ops_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("ops")
+
 
 USD = 1_000_000
 
@@ -58,9 +64,9 @@ async def scrape(http: httpx.AsyncClient, headers: dict[str, str] | None = None)
 
 
 async def test_every_refusal_is_counted_by_reason_wherever_it_happens(
-    gateway: Gateway, http: httpx.AsyncClient
+    ops_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("ops")
+    tenant = ops_tenant
     before = samples(await scrape(http, gateway.admin))
     refusals = [
         # Before the ledger: the route, the amount, the agent's per-effect cap, the key.
@@ -128,9 +134,9 @@ async def test_every_refusal_is_counted_by_reason_wherever_it_happens(
 
 
 async def test_budgets_queue_admin_decisions_and_red_by_route(
-    gateway: Gateway, http: httpx.AsyncClient
+    ops_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("ops")
+    tenant = ops_tenant
     admitted = await http.post(
         "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, "buyer-02", "b1")
     )
@@ -259,7 +265,7 @@ async def test_agent_accounts_are_reported_with_the_switch(
     redis_url: str, suppliers: Server, tmp_path: Path
 ) -> None:
     with own_gateway(
-        redis_url, suppliers, tmp_path, workers=1, IRREV_METRICS_AGENT_ACCOUNTS="true"
+        redis_url, suppliers, tmp_path, 1, IRREV_METRICS_AGENT_ACCOUNTS="true"
     ) as gateway:
         tenant = gateway.tenant("own")
         async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
@@ -278,11 +284,11 @@ async def test_agent_accounts_are_reported_with_the_switch(
 
 
 async def test_strangers_see_no_tenant_account_or_version(
-    gateway: Gateway, http: httpx.AsyncClient
+    ops_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """The gauges that name accounts (whose ids carry tenant ids) or versions, or do
     not add up over tenants (ages), are an admin's; a stranger gets sums."""
-    tenant = gateway.tenant("ops")
+    tenant = ops_tenant
     text = await scrape(http)
     assert tenant.id not in text and "tenant=" not in text and "account=" not in text
     names = {name for name, _ in samples(text)}
@@ -318,10 +324,10 @@ async def test_a_broken_policy_file_is_reported_once_and_blocks_no_other_tenant(
     no tenant's change was applied until it was fixed."""
     workers = 2
     with own_gateway(
-        redis_url, suppliers, tmp_path, workers=workers, IRREV_POLICY_CHECK_INTERVAL_S="0.2"
+        redis_url, suppliers, tmp_path, workers, IRREV_POLICY_CHECK_INTERVAL_S="0.2"
     ) as gateway:
         broken = gateway.tenant("own")
-        policies = Path(gateway.server.env["IRREV_POLICY_DIR"])
+        policies = gateway.policy_dir
         other = write_policy(
             policies, "procurement", f"{broken.id}-b", f"{suppliers.url}/{broken.id}-b"
         )

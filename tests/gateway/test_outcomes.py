@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
-from irrev.harness import uvicorn_command
+from irrev.harness import free_port, uvicorn_command
 
-from .conftest import RETRY_SUPPLIER_PORT, Gateway, own_gateway
+from .conftest import Gateway, TenantMaker, own_gateway
 from .helpers import (
     assert_problem,
     balances,
@@ -25,7 +26,63 @@ from .helpers import (
     supplier_stats,
     used,
 )
+from .procurement import tools_at
 from .servers import Server, Tenant, base_env
+
+
+@pytest.fixture(scope="module")
+def outcomes_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("outcomes")
+
+
+# Its tools point at a port nobody listens on.
+@pytest.fixture(scope="module")
+def unreachable_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("unreachable", tools=tools_at(f"http://127.0.0.1:{free_port()}"))
+
+
+@pytest.fixture(scope="module")
+def retry_trace_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("retry-trace")
+
+
+# A deadline that passes within a test, with room before it for the test's own
+# steps on a loaded machine.
+@pytest.fixture(scope="module")
+def reconcile_ttl_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("reconcile-ttl", hold_ttl="8s")
+
+
+@pytest.fixture(scope="module")
+def retry_race_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("retry-race", hold_ttl="5s", escalation_ttl="2s")
+
+
+# Where a test runs a supplier of its own that it can kill between an ambiguous send
+# and its retry.
+RETRY_SUPPLIER_PORT = free_port()
+
+
+# Its tools point at RETRY_SUPPLIER_PORT, where a test runs a supplier of its own
+# that it can kill between an ambiguous send and its retry.
+@pytest.fixture(scope="module")
+def retry_unsent_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("retry-unsent", tools=tools_at(f"http://127.0.0.1:{RETRY_SUPPLIER_PORT}"))
+
+
+@pytest.fixture(scope="module")
+def accept_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("accept")
+
+
+@pytest.fixture(scope="module")
+def not_acceptable_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("not-acceptable")
+
+
+@pytest.fixture(scope="module")
+def unsendable_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("unsendable")
 
 
 async def hold_state(http: httpx.AsyncClient, tenant: Tenant, agent: str, hold: str) -> str:
@@ -43,9 +100,9 @@ async def reconcile(http: httpx.AsyncClient, gateway: Gateway, tenant: Tenant) -
 
 
 async def test_upstream_4xx_voids_and_restores_the_budget(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    outcomes_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("outcomes")
+    tenant = outcomes_tenant
     before = used(await balances(http, gateway.admin, tenant))
     await set_faults(upstream, tenant, status=409, apply=False, times=1)
     headers = effect_headers(tenant, "buyer-01", "refused")
@@ -63,8 +120,10 @@ async def test_upstream_4xx_voids_and_restores_the_budget(
     assert (await supplier_stats(upstream, tenant))["requests"] == requests
 
 
-async def test_unreachable_upstream_voids(gateway: Gateway, http: httpx.AsyncClient) -> None:
-    tenant = gateway.tenant("unreachable")
+async def test_unreachable_upstream_voids(
+    unreachable_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    tenant = unreachable_tenant
     before = used(await balances(http, gateway.admin, tenant))
     response = await http.post(
         "/tools/supplier/orders",
@@ -89,9 +148,9 @@ async def test_unreachable_upstream_voids(gateway: Gateway, http: httpx.AsyncCli
 
 
 async def test_timeout_is_ambiguous_and_reconcile_posts_what_the_supplier_recorded(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    outcomes_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("outcomes")
+    tenant = outcomes_tenant
     before = used(await balances(http, gateway.admin, tenant))
     # The supplier records the order, then answers after the gateway stopped waiting.
     await set_faults(upstream, tenant, delay_s=4.5, apply=True, times=1)
@@ -128,9 +187,9 @@ async def test_timeout_is_ambiguous_and_reconcile_posts_what_the_supplier_record
 
 
 async def test_5xx_is_ambiguous_and_a_retry_with_the_same_key_settles_it_once(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    outcomes_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("outcomes")
+    tenant = outcomes_tenant
     await set_faults(upstream, tenant, status=503, apply=True, times=1)
     headers = effect_headers(tenant, "buyer-03", "flaky")
     first = await http.post("/tools/supplier/orders", json=order(quantity=7), headers=headers)
@@ -217,13 +276,16 @@ async def test_concurrent_retries_of_an_ambiguous_hold_send_it_once(
 
 
 async def test_a_retry_forwards_the_stored_request_whatever_trace_it_comes_in(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    retry_trace_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
 ) -> None:
     """Decided: what is sent again is the request as it was priced and stored, its
     trace headers included; a retry's new `traceparent` neither conflicts with the key
     (trace context is not part of the effect) nor replaces the stored one. (With
     tracing on, the upstream's `traceparent` is the gateway's own span of the send.)"""
-    tenant = gateway.tenant("retry-trace")
+    tenant = retry_trace_tenant
     await set_faults(upstream, tenant, status=503, apply=True, times=1)
     headers = effect_headers(tenant, "buyer-01", "traced")
     first_trace = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
@@ -245,9 +307,12 @@ async def test_a_retry_forwards_the_stored_request_whatever_trace_it_comes_in(
 
 
 async def test_reconcile_voids_a_not_found_order_only_after_the_hold_deadline(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    reconcile_ttl_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
 ) -> None:
-    tenant = gateway.tenant("reconcile-ttl")  # hold_ttl 8s
+    tenant = reconcile_ttl_tenant  # hold_ttl 8s
     before = used(await balances(http, gateway.admin, tenant))
     # The supplier neither records the order nor answers in time.
     await set_faults(upstream, tenant, delay_s=4.0, apply=False, times=1)
@@ -277,13 +342,16 @@ async def test_reconcile_voids_a_not_found_order_only_after_the_hold_deadline(
 
 
 async def test_reconcile_never_voids_a_retry_on_its_way(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    retry_race_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
 ) -> None:
     """Contract 6: an ambiguous hold past its deadline is sent again by the agent's
     retry; while that request is on its way the supplier has no order yet, so the
     reconciler's lookup says "not found". Voiding then let the order be made
     uncharged; the retry now moves the deadline first and the hold is posted."""
-    tenant = gateway.tenant("retry-race")
+    tenant = retry_race_tenant
     headers = effect_headers(tenant, "buyer-01", "retried")
     await set_faults(upstream, tenant, status=503, apply=False, times=1)
     first = await http.post("/tools/supplier/orders", json=order(), headers=headers)
@@ -323,10 +391,10 @@ async def test_reconcile_never_voids_a_retry_on_its_way(
 
 
 async def test_reconcile_lists_what_it_cannot_look_up(
-    gateway: Gateway, http: httpx.AsyncClient
+    outcomes_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """An in-process deploy has no lookup: an ambiguous one stays charged and listed."""
-    tenant = gateway.tenant("outcomes")
+    tenant = outcomes_tenant
     created = await http.post(
         "/v1/holds",
         json={"tool": "deploy", "method": "POST", "path": "/deploys"},
@@ -349,13 +417,13 @@ async def test_reconcile_lists_what_it_cannot_look_up(
 
 
 async def test_an_in_progress_409_on_a_retry_keeps_the_hold_ambiguous(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    outcomes_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     """Observation 4: after a timeout the agent retries while the first request is still
     being processed; the supplier answers 409 "request in progress" (IETF
     Idempotency-Key draft). That is no refusal: the hold stays ambiguous and charged,
     nothing is recorded, and a later retry gets (and posts) the real result."""
-    tenant = gateway.tenant("outcomes")
+    tenant = outcomes_tenant
     await set_faults(upstream, tenant, delay_s=4.5, in_progress=True, times=1)
     headers = effect_headers(tenant, "buyer-04", "in-progress")
     first = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
@@ -385,13 +453,13 @@ async def test_an_in_progress_409_on_a_retry_keeps_the_hold_ambiguous(
 
 
 async def test_a_retry_that_cannot_reach_the_upstream_keeps_the_hold_ambiguous(
-    gateway: Gateway, http: httpx.AsyncClient, tmp_path: Path
+    retry_unsent_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, tmp_path: Path
 ) -> None:
     """The first send made the order but answered 503 (ambiguous); the supplier then
     went down and a repeat of the key could not connect. That proves nothing about the
     first send: the hold stays ambiguous and charged, and the agent is told to keep
     the key. Before, the retry voided the hold: an order made, nothing charged."""
-    tenant = gateway.tenant("retry-unsent")
+    tenant = retry_unsent_tenant
     supplier = Server(
         "own supplier",
         uvicorn_command("irrev.upstreams.supplier:create_supplier", RETRY_SUPPLIER_PORT),
@@ -424,12 +492,12 @@ async def test_a_retry_that_cannot_reach_the_upstream_keeps_the_hold_ambiguous(
 
 
 async def test_a_retry_answered_4xx_keeps_the_hold_ambiguous(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    outcomes_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     """A 429 to the retry of an ambiguous hold refuses the retry, not the first send:
     the hold stays ambiguous and charged, and a later repeat gets (and posts) the real
     result. Before, the 429 voided the hold and was replayed to every repeat."""
-    tenant = gateway.tenant("outcomes")
+    tenant = outcomes_tenant
     await set_faults(upstream, tenant, status=503, apply=False, times=1)
     headers = effect_headers(tenant, "buyer-05", "rate-limited-retry")
     first = await http.post("/tools/supplier/orders", json=order(quantity=4), headers=headers)
@@ -451,14 +519,14 @@ async def test_a_retry_answered_4xx_keeps_the_hold_ambiguous(
 
 
 async def test_an_agents_accept_header_does_not_reach_the_upstream(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    accept_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     """A framework that negotiates the answer's format after its handler ran (Express's
     res.format, a Rails respond_to after the save) makes the effect and then answers
     406 to an Accept it cannot meet. The agent chose that Accept: a 4xx it can provoke
     after the effect would void a hold whose effect happened. The gateway sends its
     own Accept instead."""
-    tenant = gateway.tenant("accept")
+    tenant = accept_tenant
     headers = {**effect_headers(tenant, "buyer-01", "negotiated"), "Accept": "image/png"}
     response = await http.post("/tools/supplier/orders", json=order(), headers=headers)
     assert response.status_code == 201, response.text
@@ -469,12 +537,15 @@ async def test_an_agents_accept_header_does_not_reach_the_upstream(
 
 
 async def test_a_406_leaves_the_hold_ambiguous_and_charged(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    not_acceptable_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
 ) -> None:
     """Not Acceptable is decided when the answer is written, which many frameworks do
     after the handler made the effect: unlike the other 4xx it proves nothing about
     the effect, so the hold stays charged until a retry or the reconciler settles it."""
-    tenant = gateway.tenant("not-acceptable")
+    tenant = not_acceptable_tenant
     before = used(await balances(http, gateway.admin, tenant))
     await set_faults(upstream, tenant, status=406, apply=True, times=1)
     headers = effect_headers(tenant, "buyer-01", "made-then-406")
@@ -487,13 +558,16 @@ async def test_a_406_leaves_the_hold_ambiguous_and_charged(
 
 
 async def test_a_request_the_http_client_cannot_make_releases_its_hold(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    unsendable_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
 ) -> None:
     """A path of 22,000 '{', which goes out percent-encoded (66,000 characters), is
     past what httpx makes a URL of: that request provably never left, so its hold is
     released (it was left pending, then ambiguous, with a 500 saying nothing was
     admitted)."""
-    tenant = gateway.tenant("unsendable")
+    tenant = unsendable_tenant
     before = used(await balances(http, gateway.admin, tenant))
     body = json.dumps({"supplier_id": "s1", "cancellation_fee": "10"}).encode()
     headers = {

@@ -23,9 +23,15 @@ from gateway.state.tenants import TenantStore
 from ledger import POLICY_HISTORY, AccountSpec, Ledger
 from pricing.credentials import hash_token
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem
-from .servers import write_policy
+from .servers import Tenant, write_policy
+
+
+@pytest.fixture(scope="module")
+def policy_changes_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("policy-changes")
+
 
 UPSTREAM = "http://127.0.0.1:9"
 
@@ -76,7 +82,8 @@ async def test_a_copy_seen_first_is_recorded_not_applied_nor_by_being_touched(
 ) -> None:
     a, b = await hosts(ledger, tmp_path, tenant, 2)
     assert await tenant_limit(ledger, tenant) == 1000 * 10**6
-    assert b.served(tenant) is not None and b.served(tenant).version == 1  # type: ignore[union-attr]
+    served = b.served(tenant)
+    assert served is not None and served.version == 1
     copy = tmp_path / "h1" / f"{tenant}.yaml"
     later = time.time() + 60
     os.utime(copy, (later, later))  # newer by its time, not by its content
@@ -224,9 +231,9 @@ async def served_yaml(http: httpx.AsyncClient, gateway: Gateway, tenant: str) ->
 
 
 async def test_an_upload_names_the_version_it_was_made_from(
-    gateway: Gateway, http: httpx.AsyncClient
+    policy_changes_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("policy-changes").id
+    tenant = policy_changes_tenant.id
     url = f"/v1/admin/tenants/{tenant}/policy"
     shown = await served_yaml(http, gateway, tenant)
     version = int(shown.headers["etag"].strip('"'))

@@ -11,11 +11,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import Gateway
-from .servers import BIN
+from .conftest import Gateway, TenantMaker
+from .servers import BIN, Tenant
 
 # Each command is a Python process (~1 s of imports): .ci/run's slow pass.
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def policy_cli_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("policy-cli")
 
 
 def irrev(
@@ -33,8 +38,10 @@ def irrev(
     )
 
 
-def test_pull_edit_push_diff_history(gateway: Gateway, tmp_path: Path) -> None:
-    tenant = gateway.tenant("policy-cli").id
+def test_pull_edit_push_diff_history(
+    policy_cli_tenant: Tenant, gateway: Gateway, tmp_path: Path
+) -> None:
+    tenant = policy_cli_tenant.id
     mine, theirs = tmp_path / "mine.yaml", tmp_path / "theirs.yaml"
     for path in (mine, theirs):
         pulled = irrev(gateway, "pull", tenant, "-o", path)
@@ -74,8 +81,10 @@ def test_pull_edit_push_diff_history(gateway: Gateway, tmp_path: Path) -> None:
     assert [entry["version"] for entry in json.loads(latest.stdout)] == [version + 2]
 
 
-def test_bad_calls_say_what_to_do(gateway: Gateway, tmp_path: Path) -> None:
-    tenant = gateway.tenant("policy-cli").id
+def test_bad_calls_say_what_to_do(
+    policy_cli_tenant: Tenant, gateway: Gateway, tmp_path: Path
+) -> None:
+    tenant = policy_cli_tenant.id
     unheaded = tmp_path / "unheaded.yaml"
     unheaded.write_text(f"tenant: {tenant}\n")
     for argv, token, said in (

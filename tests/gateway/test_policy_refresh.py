@@ -21,6 +21,7 @@ import pytest
 import redis
 import yaml
 
+from gateway.state.loops import policy_loop
 from gateway.state.policies import policy_version
 from gateway.state.tenants import FULL_READ_S, TenantStore
 from ledger import ChangeFeed, Ledger
@@ -192,3 +193,26 @@ async def test_a_metadata_change_to_an_outdated_copy_does_not_put_it_back(
     assert (await ledger.policies.records([tenant]))[tenant].version == uploaded.version
     limits = {b.account: b.limit for b in await ledger.balances(tenant)}
     assert limits[f"tenant:{tenant}"] == 5000 * 10**6
+
+
+async def test_a_policy_loop_cancelled_as_it_is_woken_stops() -> None:
+    """A worker's shutdown cancels its policy loop, and closing the change feed just
+    before may wake it: cancelled while its wait for the wakeup ended, the loop took
+    the wakeup and went on, never to stop (asyncio.wait_for in Python 3.11 swallows a
+    cancellation that races its awaitable's end). The worker then hung in shutdown
+    until its supervisor killed it, 15 s later (seen as `irrev serve` stops that ran
+    out Server.stop's 15 s in these tests)."""
+    woken = asyncio.Event()
+    refreshes: list[float] = []
+
+    async def refresh() -> None:
+        refreshes.append(asyncio.get_running_loop().time())
+
+    task = asyncio.create_task(policy_loop(60.0, refresh, woken, lambda: False))
+    for _ in range(3):
+        await asyncio.sleep(0)  # it starts and waits for a wakeup (or 60 s)
+    assert not task.done() and refreshes == []
+    woken.set()
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)
+    assert task in done and task.cancelled(), "the policy loop went on after its cancel"

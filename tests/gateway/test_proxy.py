@@ -14,7 +14,7 @@ import pytest
 from ledger.limits import MAX_AMOUNT
 from pricing import minor_to_major_text
 
-from .conftest import MAX_BODY_BYTES, Gateway
+from .conftest import MAX_BODY_BYTES, Gateway, TenantMaker
 from .helpers import (
     assert_problem,
     balances,
@@ -27,13 +27,50 @@ from .helpers import (
     trickled_request,
     used,
 )
+from .servers import Tenant
 
 
-async def test_health_ready_and_metrics(gateway: Gateway, http: httpx.AsyncClient) -> None:
+@pytest.fixture(scope="module")
+def basics_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("basics")
+
+
+@pytest.fixture(scope="module")
+def cookies_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("cookies")
+
+
+@pytest.fixture(scope="module")
+def bad_input_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("bad-input")
+
+
+@pytest.fixture(scope="module")
+def paths_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("paths")
+
+
+@pytest.fixture(scope="module")
+def unknown_routes_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("unknown-routes", "globex")
+
+
+# Unknown routes priced, deploy among the tools: it has no upstream to forward to.
+@pytest.fixture(scope="module")
+def unknown_no_upstream_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant(
+        "unknown-no-upstream",
+        unknown_routes={"action": "price_as_irreversible", "face_value": "amount"},
+    )
+
+
+async def test_health_ready_and_metrics(
+    basics_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
+) -> None:
     assert (await http.get("/healthz")).json() == {"status": "ok"}
     ready = await http.get("/readyz")
     assert ready.status_code == 200
-    tenant = gateway.tenant("basics")
+    tenant = basics_tenant
     await http.post(
         "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, "buyer-01", "m1")
     )
@@ -48,9 +85,9 @@ async def test_health_ready_and_metrics(gateway: Gateway, http: httpx.AsyncClien
 
 
 async def test_admitted_effect_is_forwarded_with_budget_headers(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    basics_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("basics")
+    tenant = basics_tenant
     before = used(await balances(http, gateway.admin, tenant))
     response = await http.post(
         "/tools/supplier/orders",
@@ -78,12 +115,12 @@ async def test_admitted_effect_is_forwarded_with_budget_headers(
 
 
 async def test_upstream_cookies_are_never_carried_to_other_requests(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    cookies_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     """The gateway's upstream client is shared by every tenant and agent: a cookie one
     answer sets must not ride along on anyone's next request (and what is forwarded
     must stay exactly what was priced)."""
-    tenant = gateway.tenant("cookies")
+    tenant = cookies_tenant
     name = tenant.supplier.rsplit("/", 1)[1]
     for i, agent in enumerate(("buyer-01", "buyer-02", "buyer-01")):
         response = await http.post(
@@ -96,9 +133,9 @@ async def test_upstream_cookies_are_never_carried_to_other_requests(
 
 
 async def test_read_route_is_forwarded_without_a_hold(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    basics_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("basics")
+    tenant = basics_tenant
     before = await balances(http, gateway.admin, tenant)
     requests_before = (await supplier_stats(upstream, tenant))["requests"]
     response = await http.get("/tools/supplier/catalog", headers=tenant.auth("buyer-03"))
@@ -342,6 +379,7 @@ BAD_INPUT = [
     ids=[case[0] for case in BAD_INPUT],
 )
 async def test_bad_input_is_a_problem_and_debits_nothing(
+    bad_input_tenant: Tenant,
     gateway: Gateway,
     http: httpx.AsyncClient,
     upstream: httpx.AsyncClient,
@@ -352,13 +390,14 @@ async def test_bad_input_is_a_problem_and_debits_nothing(
     status: int,
     reason: str,
 ) -> None:
-    tenant = gateway.tenant("bad-input")
+    tenant = bad_input_tenant
     before = await balances(http, gateway.admin, tenant)
-    sent = {
+    # A header given as None is left out.
+    sent: dict[str, str | None] = {
         **effect_headers(tenant, "buyer-01", f"bad-{reason}"),
         "Content-Type": "application/json",
+        **headers,
     }
-    sent.update(headers)  # type: ignore[arg-type]
     response = await http.request(
         method, path, content=body, headers={k: v for k, v in sent.items() if v is not None}
     )
@@ -367,8 +406,10 @@ async def test_bad_input_is_a_problem_and_debits_nothing(
     assert (await supplier_stats(upstream, tenant))["requests"] == 0
 
 
-async def test_chunked_oversized_body_is_refused(gateway: Gateway, http: httpx.AsyncClient) -> None:
-    tenant = gateway.tenant("bad-input")
+async def test_chunked_oversized_body_is_refused(
+    bad_input_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    tenant = bad_input_tenant
 
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(MAX_BODY_BYTES // 4096 + 2):
@@ -386,10 +427,10 @@ async def test_chunked_oversized_body_is_refused(gateway: Gateway, http: httpx.A
 
 
 async def test_a_body_field_the_route_does_not_list_is_refused(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    bad_input_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     """POST /orders lists its body fields: an unlisted one was forwarded unpriced."""
-    tenant = gateway.tenant("bad-input")
+    tenant = bad_input_tenant
     before = await balances(http, gateway.admin, tenant)
     requests = (await supplier_stats(upstream, tenant))["requests"]
     response = await http.post(
@@ -404,11 +445,11 @@ async def test_a_body_field_the_route_does_not_list_is_refused(
 
 
 async def test_a_trickled_body_is_cut_off_and_debits_nothing(
-    gateway: Gateway, http: httpx.AsyncClient
+    bad_input_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """A slow loris: the body comes a byte at a time, far slower than
     IRREV_BODY_TIMEOUT_S allows. Before, it held the worker for as long as it liked."""
-    tenant = gateway.tenant("bad-input")
+    tenant = bad_input_tenant
     before = await balances(http, gateway.admin, tenant)
     headers = {**effect_headers(tenant, "buyer-01", "loris"), "Content-Type": "application/json"}
     body = json.dumps(order()).encode()
@@ -417,9 +458,11 @@ async def test_a_trickled_body_is_cut_off_and_debits_nothing(
     assert await balances(http, gateway.admin, tenant) == before
 
 
-async def test_budget_denial_names_the_numbers(gateway: Gateway, http: httpx.AsyncClient) -> None:
+async def test_budget_denial_names_the_numbers(
+    basics_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
+) -> None:
     """buyer-41 acts for facilities (limit 60000 USD): 20000 USD orders soon hit it."""
-    tenant = gateway.tenant("basics")
+    tenant = basics_tenant
     for attempt in range(6):
         response = await http.post(
             "/tools/supplier/orders",
@@ -460,9 +503,14 @@ TRICKY_ORDER_IDS = [
     ids=[case[0] for case in TRICKY_ORDER_IDS],
 )
 async def test_what_is_priced_is_what_is_forwarded(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient, sent: str, decoded: str
+    paths_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
+    sent: str,
+    decoded: str,
 ) -> None:
-    tenant = gateway.tenant("paths")
+    tenant = paths_tenant
     body = json.dumps({"supplier_id": "s1", "cancellation_fee": "5"}).encode()
     seen_before = (await upstream.get(f"/_seen/{tenant.id}")).json()
     status, headers, content = await raw_request(
@@ -489,12 +537,12 @@ async def test_what_is_priced_is_what_is_forwarded(
 
 
 async def test_one_key_on_two_unknown_routes_is_two_effects(
-    gateway: Gateway, http: httpx.AsyncClient
+    unknown_routes_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """The route id, which names a hold with the agent's key, is derived in one place:
     a listed route's template or, for an unknown route, its very path. So one key sent
     to two unknown paths holds two effects, and a repeat on one path is that one."""
-    tenant = gateway.tenant("unknown-routes")
+    tenant = unknown_routes_tenant
     headers = effect_headers(tenant, "picker-1", "one-key")
     holds = []
     for path in ("/adjustments", "/recounts", "/adjustments"):
@@ -514,12 +562,12 @@ async def test_one_key_on_two_unknown_routes_is_two_effects(
 
 
 async def test_an_effect_with_no_upstream_is_refused_before_anything_is_held(
-    gateway: Gateway, http: httpx.AsyncClient
+    unknown_no_upstream_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """An unknown route of a tool without an upstream (an in-process tool) was held,
     then refused `no_upstream`, leaving a hold that turned ambiguous and stayed
     charged for an effect that was never sent. It is refused before the reserve."""
-    tenant = gateway.tenant("unknown-no-upstream")
+    tenant = unknown_no_upstream_tenant
     before = used(await balances(http, gateway.admin, tenant))
     response = await http.post(
         "/tools/deploy/rollbacks",

@@ -83,7 +83,7 @@ def test_readyz_is_503_while_redis_refuses_writes(
     tmp_path: Path,
 ) -> None:
     with (
-        own_gateway(private_redis.url, suppliers, tmp_path, workers=2) as gateway,
+        own_gateway(private_redis.url, suppliers, tmp_path, 2) as gateway,
         redis.Redis.from_url(private_redis.url) as admin,
     ):
         tenant = gateway.tenant("own")
@@ -125,7 +125,7 @@ def test_readyz_is_503_while_redis_refuses_writes(
 def test_on_a_cluster_one_primary_refusing_writes_degrades_but_keeps_it_ready(
     redis_cluster: LocalCluster, suppliers: Server, tmp_path: Path
 ) -> None:
-    with own_gateway(redis_cluster.url, suppliers, tmp_path, workers=1) as gateway:
+    with own_gateway(redis_cluster.url, suppliers, tmp_path, 1) as gateway:
         tenant = gateway.tenant("own")
         primaries = {redis_cluster.primary_for(f"irrev:probe:{{{n}}}").port for n in range(64)}
         assert len(primaries) > 1

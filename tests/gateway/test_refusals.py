@@ -13,14 +13,27 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.state.refusals import Flusher, RefusalTally
 from irrev.harness import free_port
 from ledger import Ledger
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem, effect_headers, mcp_call, order
+from .procurement import example_accounts
 from .servers import Tenant
+
+
+@pytest.fixture(scope="module")
+def refusals_tenant(new_tenant: TenantMaker) -> Tenant:
+    """procurement, where facilities' agents are refused by the budget (its limit is
+    1 USD) and platform's deployer may call only its deploy tool (issue 26)."""
+    accounts = example_accounts()
+    accounts["principals"]["facilities"] = {"limit": "1"}
+    accounts["principals"]["platform"] = {"limit": "10000", "routes": ["deploy *"]}
+    return new_tenant("refusals", accounts=accounts)
+
 
 ORDERS = "supplier POST /orders"
 
@@ -103,9 +116,9 @@ def rows_of(view: dict[str, Any]) -> Counter[tuple]:
 
 
 async def test_refusals_are_counted_alike_by_every_worker_and_host(
-    gateway: Gateway, peer_gateway: Gateway
+    refusals_tenant: Tenant, gateway: Gateway, peer_gateway: Gateway
 ) -> None:
-    tenant = gateway.tenant("refusals")
+    tenant = refusals_tenant
     limits = httpx.Limits(max_keepalive_connections=0)  # a new connection, any worker
     hosts = (gateway, peer_gateway)
     clients = [
@@ -144,7 +157,9 @@ async def test_refusals_are_counted_alike_by_every_worker_and_host(
     assert views[0] == {**views[1], "until": views[0]["until"]}
 
 
-async def test_a_flood_of_refusals_is_one_write_a_flush(redis_url: str, tenant: str) -> None:
+async def test_a_flood_of_refusals_is_one_write_a_flush(
+    redis_url: str, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """5,000 refusals of a worker are 5,000 dict increments and, at its next flush, one
     call of the ledger (one round trip for every tenant): never a write each."""
     ledger = Ledger.from_url(redis_url)
@@ -157,7 +172,7 @@ async def test_a_flood_of_refusals_is_one_write_a_flush(redis_url: str, tenant: 
         calls.append(sum(len(batch) for batch in counts.values()))
         return await add(minute, counts)
 
-    ledger.refusals.add = counting_add  # type: ignore[method-assign]
+    monkeypatch.setattr(ledger.refusals, "add", counting_add)
     try:
         for i in range(5000):
             tally.note(tenant, f"agent-{i % 100}", ORDERS, "budget_exceeded", "http")

@@ -56,7 +56,7 @@ def cluster_gateway(
 
 def waiting_gateway(url: str, suppliers: Server, tmp_path: Path) -> ContextManager[Gateway]:
     return own_gateway(
-        url, suppliers, tmp_path, workers=1, IRREV_WAIT_REPLICAS="1", IRREV_WAIT_TIMEOUT_MS="300"
+        url, suppliers, tmp_path, 1, IRREV_WAIT_REPLICAS="1", IRREV_WAIT_TIMEOUT_MS="300"
     )
 
 

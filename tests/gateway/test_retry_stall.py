@@ -80,6 +80,7 @@ async def test_a_retry_stalled_after_its_claim_never_sends_past_it(
     tenant_id = f"stall-{uuid.uuid4().hex[:10]}"
     tenant = write_policy(tmp_path, "procurement", tenant_id, f"{suppliers.url}/{tenant_id}")
     ledger = StallingLedger.from_url(redis_url)
+    assert isinstance(ledger, StallingLedger)  # from_url builds its class (typed Ledger)
     try:
         store = TenantStore(tmp_path)
         await store.load(ledger)

@@ -107,6 +107,7 @@ def test_serve_supervises_its_embedded_redis(
 
 
 def worker_pids(server: Server) -> set[int]:
+    assert server.log_path is not None
     lines = server.log_path.read_text().splitlines()
     entries = [json.loads(line) for line in lines if line.startswith("{")]
     return {int(e["pid"]) for e in entries if e.get("msg") == "gateway ready"}
@@ -293,7 +294,7 @@ def test_reconcile_survives_a_removed_route(
 ) -> None:
     """Observation 12: a hold whose route left the policy stays ambiguous and is listed
     unresolved with a reason; the tenant's other holds are reconciled."""
-    with own_gateway(redis_url, suppliers, tmp_path, workers=1) as gateway:
+    with own_gateway(redis_url, suppliers, tmp_path, 1) as gateway:
         tenant = gateway.tenant("own")
         written = (tmp_path / "policies" / f"{tenant.id}.yaml").read_text()
         with httpx.Client(base_url=gateway.url, timeout=30, trust_env=False) as http:

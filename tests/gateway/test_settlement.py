@@ -23,7 +23,7 @@ from ledger.keys import accounts_key, observed_key
 from ledger.limits import MAX_AMOUNT
 from pricing.credentials import format_token, hash_token
 
-from .conftest import Gateway, policy_dir_of
+from .conftest import Gateway, TenantMaker, policy_dir_of
 from .helpers import (
     assert_problem,
     balances,
@@ -34,7 +34,34 @@ from .helpers import (
     set_faults,
     supplier_stats,
 )
+from .procurement import LEARNING_ROUTES
 from .servers import Tenant, write_policy
+
+
+@pytest.fixture(scope="module")
+def settle_abuse_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("settle-abuse")
+
+
+@pytest.fixture(scope="module")
+def settle_roles_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("settle-roles")
+
+
+@pytest.fixture(scope="module")
+def settle_bounds_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("settle-bounds")
+
+
+@pytest.fixture(scope="module")
+def settle_learn_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("settle-learn", routes=LEARNING_ROUTES)
+
+
+@pytest.fixture(scope="module")
+def settle_upload_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("settle-upload", routes=LEARNING_ROUTES)
+
 
 DEPLOY = {"tool": "deploy", "method": "POST", "path": "/deploys"}
 DEPLOY_ROUTE = "deploy POST /deploys"
@@ -71,12 +98,15 @@ def audited(gateway: Gateway, tenant: Tenant) -> None:
 
 
 async def test_an_agent_compensating_its_payments_stays_within_its_window_cap(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    settle_abuse_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
 ) -> None:
     """Observation 1: 30 effects, each followed by the agent's compensation of its full
     price, executed 30 effects against a cap that fits a few and left the agent's
     posted balance at 0."""
-    tenant = gateway.tenant("settle-abuse")
+    tenant = settle_abuse_tenant
     me = tenant.auth("buyer-01")
     answers = []
     for i in range(30):
@@ -109,9 +139,12 @@ async def test_an_agent_compensating_its_payments_stays_within_its_window_cap(
 
 
 async def test_an_agent_cannot_release_a_hold_while_it_is_forwarded(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    settle_roles_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    upstream: httpx.AsyncClient,
 ) -> None:
-    tenant = gateway.tenant("settle-roles")
+    tenant = settle_roles_tenant
     me = tenant.auth("buyer-01")
     # The supplier holds its answer until the refusals are done (a 0.35 s delay timed
     # out under a 1 s upstream timeout in a loaded CI run, 0.6 s before it).
@@ -139,12 +172,15 @@ async def test_an_agent_cannot_release_a_hold_while_it_is_forwarded(
 
 
 async def test_a_settler_trues_up_its_tools_holds(
-    gateway: Gateway, http: httpx.AsyncClient
+    settle_bounds_tenant: Tenant,
+    settle_roles_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
 ) -> None:
     """docs/design.md's settlement: the tool API reports the realised residual; the
     rest returns to the budget, more is posted as a flagged overrun, never above
     the face value."""
-    tenant = gateway.tenant("settle-roles")
+    tenant = settle_roles_tenant
     face = 10 * 100 * USD
     answer = await buy(http, tenant, "trued-up", quantity=10, unit_price="100")
     assert answer.status_code == 201, answer.text
@@ -161,7 +197,7 @@ async def test_a_settler_trues_up_its_tools_holds(
         settle, json={"realised_micros": 0}, headers=tenant.settler("payments")
     )
     assert_problem(wrong_tool, 403, "settlement_forbidden")
-    other_tenant = gateway.tenant("settle-bounds").settler("supplier")
+    other_tenant = settle_bounds_tenant.settler("supplier")
     assert_problem(
         await http.post(settle, json={"realised_micros": 0}, headers=other_tenant), 404, "not_found"
     )
@@ -191,12 +227,12 @@ async def test_a_settler_trues_up_its_tools_holds(
 
 
 async def test_an_agent_reports_no_more_than_it_was_priced_at(
-    gateway: Gateway, http: httpx.AsyncClient
+    settle_bounds_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """Observation 3: an agent's post of 2^53-1 on its own hold overdrew the tenant
     for the rest of the window. And an irreversible effect is not the agent's to
     compensate."""
-    tenant = gateway.tenant("settle-bounds")
+    tenant = settle_bounds_tenant
     me = tenant.auth("deployer-01")
     hold, price = await deploy(http, tenant, "huge")
     before = await balances(http, gateway.admin, tenant)
@@ -220,11 +256,11 @@ async def test_an_agent_reports_no_more_than_it_was_priced_at(
 
 
 async def test_a_hold_teaches_its_route_once_and_never_on_an_agents_word(
-    gateway: Gateway, http: httpx.AsyncClient, redis: RedisClient
+    settle_learn_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, redis: RedisClient
 ) -> None:
     """Observation 2: every compensation counted one outcome, so one agent's reports
     repriced a route for the whole tenant."""
-    tenant = gateway.tenant("settle-learn")
+    tenant = settle_learn_tenant
     me, settler = tenant.auth("deployer-01"), tenant.settler("deploy")
     failures, successes = observed_key(tenant.id, "failures"), observed_key(tenant.id, "successes")
 
@@ -265,12 +301,16 @@ async def test_a_hold_teaches_its_route_once_and_never_on_an_agents_word(
 
 
 async def test_learned_counts_past_their_bound_never_stop_an_upload(
-    gateway: Gateway, http: httpx.AsyncClient, redis: RedisClient
+    settle_learn_tenant: Tenant,
+    settle_upload_tenant: Tenant,
+    gateway: Gateway,
+    http: httpx.AsyncClient,
+    redis: RedisClient,
 ) -> None:
     """Observation 2's cascade: past 1e6 learned outcomes every reload failed, and an
     upload answered 422 "not applied" while its file and limits were applied, and a
     revoked agent kept authenticating."""
-    tenant = gateway.tenant("settle-upload")
+    tenant = settle_upload_tenant
     await redis.hset(observed_key(tenant.id, "failures"), DEPLOY_ROUTE, 3_000_000)
     await redis.hset(observed_key(tenant.id, "successes"), DEPLOY_ROUTE, 7)
     path = policy_dir_of(gateway) / f"{tenant.id}.yaml"
@@ -302,7 +342,7 @@ async def test_learned_counts_past_their_bound_never_stop_an_upload(
     clash = dict(data, agents={**data["agents"]})
     clash["agents"]["buyer-03"] = {
         **data["agents"]["buyer-03"],
-        "token_sha256": hash_token(gateway.tenant("settle-learn").tokens["buyer-01"]),
+        "token_sha256": hash_token(settle_learn_tenant.tokens["buyer-01"]),
     }
     clash["accounts"] = {**data["accounts"], "tenant": {"limit": "1"}}
     headers = await based(http, tenant.id, gateway.admin)

@@ -6,8 +6,9 @@ carries its currency."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import (
     DEPLOY,
     assert_problem,
@@ -18,12 +19,42 @@ from .helpers import (
     order,
     supplier_stats,
 )
+from .procurement import example_accounts, order_routes
+from .servers import Tenant
+
+
+# Shadow mode for the whole tenant, on a 2000 USD budget.
+@pytest.fixture(scope="module")
+def shadow_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("shadow", mode="shadow", accounts=example_accounts(tenant={"limit": "2000"}))
+
+
+@pytest.fixture(scope="module")
+def shadow_route_tenant(new_tenant: TenantMaker) -> Tenant:
+    """A tenant budget of 1 USD, and supplier orders (only) in shadow mode: every
+    order is a would-be denial, forwarded anyway; refunds are enforced."""
+    return new_tenant(
+        "shadow-route",
+        routes=order_routes(mode="shadow"),
+        accounts=example_accounts(tenant={"limit": "1"}),
+    )
+
+
+@pytest.fixture(scope="module")
+def basics_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("basics")
+
+
+# An enforced tenant whose supplier orders alone are in shadow mode (issue 26).
+@pytest.fixture(scope="module")
+def shadow_isolation_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("shadow-isolation", routes=order_routes(mode="shadow"))
 
 
 async def test_would_be_denials_are_forwarded_charged_and_recorded(
-    gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
+    shadow_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("shadow")
+    tenant = shadow_tenant
     shadow: dict[str, str] = {}
     holds = []
     # 1000 USD orders on a 2000 USD tenant budget, then one above the agent's 50,000
@@ -78,9 +109,9 @@ async def test_would_be_denials_are_forwarded_charged_and_recorded(
 
 
 async def test_a_shadow_route_leaves_the_others_enforced(
-    gateway: Gateway, http: httpx.AsyncClient
+    shadow_route_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("shadow-route")
+    tenant = shadow_route_tenant
     shadowed = await http.post(
         "/tools/supplier/orders", json=order(), headers=effect_headers(tenant, "buyer-02", "o1")
     )
@@ -97,8 +128,10 @@ async def test_a_shadow_route_leaves_the_others_enforced(
     assert body["price_text"].endswith(" USD") and isinstance(body["price"], int)
 
 
-async def test_budget_headers_carry_the_unit(gateway: Gateway, http: httpx.AsyncClient) -> None:
-    tenant = gateway.tenant("basics")
+async def test_budget_headers_carry_the_unit(
+    basics_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
+) -> None:
+    tenant = basics_tenant
     response = await http.post(
         "/tools/supplier/orders",
         json=order(quantity=1, unit_price="10"),
@@ -119,11 +152,11 @@ async def test_budget_headers_carry_the_unit(gateway: Gateway, http: httpx.Async
 
 
 async def test_the_decision_api_holds_a_would_be_denial_in_shadow_mode(
-    gateway: Gateway, http: httpx.AsyncClient
+    shadow_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """Three 1000 USD deploys on a 2000 USD tenant budget: whatever ran before, the
     last is a would-be denial, held pending for the in-process tool to act on."""
-    tenant = gateway.tenant("shadow")
+    tenant = shadow_tenant
     deploy = {"tool": "deploy", "method": "POST", "path": "/deploys"}
     created = [
         await http.post(
@@ -142,13 +175,13 @@ async def test_the_decision_api_holds_a_would_be_denial_in_shadow_mode(
 
 
 async def test_a_shadow_effect_above_every_cap_leaves_enforced_routes_admitted(
-    gateway: Gateway, http: httpx.AsyncClient
+    shadow_isolation_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
     """Issue 26: one 400,000 USD order on a shadow route, above the agent's cap and the
     tenant's whole 250,000 USD budget, was charged to the accounts enforced routes
     share, which went below zero: every enforced effect was then refused until the
     window renewed. Shadow holds now live on the accounts' shadow twins."""
-    tenant = gateway.tenant("shadow-isolation")
+    tenant = shadow_isolation_tenant
     huge = await http.post(
         "/tools/supplier/orders",
         json=order(quantity=4000, unit_price="100"),

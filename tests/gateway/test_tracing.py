@@ -30,9 +30,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from irrev.harness import free_port
 from ledger import cluster_enabled
 
-from .conftest import Gateway, own_gateway
+from .conftest import Gateway, TenantMaker, own_gateway
 from .helpers import effect_headers, order
-from .servers import BIN, ROOT, Server, base_env
+from .servers import BIN, ROOT, Server, Tenant, base_env
+
+
+@pytest.fixture(scope="module")
+def trace_context_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("trace-context")
+
 
 SPAN_DEADLINE_S = 20.0
 
@@ -117,7 +123,7 @@ def _decoded(span: Any) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def collector() -> Iterator[Collector]:
     receiver = Collector()
     receiver.thread.start()
@@ -139,6 +145,12 @@ STATE = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
 FULL_STATE = ",".join(f"k{n:02d}=vvvvvvvvvvv" for n in range(32))
 MEMBERS = [f"k{n}=1" for n in range(33)]
 Header = tuple[str, str | bytes]
+
+
+def as_bytes(headers: list[Header]) -> list[tuple[bytes, bytes]]:
+    """Headers as httpx sends them, the value not ASCII among them (its type wants all
+    names and values of one kind)."""
+    return [(k.encode(), v if isinstance(v, bytes) else v.encode()) for k, v in headers]
 
 
 @pytest.mark.parametrize(
@@ -222,20 +234,38 @@ Header = tuple[str, str | bytes]
     ],
 )
 async def test_only_a_valid_trace_context_reaches_the_tool(
-    sent: list[Header], passed: list[str], gateway: Gateway, upstream: httpx.AsyncClient
+    trace_context_tenant: Tenant,
+    sent: list[Header],
+    passed: list[str],
+    gateway: Gateway,
+    upstream: httpx.AsyncClient,
 ) -> None:
     """Tracing off, what the tool receives: an invalid trace context is dropped (the
     tool starts a trace of its own), never a refusal of the effect."""
-    tenant = gateway.tenant("trace-context")
+    tenant = trace_context_tenant
     headers: list[Header] = [*effect_headers(tenant, "buyer-01", secrets.token_hex(8)).items()]
     async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
         admitted = await http.post(
-            "/tools/supplier/orders", json=order(quantity=1), headers=[*headers, *sent]
+            "/tools/supplier/orders", json=order(quantity=1), headers=as_bytes([*headers, *sent])
         )
         assert admitted.status_code == 201, admitted.text
         seen = (await upstream.get(f"/_headers/{tenant.id}")).json()
     [received] = [h for h in seen if ["x-irrev-hold", admitted.headers["x-irrev-hold"]] in h]
     assert [v for k, v in received if k in ("traceparent", "tracestate")] == passed
+
+
+@pytest.fixture(scope="module")
+def traced_gateway(
+    redis_url: str,
+    suppliers: Server,
+    collector: Collector,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Gateway]:
+    """One gateway with tracing on, whose spans go to `collector`, for the module's
+    tests (each with a tenant of its own)."""
+    root = tmp_path_factory.mktemp("traced")
+    with own_gateway(redis_url, suppliers, root, 1, **otel(collector)) as gateway:
+        yield gateway
 
 
 def otel(collector: Collector) -> dict[str, str]:
@@ -249,7 +279,7 @@ def otel(collector: Collector) -> dict[str, str]:
 
 
 async def test_an_invalid_traceparent_is_not_the_parent_of_the_gateways_spans(
-    redis_url: str, suppliers: Server, tmp_path: Path, collector: Collector
+    traced_gateway: Gateway, suppliers: Server, collector: Collector
 ) -> None:
     """Tracing on: two traceparents (W3C: ignore both; OpenTelemetry took the first),
     or a version above 00 with a field this version does not know (OpenTelemetry
@@ -263,57 +293,57 @@ async def test_an_invalid_traceparent_is_not_the_parent_of_the_gateways_spans(
         ],
         "extra-field": [("traceparent", f"01-{first}-{SPAN}-01-" + "f" * 400)],
     }
-    with own_gateway(redis_url, suppliers, tmp_path, workers=1, **otel(collector)) as gateway:
-        tenant = gateway.tenant("own")
-        async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
-            for key, sent in cases.items():
-                headers = [*effect_headers(tenant, "buyer-01", key).items(), *sent]
-                admitted = await http.post("/tools/supplier/orders", json=order(), headers=headers)
-                assert admitted.status_code == 201, admitted.text
-                hold = admitted.headers["x-irrev-hold"]
-                reserve = collector.span_of_hold("irrev.reserve", hold)
-                assert reserve["trace_id"] not in (first, second), key
-                seen = (await http.get(f"{suppliers.url}/_headers/{tenant.id}")).json()
-                [received] = [dict(h) for h in seen if ["x-irrev-hold", hold] in h]
-                assert received["traceparent"].split("-")[1] == reserve["trace_id"], key
+    # A tenant of its own on the module's gateway: its spans and headers are its own.
+    gateway, tenant = traced_gateway, traced_gateway.new_tenant("traced")
+    async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
+        for key, sent in cases.items():
+            headers = [*effect_headers(tenant, "buyer-01", key).items(), *sent]
+            admitted = await http.post("/tools/supplier/orders", json=order(), headers=headers)
+            assert admitted.status_code == 201, admitted.text
+            hold = admitted.headers["x-irrev-hold"]
+            reserve = collector.span_of_hold("irrev.reserve", hold)
+            assert reserve["trace_id"] not in (first, second), key
+            seen = (await http.get(f"{suppliers.url}/_headers/{tenant.id}")).json()
+            [received] = [dict(h) for h in seen if ["x-irrev-hold", hold] in h]
+            assert received["traceparent"].split("-")[1] == reserve["trace_id"], key
 
 
 async def test_an_agents_trace_runs_through_the_gateway_to_the_upstream(
-    redis_url: str, suppliers: Server, tmp_path: Path, collector: Collector
+    traced_gateway: Gateway, suppliers: Server, collector: Collector, redis_url: str
 ) -> None:
-    with own_gateway(redis_url, suppliers, tmp_path, workers=1, **otel(collector)) as gateway:
-        tenant = gateway.tenant("own")
-        header, trace_id, agent_span = traceparent()
-        async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
-            admitted = await http.post(
-                "/tools/supplier/orders",
-                json=order(),
-                headers={**effect_headers(tenant, "buyer-01", "t1"), "traceparent": header},
-            )
-            assert admitted.status_code == 201, admitted.text
-            seen = (await http.get(f"{suppliers.url}/_headers/{tenant.id}")).json()
-            sent = dict(seen[-1])
-            names = {"irrev.price", "irrev.reserve", "irrev.forward", "irrev.settle"}
-            spans = collector.wait_for(trace_id, names)
+    # A tenant of its own on the module's gateway: its spans and headers are its own.
+    gateway, tenant = traced_gateway, traced_gateway.new_tenant("traced")
+    header, trace_id, agent_span = traceparent()
+    async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
+        admitted = await http.post(
+            "/tools/supplier/orders",
+            json=order(),
+            headers={**effect_headers(tenant, "buyer-01", "t1"), "traceparent": header},
+        )
+        assert admitted.status_code == 201, admitted.text
+        seen = (await http.get(f"{suppliers.url}/_headers/{tenant.id}")).json()
+        sent = dict(seen[-1])
+        names = {"irrev.price", "irrev.reserve", "irrev.forward", "irrev.settle"}
+        spans = collector.wait_for(trace_id, names)
 
-            escalation_header, escalated_trace, _ = traceparent()
-            escalated = await http.post(
-                "/tools/supplier/orders",
-                json=order(quantity=450),
-                headers={
-                    **effect_headers(tenant, "buyer-02", "t2"),
-                    "traceparent": escalation_header,
-                },
-            )
-            assert escalated.status_code == 202, escalated.text
-            approval_header, approval_trace, _ = traceparent()
-            approved = await http.post(
-                f"{escalated.headers['location']}/approve",
-                headers={**gateway.admin, "traceparent": approval_header},
-            )
-            assert approved.status_code == 201, approved.text
-            approval = collector.wait_for(approval_trace, {"irrev.approval", "irrev.forward"})
-            reserved = collector.wait_for(escalated_trace, {"irrev.reserve"})
+        escalation_header, escalated_trace, _ = traceparent()
+        escalated = await http.post(
+            "/tools/supplier/orders",
+            json=order(quantity=450),
+            headers={
+                **effect_headers(tenant, "buyer-02", "t2"),
+                "traceparent": escalation_header,
+            },
+        )
+        assert escalated.status_code == 202, escalated.text
+        approval_header, approval_trace, _ = traceparent()
+        approved = await http.post(
+            f"{escalated.headers['location']}/approve",
+            headers={**gateway.admin, "traceparent": approval_header},
+        )
+        assert approved.status_code == 201, approved.text
+        approval = collector.wait_for(approval_trace, {"irrev.approval", "irrev.forward"})
+        reserved = collector.wait_for(escalated_trace, {"irrev.reserve"})
 
     # The upstream's parent is a span of the gateway, in the agent's trace.
     version, upstream_trace, upstream_parent, _ = sent["traceparent"].split("-")

@@ -9,10 +9,17 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
-from .conftest import Gateway
+from .conftest import Gateway, TenantMaker
 from .helpers import balances, effect_headers, order
 from .servers import Tenant
+
+
+@pytest.fixture(scope="module")
+def tripped_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("tripped")
+
 
 QUANTITY = 300  # 30,000 USD of face value, priced under the route's 30,000 USD threshold
 
@@ -27,8 +34,9 @@ async def buy(http: httpx.AsyncClient, tenant: Tenant, agent: str, supplier: str
     return response
 
 
-async def queued(http: httpx.AsyncClient, gateway: Gateway, escalation: str) -> dict[str, Any]:
-    tenant = gateway.tenant("tripped")
+async def queued(
+    tenant: Tenant, http: httpx.AsyncClient, gateway: Gateway, escalation: str
+) -> dict[str, Any]:
     queue = await http.get(f"/v1/admin/tenants/{tenant.id}/escalations", headers=gateway.admin)
     assert queue.status_code == 200, queue.text
     [item] = [i for i in queue.json()["escalations"] if i["escalation"] == escalation]
@@ -36,9 +44,9 @@ async def queued(http: httpx.AsyncClient, gateway: Gateway, escalation: str) -> 
 
 
 async def test_after_a_raise_the_queue_names_the_account_that_tripped(
-    gateway: Gateway, http: httpx.AsyncClient
+    tripped_tenant: Tenant, gateway: Gateway, http: httpx.AsyncClient
 ) -> None:
-    tenant = gateway.tenant("tripped")
+    tenant = tripped_tenant
     # facilities: 60,000 USD, soft band from 48,000; raised to 120,000, band from 108,000.
     raised = await http.post(
         f"/v1/admin/tenants/{tenant.id}/rules",
@@ -66,7 +74,7 @@ async def test_after_a_raise_the_queue_names_the_account_that_tripped(
     facilities = rows["principal:facilities"]
     assert 48_000 * 10**6 < facilities["pending"] + facilities["posted"] < 108_000 * 10**6
 
-    item = await queued(http, gateway, answer.json()["escalation"])
+    item = await queued(tenant, http, gateway, answer.json()["escalation"])
     assert item["reason"] == "soft_band"
     trip = item["tripped"]
     assert trip["account"] == f"factor:supplier:{supplier}", trip
@@ -76,7 +84,7 @@ async def test_after_a_raise_the_queue_names_the_account_that_tripped(
     # force (the balances' effective limit).
     answer = await buy(http, tenant, "buyer-46", f"{supplier}-2", "trip-raised")
     assert answer.status_code == 202, answer.text
-    item = await queued(http, gateway, answer.json()["escalation"])
+    item = await queued(tenant, http, gateway, answer.json()["escalation"])
     trip = item["tripped"]
     assert trip["account"] == "principal:facilities", trip
     assert (trip["threshold_text"], trip["limit_text"]) == ("108,000 USD", "120,000 USD")

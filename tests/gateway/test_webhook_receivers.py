@@ -14,6 +14,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,35 +53,44 @@ def receiver(tmp_path: Path) -> Iterator[Server]:
         server.stop()
 
 
-@pytest.fixture
-def gateway(
-    redis_url: str, suppliers: Server, receiver: Server, tmp_path: Path
+@pytest.fixture(scope="module")
+def hooks_gateway(
+    redis_url: str, suppliers: Server, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Gateway]:
-    secret = secrets.token_urlsafe(32)
-    webhook = {"url": f"{receiver.url}/hooks", "secret": {"env": SECRET_VARIABLE}}
+    """Two workers (two dispatchers that may deliver), for the module's tests."""
     settings = {
-        SECRET_VARIABLE: secret,
+        SECRET_VARIABLE: secrets.token_urlsafe(32),
         "IRREV_WEBHOOK_BACKOFF_S": "0.2",
         "IRREV_WEBHOOK_BACKOFF_MAX_S": "0.4",
         "IRREV_WEBHOOK_TIMEOUT_S": "1",
         "IRREV_WEBHOOK_LEASE_S": "3",
         "IRREV_WEBHOOK_POLL_S": "0.1",
     }
-    with own_gateway(redis_url, suppliers, tmp_path, 2, {"webhook": webhook}, **settings) as gw:
+    root = tmp_path_factory.mktemp("hooks")
+    with own_gateway(redis_url, suppliers, root, 2, None, **settings) as gw:
         yield gw
+
+
+@pytest.fixture
+def gateway(hooks_gateway: Gateway, receiver: Server) -> Gateway:
+    """The module's gateway, with a tenant of the test's own (`.tenant("hooked")`)
+    whose events go to the test's receiver."""
+    webhook = {"url": f"{receiver.url}/hooks", "secret": {"env": SECRET_VARIABLE}}
+    tenant = hooks_gateway.new_tenant("hooked", webhook=webhook)
+    return replace(hooks_gateway, tenants={"hooked": tenant})
 
 
 async def escalate(http: httpx.AsyncClient, gw: Gateway, agent: str, key: str) -> None:
     response = await http.post(
         f"{gw.url}/tools/supplier/orders",
         json=order(quantity=BIG, supplier_id=key),
-        headers=effect_headers(gw.tenant("own"), agent, key),
+        headers=effect_headers(gw.tenant("hooked"), agent, key),
     )
     assert response.status_code == 202, response.text
 
 
 async def event_ids(http: httpx.AsyncClient, gw: Gateway) -> list[str]:
-    tenant = gw.tenant("own").id
+    tenant = gw.tenant("hooked").id
     page = await http.get(
         f"{gw.url}/v1/admin/tenants/{tenant}/events", params={"limit": 1000}, headers=gw.admin
     )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from ledger.client import Ledger
-from ledger.keys import accounts_key, tenant_prefix
+from ledger.keys import accounts_key, hold_key, payload_key, settled_key, tenant_prefix
+from ledger.records import Hold
+from ledger.replies import decoded
 
 
 async def tenant_snapshot(ledger: Ledger, tenant: str) -> dict[str, object]:
@@ -35,3 +37,25 @@ async def tamper_account(ledger: Ledger, tenant: str, account: str, field: str, 
     """Change one stored number of an account behind the scripts' back (what a bug or
     an operator's hand edit would do): the audit must notice."""
     await ledger.redis.hincrby(accounts_key(tenant), f"{account}|{field}", by)
+
+
+async def settled_entry(ledger: Ledger, tenant: str, hold_id: str) -> tuple[str, str]:
+    """An archived hold's entry in the settled index: (when its copy expires, in ms or
+    "0" for never; the digest its copy is kept under)."""
+    entry: str = await decoded(ledger.redis.hget(settled_key(tenant), hold_id))
+    expiry, dg = entry.split("|")
+    return expiry, dg
+
+
+async def hold_record(ledger: Ledger, tenant: str, hold_id: str) -> tuple[dict[str, str], str]:
+    """A live hold's record as Redis holds it: its fields and its payload ("" if none)."""
+    fields: dict[str, str] = await decoded(ledger.redis.hgetall(hold_key(tenant, hold_id)))
+    payload: str | None = await decoded(ledger.redis.get(payload_key(tenant, hold_id)))
+    return fields, payload or ""
+
+
+async def stored_hold(ledger: Ledger, tenant: str, hold_id: str) -> Hold:
+    """The record of a hold the test made (none is a failure of the test's own)."""
+    hold = await ledger.hold(tenant, hold_id)
+    assert hold is not None, f"no hold {hold_id} of {tenant}"
+    return hold

@@ -290,7 +290,7 @@ class RefLedger:
             return "exists", "ambiguous", frozenset()
         if hold.state not in ("pending", "expired"):
             raise RefError("state_conflict", hold.state)
-        flags = frozenset()
+        flags: frozenset[str] = frozenset()
         if hold.state == "expired":
             self._add(hold.amounts, 1, None)
             flags = frozenset({"late"})

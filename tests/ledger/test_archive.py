@@ -24,6 +24,7 @@ from ledger.keys import (
 )
 
 from .conftest import open_accounts
+from .helpers import hold_record, settled_entry
 
 HOUR_MS = 3_600_000
 AMOUNT = {"tenant:acme": 10, "agent:a": 10}
@@ -67,7 +68,7 @@ async def test_archived_holds_leave_the_slot_and_read_as_before(
     for h in ids:
         assert await ledger.hold(tenant, h) == before[h]
     # Retention follows the hold out: the copy ends when the record would have.
-    expiry, dg = (await ledger.redis.hget(settled_key(tenant), ids[0])).split("|")
+    expiry, dg = await settled_entry(ledger, tenant, ids[0])
     ttl = await ledger.redis.pttl(archive_copy_key(tenant, ids[0], dg))
     assert abs(await ledger.now_ms() + ttl - int(expiry)) <= 100
     assert await _archive_all(ledger, tenant) == 0  # nothing left to take
@@ -123,7 +124,8 @@ async def test_an_archived_posted_hold_takes_a_compensation(ledger: Ledger, tena
     assert hold is not None and hold.compensated["tenant:acme"] == 4
     # Taken out again with its compensation, and read back so.
     assert await _archive_all(ledger, tenant) == 1
-    assert (await ledger.hold(tenant, hold_id)).compensated["tenant:acme"] == 4
+    archived = await ledger.hold(tenant, hold_id)
+    assert archived is not None and archived.compensated["tenant:acme"] == 4
     assert (await audit_tenant(ledger, tenant)).mismatches == []
 
 
@@ -142,8 +144,7 @@ async def test_a_hold_changed_after_it_was_read_stays_in_the_slot(
     copy's digest and stays, so nothing of it is lost."""
     await open_accounts(ledger, tenant, tenant_acme=10**6, agent_a=10**6)
     (hold_id,) = await _settled(ledger, tenant, 1)
-    fields = await ledger.redis.hgetall(hold_key(tenant, hold_id))
-    payload = await ledger.redis.get(payload_key(tenant, hold_id))
+    fields, payload = await hold_record(ledger, tenant, hold_id)
     names, dg = digest(fields, payload)
     keys = [
         f"irrev:{{{tenant}}}:accounts",
@@ -163,7 +164,7 @@ async def test_a_lost_copy_keeps_the_id_taken(ledger: Ledger, tenant: str) -> No
     await open_accounts(ledger, tenant, tenant_acme=10**6, agent_a=10**6)
     (hold_id,) = await _settled(ledger, tenant, 1)
     await _archive_all(ledger, tenant)
-    _, dg = (await ledger.redis.hget(settled_key(tenant), hold_id)).split("|")
+    _, dg = await settled_entry(ledger, tenant, hold_id)
     await ledger.redis.delete(archive_copy_key(tenant, hold_id, dg))
     with pytest.raises(ArchivedCopyMissing):
         await ledger.reserve(tenant, hold_id, "fp", AMOUNT, ttl_ms=HOUR_MS)

@@ -34,6 +34,7 @@ from ledger.keys import (
 from ledger.records import Hold
 
 from .conftest import open_accounts
+from .helpers import hold_record, settled_entry, stored_hold
 from .test_concurrency import finish, release, spawn
 
 HOUR_MS = 3_600_000
@@ -92,10 +93,12 @@ async def test_post_many_replay_of_an_archived_hold_is_a_replay(
     await ledger.reserve(tenant, "fresh", "fp", AMOUNT, ttl_ms=HOUR_MS)
     await ledger.reserve(tenant, live[0], "fp", AMOUNT, ttl_ms=HOUR_MS)  # restored: in slot
     results = await ledger.post_many(tenant, [(h, BIG) for h in [*ids, *live, "fresh"]])
+    statuses = []
     for result in results:
         assert not isinstance(result, LedgerError), result
         assert result.state is HoldState.POSTED
-    assert [r.status for r in results] == [Status.EXISTS] * 4 + [Status.OK]  # type: ignore[union-attr]
+        statuses.append(result.status)
+    assert statuses == [Status.EXISTS] * 4 + [Status.OK]
     [balance] = [b for b in await ledger.balances(tenant) if b.account == "tenant:acme"]
     assert (balance.pending, balance.posted) == (0, 5 * BIG)
     assert (await audit_tenant(ledger, tenant)).mismatches == []
@@ -131,7 +134,7 @@ async def test_a_hold_read_while_another_process_restores_and_archives_it_is_nev
     finally:
         await ledger.redis.set(stop, "1")
     [result] = finish([flipper])
-    assert int(result["flips"]) > 20  # type: ignore[call-overload]
+    assert int(result["flips"]) > 20
     assert missing == 0, f"{missing} of {reads} reads did not find the hold as it was: {seen[:3]}"
     assert (await _admissions(ledger, tenant))[hold_id] == 1
 
@@ -207,7 +210,7 @@ async def test_a_restored_hold_whose_retention_ends_in_the_slot_does_not_stall_t
     assert await _in_slot(ledger, tenant, [kept]) == 0
     assert await ledger.redis.zcard(restored_key(tenant)) == 0
     assert await ledger.hold(tenant, dying) is None  # its retention is over
-    assert (await ledger.hold(tenant, kept)).state is HoldState.POSTED  # type: ignore[union-attr]
+    assert (await stored_hold(ledger, tenant, kept)).state is HoldState.POSTED
 
 
 async def test_holds_whose_copies_were_not_acknowledged_are_archived_by_a_later_pass(
@@ -253,8 +256,8 @@ async def test_racing_archivers_and_a_replaying_compensating_process_lose_nothin
     await ledger.redis.set(stop, "1")
     archivers, meddler = finish(workers[:2]), finish(workers[2:])[0]
     assert meddler["errors"] == [] and meddler["fresh"] == 0, meddler
-    assert sum(int(a["archived"]) for a in archivers) > 12  # type: ignore[call-overload]
-    compensated = int(meddler["compensated"])  # type: ignore[call-overload]
+    assert sum(int(a["archived"]) for a in archivers) > 12
+    compensated = int(meddler["compensated"])
     assert compensated > 12
     total = 0
     for hold in (await _reads(ledger, tenant, ids)).values():
@@ -311,7 +314,7 @@ async def test_an_archiver_dead_after_its_copies_leaves_the_holds_whole(
     before = await _reads(ledger, tenant, ids)
     assert await _archive_all(ledger, tenant) == 3
     assert await _reads(ledger, tenant, ids) == before
-    assert (await ledger.hold(tenant, ids[0])).compensated["tenant:acme"] == 7  # type: ignore[union-attr]
+    assert (await stored_hold(ledger, tenant, ids[0])).compensated["tenant:acme"] == 7
 
 
 async def test_restored_changed_and_archived_again_reads_back_with_the_change(
@@ -393,7 +396,7 @@ async def test_a_ledger_keeping_records_for_good_archives_and_replays_them(
         before = await _reads(forever, tenant, ids)
         assert await _archive_all(forever, tenant) == 3
         for hold_id in ids:
-            expiry, dg = (await forever.redis.hget(settled_key(tenant), hold_id)).split("|")
+            expiry, dg = await settled_entry(forever, tenant, hold_id)
             assert expiry == "0"
             assert await forever.redis.pttl(archive_copy_key(tenant, hold_id, dg)) == -1
         again = await forever.reserve(tenant, ids[0], "fp", AMOUNT, ttl_ms=HOUR_MS)
@@ -448,8 +451,7 @@ async def test_bad_input_to_archive_and_restore_is_refused_with_nothing_written(
     await open_accounts(ledger, tenant, tenant_acme=10**9, agent_a=10**9)
     (hold_id,) = await _settled(ledger, tenant, 1)
     other = f"{tenant}x"
-    fields = await ledger.redis.hgetall(hold_key(tenant, hold_id))
-    payload = await ledger.redis.get(payload_key(tenant, hold_id)) or ""
+    fields, payload = await hold_record(ledger, tenant, hold_id)
     names, dg = digest(fields, payload)
     base = [accounts_key(tenant), settled_key(tenant), archive_state_key(tenant)]
     base.append(restored_key(tenant))

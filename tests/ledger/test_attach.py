@@ -11,6 +11,7 @@ import pytest
 
 from ledger import Attached, BadInput, HoldState, Ledger
 from ledger.keys import content_key, hold_key
+from ledger.replies import decoded
 
 from .conftest import open_accounts
 from .test_concurrency import finish, release, spawn
@@ -41,7 +42,7 @@ async def reserve(ledger: Ledger, tenant: str, hold_id: str, price: int = 100) -
 async def age(ledger: Ledger, tenant: str, hold_id: str, field: str, by_ms: int) -> None:
     """The hold settled `by_ms` earlier than it did (Redis's clock is not ours to move)."""
     key = hold_key(tenant, hold_id)
-    ended = int(await ledger.redis.hget(key, field))
+    ended = int(await decoded(ledger.redis.hget(key, field)))
     await ledger.redis.hset(key, field, str(ended - by_ms))
 
 

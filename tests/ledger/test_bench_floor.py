@@ -35,6 +35,7 @@ from irrev.bench.servertime import (
 from ledger import AccountSpec, Ledger, Provenance, ReserveRequest
 from ledger.journal import iter_journal
 from ledger.keys import accounts_key, hold_key, hold_script_keys, reserve_keys
+from ledger.replies import decoded
 
 
 async def commands_of(url: str, run: Callable[[], Awaitable[Any]], key: str) -> list[list[str]]:
@@ -96,6 +97,7 @@ async def bench(redis_url: str, tenant: str) -> AsyncIterator[Bench]:
     url = redis_url
     if isinstance(ledger.redis, RedisCluster):  # MONITOR shows one node's commands
         node = ledger.redis.get_node_from_key(accounts_key(tenant))
+        assert node is not None
         url = f"redis://{node.host}:{node.port}"
     yield Bench(ledger, tenant, floor, url)
     await forget(ledger, floor, ["h1"])  # its made-up balances would fail an audit
@@ -183,16 +185,17 @@ async def test_the_packed_floors_keep_what_the_records_and_balances_keep(bench: 
 
     async def both() -> tuple[dict[str, str], dict[str, str]]:
         """The ledger's record of h1 and the packed one, by field name."""
-        ours = await redis.hgetall(hold_key(bench.tenant, "h1"))
-        text = await redis.get(hold_key(packed, "h1"))
+        ours: dict[str, str] = await decoded(redis.hgetall(hold_key(bench.tenant, "h1")))
+        text: str = await decoded(redis.get(hold_key(packed, "h1")))
         names = RECORD if text.startswith("pending") else (*RECORD, "pst", "pws", "tp")
         return ours, dict(zip(names, text.split("|"), strict=True))
 
     async def balances(tenant: str, packed_layout: bool) -> list[list[str]]:
         key = accounts_key(tenant)
         if packed_layout:
-            return [(await redis.hget(key, a)).split(",") for a in ACCOUNTS]
-        return [await redis.hmget(key, [f"{a}|{f}" for f in BALANCE]) for a in ACCOUNTS]
+            packed: list[str] = [await decoded(redis.hget(key, a)) for a in ACCOUNTS]
+            return [balance.split(",") for balance in packed]
+        return [await decoded(redis.hmget(key, [f"{a}|{f}" for f in BALANCE])) for a in ACCOUNTS]
 
     try:
         await ledger.reserve_many(bench.tenant, [request])

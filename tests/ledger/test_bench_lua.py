@@ -15,6 +15,7 @@ from irrev.bench.lua import HERE, measure
 from irrev.cli import CliError
 from ledger import Ledger
 from ledger.keys import TENANTS_KEY
+from ledger.replies import decoded
 
 
 async def server_kind(redis_url: str) -> str:
@@ -43,7 +44,7 @@ async def test_it_times_both_checkouts_or_says_why_not(redis_url: str, tmp_path:
     # Its tenants and holds are gone: nothing of the bench's is left in the server.
     ledger = Ledger.from_url(redis_url)
     try:
-        tenants = await ledger.redis.smembers(TENANTS_KEY)
+        tenants: set[str] = await decoded(ledger.redis.smembers(TENANTS_KEY))
         left = [key async for key in ledger.redis.scan_iter(match="irrev:{benchlua-*")]
     finally:
         await ledger.aclose()

@@ -16,7 +16,14 @@ HOUR_MS = 3_600_000
 WINDOW_MS = 300  # factor accounts' window: over within a test
 
 
-async def reserve_on(ledger: Ledger, tenant: str, hold: str, payee: str, **options: object) -> None:
+async def reserve_on(
+    ledger: Ledger,
+    tenant: str,
+    hold: str,
+    payee: str,
+    armed: bool = True,
+    ttl_ms: int = HOUR_MS,
+) -> None:
     account = f"factor:payee:{payee}"
     amounts = {"tenant:acme": 5, account: 5}
     result = await ledger.reserve(
@@ -25,7 +32,8 @@ async def reserve_on(ledger: Ledger, tenant: str, hold: str, payee: str, **optio
         "fp",
         amounts,
         open_missing=[AccountSpec(account, 1000, 1000, window_ms=WINDOW_MS)],
-        **{"ttl_ms": HOUR_MS, **options},  # type: ignore[arg-type]
+        ttl_ms=ttl_ms,
+        armed=armed,
     )
     assert result.state in (HoldState.PENDING, HoldState.ESCALATED), result
 

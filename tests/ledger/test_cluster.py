@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode as RedisClusterNode
 from redis.asyncio.cluster import RedisCluster
 
 from gateway.edge.problems import problem_for
@@ -29,6 +30,13 @@ from .test_concurrency import release, spawn
 
 HOUR_MS = 3_600_000
 WORKERS = 8
+
+
+def node_of(client: RedisCluster, key: str) -> RedisClusterNode:
+    """The primary serving `key`'s slot, as the client's slot map has it."""
+    node = client.get_node_from_key(key)
+    assert node is not None, f"no node serves {key}"
+    return node
 
 
 async def test_any_node_url_opens_a_cluster_ledger(
@@ -59,7 +67,7 @@ async def test_the_background_bench_counts_the_commands_of_every_primary(
     primary_clients = await primaries(redis_cluster.url)
     try:
         await client.initialize()
-        nodes = {client.get_node_from_key(key).name for key in keys}
+        nodes = {node_of(client, key).name for key in keys}
         before = await calls(primary_clients)
         for key in keys:
             await client.set(key, "1")

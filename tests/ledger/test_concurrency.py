@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
@@ -35,7 +36,8 @@ async def release(ledger: Ledger, name: str, count: int) -> None:
     await ledger.redis.rpush(f"{name}:go", *["1"] * count)
 
 
-def finish(processes: list[subprocess.Popen[str]]) -> list[dict[str, object]]:
+def finish(processes: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    """Each worker's report: the JSON it printed (tests/ledger/workers.py)."""
     results = []
     for process in processes:
         out, err = process.communicate(timeout=120)
@@ -58,9 +60,9 @@ async def test_never_overdraw_under_contention(ledger: Ledger, tenant: str, redi
     await release(ledger, name, processes)
     results = finish(workers)
 
-    admitted = sum(int(r["admitted"]) for r in results)  # type: ignore[call-overload]
+    admitted = sum(int(r["admitted"]) for r in results)
     assert admitted == tenant_limit // price
-    assert sum(int(r["denied"]) for r in results) == processes * reserves - admitted  # type: ignore[call-overload]
+    assert sum(int(r["denied"]) for r in results) == processes * reserves - admitted
     for balance in await ledger.balances(tenant):
         assert balance.used <= balance.limit
         assert balance.pending % price == 0
@@ -68,7 +70,7 @@ async def test_never_overdraw_under_contention(ledger: Ledger, tenant: str, redi
     assert tenant_balance is not None and tenant_balance.pending == admitted * price
     for result in results:
         agent = await ledger.balance(tenant, f"agent:{result['agent']}")
-        assert agent is not None and agent.pending == int(result["admitted"]) * price  # type: ignore[call-overload]
+        assert agent is not None and agent.pending == int(result["admitted"]) * price
     assert (await audit_tenant(ledger, tenant)).mismatches == []
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from redis import exceptions as redis_errors
+from redis.asyncio import Redis
 
 from ledger import EmbeddedRedis, Ledger, connect
 from ledger.connect import DirectCalls, direct_calls
@@ -85,7 +86,7 @@ async def test_errors_keep_redis_pys_types(direct: DirectCalls) -> None:
     with pytest.raises(redis_errors.ResponseError, match="wrong number of arguments"):
         await direct.call(("GET",))
     with pytest.raises(redis_errors.DataError):
-        await direct.call(("ECHO", None))  # type: ignore[arg-type]
+        await direct.call(("ECHO", None))
     assert await direct.call(("ECHO", "fine")) == "fine"
 
 
@@ -110,7 +111,7 @@ async def test_a_small_pool_keeps_no_connection_from_other_commands(
 
 
 async def test_a_traced_client_sends_scripts_through_execute_command(
-    redis_session_server: EmbeddedRedis, tenant: str
+    redis_session_server: EmbeddedRedis, tenant: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """OpenTelemetry's Redis instrumentation wraps execute_command (its spans are the
     ledger's Redis calls in a trace): a wrapped client's scripts must go through it."""
@@ -127,7 +128,7 @@ async def test_a_traced_client_sends_scripts_through_execute_command(
         await open_accounts(ledger, tenant, tenant_acme=100)
         await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
         assert sent == []
-        ledger.redis.execute_command = traced  # type: ignore[method-assign]
+        monkeypatch.setattr(ledger.redis, "execute_command", traced)
         await ledger.post(tenant, "k1", 1)
         assert sent[-1] in ("FCALL", "EVALSHA")
     finally:
@@ -141,6 +142,7 @@ async def test_a_kept_connection_leaves_the_pool_its_whole_bound(
     (a pipeline, the change feed), a read after a reserve must still get one (kept
     out of the pool's bound, it waited out the pool's timeout: pool_exhausted)."""
     ledger = Ledger.from_url(redis_session_server.url, max_connections=4, pool_timeout_s=0.2)
+    assert isinstance(ledger.redis, Redis)  # a standalone server
     pool = ledger.redis.connection_pool
     taken = [await pool.get_connection() for _ in range(3)]
     try:

@@ -7,6 +7,7 @@ more wait (issue 26: one agent made 3,000 escalations in 48 s)."""
 from __future__ import annotations
 
 from ledger import AccountSpec, HoldState, Ledger, Reason
+from ledger.holds import DAY_MS
 
 from .test_concurrency import finish, release, spawn
 
@@ -17,9 +18,17 @@ async def open_agent(ledger: Ledger, tenant: str, cap: int) -> None:
     await ledger.upsert_account(tenant, AccountSpec("agent:a1", 10**9, 10**9, max_escalations=cap))
 
 
-async def escalate(ledger: Ledger, tenant: str, hold: str, **options: int) -> Reason:
+async def escalate(
+    ledger: Ledger, tenant: str, hold: str, escalation_ttl_ms: int = DAY_MS
+) -> Reason:
     result = await ledger.reserve(
-        tenant, hold, "fp", {"agent:a1": 10}, ttl_ms=HOUR_MS, escalate_above=1, **options
+        tenant,
+        hold,
+        "fp",
+        {"agent:a1": 10},
+        ttl_ms=HOUR_MS,
+        escalate_above=1,
+        escalation_ttl_ms=escalation_ttl_ms,
     )
     return result.reason
 

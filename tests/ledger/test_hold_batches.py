@@ -5,7 +5,7 @@ against a real Redis."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 from redis.asyncio.connection import AbstractConnection
@@ -24,10 +24,12 @@ def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], int]]:
     sent = 0
     send = AbstractConnection.send_packed_command
 
-    async def counted(self: AbstractConnection, command: object, check_health: bool = True) -> None:
+    async def counted(
+        self: AbstractConnection, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
         nonlocal sent
         sent += 1
-        await send(self, command, check_health)  # type: ignore[arg-type]
+        await send(self, command, check_health)
 
     monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
     yield lambda: sent

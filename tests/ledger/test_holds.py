@@ -4,21 +4,25 @@ idempotency, settlement, escalation and expiry."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from ledger.client import Ledger
 from ledger.errors import HoldNotDue, HoldNotFound, HoldStateConflict, IdempotencyConflict
 from ledger.keys import hold_key, payload_key
-from ledger.records import AccountSpec, Decision, HoldState, Reason, Status
+from ledger.records import AccountSpec, Decision, HoldState, Reason, ReserveResult, Status
 
 from .conftest import open_accounts
-from .helpers import server_ms
+from .helpers import server_ms, stored_hold
 
 HOUR_MS = 3_600_000
 
 
-async def reserve(ledger: Ledger, tenant: str, key: str, price: int, *accounts: str, **kw):  # type: ignore[no-untyped-def]
+async def reserve(
+    ledger: Ledger, tenant: str, key: str, price: int, *accounts: str, **kw: Any
+) -> ReserveResult:
+    """A reserve of `price` on each of `accounts`; `kw` as Ledger.reserve takes them."""
     return await ledger.reserve(
         tenant,
         key,
@@ -216,7 +220,9 @@ async def test_expiry_releases_only_what_provably_never_fired(ledger: Ledger, te
     # The escalating reserve expired the holds due before it; the sweeper finds the last.
     result = await ledger.sweep(tenant)
     assert (result.visited, result.remaining_due) == (1, 0)
-    states = {k: (await ledger.hold(tenant, k)).state for k in ("armed", "unarmed", "escalated")}  # type: ignore[union-attr]
+    states = {
+        k: (await stored_hold(ledger, tenant, k)).state for k in ("armed", "unarmed", "escalated")
+    }
     assert states == {
         "armed": HoldState.AMBIGUOUS,
         "unarmed": HoldState.EXPIRED,
@@ -244,11 +250,11 @@ async def test_an_admission_leaves_due_holds_to_the_sweeper(ledger: Ledger, tena
     await reserve(ledger, tenant, "old", 100, "tenant:acme", ttl_ms=0, armed=False)
     fresh = await reserve(ledger, tenant, "new", 100, "tenant:acme")
     assert (fresh.decision, fresh.accounts[0].used) == (Decision.ADMIT, 100)
-    assert (await ledger.hold(tenant, "old")).state is HoldState.PENDING  # type: ignore[union-attr]
+    assert (await stored_hold(ledger, tenant, "old")).state is HoldState.PENDING
     # One that only fits once "old" is released expires it first, then decides.
     third = await reserve(ledger, tenant, "third", 850, "tenant:acme")
     assert (third.decision, third.accounts[0].used) == (Decision.ADMIT, 100)
-    assert (await ledger.hold(tenant, "old")).state is HoldState.EXPIRED  # type: ignore[union-attr]
+    assert (await stored_hold(ledger, tenant, "old")).state is HoldState.EXPIRED
     assert await used(ledger, tenant, "tenant:acme") == (950, 0)
 
 
@@ -292,7 +298,7 @@ async def test_a_batch_beside_due_holds_decides_as_single_calls_would(
                 for r in requests
             ]
         decided.append([getattr(r, "decision", r) for r in results])
-        assert (await ledger.hold(owner, "old")).state is HoldState.EXPIRED  # type: ignore[union-attr]
+        assert (await stored_hold(ledger, owner, "old")).state is HoldState.EXPIRED
     assert decided == [[Decision.ADMIT, Decision.DENY]] * 2
 
 
@@ -301,7 +307,9 @@ async def test_windows_roll_posted_off_and_carry_pending(ledger: Ledger, tenant:
     await reserve(ledger, tenant, "posted", 600, "tenant:acme")
     await reserve(ledger, tenant, "open", 300, "tenant:acme")
     await ledger.post(tenant, "posted", 600)
-    posted_at = (await ledger.balance(tenant, "tenant:acme")).window_start_ms  # type: ignore[union-attr]
+    balance = await ledger.balance(tenant, "tenant:acme")
+    assert balance is not None
+    posted_at = balance.window_start_ms
     # One-millisecond windows: wait until the server's clock has moved on.
     while await server_ms(ledger) <= posted_at:
         pass

@@ -9,7 +9,7 @@ from importlib.resources import files
 from redis.asyncio.cluster import RedisCluster
 
 from ledger.client import Ledger
-from ledger.records import HoldState, ReserveRequest
+from ledger.records import HoldState, ReserveRequest, ReserveResult
 from ledger.scripts import OPERATIONS, PLAIN_SCRIPTS, function_library, script_source
 
 from .conftest import open_accounts
@@ -45,7 +45,9 @@ async def test_a_lost_library_or_script_is_loaded_again(ledger: Ledger, tenant: 
         else:
             batch = [ReserveRequest(f"b{i}", "fp", {"tenant:acme": 10}, HOUR_MS) for i in range(3)]
             replies = await ledger.reserve_many(tenant, batch)
-            assert [r.state for r in replies] == [HoldState.PENDING] * 3  # type: ignore[union-attr]
+            assert [r.state if isinstance(r, ReserveResult) else r for r in replies] == [
+                HoldState.PENDING
+            ] * 3
         # Another process on this Redis (a gateway of the session) that met the flush
         # first may be loading the scripts one by one: this call then ran without
         # loading them itself, and the rest arrive as that process finishes.

@@ -112,8 +112,9 @@ class LedgerMachine(RuleBasedStateMachine):
                 return "in_flight", "ambiguous"
             if isinstance(exc, PoolShrank):
                 return "reprice", "alone" if exc.alone else ""
-            state = getattr(exc, "state", "")
-            return ERRORS[type(exc)], state.value if state else ""
+            if isinstance(exc, IdempotencyConflict | HoldStateConflict):
+                return ERRORS[type(exc)], exc.state.value
+            return ERRORS[type(exc)], ""
 
     def teardown(self) -> None:
         self.run(self.ledger.aclose())
@@ -401,8 +402,12 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 def test_scripts_agree_with_reference_model(redis_url: str) -> None:
+    class OnThisServer(LedgerMachine):
+        def __init__(self) -> None:
+            super().__init__(redis_url)
+
     run_state_machine_as_test(
-        lambda: LedgerMachine(redis_url),
+        OnThisServer,
         settings=settings(
             max_examples=60,
             stateful_step_count=40,

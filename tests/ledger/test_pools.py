@@ -23,9 +23,10 @@ from ledger.records import (
     ReserveRequest,
     pool_tag,
 )
+from ledger.replies import decoded
 
 from .conftest import open_accounts
-from .helpers import server_ms, tenant_snapshot
+from .helpers import server_ms, stored_hold, tenant_snapshot
 from .test_concurrency import release, spawn
 
 HOUR_MS = 3_600_000
@@ -107,7 +108,7 @@ async def test_escalations_join_only_when_approved(ledger: Ledger, tenant: str) 
     await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 10))
     await reserve(ledger, tenant, "e1", 40, amount=20)
     await reserve(ledger, tenant, "e2", 60, amount=20)
-    assert (await ledger.hold(tenant, "e1")).state is HoldState.ESCALATED  # type: ignore[union-attr]
+    assert (await stored_hold(ledger, tenant, "e1")).state is HoldState.ESCALATED
     assert (await pool(ledger, tenant)).count == 0
     await ledger.approve(tenant, "e1", "ops", ttl_ms=HOUR_MS)  # pending: open now
     assert await pool(ledger, tenant) == OpenPool(1, 40, 1600.0)
@@ -193,7 +194,7 @@ async def test_an_expired_hold_found_ambiguous_rejoins(ledger: Ledger, tenant: s
     await asyncio.sleep(0.01)
     # A reserve that finds a hold due expires it first (`expire_first`), then decides.
     assert await reserve(ledger, tenant, "y", 20) == OpenPool(1, 20, 400.0)
-    assert (await ledger.hold(tenant, "x")).state is HoldState.EXPIRED  # type: ignore[union-attr]
+    assert (await stored_hold(ledger, tenant, "x")).state is HoldState.EXPIRED
     await ledger.mark_ambiguous(tenant, "x", "late_answer")  # charged again: open again
     assert await pool(ledger, tenant) == OpenPool(2, 50, 1300.0)
     await ledger.void(tenant, "x")
@@ -280,8 +281,10 @@ async def test_many_processes_leave_the_count_exact(
     # A worker's last 1 ms hold (step 3) may have met its own sweep within the same
     # millisecond of Redis time, still live: swept again once Redis time is past it.
     soon = await server_ms(ledger) + HOUR_MS // 2  # the 1 ms holds, not the hour-long ones
-    short = await ledger.redis.zrangebyscore(deadlines_key(tenant), 0, soon, withscores=True)
-    last = max((score for _, score in short), default=0)
+    short: list[tuple[str, float]] = await decoded(
+        ledger.redis.zrangebyscore(deadlines_key(tenant), 0, soon, withscores=True)
+    )
+    last = max((score for _, score in short), default=0.0)
     while await server_ms(ledger) <= last:
         await asyncio.sleep(0.001)
     await ledger.sweep(tenant)

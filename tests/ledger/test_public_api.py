@@ -138,17 +138,16 @@ def _violations(
     tree = ast.parse(source, where)
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            modules = [node.module]
-        elif isinstance(node, ast.Import):
-            modules = [alias.name for alias in node.names]
-        else:
-            modules = []
-        found += [
-            f"{where}:{node.lineno} imports {module}"
-            for module in modules
-            if module.startswith("ledger.") and module not in allowed
-        ]
+        if isinstance(node, ast.ImportFrom | ast.Import):
+            if isinstance(node, ast.ImportFrom):
+                modules = [node.module] if node.level == 0 and node.module else []
+            else:
+                modules = [alias.name for alias in node.names]
+            found += [
+                f"{where}:{node.lineno} imports {module}"
+                for module in modules
+                if module.startswith("ledger.") and module not in allowed
+            ]
         if (
             handle
             and isinstance(node, ast.Attribute)

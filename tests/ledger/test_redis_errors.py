@@ -206,7 +206,11 @@ async def test_a_pool_with_every_connection_busy_is_not_called_unreachable(
     try:
         # In the tenant's slot: on a cluster, its node's only connection is taken.
         never = f"irrev:{{{tenant}}}:never"
-        blocked = asyncio.create_task(ledger.redis.blpop([never], timeout=30))
+
+        async def block() -> None:
+            await ledger.redis.blpop([never], timeout=30)
+
+        blocked = asyncio.create_task(block())
         # On a loaded machine a cluster client's first call (slots discovery) can
         # take longer than any fixed sleep: wait until the server holds the BLPOP.
         await _until_a_client_blocks_in("blpop", redis_url)
@@ -229,7 +233,9 @@ async def _until_a_client_blocks_in(command: str, redis_url: str) -> None:
                 per_node = await probe.client_list(
                     target_nodes=redis.asyncio.RedisCluster.ALL_NODES
                 )
-                clients = [c for node in per_node.values() for c in node]
+                # redis-py types the reply as one node's list; asked for every node, the
+                # cluster client answers a dict of them by node.
+                clients = [c for node in per_node.values() for c in node]  # type: ignore[attr-defined]
             else:
                 clients = await probe.client_list()
             if any(c.get("cmd") == command for c in clients):

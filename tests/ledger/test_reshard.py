@@ -26,6 +26,7 @@ from ledger.checkpoint import replay_from_checkpoint, trim
 from ledger.client import Ledger
 from ledger.journal import iter_journal
 from ledger.keys import accounts_key
+from ledger.records import ReserveResult, TransitionResult
 
 from .conftest import open_accounts
 from .test_cluster import _primaries
@@ -47,9 +48,13 @@ async def _settle_many(ledger: Ledger, tenant: str) -> None:
         reserved = await ledger.reserve_many(
             tenant, [ReserveRequest(k, "fp", amounts, HOUR_MS) for k in keys]
         )
-        assert all(r.decision == "admit" for r in reserved), reserved[:3]
+        assert all(isinstance(r, ReserveResult) and r.decision == "admit" for r in reserved), (
+            reserved[:3]
+        )
         posted = await ledger.post_many(tenant, [(k, 5) for k in keys])
-        assert all(p.state.value == "posted" for p in posted), posted[:3]
+        assert all(isinstance(p, TransitionResult) and p.state.value == "posted" for p in posted), (
+            posted[:3]
+        )
 
 
 async def test_a_busy_tenant_with_100k_settled_holds_moves_without_a_write_gap(

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from ledger import audit_tenant, read_journal
 from ledger.client import Ledger
-from ledger.records import AccountSpec, Decision, HoldState, Reason
+from ledger.records import AccountSpec, Decision, HoldState, Reason, ReserveResult
 
 HOUR_MS = 3_600_000
 
 
-async def shadow_reserve(ledger: Ledger, tenant: str, key: str, price: int, shadow: bool = True):  # type: ignore[no-untyped-def]
+async def shadow_reserve(
+    ledger: Ledger, tenant: str, key: str, price: int, shadow: bool = True
+) -> ReserveResult:
     amounts = {"tenant:acme": price, "agent:a": price}
     return await ledger.reserve(tenant, key, "fp", amounts, ttl_ms=HOUR_MS, shadow=shadow)
 

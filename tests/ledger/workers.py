@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from redis.asyncio.cluster import RedisCluster
@@ -230,6 +231,7 @@ async def stale_batch(ledger: Ledger, tenant: str, url: str, primary_pid: str) -
         cluster = stale.redis
         assert isinstance(cluster, RedisCluster)
         right = cluster.get_node_from_key(key)
+        assert right is not None
         wrong = next(node for node in cluster.get_primaries() if node.name != right.name)
         cluster.nodes_manager.slots_cache[cluster.keyslot(key)] = [wrong]
         orders = [ReserveRequest(k, "fp", {"tenant:acme": 100}, HOUR_MS) for k in ("t1", "t2")]
@@ -346,7 +348,8 @@ async def flip(ledger: Ledger, tenant: str, barrier_name: str, hold_id: str, sto
     print(json.dumps({"flips": flips}))
 
 
-COMMANDS = {
+# Each worker takes the ledger, the tenant and then its own arguments, as argv's strings.
+COMMANDS: dict[str, Callable[..., Awaitable[None]]] = {
     "archiver": archiver,
     "meddle": meddle,
     "flip": flip,
@@ -372,7 +375,7 @@ async def main(argv: list[str]) -> None:
     command, url, tenant, *rest = argv
     ledger = Ledger.from_url(url, replicas=replicas, replica_timeout_ms=5000)
     try:
-        await COMMANDS[command](ledger, tenant, *rest)  # type: ignore[operator]
+        await COMMANDS[command](ledger, tenant, *rest)
     finally:
         await ledger.aclose()
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, cast
 
 import httpx
 import httpx2
@@ -20,6 +20,7 @@ import pytest
 import yaml
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import CallToolResult, ContentBlock, RequestParamsMeta, TextContent
 
 from irrev.harness import TenantPolicy, new_token
 from pricing.credentials import hash_token
@@ -29,12 +30,26 @@ from tests.gateway.servers import BIN, EXAMPLES, Server, base_env
 WORKERS = 2
 UPSTREAM_TIMEOUT_S = 2.0
 FLEET = 50
-KEY_META = "dev.irrev/idempotency_key"
+KEY_META: Final = "dev.irrev/idempotency_key"
 
 
-def key() -> dict[str, str]:
-    """A fresh `_meta` idempotency key, as a client that sends its own does."""
-    return {KEY_META: uuid.uuid4().hex}
+def key(value: object = None) -> RequestParamsMeta:
+    """`_meta` with an idempotency key (`value`, whatever it is, else a fresh one), as
+    a client that sends its own does. RequestParamsMeta is open to any key (PEP 728
+    `extra_items`), which mypy does not implement yet: hence the cast."""
+    return cast(RequestParamsMeta, {KEY_META: uuid.uuid4().hex if value is None else value})
+
+
+def text_of(block: ContentBlock) -> str:
+    """The text of a content block the gateway answers with (always text)."""
+    assert isinstance(block, TextContent), block
+    return block.text
+
+
+def structured(result: CallToolResult) -> dict[str, Any]:
+    """A tool result's structured content, which every answer of the gateway has."""
+    assert result.structured_content is not None, result
+    return result.structured_content
 
 
 def start_tool_server(state_dir: Path, log_dir: Path, port: int | None = None) -> Server:
@@ -47,6 +62,9 @@ def start_tool_server(state_dir: Path, log_dir: Path, port: int | None = None) -
     if port is not None:
         server.port = port
     server.argv += ["--host", "127.0.0.1", "--port", str(server.port), "--log-level", "warning"]
+    # A call left hanging by a test's fault (a delay, hang_after_effect) held a graceful
+    # stop until Server.stop's 15 s ran out, at the end of every run.
+    server.argv += ["--timeout-graceful-shutdown", "1"]
     server.start("/ready")
     return server
 

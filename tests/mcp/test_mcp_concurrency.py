@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from mcp.types import CallToolResult
 
 from tests.gateway.helpers import assert_no_overdraw, balances, holds_in, ledger_audit, used
 
@@ -26,9 +27,12 @@ from .conftest import (
     KEY_META,
     McpGateway,
     agent,
+    key,
     order,
     serve,
     start_tool_server,
+    structured,
+    text_of,
     tool_stats,
     write_mcp_policy,
 )
@@ -50,10 +54,8 @@ async def test_fifty_agents_against_one_budget_never_overdraw(
         async with agent(mcp_gateway.url, tenant.auth(name)) as client:
             for _ in range(3):
                 arguments = order(quantity=next(quantities), supplier_id=next(suppliers))
-                result = await client.call_tool(
-                    "procure__place_order", arguments, meta={KEY_META: uuid.uuid4().hex}
-                )
-                text = result.content[0].text if result.content else ""
+                result = await client.call_tool("procure__place_order", arguments, meta=key())
+                text = text_of(result.content[0]) if result.content else ""
                 outcomes.append(
                     {"error": result.is_error, "text": text, **(result.structured_content or {})}
                 )
@@ -89,9 +91,9 @@ async def test_one_key_from_sixteen_sessions_is_one_call(
     mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
 ) -> None:
     tenant = mcp_gateway.tenant("one-key")
-    meta = {KEY_META: f"tool-call-{uuid.uuid4().hex}"}
+    meta = key(f"tool-call-{uuid.uuid4().hex}")
 
-    async def session() -> object:
+    async def session() -> CallToolResult:
         async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
             return await client.call_tool("procure__place_order", order(), meta=meta)
 
@@ -103,7 +105,7 @@ async def test_one_key_from_sixteen_sessions_is_one_call(
     # recorded result; none got a second effect.
     busy = [r for r in results if r.is_error]
     assert ok
-    assert all(r.structured_content["reason"] == "in_flight" for r in busy)
+    assert all(structured(r)["reason"] == "in_flight" for r in busy)
     assert len({str(r.structured_content) for r in ok}) == 1
 
 
@@ -119,10 +121,11 @@ async def test_a_repeat_of_an_ambiguous_call_is_not_resent_to_a_server_that_may_
     ledger (still ambiguous, with the hold), and none reaches the server; once the
     reconciler learnt the outcome, a repeat gets it. Before, each repeat was sent."""
     tenant = mcp_gateway.tenant("retry-ledger")
-    meta = {KEY_META: f"tool-call-{uuid.uuid4().hex}"}
+    meta = key(f"tool-call-{uuid.uuid4().hex}")
     async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
         first = await client.call_tool("procure__flaky_order", order(), meta=meta)
     assert first.is_error
+    assert first.meta is not None
     hold = first.meta["dev.irrev/hold"]
     async with AsyncExitStack() as stack:
         clients = await _sessions(stack, mcp_gateway.url, tenant.auth("buyer-01"), 16)
@@ -133,18 +136,18 @@ async def test_a_repeat_of_an_ambiguous_call_is_not_resent_to_a_server_that_may_
     assert stats["calls_by_key"] == {f"irrev-{hold}": 1}
     for result in repeats:
         assert result.is_error
-        assert result.structured_content["reason"] == "upstream_ambiguous"
-        assert result.structured_content["hold"] == hold
-        assert result.structured_content["state"] == "ambiguous"
+        assert structured(result)["reason"] == "upstream_ambiguous"
+        assert structured(result)["hold"] == hold
+        assert structured(result)["state"] == "ambiguous"
         # Worded for an MCP caller: its key travels in _meta, not in a header.
-        assert KEY_META in result.content[0].text
-        assert "Idempotency-Key" not in result.content[0].text
+        assert KEY_META in text_of(result.content[0])
+        assert "Idempotency-Key" not in text_of(result.content[0])
     base = f"/v1/admin/tenants/{tenant.id}"
     report = (await http.post(f"{base}/reconcile", headers=mcp_gateway.gateway.admin)).json()
     assert hold in report["posted"], report
     async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
         settled = await client.call_tool("procure__flaky_order", order(), meta=meta)
-    assert not settled.is_error and settled.structured_content["found"] is True
+    assert not settled.is_error and structured(settled)["found"] is True
     assert (await tool_stats(tools_http, tenant))["calls_by_key"] == {f"irrev-{hold}": 1}
 
 
@@ -154,13 +157,13 @@ async def test_sixteen_repeats_of_an_ambiguous_call_to_a_deduplicating_server_se
     """`dedupes: true`: a repeat of an ambiguous call is sent again, one at a time (the
     ledger's retry claim); the others are told it is in flight. Before, all went."""
     tenant = mcp_gateway.tenant("retry-dedupes")
-    meta = {KEY_META: f"tool-call-{uuid.uuid4().hex}"}
+    meta = key(f"tool-call-{uuid.uuid4().hex}")
     # The first call outlives the gateway's wait: ambiguous.
     await tools_http.post(f"/{tenant.namespace}/_faults", json={"delay_s": 3})
     async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
         first = await client.call_tool("procure__place_order", order(), meta=meta)
-    assert first.structured_content["reason"] == "upstream_ambiguous", first
-    hold = first.structured_content["hold"]
+    assert structured(first)["reason"] == "upstream_ambiguous", first
+    hold = structured(first)["hold"]
     # The retry is answered slowly, so that the other repeats arrive meanwhile.
     await tools_http.post(f"/{tenant.namespace}/_faults", json={"repeat_delay_s": 1})
     async with AsyncExitStack() as stack:
@@ -174,9 +177,9 @@ async def test_sixteen_repeats_of_an_ambiguous_call_to_a_deduplicating_server_se
     ok = [r for r in repeats if not r.is_error]
     assert len(ok) == 1, repeats
     busy = [r for r in repeats if r.is_error]
-    assert all(r.structured_content["reason"] == "in_flight" for r in busy), busy
-    assert all(r.structured_content["hold"] == hold for r in busy)
-    assert all(KEY_META in r.content[0].text for r in busy)
+    assert all(structured(r)["reason"] == "in_flight" for r in busy), busy
+    assert all(structured(r)["hold"] == hold for r in busy)
+    assert all(KEY_META in text_of(r.content[0]) for r in busy)
 
 
 @pytest.mark.parametrize("when", ["after_effect", "before_effect"])
@@ -196,7 +199,7 @@ async def test_server_killed_mid_call_is_ambiguous_until_reconciled(
         async with httpx.AsyncClient(trust_env=False, timeout=30.0) as http:
             faults = {"hang_after_effect": True} if when == "after_effect" else {"delay_s": 60}
             await http.post(f"{tools.url}/{tenant.namespace}/_faults", json=faults)
-            meta = {KEY_META: uuid.uuid4().hex}
+            meta = key()
             async with agent(gateway.url, tenant.auth("buyer-01")) as client:
                 call = asyncio.create_task(
                     client.call_tool("procure__place_order", order(), meta=meta)
@@ -207,8 +210,8 @@ async def test_server_killed_mid_call_is_ambiguous_until_reconciled(
                 tools.process.wait(timeout=10)
                 result = await call
             assert result.is_error
-            assert result.structured_content["reason"] == "upstream_ambiguous"
-            hold = result.structured_content["hold"]
+            assert structured(result)["reason"] == "upstream_ambiguous"
+            hold = structured(result)["hold"]
             base = f"{gateway.url}/v1/admin/tenants/{tenant.id}"
             ambiguous = (await http.get(f"{base}/holds?state=ambiguous", headers=admin)).json()
             assert [h["hold"] for h in ambiguous] == [hold]
@@ -242,12 +245,12 @@ async def _wait_for_call(http: httpx.AsyncClient, url: str, namespace: str) -> N
 
 async def _reconcile_until_settled(
     http: httpx.AsyncClient, base: str, admin: dict[str, str], hold: str
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Not found voids only once the hold's deadline has passed (no call of it can
     still arrive): until then the reconciler leaves it charged."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        report: dict[str, object] = (await http.post(f"{base}/reconcile", headers=admin)).json()
+        report: dict[str, Any] = (await http.post(f"{base}/reconcile", headers=admin)).json()
         if hold not in report["unresolved"]:
             return report
         await asyncio.sleep(0.5)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.gateway.helpers import balances, used
 
-from .conftest import McpGateway, agent, key, order, tool_stats
+from .conftest import McpGateway, agent, key, order, structured, text_of, tool_stats
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -47,7 +47,7 @@ async def test_admitted_call_reaches_the_server_once_and_is_posted(
         first = await client.call_tool("procure__place_order", order(), meta=meta)
         again = await client.call_tool("procure__place_order", order(), meta=meta)
     assert not first.is_error, first
-    assert first.structured_content["quantity"] == 10
+    assert structured(first)["quantity"] == 10
     assert first.meta and first.meta["dev.irrev/price"] > 0
     hold = first.meta["dev.irrev/hold"]
     # The repeat is the recorded result: the server saw the key once.
@@ -95,13 +95,13 @@ async def test_over_budget_is_a_result_the_model_can_act_on_and_debits_nothing(
             "procure__place_order", order(quantity=700, unit_price="100"), meta=key()
         )
     assert result.is_error
-    assert result.structured_content["reason"] == "per_effect_cap"
-    text = result.content[0].text
+    assert structured(result)["reason"] == "per_effect_cap"
+    text = text_of(result.content[0])
     assert "70,000 USD" in text and "30,000 USD" in text, text
     assert "Do not split it" in text
     async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
         scoped = await client.call_tool("procure__place_order", order(), meta=key())
-    assert scoped.structured_content["reason"] == "route_not_allowed"
+    assert structured(scoped)["reason"] == "route_not_allowed"
     assert used(await balances(http, admin, tenant)) == before
     assert (await tool_stats(tools_http, tenant))["calls"] == 0
 
@@ -115,12 +115,12 @@ async def test_escalation_waits_then_one_approval_makes_exactly_one_call(
     async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
         pending = await client.call_tool("github__delete_repository", deletion, meta=meta)
         assert pending.is_error
-        assert pending.structured_content["status"] == "escalated"
-        escalation = pending.structured_content["escalation"]
-        assert "approval" in pending.content[0].text
+        assert structured(pending)["status"] == "escalated"
+        escalation = structured(pending)["escalation"]
+        assert "approval" in text_of(pending.content[0])
         # Polling by repeating the call does nothing upstream.
         again = await client.call_tool("github__delete_repository", deletion, meta=meta)
-        assert again.structured_content["escalation"] == escalation
+        assert structured(again)["escalation"] == escalation
         assert (await tool_stats(tools_http, tenant))["calls"] == 0
         # The approver reads which server's tool it is, as the policy's route names it.
         queue = await http.get(
@@ -137,7 +137,7 @@ async def test_escalation_waits_then_one_approval_makes_exactly_one_call(
         assert statuses == [200, 409, 409, 409]
         done = await client.call_tool("github__delete_repository", deletion, meta=meta)
     assert not done.is_error, done
-    assert done.structured_content["repo"] == "legacy"
+    assert structured(done)["repo"] == "legacy"
     stats = await tool_stats(tools_http, tenant)
     assert stats["calls"] == 1 and stats["effects"] == 1
 
@@ -151,14 +151,14 @@ async def test_a_rejected_escalation_returns_the_reason_and_never_calls(
     deletion = {"owner": "acme", "repo": "keep-me"}
     async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
         pending = await client.call_tool("github__delete_repository", deletion, meta=meta)
-        escalation = pending.structured_content["escalation"]
+        escalation = structured(pending)["escalation"]
         response = await http.post(
             f"/v1/escalations/{escalation}/reject", headers=tenant.admin_auth
         )
         assert response.status_code == 200, response.text
         after = await client.call_tool("github__delete_repository", deletion, meta=meta)
     assert after.is_error
-    assert after.structured_content["reason"] == "escalation_rejected"
+    assert structured(after)["reason"] == "escalation_rejected"
     assert (await tool_stats(tools_http, tenant))["calls"] == before
 
 
@@ -181,7 +181,7 @@ async def test_is_error_voids_only_where_the_route_says_not_executed(
         )
         states[name] = response.json()["state"]
     assert states == {"rejected": "voided", "flaky": "ambiguous"}
-    assert "stays charged until reconciled" in flaky.content[-1].text
+    assert "stays charged until reconciled" in text_of(flaky.content[-1])
 
 
 async def test_one_key_with_other_arguments_is_a_conflict_and_changes_nothing(
@@ -194,7 +194,7 @@ async def test_one_key_with_other_arguments_is_a_conflict_and_changes_nothing(
         other = await client.call_tool("procure__place_order", order(quantity=300), meta=meta)
     assert not first.is_error
     assert other.is_error
-    assert other.structured_content["reason"] == "idempotency_conflict"
+    assert structured(other)["reason"] == "idempotency_conflict"
     assert first.meta is not None
     calls = (await tool_stats(tools_http, tenant))["calls_by_key"]
     assert calls[f"irrev-{first.meta['dev.irrev/hold']}"] == 1

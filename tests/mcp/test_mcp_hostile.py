@@ -6,8 +6,6 @@ reads the message) and nothing is debited or called."""
 from __future__ import annotations
 
 import json
-import uuid
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +14,7 @@ import yaml
 
 from tests.gateway.helpers import assert_problem, balances, based, trickled_request, used
 
-from .conftest import KEY_META, McpGateway, agent, order, tool_stats
+from .conftest import McpGateway, agent, key, order, structured, text_of, tool_stats
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 MODERN = "2026-07-28"
@@ -66,12 +64,12 @@ async def test_hostile_calls_are_refused_with_a_reason_and_debit_nothing(
     admin = mcp_gateway.gateway.admin
     before = used(await balances(http, admin, tenant))
     async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
-        result = await client.call_tool(name, arguments, meta={KEY_META: uuid.uuid4().hex})
+        result = await client.call_tool(name, arguments, meta=key())
     assert result.is_error
-    assert result.structured_content["reason"] == reason, result
+    assert structured(result)["reason"] == reason, result
     # The code is for programs (structuredContent); the text is for the model.
-    assert result.content[0].text.startswith("irrev did not make this call: ")
-    assert reason not in result.content[0].text
+    assert text_of(result.content[0]).startswith("irrev did not make this call: ")
+    assert reason not in text_of(result.content[0])
     assert used(await balances(http, admin, tenant)) == before
     assert (await tool_stats(tools_http, tenant))["calls"] == 0
     other = mcp_gateway.tenant("hostile-other")
@@ -152,11 +150,9 @@ async def test_an_http_tool_is_not_reached_through_mcp(
     admin = mcp_gateway.gateway.admin
     before = used(await balances(http, admin, tenant))
     async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
-        result = await client.call_tool(
-            "web__anything", {"amount": 1}, meta={KEY_META: uuid.uuid4().hex}
-        )
+        result = await client.call_tool("web__anything", {"amount": 1}, meta=key())
     assert result.is_error
-    assert result.structured_content["reason"] == "unknown_route", result
+    assert structured(result)["reason"] == "unknown_route", result
     assert used(await balances(http, admin, tenant)) == before
 
 
@@ -180,9 +176,9 @@ async def test_a_bad_idempotency_key_is_refused(
 ) -> None:
     tenant = mcp_gateway.tenant("hostile")
     async with agent(mcp_gateway.url, tenant.auth("buyer-02")) as client:
-        result = await client.call_tool("procure__place_order", order(), meta={KEY_META: bad_key})
+        result = await client.call_tool("procure__place_order", order(), meta=key(bad_key))
     assert result.is_error
-    assert result.structured_content["reason"] == "bad_idempotency_key"
+    assert structured(result)["reason"] == "bad_idempotency_key"
     assert (await tool_stats(tools_http, tenant))["calls"] == 0
 
 
@@ -196,7 +192,7 @@ async def test_a_tenants_policy_admin_cannot_repoint_its_mcp_server(
     deduplicate, one ambiguous call was sent again on every repeat, 6 times for one
     charge. Writing down what is in force (`dedupes: false`) is no change."""
     tenant = mcp_gateway.tenant("upload")
-    policy_dir = Path(mcp_gateway.gateway.server.env["IRREV_POLICY_DIR"])
+    policy_dir = mcp_gateway.gateway.policy_dir
     before = (policy_dir / f"{tenant.id}.yaml").read_text()
     url = f"/v1/admin/tenants/{tenant.id}/policy"
     same = await http.put(

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from .conftest import McpGateway, McpTenant, agent, key, order, tool_stats
+from .conftest import McpGateway, McpTenant, agent, key, order, structured, text_of, tool_stats
 
 DELETION_TOOL = "github__delete_repository"
 
@@ -59,10 +59,10 @@ async def test_a_keyless_host_repeating_an_escalated_call_pays_once(
     ):
         for client in (first, second, first, second):
             results.append(await client.call_tool(DELETION_TOOL, target))
-    assert all(r.structured_content["status"] == "escalated" for r in results)
-    assert len({r.structured_content["escalation"] for r in results}) == 1
-    assert len({r.structured_content["idempotency_key"] for r in results}) == 1
-    text = results[0].content[0].text
+    assert all(structured(r)["status"] == "escalated" for r in results)
+    assert len({structured(r)["escalation"] for r in results}) == 1
+    assert len({structured(r)["idempotency_key"] for r in results}) == 1
+    text = text_of(results[0].content[0])
     said = "To get its result once a person decides, make the identical call again (the same"
     assert said in text, text
     assert "_meta" not in text  # the model is never asked for what its host cannot send
@@ -74,8 +74,8 @@ async def test_a_keyless_host_repeating_an_escalated_call_pays_once(
     async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
         done = await client.call_tool(DELETION_TOOL, target)
     assert not done.is_error, done
-    assert done.structured_content["repo"] == target["repo"]
-    said = " ".join(c.text for c in done.content if c.type == "text")
+    assert structured(done)["repo"] == target["repo"]
+    said = " ".join(text_of(c) for c in done.content if c.type == "text")
     assert 'approved this call, saying: "cleanup ticket OPS-7"' in said, said
     assert done.meta is not None and done.meta["dev.irrev/note"] == "cleanup ticket OPS-7"
     stats = await tool_stats(tools_http, tenant)
@@ -103,16 +103,16 @@ async def test_a_keyless_repeat_of_an_ambiguous_call_is_not_sent_again(
                 answers.append(await client.call_tool("procure__place_order", arguments))
     finally:
         await tools_http.post(f"/{tenant.namespace}/_faults", json={})
-    assert [a.structured_content["reason"] for a in answers] == ["upstream_ambiguous"] * 4
-    keys = {a.structured_content["idempotency_key"] for a in answers}
+    assert [structured(a)["reason"] for a in answers] == ["upstream_ambiguous"] * 4
+    keys = {structured(a)["idempotency_key"] for a in answers}
     assert len(keys) == 1 and keys.pop().startswith("content-")
     for answer in answers:
-        text = answer.content[0].text
+        text = text_of(answer.content[0])
         assert text.startswith("irrev cannot tell yet whether this call took effect: "), text
         assert "repeat the same call later" in text, text
         assert "_meta" not in text and "idempotency" not in text, text
-        assert answer.structured_content["retry"] == "same_call"
-    assert len({a.structured_content["hold"] for a in answers}) == 1
+        assert structured(answer)["retry"] == "same_call"
+    assert len({structured(a)["hold"] for a in answers}) == 1
     assert (await tool_stats(tools_http, tenant))["calls"] == before + 1
 
 
@@ -127,9 +127,9 @@ async def test_different_arguments_are_different_calls(
         two = await client.call_tool("procure__place_order", order(3, supplier_id=supplier))
         again = await client.call_tool("procure__place_order", order(2, supplier_id=supplier))
     assert not (one.is_error or two.is_error or again.is_error)
-    assert one.structured_content["effect"] != two.structured_content["effect"]
+    assert structured(one)["effect"] != structured(two)["effect"]
     assert again.structured_content == one.structured_content
-    assert "earlier identical call" in again.content[-1].text
+    assert "earlier identical call" in text_of(again.content[-1])
     after = await tool_stats(tools_http, tenant)
     assert (after["calls"], after["effects"]) == (before["calls"] + 2, before["effects"] + 2)
 
@@ -143,7 +143,7 @@ async def test_a_route_that_repeats_on_purpose_makes_every_identical_call(
     async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
         one = await client.call_tool("procure__place_order", arguments)
         two = await client.call_tool("procure__place_order", arguments)
-    assert one.structured_content["effect"] != two.structured_content["effect"]
+    assert structured(one)["effect"] != structured(two)["effect"]
     assert (await tool_stats(tools_http, tenant))["effects"] == before + 2
 
 
@@ -154,13 +154,13 @@ async def test_a_rejection_reaches_the_model_on_the_repeat(
     target = deletion()
     async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
         pending = await client.call_tool(DELETION_TOOL, target)
-        escalation = pending.structured_content["escalation"]
+        escalation = structured(pending)["escalation"]
         await decide(http, tenant, escalation, "reject", "that repo still serves billing")
         after = await client.call_tool(DELETION_TOOL, target)
-    assert after.structured_content["reason"] == "escalation_rejected"
-    assert after.structured_content["note"] == "that repo still serves billing"
-    assert after.structured_content["by"] == "alice"
-    text = after.content[0].text
+    assert structured(after)["reason"] == "escalation_rejected"
+    assert structured(after)["note"] == "that repo still serves billing"
+    assert structured(after)["by"] == "alice"
+    text = text_of(after.content[0])
     assert 'A person (alice) rejected this call, saying: "that repo still serves billing"' in text
     assert "Do not repeat it" in text
     assert target["repo"] not in str(await tool_stats(tools_http, tenant))
@@ -190,10 +190,11 @@ async def test_a_call_waits_for_the_decision_and_returns_the_result(
         await decide(http, tenant, mine[0], "approve", "go ahead")
         result = await asyncio.wait_for(call, timeout=20)
     assert not result.is_error, result
-    assert result.structured_content["repo"] == target["repo"]
-    assert 'approved this call, saying: "go ahead"' in result.content[-1].text
-    assert "earlier identical call" not in " ".join(c.text for c in result.content)
+    assert structured(result)["repo"] == target["repo"]
+    assert 'approved this call, saying: "go ahead"' in text_of(result.content[-1])
+    assert "earlier identical call" not in " ".join(text_of(c) for c in result.content)
     stats = await tool_stats(tools_http, tenant)
+    assert result.meta is not None
     assert stats["calls_by_key"][f"irrev-{result.meta['dev.irrev/hold']}"] == 1
 
 
@@ -214,8 +215,8 @@ async def test_a_call_that_waits_in_vain_says_it_is_pending_and_how_to_ask_again
         assert len(mine) == 1
         await decide(http, tenant, mine.pop(), "reject", "not today")
         rejected = await asyncio.wait_for(call, timeout=20)
-    assert rejected.structured_content["reason"] == "escalation_rejected"
-    assert '"not today"' in rejected.content[0].text
+    assert structured(rejected)["reason"] == "escalation_rejected"
+    assert '"not today"' in text_of(rejected.content[0])
 
 
 async def test_a_call_with_its_own_key_waits_only_if_it_asked_for_progress(
@@ -227,7 +228,7 @@ async def test_a_call_with_its_own_key_waits_only_if_it_asked_for_progress(
     call, and the rejection is its answer."""
     tenant = mcp_gateway.tenant("keyless-wait")  # escalation_wait 15s
 
-    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         """Asks for progress (the reports themselves: the test above)."""
 
     answers = {}
@@ -249,5 +250,5 @@ async def test_a_call_with_its_own_key_waits_only_if_it_asked_for_progress(
             assert len(mine) == 1
             await decide(http, tenant, mine.pop(), "reject", "not today")
             answers[asked_progress] = await asyncio.wait_for(call, timeout=20)
-    assert answers[False].structured_content["status"] == "escalated", answers[False]
-    assert answers[True].structured_content.get("reason") == "escalation_rejected", answers[True]
+    assert structured(answers[False])["status"] == "escalated", answers[False]
+    assert structured(answers[True]).get("reason") == "escalation_rejected", answers[True]

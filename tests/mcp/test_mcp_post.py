@@ -80,7 +80,9 @@ async def test_a_pinned_call_is_one_post_read_as_json_or_as_an_event_stream(
         answer = await upstream.deliver(effect({"region": "eu-west", "n": 1}), "h-1", deadline)
     assert answer.fate is Fate.DELIVERED, answer
     result = types.CallToolResult.model_validate_json(answer.payload)
-    assert json.loads(result.content[0].text) == {"region": "eu-west", "n": 1}  # type: ignore[union-attr]
+    block = result.content[0]
+    assert isinstance(block, types.TextContent), block
+    assert json.loads(block.text) == {"region": "eu-west", "n": 1}
     call = seen[-1]
     assert call["meta"][HOLD_META] == "h-1" and call["meta"][KEY_META]
     assert call["headers"]["authorization"] == "Bearer tool-secret"

@@ -15,7 +15,17 @@ import pytest
 from tests.conftest import ReplicatedRedis
 from tests.gateway.servers import Server
 
-from .conftest import KEY_META, agent, order, serve, tool_stats, write_mcp_policy
+from .conftest import (
+    KEY_META,
+    agent,
+    key,
+    order,
+    serve,
+    structured,
+    text_of,
+    tool_stats,
+    write_mcp_policy,
+)
 
 # Slow (README's test command leaves it out; .ci/run runs it).
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
@@ -41,8 +51,8 @@ async def test_an_unreplicated_call_is_refused_as_such_live_repeated_and_approve
         IRREV_WAIT_REPLICAS="1",
         IRREV_WAIT_TIMEOUT_MS="300",
     )
-    deletion, deletion_key = {"owner": "acme", "repo": "legacy"}, {KEY_META: uuid.uuid4().hex}
-    meta = {KEY_META: uuid.uuid4().hex}
+    deletion, deletion_key = {"owner": "acme", "repo": "legacy"}, key()
+    meta = key()
     try:
         async with (
             agent(gateway.url, tenant.auth("dev-01")) as dev,
@@ -52,7 +62,7 @@ async def test_an_unreplicated_call_is_refused_as_such_live_repeated_and_approve
             escalated = await dev.call_tool(
                 "github__delete_repository", deletion, meta=deletion_key
             )
-            escalation = escalated.structured_content["escalation"]
+            escalation = structured(escalated)["escalation"]
             await asyncio.to_thread(replicated_redis.replica.kill)
             first = await buyer.call_tool("procure__place_order", order(), meta=meta)
             again = await buyer.call_tool("procure__place_order", order(), meta=meta)
@@ -65,7 +75,7 @@ async def test_an_unreplicated_call_is_refused_as_such_live_repeated_and_approve
         gateway.server.stop()
     for result in (first, again, polled):
         assert result.is_error
-        assert result.structured_content["reason"] == "not_replicated", result
-        text = result.content[0].text
+        assert structured(result)["reason"] == "not_replicated", result
+        text = text_of(result.content[0])
         assert KEY_META in text and "Idempotency-Key" not in text, text
     assert (await tool_stats(tools_http, tenant))["calls"] == 0  # nothing was sent

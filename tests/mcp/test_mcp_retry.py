@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from mcp.types import RequestParamsMeta
 
 from tests.conftest import ReplicatedRedis
 from tests.gateway.conftest import Gateway
@@ -31,9 +32,11 @@ from .conftest import (
     McpGateway,
     McpTenant,
     agent,
+    key,
     order,
     serve,
     start_tool_server,
+    structured,
     tool_stats,
     write_mcp_policy,
 )
@@ -53,7 +56,7 @@ class Ambiguous:
     tools: Server
     tools_http: httpx.AsyncClient
     tenant: McpTenant
-    meta: dict[str, str]
+    meta: RequestParamsMeta
     hold: str
 
 
@@ -76,15 +79,15 @@ async def ambiguous_call(
     try:
         async with httpx.AsyncClient(base_url=tools.url, trust_env=False) as own:
             await own.post(f"/{tenant.namespace}/_faults", json={"delay_s": 2})
-            meta = {KEY_META: uuid.uuid4().hex}
+            meta = key()
             async with agent(gateway.url, tenant.auth("buyer-01")) as client:
                 first = await client.call_tool("procure__place_order", order(), meta=meta)
-            assert first.structured_content["reason"] == "upstream_ambiguous", first
+            assert structured(first)["reason"] == "upstream_ambiguous", first
             deadline = time.monotonic() + 20
             while (await tool_stats(own, tenant))["effects"] == 0:
                 assert time.monotonic() < deadline, "the first call never took effect"
                 await asyncio.sleep(0.05)
-            yield Ambiguous(gateway, tools, own, tenant, meta, first.structured_content["hold"])
+            yield Ambiguous(gateway, tools, own, tenant, meta, structured(first)["hold"])
     finally:
         gateway.server.stop()
         tools.kill()
@@ -104,8 +107,8 @@ async def test_a_repeat_the_server_is_down_for_keeps_the_call_ambiguous(
             async with agent(call.gateway.url, tenant.auth("buyer-01")) as client:
                 again = await client.call_tool("procure__place_order", order(), meta=call.meta)
             assert again.is_error
-            assert again.structured_content["reason"] == "upstream_ambiguous", again
-            assert "Do not make it as a new call" in again.structured_content["detail"]
+            assert structured(again)["reason"] == "upstream_ambiguous", again
+            assert "Do not make it as a new call" in structured(again)["detail"]
             base = f"/v1/admin/tenants/{tenant.id}"
             listed = await gw.get(f"{base}/holds?state=ambiguous", headers=admin)
             assert [h["hold"] for h in listed.json()] == [call.hold]
@@ -154,7 +157,7 @@ async def test_a_repeat_no_replica_acknowledged_is_not_sent(
                 async with agent(call.gateway.url, tenant.auth("buyer-01")) as client:
                     again = await client.call_tool("procure__place_order", order(), meta=call.meta)
                 assert again.is_error
-                assert again.structured_content["reason"] == "not_replicated", again
+                assert structured(again)["reason"] == "not_replicated", again
                 assert (await tool_stats(own, tenant))["calls"] == calls  # not sent
                 base = f"/v1/admin/tenants/{tenant.id}"
                 listed = await gw.get(f"{base}/holds?state=ambiguous", headers=admin)
@@ -167,7 +170,7 @@ async def test_a_repeat_no_replica_acknowledged_is_not_sent(
                     sent = await client.call_tool("procure__place_order", order(), meta=call.meta)
                     if not sent.is_error:
                         break
-                    assert sent.structured_content["reason"] == "not_replicated", sent
+                    assert structured(sent)["reason"] == "not_replicated", sent
                     await asyncio.sleep(0.5)
             assert not sent.is_error, sent
             stats = await tool_stats(own, tenant)

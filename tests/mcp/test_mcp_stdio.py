@@ -30,7 +30,7 @@ from tests.gateway.conftest import Gateway
 from tests.gateway.helpers import balances, used
 from tests.gateway.servers import BIN
 
-from .conftest import KEY_META, McpTenant, agent, key, order, serve, write_mcp_policy
+from .conftest import McpTenant, agent, key, order, serve, structured, write_mcp_policy
 
 # A gateway and stdio servers of the module's own (~35 s): .ci/run's slow pass runs it.
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.slow]
@@ -229,12 +229,12 @@ async def test_deny_and_is_error_are_decided_as_for_http_servers(
     before = used(await balances(http, stdio_gateway.gateway.admin, tenant))
     async with agent(stdio_gateway.url, tenant.auth("buyer-02")) as client:
         capped = await client.call_tool(
-            "procure__place_order", order(quantity=700), meta=(capped_key := key())
+            "procure__place_order", order(quantity=700), meta=key(capped_key := uuid.uuid4().hex)
         )
         rejected = await client.call_tool("procure__reject_order", order(), meta=key())
         flaky = await client.call_tool("procure__flaky_order", order(), meta=key())
-    assert capped.structured_content["reason"] == "per_effect_cap"
-    assert not stdio_gateway.records("stdio").calls(capped_key[KEY_META])
+    assert structured(capped)["reason"] == "per_effect_cap"
+    assert not stdio_gateway.records("stdio").calls(capped_key)
     states = {}
     for name, result in (("rejected", rejected), ("flaky", flaky)):
         assert result.is_error and result.meta is not None
@@ -298,9 +298,9 @@ async def test_a_process_killed_mid_call_leaves_it_charged_and_is_started_again(
         os.kill(killed, signal.SIGKILL)
         result = await call
     assert result.is_error
-    assert result.structured_content["reason"] == "upstream_ambiguous"
-    assert result.structured_content["why"] == "process_exited"
-    hold = result.structured_content["hold"]
+    assert structured(result)["reason"] == "upstream_ambiguous"
+    assert structured(result)["why"] == "process_exited"
+    hold = structured(result)["hold"]
     assert await hold_state(http, stdio_gateway, tenant, hold) == "ambiguous"
     assert used(await balances(http, stdio_gateway.gateway.admin, tenant))  # still charged
 
@@ -343,8 +343,8 @@ async def test_a_server_that_keeps_exiting_is_given_up_on_with_a_clear_refusal(
 
         async def given_up() -> bool:
             result = await client.call_tool("procure__place_order", order(), meta=key())
-            assert result.structured_content["reason"] == "upstream_unreachable"
-            whys.append(result.structured_content["why"])
+            assert structured(result)["reason"] == "upstream_unreachable"
+            whys.append(structured(result)["why"])
             return whys[-1] == "process_restart_limit"
 
         deadline = asyncio.get_running_loop().time() + WAIT_S
@@ -364,7 +364,7 @@ async def test_a_changed_command_replaces_the_process(stdio_gateway: StdioGatewa
     old = [s["pid"] for s in records.starts() if s["argv"][1:] == ["procure"]]
     github = [s["pid"] for s in records.starts() if s["argv"][1:] == ["github"] and alive(s["pid"])]
     assert old
-    policies = Path(stdio_gateway.gateway.server.env["IRREV_POLICY_DIR"])
+    policies = stdio_gateway.gateway.policy_dir
     policy = TenantPolicy(yaml.safe_load((policies / f"{tenant.id}.yaml").read_text()))
     changed = server_command(tenant.namespace, "procure", "v2")
     policy.document["tools"]["procure"]["mcp_command"] = changed

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 
 from pricing.merge import changes, merge
 
-BASE = {
+BASE: dict[str, Any] = {
     "tenant": "acme",
     "accounts": {"tenant": {"limit": "250000"}, "principals": {"ops": {"limit": "10"}}},
     "agents": {"buyer": {"token_sha256": "sha256:aa", "routes": ["a", "b"]}},
@@ -20,9 +21,9 @@ def edited(**paths: object) -> dict[str, object]:
     document = copy.deepcopy(BASE)
     for dotted, value in paths.items():
         *parents, last = dotted.split("__")
-        node: dict[str, object] = document
+        node: dict[str, Any] = document
         for key in parents:
-            node = node.setdefault(key, {})  # type: ignore[assignment]
+            node = node.setdefault(key, {})
         if value is None:
             node.pop(last)
         else:

@@ -88,6 +88,7 @@ def test_without_the_margin_the_blind_spot_overdraws() -> None:
 
 def test_the_margin_refuses_what_only_fits_at_calm_prices() -> None:
     arm, seen, out = _run(blind_margin=True)
+    assert arm.counted is not None  # the margin's counted holds: kept with blind_margin
     calm, face = int(arm.price[0, 0]), int(arm.hot[0, 0])
     assert (calm, face) == (38_126_079, 50_000_000)  # q_0.999 of Beta(6, 2)'s residual
     assert out.executed[0].tolist() == [True, False, False, True, True, True]

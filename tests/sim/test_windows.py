@@ -57,7 +57,18 @@ def _last_window_alone(wl: workload.Workload) -> workload.Workload:
             out[row, : picked.size] = picked
         arrays[name] = out
     arrays["tick"] = np.where(arrays["valid"], arrays["tick"] - first_tick, one.horizon)
-    return replace(wl, model=one, **arrays)
+    return replace(
+        wl,
+        model=one,
+        tick=arrays["tick"],
+        agent=arrays["agent"],
+        supplier=arrays["supplier"],
+        value=arrays["value"],
+        residual=arrays["residual"],
+        valid=arrays["valid"],
+        frag=arrays["frag"],
+        phase=arrays["phase"],
+    )
 
 
 @pytest.mark.parametrize(
