@@ -23,7 +23,7 @@ from ledger.checkpoint import trim
 from ledger.client import Ledger
 from ledger.cluster import cluster_enabled
 from ledger.connect import connect
-from ledger.embedded import EmbeddedRedis, free_port
+from ledger.embedded import EmbeddedRedis
 from ledger.errors import (
     HoldNotFound,
     LedgerUnavailable,
@@ -33,6 +33,7 @@ from ledger.errors import (
 )
 from ledger.journal import read_journal
 from ledger.keys import accounts_key, deadlines_key, journal_key
+from ledger.ports import free_port
 from ledger.records import AccountSpec, HoldState
 
 from ..conftest import ReplicatedRedis, server_binary
