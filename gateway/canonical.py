@@ -12,7 +12,7 @@ is refused first (issue 10's parser differentials).
   no two names that PHP, Rails or a case-insensitive reader would merge; re-encoded
   sorted, every byte outside `A-Za-z0-9-._~` escaped.
 - The query: no `;`, escapes decoded once, re-encoded the same way. Which parameters
-  an effect may carry is the route's business (pricing.catalog).
+  an effect may carry is the route's business (pricing.reading).
 - Method overrides (`_method`, `X-HTTP-Method-Override` and the like) as a header,
   a query parameter or a top-level body field are refused on every route, reads
   included: a server that honours them would run another method than the one priced.
@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import quote, unquote_to_bytes
 
-from pricing.catalog import MEDIA_TYPES
 from pricing.policy import METHOD_OVERRIDE_HEADERS, BodyFormat, RequestLimits
+from pricing.reading import MEDIA_TYPES
 
 from .problems import Problem
 from .wire import DEFAULT_LIMITS, JsonNumber, parse_json_body, too_complex

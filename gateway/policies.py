@@ -29,9 +29,9 @@ from pricing import (
     parse_yaml,
     policy_accounts,
 )
-from pricing.catalog import FACTOR_PREFIX
 from pricing.merge import merge
 from pricing.policy import Rate
+from pricing.templates import FACTOR_PREFIX
 
 DEMO_TOKENS_KIND = "demo-tokens"
 POLICY_SUFFIXES = (".yaml", ".yml")

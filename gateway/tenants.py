@@ -35,10 +35,10 @@ from pricing import (
     with_observed,
 )
 from pricing.calibration import Evidence
-from pricing.catalog import FACTOR_PREFIX
 from pricing.credentials import AuthenticatedAgent, hash_token
 from pricing.observed import with_settled
 from pricing.policy import AdminRole, McpErrorMeaning, SecretSource
+from pricing.templates import FACTOR_PREFIX
 
 from . import metrics, policy_changes
 from .credentials import Injected, resolve_credentials

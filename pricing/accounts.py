@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ledger.limits import MAX_ACCOUNTS
-from pricing.catalog import FACTOR_PREFIX, PricedEffect
+from pricing.catalog import PricedEffect
 from pricing.credentials import AuthenticatedAgent
 from pricing.errors import BadRiskFactor, PerEffectCapExceeded
 from pricing.policy import (
@@ -24,6 +24,7 @@ from pricing.policy import (
     RateLimits,
 )
 from pricing.serving import TenantPolicy
+from pricing.templates import FACTOR_PREFIX
 
 MAX_HOLD_ACCOUNTS = MAX_ACCOUNTS
 # A shadow-mode hold's accounts: `shadow:<account id>` (shadow_hold).

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pricing.accounts import check_per_effect_cap, factor_pattern_for, hold_accounts
-from pricing.catalog import FACTOR_PREFIX, PricedEffect, Query
+from pricing.catalog import PricedEffect
 from pricing.credentials import AuthenticatedAgent
 from pricing.errors import RequestError
 from pricing.money import minor_to_major_text, money_text
 from pricing.policy import BodyFormat, EffectClass
+from pricing.reading import Query
 from pricing.serving import TenantPolicy, check_route_scope, is_shadow, price_request
+from pricing.templates import FACTOR_PREFIX
 
 
 @dataclass(frozen=True, slots=True)

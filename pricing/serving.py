@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pricing.calibration import Evidence
-from pricing.catalog import Catalog, PricedEffect, Query, compile_catalog, price_in_catalog
+from pricing.catalog import Catalog, PricedEffect, compile_catalog, price_in_catalog
 from pricing.credentials import AuthenticatedAgent, agents_by_id, hash_token, index_agents
 from pricing.policy import BodyFormat, Mode, PolicyDocument
+from pricing.reading import Query
 from pricing.scopes import Scopes, compile_scopes
 
 

@@ -18,6 +18,8 @@ _FACTOR_LITERAL = re.compile(rf"[{ID_CHARS}]*")
 # Everything from a segment's first '.': Rails' `.:format` takes any characters but
 # '/' and '.', Spring's suffix pattern match anything (`/orders.x-y`, `/orders.json.x`).
 FORMAT_EXTENSION = re.compile(r"\..*$")
+# A risk factor's account: this prefix, then what the route's FactorTemplate expands to.
+FACTOR_PREFIX = "factor:"
 
 
 class TemplateError(ValueError):
