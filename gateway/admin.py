@@ -36,10 +36,10 @@ from pricing.policy import (
     OPERATOR_TOOL_FIELDS,
     AdminRole,
     PolicyDocument,
-    duration_ms,
 )
 from pricing.templates import CALL
 from pricing.units import journal_money
+from pricing.values import duration_ms
 
 from .admission import resolved
 from .auth import AdminIdentity, gate_of, policy_of, tenant_admin_auth

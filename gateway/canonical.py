@@ -26,7 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import quote, unquote_to_bytes
 
-from pricing.policy import METHOD_OVERRIDE_HEADERS, BodyFormat, RequestLimits
+from pricing.headers import METHOD_OVERRIDE_HEADERS
+from pricing.policy import BodyFormat, RequestLimits
 from pricing.reading import MEDIA_TYPES
 
 from .problems import Problem

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ledger import Hold, HoldState, ReserveResult
 from pricing import TenantPolicy
-from pricing.policy import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
+from pricing.headers import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
 from pricing.units import header_money, rfc3339, with_money_text
 
 from .advice import escalation_sentence, units_of

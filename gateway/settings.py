@@ -15,7 +15,7 @@ from .policies import ForwardBudget
 from .supervision import Supervision
 from .webhooks import Pacing
 
-# A tenant member id's pattern (pricing/policy.py MemberId).
+# A tenant member id's pattern (pricing/values.py MemberId).
 OPERATOR_NAME = re.compile(r"[A-Za-z0-9._@/-]{1,100}")
 
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 
 from pricing.calibration import Evidence, Pooling, route_pooling
 from pricing.errors import BadAmount, RouteAlias, UnknownRoute
+from pricing.headers import DEFAULT_FORWARD_HEADERS
 from pricing.models import FACE_MODEL, FREE_MODEL, FacePricing, QuantilePricing
 from pricing.money import minor_to_major_text, round_up
 from pricing.policy import (
-    DEFAULT_FORWARD_HEADERS,
     BodyFormat,
     EffectClass,
     Keyless,

@@ -13,9 +13,10 @@ from pydantic import ValidationError
 
 from pricing.errors import PolicyError, Problem
 from pricing.models import MODEL_TAGS, P_FAIL_TAGS
-from pricing.policy import SCALE_CONTEXT, UNKNOWN_SCALE, VALID_SCALES, PolicyDocument
+from pricing.policy import PolicyDocument
 from pricing.serving import TenantPolicy, compile_policy
 from pricing.validation import check_policy
+from pricing.values import SCALE_CONTEXT, UNKNOWN_SCALE, VALID_SCALES
 
 # Where a field is a union, pydantic names the member it tried in the error's location
 # (`pricing.quantile.level`); operators wrote `pricing.level`.

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from ledger.limits import MAX_ACCOUNTS
 from pricing.errors import Problem
-from pricing.models import FacePricing
-from pricing.policy import (
+from pricing.headers import (
     FRAMING,
     GATEWAY_HEADER_PREFIXES,
     HOP_BY_HOP,
     NEVER_FORWARDED,
     NEVER_RETURNED,
+)
+from pricing.models import FacePricing
+from pricing.policy import (
     BodyFormat,
     EffectClass,
     Keyless,

@@ -38,10 +38,11 @@ from pricing.accounts import AccountSpec
 from pricing.catalog import CompiledRoute
 from pricing.credentials import TOKEN_BYTES, AuthenticatedAgent
 from pricing.money import money_text
-from pricing.policy import EffectClass, MemberId, TenantId, ToolName
+from pricing.policy import EffectClass
 from pricing.quote import Quote, Refusal, agent_by_id, quote_json, quote_lines, quote_request
 from pricing.schema import policy_schema
 from pricing.units import with_money_text
+from pricing.values import MemberId, TenantId, ToolName
 
 EXAMPLE_FACE_MAJOR = 10_000
 
