@@ -226,7 +226,7 @@ def _not_applied(exc: PolicyError) -> Problem:
         422,
         "invalid_policy",
         "the policy was not applied",
-        problems=[str(p) for p in exc.problems],
+        problems=[str(p) for p in exc.findings],
     )
 
 

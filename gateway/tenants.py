@@ -25,9 +25,9 @@ from ledger import (
 )
 from ledger import AccountSpec as LedgerAccount
 from pricing import (
+    Finding,
     Outcomes,
     PolicyError,
-    Problem,
     TenantPolicy,
     factor_account,
     load_policy_text,
@@ -487,7 +487,7 @@ class TenantStore:
         raise PolicyError(
             str(path),
             [
-                Problem(
+                Finding(
                     "",
                     f"not applied: the store changed {EDIT_ATTEMPTS} times while this "
                     "edit was written; it is tried again at the next look",
@@ -528,7 +528,7 @@ class TenantStore:
             try:
                 policy = load_policy_text(record.text, _store_source(record))
                 if policy.tenant != tenant:
-                    raise PolicyError(_store_source(record), [Problem("tenant", "not " + tenant)])
+                    raise PolicyError(_store_source(record), [Finding("tenant", "not " + tenant)])
                 refused = ledger_errors(_store_source(record), policy)
                 if refused:
                     raise refused[0]

@@ -156,7 +156,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         problems = [
             {"file": e.source, "path": p.path, "message": p.message}
             for e in errors
-            for p in e.problems
+            for p in e.findings
         ]
         print(json.dumps({"ok": not errors, "valid": checked, "problems": problems}, indent=2))
     else:
