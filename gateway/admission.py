@@ -51,7 +51,7 @@ from pricing import (
     hold_accounts,
     price_request,
 )
-from pricing.accounts import account_spec, shadow_hold
+from pricing.accounts import policy_account, shadow_hold
 from pricing.calibration import pooled_pending
 from pricing.catalog import priced_for
 from pricing.credentials import AuthenticatedAgent
@@ -267,7 +267,7 @@ def read_paced(policy: TenantPolicy, agent: AuthenticatedAgent) -> list[str]:
     principal's): none, and no Redis call, where the policy sets no read rate."""
     paced = []
     for account in (f"agent:{agent.agent_id}", f"principal:{agent.principal_id}"):
-        spec = account_spec(policy, account)
+        spec = policy_account(policy, account)
         if spec is not None and spec.rates is not None and spec.rates.reads is not None:
             paced.append(account)
     return paced
@@ -1003,7 +1003,7 @@ def refusal(policy: TenantPolicy, result: ReserveResult, hold_id: str, face_valu
 def escalations_waiting(policy: TenantPolicy, agent: AuthenticatedAgent, hold_id: str) -> Problem:
     """429 of an effect that would wait for a person while its agent already has as
     many waiting as it may (policy `max_escalations`): nothing was held."""
-    spec = account_spec(policy, f"agent:{agent.agent_id}")
+    spec = policy_account(policy, f"agent:{agent.agent_id}")
     cap = spec.max_escalations if spec is not None else policy.document.max_escalations
     return Problem(
         429,
@@ -1020,7 +1020,7 @@ def accounts_opened(
 ) -> Problem:
     """429 of an effect that would open a risk-factor account (a new payee, a new
     supplier) past its agent's max_new_accounts this window: nothing was held."""
-    spec = account_spec(policy, f"agent:{agent.agent_id}")
+    spec = policy_account(policy, f"agent:{agent.agent_id}")
     cap = spec.max_new_accounts if spec is not None else policy.document.max_new_accounts
     return Problem(
         429,

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import yaml
 
-from ledger import MAX_ID_CHARS, BadInput, Pace, check_account_spec
-from ledger import AccountSpec as LedgerAccount
+from ledger import MAX_ID_CHARS, AccountSpec, BadInput, Pace, check_account_spec
 from pricing import (
-    AccountSpec,
     AuthenticatedAgent,
     Finding,
+    PolicyAccount,
     PolicyError,
     TenantPolicy,
     agent_for_token_hash,
@@ -159,8 +158,8 @@ def check_policy_set(
     return errors
 
 
-def ledger_account(spec: AccountSpec) -> LedgerAccount:
-    return LedgerAccount(
+def ledger_account(spec: PolicyAccount) -> AccountSpec:
+    return AccountSpec(
         account=spec.account_id,
         limit=spec.limit_micros,
         soft_limit=spec.soft_limit_micros,

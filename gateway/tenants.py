@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ledger import (
     POLICY_HISTORY,
+    AccountSpec,
     ChangeFeed,
     KeyKind,
     Ledger,
@@ -23,7 +24,6 @@ from ledger import (
     OpenPool,
     PolicyRecord,
 )
-from ledger import AccountSpec as LedgerAccount
 from pricing import (
     Finding,
     Outcomes,
@@ -84,7 +84,7 @@ OPENING_CONCURRENCY = 8
 EDIT_ATTEMPTS = 5
 
 
-async def _open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount, int]]) -> int:
+async def _open_accounts(ledger: Ledger, accounts: list[tuple[str, AccountSpec, int]]) -> int:
     """Create each account Redis lacks, and write the limits of each whose limits come
     from an older version of its tenant's policy than the one served here (tenant,
     spec, store version). The version goes with the write (account.lua keeps an
@@ -106,7 +106,7 @@ async def _open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount
     ]
     gate = asyncio.Semaphore(OPENING_CONCURRENCY)
 
-    async def upsert(tenant: str, spec: LedgerAccount, version: int) -> None:
+    async def upsert(tenant: str, spec: AccountSpec, version: int) -> None:
         async with gate:
             await ledger.upsert_account(tenant, spec, policy_version=version)
 
@@ -936,7 +936,7 @@ def _secret_files_signature(policies: Iterable[TenantPolicy]) -> tuple[tuple[str
     return tuple(signature)
 
 
-def factor_accounts(policy: TenantPolicy, accounts: Iterable[str]) -> list[LedgerAccount]:
+def factor_accounts(policy: TenantPolicy, accounts: Iterable[str]) -> list[AccountSpec]:
     """The risk-factor accounts among a hold's `accounts`, as their pattern caps them:
     the reserve opens those Redis lacks, only for a hold it keeps."""
     factors = (a.removeprefix(FACTOR_PREFIX) for a in accounts if a.startswith(FACTOR_PREFIX))

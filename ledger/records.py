@@ -111,8 +111,9 @@ class Pace:
 
 @dataclass(frozen=True, slots=True)
 class AccountSpec:
-    """An account's policy. Amounts in the tenant's minor unit; `soft_limit` is the
-    pending + posted above which a hold escalates (equal to `limit`: no band)."""
+    """An account's parameters as the ledger keeps them. Amounts in the tenant's minor
+    unit; `soft_limit` is the pending + posted above which a hold escalates (equal to
+    `limit`: no band)."""
 
     account: str
     limit: int

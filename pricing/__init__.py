@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pricing.accounts import (
     MAX_HOLD_ACCOUNTS,
-    AccountSpec,
+    PolicyAccount,
     check_per_effect_cap,
     factor_account,
     hold_accounts,
@@ -59,7 +59,6 @@ __all__ = [
     "MAX_HOLD_ACCOUNTS",
     "MAX_MICROS",
     "MODEL_TAGS",
-    "AccountSpec",
     "AmountError",
     "AuthenticatedAgent",
     "BadAmount",
@@ -75,6 +74,7 @@ __all__ = [
     "Finding",
     "Outcomes",
     "PerEffectCapExceeded",
+    "PolicyAccount",
     "PolicyDocument",
     "PolicyError",
     "PricedEffect",

@@ -34,7 +34,7 @@ from pricing import (
     policy_accounts,
     round_up,
 )
-from pricing.accounts import AccountSpec
+from pricing.accounts import PolicyAccount
 from pricing.catalog import CompiledRoute
 from pricing.credentials import TOKEN_BYTES, AuthenticatedAgent
 from pricing.money import money_text
@@ -185,7 +185,7 @@ def _money(policy: TenantPolicy, micros: int | None) -> str:
     return money_text(micros, policy.scale, policy.catalog.currency)
 
 
-def _account_line(policy: TenantPolicy, spec: AccountSpec, label: str | None = None) -> str:
+def _account_line(policy: TenantPolicy, spec: PolicyAccount, label: str | None = None) -> str:
     return (
         f"  {label or spec.account_id:<34} limit {_money(policy, spec.limit_micros):>18}"
         f"  soft band {spec.soft_band:.2f}"
