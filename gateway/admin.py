@@ -44,11 +44,11 @@ from pricing.values import duration_ms
 from .admission import resolved
 from .auth import AdminIdentity, gate_of, policy_of, tenant_admin_auth
 from .events import (
+    amount_and_text,
     currency,
     effect_fields,
     events_of,
     live_raises,
-    money,
     raised_by,
     refusals_view,
     rfc3339,
@@ -631,7 +631,7 @@ def rule_view(policy: TenantPolicy, rule: Rule) -> dict[str, Any]:
     view = {"rule": rule.rule_id, **spec, "currency": currency(policy)}
     for name in ("max_price", "amount"):
         if spec.get(name) is not None:
-            view.update(money(policy, name, spec[name]))
+            view.update(amount_and_text(policy, name, spec[name]))
     view["until"] = rfc3339(rule.until_ms)
     return view
 

@@ -68,7 +68,7 @@ from .policies import ledger_account
 from .problems import PROBLEM_JSON, Problem
 from .refusals import RefusalTally
 from .resettle import Resettler
-from .responses import Shadowed, money
+from .responses import Shadowed, amounts_in_currency
 from .settings import GatewaySettings
 from .tenants import TenantStore, factor_accounts
 from .upstream import Answer, Fate, Upstream
@@ -987,7 +987,9 @@ def refusal(policy: TenantPolicy, result: ReserveResult, hold_id: str, face_valu
     """The 403 of a denied reserve, with the numbers that decided it: in words for the
     model (what is left, what would fit, when it renews), in minor units for programs."""
     binding = result.binding
-    amounts = money(policy, price=result.price, limit=binding.limit, available=binding.available)
+    amounts = amounts_in_currency(
+        policy, price=result.price, limit=binding.limit, available=binding.available
+    )
     return Problem(
         403,
         "budget_exceeded",
@@ -1041,7 +1043,7 @@ def cap_problem(policy: TenantPolicy, exc: PerEffectCapExceeded) -> Problem:
         exc.reason,
         f"This call's amount, {units.money(exc.face_value_micros)}, is above this agent's "
         f"cap of {units.money(exc.cap_micros)} for one effect",
-        **money(policy, face_value=exc.face_value_micros, cap=exc.cap_micros),
+        **amounts_in_currency(policy, face_value=exc.face_value_micros, cap=exc.cap_micros),
     )
 
 

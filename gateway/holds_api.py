@@ -31,7 +31,13 @@ from .admission import (
 from .auth import Settling, agent_auth, gate_of, settling_auth
 from .canonical import Canonical
 from .problems import Problem
-from .responses import budget_headers, escalation_id, hold_view, money, stored_response
+from .responses import (
+    amounts_in_currency,
+    budget_headers,
+    escalation_id,
+    hold_view,
+    stored_response,
+)
 from .wire import StoredAnswer, StoredRequest, parse_json_body, receipt, record_of
 
 log = logging.getLogger("irrev.gateway")
@@ -123,7 +129,7 @@ async def _create_hold(
     if hold.state is HoldState.ESCALATED:
         headers["Location"] = f"/v1/escalations/{escalation_id(policy.tenant, hold_id)}"
     view = hold_view(policy, hold)
-    body = {**view, **money(policy, price=result.price, remaining=result.remaining)}
+    body = {**view, **amounts_in_currency(policy, price=result.price, remaining=result.remaining)}
     return JSONResponse(body, status, headers=headers)
 
 

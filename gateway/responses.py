@@ -30,7 +30,9 @@ def parse_escalation_id(escalation: str) -> tuple[str, str]:
     return tenant, hold_id
 
 
-def money(policy: TenantPolicy, **amounts: int | dict[str, int] | None) -> dict[str, Any]:
+def amounts_in_currency(
+    policy: TenantPolicy, **amounts: int | dict[str, int] | None
+) -> dict[str, Any]:
     """Amounts in the tenant's minor units, each with its `_text`, and `currency`."""
     return with_money_text(amounts, policy.scale, policy.catalog.currency)
 
@@ -41,7 +43,9 @@ def hold_view(policy: TenantPolicy, hold: Hold) -> dict[str, Any]:
         "state": hold.state.value,
         "decision": hold.decision.value,
         "reason": hold.reason.value,
-        **money(policy, amounts=hold.amounts, posted=hold.posted, compensated=hold.compensated),
+        **amounts_in_currency(
+            policy, amounts=hold.amounts, posted=hold.posted, compensated=hold.compensated
+        ),
         "flags": sorted(hold.flags),
         "deadline_ms": hold.deadline_ms,
         "deadline_at": rfc3339(hold.deadline_ms),
@@ -218,7 +222,7 @@ def escalated_response(
         "escalation": escalation,
         "detail": f"{said}. Poll {location} for the result, or {repeat}.",
         "reason": result.reason.value,
-        **money(policy, price=result.price),
+        **amounts_in_currency(policy, price=result.price),
         "poll": location,
         "deadline_ms": result.deadline_ms,
         "deadline_at": rfc3339(result.deadline_ms),
