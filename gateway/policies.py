@@ -28,7 +28,7 @@ from pricing import (
     parse_yaml,
     policy_accounts,
 )
-from pricing.merge import merge
+from pricing.merge import merge_documents
 from pricing.policy import Rate
 from pricing.templates import FACTOR_PREFIX
 
@@ -353,7 +353,7 @@ def merge_edit(base: str, edited: str, current: str, source: str) -> tuple[str, 
     `source`, if the merged policy does not load or the ledger would refuse it."""
     parsed = [parse_yaml(text, source) for text in (base, edited, current)]
     try:
-        merged = merge(*parsed)
+        merged = merge_documents(*parsed)
     except ValueError as exc:
         raise PolicyError(source, [Finding("", str(exc))]) from None
     text = edited
