@@ -28,18 +28,21 @@ from ledger import (
     UnknownAccount,
     read_journal,
 )
-from pricing import PolicyError, TenantPolicy, load_policy_text
-from pricing.errors import AmountError
-from pricing.money import major_to_minor, money_text
-from pricing.policy import (
+from pricing import (
+    CALL,
     OPERATOR_FIELDS,
     OPERATOR_TOOL_FIELDS,
     AdminRole,
+    AmountError,
     PolicyDocument,
+    PolicyError,
+    TenantPolicy,
+    duration_ms,
+    journal_money,
+    load_policy_text,
+    major_to_minor,
+    money_text,
 )
-from pricing.templates import CALL
-from pricing.units import journal_money
-from pricing.values import duration_ms
 
 from .admission import resolved
 from .auth import AdminIdentity, gate_of, policy_of, tenant_admin_auth

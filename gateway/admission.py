@@ -42,6 +42,7 @@ from ledger import (
     pool_tag,
 )
 from pricing import (
+    AuthenticatedAgent,
     EffectClass,
     PerEffectCapExceeded,
     PricedEffect,
@@ -49,14 +50,14 @@ from pricing import (
     check_per_effect_cap,
     check_route_scope,
     hold_accounts,
+    is_shadow,
+    policy_account,
+    pooled_pending,
     price_request,
+    priced_for,
+    rfc3339,
+    shadow_hold,
 )
-from pricing.accounts import policy_account, shadow_hold
-from pricing.calibration import pooled_pending
-from pricing.catalog import priced_for
-from pricing.credentials import AuthenticatedAgent
-from pricing.serving import is_shadow
-from pricing.units import rfc3339
 
 from . import metrics, tracing
 from .advice import budget_refusal, next_window, rejection, units_of

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from pricing import TenantPolicy
-from pricing.credentials import AuthenticatedAgent
-from pricing.policy import AdminRole
+from pricing import AdminRole, AuthenticatedAgent, TenantPolicy
 
 from .admission import Gate
 from .problems import Problem

@@ -26,9 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import quote, unquote_to_bytes
 
-from pricing.headers import METHOD_OVERRIDE_HEADERS
-from pricing.policy import BodyFormat, RequestLimits
-from pricing.reading import MEDIA_TYPES
+from pricing import MEDIA_TYPES, METHOD_OVERRIDE_HEADERS, BodyFormat, RequestLimits
 
 from .problems import Problem
 from .wire import DEFAULT_LIMITS, JsonNumber, parse_json_body, too_complex

@@ -15,8 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pricing import Finding, PolicyError, TenantPolicy
-from pricing.policy import SecretSource
+from pricing import Finding, PolicyError, SecretSource, TenantPolicy
 
 Injected = tuple[tuple[str, str], ...]
 

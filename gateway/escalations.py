@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from ledger import HoldState, HoldStateConflict
-from pricing.policy import AdminRole
+from pricing import AdminRole
 
 from . import admission, tracing
 from .auth import AdminIdentity, Caller, caller_auth, gate_of, tenant_admin_auth

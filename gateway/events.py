@@ -15,8 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ledger import RULE_PREFIX, Balance, Hold, JournalEntry, Ledger, Reason, RefusalCount
-from pricing import TenantPolicy
-from pricing.money import money_text
+from pricing import TenantPolicy, money_text
 
 from .responses import escalation_id
 from .wire import StoredAnswer, StoredRequest, record_of

@@ -12,10 +12,15 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status, TransitionResult
-from pricing import EffectClass, TenantPolicy
-from pricing.calibration import TOP_KEPT, factor_ppm
-from pricing.credentials import AuthenticatedAgent
-from pricing.policy import BodyFormat, RequestLimits
+from pricing import (
+    TOP_KEPT,
+    AuthenticatedAgent,
+    BodyFormat,
+    EffectClass,
+    RequestLimits,
+    TenantPolicy,
+    factor_ppm,
+)
 
 from . import metrics
 from .admission import (

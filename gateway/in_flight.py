@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from pricing import TenantPolicy
-from pricing.credentials import AuthenticatedAgent
+from pricing import AuthenticatedAgent, TenantPolicy
 
 from .problems import Problem
 

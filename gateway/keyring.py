@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from ledger import ChangeFeed, KeyKind, KeyRecord, KeyState, Ledger
-from pricing.policy import AdminRole
+from pricing import AdminRole
 
 log = logging.getLogger("irrev.gateway")
 

@@ -18,8 +18,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ledger import KeyKind, KeyNotFound, KeyNotLive, KeyRecord, KeySpec, LedgerError
-from pricing.policy import AdminRole
-from pricing.values import MemberId
+from pricing import AdminRole, MemberId
 
 from . import managed_keys
 from .auth import AdminIdentity, gate_of, policy_of, tenant_admin_auth

@@ -9,8 +9,7 @@ from dataclasses import dataclass, replace
 import mcp_types as types
 
 from ledger import ReserveResult
-from pricing import TenantPolicy
-from pricing.credentials import AuthenticatedAgent
+from pricing import AuthenticatedAgent, TenantPolicy
 
 from .admission import KEYLESS_ARGUMENTS, Gate, Intent, admit, prepare, upstream_of
 from .canonical import Canonical

@@ -31,12 +31,16 @@ from starlette.requests import Request
 from starlette.types import Message, Receive, Scope, Send
 
 from ledger import HoldState, LedgerError
-from pricing import EffectClass, PricedEffect, TenantPolicy
-from pricing.catalog import CompiledRoute
-from pricing.credentials import AuthenticatedAgent
-from pricing.errors import RequestError
-from pricing.money import minor_to_major_text
-from pricing.policy import BodyFormat
+from pricing import (
+    AuthenticatedAgent,
+    BodyFormat,
+    CompiledRoute,
+    EffectClass,
+    PricedEffect,
+    RequestError,
+    TenantPolicy,
+    minor_to_major_text,
+)
 
 from . import refusals
 from .admission import CONTENT_KEY_PREFIX, Gate

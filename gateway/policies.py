@@ -17,20 +17,20 @@ import yaml
 
 from ledger import MAX_ID_CHARS, AccountSpec, BadInput, Pace, check_account_spec
 from pricing import (
+    FACTOR_PREFIX,
     AuthenticatedAgent,
     Finding,
     PolicyAccount,
     PolicyError,
+    Rate,
     TenantPolicy,
     agent_for_token_hash,
     hash_token,
     load_policy_data,
+    merge_documents,
     parse_yaml,
     policy_accounts,
 )
-from pricing.merge import merge_documents
-from pricing.policy import Rate
-from pricing.templates import FACTOR_PREFIX
 
 DEMO_TOKENS_KIND = "demo-tokens"
 POLICY_SUFFIXES = (".yaml", ".yml")

@@ -25,7 +25,7 @@ from ledger import (
     RedisFailure,
     UnknownAccount,
 )
-from pricing.errors import RequestError
+from pricing import RequestError
 
 from . import metrics, refusals
 from .advice import next_step, told

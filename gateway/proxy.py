@@ -12,8 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from pricing import TenantPolicy
-from pricing.credentials import AuthenticatedAgent
+from pricing import AuthenticatedAgent, TenantPolicy
 
 from . import tracecontext
 from .admission import CONTENT_KEY_PREFIX, Admitted, Gate, Intent, admit, prepare, upstream_of

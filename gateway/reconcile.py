@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ledger import HoldNotDue, HoldState, HoldStateConflict
-from pricing import TenantPolicy, price_request
-from pricing.errors import RequestError
+from pricing import RequestError, TenantPolicy, price_request
 
 from . import metrics
 from .admission import Gate, target_of

@@ -9,9 +9,14 @@ from urllib.parse import quote
 from fastapi.responses import JSONResponse, Response
 
 from ledger import Hold, HoldState, ReserveResult
-from pricing import TenantPolicy
-from pricing.headers import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
-from pricing.units import header_money, rfc3339, with_money_text
+from pricing import (
+    GATEWAY_HEADER_PREFIXES,
+    NEVER_RETURNED,
+    TenantPolicy,
+    header_money,
+    rfc3339,
+    with_money_text,
+)
 
 from .advice import escalation_sentence, units_of
 from .problems import Problem, kept_problem

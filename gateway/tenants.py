@@ -25,20 +25,23 @@ from ledger import (
     PolicyRecord,
 )
 from pricing import (
+    FACTOR_PREFIX,
+    AdminRole,
+    AuthenticatedAgent,
+    Evidence,
     Finding,
+    McpErrorMeaning,
     Outcomes,
     PolicyError,
+    SecretSource,
     TenantPolicy,
     factor_account,
+    hash_token,
     load_policy_text,
     policy_accounts,
     with_observed,
+    with_settled,
 )
-from pricing.calibration import Evidence
-from pricing.credentials import AuthenticatedAgent, hash_token
-from pricing.observed import with_settled
-from pricing.policy import AdminRole, McpErrorMeaning, SecretSource
-from pricing.templates import FACTOR_PREFIX
 
 from . import metrics, policy_changes
 from .credentials import Injected, resolve_credentials

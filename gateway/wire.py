@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from decimal import Decimal
 from typing import Any
 
-from pricing.policy import RequestLimits
+from pricing import RequestLimits
 
 from .problems import Problem
 

@@ -31,7 +31,7 @@ import yaml
 
 from irrev.cli import CliError
 from ledger import free_port
-from pricing.credentials import format_token, hash_token
+from pricing import format_token, hash_token
 
 __all__ = [
     "ProcessError",

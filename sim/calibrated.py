@@ -17,7 +17,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from pricing.calibration import TOP_KEPT, Evidence, Prior, RouteQuote, route_quote
+from pricing import TOP_KEPT, Evidence, Prior, RouteQuote, route_quote
 from sim.runner import I64, B
 from sim.workload import Workload
 

@@ -22,16 +22,16 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pricing.accounts import factor_account
-from pricing.models import (
+from pricing import (
+    EffectClass,
     ExpectedPricing,
     PricingSpec,
     QuantilePricing,
     StressedPricing,
+    TenantPolicy,
+    factor_account,
     p_fail_value,
 )
-from pricing.policy import EffectClass
-from pricing.serving import TenantPolicy
 from sim.arms import Budget, Local
 from sim.experiments import Arms, Case, Experiment
 from sim.irrev import Irrev

@@ -33,8 +33,7 @@ from irrev import output
 from irrev.commands.demo import Order, buyers_of, plan
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
 from ledger import EmbeddedRedis, Ledger, audit_tenant
-from pricing.accounts import SHADOW_PREFIX
-from pricing.money import money_text
+from pricing import SHADOW_PREFIX, money_text
 
 ADMIN = {"Authorization": f"Bearer {DEMO_ADMIN_TOKEN}"}
 ADMITTED = ("admit", "within_budget")

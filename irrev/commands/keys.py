@@ -24,8 +24,7 @@ from irrev import output
 from irrev.cli import CliError, bounded
 from irrev.commands.ledger import run_on_ledger
 from ledger import KeyKind, KeyRecord, KeySpec, Ledger
-from pricing import TenantPolicy, load_policy_text
-from pricing.policy import AdminRole
+from pricing import AdminRole, TenantPolicy, load_policy_text
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
 MAX_LIFETIME_S = 366 * 24 * 3600

@@ -39,8 +39,7 @@ from ledger import (
     supervised_redis_url,
     trim_locked,
 )
-from pricing.money import money_text
-from pricing.units import journal_money, rfc3339, with_money_text
+from pricing import journal_money, money_text, rfc3339, with_money_text
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
 TENANT_HELP = "the tenant's id, as its policy names it"

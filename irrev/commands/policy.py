@@ -24,25 +24,33 @@ from gateway.settings import GatewaySettings
 from irrev.cli import CliError
 from irrev.commands import policy_store
 from pricing import (
+    TOKEN_BYTES,
+    AuthenticatedAgent,
+    CompiledRoute,
+    EffectClass,
+    MemberId,
+    PolicyAccount,
     PolicyError,
+    Quote,
+    Refusal,
+    TenantId,
     TenantPolicy,
+    ToolName,
+    agent_by_id,
     factor_account,
     format_token,
     hash_token,
     load_policy_data,
+    money_text,
     parse_yaml,
     policy_accounts,
+    policy_schema,
+    quote_json,
+    quote_lines,
+    quote_request,
     round_up,
+    with_money_text,
 )
-from pricing.accounts import PolicyAccount
-from pricing.catalog import CompiledRoute
-from pricing.credentials import TOKEN_BYTES, AuthenticatedAgent
-from pricing.money import money_text
-from pricing.policy import EffectClass
-from pricing.quote import Quote, Refusal, agent_by_id, quote_json, quote_lines, quote_request
-from pricing.schema import policy_schema
-from pricing.units import with_money_text
-from pricing.values import MemberId, TenantId, ToolName
 
 EXAMPLE_FACE_MAJOR = 10_000
 
