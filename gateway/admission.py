@@ -113,7 +113,7 @@ class Gate:
         return self.slots[tenant]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Intent:
     """An effect as an agent asked for it, parsed by its router: `path` starts with
     '/'; `canonical` is the query and body as they are priced and forwarded;
@@ -133,7 +133,7 @@ class Intent:
     keyless_name: str = KEYLESS_REQUEST
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Prepared:
     """A priced, checked effect and what its hold keeps. `hold_id`, `fingerprint` and
     `agent_key` (the agent's Idempotency-Key) are '' for a proxied read, which holds
@@ -157,7 +157,7 @@ class Prepared:
     content: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Admitted:
     """What became of a held effect: `answer` is None while a human decides
     (escalated), a StoredAnswer when a repeat of the key gets the recorded answer
@@ -229,22 +229,24 @@ def prepare(
     # What goes upstream is re-encoded from what was priced, never the agent's bytes.
     body = canonical.body
     request = StoredRequest(
-        agent.agent_id,
-        intent.tool,
-        intent.method,
-        intent.path,
-        canonical.query_text,
-        canonical.content_type,
-        base64.b64encode(body).decode(),
-        effect.route_id,
-        effect.price_micros,
-        intent.headers,
+        agent=agent.agent_id,
+        tool=intent.tool,
+        method=intent.method,
+        path=intent.path,
+        query=canonical.query_text,
+        content_type=canonical.content_type,
+        body_b64=base64.b64encode(body).decode(),
+        route_id=effect.route_id,
+        price=effect.price_micros,
+        headers=intent.headers,
         face_value=effect.face_value_micros,
         effect_class=effect.effect_class.value,
         in_process=effect.in_process,
     )
     if effect.effect_class is EffectClass.READ and not in_process:
-        return Prepared(effect, request, "", "", key_name=intent.key_name)
+        return Prepared(
+            effect=effect, request=request, hold_id="", fingerprint="", key_name=intent.key_name
+        )
     effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
     digest = fingerprint(intent.method, intent.path, request.query, body, effect_headers)
     route = effect.route
@@ -256,10 +258,26 @@ def prepare(
     else:
         content = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, content_key(digest))
         name = intent.keyless_name
-        return Prepared(effect, request, "", digest, shadow, cap_refusal, name, content=content)
+        return Prepared(
+            effect=effect,
+            request=request,
+            hold_id="",
+            fingerprint=digest,
+            shadow=shadow,
+            cap_refusal=cap_refusal,
+            key_name=name,
+            content=content,
+        )
     hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
     return Prepared(
-        effect, request, hold_id, digest, shadow, cap_refusal, intent.key_name, agent_key
+        effect=effect,
+        request=request,
+        hold_id=hold_id,
+        fingerprint=digest,
+        shadow=shadow,
+        cap_refusal=cap_refusal,
+        key_name=intent.key_name,
+        agent_key=agent_key,
     )
 
 
@@ -376,27 +394,34 @@ async def _admit(
         alone = ticket.alone if ticket is not None and ticket.alone is not None else 0
         rule = await auto_approval(gate, policy, agent, result, alone)
         if rule is None:
-            return Admitted(result, hold_id, None, key=key)
+            return Admitted(result=result, hold_id=hold_id, answer=None, key=key)
         note = f"approved automatically by rule {rule.rule_id}"
         try:
             answer = await approve(gate, policy, hold_id, RULE_PREFIX + rule.rule_id, note)
         except Problem as lost:
             if lost.reason != "escalation_resolved":
                 raise
-            return Admitted(result, hold_id, None, key=key)  # a person (or the sweeper) was first
+            # A person (or the sweeper) was first.
+            return Admitted(result=result, hold_id=hold_id, answer=None, key=key)
         if answer is not None:
-            return Admitted(result, hold_id, answer, key=key)
-        return Admitted(result, hold_id, None, key=key)
+            return Admitted(result=result, hold_id=hold_id, answer=answer, key=key)
+        return Admitted(result=result, hold_id=hold_id, answer=None, key=key)
     if not result.replayed:
         # The hold's life as Redis counts it (deadline - its creation, both Redis
         # time), measured from before the reserve was sent: never later than the
         # deadline, whatever this host's wall clock says.
         expires_at = sent + (result.deadline_ms - result.created_ms) / 1000
         answer = await fire(gate, policy, hold_id, prepared.request, expires_at, upstream)
-        return Admitted(result, hold_id, answer, shadowed(prepared, result), key)
+        return Admitted(
+            result=result,
+            hold_id=hold_id,
+            answer=answer,
+            shadowed=shadowed(prepared, result),
+            key=key,
+        )
     replayed, hold = await _replay(gate, policy, result, prepared, upstream)
     by, note = (hold.by, hold.note) if hold is not None else ("", "")
-    return Admitted(result, hold_id, replayed, key=key, by=by, note=note)
+    return Admitted(result=result, hold_id=hold_id, answer=replayed, key=key, by=by, note=note)
 
 
 def shadowed(prepared: Prepared, result: ReserveResult) -> Shadowed | None:
@@ -557,11 +582,11 @@ async def reserve_priced(
                 pool=ticket,
                 # What the journal keeps of who asked and what was sent (issue 14).
                 provenance=Provenance(
-                    effect.route_id,
-                    agent.agent_id,
-                    agent.principal_id,
-                    effect.face_value_micros,
-                    prepared.agent_key,
+                    route=effect.route_id,
+                    agent=agent.agent_id,
+                    principal=agent.principal_id,
+                    face_value=effect.face_value_micros,
+                    agent_key=prepared.agent_key,
                 ),
             )
         finally:
@@ -860,7 +885,7 @@ async def fire(
         if retry and time.monotonic() >= answer_by:
             # The claim's reply came too late to send at all: a request begun now
             # could still be on its way once the claim lapsed.
-            answer = Answer(Fate.NOT_SENT, why="upstream_timeout")
+            answer = Answer(fate=Fate.NOT_SENT, why="upstream_timeout")
         else:
             answer = await upstream.deliver(request, hold_id, answer_by, retry=retry)
         tracing.annotate(span, fate=answer.fate.value, status=answer.status or None)
@@ -905,7 +930,13 @@ def unproven_retry(answer: Answer) -> Answer:
     (a 429, a 4xx, an MCP 'method not found') says nothing about the first send, which
     may have made the effect: the hold stays ambiguous and charged (its claim ends),
     and the agent is told to repeat the same key later, never to use a new one."""
-    return Answer(Fate.UNKNOWN, answer.status, answer.headers, answer.body, f"retry_{answer.why}")
+    return Answer(
+        fate=Fate.UNKNOWN,
+        status=answer.status,
+        headers=answer.headers,
+        body=answer.body,
+        why=f"retry_{answer.why}",
+    )
 
 
 async def settle(

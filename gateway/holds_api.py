@@ -104,7 +104,9 @@ async def _create_hold(
 ) -> Response:
     canonical = _canonical(spec, await request.body(), policy.document.request_limits)
     keys = request.headers.getlist("idempotency-key")
-    intent = Intent(spec.tool, spec.method, spec.path, canonical, keys=keys)
+    intent = Intent(
+        tool=spec.tool, method=spec.method, path=spec.path, canonical=canonical, keys=keys
+    )
     prepared = prepare(policy, agent, intent, in_process=True)
     result = await reserve(gate, policy, agent, prepared)
     hold_id = prepared.hold_id

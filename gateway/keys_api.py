@@ -57,7 +57,7 @@ class KeyRequest(BaseModel):
 
     def spec(self) -> KeySpec:
         return KeySpec(
-            KeyKind(self.kind),
+            kind=KeyKind(self.kind),
             agent=self.agent or "",
             admin=self.admin or "",
             role=self.role.value if self.role is not None else "",

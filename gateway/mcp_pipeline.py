@@ -21,7 +21,7 @@ from .wire import StoredAnswer
 CALL = "CALL"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
     """What became of a call: escalated (a human decides), an answer (fate and body:
     the CallToolResult as JSON), or a problem (the effect was not made, or its
@@ -52,23 +52,25 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
     if isinstance(answer, StoredAnswer):
         if answer.reason:
             # The gateway's own refusal, kept for repeats (nothing was sent): as it was.
-            return Outcome(hold_id, price, problem=_kept_problem(answer, hold_id))
+            return Outcome(hold_id=hold_id, price=price, problem=_kept_problem(answer, hold_id))
         if answer.status in (RESULT, NOT_EXECUTED):
             fate = Fate.DELIVERED if answer.status == RESULT else Fate.REFUSED
-            return Outcome(hold_id, price, fate=fate, body=answer.body)
+            return Outcome(hold_id=hold_id, price=price, fate=fate, body=answer.body)
         if answer.status == 404 or answer.status == CALL_REFUSED:
             # Voided: the reconciler learnt it never happened, or the server refused it.
-            return Outcome(hold_id, price, problem=_voided(hold_id))
-        return Outcome(hold_id, price, problem=_unreachable(hold_id))
+            return Outcome(hold_id=hold_id, price=price, problem=_voided(hold_id))
+        return Outcome(hold_id=hold_id, price=price, problem=_unreachable(hold_id))
     if answer.fate is Fate.NOT_SENT:
-        return Outcome(hold_id, price, problem=_unreachable(hold_id, answer.why))
+        return Outcome(hold_id=hold_id, price=price, problem=_unreachable(hold_id, answer.why))
     if answer.status in (RESULT, NOT_EXECUTED):
         parsed = answer.parsed if isinstance(answer.parsed, types.CallToolResult) else None
-        return Outcome(hold_id, price, fate=answer.fate, body=answer.body, tool_result=parsed)
+        return Outcome(
+            hold_id=hold_id, price=price, fate=answer.fate, body=answer.body, tool_result=parsed
+        )
     if answer.fate is Fate.REFUSED:
         return Outcome(
-            hold_id,
-            price,
+            hold_id=hold_id,
+            price=price,
             problem=Problem(
                 422,
                 "bad_request",
@@ -78,8 +80,8 @@ def outcome_of(answer: Answer | StoredAnswer, hold_id: str, price: int) -> Outco
             ),
         )
     return Outcome(
-        hold_id,
-        price,
+        hold_id=hold_id,
+        price=price,
         problem=Problem(
             502,
             "upstream_ambiguous",
@@ -136,7 +138,13 @@ async def call_effect(
         raise Problem(403, "unknown_route", f"{server!r} is not an MCP server of this tenant")
     keys = (key,) if key else ()
     intent = Intent(
-        server, CALL, f"/{tool}", canonical, keys, key_name=MCP_KEY, keyless_name=KEYLESS_ARGUMENTS
+        tool=server,
+        method=CALL,
+        path=f"/{tool}",
+        canonical=canonical,
+        keys=keys,
+        key_name=MCP_KEY,
+        keyless_name=KEYLESS_ARGUMENTS,
     )
     prepared = prepare(policy, agent, intent, in_process=False)
     admitted = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))
@@ -147,8 +155,8 @@ async def call_effect(
     if admitted.answer is None:
         route = prepared.effect.route
         return Outcome(
-            admitted.hold_id,
-            price,
+            hold_id=admitted.hold_id,
+            price=price,
             escalated=True,
             key=held,
             replayed=replayed,

@@ -109,7 +109,16 @@ def servers_of(policy: TenantPolicy) -> list[str]:
 def route_effect(server: str, tool: str, route: CompiledRoute) -> PricedEffect:
     """A route as the allow-list check reads it (no request: no price)."""
     return PricedEffect(
-        server, route.method, f"/{tool}", route, route.effect_class, 0, (), 0, route.model, None
+        tool=server,
+        method=route.method,
+        path=f"/{tool}",
+        route=route,
+        effect_class=route.effect_class,
+        face_value_micros=0,
+        risk_factors=(),
+        price_micros=0,
+        model=route.model,
+        approval_threshold_micros=None,
     )
 
 

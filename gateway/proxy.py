@@ -112,10 +112,10 @@ async def _proxy(
     content_types = request.headers.getlist("content-type")
     canonical = read_request(request.url.query, content_types, body, limits)
     intent = Intent(
-        tool,
-        request.method,
-        f"/{path}",
-        canonical,
+        tool=tool,
+        method=request.method,
+        path=f"/{path}",
+        canonical=canonical,
         keys=request.headers.getlist("idempotency-key"),
         headers=passed_headers(policy, tool, request.headers.items()),
     )

@@ -484,7 +484,12 @@ class TenantStore:
                         extra={"tenant": tenant, "file": str(path), "fields": overridden},
                     )
                 return PolicyRecord(
-                    tenant, result.version, policy_version(merged), merged, result.stamp_ms, origin
+                    tenant=tenant,
+                    version=result.version,
+                    digest=policy_version(merged),
+                    text=merged,
+                    stamp_ms=result.stamp_ms,
+                    origin=origin,
                 )
             record = (await ledger.policies.records([tenant])).get(tenant)
         raise PolicyError(

@@ -28,7 +28,7 @@ class Fate(StrEnum):
     IN_PROGRESS = "in_progress"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Answer:
     """What an upstream said, as the agent gets it.
 

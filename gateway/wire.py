@@ -178,7 +178,7 @@ class _Record:
         return json.dumps(asdict(self), separators=(",", ":"))  # type: ignore[call-overload]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StoredRequest(_Record):
     """The effect as admitted, kept with its hold while it is live."""
 

@@ -77,7 +77,7 @@ def uvicorn_command(app: str, port: int, *extra: str) -> list[str]:
     ]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Server:
     """A server process on a loopback port, its output appended to `log_path` (None:
     stdout is dropped and stderr is this process's, for a command a person watches)."""

@@ -166,12 +166,16 @@ class Snapshots(LedgerCore):
             return await self._with_waits(live, now_ms)
         return [
             TenantSnapshot(
-                tenant,
-                now_ms,
-                {"pending": count - escalated, "escalated": escalated, "ambiguous": ambiguous},
-                balances,
-                [],
-                [],
+                tenant=tenant,
+                now_ms=now_ms,
+                counts={
+                    "pending": count - escalated,
+                    "escalated": escalated,
+                    "ambiguous": ambiguous,
+                },
+                balances=balances,
+                escalated=[],
+                ambiguous=[],
             )
             for tenant, count, escalated, ambiguous, balances in live
         ]
@@ -230,12 +234,12 @@ class Snapshots(LedgerCore):
             }
             snapshots.append(
                 TenantSnapshot(
-                    tenant,
-                    now_ms,
-                    counts,
-                    balances,
-                    [(int(t0), int(dl)) for t0, dl in queued if t0 is not None],
-                    [int(t0) for t0, _ in doubtful if t0 is not None],
+                    tenant=tenant,
+                    now_ms=now_ms,
+                    counts=counts,
+                    balances=balances,
+                    escalated=[(int(t0), int(dl)) for t0, dl in queued if t0 is not None],
+                    ambiguous=[int(t0) for t0, _ in doubtful if t0 is not None],
                 )
             )
         return snapshots

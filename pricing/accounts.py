@@ -33,7 +33,7 @@ SHADOW_PREFIX = "shadow:"
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyAccount:
     """One account as the tenant's policy defines it: its limit, window and soft band
     as a fraction, in minor units (gateway/policies.py ledger_account makes it the

@@ -57,7 +57,7 @@ DEDUPE_WINDOW_MS = 10 * 60_000
 ESCALATION_WAIT_MS = 20_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CompiledRoute:
     index: int
     tool: str
@@ -94,7 +94,7 @@ class CompiledRoute:
         return f"{self.tool} {self.method} {self.template.text}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PricedEffect:
     """What the gateway reserves: the route's class, the face value and its price.
 
@@ -141,7 +141,7 @@ class PricedEffect:
         return self.route.lookup.render(idempotency_key, self.path_params)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Catalog:
     scale: int
     currency: str
@@ -311,19 +311,21 @@ def price_in_catalog(
     if found is None:
         return _price_unknown(catalog, tool, method, path, query, body, body_format)
     route, params = found
-    lenient = catalog.lenient_route(tool, method, path)
-    if lenient is not None and lenient is not route:
-        # A parameter segment took what a lenient router reads as a listed literal:
-        # priced as `/reports/{name}` (a read), run as `/reports/export`.
-        raise RouteAlias(
-            f"{method} {path} matches the listed {route.method} {route.template.text}, but "
-            f"lenient routers read it as the listed {lenient.method} "
-            f"{lenient.template.text}; send the listed path"
-        )
+    _check_no_lenient_alias(catalog, route, tool, method, path)
     check_body_format(route.body_format, body_format)
     if route.effect_class is EffectClass.READ:
         return PricedEffect(
-            tool, method, path, route, route.effect_class, 0, (), 0, route.model, None, params
+            tool=tool,
+            method=method,
+            path=path,
+            route=route,
+            effect_class=route.effect_class,
+            face_value_micros=0,
+            risk_factors=(),
+            price_micros=0,
+            model=route.model,
+            approval_threshold_micros=None,
+            path_params=params,
         )
     check_effect_path(path)
     check_effect_query(query, route.query_fields)
@@ -351,6 +353,21 @@ def price_in_catalog(
         approval_threshold_micros=route.approval_threshold_micros,
         path_params=params,
     )
+
+
+def _check_no_lenient_alias(
+    catalog: Catalog, route: CompiledRoute, tool: str, method: str, path: str
+) -> None:
+    """RouteAlias when a lenient router would read `path`, which matched `route`, as
+    another listed route: a parameter segment took what such a router reads as a
+    listed literal (priced as `/reports/{name}`, a read, run as `/reports/export`)."""
+    lenient = catalog.lenient_route(tool, method, path)
+    if lenient is not None and lenient is not route:
+        raise RouteAlias(
+            f"{method} {path} matches the listed {route.method} {route.template.text}, but "
+            f"lenient routers read it as the listed {lenient.method} "
+            f"{lenient.template.text}; send the listed path"
+        )
 
 
 def check_min_amount(catalog: Catalog, face_micros: int, fields: str) -> None:

@@ -32,7 +32,7 @@ class Refusal:
     detail: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Quote:
     tool: str
     method: str
@@ -66,7 +66,14 @@ def quote_request(
     try:
         effect = price_request(policy, tool, method, path, query, body, body_format)
     except RequestError as exc:
-        return Quote(tool, method, path, None, agent_id=agent_id, refusal=_refusal(exc))
+        return Quote(
+            tool=tool,
+            method=method,
+            path=path,
+            effect=None,
+            agent_id=agent_id,
+            refusal=_refusal(exc),
+        )
     try:
         if effect.effect_class is EffectClass.READ:
             # A read reserves nothing; the gateway still checks its allow-lists.
@@ -80,8 +87,17 @@ def quote_request(
             check_per_effect_cap(agent, effect)
             accounts = hold_accounts(policy, agent, effect)
     except RequestError as exc:
-        return Quote(tool, method, path, effect, agent_id=agent_id, refusal=_refusal(exc))
-    return Quote(tool, method, path, effect, accounts, agent_id)
+        return Quote(
+            tool=tool,
+            method=method,
+            path=path,
+            effect=effect,
+            agent_id=agent_id,
+            refusal=_refusal(exc),
+        )
+    return Quote(
+        tool=tool, method=method, path=path, effect=effect, accounts=accounts, agent_id=agent_id
+    )
 
 
 def _refusal(exc: RequestError) -> Refusal:

@@ -20,7 +20,7 @@ from pricing.reading import Query
 from pricing.scopes import Scopes, compile_scopes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TenantPolicy:
     """One tenant's policy, compiled: the document it came from, and what each request
     reads (the tenant, the hold and escalation TTLs, the catalog, the allow-lists and

@@ -91,13 +91,13 @@ class Delivered:
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False
     ) -> Answer:
         headers = (("content-type", "application/json"),)
-        return Answer(Fate.DELIVERED, 201, headers, b"{}")
+        return Answer(fate=Fate.DELIVERED, status=201, headers=headers, body=b"{}")
 
 
 def order_intent(key: str) -> Intent:
     body = {"supplier_id": "s1", "sku": "bolts", "quantity": 1, "unit_price": "10"}
     canonical = read_request("", ["application/json"], json.dumps(body).encode())
-    return Intent("supplier", "POST", "/orders", canonical, [key])
+    return Intent(tool="supplier", method="POST", path="/orders", canonical=canonical, keys=[key])
 
 
 async def send_order(gate: Gate, tenant: str, token: str, key: str) -> Admitted:

@@ -150,7 +150,13 @@ class _Calls:
         keys = self.ids(kind)
         for start in range(0, self.calls, self.batch):
             requests = [
-                ReserveRequest(k, "fp", self.amounts, HOUR_MS, escalate_above=escalate_above)
+                ReserveRequest(
+                    idempotency_key=k,
+                    fingerprint="fp",
+                    amounts=self.amounts,
+                    ttl_ms=HOUR_MS,
+                    escalate_above=escalate_above,
+                )
                 for k in keys[start : start + self.batch]
             ]
             await self.ledger.reserve_many(tenant, requests)
@@ -187,7 +193,9 @@ class _Floors:
         ledger = calls.ledger
         tenant = tenant_beside(ledger, calls.tenant)
         for account in calls.accounts:
-            await ledger.upsert_account(tenant, AccountSpec(account, 2**52, 2**52))
+            await ledger.upsert_account(
+                tenant, AccountSpec(account=account, limit=2**52, soft_limit=2**52)
+            )
         packed = tenant_beside(ledger, calls.tenant, "packed")
         await open_packed(ledger, packed, calls.accounts)
         shas = tuple([await ledger.redis.script_load(s) for s in FLOORS])
@@ -207,7 +215,9 @@ class _Floors:
         return self._post(self.shas[3], self.packed, key)
 
     def _reserve(self, sha: str, tenant: str, key: str) -> tuple[Any, ...]:
-        request = ReserveRequest(key, "fp", self.calls.amounts, HOUR_MS)
+        request = ReserveRequest(
+            idempotency_key=key, fingerprint="fp", amounts=self.calls.amounts, ttl_ms=HOUR_MS
+        )
         args = self.calls.ledger.reserve_args(request, batched=True)
         return floor_call(sha, reserve_keys(tenant, key), args)
 

@@ -51,7 +51,7 @@ class Decided:
     charged: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Run:
     mode: str
     decided: list[Decided]
@@ -128,7 +128,15 @@ async def drive(
         await ledger.aclose()
     assert top is not None
     compensated = sum(d.charged for d in decided if d.decision == "deny")
-    return Run(mode, decided, top.used, top.limit, audit.ok, supplier_orders, compensated)
+    return Run(
+        mode=mode,
+        decided=decided,
+        used=top.used,
+        limit=top.limit,
+        audit_ok=audit.ok,
+        supplier_orders=supplier_orders,
+        compensated=compensated,
+    )
 
 
 def _headers(token: str, o: Order) -> dict[str, str]:

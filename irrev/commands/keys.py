@@ -94,7 +94,7 @@ async def _create(ledger: Ledger, args: argparse.Namespace) -> int:
     if args.agent is not None and args.role is not None:
         raise CliError("--role is for admin keys; an agent key has its agent's caps")
     spec = KeySpec(
-        KeyKind.AGENT if args.agent is not None else KeyKind.ADMIN,
+        kind=KeyKind.AGENT if args.agent is not None else KeyKind.ADMIN,
         agent=args.agent or "",
         admin=args.admin or "",
         role=args.role or "",

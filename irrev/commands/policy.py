@@ -390,7 +390,14 @@ def _quote(
         canonical = read_request(query, [content_type] if body else [], body)
     except Problem as problem:
         refusal = Refusal(problem.status, problem.reason, problem.detail)
-        return Quote(tool, method.upper(), path, None, agent_id=args.agent, refusal=refusal)
+        return Quote(
+            tool=tool,
+            method=method.upper(),
+            path=path,
+            effect=None,
+            agent_id=args.agent,
+            refusal=refusal,
+        )
     return quote_request(
         policy,
         tool,

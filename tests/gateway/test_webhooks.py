@@ -154,7 +154,10 @@ def pair(
     }
     with own_gateway(redis_url, suppliers, root, 1, {"webhook": webhook}, **settings) as first:
         peer = Server(
-            "peer gateway", [str(BIN / "irrev"), "serve"], first.server.env, root / "peer.log"
+            name="peer gateway",
+            argv=[str(BIN / "irrev"), "serve"],
+            env=first.server.env,
+            log_path=root / "peer.log",
         )
         peer.argv += ["--port", str(peer.port), "--workers", "1"]
         peer.start("/readyz")

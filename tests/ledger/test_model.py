@@ -129,7 +129,10 @@ class LedgerMachine(RuleBasedStateMachine):
             soft = int(limit * band)
             self.run(
                 self.ledger.upsert_account(
-                    self.tenant, AccountSpec(account, limit, soft, approval_threshold=approval)
+                    self.tenant,
+                    AccountSpec(
+                        account=account, limit=limit, soft_limit=soft, approval_threshold=approval
+                    ),
                 )
             )
             self.model.open(account, limit, soft, approval)
@@ -249,7 +252,9 @@ class LedgerMachine(RuleBasedStateMachine):
                 escalate_above=escalate_above,
                 request=request,
                 open_missing=[
-                    AccountSpec(a, limit, soft, approval_threshold=approval)
+                    AccountSpec(
+                        account=a, limit=limit, soft_limit=soft, approval_threshold=approval
+                    )
                     for a, (limit, soft, approval) in specs.items()
                 ],
                 shadow=shadow,

@@ -147,7 +147,9 @@ async def test_a_replica_refuses_writes_and_says_to_use_the_primary(
     ledger = Ledger.from_url(replicated_redis.replica.url)
     try:
         with pytest.raises(LedgerUnavailable) as raised:
-            await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 100, 100))
+            await ledger.upsert_account(
+                tenant, AccountSpec(account="tenant:acme", limit=100, soft_limit=100)
+            )
     finally:
         await ledger.aclose()
     assert raised.value.cause is RedisFailure.READ_ONLY
@@ -184,7 +186,9 @@ async def test_wrong_credentials_and_missing_permissions_are_told_apart(
         assert "password" in str(raised.value)
         assert await reader.balance(tenant, "tenant:acme") is None
         with pytest.raises(LedgerUnavailable) as raised:
-            await reader.upsert_account(tenant, AccountSpec("tenant:acme", 100, 100))
+            await reader.upsert_account(
+                tenant, AccountSpec(account="tenant:acme", limit=100, soft_limit=100)
+            )
         assert raised.value.cause is RedisFailure.NO_PERMISSION
         assert "ACL" in str(raised.value)
     finally:
@@ -195,7 +199,9 @@ async def test_wrong_credentials_and_missing_permissions_are_told_apart(
 async def test_a_full_memory_is_out_of_memory(own_ledger: Ledger, tenant: str) -> None:
     await own_ledger.redis.config_set("maxmemory", "1")
     with pytest.raises(LedgerUnavailable) as raised:
-        await own_ledger.upsert_account(tenant, AccountSpec("tenant:acme", 100, 100))
+        await own_ledger.upsert_account(
+            tenant, AccountSpec(account="tenant:acme", limit=100, soft_limit=100)
+        )
     assert raised.value.cause is RedisFailure.OUT_OF_MEMORY
     assert "maxmemory" in str(raised.value)
 
