@@ -14,7 +14,7 @@ from gateway.state.supervision import Supervision
 from gateway.state.webhooks import Pacing
 from ledger import LedgerSettings
 
-# A tenant member id's pattern (pricing/policy.py MemberId).
+# A tenant member id's pattern (pricing/values.py MemberId).
 OPERATOR_NAME = re.compile(r"[A-Za-z0-9._@/-]{1,100}")
 
 

@@ -144,7 +144,7 @@ class Figures:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Outcome:
     """What became of one tool call. `text` is for the model: the tool's answer, or a
     sentence saying why there is none. `reason` is the gateway's reason code when the
@@ -293,12 +293,12 @@ class IrrevClient:
             "nothing was done yet. Retry this same tool call later to get its result."
         )
         return Outcome(
-            False,
-            response.status_code,
-            text,
-            _json(response),
-            "escalated",
-            escalation,
+            ok=False,
+            status=response.status_code,
+            text=text,
+            data=_json(response),
+            reason="escalated",
+            escalation=escalation,
             replayed=_replayed(response),
             figures=figures,
         )
@@ -325,11 +325,11 @@ class IrrevClient:
         problem = _problem(response)
         if problem:
             return Outcome(
-                False,
-                status,
-                problem_sentence(tool, problem),
-                problem,
-                problem["reason"],
+                ok=False,
+                status=status,
+                text=problem_sentence(tool, problem),
+                data=problem,
+                reason=problem["reason"],
                 replayed=_replayed(response),
                 figures=Figures.of(problem),
                 by=_text_of(problem.get("by")),
@@ -341,10 +341,10 @@ class IrrevClient:
             data = response.text
         by, note = _decided(response)
         return Outcome(
-            200 <= status < 300,
-            status,
-            _answer_text(tool, response, data, by, note),
-            data,
+            ok=200 <= status < 300,
+            status=status,
+            text=_answer_text(tool, response, data, by, note),
+            data=data,
             replayed=_replayed(response),
             by=by,
             note=note,

@@ -31,7 +31,7 @@ import yaml
 
 from irrev.cli import CliError
 from ledger import free_port
-from pricing.credentials import format_token, hash_token
+from pricing import format_token, hash_token
 
 __all__ = [
     "ProcessError",
@@ -77,7 +77,7 @@ def uvicorn_command(app: str, port: int, *extra: str) -> list[str]:
     ]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Server:
     """A server process on a loopback port, its output appended to `log_path` (None:
     stdout is dropped and stderr is this process's, for a command a person watches)."""

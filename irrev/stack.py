@@ -60,7 +60,7 @@ def service(
 ) -> Iterator[Server]:
     """Run `command` (a server on `host`:`port`, a loopback address) until the block
     ends; yields once `ready_path` answers 200."""
-    server = Server(what, command, env, log_path, port, host=host)
+    server = Server(name=what, argv=command, env=env, log_path=log_path, port=port, host=host)
     with running(server, ready_path) as server:
         yield server
 
@@ -82,7 +82,7 @@ def mcp_tools_server(state_dir: Path, port: int = 0, log_path: Path | None = Non
     command = [sys.executable, "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"]
     command += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     env = {**os.environ, "MCP_TOOL_STATE": str(state_dir)}
-    return Server("the MCP tool server", command, env, log_path, port)
+    return Server(name="the MCP tool server", argv=command, env=env, log_path=log_path, port=port)
 
 
 @contextmanager

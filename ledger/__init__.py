@@ -12,13 +12,7 @@ from .client import Ledger, open_ledger
 from .cluster import cluster_enabled
 from .connect import connect
 from .durability import Durability, WriteProbe
-from .embedded import (
-    EmbeddedRedis,
-    EmbeddedRedisError,
-    free_port,
-    free_ports,
-    supervised_redis_url,
-)
+from .embedded import EmbeddedRedis, supervised_redis_url
 from .errors import (
     BadInput,
     CheckpointMoved,
@@ -41,6 +35,7 @@ from .keystore import KeyKind, KeyRecord, KeySpec, KeyState, KeyStore
 from .lease import Lease, Watch
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT, MAX_ID_CHARS
 from .policystore import POLICY_HISTORY, PolicyRecord, PolicyStore, PutResult
+from .ports import free_port, free_ports
 from .records import (
     RULE_PREFIX,
     AccountCheck,
@@ -65,6 +60,7 @@ from .records import (
     TransitionResult,
     pool_tag,
 )
+from .redis_binary import EmbeddedRedisError
 from .refusals import RefusalCount, RefusalCounts
 from .settings import AppendFsync, LedgerSettings
 from .topology import failover_shortfall

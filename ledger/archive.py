@@ -143,25 +143,11 @@ async def archive_settled(
     if not ledger.release.reads(ARCHIVED_HOLDS):
         # An older release's reserve does not look in the settled index.
         return ArchivePass(0, 0, 0, False, UPGRADE_FIRST)
-    # Read with decode_responses (Ledger.from_url): text, whatever redis-py's types say.
-    redis: Any = ledger.redis
     now = await ledger.now_ms()
     ripe = now - validate.amount("after_ms", after_ms)
-    with translate_redis_errors("archive"):
-        read, trim = await redis.hmget(archive_state_key(tenant), ["journal", "trim"])
-        start = f"({read}" if read else "-"
-        entries = await redis.xrange(journal_key(tenant), start, str(max(ripe, 0)), count=batch)
-        restored_at = await redis.zrangebyscore(
-            restored_key(tenant),
-            "-inf",
-            min(ripe, now - keep_restored_ms),
-            0,
-            batch,
-            withscores=True,
-        )
-        scan_at, page = await redis.hscan(settled_key(tenant), int(trim or 0), count=batch)
-    restored = [hold_id for hold_id, _ in restored_at]
-    ids = list(dict.fromkeys([*(f["hold"] for _, f in entries if f.get("hold")), *restored]))
+    seen = await _look(ledger, tenant, ripe, min(ripe, now - keep_restored_ms), batch)
+    restored = [hold_id for hold_id, _ in seen.restored_at]
+    ids = list(dict.fromkeys([*(f["hold"] for _, f in seen.entries if f.get("hold")), *restored]))
     records = await _read(ledger, tenant, ids, now, now - keep_restored_ms)
     found = {r[0] for r in records}
     ripe_records = [r for r in records if _settled_by(r[1]) <= ripe]
@@ -171,12 +157,66 @@ async def archive_settled(
     held = len(kept) < len(ripe_records)
     expired = [
         (hold_id, entry)
-        for hold_id, entry in page.items()
+        for hold_id, entry in seen.page.items()
         if 0 < int(entry.split("|", 1)[0]) <= now
     ]
+    # Restored holds whose retention ended in the slot: out of the restored set.
+    gone = [(hold_id, at) for hold_id, at in seen.restored_at if hold_id not in found]
+    if not (seen.entries or kept or expired or gone) and seen.scan_at == seen.scanned_from:
+        # An idle tenant: nothing to write, and no script run for it every round.
+        return ArchivePass(0, 0, 0, False)
+    read_to = seen.entries[-1][0] if seen.entries and not held else ""
+    keys, args = _archive_call(tenant, read_to, seen.scan_at, kept, expired, gone)
+    reply = await ledger._run("archive", keys, args)
+    if reply[0] == "bad_input":
+        raise BadInput(str(reply[1]), str(reply[2]))
+    archived, changed, trimmed = (int(x) for x in reply)
+    more = len(seen.entries) == batch or len(restored) == batch
+    return ArchivePass(archived, changed, trimmed, more and not held)
+
+
+@dataclass(frozen=True, slots=True)
+class _Look:
+    """What a pass reads before it decides: the journal entries since the last pass
+    up to `ripe`, the holds restored long enough ago with when, and a page of the
+    settled index (`scanned_from` the cursor it was read at, `scan_at` the next)."""
+
+    entries: list[tuple[str, dict[str, str]]]
+    restored_at: list[tuple[str, float]]
+    page: dict[str, str]
+    scanned_from: str
+    scan_at: str
+
+
+async def _look(ledger: Ledger, tenant: str, ripe: int, restored_before: int, batch: int) -> _Look:
+    # Read with decode_responses (Ledger.from_url): text, whatever redis-py's types say.
+    redis: Any = ledger.redis
+    with translate_redis_errors("archive"):
+        read, trim = await redis.hmget(archive_state_key(tenant), ["journal", "trim"])
+        start = f"({read}" if read else "-"
+        entries = await redis.xrange(journal_key(tenant), start, str(max(ripe, 0)), count=batch)
+        restored_at = await redis.zrangebyscore(
+            restored_key(tenant), "-inf", restored_before, 0, batch, withscores=True
+        )
+        scan_at, page = await redis.hscan(settled_key(tenant), int(trim or 0), count=batch)
+    return _Look(entries, restored_at, page, str(trim or 0), str(scan_at))
+
+
+def _archive_call(
+    tenant: str,
+    read_to: str,
+    scan_at: str,
+    kept: list[tuple[str, dict[str, str], str, int]],
+    expired: list[tuple[str, str]],
+    gone: list[tuple[str, float]],
+) -> tuple[list[str], list[str]]:
+    """The keys and arguments of lua/archive.lua: the journal position the pass read
+    to ('' to read again from where it was), the settled index's next cursor, the
+    copied holds to take out, the index entries to drop and the restored holds to
+    forget."""
     keys = [accounts_key(tenant), settled_key(tenant), archive_state_key(tenant)]
     keys.append(restored_key(tenant))
-    args = [entries[-1][0] if entries and not held else "", str(scan_at), str(len(kept))]
+    args = [read_to, scan_at, str(len(kept))]
     for hold_id, fields, payload, expiry in kept:
         names, dg = digest(fields, payload)
         keys += [hold_key(tenant, hold_id), payload_key(tenant, hold_id)]
@@ -184,20 +224,10 @@ async def archive_settled(
     args.append(str(len(expired)))
     for hold_id, entry in expired:
         args += [hold_id, entry]
-    # Restored holds whose retention ended in the slot: out of the restored set.
-    gone = [(hold_id, at) for hold_id, at in restored_at if hold_id not in found]
     args.append(str(len(gone)))
     for hold_id, at in gone:
         args += [hold_id, str(int(at))]
-    if not (entries or kept or expired or gone) and str(scan_at) == str(trim or 0):
-        # An idle tenant: nothing to write, and no script run for it every round.
-        return ArchivePass(0, 0, 0, False)
-    reply = await ledger._run("archive", keys, args)
-    if reply[0] == "bad_input":
-        raise BadInput(str(reply[1]), str(reply[2]))
-    archived, changed, trimmed = (int(x) for x in reply)
-    more = len(entries) == batch or len(restored) == batch
-    return ArchivePass(archived, changed, trimmed, more and not held)
+    return keys, args
 
 
 def _settled_by(fields: Mapping[str, str]) -> int:

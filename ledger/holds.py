@@ -112,18 +112,18 @@ class Holds(LedgerCore):
         open.
         """
         reserve = ReserveRequest(
-            idempotency_key,
-            fingerprint,
-            amounts,
-            ttl_ms,
-            escalation_ttl_ms,
-            armed,
-            escalate_above,
-            request,
-            open_missing,
-            provenance,
-            shadow,
-            pool,
+            idempotency_key=idempotency_key,
+            fingerprint=fingerprint,
+            amounts=amounts,
+            ttl_ms=ttl_ms,
+            escalation_ttl_ms=escalation_ttl_ms,
+            armed=armed,
+            escalate_above=escalate_above,
+            request=request,
+            open_missing=open_missing,
+            provenance=provenance,
+            shadow=shadow,
+            pool=pool,
         )
         args = self.reserve_args(reserve)  # first: its errors name the idempotency key
         keys = [*self._hold_keys(tenant, idempotency_key), settled_key(tenant)]
@@ -371,14 +371,14 @@ class Holds(LedgerCore):
         status = raise_for_reply(tenant, hold_id, "approve", reply)
         state, by, deadline_ms, request = reply[1:5]
         return Approval(
-            status,
-            hold_id,
-            HoldState(state),
-            str(by),
-            int(deadline_ms),
-            str(request),
-            acked.replicas,
-            acked.fsynced,
+            status=status,
+            hold_id=hold_id,
+            state=HoldState(state),
+            by=str(by),
+            deadline_ms=int(deadline_ms),
+            request=str(request),
+            replicas=acked.replicas,
+            fsynced=acked.fsynced,
         )
 
     async def reject(

@@ -54,7 +54,7 @@ class KeyState(StrEnum):
     REVOKED = "revoked"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KeySpec:
     """What a new key is: an agent's credential (`agent`) or an admin's (`admin` and
     `role`), who asked for it (`owner`) and why (`purpose`)."""
@@ -67,7 +67,7 @@ class KeySpec:
     purpose: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KeyRecord:
     """A managed key as stored. Times are Redis ms; None: never (expires, rotated,
     revoked) or not known yet (last_used, flushed by gateways every few seconds)."""
@@ -253,23 +253,23 @@ def _readable(tenant: str, text: str, used: Mapping[str, int]) -> KeyRecord | No
 def _record(tenant: str, text: str, used: Mapping[str, int]) -> KeyRecord:
     data = json.loads(text)
     spec = KeySpec(
-        KeyKind(data["kind"]),
-        data.get("agent", ""),
-        data.get("admin", ""),
-        data.get("role", ""),
-        data.get("owner", ""),
-        data.get("purpose", ""),
+        kind=KeyKind(data["kind"]),
+        agent=data.get("agent", ""),
+        admin=data.get("admin", ""),
+        role=data.get("role", ""),
+        owner=data.get("owner", ""),
+        purpose=data.get("purpose", ""),
     )
     return KeyRecord(
-        data["id"],
-        tenant,
-        spec,
-        data["token_sha256"],
-        int(data["created_ms"]),
-        _optional_ms(data.get("expires_ms")),
-        _optional_ms(data.get("rotated_ms")),
-        _optional_ms(data.get("revoked_ms")),
-        used.get(data["id"]),
+        key_id=data["id"],
+        tenant=tenant,
+        spec=spec,
+        token_sha256=data["token_sha256"],
+        created_ms=int(data["created_ms"]),
+        expires_ms=_optional_ms(data.get("expires_ms")),
+        rotated_ms=_optional_ms(data.get("rotated_ms")),
+        revoked_ms=_optional_ms(data.get("revoked_ms")),
+        last_used_ms=used.get(data["id"]),
     )
 
 

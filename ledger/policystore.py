@@ -37,7 +37,7 @@ from .topology import topology_of
 POLICY_HISTORY = 50
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyRecord:
     """A tenant's policy as the store holds it: `version` counts writes (1, 2, ...),
     `digest` names the text, `stamp_ms` is when its content was written (Unix ms),
@@ -207,21 +207,21 @@ def _text(fields: dict[Any, Any]) -> dict[str, str]:
 def _entry(tenant: str, raw: bytes | str) -> PolicyRecord:
     entry = json.loads(raw)
     return PolicyRecord(
-        tenant,
-        int(entry["v"]),
-        str(entry["digest"]),
-        str(entry["text"]),
-        int(entry["stamp_ms"]),
-        str(entry["origin"]),
+        tenant=tenant,
+        version=int(entry["v"]),
+        digest=str(entry["digest"]),
+        text=str(entry["text"]),
+        stamp_ms=int(entry["stamp_ms"]),
+        origin=str(entry["origin"]),
     )
 
 
 def _record(tenant: str, fields: dict[str, str]) -> PolicyRecord:
     return PolicyRecord(
-        tenant,
-        int(fields.get("v", 0)),
-        fields.get("digest", ""),
-        fields.get("text", ""),
-        int(fields.get("stamp_ms", 0)),
-        fields.get("origin", ""),
+        tenant=tenant,
+        version=int(fields.get("v", 0)),
+        digest=fields.get("digest", ""),
+        text=fields.get("text", ""),
+        stamp_ms=int(fields.get("stamp_ms", 0)),
+        origin=fields.get("origin", ""),
     )

@@ -109,10 +109,11 @@ class Pace:
         return f"{self.interval_ms},{self.slack_ms}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AccountSpec:
-    """An account's policy. Amounts in the tenant's minor unit; `soft_limit` is the
-    pending + posted above which a hold escalates (equal to `limit`: no band)."""
+    """An account's parameters as the ledger keeps them. Amounts in the tenant's minor
+    unit; `soft_limit` is the pending + posted above which a hold escalates (equal to
+    `limit`: no band)."""
 
     account: str
     limit: int
@@ -151,7 +152,7 @@ class RouteFactors:
     top_ppm: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Balance:
     account: str
     limit: int
@@ -173,7 +174,7 @@ class Balance:
         return self.limit - self.used
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TenantSnapshot:
     """A tenant's live state as an operator watches it, at Redis time `now_ms`: live
     hold counts by state, the balances of the accounts asked for, and the creation
@@ -206,7 +207,7 @@ class AccountCheck:
         return self.used + self.amount <= self.limit
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Provenance:
     """Who asked for an effect and what it was, as the journal's reserve entry keeps
     it (so that, once the hold is gone, one can still prove what was paid to whom):
@@ -238,12 +239,12 @@ class Provenance:
         if len(digest) == SHORT_DIGEST_LENGTH:
             digest = base64.urlsafe_b64decode(digest + "=").hex()
         return cls(
-            _unescape(route),
-            _unescape(agent),
-            _unescape(principal),
-            int(face or 0),
-            _unescape(key),
-            digest,
+            route=_unescape(route),
+            agent=_unescape(agent),
+            principal=_unescape(principal),
+            face_value=int(face or 0),
+            agent_key=_unescape(key),
+            request_sha256=digest,
         )
 
 
@@ -316,7 +317,7 @@ def pool_tag(route_id: str) -> str:
     return hashlib.sha256(route_id.encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReserveRequest:
     """The arguments of one reserve, for batches (see `Ledger.reserve`)."""
 
@@ -351,7 +352,7 @@ class Acks:
 NO_ACKS = Acks(None, None)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReserveResult:
     status: Status  # OK for a new decision, EXISTS for a replay
     hold_id: str
@@ -406,7 +407,7 @@ class ReserveResult:
         return min(c.available - (c.amount if held else 0) for c in self.accounts)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TransitionResult:
     status: Status  # OK, or EXISTS when the same transition was already made
     hold_id: str
@@ -418,7 +419,7 @@ class TransitionResult:
     fsynced: int | None = None  # as in ReserveResult
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Approval:
     """A won approval: the hold is pending again, armed, until `deadline_ms` (Redis's
     clock), and `request` is what was kept with it at reserve, so the approver
@@ -451,7 +452,7 @@ class SweepResult:
     remaining_due: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Hold:
     hold_id: str
     state: HoldState

@@ -61,10 +61,10 @@ def transition_result(
     flags = str(reply[2])
     if operation == "retry":  # its third field is the claim, not flags
         return TransitionResult(
-            status,
-            hold_id,
-            HoldState(reply[1]),
-            _NO_FLAGS,
+            status=status,
+            hold_id=hold_id,
+            state=HoldState(reply[1]),
+            flags=_NO_FLAGS,
             replicas=acked.replicas,
             claim=flags,
             fsynced=acked.fsynced,

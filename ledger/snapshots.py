@@ -4,7 +4,7 @@ ids in a state, the approval queue's order, live counts and /metrics' snapshots.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import validate
 from .archive import parse_entry, read_copy
@@ -19,7 +19,7 @@ from .keys import (
     hold_keys,
     settled_key,
 )
-from .records import Hold, HoldState, TenantSnapshot
+from .records import Balance, Hold, HoldState, TenantSnapshot
 from .replies import balance_from, decoded, hold_from
 
 if TYPE_CHECKING:
@@ -161,6 +161,31 @@ class Snapshots(LedgerCore):
         tenants = [validate.tenant_id(tenant) for tenant in accounts]
         # Not in the pipeline: a cluster pipeline refuses keyless commands such as TIME.
         now_ms = await self.now_ms()
+        live = await self._counts_and_balances(tenants, accounts, holds)
+        if holds:
+            return await self._with_waits(live, now_ms)
+        return [
+            TenantSnapshot(
+                tenant=tenant,
+                now_ms=now_ms,
+                counts={
+                    "pending": count - escalated,
+                    "escalated": escalated,
+                    "ambiguous": ambiguous,
+                },
+                balances=balances,
+                escalated=[],
+                ambiguous=[],
+            )
+            for tenant, count, escalated, ambiguous, balances in live
+        ]
+
+    async def _counts_and_balances(
+        self, tenants: list[str], accounts: Mapping[str, Sequence[str]], holds: bool
+    ) -> list[tuple[str, int, Any, Any, list[Balance]]]:
+        """Per tenant, in one pipeline: how many holds are live, its escalated and
+        ambiguous holds (their sorted ids; with `holds=False` how many), and the
+        balances of those of its named accounts that exist."""
         with translate_redis_errors("snapshot"):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for tenant in tenants:
@@ -175,7 +200,6 @@ class Snapshots(LedgerCore):
                         pipe.hmget(accounts_key(tenant), account_fields(account))
                 replies = iter(await pipe.execute())
         read = []
-        counted = []
         for tenant in tenants:
             live, escalated, ambiguous = next(replies), next(replies), next(replies)
             balances = [
@@ -184,39 +208,38 @@ class Snapshots(LedgerCore):
                 if values[0] is not None
             ]
             if holds:
-                read.append((tenant, live, sorted(escalated), sorted(ambiguous), balances))
-            else:
-                counts = {
-                    "pending": live - escalated,
-                    "escalated": escalated,
-                    "ambiguous": ambiguous,
-                }
-                counted.append(TenantSnapshot(tenant, now_ms, counts, balances, [], []))
-        if not holds:
-            return counted
+                escalated, ambiguous = sorted(escalated), sorted(ambiguous)
+            read.append((tenant, live, escalated, ambiguous, balances))
+        return read
+
+    async def _with_waits(
+        self, live: list[tuple[str, int, Any, Any, list[Balance]]], now_ms: int
+    ) -> list[TenantSnapshot]:
+        """The snapshots of the tenants `live` read, with when each escalated hold was
+        asked for and is due, and when each ambiguous one was (one more pipeline)."""
         with translate_redis_errors("snapshot"):
             async with self.redis.pipeline(transaction=False) as pipe:
-                for tenant, _, escalated, ambiguous, _ in read:
+                for tenant, _, escalated, ambiguous, _ in live:
                     for hold_id in escalated + ambiguous:
                         pipe.hmget(hold_key(tenant, hold_id), ("t0", "dl"))
                 times = iter(await pipe.execute())
         snapshots = []
-        for tenant, live, escalated, ambiguous, balances in read:
+        for tenant, count, escalated, ambiguous, balances in live:
             queued = [next(times) for _ in escalated]
             doubtful = [next(times) for _ in ambiguous]
             counts = {
-                "pending": live - len(escalated),
+                "pending": count - len(escalated),
                 "escalated": len(escalated),
                 "ambiguous": len(ambiguous),
             }
             snapshots.append(
                 TenantSnapshot(
-                    tenant,
-                    now_ms,
-                    counts,
-                    balances,
-                    [(int(t0), int(dl)) for t0, dl in queued if t0 is not None],
-                    [int(t0) for t0, _ in doubtful if t0 is not None],
+                    tenant=tenant,
+                    now_ms=now_ms,
+                    counts=counts,
+                    balances=balances,
+                    escalated=[(int(t0), int(dl)) for t0, dl in queued if t0 is not None],
+                    ambiguous=[int(t0) for t0, _ in doubtful if t0 is not None],
                 )
             )
         return snapshots

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ledger.limits import MAX_ACCOUNTS
-from pricing.catalog import FACTOR_PREFIX, PricedEffect
+from pricing.catalog import PricedEffect
 from pricing.credentials import AuthenticatedAgent
 from pricing.errors import BadRiskFactor, PerEffectCapExceeded
 from pricing.policy import (
@@ -24,6 +24,7 @@ from pricing.policy import (
     RateLimits,
 )
 from pricing.serving import TenantPolicy
+from pricing.templates import FACTOR_PREFIX
 
 MAX_HOLD_ACCOUNTS = MAX_ACCOUNTS
 # A shadow-mode hold's accounts: `shadow:<account id>` (shadow_hold).
@@ -32,9 +33,11 @@ SHADOW_PREFIX = "shadow:"
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
-@dataclass(frozen=True, slots=True)
-class AccountSpec:
-    """One ledger account's parameters: all amounts in minor units."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyAccount:
+    """One account as the tenant's policy defines it: its limit, window and soft band
+    as a fraction, in minor units (gateway/policies.py ledger_account makes it the
+    ledger's AccountSpec)."""
 
     account_id: str
     limit_micros: int
@@ -52,8 +55,8 @@ class AccountSpec:
         return (self.limit_micros * num) // den
 
 
-def _spec(policy: PolicyDocument, account_id: str, limits: AccountLimits) -> AccountSpec:
-    return AccountSpec(
+def _account(policy: PolicyDocument, account_id: str, limits: AccountLimits) -> PolicyAccount:
+    return PolicyAccount(
         account_id=account_id,
         limit_micros=limits.limit,
         window_ms=policy.window_ms,
@@ -63,8 +66,8 @@ def _spec(policy: PolicyDocument, account_id: str, limits: AccountLimits) -> Acc
     )
 
 
-def _agent_spec(policy: PolicyDocument, account_id: str, agent: Agent) -> AccountSpec:
-    return AccountSpec(
+def _agent_account(policy: PolicyDocument, account_id: str, agent: Agent) -> PolicyAccount:
+    return PolicyAccount(
         account_id=account_id,
         limit_micros=agent.window_cap,
         window_ms=policy.window_ms,
@@ -89,38 +92,40 @@ def factor_pattern_for(policy: TenantPolicy, factor: str) -> str | None:
     return best
 
 
-def factor_account(policy: TenantPolicy, factor: str) -> AccountSpec | None:
+def factor_account(policy: TenantPolicy, factor: str) -> PolicyAccount | None:
     """Parameters of the account `factor:<factor>`, or None if no pattern caps it."""
     pattern = factor_pattern_for(policy, factor)
     if pattern is None:
         return None
     document = policy.document
-    return _spec(document, FACTOR_PREFIX + factor, document.accounts.risk_factors[pattern])
+    return _account(document, FACTOR_PREFIX + factor, document.accounts.risk_factors[pattern])
 
 
-def policy_accounts(policy: TenantPolicy) -> list[AccountSpec]:
+def policy_accounts(policy: TenantPolicy) -> list[PolicyAccount]:
     """Every account the policy names (factor wildcards excluded: see `factor_account`)."""
     doc = policy.document
-    out = [_spec(doc, f"tenant:{doc.tenant}", doc.accounts.tenant)]
-    out += [_spec(doc, f"principal:{p}", lim) for p, lim in doc.accounts.principals.items()]
-    out += [_agent_spec(doc, f"agent:{agent_id}", agent) for agent_id, agent in doc.agents.items()]
+    out = [_account(doc, f"tenant:{doc.tenant}", doc.accounts.tenant)]
+    out += [_account(doc, f"principal:{p}", lim) for p, lim in doc.accounts.principals.items()]
+    out += [
+        _agent_account(doc, f"agent:{agent_id}", agent) for agent_id, agent in doc.agents.items()
+    ]
     for pattern in doc.accounts.risk_factors:
         if not pattern.endswith("*"):
-            out.append(_spec(doc, FACTOR_PREFIX + pattern, doc.accounts.risk_factors[pattern]))
+            out.append(_account(doc, FACTOR_PREFIX + pattern, doc.accounts.risk_factors[pattern]))
     return out
 
 
-def account_spec(policy: TenantPolicy, account_id: str) -> AccountSpec | None:
+def policy_account(policy: TenantPolicy, account_id: str) -> PolicyAccount | None:
     """The parameters of one account a hold may touch, by its id; None if the policy
     has no such account (a factor no pattern caps, an agent since removed)."""
     doc = policy.document
     kind, _, name = account_id.partition(":")
     if kind == "tenant" and name == doc.tenant:
-        return _spec(doc, account_id, doc.accounts.tenant)
+        return _account(doc, account_id, doc.accounts.tenant)
     if kind == "principal" and name in doc.accounts.principals:
-        return _spec(doc, account_id, doc.accounts.principals[name])
+        return _account(doc, account_id, doc.accounts.principals[name])
     if kind == "agent" and name in doc.agents:
-        return _agent_spec(doc, account_id, doc.agents[name])
+        return _agent_account(doc, account_id, doc.agents[name])
     if account_id.startswith(FACTOR_PREFIX):
         return factor_account(policy, account_id.removeprefix(FACTOR_PREFIX))
     return None
@@ -128,18 +133,18 @@ def account_spec(policy: TenantPolicy, account_id: str) -> AccountSpec | None:
 
 def shadow_hold(
     policy: TenantPolicy, amounts: dict[str, int]
-) -> tuple[dict[str, int], list[AccountSpec]]:
+) -> tuple[dict[str, int], list[PolicyAccount]]:
     """A shadow-mode hold's accounts: each of `amounts`' own shadow account (`shadow:`
     before its id), with its limits, so that the would-be decision is made, and its
     exposure kept, on balances that enforced effects never read (docs/policy.md,
     "Shadow mode"). Returns the amounts by shadow account and their specs, for the
     reserve to open those Redis lacks."""
     shadowed: dict[str, int] = {}
-    specs: list[AccountSpec] = []
+    specs: list[PolicyAccount] = []
     for account_id, amount in amounts.items():
         shadow_id = SHADOW_PREFIX + account_id
         shadowed[shadow_id] = amount
-        spec = account_spec(policy, account_id)
+        spec = policy_account(policy, account_id)
         if spec is not None:
             specs.append(replace(spec, account_id=shadow_id))
     return shadowed, specs

@@ -33,7 +33,7 @@ hold still unsettled is priced at a factor f of its face value, built from three
 
 Pure arithmetic and one cached binomial table: the simulator calls `hold_factor` per
 seed; the gateway prices every route whose policy says `calibrate` through the same
-`Quote` (`route_pooling`), from the factors its settlements recorded
+`RouteQuote` (`route_pooling`), from the factors its settlements recorded
 (`Evidence.from_ppm`) and the route's holds open across the fleet at that moment
 (counted by the ledger's hold scripts, by Kish's effective number of their face
 values as the simulator counts them, at most the policy's `calibrate.pending`: 1 by
@@ -165,7 +165,7 @@ LOOKS = 10
 
 
 @dataclass(frozen=True, slots=True)
-class Quote:
+class RouteQuote:
     """A route's price as a function of how many of its holds are pending at once."""
 
     tail: float  # a hold standing alone
@@ -184,7 +184,9 @@ class Quote:
         return min(self.tail, max(self.mean, pooled))
 
 
-def quote(prior: Prior, ev: Evidence, *, alpha: float, confidence: float = 0.95) -> Quote:
+def route_quote(
+    prior: Prior, ev: Evidence, *, alpha: float, confidence: float = 0.95
+) -> RouteQuote:
     """The route's price for any number of pending holds (see the module doc)."""
     mean = mean_bound(prior, ev, confidence)
     # the tail moves with the mean's upper bound, not its point estimate: scaling by
@@ -193,14 +195,14 @@ def quote(prior: Prior, ev: Evidence, *, alpha: float, confidence: float = 0.95)
     scaled = prior.tail * max(mean, prior.mean) / prior.mean
     tail = min(1.0, max(scaled, proven_tail(ev, alpha, confidence), mean))
     if ev.n < POOL_MIN:
-        return Quote(tail, mean)
+        return RouteQuote(tail, mean)
     centre = ev.total / ev.n
     sd = math.sqrt(max(ev.total_sq / ev.n - centre * centre, 0.0) * ev.n / (ev.n - 1))
     # a few settlements can agree by luck: never a spread below the catalog's, scaled
     # as its tail is (a world k times as lossy spreads about k times as far)
     spread = max(sd, math.sqrt(prior.variance) * max(centre, prior.mean) / prior.mean)
     luck = max(tail - centre, student_t_ppf(1.0 - alpha / LOOKS, ev.n - 1) * spread)
-    return Quote(tail, mean, ev.n, centre, luck)
+    return RouteQuote(tail, mean, ev.n, centre, luck)
 
 
 def student_t_ppf(p: float, df: int) -> float:
@@ -225,7 +227,7 @@ def hold_factor(
 ) -> float:
     """The factor of face value to hold an unsettled effect at, with `pending` holds
     of its route pending at once (itself included)."""
-    return quote(prior, ev, alpha=alpha, confidence=confidence).factor(pending)
+    return route_quote(prior, ev, alpha=alpha, confidence=confidence).factor(pending)
 
 
 def factor_ppm(realised: int, face_value: int) -> int:
@@ -239,10 +241,10 @@ def factor_ppm(realised: int, face_value: int) -> int:
 @dataclass(frozen=True, slots=True)
 class Pooling:
     """A calibrating route's price as a function of its holds pending at once: its
-    `Quote`, its surcharge, and `cap`, the policy's `calibrate.pending`: the most holds
+    `RouteQuote`, its surcharge, and `cap`, the policy's `calibrate.pending`: the most holds
     its price may pool over, however many are open (infinite: no cap)."""
 
-    quote: Quote
+    quote: RouteQuote
     surcharge: float
     cap: float = math.inf
 
@@ -262,7 +264,7 @@ def route_pooling(spec: QuantilePricing, ev: Evidence) -> Pooling:
     prior = Prior.from_catalog(
         spec.recovery.alpha, spec.recovery.beta, p_fail, spec.level, cal.weight
     )
-    q = quote(prior, ev, alpha=1.0 - spec.level, confidence=cal.confidence)
+    q = route_quote(prior, ev, alpha=1.0 - spec.level, confidence=cal.confidence)
     return Pooling(q, spec.surcharge, cal.pending_cap)
 
 

@@ -8,32 +8,15 @@ rounding.
 
 from __future__ import annotations
 
-import re
-import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
 
-from ledger.limits import MAX_ID_CHARS
 from pricing.calibration import Evidence, Pooling, route_pooling
-from pricing.errors import (
-    AmbiguousField,
-    AmountError,
-    BadAmount,
-    BadQuery,
-    BadRiskFactor,
-    CurrencyMismatch,
-    RequestError,
-    RouteAlias,
-    UndeclaredField,
-    UndeclaredQueryParameter,
-    UnknownRoute,
-    UnsupportedBodyFormat,
-)
+from pricing.errors import BadAmount, RouteAlias, UnknownRoute
+from pricing.headers import DEFAULT_FORWARD_HEADERS
 from pricing.models import FACE_MODEL, FREE_MODEL, FacePricing, QuantilePricing
-from pricing.money import MAX_MICROS, minor_to_major_text, product_to_minor, round_up, to_decimal
+from pricing.money import minor_to_major_text, round_up
 from pricing.policy import (
-    DEFAULT_FORWARD_HEADERS,
     BodyFormat,
     EffectClass,
     Keyless,
@@ -41,10 +24,20 @@ from pricing.policy import (
     Route,
     UnknownRouteAction,
 )
+from pricing.reading import (
+    Query,
+    RequestFields,
+    check_body_format,
+    check_currency,
+    check_effect_body,
+    check_effect_path,
+    check_effect_query,
+    check_request_path,
+    read_face_value,
+    read_factors,
+)
 from pricing.templates import (
     CALL,
-    FORMAT_EXTENSION,
-    ID_RE,
     FactorTemplate,
     Lookup,
     PathTemplate,
@@ -56,30 +49,15 @@ from pricing.templates import (
     split_path,
 )
 
-Query = Mapping[str, str | Sequence[str]]
-FACTOR_PREFIX = "factor:"
 # Defaults of a route's `dedupe_window` and (CALL routes) `escalation_wait`: an
 # identical keyless call within ten minutes of the first's settling is a repeat (a model
 # told "waits for a human" asks again within minutes); a host waits twenty seconds for
 # an approval, well inside the 60 s most MCP clients give a request.
 DEDUPE_WINDOW_MS = 10 * 60_000
 ESCALATION_WAIT_MS = 20_000
-# Segments an upstream may normalise into another route than the one that was priced.
-_DIGITS = re.compile(r"[0-9]+")
-# A whole value a number parser reads as one number (sign, point, exponent; lower-case).
-_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?")
-_UNSAFE_SEGMENTS = frozenset({"", ".", ".."})
-# Unicode categories a reader does not see as such: controls, formatting (bidi
-# overrides, zero-width characters), line and paragraph separators.
-_UNSHOWN = frozenset({"Cc", "Cf", "Zl", "Zp"})
-_UNSAFE_ESCAPES = ("%2f", "%5c", "%2e", "\\")
-MEDIA_TYPES = {
-    BodyFormat.JSON: "application/json",
-    BodyFormat.FORM: "application/x-www-form-urlencoded",
-}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CompiledRoute:
     index: int
     tool: str
@@ -116,7 +94,7 @@ class CompiledRoute:
         return f"{self.tool} {self.method} {self.template.text}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PricedEffect:
     """What the gateway reserves: the route's class, the face value and its price.
 
@@ -163,7 +141,7 @@ class PricedEffect:
         return self.route.lookup.render(idempotency_key, self.path_params)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Catalog:
     scale: int
     currency: str
@@ -311,236 +289,6 @@ def compile_catalog(
     )
 
 
-def check_request_path(path: str) -> None:
-    """Refuse paths an upstream could normalise into a route other than the one priced."""
-    # Tomcat and Spring drop ';params' from a segment before resolving it: '..;' is '..'.
-    parts = [p.partition(";")[0] for p in split_path(path)]
-    lowered = path.lower()
-    if any(p in _UNSAFE_SEGMENTS for p in parts) or any(e in lowered for e in _UNSAFE_ESCAPES):
-        raise RequestError(
-            f"path {path!r} has empty, '.' or '..' segments or an encoded '/', '\\' or '.'; "
-            "send the canonical path"
-        )
-    if any(unicodedata.category(c) in _UNSHOWN for c in path):
-        # An unknown route's id is its path, shown to approvers and printed in the
-        # journal: a bidi override shows `/stop` for `/\u202epots`, a carriage return
-        # and an escape sequence overwrite a terminal's line with a forged entry.
-        raise RequestError(
-            f"path {path!r} has control or invisible formatting characters; send the "
-            "path without them"
-        )
-
-
-def check_effect_path(path: str) -> None:
-    """Effects also refuse ';': matrix parameters that some upstreams strip or route by."""
-    if ";" in path:
-        raise RequestError(f"path {path!r} contains ';'; effect paths take no matrix parameters")
-
-
-def check_body_format(expected: BodyFormat, got: BodyFormat | None) -> None:
-    if got is not None and got is not expected:
-        raise UnsupportedBodyFormat(
-            f"this route takes {MEDIA_TYPES[expected]} bodies, not {MEDIA_TYPES[got]}"
-        )
-
-
-def check_effect_query(query: Query, declared: frozenset[str]) -> None:
-    """An effect forwards only the query parameters its route declares, each once."""
-    for name, values in query.items():
-        if name not in declared:
-            listed = ", ".join(sorted(declared)) or "none"
-            raise UndeclaredQueryParameter(
-                name, f"is not a query parameter of this route (it declares: {listed})"
-            )
-        if not isinstance(values, str) and len(values) != 1:
-            raise BadQuery(name, f"appears {len(values)} times in the query; send it once")
-
-
-def check_effect_body(body: object, declared: frozenset[str]) -> None:
-    """A route that declares its body fields forwards those only: a field it does not
-    declare (at any depth: `a.b` declares `b` inside `a`, and all of `a.b`'s value) is
-    refused, not forwarded unpriced. A route that declares none is left as it is."""
-    if declared and isinstance(body, Mapping):
-        _check_fields(body, "", declared)
-
-
-def _check_fields(node: Mapping[object, object], prefix: str, declared: frozenset[str]) -> None:
-    for key, value in node.items():
-        path = f"{prefix}{key}"
-        if path in declared:
-            continue
-        if isinstance(value, Mapping) and any(d.startswith(path + ".") for d in declared):
-            _check_fields(value, path + ".", declared)
-            continue
-        listed = ", ".join(sorted(declared))
-        raise UndeclaredField(path, f"is not a field of this route (it declares: {listed})")
-
-
-class _Fields:
-    """Reads named fields from a request's body, query and path parameters."""
-
-    def __init__(
-        self,
-        body: object,
-        query: Query,
-        path_params: Mapping[str, str],
-        query_fields: frozenset[str],
-        tail_param: str | None = None,
-    ) -> None:
-        self.body = body
-        self.query = query
-        self.path_params = path_params
-        self.query_fields = query_fields
-        self.tail_param = tail_param  # the path parameter in the last segment
-        self.body_keys = (
-            {str(k).casefold() for k in body} if isinstance(body, Mapping) else set[str]()
-        )
-
-    def get(self, name: str) -> object:
-        """The field's raw value; KeyError if absent; ValueError if ambiguous."""
-        folded = name.casefold()
-        places = [
-            any(p.casefold() == folded for p in self.path_params),
-            any(q.casefold() == folded for q in self.query),
-            folded.partition(".")[0] in self.body_keys,
-        ]
-        if sum(places) > 1:
-            # An upstream may read the copy that was not priced (Rails merges path,
-            # query and body; servlets prefer the query): send each field once.
-            raise AmbiguousField(name, "is in more than one of the path, query and body")
-        if "." in name and folded in self.body_keys:
-            # `{"payment": {"amount": 1}, "payment.amount": 45000}`: priced from the
-            # nested one, while lodash's get() and MongoDB's $set read the flat key.
-            raise AmbiguousField(name, "is both a key with dots and a nested path in the body")
-        if name in self.path_params:
-            return self.path_params[name]
-        if name in self.query_fields:
-            return _single_query_value(self.query, name)
-        node = self.body
-        for part in name.split("."):
-            if not isinstance(node, Mapping):
-                raise KeyError(name)
-            node = node[part]
-        return node
-
-
-def _single_query_value(query: Query, name: str) -> str:
-    value = query[name]
-    if isinstance(value, str):
-        return value
-    values = list(value)
-    if len(values) != 1:
-        # The upstream may read another copy than the one priced: refuse, do not guess.
-        raise ValueError(f"appears {len(values)} times in the query; send it once")
-    return values[0]
-
-
-def read_face_value(
-    fields: _Fields, names: tuple[str, ...], scale: int, amount_scale: int = 1
-) -> int:
-    factors: list[Decimal] = []
-    for name in names:
-        try:
-            raw = fields.get(name)
-        except KeyError:
-            raise BadAmount(name, "is missing; the face value needs it") from None
-        except RequestError:
-            raise
-        except ValueError as exc:
-            raise BadAmount(name, str(exc)) from None
-        try:
-            factor = to_decimal(raw)
-        except AmountError as exc:
-            raise BadAmount(name, str(exc)) from None
-        if amount_scale != 1 and factor != factor.to_integral_value():
-            raise BadAmount(
-                name, f"{raw} must be a whole number of 1/{amount_scale} units (minor units)"
-            )
-        factors.append(factor)
-    try:
-        return product_to_minor(factors, scale, amount_scale)
-    except AmountError as exc:
-        raise BadAmount(" * ".join(names), f"face value {exc}") from None
-
-
-def check_currency(fields: _Fields, name: str, currency: str) -> None:
-    try:
-        raw = fields.get(name)
-    except KeyError:
-        raise CurrencyMismatch(
-            name, f"is missing; this route's amounts need it ({currency})"
-        ) from None
-    except RequestError:
-        raise
-    except ValueError as exc:
-        raise CurrencyMismatch(name, str(exc)) from None
-    if not isinstance(raw, str) or raw.casefold() != currency.casefold():
-        raise CurrencyMismatch(name, f"{raw!r} is not the tenant's risk-unit currency {currency!r}")
-
-
-def read_factors(fields: _Fields, templates: tuple[FactorTemplate, ...]) -> tuple[str, ...]:
-    out: list[str] = []
-    for template in templates:
-        values = [_factor_value(fields, name) for name in template.fields]
-        factor = template.expand(values)
-        if not ID_RE.fullmatch(FACTOR_PREFIX + factor):
-            raise BadRiskFactor(
-                ",".join(template.fields), f"risk factor {factor!r} is longer than 121 characters"
-            )
-        if factor not in out:
-            out.append(factor)
-    return tuple(out)
-
-
-def _factor_value(fields: _Fields, name: str) -> str:
-    try:
-        raw = fields.get(name)
-    except KeyError:
-        raise BadRiskFactor(name, "is missing; the route's risk factor needs it") from None
-    except RequestError:
-        raise
-    except ValueError as exc:
-        raise BadRiskFactor(name, str(exc)) from None
-    if isinstance(raw, bool) or not isinstance(raw, str | int):
-        raise BadRiskFactor(name, f"must be a string or an integer, not {type(raw).__name__}")
-    if isinstance(raw, int) and abs(raw) > MAX_MICROS:
-        # A JSON integer past 2^53 reads as another number in a parser that uses doubles
-        # (JavaScript's): 2^60 and 2^60 + 1 would be one supplier upstream and two
-        # factor accounts here.
-        raise BadRiskFactor(name, f"{raw} is past 2^53 - 1; send an id that long as a string")
-    if isinstance(raw, str) and name == fields.tail_param:
-        # `/stock/77.json` is item 77 to a router that strips a format extension.
-        raw = FORMAT_EXTENSION.sub("", raw)
-    # Case-folded so that 'Acme-Steel' and 'acme-steel' share one factor account, and a
-    # number spelled one way only, so that '042', '42.0' and '4.2e1' do (an API that
-    # reads ids as numbers reads one customer): an agent must not dodge a concentration
-    # cap by spelling; merging only tightens.
-    value = _one_spelling(name, str(raw).strip().lower())
-    if not ID_RE.fullmatch(value):
-        raise BadRiskFactor(name, f"{raw!r} may use only letters, digits and . _ : @ / -")
-    return value
-
-
-def _one_spelling(name: str, value: str) -> str:
-    """A factor value that reads as one number, as that number's plain decimal: digits
-    without leading zeros, a point only before a fraction's digits; anything else as
-    it is."""
-    if _DIGITS.fullmatch(value):
-        return value.lstrip("0") or "0"  # any length: a long id of digits stays one
-    if not _NUMBER.fullmatch(value):
-        return value
-    number = Decimal(value)
-    if number.is_zero():
-        return "0"
-    # Past an id's length its digits cannot be an id, and printing 1e999999 in full
-    # would cost the gateway.
-    if not -MAX_ID_CHARS <= number.adjusted() <= MAX_ID_CHARS:
-        raise BadRiskFactor(name, f"{value!r} is a number too large or too small for an id")
-    if number == number.to_integral_value():
-        return str(int(number))
-    return format(number.normalize(), "f")
-
-
 def price_in_catalog(
     catalog: Catalog,
     tool: str,
@@ -563,23 +311,25 @@ def price_in_catalog(
     if found is None:
         return _price_unknown(catalog, tool, method, path, query, body, body_format)
     route, params = found
-    lenient = catalog.lenient_route(tool, method, path)
-    if lenient is not None and lenient is not route:
-        # A parameter segment took what a lenient router reads as a listed literal:
-        # priced as `/reports/{name}` (a read), run as `/reports/export`.
-        raise RouteAlias(
-            f"{method} {path} matches the listed {route.method} {route.template.text}, but "
-            f"lenient routers read it as the listed {lenient.method} "
-            f"{lenient.template.text}; send the listed path"
-        )
+    _check_no_lenient_alias(catalog, route, tool, method, path)
     check_body_format(route.body_format, body_format)
     if route.effect_class is EffectClass.READ:
         return PricedEffect(
-            tool, method, path, route, route.effect_class, 0, (), 0, route.model, None, params
+            tool=tool,
+            method=method,
+            path=path,
+            route=route,
+            effect_class=route.effect_class,
+            face_value_micros=0,
+            risk_factors=(),
+            price_micros=0,
+            model=route.model,
+            approval_threshold_micros=None,
+            path_params=params,
         )
     check_effect_path(path)
     check_effect_query(query, route.query_fields)
-    fields = _Fields(body, query, params, route.query_fields, route.template.tail_param)
+    fields = RequestFields(body, query, params, route.query_fields, route.template.tail_param)
     if route.currency_field is not None:
         check_currency(fields, route.currency_field, catalog.currency)
     if route.face_fixed_micros is not None:
@@ -603,6 +353,21 @@ def price_in_catalog(
         approval_threshold_micros=route.approval_threshold_micros,
         path_params=params,
     )
+
+
+def _check_no_lenient_alias(
+    catalog: Catalog, route: CompiledRoute, tool: str, method: str, path: str
+) -> None:
+    """RouteAlias when a lenient router would read `path`, which matched `route`, as
+    another listed route: a parameter segment took what such a router reads as a
+    listed literal (priced as `/reports/{name}`, a read, run as `/reports/export`)."""
+    lenient = catalog.lenient_route(tool, method, path)
+    if lenient is not None and lenient is not route:
+        raise RouteAlias(
+            f"{method} {path} matches the listed {route.method} {route.template.text}, but "
+            f"lenient routers read it as the listed {lenient.method} "
+            f"{lenient.template.text}; send the listed path"
+        )
 
 
 def check_min_amount(catalog: Catalog, face_micros: int, fields: str) -> None:
@@ -667,7 +432,7 @@ def _price_unknown(
     check_effect_path(path)
     check_body_format(BodyFormat.JSON, body_format)
     check_effect_query(query, frozenset())
-    fields = _Fields(body, query, {}, frozenset())
+    fields = RequestFields(body, query, {}, frozenset())
     face = read_face_value(fields, catalog.unknown_face_fields, catalog.scale)
     check_min_amount(catalog, face, " * ".join(catalog.unknown_face_fields))
     return PricedEffect(

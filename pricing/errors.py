@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
-class Problem:
+class Finding:
     """One thing wrong with a policy: where (`routes[2].face_value`) and what."""
 
     path: str
@@ -17,12 +17,12 @@ class Problem:
 
 
 class PolicyError(ValueError):
-    """A policy document that cannot be used; `problems` lists every fault found."""
+    """A policy document that cannot be used; `findings` lists every fault found."""
 
-    def __init__(self, source: str, problems: list[Problem]) -> None:
+    def __init__(self, source: str, findings: list[Finding]) -> None:
         self.source = source
-        self.problems = problems
-        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+        self.findings = findings
+        super().__init__("\n".join(f"{source}: {p}" for p in findings))
 
 
 class AmountError(ValueError):

@@ -11,11 +11,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from pricing.errors import PolicyError, Problem
+from pricing.errors import Finding, PolicyError
 from pricing.models import MODEL_TAGS, P_FAIL_TAGS
-from pricing.policy import SCALE_CONTEXT, UNKNOWN_SCALE, VALID_SCALES, PolicyDocument
+from pricing.policy import PolicyDocument
 from pricing.serving import TenantPolicy, compile_policy
 from pricing.validation import check_policy
+from pricing.values import SCALE_CONTEXT, UNKNOWN_SCALE, VALID_SCALES
 
 # Where a field is a union, pydantic names the member it tried in the error's location
 # (`pricing.quantile.level`); operators wrote `pricing.level`.
@@ -49,7 +50,7 @@ def parse_yaml(text: str, source: str) -> object:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
-        raise PolicyError(source, [Problem("", _yaml_message(exc))]) from None
+        raise PolicyError(source, [Finding("", _yaml_message(exc))]) from None
 
 
 def _yaml_message(exc: yaml.YAMLError) -> str:
@@ -60,7 +61,7 @@ def _yaml_message(exc: yaml.YAMLError) -> str:
 
 
 def load_policy_text(text: str, source: str) -> TenantPolicy:
-    """Parse and check one tenant policy written in YAML; PolicyError lists every problem."""
+    """Parse and check one tenant policy written in YAML; PolicyError lists every finding."""
     return load_policy_data(parse_yaml(text, source), source)
 
 
@@ -70,16 +71,16 @@ def load_policy_data(data: object, source: str) -> TenantPolicy:
 
 
 def load_document(data: object, source: str) -> PolicyDocument:
-    """The checked document of a parsed policy; PolicyError lists every problem."""
+    """The checked document of a parsed policy; PolicyError lists every finding."""
     if not isinstance(data, Mapping):
-        raise PolicyError(source, [Problem("", "a policy must be a YAML mapping (key: value)")])
+        raise PolicyError(source, [Finding("", "a policy must be a YAML mapping (key: value)")])
     try:
         document = PolicyDocument.model_validate(data, context={SCALE_CONTEXT: _scale_of(data)})
     except ValidationError as exc:
-        raise PolicyError(source, _problems_from(exc)) from None
-    problems = check_policy(document)
-    if problems:
-        raise PolicyError(source, problems)
+        raise PolicyError(source, _findings_from(exc)) from None
+    findings = check_policy(document)
+    if findings:
+        raise PolicyError(source, findings)
     return document
 
 
@@ -108,8 +109,8 @@ def format_loc(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def _problems_from(exc: ValidationError) -> list[Problem]:
-    problems: list[Problem] = []
+def _findings_from(exc: ValidationError) -> list[Finding]:
+    findings: list[Finding] = []
     for err in exc.errors(include_url=False):
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
@@ -120,7 +121,7 @@ def _problems_from(exc: ValidationError) -> list[Problem]:
             msg = f"{err['input']!r} has the wrong form ({msg.lower()})"
         elif err["type"] in {"enum", "literal_error", "float_type", "int_type", "bool_type"}:
             msg = f"{msg} (got {err['input']!r})"
-        problem = Problem(format_loc(tuple(err["loc"])), msg)
-        if problem not in problems:
-            problems.append(problem)
-    return problems
+        finding = Finding(format_loc(tuple(err["loc"])), msg)
+        if finding not in findings:
+            findings.append(finding)
+    return findings

@@ -54,7 +54,7 @@ def _get(document: object, path: Path) -> object:
     return document
 
 
-def merge(base: object, edited: object, current: object) -> Merged:
+def merge_documents(base: object, edited: object, current: object) -> Merged:
     """`current` with the changes from `base` to `edited` applied. Where the change
     and `current` disagree about a field both changed since `base`, the change wins
     and the field is listed in `overridden` (the caller decides whether that is a

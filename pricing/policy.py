@@ -11,130 +11,27 @@ and compile the document into the serving view the gateway prices with
 
 from __future__ import annotations
 
-import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StringConstraints,
-    ValidationInfo,
-    WithJsonSchema,
-)
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
-from pricing.errors import AmountError
+from pricing.headers import HeaderName
 from pricing.models import PricingSpec
-from pricing.money import major_to_minor, to_decimal
-
-SCALE_CONTEXT = "risk_unit_scale"
-UNKNOWN_SCALE = -1
-
-TenantId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
-# No ':' so that `principal:<id>` and `agent:<id>` parse back unambiguously.
-MemberId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._@/-]{1,100}$")]
-ToolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
-FieldName = Annotated[
-    str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-]
-FactorPattern = Annotated[
-    str, StringConstraints(pattern=r"^[A-Za-z0-9._@/-]+:([A-Za-z0-9._:@/-]*\*|[A-Za-z0-9._:@/-]+)$")
-]
-TokenHash = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
-SoftBand = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False, strict=True)]
-
-
-def _to_micros(value: object, info: ValidationInfo) -> int:
-    scale = (info.context or {}).get(SCALE_CONTEXT)
-    if scale is None:
-        raise ValueError(
-            "amounts need the risk unit's scale; build policies with load_policy_text/data"
-        )
-    try:
-        if scale == UNKNOWN_SCALE:
-            # risk_unit itself is reported; still catch amounts that are wrong at any scale.
-            to_decimal(value)
-            return 0
-        return major_to_minor(value, scale)
-    except AmountError as exc:
-        raise ValueError(f"amount {exc}") from None
-
-
-# What an editor sees (`irrev policy schema`): the written form, not the int it becomes.
-_AMOUNT_SCHEMA = {
-    "anyOf": [
-        {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?$"},
-        {"type": "number", "minimum": 0},
-    ],
-    "description": "an amount in major units of the risk unit, e.g. '250000' or 14.80",
-}
-Micros = Annotated[int, BeforeValidator(_to_micros), WithJsonSchema(_AMOUNT_SCHEMA)]
-"""An operator-written major-unit amount, held as exact minor units."""
-
-_DURATION = re.compile(r"^([0-9]+)(ms|s|m|h|d)$")
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def _to_ms(value: object) -> int:
-    if not isinstance(value, str) or not (m := _DURATION.match(value.strip())):
-        raise ValueError(
-            f"duration {value!r} must be a whole number with a unit: ms, s, m, h or d "
-            "(e.g. '24h', '15m')"
-        )
-    ms = int(m.group(1)) * _UNIT_MS[m.group(2)]
-    if not 0 < ms <= 366 * 86_400_000:
-        raise ValueError(f"duration {value!r} must be above 0 and at most 366d")
-    return ms
-
-
-def duration_ms(value: str) -> int:
-    """A duration as policies write it ('15m', '2h'), in ms; ValueError if it is not one."""
-    return _to_ms(value)
-
-
-DurationMs = Annotated[
-    int,
-    BeforeValidator(_to_ms),
-    WithJsonSchema(
-        {
-            "type": "string",
-            "pattern": r"^[0-9]+(ms|s|m|h|d)$",
-            "description": "a whole number with a unit: ms, s, m, h or d (e.g. '24h')",
-        }
-    ),
-]
-
-
-def _to_ms_or_zero(value: object) -> int:
-    """A duration that may also be 0 ('0', '0s'): the feature it sets is off."""
-    zero = value == 0 and not isinstance(value, bool)
-    if zero or (isinstance(value, str) and re.fullmatch(r"0+(ms|s|m|h|d)?", value.strip())):
-        return 0
-    return _to_ms(value)
-
-
-DurationOrZeroMs = Annotated[
-    int,
-    BeforeValidator(_to_ms_or_zero),
-    WithJsonSchema(
-        {
-            "type": "string",
-            "pattern": r"^(0|[0-9]+(ms|s|m|h|d))$",
-            "description": "a whole number with a unit (e.g. '10m'), or 0 for none",
-        }
-    ),
-]
-
-
-def _upstream_url(value: str) -> str:
-    if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", value):
-        raise ValueError(
-            f"upstream {value!r} must be an http(s) base URL such as 'http://127.0.0.1:8900'"
-        )
-    return value.rstrip("/")
+from pricing.values import (
+    DurationMs,
+    DurationOrZeroMs,
+    FactorPattern,
+    FieldName,
+    MemberId,
+    Micros,
+    Scale,
+    SoftBand,
+    TenantId,
+    TokenHash,
+    ToolName,
+    UpstreamUrl,
+)
 
 
 class EffectClass(StrEnum):
@@ -192,18 +89,9 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-VALID_SCALES = frozenset(10**k for k in range(10))
-
-
-def _power_of_ten(value: int) -> int:
-    if value not in VALID_SCALES:
-        raise ValueError(f"scale {value} must be a power of ten from 1 to 10**9, e.g. 1000000")
-    return value
-
-
 class RiskUnit(_Model):
     currency: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,16}$")]
-    scale: Annotated[int, Field(strict=True), AfterValidator(_power_of_ten)] = Field(
+    scale: Scale = Field(
         description="minor units per major unit, a power of ten (10**6: micro-USD)"
     )
 
@@ -319,60 +207,8 @@ class TenantAdmin(_Model):
     role: AdminRole
 
 
-# RFC 9110 token: what a header field name may be.
-HeaderName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 InProgressStatus = Annotated[int, Field(strict=True, ge=400, le=499)]
-
-# Agents' request headers that reach the upstream on every tool; a tool adds its own
-# (API-version headers such as Stripe-Version) with `forward_headers`. Not Accept: a
-# framework that negotiates the answer's format after its handler ran answers 406 to
-# an Accept it cannot meet, after the effect, and the agent would choose that 4xx.
-DEFAULT_FORWARD_HEADERS = frozenset({"traceparent", "tracestate"})
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-# What the gateway sets itself on every request it sends: never a credential, never
-# the agent's.
-FRAMING = frozenset(
-    {"host", "content-length", "content-type", "content-encoding", "expect", "idempotency-key"}
-)
-# Headers that make a framework read another method than the one priced.
-METHOD_OVERRIDE_HEADERS = frozenset(
-    {"x-http-method-override", "x-http-method", "x-method-override"}
-)
-# Never taken from an agent: its own credentials, what frames or routes the request,
-# and method overrides.
-NEVER_FORWARDED = (
-    HOP_BY_HOP
-    | FRAMING
-    | METHOD_OVERRIDE_HEADERS
-    | {"authorization", "proxy-authorization", "cookie", "forwarded"}
-)
-# Never passed back to an agent: cookies and credentials of the upstream, framing the
-# gateway recomputes (httpx has decoded any content-encoding), and the gateway's own.
-NEVER_RETURNED = HOP_BY_HOP | {
-    "set-cookie",
-    "set-cookie2",
-    "authorization",
-    "proxy-authorization",
-    "www-authenticate",
-    "proxy-authenticate",
-    "content-length",
-    "content-encoding",
-}
-GATEWAY_HEADER_PREFIXES = ("x-irrev-", "x-forwarded-")
-
-
 AbsolutePath = Annotated[str, StringConstraints(pattern=r"^/[^\x00]{0,1023}$")]
 
 
@@ -429,7 +265,7 @@ class Webhook(_Model):
     """Where the approval loop's events go: each POSTed as JSON, signed with HMAC-SHA256
     under `secret` (header Irrev-Signature), retried until it is taken."""
 
-    url: Annotated[str, AfterValidator(_upstream_url)] = Field(
+    url: UpstreamUrl = Field(
         description="the receiver's URL, e.g. 'https://hooks.example.com/irrev'"
     )
     secret: SecretSource = Field(description="the signing secret: {env: NAME} or {file: /path}")
@@ -458,8 +294,8 @@ OPERATOR_FIELDS = ("webhook",)
 
 
 class Tool(_Model):
-    upstream: Annotated[str, AfterValidator(_upstream_url)] | None = None
-    mcp: Annotated[str, AfterValidator(_upstream_url)] | None = Field(
+    upstream: UpstreamUrl | None = None
+    mcp: UpstreamUrl | None = Field(
         default=None,
         description="the Streamable HTTP endpoint of an MCP server (e.g. "
         "'http://127.0.0.1:8900/mcp'); its routes are 'CALL <tool>/<mcp tool>'",
@@ -554,7 +390,7 @@ class Route(_Model):
         "(never above the face value)",
     )
     body_format: BodyFormat = BodyFormat.JSON
-    amount_scale: Annotated[int, Field(strict=True), AfterValidator(_power_of_ten)] | None = Field(
+    amount_scale: Scale | None = Field(
         default=None,
         description="face-value fields hold 1/amount_scale major units (100: cents); "
         "integers required",

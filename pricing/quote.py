@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pricing.accounts import check_per_effect_cap, factor_pattern_for, hold_accounts
-from pricing.catalog import FACTOR_PREFIX, PricedEffect, Query
+from pricing.catalog import PricedEffect
 from pricing.credentials import AuthenticatedAgent
 from pricing.errors import RequestError
 from pricing.money import minor_to_major_text, money_text
 from pricing.policy import BodyFormat, EffectClass
+from pricing.reading import Query
 from pricing.serving import TenantPolicy, check_route_scope, is_shadow, price_request
+from pricing.templates import FACTOR_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +32,7 @@ class Refusal:
     detail: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Quote:
     tool: str
     method: str
@@ -64,7 +66,14 @@ def quote_request(
     try:
         effect = price_request(policy, tool, method, path, query, body, body_format)
     except RequestError as exc:
-        return Quote(tool, method, path, None, agent_id=agent_id, refusal=_refusal(exc))
+        return Quote(
+            tool=tool,
+            method=method,
+            path=path,
+            effect=None,
+            agent_id=agent_id,
+            refusal=_refusal(exc),
+        )
     try:
         if effect.effect_class is EffectClass.READ:
             # A read reserves nothing; the gateway still checks its allow-lists.
@@ -78,8 +87,17 @@ def quote_request(
             check_per_effect_cap(agent, effect)
             accounts = hold_accounts(policy, agent, effect)
     except RequestError as exc:
-        return Quote(tool, method, path, effect, agent_id=agent_id, refusal=_refusal(exc))
-    return Quote(tool, method, path, effect, accounts, agent_id)
+        return Quote(
+            tool=tool,
+            method=method,
+            path=path,
+            effect=effect,
+            agent_id=agent_id,
+            refusal=_refusal(exc),
+        )
+    return Quote(
+        tool=tool, method=method, path=path, effect=effect, accounts=accounts, agent_id=agent_id
+    )
 
 
 def _refusal(exc: RequestError) -> Refusal:

@@ -13,13 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pricing.calibration import Evidence
-from pricing.catalog import Catalog, PricedEffect, Query, compile_catalog, price_in_catalog
+from pricing.catalog import Catalog, PricedEffect, compile_catalog, price_in_catalog
 from pricing.credentials import AuthenticatedAgent, agents_by_id, hash_token, index_agents
 from pricing.policy import BodyFormat, Mode, PolicyDocument
+from pricing.reading import Query
 from pricing.scopes import Scopes, compile_scopes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TenantPolicy:
     """One tenant's policy, compiled: the document it came from, and what each request
     reads (the tenant, the hold and escalation TTLs, the catalog, the allow-lists and

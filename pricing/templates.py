@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from pricing.errors import UnknownRoute
+
 ID_CHARS = r"A-Za-z0-9._:@/-"
 ID_RE = re.compile(rf"[{ID_CHARS}]{{1,128}}")
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -18,6 +20,8 @@ _FACTOR_LITERAL = re.compile(rf"[{ID_CHARS}]*")
 # Everything from a segment's first '.': Rails' `.:format` takes any characters but
 # '/' and '.', Spring's suffix pattern match anything (`/orders.x-y`, `/orders.json.x`).
 FORMAT_EXTENSION = re.compile(r"\..*$")
+# A risk factor's account: this prefix, then what the route's FactorTemplate expands to.
+FACTOR_PREFIX = "factor:"
 
 
 class TemplateError(ValueError):
@@ -139,6 +143,20 @@ def parse_route(text: str) -> tuple[str, PathTemplate]:
     if method not in METHODS:
         raise TemplateError(f"route {text!r}: method must be one of {', '.join(sorted(METHODS))}")
     return method, parse_path_template(path.strip())
+
+
+def call_route(server: str, tool: str) -> tuple[str, str]:
+    """The operation and target of a call to MCP tool `tool` of server `server`, as
+    the policy's `CALL <server>/<tool>` route reads them: what the catalog matches, a
+    hold's fingerprint reads and its request keeps."""
+    try:
+        operation, template = parse_route(f"{CALL} {server}/{tool}")
+    except TemplateError:
+        raise UnknownRoute(
+            f"{tool!r} is not a tool of MCP server {server!r} in the tenant's catalog "
+            "(unknown MCP tools are refused; add a 'CALL' route to the policy)"
+        ) from None
+    return operation, template.text
 
 
 def parse_product(text: str) -> tuple[str, ...]:

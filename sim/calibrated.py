@@ -2,7 +2,7 @@
 
 Every seed keeps, per product line (route), the sufficient statistics of the realised
 residual factors its settled holds revealed; every `every` ticks a seed whose evidence
-grew re-quotes that line with `pricing.calibration.quote`, the function behind the
+grew re-quotes that line with `pricing.calibration.route_quote`, the function behind the
 gateway's `hold_factor`. A hold is priced when its event is decided, from the quote of
 that moment and the holds then pending on its route: by default as many as its route
 has open (counted by face value, Kish's effective number (sum v)^2 / sum v^2, so one
@@ -17,7 +17,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from pricing.calibration import TOP_KEPT, Evidence, Prior, Quote, quote
+from pricing import TOP_KEPT, Evidence, Prior, RouteQuote, route_quote
 from sim.runner import I64, B
 from sim.workload import Workload
 
@@ -53,8 +53,8 @@ class Calibrated:
         self.total = np.zeros(shape)
         self.total_sq = np.zeros(shape)
         self.top = np.full((*shape, TOP_KEPT), -1.0)  # descending; -1 is empty
-        start = [quote(p, Evidence(), alpha=self.alpha) for p in self.priors]
-        self.quotes: list[list[Quote]] = [list(start) for _ in range(n_seeds)]
+        start = [route_quote(p, Evidence(), alpha=self.alpha) for p in self.priors]
+        self.quotes: list[list[RouteQuote]] = [list(start) for _ in range(n_seeds)]
         # holds open on each route (admitted or awaiting a human, not yet settled):
         # the sums of their face values and of its squares
         self.open_v = np.zeros(shape)
@@ -99,7 +99,7 @@ class Calibrated:
             for j, prior in enumerate(self.priors):
                 top = tuple(float(x) for x in self.top[s, j] if x >= 0)
                 ev = Evidence(int(self.n[s, j]), self.total[s, j], self.total_sq[s, j], top)
-                self.quotes[s][j] = quote(prior, ev, alpha=self.alpha)
+                self.quotes[s][j] = route_quote(prior, ev, alpha=self.alpha)
         self.stale &= ~due
         self.last = np.where(due, t, self.last)
         line, face = self.line[:, k], self.face[:, k]

@@ -73,7 +73,7 @@ def per_seed(wl: Workload, out: Outcome) -> dict[str, F64]:
     return res
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Summary:
     """Over-seed summary of one arm in one experiment."""
 

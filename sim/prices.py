@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from pricing.models import quantile_lgd, stressed_lgd
-from pricing.stress import trip_threshold
+from pricing import quantile_lgd, stressed_lgd, trip_threshold
 from sim.runner import I64, B, row_searchsorted
 from sim.workload import Workload
 

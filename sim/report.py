@@ -236,65 +236,10 @@ def _plot(exp: Experiment, rows: list[Row], stem: Path) -> list[Path]:
     colour = _arm_colours(arms)
     small = 6 if len(rows) > 20 else 8
     sweep = len(cases) > 1 and bool(exp.x_label)
-
-    def wilson_err(mine: list[Row]) -> list[list[float]]:
-        # clipped: at 0 or n of n, the Wilson bound and the rate differ by rounding only
-        return [
-            [max(0.0, _f(r, "p_overdraw") - _f(r, "p_overdraw_lo")) for r in mine],
-            [max(0.0, _f(r, "p_overdraw_hi") - _f(r, "p_overdraw")) for r in mine],
-        ]
-
     if sweep:
-        for arm in arms:
-            mine = [r for r in rows if r["arm"] == arm]
-            xs = [_f(r, "x") for r in mine]
-            panels = (
-                (ax_p, "p_overdraw", wilson_err(mine)),
-                (ax_e, "exposure", [_f(r, "exposure_ci") for r in mine]),
-                (ax_u, "utility", [_f(r, "utility_ci") for r in mine]),
-            )
-            for ax, key, err in panels:
-                ax.errorbar(
-                    xs, [_f(r, key) for r in mine], yerr=err, marker="o", label=arm, c=colour[arm]
-                )
-            ax_e.plot(xs, [_f(r, "exposure_max") for r in mine], linestyle=":", c=colour[arm])
-        for ax in (ax_p, ax_e, ax_u):
-            ax.set_xlabel(exp.x_label)
-            if exp.x_label == "agents":
-                ax.set_xscale("log")
+        _sweep_lines(exp, rows, colour, (ax_p, ax_e, ax_u))
     else:
-        xs, ticks, tick_labels = _place(rows, arms)
-        colours = [colour[str(r["arm"])] for r in rows]
-        ax_p.bar(xs, [_f(r, "p_overdraw") for r in rows], yerr=wilson_err(rows), color=colours)
-        ax_e.bar(
-            xs,
-            [_f(r, "exposure") for r in rows],
-            yerr=[_f(r, "exposure_ci") for r in rows],
-            color=colours,
-        )
-        ax_e.scatter(xs, [_f(r, "exposure_max") for r in rows], marker="_", color="black")
-        ax_u.bar(
-            xs,
-            [_f(r, "utility") for r in rows],
-            yerr=[_f(r, "utility_ci") for r in rows],
-            color=colours,
-        )
-        for ax in (ax_p, ax_e, ax_u):
-            _ticks(ax, ticks, tick_labels, small)
-        at = {(str(r["case"]), str(r["arm"])): x for r, x in zip(rows, xs, strict=True)}
-        shown = [(at[k], e) for k, e in exp.published.items() if k in at]
-        for i, (x, exposure) in enumerate(shown):
-            ax_e.scatter(
-                [x],
-                [exposure],
-                marker="*",
-                color="red",
-                zorder=3,
-                label="published" if i == 0 else None,
-            )
-        if len(cases) > 1:
-            handles = [Patch(facecolor=colour[a], label=a) for a in arms]
-            ax_p.legend(handles=handles, fontsize=6, ncol=min(len(arms), 4))
+        _case_bars(exp, rows, colour, (ax_p, ax_e, ax_u), small)
     _log_if_wide(ax_e.set_yscale, [_f(r, k) for r in rows for k in ("exposure", "exposure_max")])
     _trade_off(exp, rows, ax_t, colour)
     _per_seed(exp, rows, ax_d, colour, small)
@@ -315,6 +260,84 @@ def _plot(exp: Experiment, rows: list[Row], stem: Path) -> list[Path]:
         fig.savefig(path)
     plt.close(fig)
     return paths
+
+
+def _wilson_err(rows: list[Row]) -> list[list[float]]:
+    # clipped: at 0 or n of n, the Wilson bound and the rate differ by rounding only
+    return [
+        [max(0.0, _f(r, "p_overdraw") - _f(r, "p_overdraw_lo")) for r in rows],
+        [max(0.0, _f(r, "p_overdraw_hi") - _f(r, "p_overdraw")) for r in rows],
+    ]
+
+
+def _sweep_lines(
+    exp: Experiment, rows: list[Row], colour: dict[str, ColorType], axes: tuple[Axes, Axes, Axes]
+) -> None:
+    """A sweep's top panels: P(overdraw), exposure (and its worst window, dotted) and
+    utility against the swept x, a line per arm."""
+    ax_p, ax_e, ax_u = axes
+    for arm in colour:
+        mine = [r for r in rows if r["arm"] == arm]
+        xs = [_f(r, "x") for r in mine]
+        panels = (
+            (ax_p, "p_overdraw", _wilson_err(mine)),
+            (ax_e, "exposure", [_f(r, "exposure_ci") for r in mine]),
+            (ax_u, "utility", [_f(r, "utility_ci") for r in mine]),
+        )
+        for ax, key, err in panels:
+            ax.errorbar(
+                xs, [_f(r, key) for r in mine], yerr=err, marker="o", label=arm, c=colour[arm]
+            )
+        ax_e.plot(xs, [_f(r, "exposure_max") for r in mine], linestyle=":", c=colour[arm])
+    for ax in axes:
+        ax.set_xlabel(exp.x_label)
+        if exp.x_label == "agents":
+            ax.set_xscale("log")
+
+
+def _case_bars(
+    exp: Experiment,
+    rows: list[Row],
+    colour: dict[str, ColorType],
+    axes: tuple[Axes, Axes, Axes],
+    small: int,
+) -> None:
+    """The top panels of cases that are not a sweep: a bar per row (its worst window a
+    tick), the published exposures as red stars, and a legend of the arms' colours
+    when there is more than one case."""
+    ax_p, ax_e, ax_u = axes
+    xs, ticks, tick_labels = _place(rows, list(colour))
+    colours = [colour[str(r["arm"])] for r in rows]
+    ax_p.bar(xs, [_f(r, "p_overdraw") for r in rows], yerr=_wilson_err(rows), color=colours)
+    ax_e.bar(
+        xs,
+        [_f(r, "exposure") for r in rows],
+        yerr=[_f(r, "exposure_ci") for r in rows],
+        color=colours,
+    )
+    ax_e.scatter(xs, [_f(r, "exposure_max") for r in rows], marker="_", color="black")
+    ax_u.bar(
+        xs,
+        [_f(r, "utility") for r in rows],
+        yerr=[_f(r, "utility_ci") for r in rows],
+        color=colours,
+    )
+    for ax in axes:
+        _ticks(ax, ticks, tick_labels, small)
+    at = {(str(r["case"]), str(r["arm"])): x for r, x in zip(rows, xs, strict=True)}
+    shown = [(at[k], e) for k, e in exp.published.items() if k in at]
+    for i, (x, exposure) in enumerate(shown):
+        ax_e.scatter(
+            [x],
+            [exposure],
+            marker="*",
+            color="red",
+            zorder=3,
+            label="published" if i == 0 else None,
+        )
+    if len({str(r["case"]) for r in rows}) > 1:
+        handles = [Patch(facecolor=colour[a], label=a) for a in colour]
+        ax_p.legend(handles=handles, fontsize=6, ncol=min(len(colour), 4))
 
 
 def _trade_off(exp: Experiment, rows: list[Row], ax: Axes, colour: dict[str, ColorType]) -> None:

@@ -39,7 +39,7 @@ class Events:
     frag: B
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     """Padded event table, all arrays (S, K) except `burst_start` (S,)."""
 
@@ -171,16 +171,16 @@ def build(scenario: Scenario, seeds: range | list[int]) -> Workload:
     lines_supplier = np.array([ln.supplier for ln in model.lines])
     supplier = np.where(frag, 0, lines_supplier[agent % len(model.lines)])
     return Workload(
-        model,
-        scenario.attack,
-        tuple(seeds),
-        burst_start,
-        tick,
-        agent,
-        supplier,
-        value,
-        residual,
-        valid,
-        frag,
-        phase,
+        model=model,
+        attack=scenario.attack,
+        seeds=tuple(seeds),
+        burst_start=burst_start,
+        tick=tick,
+        agent=agent,
+        supplier=supplier,
+        value=value,
+        residual=residual,
+        valid=valid,
+        frag=frag,
+        phase=phase,
     )

@@ -22,10 +22,16 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pricing.accounts import factor_account
-from pricing.models import ExpectedPricing, QuantilePricing, StressedPricing, p_fail_value
-from pricing.policy import EffectClass
-from pricing.serving import TenantPolicy
+from pricing import (
+    EffectClass,
+    ExpectedPricing,
+    PricingSpec,
+    QuantilePricing,
+    StressedPricing,
+    TenantPolicy,
+    factor_account,
+    p_fail_value,
+)
 from sim.arms import Budget, Local
 from sim.experiments import Arms, Case, Experiment
 from sim.irrev import Irrev
@@ -140,47 +146,9 @@ def world(policy: TenantPolicy, spec: WorkloadSpec, source: str) -> Experiment:
     compiled = next(r for g in policy.catalog.routes.values() for r in g if r.index == index)
     tolerance = doc.accounts.tenant.limit / scale
     principal = doc.accounts.principals[agent.principal].limit / scale
-    if isinstance(pricing, ExpectedPricing | QuantilePricing | StressedPricing):
-        catalog = (pricing.recovery.alpha, pricing.recovery.beta)
-        p_fail = p_fail_value(pricing.p_fail)
-    elif spec.calibrate:
-        raise WorkloadError(f"route {route_id!r} is priced at face value: nothing to calibrate")
-    else:  # face: nothing is recovered, whatever happens
-        catalog, p_fail = (1.0, 1.0), 1.0
-    world_shape = spec.recovery or Shape(alpha=catalog[0], beta=catalog[1])
-    lines = tuple(
-        ProductLine(
-            value_mu=math.log(spec.value.median),
-            value_sigma=spec.value.sigma,
-            recovery_a=catalog[0],
-            recovery_b=catalog[1],
-            world_a=world_shape.alpha,
-            world_b=world_shape.beta,
-            supplier=i,
-        )
-        for i in range(spec.factor_values)
-    )
-    burst = spec.burst
-    try:
-        model = Model(
-            n_agents=spec.agents,
-            ticks=spec.ticks,
-            windows=spec.windows,
-            p_base=spec.call_rate,
-            p_burst=burst.rate if burst else spec.call_rate,
-            burst_len=burst.length if burst else 1,
-            lines=lines,
-            value_cap=agent.per_effect_cap / scale,
-            rate_limit=spec.rate_limit,
-            tolerance=tolerance,
-            correlated=bool(burst and burst.recovery),
-            corr_a=burst.recovery.alpha if burst and burst.recovery else 2.0,
-            corr_b=burst.recovery.beta if burst and burst.recovery else 6.0,
-            p_comp_fail=p_fail if spec.compensation_fails is None else spec.compensation_fails,
-            misprice=spec.misprice,
-        )
-    except ValueError as e:
-        raise WorkloadError(f"{source}: {e}") from None
+    catalog, p_fail = _catalog_recovery(pricing, route_id, spec.calibrate)
+    value_cap = agent.per_effect_cap / scale
+    model = _model(spec, catalog, p_fail, value_cap=value_cap, tolerance=tolerance, source=source)
     factor_limit = _factor_limit(policy, route.risk_factors)
     level = getattr(pricing, "level", 0.999)
     # the policy's escalation TTL in ticks of its window, unless the workload says
@@ -209,6 +177,66 @@ def world(policy: TenantPolicy, spec: WorkloadSpec, source: str) -> Experiment:
     arms: Arms = (("local", Local()), ("budget", Budget()), ("policy", irrev))
     case = Case(f"{doc.tenant}: {route_id}", Scenario(model), arms, spec.seed0)
     return Experiment("run", f"{doc.tenant}'s fleet on {route_id} ({source})", (case,))
+
+
+def _catalog_recovery(
+    pricing: PricingSpec | None, route_id: str, calibrate: bool
+) -> tuple[tuple[float, float], float]:
+    """The Beta shape of what compensation recovers, as the route's pricing believes
+    it, and the chance compensation fails."""
+    if isinstance(pricing, ExpectedPricing | QuantilePricing | StressedPricing):
+        return (pricing.recovery.alpha, pricing.recovery.beta), p_fail_value(pricing.p_fail)
+    if calibrate:
+        raise WorkloadError(f"route {route_id!r} is priced at face value: nothing to calibrate")
+    return (1.0, 1.0), 1.0  # face: nothing is recovered, whatever happens
+
+
+def _model(
+    spec: WorkloadSpec,
+    catalog: tuple[float, float],
+    p_fail: float,
+    *,
+    value_cap: float,
+    tolerance: float,
+    source: str,
+) -> Model:
+    """The world the workload describes: one product line per risk-factor value,
+    priced with the `catalog` recovery shape, recovering what the workload says the
+    world does (the catalog's shape unless it says otherwise)."""
+    world_shape = spec.recovery or Shape(alpha=catalog[0], beta=catalog[1])
+    lines = tuple(
+        ProductLine(
+            value_mu=math.log(spec.value.median),
+            value_sigma=spec.value.sigma,
+            recovery_a=catalog[0],
+            recovery_b=catalog[1],
+            world_a=world_shape.alpha,
+            world_b=world_shape.beta,
+            supplier=i,
+        )
+        for i in range(spec.factor_values)
+    )
+    burst = spec.burst
+    try:
+        return Model(
+            n_agents=spec.agents,
+            ticks=spec.ticks,
+            windows=spec.windows,
+            p_base=spec.call_rate,
+            p_burst=burst.rate if burst else spec.call_rate,
+            burst_len=burst.length if burst else 1,
+            lines=lines,
+            value_cap=value_cap,
+            rate_limit=spec.rate_limit,
+            tolerance=tolerance,
+            correlated=bool(burst and burst.recovery),
+            corr_a=burst.recovery.alpha if burst and burst.recovery else 2.0,
+            corr_b=burst.recovery.beta if burst and burst.recovery else 6.0,
+            p_comp_fail=p_fail if spec.compensation_fails is None else spec.compensation_fails,
+            misprice=spec.misprice,
+        )
+    except ValueError as e:
+        raise WorkloadError(f"{source}: {e}") from None
 
 
 def _factor_limit(policy: TenantPolicy, templates: list[str]) -> float | None:

@@ -27,7 +27,8 @@ import pytest
 import redis
 
 from irrev.localcluster import LocalCluster
-from ledger.embedded import EmbeddedRedis, bundled_redis_server, redis_server_version
+from ledger.embedded import EmbeddedRedis
+from ledger.redis_binary import bundled_redis_server, redis_server_version
 
 STANDALONE = ["embedded", "redis7"]
 SERVERS = [*STANDALONE, "cluster"]

@@ -54,8 +54,7 @@ def _reason_parameters(tree: ast.Module) -> dict[str, int]:
 
 
 def _raises_problems(path: Path, tree: ast.Module) -> bool:
-    """The module builds gateway/edge/problems.py's HTTP Problem (pricing has its own
-    Problem, a fault of a policy file, which is no reason code)."""
+    """The module builds gateway/edge/problems.py's HTTP Problem."""
     if path.parts[-3:] == ("gateway", "edge", "problems.py"):
         return True
     return any(

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ledger import RULE_PREFIX, Reason, ReserveResult
-from pricing import TenantPolicy
-from pricing.money import money_text
-from pricing.units import rfc3339
+from pricing import TenantPolicy, money_text, rfc3339
 
 
 class Retry(StrEnum):

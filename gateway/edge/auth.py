@@ -15,9 +15,7 @@ from fastapi import Depends, Request
 
 from gateway.edge.problems import Problem
 from gateway.settings import GatewaySettings
-from pricing import TenantPolicy
-from pricing.credentials import AuthenticatedAgent
-from pricing.policy import AdminRole
+from pricing import AdminRole, AuthenticatedAgent, TenantPolicy
 
 
 class Agents(Protocol):

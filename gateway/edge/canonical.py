@@ -28,8 +28,7 @@ from urllib.parse import quote, unquote_to_bytes
 
 from gateway.edge.problems import Problem
 from gateway.edge.wire import DEFAULT_LIMITS, JsonNumber, parse_json_body, too_complex
-from pricing.catalog import MEDIA_TYPES
-from pricing.policy import METHOD_OVERRIDE_HEADERS, BodyFormat, RequestLimits
+from pricing import MEDIA_TYPES, METHOD_OVERRIDE_HEADERS, BodyFormat, RequestLimits
 
 # As a query parameter or body field too; `_method` is Laravel's, Symfony's and Rails'.
 METHOD_OVERRIDES = METHOD_OVERRIDE_HEADERS | {"_method"}

@@ -11,8 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from gateway.edge.problems import Problem
-from pricing import TenantPolicy
-from pricing.credentials import AuthenticatedAgent
+from pricing import AuthenticatedAgent, TenantPolicy
 
 
 @dataclass

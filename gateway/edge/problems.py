@@ -28,7 +28,7 @@ from ledger import (
     RedisFailure,
     UnknownAccount,
 )
-from pricing.errors import RequestError
+from pricing import RequestError
 
 PROBLEM_JSON = "application/problem+json"
 log = logging.getLogger("irrev.gateway")

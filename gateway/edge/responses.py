@@ -12,9 +12,14 @@ from gateway.edge.problems import Problem, kept_problem
 from gateway.edge.wire import BODY_OMITTED, StoredAnswer
 from gateway.pipeline.upstream import Answer, Fate
 from ledger import Hold, HoldState, ReserveResult
-from pricing import TenantPolicy
-from pricing.policy import GATEWAY_HEADER_PREFIXES, NEVER_RETURNED
-from pricing.units import header_money, rfc3339, with_money_text
+from pricing import (
+    GATEWAY_HEADER_PREFIXES,
+    NEVER_RETURNED,
+    TenantPolicy,
+    header_money,
+    rfc3339,
+    with_money_text,
+)
 
 
 def escalation_id(tenant: str, hold_id: str) -> str:
@@ -28,7 +33,9 @@ def parse_escalation_id(escalation: str) -> tuple[str, str]:
     return tenant, hold_id
 
 
-def money(policy: TenantPolicy, **amounts: int | dict[str, int] | None) -> dict[str, Any]:
+def amounts_in_currency(
+    policy: TenantPolicy, **amounts: int | dict[str, int] | None
+) -> dict[str, Any]:
     """Amounts in the tenant's minor units, each with its `_text`, and `currency`."""
     return with_money_text(amounts, policy.scale, policy.catalog.currency)
 
@@ -39,7 +46,9 @@ def hold_view(policy: TenantPolicy, hold: Hold) -> dict[str, Any]:
         "state": hold.state.value,
         "decision": hold.decision.value,
         "reason": hold.reason.value,
-        **money(policy, amounts=hold.amounts, posted=hold.posted, compensated=hold.compensated),
+        **amounts_in_currency(
+            policy, amounts=hold.amounts, posted=hold.posted, compensated=hold.compensated
+        ),
         "flags": sorted(hold.flags),
         "deadline_ms": hold.deadline_ms,
         "deadline_at": rfc3339(hold.deadline_ms),
@@ -232,7 +241,7 @@ def escalated_response(policy: TenantPolicy, decided: Decided, repeat: str) -> J
         "escalation": escalation,
         "detail": f"{said}. Poll {location} for the result, or {repeat}.",
         "reason": result.reason.value,
-        **money(policy, price=result.price),
+        **amounts_in_currency(policy, price=result.price),
         "poll": location,
         "deadline_ms": result.deadline_ms,
         "deadline_at": rfc3339(result.deadline_ms),

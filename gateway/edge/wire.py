@@ -13,7 +13,7 @@ from decimal import Decimal
 from typing import Any
 
 from gateway.edge.problems import Problem
-from pricing.policy import RequestLimits
+from pricing import RequestLimits
 
 Headers = tuple[tuple[str, str], ...]
 MAX_JSON_DEPTH = 32
@@ -177,7 +177,7 @@ class _Record:
         return json.dumps(asdict(self), separators=(",", ":"))  # type: ignore[call-overload]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StoredRequest(_Record):
     """The effect as admitted, kept with its hold while it is live."""
 

@@ -24,9 +24,9 @@ from ledger import (
     Rule,
 )
 from pricing import (
+    AuthenticatedAgent,
     TenantPolicy,
 )
-from pricing.credentials import AuthenticatedAgent
 
 log = logging.getLogger("irrev.gateway")
 

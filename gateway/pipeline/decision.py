@@ -29,14 +29,14 @@ from ledger import (
     ReserveResult,
 )
 from pricing import (
+    AuthenticatedAgent,
     TenantPolicy,
 )
-from pricing.credentials import AuthenticatedAgent
 
 log = logging.getLogger("irrev.gateway")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Decision:
     """What the gateway decided about one held effect, and what came of it: admitted
     (and delivered: `answer`), escalated to a person (`answer` None while they
@@ -87,9 +87,9 @@ def decided(
     wait_s = route.escalation_wait_ms / 1000 if route is not None else 0.0
     state = more.pop("state", result.state)
     return Decision(
-        result,
-        prepared.hold_id,
-        answer,
+        result=result,
+        hold_id=prepared.hold_id,
+        answer=answer,
         key=prepared.agent_key,
         replayed=result.replayed,
         state=state,

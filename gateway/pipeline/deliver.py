@@ -90,7 +90,7 @@ async def fire(
         if retry and time.monotonic() >= send_by:
             # The claim's reply came too late to send at all: a request begun now
             # could still be on its way once the claim lapsed.
-            answer = Answer(Fate.NOT_SENT, why="upstream_timeout")
+            answer = Answer(fate=Fate.NOT_SENT, why="upstream_timeout")
         else:
             answer = await upstream.deliver(request, hold_id, send_by, retry=retry)
         tracing.annotate(span, fate=answer.fate.value, status=answer.status or None)

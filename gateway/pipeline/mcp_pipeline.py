@@ -18,14 +18,12 @@ from gateway.pipeline.prepare import (
     Gate,
     Intent,
     prepare,
-    route_of_call,
     upstream_of,
 )
 from gateway.pipeline.upstream import Answer, Fate
 from gateway.state.mcp_upstream import MCP_KEY
 from ledger import HoldState
-from pricing import TenantPolicy
-from pricing.credentials import AuthenticatedAgent
+from pricing import AuthenticatedAgent, TenantPolicy, call_route
 
 
 @dataclass(frozen=True)
@@ -159,9 +157,15 @@ async def call_effect(
         # its path, and charged: /mcp reaches MCP servers only.
         raise Problem(403, "unknown_route", f"{server!r} is not an MCP server of this tenant")
     keys = (key,) if key else ()
-    operation, target = route_of_call(server, tool)
+    operation, target = call_route(server, tool)
     intent = Intent(
-        server, operation, target, canonical, keys, key_name=MCP_KEY, keyless_name=KEYLESS_ARGUMENTS
+        tool=server,
+        operation=operation,
+        target=target,
+        canonical=canonical,
+        keys=keys,
+        key_name=MCP_KEY,
+        keyless_name=KEYLESS_ARGUMENTS,
     )
     prepared = prepare(policy, agent, intent, in_process=False)
     decision = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))

@@ -20,7 +20,7 @@ from gateway.edge.advice import units_of
 from gateway.edge.canonical import Canonical
 from gateway.edge.in_flight import AgentSlots
 from gateway.edge.problems import Problem
-from gateway.edge.responses import money
+from gateway.edge.responses import amounts_in_currency
 from gateway.edge.wire import Headers, StoredRequest, fingerprint, hold_id_for
 from gateway.pipeline.resettle import Resettler
 from gateway.pipeline.upstream import Upstream
@@ -32,19 +32,17 @@ from ledger import (
     Ledger,
 )
 from pricing import (
+    AuthenticatedAgent,
     EffectClass,
     PerEffectCapExceeded,
     PricedEffect,
     TenantPolicy,
     check_per_effect_cap,
     check_route_scope,
+    is_shadow,
+    policy_account,
     price_request,
 )
-from pricing.accounts import account_spec
-from pricing.credentials import AuthenticatedAgent
-from pricing.errors import UnknownRoute
-from pricing.serving import is_shadow
-from pricing.templates import CALL, TemplateError, parse_route
 
 log = logging.getLogger("irrev.gateway")
 # A trace context is new on every attempt by design; it does not change the effect.
@@ -84,12 +82,12 @@ class Gate:
         return self.slots[tenant]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Intent:
     """An effect as an agent asked for it, parsed by its router, in the words of the
     route it is addressed to: `operation` and `target` are the route's verb and what
     it names (an HTTP method and path, starting with '/'; for an MCP tool, what its
-    `CALL <server>/<tool>` route reads as: `route_of_call`); `canonical` is the query
+    `CALL <server>/<tool>` route reads as: pricing's `call_route`); `canonical` is the query
     and body as they are priced and forwarded; `headers` are the agent's headers its
     tool lets through (lower-case names, sorted); `keys` are the idempotency keys the
     agent sent (anything held needs exactly one)."""
@@ -106,21 +104,7 @@ class Intent:
     keyless_name: str = KEYLESS_REQUEST
 
 
-def route_of_call(server: str, tool: str) -> tuple[str, str]:
-    """The operation and target of a call to MCP tool `tool` of server `server`, as
-    the policy's `CALL <server>/<tool>` route reads (pricing.templates.parse_route):
-    what the catalog matches, the hold's fingerprint reads and its request keeps."""
-    try:
-        operation, template = parse_route(f"{CALL} {server}/{tool}")
-    except TemplateError:
-        raise UnknownRoute(
-            f"{tool!r} is not a tool of MCP server {server!r} in the tenant's catalog "
-            "(unknown MCP tools are refused; add a 'CALL' route to the policy)"
-        ) from None
-    return operation, template.text
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Prepared:
     """A priced, checked effect and what its hold keeps. `hold_id`, `fingerprint` and
     `agent_key` (the agent's Idempotency-Key) are '' for a proxied read, which holds
@@ -199,22 +183,24 @@ def prepare(
     # What goes upstream is re-encoded from what was priced, never the agent's bytes.
     body = canonical.body
     request = StoredRequest(
-        agent.agent_id,
-        intent.tool,
-        intent.operation,
-        intent.target,
-        canonical.query_text,
-        canonical.content_type,
-        base64.b64encode(body).decode(),
-        effect.route_id,
-        effect.price_micros,
-        intent.headers,
+        agent=agent.agent_id,
+        tool=intent.tool,
+        method=intent.operation,
+        path=intent.target,
+        query=canonical.query_text,
+        content_type=canonical.content_type,
+        body_b64=base64.b64encode(body).decode(),
+        route_id=effect.route_id,
+        price=effect.price_micros,
+        headers=intent.headers,
         face_value=effect.face_value_micros,
         effect_class=effect.effect_class.value,
         in_process=effect.in_process,
     )
     if effect.effect_class is EffectClass.READ and not in_process:
-        return Prepared(effect, request, "", "", key_name=intent.key_name)
+        return Prepared(
+            effect=effect, request=request, hold_id="", fingerprint="", key_name=intent.key_name
+        )
     effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
     digest = fingerprint(intent.operation, intent.target, request.query, body, effect_headers)
     route = effect.route
@@ -226,10 +212,26 @@ def prepare(
     else:
         content = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, content_key(digest))
         name = intent.keyless_name
-        return Prepared(effect, request, "", digest, shadow, cap_refusal, name, content=content)
+        return Prepared(
+            effect=effect,
+            request=request,
+            hold_id="",
+            fingerprint=digest,
+            shadow=shadow,
+            cap_refusal=cap_refusal,
+            key_name=name,
+            content=content,
+        )
     hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
     return Prepared(
-        effect, request, hold_id, digest, shadow, cap_refusal, intent.key_name, agent_key
+        effect=effect,
+        request=request,
+        hold_id=hold_id,
+        fingerprint=digest,
+        shadow=shadow,
+        cap_refusal=cap_refusal,
+        key_name=intent.key_name,
+        agent_key=agent_key,
     )
 
 
@@ -238,7 +240,7 @@ def read_paced(policy: TenantPolicy, agent: AuthenticatedAgent) -> list[str]:
     principal's): none, and no Redis call, where the policy sets no read rate."""
     paced = []
     for account in (f"agent:{agent.agent_id}", f"principal:{agent.principal_id}"):
-        spec = account_spec(policy, account)
+        spec = policy_account(policy, account)
         if spec is not None and spec.rates is not None and spec.rates.reads is not None:
             paced.append(account)
     return paced
@@ -312,5 +314,5 @@ def cap_problem(policy: TenantPolicy, exc: PerEffectCapExceeded) -> Problem:
         exc.reason,
         f"This call's amount, {units.money(exc.face_value_micros)}, is above this agent's "
         f"cap of {units.money(exc.cap_micros)} for one effect",
-        **money(policy, face_value=exc.face_value_micros, cap=exc.cap_micros),
+        **amounts_in_currency(policy, face_value=exc.face_value_micros, cap=exc.cap_micros),
     )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from gateway.edge import metrics, tracing
 from gateway.edge.advice import budget_refusal, next_window, units_of
 from gateway.edge.problems import PROBLEM_JSON, Problem
-from gateway.edge.responses import money
+from gateway.edge.responses import amounts_in_currency
 from gateway.edge.wire import StoredAnswer
 from gateway.pipeline.crashpoints import crash_point
 from gateway.pipeline.prepare import KEYLESS_NAMES, Gate, Prepared
@@ -30,14 +30,15 @@ from ledger import (
     pool_tag,
 )
 from pricing import (
+    AuthenticatedAgent,
     TenantPolicy,
     hold_accounts,
+    policy_account,
+    pooled_pending,
+    priced_for,
+    rfc3339,
+    shadow_hold,
 )
-from pricing.accounts import account_spec, shadow_hold
-from pricing.calibration import pooled_pending
-from pricing.catalog import priced_for
-from pricing.credentials import AuthenticatedAgent
-from pricing.units import rfc3339
 
 log = logging.getLogger("irrev.gateway")
 
@@ -183,11 +184,11 @@ async def _reserve_once(
             pool=ticket,
             # What the journal keeps of who asked and what was sent (issue 14).
             provenance=Provenance(
-                effect.route_id,
-                agent.agent_id,
-                agent.principal_id,
-                effect.face_value_micros,
-                prepared.agent_key,
+                route=effect.route_id,
+                agent=agent.agent_id,
+                principal=agent.principal_id,
+                face_value=effect.face_value_micros,
+                agent_key=prepared.agent_key,
             ),
         )
     finally:
@@ -330,7 +331,9 @@ def refusal(policy: TenantPolicy, result: ReserveResult, hold_id: str, face_valu
     """The 403 of a denied reserve, with the numbers that decided it: in words for the
     model (what is left, what would fit, when it renews), in minor units for programs."""
     binding = result.binding
-    amounts = money(policy, price=result.price, limit=binding.limit, available=binding.available)
+    amounts = amounts_in_currency(
+        policy, price=result.price, limit=binding.limit, available=binding.available
+    )
     return Problem(
         403,
         "budget_exceeded",
@@ -346,7 +349,7 @@ def refusal(policy: TenantPolicy, result: ReserveResult, hold_id: str, face_valu
 def escalations_waiting(policy: TenantPolicy, agent: AuthenticatedAgent, hold_id: str) -> Problem:
     """429 of an effect that would wait for a person while its agent already has as
     many waiting as it may (policy `max_escalations`): nothing was held."""
-    spec = account_spec(policy, f"agent:{agent.agent_id}")
+    spec = policy_account(policy, f"agent:{agent.agent_id}")
     cap = spec.max_escalations if spec is not None else policy.document.max_escalations
     return Problem(
         429,
@@ -363,7 +366,7 @@ def accounts_opened(
 ) -> Problem:
     """429 of an effect that would open a risk-factor account (a new payee, a new
     supplier) past its agent's max_new_accounts this window: nothing was held."""
-    spec = account_spec(policy, f"agent:{agent.agent_id}")
+    spec = policy_account(policy, f"agent:{agent.agent_id}")
     cap = spec.max_new_accounts if spec is not None else policy.document.max_new_accounts
     return Problem(
         429,

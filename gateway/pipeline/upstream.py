@@ -43,7 +43,7 @@ class HttpMeta:
     headers: Headers = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Answer:
     """What an upstream said, in no protocol's terms: its `fate`, its `payload` as
     the agent gets it (opaque here) and that payload's `media_type`. `why` is a short

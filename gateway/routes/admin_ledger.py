@@ -41,11 +41,7 @@ from ledger import (
     Status,
     read_journal,
 )
-from pricing import TenantPolicy
-from pricing.money import money_text
-from pricing.policy import AdminRole
-from pricing.templates import CALL
-from pricing.units import journal_money
+from pricing import CALL, AdminRole, TenantPolicy, journal_money, money_text
 
 # The events feed reads at most FEED_PAGES journal pages of FEED_PAGE entries a call.
 FEED_PAGE = 500

@@ -21,19 +21,22 @@ from gateway.edge.bodies import read_body
 from gateway.edge.notes import Note
 from gateway.edge.problems import Problem
 from gateway.routes import gate_of
-from gateway.state.events import currency, money, rfc3339
+from gateway.state.events import amount_and_text, currency, rfc3339
 from gateway.state.policies import PolicyLoadError
 from gateway.state.policy_changes import ChangeRefused
 from ledger import POLICY_HISTORY, BadInput, Rule, UnknownAccount
-from pricing import PolicyError, TenantPolicy, load_policy_text
-from pricing.errors import AmountError
-from pricing.money import major_to_minor, money_text
-from pricing.policy import (
+from pricing import (
     OPERATOR_FIELDS,
     OPERATOR_TOOL_FIELDS,
     AdminRole,
+    AmountError,
     PolicyDocument,
+    PolicyError,
+    TenantPolicy,
     duration_ms,
+    load_policy_text,
+    major_to_minor,
+    money_text,
 )
 
 log = logging.getLogger("irrev.gateway")
@@ -192,7 +195,7 @@ def _not_applied(exc: PolicyError) -> Problem:
         422,
         "invalid_policy",
         "the policy was not applied",
-        problems=[str(p) for p in exc.problems],
+        problems=[str(p) for p in exc.findings],
     )
 
 
@@ -269,7 +272,7 @@ def rule_view(policy: TenantPolicy, rule: Rule) -> dict[str, Any]:
     view = {"rule": rule.rule_id, **spec, "currency": currency(policy)}
     for name in ("max_price", "amount"):
         if spec.get(name) is not None:
-            view.update(money(policy, name, spec[name]))
+            view.update(amount_and_text(policy, name, spec[name]))
     view["until"] = rfc3339(rule.until_ms)
     return view
 

@@ -24,7 +24,7 @@ from gateway.pipeline.approve import rejected_problem, resolved, resolved_alread
 from gateway.pipeline.prepare import Gate
 from gateway.routes import gate_of
 from ledger import HoldState, HoldStateConflict
-from pricing.policy import AdminRole
+from pricing import AdminRole
 
 router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
 

@@ -17,10 +17,10 @@ from gateway.edge.bodies import read_body
 from gateway.edge.canonical import Canonical
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
+    amounts_in_currency,
     decision_headers,
     escalation_id,
     hold_view,
-    money,
     stored_response,
 )
 from gateway.edge.wire import StoredAnswer, StoredRequest, parse_json_body, receipt, record_of
@@ -29,10 +29,15 @@ from gateway.pipeline.prepare import Gate, Intent, prepare
 from gateway.pipeline.reserve import reserve, shadowed, unacknowledged
 from gateway.routes import gate_of
 from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status, TransitionResult
-from pricing import EffectClass, TenantPolicy
-from pricing.calibration import TOP_KEPT, factor_ppm
-from pricing.credentials import AuthenticatedAgent
-from pricing.policy import BodyFormat, RequestLimits
+from pricing import (
+    TOP_KEPT,
+    AuthenticatedAgent,
+    BodyFormat,
+    EffectClass,
+    RequestLimits,
+    TenantPolicy,
+    factor_ppm,
+)
 
 log = logging.getLogger("irrev.gateway")
 router = APIRouter(prefix="/v1/holds", tags=["decision API"])
@@ -95,7 +100,9 @@ async def _create_hold(
     raw = await read_body(request, gate.settings.max_body_bytes, gate.settings.body_timeout_s)
     canonical = _canonical(spec, raw, policy.document.request_limits)
     keys = request.headers.getlist("idempotency-key")
-    intent = Intent(spec.tool, spec.method, spec.path, canonical, keys=keys)
+    intent = Intent(
+        tool=spec.tool, operation=spec.method, target=spec.path, canonical=canonical, keys=keys
+    )
     prepared = prepare(policy, agent, intent, in_process=True)
     result = await reserve(gate, policy, agent, prepared)
     if result.state is HoldState.ESCALATED:
@@ -124,7 +131,10 @@ def decision_json(policy: TenantPolicy, decision: Decision, hold: Hold) -> JSONR
     if decision.escalated:
         headers["Location"] = f"/v1/escalations/{escalation_id(policy.tenant, decision.hold_id)}"
     view = hold_view(policy, hold)
-    body = {**view, **money(policy, price=decision.price, remaining=decision.remaining)}
+    body = {
+        **view,
+        **amounts_in_currency(policy, price=decision.price, remaining=decision.remaining),
+    }
     return JSONResponse(body, status, headers=headers)
 
 

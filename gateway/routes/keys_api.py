@@ -23,7 +23,7 @@ from gateway.routes import gate_of
 from gateway.state import managed_keys
 from gateway.state.managed_keys import key_view
 from ledger import KeyKind, KeyNotFound, KeyNotLive, KeyRecord, KeySpec, LedgerError
-from pricing.policy import AdminRole, MemberId
+from pricing import AdminRole, MemberId
 
 log = logging.getLogger("irrev.gateway")
 router = APIRouter(prefix="/v1/admin/tenants/{tenant}/keys", tags=["keys"])
@@ -56,7 +56,7 @@ class KeyRequest(BaseModel):
 
     def spec(self) -> KeySpec:
         return KeySpec(
-            KeyKind(self.kind),
+            kind=KeyKind(self.kind),
             agent=self.agent or "",
             admin=self.admin or "",
             role=self.role.value if self.role is not None else "",

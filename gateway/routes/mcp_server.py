@@ -47,17 +47,22 @@ from gateway.edge.responses import escalation_id
 from gateway.edge.wire import JsonNumber, parse_json_body
 from gateway.pipeline.decision import Decision
 from gateway.pipeline.mcp_pipeline import Outcome, call_effect
-from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate, route_of_call
+from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate
 from gateway.pipeline.upstream import Fate
 from gateway.state import refusals
 from gateway.state.mcp_upstream import HOLD_META, KEY_META
 from ledger import HoldState, LedgerError
-from pricing import EffectClass, PricedEffect, TenantPolicy
-from pricing.catalog import CompiledRoute
-from pricing.credentials import AuthenticatedAgent
-from pricing.errors import RequestError
-from pricing.money import minor_to_major_text
-from pricing.policy import BodyFormat
+from pricing import (
+    AuthenticatedAgent,
+    BodyFormat,
+    CompiledRoute,
+    EffectClass,
+    PricedEffect,
+    RequestError,
+    TenantPolicy,
+    call_route,
+    minor_to_major_text,
+)
 
 SEPARATOR = "__"
 # Who approved an escalated call and why, in a result's _meta (irrev's prefix).
@@ -114,7 +119,16 @@ def servers_of(policy: TenantPolicy) -> list[str]:
 def route_effect(server: str, target: str, route: CompiledRoute) -> PricedEffect:
     """A route as the allow-list check reads it (no request: no price)."""
     return PricedEffect(
-        server, route.method, target, route, route.effect_class, 0, (), 0, route.model, None
+        tool=server,
+        method=route.method,
+        path=target,
+        route=route,
+        effect_class=route.effect_class,
+        face_value_micros=0,
+        risk_factors=(),
+        price_micros=0,
+        model=route.model,
+        approval_threshold_micros=None,
     )
 
 
@@ -150,7 +164,7 @@ def shown(
     """The route of a tool this agent is shown (a priced route both allow-lists let it
     call), None for one it is not: an unpriced tool is never called."""
     try:
-        operation, target = route_of_call(server, tool)
+        operation, target = call_route(server, tool)
     except RequestError:
         return None  # a name no route can have
     found = policy.catalog.match(server, operation, target)

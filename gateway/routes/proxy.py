@@ -28,8 +28,7 @@ from gateway.pipeline.decision import Decision, admit
 from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate, Intent, prepare, upstream_of
 from gateway.pipeline.upstream import Answer
 from gateway.routes import gate_of
-from pricing import TenantPolicy
-from pricing.credentials import AuthenticatedAgent
+from pricing import AuthenticatedAgent, TenantPolicy
 
 _VISIBLE_ASCII = re.compile(r"[\x20-\x7e\t]*")
 
@@ -90,10 +89,10 @@ async def _proxy(
     content_types = request.headers.getlist("content-type")
     canonical = read_request(request.url.query, content_types, body, limits)
     intent = Intent(
-        tool,
-        request.method,
-        f"/{path}",
-        canonical,
+        tool=tool,
+        operation=request.method,
+        target=f"/{path}",
+        canonical=canonical,
         keys=request.headers.getlist("idempotency-key"),
         headers=passed_headers(policy, tool, request.headers.items()),
     )

@@ -16,8 +16,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from pricing import PolicyError, Problem, TenantPolicy
-from pricing.policy import SecretSource
+from pricing import Finding, PolicyError, SecretSource, TenantPolicy
 
 Injected = tuple[tuple[str, str], ...]
 
@@ -27,13 +26,13 @@ def resolve_credentials(policy: TenantPolicy) -> dict[str, Injected]:
     variables to add to its environment; PolicyError names every variable or file
     that is missing, unreadable or not a valid header (or environment) value."""
     resolved: dict[str, Injected] = {}
-    problems: list[Problem] = []
+    findings: list[Finding] = []
     for tool_name, tool in policy.document.tools.items():
         injected = []
         for header, secret in tool.credentials.items():
             value, problem = _read(secret)
             if problem:
-                problems.append(Problem(f"tools.{tool_name}.credentials.{header}", problem))
+                findings.append(Finding(f"tools.{tool_name}.credentials.{header}", problem))
             else:
                 injected.append((header, secret.prefix + value))
         for name, source in tool.mcp_env.items():
@@ -42,7 +41,7 @@ def resolve_credentials(policy: TenantPolicy) -> dict[str, Injected]:
                 continue
             value, problem = _read_raw(source)
             if problem:
-                problems.append(Problem(f"tools.{tool_name}.mcp_env.{name}", problem))
+                findings.append(Finding(f"tools.{tool_name}.mcp_env.{name}", problem))
             else:
                 injected.append((name, value))
         if injected:
@@ -50,9 +49,9 @@ def resolve_credentials(policy: TenantPolicy) -> dict[str, Injected]:
     if policy.document.webhook is not None:
         _, problem = _read(policy.document.webhook.secret)
         if problem:
-            problems.append(Problem("webhook.secret", problem))
-    if problems:
-        raise PolicyError(f"credentials of tenant {policy.tenant}", problems)
+            findings.append(Finding("webhook.secret", problem))
+    if findings:
+        raise PolicyError(f"credentials of tenant {policy.tenant}", findings)
     return resolved
 
 
@@ -86,7 +85,7 @@ def webhook_secret(policy: TenantPolicy) -> bytes | None:
     value, problem = _read(webhook.secret)
     if problem:
         raise PolicyError(
-            f"credentials of tenant {policy.tenant}", [Problem("webhook.secret", problem)]
+            f"credentials of tenant {policy.tenant}", [Finding("webhook.secret", problem)]
         )
     return value.encode()
 

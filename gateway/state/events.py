@@ -17,8 +17,7 @@ from typing import Any
 from gateway.edge.responses import escalation_id
 from gateway.edge.wire import StoredAnswer, StoredRequest, record_of
 from ledger import RULE_PREFIX, Balance, Hold, JournalEntry, Ledger, Reason, RefusalCount
-from pricing import TenantPolicy
-from pricing.money import money_text
+from pricing import TenantPolicy, money_text
 
 # journal op -> event type; a reserve is an event only when it escalated.
 HOLD_EVENTS = {
@@ -46,7 +45,7 @@ def entry_ms(entry_id: str) -> int:
     return int(entry_id.partition("-")[0])
 
 
-def money(policy: TenantPolicy, field: str, amount: int) -> dict[str, Any]:
+def amount_and_text(policy: TenantPolicy, field: str, amount: int) -> dict[str, Any]:
     """`{field: amount, field_text: "1,234.5 USD"}` in the tenant's risk unit."""
     unit = policy.document.risk_unit
     return {field: amount, f"{field}_text": money_text(amount, unit.scale, unit.currency)}
@@ -76,9 +75,9 @@ def effect_fields(
     agent = policy.document.agents.get(record.agent)
     out["principal"] = agent.principal if agent else None
     out["currency"] = currency(policy)
-    out.update(money(policy, "face_value", record.face_value))
+    out.update(amount_and_text(policy, "face_value", record.face_value))
     if isinstance(record, StoredRequest):
-        out.update(money(policy, "price", record.price))
+        out.update(amount_and_text(policy, "price", record.price))
     return out
 
 
@@ -105,7 +104,7 @@ def _hold_event(
     if hold is not None:
         event.update(effect_fields(policy, record_of(hold.request, hold.outcome)))
         if "price" not in event and hold.amounts:
-            event.update(money(policy, "price", max(hold.amounts.values())))
+            event.update(amount_and_text(policy, "price", max(hold.amounts.values())))
     return event
 
 
@@ -201,10 +200,10 @@ def tripped(
 
 def tripped_view(policy: TenantPolicy, trip: Tripped) -> dict[str, Any]:
     view: dict[str, Any] = {"account": trip.account, "currency": currency(policy)}
-    view.update(money(policy, "threshold", trip.threshold))
+    view.update(amount_and_text(policy, "threshold", trip.threshold))
     if trip.account is not None:
-        view.update(money(policy, "limit", trip.limit))
-        view.update(money(policy, "used", trip.used))
+        view.update(amount_and_text(policy, "limit", trip.limit))
+        view.update(amount_and_text(policy, "used", trip.used))
         # After this hold: what approving it would make of the account.
         view["utilisation"] = (
             round((trip.used + trip.amount) / trip.limit, 4) if trip.limit else None

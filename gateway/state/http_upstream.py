@@ -113,7 +113,7 @@ class HttpUpstream:
         if time.monotonic() >= deadline:
             # Too late to begin: said so, not left to a timeout of zero (which would
             # call a request never begun unknown) or to the slots (busy).
-            return Answer(Fate.NOT_SENT, why="hold_deadline")
+            return Answer(fate=Fate.NOT_SENT, why="hold_deadline")
         try:
             request = self._request(effect, hold_id)
         except Exception as exc:
@@ -123,7 +123,7 @@ class HttpUpstream:
             # The type only: an encoding error's text quotes the value, maybe a credential.
             why = type(exc).__name__
             log.warning("request not sendable", extra={"hold_id": hold_id, "why": why})
-            return Answer(Fate.NOT_SENT, why="request_not_sendable")
+            return Answer(fate=Fate.NOT_SENT, why="request_not_sendable")
         if self.slots is None:
             return await self._send(request, deadline, retry)
         semaphore = self.slots.semaphore
@@ -131,7 +131,7 @@ class HttpUpstream:
             wait_s = min(self.slots.wait_s, max(deadline - time.monotonic(), 0.0))
             await asyncio.wait_for(semaphore.acquire(), wait_s)
         except TimeoutError:
-            return Answer(Fate.NOT_SENT, why="upstream_tenant_busy")
+            return Answer(fate=Fate.NOT_SENT, why="upstream_tenant_busy")
         try:
             return await self._send(request, deadline, retry)
         finally:
@@ -155,11 +155,11 @@ class HttpUpstream:
             async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
                 response = await self.client.send(request)
         except TimeoutError:
-            return Answer(Fate.UNKNOWN, why="upstream_timeout")
+            return Answer(fate=Fate.UNKNOWN, why="upstream_timeout")
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            return Answer(Fate.NOT_SENT, why=_why(exc))
+            return Answer(fate=Fate.NOT_SENT, why=_why(exc))
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-            return Answer(Fate.UNKNOWN, why=_why(exc))
+            return Answer(fate=Fate.UNKNOWN, why=_why(exc))
         status = response.status_code
         # On a retry, the upstream may still be making the first request under this
         # key: that answer is not a refusal of the effect.
@@ -170,9 +170,9 @@ class HttpUpstream:
             if k.lower() in self.target.kept_headers
         )
         return Answer(
-            Fate.IN_PROGRESS if in_progress else fate_of_status(status),
-            response.content,
-            response.headers.get("content-type", ""),
+            fate=Fate.IN_PROGRESS if in_progress else fate_of_status(status),
+            payload=response.content,
+            media_type=response.headers.get("content-type", ""),
             why=f"upstream_{status}",
             http=HttpMeta(status, kept),
         )

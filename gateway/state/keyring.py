@@ -23,12 +23,12 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from ledger import ChangeFeed, KeyKind, KeyRecord, KeyState, Ledger
-from pricing.policy import AdminRole
+from pricing import AdminRole
 
 log = logging.getLogger("irrev.gateway")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LiveKey:
     """A key that was live at the last reload: whose it is, and until when (Redis ms)."""
 
@@ -145,12 +145,12 @@ def _live(tenants: Collection[list[KeyRecord]], now_ms: int) -> dict[str, LiveKe
             if record.token_sha256 in found:
                 doubled.add(record.token_sha256)
             found[record.token_sha256] = LiveKey(
-                record.key_id,
-                record.tenant,
-                spec.kind,
-                spec.admin if admin else spec.agent,
-                AdminRole(spec.role) if admin else None,
-                record.expires_ms,
+                key_id=record.key_id,
+                tenant=record.tenant,
+                kind=spec.kind,
+                member=spec.admin if admin else spec.agent,
+                role=AdminRole(spec.role) if admin else None,
+                expires_ms=record.expires_ms,
             )
     for token_hash in doubled:
         log.error("a token hash is held by two managed keys; neither is accepted")

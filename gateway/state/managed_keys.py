@@ -9,10 +9,7 @@ import os
 from typing import Any
 
 from ledger import KeyKind, KeyRecord, KeySpec, Ledger
-from pricing import TenantPolicy
-from pricing.credentials import format_token, hash_token
-from pricing.policy import AdminRole
-from pricing.units import rfc3339
+from pricing import AdminRole, TenantPolicy, format_token, hash_token, rfc3339
 
 TOKEN_BYTES = 32
 ID_DRAWS = 3

@@ -84,7 +84,7 @@ def result_answer(result: types.CallToolResult, fate: Fate, why: str = "") -> An
         own = {k: v for k, v in result.meta.items() if not k.startswith(IRREV_META_PREFIX)}
         result = result.model_copy(update={"meta": own or None})
     body = result.model_dump_json(by_alias=True, exclude_none=True).encode()
-    return Answer(fate, body, JSON, why=why, parsed=result)
+    return Answer(fate=fate, payload=body, media_type=JSON, why=why, parsed=result)
 
 
 class NotSent(Exception):
@@ -116,21 +116,21 @@ def failure_answer(exc: BaseException) -> Answer:
     """What an exception of the SDK's client says about the effect."""
     causes = causes_of(exc)
     if causes and all(isinstance(c, httpx2.ConnectError | httpx2.ConnectTimeout) for c in causes):
-        return Answer(Fate.NOT_SENT, why="upstream_refused")
+        return Answer(fate=Fate.NOT_SENT, why="upstream_refused")
     not_sent = [c for c in causes if isinstance(c, NotSent)]
     if causes and len(not_sent) == len(causes):
-        return Answer(Fate.NOT_SENT, why=not_sent[0].why)
+        return Answer(fate=Fate.NOT_SENT, why=not_sent[0].why)
     for cause in causes:
         if isinstance(cause, Lost):
-            return Answer(Fate.UNKNOWN, why=cause.why)
+            return Answer(fate=Fate.UNKNOWN, why=cause.why)
         if isinstance(cause, MCPError):
             error = {"code": cause.code, "message": cause.error.message}
             body = json.dumps({"error": error}).encode()
             fate = Fate.REFUSED if cause.code in NOT_ACCEPTED else Fate.UNKNOWN
-            return Answer(fate, body, JSON, why=f"mcp_{cause.code}")
+            return Answer(fate=fate, payload=body, media_type=JSON, why=f"mcp_{cause.code}")
         if isinstance(cause, TimeoutError | httpx2.TimeoutException):
-            return Answer(Fate.UNKNOWN, why="upstream_timeout")
-    return Answer(Fate.UNKNOWN, why="upstream_reset")
+            return Answer(fate=Fate.UNKNOWN, why="upstream_timeout")
+    return Answer(fate=Fate.UNKNOWN, why="upstream_reset")
 
 
 class Connection(Protocol):

@@ -15,23 +15,22 @@ from pathlib import Path
 
 import yaml
 
-from ledger import MAX_ID_CHARS, BadInput, Pace, check_account_spec
-from ledger import AccountSpec as LedgerAccount
+from ledger import MAX_ID_CHARS, AccountSpec, BadInput, Pace, check_account_spec
 from pricing import (
-    AccountSpec,
+    FACTOR_PREFIX,
     AuthenticatedAgent,
+    Finding,
+    PolicyAccount,
     PolicyError,
-    Problem,
+    Rate,
     TenantPolicy,
     agent_for_token_hash,
     hash_token,
     load_policy_data,
+    merge_documents,
     parse_yaml,
     policy_accounts,
 )
-from pricing.catalog import FACTOR_PREFIX
-from pricing.merge import merge
-from pricing.policy import Rate
 
 DEMO_TOKENS_KIND = "demo-tokens"
 POLICY_SUFFIXES = (".yaml", ".yml")
@@ -60,7 +59,7 @@ def read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError(str(path), [Problem("", f"cannot read file: {exc}")]) from exc
+        raise PolicyError(str(path), [Finding("", f"cannot read file: {exc}")]) from exc
 
 
 def is_demo_tokens(data: object) -> bool:
@@ -71,7 +70,7 @@ def read_policy_file(path: Path) -> TenantPolicy:
     source = str(path)
     data = parse_yaml(read_text(path), source)
     if is_demo_tokens(data):
-        raise PolicyError(source, [Problem("kind", "this is a demo token file, not a policy")])
+        raise PolicyError(source, [Finding("kind", "this is a demo token file, not a policy")])
     return load_policy_data(data, source)
 
 
@@ -90,7 +89,7 @@ class ForwardBudget:
     def min_hold_ttl_ms(self) -> int:
         return math.ceil((self.upstream_timeout_s + self.forward_margin_s + 1) * 1000)
 
-    def problems(self, policy: TenantPolicy) -> list[Problem]:
+    def findings(self, policy: TenantPolicy) -> list[Finding]:
         if policy.hold_ttl_ms >= self.min_hold_ttl_ms:
             return []
         detail = (
@@ -99,7 +98,7 @@ class ForwardBudget:
             f"{self.upstream_timeout_s:g} s + IRREV_FORWARD_MARGIN_S "
             f"{self.forward_margin_s:g} s + 1 s), or every effect is refused 503 hold_deadline"
         )
-        return [Problem("hold_ttl", detail)]
+        return [Finding("hold_ttl", detail)]
 
 
 # For callers without settings (pure policy checks): no hold TTL is too short.
@@ -116,10 +115,10 @@ def check_policy_set(
     tenants: dict[str, str] = {}
     owners: dict[str, str] = {}
     for source, policy in policies:
-        problems: list[Problem] = budget.problems(policy)
+        findings: list[Finding] = budget.findings(policy)
         if policy.tenant in tenants:
-            problems.append(
-                Problem(
+            findings.append(
+                Finding(
                     "tenant",
                     f"{policy.tenant!r} is also defined in {tenants[policy.tenant]}",
                 )
@@ -134,8 +133,8 @@ def check_policy_set(
         members += [(f"admins.{a}", spec.token_sha256) for a, spec in doc.admins.items()]
         for where, token_hash in members:
             if token_hash in owners:
-                problems.append(
-                    Problem(
+                findings.append(
+                    Finding(
                         f"{where}.token_sha256",
                         f"the same token is already used in {owners[token_hash]}; a "
                         "token must identify one tenant's agent or admin",
@@ -146,21 +145,21 @@ def check_policy_set(
             if tool.settler_token_sha256 is None:
                 continue
             if tool.settler_token_sha256 in owners:
-                problems.append(
-                    Problem(
+                findings.append(
+                    Finding(
                         f"tools.{name}.settler_token_sha256",
                         f"the same token is already used in {owners[tool.settler_token_sha256]}"
                         "; a token must identify one tenant's agent or tool",
                     )
                 )
             owners.setdefault(tool.settler_token_sha256, source)
-        if problems:
-            errors.append(PolicyError(source, problems))
+        if findings:
+            errors.append(PolicyError(source, findings))
     return errors
 
 
-def ledger_account(spec: AccountSpec) -> LedgerAccount:
-    return LedgerAccount(
+def ledger_account(spec: PolicyAccount) -> AccountSpec:
+    return AccountSpec(
         account=spec.account_id,
         limit=spec.limit_micros,
         soft_limit=spec.soft_limit_micros,
@@ -178,35 +177,35 @@ def pace(rate: Rate | None) -> Pace | None:
 
 
 def ledger_errors(source: str, policy: TenantPolicy) -> list[PolicyError]:
-    """ledger_problems as the error of `source`, or none. Checked once per policy where
+    """ledger_findings as the error of `source`, or none. Checked once per policy where
     it enters (an upload, a file, a stored version), not in check_policy_set, which a
     reload runs once per file over all the others (with 60 tenants that took half a
     second of a worker's event loop)."""
-    problems = ledger_problems(policy)
-    return [PolicyError(source, problems)] if problems else []
+    findings = ledger_findings(policy)
+    return [PolicyError(source, findings)] if findings else []
 
 
-def ledger_problems(policy: TenantPolicy) -> list[Problem]:
+def ledger_findings(policy: TenantPolicy) -> list[Finding]:
     """What the ledger would refuse of the accounts the policy opens, found before
     anything is written: a refusal half way through applying it left the store with
     the new version and some of its limits live, and every host's reload failing."""
-    problems = []
+    findings = []
     for spec in policy_accounts(policy):
         try:
             check_account_spec(ledger_account(spec))
         except BadInput as exc:
-            problems.append(Problem("accounts", f"{spec.account_id}: {exc}"))
+            findings.append(Finding("accounts", f"{spec.account_id}: {exc}"))
     for pattern in policy.document.accounts.risk_factors:
         # A wildcard's accounts are its prefix and at least one character more.
         if pattern.endswith("*") and len(FACTOR_PREFIX + pattern) > MAX_ID_CHARS:
-            problems.append(
-                Problem(
+            findings.append(
+                Finding(
                     f"accounts.risk_factors.{pattern}",
                     f"too long: its accounts ({FACTOR_PREFIX}{pattern[:-1]}...) would be "
                     f"over the ledger's {MAX_ID_CHARS} characters",
                 )
             )
-    return problems
+    return findings
 
 
 def policy_files(directory: Path) -> list[Path]:
@@ -243,7 +242,7 @@ def read_policy_files(directory: Path) -> tuple[list[PolicyFile], list[FileFault
     """Each policy file of `directory` on its own: one file's fault never stops the
     others (demo token files are skipped)."""
     if not directory.is_dir():
-        error = PolicyError(str(directory), [Problem("", "not a directory of policy files")])
+        error = PolicyError(str(directory), [Finding("", "not a directory of policy files")])
         return [], [FileFault(directory, error)]
     loaded: list[PolicyFile] = []
     faults: list[FileFault] = []
@@ -287,31 +286,31 @@ def load_demo_tokens(path: Path) -> DemoTokens:
     source = str(path)
     data = parse_yaml(read_text(path), source)
     if not is_demo_tokens(data):
-        raise PolicyError(source, [Problem("kind", f"must be {DEMO_TOKENS_KIND!r}")])
+        raise PolicyError(source, [Finding("kind", f"must be {DEMO_TOKENS_KIND!r}")])
     assert isinstance(data, dict)
     tenant, policy = data.get("tenant"), data.get("policy")
-    problems = []
+    findings = []
     if not isinstance(tenant, str):
-        problems.append(Problem("tenant", "must be the tenant id"))
+        findings.append(Finding("tenant", "must be the tenant id"))
     if not isinstance(policy, str):
-        problems.append(Problem("policy", "must be the policy file's path, relative to this file"))
-    tokens = _token_map(data, "tokens", "agent ids", problems)
-    settlers = _token_map(data, "settlers", "tool names", problems, required=False)
-    admins = _token_map(data, "admins", "tenant admin ids", problems, required=False)
-    if problems:
-        raise PolicyError(source, problems)
+        findings.append(Finding("policy", "must be the policy file's path, relative to this file"))
+    tokens = _token_map(data, "tokens", "agent ids", findings)
+    settlers = _token_map(data, "settlers", "tool names", findings, required=False)
+    admins = _token_map(data, "admins", "tenant admin ids", findings, required=False)
+    if findings:
+        raise PolicyError(source, findings)
     assert isinstance(tenant, str) and isinstance(policy, str)
     return DemoTokens(tenant, path.parent / policy, tokens, settlers, admins)
 
 
 def _token_map(
-    data: dict[str, object], key: str, what: str, problems: list[Problem], required: bool = True
+    data: dict[str, object], key: str, what: str, findings: list[Finding], required: bool = True
 ) -> dict[str, str]:
     value = data.get(key, None if required else {})
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        problems.append(Problem(key, f"must map {what} to token strings"))
+        findings.append(Finding(key, f"must map {what} to token strings"))
         return {}
     return dict(value)
 
@@ -321,14 +320,14 @@ def check_demo_tokens(path: Path) -> DemoTokens:
     tool settler or tenant admin."""
     demo = load_demo_tokens(path)
     policy = read_policy_file(demo.policy)
-    problems: list[Problem] = []
+    findings: list[Finding] = []
     if policy.tenant != demo.tenant:
-        problems.append(Problem("tenant", f"{demo.policy} is tenant {policy.tenant!r}"))
+        findings.append(Finding("tenant", f"{demo.policy} is tenant {policy.tenant!r}"))
     for agent_id, token in demo.tokens.items():
         agent = agent_for_token_hash(policy, hash_token(token))
         if agent is None or agent.agent_id != agent_id:
-            problems.append(
-                Problem(
+            findings.append(
+                Finding(
                     f"tokens.{agent_id}",
                     f"does not match the agent's token_sha256 in {demo.policy}",
                 )
@@ -340,9 +339,9 @@ def check_demo_tokens(path: Path) -> DemoTokens:
     given |= {f"admins.{name}": token for name, token in demo.admins.items()}
     for where, token in given.items():
         if hashes.get(where) != hash_token(token):
-            problems.append(Problem(where, f"does not match its token hash in {demo.policy}"))
-    if problems:
-        raise PolicyError(str(path), problems)
+            findings.append(Finding(where, f"does not match its token hash in {demo.policy}"))
+    if findings:
+        raise PolicyError(str(path), findings)
     return demo
 
 
@@ -354,9 +353,9 @@ def merge_edit(base: str, edited: str, current: str, source: str) -> tuple[str, 
     `source`, if the merged policy does not load or the ledger would refuse it."""
     parsed = [parse_yaml(text, source) for text in (base, edited, current)]
     try:
-        merged = merge(*parsed)
+        merged = merge_documents(*parsed)
     except ValueError as exc:
-        raise PolicyError(source, [Problem("", str(exc))]) from None
+        raise PolicyError(source, [Finding("", str(exc))]) from None
     text = edited
     if merged.document != parsed[1]:
         text = yaml.safe_dump(merged.document, sort_keys=False, allow_unicode=True)
@@ -364,7 +363,7 @@ def merge_edit(base: str, edited: str, current: str, source: str) -> tuple[str, 
         policy = load_policy_data(merged.document, source)
     except PolicyError as exc:
         detail = "this edit, applied onto the store's newer version, does not load"
-        raise PolicyError(source, [Problem("", detail), *exc.problems]) from None
+        raise PolicyError(source, [Finding("", detail), *exc.findings]) from None
     if errors := ledger_errors(source, policy):
         raise errors[0]
     return text, merged.overridden

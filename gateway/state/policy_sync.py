@@ -26,7 +26,7 @@ from gateway.state.policies import (
 )
 from ledger import POLICY_HISTORY, Ledger, PolicyRecord
 from ledger import AccountSpec as LedgerAccount
-from pricing import PolicyError, Problem, TenantPolicy, load_policy_text
+from pricing import Finding, PolicyError, TenantPolicy, load_policy_text
 
 log = logging.getLogger("irrev.gateway")
 
@@ -208,13 +208,18 @@ async def _write_edit(
                     extra={"tenant": tenant, "file": str(path), "fields": overridden},
                 )
             return PolicyRecord(
-                tenant, result.version, policy_version(merged), merged, result.stamp_ms, origin
+                tenant=tenant,
+                version=result.version,
+                digest=policy_version(merged),
+                text=merged,
+                stamp_ms=result.stamp_ms,
+                origin=origin,
             )
         record = (await ledger.policies.records([tenant])).get(tenant)
     raise PolicyError(
         str(path),
         [
-            Problem(
+            Finding(
                 "",
                 f"not applied: the store changed {EDIT_ATTEMPTS} times while this "
                 "edit was written; it is tried again at the next look",
@@ -261,7 +266,7 @@ def serve_store(
         try:
             policy = load_policy_text(record.text, _store_source(record))
             if policy.tenant != tenant:
-                raise PolicyError(_store_source(record), [Problem("tenant", "not " + tenant)])
+                raise PolicyError(_store_source(record), [Finding("tenant", "not " + tenant)])
             refused = ledger_errors(_store_source(record), policy)
             if refused:
                 raise refused[0]

@@ -18,8 +18,7 @@ from gateway.pipeline.deliver import recorded
 from gateway.pipeline.prepare import Gate, target_of
 from gateway.pipeline.upstream import Answer, Fate, HttpMeta
 from ledger import HoldNotDue, HoldState, HoldStateConflict
-from pricing import TenantPolicy, price_request
-from pricing.errors import RequestError
+from pricing import RequestError, TenantPolicy, price_request
 
 log = logging.getLogger("irrev.gateway")
 
@@ -147,8 +146,8 @@ async def _ask_upstream(
         (k, v) for k, v in response.headers.multi_items() if k.lower() in upstream.kept_headers
     )
     return Answer(
-        Fate.DELIVERED if status // 100 == 2 else Fate.REFUSED,
-        response.content,
-        response.headers.get("content-type", ""),
+        fate=Fate.DELIVERED if status // 100 == 2 else Fate.REFUSED,
+        payload=response.content,
+        media_type=response.headers.get("content-type", ""),
         http=HttpMeta(status, kept),
     )

@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from starlette.requests import Request
 
 from ledger import Ledger, LedgerUnavailable, RefusalCount
-from pricing import TenantPolicy
-from pricing.templates import CALL
+from pricing import CALL, TenantPolicy
 
 if TYPE_CHECKING:
     from gateway.pipeline.prepare import Gate

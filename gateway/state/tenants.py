@@ -42,19 +42,20 @@ from ledger import (
     OpenPool,
 )
 from pricing import (
+    FACTOR_PREFIX,
+    AdminRole,
+    AuthenticatedAgent,
+    Evidence,
     Outcomes,
     PolicyError,
     TenantPolicy,
     factor_account,
+    hash_token,
     load_policy_text,
     policy_accounts,
     with_observed,
+    with_settled,
 )
-from pricing.calibration import Evidence
-from pricing.catalog import FACTOR_PREFIX
-from pricing.credentials import AuthenticatedAgent, hash_token
-from pricing.observed import with_settled
-from pricing.policy import AdminRole
 
 if TYPE_CHECKING:
     from gateway.state.mcp_upstream import McpUpstream

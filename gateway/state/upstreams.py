@@ -13,8 +13,7 @@ from gateway.edge.wire import KEPT_RESPONSE_HEADERS
 from gateway.state.credentials import Injected
 from gateway.state.http_upstream import HttpTarget
 from gateway.state.supervision import Supervision
-from pricing import TenantPolicy
-from pricing.policy import McpErrorMeaning
+from pricing import McpErrorMeaning, TenantPolicy
 
 if TYPE_CHECKING:
     from gateway.state.mcp_upstream import McpUpstream

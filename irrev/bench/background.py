@@ -168,7 +168,7 @@ def measure(url: str, policies: Path, root: Path, count: int, seconds: float) ->
 
 
 def gateway(host: str, env: dict[str, str], log: Path) -> Server:
-    server = Server(f"gateway {host}", [], env, log, host=host)
+    server = Server(name=f"gateway {host}", argv=[], env=env, log_path=log, host=host)
     server.argv = [sys.executable, "-m", "irrev.cli", "serve", "--host", host]
     server.argv += ["--port", str(server.port), "--workers", "1"]
     return server

@@ -65,15 +65,15 @@ BENCH_ROUTE = "shop POST /v1/orders"
 _BODY = b'{"sku":"abc","qty":1}'
 BENCH_FINGERPRINT = fingerprint("POST", "/v1/orders", "", _BODY)
 _REQUEST = StoredRequest(
-    "a1",
-    "shop",
-    "POST",
-    "/v1/orders",
-    "",
-    "application/json",
-    base64.b64encode(_BODY).decode(),
-    BENCH_ROUTE,
-    1000,
+    agent="a1",
+    tool="shop",
+    method="POST",
+    path="/v1/orders",
+    query="",
+    content_type="application/json",
+    body_b64=base64.b64encode(_BODY).decode(),
+    route_id=BENCH_ROUTE,
+    price=1000,
     face_value=1000,
 )
 BENCH_REQUEST = _REQUEST.dumps()
@@ -214,7 +214,9 @@ async def bench(url: str, args: argparse.Namespace) -> int:
     try:
         for account in ACCOUNTS:
             for owner in (tenant, *memory_tenants):
-                await ledger.upsert_account(owner, AccountSpec(account, 2**52, 2**52))
+                await ledger.upsert_account(
+                    owner, AccountSpec(account=account, limit=2**52, soft_limit=2**52)
+                )
         await ledger.load_scripts()
         durability = await ledger.durability()
         args.persistence = (
@@ -293,7 +295,15 @@ async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list
 
     async def pair_batch() -> None:
         ids = [f"h{next(keys)}" for _ in range(args.batch)]
-        requests = [ReserveRequest(k, "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS) for k in ids]
+        requests = [
+            ReserveRequest(
+                idempotency_key=k,
+                fingerprint="fp",
+                amounts=dict.fromkeys(ACCOUNTS, PRICE),
+                ttl_ms=HOUR_MS,
+            )
+            for k in ids
+        ]
         await ledger.reserve_many(tenant, requests)
         await ledger.post_many(tenant, [(k, PRICE // 2) for k in ids])
 
@@ -444,12 +454,16 @@ async def memory_per_hold(
         ids = [hold_id_for(tenant, "a1", BENCH_ROUTE, key) for key in agent_keys]
         requests = [
             ReserveRequest(
-                k,
-                BENCH_FINGERPRINT,
-                dict.fromkeys(ACCOUNTS, PRICE),
-                HOUR_MS,
+                idempotency_key=k,
+                fingerprint=BENCH_FINGERPRINT,
+                amounts=dict.fromkeys(ACCOUNTS, PRICE),
+                ttl_ms=HOUR_MS,
                 request=BENCH_REQUEST if provenance else "",
-                provenance=Provenance(BENCH_ROUTE, "a1", "ops", PRICE, key) if provenance else None,
+                provenance=Provenance(
+                    route=BENCH_ROUTE, agent="a1", principal="ops", face_value=PRICE, agent_key=key
+                )
+                if provenance
+                else None,
             )
             for k, key in zip(ids, agent_keys, strict=True)
         ]

@@ -190,12 +190,19 @@ async def _one_run(
     (True) on `loops` fresh holds of a fresh tenant."""
     tenant = f"benchlua-{uuid.uuid4().hex[:8]}"
     for account in ACCOUNTS:
-        await ledger.upsert_account(tenant, AccountSpec(account, 2**52, 2**52))
+        await ledger.upsert_account(
+            tenant, AccountSpec(account=account, limit=2**52, soft_limit=2**52)
+        )
     hold = f"h{uuid.uuid4().hex[:8]}"
     keys = {"reserve": reserve_keys(tenant, hold), "post": hold_script_keys(tenant, hold)}
     arguments = {
         "reserve": ledger.reserve_args(
-            ReserveRequest(hold, "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS)
+            ReserveRequest(
+                idempotency_key=hold,
+                fingerprint="fp",
+                amounts=dict.fromkeys(ACCOUNTS, PRICE),
+                ttl_ms=HOUR_MS,
+            )
         ),
         "post": ledger.post_args(hold, PRICE // 2),
     }

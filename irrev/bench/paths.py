@@ -94,13 +94,20 @@ class Delivered:
     async def deliver(
         self, effect: StoredRequest, hold_id: str, deadline: float, *, retry: bool = False
     ) -> Answer:
-        return Answer(Fate.DELIVERED, b"{}", "application/json", http=HttpMeta(201, JSON))
+        return Answer(
+            fate=Fate.DELIVERED,
+            payload=b"{}",
+            media_type="application/json",
+            http=HttpMeta(201, JSON),
+        )
 
 
 def order_intent(key: str) -> Intent:
     body = {"supplier_id": "s1", "sku": "bolts", "quantity": 1, "unit_price": "10"}
     canonical = read_request("", ["application/json"], json.dumps(body).encode())
-    return Intent("supplier", "POST", "/orders", canonical, [key])
+    return Intent(
+        tool="supplier", operation="POST", target="/orders", canonical=canonical, keys=[key]
+    )
 
 
 async def send_order(gate: Gate, tenant: str, token: str, key: str) -> Decision:

@@ -22,7 +22,8 @@ import asyncio
 import statistics
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from importlib.resources import files
 from typing import Any
 
@@ -75,48 +76,99 @@ async def script_times(
     """Server time of the trivial script, reserve, post, void and approve, `calls`
     of each (the accounts must exist with room for 2 * calls * PRICE)."""
     node = _Node(ledger, tenant)
-    counter = f"irrev:{{{tenant}}}:bench"
+    run = _Calls(ledger, tenant, accounts, calls, batch)
     sha = await ledger.redis.script_load(TRIVIAL)
-    amounts = dict.fromkeys(accounts, PRICE)
-    # Fresh hold ids on every run: a second run on ids of the first would time replays.
-    run = f"st{uuid.uuid4().hex[:8]}"
+    floors = await _Floors.open(run)
+    await run.reserve(tenant, "void")
+    await run.reserve(tenant, "approve", escalate_above=1)
+    functions = await ledger.uses_functions()
+    if functions:
+        await ledger.redis.function_load(TRIVIAL_LIBRARY, replace=True)
+    measured = [
+        ("trivial", run.trivial("EVALSHA", sha)),
+        *([("trivial FCALL", run.trivial("FCALL", "irrev_bench_trivial"))] if functions else []),
+        ("reserve", lambda: run.reserve(tenant, "post")),
+        ("reserve's floor", run.pipelined(floors.reserve, run.ids("floor"))),
+        ("post", run.post),
+        ("post's floor", run.pipelined(floors.post, run.ids("postfloor"))),
+        ("reserve's floor, packed", run.pipelined(floors.packed_reserve, run.ids("packed"))),
+        ("post's floor, packed", run.pipelined(floors.packed_post, run.ids("packed"))),
+        ("void", lambda: run.each(lambda k: ledger.void(tenant, k), "void")),
+        (
+            "approve",
+            lambda: run.each(
+                lambda k: ledger.approve(tenant, k, "bench", ttl_ms=HOUR_MS), "approve"
+            ),
+        ),
+    ]
+    try:
+        return [await node.evalsha_time(name, op) for name, op in measured]
+    finally:
+        await floors.forget()
 
-    def ids(kind: str) -> list[str]:
-        return [f"{run}-{kind}-{i}" for i in range(calls)]
+
+@dataclass(frozen=True)
+class _Calls:
+    """The ways script_times calls Redis for one operation: `calls` times, `batch` to
+    a pipeline or a ledger batch (or CONCURRENCY at once, one by one), each on a hold
+    id of its own."""
+
+    ledger: Ledger
+    tenant: str
+    accounts: tuple[str, ...]
+    calls: int
+    batch: int
+    # Fresh hold ids on every run: a second run on ids of the first would time replays.
+    run: str = field(default_factory=lambda: f"st{uuid.uuid4().hex[:8]}")
+
+    @cached_property
+    def amounts(self) -> dict[str, int]:
+        return dict.fromkeys(self.accounts, PRICE)
+
+    def ids(self, kind: str) -> list[str]:
+        return [f"{self.run}-{kind}-{i}" for i in range(self.calls)]
 
     def pipelined(
-        call_of: Callable[[str], tuple[Any, ...]], keys: list[str]
+        self, call_of: Callable[[str], tuple[Any, ...]], keys: list[str]
     ) -> Callable[[], Awaitable[None]]:
         """The call of each of `keys`, `batch` to a pipeline."""
 
         async def run() -> None:
-            for start in range(0, len(keys), batch):
-                async with ledger.redis.pipeline(transaction=False) as pipe:
-                    for key in keys[start : start + batch]:
+            for start in range(0, len(keys), self.batch):
+                async with self.ledger.redis.pipeline(transaction=False) as pipe:
+                    for key in keys[start : start + self.batch]:
                         pipe.execute_command(*call_of(key))
                     await pipe.execute()
 
         return run
 
-    def trivial(*command: str) -> Callable[[], Awaitable[None]]:
-        return pipelined(lambda _: (*command, 1, counter), ids("trivial"))
+    def trivial(self, *command: str) -> Callable[[], Awaitable[None]]:
+        counter = f"irrev:{{{self.tenant}}}:bench"
+        return self.pipelined(lambda _: (*command, 1, counter), self.ids("trivial"))
 
-    async def reserve(kind: str, escalate_above: int = 0) -> None:
-        keys = ids(kind)
-        for start in range(0, calls, batch):
+    async def reserve(self, tenant: str, kind: str, escalate_above: int = 0) -> None:
+        keys = self.ids(kind)
+        for start in range(0, self.calls, self.batch):
             requests = [
-                ReserveRequest(k, "fp", amounts, HOUR_MS, escalate_above=escalate_above)
-                for k in keys[start : start + batch]
+                ReserveRequest(
+                    idempotency_key=k,
+                    fingerprint="fp",
+                    amounts=self.amounts,
+                    ttl_ms=HOUR_MS,
+                    escalate_above=escalate_above,
+                )
+                for k in keys[start : start + self.batch]
             ]
-            await ledger.reserve_many(tenant, requests)
+            await self.ledger.reserve_many(tenant, requests)
 
-    async def post() -> None:
-        keys = ids("post")
-        for start in range(0, calls, batch):
-            await ledger.post_many(tenant, [(k, PRICE // 2) for k in keys[start : start + batch]])
+    async def post(self) -> None:
+        keys = self.ids("post")
+        for start in range(0, self.calls, self.batch):
+            posts = [(k, PRICE // 2) for k in keys[start : start + self.batch]]
+            await self.ledger.post_many(self.tenant, posts)
 
-    async def each(call: Callable[[str], Awaitable[Any]], kind: str) -> None:
-        queue = ids(kind)
+    async def each(self, call: Callable[[str], Awaitable[Any]], kind: str) -> None:
+        queue = self.ids(kind)
 
         async def worker() -> None:
             while queue:
@@ -124,64 +176,59 @@ async def script_times(
 
         await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
 
-    floor_tenant = tenant_beside(ledger, tenant)
-    for account in accounts:
-        await ledger.upsert_account(floor_tenant, AccountSpec(account, 2**52, 2**52))
-    packed_tenant = tenant_beside(ledger, tenant, "packed")
-    await open_packed(ledger, packed_tenant, accounts)
-    floor_sha, post_floor_sha, packed_sha, packed_post_sha = [
-        await ledger.redis.script_load(s) for s in FLOORS
-    ]
-    posted = ids("postfloor")
-    for start in range(0, calls, batch):
-        await ledger.reserve_many(
-            floor_tenant,
-            [ReserveRequest(k, "fp", amounts, HOUR_MS) for k in posted[start : start + batch]],
+
+@dataclass(frozen=True)
+class _Floors:
+    """The floor scripts, loaded as `shas` (FLOORS' order), and their made-up tenants
+    on the measured tenant's node: `tenant` in the ledger's layout, whose `postfloor`
+    holds are reserved for the post floor to post, `packed` in the packed one."""
+
+    calls: _Calls
+    tenant: str
+    packed: str
+    shas: tuple[str, ...]
+
+    @classmethod
+    async def open(cls, calls: _Calls) -> _Floors:
+        ledger = calls.ledger
+        tenant = tenant_beside(ledger, calls.tenant)
+        for account in calls.accounts:
+            await ledger.upsert_account(
+                tenant, AccountSpec(account=account, limit=2**52, soft_limit=2**52)
+            )
+        packed = tenant_beside(ledger, calls.tenant, "packed")
+        await open_packed(ledger, packed, calls.accounts)
+        shas = tuple([await ledger.redis.script_load(s) for s in FLOORS])
+        await calls.reserve(tenant, "postfloor")
+        return cls(calls, tenant, packed, shas)
+
+    def reserve(self, key: str) -> tuple[Any, ...]:
+        return self._reserve(self.shas[0], self.tenant, key)
+
+    def post(self, key: str) -> tuple[Any, ...]:
+        return self._post(self.shas[1], self.tenant, key)
+
+    def packed_reserve(self, key: str) -> tuple[Any, ...]:
+        return self._reserve(self.shas[2], self.packed, key)
+
+    def packed_post(self, key: str) -> tuple[Any, ...]:
+        return self._post(self.shas[3], self.packed, key)
+
+    def _reserve(self, sha: str, tenant: str, key: str) -> tuple[Any, ...]:
+        request = ReserveRequest(
+            idempotency_key=key, fingerprint="fp", amounts=self.calls.amounts, ttl_ms=HOUR_MS
         )
+        args = self.calls.ledger.reserve_args(request, batched=True)
+        return floor_call(sha, reserve_keys(tenant, key), args)
 
-    def reserve_floor(key: str) -> tuple[Any, ...]:
-        request = ReserveRequest(key, "fp", amounts, HOUR_MS)
-        keys = reserve_keys(floor_tenant, key)
-        return floor_call(floor_sha, keys, ledger.reserve_args(request, batched=True))
+    def _post(self, sha: str, tenant: str, key: str) -> tuple[Any, ...]:
+        args = self.calls.ledger.post_args(key, PRICE // 2)
+        return floor_call(sha, hold_script_keys(tenant, key), args)
 
-    def post_floor(key: str) -> tuple[Any, ...]:
-        keys = hold_script_keys(floor_tenant, key)
-        return floor_call(post_floor_sha, keys, ledger.post_args(key, PRICE // 2))
-
-    def packed_reserve(key: str) -> tuple[Any, ...]:
-        request = ReserveRequest(key, "fp", amounts, HOUR_MS)
-        keys = reserve_keys(packed_tenant, key)
-        return floor_call(packed_sha, keys, ledger.reserve_args(request, batched=True))
-
-    def packed_post(key: str) -> tuple[Any, ...]:
-        keys = hold_script_keys(packed_tenant, key)
-        return floor_call(packed_post_sha, keys, ledger.post_args(key, PRICE // 2))
-
-    await reserve("void")
-    await reserve("approve", escalate_above=1)
-    functions = await ledger.uses_functions()
-    if functions:
-        await ledger.redis.function_load(TRIVIAL_LIBRARY, replace=True)
-    measured = [
-        ("trivial", trivial("EVALSHA", sha)),
-        *([("trivial FCALL", trivial("FCALL", "irrev_bench_trivial"))] if functions else []),
-        ("reserve", lambda: reserve("post")),
-        ("reserve's floor", pipelined(reserve_floor, ids("floor"))),
-        ("post", post),
-        ("post's floor", pipelined(post_floor, posted)),
-        ("reserve's floor, packed", pipelined(packed_reserve, ids("packed"))),
-        ("post's floor, packed", pipelined(packed_post, ids("packed"))),
-        ("void", lambda: each(lambda k: ledger.void(tenant, k), "void")),
-        (
-            "approve",
-            lambda: each(lambda k: ledger.approve(tenant, k, "bench", ttl_ms=HOUR_MS), "approve"),
-        ),
-    ]
-    try:
-        return [await node.evalsha_time(name, op) for name, op in measured]
-    finally:
-        await forget(ledger, floor_tenant, [*ids("floor"), *posted])
-        await forget(ledger, packed_tenant, ids("packed"))
+    async def forget(self) -> None:
+        ids = self.calls.ids
+        await forget(self.calls.ledger, self.tenant, [*ids("floor"), *ids("postfloor")])
+        await forget(self.calls.ledger, self.packed, ids("packed"))
 
 
 def medians(runs: list[list[ScriptTime]]) -> list[ScriptTime]:

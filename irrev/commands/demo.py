@@ -35,7 +35,7 @@ from irrev.stack import (
     supplier,
 )
 from ledger import Balance, EmbeddedRedis, HoldState, Ledger, audit_tenant
-from pricing.units import with_money_text
+from pricing import with_money_text
 
 SUPPLIERS = ("acme-steel", "globex-metals", "initech-parts")
 SKUS = ("steel-coil", "bolts", "paint")

@@ -33,8 +33,7 @@ from irrev import output
 from irrev.commands.demo import Order, buyers_of, plan
 from irrev.stack import DEMO_ADMIN_TOKEN, gateway, render_policies, supplier
 from ledger import EmbeddedRedis, Ledger, audit_tenant
-from pricing.accounts import SHADOW_PREFIX
-from pricing.money import money_text
+from pricing import SHADOW_PREFIX, money_text
 
 ADMIN = {"Authorization": f"Bearer {DEMO_ADMIN_TOKEN}"}
 ADMITTED = ("admit", "within_budget")
@@ -52,7 +51,7 @@ class Decided:
     charged: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Run:
     mode: str
     decided: list[Decided]
@@ -129,7 +128,15 @@ async def drive(
         await ledger.aclose()
     assert top is not None
     compensated = sum(d.charged for d in decided if d.decision == "deny")
-    return Run(mode, decided, top.used, top.limit, audit.ok, supplier_orders, compensated)
+    return Run(
+        mode=mode,
+        decided=decided,
+        used=top.used,
+        limit=top.limit,
+        audit_ok=audit.ok,
+        supplier_orders=supplier_orders,
+        compensated=compensated,
+    )
 
 
 def _headers(token: str, o: Order) -> dict[str, str]:

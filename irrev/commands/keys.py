@@ -24,8 +24,7 @@ from irrev import output
 from irrev.cli import CliError, bounded
 from irrev.commands.ledger import run_on_ledger
 from ledger import KeyKind, KeyRecord, KeySpec, Ledger
-from pricing import TenantPolicy, load_policy_text
-from pricing.policy import AdminRole
+from pricing import AdminRole, TenantPolicy, load_policy_text
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
 MAX_LIFETIME_S = 366 * 24 * 3600
@@ -95,7 +94,7 @@ async def _create(ledger: Ledger, args: argparse.Namespace) -> int:
     if args.agent is not None and args.role is not None:
         raise CliError("--role is for admin keys; an agent key has its agent's caps")
     spec = KeySpec(
-        KeyKind.AGENT if args.agent is not None else KeyKind.ADMIN,
+        kind=KeyKind.AGENT if args.agent is not None else KeyKind.ADMIN,
         agent=args.agent or "",
         admin=args.admin or "",
         role=args.role or "",

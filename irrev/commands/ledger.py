@@ -39,8 +39,7 @@ from ledger import (
     supervised_redis_url,
     trim_locked,
 )
-from pricing.money import money_text
-from pricing.units import journal_money, rfc3339, with_money_text
+from pricing import journal_money, money_text, rfc3339, with_money_text
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
 TENANT_HELP = "the tenant's id, as its policy names it"
@@ -48,7 +47,12 @@ TENANT_HELP = "the tenant's id, as its policy names it"
 
 def configure(ledger: argparse.ArgumentParser) -> None:
     commands = ledger.add_subparsers(dest="ledger_command", metavar="COMMAND", required=True)
+    _configure_reads(commands)
+    _configure_upkeep(commands)
 
+
+def _configure_reads(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that read the ledger: balances, the journal and the audit."""
     balance = commands.add_parser("balance", help="limits and balances of a tenant's accounts")
     balance.add_argument("--tenant", required=True, help=TENANT_HELP)
     balance.add_argument("accounts", nargs="*", metavar="ACCOUNT", help="kind:name (all if none)")
@@ -75,6 +79,11 @@ def configure(ledger: argparse.ArgumentParser) -> None:
     )
     _bind(check, _audit)
 
+
+def _configure_upkeep(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The operator's upkeep of the ledger: sweep, trim and archive now rather than
+    when the gateways would, the ambiguous holds to reconcile, and finishing a
+    rolling upgrade."""
     sweep = commands.add_parser("sweep", help="expire a tenant's due holds now")
     sweep.add_argument("--tenant", required=True, help=TENANT_HELP)
     _bind(sweep, _sweep)

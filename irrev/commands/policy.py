@@ -24,24 +24,33 @@ from gateway.state.policies import (
 from irrev.cli import CliError
 from irrev.commands import policy_store
 from pricing import (
+    TOKEN_BYTES,
+    AuthenticatedAgent,
+    CompiledRoute,
+    EffectClass,
+    MemberId,
+    PolicyAccount,
     PolicyError,
+    Quote,
+    Refusal,
+    TenantId,
     TenantPolicy,
+    ToolName,
+    agent_by_id,
     factor_account,
     format_token,
     hash_token,
     load_policy_data,
+    money_text,
     parse_yaml,
     policy_accounts,
+    policy_schema,
+    quote_json,
+    quote_lines,
+    quote_request,
     round_up,
+    with_money_text,
 )
-from pricing.accounts import AccountSpec
-from pricing.catalog import CompiledRoute
-from pricing.credentials import TOKEN_BYTES, AuthenticatedAgent
-from pricing.money import money_text
-from pricing.policy import EffectClass, MemberId, TenantId, ToolName
-from pricing.quote import Quote, Refusal, agent_by_id, quote_json, quote_lines, quote_request
-from pricing.schema import policy_schema
-from pricing.units import with_money_text
 
 EXAMPLE_FACE_MAJOR = 10_000
 
@@ -155,7 +164,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         problems = [
             {"file": e.source, "path": p.path, "message": p.message}
             for e in errors
-            for p in e.problems
+            for p in e.findings
         ]
         print(json.dumps({"ok": not errors, "valid": checked, "problems": problems}, indent=2))
     else:
@@ -184,7 +193,7 @@ def _money(policy: TenantPolicy, micros: int | None) -> str:
     return money_text(micros, policy.scale, policy.catalog.currency)
 
 
-def _account_line(policy: TenantPolicy, spec: AccountSpec, label: str | None = None) -> str:
+def _account_line(policy: TenantPolicy, spec: PolicyAccount, label: str | None = None) -> str:
     return (
         f"  {label or spec.account_id:<34} limit {_money(policy, spec.limit_micros):>18}"
         f"  soft band {spec.soft_band:.2f}"
@@ -381,7 +390,14 @@ def _quote(
         canonical = read_request(query, [content_type] if body else [], body)
     except Problem as problem:
         refusal = Refusal(problem.status, problem.reason, problem.detail)
-        return Quote(tool, method.upper(), path, None, agent_id=args.agent, refusal=refusal)
+        return Quote(
+            tool=tool,
+            method=method.upper(),
+            path=path,
+            effect=None,
+            agent_id=args.agent,
+            refusal=refusal,
+        )
     return quote_request(
         policy,
         tool,

@@ -102,7 +102,7 @@ class BenchSpec:
     max_body_bytes: int = 65536
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Bench:
     spec: BenchSpec
     workdir: Path
@@ -223,16 +223,16 @@ async def open_bench(spec: BenchSpec, cluster: bool = False) -> AsyncIterator[Be
         else:
             redis = Redis.from_url(redis_server.url, decode_responses=False)
         bench = Bench(
-            spec,
-            workdir,
-            redis_server,
-            supplier,
-            gateways,
-            secrets.token_urlsafe(24),
-            free_port(),
-            redis,
-            Ledger.from_url(redis_server.url),
-            harness_client(),
+            spec=spec,
+            workdir=workdir,
+            redis_server=redis_server,
+            supplier=supplier,
+            gateways=gateways,
+            admin_token=secrets.token_urlsafe(24),
+            closed_port=free_port(),
+            redis=redis,
+            ledger=Ledger.from_url(redis_server.url),
+            http=harness_client(),
         )
         env = bench.gateway_env()
         gateways.extend(GatewayProc(i, free_port(), env, workdir) for i in range(spec.gateways))

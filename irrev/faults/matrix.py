@@ -20,7 +20,7 @@ RUN_TIMEOUT_S = 120.0
 CellBody = Callable[[Run], Awaitable[list[str]]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Cell:
     name: str
     checked: str

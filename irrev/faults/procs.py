@@ -28,7 +28,9 @@ class SupplierProc:
 
 
 def start_supplier(workdir: Path) -> SupplierProc:
-    server = Server("supplier", [], dict(os.environ), workdir / "supplier.log")
+    server = Server(
+        name="supplier", argv=[], env=dict(os.environ), log_path=workdir / "supplier.log"
+    )
     reset_port = free_port()
     server.argv = [sys.executable, "-m", "irrev.upstreams.supplier", "--port", str(server.port)]
     server.argv += ["--reset-port", str(reset_port)]
@@ -68,7 +70,9 @@ class GatewayProc:
             env.pop("IRREV_CRASH_AT", None)
         command = uvicorn_command("gateway.app:app_from_env", self.port)
         log = self.workdir / f"gateway-{self.index}.log"
-        self.server = Server(f"gateway {self.index}", command, env, log, self.port)
+        self.server = Server(
+            name=f"gateway {self.index}", argv=command, env=env, log_path=log, port=self.port
+        )
         self.starts += 1
         self.server.start("/healthz")
 

@@ -53,7 +53,7 @@ _RACK2_NAME = re.compile(r"[\[\]]*([^\[\]]+)\]*")
 Fields = dict[str, Any]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Received:
     method: str
     path: str  # raw (percent-encoded), below the book
@@ -250,12 +250,12 @@ class Readers:
                 break
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         received = Received(
-            scope["method"],
-            "/" + path,
-            scope.get("query_string", b"").decode("latin-1"),
-            headers.get("content-type", ""),
-            headers.get(OVERRIDE_HEADER, ""),
-            body,
+            method=scope["method"],
+            path="/" + path,
+            query=scope.get("query_string", b"").decode("latin-1"),
+            content_type=headers.get("content-type", ""),
+            override=headers.get(OVERRIDE_HEADER, ""),
+            body=body,
         )
         self.books.setdefault(book, []).append(
             {

@@ -72,7 +72,7 @@ class Faults(BaseModel):
     hold: bool = False
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Answer:
     status: int
     payload: dict[str, Any]
@@ -100,17 +100,20 @@ class Supplier:
     def order(self, idempotency_key: str | None, body: Any) -> Answer:
         self.requests += 1
         if not idempotency_key:
-            return Answer(400, {"error": "Idempotency-Key required"})
+            return Answer(status=400, payload={"error": "Idempotency-Key required"})
         self.requests_by_key[idempotency_key] += 1
         if idempotency_key in self.in_flight:
-            return Answer(409, {"error": "request in progress"})
+            return Answer(status=409, payload={"error": "request in progress"})
         if idempotency_key in self.orders:
             faults = self.faults
             return Answer(
-                201, self.orders[idempotency_key], faults.repeat_delay_s, held=faults.hold_repeats
+                status=201,
+                payload=self.orders[idempotency_key],
+                delay_s=faults.repeat_delay_s,
+                held=faults.hold_repeats,
             )
         if not isinstance(body, dict) or int(body.get("quantity", 0)) <= 0:
-            return Answer(422, {"error": "quantity must be positive"})
+            return Answer(status=422, payload={"error": "quantity must be positive"})
         faults = self.faults
         faulty = faults.times > 0
         if faulty:
@@ -119,7 +122,12 @@ class Supplier:
             self.in_flight.add(idempotency_key)
             order = {"order_id": f"o-{next(self._ids)}", **body}
             return Answer(
-                201, order, faults.delay_s, faults.slow_body_s, idempotency_key, faults.hold
+                status=201,
+                payload=order,
+                delay_s=faults.delay_s,
+                slow_body_s=faults.slow_body_s,
+                commit_key=idempotency_key,
+                held=faults.hold,
             )
         if not faulty or faults.apply:
             self.orders[idempotency_key] = {"order_id": f"o-{next(self._ids)}", **body}
@@ -127,8 +135,20 @@ class Supplier:
         slow = faults.slow_body_s if faulty else 0.0
         held = faulty and faults.hold
         if faulty and (faults.status or idempotency_key not in self.orders):
-            return Answer(faults.status or 503, {"error": "injected"}, delay, slow, held=held)
-        return Answer(201, self.orders[idempotency_key], delay, slow, held=held)
+            return Answer(
+                status=faults.status or 503,
+                payload={"error": "injected"},
+                delay_s=delay,
+                slow_body_s=slow,
+                held=held,
+            )
+        return Answer(
+            status=201,
+            payload=self.orders[idempotency_key],
+            delay_s=delay,
+            slow_body_s=slow,
+            held=held,
+        )
 
     def answered(self, answer: Answer) -> None:
         """The answer is being sent: an in-progress order is made now."""

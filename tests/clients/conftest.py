@@ -68,10 +68,10 @@ class Payments:
 def tool_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("payments-api")
     server = Server(
-        "payments API",
-        [str(BIN / "python"), "-m", "uvicorn", "tests.clients.payments:app"],
-        base_env(),
-        root / "payments.log",
+        name="payments API",
+        argv=[str(BIN / "python"), "-m", "uvicorn", "tests.clients.payments:app"],
+        env=base_env(),
+        log_path=root / "payments.log",
     )
     server.argv += ["--host", "127.0.0.1", "--port", str(server.port), "--log-level", "warning"]
     server.start("/_ready")
@@ -94,7 +94,9 @@ def payments(
         IRREV_ADMIN_TOKENS=f"ops={admin_token}",
         PAYMENTS_API_KEY="sk_test_clients",
     )
-    server = Server("gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")
+    server = Server(
+        name="gateway", argv=[str(BIN / "irrev"), "serve"], env=env, log_path=root / "gateway.log"
+    )
     server.argv += ["--port", str(server.port), "--workers", "2"]
     server.start("/readyz")
     try:
@@ -167,10 +169,10 @@ def write_host_tenant(directory: Path, tenant: str, tool_server: str, **route: s
 def mcp_tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("mcp-payments")
     server = Server(
-        "payments MCP server",
-        [str(BIN / "python"), "-m", "uvicorn", "tests.clients.mcp_payments:app"],
-        base_env(MCP_PAYMENTS_LEDGER=str(root / "paid.jsonl")),
-        root / "mcp-payments.log",
+        name="payments MCP server",
+        argv=[str(BIN / "python"), "-m", "uvicorn", "tests.clients.mcp_payments:app"],
+        env=base_env(MCP_PAYMENTS_LEDGER=str(root / "paid.jsonl")),
+        log_path=root / "mcp-payments.log",
     )
     server.argv += ["--host", "127.0.0.1", "--port", str(server.port), "--log-level", "warning"]
     # A payment left hanging by a test's fault would hold a graceful stop for its 30 s.

@@ -198,7 +198,9 @@ def gateway(
         IRREV_BODY_TIMEOUT_S=str(BODY_TIMEOUT_S),
         IRREV_SWEEP_INTERVAL_S="0.5",
     )
-    server = Server("gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")
+    server = Server(
+        name="gateway", argv=[str(BIN / "irrev"), "serve"], env=env, log_path=root / "gateway.log"
+    )
     server.argv += ["--port", str(server.port), "--workers", str(WORKERS)]
     server.start("/readyz")
     gateway = Gateway(server, redis_url, admin_token, suppliers_url=suppliers.url)
@@ -233,7 +235,10 @@ def peer_gateway(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> 
     their fleet gauges, from the session's gateway."""
     root = tmp_path_factory.mktemp("peer-gateway")
     server = Server(
-        "peer gateway", [str(BIN / "irrev"), "serve"], gateway.env, root / "gateway.log"
+        name="peer gateway",
+        argv=[str(BIN / "irrev"), "serve"],
+        env=gateway.env,
+        log_path=root / "gateway.log",
     )
     server.argv += ["--port", str(server.port), "--workers", "1"]
     server.start("/readyz")
@@ -276,7 +281,12 @@ def own_gateway(
         IRREV_ADMIN_TOKENS=f"ops={admin_token}",
         **settings,
     )
-    server = Server("own gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")
+    server = Server(
+        name="own gateway",
+        argv=[str(BIN / "irrev"), "serve"],
+        env=env,
+        log_path=root / "gateway.log",
+    )
     server.argv += ["--port", str(server.port), "--workers", str(workers)]
     server.start("/readyz")
     try:

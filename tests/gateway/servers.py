@@ -22,7 +22,7 @@ EXAMPLES = ROOT / "examples"
 BIN = Path(sys.executable).parent
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Server(harness.Server):
     """A harness server run from the repository's root (tests/ on its import path)."""
 
@@ -39,10 +39,10 @@ def base_env(**extra: str) -> dict[str, str]:
 
 def start_suppliers(log_dir: Path) -> Server:
     server = Server(
-        "suppliers",
-        [str(BIN / "python"), "-m", "uvicorn", "tests.gateway.suppliers:app"],
-        base_env(),
-        log_dir / "suppliers.log",
+        name="suppliers",
+        argv=[str(BIN / "python"), "-m", "uvicorn", "tests.gateway.suppliers:app"],
+        env=base_env(),
+        log_path=log_dir / "suppliers.log",
     )
     server.argv += ["--host", "127.0.0.1", "--port", str(server.port), "--log-level", "warning"]
     server.start("/ready/catalog")

@@ -68,7 +68,9 @@ class ToolInMemory:
         if fate is Fate.DELIVERED and hold_id:
             self.made.setdefault(upstream_key(hold_id), effect.body)
         body = json.dumps({"tool": effect.tool, "fate": fate.value}).encode()
-        return Answer(fate, body, "application/json", why=f"toy_{fate.value}")
+        return Answer(
+            fate=fate, payload=body, media_type="application/json", why=f"toy_{fate.value}"
+        )
 
 
 @dataclass
@@ -82,7 +84,9 @@ class Pipeline:
         """An order (by default) as a router would parse it; no HTTP request."""
         raw = body or (json.dumps(order()).encode() if method == "POST" else b"")
         canonical = read_request("", ["application/json"], raw)
-        return Intent("supplier", method, path, canonical, [key])
+        return Intent(
+            tool="supplier", operation=method, target=path, canonical=canonical, keys=[key]
+        )
 
     async def admit(self, upstream: Upstream, intent: Intent) -> Decision | Answer:
         found = self.gate.tenants.authenticate(self.tenant.tokens["buyer-01"])
@@ -286,12 +290,12 @@ async def test_the_journal_says_who_asked_for_an_effect_and_what_was_sent(
     entries = await read_journal(pipeline.gate.ledger, pipeline.tenant.id)
     (reserve,) = [e for e in entries if e.op == "reserve" and e.hold_id == first.hold_id]
     assert reserve.provenance == Provenance(
-        "supplier POST /orders",
-        agent.agent_id,
-        agent.principal_id,
-        sent.face_value,
-        "k-prov",
-        hashlib.sha256(sent.dumps().encode()).hexdigest(),
+        route="supplier POST /orders",
+        agent=agent.agent_id,
+        principal=agent.principal_id,
+        face_value=sent.face_value,
+        agent_key="k-prov",
+        request_sha256=hashlib.sha256(sent.dumps().encode()).hexdigest(),
     )
 
 

@@ -94,7 +94,16 @@ def reserve(
     }[reason]
     state = HoldState.DENIED if decision is Decision.DENY else HoldState.ESCALATED
     accounts = tuple(AccountCheck(*check) for check in checks)
-    return ReserveResult(Status.OK, "h1", decision, reason, state, 0, NOW_MS, accounts)
+    return ReserveResult(
+        status=Status.OK,
+        hold_id="h1",
+        decision=decision,
+        reason=reason,
+        state=state,
+        deadline_ms=0,
+        created_ms=NOW_MS,
+        accounts=accounts,
+    )
 
 
 def test_a_budget_refusal_says_what_fits_and_when_it_renews(policy: TenantPolicy) -> None:

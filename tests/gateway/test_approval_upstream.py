@@ -42,7 +42,13 @@ async def test_an_approval_whose_upstream_is_gone_leaves_the_hold_escalated(
             policy, agent = found
             body = json.dumps(order(quantity=450)).encode()  # above the approval threshold
             canonical = read_request("", ["application/json"], body)
-            intent = Intent("supplier", "POST", "/orders", canonical, keys=("gone",))
+            intent = Intent(
+                tool="supplier",
+                operation="POST",
+                target="/orders",
+                canonical=canonical,
+                keys=("gone",),
+            )
             prepared = prepare(policy, agent, intent, in_process=False)
             result = await reserve(gate, policy, agent, prepared)
             assert result.state is HoldState.ESCALATED

@@ -173,10 +173,10 @@ async def test_a_pending_escalation_tells_the_model_to_retry_the_same_call(
 
 def start_scripted(name: str, log_dir: Path, host: str, port: int | None = None) -> Server:
     server = Server(
-        name,
-        [str(BIN / "python"), "-m", "uvicorn", "tests.gateway.scripted:app"],
-        base_env(),
-        log_dir / f"{name}.log",
+        name=name,
+        argv=[str(BIN / "python"), "-m", "uvicorn", "tests.gateway.scripted:app"],
+        env=base_env(),
+        log_path=log_dir / f"{name}.log",
         host=host,
     )
     if port is not None:

@@ -35,7 +35,10 @@ def test_a_server_without_aof(mode: str, redis_binary: Path, tmp_path: Path) -> 
             assert "appendonly is no" in line, line
             return
         gateway = Server(
-            "gateway", [str(BIN / "irrev"), "serve"], base_env(**env), tmp_path / "gw.log"
+            name="gateway",
+            argv=[str(BIN / "irrev"), "serve"],
+            env=base_env(**env),
+            log_path=tmp_path / "gw.log",
         )
         gateway.argv += ["--port", str(gateway.port), "--workers", "1"]
         try:

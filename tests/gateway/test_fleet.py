@@ -80,7 +80,9 @@ class Fleet:
 def gateway_on(host: str, root: Path, env: dict[str, str]) -> Server:
     if host == SKEWED:
         env = {**env, "LD_PRELOAD": str(FAKETIME), "FAKETIME": "+3s"}
-    server = Server(f"gateway {host}", [], env, root / f"{host}.log", host=host)
+    server = Server(
+        name=f"gateway {host}", argv=[], env=env, log_path=root / f"{host}.log", host=host
+    )
     server.argv = [str(BIN / "irrev"), "serve", "--host", host]
     server.argv += ["--port", str(server.port), "--workers", "1"]
     return server

@@ -184,9 +184,11 @@ async def test_a_key_revoked_whose_bump_was_lost_is_refused_after_a_look(
     epoch bump and announcement is not found by a watched host's own looks, and is
     after the watcher's read of every tenant's keys version."""
     key_id, token_hash = "key_" + secrets.token_hex(6), "sha256:" + secrets.token_hex(32)
-    spec = KeySpec(KeyKind.AGENT, agent="buyer-01", owner="o")
+    spec = KeySpec(kind=KeyKind.AGENT, agent="buyer-01", owner="o")
     # A tenant the ledger knows (it has accounts): the watcher looks at those.
-    await ledger.upsert_account(tenant, AccountSpec(f"tenant:{tenant}", 1, 1))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account=f"tenant:{tenant}", limit=1, soft_limit=1)
+    )
     await ledger.keys.create(tenant, key_id, token_hash, spec)
     clock = FakeClock()
     ring = Keyring(clock)
@@ -229,7 +231,7 @@ def gateway_on(host: str, policies: Path, url: str, log: Path) -> Server:
     env = base_env(
         IRREV_REDIS_URL=url, IRREV_POLICY_DIR=str(policies), HOOK_SECRET="no receiver checks it"
     )
-    server = Server(f"gateway {host}", [], env, log, host=host)
+    server = Server(name=f"gateway {host}", argv=[], env=env, log_path=log, host=host)
     server.argv = [str(BIN / "irrev"), "serve", "--host", host]
     server.argv += ["--port", str(server.port), "--workers", "1"]
     return server

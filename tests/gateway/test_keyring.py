@@ -15,7 +15,7 @@ from ledger import KeyKind, KeySpec, Ledger
 
 from .helpers import FakeClock
 
-AGENT = KeySpec(KeyKind.AGENT, agent="buyer-01", owner="o")
+AGENT = KeySpec(kind=KeyKind.AGENT, agent="buyer-01", owner="o")
 POLL_S = 30.0
 
 

@@ -111,7 +111,7 @@ def keys_fleet(
         IRREV_SWEEP_INTERVAL_S="1",
     )
     for i in range(2):
-        server = Server(f"gateway {i}", [], env, root / f"gateway{i}.log")
+        server = Server(name=f"gateway {i}", argv=[], env=env, log_path=root / f"gateway{i}.log")
         server.argv = [str(BIN / "irrev"), "serve", "--port", str(server.port), "--workers", "1"]
         fleet.hosts.append(server)
     try:

@@ -461,11 +461,11 @@ async def test_a_retry_that_cannot_reach_the_upstream_keeps_the_hold_ambiguous(
     the key. Before, the retry voided the hold: an order made, nothing charged."""
     tenant = retry_unsent_tenant
     supplier = Server(
-        "own supplier",
-        uvicorn_command("irrev.upstreams.supplier:create_supplier", RETRY_SUPPLIER_PORT),
-        base_env(),
-        tmp_path / "supplier.log",
-        RETRY_SUPPLIER_PORT,
+        name="own supplier",
+        argv=uvicorn_command("irrev.upstreams.supplier:create_supplier", RETRY_SUPPLIER_PORT),
+        env=base_env(),
+        log_path=tmp_path / "supplier.log",
+        port=RETRY_SUPPLIER_PORT,
     )
     supplier.start("/catalog")
     try:

@@ -55,16 +55,16 @@ def payco(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     root = tmp_path_factory.mktemp("payco")
     secret = f"sk_test_{secrets.token_hex(16)}"
     api = Server(
-        "payments API",
-        [
+        name="payments API",
+        argv=[
             str(BIN / "python"),
             "-m",
             "uvicorn",
             "irrev.upstreams.payments:create_payments",
             "--factory",
         ],
-        base_env(**{KEY_ENV: secret}),
-        root / "payments.log",
+        env=base_env(**{KEY_ENV: secret}),
+        log_path=root / "payments.log",
     )
     api.argv += ["--host", "127.0.0.1", "--port", str(api.port), "--log-level", "warning"]
     api.start("/_health")
@@ -78,7 +78,12 @@ def payco(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         IRREV_ADMIN_TOKENS=f"ops={admin_token}",
         **{KEY_ENV: secret},
     )
-    server = Server("payco gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")
+    server = Server(
+        name="payco gateway",
+        argv=[str(BIN / "irrev"), "serve"],
+        env=env,
+        log_path=root / "gateway.log",
+    )
     server.argv += ["--port", str(server.port), "--workers", "1"]
     try:
         server.start("/readyz")

@@ -193,10 +193,25 @@ async def test_hosts_of_one_host_name_and_path_are_told_apart_by_their_instance(
 async def test_older_limits_never_overwrite_newer_ones(ledger: Ledger, tenant: str) -> None:
     """Two hosts write two versions' limits in the wrong order: the newer stay."""
     account = f"tenant:{tenant}"
-    assert await ledger.upsert_account(tenant, AccountSpec(account, 300, 300), 3) == "created"
-    assert await ledger.upsert_account(tenant, AccountSpec(account, 200, 200), 2) == "kept"
+    assert (
+        await ledger.upsert_account(
+            tenant, AccountSpec(account=account, limit=300, soft_limit=300), 3
+        )
+        == "created"
+    )
+    assert (
+        await ledger.upsert_account(
+            tenant, AccountSpec(account=account, limit=200, soft_limit=200), 2
+        )
+        == "kept"
+    )
     assert await tenant_limit(ledger, tenant) == 300
-    assert await ledger.upsert_account(tenant, AccountSpec(account, 400, 400), 4) == "updated"
+    assert (
+        await ledger.upsert_account(
+            tenant, AccountSpec(account=account, limit=400, soft_limit=400), 4
+        )
+        == "updated"
+    )
     assert await ledger.policy_versions({tenant: [account, "tenant:none"]}) == {
         tenant: {account: 4}
     }

@@ -113,7 +113,12 @@ def trusted(
     with httpx.Client(base_url=suppliers.url, trust_env=False) as client:
         required = {"header": "authorization", "value": f"Bearer {bearer}"}
         client.post(f"/_require/{name}", json=required).raise_for_status()
-    server = Server("trusted gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")
+    server = Server(
+        name="trusted gateway",
+        argv=[str(BIN / "irrev"), "serve"],
+        env=env,
+        log_path=root / "gateway.log",
+    )
     server.argv += ["--port", str(server.port), "--workers", "2"]
     server.start("/readyz")
     try:

@@ -94,7 +94,13 @@ async def test_a_retry_stalled_after_its_claim_never_sends_past_it(
             policy, agent = found
             body = json.dumps(order(quantity=5)).encode()
             canonical = read_request("", ["application/json"], body)
-            intent = Intent("supplier", "POST", "/orders", canonical, keys=("stalled",))
+            intent = Intent(
+                tool="supplier",
+                operation="POST",
+                target="/orders",
+                canonical=canonical,
+                keys=("stalled",),
+            )
             prepared = prepare(policy, agent, intent, in_process=False)
             await set_faults(upstream, tenant, status=503, apply=True, times=1)
             await admit(gate, policy, agent, prepared, upstream_of(gate, policy, "supplier"))

@@ -280,12 +280,16 @@ async def test_old_and_new_serve_one_redis_then_the_old_stops(
     # outside this tree with nothing of it on its path.
     old_env = gateway_env(redis_url, tmp_path / "old-policies", admin_token)
     old_env.pop("PYTHONPATH", None)
-    old_server = Server("old gateway", [], old_env, tmp_path / "old.log", host="127.0.0.2")
+    old_server = Server(
+        name="old gateway", argv=[], env=old_env, log_path=tmp_path / "old.log", host="127.0.0.2"
+    )
     old_server.cwd = tmp_path
     old_server.argv = [str(old_irrev), "serve", "--host", "127.0.0.2"]
     old_server.argv += ["--port", str(old_server.port), "--workers", "1"]
     new_env = gateway_env(redis_url, tmp_path / "new-policies", admin_token)
-    new_server = Server("new gateway", [], new_env, tmp_path / "new.log", host="127.0.0.3")
+    new_server = Server(
+        name="new gateway", argv=[], env=new_env, log_path=tmp_path / "new.log", host="127.0.0.3"
+    )
     new_server.argv = [str(BIN / "irrev"), "serve", "--host", "127.0.0.3"]
     new_server.argv += ["--port", str(new_server.port), "--workers", "1"]
     old, new = Release("old", old_server), Release("new", new_server)

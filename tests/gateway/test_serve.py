@@ -78,7 +78,12 @@ def test_serve_supervises_its_embedded_redis(
         IRREV_UPSTREAM_TIMEOUT_S="1",
         IRREV_FORWARD_MARGIN_S="0.5",
     )
-    server = Server("irrev serve", [str(BIN / "irrev"), "serve"], env, tmp_path / "serve.log")
+    server = Server(
+        name="irrev serve",
+        argv=[str(BIN / "irrev"), "serve"],
+        env=env,
+        log_path=tmp_path / "serve.log",
+    )
     server.argv += ["--port", str(server.port), "--workers", "2"]
     server.start("/readyz")
     wait_until(lambda: len(worker_pids(server)) == 2, "both workers to start")

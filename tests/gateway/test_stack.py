@@ -81,7 +81,7 @@ def test_a_prefixed_server_stopped_leaves_no_process(tmp_path: Path) -> None:
     """faketime runs its command as its child and passes no signal on: stop() signalled
     faketime alone, and the server it ran stayed on its port (before the fix)."""
     assert FAKETIME is not None
-    server = Server("a prefixed server", [], None, tmp_path / "server.log")
+    server = Server(name="a prefixed server", argv=[], env=None, log_path=tmp_path / "server.log")
     server.argv = [FAKETIME, "-f", "+3s", sys.executable, "-m", "http.server"]
     server.argv += [str(server.port), "--bind", "127.0.0.1"]
     server.start("/")
@@ -115,7 +115,7 @@ def test_a_start_on_a_port_that_already_answers_is_refused(tmp_path: Path) -> No
         port = listener.getsockname()[1]
         marker = tmp_path / "started"
         command = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
-        server = Server("the gateway", command, None, None, port)
+        server = Server(name="the gateway", argv=command, env=None, log_path=None, port=port)
         with pytest.raises(ProcessError, match=f"already listens on 127.0.0.1:{port}"):
             server.start("/readyz")
     assert server.process is None and not marker.exists()

@@ -39,7 +39,7 @@ def topology_lines(redis_url: str, root: Path) -> list[dict[str, Any]]:
     )
     log = root / "gateway.log"
     log.unlink(missing_ok=True)
-    gateway = Server("gateway", [str(BIN / "irrev"), "serve"], env, log)
+    gateway = Server(name="gateway", argv=[str(BIN / "irrev"), "serve"], env=env, log_path=log)
     gateway.argv += ["--port", str(gateway.port), "--workers", "1"]
     gateway.start("/readyz")
     gateway.stop()

@@ -79,7 +79,12 @@ async def test_a_tenants_hung_upstream_cannot_starve_another_tenants_effects(
             IRREV_UPSTREAM_MAX_CONNECTIONS=str(POOL),
             IRREV_UPSTREAM_TENANT_CONNECTIONS=str(PER_TENANT),
         )
-        server = Server("slots gateway", [str(BIN / "irrev"), "serve"], env, tmp_path / "gw.log")
+        server = Server(
+            name="slots gateway",
+            argv=[str(BIN / "irrev"), "serve"],
+            env=env,
+            log_path=tmp_path / "gw.log",
+        )
         server.argv += ["--port", str(server.port), "--workers", str(WORKERS)]
         server.start("/readyz")
         try:
@@ -125,6 +130,16 @@ async def test_a_forward_past_its_deadline_is_not_begun(slots: int | None) -> No
     limit = None if slots is None else UpstreamSlots(asyncio.Semaphore(slots), 5.0)
     async with make_client(1.0, 1.0, 4) as client:
         upstream = HttpUpstream(client, HttpTarget(f"http://127.0.0.1:{port}"), slots=limit)
-        request = StoredRequest("a", "t", "POST", "/orders", "", "", "", "r", 1)
+        request = StoredRequest(
+            agent="a",
+            tool="t",
+            method="POST",
+            path="/orders",
+            query="",
+            content_type="",
+            body_b64="",
+            route_id="r",
+            price=1,
+        )
         answer = await upstream.deliver(request, "h1", time.monotonic() - 0.001)
     assert (answer.fate, answer.why) == (Fate.NOT_SENT, "hold_deadline")

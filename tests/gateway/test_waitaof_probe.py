@@ -37,7 +37,9 @@ def start_gateway(redis_url: str, root: Path, **settings: str) -> Server:
     policies.mkdir(parents=True, exist_ok=True)
     write_policy(policies, "procurement", "probe", "http://127.0.0.1:9")
     env = base_env(IRREV_REDIS_URL=redis_url, IRREV_POLICY_DIR=str(policies), **settings)
-    gateway = Server("gateway", [str(BIN / "irrev"), "serve"], env, root / "gw.log")
+    gateway = Server(
+        name="gateway", argv=[str(BIN / "irrev"), "serve"], env=env, log_path=root / "gw.log"
+    )
     gateway.argv += ["--port", str(gateway.port), "--workers", "1"]
     return gateway
 

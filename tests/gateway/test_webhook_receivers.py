@@ -40,10 +40,10 @@ BUFFERED_BYTES = 64 << 20
 @pytest.fixture
 def receiver(tmp_path: Path) -> Iterator[Server]:
     server = Server(
-        "hook receiver",
-        [str(BIN / "python"), "-m", "tests.gateway.hook_receiver"],
-        base_env(),
-        tmp_path / "receiver.log",
+        name="hook receiver",
+        argv=[str(BIN / "python"), "-m", "tests.gateway.hook_receiver"],
+        env=base_env(),
+        log_path=tmp_path / "receiver.log",
     )
     server.argv.append(str(server.port))
     server.start("/ready")

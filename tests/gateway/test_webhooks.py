@@ -153,7 +153,12 @@ def pair(
         "IRREV_WEBHOOK_POLL_S": "0.1",
     }
     with own_gateway(redis_url, suppliers, root, 1, {"webhook": webhook}, **settings) as first:
-        peer = Server("peer gateway", [str(BIN / "irrev"), "serve"], first.env, root / "peer.log")
+        peer = Server(
+            name="peer gateway",
+            argv=[str(BIN / "irrev"), "serve"],
+            env=first.env,
+            log_path=root / "peer.log",
+        )
         peer.argv += ["--port", str(peer.port), "--workers", "1"]
         peer.start("/readyz")
         try:

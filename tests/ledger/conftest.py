@@ -21,4 +21,6 @@ async def open_accounts(ledger: Ledger, tenant: str, **limits: int) -> None:
     """Create accounts named like `tenant_acme=1000` -> `tenant:acme` with no soft band."""
     for name, limit in limits.items():
         kind, _, rest = name.partition("_")
-        await ledger.upsert_account(tenant, AccountSpec(f"{kind}:{rest}", limit, limit))
+        await ledger.upsert_account(
+            tenant, AccountSpec(account=f"{kind}:{rest}", limit=limit, soft_limit=limit)
+        )

@@ -368,7 +368,11 @@ async def test_reserve_many_with_archived_live_and_new_ids(ledger: Ledger, tenan
     await ledger.reserve(tenant, "live", "fp", AMOUNT, ttl_ms=HOUR_MS)
     asked = [archived[0], "new-1", "live", archived[1], archived[2], "new-2", archived[0]]
     results = await ledger.reserve_many(
-        tenant, [ReserveRequest(k, "fp", AMOUNT, HOUR_MS) for k in asked]
+        tenant,
+        [
+            ReserveRequest(idempotency_key=k, fingerprint="fp", amounts=AMOUNT, ttl_ms=HOUR_MS)
+            for k in asked
+        ],
     )
     got = [(r.status, r.state) for r in results if not isinstance(r, LedgerError)]
     assert got == [

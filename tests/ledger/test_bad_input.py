@@ -126,7 +126,7 @@ async def test_api_rejects_bad_transitions(
 def _spec(limit: int, soft: int) -> Any:
     from ledger.records import AccountSpec
 
-    return AccountSpec("agent:z", limit, soft)
+    return AccountSpec(account="agent:z", limit=limit, soft_limit=soft)
 
 
 # A reserve of 1 on factor:x that opens one account, whose spec follows.

@@ -93,7 +93,9 @@ async def bench(redis_url: str, tenant: str) -> AsyncIterator[Bench]:
     floor = tenant_beside(ledger, tenant)
     for owner in (tenant, floor):
         for account in ACCOUNTS:
-            await ledger.upsert_account(owner, AccountSpec(account, 2**52, 2**52))
+            await ledger.upsert_account(
+                owner, AccountSpec(account=account, limit=2**52, soft_limit=2**52)
+            )
     url = redis_url
     if isinstance(ledger.redis, RedisCluster):  # MONITOR shows one node's commands
         node = ledger.redis.get_node_from_key(accounts_key(tenant))
@@ -132,8 +134,17 @@ async def test_the_floor_runs_the_commands_of_an_admitting_reserve(
     sha = await ledger.redis.script_load(RESERVE_FLOOR)
     extra: dict[str, Any] = {}
     if kept:
-        extra = {"request": BENCH_REQUEST, "provenance": Provenance("r", "a1", "ops", 1000)}
-    request = ReserveRequest("h1", "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS, **extra)
+        extra = {
+            "request": BENCH_REQUEST,
+            "provenance": Provenance(route="r", agent="a1", principal="ops", face_value=1000),
+        }
+    request = ReserveRequest(
+        idempotency_key="h1",
+        fingerprint="fp",
+        amounts=dict.fromkeys(ACCOUNTS, PRICE),
+        ttl_ms=HOUR_MS,
+        **extra,
+    )
 
     async def reserve() -> None:
         (result,) = await ledger.reserve_many(bench.tenant, [request])
@@ -151,7 +162,12 @@ async def test_the_floor_runs_the_commands_of_an_admitting_reserve(
 async def test_the_floor_runs_the_commands_of_a_post(bench: Bench) -> None:
     ledger = bench.ledger
     for owner in (bench.tenant, bench.floor):
-        held = ReserveRequest("h1", "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS)
+        held = ReserveRequest(
+            idempotency_key="h1",
+            fingerprint="fp",
+            amounts=dict.fromkeys(ACCOUNTS, PRICE),
+            ttl_ms=HOUR_MS,
+        )
         await ledger.reserve_many(owner, [held])
     sha = await ledger.redis.script_load(POST_FLOOR)
 
@@ -181,7 +197,12 @@ async def test_the_packed_floors_keep_what_the_records_and_balances_keep(bench: 
     await open_packed(ledger, packed, ACCOUNTS)
     reserve_sha = await redis.script_load(PACKED_RESERVE_FLOOR)
     post_sha = await redis.script_load(PACKED_POST_FLOOR)
-    request = ReserveRequest("h1", "fp", dict.fromkeys(ACCOUNTS, PRICE), HOUR_MS)
+    request = ReserveRequest(
+        idempotency_key="h1",
+        fingerprint="fp",
+        amounts=dict.fromkeys(ACCOUNTS, PRICE),
+        ttl_ms=HOUR_MS,
+    )
 
     async def both() -> tuple[dict[str, str], dict[str, str]]:
         """The ledger's record of h1 and the packed one, by field name."""

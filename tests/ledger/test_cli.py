@@ -61,7 +61,9 @@ async def test_balance_names_its_redis_shows_currency_and_full_names(
     ledger: Ledger, tenant: str, redis_url: str, tmp_path: Path
 ) -> None:
     await busy_tenant(ledger, tenant)
-    await ledger.upsert_account(tenant, AccountSpec(LONG, 2_500_000, 2_500_000))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account=LONG, limit=2_500_000, soft_limit=2_500_000)
+    )
     # Piped, with no policy: integer minor units, said so, and every name whole.
     plain = irrev_ledger(redis_url, "balance", "--tenant", tenant)
     assert plain.returncode == 0, plain.stderr
@@ -125,9 +127,11 @@ async def test_the_journal_prints_control_characters_escaped(
     """An agent's key (or an older gateway's unknown path) is kept verbatim in the
     journal: printed raw, a carriage return and an erase-line sequence overwrote the
     entry on a terminal with a forged one (`... approve ... by=operator:ops`)."""
-    await ledger.upsert_account(tenant, AccountSpec("agent:a", 1000, 1000))
+    await ledger.upsert_account(tenant, AccountSpec(account="agent:a", limit=1000, soft_limit=1000))
     forged = "k\r\x1b[2K1796150000000-0  approve    hold=deadbeef by=operator:ops"
-    provenance = Provenance("route", "a", "ops", 5, forged)
+    provenance = Provenance(
+        route="route", agent="a", principal="ops", face_value=5, agent_key=forged
+    )
     await ledger.reserve(tenant, "h1", "fp", {"agent:a": 5}, ttl_ms=60_000, provenance=provenance)
     journal = irrev_ledger(redis_url, "journal", "--tenant", tenant)
     assert journal.returncode == 0, journal.stderr

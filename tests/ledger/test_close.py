@@ -31,7 +31,9 @@ async def reserve_on(
         hold,
         "fp",
         amounts,
-        open_missing=[AccountSpec(account, 1000, 1000, window_ms=WINDOW_MS)],
+        open_missing=[
+            AccountSpec(account=account, limit=1000, soft_limit=1000, window_ms=WINDOW_MS)
+        ],
         ttl_ms=ttl_ms,
         armed=armed,
     )
@@ -70,7 +72,7 @@ async def test_idle_factor_accounts_close_after_their_window(ledger: Ledger, ten
         await ledger.post(tenant, f"h{i}", 5)
     await reserve_on(ledger, tenant, "live", "kept")  # pending: holds its account
     # Idle, but still in the (hour-long) window it was used in: it stays.
-    hour = AccountSpec("factor:payee:hour", 1000, 1000, window_ms=HOUR_MS)
+    hour = AccountSpec(account="factor:payee:hour", limit=1000, soft_limit=1000, window_ms=HOUR_MS)
     await ledger.reserve(
         tenant, "v", "fp", {"factor:payee:hour": 5}, ttl_ms=HOUR_MS, open_missing=[hour]
     )
@@ -129,7 +131,10 @@ async def test_an_agent_opens_at_most_its_new_accounts_a_window(
 ) -> None:
     await open_accounts(ledger, tenant, tenant_acme=10**9)
     await ledger.upsert_account(
-        tenant, AccountSpec("agent:a1", 10**9, 10**9, window_ms=2000, max_new_accounts=3)
+        tenant,
+        AccountSpec(
+            account="agent:a1", limit=10**9, soft_limit=10**9, window_ms=2000, max_new_accounts=3
+        ),
     )
 
     async def pay(hold: str, payee: str, shadow: bool = False) -> str:
@@ -137,7 +142,9 @@ async def test_an_agent_opens_at_most_its_new_accounts_a_window(
         amounts = {"agent:a1": 5, account: 5}
         if shadow:
             amounts = {f"shadow:{a}": v for a, v in amounts.items()}
-        specs = [AccountSpec(a, 1000, 1000, window_ms=2000) for a in amounts]
+        specs = [
+            AccountSpec(account=a, limit=1000, soft_limit=1000, window_ms=2000) for a in amounts
+        ]
         result = await ledger.reserve(
             tenant, hold, "fp", amounts, ttl_ms=HOUR_MS, open_missing=specs, shadow=shadow
         )

@@ -94,7 +94,9 @@ async def test_a_standalone_client_on_a_cluster_is_refused_with_the_cause(
             await standalone.load_scripts()  # what a gateway does first
         assert "unreachable" not in str(refused.value)
         with pytest.raises(LedgerUnavailable, match="Redis Cluster") as moved:
-            await standalone.upsert_account(tenant, AccountSpec("tenant:acme", 10, 10))
+            await standalone.upsert_account(
+                tenant, AccountSpec(account="tenant:acme", limit=10, soft_limit=10)
+            )
         assert "unreachable" not in str(moved.value) and "MOVED" in str(moved.value)
         with pytest.raises(LedgerUnavailable, match="Redis Cluster"):
             await standalone.balances(tenant)

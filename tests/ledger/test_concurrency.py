@@ -95,7 +95,9 @@ async def test_agent_limits_bind_under_contention(
 async def test_consume_once_approval_with_racing_processes(
     ledger: Ledger, tenant: str, redis_url: str
 ) -> None:
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 0))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=0)
+    )
     escalated = await ledger.reserve(tenant, "big", "fp", {"tenant:acme": 900}, ttl_ms=60_000)
     assert escalated.state is HoldState.ESCALATED
     name = f"{tenant}:barrier"

@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from ledger.embedded import (
-    EmbeddedRedis,
+from ledger.embedded import EmbeddedRedis, redis_url
+from ledger.redis_binary import (
     EmbeddedRedisError,
     RedisServerNotFoundError,
     find_redis_server,
     redis_server_version,
-    redis_url,
 )
 from ledger.settings import AppendFsync, LedgerSettings
 

@@ -15,7 +15,9 @@ HOUR_MS = 3_600_000
 
 
 async def open_agent(ledger: Ledger, tenant: str, cap: int) -> None:
-    await ledger.upsert_account(tenant, AccountSpec("agent:a1", 10**9, 10**9, max_escalations=cap))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="agent:a1", limit=10**9, soft_limit=10**9, max_escalations=cap)
+    )
 
 
 async def escalate(

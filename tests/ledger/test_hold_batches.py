@@ -45,7 +45,9 @@ async def test_a_page_of_holds_is_read_as_each_alone_in_one_round_trip(
 ) -> None:
     """Issue 31: the queue read its page's holds one round trip each."""
     # A soft limit of 0: every hold escalates.
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10**9, 0))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=10**9, soft_limit=0)
+    )
     ids = [f"waiting-{n:02d}" for n in range(WAITING)]
     for n, hold_id in enumerate(ids):
         await ledger.reserve(
@@ -89,7 +91,9 @@ async def test_a_batch_read_during_settlements_never_takes_an_outcome_for_a_requ
     """As `hold`'s reads: whatever settles between them, a live hold never hands out
     its outcome as its request (a hold whose state moved across its reads, a record
     read before a post and its payload after it, is read again on its own)."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10**9, 10**9))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=10**9, soft_limit=10**9)
+    )
     for round_ in range(20):
         ids = [f"race-{round_}-{n}" for n in range(5)]
         for hold_id in ids:

@@ -98,8 +98,12 @@ async def test_same_key_different_request_is_a_conflict(ledger: Ledger, tenant: 
 
 
 async def test_soft_band_and_approval_threshold_escalate(ledger: Ledger, tenant: str) -> None:
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 800))
-    await ledger.upsert_account(tenant, AccountSpec("agent:a", 1000, 1000, approval_threshold=300))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=800)
+    )
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="agent:a", limit=1000, soft_limit=1000, approval_threshold=300)
+    )
     assert (await reserve(ledger, tenant, "k1", 700, "tenant:acme")).decision == "admit"
     band = await reserve(ledger, tenant, "k2", 200, "tenant:acme")
     assert (band.decision, band.reason, band.state) == (
@@ -175,7 +179,9 @@ async def test_ambiguous_stays_charged_until_reconciled(ledger: Ledger, tenant: 
 
 
 async def test_approve_is_consume_once_and_names_the_outcome(ledger: Ledger, tenant: str) -> None:
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=100)
+    )
     await reserve(ledger, tenant, "k1", 500, "tenant:acme")
     await reserve(ledger, tenant, "k2", 200, "tenant:acme")
     won = await ledger.approve(tenant, "k1", "alice", ttl_ms=HOUR_MS)
@@ -195,7 +201,9 @@ async def test_approval_returns_the_new_deadline_and_the_kept_request(
 ) -> None:
     """The approver forwards what was held, by Redis's deadline: no second read, no
     clock of its own."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=100)
+    )
     await reserve(ledger, tenant, "k1", 500, "tenant:acme", request='{"effect":1}')
     before = await server_ms(ledger)
     won = await ledger.approve(tenant, "k1", "alice", ttl_ms=HOUR_MS)
@@ -210,7 +218,9 @@ async def test_approval_returns_the_new_deadline_and_the_kept_request(
 
 
 async def test_expiry_releases_only_what_provably_never_fired(ledger: Ledger, tenant: str) -> None:
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 400))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=400)
+    )
     await reserve(ledger, tenant, "later", 100, "tenant:acme")
     await reserve(ledger, tenant, "armed", 100, "tenant:acme", ttl_ms=0)
     await reserve(ledger, tenant, "unarmed", 100, "tenant:acme", ttl_ms=0, armed=False)
@@ -259,7 +269,9 @@ async def test_an_admission_leaves_due_holds_to_the_sweeper(ledger: Ledger, tena
 
 
 async def test_expired_escalation_cannot_be_approved(ledger: Ledger, tenant: str) -> None:
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 0))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=0)
+    )
     await reserve(ledger, tenant, "k1", 100, "tenant:acme", escalation_ttl_ms=0)
     with pytest.raises(HoldStateConflict) as caught:
         await ledger.approve(tenant, "k1", "alice", ttl_ms=HOUR_MS)
@@ -282,7 +294,9 @@ async def test_a_batch_beside_due_holds_decides_as_single_calls_would(
     from ledger.records import ReserveRequest
 
     requests = [
-        ReserveRequest(key, "fp", {"tenant:acme": price}, HOUR_MS)
+        ReserveRequest(
+            idempotency_key=key, fingerprint="fp", amounts={"tenant:acme": price}, ttl_ms=HOUR_MS
+        )
         for key, price in (("a", 600), ("b", 500))
     ]
     decided = []
@@ -303,7 +317,9 @@ async def test_a_batch_beside_due_holds_decides_as_single_calls_would(
 
 
 async def test_windows_roll_posted_off_and_carry_pending(ledger: Ledger, tenant: str) -> None:
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 1000, window_ms=1))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=1000, window_ms=1)
+    )
     await reserve(ledger, tenant, "posted", 600, "tenant:acme")
     await reserve(ledger, tenant, "open", 300, "tenant:acme")
     await ledger.post(tenant, "posted", 600)
@@ -328,7 +344,12 @@ async def test_batches_decide_in_order_like_single_calls(ledger: Ledger, tenant:
     from ledger.records import ReserveRequest
 
     await open_accounts(ledger, tenant, tenant_acme=1000)
-    requests = [ReserveRequest(f"b{i}", "fp", {"tenant:acme": 300}, HOUR_MS) for i in range(5)]
+    requests = [
+        ReserveRequest(
+            idempotency_key=f"b{i}", fingerprint="fp", amounts={"tenant:acme": 300}, ttl_ms=HOUR_MS
+        )
+        for i in range(5)
+    ]
     results = await ledger.reserve_many(tenant, requests)
     assert [getattr(r, "decision", r) for r in results] == ["admit"] * 3 + ["deny"] * 2
     posts = await ledger.post_many(tenant, [("b0", 100), ("b1", 400), ("b3", 1)])
@@ -343,7 +364,9 @@ async def test_batches_decide_in_order_like_single_calls(ledger: Ledger, tenant:
 async def test_request_kept_while_live_and_outcome_once_settled(
     ledger: Ledger, tenant: str
 ) -> None:
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 500))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=500)
+    )
     await ledger.reserve(tenant, "small", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS, request="R1")
     await ledger.reserve(tenant, "big", "fp", {"tenant:acme": 600}, ttl_ms=HOUR_MS, request="R2")
     small, big = await ledger.hold(tenant, "small"), await ledger.hold(tenant, "big")
@@ -372,7 +395,9 @@ async def test_the_request_and_the_outcome_live_beside_the_record(
     (one key per settled hold, not two), or, when long, as the payload. A settlement
     without an outcome drops the payload; one with keeps it for the record's
     retention."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 1000))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=1000)
+    )
     keys = ("posted", "voided", "posted-bare", "voided-bare", "posted-long", "voided-long")
     for key in keys:
         await reserve(ledger, tenant, key, 100, "tenant:acme", request=GATEWAY_SIZED_REQUEST)
@@ -404,7 +429,9 @@ async def test_an_outcome_kept_in_the_record_survives_cuts_between_characters(
     ledger: Ledger, tenant: str
 ) -> None:
     """Each part is read as UTF-8 text: a cut inside a character would fail the read."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=10_000, soft_limit=10_000)
+    )
     for shift in range(4):
         answer = "x" * shift + "caf\u00e9 \u2603 \U0001f600 " * 40
         assert len(answer.encode()) <= 1024
@@ -420,7 +447,9 @@ async def test_an_outcome_an_older_irrev_kept_as_the_payload_is_still_read(
     ledger: Ledger, tenant: str
 ) -> None:
     """Before outcomes were kept in the record, a settled hold's was its payload."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 1000))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=1000)
+    )
     await reserve(ledger, tenant, "old", 100, "tenant:acme", request=GATEWAY_SIZED_REQUEST)
     await ledger.post(tenant, "old", 100)
     await ledger.redis.set(payload_key(tenant, "old"), GATEWAY_SIZED_ANSWER)
@@ -438,7 +467,8 @@ async def test_a_rejected_or_expired_holds_request_lasts_as_its_record(
     """Both kept for the retention (whose the hold was stays known); an expired hold
     made ambiguous by a late answer keeps both for good, for the reconciler."""
     await ledger.upsert_account(
-        tenant, AccountSpec("tenant:acme", 1000, 1000, approval_threshold=1)
+        tenant,
+        AccountSpec(account="tenant:acme", limit=1000, soft_limit=1000, approval_threshold=1),
     )
     await reserve(ledger, tenant, "rejected", 100, "tenant:acme", request="R1")
     await ledger.reject(tenant, "rejected", "bob")
@@ -471,7 +501,9 @@ async def test_a_hold_read_during_its_settlement_never_takes_the_outcome_for_the
     """The record and the payload are two keys: a read that met the record before a
     post and the payload after it must not hand the outcome out as the request of a
     live hold (a repeat would send the answer upstream as the effect)."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10**9, 10**9))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=10**9, soft_limit=10**9)
+    )
     for round_ in range(30):
         key = f"race-{round_}"
         await reserve(ledger, tenant, key, 1, "tenant:acme", request="REQUEST")
@@ -488,7 +520,9 @@ async def test_a_new_hold_never_takes_a_payload_left_under_its_id(
     """A payload that outlived its record (one written by an older irrev, say) is not
     the request of a later hold under the same id: approving that hold must forward
     what it was reserved with (here nothing), never the stale bytes."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=100)
+    )
     for hold_id in ("escalated", "denied"):
         await ledger.redis.set(payload_key(tenant, hold_id), '{"stale":"effect"}')
     await reserve(ledger, tenant, "escalated", 500, "tenant:acme")
@@ -506,7 +540,9 @@ async def test_approving_a_hold_of_an_older_irrev_forwards_the_request_in_its_re
     """A hold reserved by an older irrev (sharing the Redis during an upgrade) kept its
     request in its record's `req` field, not in a payload key: approving it hands that
     request to the approver; a payload, where there is one, comes first."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=100)
+    )
     await reserve(ledger, tenant, "old", 500, "tenant:acme", request='{"old":1}')
     await ledger.redis.hset(hold_key(tenant, "old"), "req", '{"old":1}')
     await ledger.redis.delete(payload_key(tenant, "old"))

@@ -23,7 +23,13 @@ async def test_reserve_entries_record_who_asked_and_what_was_sent(
     the kept request, for a hold kept and for a refusal alike (a route id of an
     unknown route is the agent's path: any text survives)."""
     await open_accounts(ledger, tenant, tenant_acme=1000)
-    asked = Provenance("pay POST /v1/a|b%7C", "agent-7", "ops", 12_500_000, "key|%1")
+    asked = Provenance(
+        route="pay POST /v1/a|b%7C",
+        agent="agent-7",
+        principal="ops",
+        face_value=12_500_000,
+        agent_key="key|%1",
+    )
     for key, price in (("kept", 400), ("refused", 4000)):
         await ledger.reserve(
             tenant,
@@ -38,7 +44,12 @@ async def test_reserve_entries_record_who_asked_and_what_was_sent(
     digest = hashlib.sha256(REQUEST.encode()).hexdigest()
     for entry in (kept, refused):
         assert entry.provenance == Provenance(
-            asked.route, "agent-7", "ops", 12_500_000, "key|%1", digest
+            route=asked.route,
+            agent="agent-7",
+            principal="ops",
+            face_value=12_500_000,
+            agent_key="key|%1",
+            request_sha256=digest,
         )
         shown = entry.as_dict()
         assert (shown["route"], shown["agent_key"], shown["request_sha256"]) == (
@@ -105,11 +116,15 @@ def test_entries_written_before_the_lean_forms_still_read() -> None:
     )
     assert reserve.deltas == (Delta("tenant:acme", 300, 0), Delta("agent:a", 300, 0))
     assert post.deltas == (Delta("tenant:acme", -300, 9), Delta("agent:a", -300, 9))
-    assert reserve.provenance == Provenance("r", "a", "p", 5, "key", digest)
+    assert reserve.provenance == Provenance(
+        route="r", agent="a", principal="p", face_value=5, agent_key="key", request_sha256=digest
+    )
 
 
 def test_the_digest_is_journaled_in_base64url() -> None:
     digest = hashlib.sha256(REQUEST.encode()).hexdigest()
-    packed = Provenance("r", "a", "p", 5, "key", digest).packed()
+    packed = Provenance(
+        route="r", agent="a", principal="p", face_value=5, agent_key="key", request_sha256=digest
+    ).packed()
     assert len(packed.split("|")[4]) == 43
     assert Provenance.unpacked(packed).request_sha256 == digest

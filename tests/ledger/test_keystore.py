@@ -16,8 +16,10 @@ from ledger import BadInput, KeyKind, KeyNotFound, KeyNotLive, KeySpec, KeyState
 from ledger.changes import CHANNEL
 from ledger.keys import key_hashes_key, managed_keys_key
 
-AGENT = KeySpec(KeyKind.AGENT, agent="buyer-01", owner="ann@example.com", purpose="nightly run")
-ADMIN = KeySpec(KeyKind.ADMIN, admin="bob", role="approver", owner="ann", purpose="on call")
+AGENT = KeySpec(
+    kind=KeyKind.AGENT, agent="buyer-01", owner="ann@example.com", purpose="nightly run"
+)
+ADMIN = KeySpec(kind=KeyKind.ADMIN, admin="bob", role="approver", owner="ann", purpose="on call")
 
 
 def new_hash() -> str:
@@ -106,10 +108,10 @@ async def test_an_expired_key_is_not_rotated(ledger: Ledger, tenant: str) -> Non
     [
         ("key_xyz", None, AGENT, None, "key_id"),
         (None, "sha256:abc", AGENT, None, "token_sha256"),
-        (None, None, KeySpec(KeyKind.AGENT, agent="a:b"), None, "agent"),
-        (None, None, KeySpec(KeyKind.ADMIN, admin="", role="viewer"), None, "admin"),
-        (None, None, KeySpec(KeyKind.AGENT, agent="a", owner="x" * 201), None, "owner"),
-        (None, None, KeySpec(KeyKind.AGENT, agent="a", purpose="a\nb"), None, "purpose"),
+        (None, None, KeySpec(kind=KeyKind.AGENT, agent="a:b"), None, "agent"),
+        (None, None, KeySpec(kind=KeyKind.ADMIN, admin="", role="viewer"), None, "admin"),
+        (None, None, KeySpec(kind=KeyKind.AGENT, agent="a", owner="x" * 201), None, "owner"),
+        (None, None, KeySpec(kind=KeyKind.AGENT, agent="a", purpose="a\nb"), None, "purpose"),
         (None, None, AGENT, 0, "expires_in_ms"),
     ],
     ids=["key-id", "hash", "agent-colon", "no-admin", "long-owner", "control-char", "zero-life"],

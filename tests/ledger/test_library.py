@@ -43,7 +43,15 @@ async def test_a_lost_library_or_script_is_loaded_again(ledger: Ledger, tenant: 
             held = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 10}, ttl_ms=HOUR_MS)
             assert held.state is HoldState.PENDING
         else:
-            batch = [ReserveRequest(f"b{i}", "fp", {"tenant:acme": 10}, HOUR_MS) for i in range(3)]
+            batch = [
+                ReserveRequest(
+                    idempotency_key=f"b{i}",
+                    fingerprint="fp",
+                    amounts={"tenant:acme": 10},
+                    ttl_ms=HOUR_MS,
+                )
+                for i in range(3)
+            ]
             replies = await ledger.reserve_many(tenant, batch)
             assert [r.state if isinstance(r, ReserveResult) else r for r in replies] == [
                 HoldState.PENDING

@@ -130,7 +130,10 @@ class LedgerMachine(RuleBasedStateMachine):
             soft = int(limit * band)
             self.run(
                 self.ledger.upsert_account(
-                    self.tenant, AccountSpec(account, limit, soft, approval_threshold=approval)
+                    self.tenant,
+                    AccountSpec(
+                        account=account, limit=limit, soft_limit=soft, approval_threshold=approval
+                    ),
                 )
             )
             self.model.open(account, limit, soft, approval)
@@ -250,7 +253,9 @@ class LedgerMachine(RuleBasedStateMachine):
                 escalate_above=escalate_above,
                 request=request,
                 open_missing=[
-                    AccountSpec(a, limit, soft, approval_threshold=approval)
+                    AccountSpec(
+                        account=a, limit=limit, soft_limit=soft, approval_threshold=approval
+                    )
                     for a, (limit, soft, approval) in specs.items()
                 ],
                 shadow=shadow,

@@ -12,8 +12,8 @@ from ledger.records import AccountSpec, Decision, HoldState
 from .conftest import open_accounts
 
 HOUR_MS = 3_600_000
-SUPPLIER = AccountSpec("factor:supplier:new", 500, 500)
-CURRENCY = AccountSpec("factor:currency:xyz", 400, 400, window_ms=HOUR_MS)
+SUPPLIER = AccountSpec(account="factor:supplier:new", limit=500, soft_limit=500)
+CURRENCY = AccountSpec(account="factor:currency:xyz", limit=400, soft_limit=400, window_ms=HOUR_MS)
 
 
 async def reserve(ledger: Ledger, tenant: str, key: str, price: int) -> Decision:

@@ -113,7 +113,9 @@ async def test_the_ledger_sends_back_a_price_for_more_than_the_count(
 
 async def test_never_sent_escalations_do_not_pad_the_open_set(ledger: Ledger, tenant: str) -> None:
     """F4: twenty escalated holds, never sent, counted as twenty open ones."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10**9, 10**9))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=10**9, soft_limit=10**9)
+    )
     for i in range(20):
         await ledger.reserve(
             tenant,
@@ -131,7 +133,9 @@ async def test_an_approval_threshold_compares_the_price_alone(ledger: Ledger, te
     """F4: a pooled price below the threshold, made so by holds the agent opened,
     must not turn an escalation into an admission: the threshold reads the price the
     effect has alone."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10**9, 10**9))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=10**9, soft_limit=10**9)
+    )
     result = await ledger.reserve(
         tenant,
         "k",
@@ -161,7 +165,13 @@ async def test_the_pending_a_price_assumed_is_a_decimal(
 ) -> None:
     """F6: Lua's tonumber reads 'nan' (which passed the check as 1) and '0x10'."""
     await open_accounts(ledger, tenant, tenant_acme=1000)
-    request = ReserveRequest("k", "fp", {"tenant:acme": 1}, HOUR_MS, pool=PoolTicket(TAG, 10))
+    request = ReserveRequest(
+        idempotency_key="k",
+        fingerprint="fp",
+        amounts={"tenant:acme": 1},
+        ttl_ms=HOUR_MS,
+        pool=PoolTicket(TAG, 10),
+    )
     args = ledger.reserve_args(request)
     args[args.index("1.0")] = pending  # the pending of the ticket above
     reply = await ledger._run("reserve", reserve_keys(tenant, "k"), args)
@@ -175,7 +185,9 @@ async def test_a_set_out_of_step_is_rewritten_from_the_open_holds(
     """F2: a gateway from before the count closing a counted hold leaves a ghost in
     the set (here: the fields of a closed hold put back by hand). The repair
     rewrites every route's set from the open holds; escalated ones do not count."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10**9, 10**9))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=10**9, soft_limit=10**9)
+    )
     await reserve(ledger, tenant, "a", 1000)
     await reserve(ledger, tenant, "b", 3000)
     await ledger.reserve(

@@ -105,7 +105,9 @@ async def test_replays_and_refusals_never_count(ledger: Ledger, tenant: str) -> 
 async def test_escalations_join_only_when_approved(ledger: Ledger, tenant: str) -> None:
     """An escalated hold was never sent and may never be: it would pad the set the
     others pool over (review1 F4), so it joins when a human approves it."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 10))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=10)
+    )
     await reserve(ledger, tenant, "e1", 40, amount=20)
     await reserve(ledger, tenant, "e2", 60, amount=20)
     assert (await stored_hold(ledger, tenant, "e1")).state is HoldState.ESCALATED
@@ -129,7 +131,9 @@ async def test_an_escalation_is_priced_alone_so_its_approval_never_joins_below_i
     approval joined it to a set of one at 50, under its price alone of 80). A
     reserve priced for a pool that would escalate is sent back to be priced alone,
     the price every set covers; approval then changes no balance."""
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=100)
+    )
     for i in range(3):
         await reserve(ledger, tenant, f"o{i}", 100, amount=20)
     pooled = ticket(100, 4.0, 80)
@@ -171,7 +175,9 @@ async def test_an_escalation_sent_back_writes_nothing_when_its_window_rolled(
     the decision is final (it was journaled before the decision, so a `reprice`
     that says nothing was written left a roll entry)."""
     window_ms = 100
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 1000, 100, window_ms))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=1000, soft_limit=100, window_ms=window_ms)
+    )
     for i in range(3):
         await reserve(ledger, tenant, f"o{i}", 100, amount=20)
     rolled_at = await server_ms(ledger) + window_ms  # past the next window's start
@@ -244,12 +250,19 @@ async def test_a_pooled_reserve_without_its_price_alone_is_refused(
     alone is above. It is bad input, with nothing written (before, the script kept
     it: admitted at 10 under a threshold of 15)."""
     await ledger.upsert_account(
-        tenant, AccountSpec("tenant:acme", 1000, 1000, approval_threshold=15)
+        tenant,
+        AccountSpec(account="tenant:acme", limit=1000, soft_limit=1000, approval_threshold=15),
     )
     for i in range(3):
         await reserve(ledger, tenant, f"o{i}", 100)
     args = ledger.reserve_args(
-        ReserveRequest("k", "fp", {"tenant:acme": 10}, HOUR_MS, pool=ticket(100, 2.0, 20))
+        ReserveRequest(
+            idempotency_key="k",
+            fingerprint="fp",
+            amounts={"tenant:acme": 10},
+            ttl_ms=HOUR_MS,
+            pool=ticket(100, 2.0, 20),
+        )
     )
     older = args[:-1]  # the same reserve without its price alone
     before = await tenant_snapshot(ledger, tenant)

@@ -20,7 +20,9 @@ async def paced_agent(
     ledger: Ledger, tenant: str, effects: Pace, reads: Pace | None = None
 ) -> None:
     await open_accounts(ledger, tenant, tenant_acme=10**9)
-    spec = AccountSpec("agent:a1", 10**9, 10**9, effect_pace=effects, read_pace=reads)
+    spec = AccountSpec(
+        account="agent:a1", limit=10**9, soft_limit=10**9, effect_pace=effects, read_pace=reads
+    )
     await ledger.upsert_account(tenant, spec)
 
 
@@ -46,11 +48,13 @@ async def test_a_policy_change_keeps_the_next_arrival(ledger: Ledger, tenant: st
     await paced_agent(ledger, tenant, Pace.of(per_second=1, burst=1))
     assert await reserve(ledger, tenant, "h0") == "pending"
     await ledger.upsert_account(  # reloaded: the same rate, a new window
-        tenant, AccountSpec("agent:a1", 10**9, 10**9, effect_pace=Pace.of(1, 1))
+        tenant,
+        AccountSpec(account="agent:a1", limit=10**9, soft_limit=10**9, effect_pace=Pace.of(1, 1)),
     )
     with pytest.raises(RateLimited):
         await reserve(ledger, tenant, "h1")
-    await ledger.upsert_account(tenant, AccountSpec("agent:a1", 10**9, 10**9))  # no rate
+    no_rate = AccountSpec(account="agent:a1", limit=10**9, soft_limit=10**9)
+    await ledger.upsert_account(tenant, no_rate)
     assert await reserve(ledger, tenant, "h1") == "pending"
 
 
@@ -67,7 +71,12 @@ async def test_racing_processes_get_exactly_the_burst(
     ledger: Ledger, tenant: str, redis_url: str
 ) -> None:
     await open_accounts(ledger, tenant, tenant_acme=10**9)
-    spec = AccountSpec("agent:a1", 10**9, 10**9, effect_pace=Pace.of(per_second=0.01, burst=5))
+    spec = AccountSpec(
+        account="agent:a1",
+        limit=10**9,
+        soft_limit=10**9,
+        effect_pace=Pace.of(per_second=0.01, burst=5),
+    )
     await ledger.upsert_account(tenant, spec)
     processes = [spawn("paced", redis_url, tenant, f"{tenant}-r", "5") for _ in range(4)]
     await release(ledger, f"{tenant}-r", len(processes))

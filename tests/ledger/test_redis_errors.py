@@ -23,7 +23,7 @@ from ledger.checkpoint import trim
 from ledger.client import Ledger
 from ledger.cluster import cluster_enabled
 from ledger.connect import connect
-from ledger.embedded import EmbeddedRedis, free_port
+from ledger.embedded import EmbeddedRedis
 from ledger.errors import (
     HoldNotFound,
     LedgerUnavailable,
@@ -33,6 +33,7 @@ from ledger.errors import (
 )
 from ledger.journal import read_journal
 from ledger.keys import accounts_key, deadlines_key, journal_key
+from ledger.ports import free_port
 from ledger.records import AccountSpec, HoldState
 
 from ..conftest import ReplicatedRedis, server_binary
@@ -146,7 +147,9 @@ async def test_a_replica_refuses_writes_and_says_to_use_the_primary(
     ledger = Ledger.from_url(replicated_redis.replica.url)
     try:
         with pytest.raises(LedgerUnavailable) as raised:
-            await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 100, 100))
+            await ledger.upsert_account(
+                tenant, AccountSpec(account="tenant:acme", limit=100, soft_limit=100)
+            )
     finally:
         await ledger.aclose()
     assert raised.value.cause is RedisFailure.READ_ONLY
@@ -183,7 +186,9 @@ async def test_wrong_credentials_and_missing_permissions_are_told_apart(
         assert "password" in str(raised.value)
         assert await reader.balance(tenant, "tenant:acme") is None
         with pytest.raises(LedgerUnavailable) as raised:
-            await reader.upsert_account(tenant, AccountSpec("tenant:acme", 100, 100))
+            await reader.upsert_account(
+                tenant, AccountSpec(account="tenant:acme", limit=100, soft_limit=100)
+            )
         assert raised.value.cause is RedisFailure.NO_PERMISSION
         assert "ACL" in str(raised.value)
     finally:
@@ -194,7 +199,9 @@ async def test_wrong_credentials_and_missing_permissions_are_told_apart(
 async def test_a_full_memory_is_out_of_memory(own_ledger: Ledger, tenant: str) -> None:
     await own_ledger.redis.config_set("maxmemory", "1")
     with pytest.raises(LedgerUnavailable) as raised:
-        await own_ledger.upsert_account(tenant, AccountSpec("tenant:acme", 100, 100))
+        await own_ledger.upsert_account(
+            tenant, AccountSpec(account="tenant:acme", limit=100, soft_limit=100)
+        )
     assert raised.value.cause is RedisFailure.OUT_OF_MEMORY
     assert "maxmemory" in str(raised.value)
 

@@ -42,7 +42,7 @@ async def escalate(ledger: Ledger, hold: str) -> Reason:
 
 
 async def test_a_new_store_is_this_releases_from_its_first_tenant(fresh: Ledger) -> None:
-    await fresh.upsert_account("t", AccountSpec("agent:a1", 100, 100))
+    await fresh.upsert_account("t", AccountSpec(account="agent:a1", limit=100, soft_limit=100))
     assert await fresh.redis.get(RELEASE_KEY) == str(FORMAT)
     assert fresh.release.upgraded
 
@@ -51,7 +51,9 @@ async def test_an_older_releases_store_waits_for_finish(fresh: Ledger, own_redis
     # What a release before the flag leaves: tenants registered, no flag.
     await fresh.redis.sadd(TENANTS_KEY, "t")
     assert await fresh.release.read() == PREVIOUS_FORMAT
-    await fresh.upsert_account("t", AccountSpec("agent:a1", 10**9, 10**9, max_escalations=1))
+    await fresh.upsert_account(
+        "t", AccountSpec(account="agent:a1", limit=10**9, soft_limit=10**9, max_escalations=1)
+    )
     # Not counted, so not capped: an older release resolving them would leave them
     # counted for good.
     assert [await escalate(fresh, h) for h in ("a", "b")] == [Reason.APPROVAL_THRESHOLD] * 2

@@ -82,7 +82,10 @@ async def acknowledging_replicas(
     plain = Ledger.from_url(url)
     try:
         await ledger.upsert_account(
-            tenant, AccountSpec("tenant:acme", 10_000, 10_000, approval_threshold=400)
+            tenant,
+            AccountSpec(
+                account="tenant:acme", limit=10_000, soft_limit=10_000, approval_threshold=400
+            ),
         )
         admitted = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert (admitted.state, admitted.replicas) == (HoldState.PENDING, 1)
@@ -109,7 +112,9 @@ async def acknowledging_replicas(
         overrun = await ledger.post(tenant, "k1", 300)
         assert "overrun" in overrun.flags and overrun.replicas == 0
         with pytest.raises(LedgerUnavailable) as refused:
-            await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 5_000, 5_000))
+            await ledger.upsert_account(
+                tenant, AccountSpec(account="tenant:acme", limit=5_000, soft_limit=5_000)
+            )
         assert refused.value.cause is RedisFailure.NOT_REPLICATED
 
         await asyncio.to_thread(restore_replica)
@@ -153,7 +158,9 @@ async def test_a_batch_item_whose_resend_fails_gets_its_error_in_place(
     assert primary.process is not None
     plain = Ledger.from_url(redis_cluster.url)
     try:
-        await plain.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        await plain.upsert_account(
+            tenant, AccountSpec(account="tenant:acme", limit=10_000, soft_limit=10_000)
+        )
     finally:
         await plain.aclose()
     url, pid = redis_cluster.url, str(primary.process.pid)
@@ -179,10 +186,17 @@ async def batch_acknowledgements(
     ledger.on_unacknowledged = short.append
 
     def orders(*keys: str) -> list[ReserveRequest]:
-        return [ReserveRequest(key, "fp", {"tenant:acme": 100}, HOUR_MS) for key in keys]
+        return [
+            ReserveRequest(
+                idempotency_key=key, fingerprint="fp", amounts={"tenant:acme": 100}, ttl_ms=HOUR_MS
+            )
+            for key in keys
+        ]
 
     try:
-        await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        await ledger.upsert_account(
+            tenant, AccountSpec(account="tenant:acme", limit=10_000, soft_limit=10_000)
+        )
         assert replicas_of(await ledger.reserve_many(tenant, orders("a1", "a2", "a3"))) == [1] * 3
         assert replicas_of(await ledger.post_many(tenant, [("a1", 100)])) == [1]
 
@@ -240,7 +254,9 @@ async def test_a_replayed_reserve_is_waited_for_on_its_own_connection(
     ledger = Ledger.from_url(url, replicas=1, replica_timeout_ms=300)
     other = Ledger.from_url(url, replicas=1, replica_timeout_ms=300)
     try:
-        await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        await ledger.upsert_account(
+            tenant, AccountSpec(account="tenant:acme", limit=10_000, soft_limit=10_000)
+        )
         await other.reserve(tenant, "w0", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
         os.kill(replica_pid, signal.SIGSTOP)
         try:
@@ -249,7 +265,15 @@ async def test_a_replayed_reserve_is_waited_for_on_its_own_connection(
             again = await other.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
             assert (again.status, again.replicas) == (Status.EXISTS, 0)
             (batched,) = await other.reserve_many(
-                tenant, [ReserveRequest("k1", "fp", {"tenant:acme": 100}, HOUR_MS)]
+                tenant,
+                [
+                    ReserveRequest(
+                        idempotency_key="k1",
+                        fingerprint="fp",
+                        amounts={"tenant:acme": 100},
+                        ttl_ms=HOUR_MS,
+                    )
+                ],
             )
             assert replicas_of([batched]) == [0]
         finally:
@@ -278,7 +302,9 @@ async def repeated_settlement(replicated_redis: ReplicatedRedis, tenant: str) ->
     ledger = Ledger.from_url(url, replicas=1, replica_timeout_ms=300)
     other = Ledger.from_url(url, replicas=1, replica_timeout_ms=300)
     try:
-        await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        await ledger.upsert_account(
+            tenant, AccountSpec(account="tenant:acme", limit=10_000, soft_limit=10_000)
+        )
         for key in ("k1", "k2", "k3"):
             await ledger.reserve(tenant, key, "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         await ledger.post(tenant, "k2", 100)
@@ -317,7 +343,9 @@ async def test_a_settlement_lost_in_a_failover_is_made_again_by_its_repeat(
     primary, replica = replicated_redis.primary, replicated_redis.replica
     ledger = Ledger.from_url(primary.url, replicas=1, replica_timeout_ms=300)
     try:
-        await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        await ledger.upsert_account(
+            tenant, AccountSpec(account="tenant:acme", limit=10_000, soft_limit=10_000)
+        )
         reserved = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert reserved.replicas == 1
         await asyncio.to_thread(persisted, replica.url)

@@ -46,7 +46,11 @@ async def _settle_many(ledger: Ledger, tenant: str) -> None:
     for start in range(0, SETTLED, BATCH):
         keys = [f"old-{i}" for i in range(start, start + BATCH)]
         reserved = await ledger.reserve_many(
-            tenant, [ReserveRequest(k, "fp", amounts, HOUR_MS) for k in keys]
+            tenant,
+            [
+                ReserveRequest(idempotency_key=k, fingerprint="fp", amounts=amounts, ttl_ms=HOUR_MS)
+                for k in keys
+            ],
         )
         assert all(isinstance(r, ReserveResult) and r.decision == "admit" for r in reserved), (
             reserved[:3]

@@ -61,7 +61,7 @@ async def test_a_limit_cut_under_its_raises_cuts_what_they_add(ledger: Ledger, t
     counts for at most the new one (it kept its whole amount: 100 on a limit of 10)."""
     await open_accounts(ledger, tenant, agent_a=100)
     await ledger.set_rule(tenant, "r1", "ops", "{}", HOUR_MS, raise_limit=("agent:a", 100))
-    await ledger.upsert_account(tenant, AccountSpec("agent:a", 10, 10))
+    await ledger.upsert_account(tenant, AccountSpec(account="agent:a", limit=10, soft_limit=10))
     full = await ledger.reserve(tenant, "k1", "fp", {"agent:a": 20}, ttl_ms=HOUR_MS)
     over = await ledger.reserve(tenant, "k2", "fp", {"agent:a": 1}, ttl_ms=HOUR_MS)
     assert (full.decision.value, over.reason.value) == ("admit", "budget_exceeded")
@@ -73,7 +73,7 @@ async def test_a_limit_cut_under_its_raises_cuts_what_they_add(ledger: Ledger, t
 
 async def test_a_raise_never_takes_a_limit_past_2_53(ledger: Ledger, tenant: str) -> None:
     half = 2**52
-    await ledger.upsert_account(tenant, AccountSpec("agent:a", half, half))
+    await ledger.upsert_account(tenant, AccountSpec(account="agent:a", limit=half, soft_limit=half))
     with pytest.raises(BadInput) as refused:
         await ledger.set_rule(tenant, "r1", "ops", "{}", HOUR_MS, raise_limit=("agent:a", half))
     assert refused.value.field == "amount" and "2^53-1" in refused.value.message
@@ -90,9 +90,11 @@ async def test_a_limit_raised_under_its_raises_counts_as_at_most_2_53(
     pending + posted past it: there doubles round, odd micros are lost and the
     ledger no longer adds up (audit mismatches, pending below zero after release)."""
     half = 2**52
-    await ledger.upsert_account(tenant, AccountSpec("agent:a", half, half))
+    await ledger.upsert_account(tenant, AccountSpec(account="agent:a", limit=half, soft_limit=half))
     await ledger.set_rule(tenant, "r1", "ops", "{}", HOUR_MS, raise_limit=("agent:a", half - 1))
-    await ledger.upsert_account(tenant, AccountSpec("agent:a", MAX_AMOUNT, MAX_AMOUNT))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="agent:a", limit=MAX_AMOUNT, soft_limit=MAX_AMOUNT)
+    )
     whole = await ledger.reserve(tenant, "k1", "fp", {"agent:a": MAX_AMOUNT}, ttl_ms=HOUR_MS)
     assert whole.decision.value == "admit" and whole.accounts[0].limit == MAX_AMOUNT
     for n in range(3):

@@ -21,8 +21,10 @@ async def shadow_reserve(
 async def test_a_would_be_deny_is_held_and_shows_as_an_overdraft(
     ledger: Ledger, tenant: str
 ) -> None:
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 100, 100))
-    await ledger.upsert_account(tenant, AccountSpec("agent:a", 1000, 1000))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=100, soft_limit=100)
+    )
+    await ledger.upsert_account(tenant, AccountSpec(account="agent:a", limit=1000, soft_limit=1000))
     first = await shadow_reserve(ledger, tenant, "k1", 80)
     assert (first.decision, first.state, first.shadowed) == (
         Decision.ADMIT,
@@ -64,8 +66,10 @@ async def test_a_would_be_deny_is_held_and_shows_as_an_overdraft(
 
 
 async def test_a_would_be_escalation_is_held_armed_not_queued(ledger: Ledger, tenant: str) -> None:
-    await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 100, 50))
-    await ledger.upsert_account(tenant, AccountSpec("agent:a", 1000, 1000))
+    await ledger.upsert_account(
+        tenant, AccountSpec(account="tenant:acme", limit=100, soft_limit=50)
+    )
+    await ledger.upsert_account(tenant, AccountSpec(account="agent:a", limit=1000, soft_limit=1000))
     result = await shadow_reserve(ledger, tenant, "k1", 60)
     assert (result.decision, result.reason, result.state, result.shadowed) == (
         Decision.ESCALATE,

@@ -36,7 +36,13 @@ async def busy_journal(ledger: Ledger, tenant: str, holds: int) -> list[JournalE
     for start in range(0, holds, 500):
         ids = [f"h{i}" for i in range(start, min(start + 500, holds))]
         amounts = {"tenant:acme": 10, "agent:a": 10}
-        await ledger.reserve_many(tenant, [ReserveRequest(k, "fp", amounts, HOUR_MS) for k in ids])
+        await ledger.reserve_many(
+            tenant,
+            [
+                ReserveRequest(idempotency_key=k, fingerprint="fp", amounts=amounts, ttl_ms=HOUR_MS)
+                for k in ids
+            ],
+        )
         await ledger.post_many(tenant, [(k, 4) for k in ids])
     return [entry async for entry in iter_journal(ledger, tenant)]
 

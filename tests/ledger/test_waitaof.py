@@ -42,7 +42,10 @@ async def test_every_waiting_write_reports_the_fsyncs(
     short = Ledger.from_url(url, replicas=1, replica_timeout_ms=300, wait_aof="all")
     try:
         await local.upsert_account(
-            tenant, AccountSpec("tenant:acme", 10_000, 10_000, approval_threshold=400)
+            tenant,
+            AccountSpec(
+                account="tenant:acme", limit=10_000, soft_limit=10_000, approval_threshold=400
+            ),
         )
         admitted = await local.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert (admitted.state, admitted.fsynced, admitted.replicas) == (HoldState.PENDING, 1, 1)
@@ -54,13 +57,17 @@ async def test_every_waiting_write_reports_the_fsyncs(
         assert (approval.fsynced, approval.replicas) == (1, 1)
         settled = await every.post(tenant, "k2", 400)
         assert (settled.fsynced, settled.replicas) == (1, 1)
-        await every.upsert_account(tenant, AccountSpec("tenant:acme", 9_000, 9_000))
+        await every.upsert_account(
+            tenant, AccountSpec(account="tenant:acme", limit=9_000, soft_limit=9_000)
+        )
 
         await asyncio.to_thread(replicated_valkey.replica.kill)
         alone = await short.reserve(tenant, "k3", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert (alone.fsynced, alone.replicas) == (1, 0)  # kept locally, on no replica
         with pytest.raises(LedgerUnavailable) as lowered:  # a limit decrease
-            await short.upsert_account(tenant, AccountSpec("tenant:acme", 5_000, 5_000))
+            await short.upsert_account(
+                tenant, AccountSpec(account="tenant:acme", limit=5_000, soft_limit=5_000)
+            )
         assert lowered.value.cause is RedisFailure.NOT_REPLICATED
         assert "0 of 1 replicas fsynced the account change" in str(lowered.value)
     finally:
@@ -80,13 +87,17 @@ async def test_a_write_the_primary_never_fsyncs_is_not_acknowledged(
 async def unfsynced(url: str, tenant: str) -> None:
     ledger = Ledger.from_url(url, replica_timeout_ms=200, wait_aof="local")
     try:
-        await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        await ledger.upsert_account(
+            tenant, AccountSpec(account="tenant:acme", limit=10_000, soft_limit=10_000)
+        )
         with redis.Redis.from_url(url) as admin:
             admin.config_set("appendfsync", "no")
         held = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
         assert (held.fsynced, held.replicas) == (0, None)  # no replicas asked for
         with pytest.raises(LedgerUnavailable) as lowered:
-            await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 5_000, 5_000))
+            await ledger.upsert_account(
+                tenant, AccountSpec(account="tenant:acme", limit=5_000, soft_limit=5_000)
+            )
         assert lowered.value.cause is RedisFailure.NOT_FSYNCED
     finally:
         await ledger.aclose()
@@ -107,7 +118,9 @@ async def test_a_write_whose_wait_is_refused_is_not_acknowledged(
             admin.execute_command("ACL", "SETUSER", "app", "on", ">pw", "~*", "&*", "+@all")
             admin.execute_command("ACL", "SETUSER", "app", denied)
         owner = Ledger.from_url(server.url)
-        await owner.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+        await owner.upsert_account(
+            tenant, AccountSpec(account="tenant:acme", limit=10_000, soft_limit=10_000)
+        )
         await owner.aclose()
         port = urlsplit(server.url).port
         ledger = Ledger.from_url(
@@ -145,7 +158,9 @@ async def test_on_a_cluster_waitaof_counts_the_replica_of_the_primary_that_ran_t
         await asyncio.to_thread(_aof_written, cluster)
         ledger = Ledger.from_url(cluster.url, replicas=1, replica_timeout_ms=2500, wait_aof="all")
         try:
-            await ledger.upsert_account(tenant, AccountSpec("tenant:acme", 10_000, 10_000))
+            await ledger.upsert_account(
+                tenant, AccountSpec(account="tenant:acme", limit=10_000, soft_limit=10_000)
+            )
             held = await ledger.reserve(tenant, "k1", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
             assert (held.fsynced, held.replicas) == (1, 1)
             # The start probe writes in a slot of each primary: every one fsynced.

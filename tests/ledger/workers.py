@@ -117,7 +117,10 @@ async def batches(ledger: Ledger, tenant: str, barrier_name: str, agent: str, op
     for start in range(0, int(ops), 20):
         keys = [f"{agent}-{i}" for i in range(start, min(start + 20, int(ops)))]
         amounts = {"tenant:acme": 3, f"agent:{agent}": 3}
-        requests = [ReserveRequest(k, "fp", amounts, HOUR_MS) for k in keys]
+        requests = [
+            ReserveRequest(idempotency_key=k, fingerprint="fp", amounts=amounts, ttl_ms=HOUR_MS)
+            for k in keys
+        ]
         failed += sum(
             isinstance(r, LedgerError) for r in await ledger.reserve_many(tenant, requests)
         )
@@ -226,7 +229,11 @@ async def stale_batch(ledger: Ledger, tenant: str, url: str, primary_pid: str) -
     stale = Ledger.from_url(url, replicas=ledger.replicas, socket_timeout=0.3)
     try:
         key = accounts_key(tenant)
-        warm = [ReserveRequest("w0", "fp", {"tenant:acme": 1}, HOUR_MS)]
+        warm = [
+            ReserveRequest(
+                idempotency_key="w0", fingerprint="fp", amounts={"tenant:acme": 1}, ttl_ms=HOUR_MS
+            )
+        ]
         assert isinstance((await stale.reserve_many(tenant, warm))[0], ReserveResult)
         cluster = stale.redis
         assert isinstance(cluster, RedisCluster)
@@ -234,7 +241,12 @@ async def stale_batch(ledger: Ledger, tenant: str, url: str, primary_pid: str) -
         assert right is not None
         wrong = next(node for node in cluster.get_primaries() if node.name != right.name)
         cluster.nodes_manager.slots_cache[cluster.keyslot(key)] = [wrong]
-        orders = [ReserveRequest(k, "fp", {"tenant:acme": 100}, HOUR_MS) for k in ("t1", "t2")]
+        orders = [
+            ReserveRequest(
+                idempotency_key=k, fingerprint="fp", amounts={"tenant:acme": 100}, ttl_ms=HOUR_MS
+            )
+            for k in ("t1", "t2")
+        ]
         os.kill(int(primary_pid), signal.SIGSTOP)
         try:
             results = await stale.reserve_many(tenant, orders)

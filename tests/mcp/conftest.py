@@ -54,10 +54,10 @@ def structured(result: CallToolResult) -> dict[str, Any]:
 
 def start_tool_server(state_dir: Path, log_dir: Path, port: int | None = None) -> Server:
     server = Server(
-        "mcp tools",
-        [str(BIN / "python"), "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"],
-        base_env(MCP_TOOL_STATE=str(state_dir)),
-        log_dir / "mcp-tools.log",
+        name="mcp tools",
+        argv=[str(BIN / "python"), "-m", "uvicorn", "irrev.upstreams.mcp_tools:app"],
+        env=base_env(MCP_TOOL_STATE=str(state_dir)),
+        log_path=log_dir / "mcp-tools.log",
     )
     if port is not None:
         server.port = port
@@ -223,7 +223,9 @@ def serve(root: Path, redis_url: str, policy_dir: Path, **settings: str) -> Gate
         IRREV_ADMIN_TOKENS=f"ops={admin_token}",
         **{**defaults, **settings},
     )
-    server = Server("gateway", [str(BIN / "irrev"), "serve"], env, root / "gateway.log")
+    server = Server(
+        name="gateway", argv=[str(BIN / "irrev"), "serve"], env=env, log_path=root / "gateway.log"
+    )
     server.argv += ["--port", str(server.port), "--workers", str(WORKERS)]
     server.start("/readyz")
     gateway = Gateway(server, redis_url, admin_token)

@@ -64,7 +64,17 @@ async def sdk_server(json_response: bool) -> AsyncIterator[HttpConnection]:
 
 def effect(arguments: dict[str, Any]) -> StoredRequest:
     body = base64.b64encode(json.dumps(arguments).encode()).decode()
-    return StoredRequest("agent", "echo", "CALL", "/echo", "", "application/json", body, "r", 1)
+    return StoredRequest(
+        agent="agent",
+        tool="echo",
+        method="CALL",
+        path="/echo",
+        query="",
+        content_type="application/json",
+        body_b64=body,
+        route_id="r",
+        price=1,
+    )
 
 
 @pytest.mark.parametrize("json_response", [True, False], ids=["json", "event-stream"])

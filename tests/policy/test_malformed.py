@@ -278,9 +278,9 @@ def test_malformed_policy_names_the_field(mutate: Mutation, path: str, message: 
     mutate(doc)
     with pytest.raises(PolicyError) as info:
         load_policy_data(doc, "t1.yaml")
-    paths = {p.path for p in info.value.problems}
+    paths = {p.path for p in info.value.findings}
     assert path in paths, info.value
-    assert any(message in p.message for p in info.value.problems if p.path == path), info.value
+    assert any(message in p.message for p in info.value.findings if p.path == path), info.value
     assert f"t1.yaml: {path}: " in str(info.value)
 
 
@@ -300,7 +300,7 @@ def test_every_problem_is_reported_at_once() -> None:
     doc["routes"][1]["face_value"] = "quantity * price"
     with pytest.raises(PolicyError) as info:
         load_policy_data(doc, "t1.yaml")
-    assert {p.path for p in info.value.problems} >= {"agents.a1.principal", "routes[1].face_value"}
+    assert {p.path for p in info.value.findings} >= {"agents.a1.principal", "routes[1].face_value"}
 
 
 @pytest.mark.parametrize(

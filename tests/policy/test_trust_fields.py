@@ -157,8 +157,8 @@ def test_trust_fields_are_checked(mutate: Mutation, path: str, message: str) -> 
     mutate(doc)
     with pytest.raises(PolicyError) as caught:
         load_policy_data(doc, "p.yaml")
-    assert any(p.path == path and message in p.message for p in caught.value.problems), [
-        str(p) for p in caught.value.problems
+    assert any(p.path == path and message in p.message for p in caught.value.findings), [
+        str(p) for p in caught.value.findings
     ]
 
 

@@ -20,8 +20,8 @@ from pricing.calibration import (
     mean_bound,
     pooled_pending,
     proven_tail,
-    quote,
     route_factor,
+    route_quote,
     student_t_ppf,
 )
 from pricing.catalog import route_pricing
@@ -81,7 +81,7 @@ def test_a_slow_route_is_priced_nearer_its_mean_once_its_settlements_say_so() ->
     rng = np.random.default_rng(11)
     factors = 1.0 - rng.beta(6.0, 2.0, 2000)
     ev = _evidence(factors)
-    q = quote(CATALOG, ev, alpha=ALPHA)
+    q = route_quote(CATALOG, ev, alpha=ALPHA)
     prices = [hold_factor(CATALOG, ev, pending=m, alpha=ALPHA) for m in (1, 4, 25, 1e6)]
     assert prices == sorted(prices, reverse=True)
     assert prices[0] == q.tail
@@ -128,7 +128,7 @@ def test_a_tail_at_face_value_still_leaves_each_hold_its_spread() -> None:
     spread; the pooled price keeps t sd sqrt(1/m + 1/n) above the centre."""
     factors = np.tile([0.2, 0.5, 0.8, 1.0, 1.0], 8)  # 40 settlements, mean 0.7
     ev = _evidence(factors)
-    q = quote(CATALOG, ev, alpha=ALPHA)
+    q = route_quote(CATALOG, ev, alpha=ALPHA)
     assert q.tail == 1.0
     # the catalog's sd scaled by 0.7 / 0.25 is above these factors' own
     sd = max(float(np.std(factors, ddof=1)), np.sqrt(CATALOG.variance) * 0.7 / 0.25)
@@ -140,9 +140,9 @@ def test_a_tail_at_face_value_still_leaves_each_hold_its_spread() -> None:
 
 def test_identical_settlements_spread_no_less_than_the_catalog_scaled_says() -> None:
     sd = np.sqrt(CATALOG.variance)
-    at_catalog = quote(CATALOG, _evidence(np.full(30, 0.25)), alpha=ALPHA)  # sd 0 by luck
+    at_catalog = route_quote(CATALOG, _evidence(np.full(30, 0.25)), alpha=ALPHA)  # sd 0 by luck
     assert at_catalog.luck == pytest.approx(max(at_catalog.tail - 0.25, _t(30) * sd), rel=0.01)
-    twice = quote(CATALOG, _evidence(np.full(30, 0.5)), alpha=ALPHA)
+    twice = route_quote(CATALOG, _evidence(np.full(30, 0.5)), alpha=ALPHA)
     assert twice.luck >= _t(30) * 2 * sd * 0.99
 
 
@@ -157,7 +157,7 @@ def test_the_t_quantile_is_within_a_percent_from_nine_degrees_of_freedom() -> No
 def test_more_pending_never_costs_more_and_one_costs_the_tail(n: int) -> None:
     rng = np.random.default_rng(n)
     ev = _evidence(np.minimum(1.0, 1.5 * (1.0 - rng.beta(6.0, 2.0, n))))
-    q = quote(CATALOG, ev, alpha=ALPHA)
+    q = route_quote(CATALOG, ev, alpha=ALPHA)
     prices = [q.factor(m) for m in (0.5, 1, 1.5, 3, 10, 100, 1e4)]
     assert prices[0] == prices[1] == q.tail
     assert all(a >= b for a, b in itertools.pairwise(prices))

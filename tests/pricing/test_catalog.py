@@ -34,9 +34,10 @@ from pricing import (
     quantile_lgd,
     round_up,
 )
-from pricing.catalog import FACTOR_PREFIX, check_effect_body
 from pricing.errors import BadQuery, PolicyError, UndeclaredField
 from pricing.policy import UnknownRouteAction
+from pricing.reading import check_effect_body
+from pricing.templates import FACTOR_PREFIX
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 USD = 10**6

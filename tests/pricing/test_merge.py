@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pricing.merge import changes, merge
+from pricing.merge import changes, merge_documents
 
 BASE: dict[str, Any] = {
     "tenant": "acme",
@@ -40,7 +40,7 @@ def test_a_change_of_one_field_leaves_the_others_of_the_newer_version() -> None:
     stays; only the token is written."""
     current = edited(accounts__tenant__limit="177777")
     change = edited(agents__buyer__token_sha256="sha256:bb")
-    merged = merge(BASE, change, current)
+    merged = merge_documents(BASE, change, current)
     assert merged.document["accounts"]["tenant"]["limit"] == "177777"
     assert merged.document["agents"]["buyer"]["token_sha256"] == "sha256:bb"
     assert merged.overridden == []
@@ -49,39 +49,39 @@ def test_a_change_of_one_field_leaves_the_others_of_the_newer_version() -> None:
 def test_a_field_both_changed_is_the_changes_and_is_named() -> None:
     current = edited(accounts__tenant__limit="188888")
     change = edited(accounts__tenant__limit="177777")
-    merged = merge(BASE, change, current)
+    merged = merge_documents(BASE, change, current)
     assert merged.document["accounts"]["tenant"]["limit"] == "177777"
     assert merged.overridden == ["accounts.tenant.limit"]
 
 
 def test_the_same_value_set_by_both_is_no_override() -> None:
     current = edited(accounts__tenant__limit="177777")
-    merged = merge(BASE, edited(accounts__tenant__limit="177777"), current)
+    merged = merge_documents(BASE, edited(accounts__tenant__limit="177777"), current)
     assert merged.overridden == []
 
 
 def test_removals_and_additions_are_changes_of_their_own_fields() -> None:
     current = edited(accounts__principals__ops__limit="20")
     change = edited(agents__buyer=None, agents__seller={"token_sha256": "sha256:cc"})
-    merged = merge(BASE, change, current)
+    merged = merge_documents(BASE, change, current)
     assert set(merged.document["agents"]) == {"seller"}
     assert merged.document["accounts"]["principals"]["ops"]["limit"] == "20"
 
 
 def test_a_list_is_one_field() -> None:
     current = edited(agents__buyer__routes=["a"])
-    merged = merge(BASE, edited(agents__buyer__routes=["a", "b", "c"]), current)
+    merged = merge_documents(BASE, edited(agents__buyer__routes=["a", "b", "c"]), current)
     assert merged.document["agents"]["buyer"]["routes"] == ["a", "b", "c"]
     assert merged.overridden == ["agents.buyer.routes"]
 
 
 def test_a_field_removed_meanwhile_and_changed_here_comes_back_as_changed() -> None:
     current = edited(agents__buyer=None)
-    merged = merge(BASE, edited(agents__buyer__routes=["z"]), current)
+    merged = merge_documents(BASE, edited(agents__buyer__routes=["z"]), current)
     assert merged.document["agents"]["buyer"] == {"routes": ["z"]}
     assert merged.overridden == ["agents.buyer.routes"]
 
 
 def test_what_is_not_a_mapping_is_refused() -> None:
     with pytest.raises(ValueError, match="mapping"):
-        merge(BASE, ["not", "a", "policy"], BASE)
+        merge_documents(BASE, ["not", "a", "policy"], BASE)

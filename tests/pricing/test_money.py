@@ -8,7 +8,7 @@ import pytest
 
 from pricing import MAX_MICROS, AmountError, major_to_minor, minor_to_major_text
 from pricing.money import product_to_minor, to_decimal
-from pricing.policy import _to_ms
+from pricing.values import _to_ms
 
 USD = 10**6
 

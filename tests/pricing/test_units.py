@@ -82,4 +82,4 @@ def test_a_routes_mode_overrides_the_tenants() -> None:
 def test_an_unknown_mode_is_refused_by_field() -> None:
     with pytest.raises(PolicyError) as raised:
         load_policy_data(_procurement(mode="observe"), "p")
-    assert any(problem.path == "mode" for problem in raised.value.problems)
+    assert any(problem.path == "mode" for problem in raised.value.findings)

@@ -203,7 +203,8 @@ async def test_model_and_redis_ledger_agree(redis_url: str, tenant: str, case_id
 async def _replay(ledger: Ledger, tenant: str, seed: Recorded) -> None:
     for name, limit, soft in zip(seed.names, seed.limits, seed.softs, strict=True):
         await ledger.upsert_account(
-            tenant, AccountSpec(name, ledger_amount(limit), ledger_amount(soft))
+            tenant,
+            AccountSpec(account=name, limit=ledger_amount(limit), soft_limit=ledger_amount(soft)),
         )
     posted_in_window: dict[str, int] = {}
     for step, op in enumerate(seed.ops):

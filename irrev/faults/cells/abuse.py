@@ -177,7 +177,7 @@ def _cell(
     # Only the heavy bodies need a bench that reads a megabyte; the others share the
     # default bench with the other groups' cells.
     spec = HEAVY if name == "heavy_bodies" else BenchSpec()
-    return Cell(f"abuse.{name}", checked, body, spec=spec, slow=slow)
+    return Cell(name=f"abuse.{name}", checked=checked, body=body, spec=spec, slow=slow)
 
 
 CELLS = [

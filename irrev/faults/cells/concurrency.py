@@ -76,16 +76,17 @@ def _cells(k: int) -> list[Cell]:
 
     return [
         Cell(
-            f"concurrency.approve_k{k}",
-            f"{k} workers approve one escalation at once: one 201, {k - 1} 409, 1 effect",
-            approve,
-            spec,
+            name=f"concurrency.approve_k{k}",
+            checked=f"{k} workers approve one escalation at once: one 201, {k - 1} 409, 1 effect",
+            body=approve,
+            spec=spec,
         ),
         Cell(
-            f"concurrency.retry_k{k}",
-            f"{k} workers get one Idempotency-Key at once: 1 forward, one answer, 409 in_flight",
-            retry,
-            spec,
+            name=f"concurrency.retry_k{k}",
+            checked=f"{k} workers get one Idempotency-Key at once: 1 forward, one answer, "
+            "409 in_flight",
+            body=retry,
+            spec=spec,
         ),
     ]
 

@@ -111,7 +111,9 @@ async def after_claim(run: Run) -> list[str]:
 
 
 def _cell(point: str, body: Callable[[Run], Awaitable[list[str]]], final: str) -> Cell:
-    return Cell(f"crash.{point}", f"{CHECKED}; -> {final}", body, TWO, slow=True)
+    return Cell(
+        name=f"crash.{point}", checked=f"{CHECKED}; -> {final}", body=body, spec=TWO, slow=True
+    )
 
 
 CELLS = [

@@ -121,9 +121,9 @@ async def no_leak(run: Run) -> list[str]:
 
 CELLS = [
     Cell(
-        "credentials.no_leak",
-        "tool secret injected (401 without it); after admit, replay, retry, reconcile, "
+        name="credentials.no_leak",
+        checked="tool secret injected (401 without it); after admit, replay, retry, reconcile, "
         "approval, denial and errors: no secret or agent token in answers, logs, Redis, metrics",
-        no_leak,
+        body=no_leak,
     ),
 ]

@@ -405,7 +405,9 @@ async def decision_api(run: Run, ready: Any) -> list[str]:
 
 def _cell(name: str, checked: str, attack: Attack, setup: Setup | None = None) -> Cell:
     return Cell(
-        f"hostile.{name}", f"{checked} -> 4xx, nothing written or sent", hostile(attack, setup)
+        name=f"hostile.{name}",
+        checked=f"{checked} -> 4xx, nothing written or sent",
+        body=hostile(attack, setup),
     )
 
 

@@ -275,21 +275,39 @@ async def upstream_kill(run: Run) -> list[str]:
 
 CHECKED = "audit, limits, posted iff the MCP server made it, one call per key"
 CELLS = [
-    Cell("mcp.crash_after_reserve", f"{CHECKED}; -> voided", after_reserve, TWO, slow=True),
     Cell(
-        "mcp.crash_before_upstream_answer",
-        f"{CHECKED}; -> posted",
-        before_upstream_answer,
-        TWO,
+        name="mcp.crash_after_reserve",
+        checked=f"{CHECKED}; -> voided",
+        body=after_reserve,
+        spec=TWO,
         slow=True,
     ),
     Cell(
-        "mcp.crash_after_upstream_answer",
-        f"{CHECKED}; -> posted",
-        after_upstream_answer,
-        TWO,
+        name="mcp.crash_before_upstream_answer",
+        checked=f"{CHECKED}; -> posted",
+        body=before_upstream_answer,
+        spec=TWO,
         slow=True,
     ),
-    Cell("mcp.approvals", f"{CHECKED}; one of {APPROVALS} wins", approvals, TWO, slow=True),
-    Cell("mcp.upstream_kill", f"{CHECKED}; ambiguous -> posted", upstream_kill, TWO, slow=True),
+    Cell(
+        name="mcp.crash_after_upstream_answer",
+        checked=f"{CHECKED}; -> posted",
+        body=after_upstream_answer,
+        spec=TWO,
+        slow=True,
+    ),
+    Cell(
+        name="mcp.approvals",
+        checked=f"{CHECKED}; one of {APPROVALS} wins",
+        body=approvals,
+        spec=TWO,
+        slow=True,
+    ),
+    Cell(
+        name="mcp.upstream_kill",
+        checked=f"{CHECKED}; ambiguous -> posted",
+        body=upstream_kill,
+        spec=TWO,
+        slow=True,
+    ),
 ]

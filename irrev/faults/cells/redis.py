@@ -164,34 +164,38 @@ async def script_flush(run: Run) -> list[str]:
 LOAD = "kill -9 under 4 agents' load, restart on the AOF"
 CELLS = [
     Cell(
-        "redis.kill9_always",
-        f"appendfsync always: {LOAD}: 0 acked holds lost; reconcile x2 equal",
-        kill_under_load(0.0),
+        name="redis.kill9_always",
+        checked=f"appendfsync always: {LOAD}: 0 acked holds lost; reconcile x2 equal",
+        body=kill_under_load(0.0),
         slow=True,
         standalone_only=True,
     ),
     Cell(
-        "redis.kill9_everysec",
-        f"appendfsync everysec: {LOAD}: no acked hold lost but in the last "
+        name="redis.kill9_everysec",
+        checked=f"appendfsync everysec: {LOAD}: no acked hold lost but in the last "
         f"{EVERYSEC_WINDOW_S:g} s (the mode's window; counted); reconcile x2 equal",
-        kill_under_load(EVERYSEC_WINDOW_S),
-        EVERYSEC,
+        body=kill_under_load(EVERYSEC_WINDOW_S),
+        spec=EVERYSEC,
         slow=True,
         standalone_only=True,
     ),
     Cell(
-        "redis.down_fails_closed",
-        "Redis down: 503 ledger_unavailable + Retry-After, nothing forwarded, /readyz 503; "
+        name="redis.down_fails_closed",
+        checked="Redis down: 503 ledger_unavailable + Retry-After, nothing forwarded, /readyz 503; "
         "back by itself, acked holds replayed",
-        fails_closed,
+        body=fails_closed,
         standalone_only=True,
     ),
     Cell(
-        "redis.down_during_settle",
-        "Redis dies while the upstream works: agent 201, hold never released, -> posted",
-        down_during_settle,
+        name="redis.down_during_settle",
+        checked="Redis dies while the upstream works: agent 201, hold never released, -> posted",
+        body=down_during_settle,
         slow=True,
         standalone_only=True,
     ),
-    Cell("redis.script_flush", "SCRIPT FLUSH: EVALSHA falls back, 201", script_flush),
+    Cell(
+        name="redis.script_flush",
+        checked="SCRIPT FLUSH: EVALSHA falls back, 201",
+        body=script_flush,
+    ),
 ]

@@ -125,15 +125,16 @@ async def in_process(run: Run) -> list[str]:
 
 CELLS = [
     Cell(
-        "settlement.agent_on_proxied_holds",
-        "agent compensate/post 0/post 2^53-1/void/ambiguous/settle on posted, in-flight and "
-        "ambiguous proxied holds, repeated -> 4xx; charged as made; no learning; audit",
-        proxied,
+        name="settlement.agent_on_proxied_holds",
+        checked="agent compensate/post 0/post 2^53-1/void/ambiguous/settle on posted, "
+        "in-flight and ambiguous proxied holds, repeated -> 4xx; charged as made; no "
+        "learning; audit",
+        body=proxied,
     ),
     Cell(
-        "settlement.agent_on_irreversible_in_process",
-        "agent post 2^53-1, settle, compensate x3 on its irreversible in-process hold -> "
+        name="settlement.agent_on_irreversible_in_process",
+        checked="agent post 2^53-1, settle, compensate x3 on its irreversible in-process hold -> "
         "4xx; no account over its limit; no learning; audit",
-        in_process,
+        body=in_process,
     ),
 ]

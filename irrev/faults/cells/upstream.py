@@ -194,45 +194,67 @@ async def in_progress_409(run: Run) -> list[str]:
 
 CHECK_AMBIGUOUS = "502/504 ambiguous, still charged; reconcile x2 from one store equal"
 CELLS = [
-    Cell("upstream.2xx_posts", "201; posted; replay -> same body, no 2nd forward", ok_posts),
-    Cell("upstream.4xx_voids", "upstream 409 -> voided, released; audit", refused_4xx_voids),
     Cell(
-        "upstream.refused_voids",
-        "connection refused -> 502 unreachable; voided, released",
-        connection_refused_voids,
+        name="upstream.2xx_posts",
+        checked="201; posted; replay -> same body, no 2nd forward",
+        body=ok_posts,
     ),
-    Cell("upstream.timeout_ambiguous", CHECK_AMBIGUOUS + "; -> posted", timeout_ambiguous),
-    Cell("upstream.5xx_applied", CHECK_AMBIGUOUS + "; -> posted", server_error_applied),
     Cell(
-        "upstream.5xx_not_applied",
-        CHECK_AMBIGUOUS + "; unresolved before the deadline; -> voided after",
-        server_error_not_applied,
+        name="upstream.4xx_voids",
+        checked="upstream 409 -> voided, released; audit",
+        body=refused_4xx_voids,
+    ),
+    Cell(
+        name="upstream.refused_voids",
+        checked="connection refused -> 502 unreachable; voided, released",
+        body=connection_refused_voids,
+    ),
+    Cell(
+        name="upstream.timeout_ambiguous",
+        checked=CHECK_AMBIGUOUS + "; -> posted",
+        body=timeout_ambiguous,
+    ),
+    Cell(
+        name="upstream.5xx_applied",
+        checked=CHECK_AMBIGUOUS + "; -> posted",
+        body=server_error_applied,
+    ),
+    Cell(
+        name="upstream.5xx_not_applied",
+        checked=CHECK_AMBIGUOUS + "; unresolved before the deadline; -> voided after",
+        body=server_error_not_applied,
         slow=True,
     ),
-    Cell("upstream.reset_after_send", CHECK_AMBIGUOUS + "; TCP RST -> posted", reset_after_send),
     Cell(
-        "upstream.slow_body_timeout",
-        CHECK_AMBIGUOUS + "; 2xx headers -> posted",
-        slow_body_past_timeout,
+        name="upstream.reset_after_send",
+        checked=CHECK_AMBIGUOUS + "; TCP RST -> posted",
+        body=reset_after_send,
     ),
     Cell(
-        "upstream.slow_body_ok", "slow body within timeout -> 201, posted", slow_body_within_timeout
+        name="upstream.slow_body_timeout",
+        checked=CHECK_AMBIGUOUS + "; 2xx headers -> posted",
+        body=slow_body_past_timeout,
     ),
     Cell(
-        "upstream.trickle_past_deadline",
-        "2xx body trickles past the total timeout -> " + CHECK_AMBIGUOUS + "; -> posted",
-        trickle_past_deadline,
+        name="upstream.slow_body_ok",
+        checked="slow body within timeout -> 201, posted",
+        body=slow_body_within_timeout,
+    ),
+    Cell(
+        name="upstream.trickle_past_deadline",
+        checked="2xx body trickles past the total timeout -> " + CHECK_AMBIGUOUS + "; -> posted",
+        body=trickle_past_deadline,
         slow=True,
     ),
     Cell(
-        "upstream.retry_ambiguous",
-        "ambiguous, agent retries the key -> same Idempotency-Key, 1 order, posted",
-        agent_retry_after_ambiguous,
+        name="upstream.retry_ambiguous",
+        checked="ambiguous, agent retries the key -> same Idempotency-Key, 1 order, posted",
+        body=agent_retry_after_ambiguous,
     ),
     Cell(
-        "upstream.in_progress_409",
-        "timeout, retry answered 409 in progress -> 409 in_flight, still ambiguous and "
+        name="upstream.in_progress_409",
+        checked="timeout, retry answered 409 in progress -> 409 in_flight, still ambiguous and "
         "charged, never voided; then posted by retry or reconcile, 1 order",
-        in_progress_409,
+        body=in_progress_409,
     ),
 ]
