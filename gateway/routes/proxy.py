@@ -1,6 +1,6 @@
 """`/tools/{tool}/{path}`: the trusted proxy in front of the tenant's tool APIs. It
 parses the agent's request into an `Intent`, runs the admission pipeline
-(gateway/pipeline/admission.py) and shapes what came back into the agent's answer."""
+(gateway/pipeline/: prepare, reserve, deliver) and shapes what came back into the agent's answer."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 
 from gateway.edge import metrics
-from gateway.pipeline.admission import Gate
+from gateway.pipeline.prepare import Gate
 from gateway.settings import GatewaySettings
 from gateway.state import ledger_checks
 from gateway.state.fleetwatch import FleetWatch

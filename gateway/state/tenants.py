@@ -140,7 +140,7 @@ class TenantStore:
         self._settled: Settled = {}
         # Each calibrating route's holds open across the fleet as the last reserve of
         # this process on it saw them, by (tenant, route id): what its next hold is
-        # priced for (gateway/pipeline/admission.py; the ledger sends back a price made for
+        # priced for (gateway/pipeline/reserve.py; the ledger sends back a price made for
         # more than are open).
         self.pools: dict[tuple[str, str], OpenPool] = {}
         self._agents: dict[str, tuple[TenantPolicy, AuthenticatedAgent]] = {}
