@@ -151,6 +151,57 @@ def prepare(
     """Price the effect, check the agent may make it here (`in_process`: through the
     decision API, else the proxy) and at this price, and derive the request its hold
     keeps, the hold's id and the fingerprint that tells a repeat from a new effect."""
+    effect = _priced(policy, intent)
+    check_route_scope(policy, agent, effect)
+    _check_door(effect, in_process)
+    shadow = is_shadow(policy, effect)
+    cap_refusal = ""
+    try:
+        check_per_effect_cap(agent, effect)
+    except PerEffectCapExceeded as exc:
+        if not shadow:
+            raise cap_problem(policy, exc) from exc
+        cap_refusal = exc.reason
+    request = _stored_request(agent, intent, effect)
+    if effect.effect_class is EffectClass.READ and not in_process:
+        return Prepared(
+            effect=effect, request=request, hold_id="", fingerprint="", key_name=intent.key_name
+        )
+    effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
+    body = intent.canonical.body
+    digest = fingerprint(intent.operation, intent.target, request.query, body, effect_headers)
+    route = effect.route
+    if intent.keys or in_process or route is None or not route.keyless:
+        agent_key = agent_key_of(intent.keys, intent.key_name)
+    elif route.dedupe_window_ms == 0:
+        # The route's identical calls are meant to repeat: each is an effect of its own.
+        agent_key = "keyless-" + secrets.token_hex(16)
+    else:
+        content = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, content_key(digest))
+        return Prepared(
+            effect=effect,
+            request=request,
+            hold_id="",
+            fingerprint=digest,
+            shadow=shadow,
+            cap_refusal=cap_refusal,
+            key_name=intent.keyless_name,
+            content=content,
+        )
+    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
+    return Prepared(
+        effect=effect,
+        request=request,
+        hold_id=hold_id,
+        fingerprint=digest,
+        shadow=shadow,
+        cap_refusal=cap_refusal,
+        key_name=intent.key_name,
+        agent_key=agent_key,
+    )
+
+
+def _priced(policy: TenantPolicy, intent: Intent) -> PricedEffect:
     canonical = intent.canonical
     with tracing.span(
         "price", tenant=policy.tenant, tool=intent.tool, method=intent.operation
@@ -167,71 +218,36 @@ def prepare(
         tracing.annotate(
             span, route=effect.route_id, price=effect.price_micros, effect=effect.effect_class
         )
-    check_route_scope(policy, agent, effect)
+    return effect
+
+
+def _check_door(effect: PricedEffect, in_process: bool) -> None:
+    """A decision-only route is reached through /v1/holds, any other through the proxy."""
     if effect.in_process and not in_process:
         raise Problem(403, "in_process_route", "this route is decision-only: use /v1/holds")
     if in_process and not effect.in_process:
         raise Problem(403, "route_is_proxied", "this route's effects go through /tools/...")
-    shadow = is_shadow(policy, effect)
-    cap_refusal = ""
-    try:
-        check_per_effect_cap(agent, effect)
-    except PerEffectCapExceeded as exc:
-        if not shadow:
-            raise cap_problem(policy, exc) from exc
-        cap_refusal = exc.reason
-    # What goes upstream is re-encoded from what was priced, never the agent's bytes.
-    body = canonical.body
-    request = StoredRequest(
+
+
+def _stored_request(
+    agent: AuthenticatedAgent, intent: Intent, effect: PricedEffect
+) -> StoredRequest:
+    """What goes upstream, re-encoded from what was priced, never the agent's bytes."""
+    canonical = intent.canonical
+    return StoredRequest(
         agent=agent.agent_id,
         tool=intent.tool,
         method=intent.operation,
         path=intent.target,
         query=canonical.query_text,
         content_type=canonical.content_type,
-        body_b64=base64.b64encode(body).decode(),
+        body_b64=base64.b64encode(canonical.body).decode(),
         route_id=effect.route_id,
         price=effect.price_micros,
         headers=intent.headers,
         face_value=effect.face_value_micros,
         effect_class=effect.effect_class.value,
         in_process=effect.in_process,
-    )
-    if effect.effect_class is EffectClass.READ and not in_process:
-        return Prepared(
-            effect=effect, request=request, hold_id="", fingerprint="", key_name=intent.key_name
-        )
-    effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
-    digest = fingerprint(intent.operation, intent.target, request.query, body, effect_headers)
-    route = effect.route
-    if intent.keys or in_process or route is None or not route.keyless:
-        agent_key = agent_key_of(intent.keys, intent.key_name)
-    elif route.dedupe_window_ms == 0:
-        # The route's identical calls are meant to repeat: each is an effect of its own.
-        agent_key = "keyless-" + secrets.token_hex(16)
-    else:
-        content = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, content_key(digest))
-        name = intent.keyless_name
-        return Prepared(
-            effect=effect,
-            request=request,
-            hold_id="",
-            fingerprint=digest,
-            shadow=shadow,
-            cap_refusal=cap_refusal,
-            key_name=name,
-            content=content,
-        )
-    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
-    return Prepared(
-        effect=effect,
-        request=request,
-        hold_id=hold_id,
-        fingerprint=digest,
-        shadow=shadow,
-        cap_refusal=cap_refusal,
-        key_name=intent.key_name,
-        agent_key=agent_key,
     )
 
 
