@@ -129,7 +129,11 @@ class HttpUpstream:
         semaphore = self.slots.semaphore
         try:
             wait_s = min(self.slots.wait_s, max(deadline - time.monotonic(), 0.0))
-            await asyncio.wait_for(semaphore.acquire(), wait_s)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the slot
+            # when a cancellation races its handover, and the forward was sent anyway
+            # (tests/gateway/test_cancel_races.py).
+            async with asyncio.timeout(wait_s):
+                await semaphore.acquire()
         except TimeoutError:
             return Answer(fate=Fate.NOT_SENT, why="upstream_tenant_busy")
         try:

@@ -207,7 +207,10 @@ class StdioConnection:
                 )
             changed = self._changed
             try:
-                await asyncio.wait_for(changed.wait(), max(deadline - now, 0.0))
+                # Not wait_for, which in Python 3.11 can swallow a cancellation that
+                # races the wakeup: a cancelled call then went on to the server.
+                async with asyncio.timeout(max(deadline - now, 0.0)):
+                    await changed.wait()
             except TimeoutError:
                 raise NotSent(
                     "process_starting",

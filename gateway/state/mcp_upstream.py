@@ -360,7 +360,10 @@ class McpUpstream:
         `grace_s` (by when every delivery has given up: fire() gives one at most
         upstream_timeout_s); at once if cancelled (at shutdown)."""
         try:
-            await asyncio.wait_for(self._idle.wait(), grace_s)
+            # Not wait_for, which in Python 3.11 can swallow a cancellation that races
+            # the wakeup: a cancelled retire then waited out the rest of its grace.
+            async with asyncio.timeout(grace_s):
+                await self._idle.wait()
         except TimeoutError:
             pass
         finally:
