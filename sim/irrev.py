@@ -154,12 +154,18 @@ class _IrrevArm:
         self._state = ArmArrays(self.balance, self.posted, self.accounts, self.price)
         self._decided: tuple[B, npt.NDArray[np.int8], B, B] | None = None
 
-    def decide(self, k: int, live: B) -> tuple[B, B]:
+    def hear(self, k: int) -> None:
+        """Everything that happens by event k's tick: the last window's human decisions
+        and settlements, the roll, then this window's. Called again, it does nothing."""
         t = self.wl.tick[:, k]
         window_start = t // self.wl.model.ticks * self.wl.model.ticks
         self._advance(k, np.minimum(t, window_start - 1))
         self._roll(t // self.wl.model.ticks)
         self._advance(k, t)
+
+    def decide(self, k: int, live: B) -> tuple[B, B]:
+        t = self.wl.tick[:, k]
+        self.hear(k)
         if self.cal is not None:
             learnt = self.cal.price(k, t)
             stressed = self.stressed[:, k]
