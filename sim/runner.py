@@ -21,7 +21,11 @@ Side = Literal["left", "right"]
 
 
 class Arm(Protocol):
-    """An admission gate; `decide` returns (admit, escalated) masks of shape (S,)."""
+    """An admission gate; `decide` returns (admit, escalated) masks of shape (S,).
+
+    An arm with humans who decide later has `humans` (sim/humans.py) and `hear(k)`,
+    which applies everything decided by event k's tick, so the runner's rate gate sees
+    the slots that expired escalations gave back before it gates event k."""
 
     def decide(self, k: int, live: B) -> tuple[B, B]: ...
 
