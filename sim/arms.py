@@ -117,23 +117,33 @@ class _Ledger:
         self.exec_tick = wl.tick.copy()
         self._approved = np.zeros(charge.shape[0], bool)
 
-    def decide(self, k: int, live: B) -> tuple[B, B]:
+    def hear(self, k: int) -> None:
+        """The humans' decisions of the last window, the renewal, then this window's
+        decisions, by event k's tick. Called again, it does nothing."""
         t = self.wl.tick[:, k]
         window = self.window_of[:, k]
         renewed = window > self.window
         if self.humans is not None:
             self._hear(np.minimum(t, window * self.wl.model.ticks - 1))
         if renewed.any():
-            self.reserved[renewed] = 0.0
+            self._renew(renewed)
             self.window = np.maximum(window, self.window)
             if self.humans is not None:
                 self.humans.renew(renewed, self.window * self.wl.model.ticks)
+        if self.humans is not None:
+            self._hear(t)
+
+    def _renew(self, renewed: B) -> None:
+        self.reserved[renewed] = 0.0
+
+    def decide(self, k: int, live: B) -> tuple[B, B]:
+        t = self.wl.tick[:, k]
+        self.hear(k)
         used = self.reserved[self.rows, self.account[:, k]]
         fits = used + self.charge[:, k] <= self.limit
         self._approved = np.zeros_like(live)
         if self.humans is None:
             return fits, np.zeros_like(live)
-        self._hear(t)
         denied = live & ~fits
         if self.humans.instant:
             self.humans.accrue(t)
@@ -200,9 +210,12 @@ class _FairShare(_Ledger):
         self.share = share
         self.agent_reserved = np.zeros((charge.shape[0], wl.model.n_agents))
 
+    def _renew(self, renewed: B) -> None:
+        super()._renew(renewed)
+        self.agent_reserved[renewed] = 0.0
+
     def decide(self, k: int, live: B) -> tuple[B, B]:
-        if (self.window_of[:, k] > self.window).any():
-            self.agent_reserved[self.window_of[:, k] > self.window] = 0.0
+        self.hear(k)
         mine = self.agent_reserved[self.rows, self.wl.agent[:, k]]
         within = mine + self.charge[:, k] <= self.share
         admit, escalated = super().decide(k, live & within)

@@ -8,11 +8,18 @@ that moment and the holds then pending on its route: by default as many as its r
 has open (counted by face value, Kish's effective number (sum v)^2 / sum v^2, so one
 large hold among small ones counts for about one), as the gateway counts them from
 the ledger (ledger.OpenPool), or a fixed number.
+
+A route's prior is its catalog recovery with `Pricing.p_fail`, the failure rate the
+route is priced with: a policy's, not the world's (`irrev sim run` simulates worlds
+whose compensation fails more often than the policy believes, which the prior must
+not know). Its confidence and surcharge are the policy's too, as the gateway's
+`route_pooling` has them.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -24,12 +31,24 @@ from sim.workload import Workload
 F64 = npt.NDArray[np.float64]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Pricing:
+    """How a calibrating route is priced: the prior's chance that compensation fails
+    (None: the world's, where catalog and world agree on it), the prior's weight in
+    settlements, the confidence of its bounds, and the surcharge on every price."""
+
+    p_fail: float | None = None
+    prior_weight: float = 20.0
+    confidence: float = 0.95
+    surcharge: float = 0.0
+
+
 class Calibrated:
     def __init__(
         self,
         wl: Workload,
         level: float,
-        prior_weight: float,
+        spec: Pricing,
         pending: float | None,
         every: int,
         cap: float = math.inf,
@@ -37,10 +56,12 @@ class Calibrated:
         m = wl.model
         n_seeds, _ = wl.shape
         self.alpha = 1.0 - level
+        p_fail = m.p_comp_fail if spec.p_fail is None else spec.p_fail
         self.priors = [
-            Prior.from_catalog(ln.recovery_a, ln.recovery_b, m.p_comp_fail, level, prior_weight)
+            Prior.from_catalog(ln.recovery_a, ln.recovery_b, p_fail, level, spec.prior_weight)
             for ln in m.lines
         ]
+        self.confidence, self.markup = spec.confidence, 1.0 + spec.surcharge
         self.pending = pending
         self.cap = cap
         self.every = every
@@ -53,7 +74,7 @@ class Calibrated:
         self.total = np.zeros(shape)
         self.total_sq = np.zeros(shape)
         self.top = np.full((*shape, TOP_KEPT), -1.0)  # descending; -1 is empty
-        start = [route_quote(p, Evidence(), alpha=self.alpha) for p in self.priors]
+        start = [self._quote(p, Evidence()) for p in self.priors]
         self.quotes: list[list[RouteQuote]] = [list(start) for _ in range(n_seeds)]
         # holds open on each route (admitted or awaiting a human, not yet settled):
         # the sums of their face values and of its squares
@@ -62,6 +83,9 @@ class Calibrated:
         self.stale = np.zeros(n_seeds, bool)
         self.last = np.zeros(n_seeds, np.int64)
         self.rows = np.arange(n_seeds)
+
+    def _quote(self, prior: Prior, ev: Evidence) -> RouteQuote:
+        return route_quote(prior, ev, alpha=self.alpha, confidence=self.confidence)
 
     def _count(self, rows: I64, events: I64, sign: float) -> None:
         at = (rows, self.line[rows, events])
@@ -99,13 +123,13 @@ class Calibrated:
             for j, prior in enumerate(self.priors):
                 top = tuple(float(x) for x in self.top[s, j] if x >= 0)
                 ev = Evidence(int(self.n[s, j]), self.total[s, j], self.total_sq[s, j], top)
-                self.quotes[s][j] = route_quote(prior, ev, alpha=self.alpha)
+                self.quotes[s][j] = self._quote(prior, ev)
         self.stale &= ~due
         self.last = np.where(due, t, self.last)
         line, face = self.line[:, k], self.face[:, k]
         pending = self.pending_at(line, self.value[:, k])
         factor = [self.quotes[s][line[s]].factor(pending[s]) for s in range(len(self.rows))]
-        return np.ceil(face * np.array(factor)).astype(np.int64)
+        return np.ceil(face * (np.array(factor) * self.markup)).astype(np.int64)
 
     def pending_at(self, line: I64, value: F64) -> F64:
         """Holds pending on each seed's route once a hold of `value` joins them: a fixed

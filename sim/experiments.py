@@ -34,12 +34,47 @@ class Case:
 
 
 @dataclass(frozen=True)
+class Published:
+    """The artifact's mean figures (summary.csv, 300 seeds) for one arm in one world.
+    They are comparable only to a row whose case has this scenario and whose arm is
+    this spec: a figure drawn beside another world's row claims what no one measured."""
+
+    scenario: Scenario
+    arm: Spec
+    exposure: float | None = None  # / R, summed over windows
+    utility: float | None = None
+
+
+@dataclass(frozen=True)
 class Experiment:
     name: str
     title: str
     cases: tuple[Case, ...]
     x_label: str = ""
-    published: dict[tuple[str, str], float] = field(default_factory=dict)  # exposure / R
+    published: dict[tuple[str, str], Published] = field(default_factory=dict)
+    # the figure shows the last window alone (what a multi-window claim is about)
+    last_window: bool = False
+
+    def comparable(self) -> dict[tuple[str, str], Published]:
+        """The published figures of the rows run in the world they were measured in."""
+        out = {}
+        for c in self.cases:
+            for label, spec in c.arms:
+                pub = self.published.get((c.label, label))
+                if pub is not None and pub.scenario == c.scenario and pub.arm == spec:
+                    out[c.label, label] = pub
+        return out
+
+
+Figures = dict[str, tuple[float | None, float | None]]
+
+
+def _published(
+    case: str, scenario: Scenario, arms: Arms, figures: Figures
+) -> dict[tuple[str, str], Published]:
+    """`figures`: arm -> (exposure, utility) as published for `case` in `scenario`."""
+    spec = dict(arms)
+    return {(case, a): Published(scenario, spec[a], e, u) for a, (e, u) in figures.items()}
 
 
 IRREV: Arms = (("irrev", Irrev()), ("irrev-stressed", Irrev(stressed=True)))
@@ -61,26 +96,28 @@ FLEET_SIZES = (10, 50, 200, 1000)
 
 def e1(agents: tuple[int, ...]) -> Experiment:
     cases = tuple(Case(f"N={n}", Scenario(Model(n_agents=n)), E1_ARMS, 1000, n) for n in agents)
-    pub = {("N=50", "local"): 2.43, ("N=50", "budget"): 0.48, ("N=50", "cap"): 0.25}
-    pub |= {("N=50", f"breaker-{d}"): e for d, e in ((0, 1.03), (10, 1.44), (50, 2.24))}
+    figures: Figures = {"local": (2.43, 1.00), "budget": (0.48, 0.1996), "cap": (0.25, 0.10)}
+    figures |= {f"breaker-{d}": (e, None) for d, e in ((0, 1.03), (10, 1.44), (50, 2.24))}
+    pub = _published("N=50", Scenario(Model(n_agents=50)), E1_ARMS, figures)
     return Experiment("e1", "E1: every gate side by side", cases, "agents", pub)
 
 
 def fleet(agents: tuple[int, ...]) -> Experiment:
     cases = tuple(Case(f"N={n}", Scenario(Model(n_agents=n)), BASIC, 11000, n) for n in agents)
-    pub = {
-        (f"N={n}", "local"): e for n, e in zip(FLEET_SIZES, (0.48, 2.44, 9.70, 48.5), strict=True)
-    }
-    pub |= {
-        (f"N={n}", "budget"): e for n, e in zip(FLEET_SIZES, (0.44, 0.48, 0.48, 0.49), strict=True)
-    }
+    pub: dict[tuple[str, str], Published] = {}
+    local = (0.48, 2.44, 9.70, 48.5)
+    budget = ((0.44, 0.92), (0.48, 0.20), (0.48, 0.049), (0.489, 0.0099))
+    for n, e, b in zip(FLEET_SIZES, local, budget, strict=True):
+        figures: Figures = {"local": (e, 1.0), "budget": b}
+        pub |= _published(f"N={n}", Scenario(Model(n_agents=n)), BASIC, figures)
     return Experiment("fleet", "E11: fleet size", cases, "agents", pub)
 
 
 def windows(agents: tuple[int, ...]) -> Experiment:
     """The published E5 `no_attack` row: three windows, the burst in the first."""
     sc = Scenario(Model(n_agents=agents[0], windows=3))
-    pub = {("windows=3", "budget"): 315_809.38 / 250_000.0}
+    figures: Figures = {"budget": (315_809.38 / 250_000.0, 0.390)}
+    pub = _published("windows=3", Scenario(Model(windows=3)), E1_ARMS, figures)
     cases = (Case("windows=3", sc, E1_ARMS, 5000, 3),)
     return Experiment("windows", "E5: three windows, every ledger renewing", cases, "", pub)
 
@@ -93,7 +130,10 @@ def reauth(agents: tuple[int, ...]) -> Experiment:
         ("irrev", Irrev()),
         ("irrev-h0", Irrev(approvals=0)),
     )
-    return Experiment("reauth", "E6: re-authorisation by humans", (Case("E6", sc, arms, 6000),))
+    figures: Figures = {"budget-h10": (None, 0.233), "budget-h50": (None, 0.327)}
+    pub = _published("E6", Scenario(Model()), arms, figures)
+    cases = (Case("E6", sc, arms, 6000),)
+    return Experiment("reauth", "E6: re-authorisation by humans", cases, published=pub)
 
 
 def fairshare(agents: tuple[int, ...]) -> Experiment:
@@ -105,9 +145,9 @@ def fairshare(agents: tuple[int, ...]) -> Experiment:
         ("irrev", Irrev()),
         ("irrev-fair", Irrev(agent_limit_frac=0.05)),
     )
-    return Experiment(
-        "fairshare", "E9: fair share against colluders", (Case("E9", sc, arms, 9000),)
-    )
+    pub = _published("E9", Scenario(Model(), Attack()), arms, {"budget-fair": (None, 0.117)})
+    cases = (Case("E9", sc, arms, 9000),)
+    return Experiment("fairshare", "E9: fair share against colluders", cases, published=pub)
 
 
 def attack(agents: tuple[int, ...]) -> Experiment:
@@ -124,7 +164,9 @@ def budget_sweep(agents: tuple[int, ...]) -> Experiment:
         Case(f"B/R={b}", sc, (("budget", Budget(budget_frac=b)),), 2000, b)
         for b in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
     )
-    return Experiment("budget", "E2: budget size B/R", tuple(cases), "B/R")
+    arms: Arms = (("budget", Budget(budget_frac=2.0)),)
+    pub = _published("B/R=2.0", Scenario(Model()), arms, {"budget": (0.96, 0.40)})
+    return Experiment("budget", "E2: budget size B/R", tuple(cases), "B/R", pub)
 
 
 def misprice(agents: tuple[int, ...]) -> Experiment:
@@ -133,7 +175,11 @@ def misprice(agents: tuple[int, ...]) -> Experiment:
         Case(f"eps={e}", sc, (("budget", Budget(eps=e)),), 3000, e)
         for e in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 4.0)
     )
-    return Experiment("misprice", "E3: charges scaled by eps", tuple(cases), "eps")
+    pub: dict[tuple[str, str], Published] = {}
+    for e, figures in ((0.5, (0.96, 0.40)), (0.25, (1.93, 0.81))):
+        arms: Arms = (("budget", Budget(eps=e)),)
+        pub |= _published(f"eps={e}", Scenario(Model()), arms, {"budget": figures})
+    return Experiment("misprice", "E3: charges scaled by eps", tuple(cases), "eps", pub)
 
 
 def correlated(agents: tuple[int, ...]) -> Experiment:
@@ -141,7 +187,12 @@ def correlated(agents: tuple[int, ...]) -> Experiment:
     published perfect stress arm beside the basic ones."""
     sc = Scenario(Model(n_agents=agents[0], correlated=True))
     arms: Arms = (*BASIC, ("budget-stress", Budget(stress=True)))
-    pub = {("corr", "budget"): 1.06, ("corr", "local"): 6.47, ("corr", "budget-stress"): 0.67}
+    figures: Figures = {
+        "budget": (1.06, 0.20),
+        "local": (6.47, 1.00),
+        "budget-stress": (0.6665, 0.1458),
+    }
+    pub = _published("corr", Scenario(Model(correlated=True)), arms, figures)
     return Experiment("corr", "E8: correlated recovery", (Case("corr", sc, arms, 8000),), "", pub)
 
 
@@ -150,7 +201,10 @@ def breaker(agents: tuple[int, ...]) -> Experiment:
     cases = tuple(
         Case(f"lag={d}", sc, ((f"breaker-{d}", Breaker(d)),), 13500 + d, d) for d in (0, 10, 50)
     )
-    pub = {(f"lag={d}", f"breaker-{d}"): e for d, e in ((0, 1.03), (10, 1.44), (50, 2.24))}
+    pub: dict[tuple[str, str], Published] = {}
+    for d, e in ((0, 1.03), (10, 1.44), (50, 2.24)):
+        arms: Arms = ((f"breaker-{d}", Breaker(d)),)
+        pub |= _published(f"lag={d}", Scenario(Model()), arms, {f"breaker-{d}": (e, None)})
     return Experiment("breaker", "E13: reactive breaker", cases, "lag (ticks)", pub)
 
 
@@ -237,7 +291,8 @@ def calibration(
         )
         for k in misprices
     )
-    return Experiment("calibration", "Self-calibration: two windows of a k x world", cases, "k")
+    title = "Self-calibration: window 2 of a k x world"
+    return Experiment("calibration", title, cases, "k", last_window=True)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -52,6 +52,8 @@ class Humans:
         self.raised = np.zeros((n_seeds, n_events), np.int64)  # tick raised per slot
         self.length = np.zeros(n_seeds, np.int64)
         self.head = np.zeros(n_seeds, np.int64)  # slots [0, head) are resolved
+        # expiries not yet told to the runner, whose rate slots they give back
+        self._expired: list[tuple[B, I64]] = []
 
     @property
     def instant(self) -> bool:
@@ -105,4 +107,13 @@ class Humans:
             self.tokens = np.where(took, grown - 1.0, self.tokens)
             self.last = np.where(took, when, self.last)
             self.head += due
-            yield Resolved(due, self.queue[self.rows, slot], took, when)
+            event = self.queue[self.rows, slot]
+            if (due & ~took).any():
+                self._expired.append((due & ~took, event))
+            yield Resolved(due, event, took, when)
+
+    def expired(self) -> list[tuple[B, I64]]:
+        """The escalations that expired unapproved since the last call: (seeds, event)
+        pairs, one event per seed where its mask is set."""
+        out, self._expired = self._expired, []
+        return out

@@ -16,13 +16,13 @@ Redis ledger to show both decide alike.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from sim import ledger_model as lm
-from sim.calibrated import Calibrated
+from sim.calibrated import Calibrated, Pricing
 from sim.humans import Humans
 from sim.ledger_ops import ArmArrays, Tape
 from sim.params import usd_to_micros
@@ -46,10 +46,10 @@ class Irrev:
     escalation_ttl: int | None = None
     # self-calibrating prices (pricing/calibration.py): holds priced from the settled
     # evidence of their route; `pending` holds on a route at once (None: the holds
-    # open on it when a hold is priced, sim/calibrated.py); `prior_weight`
-    # pseudo-observations of the catalog's prior
+    # open on it when a hold is priced, sim/calibrated.py); `calibration`: the prior
+    # (the catalog's recovery, worth `prior_weight` settlements), confidence, surcharge
     calibrate: bool = False
-    prior_weight: float = 20.0
+    calibration: Pricing = field(default_factory=Pricing)
     pending: float | None = None
     recalibrate_every: int = 10
     # the most holds an open-count price pools over (a policy's calibrate.pending, as
@@ -116,7 +116,7 @@ class _IrrevArm:
             self.cal = Calibrated(
                 wl,
                 cfg.hold_quantile,
-                cfg.prior_weight,
+                cfg.calibration,
                 cfg.pending,
                 cfg.recalibrate_every,
                 cfg.pending_cap,
@@ -154,12 +154,18 @@ class _IrrevArm:
         self._state = ArmArrays(self.balance, self.posted, self.accounts, self.price)
         self._decided: tuple[B, npt.NDArray[np.int8], B, B] | None = None
 
-    def decide(self, k: int, live: B) -> tuple[B, B]:
+    def hear(self, k: int) -> None:
+        """Everything that happens by event k's tick: the last window's human decisions
+        and settlements, the roll, then this window's. Called again, it does nothing."""
         t = self.wl.tick[:, k]
         window_start = t // self.wl.model.ticks * self.wl.model.ticks
         self._advance(k, np.minimum(t, window_start - 1))
         self._roll(t // self.wl.model.ticks)
         self._advance(k, t)
+
+    def decide(self, k: int, live: B) -> tuple[B, B]:
+        t = self.wl.tick[:, k]
+        self.hear(k)
         if self.cal is not None:
             learnt = self.cal.price(k, t)
             stressed = self.stressed[:, k]

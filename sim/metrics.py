@@ -95,6 +95,9 @@ class Summary:
     p_overdraw_last: float
     p_overdraw_last_lo: float
     p_overdraw_last_hi: float
+    exposure_last: float
+    exposure_last_ci: float
+    exposure_last_q: tuple[float, ...]  # the last window's exposure / R at EXPOSURE_Q
     exposure_last_max: float
     util_last: float
     util_last_ci: float
@@ -115,6 +118,7 @@ def summarize(seed_metrics: dict[str, F64]) -> Summary:
     od_last = seed_metrics["overdraw_last"]
     last_lo, last_hi = wilson(int(od_last.sum()), od_last.size)
     last_mean, last_ci = mean_ci(seed_metrics["util_last"])
+    last_exp, last_exp_ci = mean_ci(seed_metrics["exposure_last"])
 
     def avg(key: str) -> float:
         return float(seed_metrics[key].mean())
@@ -137,6 +141,11 @@ def summarize(seed_metrics: dict[str, F64]) -> Summary:
         p_overdraw_last=float(od_last.mean()),
         p_overdraw_last_lo=last_lo,
         p_overdraw_last_hi=last_hi,
+        exposure_last=last_exp,
+        exposure_last_ci=last_exp_ci,
+        exposure_last_q=tuple(
+            float(q) for q in np.percentile(seed_metrics["exposure_last"], EXPOSURE_Q)
+        ),
         exposure_last_max=float(seed_metrics["exposure_last"].max()),
         util_last=last_mean,
         util_last_ci=last_ci,

@@ -21,7 +21,11 @@ Side = Literal["left", "right"]
 
 
 class Arm(Protocol):
-    """An admission gate; `decide` returns (admit, escalated) masks of shape (S,)."""
+    """An admission gate; `decide` returns (admit, escalated) masks of shape (S,).
+
+    An arm with humans who decide later has `humans` (sim/humans.py) and `hear(k)`,
+    which applies everything decided by event k's tick, so the runner's rate gate sees
+    the slots that expired escalations gave back before it gates event k."""
 
     def decide(self, k: int, live: B) -> tuple[B, B]: ...
 
@@ -78,13 +82,49 @@ class Lagged:
         self.cum[:, k + 1] = self.cum[:, k] + amount
 
 
+class Rates:
+    """The per-call gate's rate limit: purchases per agent per window, renewed at each
+    window. An effect counts in the window of its request, when it is admitted or,
+    escalated, sent to a human who decides later: the gateway's reserve steps the
+    agent's effect rate at the request, whatever its decision, and the approval steps
+    no rate (ledger/lua/reserve.lua, approve.lua). So an escalation holds its agent's
+    slot while it waits, and an approval executes on the slot its request took, in
+    whatever window the human approves it; one that expires unapproved gives its slot
+    back, as a refused purchase does not count in the published model."""
+
+    def __init__(self, wl: Workload) -> None:
+        m = wl.model
+        self.limit = m.rate_limit
+        self.used = np.zeros((wl.shape[0], m.windows * m.n_agents), np.int64)
+        self.slot = (wl.tick // m.ticks).clip(max=m.windows - 1) * m.n_agents + wl.agent
+        self.rows = np.arange(wl.shape[0])
+
+    def room(self, k: int) -> B:
+        return np.asarray(self.used[self.rows, self.slot[:, k]] < self.limit)
+
+    def take(self, k: int, rows: B) -> None:
+        self.used[self.rows, self.slot[:, k]] += rows
+
+    def give_back(self, events: I64, rows: B) -> None:
+        self.used[self.rows, self.slot[self.rows, events]] -= rows
+
+
+def _give_back(arm: Arm, rates: Rates) -> None:
+    """Return the rate slots of the escalations the arm's humans let expire."""
+    humans = getattr(arm, "humans", None)
+    if humans is not None:
+        for rows, events in humans.expired():
+            rates.give_back(events, rows)
+
+
 def run(arm: Arm, wl: Workload) -> Outcome:
     model, attack = wl.model, wl.attack
     n_seeds, n_events = wl.shape
-    rows = np.arange(n_seeds)
-    # rate limits renew per window: one counter per (window, agent)
-    used = np.zeros((n_seeds, model.windows * model.n_agents), np.int64)
-    slot = (wl.tick // model.ticks).clip(max=model.windows - 1) * model.n_agents + wl.agent
+    rates = Rates(wl)
+    # arms whose humans decide later: escalations they queue take a rate slot
+    humans = getattr(arm, "humans", None)
+    queues = humans is not None and not humans.instant
+    hear = getattr(arm, "hear", None)
     moved = np.zeros(n_seeds)
     gated = np.zeros(wl.shape, bool)
     executed = np.zeros(wl.shape, bool)
@@ -93,11 +133,14 @@ def run(arm: Arm, wl: Workload) -> Outcome:
         live = wl.valid[:, k].copy()
         if attack is not None:
             live &= ~wl.frag[:, k] | (moved + attack.piece <= attack.total)
-        s = slot[:, k]
-        passes = live & (wl.value[:, k] <= model.value_cap) & (used[rows, s] < model.rate_limit)
+        if hear is not None:
+            hear(k)  # what the humans decided by this tick frees or keeps rate slots
+        _give_back(arm, rates)
+        passes = live & (wl.value[:, k] <= model.value_cap) & rates.room(k)
         admit, esc = arm.decide(k, passes)
         ex = passes & admit
-        used[rows, s] += ex
+        waits = passes & esc & ~admit if queues else np.zeros_like(ex)
+        rates.take(k, ex | waits)
         moved += np.where(ex & wl.frag[:, k], wl.value[:, k], 0.0)
         arm.commit(k, ex)
         gated[:, k], executed[:, k], escalated[:, k] = passes, ex, esc & passes

@@ -8,6 +8,11 @@ risk-factor limit and the soft band. The workload gives what the world does: fle
 size, call rates, the burst, value and recovery distributions, settlement delay,
 human approval latency, seeds and windows.
 
+Self-calibration is the policy's: a route calibrates in the simulation only if its
+pricing says `calibrate:` (as the gateway calibrates only such a route), with the
+policy's prior (its recovery and p_fail, worth `weight` settlements), confidence,
+surcharge and `pending` cap; the workload cannot turn it on or off.
+
 Not simulated (`NOT_SIMULATED`, in every run's JSON): per-route approval thresholds,
 several routes or principals at once, hold TTL expiry. The fleet calls one route;
 its calls spread over `factor_values` risk-factor values (agent i always names value
@@ -33,6 +38,7 @@ from pricing import (
     p_fail_value,
 )
 from sim.arms import Budget, Local
+from sim.calibrated import Pricing
 from sim.experiments import Arms, Case, Experiment
 from sim.irrev import Irrev
 from sim.params import Model, ProductLine, Scenario
@@ -103,7 +109,6 @@ class WorkloadSpec(_Spec):
     approval_latency: Ticks = 0
     escalation_ttl: Ticks | None = None
     approvals: Ticks = 50
-    calibrate: bool = False
     seeds: Annotated[int, Field(gt=0, le=1_000_000, strict=True)] = 300
     seed0: Annotated[int, Field(ge=0, strict=True)] = 500_000
 
@@ -112,6 +117,11 @@ def parse_workload(data: object, source: str) -> WorkloadSpec:
     """A checked workload, or WorkloadError naming the first wrong field."""
     if not isinstance(data, dict):
         raise WorkloadError(f"{source}: a workload must be a mapping (key: value)")
+    if "calibrate" in data:
+        raise WorkloadError(
+            f"{source}: calibrate: whether a route calibrates is its policy's (its "
+            "pricing's `calibrate:`, docs/policy.md), as the gateway has it; remove it here"
+        )
     try:
         return WorkloadSpec.model_validate(data)
     except ValidationError as exc:
@@ -146,7 +156,7 @@ def world(policy: TenantPolicy, spec: WorkloadSpec, source: str) -> Experiment:
     compiled = next(r for g in policy.catalog.routes.values() for r in g if r.index == index)
     tolerance = doc.accounts.tenant.limit / scale
     principal = doc.accounts.principals[agent.principal].limit / scale
-    catalog, p_fail = _catalog_recovery(pricing, route_id, spec.calibrate)
+    catalog, p_fail = _catalog_recovery(pricing)
     value_cap = agent.per_effect_cap / scale
     model = _model(spec, catalog, p_fail, value_cap=value_cap, tolerance=tolerance, source=source)
     factor_limit = _factor_limit(policy, route.risk_factors)
@@ -158,7 +168,7 @@ def world(policy: TenantPolicy, spec: WorkloadSpec, source: str) -> Experiment:
     # The policy's calibrate.pending, as the gateway prices it: 1 (the default) every
     # hold alone, a number the most holds a price pools over, 'live' the open count.
     cal = pricing.calibrate if isinstance(pricing, QuantilePricing) else None
-    cap = cal.pending_cap if cal is not None else math.inf
+    cap = cal.pending_cap if cal is not None else 1.0
     irrev = Irrev(
         hold_quantile=level,
         pending=1.0 if cap <= 1 else None,
@@ -168,7 +178,8 @@ def world(policy: TenantPolicy, spec: WorkloadSpec, source: str) -> Experiment:
         approvals=spec.approvals,
         approval_latency=spec.approval_latency,
         escalation_ttl=ttl,
-        calibrate=spec.calibrate,
+        calibrate=cal is not None,
+        calibration=_calibration(pricing, p_fail),
         agent_limit_frac=agent.window_cap / scale / tolerance,
         supplier_limit_frac=None if factor_limit is None else factor_limit / tolerance,
         top_limit_frac=min(1.0, principal / tolerance),
@@ -179,16 +190,26 @@ def world(policy: TenantPolicy, spec: WorkloadSpec, source: str) -> Experiment:
     return Experiment("run", f"{doc.tenant}'s fleet on {route_id} ({source})", (case,))
 
 
-def _catalog_recovery(
-    pricing: PricingSpec | None, route_id: str, calibrate: bool
-) -> tuple[tuple[float, float], float]:
+def _catalog_recovery(pricing: PricingSpec | None) -> tuple[tuple[float, float], float]:
     """The Beta shape of what compensation recovers, as the route's pricing believes
     it, and the chance compensation fails."""
     if isinstance(pricing, ExpectedPricing | QuantilePricing | StressedPricing):
         return (pricing.recovery.alpha, pricing.recovery.beta), p_fail_value(pricing.p_fail)
-    if calibrate:
-        raise WorkloadError(f"route {route_id!r} is priced at face value: nothing to calibrate")
     return (1.0, 1.0), 1.0  # face: nothing is recovered, whatever happens
+
+
+def _calibration(pricing: PricingSpec | None, p_fail: float) -> Pricing:
+    """A calibrating route's prior and bounds as `pricing.route_pooling` builds them:
+    the policy's p_fail (never the world's), weight, confidence and surcharge."""
+    if not isinstance(pricing, QuantilePricing) or pricing.calibrate is None:
+        return Pricing(p_fail=p_fail)
+    cal = pricing.calibrate
+    return Pricing(
+        p_fail=p_fail,
+        prior_weight=cal.weight,
+        confidence=cal.confidence,
+        surcharge=pricing.surcharge,
+    )
 
 
 def _model(

@@ -190,6 +190,11 @@ def run(args: argparse.Namespace) -> int:
     if args.experiment == "run":
         if args.agents:
             raise CliError("irrev sim run takes its fleet size from the workload, not --agents")
+        if args.calibrate:
+            raise CliError(
+                "irrev sim run calibrates where the policy's route does (its pricing's "
+                "`calibrate:`), not by --calibrate"
+            )
     elif args.experiment == "pareto":
         exp = experiments.pareto(
             agents, tuple(args.delays), tuple(args.misprices), tuple(args.latencies)

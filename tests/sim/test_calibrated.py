@@ -7,14 +7,14 @@ import pytest
 
 from ledger import OpenPool
 from sim import metrics, runner, workload
-from sim.calibrated import Calibrated
+from sim.calibrated import Calibrated, Pricing
 from sim.irrev import Irrev
 from sim.params import Model, Scenario
 
 
 def _cal(seeds: range) -> tuple[workload.Workload, Calibrated]:
     wl = workload.build(Scenario(Model()), seeds)
-    return wl, Calibrated(wl, 0.999, 20.0, None, 10)
+    return wl, Calibrated(wl, 0.999, Pricing(), None, 10)
 
 
 def test_a_hold_on_an_idle_route_stands_alone() -> None:
@@ -52,7 +52,7 @@ def test_the_gateways_open_set_counts_as_the_simulators() -> None:
 
 def test_a_fixed_pending_is_what_a_gateway_policy_says() -> None:
     wl = workload.build(Scenario(Model()), range(3))
-    cal = Calibrated(wl, 0.999, 20.0, 4.0, 10)
+    cal = Calibrated(wl, 0.999, Pricing(), 4.0, 10)
     cal.opened(0, np.ones(3, bool))
     np.testing.assert_array_equal(cal.pending_at(cal.line[:, 1], wl.value[:, 1]), 4.0)
 
@@ -78,7 +78,7 @@ def test_pooling_over_the_holds_open_in_a_burst_admits_more_and_still_holds_r(
 def test_a_policys_cap_bounds_the_open_count() -> None:
     """calibrate.pending as a cap: the open holds count at most that many."""
     wl = workload.build(Scenario(Model()), range(3))
-    cal = Calibrated(wl, 0.999, 20.0, None, 10, cap=1.5)
+    cal = Calibrated(wl, 0.999, Pricing(), None, 10, cap=1.5)
     every = np.ones(3, bool)
     cal.opened(0, every)
     cal.opened(1, every)

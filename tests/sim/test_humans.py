@@ -116,3 +116,45 @@ def test_latency_zero_keeps_instant_approvals() -> None:
     b = runner.run(Irrev(approval_latency=0, escalation_ttl=0).build(wl), wl)
     np.testing.assert_array_equal(a.executed, b.executed)
     assert not a.executed[a.exec_tick != wl.tick].any()
+
+
+def _over_rate(model: Model, spec: Irrev | Budget, seeds: range) -> tuple[int, int]:
+    """Agent-windows whose executed effects exceed the rate limit, an effect counted
+    in the window of its request (sim/runner.py's Rates), and how many escalations
+    a human approved late."""
+    wl = workload.build(Scenario(model), seeds)
+    arm = spec.build(wl)
+    out = runner.run(arm, wl)
+    window = (wl.tick // model.ticks).clip(max=model.windows - 1)
+    counts = np.zeros((len(seeds), model.windows, model.n_agents), np.int64)
+    for s in range(len(seeds)):
+        done = out.executed[s]
+        np.add.at(counts[s], (window[s][done], wl.agent[s][done]), 1)
+    late = int(np.asarray(arm.late).sum())
+    return int((counts > model.rate_limit).sum()), late
+
+
+def test_a_late_approval_counts_against_its_agents_rate() -> None:
+    """The audit: approvals a human gave after a latency skipped the per-agent rate
+    limit (126 of 5,000 agent-windows over a limit of 2). An escalation now takes its
+    agent's rate slot when raised and keeps it if approved, for both gates with
+    humans; many approvals arrive late here, so the limit is really exercised."""
+    model = Model(rate_limit=2)
+    for spec in (Irrev(approval_latency=10), Budget(approvals=50, approval_latency=10)):
+        over, late = _over_rate(model, spec, range(1000, 1100))
+        assert late > 100
+        assert over == 0, spec
+
+
+def test_an_expired_escalation_gives_its_rate_slot_back() -> None:
+    """An escalation that expires unapproved was no purchase: at a limit of one, its
+    agent still buys later in the window, which a slot kept for good would forbid."""
+    model = Model(rate_limit=1)
+    wl = workload.build(Scenario(model), range(1000, 1020))
+    out = runner.run(Irrev(approval_latency=10, approvals=0).build(wl), wl)
+    assert not (out.executed & out.escalated).any()  # no human: every one expired
+    bought_after = 0
+    for s, k in zip(*np.nonzero(out.escalated), strict=True):
+        same = (wl.agent[s] == wl.agent[s, k]) & (wl.tick[s] // model.ticks == 0)
+        bought_after += int((out.executed[s, k + 1 :] & same[k + 1 :]).any())
+    assert bought_after > 0

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from irrev.cli import main
-from pricing import load_policy_text
+from pricing import Evidence, QuantilePricing, load_policy_text
+from pricing.calibration import route_factor
 from sim import world
 from sim.irrev import Irrev
+from sim.workload import build
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 POLICY = EXAMPLES / "procurement.yaml"
@@ -152,3 +155,52 @@ def test_the_simulator_pools_as_the_policys_calibrate_pending_says(
     arm = dict(case.arms)["policy"]
     assert isinstance(arm, Irrev)
     assert (arm.pending, arm.pending_cap) == (pending, cap)
+
+
+def _calibrating(calibrate: str, extra: str = "") -> str:
+    """The example policy with its POST /orders route calibrating as `calibrate` says."""
+    plain = "pricing: {model: quantile, recovery: {alpha: 6, beta: 2}, level: 0.999}"
+    text = POLICY.read_text()
+    assert plain in text
+    return text.replace(plain, plain[:-1] + f"{extra}, calibrate: {calibrate}}}", 1)
+
+
+def test_a_route_calibrates_only_where_its_policy_does() -> None:
+    """The audit: a workload's `calibrate: true` calibrated a route whose policy does not
+    (pooling without a cap). Whether a route calibrates is now the policy's alone."""
+    policy = load_policy_text(POLICY.read_text(), str(POLICY))
+    (case,) = world.world(policy, _spec(), "w").cases
+    arm = dict(case.arms)["policy"]
+    assert isinstance(arm, Irrev) and not arm.calibrate
+    with pytest.raises(world.WorkloadError, match="calibrate: whether a route calibrates"):
+        _spec(calibrate=True)
+    calibrating = load_policy_text(_calibrating("{pending: 5}"), str(POLICY))
+    (case,) = world.world(calibrating, _spec(), "w").cases
+    arm = dict(case.arms)["policy"]
+    assert isinstance(arm, Irrev) and arm.calibrate and arm.pending_cap == 5.0
+
+
+def test_the_calibrated_prior_is_the_policys_not_the_worlds() -> None:
+    """The audit: the prior took the world's compensation failure rate. A world whose
+    compensation fails far more often than the policy believes must not move the
+    first price, which is the gateway's for a route with no settlements."""
+    text = _calibrating("{weight: 10, confidence: 0.9}", ", p_fail: 0.01, surcharge: 0.1")
+    policy = load_policy_text(text, str(POLICY))
+    spec = _spec(compensation_fails=0.4, seeds=4)
+    (case,) = world.world(policy, spec, "w").cases
+    arm_spec = dict(case.arms)["policy"]
+    assert isinstance(arm_spec, Irrev)
+    wl = build(case.scenario, range(spec.seed0, spec.seed0 + spec.seeds))
+    arm = arm_spec.build(wl)
+    arm.decide(0, wl.valid[:, 0])
+    (route,) = [r for r in policy.document.routes if r.route == "POST /orders"]
+    assert isinstance(route.pricing, QuantilePricing)
+    gateway = route_factor(route.pricing, Evidence())
+    face = np.ceil(wl.value[:, 0] * 1e6)
+    assert list(arm.price[:, 0]) == list(np.ceil(face * gateway).astype(np.int64))
+
+
+def test_run_refuses_calibrate_flag(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    argv = ["sim", "run", "--policy", str(POLICY), "--workload", str(WORKLOAD), "--calibrate"]
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    assert "calibrates where the policy's route does" in capsys.readouterr().err
