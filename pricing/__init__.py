@@ -88,7 +88,7 @@ from pricing.serving import (
     is_shadow,
     price_request,
 )
-from pricing.stress import trip_threshold
+from pricing.stress import calm_rate, cusum_decay, cusum_jump, cusum_run_end, trip_threshold
 from pricing.templates import CALL, FACTOR_PREFIX, call_route
 from pricing.units import header_money, journal_money, rfc3339, with_money_text
 from pricing.values import MemberId, TenantId, ToolName, duration_ms
@@ -155,9 +155,13 @@ __all__ = [
     "agent_for_token_hash",
     "apply_learning",
     "call_route",
+    "calm_rate",
     "check_per_effect_cap",
     "check_route_scope",
     "compile_policy",
+    "cusum_decay",
+    "cusum_jump",
+    "cusum_run_end",
     "duration_ms",
     "expected_lgd",
     "factor_account",

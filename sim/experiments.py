@@ -312,6 +312,8 @@ class World:
     approvals: int | None = None
     calibrate: bool | None = None
     top_limit_frac: float | None = None
+    detector: str | None = None
+    calm_history: int | None = None
 
     MODEL_KNOBS = ("misprice", "misprice_shape", "windows", "p_burst", "burst_len", "correlated")
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +27,7 @@ from sim.calibrated import Calibrated, Pricing
 from sim.humans import Humans
 from sim.ledger_ops import ArmArrays, Tape
 from sim.params import usd_to_micros
-from sim.prices import hold_prices, stress_signal
+from sim.prices import cusum_signal, hold_prices, stress_signal
 from sim.runner import I64, B
 from sim.workload import Workload
 
@@ -76,6 +77,14 @@ class Irrev:
     # difference held until the detector's window has passed over it without a trip
     # (pricing/stress.py); False: the detector's blind spot is priced calm
     blind_margin: bool = True
+    # the detector (pricing/stress.py): `rate`, a count over `signal_window` ticks
+    # against the world's true calm rate; `cusum`, Page's CUSUM for a shift of
+    # `cusum_shift` x a calm rate it estimates itself, alarming at `cusum_h`, after a
+    # warm-up of `calm_history` ticks of calm requests (one budget window)
+    detector: Literal["rate", "cusum"] = "rate"
+    cusum_shift: float = 4.0
+    cusum_h: float = 4.0
+    calm_history: int = 1000
 
     def build(self, wl: Workload, tape: Tape | None = None) -> _IrrevArm:
         """A fresh arm; with a `tape`, it also records its ledger operations."""
@@ -104,10 +113,12 @@ class _IrrevArm:
         n = wl.model.n_agents
         # (S, K, 3): tenant, agent, supplier account of each event
         self.accounts = np.stack([np.zeros_like(wl.agent), 1 + wl.agent, 1 + n + wl.supplier], 2)
-        signal = stress_signal(wl, cfg) if cfg.stressed else None
+        detect = cusum_signal if cfg.detector == "cusum" else stress_signal
+        signal = detect(wl, cfg) if cfg.stressed else None
         self.stressed = signal.on if signal is not None else np.zeros(wl.shape, bool)
         # where a trip will count the event: read only once it is vouched for or not
         self.counted = signal.counted if signal is not None and cfg.blind_margin else None
+        self.vouch_tick = signal.vouch_tick if signal is not None else None
         self.price = hold_prices(wl, cfg, self.stressed)
         if cfg.calibrate or self.counted is not None:
             self.hot = hold_prices(wl, cfg, np.ones(wl.shape, bool))
@@ -244,10 +255,10 @@ class _IrrevArm:
         keeps its margin until it settles."""
         if self.counted is None:
             return
-        w = self.cfg.signal_window
+        assert self.vouch_tick is not None
         while True:
             i = np.minimum(self.vouched, max(k - 1, 0))
-            due = (self.vouched < k) & (self.wl.tick[self.rows, i] + w + 1 <= upto)
+            due = (self.vouched < k) & (self.vouch_tick[self.rows, i] <= upto)
             if not due.any():
                 return
             free = due & ~self.counted[self.rows, i]

@@ -12,12 +12,24 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from pricing import quantile_lgd, stressed_lgd, trip_threshold
+from pricing import (
+    calm_rate,
+    cusum_decay,
+    cusum_jump,
+    cusum_run_end,
+    quantile_lgd,
+    stressed_lgd,
+    trip_threshold,
+)
 from sim.runner import I64, B, row_searchsorted
 from sim.workload import Workload
 
 if TYPE_CHECKING:
     from sim.irrev import Irrev
+
+# Each seed's stream of the CUSUM's warm-up history, beside its workload's own
+# (sim/workload.py: the seed, and [seed, ATTACK_STREAM_TAG]).
+CALM_HISTORY_TAG = 999_979
 
 
 def _line_factors(wl: Workload, cfg: Irrev, stressed: bool) -> npt.NDArray[np.float64]:
@@ -53,6 +65,8 @@ class StressSignal:
     # a trip after the event counted it: it arrived in the detector's blind spot, the
     # requests that trip it; its margin stays until it settles (pricing/stress.py)
     counted: B
+    # the tick from which no trip can count the event (pricing.stress.vouched_at)
+    vouch_tick: I64
 
 
 def stress_signal(wl: Workload, cfg: Irrev) -> StressSignal:
@@ -78,4 +92,75 @@ def stress_signal(wl: Workload, cfg: Irrev) -> StressSignal:
     after = np.minimum.accumulate(starts[:, ::-1], axis=1)[:, ::-1]
     later = np.concatenate([after[:, 1:], np.full((wl.shape[0], 1), np.iinfo(np.int64).max)], 1)
     counted = later <= np.arange(wl.shape[1])[None, :]
-    return StressSignal(on, counted)
+    return StressSignal(on, counted, wl.tick + w + 1)
+
+
+def cusum_signal(wl: Workload, cfg: Irrev) -> StressSignal:
+    """The CUSUM detector's view of every event (pricing/stress.py): the score decays
+    by cusum_decay per tick at the detector's own calm rate and each request adds
+    cusum_jump; at `cusum_h` it alarms, prices stressed for `stress_hold` ticks and
+    restarts. An event is counted if the run of the score it raised alarms, and
+    vouched for from cusum_run_end if that run decays to 0 first (a run still open
+    when the window ends is never vouched for: its margin stays until settlement)."""
+    n_seeds, n_events = wl.shape
+    cusum = _Cusum(wl, cfg)
+    on = np.zeros(wl.shape, bool)
+    run_of = np.zeros(wl.shape, np.int64)
+    for k in range(n_events):
+        on[:, k], run_of[:, k] = cusum.step(wl.tick[:, k], wl.valid[:, k])
+    rows = np.arange(n_seeds)[:, None]
+    return StressSignal(on, cusum.alarmed[rows, run_of], cusum.end[rows, run_of])
+
+
+class _Cusum:
+    """One CUSUM per seed, stepped one event (one request per seed) at a time."""
+
+    def __init__(self, wl: Workload, cfg: Irrev) -> None:
+        n_seeds, n_events = wl.shape
+        self.cfg = cfg
+        # the warm-up: `calm_history` ticks of the world's calm requests before the window
+        history = cfg.calm_history * wl.model.p_base * wl.model.n_agents
+        self.requests_off = np.array(
+            [np.random.default_rng([s, CALM_HISTORY_TAG]).poisson(history) for s in wl.seeds],
+            np.float64,
+        )
+        self.ticks_off = np.full(n_seeds, float(cfg.calm_history))
+        self.jump = cusum_jump(cfg.cusum_shift)
+        self.score = np.zeros(n_seeds)
+        self.last = np.zeros(n_seeds)
+        self.last_alarm = np.full(n_seeds, -(10.0**9))
+        self.run = np.zeros(n_seeds, np.int64)
+        self.rows = np.arange(n_seeds)
+        never = np.iinfo(np.int64).max // 2
+        # by run: the tick from which its requests are vouched for, and did it alarm
+        self.end = np.full((n_seeds, n_events + 1), never, np.int64)
+        self.alarmed = np.zeros((n_seeds, n_events + 1), bool)
+
+    def step(self, tick: I64, valid: B) -> tuple[B, I64]:
+        """The event at `tick` (where `valid`): is it priced stressed, and its run."""
+        t = tick.astype(np.float64)
+        off = valid & (t - self.last_alarm > self.cfg.stress_hold)
+        self.ticks_off += np.where(off, t - self.last, 0.0)
+        calm = calm_rate(self.requests_off, np.maximum(self.ticks_off, 1.0))
+        decay = np.maximum(cusum_decay(calm, self.cfg.cusum_shift), 1e-12)
+        decayed = self.score - decay * (t - self.last)
+        ended = valid & (self.score > 0) & (decayed <= 0)
+        self._close(ended, cusum_run_end(self.last, self.score, decay), alarmed=False)
+        self.score = np.where(valid, np.maximum(decayed, 0.0), self.score)
+        self.last = np.where(valid, t, self.last)
+        alarm = valid & (self.score >= self.cfg.cusum_h)
+        self._close(alarm, t, alarmed=True)
+        self.last_alarm = np.where(alarm, t, self.last_alarm)
+        self.score = np.where(alarm, 0.0, self.score)
+        on = np.asarray(t - self.last_alarm <= self.cfg.stress_hold)
+        self.requests_off += valid & ~on
+        run = self.run.copy()
+        self.score = np.where(valid, self.score + self.jump, self.score)
+        return on, run
+
+    def _close(self, rows: B, at: npt.NDArray[np.float64], *, alarmed: bool) -> None:
+        """End the current run of the seeds in `rows`: vouched for from `at`, or
+        counted by the alarm at `at`."""
+        self.end[self.rows[rows], self.run[rows]] = at[rows].astype(np.int64)
+        self.alarmed[self.rows[rows], self.run[rows]] = alarmed
+        self.run += rows

@@ -51,6 +51,15 @@ def configure(p: argparse.ArgumentParser) -> None:
     arms.add_argument(
         "--top-limit", type=float, help="irrev: the top account's limit as a fraction of R (1)"
     )
+    arms.add_argument(
+        "--detector",
+        choices=("rate", "cusum"),
+        help="irrev-stressed's burst detector: a 5-tick count at the true calm rate (rate), "
+        "or a CUSUM at a calm rate it estimates (cusum)",
+    )
+    arms.add_argument(
+        "--calm-history", type=int, help="cusum: ticks of calm requests it warms up on (1000)"
+    )
     grid = p.add_argument_group("the pareto grid's axes (--misprices: calibration's too)")
     grid.add_argument(
         "--delays",
@@ -94,6 +103,8 @@ def _world(args: argparse.Namespace) -> experiments.World:
         approvals=args.approvals,
         calibrate=True if args.calibrate else None,
         top_limit_frac=args.top_limit,
+        detector=args.detector,
+        calm_history=args.calm_history,
     )
 
 
@@ -125,7 +136,14 @@ def _check(args: argparse.Namespace) -> None:
         raise CliError("--seeds must be at least 1")
     if args.agents is not None and min(args.agents) < 1:
         raise CliError("--agents must be positive")
-    for flag in ("settle_delay", "approval_latency", "escalation_ttl", "approvals", "burst_len"):
+    for flag in (
+        "settle_delay",
+        "approval_latency",
+        "escalation_ttl",
+        "approvals",
+        "burst_len",
+        "calm_history",
+    ):
         value = getattr(args, flag)
         if value is not None and value < 0:
             raise CliError(f"--{flag.replace('_', '-')} must be >= 0 ticks, not {value}")

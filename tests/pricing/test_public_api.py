@@ -107,6 +107,10 @@ PUBLIC_API = {
     "vasicek_pd",
     "p_fail_value",
     "trip_threshold",
+    "cusum_jump",
+    "cusum_decay",
+    "cusum_run_end",
+    "calm_rate",
     # what settled holds teach: learned outcomes, self-calibrating prices
     "Outcomes",
     "with_observed",
