@@ -113,6 +113,31 @@ class PricedEffect:
     approval_threshold_micros: int | None
     path_params: dict[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def unpriced(
+        cls,
+        tool: str,
+        method: str,
+        path: str,
+        route: CompiledRoute,
+        path_params: dict[str, str] | None = None,
+    ) -> PricedEffect:
+        """A listed route's effect at no price: a read, or a route as an allow-list
+        check reads it (no request)."""
+        return cls(
+            tool=tool,
+            method=method,
+            path=path,
+            route=route,
+            effect_class=route.effect_class,
+            face_value_micros=0,
+            risk_factors=(),
+            price_micros=0,
+            model=route.model,
+            approval_threshold_micros=None,
+            path_params=path_params or {},
+        )
+
     @property
     def route_id(self) -> str:
         """The one route id (holds, prices learned, settlers' tools derive from it): a
@@ -314,19 +339,7 @@ def price_in_catalog(
     _check_no_lenient_alias(catalog, route, tool, method, path)
     check_body_format(route.body_format, body_format)
     if route.effect_class is EffectClass.READ:
-        return PricedEffect(
-            tool=tool,
-            method=method,
-            path=path,
-            route=route,
-            effect_class=route.effect_class,
-            face_value_micros=0,
-            risk_factors=(),
-            price_micros=0,
-            model=route.model,
-            approval_threshold_micros=None,
-            path_params=params,
-        )
+        return PricedEffect.unpriced(tool, method, path, route, params)
     check_effect_path(path)
     check_effect_query(query, route.query_fields)
     fields = RequestFields(body, query, params, route.query_fields, route.template.tail_param)

@@ -35,14 +35,22 @@ ticks it saw while off, so a burst does not teach it that the burst is calm.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, TypeVar
+from typing import Any, Protocol, TypeVar
 
-if TYPE_CHECKING:  # pricing imports no numpy: the CLI and the gateway start without it
-    import numpy as np
-    import numpy.typing as npt
 
-# A number, or one per seed: the simulator runs these on arrays, the gateway on floats.
-Num = TypeVar("Num", float, "npt.NDArray[np.float64]")
+class Quantity(Protocol):
+    """A float, or one per seed: the simulator steps a detector per seed on numpy
+    arrays, which pricing does not import (tests/pricing/test_purity.py)."""
+
+    def __mul__(self, other: Any, /) -> Any: ...
+    def __rmul__(self, other: Any, /) -> Any: ...
+    def __truediv__(self, other: Any, /) -> Any: ...
+    def __floordiv__(self, other: Any, /) -> Any: ...
+    def __rsub__(self, other: Any, /) -> Any: ...
+    def __neg__(self) -> Any: ...
+
+
+Num = TypeVar("Num", bound=Quantity)
 
 
 def trip_threshold(calm_per_tick: float, window: int, mult: float) -> float:

@@ -118,18 +118,7 @@ def servers_of(policy: TenantPolicy) -> list[str]:
 
 def route_effect(server: str, target: str, route: CompiledRoute) -> PricedEffect:
     """A route as the allow-list check reads it (no request: no price)."""
-    return PricedEffect(
-        tool=server,
-        method=route.method,
-        path=target,
-        route=route,
-        effect_class=route.effect_class,
-        face_value_micros=0,
-        risk_factors=(),
-        price_micros=0,
-        model=route.model,
-        approval_threshold_micros=None,
-    )
+    return PricedEffect.unpriced(server, route.method, target, route)
 
 
 def pricing_note(policy: TenantPolicy, route: CompiledRoute) -> str:
