@@ -11,7 +11,10 @@ Every request is a new order with its own key, priced and admitted against a bud
 large enough never to refuse one. Each measurement also reads the CPU time (user and
 system) the server's processes used while locust ran, per request answered: on two
 shared cores a rate says as much about the load generator as about the server, and
-the CPU a request costs does not.
+the CPU a request costs does not. Each setting is measured `--rounds` times, the two
+servers alternating; the CPU figure is all the rounds' CPU over all their requests,
+and each round's ratio is printed beside it (other work on the machine moves a
+single round's by 20% or more).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,6 +76,8 @@ class Run:
     errors: int
     # The server's CPU time (its processes, user + system) per request answered.
     cpu_ms: float
+    requests: int
+    cpu_ms_rounds: tuple[float, ...]
 
 
 BENCHFILE = Path(__file__).resolve().parent / "benchfile.py"
@@ -89,6 +95,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers", type=bounded(int, 1, 64), default=2, help="uvicorn workers (both servers)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=bounded(int, 1, 20),
+        default=3,
+        help="measurements of each setting, alternating irrev and the peer",
     )
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.set_defaults(func=run)
@@ -130,33 +142,39 @@ def run(args: argparse.Namespace) -> int:
 def measure(
     irrev: Server, peer: Server, tokens: list[str], args: argparse.Namespace, scratch: Path
 ) -> list[tuple[Run, Run]]:
-    """The peer and irrev alternate, so a drift of the machine hits both."""
+    """The peer and irrev alternate, `args.rounds` times, so a drift of the machine (on
+    two cores shared with whatever else runs) hits both."""
     users = max(1, int(args.rate // 25))
-    closed = [
-        locust_run(
-            f"{label}: {args.clients} users, no wait",
-            server,
-            tokens,
-            args.clients,
-            0.0,
-            args.seconds,
-            scratch / f"closed-{label}",
-        )
-        for label, server in (("peer", peer), ("irrev", irrev))
-    ]
-    opened = [
-        locust_run(
-            f"{label}: {args.rate:g}/s offered",
-            server,
-            tokens,
-            users,
-            args.rate / users,
-            args.seconds,
-            scratch / f"open-{label}",
-        )
-        for label, server in (("peer", peer), ("irrev", irrev))
-    ]
-    return [(closed[1], closed[0]), (opened[1], opened[0])]
+    settings = (
+        (f"{args.clients} users, no wait", args.clients, 0.0),
+        (f"{args.rate:g}/s offered", users, args.rate / users),
+    )
+    results = []
+    for n, (what, count, rate) in enumerate(settings):
+        runs: dict[str, list[Run]] = {"irrev": [], "peer": []}
+        for round_ in range(args.rounds):
+            for label, server in (("peer", peer), ("irrev", irrev)):
+                prefix = scratch / f"{n}-{label}-{round_}"
+                run = locust_run(f"{label}: {what}", server, tokens, count, rate, args, prefix)
+                runs[label].append(run)
+        results.append((combined(runs["irrev"]), combined(runs["peer"])))
+    return results
+
+
+def combined(runs: list[Run]) -> Run:
+    """One setting's rounds: the median rate and latencies, the CPU of all of them over
+    all their requests, and each round's CPU per request."""
+    requests = sum(r.requests for r in runs)
+    return Run(
+        runs[0].label,
+        statistics.median(r.per_s for r in runs),
+        statistics.median(r.p50_ms for r in runs),
+        statistics.median(r.p99_ms for r in runs),
+        sum(r.errors for r in runs),
+        sum(r.cpu_ms * r.requests for r in runs) / requests,
+        requests,
+        tuple(r.cpu_ms for r in runs),
+    )
 
 
 def cpu_seconds(pid: int) -> float:
@@ -179,10 +197,11 @@ def locust_run(
     tokens: list[str],
     users: int,
     rate_per_user: float,
-    seconds: float,
+    args: argparse.Namespace,
     prefix: Path,
 ) -> Run:
     env = {"IRREV_BENCH_TOKENS": ",".join(tokens), "IRREV_BENCH_RATE": str(rate_per_user)}
+    seconds = args.seconds
     cpu = cpu_seconds(server.pid)
     rows = run_locust(BENCHFILE, server.url, users, users, int(seconds), prefix, env)
     cpu = cpu_seconds(server.pid) - cpu
@@ -199,6 +218,8 @@ def locust_run(
         float(row["99%"]),
         int(row["Failure Count"]),
         cpu * 1000 / int(row["Request Count"]),
+        int(row["Request Count"]),
+        (cpu * 1000 / int(row["Request Count"]),),
     )
 
 
@@ -216,7 +237,9 @@ def report(results: list[tuple[Run, Run]], args: argparse.Namespace) -> None:
         }
         print(json.dumps(measured, indent=2))
         return
-    table = Table(title=f"irrev bench gateway ({args.workers} workers each, appendfsync always)")
+    title = f"irrev bench gateway ({args.workers} workers each, appendfsync always, "
+    title += f"median of {args.rounds} rounds)"
+    table = Table(title=title)
     columns = ("measurement", "req/s", "p50 ms", "p99 ms", "errors", "server CPU ms/req")
     for column in columns:
         table.add_column(column, justify="left" if column == "measurement" else "right")
@@ -241,7 +264,11 @@ def report(results: list[tuple[Run, Run]], args: argparse.Namespace) -> None:
         (f"{args.clients} users", closed_irrev, closed_peer),
         (f"{args.rate:g}/s", open_irrev, open_peer),
     ):
+        rounds = ", ".join(
+            f"{i / p:.2f}" for i, p in zip(irrev.cpu_ms_rounds, peer.cpu_ms_rounds, strict=True)
+        )
         console.print(
             f"server CPU per request, {what}: irrev {irrev.cpu_ms:.2f} ms, peer "
-            f"{peer.cpu_ms:.2f} ms, irrev / peer {irrev.cpu_ms / peer.cpu_ms:.2f} (goal <= 1.1)"
+            f"{peer.cpu_ms:.2f} ms, irrev / peer {irrev.cpu_ms / peer.cpu_ms:.2f} "
+            f"(goal <= 1.1; by round: {rounds})"
         )

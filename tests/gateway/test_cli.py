@@ -276,7 +276,7 @@ def test_bench_gateway_reports_server_cpu_per_request_beside_the_peers() -> None
     """A short run: one worker each, two users, 3 s per measurement (locust takes about
     a second to start). No timing is asserted, only that each run carries its server's
     CPU per request."""
-    short = ["--seconds", "3", "--clients", "2", "--rate", "20", "--workers", "1"]
+    short = ["--seconds", "3", "--clients", "2", "--rate", "20", "--workers", "1", "--rounds", "1"]
     report = bench_json("gateway", *short)
     runs = report["runs"]
     assert [r["label"].split(":")[0] for r in runs] == ["irrev", "peer", "irrev", "peer"]
