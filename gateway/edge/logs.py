@@ -78,8 +78,8 @@ class RequestIdMiddleware:
             elapsed = time.perf_counter() - started
             method = scope["method"] if scope["method"] in _METHODS else "other"
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            metrics.HTTP_REQUESTS.labels(method, route, str(status or 500)).inc()
-            metrics.HTTP_SECONDS.labels(method, route).observe(elapsed)
+            metrics.child(metrics.HTTP_REQUESTS, method, route, str(status or 500)).inc()
+            metrics.child(metrics.HTTP_SECONDS, method, route).observe(elapsed)
             self.log.info(
                 "request",
                 extra={

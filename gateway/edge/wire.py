@@ -8,7 +8,7 @@ import base64
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from decimal import Decimal
 from typing import Any
 
@@ -174,7 +174,10 @@ class _Record:
         return base64.b64decode(self.body_b64)
 
     def dumps(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))  # type: ignore[call-overload]
+        # The fields as they are: asdict would deep-copy each value first, once per
+        # reserve, for the same JSON.
+        record = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        return json.dumps(record, separators=(",", ":"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -97,8 +97,8 @@ async def fire(
     elapsed_s = time.perf_counter() - started
     if answer.fate is Fate.DELIVERED:
         crash_point("after_upstream_2xx")
-    metrics.UPSTREAM_SECONDS.labels(request.tool).observe(elapsed_s)
-    metrics.UPSTREAM_OUTCOMES.labels(request.tool, answer.fate).inc()
+    metrics.child(metrics.UPSTREAM_SECONDS, request.tool).observe(elapsed_s)
+    metrics.child(metrics.UPSTREAM_OUTCOMES, request.tool, answer.fate).inc()
     if retry and answer.fate in (Fate.NOT_SENT, Fate.REFUSED):
         answer = unproven_retry(answer)
     await settle(gate, policy.tenant, hold_id, request, answer, claim)
@@ -173,7 +173,7 @@ async def settle(
             # ambiguous at its deadline and the reconciler settles it. Never released.
             log.exception("could not settle hold", extra={"hold_id": hold_id, "fate": answer.fate})
         finally:
-            metrics.LEDGER_SECONDS.labels(operation).observe(time.perf_counter() - started)
+            metrics.child(metrics.LEDGER_SECONDS, operation).observe(time.perf_counter() - started)
     log.info(
         "settled",
         extra={"tenant": tenant, "hold_id": hold_id, "fate": answer.fate, "status": answer.status},

@@ -192,7 +192,7 @@ async def _reserve_once(
             ),
         )
     finally:
-        metrics.LEDGER_SECONDS.labels("reserve").observe(time.perf_counter() - started)
+        metrics.child(metrics.LEDGER_SECONDS, "reserve").observe(time.perf_counter() - started)
 
 
 async def _decided(
@@ -209,8 +209,8 @@ async def _decided(
     decision = would.decision if would else result.decision.value
     reason = would.reason if would else result.reason.value
     mode = "shadow" if prepared.shadow else "enforce"
-    metrics.DECISIONS.labels(policy.tenant, decision, reason, mode).inc()
-    metrics.PRICES.labels(policy.tenant).observe(effect.price_micros)
+    metrics.child(metrics.DECISIONS, policy.tenant, decision, reason, mode).inc()
+    metrics.child(metrics.PRICES, policy.tenant).observe(effect.price_micros)
     log.info(
         "shadow decision" if would else "decision",
         extra={

@@ -127,15 +127,20 @@ class HttpUpstream:
         if self.slots is None:
             return await self._send(request, deadline, retry)
         semaphore = self.slots.semaphore
-        try:
-            wait_s = min(self.slots.wait_s, max(deadline - time.monotonic(), 0.0))
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the slot
-            # when a cancellation races its handover, and the forward was sent anyway
-            # (tests/gateway/test_cancel_races.py).
-            async with asyncio.timeout(wait_s):
-                await semaphore.acquire()
-        except TimeoutError:
-            return Answer(fate=Fate.NOT_SENT, why="upstream_tenant_busy")
+        wait_s = min(self.slots.wait_s, max(deadline - time.monotonic(), 0.0))
+        if wait_s > 0 and not semaphore.locked():
+            # A free slot is taken at once (acquire returns without suspending): a
+            # timeout around it would cost a timer on every forward for nothing.
+            await semaphore.acquire()
+        else:
+            try:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the slot
+                # when a cancellation races its handover, and the forward was sent
+                # anyway (tests/gateway/test_cancel_races.py).
+                async with asyncio.timeout(wait_s):
+                    await semaphore.acquire()
+            except TimeoutError:
+                return Answer(fate=Fate.NOT_SENT, why="upstream_tenant_busy")
         try:
             return await self._send(request, deadline, retry)
         finally:
@@ -157,7 +162,7 @@ class HttpUpstream:
     async def _send(self, request: httpx.Request, deadline: float, retry: bool) -> Answer:
         try:
             async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-                response = await self.client.send(request)
+                response = await self._exchange(request)
         except TimeoutError:
             return Answer(fate=Fate.UNKNOWN, why="upstream_timeout")
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
@@ -180,6 +185,23 @@ class HttpUpstream:
             why=f"upstream_{status}",
             http=HttpMeta(status, kept),
         )
+
+    async def _exchange(self, request: httpx.Request) -> httpx.Response:
+        """`client.send(request)` without the layers a forward never uses: the cookie
+        jar refuses every cookie (make_client), yet each answer was wrapped in urllib's
+        request and response objects for it to look at; no auth flow, no redirect is
+        followed, no event hook. The client's own transport sends it, with its pool,
+        limits, timeouts (`build_request` set them) and tracing (which wraps that
+        transport)."""
+        transport = self.client._transport_for_url(request.url)
+        response = await transport.handle_async_request(request)
+        response.request = request
+        try:
+            await response.aread()
+        except BaseException:
+            await response.aclose()
+            raise
+        return response
 
 
 # RFC 3986 pchar minus '%' and ';', plus the separator: a decoded path (what was

@@ -1,19 +1,25 @@
-"""The baseline `irrev bench gateway` compares against: a bare FastAPI endpoint that
-makes one Redis call (a trivial EVALSHA) and forwards the request the same way the
-gateway does. Run by uvicorn with the same settings as the gateway."""
+"""The peer `irrev bench gateway` compares against: a FastAPI proxy that checks a
+budget the way LiteLLM's proxy does (the caller's spend read from Redis with a GET,
+compared with its budget, the call's cost added with INCRBYFLOAT), then forwards the
+request with a pooled httpx client, as the gateway does. Run by uvicorn with the
+same settings as the gateway. The check is not atomic (two calls may both pass on
+the last of a budget): that is the design irrev's atomic reserve is measured against."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from redis.asyncio import Redis
 
-TRIVIAL = "return redis.call('HINCRBY', KEYS[1], 'n', 1)"
+# Far above what a bench run spends: the peer, like irrev in the bench, admits every call.
+BUDGET = 1e12
 
 
 def create_baseline() -> FastAPI:
@@ -22,7 +28,6 @@ def create_baseline() -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = Redis.from_url(redis_url)
-        app.state.script = app.state.redis.register_script(TRIVIAL)
         app.state.http = httpx.AsyncClient(
             timeout=10, trust_env=False, limits=httpx.Limits(max_connections=200)
         )
@@ -38,10 +43,20 @@ def create_baseline() -> FastAPI:
 
     @app.post("/tools/supplier/{path:path}")
     async def forward(path: str, request: Request) -> Response:
-        await request.app.state.script(keys=["bench:{baseline}"])
+        redis: Redis = request.app.state.redis
+        body = await request.body()
+        order = json.loads(body)
+        cost = float(order["quantity"]) * float(order["unit_price"])
+        # LiteLLM keys spend by the hash of the caller's API key.
+        token = request.headers.get("authorization", "").removeprefix("Bearer ")
+        key = "spend:" + hashlib.sha256(token.encode()).hexdigest()
+        spent = float(await redis.get(key) or 0)
+        if spent + cost > BUDGET:
+            return JSONResponse({"error": "budget_exceeded"}, 429)
+        await redis.incrbyfloat(key, cost)
         upstream = await request.app.state.http.post(
             f"{upstream_url}/{path}",
-            content=await request.body(),
+            content=body,
             headers={
                 "Idempotency-Key": request.headers.get("idempotency-key", ""),
                 "Content-Type": "application/json",

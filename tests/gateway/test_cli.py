@@ -271,6 +271,20 @@ def test_bench_background_prints_json() -> None:
     assert size["commands_per_s"] == sum(size["by_command"].values()) > 0
 
 
+@pytest.mark.slow
+def test_bench_gateway_reports_server_cpu_per_request_beside_the_peers() -> None:
+    """A short run: one worker each, two users, 3 s per measurement (locust takes about
+    a second to start). No timing is asserted, only that each run carries its server's
+    CPU per request."""
+    short = ["--seconds", "3", "--clients", "2", "--rate", "20", "--workers", "1", "--rounds", "1"]
+    report = bench_json("gateway", *short)
+    runs = report["runs"]
+    assert [r["label"].split(":")[0] for r in runs] == ["irrev", "peer", "irrev", "peer"]
+    assert all(r["cpu_ms"] > 0 and r["errors"] == 0 for r in runs), runs
+    assert report["cpu_ratio"] == runs[0]["cpu_ms"] / runs[1]["cpu_ms"]
+    assert report["cpu_ratio_at_rate"] == runs[2]["cpu_ms"] / runs[3]["cpu_ms"]
+
+
 def test_bench_ledger_skips_its_memory_measurement_with_memory_runs_0() -> None:
     """--memory-runs 0 measures no memory (it had a minimum of 1), so a small --holds,
     refused for a memory figure, is then fine: the shortest run, as JSON."""
