@@ -88,7 +88,17 @@ from pricing.serving import (
     is_shadow,
     price_request,
 )
-from pricing.stress import calm_rate, cusum_decay, cusum_jump, cusum_run_end, trip_threshold
+from pricing.stress import (
+    Cusum,
+    CusumState,
+    CusumStep,
+    calm_rate,
+    cusum_decay,
+    cusum_jump,
+    cusum_run_end,
+    cusum_step,
+    trip_threshold,
+)
 from pricing.templates import CALL, FACTOR_PREFIX, call_route
 from pricing.units import header_money, journal_money, rfc3339, with_money_text
 from pricing.values import MemberId, TenantId, ToolName, duration_ms
@@ -117,6 +127,9 @@ __all__ = [
     "BodyFormat",
     "Catalog",
     "CompiledRoute",
+    "Cusum",
+    "CusumState",
+    "CusumStep",
     "EffectClass",
     "Evidence",
     "ExpectedPricing",
@@ -162,6 +175,7 @@ __all__ = [
     "cusum_decay",
     "cusum_jump",
     "cusum_run_end",
+    "cusum_step",
     "duration_ms",
     "expected_lgd",
     "factor_account",

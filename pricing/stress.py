@@ -35,13 +35,21 @@ ticks it saw while off, so a burst does not teach it that the burst is calm.
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 
 class Quantity(Protocol):
     """A float, or one per seed: the simulator steps a detector per seed on numpy
     arrays, which pricing does not import (tests/pricing/test_purity.py)."""
 
+    def __add__(self, other: Any, /) -> Any: ...
+    def __radd__(self, other: Any, /) -> Any: ...
+    def __sub__(self, other: Any, /) -> Any: ...
+    def __gt__(self, other: Any, /) -> Any: ...
+    def __ge__(self, other: Any, /) -> Any: ...
+    def __lt__(self, other: Any, /) -> Any: ...
+    def __le__(self, other: Any, /) -> Any: ...
     def __mul__(self, other: Any, /) -> Any: ...
     def __rmul__(self, other: Any, /) -> Any: ...
     def __truediv__(self, other: Any, /) -> Any: ...
@@ -96,7 +104,118 @@ def calm_rate(requests: Num, ticks: Num) -> Num:
     return requests / ticks
 
 
-def cusum_run_end(last_tick: Num, score: Num, decay: Num) -> Num:
+class Ops(Protocol):
+    """The three element-wise operations a detector's step needs beyond arithmetic:
+    `numpy` has them for a detector per seed; `SCALARS` for one detector (a gateway's)."""
+
+    def where(self, cond: Any, a: Any, b: Any, /) -> Any: ...
+    def maximum(self, a: Any, b: Any, /) -> Any: ...
+    def ceil(self, a: Any, /) -> Any: ...
+
+
+class _Scalars:
+    def where(self, cond: Any, a: Any, b: Any, /) -> Any:
+        return a if cond else b
+
+    def maximum(self, a: Any, b: Any, /) -> Any:
+        return max(a, b)
+
+    def ceil(self, a: Any, /) -> Any:
+        return float(math.ceil(a))
+
+
+SCALARS: Ops = _Scalars()
+# The least decay per tick: a calm rate estimated at 0 must not stop runs from ending.
+MIN_DECAY = 1e-12
+NEVER = -1e9  # the tick of an alarm that has not happened
+
+
+def cusum_run_end(last_tick: Num, score: Num, decay: Num, ops: Ops = SCALARS) -> Num:
     """The first tick at which a score of `score` at `last_tick` has decayed to 0
     without another request: its run's requests are vouched for from then."""
-    return last_tick - (-score // decay)  # a ceiling that arrays take too
+    return last_tick + ops.ceil(score / decay)
+
+
+@dataclass(frozen=True)
+class Cusum:
+    """A CUSUM detector's settings: the shift it looks for (x the calm rate), the score
+    at which it alarms, and the ticks it stays on after an alarm."""
+
+    shift: float
+    h: float
+    hold: int
+
+    def __post_init__(self) -> None:
+        cusum_jump(self.shift)
+        if not self.h > 0 or self.hold < 0:
+            raise ValueError(
+                f"CUSUM threshold {self.h} must be above 0 and its hold {self.hold} at "
+                "least 0 ticks: fix the stress detector's settings"
+            )
+
+
+@dataclass(frozen=True)
+class CusumState(Generic[Num]):
+    """What a CUSUM detector remembers between requests: a float each for a gateway's
+    (kept in the tenant's ledger, ledger/lua/detector.lua), an array of one per seed
+    for the simulator's. Ticks are whole numbers, kept as floats. `requests_off` and
+    `ticks_off` are its calm history (a warm-up included); `run` numbers the runs."""
+
+    score: Num
+    last: Num
+    last_alarm: Num
+    requests_off: Num
+    ticks_off: Num
+    run: Num
+
+    @classmethod
+    def warmed(cls, requests: Num, ticks: Num, zero: Num) -> CusumState[Num]:
+        """A detector that has seen `requests` over `ticks` calm ticks before tick 0
+        (`zero`: 0, or 0 per seed)."""
+        return cls(zero, zero, zero + NEVER, requests + zero, ticks + zero, zero)
+
+
+@dataclass(frozen=True)
+class CusumStep(Generic[Num]):
+    """What one request did: `on`, it is priced stressed; `run`, the run it belongs to;
+    `ended`, the run before it decayed to 0 first (vouched for from `ended_at`);
+    `alarm`, its arrival alarmed, which counts the run before it."""
+
+    on: Any
+    run: Num
+    ended: Any
+    ended_at: Num
+    alarm: Any
+
+
+def cusum_step(
+    state: CusumState[Num], tick: Num, valid: Any, cusum: Cusum, ops: Ops = SCALARS
+) -> tuple[CusumState[Num], CusumStep[Num]]:
+    """One request at `tick` (where `valid`: the simulator's padding is not one). The
+    one transition of the detector: the simulator steps it per seed with numpy, a
+    gateway's script (ledger/lua/detector.lua) line by line, and a test holds the two
+    to the same answers on a recorded stream (tests/ledger/test_detector.py)."""
+    s, t, w = state, tick, ops.where
+    off = valid & (t - s.last_alarm > cusum.hold)
+    ticks_off = s.ticks_off + w(off, t - s.last, 0.0)
+    calm = calm_rate(s.requests_off, ops.maximum(ticks_off, 1.0))
+    decay = ops.maximum(cusum_decay(calm, cusum.shift), MIN_DECAY)
+    decayed = s.score - decay * (t - s.last)
+    ended = valid & (s.score > 0) & (decayed <= 0)
+    ended_at = cusum_run_end(s.last, s.score, decay, ops)
+    run = s.run + w(ended, 1, 0)
+    score = w(valid, ops.maximum(decayed, 0.0), s.score)
+    alarm = valid & (score >= cusum.h)
+    run_now = run + w(alarm, 1, 0)
+    last_alarm = w(alarm, t, s.last_alarm)
+    calm_now = t - last_alarm > cusum.hold
+    state = CusumState(
+        score=w(valid, w(alarm, 0.0, score) + cusum_jump(cusum.shift), s.score),
+        last=w(valid, t, s.last),
+        last_alarm=last_alarm,
+        requests_off=s.requests_off + w(valid & calm_now, 1.0, 0.0),
+        ticks_off=ticks_off,
+        run=run_now,
+    )
+    on = t - last_alarm <= cusum.hold
+    return state, CusumStep(on=on, run=run_now, ended=ended, ended_at=ended_at, alarm=alarm)

@@ -13,16 +13,15 @@ import numpy as np
 import numpy.typing as npt
 
 from pricing import (
-    calm_rate,
-    cusum_decay,
-    cusum_jump,
-    cusum_run_end,
+    Cusum,
+    CusumState,
+    cusum_step,
     quantile_lgd,
     stressed_lgd,
     trip_threshold,
 )
 from sim.runner import I64, B, row_searchsorted
-from sim.workload import Workload
+from sim.workload import F64, Workload
 
 if TYPE_CHECKING:
     from sim.irrev import Irrev
@@ -113,23 +112,20 @@ def cusum_signal(wl: Workload, cfg: Irrev) -> StressSignal:
 
 
 class _Cusum:
-    """One CUSUM per seed, stepped one event (one request per seed) at a time."""
+    """One CUSUM per seed, stepped one event (one request per seed) at a time by
+    pricing's `cusum_step`, the transition a gateway's detector makes."""
 
     def __init__(self, wl: Workload, cfg: Irrev) -> None:
         n_seeds, n_events = wl.shape
-        self.cfg = cfg
+        self.cusum = Cusum(cfg.cusum_shift, cfg.cusum_h, cfg.stress_hold)
         # the warm-up: `calm_history` ticks of the world's calm requests before the window
         history = cfg.calm_history * wl.model.p_base * wl.model.n_agents
-        self.requests_off = np.array(
+        requests = np.array(
             [np.random.default_rng([s, CALM_HISTORY_TAG]).poisson(history) for s in wl.seeds],
             np.float64,
         )
-        self.ticks_off = np.full(n_seeds, float(cfg.calm_history))
-        self.jump = cusum_jump(cfg.cusum_shift)
-        self.score = np.zeros(n_seeds)
-        self.last = np.zeros(n_seeds)
-        self.last_alarm = np.full(n_seeds, -(10.0**9))
-        self.run = np.zeros(n_seeds, np.int64)
+        zero: F64 = np.zeros(n_seeds)
+        self.state: CusumState[F64] = CusumState.warmed(requests, zero + cfg.calm_history, zero)
         self.rows = np.arange(n_seeds)
         never = np.iinfo(np.int64).max // 2
         # by run: the tick from which its requests are vouched for, and did it alarm
@@ -138,29 +134,11 @@ class _Cusum:
 
     def step(self, tick: I64, valid: B) -> tuple[B, I64]:
         """The event at `tick` (where `valid`): is it priced stressed, and its run."""
-        t = tick.astype(np.float64)
-        off = valid & (t - self.last_alarm > self.cfg.stress_hold)
-        self.ticks_off += np.where(off, t - self.last, 0.0)
-        calm = calm_rate(self.requests_off, np.maximum(self.ticks_off, 1.0))
-        decay = np.maximum(cusum_decay(calm, self.cfg.cusum_shift), 1e-12)
-        decayed = self.score - decay * (t - self.last)
-        ended = valid & (self.score > 0) & (decayed <= 0)
-        self._close(ended, cusum_run_end(self.last, self.score, decay), alarmed=False)
-        self.score = np.where(valid, np.maximum(decayed, 0.0), self.score)
-        self.last = np.where(valid, t, self.last)
-        alarm = valid & (self.score >= self.cfg.cusum_h)
-        self._close(alarm, t, alarmed=True)
-        self.last_alarm = np.where(alarm, t, self.last_alarm)
-        self.score = np.where(alarm, 0.0, self.score)
-        on = np.asarray(t - self.last_alarm <= self.cfg.stress_hold)
-        self.requests_off += valid & ~on
-        run = self.run.copy()
-        self.score = np.where(valid, self.score + self.jump, self.score)
-        return on, run
-
-    def _close(self, rows: B, at: npt.NDArray[np.float64], *, alarmed: bool) -> None:
-        """End the current run of the seeds in `rows`: vouched for from `at`, or
-        counted by the alarm at `at`."""
-        self.end[self.rows[rows], self.run[rows]] = at[rows].astype(np.int64)
-        self.alarmed[self.rows[rows], self.run[rows]] = alarmed
-        self.run += rows
+        self.state, step = cusum_step(self.state, tick.astype(np.float64), valid, self.cusum, np)
+        run = np.asarray(step.run, np.int64)
+        # a run that ended or alarmed is the one before this event's
+        done = step.ended | step.alarm
+        closed = self.rows[done], (run - 1)[done]
+        self.end[closed] = np.where(step.alarm, tick, np.asarray(step.ended_at))[done]
+        self.alarmed[closed] = step.alarm[done]
+        return step.on, run

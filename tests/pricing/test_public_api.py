@@ -110,6 +110,10 @@ PUBLIC_API = {
     "cusum_jump",
     "cusum_decay",
     "cusum_run_end",
+    "cusum_step",
+    "Cusum",
+    "CusumState",
+    "CusumStep",
     "calm_rate",
     # what settled holds teach: learned outcomes, self-calibrating prices
     "Outcomes",

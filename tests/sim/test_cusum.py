@@ -52,7 +52,7 @@ def test_the_score_arithmetic() -> None:
     assert calm_rate(25.0, 1000.0) == CALM
     # a score of 1 decaying 0.3 a tick from tick 10 is gone at tick 14 (10 + 3.33)
     assert cusum_run_end(10.0, 1.0, 0.3) == 14
-    ends = cusum_run_end(np.array([10.0, 0.0]), np.array([1.0, 0.6]), np.array([0.3, 0.3]))
+    ends = cusum_run_end(np.array([10.0, 0.0]), np.array([1.0, 0.6]), np.array([0.3, 0.3]), np)
     assert ends.tolist() == [14, 2]
     with pytest.raises(ValueError, match="shift"):
         cusum_jump(1.0)
