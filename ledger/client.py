@@ -19,6 +19,7 @@ from .archive import RESTORE_TRIES, restore
 from .calls import Scripts
 from .cluster import MIGRATION_WAIT_S, RedisClient
 from .connect import MAX_CONNECTIONS, POOL_TIMEOUT_S, connect
+from .detectors import Detectors
 from .durability import (
     WAIT_AOF_MODES,
     Durability,
@@ -349,7 +350,7 @@ class LedgerCore:
         return reply, acked
 
 
-class Ledger(Holds, Snapshots, Accounts, Pools, Learning, Rules, Leasing, LedgerCore):
+class Ledger(Holds, Snapshots, Accounts, Pools, Detectors, Learning, Rules, Leasing, LedgerCore):
     """Accounts, holds and the journal of every tenant, kept in one Redis.
 
     `retention_ms` is how long a settled hold (and with it its idempotency key) is

@@ -214,6 +214,9 @@ class Replay:
         if entry.op == "rule":
             self._apply_rule(f)
             return
+        if entry.op == "stress":
+            # A route's stress detector turned on or off (lua/detector.lua): no balance.
+            return
         if entry.op == "close":
             # An idle risk-factor account closed (lua/close.lua): it held nothing.
             closed = self.accounts.pop(f["acct"], None)

@@ -218,6 +218,11 @@ def reserve_keys(tenant: str, hold_id: str) -> list[str]:
     return [*hold_script_keys(tenant, hold_id), settled_key(tenant)]
 
 
+def stress_key(tenant: str) -> str:
+    """The tenant's stress detectors, one per route (lua/detector.lua)."""
+    return f"{tenant_prefix(tenant)}stress"
+
+
 def refusals_prefix(tenant: str) -> str:
     """What every key of the tenant's refusal counts starts with."""
     return f"{tenant_prefix(tenant)}refusals:"

@@ -132,6 +132,40 @@ class AccountSpec:
     read_pace: Pace | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StressDetector:
+    """A route's stress detector as the ledger keeps it (lua/detector.lua): Page's
+    CUSUM for a shift of `shift` x the calm rate, alarming at score `h`, on for `hold`
+    ticks of `tick_ms` after an alarm, starting from `warm_requests` calm requests over
+    `warm_ticks` ticks (pricing/stress.py)."""
+
+    tick_ms: int
+    shift: float
+    h: float
+    hold: int
+    warm_requests: float
+    warm_ticks: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StressReading:
+    """One request through a route's detector: `on`, price it stressed; the rest as
+    pricing.stress.CusumStep has them, with the detector's `tick`, its `score` and
+    `calm` rate after it, and whether it turned on (`tripped`) or had turned off
+    since the last request (`cleared`), both journaled."""
+
+    on: bool
+    run: int
+    tick: int
+    score: float
+    calm: float
+    alarm: bool
+    ended: bool
+    ended_at: int
+    tripped: bool
+    cleared: bool
+
+
 @dataclass(frozen=True, slots=True)
 class RouteOutcomes:
     """Compensation outcomes counted for one route (learn.lua), at most one per posted

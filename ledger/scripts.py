@@ -61,6 +61,7 @@ OPERATIONS = (
     "attach",
     "close",
     "rate",
+    "detector",
     "archive",
     "restore",
 )
@@ -74,6 +75,7 @@ _STANDARD_KEYS = {
     "attach": 1,
     "close": 2,
     "rate": 1,
+    "detector": 2,
     "archive": 1,
     "restore": 1,
 }

@@ -169,10 +169,11 @@ class CusumState(Generic[Num]):
     run: Num
 
     @classmethod
-    def warmed(cls, requests: Num, ticks: Num, zero: Num) -> CusumState[Num]:
-        """A detector that has seen `requests` over `ticks` calm ticks before tick 0
-        (`zero`: 0, or 0 per seed)."""
-        return cls(zero, zero, zero + NEVER, requests + zero, ticks + zero, zero)
+    def warmed(cls, requests: Num, ticks: Num, start: Num) -> CusumState[Num]:
+        """A detector that has seen `requests` over `ticks` calm ticks before tick
+        `start` (0, or 0 per seed, for the simulator; a gateway's first request's)."""
+        zero = start * 0.0
+        return cls(zero, start, start + NEVER, requests + zero, ticks + zero, zero)
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,9 @@ class _Cusum:
             np.float64,
         )
         zero: F64 = np.zeros(n_seeds)
-        self.state: CusumState[F64] = CusumState.warmed(requests, zero + cfg.calm_history, zero)
+        self.state: CusumState[F64] = CusumState.warmed(
+            requests, zero + cfg.calm_history, start=zero
+        )
         self.rows = np.arange(n_seeds)
         never = np.iinfo(np.int64).max // 2
         # by run: the tick from which its requests are vouched for, and did it alarm

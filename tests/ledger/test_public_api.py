@@ -66,6 +66,8 @@ PUBLIC_API = {
     "Reason",
     "Provenance",
     "OpenPool",
+    "StressDetector",
+    "StressReading",
     "Pace",
     "PoolTicket",
     "pool_tag",

@@ -1,0 +1,51 @@
+"""A Ledger's stress detectors: one per route of a tenant, shared by every gateway."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import validate
+from .errors import raise_for_reply
+from .keys import accounts_key, journal_key, stress_key
+from .records import StressDetector, StressReading, pool_tag
+
+if TYPE_CHECKING:
+    # Checked as a subclass of LedgerCore, whose attributes and calls it uses; at run
+    # time a plain mixin, which Ledger lists before LedgerCore.
+    from .client import LedgerCore
+else:
+    LedgerCore = object
+
+# A tenant's detectors are forgotten a week after its last request through any of
+# them: a detector that wakes from that long a sleep starts again from its warm-up.
+DETECTOR_TTL_MS = 7 * 24 * 3600 * 1000
+
+
+class Detectors(LedgerCore):
+    """Stress detectors (a mixin of Ledger)."""
+
+    async def stress_step(
+        self, tenant: str, route_id: str, detector: StressDetector
+    ) -> StressReading:
+        """Count one request of `route_id` in its detector (lua/detector.lua), by
+        Redis's clock, and answer whether to price it stressed."""
+        tenant = validate.tenant_id(tenant)
+        keys = [accounts_key(tenant), journal_key(tenant), stress_key(tenant)]
+        d = detector
+        args = [pool_tag(route_id), str(d.tick_ms), repr(float(d.shift)), repr(float(d.h))]
+        args += [str(d.hold), repr(float(d.warm_requests)), repr(float(d.warm_ticks))]
+        reply = await self._run("detector", keys, [*args, str(DETECTOR_TTL_MS), route_id])
+        raise_for_reply(tenant, "", "stress detector", reply)
+        on, run, tick, score, calm, alarm, ended, ended_at, tripped, cleared = reply[1:]
+        return StressReading(
+            on=int(on) == 1,
+            run=int(float(run)),
+            tick=int(float(tick)),
+            score=float(score),
+            calm=float(calm),
+            alarm=int(alarm) == 1,
+            ended=int(ended) == 1,
+            ended_at=int(float(ended_at)),
+            tripped=int(tripped) == 1,
+            cleared=int(cleared) == 1,
+        )

@@ -1,0 +1,115 @@
+"""A route's stress detector in the ledger (lua/detector.lua, issue 28): the CUSUM
+step of pricing/stress.py, by Redis's clock, one state per route shared by every
+gateway, journaled when it trips and clears."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+
+import pytest
+
+from ledger import BadInput, Ledger, StressDetector, StressReading, read_journal
+from ledger.keys import stress_key
+from pricing import Cusum, CusumState, cusum_step
+
+ROUTE = "POST /orders"
+# 2 ms ticks: a burst of back-to-back requests alarms, a 60 ms pause ends a run.
+DETECTOR = StressDetector(tick_ms=2, shift=4.0, h=4.0, hold=5, warm_requests=10, warm_ticks=100)
+
+
+async def burst_then_pause(ledgers: list[Ledger], tenant: str, seed: int) -> list[StressReading]:
+    """Bursts of 8 back-to-back requests and calm trickles, alternating between
+    `ledgers` request by request (each a gateway of its own)."""
+    rng = random.Random(seed)
+    readings: list[StressReading] = []
+    for cycle in range(8):
+        for _ in range(8 if cycle % 2 == 0 else 3):
+            client = ledgers[len(readings) % len(ledgers)]
+            readings.append(await client.stress_step(tenant, ROUTE, DETECTOR))
+            if cycle % 2:
+                await asyncio.sleep(rng.uniform(0.01, 0.03))
+        await asyncio.sleep(0.06)
+    return readings
+
+
+def folded(readings: list[StressReading]) -> list[tuple[object, ...]]:
+    """pricing's cusum_step over the ticks the ledger stepped at, from the warm-up."""
+    cusum = Cusum(DETECTOR.shift, DETECTOR.h, DETECTOR.hold)
+    first = float(readings[0].tick)
+    state = CusumState.warmed(float(DETECTOR.warm_requests), float(DETECTOR.warm_ticks), first)
+    out: list[tuple[object, ...]] = []
+    for r in readings:
+        state, step = cusum_step(state, float(r.tick), True, cusum)
+        end = (int(step.ended_at),) if step.ended else ()
+        out.append((step.on, int(step.run), state.score, step.alarm, step.ended, *end))
+    return out
+
+
+def as_ledger_saw(readings: list[StressReading]) -> list[tuple[object, ...]]:
+    return [
+        (r.on, r.run, r.score, r.alarm, r.ended, *((r.ended_at,) if r.ended else ()))
+        for r in readings
+    ]
+
+
+async def test_two_gateways_step_one_detector_as_pricing_does(redis_url: str, tenant: str) -> None:
+    """The script and pricing's step agree on every request of a recorded stream,
+    which two clients (two gateways) sent in turn: one state, not two, and the same
+    transition as the simulator's."""
+    ledgers = [Ledger.from_url(redis_url), Ledger.from_url(redis_url)]
+    try:
+        readings = await burst_then_pause(ledgers, tenant, seed=7)
+    finally:
+        for ledger in ledgers:
+            await ledger.aclose()
+    assert as_ledger_saw(readings) == folded(readings)
+    # the stream tested something: it alarmed, priced stressed, and runs ended calm
+    assert any(r.alarm for r in readings) and any(r.ended for r in readings)
+    assert any(r.on for r in readings) and not all(r.on for r in readings)
+    assert readings[-1].run == sum(r.alarm or r.ended for r in readings)
+
+
+async def test_a_trip_and_its_clearing_are_journaled(ledger: Ledger, tenant: str) -> None:
+    readings = await burst_then_pause([ledger], tenant, seed=3)
+    trips = [r.tick for r in readings if r.tripped]
+    clears = [r.tick for r in readings if r.cleared]
+    assert trips and clears
+    entries = [e for e in await read_journal(ledger, tenant) if e.op == "stress"]
+    assert {e.fields["route"] for e in entries} == {ROUTE}
+    on = [int(e.fields["tick"]) for e in entries if e.fields["st"] == "on"]
+    off = [int(e.fields["tick"]) for e in entries if e.fields["st"] == "off"]
+    assert on == trips and len(off) == len(clears)
+    # each clearing names the tick the detector went off: the hold after its last alarm
+    assert all(a < b for a, b in zip(on, off, strict=False))
+
+
+async def test_new_settings_start_the_detector_again(ledger: Ledger, tenant: str) -> None:
+    for _ in range(8):
+        hot = await ledger.stress_step(tenant, ROUTE, DETECTOR)
+    assert hot.on
+    other = StressDetector(tick_ms=2, shift=4.0, h=6.0, hold=5, warm_requests=10, warm_ticks=100)
+    fresh = await ledger.stress_step(tenant, ROUTE, other)
+    assert not fresh.on and fresh.run == 0 and fresh.score == math.log(4.0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("shift", 1.0), ("h", 0.0), ("hold", -1), ("tick_ms", 0), ("warm_ticks", 0.5)],
+)
+async def test_bad_settings_are_refused_and_write_nothing(
+    ledger: Ledger, tenant: str, field: str, value: float
+) -> None:
+    settings = {
+        "tick_ms": 1000,
+        "shift": 4.0,
+        "h": 4.0,
+        "hold": 5,
+        "warm_requests": 10.0,
+        "warm_ticks": 100.0,
+    }
+    settings[field] = value
+    with pytest.raises(BadInput):
+        await ledger.stress_step(tenant, ROUTE, StressDetector(**settings))  # type: ignore[arg-type]
+    assert await ledger.redis.exists(stress_key(tenant)) == 0
