@@ -28,7 +28,7 @@ from pricing.calibration import (
     pooled_pending,
     route_quote,
 )
-from pricing.catalog import Catalog, CompiledRoute, PricedEffect, priced_for
+from pricing.catalog import Catalog, CompiledRoute, PricedEffect, priced_for, stressed
 from pricing.credentials import TOKEN_BYTES, AuthenticatedAgent, format_token, hash_token
 from pricing.errors import (
     AmountError,
@@ -73,6 +73,7 @@ from pricing.policy import (
     Rate,
     RequestLimits,
     SecretSource,
+    Stress,
     UnknownRouteAction,
 )
 from pricing.quote import Quote, Refusal, agent_by_id, quote_json, quote_lines, quote_request
@@ -157,6 +158,7 @@ __all__ = [
     "RouteNotAllowed",
     "RouteQuote",
     "SecretSource",
+    "Stress",
     "StressedPricing",
     "TenantId",
     "TenantPolicy",
@@ -209,6 +211,7 @@ __all__ = [
     "round_up",
     "route_quote",
     "shadow_hold",
+    "stressed",
     "stressed_lgd",
     "trip_threshold",
     "vasicek_pd",

@@ -22,6 +22,7 @@ from pricing.policy import (
     Keyless,
     PolicyDocument,
     Route,
+    Stress,
     UnknownRouteAction,
 )
 from pricing.reading import (
@@ -88,6 +89,8 @@ class CompiledRoute:
     dedupe_window_ms: int = DEDUPE_WINDOW_MS
     # CALL routes: how long a tools/call that escalates waits for the decision.
     escalation_wait_ms: int = 0
+    # The route's stress detector (`stressed`), or None.
+    stress: Stress | None = None
 
     @property
     def route_id(self) -> str:
@@ -271,6 +274,7 @@ def compile_route(
             DEDUPE_WINDOW_MS if route.dedupe_window_ms is None else route.dedupe_window_ms
         ),
         escalation_wait_ms=ESCALATION_WAIT_MS if wait is None and method == CALL else wait or 0,
+        stress=route.stress,
     )
 
 
@@ -404,6 +408,16 @@ def priced_for(effect: PricedEffect, pending: float) -> PricedEffect:
     if pooling is None:
         return effect
     return replace(effect, price_micros=round_up(effect.face_value_micros, pooling.factor(pending)))
+
+
+def stressed(effect: PricedEffect) -> PricedEffect:
+    """`effect` priced while its route's stress detector is on: its route's stressed
+    loss factor of the face value, never below the price it had."""
+    stress = effect.route.stress if effect.route else None
+    if stress is None:
+        return effect
+    hot = round_up(effect.face_value_micros, stress.loss_factor)
+    return replace(effect, price_micros=max(effect.price_micros, hot))
 
 
 def _price_unknown(

@@ -347,6 +347,62 @@ class Tool(_Model):
         return self.mcp is not None or self.mcp_command is not None
 
 
+class Stress(_Model):
+    """A route's stress detector (pricing/stress.py): Page's CUSUM over the route's
+    requests across the fleet, kept in the tenant's ledger and shared by every
+    gateway. While it is on, the route's effects are priced at `loss_factor` of their
+    face value (never below their calm price)."""
+
+    calm_rate: float = Field(
+        gt=0,
+        le=1e6,
+        description="requests per second the route's whole fleet sends in calm: the "
+        "warm-up the detector's own estimate starts from",
+    )
+    warm_up_ms: DurationMs = Field(
+        default=600_000,
+        alias="warm_up",
+        description="how much calm history calm_rate counts for (default 10m): the "
+        "estimate is (calm_rate x warm_up + requests seen while off) / (warm_up + time "
+        "seen while off)",
+    )
+    tick_ms: DurationMs = Field(
+        default=1000, alias="tick", description="the detector's clock tick (default 1s)"
+    )
+    shift: float = Field(
+        default=4.0,
+        gt=1,
+        le=1000,
+        description="the rise it looks for, x the calm rate (default 4); it drifts up at "
+        "any rate above (shift - 1) / ln(shift) x calm (2.2x for 4)",
+    )
+    threshold: float = Field(
+        default=4.0, gt=0, le=1000, description="the score at which it trips (default 4)"
+    )
+    hold_ms: DurationMs = Field(
+        default=60_000, alias="hold", description="how long it stays on after it trips (1m)"
+    )
+    loss_factor: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="the price while on, x the face value (default 1: the face value)",
+    )
+
+    @property
+    def hold_ticks(self) -> int:
+        return self.hold_ms // self.tick_ms
+
+    @property
+    def warm_ticks(self) -> float:
+        return self.warm_up_ms / self.tick_ms
+
+    @property
+    def warm_requests(self) -> float:
+        """The requests calm_rate expects over the warm-up."""
+        return self.calm_rate * self.warm_up_ms / 1000
+
+
 class Route(_Model):
     tool: ToolName
     route: str = Field(description="'METHOD /path/{param}' under the tool's proxy prefix")
@@ -419,6 +475,11 @@ class Route(_Model):
         description="keyless calls: how long after its effect settled an identical call "
         "is still answered as a repeat of it (default 10m); 0: every keyless call is a "
         "new effect (for routes whose identical calls are meant to repeat)",
+    )
+    stress: Stress | None = Field(
+        default=None,
+        description="a stress detector: a burst of the route's requests across the fleet "
+        "prices its effects stressed (docs/policy.md, stress)",
     )
     escalation_wait_ms: DurationOrZeroMs | None = Field(
         default=None,

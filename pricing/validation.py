@@ -43,6 +43,10 @@ MAX_ROUTE_FACTORS = MAX_ACCOUNTS - 3
 NEVER_INJECTED = HOP_BY_HOP | FRAMING
 
 
+# The ledger keeps a stress detector's tick to at most a day (ledger/lua/detector.lua).
+DAY_MS = 86_400_000
+
+
 def check_policy(policy: PolicyDocument) -> list[Finding]:
     findings = _check_agents(policy) + _check_settlers(policy)
     findings += _check_admins(policy)
@@ -311,6 +315,7 @@ def _check_route(
             )
         )
     findings += _check_keyless(where, route, method == CALL)
+    findings += _check_stress(where, route)
     declared = _check_declared_fields(where, route, set(template.params), findings)
     if route.effect_class is EffectClass.READ:
         return findings + _check_read(where, route)
@@ -329,6 +334,19 @@ def _check_route(
     if route.lookup is not None:
         findings += _check_lookup(where, route, set(template.params))
     return findings
+
+
+def _check_stress(where: str, route: Route) -> list[Finding]:
+    stress = route.stress
+    if stress is None:
+        return []
+    if stress.tick_ms > DAY_MS:
+        return [Finding(f"{where}.stress.tick", "a tick is at most 1d")]
+    return [
+        Finding(f"{where}.stress.{name}", f"{name} must be at least one tick ({stress.tick_ms} ms)")
+        for name, ms in (("hold", stress.hold_ms), ("warm_up", stress.warm_up_ms))
+        if ms < stress.tick_ms
+    ]
 
 
 def _check_keyless(where: str, route: Route, is_call: bool) -> list[Finding]:
@@ -437,6 +455,7 @@ def _check_read(where: str, route: Route) -> list[Finding]:
             "lookup",
             "amount_scale",
             "currency_field",
+            "stress",
         )
         if getattr(route, name) is not None
     ] + (["risk_factors"] if route.risk_factors else [])

@@ -62,6 +62,17 @@ JOURNAL_TRIMMED = Counter(
 UPSTREAM_OUTCOMES = Counter(
     "irrev_upstream_outcomes_total", "What forwarded effects came to", ["tool", "fate"]
 )
+STRESS_TRIPS = Counter(
+    "irrev_stress_trips_total",
+    "Times a route's stress detector turned on (counted once across the fleet: by the "
+    "gateway whose request tripped it)",
+    ["tenant", "route"],
+)
+STRESSED_EFFECTS = Counter(
+    "irrev_stressed_effects_total",
+    "Effects priced stressed because their route's stress detector was on",
+    ["tenant", "route"],
+)
 
 
 REFUSALS = Counter(

@@ -126,6 +126,8 @@ class Prepared:
     # A call without a key of its own on a route that keys such calls by their content:
     # the content's id, from which `keyed_by_content` derives the hold (hold_id '' till then).
     content: str = ""
+    # Priced while its route's stress detector was on (pipeline/reserve.py's `under_stress`).
+    stressed: bool = False
 
 
 def agent_key_of(keys: Sequence[str], key_name: str = HTTP_KEY) -> str:

@@ -26,6 +26,7 @@ from ledger import (
     Provenance,
     Reason,
     ReserveResult,
+    StressDetector,
     UnknownAccount,
     pool_tag,
 )
@@ -38,6 +39,7 @@ from pricing import (
     priced_for,
     rfc3339,
     shadow_hold,
+    stressed,
 )
 
 log = logging.getLogger("irrev.gateway")
@@ -75,6 +77,8 @@ def _pooled(
     seen = tenants.pools.get((policy.tenant, effect.route_id), OpenPool())
     pending = 1.0 if alone else pooled_pending(seen.effective(face))
     priced = priced_for(effect, pending)
+    if prepared.stressed:
+        priced = stressed(priced)
     request = replace(prepared.request, price=priced.price_micros)
     held = replace(prepared, effect=priced, request=request)
     # The approval thresholds compare the price alone: an agent can open holds to
@@ -95,6 +99,7 @@ async def reserve_priced(
     One that would escalate is sent back to be priced alone: an escalated hold waits
     outside the set and joins the one open when it is approved, however small."""
     hold_id = prepared.hold_id
+    prepared = await under_stress(gate, policy, prepared)
     with tracing.span(
         "reserve",
         tenant=policy.tenant,
@@ -119,6 +124,38 @@ async def reserve_priced(
     if result.state is HoldState.DENIED:
         raise refusal(policy, result, hold_id, prepared.effect.face_value_micros)
     return result, prepared, ticket
+
+
+async def under_stress(gate: Gate, policy: TenantPolicy, prepared: Prepared) -> Prepared:
+    """The effect counted by its route's stress detector, which every gateway of the
+    tenant shares in its ledger (ledger/lua/detector.lua), and priced stressed while
+    the detector is on (pricing's `stressed`). A route without one is left alone."""
+    effect = prepared.effect
+    stress = effect.route.stress if effect.route else None
+    if stress is None:
+        return prepared
+    detector = StressDetector(
+        tick_ms=stress.tick_ms,
+        shift=stress.shift,
+        h=stress.threshold,
+        hold=stress.hold_ticks,
+        warm_requests=stress.warm_requests,
+        warm_ticks=stress.warm_ticks,
+    )
+    started = time.perf_counter()
+    try:
+        reading = await gate.ledger.stress_step(policy.tenant, effect.route_id, detector)
+    finally:
+        metrics.child(metrics.LEDGER_SECONDS, "stress").observe(time.perf_counter() - started)
+    if reading.tripped:
+        metrics.child(metrics.STRESS_TRIPS, policy.tenant, effect.route_id).inc()
+        log.warning("stress detector of %s %s tripped", policy.tenant, effect.route_id)
+    if not reading.on:
+        return prepared
+    metrics.child(metrics.STRESSED_EFFECTS, policy.tenant, effect.route_id).inc()
+    hot = stressed(effect)
+    request = replace(prepared.request, price=hot.price_micros)
+    return replace(prepared, effect=hot, request=request, stressed=True)
 
 
 async def _reserve_pooled(

@@ -63,6 +63,8 @@ PUBLIC_API = {
     "PricedEffect",
     "price_request",
     "priced_for",
+    "stressed",
+    "Stress",
     "check_route_scope",
     "is_shadow",
     "CALL",
