@@ -5,8 +5,9 @@ agents, then one per supplier risk factor. Every purchase touches the tenant, it
 and its supplier. Holds are priced at a high residual quantile (pricing/), settle
 `settle_delay` ticks later to the realised residual, and posted amounts of a past
 window roll off while pending holds carry over. `irrev-stressed` prices at face value
-while its request-rate detector is on, and a calm-priced hold keeps a blind-spot
-margin up to that price until the detector can vouch for it (pricing/stress.py).
+while its burst detector (by default the gateway's CUSUM) is on, and a calm-priced
+hold keeps a blind-spot margin up to that price until the detector can vouch for it
+(pricing/stress.py).
 
 Decisions come from `ledger_model`, not Redis; `build(wl, tape)` records the ledger
 operations of chosen seeds (`ledger_ops.Tape`), which tests/sim replays through the
@@ -77,11 +78,12 @@ class Irrev:
     # difference held until the detector's window has passed over it without a trip
     # (pricing/stress.py); False: the detector's blind spot is priced calm
     blind_margin: bool = True
-    # the detector (pricing/stress.py): `rate`, a count over `signal_window` ticks
-    # against the world's true calm rate; `cusum`, Page's CUSUM for a shift of
-    # `cusum_shift` x a calm rate it estimates itself, alarming at `cusum_h`, after a
-    # warm-up of `calm_history` ticks of calm requests (one budget window)
-    detector: Literal["rate", "cusum"] = "rate"
+    # the detector (pricing/stress.py): `cusum`, the gateway's (a route's `stress`
+    # block: the same cusum_step), Page's CUSUM for a shift of `cusum_shift` x a calm
+    # rate it estimates itself, alarming at `cusum_h`, after a warm-up of
+    # `calm_history` ticks of calm requests (one budget window); `rate`, a count over
+    # `signal_window` ticks against the world's true calm rate
+    detector: Literal["rate", "cusum"] = "cusum"
     cusum_shift: float = 4.0
     cusum_h: float = 4.0
     calm_history: int = 1000

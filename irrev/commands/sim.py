@@ -54,8 +54,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     arms.add_argument(
         "--detector",
         choices=("rate", "cusum"),
-        help="irrev-stressed's burst detector: a 5-tick count at the true calm rate (rate), "
-        "or a CUSUM at a calm rate it estimates (cusum)",
+        help="irrev-stressed's burst detector: a CUSUM at a calm rate it estimates, the "
+        "gateway's (cusum, the default), or a 5-tick count at the true calm rate (rate)",
     )
     arms.add_argument(
         "--calm-history", type=int, help="cusum: ticks of calm requests it warms up on (1000)"

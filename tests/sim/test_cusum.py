@@ -61,7 +61,7 @@ def test_the_score_arithmetic() -> None:
 def test_a_quiet_burst_the_rate_count_misses_is_caught() -> None:
     ticks = [100 + QUIET * i for i in range(75)]  # 600 ticks at 5x calm
     wl = _workload(ticks)
-    rate = stress_signal(wl, Irrev(stressed=True))
+    rate = stress_signal(wl, Irrev(stressed=True, detector="rate"))
     cusum = cusum_signal(wl, CUSUM)
     assert not rate.on.any(), "a 5-tick count saw requests 8 ticks apart"
     # each request adds ln 4 = 1.39 and 8 ticks take 0.6 off: the k-th request (from 0)

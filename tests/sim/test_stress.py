@@ -72,7 +72,13 @@ class _Seen:
 
 def _run(blind_margin: bool) -> tuple[_IrrevArm, _Seen, runner.Outcome]:
     wl = _workload()
-    spec = Irrev(stressed=True, blind_margin=blind_margin, soft_frac=1.0, agent_limit_frac=None)
+    spec = Irrev(
+        stressed=True,
+        detector="rate",
+        blind_margin=blind_margin,
+        soft_frac=1.0,
+        agent_limit_frac=None,
+    )
     seen = _Seen(spec.build(wl))
     return seen.arm, seen, runner.run(seen, wl)
 
