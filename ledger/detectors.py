@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import validate
-from .errors import raise_for_reply
+from .errors import raise_for_reply, translate_redis_errors
 from .keys import accounts_key, journal_key, stress_key
 from .records import StressDetector, StressReading, pool_tag
+from .replies import decoded
 
 if TYPE_CHECKING:
     # Checked as a subclass of LedgerCore, whose attributes and calls it uses; at run
@@ -49,3 +50,16 @@ class Detectors(LedgerCore):
             tripped=int(tripped) == 1,
             cleared=int(cleared) == 1,
         )
+
+    async def stress_states(self, tenant: str) -> dict[str, dict[str, float]]:
+        """The tenant's detectors as they were at their last request, by route tag
+        (`pool_tag`): score s, last tick l, last alarm a, calm requests r and ticks t,
+        run n, on (1 or 0) and the tick length ms (lua/detector.lua)."""
+        with translate_redis_errors("stress detectors"):
+            stored = await decoded(self.redis.hgetall(stress_key(validate.tenant_id(tenant))))
+        states: dict[str, dict[str, float]] = {}
+        for name, value in stored.items():
+            tag, _, field = name.rpartition("|")
+            if field != "cfg":
+                states.setdefault(tag, {})[field] = float(value)
+        return states

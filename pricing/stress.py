@@ -127,7 +127,7 @@ class _Scalars:
 SCALARS: Ops = _Scalars()
 # The least decay per tick: a calm rate estimated at 0 must not stop runs from ending.
 MIN_DECAY = 1e-12
-NEVER = -1e9  # the tick of an alarm that has not happened
+NEVER = -1e9  # the last alarm's tick when there has been none
 
 
 def cusum_run_end(last_tick: Num, score: Num, decay: Num, ops: Ops = SCALARS) -> Num:
@@ -173,7 +173,11 @@ class CusumState(Generic[Num]):
         """A detector that has seen `requests` over `ticks` calm ticks before tick
         `start` (0, or 0 per seed, for the simulator; a gateway's first request's)."""
         zero = start * 0.0
-        return cls(zero, start, start + NEVER, requests + zero, ticks + zero, zero)
+        return cls(zero, start, zero + NEVER, requests + zero, ticks + zero, zero)
+
+    @property
+    def ever_alarmed(self) -> Any:
+        return self.last_alarm > NEVER
 
 
 @dataclass(frozen=True)
@@ -220,3 +224,15 @@ def cusum_step(
     )
     on = t - last_alarm <= cusum.hold
     return state, CusumStep(on=on, run=run_now, ended=ended, ended_at=ended_at, alarm=alarm)
+
+
+def cusum_at(state: CusumState[float], tick: float, cusum: Cusum) -> tuple[bool, float, float]:
+    """A detector as it stands at `tick` with no request since its last: whether it is
+    on, its score decayed to then, and its calm rate per tick (for an operator's view;
+    `cusum_step` is what a request does)."""
+    s = state
+    off = tick - s.last_alarm > cusum.hold
+    ticks_off = s.ticks_off + (tick - s.last if off else 0.0)
+    calm = calm_rate(s.requests_off, max(ticks_off, 1.0))
+    decay = max(cusum_decay(calm, cusum.shift), MIN_DECAY)
+    return not off, max(0.0, s.score - decay * (tick - s.last)), calm

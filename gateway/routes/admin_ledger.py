@@ -31,6 +31,7 @@ from gateway.state.events import (
     tripped_view,
 )
 from gateway.state.reconcile import reconcile
+from gateway.state.stress import stress_view
 from ledger import (
     BadInput,
     Balance,
@@ -123,6 +124,17 @@ async def refusals(
     last = now_ms // MINUTE_MS
     counts = await gate.ledger.refusals.read(tenant, range(last - minutes + 1, last + 1))
     return refusals_view(counts, now_ms, gate.settings.refusals_flush_s)
+
+
+@router.get("/tenants/{tenant}/stress")
+async def stress(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
+    """The tenant's stress detectors, one per route with a `stress` block, as they
+    stand now by Redis's clock: on or off, score and threshold, calm rate a second,
+    last trip and, while on, until when (docs/policy.md, stress)."""
+    policy = policy_of(request, tenant, admin)
+    gate = gate_of(request)
+    states = await gate.ledger.stress_states(tenant)
+    return {"detectors": stress_view(policy, states, await gate.ledger.now_ms())}
 
 
 @router.get("/tenants/{tenant}/events")

@@ -241,7 +241,7 @@ async function load() {
   const tenant = state.tenant;
   const t = encodeURIComponent(tenant);
   const minutes = $("refusal-minutes").value;
-  const [policy, balances, queue, ambiguous, rules, refused, keys] = await Promise.all([
+  const [policy, balances, queue, ambiguous, rules, refused, keys, stress] = await Promise.all([
     api(`/v1/admin/tenants/${t}/policy`),
     api(`/v1/admin/tenants/${t}/balances`),
     queuePages(t),
@@ -249,6 +249,7 @@ async function load() {
     api(`/v1/admin/tenants/${t}/rules`),
     api(`/v1/admin/tenants/${t}/refusals?minutes=${encodeURIComponent(minutes)}`),
     api(`/v1/admin/tenants/${t}/keys`),
+    api(`/v1/admin/tenants/${t}/stress`),
   ]);
   if (tenant !== state.tenant) return; // chosen away meanwhile: the next refresh draws it
   state.unit = policy.data.risk_unit || state.unit;
@@ -260,6 +261,7 @@ async function load() {
   renderRules(rules.data.rules, policy.data, balances.data);
   renderRefusals(refused.data);
   renderKeys(keys.data.keys);
+  renderStress(stress.data.detectors);
   renderAmbiguous(ambiguous);
   renderDecisions();
   for (const table of document.querySelectorAll("table.stack")) labelCells(table);
@@ -771,6 +773,22 @@ async function revokeKey(keyId, button) {
     button.disabled = false;
   }
   await refresh(true);
+}
+
+// --- stress detectors ---------------------------------------------------------------
+
+function renderStress(detectors) {
+  const on = detectors.filter((d) => d.on).length;
+  $("stress-count").textContent = on ? `${on} on` : "";
+  $("stress").tBodies[0].replaceChildren(...detectors.map((d) => el("tr", { data: { route: d.route } },
+    el("td", { className: "route mono" }, d.route),
+    el("td", { className: "stress-state" },
+      el("span", { className: "event " + (d.on ? "escalated" : "admitted") }, d.on ? "on" : "off"),
+      d.on ? el("div", { className: "muted" }, `priced at ${d.loss_factor} of face value until ${clock(timeMs(d.on_until))}`) : null),
+    el("td", { className: "num" }, `${d.score} of ${d.threshold}`),
+    el("td", { className: "num" }, String(d.calm_per_second)),
+    el("td", { className: "last" }, d.last_trip_at ? clock(timeMs(d.last_trip_at)) : "never"))));
+  document.querySelector('.empty[data-for="stress"]').hidden = detectors.length > 0;
 }
 
 // --- refusals -----------------------------------------------------------------------

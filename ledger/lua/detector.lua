@@ -79,7 +79,7 @@ if stored[8] == tostring(tick_ms) and stored[9] == cfg and tonumber(stored[1]) t
     requests = tonumber(stored[4]), ticks = tonumber(stored[5]), run = tonumber(stored[6])}
 else
   -- pricing.stress.CusumState.warmed(prior_requests, prior_ticks, t)
-  s = {score = 0, last = t, alarm = t + NEVER, requests = prior_requests,
+  s = {score = 0, last = t, alarm = NEVER, requests = prior_requests,
     ticks = prior_ticks, run = 0}
 end
 local was_on = stored[7] == '1'

@@ -55,6 +55,7 @@ from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem, effect_headers, mcp_call, order
 from .procurement import flooded_orders
 from .servers import Tenant
+from .test_stress import SLOW, stressed_routes
 
 # Slow (README's test command leaves it out; .ci/run runs it).
 pytestmark = pytest.mark.slow
@@ -83,6 +84,13 @@ def console_ops_tenant(new_tenant: TenantMaker) -> Tenant:
     above 50 USD waits for a human."""
     admins = {"ann": {"token_sha256": hash_token(CONSOLE_APPROVER), "role": "approver"}}
     return new_tenant("console-ops", **flooded_orders(), admins=admins)
+
+
+@pytest.fixture(scope="module")
+def console_stress_tenant(new_tenant: TenantMaker) -> Tenant:
+    """The console's stress detectors: one on the supplier's orders, tripped by the
+    4th order of a burst (tests/gateway/test_stress.py)."""
+    return new_tenant("console-stress", routes=stressed_routes(SLOW))
 
 
 @pytest.fixture(scope="module")
@@ -712,6 +720,33 @@ def test_an_admin_sees_a_tenants_keys_and_revokes_one_in_the_console(
         while http.get("/tools/supplier/catalog", headers=token).status_code != 401:
             assert time.monotonic() < deadline, "the revoked key is still admitted"
             time.sleep(0.1)
+    assert not csp_complaints(browser)
+
+
+def test_an_operator_sees_a_routes_stress_detector_trip_in_the_console(
+    console_stress_tenant: Tenant, gateway: Gateway, browser: Chrome, artifacts: Path
+) -> None:
+    """A burst of orders trips the route's detector, which the page shows on, with
+    until when the route is priced at its face value and when it tripped."""
+    tenant = console_stress_tenant
+    page = Page(browser, artifacts)
+    state = '#stress tr[data-route="supplier POST /orders"] td.stress-state'
+
+    def shown(driver: Chrome) -> str:
+        return str(driver.find_element(By.CSS_SELECTOR, state).text)
+
+    page.sign_in(gateway, tenant)
+    page.until(lambda driver: shown(driver).startswith("off"), "the detector is not shown off")
+    with httpx.Client(base_url=gateway.url, timeout=30.0, trust_env=False) as http:
+        for i in range(4):
+            headers = effect_headers(tenant, "buyer-01", f"stress-{i}")
+            bought = http.post("/tools/supplier/orders", json=order(quantity=1), headers=headers)
+            assert bought.status_code == 201, bought.text
+    page.until(lambda driver: shown(driver).startswith("on"), "the detector's trip is not shown")
+    assert "priced at 1 of face value until" in shown(browser)
+    assert page.find('#stress tr[data-route="supplier POST /orders"] td.last').text != "never"
+    assert page.find("#stress-count").text == "1 on"
+    page.shot("stress-on")
     assert not csp_complaints(browser)
 
 

@@ -88,9 +88,15 @@ async def test_the_other_gateway_prices_stressed_at_once(
         calm = [await buy(first) for _ in range(3)]
         tripped_by_the_other = await buy(second)
         back_on_the_first = await buy(first)
+        shown = await first.get(f"/v1/admin/tenants/{slow_tenant.id}/stress", headers=gateway.admin)
     assert calm == [calm[0]] * 3 and calm[0] < FACE_MICROS
     # a detector per process would have seen the second gateway's first order only
     assert tripped_by_the_other == back_on_the_first == FACE_MICROS
+    assert shown.status_code == 200, shown.text
+    [detector] = shown.json()["detectors"]
+    assert detector["route"] == ROUTE_ID and detector["on"] is True
+    assert detector["threshold"] == 3.5 and detector["score"] > 0
+    assert detector["last_trip_at"] < detector["on_until"]
 
 
 async def test_a_burst_through_two_gateways_trips_one_detector_and_calm_clears_it(
@@ -104,6 +110,7 @@ async def test_a_burst_through_two_gateways_trips_one_detector_and_calm_clears_i
         after = [await buy(hosts[0])]
         await asyncio.sleep(GAP_S)
         after.append(await buy(hosts[1]))
+        shown = await hosts[1].get(f"/v1/admin/tenants/{tenant.id}/stress", headers=gateway.admin)
     calm_price = burst[0]
     assert calm_price < FACE_MICROS
     tripped = burst.index(FACE_MICROS)
@@ -112,6 +119,9 @@ async def test_a_burst_through_two_gateways_trips_one_detector_and_calm_clears_i
     assert 3 <= tripped <= 8, burst
     assert burst == [calm_price] * tripped + [FACE_MICROS] * (10 - tripped)
     assert after == [calm_price] * 2
+    [detector] = shown.json()["detectors"]
+    assert detector["on"] is False and detector["on_until"] is None
+    assert detector["last_trip_at"] is not None and detector["score"] < detector["threshold"]
 
     ledger = Ledger.from_url(redis_url)
     try:

@@ -113,6 +113,7 @@ PUBLIC_API = {
     "cusum_decay",
     "cusum_run_end",
     "cusum_step",
+    "cusum_at",
     "Cusum",
     "CusumState",
     "CusumStep",
