@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import validate
 from .errors import raise_for_reply, translate_redis_errors
-from .keys import accounts_key, journal_key, stress_key
-from .records import StressDetector, StressReading, pool_tag
+from .keys import accounts_key, journal_key, margins_key, stress_alarms_key, stress_key
+from .records import Margin, StressDetector, StressReading, pool_tag
 from .replies import decoded
 
 if TYPE_CHECKING:
@@ -31,9 +32,11 @@ class Detectors(LedgerCore):
         """Count one request of `route_id` in its detector (lua/detector.lua), by
         Redis's clock, and answer whether to price it stressed."""
         tenant = validate.tenant_id(tenant)
+        tag = pool_tag(route_id)
         keys = [accounts_key(tenant), journal_key(tenant), stress_key(tenant)]
+        keys.append(stress_alarms_key(tenant, tag))
         d = detector
-        args = [pool_tag(route_id), str(d.tick_ms), repr(float(d.shift)), repr(float(d.h))]
+        args = [tag, str(d.tick_ms), repr(float(d.shift)), repr(float(d.h))]
         args += [str(d.hold), repr(float(d.warm_requests)), repr(float(d.warm_ticks))]
         reply = await self._run("detector", keys, [*args, str(DETECTOR_TTL_MS), route_id])
         raise_for_reply(tenant, "", "stress detector", reply)
@@ -60,6 +63,41 @@ class Detectors(LedgerCore):
         states: dict[str, dict[str, float]] = {}
         for name, value in stored.items():
             tag, _, field = name.rpartition("|")
-            if field != "cfg":
+            if field == "cfg":  # shift, h, hold, warm-up requests and ticks
+                for key, number in zip(("shift", "h", "hold"), value.split(","), strict=False):
+                    states.setdefault(tag, {})[key] = float(number)
+            else:
                 states.setdefault(tag, {})[field] = float(value)
         return states
+
+    async def alarmed_runs(self, tenant: str, tag: str, runs: Sequence[int]) -> set[int]:
+        """Which of `runs` of the route tagged `tag` ended in an alarm (lua/detector.lua):
+        those in its alarms, and any at or below the newest run trimmed from them."""
+        tenant = validate.tenant_id(tenant)
+        if not runs:
+            return set()
+        with translate_redis_errors("stress alarms"):
+            scores = await self.redis.zmscore(stress_alarms_key(tenant, tag), list(map(str, runs)))
+            cut = await self.redis.hget(stress_key(tenant), f"{tag}|cut")
+        below = float(cut) if cut is not None else -1.0
+        return {r for r, s in zip(runs, scores, strict=True) if s is not None or r <= below}
+
+    async def keep_margin(self, tenant: str, margin: Margin) -> None:
+        """Note a hold that keeps a stress margin (before its reserve: one noted for a
+        hold that was never kept is dropped by `drop_margins` when it is not found)."""
+        with translate_redis_errors("stress margins"):
+            await self.redis.zadd(margins_key(validate.tenant_id(tenant)), {margin.member: 0})
+
+    async def margins(self, tenant: str) -> list[Margin]:
+        """Every hold of the tenant noted as keeping a stress margin."""
+        with translate_redis_errors("stress margins"):
+            members = [
+                m async for m in self.redis.zscan_iter(margins_key(validate.tenant_id(tenant)))
+            ]
+        return [Margin.parse(m[0] if isinstance(m, tuple) else m) for m in members]
+
+    async def drop_margins(self, tenant: str, margins: Sequence[Margin]) -> None:
+        if margins:
+            with translate_redis_errors("stress margins"):
+                key = margins_key(validate.tenant_id(tenant))
+                await self.redis.zrem(key, *(m.member for m in margins))

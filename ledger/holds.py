@@ -354,6 +354,13 @@ class Holds(LedgerCore):
         args = [*self._hold_args(hold_id), str(validate.amount("realised", realised))]
         return await self._transition("trueup", tenant, hold_id, args, replicated=True)
 
+    async def shrink(self, tenant: str, hold_id: str, most: int) -> TransitionResult:
+        """Lower what a live hold charges each of its accounts to at most `most`
+        (lua/shrink.lua): a stress margin released. 'exists' if it charged no more;
+        HoldStateConflict once it is settled."""
+        args = [validate.identifier("hold_id", hold_id), str(validate.amount("most", most))]
+        return await self._transition("shrink", tenant, hold_id, args)
+
     async def approve(
         self, tenant: str, hold_id: str, approver: str, *, ttl_ms: int, note: str = ""
     ) -> Approval:

@@ -223,6 +223,17 @@ def stress_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}stress"
 
 
+def stress_alarms_key(tenant: str, tag: str) -> str:
+    """The runs of one route's detector that ended in an alarm (lua/detector.lua)."""
+    return f"{tenant_prefix(tenant)}stress-alarms:{tag}"
+
+
+def margins_key(tenant: str) -> str:
+    """The holds that keep a stress margin until their detector vouches for them:
+    members `<route tag>|<run>|<calm price>|<hold id>` (gateway/state/margins.py)."""
+    return f"{tenant_prefix(tenant)}margins"
+
+
 def refusals_prefix(tenant: str) -> str:
     """What every key of the tenant's refusal counts starts with."""
     return f"{tenant_prefix(tenant)}refusals:"

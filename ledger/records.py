@@ -166,6 +166,27 @@ class StressReading:
     cleared: bool
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Margin:
+    """A hold admitted at its stressed price while its route's detector was off, to
+    be lowered to `calm` once the detector vouches for `run` (gateway/state/margins.py)."""
+
+    tag: str
+    run: int
+    calm: int
+    hold_id: str
+
+    @property
+    def member(self) -> str:
+        return f"{self.tag}|{self.run}|{self.calm}|{self.hold_id}"
+
+    @classmethod
+    def parse(cls, member: str | bytes) -> Margin:
+        text = member.decode() if isinstance(member, bytes) else member
+        tag, run, calm, hold_id = text.split("|", 3)
+        return cls(tag=tag, run=int(run), calm=int(calm), hold_id=hold_id)
+
+
 @dataclass(frozen=True, slots=True)
 class RouteOutcomes:
     """Compensation outcomes counted for one route (learn.lua), at most one per posted

@@ -62,6 +62,7 @@ OPERATIONS = (
     "close",
     "rate",
     "detector",
+    "shrink",
     "archive",
     "restore",
 )

@@ -99,6 +99,8 @@ from pricing.stress import (
     cusum_jump,
     cusum_run_end,
     cusum_step,
+    margin_kept,
+    stress_margin,
     trip_threshold,
 )
 from pricing.templates import CALL, FACTOR_PREFIX, call_route
@@ -194,6 +196,7 @@ __all__ = [
     "load_policy_data",
     "load_policy_text",
     "major_to_minor",
+    "margin_kept",
     "merge_documents",
     "minor_to_major_text",
     "money_text",
@@ -213,6 +216,7 @@ __all__ = [
     "round_up",
     "route_quote",
     "shadow_hold",
+    "stress_margin",
     "stressed",
     "stressed_lgd",
     "trip_threshold",

@@ -236,3 +236,18 @@ def cusum_at(state: CusumState[float], tick: float, cusum: Cusum) -> tuple[bool,
     calm = calm_rate(s.requests_off, max(ticks_off, 1.0))
     decay = max(cusum_decay(calm, cusum.shift), MIN_DECAY)
     return not off, max(0.0, s.score - decay * (tick - s.last)), calm
+
+
+def margin_kept(
+    state: CusumState[float], cusum: Cusum, tick: float, run: int, alarmed: bool
+) -> bool:
+    """Whether a hold priced while the detector was off, in run `run`, still keeps its
+    stress margin at `tick`: for good if its run alarmed (its requests were a burst's
+    first, priced before the detector could see it: the margin stays until the hold
+    settles), and while its run is open (its score has not decayed to 0). A run that
+    ended calm vouches for its requests: no alarm can count them any more."""
+    if alarmed:
+        return True
+    if run < state.run:
+        return False
+    return cusum_at(state, tick, cusum)[1] > 0

@@ -87,13 +87,20 @@ class Decided(Protocol):
     @property
     def shadowed(self) -> Shadow | None: ...
 
+    @property
+    def stress(self) -> str: ...
+
+    @property
+    def calm_price(self) -> int: ...
+
 
 def decision_headers(policy: TenantPolicy, decided: Decided) -> dict[str, str]:
     """The decision in headers: X-Irrev-Decision and -Hold, X-Irrev-Price and
     -Remaining in integer minor units for programs, the same with their currency
     (`-Text`) for people, and X-Irrev-Currency and -Scale (minor units per major unit)
-    that say what the integers count, and what enforcement would have done with an
-    effect shadow mode let through."""
+    that say what the integers count, what enforcement would have done with an
+    effect shadow mode let through, and X-Irrev-Stress (with X-Irrev-Calm-Price, the
+    price it falls to) where the route has a burst detector."""
     scale, currency = policy.scale, policy.catalog.currency
     result = decided.result
     headers = {
@@ -112,6 +119,12 @@ def decision_headers(policy: TenantPolicy, decided: Decided) -> dict[str, str]:
         headers["X-Irrev-Shadow-Reason"] = decided.shadowed.reason
     if decided.replayed:
         headers["X-Irrev-Replayed"] = "true"
+    if decided.stress:
+        # A burst across the fleet (on), or a hold kept at that price until the
+        # route's detector vouches that none was under way (margin).
+        headers["X-Irrev-Stress"] = decided.stress
+    if decided.calm_price:
+        headers["X-Irrev-Calm-Price"] = str(decided.calm_price)
     return headers
 
 

@@ -60,6 +60,11 @@ class Decision:
     note: str = ""
     # How long its route lets a call that cannot poll wait for a person's decision.
     wait_s: float = 0.0
+    # Its route's burst detector: 'on' (held at its stressed price for good), 'margin'
+    # (held at its stressed price until the detector vouches for it, then at
+    # `calm_price`), or '' (no detector, or a replay).
+    stress: str = ""
+    calm_price: int = 0
 
     @property
     def escalated(self) -> bool:
@@ -86,6 +91,9 @@ def decided(
     route = prepared.effect.route
     wait_s = route.escalation_wait_ms / 1000 if route is not None else 0.0
     state = more.pop("state", result.state)
+    if not result.replayed:
+        more["stress"] = "on" if prepared.stressed else "margin" if prepared.calm_price else ""
+        more["calm_price"] = prepared.calm_price
     return Decision(
         result=result,
         hold_id=prepared.hold_id,

@@ -128,6 +128,10 @@ class Prepared:
     content: str = ""
     # Priced while its route's stress detector was on (pipeline/reserve.py's `under_stress`).
     stressed: bool = False
+    # Held at its stressed price while the detector was off, in the detector's run
+    # `stress_run`: lowered to `calm_price` once the detector vouches for it (0: no margin).
+    calm_price: int = 0
+    stress_run: int = 0
 
 
 def agent_key_of(keys: Sequence[str], key_name: str = HTTP_KEY) -> str:

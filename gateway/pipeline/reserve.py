@@ -20,6 +20,8 @@ from gateway.state.policies import ledger_account
 from gateway.state.tenants import TenantStore, factor_accounts
 from ledger import (
     HoldState,
+    LedgerError,
+    Margin,
     OpenPool,
     PoolShrank,
     PoolTicket,
@@ -39,6 +41,7 @@ from pricing import (
     priced_for,
     rfc3339,
     shadow_hold,
+    stress_margin,
     stressed,
 )
 
@@ -77,13 +80,16 @@ def _pooled(
     seen = tenants.pools.get((policy.tenant, effect.route_id), OpenPool())
     pending = 1.0 if alone else pooled_pending(seen.effective(face))
     priced = priced_for(effect, pending)
-    if prepared.stressed:
-        priced = stressed(priced)
     request = replace(prepared.request, price=priced.price_micros)
     held = replace(prepared, effect=priced, request=request)
+    if effect.route and effect.route.stress and not prepared.shadow:
+        held = _held_stressed(held)
     # The approval thresholds compare the price alone: an agent can open holds to
-    # pool over, and must not price its way under a threshold with them.
+    # pool over, and must not price its way under a threshold with them. A margin
+    # raises it as it raises the threshold (`_threshold`), which so compares the same.
     solo = priced_for(effect, 1.0).price_micros
+    if held.calm_price:
+        solo += held.effect.price_micros - held.calm_price
     return held, PoolTicket(pool_tag(effect.route_id), face, pending, solo)
 
 
@@ -117,6 +123,8 @@ async def reserve_priced(
         )
     if not result.replayed:
         await _decided(gate, policy, agent, prepared, result)
+        if prepared.calm_price and result.state in (HoldState.PENDING, HoldState.ESCALATED):
+            await _keep_margin(gate, policy, prepared)
     if result.reason is Reason.ESCALATION_CAP:
         raise escalations_waiting(policy, agent, hold_id)
     if result.reason is Reason.ACCOUNT_CAP:
@@ -128,11 +136,14 @@ async def reserve_priced(
 
 async def under_stress(gate: Gate, policy: TenantPolicy, prepared: Prepared) -> Prepared:
     """The effect counted by its route's stress detector, which every gateway of the
-    tenant shares in its ledger (ledger/lua/detector.lua), and priced stressed while
-    the detector is on (pricing's `stressed`). A route without one is left alone."""
+    tenant shares in its ledger (ledger/lua/detector.lua), and held at its stressed
+    price (pricing's `stressed`): for good while the detector is on; while it is off,
+    with the difference from its calm price as a margin (pricing/stress.py) that
+    gateway/state/margins.py releases once the detector vouches for it. A route
+    without a detector, or a shadow one, is left alone."""
     effect = prepared.effect
     stress = effect.route.stress if effect.route else None
-    if stress is None:
+    if stress is None or prepared.shadow:
         return prepared
     detector = StressDetector(
         tick_ms=stress.tick_ms,
@@ -150,12 +161,36 @@ async def under_stress(gate: Gate, policy: TenantPolicy, prepared: Prepared) -> 
     if reading.tripped:
         metrics.child(metrics.STRESS_TRIPS, policy.tenant, effect.route_id).inc()
         log.warning("stress detector of %s %s tripped", policy.tenant, effect.route_id)
-    if not reading.on:
-        return prepared
-    metrics.child(metrics.STRESSED_EFFECTS, policy.tenant, effect.route_id).inc()
-    hot = stressed(effect)
+    if reading.on:
+        metrics.child(metrics.STRESSED_EFFECTS, policy.tenant, effect.route_id).inc()
+    return _held_stressed(replace(prepared, stressed=reading.on, stress_run=reading.run))
+
+
+def _held_stressed(prepared: Prepared) -> Prepared:
+    """`prepared` at its stressed price, and its calm price where that is a margin
+    (the detector was off and the stressed price is higher)."""
+    calm = prepared.effect.price_micros
+    hot = stressed(prepared.effect)
+    margin = 0 if prepared.stressed else stress_margin(calm, hot.price_micros)
     request = replace(prepared.request, price=hot.price_micros)
-    return replace(prepared, effect=hot, request=request, stressed=True)
+    return replace(prepared, effect=hot, request=request, calm_price=calm if margin else 0)
+
+
+async def _keep_margin(gate: Gate, policy: TenantPolicy, prepared: Prepared) -> None:
+    """Note a hold kept at its stressed price for its margin's release. Only after the
+    hold is kept, and not for a replay (whose margin, if any, was noted with its own
+    run): a hold whose note is lost (Redis away now) keeps its margin until it
+    settles, which costs room, never money."""
+    margin = Margin(
+        tag=pool_tag(prepared.effect.route_id),
+        run=prepared.stress_run,
+        calm=prepared.calm_price,
+        hold_id=prepared.hold_id,
+    )
+    try:
+        await gate.ledger.keep_margin(policy.tenant, margin)
+    except LedgerError as exc:
+        log.warning("stress margin of %s kept until it settles: %s", prepared.hold_id, exc)
 
 
 async def _reserve_pooled(
@@ -214,7 +249,7 @@ async def _reserve_once(
             amounts,
             ttl_ms=policy.hold_ttl_ms,
             escalation_ttl_ms=policy.escalation_ttl_ms,
-            escalate_above=effect.approval_threshold_micros or 0,
+            escalate_above=_threshold(prepared),
             request=prepared.request.dumps(),
             open_missing=opens,
             shadow=prepared.shadow,
@@ -230,6 +265,16 @@ async def _reserve_once(
         )
     finally:
         metrics.child(metrics.LEDGER_SECONDS, "reserve").observe(time.perf_counter() - started)
+
+
+def _threshold(prepared: Prepared) -> int:
+    """The route's approval threshold as the reserve compares it: a margin raises it
+    by as much as the price, so that a hold held at its stressed price while the
+    detector is off escalates exactly where its calm price would have."""
+    threshold = prepared.effect.approval_threshold_micros or 0
+    if threshold and prepared.calm_price:
+        threshold += prepared.effect.price_micros - prepared.calm_price
+    return threshold
 
 
 async def _decided(

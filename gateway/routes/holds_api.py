@@ -135,6 +135,10 @@ def decision_json(policy: TenantPolicy, decision: Decision, hold: Hold) -> JSONR
         **view,
         **amounts_in_currency(policy, price=decision.price, remaining=decision.remaining),
     }
+    if decision.stress:
+        body["stress"] = decision.stress
+    if decision.calm_price:
+        body |= amounts_in_currency(policy, calm_price=decision.calm_price)
     return JSONResponse(body, status, headers=headers)
 
 

@@ -78,6 +78,10 @@ UNDECIDED = frozenset(
 CALLER = "irrev.mcp"
 TOOLS_TTL_S = 10.0
 PRICE_META = "dev.irrev/price"
+# The route's burst detector: 'on' or 'margin' (gateway/pipeline/decision.py), and
+# the price a margin's hold falls to once the detector vouches for it.
+STRESS_META = "dev.irrev/stress"
+CALM_PRICE_META = "dev.irrev/calm_price"
 AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
@@ -358,6 +362,8 @@ def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallTool
     meta: dict[str, Any] = {KEY_META: key}
     if decision is not None and decision.hold_id:
         meta |= {HOLD_META: decision.hold_id, PRICE_META: decision.price}
+    if decision is not None and decision.stress:
+        meta |= {STRESS_META: decision.stress, CALM_PRICE_META: decision.calm_price or None}
     if decision is not None and decision.by:
         meta |= {DECIDED_BY_META: decision.by, NOTE_META: decision.note or None}
     if decision is not None and outcome.escalated:

@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterable
 
 from gateway.edge import metrics
+from gateway.state.margins import release_margins
 from ledger import ChangeFeed, Lease, Ledger, LedgerError, archive_settled
 
 log = logging.getLogger("irrev.gateway")
@@ -106,6 +107,7 @@ class Sweeper:
             try:
                 if await self._lease(tenant):
                     await self.ledger.sweep(tenant, batch=SWEEP_BATCH)
+                    await release_margins(self.ledger, tenant)
                     metrics.SWEEPS.labels(tenant).inc()
                     swept += 1
                     if not closing and await self._close_idle(tenant):

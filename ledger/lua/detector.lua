@@ -6,7 +6,10 @@
 --          detector of the tenant, fields `<tag>|<name>` (score s, last tick l, last
 --          alarm a, calm requests r, calm ticks t, run n, on, the tick length ms and
 --          the settings' digest cfg); in the tenant's slot, so it moves with the rest
---          of the tenant's keys in a reshard
+--          of the tenant's keys in a reshard; KEYS[4] `...:stress-alarms:<tag>`,
+--          the route's runs that ended in an alarm (a sorted set, member and score the
+--          run), the newest MAX_ALARMS of them; `<tag>|cut` in the hash is the newest
+--          run trimmed from it, so that a run at or below it reads as alarmed
 -- ARGV[1]  the route's tag (ledger/records.py's pool_tag: 16 hex digits)
 -- ARGV[2]  tick_ms: the detector's tick (1 .. 86,400,000)
 -- ARGV[3]  shift (> 1), ARGV[4] h (> 0), ARGV[5] hold in ticks (an integer >= 0)
@@ -27,11 +30,15 @@
 -- Invariant: the state after a request is pricing.stress.cusum_step's on the state
 -- before it (tests/ledger/test_detector.py holds the two to one recorded stream); a
 -- detector whose tick length or settings changed starts again from its warm-up, so
--- that a state is never read in units it was not written in. Ticks come from Redis's
+-- that a state is never read in units it was not written in, but its runs go on
+-- numbering from where they were: a run's number names one run for ever, and a run
+-- that alarmed is in KEYS[4] (or at or below `cut`), so that a margin kept for a run
+-- (gateway/state/margins.py) is released only for a run that ended calm. Ticks come from Redis's
 -- clock, never a gateway's, so hosts with skewed clocks step one detector alike.
 
 local MIN_DECAY = 1e-12
 local NEVER = -1e9
+local MAX_ALARMS = 10000
 
 local function num(s, lo, hi, whole)
   local n = tonumber(s)
@@ -49,8 +56,8 @@ local tag = ARGV[1]
 if #ARGV ~= 9 or #ARGV[9] < 1 or #ARGV[9] > 1024 or not tag or not string.match(tag, '^%x+$') or #tag > 32 then
   return {'bad_input', 'route', 'the route tag must be 1-32 hex digits, then 7 settings and the route id'}
 end
-if #KEYS ~= 3 or KEYS[3] ~= P .. 'stress' then
-  return {'bad_input', 'keys', 'KEYS[3] must be the tenant\'s stress hash'}
+if #KEYS ~= 4 or KEYS[3] ~= P .. 'stress' or KEYS[4] ~= P .. 'stress-alarms:' .. tag then
+  return {'bad_input', 'keys', 'KEYS[3] and KEYS[4] must be the tenant\'s stress hash and the route\'s alarms'}
 end
 local tick_ms = num(ARGV[2], 1, 86400000, true)
 local shift = num(ARGV[3], 1, 1e6)
@@ -64,8 +71,8 @@ if not tick_ms or not shift or shift <= 1 or not h or h <= 0 or not hold
   return {'bad_input', 'settings', 'tick_ms, shift > 1, h > 0, hold, the warm-up and ttl_ms must be in range'}
 end
 
-local STRESS = KEYS[3]
-local names = {'s', 'l', 'a', 'r', 't', 'n', 'on', 'ms', 'cfg'}
+local STRESS, ALARMS = KEYS[3], KEYS[4]
+local names = {'s', 'l', 'a', 'r', 't', 'n', 'on', 'ms', 'cfg', 'cut'}
 local fields = {}
 for i, name in ipairs(names) do
   fields[i] = tag .. '|' .. name
@@ -78,9 +85,10 @@ if stored[8] == tostring(tick_ms) and stored[9] == cfg and tonumber(stored[1]) t
   s = {score = tonumber(stored[1]), last = tonumber(stored[2]), alarm = tonumber(stored[3]),
     requests = tonumber(stored[4]), ticks = tonumber(stored[5]), run = tonumber(stored[6])}
 else
-  -- pricing.stress.CusumState.warmed(prior_requests, prior_ticks, t)
+  -- pricing.stress.CusumState.warmed(prior_requests, prior_ticks, t), its runs
+  -- numbered on from the last detector's
   s = {score = 0, last = t, alarm = NEVER, requests = prior_requests,
-    ticks = prior_ticks, run = 0}
+    ticks = prior_ticks, run = stored[6] and (tonumber(stored[6]) or 0) + 1 or 0}
 end
 local was_on = stored[7] == '1'
 if t < s.last then
@@ -102,6 +110,12 @@ local last_alarm = s.alarm
 local score = math.max(decayed, 0)
 local alarm = score >= h
 if alarm then
+  redis.call('ZADD', ALARMS, text(run), text(run))
+  if redis.call('ZCARD', ALARMS) > MAX_ALARMS then
+    local oldest = redis.call('ZRANGE', ALARMS, 0, 0)[1]
+    redis.call('ZREMRANGEBYRANK', ALARMS, 0, 0)
+    redis.call('HSET', STRESS, fields[10], oldest)
+  end
   run = run + 1
   s.alarm = t
   score = 0
@@ -123,5 +137,6 @@ redis.call('HSET', STRESS, fields[1], text(score), fields[2], text(t), fields[3]
   fields[4], text(requests), fields[5], text(ticks_off), fields[6], text(run),
   fields[7], on and '1' or '0', fields[8], tostring(tick_ms), fields[9], cfg)
 redis.call('PEXPIRE', STRESS, ttl_ms)
+redis.call('PEXPIRE', ALARMS, ttl_ms)
 return {'ok', on and 1 or 0, text(run), text(t), text(score), text(calm), alarm and 1 or 0,
   ended and 1 or 0, text(ended_at), tripped and 1 or 0, cleared and 1 or 0}

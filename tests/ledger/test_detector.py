@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from ledger import BadInput, Ledger, StressDetector, StressReading, read_journal
+from ledger import BadInput, Ledger, StressDetector, StressReading, pool_tag, read_journal
 from ledger.keys import stress_key
 from pricing import Cusum, CusumState, cusum_step
 
@@ -69,6 +69,14 @@ async def test_two_gateways_step_one_detector_as_pricing_does(redis_url: str, te
     assert any(r.alarm for r in readings) and any(r.ended for r in readings)
     assert any(r.on for r in readings) and not all(r.on for r in readings)
     assert readings[-1].run == sum(r.alarm or r.ended for r in readings)
+    # the runs an alarm ended are the ledger's alarmed runs, and no others
+    closed = range(readings[-1].run)
+    ledger = Ledger.from_url(redis_url)
+    try:
+        alarmed = await ledger.alarmed_runs(tenant, pool_tag(ROUTE), list(closed))
+    finally:
+        await ledger.aclose()
+    assert alarmed == {r.run - 1 for r in readings if r.alarm}
 
 
 async def test_a_trip_and_its_clearing_are_journaled(ledger: Ledger, tenant: str) -> None:
@@ -91,7 +99,8 @@ async def test_new_settings_start_the_detector_again(ledger: Ledger, tenant: str
     assert hot.on
     other = StressDetector(tick_ms=2, shift=4.0, h=6.0, hold=5, warm_requests=10, warm_ticks=100)
     fresh = await ledger.stress_step(tenant, ROUTE, other)
-    assert not fresh.on and fresh.run == 0 and fresh.score == math.log(4.0)
+    # its runs numbered on: a run's number names one run for ever (margins are kept by it)
+    assert not fresh.on and fresh.run == hot.run + 1 and fresh.score == math.log(4.0)
 
 
 @pytest.mark.parametrize(

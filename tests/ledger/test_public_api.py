@@ -66,6 +66,7 @@ PUBLIC_API = {
     "Reason",
     "Provenance",
     "OpenPool",
+    "Margin",
     "StressDetector",
     "StressReading",
     "Pace",

@@ -114,6 +114,8 @@ PUBLIC_API = {
     "cusum_run_end",
     "cusum_step",
     "cusum_at",
+    "margin_kept",
+    "stress_margin",
     "Cusum",
     "CusumState",
     "CusumStep",
