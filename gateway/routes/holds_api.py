@@ -26,7 +26,7 @@ from gateway.edge.responses import (
 from gateway.edge.wire import StoredAnswer, StoredRequest, parse_json_body, receipt, record_of
 from gateway.pipeline.decision import Decision, decided, escalate
 from gateway.pipeline.prepare import Gate, Intent, prepare
-from gateway.pipeline.reserve import reserve, shadowed, unacknowledged
+from gateway.pipeline.reserve import reserve_priced, shadowed, unacknowledged
 from gateway.routes import gate_of
 from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status, TransitionResult
 from pricing import (
@@ -104,7 +104,8 @@ async def _create_hold(
         tool=spec.tool, operation=spec.method, target=spec.path, canonical=canonical, keys=keys
     )
     prepared = prepare(policy, agent, intent, in_process=True)
-    result = await reserve(gate, policy, agent, prepared)
+    # reserve_priced: the effect as it was held (a route's burst detector prices it)
+    result, prepared, _ = await reserve_priced(gate, policy, agent, prepared)
     if result.state is HoldState.ESCALATED:
         with contextlib.suppress(Problem):  # a person was first: the hold says how
             await escalate(gate, policy, agent, result)
