@@ -370,11 +370,11 @@ class Stress(_Model):
         default=1000, alias="tick", description="the detector's clock tick (default 1s)"
     )
     shift: float = Field(
-        default=4.0,
+        default=2.0,
         gt=1,
         le=1000,
-        description="the rise it looks for, x the calm rate (default 4); it drifts up at "
-        "any rate above (shift - 1) / ln(shift) x calm (2.2x for 4)",
+        description="the rise it looks for, x the calm rate (default 2); it drifts up at "
+        "any rate above (shift - 1) / ln(shift) x calm (1.44x for 2)",
     )
     threshold: float = Field(
         default=4.0, gt=0, le=1000, description="the score at which it trips (default 4)"

@@ -84,7 +84,7 @@ class Irrev:
     # `calm_history` ticks of calm requests (one budget window); `rate`, a count over
     # `signal_window` ticks against the world's true calm rate
     detector: Literal["rate", "cusum"] = "cusum"
-    cusum_shift: float = 4.0
+    cusum_shift: float = 2.0
     cusum_h: float = 4.0
     calm_history: int = 1000
 

@@ -37,11 +37,18 @@ FACE_MICROS = 100 * 10**6  # one bolt at 100 USD
 # order adds ln 4 = 1.39, so a burst of orders sent one after the other trips it
 # within a few orders however slow the machine (up to ~1.5 s an order); on for 2 s
 # after its last trip. A lone order's run ends within 1.6 s.
-FAST = {"calm_rate": 0.3, "warm_up": "60s", "tick": "100ms", "hold": "2s"}
+FAST = {"calm_rate": 0.3, "warm_up": "60s", "tick": "100ms", "hold": "2s", "shift": 4}
 # A decay of 0.06 a second, negligible over a burst however slow the machine: with a
 # threshold of 3.5 the 4th order trips it (3 x 1.39 = 4.16 less the decay; 2 x 1.39
 # is under it), wherever it is sent.
-SLOW = {"calm_rate": 0.02, "warm_up": "60s", "tick": "100ms", "hold": "60s", "threshold": 3.5}
+SLOW = {
+    "calm_rate": 0.02,
+    "warm_up": "60s",
+    "tick": "100ms",
+    "hold": "60s",
+    "threshold": 3.5,
+    "shift": 4,
+}
 # After the burst: its score (at most 4 + 1.39) is under the threshold after 1.6 s
 # and the detector is off 2 s after its last trip; the next order leaves at most
 # 5.39 - 2.25 + 1.39 = 4.53, under 4 again a second later.

@@ -43,7 +43,7 @@ def _workload(ticks: list[int]) -> Workload:
 
 
 # A warm-up long enough that the estimated calm rate is the true one to 0.1%.
-CUSUM = Irrev(stressed=True, detector="cusum", calm_history=10**8)
+CUSUM = Irrev(stressed=True, detector="cusum", cusum_shift=4.0, calm_history=10**8)
 
 
 def test_the_score_arithmetic() -> None:
