@@ -57,7 +57,8 @@ class Detectors(LedgerCore):
     async def stress_states(self, tenant: str) -> dict[str, dict[str, float]]:
         """The tenant's detectors as they were at their last request, by route tag
         (`pool_tag`): score s, last tick l, last alarm a, calm requests r and ticks t,
-        run n, on (1 or 0) and the tick length ms (lua/detector.lua)."""
+        run n, on (1 or 0), the tick length ms, the newest run trimmed from its alarms
+        (cut, if any) and the settings it runs on: shift, h and hold (lua/detector.lua)."""
         with translate_redis_errors("stress detectors"):
             stored = await decoded(self.redis.hgetall(stress_key(validate.tenant_id(tenant))))
         states: dict[str, dict[str, float]] = {}
