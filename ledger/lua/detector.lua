@@ -81,7 +81,8 @@ local stored = redis.call('HMGET', STRESS, unpack(fields))
 local t = math.floor(now_ms() / tick_ms)
 local cfg = table.concat({ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]}, ',')
 local s
-if stored[8] == tostring(tick_ms) and stored[9] == cfg and tonumber(stored[1]) then
+local kept = stored[8] == tostring(tick_ms) and stored[9] == cfg and tonumber(stored[1])
+if kept then
   s = {score = tonumber(stored[1]), last = tonumber(stored[2]), alarm = tonumber(stored[3]),
     requests = tonumber(stored[4]), ticks = tonumber(stored[5]), run = tonumber(stored[6])}
 else
@@ -128,7 +129,9 @@ local requests = s.requests + (on and 0 or 1)
 local cleared = was_on and off
 local tripped = alarm and not (was_on and not off)
 if cleared then
-  journal({'op', 'stress', 'route', ARGV[9], 'st', 'off', 'tick', text(last_alarm + hold + 1)})
+  -- by its hold running out, or now, when new settings started it again
+  local at = kept and last_alarm + hold + 1 or t
+  journal({'op', 'stress', 'route', ARGV[9], 'st', 'off', 'tick', text(at)})
 end
 if tripped then
   journal({'op', 'stress', 'route', ARGV[9], 'st', 'on', 'tick', text(t), 'calm', text(calm)})

@@ -101,6 +101,10 @@ async def test_new_settings_start_the_detector_again(ledger: Ledger, tenant: str
     fresh = await ledger.stress_step(tenant, ROUTE, other)
     # its runs numbered on: a run's number names one run for ever (margins are kept by it)
     assert not fresh.on and fresh.run == hot.run + 1 and fresh.score == math.log(4.0)
+    # it went off now, by the new settings, and the journal says when
+    assert fresh.cleared
+    [off] = [e for e in await read_journal(ledger, tenant) if e.fields.get("st") == "off"]
+    assert int(off.fields["tick"]) == fresh.tick
 
 
 @pytest.mark.parametrize(
