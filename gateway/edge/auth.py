@@ -7,7 +7,7 @@ which kind of token is expected."""
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Protocol
 
@@ -127,12 +127,12 @@ class AdminIdentity:
     def sees(self, tenant: str) -> bool:
         return self.operator or self.tenant == tenant
 
-    def require(self, tenant: str, role: AdminRole, missing: Problem) -> None:
-        """`missing` (the answer for a tenant that does not exist) for another
+    def require(self, tenant: str, role: AdminRole, missing: Callable[[], Problem]) -> None:
+        """`missing()` (the answer for a tenant that does not exist) for another
         tenant's admin, so it learns nothing about other tenants; 403 for a role
-        that is too small."""
+        that is too small. Built only when refused: most requests pass."""
         if not self.sees(tenant):
-            raise missing
+            raise missing()
         if not self.role.includes(role):
             raise Problem(
                 403,
@@ -147,11 +147,14 @@ def policy_of(
     request: Request, tenant: str, admin: AdminIdentity, role: AdminRole = AdminRole.VIEWER
 ) -> TenantPolicy:
     """The policy of `tenant` if `admin` may act on it with `role` (AdminIdentity.require)."""
-    unknown = Problem(404, "unknown_tenant", f"no policy for tenant {tenant!r}")
+
+    def unknown() -> Problem:
+        return Problem(404, "unknown_tenant", f"no policy for tenant {tenant!r}")
+
     admin.require(tenant, role, unknown)
     policy = _door(request).tenants.policies.get(tenant)
     if policy is None:
-        raise unknown
+        raise unknown()
     return policy
 
 

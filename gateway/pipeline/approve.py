@@ -12,9 +12,8 @@ from gateway.edge.advice import rejection
 from gateway.edge.problems import Problem
 from gateway.edge.wire import StoredAnswer, StoredRequest
 from gateway.pipeline.crashpoints import crash_point
-from gateway.pipeline.deliver import fire
+from gateway.pipeline.deliver import fire, require_replicas
 from gateway.pipeline.prepare import Gate, upstream_of
-from gateway.pipeline.reserve import require_replicas
 from gateway.pipeline.upstream import Answer, Upstream
 from gateway.state.http_upstream import HTTP_KEY
 from ledger import (

@@ -1,5 +1,7 @@
 """Deliver: an admitted effect sent once through its `Upstream`, and its hold
-settled by the answer's fate (posted, voided, or left ambiguous and charged)."""
+settled by the answer's fate (posted, voided, or left ambiguous and charged). Also
+the gate before sending: a ledger write that Redis did not make durable as the
+settings ask (IRREV_WAIT_AOF, IRREV_WAIT_REPLICAS) sends nothing."""
 
 from __future__ import annotations
 
@@ -15,8 +17,7 @@ from gateway.edge import metrics, tracing
 from gateway.edge.problems import PROBLEM_JSON, Problem
 from gateway.edge.wire import StoredAnswer, StoredRequest
 from gateway.pipeline.crashpoints import crash_point
-from gateway.pipeline.prepare import Gate
-from gateway.pipeline.reserve import unacknowledged
+from gateway.pipeline.prepare import KEYLESS_NAMES, Gate
 from gateway.pipeline.upstream import Answer, Fate, Upstream
 from gateway.state.http_upstream import HTTP_KEY
 from ledger import (
@@ -210,3 +211,71 @@ def recorded(request: StoredRequest, answer: Answer) -> StoredAnswer:
     http = answer.as_http()
     kept = frozenset(name.lower() for name, _ in http.headers)
     return request.answer(http.status, list(http.headers), answer.payload, keep=kept)
+
+
+async def require_replicas(
+    gate: Gate,
+    tenant: str,
+    hold_id: str,
+    acknowledged: int | None,
+    agent_id: str,
+    key_name: str = HTTP_KEY,
+    fsynced: int | None = None,
+) -> None:
+    """Fail closed when the primary did not fsync an admission to its AOF in time
+    (IRREV_WAIT_AOF=local, WAITAOF's first count), or fewer replicas than
+    IRREV_WAIT_REPLICAS acknowledged it: a crash or a failover could lose it while
+    its effect happened. Nothing has been sent, so the hold is released, with this
+    answer kept for a repeat of the key. (A wait that answered an error counts as
+    short: the ledger says so, as the write was made.)"""
+    released = "it was released and nothing was sent. " + (
+        "Repeat it: an identical call is decided anew"
+        if key_name in KEYLESS_NAMES
+        else f"Retry with a new {key_name}"
+    )
+    problem = unacknowledged(gate, hold_id, acknowledged, fsynced, "the admission", released)
+    if problem is None:
+        return
+    body = bytes(problem.response().body)
+    answer = StoredAnswer.of(
+        agent_id, 503, [("content-type", PROBLEM_JSON)], body, reason=problem.reason
+    )
+    await gate.ledger.void(tenant, hold_id, outcome=answer.dumps())
+    metrics.DECISIONS.labels(tenant, "released", problem.reason, "enforce").inc()
+    raise problem
+
+
+def unacknowledged(
+    gate: Gate,
+    hold_id: str,
+    acknowledged: int | None,
+    fsynced: int | None,
+    write: str,
+    then: str,
+) -> Problem | None:
+    """The 503 of a `write` that the primary did not fsync (WAITAOF's first count 0)
+    or fewer replicas than IRREV_WAIT_REPLICAS acknowledged in time, saying `then`
+    (what became of the hold); None when it was acknowledged as asked."""
+    wanted = gate.settings.wait_replicas
+    timeout = gate.settings.wait_timeout_ms
+    if fsynced == 0:
+        return Problem(
+            503,
+            "not_fsynced",
+            f"Redis had not fsynced {write} to its append-only file within {timeout} ms, "
+            f"so a crash could lose it; {then}.",
+            headers={"Retry-After": "1"},
+            hold=hold_id,
+        )
+    if acknowledged is not None and acknowledged < wanted:
+        return Problem(
+            503,
+            "not_replicated",
+            f"{write} reached {acknowledged} of {wanted} Redis replicas within {timeout} ms, "
+            f"so a failover could lose it; {then}.",
+            headers={"Retry-After": "1"},
+            hold=hold_id,
+            replicas=acknowledged,
+            wanted=wanted,
+        )
+    return None

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import httpx
+from starlette.requests import HTTPConnection
 
 from gateway.edge import tracing
 from gateway.edge.advice import units_of
@@ -75,6 +76,12 @@ class Gate:
     refusals: RefusalTally = field(default_factory=RefusalTally)
     # Settlements the ledger could not take when their fate was known.
     resettle: Resettler = field(default_factory=Resettler)
+
+    @staticmethod
+    def of(request: HTTPConnection) -> Gate:
+        """The worker's Gate, which create_app keeps on the app for every request."""
+        gate: Gate = request.app.state.gate
+        return gate
 
     def tenant_slots(self, tenant: str) -> asyncio.Semaphore:
         if tenant not in self.slots:

@@ -14,24 +14,23 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.edge.auth import Admin, policy_of
-from gateway.edge.notes import Note
+from gateway.edge.bodies import Note
 from gateway.edge.problems import Problem
 from gateway.edge.responses import escalation_id, hold_view
 from gateway.edge.wire import StoredRequest, receipt, record_of
 from gateway.pipeline.approve import resolved
-from gateway.routes import gate_of
+from gateway.pipeline.prepare import Gate
 from gateway.state.events import (
     effect_fields,
     events_of,
     live_raises,
     raised_by,
     refusals_view,
-    rfc3339,
+    stress_view,
     tripped,
     tripped_view,
 )
 from gateway.state.reconcile import reconcile
-from gateway.state.stress import stress_view
 from ledger import (
     BadInput,
     Balance,
@@ -42,7 +41,7 @@ from ledger import (
     Status,
     read_journal,
 )
-from pricing import CALL, AdminRole, TenantPolicy, journal_money, money_text
+from pricing import CALL, AdminRole, TenantPolicy, journal_money, money_text, rfc3339
 
 # The events feed reads at most FEED_PAGES journal pages of FEED_PAGE entries a call.
 FEED_PAGE = 500
@@ -61,7 +60,7 @@ async def balances(request: Request, tenant: str, admin: Admin) -> list[dict[str
     (`effective_limit`; at most the limit itself, as reserve.lua counts them),
     `available` is what is left under the effective limit."""
     policy_of(request, tenant, admin)
-    ledger = gate_of(request).ledger
+    ledger = Gate.of(request).ledger
     rows = await ledger.balances(tenant)
     raised = await live_raises(ledger, tenant, await ledger.now_ms())
     out = []
@@ -88,7 +87,7 @@ async def journal(
 ) -> dict[str, Any]:
     policy = policy_of(request, tenant, admin)
     try:
-        entries = await read_journal(gate_of(request).ledger, tenant, after=after, count=count)
+        entries = await read_journal(Gate.of(request).ledger, tenant, after=after, count=count)
     except BadInput as exc:
         raise Problem(422, "bad_request", f"'{exc.field}' {exc.message}") from exc
     unit = policy.document.risk_unit
@@ -119,7 +118,7 @@ async def refusals(
     and transport, and the rows (reason, transport, agent, route) most frequent
     first. A worker adds its counts every IRREV_REFUSALS_FLUSH_S (`flush_s`)."""
     policy_of(request, tenant, admin)
-    gate = gate_of(request)
+    gate = Gate.of(request)
     now_ms = await gate.ledger.now_ms()
     last = now_ms // MINUTE_MS
     counts = await gate.ledger.refusals.read(tenant, range(last - minutes + 1, last + 1))
@@ -132,7 +131,7 @@ async def stress(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
     stand now by Redis's clock: on or off, score and threshold, calm rate a second,
     last trip and, while on, until when (docs/policy.md, stress)."""
     policy = policy_of(request, tenant, admin)
-    gate = gate_of(request)
+    gate = Gate.of(request)
     states = await gate.ledger.stress_states(tenant)
     return {"detectors": stress_view(policy, states, await gate.ledger.now_ms())}
 
@@ -149,7 +148,7 @@ async def events(
     journal order, the shapes the webhooks send. `next` is the cursor to ask with
     next time (it moves past journal entries that are no events, too)."""
     policy = policy_of(request, tenant, admin)
-    ledger = gate_of(request).ledger
+    ledger = Gate.of(request).ledger
     found: list[dict[str, Any]] = []
     cursor = after
     for _ in range(FEED_PAGES):
@@ -172,7 +171,7 @@ async def holds(
     request: Request, tenant: str, state: HoldState, admin: Admin
 ) -> list[dict[str, Any]]:
     policy = policy_of(request, tenant, admin)
-    ledger = gate_of(request).ledger
+    ledger = Gate.of(request).ledger
     # One batch read of the holds, not a round trip each (a listing of every escalated
     # or ambiguous hold grows with what agents left waiting).
     found = await ledger.holds(tenant, await ledger.hold_ids(tenant, state))
@@ -264,7 +263,7 @@ async def escalations(
     many wait. Bodies (up to IRREV_MAX_BODY_BYTES each) and unbounded pages made the
     queue an agent could fill cost the gateway and every console watching it."""
     policy = policy_of(request, tenant, admin)
-    ledger = gate_of(request).ledger
+    ledger = Gate.of(request).ledger
     order = await ledger.escalation_order(tenant)
     waiting = len(order)
     if after is not None:
@@ -294,7 +293,7 @@ async def escalations(
 async def hold_by_id(request: Request, tenant: str, hold_id: str, admin: Admin) -> dict[str, Any]:
     """Any hold of the tenant, in any state, with its effect while its record is kept."""
     policy = policy_of(request, tenant, admin)
-    ledger = gate_of(request).ledger
+    ledger = Gate.of(request).ledger
     hold = await _hold_of(ledger, tenant, hold_id)
     now_ms = await ledger.now_ms()
     view = hold_view(policy, hold)
@@ -345,7 +344,7 @@ async def resolve_hold(
     happened: charged at its price) or `voided` (it did not: released). Journaled
     with the admin and their reason; the webhook's hold.resolved event follows."""
     policy_of(request, tenant, admin, AdminRole.APPROVER)
-    ledger = gate_of(request).ledger
+    ledger = Gate.of(request).ledger
     hold = await _hold_of(ledger, tenant, hold_id)
     wanted = HoldState(spec.outcome)
     answer = {"hold": hold_id, "state": wanted.value, "by": admin.name, "reason": spec.reason}
@@ -397,5 +396,5 @@ def _not_resolvable(hold: Hold) -> Problem:
 @router.post("/tenants/{tenant}/reconcile")
 async def reconcile_tenant(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
     policy = policy_of(request, tenant, admin, AdminRole.APPROVER)
-    report = await reconcile(gate_of(request), policy)
+    report = await reconcile(Gate.of(request), policy)
     return asdict(report)

@@ -17,11 +17,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.edge.auth import Admin, AdminIdentity, policy_of
-from gateway.edge.bodies import read_body
-from gateway.edge.notes import Note
+from gateway.edge.bodies import Note, read_body
 from gateway.edge.problems import Problem
-from gateway.routes import gate_of
-from gateway.state.events import amount_and_text, currency, rfc3339
+from gateway.pipeline.prepare import Gate
+from gateway.state.events import amount_and_text, currency
 from gateway.state.policies import PolicyLoadError
 from gateway.state.policy_changes import ChangeRefused
 from ledger import POLICY_HISTORY, BadInput, Rule, UnknownAccount
@@ -37,6 +36,7 @@ from pricing import (
     load_policy_text,
     major_to_minor,
     money_text,
+    rfc3339,
 )
 
 log = logging.getLogger("irrev.gateway")
@@ -46,7 +46,7 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 @router.get("/tenants")
 async def tenants(request: Request, admin: Admin) -> list[dict[str, Any]]:
-    gate = gate_of(request)
+    gate = Gate.of(request)
     out = []
     visible = (item for item in gate.tenants.policies.items() if admin.sees(item[0]))
     for tenant, policy in sorted(visible):
@@ -69,7 +69,7 @@ async def show_policy(request: Request, tenant: str, admin: Admin) -> Response:
     text it was made from). Its ETag is its version in the fleet's policy store, for
     the If-Match of the change made from it."""
     policy = policy_of(request, tenant, admin)
-    served = gate_of(request).tenants.served(tenant)
+    served = Gate.of(request).tenants.served(tenant)
     headers = {"ETag": f'"{served.version}"'} if served is not None else {}
     if "yaml" in request.headers.get("accept", "") and served is not None:
         return Response(served.file.text, media_type="application/yaml", headers=headers)
@@ -87,7 +87,7 @@ async def policy_history(
     """The tenant's last stored versions, newest first: version, digest, when (Redis's
     clock) and by whom; their text with `text=true`."""
     policy_of(request, tenant, admin)
-    records = await gate_of(request).ledger.policies.history(tenant, limit)
+    records = await Gate.of(request).ledger.policies.history(tenant, limit)
     return [
         {
             "version": r.version,
@@ -148,7 +148,7 @@ async def upload_policy(
     a tool's requests go, which secrets they carry, which command a stdio MCP server
     runs on the gateway's hosts, who settles its holds and whether an ambiguous call
     may be sent again. One that writes them as they are is no change."""
-    gate = gate_of(request)
+    gate = Gate.of(request)
     settings = gate.settings
     raw = await read_body(request, settings.max_policy_bytes, settings.body_timeout_s)
     text = raw.decode("utf-8", errors="replace")
@@ -206,7 +206,7 @@ def _load_problem(
     and how many others there are: another tenant's file names, faults and secret
     names are that tenant's (contract 10)."""
     own = {
-        str(gate_of(request).tenants.file_of(admin.tenant)),
+        str(Gate.of(request).tenants.file_of(admin.tenant)),
         f"credentials of tenant {admin.tenant}",
         f"uploaded policy of {admin.tenant}",
     }
@@ -226,7 +226,7 @@ async def reload_policies(request: Request, admin: Admin) -> dict[str, Any]:
     tenant's (another tenant's fault is not its business, nor does it stop its own)."""
     if not admin.operator:
         policy_of(request, admin.tenant, admin, AdminRole.POLICY_ADMIN)
-    gate = gate_of(request)
+    gate = Gate.of(request)
     report = await gate.tenants.apply(gate.ledger)
     faults = [f for f in report.faults if admin.operator or f.tenant == admin.tenant]
     if faults:
@@ -337,7 +337,7 @@ async def create_rule(
     if ttl_ms > MAX_RULE_DURATION_MS:
         raise Problem(422, "bad_rule", f"'duration' {spec.duration!r} must be at most 7d")
     rule_id = f"r-{secrets.token_hex(6)}"
-    ledger = gate_of(request).ledger
+    ledger = Gate.of(request).ledger
     text = json.dumps(stored, separators=(",", ":"))
     raised = (stored["account"], stored["amount"]) if spec.kind == "raise_limit" else None
     try:
@@ -360,7 +360,7 @@ async def create_rule(
 @router.get("/tenants/{tenant}/rules")
 async def list_rules(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
     policy = policy_of(request, tenant, admin)
-    ledger = gate_of(request).ledger
+    ledger = Gate.of(request).ledger
     rules = await ledger.rules(tenant, await ledger.now_ms())
     return {"rules": [rule_view(policy, rule) for rule in rules]}
 
@@ -370,7 +370,7 @@ async def delete_rule(request: Request, tenant: str, rule_id: str, admin: Admin)
     """End a live rule early; it takes the role that sets a rule of its kind. Rule ids
     are random and never reused, so the kind read here is the deleted rule's."""
     policy_of(request, tenant, admin)  # its viewers list its rules anyway
-    ledger = gate_of(request).ledger
+    ledger = Gate.of(request).ledger
     live = {rule.rule_id: rule for rule in await ledger.rules(tenant, await ledger.now_ms())}
     found = live.get(rule_id)
     # That a rule is not live is told to whoever may end some rule.

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.edge import tracing
 from gateway.edge.auth import AdminIdentity, Caller, caller_auth, tenant_admin_auth
-from gateway.edge.notes import Ruling, ruling_of
+from gateway.edge.bodies import Ruling, ruling_of
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
     answer_response,
@@ -22,7 +22,6 @@ from gateway.edge.wire import StoredAnswer, StoredRequest, owner_of
 from gateway.pipeline import approve as approval
 from gateway.pipeline.approve import rejected_problem, resolved, resolved_already
 from gateway.pipeline.prepare import Gate
-from gateway.routes import gate_of
 from ledger import HoldState, HoldStateConflict
 from pricing import AdminRole
 
@@ -45,7 +44,7 @@ async def poll(
     """202 while a human decides or the effect is being forwarded; then the upstream's
     answer, as the agent would have had it without the escalation."""
     tenant, hold_id = parse_escalation_id(escalation)
-    hold = await gate_of(request).ledger.hold(tenant, hold_id)
+    hold = await Gate.of(request).ledger.hold(tenant, hold_id)
     if hold is None or not caller.may_see(tenant, owner_of(hold.request, hold.outcome)):
         raise Problem(404, "not_found", "no such escalation")
     extra = {
@@ -78,7 +77,7 @@ async def poll(
     )
 
 
-# The reason is read by hand, after the role check (notes.ruling_of); the schema
+# The reason is read by hand, after the role check (bodies.ruling_of); the schema
 # still tells clients what they may send.
 RULING_BODY: dict[str, Any] = {
     "requestBody": {
@@ -96,9 +95,9 @@ async def approve(
 ) -> Response:
     """Exactly one of any number of concurrent approvals wins and forwards the effect;
     the others get 409 naming the outcome and who decided it."""
-    gate = gate_of(request)
+    gate = Gate.of(request)
     tenant, hold_id = parse_escalation_id(escalation)
-    who.require(tenant, AdminRole.APPROVER, no_such_escalation())
+    who.require(tenant, AdminRole.APPROVER, no_such_escalation)
     policy = gate.tenants.policies.get(tenant)
     if policy is None:
         raise no_such_escalation()
@@ -117,9 +116,9 @@ async def reject(
     escalation: str,
     who: Annotated[AdminIdentity, Depends(tenant_admin_auth)],
 ) -> dict[str, Any]:
-    gate = gate_of(request)
+    gate = Gate.of(request)
     tenant, hold_id = parse_escalation_id(escalation)
-    who.require(tenant, AdminRole.APPROVER, no_such_escalation())
+    who.require(tenant, AdminRole.APPROVER, no_such_escalation)
     admin = who.name
     note = (await ruling_of(request, *body_bounds(gate))).reason
     if tenant not in gate.tenants.policies:

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from gateway.edge import metrics
 from gateway.edge.auth import AdminIdentity, tenant_admin_auth
 from gateway.edge.problems import Problem
-from gateway.routes import gate_of
+from gateway.pipeline.prepare import Gate
 from gateway.routes.readiness import Writes
 from gateway.settings import GatewaySettings
 from gateway.state.policies import FileFault
@@ -53,7 +53,7 @@ class Health:
         serves no tenant better, and stopping them all would stop the tenants whose
         slots take writes); only an admin learns which tenants (its own, or all for
         an operator), and an operator why primaries refuse."""
-        gate = gate_of(request)
+        gate = Gate.of(request)
         try:
             await gate.ledger.ping()
             if not await gate.ledger.scripts_loaded():
@@ -90,7 +90,7 @@ class Health:
         operator reuses what such a scrape read within IRREV_METRICS_CACHE_S: with
         IRREV_METRICS_TENANT_LABELS it reads every waiting hold."""
         settings = self.settings
-        gate = gate_of(request)
+        gate = Gate.of(request)
         admin = await _admin(request)
         operator = admin is not None and admin.operator
         tenant_labels = settings.metrics_tenant_labels or operator

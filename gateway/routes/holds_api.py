@@ -25,9 +25,9 @@ from gateway.edge.responses import (
 )
 from gateway.edge.wire import StoredAnswer, StoredRequest, parse_json_body, receipt, record_of
 from gateway.pipeline.decision import Decision, decided, escalate
+from gateway.pipeline.deliver import unacknowledged
 from gateway.pipeline.prepare import Gate, Intent, prepare
-from gateway.pipeline.reserve import reserve_priced, shadowed, unacknowledged
-from gateway.routes import gate_of
+from gateway.pipeline.reserve import reserve_priced, shadowed
 from ledger import MAX_AMOUNT, Hold, HoldState, Ledger, LedgerError, Status, TransitionResult
 from pricing import (
     TOP_KEPT,
@@ -88,7 +88,7 @@ async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> Respon
     """Price an in-process effect and hold its budget: 201 admitted, 202 escalated,
     403 denied; a repeat of the Idempotency-Key returns the hold as it is now, or the
     gateway's refusal it first got (a hold released unreplicated)."""
-    gate, (policy, agent) = gate_of(request), who
+    gate, (policy, agent) = Gate.of(request), who
     with gate.agents.slot(policy, agent):
         return await _create_hold(gate, policy, agent, spec, request)
 
@@ -155,7 +155,7 @@ async def settled_by(
     Only the trusted side settles a proxied hold: the gateway itself (its forward,
     its reconciler), an admin, or the settler credential of the hold's own tool.
     An agent sees its own holds and settles only those of in-process routes."""
-    hold = await gate_of(request).ledger.hold(who.policy.tenant, hold_id)
+    hold = await Gate.of(request).ledger.hold(who.policy.tenant, hold_id)
     record = record_of(hold.request, hold.outcome) if hold else None
     if hold is None or record is None or (who.agent and record.agent != who.agent.agent_id):
         raise Problem(404, "not_found", "no such hold for this caller")
@@ -264,7 +264,7 @@ async def post_hold(
         amount = record.price if isinstance(record, StoredRequest) else _price(hold)
     check_amount(who, hold, record, amount)
     tenant = who.policy.tenant
-    result = await gate_of(request).ledger.post(tenant, hold_id, amount, outcome=receipt(record))
+    result = await Gate.of(request).ledger.post(tenant, hold_id, amount, outcome=receipt(record))
     if result.status is Status.OK:
         _log_flags(tenant, hold_id, result.flags)
     _refuse_short(request, hold_id, result)
@@ -274,7 +274,7 @@ async def post_hold(
 @router.post("/{hold_id}/void")
 async def void_hold(request: Request, hold_id: str, who: Settler) -> dict[str, Any]:
     _, record = await settled_by(request, who, hold_id)
-    ledger = gate_of(request).ledger
+    ledger = Gate.of(request).ledger
     result = await ledger.void(who.policy.tenant, hold_id, outcome=receipt(record))
     return {"hold": hold_id, "state": result.state.value}
 
@@ -284,7 +284,7 @@ async def ambiguous_hold(
     request: Request, hold_id: str, spec: AmbiguousRequest, who: Settler
 ) -> dict[str, Any]:
     await settled_by(request, who, hold_id)
-    result = await gate_of(request).ledger.mark_ambiguous(who.policy.tenant, hold_id, spec.reason)
+    result = await Gate.of(request).ledger.mark_ambiguous(who.policy.tenant, hold_id, spec.reason)
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}
 
 
@@ -303,7 +303,7 @@ async def compensate_hold(
             "by its agent",
             hold=hold_id,
         )
-    ledger = gate_of(request).ledger
+    ledger = Gate.of(request).ledger
     result = await ledger.compensate(who.policy.tenant, hold_id, spec.recovered_micros)
     if result.status is Status.OK:
         await _learn(ledger, who, hold_id, record.route_id, spec.recovered_micros == 0)
@@ -328,7 +328,7 @@ async def settle_hold(
         )
     hold, record = await settled_by(request, who, hold_id)
     check_amount(who, hold, record, spec.realised_micros)
-    tenant, ledger = who.policy.tenant, gate_of(request).ledger
+    tenant, ledger = who.policy.tenant, Gate.of(request).ledger
     if hold.state in (HoldState.PENDING, HoldState.AMBIGUOUS):
         result = await ledger.post(tenant, hold_id, spec.realised_micros, outcome=receipt(record))
     else:
@@ -354,7 +354,7 @@ def _refuse_short(request: Request, hold_id: str, result: TransitionResult) -> N
         "repeat the same request (it is idempotent) once the replicas or the disk are back"
     )
     problem = unacknowledged(
-        gate_of(request), hold_id, result.replicas, result.fsynced, "this settlement", then
+        Gate.of(request), hold_id, result.replicas, result.fsynced, "this settlement", then
     )
     if problem is not None:
         raise problem

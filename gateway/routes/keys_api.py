@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.edge.auth import Admin, policy_of
 from gateway.edge.problems import Problem
-from gateway.routes import gate_of
+from gateway.pipeline.prepare import Gate
 from gateway.state import managed_keys
 from gateway.state.managed_keys import key_view
 from ledger import KeyKind, KeyNotFound, KeyNotLive, KeyRecord, KeySpec, LedgerError
@@ -66,7 +66,7 @@ class KeyRequest(BaseModel):
 
 
 async def _record(request: Request, tenant: str, key_id: str) -> KeyRecord:
-    found = await gate_of(request).ledger.keys.records([tenant])
+    found = await Gate.of(request).ledger.keys.records([tenant])
     for record in found.get(tenant, []):
         if record.key_id == key_id:
             return record
@@ -76,7 +76,7 @@ async def _record(request: Request, tenant: str, key_id: str) -> KeyRecord:
 async def _served(request: Request, record: KeyRecord, token: str | None) -> dict[str, Any]:
     """The answer to a write: the key (and its token, this once), once this worker
     serves what was written (the others reload on the write's announcement)."""
-    gate = gate_of(request)
+    gate = Gate.of(request)
     try:
         await gate.tenants.keyring.reload(gate.ledger, frozenset(gate.tenants.policies))
     except LedgerError:
@@ -96,7 +96,7 @@ async def create_key(
     policy = policy_of(request, tenant, admin, managed_keys.managing_role(spec))
     life_ms = body.expires_in_s * 1000 if body.expires_in_s is not None else None
     try:
-        record, token = await managed_keys.issue(gate_of(request).ledger, policy, spec, life_ms)
+        record, token = await managed_keys.issue(Gate.of(request).ledger, policy, spec, life_ms)
     except managed_keys.UnknownAgent as exc:
         raise Problem(404, "unknown_agent", str(exc), agent=exc.agent) from exc
     log.info(
@@ -110,7 +110,7 @@ async def create_key(
 async def list_keys(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
     """Every key of the tenant, revoked and expired ones too (`state`), oldest first."""
     policy_of(request, tenant, admin)
-    gate = gate_of(request)
+    gate = Gate.of(request)
     records = (await gate.ledger.keys.records([tenant])).get(tenant, [])
     now_ms = await gate.ledger.keys.now_ms()
     return {"keys": [key_view(record, now_ms) for record in records]}
@@ -124,7 +124,7 @@ async def rotate_key(request: Request, tenant: str, key_id: str, admin: Admin) -
     found = await _record(request, tenant, key_id)
     policy_of(request, tenant, admin, managed_keys.managing_role(found.spec))
     try:
-        record, token = await managed_keys.rotate(gate_of(request).ledger, tenant, key_id)
+        record, token = await managed_keys.rotate(Gate.of(request).ledger, tenant, key_id)
     except KeyNotFound as exc:
         raise Problem(404, "key_not_found", str(exc)) from exc
     except KeyNotLive as exc:
@@ -142,7 +142,7 @@ async def revoke_key(request: Request, tenant: str, key_id: str, admin: Admin) -
     found = await _record(request, tenant, key_id)
     policy_of(request, tenant, admin, managed_keys.managing_role(found.spec))
     try:
-        record = await gate_of(request).ledger.keys.revoke(tenant, key_id)
+        record = await Gate.of(request).ledger.keys.revoke(tenant, key_id)
     except KeyNotFound as exc:
         raise Problem(404, "key_not_found", str(exc)) from exc
     log.info("key revoked", extra={"tenant": tenant, "admin": admin.name, "key": key_id})

@@ -27,7 +27,6 @@ from gateway.edge.wire import Headers, StoredAnswer
 from gateway.pipeline.decision import Decision, admit
 from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate, Intent, prepare, upstream_of
 from gateway.pipeline.upstream import Answer
-from gateway.routes import gate_of
 from pricing import AuthenticatedAgent, TenantPolicy
 
 _VISIBLE_ASCII = re.compile(r"[\x20-\x7e\t]*")
@@ -67,7 +66,7 @@ async def proxy(
     request: Request,
     who: Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)],
 ) -> Response:
-    gate, (policy, agent) = gate_of(request), who
+    gate, (policy, agent) = Gate.of(request), who
     with gate.agents.slot(policy, agent):
         return await _proxy(gate, policy, agent, tool, path, request)
 

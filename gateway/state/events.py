@@ -4,20 +4,30 @@ journal order, each identified by its journal entry id (receivers deduplicate by
 it). The admin events feed and the webhooks send the same shapes.
 
 Also the shapes a person reads: amounts as integer minor units with a sibling
-`<field>_text` ("1,234.56 USD") and `currency`, times as RFC 3339 strings."""
+`<field>_text` ("1,234.56 USD") and `currency`, times as RFC 3339 strings; the rules
+tripped, the refusals by minute and reason, and the stress detectors, for the admin
+API and the console."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from gateway.edge.responses import escalation_id
 from gateway.edge.wire import StoredAnswer, StoredRequest, record_of
-from ledger import RULE_PREFIX, Balance, Hold, JournalEntry, Ledger, Reason, RefusalCount
-from pricing import TenantPolicy, money_text
+from ledger import (
+    RULE_PREFIX,
+    Balance,
+    Hold,
+    JournalEntry,
+    Ledger,
+    Reason,
+    RefusalCount,
+    pool_tag,
+)
+from pricing import Cusum, CusumState, Stress, TenantPolicy, cusum_at, money_text, rfc3339
 
 # journal op -> event type; a reserve is an event only when it escalated.
 HOLD_EVENTS = {
@@ -33,12 +43,6 @@ EVENT_TYPES = (
     "rule.set",
     "rule.deleted",
 )
-
-
-def rfc3339(ms: int) -> str:
-    """Milliseconds since the epoch as an RFC 3339 UTC time, e.g. 2026-11-30T19:20:48.123Z."""
-    moment = datetime.fromtimestamp(ms / 1000, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
 def entry_ms(entry_id: str) -> int:
@@ -269,3 +273,53 @@ def refusals_view(
         ],
         "rows_total": len(ranked),
     }
+
+
+def stressed_routes(policy: TenantPolicy) -> list[tuple[str, Stress]]:
+    """The routes of the tenant's catalog that have a detector, by route id."""
+    found = {
+        route.route_id: route.stress
+        for routes in policy.catalog.routes.values()
+        for route in routes
+        if route.stress is not None
+    }
+    return sorted(found.items())
+
+
+def stress_view(
+    policy: TenantPolicy, states: dict[str, dict[str, float]], now_ms: int
+) -> list[dict[str, Any]]:
+    """The tenant's stress detectors as an operator sees them, read from the ledger
+    and stood at Redis's clock now (pricing's `cusum_at`). Each: on or off now, its
+    score against its threshold, its calm rate a second, when it last tripped and,
+    while on, until when. A detector that has seen no request since its settings
+    were set (or a week) is off at its warm-up."""
+    out = []
+    for route_id, stress in stressed_routes(policy):
+        cusum = Cusum(stress.shift, stress.threshold, stress.hold_ticks)
+        tick_ms = stress.tick_ms
+        now = float(now_ms // tick_ms)
+        stored = states.get(pool_tag(route_id), {})
+        if stored.get("ms") == tick_ms:
+            state = CusumState(
+                stored["s"], stored["l"], stored["a"], stored["r"], stored["t"], stored["n"]
+            )
+        else:
+            state = CusumState.warmed(stress.warm_requests, stress.warm_ticks, start=now)
+        on, score, calm = cusum_at(state, now, cusum)
+        tripped = bool(state.ever_alarmed)
+        out.append(
+            {
+                "route": route_id,
+                "on": on,
+                "score": round(score, 3),
+                "threshold": stress.threshold,
+                "calm_per_second": round(calm * 1000 / tick_ms, 6),
+                "last_trip_at": rfc3339(int(state.last_alarm) * tick_ms) if tripped else None,
+                "on_until": rfc3339(int(state.last_alarm + cusum.hold + 1) * tick_ms)
+                if on
+                else None,
+                "loss_factor": stress.loss_factor,
+            }
+        )
+    return sorted(out, key=lambda d: (not d["on"], d["route"]))

@@ -9,7 +9,7 @@ more files shows.
    the call gets the tool's result.
 3. A console approval: what gateway/static/console.js does when an operator signs in
    and approves: the page and its assets, the tenants, the tenant's panels (the
-   escalation queue among them), then the approval.
+   escalation queue and the stress detectors among them), then the approval.
 
 The gateway runs in this process (its lifespan entered as uvicorn would), against the
 suite's Redis and real upstream processes (the supplier, the SDK-built MCP tool server).
@@ -62,10 +62,10 @@ pytestmark = pytest.mark.slow
 # The most gateway files each walk may run code in: the counts measured with the
 # pipeline by stage (prepare, reserve, decision, deliver, approve, each under the
 # 600/70 bounds of tests/test_sizes.py; the flat layout's were 16, 23 and 19, with
-# one 1,067-line admission.py), so that a change that spreads a walk over more files
+# one 1,067-line admission.py; issue 31 asked for fewer than 25, 30 and 22), so that a change that spreads a walk over more files
 # fails here and says so. Only the gateway's are bounded: the libraries' count
 # depends on the server (a Redis Cluster runs one ledger file more).
-MOST = {"http": 22, "mcp": 29, "console": 25}
+MOST = {"http": 21, "mcp": 26, "console": 21}
 TITLES = {
     "http": "HTTP admit and settle",
     "mcp": "MCP call escalated then approved",
@@ -291,6 +291,7 @@ async def test_a_newcomers_three_walks_touch_few_files(
                     f"/v1/admin/tenants/{t}/rules",
                     f"/v1/admin/tenants/{t}/refusals?minutes=60",
                     f"/v1/admin/tenants/{t}/keys",
+                    f"/v1/admin/tenants/{t}/stress",
                     f"/v1/admin/tenants/{t}/events?after={cursor}&limit=500",
                 ):
                     answer = await http.get(path, headers=admin)

@@ -127,7 +127,7 @@ def test_the_face_exports_exactly_the_public_api() -> None:
 
 
 def _is_ledger(node: ast.expr) -> bool:
-    """`ledger`, `gate.ledger`, `gate_of(request).ledger`: an expression naming a Ledger."""
+    """`ledger`, `gate.ledger`, `Gate.of(request).ledger`: an expression naming a Ledger."""
     return (isinstance(node, ast.Name) and node.id == "ledger") or (
         isinstance(node, ast.Attribute) and node.attr == "ledger"
     )
