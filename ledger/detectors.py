@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING
 
 from . import validate
 from .errors import raise_for_reply, translate_redis_errors
-from .keys import accounts_key, journal_key, margins_key, stress_alarms_key, stress_key
+from .keys import (
+    accounts_key,
+    hold_key,
+    journal_key,
+    margins_key,
+    settled_key,
+    stress_alarms_key,
+    stress_key,
+)
 from .records import Margin, StressDetector, StressReading, pool_tag
 from .replies import decoded
 
@@ -27,20 +35,23 @@ class Detectors(LedgerCore):
     """Stress detectors (a mixin of Ledger)."""
 
     async def stress_step(
-        self, tenant: str, route_id: str, detector: StressDetector
+        self, tenant: str, route_id: str, detector: StressDetector, hold_id: str
     ) -> StressReading:
-        """Count one request of `route_id` in its detector (lua/detector.lua), by
-        Redis's clock, and answer whether to price it stressed."""
+        """Count the request that would open `hold_id` on `route_id` in its detector
+        (lua/detector.lua), by Redis's clock, and answer whether to price it stressed.
+        A repeat (the hold is kept, or archived with its id still taken) is not
+        counted again: the answer is the detector as it stands (`counted` False)."""
         tenant = validate.tenant_id(tenant)
         tag = pool_tag(route_id)
         keys = [accounts_key(tenant), journal_key(tenant), stress_key(tenant)]
-        keys.append(stress_alarms_key(tenant, tag))
+        keys += [stress_alarms_key(tenant, tag), hold_key(tenant, hold_id), settled_key(tenant)]
         d = detector
         args = [tag, str(d.tick_ms), repr(float(d.shift)), repr(float(d.h))]
         args += [str(d.hold), repr(float(d.warm_requests)), repr(float(d.warm_ticks))]
-        reply = await self._run("detector", keys, [*args, str(DETECTOR_TTL_MS), route_id])
-        raise_for_reply(tenant, "", "stress detector", reply)
-        on, run, tick, score, calm, alarm, ended, ended_at, tripped, cleared = reply[1:]
+        args += [str(DETECTOR_TTL_MS), route_id, hold_id]
+        reply = await self._run("detector", keys, args)
+        raise_for_reply(tenant, hold_id, "stress detector", reply)
+        on, run, tick, score, calm, alarm, ended, ended_at, tripped, cleared, counted = reply[1:]
         return StressReading(
             on=int(on) == 1,
             run=int(float(run)),
@@ -52,6 +63,7 @@ class Detectors(LedgerCore):
             ended_at=int(float(ended_at)),
             tripped=int(tripped) == 1,
             cleared=int(cleared) == 1,
+            counted=int(counted) == 1,
         )
 
     async def stress_states(self, tenant: str) -> dict[str, dict[str, float]]:

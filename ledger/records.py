@@ -152,7 +152,8 @@ class StressReading:
     """One request through a route's detector: `on`, price it stressed; the rest as
     pricing.stress.CusumStep has them, with the detector's `tick`, its `score` and
     `calm` rate after it, and whether it turned on (`tripped`) or had turned off
-    since the last request (`cleared`), both journaled."""
+    since the last request (`cleared`), both journaled. `counted` False: a repeat of
+    a request the detector has counted, which changed nothing."""
 
     on: bool
     run: int
@@ -164,6 +165,7 @@ class StressReading:
     ended_at: int
     tripped: bool
     cleared: bool
+    counted: bool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -138,8 +138,9 @@ async def under_stress(gate: Gate, policy: TenantPolicy, prepared: Prepared) -> 
     tenant shares in its ledger (ledger/lua/detector.lua), and held at its stressed
     price (pricing's `stressed`): for good while the detector is on; while it is off,
     with the difference from its calm price as a margin (pricing/stress.py) that
-    gateway/state/margins.py releases once the detector vouches for it. A route
-    without a detector, or a shadow one, is left alone."""
+    gateway/state/margins.py releases once the detector vouches for it. A repeat of
+    the effect (its hold id taken: a model repeating a call, a retry) is not counted
+    again. A route without a detector, or a shadow one, is left alone."""
     effect = prepared.effect
     stress = effect.route.stress if effect.route else None
     if stress is None or prepared.shadow:
@@ -154,13 +155,15 @@ async def under_stress(gate: Gate, policy: TenantPolicy, prepared: Prepared) -> 
     )
     started = time.perf_counter()
     try:
-        reading = await gate.ledger.stress_step(policy.tenant, effect.route_id, detector)
+        reading = await gate.ledger.stress_step(
+            policy.tenant, effect.route_id, detector, prepared.hold_id
+        )
     finally:
         metrics.child(metrics.LEDGER_SECONDS, "stress").observe(time.perf_counter() - started)
     if reading.tripped:
         metrics.child(metrics.STRESS_TRIPS, policy.tenant, effect.route_id).inc()
         log.warning("stress detector of %s %s tripped", policy.tenant, effect.route_id)
-    if reading.on:
+    if reading.on and reading.counted:
         metrics.child(metrics.STRESSED_EFFECTS, policy.tenant, effect.route_id).inc()
     return _held_stressed(replace(prepared, stressed=reading.on, stress_run=reading.run))
 

@@ -202,6 +202,14 @@ local function pkey(id)
   return P .. 'payload:' .. id
 end
 
+-- Whether hold `id`, not in the slot, was settled and archived out of it (the
+-- tenant's settled index `settled`, archive.lua) and its retention lasts (0: for
+-- good): its id stays taken, as opening it again would admit its effect twice.
+local function archived_id(settled, id)
+  local kept = string.match(redis.call('HGET', settled, id) or '', '^(%d+)|')
+  return kept ~= nil and (kept == '0' or tonumber(kept) > now_ms())
+end
+
 -- An account is eight fields of ACCOUNTS, `<account id>|<name>` (no id has a '|'),
 -- each a decimal integer: read as numbers, written as numbers (no string packing,
 -- which cost a Lua script ~10 us per account).

@@ -55,9 +55,7 @@ local h = redis.call('HMGET', KEYS[3], 'st', 'tp', 'te')
 local st = h[1]
 if not st then
   -- Its id is what follows `hold:` in its record's key.
-  local id = string.sub(KEYS[3], #P + 6)
-  local archived = string.match(redis.call('HGET', KEYS[4], id) or '', '^(%d+)|')
-  if archived and (archived == '0' or tonumber(archived) > now_ms()) then
+  if archived_id(KEYS[4], string.sub(KEYS[3], #P + 6)) then
     return {'archived', g}
   end
 end

@@ -9,7 +9,9 @@
 --          of the tenant's keys in a reshard; KEYS[4] `...:stress-alarms:<tag>`,
 --          the route's runs that ended in an alarm (a sorted set, member and score the
 --          run), the newest MAX_ALARMS of them; `<tag>|cut` in the hash is the newest
---          run trimmed from it, so that a run at or below it reads as alarmed
+--          run trimmed from it, so that a run at or below it reads as alarmed;
+--          KEYS[5] the record of the request's hold (`...:hold:<ARGV[10]>`) and
+--          KEYS[6] the tenant's settled index, which say whether it is a repeat
 -- ARGV[1]  the route's tag (ledger/records.py's pool_tag: 16 hex digits)
 -- ARGV[2]  tick_ms: the detector's tick (1 .. 86,400,000)
 -- ARGV[3]  shift (> 1), ARGV[4] h (> 0), ARGV[5] hold in ticks (an integer >= 0)
@@ -17,18 +19,25 @@
 --          detector starts from
 -- ARGV[8]  ttl_ms: the hash lives that long after its last request (> 0)
 -- ARGV[9]  the route's id, for the journal (1 to 1024 bytes)
+-- ARGV[10] the request's hold id: a repeat of a request whose hold is kept (or
+--          archived, its id still taken) is not counted again
 --
--- Returns {'ok', on, run, tick, score, calm, alarm, ended, ended_at, tripped, cleared}
+-- Returns {'ok', on, run, tick, score, calm, alarm, ended, ended_at, tripped, cleared,
+--          counted}
 --   on 1 if this request is priced stressed; run the run it belongs to; tick the
 --   detector's tick now (Redis TIME / tick_ms); score and calm (requests per tick)
 --   after it, as '%.17g' text; alarm 1 if its arrival alarmed; ended 1 if the run
 --   before it decayed to 0 first, vouched for from tick ended_at; tripped 1 if the
 --   detector turned on here, cleared 1 if it had turned off since the last request
---   (both journaled, op `stress`)
+--   (both journaled, op `stress`); counted 1 if the request was counted, 0 for a
+--   repeat: then nothing is written and the rest is the detector stood at now, as
+--   pricing.stress.cusum_at reads it (alarm, tripped and cleared 0: a clearing is
+--   journaled by the next counted request)
 --   {'bad_input', field, message}   nothing written
 --
--- Invariant: the state after a request is pricing.stress.cusum_step's on the state
--- before it (tests/ledger/test_detector.py holds the two to one recorded stream); a
+-- Invariant: the state after a counted request is pricing.stress.cusum_step's on the
+-- state before it, and a repeat changes nothing (a model repeating a call, an agent
+-- retrying after a timeout: one effect, one count) (tests/ledger/test_detector.py holds the two to one recorded stream); a
 -- detector whose tick length or settings changed starts again from its warm-up, so
 -- that a state is never read in units it was not written in, but its runs go on
 -- numbering from where they were: a run's number names one run for ever, and a run
@@ -53,11 +62,16 @@ local function text(x)
 end
 
 local tag = ARGV[1]
-if #ARGV ~= 9 or #ARGV[9] < 1 or #ARGV[9] > 1024 or not tag or not string.match(tag, '^%x+$') or #tag > 32 then
-  return {'bad_input', 'route', 'the route tag must be 1-32 hex digits, then 7 settings and the route id'}
+if #ARGV ~= 10 or #ARGV[9] < 1 or #ARGV[9] > 1024 or not tag or not string.match(tag, '^%x+$') or #tag > 32 then
+  return {'bad_input', 'route', 'the route tag must be 1-32 hex digits, then 7 settings, the route id and the hold id'}
 end
-if #KEYS ~= 4 or KEYS[3] ~= P .. 'stress' or KEYS[4] ~= P .. 'stress-alarms:' .. tag then
-  return {'bad_input', 'keys', 'KEYS[3] and KEYS[4] must be the tenant\'s stress hash and the route\'s alarms'}
+local id = ARGV[10]
+if not valid_id(id) then
+  return {'bad_input', 'hold_id', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
+end
+if #KEYS ~= 6 or KEYS[3] ~= P .. 'stress' or KEYS[4] ~= P .. 'stress-alarms:' .. tag
+    or KEYS[5] ~= hkey(id) or KEYS[6] ~= P .. 'settled' then
+  return {'bad_input', 'keys', 'KEYS[3..6] must be the tenant\'s stress hash, the route\'s alarms, the hold\'s record and the settled index'}
 end
 local tick_ms = num(ARGV[2], 1, 86400000, true)
 local shift = num(ARGV[3], 1, 1e6)
@@ -107,6 +121,10 @@ local decayed = s.score - decay * (t - s.last)
 local ended = s.score > 0 and decayed <= 0
 local ended_at = s.last + math.ceil(s.score / decay)
 local run = s.run + (ended and 1 or 0)
+if redis.call('EXISTS', KEYS[5]) == 1 or archived_id(KEYS[6], id) then
+  return {'ok', t - s.alarm <= hold and 1 or 0, text(run), text(t), text(math.max(decayed, 0)),
+    text(calm), 0, ended and 1 or 0, text(ended_at), 0, 0, 0}
+end
 local last_alarm = s.alarm
 local score = math.max(decayed, 0)
 local alarm = score >= h
@@ -142,4 +160,4 @@ redis.call('HSET', STRESS, fields[1], text(score), fields[2], text(t), fields[3]
 redis.call('PEXPIRE', STRESS, ttl_ms)
 redis.call('PEXPIRE', ALARMS, ttl_ms)
 return {'ok', on and 1 or 0, text(run), text(t), text(score), text(calm), alarm and 1 or 0,
-  ended and 1 or 0, text(ended_at), tripped and 1 or 0, cleared and 1 or 0}
+  ended and 1 or 0, text(ended_at), tripped and 1 or 0, cleared and 1 or 0, 1}

@@ -246,10 +246,7 @@ if held then
   end
   return reply
 end
--- The id of a settled hold archived out of the slot is taken while its retention
--- lasts (expiry 0: for good): opening it again would admit its effect twice.
-local archived = string.match(redis.call('HGET', KEYS[8], id) or '', '^(%d+)|')
-if archived and (archived == '0' or tonumber(archived) > now_ms()) then
+if archived_id(KEYS[8], id) then
   return {'archived', ''}
 end
 

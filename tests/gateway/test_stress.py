@@ -9,6 +9,8 @@ processes on one Redis:
   order, and calm orders after a burst, fall to their calm price; a burst's orders
   (its first ones, priced before the detector could see it, and those made while
   it was on) keep the face value;
+- an order repeated (the agent retries it, with its key) counts once, through
+  either gateway;
 - trips and clearings are journaled, and the admin API shows the detector.
 """
 
@@ -74,6 +76,11 @@ def stress_tenant(new_tenant: TenantMaker) -> Tenant:
 @pytest.fixture(scope="module")
 def slow_tenant(new_tenant: TenantMaker) -> Tenant:
     return new_tenant("stress-slow", routes=stressed_routes(SLOW))
+
+
+@pytest.fixture(scope="module")
+def repeat_tenant(new_tenant: TenantMaker) -> Tenant:
+    return new_tenant("stress-repeat", routes=stressed_routes(SLOW))
 
 
 @dataclass(frozen=True)
@@ -183,3 +190,29 @@ async def test_margins_come_back_after_calm_and_stay_on_a_burst(
     [detector] = shown.json()["detectors"]
     assert detector["on"] is False and detector["on_until"] is None
     assert detector["last_trip_at"] is not None
+
+
+async def test_a_repeated_order_counts_once(
+    repeat_tenant: Tenant, gateway: Gateway, peer_gateway: Gateway
+) -> None:
+    """Six sends of one order (an agent retrying it with its key, through either
+    gateway) are one effect: counted six times, the 4th send would trip the detector
+    (SLOW) and the next orders would be priced `on`."""
+    headers = effect_headers(repeat_tenant, "buyer-01", "one-order")
+    async with clients(gateway, peer_gateway) as hosts:
+        sent = [
+            await hosts[i % 2].post(
+                "/tools/supplier/orders", json=order(quantity=1), headers=headers
+            )
+            for i in range(6)
+        ]
+        buy = buyer(repeat_tenant)
+        fresh = [await buy(hosts[0]) for _ in range(2)]
+        shown = await hosts[1].get(
+            f"/v1/admin/tenants/{repeat_tenant.id}/stress", headers=gateway.admin
+        )
+    assert [s.status_code for s in sent] == [201] * 6, sent[-1].text
+    assert len({s.headers["x-irrev-hold"] for s in sent}) == 1
+    assert [b.stress for b in fresh] == ["margin", "margin"]
+    [detector] = shown.json()["detectors"]
+    assert not detector["on"] and detector["last_trip_at"] is None

@@ -11,10 +11,14 @@ import random
 import pytest
 
 from ledger import BadInput, Ledger, StressDetector, StressReading, pool_tag, read_journal
-from ledger.keys import stress_key
+from ledger.archive import archive_settled
+from ledger.keys import hold_key, stress_key
 from pricing import Cusum, CusumState, cusum_step
 
+from .conftest import open_accounts
+
 ROUTE = "POST /orders"
+HOUR_MS = 3_600_000
 # 2 ms ticks: a burst of back-to-back requests alarms, a 60 ms pause ends a run.
 DETECTOR = StressDetector(tick_ms=2, shift=4.0, h=4.0, hold=5, warm_requests=10, warm_ticks=100)
 
@@ -27,7 +31,8 @@ async def burst_then_pause(ledgers: list[Ledger], tenant: str, seed: int) -> lis
     for cycle in range(8):
         for _ in range(8 if cycle % 2 == 0 else 3):
             client = ledgers[len(readings) % len(ledgers)]
-            readings.append(await client.stress_step(tenant, ROUTE, DETECTOR))
+            hold_id = f"h{len(readings)}"
+            readings.append(await client.stress_step(tenant, ROUTE, DETECTOR, hold_id))
             if cycle % 2:
                 await asyncio.sleep(rng.uniform(0.01, 0.03))
         await asyncio.sleep(0.06)
@@ -94,17 +99,40 @@ async def test_a_trip_and_its_clearing_are_journaled(ledger: Ledger, tenant: str
 
 
 async def test_new_settings_start_the_detector_again(ledger: Ledger, tenant: str) -> None:
-    for _ in range(8):
-        hot = await ledger.stress_step(tenant, ROUTE, DETECTOR)
+    for i in range(8):
+        hot = await ledger.stress_step(tenant, ROUTE, DETECTOR, f"h{i}")
     assert hot.on
     other = StressDetector(tick_ms=2, shift=4.0, h=6.0, hold=5, warm_requests=10, warm_ticks=100)
-    fresh = await ledger.stress_step(tenant, ROUTE, other)
+    fresh = await ledger.stress_step(tenant, ROUTE, other, "h8")
     # its runs numbered on: a run's number names one run for ever (margins are kept by it)
     assert not fresh.on and fresh.run == hot.run + 1 and fresh.score == math.log(4.0)
     # it went off now, by the new settings, and the journal says when
     assert fresh.cleared
     [off] = [e for e in await read_journal(ledger, tenant) if e.fields.get("st") == "off"]
     assert int(off.fields["tick"]) == fresh.tick
+
+
+async def test_a_repeat_is_not_counted_again(ledger: Ledger, tenant: str) -> None:
+    """A model repeating a call, or an agent retrying one, is one effect: the requests
+    of a hold already kept (or settled and archived, its id still taken) leave the
+    detector as it was. Counted, 20 back-to-back requests would trip it."""
+    first = await ledger.stress_step(tenant, ROUTE, DETECTOR, "r1")
+    assert first.counted and not first.on
+    await open_accounts(ledger, tenant, tenant_acme=10_000)
+    await ledger.reserve(tenant, "r1", "fp", {"tenant:acme": 10}, ttl_ms=HOUR_MS)
+    before = await ledger.stress_states(tenant)
+    for _ in range(20):
+        repeat = await ledger.stress_step(tenant, ROUTE, DETECTOR, "r1")
+        assert not repeat.counted and not repeat.on and not repeat.alarm
+    await ledger.post(tenant, "r1", 10)
+    assert await archive_settled(ledger, tenant, after_ms=0, keep_restored_ms=0)
+    assert await ledger.redis.exists(hold_key(tenant, "r1")) == 0
+    for _ in range(20):
+        assert not (await ledger.stress_step(tenant, ROUTE, DETECTOR, "r1")).counted
+    assert await ledger.stress_states(tenant) == before
+    # new requests count, and a few back to back trip it
+    fresh = [await ledger.stress_step(tenant, ROUTE, DETECTOR, f"n{i}") for i in range(8)]
+    assert all(r.counted for r in fresh) and fresh[-1].on
 
 
 @pytest.mark.parametrize(
@@ -124,5 +152,5 @@ async def test_bad_settings_are_refused_and_write_nothing(
     }
     settings[field] = value
     with pytest.raises(BadInput):
-        await ledger.stress_step(tenant, ROUTE, StressDetector(**settings))  # type: ignore[arg-type]
+        await ledger.stress_step(tenant, ROUTE, StressDetector(**settings), "h")  # type: ignore[arg-type]
     assert await ledger.redis.exists(stress_key(tenant)) == 0
