@@ -34,9 +34,9 @@ from ledger import free_port
 from pricing import format_token, hash_token
 
 __all__ = [
+    "PolicyDraft",
     "ProcessError",
     "Server",
-    "TenantPolicy",
     "answers",
     "free_port",
     "group_members",
@@ -249,7 +249,7 @@ def answers(host: str, port: int) -> bool:
 
 
 @dataclass
-class TenantPolicy:
+class PolicyDraft:
     """A generated tenant policy: the document, and the plaintext secrets whose hashes
     it holds (agents' bearer tokens, tool APIs' settler tokens). Built as data and
     written with yaml.safe_dump, never by editing YAML text."""
@@ -259,33 +259,33 @@ class TenantPolicy:
     settlers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, path: Path) -> TenantPolicy:
+    def read(cls, path: Path) -> PolicyDraft:
         """A policy file (an example, say) as the start of a new one."""
         return cls(yaml.safe_load(path.read_text(encoding="utf-8")))
 
     @classmethod
-    def parse(cls, text: str) -> TenantPolicy:
+    def parse(cls, text: str) -> PolicyDraft:
         return cls(yaml.safe_load(text))
 
-    def copy(self) -> TenantPolicy:
+    def copy(self) -> PolicyDraft:
         return copy.deepcopy(self)
 
     @property
     def tenant(self) -> str:
         return str(self.document["tenant"])
 
-    def named(self, tenant: str) -> TenantPolicy:
+    def named(self, tenant: str) -> PolicyDraft:
         self.document["tenant"] = tenant
         return self
 
-    def point(self, upstream: str, tools: tuple[str, ...] | None = None) -> TenantPolicy:
+    def point(self, upstream: str, tools: tuple[str, ...] | None = None) -> PolicyDraft:
         """Send these tools (all that have an upstream if None) to `upstream`."""
         for name, tool in self.document["tools"].items():
             if (name in tools) if tools is not None else "upstream" in tool:
                 tool["upstream"] = upstream
         return self
 
-    def fresh_tokens(self) -> TenantPolicy:
+    def fresh_tokens(self) -> PolicyDraft:
         """A new bearer token for every agent (their hashes in the document)."""
         for name, agent in self.document["agents"].items():
             self.tokens[name] = new_token()
@@ -299,7 +299,7 @@ class TenantPolicy:
         agents[name] = {**fields, "token_sha256": hash_token(self.tokens[name])}
         return self.tokens[name]
 
-    def fresh_settlers(self) -> TenantPolicy:
+    def fresh_settlers(self) -> PolicyDraft:
         """A new settler token for every tool (the tool API's own credential)."""
         for name, tool in self.document["tools"].items():
             self.settlers[name] = new_token()

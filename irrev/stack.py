@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from irrev.cli import CliError
-from irrev.harness import Server, TenantPolicy, free_port, running, uvicorn_command
+from irrev.harness import PolicyDraft, Server, free_port, running, uvicorn_command
 
 EXAMPLES = Path("examples")
 DEMO_ADMIN_TOKEN = "demo-admin-token-not-secret"
@@ -41,7 +41,7 @@ def render_policies(
             f"no {examples / POLICY} in {Path.cwd()}: run this from the root of "
             "the irrev repository, where the example policies are"
         )
-    policy = TenantPolicy.read(examples / POLICY).point(supplier_url, tools=("supplier",))
+    policy = PolicyDraft.read(examples / POLICY).point(supplier_url, tools=("supplier",))
     policy.document["mode"] = mode
     policy.write(directory, POLICY)
     shutil.copyfile(examples / DEMO_TOKENS, directory / DEMO_TOKENS)

@@ -48,7 +48,7 @@ NOT_SIMULATED = (
 )
 
 PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
-Rate = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
+PerTick = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]  # calls per agent a tick
 Ticks = Annotated[int, Field(ge=0, strict=True)]
 
 
@@ -78,7 +78,7 @@ class Burst(_Spec):
     """A correlated burst in the first window: every agent's call rate jumps to `rate`
     per tick for `length` ticks; `recovery` (optional) is the burst's own recovery."""
 
-    rate: Rate
+    rate: PerTick
     length: Annotated[int, Field(gt=0, strict=True)]
     recovery: Shape | None = None
 
@@ -91,7 +91,7 @@ class WorkloadSpec(_Spec):
     agents: Annotated[int, Field(gt=0, le=100_000, strict=True)]
     ticks: Annotated[int, Field(gt=200, le=1_000_000, strict=True)] = 1000
     windows: Annotated[int, Field(gt=0, le=100, strict=True)] = 1
-    call_rate: Rate = Field(description="calls per agent per tick, in calm")
+    call_rate: PerTick = Field(description="calls per agent per tick, in calm")
     burst: Burst | None = None
     value: Value
     recovery: Shape | None = Field(

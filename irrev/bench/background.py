@@ -37,7 +37,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from irrev.cli import CliError, bounded
-from irrev.harness import Server, TenantPolicy
+from irrev.harness import PolicyDraft, Server
 from ledger import EmbeddedRedis, cluster_enabled
 
 EXAMPLE = Path("examples/procurement.yaml")
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         url = args.redis_url or stack.enter_context(EmbeddedRedis(root / "redis", tcp=True)).url
         policies = root / "policies"
         for i in range(args.tenants):
-            policy = TenantPolicy.read(EXAMPLE).named(f"bg-{i}").fresh_tokens()
+            policy = PolicyDraft.read(EXAMPLE).named(f"bg-{i}").fresh_tokens()
             policy.document["webhook"] = {"url": HOOK_URL, "secret": {"env": HOOK_SECRET}}
             policy.write(policies)
         if not args.json:

@@ -34,13 +34,13 @@ from rich.table import Table
 
 from irrev import output
 from irrev.cli import CliError, bounded
-from irrev.harness import Server, TenantPolicy, free_port, uvicorn_command
+from irrev.harness import PolicyDraft, Server, free_port, uvicorn_command
 from irrev.stack import gateway, run_locust, service, supplier
 from ledger import EmbeddedRedis
 
 AGENTS = 16
 
-POLICY = TenantPolicy.parse("""\
+POLICY = PolicyDraft.parse("""\
 tenant: bench
 risk_unit: {currency: USD, scale: 1000000}
 window: 24h

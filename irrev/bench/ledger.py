@@ -99,7 +99,7 @@ def bench_agent_key(i: int) -> str:
 
 
 @dataclass(frozen=True)
-class Rate:
+class Throughput:
     label: str
     per_s: float
     p50_ms: float | None = None
@@ -258,7 +258,7 @@ async def bench(url: str, args: argparse.Namespace) -> int:
 
 
 def measurements(
-    rows: list[tuple[Rate, Rate]],
+    rows: list[tuple[Throughput, Throughput]],
     memory: list[Memory],
     times: list[ScriptTime],
     args: argparse.Namespace,
@@ -276,7 +276,9 @@ def measurements(
     }
 
 
-async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list[tuple[Rate, Rate]]:
+async def measure(
+    ledger: Ledger, tenant: str, args: argparse.Namespace
+) -> list[tuple[Throughput, Throughput]]:
     trivial = ledger.redis.register_script(TRIVIAL)
     trivial.sha = await ledger.redis.script_load(TRIVIAL)  # the batches call it by SHA
     counter = f"irrev:{{{tenant}}}:bench"
@@ -334,7 +336,7 @@ async def measure(ledger: Ledger, tenant: str, args: argparse.Namespace) -> list
 
 async def measure_wait_aof(
     url: str, tenant: str, args: argparse.Namespace
-) -> list[tuple[Rate, Rate]]:
+) -> list[tuple[Throughput, Throughput]]:
     """reserve+post followed by WAITAOF as IRREV_WAIT_AOF=`args.wait_aof` does, beside
     the same on a ledger that waits for the replicas alone (WAIT; none: no wait),
     measured in turn at 1 and at --clients clients. A write not fsynced (or not on the
@@ -385,7 +387,7 @@ async def measure_wait_aof(
     return rows
 
 
-def report_wait_aof(rows: list[tuple[Rate, Rate]], args: argparse.Namespace) -> None:
+def report_wait_aof(rows: list[tuple[Throughput, Throughput]], args: argparse.Namespace) -> None:
     title = f"IRREV_WAIT_AOF={args.wait_aof}, IRREV_WAIT_REPLICAS={args.wait_replicas}"
     table = Table(title=f"{title}: reserve+post with WAITAOF ({args.persistence})")
     for column in ("mode", "with /s", "p50 ms", "p99 ms", "without /s", "p50 ms", "ratio"):
@@ -405,7 +407,7 @@ def report_wait_aof(rows: list[tuple[Rate, Rate]], args: argparse.Namespace) -> 
 
 async def rate(
     label: str, op: Callable[[], Awaitable[None]], seconds: float, clients: int, per_call: int = 1
-) -> Rate:
+) -> Throughput:
     latencies: list[float] = []
     stop = time.perf_counter() + seconds
 
@@ -419,7 +421,7 @@ async def rate(
     await asyncio.gather(*(client() for _ in range(clients)))
     elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     latencies.sort()
-    return Rate(
+    return Throughput(
         label,
         len(latencies) * per_call / elapsed,
         latencies[len(latencies) // 2] * 1000,
@@ -482,7 +484,9 @@ async def memory_per_hold(
     )
 
 
-def report(rows: list[tuple[Rate, Rate]], memory: list[Memory], args: argparse.Namespace) -> None:
+def report(
+    rows: list[tuple[Throughput, Throughput]], memory: list[Memory], args: argparse.Namespace
+) -> None:
     table = Table(title=f"irrev bench ledger ({args.persistence})")
     for column in (
         "mode",
@@ -525,7 +529,7 @@ def report(rows: list[tuple[Rate, Rate]], memory: list[Memory], args: argparse.N
         )
 
 
-def _cpu(rate: Rate) -> str:
+def _cpu(rate: Throughput) -> str:
     return f"{rate.client_cpu_us:.0f}" if rate.client_cpu_us is not None else ""
 
 

@@ -31,7 +31,7 @@ from rich.table import Table
 
 from irrev import output
 from irrev.cli import bounded
-from irrev.harness import Server, TenantPolicy, free_port
+from irrev.harness import PolicyDraft, Server, free_port
 from irrev.stack import gateway, mcp_tools, service
 from ledger import EmbeddedRedis
 
@@ -42,7 +42,7 @@ AGENT = {"principal": "load", "per_effect_cap": "1000000", "window_cap": "100000
 
 def bench_policy(directory: Path, mcp_url: str, sessions: int) -> list[str]:
     """One tenant whose budget never refuses, `sessions` agents; returns their tokens."""
-    policy = TenantPolicy(
+    policy = PolicyDraft(
         {
             "tenant": "bench-mcp",
             "risk_unit": {"currency": "USD", "scale": 1000000},

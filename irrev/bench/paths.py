@@ -40,7 +40,7 @@ from gateway.pipeline.upstream import Answer, Fate, HttpMeta
 from gateway.routes import admin_ledger
 from gateway.settings import GatewaySettings
 from gateway.state.tenants import TenantStore
-from irrev.harness import TenantPolicy
+from irrev.harness import PolicyDraft
 from ledger import EmbeddedRedis, Ledger
 from ledger.keys import accounts_key
 
@@ -126,7 +126,7 @@ def write_tenants(directory: Path, count: int, **overrides: Any) -> list[tuple[s
     written = []
     for n in range(count):
         tenant = f"{directory.name}-{n:03d}"
-        policy = TenantPolicy.read(EXAMPLE).named(tenant).fresh_tokens()
+        policy = PolicyDraft.read(EXAMPLE).named(tenant).fresh_tokens()
         policy.point("http://127.0.0.1:9")
         policy.document.update(overrides)
         policy.write(directory)
@@ -171,7 +171,7 @@ async def queue_page(root: Path, url: str, waiting: int, sends: Sends) -> dict[s
     directory.mkdir()
     # Every order escalates (an approval threshold of 0.01), and one agent may keep
     # all of them waiting.
-    routes = TenantPolicy.read(EXAMPLE).document["routes"]
+    routes = PolicyDraft.read(EXAMPLE).document["routes"]
     for route in routes:
         if route["route"] == "POST /orders":
             route["approval_threshold"] = "0.01"

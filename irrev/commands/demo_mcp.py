@@ -29,7 +29,7 @@ from rich.table import Table
 
 from irrev import output
 from irrev.cli import CliError, bounded
-from irrev.harness import TenantPolicy
+from irrev.harness import PolicyDraft
 from irrev.stack import DEMO_ADMIN_TOKEN, DEMO_OPERATOR, PORT_HELP, gateway, mcp_tools
 from ledger import EmbeddedRedis, HoldState, Ledger, audit_tenant
 
@@ -50,7 +50,7 @@ def fleet_policy(directory: Path, mcp_base: str, agents: int) -> dict[str, str]:
     developer with fresh tokens; returns the tokens by agent."""
     if not EXAMPLE.is_file():
         raise CliError(f"no {EXAMPLE} in {Path.cwd()}: run this from the irrev repository")
-    policy = TenantPolicy.read(EXAMPLE)
+    policy = PolicyDraft.read(EXAMPLE)
     document = policy.document
     for tool in document["tools"].values():
         tool["mcp"] = f"{mcp_base}/{policy.tenant}/mcp"

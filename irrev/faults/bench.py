@@ -29,7 +29,7 @@ import yaml
 from redis.asyncio import Redis, RedisCluster
 
 from gateway.edge.wire import hold_id_for, upstream_key
-from irrev.harness import TenantPolicy, free_port
+from irrev.harness import PolicyDraft, free_port
 from irrev.localcluster import LocalCluster
 from ledger import AppendFsync, EmbeddedRedis, Ledger
 from ledger.keys import hold_key, tenant_prefix
@@ -43,7 +43,7 @@ ORDER_ROUTE = "POST /orders"
 
 # Limits in USD (major units); a plain order is 2 x 5 = 10, an escalated one 400. The
 # order routes (ORDER_ROUTES, one pair per tool of TOOLS) come before the deploy route.
-POLICY = TenantPolicy.parse("""\
+POLICY = PolicyDraft.parse("""\
 tenant: set-per-run
 risk_unit: {currency: USD, scale: 1000000}
 window: 24h

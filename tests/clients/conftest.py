@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from irrev.client import IrrevClient
-from irrev.harness import TenantPolicy
+from irrev.harness import PolicyDraft
 from tests.gateway.conftest import Gateway, wait_for_workers
 from tests.gateway.servers import BIN, EXAMPLES, Server, Tenant, base_env, write_policy
 from tests.mcp.conftest import serve
@@ -156,7 +156,7 @@ def write_host_tenant(directory: Path, tenant: str, tool_server: str, **route: s
     """examples/mcp-payments.yaml as `tenant`, with a fresh agent token, calling
     `tool_server`, its route's fields replaced by `route`. Without the example's tenant
     admin (two tenants cannot share a token): the gateway's operator approves."""
-    policy = TenantPolicy.read(EXAMPLES / "mcp-payments.yaml").named(tenant).fresh_tokens()
+    policy = PolicyDraft.read(EXAMPLES / "mcp-payments.yaml").named(tenant).fresh_tokens()
     document = policy.document
     document["tools"]["payments"]["mcp"] = f"{tool_server}/mcp"
     document["routes"] = [{**each, **route} for each in document["routes"]]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from irrev import harness
-from irrev.harness import TenantPolicy
+from irrev.harness import PolicyDraft
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -83,7 +83,7 @@ def write_policy(
 ) -> Tenant:
     """A copy of examples/<example>.yaml as `tenant`, with fresh tokens; its tools point
     at `supplier_url` and top-level keys are replaced by `overrides`."""
-    policy = TenantPolicy.read(EXAMPLES / f"{example}.yaml").named(tenant).fresh_tokens()
+    policy = PolicyDraft.read(EXAMPLES / f"{example}.yaml").named(tenant).fresh_tokens()
     policy.point(supplier_url).fresh_settlers()
     policy.document.update(overrides)
     policy.write(directory)

@@ -32,7 +32,7 @@ import pytest
 import redis
 import yaml
 
-from irrev.harness import TenantPolicy, new_token
+from irrev.harness import PolicyDraft, new_token
 from ledger.cluster import cluster_enabled
 from pricing.credentials import hash_token
 
@@ -65,7 +65,7 @@ CHANGES = "irrev:{fleet}:changes"
 class Fleet:
     hosts: dict[str, Server]
     tenant: Tenant
-    policy: TenantPolicy
+    policy: PolicyDraft
     admin_token: str
     redis_url: str
 
@@ -95,7 +95,7 @@ def fleet(
     root = tmp_path_factory.mktemp("fleet")
     tenant_id = f"fleet-{secrets.token_hex(5)}"
     supplier_url = f"{suppliers.url}/{tenant_id}"
-    policy = TenantPolicy.read(EXAMPLES / "procurement.yaml").named(tenant_id).fresh_tokens()
+    policy = PolicyDraft.read(EXAMPLES / "procurement.yaml").named(tenant_id).fresh_tokens()
     policy.point(supplier_url).fresh_settlers()
     # Long enough to forward within (1 s upstream timeout + 0.5 s margin + 1 s), short
     # enough that a clock 3 s ahead would have seen too little of it left.

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import yaml
 
-from irrev.harness import TenantPolicy, new_token
+from irrev.harness import PolicyDraft, new_token
 from pricing.credentials import hash_token
 
 from .helpers import assert_problem, based
@@ -61,10 +61,10 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def policy(tenant: str, supplier: str, admins: dict[str, tuple[str, str]]) -> TenantPolicy:
+def policy(tenant: str, supplier: str, admins: dict[str, tuple[str, str]]) -> PolicyDraft:
     """procurement as `tenant`, with an agent `keyed` that only managed keys open (no
     token_sha256), and `admins` (id -> (token, role))."""
-    written = TenantPolicy.read(EXAMPLES / "procurement.yaml").named(tenant).fresh_tokens()
+    written = PolicyDraft.read(EXAMPLES / "procurement.yaml").named(tenant).fresh_tokens()
     written.point(f"{supplier}/{tenant}").fresh_settlers()
     written.document["agents"]["keyed"] = {
         "principal": "procurement",

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from irrev.harness import TenantPolicy
+from irrev.harness import PolicyDraft
 from ledger import EmbeddedRedis, Ledger
 from pricing.units import rfc3339
 
@@ -30,7 +30,7 @@ SKU = "long-description-" + "x" * 4000  # a body of some size, kept with each ho
 def cheap_escalations() -> list[dict[str, Any]]:
     """The example's routes with the orders route's approval threshold at 0.01 USD:
     every order escalates, however cheap."""
-    routes: list[dict[str, Any]] = TenantPolicy.read(EXAMPLES / "procurement.yaml").document[
+    routes: list[dict[str, Any]] = PolicyDraft.read(EXAMPLES / "procurement.yaml").document[
         "routes"
     ]
     for route in routes:

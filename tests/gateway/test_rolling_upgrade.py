@@ -29,7 +29,7 @@ import httpx
 import pytest
 import redis
 
-from irrev.harness import TenantPolicy
+from irrev.harness import PolicyDraft
 from ledger.embedded import EmbeddedRedis
 from ledger.release import FORMAT
 
@@ -136,10 +136,10 @@ def gateway_env(redis_url: str, policy_dir: Path, admin_token: str) -> dict[str,
     )
 
 
-def the_policy(tenant_id: str, supplier_url: str) -> TenantPolicy:
+def the_policy(tenant_id: str, supplier_url: str) -> PolicyDraft:
     """The procurement example (unchanged since PREVIOUS, so both releases read it)
     with limits no test traffic reaches."""
-    policy = TenantPolicy.read(EXAMPLES / "procurement.yaml").named(tenant_id).fresh_tokens()
+    policy = PolicyDraft.read(EXAMPLES / "procurement.yaml").named(tenant_id).fresh_tokens()
     policy.point(supplier_url).fresh_settlers()
     accounts = policy.document["accounts"]
     accounts["tenant"]["limit"] = LARGE

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from irrev.commands.ledger import safe_url
-from irrev.harness import TenantPolicy
+from irrev.harness import PolicyDraft
 from ledger.client import Ledger
 from ledger.records import AccountSpec, Provenance
 
@@ -70,7 +70,7 @@ async def test_balance_names_its_redis_shows_currency_and_full_names(
     assert plain.stderr.splitlines()[0] == f"irrev: ledger at {safe_url(redis_url)}"
     assert "(minor units)" in plain.stdout and LONG in plain.stdout
     # With the tenant's policy (micro-USD): amounts with their currency.
-    TenantPolicy.read(EXAMPLES / "procurement.yaml").named(tenant).write(tmp_path)
+    PolicyDraft.read(EXAMPLES / "procurement.yaml").named(tenant).write(tmp_path)
     shown = irrev_ledger(redis_url, "balance", "--tenant", tenant, "--policy-dir", str(tmp_path))
     assert shown.returncode == 0, shown.stderr
     assert "2.5 USD" in shown.stdout and "(USD)" in shown.stdout
@@ -145,7 +145,7 @@ async def test_the_journal_shows_amounts_in_the_tenants_currency(
     """With the tenant's policy (micro-USD), each entry's balance changes carry their
     currency beside the stored integers; without one, the integers alone, said so."""
     await busy_tenant(ledger, tenant)
-    TenantPolicy.read(EXAMPLES / "procurement.yaml").named(tenant).write(tmp_path)
+    PolicyDraft.read(EXAMPLES / "procurement.yaml").named(tenant).write(tmp_path)
     policy = {"IRREV_POLICY_DIR": str(tmp_path)}
     lines = irrev_ledger(redis_url, "journal", "--tenant", tenant, "--json", **policy).stdout
     entries = {e["hold"]: e for e in map(json.loads, lines.splitlines()) if e["op"] == "post"}

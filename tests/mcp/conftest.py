@@ -22,7 +22,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, ContentBlock, RequestParamsMeta, TextContent
 
-from irrev.harness import TenantPolicy, new_token
+from irrev.harness import PolicyDraft, new_token
 from pricing.credentials import hash_token
 from tests.gateway.conftest import Gateway, wait_for_workers
 from tests.gateway.servers import BIN, EXAMPLES, Server, base_env
@@ -99,7 +99,7 @@ def write_mcp_policy(
     """examples/mcp-fleet.yaml as `tenant`, with fresh tokens, its MCP servers at the
     tool server's namespace `tenant`, `fleet` extra buyers (fleet-00...) and top-level
     keys replaced by `overrides`."""
-    policy = TenantPolicy.read(EXAMPLES / "mcp-fleet.yaml").named(tenant)
+    policy = PolicyDraft.read(EXAMPLES / "mcp-fleet.yaml").named(tenant)
     data = policy.document
     for i in range(fleet):
         data["agents"][f"fleet-{i:02d}"] = {**data["agents"]["buyer-01"]}

@@ -25,7 +25,7 @@ import httpx
 import pytest
 import yaml
 
-from irrev.harness import TenantPolicy
+from irrev.harness import PolicyDraft
 from tests.gateway.conftest import Gateway
 from tests.gateway.helpers import balances, used
 from tests.gateway.servers import BIN
@@ -365,7 +365,7 @@ async def test_a_changed_command_replaces_the_process(stdio_gateway: StdioGatewa
     github = [s["pid"] for s in records.starts() if s["argv"][1:] == ["github"] and alive(s["pid"])]
     assert old
     policies = stdio_gateway.gateway.policy_dir
-    policy = TenantPolicy(yaml.safe_load((policies / f"{tenant.id}.yaml").read_text()))
+    policy = PolicyDraft(yaml.safe_load((policies / f"{tenant.id}.yaml").read_text()))
     changed = server_command(tenant.namespace, "procure", "v2")
     policy.document["tools"]["procure"]["mcp_command"] = changed
     policy.write(policies)

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from irrev.harness import TenantPolicy
+from irrev.harness import PolicyDraft
 
 from ..bench import BenchSpec, Run
 from ..checks import check_ledger
@@ -29,7 +29,7 @@ SLOWER_AT_MOST = 5.0  # the issue's bound on the honest p50 under attack
 
 async def rewrite(run: Run, change: Callable[[dict[str, Any]], None]) -> None:
     """The run's tenant policy changed by `change`, written and loaded."""
-    policy = TenantPolicy.read(run.bench.policy_dir / f"{run.tenant}.yaml")
+    policy = PolicyDraft.read(run.bench.policy_dir / f"{run.tenant}.yaml")
     change(policy.document)
     policy.write(run.bench.policy_dir)
     await run.reload()

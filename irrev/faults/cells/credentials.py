@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from irrev.harness import TenantPolicy
+from irrev.harness import PolicyDraft
 
 from ..bench import Run, order_routes
 from ..checks import check_ledger, snapshot
@@ -34,7 +34,7 @@ async def _secure_tool(run: Run) -> str:
         f"{run.bench.supplier.url}/_secure", json={"token": secret}
     )
     response.raise_for_status()
-    policy = TenantPolicy.read(run.bench.policy_dir / f"{run.tenant}.yaml")
+    policy = PolicyDraft.read(run.bench.policy_dir / f"{run.tenant}.yaml")
     policy.document["tools"][TOOL] = {
         "upstream": f"{run.bench.supplier.url}/secure",
         "credentials": {"Authorization": {"file": str(path), "prefix": "Bearer "}},

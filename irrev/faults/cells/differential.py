@@ -24,7 +24,7 @@ from urllib.parse import unquote
 
 import httpx
 
-from irrev.harness import TenantPolicy
+from irrev.harness import PolicyDraft
 from ledger import audit_tenant
 
 from ..bench import Run
@@ -33,7 +33,7 @@ from ..matrix import Cell
 AGENT = "buyer-01"
 FORM = "application/x-www-form-urlencoded"
 JSON = "application/json"
-POLICY = TenantPolicy.parse("""\
+POLICY = PolicyDraft.parse("""\
 tenant: set-per-run
 risk_unit: {currency: USD, scale: 1000000}
 window: 24h

@@ -25,7 +25,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway.edge.wire import hold_id_for, upstream_key
 from gateway.state.mcp_upstream import KEY_META
-from irrev.harness import Server, TenantPolicy
+from irrev.harness import PolicyDraft, Server
 from irrev.stack import mcp_tools_server
 from ledger import audit_tenant
 
@@ -80,7 +80,7 @@ async def mcp_tenant(run: Run) -> AsyncIterator[Tools]:
     where.mkdir(parents=True)
     tools = await asyncio.to_thread(start_tools, where / "state", where / "tools.log")
     try:
-        policy = TenantPolicy.read(run.bench.policy_dir / f"{run.tenant}.yaml")
+        policy = PolicyDraft.read(run.bench.policy_dir / f"{run.tenant}.yaml")
         policy.document["tools"]["procure"] = {"mcp": f"{tools.url}/{run.tenant}/mcp"}
         policy.document["routes"].append(ROUTE)
         policy.write(run.bench.policy_dir)
