@@ -42,7 +42,6 @@ from .records import (
     AccountSpec,
     Attached,
     Balance,
-    Decision,
     Hold,
     HoldState,
     Margin,
@@ -61,6 +60,7 @@ from .records import (
     SweepResult,
     TenantSnapshot,
     TransitionResult,
+    Verdict,
     pool_tag,
 )
 from .redis_binary import EmbeddedRedisError
@@ -87,7 +87,6 @@ __all__ = [
     "Balance",
     "ChangeFeed",
     "CheckpointMoved",
-    "Decision",
     "Durability",
     "EmbeddedRedis",
     "EmbeddedRedisError",
@@ -136,6 +135,7 @@ __all__ = [
     "TenantSnapshot",
     "TransitionResult",
     "UnknownAccount",
+    "Verdict",
     "Watch",
     "WriteProbe",
     "archive_settled",

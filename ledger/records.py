@@ -27,7 +27,10 @@ class Status(StrEnum):
     RATE_LIMITED = "rate_limited"
 
 
-class Decision(StrEnum):
+class Verdict(StrEnum):
+    """What a reserve decided for its hold. (The gateway's `Decision`,
+    gateway/pipeline/decision.py, is its whole record of an effect's admission.)"""
+
     ADMIT = "admit"
     DENY = "deny"
     ESCALATE = "escalate"
@@ -54,13 +57,13 @@ RULE_PREFIX = "rule:"
 # The decision each reason stands for (a hold record and its journal entry keep only
 # the reason; reserve.lua's DECISION).
 DECIDED_BY = {
-    Reason.WITHIN_BUDGET: Decision.ADMIT,
-    Reason.BUDGET_EXCEEDED: Decision.DENY,
-    Reason.OVER_LIMIT: Decision.DENY,
-    Reason.SOFT_BAND: Decision.ESCALATE,
-    Reason.ESCALATION_CAP: Decision.DENY,
-    Reason.ACCOUNT_CAP: Decision.DENY,
-    Reason.APPROVAL_THRESHOLD: Decision.ESCALATE,
+    Reason.WITHIN_BUDGET: Verdict.ADMIT,
+    Reason.BUDGET_EXCEEDED: Verdict.DENY,
+    Reason.OVER_LIMIT: Verdict.DENY,
+    Reason.SOFT_BAND: Verdict.ESCALATE,
+    Reason.ESCALATION_CAP: Verdict.DENY,
+    Reason.ACCOUNT_CAP: Verdict.DENY,
+    Reason.APPROVAL_THRESHOLD: Verdict.ESCALATE,
 }
 
 
@@ -413,7 +416,7 @@ NO_ACKS = Acks(None, None)
 class ReserveResult:
     status: Status  # OK for a new decision, EXISTS for a replay
     hold_id: str
-    decision: Decision
+    decision: Verdict
     reason: Reason
     state: HoldState  # the hold's state now (a replay may find it settled)
     deadline_ms: int
@@ -444,7 +447,7 @@ class ReserveResult:
         approved escalation is pending too."""
         return (
             self.status is Status.OK
-            and self.decision is not Decision.ADMIT
+            and self.decision is not Verdict.ADMIT
             and self.state is HoldState.PENDING
         )
 
@@ -513,7 +516,7 @@ class SweepResult:
 class Hold:
     hold_id: str
     state: HoldState
-    decision: Decision
+    decision: Verdict
     reason: Reason
     fingerprint: str
     armed: bool

@@ -14,13 +14,13 @@ from .records import (
     AccountCheck,
     Acks,
     Balance,
-    Decision,
     Hold,
     HoldState,
     Reason,
     ReserveResult,
     Status,
     TransitionResult,
+    Verdict,
 )
 
 
@@ -83,7 +83,7 @@ def transition_result(
 # Replies parsed by lookup: an enum's constructor costs more than the script's
 # answer is worth on the hot path.
 _OK_STATUSES = {Status.OK.value: Status.OK, Status.EXISTS.value: Status.EXISTS}
-_DECISIONS = {d.value: d for d in Decision}
+_DECISIONS = {d.value: d for d in Verdict}
 _REASONS = {r.value: r for r in Reason}
 _STATES = {s.value: s for s in HoldState}
 _NO_FLAGS: frozenset[str] = frozenset()

@@ -18,7 +18,7 @@ from gateway.pipeline.approve import rejected_problem
 from gateway.pipeline.prepare import cap_problem
 from gateway.pipeline.reserve import refusal
 from gateway.routes.mcp_server import refused
-from ledger import AccountCheck, Decision, HoldState, Reason, ReserveResult, Status
+from ledger import AccountCheck, HoldState, Reason, ReserveResult, Status, Verdict
 from pricing import TenantPolicy
 from pricing.errors import PerEffectCapExceeded
 from pricing.loader import load_policy_text
@@ -87,12 +87,12 @@ def reserve(
     policy: TenantPolicy, reason: Reason, *checks: tuple[str, int, int, int]
 ) -> ReserveResult:
     decision = {
-        Reason.BUDGET_EXCEEDED: Decision.DENY,
-        Reason.OVER_LIMIT: Decision.DENY,
-        Reason.SOFT_BAND: Decision.ESCALATE,
-        Reason.APPROVAL_THRESHOLD: Decision.ESCALATE,
+        Reason.BUDGET_EXCEEDED: Verdict.DENY,
+        Reason.OVER_LIMIT: Verdict.DENY,
+        Reason.SOFT_BAND: Verdict.ESCALATE,
+        Reason.APPROVAL_THRESHOLD: Verdict.ESCALATE,
     }[reason]
-    state = HoldState.DENIED if decision is Decision.DENY else HoldState.ESCALATED
+    state = HoldState.DENIED if decision is Verdict.DENY else HoldState.ESCALATED
     accounts = tuple(AccountCheck(*check) for check in checks)
     return ReserveResult(
         status=Status.OK,

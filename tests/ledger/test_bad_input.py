@@ -13,7 +13,7 @@ from ledger.client import Ledger
 from ledger.errors import BadInput, LedgerUnavailable, UnknownAccount
 from ledger.keys import hold_script_keys, payload_key, reserve_keys, rules_key, tenant_keys
 from ledger.limits import MAX_ACCOUNTS, MAX_AMOUNT
-from ledger.records import Decision
+from ledger.records import Verdict
 
 from .conftest import open_accounts
 from .helpers import tenant_snapshot
@@ -379,7 +379,7 @@ async def test_the_script_takes_the_most_accounts_and_refuses_one_more(
 
 async def test_the_api_takes_each_bound(seeded: Ledger, tenant: str) -> None:
     result = await seeded.reserve(tenant, "at-max", "fp", {"tenant:acme": MAX_AMOUNT}, ttl_ms=1)
-    assert result.decision is Decision.DENY
+    assert result.decision is Verdict.DENY
     accounts = {f"agent:a{i}": 1 for i in range(MAX_ACCOUNTS)}
     with pytest.raises(UnknownAccount):
         await seeded.reserve(tenant, "at-max-accounts", "fp", accounts, ttl_ms=HOUR_MS)

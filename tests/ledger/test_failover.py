@@ -19,7 +19,7 @@ from ledger.audit import audit_tenant
 from ledger.client import Ledger
 from ledger.errors import LedgerUnavailable
 from ledger.keys import accounts_key
-from ledger.records import Decision
+from ledger.records import Verdict
 
 from .conftest import open_accounts
 
@@ -57,7 +57,7 @@ async def test_a_failover_keeps_every_acknowledged_admission_and_resumes_without
                 failed_at.append(time.monotonic())
                 await asyncio.sleep(0.01)
                 continue
-            if held.decision is Decision.ADMIT and (held.replicas or 0) >= 1:
+            if held.decision is Verdict.ADMIT and (held.replicas or 0) >= 1:
                 acknowledged.append(hold_id)
                 acknowledged_at.append(time.monotonic())
             else:

@@ -11,7 +11,7 @@ import pytest
 from ledger.client import Ledger
 from ledger.errors import HoldNotDue, HoldNotFound, HoldStateConflict, IdempotencyConflict
 from ledger.keys import hold_key, payload_key
-from ledger.records import AccountSpec, Decision, HoldState, Reason, ReserveResult, Status
+from ledger.records import AccountSpec, HoldState, Reason, ReserveResult, Status, Verdict
 
 from .conftest import open_accounts
 from .helpers import server_ms, stored_hold
@@ -43,7 +43,7 @@ async def test_admit_holds_price_on_every_account(ledger: Ledger, tenant: str) -
     await open_accounts(ledger, tenant, tenant_acme=1000, agent_a=500)
     result = await reserve(ledger, tenant, "k1", 300, "tenant:acme", "agent:a")
     assert (result.decision, result.reason, result.state) == (
-        Decision.ADMIT,
+        Verdict.ADMIT,
         Reason.WITHIN_BUDGET,
         HoldState.PENDING,
     )
@@ -60,7 +60,7 @@ async def test_all_or_nothing_when_tenant_account_does_not_fit(ledger: Ledger, t
     await open_accounts(ledger, tenant, tenant_acme=250, agent_a=1000, agent_b=1000)
     assert (await reserve(ledger, tenant, "k1", 200, "tenant:acme", "agent:a")).decision == "admit"
     result = await reserve(ledger, tenant, "k2", 100, "agent:b", "tenant:acme")
-    assert (result.decision, result.reason) == (Decision.DENY, Reason.BUDGET_EXCEEDED)
+    assert (result.decision, result.reason) == (Verdict.DENY, Reason.BUDGET_EXCEEDED)
     assert result.binding.account == "tenant:acme"
     assert result.binding.available == 50
     assert await used(ledger, tenant, "agent:b") == (0, 0)
@@ -84,7 +84,7 @@ async def test_replay_returns_original_and_changes_nothing(ledger: Ledger, tenan
     denied = await reserve(ledger, tenant, "k2", 600, "tenant:acme")
     await ledger.void(tenant, "k1")
     replay = await reserve(ledger, tenant, "k2", 600, "tenant:acme")
-    assert denied.decision is replay.decision is Decision.DENY
+    assert denied.decision is replay.decision is Verdict.DENY
     assert await used(ledger, tenant, "tenant:acme") == (0, 0)
 
 
@@ -107,7 +107,7 @@ async def test_soft_band_and_approval_threshold_escalate(ledger: Ledger, tenant:
     assert (await reserve(ledger, tenant, "k1", 700, "tenant:acme")).decision == "admit"
     band = await reserve(ledger, tenant, "k2", 200, "tenant:acme")
     assert (band.decision, band.reason, band.state) == (
-        Decision.ESCALATE,
+        Verdict.ESCALATE,
         Reason.SOFT_BAND,
         HoldState.ESCALATED,
     )
@@ -131,7 +131,7 @@ async def test_post_releases_the_rest_and_flags_overruns(ledger: Ledger, tenant:
     assert await used(ledger, tenant, "tenant:acme") == (0, 1050)
     # Over the limit now: every admission is blocked, even a free one.
     blocked = await reserve(ledger, tenant, "k3", 0, "tenant:acme")
-    assert (blocked.decision, blocked.reason) == (Decision.DENY, Reason.OVER_LIMIT)
+    assert (blocked.decision, blocked.reason) == (Verdict.DENY, Reason.OVER_LIMIT)
     # Recovery brings it back under the limit and admissions resume.
     await ledger.compensate(tenant, "k2", 500)
     assert await used(ledger, tenant, "tenant:acme") == (0, 550)
@@ -248,7 +248,7 @@ async def test_reserve_expires_due_holds_before_deciding(ledger: Ledger, tenant:
     await open_accounts(ledger, tenant, tenant_acme=1000)
     await reserve(ledger, tenant, "old", 900, "tenant:acme", ttl_ms=0, armed=False)
     fresh = await reserve(ledger, tenant, "new", 900, "tenant:acme")
-    assert fresh.decision is Decision.ADMIT
+    assert fresh.decision is Verdict.ADMIT
     assert fresh.accounts[0].used == 0
 
 
@@ -259,11 +259,11 @@ async def test_an_admission_leaves_due_holds_to_the_sweeper(ledger: Ledger, tena
     await open_accounts(ledger, tenant, tenant_acme=1000)
     await reserve(ledger, tenant, "old", 100, "tenant:acme", ttl_ms=0, armed=False)
     fresh = await reserve(ledger, tenant, "new", 100, "tenant:acme")
-    assert (fresh.decision, fresh.accounts[0].used) == (Decision.ADMIT, 100)
+    assert (fresh.decision, fresh.accounts[0].used) == (Verdict.ADMIT, 100)
     assert (await stored_hold(ledger, tenant, "old")).state is HoldState.PENDING
     # One that only fits once "old" is released expires it first, then decides.
     third = await reserve(ledger, tenant, "third", 850, "tenant:acme")
-    assert (third.decision, third.accounts[0].used) == (Decision.ADMIT, 100)
+    assert (third.decision, third.accounts[0].used) == (Verdict.ADMIT, 100)
     assert (await stored_hold(ledger, tenant, "old")).state is HoldState.EXPIRED
     assert await used(ledger, tenant, "tenant:acme") == (950, 0)
 
@@ -313,7 +313,7 @@ async def test_a_batch_beside_due_holds_decides_as_single_calls_would(
             ]
         decided.append([getattr(r, "decision", r) for r in results])
         assert (await stored_hold(ledger, owner, "old")).state is HoldState.EXPIRED
-    assert decided == [[Decision.ADMIT, Decision.DENY]] * 2
+    assert decided == [[Verdict.ADMIT, Verdict.DENY]] * 2
 
 
 async def test_windows_roll_posted_off_and_carry_pending(ledger: Ledger, tenant: str) -> None:
@@ -330,7 +330,7 @@ async def test_windows_roll_posted_off_and_carry_pending(ledger: Ledger, tenant:
     while await server_ms(ledger) <= posted_at:
         pass
     fresh = await reserve(ledger, tenant, "next", 700, "tenant:acme")
-    assert fresh.decision is Decision.ADMIT
+    assert fresh.decision is Verdict.ADMIT
     assert fresh.accounts[0].used == 300
     balance = await ledger.balance(tenant, "tenant:acme")
     assert balance is not None and balance.window_start_ms > posted_at

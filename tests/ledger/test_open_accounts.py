@@ -7,7 +7,7 @@ from __future__ import annotations
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
 from ledger.keys import hold_key
-from ledger.records import AccountSpec, Decision, HoldState
+from ledger.records import AccountSpec, HoldState, Verdict
 
 from .conftest import open_accounts
 
@@ -16,7 +16,7 @@ SUPPLIER = AccountSpec(account="factor:supplier:new", limit=500, soft_limit=500)
 CURRENCY = AccountSpec(account="factor:currency:xyz", limit=400, soft_limit=400, window_ms=HOUR_MS)
 
 
-async def reserve(ledger: Ledger, tenant: str, key: str, price: int) -> Decision:
+async def reserve(ledger: Ledger, tenant: str, key: str, price: int) -> Verdict:
     accounts = ("tenant:acme", SUPPLIER.account, CURRENCY.account)
     result = await ledger.reserve(
         tenant,
@@ -34,7 +34,7 @@ async def test_an_admitted_hold_opens_every_missing_account_at_once(
     ledger: Ledger, tenant: str
 ) -> None:
     await open_accounts(ledger, tenant, tenant_acme=1000)
-    assert await reserve(ledger, tenant, "k1", 300) is Decision.ADMIT
+    assert await reserve(ledger, tenant, "k1", 300) is Verdict.ADMIT
     for spec in (SUPPLIER, CURRENCY):
         balance = await ledger.balance(tenant, spec.account)
         assert balance is not None
@@ -44,13 +44,13 @@ async def test_an_admitted_hold_opens_every_missing_account_at_once(
             300,
         )
     # The currency account caps at 400: opened with the first hold's numbers.
-    assert await reserve(ledger, tenant, "k2", 200) is Decision.DENY
+    assert await reserve(ledger, tenant, "k2", 200) is Verdict.DENY
     assert (await audit_tenant(ledger, tenant)).ok
 
 
 async def test_a_denied_hold_opens_nothing_and_is_kept_short(ledger: Ledger, tenant: str) -> None:
     await open_accounts(ledger, tenant, tenant_acme=100)
-    assert await reserve(ledger, tenant, "k1", 300) is Decision.DENY
+    assert await reserve(ledger, tenant, "k1", 300) is Verdict.DENY
     assert await ledger.balance(tenant, SUPPLIER.account) is None
     assert await ledger.balance(tenant, CURRENCY.account) is None
     hold = await ledger.hold(tenant, "k1")
@@ -58,13 +58,13 @@ async def test_a_denied_hold_opens_nothing_and_is_kept_short(ledger: Ledger, ten
     ttl_ms = await ledger.redis.pttl(hold_key(tenant, "k1"))
     assert 0 < ttl_ms <= ledger.denied_retention_ms < ledger.retention_ms
     # A replay of the refusal within that time is the same refusal.
-    assert await reserve(ledger, tenant, "k1", 300) is Decision.DENY
+    assert await reserve(ledger, tenant, "k1", 300) is Verdict.DENY
     assert (await audit_tenant(ledger, tenant)).ok
 
 
 async def test_a_free_hold_opens_nothing(ledger: Ledger, tenant: str) -> None:
     await open_accounts(ledger, tenant, tenant_acme=100)
-    assert await reserve(ledger, tenant, "k1", 0) is Decision.ADMIT
+    assert await reserve(ledger, tenant, "k1", 0) is Verdict.ADMIT
     assert await ledger.balance(tenant, SUPPLIER.account) is None
     hold = await ledger.hold(tenant, "k1")
     assert hold is not None and list(hold.amounts) == ["tenant:acme"]
@@ -84,7 +84,7 @@ async def test_a_free_hold_on_accounts_never_opened_settles(ledger: Ledger, tena
             ttl_ms=HOUR_MS,
             open_missing=[SUPPLIER, CURRENCY],
         )
-        assert result.decision is Decision.ADMIT
+        assert result.decision is Verdict.ADMIT
     posted = await ledger.post(tenant, "free-post", 0)
     voided = await ledger.void(tenant, "free-void")
     assert (posted.state, voided.state) == (HoldState.POSTED, HoldState.VOIDED)

@@ -12,7 +12,7 @@ from ledger.audit import audit_tenant
 from ledger.client import Ledger
 from ledger.errors import PoolShrank
 from ledger.keys import accounts_key, journal_key, reserve_keys
-from ledger.records import AccountSpec, Decision, OpenPool, PoolTicket, ReserveRequest, pool_tag
+from ledger.records import AccountSpec, OpenPool, PoolTicket, ReserveRequest, Verdict, pool_tag
 
 from .conftest import open_accounts
 from .test_cli import irrev_ledger
@@ -145,7 +145,7 @@ async def test_an_approval_threshold_compares_the_price_alone(ledger: Ledger, te
         escalate_above=50,
         pool=PoolTicket(TAG, 1000, 1.0, 60),
     )
-    assert result.decision is Decision.ESCALATE
+    assert result.decision is Verdict.ESCALATE
     assert result.reason == "approval_threshold"
     alone = await ledger.reserve(
         tenant,
@@ -156,7 +156,7 @@ async def test_an_approval_threshold_compares_the_price_alone(ledger: Ledger, te
         escalate_above=50,
         pool=PoolTicket(TAG, 1000, 1.0, 40),
     )
-    assert alone.decision is Decision.ADMIT
+    assert alone.decision is Verdict.ADMIT
 
 
 @pytest.mark.parametrize("pending", ["nan", "0x10", "inf", "-nan", " 2", "1e"])

@@ -60,7 +60,7 @@ PUBLIC_API = {
     "AccountSpec",
     "Attached",
     "Balance",
-    "Decision",
+    "Verdict",
     "Hold",
     "HoldState",
     "Reason",

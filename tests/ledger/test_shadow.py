@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ledger import audit_tenant, read_journal
 from ledger.client import Ledger
-from ledger.records import AccountSpec, Decision, HoldState, Reason, ReserveResult
+from ledger.records import AccountSpec, HoldState, Reason, ReserveResult, Verdict
 
 HOUR_MS = 3_600_000
 
@@ -27,13 +27,13 @@ async def test_a_would_be_deny_is_held_and_shows_as_an_overdraft(
     await ledger.upsert_account(tenant, AccountSpec(account="agent:a", limit=1000, soft_limit=1000))
     first = await shadow_reserve(ledger, tenant, "k1", 80)
     assert (first.decision, first.state, first.shadowed) == (
-        Decision.ADMIT,
+        Verdict.ADMIT,
         HoldState.PENDING,
         False,
     )
     over = await shadow_reserve(ledger, tenant, "k2", 50)
     assert (over.decision, over.reason, over.state) == (
-        Decision.DENY,
+        Verdict.DENY,
         Reason.BUDGET_EXCEEDED,
         HoldState.PENDING,
     )
@@ -42,7 +42,7 @@ async def test_a_would_be_deny_is_held_and_shows_as_an_overdraft(
     # Over its limit, the account refuses everything, and shadow still holds it.
     after = await shadow_reserve(ledger, tenant, "k3", 1)
     assert (after.decision, after.reason, after.shadowed) == (
-        Decision.DENY,
+        Verdict.DENY,
         Reason.OVER_LIMIT,
         True,
     )
@@ -52,7 +52,7 @@ async def test_a_would_be_deny_is_held_and_shows_as_an_overdraft(
     assert (balance.pending, balance.posted, balance.available) == (81, 50, -31)
     # An enforcing caller on the same accounts is refused: nothing is held.
     enforced = await shadow_reserve(ledger, tenant, "k4", 1, shadow=False)
-    assert (enforced.decision, enforced.state) == (Decision.DENY, HoldState.DENIED)
+    assert (enforced.decision, enforced.state) == (Verdict.DENY, HoldState.DENIED)
 
     journal = {e.hold_id: e for e in await read_journal(ledger, tenant) if e.op == "reserve"}
     entries = {hold_id: entry.fields for hold_id, entry in journal.items()}
@@ -72,7 +72,7 @@ async def test_a_would_be_escalation_is_held_armed_not_queued(ledger: Ledger, te
     await ledger.upsert_account(tenant, AccountSpec(account="agent:a", limit=1000, soft_limit=1000))
     result = await shadow_reserve(ledger, tenant, "k1", 60)
     assert (result.decision, result.reason, result.state, result.shadowed) == (
-        Decision.ESCALATE,
+        Verdict.ESCALATE,
         Reason.SOFT_BAND,
         HoldState.PENDING,
         True,

@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 
 from ledger.client import Ledger
-from ledger.records import AccountSpec, Decision, Reason, Status
+from ledger.records import AccountSpec, Reason, Status, Verdict
 from sim import ledger_model as lm
 from sim import runner, workload
 from sim.irrev import Irrev
@@ -63,7 +63,7 @@ from sim.params import Attack, Model, ProductLine, Scenario, Spike
 pytestmark = pytest.mark.slow
 
 DAY_MS = 24 * 3600 * 1000
-DECISIONS = {lm.ADMIT: Decision.ADMIT, lm.ESCALATE: Decision.ESCALATE, lm.DENY: Decision.DENY}
+DECISIONS = {lm.ADMIT: Verdict.ADMIT, lm.ESCALATE: Verdict.ESCALATE, lm.DENY: Verdict.DENY}
 MIN_OPERATIONS = 10_000
 
 _LINES = (
@@ -216,7 +216,7 @@ async def _replay(ledger: Ledger, tenant: str, seed: Recorded) -> None:
             )
             assert got.status is Status.OK, where
             assert got.decision is DECISIONS[op.decision], where
-            if got.decision is Decision.ESCALATE:
+            if got.decision is Verdict.ESCALATE:
                 assert got.reason is Reason.SOFT_BAND, where
                 continue  # held by the ledger until the Resolve that follows
         elif isinstance(op, Resolve):
