@@ -41,7 +41,7 @@ from pricing import (
 
 log = logging.getLogger("irrev.gateway")
 router = APIRouter(prefix="/v1/holds", tags=["decision API"])
-Agent = Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)]
+AgentDep = Annotated[tuple[TenantPolicy, AuthenticatedAgent], Depends(agent_auth)]
 Settler = Annotated[Settling, Depends(settling_auth)]
 COMPENSABLE = frozenset({EffectClass.REVERSIBLE.value, EffectClass.COMPENSABLE.value})
 
@@ -84,7 +84,7 @@ def _canonical(spec: HoldRequest, raw: bytes, limits: RequestLimits) -> Canonica
 
 
 @router.post("", status_code=201)
-async def create_hold(request: Request, spec: HoldRequest, who: Agent) -> Response:
+async def create_hold(request: Request, spec: HoldRequest, who: AgentDep) -> Response:
     """Price an in-process effect and hold its budget: 201 admitted, 202 escalated,
     403 denied; a repeat of the Idempotency-Key returns the hold as it is now, or the
     gateway's refusal it first got (a hold released unreplicated)."""

@@ -86,7 +86,7 @@ AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
 @dataclass
-class Caller:
+class McpCall:
     """Who sent this POST, and its JSON-RPC message as parsed strictly (numbers exact,
     no NaN, no duplicate keys, bounded depth): what `tools/call` prices."""
 
@@ -98,12 +98,12 @@ class Caller:
 
 # The POST being served, for what the SDK asks without a request context
 # (tool_input_schema): set by McpEndpoint, in the task that serves the POST.
-CURRENT: ContextVar[Caller] = ContextVar("irrev_mcp_caller")
+CURRENT: ContextVar[McpCall] = ContextVar("irrev_mcp_caller")
 
 
-def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
+def caller_of(ctx: ServerRequestContext[Any, Any]) -> McpCall:
     assert ctx.request is not None
-    caller: Caller = ctx.request.scope[CALLER]
+    caller: McpCall = ctx.request.scope[CALLER]
     return caller
 
 
@@ -216,7 +216,7 @@ async def list_tools(
     return types.ListToolsResult(tools=listed)
 
 
-def _arguments(caller: Caller, request_id: object) -> object:
+def _arguments(caller: McpCall, request_id: object) -> object:
     """The call's `arguments` as strictly parsed (the SDK's lenient parse is only used
     to route the message)."""
     message = caller.message
@@ -281,7 +281,7 @@ def waits(params: types.CallToolRequestParams, key: str) -> bool:
 
 async def wait_for_decision(
     ctx: ServerRequestContext[Any, Any],
-    caller: Caller,
+    caller: McpCall,
     server: str,
     tool: str,
     canonical: Canonical,
@@ -453,7 +453,7 @@ class McpEndpoint:
         body = await read_body(request, largest, gate.settings.body_timeout_s)
         message = parse_json_body(body, limits) if scope["method"] == "POST" else None
         check_numbers(message)
-        caller = scope[CALLER] = Caller(gate, found[0], found[1], message)
+        caller = scope[CALLER] = McpCall(gate, found[0], found[1], message)
         manager = self.streaming if wants_progress(scope, message) else self.manager
         token = CURRENT.set(caller)
         try:

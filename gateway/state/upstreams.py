@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from gateway.state.mcp_upstream import McpUpstream
 
 # tenant -> tool -> what is added to its requests (state/credentials.py).
-Credentials = dict[str, dict[str, Injected]]
+InjectedByTenant = dict[str, dict[str, Injected]]
 
 
 class Upstreams:
@@ -33,7 +33,7 @@ class Upstreams:
         self._closing: set[asyncio.Task[None]] = set()
 
     def rebuild(
-        self, policies: Iterable[TenantPolicy], credentials: Credentials, grace_s: float
+        self, policies: Iterable[TenantPolicy], credentials: InjectedByTenant, grace_s: float
     ) -> None:
         """The upstreams of `policies`; the MCP servers no longer used are closed once
         the deliveries begun through them have ended, at most `grace_s`."""
@@ -73,7 +73,7 @@ class Upstreams:
 
 
 def _targets(
-    policies: Iterable[TenantPolicy], credentials: Credentials
+    policies: Iterable[TenantPolicy], credentials: InjectedByTenant
 ) -> dict[tuple[str, str], HttpTarget]:
     """Each tool's upstream as the gateway calls it: its URL, its credentials, the
     answer headers kept, what means "still in progress"."""
@@ -91,7 +91,7 @@ def _targets(
 
 
 def _mcp_upstreams(
-    policies: Iterable[TenantPolicy], credentials: Credentials, supervision: Supervision
+    policies: Iterable[TenantPolicy], credentials: InjectedByTenant, supervision: Supervision
 ) -> dict[tuple[str, str], McpUpstream]:
     """Each MCP server of each tenant: over HTTP with its credentials as headers, or
     over stdio (a process of this worker's, not started yet) with them in its
