@@ -1,12 +1,12 @@
 """`irrev bench ledger`: reserve + post throughput through the Python API, beside the
-same server's rate for a trivial EVALSHA measured in the same run, Redis server
-time per script against the trivial one (INFO commandstats), and Redis memory per
-settled hold. `--url` may name a standalone Redis or any node of a Redis Cluster.
+same server's rate for a trivial EVALSHA measured in the same run (a calibration of
+the server and the client, not a goal), Redis server time per script against its
+floor (the same commands without the logic; `pair vs floor` and `pairs/s per Redis
+core`, issue 27's measures), and Redis memory per settled hold. `--url` may name a
+standalone Redis or any node of a Redis Cluster.
 
-The baseline script does one HINCRBY: a write, so that with `appendfsync always` it
-pays the same fsync per call as the ledger's scripts and the ratio measures the
-ledger's own cost. One reserve + post is two scripts, so a ratio of 0.5 means each
-ledger script costs what a trivial write does. The baseline goes through redis-py's
+The trivial script does one HINCRBY: a write, so that with `appendfsync always` it
+pays the same fsync per call as the ledger's scripts. It goes through redis-py's
 own script call (its pool, retry and observability layers: the path a plain caller
 takes); on a standalone Redis the ledger sends its scripts past those layers
 (ledger/connect.py's DirectCalls), so at 1 client the trivial script is also timed
@@ -263,16 +263,15 @@ def measurements(
     times: list[ScriptTime],
     args: argparse.Namespace,
 ) -> dict[str, object]:
-    """What the tables show, as data: each mode with its baseline and their ratio."""
+    """What the tables show, as data: each mode beside the trivial script's rate, and
+    with --script-calls the scripts' times and the pair against its floor."""
     return {
         "persistence": args.persistence,
-        "modes": [
-            {"ours": asdict(ours), "baseline": asdict(base), "ratio": ours.per_s / base.per_s}
-            for ours, base in rows
-        ],
+        "modes": [{"ours": asdict(ours), "baseline": asdict(base)} for ours, base in rows],
         "memory": [{**asdict(run), "holds": args.holds} for run in memory],
         "script_times": [asdict(t) for t in times],
         "script_runs": args.script_runs,
+        "pair": pair_figures(times),
     }
 
 
@@ -496,7 +495,6 @@ def report(
         "client CPU us",
         "trivial EVALSHA /s",
         "client CPU us",
-        "ratio",
     ):
         table.add_column(column, justify="left" if column == "mode" else "right")
     for ours, base in rows:
@@ -508,7 +506,6 @@ def report(
             _cpu(ours),
             f"{base.per_s:,.0f}",
             _cpu(base),
-            f"{ours.per_s / base.per_s:.2f}",
         )
     console = output.console()
     console.print(table)
@@ -533,40 +530,61 @@ def _cpu(rate: Throughput) -> str:
     return f"{rate.client_cpu_us:.0f}" if rate.client_cpu_us is not None else ""
 
 
+# Each operation against its floor (the same Redis commands without the logic:
+# irrev/bench/servertime.py). The trivial script stays a row of its own: what one
+# round trip of a one-write script costs this server, a calibration, not a goal.
+FLOORS = {
+    "reserve": "reserve's floor",
+    "post": "post's floor",
+    "reserve+post": "reserve+post floors",
+}
+PAIR_GOAL = 1.25  # issue 27: reserve and post within 1.25x their floors
+
+
+def pair_figures(times: list[ScriptTime]) -> dict[str, float] | None:
+    """A reserve + post's Redis CPU against its floors': `pair_vs_floor` (the goal is
+    PAIR_GOAL), and the pairs a Redis core serves, irrev's and the floors'; None
+    without script times."""
+    cpu = {t.operation: t.cpu_usec_per_call for t in times}
+    pair = cpu.get("reserve", 0.0) + cpu.get("post", 0.0)
+    floors = cpu.get("reserve's floor", 0.0) + cpu.get("post's floor", 0.0)
+    if not pair or not floors:
+        return None
+    return {
+        "pair_vs_floor": pair / floors,
+        "pairs_per_core": 1e6 / pair,
+        "floor_pairs_per_core": 1e6 / floors,
+    }
+
+
 def report_script_times(times: list[ScriptTime], runs: int) -> None:
     table = Table(
         title="Redis server time per script: the script alone (INFO commandstats, "
         "FCALL/EVALSHA usec/calls) and the Redis process's CPU per pipelined call"
         + (f"; each the median of {runs} runs" if runs > 1 else "")
     )
-    for column in ("script", "calls", "script us", "x trivial", "CPU us", "CPU x trivial"):
+    for column in ("script", "calls", "script us", "CPU us", "CPU x floor"):
         table.add_column(column, justify="left" if column == "script" else "right")
-    trivial = next(t for t in times if t.operation == "trivial")
-    for t in times:
-        table.add_row(
-            t.operation,
-            f"{t.calls:,}",
-            *_costs(t.usec_per_call, t.cpu_usec_per_call, trivial),
-        )
+    rows = [(t.operation, f"{t.calls:,}", t.usec_per_call, t.cpu_usec_per_call) for t in times]
     for label, operations in (
         ("reserve+post", ("reserve", "post")),
         ("reserve+post floors", ("reserve's floor", "post's floor")),
         ("packed floors", ("reserve's floor, packed", "post's floor, packed")),
     ):
-        pair = [t for t in times if t.operation in operations]
-        both = sum(t.usec_per_call for t in pair), sum(t.cpu_usec_per_call for t in pair)
-        table.add_row(label, "", *_costs(*both, trivial))
-    output.console().print(table)
-
-
-def _costs(usec: float, cpu_usec: float, trivial: ScriptTime) -> tuple[str, str, str, str]:
-    return (
-        f"{usec:.1f}",
-        _times(usec, trivial.usec_per_call),
-        f"{cpu_usec:.1f}",
-        _times(cpu_usec, trivial.cpu_usec_per_call),
-    )
-
-
-def _times(usec: float, trivial: float) -> str:
-    return f"{usec / trivial:.1f}" if trivial else ""
+        members = [t for t in times if t.operation in operations]
+        usec = sum(t.usec_per_call for t in members)
+        rows.append((label, "", usec, sum(t.cpu_usec_per_call for t in members)))
+    cpu = {label: cpu_usec for label, _, _, cpu_usec in rows}
+    for label, calls, usec, cpu_usec in rows:
+        floor = cpu.get(FLOORS.get(label, ""), 0.0)
+        x_floor = f"{cpu_usec / floor:.2f}" if floor else ""
+        table.add_row(label, calls, f"{usec:.1f}", f"{cpu_usec:.1f}", x_floor)
+    console = output.console()
+    console.print(table)
+    figures = pair_figures(times)
+    if figures:
+        console.print(f"pair vs floor: {figures['pair_vs_floor']:.2f} (goal <= {PAIR_GOAL})")
+        console.print(
+            f"pairs/s per Redis core: {figures['pairs_per_core']:,.0f} "
+            f"(the floors': {figures['floor_pairs_per_core']:,.0f})"
+        )

@@ -299,3 +299,8 @@ def test_bench_ledger_skips_its_memory_measurement_with_memory_runs_0() -> None:
     )
     timed = {t["operation"]: t["calls"] for t in report["script_times"]}
     assert timed["reserve's floor, packed"] == timed["post's floor, packed"] == 10
+    # issue 27's measures: the pair's Redis CPU against its floors', and what a core serves
+    cpu = {t["operation"]: t["cpu_usec_per_call"] for t in report["script_times"]}
+    floors = cpu["reserve's floor"] + cpu["post's floor"]
+    assert report["pair"]["pair_vs_floor"] == (cpu["reserve"] + cpu["post"]) / floors
+    assert report["pair"]["floor_pairs_per_core"] == 1e6 / floors
