@@ -191,8 +191,17 @@ class Page:
         )
 
     def until(self, condition: Callable[[Chrome], Any], what: str | Callable[[], str]) -> Any:
+        """`condition` met within WAIT_S. The page re-renders its panels as it refreshes,
+        so an element found may be replaced before it is read: that poll is retried
+        (a stale element), as one that is not there yet is."""
+        wait = WebDriverWait(
+            self.driver,
+            WAIT_S,
+            poll_frequency=0.2,
+            ignored_exceptions=(StaleElementReferenceException,),
+        )
         try:
-            return WebDriverWait(self.driver, WAIT_S, poll_frequency=0.2).until(condition)
+            return wait.until(condition)
         except TimeoutException:
             shot = self.shot("timed-out")
             shown = self.driver.execute_script(
