@@ -5,10 +5,11 @@ socket takes them) or trickles (a byte at a time, for longer than a lease).
 
     POST /mode        {"mode": "flood"|"trickle", "times": n, "bytes": b,
                        "every_s": s, "count": c}: how the next n deliveries are answered
-    GET  /deliveries  every delivery so far: event id, attempt, how it was answered,
-                      the bytes of answer written, whether the whole answer was
-                      written (False: the gateway hung up), and the most deliveries
-                      ever in flight at once
+    GET  /deliveries  every delivery so far, in the order they arrived: event id,
+                      attempt, how it was answered, the bytes of answer written,
+                      whether the whole answer was written (False: the gateway hung
+                      up), whether its handling is over (`done`), and the most
+                      deliveries ever in flight at once
     GET  /ready       200
 """
 
@@ -34,19 +35,25 @@ class State:
         self.in_flight = 0
         self.most_in_flight = 0
 
-    def next_mode(self) -> dict[str, Any]:
+    def start(self, record: dict[str, Any]) -> dict[str, Any]:
+        """How to answer the delivery `record` stands for, recorded as it arrives: a
+        flood the gateway cut short may notice the hang-up after the next delivery
+        was answered, and a record made at the end would come second."""
         with self.lock:
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            mode = {"mode": "take"}
             if self.times > 0:
                 self.times -= 1
-                return dict(self.mode)
-            return {"mode": "take"}
+                mode = dict(self.mode)
+            record["mode"] = mode["mode"]
+            self.deliveries.append(record)
+            return mode
 
     def done(self, record: dict[str, Any]) -> None:
         with self.lock:
             self.in_flight -= 1
-            self.deliveries.append(record)
+            record["done"] = True
 
 
 STATE = State()
@@ -96,14 +103,15 @@ class Handler(BaseHTTPRequestHandler):
                 STATE.mode, STATE.times = mode, int(mode["times"])
             self._json(200, mode)
             return
-        mode = STATE.next_mode()
-        record = {
+        record: dict[str, Any] = {
             "id": self.headers.get("Irrev-Event-Id"),
             "attempt": int(self.headers.get("Irrev-Delivery-Attempt") or 0),
-            "mode": mode["mode"],
+            "mode": "",
             "written": 0,
             "complete": False,
+            "done": False,
         }
+        mode = STATE.start(record)
         try:
             if mode["mode"] == "take":
                 self.send_response(204)

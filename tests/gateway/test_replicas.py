@@ -156,6 +156,10 @@ async def unreplicated_admissions(
         assert after[f"tenant:{tenant.id}"] == before[f"tenant:{tenant.id}"] - escalation_price
 
         await asyncio.to_thread(restore_replica)
+    # A new connection: the restore (a cluster's health waited for) may outlast the
+    # gateway's keep-alive (uvicorn's 5 s), and a request on the connection it closed
+    # meanwhile fails to read (httpx.ReadError), whatever the gateway would answer.
+    async with httpx.AsyncClient(base_url=gateway.url, trust_env=False, timeout=30) as http:
         assert (await send_order(http, tenant, "o3")).status_code == 201
         assert await orders_made(upstream, tenant) == 2
 

@@ -105,12 +105,13 @@ async def deliveries(http: httpx.AsyncClient, receiver: Server) -> dict[str, Any
 
 
 async def wait_taken(http: httpx.AsyncClient, receiver: Server, ids: list[str]) -> dict[str, Any]:
-    """The receiver's record once it answered every one of `ids` with 204."""
+    """The receiver's record once it answered every one of `ids` with 204 and no
+    delivery is in its hands any more."""
     deadline = time.monotonic() + WAIT_S
     while True:
         seen = await deliveries(http, receiver)
-        taken = {d["id"] for d in seen["deliveries"] if d["mode"] == "take"}
-        if set(ids) <= taken:
+        taken = {d["id"] for d in seen["deliveries"] if d["mode"] == "take" and d["done"]}
+        if set(ids) <= taken and all(d["done"] for d in seen["deliveries"]):
             return seen
         assert time.monotonic() < deadline, seen
         await asyncio.sleep(0.1)
