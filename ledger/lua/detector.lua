@@ -36,14 +36,15 @@
 --   {'bad_input', field, message}   nothing written
 --
 -- Invariant: the state after a counted request is pricing.stress.cusum_step's on the
--- state before it, and a repeat changes nothing (a model repeating a call, an agent
--- retrying after a timeout: one effect, one count) (tests/ledger/test_detector.py holds the two to one recorded stream); a
--- detector whose tick length or settings changed starts again from its warm-up, so
--- that a state is never read in units it was not written in, but its runs go on
--- numbering from where they were: a run's number names one run for ever, and a run
--- that alarmed is in KEYS[4] (or at or below `cut`), so that a margin kept for a run
--- (gateway/state/margins.py) is released only for a run that ended calm. Ticks come from Redis's
--- clock, never a gateway's, so hosts with skewed clocks step one detector alike.
+-- state before it (tests/ledger/test_detector.py holds the two to one recorded
+-- stream), and a repeat changes nothing (a model repeating a call, an agent retrying
+-- after a timeout: one effect, one count); a detector whose tick length or settings
+-- changed starts again from its warm-up, so that a state is never read in units it
+-- was not written in, but its runs go on numbering from where they were: a run's
+-- number names one run for ever, and a run that alarmed is in KEYS[4] (or at or below
+-- `cut`), so that a margin kept for a run (gateway/state/margins.py) is released only
+-- for a run that ended calm. Ticks come from Redis's clock, never a gateway's, so
+-- hosts with skewed clocks step one detector alike.
 
 local MIN_DECAY = 1e-12
 local NEVER = -1e9

@@ -20,6 +20,7 @@ from ledger.audit import audit_tenant
 from ledger.journal import iter_journal
 from ledger.keys import journal_key
 from ledger.records import AccountSpec
+from pricing import Cusum, CusumState, margin_kept
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTE = "POST /orders"
@@ -57,8 +58,23 @@ async def held_with_margins(ledger: Ledger, tenant: str) -> list[str]:
         await ledger.reserve(tenant, hold_id, "fp", amounts, ttl_ms=HOUR_MS)
         margin = Margin(tag=pool_tag(ROUTE), run=reading.run, calm=CALM, hold_id=hold_id)
         await ledger.keep_margin(tenant, margin)
-    await asyncio.sleep(0.05)
+    await vouched(ledger, tenant, reading.run)
     return ids
+
+
+async def vouched(ledger: Ledger, tenant: str, run: int) -> None:
+    """Waits until the detector vouches for the last request's run (by Redis's clock,
+    as the sweeper asks: pricing's margin_kept), and so for every earlier one."""
+    cusum = Cusum(DETECTOR.shift, DETECTOR.h, DETECTOR.hold)
+    deadline = time.monotonic() + 30
+    while True:
+        s = (await ledger.stress_states(tenant))[pool_tag(ROUTE)]
+        state = CusumState(s["s"], s["l"], s["a"], s["r"], s["t"], s["n"])
+        tick = float(await ledger.now_ms() // DETECTOR.tick_ms)
+        if not margin_kept(state, cusum, tick, run, alarmed=False):
+            return
+        assert time.monotonic() < deadline, "the detector's last run never ended"
+        await asyncio.sleep(0.001)
 
 
 async def shrinks(ledger: Ledger, tenant: str) -> list[str]:

@@ -78,9 +78,15 @@ def slow_tenant(new_tenant: TenantMaker) -> Tenant:
     return new_tenant("stress-slow", routes=stressed_routes(SLOW))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def repeat_tenant(new_tenant: TenantMaker) -> Tenant:
-    return new_tenant("stress-repeat", routes=stressed_routes(SLOW))
+    """SLOW, and its orders route keyed by content (for an agent that sends no key);
+    one per test, each with a detector of its own."""
+    routes = stressed_routes(SLOW)
+    for route in routes:
+        if route["route"] == "POST /orders":
+            route["keyless"] = "content"
+    return new_tenant("stress-repeat", routes=routes)
 
 
 @dataclass(frozen=True)
@@ -192,17 +198,22 @@ async def test_margins_come_back_after_calm_and_stay_on_a_burst(
     assert detector["last_trip_at"] is not None
 
 
+@pytest.mark.parametrize("keyed", [True, False], ids=["with its key", "without a key"])
 async def test_a_repeated_order_counts_once(
-    repeat_tenant: Tenant, gateway: Gateway, peer_gateway: Gateway
+    repeat_tenant: Tenant, gateway: Gateway, peer_gateway: Gateway, keyed: bool
 ) -> None:
-    """Six sends of one order (an agent retrying it with its key, through either
-    gateway) are one effect: counted six times, the 4th send would trip the detector
-    (SLOW) and the next orders would be priced `on`."""
-    headers = effect_headers(repeat_tenant, "buyer-01", "one-order")
+    """Six sends of one order through either gateway are one effect, whether the agent
+    retries it with its key or sends no key at all (its identical content is the
+    key): counted six times, the 4th send would trip the detector (SLOW) and the next
+    orders would be priced `on`."""
+    one = f"one-order-{keyed}"
+    headers = (
+        effect_headers(repeat_tenant, "buyer-01", one) if keyed else repeat_tenant.auth("buyer-01")
+    )
     async with clients(gateway, peer_gateway) as hosts:
         sent = [
             await hosts[i % 2].post(
-                "/tools/supplier/orders", json=order(quantity=1), headers=headers
+                "/tools/supplier/orders", json=order(quantity=1, supplier_id=one), headers=headers
             )
             for i in range(6)
         ]
@@ -213,6 +224,7 @@ async def test_a_repeated_order_counts_once(
         )
     assert [s.status_code for s in sent] == [201] * 6, sent[-1].text
     assert len({s.headers["x-irrev-hold"] for s in sent}) == 1
+    assert [s.headers.get("x-irrev-replayed") for s in sent[1:]] == ["true"] * 5
     assert [b.stress for b in fresh] == ["margin", "margin"]
     [detector] = shown.json()["detectors"]
     assert not detector["on"] and detector["last_trip_at"] is None
