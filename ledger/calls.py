@@ -28,7 +28,7 @@ from redis import exceptions as redis_errors
 
 from .cluster import MIGRATION_WAIT_S, REDIRECTED
 from .connect import direct_calls
-from .scripts import OPERATIONS, function_library, script_source
+from .scripts import GROUP_OPERATIONS, OPERATIONS, function_library, script_source
 from .topology import Topology
 
 
@@ -43,7 +43,9 @@ class Scripts:
         self.migration_wait_s = migration_wait_s
         self.direct = direct_calls(self.redis)
         self.library = function_library()
-        self.sources = {operation: script_source(operation) for operation in OPERATIONS}
+        self.sources = {
+            operation: script_source(operation) for operation in (*OPERATIONS, *GROUP_OPERATIONS)
+        }
         self.shas = {
             operation: hashlib.sha1(source.encode()).hexdigest()
             for operation, source in self.sources.items()
@@ -170,6 +172,43 @@ class Scripts:
                 except redis_errors.RedisError as exc:
                     done[i] = (exc, [])
         return done
+
+    async def call_group(
+        self,
+        operation: str,
+        standard: int,
+        batch: list[tuple[list[str], list[str]]],
+        waits: Sequence[tuple[Any, ...]] = (),
+    ) -> list[tuple[Any, list[Any]]]:
+        """`call_many`'s batch as one call of `<operation>_group` (one tenant's calls,
+        whose first `standard` keys are the same: sent once), then `waits`: what
+        `call_many` returns. Redis pays its fixed cost per command once for the group.
+        A group that did not run (redirected: its slot on the move) goes as
+        `call_many`'s pipeline; one that failed fails every call of it (an error reply
+        in place), or raises as `call_many` does when Redis could not be reached."""
+        if len(batch) < 2:
+            return await self.call_many(operation, batch, waits)
+        keys = [*batch[0][0][:standard]]
+        counts: list[str] = []
+        args: list[str] = []
+        for call_keys, call_args in batch:
+            keys += call_keys[standard:]
+            counts += (str(len(call_keys) - standard), str(len(call_args)))
+            args += call_args
+        group = f"{operation}_group"
+        sent = [str(len(batch)), *counts, *args]
+        if waits:
+            reply, answers = await self.call_then_wait(group, keys, sent, waits)
+        else:
+            try:
+                reply, answers = await self.call(group, keys, sent), []
+            except (*REDIRECTED, redis_errors.ClusterError):
+                return await self.call_many(operation, batch, waits)
+        if isinstance(reply, (*REDIRECTED, redis_errors.ClusterError)):
+            return await self.call_many(operation, batch, waits)
+        if isinstance(reply, Exception):
+            return [(reply, answers) for _ in batch]
+        return [(item, answers) for item in reply]
 
     async def pipeline(
         self, commands: list[tuple[Any, ...]], key: str, waits: Sequence[tuple[Any, ...]]

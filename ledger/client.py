@@ -33,6 +33,7 @@ from .durability import (
 )
 from .embedded import redis_url
 from .errors import BadInput, LedgerUnavailable, RedisFailure, redis_failure, translate_redis_errors
+from .group import MAX_WAIT_MS
 from .holds import DAY_MS, Holds
 from .keys import hold_keys, tenant_keys
 from .keystore import KeyStore
@@ -69,6 +70,7 @@ class LedgerCore:
         replica_timeout_ms: int = 100,
         wait_aof: WaitAof = "off",
         migration_wait_s: float = MIGRATION_WAIT_S,
+        group_wait_ms: float = 0.0,
     ) -> None:
         self.redis = redis
         self.retention_ms = validate.ttl("retention_ms", retention_ms)
@@ -85,9 +87,16 @@ class LedgerCore:
         self.wait_aof = wait_aof
         # What follows each write that must be kept (WAIT, WAITAOF), on its connection.
         self.waits = _waits(wait_aof, replicas, replica_timeout_ms)
+        # Group commit (ledger/group.py): how long a tenant's concurrent reserve or
+        # post may wait for others to go with it in one call; 0: each goes alone.
+        if not 0 <= group_wait_ms <= MAX_WAIT_MS:
+            raise BadInput("group_wait_ms", f"must be 0 to {MAX_WAIT_MS:g}")
+        self.group_wait_ms = group_wait_ms
         # Told the operation of each post or true-up kept although its wait came back
         # short (`_report_short`).
         self.on_unacknowledged: Callable[[str], None] | None = None
+        # Told the operation (reserve, post) and size of each group group commit sends.
+        self.on_group: Callable[[str, int], None] | None = None
         # Standalone or cluster: what the calls below do differently on each.
         self.topology = topology_of(redis)
         # A call its tenant's slot migration refuses is sent again for this long.
@@ -372,6 +381,11 @@ class Ledger(Holds, Snapshots, Accounts, Pools, Detectors, Learning, Rules, Leas
     fsync (measured ~100 ms on Valkey 8). "all" sends WAITAOF 1 `replicas` instead of
     WAIT: `replicas` then counts replicas that fsynced the write, which they report
     about once a second (measured ~1 s a write on Valkey 8). "off": WAIT alone.
+
+    `group_wait_ms` > 0 (at most 10; the gateway's IRREV_GROUP_WAIT_MS): group
+    commit. A tenant's concurrent reserves, and its concurrent posts, go as one script
+    call each, a call waiting at most that long for others (ledger/group.py); a call
+    with none beside it goes at once. Each keeps its own result and idempotency.
     """
 
     @classmethod
@@ -387,6 +401,7 @@ class Ledger(Holds, Snapshots, Accounts, Pools, Detectors, Learning, Rules, Leas
         max_connections: int = MAX_CONNECTIONS,
         pool_timeout_s: float = POOL_TIMEOUT_S,
         migration_wait_s: float = MIGRATION_WAIT_S,
+        group_wait_ms: float = 0.0,
         **options: Any,
     ) -> Ledger:
         """A Ledger on the server at `url`, through `connect` (which see for the
@@ -399,6 +414,7 @@ class Ledger(Holds, Snapshots, Accounts, Pools, Detectors, Learning, Rules, Leas
             replica_timeout_ms=replica_timeout_ms,
             wait_aof=wait_aof,
             migration_wait_s=migration_wait_s,
+            group_wait_ms=group_wait_ms,
         )
 
 

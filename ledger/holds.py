@@ -9,6 +9,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis import exceptions as redis_errors
@@ -22,6 +23,7 @@ from .errors import (
     raise_for_reply,
     translate_redis_errors,
 )
+from .group import Coalescer
 from .keys import (
     accounts_key,
     content_key,
@@ -63,6 +65,8 @@ EXPIRE_FIRST = "expire_first"
 DECIDE_ANYWAY = "1"
 IN_ORDER = "2"
 SWEEP_BATCH = 100
+# The tenant's keys every hold script takes first (KEYS[1..5]: keys.tenant_keys).
+STANDARD = 5
 # A packed Provenance: reserve.lua's MAX_PROVENANCE (a path of an unknown route is
 # the route id; HTTP servers refuse a request line past 16 KiB).
 MAX_PROVENANCE_BYTES = 16384
@@ -126,13 +130,48 @@ class Holds(LedgerCore):
             pool=pool,
         )
         args = self.reserve_args(reserve)  # first: its errors name the idempotency key
-        keys = [*self._hold_keys(tenant, idempotency_key), settled_key(tenant)]
-        reply, acked = await self._on_hold("reserve", tenant, idempotency_key, keys, args)
+        if self._reserve_groups is not None:
+            return await self._reserve_groups.submit(validate.tenant_id(tenant), (reserve, args))
+        return await self._reserve_alone(tenant, reserve, args)
+
+    async def _reserve_alone(
+        self, tenant: str, reserve: ReserveRequest, args: list[str]
+    ) -> ReserveResult:
+        hold_id = reserve.idempotency_key
+        keys = [*self._hold_keys(tenant, hold_id), settled_key(tenant)]
+        reply, acked = await self._on_hold("reserve", tenant, hold_id, keys, args)
         if reply[0] == EXPIRE_FIRST:
             await self._expire_due(tenant)
-            args = _deciding(args, pool)
-            reply, acked = await self._on_hold("reserve", tenant, idempotency_key, keys, args)
-        return reserve_result(tenant, idempotency_key, reply, acked)
+            args = _deciding(args, reserve.pool)
+            reply, acked = await self._on_hold("reserve", tenant, hold_id, keys, args)
+        return reserve_result(tenant, hold_id, reply, acked)
+
+    @cached_property
+    def _reserve_groups(
+        self,
+    ) -> Coalescer[tuple[ReserveRequest, list[str]], ReserveResult] | None:
+        """Group commit of concurrent reserves (ledger/group.py), when asked for."""
+        if not self.group_wait_ms:
+            return None
+        return Coalescer(
+            self._send_reserves,
+            wait_ms=self.group_wait_ms,
+            sent=self._told_group("reserve"),
+        )
+
+    async def _send_reserves(
+        self, tenant: str, items: list[tuple[ReserveRequest, list[str]]]
+    ) -> Sequence[ReserveResult | LedgerError]:
+        """A group of reserves: alone, as `reserve`; several, as one call of
+        reserve_many's, each item deciding in the order it arrived."""
+        if len(items) == 1:
+            try:
+                return [await self._reserve_alone(tenant, *items[0])]
+            except LedgerError as exc:
+                return [exc]
+        requests = [request for request, _ in items]
+        batch = [(r.idempotency_key, _in_order(args, r.pool)) for r, args in items]
+        return await self._reserves(tenant, requests, batch, grouped=True)
 
     async def attach(
         self,
@@ -168,23 +207,37 @@ class Holds(LedgerCore):
         raise BadInput("content", f"more than {MAX_ATTACH_STEPS} settled generations to walk")
 
     async def reserve_many(
-        self, tenant: str, requests: Sequence[ReserveRequest]
+        self, tenant: str, requests: Sequence[ReserveRequest], *, grouped: bool = False
     ) -> list[ReserveResult | LedgerError]:
         """Several reserves in one pipelined round trip, for batch callers such as the
         simulator. Each is still its own atomic script, run in order; an item that
         fails gets its error in its place, and the others are applied. The batch is
         followed by the ledger's waits, as `reserve` is: each result says what they
-        acknowledged."""
+        acknowledged. `grouped`: the batch goes as one script call (`Scripts.
+        call_group`), which pays Redis's cost per command once (a small part of a
+        reserve's: docs/performance.md, "Group commit")."""
         batch = [
             (request.idempotency_key, self.reserve_args(request, batched=True))
             for request in requests
         ]
-        replies = await self._run_many("reserve", tenant, batch)
+        return await self._reserves(tenant, requests, batch, grouped)
+
+    async def _reserves(
+        self,
+        tenant: str,
+        requests: Sequence[ReserveRequest],
+        batch: list[tuple[str, list[str]]],
+        grouped: bool,
+    ) -> list[ReserveResult | LedgerError]:
+        """`reserve_many` of (hold id, reserve.lua's ARGV) for `requests`."""
+        replies = await self._run_many("reserve", tenant, batch, grouped)
         archived = [i for i, (reply, _) in enumerate(replies) if _is_reply(reply, "archived")]
         for i in archived:
             await restore(self, tenant, batch[i][0])
         if archived:  # replays now, which no item of the batch can have changed
-            again_replies = await self._run_many("reserve", tenant, [batch[i] for i in archived])
+            again_replies = await self._run_many(
+                "reserve", tenant, [batch[i] for i in archived], grouped
+            )
             for i, reply in zip(archived, again_replies, strict=True):
                 replies[i] = reply
         again = [i for i, (reply, _) in enumerate(replies) if _is_reply(reply, EXPIRE_FIRST)]
@@ -195,7 +248,7 @@ class Holds(LedgerCore):
                 for i in again
             ]
             for i, reply in zip(
-                again, await self._run_many("reserve", tenant, retried), strict=True
+                again, await self._run_many("reserve", tenant, retried, grouped), strict=True
             ):
                 replies[i] = reply
         return [
@@ -209,23 +262,31 @@ class Holds(LedgerCore):
         posts: Sequence[tuple[str, int | Mapping[str, int]]],
         *,
         outcome: str = "",
+        grouped: bool = False,
     ) -> list[TransitionResult | LedgerError]:
         """Several posts of (hold id, amount) in one pipelined round trip, with errors
         in place as in `reserve_many`; `outcome` is kept with each (as `post`'s). A post
-        its waits acknowledged short is kept and reported as `post`'s is."""
+        its waits acknowledged short is kept and reported as `post`'s is. `grouped` as
+        in `reserve_many`."""
         kept = validate.blob("outcome", outcome)  # once: it is every item's
         batch = [(hold_id, self._post_args(hold_id, amount, kept)) for hold_id, amount in posts]
-        replies = await self._run_many("post", tenant, batch)
+        return await self._posts(tenant, batch, grouped)
+
+    async def _posts(
+        self, tenant: str, batch: list[tuple[str, list[str]]], grouped: bool
+    ) -> list[TransitionResult | LedgerError]:
+        """`post_many` of (hold id, post.lua's ARGV) pairs: each with its own outcome."""
+        replies = await self._run_many("post", tenant, batch, grouped)
         # A hold archived out of the slot (a replay of its post): brought back, and
         # its post sent again, as `post` does (_on_hold).
         gone = [i for i, (item, _) in enumerate(replies) if _is_reply(item, "not_found")]
         gone = [i for i in gone if await restore(self, tenant, batch[i][0])]
         if gone:
-            again = await self._run_many("post", tenant, [batch[i] for i in gone])
+            again = await self._run_many("post", tenant, [batch[i] for i in gone], grouped)
             for i, done in zip(gone, again, strict=True):
                 replies[i] = done
         results: list[TransitionResult | LedgerError] = []
-        for (hold_id, _), (reply, acked) in zip(posts, replies, strict=True):
+        for (hold_id, _), (reply, acked) in zip(batch, replies, strict=True):
             result = _or_error(transition_result, tenant, hold_id, "post", reply, acked=acked)
             if isinstance(result, TransitionResult):
                 self._report_short("post", tenant, hold_id, acked)
@@ -240,8 +301,7 @@ class Holds(LedgerCore):
         sent back to expire them first, is decided on after it. From the first due hold
         on, every item comes back, and all are decided again in their order (a
         calibrating route's reserve always looks)."""
-        in_order = [IN_ORDER] if batched and r.pool is None else []
-        return [
+        args = [
             validate.identifier("idempotency_key", r.idempotency_key),
             validate.identifier("fingerprint", r.fingerprint),
             str(validate.ttl("ttl_ms", r.ttl_ms)),
@@ -258,11 +318,11 @@ class Holds(LedgerCore):
             "1" if self.release.reads(COUNTED_ESCALATIONS) else "0",
             "1" if r.shadow else "0",
             *_pool_args(r.pool),
-            *in_order,
         ]
+        return _in_order(args, r.pool) if batched else args
 
     async def _run_many(
-        self, operation: str, tenant: str, batch: list[tuple[str, list[str]]]
+        self, operation: str, tenant: str, batch: list[tuple[str, list[str]]], grouped: bool
     ) -> list[tuple[list[Any] | LedgerError, Acks]]:
         """One pipeline of calls, each item (hold id, args) in order (on a cluster, to
         the primary of the tenant's slot; items redirected by a slot migration are
@@ -273,7 +333,10 @@ class Holds(LedgerCore):
         keys_of = reserve_keys if operation == "reserve" else hold_script_keys
         calls = [(keys_of(tenant, hold_id), args) for hold_id, args in batch]
         with translate_redis_errors(operation):
-            replies = await self._scripts.call_many(operation, calls, self.waits)
+            if grouped:
+                replies = await self._scripts.call_group(operation, STANDARD, calls, self.waits)
+            else:
+                replies = await self._scripts.call_many(operation, calls, self.waits)
         # One Acks per pipeline's waits (a failed wait is logged once, not per item);
         # an item that failed (a re-send that could not reach Redis has no waits) gets
         # its error, which carries no count.
@@ -295,7 +358,38 @@ class Holds(LedgerCore):
         or per account. Above the hold it is an overrun: posted and flagged.
         `outcome` (the upstream's answer) is kept for repeats of the request."""
         args = self.post_args(hold_id, amount, outcome)
+        if self._post_groups is not None:
+            return await self._post_groups.submit(validate.tenant_id(tenant), (hold_id, args))
         return await self._transition("post", tenant, hold_id, args, replicated=True)
+
+    @cached_property
+    def _post_groups(self) -> Coalescer[tuple[str, list[str]], TransitionResult] | None:
+        """Group commit of concurrent posts (ledger/group.py), when asked for."""
+        if not self.group_wait_ms:
+            return None
+        return Coalescer(
+            self._send_posts, wait_ms=self.group_wait_ms, sent=self._told_group("post")
+        )
+
+    def _told_group(self, operation: str) -> Callable[[int], None]:
+        """What tells `on_group` the size of each group of `operation` sent."""
+
+        def told(size: int) -> None:
+            if self.on_group is not None:
+                self.on_group(operation, size)
+
+        return told
+
+    async def _send_posts(
+        self, tenant: str, items: list[tuple[str, list[str]]]
+    ) -> Sequence[TransitionResult | LedgerError]:
+        """A group of posts: alone, as `post`; several, as one call of post_many's."""
+        if len(items) == 1:
+            try:
+                return [await self._transition("post", tenant, *items[0], replicated=True)]
+            except LedgerError as exc:
+                return [exc]
+        return await self._posts(tenant, items, grouped=True)
 
     def post_args(
         self, hold_id: str, amount: int | Mapping[str, int], outcome: str = ""
@@ -454,6 +548,12 @@ def _in_place(operation: str, reply: Any) -> Any:
 
 def _is_reply(reply: Any, status: str) -> bool:
     return isinstance(reply, list) and bool(reply) and reply[0] == status
+
+
+def _in_order(args: list[str], pool: PoolTicket | None) -> list[str]:
+    """reserve.lua's ARGV as an item of a batch: one that looks for due holds before
+    any decision (a calibrating route's reserve always looks: `_pool_args`)."""
+    return args if pool is not None else [*args, IN_ORDER]
 
 
 def _or_error(parse: Callable[..., T], *args: Any, acked: Acks) -> T | LedgerError:

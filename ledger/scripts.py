@@ -81,6 +81,11 @@ _STANDARD_KEYS = {
     "restore": 1,
 }
 
+# Operations that can also run several calls in one (`<operation>_group`, _lib.lua's
+# `grouped`): a tenant's concurrent reserves and posts, coalesced (ledger/group.py).
+GROUPED = ("reserve", "post")
+GROUP_OPERATIONS = tuple(f"{operation}_group" for operation in GROUPED)
+
 # Scripts of ledger/lua run outside the library (see above), by their own modules.
 PLAIN_SCRIPTS = ("keys", "lease", "lease_release", "policy_put", "refusals", "watch")
 
@@ -136,11 +141,22 @@ def _evalsha_statements() -> list[tuple[str | None, str]]:
     return statements
 
 
+def _group_body(operation: str, keys: str, argv: str) -> str:
+    """A `<operation>_group` call: the operation's file as the function `grouped` runs
+    once per call of the group."""
+    standard = _STANDARD_KEYS.get(operation, 5)
+    return (
+        f"return grouped({keys}, {argv}, {standard}, function()\n"
+        f"{_read(f'{operation}.lua')}\nend)\n"
+    )
+
+
 @cache
 def script_source(operation: str) -> str:
     """The EVALSHA form of `operation` (Redis 6.2)."""
     statements = _evalsha_statements()
-    body = _read(f"{operation}.lua")
+    grouped = operation.removesuffix("_group") if operation in GROUP_OPERATIONS else None
+    body = _group_body(grouped, "_KEYS", "_ARGV") if grouped else _read(f"{operation}.lua")
     needed = _names(body) | _ALWAYS
     keep = [name is None for name, _ in statements]
     changed = True
@@ -154,9 +170,9 @@ def script_source(operation: str) -> str:
     # Redis 6 needs replicate_commands() to write after TIME (7 always replicates
     # effects). The library's KEYS and ARGV shadow the globals, so they are taken
     # before it and bound after it.
+    binding = "" if grouped else f"bind(_KEYS, _ARGV, {_STANDARD_KEYS.get(operation, 5)})\n"
     return (
-        "redis.replicate_commands()\nlocal _KEYS, _ARGV = KEYS, ARGV\n"
-        f"{library}\nbind(_KEYS, _ARGV, {_STANDARD_KEYS.get(operation, 5)})\n{body}"
+        f"redis.replicate_commands()\nlocal _KEYS, _ARGV = KEYS, ARGV\n{library}\n{binding}{body}"
     )
 
 
@@ -179,10 +195,18 @@ def function_library() -> Library:
             f"bind(keys, argv, {_STANDARD_KEYS.get(operation, 5)})\n"
             f"{_read(f'{operation}.lua')}\nend)\n"
         )
+    for operation in GROUPED:
+        parts.append(
+            f"\nredis.register_function('irrev_{_VERSION}_{operation}_group', "
+            f"function(keys, argv)\n{_group_body(operation, 'keys', 'argv')}end)\n"
+        )
     code = "".join(parts)
     version = hashlib.sha1(code.encode()).hexdigest()[:12]
     return Library(
         f"irrev_{version}",
         code.replace(_VERSION, version),
-        {operation: f"irrev_{version}_{operation}" for operation in OPERATIONS},
+        {
+            operation: f"irrev_{version}_{operation}"
+            for operation in (*OPERATIONS, *GROUP_OPERATIONS)
+        },
     )

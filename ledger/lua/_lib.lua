@@ -106,6 +106,54 @@ local function bind(keys, argv, standard)
   end
 end
 
+-- Several calls of one operation in one (ledger/group.py coalesces a tenant's
+-- concurrent reserves, and posts, into one): KEYS the `standard` keys of the tenant
+-- once, then each call's own keys in turn; ARGV[1] the number of calls n (1..
+-- MAX_GROUP), then n pairs (how many keys of its own, how many arguments), then
+-- every call's arguments in turn. Every call's keys are checked (bind) before the
+-- first call runs, so a group that fails to bind wrote nothing. Each call then runs
+-- as it would alone, in order, and its reply is the group's reply at its place: one
+-- script call pays Redis's fixed cost per command once for all of them.
+local MAX_GROUP = 256
+
+local function grouped(keys, argv, standard, run)
+  local n = tonumber(argv[1])
+  if not n or n < 1 or n > MAX_GROUP or n % 1 ~= 0 or #argv < 1 + 2 * n then
+    error('irrev: ARGV[1] must be the number of calls of the group (1..' .. MAX_GROUP
+      .. '), followed by two counts per call')
+  end
+  local shared = {}
+  for i = 1, standard do
+    shared[i] = keys[i]
+  end
+  local calls, k, a = {}, standard, 1 + 2 * n
+  for i = 1, n do
+    local nk, na = tonumber(argv[2 * i]), tonumber(argv[2 * i + 1])
+    if not nk or not na or nk < 0 or na < 0 or k + nk > #keys or a + na > #argv then
+      error('irrev: call ' .. i .. ' of the group names more keys or arguments than sent')
+    end
+    local ck, ca = {unpack(shared)}, {}
+    for j = 1, nk do
+      ck[standard + j] = keys[k + j]
+    end
+    for j = 1, na do
+      ca[j] = argv[a + j]
+    end
+    k, a = k + nk, a + na
+    bind(ck, ca, standard)
+    calls[i] = {ck, ca}
+  end
+  if k ~= #keys or a ~= #argv then
+    error('irrev: the group sent keys or arguments that no call names')
+  end
+  local replies = {}
+  for i = 1, n do
+    bind(calls[i][1], calls[i][2], standard)
+    replies[i] = run()
+  end
+  return replies
+end
+
 local MAX_AMOUNT = 9007199254740991
 local MAX_ACCOUNTS = 8
 local MAX_BLOB = 1048576

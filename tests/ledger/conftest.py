@@ -1,10 +1,12 @@
-"""Ledger fixtures: a Ledger on each real server, and a standard set of accounts."""
+"""Ledger fixtures: a Ledger on each real server, a standard set of accounts, and a
+count of the sends to Redis."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 
 import pytest
+from redis.asyncio.connection import AbstractConnection
 
 from ledger.client import Ledger
 from ledger.records import AccountSpec
@@ -24,3 +26,21 @@ async def open_accounts(ledger: Ledger, tenant: str, **limits: int) -> None:
         await ledger.upsert_account(
             tenant, AccountSpec(account=f"{kind}:{rest}", limit=limit, soft_limit=limit)
         )
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], int]]:
+    """Sends to Redis so far, counted where redis-py writes to a connection: a
+    pipeline is one send, whatever it holds (Redis itself stays real)."""
+    sent = 0
+    send = AbstractConnection.send_packed_command
+
+    async def counted(
+        self: AbstractConnection, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        nonlocal sent
+        sent += 1
+        await send(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+    yield lambda: sent

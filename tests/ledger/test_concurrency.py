@@ -46,6 +46,21 @@ def finish(processes: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
     return results
 
 
+def kill_mid_storm(workers: list[subprocess.Popen[str]], done: int) -> None:
+    """SIGKILL the first worker once it has reported `done` operations on stdout, then
+    the others: a storm cut off mid-operation."""
+    victim = workers[0]
+    assert victim.stdout is not None
+    for _ in range(done):
+        assert victim.stdout.readline()
+    os.kill(victim.pid, signal.SIGKILL)
+    for worker in workers[1:]:
+        worker.send_signal(signal.SIGKILL)
+    for worker in workers:
+        worker.communicate(timeout=30)
+        assert worker.returncode == -signal.SIGKILL
+
+
 async def test_never_overdraw_under_contention(ledger: Ledger, tenant: str, redis_url: str) -> None:
     processes, reserves, price = 8, 200, 7
     tenant_limit, agent_limit = 3000, 700  # floor(3000 / 7) = 428 admissions in all
@@ -124,16 +139,7 @@ async def test_sigkilled_client_leaves_no_partial_hold(
     name = f"{tenant}:barrier"
     workers = [spawn("churn", redis_url, tenant, name, f"c{p}", "100000") for p in range(4)]
     await release(ledger, name, len(workers))
-    victim = workers[0]
-    assert victim.stdout is not None
-    for _ in range(300):  # let the storm get going: 300 operations done by the victim
-        assert victim.stdout.readline()
-    os.kill(victim.pid, signal.SIGKILL)
-    for worker in workers[1:]:
-        worker.send_signal(signal.SIGKILL)
-    for worker in workers:
-        worker.communicate(timeout=30)
-        assert worker.returncode == -signal.SIGKILL
+    kill_mid_storm(workers, 300)
 
     report = await audit_tenant(ledger, tenant)
     assert report.mismatches == []

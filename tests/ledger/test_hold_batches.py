@@ -5,34 +5,13 @@ against a real Redis."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Iterator
-
-import pytest
-from redis.asyncio.connection import AbstractConnection
+from collections.abc import Callable
 
 from ledger.client import Ledger
 from ledger.records import AccountSpec, Hold, HoldState
 
 HOUR_MS = 3_600_000
 WAITING = 40
-
-
-@pytest.fixture
-def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], int]]:
-    """Sends to Redis so far, counted where redis-py writes to a connection: a
-    pipeline is one send, whatever it holds (Redis itself stays real)."""
-    sent = 0
-    send = AbstractConnection.send_packed_command
-
-    async def counted(
-        self: AbstractConnection, command: bytes | str | Iterable[bytes], check_health: bool = True
-    ) -> None:
-        nonlocal sent
-        sent += 1
-        await send(self, command, check_health)
-
-    monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
-    yield lambda: sent
 
 
 async def one_by_one(ledger: Ledger, tenant: str, ids: list[str]) -> dict[str, Hold]:

@@ -1,6 +1,6 @@
 """Worker processes for the ledger's concurrency and crash tests.
 
-Run as `python -m tests.ledger.workers [--replicas N] COMMAND URL TENANT ...` from
+Run as `python -m tests.ledger.workers [--replicas N] [--group-ms MS] COMMAND URL TENANT ...` from
 the repository root. Every worker announces itself on `<barrier>:ready` and waits for a token on
 `<barrier>:go`, so the test releases all of them at once without sleeping.
 """
@@ -128,6 +128,25 @@ async def batches(ledger: Ledger, tenant: str, barrier_name: str, agent: str, op
         failed += sum(isinstance(r, LedgerError) for r in posts)
         print(start, flush=True)
     print(json.dumps({"failed": failed}))
+
+
+async def grouped(ledger: Ledger, tenant: str, barrier_name: str, agent: str, ops: str) -> None:
+    """Reserve and post `ops` holds, 16 at a time from concurrent tasks (so that a
+    ledger with group commit groups them), reporting each pair on stdout."""
+    await barrier(ledger, barrier_name)
+    queue = list(range(int(ops)))
+
+    async def run() -> None:
+        while queue:
+            i = queue.pop(0)
+            key = f"{agent}-{i}"
+            amounts = {"tenant:acme": 4, f"agent:{agent}": 4}
+            await ledger.reserve(tenant, key, "fp", amounts, ttl_ms=HOUR_MS)
+            await ledger.post(tenant, key, 3)
+            print(i, flush=True)
+
+    await asyncio.gather(*(run() for _ in range(16)))
+    print(json.dumps({"done": int(ops)}))
 
 
 async def writes(ledger: Ledger, tenant: str, barrier_name: str, agent: str, stop: str) -> None:
@@ -374,6 +393,7 @@ COMMANDS: dict[str, Callable[..., Awaitable[None]]] = {
     "churn": churn,
     "replay": replay,
     "batches": batches,
+    "grouped": grouped,
     "writes": writes,
     "trim": trim_all,
     "pooled": pooled,
@@ -381,11 +401,15 @@ COMMANDS: dict[str, Callable[..., Awaitable[None]]] = {
 
 
 async def main(argv: list[str]) -> None:
-    replicas = 0
+    replicas, group_ms = 0, 0.0
     if argv[0] == "--replicas":  # WAIT for that many replicas after each reserve
         replicas, argv = int(argv[1]), argv[2:]
+    if argv[0] == "--group-ms":  # group commit (ledger/group.py)
+        group_ms, argv = float(argv[1]), argv[2:]
     command, url, tenant, *rest = argv
-    ledger = Ledger.from_url(url, replicas=replicas, replica_timeout_ms=5000)
+    ledger = Ledger.from_url(
+        url, replicas=replicas, replica_timeout_ms=5000, group_wait_ms=group_ms
+    )
     try:
         await COMMANDS[command](ledger, tenant, *rest)
     finally:
