@@ -46,6 +46,13 @@ PRICES = Histogram(
 LEDGER_SECONDS = Histogram(
     "irrev_ledger_seconds", "Ledger round trips", ["operation"], buckets=LATENCY_BUCKETS
 )
+LEDGER_GROUPS = Histogram(
+    "irrev_ledger_group_size",
+    "Calls per script call sent by group commit (IRREV_GROUP_WAIT_MS), by operation "
+    "(reserve, post): 1 for a call that went alone",
+    ["operation"],
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
 UPSTREAM_SECONDS = Histogram(
     "irrev_upstream_seconds", "Upstream requests", ["tool"], buckets=LATENCY_BUCKETS
 )

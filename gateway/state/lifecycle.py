@@ -176,8 +176,10 @@ async def _gate(
         replica_timeout_ms=settings.wait_timeout_ms,
         wait_aof=settings.wait_aof,
         migration_wait_s=settings.migration_wait_s,
+        group_wait_ms=settings.group_wait_ms,
     )
     ledger.on_unacknowledged = lambda op: metrics.UNACKNOWLEDGED_WRITES.labels(op).inc()
+    ledger.on_group = lambda op, size: metrics.LEDGER_GROUPS.labels(op).observe(size)
     http = make_client(
         settings.upstream_connect_timeout_s,
         settings.upstream_timeout_s,

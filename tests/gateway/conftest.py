@@ -232,12 +232,14 @@ def peer_gateway(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> 
     of one server accepts a connection is the kernel's choice, so a test that needs
     effects admitted by several processes for certain sends to both servers. Only for
     the module that asks: while it runs it takes tenants' sweep leases, and with them
-    their fleet gauges, from the session's gateway."""
+    their fleet gauges, from the session's gateway. It runs with group commit
+    (IRREV_GROUP_WAIT_MS, ledger/group.py), so the modules' promises hold with a
+    gateway that groups its concurrent reserves and posts beside one that does not."""
     root = tmp_path_factory.mktemp("peer-gateway")
     server = Server(
         name="peer gateway",
         argv=[str(BIN / "irrev"), "serve"],
-        env=gateway.env,
+        env={**gateway.env, "IRREV_GROUP_WAIT_MS": "1"},
         log_path=root / "gateway.log",
     )
     server.argv += ["--port", str(server.port), "--workers", "1"]

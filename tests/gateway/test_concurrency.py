@@ -9,6 +9,7 @@ import itertools
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import Gateway, TenantMaker
 from .helpers import (
@@ -119,9 +120,29 @@ async def test_many_effects_in_flight_never_overdraw(
         for server in (gateway, peer_gateway)
     }
     assert all(served_by.values()), served_by
+    # The peer groups its concurrent reserves (IRREV_GROUP_WAIT_MS): some of its script
+    # calls carried several, and the promises above held all the same.
+    exposition = await http.get(f"{peer_gateway.url}/metrics", headers=gateway.admin)
+    assert grouped_calls(exposition.text, "reserve") > 0
 
     audit = ledger_audit(gateway.redis_url, tenant)
     assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+def grouped_calls(exposition: str, operation: str) -> float:
+    """Script calls of `operation` that group commit sent with more than one call."""
+    (family,) = (
+        f for f in text_string_to_metric_families(exposition) if f.name == "irrev_ledger_group_size"
+    )
+    counts = {
+        (sample.name, sample.labels.get("le")): sample.value
+        for sample in family.samples
+        if sample.labels.get("operation") == operation
+    }
+    return (
+        counts[("irrev_ledger_group_size_count", None)]
+        - counts[("irrev_ledger_group_size_bucket", "1.0")]
+    )
 
 
 async def test_one_key_sent_twenty_times_is_one_effect(
