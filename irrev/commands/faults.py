@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -33,10 +34,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="run on a local 3-primary + 3-replica Redis Cluster (needs Redis 7's "
         "redis-server and redis-cli); cells that kill the one redis-server are left out",
     )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="run every gateway with this IRREV_* setting too (repeatable), e.g. "
+        "IRREV_GROUP_WAIT_MS=1 to hold the promises with group commit",
+    )
     parser.set_defaults(func=run)
 
 
+def settings_of(pairs: list[str]) -> dict[str, str]:
+    """--setting NAME=VALUE pairs, each name an IRREV_* variable."""
+    settings: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not re.fullmatch(r"IRREV_[A-Z0-9_]+", name):
+            raise CliError(f"--setting {pair!r}: must be NAME=VALUE with NAME an IRREV_* setting")
+        settings[name] = value
+    return settings
+
+
 def run(args: argparse.Namespace) -> int:
+    settings = settings_of(args.setting)
     cells = select(CELLS, args.cells, args.fast, args.cluster)
     if not cells:
         raise CliError(f"no cell matches {args.cells!r}; see `irrev faults --list`")
@@ -56,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         verdict = "ok" if result.ok else f"{result.violations} VIOLATIONS"
         console.print(f"{result.cell.name}: {result.runs} runs, {verdict} ({result.seconds:.0f} s)")
 
-    results = asyncio.run(run_cells(cells, args.runs, progress, args.cluster))
+    results = asyncio.run(run_cells(cells, args.runs, progress, args.cluster, settings))
     shown = json.dumps([as_dict(r) for r in results], indent=2)
     if args.json == "-":
         print(shown)

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import yaml
 from redis.asyncio import Redis, RedisCluster
 
 from gateway.edge.wire import hold_id_for, upstream_key
+from irrev.cli import CliError
 from irrev.harness import PolicyDraft, free_port
 from irrev.localcluster import LocalCluster
 from ledger import AppendFsync, EmbeddedRedis, Ledger
@@ -114,27 +115,32 @@ class Bench:
     redis: Redis | RedisCluster
     ledger: Ledger
     http: httpx.AsyncClient
+    # IRREV_* settings every gateway also runs with (`irrev faults --setting`).
+    settings: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def policy_dir(self) -> Path:
         return self.workdir / "policies"
 
     def gateway_env(self) -> dict[str, str]:
+        own = {
+            "IRREV_REDIS_URL": self.redis_server.url,
+            "IRREV_POLICY_DIR": str(self.policy_dir),
+            "IRREV_ADMIN_TOKENS": f"{ADMIN_NAME}={self.admin_token}",
+            "IRREV_UPSTREAM_TIMEOUT_S": str(self.spec.upstream_timeout_s),
+            "IRREV_UPSTREAM_CONNECT_TIMEOUT_S": "1.0",
+            "IRREV_FORWARD_MARGIN_S": "0.5",
+            "IRREV_SWEEP_INTERVAL_S": "0.5",
+            "IRREV_MAX_BODY_BYTES": str(self.spec.max_body_bytes),
+            "IRREV_LOG_LEVEL": "warning",
+        }
+        if clash := sorted(self.settings.keys() & own.keys()):
+            raise CliError(
+                f"{', '.join(clash)}: set by the fault bench itself; --setting takes "
+                "the gateway's other IRREV_* settings"
+            )
         env = {k: v for k, v in os.environ.items() if not k.startswith("IRREV_")}
-        env.update(
-            {
-                "IRREV_REDIS_URL": self.redis_server.url,
-                "IRREV_POLICY_DIR": str(self.policy_dir),
-                "IRREV_ADMIN_TOKENS": f"{ADMIN_NAME}={self.admin_token}",
-                "IRREV_UPSTREAM_TIMEOUT_S": str(self.spec.upstream_timeout_s),
-                "IRREV_UPSTREAM_CONNECT_TIMEOUT_S": "1.0",
-                "IRREV_FORWARD_MARGIN_S": "0.5",
-                "IRREV_SWEEP_INTERVAL_S": "0.5",
-                "IRREV_MAX_BODY_BYTES": str(self.spec.max_body_bytes),
-                "IRREV_LOG_LEVEL": "warning",
-            }
-        )
-        return env
+        return {**env, **own, **self.settings}
 
     async def start_gateway(self, index: int, crash_at: str = "") -> None:
         await asyncio.to_thread(self.gateways[index].start, crash_at)
@@ -200,8 +206,11 @@ def harness_client() -> httpx.AsyncClient:
 
 
 @contextlib.asynccontextmanager
-async def open_bench(spec: BenchSpec, cluster: bool = False) -> AsyncIterator[Bench]:
-    """Start every process of the bench; stop all of them however the block ends."""
+async def open_bench(
+    spec: BenchSpec, cluster: bool = False, settings: Mapping[str, str] | None = None
+) -> AsyncIterator[Bench]:
+    """Start every process of the bench; stop all of them however the block ends.
+    `settings`: IRREV_* settings every gateway runs with besides the bench's own."""
     workdir = Path(tempfile.mkdtemp(prefix="irrev-faults-"))
     (workdir / "policies").mkdir()
     redis_server: EmbeddedRedis | LocalCluster
@@ -233,6 +242,7 @@ async def open_bench(spec: BenchSpec, cluster: bool = False) -> AsyncIterator[Be
             redis=redis,
             ledger=Ledger.from_url(redis_server.url),
             http=harness_client(),
+            settings=dict(settings or {}),
         )
         env = bench.gateway_env()
         gateways.extend(GatewayProc(i, free_port(), env, workdir) for i in range(spec.gateways))

@@ -8,7 +8,7 @@ import asyncio
 import fnmatch
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .bench import BenchSpec, Run, open_bench
@@ -78,16 +78,18 @@ async def run_cells(
     runs: int | None = None,
     progress: Callable[[CellResult], None] | None = None,
     cluster: bool = False,
+    settings: Mapping[str, str] | None = None,
 ) -> list[CellResult]:
     """Run every cell `runs` times (default: its own count), one bench per spec, on
-    an embedded redis-server or (`cluster`) a local Redis Cluster."""
+    an embedded redis-server or (`cluster`) a local Redis Cluster, every gateway with
+    `settings` (IRREV_* settings) besides the bench's own."""
     results = {cell.name: CellResult(cell) for cell in cells}
     specs: list[BenchSpec] = []
     for cell in cells:
         if cell.spec not in specs:
             specs.append(cell.spec)
     for spec in specs:
-        async with open_bench(spec, cluster) as bench:
+        async with open_bench(spec, cluster, settings) as bench:
             for cell in (c for c in cells if c.spec == spec):
                 result = results[cell.name]
                 started = time.monotonic()

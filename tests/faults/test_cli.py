@@ -7,7 +7,7 @@ import json
 import pytest
 
 from irrev.cli import main
-from irrev.commands.faults import format_matrix
+from irrev.commands.faults import format_matrix, settings_of
 from irrev.faults.cells import CELLS
 from irrev.faults.matrix import CellResult, select
 
@@ -79,3 +79,16 @@ def test_list_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
     listed = json.loads(capsys.readouterr().out)
     assert [c["cell"] for c in listed] == [c.name for c in select(CELLS, "crash.*", False)]
     assert all(c["slow"] for c in listed)
+
+
+def test_settings_are_irrev_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--setting NAME=VALUE` runs every gateway with an IRREV_* setting; anything
+    else is refused in one line before a bench starts."""
+    assert settings_of(["IRREV_GROUP_WAIT_MS=1", "IRREV_LOG_LEVEL=a=b"]) == {
+        "IRREV_GROUP_WAIT_MS": "1",
+        "IRREV_LOG_LEVEL": "a=b",
+    }
+    for bad in ("PATH=/tmp", "IRREV_GROUP_WAIT_MS", "irrev_x=1"):
+        assert main(["faults", "--cells", "hostile.non_json", "--setting", bad]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.count("\n") == 0 and "IRREV_* setting" in error
