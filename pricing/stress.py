@@ -35,6 +35,7 @@ ticks it saw while off, so a burst does not teach it that the burst is calm.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -174,6 +175,14 @@ class CusumState(Generic[Num]):
         `start` (0, or 0 per seed, for the simulator; a gateway's first request's)."""
         zero = start * 0.0
         return cls(zero, start, zero + NEVER, requests + zero, ticks + zero, zero)
+
+    @classmethod
+    def stored(cls, fields: Mapping[str, float]) -> CusumState[float]:
+        """A gateway's detector as detector.lua keeps it: fields s, l, a, r, t, n
+        (`Ledger.stress_states` reads them)."""
+        return CusumState(
+            fields["s"], fields["l"], fields["a"], fields["r"], fields["t"], fields["n"]
+        )
 
     @property
     def ever_alarmed(self) -> Any:

@@ -301,9 +301,7 @@ def stress_view(
         now = float(now_ms // tick_ms)
         stored = states.get(pool_tag(route_id), {})
         if stored.get("ms") == tick_ms:
-            state = CusumState(
-                stored["s"], stored["l"], stored["a"], stored["r"], stored["t"], stored["n"]
-            )
+            state = CusumState.stored(stored)
         else:
             state = CusumState.warmed(stress.warm_requests, stress.warm_ticks, start=now)
         on, score, calm = cusum_at(state, now, cusum)

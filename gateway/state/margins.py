@@ -43,9 +43,7 @@ async def release_margins(ledger: Ledger, tenant: str) -> int:
         runs = sorted({m.run for m in margins})
         alarmed = await ledger.alarmed_runs(tenant, tag, runs)
         cusum = Cusum(stored["shift"], stored["h"], int(stored["hold"]))
-        state = CusumState(
-            stored["s"], stored["l"], stored["a"], stored["r"], stored["t"], stored["n"]
-        )
+        state = CusumState.stored(stored)
         tick = float(now_ms // int(stored["ms"]))
         for m in margins:
             if m.run in alarmed:

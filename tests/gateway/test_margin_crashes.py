@@ -68,8 +68,7 @@ async def vouched(ledger: Ledger, tenant: str, run: int) -> None:
     cusum = Cusum(DETECTOR.shift, DETECTOR.h, DETECTOR.hold)
     deadline = time.monotonic() + 30
     while True:
-        s = (await ledger.stress_states(tenant))[pool_tag(ROUTE)]
-        state = CusumState(s["s"], s["l"], s["a"], s["r"], s["t"], s["n"])
+        state = CusumState.stored((await ledger.stress_states(tenant))[pool_tag(ROUTE)])
         tick = float(await ledger.now_ms() // DETECTOR.tick_ms)
         if not margin_kept(state, cusum, tick, run, alarmed=False):
             return
