@@ -2,7 +2,8 @@
 
 `Ledger` is its connection and the shared call path (`LedgerCore`: scripts, waits,
 the hold scripts' archive-aware path) with one mixin per family of commands, each in
-its own module: holds, snapshots (reads), accounts, pools, learning, rules, leasing."""
+its own module: holds, transitions, snapshots (reads), accounts, pools, detectors,
+learning, rules, leasing."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from .rules import Rules
 from .settings import LedgerSettings
 from .snapshots import Snapshots
 from .topology import topology_of
+from .transitions import Transitions
 
 DENIED_RETENTION_MS = 10 * 60 * 1000
 MAX_REPLICAS = 64
@@ -359,7 +361,18 @@ class LedgerCore:
         return reply, acked
 
 
-class Ledger(Holds, Snapshots, Accounts, Pools, Detectors, Learning, Rules, Leasing, LedgerCore):
+class Ledger(
+    Holds,
+    Transitions,
+    Snapshots,
+    Accounts,
+    Pools,
+    Detectors,
+    Learning,
+    Rules,
+    Leasing,
+    LedgerCore,
+):
     """Accounts, holds and the journal of every tenant, kept in one Redis.
 
     `retention_ms` is how long a settled hold (and with it its idempotency key) is
