@@ -5,9 +5,9 @@ command once for all of them and the client's packing and round trip once.
 Only under concurrency: a call that finds none of its tenant's calls of its kind in
 flight or waiting goes at once, alone, as it would without grouping. One that finds
 one waits for the next group, which leaves when the call in flight ends, when
-`wait_s` has passed since the first of it waited (at most 1 ms in the gateway), or
-when it is `max_items` long, whichever is first. Each call keeps what it has alone:
-its own idempotency key, its own reply or error (one item's refusal is not its
+`wait_ms` has passed since the first of it waited (the gateway's IRREV_GROUP_WAIT_MS),
+or when it is `max_items` long, whichever is first. Each call keeps what it has
+alone: its own idempotency key, its own reply or error (one item's refusal is not its
 neighbours'), and the order the calls arrived in, which is the order they run in. A
 call cancelled while it waits (its client went away) leaves the group unsent; once
 sent it runs, as a call cancelled in flight does.
