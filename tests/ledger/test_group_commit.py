@@ -179,7 +179,9 @@ async def test_a_call_cancelled_while_it_waits_is_never_sent(redis_url: str, ten
         assert (await first).decision == "admit"
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        await asyncio.sleep(0.02)  # past the group's wait
+        # A later call goes after any group still to leave: had `gone` stayed queued,
+        # it would have been sent by the time this one is answered.
+        await ledger.reserve(tenant, "after", "fp", amounts, ttl_ms=HOUR_MS)
         assert await ledger.hold(tenant, "gone") is None
     finally:
         await ledger.aclose()
@@ -209,11 +211,14 @@ async def test_due_holds_are_released_before_a_group_decides(redis_url: str, ten
     ledger = Ledger.from_url(redis_url, group_wait_ms=5)
     try:
         await open_accounts(ledger, tenant, tenant_acme=30)
-        for i in range(3):
+        old = [
             await ledger.reserve(
                 tenant, f"old{i}", "fp", {"tenant:acme": 10}, ttl_ms=1, armed=False
             )
-        await asyncio.sleep(0.01)
+            for i in range(3)
+        ]
+        while await ledger.now_ms() <= max(r.deadline_ms for r in old):  # Redis's clock
+            await asyncio.sleep(0.001)
         results = await asyncio.gather(
             *(
                 ledger.reserve(tenant, f"new{i}", "fp", {"tenant:acme": 10}, ttl_ms=HOUR_MS)
