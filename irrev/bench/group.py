@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from rich.table import Table
 
 from irrev import output
-from irrev.bench.servertime import HOUR_MS, PRICE, tenant_node
+from irrev.bench.servertime import HOUR_MS, PRICE, node_cpu_usec, tenant_node
 from irrev.cli import bounded
 from ledger import Ledger
 
@@ -36,11 +36,6 @@ class GroupRound:
         return 1e6 / self.redis_cpu_us if self.redis_cpu_us else 0.0
 
 
-async def _node_cpu_us(ledger: Ledger, tenant: str) -> float:
-    cpu = await ledger.redis.info("cpu", **tenant_node(ledger, tenant))
-    return (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e6
-
-
 async def _round(
     ledger: Ledger, mode: str, tenant: str, accounts: tuple[str, ...], clients: int, seconds: float
 ) -> GroupRound:
@@ -56,12 +51,14 @@ async def _round(
             await ledger.reserve(tenant, key, "fp", amounts, ttl_ms=HOUR_MS)
             await ledger.post(tenant, key, PRICE // 2)
 
-    redis_before, client_before = await _node_cpu_us(ledger, tenant), time.process_time()
+    node = tenant_node(ledger, tenant)
+    redis_before = await node_cpu_usec(ledger.redis, node)
+    client_before = time.process_time()
     began = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
     elapsed = time.perf_counter() - began
     client_cpu = (time.process_time() - client_before) * 1e6
-    redis_cpu = await _node_cpu_us(ledger, tenant) - redis_before
+    redis_cpu = await node_cpu_usec(ledger.redis, node) - redis_before
     return GroupRound(mode, made / elapsed, redis_cpu / made, client_cpu / made)
 
 

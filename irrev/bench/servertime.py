@@ -309,5 +309,11 @@ class _Node:
         return ScriptTime(name, calls, sum(int(r["usec"]) for r in ran) / calls, cpu / calls)
 
     async def _cpu_usec(self) -> float:
-        cpu = await self.redis.info("cpu", **self.target)
-        return (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e6
+        return await node_cpu_usec(self.redis, self.target)
+
+
+async def node_cpu_usec(redis: Any, target: dict[str, Any]) -> float:
+    """The Redis process's CPU (user + system) so far, in microseconds, of the node
+    `target` names (`tenant_node`)."""
+    cpu = await redis.info("cpu", **target)
+    return (float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e6
