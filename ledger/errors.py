@@ -119,6 +119,19 @@ class RateLimited(LedgerError):
         self.wait_ms = wait_ms
 
 
+class ShortOfRoom(LedgerError):
+    """An escrow shard's reserve that its slices cannot hold (reserve.lua's `short`):
+    nothing was written; `lacks` says, per account, how much more room it needs
+    (0 where it has enough), for the caller to lease it (ledger/escrow.py) and ask
+    again."""
+
+    def __init__(self, hold_id: str, lacks: dict[str, int]) -> None:
+        named = ", ".join(f"{account} by {amount}" for account, amount in lacks.items() if amount)
+        super().__init__(f"hold {hold_id!r} does not fit this shard's slices: short of {named}")
+        self.hold_id = hold_id
+        self.lacks = lacks
+
+
 class HoldInFlight(LedgerError):
     """Another retry of this ambiguous hold holds its claim (retry.lua) and may be
     sending the effect right now: do not send it too. The claim lapses within
@@ -377,6 +390,10 @@ def raise_for_reply(tenant: str, hold_id: str, operation: str, reply: list[objec
         raise RateLimited(str(reply[1]), int(str(reply[2])))
     if status is Status.IN_FLIGHT:
         raise HoldInFlight(hold_id, int(str(reply[2])))
+    if status is Status.SHORT:
+        pairs = reply[2:]
+        lacks = {str(a): int(str(b)) for a, b in zip(pairs[::2], pairs[1::2], strict=True)}
+        raise ShortOfRoom(hold_id, lacks)
     state = HoldState(str(reply[1]))
     if status is Status.EXISTS_WITH_DIFFERENT_FINGERPRINT:
         raise IdempotencyConflict(hold_id, state, "a different request")

@@ -96,6 +96,7 @@ class Holds(LedgerCore):
         provenance: Provenance | None = None,
         shadow: bool = False,
         pool: PoolTicket | None = None,
+        escrowed: bool = False,
     ) -> ReserveResult:
         """Admit, deny or escalate one effect; hold its price on every account or none.
 
@@ -112,7 +113,8 @@ class Holds(LedgerCore):
         may go above their limits. `pool`: the effect is of a calibrating route, whose
         open set its hold joins while open (the result's `pool`: the set after it);
         PoolShrank, with nothing written, if its price assumed a larger set than is
-        open.
+        open. `escrowed`: `tenant` is an escrow shard (ledger/escrow.py), and a
+        refusal for want of room raises ShortOfRoom, nothing written.
         """
         reserve = ReserveRequest(
             idempotency_key=idempotency_key,
@@ -127,6 +129,7 @@ class Holds(LedgerCore):
             provenance=provenance,
             shadow=shadow,
             pool=pool,
+            escrowed=escrowed,
         )
         args = self.reserve_args(reserve)  # first: its errors name the idempotency key
         if self._reserve_groups is not None:
@@ -315,7 +318,7 @@ class Holds(LedgerCore):
             *_open_args(r.amounts, r.open_missing),
             # Counted, an escalation an older release resolved would stay counted.
             "1" if self.release.reads(COUNTED_ESCALATIONS) else "0",
-            "1" if r.shadow else "0",
+            "2" if r.escrowed else "1" if r.shadow else "0",
             *_pool_args(r.pool),
         ]
         return _in_order(args, r.pool) if batched else args

@@ -191,6 +191,23 @@ def webhook_lease_key(tenant: str) -> str:
     return f"{tenant_prefix(tenant)}webhook:lease"
 
 
+def escrow_key(tenant: str) -> str:
+    """An escrowed tenant's transfers (lua/escrow.lua on the parent, escrow_shard.lua
+    on a shard): a hash."""
+    return f"{tenant_prefix(tenant)}escrow"
+
+
+def escrow_seen_key(tenant: str) -> str:
+    """The transfer ids a side of an escrow has received, by time: a sorted set."""
+    return f"{tenant_prefix(tenant)}escrow:seen"
+
+
+def shard_tenant(tenant: str, index: int, salt: int = 0) -> str:
+    """The ledger tenant of escrow shard `index` of `tenant`: `<tenant>~e<index>`, with
+    `x<salt>` when a salt moves it to another slot ('~' is in no tenant id)."""
+    return f"{tenant}~e{index}" + (f"x{salt}" if salt else "")
+
+
 def tenant_keys(tenant: str) -> list[str]:
     """KEYS[1..5] of every hold script: accounts, journal, deadlines, ambiguous,
     escalated (account.lua takes the first two)."""

@@ -25,6 +25,8 @@ class Status(StrEnum):
     BAD_INPUT = "bad_input"
     REPRICE = "reprice"
     RATE_LIMITED = "rate_limited"
+    SHORT = "short"
+    STALE = "stale"
 
 
 class Verdict(StrEnum):
@@ -398,6 +400,9 @@ class ReserveRequest:
     shadow: bool = False
     # A calibrating route's hold: counted in its open set while open.
     pool: PoolTicket | None = None
+    # On an escrow shard (ledger/escrow.py): a refusal for want of room raises
+    # ShortOfRoom, nothing written, for the caller to lease room and ask again.
+    escrowed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,8 @@ OPERATIONS = (
     "shrink",
     "archive",
     "restore",
+    "escrow",
+    "escrow_shard",
 )
 
 # How many of the tenant's KEYS[1..5] (accounts, journal, deadlines, ambiguous,
@@ -79,6 +81,8 @@ _STANDARD_KEYS = {
     "detector": 2,
     "archive": 1,
     "restore": 1,
+    "escrow": 2,
+    "escrow_shard": 2,
 }
 
 # Operations that can also run several calls in one (`<operation>_group`, _lib.lua's

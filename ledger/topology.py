@@ -59,6 +59,12 @@ class Topology(Protocol):
     async def replicas(self) -> dict[str, int]:
         """How many replicas each primary has now, by its address."""
 
+    async def primaries(self) -> list[str]:
+        """The name of each primary ("" for a standalone server)."""
+
+    def primary_of(self, key: str) -> str:
+        """The name of the primary holding `key` now ("" for a standalone server)."""
+
     def where(self, key: str) -> str:
         """How a message names the server holding `key` ("" where there is one)."""
 
@@ -108,6 +114,12 @@ class Standalone:
 
     async def key_per_primary(self, pattern: str) -> list[str]:
         return [pattern % "0"]
+
+    async def primaries(self) -> list[str]:
+        return [""]
+
+    def primary_of(self, key: str) -> str:
+        return ""
 
     async def replicas(self) -> dict[str, int]:
         """INFO replication's connected_slaves."""
@@ -169,6 +181,14 @@ class Cluster:
             if len(keys) == len(wanted):
                 return list(keys.values())
         raise AssertionError("unreachable")
+
+    async def primaries(self) -> list[str]:
+        await self.redis.initialize()
+        return sorted(node.name for node in self.redis.get_primaries())
+
+    def primary_of(self, key: str) -> str:
+        node = self.redis.get_node_from_key(key)
+        return "" if node is None else str(node.name)
 
     async def replicas(self) -> dict[str, int]:
         """The cluster's own view (CLUSTER NODES): a replica flagged failing does not

@@ -15,7 +15,8 @@ MAX_ESCALATIONS = 100_000
 MAX_NEW_ACCOUNTS = 10_000_000
 MAX_BLOB_BYTES = 1 << 20
 _ID = re.compile(rf"[A-Za-z0-9._:@/-]{{1,{MAX_ID_CHARS}}}")
-_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}")
+# A tenant, or one of its escrow shards (ledger/keys.py's shard_tenant).
+_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}(~e[0-9]{1,2}(x[0-9]{1,4})?)?")
 _ENTRY_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")  # ASCII: \d takes any Unicode digit
 MAX_STREAM_PART = 2**64 - 1
 _KINDS = tuple(kind.value for kind in AccountKind)

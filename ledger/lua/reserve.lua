@@ -31,7 +31,9 @@
 -- ARGV[14+2n+5m]  shadow: '1' holds the effect even when the decision is deny or
 --          escalate (shadow mode: never blocking; the would-be decision is kept in
 --          the hold's reason and the journal, and the hold may take accounts above
---          their limits); '0' enforces
+--          their limits); '0' enforces; '2' enforces on an escrow shard, where a
+--          refusal for want of room (budget_exceeded, over_limit, soft_band) is
+--          answered `short` instead, nothing written
 -- ARGV[15+2n+5m]  optional: '1' decides even if holds of the tenant are due; '2' looks
 --          for due holds before any decision (a batch's items, so that one admitted
 --          cannot take the room an earlier item of the batch waits for: see
@@ -88,6 +90,9 @@
 --       an earlier item, sent back to expire first, is decided on after it; so a
 --       batch's items ask before any decision ('2'), and all of them from the first
 --       due hold on come back, to be decided again in order
+--   {'short', n, account_1, lacks_1, ...}   nothing written (ARGV[14+2n+5m] = '2'):
+--       what each account lacks for this hold (0 where it has room): against its
+--       limit, or its soft limit for a soft_band
 --   {'rate_limited', account_id, wait_ms}           nothing written: too early for the
 --       account's effect rate (`<id>|rte`, account.lua); ask again in wait_ms
 --   {'bad_input', field, message}                   nothing written (also a hold
@@ -178,8 +183,8 @@ end
 if counting ~= '0' and counting ~= '1' then
   return {'bad_input', 'count_escalations', 'must be 0 or 1'}
 end
-if shadow ~= '0' and shadow ~= '1' then
-  return {'bad_input', 'shadow', 'must be 0 or 1'}
+if shadow ~= '0' and shadow ~= '1' and shadow ~= '2' then
+  return {'bad_input', 'shadow', 'must be 0, 1 or 2'}
 end
 local decide_anyway, in_order = decide == '1', decide == '2'
 local tag, face = ARGV[base + 2], uint(ARGV[base + 3], MAX_AMOUNT)
@@ -439,6 +444,20 @@ end
 -- a hold below its price (approve.lua). In shadow mode it is held, and joins, now.
 if tag and priced_for > 1 and decision == 'escalate' and shadow ~= '1' then
   return {'reprice', pool[1], pool[2], pool[3], 'alone'}
+end
+
+-- An escrow shard holds a slice of each limit (ledger/escrow.py): a refusal for want
+-- of room may be room the parent or another shard still has. Nothing is written;
+-- the caller leases what each account lacks and asks again.
+if shadow == '2' and (reason == 'budget_exceeded' or reason == 'over_limit'
+    or reason == 'soft_band') then
+  local reply = {'short', n}
+  for i = 1, n do
+    local top = reason == 'soft_band' and soft[i] or limits[i]
+    reply[#reply + 1] = accounts[i]
+    reply[#reply + 1] = fmt(math.max(used[i] + amounts[i] - top, 0))
+  end
+  return reply
 end
 
 -- Checked before any write, like post.lua's: a hold kept (only a shadow one can be

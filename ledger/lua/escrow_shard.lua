@@ -1,0 +1,132 @@
+-- escrow_shard: a shard's side of the transfers of escrow.lua (ledger/escrow.py).
+-- A shard is a ledger tenant of its own whose accounts hold a slice of the parent's
+-- limits; these two steps are the only writes of its limits.
+--
+-- KEYS     the shard's accounts and journal (_lib.lua), then KEYS[3] `...:escrow` (a
+--          hash: per reclaim in flight `y|<xid>` = `<account>|<amount>|<t0>`), KEYS[4]
+--          `...:escrow:seen` (a sorted set: the ids of grants applied, by the Redis
+--          time the parent took them)
+-- ARGV[1]  the operation, and after it its arguments:
+--   apply  xid, account, amount, t0 (the parent's Redis time of the grant), the
+--          parent's limit, soft limit, window_ms and approval threshold of the
+--          account, retention_ms: raise the account's slice by `amount`, once
+--          (opening it, with zero balances, if missing); its soft limit is the
+--          parent's share of it, floor(slice x soft / limit)
+--          -> {'ok' | 'exists', slice}; {'stale'}: t0 is older than retention_ms, not
+--          applied (its id may have been forgotten here), the grant stays stranded
+--   yield  xid, account, want, keep, the parent's limit and soft limit: give back
+--          min(want, room - keep), where room is the slice less what it holds pending
+--          and posted this window (never below 0), once
+--          -> {'ok' | 'exists', amount, t0}: t0 this shard's Redis time of the yield
+--   yielded  xid: the parent received it; forget it -> {'ok'}
+-- Every reply may also be {'bad_input', field, message}, nothing written.
+--
+-- Invariant: a slice never falls below what its account holds (pending + posted),
+-- so every admission the shard made stays within its limit (contract 1), and each
+-- grant raises it once (while its id is remembered, retention_ms; an older one is
+-- refused). Every change is journaled as an `account` entry, so the shard's own
+-- journal replays its limits (contract 7).
+
+local ESCROW, SEEN = KEYS[3], KEYS[4]
+if ESCROW ~= P .. 'escrow' or SEEN ~= P .. 'escrow:seen' then
+  return {'bad_input', 'keys', 'KEYS[3..4] must be the shard escrow keys'}
+end
+local op, xid = ARGV[1], ARGV[2]
+if not valid_id(xid) then
+  return {'bad_input', 'transfer', 'must be 1-128 characters of [A-Za-z0-9._:@/-]'}
+end
+if op == 'yielded' then
+  redis.call('HDEL', ESCROW, 'y|' .. xid)
+  return {'ok'}
+end
+local account = ARGV[3]
+if not valid_id(account) or not string.match(account, '^%a+:.') then
+  return {'bad_input', 'account', 'must be kind:name of [A-Za-z0-9._:@/-], at most 128'}
+end
+
+-- The parent's share of `slice` below its soft limit.
+local function soft_share(slice, limit, soft)
+  if limit <= 0 or soft >= limit then
+    return slice
+  end
+  return math.min(math.floor(slice * (soft / limit)), slice)
+end
+
+local function write(a, xid_field)
+  a.policy = true
+  save_accounts({a})
+  journal({'op', 'account', 'acct', a.id, 'limit', fmt(a.limit), 'soft', fmt(a.soft),
+           'win', fmt(a.win), 'appr', fmt(a.appr), 'ws', fmt(a.ws), 'xfer', xid_field})
+end
+
+if op == 'apply' then
+  local amount, t0 = uint(ARGV[4], MAX_AMOUNT), uint(ARGV[5], MAX_AMOUNT)
+  local limit, soft = uint(ARGV[6], MAX_AMOUNT), uint(ARGV[7], MAX_AMOUNT)
+  local win, appr = uint(ARGV[8], MAX_AMOUNT), uint(ARGV[9], MAX_AMOUNT)
+  local retention = uint(ARGV[10], MAX_AMOUNT)
+  if not amount or not t0 or not limit or not soft or soft > limit or not win or not appr
+      or not retention or retention <= 0 or #ARGV ~= 10 then
+    return {'bad_input', 'arguments', 'apply takes a transfer, an account, its amount, t0, '
+      .. 'the limits (soft <= limit) and retention_ms above 0, as integers'}
+  end
+  if redis.call('ZSCORE', SEEN, xid) then
+    local had = load_account(account)
+    return {'exists', fmt(had and had.limit or 0)}
+  end
+  local now = now_ms()
+  if t0 < now - retention then
+    return {'stale'}
+  end
+  local a = load_account(account)
+  if a then
+    roll(a, now)
+  else
+    a = {id = account, limit = 0, pend = 0, post = 0, over = 0,
+         ws = win > 0 and now - (now % win) or 0}
+  end
+  if a.limit + amount > MAX_AMOUNT then
+    return {'bad_input', 'amount', 'would take the slice past 2^53-1'}
+  end
+  a.limit = a.limit + amount
+  a.soft, a.win, a.appr = soft_share(a.limit, limit, soft), win, appr
+  write(a, xid)
+  redis.call('ZADD', SEEN, fmt(t0), xid)
+  redis.call('ZREMRANGEBYSCORE', SEEN, '-inf', '(' .. fmt(now - retention))
+  return {'ok', fmt(a.limit)}
+end
+
+if op == 'yield' then
+  local want, keep = uint(ARGV[4], MAX_AMOUNT), uint(ARGV[5], MAX_AMOUNT)
+  local limit, soft = uint(ARGV[6], MAX_AMOUNT), uint(ARGV[7], MAX_AMOUNT)
+  if not want or not keep or not limit or not soft or soft > limit or #ARGV ~= 7 then
+    return {'bad_input', 'arguments', 'yield takes a transfer, an account, want, keep and '
+      .. 'the limits (soft <= limit), as integers'}
+  end
+  local had = redis.call('HGET', ESCROW, 'y|' .. xid)
+  if had then
+    local ha, amount, t0 = string.match(had, '^([^|]+)|(%d+)|(%d+)$')
+    if ha ~= account then
+      return {'bad_input', 'transfer', 'was used for another account'}
+    end
+    return {'exists', amount, t0}
+  end
+  local now = now_ms()
+  local a = load_account(account)
+  if not a then
+    return {'ok', '0', fmt(now)}
+  end
+  roll(a, now)
+  local room = math.max(a.limit - a.pend - a.post, 0)
+  local amount = math.min(want, math.max(room - keep, 0))
+  if amount == 0 then
+    save_accounts({a})
+    return {'ok', '0', fmt(now)}
+  end
+  a.limit = a.limit - amount
+  a.soft = soft_share(a.limit, limit, soft)
+  write(a, xid)
+  redis.call('HSET', ESCROW, 'y|' .. xid, account .. '|' .. fmt(amount) .. '|' .. fmt(now))
+  return {'ok', fmt(amount), fmt(now)}
+end
+
+return {'bad_input', 'operation', 'must be apply, yield or yielded'}

@@ -1,0 +1,223 @@
+"""Escrow (ledger/escrow.py, lua/escrow.lua, lua/escrow_shard.lua): one tenant's limits
+split over shards in their own slots. Whatever the transfers between them do, and
+wherever a process dies between a transfer's two steps, the tenant's admissions stay
+within its limits, and unleased + slices + transfers in flight = each limit. Against
+real Redis; the crash case with real processes and SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from ledger.client import Ledger
+from ledger.errors import BadInput, ShortOfRoom, UnknownAccount
+from ledger.escrow import Escrow, EscrowConflict, _write
+from ledger.journal import read_journal
+from ledger.keys import accounts_key, escrow_key, hold_key
+from ledger.records import AccountSpec
+
+from .test_concurrency import kill_mid_storm, release, spawn
+
+HOUR_MS = 3_600_000
+
+
+async def escrowed(ledger: Ledger, tenant: str, shards: int = 3, **limits: int) -> Escrow:
+    """`tenant` split over `shards`, with accounts named like `tenant_acme=1000`."""
+    escrow = await Escrow.split(ledger, tenant, shards)
+    for name, limit in limits.items():
+        kind, _, rest = name.partition("_")
+        await escrow.define(AccountSpec(account=f"{kind}:{rest}", limit=limit, soft_limit=limit))
+    return escrow
+
+
+async def used(ledger: Ledger, escrow: Escrow, account: str) -> int:
+    """Pending + posted of `account` over every shard."""
+    total = 0
+    for shard in escrow.shards:
+        balance = await ledger.balance(shard, account)
+        total += 0 if balance is None else balance.used
+    return total
+
+
+async def test_concurrent_reserves_fill_the_limit_exactly_over_shards(
+    ledger: Ledger, tenant: str
+) -> None:
+    escrow = await escrowed(ledger, tenant, tenant_acme=1000, agent_a=600)
+    amounts = {"tenant:acme": 10, "agent:a": 5}
+    results = await asyncio.gather(
+        *(escrow.reserve(f"k{i}", "fp", amounts, ttl_ms=HOUR_MS) for i in range(110))
+    )
+    decisions = Counter(result.decision for result in results)
+    # One process: its refills of a slice go one at a time, so no shard loses another's
+    # reclaim, and the limit fills to the unit. Every shard took some of them.
+    assert decisions == {"admit": 100, "deny": 10}
+    assert await used(ledger, escrow, "tenant:acme") == 1000
+    assert {escrow.shard_for(f"k{i}") for i in range(110)} == {0, 1, 2}
+    report = await escrow.audit()
+    assert report.ok, report.mismatches
+    assert report.in_flight == 0
+    replay = await escrow.reserve("k1", "fp", amounts, ttl_ms=HOUR_MS)
+    assert replay.replayed and replay.decision == results[1].decision
+
+
+async def test_a_hold_settles_on_its_shard_and_frees_room_for_every_shard(
+    ledger: Ledger, tenant: str
+) -> None:
+    escrow = await escrowed(ledger, tenant, tenant_acme=100)
+    first = await escrow.reserve("a", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+    assert first.decision == "admit"
+    others = [f"b{i}" for i in range(100) if escrow.shard_for(f"b{i}") != escrow.shard_for("a")]
+    other, again = others[:2]
+    assert (
+        await escrow.reserve(other, "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
+    ).decision == "deny"
+    await escrow.post("a", 60)
+    # The 40 released on a's shard are reclaimed by another shard's refill.
+    result = await escrow.reserve(again, "fp", {"tenant:acme": 40}, ttl_ms=HOUR_MS)
+    assert result.decision == "admit"
+    assert await used(ledger, escrow, "tenant:acme") == 100
+    assert (await escrow.audit()).ok
+
+
+async def test_a_shard_reserve_short_of_room_writes_nothing(ledger: Ledger, tenant: str) -> None:
+    escrow = await escrowed(ledger, tenant, tenant_acme=100)
+    shard = escrow.shards[0]
+    await escrow.refill(0, "tenant:acme", 10)
+    journal = len(await read_journal(ledger, shard))
+    with pytest.raises(ShortOfRoom) as short:
+        await ledger.reserve(shard, "h", "fp", {"tenant:acme": 90}, ttl_ms=HOUR_MS, escrowed=True)
+    slice_ = await ledger.balance(shard, "tenant:acme")
+    assert slice_ is not None
+    assert short.value.lacks == {"tenant:acme": 90 - slice_.limit}
+    assert not await ledger.redis.exists(hold_key(shard, "h"))
+    assert len(await read_journal(ledger, shard)) == journal
+    # Without the escrow flag the same shard decides as any tenant: a denial, written.
+    plain = await ledger.reserve(shard, "h", "fp", {"tenant:acme": 90}, ttl_ms=HOUR_MS)
+    assert plain.decision == "deny"
+
+
+async def test_concurrent_reclaims_give_back_at_most_the_unused_room(
+    ledger: Ledger, tenant: str
+) -> None:
+    escrow = await escrowed(ledger, tenant, tenant_acme=1000)
+    assert await escrow.refill(0, "tenant:acme", 900) == 900
+    shard = escrow.shards[0]
+    held = await ledger.reserve(shard, "h", "fp", {"tenant:acme": 300}, ttl_ms=HOUR_MS)
+    assert held.decision == "admit"
+    taken = await asyncio.gather(*(escrow.reclaim(0, "tenant:acme", 200) for _ in range(8)))
+    assert sum(taken) == 600  # the slice's 900 less the 300 it holds
+    slice_ = await ledger.balance(shard, "tenant:acme")
+    assert slice_ is not None and slice_.limit == 300 and slice_.used == 300
+    assert await escrow.unleased("tenant:acme") == 700
+    assert (await escrow.audit()).ok
+
+
+async def test_each_transfer_step_counts_once(ledger: Ledger, tenant: str) -> None:
+    """A step sent again (a retry after a timeout, recover() beside the transfer)
+    changes nothing the second time."""
+    escrow = await escrowed(ledger, tenant, tenant_acme=1000)
+    grant = ["grant", "g-1", "0", "tenant:acme", "100", "100"]
+    first = await _write(ledger, "escrow", tenant, grant)
+    again = await _write(ledger, "escrow", tenant, grant)
+    assert first[0] == "ok" and again[0] == "exists" and again[1:3] == first[1:3]
+    apply = ["apply", "g-1", "tenant:acme", "100", first[2], "1000", "1000", "0", "0", "60000"]
+    assert (await _write(ledger, "escrow_shard", escrow.shards[0], apply))[0] == "ok"
+    assert (await _write(ledger, "escrow_shard", escrow.shards[0], apply))[0] == "exists"
+    yield_ = ["yield", "y-1", "tenant:acme", "40", "0", "1000", "1000"]
+    taken = await _write(ledger, "escrow_shard", escrow.shards[0], yield_)
+    assert taken[:2] == ["ok", "40"]
+    assert (await _write(ledger, "escrow_shard", escrow.shards[0], yield_))[:2] == ["exists", "40"]
+    receive = ["receive", "y-1", "0", "tenant:acme", "40", taken[2], "60000"]
+    assert (await _write(ledger, "escrow", tenant, receive))[0] == "ok"
+    assert (await _write(ledger, "escrow", tenant, receive))[0] == "exists"
+    report = await escrow.audit()
+    assert report.ok, report.mismatches
+    # Each landed on its receiving side; only its forgetting (granted, yielded) is left.
+    assert report.in_flight == 0
+    recovered = await escrow.recover()
+    assert (recovered.grants, recovered.reclaims, recovered.stranded) == (1, 1, [])
+    assert await escrow.unleased("tenant:acme") == 940
+    assert (await escrow.audit()).ok
+
+
+async def test_a_transfer_past_its_retention_is_stranded_never_counted_twice(
+    ledger: Ledger, tenant: str
+) -> None:
+    await escrowed(ledger, tenant, tenant_acme=1000)
+    escrow = await Escrow.of(ledger, tenant, retention_ms=1)
+    granted = await _write(
+        ledger, "escrow", tenant, ["grant", "g-1", "1", "tenant:acme", "50", "1"]
+    )
+    assert granted[0] == "ok"
+    # The process that took it died; recover() comes after the shard may have forgotten.
+    while await ledger.now_ms() <= int(granted[2]) + 1:
+        await asyncio.sleep(0.001)
+    recovered = await escrow.recover()
+    assert recovered.grants == 0 and len(recovered.stranded) == 1
+    assert await ledger.balance(escrow.shards[1], "tenant:acme") is None
+    report = await escrow.audit()
+    assert report.ok and report.in_flight == 1
+    assert await escrow.refill(1, "tenant:acme", 951) == 0  # only 950 is anywhere
+
+
+async def test_a_split_is_made_once(ledger: Ledger, tenant: str) -> None:
+    escrow = await Escrow.split(ledger, tenant, 3)
+    assert (await Escrow.of(ledger, tenant)).shards == escrow.shards
+    with pytest.raises(EscrowConflict, match="split already"):
+        await Escrow.split(ledger, tenant, 2)
+    with pytest.raises(EscrowConflict, match="not split"):
+        await Escrow.of(ledger, f"{tenant}-other")
+    if ledger.topology.clustered:
+        primaries = await ledger.topology.primaries()
+        placed = {ledger.topology.primary_of(accounts_key(shard)) for shard in escrow.shards}
+        assert len(placed) == min(3, len(primaries))
+
+
+async def test_bad_input_is_refused_with_nothing_written(ledger: Ledger, tenant: str) -> None:
+    with pytest.raises(BadInput, match="shards"):
+        await Escrow.split(ledger, tenant, 0)
+    escrow = await escrowed(ledger, tenant, tenant_acme=100)
+    with pytest.raises(BadInput, match="soft_limit"):
+        await escrow.define(AccountSpec(account="agent:a", limit=10, soft_limit=20))
+    with pytest.raises(UnknownAccount):
+        await escrow.reserve("h", "fp", {"agent:nobody": 1}, ttl_ms=HOUR_MS)
+    bad = await _write(ledger, "escrow", tenant, ["grant", "g-9", "7", "tenant:acme", "5", "1"])
+    assert bad[:2] == ["bad_input", "shard"]
+    unknown = await _write(ledger, "escrow", tenant, ["grant", "g-9", "0", "agent:x", "5", "1"])
+    assert unknown[0] == "unknown_account"
+    assert not await ledger.redis.hexists(escrow_key(tenant), "g|g-9")
+    assert await escrow.unleased("tenant:acme") == 100
+
+
+async def test_sigkill_mid_transfers_never_overspends(
+    ledger: Ledger, tenant: str, redis_url: str
+) -> None:
+    """Three processes reserve and post on one escrowed tenant with slices small
+    enough that shards refill and reclaim throughout, and are SIGKILLed mid-storm:
+    transfers are left between their steps. recover() finishes them, the audit is
+    clean, and no account of the tenant holds more than its limit."""
+    await escrowed(ledger, tenant, tenant_acme=1500, agent_shared=800)
+    name = f"{tenant}:barrier"
+    workers = [spawn("escrowed", redis_url, tenant, name, f"w{p}", "400") for p in range(3)]
+    await release(ledger, name, len(workers))
+    kill_mid_storm(workers, done=40)
+    escrow = await Escrow.of(ledger, tenant)
+    await escrow.recover()
+    report = await escrow.audit()
+    assert report.ok, report.mismatches
+    assert report.in_flight == 0
+    assert 0 < await used(ledger, escrow, "tenant:acme") <= 1500
+    assert await used(ledger, escrow, "agent:shared") <= 800
+
+
+async def test_the_audit_finds_a_slice_raised_outside_a_transfer(
+    ledger: Ledger, tenant: str
+) -> None:
+    escrow = await escrowed(ledger, tenant, tenant_acme=100)
+    await escrow.refill(2, "tenant:acme", 10)
+    assert (await escrow.audit()).ok
+    await ledger.redis.hincrby(accounts_key(escrow.shards[2]), "tenant:acme|limit", 5)
+    report = await escrow.audit()
+    assert any("tenant:acme" in mismatch and "105" in mismatch for mismatch in report.mismatches)
