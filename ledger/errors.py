@@ -125,10 +125,13 @@ class ShortOfRoom(LedgerError):
     (0 where it has enough), for the caller to lease it (ledger/escrow.py) and ask
     again."""
 
-    def __init__(self, hold_id: str, lacks: dict[str, int]) -> None:
+    def __init__(self, hold_id: str, reason: str, lacks: dict[str, int]) -> None:
         named = ", ".join(f"{account} by {amount}" for account, amount in lacks.items() if amount)
         super().__init__(f"hold {hold_id!r} does not fit this shard's slices: short of {named}")
         self.hold_id = hold_id
+        # What the shard would answer: budget_exceeded or over_limit (`lacks` against
+        # the limits), soft_band (against the soft limits).
+        self.reason = reason
         self.lacks = lacks
 
 
@@ -391,9 +394,9 @@ def raise_for_reply(tenant: str, hold_id: str, operation: str, reply: list[objec
     if status is Status.IN_FLIGHT:
         raise HoldInFlight(hold_id, int(str(reply[2])))
     if status is Status.SHORT:
-        pairs = reply[2:]
+        pairs = reply[3:]
         lacks = {str(a): int(str(b)) for a, b in zip(pairs[::2], pairs[1::2], strict=True)}
-        raise ShortOfRoom(hold_id, lacks)
+        raise ShortOfRoom(hold_id, str(reply[1]), lacks)
     state = HoldState(str(reply[1]))
     if status is Status.EXISTS_WITH_DIFFERENT_FINGERPRINT:
         raise IdempotencyConflict(hold_id, state, "a different request")

@@ -20,10 +20,11 @@ budget in flight, which `recover()` finishes (or, past the retention, leaves
 stranded), and never lets a unit of a limit be held in two places: the tenant's
 admissions stay within its limits however the transfers interleave or die.
 
-What is per-slice, not per-tenant: an account's soft limit (each slice holds its
-share of the band, so a hold may escalate on one shard while the tenant as a whole
-is below the band), and a denial (given when the shard's slice, after refills and
-reclaims, cannot hold the effect: a concurrent refill elsewhere can take the room
+What is per-slice, not per-tenant: an account's soft limit (each slice's is its
+share of the band, and a reclaim keeps the share that covers what a slice holds, so
+the shares add up to at most the band; but a hold may escalate on one shard while
+others hold unused shares), and a denial (given when the shard's slice, after refills
+and reclaims, cannot hold the effect: a concurrent refill elsewhere can take the room
 first). Rules' temporary raises, rates and the agent bounds (max escalations, max
 new accounts) are not carried to shards. `audit()` is exact while no transfer runs.
 """
@@ -218,12 +219,14 @@ class Escrow:
                 await self._grant(k, exc.account, await self._chunk(exc.account, 0), 0)
                 own += 1
             except ShortOfRoom as exc:
+                soft = exc.reason == "soft_band"
+                needs = {a: await self._slice_for(a, lack, soft) for a, lack in exc.lacks.items()}
                 leased = [
-                    await self._refill_once(k, account, await self._slice_for(account, lack))
-                    for account, lack in exc.lacks.items()
-                    if lack > 0
+                    await self._refill_once(k, account, need)
+                    for account, need in needs.items()
+                    if need > 0
                 ]
-                if False in leased:
+                if not leased or False in leased:
                     break
                 own += True in leased
         return await self.ledger.reserve(shard, idempotency_key, fingerprint, amounts, **options)
@@ -435,12 +438,15 @@ class Escrow:
         definition = await self._definition(account)
         return max(lack, math.ceil(definition.limit / (len(self.shards) * REFILL_PARTS)))
 
-    async def _slice_for(self, account: str, lack: int) -> int:
-        """The slice `lack` of room takes: a soft band's lack is of the slice's share
-        below its soft limit, which grows by soft / limit of what the slice grows."""
+    async def _slice_for(self, account: str, lack: int, soft: bool) -> int:
+        """The slice `lack` of room takes: a soft band's lack (`soft`) is of the
+        slice's share below its soft limit, which grows by soft / limit of what the
+        slice grows."""
         definition = await self._definition(account)
-        if definition.soft_limit >= definition.limit or definition.soft_limit == 0:
+        if not soft or lack <= 0 or definition.soft_limit >= definition.limit:
             return lack
+        if definition.soft_limit == 0:
+            return 0  # no slice has a share below a soft limit of 0: nothing to lease
         return math.ceil(lack * definition.limit / definition.soft_limit) + 1
 
 

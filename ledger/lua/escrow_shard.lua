@@ -15,14 +15,17 @@
 --          -> {'ok' | 'exists', slice}; {'stale'}: t0 is older than retention_ms, not
 --          applied (its id may have been forgotten here), the grant stays stranded
 --   yield  xid, account, want, keep, the parent's limit and soft limit: give back
---          min(want, room - keep), where room is the slice less what it holds pending
---          and posted this window (never below 0), once
+--          min(want, room - keep), once, where room is what the slice has above both
+--          what it holds pending and posted this window and the slice whose share
+--          below the soft limit covers that (never below 0)
 --          -> {'ok' | 'exists', amount, t0}: t0 this shard's Redis time of the yield
 --   yielded  xid: the parent received it; forget it -> {'ok'}
 -- Every reply may also be {'bad_input', field, message}, nothing written.
 --
 -- Invariant: a slice never falls below what its account holds (pending + posted),
--- so every admission the shard made stays within its limit (contract 1), and each
+-- so every admission the shard made stays within its limit (contract 1), nor below
+-- the slice whose soft share covers it, so what the shards hold within their bands
+-- adds up to at most the tenant's soft limit; and each
 -- grant raises it once (while its id is remembered, retention_ms; an older one is
 -- refused). Every change is journaled as an `account` entry, so the shard's own
 -- journal replays its limits (contract 7).
@@ -116,7 +119,18 @@ if op == 'yield' then
     return {'ok', '0', fmt(now)}
   end
   roll(a, now)
-  local room = math.max(a.limit - a.pend - a.post, 0)
+  -- What the slice must keep: what it holds, and the slice whose share below the soft
+  -- limit still covers it. Every shard then holds no more than its share of the band,
+  -- and the shares add up to at most the soft limit: the band holds over the tenant.
+  local used = a.pend + a.post
+  local kept = used
+  if soft > 0 and soft < limit then
+    kept = math.ceil(used * (limit / soft))
+    while soft_share(kept, limit, soft) < used do
+      kept = kept + 1
+    end
+  end
+  local room = math.max(a.limit - kept, 0)
   local amount = math.min(want, math.max(room - keep, 0))
   if amount == 0 then
     save_accounts({a})

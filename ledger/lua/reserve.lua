@@ -90,9 +90,9 @@
 --       an earlier item, sent back to expire first, is decided on after it; so a
 --       batch's items ask before any decision ('2'), and all of them from the first
 --       due hold on come back, to be decided again in order
---   {'short', n, account_1, lacks_1, ...}   nothing written (ARGV[14+2n+5m] = '2'):
---       what each account lacks for this hold (0 where it has room): against its
---       limit, or its soft limit for a soft_band
+--   {'short', reason, n, account_1, lacks_1, ...}   nothing written (ARGV[14+2n+5m] =
+--       '2'): the refusal it would be, and what each account lacks for this hold (0
+--       where it has room): against its limit, or its soft limit for a soft_band
 --   {'rate_limited', account_id, wait_ms}           nothing written: too early for the
 --       account's effect rate (`<id>|rte`, account.lua); ask again in wait_ms
 --   {'bad_input', field, message}                   nothing written (also a hold
@@ -451,7 +451,7 @@ end
 -- the caller leases what each account lacks and asks again.
 if shadow == '2' and (reason == 'budget_exceeded' or reason == 'over_limit'
     or reason == 'soft_band') then
-  local reply = {'short', n}
+  local reply = {'short', reason, n}
   for i = 1, n do
     local top = reason == 'soft_band' and soft[i] or limits[i]
     reply[#reply + 1] = accounts[i]
