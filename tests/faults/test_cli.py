@@ -30,6 +30,7 @@ def test_every_group_is_covered() -> None:
         "differential",
         "settlement",
         "mcp",
+        "escrow",
     }
 
 

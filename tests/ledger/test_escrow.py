@@ -7,6 +7,8 @@ real Redis; the crash case with real processes and SIGKILL."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -18,7 +20,7 @@ from ledger.journal import read_journal
 from ledger.keys import accounts_key, escrow_key, hold_key
 from ledger.records import AccountSpec
 
-from .test_concurrency import kill_mid_storm, release, spawn
+from .test_concurrency import ROOT, kill_mid_storm, release
 
 HOUR_MS = 3_600_000
 
@@ -81,6 +83,21 @@ async def test_a_hold_settles_on_its_shard_and_frees_room_for_every_shard(
     assert (await escrow.audit()).ok
 
 
+async def test_the_soft_band_holds_over_the_tenant_not_per_slice(
+    ledger: Ledger, tenant: str
+) -> None:
+    escrow = await Escrow.split(ledger, tenant, 3)
+    await escrow.define(AccountSpec(account="tenant:acme", limit=1000, soft_limit=500))
+    results = await asyncio.gather(
+        *(escrow.reserve(f"k{i}", "fp", {"tenant:acme": 10}, ttl_ms=HOUR_MS) for i in range(40))
+    )
+    # 400 is below the band: slices grow until their shares of it hold each hold.
+    assert {result.decision for result in results} == {"admit"}
+    above = await escrow.reserve("big", "fp", {"tenant:acme": 200}, ttl_ms=HOUR_MS)
+    assert (above.decision, above.reason) == ("escalate", "soft_band")
+    assert (await escrow.audit()).ok
+
+
 async def test_a_shard_reserve_short_of_room_writes_nothing(ledger: Ledger, tenant: str) -> None:
     escrow = await escrowed(ledger, tenant, tenant_acme=100)
     shard = escrow.shards[0]
@@ -90,6 +107,7 @@ async def test_a_shard_reserve_short_of_room_writes_nothing(ledger: Ledger, tena
         await ledger.reserve(shard, "h", "fp", {"tenant:acme": 90}, ttl_ms=HOUR_MS, escrowed=True)
     slice_ = await ledger.balance(shard, "tenant:acme")
     assert slice_ is not None
+    assert short.value.reason == "budget_exceeded"
     assert short.value.lacks == {"tenant:acme": 90 - slice_.limit}
     assert not await ledger.redis.exists(hold_key(shard, "h"))
     assert len(await read_journal(ledger, shard)) == journal
@@ -200,7 +218,25 @@ async def test_sigkill_mid_transfers_never_overspends(
     clean, and no account of the tenant holds more than its limit."""
     await escrowed(ledger, tenant, tenant_acme=1500, agent_shared=800)
     name = f"{tenant}:barrier"
-    workers = [spawn("escrowed", redis_url, tenant, name, f"w{p}", "400") for p in range(3)]
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "irrev.faults.escrow_worker",
+                redis_url,
+                tenant,
+                name,
+                f"w{p}",
+                "400",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for p in range(3)
+    ]
     await release(ledger, name, len(workers))
     kill_mid_storm(workers, done=40)
     escrow = await Escrow.of(ledger, tenant)

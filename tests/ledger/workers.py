@@ -22,7 +22,6 @@ from ledger.archive import archive_settled
 from ledger.checkpoint import CheckpointMoved, trim
 from ledger.client import Ledger
 from ledger.errors import HoldStateConflict, LedgerError, PoolShrank, RateLimited
-from ledger.escrow import Escrow
 from ledger.keys import accounts_key
 from ledger.records import OpenPool, PoolTicket, ReserveRequest, ReserveResult, pool_tag
 
@@ -148,37 +147,6 @@ async def grouped(ledger: Ledger, tenant: str, barrier_name: str, agent: str, op
 
     await asyncio.gather(*(run() for _ in range(16)))
     print(json.dumps({"done": int(ops)}))
-
-
-async def escrowed(ledger: Ledger, tenant: str, barrier_name: str, agent: str, ops: str) -> None:
-    """Reserve and post `ops` holds on an escrowed tenant (ledger/escrow.py), 8 at a
-    time, each on the shard of its key, while one more task keeps reclaiming what
-    the shards hold unused, as a rebalancer would: shards refill and reclaim
-    throughout. Reports each admitted pair on stdout."""
-    escrow = await Escrow.of(ledger, tenant)
-    await barrier(ledger, barrier_name)
-    queue = list(range(int(ops)))
-    admitted = 0
-
-    async def run() -> None:
-        nonlocal admitted
-        while queue:
-            key = f"{agent}-{queue.pop(0)}"
-            amounts = {"tenant:acme": 5, "agent:shared": 3}
-            result = await escrow.reserve(key, "fp", amounts, ttl_ms=HOUR_MS)
-            if result.decision == "admit":
-                await escrow.post(key, {"tenant:acme": 4, "agent:shared": 2})
-                admitted += 1
-                print(key, flush=True)
-
-    async def rebalance() -> None:
-        k = 0
-        while queue:
-            k += 1
-            await escrow.reclaim(k % len(escrow.shards), "tenant:acme", 7)
-
-    await asyncio.gather(rebalance(), *(run() for _ in range(8)))
-    print(json.dumps({"admitted": admitted}))
 
 
 async def writes(ledger: Ledger, tenant: str, barrier_name: str, agent: str, stop: str) -> None:
@@ -426,7 +394,6 @@ COMMANDS: dict[str, Callable[..., Awaitable[None]]] = {
     "replay": replay,
     "batches": batches,
     "grouped": grouped,
-    "escrowed": escrowed,
     "writes": writes,
     "trim": trim_all,
     "pooled": pooled,

@@ -9,6 +9,7 @@ from . import (
     crash,
     credentials,
     differential,
+    escrow,
     hostile,
     mcp,
     redis,
@@ -27,6 +28,7 @@ CELLS: list[Cell] = [
     *settlement.CELLS,
     *mcp.CELLS,
     *abuse.CELLS,
+    *escrow.CELLS,
 ]
 
 __all__ = ["CELLS"]
