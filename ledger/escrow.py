@@ -216,8 +216,9 @@ class Escrow:
                     shard, idempotency_key, fingerprint, amounts, escrowed=True, **options
                 )
             except UnknownAccount as exc:
+                # Opened on the shard once (a hold names at most 8 accounts): not an
+                # attempt, or a hold of a fresh shard's 8 accounts would run out.
                 await self._grant(k, exc.account, await self._chunk(exc.account, 0), 0)
-                own += 1
             except ShortOfRoom as exc:
                 soft = exc.reason == "soft_band"
                 needs = {a: await self._slice_for(a, lack, soft) for a, lack in exc.lacks.items()}

@@ -257,3 +257,15 @@ async def test_the_audit_finds_a_slice_raised_outside_a_transfer(
     await ledger.redis.hincrby(accounts_key(escrow.shards[2]), "tenant:acme|limit", 5)
     report = await escrow.audit()
     assert any("tenant:acme" in mismatch and "105" in mismatch for mismatch in report.mismatches)
+
+
+async def test_a_hold_of_eight_accounts_opens_them_all_on_a_fresh_shard(
+    ledger: Ledger, tenant: str
+) -> None:
+    names = {f"factor:f{i}": 100 for i in range(7)} | {"tenant:acme": 1000}
+    escrow = await Escrow.split(ledger, tenant, 2)
+    for account, limit in names.items():
+        await escrow.define(AccountSpec(account=account, limit=limit, soft_limit=limit))
+    result = await escrow.reserve("h", "fp", dict.fromkeys(names, 10), ttl_ms=HOUR_MS)
+    assert result.decision == "admit"
+    assert (await escrow.audit()).ok
