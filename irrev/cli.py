@@ -82,6 +82,11 @@ BENCHES = (
         "load",
     ),
     Command("lua", "irrev.bench.lua", "reserve's and post's cost inside Redis, before/after"),
+    Command(
+        "escrow",
+        "irrev.bench.escrow",
+        "one tenant in one slot vs split over escrow shards on a 3-primary cluster",
+    ),
     Command("cli", "irrev.bench.cli", "start-up time of `irrev --help` and `policy validate`"),
     Command("bodies", "irrev.bench.bodies", "CPU to refuse a hostile body vs plain parsing it"),
     Command(
