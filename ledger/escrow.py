@@ -218,7 +218,7 @@ class Escrow:
             except UnknownAccount as exc:
                 # Opened on the shard once (a hold names at most 8 accounts): not an
                 # attempt, or a hold of a fresh shard's 8 accounts would run out.
-                await self._grant(k, exc.account, await self._chunk(exc.account, 0), 0)
+                await self._open(k, exc.account)
             except ShortOfRoom as exc:
                 soft = exc.reason == "soft_band"
                 needs = {a: await self._slice_for(a, lack, soft) for a, lack in exc.lacks.items()}
@@ -246,6 +246,17 @@ class Escrow:
     async def void(self, hold_id: str, *, route_key: str = "") -> TransitionResult:
         shard = self.shards[self.shard_for(route_key or hold_id)]
         return await self.ledger.void(shard, hold_id)
+
+    async def _open(self, k: int, account: str) -> None:
+        """Open a defined `account` on shard `k` with a slice of 0, if it is missing;
+        its refills (one at a time) give it its slice. Opening with a chunk instead, a
+        fresh shard's first burst took a chunk per reserve, the whole limit."""
+        definition = await self._definition(account)
+        args = [str(definition.window_ms), str(definition.approval_threshold)]
+        reply = await _write(
+            self.ledger, "escrow_shard", self.shards[k], ["open", "o", account, *args]
+        )
+        raise_for_reply(self.shards[k], "", "escrow", reply)
 
     async def _refill_once(self, k: int, account: str, lack: int) -> bool | None:
         """`refill`, one at a time per account in this process, whichever shard it is
@@ -280,12 +291,15 @@ class Escrow:
             got = await self._grant(k, account, chunk, lack)
             if got:
                 return got
-            wanted = lack - max(await self.unleased(account), 0)
+            # Reclaimed by the chunk, not by the lack: a slice refilled by its lack
+            # alone would be short again at its next hold.
+            unleased = max(await self.unleased(account), 0)
+            wanted, target = lack - unleased, chunk - unleased
             found = 0
             for step in range(1, len(self.shards)):
-                if found >= wanted:
+                if found >= target:
                     break
-                found += await self.reclaim((k + step) % len(self.shards), account, wanted - found)
+                found += await self.reclaim((k + step) % len(self.shards), account, target - found)
             if found < wanted:
                 return 0
         return 0

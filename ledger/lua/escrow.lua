@@ -22,8 +22,8 @@
 --          (below zero: no grant until reclaims bring it back)
 --          -> {'ok', unleased}
 --   grant  xid, shard index (0-based), account, want, least: take min(want,
---          unleased) for the shard if that is at least `least` (0 opens the account
---          on the shard whatever it gets)
+--          unleased) for the shard if that is at least `least` (with 0, whatever
+--          there is)
 --          -> {'ok' | 'exists', amount, t0, limit, soft, win, appr};
 --             {'short', unleased}: nothing taken; {'unknown_account', account}
 --   granted  xid: the grant was applied on its shard; forget it -> {'ok'}

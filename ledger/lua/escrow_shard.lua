@@ -14,6 +14,10 @@
 --          parent's share of it, floor(slice x soft / limit)
 --          -> {'ok' | 'exists', slice}; {'stale'}: t0 is older than retention_ms, not
 --          applied (its id may have been forgotten here), the grant stays stranded
+--   open   xid (any: not remembered), account, the parent's window_ms and approval
+--          threshold: open the account with a slice of 0 if it is missing (its slice
+--          comes by refills), so that racing openers cannot take a chunk each
+--          -> {'ok' | 'exists'}
 --   yield  xid, account, want, keep, the parent's limit and soft limit: give back
 --          min(want, room - keep), once, where room is what the slice has above both
 --          what it holds pending and posted this window and the slice whose share
@@ -60,6 +64,20 @@ local function write(a, xid_field)
   save_accounts({a})
   journal({'op', 'account', 'acct', a.id, 'limit', fmt(a.limit), 'soft', fmt(a.soft),
            'win', fmt(a.win), 'appr', fmt(a.appr), 'ws', fmt(a.ws), 'xfer', xid_field})
+end
+
+if op == 'open' then
+  local win, appr = uint(ARGV[4], MAX_AMOUNT), uint(ARGV[5], MAX_AMOUNT)
+  if not win or not appr or #ARGV ~= 5 then
+    return {'bad_input', 'arguments', 'open takes an account, window_ms and a threshold'}
+  end
+  if load_account(account) then
+    return {'exists'}
+  end
+  local now = now_ms()
+  write({id = account, limit = 0, soft = 0, win = win, appr = appr, pend = 0, post = 0,
+         over = 0, ws = win > 0 and now - (now % win) or 0}, xid)
+  return {'ok'}
 end
 
 if op == 'apply' then

@@ -269,3 +269,16 @@ async def test_a_hold_of_eight_accounts_opens_them_all_on_a_fresh_shard(
     result = await escrow.reserve("h", "fp", dict.fromkeys(names, 10), ttl_ms=HOUR_MS)
     assert result.decision == "admit"
     assert (await escrow.audit()).ok
+
+
+async def test_a_fresh_shards_first_burst_opens_each_account_once(
+    ledger: Ledger, tenant: str
+) -> None:
+    """100 reserves at once on three shards that have no account yet: each shard opens
+    the account with one chunk (a twelfth of the limit), not one per reserve."""
+    escrow = await escrowed(ledger, tenant, tenant_acme=1_200_000)
+    results = await asyncio.gather(
+        *(escrow.reserve(f"k{i}", "fp", {"tenant:acme": 10}, ttl_ms=HOUR_MS) for i in range(100))
+    )
+    assert {result.decision for result in results} == {"admit"}
+    assert await escrow.unleased("tenant:acme") == 1_200_000 - 3 * 100_000
