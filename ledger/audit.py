@@ -1,6 +1,8 @@
 """`irrev ledger audit`: replay each tenant's journal and check that it reproduces
 every stored balance and hold (contract 7), that no admission ever overdrew an
-account (contract 1), and that the indexes the reconciler relies on are whole."""
+account (contract 1), that the indexes the reconciler relies on are whole, and, for a
+tenant split over escrow shards, that its limits are all held somewhere
+(ledger/escrow_audit.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 from .checkpoint import replay_from_checkpoint
 from .client import Ledger
 from .errors import translate_redis_errors
+from .escrow_audit import escrow_balance, split_shards
 from .journal import LIVE_STATES, Replay
 from .keys import accounts_key, ambiguous_key, deadlines_key, escalated_key, hold_key
 from .records import HoldState
@@ -34,6 +37,9 @@ async def audit_tenant(ledger: Ledger, tenant: str) -> AuditReport:
     report.mismatches.extend(replayed.violations)
     await _check_balances(ledger, tenant, replayed, report)
     await _check_holds(ledger, tenant, replayed, report)
+    shards = await split_shards(ledger, tenant)
+    if shards:
+        report.mismatches.extend((await escrow_balance(ledger, tenant, shards)).mismatches)
     return report
 
 

@@ -54,6 +54,14 @@ from .errors import (
     raise_for_reply,
     translate_redis_errors,
 )
+from .escrow_audit import (
+    Definition,
+    EscrowAudit,
+    escrow_balance,
+    parse_definition,
+    read_hash,
+    split_shards,
+)
 from .keys import (
     TENANTS_KEY,
     accounts_key,
@@ -85,16 +93,6 @@ class EscrowConflict(LedgerError):
     """The tenant is split already over other shards, or is not split at all."""
 
 
-@dataclass(frozen=True, slots=True)
-class Definition:
-    """An escrowed account's limits over the whole tenant."""
-
-    limit: int
-    soft_limit: int
-    window_ms: int
-    approval_threshold: int
-
-
 @dataclass
 class Recovered:
     """What recover() found in flight: transfers finished, and stranded ones (past the
@@ -105,27 +103,8 @@ class Recovered:
     stranded: list[str] = field(default_factory=list)
 
 
-@dataclass
-class EscrowAudit:
-    """Per account: unleased + the shards' slices + transfers in flight = its limit."""
-
-    tenant: str
-    accounts: int = 0
-    in_flight: int = 0
-    mismatches: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.mismatches
-
-
 def _transfer_id(kind: str) -> str:
     return f"{kind}-{secrets.token_hex(8)}"
-
-
-def _parse_definition(text: str) -> Definition:
-    limit, soft, win, appr = (int(part) for part in text.split(","))
-    return Definition(limit, soft, win, appr)
 
 
 class Escrow:
@@ -165,20 +144,20 @@ class Escrow:
                 f"tenant {tenant!r} is split already over {reply[1]}: open it with Escrow.of"
             )
         raise_for_reply(tenant, "", "escrow", reply)
-        # The shards are tenants the operators' commands (audit, sweep) should find.
+        # Tenants the operators' commands (audit, sweep) should find: the parent's
+        # audit checks the split (ledger/audit.py).
         with translate_redis_errors("escrow"):
-            await ledger.redis.sadd(TENANTS_KEY, *names)
+            await ledger.redis.sadd(TENANTS_KEY, tenant, *names)
         return await cls.of(ledger, tenant)
 
     @classmethod
     async def of(cls, ledger: Ledger, tenant: str, **options: Any) -> Escrow:
         """The escrow of a tenant split before; EscrowConflict if it is not split."""
         tenant = validate.tenant_id(tenant)
-        with translate_redis_errors("escrow"):
-            names = await decoded(ledger.redis.hget(escrow_key(tenant), "shards"))
-        if not names:
+        shards = await split_shards(ledger, tenant)
+        if not shards:
             raise EscrowConflict(f"tenant {tenant!r} is not split into escrow shards")
-        return cls(ledger, tenant, str(names).split(","), **options)
+        return cls(ledger, tenant, shards, **options)
 
     def shard_for(self, route_key: str) -> int:
         """The shard of every call about `route_key` (stable: crc32)."""
@@ -327,7 +306,7 @@ class Escrow:
         Each step counts once however often it is sent, so this may run beside the
         transfers themselves."""
         done = Recovered()
-        parent = await _hash(self.ledger, escrow_key(self.tenant))
+        parent = await read_hash(self.ledger, escrow_key(self.tenant))
         for name, value in parent.items():
             if name.startswith("g|"):
                 index, account, amount, t0 = value.split("|")
@@ -338,7 +317,7 @@ class Escrow:
                 else:
                     done.stranded.append(f"grant {xid}: {amount} of {account} to shard {index}")
         for k, shard in enumerate(self.shards):
-            for name, value in (await _hash(self.ledger, escrow_key(shard))).items():
+            for name, value in (await read_hash(self.ledger, escrow_key(shard))).items():
                 if name.startswith("y|"):
                     account, amount, t0 = value.split("|")
                     if await self._received(k, name[2:], account, int(amount), int(t0)):
@@ -352,42 +331,10 @@ class Escrow:
     async def audit(self) -> EscrowAudit:
         """Each shard's own audit (its journal replays its balances and limits, no
         admission above its slice), and per account: unleased + slices + transfers in
-        flight = the tenant's limit. Exact while no transfer runs."""
-        report = EscrowAudit(self.tenant)
-        parent = await _hash(self.ledger, escrow_key(self.tenant))
-        held: dict[str, int] = {}
-        for name, value in parent.items():
-            if name.startswith("u|"):
-                held[name[2:]] = held.get(name[2:], 0) + int(value)
-        received = set(await _members(self.ledger, escrow_seen_key(self.tenant)))
-        for k, shard in enumerate(self.shards):
-            shard_report = await audit_tenant(self.ledger, shard)
-            report.mismatches.extend(shard_report.mismatches)
-            for balance in await self.ledger.balances(shard):
-                held[balance.account] = held.get(balance.account, 0) + balance.limit
-            applied = set(await _members(self.ledger, escrow_seen_key(shard)))
-            for name, value in parent.items():
-                grant = value.split("|")
-                if name.startswith("g|") and int(grant[0]) == k and name[2:] not in applied:
-                    held[grant[1]] = held.get(grant[1], 0) + int(grant[2])
-                    report.in_flight += 1
-            for name, value in (await _hash(self.ledger, escrow_key(shard))).items():
-                if name.startswith("y|") and name[2:] not in received:
-                    account, amount, _ = value.split("|")
-                    held[account] = held.get(account, 0) + int(amount)
-                    report.in_flight += 1
-        defined = {
-            name[2:]: _parse_definition(value).limit
-            for name, value in parent.items()
-            if name.startswith("a|")
-        }
-        report.accounts = len(defined)
-        for account in sorted(set(held) | set(defined)):
-            if held.get(account, 0) != defined.get(account):
-                report.mismatches.append(
-                    f"{self.tenant} {account}: unleased + slices + in flight = "
-                    f"{held.get(account, 0)}, its limit is {defined.get(account)}"
-                )
+        flight = the tenant's limit (escrow_audit.py). Exact while no transfer runs."""
+        report = await escrow_balance(self.ledger, self.tenant, self.shards)
+        for shard in self.shards:
+            report.mismatches.extend((await audit_tenant(self.ledger, shard)).mismatches)
         return report
 
     async def _grant(self, k: int, account: str, want: int, least: int) -> int:
@@ -440,7 +387,7 @@ class Escrow:
                 text = await decoded(self.ledger.redis.hget(key, f"a|{account}"))
             if not text:
                 raise UnknownAccount(self.tenant, account)
-            definition = self._definitions[account] = _parse_definition(str(text))
+            definition = self._definitions[account] = parse_definition(str(text))
         return definition
 
     async def unleased(self, account: str) -> int:
@@ -484,16 +431,6 @@ async def _write(ledger: Ledger, operation: str, tenant: str, args: list[str]) -
             "it stays in flight until recover() runs",
         )
     return [x.decode() if isinstance(x, bytes) else x for x in reply]
-
-
-async def _hash(ledger: Ledger, key: str) -> dict[str, str]:
-    with translate_redis_errors("escrow"):
-        return dict(await decoded(ledger.redis.hgetall(key)))
-
-
-async def _members(ledger: Ledger, key: str) -> list[str]:
-    with translate_redis_errors("escrow"):
-        return list(await decoded(ledger.redis.zrange(key, 0, -1)))
 
 
 async def _placed(ledger: Ledger, tenant: str, count: int) -> list[str]:

@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 
+from ledger.audit import audit_tenant
 from ledger.client import Ledger
 from ledger.errors import BadInput, ShortOfRoom, UnknownAccount
 from ledger.escrow import Escrow, EscrowConflict, _write
@@ -257,6 +258,10 @@ async def test_the_audit_finds_a_slice_raised_outside_a_transfer(
     await ledger.redis.hincrby(accounts_key(escrow.shards[2]), "tenant:acme|limit", 5)
     report = await escrow.audit()
     assert any("tenant:acme" in mismatch and "105" in mismatch for mismatch in report.mismatches)
+    # `irrev ledger audit` finds it too: the parent is a tenant it audits.
+    assert {tenant, *escrow.shards} <= set(await ledger.tenants())
+    parent = await audit_tenant(ledger, tenant)
+    assert any("105" in mismatch for mismatch in parent.mismatches)
 
 
 async def test_a_hold_of_eight_accounts_opens_them_all_on_a_fresh_shard(
