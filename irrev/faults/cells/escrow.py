@@ -59,10 +59,11 @@ async def _start(run: Run, escrow: Escrow) -> list[subprocess.Popen[str]]:
 
 async def _admitted(worker: subprocess.Popen[str], count: int) -> None:
     """Until `worker` has reported `count` admissions."""
-    assert worker.stdout is not None
+    assert worker.stdout is not None and worker.stderr is not None
     for _ in range(count):
         if not await asyncio.to_thread(worker.stdout.readline):
-            raise RuntimeError("an escrow worker ended before its admissions were counted")
+            said = (await asyncio.to_thread(worker.stderr.read))[-400:]
+            raise RuntimeError(f"an escrow worker ended before {count} admissions: {said}")
 
 
 def _kill(workers: Sequence[subprocess.Popen[str]]) -> None:
