@@ -390,6 +390,14 @@ class Escrow:
             definition = self._definitions[account] = parse_definition(str(text))
         return definition
 
+    async def used(self, account: str) -> int:
+        """What `account` holds pending and posted over every shard."""
+        total = 0
+        for shard in self.shards:
+            balance = await self.ledger.balance(shard, account)
+            total += 0 if balance is None else balance.used
+        return total
+
     async def unleased(self, account: str) -> int:
         """What the parent holds of `account`'s limit that no shard does."""
         with translate_redis_errors("escrow"):

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import statistics
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,10 +34,10 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 from redis.asyncio import Redis
-from rich.table import Table
 
 from irrev import output
 from irrev.bench.background import primaries
+from irrev.bench.rounds import compared, table
 from irrev.cli import CliError, bounded
 from irrev.localcluster import LocalCluster
 from ledger import AccountSpec, Ledger, LedgerError, cluster_enabled
@@ -228,36 +227,32 @@ async def _clients(
 
 def figures(rounds: list[EscrowRound]) -> dict[str, dict[str, float]]:
     """Each mode's medians over its rounds, and escrow against one slot."""
-    found: dict[str, dict[str, float]] = {}
-    for mode in ("one slot", "escrow"):
-        mine = [r for r in rounds if r.mode == mode]
-        found[mode] = {
-            "admissions_per_s": statistics.median(r.admissions_per_s for r in mine),
-            "spread": statistics.median(r.spread for r in mine),
-            "ceiling_per_s": statistics.median(r.ceiling_per_s for r in mine),
-        }
-    one, split = found["one slot"], found["escrow"]
-    found["escrow_vs_one_slot"] = {name: split[name] / one[name] for name in one}
-    return found
+    measures = {
+        "admissions_per_s": lambda r: r.admissions_per_s,
+        "spread": lambda r: r.spread,
+        "ceiling_per_s": lambda r: r.ceiling_per_s,
+    }
+    return compared(rounds, "one slot", "escrow", measures)
 
 
 def report(rounds: list[EscrowRound], args: argparse.Namespace) -> None:
-    table = Table(
-        title=f"one tenant's reserve+post, {args.processes} processes x {args.clients} clients: "
+    title = (
+        f"one tenant's reserve+post, {args.processes} processes x {args.clients} clients: "
         f"all in one slot, then split over {args.shards} escrow shards, {ROUNDS} rounds in turn"
     )
-    for column in ("mode", "admissions/s", "primaries' CPU shares", "spread", "ceiling/s"):
-        table.add_column(column, justify="left" if column == "mode" else "right")
-    for r in rounds:
-        table.add_row(
+    columns = ("mode", "admissions/s", "primaries' CPU shares", "spread", "ceiling/s")
+    rows = [
+        (
             r.mode,
             f"{r.admissions_per_s:,.0f}",
             " ".join(f"{share:.2f}" for share in r.shares),
             f"{r.spread:.2f}x",
             f"{r.ceiling_per_s:,.0f}",
         )
+        for r in rounds
+    ]
     console = output.console()
-    console.print(table)
+    console.print(table(title, columns, rows))
     found = figures(rounds)
     ratio, split = found["escrow_vs_one_slot"], found["escrow"]
     console.print(

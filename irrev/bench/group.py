@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from rich.table import Table
-
 from irrev import output
+from irrev.bench.rounds import compared, table
 from irrev.bench.servertime import HOUR_MS, PRICE, node_cpu_usec, tenant_node
 from irrev.cli import bounded
 from ledger import Ledger
@@ -96,18 +94,13 @@ async def measure(
 
 def group_figures(rounds: list[GroupRound]) -> dict[str, dict[str, float]]:
     """Each mode's medians over its rounds, and grouped against alone."""
-    figures: dict[str, dict[str, float]] = {}
-    for mode in ("alone", "grouped"):
-        mine = [r for r in rounds if r.mode == mode]
-        figures[mode] = {
-            "pairs_per_s": statistics.median(r.pairs_per_s for r in mine),
-            "pairs_per_core": statistics.median(r.pairs_per_core for r in mine),
-            "redis_cpu_us": statistics.median(r.redis_cpu_us for r in mine),
-            "client_cpu_us": statistics.median(r.client_cpu_us for r in mine),
-        }
-    alone, grouped = figures["alone"], figures["grouped"]
-    figures["grouped_vs_alone"] = {name: grouped[name] / alone[name] for name in alone}
-    return figures
+    measures = {
+        "pairs_per_s": lambda r: r.pairs_per_s,
+        "pairs_per_core": lambda r: r.pairs_per_core,
+        "redis_cpu_us": lambda r: r.redis_cpu_us,
+        "client_cpu_us": lambda r: r.client_cpu_us,
+    }
+    return compared(rounds, "alone", "grouped", measures)
 
 
 def measurements(rounds: list[GroupRound], wait_ms: float) -> dict[str, object]:
@@ -120,22 +113,23 @@ def measurements(rounds: list[GroupRound], wait_ms: float) -> dict[str, object]:
 
 
 def report(rounds: list[GroupRound], clients: int, wait_ms: float) -> None:
-    table = Table(
-        title=f"{clients} clients: reserve+post alone and with group commit (<= {wait_ms:g} ms), "
+    title = (
+        f"{clients} clients: reserve+post alone and with group commit (<= {wait_ms:g} ms), "
         f"{ROUNDS} rounds each in turn"
     )
-    for column in ("mode", "pairs/s", "Redis CPU us", "pairs/s per Redis core", "client CPU us"):
-        table.add_column(column, justify="left" if column == "mode" else "right")
-    for r in rounds:
-        table.add_row(
+    columns = ("mode", "pairs/s", "Redis CPU us", "pairs/s per Redis core", "client CPU us")
+    rows = [
+        (
             r.mode,
             f"{r.pairs_per_s:,.0f}",
             f"{r.redis_cpu_us:.1f}",
             f"{r.pairs_per_core:,.0f}",
             f"{r.client_cpu_us:.0f}",
         )
+        for r in rounds
+    ]
     console = output.console()
-    console.print(table)
+    console.print(table(title, columns, rows))
     ratio = group_figures(rounds)["grouped_vs_alone"]
     console.print(
         f"group commit vs alone (medians): pairs/s per Redis core x{ratio['pairs_per_core']:.2f}"

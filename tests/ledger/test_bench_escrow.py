@@ -4,9 +4,11 @@ CPU lands on every primary, and the figures it prints are the rounds' medians.""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pytest
 
+from irrev.bench.rounds import compared
 from irrev.cli import main
 from ledger import cluster_enabled
 
@@ -30,3 +32,19 @@ def test_the_bench_spreads_an_escrowed_tenant_over_the_primaries(
     assert all(min(r["shares"]) > 0.1 for r in escrowed)
     figures = found["figures"]
     assert set(figures) == {"one slot", "escrow", "escrow_vs_one_slot"}
+
+
+def test_rounds_of_two_modes_compare_by_their_medians() -> None:
+    @dataclass(frozen=True)
+    class Timed:
+        mode: str
+        rate: float
+
+    rounds = [Timed("alone", 10), Timed("grouped", 30), Timed("alone", 30), Timed("grouped", 5)]
+    rounds += [Timed("alone", 20), Timed("grouped", 40)]
+    found = compared(rounds, "alone", "grouped", {"rate": lambda r: r.rate})
+    assert found == {
+        "alone": {"rate": 20},
+        "grouped": {"rate": 30},
+        "grouped_vs_alone": {"rate": 1.5},
+    }

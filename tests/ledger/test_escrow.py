@@ -35,15 +35,6 @@ async def escrowed(ledger: Ledger, tenant: str, shards: int = 3, **limits: int) 
     return escrow
 
 
-async def used(ledger: Ledger, escrow: Escrow, account: str) -> int:
-    """Pending + posted of `account` over every shard."""
-    total = 0
-    for shard in escrow.shards:
-        balance = await ledger.balance(shard, account)
-        total += 0 if balance is None else balance.used
-    return total
-
-
 async def test_concurrent_reserves_fill_the_limit_exactly_over_shards(
     ledger: Ledger, tenant: str
 ) -> None:
@@ -56,7 +47,7 @@ async def test_concurrent_reserves_fill_the_limit_exactly_over_shards(
     # One process: its refills of a slice go one at a time, so no shard loses another's
     # reclaim, and the limit fills to the unit. Every shard took some of them.
     assert decisions == {"admit": 100, "deny": 10}
-    assert await used(ledger, escrow, "tenant:acme") == 1000
+    assert await escrow.used("tenant:acme") == 1000
     assert {escrow.shard_for(f"k{i}") for i in range(110)} == {0, 1, 2}
     report = await escrow.audit()
     assert report.ok, report.mismatches
@@ -80,7 +71,7 @@ async def test_a_hold_settles_on_its_shard_and_frees_room_for_every_shard(
     # The 40 released on a's shard are reclaimed by another shard's refill.
     result = await escrow.reserve(again, "fp", {"tenant:acme": 40}, ttl_ms=HOUR_MS)
     assert result.decision == "admit"
-    assert await used(ledger, escrow, "tenant:acme") == 100
+    assert await escrow.used("tenant:acme") == 100
     assert (await escrow.audit()).ok
 
 
@@ -245,8 +236,8 @@ async def test_sigkill_mid_transfers_never_overspends(
     report = await escrow.audit()
     assert report.ok, report.mismatches
     assert report.in_flight == 0
-    assert 0 < await used(ledger, escrow, "tenant:acme") <= 1500
-    assert await used(ledger, escrow, "agent:shared") <= 800
+    assert 0 < await escrow.used("tenant:acme") <= 1500
+    assert await escrow.used("agent:shared") <= 800
 
 
 async def test_the_audit_finds_a_slice_raised_outside_a_transfer(

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from ledger import AccountSpec, Ledger
+from ledger import AccountSpec
 from ledger.escrow import Escrow
 
 from ..bench import Run
@@ -96,18 +96,10 @@ async def _checked(run: Run, escrow: Escrow, *, recover: bool) -> list[str]:
     if report.in_flight:
         found.append(f"{report.in_flight} transfers still in flight")
     for account, limit in LIMITS.items():
-        used = await _used(run.bench.ledger, escrow, account)
+        used = await escrow.used(account)
         if used > limit:
             found.append(f"{account}: {used} held over the shards, above its limit {limit}")
     return found
-
-
-async def _used(ledger: Ledger, escrow: Escrow, account: str) -> int:
-    total = 0
-    for shard in escrow.shards:
-        balance = await ledger.balance(shard, account)
-        total += 0 if balance is None else balance.used
-    return total
 
 
 async def killed_mid_transfers(run: Run) -> list[str]:
