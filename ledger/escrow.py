@@ -14,10 +14,11 @@ decides as it stands (a denial is written there, as any).
 Budget moves only by transfers with ids, in two steps on two slots: a refill is
 debited from the parent (`grant`) before it is credited to the shard (`apply`); a
 reclaim is taken from the shard (`yield`) before it is credited to the parent
-(`receive`). Each receiving step counts an id once, and refuses one older than
-`retention_ms` (when it may have forgotten it). So a crash between the steps leaves
-budget in flight, which `recover()` finishes (or, past the retention, leaves
-stranded), and never lets a unit of a limit be held in two places: the tenant's
+(`receive`). Each receiving step counts an id once, and refuses one older than 7
+days (_lib.lua's TRANSFER_RETENTION_MS: it may have forgotten it by then). So a
+crash between the steps leaves budget in flight, which `recover()` finishes (or,
+past the retention, leaves stranded), and never lets a unit of a limit be held in
+two places: the tenant's
 admissions stay within its limits however the transfers interleave or die.
 
 What is per-slice, not per-tenant: an account's soft limit (each slice's is its
@@ -73,10 +74,6 @@ from .keys import (
 from .records import AccountSpec, ReserveResult, TransitionResult
 from .replies import decoded
 
-DAY_MS = 24 * 3600 * 1000
-# How long each side remembers a transfer id it received: a step sent again later
-# than this is refused (stale), and its budget stays stranded rather than counted twice.
-TRANSFER_RETENTION_MS = 7 * DAY_MS
 # How many refills of its own a reserve its shard is short for makes (asking again
 # after each).
 ATTEMPTS = 6
@@ -111,20 +108,12 @@ class Escrow:
     """One escrowed tenant on `ledger`: `await Escrow.split(ledger, tenant, k)` once,
     then `await Escrow.of(ledger, tenant)` in every process."""
 
-    def __init__(
-        self,
-        ledger: Ledger,
-        tenant: str,
-        shards: Sequence[str],
-        *,
-        retention_ms: int = TRANSFER_RETENTION_MS,
-    ) -> None:
+    def __init__(self, ledger: Ledger, tenant: str, shards: Sequence[str]) -> None:
         self.ledger = ledger
         self.tenant = validate.tenant_id(tenant)
         self.shards = [validate.tenant_id(shard) for shard in shards]
         if not 1 <= len(self.shards) <= MAX_SHARDS:
             raise BadInput("shards", f"must be 1 to {MAX_SHARDS}")
-        self.retention_ms = validate.ttl("retention_ms", retention_ms)
         self._definitions: dict[str, Definition] = {}
         self._refills: dict[str, asyncio.Future[int]] = {}
         self._demand: dict[tuple[int, str], int] = {}
@@ -151,13 +140,13 @@ class Escrow:
         return await cls.of(ledger, tenant)
 
     @classmethod
-    async def of(cls, ledger: Ledger, tenant: str, **options: Any) -> Escrow:
+    async def of(cls, ledger: Ledger, tenant: str) -> Escrow:
         """The escrow of a tenant split before; EscrowConflict if it is not split."""
         tenant = validate.tenant_id(tenant)
         shards = await split_shards(ledger, tenant)
         if not shards:
             raise EscrowConflict(f"tenant {tenant!r} is not split into escrow shards")
-        return cls(ledger, tenant, shards, **options)
+        return cls(ledger, tenant, shards)
 
     def shard_for(self, route_key: str) -> int:
         """The shard of every call about `route_key` (stable: crc32)."""
@@ -359,9 +348,7 @@ class Escrow:
         refused it as stale (it stays in the parent, stranded)."""
         args = ["apply", xid, account, str(amount), str(t0), *_limits(definition)]
         args += [str(definition.window_ms), str(definition.approval_threshold)]
-        reply = await _write(
-            self.ledger, "escrow_shard", self.shards[k], [*args, str(self.retention_ms)]
-        )
+        reply = await _write(self.ledger, "escrow_shard", self.shards[k], args)
         if reply[0] == "stale":
             return False
         raise_for_reply(self.shards[k], "", "escrow", reply)
@@ -371,7 +358,7 @@ class Escrow:
     async def _received(self, k: int, xid: str, account: str, amount: int, t0: int) -> bool:
         """A reclaim's second step, then its forgetting on the shard; False if the
         parent refused it as stale (it stays on the shard, stranded)."""
-        args = ["receive", xid, str(k), account, str(amount), str(t0), str(self.retention_ms)]
+        args = ["receive", xid, str(k), account, str(amount), str(t0)]
         reply = await _write(self.ledger, "escrow", self.tenant, args)
         if reply[0] == "stale":
             return False

@@ -26,7 +26,6 @@ class Status(StrEnum):
     REPRICE = "reprice"
     RATE_LIMITED = "rate_limited"
     SHORT = "short"
-    STALE = "stale"
 
 
 class Verdict(StrEnum):

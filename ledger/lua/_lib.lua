@@ -155,6 +155,10 @@ local function grouped(keys, argv, standard, run)
 end
 
 local MAX_AMOUNT = 9007199254740991
+-- How long each side of an escrow's transfers remembers an id it received (escrow.lua,
+-- escrow_shard.lua): a step sent later is refused as stale. One constant, not the
+-- caller's: a caller's shorter one would trim ids another caller's retry still needs.
+local TRANSFER_RETENTION_MS = 7 * 24 * 3600 * 1000
 local MAX_ACCOUNTS = 8
 local MAX_BLOB = 1048576
 local MAX_PROVENANCE = 16384

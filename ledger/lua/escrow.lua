@@ -27,16 +27,16 @@
 --          -> {'ok' | 'exists', amount, t0, limit, soft, win, appr};
 --             {'short', unleased}: nothing taken; {'unknown_account', account}
 --   granted  xid: the grant was applied on its shard; forget it -> {'ok'}
---   receive  xid, shard index, account, amount, t0, retention_ms: a reclaim the
---          shard yielded at t0 (its Redis time) joins the unleased amount, once
---          -> {'ok' | 'exists'}; {'stale'}: older than retention_ms, refused (its id
---          may have been forgotten here)
+--   receive  xid, shard index, account, amount, t0: a reclaim the shard yielded at
+--          t0 (its Redis time) joins the unleased amount, once
+--          -> {'ok' | 'exists'}; {'stale'}: older than TRANSFER_RETENTION_MS (_lib.lua,
+--          7 days), refused (its id may have been forgotten here)
 -- Every reply may also be {'bad_input', field, message}, nothing written.
 --
 -- Invariant: for every account, unleased + the shards' limits + the grants and
 -- yields in flight = its limit here; a grant is taken from unleased before any
 -- shard is credited with it, and a receive credits each yield once (while its id
--- is remembered, retention_ms; an older one is refused), so no unit of a limit is
+-- is remembered, TRANSFER_RETENTION_MS; an older one is refused), so no unit of a limit is
 -- ever held in two places.
 
 local ESCROW, SEEN = KEYS[3], KEYS[4]
@@ -173,24 +173,23 @@ end
 if op == 'receive' then
   local k, account = shard_arg(ARGV[3]), account_arg(ARGV[4])
   local amount, t0 = uint(ARGV[5], MAX_AMOUNT), uint(ARGV[6], MAX_AMOUNT)
-  local retention = uint(ARGV[7], MAX_AMOUNT)
   if not k then return {'bad_input', 'shard', 'must be the index of one of the shards'} end
   if not account or not definition(account) then
     return {'bad_input', 'account', 'must be an account the tenant defined'}
   end
-  if not amount or not t0 or not retention or retention <= 0 or #ARGV ~= 7 then
-    return {'bad_input', 'amount', 'amount, t0 and retention_ms: integers, retention above 0'}
+  if not amount or not t0 or #ARGV ~= 6 then
+    return {'bad_input', 'amount', 'amount and t0: integers'}
   end
   if redis.call('ZSCORE', SEEN, xid) then
     return {'exists'}
   end
   local now = now_ms()
-  if t0 < now - retention then
+  if t0 < now - TRANSFER_RETENTION_MS then
     return {'stale'}
   end
   redis.call('HINCRBY', ESCROW, 'u|' .. account, fmt(amount))
   redis.call('ZADD', SEEN, fmt(t0), xid)
-  redis.call('ZREMRANGEBYSCORE', SEEN, '-inf', '(' .. fmt(now - retention))
+  redis.call('ZREMRANGEBYSCORE', SEEN, '-inf', '(' .. fmt(now - TRANSFER_RETENTION_MS))
   journal({'op', 'escrow', 'act', 'receive', 'xfer', xid, 'shard', fmt(k), 'acct', account,
            'amt', fmt(amount)})
   return {'ok'}

@@ -9,11 +9,12 @@
 -- ARGV[1]  the operation, and after it its arguments:
 --   apply  xid, account, amount, t0 (the parent's Redis time of the grant), the
 --          parent's limit, soft limit, window_ms and approval threshold of the
---          account, retention_ms: raise the account's slice by `amount`, once
---          (opening it, with zero balances, if missing); its soft limit is the
---          parent's share of it, floor(slice x soft / limit)
---          -> {'ok' | 'exists', slice}; {'stale'}: t0 is older than retention_ms, not
---          applied (its id may have been forgotten here), the grant stays stranded
+--          account: raise the account's slice by `amount`, once (opening it, with
+--          zero balances, if missing); its soft limit is the parent's share of it,
+--          floor(slice x soft / limit)
+--          -> {'ok' | 'exists', slice}; {'stale'}: t0 is older than
+--          TRANSFER_RETENTION_MS (_lib.lua, 7 days), not applied (its id may have been
+--          forgotten here), the grant stays stranded
 --   open   xid (any: not remembered), account, the parent's window_ms and approval
 --          threshold: open the account with a slice of 0 if it is missing (its slice
 --          comes by refills), so that racing openers cannot take a chunk each
@@ -30,7 +31,7 @@
 -- so every admission the shard made stays within its limit (contract 1), nor below
 -- the slice whose soft share covers it, so what the shards hold within their bands
 -- adds up to at most the tenant's soft limit; and each
--- grant raises it once (while its id is remembered, retention_ms; an older one is
+-- grant raises it once (while its id is remembered, TRANSFER_RETENTION_MS; an older one is
 -- refused). Every change is journaled as an `account` entry, so the shard's own
 -- journal replays its limits (contract 7).
 
@@ -84,18 +85,17 @@ if op == 'apply' then
   local amount, t0 = uint(ARGV[4], MAX_AMOUNT), uint(ARGV[5], MAX_AMOUNT)
   local limit, soft = uint(ARGV[6], MAX_AMOUNT), uint(ARGV[7], MAX_AMOUNT)
   local win, appr = uint(ARGV[8], MAX_AMOUNT), uint(ARGV[9], MAX_AMOUNT)
-  local retention = uint(ARGV[10], MAX_AMOUNT)
   if not amount or not t0 or not limit or not soft or soft > limit or not win or not appr
-      or not retention or retention <= 0 or #ARGV ~= 10 then
-    return {'bad_input', 'arguments', 'apply takes a transfer, an account, its amount, t0, '
-      .. 'the limits (soft <= limit) and retention_ms above 0, as integers'}
+      or #ARGV ~= 9 then
+    return {'bad_input', 'arguments', 'apply takes a transfer, an account, its amount, t0 '
+      .. 'and the limits (soft <= limit), as integers'}
   end
   if redis.call('ZSCORE', SEEN, xid) then
     local had = load_account(account)
     return {'exists', fmt(had and had.limit or 0)}
   end
   local now = now_ms()
-  if t0 < now - retention then
+  if t0 < now - TRANSFER_RETENTION_MS then
     return {'stale'}
   end
   local a = load_account(account)
@@ -112,7 +112,7 @@ if op == 'apply' then
   a.soft, a.win, a.appr = soft_share(a.limit, limit, soft), win, appr
   write(a, xid)
   redis.call('ZADD', SEEN, fmt(t0), xid)
-  redis.call('ZREMRANGEBYSCORE', SEEN, '-inf', '(' .. fmt(now - retention))
+  redis.call('ZREMRANGEBYSCORE', SEEN, '-inf', '(' .. fmt(now - TRANSFER_RETENTION_MS))
   return {'ok', fmt(a.limit)}
 end
 

@@ -24,6 +24,7 @@ from ledger.records import AccountSpec
 from .test_concurrency import ROOT, kill_mid_storm, release
 
 HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
 
 
 async def escrowed(ledger: Ledger, tenant: str, shards: int = 3, **limits: int) -> Escrow:
@@ -132,14 +133,14 @@ async def test_each_transfer_step_counts_once(ledger: Ledger, tenant: str) -> No
     first = await _write(ledger, "escrow", tenant, grant)
     again = await _write(ledger, "escrow", tenant, grant)
     assert first[0] == "ok" and again[0] == "exists" and again[1:3] == first[1:3]
-    apply = ["apply", "g-1", "tenant:acme", "100", first[2], "1000", "1000", "0", "0", "60000"]
+    apply = ["apply", "g-1", "tenant:acme", "100", first[2], "1000", "1000", "0", "0"]
     assert (await _write(ledger, "escrow_shard", escrow.shards[0], apply))[0] == "ok"
     assert (await _write(ledger, "escrow_shard", escrow.shards[0], apply))[0] == "exists"
     yield_ = ["yield", "y-1", "tenant:acme", "40", "0", "1000", "1000"]
     taken = await _write(ledger, "escrow_shard", escrow.shards[0], yield_)
     assert taken[:2] == ["ok", "40"]
     assert (await _write(ledger, "escrow_shard", escrow.shards[0], yield_))[:2] == ["exists", "40"]
-    receive = ["receive", "y-1", "0", "tenant:acme", "40", taken[2], "60000"]
+    receive = ["receive", "y-1", "0", "tenant:acme", "40", taken[2]]
     assert (await _write(ledger, "escrow", tenant, receive))[0] == "ok"
     assert (await _write(ledger, "escrow", tenant, receive))[0] == "exists"
     report = await escrow.audit()
@@ -155,21 +156,43 @@ async def test_each_transfer_step_counts_once(ledger: Ledger, tenant: str) -> No
 async def test_a_transfer_past_its_retention_is_stranded_never_counted_twice(
     ledger: Ledger, tenant: str
 ) -> None:
-    await escrowed(ledger, tenant, tenant_acme=1000)
-    escrow = await Escrow.of(ledger, tenant, retention_ms=1)
-    granted = await _write(
-        ledger, "escrow", tenant, ["grant", "g-1", "1", "tenant:acme", "50", "1"]
-    )
-    assert granted[0] == "ok"
-    # The process that took it died; recover() comes after the shard may have forgotten.
-    while await ledger.now_ms() <= int(granted[2]) + 1:
-        await asyncio.sleep(0.001)
+    """A grant taken 8 days ago by a process that died before applying it, and a
+    reclaim yielded as long ago and never received: each side may have forgotten their
+    ids by now (it keeps them 7 days), so neither is counted; their budget stays
+    stranded, held nowhere."""
+    escrow = await escrowed(ledger, tenant, tenant_acme=1000)
+    long_ago = await ledger.now_ms() - 8 * DAY_MS
+    await ledger.redis.hset(escrow_key(tenant), "g|g-old", f"1|tenant:acme|50|{long_ago}")
+    await ledger.redis.hincrby(escrow_key(tenant), "u|tenant:acme", -50)
+    assert await escrow.refill(2, "tenant:acme", 30) > 0
+    await ledger.redis.hset(escrow_key(escrow.shards[2]), "y|y-old", f"tenant:acme|30|{long_ago}")
+    await ledger.redis.hincrby(accounts_key(escrow.shards[2]), "tenant:acme|limit", -30)
+    late = ["apply", "g-old", "tenant:acme", "50", str(long_ago), "1000", "1000", "0", "0"]
+    assert await _write(ledger, "escrow_shard", escrow.shards[1], late) == ["stale"]
     recovered = await escrow.recover()
-    assert recovered.grants == 0 and len(recovered.stranded) == 1
+    assert (recovered.grants, recovered.reclaims, len(recovered.stranded)) == (0, 0, 2)
     assert await ledger.balance(escrow.shards[1], "tenant:acme") is None
-    report = await escrow.audit()
-    assert report.ok and report.in_flight == 1
-    assert await escrow.refill(1, "tenant:acme", 951) == 0  # only 950 is anywhere
+    assert (await escrow.audit()).in_flight == 2
+    assert await escrow.refill(1, "tenant:acme", 921) == 0  # only 920 is anywhere
+
+
+async def test_a_transfer_id_is_remembered_whatever_another_caller_sends(
+    ledger: Ledger, tenant: str
+) -> None:
+    """A hostile or misconfigured caller cannot make a side forget the ids it has
+    received (the retention is the scripts' own): a grant applied once is not applied
+    again after other transfers, nor after a step sent with a retention argument."""
+    escrow = await escrowed(ledger, tenant, tenant_acme=1000)
+    granted = await _write(
+        ledger, "escrow", tenant, ["grant", "g-1", "0", "tenant:acme", "100", "1"]
+    )
+    apply = ["apply", "g-1", "tenant:acme", "100", granted[2], "1000", "1000", "0", "0"]
+    assert (await _write(ledger, "escrow_shard", escrow.shards[0], apply))[0] == "ok"
+    with_retention = ["apply", "g-2", "tenant:acme", "5", granted[2], "1000", "1000", "0", "0", "1"]
+    refused = await _write(ledger, "escrow_shard", escrow.shards[0], with_retention)
+    assert refused[:2] == ["bad_input", "arguments"]
+    await escrow.refill(0, "tenant:acme", 200)
+    assert (await _write(ledger, "escrow_shard", escrow.shards[0], apply))[0] == "exists"
 
 
 async def test_a_split_is_made_once(ledger: Ledger, tenant: str) -> None:
