@@ -28,8 +28,11 @@ from .errors import (
     PoolShrank,
     RateLimited,
     RedisFailure,
+    ShortOfRoom,
     UnknownAccount,
 )
+from .escrow import Escrow, EscrowConflict, Recovered
+from .escrow_audit import EscrowAudit
 from .journal import JournalEntry, iter_journal, read_journal
 from .keystore import KeyKind, KeyRecord, KeySpec, KeyState, KeyStore
 from .lease import Lease, Watch
@@ -90,6 +93,9 @@ __all__ = [
     "Durability",
     "EmbeddedRedis",
     "EmbeddedRedisError",
+    "Escrow",
+    "EscrowAudit",
+    "EscrowConflict",
     "Hold",
     "HoldInFlight",
     "HoldNotDue",
@@ -121,6 +127,7 @@ __all__ = [
     "PutResult",
     "RateLimited",
     "Reason",
+    "Recovered",
     "RedisFailure",
     "RefusalCount",
     "RefusalCounts",
@@ -128,6 +135,7 @@ __all__ = [
     "ReserveResult",
     "RouteOutcomes",
     "Rule",
+    "ShortOfRoom",
     "Status",
     "StressDetector",
     "StressReading",

@@ -40,8 +40,7 @@ from irrev.bench.background import primaries
 from irrev.bench.rounds import compared, table
 from irrev.cli import CliError, bounded
 from irrev.localcluster import LocalCluster
-from ledger import AccountSpec, Ledger, LedgerError, cluster_enabled
-from ledger.escrow import Escrow
+from ledger import AccountSpec, Escrow, Ledger, LedgerError, cluster_enabled
 
 HOUR_MS = 3_600_000
 PRICE = 1_000

@@ -20,8 +20,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TypeVar
 
-from ledger import Ledger, LedgerUnavailable
-from ledger.escrow import Escrow
+from ledger import Escrow, Ledger, LedgerUnavailable
 
 HOUR_MS = 3_600_000
 TASKS = 8

@@ -108,6 +108,12 @@ PUBLIC_API = {
     "AuditReport",
     "audit",
     "audit_tenant",
+    # a tenant split over escrow shards
+    "Escrow",
+    "EscrowAudit",
+    "EscrowConflict",
+    "Recovered",
+    "ShortOfRoom",
     # the bounds every layer enforces
     "MAX_AMOUNT",
     "MAX_ACCOUNTS",

@@ -14,8 +14,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from ledger import AccountSpec
-from ledger.escrow import Escrow
+from ledger import AccountSpec, Escrow
 
 from ..bench import Run
 from ..matrix import Cell
