@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from . import validate
 from .errors import LedgerUnavailable, RedisFailure, raise_for_reply, translate_redis_errors
-from .keys import TENANTS_KEY, account_fields, accounts_key, tenant_keys
+from .keys import TENANTS_KEY, account_fields, accounts_key, is_shard_tenant, tenant_keys
 from .records import AccountSpec, Balance
 from .release import COUNTED_ESCALATIONS
 from .replies import balance_from, decoded
@@ -125,9 +125,11 @@ class Accounts(LedgerCore):
         (lua/close.lua); returns the next cursor (0: the scan is over) and how many
         were closed. Policy accounts are never closed, and none while the fleet's
         release flag says an older release may serve (its scripts cannot settle a
-        hold on a closed account): then the scan is over at once."""
+        hold on a closed account): then the scan is over at once. Nor an escrow
+        shard's: its account holds a slice of the tenant's limit, which closing it
+        would drop outside any transfer (ledger/escrow.py)."""
         tenant = validate.tenant_id(tenant)
-        if not self.release.reads(COUNTED_ESCALATIONS):
+        if not self.release.reads(COUNTED_ESCALATIONS) or is_shard_tenant(tenant):
             return 0, 0
         with translate_redis_errors("close"):
             cursor, fields = await self.redis.hscan(

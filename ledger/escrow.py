@@ -71,9 +71,11 @@ from .keys import (
     shard_tenant,
     tenant_keys,
 )
-from .records import AccountSpec, ReserveResult, TransitionResult
+from .limits import MAX_AMOUNT
+from .records import AccountSpec, Provenance, ReserveResult, TransitionResult
 from .replies import decoded
 
+DAY_MS = 24 * 3600 * 1000
 # How many refills of its own a reserve its shard is short for makes (asking again
 # after each).
 ATTEMPTS = 6
@@ -153,14 +155,27 @@ class Escrow:
         return zlib.crc32(route_key.encode()) % len(self.shards)
 
     async def define(self, spec: AccountSpec) -> int:
-        """Set an account's limits over the whole tenant; returns its unleased amount
-        (a lowered limit can take it below zero: no refill until reclaims bring it
-        back). The shards take their slices as they need them."""
+        """Set an account's limits over the whole tenant; returns its unleased amount.
+        The shards take their slices as they need them; the slices they hold follow
+        the new soft limit, window and threshold at once (`reshape`). A lowered limit
+        takes unleased below zero: what the shards hold unused is reclaimed at once
+        until it is not (what they hold pending and posted stays, as a plain
+        account's balances do under a lowered limit)."""
         args = validate.account_args(spec)
         reply = await _write(self.ledger, "escrow", self.tenant, ["define", *args])
         raise_for_reply(self.tenant, "", "escrow", reply)
-        self._definitions.pop(spec.account, None)
-        return int(reply[1])
+        definition = self._definitions[spec.account] = Definition(*(int(a) for a in args[1:]))
+        for shard in self.shards:
+            reshaped = await _write(
+                self.ledger, "escrow_shard", shard, ["reshape", "r", spec.account, *args[1:]]
+            )
+            raise_for_reply(shard, "", "escrow", reshaped)
+        unleased = int(reply[1])
+        for k in range(len(self.shards)):
+            if unleased >= 0:
+                break
+            unleased += await self._reclaim(k, spec.account, -unleased, definition)
+        return unleased
 
     async def reserve(
         self,
@@ -168,13 +183,29 @@ class Escrow:
         fingerprint: str,
         amounts: Mapping[str, int],
         *,
+        ttl_ms: int,
         route_key: str = "",
-        **options: Any,
+        escalation_ttl_ms: int = DAY_MS,
+        armed: bool = True,
+        escalate_above: int = 0,
+        request: str = "",
+        provenance: Provenance | None = None,
     ) -> ReserveResult:
         """Ledger.reserve on the shard of `route_key` (default the idempotency key),
-        refilling it while it is short (see the module)."""
+        refilling it while it is short (see the module). Not Ledger.reserve's
+        `open_missing` (a shard account opened with a limit of its own would hold
+        budget no transfer moved: accounts are `define`d), nor its `shadow` or
+        calibrating `pool` (a pool's open set would count one shard's holds)."""
         k = self.shard_for(route_key or idempotency_key)
         shard = self.shards[k]
+        options: dict[str, Any] = {
+            "ttl_ms": ttl_ms,
+            "escalation_ttl_ms": escalation_ttl_ms,
+            "armed": armed,
+            "escalate_above": escalate_above,
+            "request": request,
+            "provenance": provenance,
+        }
         own = 0
         for _ in range(MAX_ASKS):
             if own >= ATTEMPTS:
@@ -190,6 +221,9 @@ class Escrow:
             except ShortOfRoom as exc:
                 soft = exc.reason == "soft_band"
                 needs = {a: await self._slice_for(a, lack, soft) for a, lack in exc.lacks.items()}
+                # A lack past what any limit can hold cannot be leased: decided as is.
+                if any(need > MAX_AMOUNT for need in needs.values()):
+                    break
                 leased = [
                     await self._refill_once(k, account, need)
                     for account, need in needs.items()
@@ -238,7 +272,7 @@ class Escrow:
             self._demand[(k, account)] = self._demand.get((k, account), 0) + lack
             await asyncio.shield(running)
             return None
-        demand = lack + self._demand.pop((k, account), 0)
+        demand = min(lack + self._demand.pop((k, account), 0), MAX_AMOUNT)
         task = asyncio.ensure_future(self.refill(k, account, lack, want=demand))
         self._refills[account] = task
         try:
@@ -274,8 +308,14 @@ class Escrow:
 
     async def reclaim(self, k: int, account: str, want: int, keep: int = 0) -> int:
         """Take up to `want` of shard `k`'s unused slice of `account` back to the parent,
-        leaving it `keep` of room; returns what was taken."""
-        definition = await self._definition(account)
+        leaving it `keep` of room; returns what was taken. The account's definition
+        is read afresh (the slice's soft limit follows it; another process may have
+        changed it since this one last read it)."""
+        return await self._reclaim(k, account, want, await self._definition(account, True), keep)
+
+    async def _reclaim(
+        self, k: int, account: str, want: int, definition: Definition, keep: int = 0
+    ) -> int:
         xid = _transfer_id("y")
         reply = await _write(
             self.ledger,
@@ -299,7 +339,7 @@ class Escrow:
         for name, value in parent.items():
             if name.startswith("g|"):
                 index, account, amount, t0 = value.split("|")
-                definition = await self._definition(account)
+                definition = await self._definition(account, True)
                 xid = name[2:]
                 if await self._applied(int(index), xid, account, int(amount), int(t0), definition):
                     done.grants += 1
@@ -366,8 +406,10 @@ class Escrow:
         await _write(self.ledger, "escrow_shard", self.shards[k], ["yielded", xid])
         return True
 
-    async def _definition(self, account: str) -> Definition:
-        definition = self._definitions.get(account)
+    async def _definition(self, account: str, fresh: bool = False) -> Definition:
+        """The account's definition, from this process's cache unless `fresh` (what
+        sizes a refill may be stale; what a slice's soft limit is set from may not)."""
+        definition = None if fresh else self._definitions.get(account)
         if definition is None:
             key = escrow_key(self.tenant)
             with translate_redis_errors("escrow"):
@@ -404,7 +446,7 @@ class Escrow:
             return lack
         if definition.soft_limit == 0:
             return 0  # no slice has a share below a soft limit of 0: nothing to lease
-        return math.ceil(lack * definition.limit / definition.soft_limit) + 1
+        return -(-lack * definition.limit // definition.soft_limit)
 
 
 def _limits(definition: Definition) -> list[str]:

@@ -208,6 +208,11 @@ def shard_tenant(tenant: str, index: int, salt: int = 0) -> str:
     return f"{tenant}~e{index}" + (f"x{salt}" if salt else "")
 
 
+def is_shard_tenant(tenant: str) -> bool:
+    """Whether `tenant` is an escrow shard (shard_tenant's `~e`)."""
+    return "~e" in tenant
+
+
 def tenant_keys(tenant: str) -> list[str]:
     """KEYS[1..5] of every hold script: accounts, journal, deadlines, ambiguous,
     escalated (account.lua takes the first two)."""

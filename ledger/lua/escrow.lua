@@ -115,7 +115,9 @@ if op == 'define' then
   end
   local had = definition(account)
   local unleased = tonumber(redis.call('HGET', ESCROW, 'u|' .. account)) or 0
-  unleased = unleased + limit - (had and had.limit or 0)
+  -- The change first: both limits are exact, and so is their difference; added to
+  -- unleased first, the sum could pass 2^53 and round.
+  unleased = unleased + (limit - (had and had.limit or 0))
   redis.call('HSET', ESCROW, 'a|' .. account,
     fmt(limit) .. ',' .. fmt(soft) .. ',' .. fmt(win) .. ',' .. fmt(appr),
     'u|' .. account, fmt(unleased))

@@ -19,6 +19,10 @@
 --          threshold: open the account with a slice of 0 if it is missing (its slice
 --          comes by refills), so that racing openers cannot take a chunk each
 --          -> {'ok' | 'exists'}
+--   reshape  xid (any: not remembered), account, the parent's limit, soft limit,
+--          window_ms and approval threshold, as the parent now defines them: the
+--          slice's soft limit, window and threshold follow (its slice does not move)
+--          -> {'ok'}; {'exists'}: no such account here, nothing written
 --   yield  xid, account, want, keep, the parent's limit and soft limit: give back
 --          min(want, room - keep), once, where room is what the slice has above both
 --          what it holds pending and posted this window and the slice whose share
@@ -52,12 +56,36 @@ if not valid_id(account) or not string.match(account, '^%a+:.') then
   return {'bad_input', 'account', 'must be kind:name of [A-Za-z0-9._:@/-], at most 128'}
 end
 
--- The parent's share of `slice` below its soft limit.
+-- The parent's share of `slice` below its soft limit, floor(slice x soft / limit),
+-- never above it: the shares of all the slices must add up to at most the soft limit.
+-- Exact while slice x soft is an exact double (below 2^53: the quotient of two exact
+-- integers, correctly rounded, floors to the exact floor); past that, one double
+-- product is off by at most 2, so the share is taken 2 lower.
 local function soft_share(slice, limit, soft)
   if limit <= 0 or soft >= limit then
     return slice
   end
-  return math.min(math.floor(slice * (soft / limit)), slice)
+  if slice * soft < 2 ^ 53 then
+    return math.floor(slice * soft / limit)
+  end
+  return math.max(math.min(math.floor(slice * (soft / limit)) - 2, slice), 0)
+end
+
+-- The least slice whose share covers `used` (a reclaim keeps it), or the whole of
+-- MAX_AMOUNT where doubles cannot find it: keeping more is the safe side. Bounded: a
+-- loop that adds 1 to a number past 2^53 would never end (and hang Redis).
+local function soft_cover(used, limit, soft)
+  if soft <= 0 or soft >= limit then
+    return used
+  end
+  local kept = math.ceil(used * (limit / soft))
+  for _ = 1, 3 do
+    if soft_share(kept, limit, soft) >= used then
+      return math.max(kept, used)
+    end
+    kept = kept + 1
+  end
+  return MAX_AMOUNT
 end
 
 local function write(a, xid_field)
@@ -78,6 +106,27 @@ if op == 'open' then
   local now = now_ms()
   write({id = account, limit = 0, soft = 0, win = win, appr = appr, pend = 0, post = 0,
          over = 0, ws = win > 0 and now - (now % win) or 0}, xid)
+  return {'ok'}
+end
+
+if op == 'reshape' then
+  local limit, soft = uint(ARGV[4], MAX_AMOUNT), uint(ARGV[5], MAX_AMOUNT)
+  local win, appr = uint(ARGV[6], MAX_AMOUNT), uint(ARGV[7], MAX_AMOUNT)
+  if not limit or not soft or soft > limit or not win or not appr or #ARGV ~= 7 then
+    return {'bad_input', 'arguments', 'reshape takes an account and its limits (soft <= '
+      .. 'limit), window_ms and threshold, as integers'}
+  end
+  local a = load_account(account)
+  if not a then
+    return {'exists'}
+  end
+  local now = now_ms()
+  roll(a, now)
+  if win ~= a.win then
+    a.ws = win > 0 and now - (now % win) or 0
+  end
+  a.soft, a.win, a.appr = soft_share(a.limit, limit, soft), win, appr
+  write(a, xid)
   return {'ok'}
 end
 
@@ -140,14 +189,7 @@ if op == 'yield' then
   -- What the slice must keep: what it holds, and the slice whose share below the soft
   -- limit still covers it. Every shard then holds no more than its share of the band,
   -- and the shares add up to at most the soft limit: the band holds over the tenant.
-  local used = a.pend + a.post
-  local kept = used
-  if soft > 0 and soft < limit then
-    kept = math.ceil(used * (limit / soft))
-    while soft_share(kept, limit, soft) < used do
-      kept = kept + 1
-    end
-  end
+  local kept = soft_cover(a.pend + a.post, limit, soft)
   local room = math.max(a.limit - kept, 0)
   local amount = math.min(want, math.max(room - keep, 0))
   if amount == 0 then
@@ -161,4 +203,4 @@ if op == 'yield' then
   return {'ok', fmt(amount), fmt(now)}
 end
 
-return {'bad_input', 'operation', 'must be apply, yield or yielded'}
+return {'bad_input', 'operation', 'must be open, reshape, apply, yield or yielded'}

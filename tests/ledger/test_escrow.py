@@ -19,6 +19,7 @@ from ledger.errors import BadInput, ShortOfRoom, UnknownAccount
 from ledger.escrow import Escrow, EscrowConflict, _write
 from ledger.journal import read_journal
 from ledger.keys import accounts_key, escrow_key, hold_key
+from ledger.limits import MAX_AMOUNT
 from ledger.records import AccountSpec
 
 from .test_concurrency import ROOT, kill_mid_storm, release
@@ -301,3 +302,75 @@ async def test_a_fresh_shards_first_burst_opens_each_account_once(
     )
     assert {result.decision for result in results} == {"admit"}
     assert await escrow.unleased("tenant:acme") == 1_200_000 - 3 * 100_000
+
+
+async def test_huge_limits_with_a_small_band_escalate_and_never_hang_redis(
+    ledger: Ledger, tenant: str
+) -> None:
+    """A limit of 2^53-1 with a band of 1000: the slice that covers a shard's holds
+    is past what doubles count exactly. A reclaim from the shard keeps all of it
+    (it looped for ever, hanging Redis), and a hold past the band escalates (the
+    lease it asked for was refused as bad input)."""
+    escrow = await Escrow.split(ledger, tenant, 2)
+    await escrow.define(AccountSpec(account="tenant:acme", limit=MAX_AMOUNT, soft_limit=1000))
+    first = await escrow.reserve("a", "fp", {"tenant:acme": 500}, ttl_ms=HOUR_MS)
+    assert first.decision == "admit"
+    above = await escrow.reserve("b", "fp", {"tenant:acme": 20_000}, ttl_ms=HOUR_MS)
+    assert (above.decision, above.reason) == ("escalate", "soft_band")
+    k = escrow.shard_for("b")
+    taken = await asyncio.wait_for(escrow.reclaim(k, "tenant:acme", 10**15), 60)
+    assert taken == 0
+    assert (await escrow.audit()).ok
+
+
+async def test_define_moves_what_the_shards_hold_at_once(ledger: Ledger, tenant: str) -> None:
+    """A lowered limit reclaims the shards' unused slices at once, and every slice's
+    soft limit follows a new band, whatever another process has cached."""
+    escrow = await escrowed(ledger, tenant, tenant_acme=1000)
+    other = await Escrow.of(ledger, tenant)
+    assert await other.refill(0, "tenant:acme", 500) > 0
+    held = await ledger.reserve(escrow.shards[0], "h", "fp", {"tenant:acme": 100}, ttl_ms=HOUR_MS)
+    assert held.decision == "admit"
+    await escrow.define(AccountSpec(account="tenant:acme", limit=1000, soft_limit=500))
+    slice_ = await ledger.balance(escrow.shards[0], "tenant:acme")
+    assert slice_ is not None and slice_.soft_limit == slice_.limit // 2
+    await other.reclaim(0, "tenant:acme", 1)  # its cache says a band of 1000
+    slice_ = await ledger.balance(escrow.shards[0], "tenant:acme")
+    assert slice_ is not None and slice_.soft_limit == slice_.limit // 2
+    assert await escrow.define(AccountSpec(account="tenant:acme", limit=0, soft_limit=0)) == -100
+    assert (
+        await escrow.reserve("more", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
+    ).decision == "deny"
+    assert await escrow.used("tenant:acme") == 100
+    assert (await escrow.audit()).ok
+
+
+async def test_limits_near_two_to_the_53_move_exactly(ledger: Ledger, tenant: str) -> None:
+    escrow = await escrowed(ledger, tenant, tenant_acme=MAX_AMOUNT)
+    spec = AccountSpec(account="tenant:acme", limit=MAX_AMOUNT - 1, soft_limit=MAX_AMOUNT - 1)
+    assert await escrow.define(spec) == MAX_AMOUNT - 1
+    assert (await escrow.audit()).ok
+
+
+async def test_an_escrowed_reserve_opens_no_account_and_a_shards_are_never_closed(
+    ledger: Ledger, tenant: str
+) -> None:
+    """Opening a missing account with limits of its own, or closing an idle one, on a
+    shard would make or drop budget outside any transfer: neither is possible."""
+    escrow = await Escrow.split(ledger, tenant, 2)
+    spec = AccountSpec(account="factor:payee", limit=100, soft_limit=100, window_ms=200)
+    await escrow.define(spec)
+    with pytest.raises(TypeError):
+        await escrow.reserve("h", "fp", {"factor:payee": 10}, ttl_ms=HOUR_MS, open_missing=[spec])  # type: ignore[call-arg]
+    assert (
+        await escrow.reserve("h", "fp", {"factor:payee": 10}, ttl_ms=HOUR_MS)
+    ).decision == "admit"
+    await escrow.void("h")
+    shard = escrow.shards[escrow.shard_for("h")]
+    # Idle past the window it was used in: a plain tenant's would be closed now.
+    voided_at = await ledger.now_ms()
+    while await ledger.now_ms() < voided_at + 450:
+        await asyncio.sleep(0.05)
+    assert await ledger.close_idle_accounts(shard) == (0, 0)
+    assert await ledger.balance(shard, "factor:payee") is not None
+    assert (await escrow.audit()).ok
