@@ -17,8 +17,6 @@ settled hold."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import json
 import logging
 import time
@@ -30,27 +28,12 @@ from typing import Any, Protocol
 import httpx2
 import mcp_types as types
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp.shared.inbound import (
-    MCP_METHOD_HEADER,
-    MCP_NAME_HEADER,
-    MCP_PROTOCOL_VERSION_HEADER,
-    encode_header_value,
-    find_invalid_x_mcp_header,
-    mcp_param_headers,
-    x_mcp_header_map,
-)
-from mcp_types import (
-    CLIENT_CAPABILITIES_META_KEY,
-    CLIENT_INFO_META_KEY,
-    PROTOCOL_VERSION_META_KEY,
-)
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ConfigDict, ValidationError
+from mcp.shared.inbound import find_invalid_x_mcp_header, mcp_param_headers, x_mcp_header_map
 
-from gateway.edge.wire import Headers, StoredRequest, upstream_key
+from gateway.edge.wire import StoredRequest, upstream_key
 from gateway.pipeline.upstream import Answer, Fate
+from gateway.state.mcp_http import POST_NOT_SENT, HttpConnection
 
 # Where an agent puts its idempotency key, and where irrev puts the hold's key for the
 # MCP server: a `_meta` key under irrev's own prefix, as the MCP specification asks
@@ -66,13 +49,7 @@ JSON = "application/json"
 # Only "no such method" proves the tool did not run: SDK servers (TypeScript's McpServer)
 # answer -32602 / -32600 also *after* the tool ran, when its output fails its schema.
 NOT_ACCEPTED = frozenset({types.METHOD_NOT_FOUND})
-CONNECT_TIMEOUT_S = 1.0
 MAX_PAGES = 100
-# irrev's client of the tenant's servers, as a `tools/call` at a modern version names
-# it; it answers no server requests (sampling, elicitation, roots): no capabilities.
-CLIENT_INFO = {"name": "irrev", "version": "0.1.0"}
-ACCEPT = "application/json, text/event-stream"
-MAX_EVENT_BYTES = 1 << 20
 log = logging.getLogger("irrev.gateway")
 
 
@@ -113,9 +90,11 @@ def causes_of(exc: BaseException) -> list[BaseException]:
 
 
 def failure_answer(exc: BaseException) -> Answer:
-    """What an exception of the SDK's client says about the effect."""
+    """What an exception of the SDK's client, or of a pinned POST, says about the
+    effect."""
     causes = causes_of(exc)
-    if causes and all(isinstance(c, httpx2.ConnectError | httpx2.ConnectTimeout) for c in causes):
+    never_reached = (httpx2.ConnectError, httpx2.ConnectTimeout, *POST_NOT_SENT)
+    if causes and all(isinstance(c, never_reached) for c in causes):
         return Answer(fate=Fate.NOT_SENT, why="upstream_refused")
     not_sent = [c for c in causes if isinstance(c, NotSent)]
     if causes and len(not_sent) == len(causes):
@@ -149,168 +128,6 @@ class Connection(Protocol):
     def open(self, deadline: float) -> AbstractAsyncContextManager[Client]: ...
 
     async def aclose(self) -> None: ...
-
-
-class Reply(BaseModel):
-    """A JSON-RPC message as a `tools/call`'s answer reads it: parsed once, straight
-    into its result or error (any other message, a notification, has neither)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    id: int | str | None = None
-    result: types.CallToolResult | None = None
-    error: types.ErrorData | None = None
-
-    @property
-    def answers(self) -> bool:
-        return self.result is not None or self.error is not None
-
-
-def reply_of(body: bytes | str) -> Reply:
-    """`body` parsed as a Reply; a body that is not JSON is the SDK's parse error, one
-    that is JSON of another shape a ValidationError (ambiguous, as every failure)."""
-    try:
-        return Reply.model_validate_json(body)
-    except ValidationError as exc:
-        if any(error["type"] == "json_invalid" for error in exc.errors()):
-            raise MCPError(types.PARSE_ERROR, "the server's answer is not JSON") from exc
-        raise
-
-
-async def answer_of(response: httpx2.Response, request_id: int) -> types.CallToolResult:
-    """The result of request `request_id` in `response`, read as the SDK's Streamable
-    HTTP transport reads one: a JSON body, or the first answer with that id in an
-    event stream (its notifications skipped); a JSON-RPC error, or an HTTP refusal as
-    the JSON-RPC error it carries or as the one the SDK makes of its status, raised
-    as MCPError."""
-    kind = response.headers.get("content-type", "").lower()
-    status = response.status_code
-    if status == 202 or response.is_redirect:
-        raise MCPError(types.INVALID_REQUEST, f"the server answered HTTP {status}")
-    if status >= 400:
-        if kind.startswith("application/json"):
-            refusal = Reply()  # a body that is no JSON-RPC error: the status's error
-            with contextlib.suppress(ValidationError, MCPError):
-                refusal = reply_of(await response.aread())
-            raise_error(refusal)
-        # Without a session, a 404 is the HTTP spelling of "no such method" (the SDK's).
-        code = types.METHOD_NOT_FOUND if status == 404 else types.INTERNAL_ERROR
-        raise MCPError(code, f"the server answered HTTP {status}")
-    if kind.startswith("application/json"):
-        return result_of(reply_of(await response.aread()))
-    if kind.startswith("text/event-stream"):
-        async for event in httpx2.EventSource(response, max_event_size=MAX_EVENT_BYTES):
-            if event.event == "message" and event.data:
-                reply = reply_of(event.data)
-                if reply.answers and reply.id == request_id:
-                    return result_of(reply)
-        # No resumption: an answer that did not come is a lost one (ambiguous).
-        raise MCPError(types.CONNECTION_CLOSED, "the event stream ended without an answer")
-    raise MCPError(types.INVALID_REQUEST, f"unexpected content type {kind!r}")
-
-
-def raise_error(reply: Reply) -> None:
-    """Raise the JSON-RPC error `reply` carries, if it carries one."""
-    if reply.error is not None:
-        raise MCPError(reply.error.code, reply.error.message, reply.error.data)
-
-
-def result_of(reply: Reply) -> types.CallToolResult:
-    raise_error(reply)
-    if reply.result is None:
-        raise MCPError(types.PARSE_ERROR, "the server's answer is not a JSON-RPC response")
-    return reply.result
-
-
-@dataclass
-class HttpConnection:
-    """An MCP server at a Streamable HTTP URL: a session per request over one pooled
-    HTTP client (made on first use, in the worker's event loop, with the tool's
-    credentials as headers). The protocol version the server speaks is learnt on
-    the first session (`auto`: one `server/discover` probe) and then pinned, so later
-    requests are one POST each."""
-
-    url: str
-    credentials: Headers = field(default=(), repr=False)
-    _client: httpx2.AsyncClient | None = field(default=None, repr=False)
-    _version: str = "auto"
-    _ids: itertools.count[int] = field(default_factory=itertools.count, repr=False)
-
-    @property
-    def config(self) -> Hashable:
-        return (self.url, self.credentials)
-
-    @property
-    def where(self) -> str:
-        return self.url
-
-    def client(self) -> httpx2.AsyncClient:
-        if self._client is None:
-            self._client = httpx2.AsyncClient(
-                headers=dict(self.credentials),
-                timeout=httpx2.Timeout(30.0, connect=CONNECT_TIMEOUT_S),
-                follow_redirects=False,
-                trust_env=False,
-            )
-        return self._client
-
-    @property
-    def pinned(self) -> str:
-        """The modern protocol version the server speaks, '' until learnt (or for a
-        server of the handshake era, which gets a session per request)."""
-        return self._version if self._version in MODERN_PROTOCOL_VERSIONS else ""
-
-    async def call_tool(
-        self, params: dict[str, Any], headers: Mapping[str, str], deadline: float
-    ) -> types.CallToolResult:
-        """One `tools/call` as one POST on the pooled client at the pinned version, no
-        session: stamped as the SDK's client stamps a request of that version
-        (`_meta` and the `MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name` headers,
-        plus the tool's `Mcp-Param-*` `headers`); the answer read as JSON or as an
-        event stream, whichever the server chose. Raises what failure_answer reads."""
-        version = self.pinned
-        meta = {
-            **params.get("_meta", {}),
-            PROTOCOL_VERSION_META_KEY: version,
-            CLIENT_INFO_META_KEY: CLIENT_INFO,
-            CLIENT_CAPABILITIES_META_KEY: {},
-        }
-        request_id = next(self._ids)
-        message = {
-            "jsonrpc": "2.0",
-            "id": request_id,
-            "method": "tools/call",
-            "params": {**params, "_meta": meta},
-        }
-        stamped = {
-            "accept": ACCEPT,
-            "content-type": "application/json",
-            MCP_PROTOCOL_VERSION_HEADER: version,
-            MCP_METHOD_HEADER: "tools/call",
-            MCP_NAME_HEADER: encode_header_value(params["name"]),
-            **headers,
-        }
-        content = json.dumps(message).encode()
-        async with (
-            asyncio.timeout(max(deadline - time.monotonic(), 0.0)),
-            self.client().stream("POST", self.url, content=content, headers=stamped) as response,
-        ):
-            return await answer_of(response, request_id)
-
-    @asynccontextmanager
-    async def open(self, deadline: float) -> AsyncIterator[Client]:
-        transport = streamable_http_client(self.url, http_client=self.client())
-        async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-            async with Client(transport, mode=self._version, cache=None) as session:
-                if session.session.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                    self._version = session.session.protocol_version
-                yield session
-
-    async def aclose(self) -> None:
-        """Close the HTTP client (its pooled connections); the next call opens another."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
 
 
 @dataclass

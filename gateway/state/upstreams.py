@@ -101,8 +101,9 @@ def _mcp_upstreams(
     policies = list(policies)
     if not any(tool.is_mcp for policy in policies for tool in policy.document.tools.values()):
         return {}
+    from gateway.state.mcp_http import HttpConnection
     from gateway.state.mcp_stdio import Command, StdioConnection
-    from gateway.state.mcp_upstream import Connection, HttpConnection, McpUpstream
+    from gateway.state.mcp_upstream import Connection, McpUpstream
 
     upstreams = {}
     for policy in policies:

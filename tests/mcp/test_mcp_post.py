@@ -1,30 +1,34 @@
 """A `tools/call` to a server whose modern version is pinned is one POST on the pooled
-client (gateway/state/mcp_upstream.py, HttpConnection.call_tool): against the SDK's own
-Streamable HTTP server answering as JSON and as an event stream, in process; and the
-HTTP refusals the SDK's transport turns into JSON-RPC errors, read as the same
-fates (a 404 refuses, a 500 or a stream without an answer is ambiguous)."""
+session (gateway/state/mcp_http.py, HttpConnection.call_tool): against the SDK's own
+Streamable HTTP server answering as JSON and as an event stream, served on loopback by
+uvicorn in the test's loop; the HTTP refusals the SDK's transport turns into JSON-RPC
+errors, read as the same fates (a 404 refuses, a 500 or a stream without an answer is
+ambiguous); and a port nobody listens on, which is "not sent"."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx2
 import mcp_types as types
 import pytest
+import uvicorn
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.edge.wire import StoredRequest
 from gateway.pipeline.upstream import Fate
-from gateway.state.mcp_upstream import HOLD_META, KEY_META, HttpConnection, McpUpstream
+from gateway.state.mcp_http import HttpConnection
+from gateway.state.mcp_upstream import HOLD_META, KEY_META, McpUpstream
 
-URL = "http://mcp.test/mcp"
 SCHEMA = {
     "type": "object",
     "properties": {"region": {"type": "string", "x-mcp-header": "Region"}},
@@ -49,17 +53,31 @@ async def call_tool(
 
 
 @asynccontextmanager
+async def serving(app: ASGIApp) -> AsyncIterator[str]:
+    """`app` on a loopback port, in this loop; its URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@asynccontextmanager
 async def sdk_server(json_response: bool) -> AsyncIterator[HttpConnection]:
     server: Server[Any] = Server("echo", on_list_tools=list_tools, on_call_tool=call_tool)
     manager = StreamableHTTPSessionManager(app=server, json_response=json_response, stateless=True)
-    async with manager.run():
-        connection = HttpConnection(URL, credentials=(("authorization", "Bearer tool-secret"),))
-        transport = httpx2.ASGITransport(app=StreamableHTTPASGIApp(manager))
-        connection._client = httpx2.AsyncClient(
-            transport=transport, headers=dict(connection.credentials)
-        )
-        yield connection
-        await connection.aclose()
+    async with manager.run(), serving(StreamableHTTPASGIApp(manager)) as url:
+        connection = HttpConnection(url, credentials=(("authorization", "Bearer tool-secret"),))
+        try:
+            yield connection
+        finally:
+            await connection.aclose()
 
 
 def effect(arguments: dict[str, Any]) -> StoredRequest:
@@ -102,9 +120,13 @@ async def test_a_pinned_call_is_one_post_read_as_json_or_as_an_event_stream(
     assert call["headers"]["mcp-param-region"] == "eu-west"
 
 
-def replying(status: int, kind: str, body: bytes) -> Callable[[httpx2.Request], httpx2.Response]:
-    def reply(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(status, headers={"content-type": kind}, content=body)
+def replying(status: int, kind: str, body: bytes) -> ASGIApp:
+    async def reply(scope: Scope, receive: Receive, send: Send) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        headers = [(b"content-type", kind.encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     return reply
 
@@ -148,18 +170,38 @@ PROGRESS = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}
 async def test_what_one_post_answers_is_read_as_the_sdk_reads_it(
     status: int, kind: str, body: bytes, fate: Fate, why: str
 ) -> None:
-    connection = HttpConnection(URL, _version="2026-07-28")
-    transport = httpx2.MockTransport(replying(status, kind, body))
-    connection._client = httpx2.AsyncClient(transport=transport)
-    answer = await McpUpstream(connection).deliver(effect({}), "h-2", time.monotonic() + 5)
+    async with serving(replying(status, kind, body)) as url:
+        connection = HttpConnection(url, _version="2026-07-28")
+        answer = await McpUpstream(connection).deliver(effect({}), "h-2", time.monotonic() + 5)
+        await connection.aclose()
     assert (answer.fate, answer.why) == (fate, why)
 
 
 async def test_a_refused_connection_is_not_sent() -> None:
-    def refuse(request: httpx2.Request) -> httpx2.Response:
-        raise httpx2.ConnectError("refused", request=request)
-
-    connection = HttpConnection(URL, _version="2026-07-28")
-    connection._client = httpx2.AsyncClient(transport=httpx2.MockTransport(refuse))
-    answer = await McpUpstream(connection).deliver(effect({}), "h-3", time.monotonic() + 5)
+    with socket.socket() as bound:  # a port of this machine's that nobody listens on
+        bound.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{bound.getsockname()[1]}/mcp"
+        connection = HttpConnection(url, _version="2026-07-28")
+        answer = await McpUpstream(connection).deliver(effect({}), "h-3", time.monotonic() + 5)
+        await connection.aclose()
     assert (answer.fate, answer.why) == (Fate.NOT_SENT, "upstream_refused")
+
+
+async def test_a_server_that_takes_the_call_and_hangs_up_is_ambiguous() -> None:
+    """The POST was written on an open connection, then the server closed it without
+    an answer: it may have acted, so the hold stays charged."""
+    taken = asyncio.Event()
+
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        taken.set()
+        writer.close()
+
+    listener = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    async with listener:
+        url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/mcp"
+        connection = HttpConnection(url, _version="2026-07-28")
+        answer = await McpUpstream(connection).deliver(effect({}), "h-4", time.monotonic() + 5)
+        await connection.aclose()
+    assert taken.is_set()
+    assert (answer.fate, answer.why) == (Fate.UNKNOWN, "upstream_reset")
