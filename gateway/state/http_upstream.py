@@ -17,6 +17,7 @@ import httpx
 
 from gateway.edge.wire import KEPT_RESPONSE_HEADERS, Headers, StoredRequest, upstream_key
 from gateway.pipeline.upstream import Answer, Fate, HttpMeta
+from gateway.state.aiohttp_transport import AiohttpTransport
 
 log = logging.getLogger("irrev.gateway")
 
@@ -56,16 +57,14 @@ UPSTREAM_KEEPALIVE_S = 2.0
 def make_client(
     connect_timeout_s: float, timeout_s: float, max_connections: int
 ) -> httpx.AsyncClient:
+    """The client every forward goes through: httpx's, sending over aiohttp
+    (gateway/state/aiohttp_transport.py). An idle connection is dropped before common
+    servers close theirs (uvicorn and node after 5 s): a forward sent on a socket the
+    server is closing would come back as a reset, i.e. an ambiguous effect that was
+    never made."""
     return httpx.AsyncClient(
         timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s, pool=connect_timeout_s),
-        # An idle connection is dropped before common servers close theirs (uvicorn and
-        # node after 5 s): a forward sent on a socket the server is closing would come
-        # back as a reset, i.e. an ambiguous effect that was never made.
-        limits=httpx.Limits(
-            max_connections=max_connections,
-            max_keepalive_connections=max_connections,
-            keepalive_expiry=UPSTREAM_KEEPALIVE_S,
-        ),
+        transport=AiohttpTransport(max_connections, UPSTREAM_KEEPALIVE_S),
         follow_redirects=False,
         trust_env=False,
         # One client serves every tenant and agent: a cookie an answer sets must never

@@ -1,0 +1,163 @@
+"""The forward's client (gateway/state/http_upstream.py make_client: httpx's client
+over aiohttp, gateway/state/aiohttp_transport.py) against raw loopback servers that
+record the bytes they are sent: the request priced is the request sent, byte for
+byte where it matters; nothing an answer sets rides along on the next forward; and
+every failure is read as the same fate httpx's own transport gave it."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from gateway.edge.wire import StoredRequest
+from gateway.pipeline.upstream import Fate
+from gateway.state.http_upstream import HttpTarget, HttpUpstream, make_client
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+Answerer = Callable[[bytes, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return head + await reader.readexactly(length)
+
+
+@asynccontextmanager
+async def raw_server(answer: Answerer) -> AsyncIterator[tuple[str, list[bytes], list[int]]]:
+    """A server that reads each request on a connection and lets `answer` reply: its
+    URL, the requests it read, and a count of the connections it was opened."""
+    requests: list[bytes] = []
+    connections = [0]
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections[0] += 1
+        try:
+            while True:
+                request = await read_request(reader)
+                requests.append(request)
+                await answer(request, writer)
+                if writer.is_closing():
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", requests, connections
+    finally:
+        server.close()
+
+
+async def ok(request: bytes, writer: asyncio.StreamWriter) -> None:
+    writer.write(OK)
+    await writer.drain()
+
+
+def effect(path: str = "/orders", body: bytes = b'{"n":1}') -> StoredRequest:
+    return StoredRequest(
+        agent="a",
+        tool="t",
+        method="POST",
+        path=path,
+        query="",
+        content_type="application/json",
+        body_b64=base64.b64encode(body).decode(),
+        route_id="r",
+        price=1,
+    )
+
+
+async def forward(url: str, request: StoredRequest, timeout_s: float = 5.0) -> tuple[Fate, str]:
+    async with make_client(1.0, timeout_s, 4) as client:
+        upstream = HttpUpstream(client, HttpTarget(url, credentials=(("x-api-key", "k"),)))
+        answer = await upstream.deliver(request, "h1", time.monotonic() + 10)
+    return answer.fate, answer.why
+
+
+def head_of(request: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    lines = request.split(b"\r\n\r\n")[0].split(b"\r\n")
+    fields = [tuple(v.strip() for v in line.split(b":", 1)) for line in lines[1:]]
+    return lines[0], [(k.lower(), v) for k, v in fields]  # type: ignore[misc]
+
+
+async def test_the_request_sent_is_the_request_priced() -> None:
+    async with raw_server(ok) as (url, requests, _):
+        fate, _why = await forward(url, effect("/a?b/%/x;y"))
+    assert fate is Fate.DELIVERED
+    line, fields = head_of(requests[0])
+    # The decoded path as priced, each reserved character escaped, not re-quoted.
+    assert line == b"POST /a%3Fb/%25/x%3By HTTP/1.1"
+    names = [k for k, _ in fields]
+    for name in (b"content-type", b"user-agent", b"accept", b"accept-encoding", b"host"):
+        assert names.count(name) == 1, (name, fields)
+    assert dict(fields)[b"content-type"] == b"application/json"
+    assert dict(fields)[b"x-api-key"] == b"k"
+    assert dict(fields)[b"idempotency-key"]
+    assert requests[0].endswith(b'\r\n\r\n{"n":1}')
+
+
+async def test_a_cookie_an_answer_sets_never_rides_on_the_next_forward() -> None:
+    async def set_cookie(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nset-cookie: session=abc; Path=/\r\ncontent-length: 2\r\n\r\n{}"
+        )
+        await writer.drain()
+
+    async with (
+        raw_server(set_cookie) as (url, requests, connections),
+        make_client(1.0, 5.0, 4) as client,
+    ):
+        upstream = HttpUpstream(client, HttpTarget(url))
+        for hold in ("h1", "h2", "h3"):
+            answer = await upstream.deliver(effect(), hold, time.monotonic() + 10)
+            assert answer.fate is Fate.DELIVERED
+    assert len(requests) == 3
+    assert not any(b"cookie:" in r.lower().split(b"\r\n\r\n")[0] for r in requests[1:])
+    assert connections[0] == 1  # one pooled connection, kept alive between forwards
+
+
+async def test_a_server_that_takes_the_forward_and_hangs_up_leaves_it_ambiguous() -> None:
+    async def hang_up(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    async with raw_server(hang_up) as (url, requests, _):
+        assert await forward(url, effect()) == (Fate.UNKNOWN, "upstream_reset")
+    assert len(requests) == 1  # it was sent, and not sent again
+
+
+async def test_a_half_answer_is_ambiguous() -> None:
+    async def half(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{")
+        await writer.drain()
+        writer.close()
+
+    async with raw_server(half) as (url, _, _):
+        assert await forward(url, effect()) == (Fate.UNKNOWN, "upstream_reset")
+
+
+async def test_an_answer_that_never_comes_is_a_timeout() -> None:
+    async def stall(request: bytes, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(3)
+
+    async with raw_server(stall) as (url, requests, _):
+        assert await forward(url, effect(), timeout_s=0.3) == (Fate.UNKNOWN, "upstream_timeout")
+    assert len(requests) == 1
+
+
+async def test_a_port_nobody_listens_on_is_not_sent() -> None:
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        assert await forward(url, effect()) == (Fate.NOT_SENT, "upstream_refused")
