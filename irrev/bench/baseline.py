@@ -1,8 +1,10 @@
 """The peer `irrev bench gateway` compares against: a FastAPI proxy that checks a
 budget the way LiteLLM's proxy does (the caller's spend read from Redis with a GET,
 compared with its budget, the call's cost added with INCRBYFLOAT), then forwards the
-request with a pooled httpx client, as the gateway does. Run by uvicorn with the
-same settings as the gateway. The check is not atomic (two calls may both pass on
+request with a pooled httpx client: httpx's own transport, or with
+IRREV_BENCH_PEER_CLIENT=aiohttp the gateway's (httpx over aiohttp, as LiteLLM's own
+HTTP handler sends), so that the comparison can leave the HTTP client out. Run by
+uvicorn with the same settings as the gateway. The check is not atomic (two calls may both pass on
 the last of a budget): that is the design irrev's atomic reserve is measured against."""
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from redis.asyncio import Redis
 
+from gateway.state.http_upstream import make_client
+
 # Far above what a bench run spends: the peer, like irrev in the bench, admits every call.
 BUDGET = 1e12
 
@@ -28,9 +32,12 @@ def create_baseline() -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.redis = Redis.from_url(redis_url)
-        app.state.http = httpx.AsyncClient(
-            timeout=10, trust_env=False, limits=httpx.Limits(max_connections=200)
-        )
+        if os.environ.get("IRREV_BENCH_PEER_CLIENT") == "aiohttp":
+            app.state.http = make_client(10.0, 10.0, 200)
+        else:
+            app.state.http = httpx.AsyncClient(
+                timeout=10, trust_env=False, limits=httpx.Limits(max_connections=200)
+            )
         yield
         await app.state.http.aclose()
         await app.state.redis.aclose()

@@ -39,6 +39,8 @@ from irrev.stack import gateway, run_locust, service, supplier
 from ledger import EmbeddedRedis
 
 AGENTS = 16
+# The peer's HTTP client (irrev/bench/baseline.py).
+PEER_CLIENTS = ("httpx", "aiohttp")
 
 POLICY = PolicyDraft.parse("""\
 tenant: bench
@@ -102,6 +104,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=3,
         help="measurements of each setting, alternating irrev and the peer",
     )
+    parser.add_argument(
+        "--peer-client",
+        choices=PEER_CLIENTS,
+        default="httpx",
+        help="the peer's HTTP client: httpx's own transport, or the gateway's (httpx over "
+        "aiohttp, as LiteLLM's HTTP handler sends) to leave the client out of the comparison",
+    )
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.set_defaults(func=run)
 
@@ -115,9 +124,10 @@ def bench_policy(directory: Path, upstream: str) -> list[str]:
 
 
 @contextmanager
-def baseline(redis_url: str, upstream: str, workers: int) -> Iterator[Server]:
+def baseline(redis_url: str, upstream: str, workers: int, client: str) -> Iterator[Server]:
     port = free_port()
     env = {**os.environ, "IRREV_REDIS_URL": redis_url, "IRREV_BENCH_UPSTREAM": upstream}
+    env["IRREV_BENCH_PEER_CLIENT"] = client
     command = uvicorn_command(
         "irrev.bench.baseline:create_baseline", port, "--workers", str(workers)
     )
@@ -132,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             tokens = bench_policy(root / "policies", upstream)
             with (
                 gateway(redis.url, root / "policies", workers=args.workers) as irrev,
-                baseline(redis.url, upstream, args.workers) as peer,
+                baseline(redis.url, upstream, args.workers, args.peer_client) as peer,
             ):
                 results = measure(irrev, peer, tokens, args, root)
     report(results, args)
@@ -228,6 +238,7 @@ def report(results: list[tuple[Run, Run]], args: argparse.Namespace) -> None:
     if args.json:
         measured = {
             "workers": args.workers,
+            "peer_client": args.peer_client,
             "runs": [asdict(r) for pair in results for r in pair],
             "throughput_ratio": closed_irrev.per_s / closed_peer.per_s,
             "rate": args.rate,
@@ -238,7 +249,7 @@ def report(results: list[tuple[Run, Run]], args: argparse.Namespace) -> None:
         print(json.dumps(measured, indent=2))
         return
     title = f"irrev bench gateway ({args.workers} workers each, appendfsync always, "
-    title += f"median of {args.rounds} rounds)"
+    title += f"median of {args.rounds} rounds, the peer on {args.peer_client})"
     table = Table(title=title)
     columns = ("measurement", "req/s", "p50 ms", "p99 ms", "errors", "server CPU ms/req")
     for column in columns:

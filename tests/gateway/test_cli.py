@@ -272,12 +272,14 @@ def test_bench_background_prints_json() -> None:
 
 
 @pytest.mark.slow
-def test_bench_gateway_reports_server_cpu_per_request_beside_the_peers() -> None:
+@pytest.mark.parametrize("client", ["httpx", "aiohttp"])
+def test_bench_gateway_reports_server_cpu_per_request_beside_the_peers(client: str) -> None:
     """A short run: one worker each, two users, 3 s per measurement (locust takes about
-    a second to start). No timing is asserted, only that each run carries its server's
-    CPU per request."""
+    a second to start), the peer on either HTTP client. No timing is asserted, only
+    that each run carries its server's CPU per request."""
     short = ["--seconds", "3", "--clients", "2", "--rate", "20", "--workers", "1", "--rounds", "1"]
-    report = bench_json("gateway", *short)
+    report = bench_json("gateway", *short, "--peer-client", client)
+    assert report["peer_client"] == client
     runs = report["runs"]
     assert [r["label"].split(":")[0] for r in runs] == ["irrev", "peer", "irrev", "peer"]
     assert all(r["cpu_ms"] > 0 and r["errors"] == 0 for r in runs), runs
