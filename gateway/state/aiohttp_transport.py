@@ -72,8 +72,8 @@ class _Body(httpx.AsyncByteStream):
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """One aiohttp session (made in the worker's loop on first use) under an httpx
     client: at most `max_connections` open, an idle one kept `keepalive_s`, no
-    cookies, no proxy from the environment, answers passed on as they came (not
-    decompressed, no redirect followed)."""
+    cookies, no proxy from the environment, no redirect followed, and an answer's
+    body handed to httpx as it came (httpx decodes it, as with its own transport)."""
 
     def __init__(self, max_connections: int, keepalive_s: float) -> None:
         self.max_connections = max_connections
