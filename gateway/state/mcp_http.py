@@ -42,6 +42,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gateway.edge.wire import Headers
+from gateway.state.http_upstream import UPSTREAM_KEEPALIVE_S
 
 CONNECT_TIMEOUT_S = 1.0
 # irrev's client of the tenant's servers, as a `tools/call` at a modern version names
@@ -188,9 +189,12 @@ class HttpConnection:
         """The session for pinned calls: no cookies kept (one agent's call must not
         carry what the server set on another's), no proxy from the environment, a
         connect timeout on the socket alone (waiting for a pooled connection is bounded
-        by the call's deadline), and the credentials on every request."""
+        by the call's deadline), idle connections dropped as the forwards' are (before
+        the server closes them, which would make a call sent on one ambiguous), and the
+        credentials on every request."""
         if self._posts is None:
             self._posts = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(keepalive_timeout=UPSTREAM_KEEPALIVE_S),
                 headers=dict(self.credentials),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),

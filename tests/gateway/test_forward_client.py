@@ -161,3 +161,20 @@ async def test_a_port_nobody_listens_on_is_not_sent() -> None:
         bound.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{bound.getsockname()[1]}"
         assert await forward(url, effect()) == (Fate.NOT_SENT, "upstream_refused")
+
+
+async def test_an_idle_connection_is_dropped_before_the_server_would_drop_it() -> None:
+    """Common servers close an idle connection after 5 s (uvicorn, node); a forward
+    written on one as it closes comes back reset, an ambiguous effect never made. So
+    the client drops its idle connections first: a forward after 2.5 s idle opens a
+    new one."""
+    async with (
+        raw_server(ok) as (url, requests, connections),
+        make_client(1.0, 5.0, 4) as client,
+    ):
+        upstream = HttpUpstream(client, HttpTarget(url))
+        first = await upstream.deliver(effect(), "h1", time.monotonic() + 10)
+        await asyncio.sleep(2.5)
+        second = await upstream.deliver(effect(), "h2", time.monotonic() + 10)
+    assert (first.fate, second.fate) == (Fate.DELIVERED, Fate.DELIVERED)
+    assert len(requests) == 2 and connections[0] == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import socket
 import time
@@ -205,3 +206,36 @@ async def test_a_server_that_takes_the_call_and_hangs_up_is_ambiguous() -> None:
         await connection.aclose()
     assert taken.is_set()
     assert (answer.fate, answer.why) == (Fate.UNKNOWN, "upstream_reset")
+
+
+async def test_an_idle_connection_is_dropped_before_the_server_would_drop_it() -> None:
+    """As the HTTP forwards' (tests/gateway/test_forward_client.py): a call after 2.5 s
+    idle goes on a new connection, not on one the server may be closing."""
+    opened = [0]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened[0] += 1
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                request = json.loads(await reader.readexactly(length))
+                reply = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": RESULT})
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(reply)}\r\n\r\n{reply}".encode()
+                )
+                await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(answer, "127.0.0.1", 0)
+    async with listener:
+        url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/mcp"
+        connection = HttpConnection(url, _version="2026-07-28")
+        upstream = McpUpstream(connection)
+        first = await upstream.deliver(effect({}), "h-5", time.monotonic() + 5)
+        await asyncio.sleep(2.5)
+        second = await upstream.deliver(effect({}), "h-6", time.monotonic() + 5)
+        await connection.aclose()
+    assert (first.fate, second.fate) == (Fate.DELIVERED, Fate.DELIVERED)
+    assert opened[0] == 2
