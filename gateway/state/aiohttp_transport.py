@@ -22,6 +22,29 @@ import yarl
 
 # httpx writes these itself (build_request); aiohttp must not add its own beside them.
 _HTTPX_WRITES = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+# An answer's header block, bounded as httpcore bounded it (100 KB in all) without
+# refusing what it read: a line or field up to 64 KB, up to 256 fields. aiohttp's
+# defaults (8,190 bytes, 128 fields) made real 2xx answers with a long header
+# (a 9 KB token, a large Link) ambiguous.
+_MAX_FIELD_BYTES = 64 * 1024
+_MAX_FIELDS = 256
+
+
+class CleanConnector(aiohttp.TCPConnector):
+    """aiohttp's pool, but an idle connection with bytes already waiting on it is
+    closed, not reused: a server's stray answer (a 408 before it closes, a duplicate
+    201) would otherwise be read as the next forward's, which was never written
+    (httpcore drops such a connection too)."""
+
+    async def _get(
+        self, key: aiohttp.connector.ConnectionKey, traces: list[aiohttp.tracing.Trace]
+    ) -> aiohttp.connector.Connection | None:
+        while (connection := await super()._get(key, traces)) is not None:
+            protocol = connection.protocol
+            if protocol is not None and not protocol.should_close:
+                return connection
+            connection.close()
+        return None
 
 
 def _timeout(request: httpx.Request) -> aiohttp.ClientTimeout:
@@ -82,16 +105,28 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(
+            connector = CleanConnector(
                 limit=self.max_connections, keepalive_timeout=self.keepalive_s
             )
-            self._session = aiohttp.ClientSession(
+            session = aiohttp.ClientSession(
                 connector=connector,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
                 trust_env=False,
                 skip_auto_headers=_HTTPX_WRITES,
+                max_line_size=_MAX_FIELD_BYTES,
+                max_field_size=_MAX_FIELD_BYTES,
+                max_headers=_MAX_FIELDS,
             )
+            # aiohttp sends a GET, HEAD, PUT or DELETE again on a new connection when
+            # the first one fails after it was written; that second attempt's failure
+            # (refused: "not sent") or answer (a 404) would then decide the fate of an
+            # effect the server may have made. The gateway decides about resending
+            # (contract 4), so aiohttp never does. No public switch: this is the one
+            # aiohttp's own test client sets; tests/gateway/test_forward_client.py
+            # fails if it stops working.
+            session._retry_connection = False
+            self._session = session
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:

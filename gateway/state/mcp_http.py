@@ -42,6 +42,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gateway.edge.wire import Headers
+from gateway.state.aiohttp_transport import CleanConnector
 from gateway.state.http_upstream import UPSTREAM_KEEPALIVE_S
 
 CONNECT_TIMEOUT_S = 1.0
@@ -190,11 +191,12 @@ class HttpConnection:
         carry what the server set on another's), no proxy from the environment, a
         connect timeout on the socket alone (waiting for a pooled connection is bounded
         by the call's deadline), idle connections dropped as the forwards' are (before
-        the server closes them, which would make a call sent on one ambiguous), and the
-        credentials on every request."""
+        the server closes them, which would make a call sent on one ambiguous) and never
+        reused with a stray answer waiting on them, and the credentials on every
+        request."""
         if self._posts is None:
             self._posts = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(keepalive_timeout=UPSTREAM_KEEPALIVE_S),
+                connector=CleanConnector(keepalive_timeout=UPSTREAM_KEEPALIVE_S),
                 headers=dict(self.credentials),
                 cookie_jar=aiohttp.DummyCookieJar(),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),

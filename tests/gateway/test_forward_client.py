@@ -13,6 +13,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import pytest
+
 from gateway.edge.wire import StoredRequest
 from gateway.pipeline.upstream import Fate
 from gateway.state.http_upstream import HttpTarget, HttpUpstream, make_client
@@ -65,11 +67,11 @@ async def ok(request: bytes, writer: asyncio.StreamWriter) -> None:
     await writer.drain()
 
 
-def effect(path: str = "/orders", body: bytes = b'{"n":1}') -> StoredRequest:
+def effect(path: str = "/orders", body: bytes = b'{"n":1}', method: str = "POST") -> StoredRequest:
     return StoredRequest(
         agent="a",
         tool="t",
-        method="POST",
+        method=method,
         path=path,
         query="",
         content_type="application/json",
@@ -178,3 +180,77 @@ async def test_an_idle_connection_is_dropped_before_the_server_would_drop_it() -
         second = await upstream.deliver(effect(), "h2", time.monotonic() + 10)
     assert (first.fate, second.fate) == (Fate.DELIVERED, Fate.DELIVERED)
     assert len(requests) == 2 and connections[0] == 2
+
+
+@pytest.mark.parametrize("method", ["PUT", "DELETE"])
+@pytest.mark.parametrize("server_stays", [True, False], ids=["server-stays", "server-gone"])
+async def test_a_put_or_delete_the_server_took_is_never_sent_again_by_the_client(
+    method: str, server_stays: bool
+) -> None:
+    """The server reads the request and hangs up (and then, maybe, stops listening).
+    aiohttp resent such methods on a new connection by itself, and that attempt's
+    refusal read as "not sent", or its answer as the effect's, for a request the
+    server had. The client sends once; the gateway decides about resending."""
+    requests: list[bytes] = []
+
+    async def take_and_hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(await read_request(reader))
+        if not server_stays:
+            listener.close()  # the next connect is refused
+        writer.close()
+
+    listener = await asyncio.start_server(take_and_hang_up, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    try:
+        fate = await forward(url, effect(method=method, body=b""))
+    finally:
+        listener.close()
+    assert fate == (Fate.UNKNOWN, "upstream_reset")
+    assert len(requests) == 1
+
+
+async def test_a_stray_answer_on_an_idle_connection_is_not_the_next_forwards() -> None:
+    """After answering, the server writes another answer on the idle connection (a 201
+    of a request nobody sent). The next forward must not read it as its own: it goes on
+    a new connection and gets its own answer."""
+
+    async def answer_twice(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(OK)
+        await writer.drain()
+        if b"/first" in request.split(b"\r\n")[0]:
+            await asyncio.sleep(0.05)  # the first answer was read: the connection idles
+            writer.write(b'HTTP/1.1 201 Created\r\ncontent-length: 14\r\n\r\n{"stale":true}')
+            await writer.drain()
+
+    async with (
+        raw_server(answer_twice) as (url, requests, connections),
+        make_client(1.0, 5.0, 4) as client,
+    ):
+        upstream = HttpUpstream(client, HttpTarget(url))
+        first = await upstream.deliver(effect("/first"), "h1", time.monotonic() + 10)
+        await asyncio.sleep(0.2)  # the stray answer is in
+        second = await upstream.deliver(effect("/second"), "h2", time.monotonic() + 10)
+    assert (first.fate, second.fate) == (Fate.DELIVERED, Fate.DELIVERED)
+    assert second.payload == b"{}"
+    assert [r.split(b" ")[1] for r in requests] == [b"/first", b"/second"]
+    assert connections[0] == 2
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [[(b"x-token", b"t" * 9000)], [(f"x-h{i}".encode(), b"v") for i in range(200)]],
+    ids=["a-9-KB-field", "200-fields"],
+)
+async def test_a_2xx_with_a_long_header_block_is_delivered(
+    fields: list[tuple[bytes, bytes]],
+) -> None:
+    """Within what httpcore read (100 KB of header block), a 2xx is the effect made:
+    aiohttp's default limits (8,190 bytes a field, 128 fields) made it ambiguous."""
+    block = b"".join(k + b": " + v + b"\r\n" for k, v in fields)
+
+    async def long_head(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 201 Created\r\n" + block + b"content-length: 2\r\n\r\n{}")
+        await writer.drain()
+
+    async with raw_server(long_head) as (url, _, _):
+        assert await forward(url, effect()) == (Fate.DELIVERED, "upstream_201")
