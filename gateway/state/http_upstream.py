@@ -168,6 +168,10 @@ class HttpUpstream:
             return Answer(fate=Fate.NOT_SENT, why=_why(exc))
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
             return Answer(fate=Fate.UNKNOWN, why=_why(exc))
+        except httpx.DecodingError:
+            # An answer whose body its Content-Encoding cannot decode: whatever its
+            # status, the effect may have been made, and the agent gets no body.
+            return Answer(fate=Fate.UNKNOWN, why="upstream_undecodable")
         status = response.status_code
         # On a retry, the upstream may still be making the first request under this
         # key: that answer is not a refusal of the effect.

@@ -254,3 +254,18 @@ async def test_a_2xx_with_a_long_header_block_is_delivered(
 
     async with raw_server(long_head) as (url, _, _):
         assert await forward(url, effect()) == (Fate.DELIVERED, "upstream_201")
+
+
+async def test_a_2xx_whose_body_cannot_be_decoded_is_ambiguous() -> None:
+    """A 201 that says gzip and is not: the effect may have been made and there is no
+    body to give the agent. It was raised out of the forward (no fate, no settlement)."""
+
+    async def bad_gzip(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 201 Created\r\ncontent-encoding: gzip\r\ncontent-length: 9\r\n\r\nnot gzip!"
+        )
+        await writer.drain()
+
+    async with raw_server(bad_gzip) as (url, requests, _):
+        assert await forward(url, effect()) == (Fate.UNKNOWN, "upstream_undecodable")
+    assert len(requests) == 1
