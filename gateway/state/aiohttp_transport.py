@@ -15,6 +15,7 @@ written is a read, write or protocol error (ambiguous)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import httpx
@@ -45,6 +46,34 @@ class CleanConnector(aiohttp.TCPConnector):
                 return connection
             connection.close()
         return None
+
+
+def upstream_session(
+    max_connections: int, keepalive_s: float, **options: Any
+) -> aiohttp.ClientSession:
+    """An aiohttp session to a tenant's upstreams (forwards, MCP POSTs), with what every
+    such session must hold to: no cookie kept (one agent's answer must not ride on
+    another's request), no proxy from the environment, an idle connection dropped after
+    `keepalive_s` and never reused with a stray answer on it (CleanConnector), header
+    blocks read up to _MAX_FIELD_BYTES and _MAX_FIELDS, and nothing resent by aiohttp.
+    `options` are the caller's own (headers, timeouts, decoding)."""
+    session = aiohttp.ClientSession(
+        connector=CleanConnector(limit=max_connections, keepalive_timeout=keepalive_s),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+        max_line_size=_MAX_FIELD_BYTES,
+        max_field_size=_MAX_FIELD_BYTES,
+        max_headers=_MAX_FIELDS,
+        **options,
+    )
+    # aiohttp sends a GET, HEAD, PUT or DELETE again on a new connection when the
+    # first one fails after it was written; that second attempt's failure (refused:
+    # "not sent") or answer (a 404) would then decide the fate of an effect the server
+    # may have made. The gateway decides about resending (contract 4), so aiohttp
+    # never does. No public switch: this is the one aiohttp's own test client sets;
+    # tests/gateway/test_forward_client.py fails if it stops working.
+    session._retry_connection = False
+    return session
 
 
 def _timeout(request: httpx.Request) -> aiohttp.ClientTimeout:
@@ -93,10 +122,10 @@ class _Body(httpx.AsyncByteStream):
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
-    """One aiohttp session (made in the worker's loop on first use) under an httpx
+    """One upstream_session (made in the worker's loop on first use) under an httpx
     client: at most `max_connections` open, an idle one kept `keepalive_s`, no
-    cookies, no proxy from the environment, no redirect followed, and an answer's
-    body handed to httpx as it came (httpx decodes it, as with its own transport)."""
+    redirect followed, and an answer's body handed to httpx as it came (httpx decodes
+    it, as with its own transport)."""
 
     def __init__(self, max_connections: int, keepalive_s: float) -> None:
         self.max_connections = max_connections
@@ -105,28 +134,12 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = CleanConnector(
-                limit=self.max_connections, keepalive_timeout=self.keepalive_s
-            )
-            session = aiohttp.ClientSession(
-                connector=connector,
-                cookie_jar=aiohttp.DummyCookieJar(),
+            self._session = upstream_session(
+                self.max_connections,
+                self.keepalive_s,
                 auto_decompress=False,
-                trust_env=False,
                 skip_auto_headers=_HTTPX_WRITES,
-                max_line_size=_MAX_FIELD_BYTES,
-                max_field_size=_MAX_FIELD_BYTES,
-                max_headers=_MAX_FIELDS,
             )
-            # aiohttp sends a GET, HEAD, PUT or DELETE again on a new connection when
-            # the first one fails after it was written; that second attempt's failure
-            # (refused: "not sent") or answer (a 404) would then decide the fate of an
-            # effect the server may have made. The gateway decides about resending
-            # (contract 4), so aiohttp never does. No public switch: this is the one
-            # aiohttp's own test client sets; tests/gateway/test_forward_client.py
-            # fails if it stops working.
-            session._retry_connection = False
-            self._session = session
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:

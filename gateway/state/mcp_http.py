@@ -42,10 +42,12 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gateway.edge.wire import Headers
-from gateway.state.aiohttp_transport import CleanConnector
+from gateway.state.aiohttp_transport import upstream_session
 from gateway.state.http_upstream import UPSTREAM_KEEPALIVE_S
 
 CONNECT_TIMEOUT_S = 1.0
+# Connections to one MCP server per worker (aiohttp's and httpx2's default).
+MAX_CONNECTIONS = 100
 # irrev's client of the tenant's servers, as a `tools/call` at a modern version names
 # it; it answers no server requests (sampling, elicitation, roots): no capabilities.
 CLIENT_INFO = {"name": "irrev", "version": "0.1.0"}
@@ -187,20 +189,15 @@ class HttpConnection:
         return self._client
 
     def posts(self) -> aiohttp.ClientSession:
-        """The session for pinned calls: no cookies kept (one agent's call must not
-        carry what the server set on another's), no proxy from the environment, a
-        connect timeout on the socket alone (waiting for a pooled connection is bounded
-        by the call's deadline), idle connections dropped as the forwards' are (before
-        the server closes them, which would make a call sent on one ambiguous) and never
-        reused with a stray answer waiting on them, and the credentials on every
-        request."""
+        """The session for pinned calls (upstream_session: what a forward's holds to),
+        with the credentials on every request and a connect timeout on the socket
+        alone: waiting for a pooled connection is bounded by the call's deadline."""
         if self._posts is None:
-            self._posts = aiohttp.ClientSession(
-                connector=CleanConnector(keepalive_timeout=UPSTREAM_KEEPALIVE_S),
+            self._posts = upstream_session(
+                MAX_CONNECTIONS,
+                UPSTREAM_KEEPALIVE_S,
                 headers=dict(self.credentials),
-                cookie_jar=aiohttp.DummyCookieJar(),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
-                trust_env=False,
             )
         return self._posts
 

@@ -208,21 +208,23 @@ async def test_a_server_that_takes_the_call_and_hangs_up_is_ambiguous() -> None:
     assert (answer.fate, answer.why) == (Fate.UNKNOWN, "upstream_reset")
 
 
-async def test_an_idle_connection_is_dropped_before_the_server_would_drop_it() -> None:
-    """As the HTTP forwards' (tests/gateway/test_forward_client.py): a call after 2.5 s
-    idle goes on a new connection, not on one the server may be closing."""
+@asynccontextmanager
+async def json_rpc_server(head: bytes = b"") -> AsyncIterator[tuple[str, list[int]]]:
+    """A raw server answering each `tools/call` with RESULT under its id, `head` among
+    its answer's header fields: its URL and a count of the connections it was opened."""
     opened = [0]
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         opened[0] += 1
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                request_head = await reader.readuntil(b"\r\n\r\n")
+                length = int(request_head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
                 request = json.loads(await reader.readexactly(length))
                 reply = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": RESULT})
                 writer.write(
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    + head
                     + f"content-length: {len(reply)}\r\n\r\n{reply}".encode()
                 )
                 await writer.drain()
@@ -230,7 +232,13 @@ async def test_an_idle_connection_is_dropped_before_the_server_would_drop_it() -
 
     listener = await asyncio.start_server(answer, "127.0.0.1", 0)
     async with listener:
-        url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/mcp"
+        yield f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/mcp", opened
+
+
+async def test_an_idle_connection_is_dropped_before_the_server_would_drop_it() -> None:
+    """As the HTTP forwards' (tests/gateway/test_forward_client.py): a call after 2.5 s
+    idle goes on a new connection, not on one the server may be closing."""
+    async with json_rpc_server() as (url, opened):
         connection = HttpConnection(url, _version="2026-07-28")
         upstream = McpUpstream(connection)
         first = await upstream.deliver(effect({}), "h-5", time.monotonic() + 5)
@@ -239,3 +247,13 @@ async def test_an_idle_connection_is_dropped_before_the_server_would_drop_it() -
         await connection.aclose()
     assert (first.fate, second.fate) == (Fate.DELIVERED, Fate.DELIVERED)
     assert opened[0] == 2
+
+
+async def test_a_result_with_a_long_header_block_is_delivered() -> None:
+    """As a forward's (tests/gateway/test_forward_client.py): a 9 KB header field does
+    not make a result ambiguous (aiohttp's default limit is 8,190 bytes)."""
+    async with json_rpc_server(b"x-token: " + b"t" * 9000 + b"\r\n") as (url, _):
+        connection = HttpConnection(url, _version="2026-07-28")
+        answer = await McpUpstream(connection).deliver(effect({}), "h-7", time.monotonic() + 5)
+        await connection.aclose()
+    assert answer.fate is Fate.DELIVERED, answer
