@@ -17,6 +17,7 @@ import pytest
 
 from gateway.edge.wire import StoredRequest
 from gateway.pipeline.upstream import Fate
+from gateway.state.aiohttp_transport import AiohttpTransport
 from gateway.state.http_upstream import HttpTarget, HttpUpstream, make_client
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -90,8 +91,8 @@ async def forward(url: str, request: StoredRequest, timeout_s: float = 5.0) -> t
 
 def head_of(request: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     lines = request.split(b"\r\n\r\n")[0].split(b"\r\n")
-    fields = [tuple(v.strip() for v in line.split(b":", 1)) for line in lines[1:]]
-    return lines[0], [(k.lower(), v) for k, v in fields]  # type: ignore[misc]
+    fields = [line.partition(b":") for line in lines[1:]]
+    return lines[0], [(k.strip().lower(), v.strip()) for k, _, v in fields]
 
 
 async def test_the_request_sent_is_the_request_priced() -> None:
@@ -214,11 +215,13 @@ async def test_a_stray_answer_on_an_idle_connection_is_not_the_next_forwards() -
     of a request nobody sent). The next forward must not read it as its own: it goes on
     a new connection and gets its own answer."""
 
+    first_read = asyncio.Event()
+
     async def answer_twice(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(OK)
         await writer.drain()
         if b"/first" in request.split(b"\r\n")[0]:
-            await asyncio.sleep(0.05)  # the first answer was read: the connection idles
+            await first_read.wait()  # the connection is back in the pool, idle
             writer.write(b'HTTP/1.1 201 Created\r\ncontent-length: 14\r\n\r\n{"stale":true}')
             await writer.drain()
 
@@ -228,7 +231,15 @@ async def test_a_stray_answer_on_an_idle_connection_is_not_the_next_forwards() -
     ):
         upstream = HttpUpstream(client, HttpTarget(url))
         first = await upstream.deliver(effect("/first"), "h1", time.monotonic() + 10)
-        await asyncio.sleep(0.2)  # the stray answer is in
+        first_read.set()
+        transport = client._transport
+        assert isinstance(transport, AiohttpTransport)
+        pooled = transport.session().connector._conns  # type: ignore[union-attr]
+        # The stray answer has reached the idle connection: its bytes wait on it.
+        deadline = time.monotonic() + 5
+        while not any(proto.should_close for idle in pooled.values() for proto, _ in idle):
+            assert time.monotonic() < deadline, "the stray answer never arrived"
+            await asyncio.sleep(0.01)
         second = await upstream.deliver(effect("/second"), "h2", time.monotonic() + 10)
     assert (first.fate, second.fate) == (Fate.DELIVERED, Fate.DELIVERED)
     assert second.payload == b"{}"
