@@ -42,8 +42,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gateway.edge.wire import Headers
-from gateway.state.aiohttp_transport import upstream_session
-from gateway.state.http_upstream import UPSTREAM_KEEPALIVE_S
+from gateway.state.http_upstream import UPSTREAM_KEEPALIVE_S, upstream_session
 
 CONNECT_TIMEOUT_S = 1.0
 # Connections to one MCP server per worker (aiohttp's and httpx2's default).

@@ -1,5 +1,5 @@
 """The forward's client (gateway/state/http_upstream.py make_client: httpx's client
-over aiohttp, gateway/state/aiohttp_transport.py) against raw loopback servers that
+over aiohttp, gateway/state/http_upstream.py) against raw loopback servers that
 record the bytes they are sent: the request priced is the request sent, byte for
 byte where it matters; nothing an answer sets rides along on the next forward; and
 every failure is read as the same fate httpx's own transport gave it."""
@@ -17,8 +17,7 @@ import pytest
 
 from gateway.edge.wire import StoredRequest
 from gateway.pipeline.upstream import Fate
-from gateway.state.aiohttp_transport import AiohttpTransport
-from gateway.state.http_upstream import HttpTarget, HttpUpstream, make_client
+from gateway.state.http_upstream import AiohttpTransport, HttpTarget, HttpUpstream, make_client
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 

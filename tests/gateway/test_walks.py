@@ -62,10 +62,13 @@ pytestmark = pytest.mark.slow
 # The most gateway files each walk may run code in: the counts measured with the
 # pipeline by stage (prepare, reserve, decision, deliver, approve, each under the
 # 600/70 bounds of tests/test_sizes.py; the flat layout's were 16, 23 and 19, with
-# one 1,067-line admission.py; issue 31 asked for fewer than 25, 30 and 22), so that a change that spreads a walk over more files
-# fails here and says so. Only the gateway's are bounded: the libraries' count
-# depends on the server (a Redis Cluster runs one ledger file more).
-MOST = {"http": 21, "mcp": 26, "console": 21}
+# one 1,067-line admission.py; issue 31 asked for fewer than 25, 30 and 22), so that a
+# change that spreads a walk over more files fails here and says so. The MCP walk's 27
+# counts gateway/state/mcp_http.py, the pinned tools/call POST of issue 27, apart from
+# mcp_upstream.py because together they pass the 600-line bound. Only the gateway's
+# are bounded: the libraries' count depends on the server (a Redis Cluster runs one
+# ledger file more).
+MOST = {"http": 21, "mcp": 27, "console": 21}
 TITLES = {
     "http": "HTTP admit and settle",
     "mcp": "MCP call escalated then approved",
