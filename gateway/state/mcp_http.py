@@ -123,10 +123,10 @@ async def events_of(response: aiohttp.ClientResponse) -> AsyncIterator[httpx2.Se
 
 async def answer_of(response: aiohttp.ClientResponse, request_id: int) -> types.CallToolResult:
     """The result of request `request_id` in `response`, read as the SDK's Streamable
-    HTTP transport reads one: a JSON body, or the first answer with that id in an
-    event stream (its notifications skipped); a JSON-RPC error, or an HTTP refusal as
-    the JSON-RPC error it carries or as the one the SDK makes of its status, raised
-    as MCPError."""
+    HTTP transport reads one: a JSON body answering that id, or the first answer with
+    that id in an event stream (its notifications skipped); a JSON-RPC error, or an
+    HTTP refusal as the JSON-RPC error it carries or as the one the SDK makes of its
+    status, raised as MCPError."""
     kind = response.headers.get("content-type", "").lower()
     status = response.status
     if status == 202 or 300 <= status < 400:
@@ -141,7 +141,13 @@ async def answer_of(response: aiohttp.ClientResponse, request_id: int) -> types.
         code = types.METHOD_NOT_FOUND if status == 404 else types.INTERNAL_ERROR
         raise MCPError(code, f"the server answered HTTP {status}")
     if kind.startswith("application/json"):
-        return result_of(reply_of(await response.read()))
+        reply = reply_of(await response.read())
+        # Not this call's answer (a server's mixed-up or stray reply): it says nothing
+        # of this effect, whose fate stays unknown. A null id is allowed on an error,
+        # the one a server gives a request it could not read (JSON-RPC 2.0, 5).
+        if reply.id != request_id and not (reply.id is None and reply.error is not None):
+            raise MCPError(types.INTERNAL_ERROR, f"the answer is to request {reply.id!r}")
+        return result_of(reply)
     if kind.startswith("text/event-stream"):
         async for event in events_of(response):
             if event.event == "message" and event.data:

@@ -152,6 +152,31 @@ PROGRESS = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}
         ),
         (200, "text/event-stream", stream_of(PROGRESS), Fate.UNKNOWN, "mcp_-32000"),
         (200, "application/json", b"not json", Fate.UNKNOWN, "mcp_-32700"),
+        (
+            200,
+            "application/json",
+            json.dumps({"jsonrpc": "2.0", "id": 0, "result": RESULT}).encode(),
+            Fate.DELIVERED,
+            "",
+        ),
+        # The answer to another request (a server's stray or mixed-up reply) says
+        # nothing of this call's: the effect may have been made, or not.
+        (
+            200,
+            "application/json",
+            json.dumps({"jsonrpc": "2.0", "id": 7, "result": RESULT}).encode(),
+            Fate.UNKNOWN,
+            "mcp_-32603",
+        ),
+        (
+            200,
+            "application/json",
+            json.dumps(
+                {"jsonrpc": "2.0", "id": 7, "error": {"code": -32601, "message": "no"}}
+            ).encode(),
+            Fate.UNKNOWN,
+            "mcp_-32603",
+        ),
         (404, "text/plain", b"", Fate.REFUSED, "mcp_-32601"),
         (500, "text/plain", b"", Fate.UNKNOWN, "mcp_-32603"),
         (
@@ -166,7 +191,19 @@ PROGRESS = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}}
         (202, "text/plain", b"", Fate.UNKNOWN, "mcp_-32600"),
         (200, "text/html", b"<p>hi</p>", Fate.UNKNOWN, "mcp_-32600"),
     ],
-    ids=["stream", "stream-no-answer", "bad-json", "404", "500", "400-error", "202", "html"],
+    ids=[
+        "stream",
+        "stream-no-answer",
+        "bad-json",
+        "json",
+        "json-another-id",
+        "json-error-another-id",
+        "404",
+        "500",
+        "400-error",
+        "202",
+        "html",
+    ],
 )
 async def test_what_one_post_answers_is_read_as_the_sdk_reads_it(
     status: int, kind: str, body: bytes, fate: Fate, why: str
