@@ -6,11 +6,14 @@ policies through it.
 Every server binds 127.0.0.1 and starts in its own session, so a signal meant for one
 (a fault's SIGKILL) never reaches another or this process, and a signal meant for it
 reaches every process it started (a command prefix such as faketime passes none on);
-every wait has a deadline.
+every wait has a deadline. Servers this process started and did not stop are stopped
+when it exits, and when it is sent SIGTERM (a CI timeout, an operator's `kill`):
+their own sessions keep such a signal from reaching them.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import os
@@ -19,11 +22,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -129,6 +134,7 @@ class Server:
                 stderr=subprocess.STDOUT if self.log_path else None,
                 start_new_session=True,
             )
+        _started(self)
         try:
             self.wait_ready(ready_path, timeout_s)
         except BaseException:
@@ -171,6 +177,7 @@ class Server:
         self._signal_group(signal.SIGKILL)
         self.process.wait(timeout=STOP_TIMEOUT_S)
         self._wait_group_gone(time.monotonic() + STOP_TIMEOUT_S)
+        _LIVE.pop(self.process.pid, None)
 
     def wait_dead(self, timeout_s: float) -> bool:
         """Whether the process exited (a crash point, say) within `timeout_s`."""
@@ -195,6 +202,7 @@ class Server:
         if not self._wait_group_gone(deadline):
             self._signal_group(signal.SIGKILL)
         self.process.wait(timeout=STOP_TIMEOUT_S)
+        _LIVE.pop(self.process.pid, None)
         if not self._wait_group_gone(time.monotonic() + STOP_TIMEOUT_S):
             raise ProcessError(
                 f"{self.name}: processes {group_members(self.process.pid)} of its group "
@@ -219,6 +227,51 @@ class Server:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.05)
+
+
+# The servers this process started and has not stopped, by process group.
+_LIVE: dict[int, Server] = {}
+
+
+def _started(server: Server) -> None:
+    _LIVE[server.pid] = server
+    _watch_sigterm()
+
+
+def _watch_sigterm() -> None:
+    """SIGTERM handled by _terminated, set from the main thread (the only one that may
+    set a handler: commands start their servers from worker threads too, which is why
+    it is also set on import); a handler someone else set (uvicorn, a test runner) is
+    theirs to keep."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+def stop_leftovers(grace_s: float = 5.0) -> None:
+    """SIGTERM to every group this process started and has not stopped, all at once,
+    then SIGKILL to what is left of them after `grace_s`."""
+    servers = [s for s in _LIVE.values() if s.process is not None and group_members(s.pid)]
+    for server in servers:
+        server._signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for server in servers:
+        if not server._wait_group_gone(deadline):
+            server._signal_group(signal.SIGKILL)
+            server._wait_group_gone(time.monotonic() + grace_s)
+    _LIVE.clear()
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM: its servers stopped, then the process ends as SIGTERM ends it (not by
+    an exception, which a task's cleanup could catch and carry on after)."""
+    stop_leftovers()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+atexit.register(stop_leftovers)
+_watch_sigterm()
 
 
 def group_members(group: int) -> list[int]:

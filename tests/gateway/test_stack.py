@@ -6,8 +6,11 @@ readiness check would pass against that)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -119,3 +122,44 @@ def test_a_start_on_a_port_that_already_answers_is_refused(tmp_path: Path) -> No
         with pytest.raises(ProcessError, match=f"already listens on 127.0.0.1:{port}"):
             server.start("/readyz")
     assert server.process is None and not marker.exists()
+
+
+# A command that starts a server through the harness, from a worker thread as the fault
+# matrix does, and never stops it: `term` waits to be signalled (as a CI timeout or an
+# operator's `kill` ends `irrev faults`), `exit` leaves at once (as a command whose
+# cleanup was skipped by an error does).
+ABANDONS = """
+import sys, threading, time
+from irrev.harness import Server
+server = Server(name="left running", argv=[], env=None, log_path=None)
+server.argv = [sys.executable, "-m", "http.server", str(server.port), "--bind", "127.0.0.1"]
+starting = threading.Thread(target=server.start, args=("/",))
+starting.start()
+starting.join()
+print(server.pid, server.port, flush=True)
+if sys.argv[1] == "term":
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("how", ["term", "exit"])
+def test_a_command_ended_without_stopping_its_servers_leaves_none_running(how: str) -> None:
+    """Its servers start in sessions of their own, so neither a SIGTERM to the command
+    nor its exit reached them: `irrev faults` killed by SIGTERM left its gateway and
+    supplier serving (before the fix). SIGTERM still ends the command, as SIGTERM."""
+    command = subprocess.Popen(
+        [sys.executable, "-c", ABANDONS, how], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert command.stdout is not None
+    group, port = (int(n) for n in command.stdout.readline().split())
+    try:
+        if how == "term":
+            command.send_signal(signal.SIGTERM)
+        assert command.wait(timeout=30) == (-signal.SIGTERM if how == "term" else 0)
+        assert group_members(group) == []
+        assert not answers("127.0.0.1", port)
+    finally:
+        command.kill()
+        command.stdout.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
