@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import copy
+import itertools
 import os
 import secrets
 import signal
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,8 @@ __all__ = [
     "ProcessError",
     "Server",
     "answers",
+    "at_exit",
+    "forget",
     "free_port",
     "group_members",
     "new_token",
@@ -229,8 +232,23 @@ class Server:
             time.sleep(0.05)
 
 
-# The servers this process started and has not stopped, by process group.
+# The servers this process started and has not stopped, by process group; then what
+# else must not outlive it (a bench's redis-server and work directory), by handle.
 _LIVE: dict[int, Server] = {}
+_CLEANUPS: dict[int, Callable[[], None]] = {}
+_handles = itertools.count()
+
+
+def at_exit(cleanup: Callable[[], None]) -> int:
+    """Run `cleanup` (after the servers are stopped) if the process exits, or is sent
+    SIGTERM, before `forget` is called with the handle returned."""
+    handle = next(_handles)
+    _CLEANUPS[handle] = cleanup
+    return handle
+
+
+def forget(handle: int) -> None:
+    _CLEANUPS.pop(handle, None)
 
 
 def _started(server: Server) -> None:
@@ -250,7 +268,8 @@ def _watch_sigterm() -> None:
 
 def stop_leftovers(grace_s: float = 5.0) -> None:
     """SIGTERM to every group this process started and has not stopped, all at once,
-    then SIGKILL to what is left of them after `grace_s`."""
+    then SIGKILL to what is left of them after `grace_s`; then the cleanups `at_exit`
+    was given and not told to forget, in the order given."""
     servers = [s for s in _LIVE.values() if s.process is not None and group_members(s.pid)]
     for server in servers:
         server._signal_group(signal.SIGTERM)
@@ -260,6 +279,10 @@ def stop_leftovers(grace_s: float = 5.0) -> None:
             server._signal_group(signal.SIGKILL)
             server._wait_group_gone(time.monotonic() + grace_s)
     _LIVE.clear()
+    while _CLEANUPS:
+        cleanup = _CLEANUPS.pop(min(_CLEANUPS))
+        with contextlib.suppress(Exception):
+            cleanup()
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import shutil
@@ -30,7 +31,7 @@ from redis.asyncio import Redis, RedisCluster
 
 from gateway.edge.wire import hold_id_for, upstream_key
 from irrev.cli import CliError
-from irrev.harness import PolicyDraft, free_port
+from irrev.harness import PolicyDraft, at_exit, forget, free_port
 from irrev.localcluster import LocalCluster
 from ledger import AppendFsync, EmbeddedRedis, Ledger
 from ledger.keys import hold_key, tenant_prefix
@@ -223,6 +224,9 @@ async def open_bench(
     supplier: SupplierProc | None = None
     gateways: list[GatewayProc] = []
     bench: Bench | None = None
+    # Ended by SIGTERM, or by an exit this block's end never sees: the servers stop
+    # (the harness's) and then the redis-server and the work directory go.
+    exiting = at_exit(functools.partial(_remove, redis_server, workdir))
     try:
         await asyncio.to_thread(_start_redis, redis_server)
         supplier = await asyncio.to_thread(start_supplier, workdir)
@@ -260,8 +264,13 @@ async def open_bench(
                 await asyncio.to_thread(gateway.stop)
         if supplier is not None:
             await asyncio.to_thread(supplier.server.stop)
-        await asyncio.to_thread(_stop_redis, redis_server)
-        shutil.rmtree(workdir, ignore_errors=True)
+        await asyncio.to_thread(_remove, redis_server, workdir)
+        forget(exiting)
+
+
+def _remove(redis_server: EmbeddedRedis | LocalCluster, workdir: Path) -> None:
+    _stop_redis(redis_server)
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def cluster_binary() -> Path:

@@ -130,7 +130,9 @@ def test_a_start_on_a_port_that_already_answers_is_refused(tmp_path: Path) -> No
 # cleanup was skipped by an error does).
 ABANDONS = """
 import sys, threading, time
-from irrev.harness import Server
+from pathlib import Path
+from irrev.harness import Server, at_exit
+at_exit(lambda: Path(sys.argv[2]).write_text("cleaned up"))
 server = Server(name="left running", argv=[], env=None, log_path=None)
 server.argv = [sys.executable, "-m", "http.server", str(server.port), "--bind", "127.0.0.1"]
 starting = threading.Thread(target=server.start, args=("/",))
@@ -143,12 +145,19 @@ if sys.argv[1] == "term":
 
 
 @pytest.mark.parametrize("how", ["term", "exit"])
-def test_a_command_ended_without_stopping_its_servers_leaves_none_running(how: str) -> None:
+def test_a_command_ended_without_stopping_its_servers_leaves_none_running(
+    how: str, tmp_path: Path
+) -> None:
     """Its servers start in sessions of their own, so neither a SIGTERM to the command
     nor its exit reached them: `irrev faults` killed by SIGTERM left its gateway and
-    supplier serving (before the fix). SIGTERM still ends the command, as SIGTERM."""
+    supplier serving, and its redis-server and work directory (before the fix). SIGTERM
+    still ends the command, as SIGTERM."""
+    marker = tmp_path / "cleanup"
     command = subprocess.Popen(
-        [sys.executable, "-c", ABANDONS, how], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", ABANDONS, how, str(marker)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert command.stdout is not None
     group, port = (int(n) for n in command.stdout.readline().split())
@@ -158,6 +167,7 @@ def test_a_command_ended_without_stopping_its_servers_leaves_none_running(how: s
         assert command.wait(timeout=30) == (-signal.SIGTERM if how == "term" else 0)
         assert group_members(group) == []
         assert not answers("127.0.0.1", port)
+        assert marker.read_text() == "cleaned up"
     finally:
         command.kill()
         command.stdout.close()
