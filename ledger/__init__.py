@@ -29,6 +29,7 @@ from .errors import (
     RateLimited,
     RedisFailure,
     ShortOfRoom,
+    TenantEscrowed,
     UnknownAccount,
 )
 from .escrow import Escrow, EscrowConflict, Recovered
@@ -140,6 +141,7 @@ __all__ = [
     "StressDetector",
     "StressReading",
     "SweepResult",
+    "TenantEscrowed",
     "TenantSnapshot",
     "TransitionResult",
     "UnknownAccount",

@@ -119,6 +119,21 @@ class RateLimited(LedgerError):
         self.wait_ms = wait_ms
 
 
+class TenantEscrowed(LedgerError):
+    """A plain define, or a reserve's opening of an account, on a tenant split over
+    escrow shards or on one of its shards (_lib.lua's `escrowed`): nothing was
+    written. Its limits are the escrow's (ledger/escrow.py), which only the escrow's
+    own scripts change; an account defined beside them would hold budget no audit
+    counts."""
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(
+            f"tenant {tenant!r} is split over escrow shards, or is one: define its "
+            "accounts with Escrow.define and reserve through Escrow.reserve"
+        )
+        self.tenant = tenant
+
+
 class ShortOfRoom(LedgerError):
     """An escrow shard's reserve that its slices cannot hold (reserve.lua's `short`):
     nothing was written; `lacks` says, per account, how much more room it needs
@@ -393,6 +408,8 @@ def raise_for_reply(tenant: str, hold_id: str, operation: str, reply: list[objec
         raise RateLimited(str(reply[1]), int(str(reply[2])))
     if status is Status.IN_FLIGHT:
         raise HoldInFlight(hold_id, int(str(reply[2])))
+    if status is Status.ESCROWED:
+        raise TenantEscrowed(tenant)
     if status is Status.SHORT:
         pairs = reply[3:]
         lacks = {str(a): int(str(b)) for a, b in zip(pairs[::2], pairs[1::2], strict=True)}

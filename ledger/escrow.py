@@ -124,7 +124,9 @@ class Escrow:
     async def split(cls, ledger: Ledger, tenant: str, count: int) -> Escrow:
         """Split `tenant` over `count` shards, each in a slot of its own and, on a
         cluster, spread over the primaries in turn. Once only: a tenant split over
-        other shards already raises EscrowConflict (its existing split is kept)."""
+        other shards already raises EscrowConflict (its existing split is kept), and so
+        does a tenant with accounts of its own; once split, neither the tenant nor its
+        shards take a plain define or a reserve's opening of an account (BadInput)."""
         tenant = validate.tenant_id(tenant)
         if not 1 <= count <= MAX_SHARDS:
             raise BadInput("shards", f"must be 1 to {MAX_SHARDS}")
@@ -133,6 +135,12 @@ class Escrow:
         if reply[0] == "conflict":
             raise EscrowConflict(
                 f"tenant {tenant!r} is split already over {reply[1]}: open it with Escrow.of"
+            )
+        if reply[0] == "plain":
+            raise EscrowConflict(
+                f"tenant {tenant!r} has accounts of its own ({reply[1]} fields), which would "
+                "hold budget beside its shards' slices: split a tenant before its accounts "
+                "are defined, then define them with Escrow.define"
             )
         raise_for_reply(tenant, "", "escrow", reply)
         # Tenants the operators' commands (audit, sweep) should find: the parent's

@@ -26,6 +26,7 @@ class Status(StrEnum):
     REPRICE = "reprice"
     RATE_LIMITED = "rate_limited"
     SHORT = "short"
+    ESCROWED = "escrowed"
 
 
 class Verdict(StrEnum):

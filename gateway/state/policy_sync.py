@@ -24,7 +24,7 @@ from gateway.state.policies import (
     merge_edit,
     policy_version,
 )
-from ledger import POLICY_HISTORY, Ledger, PolicyRecord
+from ledger import POLICY_HISTORY, Ledger, PolicyRecord, TenantEscrowed
 from ledger import AccountSpec as LedgerAccount
 from pricing import Finding, PolicyError, TenantPolicy, load_policy_text
 
@@ -51,7 +51,9 @@ class InForce:
     version: int = 0
 
 
-async def open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount, int]]) -> int:
+async def open_accounts(
+    ledger: Ledger, accounts: list[tuple[str, LedgerAccount, int]]
+) -> tuple[int, set[str]]:
     """Create each account Redis lacks, and write the limits of each whose limits come
     from an older version of its tenant's policy than the one served here (tenant,
     spec, store version). The version goes with the write (account.lua keeps an
@@ -61,7 +63,9 @@ async def open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount,
     limits left unwritten by a writer that died are written by the next host to
     apply. What Redis holds is read in one pipelined round trip; the accounts to
     write are written a few at a time; the first error is raised once all have
-    finished. Returns how many were written."""
+    finished, but for a tenant split over escrow shards (TenantEscrowed: its limits
+    are the escrow's, which this gateway does not route to). Returns how many were
+    written, and the tenants refused as escrowed."""
     wanted: dict[str, list[str]] = {}
     for tenant, spec, _ in accounts:
         wanted.setdefault(tenant, []).append(spec.account)
@@ -81,10 +85,34 @@ async def open_accounts(ledger: Ledger, accounts: list[tuple[str, LedgerAccount,
         *(upsert(tenant, spec, version) for tenant, spec, version in changes),
         return_exceptions=True,
     )
+    escrowed = {
+        tenant
+        for (tenant, _, _), result in zip(changes, results, strict=True)
+        if isinstance(result, TenantEscrowed)
+    }
     for result in results:
-        if isinstance(result, BaseException):
+        if isinstance(result, BaseException) and not isinstance(result, TenantEscrowed):
             raise result
-    return len(changes)
+    return len(changes), escrowed
+
+
+def escrowed_faults(chosen: dict[Path, InForce], escrowed: set[str]) -> list[FileFault]:
+    """Take the policies of tenants split over escrow shards out of `chosen`: the
+    gateway does not route a tenant's holds to its shards, and an account written
+    beside them would hold budget outside the escrow (refused by the ledger), so such
+    a tenant is not served. Each is its file's fault, for the operator to see."""
+    faults = []
+    for path, entry in list(chosen.items()):
+        tenant = entry.file.policy.tenant
+        if tenant in escrowed:
+            del chosen[path]
+            finding = Finding(
+                "tenant",
+                f"{tenant!r} is split over escrow shards (ledger/escrow.py), which this "
+                "gateway does not route to: it is not served",
+            )
+            faults.append(FileFault(path, PolicyError(str(path), [finding]), tenant))
+    return faults
 
 
 def choose(

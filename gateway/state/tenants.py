@@ -251,7 +251,7 @@ class TenantStore:
             local, records, self._in_force, self._behind, self.budget
         )
         faults += stale
-        await policy_sync.open_accounts(
+        _, escrowed = await policy_sync.open_accounts(
             ledger,
             [
                 (entry.file.policy.tenant, ledger_account(spec), entry.version)
@@ -259,6 +259,7 @@ class TenantStore:
                 for spec in policy_accounts(entry.file.policy)
             ],
         )
+        faults += policy_sync.escrowed_faults(chosen, escrowed)
         written = {e.file.policy.tenant: e.file.policy for e in chosen.values()}
         # Read before anything changes: Redis failing here leaves the store as it was,
         # not with new policies that were never priced with what was learned.
@@ -304,7 +305,7 @@ class TenantStore:
             return  # no longer served: the reserve tried again says the account is unknown
         policy = entry.file.policy
         specs = [(tenant, ledger_account(spec), entry.version) for spec in policy_accounts(policy)]
-        opened = await policy_sync.open_accounts(ledger, specs)
+        opened, _ = await policy_sync.open_accounts(ledger, specs)
         # Accounts a served policy names went missing from Redis: worth an operator's look.
         log.warning("opened missing accounts", extra={"tenant": tenant, "accounts": opened})
 

@@ -204,6 +204,15 @@ local function valid_id(s)
     and string.find(s, '^[%w%._:@/%-]+$') ~= nil
 end
 
+-- Whether this tenant is split over escrow shards (escrow.lua's `split`) or is one of
+-- them ('~e' is in no other tenant id: ledger/keys.py shard_tenant). Their accounts
+-- hold slices that only the escrow's transfers move: an account a plain script
+-- defined or opened there would hold budget beside them, which no audit counts.
+local function escrowed()
+  return string.find(P, '~e', 1, true) ~= nil
+    or redis.call('HEXISTS', P .. 'escrow', 'shards') == 1
+end
+
 local function split(s)
   local out = {}
   if s then

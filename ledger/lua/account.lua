@@ -26,12 +26,18 @@
 --   'ok'         'created' or 'updated', or 'kept' when the account already holds
 --                the limits of a newer policy version than ARGV[10] (nothing written)
 --   'bad_input'  (state = field, flags = message)
+--   {'escrowed'}  the tenant is split over escrow shards or is one (_lib.lua's
+--                escrowed): nothing written
 --
 -- Invariant: soft limit <= limit; a new account starts with zero balances in the
 -- current window; every change is journaled so replay knows the limits; an
 -- account's limits never go back to an older policy version's (two hosts writing
--- two versions' limits in the wrong order: the older one is kept out).
+-- two versions' limits in the wrong order: the older one is kept out); no account is
+-- defined on an escrowed tenant, whose limits the escrow holds (escrow.lua).
 
+if escrowed() then
+  return {'escrowed'}
+end
 local account = ARGV[1]
 if not valid_id(account) or not string.match(account, '^%a+:.') then
   return {'bad_input', 'account', 'must be kind:name of [A-Za-z0-9._:@/-], at most 128'}

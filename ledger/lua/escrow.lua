@@ -16,7 +16,8 @@
 --          Redis time their yield was taken)
 -- ARGV[1]  the operation, and after it its arguments:
 --   split  shard names, 1..MAX_SHARDS of them (each a tenant id)
---          -> {'ok' | 'exists'}; {'conflict', names}: split already, otherwise
+--          -> {'ok' | 'exists'}; {'conflict', names}: split already, otherwise;
+--             {'plain', n}: the tenant has n account fields of its own (nothing written)
 --   define account, limit, soft limit, window_ms, approval threshold: the account's
 --          limits over every shard; a changed limit moves its unleased by the change
 --          (below zero: no grant until reclaims bring it back)
@@ -94,6 +95,11 @@ if op == 'split' then
       return {'exists'}
     end
     return {'conflict', had}
+  end
+  -- Accounts of its own would hold budget beside the slices (_lib.lua's escrowed).
+  local own = redis.call('HLEN', ACCOUNTS)
+  if own > 0 then
+    return {'plain', own}
   end
   redis.call('HSET', ESCROW, 'shards', joined)
   journal({'op', 'escrow', 'act', 'split', 'shards', joined})

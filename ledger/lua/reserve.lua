@@ -80,6 +80,8 @@
 --       the slot (its index entry lives while its retention does); restore it
 --       (restore.lua) and call again, which replays it
 --   {'unknown_account', account_id}                 nothing written
+--   {'escrowed'}   nothing written: an account to open, on a tenant split over
+--       escrow shards or on one of them (_lib.lua's escrowed)
 --       In shadow mode a deny or escalate comes with state 'pending': held anyway.
 --   {'expire_first', ''}   holds of the tenant are due, whose release the decision
 --       should see, but their keys are not declared here: nothing written; expire
@@ -321,6 +323,9 @@ for i = 1, n do
   local a = loaded[i]
   if not a and amounts[i] > 0 then
     local spec = specs[i]
+    if next(opening) == nil and escrowed() then
+      return {'escrowed'}
+    end
     a = {id = accounts[i], limit = spec.limit, soft = spec.soft, win = spec.win,
          appr = spec.appr, pend = 0, post = 0, over = 0,
          ws = spec.win > 0 and now - (now % spec.win) or 0, policy = true}

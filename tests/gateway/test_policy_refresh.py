@@ -24,7 +24,8 @@ import yaml
 from gateway.state.loops import policy_loop
 from gateway.state.policies import policy_version
 from gateway.state.tenants import FULL_READ_S, TenantStore
-from ledger import ChangeFeed, Ledger
+from ledger import ChangeFeed, Escrow, Ledger
+from ledger.keys import accounts_key
 
 from .conftest import Gateway
 from .helpers import FakeClock, write_without_epoch_bump
@@ -166,6 +167,31 @@ async def test_a_stored_version_the_ledger_would_refuse_holds_back_only_its_tena
     assert store.authenticate(token) is None  # the other tenant's revocation is served
     assert store.authenticate(kept_token) is not None  # the broken one's old policy stands
     assert f"{kept}" in store.policies[broken].document.agents
+
+
+async def test_a_tenant_split_over_escrow_shards_is_not_served_and_holds_back_no_other(
+    ledger: Ledger, tmp_path: Path, tenant: str
+) -> None:
+    """The gateway does not route holds to escrow shards. Serving a split tenant's
+    policy wrote plain accounts beside the escrow's slices, budget no transfer moved
+    and no escrow audit counts: up to twice its limits (before the fix). The ledger
+    now refuses those accounts, and the tenant is a fault of its own, not served,
+    while the other tenants' policies apply."""
+    split, other = f"{tenant}-split", f"{tenant}-other"
+    await Escrow.split(ledger, split, 3)
+    written = {
+        t: write_policy(tmp_path, "procurement", t, "http://127.0.0.1:9") for t in (split, other)
+    }
+    store = TenantStore(tmp_path)
+    report = await store.apply(ledger)
+    assert [(fault.tenant, "escrow shards" in str(fault.error)) for fault in report.faults] == [
+        (split, True)
+    ]
+    assert report.tenants == [other]
+    assert store.authenticate(next(iter(written[split].tokens.values()))) is None
+    assert store.authenticate(next(iter(written[other].tokens.values()))) is not None
+    assert not await ledger.redis.exists(accounts_key(split))
+    assert await ledger.redis.exists(accounts_key(other))
 
 
 async def test_a_metadata_change_to_an_outdated_copy_does_not_put_it_back(

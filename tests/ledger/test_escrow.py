@@ -15,7 +15,7 @@ import pytest
 
 from ledger.audit import audit_tenant
 from ledger.client import Ledger
-from ledger.errors import BadInput, ShortOfRoom, UnknownAccount
+from ledger.errors import BadInput, ShortOfRoom, TenantEscrowed, UnknownAccount
 from ledger.escrow import Escrow, EscrowConflict, _write
 from ledger.journal import read_journal
 from ledger.keys import accounts_key, escrow_key, hold_key
@@ -374,3 +374,28 @@ async def test_an_escrowed_reserve_opens_no_account_and_a_shards_are_never_close
     assert await ledger.close_idle_accounts(shard) == (0, 0)
     assert await ledger.balance(shard, "factor:payee") is not None
     assert (await escrow.audit()).ok
+
+
+async def test_a_tenant_is_plain_or_split_never_both(ledger: Ledger, tenant: str) -> None:
+    """An account a plain script defined or opened on a split tenant, or on one of its
+    shards, would hold budget next to the escrow's slices, which no transfer moved and
+    the escrow's audit does not count: twice the limit between them. So a split
+    tenant and its shards refuse a plain define and a reserve's opening of an
+    account, and a tenant with accounts of its own is not split (each failed before)."""
+    spec = AccountSpec(account="tenant:acme", limit=100, soft_limit=100)
+    plain = f"{tenant}-plain"
+    await ledger.upsert_account(plain, spec)
+    with pytest.raises(EscrowConflict, match="accounts of its own"):
+        await Escrow.split(ledger, plain, 3)
+    assert not await ledger.redis.exists(escrow_key(plain))
+    escrow = await escrowed(ledger, tenant, tenant_acme=100)
+    for where in (tenant, escrow.shards[1]):
+        with pytest.raises(TenantEscrowed, match="escrow shards"):
+            await ledger.upsert_account(where, spec)
+        with pytest.raises(TenantEscrowed, match="escrow shards"):
+            await ledger.reserve(
+                where, "k-open", "fp", {"tenant:acme": 5}, ttl_ms=HOUR_MS, open_missing=[spec]
+            )
+        assert not await ledger.redis.exists(accounts_key(where), hold_key(where, "k-open"))
+    assert (await escrow.audit()).ok
+    assert await escrow.unleased("tenant:acme") == 100

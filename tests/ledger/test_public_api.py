@@ -114,6 +114,7 @@ PUBLIC_API = {
     "EscrowConflict",
     "Recovered",
     "ShortOfRoom",
+    "TenantEscrowed",
     # the bounds every layer enforces
     "MAX_AMOUNT",
     "MAX_ACCOUNTS",
