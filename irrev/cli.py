@@ -34,7 +34,7 @@ from ledger import EmbeddedRedisError, LedgerError
 EXTRAS = {
     "sim": ("numpy", "scipy", "matplotlib"),
     "load": ("locust", "psutil"),
-    "bench": ("fastmcp", "uncalled_for"),
+    "bench": ("fastmcp", "uncalled_for", "psutil"),
 }
 
 

@@ -7,20 +7,24 @@ Streamable HTTP, deduplicating by key); every call is a new order with its own
 idempotency key, admitted against a budget large enough never to refuse one. Agents
 are the SDK's `mcp.Client`; what it costs is in every column. The peer runs as many
 processes as irrev has workers, sessions spread over them as uvicorn spreads them
-over workers."""
+over workers. Each run also reads the CPU time its processes spent per call: the
+proxy's (irrev's server and workers, or the peer's processes), the MCP server's, and
+the agents' (this process): on one machine they share its cores, so what a call costs
+each of them bounds how many calls the three can make together."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack, asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx2
@@ -30,6 +34,7 @@ from mcp_types import RequestParamsMeta
 from rich.table import Table
 
 from irrev import output
+from irrev.bench.gateway import cpu_seconds
 from irrev.cli import bounded
 from irrev.harness import PolicyDraft, Server, free_port
 from irrev.stack import gateway, mcp_tools, service
@@ -83,6 +88,14 @@ class Measured:
     errors: int
     seconds: float
     latencies_ms: list[float]
+    # CPU time (user + system) over the run: the proxy's processes (0 for direct
+    # calls), the MCP server's, and the agents' (this process).
+    proxy_cpu_s: float = 0.0
+    tool_cpu_s: float = 0.0
+    agents_cpu_s: float = 0.0
+
+    def cpu_ms_per_call(self, seconds: float) -> float:
+        return seconds * 1000 / self.calls if self.calls else 0.0
 
     @property
     def per_s(self) -> float:
@@ -138,22 +151,41 @@ async def closed_loop(urls: list[str], tool: str, tokens: list[str], seconds: fl
     return Measured(len(latencies), errors, time.monotonic() - started, latencies)
 
 
+@dataclass(frozen=True)
+class Side:
+    """What one side of the comparison calls: its URLs and tool name, and the process
+    trees whose CPU is its proxy's (none for direct calls)."""
+
+    urls: list[str]
+    tool: str
+    proxy_pids: list[int]
+
+
+async def timed_loop(side: Side, tool_pid: int, tokens: list[str], seconds: float) -> Measured:
+    """closed_loop, with the CPU its proxy, the MCP server and the agents spent."""
+
+    def cpu() -> tuple[float, float, float]:
+        own = os.times()
+        proxy = sum(cpu_seconds(pid) for pid in side.proxy_pids)
+        return proxy, cpu_seconds(tool_pid), own.user + own.system
+
+    before = cpu()
+    measured = await closed_loop(side.urls, side.tool, tokens, seconds)
+    proxy, tool, agents = (b - a for a, b in zip(before, cpu(), strict=True))
+    return replace(measured, proxy_cpu_s=proxy, tool_cpu_s=tool, agents_cpu_s=agents)
+
+
 async def measure(
-    irrev: str, direct: str, peers: list[str], tokens: list[str], args: argparse.Namespace
+    sides: dict[str, Side], tool_pid: int, tokens: list[str], args: argparse.Namespace
 ) -> dict[str, Measured]:
     """Direct, the peer and irrev alternate, so a drift of the machine hits all three."""
     many = args.sessions
-    plan = (
-        ("direct, 1 session", [direct], "place_order", [""]),
-        ("peer, 1 session", peers, "place_order", [""]),
-        ("irrev, 1 session", [irrev], "procure__place_order", tokens[:1]),
-        (f"direct, {many} sessions", [direct], "place_order", [""] * many),
-        (f"peer, {many} sessions", peers, "place_order", [""] * many),
-        (f"irrev, {many} sessions", [irrev], "procure__place_order", tokens),
-    )
-    return {
-        label: await closed_loop(urls, tool, some, args.seconds) for label, urls, tool, some in plan
-    }
+    results = {}
+    for label, count in (("1 session", 1), (f"{many} sessions", many)):
+        for name, side in sides.items():
+            agents = tokens[:count] if name == "irrev" else [""] * count
+            results[f"{name}, {label}"] = await timed_loop(side, tool_pid, agents, args.seconds)
+    return results
 
 
 @contextmanager
@@ -183,8 +215,14 @@ def run(args: argparse.Namespace) -> int:
                 gateway(redis.url, root / "policies", workers=args.workers) as irrev,
                 peer_proxies(direct, args.workers, root) as peers,
             ):
-                urls = [f"{peer.url}/mcp" for peer in peers]
-                results = asyncio.run(measure(f"{irrev.url}/mcp", direct, urls, tokens, args))
+                sides = {
+                    "direct": Side([direct], "place_order", []),
+                    "peer": Side(
+                        [f"{p.url}/mcp" for p in peers], "place_order", [p.pid for p in peers]
+                    ),
+                    "irrev": Side([f"{irrev.url}/mcp"], "procure__place_order", [irrev.pid]),
+                }
+                results = asyncio.run(measure(sides, tools.pid, tokens, args))
     report(results, args)
     return 0
 
@@ -229,6 +267,9 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
                 "p50_ms": m.quantile(0.5),
                 "p99_ms": m.quantile(0.99),
                 "errors": m.errors,
+                "proxy_cpu_ms_per_call": m.cpu_ms_per_call(m.proxy_cpu_s),
+                "tool_cpu_ms_per_call": m.cpu_ms_per_call(m.tool_cpu_s),
+                "agents_cpu_ms_per_call": m.cpu_ms_per_call(m.agents_cpu_s),
             }
             for label, m in results.items()
         ]
@@ -251,11 +292,20 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
         f"the peer (FastMCP's proxy, one reused session) with {args.workers} processes"
     )
     table = Table(title=title)
-    for column in ("run", "calls/s", "p50 ms", "p99 ms", "errors"):
+    columns = ("run", "calls/s", "p50 ms", "p99 ms", "errors")
+    for column in (*columns, "CPU ms/call: proxy", "MCP server", "agents"):
         table.add_column(column, justify="right")
     for label, m in results.items():
         p50, p99 = m.quantile(0.5), m.quantile(0.99)
-        table.add_row(label, f"{m.per_s:.1f}", f"{p50:.1f}", f"{p99:.1f}", str(m.errors))
+        cpu = (m.proxy_cpu_s, m.tool_cpu_s, m.agents_cpu_s)
+        table.add_row(
+            label,
+            f"{m.per_s:.1f}",
+            f"{p50:.1f}",
+            f"{p99:.1f}",
+            str(m.errors),
+            *(f"{m.cpu_ms_per_call(seconds):.2f}" for seconds in cpu),
+        )
     console = output.console()
     console.print(table)
     console.print(
@@ -264,4 +314,12 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
         f"+{ratios.added_p50_ms:.1f} ms, p99 +{ratios.added_p99_ms:.1f} ms; peer p50 "
         f"+{ratios.peer_added_p50_ms:.1f} ms, p99 +{ratios.peer_added_p99_ms:.1f} ms; "
         f"irrev's added p50 / the peer's: {ratios.added_p50_vs_peer:.2f}"
+    )
+    direct, peer, irrev = list(results.values())[3:]
+    console.print(
+        f"CPU per call at {args.sessions} sessions: irrev "
+        f"{irrev.cpu_ms_per_call(irrev.proxy_cpu_s):.2f} ms, the peer "
+        f"{peer.cpu_ms_per_call(peer.proxy_cpu_s):.2f} ms; of a direct call, the MCP server "
+        f"{direct.cpu_ms_per_call(direct.tool_cpu_s):.2f} ms and the agents "
+        f"{direct.cpu_ms_per_call(direct.agents_cpu_s):.2f} ms (Redis not counted)"
     )

@@ -55,6 +55,10 @@ def test_the_mcp_bench_compares_calls_through_irrev_with_direct_ones() -> None:
     # Every call through irrev was admitted and made: a refusal would count as an error.
     for run in runs.values():
         assert run["calls_per_s"] > 0 and run["errors"] == 0, run
+        # Every call costs the MCP server and the agents; a proxy only where there is one.
+        assert run["tool_cpu_ms_per_call"] > 0 and run["agents_cpu_ms_per_call"] > 0, run
+        proxied = not run["run"].startswith("direct")
+        assert (run["proxy_cpu_ms_per_call"] > 0) == proxied, run
     ratio = runs["irrev, 2 sessions"]["calls_per_s"] / runs["direct, 2 sessions"]["calls_per_s"]
     assert result["throughput_ratio"] == ratio
     peer = runs["irrev, 2 sessions"]["calls_per_s"] / runs["peer, 2 sessions"]["calls_per_s"]
