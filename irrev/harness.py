@@ -270,7 +270,8 @@ def stop_leftovers(grace_s: float = 5.0) -> None:
     """SIGTERM to every group this process started and has not stopped, all at once,
     then SIGKILL to what is left of them after `grace_s`; then the cleanups `at_exit`
     was given and not told to forget, in the order given."""
-    servers = [s for s in _LIVE.values() if s.process is not None and group_members(s.pid)]
+    # A copy first: a worker thread may start or stop a server meanwhile.
+    servers = [s for s in list(_LIVE.values()) if group_members(s.pid)]
     for server in servers:
         server._signal_group(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
@@ -286,14 +287,27 @@ def stop_leftovers(grace_s: float = 5.0) -> None:
 
 
 def _terminated(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM: its servers stopped, then the process ends as SIGTERM ends it (not by
-    an exception, which a task's cleanup could catch and carry on after)."""
-    stop_leftovers()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
+    """SIGTERM: its servers stopped (a second SIGTERM meanwhile ignored, not run again
+    over the first), then the process ends as SIGTERM ends it (not by an exception,
+    which a task's cleanup could catch and carry on after), whatever the cleanup
+    raised."""
+    signal.signal(signum, signal.SIG_IGN)
+    try:
+        stop_leftovers()
+    finally:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def _forked() -> None:
+    """In a forked child: its parent's servers and cleanups are the parent's, which a
+    child's exit or SIGTERM must not stop."""
+    _LIVE.clear()
+    _CLEANUPS.clear()
 
 
 atexit.register(stop_leftovers)
+os.register_at_fork(after_in_child=_forked)
 _watch_sigterm()
 
 

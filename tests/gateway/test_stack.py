@@ -127,31 +127,48 @@ def test_a_start_on_a_port_that_already_answers_is_refused(tmp_path: Path) -> No
 # A command that starts a server through the harness, from a worker thread as the fault
 # matrix does, and never stops it: `term` waits to be signalled (as a CI timeout or an
 # operator's `kill` ends `irrev faults`), `exit` leaves at once (as a command whose
-# cleanup was skipped by an error does).
+# cleanup was skipped by an error does), `fork` first forks a child that exits and
+# one that is sent SIGTERM (as a library forking workers might), then says whether
+# its server still answers, and leaves. Each cleanup writes the pid it ran in.
 ABANDONS = """
-import sys, threading, time
+import os, signal, sys, threading, time
 from pathlib import Path
-from irrev.harness import Server, at_exit
-at_exit(lambda: Path(sys.argv[2]).write_text("cleaned up"))
+from irrev.harness import Server, answers, at_exit
+marker = Path(sys.argv[2])
+at_exit(lambda: marker.open("a").write(f"{os.getpid()}\\n"))
 server = Server(name="left running", argv=[], env=None, log_path=None)
 server.argv = [sys.executable, "-m", "http.server", str(server.port), "--bind", "127.0.0.1"]
 starting = threading.Thread(target=server.start, args=("/",))
 starting.start()
 starting.join()
-print(server.pid, server.port, flush=True)
+print(server.pid, server.port, os.getpid(), flush=True)
 if sys.argv[1] == "term":
     time.sleep(120)
+if sys.argv[1] == "fork":
+    for ending in ("exit", "term"):
+        child = os.fork()
+        if child == 0:
+            if ending == "term":
+                time.sleep(120)
+            sys.exit(0)
+        if ending == "term":
+            time.sleep(0.5)
+            os.kill(child, signal.SIGTERM)
+        os.waitpid(child, 0)
+    print(answers("127.0.0.1", server.port), flush=True)
 """
 
 
-@pytest.mark.parametrize("how", ["term", "exit"])
+@pytest.mark.parametrize("how", ["term", "exit", "fork"])
 def test_a_command_ended_without_stopping_its_servers_leaves_none_running(
     how: str, tmp_path: Path
 ) -> None:
     """Its servers start in sessions of their own, so neither a SIGTERM to the command
     nor its exit reached them: `irrev faults` killed by SIGTERM left its gateway and
     supplier serving, and its redis-server and work directory (before the fix). SIGTERM
-    still ends the command, as SIGTERM."""
+    still ends the command, as SIGTERM. A forked child's exit or SIGTERM stops nothing
+    of its parent's: its cleanups are the parent's to run (they ran in the child
+    before the fix)."""
     marker = tmp_path / "cleanup"
     command = subprocess.Popen(
         [sys.executable, "-c", ABANDONS, how, str(marker)],
@@ -160,14 +177,16 @@ def test_a_command_ended_without_stopping_its_servers_leaves_none_running(
         text=True,
     )
     assert command.stdout is not None
-    group, port = (int(n) for n in command.stdout.readline().split())
+    group, port, pid = (int(n) for n in command.stdout.readline().split())
     try:
         if how == "term":
             command.send_signal(signal.SIGTERM)
+        if how == "fork":
+            assert command.stdout.readline() == "True\n"  # served after its children ended
         assert command.wait(timeout=30) == (-signal.SIGTERM if how == "term" else 0)
         assert group_members(group) == []
         assert not answers("127.0.0.1", port)
-        assert marker.read_text() == "cleaned up"
+        assert marker.read_text() == f"{pid}\n"
     finally:
         command.kill()
         command.stdout.close()
