@@ -42,6 +42,7 @@ from ledger import EmbeddedRedis
 
 KEY_META = "dev.irrev/idempotency_key"
 UNLIMITED = {"limit": "1000000000"}
+CPU_FIELDS = ("proxy_cpu_ms_per_call", "tool_cpu_ms_per_call", "agents_cpu_ms_per_call")
 AGENT = {"principal": "load", "per_effect_cap": "1000000", "window_cap": "1000000000"}
 
 
@@ -94,8 +95,15 @@ class Measured:
     tool_cpu_s: float = 0.0
     agents_cpu_s: float = 0.0
 
-    def cpu_ms_per_call(self, seconds: float) -> float:
-        return seconds * 1000 / self.calls if self.calls else 0.0
+    @property
+    def cpu_ms_per_call(self) -> tuple[float, float, float]:
+        """The proxy's, the MCP server's and the agents' CPU per call, in ms."""
+        per_call = 1000 / self.calls if self.calls else 0.0
+        return (
+            self.proxy_cpu_s * per_call,
+            self.tool_cpu_s * per_call,
+            self.agents_cpu_s * per_call,
+        )
 
     @property
     def per_s(self) -> float:
@@ -267,9 +275,7 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
                 "p50_ms": m.quantile(0.5),
                 "p99_ms": m.quantile(0.99),
                 "errors": m.errors,
-                "proxy_cpu_ms_per_call": m.cpu_ms_per_call(m.proxy_cpu_s),
-                "tool_cpu_ms_per_call": m.cpu_ms_per_call(m.tool_cpu_s),
-                "agents_cpu_ms_per_call": m.cpu_ms_per_call(m.agents_cpu_s),
+                **dict(zip(CPU_FIELDS, m.cpu_ms_per_call, strict=True)),
             }
             for label, m in results.items()
         ]
@@ -297,14 +303,13 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
         table.add_column(column, justify="right")
     for label, m in results.items():
         p50, p99 = m.quantile(0.5), m.quantile(0.99)
-        cpu = (m.proxy_cpu_s, m.tool_cpu_s, m.agents_cpu_s)
         table.add_row(
             label,
             f"{m.per_s:.1f}",
             f"{p50:.1f}",
             f"{p99:.1f}",
             str(m.errors),
-            *(f"{m.cpu_ms_per_call(seconds):.2f}" for seconds in cpu),
+            *(f"{ms:.2f}" for ms in m.cpu_ms_per_call),
         )
     console = output.console()
     console.print(table)
@@ -315,11 +320,9 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
         f"+{ratios.peer_added_p50_ms:.1f} ms, p99 +{ratios.peer_added_p99_ms:.1f} ms; "
         f"irrev's added p50 / the peer's: {ratios.added_p50_vs_peer:.2f}"
     )
-    direct, peer, irrev = list(results.values())[3:]
+    direct, peer, irrev = (m.cpu_ms_per_call for m in list(results.values())[3:])
     console.print(
-        f"CPU per call at {args.sessions} sessions: irrev "
-        f"{irrev.cpu_ms_per_call(irrev.proxy_cpu_s):.2f} ms, the peer "
-        f"{peer.cpu_ms_per_call(peer.proxy_cpu_s):.2f} ms; of a direct call, the MCP server "
-        f"{direct.cpu_ms_per_call(direct.tool_cpu_s):.2f} ms and the agents "
-        f"{direct.cpu_ms_per_call(direct.agents_cpu_s):.2f} ms (Redis not counted)"
+        f"CPU per call at {args.sessions} sessions: irrev {irrev[0]:.2f} ms, the peer "
+        f"{peer[0]:.2f} ms; of a direct call, the MCP server {direct[1]:.2f} ms and the "
+        f"agents {direct[2]:.2f} ms (Redis not counted)"
     )
