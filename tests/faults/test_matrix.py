@@ -1,9 +1,10 @@
 """The fault matrix under pytest: every fast cell, a few runs each, on real
 processes (`irrev faults` runs 20 per cell). The cells are run once per session,
 grouped by the processes they need, and each cell is then its own test, so a
-failure names the cell and the broken promise. With IRREV_TEST_SERVERS=cluster (as
-.ci/run's second pass sets) the benches run on a local Redis Cluster instead, without
-the cells that kill the one redis-server."""
+failure names the cell and the broken promise. With IRREV_TEST_SERVERS=cluster the
+benches run on a local Redis Cluster instead, without the cells that kill the one
+redis-server; .ci/run's cluster pass keeps only the tests that take a server fixture,
+so CI runs the matrix on the embedded Redis only."""
 
 from __future__ import annotations
 
