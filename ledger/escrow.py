@@ -57,6 +57,7 @@ from .errors import (
 )
 from .escrow_audit import (
     Definition,
+    EscrowAccount,
     EscrowAudit,
     escrow_balance,
     parse_definition,
@@ -364,6 +365,28 @@ class Escrow:
                             f"reclaim {name[2:]}: {amount} of {account} from shard {k}"
                         )
         return done
+
+    async def accounts(self) -> list[EscrowAccount]:
+        """Every account the tenant defines, with its unleased amount and each shard's
+        slice and use (what `irrev ledger escrow show` prints)."""
+        parent = await read_hash(self.ledger, escrow_key(self.tenant))
+        balances = [
+            {b.account: b for b in await self.ledger.balances(shard)} for shard in self.shards
+        ]
+        shown = []
+        for name in sorted(n for n in parent if n.startswith("a|")):
+            account = name[2:]
+            held = [b.get(account) for b in balances]
+            shown.append(
+                EscrowAccount(
+                    account,
+                    parse_definition(parent[name]),
+                    int(parent.get(f"u|{account}", 0)),
+                    tuple(0 if b is None else b.limit for b in held),
+                    tuple(0 if b is None else b.used for b in held),
+                )
+            )
+        return shown
 
     async def audit(self) -> EscrowAudit:
         """Each shard's own audit (its journal replays its balances and limits, no

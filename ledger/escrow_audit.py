@@ -32,6 +32,20 @@ def parse_definition(text: str) -> Definition:
     return Definition(limit, soft, win, appr)
 
 
+@dataclass(frozen=True, slots=True)
+class EscrowAccount:
+    """One account of a split tenant as it stands: its limits over the whole tenant,
+    what the parent holds unleased, and per shard its slice and what it uses of it
+    (pending + posted). Read slot by slot, so a transfer running meanwhile may show
+    in neither or both places; `audit()` says whether the amounts add up."""
+
+    account: str
+    definition: Definition
+    unleased: int
+    slices: tuple[int, ...]
+    used: tuple[int, ...]
+
+
 @dataclass
 class EscrowAudit:
     """Per account: unleased + the shards' slices + transfers in flight = its limit."""

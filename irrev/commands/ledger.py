@@ -1,5 +1,5 @@
-"""`irrev ledger balance|journal|audit|sweep|trim|reconcile`: the operator's view of
-the ledger, on the configured Redis (IRREV_REDIS_URL) or the embedded one (of
+"""`irrev ledger balance|journal|audit|sweep|trim|reconcile|escrow`: the operator's
+view of the ledger, on the configured Redis (IRREV_REDIS_URL) or the embedded one (of
 IRREV_DATA_DIR), which every command names on stderr before it reads.
 
 Amounts are integer minor units in the ledger; with the tenant's policy (found in
@@ -29,6 +29,7 @@ from gateway.state.policies import load_policy_dir
 from irrev import output
 from irrev.cli import CliError, bounded
 from ledger import (
+    Escrow,
     HoldState,
     Ledger,
     LedgerSettings,
@@ -39,9 +40,11 @@ from ledger import (
     supervised_redis_url,
     trim_locked,
 )
+from ledger.keys import accounts_key
 from pricing import journal_money, money_text, rfc3339, with_money_text
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
+Check = Callable[[Ledger, argparse.Namespace, str], Awaitable[None]]
 TENANT_HELP = "the tenant's id, as its policy names it"
 
 
@@ -49,6 +52,7 @@ def configure(ledger: argparse.ArgumentParser) -> None:
     commands = ledger.add_subparsers(dest="ledger_command", metavar="COMMAND", required=True)
     _configure_reads(commands)
     _configure_upkeep(commands)
+    _configure_escrow(commands)
 
 
 def _configure_reads(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -130,7 +134,34 @@ def _configure_upkeep(commands: argparse._SubParsersAction[argparse.ArgumentPars
     _bind(upgrade, _upgrade)
 
 
-def _bind(parser: argparse.ArgumentParser, command: Command) -> None:
+def _configure_escrow(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """A tenant whose fleet outgrows one Redis core, split over escrow shards
+    (docs/ledger.md, "Escrow: one tenant over several shards")."""
+    escrow = commands.add_parser("escrow", help="split a tenant over shards; show and recover it")
+    actions = escrow.add_subparsers(dest="escrow_command", metavar="ACTION", required=True)
+    split = actions.add_parser(
+        "split", help="split a new tenant over shards in slots (and primaries) of their own"
+    )
+    split.add_argument("--tenant", required=True, help=TENANT_HELP)
+    split.add_argument(
+        "--shards", required=True, type=bounded(int, 1, 64), help="how many shards (1-64)"
+    )
+    _bind(split, _escrow_split, check=_not_split_yet)
+    show = actions.add_parser(
+        "show",
+        help="each account's limit, unleased amount and slices; exit 1 if they do not add up",
+    )
+    show.add_argument("--tenant", required=True, help=TENANT_HELP)
+    _bind(show, _escrow_show)
+    recover = actions.add_parser(
+        "recover",
+        help="finish the transfers a process left between their steps; exit 1 if any is stranded",
+    )
+    recover.add_argument("--tenant", required=True, help=TENANT_HELP)
+    _bind(recover, _escrow_recover)
+
+
+def _bind(parser: argparse.ArgumentParser, command: Command, check: Check | None = None) -> None:
     if command is not _journal:
         parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument(
@@ -140,10 +171,8 @@ def _bind(parser: argparse.ArgumentParser, command: Command) -> None:
         help="tenant policies, for currencies (default IRREV_POLICY_DIR)",
     )
 
-    parser.set_defaults(func=lambda args: run_on_ledger(args, command, _check_tenants))
-
-
-Check = Callable[[Ledger, argparse.Namespace, str], Awaitable[None]]
+    checked = _check_tenants if check is None else check
+    parser.set_defaults(func=lambda args: run_on_ledger(args, command, checked))
 
 
 def run_on_ledger(args: argparse.Namespace, command: Command, check: Check) -> int:
@@ -441,3 +470,82 @@ async def _upgrade(ledger: Ledger, args: argparse.Namespace) -> int:
             "write only what the older ones read until `irrev ledger upgrade finish`"
         )
     return 0
+
+
+async def _not_split_yet(ledger: Ledger, args: argparse.Namespace, where: str) -> None:
+    """No check before a split: its tenant is new to the ledger (Escrow.split refuses
+    one split already, or one with accounts of its own)."""
+
+
+async def _escrow_split(ledger: Ledger, args: argparse.Namespace) -> int:
+    escrow = await Escrow.split(ledger, args.tenant, args.shards)
+    # A cluster's primary for each shard's slot; a standalone server names none.
+    primary = ledger.topology.primary_of
+    shards = [
+        {"shard": name, "primary": primary(accounts_key(name)) or None} for name in escrow.shards
+    ]
+    if args.json:
+        print(json.dumps({"tenant": escrow.tenant, "shards": shards}, indent=2))
+        return 0
+    print(
+        f"{escrow.tenant}: split over {len(shards)} shards. Its accounts are defined with "
+        "the ledger's Escrow.define; gateways do not serve a split tenant yet (docs/ledger.md)"
+    )
+    for k, shown in enumerate(shards):
+        where = f" on {shown['primary']}" if shown["primary"] else ""
+        print(f"  shard {k}: {shown['shard']}{where}")
+    return 0
+
+
+async def _escrow_show(ledger: Ledger, args: argparse.Namespace) -> int:
+    escrow = await Escrow.of(ledger, args.tenant)
+    accounts = await escrow.accounts()
+    report = await escrow.audit()
+    unit = unit_of(args, escrow.tenant)
+    if args.json:
+        rows = [
+            {
+                "account": a.account,
+                **unit.fields(
+                    limit=a.definition.limit,
+                    unleased=a.unleased,
+                    slices=dict(zip(escrow.shards, a.slices, strict=True)),
+                    used=dict(zip(escrow.shards, a.used, strict=True)),
+                ),
+            }
+            for a in accounts
+        ]
+        shown = {"tenant": escrow.tenant, "shards": escrow.shards, "accounts": rows}
+        checked = {"ok": report.ok, "in_flight": report.in_flight, "mismatches": report.mismatches}
+        print(json.dumps({**shown, **checked}, indent=2))
+        return 0 if report.ok else 1
+    shown_in = unit.currency or "minor units"
+    table = Table(title=f"escrow of {escrow.tenant} ({shown_in}; per shard: used of its slice)")
+    table.add_column("account")
+    for column in ("limit", "unleased", *(f"shard {k}" for k in range(len(escrow.shards)))):
+        table.add_column(column, justify="right")
+    for a in accounts:
+        held = (f"{unit.text(u)} of {unit.text(s)}" for s, u in zip(a.slices, a.used, strict=True))
+        table.add_row(a.account, unit.text(a.definition.limit), unit.text(a.unleased), *held)
+    output.console().print(table)
+    print(f"{report.in_flight} transfers in flight: ", end="")
+    print("ok" if report.ok else f"{len(report.mismatches)} MISMATCHES")
+    for mismatch in report.mismatches:
+        print(f"  {mismatch}")
+    return 0 if report.ok else 1
+
+
+async def _escrow_recover(ledger: Ledger, args: argparse.Namespace) -> int:
+    escrow = await Escrow.of(ledger, args.tenant)
+    done = await escrow.recover()
+    if args.json:
+        shown = {"grants": done.grants, "reclaims": done.reclaims, "stranded": done.stranded}
+        print(json.dumps({"tenant": escrow.tenant, **shown}, indent=2))
+    else:
+        print(
+            f"{escrow.tenant}: {done.grants} refills and {done.reclaims} reclaims finished, "
+            f"{len(done.stranded)} stranded"
+        )
+        for stranded in done.stranded:
+            print(f"  stranded (held nowhere, past the 7-day retention): {stranded}")
+    return 1 if done.stranded else 0
