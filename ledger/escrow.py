@@ -132,6 +132,9 @@ class Escrow:
         if not 1 <= count <= MAX_SHARDS:
             raise BadInput("shards", f"must be 1 to {MAX_SHARDS}")
         names = await _placed(ledger, tenant, count)
+        # Before any tenant is registered: a store with tenants and no flag reads as an
+        # older release's (ledger/release.py).
+        await ledger.release.decided()
         reply = await _write(ledger, "escrow", tenant, ["split", *names])
         if reply[0] == "conflict":
             raise EscrowConflict(

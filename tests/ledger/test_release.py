@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger import AccountSpec, Ledger, Reason
+from ledger import AccountSpec, Escrow, Ledger, Reason
 from ledger.embedded import EmbeddedRedis
 from ledger.keys import RELEASE_KEY, TENANTS_KEY, accounts_key
 from ledger.release import FORMAT, PREVIOUS_FORMAT, BadReleaseFlag
@@ -45,6 +45,19 @@ async def test_a_new_store_is_this_releases_from_its_first_tenant(fresh: Ledger)
     await fresh.upsert_account("t", AccountSpec(account="agent:a1", limit=100, soft_limit=100))
     assert await fresh.redis.get(RELEASE_KEY) == str(FORMAT)
     assert fresh.release.upgraded
+
+
+async def test_a_new_store_split_over_escrow_shards_first_is_this_releases(
+    fresh: Ledger, own_redis: str
+) -> None:
+    """A split registers its tenant and shards: the flag is decided before, or the
+    next process would read the store as an older release's and archive nothing."""
+    await Escrow.split(fresh, "t", 2)
+    later = Ledger.from_url(own_redis)
+    try:
+        assert await later.release.read() == FORMAT
+    finally:
+        await later.aclose()
 
 
 async def test_an_older_releases_store_waits_for_finish(fresh: Ledger, own_redis: str) -> None:
