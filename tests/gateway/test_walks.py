@@ -11,8 +11,11 @@ more files shows.
    and approves: the page and its assets, the tenants, the tenant's panels (the
    escalation queue and the stress detectors among them), then the approval.
 
-The gateway runs in this process (its lifespan entered as uvicorn would), against the
-suite's Redis and real upstream processes (the supplier, the SDK-built MCP tool server).
+The gateway runs in this process (its lifespan entered as uvicorn would), against a
+Redis of its own and real upstream processes (the supplier, the SDK-built MCP tool
+server). Its own embedded Redis, not the suite's servers: the counts are the gateway's
+files, the same on every server, so the test runs once, in the slow pass (`.ci/run`'s
+passes on Redis 7 and the cluster leave it out), on a store no earlier test filled.
 A profiler (`sys.setprofile`, and `threading.setprofile` for the threads started after
 it, such as `asyncio.to_thread`'s) records the file of every function called while
 WALK is set: it is set only for a walk, and the tasks and threads the walk starts
@@ -51,6 +54,7 @@ import ledger
 import pricing
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
+from ledger.embedded import EmbeddedRedis
 from tests.mcp.conftest import start_tool_server, write_mcp_policy
 
 from .helpers import MCP_PROTOCOL, effect_headers, order
@@ -151,6 +155,12 @@ async def walking(name: str, walks: dict[str, Walk]) -> AsyncIterator[None]:
 
 
 @pytest.fixture(scope="module")
+def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with EmbeddedRedis(tmp_path_factory.mktemp("walks-redis"), tcp=True) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
 def tool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("walks-mcp-tools")
     server = start_tool_server(root / "state", root)
@@ -207,7 +217,7 @@ def mcp_result(response: httpx.Response) -> dict[str, Any]:
 
 
 async def test_a_newcomers_three_walks_touch_few_files(
-    redis_url: str, suppliers: Server, tool_server: Server, tmp_path: Path
+    own_redis: str, suppliers: Server, tool_server: Server, tmp_path: Path
 ) -> None:
     policies = tmp_path / "policies"
     policies.mkdir()
@@ -229,7 +239,7 @@ async def test_a_newcomers_three_walks_touch_few_files(
     )
     walks: dict[str, Walk] = {}
     with profiling():
-        app = create_app(settings, redis_url)
+        app = create_app(settings, own_redis)
         transport = httpx.ASGITransport(app=app)
         async with (
             app.router.lifespan_context(app),
