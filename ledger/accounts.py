@@ -58,11 +58,8 @@ class Accounts(LedgerCore):
                 f"in {self.replica_timeout_ms} ms; write it again once they are back",
             )
         # The list of tenants is a key of its own slot, kept for operators (audit);
-        # nothing on the admission path reads it. A store's first tenant registered
-        # with the release flag decided tells an older release's store from a new one.
-        await self.release.decided()
-        with translate_redis_errors("upsert"):
-            await self.redis.sadd(TENANTS_KEY, tenant)
+        # nothing on the admission path reads it.
+        await self.release.register(tenant)
         return str(reply[1])
 
     async def balance(self, tenant: str, account: str) -> Balance | None:

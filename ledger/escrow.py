@@ -65,7 +65,6 @@ from .escrow_audit import (
     split_shards,
 )
 from .keys import (
-    TENANTS_KEY,
     accounts_key,
     escrow_key,
     escrow_seen_key,
@@ -132,9 +131,6 @@ class Escrow:
         if not 1 <= count <= MAX_SHARDS:
             raise BadInput("shards", f"must be 1 to {MAX_SHARDS}")
         names = await _placed(ledger, tenant, count)
-        # Before any tenant is registered: a store with tenants and no flag reads as an
-        # older release's (ledger/release.py).
-        await ledger.release.decided()
         reply = await _write(ledger, "escrow", tenant, ["split", *names])
         if reply[0] == "conflict":
             raise EscrowConflict(
@@ -147,10 +143,8 @@ class Escrow:
                 "are defined, then define them with Escrow.define"
             )
         raise_for_reply(tenant, "", "escrow", reply)
-        # Tenants the operators' commands (audit, sweep) should find: the parent's
-        # audit checks the split (ledger/audit.py).
-        with translate_redis_errors("escrow"):
-            await ledger.redis.sadd(TENANTS_KEY, tenant, *names)
+        # The parent's audit checks the split (ledger/audit.py).
+        await ledger.release.register(tenant, *names)
         return await cls.of(ledger, tenant)
 
     @classmethod

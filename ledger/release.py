@@ -84,11 +84,14 @@ class FleetRelease:
         self._read = True
         return self.format
 
-    async def decided(self) -> None:
-        """The flag decided before this process registers a tenant, after which a
-        store without one reads as served by an older release."""
+    async def register(self, *tenants: str) -> None:
+        """Add `tenants` to the list operators' commands (audit, sweep) walk, the flag
+        decided first: once a tenant is registered, a store without a flag reads as
+        served by an older release."""
         if not self._read:
             await self.read()
+        with translate_redis_errors("registering a tenant"):
+            await self.redis.sadd(TENANTS_KEY, *tenants)
 
     async def finish(self) -> int:
         """Every host runs this release (or a later one): write its format from now
