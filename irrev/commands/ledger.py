@@ -146,7 +146,7 @@ def _configure_escrow(commands: argparse._SubParsersAction[argparse.ArgumentPars
     split.add_argument(
         "--shards", required=True, type=bounded(int, 1, 64), help="how many shards (1-64)"
     )
-    _bind(split, _escrow_split, check=_not_split_yet)
+    _bind(split, _escrow_split, check=_tenant_unchecked)
     show = actions.add_parser(
         "show",
         help="each account's limit, unleased amount and slices; exit 1 if they do not add up",
@@ -472,9 +472,10 @@ async def _upgrade(ledger: Ledger, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _not_split_yet(ledger: Ledger, args: argparse.Namespace, where: str) -> None:
-    """No check before a split: its tenant is new to the ledger (Escrow.split refuses
-    one split already, or one with accounts of its own)."""
+async def _tenant_unchecked(ledger: Ledger, args: argparse.Namespace, where: str) -> None:
+    """Nothing to check before a split: its tenant is new to the ledger, so the usual
+    check (a tenant the ledger knows) would refuse it; Escrow.split refuses a tenant
+    split already, or one with accounts of its own."""
 
 
 async def _escrow_split(ledger: Ledger, args: argparse.Namespace) -> int:
