@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from typing import Any
 
+from irrev.harness import PolicyDraft
 from ledger.client import Ledger
 from ledger.escrow import Escrow, _write
 from ledger.keys import accounts_key, escrow_key
 from ledger.records import AccountSpec
 
-from .test_cli import irrev_ledger
+from .test_cli import EXAMPLES, irrev_ledger
 
 DAY_MS = 24 * 3_600_000
 
@@ -85,6 +87,29 @@ async def test_show_and_recover_exit_1_for_budget_that_does_not_add_up_or_is_str
     recover = irrev_ledger(redis_url, "escrow", "recover", "--tenant", tenant)
     assert recover.returncode == 1
     assert "1 stranded" in recover.stdout and "grant g-old: 7 of tenant:acme" in recover.stdout
+
+
+async def test_show_gives_amounts_in_the_tenants_currency_with_its_policy(
+    ledger: Ledger, tenant: str, redis_url: str, tmp_path: Path
+) -> None:
+    opened = await Escrow.split(ledger, tenant, 2)
+    await opened.define(AccountSpec(account="tenant:acme", limit=2_500_000, soft_limit=2_500_000))
+    await opened.refill(0, "tenant:acme", 500_000)
+    slice_0 = (await opened.accounts())[0].slices[0]
+    # The tenant's policy is in micro-USD: each amount gets its text beside it.
+    PolicyDraft.read(EXAMPLES / "procurement.yaml").named(tenant).write(tmp_path)
+    code, shown = escrow(redis_url, "show", "--tenant", tenant, "--policy-dir", str(tmp_path))
+    (account,) = shown["accounts"]
+    assert code == 0 and account["currency"] == "USD"
+    assert (account["limit"], account["limit_text"]) == (2_500_000, "2.5 USD")
+    first, second = opened.shards
+    assert account["slices"][first] == slice_0 >= 500_000
+    assert account["slices_text"][first] == f"{slice_0 / 1e6:g} USD"
+    assert account["used_text"] == {first: "0 USD", second: "0 USD"}
+    assert account["unleased"] == 2_500_000 - slice_0
+    # Without a policy for the tenant: the stored integers alone.
+    code, bare = escrow(redis_url, "show", "--tenant", tenant, "--policy-dir", str(tmp_path / "x"))
+    assert code == 0 and "currency" not in bare["accounts"][0]
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:
