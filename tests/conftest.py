@@ -63,6 +63,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return False  # it starts standalone servers, and none is named
         if CLUSTER_FIXTURES & names and "cluster" not in SUITE_SERVERS:
             return False
+        if servers_only and item.get_closest_marker("server_neutral"):
+            return False
         return not servers_only or bool(SERVER_FIXTURES & names)
 
     kept = [item for item in items if wanted(item)]

@@ -19,6 +19,10 @@ from .conftest import Gateway, TenantMaker
 from .helpers import PROBLEM_JSON, assert_problem, balances, raw_request, used
 from .servers import Tenant
 
+# How a request is read and re-encoded is decided before anything is held: the same on
+# every server (admissions' holds run on the cluster in the admission suites).
+pytestmark = pytest.mark.server_neutral
+
 # Routes of `readers-canon`, whose upstream reports how several parsers read
 # each request (irrev/upstreams/readers.py): amounts at face value, so a price is an amount.
 READER_ROUTES: list[dict[str, Any]] = [

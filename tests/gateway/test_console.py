@@ -58,7 +58,9 @@ from .servers import Tenant
 from .test_stress import SLOW, stressed_routes
 
 # Slow (README's test command leaves it out; .ci/run runs it).
-pytestmark = pytest.mark.slow
+# What a browser shows and does is the same on every server: the console's reads and
+# decisions run on the cluster in the approvals and operations suites.
+pytestmark = [pytest.mark.slow, pytest.mark.server_neutral]
 
 
 @pytest.fixture(scope="module")
