@@ -104,7 +104,7 @@ async def test_show_gives_amounts_in_the_tenants_currency_with_its_policy(
     assert (account["limit"], account["limit_text"]) == (2_500_000, "2.5 USD")
     first, second = opened.shards
     assert account["slices"][first] == slice_0 >= 500_000
-    assert account["slices_text"][first] == f"{slice_0 / 1e6:g} USD"
+    assert account["slices_text"][first] == f"{slice_0 / 1e6:.6f}".rstrip("0").rstrip(".") + " USD"
     assert account["used_text"] == {first: "0 USD", second: "0 USD"}
     assert account["unleased"] == 2_500_000 - slice_0
     # Without a policy for the tenant: the stored integers alone.
