@@ -51,11 +51,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="only the tests that run on the servers of IRREV_TEST_SERVERS (.ci/run's passes "
         "on the other servers: the rest ran in the first)",
     )
+    parser.addoption(
+        "--standalone-only",
+        action="store_true",
+        help="only the tests that start a standalone server (redis_binary): the ones a "
+        "cluster pass leaves out (.ci/run's Redis 7 pass)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     standalone = any(name in STANDALONE for name in SUITE_SERVERS)
     servers_only = config.getoption("--server-params-only")
+    standalone_only = config.getoption("--standalone-only")
 
     def wanted(item: pytest.Item) -> bool:
         names = set(getattr(item, "fixturenames", ()))
@@ -64,6 +71,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if CLUSTER_FIXTURES & names and "cluster" not in SUITE_SERVERS:
             return False
         if servers_only and item.get_closest_marker("server_neutral"):
+            return False
+        if standalone_only and "redis_binary" not in names:
             return False
         return not servers_only or bool(SERVER_FIXTURES & names)
 
