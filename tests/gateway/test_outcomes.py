@@ -425,8 +425,8 @@ async def test_an_in_progress_409_on_a_retry_keeps_the_hold_ambiguous(
     nothing is recorded, and a later retry gets (and posts) the real result."""
     tenant = outcomes_tenant
     # The retry must reach the supplier while the first request is still in progress:
-    # it has the 4.5 s after the gateway's 3 s timeout, which a loaded 2-core machine
-    # spends on the balance read and the retry's own admission (1.5 s was too few).
+    # 4.5 s after the gateway's 3 s timeout for the balance read and the retry's own
+    # admission (1.5 s before: little on a loaded 2-core machine, where this test flaked).
     await set_faults(upstream, tenant, delay_s=7.5, in_progress=True, times=1)
     headers = effect_headers(tenant, "buyer-04", "in-progress")
     first = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
