@@ -424,10 +424,9 @@ async def test_an_in_progress_409_on_a_retry_keeps_the_hold_ambiguous(
     Idempotency-Key draft). That is no refusal: the hold stays ambiguous and charged,
     nothing is recorded, and a later retry gets (and posts) the real result."""
     tenant = outcomes_tenant
-    # The retry must reach the supplier while the first request is still in progress:
-    # 4.5 s after the gateway's 3 s timeout for the balance read and the retry's own
-    # admission (1.5 s before: little on a loaded 2-core machine, where this test flaked).
-    await set_faults(upstream, tenant, delay_s=7.5, in_progress=True, times=1)
+    # The first request stays in progress until released, whatever the machine's load:
+    # the retry reaches the supplier while it is, not within a delay's window.
+    await set_faults(upstream, tenant, hold=True, in_progress=True, times=1)
     headers = effect_headers(tenant, "buyer-04", "in-progress")
     first = await http.post("/tools/supplier/orders", json=order(quantity=3), headers=headers)
     assert_problem(first, 504, "upstream_ambiguous")
@@ -441,6 +440,7 @@ async def test_an_in_progress_409_on_a_retry_keeps_the_hold_ambiguous(
     assert await hold_state(http, tenant, "buyer-04", hold) == "ambiguous"
     assert used(await balances(http, gateway.admin, tenant)) == charged
 
+    assert (await upstream.post(f"/{tenant.id}/_release")).status_code == 200
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 15
     while f"irrev-{hold}" not in (await supplier_stats(upstream, tenant))["keys"]:
