@@ -305,12 +305,11 @@ def upstream_session(
 
 
 def _timeout(request: httpx.Request) -> aiohttp.ClientTimeout:
-    """httpx's per-request timeouts as aiohttp's: the pool's wait and the connect
-    together bound getting a connection, connect alone the socket's, read each read."""
+    """httpx's per-request timeouts as aiohttp's, past the pool's wait (the transport's
+    own, AiohttpTransport): connect bounds getting the socket, read each read."""
     given = request.extensions.get("timeout", {})
-    pool, connect, read = given.get("pool"), given.get("connect"), given.get("read")
-    waits = None if pool is None or connect is None else pool + connect
-    return aiohttp.ClientTimeout(total=None, connect=waits, sock_connect=connect, sock_read=read)
+    connect, read = given.get("connect"), given.get("read")
+    return aiohttp.ClientTimeout(total=None, connect=connect, sock_connect=connect, sock_read=read)
 
 
 def _raised(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
@@ -331,9 +330,15 @@ class _Body(httpx.AsyncByteStream):
     """An aiohttp answer's body as httpx reads it; closing it returns the connection
     to the pool when the body was read to its end, and drops it otherwise."""
 
-    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+    def __init__(
+        self,
+        response: aiohttp.ClientResponse,
+        request: httpx.Request,
+        slot: asyncio.Semaphore,
+    ) -> None:
         self.response = response
         self.request = request
+        self._slot: asyncio.Semaphore | None = slot
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         try:
@@ -347,18 +352,29 @@ class _Body(httpx.AsyncByteStream):
             self.response.release()
         else:
             self.response.close()
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
     """One upstream_session (made in the worker's loop on first use) under an httpx
     client: at most `max_connections` open, an idle one kept `keepalive_s`, no
     redirect followed, and an answer's body handed to httpx as it came (httpx decodes
-    it, as with its own transport)."""
+    it, as with its own transport).
+
+    The wait for a free connection is the transport's own (`_slots`, held until the
+    answer's body is closed), not aiohttp's: aiohttp raises the same timeout for a
+    pool that stayed full as for an upstream that never took the connection, and the
+    first is the gateway's load (httpx.PoolTimeout: `upstream_pool_timeout`), the
+    second the upstream's (`upstream_connect_timeout`). aiohttp's own limit, the
+    same, is then never waited on."""
 
     def __init__(self, max_connections: int, keepalive_s: float) -> None:
         self.max_connections = max_connections
         self.keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
+        self._slots = asyncio.Semaphore(max_connections)
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -371,9 +387,41 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await self._slot(request)
+        try:
+            response = await self._send(request)
+        except BaseException:
+            self._slots.release()
+            raise
+        return httpx.Response(
+            response.status,
+            headers=[(k, v) for k, v in response.raw_headers],
+            stream=_Body(response, request, self._slots),
+            request=request,
+            extensions={
+                "http_version": b"HTTP/1.1",
+                "reason_phrase": (response.reason or "").encode("latin-1", "replace"),
+            },
+        )
+
+    async def _slot(self, request: httpx.Request) -> None:
+        if not self._slots.locked():
+            # Taken at once (acquire returns without suspending): no timer for nothing.
+            await self._slots.acquire()
+            return
+        try:
+            # asyncio.timeout, not wait_for: see HttpUpstream.deliver.
+            async with asyncio.timeout(request.extensions.get("timeout", {}).get("pool")):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise httpx.PoolTimeout(
+                "every connection of the pool is busy", request=request
+            ) from None
+
+    async def _send(self, request: httpx.Request) -> aiohttp.ClientResponse:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
         try:
-            response = await self.session().request(
+            return await self.session().request(
                 request.method,
                 # As httpx encoded it, not re-quoted: the path sent is the path priced.
                 yarl.URL(str(request.url), encoded=True),
@@ -384,16 +432,6 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise _raised(exc, request) from exc
-        return httpx.Response(
-            response.status,
-            headers=[(k, v) for k, v in response.raw_headers],
-            stream=_Body(response, request),
-            request=request,
-            extensions={
-                "http_version": b"HTTP/1.1",
-                "reason_phrase": (response.reason or "").encode("latin-1", "replace"),
-            },
-        )
 
     async def aclose(self) -> None:
         session, self._session = self._session, None

@@ -279,3 +279,36 @@ async def test_a_2xx_whose_body_cannot_be_decoded_is_ambiguous() -> None:
     async with raw_server(bad_gzip) as (url, requests, _):
         assert await forward(url, effect()) == (Fate.UNKNOWN, "upstream_undecodable")
     assert len(requests) == 1
+
+
+async def test_a_forward_that_finds_every_pooled_connection_busy_says_so() -> None:
+    """Every connection of the worker's pool is taken (by another tenant's forward to a
+    stuck upstream): a forward that waits past its connect timeout for one is not sent,
+    and says it was the pool, not the upstream (before, it read as
+    `upstream_connect_timeout`: an operator looked for a network fault at a healthy
+    upstream). A connection freed later serves the next forward."""
+    release = asyncio.Event()
+
+    async def held(request: bytes, writer: asyncio.StreamWriter) -> None:
+        await release.wait()
+        writer.write(OK)
+        await writer.drain()
+
+    async with (
+        raw_server(held) as (stuck_url, stuck_seen, _),
+        raw_server(ok) as (healthy_url, healthy_seen, _),
+        make_client(0.3, 5.0, 1) as client,
+    ):
+        stuck = HttpUpstream(client, HttpTarget(stuck_url))
+        healthy = HttpUpstream(client, HttpTarget(healthy_url))
+        first = asyncio.create_task(stuck.deliver(effect(), "h1", time.monotonic() + 10))
+        while not stuck_seen:
+            await asyncio.sleep(0.01)
+        answer = await healthy.deliver(effect(), "h2", time.monotonic() + 10)
+        assert (answer.fate, answer.why) == (Fate.NOT_SENT, "upstream_pool_timeout")
+        assert healthy_seen == []
+        release.set()
+        assert (await first).fate is Fate.DELIVERED
+        answer = await healthy.deliver(effect(), "h3", time.monotonic() + 10)
+        assert answer.fate is Fate.DELIVERED
+    assert len(healthy_seen) == 1
