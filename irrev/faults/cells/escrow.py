@@ -8,14 +8,17 @@ the limit, and pending + posted over the shards <= it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from ledger import AccountSpec, Escrow
 
+from ...harness import at_exit, forget
 from ..bench import Run
 from ..matrix import Cell
 
@@ -35,25 +38,35 @@ async def _escrowed(run: Run) -> Escrow:
     return escrow
 
 
-async def _start(run: Run, escrow: Escrow) -> list[subprocess.Popen[str]]:
-    """The workers, released together once each has connected."""
+@contextlib.asynccontextmanager
+async def _spenders(run: Run, escrow: Escrow) -> AsyncIterator[list[subprocess.Popen[str]]]:
+    """The workers, released together once each has connected, and SIGKILLed when the
+    block ends with any still running, or when the matrix exits or is sent SIGTERM
+    meanwhile (harness.at_exit): they share its process group, so a CI timeout's
+    SIGTERM to it alone would leave them spending (and retrying a killed Redis)."""
     barrier = f"{escrow.tenant}:barrier"
     argv = [sys.executable, "-m", "irrev.faults.escrow_worker", run.bench.redis_server.url]
-    workers = [
-        subprocess.Popen(
-            [*argv, escrow.tenant, barrier, f"w{p}", str(OPS)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for p in range(WORKERS)
-    ]
-    redis = run.bench.ledger.redis
-    for _ in workers:
-        if await redis.blpop([f"{barrier}:ready"], timeout=60) is None:
-            raise RuntimeError("an escrow worker did not start within 60 s")
-    await redis.rpush(f"{barrier}:go", *["1"] * len(workers))
-    return workers
+    workers: list[subprocess.Popen[str]] = []
+    exiting = at_exit(functools.partial(_signal, workers))
+    try:
+        for p in range(WORKERS):
+            workers.append(
+                subprocess.Popen(
+                    [*argv, escrow.tenant, barrier, f"w{p}", str(OPS)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        redis = run.bench.ledger.redis
+        for _ in workers:
+            if await redis.blpop([f"{barrier}:ready"], timeout=60) is None:
+                raise RuntimeError("an escrow worker did not start within 60 s")
+        await redis.rpush(f"{barrier}:go", *["1"] * len(workers))
+        yield workers
+    finally:
+        _kill(workers)
+        forget(exiting)
 
 
 async def _admitted(worker: subprocess.Popen[str], count: int) -> None:
@@ -65,9 +78,16 @@ async def _admitted(worker: subprocess.Popen[str], count: int) -> None:
             raise RuntimeError(f"an escrow worker ended before {count} admissions: {said}")
 
 
-def _kill(workers: Sequence[subprocess.Popen[str]]) -> None:
+def _signal(workers: Sequence[subprocess.Popen[str]]) -> None:
+    """SIGKILL to those still running (no wait: a thread may be reading their pipes)."""
     for worker in workers:
-        worker.send_signal(signal.SIGKILL)
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGKILL)
+
+
+def _kill(workers: Sequence[subprocess.Popen[str]]) -> None:
+    """SIGKILL to those still running; each reaped, its pipes closed."""
+    _signal(workers)
     for worker in workers:
         worker.communicate(timeout=30)
 
@@ -103,39 +123,33 @@ async def _checked(run: Run, escrow: Escrow, *, recover: bool) -> list[str]:
 
 async def killed_mid_transfers(run: Run) -> list[str]:
     escrow = await _escrowed(run)
-    workers = await _start(run, escrow)
-    try:
+    async with _spenders(run, escrow) as workers:
         await _admitted(workers[0], KILL_AFTER)
-    finally:
-        _kill(workers)
     return await _checked(run, escrow, recover=True)
 
 
 async def concurrent_reclaims(run: Run) -> list[str]:
     escrow = await _escrowed(run)
-    workers = await _start(run, escrow)
     taken = []
-    for _ in range(5):
-        await _admitted(workers[0], 5)  # the shards hold slices by now
-        taken += await asyncio.gather(
-            *(escrow.reclaim(k % 3, "tenant:acme", 20) for k in range(RECLAIMERS))
-        )
-    found = await _finished(workers)
+    async with _spenders(run, escrow) as workers:
+        for _ in range(5):
+            await _admitted(workers[0], 5)  # the shards hold slices by now
+            taken += await asyncio.gather(
+                *(escrow.reclaim(k % 3, "tenant:acme", 20) for k in range(RECLAIMERS))
+            )
+        found = await _finished(workers)
     run.notes["reclaimed"] = sum(taken)
     return found + await _checked(run, escrow, recover=False)
 
 
 async def redis_killed_mid_transfers(run: Run) -> list[str]:
     escrow = await _escrowed(run)
-    workers = await _start(run, escrow)
-    try:
+    async with _spenders(run, escrow) as workers:
         await _admitted(workers[0], KILL_AFTER)
         await run.bench.kill_redis()
         await asyncio.sleep(0.3)
         await run.bench.restart_redis()
         found = await _finished(workers)
-    finally:
-        _kill([w for w in workers if w.returncode is None])
     return found + await _checked(run, escrow, recover=True)
 
 

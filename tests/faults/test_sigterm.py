@@ -1,0 +1,82 @@
+"""`irrev faults` sent SIGTERM mid-cell (a CI timeout, an operator's `kill`) leaves
+no process of its own running. The escrow cells' spenders share its process group,
+so a SIGTERM to it alone used to leave them spending and retrying a Redis the
+harness had stopped."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ledger import Escrow, Ledger
+
+pytestmark = pytest.mark.slow
+
+WORKER = b"irrev.faults.escrow_worker"
+
+
+def spenders() -> dict[int, list[str]]:
+    """The live escrow workers on this machine and their arguments (zombies left out:
+    an orphan's exit may never be reaped in a container)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if WORKER not in argv:
+                continue
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+        except OSError:
+            continue
+        found[int(entry.name)] = [a.decode() for a in argv[argv.index(WORKER) + 1 :]]
+    return found
+
+
+async def spending(url: str, tenant: str) -> None:
+    """Until the spenders have taken budget: past their start, in their loop."""
+    ledger = Ledger.from_url(url)
+    try:
+        escrow = await Escrow.of(ledger, tenant)
+        while await escrow.used("tenant:acme") == 0:
+            await asyncio.sleep(0.02)
+    finally:
+        await ledger.aclose()
+
+
+async def test_sigterm_mid_escrow_cell_leaves_no_spender_running() -> None:
+    before = set(spenders())
+    argv = ["faults", "--runs", "20", "--cells", "escrow.concurrent_reclaims"]
+    matrix = subprocess.Popen(
+        [str(Path(sys.executable).parent / "irrev"), *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (started := {p: a for p, a in spenders().items() if p not in before}):
+            assert matrix.poll() is None, "the matrix ended before any spender started"
+            assert time.monotonic() < deadline, "no spender started within 120 s"
+            await asyncio.sleep(0.05)
+        url, tenant = next(iter(started.values()))[:2]
+        await asyncio.wait_for(spending(url, tenant), 60)
+        os.kill(matrix.pid, signal.SIGTERM)
+        assert await asyncio.to_thread(matrix.wait, 60) == -signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while (left := set(spenders()) - before) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not left, f"spenders still running after the matrix's SIGTERM: {sorted(left)}"
+    finally:
+        if matrix.poll() is None:
+            matrix.kill()
+            matrix.wait()
+        for pid in set(spenders()) - before:
+            os.kill(pid, signal.SIGKILL)
