@@ -259,6 +259,14 @@ _MAX_FIELD_BYTES = 64 * 1024
 _MAX_FIELDS = 256
 
 
+class _Request(aiohttp.ClientRequest):
+    """aiohttp's request, but a DELETE without a body goes without `Content-Length: 0`,
+    as a GET does (RFC 9110 8.6: no Content-Length where the method's semantics
+    anticipate no content), and as httpx's transport sent it."""
+
+    GET_METHODS = aiohttp.ClientRequest.GET_METHODS | {"DELETE"}
+
+
 class CleanConnector(aiohttp.TCPConnector):
     """aiohttp's pool, but an idle connection with bytes already waiting on it is
     closed, not reused: a server's stray answer (a 408 before it closes, a duplicate
@@ -280,13 +288,15 @@ def upstream_session(
     max_connections: int, keepalive_s: float, **options: Any
 ) -> aiohttp.ClientSession:
     """An aiohttp session to a tenant's upstreams (forwards, MCP POSTs), with what every
-    such session must hold to: no cookie kept (one agent's answer must not ride on
-    another's request), no proxy from the environment, an idle connection dropped after
-    `keepalive_s` and never reused with a stray answer on it (CleanConnector), header
-    blocks read up to _MAX_FIELD_BYTES and _MAX_FIELDS, and nothing resent by aiohttp.
-    `options` are the caller's own (headers, timeouts, decoding)."""
+    such session must hold to: an empty body framed as httpx frames it (_Request), no
+    cookie kept (one agent's answer must not ride on another's request), no proxy from
+    the environment, an idle connection dropped after `keepalive_s` and never reused
+    with a stray answer on it (CleanConnector), header blocks read up to
+    _MAX_FIELD_BYTES and _MAX_FIELDS, and nothing resent by aiohttp. `options` are the
+    caller's own (headers, timeouts, decoding)."""
     session = aiohttp.ClientSession(
         connector=CleanConnector(limit=max_connections, keepalive_timeout=keepalive_s),
+        request_class=_Request,
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
         max_line_size=_MAX_FIELD_BYTES,

@@ -110,6 +110,24 @@ async def test_the_request_sent_is_the_request_priced() -> None:
     assert requests[0].endswith(b'\r\n\r\n{"n":1}')
 
 
+@pytest.mark.parametrize(
+    ("method", "length"),
+    [("DELETE", None), ("GET", None), ("POST", b"0"), ("PUT", b"0"), ("PATCH", b"0")],
+)
+async def test_an_empty_body_is_framed_as_httpx_frames_it(
+    method: str, length: bytes | None
+) -> None:
+    """A DELETE or GET without a body goes without Content-Length (RFC 9110 8.6: a
+    method whose semantics anticipate no content), as httpx's own transport sent it;
+    aiohttp added `Content-Length: 0` to a DELETE. POST, PUT and PATCH say 0."""
+    async with raw_server(ok) as (url, requests, _):
+        fate, _why = await forward(url, effect(method=method, body=b""))
+    assert fate is Fate.DELIVERED
+    _line, fields = head_of(requests[0])
+    assert [v for k, v in fields if k == b"content-length"] == ([] if length is None else [length])
+    assert b"transfer-encoding" not in dict(fields)
+
+
 async def test_a_cookie_an_answer_sets_never_rides_on_the_next_forward() -> None:
     async def set_cookie(request: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(
