@@ -398,21 +398,25 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await self._slot(request)
+        response: aiohttp.ClientResponse | None = None
         try:
             response = await self._send(request)
+            return httpx.Response(
+                response.status,
+                headers=[(k, v) for k, v in response.raw_headers],
+                stream=_Body(response, request, self._slots),
+                request=request,
+                extensions={
+                    "http_version": b"HTTP/1.1",
+                    "reason_phrase": (response.reason or "").encode("latin-1", "replace"),
+                },
+            )
         except BaseException:
+            # No body for httpx to close, and so to give the slot back.
+            if response is not None:
+                response.close()
             self._slots.release()
             raise
-        return httpx.Response(
-            response.status,
-            headers=[(k, v) for k, v in response.raw_headers],
-            stream=_Body(response, request, self._slots),
-            request=request,
-            extensions={
-                "http_version": b"HTTP/1.1",
-                "reason_phrase": (response.reason or "").encode("latin-1", "replace"),
-            },
-        )
 
     async def _slot(self, request: httpx.Request) -> None:
         if not self._slots.locked():

@@ -330,3 +330,51 @@ async def test_a_forward_that_finds_every_pooled_connection_busy_says_so() -> No
         answer = await healthy.deliver(effect(), "h3", time.monotonic() + 10)
         assert answer.fate is Fate.DELIVERED
     assert len(healthy_seen) == 1
+
+
+async def test_no_failure_keeps_a_connection_of_the_pool() -> None:
+    """Each way a forward can end without an answer, one after another on a pool of one
+    connection, then a forward that must get that connection: a slot of the pool kept
+    by any of them (never given back) would leave it waiting, then not sent."""
+
+    async def hang_up(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    async def half(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{")
+        await writer.drain()
+        writer.close()
+
+    async def stall(request: bytes, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(3)
+
+    async def trickle(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{")
+        await writer.drain()
+        await asyncio.sleep(3)
+
+    async def bad_gzip(request: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 201 Created\r\ncontent-encoding: gzip\r\ncontent-length: 1\r\n\r\nx"
+        )
+        await writer.drain()
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        refused = f"http://127.0.0.1:{unused.getsockname()[1]}"
+    ended = []
+    async with make_client(0.5, 0.3, 1) as client:
+        for answerer in (hang_up, half, stall, trickle, bad_gzip):
+            async with raw_server(answerer) as (url, _, _):
+                upstream = HttpUpstream(client, HttpTarget(url))
+                ended.append((await upstream.deliver(effect(), "h", time.monotonic() + 10)).why)
+                # Cut off by the hold's deadline mid-answer, not by a read timeout.
+                ended.append((await upstream.deliver(effect(), "h", time.monotonic() + 0.1)).why)
+        upstream = HttpUpstream(client, HttpTarget(refused))
+        ended.append((await upstream.deliver(effect(), "h", time.monotonic() + 10)).why)
+        async with raw_server(ok) as (url, requests, _):
+            upstream = HttpUpstream(client, HttpTarget(url))
+            answer = await upstream.deliver(effect(), "h", time.monotonic() + 10)
+    assert "upstream_pool_timeout" not in ended
+    assert (answer.fate, answer.why) == (Fate.DELIVERED, "upstream_200"), ended
+    assert len(requests) == 1
