@@ -5,6 +5,7 @@ script cache, a user without permissions, a full memory, a busy pool, a cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import signal
 import subprocess
@@ -38,6 +39,9 @@ from ledger.records import AccountSpec, HoldState
 
 from ..conftest import ReplicatedRedis, server_binary
 from .conftest import open_accounts
+
+# How long the pool-exhaustion test keeps its one connection blocked.
+BLOCK_S = 30
 
 HOUR_MS = 3_600_000
 CLUSTER_START_S = 30.0
@@ -209,13 +213,19 @@ async def test_a_full_memory_is_out_of_memory(own_ledger: Ledger, tenant: str) -
 async def test_a_pool_with_every_connection_busy_is_not_called_unreachable(
     redis_url: str, tenant: str
 ) -> None:
-    ledger = Ledger.from_url(redis_url, max_connections=1, pool_timeout_s=0.05)
+    # The BLPOP below blocks for 30 s: a socket timeout under that (the cluster
+    # client's default is 5 s) ended it early on a loaded machine, and the client's
+    # reaction to that timeout (a new topology, its old nodes left unclosed) failed
+    # whichever test the garbage collector then ran in.
+    ledger = Ledger.from_url(
+        redis_url, max_connections=1, pool_timeout_s=0.05, socket_timeout=BLOCK_S * 2
+    )
     try:
         # In the tenant's slot: on a cluster, its node's only connection is taken.
         never = f"irrev:{{{tenant}}}:never"
 
         async def block() -> None:
-            await ledger.redis.blpop([never], timeout=30)
+            await ledger.redis.blpop([never], timeout=BLOCK_S)
 
         blocked = asyncio.create_task(block())
         # On a loaded machine a cluster client's first call (slots discovery) can
@@ -227,6 +237,8 @@ async def test_a_pool_with_every_connection_busy_is_not_called_unreachable(
         assert "max_connections" in str(raised.value)
         assert not blocked.done()
         blocked.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await blocked
     finally:
         await ledger.aclose()
 
