@@ -170,10 +170,11 @@ class Escrow:
         args = validate.account_args(spec)
         reply = await _write(self.ledger, "escrow", self.tenant, ["define", *args])
         raise_for_reply(self.tenant, "", "escrow", reply)
-        definition = self._definitions[spec.account] = Definition(*(int(a) for a in args[1:]))
+        shape = [*args[1:], str(reply[2])]
+        definition = self._definitions[spec.account] = Definition(*(int(a) for a in shape))
         for shard in self.shards:
             reshaped = await _write(
-                self.ledger, "escrow_shard", shard, ["reshape", "r", spec.account, *args[1:]]
+                self.ledger, "escrow_shard", shard, ["reshape", "r", spec.account, *shape]
             )
             raise_for_reply(shard, "", "escrow", reshaped)
         unleased = int(reply[1])
@@ -323,12 +324,9 @@ class Escrow:
         self, k: int, account: str, want: int, definition: Definition, keep: int = 0
     ) -> int:
         xid = _transfer_id("y")
-        reply = await _write(
-            self.ledger,
-            "escrow_shard",
-            self.shards[k],
-            ["yield", xid, account, str(want), str(keep), *_limits(definition)],
-        )
+        args = ["yield", xid, account, str(want), str(keep), *_limits(definition)]
+        args.append(str(definition.generation))
+        reply = await _write(self.ledger, "escrow_shard", self.shards[k], args)
         raise_for_reply(self.shards[k], "", "escrow", reply)
         amount, t0 = int(reply[1]), int(reply[2])
         if amount:
@@ -377,7 +375,7 @@ class Escrow:
             shown.append(
                 EscrowAccount(
                     account,
-                    parse_definition(parent[name]),
+                    parse_definition(parent[name], int(parent.get(f"n|{account}", 0))),
                     int(parent.get(f"u|{account}", 0)),
                     tuple(0 if b is None else b.limit for b in held),
                     tuple(0 if b is None else b.used for b in held),
@@ -404,7 +402,7 @@ class Escrow:
             return 0
         raise_for_reply(self.tenant, "", "escrow", reply)
         amount, t0 = int(reply[1]), int(reply[2])
-        definition = Definition(*(int(x) for x in reply[3:7]))
+        definition = Definition(*(int(x) for x in reply[3:8]))
         self._definitions[account] = definition
         await self._applied(k, xid, account, amount, t0, definition)
         return amount
@@ -416,6 +414,7 @@ class Escrow:
         refused it as stale (it stays in the parent, stranded)."""
         args = ["apply", xid, account, str(amount), str(t0), *_limits(definition)]
         args += [str(definition.window_ms), str(definition.approval_threshold)]
+        args.append(str(definition.generation))
         reply = await _write(self.ledger, "escrow_shard", self.shards[k], args)
         if reply[0] == "stale":
             return False
@@ -441,10 +440,13 @@ class Escrow:
         if definition is None:
             key = escrow_key(self.tenant)
             with translate_redis_errors("escrow"):
-                text = await decoded(self.ledger.redis.hget(key, f"a|{account}"))
+                text, generation = await decoded(
+                    self.ledger.redis.hmget(key, [f"a|{account}", f"n|{account}"])
+                )
             if not text:
                 raise UnknownAccount(self.tenant, account)
-            definition = self._definitions[account] = parse_definition(str(text))
+            definition = parse_definition(str(text), int(generation or 0))
+            self._definitions[account] = definition
         return definition
 
     async def used(self, account: str) -> int:

@@ -19,17 +19,21 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Definition:
-    """An escrowed account's limits over the whole tenant."""
+    """An escrowed account's limits over the whole tenant, and their generation (one
+    more at each define; 0 for a definition written before generations were kept):
+    a shard shapes its slice by the newest it has been given (lua/escrow_shard.lua)."""
 
     limit: int
     soft_limit: int
     window_ms: int
     approval_threshold: int
+    generation: int = 0
 
 
-def parse_definition(text: str) -> Definition:
+def parse_definition(text: str, generation: int = 0) -> Definition:
+    """`a|<account>`'s text, and its generation (`n|<account>`: lua/escrow.lua)."""
     limit, soft, win, appr = (int(part) for part in text.split(","))
-    return Definition(limit, soft, win, appr)
+    return Definition(limit, soft, win, appr, generation)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,9 @@
 --
 -- KEYS     the tenant's accounts and journal (_lib.lua), then KEYS[3] `...:escrow`
 --          (a hash: `shards`, and per account `a|<id>` its definition
---          `limit,soft,win,appr` and `u|<id>` its unleased amount, per grant in
+--          `limit,soft,win,appr`, `n|<id>` its generation (1 at its first define, one
+--          more at each after; absent, as releases before it wrote none: 0) and
+--          `u|<id>` its unleased amount, per grant in
 --          flight `g|<xid>` = `<shard>|<account>|<amount>|<t0>`), KEYS[4]
 --          `...:escrow:seen` (a sorted set: the ids of reclaims received, by the
 --          Redis time their yield was taken)
@@ -21,11 +23,13 @@
 --   define account, limit, soft limit, window_ms, approval threshold: the account's
 --          limits over every shard; a changed limit moves its unleased by the change
 --          (below zero: no grant until reclaims bring it back)
---          -> {'ok', unleased}
+--          -> {'ok', unleased, gen}: gen the definition's new generation, which the
+--             shards' reshape is given (escrow_shard.lua keeps the newest)
 --   grant  xid, shard index (0-based), account, want, least: take min(want,
 --          unleased) for the shard if that is at least `least` (with 0, whatever
 --          there is)
---          -> {'ok' | 'exists', amount, t0, limit, soft, win, appr};
+--          -> {'ok' | 'exists', amount, t0, limit, soft, win, appr, gen}: the
+--             definition as it stands, for the shard's apply;
 --             {'short', unleased}: nothing taken; {'unknown_account', account}
 --   granted  xid: the grant was applied on its shard; forget it -> {'ok'}
 --   receive  xid, shard index, account, amount, t0: a reclaim the shard yielded at
@@ -48,13 +52,13 @@ end
 local op = ARGV[1]
 
 local function definition(account)
-  local text = redis.call('HGET', ESCROW, 'a|' .. account)
-  if not text then
+  local read = redis.call('HMGET', ESCROW, 'a|' .. account, 'n|' .. account)
+  if not read[1] then
     return nil
   end
-  local limit, soft, win, appr = string.match(text, '^(%d+),(%d+),(%d+),(%d+)$')
+  local limit, soft, win, appr = string.match(read[1], '^(%d+),(%d+),(%d+),(%d+)$')
   return {limit = tonumber(limit), soft = tonumber(soft), win = tonumber(win),
-          appr = tonumber(appr)}
+          appr = tonumber(appr), gen = tonumber(read[2]) or 0}
 end
 
 local function shard_count()
@@ -120,16 +124,17 @@ if op == 'define' then
     return {'bad_input', 'tenant', 'is not split into escrow shards: split it first'}
   end
   local had = definition(account)
+  local gen = (had and had.gen or 0) + 1
   local unleased = tonumber(redis.call('HGET', ESCROW, 'u|' .. account)) or 0
   -- The change first: both limits are exact, and so is their difference; added to
   -- unleased first, the sum could pass 2^53 and round.
   unleased = unleased + (limit - (had and had.limit or 0))
   redis.call('HSET', ESCROW, 'a|' .. account,
     fmt(limit) .. ',' .. fmt(soft) .. ',' .. fmt(win) .. ',' .. fmt(appr),
-    'u|' .. account, fmt(unleased))
+    'n|' .. account, fmt(gen), 'u|' .. account, fmt(unleased))
   journal({'op', 'escrow', 'act', 'define', 'acct', account, 'limit', fmt(limit),
            'unleased', fmt(unleased)})
-  return {'ok', fmt(unleased)}
+  return {'ok', fmt(unleased), fmt(gen)}
 end
 
 local xid = ARGV[2]
@@ -170,7 +175,7 @@ if op == 'grant' then
              'amt', fmt(amount)})
   end
   return {status, fmt(amount), fmt(t0), fmt(def.limit), fmt(def.soft), fmt(def.win),
-          fmt(def.appr)}
+          fmt(def.appr), fmt(def.gen)}
 end
 
 if op == 'granted' then

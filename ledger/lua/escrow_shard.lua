@@ -3,14 +3,17 @@
 -- limits; these two steps are the only writes of its limits.
 --
 -- KEYS     the shard's accounts and journal (_lib.lua), then KEYS[3] `...:escrow` (a
---          hash: per reclaim in flight `y|<xid>` = `<account>|<amount>|<t0>`), KEYS[4]
+--          hash: per reclaim in flight `y|<xid>` = `<account>|<amount>|<t0>`; per
+--          account `d|<id>` = `gen,limit,soft,win,appr`, the newest of the parent's
+--          definitions a reshape or an apply brought here), KEYS[4]
 --          `...:escrow:seen` (a sorted set: the ids of grants applied, by the Redis
 --          time the parent took them)
 -- ARGV[1]  the operation, and after it its arguments:
 --   apply  xid, account, amount, t0 (the parent's Redis time of the grant), the
 --          parent's limit, soft limit, window_ms and approval threshold of the
---          account: raise the account's slice by `amount`, once (opening it, with
---          zero balances, if missing); its soft limit is the parent's share of it,
+--          account, and optionally their generation (escrow.lua's define; absent: 0):
+--          raise the account's slice by `amount`, once (opening it, with zero
+--          balances, if missing); its soft limit is the parent's share of it,
 --          floor(slice x soft / limit)
 --          -> {'ok' | 'exists', slice}; {'stale'}: t0 is older than
 --          TRANSFER_RETENTION_MS (_lib.lua, 7 days), not applied (its id may have been
@@ -20,10 +23,12 @@
 --          comes by refills), so that racing openers cannot take a chunk each
 --          -> {'ok' | 'exists'}
 --   reshape  xid (any: not remembered), account, the parent's limit, soft limit,
---          window_ms and approval threshold, as the parent now defines them: the
---          slice's soft limit, window and threshold follow (its slice does not move)
---          -> {'ok'}; {'exists'}: no such account here, nothing written
---   yield  xid, account, want, keep, the parent's limit and soft limit: give back
+--          window_ms and approval threshold, as the parent now defines them, and
+--          optionally their generation: the slice's soft limit, window and threshold
+--          follow (its slice does not move)
+--          -> {'ok'}; {'exists'}: no such account here (the definition is kept for it)
+--   yield  xid, account, want, keep, the parent's limit and soft limit, and optionally
+--          their generation: give back
 --          min(want, room - keep), once, where room is what the slice has above both
 --          what it holds pending and posted this window and the slice whose share
 --          below the soft limit covers that (never below 0)
@@ -37,7 +42,10 @@
 -- adds up to at most the tenant's soft limit; and each
 -- grant raises it once (while its id is remembered, TRANSFER_RETENTION_MS; an older one is
 -- refused). Every change is journaled as an `account` entry, so the shard's own
--- journal replays its limits (contract 7).
+-- journal replays its limits (contract 7). Each step shapes the slice by the newest
+-- definition this shard has been given, whatever the step carries (`d|`): a transfer
+-- that began before a define, in another process, never puts the older soft limit,
+-- window or threshold back (a stale copy never undoes a newer change).
 
 local ESCROW, SEEN = KEYS[3], KEYS[4]
 if ESCROW ~= P .. 'escrow' or SEEN ~= P .. 'escrow:seen' then
@@ -54,6 +62,36 @@ end
 local account = ARGV[3]
 if not valid_id(account) or not string.match(account, '^%a+:.') then
   return {'bad_input', 'account', 'must be kind:name of [A-Za-z0-9._:@/-], at most 128'}
+end
+
+-- A step's optional last argument, the generation of the definition it carries.
+local function gen_arg(i)
+  if ARGV[i] == nil then
+    return 0
+  end
+  return uint(ARGV[i], MAX_AMOUNT)
+end
+
+-- The definition a step shapes the slice by: the one it carries (`given`: gen, limit
+-- and soft, with win and appr but in a yield's), unless this shard holds a newer one.
+-- A complete and newer one is kept as the newest.
+local function newest(given)
+  local text = redis.call('HGET', ESCROW, 'd|' .. account)
+  if text then
+    local g, l, s, w, a = string.match(text, '^(%d+),(%d+),(%d+),(%d+),(%d+)$')
+    if tonumber(g) > given.gen then
+      return {gen = tonumber(g), limit = tonumber(l), soft = tonumber(s), win = tonumber(w),
+              appr = tonumber(a)}
+    end
+    if tonumber(g) == given.gen then
+      return given
+    end
+  end
+  if given.limit and given.win then
+    redis.call('HSET', ESCROW, 'd|' .. account, fmt(given.gen) .. ',' .. fmt(given.limit)
+      .. ',' .. fmt(given.soft) .. ',' .. fmt(given.win) .. ',' .. fmt(given.appr))
+  end
+  return given
 end
 
 -- The parent's share of `slice` below its soft limit, floor(slice x soft / limit),
@@ -103,29 +141,31 @@ if op == 'open' then
   if load_account(account) then
     return {'exists'}
   end
+  local d = newest({gen = 0, win = win, appr = appr})
   local now = now_ms()
-  write({id = account, limit = 0, soft = 0, win = win, appr = appr, pend = 0, post = 0,
-         over = 0, ws = win > 0 and now - (now % win) or 0}, xid)
+  write({id = account, limit = 0, soft = 0, win = d.win, appr = d.appr, pend = 0, post = 0,
+         over = 0, ws = d.win > 0 and now - (now % d.win) or 0}, xid)
   return {'ok'}
 end
 
 if op == 'reshape' then
   local limit, soft = uint(ARGV[4], MAX_AMOUNT), uint(ARGV[5], MAX_AMOUNT)
-  local win, appr = uint(ARGV[6], MAX_AMOUNT), uint(ARGV[7], MAX_AMOUNT)
-  if not limit or not soft or soft > limit or not win or not appr or #ARGV ~= 7 then
+  local win, appr, gen = uint(ARGV[6], MAX_AMOUNT), uint(ARGV[7], MAX_AMOUNT), gen_arg(8)
+  if not limit or not soft or soft > limit or not win or not appr or not gen or #ARGV > 8 then
     return {'bad_input', 'arguments', 'reshape takes an account and its limits (soft <= '
-      .. 'limit), window_ms and threshold, as integers'}
+      .. 'limit), window_ms, threshold and generation, as integers'}
   end
+  local d = newest({gen = gen, limit = limit, soft = soft, win = win, appr = appr})
   local a = load_account(account)
   if not a then
     return {'exists'}
   end
   local now = now_ms()
   roll(a, now)
-  if win ~= a.win then
-    a.ws = win > 0 and now - (now % win) or 0
+  if d.win ~= a.win then
+    a.ws = d.win > 0 and now - (now % d.win) or 0
   end
-  a.soft, a.win, a.appr = soft_share(a.limit, limit, soft), win, appr
+  a.soft, a.win, a.appr = soft_share(a.limit, d.limit, d.soft), d.win, d.appr
   write(a, xid)
   return {'ok'}
 end
@@ -133,11 +173,11 @@ end
 if op == 'apply' then
   local amount, t0 = uint(ARGV[4], MAX_AMOUNT), uint(ARGV[5], MAX_AMOUNT)
   local limit, soft = uint(ARGV[6], MAX_AMOUNT), uint(ARGV[7], MAX_AMOUNT)
-  local win, appr = uint(ARGV[8], MAX_AMOUNT), uint(ARGV[9], MAX_AMOUNT)
+  local win, appr, gen = uint(ARGV[8], MAX_AMOUNT), uint(ARGV[9], MAX_AMOUNT), gen_arg(10)
   if not amount or not t0 or not limit or not soft or soft > limit or not win or not appr
-      or #ARGV ~= 9 then
+      or not gen or #ARGV > 10 then
     return {'bad_input', 'arguments', 'apply takes a transfer, an account, its amount, t0 '
-      .. 'and the limits (soft <= limit), as integers'}
+      .. 'and the limits (soft <= limit) and their generation, as integers'}
   end
   if redis.call('ZSCORE', SEEN, xid) then
     local had = load_account(account)
@@ -148,17 +188,18 @@ if op == 'apply' then
     return {'stale'}
   end
   local a = load_account(account)
+  if a and a.limit + amount > MAX_AMOUNT then
+    return {'bad_input', 'amount', 'would take the slice past 2^53-1'}
+  end
+  local d = newest({gen = gen, limit = limit, soft = soft, win = win, appr = appr})
   if a then
     roll(a, now)
   else
     a = {id = account, limit = 0, pend = 0, post = 0, over = 0,
-         ws = win > 0 and now - (now % win) or 0}
-  end
-  if a.limit + amount > MAX_AMOUNT then
-    return {'bad_input', 'amount', 'would take the slice past 2^53-1'}
+         ws = d.win > 0 and now - (now % d.win) or 0}
   end
   a.limit = a.limit + amount
-  a.soft, a.win, a.appr = soft_share(a.limit, limit, soft), win, appr
+  a.soft, a.win, a.appr = soft_share(a.limit, d.limit, d.soft), d.win, d.appr
   write(a, xid)
   redis.call('ZADD', SEEN, fmt(t0), xid)
   redis.call('ZREMRANGEBYSCORE', SEEN, '-inf', '(' .. fmt(now - TRANSFER_RETENTION_MS))
@@ -167,10 +208,11 @@ end
 
 if op == 'yield' then
   local want, keep = uint(ARGV[4], MAX_AMOUNT), uint(ARGV[5], MAX_AMOUNT)
-  local limit, soft = uint(ARGV[6], MAX_AMOUNT), uint(ARGV[7], MAX_AMOUNT)
-  if not want or not keep or not limit or not soft or soft > limit or #ARGV ~= 7 then
+  local limit, soft, gen = uint(ARGV[6], MAX_AMOUNT), uint(ARGV[7], MAX_AMOUNT), gen_arg(8)
+  if not want or not keep or not limit or not soft or soft > limit or not gen
+      or #ARGV > 8 then
     return {'bad_input', 'arguments', 'yield takes a transfer, an account, want, keep and '
-      .. 'the limits (soft <= limit), as integers'}
+      .. 'the limits (soft <= limit) and their generation, as integers'}
   end
   local had = redis.call('HGET', ESCROW, 'y|' .. xid)
   if had then
@@ -186,10 +228,11 @@ if op == 'yield' then
     return {'ok', '0', fmt(now)}
   end
   roll(a, now)
+  local d = newest({gen = gen, limit = limit, soft = soft})
   -- What the slice must keep: what it holds, and the slice whose share below the soft
   -- limit still covers it. Every shard then holds no more than its share of the band,
   -- and the shares add up to at most the soft limit: the band holds over the tenant.
-  local kept = soft_cover(a.pend + a.post, limit, soft)
+  local kept = soft_cover(a.pend + a.post, d.limit, d.soft)
   local room = math.max(a.limit - kept, 0)
   local amount = math.min(want, math.max(room - keep, 0))
   if amount == 0 then
@@ -197,7 +240,7 @@ if op == 'yield' then
     return {'ok', '0', fmt(now)}
   end
   a.limit = a.limit - amount
-  a.soft = soft_share(a.limit, limit, soft)
+  a.soft = soft_share(a.limit, d.limit, d.soft)
   write(a, xid)
   redis.call('HSET', ESCROW, 'y|' .. xid, account .. '|' .. fmt(amount) .. '|' .. fmt(now))
   return {'ok', fmt(amount), fmt(now)}

@@ -189,7 +189,7 @@ async def test_a_transfer_id_is_remembered_whatever_another_caller_sends(
     )
     apply = ["apply", "g-1", "tenant:acme", "100", granted[2], "1000", "1000", "0", "0"]
     assert (await _write(ledger, "escrow_shard", escrow.shards[0], apply))[0] == "ok"
-    with_retention = ["apply", "g-2", "tenant:acme", "5", granted[2], "1000", "1000", "0", "0", "1"]
+    with_retention = ["apply", "g-2", *apply[2:], granted[7], "1"]
     refused = await _write(ledger, "escrow_shard", escrow.shards[0], with_retention)
     assert refused[:2] == ["bad_input", "arguments"]
     await escrow.refill(0, "tenant:acme", 200)
@@ -342,6 +342,55 @@ async def test_define_moves_what_the_shards_hold_at_once(ledger: Ledger, tenant:
         await escrow.reserve("more", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
     ).decision == "deny"
     assert await escrow.used("tenant:acme") == 100
+    assert (await escrow.audit()).ok
+
+
+async def test_a_transfer_that_began_before_a_define_never_undoes_it(
+    ledger: Ledger, tenant: str
+) -> None:
+    """A grant carries the account's definition as the parent had it; a define in
+    another process may land before the grant is applied on its shard (or recover()
+    applies it later). Then the apply, and a reclaim sized by that older definition,
+    must not put the older band and threshold back on the slice: a stale copy never
+    undoes a newer change. The steps are sent as escrow.py sends them, in that order."""
+    escrow = await escrowed(ledger, tenant, tenant_acme=1000)
+    assert await escrow.refill(0, "tenant:acme", 100) > 0
+    granted = await _write(
+        ledger, "escrow", tenant, ["grant", "g-1", "0", "tenant:acme", "100", "1"]
+    )
+    assert granted[0] == "ok"
+    newer = AccountSpec(
+        account="tenant:acme", limit=1000, soft_limit=500, window_ms=HOUR_MS, approval_threshold=7
+    )
+    await (await Escrow.of(ledger, tenant)).define(newer)
+
+    async def slice_is_newer() -> None:
+        slice_ = await ledger.balance(escrow.shards[0], "tenant:acme")
+        assert slice_ is not None
+        assert slice_.soft_limit == slice_.limit // 2, slice_
+        assert (slice_.window_ms, slice_.approval_threshold) == (HOUR_MS, 7), slice_
+
+    await slice_is_newer()
+    amount, t0, defined = granted[1], granted[2], granted[3:]
+    apply = ["apply", "g-1", "tenant:acme", amount, t0, *defined]
+    assert (await _write(ledger, "escrow_shard", escrow.shards[0], apply))[0] == "ok"
+    await slice_is_newer()
+    # A reclaim by a process that read the definition with that grant: its limits,
+    # and what the grant said of their age.
+    yield_ = ["yield", "y-1", "tenant:acme", "10", "0", *defined[:2], *defined[4:]]
+    assert (await _write(ledger, "escrow_shard", escrow.shards[0], yield_))[:2] == ["ok", "10"]
+    await slice_is_newer()
+    # The define before, whose reshape of this shard comes last (two operators, two
+    # hosts); and a shard that had no slice yet, opened after it by the process that
+    # still has the older definition.
+    reshape = ["reshape", "r", "tenant:acme", *defined]
+    assert (await _write(ledger, "escrow_shard", escrow.shards[0], reshape))[0] == "ok"
+    await slice_is_newer()
+    assert await escrow.refill(1, "tenant:acme", 50) > 0
+    slice_ = await ledger.balance(escrow.shards[1], "tenant:acme")
+    assert slice_ is not None and slice_.soft_limit == slice_.limit // 2, slice_
+    assert (slice_.window_ms, slice_.approval_threshold) == (HOUR_MS, 7), slice_
+    await escrow.recover()
     assert (await escrow.audit()).ok
 
 
