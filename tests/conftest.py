@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
+from irrev.harness import at_exit, forget
 from irrev.localcluster import LocalCluster
 from ledger.embedded import EmbeddedRedis
 from ledger.redis_binary import bundled_redis_server, redis_server_version
@@ -156,8 +157,12 @@ class SessionServers:
 @pytest.fixture(scope="session")
 def session_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionServers]:
     servers = SessionServers(tmp_path_factory.mktemp("servers"))
+    # A SIGTERM to pytest ends it without its fixtures' teardown: the harness's
+    # handler stops them then (tests/test_session_servers.py).
+    exiting = at_exit(servers.stack.close)
     with servers.stack:
         yield servers
+    forget(exiting)
 
 
 @pytest.fixture(scope="session", params=[s for s in SUITE_SERVERS if s in STANDALONE])
