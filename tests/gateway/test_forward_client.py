@@ -111,21 +111,32 @@ async def test_the_request_sent_is_the_request_priced() -> None:
 
 
 @pytest.mark.parametrize(
-    ("method", "length"),
-    [("DELETE", None), ("GET", None), ("POST", b"0"), ("PUT", b"0"), ("PATCH", b"0")],
+    ("method", "body", "length"),
+    [
+        ("DELETE", b"", None),
+        ("GET", b"", None),
+        ("POST", b"", b"0"),
+        ("PUT", b"", b"0"),
+        ("PATCH", b"", b"0"),
+        ("DELETE", b'{"n":1}', b"7"),
+    ],
 )
-async def test_an_empty_body_is_framed_as_httpx_frames_it(
-    method: str, length: bytes | None
+async def test_a_body_is_framed_as_httpx_frames_it(
+    method: str, body: bytes, length: bytes | None
 ) -> None:
     """A DELETE or GET without a body goes without Content-Length (RFC 9110 8.6: a
     method whose semantics anticipate no content), as httpx's own transport sent it;
-    aiohttp added `Content-Length: 0` to a DELETE. POST, PUT and PATCH say 0."""
+    aiohttp added `Content-Length: 0` to a DELETE. POST, PUT and PATCH say 0. A
+    DELETE with a body (priced with it) says its length: a body sent unframed would
+    be read by the server as the start of another request."""
     async with raw_server(ok) as (url, requests, _):
-        fate, _why = await forward(url, effect(method=method, body=b""))
+        fate, _why = await forward(url, effect(method=method, body=body))
     assert fate is Fate.DELIVERED
     _line, fields = head_of(requests[0])
     assert [v for k, v in fields if k == b"content-length"] == ([] if length is None else [length])
     assert b"transfer-encoding" not in dict(fields)
+    assert requests[0].endswith(b"\r\n\r\n" + body)
+    assert len(requests) == 1
 
 
 async def test_a_cookie_an_answer_sets_never_rides_on_the_next_forward() -> None:
