@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from irrev.harness import answers
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,8 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def listening(url: str) -> bool:
     parts = urlsplit(url)
-    with socket.socket() as probe:
-        return probe.connect_ex((parts.hostname or "", parts.port or 0)) == 0
+    return answers(parts.hostname or "", parts.port or 0)
 
 
 def test_sigterm_stops_the_sessions_redis(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ harness had stopped."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from irrev.harness import group_members
 from ledger import Escrow, Ledger
 
 pytestmark = pytest.mark.slow
@@ -22,22 +24,16 @@ pytestmark = pytest.mark.slow
 WORKER = b"irrev.faults.escrow_worker"
 
 
-def spenders() -> dict[int, list[str]]:
-    """The live escrow workers on this machine and their arguments (zombies left out:
-    an orphan's exit may never be reaped in a container)."""
+def spenders(group: int) -> dict[int, list[str]]:
+    """The escrow workers among the live processes of `group`, and their arguments."""
     found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in group_members(group):
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if WORKER not in argv:
-                continue
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
-            continue
-        found[int(entry.name)] = [a.decode() for a in argv[argv.index(WORKER) + 1 :]]
+            continue  # exited meanwhile
+        if WORKER in argv:
+            found[pid] = [a.decode() for a in argv[argv.index(WORKER) + 1 :]]
     return found
 
 
@@ -53,16 +49,18 @@ async def spending(url: str, tenant: str) -> None:
 
 
 async def test_sigterm_mid_escrow_cell_leaves_no_spender_running() -> None:
-    before = set(spenders())
+    """The matrix in a process group of its own, which its spenders share: after its
+    SIGTERM, nothing of that group may be left."""
     argv = ["faults", "--runs", "20", "--cells", "escrow.concurrent_reclaims"]
     matrix = subprocess.Popen(
         [str(Path(sys.executable).parent / "irrev"), *argv],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120
-        while not (started := {p: a for p, a in spenders().items() if p not in before}):
+        while not (started := spenders(matrix.pid)):
             assert matrix.poll() is None, "the matrix ended before any spender started"
             assert time.monotonic() < deadline, "no spender started within 120 s"
             await asyncio.sleep(0.05)
@@ -71,12 +69,12 @@ async def test_sigterm_mid_escrow_cell_leaves_no_spender_running() -> None:
         os.kill(matrix.pid, signal.SIGTERM)
         assert await asyncio.to_thread(matrix.wait, 60) == -signal.SIGTERM
         deadline = time.monotonic() + 10
-        while (left := set(spenders()) - before) and time.monotonic() < deadline:
+        while (left := group_members(matrix.pid)) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        assert not left, f"spenders still running after the matrix's SIGTERM: {sorted(left)}"
+        assert not left, f"still running after the matrix's SIGTERM: {spenders(matrix.pid)}"
     finally:
         if matrix.poll() is None:
             matrix.kill()
             matrix.wait()
-        for pid in set(spenders()) - before:
-            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(matrix.pid, signal.SIGKILL)
