@@ -102,6 +102,15 @@ class Recovered:
     stranded: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Defined:
+    """What define() did: `kept` if the account held a newer policy version's limits
+    (nothing changed), and the parent's unleased amount of it afterwards."""
+
+    kept: bool
+    unleased: int
+
+
 def _transfer_id(kind: str) -> str:
     return f"{kind}-{secrets.token_hex(8)}"
 
@@ -160,18 +169,29 @@ class Escrow:
         """The shard of every call about `route_key` (stable: crc32)."""
         return zlib.crc32(route_key.encode()) % len(self.shards)
 
-    async def define(self, spec: AccountSpec) -> int:
-        """Set an account's limits over the whole tenant; returns its unleased amount.
-        The shards take their slices as they need them; the slices they hold follow
-        the new soft limit, window and threshold at once (`reshape`). A lowered limit
-        takes unleased below zero: what the shards hold unused is reclaimed at once
-        until it is not (what they hold pending and posted stays, as a plain
-        account's balances do under a lowered limit)."""
+    async def define(self, spec: AccountSpec, policy_version: int | None = None) -> Defined:
+        """Set an account's limits over the whole tenant. The shards take their slices
+        as they need them; the slices they hold follow the new soft limit, window and
+        threshold at once (`reshape`). A lowered limit takes unleased below zero: what
+        the shards hold unused is reclaimed at once until it is not (what they hold
+        pending and posted stays, as a plain account's balances do under a lowered
+        limit). `policy_version`, as Ledger.upsert_account's: an account that holds a
+        newer version's limits keeps them (`kept`); its shards are still shaped by
+        what it holds, which finishes a define that died before its reshapes."""
         args = validate.account_args(spec)
+        if policy_version is not None:
+            args.append(str(validate.amount("policy_version", policy_version)))
         reply = await _write(self.ledger, "escrow", self.tenant, ["define", *args])
-        raise_for_reply(self.tenant, "", "escrow", reply)
-        shape = [*args[1:], str(reply[2])]
-        definition = self._definitions[spec.account] = Definition(*(int(a) for a in shape))
+        kept = reply[0] == "kept"
+        if kept:
+            definition = await self._definition(spec.account, True)
+        else:
+            raise_for_reply(self.tenant, "", "escrow", reply)
+            limit, soft, win, appr = (int(a) for a in args[1:5])
+            definition = Definition(limit, soft, win, appr, int(reply[2]))
+            self._definitions[spec.account] = definition
+        shape = [*_limits(definition), str(definition.window_ms)]
+        shape += [str(definition.approval_threshold), str(definition.generation)]
         for shard in self.shards:
             reshaped = await _write(
                 self.ledger, "escrow_shard", shard, ["reshape", "r", spec.account, *shape]
@@ -182,7 +202,7 @@ class Escrow:
             if unleased >= 0:
                 break
             unleased += await self._reclaim(k, spec.account, -unleased, definition)
-        return unleased
+        return Defined(kept, unleased)
 
     async def reserve(
         self,

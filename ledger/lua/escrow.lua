@@ -11,20 +11,25 @@
 -- KEYS     the tenant's accounts and journal (_lib.lua), then KEYS[3] `...:escrow`
 --          (a hash: `shards`, and per account `a|<id>` its definition
 --          `limit,soft,win,appr`, `n|<id>` its generation (1 at its first define, one
---          more at each after; absent, as releases before it wrote none: 0) and
---          `u|<id>` its unleased amount, per grant in
---          flight `g|<xid>` = `<shard>|<account>|<amount>|<t0>`), KEYS[4]
+--          more at each after; absent, as releases before it wrote none: 0),
+--          `u|<id>` its unleased amount and `v|<id>` the policy version its
+--          definition came from (absent: unversioned); per grant in flight
+--          `g|<xid>` = `<shard>|<account>|<amount>|<t0>`), KEYS[4]
 --          `...:escrow:seen` (a sorted set: the ids of reclaims received, by the
 --          Redis time their yield was taken)
 -- ARGV[1]  the operation, and after it its arguments:
 --   split  shard names, 1..MAX_SHARDS of them (each a tenant id)
 --          -> {'ok' | 'exists'}; {'conflict', names}: split already, otherwise;
 --             {'plain', n}: the tenant has n account fields of its own (nothing written)
---   define account, limit, soft limit, window_ms, approval threshold: the account's
---          limits over every shard; a changed limit moves its unleased by the change
---          (below zero: no grant until reclaims bring it back)
+--   define account, limit, soft limit, window_ms, approval threshold, and optionally
+--          the version of the tenant's policy these limits come from ('' or none:
+--          unversioned; kept as `v|<id>`): the account's limits over every shard; a
+--          changed limit moves its unleased by the change (below zero: no grant until
+--          reclaims bring it back)
 --          -> {'ok', unleased, gen}: gen the definition's new generation, which the
---             shards' reshape is given (escrow_shard.lua keeps the newest)
+--             shards' reshape is given (escrow_shard.lua keeps the newest);
+--             {'kept', unleased, gen}: the account holds a newer policy version's
+--             limits (nothing written; gen the generation it stands at)
 --   grant  xid, shard index (0-based), account, want, least: take min(want,
 --          unleased) for the shard if that is at least `least` (with 0, whatever
 --          there is)
@@ -42,7 +47,8 @@
 -- yields in flight = its limit here; a grant is taken from unleased before any
 -- shard is credited with it, and a receive credits each yield once (while its id
 -- is remembered, TRANSFER_RETENTION_MS; an older one is refused), so no unit of a limit is
--- ever held in two places.
+-- ever held in two places. An account's definition never goes back to an older
+-- policy version's (two hosts defining two versions in the wrong order).
 
 local ESCROW, SEEN = KEYS[3], KEYS[4]
 local MAX_SHARDS = 64
@@ -117,21 +123,32 @@ if op == 'define' then
   if not account then
     return {'bad_input', 'account', 'must be kind:name of [A-Za-z0-9._:@/-], at most 128'}
   end
-  if not limit or not soft or soft > limit or not win or not appr or #ARGV ~= 6 then
+  if not limit or not soft or soft > limit or not win or not appr or #ARGV > 7 then
     return {'bad_input', 'limits', 'limit, soft limit <= limit, window and threshold: integers'}
+  end
+  local versioned = ARGV[7] and ARGV[7] ~= ''
+  local pv = versioned and uint(ARGV[7], MAX_AMOUNT)
+  if versioned and not pv then
+    return {'bad_input', 'policy_version', 'must be a whole number'}
   end
   if shard_count() == 0 then
     return {'bad_input', 'tenant', 'is not split into escrow shards: split it first'}
   end
   local had = definition(account)
-  local gen = (had and had.gen or 0) + 1
   local unleased = tonumber(redis.call('HGET', ESCROW, 'u|' .. account)) or 0
+  if had and pv and (tonumber(redis.call('HGET', ESCROW, 'v|' .. account)) or 0) > pv then
+    return {'kept', fmt(unleased), fmt(had.gen)}
+  end
+  local gen = (had and had.gen or 0) + 1
   -- The change first: both limits are exact, and so is their difference; added to
   -- unleased first, the sum could pass 2^53 and round.
   unleased = unleased + (limit - (had and had.limit or 0))
   redis.call('HSET', ESCROW, 'a|' .. account,
     fmt(limit) .. ',' .. fmt(soft) .. ',' .. fmt(win) .. ',' .. fmt(appr),
     'n|' .. account, fmt(gen), 'u|' .. account, fmt(unleased))
+  if pv then
+    redis.call('HSET', ESCROW, 'v|' .. account, fmt(pv))
+  end
   journal({'op', 'escrow', 'act', 'define', 'acct', account, 'limit', fmt(limit),
            'unleased', fmt(unleased)})
   return {'ok', fmt(unleased), fmt(gen)}

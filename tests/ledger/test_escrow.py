@@ -337,7 +337,8 @@ async def test_define_moves_what_the_shards_hold_at_once(ledger: Ledger, tenant:
     await other.reclaim(0, "tenant:acme", 1)  # its cache says a band of 1000
     slice_ = await ledger.balance(escrow.shards[0], "tenant:acme")
     assert slice_ is not None and slice_.soft_limit == slice_.limit // 2
-    assert await escrow.define(AccountSpec(account="tenant:acme", limit=0, soft_limit=0)) == -100
+    defined = await escrow.define(AccountSpec(account="tenant:acme", limit=0, soft_limit=0))
+    assert defined.unleased == -100 and not defined.kept
     assert (
         await escrow.reserve("more", "fp", {"tenant:acme": 1}, ttl_ms=HOUR_MS)
     ).decision == "deny"
@@ -397,7 +398,7 @@ async def test_a_transfer_that_began_before_a_define_never_undoes_it(
 async def test_limits_near_two_to_the_53_move_exactly(ledger: Ledger, tenant: str) -> None:
     escrow = await escrowed(ledger, tenant, tenant_acme=MAX_AMOUNT)
     spec = AccountSpec(account="tenant:acme", limit=MAX_AMOUNT - 1, soft_limit=MAX_AMOUNT - 1)
-    assert await escrow.define(spec) == MAX_AMOUNT - 1
+    assert (await escrow.define(spec)).unleased == MAX_AMOUNT - 1
     assert (await escrow.audit()).ok
 
 
