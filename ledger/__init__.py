@@ -32,7 +32,7 @@ from .errors import (
     TenantEscrowed,
     UnknownAccount,
 )
-from .escrow import Escrow, EscrowConflict, Recovered
+from .escrow import Defined, Escrow, EscrowConflict, Recovered
 from .escrow_audit import EscrowAudit
 from .journal import JournalEntry, iter_journal, read_journal
 from .keystore import KeyKind, KeyRecord, KeySpec, KeyState, KeyStore
@@ -91,6 +91,7 @@ __all__ = [
     "Balance",
     "ChangeFeed",
     "CheckpointMoved",
+    "Defined",
     "Durability",
     "EmbeddedRedis",
     "EmbeddedRedisError",
