@@ -267,10 +267,11 @@ def serve_store(
     A file that differs from it is reported (it is not in force here); a stored
     version this host cannot use (it does not load, its credentials are missing
     here, or it disagrees with the others in force) leaves the tenant on the
-    policy it had. A file that differs from the store's version is no fault: the
-    store is the truth, and what is edited in the file is taken in (`take_in`);
-    it is logged once per version (`behind_logged`: the digest each file was
-    logged as differing from; the new such map is returned)."""
+    policy it had, or, with none (a host that just started), unserved: its own
+    copy is not the store's version. A file that differs from the store's version
+    is no fault: the store is the truth, and what is edited in the file is taken
+    in (`take_in`); it is logged once per version (`behind_logged`: the digest
+    each file was logged as differing from; the new such map is returned)."""
     now = time.time()
     chosen: dict[Path, InForce] = {}
     faults: list[FileFault] = []
@@ -289,7 +290,9 @@ def serve_store(
         behind[path] = record.digest
         old = previous.get(path)
         if old is not None and old.file.version == record.digest:
-            chosen[path] = old
+            # The same text may come back under a newer number (a revert): served
+            # under the old one, its limits would be kept out by a version between.
+            chosen[path] = replace(old, version=record.version)
             continue
         try:
             policy = load_policy_text(record.text, _store_source(record))
@@ -306,16 +309,25 @@ def serve_store(
             )
         except PolicyError as exc:
             faults.append(FileFault(path, exc, tenant))
-            chosen[path] = old or entry
+            # Not this host's own copy: it is older than the store's version, and
+            # served it could let in again what that version took out.
+            if old is not None:
+                chosen[path] = old
             continue
         chosen[path] = candidate
     errors = check_policy_set([(str(p), e.file.policy) for p, e in chosen.items()], budget)
     for error in errors:
         path = Path(error.source)
-        kept = previous.get(path) or local.get(path)
-        if kept is not None and chosen.get(path) is not kept:
-            chosen[path] = kept
-            faults.append(FileFault(path, error, kept.file.policy.tenant))
+        failing = chosen.get(path)
+        kept = previous.get(path)
+        if kept is None and path in local and local[path].file.policy.tenant not in records:
+            kept = local[path]
+        if failing is not None and failing is not kept:
+            faults.append(FileFault(path, error, failing.file.policy.tenant))
+            if kept is None:
+                del chosen[path]
+            else:
+                chosen[path] = kept
     return chosen, faults, behind
 
 

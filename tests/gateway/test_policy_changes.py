@@ -287,3 +287,67 @@ async def test_an_upload_names_the_version_it_was_made_from(
     history = await http.get(f"{url}/history", headers=gateway.admin, params={"limit": 3})
     assert [h["version"] for h in history.json()] == [version + 2, version + 1, version]
     assert history.json()[0]["origin"] == "upload operator:ops"
+
+
+def with_tenant_limit(text: str, limit: str) -> str:
+    document = yaml.safe_load(text)
+    document["accounts"]["tenant"]["limit"] = limit
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+async def test_a_host_that_missed_a_version_serves_the_next_under_its_own_number(
+    ledger: Ledger, tmp_path: Path, tenant: str
+) -> None:
+    """The store goes v1 -> v2 (a raise, whose limits its uploader wrote) -> v3 (v1's
+    text again, written by a host that died before it wrote the limits). A host that
+    served v1 and never looked at v2 serves v3 as v3, not as the v1 it already held,
+    so it writes v3's limits over v2's raise (a lower number is kept out by them)."""
+    a, b = await hosts(ledger, tmp_path, tenant, 2)
+    v1 = (await ledger.policies.records([tenant]))[tenant]
+    served = b.served(tenant)
+    assert served is not None and served.version == 1
+    await a.upload(ledger, tenant, with_tenant_limit(v1.text, "999999"), 1, "raise")
+    assert await tenant_limit(ledger, tenant) == 999999 * 10**6
+    put = await ledger.policies.put(
+        tenant, expected=2, digest=policy_version(v1.text), text=v1.text, origin="revert"
+    )
+    assert put.won and put.version == 3
+    await b.apply(ledger)
+    served = b.served(tenant)
+    assert served is not None and served.version == 3
+    assert await tenant_limit(ledger, tenant) == 1000 * 10**6
+
+
+async def test_a_restarted_host_that_cannot_use_the_stores_version_serves_no_copy_of_its_own(
+    ledger: Ledger, tmp_path: Path, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's version revokes an agent and takes a tool's credential from an
+    environment variable a restarted host lacks. That host cannot serve the store's
+    version, and its own copy is older: served, it would let the revoked token in
+    again. The tenant is not served there (a fault says why) until it can be."""
+    made = write_policy(tmp_path / "a", "procurement", tenant, UPSTREAM)
+    token = made.tokens["buyer-01"]
+    stale = (tmp_path / "a" / f"{tenant}.yaml").read_text()
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / f"{tenant}.yaml").write_text(stale)
+    a = TenantStore(tmp_path / "a", instance="host-a")
+    await a.load(ledger)
+    monkeypatch.setenv("SUPPLIER_TEST_KEY", "s3cret")
+    document = yaml.safe_load(stale)
+    document["agents"]["buyer-01"]["token_sha256"] = hash_token("revoked")
+    tool = next(iter(document["tools"]))
+    document["tools"][tool]["credentials"] = {"X-Key": {"env": "SUPPLIER_TEST_KEY"}}
+    await a.upload(ledger, tenant, yaml.safe_dump(document, sort_keys=False), 1, "operator")
+    assert a.authenticate(token) is None
+    monkeypatch.delenv("SUPPLIER_TEST_KEY")
+    restarted = TenantStore(tmp_path / "h", instance="host-h")
+    report = await restarted.apply(ledger)
+    assert restarted.authenticate(token) is None
+    assert restarted.served(tenant) is None
+    assert [fault.tenant for fault in report.faults] == [tenant]
+    assert "SUPPLIER_TEST_KEY" in str(report.faults[0].error)
+    monkeypatch.setenv("SUPPLIER_TEST_KEY", "s3cret")
+    await restarted.apply(ledger)
+    served = restarted.served(tenant)
+    assert served is not None and served.version == 2
+    assert restarted.authenticate(token) is None
