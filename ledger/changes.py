@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from importlib.resources import files
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
@@ -71,6 +72,16 @@ BEAT_S = 2.0
 WATCH_LAPSE_S = 3 * BEAT_S
 
 
+_EPOCH_SOURCE = files("ledger.lua").joinpath("epoch.lua").read_text(encoding="utf-8")
+
+
+async def bump_epoch(redis: RedisClient, epoch_key: str) -> None:
+    """Move the epoch at `epoch_key` to a value it never held (lua/epoch.lua): an
+    INCR after a failover that lost the last bump repeats the lost value, and a host
+    that read it would take the new contents for the ones it holds."""
+    await redis.register_script(_EPOCH_SOURCE)(keys=[epoch_key])
+
+
 async def announce(redis: RedisClient, what: str) -> None:
     """Tell every subscribed gateway that `what` ('policy', 'outcomes', 'lease',
     'keys') changed."""
@@ -92,7 +103,7 @@ async def tell(redis: RedisClient, epoch_key: str, kind: str) -> None:
     found by each gateway's full re-read while no watcher beats
     (IRREV_POLICY_FULL_READ_S)."""
     for what, step in (
-        (f"bumping the {kind} epoch", lambda: redis.incr(epoch_key)),
+        (f"bumping the {kind} epoch", lambda: bump_epoch(redis, epoch_key)),
         (f"announcing a {kind} write", lambda: redis.publish(CHANNEL, kind)),
     ):
         for wait_s in (*TELL_RETRY_S, None):

@@ -23,7 +23,7 @@ from importlib.resources import files
 from typing import Any
 
 from . import validate
-from .changes import announce, tell
+from .changes import announce, bump_epoch, tell
 from .cluster import RedisClient
 from .errors import BadInput, KeyNotFound, KeyNotLive, translate_redis_errors
 from .keys import (
@@ -119,7 +119,7 @@ class KeyStore:
         """Bump the keys epoch and announce it, for a write whose own bump may have
         been lost: every gateway then reloads the keys of its tenants."""
         with translate_redis_errors("bumping the keys epoch"):
-            await self.redis.incr(KEYS_EPOCH_KEY)
+            await bump_epoch(self.redis, KEYS_EPOCH_KEY)
         await announce(self.redis, "keys")
 
     async def now_ms(self) -> int:

@@ -20,7 +20,7 @@ from importlib.resources import files
 from typing import Any
 
 from . import validate
-from .changes import CHANNEL, announce, tell
+from .changes import announce, bump_epoch, tell
 from .cluster import RedisClient
 from .errors import translate_redis_errors
 from .keys import (
@@ -96,7 +96,7 @@ class PolicyStore:
         """Bump the policy epoch and announce it, for a write whose own bump may have
         been lost: every host then reads the records of the tenants it serves."""
         with translate_redis_errors("bumping the policy epoch"):
-            await self.redis.incr(POLICY_EPOCH_KEY)
+            await bump_epoch(self.redis, POLICY_EPOCH_KEY)
         await announce(self.redis, "policy")
 
     async def records(self, tenants: Sequence[str]) -> dict[str, PolicyRecord]:
@@ -184,17 +184,9 @@ class PolicyStore:
     async def bump_outcomes(self) -> None:
         """Count one more compensation outcome fleet-wide and announce it: gateways
         then re-read the counts (`epochs`)."""
-        if not self.topology.mixed_pipelines:
-            with translate_redis_errors("counting an outcome"):
-                await self.redis.incr(OUTCOMES_EPOCH_KEY)
-            await announce(self.redis, "outcomes")
-            return
-        # One round trip, as before there was an announcement.
         with translate_redis_errors("counting an outcome"):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.incr(OUTCOMES_EPOCH_KEY)
-                pipe.publish(CHANNEL, "outcomes")
-                await pipe.execute()
+            await bump_epoch(self.redis, OUTCOMES_EPOCH_KEY)
+        await announce(self.redis, "outcomes")
 
 
 def _text(fields: dict[Any, Any]) -> dict[str, str]:

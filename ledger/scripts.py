@@ -20,8 +20,8 @@ here once, not on every call.
 Every operation of a tenant's ledger (OPERATIONS, including the approval loop's
 note, rule and webhook) is in the library, so its digest versions all of them.
 lease.lua, lease_release.lua, watch.lua (ledger/lease.py), policy_put.lua
-(ledger/policystore.py), keys.lua (ledger/keystore.py) and refusals.lua
-(ledger/refusals.py) stay plain EVALSHA
+(ledger/policystore.py), keys.lua (ledger/keystore.py), epoch.lua
+(ledger/changes.py) and refusals.lua (ledger/refusals.py) stay plain EVALSHA
 scripts on purpose: they use nothing of `_lib.lua` and their keys are not a tenant's
 ledger keys (`bind` would name the lease, the policy record, the managed keys or the
 refusal counts the accounts hash), they run once per lease period, policy or key
@@ -91,7 +91,7 @@ GROUPED = ("reserve", "post")
 GROUP_OPERATIONS = tuple(f"{operation}_group" for operation in GROUPED)
 
 # Scripts of ledger/lua run outside the library (see above), by their own modules.
-PLAIN_SCRIPTS = ("keys", "lease", "lease_release", "policy_put", "refusals", "watch")
+PLAIN_SCRIPTS = ("epoch", "keys", "lease", "lease_release", "policy_put", "refusals", "watch")
 
 _DEFINES = re.compile(r"local\s+(?:function\s+)?([A-Za-z_]\w*)")
 _NAME = re.compile(r"[A-Za-z_]\w*")

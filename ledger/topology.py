@@ -22,10 +22,6 @@ T = TypeVar("T")
 class Topology(Protocol):
     """What the ledger does differently on a standalone Redis and on a cluster."""
 
-    # Whether one pipeline may carry a keyless command (PUBLISH) beside keyed ones: a
-    # cluster pipeline routes each command by its key.
-    mixed_pipelines: bool
-
     @property
     def redis(self) -> RedisClient: ...
 
@@ -84,7 +80,6 @@ def topology_of(redis: RedisClient) -> Topology:
 class Standalone:
     """One Redis server, which holds every key."""
 
-    mixed_pipelines = True
     clustered = False
 
     def __init__(self, redis: Redis) -> None:
@@ -139,7 +134,6 @@ class Standalone:
 class Cluster:
     """A Redis Cluster: each key's slot on one primary (cluster.on_primary)."""
 
-    mixed_pipelines = False
     clustered = True
 
     def __init__(self, redis: RedisCluster) -> None:

@@ -229,3 +229,22 @@ async def test_a_write_that_landed_is_won_though_its_epoch_bump_failed(
         await ledger.redis.set(POLICY_EPOCH_KEY, epoch + 1)
     assert (result.won, result.version) == (True, 1)
     assert (await store.records([tenant]))[tenant].digest == "a"
+
+
+async def test_every_epoch_bump_gives_a_value_the_epoch_never_held(ledger: Ledger) -> None:
+    """Each bump moves an epoch past both its last value and Redis's clock (in us):
+    a primary that lost the last bump in a failover does not give its value again
+    (tests/gateway/test_failover_epochs.py). A host of an older release still bumps
+    it with INCR."""
+    store = ledger.policies
+    seen = [await store.epoch(), (await store.epochs())[1], await ledger.keys.epoch()]
+    for _ in range(3):
+        await store.bump()
+        await store.bump_outcomes()
+        await ledger.keys.bump()
+        now = [await store.epoch(), (await store.epochs())[1], await ledger.keys.epoch()]
+        assert all(b > a for a, b in zip(seen, now, strict=True)), (seen, now)
+        seen = now
+    redis_us = (await ledger.now_ms()) * 1000
+    assert all(epoch > redis_us - 60_000_000 for epoch in seen)
+    assert await ledger.redis.incr(POLICY_EPOCH_KEY) > seen[0]

@@ -1,0 +1,123 @@
+"""A failover that loses the last write to the keys or the policy store must not hide
+the next write from the hosts that read the lost one (lua/epoch.lua). Hosts reload
+when an epoch differs from the one they read last; with a counter, the first bump on
+the new primary gave the lost write's value again, for other contents, and a host
+that had read it kept serving a key or a token revoked after the failover.
+
+Real servers: a primary and its replica; the replica is cut off (REPLICAOF NO ONE)
+after it has the base state, one write lands on the old primary only, and the host,
+which read that write, then talks to the replica as the new primary."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import redis
+import yaml
+
+from gateway.state.keyring import Keyring
+from gateway.state.tenants import TenantStore
+from ledger import ChangeFeed, KeyKind, KeySpec, Ledger
+from pricing.credentials import hash_token
+from tests.conftest import ReplicatedRedis
+
+from .servers import write_policy
+
+AGENT = KeySpec(kind=KeyKind.AGENT, agent="buyer-01", owner="ops")
+
+
+class HeardFeed(ChangeFeed):
+    """A live change feed on which the fleet's watcher beats (never started: what it
+    hears is said by the test): the host reloads only when told, and `told()` is one
+    more announcement heard."""
+
+    def __init__(self) -> None:
+        super().__init__("redis://127.0.0.1:9")
+        self.count = 0
+
+    @property
+    def live(self) -> bool:
+        return True
+
+    @property
+    def watched(self) -> bool:
+        return True
+
+    def heard(self, *kinds: str) -> int:
+        return self.count
+
+    def told(self) -> None:
+        self.count += 1
+
+
+def fail_over(pair: ReplicatedRedis) -> None:
+    """The replica has everything written so far, then stops following the primary
+    (which goes on taking writes the replica never gets)."""
+    assert redis.Redis.from_url(pair.primary.url).execute_command("WAIT", 1, 5000) == 1
+    redis.Redis.from_url(pair.replica.url).execute_command("REPLICAOF", "NO", "ONE")
+
+
+async def new_key(ledger: Ledger, tenant: str) -> tuple[str, str]:
+    key_id, token_hash = f"key_{secrets.token_hex(6)}", f"sha256:{secrets.token_hex(32)}"
+    assert await ledger.keys.create(tenant, key_id, token_hash, AGENT) is not None
+    return key_id, token_hash
+
+
+async def test_a_key_revoked_after_a_failover_that_lost_a_key_write_is_refused(
+    replicated_redis: ReplicatedRedis, tenant: str
+) -> None:
+    old = Ledger.from_url(replicated_redis.primary.url)
+    new = Ledger.from_url(replicated_redis.replica.url)
+    try:
+        revoked, revoked_hash = await new_key(old, tenant)
+        fail_over(replicated_redis)
+        _, lost_hash = await new_key(old, tenant)
+        ring, feed = Keyring(), HeardFeed()
+        await ring.reload(old, frozenset({tenant}))
+        assert ring.find(revoked_hash) is not None and ring.find(lost_hash) is not None
+        await new.keys.revoke(tenant, revoked)
+        feed.told()
+        assert await ring.refresh(new, [tenant], feed, 30.0, 30.0)
+        assert ring.find(revoked_hash) is None
+        assert ring.find(lost_hash) is None
+    finally:
+        await old.aclose()
+        await new.aclose()
+
+
+async def test_a_token_revoked_after_a_failover_that_lost_a_policy_write_is_refused(
+    replicated_redis: ReplicatedRedis, tenant: str, tmp_path: Path
+) -> None:
+    old = Ledger.from_url(replicated_redis.primary.url)
+    new = Ledger.from_url(replicated_redis.replica.url)
+    try:
+        made = write_policy(tmp_path / "h", "procurement", tenant, "http://127.0.0.1:9")
+        token = made.tokens["buyer-01"]
+        host = TenantStore(tmp_path / "h", instance="host-b")
+        await host.load(old)
+        fail_over(replicated_redis)
+        v1 = (await old.policies.records([tenant]))[tenant]
+        document = yaml.safe_load(v1.text)
+        document["accounts"]["tenant"]["limit"] = "1234"
+        lost = yaml.safe_dump(document, sort_keys=False)
+        await TenantStore(tmp_path / "h", instance="host-a").upload(old, tenant, lost, 1, "a")
+        feed = HeardFeed()
+        feed.told()
+        await host.refresh(old, feed, 30.0, 30.0)
+        served = host.served(tenant)
+        assert served is not None and served.version == 2
+        assert host.authenticate(token) is not None
+        document = yaml.safe_load(v1.text)
+        document["agents"]["buyer-01"]["token_sha256"] = hash_token("revoked")
+        revoking = yaml.safe_dump(document, sort_keys=False)
+        admin = TenantStore(tmp_path / "h", instance="host-c")
+        await admin.load(new)
+        await admin.upload(new, tenant, revoking, 1, "c")
+        assert admin.authenticate(token) is None
+        feed.told()
+        await host.refresh(new, feed, 30.0, 30.0)
+        assert host.authenticate(token) is None
+    finally:
+        await old.aclose()
+        await new.aclose()
