@@ -47,6 +47,10 @@ _ENCODED_SEPARATOR = re.compile(rb"%(2f|5c)", re.IGNORECASE)
 _FORM_NAME = re.compile(r"[^\[\]\x00-\x20\x7f][^\[\]\x00-\x1f\x7f]*(\[[^\[\]\x00-\x1f\x7f]*\])*")
 _FORM_SEPARATORS = str.maketrans({"&": "\\u0026", "=": "\\u003d", ";": "\\u003b"})
 Pair = tuple[str, str | None]
+# Numbers are hashed plain within 10**+-40, the range pricing reads amounts in
+# (pricing.money.MAX_EXPONENT), so that an amount sent as an integer and the same value
+# with an exponent are one call. Fixed here: changing it changes holds' fingerprints.
+PLAIN_EXPONENT = 40
 
 
 def body_format_of(content_types: list[str]) -> BodyFormat:
@@ -169,18 +173,46 @@ def encode_pairs(pairs: Iterable[Pair]) -> str:
     )
 
 
-def dump_json(value: object) -> str:
-    """Compact JSON, keys sorted, numbers with their digits as parsed."""
+def dump_json(value: object, *, by_value: bool = False) -> str:
+    """Compact JSON, keys sorted, numbers with their digits as parsed; `by_value`: each
+    number in its one spelling (`_number_by_value`), for telling a repeat from a new
+    call, never for forwarding."""
     if isinstance(value, dict):
-        items = (f"{_string(k)}:{dump_json(v)}" for k, v in sorted(value.items()))
-        return "{" + ",".join(items) + "}"
+        pairs = (
+            f"{_string(k)}:{dump_json(v, by_value=by_value)}" for k, v in sorted(value.items())
+        )
+        return "{" + ",".join(pairs) + "}"
     if isinstance(value, list):
-        return "[" + ",".join(dump_json(v) for v in value) + "]"
+        return "[" + ",".join(dump_json(v, by_value=by_value) for v in value) + "]"
     if isinstance(value, JsonNumber):
-        return value.text
+        return _number_by_value(value) if by_value else value.text
     if isinstance(value, str):
         return _string(value)
     return json.dumps(value)
+
+
+def _number_by_value(number: JsonNumber) -> str:
+    """One spelling per value: an integral value as an integer's digits (as json.loads
+    reads a number without a fraction or exponent, so `10.0` and `1e1` read as `10`),
+    any other as its plain decimal without trailing zeros (`1.50` as `1.5`), -0 as 0.
+    A spelling already so keeps its digits, so its body hashes as it always did.
+    Outside 10**+-PLAIN_EXPONENT the digits and an exponent instead (`1e41`): a plain
+    1e999999999 would be a gigabyte, and no plain spelling has an 'e' to collide with."""
+    sign, digit_tuple, exponent = number.as_tuple()
+    assert isinstance(exponent, int)  # parse_json_body admits finite numbers only
+    digits = "".join(map(str, digit_tuple)).rstrip("0")
+    if not digits:
+        return "0"
+    exponent += len(digit_tuple) - len(digits)
+    minus = "-" if sign else ""
+    if not -PLAIN_EXPONENT <= exponent + len(digits) - 1 <= PLAIN_EXPONENT:
+        return f"{minus}{digits}e{exponent}"
+    if exponent >= 0:
+        return minus + digits + "0" * exponent
+    point = len(digits) + exponent
+    if point > 0:
+        return f"{minus}{digits[:point]}.{digits[point:]}"
+    return f"{minus}0.{'0' * -point}{digits}"
 
 
 def _string(text: str) -> str:
@@ -226,6 +258,14 @@ class Canonical:
         if self.body_format is BodyFormat.JSON:
             return dump_json(self.document).encode("ascii")
         return b""
+
+    @property
+    def fingerprint_body(self) -> bytes:
+        """The body as a repeat is told from a new effect by: as forwarded, but with
+        each JSON number in one spelling per value (10, 10.0 and 1e1 are one call)."""
+        if self.body_format is BodyFormat.JSON:
+            return dump_json(self.document, by_value=True).encode("ascii")
+        return self.body
 
 
 def read_request(

@@ -181,7 +181,7 @@ def prepare(
             effect=effect, request=request, hold_id="", fingerprint="", key_name=intent.key_name
         )
     effect_headers = tuple(h for h in intent.headers if h[0] not in TRACE_HEADERS)
-    body = intent.canonical.body
+    body = intent.canonical.fingerprint_body
     digest = fingerprint(intent.operation, intent.target, request.query, body, effect_headers)
     route = effect.route
     if intent.keys or in_process or route is None or not route.keyless:

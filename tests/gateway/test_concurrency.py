@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 
 import httpx
 import pytest
@@ -184,6 +185,18 @@ async def test_one_key_sent_twenty_times_is_one_effect(
     assert again.status_code == 201
     assert again.json()["order_id"] == order_id
     assert again.headers["x-irrev-hold"] == first[0].headers["x-irrev-hold"]
+    # A number is read by value: the same order with its quantity spelled 10.0 or 1e1
+    # is the same request, answered from the record, not a conflict.
+    for quantity in ("10.0", "1e1"):
+        body = json.dumps(order()).replace('"quantity": 10,', f'"quantity": {quantity},')
+        respelled = await http.post(
+            "/tools/supplier/orders",
+            content=body.encode(),
+            headers={**headers, "Content-Type": "application/json"},
+        )
+        assert respelled.status_code == 201, respelled.text
+        assert respelled.headers["x-irrev-replayed"] == "true"
+        assert respelled.json()["order_id"] == order_id
     # The same key for a different request is a conflict and changes nothing.
     before = await balances(http, gateway.admin, tenant)
     conflict = await http.post("/tools/supplier/orders", json=order(quantity=11), headers=headers)

@@ -21,7 +21,7 @@ from gateway.edge.canonical import (
     read_request,
 )
 from gateway.edge.problems import Problem
-from gateway.edge.wire import parse_json_body
+from gateway.edge.wire import fingerprint, parse_json_body
 from pricing.policy import BodyFormat
 
 FORM = "application/x-www-form-urlencoded"
@@ -135,6 +135,57 @@ def test_json_keeps_every_digit() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("spellings", "by_value"),
+    [
+        (["10", "10.0", "1e1", "1E+1", "10.000e0", "0.1e2", "100e-1"], "10"),
+        (["1.50", "1.5", "15e-1", "0.15E1"], "1.5"),
+        (["-0", "0", "-0.0", "0.0", "0e7", "-0E-7"], "0"),
+        (["0.001", "1e-3", "0.00100"], "0.001"),
+        (["-2.50", "-25e-1"], "-2.5"),
+        (["123.456", "1.23456e2"], "123.456"),
+        (["10000000000000000000001", "1.0000000000000000000001e22"], "1" + "0" * 21 + "1"),
+        # Plain within pricing's amount range (10**+-40), so an integer sent with
+        # digits and the same value with an exponent are one call there.
+        (["1" + "0" * 40, "1e40", "10e39"], "1" + "0" * 40),
+        (["0." + "0" * 39 + "1", "1e-40"], "0." + "0" * 39 + "1"),
+        # Beyond it the digits and an exponent: writing 1e999999999 out would take a
+        # gigabyte. No plain spelling has an 'e', so no two values collide.
+        (["1e41", "10e40", "1.0e41"], "1e41"),
+        (["1e999999999", "10e999999998", "1.00E+999999999"], "1e999999999"),
+        (["-2.50e-999999999", "-25e-1000000000"], "-25e-1000000000"),
+    ],
+)
+def test_the_fingerprint_reads_each_number_by_value(spellings: list[str], by_value: str) -> None:
+    """10, 10.0 and 1e1 are one number to JSON Schema and to the SDK's server: one
+    spelling each in what tells a repeat from a new call. What is forwarded keeps the
+    digits as sent (test_json_keeps_every_digit)."""
+    for spelling in spellings:
+        document = parse_json_body(f'{{"n":[{spelling}]}}'.encode())
+        assert dump_json(document, by_value=True) == f'{{"n":[{by_value}]}}', spelling
+
+
+def test_a_canonically_spelled_body_keeps_its_fingerprint() -> None:
+    """A hold in flight across a rolling upgrade keeps its fingerprint: a body whose
+    numbers are already spelled one way per value hashes as before. The digest is the
+    one the gateway computed before numbers were read by value (pinned)."""
+    body = b'{"b":[1.5,-0.25,0.001,10,-3,0,12345678901234567890123],"a":"x"}'
+    canonical = read_request("", ["application/json"], body)
+    assert canonical.fingerprint_body == canonical.body
+    pinned = "737b91c043979104b5c0b0bd4a1446ab1a883c2f"
+    assert fingerprint("POST", "/v1/orders", "", canonical.fingerprint_body) == pinned
+    respelled = body.replace(b"1.5,", b"1.50,").replace(b",10,", b",1e1,")
+    again = read_request("", ["application/json"], respelled)
+    assert again.body != canonical.body  # forwarded as sent
+    assert again.fingerprint_body == canonical.body
+
+
+def test_a_form_body_is_its_own_fingerprint() -> None:
+    """A form's values are strings: '10' and '10.0' there are the upstream's to read."""
+    canonical = read_request("", [FORM], b"amount=10.0")
+    assert canonical.fingerprint_body == canonical.body == b"amount=10.0"
+
+
 # -- parse -> canonicalise -> parse is a fixed point ----------------------------------
 
 names = st.text(st.characters(codec="utf-8", exclude_characters="[]"), min_size=1, max_size=8)
@@ -216,3 +267,14 @@ def test_json_fixed_point(document: Any) -> None:
     again = parse_json_body(canonical)
     assert again == parsed
     assert dump_json(again).encode() == canonical
+
+
+@given(st.decimals(allow_nan=False, allow_infinity=False))
+def test_a_number_by_value_is_its_own_spelling(number: Decimal) -> None:
+    """The spelling by value reads back as the same value, and is a fixed point both
+    as forwarded and by value: so a body spelled that way hashes as it always did."""
+    spelled = dump_json(parse_json_body(str(number).encode()), by_value=True)
+    again = parse_json_body(spelled.encode())
+    assert again == number
+    assert dump_json(again) == spelled
+    assert dump_json(again, by_value=True) == spelled

@@ -8,6 +8,8 @@ and the person's reason reaches the model on every path."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import uuid
 from typing import Any
 
@@ -132,6 +134,60 @@ async def test_different_arguments_are_different_calls(
     assert "earlier identical call" in text_of(again.content[-1])
     after = await tool_stats(tools_http, tenant)
     assert (after["calls"], after["effects"]) == (before["calls"] + 2, before["effects"] + 2)
+
+
+def raw_call(arguments_json: str) -> bytes:
+    """A keyless tools/call with its arguments' digits exactly as given."""
+    return (
+        '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"procure__place_order",'
+        f'"arguments":{arguments_json},"_meta":{{"io.modelcontextprotocol/protocolVersion":'
+        '"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"raw","version":"1"},'
+        '"io.modelcontextprotocol/clientCapabilities":{}}}}'
+    ).encode()
+
+
+def digest_of(*parts: bytes) -> str:
+    """The gateway's fingerprint, computed here from its definition (each part's
+    length, then the part), so that the test does not take the gateway's word for it."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "big") + part)
+    return digest.hexdigest()[:40]
+
+
+async def test_a_number_spelled_another_way_is_the_same_call(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """10, 10.0 and 1e1 are one number to JSON Schema and to the SDK's server: a
+    keyless host that respells it repeats the same call, held under the key its
+    plain spelling always had (a hold in flight across an upgrade keeps it)."""
+    tenant = mcp_gateway.tenant("keyless")
+    supplier = f"s-{uuid.uuid4().hex[:8]}"
+    headers = {
+        **tenant.auth("buyer-02"),
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "procure__place_order",
+    }
+    before = await tool_stats(tools_http, tenant)
+    results = []
+    for quantity in ("10", "10.0", "1e1", "10"):
+        arguments = (
+            f'{{"supplier_id":"{supplier}","sku":"bolts","quantity":{quantity},"unit_price":"100"}}'
+        )
+        response = await http.post("/mcp", content=raw_call(arguments), headers=headers)
+        assert response.status_code == 200, response.text
+        results.append(response.json()["result"])
+    assert not any(result["isError"] for result in results), results
+    body = json.dumps(order(10, supplier_id=supplier), sort_keys=True, separators=(",", ":"))
+    key = f"content-{digest_of(b'CALL', b'/place_order', b'', body.encode())}-1"
+    assert [result["_meta"]["dev.irrev/idempotency_key"] for result in results] == [key] * 4
+    assert len({result["_meta"]["dev.irrev/price"] for result in results}) == 1
+    assert len({json.dumps(result["structuredContent"]) for result in results}) == 1
+    after = await tool_stats(tools_http, tenant)
+    assert (after["calls"], after["effects"]) == (before["calls"] + 1, before["effects"] + 1)
 
 
 async def test_a_route_that_repeats_on_purpose_makes_every_identical_call(
