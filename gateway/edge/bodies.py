@@ -24,12 +24,11 @@ import re
 import time
 from typing import Annotated
 
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.edge.problems import Problem, body_timeout
+from gateway.edge.problems import Problem, body_timeout, schema_problem
 
 DRAIN_BYTES = 1 << 20
 # The middleware's refusals end the connection: what the client still sends is not read.
@@ -185,5 +184,11 @@ async def ruling_of(request: Request, limit: int, timeout_s: float) -> Ruling:
     try:
         return Ruling.model_validate_json(raw)
     except ValidationError as exc:
-        errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
-        raise RequestValidationError(errors) from exc
+        raise schema_refusal(exc) from exc
+
+
+def schema_refusal(exc: ValidationError) -> Problem:
+    """A body validated by hand, refused as FastAPI refuses a body parameter (422
+    bad_request, its fields named from `body`)."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    return schema_problem(errors, within=("body",))

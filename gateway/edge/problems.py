@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,6 +32,11 @@ from ledger import (
 from pricing import RequestError
 
 PROBLEM_JSON = "application/problem+json"
+# A schema refusal lists this many errors, each cut to these lengths, and counts the
+# rest: one error per extra key of a large body made answers of megabytes.
+MAX_LISTED_ERRORS = 20
+MAX_FIELD_CHARS = 128
+MAX_MESSAGE_CHARS = 256
 log = logging.getLogger("irrev.gateway")
 
 
@@ -139,6 +145,28 @@ def problem_for(exc: Exception) -> Problem:
     return Problem(500, "internal_error", "an internal error; the request was not admitted")
 
 
+def _cut(text: str, most: int) -> str:
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
+def schema_problem(errors: Sequence[Any], within: tuple[str, ...] = ()) -> Problem:
+    """422 bad_request with the first MAX_LISTED_ERRORS of pydantic's `errors` (field,
+    located `within` the request, and message) and how many more there were: bounded
+    whatever the request, as a field is named by the request's own keys, which may be
+    as long as the request allows."""
+    listed = [
+        {
+            "field": _cut(".".join(map(str, (*within, *error["loc"]))), MAX_FIELD_CHARS),
+            "message": _cut(str(error["msg"]), MAX_MESSAGE_CHARS),
+        }
+        for error in errors[:MAX_LISTED_ERRORS]
+    ]
+    counted: dict[str, Any] = {"errors": listed}
+    if len(errors) > len(listed):
+        counted["errors_omitted"] = len(errors) - len(listed)
+    return Problem(422, "bad_request", "the request does not match the schema", **counted)
+
+
 def rate_owner(account: str) -> str:
     """Whose rate an account's is, for a sentence."""
     kind, _, name = account.partition(":")
@@ -177,12 +205,7 @@ def install(app: FastAPI) -> None:
         return refused(request, problem_for(exc))
 
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()
-        ]
-        detail = "the request does not match the schema"
-        problem = Problem(422, "bad_request", detail, errors=errors)
-        return refused(request, problem)
+        return refused(request, schema_problem(exc.errors()))
 
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
