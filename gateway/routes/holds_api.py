@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.edge import metrics
 from gateway.edge.auth import Settling, agent_auth, settling_auth
-from gateway.edge.bodies import read_body
+from gateway.edge.bodies import read_body, schema_refusal
 from gateway.edge.canonical import Canonical
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
@@ -74,31 +74,61 @@ class TrueUpRequest(Strict):
     realised_micros: int = Field(ge=0, le=MAX_AMOUNT)
 
 
-def _canonical(spec: HoldRequest, raw: bytes, limits: RequestLimits) -> Canonical:
-    """The effect as priced. The body is read again strictly (exact numbers, no keys
-    differing only in case, the tenant's request limits), not from the schema's
-    lenient parse: it is priced like a proxied one."""
+Spec = TypeVar("Spec", bound=BaseModel)
+
+
+def body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads its body by hand (read_spec):
+    no body parameter, so FastAPI cannot describe it."""
+    content = {"application/json": {"schema": model.model_json_schema()}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+async def read_spec(
+    request: Request, limits: RequestLimits, model: type[Spec]
+) -> tuple[Spec, object]:
+    """The body as `model`, and as the document it was parsed into. Read by hand once
+    the caller is known (and an agent holds its slot), as the proxy reads one: within
+    the tenant's request_limits and strictly (exact numbers, no keys differing only in
+    case), so that a refusal costs what the tenant allows, not IRREV_MAX_BODY_BYTES of
+    parsing and one validation error per key."""
+    gate = Gate.of(request)
+    largest = min(gate.settings.max_body_bytes, limits.max_body_bytes)
+    raw = await read_body(request, largest, gate.settings.body_timeout_s)
     document = parse_json_body(raw, limits)
+    try:
+        return model.model_validate(document), document
+    except ValidationError as exc:
+        raise schema_refusal(exc) from exc
+
+
+def _canonical(spec: HoldRequest, document: object) -> Canonical:
+    """The effect as priced: the body from the strict parse (read_spec), not from the
+    schema's, so that it is priced like a proxied one."""
     body = document.get("body") if isinstance(document, dict) else None
     return Canonical(tuple(spec.query.items()), None if body is None else BodyFormat.JSON, body)
 
 
-@router.post("", status_code=201)
-async def create_hold(request: Request, spec: HoldRequest, who: AgentDep) -> Response:
+@router.post("", status_code=201, openapi_extra=body_schema(HoldRequest))
+async def create_hold(request: Request, who: AgentDep) -> Response:
     """Price an in-process effect and hold its budget: 201 admitted, 202 escalated,
     403 denied; a repeat of the Idempotency-Key returns the hold as it is now, or the
     gateway's refusal it first got (a hold released unreplicated)."""
     gate, (policy, agent) = Gate.of(request), who
     with gate.agents.slot(policy, agent):
-        return await _create_hold(gate, policy, agent, spec, request)
+        spec, document = await read_spec(request, policy.document.request_limits, HoldRequest)
+        return await _create_hold(gate, policy, agent, spec, document, request)
 
 
 async def _create_hold(
-    gate: Gate, policy: TenantPolicy, agent: AuthenticatedAgent, spec: HoldRequest, request: Request
+    gate: Gate,
+    policy: TenantPolicy,
+    agent: AuthenticatedAgent,
+    spec: HoldRequest,
+    document: object,
+    request: Request,
 ) -> Response:
-    # FastAPI read the body for `spec`, within the bounds of every route's (BodyLimit).
-    raw = await read_body(request, gate.settings.max_body_bytes, gate.settings.body_timeout_s)
-    canonical = _canonical(spec, raw, policy.document.request_limits)
+    canonical = _canonical(spec, document)
     keys = request.headers.getlist("idempotency-key")
     intent = Intent(
         tool=spec.tool, operation=spec.method, target=spec.path, canonical=canonical, keys=keys
@@ -141,6 +171,14 @@ def decision_json(policy: TenantPolicy, decision: Decision, hold: Hold) -> JSONR
     if decision.calm_price:
         body |= amounts_in_currency(policy, calm_price=decision.calm_price)
     return JSONResponse(body, status, headers=headers)
+
+
+def agents_slot(request: Request, who: Settling) -> contextlib.AbstractContextManager[None]:
+    """An agent's settlement takes its slot, as its effects do; a settler's or an
+    admin's is no agent's request."""
+    if who.agent is None:
+        return contextlib.nullcontext()
+    return Gate.of(request).agents.slot(who.policy, who.agent)
 
 
 def _tool_of(route_id: str) -> str:
@@ -252,12 +290,18 @@ async def _learn(
         log.warning("compensation outcome not counted", extra={"hold_id": hold_id})
 
 
-@router.post("/{hold_id}/post")
-async def post_hold(
-    request: Request, hold_id: str, spec: PostRequest, who: Settler
-) -> dict[str, Any]:
+@router.post("/{hold_id}/post", openapi_extra=body_schema(PostRequest))
+async def post_hold(request: Request, hold_id: str, who: Settler) -> dict[str, Any]:
     """The effect happened; `amount_micros` is its realised residual (default: the
     price), bounded as `check_amount` says."""
+    with agents_slot(request, who):
+        spec, _ = await read_spec(request, who.policy.document.request_limits, PostRequest)
+        return await _post_hold(request, hold_id, who, spec)
+
+
+async def _post_hold(
+    request: Request, hold_id: str, who: Settling, spec: PostRequest
+) -> dict[str, Any]:
     hold, record = await settled_by(request, who, hold_id)
     amount = spec.amount_micros
     if amount is None:
@@ -279,21 +323,28 @@ async def void_hold(request: Request, hold_id: str, who: Settler) -> dict[str, A
     return {"hold": hold_id, "state": result.state.value}
 
 
-@router.post("/{hold_id}/ambiguous")
-async def ambiguous_hold(
-    request: Request, hold_id: str, spec: AmbiguousRequest, who: Settler
-) -> dict[str, Any]:
-    await settled_by(request, who, hold_id)
-    result = await Gate.of(request).ledger.mark_ambiguous(who.policy.tenant, hold_id, spec.reason)
+@router.post("/{hold_id}/ambiguous", openapi_extra=body_schema(AmbiguousRequest))
+async def ambiguous_hold(request: Request, hold_id: str, who: Settler) -> dict[str, Any]:
+    with agents_slot(request, who):
+        spec, _ = await read_spec(request, who.policy.document.request_limits, AmbiguousRequest)
+        await settled_by(request, who, hold_id)
+        ledger = Gate.of(request).ledger
+        result = await ledger.mark_ambiguous(who.policy.tenant, hold_id, spec.reason)
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}
 
 
-@router.post("/{hold_id}/compensate")
-async def compensate_hold(
-    request: Request, hold_id: str, spec: CompensateRequest, who: Settler
-) -> dict[str, Any]:
+@router.post("/{hold_id}/compensate", openapi_extra=body_schema(CompensateRequest))
+async def compensate_hold(request: Request, hold_id: str, who: Settler) -> dict[str, Any]:
     """Part of a posted effect was recovered: it returns to the budget. An agent may
     not compensate an irreversible effect (nor one whose class was not recorded)."""
+    with agents_slot(request, who):
+        spec, _ = await read_spec(request, who.policy.document.request_limits, CompensateRequest)
+        return await _compensate_hold(request, hold_id, who, spec)
+
+
+async def _compensate_hold(
+    request: Request, hold_id: str, who: Settling, spec: CompensateRequest
+) -> dict[str, Any]:
     _, record = await settled_by(request, who, hold_id)
     if who.agent is not None and record.effect_class not in COMPENSABLE:
         raise Problem(
@@ -310,10 +361,8 @@ async def compensate_hold(
     return {"hold": hold_id, "state": result.state.value, "flags": sorted(result.flags)}
 
 
-@router.post("/{hold_id}/settle")
-async def settle_hold(
-    request: Request, hold_id: str, spec: TrueUpRequest, who: Settler
-) -> dict[str, Any]:
+@router.post("/{hold_id}/settle", openapi_extra=body_schema(TrueUpRequest))
+async def settle_hold(request: Request, hold_id: str, who: Settler) -> dict[str, Any]:
     """True-up (docs/design.md, "Windows, settlement, reconciliation"): a settler (or
     an admin) reports an effect's realised residual loss once it is known (compensation done,
     return window closed). A pending or ambiguous hold is posted at it; a posted
@@ -326,6 +375,8 @@ async def settle_hold(
         raise Problem(
             403, "settlement_forbidden", "realised losses are reported by a settler or an admin"
         )
+    # Read after the check: an agent's body is refused unread, whatever its size.
+    spec, _ = await read_spec(request, who.policy.document.request_limits, TrueUpRequest)
     hold, record = await settled_by(request, who, hold_id)
     check_amount(who, hold, record, spec.realised_micros)
     tenant, ledger = who.policy.tenant, Gate.of(request).ledger

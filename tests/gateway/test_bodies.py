@@ -18,6 +18,9 @@ from .helpers import assert_problem, trickled_request
 pytestmark = pytest.mark.server_neutral
 
 MAX_POLICY_BYTES = 4 << 20  # the default IRREV_MAX_POLICY_BYTES
+# A route with a body parameter, which FastAPI reads before authentication (the
+# decision API reads its bodies once the agent is known).
+KEYS = "/v1/admin/tenants/anyone/keys"
 
 
 async def declared_only(base_url: str, method: str, target: str, length: int) -> bytes:
@@ -77,7 +80,7 @@ async def test_a_chunked_body_is_cut_at_the_bound(gateway: Gateway) -> None:
     answering = asyncio.create_task(answer_of())
     try:
         head = (
-            f"POST /v1/holds HTTP/1.1\r\nHost: {url.host}\r\n"
+            f"POST {KEYS} HTTP/1.1\r\nHost: {url.host}\r\n"
             "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
         )
         writer.write(head.encode())
@@ -104,13 +107,24 @@ async def test_a_body_within_the_bound_still_reaches_the_route(
     assert_problem(response, 401, "unauthenticated")
 
 
+async def test_a_trickled_body_is_cut_at_the_deadline_before_authentication(
+    gateway: Gateway,
+) -> None:
+    """IRREV_BODY_TIMEOUT_S holds on the admin API too, whose body parameters are read
+    before authentication: a slow client cannot hold a worker there either."""
+    body = b'{"note": "' + b"x" * 200 + b'"}'
+    headers = {"Content-Type": "application/json"}
+    status, problem = await trickled_request(gateway.url, KEYS, headers, body)
+    assert (status, problem["reason"]) == (408, "body_timeout")
+
+
 @pytest.mark.parametrize("target", ["/v1/holds", "/v1/holds/h-1/post"])
-async def test_a_trickled_body_is_cut_at_the_deadline_on_every_route(
+async def test_the_decision_api_refuses_a_stranger_before_reading_its_body(
     gateway: Gateway, target: str
 ) -> None:
-    """IRREV_BODY_TIMEOUT_S holds on the decision and admin APIs too, before
-    authentication: a slow client cannot hold a worker there either."""
+    """The decision API reads a body once it knows whose it is: a trickled one without
+    a token is answered 401 while it is still being sent, not cut at the deadline."""
     body = b'{"note": "' + b"x" * 200 + b'"}'
     headers = {"Content-Type": "application/json"}
     status, problem = await trickled_request(gateway.url, target, headers, body)
-    assert (status, problem["reason"]) == (408, "body_timeout")
+    assert (status, problem["reason"]) == (401, "unauthenticated")

@@ -1,5 +1,9 @@
-"""A refusal's answer is bounded whatever the request: one error per extra key, all
-of them echoed back, made one agent's 840 KB of extra keys draw a 4 MB answer."""
+"""The decision API's bodies cost what the tenant's request_limits allow, as the
+proxy's and /mcp's do: they are read once the agent is known, within its tenant's
+bounds, and a refusal's answer is bounded whatever the request. Before, FastAPI
+parsed a body of up to IRREV_MAX_BODY_BYTES and pydantic built one error per extra
+key, all of them echoed back: one agent's 840 KB of extra keys took a worker about
+half a second and drew a 4 MB answer, and its tenant's other agents waited."""
 
 from __future__ import annotations
 
@@ -23,6 +27,38 @@ ANSWER_BOUND = 8192
 @pytest.fixture(scope="module")
 def bounded(new_tenant: TenantMaker) -> Tenant:
     return new_tenant("holds-limits", request_limits={"max_values": 1000, "max_body_bytes": 8192})
+
+
+def extra_keys(fields: dict[str, object], n: int, width: int = 6) -> dict[str, object]:
+    return {**fields, **{f"k{i:0{width}d}": 1 for i in range(n)}}
+
+
+@pytest.mark.parametrize(
+    ("target", "fields"),
+    [
+        ("/v1/holds", DEPLOY),
+        ("/v1/holds/h-x/post", {}),
+        ("/v1/holds/h-x/ambiguous", {}),
+        ("/v1/holds/h-x/compensate", {"recovered_micros": 0}),
+        # The proxy, for comparison: the same body, the same refusal.
+        ("/tools/supplier/orders", {}),
+    ],
+)
+async def test_many_extra_keys_are_refused_within_the_tenants_limits(
+    bounded: Tenant, http: httpx.AsyncClient, target: str, fields: dict[str, object]
+) -> None:
+    """3,000 keys are 6,000 values, past the tenant's 1,000, in 48 KB: within the
+    gateway's bound (64 KiB) but not the tenant's (8 KiB)."""
+    body = json.dumps(extra_keys(fields, 3000)).encode()
+    headers = {**effect_headers(bounded, "deployer-01", "many"), "Content-Type": "application/json"}
+    response = await http.post(target, content=body, headers=headers)
+    assert_problem(response, 413, "body_too_large")
+    assert len(response.content) < ANSWER_BOUND
+    small = json.dumps(extra_keys(fields, 600, width=1)).encode()
+    assert len(small) < 8192
+    response = await http.post(target, content=small, headers=headers)
+    assert_problem(response, 413, "body_too_complex")
+    assert len(response.content) < ANSWER_BOUND
 
 
 async def test_the_validation_answer_lists_a_bounded_number_of_errors(

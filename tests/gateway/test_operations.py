@@ -454,6 +454,16 @@ async def test_docs_work_without_internet_and_the_openapi_says_how_to_call(
         body = paths[f"/v1/escalations/{{escalation}}/{decided}"]["post"]["requestBody"]
         reason = body["content"]["application/json"]["schema"]["properties"]["reason"]
         assert reason["maxLength"] == 500 and body["required"] is False
+    for path, field in (  # read by hand, within the tenant's request limits
+        ("/v1/holds", "tool"),
+        ("/v1/holds/{hold_id}/post", "amount_micros"),
+        ("/v1/holds/{hold_id}/ambiguous", "reason"),
+        ("/v1/holds/{hold_id}/compensate", "recovered_micros"),
+        ("/v1/holds/{hold_id}/settle", "realised_micros"),
+    ):
+        body = paths[path]["post"]["requestBody"]
+        spec = body["content"]["application/json"]["schema"]
+        assert field in spec["properties"] and spec["additionalProperties"] is False, path
     problem = {"$ref": "#/components/schemas/Problem"}
     for path, operations in paths.items():
         for method, operation in operations.items():

@@ -311,7 +311,7 @@ BAD_INPUT = [
     ),
     ("unknown-api-route", "GET", "/v2/anything", {}, b"", 404, "not_found"),
     ("wrong-method", "DELETE", "/v1/holds", {}, b"", 405, "method_not_allowed"),
-    ("holds-bad-json", "POST", "/v1/holds", {}, b"{", 422, "bad_request"),
+    ("holds-bad-json", "POST", "/v1/holds", {}, b"{", 400, "bad_json"),
     (
         "holds-extra-field",
         "POST",

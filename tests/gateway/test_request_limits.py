@@ -19,7 +19,15 @@ from gateway.edge.wire import parse_json_body
 from pricing.policy import RequestLimits
 
 from .conftest import Gateway, own_gateway
-from .helpers import assert_problem, balances, effect_headers, order, set_faults, used
+from .helpers import (
+    assert_problem,
+    balances,
+    effect_headers,
+    order,
+    set_faults,
+    trickled_request,
+    used,
+)
 from .servers import Server
 
 SMALL = RequestLimits(max_values=100, max_string_length=1000, max_in_flight=2)
@@ -159,3 +167,31 @@ async def test_an_agents_requests_in_flight_are_bounded_and_others_are_served(
         headers=effect_headers(tenant, "buyer-02", "third"),
     )
     assert again.status_code == 201, again.text
+
+
+async def test_a_decision_api_body_being_read_holds_its_agents_slot(
+    limited: Gateway, client: httpx.AsyncClient
+) -> None:
+    """The decision API takes the agent's slot before it reads the body, as the proxy
+    does: two bodies trickling in are the agent's two requests in flight, and its third
+    is refused unread while its tenant's other agents are served."""
+    tenant = limited.tenant("own")
+    headers = {**tenant.auth("deployer-01"), "Content-Type": "application/json"}
+    body = json.dumps({"tool": "deploy", "method": "POST", "path": "/deploys"}).encode()
+    trickling = [
+        asyncio.create_task(trickled_request(limited.url, "/v1/holds", headers, body))
+        for _ in range(2)
+    ]
+    try:
+        deadline = asyncio.get_running_loop().time() + 3
+        while True:
+            third = await client.post("/v1/holds/h-x/post", json={}, headers=headers)
+            if third.status_code == 429 or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        assert_problem(third, 429, "too_many_in_flight")
+        other = await client.post("/v1/holds/h-x/post", json={}, headers=tenant.auth("buyer-01"))
+        assert_problem(other, 404, "not_found")
+    finally:
+        answers = await asyncio.gather(*trickling)
+    assert [reason["reason"] for _, reason in answers] == ["body_timeout"] * 2
