@@ -315,8 +315,22 @@ def serve_store(
                 chosen[path] = old
             continue
         chosen[path] = candidate
-    errors = check_policy_set([(str(p), e.file.policy) for p, e in chosen.items()], budget)
-    for error in errors:
+    faults += _set_faults(chosen, local, records, previous, budget)
+    return chosen, faults, behind
+
+
+def _set_faults(
+    chosen: dict[Path, InForce],
+    local: dict[Path, InForce],
+    records: dict[str, PolicyRecord],
+    previous: dict[Path, InForce],
+    budget: ForwardBudget,
+) -> list[FileFault]:
+    """Take out of `chosen` each store version that disagrees with the others in force
+    (a shared token, a tenant defined twice), for the policy its tenant had here, or
+    for its file if the store has none of the tenant, or for nothing; its faults."""
+    faults = []
+    for error in check_policy_set([(str(p), e.file.policy) for p, e in chosen.items()], budget):
         path = Path(error.source)
         failing = chosen.get(path)
         kept = previous.get(path)
@@ -328,7 +342,7 @@ def serve_store(
                 del chosen[path]
             else:
                 chosen[path] = kept
-    return chosen, faults, behind
+    return faults
 
 
 def report(
