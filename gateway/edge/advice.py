@@ -139,15 +139,30 @@ NEXT_STEPS: dict[str, tuple[Retry, str]] = {
 }
 
 
-def next_step(reason: str) -> tuple[Retry, str]:
+# The next step of a call that may have been made, held under a key its caller did
+# not send and cannot repeat (no key, on a route whose identical calls are each an
+# effect of their own: `dedupe_window: 0`): repeating it would make it again.
+UNREPEATABLE = (
+    Retry.NO,
+    "It may have been made, so do not make this call again: an identical call would be a "
+    "new one and could make it twice. Check first whether it was made (read what it "
+    "changes, or list what exists).",
+)
+
+
+def next_step(reason: str, repeatable: bool = True) -> tuple[Retry, str]:
     """The refusal's retry hint and closing sentence (an unlisted code says nothing
-    it does not know)."""
-    return NEXT_STEPS.get(reason, (Retry.NO, ""))
+    it does not know). `repeatable`: whether repeating the call reaches this one, as
+    it does with the same key or, keyed by its content, the same arguments."""
+    step = NEXT_STEPS.get(reason, (Retry.NO, ""))
+    if not repeatable and step[0] is Retry.SAME_CALL:
+        return UNREPEATABLE
+    return step
 
 
-def told(detail: str, reason: str) -> str:
+def told(detail: str, reason: str, repeatable: bool = True) -> str:
     """The whole model text of a refusal: what happened, then the next step."""
-    step = next_step(reason)[1]
+    step = next_step(reason, repeatable)[1]
     detail = detail.strip()
     if detail and not detail.endswith((".", "!", "?")):
         detail += "."

@@ -53,6 +53,10 @@ _AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 # bound on a TTL).
 MAX_CONTENT_KEEP_MS = 366 * 24 * 3600 * 1000
 CONTENT_KEY_PREFIX = "content-"
+# The key of a call sent without one on a route whose identical calls are each an
+# effect of their own (`dedupe_window: 0`): random, so nothing its caller sends reaches
+# it again.
+KEYLESS_KEY_PREFIX = "keyless-"
 # Intent.keyless_name of an HTTP request and of an MCP call.
 KEYLESS_REQUEST = "request"
 KEYLESS_ARGUMENTS = "arguments"
@@ -184,11 +188,13 @@ def prepare(
     body = intent.canonical.fingerprint_body
     digest = fingerprint(intent.operation, intent.target, request.query, body, effect_headers)
     route = effect.route
+    key_name = intent.key_name
     if intent.keys or in_process or route is None or not route.keyless:
         agent_key = agent_key_of(intent.keys, intent.key_name)
     elif route.dedupe_window_ms == 0:
         # The route's identical calls are meant to repeat: each is an effect of its own.
-        agent_key = "keyless-" + secrets.token_hex(16)
+        agent_key = KEYLESS_KEY_PREFIX + secrets.token_hex(16)
+        key_name = intent.keyless_name
     else:
         content = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, content_key(digest))
         return Prepared(
@@ -209,7 +215,7 @@ def prepare(
         fingerprint=digest,
         shadow=shadow,
         cap_refusal=cap_refusal,
-        key_name=intent.key_name,
+        key_name=key_name,
         agent_key=agent_key,
     )
 

@@ -30,14 +30,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.edge.advice import (
-    Retry,
-    approval,
-    duration_text,
-    escalation_sentence,
-    next_step,
-    units_of,
-)
+from gateway.edge.advice import duration_text
 from gateway.edge.auth import agent_of
 from gateway.edge.bodies import read_body
 from gateway.edge.canonical import Canonical
@@ -45,12 +38,11 @@ from gateway.edge.problems import Problem, problem_for
 from gateway.edge.problems import refused as answer_refusal
 from gateway.edge.responses import escalation_id
 from gateway.edge.wire import JsonNumber, parse_json_body
-from gateway.pipeline.decision import Decision
 from gateway.pipeline.mcp_pipeline import Outcome, call_effect
-from gateway.pipeline.prepare import CONTENT_KEY_PREFIX, Gate
-from gateway.pipeline.upstream import Fate
+from gateway.pipeline.prepare import Gate
+from gateway.routes.mcp_results import answered, held, refused
 from gateway.state import refusals
-from gateway.state.mcp_upstream import HOLD_META, KEY_META
+from gateway.state.mcp_upstream import KEY_META
 from ledger import HoldState, LedgerError
 from pricing import (
     AuthenticatedAgent,
@@ -65,9 +57,6 @@ from pricing import (
 )
 
 SEPARATOR = "__"
-# Who approved an escalated call and why, in a result's _meta (irrev's prefix).
-DECIDED_BY_META = "dev.irrev/decided_by"
-NOTE_META = "dev.irrev/note"
 # An escalated call waiting for its decision reads the hold this often: first soon
 # (an approval a person had queued lands fast), then every second.
 FIRST_POLL_S = 0.2
@@ -77,11 +66,6 @@ UNDECIDED = frozenset(
 )  # `<server>__<tool>`: names OpenAI's and Anthropic's tool APIs accept
 CALLER = "irrev.mcp"
 TOOLS_TTL_S = 10.0
-PRICE_META = "dev.irrev/price"
-# The route's burst detector: 'on' or 'margin' (gateway/pipeline/decision.py), and
-# the price a margin's hold falls to once the detector vouches for it.
-STRESS_META = "dev.irrev/stress"
-CALM_PRICE_META = "dev.irrev/calm_price"
 AGENT_KEY = re.compile(r"[\x21-\x7e]{1,255}")
 
 
@@ -262,7 +246,9 @@ async def call_tool(
             outcome = await wait_for_decision(ctx, caller, server, tool, canonical, outcome)
     except (Problem, RequestError, LedgerError) as exc:
         # As the HTTP routes answer them (gateway/edge/problems.py), as a tool result.
-        result = refused(problem_for(exc), key)
+        problem = problem_for(exc)
+        held_under = problem.extra.get("idempotency_key")
+        result = refused(problem, key, held(key, held_under if isinstance(held_under, str) else ""))
     else:
         result = answered(outcome, caller.policy, key)
     refusals.seen_call(caller.gate, caller.policy, caller.agent.agent_id, params.name, result)
@@ -316,102 +302,6 @@ async def wait_for_decision(
             waited, decision.wait_s, f"waiting for a person to decide escalation {escalation}"
         )
     return replace(escalated, waited_s=decision.wait_s)
-
-
-def refused(problem: Problem, key: str) -> types.CallToolResult:
-    """A refusal the model can act on: what happened and what to do (the problem's
-    text, gateway/edge/advice.py), and the problem's fields as structured content."""
-    structured = {
-        "reason": problem.reason,
-        "status": problem.status,
-        "detail": problem.text,
-        "retry": next_step(problem.reason)[0].value,
-    }
-    structured |= {
-        k: v for k, v in problem.extra.items() if isinstance(v, str | int | float | None)
-    }
-    if key:
-        structured["idempotency_key"] = key
-    # An ambiguous or in-flight call may have happened: "not made" would be false.
-    if next_step(problem.reason)[0] is Retry.SAME_CALL:
-        said = "irrev cannot tell yet whether this call took effect"
-    else:
-        said = "irrev did not make this call"
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=f"{said}: {problem.text}")],
-        structured_content=structured,
-        is_error=True,
-    )
-
-
-def again(key: str) -> str:
-    """How the model asks again about a call held under `key`, to finish a sentence:
-    the same arguments if the call was keyed by them (a host sends no key), else the
-    same key."""
-    if key.startswith(CONTENT_KEY_PREFIX):
-        return "make the identical call again (the same arguments; it is not made twice)"
-    return f"make the same call again with _meta {{{KEY_META!r}: {key!r}}}"
-
-
-def answered(outcome: Outcome, policy: TenantPolicy, key: str) -> types.CallToolResult:
-    """The decision and what came of it as MCP content: the tool's result with irrev's
-    `_meta` (hold, price, key, who approved it) and notes a model reads; a pending
-    result naming the escalation; or the refusal its problem is."""
-    decision = outcome.decision
-    key = decision.key if decision is not None and decision.key else key
-    meta: dict[str, Any] = {KEY_META: key}
-    if decision is not None and decision.hold_id:
-        meta |= {HOLD_META: decision.hold_id, PRICE_META: decision.price}
-    if decision is not None and decision.stress:
-        meta |= {STRESS_META: decision.stress, CALM_PRICE_META: decision.calm_price or None}
-    if decision is not None and decision.by:
-        meta |= {DECIDED_BY_META: decision.by, NOTE_META: decision.note or None}
-    if decision is not None and outcome.escalated:
-        return _escalated(decision, policy, key, meta, outcome.waited_s)
-    if outcome.problem is not None:
-        return refused(outcome.problem, key)
-    assert outcome.tool_result is not None
-    notes: list[str] = []
-    if decision is not None and decision.by:
-        notes.append(approval(decision.by, decision.note))
-    if decision is not None and decision.replayed:
-        notes.append(
-            "irrev: this is the result of an earlier identical call; it was not made again."
-        )
-    if outcome.fate is Fate.UNKNOWN:
-        notes.append(
-            "irrev: the tool reported an error, so whether it acted is unknown; the call "
-            f"stays charged until reconciled. To learn the outcome, {again(key)} later; "
-            "do not make it as a new call."
-        )
-    result = outcome.tool_result
-    content = [*result.content, *(types.TextContent(type="text", text=text) for text in notes)]
-    merged = {**(result.meta or {}), **meta}
-    return result.model_copy(update={"content": content, "meta": merged})
-
-
-def _escalated(
-    decision: Decision, policy: TenantPolicy, key: str, meta: dict[str, Any], waited_s: float
-) -> types.CallToolResult:
-    """A pending result: a person decides; the model learns how to get the result."""
-    escalation = escalation_id(policy.tenant, decision.hold_id)
-    said = escalation_sentence(units_of(policy), decision.result, escalation)
-    if waited_s:
-        said += f"; irrev waited {waited_s:g} s for the decision"
-    text = f"{said}. To get its result once a person decides, {again(key)}."
-    structured = {
-        "status": "escalated",
-        "escalation": escalation,
-        "idempotency_key": key,
-        "price": decision.price,
-        "retry": Retry.SAME_CALL.value,
-    }
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)],
-        structured_content=structured,
-        is_error=True,
-        _meta=meta,
-    )
 
 
 @dataclass

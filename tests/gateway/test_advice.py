@@ -17,7 +17,7 @@ from gateway.edge.problems import Problem
 from gateway.pipeline.approve import rejected_problem
 from gateway.pipeline.prepare import cap_problem
 from gateway.pipeline.reserve import refusal
-from gateway.routes.mcp_server import refused
+from gateway.routes.mcp_results import refused
 from ledger import AccountCheck, HoldState, Reason, ReserveResult, Status, Verdict
 from pricing import TenantPolicy
 from pricing.errors import PerEffectCapExceeded

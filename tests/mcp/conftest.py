@@ -124,6 +124,7 @@ TENANTS: dict[str, dict[str, Any]] = {
     "keyless-wait": {"routes": {"escalation_wait": "15s"}},
     # Identical keyless calls are meant to repeat here: each is an effect of its own.
     "repeats": {"routes": {"dedupe_window": "0"}},
+    "repeats-now": {"routes": {"dedupe_window": "0", "escalation_wait": "0"}},
     "fleet": {"fleet": FLEET},
     "one-key": {},
     # A repeat of an ambiguous call answers from the ledger: its server may not dedupe.

@@ -308,3 +308,68 @@ async def test_a_call_with_its_own_key_waits_only_if_it_asked_for_progress(
             answers[asked_progress] = await asyncio.wait_for(call, timeout=20)
     assert structured(answers[False])["status"] == "escalated", answers[False]
     assert structured(answers[True]).get("reason") == "escalation_rejected", answers[True]
+
+
+def said(result: Any) -> str:
+    return " ".join(text_of(c) for c in result.content if c.type == "text")
+
+
+def assert_not_asked_to_repeat(text: str) -> None:
+    """A call held under a key of its own (no key sent, `dedupe_window: 0`): an identical
+    call is a new effect, so the model is told to check, never to repeat it, and never
+    asked for a key its host cannot send."""
+    assert "_meta" not in text and "keyless-" not in text, text
+    assert "repeat the same call" not in text and "identical call again" not in text, text
+    assert "do not make this call again" in text, text
+    assert "whether it was made (read what it changes, or list what exists)" in text, text
+
+
+async def test_an_ambiguous_call_on_a_route_that_repeats_is_not_advised_again(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
+) -> None:
+    """dedupe_window 0: a repeat would be a second payment, so "repeat the same call to
+    learn what happened" would make it twice (the hunt's reproduction)."""
+    tenant = mcp_gateway.tenant("repeats")
+    arguments = order(1, supplier_id=f"s-{uuid.uuid4().hex[:8]}")
+    before = (await tool_stats(tools_http, tenant))["effects"]
+    await tools_http.post(f"/{tenant.namespace}/_faults", json={"hang_after_effect": True})
+    try:
+        async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
+            first = await client.call_tool("procure__place_order", arguments)
+    finally:
+        await tools_http.post(f"/{tenant.namespace}/_faults", json={})
+    assert first.is_error and structured(first)["reason"] == "upstream_ambiguous"
+    text = said(first)
+    assert text.startswith("irrev cannot tell yet whether this call took effect: "), text
+    assert_not_asked_to_repeat(text)
+    assert structured(first)["retry"] == "no"
+    assert_not_asked_to_repeat(structured(first)["detail"])
+    assert (await tool_stats(tools_http, tenant))["effects"] == before + 1
+
+
+async def test_a_tool_error_on_a_route_that_repeats_asks_for_no_key(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
+) -> None:
+    """flaky_order makes the order, then reports an error: whether it acted is unknown."""
+    tenant = mcp_gateway.tenant("repeats")
+    arguments = order(1, supplier_id=f"s-{uuid.uuid4().hex[:8]}")
+    async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
+        result = await client.call_tool("procure__flaky_order", arguments)
+    text = text_of(result.content[-1])
+    assert "whether it acted is unknown" in text, text
+    assert_not_asked_to_repeat(text)
+
+
+async def test_an_escalation_on_a_route_that_repeats_asks_for_no_key(
+    mcp_gateway: McpGateway, http: httpx.AsyncClient
+) -> None:
+    """Answered "pending" at once (escalation_wait 0): an identical call would be a
+    second escalation, not this one's result."""
+    tenant = mcp_gateway.tenant("repeats-now")
+    async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
+        pending = await client.call_tool(DELETION_TOOL, deletion())
+    assert structured(pending)["status"] == "escalated"
+    text = said(pending)
+    assert "if a person approves it, irrev makes it then" in text, text
+    assert_not_asked_to_repeat(text)
+    assert structured(pending)["retry"] == "no"
