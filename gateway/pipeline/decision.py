@@ -17,7 +17,7 @@ from gateway.edge.problems import Problem
 from gateway.edge.wire import StoredAnswer, StoredRequest
 from gateway.pipeline.approve import approve, auto_approval, rejected_problem
 from gateway.pipeline.deliver import answer_by, fire
-from gateway.pipeline.prepare import Gate, Prepared, keyed_by_content, read_paced
+from gateway.pipeline.prepare import Gate, Prepared, keyed_by_content, read_paced, same_again
 from gateway.pipeline.reserve import Shadowed, reserve_priced, shadowed
 from gateway.pipeline.upstream import Answer, Upstream
 from ledger import (
@@ -236,7 +236,7 @@ def still_ambiguous(hold_id: str, key_name: str) -> Problem:
         "upstream_ambiguous",
         "whether this effect was made is still unknown; it was not sent again (its server "
         "does not declare that it deduplicates) and stays charged until the reconciler "
-        f"learns the outcome. Repeat it later with the same {key_name} for the result",
+        f"learns the outcome. For the result, {same_again(key_name)} later",
         hold=hold_id,
         state=HoldState.AMBIGUOUS.value,
     )

@@ -17,7 +17,7 @@ from gateway.edge import metrics, tracing
 from gateway.edge.problems import PROBLEM_JSON, Problem
 from gateway.edge.wire import StoredAnswer, StoredRequest
 from gateway.pipeline.crashpoints import crash_point
-from gateway.pipeline.prepare import KEYLESS_NAMES, Gate
+from gateway.pipeline.prepare import KEYLESS_NAMES, Gate, same_again
 from gateway.pipeline.upstream import Answer, Fate, Upstream
 from gateway.state.http_upstream import HTTP_KEY
 from ledger import (
@@ -78,8 +78,8 @@ async def fire(
             raise Problem(
                 409,
                 "in_flight",
-                "this effect is being sent again by another repeat of its key right now; "
-                f"ask again in a moment with the same {key_name}",
+                "this effect is being sent again by another repeat of it right now; "
+                f"to learn its outcome, {same_again(key_name)} in a moment",
                 headers={"Retry-After": str(max(1, math.ceil(exc.retry_after_ms / 1000)))},
                 hold=hold_id,
                 state=HoldState.AMBIGUOUS.value,
@@ -117,7 +117,7 @@ async def _require_claim_kept(
     (the next repeat may claim it again), and the answer is not kept for the key."""
     then = (
         "it was not sent again and stays charged, as its first send may have made it. "
-        f"Repeat it later with the same {key_name}"
+        f"To learn its outcome, {same_again(key_name)} later"
     )
     problem = unacknowledged(
         gate, hold_id, claimed.replicas, claimed.fsynced, "this effect's charge", then

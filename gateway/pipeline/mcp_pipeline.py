@@ -147,28 +147,38 @@ async def call_effect(
     tool: str,
     canonical: Canonical,
     key: str,
+    *,
+    by_content: bool = False,
 ) -> Outcome:
     """One `tools/call` through the admission pipeline, with the tenant's MCP server
     `server` as its Upstream; refusals are raised (Problem, RequestError). `key`: the
     agent's own idempotency key, '' when it sent none (most hosts): the call is then
-    keyed by its content, as its route says (prepare.keyed_by_content)."""
+    keyed by its content, as its route says (prepare.keyed_by_content).
+    `by_content`: `key` is the content key a keyless call is held under, asked again
+    on that call's behalf (while it waits for a person's decision): its answers are
+    worded for the keyless call it is, never asking for a key its host cannot send."""
     if server not in policy.catalog.mcp_tools:
         # An HTTP tool of the tenant would be sent a call with the agent's name as
         # its path, and charged: /mcp reaches MCP servers only.
         raise Problem(403, "unknown_route", f"{server!r} is not an MCP server of this tenant")
-    keys = (key,) if key else ()
     operation, target = call_route(server, tool)
     intent = Intent(
         tool=server,
         operation=operation,
         target=target,
         canonical=canonical,
-        keys=keys,
-        key_name=MCP_KEY,
+        keys=(key,) if key else (),
+        key_name=KEYLESS_ARGUMENTS if by_content else MCP_KEY,
         keyless_name=KEYLESS_ARGUMENTS,
     )
     prepared = prepare(policy, agent, intent, in_process=False)
-    decision = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))
+    try:
+        decision = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, server))
+    except Problem as problem:
+        if by_content:
+            # As a keyless call's own refusals name its key (decision.admit).
+            problem.extra.setdefault("idempotency_key", key)
+        raise
     if isinstance(decision, Answer):  # a read: free, nothing held
         return Outcome(None, *_live(decision, ""))
     return outcome_of(decision)

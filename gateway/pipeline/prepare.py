@@ -63,6 +63,15 @@ KEYLESS_ARGUMENTS = "arguments"
 KEYLESS_NAMES = frozenset({KEYLESS_REQUEST, KEYLESS_ARGUMENTS})
 
 
+def same_again(key_name: str) -> str:
+    """How a caller asks again about the effect it is held for, to finish a sentence:
+    with its key, or, sent without one, by making the identical call (its host may be
+    unable to send a key at all)."""
+    if key_name in KEYLESS_NAMES:
+        return f"make the identical call again (the same {key_name})"
+    return f"send it again with the same {key_name}"
+
+
 @dataclass
 class Gate:
     """What every request handler needs; one per worker process. `slots`: per tenant,

@@ -243,7 +243,9 @@ async def call_tool(
         )
         wait_s = outcome.decision.wait_s if outcome.decision is not None else 0.0
         if outcome.escalated and wait_s > 0 and waits(params, key):
-            outcome = await wait_for_decision(ctx, caller, server, tool, canonical, outcome)
+            outcome = await wait_for_decision(
+                ctx, caller, server, tool, canonical, outcome, by_content=not key
+            )
     except (Problem, RequestError, LedgerError) as exc:
         # As the HTTP routes answer them (gateway/edge/problems.py), as a tool result.
         problem = problem_for(exc)
@@ -272,12 +274,15 @@ async def wait_for_decision(
     tool: str,
     canonical: Canonical,
     escalated: Outcome,
+    *,
+    by_content: bool,
 ) -> Outcome:
     """An escalated call held open for the person's decision, up to its route's
     `escalation_wait`: an MCP host cannot poll, and its model, told to wait, would only
     ask again. Progress notifications go to a client that asked for them (a progress
     token), which some clients take to extend their timeout. Decided in time: the same
-    call again under the key it is held under, which replays the hold's outcome."""
+    call again under the key it is held under, which replays the hold's outcome
+    (`by_content`: its content's key, for a call sent without one)."""
     gate, policy = caller.gate, caller.policy
     decision = escalated.decision
     assert decision is not None
@@ -291,7 +296,14 @@ async def wait_for_decision(
         hold = await gate.ledger.hold(policy.tenant, decision.hold_id)
         if hold is None or hold.state not in UNDECIDED:
             decided = await call_effect(
-                gate, policy, caller.agent, server, tool, canonical, decision.key
+                gate,
+                policy,
+                caller.agent,
+                server,
+                tool,
+                canonical,
+                decision.key,
+                by_content=by_content,
             )
             if decided.decision is None:
                 return decided

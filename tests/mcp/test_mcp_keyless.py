@@ -373,3 +373,44 @@ async def test_an_escalation_on_a_route_that_repeats_asks_for_no_key(
     assert "if a person approves it, irrev makes it then" in text, text
     assert_not_asked_to_repeat(text)
     assert structured(pending)["retry"] == "no"
+
+
+async def test_an_approved_wait_that_ends_ambiguous_asks_for_the_identical_call(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient, http: httpx.AsyncClient
+) -> None:
+    """A keyless call waits for the person (escalation_wait); approved, the effect is
+    made but its answer is lost. The waiting call and its repeat are worded as the
+    keyless call they are: the identical call again, never a `_meta` key (the hunt's
+    reproduction)."""
+    tenant = mcp_gateway.tenant("keyless-wait")
+    target = deletion()
+    before = await queue(http, tenant)
+    effects = (await tool_stats(tools_http, tenant))["effects"]
+    await tools_http.post(f"/{tenant.namespace}/_faults", json={"hang_after_effect": True})
+    try:
+        async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
+            call = asyncio.create_task(client.call_tool(DELETION_TOOL, target))
+            deadline = asyncio.get_running_loop().time() + 10
+            mine: set[str] = set()
+            while not mine and asyncio.get_running_loop().time() < deadline:
+                mine = await queue(http, tenant) - before
+            assert len(mine) == 1
+            response = await http.post(
+                f"/v1/escalations/{mine.pop()}/approve",
+                headers=tenant.admin_auth,
+                json={"reason": "ok"},
+            )
+            assert response.json()["reason"] == "upstream_ambiguous", response.text
+            waited = await asyncio.wait_for(call, timeout=25)
+            again = await client.call_tool(DELETION_TOOL, target)
+    finally:
+        await tools_http.post(f"/{tenant.namespace}/_faults", json={})
+    for answer in (waited, again):
+        assert structured(answer)["reason"] == "upstream_ambiguous", answer
+        text = said(answer)
+        assert "_meta" not in text and "idempotency" not in text, text
+        assert "make the identical call again (the same arguments) later" in text, text
+        assert structured(answer)["retry"] == "same_call"
+        assert structured(answer)["idempotency_key"].startswith("content-"), answer
+    assert structured(waited)["hold"] == structured(again)["hold"]
+    assert (await tool_stats(tools_http, tenant))["effects"] == effects + 1
