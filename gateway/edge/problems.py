@@ -62,8 +62,9 @@ class Problem(Exception):
         """What a model reads: the detail and the next step (gateway/edge/advice.py)."""
         return told(self.detail, self.reason)
 
-    def response(self) -> JSONResponse:
-        body = {
+    def document(self) -> dict[str, Any]:
+        """The problem+json members."""
+        return {
             "type": f"https://irrev.dev/problems/{self.reason}",
             "title": self.reason.replace("_", " "),
             "status": self.status,
@@ -72,10 +73,16 @@ class Problem(Exception):
             "retry": next_step(self.reason)[0].value,
             **self.extra,
         }
+
+    def response_headers(self) -> dict[str, str]:
         # X-Irrev-Reason marks the refusal as the gateway's: a tool's answer passes through
         # with its own problem+json, but never with an X-Irrev-* header (responses.py).
-        headers = {**self.headers, "X-Irrev-Reason": self.reason}
-        return JSONResponse(body, self.status, headers=headers, media_type=PROBLEM_JSON)
+        return {**self.headers, "X-Irrev-Reason": self.reason}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(
+            self.document(), self.status, headers=self.response_headers(), media_type=PROBLEM_JSON
+        )
 
 
 def kept_problem(
@@ -174,10 +181,16 @@ def rate_owner(account: str) -> str:
 
 
 def refused(request: Request, problem: Problem) -> JSONResponse:
-    """Every refusal becomes its answer here, so each is counted by reason and logged
-    once, wherever it was raised (before the ledger or by it), and an agent's is
-    counted for the operator (gateway/state/refusals.py). The tenant and agent are those the
-    credential named, if it got that far."""
+    """Every refusal becomes its answer here (or, on /mcp, through `noted`)."""
+    noted(request, problem)
+    return problem.response()
+
+
+def noted(request: Request, problem: Problem) -> None:
+    """Each refusal is counted by reason and logged once, wherever it was raised
+    (before the ledger or by it), and an agent's is counted for the operator
+    (gateway/state/refusals.py). The tenant and agent are those the credential named,
+    if it got that far."""
     tenant = getattr(request.state, "tenant", "")
     route = request.scope.get("route")
     metrics.REFUSALS.labels(tenant, problem.reason, str(problem.status)).inc()
@@ -197,7 +210,6 @@ def refused(request: Request, problem: Problem) -> JSONResponse:
             "hold_id": problem.extra.get("hold"),
         },
     )
-    return problem.response()
 
 
 def install(app: FastAPI) -> None:

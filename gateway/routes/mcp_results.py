@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any
 
 import mcp_types as types
+from starlette.responses import JSONResponse
 
 from gateway.edge.advice import (
     UNREPEATABLE,
@@ -82,6 +83,25 @@ def refused(problem: Problem, key: str, how: Held = Held.BY_KEY) -> types.CallTo
         structured_content=structured,
         is_error=True,
     )
+
+
+def rpc_refusal(problem: Problem) -> JSONResponse:
+    """A refusal made before the SDK reads the POST (its body, its JSON, the agent's
+    requests in flight), in its HTTP status, as its MCP client reads it. Streamable
+    HTTP answers input a server cannot accept with an HTTP error whose body may be a
+    JSON-RPC error with no id; the official SDK's client surfaces such a body
+    (application/json) as the error its host sees, but turns problem+json into
+    "Server returned an error response", losing the sentence. The problem document's
+    members stay beside the error's, for programs that read them."""
+    code = types.PARSE_ERROR if problem.reason == "bad_json" else types.INVALID_REQUEST
+    data = {
+        "reason": problem.reason,
+        "status": problem.status,
+        "retry": next_step(problem.reason)[0].value,
+    }
+    error = {"code": code, "message": f"irrev did not make this call: {problem.text}", "data": data}
+    body = {**problem.document(), "jsonrpc": "2.0", "id": None, "error": error}
+    return JSONResponse(body, problem.status, headers=problem.response_headers())
 
 
 def again(how: Held, key: str) -> str:

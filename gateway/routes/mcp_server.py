@@ -34,13 +34,12 @@ from gateway.edge.advice import duration_text
 from gateway.edge.auth import agent_of
 from gateway.edge.bodies import read_body
 from gateway.edge.canonical import Canonical
-from gateway.edge.problems import Problem, problem_for
-from gateway.edge.problems import refused as answer_refusal
+from gateway.edge.problems import Problem, noted, problem_for
 from gateway.edge.responses import escalation_id
 from gateway.edge.wire import JsonNumber, parse_json_body
 from gateway.pipeline.mcp_pipeline import Outcome, call_effect
 from gateway.pipeline.prepare import Gate
-from gateway.routes.mcp_results import answered, held, refused
+from gateway.routes.mcp_results import answered, held, refused, rpc_refusal
 from gateway.state import refusals
 from gateway.state.mcp_upstream import KEY_META
 from ledger import HoldState, LedgerError
@@ -336,8 +335,11 @@ class McpEndpoint:
             with gate.agents.slot(*found):
                 await self._serve(gate, found, request, send)
         except Problem as problem:
-            # Answered, counted and logged as every HTTP refusal is.
-            await answer_refusal(request, problem)(scope, receive, send)
+            # Counted and logged as every HTTP refusal is; a POST's answered so that the
+            # agent's MCP client reads its sentence.
+            noted(request, problem)
+            post = scope["method"] == "POST"
+            await (rpc_refusal(problem) if post else problem.response())(scope, receive, send)
         except ClientDisconnect:
             return  # gone before its body was whole: nobody to answer
 

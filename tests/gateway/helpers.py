@@ -115,6 +115,25 @@ def assert_problem(response: httpx.Response, status: int, reason: str) -> dict[s
     return body
 
 
+def assert_mcp_refusal(response: httpx.Response, status: int, reason: str) -> dict[str, Any]:
+    """`response` is the gateway's refusal of an MCP POST before the SDK read it: its
+    HTTP status, and a body that is both the problem document (every member
+    `assert_problem` checks) and a JSON-RPC error with no id, in application/json, the
+    one shape an MCP client reads a non-2xx body in: its message is the model's text."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers.get("x-irrev-reason") == reason, dict(response.headers)
+    body: dict[str, Any] = response.json()
+    assert body["reason"] == reason and body.get("status") == status, body
+    assert body.get("type") == f"https://irrev.dev/problems/{reason}", body
+    assert body.get("title") == reason.replace("_", " "), body
+    assert isinstance(body.get("detail"), str) and body["detail"], body
+    assert body["jsonrpc"] == "2.0" and body["id"] is None, body
+    assert body["error"]["message"] == f"irrev did not make this call: {body['detail']}", body
+    assert body["error"]["data"]["reason"] == reason, body
+    return body
+
+
 async def balances(
     http: httpx.AsyncClient, admin: dict[str, str], tenant: Tenanted
 ) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from irrev.harness import free_port
 from ledger import Ledger
 
 from .conftest import Gateway, TenantMaker
-from .helpers import assert_problem, effect_headers, mcp_call, order
+from .helpers import assert_mcp_refusal, assert_problem, effect_headers, mcp_call, order
 from .procurement import example_accounts
 from .servers import Tenant
 
@@ -91,10 +91,10 @@ async def refuse_all_kinds(http: httpx.AsyncClient, tenant: Tenant, n: int) -> C
         result = called.json()["result"]
         assert result["isError"] and result["structuredContent"]["reason"] == "unknown_route"
         seen["unknown_route", "mcp", "buyer-03", "(unknown tool)"] += 1
-        # Over MCP, before the SDK reads the call: problem+json, an MCP refusal still.
+        # Over MCP, before the SDK reads the call: a JSON-RPC error, an MCP refusal still.
         nan_body = body.replace(b'"arguments": {}', b'"arguments": {"q": NaN}')
         nan = await http.post("/mcp", content=nan_body, headers=headers)
-        assert_problem(nan, 400, "bad_json")
+        assert_mcp_refusal(nan, 400, "bad_json")
         seen["bad_json", "mcp", "buyer-03", "POST /mcp"] += 1
     # A caller the gateway cannot name is no agent of the tenant: not counted.
     gone = await http.post("/v1/escalations/nope/approve", headers={"Authorization": "Bearer x"})

@@ -11,8 +11,17 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from mcp.shared.exceptions import MCPError
 
-from tests.gateway.helpers import assert_problem, balances, based, trickled_request, used
+from gateway.edge.advice import next_step
+from tests.gateway.helpers import (
+    assert_mcp_refusal,
+    assert_problem,
+    balances,
+    based,
+    trickled_request,
+    used,
+)
 
 from .conftest import McpGateway, agent, key, order, structured, text_of, tool_stats
 
@@ -126,14 +135,40 @@ async def test_malformed_json_is_refused_before_the_sdk_reads_it(
             "MCP-Protocol-Version": MODERN,
         },
     )
-    assert_problem(response, 400, "bad_json")
+    assert_mcp_refusal(response, 400, "bad_json")
     assert used(await balances(http, mcp_gateway.gateway.admin, tenant)) == before
+    assert (await tool_stats(tools_http, tenant))["calls"] == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({"note": "x" * (70 * 1024)}, "body_too_complex"),
+        ({"SKU": "c"}, "bad_json"),
+    ],
+    ids=["string-too-long", "keys-differing-in-case"],
+)
+async def test_a_refusal_before_the_sdk_reaches_the_host_in_irrevs_words(
+    extra: dict[str, Any], reason: str, mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
+) -> None:
+    """Refused before the SDK reads the POST, a call reached the host as "Server
+    returned an error response" (-32603): the SDK's client reads a non-2xx body only
+    as a JSON-RPC error in application/json, never problem+json."""
+    tenant = mcp_gateway.tenant("hostile")
+    async with agent(mcp_gateway.url, tenant.auth("buyer-02")) as client:
+        with pytest.raises(MCPError) as raised:
+            await client.call_tool("procure__place_order", {**order(), **extra})
+    error = raised.value.error
+    assert error.message.startswith("irrev did not make this call: "), error
+    assert error.message.endswith(next_step(reason)[1]), error
+    assert isinstance(error.data, dict) and error.data["reason"] == reason, error
+    assert error.data["retry"] == "fix", error
     assert (await tool_stats(tools_http, tenant))["calls"] == 0
 
 
 async def test_no_token_no_tools(mcp_gateway: McpGateway, http: httpx.AsyncClient) -> None:
     response = await http.post("/mcp", content=call_message(json.dumps(order())))
-    assert_problem(response, 401, "unauthenticated")
+    assert_mcp_refusal(response, 401, "unauthenticated")
     other = mcp_gateway.tenant("hostile-other")
     # Another tenant's agent sees its own servers only.
     async with agent(mcp_gateway.url, other.auth("buyer-01")) as client:
