@@ -103,6 +103,7 @@ from pricing.stress import (
     stress_margin,
     trip_threshold,
 )
+from pricing.suspension import Suspension, SuspensionReason
 from pricing.templates import CALL, FACTOR_PREFIX, call_route
 from pricing.units import header_money, journal_money, rfc3339, with_money_text
 from pricing.values import MemberId, TenantId, ToolName, duration_ms
@@ -163,6 +164,8 @@ __all__ = [
     "SecretSource",
     "Stress",
     "StressedPricing",
+    "Suspension",
+    "SuspensionReason",
     "TenantId",
     "TenantPolicy",
     "ToolName",

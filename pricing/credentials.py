@@ -13,6 +13,7 @@ import hashlib
 from dataclasses import dataclass
 
 from pricing.policy import PolicyDocument
+from pricing.suspension import Suspension
 
 TOKEN_PREFIX = "irrev_"
 TOKEN_BYTES = 32
@@ -27,6 +28,9 @@ class AuthenticatedAgent:
     principal_id: str
     per_effect_cap_micros: int
     window_cap_micros: int
+    # Carried with the agent so that every way a credential finds it (a policy's
+    # token, a managed key) brings the suspension along.
+    suspended: Suspension | None = None
 
 
 def format_token(random_bytes: bytes) -> str:
@@ -50,6 +54,7 @@ def agents_by_id(policy: PolicyDocument) -> dict[str, AuthenticatedAgent]:
             principal_id=agent.principal,
             per_effect_cap_micros=agent.per_effect_cap,
             window_cap_micros=agent.window_cap,
+            suspended=agent.suspended,
         )
         for agent_id, agent in policy.agents.items()
     }

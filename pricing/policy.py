@@ -18,6 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstr
 
 from pricing.headers import HeaderName
 from pricing.models import PricingSpec
+from pricing.suspension import Suspension
 from pricing.values import (
     DurationMs,
     DurationOrZeroMs,
@@ -185,6 +186,11 @@ class Agent(_Model):
     )
     rate_limits: RateLimits | None = Field(
         default=None, description="the agent's request rates, for effects and for reads"
+    )
+    suspended: Suspension | None = Field(
+        default=None,
+        description="set: an operator stopped the agent (why, by whom, when) and every "
+        "call of it is refused, agent_suspended; absent: active",
     )
 
 
