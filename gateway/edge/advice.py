@@ -44,6 +44,10 @@ NEXT_STEPS: dict[str, tuple[Retry, str]] = {
     "unknown_route": (Retry.NO, f"{_NOT_AGAIN} {_ASK}"),
     "route_alias": (Retry.FIX, "Call the route by its listed path, exactly as written."),
     "route_not_allowed": (Retry.NO, f"{_NOT_AGAIN} {_ASK}"),
+    "agent_suspended": (
+        Retry.NO,
+        f"{_NOT_AGAIN} Stop making calls and tell the user an operator suspended this agent.",
+    ),
     "per_effect_cap": (
         Retry.NO,
         "Do not split it into smaller calls to get under the cap; ask a person to make it "

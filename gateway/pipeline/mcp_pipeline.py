@@ -17,6 +17,7 @@ from gateway.pipeline.prepare import (
     KEYLESS_ARGUMENTS,
     Gate,
     Intent,
+    check_active,
     prepare,
     upstream_of,
 )
@@ -157,6 +158,7 @@ async def call_effect(
     `by_content`: `key` is the content key a keyless call is held under, asked again
     on that call's behalf (while it waits for a person's decision): its answers are
     worded for the keyless call it is, never asking for a key its host cannot send."""
+    check_active(agent)  # before the server is looked up, as prepare does before pricing
     if server not in policy.catalog.mcp_tools:
         # An HTTP tool of the tenant would be sent a call with the agent's name as
         # its path, and charged: /mcp reaches MCP servers only.

@@ -177,6 +177,7 @@ def prepare(
     """Price the effect, check the agent may make it here (`in_process`: through the
     decision API, else the proxy) and at this price, and derive the request its hold
     keeps, the hold's id and the fingerprint that tells a repeat from a new effect."""
+    check_active(agent)
     effect = _priced(policy, intent)
     check_route_scope(policy, agent, effect)
     _check_door(effect, in_process)
@@ -226,6 +227,25 @@ def prepare(
         cap_refusal=cap_refusal,
         key_name=key_name,
         agent_key=agent_key,
+    )
+
+
+def check_active(agent: AuthenticatedAgent) -> None:
+    """403 agent_suspended for an agent an operator suspended: first, before its call
+    is priced, so that nothing about the call (a route it may not use, a bad body)
+    tells it more than that it is stopped, and why."""
+    suspension = agent.suspended
+    if suspension is None:
+        return
+    raise Problem(
+        403,
+        "agent_suspended",
+        f"an operator ({suspension.by}) suspended agent {agent.agent_id} at "
+        f"{suspension.at}, saying {suspension.reason!r}; none of its calls is made "
+        "until an operator resumes it",
+        suspended_by=suspension.by,
+        suspended_at=suspension.at,
+        suspension_reason=suspension.reason,
     )
 
 
