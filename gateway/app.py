@@ -13,6 +13,7 @@ from starlette.routing import Route
 from gateway.edge import logs, metrics, problems, tracing
 from gateway.edge.bodies import BodyLimit
 from gateway.routes import (
+    admin_agents,
     admin_ledger,
     admin_policies,
     console,
@@ -75,6 +76,7 @@ ROUTERS = (
     holds_api,
     escalations,
     admin_policies,
+    admin_agents,
     admin_ledger,
     keys_api,
     console,

@@ -23,6 +23,7 @@ from gateway.pipeline.prepare import Gate
 from gateway.state.events import amount_and_text, currency
 from gateway.state.policies import PolicyLoadError
 from gateway.state.policy_changes import ChangeRefused
+from gateway.state.tenants import Uploaded
 from ledger import POLICY_HISTORY, BadInput, Rule, UnknownAccount
 from pricing import (
     OPERATOR_FIELDS,
@@ -167,9 +168,20 @@ async def upload_policy(
                 fields=changed,
             )
     base = _base_version(request)
-    origin = f"upload {admin.name}"
+    uploaded = await store_upload(request, admin, tenant, text, base, f"upload {admin.name}")
+    response.headers["ETag"] = f'"{uploaded.version}"'
+    pending = {"limits": "pending"} if uploaded.limits_pending else {}
+    return {"tenant": tenant, "status": "applied", "version": uploaded.version, **pending}
+
+
+async def store_upload(
+    request: Request, admin: AdminIdentity, tenant: str, text: str, base: int | None, origin: str
+) -> Uploaded:
+    """`TenantStore.upload`, its refusals answered as problems: the one way a policy
+    change is written, whoever makes it (an upload, a suspension)."""
+    gate = Gate.of(request)
     try:
-        uploaded = await gate.tenants.upload(gate.ledger, tenant, text, base, origin)
+        return await gate.tenants.upload(gate.ledger, tenant, text, base, origin)
     except PolicyError as exc:
         raise _not_applied(exc) from exc
     except PolicyLoadError as exc:
@@ -185,9 +197,6 @@ async def upload_policy(
         ) from exc
     except ValueError as exc:
         raise Problem(422, "invalid_policy", str(exc)) from exc
-    response.headers["ETag"] = f'"{uploaded.version}"'
-    pending = {"limits": "pending"} if uploaded.limits_pending else {}
-    return {"tenant": tenant, "status": "applied", "version": uploaded.version, **pending}
 
 
 def _not_applied(exc: PolicyError) -> Problem:

@@ -1,0 +1,154 @@
+"""An operator stops an agent, fleet-wide, and lets it back: `agents.<id>.suspended`
+set or removed as a policy change made from the store's current version, written
+through the same upload path as any other (admin_policies.store_upload): versioned,
+in the history under the admin's name, merged against concurrent edits, and served
+by every host within one refresh (docs/operations.md, "Stop an agent"). It takes the
+policy_admin role, as any policy change does; viewers list the agents."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, TypeVar
+
+import yaml
+from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gateway.edge.auth import Admin, AdminIdentity, policy_of
+from gateway.edge.bodies import Note, read_body
+from gateway.edge.problems import Problem
+from gateway.pipeline.prepare import Gate
+from gateway.routes.admin_policies import store_upload
+from pricing import AdminRole, Suspension, SuspensionReason, rfc3339
+from pricing.loader import parse_yaml
+
+log = logging.getLogger("irrev.gateway")
+Body = TypeVar("Body", bound=BaseModel)
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+
+class SuspendBody(BaseModel):
+    """Why the agent is stopped: shown to the agent in every refusal, and to people."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    reason: SuspensionReason
+
+
+class ResumeBody(BaseModel):
+    """Why it may act again (optional): logged, and in the policy's history origin."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    reason: Note = ""
+
+
+async def _body(request: Request, model: type[Body], empty_ok: bool) -> Body:
+    """The body, read once the caller's role was checked (as a body parameter it would
+    be validated first, and a viewer would learn 422 where it may not act at all)."""
+    gate = Gate.of(request)
+    raw = await read_body(request, gate.settings.max_body_bytes, gate.settings.body_timeout_s)
+    try:
+        return model.model_validate_json(raw if raw.strip() or not empty_ok else b"{}")
+    except ValidationError as exc:
+        errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
+        raise RequestValidationError(errors) from exc
+
+
+def _documented(model: type[BaseModel], required: bool) -> dict[str, Any]:
+    """The body in the OpenAPI document, though it is read by hand (`_body`)."""
+    schema = model.model_json_schema()
+    content = {"application/json": {"schema": schema}}
+    return {"requestBody": {"required": required, "content": content}}
+
+
+def _unknown_agent(tenant: str, agent: str) -> Problem:
+    return Problem(404, "unknown_agent", f"tenant {tenant!r} has no agent {agent!r}", agent=agent)
+
+
+def _view(tenant: str, agent: str, suspension: object, **more: Any) -> dict[str, Any]:
+    state = "suspended" if suspension else "active"
+    return {"tenant": tenant, "agent": agent, "state": state, "suspended": suspension, **more}
+
+
+async def _set_suspension(
+    request: Request,
+    admin: AdminIdentity,
+    tenant: str,
+    agent: str,
+    suspension: dict[str, str] | None,
+    origin: str,
+) -> dict[str, Any]:
+    """Write `agents.<agent>.suspended` (None: remove it) into the store's current
+    version of the policy; nothing when it already is so (`changed: false`)."""
+    gate = Gate.of(request)
+    record = (await gate.ledger.policies.records([tenant])).get(tenant)
+    if record is None:
+        # Served, yet not in the store: a Redis that lost it; the next look puts it back.
+        raise Problem(
+            503,
+            "ledger_unavailable",
+            "the policy store holds no version of this tenant yet; nothing was changed: "
+            "try again in a few seconds",
+            headers={"Retry-After": "2"},
+        )
+    text, base = record.text, record.version
+    document = parse_yaml(text, f"the policy store's version {base} of {tenant}")
+    agents = document.get("agents") if isinstance(document, dict) else None
+    entry = agents.get(agent) if isinstance(agents, dict) else None
+    if not isinstance(entry, dict):
+        raise _unknown_agent(tenant, agent)
+    before = entry.get("suspended")
+    if (before is None) == (suspension is None):
+        # Said again (an answer lost, two operators at once): as it is, nothing written.
+        return _view(tenant, agent, before, changed=False, version=base)
+    if suspension is None:
+        del entry["suspended"]
+    else:
+        entry["suspended"] = suspension
+    changed = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+    uploaded = await store_upload(request, admin, tenant, changed, base, origin)
+    log.info(
+        "agent suspended" if suspension else "agent resumed",
+        extra={"tenant": tenant, "agent": agent, "admin": admin.name, "origin": origin},
+    )
+    return _view(tenant, agent, suspension, changed=True, version=uploaded.version)
+
+
+@router.post(
+    "/tenants/{tenant}/agents/{agent}/suspend", openapi_extra=_documented(SuspendBody, True)
+)
+async def suspend_agent(request: Request, tenant: str, agent: str, admin: Admin) -> dict[str, Any]:
+    """Refuse every call of `agent` (403 `agent_suspended`, on every transport, with
+    its managed keys too) until it is resumed; its holds already admitted or
+    escalated are left as they are. 200 `changed: false` if it already was."""
+    policy_of(request, tenant, admin, AdminRole.POLICY_ADMIN)
+    body = await _body(request, SuspendBody, empty_ok=False)
+    at = rfc3339(await Gate.of(request).ledger.now_ms())  # Redis's clock: the fleet's one
+    suspension = Suspension(reason=body.reason, by=admin.name, at=at).model_dump()
+    return await _set_suspension(
+        request, admin, tenant, agent, suspension, f"suspend {agent} {admin.name}"
+    )
+
+
+@router.post(
+    "/tenants/{tenant}/agents/{agent}/resume", openapi_extra=_documented(ResumeBody, False)
+)
+async def resume_agent(request: Request, tenant: str, agent: str, admin: Admin) -> dict[str, Any]:
+    """Let a suspended agent act again. 200 `changed: false` if it was active."""
+    policy_of(request, tenant, admin, AdminRole.POLICY_ADMIN)
+    body = await _body(request, ResumeBody, empty_ok=True)
+    origin = f"resume {agent} {admin.name}" + (f": {body.reason}" if body.reason else "")
+    return await _set_suspension(request, admin, tenant, agent, None, origin)
+
+
+@router.get("/tenants/{tenant}/agents")
+async def list_agents(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
+    """The agents of the policy this host serves: principal, and whether suspended."""
+    agents = policy_of(request, tenant, admin).document.agents
+    listed = []
+    for name in sorted(agents):
+        suspended = agents[name].suspended
+        shown = suspended.model_dump() if suspended is not None else None
+        listed.append(_view(tenant, name, shown, principal=agents[name].principal))
+    return {"agents": listed}
