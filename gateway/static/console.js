@@ -17,6 +17,7 @@ const state = {
   decisions: [],
   unresolved: {}, // hold -> why the last reconciliation left it
   allAccounts: false,
+  allAgents: false,
   queuePages: 1, // pages of the escalation queue shown ("Show more" adds one)
   bodies: new Map(), // hold -> its request body, fetched when first opened
   opened: new Set(), // holds whose body is open: it stays open across redraws
@@ -241,7 +242,7 @@ async function load() {
   const tenant = state.tenant;
   const t = encodeURIComponent(tenant);
   const minutes = $("refusal-minutes").value;
-  const [policy, balances, queue, ambiguous, rules, refused, keys, stress] = await Promise.all([
+  const [policy, balances, queue, ambiguous, rules, refused, keys, stress, agents] = await Promise.all([
     api(`/v1/admin/tenants/${t}/policy`),
     api(`/v1/admin/tenants/${t}/balances`),
     queuePages(t),
@@ -250,6 +251,7 @@ async function load() {
     api(`/v1/admin/tenants/${t}/refusals?minutes=${encodeURIComponent(minutes)}`),
     api(`/v1/admin/tenants/${t}/keys`),
     api(`/v1/admin/tenants/${t}/stress`),
+    api(`/v1/admin/tenants/${t}/agents`),
   ]);
   if (tenant !== state.tenant) return; // chosen away meanwhile: the next refresh draws it
   state.unit = policy.data.risk_unit || state.unit;
@@ -260,6 +262,7 @@ async function load() {
   renderEscalations(queue);
   renderRules(rules.data.rules, policy.data, balances.data);
   renderRefusals(refused.data);
+  renderAgents(agents.data.agents, refused.data);
   renderKeys(keys.data.keys);
   renderStress(stress.data.detectors);
   renderAmbiguous(ambiguous);
@@ -839,6 +842,82 @@ function renderRefusals(data) {
     + `up to ${data.flush_s} s late${hidden ? `; ${hidden} rarer rows not shown` : ""}`;
 }
 
+// --- agents -------------------------------------------------------------------------
+
+function agentCell(a) {
+  const reason = el("input", {
+    type: "text", className: "reason", maxLength: 500,
+    placeholder: "reason (required to suspend: told to the agent, kept in the history)",
+  });
+  const suspend = el("button", { type: "button", className: "reject suspend" }, "Suspend");
+  const resume = el("button", { type: "button", className: "approve resume" }, "Resume");
+  suspend.addEventListener("click", () => setSuspended(a.agent, "suspend", reason, [suspend, resume]));
+  resume.addEventListener("click", () => setSuspended(a.agent, "resume", reason, [suspend, resume]));
+  return el("div", { className: "decide" }, reason, suspend, resume);
+}
+
+// Rows are kept by agent, their reason input with them (the auto-refresh must not
+// wipe a reason being typed). The suspended and the refused first, where a hostile
+// agent is; the quiet ones (a policy may have hundreds) only when asked for.
+function renderAgents(agents, refused) {
+  const counts = new Map(refused.by_agent.map((r) => [r.agent, r.count]));
+  const refusedOf = (a) => counts.get(a.agent) || 0;
+  const rank = (a) => (a.suspended ? 1 : 0) * Number.MAX_SAFE_INTEGER + refusedOf(a);
+  const sorted = [...agents].sort((x, y) => rank(y) - rank(x) || x.agent.localeCompare(y.agent));
+  const quiet = sorted.filter((a) => rank(a) === 0).length;
+  const shown = state.allAgents ? sorted : sorted.filter((a) => rank(a) > 0);
+  const tbody = $("agents").tBodies[0];
+  const existing = new Map([...tbody.rows].map((tr) => [tr.dataset.agent, tr]));
+  place(tbody, shown.map((a) => {
+    let tr = existing.get(a.agent);
+    if (!tr) tr = el("tr", { data: { agent: a.agent } }, el("td", { className: "decision" }, agentCell(a)));
+    const s = a.suspended;
+    tr.dataset.state = a.state;
+    tr.querySelector("button.suspend").hidden = Boolean(s);
+    tr.querySelector("button.resume").hidden = !s;
+    redraw(tr, [
+      el("td", { className: "agent" }, a.agent),
+      el("td", { className: "muted" }, a.principal),
+      el("td", { className: "num refused" }, String(refusedOf(a))),
+      el("td", { className: "agent-state" },
+        el("span", { className: "event " + (s ? "denied" : "admitted") }, a.state),
+        s ? el("div", { className: "suspension" }, `“${s.reason}”`,
+          el("div", { className: "muted" }, `by ${s.by}, ${keyTime(s.at, "")}`)) : null),
+    ]);
+    return tr;
+  }));
+  const suspended = agents.filter((a) => a.suspended).length;
+  $("suspended-count").textContent = suspended ? `${suspended} suspended` : "";
+  document.querySelector('.empty[data-for="agents"]').hidden = shown.length > 0;
+  $("agents-quiet").textContent = quiet && !state.allAgents
+    ? `${quiet} other agents were not refused in this window.` : "";
+  $("all-agents").hidden = quiet === 0;
+  $("all-agents").textContent = state.allAgents ? "Show the refused and suspended only" : `Show all ${agents.length}`;
+}
+
+// The gateway checks the role and the reason: a refusal is shown in its words.
+async function setSuspended(agent, verb, reasonInput, buttons) {
+  const reason = reasonInput.value.trim();
+  if (verb === "suspend" && !reason) {
+    flash("Say why before suspending an agent: the reason is told to the agent with every refusal.", true);
+    reasonInput.focus();
+    return;
+  }
+  buttons.forEach((b) => { b.disabled = true; });
+  const path = `/v1/admin/tenants/${encodeURIComponent(state.tenant)}/agents/${encodeURIComponent(agent)}/${verb}`;
+  try {
+    const { data } = await api(path, { method: "POST", body: reason ? { reason } : {} });
+    flash(data.changed ? `agent ${agent} ${data.state}: policy version ${data.version}`
+      : `agent ${agent} was already ${data.state}`);
+    reasonInput.value = "";
+  } catch (e) {
+    flash(`${verb} agent ${agent}: ${e.message}`, true);
+  } finally {
+    buttons.forEach((b) => { b.disabled = false; });
+  }
+  await refresh(true);
+}
+
 // --- ambiguous holds ----------------------------------------------------------------
 
 function charged(h) {
@@ -998,6 +1077,10 @@ document.addEventListener("DOMContentLoaded", async () => {
   });
   $("queue-more").addEventListener("click", () => {
     state.queuePages += 1;
+    refresh(true);
+  });
+  $("all-agents").addEventListener("click", () => {
+    state.allAgents = !state.allAgents;
     refresh(true);
   });
   $("all-accounts").addEventListener("click", () => {
