@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from typing import Any, TypeVar
 
-import yaml
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -20,8 +19,8 @@ from gateway.edge.bodies import Note, read_body
 from gateway.edge.problems import Problem
 from gateway.pipeline.prepare import Gate
 from gateway.routes.admin_policies import store_upload
+from gateway.state.suspensions import UnknownAgent, agent_fields, with_suspension
 from pricing import AdminRole, Suspension, SuspensionReason, rfc3339
-from pricing.loader import parse_yaml
 
 log = logging.getLogger("irrev.gateway")
 Body = TypeVar("Body", bound=BaseModel)
@@ -92,22 +91,17 @@ async def _set_suspension(
             "try again in a few seconds",
             headers={"Retry-After": "2"},
         )
-    text, base = record.text, record.version
-    document = parse_yaml(text, f"the policy store's version {base} of {tenant}")
-    agents = document.get("agents") if isinstance(document, dict) else None
-    entry = agents.get(agent) if isinstance(agents, dict) else None
-    if not isinstance(entry, dict):
-        raise _unknown_agent(tenant, agent)
+    source = f"the policy store's version {record.version} of {tenant}"
+    try:
+        _, entry = agent_fields(record.text, source, agent)
+    except UnknownAgent as exc:
+        raise _unknown_agent(tenant, agent) from exc
     before = entry.get("suspended")
     if (before is None) == (suspension is None):
         # Said again (an answer lost, two operators at once): as it is, nothing written.
-        return _view(tenant, agent, before, changed=False, version=base)
-    if suspension is None:
-        del entry["suspended"]
-    else:
-        entry["suspended"] = suspension
-    changed = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
-    uploaded = await store_upload(request, admin, tenant, changed, base, origin)
+        return _view(tenant, agent, before, changed=False, version=record.version)
+    changed = with_suspension(record.text, source, agent, suspension)
+    uploaded = await store_upload(request, admin, tenant, changed, record.version, origin)
     log.info(
         "agent suspended" if suspension else "agent resumed",
         extra={"tenant": tenant, "agent": agent, "admin": admin.name, "origin": origin},

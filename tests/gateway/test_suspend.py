@@ -21,6 +21,7 @@ import yaml
 
 from gateway.edge.problems import Problem
 from gateway.pipeline.prepare import check_active
+from gateway.state.suspensions import UnknownAgent, with_suspension
 from gateway.state.tenants import TenantStore
 from irrev.harness import new_token
 from ledger import Ledger
@@ -28,7 +29,7 @@ from pricing.credentials import hash_token
 
 from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem, effect_headers, mcp_call, order
-from .servers import Tenant
+from .servers import EXAMPLES, Tenant
 
 VIEWER, APPROVER, POLICY_ADMIN = new_token(), new_token(), new_token()
 REASON = "loops on refunds: stopped while we look"
@@ -331,3 +332,36 @@ async def test_an_edit_made_before_a_suspension_keeps_both(
     stored = yaml.safe_load((await http.get(history, headers=gateway.admin)).json()[0]["text"])
     assert stored["accounts"]["tenant"]["limit"] == "123456"
     assert "suspended" not in stored["agents"]["buyer-02"]
+
+
+SUSPENSION = {
+    "reason": 'says "stop" \\ now: é',
+    "by": "operator:ops",
+    "at": "2026-12-06T05:00:00.000Z",
+}
+
+
+def test_a_suspension_is_one_line_of_the_policy_text_and_its_comments_stay() -> None:
+    text = (EXAMPLES / "procurement.yaml").read_text()
+    suspended = with_suspension(text, "procurement.yaml", "buyer-02", SUSPENSION)
+    assert [line for line in suspended.splitlines() if line not in text.splitlines()] == [
+        '    suspended: {"reason": "says \\"stop\\" \\\\ now: é", "by": "operator:ops", '
+        '"at": "2026-12-06T05:00:00.000Z"}'
+    ]
+    assert yaml.safe_load(suspended)["agents"]["buyer-02"]["suspended"] == SUSPENSION
+    assert with_suspension(suspended, "procurement.yaml", "buyer-02", None) == text
+
+
+def test_a_policy_whose_layout_has_no_line_for_it_is_written_whole() -> None:
+    document = yaml.safe_load((EXAMPLES / "procurement.yaml").read_text())
+    text = yaml.safe_dump(document, default_flow_style=True)  # every agent on one line
+    suspended = with_suspension(text, "flow.yaml", "buyer-02", SUSPENSION)
+    document["agents"]["buyer-02"]["suspended"] = SUSPENSION
+    assert yaml.safe_load(suspended) == document
+    # Written whole, the suspension is a block mapping: resumed, all of it goes.
+    resumed = with_suspension(suspended, "flow.yaml", "buyer-02", None)
+    del document["agents"]["buyer-02"]["suspended"]
+    assert yaml.safe_load(resumed) == document
+    assert [line for line in resumed.splitlines() if line not in suspended.splitlines()] == []
+    with pytest.raises(UnknownAgent):
+        with_suspension(text, "flow.yaml", "nobody", SUSPENSION)
