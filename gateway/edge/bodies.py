@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 from starlette.requests import Request
@@ -185,6 +185,14 @@ async def ruling_of(request: Request, limit: int, timeout_s: float) -> Ruling:
         return Ruling.model_validate_json(raw)
     except ValidationError as exc:
         raise schema_refusal(exc) from exc
+
+
+def body_schema(model: type[BaseModel], required: bool = True) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads its body by hand (after its
+    caller is known, within its limits): with no body parameter, FastAPI cannot
+    describe it."""
+    content = {"application/json": {"schema": model.model_json_schema()}}
+    return {"requestBody": {"required": required, "content": content}}
 
 
 def schema_refusal(exc: ValidationError) -> Problem:

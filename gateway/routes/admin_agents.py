@@ -11,14 +11,13 @@ import logging
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gateway.edge.auth import Admin, AdminIdentity, policy_of
-from gateway.edge.bodies import Note, read_body
+from gateway.edge.bodies import Note, body_schema, read_body, schema_refusal
 from gateway.edge.problems import Problem
+from gateway.pipeline.policy_upload import store_upload
 from gateway.pipeline.prepare import Gate
-from gateway.routes.admin_policies import store_upload
 from gateway.state.suspensions import UnknownAgent, agent_fields, with_suspension
 from pricing import AdminRole, Suspension, SuspensionReason, rfc3339
 
@@ -50,15 +49,7 @@ async def _body(request: Request, model: type[Body], empty_ok: bool) -> Body:
     try:
         return model.model_validate_json(raw if raw.strip() or not empty_ok else b"{}")
     except ValidationError as exc:
-        errors = [{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]
-        raise RequestValidationError(errors) from exc
-
-
-def _documented(model: type[BaseModel], required: bool) -> dict[str, Any]:
-    """The body in the OpenAPI document, though it is read by hand (`_body`)."""
-    schema = model.model_json_schema()
-    content = {"application/json": {"schema": schema}}
-    return {"requestBody": {"required": required, "content": content}}
+        raise schema_refusal(exc) from exc
 
 
 def _unknown_agent(tenant: str, agent: str) -> Problem:
@@ -109,9 +100,7 @@ async def _set_suspension(
     return _view(tenant, agent, suspension, changed=True, version=uploaded.version)
 
 
-@router.post(
-    "/tenants/{tenant}/agents/{agent}/suspend", openapi_extra=_documented(SuspendBody, True)
-)
+@router.post("/tenants/{tenant}/agents/{agent}/suspend", openapi_extra=body_schema(SuspendBody))
 async def suspend_agent(request: Request, tenant: str, agent: str, admin: Admin) -> dict[str, Any]:
     """Refuse every call of `agent` (403 `agent_suspended`, on every transport, with
     its managed keys too) until it is resumed; its holds already admitted or
@@ -126,7 +115,7 @@ async def suspend_agent(request: Request, tenant: str, agent: str, admin: Admin)
 
 
 @router.post(
-    "/tenants/{tenant}/agents/{agent}/resume", openapi_extra=_documented(ResumeBody, False)
+    "/tenants/{tenant}/agents/{agent}/resume", openapi_extra=body_schema(ResumeBody, required=False)
 )
 async def resume_agent(request: Request, tenant: str, agent: str, admin: Admin) -> dict[str, Any]:
     """Let a suspended agent act again. 200 `changed: false` if it was active."""

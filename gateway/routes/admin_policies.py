@@ -16,14 +16,13 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.edge.auth import Admin, AdminIdentity, policy_of
+from gateway.edge.auth import Admin, policy_of
 from gateway.edge.bodies import Note, read_body
 from gateway.edge.problems import Problem
+from gateway.pipeline.policy_upload import load_problem, not_applied, store_upload
 from gateway.pipeline.prepare import Gate
 from gateway.state.events import amount_and_text, currency
 from gateway.state.policies import PolicyLoadError
-from gateway.state.policy_changes import ChangeRefused
-from gateway.state.tenants import Uploaded
 from ledger import POLICY_HISTORY, BadInput, Rule, UnknownAccount
 from pricing import (
     OPERATOR_FIELDS,
@@ -158,7 +157,7 @@ async def upload_policy(
         try:
             proposed = load_policy_text(text, f"uploaded policy of {tenant}")
         except PolicyError as exc:
-            raise _not_applied(exc) from exc
+            raise not_applied(exc) from exc
         if changed := operator_changes(current.document, proposed.document):
             raise Problem(
                 403,
@@ -174,60 +173,6 @@ async def upload_policy(
     return {"tenant": tenant, "status": "applied", "version": uploaded.version, **pending}
 
 
-async def store_upload(
-    request: Request, admin: AdminIdentity, tenant: str, text: str, base: int | None, origin: str
-) -> Uploaded:
-    """`TenantStore.upload`, its refusals answered as problems: the one way a policy
-    change is written, whoever makes it (an upload, a suspension)."""
-    gate = Gate.of(request)
-    try:
-        return await gate.tenants.upload(gate.ledger, tenant, text, base, origin)
-    except PolicyError as exc:
-        raise _not_applied(exc) from exc
-    except PolicyLoadError as exc:
-        raise _load_problem(request, exc, admin, "the policy was not applied") from exc
-    except ChangeRefused as exc:
-        raise Problem(
-            exc.status,
-            exc.reason,
-            exc.detail,
-            headers={"ETag": f'"{exc.current}"'},
-            current_version=exc.current,
-            **({"fields": exc.fields} if exc.fields else {}),
-        ) from exc
-    except ValueError as exc:
-        raise Problem(422, "invalid_policy", str(exc)) from exc
-
-
-def _not_applied(exc: PolicyError) -> Problem:
-    return Problem(
-        422,
-        "invalid_policy",
-        "the policy was not applied",
-        problems=[str(p) for p in exc.findings],
-    )
-
-
-def _load_problem(
-    request: Request, exc: PolicyLoadError, admin: AdminIdentity, detail: str
-) -> Problem:
-    """An operator sees every file's faults; a tenant's admin only its own tenant's,
-    and how many others there are: another tenant's file names, faults and secret
-    names are that tenant's (contract 10)."""
-    own = {
-        str(Gate.of(request).tenants.file_of(admin.tenant)),
-        f"credentials of tenant {admin.tenant}",
-        f"uploaded policy of {admin.tenant}",
-    }
-    shown = [e for e in exc.errors if admin.operator or e.source in own]
-    problems = [line for error in shown for line in str(error).splitlines()]
-    if hidden := len(exc.errors) - len(shown):
-        problems.append(
-            f"{hidden} other tenants' policy files do not load; an operator must fix them"
-        )
-    return Problem(422, "invalid_policy", detail, problems=problems)
-
-
 @router.post("/policies/reload")
 async def reload_policies(request: Request, admin: Admin) -> dict[str, Any]:
     """Reload every policy file; each file that loads is applied, whatever the others
@@ -241,7 +186,7 @@ async def reload_policies(request: Request, admin: Admin) -> dict[str, Any]:
     if faults:
         detail = "these policy files were not applied; their tenants keep the policy they had"
         error = PolicyLoadError([fault.error for fault in faults])
-        raise _load_problem(request, error, admin, detail)
+        raise load_problem(request, error, admin, detail)
     return {"tenants": [tenant for tenant in report.tenants if admin.sees(tenant)]}
 
 

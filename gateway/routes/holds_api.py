@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.edge import metrics
 from gateway.edge.auth import Settling, agent_auth, settling_auth
-from gateway.edge.bodies import read_body, schema_refusal
+from gateway.edge.bodies import body_schema, read_body, schema_refusal
 from gateway.edge.canonical import Canonical
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
@@ -75,13 +75,6 @@ class TrueUpRequest(Strict):
 
 
 Spec = TypeVar("Spec", bound=BaseModel)
-
-
-def body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The OpenAPI request body of a route that reads its body by hand (read_spec):
-    no body parameter, so FastAPI cannot describe it."""
-    content = {"application/json": {"schema": model.model_json_schema()}}
-    return {"requestBody": {"required": True, "content": content}}
 
 
 async def read_spec(

@@ -109,6 +109,7 @@ PUBLIC_API = {
     "audit",
     "audit_tenant",
     # a tenant split over escrow shards
+    "Defined",
     "Escrow",
     "EscrowAudit",
     "EscrowConflict",

@@ -57,6 +57,9 @@ PUBLIC_API = {
     "format_token",
     "hash_token",
     "TOKEN_BYTES",
+    # an agent an operator stopped (`agents.<id>.suspended`)
+    "Suspension",
+    "SuspensionReason",
     # pricing a request
     "Catalog",
     "CompiledRoute",
