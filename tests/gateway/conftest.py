@@ -30,10 +30,13 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 import pytest
+
+if TYPE_CHECKING:
+    from selenium.webdriver import Chrome
 
 from .servers import (
     BIN,
@@ -327,3 +330,24 @@ async def upstream(suppliers: Server) -> AsyncIterator[httpx.AsyncClient]:
 
 def policy_dir_of(gateway: Gateway) -> Path:
     return gateway.policy_dir
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chrome]:
+    """A headless Chromium for a module of the console's tests (console_page.py,
+    imported here only when one asks for it: it imports this module)."""
+    from .console_page import start_browser
+
+    driver = start_browser(tmp_path_factory.mktemp("chromium"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def artifacts(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """Where a console test's screenshots go (console_page.artifacts_folder)."""
+    from .console_page import artifacts_folder
+
+    return artifacts_folder(request, tmp_path)

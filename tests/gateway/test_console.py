@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -46,7 +46,7 @@ from pricing.credentials import hash_token
 from pricing.money import money_text
 
 from .conftest import Gateway, TenantMaker
-from .console_page import WAIT_S, Page, artifacts_folder, csp_complaints, start_browser
+from .console_page import WAIT_S, Page, csp_complaints
 from .helpers import assert_problem, effect_headers, mcp_call, order
 from .procurement import flooded_orders
 from .servers import Tenant
@@ -99,20 +99,6 @@ def console_keys_tenant(new_tenant: TenantMaker) -> Tenant:
 
 USD = 1_000_000
 REASON = "budget owner agreed: quarterly restock"
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chrome]:
-    driver = start_browser(tmp_path_factory.mktemp("chromium"))
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-@pytest.fixture
-def artifacts(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    return artifacts_folder(request, tmp_path)
 
 
 def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_move(

@@ -9,7 +9,7 @@ nothing waits a fixed time."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -21,7 +21,7 @@ from irrev.harness import new_token
 from pricing.credentials import hash_token
 
 from .conftest import Gateway, TenantMaker
-from .console_page import WAIT_S, Page, artifacts_folder, csp_complaints, start_browser
+from .console_page import WAIT_S, Page, csp_complaints
 from .helpers import assert_problem, effect_headers, order
 from .servers import Tenant
 
@@ -37,20 +37,6 @@ ROW = '#agents tr[data-agent="buyer-02"]'
 def console_agents_tenant(new_tenant: TenantMaker) -> Tenant:
     admins = {"abe": {"token_sha256": hash_token(APPROVER), "role": "approver"}}
     return new_tenant("console-agents", admins=admins)
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chrome]:
-    driver = start_browser(tmp_path_factory.mktemp("chromium"))
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-@pytest.fixture
-def artifacts(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    return artifacts_folder(request, tmp_path)
 
 
 def row_shows(state: str, *words: str) -> Callable[[Chrome], bool]:

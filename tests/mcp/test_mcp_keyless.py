@@ -36,6 +36,17 @@ async def queue(http: httpx.AsyncClient, tenant: McpTenant) -> set[str]:
     return {item["escalation"] for item in response.json()["escalations"]}
 
 
+async def arrived(http: httpx.AsyncClient, tenant: McpTenant, before: set[str]) -> set[str]:
+    """The one escalation of the tenant's queue not in `before`, once it is there
+    (within 10 s)."""
+    deadline = asyncio.get_running_loop().time() + 10
+    mine: set[str] = set()
+    while not mine and asyncio.get_running_loop().time() < deadline:
+        mine = await queue(http, tenant) - before
+    assert len(mine) == 1
+    return mine
+
+
 async def decide(
     http: httpx.AsyncClient, tenant: McpTenant, escalation: str, verdict: str, reason: str
 ) -> None:
@@ -264,11 +275,7 @@ async def test_a_call_that_waits_in_vain_says_it_is_pending_and_how_to_ask_again
     before = await queue(http, tenant)
     async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
         call = asyncio.create_task(client.call_tool(DELETION_TOOL, target))
-        deadline = asyncio.get_running_loop().time() + 10
-        mine: set[str] = set()
-        while not mine and asyncio.get_running_loop().time() < deadline:
-            mine = await queue(http, tenant) - before
-        assert len(mine) == 1
+        mine = await arrived(http, tenant, before)
         await decide(http, tenant, mine.pop(), "reject", "not today")
         rejected = await asyncio.wait_for(call, timeout=20)
     assert structured(rejected)["reason"] == "escalation_rejected"
@@ -299,11 +306,7 @@ async def test_a_call_with_its_own_key_waits_only_if_it_asked_for_progress(
                     progress_callback=on_progress if asked_progress else None,
                 )
             )
-            deadline = asyncio.get_running_loop().time() + 10
-            mine: set[str] = set()
-            while not mine and asyncio.get_running_loop().time() < deadline:
-                mine = await queue(http, tenant) - before
-            assert len(mine) == 1
+            mine = await arrived(http, tenant, before)
             await decide(http, tenant, mine.pop(), "reject", "not today")
             answers[asked_progress] = await asyncio.wait_for(call, timeout=20)
     assert structured(answers[False])["status"] == "escalated", answers[False]
@@ -390,11 +393,7 @@ async def test_an_approved_wait_that_ends_ambiguous_asks_for_the_identical_call(
     try:
         async with agent(mcp_gateway.url, tenant.auth("dev-01")) as client:
             call = asyncio.create_task(client.call_tool(DELETION_TOOL, target))
-            deadline = asyncio.get_running_loop().time() + 10
-            mine: set[str] = set()
-            while not mine and asyncio.get_running_loop().time() < deadline:
-                mine = await queue(http, tenant) - before
-            assert len(mine) == 1
+            mine = await arrived(http, tenant, before)
             response = await http.post(
                 f"/v1/escalations/{mine.pop()}/approve",
                 headers=tenant.admin_auth,
