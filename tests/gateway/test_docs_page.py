@@ -15,8 +15,8 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from .conftest import Gateway
+from .console_page import WAIT_S
 from .helpers import assert_problem
-from .test_console import WAIT_S, browser  # noqa: F401  (the module's browser fixture)
 
 STOCK = (
     "index.html",
@@ -54,7 +54,7 @@ async def test_docs_and_their_assets_carry_the_console_policy(
         assert_problem(stock, 404, "not_found")
 
 
-def test_the_docs_render_under_their_policy(gateway: Gateway, browser: Chrome) -> None:  # noqa: F811
+def test_the_docs_render_under_their_policy(gateway: Gateway, browser: Chrome) -> None:
     browser.get(f"{gateway.url}/docs")
     wait = WebDriverWait(browser, WAIT_S)
     title = wait.until(ec.visibility_of_element_located((By.CSS_SELECTOR, ".swagger-ui .title")))
