@@ -69,10 +69,12 @@ pytestmark = pytest.mark.slow
 # one 1,067-line admission.py; issue 31 asked for fewer than 25, 30 and 22), so that a
 # change that spreads a walk over more files fails here and says so. The MCP walk's 27
 # counts gateway/state/mcp_http.py, the pinned tools/call POST of issue 27, apart from
-# mcp_upstream.py because together they pass the 600-line bound. Only the gateway's
+# mcp_upstream.py because together they pass the 600-line bound; its 28th,
+# gateway/routes/mcp_results.py, the tool results split from mcp_server.py for the
+# same bound when keyless calls learned how they are held (still under issue 31's 30). Only the gateway's
 # are bounded: the libraries' count depends on the server (a Redis Cluster runs one
 # ledger file more).
-MOST = {"http": 21, "mcp": 27, "console": 21}
+MOST = {"http": 21, "mcp": 28, "console": 21}
 TITLES = {
     "http": "HTTP admit and settle",
     "mcp": "MCP call escalated then approved",
