@@ -38,7 +38,7 @@ from irrev.bench.gateway import cpu_seconds
 from irrev.cli import bounded
 from irrev.harness import PolicyDraft, Server, free_port
 from irrev.stack import gateway, mcp_tools, service
-from ledger import EmbeddedRedis
+from ledger import AppendFsync, EmbeddedRedis
 
 KEY_META = "dev.irrev/idempotency_key"
 UNLIMITED = {"limit": "1000000000"}
@@ -122,6 +122,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--sessions", type=bounded(int, 1, 200), default=16, help="concurrent MCP sessions"
     )
     parser.add_argument("--workers", type=bounded(int, 1, 64), default=2, help="irrev workers")
+    parser.add_argument(
+        "--appendfsync",
+        choices=[m.value for m in AppendFsync],
+        default=AppendFsync.ALWAYS.value,
+        help="the ledger's embedded Redis's (default always, the ledger's own default): "
+        "with always, each reserve and post waits for the disk",
+    )
     parser.add_argument("--json", action="store_true", help="print the measurements as JSON")
     parser.set_defaults(func=run)
 
@@ -214,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="irrev-bench-mcp-") as scratch:
         root = Path(scratch)
         with (
-            EmbeddedRedis(root / "redis") as redis,
+            EmbeddedRedis(root / "redis", appendfsync=AppendFsync(args.appendfsync)) as redis,
             mcp_tools(root / "tool-state") as tools,
         ):
             direct = f"{tools.url}/bench/mcp"
@@ -281,6 +288,7 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
         ]
         measured = {
             "workers": args.workers,
+            "appendfsync": args.appendfsync,
             "sessions": args.sessions,
             "runs": runs,
             "throughput_ratio": ratios.irrev_direct,
@@ -294,7 +302,8 @@ def report(results: dict[str, Measured], args: argparse.Namespace) -> None:
         print(json.dumps(measured, indent=2))
         return
     title = (
-        f"MCP tools/call, {args.seconds:g} s each, irrev with {args.workers} workers, "
+        f"MCP tools/call, {args.seconds:g} s each, irrev with {args.workers} workers "
+        f"(its Redis with appendfsync {args.appendfsync}), "
         f"the peer (FastMCP's proxy, one reused session) with {args.workers} processes"
     )
     table = Table(title=title)

@@ -45,9 +45,12 @@ def test_the_mcp_fleet_demo_names_each_outcome_and_its_effects_equal_the_posted_
 
 
 def test_the_mcp_bench_compares_calls_through_irrev_with_direct_ones() -> None:
-    done = irrev("bench", "mcp", "--seconds", "1", "--sessions", "2", "--json")
+    done = irrev(
+        "bench", "mcp", "--seconds", "1", "--sessions", "2", "--appendfsync", "everysec", "--json"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout)
+    assert result["appendfsync"] == "everysec"
     runs = {run["run"]: run for run in result["runs"]}
     assert set(runs) == {
         f"{side}, {n}" for side in ("direct", "peer", "irrev") for n in ("1 session", "2 sessions")
