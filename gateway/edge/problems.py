@@ -56,11 +56,19 @@ class Problem(Exception):
         self.detail = detail
         self.headers = headers or {}
         self.extra = extra
+        self.repeatable = True
+
+    def reached_again(self, repeatable: bool) -> Problem:
+        """This problem, saying whether repeating the call reaches its effect: not for
+        one held under a key its caller did not send (advice.next_step), whose repeat
+        would be a new effect."""
+        self.repeatable = repeatable
+        return self
 
     @property
     def text(self) -> str:
         """What a model reads: the detail and the next step (gateway/edge/advice.py)."""
-        return told(self.detail, self.reason)
+        return told(self.detail, self.reason, self.repeatable)
 
     def document(self) -> dict[str, Any]:
         """The problem+json members."""
@@ -70,7 +78,7 @@ class Problem(Exception):
             "status": self.status,
             "reason": self.reason,
             "detail": self.text,
-            "retry": next_step(self.reason)[0].value,
+            "retry": next_step(self.reason, self.repeatable)[0].value,
             **self.extra,
         }
 

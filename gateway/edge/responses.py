@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 from fastapi.responses import JSONResponse, Response
 
-from gateway.edge.advice import escalation_sentence, units_of
+from gateway.edge.advice import Retry, escalation_sentence, units_of
 from gateway.edge.problems import Problem, kept_problem
 from gateway.edge.wire import BODY_OMITTED, StoredAnswer
 from gateway.pipeline.upstream import Answer, Fate
@@ -165,8 +165,11 @@ def upstream_response(
     return response
 
 
-def answer_response(answer: Answer, extra: dict[str, str]) -> Response:
-    """What the agent gets back from a forwarded effect."""
+def answer_response(answer: Answer, extra: dict[str, str], repeatable: bool = True) -> Response:
+    """What the agent gets back from a forwarded effect. `repeatable`: whether
+    repeating the call reaches this effect (its key, or its content within the route's
+    window); not for a call sent without a key on a `dedupe_window: 0` route, whose
+    repeat would be a new effect, so an unknown outcome must not be learnt that way."""
     if answer.fate is Fate.NOT_SENT:
         raise Problem(
             502,
@@ -184,17 +187,21 @@ def answer_response(answer: Answer, extra: dict[str, str]) -> Response:
             headers={**extra, "Retry-After": _retry_after(answer)},
             hold=extra.get("X-Irrev-Hold"),
             upstream_status=answer.status,
-        )
+        ).reached_again(repeatable)
     if answer.fate is Fate.UNKNOWN:
+        resent = (
+            " (a repeat is sent to the tool API under the same key, which it deduplicates)"
+            if repeatable
+            else ""
+        )
         raise Problem(
             504 if "timeout" in answer.why else 502,
             "upstream_ambiguous",
-            "the effect may or may not have happened; it stays charged until reconciled "
-            "(a repeat is sent to the tool API under the same key, which it deduplicates)",
+            f"the effect may or may not have happened; it stays charged until reconciled{resent}",
             headers=extra,
             why=answer.why,
             upstream_status=answer.status or None,
-        )
+        ).reached_again(repeatable)
     http = answer.as_http()
     return upstream_response(http.status, http.headers, answer.payload, extra)
 
@@ -244,15 +251,26 @@ def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:
 
 def escalated_response(policy: TenantPolicy, decided: Decided, repeat: str) -> JSONResponse:
     """202: a person decides. `repeat` says how the agent asks again (its key, or for a
-    call keyed by its content, the identical request)."""
+    call keyed by its content, the identical request); '' when nothing it sends reaches
+    this escalation again (no key, on a `dedupe_window: 0` route), where only the poll
+    does: its repeat would be a second escalation, and a second effect once approved."""
     result = decided.result
     escalation = escalation_id(policy.tenant, decided.hold_id)
     location = f"/v1/escalations/{escalation}"
     said = escalation_sentence(units_of(policy), result, escalation)
+    if repeat:
+        then, retry = f"Poll {location} for the result, or {repeat}.", Retry.SAME_CALL
+    else:
+        then, retry = (
+            f"Poll {location} for the result; do not send this request again to learn it: "
+            "an identical request would be a new one, waiting for a person again.",
+            Retry.NO,
+        )
     body = {
         "status": "escalated",
         "escalation": escalation,
-        "detail": f"{said}. Poll {location} for the result, or {repeat}.",
+        "detail": f"{said}. {then}",
+        "retry": retry.value,
         "reason": result.reason.value,
         **amounts_in_currency(policy, price=result.price),
         "poll": location,

@@ -97,22 +97,29 @@ async def _proxy(
     )
     prepared = prepare(policy, agent, intent, in_process=False)
     decision = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, tool))
-    return decision_response(policy, decision)
+    return decision_response(policy, decision, repeatable=not prepared.alone)
 
 
-def repeat_phrase(decision: Decision) -> str:
-    """How an agent asks again about its escalated request."""
+def repeat_phrase(decision: Decision, repeatable: bool) -> str:
+    """How an agent asks again about its escalated request; '' if it cannot."""
+    if not repeatable:
+        return ""
     if decision.key.startswith(CONTENT_KEY_PREFIX):
         return "send the identical request again: it is the same effect, not a new one"
     return "send the same request again with the same Idempotency-Key"
 
 
-def decision_response(policy: TenantPolicy, decision: Decision | Answer) -> Response:
+def decision_response(
+    policy: TenantPolicy, decision: Decision | Answer, repeatable: bool = True
+) -> Response:
+    """The agent's answer. `repeatable`: whether repeating the request reaches this
+    effect (Prepared.alone: not for one sent without a key on a route whose identical
+    requests are each a new effect)."""
     if isinstance(decision, Answer):  # a read: nothing held, nothing charged
         unit = {"X-Irrev-Currency": policy.catalog.currency, "X-Irrev-Scale": str(policy.scale)}
         return answer_response(decision, {**READ_HEADERS, **unit})
     if decision.answer is None:  # escalated: a person decides
-        response = escalated_response(policy, decision, repeat_phrase(decision))
+        response = escalated_response(policy, decision, repeat_phrase(decision, repeatable))
         response.headers[KEY_HEADER] = decision.key
         return response
     headers = decision_headers(policy, decision)
@@ -120,4 +127,4 @@ def decision_response(policy: TenantPolicy, decision: Decision | Answer) -> Resp
     headers[KEY_HEADER] = decision.key
     if isinstance(decision.answer, StoredAnswer):
         return stored_response(decision.answer, headers)
-    return answer_response(decision.answer, headers)
+    return answer_response(decision.answer, headers, repeatable)

@@ -2,7 +2,9 @@
 their content (`keyless: content`, issue 29): repeats attach to the first request's
 escalation, ambiguity or answer, so the tool API makes the effect once; and the
 person who decided an escalation, with their reason, reaches the agent on the repeat
-of its key (with a key or without)."""
+of its key (with a key or without). On a route whose identical requests are meant to
+repeat (`dedupe_window: 0`) a request without a key that may have been made is never
+advised to be repeated: the repeat would be a second effect."""
 
 from __future__ import annotations
 
@@ -14,15 +16,23 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from .conftest import Gateway, TenantMaker
+from .conftest import UPSTREAM_TIMEOUT_S, Gateway, TenantMaker
 from .helpers import assert_problem, order, set_faults, supplier_stats
-from .procurement import keyless_orders
+from .procurement import keyless_orders, order_routes
 from .servers import Tenant
 
 
 @pytest.fixture(scope="module")
 def keyless_tenant(new_tenant: TenantMaker) -> Tenant:
     return new_tenant("keyless", **keyless_orders())
+
+
+@pytest.fixture(scope="module")
+def repeats_tenant(new_tenant: TenantMaker) -> Tenant:
+    """Keyless supplier orders whose identical requests are each an order of their own."""
+    fields = keyless_orders()
+    fields["routes"] = order_routes(keyless="content", dedupe_window="0")
+    return new_tenant("repeats", **fields)
 
 
 BIG = 450  # 45,000 USD: above the orders route's 30,000 USD approval threshold
@@ -153,3 +163,69 @@ async def test_a_rejection_reaches_the_agent_on_its_repeat(
     said = 'A person (operator:ops) rejected this call, saying: "supplier on hold"'
     assert said in problem["detail"]
     assert problem["retry"] == "no"
+
+
+def assert_not_asked_to_repeat(text: str) -> None:
+    """A request held under a key of its own (none sent, `dedupe_window: 0`): an
+    identical request is a new effect, so the agent is told to check, never to repeat."""
+    assert "keyless-" not in text and "Idempotency-Key" not in text, text
+    assert "repeat the same call" not in text and "identical request again" not in text, text
+    assert "under the same key" not in text, text
+    assert "do not make this call again" in text, text
+    assert "whether it was made (read what it changes, or list what exists)" in text, text
+
+
+# The supplier records the order, then hangs past the gateway's upstream timeout, or
+# answers 503 (a flaky API): either way the gateway cannot tell whether it was made.
+AMBIGUOUS_FAULTS: dict[str, tuple[dict[str, Any], int]] = {
+    "hang": ({"delay_s": UPSTREAM_TIMEOUT_S + 1.5}, 504),
+    "5xx": ({"status": 503}, 502),
+}
+
+
+@pytest.mark.parametrize("fault", list(AMBIGUOUS_FAULTS))
+async def test_an_ambiguous_keyless_request_that_repeats_is_not_advised_again(
+    repeats_tenant: Tenant, gateway: Gateway, upstream: httpx.AsyncClient, fault: str
+) -> None:
+    """The old advice (retry same_call, "repeat the same call later") paid twice: the
+    identical request is a new order on this route. The agent is told to check instead,
+    and the check finds the one order the first request made."""
+    tenant = repeats_tenant
+    faults, status = AMBIGUOUS_FAULTS[fault]
+    body = fresh_order(2)
+    before = (await supplier_stats(upstream, tenant))["orders"]
+    await set_faults(upstream, tenant, apply=True, times=1, **faults)
+    try:
+        first = await post(gateway, tenant, "buyer-01", body)
+    finally:
+        await set_faults(upstream, tenant, times=0)
+    problem = assert_problem(first, status, "upstream_ambiguous")
+    assert problem["retry"] == "no", problem
+    assert_not_asked_to_repeat(problem["detail"])
+    # Following the new advice: the check finds the order, and nothing is sent again.
+    assert (await supplier_stats(upstream, tenant))["orders"] == before + 1
+    # Following the old one: the identical request is a second order, a second charge.
+    again = await post(gateway, tenant, "buyer-01", body)
+    assert again.status_code == 201, again.text
+    assert again.headers["X-Irrev-Hold"] != first.headers["X-Irrev-Hold"]
+    assert (await supplier_stats(upstream, tenant))["orders"] == before + 2
+
+
+async def test_a_keyless_escalation_that_repeats_is_polled_not_repeated(
+    repeats_tenant: Tenant, gateway: Gateway
+) -> None:
+    """A pending request's only way back is its escalation's URL: the identical request
+    is a second escalation, and a second order once both are approved."""
+    tenant = repeats_tenant
+    body = fresh_order(BIG)
+    pending = await post(gateway, tenant, "buyer-01", body)
+    assert pending.status_code == 202, pending.text
+    said = pending.json()
+    assert said["retry"] == "no", said
+    assert f"Poll {said['poll']} for the result" in said["detail"]
+    assert "Idempotency-Key" not in said["detail"], said["detail"]
+    assert "identical request again" not in said["detail"], said["detail"]
+    assert "do not send this request again" in said["detail"], said["detail"]
+    again = await post(gateway, tenant, "buyer-01", body)
+    assert again.status_code == 202, again.text
+    assert again.json()["escalation"] != said["escalation"]
