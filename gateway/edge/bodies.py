@@ -22,15 +22,17 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.edge.problems import Problem, body_timeout, schema_problem
+from gateway.settings import GatewaySettings
 
 DRAIN_BYTES = 1 << 20
+Model = TypeVar("Model", bound=BaseModel)
 # The middleware's refusals end the connection: what the client still sends is not read.
 CLOSE = {"Connection": "close"}
 # A tenant's policy document may be larger than any agent's request.
@@ -63,6 +65,52 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
             return b"".join(chunks)
     except TimeoutError:
         raise body_timeout(timeout_s) from None
+
+
+async def read_json(request: Request, limit: int, timeout_s: float) -> bytes:
+    """`read_body` of a body read as JSON: 415 for one that does not say it is, with
+    one Content-Type of `application/json` or a JSON-based `application/<x>+json` (any
+    parameters), as FastAPI took a body parameter; a body without one is refused too,
+    as FastAPI's strict content type did. No body has no type to check. So nothing is
+    parsed as JSON that its sender called a form or text, which another reader of
+    the same request would read otherwise."""
+    raw = await read_body(request, limit, timeout_s)
+    types = request.headers.getlist("content-type")
+    if raw and (len(types) != 1 or not _is_json(types[0])):
+        if not types:
+            said = "A body without a Content-Type"
+        elif len(types) > 1:
+            said = f"A body with {len(types)} Content-Type headers"
+        else:
+            said = f"Content-Type {types[0][:100]!r}"
+        raise Problem(
+            415,
+            "unsupported_media_type",
+            f"{said} is not accepted here: send the body as JSON, with one "
+            "Content-Type: application/json",
+        )
+    return raw
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.partition(";")[0].strip().lower()
+    kind, _, subtype = media.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+async def read_model(
+    request: Request, model: type[Model], settings: GatewaySettings, empty_ok: bool = False
+) -> Model:
+    """An admin's body as `model` (at most IRREV_MAX_BODY_BYTES, whole within the body
+    deadline), read by hand once the caller may act (`read_json`): as a body parameter
+    it was parsed and validated before the route checked the caller's role, and a
+    caller who may not act learnt 422 about its shape instead of 401 or 403.
+    `empty_ok`: no body is the model's defaults."""
+    raw = await read_json(request, settings.max_body_bytes, settings.body_timeout_s)
+    try:
+        return model.model_validate_json(raw if raw.strip() or not empty_ok else b"{}")
+    except ValidationError as exc:
+        raise schema_refusal(exc) from exc
 
 
 class BodyLimit:
@@ -174,17 +222,10 @@ class Ruling(BaseModel):
     reason: Note = ""
 
 
-async def ruling_of(request: Request, limit: int, timeout_s: float) -> Ruling:
+async def ruling_of(request: Request, settings: GatewaySettings) -> Ruling:
     """The optional body of an approval or a rejection, read once the caller's role
-    has been checked: as a body parameter it was validated first, and a viewer sending
-    any body learnt 422 about its shape where it may not decide at all (403)."""
-    raw = await read_body(request, limit, timeout_s)
-    if not raw.strip():
-        return Ruling()
-    try:
-        return Ruling.model_validate_json(raw)
-    except ValidationError as exc:
-        raise schema_refusal(exc) from exc
+    has been checked (`read_model`)."""
+    return await read_model(request, Ruling, settings, empty_ok=True)
 
 
 def body_schema(model: type[BaseModel], required: bool = True) -> dict[str, Any]:

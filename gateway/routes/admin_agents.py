@@ -8,13 +8,13 @@ policy_admin role, as any policy change does; viewers list the agents."""
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from gateway.edge.auth import Admin, AdminIdentity, policy_of
-from gateway.edge.bodies import Note, body_schema, read_body, schema_refusal
+from gateway.edge.bodies import Note, body_schema, read_model
 from gateway.edge.problems import Problem
 from gateway.pipeline.policy_upload import store_upload
 from gateway.pipeline.prepare import Gate
@@ -22,7 +22,6 @@ from gateway.state.suspensions import UnknownAgent, agent_fields, with_suspensio
 from pricing import AdminRole, Suspension, SuspensionReason, rfc3339
 
 log = logging.getLogger("irrev.gateway")
-Body = TypeVar("Body", bound=BaseModel)
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -39,17 +38,6 @@ class ResumeBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     reason: Note = ""
-
-
-async def _body(request: Request, model: type[Body], empty_ok: bool) -> Body:
-    """The body, read once the caller's role was checked (as a body parameter it would
-    be validated first, and a viewer would learn 422 where it may not act at all)."""
-    gate = Gate.of(request)
-    raw = await read_body(request, gate.settings.max_body_bytes, gate.settings.body_timeout_s)
-    try:
-        return model.model_validate_json(raw if raw.strip() or not empty_ok else b"{}")
-    except ValidationError as exc:
-        raise schema_refusal(exc) from exc
 
 
 def _unknown_agent(tenant: str, agent: str) -> Problem:
@@ -106,7 +94,7 @@ async def suspend_agent(request: Request, tenant: str, agent: str, admin: Admin)
     its managed keys too) until it is resumed; its holds already admitted or
     escalated are left as they are. 200 `changed: false` if it already was."""
     policy_of(request, tenant, admin, AdminRole.POLICY_ADMIN)
-    body = await _body(request, SuspendBody, empty_ok=False)
+    body = await read_model(request, SuspendBody, Gate.of(request).settings)
     at = rfc3339(await Gate.of(request).ledger.now_ms())  # Redis's clock: the fleet's one
     suspension = Suspension(reason=body.reason, by=admin.name, at=at).model_dump()
     return await _set_suspension(
@@ -120,7 +108,7 @@ async def suspend_agent(request: Request, tenant: str, agent: str, admin: Admin)
 async def resume_agent(request: Request, tenant: str, agent: str, admin: Admin) -> dict[str, Any]:
     """Let a suspended agent act again. 200 `changed: false` if it was active."""
     policy_of(request, tenant, admin, AdminRole.POLICY_ADMIN)
-    body = await _body(request, ResumeBody, empty_ok=True)
+    body = await read_model(request, ResumeBody, Gate.of(request).settings, empty_ok=True)
     origin = f"resume {agent} {admin.name}" + (f": {body.reason}" if body.reason else "")
     return await _set_suspension(request, admin, tenant, agent, None, origin)
 

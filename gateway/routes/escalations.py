@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.edge import tracing
 from gateway.edge.auth import AdminIdentity, Caller, caller_auth, tenant_admin_auth
-from gateway.edge.bodies import Ruling, ruling_of
+from gateway.edge.bodies import Ruling, body_schema, ruling_of
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
     answer_response,
@@ -26,11 +26,6 @@ from ledger import HoldState, HoldStateConflict
 from pricing import AdminRole
 
 router = APIRouter(prefix="/v1/escalations", tags=["escalations"])
-
-
-def body_bounds(gate: Gate) -> tuple[int, float]:
-    """A ruling's body: at most the largest body of any route, whole in time."""
-    return gate.settings.max_body_bytes, gate.settings.body_timeout_s
 
 
 def no_such_escalation() -> Problem:
@@ -79,12 +74,7 @@ async def poll(
 
 # The reason is read by hand, after the role check (bodies.ruling_of); the schema
 # still tells clients what they may send.
-RULING_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": False,
-        "content": {"application/json": {"schema": Ruling.model_json_schema()}},
-    }
-}
+RULING_BODY = body_schema(Ruling, required=False)
 
 
 @router.post("/{escalation}/approve", openapi_extra=RULING_BODY)
@@ -101,7 +91,7 @@ async def approve(
     policy = gate.tenants.policies.get(tenant)
     if policy is None:
         raise no_such_escalation()
-    note = (await ruling_of(request, *body_bounds(gate))).reason
+    note = (await ruling_of(request, gate.settings)).reason
     answer = await approval.approve(gate, policy, hold_id, who.name, note)
     if answer is None:
         # Decision-only: the in-process tool sees the hold pending and acts itself.
@@ -120,7 +110,7 @@ async def reject(
     tenant, hold_id = parse_escalation_id(escalation)
     who.require(tenant, AdminRole.APPROVER, no_such_escalation)
     admin = who.name
-    note = (await ruling_of(request, *body_bounds(gate))).reason
+    note = (await ruling_of(request, gate.settings)).reason
     if tenant not in gate.tenants.policies:
         raise no_such_escalation()
     # Read first: a rejected hold keeps no request, and the log line names what it was.

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.edge import metrics
 from gateway.edge.auth import Settling, agent_auth, settling_auth
-from gateway.edge.bodies import body_schema, read_body, schema_refusal
+from gateway.edge.bodies import body_schema, read_json, schema_refusal
 from gateway.edge.canonical import Canonical
 from gateway.edge.problems import Problem
 from gateway.edge.responses import (
@@ -87,7 +87,7 @@ async def read_spec(
     parsing and one validation error per key."""
     gate = Gate.of(request)
     largest = min(gate.settings.max_body_bytes, limits.max_body_bytes)
-    raw = await read_body(request, largest, gate.settings.body_timeout_s)
+    raw = await read_json(request, largest, gate.settings.body_timeout_s)
     document = parse_json_body(raw, limits)
     try:
         return model.model_validate(document), document

@@ -3,6 +3,8 @@ post, compensate, void or mark it ambiguous, with the ledger's semantics."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -195,3 +197,41 @@ async def test_budget_runs_out_into_escalation_then_denial(
     rows = await balances(http, gateway.admin, tenant)
     platform = rows["principal:platform"]
     assert platform["pending"] + platform["posted"] == platform["limit"] == 10_000 * 10**6
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "text/plain", "application/x-www-form-urlencoded", "application/jsonx"],
+    ids=["missing", "text", "form", "jsonx"],
+)
+async def test_a_body_that_does_not_say_it_is_json_is_refused_415(
+    decision_tenant: Tenant, http: httpx.AsyncClient, content_type: str | None
+) -> None:
+    """The routes read their bodies by hand; as body parameters they took only JSON
+    (FastAPI's strict content type: a body without a Content-Type was refused too).
+    Nothing is held, and nothing is read as JSON that its sender did not call JSON."""
+    tenant = decision_tenant
+    headers = effect_headers(tenant, "deployer-01", f"typed-{content_type}")
+    headers.pop("Content-Type", None)
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    body = json.dumps(DEPLOY).encode()
+    refused = await http.post("/v1/holds", content=body, headers=headers)
+    problem = assert_problem(refused, 415, "unsupported_media_type")
+    assert "application/json" in problem["detail"] and problem["retry"] == "fix"
+    headers["Content-Type"] = "application/json; charset=utf-8"
+    created = await http.post("/v1/holds", content=body, headers=headers)
+    assert created.status_code == 201, created.text
+    hold = created.json()["hold"]
+    settle = {k: v for k, v in headers.items() if k != "Content-Type"}
+    if content_type is not None:
+        settle["Content-Type"] = content_type
+    refused = await http.post(f"/v1/holds/{hold}/post", content=b"{}", headers=settle)
+    assert_problem(refused, 415, "unsupported_media_type")
+    # No body has no type to check: refused for what is missing, as before.
+    empty = await http.post(f"/v1/holds/{hold}/post", headers=settle)
+    assert_problem(empty, 422, "bad_request")
+    # A JSON-based media type is JSON.
+    typed = {**settle, "Content-Type": "application/merge-patch+json"}
+    posted = await http.post(f"/v1/holds/{hold}/post", content=b"{}", headers=typed)
+    assert posted.status_code == 200, posted.text
