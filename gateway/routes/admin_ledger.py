@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.edge.auth import Admin, policy_of
-from gateway.edge.bodies import Note
+from gateway.edge.bodies import Note, body_schema, read_model
 from gateway.edge.problems import Problem
 from gateway.edge.responses import escalation_id, hold_view
 from gateway.edge.wire import StoredRequest, receipt, record_of
@@ -336,15 +336,15 @@ class Resolution(BaseModel):
     reason: Note = Field(min_length=1)
 
 
-@router.post("/tenants/{tenant}/holds/{hold_id}/resolve")
-async def resolve_hold(
-    request: Request, tenant: str, hold_id: str, spec: Resolution, admin: Admin
-) -> dict[str, Any]:
+@router.post("/tenants/{tenant}/holds/{hold_id}/resolve", openapi_extra=body_schema(Resolution))
+async def resolve_hold(request: Request, tenant: str, hold_id: str, admin: Admin) -> dict[str, Any]:
     """An admin settles an ambiguous hold by what they found out: `posted` (it
     happened: charged at its price) or `voided` (it did not: released). Journaled
     with the admin and their reason; the webhook's hold.resolved event follows."""
     policy_of(request, tenant, admin, AdminRole.APPROVER)
-    ledger = Gate.of(request).ledger
+    gate = Gate.of(request)
+    spec = await read_model(request, Resolution, gate.settings)  # read once they may
+    ledger = gate.ledger
     hold = await _hold_of(ledger, tenant, hold_id)
     wanted = HoldState(spec.outcome)
     answer = {"hold": hold_id, "state": wanted.value, "by": admin.name, "reason": spec.reason}

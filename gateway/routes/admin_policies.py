@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.edge.auth import Admin, policy_of
-from gateway.edge.bodies import Note, read_body
+from gateway.edge.bodies import Note, body_schema, read_body, read_model
 from gateway.edge.problems import Problem
 from gateway.pipeline.policy_upload import load_problem, not_applied, store_upload
 from gateway.pipeline.prepare import Gate
@@ -278,10 +278,12 @@ def _check_rule(policy: TenantPolicy, spec: RuleRequest) -> dict[str, Any]:
     }
 
 
-@router.post("/tenants/{tenant}/rules", status_code=201)
-async def create_rule(
-    request: Request, tenant: str, spec: RuleRequest, admin: Admin
-) -> dict[str, Any]:
+@router.post("/tenants/{tenant}/rules", status_code=201, openapi_extra=body_schema(RuleRequest))
+async def create_rule(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
+    """A rule, read once the admin may set some rule (approver); the role its kind
+    needs is checked once the body says which kind it is."""
+    policy_of(request, tenant, admin, AdminRole.APPROVER)
+    spec = await read_model(request, RuleRequest, Gate.of(request).settings)
     policy = policy_of(request, tenant, admin, rule_role(spec.kind))
     stored = {**_check_rule(policy, spec), "by": admin.name, "reason": spec.reason}
     try:

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.edge.auth import Admin, policy_of
+from gateway.edge.bodies import body_schema, read_model
 from gateway.edge.problems import Problem
 from gateway.pipeline.prepare import Gate
 from gateway.state import managed_keys
@@ -87,16 +88,19 @@ async def _served(request: Request, record: KeyRecord, token: str | None) -> dic
     return {**view, "token": token} if token is not None else view
 
 
-@router.post("", status_code=201)
-async def create_key(
-    request: Request, tenant: str, body: KeyRequest, admin: Admin
-) -> dict[str, Any]:
-    """A new key; its token is in this answer only: keep it now."""
+@router.post("", status_code=201, openapi_extra=body_schema(KeyRequest))
+async def create_key(request: Request, tenant: str, admin: Admin) -> dict[str, Any]:
+    """A new key; its token is in this answer only: keep it now. The body is read once
+    the admin may manage some key (approver), and the role the key needs is checked
+    once it says what key it is."""
+    gate = Gate.of(request)
+    policy_of(request, tenant, admin, AdminRole.APPROVER)
+    body = await read_model(request, KeyRequest, gate.settings)
     spec = body.spec()
     policy = policy_of(request, tenant, admin, managed_keys.managing_role(spec))
     life_ms = body.expires_in_s * 1000 if body.expires_in_s is not None else None
     try:
-        record, token = await managed_keys.issue(Gate.of(request).ledger, policy, spec, life_ms)
+        record, token = await managed_keys.issue(gate.ledger, policy, spec, life_ms)
     except managed_keys.UnknownAgent as exc:
         raise Problem(404, "unknown_agent", str(exc), agent=exc.agent) from exc
     log.info(
