@@ -7,12 +7,15 @@ Everything binds to 127.0.0.1; every wait polls with a deadline.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+import httpx
 
 from irrev import harness
 from irrev.harness import PolicyDraft
@@ -88,3 +91,37 @@ def write_policy(
     policy.document.update(overrides)
     policy.write(directory)
     return Tenant(tenant, policy.tokens, supplier_url, policy.settlers)
+
+
+def start_scripted(name: str, log_dir: Path, host: str, port: int | None = None) -> Server:
+    """A tool API whose answer the test scripts (tests/gateway/scripted.py, `script`)."""
+    server = Server(
+        name=name,
+        argv=[str(BIN / "python"), "-m", "uvicorn", "tests.gateway.scripted:app"],
+        env=base_env(),
+        log_path=log_dir / f"{name}.log",
+        host=host,
+    )
+    if port is not None:
+        server.port = port
+    server.argv += ["--host", host, "--port", str(server.port), "--log-level", "warning"]
+    server.start("/_ready")
+    return server
+
+
+async def script(server: Server, status: int, body: Any, **headers: str) -> None:
+    """What a scripted tool API answers every request from now on."""
+    answer = {
+        "status": status,
+        "headers": [[name.replace("_", "-"), value] for name, value in headers.items()],
+        "body": body if isinstance(body, str) else json.dumps(body),
+    }
+    async with httpx.AsyncClient(base_url=server.url, trust_env=False) as client:
+        (await client.post("/_script", json=answer)).raise_for_status()
+
+
+async def seen(server: Server) -> list[dict[str, str]]:
+    """The requests a scripted tool API received so far."""
+    async with httpx.AsyncClient(base_url=server.url, trust_env=False) as client:
+        response = await client.get("/_seen")
+    return list(response.json())

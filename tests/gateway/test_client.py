@@ -11,10 +11,8 @@ came and with which token), and a tool's problem+json is never a refusal."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,7 +27,7 @@ from irrev.langchain import http_tool
 from .conftest import Gateway, TenantMaker
 from .helpers import assert_problem, effect_headers, order, set_faults, supplier_stats
 from .procurement import example_accounts, tools_at
-from .servers import BIN, Server, Tenant, base_env
+from .servers import Server, Tenant, script, seen, start_scripted
 
 # Where this module runs a tool API whose answers it scripts (tests/gateway/scripted.py).
 SCRIPTED_PORT = free_port()
@@ -171,21 +169,6 @@ async def test_a_pending_escalation_tells_the_model_to_retry_the_same_call(
     assert "Retry this same tool call later" in outcome.text
 
 
-def start_scripted(name: str, log_dir: Path, host: str, port: int | None = None) -> Server:
-    server = Server(
-        name=name,
-        argv=[str(BIN / "python"), "-m", "uvicorn", "tests.gateway.scripted:app"],
-        env=base_env(),
-        log_path=log_dir / f"{name}.log",
-        host=host,
-    )
-    if port is not None:
-        server.port = port
-    server.argv += ["--host", host, "--port", str(server.port), "--log-level", "warning"]
-    server.start("/_ready")
-    return server
-
-
 @pytest.fixture(scope="module")
 def tool_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The `client-scripted` tenant's supplier: answers what the test scripts."""
@@ -202,22 +185,6 @@ def foreign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server = start_scripted("foreign-host", tmp_path_factory.mktemp("foreign"), "127.0.0.2")
     yield server
     server.stop()
-
-
-async def script(server: Server, status: int, body: Any, **headers: str) -> None:
-    answer = {
-        "status": status,
-        "headers": [[name.replace("_", "-"), value] for name, value in headers.items()],
-        "body": body if isinstance(body, str) else json.dumps(body),
-    }
-    async with httpx.AsyncClient(base_url=server.url, trust_env=False) as client:
-        (await client.post("/_script", json=answer)).raise_for_status()
-
-
-async def seen(server: Server) -> list[dict[str, str]]:
-    async with httpx.AsyncClient(base_url=server.url, trust_env=False) as client:
-        response = await client.get("/_seen")
-    return list(response.json())
 
 
 async def approve_first_escalation(
