@@ -41,9 +41,11 @@ from .limits import MAX_ACCOUNTS, MAX_AMOUNT, MAX_ID_CHARS
 from .policystore import POLICY_HISTORY, PolicyRecord, PolicyStore, PutResult
 from .ports import free_port, free_ports
 from .records import (
+    BODY_OMITTED_FLAG,
     RULE_PREFIX,
     AccountCheck,
     AccountSpec,
+    AnswerAllowance,
     Attached,
     Balance,
     Hold,
@@ -75,6 +77,7 @@ from .validate import check_account_spec
 
 __all__ = [
     "ARCHIVE_AFTER_MS",
+    "BODY_OMITTED_FLAG",
     "MAX_ACCOUNTS",
     "MAX_AMOUNT",
     "MAX_ID_CHARS",
@@ -82,6 +85,7 @@ __all__ = [
     "RULE_PREFIX",
     "AccountCheck",
     "AccountSpec",
+    "AnswerAllowance",
     "AppendFsync",
     "ArchivePass",
     "ArchivedCopyMissing",

@@ -36,7 +36,7 @@ from .embedded import redis_url
 from .errors import BadInput, LedgerUnavailable, RedisFailure, redis_failure, translate_redis_errors
 from .group import MAX_WAIT_MS
 from .holds import DAY_MS, Holds
-from .keys import hold_keys, tenant_keys
+from .keys import hold_keys, settling_keys, tenant_keys
 from .keystore import KeyStore
 from .learning import Learning
 from .leasing import Leasing
@@ -321,7 +321,7 @@ class LedgerCore:
         be overdrawn again; and a retry's claim is followed by the effect's send,
         whose charge (the reserve before it on the same primary, which its wait
         counts too) a failover must not lose."""
-        keys = self._hold_keys(tenant, hold_id)
+        keys = settling_keys(self._hold_keys(tenant, hold_id), tenant, operation, args)
         if replicated:
             reply, acked = await self._on_hold(operation, tenant, hold_id, keys, args)
             result = transition_result(tenant, hold_id, operation, reply, acked)

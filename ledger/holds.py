@@ -33,12 +33,14 @@ from .keys import (
     hold_script_keys,
     reserve_keys,
     settled_key,
+    settling_keys,
     tenant_keys,
 )
 from .records import (
     NO_ACKS,
     AccountSpec,
     Acks,
+    AnswerAllowance,
     Attached,
     PoolTicket,
     Provenance,
@@ -332,8 +334,13 @@ class Holds(LedgerCore):
         what they acknowledged (NO_ACKS when none are asked for). Items Redis answered
         with an error get a LedgerUnavailable in place."""
         tenant = validate.tenant_id(tenant)
-        keys_of = reserve_keys if operation == "reserve" else hold_script_keys
-        calls = [(keys_of(tenant, hold_id), args) for hold_id, args in batch]
+        if operation == "reserve":
+            calls = [(reserve_keys(tenant, hold_id), args) for hold_id, args in batch]
+        else:
+            calls = [
+                (settling_keys(hold_script_keys(tenant, hold_id), tenant, operation, args), args)
+                for hold_id, args in batch
+            ]
         with translate_redis_errors(operation):
             if grouped:
                 replies = await self._scripts.call_group(operation, STANDARD, calls, self.waits)
@@ -354,12 +361,19 @@ class Holds(LedgerCore):
         return out
 
     async def post(
-        self, tenant: str, hold_id: str, amount: int | Mapping[str, int], *, outcome: str = ""
+        self,
+        tenant: str,
+        hold_id: str,
+        amount: int | Mapping[str, int],
+        *,
+        outcome: str = "",
+        allowance: AnswerAllowance | None = None,
     ) -> TransitionResult:
         """The effect happened at `amount` (its realised residual): for every account,
         or per account. Above the hold it is an overrun: posted and flagged.
-        `outcome` (the upstream's answer) is kept for repeats of the request."""
-        args = self.post_args(hold_id, amount, outcome)
+        `outcome` (the upstream's answer) is kept for repeats of the request, within
+        `allowance` if given (else its short form: the result's flags say so)."""
+        args = self.post_args(hold_id, amount, outcome, allowance)
         if self._post_groups is not None:
             return await self._post_groups.submit(validate.tenant_id(tenant), (hold_id, args))
         return await self._transition("post", tenant, hold_id, args, replicated=True)
@@ -394,15 +408,26 @@ class Holds(LedgerCore):
         return await self._posts(tenant, items, grouped=True)
 
     def post_args(
-        self, hold_id: str, amount: int | Mapping[str, int], outcome: str = ""
+        self,
+        hold_id: str,
+        amount: int | Mapping[str, int],
+        outcome: str = "",
+        allowance: AnswerAllowance | None = None,
     ) -> list[str]:
         """post.lua's ARGV on this ledger (validated: BadInput names what is wrong), for
         callers that time or test the script itself."""
-        return self._post_args(hold_id, amount, validate.blob("outcome", outcome))
+        return self._post_args(hold_id, amount, validate.blob("outcome", outcome), allowance)
 
-    def _post_args(self, hold_id: str, amount: int | Mapping[str, int], outcome: str) -> list[str]:
+    def _post_args(
+        self,
+        hold_id: str,
+        amount: int | Mapping[str, int],
+        outcome: str,
+        allowance: AnswerAllowance | None = None,
+    ) -> list[str]:
         """post_args with `outcome` already validated."""
-        return [*self._hold_args(hold_id), outcome, *validate.per_account(amount)]
+        kept = validate.allowance_args(allowance)
+        return [*self._hold_args(hold_id), outcome, *kept, *validate.per_account(amount)]
 
     async def _expire_due(self, tenant: str) -> None:
         """What a reserve does before deciding while holds of the tenant are due (it

@@ -5,6 +5,7 @@ key a script touches is declared in its KEYS (the layout is in lua/_lib.lua)."""
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 TENANTS_KEY = "irrev:tenants"
 # Bumped on every write to the policy store (ledger/policystore.py), and on every
@@ -50,6 +51,27 @@ def payload_key(tenant: str, hold_id: str) -> str:
     life. Not under `hold:`, whose ids may end in anything a key could
     (`hold:<id>:payload` would be the record of hold `<id>:payload`)."""
     return f"{tenant_prefix(tenant)}payload:{hold_id}"
+
+
+def kept_answers_key(tenant: str, agent: str) -> str:
+    """The bytes of answers kept whole for `agent`'s repeats in the current UTC day
+    (a count that expires at the day's end), which post.lua and void.lua keep within
+    the agent's allowance (kept_within in lua/_lib.lua)."""
+    return f"{tenant_prefix(tenant)}kept:{agent}"
+
+
+# The scripts whose ARGV[4] names the agent whose allowance of kept answer bytes
+# their outcome is kept within ('' for none): that agent's count is their KEYS[8].
+SETTLING = frozenset({"post", "void"})
+SETTLING_AGENT = 3
+
+
+def settling_keys(keys: list[str], tenant: str, operation: str, args: Sequence[str]) -> list[str]:
+    """`keys` of a script about one hold, with the agent's count of kept answer bytes
+    when it is a settlement kept within an allowance (post.lua, void.lua)."""
+    if operation in SETTLING and args[SETTLING_AGENT]:
+        return [*keys, kept_answers_key(tenant, args[SETTLING_AGENT])]
+    return keys
 
 
 def content_key(tenant: str, content: str) -> str:

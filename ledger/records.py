@@ -472,6 +472,22 @@ class ReserveResult:
         return min(c.available - (c.amount if held else 0) for c in self.accounts)
 
 
+@dataclass(frozen=True, slots=True)
+class AnswerAllowance:
+    """What a settlement's outcome is kept within (post, void): `agent`'s allowance of
+    kept answer bytes per UTC day, `bytes_per_day`. An outcome that would take the
+    agent past it is kept as `short` instead, the same answer with its body left out
+    (the result's flags then hold BODY_OMITTED_FLAG): the hold settles either way."""
+
+    agent: str
+    bytes_per_day: int
+    short: str
+
+
+# The flag of a settlement whose outcome was kept short (AnswerAllowance).
+BODY_OMITTED_FLAG = "body_omitted"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TransitionResult:
     status: Status  # OK, or EXISTS when the same transition was already made

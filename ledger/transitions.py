@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from . import validate
 from .errors import raise_for_reply
 from .keys import hold_script_keys
-from .records import Approval, HoldState, TransitionResult
+from .records import AnswerAllowance, Approval, HoldState, TransitionResult
 
 if TYPE_CHECKING:
     # Checked as a subclass of LedgerCore, whose calls it uses; at run time a plain
@@ -25,11 +25,19 @@ class Transitions(LedgerCore):
     """A held hold's transitions but post (a mixin of Ledger)."""
 
     async def void(
-        self, tenant: str, hold_id: str, *, outcome: str = "", due_only: bool = False
+        self,
+        tenant: str,
+        hold_id: str,
+        *,
+        outcome: str = "",
+        due_only: bool = False,
+        allowance: AnswerAllowance | None = None,
     ) -> TransitionResult:
         """Release the hold. `due_only`: only once its deadline has passed (Redis
-        time), else HoldNotDue: what a reconciler's "not found" may void."""
-        args = [*self._hold_args(hold_id), validate.blob("outcome", outcome)]
+        time), else HoldNotDue: what a reconciler's "not found" may void. `outcome`
+        is kept for repeats within `allowance`, as `post`'s."""
+        outcome = validate.blob("outcome", outcome)
+        args = [*self._hold_args(hold_id), outcome, *validate.allowance_args(allowance)]
         return await self._transition("void", tenant, hold_id, [*args, "1"] if due_only else args)
 
     async def retry(self, tenant: str, hold_id: str, window_ms: int) -> TransitionResult:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from .errors import BadInput
 from .limits import MAX_ACCOUNTS, MAX_AMOUNT, MAX_ID_CHARS
-from .records import AccountKind, AccountSpec, Pace
+from .records import AccountKind, AccountSpec, AnswerAllowance, Pace
 
 MAX_TTL_MS = 366 * 24 * 3600 * 1000
 MAX_ESCALATIONS = 100_000
@@ -106,6 +106,20 @@ def blob(field: str, value: object) -> str:
     if not isinstance(value, str) or len(value.encode()) > MAX_BLOB_BYTES:
         raise BadInput(field, f"must be text of at most {MAX_BLOB_BYTES} bytes")
     return value
+
+
+def allowance_args(allowance: AnswerAllowance | None) -> list[str]:
+    """ARGV[4..6] of post.lua and void.lua: agent, short outcome, bytes per day ('' x 3
+    for none)."""
+    if allowance is None:
+        return ["", "", ""]
+    if not allowance.short:
+        raise BadInput("short", "must not be empty")
+    return [
+        identifier("agent", allowance.agent),
+        blob("short", allowance.short),
+        str(amount("allowance", allowance.bytes_per_day)),
+    ]
 
 
 MAX_NOTE_BYTES = 2048

@@ -6,8 +6,8 @@
 --
 -- KEYS     post.lua's: accounts, journal, deadlines, ambiguous, escalated, hold,
 --          payload
--- ARGV     post.lua's for one amount: hold id, retention_ms, outcome (''), '*',
---          amount
+-- ARGV     post.lua's for one amount: hold id, retention_ms, outcome (''), no
+--          allowance ('', '', ''), '*', amount
 --
 -- Returns {'ok', 'posted', ''}; {'not_found'} if the hold has no packed record or is
 -- not pending (nothing written).
@@ -18,7 +18,7 @@
 
 -- Redis 6.2 writes after TIME only under effects replication (7 always replicates so).
 redis.replicate_commands()
-local id, retention, amount = ARGV[1], tonumber(ARGV[2]), ARGV[5]
+local id, retention, amount = ARGV[1], tonumber(ARGV[2]), ARGV[8]
 local record = redis.call('GET', KEYS[6])
 local st, rest, acc, amt, tail
 if record then

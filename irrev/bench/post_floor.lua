@@ -7,8 +7,8 @@
 --
 -- KEYS     post.lua's: accounts, journal, deadlines, ambiguous, escalated, hold,
 --          payload
--- ARGV     post.lua's for one amount: hold id, retention_ms, outcome (''),
---          '*', amount
+-- ARGV     post.lua's for one amount: hold id, retention_ms, outcome (''), no
+--          allowance ('', '', ''), '*', amount
 --
 -- Returns {'ok', 'posted', ''}.
 --
@@ -18,7 +18,7 @@
 
 -- Redis 6.2 writes after TIME only under effects replication (7 always replicates so).
 redis.replicate_commands()
-local id, retention, amount = ARGV[1], ARGV[2], ARGV[5]
+local id, retention, amount = ARGV[1], ARGV[2], ARGV[8]
 local hold = redis.call('HMGET', KEYS[6], 'st', 'acc', 'amt', 'pst', 'cr')
 local now = redis.call('TIME')[1] .. '000'
 local names, balances, posted, windows = {}, {}, {}, {}

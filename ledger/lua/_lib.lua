@@ -35,6 +35,9 @@
 --            bytes is kept in the record instead, cut into fields o1, o2, ... of
 --            under 64 bytes each (settle_fields): a settled hold is then one key,
 --            not two (a key and its TTL cost ~100-150 bytes of their own)
+--   KEYS[8]  `...:kept:<agent>` (post, void: only with an allowance, settle_args),
+--            the bytes of answers kept whole for the agent's repeats in the current
+--            UTC day; it expires at the day's end (kept_within)
 -- A script builds no key of its own but checks the keys it was given: KEYS[1..5]
 -- are the tenant's (bind), any other key is of the same tenant (bind) and a hold's
 -- keys are the ones its id names (hold_id_arg), so a caller cannot point it
@@ -874,6 +877,41 @@ local function outcome_parts(outcome, fields)
   end
 end
 
+local DAY_MS = 86400000
+
+-- The outcome a settlement keeps, within its agent's allowance of kept answer bytes
+-- per UTC day (`allowance` from settle_args, false for none): whole while the agent's
+-- count (KEYS[8]) plus its length stays within the allowance, and then counted; else
+-- the short form the caller gave, its body left out (status, headers, the body's
+-- length and digest stay), counted for nothing. The hold is settled either way: the
+-- effect was made, and only the bytes a repeat would have shown are given up, so
+-- that one agent's answers cannot fill the Redis its tenant's admissions need. A
+-- fixed UTC day, counted in the same script as the write, so racing settlements of
+-- one agent never keep more than it. An outcome no longer than its short form is
+-- kept as it is and not counted: leaving its body out would save nothing. Returns
+-- the outcome to keep and whether it is the short form.
+local function kept_within(outcome, allowance)
+  if not allowance then
+    return outcome, false
+  end
+  local key, size = KEYS[8], #outcome
+  if size <= #allowance.short then
+    return outcome, false
+  end
+  local used = redis.call('GET', key)
+  if (tonumber(used) or 0) + size > allowance.bytes then
+    return allowance.short, true
+  end
+  if used then
+    redis.call('INCRBY', key, size)
+  else
+    -- The count lives to the end of the UTC day it counts: the next day starts at 0.
+    local day_end = (math.floor(now_ms() / DAY_MS) + 1) * DAY_MS
+    redis.call('SET', key, size, 'PXAT', fmt(day_end))
+  end
+  return outcome, false
+end
+
 -- A settled (posted or voided) hold keeps neither its request nor a retry's claim
 -- (retry.lua: only an ambiguous hold has one), and keeps the outcome, if any, for
 -- the record's retention: in the record (outcome_parts) or, when longer than
@@ -912,7 +950,31 @@ local function retention_arg()
   return retention_ms
 end
 
--- ARGV[1..3] of the settling scripts (post, void): hold id, retention, outcome.
+-- ARGV[4..6] of the settling scripts: the agent whose allowance of kept answer
+-- bytes the outcome counts against ('' for none: then ARGV[5..6] are '' too), the
+-- outcome's short form (its body left out) and the allowance in bytes per UTC day;
+-- KEYS[8] is that agent's count (kept_within). A table {bytes, short}, false for
+-- none, or nil and the error reply.
+local function allowance_arg()
+  local agent, short, bytes = ARGV[4], ARGV[5], ARGV[6]
+  if agent == '' and short == '' and bytes == '' and #KEYS == 7 then
+    return false
+  end
+  if not valid_id(agent) or KEYS[8] ~= P .. 'kept:' .. agent or #KEYS ~= 8 then
+    return nil, {'bad_input', 'agent', 'must be an agent id, and KEYS[8] its kept:<agent> key'}
+  end
+  if type(short) ~= 'string' or short == '' or #short > MAX_BLOB then
+    return nil, {'bad_input', 'short', 'must be 1 byte to 1 MiB'}
+  end
+  bytes = uint(bytes, MAX_AMOUNT)
+  if not bytes then
+    return nil, {'bad_input', 'allowance', 'must be an integer in [0, 2^53-1]'}
+  end
+  return {bytes = bytes, short = short}
+end
+
+-- ARGV[1..6] of the settling scripts (post, void): hold id, retention, outcome, and
+-- the allowance it is kept within (allowance_arg, for kept_within).
 local function settle_args()
   local id, err = hold_id_arg()
   if not id then return nil, err end
@@ -922,5 +984,8 @@ local function settle_args()
   local outcome
   outcome, err = outcome_arg()
   if not outcome then return nil, err end
-  return id, retention_ms, outcome
+  local allowance
+  allowance, err = allowance_arg()
+  if allowance == nil then return nil, err end
+  return id, retention_ms, outcome, allowance
 end

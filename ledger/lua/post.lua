@@ -1,17 +1,24 @@
 -- post: record that a held effect happened and what it really cost.
 --
--- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload (_lib.lua)
+-- KEYS     accounts, journal, deadlines, ambiguous, escalated, hold, payload, and
+--          with an allowance the agent's kept answer bytes (_lib.lua)
 -- ARGV[1]  hold id
 -- ARGV[2]  retention_ms for the settled record (0 keeps it)
 -- ARGV[3]  outcome: the upstream's answer to keep for repeats ('' for none)
--- ARGV[4]  '*' then ARGV[5] the posted amount for every account, or
+-- ARGV[4..6] agent, short outcome, allowance: the outcome is kept within the agent's
+--          allowance of kept answer bytes per UTC day, else as the short one (its
+--          body left out), with KEYS[8] the agent's count ('', '', '' and no KEYS[8]:
+--          kept whole; settle_args, kept_within in _lib.lua)
+-- ARGV[7]  '*' then ARGV[8] the posted amount for every account, or
 --          n then n pairs (account id, posted amount) naming the hold's accounts
 --
 -- Returns {status, state, flags}
 --   'ok'                              posted now; flags lists `overrun` (an amount
 --                                      above the hold: the world did it, so it is
---                                      posted, never refused) and `late` (the hold
---                                      had expired and was released)
+--                                      posted, never refused), `late` (the hold
+--                                      had expired and was released) and
+--                                      `body_omitted` (the short outcome was kept:
+--                                      the agent's allowance was used up)
 --   'exists'                          already posted with these amounts: the
 --                                      hold's st is set again to 'posted' (see below)
 --   'exists_with_different_amount'    already posted with other amounts
@@ -29,17 +36,18 @@
 -- one number when it is every account's (journal_numbers).
 --
 -- Invariant: pending falls by exactly what the hold still charged, posted rises by
--- exactly the posted amounts, and the journal entry carries both. A replay ('exists')
+-- exactly the posted amounts, and the journal entry carries both. The agent's count
+-- of kept answer bytes never passes its allowance; the hold is posted either way. A replay ('exists')
 -- writes nothing but re-sets one field to its own value, so that its caller's WAIT
 -- covers the settlement it replays: WAIT / WAITAOF count the writes of their own
 -- connection, and a repeat on a fresh one that wrote nothing would be acknowledged
 -- by replicas that never received the post (the re-set is propagated after it).
 
-local id, retention_ms, outcome = settle_args()
+local id, retention_ms, outcome, allowance = settle_args()
 if not id then return retention_ms end
 local hold = load_hold_for_post(id)
 if not hold then return {'not_found', '', ''} end
-local amounts, err = amounts_for(hold, 4)
+local amounts, err = amounts_for(hold, 7)
 if not amounts then return err end
 
 if hold.st == 'posted' then
@@ -93,7 +101,12 @@ if #flag_text > 0 then
   fields[#fields + 1], fields[#fields + 2] = 'flag', flag_text
   entry[#entry + 1], entry[#entry + 2] = 'flag', flag_text
 end
-fields = settle_fields(hold.st, outcome, retention_ms, fields)
+local kept, short = kept_within(outcome, allowance)
+fields = settle_fields(hold.st, kept, retention_ms, fields)
 set_state(id, hold.st, 'posted', retention_ms, fields, hold.cr)
 journal(entry)
-return {'ok', 'posted', flag_text}
+if short then
+  -- Only in the reply: the hold's and the journal's flags are about its amounts.
+  flags[#flags + 1] = 'body_omitted'
+end
+return {'ok', 'posted', table.concat(flags, ',')}

@@ -228,11 +228,11 @@ RAW: list[tuple[str, str, list[str]]] = [
             "2.0",
         ],
     ),
-    ("post-float", "post", ["held", "0", "", "*", "1.5"]),
-    ("post-extra", "post", ["held", "0", "", "*", "1", "2"]),
-    ("post-stranger", "post", ["held", "0", "", "1", "agent:a", "1"]),
+    ("post-float", "post", ["held", "0", "", "", "", "", "*", "1.5"]),
+    ("post-extra", "post", ["held", "0", "", "", "", "", "*", "1", "2"]),
+    ("post-stranger", "post", ["held", "0", "", "", "", "", "1", "agent:a", "1"]),
     ("post-no-outcome", "post", ["held", "0"]),
-    ("void-extra", "void", ["held", "0", "", "x"]),
+    ("void-extra", "void", ["held", "0", "", "", "", "", "x"]),
     ("compensate-neg", "compensate", ["posted", "0", "*", "-1"]),
     ("approve-ttl", "approve", ["held", "0", "-1", "alice"]),
     ("sweep-zero", "sweep", ["0", "0", "0"]),
@@ -301,8 +301,8 @@ async def test_script_validates_before_writing(
                 ]
             ),
         ),
-        ("void", ["held", "0", ""]),
-        ("post", ["held", "0", "", "*", "100"]),
+        ("void", ["held", "0", "", "", "", ""]),
+        ("post", ["held", "0", "", "", "", "", "*", "100"]),
     ],
 )
 async def test_script_touches_only_the_hold_key_it_was_given(
@@ -388,8 +388,8 @@ async def test_the_api_takes_each_bound(seeded: Ledger, tenant: str) -> None:
 @pytest.mark.parametrize(
     ("operation", "args", "position"),
     [
-        ("void", ["held", "0", ""], 2),
-        ("void", ["held", "0", ""], 3),
+        ("void", ["held", "0", "", "", "", ""], 2),
+        ("void", ["held", "0", "", "", "", ""], 3),
         ("reject", ["escalated", "0", "ops", ""], 5),
         ("ambiguous", ["held", "upstream_timeout"], 4),
         ("account", ["agent:z", "10", "10", "0", "0"], 2),
@@ -427,7 +427,7 @@ async def test_script_refuses_its_own_tenants_keys_out_of_place(
     KEYS[1] the tenant's accounts: the tenant's own deadlines in the journal's place,
     or its journal in the accounts' place, is refused before anything is written (also
     after calls that checked the right keys, which Redis 7 remembers)."""
-    args = ["held", "0", ""]
+    args = ["held", "0", "", "", "", ""]
     keys = hold_script_keys(tenant, "held")
     before = await tenant_snapshot(seeded, tenant)
     swapped = [keys[0], keys[2], keys[1], *keys[3:]]

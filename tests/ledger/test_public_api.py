@@ -81,6 +81,10 @@ PUBLIC_API = {
     "SweepResult",
     "TenantSnapshot",
     "TransitionResult",
+    # an agent's allowance of answer bytes kept for its repeats, and a settlement's
+    # flag when an answer was kept without its body
+    "AnswerAllowance",
+    "BODY_OMITTED_FLAG",
     # errors
     "LedgerError",
     "BadInput",
