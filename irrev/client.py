@@ -386,9 +386,17 @@ def _answer_text(
         )
     omitted = response.headers.get("x-irrev-body-omitted")
     if omitted is not None:
+        why = (
+            "the agent's allowance of kept answers for today was used up"
+            if response.headers.get("x-irrev-body-omitted-reason") == "kept_answer_allowance"
+            else "it was too big to keep"
+        )
+        digest = response.headers.get("x-irrev-body-sha256")
         text = (
-            f"The {tool} call was made before and answered {status}; its answer's body "
-            f"({omitted} bytes) was too big to keep, so this repeat has none. "
+            f"The {tool} call was made before and answered {status}; it is not made again. "
+            f"Its answer's body ({omitted} bytes"
+            + (f", SHA-256 {digest}" if digest else "")
+            + f") was not kept because {why}, so this repeat has none. "
             "Do not call it again to see it."
         )
     if by:

@@ -244,10 +244,16 @@ class HeaderSecret(SecretSource):
     )
 
 
+# An agent's allowance of kept answer bytes per UTC day: 64 answers of the largest
+# kept body (256 KiB), or thousands of typical JSON answers of a few KB; a flooding
+# agent then adds at most 16 MiB a day for the 7 days answers are kept.
+KEPT_ANSWER_BYTES = 16 << 20
+
+
 class RequestLimits(_Model):
     """What one request, and one agent at a time, may cost the gateway before anything
-    is priced: checked on the bytes or while parsing, so that refusing a request costs
-    less than the request (docs/policy.md, "Request limits")."""
+    is priced (checked on the bytes or while parsing, so that refusing a request costs
+    less than the request), and its answers kept in Redis (docs/policy.md)."""
 
     max_body_bytes: Annotated[int, Field(strict=True, ge=1024, le=16 << 20)] = Field(
         default=256 * 1024,
@@ -264,6 +270,12 @@ class RequestLimits(_Model):
     max_in_flight: Annotated[int, Field(strict=True, ge=1, le=10_000)] = Field(
         default=16,
         description="requests of one agent in flight at once in one gateway worker",
+    )
+    kept_answer_bytes: Annotated[int, Field(strict=True, ge=0, le=1 << 40)] = Field(
+        default=KEPT_ANSWER_BYTES,
+        description="bytes of tool answers kept whole for one agent's repeats per UTC "
+        "day; past it an answer is kept without its body (status, headers, its length "
+        "and SHA-256), and a repeat says so. 0 keeps no body",
     )
 
 

@@ -146,6 +146,18 @@ HOLDS_ARCHIVED = Counter(
     "copies (ledger/archive.py)",
     ["tenant"],
 )
+BODIES_OMITTED = Counter(
+    "irrev_answer_bodies_omitted_total",
+    "Settled holds whose answer was kept without its body, by reason: too_large (over "
+    "256 KiB), kept_answer_allowance (past the agent's request_limits.kept_answer_bytes "
+    "of the UTC day); a repeat of the call gets the status, headers, length and digest",
+    ["tenant", "reason"],
+)
+BODY_BYTES_OMITTED = Counter(
+    "irrev_answer_body_bytes_omitted_total",
+    "Bytes of answer bodies not kept in Redis for repeats (irrev_answer_bodies_omitted_total)",
+    ["tenant", "reason"],
+)
 Labelled = TypeVar("Labelled", bound=MetricWrapperBase)
 _CHILDREN: dict[tuple[MetricWrapperBase, tuple[str, ...]], MetricWrapperBase] = {}
 

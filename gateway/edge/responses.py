@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from gateway.edge.advice import Retry, escalation_sentence, units_of
 from gateway.edge.problems import Problem, kept_problem
-from gateway.edge.wire import BODY_OMITTED, StoredAnswer
+from gateway.edge.wire import BODY_OMITTED, BODY_OMITTED_REASON, BODY_SHA256, StoredAnswer
 from gateway.pipeline.upstream import Answer, Fate
 from ledger import Hold, HoldState, ReserveResult
 from pricing import (
@@ -233,6 +233,14 @@ DECISION_HEADERS = frozenset(
 WITHDRAWN_ADMISSIONS = frozenset({"not_replicated", "not_fsynced"})
 
 
+# How a repeat names each note on a body its kept answer left out (wire.BODY_NOTES).
+OMITTED_HEADERS = {
+    BODY_OMITTED: "X-Irrev-Body-Omitted",
+    BODY_SHA256: "X-Irrev-Body-Sha256",
+    BODY_OMITTED_REASON: "X-Irrev-Body-Omitted-Reason",
+}
+
+
 def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:
     if stored.reason:
         # The gateway's own problem, kept for repeats: a whole problem document, marked
@@ -241,12 +249,11 @@ def stored_response(stored: StoredAnswer, extra: dict[str, str]) -> Response:
         if stored.reason in WITHDRAWN_ADMISSIONS:
             extra = {k: v for k, v in extra.items() if k not in DECISION_HEADERS}
         return kept_problem(stored.status, stored.reason, stored.body, extra).response()
-    # The gateway's own note on a body it could not keep: the backstop drops every
-    # X-Irrev-* header among the kept ones, so it goes back beside them.
-    omitted = [value for name, value in stored.headers if name == BODY_OMITTED]
-    if omitted:
-        extra = {**extra, "X-Irrev-Body-Omitted": omitted[0]}
-    return upstream_response(stored.status, stored.headers, stored.body, extra)
+    # The gateway's own notes on a body it did not keep (its length, digest and why):
+    # the backstop drops every X-Irrev-* header among the kept ones, so they go back
+    # beside them.
+    notes = {OMITTED_HEADERS[name]: value for name, value in stored.omitted().items()}
+    return upstream_response(stored.status, stored.headers, stored.body, {**extra, **notes})
 
 
 def escalated_response(policy: TenantPolicy, decided: Decided, repeat: str) -> JSONResponse:

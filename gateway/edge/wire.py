@@ -8,7 +8,7 @@ import base64
 import hashlib
 import json
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from decimal import Decimal
 from typing import Any
 
@@ -19,8 +19,15 @@ Headers = tuple[tuple[str, str], ...]
 MAX_JSON_DEPTH = 32
 DEFAULT_LIMITS = RequestLimits()
 MAX_RECORDED_BODY = 256 * 1024
-# The note a kept answer carries in place of a body over MAX_RECORDED_BODY (its length).
+# The notes a kept answer carries in place of a body it does not keep: its length, its
+# SHA-256 (hex) and why it was left out, BODY_TOO_LARGE (over MAX_RECORDED_BODY) or
+# OVER_ALLOWANCE (past its agent's request_limits.kept_answer_bytes of the day).
 BODY_OMITTED = "x-irrev-body-omitted"
+BODY_SHA256 = "x-irrev-body-sha256"
+BODY_OMITTED_REASON = "x-irrev-body-omitted-reason"
+BODY_NOTES = (BODY_OMITTED, BODY_SHA256, BODY_OMITTED_REASON)
+BODY_TOO_LARGE = "too_large"
+OVER_ALLOWANCE = "kept_answer_allowance"
 # Only headers that describe the answer's body reach the agent, live or replayed (so a
 # repeat gets what the first call got): no upstream cookies, connection or server
 # details; httpx has decoded any content-encoding, and the length is recomputed.
@@ -252,6 +259,20 @@ class StoredAnswer(_Record):
     # upstream's would be dropped with the tool's own X-Irrev-* ones).
     reason: str = ""
 
+    def without_body(self) -> StoredAnswer | None:
+        """This answer as kept past its agent's allowance of kept answer bytes: the
+        same status and headers, and instead of the body its notes (BODY_NOTES). None
+        for an answer with no body to leave out, or the gateway's own problem, whose
+        detail is its body (small, and what a repeat must say)."""
+        body = self.body
+        if not body or self.reason:
+            return None
+        return replace(self, headers=[*self.headers, *omitted(body, OVER_ALLOWANCE)], body_b64="")
+
+    def omitted(self) -> dict[str, str]:
+        """The notes on a body this answer does not keep (by name), {} if it kept it."""
+        return {name: value for name, value in self.headers if name in BODY_NOTES}
+
     def dumps(self) -> str:
         """Compact, as it is kept with every settled hold for the record's retention:
         one line of JSON with one-letter keys and no defaults (a leading content-type
@@ -323,10 +344,17 @@ class StoredAnswer(_Record):
         if len(body) > MAX_RECORDED_BODY:
             # Kept with the hold in Redis: a huge body would not fit the record, and a
             # delivered effect must still be posted. A repeat gets the status without it.
-            kept.append((BODY_OMITTED, str(len(body))))
+            kept += omitted(body, BODY_TOO_LARGE)
             body = b""
         body_b64 = base64.b64encode(body).decode()
         return cls(agent, status, kept, body_b64, route_id, *terms, reason=reason)
+
+
+def omitted(body: bytes, reason: str) -> list[tuple[str, str]]:
+    """The notes a kept answer carries in place of `body` (BODY_NOTES): enough for a
+    repeat to say what the answer was, and for the agent to check a copy it kept."""
+    digest = hashlib.sha256(body).hexdigest()
+    return [(BODY_OMITTED, str(len(body))), (BODY_SHA256, digest), (BODY_OMITTED_REASON, reason)]
 
 
 def record_of(request: str, outcome: str) -> StoredRequest | StoredAnswer | None:

@@ -15,15 +15,24 @@ from typing import Any
 
 from gateway.edge import metrics, tracing
 from gateway.edge.problems import PROBLEM_JSON, Problem
-from gateway.edge.wire import StoredAnswer, StoredRequest
+from gateway.edge.wire import (
+    BODY_OMITTED,
+    BODY_OMITTED_REASON,
+    OVER_ALLOWANCE,
+    StoredAnswer,
+    StoredRequest,
+)
 from gateway.pipeline.crashpoints import crash_point
 from gateway.pipeline.prepare import KEYLESS_NAMES, Gate, same_again
 from gateway.pipeline.upstream import Answer, Fate, Upstream
 from gateway.state.http_upstream import HTTP_KEY
 from ledger import (
+    BODY_OMITTED_FLAG,
+    AnswerAllowance,
     HoldInFlight,
     HoldState,
     LedgerUnavailable,
+    Status,
     TransitionResult,
 )
 from pricing import (
@@ -102,7 +111,7 @@ async def fire(
     metrics.child(metrics.UPSTREAM_OUTCOMES, request.tool, answer.fate).inc()
     if retry and answer.fate in (Fate.NOT_SENT, Fate.REFUSED):
         answer = unproven_retry(answer)
-    await settle(gate, policy.tenant, hold_id, request, answer, claim)
+    await settle(gate, policy, hold_id, request, answer, claim)
     return answer
 
 
@@ -140,13 +149,19 @@ def unproven_retry(answer: Answer) -> Answer:
 
 
 async def settle(
-    gate: Gate, tenant: str, hold_id: str, request: StoredRequest, answer: Answer, claim: str = ""
+    gate: Gate,
+    policy: TenantPolicy,
+    hold_id: str,
+    request: StoredRequest,
+    answer: Answer,
+    claim: str = "",
 ) -> None:
     """2xx: post at the held price (compensation returns what is recovered later);
     4xx or never sent: void (a first send only: `fire` makes a retry's unknown, see
     `unproven_retry`); in progress: nothing (the hold stays ambiguous and a later retry
     learns the result); anything else: ambiguous, still charged. `claim`: a retry's
     claim (Ledger.retry), which ends when its send ends ambiguous again."""
+    tenant = policy.tenant
     if answer.fate is Fate.IN_PROGRESS:
         log.info("still in progress upstream", extra={"hold_id": hold_id, "status": answer.status})
         try:
@@ -159,7 +174,7 @@ async def settle(
     operation = {Fate.DELIVERED: "post", Fate.UNKNOWN: "ambiguous"}.get(answer.fate, "void")
     with tracing.span("settle", tenant=tenant, hold_id=hold_id, operation=operation):
         try:
-            write = _settlement(gate, tenant, hold_id, request, answer, claim)
+            write = _settlement(gate, policy, hold_id, request, answer, claim)
             await write()
         except LedgerUnavailable as exc:
             # Known but not written (Redis away, a slot moving past the wait): written
@@ -182,16 +197,63 @@ async def settle(
 
 
 def _settlement(
-    gate: Gate, tenant: str, hold_id: str, request: StoredRequest, answer: Answer, claim: str
+    gate: Gate,
+    policy: TenantPolicy,
+    hold_id: str,
+    request: StoredRequest,
+    answer: Answer,
+    claim: str,
 ) -> Callable[[], Awaitable[Any]]:
     """The ledger write that records `answer`'s fate (settle), as a call that can be
     made again."""
+    tenant = policy.tenant
     if answer.fate is Fate.UNKNOWN:
         return partial(gate.ledger.mark_ambiguous, tenant, hold_id, answer.why, claim)
-    outcome = recorded(request, answer).dumps()
+    stored = recorded(request, answer)
+    short = stored.without_body()
+    allowance = None
+    if short is not None:
+        # Kept whole within the agent's allowance of the day, else without its body:
+        # one agent's answers must not fill the Redis its tenant's admissions need.
+        bytes_per_day = policy.document.request_limits.kept_answer_bytes
+        allowance = AnswerAllowance(request.agent, bytes_per_day, short.dumps())
+    outcome = stored.dumps()
+    write: Callable[[], Awaitable[TransitionResult]]
     if answer.fate is Fate.DELIVERED:
-        return partial(gate.ledger.post, tenant, hold_id, request.price, outcome=outcome)
-    return partial(gate.ledger.void, tenant, hold_id, outcome=outcome)
+        price = request.price
+        write = partial(
+            gate.ledger.post, tenant, hold_id, price, outcome=outcome, allowance=allowance
+        )
+    else:
+        write = partial(gate.ledger.void, tenant, hold_id, outcome=outcome, allowance=allowance)
+    return partial(_kept, tenant, hold_id, stored, write)
+
+
+async def _kept(
+    tenant: str,
+    hold_id: str,
+    stored: StoredAnswer,
+    write: Callable[[], Awaitable[TransitionResult]],
+) -> TransitionResult:
+    """A settlement `write` of the answer `stored`, counting a body it did not keep:
+    over MAX_RECORDED_BODY (wire.StoredAnswer.of), or past the agent's allowance (the
+    ledger's flag). A replayed settlement ('exists') kept nothing new."""
+    result = await write()
+    if result.status is not Status.OK:
+        return result
+    if BODY_OMITTED_FLAG in result.flags:
+        reason, size = OVER_ALLOWANCE, len(stored.body)
+        log.info(
+            "answer kept without its body: the agent's kept_answer_bytes of the day are used",
+            extra={"tenant": tenant, "hold_id": hold_id, "agent": stored.agent},
+        )
+    elif notes := stored.omitted():
+        reason, size = notes[BODY_OMITTED_REASON], int(notes[BODY_OMITTED])
+    else:
+        return result
+    metrics.child(metrics.BODIES_OMITTED, tenant, reason).inc()
+    metrics.child(metrics.BODY_BYTES_OMITTED, tenant, reason).inc(size)
+    return result
 
 
 UNREACHABLE = (

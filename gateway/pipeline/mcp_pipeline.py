@@ -11,7 +11,13 @@ from pydantic import ValidationError
 
 from gateway.edge.canonical import Canonical
 from gateway.edge.problems import Problem, kept_problem
-from gateway.edge.wire import StoredAnswer
+from gateway.edge.wire import (
+    BODY_OMITTED,
+    BODY_OMITTED_REASON,
+    BODY_SHA256,
+    OVER_ALLOWANCE,
+    StoredAnswer,
+)
 from gateway.pipeline.decision import Decision, admit
 from gateway.pipeline.prepare import (
     KEYLESS_ARGUMENTS,
@@ -93,8 +99,13 @@ def _recorded(
     if answer.reason:
         # The gateway's own refusal, kept for repeats (nothing was sent): as it was.
         return Fate.REFUSED, None, _kept_problem(answer, hold_id)
-    result = _result_of(None, answer.body)
     posted = state is not HoldState.VOIDED
+    notes = answer.omitted()
+    if notes and posted:
+        # Made, and its result not kept: said so, never "unreachable", which would
+        # tell the model that nothing was made and invite a second effect.
+        return Fate.DELIVERED, _not_kept(notes), None
+    result = _result_of(None, answer.body)
     if result is not None and (posted or result.is_error):
         return (Fate.DELIVERED if posted else Fate.REFUSED), result, None
     if not posted:
@@ -111,6 +122,24 @@ def _result_of(parsed: object, payload: bytes) -> types.CallToolResult | None:
         return types.CallToolResult.model_validate_json(payload)
     except ValidationError:
         return None
+
+
+def _not_kept(notes: dict[str, str]) -> types.CallToolResult:
+    """The result of a call made before whose result was kept without its body
+    (wire.BODY_NOTES): what the model can act on, and the digest to check a copy by."""
+    why = (
+        "the agent's allowance of kept answers for today was used up"
+        if notes[BODY_OMITTED_REASON] == OVER_ALLOWANCE
+        else "it was too large to keep"
+    )
+    text = (
+        "This call was already made, and it is not made again. Its result "
+        f"({notes[BODY_OMITTED]} bytes, SHA-256 {notes[BODY_SHA256]}) was not kept because "
+        f"{why}, so this repeat cannot show it. Do not call it again to see the result: "
+        "use the first call's result if you have it, or look the outcome up with the "
+        "tool's own read operations."
+    )
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
 
 def _kept_problem(answer: StoredAnswer, hold_id: str) -> Problem:

@@ -11,6 +11,7 @@ came and with which token), and a tool's problem+json is never a refusal."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -327,7 +328,9 @@ async def test_a_replay_of_an_answer_too_big_to_keep_says_its_body_was_left_out(
     finally:
         await client.aclose()
     assert told.ok and told.status == 200 and told.data == ""
-    assert f"({len(big)} bytes) was too big to keep" in told.text, told.text
+    digest = hashlib.sha256(big.encode()).hexdigest()
+    assert f"({len(big)} bytes, SHA-256 {digest}) was not kept" in told.text, told.text
+    assert "because it was too big to keep" in told.text, told.text
 
 
 async def test_an_unreachable_tool_is_not_made_live_or_repeated(

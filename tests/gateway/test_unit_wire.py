@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from gateway.edge.problems import PROBLEM_JSON
@@ -18,6 +19,8 @@ def test_huge_answers_are_recorded_without_their_body() -> None:
     assert stored.headers == [
         ("content-type", "text/plain"),
         ("x-irrev-body-omitted", str(len(body))),
+        ("x-irrev-body-sha256", hashlib.sha256(body).hexdigest()),
+        ("x-irrev-body-omitted-reason", "too_large"),
     ]
 
 

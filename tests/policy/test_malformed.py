@@ -269,6 +269,31 @@ CASES: list[Any] = [
         "'json' or 'form'",
         id="unknown-body-format",
     ),
+    # An agent's allowance of kept answer bytes per day: a whole number of bytes.
+    pytest.param(
+        set_path("request_limits", value={"kept_answer_bytes": -1}),
+        "request_limits.kept_answer_bytes",
+        "greater than or equal to 0",
+        id="kept-answer-bytes-negative",
+    ),
+    pytest.param(
+        set_path("request_limits", value={"kept_answer_bytes": 1.5}),
+        "request_limits.kept_answer_bytes",
+        "valid integer",
+        id="kept-answer-bytes-fraction",
+    ),
+    pytest.param(
+        set_path("request_limits", value={"kept_answer_bytes": "16MiB"}),
+        "request_limits.kept_answer_bytes",
+        "valid integer",
+        id="kept-answer-bytes-text",
+    ),
+    pytest.param(
+        set_path("request_limits", value={"kept_answer_bytes": (1 << 40) + 1}),
+        "request_limits.kept_answer_bytes",
+        "less than or equal to 1099511627776",
+        id="kept-answer-bytes-above-a-tebibyte",
+    ),
 ]
 
 
@@ -332,3 +357,10 @@ def test_an_agent_may_have_no_token_in_the_policy() -> None:
     policy = load_policy_data(data, "keys-only")
     assert set(policy.agents_by_id) == {"a1", "a2", "a3"}
     assert [a.agent_id for a in policy.agents_by_hash.values()] == ["a2"]
+
+
+def test_an_agents_kept_answer_bytes_default_to_16_mib_and_take_zero() -> None:
+    doc = base()
+    assert load_policy_data(doc, "t1.yaml").document.request_limits.kept_answer_bytes == 16 << 20
+    doc["request_limits"] = {"kept_answer_bytes": 0}
+    assert load_policy_data(doc, "t1.yaml").document.request_limits.kept_answer_bytes == 0
