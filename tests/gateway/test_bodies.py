@@ -1,7 +1,9 @@
 """Every request body is bounded before anything reads it, on every route: FastAPI
-reads a route's body parameters before its authentication runs, so an
+read a route's body parameters before its authentication ran, so an
 unauthenticated client could make a worker buffer a body of any size (the review's
-200 MB POST to /v1/holds took a worker from 218 to 619 MB)."""
+200 MB POST to /v1/holds took a worker from 218 to 619 MB). Routes now read their
+bodies once they know the caller; the bound and the deadline hold for the callers
+they read them for."""
 
 from __future__ import annotations
 
@@ -11,16 +13,19 @@ import contextlib
 import httpx
 import pytest
 
-from .conftest import MAX_BODY_BYTES, Gateway
+from .conftest import MAX_BODY_BYTES, Gateway, TenantMaker
 from .helpers import assert_problem, trickled_request
 
 # Bodies are bounded before anything reads them, so before Redis: the same on every server.
 pytestmark = pytest.mark.server_neutral
 
 MAX_POLICY_BYTES = 4 << 20  # the default IRREV_MAX_POLICY_BYTES
-# A route with a body parameter, which FastAPI reads before authentication (the
-# decision API reads its bodies once the agent is known).
-KEYS = "/v1/admin/tenants/anyone/keys"
+
+
+@pytest.fixture(scope="module")
+def keys_path(new_tenant: TenantMaker) -> str:
+    """An admin route that reads its body once the caller may act on it."""
+    return f"/v1/admin/tenants/{new_tenant('bodies').id}/keys"
 
 
 async def declared_only(base_url: str, method: str, target: str, length: int) -> bytes:
@@ -59,9 +64,9 @@ async def test_a_declared_body_over_the_bound_is_refused_unread(
     assert b"body_too_large" in answer
 
 
-async def test_a_chunked_body_is_cut_at_the_bound(gateway: Gateway) -> None:
-    """No Content-Length: the body is counted as it arrives and refused once past the
-    bound, whoever sent it (the answer is read while sending: the server closes the
+async def test_a_chunked_body_is_cut_at_the_bound(gateway: Gateway, keys_path: str) -> None:
+    """No Content-Length: an admin's body is counted as it arrives and refused once
+    past the bound (the answer is read while sending: the server closes the
     connection on a body it will not read)."""
     url = httpx.URL(gateway.url)
     reader, writer = await asyncio.open_connection(url.host, url.port)
@@ -80,7 +85,8 @@ async def test_a_chunked_body_is_cut_at_the_bound(gateway: Gateway) -> None:
     answering = asyncio.create_task(answer_of())
     try:
         head = (
-            f"POST {KEYS} HTTP/1.1\r\nHost: {url.host}\r\n"
+            f"POST {keys_path} HTTP/1.1\r\nHost: {url.host}\r\n"
+            f"Authorization: {gateway.admin['Authorization']}\r\n"
             "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
         )
         writer.write(head.encode())
@@ -107,14 +113,14 @@ async def test_a_body_within_the_bound_still_reaches_the_route(
     assert_problem(response, 401, "unauthenticated")
 
 
-async def test_a_trickled_body_is_cut_at_the_deadline_before_authentication(
-    gateway: Gateway,
+async def test_an_admins_trickled_body_is_cut_at_the_deadline(
+    gateway: Gateway, keys_path: str
 ) -> None:
-    """IRREV_BODY_TIMEOUT_S holds on the admin API too, whose body parameters are read
-    before authentication: a slow client cannot hold a worker there either."""
+    """IRREV_BODY_TIMEOUT_S holds on the admin API too: a slow client, even one with a
+    token, cannot hold a worker there either."""
     body = b'{"note": "' + b"x" * 200 + b'"}'
-    headers = {"Content-Type": "application/json"}
-    status, problem = await trickled_request(gateway.url, KEYS, headers, body)
+    headers = {"Content-Type": "application/json", **gateway.admin}
+    status, problem = await trickled_request(gateway.url, keys_path, headers, body)
     assert (status, problem["reason"]) == (408, "body_timeout")
 
 
