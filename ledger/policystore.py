@@ -1,7 +1,9 @@
 """The fleet's policy store: each tenant's policy text under a version in Redis
 (`irrev:{tenant}:policy`), which every gateway host serves, whatever its own files
-say. A write is a compare-and-set on the version the writer read (policy_put.lua),
-so a host that read an older version never overwrites a newer one; versions are
+say. A write is a compare-and-set on the version the writer read, its number and its
+digest (policy_put.lua), so a host that read an older version never overwrites a
+newer one, nor one that read a version a failover lost the version written in its
+place under the same number; versions are
 stamped by Redis's clock, kept in a history (the last POLICY_HISTORY), and each
 host's file is remembered as the host last read it (its source), the base from
 which its next edit is measured (docs/design.md, "Policy changes"). Every write then
@@ -53,12 +55,13 @@ class PolicyRecord:
 
 @dataclass(frozen=True, slots=True)
 class PutResult:
-    """`won`: the store now holds the text at `version`; else another writer's
-    `version` is there, to read again before deciding anew."""
+    """`won`: the store now holds the text at `version` (`digest`); else another
+    writer's `version` is there, to read again before deciding anew."""
 
     won: bool
     version: int
     stamp_ms: int
+    digest: str
 
 
 class PolicyStore:
@@ -156,25 +159,29 @@ class PolicyStore:
         tenant: str,
         *,
         expected: int,
+        expected_digest: str,
         digest: str,
         text: str,
         origin: str,
         source: str = "",
         source_text: str = "",
     ) -> PutResult:
-        """Write `text` over version `expected` (0: none yet), stamped with Redis's
-        time; `source` (a host's file) read `source_text`, its next edit's base.
+        """Write `text` over version `expected` whose digest is `expected_digest` (0
+        and '': none yet), stamped with Redis's time; `source` (a host's file) read
+        `source_text`, its next edit's base.
         LedgerUnavailable only if the write itself failed: once it landed, a failed
         epoch bump or announcement is logged, not raised (changes.tell)."""
         tenant = validate.tenant_id(tenant)
         keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
-        args = [str(expected), digest, text, origin, source, source_text, str(POLICY_HISTORY)]
+        args = [str(expected), expected_digest, digest, text, origin, source, source_text]
+        args.append(str(POLICY_HISTORY))
         with translate_redis_errors("writing a policy"):
             reply = await self.topology.through_migration(lambda: self._put(keys=keys, args=args))
-            won, version, stamp = (int(part) for part in reply)
+            won, version, stamp = (int(part) for part in reply[:3])
+            stored = reply[3].decode() if isinstance(reply[3], bytes) else str(reply[3])
         if won and version != expected:  # else the store held this text already
             await tell(self.redis, POLICY_EPOCH_KEY, "policy")
-        return PutResult(bool(won), version, stamp)
+        return PutResult(bool(won), version, stamp, stored)
 
     async def announce(self, what: str) -> None:
         """Tell every subscribed gateway (ledger/changes.py) that `what` changed:

@@ -108,6 +108,7 @@ NEXT_STEPS: dict[str, tuple[Retry, str]] = {
     "invalid_policy": (Retry.FIX, "Correct the policy and upload it again; nothing was applied."),
     "base_required": (Retry.FIX, "Nothing was applied."),
     "bad_if_match": (Retry.FIX, "Nothing was applied."),
+    "if_match_without_digest": (Retry.FIX, "Nothing was applied."),
     "unknown_version": (Retry.FIX, "Nothing was applied."),
     "version_forgotten": (Retry.FIX, "Nothing was applied."),
     "policy_conflict": (Retry.FIX, "Nothing was applied."),

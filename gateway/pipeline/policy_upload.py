@@ -10,13 +10,18 @@ from gateway.edge.auth import AdminIdentity
 from gateway.edge.problems import Problem
 from gateway.pipeline.prepare import Gate
 from gateway.state.policies import PolicyLoadError
-from gateway.state.policy_changes import ChangeRefused
+from gateway.state.policy_changes import ChangeRefused, StoreVersion
 from gateway.state.tenants import Uploaded
 from pricing import PolicyError
 
 
 async def store_upload(
-    request: Request, admin: AdminIdentity, tenant: str, text: str, base: int | None, origin: str
+    request: Request,
+    admin: AdminIdentity,
+    tenant: str,
+    text: str,
+    base: StoreVersion | None,
+    origin: str,
 ) -> Uploaded:
     """`TenantStore.upload`, its refusals answered as problems: the one way a policy
     change is written, whoever makes it (an upload, a suspension)."""
@@ -28,12 +33,14 @@ async def store_upload(
     except PolicyLoadError as exc:
         raise load_problem(request, exc, admin, "the policy was not applied") from exc
     except ChangeRefused as exc:
+        # The store's version to start again from; none when the store holds none.
+        etag = {"ETag": exc.current.etag} if exc.current.number else {}
         raise Problem(
             exc.status,
             exc.reason,
             exc.detail,
-            headers={"ETag": f'"{exc.current}"'},
-            current_version=exc.current,
+            headers=etag,
+            current_version=exc.current.number,
             **({"fields": exc.fields} if exc.fields else {}),
         ) from exc
     except ValueError as exc:

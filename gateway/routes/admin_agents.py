@@ -18,6 +18,7 @@ from gateway.edge.bodies import Note, body_schema, read_model
 from gateway.edge.problems import Problem
 from gateway.pipeline.policy_upload import store_upload
 from gateway.pipeline.prepare import Gate
+from gateway.state.policy_changes import StoreVersion
 from gateway.state.suspensions import UnknownAgent, agent_fields, with_suspension
 from pricing import AdminRole, Suspension, SuspensionReason, rfc3339
 
@@ -80,12 +81,13 @@ async def _set_suspension(
         # Said again (an answer lost, two operators at once): as it is, nothing written.
         return _view(tenant, agent, before, changed=False, version=record.version)
     changed = with_suspension(record.text, source, agent, suspension)
-    uploaded = await store_upload(request, admin, tenant, changed, record.version, origin)
+    base = StoreVersion(record.version, record.digest)
+    uploaded = await store_upload(request, admin, tenant, changed, base, origin)
     log.info(
         "agent suspended" if suspension else "agent resumed",
         extra={"tenant": tenant, "agent": agent, "admin": admin.name, "origin": origin},
     )
-    return _view(tenant, agent, suspension, changed=True, version=uploaded.version)
+    return _view(tenant, agent, suspension, changed=True, version=uploaded.version.number)
 
 
 @router.post("/tenants/{tenant}/agents/{agent}/suspend", openapi_extra=body_schema(SuspendBody))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 from typing import Annotated, Any, Literal
 
@@ -23,6 +24,7 @@ from gateway.pipeline.policy_upload import load_problem, not_applied, store_uplo
 from gateway.pipeline.prepare import Gate
 from gateway.state.events import amount_and_text, currency
 from gateway.state.policies import PolicyLoadError
+from gateway.state.policy_changes import StoreVersion
 from ledger import POLICY_HISTORY, BadInput, Rule, UnknownAccount
 from pricing import (
     OPERATOR_FIELDS,
@@ -66,11 +68,13 @@ async def tenants(request: Request, admin: Admin) -> list[dict[str, Any]]:
 async def show_policy(request: Request, tenant: str, admin: Admin) -> Response:
     """The policy this host serves, as JSON, or as its YAML text with `Accept:
     application/yaml` (what to edit and send back: a change is measured against the
-    text it was made from). Its ETag is its version in the fleet's policy store, for
+    text it was made from). Its ETag is its version in the fleet's policy store, its
+    number and its text's digest (`"7-<digest>"`; 0: the store holds none yet), for
     the If-Match of the change made from it."""
     policy = policy_of(request, tenant, admin)
     served = Gate.of(request).tenants.served(tenant)
-    headers = {"ETag": f'"{served.version}"'} if served is not None else {}
+    version = StoreVersion(served.version, served.file.version) if served else None
+    headers = {"ETag": version.etag} if version is not None else {}
     if "yaml" in request.headers.get("accept", "") and served is not None:
         return Response(served.file.text, media_type="application/yaml", headers=headers)
     return JSONResponse(policy.document.model_dump(mode="json", by_alias=True), headers=headers)
@@ -100,20 +104,34 @@ async def policy_history(
     ]
 
 
-def _base_version(request: Request) -> int | None:
-    """The store version an upload was made from: its If-Match (None without one)."""
+# An ETag as GET .../policy gives it: the version's number and its text's digest.
+_ETAG = re.compile(r"(\d{1,18})-([0-9a-f]{1,64})")
+
+
+def _base_version(request: Request) -> StoreVersion | None:
+    """The store version an upload was made from: its If-Match (None without one). A
+    number alone (an ETag of before versions named their digest) is refused: after a
+    failover that lost that version, another version has its number."""
     values = request.headers.getlist("if-match")
     if not values:
         return None
     tag = values[0].strip().removeprefix("W/").strip('"')
-    if len(values) > 1 or not tag.isascii() or not tag.isdigit() or len(tag) > 18:
+    if len(values) == 1 and (found := _ETAG.fullmatch(tag)):
+        return StoreVersion(int(found.group(1)), found.group(2))
+    if len(values) == 1 and tag.isascii() and tag.isdigit() and len(tag) <= 18:
         raise Problem(
-            400,
-            "bad_if_match",
-            "send one If-Match header holding the ETag of the policy version your change "
-            'was made from (e.g. If-Match: "7"), as GET .../policy gives it',
+            412,
+            "if_match_without_digest",
+            f"If-Match names version {int(tag)} by its number alone, which a Redis "
+            "failover can give to another version; nothing was applied: GET the policy "
+            'and send your change with If-Match set to its ETag (e.g. "7-3f2a9c1b0d4e")',
         )
-    return int(tag)
+    raise Problem(
+        400,
+        "bad_if_match",
+        "send one If-Match header holding the ETag of the policy version your change "
+        'was made from (e.g. If-Match: "7-3f2a9c1b0d4e"), as GET .../policy gives it',
+    )
 
 
 def operator_changes(current: PolicyDocument, proposed: PolicyDocument) -> list[str]:
@@ -168,9 +186,10 @@ async def upload_policy(
             )
     base = _base_version(request)
     uploaded = await store_upload(request, admin, tenant, text, base, f"upload {admin.name}")
-    response.headers["ETag"] = f'"{uploaded.version}"'
+    response.headers["ETag"] = uploaded.version.etag
     pending = {"limits": "pending"} if uploaded.limits_pending else {}
-    return {"tenant": tenant, "status": "applied", "version": uploaded.version, **pending}
+    version = uploaded.version.number
+    return {"tenant": tenant, "status": "applied", "version": version, **pending}
 
 
 @router.post("/policies/reload")

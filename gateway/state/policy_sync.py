@@ -24,6 +24,7 @@ from gateway.state.policies import (
     merge_edit,
     policy_version,
 )
+from gateway.state.policy_changes import StoreVersion
 from ledger import POLICY_HISTORY, Ledger, PolicyRecord, TenantEscrowed
 from ledger import AccountSpec as LedgerAccount
 from pricing import Finding, PolicyError, TenantPolicy, load_policy_text
@@ -219,10 +220,10 @@ async def _write_edit(
         merged, overridden = text, list[str]()
         if record is not None and base is not None:
             merged, overridden = merge_edit(base, text, record.text, str(path))
-        version = record.version if record is not None else 0
         result = await ledger.policies.put(
             tenant,
-            expected=version,
+            expected=record.version if record is not None else 0,
+            expected_digest=record.digest if record is not None else "",
             digest=policy_version(merged),
             text=merged,
             origin=origin,
@@ -385,19 +386,24 @@ def _version_of(chosen: dict[Path, InForce], tenant: str) -> str | None:
 
 
 async def merged_upload(
-    ledger: Ledger, tenant: str, text: str, base: int, record: PolicyRecord
+    ledger: Ledger, tenant: str, text: str, base: StoreVersion, record: PolicyRecord
 ) -> str:
     """`text`, made from version `base`, as a change of `record` (the store's
-    newer version): its changed fields written over `record`'s."""
-    if base > record.version or base < 1:
-        raise policy_changes.unknown_version(base, record.version)
-    made_from = await ledger.policies.version(tenant, base)
+    newer version): its changed fields written over `record`'s. A `base` whose
+    number the store holds under another digest is one it never held (a failover
+    lost it): what the change was made from is unknown, so nothing can be merged."""
+    current = StoreVersion(record.version, record.digest)
+    if base.number > record.version or base.number < 1:
+        raise policy_changes.unknown_version(base, current)
+    made_from = await ledger.policies.version(tenant, base.number)
     if made_from is None:
-        raise policy_changes.version_forgotten(base, record.version, POLICY_HISTORY)
+        raise policy_changes.version_forgotten(base, current, POLICY_HISTORY)
+    if made_from.digest != base.digest:
+        raise policy_changes.unknown_version(base, current)
     source = f"uploaded policy of {tenant}"
     merged, overridden = merge_edit(made_from.text, text, record.text, source)
     if overridden:
-        raise policy_changes.contended(base, record.version, overridden)
+        raise policy_changes.contended(base, current, overridden)
     return merged
 
 

@@ -30,6 +30,7 @@ from gateway.state.policies import (
     policy_version,
     read_policy_files,
 )
+from gateway.state.policy_changes import NO_VERSION, StoreVersion
 from gateway.state.policy_sync import InForce
 from gateway.state.supervision import Supervision
 from gateway.state.upstreams import Upstreams
@@ -113,7 +114,7 @@ class Uploaded:
     limits to be written at the next look."""
 
     policy: TenantPolicy
-    version: int
+    version: StoreVersion
     limits_pending: bool = False
 
 
@@ -440,7 +441,7 @@ class TenantStore:
         self._settled = settled
 
     async def upload(
-        self, ledger: Ledger, tenant: str, text: str, base: int | None, origin: str
+        self, ledger: Ledger, tenant: str, text: str, base: StoreVersion | None, origin: str
     ) -> Uploaded:
         """Validate a policy made from the store's version `base` (the ETag its maker
         read; None: not said) and write it into the store, then serve it. Once stored
@@ -458,21 +459,27 @@ class TenantStore:
         target = self.file_of(tenant)
         for _ in range(policy_sync.EDIT_ATTEMPTS):
             record = (await ledger.policies.records([tenant])).get(tenant)
-            current = record.version if record is not None else 0
+            current = StoreVersion(record.version, record.digest) if record else NO_VERSION
             if base is None:
                 raise policy_changes.base_required(current)
             merged = text
             if record is not None and base != current:
                 merged = await policy_sync.merged_upload(ledger, tenant, text, base, record)
-            elif record is None and base != 0:
+            elif record is None and base.number != 0:
                 raise policy_changes.unknown_version(base, current)
             proposed = load_policy_text(merged, f"uploaded policy of {tenant}")
             policy_sync.check_upload(self._in_force, target, proposed, self.budget)
             result = await ledger.policies.put(
-                tenant, expected=current, digest=policy_version(merged), text=merged, origin=origin
+                tenant,
+                expected=current.number,
+                expected_digest=current.digest,
+                digest=policy_version(merged),
+                text=merged,
+                origin=origin,
             )
             if not result.won:
                 continue
+            stored = StoreVersion(result.version, result.digest)
             try:
                 await self.apply(ledger)
             except LedgerUnavailable as exc:
@@ -480,8 +487,8 @@ class TenantStore:
                     "policy stored; its limits are written at the next look",
                     extra={"tenant": tenant, "version": result.version, "why": str(exc)},
                 )
-                return Uploaded(policy, result.version, limits_pending=True)
-            return Uploaded(self.policies.get(tenant, policy), result.version)
+                return Uploaded(policy, stored, limits_pending=True)
+            return Uploaded(self.policies.get(tenant, policy), stored)
         raise policy_changes.busy(current)
 
     def file_of(self, tenant: str) -> Path:

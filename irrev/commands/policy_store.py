@@ -21,8 +21,10 @@ from irrev.cli import CliError, bounded
 from ledger import POLICY_HISTORY
 from pricing import PolicyError, parse_yaml
 
-# The first line of a pulled file: which store version it holds.
-HEADER = re.compile(r"^# irrev: version (\d+) of tenant (\S+)\n")
+# The first line of a pulled file: which store version it holds, by its ETag
+# (`7-<digest>`). A file pulled before ETags named the digest says the number alone:
+# pushed, it is refused (if_match_without_digest), and is to be pulled again.
+HEADER = re.compile(r"^# irrev: version (\d+(?:-[0-9a-f]+)?) of tenant (\S+)\n")
 
 
 def configure(commands: Any) -> None:
@@ -42,7 +44,9 @@ def configure(commands: Any) -> None:
         "pull header (or --base) names",
     )
     push.add_argument("file", type=Path, metavar="FILE", help="a pulled file, edited")
-    push.add_argument("--base", type=int, help="the store version the file was made from")
+    push.add_argument(
+        "--base", help="the store version the file was made from: its ETag, e.g. 7-3f2a9c1b0d4e"
+    )
     add_connection(push)
     push.set_defaults(func=cmd_push)
 
@@ -65,22 +69,28 @@ def configure(commands: Any) -> None:
     history.set_defaults(func=cmd_history)
 
 
-def _stored(client: httpx.Client, tenant: str) -> tuple[str, int]:
+def _stored(client: httpx.Client, tenant: str) -> tuple[str, str]:
+    """The store's version of `tenant`'s policy: its text and its ETag (unquoted)."""
     url = path("v1", "admin", "tenants", tenant, "policy")
     response = call(client, "GET", url, headers={"Accept": "application/yaml"})
-    return response.text, int(response.headers.get("etag", '"0"').strip('"'))
+    return response.text, response.headers.get("etag", '"0"').strip('"')
 
 
-def _read(path: Path) -> tuple[str, int | None, str]:
+def _number(etag: str) -> int:
+    """A store version's number, from its ETag (`7-<digest>`)."""
+    return int(etag.partition("-")[0])
+
+
+def _read(path: Path) -> tuple[str, str | None, str]:
     """The file's policy text (without its pull header), the version the header
-    names, and its tenant."""
+    names (its ETag), and its tenant."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise CliError(f"{path}: cannot read it: {exc}") from None
     base = None
     if found := HEADER.match(text):
-        base, text = int(found.group(1)), text[found.end() :]
+        base, text = found.group(1), text[found.end() :]
     try:
         data = parse_yaml(text, str(path))
     except PolicyError as exc:
@@ -93,12 +103,13 @@ def _read(path: Path) -> tuple[str, int | None, str]:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     with connect(args) as client:
-        text, version = _stored(client, args.tenant)
-    pulled = f"# irrev: version {version} of tenant {args.tenant}\n{text}"
+        text, etag = _stored(client, args.tenant)
+    pulled = f"# irrev: version {etag} of tenant {args.tenant}\n{text}"
     if args.output is not None:
         args.output.write_text(pulled, encoding="utf-8")
+    version = _number(etag)
     if args.json:
-        print(json.dumps({"tenant": args.tenant, "version": version, "text": text}))
+        print(json.dumps({"tenant": args.tenant, "version": version, "etag": etag, "text": text}))
     elif args.output is None:
         sys.stdout.write(pulled)
     else:
@@ -111,7 +122,7 @@ def cmd_push(args: argparse.Namespace) -> int:
     base = args.base if args.base is not None else pulled
     if base is None:
         raise CliError(
-            f"{args.file}: say which store version it was made from: --base N, or "
+            f"{args.file}: say which store version it was made from: --base ETAG, or "
             f"`irrev policy pull {tenant} -o FILE` and edit that"
         )
     with connect(args) as client:
@@ -133,7 +144,8 @@ def cmd_push(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     text, _, tenant = _read(args.file)
     with connect(args) as client:
-        stored, version = _stored(client, tenant)
+        stored, etag = _stored(client, tenant)
+    version = _number(etag)
     lines = list(
         difflib.unified_diff(
             stored.splitlines(keepends=True),

@@ -300,7 +300,8 @@ async def write_without_epoch_bump(ledger: Ledger, tenant: str, text: str) -> No
     record = (await ledger.policies.records([tenant]))[tenant]
     source = files("ledger.lua").joinpath("policy_put.lua").read_text(encoding="utf-8")
     put = ledger.redis.register_script(source)
-    args = [str(record.version), policy_version(text), text, "a writer that died", "", "", "5"]
+    args = [str(record.version), record.digest, policy_version(text), text, "a writer that died"]
+    args += ["", "", "5"]
     keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
-    won, _, _ = await put(keys=keys, args=args)
+    won, *_ = await put(keys=keys, args=args)
     assert int(won) == 1

@@ -11,18 +11,25 @@ which read that write, then talks to the replica as the new primary."""
 from __future__ import annotations
 
 import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import httpx
 import redis
 import yaml
 
+from gateway.app import create_app
+from gateway.settings import GatewaySettings
 from gateway.state.keyring import Keyring
 from gateway.state.tenants import TenantStore
 from ledger import ChangeFeed, KeyKind, KeySpec, Ledger
 from pricing.credentials import hash_token
 from tests.conftest import ReplicatedRedis
 
+from .helpers import assert_problem
 from .servers import write_policy
+from .test_policy_changes import as_stored, with_tenant_limit
 
 AGENT = KeySpec(kind=KeyKind.AGENT, agent="buyer-01", owner="ops")
 
@@ -101,7 +108,9 @@ async def test_a_token_revoked_after_a_failover_that_lost_a_policy_write_is_refu
         document = yaml.safe_load(v1.text)
         document["accounts"]["tenant"]["limit"] = "1234"
         lost = yaml.safe_dump(document, sort_keys=False)
-        await TenantStore(tmp_path / "h", instance="host-a").upload(old, tenant, lost, 1, "a")
+        await TenantStore(tmp_path / "h", instance="host-a").upload(
+            old, tenant, lost, as_stored(v1), "a"
+        )
         feed = HeardFeed()
         feed.told()
         await host.refresh(old, feed, 30.0, 30.0)
@@ -113,7 +122,7 @@ async def test_a_token_revoked_after_a_failover_that_lost_a_policy_write_is_refu
         revoking = yaml.safe_dump(document, sort_keys=False)
         admin = TenantStore(tmp_path / "h", instance="host-c")
         await admin.load(new)
-        await admin.upload(new, tenant, revoking, 1, "c")
+        await admin.upload(new, tenant, revoking, as_stored(v1), "c")
         assert admin.authenticate(token) is None
         feed.told()
         await host.refresh(new, feed, 30.0, 30.0)
@@ -121,3 +130,51 @@ async def test_a_token_revoked_after_a_failover_that_lost_a_policy_write_is_refu
     finally:
         await old.aclose()
         await new.aclose()
+
+
+@asynccontextmanager
+async def admin_api(url: str, policies: Path, token: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A gateway on `url` in this process, and an admin's client of it."""
+    settings = GatewaySettings(policy_dir=policies, admin_tokens=f"ops={token}")
+    app = create_app(settings, url)
+    transport = httpx.ASGITransport(app=app)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://gateway", headers=headers) as http,
+    ):
+        yield http
+
+
+async def test_an_upload_made_from_a_version_a_failover_lost_is_refused(
+    replicated_redis: ReplicatedRedis, tenant: str, tmp_path: Path
+) -> None:
+    """Version 2 lands on the old primary only; the new primary's own version 2
+    revokes a token. An upload made from the lost version 2 names it by its ETag: were
+    that its number alone, the new version 2 would match, and the upload would put
+    the revoked token back with no conflict said."""
+    write_policy(tmp_path / "p", "procurement", tenant, "http://127.0.0.1:9")
+    admin_token = secrets.token_urlsafe(16)
+    url = f"/v1/admin/tenants/{tenant}/policy"
+    yaml_only = {"Accept": "application/yaml"}
+    async with admin_api(replicated_redis.primary.url, tmp_path / "p", admin_token) as old:
+        fail_over(replicated_redis)
+        v1 = await old.get(url, headers=yaml_only)
+        raised = with_tenant_limit(v1.text, "4321")
+        lost = await old.put(url, content=raised, headers={"If-Match": v1.headers["etag"]})
+        assert lost.status_code == 200 and lost.json()["version"] == 2, lost.text
+        made_from_lost = (await old.get(url, headers=yaml_only)).headers["etag"]
+    async with admin_api(replicated_redis.replica.url, tmp_path / "p", admin_token) as new:
+        shown = await new.get(url, headers=yaml_only)
+        document = yaml.safe_load(shown.text)
+        document["agents"]["buyer-01"]["token_sha256"] = hash_token("revoked")
+        revoking = yaml.safe_dump(document, sort_keys=False)
+        revoked = await new.put(url, content=revoking, headers={"If-Match": shown.headers["etag"]})
+        assert revoked.status_code == 200 and revoked.json()["version"] == 2, revoked.text
+        again = with_tenant_limit(raised, "4322")
+        refused = await new.put(url, content=again, headers={"If-Match": made_from_lost})
+        assert_problem(refused, 412, "unknown_version")
+        served = yaml.safe_load((await new.get(url, headers=yaml_only)).text)
+        assert served["agents"]["buyer-01"]["token_sha256"] == hash_token("revoked")
+        listed = await new.get(f"{url}/history", params={"limit": 1})
+        assert listed.json()[0]["version"] == 2

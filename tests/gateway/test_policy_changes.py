@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from gateway.state.policies import policy_version
-from gateway.state.policy_changes import VersionForgotten
+from gateway.state.policy_changes import StoreVersion, VersionForgotten
 from gateway.state.tenants import TenantStore
-from ledger import POLICY_HISTORY, AccountSpec, Ledger
+from ledger import POLICY_HISTORY, AccountSpec, Ledger, PolicyRecord
 from pricing.credentials import hash_token
 
 from .conftest import Gateway, TenantMaker
@@ -41,6 +41,11 @@ async def ledger(redis_url: str) -> AsyncIterator[Ledger]:
     ledger = Ledger.from_url(redis_url)
     yield ledger
     await ledger.aclose()
+
+
+def as_stored(record: PolicyRecord) -> StoreVersion:
+    """The version `record` is, as its ETag names it: a change made from it names it so."""
+    return StoreVersion(record.version, record.digest)
 
 
 def edit(path: Path, change: Any) -> None:
@@ -222,15 +227,22 @@ async def test_an_upload_from_a_forgotten_version_is_refused(
 ) -> None:
     [store] = await hosts(ledger, tmp_path, tenant, 1)
     text = (tmp_path / "h0" / f"{tenant}.yaml").read_text()
+    digest = policy_version(text)
     for version in range(1, POLICY_HISTORY + 1):
         changed = text.replace("limit: '1000'", f"limit: '{2000 + version}'")
         put = await ledger.policies.put(
-            tenant, expected=version, digest=policy_version(changed), text=changed, origin="t"
+            tenant,
+            expected=version,
+            expected_digest=digest,
+            digest=policy_version(changed),
+            text=changed,
+            origin="t",
         )
         assert put.won
+        digest = put.digest
     with pytest.raises(VersionForgotten) as refused:
-        await store.upload(ledger, tenant, text, 1, "test")
-    assert refused.value.current == POLICY_HISTORY + 1
+        await store.upload(ledger, tenant, text, StoreVersion(1, policy_version(text)), "test")
+    assert refused.value.current == StoreVersion(POLICY_HISTORY + 1, digest)
 
 
 # -- the admin API ---------------------------------------------------------------
@@ -251,7 +263,9 @@ async def test_an_upload_names_the_version_it_was_made_from(
     tenant = policy_changes_tenant.id
     url = f"/v1/admin/tenants/{tenant}/policy"
     shown = await served_yaml(http, gateway, tenant)
-    version = int(shown.headers["etag"].strip('"'))
+    etag = shown.headers["etag"]
+    version = int(etag.strip('"').partition("-")[0])
+    assert etag == f'"{version}-{policy_version(shown.text)}"'
     base = yaml.safe_load(shown.text)
 
     async def put(document: dict[str, Any], if_match: str | None) -> httpx.Response:
@@ -262,18 +276,23 @@ async def test_an_upload_names_the_version_it_was_made_from(
 
     body = assert_problem(await put(base, None), 428, "base_required")
     assert body["current_version"] == version
-    for bad in ('"seven"', '"1", "2"', '"-1"'):
+    for bad in ('"seven"', '"1", "2"', '"-1"', f'"{version}-"', f'"{version}-XYZ"'):
         assert_problem(await put(base, bad), 400, "bad_if_match")
-    assert_problem(await put(base, f'"{version + 5}"'), 412, "unknown_version")
+    # Its number alone, as ETags were: another version may have it after a failover.
+    bare = assert_problem(await put(base, f'"{version}"'), 412, "if_match_without_digest")
+    assert "GET the policy" in bare["detail"]
+    digest = policy_version(shown.text)
+    assert_problem(await put(base, f'"{version + 5}-{digest}"'), 412, "unknown_version")
+    assert_problem(await put(base, f'"{version}-{"0" * 12}"'), 412, "unknown_version")
 
     first = yaml.safe_load(shown.text)
     first["accounts"]["principals"]["platform"]["limit"] = "12345"
-    applied = await put(first, f'"{version}"')
+    applied = await put(first, etag)
     assert applied.status_code == 200 and applied.json()["version"] == version + 1, applied.text
     # Made from the same (now older) version, changing another field: merged.
     second = yaml.safe_load(shown.text)
     second["agents"]["buyer-02"]["token_sha256"] = hash_token("new")
-    merged = await put(second, f'"{version}"')
+    merged = await put(second, etag)
     assert merged.status_code == 200 and merged.json()["version"] == version + 2, merged.text
     now = yaml.safe_load((await served_yaml(http, gateway, tenant)).text)
     assert now["accounts"]["principals"]["platform"]["limit"] == "12345"
@@ -281,9 +300,12 @@ async def test_an_upload_names_the_version_it_was_made_from(
     # Made from it, changing the field the first upload changed: refused, nothing applied.
     third = yaml.safe_load(shown.text)
     third["accounts"]["principals"]["platform"]["limit"] = "99"
-    refused = assert_problem(await put(third, f'"{version}"'), 409, "policy_conflict")
+    conflict = await put(third, etag)
+    refused = assert_problem(conflict, 409, "policy_conflict")
     assert refused["fields"] == ["accounts.principals.platform.limit"]
     assert refused["current_version"] == version + 2
+    now_shown = await served_yaml(http, gateway, tenant)
+    assert conflict.headers["etag"] == now_shown.headers["etag"]
     history = await http.get(f"{url}/history", headers=gateway.admin, params={"limit": 3})
     assert [h["version"] for h in history.json()] == [version + 2, version + 1, version]
     assert history.json()[0]["origin"] == "upload operator:ops"
@@ -306,10 +328,17 @@ async def test_a_host_that_missed_a_version_serves_the_next_under_its_own_number
     v1 = (await ledger.policies.records([tenant]))[tenant]
     served = b.served(tenant)
     assert served is not None and served.version == 1
-    await a.upload(ledger, tenant, with_tenant_limit(v1.text, "999999"), 1, "raise")
+    raised = await a.upload(
+        ledger, tenant, with_tenant_limit(v1.text, "999999"), as_stored(v1), "raise"
+    )
     assert await tenant_limit(ledger, tenant) == 999999 * 10**6
     put = await ledger.policies.put(
-        tenant, expected=2, digest=policy_version(v1.text), text=v1.text, origin="revert"
+        tenant,
+        expected=2,
+        expected_digest=raised.version.digest,
+        digest=policy_version(v1.text),
+        text=v1.text,
+        origin="revert",
     )
     assert put.won and put.version == 3
     await b.apply(ledger)
@@ -337,7 +366,8 @@ async def test_a_restarted_host_that_cannot_use_the_stores_version_serves_no_cop
     document["agents"]["buyer-01"]["token_sha256"] = hash_token("revoked")
     tool = next(iter(document["tools"]))
     document["tools"][tool]["credentials"] = {"X-Key": {"env": "SUPPLIER_TEST_KEY"}}
-    await a.upload(ledger, tenant, yaml.safe_dump(document, sort_keys=False), 1, "operator")
+    base = StoreVersion(1, policy_version(stale))
+    await a.upload(ledger, tenant, yaml.safe_dump(document, sort_keys=False), base, "operator")
     assert a.authenticate(token) is None
     monkeypatch.delenv("SUPPLIER_TEST_KEY")
     restarted = TenantStore(tmp_path / "h", instance="host-h")

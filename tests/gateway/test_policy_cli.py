@@ -47,8 +47,9 @@ def test_pull_edit_push_diff_history(
         pulled = irrev(gateway, "pull", tenant, "-o", path)
         assert pulled.returncode == 0, pulled.stderr
     header = mine.read_text().partition("\n")[0]
-    version = int(header.split()[3])
-    assert header == f"# irrev: version {version} of tenant {tenant}"
+    etag = header.split()[3]
+    version = int(etag.partition("-")[0])
+    assert header == f"# irrev: version {etag} of tenant {tenant}"
     assert irrev(gateway, "diff", mine).returncode == 0  # as stored
 
     def change(path: Path, field: str, value: str) -> None:
@@ -62,7 +63,7 @@ def test_pull_edit_push_diff_history(
     assert differs.returncode == 1 and "4321" in differs.stdout
     pushed = irrev(gateway, "push", mine)
     assert pushed.returncode == 0, pushed.stderr
-    assert f"version {version + 1} (made from {version})" in pushed.stdout
+    assert f"version {version + 1} (made from {etag})" in pushed.stdout
     # Another person's copy, from the same version: another field merges ...
     change(theirs, "facilities", "765")
     assert irrev(gateway, "push", theirs).returncode == 0
@@ -87,8 +88,12 @@ def test_bad_calls_say_what_to_do(
     tenant = policy_cli_tenant.id
     unheaded = tmp_path / "unheaded.yaml"
     unheaded.write_text(f"tenant: {tenant}\n")
+    # Pulled before a pull's header named the version's digest: pull it again.
+    numbered = tmp_path / "numbered.yaml"
+    numbered.write_text(f"# irrev: version 1 of tenant {tenant}\ntenant: {tenant}\n")
     for argv, token, said in (
         (("push", unheaded), None, "--base"),
+        (("push", numbered), None, "if_match_without_digest"),
         (("push", tmp_path / "missing.yaml"), None, "cannot read"),
         (("pull", tenant), "", "IRREV_ADMIN_TOKEN"),
         (("pull", tenant), "wrong", "unauthenticated"),

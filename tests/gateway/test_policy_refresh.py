@@ -23,6 +23,7 @@ import yaml
 
 from gateway.state.loops import policy_loop
 from gateway.state.policies import policy_version
+from gateway.state.policy_changes import StoreVersion
 from gateway.state.tenants import FULL_READ_S, TenantStore
 from ledger import ChangeFeed, Escrow, Ledger
 from ledger.keys import accounts_key
@@ -146,6 +147,7 @@ async def test_a_stored_version_the_ledger_would_refuse_holds_back_only_its_tena
         put = await ledger.policies.put(
             name,
             expected=records[name].version,
+            expected_digest=records[name].digest,
             digest=policy_version(text),
             text=text,
             origin="test",
@@ -210,7 +212,8 @@ async def test_a_metadata_change_to_an_outdated_copy_does_not_put_it_back(
     await second.load(ledger)
     document = yaml.safe_load((two / f"{tenant}.yaml").read_text())
     document["accounts"]["tenant"]["limit"] = "5000"
-    base = (await ledger.policies.records([tenant]))[tenant].version
+    record = (await ledger.policies.records([tenant]))[tenant]
+    base = StoreVersion(record.version, record.digest)
     await second.upload(ledger, tenant, yaml.safe_dump(document), base, "test")
     uploaded = (await ledger.policies.records([tenant]))[tenant]
     await first.apply(ledger)  # serves the uploaded version; its own file is outdated

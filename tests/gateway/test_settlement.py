@@ -16,6 +16,8 @@ import httpx
 import pytest
 import yaml
 
+from gateway.state.policies import policy_version
+from gateway.state.policy_changes import StoreVersion
 from gateway.state.tenants import TenantStore
 from ledger.client import Ledger
 from ledger.cluster import RedisClient, redis_client
@@ -372,8 +374,9 @@ async def test_an_upload_whose_limits_cannot_be_written_yet_is_stored_and_served
         data["accounts"]["principals"]["ops"] = {"limit": "5"}
         data["agents"]["buyer-02"]["token_sha256"] = hash_token(format_token(bytes(32)))
         await ledger.redis.hset(accounts_key(tenant.id), "principal:ops|limit", "not a number")
-        uploaded = await store.upload(ledger, tenant.id, yaml.safe_dump(data), 1, "test")
-        assert uploaded.limits_pending and uploaded.version == 2
+        base = StoreVersion(1, policy_version(written))
+        uploaded = await store.upload(ledger, tenant.id, yaml.safe_dump(data), base, "test")
+        assert uploaded.limits_pending and uploaded.version.number == 2
         assert path.read_text() == written  # the host's file is one way in, not rewritten
         assert store.authenticate(tenant.tokens["buyer-02"]) is not None  # not served yet
         await ledger.redis.hdel(accounts_key(tenant.id), "principal:ops|limit")

@@ -313,6 +313,7 @@ async def test_an_edit_made_before_a_suspension_keeps_both(
     history = f"{policy}/history?limit=1&text=true"
     newest = (await http.get(history, headers=gateway.admin)).json()[0]
     base, document = newest["version"], yaml.safe_load(newest["text"])
+    etag = f'"{base}-{newest["digest"]}"'
     suspended = await suspend(http, gateway, tenant, "buyer-02")
     assert suspended["version"] == base + 1
     # Someone's edit of another field, made from the version before the suspension.
@@ -320,7 +321,7 @@ async def test_an_edit_made_before_a_suspension_keeps_both(
     uploaded = await http.put(
         policy,
         content=yaml.safe_dump(document, sort_keys=False),
-        headers={**gateway.admin, "If-Match": f'"{base}"', "Content-Type": "application/yaml"},
+        headers={**gateway.admin, "If-Match": etag, "Content-Type": "application/yaml"},
     )
     assert uploaded.status_code == 200, uploaded.text
     stored = yaml.safe_load((await http.get(history, headers=gateway.admin)).json()[0]["text"])

@@ -24,14 +24,25 @@ WAIT_S = 30.0
 async def test_a_write_over_an_old_version_loses(ledger: Ledger, tenant: str) -> None:
     store = ledger.policies
     epoch = await store.epoch()
-    first = await store.put(tenant, expected=0, digest="a", text="A", origin="h1")
+    first = await store.put(
+        tenant, expected=0, expected_digest="", digest="a", text="A", origin="h1"
+    )
     assert (first.won, first.version) == (True, 1)
     now_ms = await ledger.now_ms()
     assert abs(first.stamp_ms - now_ms) < 60_000  # Redis's clock, never the writer's
-    newer = await store.put(tenant, expected=1, digest="b", text="B", origin="h2")
+    newer = await store.put(
+        tenant, expected=1, expected_digest="a", digest="b", text="B", origin="h2"
+    )
     assert newer.won and newer.version == 2 and newer.stamp_ms >= first.stamp_ms
-    stale = await store.put(tenant, expected=1, digest="a", text="A", origin="h1")
-    assert (stale.won, stale.version) == (False, 2)
+    stale = await store.put(
+        tenant, expected=1, expected_digest="a", digest="a", text="A", origin="h1"
+    )
+    assert (stale.won, stale.version, stale.digest) == (False, 2, "b")
+    # Version 2 as a failover that lost it had it: its number, another digest.
+    lost = await store.put(
+        tenant, expected=2, expected_digest="c", digest="d", text="D", origin="h3"
+    )
+    assert (lost.won, lost.version, lost.digest) == (False, 2, "b")
     record = (await store.records([tenant]))[tenant]
     assert (record.version, record.digest, record.text, record.origin) == (2, "b", "B", "h2")
     assert await store.epoch() >= epoch + 2
@@ -42,8 +53,12 @@ async def test_a_write_over_an_old_version_loses(ledger: Ledger, tenant: str) ->
 
 async def test_the_same_text_again_is_no_new_version(ledger: Ledger, tenant: str) -> None:
     store = ledger.policies
-    first = await store.put(tenant, expected=0, digest="a", text="A", origin="h1")
-    again = await store.put(tenant, expected=1, digest="a", text="A", origin="h2")
+    first = await store.put(
+        tenant, expected=0, expected_digest="", digest="a", text="A", origin="h1"
+    )
+    again = await store.put(
+        tenant, expected=1, expected_digest="a", digest="a", text="A", origin="h2"
+    )
     assert (again.won, again.version, again.stamp_ms) == (True, 1, first.stamp_ms)
     assert len(await store.history(tenant)) == 1
     assert await store.records([tenant + "-none"]) == {}
@@ -77,14 +92,18 @@ async def test_a_feed_hears_each_write_and_counts_a_cut_subscription_as_heard(
     try:
         await until(lambda: feed.live)
         before = feed.heard("policy")
-        await ledger.policies.put(tenant, expected=0, digest="a", text="A", origin="h")
+        await ledger.policies.put(
+            tenant, expected=0, expected_digest="", digest="a", text="A", origin="h"
+        )
         await until(lambda: feed.heard("policy") > before)
         before = feed.heard("outcomes")
         assert kill_subscribers(redis_url) >= 1
         await until(lambda: feed.heard("outcomes") > before)
         await until(lambda: feed.live)
         before = feed.heard("policy")
-        await ledger.policies.put(tenant, expected=1, digest="b", text="B", origin="h")
+        await ledger.policies.put(
+            tenant, expected=1, expected_digest="a", digest="b", text="B", origin="h"
+        )
         await until(lambda: feed.heard("policy") > before)
     finally:
         await feed.aclose()
@@ -102,7 +121,9 @@ async def test_a_feed_on_a_unix_socket_subscribes(tmp_path: Path, tenant: str) -
         feed.start()
         try:
             await until(lambda: feed.live)
-            await ledger.policies.put(tenant, expected=0, digest="a", text="A", origin="h")
+            await ledger.policies.put(
+                tenant, expected=0, expected_digest="", digest="a", text="A", origin="h"
+            )
             await until(lambda: feed.heard("policy") > 0)
         finally:
             await feed.aclose()
@@ -224,7 +245,9 @@ async def test_a_write_that_landed_is_won_though_its_epoch_bump_failed(
     epoch = await store.epoch()
     await ledger.redis.set(POLICY_EPOCH_KEY, "not a number")
     try:
-        result = await store.put(tenant, expected=0, digest="a", text="A", origin="h")
+        result = await store.put(
+            tenant, expected=0, expected_digest="", digest="a", text="A", origin="h"
+        )
     finally:
         await ledger.redis.set(POLICY_EPOCH_KEY, epoch + 1)
     assert (result.won, result.version) == (True, 1)
