@@ -82,18 +82,24 @@ class PolicyStore:
             policy, outcomes = await self.redis.mget([POLICY_EPOCH_KEY, OUTCOMES_EPOCH_KEY])
         return int(policy or 0), int(outcomes or 0)
 
-    async def versions(self, tenants: Sequence[str]) -> dict[str, int]:
-        """The stored version of each of `tenants` that has one, in one round trip
-        (without the texts: what the fleet's watcher compares every so often)."""
+    async def versions(self, tenants: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """The stored version of each of `tenants` that has one, its number and its
+        digest, in one round trip (without the texts: what the fleet's watcher
+        compares every so often). The number alone would not do: after a failover
+        that lost a version, the new primary's next write has its number."""
         names = [validate.tenant_id(tenant) for tenant in tenants]
         if not names:
             return {}
         with translate_redis_errors("reading stored policy versions"):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for tenant in names:
-                    pipe.hget(policy_key(tenant), "v")
+                    pipe.hmget(policy_key(tenant), ["v", "digest"])
                 replies = await pipe.execute()
-        return {tenant: int(v) for tenant, v in zip(names, replies, strict=True) if v}
+        return {
+            tenant: (int(v), digest.decode() if isinstance(digest, bytes) else str(digest))
+            for tenant, (v, digest) in zip(names, replies, strict=True)
+            if v
+        }
 
     async def bump(self) -> None:
         """Bump the policy epoch and announce it, for a write whose own bump may have

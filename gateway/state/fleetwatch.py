@@ -10,10 +10,12 @@ idle fleet's Redis load grows with its tenants, not with its processes:
 - every `poll_s` it reads the policy, outcome and keys epochs and announces each that
   moved since its last look (a writer may have died between its bump and its
   announcement). Processes no longer read them unasked (tenants.py).
-- every `full_read_s` it reads the version of every stored policy and of every
-  tenant's managed keys, and bumps the policy (keys) epoch when one moved since its
-  last look (a writer may have died between its write and its bump: hosts then read
-  the records (keys) of their tenants). Processes no longer re-read every record.
+- every `full_read_s` it reads the version of every stored policy (its number and
+  digest: after a failover that lost a version, the next write has its number) and
+  of every tenant's managed keys, and bumps the policy (keys) epoch when one moved
+  since its last look (a writer may have died between its write and its bump: hosts
+  then read the records (keys) of their tenants). Processes no longer re-read every
+  record.
 
 The tenants are those with accounts in the ledger (Ledger.tenants): every tenant any
 host of the fleet serves, whether or not this host does.
@@ -66,8 +68,8 @@ class FleetWatch:
         # is due next (monotonic).
         self._free: set[tuple[str, str]] | None = None
         self._epochs: tuple[int, ...] | None = None
-        # Stored policy versions and managed keys versions, by tenant.
-        self._versions: tuple[dict[str, int], dict[str, int]] | None = None
+        # Stored policy versions (number, digest) and managed keys versions, by tenant.
+        self._versions: tuple[dict[str, tuple[int, str]], dict[str, int]] | None = None
         self._due = {"leases": 0.0, "epochs": 0.0, "versions": 0.0}
         self._failing: set[str] = set()
         self._task: asyncio.Task[None] | None = None

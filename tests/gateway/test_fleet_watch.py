@@ -32,6 +32,7 @@ import yaml
 
 from gateway.state.fleetwatch import FleetWatch
 from gateway.state.keyring import Keyring
+from gateway.state.policy_changes import StoreVersion
 from gateway.state.sweeper import Sweeper
 from gateway.state.tenants import TenantStore
 from ledger import AccountSpec, ChangeFeed, EmbeddedRedis, KeyKind, KeySpec, Ledger
@@ -43,6 +44,9 @@ from ledger.keys import (
     keys_version_key,
     lease_key,
     managed_keys_key,
+    policy_key,
+    policy_log_key,
+    policy_sources_key,
 )
 
 from .helpers import FakeClock, write_without_epoch_bump
@@ -167,6 +171,58 @@ async def test_a_revocation_whose_bump_or_announcement_was_lost_is_served_after_
             clock.now += 2 * POLL_S
             await store.refresh(ledger, feed, POLL_S, POLL_S)
             assert store.authenticate(token) is not None
+        await watch.round()
+        await heard_after(ledger, feed)
+        await store.refresh(ledger, feed, POLL_S, POLL_S)
+        assert store.authenticate(token) is None
+    finally:
+        await watch.aclose()
+        await feed.aclose()
+        await watcher_feed.aclose()
+
+
+async def test_a_version_a_failover_lost_and_its_successor_under_its_number_is_served(
+    ledger: Ledger, own_redis: str, tmp_path: Path, tenant: str
+) -> None:
+    """Version 2 is written and served, then lost (the policy keys put back as they
+    were at version 1: a failover to a replica without it), and a revocation is
+    written as another version 2 whose writer died before its bump. The watcher read
+    version 2 before and reads version 2 now: by number alone nothing moved, and a
+    host that served the lost version 2 never served the revocation. By number and
+    digest it moved: bumped, and served at the host's next look."""
+    written = write_policy(tmp_path, "procurement", tenant, "http://127.0.0.1:9")
+    agent, token = next(iter(written.tokens.items()))
+    store = TenantStore(tmp_path)
+    clock = FakeClock()
+    store.clock = clock
+    await store.load(ledger)
+    feed, watcher_feed = await started(own_redis), await started(own_redis)
+    watch = FleetWatch(ledger, watcher_feed, 0.0, 0.0)
+    policy_keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
+    try:
+        await watch.round()
+        await until("beats heard", lambda: feed.watched)
+        v1 = (await ledger.policies.records([tenant]))[tenant]
+        at_v1: dict[str, bytes] = {}
+        for key in policy_keys:
+            dumped = await ledger.redis.dump(key)
+            assert dumped is not None
+            at_v1[key] = dumped
+        document = yaml.safe_load(v1.text)
+        document["accounts"]["tenant"]["limit"] = "4321"
+        base = StoreVersion(v1.version, v1.digest)
+        await store.upload(ledger, tenant, yaml.safe_dump(document), base, "lost")
+        await watch.round()  # reads version 2
+        await heard_after(ledger, feed)
+        await store.refresh(ledger, feed, POLL_S, POLL_S)
+        served = store.served(tenant)
+        assert served is not None and served.version == 2
+        for key, dumped in at_v1.items():  # the failover: version 2 never happened
+            await ledger.redis.restore(key, 0, dumped, replace=True)
+        document = yaml.safe_load(v1.text)
+        del document["agents"][agent]
+        await write_without_epoch_bump(ledger, tenant, yaml.safe_dump(document))
+        assert (await ledger.policies.records([tenant]))[tenant].version == 2
         await watch.round()
         await heard_after(ledger, feed)
         await store.refresh(ledger, feed, POLL_S, POLL_S)
