@@ -28,6 +28,7 @@ from .errors import translate_redis_errors
 from .keys import (
     OUTCOMES_EPOCH_KEY,
     POLICY_EPOCH_KEY,
+    accounts_key,
     policy_key,
     policy_log_key,
     policy_sources_key,
@@ -174,11 +175,13 @@ class PolicyStore:
     ) -> PutResult:
         """Write `text` over version `expected` whose digest is `expected_digest` (0
         and '': none yet), stamped with Redis's time; `source` (a host's file) read
-        `source_text`, its next edit's base.
+        `source_text`, its next edit's base. Over no version, the version written is
+        above every one the tenant's accounts hold limits of (policy_put.lua).
         LedgerUnavailable only if the write itself failed: once it landed, a failed
         epoch bump or announcement is logged, not raised (changes.tell)."""
         tenant = validate.tenant_id(tenant)
         keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
+        keys.append(accounts_key(tenant))
         args = [str(expected), expected_digest, digest, text, origin, source, source_text]
         args.append(str(POLICY_HISTORY))
         with translate_redis_errors("writing a policy"):

@@ -290,7 +290,9 @@ class TenantStore:
         reload of every tenant here made each tenant's miss cost the whole fleet's
         files, records and accounts. Concurrent misses of the tenant (a burst on a
         Redis that lost it) wait for one opening rather than each writing the same
-        accounts again."""
+        accounts again. The limits go under the store's version number for the text
+        served, or 0 when the store no longer holds it (docs/design.md, "Limits
+        never flip back")."""
         opening = self._opening.get(tenant)
         if opening is None:
             opening = asyncio.get_running_loop().create_task(self._open_missing(ledger, tenant))
@@ -304,8 +306,15 @@ class TenantStore:
         entry = self.served(tenant)
         if entry is None:
             return  # no longer served: the reserve tried again says the account is unknown
+        # Under the store's number for the text served, never this host's alone: Redis
+        # may have lost the store's record with the accounts (a flush), and limits
+        # written under a number the store does not hold would be newer than the
+        # versions it writes next, which account.lua would keep out. Under 0 they only
+        # fill what is missing, replaced by any version's limits.
+        stored = (await ledger.policies.records([tenant])).get(tenant)
+        version = stored.version if stored and stored.digest == entry.file.version else 0
         policy = entry.file.policy
-        specs = [(tenant, ledger_account(spec), entry.version) for spec in policy_accounts(policy)]
+        specs = [(tenant, ledger_account(spec), version) for spec in policy_accounts(policy)]
         opened, _ = await policy_sync.open_accounts(ledger, specs)
         # Accounts a served policy names went missing from Redis: worth an operator's look.
         log.warning("opened missing accounts", extra={"tenant": tenant, "accounts": opened})

@@ -9,6 +9,8 @@
 --          stamp_ms, origin, text}, newest first, ARGV[8] kept
 -- KEYS[3]  the tenant's policy sources: a hash, source id -> the text that source
 --          last read (a host's file as it was when the host acted on it)
+-- KEYS[4]  the tenant's accounts (account.lua): read only when KEYS[1] holds no
+--          version, for the highest `<account>|pv` (the version limits came from)
 -- ARGV[1]  the version the writer read (0: the store had none)
 -- ARGV[2]  the digest of the text the writer read ('' with version 0)
 -- ARGV[3]  digest of the text to store
@@ -23,7 +25,10 @@
 -- written), or won 0 with the store's version and its digest, which the writer must
 -- read again before deciding anew (and nothing is written).
 --
--- Invariant: the version only grows; each version is stamped by Redis's clock,
+-- Invariant: the version only grows, also when the store lost its keys while the
+-- accounts kept theirs (a flush of the store, a fresh store on old accounts): it
+-- starts again above every version an account's limits came from, or account.lua
+-- would keep each new version's limits out; each version is stamped by Redis's clock,
 -- never a host's; a source's base changes only together with a write it decided
 -- on the version it read. A version is its number and its digest together: a
 -- failover that lost version 7 lets the new primary write another version 7, and a
@@ -42,6 +47,16 @@ if version ~= expected or digest ~= ARGV[2] then
 end
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[3], ARGV[6], ARGV[7]) end
 if digest == ARGV[3] then return {1, version, current[3], digest} end
+-- No version stored: a new tenant (no accounts yet: nothing to read) or a store that
+-- lost the tenant's keys; once per such start, however many accounts there are.
+if version == 0 then
+  local fields = redis.call('HGETALL', KEYS[4])
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], -3) == '|pv' then
+      version = math.max(version, tonumber(fields[i + 1]) or 0)
+    end
+  end
+end
 local now = redis.call('TIME')
 local stamp = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('HSET', KEYS[1], 'v', version + 1, 'digest', ARGV[3], 'text', ARGV[4],

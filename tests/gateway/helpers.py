@@ -13,7 +13,7 @@ import httpx
 
 from gateway.state.policies import policy_version
 from ledger import Ledger
-from ledger.keys import policy_key, policy_log_key, policy_sources_key
+from ledger.keys import accounts_key, policy_key, policy_log_key, policy_sources_key
 
 from .conftest import PEERS
 from .servers import BIN, Tenant, Tenanted, base_env
@@ -303,5 +303,6 @@ async def write_without_epoch_bump(ledger: Ledger, tenant: str, text: str) -> No
     args = [str(record.version), record.digest, policy_version(text), text, "a writer that died"]
     args += ["", "", "5"]
     keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
+    keys.append(accounts_key(tenant))
     won, *_ = await put(keys=keys, args=args)
     assert int(won) == 1

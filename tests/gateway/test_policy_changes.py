@@ -20,7 +20,8 @@ import yaml
 from gateway.state.policies import policy_version
 from gateway.state.policy_changes import StoreVersion, VersionForgotten
 from gateway.state.tenants import TenantStore
-from ledger import POLICY_HISTORY, AccountSpec, Ledger, PolicyRecord
+from ledger import POLICY_HISTORY, AccountSpec, EmbeddedRedis, Ledger, PolicyRecord
+from ledger.keys import policy_key, policy_log_key, policy_sources_key
 from pricing.credentials import hash_token
 
 from .conftest import Gateway, TenantMaker
@@ -381,3 +382,42 @@ async def test_a_restarted_host_that_cannot_use_the_stores_version_serves_no_cop
     served = restarted.served(tenant)
     assert served is not None and served.version == 2
     assert restarted.authenticate(token) is None
+
+
+@pytest.mark.parametrize("lost", ["the policy store", "everything", "everything, retaken"])
+async def test_a_store_that_starts_again_writes_limits_the_accounts_let_in(
+    tmp_path: Path, tenant: str, lost: str
+) -> None:
+    """The store's versions reach 3 and the accounts hold version 3's limits; then the
+    policy store's keys are lost (the accounts stay), or all of Redis is flushed and
+    the host serving version 3 opens its accounts again (a reserve met them missing)
+    before it reloads, with or without a restarted host having put its file into the
+    store first. Versions that started again at 1 were older than what the accounts
+    held, and each later version's limits were kept out (account.lua): a raise
+    uploaded then was answered applied and never enforced."""
+    with EmbeddedRedis(tmp_path / "redis", tcp=True) as server:
+        ledger = Ledger.from_url(server.url)
+        try:
+            [store] = await hosts(ledger, tmp_path, tenant, 1)
+            for limit in ("2000", "3000"):
+                record = (await ledger.policies.records([tenant]))[tenant]
+                raised = with_tenant_limit(record.text, limit)
+                await store.upload(ledger, tenant, raised, as_stored(record), "raise")
+            assert await tenant_limit(ledger, tenant) == 3000 * 10**6
+            if lost.startswith("everything"):
+                await ledger.redis.flushall()
+                if lost.endswith("retaken"):
+                    await TenantStore(tmp_path / "h0").load(ledger)
+                await store.open_missing(ledger, tenant)
+            else:
+                await ledger.redis.delete(
+                    policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)
+                )
+            await store.apply(ledger)  # the file goes into the store again
+            record = (await ledger.policies.records([tenant]))[tenant]
+            assert await tenant_limit(ledger, tenant) == 1000 * 10**6  # the file's
+            raise_ = with_tenant_limit(record.text, "7777")
+            await store.upload(ledger, tenant, raise_, as_stored(record), "raise")
+            assert await tenant_limit(ledger, tenant) == 7777 * 10**6
+        finally:
+            await ledger.aclose()
