@@ -170,7 +170,8 @@ def key_hashes_key(tenant: str) -> str:
 
 
 def keys_version_key(tenant: str) -> str:
-    """How many writes the tenant's managed keys have had (lua/keys.lua)."""
+    """The tenant's managed keys version: moved by each write to a value it never held
+    (lua/keys.lua)."""
     return f"{tenant_prefix(tenant)}keys:version"
 
 

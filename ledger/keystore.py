@@ -98,13 +98,14 @@ class KeyStore:
         self._script = redis.register_script(source)
 
     async def epoch(self) -> int:
-        """How many key writes the fleet has had: unchanged, no key changed."""
+        """The fleet's keys epoch (lua/epoch.lua): unchanged, no key changed."""
         with translate_redis_errors("reading the keys epoch"):
             return int(await self.redis.get(KEYS_EPOCH_KEY) or 0)
 
     async def versions(self, tenants: Sequence[str]) -> dict[str, int]:
-        """How many key writes each of `tenants` that had one has had, in one round
-        trip: what the fleet's watcher compares every so often."""
+        """The keys version of each of `tenants` that had a key write (moved by each
+        to a value it never held, lua/keys.lua), in one round trip: what the fleet's
+        watcher compares every so often."""
         names = [validate.tenant_id(tenant) for tenant in tenants]
         if not names:
             return {}

@@ -6,8 +6,12 @@
 --          kind, agent, admin, role, owner, purpose, token_sha256, created_ms,
 --          expires_ms, rotated_ms, revoked_ms; a time absent is JSON null)
 -- KEYS[2]  the tenant's live token hashes: a hash, token_sha256 -> key id
--- KEYS[3]  the tenant's keys version: a counter of its key writes (what the fleet's
---          watcher compares, to find a write whose epoch bump was lost)
+-- KEYS[3]  the tenant's keys version, moved by every key write to a value it never
+--          held (what the fleet's watcher compares, to find a write whose epoch bump
+--          was lost): the larger of the old one + 1 and Redis's TIME in microseconds,
+--          as epoch.lua moves an epoch, since an INCR after a failover that lost a
+--          write gives the lost write's value again, and a watcher that read it then
+--          sees no change
 -- ARGV[1]  the operation: 'create', 'rotate' or 'revoke'
 -- ARGV[2]  the key id (key_<12 hex>)
 -- create:  ARGV[3] token hash (sha256:<64 hex>), ARGV[4] the record's fixed fields
@@ -25,7 +29,9 @@
 --
 -- Invariant: a revoked key never becomes live again (its hash leaves KEYS[2] and
 -- nothing puts it back); a hash maps to at most one key, and KEYS[2] holds exactly
--- the hashes of the keys that are not revoked. Times are Redis's (TIME).
+-- the hashes of the keys that are not revoked; the keys version only grows, and a
+-- write on a primary that lost another's gives a value that one did not. Times are
+-- Redis's (TIME).
 
 redis.replicate_commands() -- Redis 6 needs it to write after TIME; a no-op on 7
 local op, id = ARGV[1], ARGV[2]
@@ -45,7 +51,10 @@ end
 local function store(record)
   local text = cjson.encode(record)
   redis.call('HSET', KEYS[1], id, text)
-  redis.call('INCR', KEYS[3])
+  local now = redis.call('TIME')
+  local now_us = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local version = math.max((tonumber(redis.call('GET', KEYS[3])) or 0) + 1, now_us)
+  redis.call('SET', KEYS[3], string.format('%.0f', version))
   return text
 end
 

@@ -273,6 +273,48 @@ async def test_a_key_revoked_whose_bump_was_lost_is_refused_after_a_look(
         await watcher_feed.aclose()
 
 
+async def test_a_key_revoked_after_a_failover_lost_a_key_write_is_refused_after_a_look(
+    ledger: Ledger, own_redis: str, tenant: str
+) -> None:
+    """Key B's creation is read by the watcher, then lost (the keys put back as they
+    were before it: a failover to a replica without it), and key A is revoked by a
+    writer that died before its bump. As a counter the keys version gave the
+    revocation B's number: the watcher saw no move, and the host kept accepting A."""
+    spec = KeySpec(kind=KeyKind.AGENT, agent="buyer-01", owner="o")
+    await ledger.upsert_account(
+        tenant, AccountSpec(account=f"tenant:{tenant}", limit=1, soft_limit=1)
+    )
+    key_a, hash_a = "key_" + secrets.token_hex(6), "sha256:" + secrets.token_hex(32)
+    await ledger.keys.create(tenant, key_a, hash_a, spec)
+    before_b = {key: await ledger.redis.dump(key) for key in _keys_of(tenant)}
+    ring = Keyring(FakeClock())
+    feed, watcher_feed = await started(own_redis), await started(own_redis)
+    watch = FleetWatch(ledger, watcher_feed, 0.0, 0.0)
+    try:
+        await ledger.keys.create(
+            tenant, "key_" + secrets.token_hex(6), "sha256:" + secrets.token_hex(32), spec
+        )
+        await watch.round()
+        await until("beats heard", lambda: feed.watched)
+        await heard_after(ledger, feed)
+        await ring.refresh(ledger, [tenant], feed, POLL_S, POLL_S)
+        assert ring.find(hash_a) is not None
+        for key, dumped in before_b.items():  # the failover: B was never created
+            assert dumped is not None
+            await ledger.redis.restore(key, 0, dumped, replace=True)
+        await ledger.redis.evalsha(
+            *await _keys_script(ledger), 3, *_keys_of(tenant), "revoke", key_a
+        )
+        await watch.round()
+        await heard_after(ledger, feed)
+        await ring.refresh(ledger, [tenant], feed, POLL_S, POLL_S)
+        assert ring.find(hash_a) is None
+    finally:
+        await watch.aclose()
+        await feed.aclose()
+        await watcher_feed.aclose()
+
+
 async def _keys_script(ledger: Ledger) -> tuple[str]:
     """keys.lua loaded: what a writer that died before telling ran, alone."""
     source = files("ledger.lua").joinpath("keys.lua").read_text(encoding="utf-8")
