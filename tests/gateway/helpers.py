@@ -6,17 +6,20 @@ import asyncio
 import contextlib
 import json
 import subprocess
+from dataclasses import dataclass
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from gateway.state.policies import policy_version
+from gateway.state.tenants import TenantStore
 from ledger import Ledger
 from ledger.keys import accounts_key, policy_key, policy_log_key, policy_sources_key
 
 from .conftest import PEERS
-from .servers import BIN, Tenant, Tenanted, base_env
+from .servers import BIN, Tenant, Tenanted, base_env, write_policy
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -292,6 +295,26 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+@dataclass
+class LoadedStore:
+    """A host's TenantStore on a FakeClock, with one agent of the tenant it loaded."""
+
+    store: TenantStore
+    clock: FakeClock
+    agent: str
+    token: str
+
+
+async def loaded_store(ledger: Ledger, directory: Path, tenant: str) -> LoadedStore:
+    """`tenant`'s procurement policy written in `directory` and loaded by a host."""
+    written = write_policy(directory, "procurement", tenant, "http://127.0.0.1:9")
+    agent, token = next(iter(written.tokens.items()))
+    store = TenantStore(directory)
+    store.clock = clock = FakeClock()
+    await store.load(ledger)
+    return LoadedStore(store, clock, agent, token)
 
 
 async def write_without_epoch_bump(ledger: Ledger, tenant: str, text: str) -> None:

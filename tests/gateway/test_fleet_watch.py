@@ -23,6 +23,8 @@ import secrets
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
@@ -34,7 +36,6 @@ from gateway.state.fleetwatch import FleetWatch
 from gateway.state.keyring import Keyring
 from gateway.state.policy_changes import StoreVersion
 from gateway.state.sweeper import Sweeper
-from gateway.state.tenants import TenantStore
 from ledger import AccountSpec, ChangeFeed, EmbeddedRedis, KeyKind, KeySpec, Ledger
 from ledger.keys import (
     POLICY_EPOCH_KEY,
@@ -49,7 +50,7 @@ from ledger.keys import (
     policy_sources_key,
 )
 
-from .helpers import FakeClock, write_without_epoch_bump
+from .helpers import FakeClock, loaded_store, write_without_epoch_bump
 from .servers import BIN, Server, base_env, write_policy
 
 WAIT_S = 30.0
@@ -94,6 +95,35 @@ async def heard_after(ledger: Ledger, feed: ChangeFeed) -> None:
     sentinel = feed.heard("outcomes")
     await ledger.policies.announce("outcomes")
     await until("the sentinel heard", lambda: feed.heard("outcomes") > sentinel)
+
+
+@dataclass
+class Watched:
+    """A host's feed and the fleet's watcher (on a feed of its own), its first look made
+    and its beats heard by the host's feed."""
+
+    feed: ChangeFeed
+    watch: FleetWatch
+
+    async def look(self, ledger: Ledger) -> None:
+        """One look of the watcher, and what it published heard by the host's feed."""
+        await self.watch.round()
+        await heard_after(ledger, self.feed)
+
+
+@asynccontextmanager
+async def watched(ledger: Ledger, url: str) -> AsyncIterator[Watched]:
+    feed, watcher_feed = await started(url), await started(url)
+    watch = FleetWatch(ledger, watcher_feed, 0.0, 0.0)
+    try:
+        await watch.round()  # a new watcher's first look: announces, bumps
+        await until("beats heard", lambda: feed.watched)
+        await heard_after(ledger, feed)
+        yield Watched(feed, watch)
+    finally:
+        await watch.aclose()
+        await feed.aclose()
+        await watcher_feed.aclose()
 
 
 async def test_a_lapsed_lease_is_announced_and_taken_by_a_process_that_does_not_ask(
@@ -148,37 +178,23 @@ async def test_a_revocation_whose_bump_or_announcement_was_lost_is_served_after_
     A write whose epoch bump was lost is found by the watcher's read of every
     version; one bumped but not announced, by its read of the epochs: either way the
     host serves it at its next look after the watcher's."""
-    written = write_policy(tmp_path, "procurement", tenant, "http://127.0.0.1:9")
-    agent, token = next(iter(written.tokens.items()))
-    store = TenantStore(tmp_path)
-    clock = FakeClock()
-    store.clock = clock
-    await store.load(ledger)
-    feed, watcher_feed = await started(own_redis), await started(own_redis)
-    watch = FleetWatch(ledger, watcher_feed, 0.0, 0.0)
-    try:
-        await watch.round()  # a new watcher's first look: announces, bumps
-        await until("beats heard", lambda: feed.watched)
-        await heard_after(ledger, feed)
-        await store.refresh(ledger, feed, POLL_S, POLL_S)
+    loaded = await loaded_store(ledger, tmp_path, tenant)
+    store, token = loaded.store, loaded.token
+    async with watched(ledger, own_redis) as watching:
+        await store.refresh(ledger, watching.feed, POLL_S, POLL_S)
         record = (await ledger.policies.records([tenant]))[tenant]
         document = yaml.safe_load(record.text)
-        del document["agents"][agent]
+        del document["agents"][loaded.agent]
         await write_without_epoch_bump(ledger, tenant, yaml.safe_dump(document))
         if lost == "announcement":
             await ledger.redis.incr(POLICY_EPOCH_KEY)
         for _ in range(3):  # the host's own polls and full reads would all be due
-            clock.now += 2 * POLL_S
-            await store.refresh(ledger, feed, POLL_S, POLL_S)
+            loaded.clock.now += 2 * POLL_S
+            await store.refresh(ledger, watching.feed, POLL_S, POLL_S)
             assert store.authenticate(token) is not None
-        await watch.round()
-        await heard_after(ledger, feed)
-        await store.refresh(ledger, feed, POLL_S, POLL_S)
+        await watching.look(ledger)
+        await store.refresh(ledger, watching.feed, POLL_S, POLL_S)
         assert store.authenticate(token) is None
-    finally:
-        await watch.aclose()
-        await feed.aclose()
-        await watcher_feed.aclose()
 
 
 async def test_a_version_a_failover_lost_and_its_successor_under_its_number_is_served(
@@ -190,18 +206,10 @@ async def test_a_version_a_failover_lost_and_its_successor_under_its_number_is_s
     version 2 before and reads version 2 now: by number alone nothing moved, and a
     host that served the lost version 2 never served the revocation. By number and
     digest it moved: bumped, and served at the host's next look."""
-    written = write_policy(tmp_path, "procurement", tenant, "http://127.0.0.1:9")
-    agent, token = next(iter(written.tokens.items()))
-    store = TenantStore(tmp_path)
-    clock = FakeClock()
-    store.clock = clock
-    await store.load(ledger)
-    feed, watcher_feed = await started(own_redis), await started(own_redis)
-    watch = FleetWatch(ledger, watcher_feed, 0.0, 0.0)
+    loaded = await loaded_store(ledger, tmp_path, tenant)
+    store = loaded.store
     policy_keys = [policy_key(tenant), policy_log_key(tenant), policy_sources_key(tenant)]
-    try:
-        await watch.round()
-        await until("beats heard", lambda: feed.watched)
+    async with watched(ledger, own_redis) as watching:
         v1 = (await ledger.policies.records([tenant]))[tenant]
         at_v1: dict[str, bytes] = {}
         for key in policy_keys:
@@ -212,25 +220,19 @@ async def test_a_version_a_failover_lost_and_its_successor_under_its_number_is_s
         document["accounts"]["tenant"]["limit"] = "4321"
         base = StoreVersion(v1.version, v1.digest)
         await store.upload(ledger, tenant, yaml.safe_dump(document), base, "lost")
-        await watch.round()  # reads version 2
-        await heard_after(ledger, feed)
-        await store.refresh(ledger, feed, POLL_S, POLL_S)
+        await watching.look(ledger)  # reads version 2
+        await store.refresh(ledger, watching.feed, POLL_S, POLL_S)
         served = store.served(tenant)
         assert served is not None and served.version == 2
         for key, dumped in at_v1.items():  # the failover: version 2 never happened
             await ledger.redis.restore(key, 0, dumped, replace=True)
         document = yaml.safe_load(v1.text)
-        del document["agents"][agent]
+        del document["agents"][loaded.agent]
         await write_without_epoch_bump(ledger, tenant, yaml.safe_dump(document))
         assert (await ledger.policies.records([tenant]))[tenant].version == 2
-        await watch.round()
-        await heard_after(ledger, feed)
-        await store.refresh(ledger, feed, POLL_S, POLL_S)
-        assert store.authenticate(token) is None
-    finally:
-        await watch.aclose()
-        await feed.aclose()
-        await watcher_feed.aclose()
+        await watching.look(ledger)
+        await store.refresh(ledger, watching.feed, POLL_S, POLL_S)
+        assert store.authenticate(loaded.token) is None
 
 
 async def test_a_key_revoked_whose_bump_was_lost_is_refused_after_a_look(
@@ -248,29 +250,19 @@ async def test_a_key_revoked_whose_bump_was_lost_is_refused_after_a_look(
     await ledger.keys.create(tenant, key_id, token_hash, spec)
     clock = FakeClock()
     ring = Keyring(clock)
-    feed, watcher_feed = await started(own_redis), await started(own_redis)
-    watch = FleetWatch(ledger, watcher_feed, 0.0, 0.0)
-    try:
-        await watch.round()
-        await until("beats heard", lambda: feed.watched)
-        await heard_after(ledger, feed)
-        await ring.refresh(ledger, [tenant], feed, POLL_S, POLL_S)
+    async with watched(ledger, own_redis) as watching:
+        await ring.refresh(ledger, [tenant], watching.feed, POLL_S, POLL_S)
         assert ring.find(token_hash) is not None
         await ledger.redis.evalsha(
             *await _keys_script(ledger), 3, *_keys_of(tenant), "revoke", key_id
         )
         for _ in range(3):  # the host's own polls and full reads would all be due
             clock.now += 2 * POLL_S
-            await ring.refresh(ledger, [tenant], feed, POLL_S, POLL_S)
+            await ring.refresh(ledger, [tenant], watching.feed, POLL_S, POLL_S)
             assert ring.find(token_hash) is not None
-        await watch.round()
-        await heard_after(ledger, feed)
-        await ring.refresh(ledger, [tenant], feed, POLL_S, POLL_S)
+        await watching.look(ledger)
+        await ring.refresh(ledger, [tenant], watching.feed, POLL_S, POLL_S)
         assert ring.find(token_hash) is None
-    finally:
-        await watch.aclose()
-        await feed.aclose()
-        await watcher_feed.aclose()
 
 
 async def test_a_key_revoked_after_a_failover_lost_a_key_write_is_refused_after_a_look(
@@ -288,16 +280,11 @@ async def test_a_key_revoked_after_a_failover_lost_a_key_write_is_refused_after_
     await ledger.keys.create(tenant, key_a, hash_a, spec)
     before_b = {key: await ledger.redis.dump(key) for key in _keys_of(tenant)}
     ring = Keyring(FakeClock())
-    feed, watcher_feed = await started(own_redis), await started(own_redis)
-    watch = FleetWatch(ledger, watcher_feed, 0.0, 0.0)
-    try:
-        await ledger.keys.create(
-            tenant, "key_" + secrets.token_hex(6), "sha256:" + secrets.token_hex(32), spec
-        )
-        await watch.round()
-        await until("beats heard", lambda: feed.watched)
-        await heard_after(ledger, feed)
-        await ring.refresh(ledger, [tenant], feed, POLL_S, POLL_S)
+    await ledger.keys.create(
+        tenant, "key_" + secrets.token_hex(6), "sha256:" + secrets.token_hex(32), spec
+    )
+    async with watched(ledger, own_redis) as watching:  # its first look reads B's
+        await ring.refresh(ledger, [tenant], watching.feed, POLL_S, POLL_S)
         assert ring.find(hash_a) is not None
         for key, dumped in before_b.items():  # the failover: B was never created
             assert dumped is not None
@@ -305,14 +292,9 @@ async def test_a_key_revoked_after_a_failover_lost_a_key_write_is_refused_after_
         await ledger.redis.evalsha(
             *await _keys_script(ledger), 3, *_keys_of(tenant), "revoke", key_a
         )
-        await watch.round()
-        await heard_after(ledger, feed)
-        await ring.refresh(ledger, [tenant], feed, POLL_S, POLL_S)
+        await watching.look(ledger)
+        await ring.refresh(ledger, [tenant], watching.feed, POLL_S, POLL_S)
         assert ring.find(hash_a) is None
-    finally:
-        await watch.aclose()
-        await feed.aclose()
-        await watcher_feed.aclose()
 
 
 async def _keys_script(ledger: Ledger) -> tuple[str]:

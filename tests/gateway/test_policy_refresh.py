@@ -29,7 +29,7 @@ from ledger import ChangeFeed, Escrow, Ledger
 from ledger.keys import accounts_key
 
 from .conftest import Gateway
-from .helpers import FakeClock, write_without_epoch_bump
+from .helpers import loaded_store, write_without_epoch_bump
 from .servers import write_policy
 
 CHECK_S = 2.0  # the default IRREV_POLICY_CHECK_INTERVAL_S
@@ -63,12 +63,8 @@ async def test_a_revocation_whose_epoch_bump_was_lost_is_served_within_the_full_
 ) -> None:
     """Within the full read interval (IRREV_POLICY_FULL_READ_S) plus one look,
     whether the default or a shorter one, even with the epoch poll far longer."""
-    written = write_policy(tmp_path, "procurement", tenant, "http://127.0.0.1:9")
-    agent, token = next(iter(written.tokens.items()))
-    store = TenantStore(tmp_path)
-    clock = FakeClock()
-    store.clock = clock
-    await store.load(ledger)
+    loaded = await loaded_store(ledger, tmp_path, tenant)
+    store, clock, agent, token = loaded.store, loaded.clock, loaded.agent, loaded.token
     assert store.authenticate(token) is not None
     feed = UnwatchedFeed(redis_url)
     feed.start()
