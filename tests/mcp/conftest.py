@@ -132,6 +132,8 @@ TENANTS: dict[str, dict[str, Any]] = {
     # Its procure server declares that it deduplicates: a repeat may be sent again.
     "retry-dedupes": {"tools": {"procure": {"mcp": "", "dedupes": True}, "github": {"mcp": ""}}},
     "hostile": {},
+    # No answer is kept whole for a repeat: each is kept without its body.
+    "no-bodies": {"request_limits": {"kept_answer_bytes": 0}},
     # Its buyer-01 is suspended and resumed by an operator (test_mcp_suspend.py).
     "suspend": {},
     # Its MCP server is called "vault": a name the "hostile" tenant does not have.

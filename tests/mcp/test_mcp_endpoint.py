@@ -60,6 +60,27 @@ async def test_admitted_call_reaches_the_server_once_and_is_posted(
     assert response.json()["state"] == "posted"
 
 
+async def test_a_repeat_whose_result_was_kept_without_its_body_is_not_made_again(
+    mcp_gateway: McpGateway, tools_http: httpx.AsyncClient
+) -> None:
+    """Past the agent's kept_answer_bytes (0 here) the result is kept without its body:
+    the call itself gets it whole, and its repeat is told it was made and is not made
+    again, never that nothing was sent (which would invite a second order)."""
+    tenant = mcp_gateway.tenant("no-bodies")
+    meta = key()
+    async with agent(mcp_gateway.url, tenant.auth("buyer-01")) as client:
+        first = await client.call_tool("procure__place_order", order(), meta=meta)
+        again = await client.call_tool("procure__place_order", order(), meta=meta)
+    assert not first.is_error and structured(first)["quantity"] == 10, first
+    assert not again.is_error, again
+    said = text_of(again.content[0])
+    assert "already made, and it is not made again" in said
+    assert "allowance of kept answers" in said
+    assert first.meta is not None
+    stats = await tool_stats(tools_http, tenant)
+    assert stats["calls_by_key"] == {f"irrev-{first.meta['dev.irrev/hold']}": 1}
+
+
 async def test_a_read_is_free_and_holds_nothing(mcp_gateway: McpGateway) -> None:
     tenant = mcp_gateway.tenant("basics")
     async with agent(mcp_gateway.url, tenant.auth("buyer-02")) as client:
