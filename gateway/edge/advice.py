@@ -119,6 +119,7 @@ NEXT_STEPS: dict[str, tuple[Retry, str]] = {
     "in_flight": (Retry.SAME_CALL, "Repeat the same call in a moment to get its result."),
     "state_conflict": (Retry.NO, _NOT_AGAIN),
     "escalation_resolved": (Retry.NO, _NOT_AGAIN),
+    "agent_suspended_escalation": (Retry.FIX, "Nothing was applied."),
     "hold_voided": (Retry.LATER, "It was not made; make it again as a new call if still wanted."),
     "upstream_ambiguous": (
         Retry.SAME_CALL,

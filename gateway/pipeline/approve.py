@@ -93,15 +93,39 @@ async def auto_approval(
 async def _approval_upstream(gate: Gate, policy: TenantPolicy, hold_id: str) -> Upstream | None:
     """The upstream an escalated hold's effect goes to once approved; None for a
     decision-only route (its in-process tool acts itself) and for a hold that is not
-    escalated (the claim then says what became of it)."""
+    escalated (the claim then says what became of it). Refused while its agent is
+    suspended (`_check_active`)."""
     hold = await gate.ledger.hold(policy.tenant, hold_id)
     if hold is None or hold.state is not HoldState.ESCALATED or not hold.request:
         return None
     request = StoredRequest.loads(hold.request)
+    _check_active(policy, request.agent)
     found = policy.catalog.match(request.tool, request.method, request.path)
     if found is not None and found[0].in_process:
         return None
     return upstream_of(gate, policy, request.tool)
+
+
+def _check_active(policy: TenantPolicy, agent_id: str) -> None:
+    """409 for an escalation of an agent an operator suspended: an operator stops a
+    hostile agent, and its escalations waiting in the queue (asked for under whatever
+    description it gave) are not carried out by a person who approves one without
+    having seen the suspension. Resuming the agent is the deliberate way back."""
+    agent = policy.document.agents.get(agent_id)
+    suspension = agent.suspended if agent is not None else None
+    if suspension is None:
+        return
+    raise Problem(
+        409,
+        "agent_suspended_escalation",
+        f"agent {agent_id} was suspended by {suspension.by} at {suspension.at}, saying "
+        f"{suspension.reason!r}: its escalations are not carried out while it is. Reject "
+        f"this one, or resume the agent first (POST .../agents/{agent_id}/resume) if it "
+        "should be carried out",
+        suspended_by=suspension.by,
+        suspended_at=suspension.at,
+        suspension_reason=suspension.reason,
+    )
 
 
 def resolved(

@@ -94,7 +94,8 @@ async def _set_suspension(
 async def suspend_agent(request: Request, tenant: str, agent: str, admin: Admin) -> dict[str, Any]:
     """Refuse every call of `agent` (403 `agent_suspended`, on every transport, with
     its managed keys too) until it is resumed; its holds already admitted or
-    escalated are left as they are. 200 `changed: false` if it already was."""
+    escalated are left as they are, but an escalation is not approved while it is
+    (gateway/pipeline/approve.py). 200 `changed: false` if it already was."""
     policy_of(request, tenant, admin, AdminRole.POLICY_ADMIN)
     body = await read_model(request, SuspendBody, Gate.of(request).settings)
     at = rfc3339(await Gate.of(request).ledger.now_ms())  # Redis's clock: the fleet's one

@@ -170,6 +170,31 @@ async def test_an_approval_reason_is_in_the_poll_and_the_hold(
     assert_problem(missing, 404, "not_found")
 
 
+async def test_an_escalation_of_a_suspended_agent_is_carried_out_only_once_it_is_resumed(
+    loop_gateway: Gateway, client: httpx.AsyncClient
+) -> None:
+    """An operator suspends a hostile agent whose escalations wait in the queue: an
+    approval of one (a person who had not seen the suspension) is refused and the
+    hold stays escalated, nothing sent; once the agent is resumed, it is carried out."""
+    gw, tenant = loop_gateway, loop_gateway.tenant("own")
+    escalation = await escalate(gw, client, "buyer-11", "suspended-approval")
+    hold_path = f"/v1/admin/tenants/{tenant.id}/holds/{escalation.rpartition('.')[2]}"
+    agent = f"/v1/admin/tenants/{tenant.id}/agents/buyer-11"
+    why = "asks for approvals under false descriptions"
+    stopped = await client.post(f"{agent}/suspend", json={"reason": why}, headers=gw.admin)
+    assert stopped.status_code == 200, stopped.text
+    approve = f"/v1/escalations/{escalation}/approve"
+    refused = await client.post(approve, json={"reason": "looks fine"}, headers=gw.admin)
+    problem = assert_problem(refused, 409, "agent_suspended_escalation")
+    assert why in problem["detail"] and "resume" in problem["detail"]
+    assert (await client.get(hold_path, headers=gw.admin)).json()["state"] == "escalated"
+    resumed = await client.post(f"{agent}/resume", headers=gw.admin)
+    assert resumed.status_code == 200, resumed.text
+    approved = await client.post(approve, json={"reason": "checked"}, headers=gw.admin)
+    assert approved.status_code == 201, approved.text
+    assert (await client.get(hold_path, headers=gw.admin)).json()["state"] == "posted"
+
+
 async def test_an_ambiguous_hold_is_resolved_by_hand_once(
     loop_gateway: Gateway, client: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
