@@ -210,13 +210,7 @@ def _settlement(
     if answer.fate is Fate.UNKNOWN:
         return partial(gate.ledger.mark_ambiguous, tenant, hold_id, answer.why, claim)
     stored = recorded(request, answer)
-    short = stored.without_body()
-    allowance = None
-    if short is not None:
-        # Kept whole within the agent's allowance of the day, else without its body:
-        # one agent's answers must not fill the Redis its tenant's admissions need.
-        bytes_per_day = policy.document.request_limits.kept_answer_bytes
-        allowance = AnswerAllowance(request.agent, bytes_per_day, short.dumps())
+    allowance = kept_allowance(policy, stored)
     outcome = stored.dumps()
     write: Callable[[], Awaitable[TransitionResult]]
     if answer.fate is Fate.DELIVERED:
@@ -227,6 +221,19 @@ def _settlement(
     else:
         write = partial(gate.ledger.void, tenant, hold_id, outcome=outcome, allowance=allowance)
     return partial(_kept, tenant, hold_id, stored, write)
+
+
+def kept_allowance(policy: TenantPolicy, stored: StoredAnswer) -> AnswerAllowance | None:
+    """The allowance `stored` is kept within (None: it has no body to leave out), for
+    every settlement that keeps an upstream's answer, the forward's and the
+    reconciler's alike: kept whole within the agent's allowance of the day, else
+    without its body, so that one agent's answers cannot fill the Redis its tenant's
+    admissions need, however its calls ended."""
+    short = stored.without_body()
+    if short is None:
+        return None
+    bytes_per_day = policy.document.request_limits.kept_answer_bytes
+    return AnswerAllowance(stored.agent, bytes_per_day, short.dumps())
 
 
 async def _kept(

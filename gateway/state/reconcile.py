@@ -14,10 +14,10 @@ from gateway.edge import metrics
 from gateway.edge.canonical import read_request
 from gateway.edge.problems import Problem
 from gateway.edge.wire import StoredAnswer, StoredRequest, upstream_key
-from gateway.pipeline.deliver import recorded
+from gateway.pipeline.deliver import kept_allowance, recorded
 from gateway.pipeline.prepare import Gate, target_of
 from gateway.pipeline.upstream import Answer, Fate, HttpMeta
-from ledger import HoldNotDue, HoldState, HoldStateConflict
+from ledger import AnswerAllowance, HoldNotDue, HoldState, HoldStateConflict
 from pricing import RequestError, TenantPolicy, price_request
 
 log = logging.getLogger("irrev.gateway")
@@ -83,22 +83,34 @@ async def _reconcile(
             report.unresolved[hold_id] = "the route has no lookup, or the upstream did not answer"
             continue
         kept = recorded(requests[hold_id], verdict)
+        # The lookup's answer counts against its agent's allowance of kept answer
+        # bytes, as the forward's would: else an agent whose calls end ambiguous
+        # (a tool answering 5xx) has every one kept whole.
+        allowance = kept_allowance(policy, kept)
         if verdict.fate is Fate.DELIVERED:
-            await gate.ledger.post(tenant, hold_id, requests[hold_id].price, outcome=kept.dumps())
+            price = requests[hold_id].price
+            outcome = kept.dumps()
+            await gate.ledger.post(tenant, hold_id, price, outcome=outcome, allowance=allowance)
             report.posted.append(hold_id)
         else:
-            await _void_if_due(gate, tenant, hold_id, kept, report)
+            await _void_if_due(gate, tenant, hold_id, kept, allowance, report)
     return report
 
 
 async def _void_if_due(
-    gate: Gate, tenant: str, hold_id: str, verdict: StoredAnswer, report: Reconciliation
+    gate: Gate,
+    tenant: str,
+    hold_id: str,
+    verdict: StoredAnswer,
+    allowance: AnswerAllowance | None,
+    report: Reconciliation,
 ) -> None:
     """A "not found" proves the effect never fired only once no forward or retry of it
     can still arrive: the ledger voids only past the hold's deadline (Redis time),
     which a retry moves past its own request (contract 6)."""
     try:
-        await gate.ledger.void(tenant, hold_id, outcome=verdict.dumps(), due_only=True)
+        outcome = verdict.dumps()
+        await gate.ledger.void(tenant, hold_id, outcome=outcome, due_only=True, allowance=allowance)
     except HoldNotDue:
         report.unresolved[hold_id] = "not found yet, but a forward may still be on its way"
     except HoldStateConflict as exc:

@@ -150,3 +150,32 @@ async def test_a_repeat_of_an_answer_kept_without_its_body_says_so_and_sends_not
     assert len(await seen(tool_api)) == sent
     assert told.ok and "it is not made again" in told.text, told.text
     assert "allowance of kept answers for today was used up" in told.text, told.text
+
+
+async def test_answers_the_reconciler_learns_are_kept_within_the_allowance_too(
+    kept_tenant: Tenant,
+    tool_api: Server,
+    http: httpx.AsyncClient,
+    ledger: Ledger,
+    gateway: Gateway,
+) -> None:
+    """An agent whose calls end ambiguous (the tool answers 503) has each posted by
+    the reconciler with the lookup's answer: those answers are its kept bytes too, or
+    an agent able to make its calls fail ambiguously keeps every one whole."""
+    tenant = kept_tenant
+    await script(tool_api, 503, "busy")
+    holds = []
+    for i in range(ORDERS):
+        response = await http.post(
+            "/tools/supplier/orders",
+            json=order(quantity=1, unit_price="1"),
+            headers=effect_headers(tenant, "buyer-04", f"unknown-{i}"),
+        )
+        assert response.status_code == 502, response.text
+        holds.append(response.headers["x-irrev-hold"])
+    await script(tool_api, 200, answer("looked-up"))
+    response = await http.post(f"/v1/admin/tenants/{tenant.id}/reconcile", headers=gateway.admin)
+    assert response.status_code == 200, response.text
+    assert set(holds) <= set(response.json()["posted"]), response.json()
+    sizes = await kept_bodies(ledger, tenant, holds)
+    assert sum(sizes) <= ALLOWANCE, f"kept {sum(sizes)} body bytes: {sizes}"
