@@ -209,6 +209,10 @@ class StoredRequest(_Record):
     face_value: int = 0
     effect_class: str = ""
     in_process: bool = False
+    # Held under a key its caller did not send, on a route whose identical calls are
+    # each an effect of their own (Prepared.alone): what reads the hold later (the
+    # escalation's poll) must not tell the agent to repeat the call to learn its fate.
+    alone: bool = False
 
     @classmethod
     def loads(cls, text: str) -> StoredRequest:

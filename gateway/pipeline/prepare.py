@@ -211,6 +211,7 @@ def prepare(
         # The route's identical calls are meant to repeat: each is an effect of its own.
         agent_key = KEYLESS_KEY_PREFIX + secrets.token_hex(16)
         key_name = intent.keyless_name
+        request = replace(request, alone=True)
     else:
         content = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, content_key(digest))
         return Prepared(

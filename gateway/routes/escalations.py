@@ -18,7 +18,7 @@ from gateway.edge.responses import (
     parse_escalation_id,
     stored_response,
 )
-from gateway.edge.wire import StoredAnswer, StoredRequest, owner_of
+from gateway.edge.wire import StoredAnswer, StoredRequest, owner_of, record_of
 from gateway.pipeline import approve as approval
 from gateway.pipeline.approve import rejected_problem, resolved, resolved_already
 from gateway.pipeline.prepare import Gate
@@ -59,12 +59,16 @@ async def poll(
         }
         return JSONResponse(body, 202, headers={**extra, "Retry-After": "2"})
     if hold.state is HoldState.AMBIGUOUS:
+        # A call held alone (no key, `dedupe_window: 0`) is not reached by repeating
+        # it: its repeat would be a second escalation, and a second effect.
+        asked = record_of(hold.request, "")
+        alone = isinstance(asked, StoredRequest) and asked.alone
         raise Problem(
             502,
             "upstream_ambiguous",
             "approved, but the effect's outcome is unknown; it stays charged until reconciled",
             hold=hold_id,
-        )
+        ).reached_again(not alone)
     if hold.state is HoldState.REJECTED:
         raise rejected_problem(hold.by, hold.note, hold_id)
     raise Problem(

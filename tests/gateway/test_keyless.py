@@ -229,3 +229,26 @@ async def test_a_keyless_escalation_that_repeats_is_polled_not_repeated(
     again = await post(gateway, tenant, "buyer-01", body)
     assert again.status_code == 202, again.text
     assert again.json()["escalation"] != said["escalation"]
+
+
+async def test_a_keyless_escalation_that_repeats_and_ends_ambiguous_is_not_advised_again(
+    repeats_tenant: Tenant, gateway: Gateway, upstream: httpx.AsyncClient
+) -> None:
+    """Approved, and the forward's outcome unknown (the supplier made the order and
+    answered 503): the poll the 202 pointed the agent to must not tell it to repeat
+    the call, which on this route is a second escalation and a second order."""
+    tenant = repeats_tenant  # buyer-02: the other tests escalate buyer-01's budget
+    pending = await post(gateway, tenant, "buyer-02", fresh_order(BIG))
+    assert pending.status_code == 202, pending.text
+    escalation = pending.json()["escalation"]
+    await set_faults(upstream, tenant, apply=True, times=1, status=503)
+    try:
+        approved = await decide(gateway, escalation, "approve", "restock")
+    finally:
+        await set_faults(upstream, tenant, times=0)
+    assert approved.status_code == 502, approved.text
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30, trust_env=False) as http:
+        polled = await http.get(pending.json()["poll"], headers=tenant.auth("buyer-02"))
+    problem = assert_problem(polled, 502, "upstream_ambiguous")
+    assert problem["retry"] == "no", problem
+    assert_not_asked_to_repeat(problem["detail"])
