@@ -184,6 +184,11 @@ class _Record:
         # The fields as they are: asdict would deep-copy each value first, once per
         # reserve, for the same JSON.
         record = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        if not record.get("alone", True):
+            # Written only where set: every other record stays as long as before, and
+            # readable by a worker of the release before it during an upgrade (its
+            # `loads` takes no field it does not know).
+            del record["alone"]
         return json.dumps(record, separators=(",", ":"))
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 
 from gateway.edge.problems import PROBLEM_JSON
 from gateway.edge.responses import stored_response
-from gateway.edge.wire import MAX_RECORDED_BODY, StoredAnswer
+from gateway.edge.wire import MAX_RECORDED_BODY, StoredAnswer, StoredRequest
 
 
 def test_huge_answers_are_recorded_without_their_body() -> None:
@@ -121,3 +122,24 @@ def test_a_kept_not_replicated_is_replayed_without_the_released_holds_decision()
     assert not {name.lower() for name in decided} & set(response.headers.keys())
     assert response.headers["x-irrev-hold"] == "h1"
     assert response.headers["x-irrev-reason"] == "not_replicated"
+
+
+def test_a_request_record_names_alone_only_where_it_is_set() -> None:
+    """A worker of the release before `alone` reads every record but an alone one's
+    (its `loads` takes no field it does not know), and they are no longer."""
+    request = StoredRequest(
+        agent="a1",
+        tool="t",
+        method="POST",
+        path="/o",
+        query="",
+        content_type="",
+        body_b64="",
+        route_id="r",
+        price=1,
+    )
+    assert "alone" not in json.loads(request.dumps())
+    assert not StoredRequest.loads(request.dumps()).alone
+    alone = replace(request, alone=True)
+    assert json.loads(alone.dumps())["alone"] is True
+    assert StoredRequest.loads(alone.dumps()) == alone
