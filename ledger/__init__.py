@@ -72,6 +72,7 @@ from .records import (
 from .redis_binary import EmbeddedRedisError
 from .refusals import RefusalCount, RefusalCounts
 from .settings import AppendFsync, LedgerSettings
+from .tasks import stop_tasks
 from .topology import failover_shortfall
 from .validate import check_account_spec
 
@@ -167,6 +168,7 @@ __all__ = [
     "open_ledger",
     "pool_tag",
     "read_journal",
+    "stop_tasks",
     "supervised_redis_url",
     "trim",
     "trim_locked",

@@ -50,6 +50,7 @@ from redis.backoff import NoBackoff
 
 from .cluster import RedisClient
 from .errors import translate_redis_errors
+from .tasks import stop_tasks
 
 log = logging.getLogger("irrev.ledger")
 CHANNEL = "irrev:{fleet}:changes"
@@ -176,9 +177,7 @@ class ChangeFeed:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_tasks([self._task])
         self._live = False
 
     async def _run(self) -> None:

@@ -10,13 +10,12 @@ the reconciler, as before."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ledger import LedgerUnavailable
+from ledger import LedgerUnavailable, stop_tasks
 
 log = logging.getLogger("irrev.gateway")
 
@@ -62,8 +61,4 @@ class Resettler:
         )
 
     async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(list(self._tasks))

@@ -35,7 +35,7 @@ import logging
 import os
 import time
 
-from ledger import ChangeFeed, Ledger, LedgerError
+from ledger import ChangeFeed, Ledger, LedgerError, stop_tasks
 
 log = logging.getLogger("irrev.gateway")
 # How often the watcher looks for lapsed leases: with a sweep lease's ttl (3 s) and a
@@ -81,9 +81,7 @@ class FleetWatch:
         """Stop, and give the watch up if held: another process takes it once it
         hears no beat for WATCH_LAPSE_S, not WATCH_TTL_S later still."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_tasks([self._task])
         if self.holding:
             with contextlib.suppress(LedgerError):
                 await self.watch.release()

@@ -26,7 +26,7 @@ from gateway.state.refusals import Flusher
 from gateway.state.sweeper import Sweeper
 from gateway.state.tenants import TenantStore
 from gateway.state.webhooks import Dispatcher
-from ledger import ARCHIVE_AFTER_MS, ChangeFeed, Ledger, cutoff_ms, trim_locked
+from ledger import ARCHIVE_AFTER_MS, ChangeFeed, Ledger, cutoff_ms, stop_tasks, trim_locked
 
 log = logging.getLogger("irrev.gateway")
 
@@ -60,11 +60,7 @@ class Running:
         await self.watch.aclose()
         await self.feed.aclose()
         await self.tenants.aclose()
-        for task in self.background:
-            task.cancel()
-        for task in self.background:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(self.background)
         with contextlib.suppress(Exception):
             await self.tenants.keyring.flush(self.ledger)  # the uses since the last flush
         await self.sweeper.release()

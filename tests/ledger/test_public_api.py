@@ -43,6 +43,8 @@ PUBLIC_API = {
     # the fleet's versioned policies, and the announcements of their changes
     "PolicyStore",
     "ChangeFeed",
+    # background tasks stopped whatever Python 3.11's wait_for swallows
+    "stop_tasks",
     "POLICY_HISTORY",
     "PolicyRecord",
     "PutResult",
