@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.requests import Request
 
-from ledger import Ledger, LedgerUnavailable, RefusalCount
+from ledger import Ledger, LedgerUnavailable, RefusalCount, stop_tasks
 from pricing import CALL, TenantPolicy
 
 if TYPE_CHECKING:
@@ -173,9 +173,7 @@ class Flusher:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_tasks([self._task])
         with contextlib.suppress(Exception):
             await self.flush()
 

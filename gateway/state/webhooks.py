@@ -42,7 +42,14 @@ from gateway.edge import metrics
 from gateway.state.credentials import webhook_secret
 from gateway.state.events import events_of
 from gateway.state.tenants import TenantStore
-from ledger import ChangeFeed, Ledger, LedgerError, LedgerUnavailable, read_journal
+from ledger import (
+    ChangeFeed,
+    Ledger,
+    LedgerError,
+    LedgerUnavailable,
+    read_journal,
+    stop_tasks,
+)
 from pricing import PolicyError, TenantPolicy
 
 log = logging.getLogger("irrev.gateway")
@@ -154,12 +161,10 @@ class Dispatcher:
                 self.tasks[tenant] = asyncio.create_task(self._serve(tenant))
 
     async def aclose(self) -> None:
-        for task in self.tasks.values():
-            task.cancel()
+        with contextlib.suppress(Exception):  # one tenant's failure stops no release
+            await stop_tasks(self.tasks.values())
         released = False
-        for tenant, task in self.tasks.items():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        for tenant in self.tasks:
             # Another process takes over at once, rather than when the lease runs out
             # and it next asks: the announcement makes it ask now.
             with contextlib.suppress(Exception):
