@@ -30,6 +30,7 @@ from gateway.state.events import (
     tripped,
     tripped_view,
 )
+from gateway.state.http_upstream import upstream_path
 from gateway.state.reconcile import reconcile
 from ledger import (
     BadInput,
@@ -199,11 +200,17 @@ def _times(hold: Hold, now_ms: int) -> dict[str, Any]:
 def target_of(stored: StoredRequest) -> str:
     """The request line as a person reads it: `POST /orders?x=1`, or for an MCP call
     its server and tool as the policy's route names them, `CALL github/delete_repo`
-    (its path alone, `/delete_repo`, loses which server it goes to)."""
+    (its path alone, `/delete_repo`, loses which server it goes to).
+
+    The path as it goes on the wire (`upstream_path`), as the query already is: the
+    agent writes its path parameters, and decoded, `/orders/o-7%3Fdry_run=true` read
+    `/orders/o-7?dry_run=true`, a query the upstream never gets, and `%23`, `%20` or
+    a no-break space read as a fragment or as words beside the path. Encoded, nothing
+    in the line is other than the bytes an approval sends."""
     if stored.method == CALL:
         return f"{CALL} {stored.tool}/{stored.path.removeprefix('/')}"
     query = f"?{stored.query}" if stored.query else ""
-    return f"{stored.method} {stored.path}{query}"
+    return f"{stored.method} {upstream_path(stored.path)}{query}"
 
 
 def forwarded(stored: StoredRequest) -> dict[str, Any]:
