@@ -18,6 +18,7 @@ import httpx
 import pytest
 import yaml
 from selenium.webdriver import Chrome
+from selenium.webdriver.common.by import By
 
 from .conftest import Gateway, TenantMaker
 from .helpers import effect_headers
@@ -131,3 +132,46 @@ def test_the_console_shows_the_path_an_approval_sends_not_a_query_the_agent_wrot
         row = f'tr[data-escalation="{asked.json()["escalation"]}"]'
         page.text_is(f"{row} td.route div.target", "POST /orders/o-9%3Fdry_run=true/cancel")
         page.shot("encoded-target")
+
+
+# In view: the cell's right edge within the window (a pixel of rounding allowed).
+_IN_VIEW = """
+const box = arguments[0].getBoundingClientRect();
+return box.right <= window.innerWidth + 1 && box.width > 0;
+"""
+
+
+@pytest.mark.slow
+def test_a_long_path_does_not_push_the_amounts_and_buttons_of_the_queue_off_screen(
+    spoof_tenant: Tenant, gateway: Gateway, browser: Chrome, artifacts: Path
+) -> None:
+    """One escalation whose path parameter is thousands of characters without a
+    space widened the route column of the whole queue: every row's face value, price
+    and Approve button were pushed past the window's edge, so an approver saw who
+    asked and which route, and had to scroll sideways, past the agent's text, to
+    find what each effect costs."""
+    from .console_page import Page
+
+    tenant = spoof_tenant
+    page = Page(browser, artifacts)
+    page.sign_in(gateway, tenant)
+    rows = []
+    with httpx.Client(base_url=gateway.url, timeout=30.0, trust_env=False) as http:
+        for key, order_id in (("plain", "o-10"), ("long", "o-" + "x" * 3000)):
+            asked = http.post(
+                f"/tools/supplier/orders/{order_id}/cancel",
+                json={"supplier_id": "s-spoof", "cancellation_fee": "50"},
+                headers=effect_headers(tenant, "buyer-06", f"spoof-wide-{key}"),
+            )
+            assert asked.status_code == 202, asked.text
+            rows.append(f'tr[data-escalation="{asked.json()["escalation"]}"]')
+    for row in rows:
+        page.find(f"{row} td.price")
+    page.shot("long-path")
+    for row in rows:
+        for cell in ("td.face", "td.price", "button.approve", "button.reject"):
+            element = browser.find_element(By.CSS_SELECTOR, f"{row} {cell}")
+            assert browser.execute_script(_IN_VIEW, element), (
+                f"{row} {cell} is off screen, at {element.rect}, in a window "
+                f"{browser.execute_script('return window.innerWidth')} px wide"
+            )
