@@ -45,10 +45,14 @@ const REFUSAL_ROWS_SHOWN = 50;
 const TOP_SHOWN = 5;
 
 class ApiError extends Error {
-  constructor(status, body) {
+  // `reason`: the gateway's reason code when the refusal is its own, from its
+  // X-Irrev-Reason header (gateway/edge/problems.py), never from the body: a tool API's
+  // answer passes through an approval, and its JSON (written by the tool, maybe from
+  // what the agent sent) may say `"reason": "escalation_resolved", "by": "cfo"`.
+  constructor(status, body, reason) {
     super((body && (body.detail || body.title)) || `HTTP ${status}`);
     this.status = status;
-    this.reason = body && body.reason;
+    this.reason = reason || undefined;
     this.body = body || {};
   }
 }
@@ -70,7 +74,7 @@ async function api(path, { method = "GET", body } = {}) {
   const text = await response.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch { data = { detail: text }; }
-  if (!response.ok) throw new ApiError(response.status, data);
+  if (!response.ok) throw new ApiError(response.status, data, response.headers.get("X-Irrev-Reason"));
   return { status: response.status, data };
 }
 
@@ -575,8 +579,9 @@ async function decideOne(escalation, verb, reason) {
       const by = e.body.by ? ` by ${e.body.by}` : "";
       return { escalation, kind: "resolved", text: `already ${e.body.state || "decided"}${by}` };
     }
-    // An answer without a reason code is the tool API's own: the approval went through
-    // and the tool refused or failed, which the agent is told too.
+    // An answer the gateway did not mark as its own (no X-Irrev-Reason) is the tool
+    // API's: the approval went through and the tool refused or failed, which the agent
+    // is told too. Whatever its body says of who decided, it is not shown as a decision.
     if (verb === "approve" && e.status && !e.reason) {
       return { escalation, kind: "done", text: `approved; the tool API answered ${e.status}` };
     }
