@@ -77,7 +77,7 @@ from pricing.policy import (
     UnknownRouteAction,
 )
 from pricing.quote import Quote, Refusal, agent_by_id, quote_json, quote_lines, quote_request
-from pricing.reading import MEDIA_TYPES
+from pricing.reading import MEDIA_TYPES, wire_path
 from pricing.schema import policy_schema
 from pricing.scopes import RouteNotAllowed
 from pricing.serving import (
@@ -224,6 +224,7 @@ __all__ = [
     "stressed_lgd",
     "trip_threshold",
     "vasicek_pd",
+    "wire_path",
     "with_money_text",
     "with_observed",
     "with_settled",

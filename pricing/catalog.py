@@ -36,6 +36,7 @@ from pricing.reading import (
     check_request_path,
     read_face_value,
     read_factors,
+    wire_path,
 )
 from pricing.templates import (
     CALL,
@@ -145,7 +146,24 @@ class PricedEffect:
     def route_id(self) -> str:
         """The one route id (holds, prices learned, settlers' tools derive from it): a
         listed route's template, or, for an unknown route, its very path, so that one
-        Idempotency-Key sent to two unknown paths names two effects, not one."""
+        Idempotency-Key sent to two unknown paths names two effects, not one. That path
+        as it is sent (percent-encoded): the id is what approvers and webhook receivers
+        read, and decoded, a parameter holding `%3F` read as a query the upstream never
+        gets (`refunds?dry_run=true` for a real refund)."""
+        return (
+            self.route.route_id
+            if self.route
+            else f"{self.tool} {self.method} {wire_path(self.path)}"
+        )
+
+    @property
+    def hold_route(self) -> str:
+        """What a hold's id is derived from (with the agent and its key): the route id,
+        but an unknown route's path decoded, as hold ids were derived before the id
+        was spelled as sent. Re-spelled, a repeat of a call made before (a retry
+        across a rolling upgrade, a key reused within its record's retention) would
+        get another hold and be sent again. Decoded paths are as distinct as encoded
+        ones, so two unknown paths are still two effects."""
         return self.route.route_id if self.route else f"{self.tool} {self.method} {self.path}"
 
     @property

@@ -9,6 +9,7 @@ import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
+from urllib.parse import quote
 
 from ledger.limits import MAX_ID_CHARS
 from pricing.errors import (
@@ -41,6 +42,21 @@ MEDIA_TYPES = {
     BodyFormat.JSON: "application/json",
     BodyFormat.FORM: "application/x-www-form-urlencoded",
 }
+
+
+# RFC 3986 pchar minus '%' and ';', plus the separator: a decoded path (what was
+# priced) goes out with every other character percent-encoded, so '?', '#', '%' or ';'
+# in a path parameter stay part of that parameter and cannot turn into a query, a
+# fragment, another escape or matrix parameters (which Tomcat strips), i.e. into a
+# request other than the one priced.
+_PATH_SAFE = "/!$&'()*+,=:@-._~"
+
+
+def wire_path(path: str) -> str:
+    """A decoded path as it goes to the upstream, percent-encoded: what the forward
+    sends, and how a person reads it (an unknown route's id, the approval queue's
+    request line), so that what they read is what is sent."""
+    return quote(path, safe=_PATH_SAFE)
 
 
 def check_request_path(path: str) -> None:

@@ -224,7 +224,7 @@ def prepare(
             key_name=intent.keyless_name,
             content=content,
         )
-    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.route_id, agent_key)
+    hold_id = hold_id_for(policy.tenant, agent.agent_id, effect.hold_route, agent_key)
     return Prepared(
         effect=effect,
         request=request,

@@ -30,7 +30,6 @@ from gateway.state.events import (
     tripped,
     tripped_view,
 )
-from gateway.state.http_upstream import upstream_path
 from gateway.state.reconcile import reconcile
 from ledger import (
     BadInput,
@@ -42,7 +41,15 @@ from ledger import (
     Status,
     read_journal,
 )
-from pricing import CALL, AdminRole, TenantPolicy, journal_money, money_text, rfc3339
+from pricing import (
+    CALL,
+    AdminRole,
+    TenantPolicy,
+    journal_money,
+    money_text,
+    rfc3339,
+    wire_path,
+)
 
 # The events feed reads at most FEED_PAGES journal pages of FEED_PAGE entries a call.
 FEED_PAGE = 500
@@ -202,7 +209,7 @@ def target_of(stored: StoredRequest) -> str:
     its server and tool as the policy's route names them, `CALL github/delete_repo`
     (its path alone, `/delete_repo`, loses which server it goes to).
 
-    The path as it goes on the wire (`upstream_path`), as the query already is: the
+    The path as it goes on the wire (`wire_path`), as the query already is: the
     agent writes its path parameters, and decoded, `/orders/o-7%3Fdry_run=true` read
     `/orders/o-7?dry_run=true`, a query the upstream never gets, and `%23`, `%20` or
     a no-break space read as a fragment or as words beside the path. Encoded, nothing
@@ -210,7 +217,7 @@ def target_of(stored: StoredRequest) -> str:
     if stored.method == CALL:
         return f"{CALL} {stored.tool}/{stored.path.removeprefix('/')}"
     query = f"?{stored.query}" if stored.query else ""
-    return f"{stored.method} {upstream_path(stored.path)}{query}"
+    return f"{stored.method} {wire_path(stored.path)}{query}"
 
 
 def forwarded(stored: StoredRequest) -> dict[str, Any]:

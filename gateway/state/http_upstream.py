@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 import httpx
@@ -23,6 +22,7 @@ import yarl
 
 from gateway.edge.wire import KEPT_RESPONSE_HEADERS, Headers, StoredRequest, upstream_key
 from gateway.pipeline.upstream import Answer, Fate, HttpMeta
+from pricing import wire_path
 
 log = logging.getLogger("irrev.gateway")
 
@@ -151,7 +151,7 @@ class HttpUpstream:
             semaphore.release()
 
     def _request(self, effect: StoredRequest, hold_id: str) -> httpx.Request:
-        url = self.target.base_url.rstrip("/") + upstream_path(effect.path)
+        url = self.target.base_url.rstrip("/") + wire_path(effect.path)
         url += f"?{effect.query}" if effect.query else ""
         headers = httpx.Headers(list(effect.headers))
         if hold_id:
@@ -210,18 +210,6 @@ class HttpUpstream:
             await response.aclose()
             raise
         return response
-
-
-# RFC 3986 pchar minus '%' and ';', plus the separator: a decoded path (what was
-# priced) goes out with every other character percent-encoded, so '?', '#', '%' or ';'
-# in a path parameter stay part of that parameter and cannot turn into a query, a
-# fragment, another escape or matrix parameters (which Tomcat strips), i.e. into a
-# request other than the one priced.
-_PATH_SAFE = "/!$&'()*+,=:@-._~"
-
-
-def upstream_path(path: str) -> str:
-    return quote(path, safe=_PATH_SAFE)
 
 
 def _why(exc: Exception) -> str:

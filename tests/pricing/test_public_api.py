@@ -50,6 +50,8 @@ PUBLIC_API = {
     "METHOD_OVERRIDE_HEADERS",
     "NEVER_RETURNED",
     "MEDIA_TYPES",
+    # a decoded path as the forward sends it, and as a person reads it
+    "wire_path",
     # agents and their credentials
     "AuthenticatedAgent",
     "agent_for_token",
