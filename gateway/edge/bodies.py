@@ -37,6 +37,14 @@ Model = TypeVar("Model", bound=BaseModel)
 CLOSE = {"Connection": "close"}
 # A tenant's policy document may be larger than any agent's request.
 POLICY_UPLOAD = re.compile(r"/v1/admin/tenants/[^/]+/policy")
+# RFC 9110's media-type (8.3.1); header values are read as Latin-1, so obs-text is
+# \x80-\xff.
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_QUOTED = r'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t \x21-\x7e\x80-\xff])*"'
+_MEDIA_TYPE = re.compile(
+    rf"(?P<type>{_TOKEN})/(?P<subtype>{_TOKEN})"
+    rf"(?:[ \t]*;[ \t]*(?:{_TOKEN}=(?:{_TOKEN}|{_QUOTED}))?)*"
+)
 
 
 def too_large(limit: int, headers: dict[str, str] | None = None) -> Problem:
@@ -70,10 +78,10 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
 async def read_json(request: Request, limit: int, timeout_s: float) -> bytes:
     """`read_body` of a body read as JSON: 415 for one that does not say it is, with
     one Content-Type of `application/json` or a JSON-based `application/<x>+json` (any
-    parameters), as FastAPI took a body parameter; a body without one is refused too,
-    as FastAPI's strict content type did. No body has no type to check. So nothing is
-    parsed as JSON that its sender called a form or text, which another reader of
-    the same request would read otherwise."""
+    well-formed parameters), as FastAPI took a body parameter; a body without one is
+    refused too, as FastAPI's strict content type did. No body has no type to check.
+    So nothing is parsed as JSON that its sender called a form or text, which another
+    reader of the same request would read otherwise."""
     raw = await read_body(request, limit, timeout_s)
     types = request.headers.getlist("content-type")
     if raw and (len(types) != 1 or not _is_json(types[0])):
@@ -93,8 +101,13 @@ async def read_json(request: Request, limit: int, timeout_s: float) -> bytes:
 
 
 def _is_json(content_type: str) -> bool:
-    media = content_type.partition(";")[0].strip().lower()
-    kind, _, subtype = media.partition("/")
+    """One media type (RFC 9110's grammar, whole): a header holding a list of them
+    (`application/foo, application/x+json`) is read as another type by a reader that
+    splits it, and is refused."""
+    media = _MEDIA_TYPE.fullmatch(content_type.strip())
+    if media is None:
+        return False
+    kind, subtype = media["type"].lower(), media["subtype"].lower()
     return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 

@@ -235,3 +235,27 @@ async def test_a_body_that_does_not_say_it_is_json_is_refused_415(
     typed = {**settle, "Content-Type": "application/merge-patch+json"}
     posted = await http.post(f"/v1/holds/{hold}/post", content=b"{}", headers=typed)
     assert posted.status_code == 200, posted.text
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/foo, application/x+json",
+        "application/json; v=1, text/plain",
+        "application/x +json",
+        "application/x@y+json",
+    ],
+    ids=["list", "list-after-parameters", "space", "not-a-token"],
+)
+async def test_a_content_type_that_is_not_one_media_type_is_refused_415(
+    decision_tenant: Tenant, http: httpx.AsyncClient, content_type: str
+) -> None:
+    """A Content-Type is one media type (RFC 9110): a header holding a list of them,
+    or a type with a space or a character no token has, is read as another type by a
+    reader that splits it or parses it strictly. Refused before anything is held, so
+    every case can use one key."""
+    headers = effect_headers(decision_tenant, "deployer-01", "one-media-type")
+    headers["Content-Type"] = content_type
+    body = json.dumps(DEPLOY).encode()
+    refused = await http.post("/v1/holds", content=body, headers=headers)
+    assert_problem(refused, 415, "unsupported_media_type")
