@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Hashable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -184,7 +184,15 @@ class McpUpstream:
         except TimeoutError:
             pass
         finally:
-            await self.aclose()
+            # A shutdown cancels a retire again every 0.1 s until it ends (Upstreams.
+            # aclose: ledger.stop_tasks), and a stdio server's process can take
+            # seconds to stop: the close is waited for to its end all the same, or the
+            # process outlived the shutdown.
+            closing = asyncio.ensure_future(self.aclose())
+            while not closing.done():
+                with suppress(asyncio.CancelledError):
+                    await asyncio.wait({closing})
+            closing.result()
 
     @asynccontextmanager
     async def _session(self, deadline: float) -> AsyncIterator[Client]:

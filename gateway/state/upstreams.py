@@ -13,6 +13,7 @@ from gateway.edge.wire import KEPT_RESPONSE_HEADERS
 from gateway.state.credentials import Injected
 from gateway.state.http_upstream import HttpTarget
 from gateway.state.supervision import Supervision
+from ledger import stop_tasks
 from pricing import McpErrorMeaning, TenantPolicy
 
 if TYPE_CHECKING:
@@ -65,9 +66,10 @@ class Upstreams:
     async def aclose(self) -> None:
         """Close every MCP server (clients, processes), the retired ones' at once (at
         shutdown)."""
-        for task in list(self._closing):
-            task.cancel()
-        await asyncio.gather(*self._closing, return_exceptions=True)
+        # Cancelled again until they end: a cancel swallowed in Python 3.11 waited for
+        # ever. A server's failure to close stays in its _retire (return_exceptions),
+        # so none stops the shutdown, as before.
+        await stop_tasks(self._closing)
         await asyncio.gather(*(upstream.aclose() for upstream in self.mcp.values()))
         self.mcp = {}
 

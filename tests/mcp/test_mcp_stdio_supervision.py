@@ -1,8 +1,9 @@
 """The supervisor of a stdio MCP server (gateway/state/mcp_stdio.py) on its own, with real
 processes that misbehave: one that exits at once is restarted up to the bound, then
 refused at once; one that never finishes the handshake is killed at the start timeout;
-closing the connection refuses the calls waiting for it. Each command appends its pid
-to a file, so the test sees every process it started."""
+closing the connection refuses the calls waiting for it; a server a reload retired
+is stopped by a shutdown in its grace, before the shutdown ends. Each command appends
+its pid to a file, so the test sees every process it started."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from gateway.state.mcp_stdio import Command, StdioConnection
-from gateway.state.mcp_upstream import NotSent
+from gateway.state.mcp_upstream import McpUpstream, NotSent
 from gateway.state.supervision import Supervision
+from gateway.state.upstreams import Upstreams
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -101,3 +103,25 @@ async def test_closing_refuses_the_calls_waiting_for_the_process(tmp_path: Path)
     await connection.aclose()
     assert (await waiting).why == "process_stopped"
     assert not [pid for pid in started(pids) if alive(pid)]
+
+
+async def test_a_shutdown_stops_a_retired_server_that_takes_its_time(tmp_path: Path) -> None:
+    """A shutdown cancels a retire again until it ends (ledger.stop_tasks); a process
+    that stops 1 s after its input closes is still waited for, not left running past
+    the shutdown."""
+    pids = tmp_path / "pids"
+    upstreams = Upstreams(Supervision())
+    command = misbehaving(pids, "import sys, time; sys.stdin.read(); time.sleep(1)")
+    retired = McpUpstream(StdioConnection(command, "t/lingers", Supervision()))
+    upstreams.mcp = {("t", "lingers"): retired}
+    # A call waiting for the process keeps the retired server busy through its grace.
+    call = asyncio.create_task(retired.list_tools(time.monotonic() + 30, ttl_s=0))
+    deadline = time.monotonic() + 10
+    while not started(pids):
+        assert time.monotonic() < deadline, "never started"
+        await asyncio.sleep(0.05)
+    upstreams.rebuild([], {}, grace_s=60)
+    await asyncio.sleep(0.2)  # the retire waits out its grace
+    await asyncio.wait_for(upstreams.aclose(), timeout=10)
+    assert not [pid for pid in started(pids) if alive(pid)]
+    assert await call == []
