@@ -181,15 +181,12 @@ class _Record:
         return base64.b64decode(self.body_b64)
 
     def dumps(self) -> str:
+        return json.dumps(self._fields(), separators=(",", ":"))
+
+    def _fields(self) -> dict[str, Any]:
         # The fields as they are: asdict would deep-copy each value first, once per
         # reserve, for the same JSON.
-        record = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
-        if not record.get("alone", True):
-            # Written only where set: every other record stays as long as before, and
-            # readable by a worker of the release before it during an upgrade (its
-            # `loads` takes no field it does not know).
-            del record["alone"]
-        return json.dumps(record, separators=(",", ":"))
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,9 +212,19 @@ class StoredRequest(_Record):
     effect_class: str = ""
     in_process: bool = False
     # Held under a key its caller did not send, on a route whose identical calls are
-    # each an effect of their own (Prepared.alone): what reads the hold later (the
-    # escalation's poll) must not tell the agent to repeat the call to learn its fate.
+    # each an effect of their own (`dedupe_window: 0`): nothing its caller sends
+    # reaches it again, so neither its decision nor what reads the hold later (the
+    # escalation's poll) tells the agent to repeat the call to learn its fate.
     alone: bool = False
+
+    def _fields(self) -> dict[str, Any]:
+        record = super()._fields()
+        if not self.alone:
+            # Written only where set: every other record stays as long as before, and
+            # readable by a worker of the release before it during an upgrade (its
+            # `loads` takes no field it does not know).
+            del record["alone"]
+        return record
 
     @classmethod
     def loads(cls, text: str) -> StoredRequest:

@@ -153,12 +153,6 @@ class Prepared:
     calm_price: int = 0
     stress_run: int = 0
 
-    @property
-    def alone(self) -> bool:
-        """Sent without a key on a route whose identical calls are each an effect of
-        their own (`dedupe_window: 0`): nothing its caller sends reaches it again."""
-        return self.key_name in KEYLESS_NAMES and self.agent_key.startswith(KEYLESS_KEY_PREFIX)
-
 
 def agent_key_of(keys: Sequence[str], key_name: str = HTTP_KEY) -> str:
     """The agent's one idempotency key for an effect; `key_name` says where it is sent."""

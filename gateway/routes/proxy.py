@@ -97,7 +97,7 @@ async def _proxy(
     )
     prepared = prepare(policy, agent, intent, in_process=False)
     decision = await admit(gate, policy, agent, prepared, upstream_of(gate, policy, tool))
-    return decision_response(policy, decision, repeatable=not prepared.alone)
+    return decision_response(policy, decision, repeatable=not prepared.request.alone)
 
 
 def repeat_phrase(decision: Decision, repeatable: bool) -> str:
@@ -113,8 +113,8 @@ def decision_response(
     policy: TenantPolicy, decision: Decision | Answer, repeatable: bool = True
 ) -> Response:
     """The agent's answer. `repeatable`: whether repeating the request reaches this
-    effect (Prepared.alone: not for one sent without a key on a route whose identical
-    requests are each a new effect)."""
+    effect (StoredRequest.alone: not for one sent without a key on a route whose
+    identical requests are each a new effect)."""
     if isinstance(decision, Answer):  # a read: nothing held, nothing charged
         unit = {"X-Irrev-Currency": policy.catalog.currency, "X-Irrev-Scale": str(policy.scale)}
         return answer_response(decision, {**READ_HEADERS, **unit})
