@@ -8,7 +8,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,7 +29,7 @@ from ledger import (
     RedisFailure,
     UnknownAccount,
 )
-from pricing import RequestError
+from pricing import RequestError, Suspension
 
 PROBLEM_JSON = "application/problem+json"
 # A schema refusal lists this many errors, each cut to these lengths, and counts the
@@ -120,6 +120,24 @@ def body_timeout(timeout_s: float) -> Problem:
         f"the request body did not arrive within {timeout_s:g} s; send it at once",
         headers={"Connection": "close"},
     )
+
+
+class SuspensionMembers(TypedDict):
+    suspended_by: str
+    suspended_at: str
+    suspension_reason: str
+
+
+def suspension_members(suspension: Suspension) -> SuspensionMembers:
+    """Who suspended an agent, when and why, as the members of every refusal that
+    names its suspension (403 agent_suspended, 409 agent_suspended_escalation).
+    Typed, not a dict[str, str]: unpacked into Problem, it must not read as its
+    `headers`."""
+    return {
+        "suspended_by": suspension.by,
+        "suspended_at": suspension.at,
+        "suspension_reason": suspension.reason,
+    }
 
 
 def problem_for(exc: Exception) -> Problem:

@@ -9,7 +9,7 @@ import time
 
 from gateway.edge import metrics, tracing
 from gateway.edge.advice import rejection
-from gateway.edge.problems import Problem
+from gateway.edge.problems import Problem, suspension_members
 from gateway.edge.wire import StoredAnswer, StoredRequest
 from gateway.pipeline.crashpoints import crash_point
 from gateway.pipeline.deliver import fire, require_replicas
@@ -122,9 +122,7 @@ def _check_active(policy: TenantPolicy, agent_id: str) -> None:
         f"{suspension.reason!r}: its escalations are not carried out while it is. Reject "
         f"this one, or resume the agent first (POST .../agents/{agent_id}/resume) if it "
         "should be carried out",
-        suspended_by=suspension.by,
-        suspended_at=suspension.at,
-        suspension_reason=suspension.reason,
+        **suspension_members(suspension),
     )
 
 

@@ -20,7 +20,7 @@ from gateway.edge import tracing
 from gateway.edge.advice import units_of
 from gateway.edge.canonical import Canonical
 from gateway.edge.in_flight import AgentSlots
-from gateway.edge.problems import Problem
+from gateway.edge.problems import Problem, suspension_members
 from gateway.edge.responses import amounts_in_currency
 from gateway.edge.wire import Headers, StoredRequest, fingerprint, hold_id_for
 from gateway.pipeline.resettle import Resettler
@@ -244,9 +244,7 @@ def check_active(agent: AuthenticatedAgent) -> None:
         f"an operator ({suspension.by}) suspended agent {agent.agent_id} at "
         f"{suspension.at}, saying {suspension.reason!r}; none of its calls is made "
         "until an operator resumes it",
-        suspended_by=suspension.by,
-        suspended_at=suspension.at,
-        suspension_reason=suspension.reason,
+        **suspension_members(suspension),
     )
 
 

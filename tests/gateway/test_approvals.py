@@ -187,6 +187,7 @@ async def test_an_escalation_of_a_suspended_agent_is_carried_out_only_once_it_is
     refused = await client.post(approve, json={"reason": "looks fine"}, headers=gw.admin)
     problem = assert_problem(refused, 409, "agent_suspended_escalation")
     assert why in problem["detail"] and "resume" in problem["detail"]
+    assert problem["suspension_reason"] == why and problem["suspended_at"]
     assert (await client.get(hold_path, headers=gw.admin)).json()["state"] == "escalated"
     resumed = await client.post(f"{agent}/resume", headers=gw.admin)
     assert resumed.status_code == 200, resumed.text
