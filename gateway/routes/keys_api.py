@@ -100,9 +100,13 @@ async def create_key(request: Request, tenant: str, admin: Admin) -> dict[str, A
     policy = policy_of(request, tenant, admin, managed_keys.managing_role(spec))
     life_ms = body.expires_in_s * 1000 if body.expires_in_s is not None else None
     try:
-        record, token = await managed_keys.issue(gate.ledger, policy, spec, life_ms)
+        record, token = await managed_keys.issue(
+            gate.ledger, policy, spec, life_ms, "" if admin.operator else admin.name
+        )
     except managed_keys.UnknownAgent as exc:
         raise Problem(404, "unknown_agent", str(exc), agent=exc.agent) from exc
+    except managed_keys.AdminNameTaken as exc:
+        raise Problem(409, "admin_name_in_policy", str(exc), admin=exc.admin) from exc
     log.info(
         "key created",
         extra={"tenant": tenant, "admin": admin.name, "key": record.key_id, "kind": spec.kind},

@@ -29,6 +29,19 @@ class UnknownAgent(ValueError):
         self.agent = agent
 
 
+class AdminNameTaken(ValueError):
+    """A managed admin key under the name of one of the policy's admins, asked for by
+    someone else: its decisions would be recorded under that admin's name."""
+
+    def __init__(self, tenant: str, admin: str) -> None:
+        super().__init__(
+            f"tenant {tenant!r}'s policy names admin {admin!r}: a key under that name "
+            "would record its approvals and rejections as theirs; only they may take "
+            "one. Name the key after the person who will hold it"
+        )
+        self.admin = admin
+
+
 def managing_role(spec: KeySpec) -> AdminRole:
     """The role an admin needs to create, rotate or revoke a key like `spec`: at least
     approver, and never less than the key grants. An agent's key spends the tenant's
@@ -46,12 +59,23 @@ def _new_token() -> tuple[str, str]:
 
 
 async def issue(
-    ledger: Ledger, policy: TenantPolicy, spec: KeySpec, expires_in_ms: int | None
+    ledger: Ledger,
+    policy: TenantPolicy,
+    spec: KeySpec,
+    expires_in_ms: int | None,
+    asked_by: str = "",
 ) -> tuple[KeyRecord, str]:
-    """A new key of `policy`'s tenant, and its token. UnknownAgent for an agent the
-    policy lacks; ValueError for a role that is not one of AdminRole's."""
+    """A new key of `policy`'s tenant, and its token, asked for by the admin
+    `asked_by` ('' for an operator's command). UnknownAgent for an agent the policy
+    lacks; AdminNameTaken for an admin key under a policy admin's name asked for by
+    anyone but that admin (decisions are recorded under the key's admin name, so an
+    approver could otherwise sign as the policy's CFO); ValueError for a role that is
+    not one of AdminRole's."""
     if spec.kind is KeyKind.AGENT and spec.agent not in policy.agents_by_id:
         raise UnknownAgent(policy.tenant, spec.agent)
+    named = spec.admin in policy.document.admins
+    if spec.kind is KeyKind.ADMIN and named and spec.admin != asked_by:
+        raise AdminNameTaken(policy.tenant, spec.admin)
     if spec.kind is KeyKind.ADMIN and spec.role not in set(AdminRole):
         roles = ", ".join(AdminRole)
         raise ValueError(f"role {spec.role!r} is not one of {roles}")

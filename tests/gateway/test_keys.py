@@ -295,6 +295,26 @@ async def test_tenant_admins_manage_their_own_keys_within_their_role(
     assert agent.status_code == 201, agent.text
 
 
+async def test_an_admin_key_takes_a_policy_admins_name_only_for_that_admin(
+    keys_fleet: Keys, clients: list[httpx.AsyncClient]
+) -> None:
+    """Decisions are recorded under a key's admin name: an approver's key named after
+    the policy's policy_admin `pat` would approve as pat. Only pat may take it."""
+    fleet = keys_fleet
+    first, _ = clients
+    for asker in (fleet.approver, fleet.operator):
+        forged = await create(first, fleet, asker, kind="admin", admin="pat", role="approver")
+        assert_problem(forged, 409, "admin_name_in_policy")
+        assert forged.json()["admin"] == "pat"
+    listed = await first.get(fleet.path(), headers=bearer(fleet.operator))
+    assert "pat" not in {key.get("admin") for key in listed.json()["keys"]}
+    own = await create(first, fleet, fleet.policy_admin, kind="admin", admin="pat", role="viewer")
+    assert own.status_code == 201, own.text
+    # A name the policy does not hold is anyone's with the role to grant it.
+    other = await create(first, fleet, fleet.approver, kind="admin", admin="ann2", role="viewer")
+    assert other.status_code == 201, other.text
+
+
 @pytest.mark.parametrize(
     ("body", "status", "reason"),
     [
