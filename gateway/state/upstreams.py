@@ -32,6 +32,10 @@ class Upstreams:
         self.targets: dict[tuple[str, str], HttpTarget] = {}
         self.mcp: dict[tuple[str, str], McpUpstream] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        # The servers a reload dropped, until their retire has closed them (by id: an
+        # upstream compares by its fields): a shutdown closes those whose retire never
+        # ran, cancelled before its first step.
+        self._retiring: dict[int, McpUpstream] = {}
 
     def rebuild(
         self, policies: Iterable[TenantPolicy], credentials: InjectedByTenant, grace_s: float
@@ -58,7 +62,8 @@ class Upstreams:
         in_use = {id(upstream) for upstream in kept.values()}
         dropped = [upstream for upstream in self.mcp.values() if id(upstream) not in in_use]
         if dropped:
-            task = asyncio.get_running_loop().create_task(_retire(dropped, grace_s))
+            self._retiring.update((id(upstream), upstream) for upstream in dropped)
+            task = asyncio.get_running_loop().create_task(self._retire(dropped, grace_s))
             self._closing.add(task)
             task.add_done_callback(self._closing.discard)
         return kept
@@ -70,8 +75,27 @@ class Upstreams:
         # ever. A server's failure to close stays in its _retire (return_exceptions),
         # so none stops the shutdown, as before.
         await stop_tasks(self._closing)
+        unretired = list(self._retiring.values())
+        await asyncio.gather(*(upstream.aclose() for upstream in unretired), return_exceptions=True)
+        self._retiring = {}
         await asyncio.gather(*(upstream.aclose() for upstream in self.mcp.values()))
         self.mcp = {}
+
+    async def _retire(self, upstreams: list[McpUpstream], grace_s: float) -> None:
+        """Close retired MCP servers (an HTTP client, a stdio server's process) once
+        the deliveries through them have ended, at most `grace_s` (fire() gives one at
+        most upstream_timeout_s); at once if cancelled."""
+        await asyncio.gather(
+            *(self._retire_one(u, grace_s) for u in upstreams), return_exceptions=True
+        )
+
+    async def _retire_one(self, upstream: McpUpstream, grace_s: float) -> None:
+        try:
+            await upstream.retire(grace_s)
+        finally:
+            # Reached only once the retire ran, which closes the server even when
+            # cancelled; one cancelled before its first step stays for aclose.
+            self._retiring.pop(id(upstream), None)
 
 
 def _targets(
@@ -126,10 +150,3 @@ def _mcp_upstreams(
             )
             upstreams[(policy.tenant, name)] = McpUpstream(connection, not_executed, tool.dedupes)
     return upstreams
-
-
-async def _retire(upstreams: list[McpUpstream], grace_s: float) -> None:
-    """Close retired MCP servers (an HTTP client, a stdio server's process) once the
-    deliveries through them have ended, at most `grace_s` (fire() gives one at most
-    upstream_timeout_s); at once if cancelled."""
-    await asyncio.gather(*(u.retire(grace_s) for u in upstreams), return_exceptions=True)

@@ -105,10 +105,15 @@ async def test_closing_refuses_the_calls_waiting_for_the_process(tmp_path: Path)
     assert not [pid for pid in started(pids) if alive(pid)]
 
 
-async def test_a_shutdown_stops_a_retired_server_that_takes_its_time(tmp_path: Path) -> None:
+@pytest.mark.parametrize("retire_started", [True, False], ids=["retiring", "just-retired"])
+async def test_a_shutdown_stops_a_retired_server_that_takes_its_time(
+    tmp_path: Path, retire_started: bool
+) -> None:
     """A shutdown cancels a retire again until it ends (ledger.stop_tasks); a process
     that stops 1 s after its input closes is still waited for, not left running past
-    the shutdown."""
+    the shutdown. Also when the shutdown comes before the retire's task ever ran (a
+    reload, then a SIGTERM in the same turn of the loop): cancelled unstarted, it
+    closed nothing, and the process outlived the gateway."""
     pids = tmp_path / "pids"
     upstreams = Upstreams(Supervision())
     command = misbehaving(pids, "import sys, time; sys.stdin.read(); time.sleep(1)")
@@ -121,7 +126,8 @@ async def test_a_shutdown_stops_a_retired_server_that_takes_its_time(tmp_path: P
         assert time.monotonic() < deadline, "never started"
         await asyncio.sleep(0.05)
     upstreams.rebuild([], {}, grace_s=60)
-    await asyncio.sleep(0.2)  # the retire waits out its grace
+    if retire_started:
+        await asyncio.sleep(0.2)  # the retire waits out its grace
     await asyncio.wait_for(upstreams.aclose(), timeout=10)
     assert not [pid for pid in started(pids) if alive(pid)]
-    assert await call == []
+    assert await asyncio.wait_for(call, timeout=10) == []
