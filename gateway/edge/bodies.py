@@ -218,13 +218,11 @@ async def drain(receive: Receive, deadline: float, at_most: int = DRAIN_BYTES) -
 
 
 MAX_NOTE_CHARS = 500  # at most 2000 bytes of UTF-8: within the ledger's 2048
+# Text a person writes for other people to read (a reason, a key's owner and purpose):
+# no control, format or separator characters (the module's docstring).
+SHOWN_TEXT = r"^[^\x00-\x1f\x7f-\x9f\p{Cf}\p{Zl}\p{Zp}]*$"
 
-Note = Annotated[
-    str,
-    StringConstraints(
-        max_length=MAX_NOTE_CHARS, pattern=r"^[^\x00-\x1f\x7f-\x9f\p{Cf}\p{Zl}\p{Zp}]*$"
-    ),
-]
+Note = Annotated[str, StringConstraints(max_length=MAX_NOTE_CHARS, pattern=SHOWN_TEXT)]
 
 
 class Ruling(BaseModel):

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.edge.auth import Admin, policy_of
-from gateway.edge.bodies import body_schema, read_model
+from gateway.edge.bodies import SHOWN_TEXT, body_schema, read_model
 from gateway.edge.problems import Problem
 from gateway.pipeline.prepare import Gate
 from gateway.state import managed_keys
@@ -29,7 +29,9 @@ from pricing import AdminRole, MemberId
 log = logging.getLogger("irrev.gateway")
 router = APIRouter(prefix="/v1/admin/tenants/{tenant}/keys", tags=["keys"])
 MAX_LIFETIME_S = 366 * 24 * 3600
-Text = Annotated[str, Field(max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")]
+# Shown in every list of keys, the console's too: no bidi override nor zero-width
+# character may change what a reader sees of whose a key is.
+Text = Annotated[str, Field(max_length=200, pattern=SHOWN_TEXT)]
 
 
 class KeyRequest(BaseModel):
