@@ -38,6 +38,10 @@ NEXT_STEPS: dict[str, tuple[Retry, str]] = {
     "not_found": (Retry.NO, _NOT_AGAIN),
     "unknown_agent": (Retry.FIX, "Add the agent to the tenant's policy, or name one it has."),
     "key_not_found": (Retry.FIX, "List the tenant's keys to find the key's id."),
+    "admin_name_in_policy": (
+        Retry.FIX,
+        "Name the key after the person who will hold it, or let that admin create it.",
+    ),
     "key_revoked": (Retry.NO, "A revoked key stays revoked: create a new key."),
     "key_expired": (Retry.NO, "Create a new key."),
     "method_not_allowed": (Retry.FIX, _FIX),
