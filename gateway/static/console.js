@@ -29,6 +29,8 @@ const state = {
   refusalReason: "", // the refusals shown: every reason, or this one
   refused: null, // the last refusal counts read
   policy: null, // the tenant's policy document, for the rule form's names
+  pointerOnQueue: false, // the pointer is over the escalation queue's table
+  leaving: null, // the timer that lets go of the queue once the pointer left it
 };
 const DECISIONS_KEPT = 60;
 // Accounts listed before "show all": the ones an operator must watch come first.
@@ -43,6 +45,11 @@ const REQUEST_TIMEOUT_MS = 20000;
 const BULK_PARALLEL = 4;
 const REFUSAL_ROWS_SHOWN = 50;
 const TOP_SHOWN = 5;
+// The queue is let go (sorted again) this long after the pointer left its table, unless
+// it came back: chromium reports a leave and an enter at the same point when it lays the
+// view out again (a capture of the whole page, as the tests take), which must not move
+// the rows under it.
+const LEAVE_MS = 500;
 
 class ApiError extends Error {
   // `reason`: the gateway's reason code when the refusal is its own, from its
@@ -136,10 +143,12 @@ function el(tag, props = {}, ...children) {
 // What the operator's last action did: a success replaces an error and vice versa;
 // the auto-refresh never clears it (it would, before anyone could read it).
 function flash(message, isError = false) {
-  $("flash").textContent = isError ? "" : message;
-  $("flash").hidden = isError || !message;
-  $("error").textContent = isError ? message : "";
-  $("error").hidden = !isError || !message;
+  steady(() => {
+    $("flash").textContent = isError ? "" : message;
+    $("flash").hidden = isError || !message;
+    $("error").textContent = isError ? message : "";
+    $("error").hidden = !isError || !message;
+  });
 }
 
 // Whether the page is current: a failed refresh says so where the time of the last
@@ -261,17 +270,19 @@ async function load() {
   state.unit = policy.data.risk_unit || state.unit;
   await loadDecisions(tenant);
   if (tenant !== state.tenant) return;
-  renderSummary(balances.data, queue, ambiguous, refused.data);
-  renderBalances(balances.data);
-  renderEscalations(queue);
-  renderRules(rules.data.rules, policy.data, balances.data);
-  renderRefusals(refused.data);
-  renderAgents(agents.data.agents, refused.data);
-  renderKeys(keys.data.keys);
-  renderStress(stress.data.detectors);
-  renderAmbiguous(ambiguous);
-  renderDecisions();
-  for (const table of document.querySelectorAll("table.stack")) labelCells(table);
+  steady(() => {
+    renderSummary(balances.data, queue, ambiguous, refused.data);
+    renderBalances(balances.data);
+    renderEscalations(queue);
+    renderRules(rules.data.rules, policy.data, balances.data);
+    renderRefusals(refused.data);
+    renderAgents(agents.data.agents, refused.data);
+    renderKeys(keys.data.keys);
+    renderStress(stress.data.detectors);
+    renderAmbiguous(ambiguous);
+    renderDecisions();
+    for (const table of document.querySelectorAll("table.stack")) labelCells(table);
+  });
 }
 
 // Under a narrow window the tables stack each row as a card (console.css): each cell
@@ -429,12 +440,16 @@ function decisionCell(e) {
   return el("div", { className: "decide" }, reason, approve, reject);
 }
 
-function escalationCells(e) {
+// How long it has waited and has left: the one cell a row held still still updates.
+function waited(e) {
   const left = timeLeft(e);
+  return [el("div", {}, duration(age(e)) + " ago"),
+    el("div", { className: left < 60000 ? "urgent" : "muted" }, left > 0 ? `${duration(left)} left` : "expiring")];
+}
+
+function escalationCells(e) {
   return [
-    el("td", { className: "when" }, el("div", {}, duration(age(e)) + " ago"),
-      el("div", { className: left < 60000 ? "urgent" : "muted" },
-        left > 0 ? `${duration(left)} left` : "expiring")),
+    el("td", { className: "when" }, ...waited(e)),
     el("td", { className: "who" }, el("div", {}, e.agent || ""),
       el("div", { className: "muted" }, e.principal || "")),
     el("td", { className: "route mono" }, el("div", { className: "muted" }, e.route || ""),
@@ -497,10 +512,21 @@ function pickCell(e) {
   return box;
 }
 
+function escalationRow(e, existing) {
+  const kept = existing.get(e.escalation);
+  const tr = kept && !kept.classList.contains("gone") ? kept
+    : el("tr", { data: { escalation: e.escalation, hold: e.hold } },
+      el("td", { className: "pick" }, pickCell(e)), el("td", { className: "decision" }, decisionCell(e)));
+  redraw(tr, escalationCells(e));
+  return tr;
+}
+
 // Rows are kept by escalation id across refreshes, so that a reason being typed (and
 // the focus) survives the auto-refresh; only the context cells are redrawn. The
 // filters hide what does not match; a selection is always among the rows shown.
-function renderEscalations(queue) {
+// While the approver is at the queue the rows hold still (holdStill); otherwise, and
+// once the pointer leaves it (`sorted`: a filter chosen), they are sorted by time left.
+function renderEscalations(queue, sorted = false) {
   state.queue = queue;
   fillFilter($("filter-agent"), queue.items.map((e) => e.agent || ""), state.filters.agent);
   fillFilter($("filter-route"), queue.items.map((e) => e.route || ""), state.filters.route);
@@ -508,18 +534,13 @@ function renderEscalations(queue) {
   const items = queue.items.filter(matches);
   const tbody = $("escalations").tBodies[0];
   const existing = new Map([...tbody.rows].map((tr) => [tr.dataset.escalation, tr]));
-  items.sort((a, b) => timeLeft(a) - timeLeft(b));
-  const rows = items.map((e) => {
-    let tr = existing.get(e.escalation);
-    if (!tr) {
-      tr = el("tr", { data: { escalation: e.escalation } },
-        el("td", { className: "pick" }, pickCell(e)),
-        el("td", { className: "decision" }, decisionCell(e)));
-    }
-    redraw(tr, escalationCells(e));
-    return tr;
-  });
-  place(tbody, rows);
+  if (!sorted && aiming() && tbody.dataset.tenant === state.tenant) holdStill(tbody, items, existing);
+  else {
+    letGo();
+    items.sort((a, b) => timeLeft(a) - timeLeft(b));
+    place(tbody, items.map((e) => escalationRow(e, existing)));
+  }
+  tbody.dataset.tenant = state.tenant;
   const shown = new Set(items.map((e) => e.escalation));
   for (const id of state.selected) if (!shown.has(id)) state.selected.delete(id);
   showSelection();
@@ -537,10 +558,100 @@ function renderEscalations(queue) {
   for (const hold of state.opened) if (!waiting.has(hold)) state.opened.delete(hold);
 }
 
+// --- the queue holds still under the approver's hand --------------------------------
+
+// Whether the approver is at the queue: the pointer over its table, or the focus on a
+// control of a row that still waits. An agent must not be able to move its escalation
+// under a pointer aimed at another (by withdrawing one of its own above it, or by
+// raising one that sorts above it) for the click to approve it.
+function aiming() {
+  const table = $("escalations");
+  const focus = document.activeElement;
+  const focused = focus !== table && table.contains(focus) && !focus.disabled && !focus.closest("tr.gone");
+  return state.pointerOnQueue || focused;
+}
+
+// The rows as they stand: none moves, none is removed, none is put between them. One
+// whose escalation left (decided, expired, withdrawn) stays in its place, greyed, its
+// controls disabled and covered by why it left; a new escalation is added at the end;
+// the columns keep their widths (a new row's text cannot re-wrap the rows above it),
+// and a kept row updates only its time left, on one line (console.css table.held).
+function holdStill(tbody, items, existing) {
+  const table = $("escalations");
+  if (!table.classList.contains("held") && table.tHead.offsetParent !== null) {
+    for (const th of table.tHead.rows[0].cells) th.style.width = th.getBoundingClientRect().width + "px";
+  }
+  table.classList.add("held");
+  const waiting = new Map(state.queue.items.map((e) => [e.escalation, e]));
+  for (const tr of tbody.rows) {
+    const e = waiting.get(tr.dataset.escalation);
+    if (e) tr.querySelector("td.when").replaceChildren(...waited(e));
+    else if (!tr.classList.contains("gone")) leftQueue(tr);
+  }
+  for (const e of items) if (!existing.has(e.escalation)) tbody.append(escalationRow(e, existing));
+}
+
+function leftQueue(tr) {
+  tr.classList.add("gone");
+  for (const control of tr.querySelectorAll("input, button")) control.disabled = true;
+  const note = el("div", { className: "gone-note" }, "no longer waiting");
+  tr.querySelector("td.decision").append(note);
+  const t = encodeURIComponent(state.tenant);
+  api(`/v1/admin/tenants/${t}/holds/${encodeURIComponent(tr.dataset.hold)}`)
+    .then(({ data }) => { note.textContent = `no longer waiting: ${howItLeft(data)}`; }, () => {});
+}
+
+// What became of a hold that left the queue, from the hold itself: the events feed
+// has no event for a hold its agent voided.
+function howItLeft(h) {
+  if (h.state === "expired") return "expired";
+  if (h.state === "rejected") return `rejected by ${h.by}`;
+  if (h.by) return `approved by ${h.by}`;
+  return h.state === "voided" ? "withdrawn by the agent" : h.state;
+}
+
+// The queue sorted again, its rows that left gone: once the approver is no longer at
+// it (the pointer left its table, the focus left its controls).
+function settle() {
+  if (!aiming() && $("escalations").classList.contains("held")) {
+    steady(() => {
+      renderEscalations(state.queue);
+      labelCells($("escalations"));
+    });
+  }
+}
+
+function letGo() {
+  const table = $("escalations");
+  table.classList.remove("held");
+  table.style.marginTop = "";
+  for (const th of table.tHead.rows[0].cells) th.style.width = "";
+}
+
+// What changes above the queue (a message, the tiles, the filters' widths) must not
+// move it while the approver is at it: the window scrolls by what the table moved, or
+// a margin above it takes up what shrank at the top of the page.
+function steady(change) {
+  const table = $("escalations");
+  if (!aiming() || table.offsetParent === null) return change();
+  const before = table.getBoundingClientRect().top;
+  change();
+  let moved = table.getBoundingClientRect().top - before;
+  if (moved > 0) {
+    window.scrollBy(0, moved);
+    moved = table.getBoundingClientRect().top - before;
+  }
+  if (moved !== 0 && table.classList.contains("held")) {
+    table.style.marginTop = Math.max(0, (parseFloat(table.style.marginTop) || 0) - moved) + "px";
+  }
+}
+
 // The ticks, the "all shown" box and the bulk buttons, as the selection is.
 function showSelection() {
-  const rows = [...$("escalations").tBodies[0].rows];
-  for (const tr of rows) tr.querySelector("input.pick").checked = state.selected.has(tr.dataset.escalation);
+  const rows = [...$("escalations").tBodies[0].rows].filter((tr) => !tr.classList.contains("gone"));
+  for (const tr of $("escalations").tBodies[0].rows) {
+    tr.querySelector("input.pick").checked = state.selected.has(tr.dataset.escalation);
+  }
   const n = state.selected.size;
   const all = $("select-shown");
   all.checked = n > 0 && n === rows.length;
@@ -550,7 +661,7 @@ function showSelection() {
 }
 
 function selectShown() {
-  const rows = [...$("escalations").tBodies[0].rows];
+  const rows = [...$("escalations").tBodies[0].rows].filter((tr) => !tr.classList.contains("gone"));
   const every = $("select-shown").checked;
   state.selected.clear();
   if (every) for (const tr of rows) state.selected.add(tr.dataset.escalation);
@@ -559,7 +670,7 @@ function selectShown() {
 
 function chooseFilter(field, select) {
   state.filters[field] = select.value;
-  renderEscalations(state.queue);
+  renderEscalations(state.queue, true);
   labelCells($("escalations"));
 }
 
@@ -596,7 +707,7 @@ async function decide(escalation, verb, reasonInput, buttons) {
   if (outcome.kind === "done") flash(`${escalation}: ${outcome.text}${reason ? ` — “${reason}”` : ""}`);
   else {
     flash(`${verb} ${escalation}: ${outcome.text}`, true);
-    buttons.forEach((b) => { b.disabled = false; });
+    if (!buttons[0].closest("tr.gone")) buttons.forEach((b) => { b.disabled = false; });
   }
   await refresh(true);
 }
@@ -1079,6 +1190,20 @@ document.addEventListener("DOMContentLoaded", async () => {
     state.refusalReason = e.target.value;
     if (state.refused) renderRefusals(state.refused);
     labelCells($("refusals"));
+  });
+  $("escalations").addEventListener("pointerenter", () => {
+    clearTimeout(state.leaving);
+    state.pointerOnQueue = true;
+  });
+  $("escalations").addEventListener("pointerleave", () => {
+    clearTimeout(state.leaving);
+    state.leaving = setTimeout(() => {
+      state.pointerOnQueue = false;
+      settle();
+    }, LEAVE_MS);
+  });
+  $("escalations").addEventListener("focusout", (e) => {
+    if (!$("escalations").contains(e.relatedTarget)) settle();
   });
   $("queue-more").addEventListener("click", () => {
     state.queuePages += 1;

@@ -1,6 +1,6 @@
 """The operator console in a real browser, for its tests (test_console.py,
-test_console_agents.py): Debian's chromium, headless, driven by Selenium through
-Debian's chromedriver. Every wait is on a condition of the page, with a deadline
+test_console_agents.py, test_console_pointer.py): Debian's chromium, headless,
+driven by Selenium through Debian's chromedriver. Every wait is on a condition of the page, with a deadline
 generous enough for a loaded 2-core machine; nothing waits a fixed time."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from selenium.common.exceptions import (
     StaleElementReferenceException,
     TimeoutException,
 )
-from selenium.webdriver import Chrome
+from selenium.webdriver import ActionChains, Chrome
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -113,6 +113,23 @@ class Page:
             ),
             f"no recent decision with {words}",
         )
+
+    def left_in_place(self, row_css: str, how: str) -> None:
+        """Waits until the queue's row at `row_css` says its escalation left it `how`
+        ("approved by"), greyed in its place: while the pointer rests on the queue its
+        rows hold still (console.js holdStill); then moves the pointer off the queue,
+        and waits until the row is gone."""
+        row = self.find(row_css)
+        last = [""]
+
+        def says(driver: Chrome) -> bool:
+            notes = driver.find_elements(By.CSS_SELECTOR, f"{row_css}.gone .gone-note")
+            last[0] = notes[0].text if notes else ""
+            return how in last[0]
+
+        self.until(says, lambda: f"{row_css} never said {how!r} in place, last {last[0]!r}")
+        ActionChains(self.driver).move_to_element(self.find("header h1")).perform()
+        self.gone(row, f"{row_css} is still in the queue once the pointer left it")
 
     def until(self, condition: Callable[[Chrome], Any], what: str | Callable[[], str]) -> Any:
         """`condition` met within WAIT_S. The page re-renders its panels as it refreshes,

@@ -166,7 +166,7 @@ def test_an_operator_approves_an_escalation_in_the_console_and_sees_the_balance_
 
         row.find_element(By.CSS_SELECTOR, "input.reason").send_keys(REASON)
         row.find_element(By.CSS_SELECTOR, "button.approve").click()
-        page.gone(row, f"{escalation} is still in the queue")
+        page.left_in_place(row_css, "approved by operator:")
         page.text_is(f"{account} td.posted", price)
         page.text_is(f"{account} td.pending", "0 USD")
         flash = page.find("#flash").text
@@ -420,7 +420,7 @@ def test_at_800_px_an_operator_sees_refusals_decides_in_bulk_and_sets_rules(
             reject = row.find_element(By.CSS_SELECTOR, "button.reject")
             assert reject.is_displayed()
             reject.click()
-            page.gone(row, f"{target} is still in the queue")
+            page.left_in_place(f'tr[data-escalation="{target}"]', "rejected by operator:")
             polled = http.get(f"/v1/escalations/{target}", headers=tenant.auth("buyer-06"))
             assert_problem(polled, 403, "escalation_rejected")
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import pytest
 from selenium.webdriver import Chrome
-from selenium.webdriver.common.by import By
 
 from irrev.harness import free_port
 
@@ -71,9 +70,9 @@ async def test_an_approval_the_tool_refused_in_the_gateways_words_is_reported_as
         )
         assert asked.status_code == 202, asked.text
         escalation = asked.json()["escalation"]
-        row = page.find(f'tr[data-escalation="{escalation}"]')
-        row.find_element(By.CSS_SELECTOR, "button.approve").click()
-        page.gone(row, f"{escalation} is still in the queue")
+        row_css = f'tr[data-escalation="{escalation}"]'
+        page.find(f"{row_css} button.approve").click()
+        page.left_in_place(row_css, "approved by operator:")
         held = await http.get(
             f"/v1/admin/tenants/{tenant.id}/holds/{asked.headers['x-irrev-hold']}",
             headers=gateway.admin,
