@@ -56,6 +56,13 @@ MAX_BODY_BYTES = 64 * 1024
 # How long a new tenant may take to be applied by every worker (a look every 0.25 s,
 # then a reload of the directory; minutes only on a machine that is badly overloaded).
 TENANT_APPLIED_S = 60.0
+# How long a test's client keeps an idle connection: well under the servers' keep-alive
+# (uvicorn's 5 s, the gateway's and the suppliers'), which closes it at the server's
+# end. httpx kept it 5 s too, so a request after a wait of about that long (a hold's
+# deadline) could leave on a connection the server was closing, and fail to read
+# (httpx.ReadError) whatever the server would have answered; on a loaded machine
+# the client reads an answer, and starts its 5 s, later than the server sent it.
+KEEP_ALIVE_S = 1.0
 
 # The URLs of live peer gateways of the session's gateway (`peer_gateway`): a tenant's
 # fleet gauges come from whichever gateway holds its sweep lease, so a scrape of the
@@ -314,7 +321,9 @@ def wait_for_workers(gateway: Gateway, deadline_s: float = 30.0, workers: int = 
 
 @pytest.fixture
 async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
-    limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
+    limits = httpx.Limits(
+        max_connections=200, max_keepalive_connections=200, keepalive_expiry=KEEP_ALIVE_S
+    )
     async with httpx.AsyncClient(
         base_url=gateway.url, timeout=30.0, limits=limits, trust_env=False
     ) as client:
@@ -324,7 +333,10 @@ async def http(gateway: Gateway) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 async def upstream(suppliers: Server) -> AsyncIterator[httpx.AsyncClient]:
     """A client of the supplier server (stats, faults), by tenant path."""
-    async with httpx.AsyncClient(base_url=suppliers.url, timeout=10.0, trust_env=False) as client:
+    limits = httpx.Limits(keepalive_expiry=KEEP_ALIVE_S)
+    async with httpx.AsyncClient(
+        base_url=suppliers.url, timeout=10.0, limits=limits, trust_env=False
+    ) as client:
         yield client
 
 

@@ -24,7 +24,7 @@ from mcp.types import CallToolResult, ContentBlock, RequestParamsMeta, TextConte
 
 from irrev.harness import PolicyDraft, new_token
 from pricing.credentials import hash_token
-from tests.gateway.conftest import Gateway, wait_for_workers
+from tests.gateway.conftest import KEEP_ALIVE_S, Gateway, wait_for_workers
 from tests.gateway.servers import BIN, EXAMPLES, Server, base_env
 
 WORKERS = 2
@@ -268,7 +268,10 @@ def mcp_gateway(
 @asynccontextmanager
 async def agent(url: str, headers: dict[str, str]) -> AsyncIterator[Client]:
     """A real MCP client session of an agent (Streamable HTTP, its Bearer token)."""
-    async with httpx2.AsyncClient(headers=headers, timeout=30.0, trust_env=False) as http:
+    limits = httpx2.Limits(keepalive_expiry=KEEP_ALIVE_S)
+    async with httpx2.AsyncClient(
+        headers=headers, timeout=30.0, limits=limits, trust_env=False
+    ) as http:
         transport = streamable_http_client(f"{url}/mcp", http_client=http)
         async with Client(transport, cache=None) as client:
             yield client
@@ -276,13 +279,19 @@ async def agent(url: str, headers: dict[str, str]) -> AsyncIterator[Client]:
 
 @pytest.fixture
 async def tools_http(tool_server: Server) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=tool_server.url, timeout=10.0, trust_env=False) as c:
+    limits = httpx.Limits(keepalive_expiry=KEEP_ALIVE_S)
+    async with httpx.AsyncClient(
+        base_url=tool_server.url, timeout=10.0, limits=limits, trust_env=False
+    ) as c:
         yield c
 
 
 @pytest.fixture
 async def http(mcp_gateway: McpGateway) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=mcp_gateway.url, timeout=30.0, trust_env=False) as c:
+    limits = httpx.Limits(keepalive_expiry=KEEP_ALIVE_S)
+    async with httpx.AsyncClient(
+        base_url=mcp_gateway.url, timeout=30.0, limits=limits, trust_env=False
+    ) as c:
         yield c
 
 
