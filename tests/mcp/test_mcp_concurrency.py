@@ -204,7 +204,8 @@ async def test_server_killed_mid_call_is_ambiguous_until_reconciled(
                 call = asyncio.create_task(
                     client.call_tool("procure__place_order", order(), meta=meta)
                 )
-                await _wait_for_call(http, tools.url, tenant.namespace)
+                made = "effects" if when == "after_effect" else "calls"
+                await _wait_for(http, tools.url, tenant.namespace, made)
                 assert tools.process is not None
                 os.killpg(tools.process.pid, signal.SIGKILL)
                 tools.process.wait(timeout=10)
@@ -232,15 +233,16 @@ async def test_server_killed_mid_call_is_ambiguous_until_reconciled(
         tools.stop()
 
 
-async def _wait_for_call(http: httpx.AsyncClient, url: str, namespace: str) -> None:
+async def _wait_for(http: httpx.AsyncClient, url: str, namespace: str, count: str) -> None:
+    """The tool server counts a call (`count` "calls") or its effect ("effects"): the
+    call is in the tool, delaying, or past its effect. A fixed 0.2 s after the call was
+    counted stood in for its effect, which a loaded machine may not have made by then."""
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        stats = (await http.get(f"{url}/{namespace}/_stats")).json()
-        if stats["calls"]:
-            await asyncio.sleep(0.2)  # inside the tool now: effect made, or delaying
+        if (await http.get(f"{url}/{namespace}/_stats")).json()[count]:
             return
         await asyncio.sleep(0.05)
-    raise AssertionError("the call never reached the MCP server")
+    raise AssertionError(f"the call never reached the MCP server ({count} stayed 0)")
 
 
 async def _reconcile_until_settled(
