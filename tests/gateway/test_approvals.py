@@ -14,7 +14,7 @@ from urllib.parse import unquote
 import httpx
 import pytest
 
-from .conftest import Gateway, own_gateway
+from .conftest import UPSTREAM_TIMEOUT_S, Gateway, own_gateway
 from .helpers import assert_problem, balances, effect_headers, ledger_audit, order, set_faults
 from .servers import Server
 
@@ -41,7 +41,9 @@ def loop_gateway(
         root,
         1,
         {"accounts": ROOMY},
-        IRREV_UPSTREAM_TIMEOUT_S="1",
+        # The shared gateway's wait: its approved orders are honest forwards, which a
+        # loaded machine can take longer than 1 s to answer.
+        IRREV_UPSTREAM_TIMEOUT_S=str(UPSTREAM_TIMEOUT_S),
         IRREV_FORWARD_MARGIN_S="0.5",
     ) as gateway:
         yield gateway

@@ -28,7 +28,7 @@ from ledger.cluster import redis_client
 from ledger.keys import tenant_prefix
 from pricing.credentials import hash_token
 
-from .conftest import Gateway, wait_for_workers
+from .conftest import UPSTREAM_TIMEOUT_S, Gateway, wait_for_workers
 from .helpers import assert_problem, balances, based, effect_headers, order, used
 from .servers import BIN, Server, Tenant, base_env, write_policy
 
@@ -105,7 +105,9 @@ def trusted(
         IRREV_REDIS_URL=redis_url,
         IRREV_POLICY_DIR=str(policies),
         IRREV_ADMIN_TOKENS=f"ops={admin_token}",
-        IRREV_UPSTREAM_TIMEOUT_S="1",
+        # The shared gateway's wait: most forwards here are honest, and a loaded
+        # machine can take longer than 1 s to answer one.
+        IRREV_UPSTREAM_TIMEOUT_S=str(UPSTREAM_TIMEOUT_S),
         IRREV_FORWARD_MARGIN_S="0.5",
         IRREV_SWEEP_INTERVAL_S="0.5",
         **{TOKEN_ENV: bearer},
@@ -298,7 +300,7 @@ async def test_reconcile_looks_up_with_the_credentials(
     trusted: Trusted, client: httpx.AsyncClient, upstream: httpx.AsyncClient
 ) -> None:
     tenant = trusted.paying
-    await faults(upstream, trusted, delay_s=2.5, times=1)
+    await faults(upstream, trusted, delay_s=UPSTREAM_TIMEOUT_S + 1.5, times=1)
     response = await client.post(
         "/tools/supplier/orders",
         json=order(),
