@@ -127,7 +127,10 @@ async def test_a_shutdown_stops_a_retired_server_that_takes_its_time(
         await asyncio.sleep(0.05)
     upstreams.rebuild([], {}, grace_s=60)
     if retire_started:
-        await asyncio.sleep(0.2)  # the retire waits out its grace
+        # Turns of the loop, not time: the retire's task, then its gather's child, take
+        # their first steps, and it waits out its grace.
+        for _ in range(3):
+            await asyncio.sleep(0)
     await asyncio.wait_for(upstreams.aclose(), timeout=10)
     assert not [pid for pid in started(pids) if alive(pid)]
     assert await asyncio.wait_for(call, timeout=10) == []
